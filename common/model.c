@@ -1,0 +1,199 @@
+/* model: spec parsing, shape inference, parameter table, initialisation. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+#include "util.h"
+
+size_t dp_layer_out_size(const dp_layer_t *l)
+{
+    return (size_t)l->out_c * l->out_h * l->out_w;
+}
+
+static int s_add_param(dp_model_t *m, const char *layer, const char *what, int ndim,
+                       const int *shape, int fan_in)
+{
+    dp_param_t *p = &m->params[m->n_params];
+    snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
+    p->ndim = ndim;
+    p->count = 1;
+    for (int i = 0; i < 4; i++) p->shape[i] = i < ndim ? shape[i] : 1;
+    for (int i = 0; i < ndim; i++) p->count *= (size_t)shape[i];
+    p->offset = m->n_floats;
+    p->fan_in = fan_in;
+    m->n_floats += p->count;
+    return m->n_params++;
+}
+
+/* Parse "convKxK:OUT[:same|:valid]". */
+static int s_parse_conv(dp_layer_t *l, const char *tok, char *err)
+{
+    int k1 = 0, k2 = 0, out = 0, used = 0;
+    if (sscanf(tok, "conv%dx%d:%d%n", &k1, &k2, &out, &used) != 3 || k1 != k2 || k1 < 1 ||
+        out < 1)
+        return dp_err(err, "model spec: bad convolution '%s' (expected convKxK:OUT, e.g. conv5x5:32)", tok);
+    const char *rest = tok + used;
+    l->k = k1;
+    l->stride = 1;
+    l->out_c = out;
+    if (*rest == 0 || strcmp(rest, ":same") == 0) {
+        if (k1 % 2 == 0)
+            return dp_err(err, "model spec: '%s': 'same' padding needs an odd kernel size", tok);
+        l->pad = k1 / 2;
+    } else if (strcmp(rest, ":valid") == 0) {
+        l->pad = 0;
+    } else {
+        return dp_err(err, "model spec: bad padding in '%s' (use :same or :valid)", tok);
+    }
+    return 0;
+}
+
+int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err)
+{
+    memset(m, 0, sizeof *m);
+    if (in_c < 1 || in_h < 1 || in_w < 1)
+        return dp_err(err, "model spec: bad input shape %dx%dx%d", in_c, in_h, in_w);
+    m->in_c = in_c;
+    m->in_h = in_h;
+    m->in_w = in_w;
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", spec) >= (int)sizeof buf)
+        return dp_err(err, "model spec: too long");
+    int c = in_c, h = in_h, w = in_w;
+    int n_conv = 0, n_fc = 0;
+    char *save = NULL;
+    size_t spec_len = 0;
+    for (char *tok = strtok_r(buf, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save)) {
+        if (m->n_layers == DP_MAX_LAYERS)
+            return dp_err(err, "model spec: more than %d layers", DP_MAX_LAYERS);
+        if (m->n_layers > 0 && m->layers[m->n_layers - 1].kind == DP_LAYER_SOFTMAX)
+            return dp_err(err, "model spec: '%s' after softmax (softmax must be last)", tok);
+        dp_layer_t *l = &m->layers[m->n_layers];
+        l->index = m->n_layers;
+        l->weight = l->bias = -1;
+        l->in_c = c;
+        l->in_h = h;
+        l->in_w = w;
+        if (strncmp(tok, "conv", 4) == 0) {
+            if (s_parse_conv(l, tok, err) != 0) return -1;
+            if (n_fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
+            l->kind = DP_LAYER_CONV;
+            snprintf(l->name, sizeof l->name, "conv%d", ++n_conv);
+            l->out_h = (h + 2 * l->pad - l->k) / l->stride + 1;
+            l->out_w = (w + 2 * l->pad - l->k) / l->stride + 1;
+            if (l->out_h < 1 || l->out_w < 1)
+                return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, h, w);
+            int ws[4] = {l->out_c, c, l->k, l->k};
+            int fan_in = c * l->k * l->k;
+            l->weight = s_add_param(m, l->name, "weight", 4, ws, fan_in);
+            l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, fan_in);
+        } else if (strncmp(tok, "maxpool", 7) == 0) {
+            char *end = NULL;
+            long k = strtol(tok + 7, &end, 10);
+            if (end == tok + 7 || *end || k < 1 || k > 64)
+                return dp_err(err, "model spec: bad pooling '%s' (expected maxpoolK, e.g. maxpool2)", tok);
+            if (n_fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
+            l->kind = DP_LAYER_MAXPOOL;
+            snprintf(l->name, sizeof l->name, "maxpool");
+            l->k = l->stride = (int)k;
+            l->out_c = c;
+            l->out_h = h / l->k;
+            l->out_w = w / l->k;
+            if (l->out_h < 1 || l->out_w < 1)
+                return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, h, w);
+        } else if (strcmp(tok, "relu") == 0) {
+            l->kind = DP_LAYER_RELU;
+            snprintf(l->name, sizeof l->name, "relu");
+            l->out_c = c;
+            l->out_h = h;
+            l->out_w = w;
+        } else if (strncmp(tok, "fc:", 3) == 0) {
+            char *end = NULL;
+            long out = strtol(tok + 3, &end, 10);
+            if (end == tok + 3 || *end || out < 1 || out > (1 << 20))
+                return dp_err(err, "model spec: bad fully connected layer '%s' (expected fc:OUT, e.g. fc:512)", tok);
+            l->kind = DP_LAYER_FC;
+            snprintf(l->name, sizeof l->name, "fc%d", ++n_fc);
+            l->in_c = c * h * w;
+            l->in_h = l->in_w = 1;
+            l->out_c = (int)out;
+            l->out_h = l->out_w = 1;
+            int ws[2] = {l->out_c, l->in_c};
+            l->weight = s_add_param(m, l->name, "weight", 2, ws, l->in_c);
+            l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, l->in_c);
+        } else if (strcmp(tok, "softmax") == 0) {
+            if (m->n_layers == 0 || m->layers[m->n_layers - 1].kind != DP_LAYER_FC)
+                return dp_err(err, "model spec: softmax must follow a fully connected layer");
+            l->kind = DP_LAYER_SOFTMAX;
+            snprintf(l->name, sizeof l->name, "softmax");
+            l->out_c = c;
+            l->out_h = l->out_w = 1;
+            m->classes = c;
+        } else {
+            return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, fc:OUT, softmax)", tok);
+        }
+        c = l->out_c;
+        h = l->out_h;
+        w = l->out_w;
+        size_t in_sz = (size_t)l->in_c * l->in_h * l->in_w;
+        if (in_sz > m->max_act) m->max_act = in_sz;
+        if (dp_layer_out_size(l) > m->max_act) m->max_act = dp_layer_out_size(l);
+        spec_len += (size_t)snprintf(m->spec + spec_len, sizeof m->spec - spec_len, "%s%s",
+                                     m->n_layers ? " " : "", tok);
+        if (spec_len >= sizeof m->spec) return dp_err(err, "model spec: too long");
+        m->n_layers++;
+    }
+    if (m->n_layers == 0) return dp_err(err, "model spec: empty");
+    if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
+        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax'");
+    if (m->classes < 2) return dp_err(err, "model spec: the last fc layer needs at least 2 outputs");
+
+    uint64_t fp = dp_fnv1a(DP_FNV_SEED, m->spec, strlen(m->spec));
+    int dims[3] = {in_c, in_h, in_w};
+    fp = dp_fnv1a(fp, dims, sizeof dims);
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        fp = dp_fnv1a(fp, p->name, strlen(p->name));
+        fp = dp_fnv1a(fp, p->shape, sizeof p->shape);
+    }
+    m->fingerprint = fp;
+    return 0;
+}
+
+void dp_model_init_params(const dp_model_t *m, float *params, uint64_t seed)
+{
+    dp_rng_t rng;
+    dp_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        /* kaiming_uniform(a=sqrt(5)) gives bound = sqrt(6 / ((1 + 5) * fan_in))
+         * = 1/sqrt(fan_in), the same bound PyTorch uses for the bias. */
+        float bound = 1.0f / sqrtf((float)p->fan_in);
+        float *x = params + p->offset;
+        for (size_t j = 0; j < p->count; j++) x[j] = (2.0f * dp_rng_uniform(&rng) - 1.0f) * bound;
+    }
+}
+
+const dp_param_t *dp_model_find_param(const dp_model_t *m, const char *name)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    return NULL;
+}
+
+double dp_model_forward_macs(const dp_model_t *m)
+{
+    double macs = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const dp_layer_t *l = &m->layers[i];
+        if (l->kind == DP_LAYER_CONV)
+            macs += (double)l->out_c * l->out_h * l->out_w * l->in_c * l->k * l->k;
+        else if (l->kind == DP_LAYER_FC)
+            macs += (double)l->out_c * l->in_c;
+    }
+    return macs;
+}

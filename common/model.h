@@ -1,0 +1,87 @@
+/* model: the network as a plain text spec, and everything derived from it —
+ * per-layer shapes, the parameter table (PyTorch names and layouts), the
+ * flat parameter vector's layout, seeded initialisation and a fingerprint.
+ *
+ * Spec grammar (tokens separated by spaces):
+ *   convKxK:OUT[:same|:valid]   2-D convolution, stride 1 ("same" = pad K/2)
+ *   maxpoolK                     K x K max-pool with stride K
+ *   relu                         elementwise max(0, x)
+ *   fc:OUT                       fully connected; flattens C,H,W first
+ *   softmax                      last layer: softmax + cross-entropy loss
+ *
+ * Invariants: the spec ends with fc:classes softmax; parameters are laid out
+ * in layer order, weight then bias, each tensor contiguous in one flat float
+ * vector (the order safetensors files and the wire use). Tensors follow
+ * PyTorch: conv weight [out, in, kh, kw], fc weight [out, in]. */
+#ifndef DP_MODEL_H
+#define DP_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DP_MAX_LAYERS 32
+#define DP_MAX_PARAMS (2 * DP_MAX_LAYERS)
+#define DP_MODEL_DEFAULT_SPEC                                                  \
+    "conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax"
+
+typedef enum {
+    DP_LAYER_CONV,
+    DP_LAYER_RELU,
+    DP_LAYER_MAXPOOL,
+    DP_LAYER_FC,
+    DP_LAYER_SOFTMAX,
+} dp_layer_kind_t;
+
+typedef struct {
+    dp_layer_kind_t kind;
+    int index;             /* position in dp_model_t.layers */
+    char name[16];         /* "conv1", "fc2", ... (parametric layers), else kind */
+    int k;                 /* kernel size (conv, maxpool) */
+    int stride;            /* conv / maxpool stride */
+    int pad;               /* conv zero padding on each side */
+    int in_c, in_h, in_w;  /* input per sample; fc: in_c = features, h = w = 1 */
+    int out_c, out_h, out_w; /* output per sample; fc: out_c = outputs */
+    int weight;            /* index into dp_model_t.params, -1 if none */
+    int bias;              /* index into dp_model_t.params, -1 if none */
+} dp_layer_t;
+
+typedef struct {
+    char name[32];         /* PyTorch state_dict key: "conv1.weight" */
+    int ndim;
+    int shape[4];
+    size_t offset;         /* in floats, into the flat parameter vector */
+    size_t count;          /* number of floats */
+    int fan_in;            /* inputs per output unit, for initialisation */
+} dp_param_t;
+
+typedef struct {
+    char spec[512];        /* canonical spec text (single spaces) */
+    int in_c, in_h, in_w;  /* input image shape */
+    int classes;           /* outputs of the last fc layer */
+    int n_layers;
+    dp_layer_t layers[DP_MAX_LAYERS];
+    int n_params;
+    dp_param_t params[DP_MAX_PARAMS];
+    size_t n_floats;       /* total parameter floats */
+    size_t max_act;        /* largest per-sample activation (floats) */
+    uint64_t fingerprint;  /* hash of spec, input shape and parameter shapes */
+} dp_model_t;
+
+/* Parse spec for inputs of in_c x in_h x in_w. On error fills err with one
+ * line naming the offending token and returns -1. */
+int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err);
+
+/* PyTorch's default initialisation (kaiming-uniform with a = sqrt(5) for
+ * weights, uniform(+-1/sqrt(fan_in)) for biases), drawn from seed. */
+void dp_model_init_params(const dp_model_t *m, float *params, uint64_t seed);
+
+/* Parameter by name, or NULL. */
+const dp_param_t *dp_model_find_param(const dp_model_t *m, const char *name);
+
+/* Floats a sample's activation takes at layer li's output. */
+size_t dp_layer_out_size(const dp_layer_t *l);
+
+/* Multiply-accumulates per sample for one forward pass (for FLOP counts). */
+double dp_model_forward_macs(const dp_model_t *m);
+
+#endif

@@ -1,0 +1,49 @@
+/* util: the few things every module needs — error strings, allocation that
+ * aborts on out-of-memory, logging, a monotonic clock.
+ *
+ * Conventions (see ../shared/STYLE.md): fallible calls fill a caller's
+ * `char err[DP_ERR_LEN]` and return -1; out-of-memory aborts with the size,
+ * so callers never check allocation results. */
+#ifndef DP_UTIL_H
+#define DP_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DP_ERR_LEN 256
+
+/* Format a message into err (may be NULL) and return -1, so that a failing
+ * path reads `return dp_err(err, "bad magic %x in %s", m, path);`. */
+int dp_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+void *dp_malloc(size_t bytes);
+void *dp_calloc(size_t n, size_t size);
+void *dp_realloc(void *p, size_t bytes);
+char *dp_strdup(const char *s);
+/* 64-byte aligned (cache line, AVX-512), freed with free(). */
+void *dp_aligned_alloc(size_t bytes);
+
+/* Logging to stderr with a level prefix and the program name set once by
+ * dp_log_init. DP_LOG=debug turns on debug lines. */
+void dp_log_init(const char *program);
+void dp_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void dp_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void dp_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void dp_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Seconds on the monotonic clock. */
+double dp_now(void);
+
+/* 64-bit FNV-1a over bytes, chained through h (start with DP_FNV_SEED). */
+#define DP_FNV_SEED 0xcbf29ce484222325ULL
+uint64_t dp_fnv1a(uint64_t h, const void *data, size_t n);
+
+/* Whole-file read; returns -1 with err on failure. *out is malloc'd and
+ * NUL-terminated (not counted in *len). */
+int dp_read_file(const char *path, uint8_t **out, size_t *len, char *err);
+
+/* Atomic whole-file write: temp file in the same directory, fsync, rename,
+ * fsync of the directory. On failure nothing is left at path or beside it. */
+int dp_write_file_atomic(const char *path, const void *data, size_t len, char *err);
+
+#endif

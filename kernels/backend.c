@@ -1,0 +1,44 @@
+/* backend: picks a backend by device name. CUDA is linked in only when the
+ * build found nvcc and cuDNN (DP_HAVE_CUDA); without it "cuda:K" fails with
+ * a line that says how to get it. */
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/util.h"
+
+int dp_backend_open(const char *device, dp_backend_t **out, char *err)
+{
+    *out = NULL;
+    if (strcmp(device, "cpu") == 0) {
+        *out = dp_backend_cpu_new();
+        return 0;
+    }
+    if (strncmp(device, "cuda", 4) == 0) {
+        int k = 0;
+        if (device[4] == ':') {
+            char *end = NULL;
+            long v = strtol(device + 5, &end, 10);
+            if (end == device + 5 || *end || v < 0 || v > 1024)
+                return dp_err(err, "--device %s: expected cuda:K with K a device number", device);
+            k = (int)v;
+        } else if (device[4]) {
+            return dp_err(err, "--device %s: expected cpu or cuda:K", device);
+        }
+#ifdef DP_HAVE_CUDA
+        return dp_backend_cuda_new(k, out, err);
+#else
+        (void)k;
+        return dp_err(err, "--device %s: this build has no CUDA backend (rebuild with nvcc and cuDNN installed, without CUDA=0)", device);
+#endif
+    }
+    return dp_err(err, "--device %s: unknown device (expected cpu or cuda:K)", device);
+}
+
+void dp_backend_destroy(dp_backend_t **be_p)
+{
+    if (!be_p || !*be_p) return;
+    (*be_p)->destroy(*be_p);
+    *be_p = NULL;
+}

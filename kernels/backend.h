@@ -1,0 +1,77 @@
+/* backend: the one interface the network executor computes through. A
+ * backend owns device memory and runs layer ops on it; "cpu" wraps the
+ * kernels in ops.h, "cuda:K" runs cuDNN / cuBLAS and kernels of our own.
+ *
+ * Pointers named d_* live on the backend's device (host memory for cpu).
+ * Ops are asynchronous on devices that allow it; download() and the loss
+ * returned by softmax_xent_forward synchronise. Layer ops take the layer
+ * (its shapes are fixed by the model) and the batch B <= the max_batch given
+ * to prepare(), so a backend may plan per layer once (cuDNN descriptors,
+ * algorithms, workspace) and allocate nothing in the training loop. */
+#ifndef DP_BACKEND_H
+#define DP_BACKEND_H
+
+#include <stddef.h>
+
+#include "../common/model.h"
+
+typedef struct dp_backend dp_backend_t;
+
+struct dp_backend {
+    const char *name;  /* "cpu", "cuda:0" */
+    void *impl;        /* backend private state */
+
+    /* Plan for model m at batches up to max_batch. Called once, before ops. */
+    int (*prepare)(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err);
+
+    void *(*alloc)(dp_backend_t *be, size_t bytes); /* zeroed; aborts on OOM */
+    void (*release)(dp_backend_t *be, void *d);
+    void (*upload)(dp_backend_t *be, void *d_dst, const void *src, size_t bytes);
+    void (*download)(dp_backend_t *be, void *dst, const void *d_src, size_t bytes);
+    /* Page-locked host memory where the device benefits (plain malloc on cpu). */
+    void *(*host_alloc)(dp_backend_t *be, size_t bytes);
+    void (*host_release)(dp_backend_t *be, void *p);
+    void (*synchronize)(dp_backend_t *be);
+
+    void (*conv_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                         const float *d_in, const float *d_w, const float *d_b);
+    /* d_din may be NULL (first layer). */
+    void (*conv_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                          const float *d_w);
+    void (*relu_forward)(dp_backend_t *be, size_t n, float *d_out, const float *d_in);
+    void (*relu_backward)(dp_backend_t *be, size_t n, float *d_din, const float *d_dout,
+                          const float *d_out);
+    void (*maxpool_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                            const float *d_in);
+    void (*maxpool_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                             const float *d_dout, const float *d_in, const float *d_out);
+    void (*fc_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                       const float *d_in, const float *d_w, const float *d_b);
+    void (*fc_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                        float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                        const float *d_w);
+    /* Softmax probabilities and the mean cross-entropy (returned, on host). */
+    float (*softmax_xent_forward)(dp_backend_t *be, int B, int classes, float *d_probs,
+                                  const float *d_logits, const int *d_labels);
+    void (*softmax_xent_backward)(dp_backend_t *be, int B, int classes, float *d_dlogits,
+                                  const float *d_probs, const int *d_labels);
+    /* Momentum SGD on device (standalone training): v = mu v + g + wd w;
+     * w -= lr v. mu = 0 is plain SGD. */
+    void (*sgd_update)(dp_backend_t *be, size_t n, float *d_w, float *d_v, const float *d_g,
+                       float lr, float momentum, float weight_decay);
+
+    void (*destroy)(dp_backend_t *be);
+};
+
+/* "cpu" or "cuda:K" (K counts the devices CUDA_VISIBLE_DEVICES leaves).
+ * Fails with one line when CUDA was not built in or the device is absent. */
+int dp_backend_open(const char *device, dp_backend_t **out, char *err);
+/* Frees everything the backend holds; sets *be_p to NULL; safe twice. */
+void dp_backend_destroy(dp_backend_t **be_p);
+
+dp_backend_t *dp_backend_cpu_new(void);
+/* Defined in kernels/cuda when built with CUDA. */
+int dp_backend_cuda_new(int device, dp_backend_t **out, char *err);
+
+#endif

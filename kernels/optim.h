@@ -1,0 +1,68 @@
+/* optim: optimizers over a flat float range, shared by the parameter server
+ * (each shard steps its own range) and the standalone trainer.
+ *
+ * PyTorch's update rules, so results can be compared with torch.optim:
+ *   g' = g + weight_decay * w
+ *   sgd:       w -= lr * g'
+ *   momentum:  v = mu * v + g';           w -= lr * v
+ *   nesterov:  v = mu * v + g';           w -= lr * (g' + mu * v)
+ *   adam:      m = b1 m + (1-b1) g';  s = b2 s + (1-b2) g'^2;
+ *              w -= lr * (m / (1-b1^t)) / (sqrt(s / (1-b2^t)) + eps)
+ *   adagrad:   s += g'^2;                 w -= lr * g' / (sqrt(s) + eps)
+ * State is per element (0, 1 or 2 floats each), so any contiguous slice of
+ * the parameter vector can be stepped on its own: sharding needs nothing
+ * more. */
+#ifndef DP_OPTIM_H
+#define DP_OPTIM_H
+
+#include <stddef.h>
+
+typedef enum {
+    DP_OPT_SGD,
+    DP_OPT_MOMENTUM,
+    DP_OPT_NESTEROV,
+    DP_OPT_ADAM,
+    DP_OPT_ADAGRAD,
+} dp_optim_kind_t;
+
+typedef enum {
+    DP_LR_CONSTANT,  /* lr */
+    DP_LR_STEP,      /* lr * gamma^(floor(step / step_size)) */
+    DP_LR_COSINE,    /* lr * 0.5 (1 + cos(pi * min(step, total) / total)) */
+} dp_lr_kind_t;
+
+typedef struct {
+    dp_optim_kind_t kind;
+    float lr;            /* base learning rate */
+    float momentum;      /* momentum / nesterov mu */
+    float beta1, beta2;  /* adam */
+    float eps;           /* adam, adagrad */
+    float weight_decay;  /* L2, added to the gradient */
+    dp_lr_kind_t schedule;
+    long step_size;      /* DP_LR_STEP: steps between decays */
+    float gamma;         /* DP_LR_STEP: decay factor */
+    long total_steps;    /* DP_LR_COSINE: steps to reach 0 */
+} dp_optim_conf_t;
+
+/* Defaults: momentum 0.9, lr 0.05, adam betas 0.9/0.999, eps 1e-8, constant. */
+void dp_optim_conf_default(dp_optim_conf_t *c);
+/* "sgd", "momentum", "nesterov", "adam", "adagrad". */
+int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err);
+/* "constant", "step:STEP_SIZE:GAMMA", "cosine:TOTAL_STEPS". */
+int dp_optim_parse_schedule(dp_optim_conf_t *c, const char *text, char *err);
+const char *dp_optim_kind_name(dp_optim_kind_t k);
+
+/* State floats per parameter for this optimizer (0, 1 or 2). */
+int dp_optim_state_per_param(dp_optim_kind_t k);
+
+/* Learning rate at (0-based) step under c's schedule. */
+float dp_optim_lr_at(const dp_optim_conf_t *c, long step);
+
+/* One update of w[0..n) by g with learning rate lr (already scheduled and,
+ * for async, staleness-scaled). state holds n * dp_optim_state_per_param
+ * floats laid [n] then [n], zero at start. t is the 1-based count of updates
+ * of this range (Adam's bias correction). */
+void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g, float *state,
+                   size_t n, long t);
+
+#endif

@@ -1,0 +1,82 @@
+/* test_model: spec parsing, shapes, parameter table, init, fingerprint. */
+#include "../../common/model.h"
+#include "../../common/util.h"
+#include "../test.h"
+
+static void test_default_spec_shapes(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    CHECK_EQ(m.n_layers, 10);
+    CHECK_EQ(m.n_params, 8);
+    CHECK_STR(m.params[0].name, "conv1.weight");
+    CHECK_EQ(m.params[0].shape[0], 32);
+    CHECK_EQ(m.params[0].shape[1], 1);
+    CHECK_EQ(m.params[0].shape[2], 5);
+    CHECK_STR(m.params[4].name, "fc1.weight");
+    CHECK_EQ(m.params[4].shape[0], 512);
+    CHECK_EQ(m.params[4].shape[1], 64 * 7 * 7);
+    CHECK_STR(m.params[7].name, "fc2.bias");
+    CHECK_EQ(m.classes, 10);
+    /* 32*25+32 + 64*800+64 + 512*3136+512 + 10*512+10 */
+    CHECK_EQ(m.n_floats, 832 + 51264 + 1606144 + 5130);
+    CHECK_EQ(m.params[7].offset + m.params[7].count, m.n_floats);
+    CHECK_NEAR(dp_model_forward_macs(&m) * 2 * 3 / 1e6, 73.6, 0.1);
+}
+
+static void test_bad_specs(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "conv5x5:32 relu banana fc:10 softmax", 1, 28, 28, err), -1);
+    CHECK(strstr(err, "banana") != NULL);
+    CHECK_EQ(dp_model_parse(&m, "conv5x5:32 relu fc:10", 1, 28, 28, err), -1);
+    CHECK(strstr(err, "softmax") != NULL);
+    CHECK_EQ(dp_model_parse(&m, "conv4x4:8 fc:10 softmax", 1, 28, 28, err), -1);
+    CHECK_EQ(dp_model_parse(&m, "maxpool64 fc:10 softmax", 1, 28, 28, err), -1);
+    CHECK_EQ(dp_model_parse(&m, "fc:10 softmax relu", 1, 28, 28, err), -1);
+    CHECK_EQ(dp_model_parse(&m, "", 1, 28, 28, err), -1);
+    CHECK_EQ(dp_model_parse(&m, "fc:10 conv3x3:2 fc:10 softmax", 1, 28, 28, err), -1);
+}
+
+static void test_valid_padding_and_odd_shapes(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "conv3x3:5:valid relu maxpool2 fc:7 softmax", 3, 13, 11, err), 0);
+    CHECK_EQ(m.layers[0].out_h, 11);
+    CHECK_EQ(m.layers[0].out_w, 9);
+    CHECK_EQ(m.layers[2].out_h, 5);
+    CHECK_EQ(m.layers[2].out_w, 4);
+    CHECK_EQ(m.layers[3].in_c, 5 * 5 * 4);
+}
+
+static void test_init_and_fingerprint(void)
+{
+    dp_model_t a, b;
+    CHECK_EQ(dp_model_parse(&a, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, NULL), 0);
+    CHECK_EQ(dp_model_parse(&b, "conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:256 relu fc:10 softmax", 1, 28, 28, NULL), 0);
+    CHECK(a.fingerprint != b.fingerprint);
+    dp_model_t a2;
+    CHECK_EQ(dp_model_parse(&a2, "  conv5x5:32  relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax ", 1, 28, 28, NULL), 0);
+    CHECK(a.fingerprint == a2.fingerprint);
+    float *p = dp_malloc(a.n_floats * sizeof(float));
+    float *q = dp_malloc(a.n_floats * sizeof(float));
+    dp_model_init_params(&a, p, 7);
+    dp_model_init_params(&a, q, 7);
+    CHECK(memcmp(p, q, a.n_floats * sizeof(float)) == 0);
+    /* conv1 fan_in 25: bound 0.2; fc1 fan_in 3136: bound ~0.01786 */
+    float mx = 0;
+    for (size_t i = 0; i < 800; i++) mx = fabsf(p[i]) > mx ? fabsf(p[i]) : mx;
+    CHECK(mx <= 0.2f && mx > 0.19f);
+    const dp_param_t *fc1 = dp_model_find_param(&a, "fc1.weight");
+    mx = 0;
+    for (size_t i = 0; i < fc1->count; i++) mx = fabsf(p[fc1->offset + i]) > mx ? fabsf(p[fc1->offset + i]) : mx;
+    CHECK_NEAR(mx, 1.0 / sqrt(3136.0), 1e-4);
+    free(p);
+    free(q);
+}
+
+DP_TESTS(T(test_default_spec_shapes), T(test_bad_specs), T(test_valid_padding_and_odd_shapes),
+         T(test_init_and_fingerprint))
