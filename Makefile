@@ -172,7 +172,7 @@ deps-test: deps
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	./deploy/run.sh
+	ARGS="$(ARGS)" ./deploy/run.sh
 
 test: deps-test
 	@$(MAKE) --no-print-directory tests

@@ -1,6 +1,8 @@
 /* util: error strings, aborting allocation, logging, clock, hashing, and
  * whole-file I/O (atomic on write). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "util.h"
 
 #include <errno.h>

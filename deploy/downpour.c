@@ -1,3 +1,32 @@
-/* downpour: the launcher (placeholder until it lands). */
+/* downpour: the launcher. `downpour local` runs a whole cluster on this
+ * machine; `downpour eval` scores a checkpoint. The daemons themselves are
+ * downpour-ps and downpour-worker (see deploy/README.md for many machines). */
 #include <stdio.h>
-int main(void) { fprintf(stderr, "downpour: not built yet\n"); return 2; }
+#include <string.h>
+
+#include "../common/util.h"
+#include "launcher.h"
+
+static void s_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: downpour local --workers N [--ps-shards K] [--gpus 0,1] [--mode sync|async|ssp]\n"
+            "                      [--out DIR] [any downpour-ps / downpour-worker flag]\n"
+            "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
+            "Run `downpour local --help` or `downpour eval --help` for details.\n");
+}
+
+int main(int argc, char **argv)
+{
+    dp_log_init("downpour");
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        s_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "local") == 0) return dp_local_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
+    fprintf(stderr, "downpour: unknown command '%s'\n", argv[1]);
+    s_usage(stderr);
+    return 2;
+}

@@ -1,3 +1,44 @@
-/* downpour-ps: the parameter-server daemon (placeholder until the server lands). */
+/* downpour-ps: the parameter-server daemon — flags to dp_ps_config_t, signal
+ * handling (the handler only sets a flag), then dp_ps_run (server/ps.h).
+ * Exit status 0 on a clean stop (SIGINT, SIGTERM or SHUTDOWN), 2 on a bad
+ * flag, 1 on a setup failure (bind, model, corrupt checkpoint). */
+#include <signal.h>
 #include <stdio.h>
-int main(void) { fprintf(stderr, "downpour-ps: not built yet\n"); return 2; }
+#include <string.h>
+
+#include "common/util.h"
+#include "server/ps.h"
+
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+int main(int argc, char **argv)
+{
+    dp_log_init("downpour-ps");
+    char err[DP_ERR_LEN] = "";
+    dp_ps_config_t cfg;
+    dp_ps_config_default(&cfg);
+    int r = dp_ps_parse_args(&cfg, argc, argv, err);
+    if (r == 1) return 0;
+    if (r != 0) {
+        fprintf(stderr, "downpour-ps: %s\n", err);
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (dp_ps_run(&cfg, &s_stop, err) != 0) {
+        fprintf(stderr, "downpour-ps: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

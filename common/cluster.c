@@ -1,0 +1,467 @@
+/* cluster: merge the TensorFlow-style cluster flags with TF_CONFIG and
+ * validate the result (see cluster.h for the shape of both).
+ *
+ * Invariants after a successful dp_cluster_resolve:
+ *   - every ps[] / workers[] entry is a trimmed, valid "host:port" (port
+ *     1..65535, IPv6 literals in brackets), shorter than DP_HOST_LEN, and no
+ *     host:port appears twice across both lists;
+ *   - job_name is "ps", "worker" or "" (a "chief" task is folded into worker
+ *     0); task_index is -1 exactly when job_name is "", else in range of the
+ *     job's list; a worker always has at least one ps host.
+ * Errors are one line naming the flag or the TF_CONFIG field at fault, since
+ * these are what a user typed into a job script or a TFJob manifest. */
+#include "cluster.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* One host list while it is being built, and the name to blame for it. */
+typedef struct {
+    int n;
+    int cap;                     /* room in hosts; 0 means DP_CLUSTER_MAX_HOSTS */
+    char (*hosts)[DP_HOST_LEN];  /* points into the cluster's ps[] or workers[] */
+    char src[48];                /* "--ps-hosts" or "TF_CONFIG: cluster.ps" */
+} s_list_t;
+
+void dp_cluster_init(dp_cluster_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->flag_job_name = NULL;
+    c->flag_task_index = -1;
+    c->flag_ps_hosts = NULL;
+    c->flag_worker_hosts = NULL;
+    c->task_index = -1;
+}
+
+/* Checks one host:port of length len (not NUL-terminated). On failure sets
+ * *why to a static reason and returns -1. */
+static int s_check_host_port(const char *s, size_t len, char *host, size_t host_n, int *port,
+                             const char **why)
+{
+    size_t colon;  /* index of the ':' before the port */
+    size_t h0, h1; /* host is s[h0, h1) */
+    if (len == 0) {
+        *why = "empty entry";
+        return -1;
+    }
+    if (s[0] == '[') {
+        const char *close = memchr(s, ']', len);
+        if (!close) {
+            *why = "'[' without ']'";
+            return -1;
+        }
+        h0 = 1;
+        h1 = (size_t)(close - s);
+        if (h1 + 1 >= len || s[h1 + 1] != ':') {
+            *why = "missing :port after ']'";
+            return -1;
+        }
+        colon = h1 + 1;
+        int has_colon = 0;
+        for (size_t i = h0; i < h1; i++) {
+            /* IPv6 literal, possibly with a %zone (letters and digits). */
+            if (!(isalnum((unsigned char)s[i]) || s[i] == ':' || s[i] == '.' || s[i] == '%')) {
+                *why = "bad character in IPv6 address";
+                return -1;
+            }
+            if (s[i] == ':') has_colon = 1;
+        }
+        if (!has_colon) {
+            *why = "brackets are only for IPv6 addresses";
+            return -1;
+        }
+    } else {
+        const char *last = NULL;
+        for (size_t i = 0; i < len; i++)
+            if (s[i] == ':') last = s + i;
+        if (!last) {
+            *why = "missing :port";
+            return -1;
+        }
+        h0 = 0;
+        h1 = colon = (size_t)(last - s);
+        for (size_t i = h0; i < h1; i++) {
+            if (s[i] == ':') {
+                *why = "an IPv6 address needs brackets: [addr]:port";
+                return -1;
+            }
+            if (!(isalnum((unsigned char)s[i]) || s[i] == '-' || s[i] == '.' || s[i] == '_')) {
+                *why = "bad character in host name";
+                return -1;
+            }
+        }
+    }
+    if (h1 == h0) {
+        *why = "empty host";
+        return -1;
+    }
+    size_t p0 = colon + 1;
+    if (p0 >= len) {
+        *why = "empty port";
+        return -1;
+    }
+    long p = 0;
+    for (size_t i = p0; i < len; i++) {
+        if (!isdigit((unsigned char)s[i])) {
+            *why = "port is not a number";
+            return -1;
+        }
+        if (p <= 65535) p = p * 10 + (s[i] - '0');
+    }
+    if (p < 1 || p > 65535) {
+        *why = "port out of range 1..65535";
+        return -1;
+    }
+    if (host) {
+        size_t hl = h1 - h0;
+        if (hl >= host_n) {
+            *why = "host name too long";
+            return -1;
+        }
+        memcpy(host, s + h0, hl);
+        host[hl] = '\0';
+    }
+    if (port) *port = (int)p;
+    return 0;
+}
+
+int dp_cluster_parse_host_port(const char *s, char *host, size_t host_n, int *port, char *err)
+{
+    const char *why = NULL;
+    if (!s) return dp_err(err, "missing host:port");
+    if (s_check_host_port(s, strlen(s), host, host_n, port, &why) != 0)
+        return dp_err(err, "\"%s\" is not host:port: %s", s, why);
+    return 0;
+}
+
+/* Appends one entry s[0..len) to l after trimming blanks and validating it;
+ * `where` names it in errors ("--ps-hosts entry 2", "TF_CONFIG: cluster.ps[1]"). */
+static int s_list_add(s_list_t *l, const char *s, size_t len, const char *where, char *err)
+{
+    while (len > 0 && isspace((unsigned char)s[0])) s++, len--;
+    while (len > 0 && isspace((unsigned char)s[len - 1])) len--;
+    const char *why = NULL;
+    if (len >= DP_HOST_LEN)
+        return dp_err(err, "%s: host:port longer than %d characters", where, DP_HOST_LEN - 1);
+    if (s_check_host_port(s, len, NULL, 0, NULL, &why) != 0)
+        return dp_err(err, "%s \"%.*s\" is not host:port: %s", where, (int)len, s, why);
+    if (l->n >= (l->cap ? l->cap : DP_CLUSTER_MAX_HOSTS))
+        return dp_err(err, "%s: more than %d hosts", l->src,
+                      l->cap ? l->cap : DP_CLUSTER_MAX_HOSTS);
+    memcpy(l->hosts[l->n], s, len);
+    l->hosts[l->n][len] = '\0';
+    l->n++;
+    return 0;
+}
+
+/* "h:p,h:p" from a flag. An empty flag value is an error: a script that
+ * expands an empty variable into --ps-hosts "" should say so. */
+static int s_list_from_flag(s_list_t *l, const char *flag, const char *value, char *err)
+{
+    snprintf(l->src, sizeof l->src, "%s", flag);
+    l->n = 0;
+    const char *p = value;
+    int k = 0;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char where[64];
+        snprintf(where, sizeof where, "%s entry %d", flag, k);
+        if (s_list_add(l, p, len, where, err) != 0) return -1;
+        k++;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return 0;
+}
+
+/* cluster.<job> of TF_CONFIG: absent (n = 0, returns 0), or an array of
+ * host:port strings. */
+static int s_list_from_json(s_list_t *l, const cJSON *cluster, const char *job, char *err)
+{
+    snprintf(l->src, sizeof l->src, "TF_CONFIG: cluster.%s", job);
+    l->n = 0;  /* l->cap stays: the worker list leaves room for a chief */
+    const cJSON *a = cluster ? cJSON_GetObjectItemCaseSensitive(cluster, job) : NULL;
+    if (!a || cJSON_IsNull(a)) return 0;
+    if (!cJSON_IsArray(a))
+        return dp_err(err, "TF_CONFIG: cluster.%s must be a list of \"host:port\" strings", job);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        char where[64];
+        snprintf(where, sizeof where, "TF_CONFIG: cluster.%s[%d]", job, i);
+        if (!cJSON_IsString(e) || !e->valuestring)
+            return dp_err(err, "%s must be a \"host:port\" string", where);
+        if (s_list_add(l, e->valuestring, strlen(e->valuestring), where, err) != 0) return -1;
+        i++;
+    }
+    return 0;
+}
+
+/* What TF_CONFIG said, before flags are merged in. */
+typedef struct {
+    int present;
+    char type[16];       /* task.type as given: ps, worker, chief; "" if none */
+    int index;           /* task.index as given; -1 if no task */
+    int n_chief;         /* entries of cluster.chief (0 or 1) */
+    s_list_t ps, worker; /* worker includes the chief first */
+} s_tf_t;
+
+static int s_parse_tf_config(s_tf_t *tf, const char *text, char (*ps)[DP_HOST_LEN],
+                             char (*workers)[DP_HOST_LEN], char *err)
+{
+    memset(tf, 0, sizeof *tf);
+    tf->index = -1;
+    tf->ps.hosts = ps;
+    tf->worker.hosts = workers;
+    snprintf(tf->ps.src, sizeof tf->ps.src, "TF_CONFIG: cluster.ps");
+    snprintf(tf->worker.src, sizeof tf->worker.src, "TF_CONFIG: cluster.worker");
+    if (!text) return 0;
+    const char *p = text;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == '\0') return 0; /* TF_CONFIG="" is the same as unset */
+    tf->present = 1;
+
+    int rc = -1;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) {
+        size_t off = end ? (size_t)(end - text) : 0;
+        if (!end || !*end)
+            return dp_err(err, "TF_CONFIG: not valid JSON: it ends early (byte %zu)", off);
+        return dp_err(err, "TF_CONFIG: not valid JSON at byte %zu: \"%.20s\"", off, end);
+    }
+    if (!cJSON_IsObject(root)) {
+        dp_err(err, "TF_CONFIG: must be a JSON object with \"cluster\" and \"task\"");
+        goto done;
+    }
+    const cJSON *cluster = cJSON_GetObjectItemCaseSensitive(root, "cluster");
+    if (cluster && !cJSON_IsNull(cluster) && !cJSON_IsObject(cluster)) {
+        dp_err(err, "TF_CONFIG: cluster must be an object of job name -> [\"host:port\", ...]");
+        goto done;
+    }
+    if (s_list_from_json(&tf->ps, cluster, "ps", err) != 0) goto done;
+    /* The chief goes first into the worker list: it is worker 0. */
+    if (s_list_from_json(&tf->worker, cluster, "chief", err) != 0) goto done;
+    tf->n_chief = tf->worker.n;
+    if (tf->n_chief > 1) {
+        dp_err(err, "TF_CONFIG: cluster.chief has %d hosts; there is at most one chief",
+               tf->n_chief);
+        goto done;
+    }
+    {
+        /* Room for the chief is kept at the front of workers[]. */
+        s_list_t w = {.n = 0, .cap = DP_CLUSTER_MAX_HOSTS - tf->n_chief,
+                      .hosts = workers + tf->n_chief};
+        if (s_list_from_json(&w, cluster, "worker", err) != 0) goto done;
+        tf->worker.n = tf->n_chief + w.n;
+    }
+
+    const cJSON *task = cJSON_GetObjectItemCaseSensitive(root, "task");
+    if (task && !cJSON_IsNull(task)) {
+        if (!cJSON_IsObject(task)) {
+            dp_err(err, "TF_CONFIG: task must be an object {\"type\": ..., \"index\": ...}");
+            goto done;
+        }
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(task, "type");
+        const cJSON *index = cJSON_GetObjectItemCaseSensitive(task, "index");
+        if (!cJSON_IsString(type) || !type->valuestring) {
+            dp_err(err, "TF_CONFIG: task.type must be a string: \"ps\", \"worker\" or \"chief\"");
+            goto done;
+        }
+        const char *t = type->valuestring;
+        if (strcmp(t, "ps") != 0 && strcmp(t, "worker") != 0 && strcmp(t, "chief") != 0) {
+            dp_err(err, "TF_CONFIG: task.type \"%.32s\" is not supported: ps, worker or chief", t);
+            goto done;
+        }
+        snprintf(tf->type, sizeof tf->type, "%s", t);
+        if (!index || cJSON_IsNull(index)) {
+            tf->index = 0; /* TensorFlow's default */
+        } else {
+            double v = cJSON_IsNumber(index) ? index->valuedouble : -1;
+            if (!cJSON_IsNumber(index) || v < 0 || v != floor(v) || v > 1e6) {
+                dp_err(err, "TF_CONFIG: task.index must be an integer >= 0");
+                goto done;
+            }
+            tf->index = (int)v;
+        }
+        /* Range check in TF_CONFIG's own numbering, so the message names
+         * the numbers the user wrote: TF_CONFIG must be consistent on its
+         * own even when flags replace some of it. A job without a list
+         * here is checked after merging, in folded numbering. */
+        int n = strcmp(t, "ps") == 0       ? tf->ps.n
+                : strcmp(t, "chief") == 0  ? tf->n_chief
+                                           : tf->worker.n - tf->n_chief;
+        if (n > 0 && tf->index >= n) {
+            dp_err(err, "TF_CONFIG: task.index %d out of range: cluster.%s has %d host%s",
+                   tf->index, t, n, n == 1 ? "" : "s");
+            goto done;
+        }
+        if (strcmp(t, "chief") == 0 && tf->n_chief == 0) {
+            dp_err(err, "TF_CONFIG: task.type is \"chief\" but cluster.chief is missing");
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int dp_cluster_resolve(dp_cluster_t *c, const char *tf_config, char *err)
+{
+    c->job_name[0] = '\0';
+    c->task_index = -1;
+    c->n_ps = c->n_workers = 0;
+
+    /* Flags first, cheap checks. An empty string counts as absent for the
+     * job name only (a scripted --job-name "$ROLE" with ROLE unset). */
+    const char *fjob = c->flag_job_name && c->flag_job_name[0] ? c->flag_job_name : NULL;
+    if (fjob && strcmp(fjob, "ps") != 0 && strcmp(fjob, "worker") != 0 &&
+        strcmp(fjob, "chief") != 0)
+        return dp_err(err, "--job-name \"%.32s\": expected ps or worker", fjob);
+    if (c->flag_task_index < -1)
+        return dp_err(err, "--task-index %d: must be >= 0", c->flag_task_index);
+    if (fjob && strcmp(fjob, "chief") == 0 && c->flag_task_index > 0)
+        return dp_err(err, "--task-index %d: the chief is task 0 (it is worker 0)",
+                      c->flag_task_index);
+
+    s_tf_t tf;
+    if (s_parse_tf_config(&tf, tf_config, c->ps, c->workers, err) != 0) return -1;
+
+    /* The lists: a flag replaces TF_CONFIG's list for that job. */
+    s_list_t ps = tf.ps, workers = tf.worker;
+    if (c->flag_ps_hosts) {
+        ps.hosts = c->ps;
+        if (s_list_from_flag(&ps, "--ps-hosts", c->flag_ps_hosts, err) != 0) return -1;
+    }
+    if (c->flag_worker_hosts) {
+        workers.hosts = c->workers;
+        if (s_list_from_flag(&workers, "--worker-hosts", c->flag_worker_hosts, err) != 0)
+            return -1;
+    }
+
+    /* Job and index, each from the flag when given, else from TF_CONFIG
+     * (folded: chief -> worker 0, worker i -> worker i+1 with a chief). */
+    char job[16] = "";
+    int index = -1;
+    const char *index_src = "--task-index";
+    int tf_index_folded = -1;
+    if (tf.type[0]) {
+        if (strcmp(tf.type, "chief") == 0)
+            tf_index_folded = 0;
+        else if (strcmp(tf.type, "worker") == 0)
+            tf_index_folded = tf.index + tf.n_chief;
+        else
+            tf_index_folded = tf.index;
+    }
+    if (fjob) {
+        snprintf(job, sizeof job, "%s", strcmp(fjob, "chief") == 0 ? "worker" : fjob);
+        if (strcmp(fjob, "chief") == 0) index = 0;
+    } else if (tf.type[0]) {
+        snprintf(job, sizeof job, "%s", strcmp(tf.type, "chief") == 0 ? "worker" : tf.type);
+    }
+    if (c->flag_task_index >= 0) {
+        index = c->flag_task_index;
+    } else if (index < 0 && tf_index_folded >= 0) {
+        index = tf_index_folded;
+        index_src = "TF_CONFIG: task.index";
+    }
+
+    /* No duplicate endpoints: two tasks cannot bind one port. */
+    for (int a = 0; a < ps.n + workers.n; a++) {
+        const char *ha = a < ps.n ? ps.hosts[a] : workers.hosts[a - ps.n];
+        for (int b = a + 1; b < ps.n + workers.n; b++) {
+            const char *hb = b < ps.n ? ps.hosts[b] : workers.hosts[b - ps.n];
+            if (strcmp(ha, hb) != 0) continue;
+            const char *sa = a < ps.n ? ps.src : workers.src;
+            const char *sb = b < ps.n ? ps.src : workers.src;
+            if (sa == sb) return dp_err(err, "%s: %s is listed twice", sa, ha);
+            return dp_err(err, "%s is in both %s and %s", ha, sa, sb);
+        }
+    }
+
+    if (!job[0] && index >= 0)
+        return dp_err(err, "%s %d given without a job: add --job-name ps|worker", index_src, index);
+    if (job[0]) {
+        int is_ps = strcmp(job, "ps") == 0;
+        const s_list_t *own = is_ps ? &ps : &workers;
+        const char *flag = is_ps ? "--ps-hosts" : "--worker-hosts";
+        const char *field = is_ps ? "cluster.ps" : "cluster.worker";
+        if (own->n == 0)
+            return dp_err(err, "%s task needs its job's hosts: give %s (or %s in TF_CONFIG)", job,
+                          flag, field);
+        if (index < 0) {
+            if (own->n != 1)
+                return dp_err(err, "%s task needs --task-index: %s has %d hosts", job, own->src,
+                              own->n);
+            index = 0;
+        }
+        if (index >= own->n)
+            return dp_err(err, "%s %d out of range: %s has %d host%s", index_src, index, own->src,
+                          own->n, own->n == 1 ? "" : "s");
+        if (!is_ps && ps.n == 0)
+            return dp_err(err, "worker task needs the ps hosts: give --ps-hosts (or cluster.ps "
+                               "in TF_CONFIG)");
+    }
+
+    /* Lists from TF_CONFIG were parsed straight into c->ps / c->workers
+     * unless a flag replaced them, in which case the flag wrote there. */
+    c->n_ps = ps.n;
+    c->n_workers = workers.n;
+    snprintf(c->job_name, sizeof c->job_name, "%s", job);
+    c->task_index = job[0] ? index : -1;
+    return 0;
+}
+
+const char *dp_cluster_self(const dp_cluster_t *c)
+{
+    if (c->task_index < 0) return NULL;
+    if (strcmp(c->job_name, "ps") == 0 && c->task_index < c->n_ps) return c->ps[c->task_index];
+    if (strcmp(c->job_name, "worker") == 0 && c->task_index < c->n_workers)
+        return c->workers[c->task_index];
+    return NULL;
+}
+
+int dp_cluster_ps_endpoints(const dp_cluster_t *c, char *out, size_t n, char *err)
+{
+    if (c->n_ps == 0) return dp_err(err, "no ps hosts: give --ps-hosts (or cluster.ps in TF_CONFIG)");
+    size_t used = 0;
+    for (int i = 0; i < c->n_ps; i++) {
+        int w = snprintf(out + used, n - used, "%stcp://%s", i ? "," : "", c->ps[i]);
+        if (w < 0 || (size_t)w >= n - used)
+            return dp_err(err, "ps endpoints do not fit in %zu bytes", n);
+        used += (size_t)w;
+    }
+    return 0;
+}
+
+int dp_cluster_bind_endpoint(const dp_cluster_t *c, char *out, size_t n, char *err)
+{
+    const char *self = dp_cluster_self(c);
+    if (!self) return dp_err(err, "no task of this process: give --job-name and --task-index");
+    int port = 0;
+    if (dp_cluster_parse_host_port(self, NULL, 0, &port, err) != 0) return -1;
+    int w = snprintf(out, n, "tcp://*:%d", port);
+    if (w < 0 || (size_t)w >= n) return dp_err(err, "bind endpoint does not fit in %zu bytes", n);
+    return 0;
+}
+
+int dp_cluster_describe(const dp_cluster_t *c, char *out, size_t n)
+{
+    int w;
+    if (c->job_name[0])
+        w = snprintf(out, n, "%s task %d (%s); %d ps, %d worker%s", c->job_name, c->task_index,
+                     dp_cluster_self(c) ? dp_cluster_self(c) : "?", c->n_ps, c->n_workers,
+                     c->n_workers == 1 ? "" : "s");
+    else
+        w = snprintf(out, n, "no task; %d ps, %d worker%s", c->n_ps, c->n_workers,
+                     c->n_workers == 1 ? "" : "s");
+    return w < 0 ? -1 : 0;
+}

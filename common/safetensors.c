@@ -1,0 +1,476 @@
+/* safetensors: writer (F32) and validating reader of the safetensors format,
+ * and the model checkpoint layer on top (see safetensors.h).
+ *
+ * Reading: s_open() reads and validates the whole header — length bounded by
+ * the file, JSON that is an object followed only by padding, every tensor
+ * entry well formed with its byte range inside the data section and no two
+ * ranges overlapping — so later lookups only need name/dtype/shape checks.
+ * Tensor bytes are read into a scratch buffer and copied to the caller's
+ * memory only once everything succeeded: callers' buffers never see a
+ * half-read or rejected file. */
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "util.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c writes host floats as little-endian: a little-endian host is assumed"
+#endif
+
+#define S_MAX_INT ((double)((uint64_t)1 << 53)) /* exact in a JSON double */
+
+typedef struct {
+    uint64_t begin, end;
+} s_range_t;
+
+typedef struct {
+    FILE *f;
+    const char *path;
+    uint64_t data_start;   /* 8 + header length */
+    uint64_t data_len;     /* bytes after the header */
+    cJSON *root;           /* parsed header, validated */
+} s_file_t;
+
+static const struct {
+    const char *name;
+    int size;
+} s_dtypes[] = {
+    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
+    {"I16", 2}, {"I8", 1},  {"U64", 8}, {"U32", 4},  {"U16", 2}, {"U8", 1},
+    {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+};
+
+static int s_dtype_size(const char *name)
+{
+    for (size_t i = 0; i < sizeof s_dtypes / sizeof s_dtypes[0]; i++)
+        if (strcmp(s_dtypes[i].name, name) == 0) return s_dtypes[i].size;
+    return 0;
+}
+
+/* A JSON number that is a non-negative integer exactly representable. */
+static int s_json_uint(const cJSON *j, uint64_t *v)
+{
+    if (!cJSON_IsNumber(j)) return 0;
+    double d = j->valuedouble;
+    if (!(d >= 0 && d <= S_MAX_INT) || d != (double)(uint64_t)d) return 0;
+    *v = (uint64_t)d;
+    return 1;
+}
+
+static int s_range_cmp(const void *a, const void *b)
+{
+    const s_range_t *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* Validate one tensor entry; fills its byte range. */
+static int s_check_entry(const s_file_t *sf, const cJSON *e, s_range_t *r, char *err)
+{
+    const char *name = e->string;
+    if (!cJSON_IsObject(e))
+        return dp_err(err, "%s: header entry '%s' is not an object", sf->path, name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off))
+        return dp_err(err, "%s: tensor '%s' lacks dtype, shape or data_offsets", sf->path, name);
+    int dsize = s_dtype_size(dt->valuestring);
+    if (!dsize)
+        return dp_err(err, "%s: tensor '%s' has unknown dtype '%.16s'", sf->path, name,
+                      dt->valuestring);
+    uint64_t count = 1, v;
+    const cJSON *d;
+    cJSON_ArrayForEach(d, sh)
+    {
+        if (!s_json_uint(d, &v))
+            return dp_err(err, "%s: tensor '%s' has a bad shape entry", sf->path, name);
+        if (v && count > UINT64_MAX / 8 / v)
+            return dp_err(err, "%s: tensor '%s' shape is implausibly large", sf->path, name);
+        count *= v;
+    }
+    if (cJSON_GetArraySize(off) != 2 || !s_json_uint(off->child, &r->begin) ||
+        !s_json_uint(off->child->next, &r->end) || r->begin > r->end)
+        return dp_err(err, "%s: tensor '%s' has bad data_offsets", sf->path, name);
+    if (r->end > sf->data_len)
+        return dp_err(err, "%s: truncated: tensor '%s' needs data bytes [%" PRIu64 ", %" PRIu64
+                      ") but the file holds %" PRIu64, sf->path, name, r->begin, r->end,
+                      sf->data_len);
+    if (r->end - r->begin != count * (uint64_t)dsize)
+        return dp_err(err, "%s: tensor '%s': data_offsets span %" PRIu64 " bytes, its shape "
+                      "and dtype need %" PRIu64, sf->path, name, r->end - r->begin,
+                      count * (uint64_t)dsize);
+    return 0;
+}
+
+static int s_check_header(s_file_t *sf, char *err)
+{
+    const cJSON *root = sf->root;
+    int n = cJSON_GetArraySize(root);
+    s_range_t *rs = dp_malloc((size_t)(n ? n : 1) * sizeof *rs);
+    int nr = 0, rc = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, root)
+    {
+        for (const cJSON *p = root->child; p != e; p = p->next)
+            if (strcmp(p->string, e->string) == 0) {
+                dp_err(err, "%s: header names '%s' twice", sf->path, e->string);
+                goto out;
+            }
+        if (strcmp(e->string, "__metadata__") == 0) {
+            if (!cJSON_IsObject(e)) {
+                dp_err(err, "%s: __metadata__ is not an object", sf->path);
+                goto out;
+            }
+            const cJSON *kv;
+            cJSON_ArrayForEach(kv, e)
+            {
+                if (!cJSON_IsString(kv)) {
+                    dp_err(err, "%s: metadata value of '%s' is not a string", sf->path,
+                           kv->string);
+                    goto out;
+                }
+            }
+            continue;
+        }
+        if (s_check_entry(sf, e, &rs[nr], err) != 0) goto out;
+        nr++;
+    }
+    qsort(rs, (size_t)nr, sizeof *rs, s_range_cmp);
+    for (int i = 1; i < nr; i++)
+        if (rs[i].begin < rs[i - 1].end && rs[i].begin < rs[i].end) {
+            dp_err(err, "%s: tensors overlap at data bytes [%" PRIu64 ", %" PRIu64 ")", sf->path,
+                   rs[i].begin, rs[i - 1].end);
+            goto out;
+        }
+    rc = 0;
+out:
+    free(rs);
+    return rc;
+}
+
+static void s_close(s_file_t *sf)
+{
+    if (sf->f) fclose(sf->f);
+    cJSON_Delete(sf->root);
+    memset(sf, 0, sizeof *sf);
+}
+
+static int s_open(s_file_t *sf, const char *path, char *err)
+{
+    memset(sf, 0, sizeof *sf);
+    sf->path = path;
+    char *hdr = NULL;
+    sf->f = fopen(path, "rb");
+    if (!sf->f) return dp_err(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(sf->f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        dp_err(err, "%s: not a regular file", path);
+        goto fail;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    uint8_t lb[8];
+    if (size < 8 || fread(lb, 1, 8, sf->f) != 8) {
+        dp_err(err, "%s: truncated: %" PRIu64 " bytes, too short for a safetensors file", path, size);
+        goto fail;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | lb[i];
+    if (n < 2 || n > size - 8 || n > DP_ST_MAX_HEADER) {
+        dp_err(err, "%s: bad header length %" PRIu64 " (file has %" PRIu64 " bytes after the "
+               "length; not a safetensors file, or truncated)", path, n, size - 8);
+        goto fail;
+    }
+    hdr = dp_malloc((size_t)n + 1);
+    if (fread(hdr, 1, (size_t)n, sf->f) != (size_t)n) {
+        dp_err(err, "%s: read error in the header", path);
+        goto fail;
+    }
+    hdr[n] = 0;
+    const char *end = NULL;
+    if (hdr[0] != '{' || !(sf->root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &end, 0)) ||
+        !cJSON_IsObject(sf->root)) {
+        dp_err(err, "%s: header is not a JSON object%s", path,
+               hdr[0] != '{' ? " (does not start with '{')" : "");
+        goto fail;
+    }
+    for (const char *p = end; p < hdr + n; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            dp_err(err, "%s: garbage after the header JSON at byte %td", path, p - hdr + 8);
+            goto fail;
+        }
+    sf->data_start = 8 + n;
+    sf->data_len = size - 8 - n;
+    if (s_check_header(sf, err) != 0) goto fail;
+    free(hdr);
+    return 0;
+fail:
+    free(hdr);
+    s_close(sf);
+    return -1;
+}
+
+static void s_shape_str(char *out, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < ndim && k < cap; i++)
+        k += (size_t)snprintf(out + k, cap - k, "%s%" PRId64, i ? ", " : "", shape[i]);
+    if (k < cap) snprintf(out + k, cap - k, "]");
+}
+
+/* Find F32 tensor name with the expected shape (or, when ndim < 0, any shape
+ * with count elements); fills its byte range. */
+static int s_find_f32(const s_file_t *sf, const char *name, int ndim, const int64_t *shape,
+                      size_t count, s_range_t *r, char *err)
+{
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(sf->root, name);
+    if (!e || strcmp(name, "__metadata__") == 0)
+        return dp_err(err, "%s: tensor '%s' missing", sf->path, name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    if (strcmp(dt->valuestring, "F32") != 0)
+        return dp_err(err, "%s: tensor '%s' has dtype %s, expected F32", sf->path, name,
+                      dt->valuestring);
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape"), *d;
+    int64_t got[DP_ST_MAX_DIMS] = {0};
+    int gn = 0, same = 1;
+    uint64_t n = 1, v = 0;
+    cJSON_ArrayForEach(d, sh)
+    {
+        s_json_uint(d, &v); /* validated by s_open */
+        if (gn < DP_ST_MAX_DIMS) got[gn] = (int64_t)v;
+        if (ndim >= 0 && (gn >= ndim || (uint64_t)shape[gn] != v)) same = 0;
+        gn++;
+        n *= v;
+    }
+    if (ndim >= 0 && gn != ndim) same = 0;
+    if (ndim < 0 && n != count) {
+        return dp_err(err, "%s: tensor '%s' has %" PRIu64 " elements, expected %zu", sf->path,
+                      name, n, count);
+    }
+    if (!same) {
+        char a[128], b[128];
+        s_shape_str(a, sizeof a, gn < DP_ST_MAX_DIMS ? gn : DP_ST_MAX_DIMS, got);
+        s_shape_str(b, sizeof b, ndim, shape);
+        return dp_err(err, "%s: tensor '%s' has shape %s%s, expected %s", sf->path, name, a,
+                      gn > DP_ST_MAX_DIMS ? "..." : "", b);
+    }
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    s_json_uint(off->child, &r->begin);
+    s_json_uint(off->child->next, &r->end);
+    return 0;
+}
+
+static int s_read_range(const s_file_t *sf, const s_range_t *r, void *out, char *err)
+{
+    size_t len = (size_t)(r->end - r->begin);
+    if (len == 0) return 0;
+    if (fseeko(sf->f, (off_t)(sf->data_start + r->begin), SEEK_SET) != 0 ||
+        fread(out, 1, len, sf->f) != len)
+        return dp_err(err, "%s: read error in the tensor data", sf->path);
+    return 0;
+}
+
+int dp_safetensors_read_tensor(const char *path, const char *name, float *out, size_t count,
+                               char *err)
+{
+    s_file_t sf;
+    if (s_open(&sf, path, err) != 0) return -1;
+    s_range_t r;
+    int rc = s_find_f32(&sf, name, -1, NULL, count, &r, err);
+    if (rc == 0) {
+        float *tmp = dp_malloc(count * sizeof(float));
+        rc = s_read_range(&sf, &r, tmp, err);
+        if (rc == 0 && count) memcpy(out, tmp, count * sizeof(float));
+        free(tmp);
+    }
+    s_close(&sf);
+    return rc;
+}
+
+static const char *s_meta(const s_file_t *sf, const char *key)
+{
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(sf->root, "__metadata__");
+    const cJSON *v = md ? cJSON_GetObjectItemCaseSensitive(md, key) : NULL;
+    return v ? v->valuestring : NULL;
+}
+
+char *dp_safetensors_read_meta(const char *path, const char *key, char *err)
+{
+    s_file_t sf;
+    if (s_open(&sf, path, err) != 0) return NULL;
+    const char *v = s_meta(&sf, key);
+    char *out = v ? dp_strdup(v) : NULL;
+    if (!v && err) err[0] = 0;
+    s_close(&sf);
+    return out;
+}
+
+int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
+                         const char *const *meta_kv, char *err)
+{
+    cJSON *root = cJSON_CreateObject();
+    char *json = NULL;
+    uint8_t *buf = NULL;
+    int rc = -1;
+    if (meta_kv && meta_kv[0]) {
+        cJSON *md = cJSON_AddObjectToObject(root, "__metadata__");
+        for (int i = 0; meta_kv[i]; i += 2) {
+            if (!meta_kv[i + 1]) {
+                dp_err(err, "%s: metadata key '%s' has no value", path, meta_kv[i]);
+                goto out;
+            }
+            if (cJSON_GetObjectItemCaseSensitive(md, meta_kv[i])) {
+                dp_err(err, "%s: metadata key '%s' given twice", path, meta_kv[i]);
+                goto out;
+            }
+            cJSON_AddStringToObject(md, meta_kv[i], meta_kv[i + 1]);
+        }
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = t[i].name;
+        if (!name || !name[0] || strcmp(name, "__metadata__") == 0 ||
+            cJSON_GetObjectItemCaseSensitive(root, name)) {
+            dp_err(err, "%s: bad or duplicate tensor name '%s'", path, name ? name : "(null)");
+            goto out;
+        }
+        if (t[i].ndim < 0 || t[i].ndim > DP_ST_MAX_DIMS) {
+            dp_err(err, "%s: tensor '%s': bad rank %d", path, name, t[i].ndim);
+            goto out;
+        }
+        uint64_t count = 1;
+        cJSON *e = cJSON_AddObjectToObject(root, name);
+        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < t[i].ndim; d++) {
+            if (t[i].shape[d] < 0) {
+                dp_err(err, "%s: tensor '%s': negative dimension", path, name);
+                goto out;
+            }
+            count *= (uint64_t)t[i].shape[d];
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t[i].shape[d]));
+        }
+        cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)total));
+        total += count * sizeof(float);
+        /* cJSON prints integers below 1e15 without an exponent. */
+        if (total >= (uint64_t)1e15) {
+            dp_err(err, "%s: tensors too large", path);
+            goto out;
+        }
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)total));
+    }
+    json = cJSON_PrintUnformatted(root);
+    if (!json) {
+        dp_err(err, "%s: cannot format the header", path);
+        goto out;
+    }
+    size_t jlen = strlen(json), hlen = (jlen + 7) / 8 * 8;
+    buf = dp_malloc(8 + hlen + (size_t)total);
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    memcpy(buf + 8, json, jlen);
+    memset(buf + 8 + jlen, ' ', hlen - jlen);
+    uint8_t *p = buf + 8 + hlen;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = sizeof(float);
+        for (int d = 0; d < t[i].ndim; d++) bytes *= (size_t)t[i].shape[d];
+        if (bytes) memcpy(p, t[i].data, bytes);
+        p += bytes;
+    }
+    rc = dp_write_file_atomic(path, buf, 8 + hlen + (size_t)total, err);
+out:
+    free(buf);
+    free(json);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *params, long step,
+                          long version, const dp_st_tensor_t *extra, int n_extra,
+                          const char *const *extra_kv, char *err)
+{
+    int n = m->n_params + n_extra;
+    dp_st_tensor_t *t = dp_malloc((size_t)(n ? n : 1) * sizeof *t);
+    int64_t shapes[DP_MAX_PARAMS][4];
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        for (int d = 0; d < p->ndim; d++) shapes[i][d] = p->shape[d];
+        t[i] = (dp_st_tensor_t){p->name, params + p->offset, p->ndim, shapes[i]};
+    }
+    for (int i = 0; i < n_extra; i++) t[m->n_params + i] = extra[i];
+
+    char input[48], classes[16], fp[24], st[24], ver[24];
+    snprintf(input, sizeof input, "%dx%dx%d", m->in_c, m->in_h, m->in_w);
+    snprintf(classes, sizeof classes, "%d", m->classes);
+    snprintf(fp, sizeof fp, "%016" PRIx64, m->fingerprint);
+    snprintf(st, sizeof st, "%ld", step);
+    snprintf(ver, sizeof ver, "%ld", version);
+    const char *base[] = {"format", "downpour", "spec", m->spec, "input", input,
+                          "classes", classes, "fingerprint", fp, "step", st, "version", ver};
+    int nb = (int)(sizeof base / sizeof base[0]), ne = 0;
+    while (extra_kv && extra_kv[ne]) ne += extra_kv[ne + 1] ? 2 : 1;
+    const char **kv = dp_malloc((size_t)(nb + ne + 1) * sizeof *kv);
+    memcpy(kv, base, sizeof base);
+    for (int i = 0; i < ne; i++) kv[nb + i] = extra_kv[i];
+    kv[nb + ne] = NULL;
+    int rc = dp_safetensors_write(path, t, n, kv, err);
+    free(kv);
+    free(t);
+    return rc;
+}
+
+int dp_checkpoint_save(const char *path, const dp_model_t *m, const float *params, long step,
+                       long version, const char *const *extra_kv, char *err)
+{
+    return dp_checkpoint_save_ex(path, m, params, step, version, NULL, 0, extra_kv, err);
+}
+
+/* Metadata integer key (absent: 0). */
+static int s_meta_long(const s_file_t *sf, const char *key, long *out, char *err)
+{
+    const char *v = s_meta(sf, key);
+    *out = 0;
+    if (!v) return 0;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno)
+        return dp_err(err, "%s: metadata '%s' is not an integer: '%.32s'", sf->path, key, v);
+    *out = x;
+    return 0;
+}
+
+int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, long *step,
+                       long *version, char *err)
+{
+    s_file_t sf;
+    if (s_open(&sf, path, err) != 0) return -1;
+    float *tmp = dp_malloc((m->n_floats ? m->n_floats : 1) * sizeof(float));
+    long st = 0, ver = 0;
+    int rc = -1;
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        int64_t shape[4];
+        for (int d = 0; d < p->ndim; d++) shape[d] = p->shape[d];
+        s_range_t r;
+        if (s_find_f32(&sf, p->name, p->ndim, shape, p->count, &r, err) != 0 ||
+            s_read_range(&sf, &r, tmp + p->offset, err) != 0)
+            goto out;
+    }
+    if (s_meta_long(&sf, "step", &st, err) != 0 || s_meta_long(&sf, "version", &ver, err) != 0)
+        goto out;
+    memcpy(params, tmp, m->n_floats * sizeof(float));
+    if (step) *step = st;
+    if (version) *version = ver;
+    rc = 0;
+out:
+    free(tmp);
+    s_close(&sf);
+    return rc;
+}

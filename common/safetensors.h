@@ -1,0 +1,74 @@
+/* safetensors: the Hugging Face safetensors file format, and model
+ * checkpoints stored in it.
+ *
+ * Format: 8-byte little-endian header length N, N bytes of JSON (padded with
+ * spaces to a multiple of 8, as the reference writer does), then the raw
+ * little-endian tensor bytes. The JSON maps each tensor name to {"dtype",
+ * "shape", "data_offsets": [begin, end]} (offsets relative to the data
+ * start) and may hold "__metadata__", a map of string to string.
+ *
+ * This module writes F32 tensors only; it reads files holding any dtype
+ * (validating every entry) but returns F32 tensors only. Writes are atomic
+ * (temp file, fsync, rename): a crash never leaves a partial file at the
+ * path. Readers validate the whole header (bounded length, valid JSON, known
+ * dtypes, shapes matching byte counts, offsets in range and non-overlapping)
+ * before touching the caller's buffers, and leave them unchanged on any
+ * error; errors are one line "PATH: what is wrong". Assumes a little-endian
+ * host (checked at compile time). */
+#ifndef DP_SAFETENSORS_H
+#define DP_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+#define DP_ST_MAX_DIMS 8
+#define DP_ST_MAX_HEADER ((uint64_t)100 << 20) /* the reference reader's limit */
+
+/* One F32 tensor to write: shape[0..ndim) (ndim 0 = scalar), data holds
+ * the product of the shape floats, C order. */
+typedef struct {
+    const char *name;
+    const float *data;
+    int ndim;
+    const int64_t *shape;
+} dp_st_tensor_t;
+
+/* Write tensors t[0..n) (names unique, non-empty, not "__metadata__") and
+ * metadata pairs meta_kv = {key, value, ..., NULL} (may be NULL) to path,
+ * atomically. Tensors are laid in the given order, contiguous. */
+int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
+                         const char *const *meta_kv, char *err);
+
+/* Read tensor name, which must be F32 with exactly count elements, into
+ * out[0..count). out unchanged on error. */
+int dp_safetensors_read_tensor(const char *path, const char *name, float *out, size_t count,
+                               char *err);
+
+/* The metadata value for key as a malloc'd string. NULL when the file is bad
+ * (err says why) or when the key is absent (err is then set to ""). */
+char *dp_safetensors_read_meta(const char *path, const char *key, char *err);
+
+/* Model checkpoint: one tensor per m->params entry (PyTorch names and
+ * layouts) and metadata "format": "downpour", "spec": m->spec, "input":
+ * "CxHxW", "classes", "fingerprint" (16 hex digits), "step", "version", then
+ * the pairs of extra_kv ({key, value, ..., NULL}, may be NULL). */
+int dp_checkpoint_save(const char *path, const dp_model_t *m, const float *params, long step,
+                       long version, const char *const *extra_kv, char *err);
+
+/* As dp_checkpoint_save, plus tensors extra[0..n_extra) after the model's
+ * (e.g. the optimizer state the parameter server restores with
+ * dp_safetensors_read_tensor). */
+int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *params, long step,
+                          long version, const dp_st_tensor_t *extra, int n_extra,
+                          const char *const *extra_kv, char *err);
+
+/* Load a checkpoint into params[0..m->n_floats). Every tensor of m must be
+ * present as F32 with m's shape; other tensors in the file are ignored.
+ * step / version (may be NULL) come from the metadata, 0 when absent. On any
+ * error params, *step and *version are unchanged. */
+int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, long *step,
+                       long *version, char *err);
+
+#endif

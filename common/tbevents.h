@@ -1,0 +1,48 @@
+/* tbevents: TensorBoard event files written by hand, no TensorFlow needed.
+ *
+ * A file LOGDIR/events.out.tfevents.<unix time>.<hostname>[.<suffix>] is a
+ * sequence of TFRecords:
+ *   uint64 length (LE) | uint32 masked crc32c(length bytes) | data |
+ *   uint32 masked crc32c(data)
+ * with mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8, and each data an
+ * Event protobuf: wall_time = 1 (double), step = 2 (int64), file_version = 3
+ * (string, "brain.Event:2" in the first record), summary = 5 (Summary:
+ * repeated Value value = 1 { tag = 1 string, simple_value = 2 float }).
+ * `tensorboard --logdir LOGDIR` shows the scalars.
+ *
+ * Each record goes out with one write(2) as it is made: records are few and
+ * small (a handful of scalars per logging step) and TensorBoard reads the
+ * file while it grows. Calls are thread-safe. */
+#ifndef DP_TBEVENTS_H
+#define DP_TBEVENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dp_tb dp_tb_t;
+
+/* Create LOGDIR (and its parents, as TensorFlow does) and a new event file in
+ * it, starting with the file_version event. suffix may be NULL or "" (no
+ * trailing ".<suffix>") and must not contain '/'. logdir NULL or "" gives a
+ * disabled writer whose calls do nothing. If the name is taken (two writers
+ * in one second), ".<pid>" is appended. */
+int dp_tb_open(dp_tb_t **out, const char *logdir, const char *suffix, char *err);
+
+/* One scalar point: the tag's value at a step. A write error is warned about
+ * once and training goes on. tb may be NULL or disabled (no-op). */
+void dp_tb_scalar(dp_tb_t *tb, const char *tag, long step, float value);
+
+/* The event file's path, or NULL for a disabled writer. */
+const char *dp_tb_path(const dp_tb_t *tb);
+
+/* Close, free, set *tb_p to NULL; safe twice and on NULL. */
+void dp_tb_close(dp_tb_t **tb_p);
+
+/* CRC-32C (Castagnoli), chainable: dp_crc32c(dp_crc32c(0, a, na), b, nb) is
+ * the CRC of a followed by b; dp_crc32c(0, "123456789", 9) == 0xE3069283. */
+uint32_t dp_crc32c(uint32_t crc, const void *data, size_t n);
+
+/* The TFRecord mask of a CRC (see above). */
+uint32_t dp_crc32c_mask(uint32_t crc);
+
+#endif

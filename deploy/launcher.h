@@ -1,0 +1,10 @@
+/* launcher: the `downpour` command's subcommands. */
+#ifndef DP_LAUNCHER_H
+#define DP_LAUNCHER_H
+
+/* downpour local: a whole cluster (ps shards + workers) on this machine. */
+int dp_local_main(int argc, char **argv);
+/* downpour eval: test accuracy of a checkpoint. */
+int dp_eval_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,230 @@
+/* backend_cpu: the "cpu" backend — device memory is host memory and every
+ * layer op calls the fast kernels in ops.h. prepare() grows the kernels'
+ * scratch for the largest layer at max_batch, so that the training loop
+ * allocates nothing (the scratch belongs to the thread that calls the ops;
+ * prepare from the same thread that trains, or the first step grows it). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/util.h"
+#include "../backend.h"
+#include "../ops.h"
+#include "cpu.h"
+
+static void s_conv_dims(dp_conv_dims_t *d, const dp_layer_t *l, int B)
+{
+    d->B = B;
+    d->C = l->in_c;
+    d->H = l->in_h;
+    d->W = l->in_w;
+    d->OC = l->out_c;
+    d->K = l->k;
+    d->pad = l->pad;
+    d->stride = l->stride;
+    dp_conv_dims_finish(d);
+}
+
+static void s_pool_dims(dp_pool_dims_t *d, const dp_layer_t *l, int B)
+{
+    d->B = B;
+    d->C = l->in_c;
+    d->H = l->in_h;
+    d->W = l->in_w;
+    d->K = l->k;
+    d->stride = l->stride;
+    dp_pool_dims_finish(d);
+}
+
+static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err)
+{
+    (void)be;
+    if (max_batch < 1) return dp_err(err, "cpu backend: max_batch %d must be >= 1", max_batch);
+    /* Run every conv layer once at max_batch on zeros: the kernels grow their
+     * scratch to what the real steps need (simplest way to size it exactly). */
+    for (int i = 0; i < m->n_layers; i++) {
+        const dp_layer_t *l = &m->layers[i];
+        if (l->kind != DP_LAYER_CONV) continue;
+        dp_conv_dims_t d;
+        s_conv_dims(&d, l, max_batch);
+        size_t nin = (size_t)max_batch * d.C * d.H * d.W;
+        size_t nout = (size_t)max_batch * d.OC * d.OH * d.OW;
+        size_t nw = (size_t)d.OC * d.C * d.K * d.K;
+        float *in = dp_aligned_alloc((nin + nout + nw + d.OC + nin) * sizeof(float));
+        memset(in, 0, (nin + nout + nw + d.OC + nin) * sizeof(float));
+        float *out = in + nin, *w = out + nout, *b = w + nw, *din = b + d.OC;
+        dp_conv2d_forward(out, in, w, b, &d);
+        dp_conv2d_backward(din, w, b, out, in, w, &d);
+        free(in);
+    }
+    return 0;
+}
+
+static void *s_alloc(dp_backend_t *be, size_t bytes)
+{
+    (void)be;
+    void *p = dp_aligned_alloc(bytes ? bytes : 1);
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void s_release(dp_backend_t *be, void *d)
+{
+    (void)be;
+    free(d);
+}
+
+static void s_upload(dp_backend_t *be, void *d_dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes) memcpy(d_dst, src, bytes);
+}
+
+static void s_download(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
+{
+    (void)be;
+    if (bytes) memcpy(dst, d_src, bytes);
+}
+
+static void *s_host_alloc(dp_backend_t *be, size_t bytes)
+{
+    (void)be;
+    return dp_malloc(bytes ? bytes : 1);
+}
+
+static void s_host_release(dp_backend_t *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void s_synchronize(dp_backend_t *be)
+{
+    (void)be;
+}
+
+static void s_conv_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                           const float *d_in, const float *d_w, const float *d_b)
+{
+    (void)be;
+    dp_conv_dims_t d;
+    s_conv_dims(&d, l, B);
+    dp_conv2d_forward(d_out, d_in, d_w, d_b, &d);
+}
+
+static void s_conv_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                            float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                            const float *d_w)
+{
+    (void)be;
+    dp_conv_dims_t d;
+    s_conv_dims(&d, l, B);
+    dp_conv2d_backward(d_din, d_dw, d_db, d_dout, d_in, d_w, &d);
+}
+
+static void s_relu_forward(dp_backend_t *be, size_t n, float *d_out, const float *d_in)
+{
+    (void)be;
+    dp_relu_forward(d_out, d_in, n);
+}
+
+static void s_relu_backward(dp_backend_t *be, size_t n, float *d_din, const float *d_dout,
+                            const float *d_out)
+{
+    (void)be;
+    dp_relu_backward(d_din, d_dout, d_out, n);
+}
+
+static void s_maxpool_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                              const float *d_in)
+{
+    (void)be;
+    dp_pool_dims_t d;
+    s_pool_dims(&d, l, B);
+    dp_maxpool_forward(d_out, d_in, &d);
+}
+
+static void s_maxpool_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                               const float *d_dout, const float *d_in, const float *d_out)
+{
+    (void)be;
+    dp_pool_dims_t d;
+    s_pool_dims(&d, l, B);
+    dp_maxpool_backward(d_din, d_dout, d_in, d_out, &d);
+}
+
+static void s_fc_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                         const float *d_in, const float *d_w, const float *d_b)
+{
+    (void)be;
+    dp_fc_forward(d_out, d_in, d_w, d_b, B, l->in_c * l->in_h * l->in_w, l->out_c);
+}
+
+static void s_fc_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                          const float *d_w)
+{
+    (void)be;
+    dp_fc_backward(d_din, d_dw, d_db, d_dout, d_in, d_w, B, l->in_c * l->in_h * l->in_w,
+                   l->out_c);
+}
+
+static float s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
+                                    const float *d_logits, const int *d_labels)
+{
+    (void)be;
+    return dp_softmax_xent_forward(d_probs, d_logits, d_labels, B, classes);
+}
+
+static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float *d_dlogits,
+                                    const float *d_probs, const int *d_labels)
+{
+    (void)be;
+    dp_softmax_xent_backward(d_dlogits, d_probs, d_labels, B, classes);
+}
+
+__attribute__((optimize("O3"))) static void s_sgd_update(dp_backend_t *be, size_t n, float *d_w,
+                                                         float *d_v, const float *d_g, float lr,
+                                                         float momentum, float weight_decay)
+{
+    (void)be;
+    int nt = dp_cpu_team((double)n);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float v = momentum * d_v[i] + d_g[i] + weight_decay * d_w[i];
+        d_v[i] = v;
+        d_w[i] -= lr * v;
+    }
+}
+
+static void s_destroy(dp_backend_t *be)
+{
+    free(be);
+}
+
+dp_backend_t *dp_backend_cpu_new(void)
+{
+    dp_backend_t *be = dp_calloc(1, sizeof *be);
+    be->name = "cpu";
+    be->impl = NULL;
+    be->prepare = s_prepare;
+    be->alloc = s_alloc;
+    be->release = s_release;
+    be->upload = s_upload;
+    be->download = s_download;
+    be->host_alloc = s_host_alloc;
+    be->host_release = s_host_release;
+    be->synchronize = s_synchronize;
+    be->conv_forward = s_conv_forward;
+    be->conv_backward = s_conv_backward;
+    be->relu_forward = s_relu_forward;
+    be->relu_backward = s_relu_backward;
+    be->maxpool_forward = s_maxpool_forward;
+    be->maxpool_backward = s_maxpool_backward;
+    be->fc_forward = s_fc_forward;
+    be->fc_backward = s_fc_backward;
+    be->softmax_xent_forward = s_softmax_xent_forward;
+    be->softmax_xent_backward = s_softmax_xent_backward;
+    be->sgd_update = s_sgd_update;
+    be->destroy = s_destroy;
+    return be;
+}

@@ -1,0 +1,663 @@
+/* conv: the fast 2-D convolution. Images are split over our OpenMP threads;
+ * each thread works on whole images with its own slice of the scratch and
+ * calls only single-threaded code (OpenBLAS is set to one thread, cpu.h).
+ *
+ * Per image b (CKK = C*K*K, P = OH*OW), three ways, picked per call or image:
+ *   forward, OC in 32s with AVX-512: colT[P,CKK] = im2col^T(in_b), then our
+ *     own register-tiled GEMM writes out_b (s_fwd_gemm*);
+ *   forward otherwise: col[CKK,P] = im2col(in_b); out_b = w[OC,CKK] col + b
+ *     (OpenBLAS sgemm);
+ *   backward, dense dout: dw += dout_b col^T; dcol = w^T dout_b; din_b =
+ *     col2im(dcol) (OpenBLAS);
+ *   backward, mostly-zero dout (behind a max-pool) with AVX-512: only the
+ *     non-zeros are visited (see "sparse backward" below).
+ * dw and db are summed per thread, then across threads; din rows of every
+ * image are overwritten. Stride-1 im2col goes through a zero-padded copy of
+ * the image so rows are plain copies. Scratch grows once (dp_cpu_scratch).
+ *
+ * DP_CONV_SPARSE_MAX (environment, default 0.4): the largest non-zero
+ * fraction of an image's dout that takes the sparse backward; 0 turns it
+ * off (for measuring). */
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ops.h"
+#include "cpu.h"
+
+/* col[r, p] for r = (c, ky, kx), p = (oy, ox); rows ld floats apart. */
+static void s_im2col(float *col, size_t ld, const float *in, const dp_conv_dims_t *d)
+{
+    int K = d->K, S = d->stride, pad = d->pad, H = d->H, W = d->W, OH = d->OH, OW = d->OW;
+    for (int c = 0; c < d->C; c++)
+        for (int ky = 0; ky < K; ky++)
+            for (int kx = 0; kx < K; kx++) {
+                float *dst = col + (size_t)((c * K + ky) * K + kx) * ld;
+                const float *src = in + (size_t)c * H * W;
+                /* output columns whose input x = ox*S - pad + kx lies inside [0, W) */
+                int ox0 = pad - kx > 0 ? (pad - kx + S - 1) / S : 0;
+                int ox1 = (W - 1 + pad - kx) / S + 1; /* exclusive */
+                if (W - 1 + pad - kx < 0) ox1 = 0;
+                if (ox1 > OW) ox1 = OW;
+                if (ox0 > ox1) ox0 = ox1;
+                for (int oy = 0; oy < OH; oy++, dst += OW) {
+                    int y = oy * S - pad + ky;
+                    if (y < 0 || y >= H) {
+                        memset(dst, 0, (size_t)OW * sizeof(float));
+                        continue;
+                    }
+                    const float *row = src + (size_t)y * W - pad + kx;
+                    for (int ox = 0; ox < ox0; ox++) dst[ox] = 0.0f;
+                    if (S == 1) {
+                        memcpy(dst + ox0, row + ox0, (size_t)(ox1 - ox0) * sizeof(float));
+                    } else {
+                        for (int ox = ox0; ox < ox1; ox++) dst[ox] = row[ox * S];
+                    }
+                    for (int ox = ox1; ox < OW; ox++) dst[ox] = 0.0f;
+                }
+            }
+}
+
+/* din (zeroed by the caller) += col2im(col); rows ld floats apart. */
+static void s_col2im(float *din, const float *col, size_t ld, const dp_conv_dims_t *d)
+{
+    int K = d->K, S = d->stride, pad = d->pad, H = d->H, W = d->W, OH = d->OH, OW = d->OW;
+    for (int c = 0; c < d->C; c++)
+        for (int ky = 0; ky < K; ky++)
+            for (int kx = 0; kx < K; kx++) {
+                const float *src = col + (size_t)((c * K + ky) * K + kx) * ld;
+                float *dst = din + (size_t)c * H * W;
+                int ox0 = pad - kx > 0 ? (pad - kx + S - 1) / S : 0;
+                int ox1 = (W - 1 + pad - kx) / S + 1;
+                if (W - 1 + pad - kx < 0) ox1 = 0;
+                if (ox1 > OW) ox1 = OW;
+                if (ox0 > ox1) ox0 = ox1;
+                for (int oy = 0; oy < OH; oy++, src += OW) {
+                    int y = oy * S - pad + ky;
+                    if (y < 0 || y >= H) continue;
+                    float *row = dst + (size_t)y * W - pad + kx;
+                    if (S == 1) {
+                        for (int ox = ox0; ox < ox1; ox++) row[ox] += src[ox];
+                    } else {
+                        for (int ox = ox0; ox < ox1; ox++) row[ox * S] += src[ox];
+                    }
+                }
+            }
+}
+
+/* Stride-1 im2col / col2im through a zero-padded copy of the image: every
+ * column-matrix row is then OH plain copies of OW floats, with no edge tests
+ * and no tiny memcpy calls (those made im2col cost half as much as the GEMM).
+ * The row copies are masked AVX-512 moves when the CPU has AVX-512. */
+static void s_pad(float *pin, const float *in, const dp_conv_dims_t *d)
+{
+    int H = d->H, W = d->W, p = d->pad, Hp = H + 2 * p, Wp = W + 2 * p;
+    memset(pin, 0, (size_t)d->C * Hp * Wp * sizeof(float));
+    for (int c = 0; c < d->C; c++)
+        for (int y = 0; y < H; y++)
+            memcpy(pin + ((size_t)c * Hp + y + p) * Wp + p, in + ((size_t)c * H + y) * W,
+                   (size_t)W * sizeof(float));
+}
+
+#define DP_S1_BODY(COPY)                                                         \
+    int K = d->K, Hp = d->H + 2 * d->pad, Wp = d->W + 2 * d->pad, OH = d->OH, OW = d->OW; \
+    for (int c = 0; c < d->C; c++)                                                 \
+        for (int ky = 0; ky < K; ky++)                                             \
+            for (int kx = 0; kx < K; kx++) {                                       \
+                float *cr = col + (size_t)((c * K + ky) * K + kx) * ld;            \
+                float *pr = pin + ((size_t)c * Hp + ky) * Wp + kx;                 \
+                for (int oy = 0; oy < OH; oy++, cr += OW, pr += Wp) COPY;          \
+            }
+
+__attribute__((target("avx512f"))) static void s_im2col_s1_avx512(float *col, size_t ld,
+                                                                   float *pin,
+                                                                   const dp_conv_dims_t *d)
+{
+    DP_S1_BODY({
+        for (int x = 0; x < OW; x += 16) {
+            __mmask16 m = OW - x >= 16 ? 0xffff : (__mmask16)((1u << (OW - x)) - 1);
+            _mm512_mask_storeu_ps(cr + x, m, _mm512_maskz_loadu_ps(m, pr + x));
+        }
+    })
+}
+
+__attribute__((target("avx512f"))) static void s_col2im_s1_avx512(float *col, size_t ld,
+                                                                   float *pin,
+                                                                   const dp_conv_dims_t *d)
+{
+    DP_S1_BODY({
+        for (int x = 0; x < OW; x += 16) {
+            __mmask16 m = OW - x >= 16 ? 0xffff : (__mmask16)((1u << (OW - x)) - 1);
+            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, pr + x),
+                                     _mm512_maskz_loadu_ps(m, cr + x));
+            _mm512_mask_storeu_ps(pr + x, m, v);
+        }
+    })
+}
+
+__attribute__((optimize("O3"))) static void s_im2col_s1_plain(float *col, size_t ld, float *pin,
+                                                              const dp_conv_dims_t *d)
+{
+    DP_S1_BODY({
+        for (int x = 0; x < OW; x++) cr[x] = pr[x];
+    })
+}
+
+__attribute__((optimize("O3"))) static void s_col2im_s1_plain(float *col, size_t ld, float *pin,
+                                                              const dp_conv_dims_t *d)
+{
+    DP_S1_BODY({
+        for (int x = 0; x < OW; x++) pr[x] += cr[x];
+    })
+}
+
+static int s_avx512 = -1; /* set once before main (no race from the OpenMP team) */
+
+__attribute__((constructor)) static void s_detect_cpu(void)
+{
+    __builtin_cpu_init();
+    s_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+}
+
+static int s_have_avx512(void)
+{
+    return s_avx512 > 0;
+}
+
+/* col = im2col(in) for any stride; pin: scratch of C*(H+2p)*(W+2p) floats. */
+static void s_im2col_any(float *col, size_t ld, float *pin, const float *in,
+                         const dp_conv_dims_t *d)
+{
+    if (d->stride != 1) {
+        s_im2col(col, ld, in, d);
+        return;
+    }
+    s_pad(pin, in, d);
+    if (s_have_avx512())
+        s_im2col_s1_avx512(col, ld, pin, d);
+    else
+        s_im2col_s1_plain(col, ld, pin, d);
+}
+
+/* din = col2im(col) (overwritten) for any stride; pin as above. */
+static void s_col2im_any(float *din, const float *col, size_t ld, float *pin,
+                         const dp_conv_dims_t *d)
+{
+    int H = d->H, W = d->W, p = d->pad, Hp = H + 2 * p, Wp = W + 2 * p;
+    if (d->stride != 1) {
+        memset(din, 0, (size_t)d->C * H * W * sizeof(float));
+        s_col2im(din, col, ld, d);
+        return;
+    }
+    memset(pin, 0, (size_t)d->C * Hp * Wp * sizeof(float));
+    if (s_have_avx512())
+        s_col2im_s1_avx512((float *)col, ld, pin, d);
+    else
+        s_col2im_s1_plain((float *)col, ld, pin, d);
+    for (int c = 0; c < d->C; c++)
+        for (int y = 0; y < H; y++)
+            memcpy(din + ((size_t)c * H + y) * W, pin + ((size_t)c * Hp + y + p) * Wp + p,
+                   (size_t)W * sizeof(float));
+}
+
+/* A 1x1, stride-1, unpadded convolution needs no im2col: the image is the column matrix. */
+static int s_is_pointwise(const dp_conv_dims_t *d)
+{
+    return d->K == 1 && d->stride == 1 && d->pad == 0;
+}
+
+/* ---- sparse backward ------------------------------------------------------
+ * Behind a max-pool (and a relu) most of dout is exactly zero: a 2x2 pool
+ * passes gradient to at most one cell in four. For such images the GEMMs
+ * waste >= 3/4 of their work, so the backward walks only the non-zeros:
+ *   dw[oc, :]   += sum over non-zero (oc, p) of g * colT[p, :]
+ *   dcolT[p, :]  = sum over non-zero (oc, p) of g * w[oc, :]
+ * with colT[P, CKK] the transposed column matrix (one patch per row, so both
+ * sums are axpys of contiguous CKK-float rows), then dcolT is scattered into
+ * the padded input gradient. Used per image when the non-zero fraction is at
+ * most DP_SPARSE_MAX, CKK >= 64 and the CPU has AVX-512. */
+#define DP_SPARSE_MAX 0.4
+static double s_sparse_max = DP_SPARSE_MAX;
+
+__attribute__((constructor)) static void s_sparse_env(void)
+{
+    const char *e = getenv("DP_CONV_SPARSE_MAX");
+    if (e && *e) s_sparse_max = atof(e);
+}
+
+/* y[0, n) (+)= sum_j coef[j] * X[idx[j] * ldx + (0, n)]; y overwritten when !accumulate. */
+__attribute__((target("avx512f"))) static void s_gather_axpy(float *y, int n, const float *X,
+                                                              size_t ldx, const int *idx,
+                                                              const float *coef, int cnt,
+                                                              int accumulate)
+{
+    int r0 = 0;
+    for (; r0 + 128 <= n; r0 += 128) {
+        __m512 a0, a1, a2, a3, a4, a5, a6, a7;
+        if (accumulate) {
+            a0 = _mm512_loadu_ps(y + r0);
+            a1 = _mm512_loadu_ps(y + r0 + 16);
+            a2 = _mm512_loadu_ps(y + r0 + 32);
+            a3 = _mm512_loadu_ps(y + r0 + 48);
+            a4 = _mm512_loadu_ps(y + r0 + 64);
+            a5 = _mm512_loadu_ps(y + r0 + 80);
+            a6 = _mm512_loadu_ps(y + r0 + 96);
+            a7 = _mm512_loadu_ps(y + r0 + 112);
+        } else {
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
+        }
+        for (int j = 0; j < cnt; j++) {
+            __m512 g = _mm512_set1_ps(coef[j]);
+            const float *x = X + (size_t)idx[j] * ldx + r0;
+            a0 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x), a0);
+            a1 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 16), a1);
+            a2 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 32), a2);
+            a3 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 48), a3);
+            a4 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 64), a4);
+            a5 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 80), a5);
+            a6 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 96), a6);
+            a7 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 112), a7);
+        }
+        _mm512_storeu_ps(y + r0, a0);
+        _mm512_storeu_ps(y + r0 + 16, a1);
+        _mm512_storeu_ps(y + r0 + 32, a2);
+        _mm512_storeu_ps(y + r0 + 48, a3);
+        _mm512_storeu_ps(y + r0 + 64, a4);
+        _mm512_storeu_ps(y + r0 + 80, a5);
+        _mm512_storeu_ps(y + r0 + 96, a6);
+        _mm512_storeu_ps(y + r0 + 112, a7);
+    }
+    for (; r0 < n; r0 += 16) {
+        __mmask16 m = n - r0 >= 16 ? 0xffff : (__mmask16)((1u << (n - r0)) - 1);
+        __m512 a = accumulate ? _mm512_maskz_loadu_ps(m, y + r0) : _mm512_setzero_ps();
+        for (int j = 0; j < cnt; j++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(coef[j]),
+                                _mm512_maskz_loadu_ps(m, X + (size_t)idx[j] * ldx + r0), a);
+        _mm512_mask_storeu_ps(y + r0, m, a);
+    }
+}
+
+/* colT rows are in "patch order" r' = (ky, kx, c), not the (c, ky, kx) of w:
+ * from a channel-last (HWC) padded image a patch row is then K runs of K*C
+ * contiguous floats (160 for conv2 of the default model) instead of C*K runs
+ * of K (5), which made building colT cost a third as much as the GEMM. The
+ * weights are repacked to match (once per call) and dw is permuted back. */
+static size_t s_patch_index(int c, int ky, int kx, int C, int K)
+{
+    return ((size_t)ky * K + kx) * C + c;
+}
+
+/* HWC copy of one image with `pad` zeros around: pin[(y * Wp + x) * C + c]. */
+static void s_pad_hwc(float *pin, const float *in, const dp_conv_dims_t *d)
+{
+    int C = d->C, H = d->H, W = d->W, p = d->pad, Wp = W + 2 * p;
+    memset(pin, 0, (size_t)C * (H + 2 * p) * Wp * sizeof(float));
+    for (int c = 0; c < C; c++)
+        for (int y = 0; y < H; y++) {
+            const float *src = in + ((size_t)c * H + y) * W;
+            float *dst = pin + ((size_t)(y + p) * Wp + p) * C + c;
+            for (int x = 0; x < W; x++) dst[(size_t)x * C] = src[x];
+        }
+}
+
+/* din (CHW, overwritten) = the inside of the padded HWC gradient. */
+static void s_unpad_hwc(float *din, const float *pin, const dp_conv_dims_t *d)
+{
+    int C = d->C, H = d->H, W = d->W, p = d->pad, Wp = W + 2 * p;
+    for (int c = 0; c < C; c++)
+        for (int y = 0; y < H; y++) {
+            float *dst = din + ((size_t)c * H + y) * W;
+            const float *src = pin + ((size_t)(y + p) * Wp + p) * C + c;
+            for (int x = 0; x < W; x++) dst[x] = src[(size_t)x * C];
+        }
+}
+
+__attribute__((target("avx512f"))) static inline void s_copy16(float *dst, const float *src,
+                                                                int n)
+{
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+
+__attribute__((target("avx512f"))) static inline void s_add16(float *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
+        _mm512_mask_storeu_ps(dst + i, m, v);
+    }
+}
+
+/* colT[p, r'] from the padded HWC image, any stride. */
+__attribute__((target("avx512f"))) static void s_im2colT(float *colT, const float *pin,
+                                                          const dp_conv_dims_t *d)
+{
+    int K = d->K, S = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
+    size_t CKK = (size_t)C * K * K;
+    for (int oy = 0; oy < d->OH; oy++)
+        for (int ox = 0; ox < d->OW; ox++) {
+            float *dst = colT + (size_t)(oy * d->OW + ox) * CKK;
+            const float *src = pin + ((size_t)oy * S * Wp + (size_t)ox * S) * C;
+            for (int ky = 0; ky < K; ky++) s_copy16(dst + (size_t)ky * run, src + (size_t)ky * Wp * C, run);
+        }
+}
+
+/* Padded HWC dpin += the dcolT row (patch order) of position p. */
+__attribute__((target("avx512f"))) static void s_col2imT_row(float *dpin, const float *row, int p,
+                                                              const dp_conv_dims_t *d)
+{
+    int K = d->K, S = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
+    int oy = p / d->OW, ox = p % d->OW;
+    float *base = dpin + ((size_t)oy * S * Wp + (size_t)ox * S) * C;
+    for (int ky = 0; ky < K; ky++) s_add16(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
+}
+
+/* wp[oc, r'] = w[oc, r] (patch order), for OC rows. */
+static void s_pack_patch_rows(float *wp, const float *w, const dp_conv_dims_t *d)
+{
+    int C = d->C, K = d->K;
+    size_t CKK = (size_t)C * K * K;
+    for (int oc = 0; oc < d->OC; oc++)
+        for (int c = 0; c < C; c++)
+            for (int ky = 0; ky < K; ky++)
+                for (int kx = 0; kx < K; kx++)
+                    wp[oc * CKK + s_patch_index(c, ky, kx, C, K)] =
+                        w[oc * CKK + ((size_t)c * K + ky) * K + kx];
+}
+
+/* Non-zeros of one image's dout[OC, P], listed by channel (ocp, ocg, ocn[oc]
+ * entries from ocs[oc]) and by position (pos*, likewise). Returns the count. */
+typedef struct {
+    int *ocs, *ocn, *ocp;  /* per channel: start, count; then positions */
+    float *ocg;            /* values, channel order */
+    int *ps, *pn, *poc;    /* per position: start, count; then channels */
+    float *pg;             /* values, position order */
+} s_nz_t;
+
+static int s_nz_build(s_nz_t *z, const float *g, int OC, int P, int by_pos)
+{
+    int k = 0;
+    for (int oc = 0; oc < OC; oc++) {
+        z->ocs[oc] = k;
+        const float *row = g + (size_t)oc * P;
+        /* branch-free: whether a cell is zero is a coin toss for the predictor */
+        for (int p = 0; p < P; p++) {
+            z->ocp[k] = p;
+            z->ocg[k] = row[p];
+            k += row[p] != 0.0f;
+        }
+        z->ocn[oc] = k - z->ocs[oc];
+    }
+    if (!by_pos) return k;
+    /* counting sort of the same entries by position; channel order kept */
+    memset(z->pn, 0, (size_t)P * sizeof(int));
+    for (int i = 0; i < k; i++) z->pn[z->ocp[i]]++;
+    for (int p = 0, acc = 0; p < P; p++) {
+        z->ps[p] = acc;
+        acc += z->pn[p];
+        z->pn[p] = 0;
+    }
+    for (int oc = 0; oc < OC; oc++)
+        for (int i = z->ocs[oc]; i < z->ocs[oc] + z->ocn[oc]; i++) {
+            int p = z->ocp[i], at = z->ps[p] + z->pn[p]++;
+            z->poc[at] = oc;
+            z->pg[at] = z->ocg[i];
+        }
+    return k;
+}
+
+/* Scratch floats one thread needs for the backward. */
+typedef struct {
+    size_t col, dcol, dw, db, pad, nz, total;
+} s_bw_layout_t; /* per thread: col | dcol | dw (std order) | dw (patch order) | db | pad | nz */
+
+static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int point)
+{
+    size_t CKK = (size_t)d->C * d->K * d->K, P = (size_t)d->OH * d->OW, OC = d->OC;
+    L->col = point ? 0 : CKK * P;              /* col (dense) or colT (sparse) */
+    L->dcol = din ? CKK * P : 0;               /* dcol (dense) or one dcolT row */
+    L->dw = OC * CKK;                          /* this thread's dw partials (two orders) */
+    L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
+    L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
+    L->nz = 2 * OC + 2 * OC * P + 2 * P + 2 * OC * P; /* s_nz_t arrays (int = float size) */
+    L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + 15) / 16 * 16;
+}
+
+/* One image's gradient contributions; dwp (std order), dwq (patch order) and
+ * dbp accumulate, din_b is overwritten. wp: w in patch order (sparse din). */
+static void s_conv_backward_image(float *din_b, float *dwp, float *dwq, float *dbp,
+                                  const float *g, const float *src, const float *w,
+                                  const float *wp, const dp_conv_dims_t *d, float *sc,
+                                  const s_bw_layout_t *L, int point)
+{
+    int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
+    float *col = sc, *dcol = col + L->col, *pin = dcol + L->dcol + 2 * L->dw + L->db;
+    float *nzb = pin + L->pad;
+    for (int oc = 0; oc < OC; oc++) {
+        const float *r = g + (size_t)oc * P;
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        int p = 0;
+        for (; p + 4 <= P; p += 4) {
+            s0 += r[p];
+            s1 += r[p + 1];
+            s2 += r[p + 2];
+            s3 += r[p + 3];
+        }
+        for (; p < P; p++) s0 += r[p];
+        dbp[oc] += (s0 + s1) + (s2 + s3);
+    }
+    /* sparse needs AVX-512, and a patch long enough that the gathers beat
+     * the GEMM (conv1 of the default model, CKK = 25, is faster dense) */
+    if (!point && CKK >= 64 && s_have_avx512()) {
+        s_nz_t z;
+        z.ocs = (int *)nzb;
+        z.ocn = z.ocs + OC;
+        z.ocp = z.ocn + OC;
+        z.ocg = (float *)(z.ocp + (size_t)OC * P);
+        z.ps = (int *)(z.ocg + (size_t)OC * P);
+        z.pn = z.ps + P;
+        z.poc = z.pn + P;
+        z.pg = (float *)(z.poc + (size_t)OC * P);
+        int nnz = s_nz_build(&z, g, OC, P, din_b != NULL);
+        if (nnz <= s_sparse_max * OC * P) {
+            s_pad_hwc(pin, src, d);
+            s_im2colT(col, pin, d);
+            for (int oc = 0; oc < OC; oc++)
+                if (z.ocn[oc])
+                    s_gather_axpy(dwq + (size_t)oc * CKK, CKK, col, CKK, z.ocp + z.ocs[oc],
+                                  z.ocg + z.ocs[oc], z.ocn[oc], 1);
+            if (!din_b) return;
+            memset(pin, 0, L->pad * sizeof(float));
+            for (int p = 0; p < P; p++) {
+                if (!z.pn[p]) continue;
+                s_gather_axpy(dcol, CKK, wp, CKK, z.poc + z.ps[p], z.pg + z.ps[p], z.pn[p], 0);
+                s_col2imT_row(pin, dcol, p, d);
+            }
+            s_unpad_hwc(din_b, pin, d);
+            return;
+        }
+    }
+    /* dense: GEMMs over the whole image */
+    const float *cm = src;
+    if (!point) {
+        s_im2col_any(col, P, pin, src, d);
+        cm = col;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f,
+                dwp, CKK);
+    if (!din_b) return;
+    if (point) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, w, CKK, g, P, 0.0f,
+                    din_b, P);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, w, CKK, g, P, 0.0f,
+                    dcol, P);
+        s_col2im_any(din_b, dcol, P, pin, d);
+    }
+}
+
+void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, const float *in,
+                        const float *w, const dp_conv_dims_t *d)
+{
+    int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
+    size_t HW = (size_t)d->H * d->W;
+    int point = s_is_pointwise(d);
+    s_bw_layout_t L;
+    s_bw_layout(&L, d, din != NULL, point);
+    int nt = dp_cpu_team((double)d->B * OC * CKK * P * (din ? 2 : 1));
+    if (nt > d->B) nt = d->B;
+    /* per-thread slices, then w in patch order shared by the team */
+    float *scratch = dp_cpu_scratch(L.total * nt + (size_t)OC * CKK);
+    float *wp = scratch + L.total * nt;
+    if (din && !point && CKK >= 64 && s_have_avx512()) s_pack_patch_rows(wp, w, d);
+    int C = d->C, K = d->K;
+
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        float *sc = scratch + L.total * t;
+        float *dwp = sc + L.col + L.dcol, *dwq = dwp + L.dw, *dbp = dwq + L.dw;
+        memset(dwp, 0, (2 * L.dw + L.db) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int n = 0; n < d->B; n++)
+            s_conv_backward_image(din ? din + (size_t)n * d->C * HW : NULL, dwp, dwq, dbp,
+                                  dout + (size_t)n * OC * P, in + (size_t)n * d->C * HW, w, wp, d,
+                                  sc, &L, point);
+        /* sum the per-thread partials of both orders (the omp for ends in a
+         * barrier); each thread sums a slice of output channels */
+        int lo = OC * t / T, hi = OC * (t + 1) / T;
+        for (int oc = lo; oc < hi; oc++)
+            for (int c = 0; c < C; c++)
+                for (int ky = 0; ky < K; ky++)
+                    for (int kx = 0; kx < K; kx++) {
+                        size_t i = (size_t)oc * CKK + ((size_t)c * K + ky) * K + kx;
+                        size_t j = (size_t)oc * CKK + s_patch_index(c, ky, kx, C, K);
+                        float s = 0.0f;
+                        for (int u = 0; u < T; u++) {
+                            const float *part = scratch + L.total * u + L.col + L.dcol;
+                            s += part[i] + part[L.dw + j];
+                        }
+                        dw[i] = s;
+                    }
+        if (t == 0)
+            for (int oc = 0; oc < OC; oc++) {
+                float s = 0.0f;
+                for (int u = 0; u < T; u++)
+                    s += scratch[L.total * u + L.col + L.dcol + 2 * L.dw + oc];
+                db[oc] = s;
+            }
+    }
+}
+
+/* Forward GEMM of our own for OC a multiple of 32, AVX-512:
+ *   out[oc, p] = b[oc] + sum_r wt[r, oc] colT[p, r]
+ * A tile of TP positions x 16*NV channels (TP*NV = 24 registers) lives in
+ * registers for the whole CKK sum: per r, NV channel vectors of wt and TP
+ * broadcasts of colT feed 24 FMAs. The tile is stored transposed (scatter
+ * with stride P) straight into NCHW.
+ * Why not OpenBLAS: it is as fast where OpenBLAS picks its AVX-512 kernels,
+ * and twice as fast where OPENBLAS_CORETYPE pins it to Haswell (AVX2). */
+#define DP_FWD_GEMM(NAME, NV, TP)                                                                \
+    __attribute__((target("avx512f"), optimize("O3"))) static void NAME(                       \
+        float *out, const float *colT, const float *wt, const float *b, int P, int CKK, int OC, \
+        int oc0)                                                                                 \
+    {                                                                                            \
+        __m512i sidx = _mm512_mullo_epi32(                                                       \
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),             \
+            _mm512_set1_epi32(P));                                                               \
+        __m512 bias[NV];                                                                         \
+        for (int v = 0; v < NV; v++)                                                             \
+            bias[v] = b ? _mm512_loadu_ps(b + oc0 + 16 * v) : _mm512_setzero_ps();               \
+        for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
+            int np = P - p0 < TP ? P - p0 : TP;                                                  \
+            const float *row[TP];                                                                \
+            for (int j = 0; j < TP; j++) /* spare rows of a short tile repeat the last */        \
+                row[j] = colT + (size_t)(p0 + (j < np ? j : np - 1)) * CKK;                      \
+            __m512 acc[TP][NV];                                                                  \
+            _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                                \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[j][v] = bias[v];       \
+            const float *wr = wt + oc0;                                                          \
+            for (int r = 0; r < CKK; r++, wr += OC) {                                            \
+                __m512 wv[NV];                                                                   \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                             \
+                    wv[v] = _mm512_loadu_ps(wr + 16 * v);                                        \
+                _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                            \
+                {                                                                                \
+                    __m512 x = _mm512_set1_ps(row[j][r]);                                        \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                         \
+                        acc[j][v] = _mm512_fmadd_ps(x, wv[v], acc[j][v]);                        \
+                }                                                                                \
+            }                                                                                    \
+            for (int j = 0; j < np; j++)                                                         \
+                for (int v = 0; v < NV; v++)                                                     \
+                    _mm512_i32scatter_ps(out + (size_t)(oc0 + 16 * v) * P + p0 + j, sidx,        \
+                                         acc[j][v], 4);                                          \
+        }                                                                                        \
+    }
+DP_FWD_GEMM(s_fwd_gemm64, 4, 6)
+DP_FWD_GEMM(s_fwd_gemm32, 2, 12)
+
+/* out (one image) = conv via our GEMM: 64-channel blocks, then a 32 if left. */
+static void s_fwd_own(float *out, const float *colT, const float *wt, const float *b, int P,
+                      int CKK, int OC)
+{
+    int oc0 = 0;
+    for (; oc0 + 64 <= OC; oc0 += 64) s_fwd_gemm64(out, colT, wt, b, P, CKK, OC, oc0);
+    if (oc0 < OC) s_fwd_gemm32(out, colT, wt, b, P, CKK, OC, oc0);
+}
+
+void dp_conv2d_forward(float *out, const float *in, const float *w, const float *b,
+                       const dp_conv_dims_t *d)
+{
+    int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
+    /* our kernel: OC in 32s and a CKK long enough to pay for the transposed
+     * stores (conv1 of the default model, CKK = 25, is faster through OpenBLAS) */
+    int own = s_have_avx512() && OC % 32 == 0 && CKK >= 64;
+    size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
+    size_t nwt = own ? (size_t)CKK * OC : 0;
+    size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad;
+    int nt = dp_cpu_team((double)d->B * OC * CKK * P);
+    if (nt > d->B) nt = d->B;
+    float *scratch = per || nwt ? dp_cpu_scratch(per * nt + nwt) : NULL;
+    float *wt = scratch + per * nt;
+    if (own) /* wt[r', oc] = w[oc, r] (r' in patch order), shared by the team */
+        for (int oc = 0; oc < OC; oc++)
+            for (int c = 0; c < d->C; c++)
+                for (int ky = 0; ky < d->K; ky++)
+                    for (int kx = 0; kx < d->K; kx++)
+                        wt[s_patch_index(c, ky, kx, d->C, d->K) * OC + oc] =
+                            w[(size_t)oc * CKK + ((size_t)c * d->K + ky) * d->K + kx];
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num();
+        float *col = per ? scratch + per * t : NULL;
+        float *pin = per ? col + (size_t)CKK * P : NULL;
+#pragma omp for schedule(static)
+        for (int n = 0; n < d->B; n++) {
+            const float *src = in + (size_t)n * d->C * d->H * d->W;
+            float *dst = out + (size_t)n * OC * P;
+            if (own) {
+                s_pad_hwc(pin, src, d);
+                s_im2colT(col, pin, d);
+                s_fwd_own(dst, col, wt, b, P, CKK, OC);
+                continue;
+            }
+            const float *cm = src;
+            if (per) {
+                s_im2col_any(col, P, pin, src, d);
+                cm = col;
+            }
+            for (int oc = 0; oc < OC; oc++) {
+                float bv = b ? b[oc] : 0.0f;
+                float *o = dst + (size_t)oc * P;
+                for (int p = 0; p < P; p++) o[p] = bv;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, P, CKK, 1.0f, w, CKK, cm,
+                        P, 1.0f, dst, P);
+        }
+    }
+}

@@ -1,0 +1,780 @@
+/* backend_cuda: the "cuda:K" backend (kernels/backend.h) for one GPU —
+ * convolutions on cuDNN, fully connected layers on cuBLAS, everything else
+ * on our own kernels (ops_gpu.cu).
+ *
+ * Invariants:
+ * - Every op is queued on one compute stream (cx->stream, non-blocking) in
+ *   call order, so ops see each other's results without events. download()
+ *   and softmax_xent_forward() synchronise that stream; upload() returns
+ *   once the source buffer may be reused (see s_upload).
+ * - prepare() plans each conv layer once for max_batch: filter and
+ *   convolution descriptors, tensor descriptors for the batch, algorithms
+ *   from cuDNN's heuristics within a workspace limit, and ONE workspace sized
+ *   for the largest need. A different batch B gets its own small plan (new
+ *   tensor descriptors and a heuristic pick that fits the workspace already
+ *   allocated), cached per layer: the training loop never calls cudaMalloc.
+ * - FP32 math by default: cuDNN convolutions run with CUDNN_FMA_MATH and
+ *   cuBLAS with CUBLAS_DEFAULT_MATH (no TF32), so results match the CPU
+ *   reference to float rounding. DP_CUDA_TF32=1 allows TF32 tensor cores in
+ *   both. Algorithms are deterministic unless DP_CUDA_DETERMINISTIC=0.
+ * - Errors: open and prepare fill err and return -1; ops cannot return an
+ *   error, so a failing CUDA / cuDNN / cuBLAS call prints file:line, the call
+ *   and the library's message, and aborts. Misuse (an op on a layer prepare
+ *   never saw) aborts the same way. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "../../common/util.h"
+#include "../backend.h"
+#include "cuda.h"
+
+#define S_PLANS 4                      /* batch sizes cached per conv layer */
+#define S_WORKSPACE_MB_DEFAULT 256     /* cuDNN workspace cap (DP_CUDA_WORKSPACE_MB) */
+
+/* ---- error checks ----------------------------------------------------- */
+
+void dp_cuda_fatal(const char *file, int line, const char *call, const char *what)
+{
+    fprintf(stderr, "cuda backend: %s:%d: %s: %s\n", file, line, call, what);
+    fflush(stderr);
+    abort();
+}
+
+#define DP_CUDNN_CHECK(call)                                                   \
+    do {                                                                       \
+        cudnnStatus_t dp_s_ = (call);                                          \
+        if (dp_s_ != CUDNN_STATUS_SUCCESS)                                     \
+            dp_cuda_fatal(__FILE__, __LINE__, #call, cudnnGetErrorString(dp_s_)); \
+    } while (0)
+
+#define DP_CUBLAS_CHECK(call)                                                  \
+    do {                                                                       \
+        cublasStatus_t dp_s_ = (call);                                         \
+        if (dp_s_ != CUBLAS_STATUS_SUCCESS)                                    \
+            dp_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(dp_s_)); \
+    } while (0)
+
+/* Fallible twins: fill err (prefixed with the device) and goto fail. */
+#define DP_CUDA_TRY(call)                                                      \
+    do {                                                                       \
+        cudaError_t dp_e_ = (call);                                            \
+        if (dp_e_ != cudaSuccess) {                                            \
+            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(dp_e_));                                 \
+            goto fail;                                                         \
+        }                                                                      \
+    } while (0)
+#define DP_CUDNN_TRY(call)                                                     \
+    do {                                                                       \
+        cudnnStatus_t dp_s_ = (call);                                          \
+        if (dp_s_ != CUDNN_STATUS_SUCCESS) {                                   \
+            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, #call, \
+                   cudnnGetErrorString(dp_s_));                                \
+            goto fail;                                                         \
+        }                                                                      \
+    } while (0)
+#define DP_CUBLAS_TRY(call)                                                    \
+    do {                                                                       \
+        cublasStatus_t dp_s_ = (call);                                         \
+        if (dp_s_ != CUBLAS_STATUS_SUCCESS) {                                  \
+            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, #call, \
+                   cublasGetStatusString(dp_s_));                              \
+            goto fail;                                                         \
+        }                                                                      \
+    } while (0)
+
+/* ---- state ------------------------------------------------------------ */
+
+/* A conv layer's plan for one batch size. */
+typedef struct {
+    int B;                                     /* batch the descriptors hold; 0 = free slot */
+    unsigned long used;                        /* LRU stamp */
+    cudnnTensorDescriptor_t x, y;              /* [B,C,H,W] input, [B,OC,OH,OW] output */
+    cudnnConvolutionFwdAlgo_t fwd;             /* chosen algorithms */
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+} s_conv_plan_t;
+
+typedef struct {
+    int planned;                               /* prepare() saw this layer */
+    dp_layer_t layer;                          /* the shapes planned for */
+    cudnnFilterDescriptor_t w;                 /* conv: [OC,C,K,K] */
+    cudnnConvolutionDescriptor_t conv;         /* conv: pad, stride, math type */
+    cudnnTensorDescriptor_t bias;              /* conv: [1,OC,1,1] */
+    s_conv_plan_t plan[S_PLANS];               /* conv: per batch size */
+} s_layer_t;
+
+typedef struct {
+    int dev;                                   /* CUDA device number */
+    char name[16];                             /* "cuda:K" */
+    int tf32;                                  /* DP_CUDA_TF32=1 */
+    int deterministic;                         /* only deterministic algorithms */
+    cudaStream_t stream;                       /* the compute stream */
+    cudnnHandle_t cudnn;                       /* bound to stream */
+    cublasHandle_t cublas;                     /* bound to stream */
+    int n_layers;                              /* layers planned by prepare */
+    int max_batch;
+    s_layer_t layers[DP_MAX_LAYERS];
+    size_t ws_limit;                           /* cap on the cuDNN workspace */
+    void *d_ws;                                /* the one workspace */
+    size_t ws_bytes;                           /* its size */
+    float *d_loss;                             /* softmax_xent_forward's mean loss */
+    float *h_loss;                             /* pinned copy of it */
+    unsigned long tick;                        /* LRU clock for plans */
+} s_cuda_t;
+
+static s_cuda_t *s_cx(dp_backend_t *be) { return (s_cuda_t *)be->impl; }
+
+/* Every entry point: the calling thread may not be the one that opened the
+ * backend, and cudaSetDevice is per thread. */
+static s_cuda_t *s_enter(dp_backend_t *be)
+{
+    s_cuda_t *cx = s_cx(be);
+    DP_CUDA_CHECK(cudaSetDevice(cx->dev));
+    return cx;
+}
+
+static int s_env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    return atoi(v);
+}
+
+/* ---- planning ----------------------------------------------------------- */
+
+/* Candidates from a heuristic (cudnnGet*Algorithm_v7), best first, are
+ * taken in order: the first that succeeded, respects the math and
+ * determinism settings and whose workspace (asked again, for the exact size
+ * with our descriptors) fits `limit`. A second pass drops the determinism
+ * wish; last comes the plain implicit-GEMM algorithm every build has. */
+static int s_math_ok(const s_cuda_t *cx, cudnnMathType_t m)
+{
+    /* With TF32 off the descriptor says FMA; a candidate that wants tensor
+     * cores would not run as FP32, so it is skipped. */
+    return cx->tf32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+static int s_pick_fwd(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, size_t limit,
+                      size_t *need, char *err)
+{
+    cudnnConvolutionFwdAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int n = 0;
+    DP_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(
+        cx->cudnn, P->x, L->w, L->conv, P->y, (int)(sizeof perf / sizeof perf[0]), &n, perf));
+    for (int pass = 0; pass < 2; pass++) /* pass 1: drop the determinism wish */
+        for (int i = 0; i < n; i++) {
+            size_t ws = 0;
+            if (perf[i].status != CUDNN_STATUS_SUCCESS || !s_math_ok(cx, perf[i].mathType))
+                continue;
+            if (pass == 0 && cx->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
+                continue;
+            if (cudnnGetConvolutionForwardWorkspaceSize(cx->cudnn, P->x, L->w, L->conv, P->y,
+                                                        perf[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > limit)
+                continue;
+            P->fwd = perf[i].algo;
+            *need = ws;
+            return 0;
+        }
+    /* Implicit GEMM runs everywhere in FP32 with no workspace. */
+    if (cudnnGetConvolutionForwardWorkspaceSize(cx->cudnn, P->x, L->w, L->conv, P->y,
+                                                CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                                need) == CUDNN_STATUS_SUCCESS &&
+        *need <= limit) {
+        P->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+        return 0;
+    }
+    return dp_err(err, "%s: %s at batch %d: no cuDNN forward algorithm fits %zu MiB of workspace",
+                  cx->name, L->layer.name, P->B, limit >> 20);
+fail:
+    return -1;
+}
+
+static int s_pick_bwd_data(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, size_t limit,
+                           size_t *need, char *err)
+{
+    cudnnConvolutionBwdDataAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int n = 0;
+    DP_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        cx->cudnn, L->w, P->y, L->conv, P->x, (int)(sizeof perf / sizeof perf[0]), &n, perf));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            size_t ws = 0;
+            if (perf[i].status != CUDNN_STATUS_SUCCESS || !s_math_ok(cx, perf[i].mathType))
+                continue;
+            if (pass == 0 && cx->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
+                continue;
+            if (cudnnGetConvolutionBackwardDataWorkspaceSize(cx->cudnn, L->w, P->y, L->conv,
+                                                             P->x, perf[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > limit)
+                continue;
+            P->bwd_data = perf[i].algo;
+            *need = ws;
+            return 0;
+        }
+    /* ALGO_1: deterministic implicit GEMM, the one that always exists. */
+    if (cudnnGetConvolutionBackwardDataWorkspaceSize(cx->cudnn, L->w, P->y, L->conv, P->x,
+                                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                                                     need) == CUDNN_STATUS_SUCCESS &&
+        *need <= limit) {
+        P->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+        return 0;
+    }
+    return dp_err(err,
+                  "%s: %s at batch %d: no cuDNN backward-data algorithm fits %zu MiB of workspace",
+                  cx->name, L->layer.name, P->B, limit >> 20);
+fail:
+    return -1;
+}
+
+static int s_pick_bwd_filter(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, size_t limit,
+                             size_t *need, char *err)
+{
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int n = 0;
+    DP_CUDNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        cx->cudnn, P->x, P->y, L->conv, L->w, (int)(sizeof perf / sizeof perf[0]), &n, perf));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            size_t ws = 0;
+            if (perf[i].status != CUDNN_STATUS_SUCCESS || !s_math_ok(cx, perf[i].mathType))
+                continue;
+            if (pass == 0 && cx->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
+                continue;
+            if (cudnnGetConvolutionBackwardFilterWorkspaceSize(cx->cudnn, P->x, P->y, L->conv,
+                                                               L->w, perf[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > limit)
+                continue;
+            P->bwd_filter = perf[i].algo;
+            *need = ws;
+            return 0;
+        }
+    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(cx->cudnn, P->x, P->y, L->conv, L->w,
+                                                       CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+                                                       need) == CUDNN_STATUS_SUCCESS &&
+        *need <= limit) {
+        P->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+        return 0;
+    }
+    return dp_err(err,
+                  "%s: %s at batch %d: no cuDNN backward-filter algorithm fits %zu MiB of workspace",
+                  cx->name, L->layer.name, P->B, limit >> 20);
+fail:
+    return -1;
+}
+
+/* Set P's descriptors for batch B and pick its algorithms within `limit`
+ * bytes of workspace; *need = the most any of the three wants. Host-only
+ * cuDNN calls: no device memory is allocated. */
+static int s_plan_conv(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, int B, size_t limit,
+                       size_t *need, char *err)
+{
+    const dp_layer_t *l = &L->layer;
+    int n = 0, c = 0, h = 0, w = 0;
+    size_t a = 0, b = 0, f = 0;
+    P->B = B;
+    if (!P->x) DP_CUDNN_TRY(cudnnCreateTensorDescriptor(&P->x));
+    if (!P->y) DP_CUDNN_TRY(cudnnCreateTensorDescriptor(&P->y));
+    DP_CUDNN_TRY(cudnnSetTensor4dDescriptor(P->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B,
+                                            l->in_c, l->in_h, l->in_w));
+    DP_CUDNN_TRY(cudnnSetTensor4dDescriptor(P->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B,
+                                            l->out_c, l->out_h, l->out_w));
+    /* The model's output shape must be cuDNN's, or every op would be wrong. */
+    DP_CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(L->conv, P->x, L->w, &n, &c, &h, &w));
+    if (n != B || c != l->out_c || h != l->out_h || w != l->out_w) {
+        dp_err(err, "%s: %s: cuDNN computes output %dx%dx%dx%d, the model says %dx%dx%dx%d",
+               cx->name, l->name, n, c, h, w, B, l->out_c, l->out_h, l->out_w);
+        goto fail;
+    }
+    if (s_pick_fwd(cx, L, P, limit, &a, err) < 0) goto fail;
+    if (s_pick_bwd_data(cx, L, P, limit, &b, err) < 0) goto fail;
+    if (s_pick_bwd_filter(cx, L, P, limit, &f, err) < 0) goto fail;
+    *need = a > b ? a : b;
+    if (f > *need) *need = f;
+    dp_log_debug("%s: %s B=%d: fwd algo %d, bwd-data algo %d, bwd-filter algo %d, "
+                 "workspace %zu KiB",
+                 cx->name, l->name, B, (int)P->fwd, (int)P->bwd_data, (int)P->bwd_filter,
+                 *need >> 10);
+    return 0;
+fail:
+    P->B = 0;
+    return -1;
+}
+
+static void s_free_layer(s_layer_t *L)
+{
+    for (int i = 0; i < S_PLANS; i++) {
+        if (L->plan[i].x) cudnnDestroyTensorDescriptor(L->plan[i].x);
+        if (L->plan[i].y) cudnnDestroyTensorDescriptor(L->plan[i].y);
+    }
+    if (L->bias) cudnnDestroyTensorDescriptor(L->bias);
+    if (L->w) cudnnDestroyFilterDescriptor(L->w);
+    if (L->conv) cudnnDestroyConvolutionDescriptor(L->conv);
+    memset(L, 0, sizeof *L);
+}
+
+static void s_free_plans(s_cuda_t *cx)
+{
+    for (int i = 0; i < DP_MAX_LAYERS; i++) s_free_layer(&cx->layers[i]);
+    cx->n_layers = 0;
+    if (cx->d_ws) cudaFree(cx->d_ws);
+    cx->d_ws = NULL;
+    cx->ws_bytes = 0;
+}
+
+static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err)
+{
+    s_cuda_t *cx = s_enter(be);
+    size_t ws_need = 0;
+    if (max_batch < 1) return dp_err(err, "%s: prepare: max_batch %d < 1", cx->name, max_batch);
+    if (m->n_layers > DP_MAX_LAYERS)
+        return dp_err(err, "%s: prepare: %d layers > %d", cx->name, m->n_layers, DP_MAX_LAYERS);
+    DP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+    s_free_plans(cx); /* a second prepare replans from scratch */
+    cx->max_batch = max_batch;
+    cx->n_layers = m->n_layers;
+    for (int i = 0; i < m->n_layers; i++) {
+        const dp_layer_t *l = &m->layers[i];
+        s_layer_t *L = &cx->layers[i];
+        size_t need = 0;
+        L->layer = *l;
+        L->planned = 1;
+        if (l->kind == DP_LAYER_MAXPOOL) {
+            dp_pool_dims_t d = {.B = 1, .C = l->in_c, .H = l->in_h, .W = l->in_w,
+                                .K = l->k, .stride = l->stride};
+            dp_pool_dims_finish(&d);
+            if (l->k < 1 || l->stride < 1 || d.OH != l->out_h || d.OW != l->out_w ||
+                l->out_c != l->in_c) {
+                dp_err(err, "%s: %s: pool shape %dx%dx%d k%d s%d -> %dx%dx%d is inconsistent",
+                       cx->name, l->name, l->in_c, l->in_h, l->in_w, l->k, l->stride, l->out_c,
+                       l->out_h, l->out_w);
+                goto fail;
+            }
+        }
+        if (l->kind != DP_LAYER_CONV) continue;
+        if (l->k < 1 || l->stride < 1 || l->pad < 0) {
+            dp_err(err, "%s: %s: bad conv k%d s%d p%d", cx->name, l->name, l->k, l->stride,
+                   l->pad);
+            goto fail;
+        }
+        DP_CUDNN_TRY(cudnnCreateFilterDescriptor(&L->w));
+        DP_CUDNN_TRY(cudnnSetFilter4dDescriptor(L->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                                l->out_c, l->in_c, l->k, l->k));
+        DP_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&L->conv));
+        /* Cross-correlation, as PyTorch and the CPU reference compute. */
+        DP_CUDNN_TRY(cudnnSetConvolution2dDescriptor(L->conv, l->pad, l->pad, l->stride,
+                                                     l->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                     CUDNN_DATA_FLOAT));
+        DP_CUDNN_TRY(cudnnSetConvolutionMathType(
+            L->conv, cx->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+        DP_CUDNN_TRY(cudnnCreateTensorDescriptor(&L->bias));
+        DP_CUDNN_TRY(cudnnSetTensor4dDescriptor(L->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                1, l->out_c, 1, 1));
+        if (s_plan_conv(cx, L, &L->plan[0], max_batch, cx->ws_limit, &need, err) < 0)
+            goto fail;
+        L->plan[0].used = ++cx->tick;
+        if (need > ws_need) ws_need = need;
+    }
+    if (ws_need) {
+        cudaError_t e = cudaMalloc(&cx->d_ws, ws_need);
+        if (e != cudaSuccess) {
+            dp_err(err, "%s: cudaMalloc of the %zu MiB cuDNN workspace: %s (lower "
+                   "DP_CUDA_WORKSPACE_MB)", cx->name, ws_need >> 20, cudaGetErrorString(e));
+            cx->d_ws = NULL;
+            goto fail;
+        }
+        cx->ws_bytes = ws_need;
+    }
+    dp_log_debug("%s: planned %d layers at batch %d, workspace %zu KiB", cx->name, m->n_layers,
+                 max_batch, cx->ws_bytes >> 10);
+    return 0;
+fail:
+    s_free_plans(cx);
+    return -1;
+}
+
+/* The prepared layer for l, checked against l's shapes (misuse aborts). */
+static s_layer_t *s_layer(s_cuda_t *cx, const dp_layer_t *l, dp_layer_kind_t kind)
+{
+    s_layer_t *L;
+    if (l->index < 0 || l->index >= cx->n_layers || !cx->layers[l->index].planned) {
+        fprintf(stderr, "cuda backend: %s: layer %d (%s) was not prepared\n", cx->name,
+                l->index, l->name);
+        abort();
+    }
+    L = &cx->layers[l->index];
+    if (l->kind != kind || L->layer.kind != kind || L->layer.in_c != l->in_c ||
+        L->layer.in_h != l->in_h || L->layer.in_w != l->in_w || L->layer.out_c != l->out_c ||
+        L->layer.out_h != l->out_h || L->layer.out_w != l->out_w || L->layer.k != l->k ||
+        L->layer.pad != l->pad || L->layer.stride != l->stride) {
+        fprintf(stderr, "cuda backend: %s: layer %d (%s) differs from the one prepared\n",
+                cx->name, l->index, l->name);
+        abort();
+    }
+    return L;
+}
+
+/* The plan of conv layer L for batch B: cached, or made now in the least
+ * recently used slot (host-only cuDNN calls; fits the existing workspace). */
+static s_conv_plan_t *s_conv_plan(s_cuda_t *cx, s_layer_t *L, int B)
+{
+    s_conv_plan_t *victim = &L->plan[0];
+    char err[DP_ERR_LEN];
+    size_t need = 0;
+    for (int i = 0; i < S_PLANS; i++) {
+        s_conv_plan_t *P = &L->plan[i];
+        if (P->B == B) {
+            P->used = ++cx->tick;
+            return P;
+        }
+        if (P->B == 0 || (victim->B != 0 && P->used < victim->used)) victim = P;
+    }
+    if (B < 1) {
+        fprintf(stderr, "cuda backend: %s: %s: batch %d < 1\n", cx->name, L->layer.name, B);
+        abort();
+    }
+    if (s_plan_conv(cx, L, victim, B, cx->ws_bytes, &need, err) < 0) {
+        fprintf(stderr, "cuda backend: %s\n", err);
+        abort();
+    }
+    victim->used = ++cx->tick;
+    return victim;
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+static void *s_alloc(dp_backend_t *be, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError(); /* clear it, so the query below can answer */
+        cudaMemGetInfo(&free_b, &total_b);
+        fprintf(stderr, "cuda backend: %s: out of GPU memory allocating %zu bytes (%s; %zu of "
+                "%zu MiB free)\n", cx->name, bytes, cudaGetErrorString(e), free_b >> 20,
+                total_b >> 20);
+        abort();
+    }
+    /* zeroed on our stream, and done before anyone can use it */
+    DP_CUDA_CHECK(cudaMemsetAsync(d, 0, bytes, cx->stream));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    return d;
+}
+
+static void s_release(dp_backend_t *be, void *d)
+{
+    s_cuda_t *cx;
+    if (!d) return;
+    cx = s_enter(be);
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream)); /* no queued op still uses it */
+    DP_CUDA_CHECK(cudaFree(d));
+}
+
+/* Ordered after every op queued before, before every op queued after. A
+ * pageable source is staged by the runtime before cudaMemcpyAsync returns;
+ * a pinned one is read later by the DMA engine, so then we wait for the copy:
+ * either way the caller may reuse src on return, as with the CPU backend. */
+static void s_upload(dp_backend_t *be, void *d_dst, const void *src, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    struct cudaPointerAttributes attr;
+    if (!bytes) return;
+    DP_CUDA_CHECK(cudaMemcpyAsync(d_dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
+    DP_CUDA_CHECK(cudaPointerGetAttributes(&attr, src));
+    if (attr.type != cudaMemoryTypeUnregistered)
+        DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+/* Waits for every op queued before it, then copies. */
+static void s_download(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    if (!bytes) return;
+    DP_CUDA_CHECK(cudaMemcpyAsync(dst, d_src, bytes, cudaMemcpyDeviceToHost, cx->stream));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+static void *s_host_alloc(dp_backend_t *be, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "cuda backend: %s: cudaMallocHost of %zu bytes: %s\n", cx->name, bytes,
+                cudaGetErrorString(e));
+        abort();
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void s_host_release(dp_backend_t *be, void *p)
+{
+    if (!p) return;
+    s_enter(be);
+    DP_CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void s_synchronize(dp_backend_t *be)
+{
+    s_cuda_t *cx = s_enter(be);
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+/* ---- layer ops ---------------------------------------------------------- */
+
+static const float s_one = 1.0f, s_zero = 0.0f;
+
+static void s_conv_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                           const float *d_in, const float *d_w, const float *d_b)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer_t *L = s_layer(cx, l, DP_LAYER_CONV);
+    s_conv_plan_t *P = s_conv_plan(cx, L, B);
+    /* out = b broadcast, then out = conv + 1 * out: the bias costs no extra pass. */
+    if (d_b) dp_bias_fill_gpu(d_out, d_b, B, l->out_c, l->out_h * l->out_w, cx->stream);
+    DP_CUDNN_CHECK(cudnnConvolutionForward(cx->cudnn, &s_one, P->x, d_in, L->w, d_w, L->conv,
+                                           P->fwd, cx->d_ws, cx->ws_bytes,
+                                           d_b ? &s_one : &s_zero, P->y, d_out));
+}
+
+static void s_conv_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                            float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                            const float *d_w)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer_t *L = s_layer(cx, l, DP_LAYER_CONV);
+    s_conv_plan_t *P = s_conv_plan(cx, L, B);
+    /* beta = 0 everywhere: gradients are written, not accumulated. */
+    if (d_db)
+        DP_CUDNN_CHECK(cudnnConvolutionBackwardBias(cx->cudnn, &s_one, P->y, d_dout, &s_zero,
+                                                    L->bias, d_db));
+    DP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cx->cudnn, &s_one, P->x, d_in, P->y, d_dout,
+                                                  L->conv, P->bwd_filter, cx->d_ws,
+                                                  cx->ws_bytes, &s_zero, L->w, d_dw));
+    if (d_din)
+        DP_CUDNN_CHECK(cudnnConvolutionBackwardData(cx->cudnn, &s_one, L->w, d_w, P->y, d_dout,
+                                                    L->conv, P->bwd_data, cx->d_ws,
+                                                    cx->ws_bytes, &s_zero, P->x, d_din));
+}
+
+static void s_relu_forward(dp_backend_t *be, size_t n, float *d_out, const float *d_in)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_relu_forward_gpu(d_out, d_in, n, cx->stream);
+}
+
+static void s_relu_backward(dp_backend_t *be, size_t n, float *d_din, const float *d_dout,
+                            const float *d_out)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_relu_backward_gpu(d_din, d_dout, d_out, n, cx->stream);
+}
+
+static void s_pool_dims(const dp_layer_t *l, int B, dp_pool_dims_t *d)
+{
+    d->B = B;
+    d->C = l->in_c;
+    d->H = l->in_h;
+    d->W = l->in_w;
+    d->K = l->k;
+    d->stride = l->stride;
+    dp_pool_dims_finish(d);
+}
+
+static void s_maxpool_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                              const float *d_in)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_pool_dims_t d;
+    s_layer(cx, l, DP_LAYER_MAXPOOL);
+    s_pool_dims(l, B, &d);
+    dp_maxpool_forward_gpu(d_out, d_in, &d, cx->stream);
+}
+
+static void s_maxpool_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                               const float *d_dout, const float *d_in, const float *d_out)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_pool_dims_t d;
+    s_layer(cx, l, DP_LAYER_MAXPOOL);
+    s_pool_dims(l, B, &d);
+    dp_maxpool_backward_gpu(d_din, d_dout, d_in, d_out, &d, cx->stream);
+}
+
+/* cuBLAS is column-major: a row-major [R,C] matrix is a column-major [C,R]
+ * one with leading dimension C, i.e. its transpose. So each row-major
+ * product below is computed as its transpose. */
+static void s_fc_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                         const float *d_in, const float *d_w, const float *d_b)
+{
+    s_cuda_t *cx = s_enter(be);
+    int IN = l->in_c * l->in_h * l->in_w, OUT = l->out_c;
+    if (B < 1) return;
+    if (d_b) dp_bias_fill_gpu(d_out, d_b, B, OUT, 1, cx->stream);
+    /* out[B,OUT] = in[B,IN] w[OUT,IN]^T  <=>  out^T[OUT,B] = w[OUT,IN] in^T[IN,B]:
+     * w is stored as col-major [IN,OUT] (so op T), in as col-major [IN,B]. */
+    DP_CUBLAS_CHECK(cublasSgemm(cx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, OUT, B, IN, &s_one, d_w, IN,
+                                d_in, IN, d_b ? &s_one : &s_zero, d_out, OUT));
+}
+
+static void s_fc_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                          const float *d_w)
+{
+    s_cuda_t *cx = s_enter(be);
+    int IN = l->in_c * l->in_h * l->in_w, OUT = l->out_c;
+    if (d_db) dp_bias_backward_gpu(d_db, d_dout, B, OUT, 1, cx->stream);
+    /* dw[OUT,IN] = dout^T[OUT,B] in[B,IN]  <=>  dw^T[IN,OUT] = in^T[IN,B] dout[B,OUT]:
+     * in is col-major [IN,B], dout col-major [OUT,B] (so op T). */
+    DP_CUBLAS_CHECK(cublasSgemm(cx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, IN, OUT, B, &s_one, d_in,
+                                IN, d_dout, OUT, &s_zero, d_dw, IN));
+    /* din[B,IN] = dout[B,OUT] w[OUT,IN]  <=>  din^T[IN,B] = w^T[IN,OUT] dout^T[OUT,B]. */
+    if (d_din)
+        DP_CUBLAS_CHECK(cublasSgemm(cx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, IN, B, OUT, &s_one,
+                                    d_w, IN, d_dout, OUT, &s_zero, d_din, IN));
+}
+
+static float s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
+                                    const float *d_logits, const int *d_labels)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_softmax_xent_forward_gpu(d_probs, cx->d_loss, d_logits, d_labels, B, classes, cx->stream);
+    DP_CUDA_CHECK(cudaMemcpyAsync(cx->h_loss, cx->d_loss, sizeof(float), cudaMemcpyDeviceToHost,
+                                  cx->stream));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    return *cx->h_loss;
+}
+
+static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float *d_dlogits,
+                                    const float *d_probs, const int *d_labels)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_softmax_xent_backward_gpu(d_dlogits, d_probs, d_labels, B, classes, cx->stream);
+}
+
+static void s_sgd_update(dp_backend_t *be, size_t n, float *d_w, float *d_v, const float *d_g,
+                         float lr, float momentum, float weight_decay)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_sgd_update_gpu(d_w, d_v, d_g, n, lr, momentum, weight_decay, cx->stream);
+}
+
+/* ---- open / destroy ----------------------------------------------------- */
+
+static void s_destroy(dp_backend_t *be)
+{
+    s_cuda_t *cx = s_cx(be);
+    if (cx) {
+        /* Nothing on the device to free when opening failed early (and no
+         * CUDA call on a machine without one). */
+        if (cx->stream) {
+            cudaSetDevice(cx->dev);
+            cudaStreamSynchronize(cx->stream);
+        }
+        s_free_plans(cx);
+        if (cx->d_loss) cudaFree(cx->d_loss);
+        if (cx->h_loss) cudaFreeHost(cx->h_loss);
+        if (cx->cublas) cublasDestroy(cx->cublas);
+        if (cx->cudnn) cudnnDestroy(cx->cudnn);
+        if (cx->stream) cudaStreamDestroy(cx->stream);
+        free(cx);
+    }
+    free((char *)be->name);
+    free(be);
+}
+
+int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
+{
+    s_cuda_t *cx = dp_calloc(1, sizeof *cx);
+    dp_backend_t *be = dp_calloc(1, sizeof *be);
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    struct cudaDeviceProp prop;
+    int count = 0;
+    size_t cudnn_ver;
+    cudaError_t e;
+
+    *out = NULL;
+    be->impl = cx;
+    cx->dev = device;
+    snprintf(cx->name, sizeof cx->name, "cuda:%d", device);
+    be->name = dp_strdup(cx->name);
+
+    /* The device must exist before anything else touches CUDA. */
+    e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dp_err(err, "%s: no CUDA device: %s (cudaGetDeviceCount)", cx->name,
+               cudaGetErrorString(e));
+        goto fail;
+    }
+    if (device < 0 || device >= count) {
+        dp_err(err, "%s: no such device (%d CUDA device%s visible; CUDA_VISIBLE_DEVICES=%s)",
+               cx->name, count, count == 1 ? "" : "s", vis ? vis : "(unset)");
+        goto fail;
+    }
+    DP_CUDA_TRY(cudaSetDevice(device));
+    DP_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+
+    cudnn_ver = cudnnGetVersion();
+    if (cudnn_ver / 10000 != CUDNN_MAJOR) {
+        dp_err(err, "%s: cuDNN library %zu does not match the headers built against (%d.%d)",
+               cx->name, cudnn_ver, CUDNN_MAJOR, CUDNN_MINOR);
+        goto fail;
+    }
+    cx->tf32 = s_env_int("DP_CUDA_TF32", 0) != 0;
+    cx->deterministic = s_env_int("DP_CUDA_DETERMINISTIC", 1) != 0;
+    cx->ws_limit = (size_t)s_env_int("DP_CUDA_WORKSPACE_MB", S_WORKSPACE_MB_DEFAULT) << 20;
+
+    DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    DP_CUDNN_TRY(cudnnCreate(&cx->cudnn));
+    DP_CUDNN_TRY(cudnnSetStream(cx->cudnn, cx->stream));
+    DP_CUBLAS_TRY(cublasCreate(&cx->cublas));
+    DP_CUBLAS_TRY(cublasSetStream(cx->cublas, cx->stream));
+    /* FP32 as written unless TF32 is asked for (cuBLAS's default math never
+     * uses TF32 for sgemm; the TF32 mode lets it). */
+    DP_CUBLAS_TRY(cublasSetMathMode(cx->cublas, cx->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                         : CUBLAS_DEFAULT_MATH));
+    DP_CUDA_TRY(cudaMalloc((void **)&cx->d_loss, sizeof(float)));
+    DP_CUDA_TRY(cudaMallocHost((void **)&cx->h_loss, sizeof(float)));
+
+    be->prepare = s_prepare;
+    be->alloc = s_alloc;
+    be->release = s_release;
+    be->upload = s_upload;
+    be->download = s_download;
+    be->host_alloc = s_host_alloc;
+    be->host_release = s_host_release;
+    be->synchronize = s_synchronize;
+    be->conv_forward = s_conv_forward;
+    be->conv_backward = s_conv_backward;
+    be->relu_forward = s_relu_forward;
+    be->relu_backward = s_relu_backward;
+    be->maxpool_forward = s_maxpool_forward;
+    be->maxpool_backward = s_maxpool_backward;
+    be->fc_forward = s_fc_forward;
+    be->fc_backward = s_fc_backward;
+    be->softmax_xent_forward = s_softmax_xent_forward;
+    be->softmax_xent_backward = s_softmax_xent_backward;
+    be->sgd_update = s_sgd_update;
+    be->destroy = s_destroy;
+    dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms", cx->name,
+                prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20, cudnn_ver,
+                cx->tf32 ? "on" : "off", cx->deterministic ? "deterministic" : "fastest");
+    *out = be;
+    return 0;
+fail:
+    s_destroy(be);
+    return -1;
+}

@@ -1,0 +1,90 @@
+/* cuda: private header of the CUDA backend, shared by the C backend
+ * (backend_cuda.c: cuDNN, cuBLAS, memory, planning) and our own kernels
+ * (ops_gpu.cu). Nothing outside kernels/cuda includes it.
+ *
+ * Dimensions, as in ../ops.h: B = batch, C = channels, H, W = input height
+ * and width, OC = output channels, K = kernel, OH, OW = output height and
+ * width, S = positions per channel (OH * OW for a conv output, 1 for fc),
+ * IN / OUT = fc features. NCHW float32; pointers named d_* live on the GPU.
+ *
+ * The _gpu kernels take the CPU kernels' parameters in the same order
+ * (outputs first) plus the stream they are queued on; they are asynchronous
+ * and check the launch with cudaGetLastError(). Gradients are written, never
+ * accumulated.
+ *
+ * Error checks: DP_CUDA_CHECK / DP_CUDNN_CHECK / DP_CUBLAS_CHECK print
+ * file:line, the call and the library's error string, then abort: they guard
+ * ops that cannot return an error (a failing kernel leaves the CUDA context
+ * unusable anyway). Fallible setup paths use the *_TRY twins, which fill err
+ * and jump to the function's `fail:` label. */
+#ifndef DP_CUDA_H
+#define DP_CUDA_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#include "../ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Prints "<where>: file:line: call: what" to stderr and aborts. */
+void dp_cuda_fatal(const char *file, int line, const char *call, const char *what)
+    __attribute__((noreturn));
+
+#define DP_CUDA_CHECK(call)                                                    \
+    do {                                                                       \
+        cudaError_t dp_e_ = (call);                                            \
+        if (dp_e_ != cudaSuccess)                                              \
+            dp_cuda_fatal(__FILE__, __LINE__, #call, cudaGetErrorString(dp_e_)); \
+    } while (0)
+
+/* After every kernel launch: launch errors now, not at the next sync. */
+#define DP_CUDA_LAUNCHED() DP_CUDA_CHECK(cudaGetLastError())
+
+/* ---- our own kernels (ops_gpu.cu) ------------------------------------- */
+
+/* d_out = max(0, d_in); in place allowed. */
+void dp_relu_forward_gpu(float *d_out, const float *d_in, size_t n, cudaStream_t st);
+/* d_din = d_dout where d_out > 0, else 0; in place (d_din == d_dout) allowed. */
+void dp_relu_backward_gpu(float *d_din, const float *d_dout, const float *d_out, size_t n,
+                          cudaStream_t st);
+
+/* Max over each K x K window moved by stride; no padding. */
+void dp_maxpool_forward_gpu(float *d_out, const float *d_in, const dp_pool_dims_t *d,
+                            cudaStream_t st);
+/* d_din[B,C,H,W] fully written: each window's gradient goes to the FIRST
+ * element (row-major) of the window equal to its max, as the CPU reference
+ * does; zeros elsewhere. One thread per input element gathers from the
+ * windows covering it, so overlapping windows need no atomics and the result
+ * is deterministic. */
+void dp_maxpool_backward_gpu(float *d_din, const float *d_dout, const float *d_in,
+                             const float *d_out, const dp_pool_dims_t *d, cudaStream_t st);
+
+/* d_out[B,C,S] = d_b[C] broadcast (before a GEMM / conv with beta = 1). */
+void dp_bias_fill_gpu(float *d_out, const float *d_b, int B, int C, int S, cudaStream_t st);
+/* d_db[C] = sum over b, s of d_dout[B,C,S]; deterministic (fixed tree). */
+void dp_bias_backward_gpu(float *d_db, const float *d_dout, int B, int C, int S,
+                          cudaStream_t st);
+
+/* d_probs[B,classes] = softmax(d_logits); *d_loss = mean cross-entropy
+ * (one float on the device, summed in a fixed order). Labels outside
+ * [0, classes) make the loss NaN rather than read out of bounds. */
+void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_logits,
+                                 const int *d_labels, int B, int classes, cudaStream_t st);
+/* d_dlogits = (d_probs - onehot(d_labels)) / B. */
+void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const int *d_labels,
+                                  int B, int classes, cudaStream_t st);
+
+/* v = mu v + g + wd w; w -= lr v (d_v may be NULL when mu == 0:
+ * w -= lr (g + wd w)). */
+void dp_sgd_update_gpu(float *d_w, float *d_v, const float *d_g, size_t n, float lr,
+                       float momentum, float weight_decay, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

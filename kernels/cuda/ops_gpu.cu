@@ -1,0 +1,294 @@
+// ops_gpu: the CUDA kernels of our own — ReLU, max-pool, bias broadcast and
+// bias gradient, softmax + cross-entropy and the momentum-SGD update. The
+// convolutions (cuDNN) and the fully connected GEMMs (cuBLAS) are driven from
+// backend_cuda.c.
+//
+// Dimensions: B = batch, C = channels, H, W = input height and width,
+// K = pool window, OH, OW = output height and width, S = positions per
+// channel (OH * OW after a conv, 1 after an fc layer). NCHW float32.
+//
+// Each launcher has the CPU kernel's parameters in the same order (outputs
+// first, device pointers d_*) plus the stream; it queues asynchronously and
+// checks the launch. Every kernel gives the same result on every run (no
+// atomics, fixed reduction order), and max-pool follows the CPU reference's
+// tie rule exactly.
+#include "cuda.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements (the loops cover any rest).
+unsigned s_blocks(size_t n)
+{
+    size_t b = (n + kThreads - 1) / kThreads;
+    if (b < 1) b = 1;
+    if (b > 65535u * 8u) b = 65535u * 8u;
+    return (unsigned)b;
+}
+
+__global__ void k_relu_forward(float *out, const float *in, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = in[i];
+        out[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+__global__ void k_relu_backward(float *din, const float *dout, const float *out, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+// One thread per output element (b, c, oy, ox).
+__global__ void k_maxpool_forward(float *out, const float *in, dp_pool_dims_t d)
+{
+    size_t n = (size_t)d.B * d.C * d.OH * d.OW;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int ox = (int)(i % d.OW);
+        int oy = (int)(i / d.OW % d.OH);
+        size_t plane = i / ((size_t)d.OW * d.OH);  // b * C + c
+        const float *src = in + plane * d.H * d.W;
+        float m = -INFINITY;
+        for (int ky = 0; ky < d.K; ky++)
+            for (int kx = 0; kx < d.K; kx++) {
+                float v = src[(oy * d.stride + ky) * d.W + ox * d.stride + kx];
+                if (v > m) m = v;  // same comparison as the reference (NaN never wins)
+            }
+        out[i] = m;
+    }
+}
+
+// One thread per input element (b, c, y, x): for each window covering it, in
+// the reference's order (oy, then ox, ascending), find the window's first
+// element equal to its max; if that is this element, add the window's
+// gradient. Elements no window covers (trailing rows / cols) get 0.
+__global__ void k_maxpool_backward(float *din, const float *dout, const float *in,
+                                   const float *out, dp_pool_dims_t d)
+{
+    size_t n = (size_t)d.B * d.C * d.H * d.W;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int x = (int)(i % d.W);
+        int y = (int)(i / d.W % d.H);
+        size_t plane = i / ((size_t)d.W * d.H);
+        const float *src = in + plane * d.H * d.W;
+        const float *o = out + plane * d.OH * d.OW;
+        const float *g = dout + plane * d.OH * d.OW;
+        // windows oy with oy*stride <= y < oy*stride + K, likewise x
+        int oy0 = y < d.K ? 0 : (y - d.K) / d.stride + 1;
+        int ox0 = x < d.K ? 0 : (x - d.K) / d.stride + 1;
+        int oy1 = min(y / d.stride, d.OH - 1);
+        int ox1 = min(x / d.stride, d.OW - 1);
+        float acc = 0.0f;
+        for (int oy = oy0; oy <= oy1; oy++)
+            for (int ox = ox0; ox <= ox1; ox++) {
+                float m = o[oy * d.OW + ox];
+                int first = -1;
+                for (int ky = 0; ky < d.K && first < 0; ky++)
+                    for (int kx = 0; kx < d.K; kx++) {
+                        int j = (oy * d.stride + ky) * d.W + ox * d.stride + kx;
+                        if (src[j] == m) {
+                            first = j;
+                            break;
+                        }
+                    }
+                if (first == y * d.W + x) acc += g[oy * d.OW + ox];
+            }
+        din[i] = acc;
+    }
+}
+
+__global__ void k_bias_fill(float *out, const float *b, int C, int S, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = b[(i / S) % C];
+}
+
+// One block per channel c: each thread sums a strided share of the B * S
+// values, then a fixed tree in shared memory (same order every run).
+__global__ void k_bias_backward(float *db, const float *dout, int B, int C, int S)
+{
+    __shared__ float part[kThreads];
+    int c = blockIdx.x;
+    size_t n = (size_t)B * S;
+    float acc = 0.0f;
+    for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
+        size_t b = j / S, s = j % S;
+        acc += dout[(b * C + c) * S + s];
+    }
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) db[c] = part[0];
+}
+
+__device__ float s_warp_max(float v)
+{
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ float s_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+constexpr int kXentThreads = 1024;  // one block: 32 warps, a warp per row
+
+// One block. Warp w takes rows w, w + 32, ...; lanes stride over the classes.
+// Each warp's lane 0 adds its rows' losses in row order, then thread 0 adds
+// the 32 warp sums in order: the same float sum on every run.
+__global__ void k_softmax_xent_forward(float *probs, float *loss, const float *logits,
+                                       const int *labels, int B, int classes)
+{
+    __shared__ float warp_loss[kXentThreads / 32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    float mine = 0.0f;
+    for (int n = warp; n < B; n += nwarps) {
+        const float *z = logits + (size_t)n * classes;
+        float *p = probs + (size_t)n * classes;
+        float mx = -INFINITY;
+        for (int k = lane; k < classes; k += 32) mx = fmaxf(mx, z[k]);
+        mx = s_warp_max(mx);
+        float sum = 0.0f;
+        for (int k = lane; k < classes; k += 32) sum += expf(z[k] - mx);
+        sum = s_warp_sum(sum);
+        for (int k = lane; k < classes; k += 32) p[k] = expf(z[k] - mx) / sum;
+        if (lane == 0) {
+            int y = labels[n];
+            // -log p[label] from the logits, finite even when p underflows
+            float l = (y >= 0 && y < classes) ? logf(sum) - (z[y] - mx)
+                                              : __int_as_float(0x7fc00000);  // NaN
+            mine += l;
+        }
+    }
+    if (lane == 0) warp_loss[warp] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < nwarps; w++) total += warp_loss[w];
+        *loss = total / (float)B;
+    }
+}
+
+__global__ void k_softmax_xent_backward(float *dlogits, const float *probs, const int *labels,
+                                        int B, int classes)
+{
+    size_t n = (size_t)B * classes;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int b = (int)(i / classes), k = (int)(i % classes);
+        dlogits[i] = (probs[i] - (k == labels[b] ? 1.0f : 0.0f)) / (float)B;
+    }
+}
+
+__global__ void k_sgd_update(float *w, float *v, const float *g, size_t n, float lr,
+                             float momentum, float weight_decay)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i] + weight_decay * w[i];
+        if (v) {
+            float vi = momentum * v[i] + gi;
+            v[i] = vi;
+            w[i] -= lr * vi;
+        } else {
+            w[i] -= lr * gi;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+void dp_relu_forward_gpu(float *d_out, const float *d_in, size_t n, cudaStream_t st)
+{
+    if (n == 0) return;
+    k_relu_forward<<<s_blocks(n), kThreads, 0, st>>>(d_out, d_in, n);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_relu_backward_gpu(float *d_din, const float *d_dout, const float *d_out, size_t n,
+                          cudaStream_t st)
+{
+    if (n == 0) return;
+    k_relu_backward<<<s_blocks(n), kThreads, 0, st>>>(d_din, d_dout, d_out, n);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_maxpool_forward_gpu(float *d_out, const float *d_in, const dp_pool_dims_t *d,
+                            cudaStream_t st)
+{
+    size_t n = (size_t)d->B * d->C * d->OH * d->OW;
+    if (n == 0) return;
+    k_maxpool_forward<<<s_blocks(n), kThreads, 0, st>>>(d_out, d_in, *d);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_maxpool_backward_gpu(float *d_din, const float *d_dout, const float *d_in,
+                             const float *d_out, const dp_pool_dims_t *d, cudaStream_t st)
+{
+    size_t n = (size_t)d->B * d->C * d->H * d->W;
+    if (n == 0) return;
+    k_maxpool_backward<<<s_blocks(n), kThreads, 0, st>>>(d_din, d_dout, d_in, d_out, *d);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_bias_fill_gpu(float *d_out, const float *d_b, int B, int C, int S, cudaStream_t st)
+{
+    size_t n = (size_t)B * C * S;
+    if (n == 0) return;
+    k_bias_fill<<<s_blocks(n), kThreads, 0, st>>>(d_out, d_b, C, S, n);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_bias_backward_gpu(float *d_db, const float *d_dout, int B, int C, int S,
+                          cudaStream_t st)
+{
+    if (C <= 0) return;
+    k_bias_backward<<<C, kThreads, 0, st>>>(d_db, d_dout, B, C, S);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_logits,
+                                 const int *d_labels, int B, int classes, cudaStream_t st)
+{
+    k_softmax_xent_forward<<<1, kXentThreads, 0, st>>>(d_probs, d_loss, d_logits, d_labels, B,
+                                                       classes);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const int *d_labels,
+                                  int B, int classes, cudaStream_t st)
+{
+    size_t n = (size_t)B * classes;
+    if (n == 0) return;
+    k_softmax_xent_backward<<<s_blocks(n), kThreads, 0, st>>>(d_dlogits, d_probs, d_labels, B,
+                                                             classes);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_sgd_update_gpu(float *d_w, float *d_v, const float *d_g, size_t n, float lr,
+                       float momentum, float weight_decay, cudaStream_t st)
+{
+    if (n == 0) return;
+    k_sgd_update<<<s_blocks(n), kThreads, 0, st>>>(d_w, d_v, d_g, n, lr, momentum,
+                                                   weight_decay);
+    DP_CUDA_LAUNCHED();
+}
+
+}  // extern "C"

@@ -1,0 +1,183 @@
+/* optim: the optimizers of kernels/optim.h over a flat float range.
+ *
+ * Every update is elementwise — element i of w depends only on w[i], g[i]
+ * and its own state — and is computed with the same float operations
+ * whatever the range, so stepping [0, n) at once or in pieces gives
+ * bit-identical results (the parameter server's shards rely on it). The
+ * per-call scalars (bias corrections, learning rate) are computed in double
+ * once per call and rounded to float, as torch.optim does. */
+#include "optim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/util.h"
+
+void dp_optim_conf_default(dp_optim_conf_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->kind = DP_OPT_SGD;
+    c->lr = 0.05f;
+    c->momentum = 0.9f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.999f;
+    c->eps = 1e-8f;
+    c->weight_decay = 0.0f;
+    c->schedule = DP_LR_CONSTANT;
+    c->step_size = 0;
+    c->gamma = 0.1f;
+    c->total_steps = 0;
+}
+
+static const char *const s_names[] = {
+    [DP_OPT_SGD] = "sgd",   [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_NESTEROV] = "nesterov",
+    [DP_OPT_ADAM] = "adam", [DP_OPT_ADAGRAD] = "adagrad",
+};
+
+int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err)
+{
+    for (int k = 0; k < (int)(sizeof s_names / sizeof s_names[0]); k++)
+        if (strcmp(name, s_names[k]) == 0) {
+            c->kind = (dp_optim_kind_t)k;
+            return 0;
+        }
+    return dp_err(err, "unknown optimizer '%s' (use sgd, momentum, nesterov, adam or adagrad)",
+                  name);
+}
+
+const char *dp_optim_kind_name(dp_optim_kind_t k)
+{
+    if ((int)k < 0 || (int)k >= (int)(sizeof s_names / sizeof s_names[0])) return "?";
+    return s_names[k];
+}
+
+/* Whole-string positive integer. */
+static int s_parse_long(const char *s, long *v)
+{
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (end == s || errno || x < 1) return -1;
+    *v = x;
+    return end - s;
+}
+
+int dp_optim_parse_schedule(dp_optim_conf_t *c, const char *text, char *err)
+{
+    long a = 0;
+    int k;
+    if (strcmp(text, "constant") == 0) {
+        c->schedule = DP_LR_CONSTANT;
+        return 0;
+    }
+    if (strncmp(text, "step:", 5) == 0 && (k = s_parse_long(text + 5, &a)) > 0 &&
+        text[5 + k] == ':') {
+        const char *g = text + 5 + k + 1;
+        char *end = NULL;
+        errno = 0;
+        float gamma = strtof(g, &end);
+        if (end != g && *end == 0 && !errno && isfinite(gamma) && gamma > 0) {
+            c->schedule = DP_LR_STEP;
+            c->step_size = a;
+            c->gamma = gamma;
+            return 0;
+        }
+    }
+    if (strncmp(text, "cosine:", 7) == 0 && (k = s_parse_long(text + 7, &a)) > 0 &&
+        text[7 + k] == 0) {
+        c->schedule = DP_LR_COSINE;
+        c->total_steps = a;
+        return 0;
+    }
+    return dp_err(err, "bad learning-rate schedule '%s' (use constant, step:STEP_SIZE:GAMMA "
+                  "e.g. step:1000:0.5, or cosine:TOTAL_STEPS)", text);
+}
+
+int dp_optim_state_per_param(dp_optim_kind_t k)
+{
+    switch (k) {
+    case DP_OPT_SGD: return 0;
+    case DP_OPT_MOMENTUM:
+    case DP_OPT_NESTEROV:
+    case DP_OPT_ADAGRAD: return 1;
+    case DP_OPT_ADAM: return 2;
+    }
+    return 0;
+}
+
+float dp_optim_lr_at(const dp_optim_conf_t *c, long step)
+{
+    if (step < 0) step = 0;
+    switch (c->schedule) {
+    case DP_LR_CONSTANT: break;
+    case DP_LR_STEP:
+        if (c->step_size > 0) return (float)(c->lr * pow(c->gamma, (double)(step / c->step_size)));
+        break;
+    case DP_LR_COSINE:
+        if (c->total_steps > 0) {
+            double s = (double)(step < c->total_steps ? step : c->total_steps);
+            return (float)(c->lr * 0.5 * (1.0 + cos(M_PI * s / (double)c->total_steps)));
+        }
+        break;
+    }
+    return c->lr;
+}
+
+void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g, float *state,
+                   size_t n, long t)
+{
+    const float wd = c->weight_decay;
+    switch (c->kind) {
+    case DP_OPT_SGD:
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] + wd * w[i];
+            w[i] -= lr * gi;
+        }
+        break;
+    case DP_OPT_MOMENTUM:
+    case DP_OPT_NESTEROV: {
+        const float mu = c->momentum;
+        const int nesterov = c->kind == DP_OPT_NESTEROV;
+        float *v = state;
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] + wd * w[i];
+            float vi = mu * v[i] + gi;
+            v[i] = vi;
+            w[i] -= lr * (nesterov ? gi + mu * vi : vi);
+        }
+        break;
+    }
+    case DP_OPT_ADAM: {
+        /* torch.optim.Adam: step_size = lr / bc1; denom = sqrt(s)/sqrt(bc2) + eps. */
+        if (t < 1) t = 1;
+        const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+        const double bc1 = 1.0 - pow((double)b1, (double)t);
+        const double bc2 = 1.0 - pow((double)b2, (double)t);
+        const float step_size = (float)(lr / bc1);
+        const float bc2_sqrt = (float)sqrt(bc2);
+        float *m = state, *s = state + n;
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] + wd * w[i];
+            float mi = b1 * m[i] + (1.0f - b1) * gi;
+            float si = b2 * s[i] + (1.0f - b2) * gi * gi;
+            m[i] = mi;
+            s[i] = si;
+            w[i] -= step_size * (mi / (sqrtf(si) / bc2_sqrt + eps));
+        }
+        break;
+    }
+    case DP_OPT_ADAGRAD: {
+        const float eps = c->eps;
+        float *s = state;
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] + wd * w[i];
+            float si = s[i] + gi * gi;
+            s[i] = si;
+            w[i] -= lr * (gi / (sqrtf(si) + eps));
+        }
+        break;
+    }
+    }
+}

@@ -1,0 +1,195 @@
+/* bench_train: Downpour's training throughput, measured the way the worker
+ * trains — dp_net_train_step (batch upload, forward, softmax-xent, backward)
+ * then the backend's momentum SGD over the flat parameter vector — on a fixed
+ * synthetic batch, so neither data loading nor evaluation is in the figure.
+ * tests/bench/run.sh (`make bench`) runs it next to tests/bench/torch_train.py.
+ *
+ *   bench_train [-b 32,64,128] [-t THREADS] [-s SECONDS] [-r SAMPLES] [-w WARMUP]
+ *               [-m SPEC] [-g]
+ *
+ * Output, one line per sample (what run.sh parses):
+ *   sample downpour THREADS BATCH IMAGES_PER_S LOSS
+ * A sample is the throughput of as many whole steps as fit in SECONDS; run.sh
+ * takes medians, because the machine is shared and single samples are noisy.
+ * -g measures instead what OpenBLAS's sgemm reaches on THREADS cores (each
+ * thread multiplying its own 1024x1024 matrices, single-threaded OpenBLAS,
+ * as the kernels call it):
+ *   sgemm THREADS GFLOP_PER_S
+ * Invariant: nothing here changes the model or the kernels; the step is the
+ * standalone trainer's (worker/train.c), minus its data thread. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/model.h"
+#include "../../common/rng.h"
+#include "../../common/util.h"
+#include "../../kernels/backend.h"
+#include "../../kernels/ops.h"
+#include "../../worker/net.h"
+
+/* Parse "32,64,128" into v (at most max, each >= 1); returns the count or -1. */
+static int s_list(const char *s, int *v, int max)
+{
+    int k = 0;
+    while (*s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < 1 || x > 65536 || k == max) return -1;
+        v[k++] = (int)x;
+        if (*end == 0) break;
+        if (*end != ',') return -1;
+        s = end + 1;
+    }
+    return k > 0 ? k : -1;
+}
+
+/* Samples of training throughput at batch B: the net is built for B alone,
+ * as the worker builds it for its --batch. */
+static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int samples, int warmup)
+{
+    char err[DP_ERR_LEN];
+    dp_backend_t *be = dp_backend_cpu_new();
+    dp_net_t net;
+    if (dp_net_init(&net, m, be, B, err) != 0) {
+        fprintf(stderr, "bench_train: %s\n", err);
+        dp_backend_destroy(&be);
+        return -1;
+    }
+    size_t nf = m->n_floats, in = (size_t)m->in_c * m->in_h * m->in_w;
+    float *params = dp_malloc(nf * sizeof(float));
+    dp_model_init_params(m, params, 1);
+    dp_net_set_params(&net, params);
+    free(params);
+    float *vel = be->alloc(be, nf * sizeof(float));
+    /* one fixed batch of pixels in [0, 1) and random labels, on the host as the
+     * data thread hands them to the worker */
+    float *x = dp_malloc((size_t)B * in * sizeof(float));
+    int *y = dp_malloc((size_t)B * sizeof(int));
+    dp_rng_t r;
+    dp_rng_seed(&r, 7);
+    for (size_t i = 0; i < (size_t)B * in; i++) x[i] = dp_rng_uniform(&r);
+    for (int b = 0; b < B; b++) y[b] = (int)dp_rng_below(&r, (uint32_t)m->classes);
+
+    float loss = 0;
+    for (int w = 0; w < warmup; w++) {
+        loss = dp_net_train_step(&net, x, y, B);
+        be->sgd_update(be, nf, net.d_params, vel, net.d_grads, 0.01f, 0.9f, 0.0f);
+    }
+    int rc = 0;
+    for (int s = 0; s < samples; s++) {
+        long n = 0;
+        double t0 = dp_now(), dt;
+        do {
+            loss = dp_net_train_step(&net, x, y, B);
+            be->sgd_update(be, nf, net.d_params, vel, net.d_grads, 0.01f, 0.9f, 0.0f);
+            n++;
+            dt = dp_now() - t0;
+        } while (dt < secs || n < 2);
+        if (!isfinite(loss)) {
+            fprintf(stderr, "bench_train: loss is %f at batch %d: the kernels are broken\n", loss, B);
+            rc = -1;
+            break;
+        }
+        printf("sample downpour %d %d %.1f %.4f\n", T, B, n * B / dt, loss);
+        fflush(stdout);
+    }
+    free(x);
+    free(y);
+    be->release(be, vel);
+    dp_net_free(&net);
+    dp_backend_destroy(&be);
+    return rc;
+}
+
+/* Aggregate single-threaded sgemm rate of T threads, each on its own
+ * N x N x N product (the shape class of the big conv GEMMs, well past cache). */
+static void s_bench_sgemm(int T, double secs, int samples)
+{
+    enum { N = 1024 };
+    openblas_set_num_threads(1);
+    for (int s = 0; s < samples; s++) {
+        long calls = 0;
+        double dt = 0;
+#pragma omp parallel num_threads(T) reduction(+ : calls)
+        {
+            float *a = dp_aligned_alloc((size_t)N * N * sizeof(float));
+            float *b = dp_aligned_alloc((size_t)N * N * sizeof(float));
+            float *c = dp_aligned_alloc((size_t)N * N * sizeof(float));
+            for (size_t i = 0; i < (size_t)N * N; i++) {
+                a[i] = (float)(i % 7) * 0.1f;
+                b[i] = (float)(i % 5) * 0.1f;
+                c[i] = 0;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N,
+                        0.0f, c, N); /* warm-up: pages, OpenBLAS buffers */
+#pragma omp barrier
+            double t0 = dp_now();
+            do {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N,
+                            0.0f, c, N);
+                calls++;
+            } while (dp_now() - t0 < secs);
+#pragma omp barrier
+#pragma omp master
+            dt = dp_now() - t0;
+            free(a);
+            free(b);
+            free(c);
+        }
+        printf("sgemm %d %.1f\n", T, calls * 2.0 * N * N * N / dt / 1e9);
+        fflush(stdout);
+    }
+}
+
+static int s_usage(void)
+{
+    fprintf(stderr, "usage: bench_train [-b 32,64,128] [-t THREADS] [-s SECONDS] [-r SAMPLES] "
+                    "[-w WARMUP] [-m SPEC] [-g]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    int batches[16] = {32, 64, 128}, nb = 3, threads = 1, samples = 3, warmup = 5, sgemm = 0;
+    double secs = 0.5;
+    const char *spec = DP_MODEL_DEFAULT_SPEC;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-g")) { sgemm = 1; continue; }
+        if (!v) return s_usage();
+        i++;
+        if (!strcmp(a, "-b")) nb = s_list(v, batches, 16);
+        else if (!strcmp(a, "-t")) threads = atoi(v);
+        else if (!strcmp(a, "-s")) secs = atof(v);
+        else if (!strcmp(a, "-r")) samples = atoi(v);
+        else if (!strcmp(a, "-w")) warmup = atoi(v);
+        else if (!strcmp(a, "-m")) spec = v;
+        else return s_usage();
+    }
+    if (nb < 0 || threads < 1 || threads > 1024 || !(secs > 0) || samples < 1 || warmup < 0) {
+        fprintf(stderr, "bench_train: bad argument (batches are positive integers, -t >= 1, "
+                        "-s > 0, -r >= 1, -w >= 0)\n");
+        return s_usage();
+    }
+    if (sgemm) {
+        s_bench_sgemm(threads, secs, samples);
+        return 0;
+    }
+    char err[DP_ERR_LEN];
+    dp_model_t m;
+    if (dp_model_parse(&m, spec, 1, 28, 28, err) != 0) {
+        fprintf(stderr, "bench_train: %s\n", err);
+        return 2;
+    }
+    dp_cpu_set_threads(threads);
+    /* training FLOPs per image: forward, and twice that for the backward */
+    printf("# model %s; %.1f MFLOP per training image\n", m.spec,
+           dp_model_forward_macs(&m) * 2 * 3 / 1e6);
+    for (int bi = 0; bi < nb; bi++)
+        if (s_bench_batch(&m, threads, batches[bi], secs, samples, warmup) != 0) return 1;
+    return 0;
+}

@@ -1,0 +1,337 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: the whole GPU check, unattended, on one machine with a
+# CUDA device (a lent H200: 16 cores, ~15 minutes of device time, no package
+# registry). Well under 5 minutes. Sections:
+#   setup     binaries: from build-gpu-bundle/bundle.tar.gz when carried (made
+#             here by tests/gpu/bundle.sh), else `make -j16 tests` (running
+#             `make deps` first as root when packages are missing); then
+#             finds CUDA's libraries (cudart, cuBLAS, cuDNN), also inside
+#             Python's nvidia-* wheels, and checks every binary resolves
+#   gpu-ops   build/tests/test_gpu_ops: every backend op against the CPU
+#             reference (a skip counts as a failure here: a GPU is expected)
+#   curves    200 standalone steps of the default network on cuda:0 and on
+#             cpu from the same seed; losses compared step by step
+#   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
+#             worker; summary.json's test_accuracy must exceed 0.7
+#   bench     images/s of the standalone worker at batch 64 and 256 (and 256
+#             with TF32), beside PyTorch's for the same network (torch_bench.py)
+#             where `import torch` works
+# Outputs (at most 8 files) go to $OUT when set (the GPU machine's output
+# folder), else build/gpu-run/: run.log, test_gpu_ops.log, loss_cuda.jsonl,
+# loss_cpu.jsonl, cluster_summary.json, bench.txt. Exit status non-zero when
+# any section failed. DP_GPU_BUILD=1 builds even when a bundle is there.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUTDIR=${OUT:-build/gpu-run}
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+WORK=$(mktemp -d /tmp/dp-gpu-run.XXXXXX)
+exec > >(tee "$OUTDIR/run.log") 2>&1
+T0=$SECONDS
+NPROC=$(nproc 2>/dev/null || echo 4)
+PY=$(command -v python3 || command -v python || echo python3)
+
+ORDER=()
+declare -A VERDICT NOTE
+section() { echo; echo "==== [$((SECONDS - T0))s] $1: $2"; }
+verdict() { # name PASS|FAIL|SKIP why
+    ORDER+=("$1"); VERDICT[$1]=$2; NOTE[$1]=$3
+    echo "---- $1: $2${3:+ ($3)}"
+}
+tmo() { timeout --kill-after=10 "$@"; }
+# tail of a log, indented, when a step failed
+show() { echo "  ---- last lines of $1"; tail -n "${2:-25}" "$1" | sed 's/^/  | /'; }
+
+# ---- setup ----------------------------------------------------------------
+section setup "binaries and libraries"
+echo "host: $(uname -m), $NPROC cores; $(date -u +%FT%TZ)"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+else
+    echo "nvidia-smi: not found"
+fi
+DATA_ARGS=()
+BIN=
+setup_ok=1
+setup_note=
+if [ -f build-gpu-bundle/bundle.tar.gz ] && [ "${DP_GPU_BUILD:-0}" != 1 ]; then
+    echo "using the carried bundle build-gpu-bundle/bundle.tar.gz"
+    X=$ROOT/build-gpu-bundle/x
+    rm -rf "$X" && mkdir -p "$X"
+    if tar xzf build-gpu-bundle/bundle.tar.gz -C "$X"; then
+        cat "$X/BUNDLE_INFO" 2>/dev/null | sed 's/^/  /'
+        BIN=$X/build
+        # the system's copy of a library wins when it has one
+        have=$(ldconfig -p 2>/dev/null | awk 'NR > 1 {print $1}')
+        for f in "$X"/lib/*; do
+            [ -e "$f" ] || continue
+            if echo "$have" | grep -qx "$(basename "$f")"; then rm -f "$f"; fi
+        done
+        echo "  bundled libraries used: $(ls "$X/lib" | tr '\n' ' ')"
+        export LD_LIBRARY_PATH=$X/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        if [ ! -d /usr/share/datasets/fashion-mnist ] && [ -d "$X/data/fashion-mnist" ]; then
+            DATA_ARGS=(--data "fashion-mnist:$X/data/fashion-mnist")
+        fi
+    else
+        setup_ok=0 setup_note="bundle does not unpack"
+    fi
+else
+    BIN=$ROOT/${BUILD:-build}
+    MAKE_EXTRA=()
+    if ! pkg-config --exists libzmq libprotobuf-c openblas zlib libcjson 2>/dev/null ||
+        ! command -v protoc-c >/dev/null; then
+        echo "build dependencies missing (pkg-config: libzmq libprotobuf-c openblas zlib libcjson; protoc-c)"
+        if [ "$(id -u)" = 0 ]; then
+            echo "running make deps (apt-get; this machine may have no registry)"
+            if ! tmo 240 make --no-print-directory BUILD="$BIN" deps >"$WORK/deps.log" 2>&1; then
+                show "$WORK/deps.log" 10
+                echo "make deps FAILED: apt-get could not install the packages (no registry?)."
+                echo "Make a bundle on a build machine with tests/gpu/bundle.sh and carry build-gpu-bundle."
+            fi
+        else
+            echo "not root: cannot run make deps"
+        fi
+    fi
+    # cuDNN's header: the toolkit's, else the one in Python's nvidia-cudnn wheel
+    if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cudnn.h" ] && [ ! -f /usr/include/cudnn.h ]; then
+        d=$("$PY" -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null ||
+            "$PY" -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
+        if [ -n "$d" ] && [ -f "$d/include/cudnn.h" ]; then
+            mkdir -p "$WORK/cudnnlib"
+            ln -sf "$(ls "$d"/lib/libcudnn.so* | head -1)" "$WORK/cudnnlib/libcudnn.so"
+            MAKE_EXTRA=(CUDNN_H="$d/include/cudnn.h" CFLAGS="-I$d/include"
+                        LDFLAGS="-L$WORK/cudnnlib -L$d/lib -Wl,-rpath,$d/lib")
+            echo "cuDNN from Python's wheel: $d"
+        fi
+    fi
+    echo "building: make -j16 tests (log: $WORK/build.log)"
+    if ! tmo 300 make --no-print-directory BUILD="$BIN" -j16 tests "${MAKE_EXTRA[@]}" >"$WORK/build.log" 2>&1; then
+        show "$WORK/build.log" 30
+        setup_ok=0 setup_note="build failed"
+    fi
+    grep -m1 '^CUDA:' "$WORK/build.log" || true
+fi
+
+# CUDA's runtime libraries: the loader's, the toolkit's, or the wheels'.
+resolvable() { # soname
+    ldconfig -p 2>/dev/null | awk 'NR > 1 {print $1}' | grep -qx "$1" && return 0
+    local d
+    for d in $(echo "${LD_LIBRARY_PATH:-}" | tr : ' ') /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+        [ -e "$d/$1" ] && return 0
+    done
+    return 1
+}
+for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9; do
+    resolvable "$so" && continue
+    f=$(find /usr/local /opt /usr/lib "$("$PY" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
+            -name "$so" 2>/dev/null | head -1)
+    if [ -n "$f" ]; then
+        echo "  $so: $(dirname "$f")"
+        export LD_LIBRARY_PATH=$(dirname "$f")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+done
+if [ -n "$BIN" ]; then
+    for b in "$BIN/downpour-worker" "$BIN/downpour" "$BIN/downpour-ps" "$BIN/tests/test_gpu_ops"; do
+        if [ ! -x "$b" ]; then
+            setup_ok=0 setup_note="${setup_note:+$setup_note; }missing $b"
+            continue
+        fi
+        miss=$(ldd "$b" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+        if [ -n "$miss" ]; then
+            setup_ok=0 setup_note="${setup_note:+$setup_note; }$(basename "$b") lacks $miss"
+        fi
+    done
+fi
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+[ ${#DATA_ARGS[@]} -gt 0 ] && echo "data: ${DATA_ARGS[*]}"
+if [ $setup_ok = 1 ]; then verdict setup PASS "$BIN"; else verdict setup FAIL "$setup_note"; fi
+W=$BIN/downpour-worker
+NODEV=  # set when test_gpu_ops finds no device: the later sections then fail at once
+
+# ---- gpu-ops ---------------------------------------------------------------
+section gpu-ops "test_gpu_ops: every backend op against the CPU reference"
+if [ -x "$BIN/tests/test_gpu_ops" ]; then
+    tmo 180 "$BIN/tests/test_gpu_ops" >"$OUTDIR/test_gpu_ops.log" 2>&1
+    rc=$?
+    grep -E 'FAIL|differ|skip:|CHECK' "$OUTDIR/test_gpu_ops.log" | head -20 | sed 's/^/  /'
+    line=$(tail -1 "$OUTDIR/test_gpu_ops.log")
+    echo "  $line (exit $rc)"
+    grep -q 'skip: no CUDA device' "$OUTDIR/test_gpu_ops.log" && NODEV=$(grep -m1 -o 'no CUDA device.*' "$OUTDIR/test_gpu_ops.log")
+    if [ $rc = 0 ] && echo "$line" | grep -Eq '^[1-9][0-9]* passed, 0 failed$'; then
+        verdict gpu-ops PASS "$line"
+    else
+        [ $rc = 124 ] && line="timed out after 180s"
+        verdict gpu-ops FAIL "$line"
+    fi
+else
+    verdict gpu-ops FAIL "no test_gpu_ops binary"
+fi
+
+# ---- curves ---------------------------------------------------------------
+section curves "200 steps, batch 64, seed 1: cuda:0 against cpu"
+curve() { # device metrics-file log
+    tmo 240 "$W" --standalone --device "$1" --steps 200 --batch 64 --seed 1 --no-progress \
+        --metrics "$2" --summary "$WORK/curve_${1%%:*}.json" "${DATA_ARGS[@]}" >"$3" 2>&1
+}
+rm -f "$OUTDIR/loss_cuda.jsonl" "$OUTDIR/loss_cpu.jsonl"
+if [ -n "$NODEV" ]; then
+    verdict curves FAIL "$NODEV"
+else
+t=$SECONDS
+curve cuda:0 "$OUTDIR/loss_cuda.jsonl" "$WORK/curve_cuda.log"; rc_g=$?
+echo "  cuda:0: exit $rc_g, $((SECONDS - t))s"
+t=$SECONDS
+curve cpu "$OUTDIR/loss_cpu.jsonl" "$WORK/curve_cpu.log"; rc_c=$?
+echo "  cpu:    exit $rc_c, $((SECONDS - t))s"
+if [ $rc_g != 0 ] || [ $rc_c != 0 ]; then
+    [ $rc_g != 0 ] && show "$WORK/curve_cuda.log" 15
+    [ $rc_c != 0 ] && show "$WORK/curve_cpu.log" 15
+    verdict curves FAIL "worker exit cuda $rc_g, cpu $rc_c"
+else
+    # Same weights, same batches: the first losses agree to float rounding;
+    # later the runs drift apart (different summation orders, amplified by
+    # training) but must stay in a band and both must learn.
+    "$PY" - "$OUTDIR/loss_cuda.jsonl" "$OUTDIR/loss_cpu.jsonl" >"$WORK/curves.txt" 2>&1 <<'EOF'
+import json, sys
+def load(path):
+    out = {}
+    for line in open(path):
+        try:
+            o = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in o and "step" in o and "event" not in o:
+            out[int(o["step"])] = float(o["loss"])
+    return out
+g, c = load(sys.argv[1]), load(sys.argv[2])
+steps = sorted(set(g) & set(c))
+bad = []
+if len(steps) < 200:
+    bad.append("only %d common steps (cuda %d, cpu %d)" % (len(steps), len(g), len(c)))
+def win(d, s, n=10):
+    xs = [d[t] for t in steps if s - n < t <= s]
+    return sum(xs) / max(len(xs), 1)
+print("  %6s %10s %10s %9s" % ("step", "cuda", "cpu", "rel diff"))
+worst_early = 0.0
+for i, s in enumerate(steps):
+    rel = abs(g[s] - c[s]) / max(abs(c[s]), 1e-6)
+    if i < 10: worst_early = max(worst_early, rel)
+    if i in (0, 1, 2, 4, 9, 19, 49, 99, 149, len(steps) - 1):
+        print("  %6d %10.6f %10.6f %9.2e" % (s, g[s], c[s], rel))
+    lim = 2e-3 if i == 0 else 1e-2 if i < 10 else None
+    if lim is not None and rel > lim + 2e-6 / max(abs(c[s]), 1e-6):
+        bad.append("step %d: cuda %.6f vs cpu %.6f (rel %.2e > %.0e)" % (s, g[s], c[s], rel, lim))
+    if i >= 10:
+        gm, cm = win(g, s), win(c, s)
+        if abs(gm - cm) > 0.05 + 0.15 * cm:
+            bad.append("step %d: 10-step mean cuda %.4f vs cpu %.4f diverged" % (s, gm, cm))
+if steps:
+    first, last_g, last_c = c[steps[0]], win(g, steps[-1], 20), win(c, steps[-1], 20)
+    print("  first loss %.4f; last-20 mean cuda %.4f, cpu %.4f; worst rel diff in 10 steps %.2e"
+          % (first, last_g, last_c, worst_early))
+    if not last_g < 0.8 * first:
+        bad.append("cuda did not learn: last-20 mean %.4f vs first %.4f" % (last_g, first))
+for b in bad[:10]:
+    print("  FAIL " + b)
+sys.exit(1 if bad else 0)
+EOF
+    rc=$?
+    cat "$WORK/curves.txt"
+    if [ $rc = 0 ]; then verdict curves PASS "losses agree"; else verdict curves FAIL "$(grep -m1 FAIL "$WORK/curves.txt" | sed 's/^ *FAIL //')"; fi
+fi
+fi
+
+# ---- cluster ---------------------------------------------------------------
+section cluster "downpour local --workers 1 --gpus 0 --steps 300"
+rm -rf "$WORK/local"
+if [ -n "$NODEV" ]; then
+    verdict cluster FAIL "$NODEV"
+else
+t=$SECONDS
+tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 --steps 300 --out "$WORK/local" \
+    "${DATA_ARGS[@]}" >"$WORK/local.log" 2>&1
+rc=$?
+echo "  exit $rc, $((SECONDS - t))s"
+if [ -f "$WORK/local/summary.json" ]; then
+    cp "$WORK/local/summary.json" "$OUTDIR/cluster_summary.json"
+    acc=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("test_accuracy", -1))' \
+        "$WORK/local/summary.json" 2>/dev/null || echo -1)
+    echo "  test_accuracy $acc"
+    if [ $rc = 0 ] && "$PY" -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0.7 else 1)' "$acc"; then
+        verdict cluster PASS "test_accuracy $acc"
+    else
+        show "$WORK/local.log" 15
+        verdict cluster FAIL "exit $rc, test_accuracy $acc (needs > 0.7)"
+    fi
+else
+    show "$WORK/local.log" 20
+    for f in "$WORK"/local/logs/*.log; do [ -f "$f" ] && show "$f" 10; done
+    verdict cluster FAIL "exit $rc, no summary.json"
+fi
+fi
+
+# ---- bench -----------------------------------------------------------------
+section bench "training throughput: standalone worker vs PyTorch"
+TORCH_PY=
+for py in /usr/bin/python3 python3 "$PY"; do
+    if command -v "$py" >/dev/null && tmo 60 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        TORCH_PY=$py
+        break
+    fi
+done
+echo "  PyTorch: ${TORCH_PY:-not available (no python3 with torch and CUDA)}"
+json_get() { "$PY" -c 'import json,sys
+try:
+    o = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+    print(o.get(sys.argv[2], ""))
+except Exception:
+    print("")' "$@"; }
+ROWS=()
+bench_ok=1
+SPECS="64:0 256:0 256:1"
+[ -n "$NODEV" ] && SPECS= bench_ok=0
+for spec in $SPECS; do
+    B=${spec%%:*} tf=${spec##*:}
+    math=$([ "$tf" = 1 ] && echo tf32 || echo fp32)
+    DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" --steps 300 --seed 1 \
+        --no-progress --summary "$WORK/bench_${B}_$tf.json" "${DATA_ARGS[@]}" >"$WORK/bench_${B}_$tf.log" 2>&1
+    rc=$?
+    ours=$([ $rc = 0 ] && json_get "$WORK/bench_${B}_$tf.json" images_per_s)
+    if [ -z "$ours" ]; then
+        bench_ok=0
+        show "$WORK/bench_${B}_$tf.log" 10
+        ours=-
+    fi
+    theirs=-
+    if [ -n "$TORCH_PY" ]; then
+        tmo 180 "$TORCH_PY" tests/gpu/torch_bench.py --batch "$B" --steps 300 --warmup 30 --tf32 "$tf" \
+            >"$WORK/torch_${B}_$tf.json" 2>"$WORK/torch_${B}_$tf.err"
+        theirs=$(json_get "$WORK/torch_${B}_$tf.json" images_per_s)
+        [ -z "$theirs" ] && { show "$WORK/torch_${B}_$tf.err" 8; theirs=-; }
+    fi
+    echo "  batch $B $math: downpour $ours img/s, torch $theirs img/s"
+    ROWS+=("$B $math $ours $theirs")
+done
+if [ $bench_ok = 1 ]; then verdict bench PASS "$([ -n "$TORCH_PY" ] && echo "beside torch" || echo "torch not available")"; else verdict bench FAIL "${NODEV:-a timing run failed}"; fi
+
+# ---- summary ---------------------------------------------------------------
+section summary "$((SECONDS - T0))s in all"
+failed=0
+for s in "${ORDER[@]}"; do
+    printf '  %-8s %s  %s\n' "$s" "${VERDICT[$s]}" "${NOTE[$s]}"
+    [ "${VERDICT[$s]}" = FAIL ] && failed=$((failed + 1))
+done
+{
+    printf '%6s %5s %16s %14s %7s\n' batch math "downpour img/s" "torch img/s" ratio
+    for r in "${ROWS[@]}"; do
+        set -- $r
+        ratio=$("$PY" -c 'import sys
+try: print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))
+except Exception: print("-")' "$3" "$4")
+        printf '%6s %5s %16s %14s %7s\n' "$1" "$2" "$3" "$4" "$ratio"
+    done
+} | tee "$OUTDIR/bench.txt"
+echo "$((${#ORDER[@]} - failed)) passed, $failed failed"
+rm -rf "$WORK"
+[ $failed = 0 ]

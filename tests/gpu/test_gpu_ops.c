@@ -1,0 +1,585 @@
+/* test_gpu_ops: every op of the CUDA backend against the CPU reference
+ * kernels (kernels/ops.h *_ref) on fresh random inputs of awkward shapes
+ * (batch 3, 13x11 images, 5 channels, kernels 3 and 5, pad 0/1/2, stride 1
+ * and 2, pools 2 and 3, overlapping pools), then on the default model's layer
+ * shapes at batch 64. Each comparison is |gpu - ref| <= atol + rtol |ref|,
+ * with atol growing with the number of terms summed into one output (float
+ * sums of N terms drift by ~N ulps of the terms in the worst case).
+ *
+ * Without a CUDA device (or a driver) the program checks that opening
+ * "cuda:0" fails with one clear line, then skips with the reason:
+ * "0 passed, 0 failed, 1 skipped". DP_GPU_DEVICE=K tests cuda:K (default 0);
+ * DP_CUDA_TF32=1 (TF32 allowed) loosens the tolerances to TF32's. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/model.h"
+#include "../../common/rng.h"
+#include "../../common/util.h"
+#include "../../kernels/backend.h"
+#include "../../kernels/ops.h"
+#include "../test.h"
+
+static dp_backend_t *s_be;         /* the backend under test (NULL: no device) */
+static int s_dev;                  /* its device number */
+static char s_why[DP_ERR_LEN + 64]; /* why there is no device */
+static int s_tf32;                 /* DP_CUDA_TF32=1: looser tolerances */
+static dp_rng_t s_rng;
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static float *s_rand(size_t n, float scale)
+{
+    float *a = dp_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) a[i] = (2.0f * dp_rng_uniform(&s_rng) - 1.0f) * scale;
+    return a;
+}
+
+static int *s_labels(int B, int classes)
+{
+    int *y = dp_malloc((size_t)B * sizeof(int));
+    for (int i = 0; i < B; i++) y[i] = (int)dp_rng_below(&s_rng, (uint32_t)classes);
+    return y;
+}
+
+/* Device copy of host data. */
+static void *s_up(const void *h, size_t bytes)
+{
+    void *d = s_be->alloc(s_be, bytes);
+    s_be->upload(s_be, d, h, bytes);
+    return d;
+}
+
+/* Host copy of n device floats (freed by the caller). */
+static float *s_down(const float *d, size_t n)
+{
+    float *h = dp_malloc(n * sizeof(float) + 1);
+    s_be->download(s_be, h, d, n * sizeof(float));
+    return h;
+}
+
+static void s_free(void *d) { s_be->release(s_be, d); }
+
+/* Tolerances for outputs that sum `terms` products each. */
+static double s_atol(double terms)
+{
+    return s_tf32 ? 4e-3 * sqrt(terms) + 1e-4 : 5e-7 * terms + 1e-5;
+}
+static double s_rtol(void) { return s_tf32 ? 1e-2 : 1e-4; }
+
+/* A one-layer model holding l (its index 0), for prepare(). */
+static void s_model_of(dp_model_t *m, const dp_layer_t *l)
+{
+    memset(m, 0, sizeof *m);
+    m->n_layers = 1;
+    m->layers[0] = *l;
+    m->layers[0].index = 0;
+}
+
+static dp_layer_t s_conv_layer(int C, int H, int W, int OC, int K, int pad, int stride)
+{
+    dp_layer_t l;
+    memset(&l, 0, sizeof l);
+    l.kind = DP_LAYER_CONV;
+    snprintf(l.name, sizeof l.name, "conv");
+    l.k = K;
+    l.pad = pad;
+    l.stride = stride;
+    l.in_c = C;
+    l.in_h = H;
+    l.in_w = W;
+    l.out_c = OC;
+    l.out_h = (H + 2 * pad - K) / stride + 1;
+    l.out_w = (W + 2 * pad - K) / stride + 1;
+    l.weight = l.bias = -1;
+    return l;
+}
+
+static dp_layer_t s_pool_layer(int C, int H, int W, int K, int stride)
+{
+    dp_layer_t l;
+    memset(&l, 0, sizeof l);
+    l.kind = DP_LAYER_MAXPOOL;
+    snprintf(l.name, sizeof l.name, "maxpool");
+    l.k = K;
+    l.stride = stride;
+    l.in_c = l.out_c = C;
+    l.in_h = H;
+    l.in_w = W;
+    l.out_h = (H - K) / stride + 1;
+    l.out_w = (W - K) / stride + 1;
+    l.weight = l.bias = -1;
+    return l;
+}
+
+static dp_layer_t s_fc_layer(int IN, int OUT)
+{
+    dp_layer_t l;
+    memset(&l, 0, sizeof l);
+    l.kind = DP_LAYER_FC;
+    snprintf(l.name, sizeof l.name, "fc");
+    l.in_c = IN;
+    l.in_h = l.in_w = 1;
+    l.out_c = OUT;
+    l.out_h = l.out_w = 1;
+    l.weight = l.bias = -1;
+    return l;
+}
+
+/* ---- per-op checks (l must be prepared, batch B) ------------------------ */
+
+static void s_check_conv(const dp_layer_t *l, int B, int with_bias)
+{
+    dp_conv_dims_t d = {.B = B, .C = l->in_c, .H = l->in_h, .W = l->in_w, .OC = l->out_c,
+                        .K = l->k, .pad = l->pad, .stride = l->stride};
+    dp_conv_dims_finish(&d);
+    CHECK_EQ(d.OH, l->out_h);
+    CHECK_EQ(d.OW, l->out_w);
+    size_t nin = (size_t)B * d.C * d.H * d.W, nout = (size_t)B * d.OC * d.OH * d.OW;
+    size_t nw = (size_t)d.OC * d.C * d.K * d.K;
+    float *in = s_rand(nin, 1), *w = s_rand(nw, 1), *b = s_rand(d.OC, 1);
+    float *dout = s_rand(nout, 1);
+    float *out = dp_malloc(nout * 4), *din = dp_malloc(nin * 4), *dw = dp_malloc(nw * 4);
+    float *db = dp_malloc(d.OC * 4);
+    float *d_in = s_up(in, nin * 4), *d_w = s_up(w, nw * 4), *d_b = s_up(b, d.OC * 4);
+    float *d_dout = s_up(dout, nout * 4);
+    float *d_out = s_be->alloc(s_be, nout * 4), *d_din = s_be->alloc(s_be, nin * 4);
+    float *d_dw = s_be->alloc(s_be, nw * 4), *d_db = s_be->alloc(s_be, d.OC * 4);
+    char what[96];
+
+    /* forward */
+    dp_conv2d_forward_ref(out, in, w, with_bias ? b : NULL, &d);
+    s_be->conv_forward(s_be, l, B, d_out, d_in, d_w, with_bias ? d_b : NULL);
+    float *g = s_down(d_out, nout);
+    snprintf(what, sizeof what, "conv k%d p%d s%d B%d%s out", d.K, d.pad, d.stride, B,
+             with_bias ? "" : " (no bias)");
+    CHECK_CLOSE(what, g, out, nout, s_atol(d.C * d.K * d.K), s_rtol());
+    free(g);
+
+    /* backward, din wanted; outputs pre-filled with garbage: written, not accumulated */
+    float *junk = s_rand(nin > nw ? nin : nw, 100);
+    s_be->upload(s_be, d_din, junk, nin * 4);
+    s_be->upload(s_be, d_dw, junk, nw * 4);
+    dp_conv2d_backward_ref(din, dw, db, dout, in, w, &d);
+    s_be->conv_backward(s_be, l, B, d_din, d_dw, d_db, d_dout, d_in, d_w);
+    g = s_down(d_din, nin);
+    snprintf(what, sizeof what, "conv k%d p%d s%d B%d din", d.K, d.pad, d.stride, B);
+    CHECK_CLOSE(what, g, din, nin, s_atol(d.OC * d.K * d.K), s_rtol());
+    free(g);
+    g = s_down(d_dw, nw);
+    snprintf(what, sizeof what, "conv k%d p%d s%d B%d dw", d.K, d.pad, d.stride, B);
+    CHECK_CLOSE(what, g, dw, nw, s_atol((double)B * d.OH * d.OW), s_rtol());
+    free(g);
+    g = s_down(d_db, d.OC);
+    snprintf(what, sizeof what, "conv k%d p%d s%d B%d db", d.K, d.pad, d.stride, B);
+    CHECK_CLOSE(what, g, db, d.OC, s_atol((double)B * d.OH * d.OW), s_rtol());
+    free(g);
+
+    /* backward without din (first layer): dw still right, d_din untouched */
+    s_be->upload(s_be, d_dw, junk, nw * 4);
+    s_be->upload(s_be, d_din, junk, nin * 4);
+    s_be->conv_backward(s_be, l, B, NULL, d_dw, d_db, d_dout, d_in, d_w);
+    g = s_down(d_dw, nw);
+    snprintf(what, sizeof what, "conv k%d p%d s%d B%d dw (din NULL)", d.K, d.pad, d.stride, B);
+    CHECK_CLOSE(what, g, dw, nw, s_atol((double)B * d.OH * d.OW), s_rtol());
+    free(g);
+    g = s_down(d_din, nin);
+    CHECK(memcmp(g, junk, nin * 4) == 0);
+    free(g);
+
+    free(junk);
+    free(in), free(w), free(b), free(dout), free(out), free(din), free(dw), free(db);
+    s_free(d_in), s_free(d_w), s_free(d_b), s_free(d_dout), s_free(d_out), s_free(d_din);
+    s_free(d_dw), s_free(d_db);
+}
+
+/* quantised: inputs drawn from a few values, so windows hold ties. */
+static void s_check_pool(const dp_layer_t *l, int B, int quantised)
+{
+    dp_pool_dims_t d = {.B = B, .C = l->in_c, .H = l->in_h, .W = l->in_w, .K = l->k,
+                        .stride = l->stride};
+    dp_pool_dims_finish(&d);
+    size_t nin = (size_t)B * d.C * d.H * d.W, nout = (size_t)B * d.C * d.OH * d.OW;
+    float *in = s_rand(nin, 1), *dout = s_rand(nout, 1);
+    if (quantised)
+        for (size_t i = 0; i < nin; i++) in[i] = floorf(in[i] * 1.5f);
+    float *out = dp_malloc(nout * 4), *din = dp_malloc(nin * 4);
+    float *d_in = s_up(in, nin * 4), *d_dout = s_up(dout, nout * 4);
+    float *d_out = s_be->alloc(s_be, nout * 4);
+    float *junk = s_rand(nin, 100), *d_din = s_up(junk, nin * 4);
+    char what[96];
+
+    dp_maxpool_forward_ref(out, in, &d);
+    s_be->maxpool_forward(s_be, l, B, d_out, d_in);
+    float *g = s_down(d_out, nout);
+    snprintf(what, sizeof what, "maxpool k%d s%d %dx%d B%d%s out", d.K, d.stride, d.H, d.W, B,
+             quantised ? " ties" : "");
+    CHECK_CLOSE(what, g, out, nout, 0, 0); /* a max is exact */
+    free(g);
+
+    dp_maxpool_backward_ref(din, dout, in, out, &d);
+    s_be->upload(s_be, d_out, out, nout * 4); /* both sides from the same out */
+    s_be->maxpool_backward(s_be, l, B, d_din, d_dout, d_in, d_out);
+    g = s_down(d_din, nin);
+    snprintf(what, sizeof what, "maxpool k%d s%d %dx%d B%d%s din", d.K, d.stride, d.H, d.W, B,
+             quantised ? " ties" : "");
+    /* Sums of at most ceil(K/stride)^2 gradients in the same order: exact
+     * but for a last-ulp difference from contraction. */
+    CHECK_CLOSE(what, g, din, nin, 1e-6, 1e-6);
+    free(g);
+
+    free(in), free(dout), free(out), free(din), free(junk);
+    s_free(d_in), s_free(d_dout), s_free(d_out), s_free(d_din);
+}
+
+static void s_check_fc(const dp_layer_t *l, int B)
+{
+    int IN = l->in_c, OUT = l->out_c;
+    size_t nin = (size_t)B * IN, nout = (size_t)B * OUT, nw = (size_t)OUT * IN;
+    float *in = s_rand(nin, 1), *w = s_rand(nw, 1), *b = s_rand(OUT, 1), *dout = s_rand(nout, 1);
+    float *out = dp_malloc(nout * 4), *din = dp_malloc(nin * 4), *dw = dp_malloc(nw * 4);
+    float *db = dp_malloc(OUT * 4);
+    float *d_in = s_up(in, nin * 4), *d_w = s_up(w, nw * 4), *d_b = s_up(b, OUT * 4);
+    float *d_dout = s_up(dout, nout * 4), *d_out = s_be->alloc(s_be, nout * 4);
+    float *junk = s_rand(nin > nw ? nin : nw, 100);
+    float *d_din = s_up(junk, nin * 4), *d_dw = s_up(junk, nw * 4), *d_db = s_up(junk, OUT * 4);
+    char what[96];
+
+    dp_fc_forward_ref(out, in, w, b, B, IN, OUT);
+    s_be->fc_forward(s_be, l, B, d_out, d_in, d_w, d_b);
+    float *g = s_down(d_out, nout);
+    snprintf(what, sizeof what, "fc %d->%d B%d out", IN, OUT, B);
+    CHECK_CLOSE(what, g, out, nout, s_atol(IN), s_rtol());
+    free(g);
+    dp_fc_forward_ref(out, in, w, NULL, B, IN, OUT);
+    s_be->fc_forward(s_be, l, B, d_out, d_in, d_w, NULL);
+    g = s_down(d_out, nout);
+    snprintf(what, sizeof what, "fc %d->%d B%d out (no bias)", IN, OUT, B);
+    CHECK_CLOSE(what, g, out, nout, s_atol(IN), s_rtol());
+    free(g);
+
+    dp_fc_backward_ref(din, dw, db, dout, in, w, B, IN, OUT);
+    s_be->fc_backward(s_be, l, B, d_din, d_dw, d_db, d_dout, d_in, d_w);
+    g = s_down(d_din, nin);
+    snprintf(what, sizeof what, "fc %d->%d B%d din", IN, OUT, B);
+    CHECK_CLOSE(what, g, din, nin, s_atol(OUT), s_rtol());
+    free(g);
+    g = s_down(d_dw, nw);
+    snprintf(what, sizeof what, "fc %d->%d B%d dw", IN, OUT, B);
+    CHECK_CLOSE(what, g, dw, nw, s_atol(B), s_rtol());
+    free(g);
+    g = s_down(d_db, OUT);
+    snprintf(what, sizeof what, "fc %d->%d B%d db", IN, OUT, B);
+    CHECK_CLOSE(what, g, db, OUT, s_atol(B), s_rtol());
+    free(g);
+
+    /* din NULL: weights' gradient only, d_din untouched */
+    s_be->upload(s_be, d_din, junk, nin * 4);
+    s_be->upload(s_be, d_dw, junk, nw * 4);
+    s_be->fc_backward(s_be, l, B, NULL, d_dw, d_db, d_dout, d_in, d_w);
+    g = s_down(d_dw, nw);
+    snprintf(what, sizeof what, "fc %d->%d B%d dw (din NULL)", IN, OUT, B);
+    CHECK_CLOSE(what, g, dw, nw, s_atol(B), s_rtol());
+    free(g);
+    g = s_down(d_din, nin);
+    CHECK(memcmp(g, junk, nin * 4) == 0);
+    free(g);
+
+    free(in), free(w), free(b), free(dout), free(out), free(din), free(dw), free(db), free(junk);
+    s_free(d_in), s_free(d_w), s_free(d_b), s_free(d_dout), s_free(d_out), s_free(d_din);
+    s_free(d_dw), s_free(d_db);
+}
+
+static void s_check_relu(size_t n)
+{
+    float *in = s_rand(n, 1), *dout = s_rand(n, 1);
+    float *out = dp_malloc(n * 4), *din = dp_malloc(n * 4);
+    in[0] = 0.0f; /* the boundary: relu(0) = 0 and no gradient */
+    float *d_in = s_up(in, n * 4), *d_dout = s_up(dout, n * 4), *d_out = s_be->alloc(s_be, n * 4);
+    float *d_din = s_be->alloc(s_be, n * 4);
+
+    dp_relu_forward_ref(out, in, n);
+    s_be->relu_forward(s_be, n, d_out, d_in);
+    float *g = s_down(d_out, n);
+    CHECK_CLOSE("relu out", g, out, n, 0, 0);
+    free(g);
+    dp_relu_backward_ref(din, dout, out, n);
+    s_be->relu_backward(s_be, n, d_din, d_dout, d_out);
+    g = s_down(d_din, n);
+    CHECK_CLOSE("relu din", g, din, n, 0, 0);
+    free(g);
+    /* in place, as the executor may run it */
+    s_be->relu_forward(s_be, n, d_in, d_in);
+    g = s_down(d_in, n);
+    CHECK_CLOSE("relu out (in place)", g, out, n, 0, 0);
+    free(g);
+    s_be->relu_backward(s_be, n, d_dout, d_dout, d_out);
+    g = s_down(d_dout, n);
+    CHECK_CLOSE("relu din (in place)", g, din, n, 0, 0);
+    free(g);
+
+    free(in), free(dout), free(out), free(din);
+    s_free(d_in), s_free(d_dout), s_free(d_out), s_free(d_din);
+}
+
+static void s_check_xent(int B, int classes)
+{
+    size_t n = (size_t)B * classes;
+    float *logits = s_rand(n, 4), *probs = dp_malloc(n * 4), *dl = dp_malloc(n * 4);
+    int *y = s_labels(B, classes);
+    float *d_logits = s_up(logits, n * 4), *d_probs = s_be->alloc(s_be, n * 4);
+    float *d_dl = s_be->alloc(s_be, n * 4);
+    int *d_y = s_up(y, (size_t)B * sizeof(int));
+    char what[64];
+
+    float loss = dp_softmax_xent_forward_ref(probs, logits, y, B, classes);
+    float gl = s_be->softmax_xent_forward(s_be, B, classes, d_probs, d_logits, d_y);
+    CHECK_NEAR(gl, loss, 1e-5 + 1e-5 * fabsf(loss));
+    float *g = s_down(d_probs, n);
+    snprintf(what, sizeof what, "softmax B%d classes %d probs", B, classes);
+    CHECK_CLOSE(what, g, probs, n, 1e-7, 1e-5);
+    free(g);
+    dp_softmax_xent_backward_ref(dl, probs, y, B, classes);
+    s_be->upload(s_be, d_probs, probs, n * 4); /* the same probs on both sides */
+    s_be->softmax_xent_backward(s_be, B, classes, d_dl, d_probs, d_y);
+    g = s_down(d_dl, n);
+    snprintf(what, sizeof what, "softmax B%d classes %d dlogits", B, classes);
+    CHECK_CLOSE(what, g, dl, n, 0, 0); /* same float expression */
+    free(g);
+
+    free(logits), free(probs), free(dl), free(y);
+    s_free(d_logits), s_free(d_probs), s_free(d_dl), s_free(d_y);
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+/* Without a device: opening must fail with one clear line, then skip. */
+static void test_gpu_device(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_backend_t *be = NULL;
+    int count = 0;
+    if (!s_be) {
+        CHECK_EQ(dp_backend_open("cuda:0", &be, err), -1);
+        CHECK(be == NULL);
+        CHECK(strstr(err, "no CUDA device") != NULL || strstr(err, "no such device") != NULL);
+        CHECK(strchr(err, '\n') == NULL);
+        SKIP(s_why);
+    }
+    CHECK_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", s_dev);
+    CHECK_STR(s_be->name, name);
+    /* one past the last visible device: a clear error, not a crash */
+    snprintf(name, sizeof name, "cuda:%d", count);
+    CHECK_EQ(dp_backend_open(name, &be, err), -1);
+    CHECK(be == NULL);
+    CHECK(strstr(err, "no such device") != NULL);
+    fprintf(stderr, "  (expected) %s\n", err);
+
+    /* alloc is zeroed; upload / download round trips, pageable and pinned */
+    size_t n = 100003;
+    float *d = s_be->alloc(s_be, n * 4);
+    float *h = s_down(d, n);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++) nonzero += h[i] != 0.0f;
+    CHECK_EQ(nonzero, 0);
+    float *src = s_rand(n, 1);
+    s_be->upload(s_be, d, src, n * 4);
+    s_be->download(s_be, h, d, n * 4);
+    CHECK(memcmp(h, src, n * 4) == 0);
+    float *pin = s_be->host_alloc(s_be, n * 4);
+    for (size_t i = 0; i < n; i++) pin[i] = (float)i;
+    s_be->upload(s_be, d, pin, n * 4);
+    for (size_t i = 0; i < n; i++) pin[i] = -1.0f; /* reusing the source after upload */
+    s_be->download(s_be, h, d, n * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += h[i] != (float)i;
+    CHECK_EQ(bad, 0);
+    s_be->download(s_be, pin, d, n * 4);
+    CHECK_EQ(pin[n - 1], (float)(n - 1));
+    s_be->synchronize(s_be);
+    s_be->host_release(s_be, pin);
+    s_be->release(s_be, d);
+    free(h), free(src);
+}
+
+static void test_gpu_conv(void)
+{
+    /* {K, pad, stride}: pad 0/1/2, kernels 3 and 5, stride 2, pad > K/2 */
+    static const int cfg[][3] = {{3, 1, 1}, {5, 2, 1}, {3, 0, 1}, {5, 0, 1},
+                                 {3, 2, 1}, {3, 1, 2}, {5, 2, 2}};
+    char err[DP_ERR_LEN] = "";
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        dp_model_t m;
+        dp_layer_t l = s_conv_layer(5, 13, 11, 7, cfg[i][0], cfg[i][1], cfg[i][2]);
+        s_model_of(&m, &l);
+        /* planned for 8; run at 3, 8 and 1: the per-batch plans */
+        int rc = s_be->prepare(s_be, &m, 8, err);
+        CHECK_EQ(rc, 0);
+        if (rc) {
+            fprintf(stderr, "  prepare: %s\n", err);
+            continue;
+        }
+        s_check_conv(&m.layers[0], 3, 1);
+        s_check_conv(&m.layers[0], 8, 1);
+        s_check_conv(&m.layers[0], 1, i == 0 ? 0 : 1);
+    }
+    /* one input channel (the first layer's case), odd output count */
+    dp_model_t m;
+    dp_layer_t l = s_conv_layer(1, 13, 11, 3, 5, 2, 1);
+    s_model_of(&m, &l);
+    CHECK_EQ(s_be->prepare(s_be, &m, 3, err), 0);
+    s_check_conv(&m.layers[0], 3, 1);
+}
+
+static void test_gpu_maxpool(void)
+{
+    /* {K, stride}: 2 and 3 non-overlapping (trailing row / col left out),
+     * overlapping 3/2 and 2/1, a gap 2/3 */
+    static const int cfg[][2] = {{2, 2}, {3, 3}, {3, 2}, {2, 1}, {2, 3}};
+    char err[DP_ERR_LEN] = "";
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        dp_model_t m;
+        dp_layer_t l = s_pool_layer(5, 13, 11, cfg[i][0], cfg[i][1]);
+        s_model_of(&m, &l);
+        CHECK_EQ(s_be->prepare(s_be, &m, 3, err), 0);
+        s_check_pool(&m.layers[0], 3, 0);
+        s_check_pool(&m.layers[0], 3, 1);
+    }
+}
+
+static void test_gpu_fc(void)
+{
+    static const int cfg[][2] = {{5 * 13 * 11, 10}, {37, 13}, {1, 1}, {300, 257}};
+    char err[DP_ERR_LEN] = "";
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        dp_model_t m;
+        dp_layer_t l = s_fc_layer(cfg[i][0], cfg[i][1]);
+        s_model_of(&m, &l);
+        CHECK_EQ(s_be->prepare(s_be, &m, 3, err), 0);
+        s_check_fc(&m.layers[0], 3);
+        s_check_fc(&m.layers[0], 1);
+    }
+}
+
+static void test_gpu_relu(void)
+{
+    s_check_relu(3 * 5 * 13 * 11);
+    s_check_relu(1);
+    s_check_relu(1000003);
+}
+
+static void test_gpu_softmax_xent(void)
+{
+    s_check_xent(3, 10);
+    s_check_xent(3, 37); /* more classes than a warp's lanes */
+    s_check_xent(1, 1);
+    s_check_xent(1000, 10); /* many rows per warp */
+}
+
+static void test_gpu_sgd_update(void)
+{
+    size_t n = 100003;
+    float *w = s_rand(n, 1), *v = s_rand(n, 0.1f), *g1 = s_rand(n, 1), *g2 = s_rand(n, 1);
+    float *d_w = s_up(w, n * 4), *d_v = s_up(v, n * 4);
+    float *d_g1 = s_up(g1, n * 4), *d_g2 = s_up(g2, n * 4);
+    const float lr = 0.05f, mu = 0.9f, wd = 5e-4f;
+    /* two momentum steps */
+    for (int step = 0; step < 2; step++) {
+        const float *g = step ? g2 : g1;
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] + wd * w[i];
+            v[i] = mu * v[i] + gi;
+            w[i] -= lr * v[i];
+        }
+        s_be->sgd_update(s_be, n, d_w, d_v, step ? d_g2 : d_g1, lr, mu, wd);
+    }
+    float *gw = s_down(d_w, n), *gv = s_down(d_v, n);
+    CHECK_CLOSE("sgd momentum w", gw, w, n, 1e-6, 1e-5);
+    CHECK_CLOSE("sgd momentum v", gv, v, n, 1e-6, 1e-5);
+    free(gw), free(gv);
+    /* plain SGD: momentum 0, no velocity buffer */
+    for (size_t i = 0; i < n; i++) w[i] -= lr * (g1[i] + wd * w[i]);
+    s_be->sgd_update(s_be, n, d_w, NULL, d_g1, lr, 0.0f, wd);
+    gw = s_down(d_w, n);
+    CHECK_CLOSE("sgd plain w", gw, w, n, 1e-6, 1e-5);
+    free(gw);
+    free(w), free(v), free(g1), free(g2);
+    s_free(d_w), s_free(d_v), s_free(d_g1), s_free(d_g2);
+}
+
+/* The default model's layers at batch 64, each on its own random inputs. */
+static void test_gpu_default_model_b64(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    const int B = 64;
+    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    CHECK_EQ(s_be->prepare(s_be, &m, B, err), 0);
+    for (int i = 0; i < m.n_layers; i++) {
+        const dp_layer_t *l = &m.layers[i];
+        switch (l->kind) {
+        case DP_LAYER_CONV: s_check_conv(l, B, 1); break;
+        case DP_LAYER_MAXPOOL: s_check_pool(l, B, 0); break;
+        case DP_LAYER_FC: s_check_fc(l, B); break;
+        case DP_LAYER_RELU: s_check_relu((size_t)B * dp_layer_out_size(l)); break;
+        case DP_LAYER_SOFTMAX: s_check_xent(B, m.classes); break;
+        }
+    }
+    /* and a smaller last batch through the same plans */
+    s_check_conv(&m.layers[0], 17, 1);
+}
+
+/* ---- main: one skip without a device ------------------------------------ */
+
+/* Open the device under test; 0 when there is none (s_why says why). A
+ * device that exists but won't open is a failure, not a skip: s_be stays
+ * NULL and test_gpu_device's checks fail. */
+static int s_open(void)
+{
+    int count = 0;
+    char err[DP_ERR_LEN] = "";
+    const char *dev = getenv("DP_GPU_DEVICE");
+    s_dev = dev && *dev ? atoi(dev) : 0;
+    s_tf32 = getenv("DP_CUDA_TF32") && atoi(getenv("DP_CUDA_TF32")) != 0;
+    dp_rng_seed(&s_rng, 20240611);
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(s_why, sizeof s_why, "no CUDA device (cudaGetDeviceCount: %s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 0;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", s_dev);
+    if (dp_backend_open(name, &s_be, err) < 0) {
+        fprintf(stderr, "FAIL: %d CUDA device(s) visible but %s won't open: %s\n", count, name,
+                err);
+        return -1;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    static const t_test_t all[] = {
+        T(test_gpu_device),      T(test_gpu_conv),         T(test_gpu_maxpool),
+        T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_softmax_xent),
+        T(test_gpu_sgd_update),  T(test_gpu_default_model_b64),
+    };
+    static const t_test_t none[] = {T(test_gpu_device)};
+    dp_log_init("test_gpu_ops");
+    int have = s_open();
+    if (have < 0) {
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    int rc = have ? t_main(argc, argv, all, (int)(sizeof all / sizeof all[0]))
+                  : t_main(argc, argv, none, 1);
+    dp_backend_destroy(&s_be);
+    dp_backend_destroy(&s_be); /* safe twice */
+    return rc;
+}

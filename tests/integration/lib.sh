@@ -1,0 +1,70 @@
+# lib.sh: sourced by the integration tests. Each test runs in its own temp
+# dir (removed at exit), starts its helper processes through `bg` so they
+# are always killed, and ends with `finish`, which prints the closing line
+# "N passed, N failed" and sets the exit status.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+BUILD=${BUILD:-build}
+BIN=$PWD/$BUILD
+TORCH_PY=/usr/bin/python3   # Debian's, with python3-torch and numpy
+T_PASSED=0 T_FAILED=0 T_SKIPPED=0
+T_PIDS=()
+TMP=$(mktemp -d /tmp/downpour-test.XXXXXX)
+
+t_cleanup() {
+    local p
+    for p in "${T_PIDS[@]+"${T_PIDS[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
+    sleep 0.2
+    for p in "${T_PIDS[@]+"${T_PIDS[@]}"}"; do kill -KILL "$p" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap t_cleanup EXIT
+
+# pass NAME / fail NAME WHY / skip NAME WHY
+pass() { T_PASSED=$((T_PASSED + 1)); echo "ok   $1"; }
+fail() { T_FAILED=$((T_FAILED + 1)); echo "FAIL $1: $2"; }
+skip() { T_SKIPPED=$((T_SKIPPED + 1)); echo "  skip: $1: $2"; }
+
+# check NAME COMMAND...: passes when the command succeeds.
+check() {
+    local name=$1; shift
+    if "$@"; then pass "$name"; else fail "$name" "command failed: $*"; fi
+}
+
+# bg COMMAND...: start a helper process that is killed when the test ends.
+bg() { "$@" & T_PIDS+=($!); }
+
+# wait_for PID SECONDS: wait for a child started with bg, at most SECONDS;
+# its exit status, or 124 (after killing it) when it took too long.
+wait_for() {
+    local pid=$1 limit=$2 t=0
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 0.1
+        t=$((t + 1))
+        if [ $t -ge $((limit * 10)) ]; then
+            kill -KILL "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+    done
+    wait "$pid"
+}
+
+# json FILE KEY: a top-level value of a JSON file.
+json() { "$TORCH_PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+
+# ge A B: A >= B as floats.
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
+# near A B TOL: |A - B| <= TOL.
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }'; }
+
+has_torch() { "$TORCH_PY" -c 'import torch' 2>/dev/null; }
+
+finish() {
+    if [ "$T_SKIPPED" != 0 ]; then
+        echo "$T_PASSED passed, $T_FAILED failed, $T_SKIPPED skipped"
+    else
+        echo "$T_PASSED passed, $T_FAILED failed"
+    fi
+    [ "$T_FAILED" = 0 ]
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# test_local_cluster: real downpour-ps and downpour-worker daemons on loopback,
+# started by `downpour local` or by hand.
+#  - sync with 2 workers at batch b == standalone at batch 2b (same samples,
+#    same order): the weights agree to float tolerance
+#  - sync with 2 shards == sync with 1 shard
+#  - async and ssp train; every push is applied, dropped or rejected
+#  - ssp --staleness 0 runs in lockstep
+#  - a worker with another model is refused with a clear error
+#  - the launcher leaves no process behind (success, a failed child, SIGINT)
+source "$(dirname "$0")/lib.sh"
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip cluster "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+L=$BIN/downpour
+common=(--seed 5 --lr 0.01 --momentum 0.9 --no-progress)
+compare() { "$TORCH_PY" tests/integration/compare_st.py "$@" >"$TMP/compare.log" 2>&1 || { cat "$TMP/compare.log"; return 1; }; }
+
+# Sync equivalence: the strongest check that aggregation is right.
+"$BIN/downpour-worker" --standalone --steps 12 --batch 64 --seed 5 --lr 0.01 --momentum 0.9 \
+    --no-progress --save "$TMP/sa.safetensors" >"$TMP/sa.log" 2>&1
+check "standalone at batch 64" test $? = 0
+"$L" local --workers 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync1" >"$TMP/sync1.log" 2>&1
+check "local sync, 2 workers, batch 32" test $? = 0
+check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model.safetensors" "$TMP/sa.safetensors" --rtol 2e-3 --atol 2e-5
+
+"$L" local --workers 2 --ps-shards 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync2" >"$TMP/sync2.log" 2>&1
+check "local sync, 2 shards" test $? = 0
+check "sync with 2 shards == sync with 1 shard" compare "$TMP/sync2/model.safetensors" "$TMP/sync1/model.safetensors" --rtol 1e-5 --atol 1e-7
+
+# Every push is accounted for.
+pushes() { cat "$1"/metrics/worker-*.jsonl | grep -c '"status"'; }
+accounted() { # dir
+    local a d r p
+    a=$(json "$1/summary.json" updates_applied) d=$(json "$1/summary.json" updates_dropped)
+    r=$(json "$1/summary.json" updates_rejected) p=$(pushes "$1")
+    [ $((a + d + r)) = "$p" ] || { echo "applied $a + dropped $d + rejected $r != pushes $p"; return 1; }
+}
+check "sync: pushes == applied + dropped + rejected" accounted "$TMP/sync1"
+
+for mode in async ssp; do
+    extra=(); [ $mode = ssp ] && extra=(--staleness 2)
+    "$L" local --workers 2 --mode $mode "${extra[@]}" --batch 32 --steps 150 "${common[@]}" --out "$TMP/$mode" >"$TMP/$mode.log" 2>&1
+    check "local $mode run" test $? = 0
+    acc=$(json "$TMP/$mode/summary.json" test_accuracy 2>/dev/null || echo 0)
+    check "$mode, 2 workers x 150 steps: test accuracy >= 0.70 (got $acc)" ge "$acc" 0.70
+    check "$mode: pushes == applied + dropped + rejected" accounted "$TMP/$mode"
+done
+smax=$(json "$TMP/ssp/summary.json" staleness_max 2>/dev/null || echo 99)
+check "ssp --staleness 2 keeps staleness <= 3 versions (got $smax)" ge 3 "$smax"
+
+"$L" local --workers 2 --mode ssp --staleness 0 --batch 32 --steps 30 "${common[@]}" --out "$TMP/ssp0" >"$TMP/ssp0.log" 2>&1
+check "local ssp --staleness 0" test $? = 0
+smax=$(json "$TMP/ssp0/summary.json" staleness_max 2>/dev/null || echo 99)
+check "ssp 0 runs in lockstep: staleness <= 1 (got $smax)" ge 1 "$smax"
+
+# A worker whose model differs is refused, with both models named.
+port=$((20000 + RANDOM % 20000))
+bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$port" --workers 1 --mode async >"$TMP/ps.log" 2>&1
+timeout 30 "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$port" --task-index 0 --steps 5 --no-progress \
+    --model "conv5x5:16 relu maxpool2 fc:10 softmax" --timeout 10 >"$TMP/mm.log" 2>&1
+rc=$?
+check "mismatched worker exits non-zero" test $rc != 0 -a $rc != 124
+check "mismatched worker says 'model mismatch'" grep -q "model mismatch" "$TMP/mm.log"
+
+# The launcher leaves nothing behind.
+leftovers() { pgrep -f "$1" >/dev/null && { echo "left behind:"; pgrep -af "$1"; return 1; }; return 0; }
+check "no process left after successful runs" leftovers "$TMP/(sync|async|ssp)"
+
+bg "$L" local --workers 2 --mode async --batch 32 --steps 100000 "${common[@]}" --out "$TMP/killed" >"$TMP/killed.log" 2>&1
+lp=$!
+for _ in $(seq 100); do [ -s "$TMP/killed/metrics/worker-1.jsonl" ] && break; sleep 0.1; done
+pkill -KILL -f "task-index 1 .*$TMP/killed"
+wait_for $lp 60
+rc=$?
+check "a failed worker fails the launcher (status $rc)" test $rc != 0
+check "the launcher names the failed worker" grep -q "worker-1 killed by signal 9" "$TMP/killed.log"
+check "no process left after a child failed" leftovers "$TMP/killed"
+
+bg "$L" local --workers 2 --mode async --batch 32 --steps 100000 "${common[@]}" --out "$TMP/int" >"$TMP/int.log" 2>&1
+lp=$!
+for _ in $(seq 100); do [ -s "$TMP/int/metrics/worker-1.jsonl" ] && break; sleep 0.1; done
+kill -INT $lp
+wait_for $lp 60
+rc=$?
+check "SIGINT stops the launcher with status 130 (got $rc)" test $rc = 130
+check "no process left after SIGINT" leftovers "$TMP/int"
+finish

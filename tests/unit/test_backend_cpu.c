@@ -1,0 +1,198 @@
+/* test_backend_cpu: the "cpu" backend — its memory calls (zeroed, aligned,
+ * copies), that every layer op gives what the kernel does on dims built by
+ * hand from the layer, momentum SGD against a hand computation, prepare's
+ * bad input, and the backend picker. */
+#include <stdint.h>
+
+#include "../../common/model.h"
+#include "../../common/rng.h"
+#include "../../common/util.h"
+#include "../../kernels/backend.h"
+#include "../../kernels/ops.h"
+#include "../test.h"
+
+static dp_rng_t s_rng;
+
+static void s_fill(float *p, size_t n)
+{
+    static int seeded;
+    if (!seeded) {
+        dp_rng_seed(&s_rng, 99);
+        seeded = 1;
+    }
+    for (size_t i = 0; i < n; i++) p[i] = 2.0f * dp_rng_uniform(&s_rng) - 1.0f;
+}
+
+static void test_memory(void)
+{
+    dp_backend_t *be = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    CHECK(be != NULL);
+    if (!be) return;
+    CHECK_STR(be->name, "cpu");
+    size_t n = 1000;
+    float *d = be->alloc(be, n * sizeof(float));
+    CHECK_EQ((uintptr_t)d % 64, 0);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= d[i] == 0.0f;
+    CHECK(zero);
+    float *h = be->host_alloc(be, n * sizeof(float)), *back = be->host_alloc(be, n * sizeof(float));
+    s_fill(h, n);
+    be->upload(be, d, h, n * sizeof(float));
+    be->synchronize(be);
+    be->download(be, back, d, n * sizeof(float));
+    CHECK_CLOSE("roundtrip", back, h, n, 0, 0);
+    be->upload(be, d, h, 0); /* empty copies are fine */
+    be->host_release(be, h);
+    be->host_release(be, back);
+    be->release(be, d);
+    dp_backend_destroy(&be);
+    CHECK(be == NULL);
+    dp_backend_destroy(&be); /* safe twice */
+    CHECK_EQ(dp_backend_open("tpu:0", &be, err), -1);
+    CHECK(strstr(err, "tpu") != NULL);
+}
+
+static void test_prepare_bad(void)
+{
+    dp_backend_t *be = dp_backend_cpu_new();
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    CHECK_EQ(be->prepare(be, &m, 0, err), -1);
+    CHECK(strstr(err, "max_batch") != NULL);
+    CHECK_EQ(be->prepare(be, &m, 16, err), 0);
+    dp_backend_destroy(&be);
+}
+
+/* Each op through the backend equals the kernel called directly. */
+static void test_ops_match_kernels(void)
+{
+    dp_backend_t *be = dp_backend_cpu_new();
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    /* stride-3 pool with leftovers, valid and same convs, two fc */
+    CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool3 conv5x5:6:valid maxpool2 fc:7 relu fc:5 softmax",
+                            2, 23, 22, err), 0);
+    int B = 3;
+    CHECK_EQ(be->prepare(be, &m, B, err), 0);
+    size_t big = (size_t)B * 2 * 23 * 22 * 8;
+    float *x = be->alloc(be, big * sizeof(float)), *g = be->alloc(be, big * sizeof(float));
+    float *y1 = be->alloc(be, big * sizeof(float)), *y2 = dp_aligned_alloc(big * sizeof(float));
+    float *a1 = be->alloc(be, big * sizeof(float)), *a2 = dp_aligned_alloc(big * sizeof(float));
+    float *b1 = be->alloc(be, big * sizeof(float)), *b2 = dp_aligned_alloc(big * sizeof(float));
+    float *c1 = be->alloc(be, big * sizeof(float)), *c2 = dp_aligned_alloc(big * sizeof(float));
+    float *params = be->alloc(be, m.n_floats * sizeof(float));
+    dp_model_init_params(&m, params, 3);
+    s_fill(x, big);
+    s_fill(g, big);
+    for (int li = 0; li < m.n_layers; li++) {
+        const dp_layer_t *l = &m.layers[li];
+        size_t nin = (size_t)B * l->in_c * l->in_h * l->in_w;
+        size_t nout = (size_t)B * dp_layer_out_size(l);
+        const float *w = l->weight >= 0 ? params + m.params[l->weight].offset : NULL;
+        const float *b = l->bias >= 0 ? params + m.params[l->bias].offset : NULL;
+        if (l->kind == DP_LAYER_CONV) {
+            dp_conv_dims_t d = {B, l->in_c, l->in_h, l->in_w, l->out_c, l->k, l->pad, l->stride, 0, 0};
+            dp_conv_dims_finish(&d);
+            CHECK_EQ(d.OH, l->out_h);
+            CHECK_EQ(d.OW, l->out_w);
+            be->conv_forward(be, l, B, y1, x, w, b);
+            dp_conv2d_forward(y2, x, w, b, &d);
+            CHECK_CLOSE(l->name, y1, y2, nout, 0, 0);
+            size_t nw = m.params[l->weight].count;
+            be->conv_backward(be, l, B, a1, b1, c1, g, x, w);
+            dp_conv2d_backward(a2, b2, c2, g, x, w, &d);
+            CHECK_CLOSE("conv din", a1, a2, nin, 0, 0);
+            CHECK_CLOSE("conv dw", b1, b2, nw, 0, 0);
+            CHECK_CLOSE("conv db", c1, c2, (size_t)l->out_c, 0, 0);
+            be->conv_backward(be, l, B, NULL, b1, c1, g, x, w);
+            CHECK_CLOSE("conv dw, no din", b1, b2, nw, 0, 0);
+        } else if (l->kind == DP_LAYER_MAXPOOL) {
+            dp_pool_dims_t d = {B, l->in_c, l->in_h, l->in_w, l->k, l->stride, 0, 0};
+            dp_pool_dims_finish(&d);
+            CHECK_EQ(d.OH, l->out_h);
+            be->maxpool_forward(be, l, B, y1, x);
+            dp_maxpool_forward(y2, x, &d);
+            CHECK_CLOSE("maxpool", y1, y2, nout, 0, 0);
+            be->maxpool_backward(be, l, B, a1, g, x, y1);
+            dp_maxpool_backward(a2, g, x, y2, &d);
+            CHECK_CLOSE("maxpool din", a1, a2, nin, 0, 0);
+        } else if (l->kind == DP_LAYER_RELU) {
+            be->relu_forward(be, nout, y1, x);
+            dp_relu_forward(y2, x, nout);
+            CHECK_CLOSE("relu", y1, y2, nout, 0, 0);
+            be->relu_backward(be, nout, a1, g, y1);
+            dp_relu_backward(a2, g, y2, nout);
+            CHECK_CLOSE("relu din", a1, a2, nout, 0, 0);
+        } else if (l->kind == DP_LAYER_FC) {
+            int IN = l->in_c * l->in_h * l->in_w;
+            be->fc_forward(be, l, B, y1, x, w, b);
+            dp_fc_forward(y2, x, w, b, B, IN, l->out_c);
+            CHECK_CLOSE(l->name, y1, y2, nout, 0, 0);
+            be->fc_backward(be, l, B, a1, b1, c1, g, x, w);
+            dp_fc_backward(a2, b2, c2, g, x, w, B, IN, l->out_c);
+            CHECK_CLOSE("fc din", a1, a2, nin, 0, 0);
+            CHECK_CLOSE("fc dw", b1, b2, (size_t)IN * l->out_c, 0, 0);
+            CHECK_CLOSE("fc db", c1, c2, (size_t)l->out_c, 0, 0);
+        } else if (l->kind == DP_LAYER_SOFTMAX) {
+            int labels[3] = {4, 0, 2};
+            int *d_labels = be->alloc(be, sizeof labels);
+            be->upload(be, d_labels, labels, sizeof labels);
+            float l1 = be->softmax_xent_forward(be, B, m.classes, y1, x, d_labels);
+            float l2 = dp_softmax_xent_forward(y2, x, labels, B, m.classes);
+            CHECK_NEAR(l1, l2, 0);
+            CHECK_CLOSE("softmax", y1, y2, nout, 0, 0);
+            be->softmax_xent_backward(be, B, m.classes, a1, y1, d_labels);
+            dp_softmax_xent_backward(a2, y2, labels, B, m.classes);
+            CHECK_CLOSE("softmax grad", a1, a2, nout, 0, 0);
+            be->release(be, d_labels);
+        }
+    }
+    be->release(be, x), be->release(be, g), be->release(be, y1), be->release(be, a1);
+    be->release(be, b1), be->release(be, c1), be->release(be, params);
+    free(y2), free(a2), free(b2), free(c2);
+    dp_backend_destroy(&be);
+}
+
+/* v = mu v + g + wd w; w -= lr v, step by step against doubles. */
+static void test_sgd_momentum(void)
+{
+    dp_backend_t *be = dp_backend_cpu_new();
+    size_t n = 70001; /* above the threading threshold, odd */
+    float *w = be->alloc(be, n * sizeof(float)), *v = be->alloc(be, n * sizeof(float));
+    float *g = be->alloc(be, n * sizeof(float));
+    double *hw = dp_malloc(n * sizeof(double)), *hv = dp_calloc(n, sizeof(double));
+    s_fill(w, n);
+    for (size_t i = 0; i < n; i++) hw[i] = w[i];
+    float lr = 0.1f, mu = 0.9f, wd = 0.01f;
+    for (int step = 0; step < 4; step++) {
+        s_fill(g, n);
+        be->sgd_update(be, n, w, v, g, lr, mu, wd);
+        for (size_t i = 0; i < n; i++) {
+            hv[i] = (double)mu * hv[i] + g[i] + (double)wd * hw[i];
+            hw[i] -= (double)lr * hv[i];
+        }
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(w[i] - hw[i]) > 1e-5 || fabs(v[i] - hv[i]) > 1e-5) bad++;
+    CHECK_EQ(bad, 0);
+    /* a worked example: w = 1, g = 0.5, lr 0.1, mu 0.9, wd 0 */
+    w[0] = 1.0f, v[0] = 0.0f, g[0] = 0.5f;
+    be->sgd_update(be, 1, w, v, g, 0.1f, 0.9f, 0.0f); /* v = 0.5, w = 0.95 */
+    CHECK_NEAR(v[0], 0.5, 1e-7);
+    CHECK_NEAR(w[0], 0.95, 1e-7);
+    be->sgd_update(be, 1, w, v, g, 0.1f, 0.9f, 0.0f); /* v = 0.95, w = 0.855 */
+    CHECK_NEAR(v[0], 0.95, 1e-7);
+    CHECK_NEAR(w[0], 0.855, 1e-6);
+    be->sgd_update(be, 1, w, v, g, 0.1f, 0.0f, 0.0f); /* plain sgd: w = 0.805 */
+    CHECK_NEAR(w[0], 0.805, 1e-6);
+    be->release(be, w), be->release(be, v), be->release(be, g);
+    free(hw), free(hv);
+    dp_backend_destroy(&be);
+}
+
+DP_TESTS(T(test_memory), T(test_prepare_bad), T(test_ops_match_kernels),
+         T(test_sgd_momentum))

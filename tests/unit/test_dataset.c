@@ -1,0 +1,446 @@
+/* test_dataset: IDX (plain and gzip) and CIFAR-10 readers on small files
+ * written here, every validation error, gather, and (when Debian's package
+ * is installed) the real Fashion-MNIST. */
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "../../common/dataset.h"
+#include "../../common/util.h"
+#include "../test.h"
+
+static char s_dir[64];
+
+static const char *s_tmpdir(void)
+{
+    snprintf(s_dir, sizeof s_dir, "/tmp/dp_test_dataset.XXXXXX");
+    if (!mkdtemp(s_dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    return s_dir;
+}
+
+static void s_rmtree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[512];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            s_rmtree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Write bytes to path, gzip-compressed when the name ends in .gz. */
+static void s_write(const char *path, const uint8_t *data, size_t len)
+{
+    size_t pl = strlen(path);
+    if (pl > 3 && strcmp(path + pl - 3, ".gz") == 0) {
+        gzFile gz = gzopen(path, "wb");
+        if (!gz || (len && gzwrite(gz, data, (unsigned)len) != (int)len) || gzclose(gz) != Z_OK) {
+            fprintf(stderr, "cannot write %s\n", path);
+            exit(1);
+        }
+        return;
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+static void s_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+/* IDX images: magic, n (header) and the first `items` images of r x c
+ * (pixel = i*7 + j), plus `extra` trailing bytes. */
+static void s_write_images(const char *path, uint32_t magic, uint32_t n, int r, int c,
+                           uint32_t items, int extra)
+{
+    size_t len = 16 + (size_t)items * r * c + extra;
+    uint8_t *b = dp_calloc(len, 1);
+    s_be32(b, magic);
+    s_be32(b + 4, n);
+    s_be32(b + 8, (uint32_t)r);
+    s_be32(b + 12, (uint32_t)c);
+    for (size_t i = 0; i < (size_t)items * r * c; i++) b[16 + i] = (uint8_t)(i * 7 + i / 3);
+    s_write(path, b, len);
+    free(b);
+}
+
+/* IDX labels: magic, n, the first `items` labels (i % classes, first one
+ * replaced by first_label when >= 0). */
+static void s_write_labels(const char *path, uint32_t magic, uint32_t n, uint32_t items,
+                           int first_label, int extra)
+{
+    size_t len = 8 + items + extra;
+    uint8_t *b = dp_calloc(len, 1);
+    s_be32(b, magic);
+    s_be32(b + 4, n);
+    for (uint32_t i = 0; i < items; i++) b[8 + i] = (uint8_t)(i % 10);
+    if (items && first_label >= 0) b[8] = (uint8_t)first_label;
+    s_write(path, b, len);
+    free(b);
+}
+
+static char *s_path(const char *dir, const char *name)
+{
+    static char p[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    return p[k];
+}
+
+static void test_idx_plain_and_gz(void)
+{
+    const char *d = s_tmpdir();
+    char err[DP_ERR_LEN] = "", spec[600];
+    /* train: gzip; test: plain, 4x3 images */
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
+    s_write_images(s_path(d, "t10k-images-idx3-ubyte"), 0x803, 3, 4, 3, 3, 0);
+    s_write_labels(s_path(d, "t10k-labels-idx1-ubyte"), 0x801, 3, 3, 9, 0);
+    snprintf(spec, sizeof spec, "mnist:%s", d);
+
+    dp_dataset_t ds;
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), 0);
+    CHECK_STR(ds.name, "mnist");
+    CHECK_EQ(ds.n, 5);
+    CHECK_EQ(ds.c, 1);
+    CHECK_EQ(ds.h, 4);
+    CHECK_EQ(ds.w, 3);
+    CHECK_EQ(ds.classes, 10);
+    CHECK_EQ(ds.labels[4], 4);
+    CHECK_EQ(ds.pixels[13], (uint8_t)(13 * 7 + 13 / 3));
+
+    int idx[2] = {4, 1}, lab[2];
+    float out[2 * 12];
+    dp_dataset_gather(&ds, idx, 2, out, lab);
+    CHECK_EQ(lab[0], 4);
+    CHECK_EQ(lab[1], 1);
+    int ok = 1;
+    for (int i = 0; i < 12; i++) {
+        ok &= out[i] == (float)ds.pixels[4 * 12 + i] / 255.0f;
+        ok &= out[12 + i] == (float)ds.pixels[12 + i] / 255.0f;
+    }
+    CHECK(ok);
+    dp_dataset_free(&ds);
+    dp_dataset_free(&ds); /* safe twice */
+    CHECK(ds.pixels == NULL && ds.n == 0);
+
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(ds.n, 3);
+    CHECK_EQ(ds.labels[0], 9);
+    dp_dataset_free(&ds);
+
+    /* FILE.gz is preferred over FILE. */
+    s_write_images(s_path(d, "t10k-images-idx3-ubyte.gz"), 0x803, 2, 4, 3, 2, 0);
+    s_write_labels(s_path(d, "t10k-labels-idx1-ubyte.gz"), 0x801, 2, 2, -1, 0);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(ds.n, 2);
+    dp_dataset_free(&ds);
+
+    /* fashion-mnist:DIR reads the same names. */
+    snprintf(spec, sizeof spec, "fashion-mnist:%s", d);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), 0);
+    CHECK_STR(ds.name, "fashion-mnist");
+    CHECK_EQ(ds.n, 5);
+    dp_dataset_free(&ds);
+
+    /* idx:IMAGES,LABELS[,CLASSES], names given with or without .gz */
+    snprintf(spec, sizeof spec, "idx:%s/train-images-idx3-ubyte,%s/train-labels-idx1-ubyte.gz,4",
+             d, d);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), -1); /* label 4 >= 4 classes */
+    CHECK(strstr(err, "label 4 of sample 4 is out of range (4 classes)") != NULL);
+    snprintf(spec, sizeof spec, "idx:%s/train-images-idx3-ubyte,%s/train-labels-idx1-ubyte.gz",
+             d, d);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_STR(ds.name, "idx");
+    CHECK_EQ(ds.n, 5);
+    dp_dataset_free(&ds);
+    s_rmtree(d);
+}
+
+/* Write a train pair into a fresh dir with the given faults; load; expect an
+ * error containing each of want[] (NULL-terminated). */
+static void s_expect_error(const char *what, void (*make)(const char *dir), const char *const *want)
+{
+    const char *d = s_tmpdir();
+    char err[DP_ERR_LEN] = "", spec[600];
+    make(d);
+    snprintf(spec, sizeof spec, "mnist:%s", d);
+    dp_dataset_t ds;
+    int rc = dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err);
+    CHECK_EQ(rc, -1);
+    CHECK(ds.pixels == NULL && ds.labels == NULL && ds.n == 0);
+    CHECK(strchr(err, '\n') == NULL);
+    fprintf(stderr, "  %-22s -> %s\n", what, err);
+    for (int i = 0; want[i]; i++)
+        if (!strstr(err, want[i])) {
+            CHECK(strstr(err, want[i]) != NULL);
+            fprintf(stderr, "  %s: error \"%s\" lacks \"%s\"\n", what, err, want[i]);
+        }
+    dp_dataset_free(&ds);
+    s_rmtree(d);
+}
+
+static void mk_bad_magic(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x801, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
+}
+static void mk_bad_label_magic(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte"), 0x12345678, 5, 5, -1, 0);
+}
+static void mk_trunc_images_gz(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 4, 5);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
+}
+static void mk_trunc_images_plain(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte"), 0x803, 5, 4, 3, 2, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte"), 0x801, 5, 5, -1, 0);
+}
+static void mk_trunc_labels(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 3, -1, 0);
+}
+static void mk_trunc_header(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    uint8_t b[6] = {0, 0, 8, 1, 0, 0};
+    s_write(s_path(d, "train-labels-idx1-ubyte.gz"), b, sizeof b);
+}
+static void mk_trailing(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 2);
+}
+static void mk_count_mismatch(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 6, 6, -1, 0);
+}
+static void mk_label_range(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, 10, 0);
+}
+static void mk_missing_labels(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+}
+static void mk_bad_dims(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 0, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
+}
+static void mk_huge_count(const char *d)
+{
+    /* Header claims 2^31-1 images of 4096x4096: must fail as truncated,
+     * not try to allocate 32 PB. */
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 0x7fffffff, 4096, 4096, 0, 100);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
+}
+static void mk_corrupt_gz(const char *d)
+{
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
+    /* Flip bytes inside the deflate stream of the image file. */
+    FILE *f = fopen(s_path(d, "train-images-idx3-ubyte.gz"), "r+b");
+    fseek(f, 12, SEEK_SET);
+    uint8_t junk[16];
+    memset(junk, 0xff, sizeof junk);
+    fwrite(junk, 1, sizeof junk, f);
+    fclose(f);
+}
+static void mk_gz_cut(const char *d)
+{
+    /* A gzip file cut short (download interrupted). */
+    char p[512];
+    snprintf(p, sizeof p, "%s", s_path(d, "train-labels-idx1-ubyte.gz"));
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    uint8_t lab[8 + 4000];
+    s_be32(lab, 0x801);
+    s_be32(lab + 4, 4000);
+    for (int i = 0; i < 4000; i++) lab[8 + i] = (uint8_t)((i * 2654435761u) >> 28) % 10;
+    s_write(p, lab, sizeof lab);
+    struct stat st;
+    stat(p, &st);
+    CHECK_EQ(truncate(p, st.st_size / 2), 0);
+}
+
+static void test_idx_errors(void)
+{
+    s_expect_error("bad magic", mk_bad_magic,
+                   (const char *[]){"train-images-idx3-ubyte.gz: ", "bad magic 0x00000801", NULL});
+    s_expect_error("bad label magic", mk_bad_label_magic,
+                   (const char *[]){"train-labels-idx1-ubyte: ", "bad magic 0x12345678", NULL});
+    s_expect_error("truncated images gz", mk_trunc_images_gz,
+                   (const char *[]){"train-images-idx3-ubyte.gz: ", "truncated: expected 5 images, got 4", NULL});
+    s_expect_error("truncated images plain", mk_trunc_images_plain,
+                   (const char *[]){"train-images-idx3-ubyte: ", "truncated: expected 5 images, got 2", NULL});
+    s_expect_error("truncated labels", mk_trunc_labels,
+                   (const char *[]){"train-labels-idx1-ubyte.gz: truncated: expected 5 labels, got 3", NULL});
+    s_expect_error("truncated header", mk_trunc_header,
+                   (const char *[]){"train-labels-idx1-ubyte.gz: truncated", "header", NULL});
+    s_expect_error("trailing data", mk_trailing,
+                   (const char *[]){"train-labels-idx1-ubyte.gz: trailing data", NULL});
+    s_expect_error("count mismatch", mk_count_mismatch,
+                   (const char *[]){"train-labels-idx1-ubyte.gz: 6 labels", "holds 5 images", NULL});
+    s_expect_error("label range", mk_label_range,
+                   (const char *[]){"train-labels-idx1-ubyte.gz: label 10 of sample 0 is out of range", NULL});
+    s_expect_error("missing labels", mk_missing_labels,
+                   (const char *[]){"train-labels-idx1-ubyte: not found", NULL});
+    s_expect_error("bad dims", mk_bad_dims,
+                   (const char *[]){"train-images-idx3-ubyte.gz: bad image size 0x3", NULL});
+    s_expect_error("huge count", mk_huge_count,
+                   (const char *[]){"train-images-idx3-ubyte.gz: truncated: expected 2147483647 images, got 0", NULL});
+    s_expect_error("corrupt gzip", mk_corrupt_gz,
+                   (const char *[]){"train-images-idx3-ubyte.gz: ", NULL});
+    s_expect_error("gzip cut short", mk_gz_cut,
+                   (const char *[]){"train-labels-idx1-ubyte.gz: truncated: expected 4000 labels, got ", NULL});
+}
+
+static void test_bad_specs(void)
+{
+    dp_dataset_t ds;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_dataset_load(&ds, "imagenet", DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "unknown dataset 'imagenet'") != NULL);
+    CHECK_EQ(dp_dataset_load(&ds, "mnist", DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "mnist:DIR") != NULL);
+    CHECK_EQ(dp_dataset_load(&ds, "cifar10", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_load(&ds, "mnist:", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_load(&ds, "idx:onlyone", DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "IMAGES,LABELS") != NULL);
+    CHECK_EQ(dp_dataset_load(&ds, "idx:a,b,0", DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "class count") != NULL);
+    CHECK_EQ(dp_dataset_load(&ds, "mnist:/nonexistent/dir", DP_SPLIT_TEST, err), -1);
+    CHECK(strstr(err, "/nonexistent/dir/t10k-images-idx3-ubyte: not found") != NULL);
+    CHECK(ds.n == 0 && ds.pixels == NULL);
+}
+
+/* CIFAR-10 record i: label i % 10, pixel j = (i + j) & 255. */
+static void s_write_cifar(const char *path, int recs, int first, int bad_label, int cut)
+{
+    size_t len = (size_t)recs * 3073 - cut;
+    uint8_t *b = dp_malloc(len + cut);
+    for (int i = 0; i < recs; i++) {
+        uint8_t *r = b + (size_t)i * 3073;
+        r[0] = (uint8_t)((first + i) % 10);
+        for (int j = 0; j < 3072; j++) r[1 + j] = (uint8_t)(first + i + j);
+    }
+    if (bad_label) b[3073] = 10;
+    s_write(path, b, len);
+    free(b);
+}
+
+static void test_cifar10(void)
+{
+    const char *d = s_tmpdir();
+    char err[DP_ERR_LEN] = "", spec[600], sub[128];
+    snprintf(sub, sizeof sub, "%s/cifar-10-batches-bin", d);
+    mkdir(sub, 0755);
+    for (int f = 1; f <= 5; f++) {
+        char name[32];
+        snprintf(name, sizeof name, "data_batch_%d.bin", f);
+        s_write_cifar(s_path(sub, name), 2, 2 * (f - 1), 0, 0);
+    }
+    s_write_cifar(s_path(sub, "test_batch.bin.gz"), 3, 100, 0, 0);
+    dp_dataset_t ds;
+    snprintf(spec, sizeof spec, "cifar10:%s", d); /* the tarball's parent dir works */
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), 0);
+    CHECK_STR(ds.name, "cifar10");
+    CHECK_EQ(ds.n, 10);
+    CHECK_EQ(ds.c, 3);
+    CHECK_EQ(ds.h, 32);
+    CHECK_EQ(ds.w, 32);
+    CHECK_EQ(ds.classes, 10);
+    int ok = 1;
+    for (int i = 0; i < 10; i++) {
+        ok &= ds.labels[i] == i % 10;
+        for (int j = 0; j < 3072; j += 511) ok &= ds.pixels[(size_t)i * 3072 + j] == (uint8_t)(i + j);
+    }
+    CHECK(ok);
+    int idx[1] = {7}, lab[1];
+    float out[3072];
+    dp_dataset_gather(&ds, idx, 1, out, lab);
+    CHECK_EQ(lab[0], 7);
+    CHECK(out[1024] == (float)(uint8_t)(7 + 1024) / 255.0f); /* G plane starts at 1024 */
+    dp_dataset_free(&ds);
+
+    snprintf(spec, sizeof spec, "cifar10:%s", sub);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(ds.n, 3);
+    CHECK_EQ(ds.labels[0], 0);
+    dp_dataset_free(&ds);
+
+    s_write_cifar(s_path(sub, "data_batch_3.bin"), 2, 0, 0, 100);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "data_batch_3.bin: truncated") != NULL);
+    CHECK(ds.n == 0 && ds.pixels == NULL);
+    s_write_cifar(s_path(sub, "data_batch_3.bin"), 2, 0, 1, 0);
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "data_batch_3.bin: label 10 of record 1 is out of range") != NULL);
+    unlink(s_path(sub, "data_batch_3.bin"));
+    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    CHECK(strstr(err, "data_batch_3.bin: not found") != NULL);
+    s_rmtree(d);
+}
+
+static void test_real_fashion_mnist(void)
+{
+    struct stat st;
+    if (stat(DP_FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", &st) != 0)
+        SKIP(DP_FASHION_MNIST_DIR " not installed (Debian package dataset-fashion-mnist)");
+    dp_dataset_t tr, te;
+    char err[DP_ERR_LEN] = "";
+    double t0 = dp_now();
+    int rc = dp_dataset_load(&tr, "fashion-mnist", DP_SPLIT_TRAIN, err);
+    double dt = dp_now() - t0;
+    CHECK_EQ(rc, 0);
+    if (rc) fprintf(stderr, "  %s\n", err);
+    fprintf(stderr, "  loaded 60000 training images in %.3f s\n", dt);
+    CHECK(dt < 5.0); /* well under a second when the machine is idle */
+    CHECK_EQ(tr.n, 60000);
+    CHECK_EQ(tr.c * tr.h * tr.w, 784);
+    CHECK_EQ(dp_dataset_load(&te, "fashion-mnist", DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(te.n, 10000);
+    /* Fashion-MNIST is balanced: 6000 / 1000 per class. */
+    int ctr[10] = {0}, cte[10] = {0};
+    for (int i = 0; i < tr.n; i++) ctr[tr.labels[i]]++;
+    for (int i = 0; i < te.n; i++) cte[te.labels[i]]++;
+    int bal = 1;
+    for (int k = 0; k < 10; k++) bal &= ctr[k] == 6000 && cte[k] == 1000;
+    CHECK(bal);
+    /* First training label of Fashion-MNIST is 9 (ankle boot), first test label 9 too. */
+    CHECK_EQ(tr.labels[0], 9);
+    CHECK_EQ(te.labels[0], 9);
+    dp_dataset_free(&tr);
+    dp_dataset_free(&te);
+}
+
+DP_TESTS(T(test_idx_plain_and_gz), T(test_idx_errors), T(test_bad_specs), T(test_cifar10),
+         T(test_real_fashion_mnist))

@@ -1,0 +1,505 @@
+/* test_kernels: the CPU kernels of kernels/ops.h.
+ *
+ * - every fast forward against its reference on awkward shapes (batch 1 and
+ *   3, 13x11 images, 5 channels, kernels 1/3/5, pad 0/1/2, stride 1/2, pools
+ *   with leftover rows), outputs poisoned with NaN first so a skipped
+ *   element shows;
+ * - every backward (fast and reference) against central finite differences
+ *   of loss = sum(out * r) computed by double-precision loops written here;
+ * - fast backward against reference backward, on dense gradients and on
+ *   mostly-zero ones (the sparse path the conv takes behind a max-pool);
+ * - softmax-xent loss and gradient, relu / max-pool backward and ties,
+ *   din == NULL, 1 to 3 threads (uneven splits of the batch). */
+#include <math.h>
+#include <stdint.h>
+
+#include "../../common/rng.h"
+#include "../../common/util.h"
+#include "../../kernels/ops.h"
+#include "../test.h"
+
+static dp_rng_t s_rng;
+static int s_rng_ready;
+
+static float *s_rand(size_t n, float lo, float hi)
+{
+    if (!s_rng_ready) {
+        dp_rng_seed(&s_rng, 12345);
+        s_rng_ready = 1;
+    }
+    float *p = dp_aligned_alloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * dp_rng_uniform(&s_rng);
+    return p;
+}
+
+static float *s_nan(size_t n)
+{
+    float *p = dp_aligned_alloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+
+static void s_poison(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+/* Zero out all but about `keep` of the entries (the max-pool-behind case). */
+static void s_sparsify(float *p, size_t n, float keep)
+{
+    for (size_t i = 0; i < n; i++)
+        if (dp_rng_uniform(&s_rng) >= keep) p[i] = 0.0f;
+}
+
+/* ---- double-precision forwards for finite differences ------------------ */
+
+/* sum(conv(in, w) + b) * r), all in double */
+static double s_conv_loss(const double *in, const double *w, const double *b, const float *r,
+                          const dp_conv_dims_t *d)
+{
+    double loss = 0;
+    int K = d->K;
+    for (int n = 0; n < d->B; n++)
+        for (int oc = 0; oc < d->OC; oc++)
+            for (int oy = 0; oy < d->OH; oy++)
+                for (int ox = 0; ox < d->OW; ox++) {
+                    double acc = b[oc];
+                    for (int c = 0; c < d->C; c++)
+                        for (int ky = 0; ky < K; ky++)
+                            for (int kx = 0; kx < K; kx++) {
+                                int y = oy * d->stride - d->pad + ky;
+                                int x = ox * d->stride - d->pad + kx;
+                                if (y < 0 || y >= d->H || x < 0 || x >= d->W) continue;
+                                acc += in[((n * d->C + c) * d->H + y) * d->W + x] *
+                                       w[((oc * d->C + c) * K + ky) * K + kx];
+                            }
+                    loss += acc * r[((n * d->OC + oc) * d->OH + oy) * d->OW + ox];
+                }
+    return loss;
+}
+
+static double *s_to_double(const float *p, size_t n)
+{
+    double *q = dp_malloc((n ? n : 1) * sizeof(double));
+    for (size_t i = 0; i < n; i++) q[i] = p[i];
+    return q;
+}
+
+/* Central difference of f at x[i] (restored afterwards). */
+#define FD(expr, x, i, h)                                                      \
+    ({                                                                         \
+        double t_keep = (x)[i];                                                \
+        (x)[i] = t_keep + (h);                                                 \
+        double t_plus = (expr);                                                \
+        (x)[i] = t_keep - (h);                                                 \
+        double t_minus = (expr);                                               \
+        (x)[i] = t_keep;                                                       \
+        (t_plus - t_minus) / (2 * (h));                                        \
+    })
+
+/* Check grad[idx] == finite difference for `count` random indices (all when
+ * count >= n); returns the number of mismatches. */
+#define CHECK_FD(name, grad, x, n, count, expr)                                \
+    do {                                                                       \
+        int t_bad = 0;                                                         \
+        size_t t_n = (size_t)(n), t_c = (size_t)(count);                       \
+        for (size_t t_k = 0; t_k < (t_c < t_n ? t_c : t_n); t_k++) {           \
+            size_t t_i = t_c >= t_n ? t_k : dp_rng_below(&s_rng, (uint32_t)t_n); \
+            double t_fd = FD(expr, x, t_i, 1e-3);                              \
+            double t_g = (grad)[t_i];                                          \
+            if (!(fabs(t_g - t_fd) <= 1e-3 + 1e-3 * fabs(t_fd))) {             \
+                if (t_bad++ < 3)                                               \
+                    fprintf(stderr, "  %s[%zu]: grad %.7g, finite difference %.7g\n", name, \
+                            t_i, t_g, t_fd);                                   \
+            }                                                                  \
+        }                                                                      \
+        CHECK_EQ(t_bad, 0);                                                    \
+    } while (0)
+
+/* ---- conv -------------------------------------------------------------- */
+
+typedef struct {
+    int B, C, H, W, OC, K, pad, stride;
+} s_conv_case_t;
+
+static const s_conv_case_t s_conv_cases[] = {
+    {1, 5, 13, 11, 3, 3, 1, 1}, {3, 5, 13, 11, 4, 5, 2, 1}, {3, 5, 13, 11, 4, 1, 0, 1},
+    {3, 5, 13, 11, 4, 3, 0, 2}, {1, 5, 13, 11, 2, 5, 1, 2}, {3, 5, 13, 11, 3, 3, 2, 1},
+    {3, 1, 13, 11, 6, 5, 2, 1}, {2, 5, 13, 11, 3, 1, 1, 2}, {3, 3, 6, 4, 2, 5, 0, 1},
+    {3, 5, 13, 11, 64, 3, 1, 2}, {1, 8, 13, 11, 96, 3, 1, 1}, {3, 3, 13, 11, 32, 5, 2, 1},
+};
+#define N_CONV (int)(sizeof s_conv_cases / sizeof s_conv_cases[0])
+
+static dp_conv_dims_t s_dims(const s_conv_case_t *c)
+{
+    dp_conv_dims_t d = {.B = c->B, .C = c->C, .H = c->H, .W = c->W, .OC = c->OC, .K = c->K,
+                        .pad = c->pad, .stride = c->stride};
+    dp_conv_dims_finish(&d);
+    return d;
+}
+
+static void test_conv_dims(void)
+{
+    dp_conv_dims_t d = {.B = 1, .C = 1, .H = 28, .W = 28, .OC = 32, .K = 5, .pad = 2, .stride = 1};
+    dp_conv_dims_finish(&d);
+    CHECK_EQ(d.OH, 28);
+    CHECK_EQ(d.OW, 28);
+    dp_conv_dims_t e = {.B = 1, .C = 1, .H = 13, .W = 11, .OC = 1, .K = 3, .pad = 0, .stride = 2};
+    dp_conv_dims_finish(&e);
+    CHECK_EQ(e.OH, 6);
+    CHECK_EQ(e.OW, 5);
+    dp_pool_dims_t p = {.B = 1, .C = 1, .H = 13, .W = 11, .K = 3, .stride = 3};
+    dp_pool_dims_finish(&p);
+    CHECK_EQ(p.OH, 4);
+    CHECK_EQ(p.OW, 3);
+}
+
+static void test_conv_forward_vs_ref(void)
+{
+    for (int threads = 1; threads <= 3; threads++) {
+        dp_cpu_set_threads(threads);
+        CHECK_EQ(dp_cpu_threads(), threads);
+        for (int ci = 0; ci < N_CONV; ci++) {
+            dp_conv_dims_t d = s_dims(&s_conv_cases[ci]);
+            size_t nin = (size_t)d.B * d.C * d.H * d.W, nw = (size_t)d.OC * d.C * d.K * d.K;
+            size_t nout = (size_t)d.B * d.OC * d.OH * d.OW;
+            float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -1, 1), *b = s_rand(d.OC, -1, 1);
+            float *got = s_nan(nout), *want = s_nan(nout);
+            dp_conv2d_forward_ref(want, in, w, b, &d);
+            dp_conv2d_forward(got, in, w, b, &d);
+            char what[96];
+            snprintf(what, sizeof what, "conv case %d threads %d", ci, threads);
+            CHECK_CLOSE(what, got, want, nout, 1e-4, 1e-4);
+            /* no bias */
+            s_poison(got, nout);
+            dp_conv2d_forward_ref(want, in, w, NULL, &d);
+            dp_conv2d_forward(got, in, w, NULL, &d);
+            CHECK_CLOSE(what, got, want, nout, 1e-4, 1e-4);
+            free(in), free(w), free(b), free(got), free(want);
+        }
+    }
+    dp_cpu_set_threads(0);
+}
+
+/* Backward of the reference and of the fast kernel, both against finite
+ * differences and each other; `keep` < 1 zeroes most of dout. */
+static void s_conv_backward_case(const s_conv_case_t *cc, float keep, int with_fd)
+{
+    dp_conv_dims_t d = s_dims(cc);
+    size_t nin = (size_t)d.B * d.C * d.H * d.W, nw = (size_t)d.OC * d.C * d.K * d.K;
+    size_t nout = (size_t)d.B * d.OC * d.OH * d.OW;
+    float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -1, 1), *b = s_rand(d.OC, -1, 1);
+    float *r = s_rand(nout, -1, 1);
+    s_sparsify(r, nout, keep);
+    /* loss = sum(out * r), so dout = r */
+    float *din_ref = s_nan(nin), *dw_ref = s_nan(nw), *db_ref = s_nan(d.OC);
+    float *din = s_nan(nin), *dw = s_nan(nw), *db = s_nan(d.OC);
+    dp_conv2d_backward_ref(din_ref, dw_ref, db_ref, r, in, w, &d);
+    dp_conv2d_backward(din, dw, db, r, in, w, &d);
+    CHECK_CLOSE("conv din fast vs ref", din, din_ref, nin, 1e-4, 1e-4);
+    CHECK_CLOSE("conv dw fast vs ref", dw, dw_ref, nw, 1e-4, 1e-4);
+    CHECK_CLOSE("conv db fast vs ref", db, db_ref, d.OC, 1e-4, 1e-4);
+    if (with_fd) {
+        double *xin = s_to_double(in, nin), *xw = s_to_double(w, nw), *xb = s_to_double(b, d.OC);
+        CHECK_FD("conv din ref", din_ref, xin, nin, 40, s_conv_loss(xin, xw, xb, r, &d));
+        CHECK_FD("conv dw ref", dw_ref, xw, nw, 40, s_conv_loss(xin, xw, xb, r, &d));
+        CHECK_FD("conv db ref", db_ref, xb, (size_t)d.OC, d.OC, s_conv_loss(xin, xw, xb, r, &d));
+        CHECK_FD("conv din fast", din, xin, nin, 40, s_conv_loss(xin, xw, xb, r, &d));
+        CHECK_FD("conv dw fast", dw, xw, nw, 40, s_conv_loss(xin, xw, xb, r, &d));
+        CHECK_FD("conv db fast", db, xb, (size_t)d.OC, d.OC, s_conv_loss(xin, xw, xb, r, &d));
+        free(xin), free(xw), free(xb);
+    }
+    /* din == NULL: dw and db still right */
+    s_poison(dw, nw);
+    s_poison(db, d.OC);
+    dp_conv2d_backward(NULL, dw, db, r, in, w, &d);
+    CHECK_CLOSE("conv dw (din NULL)", dw, dw_ref, nw, 1e-4, 1e-4);
+    CHECK_CLOSE("conv db (din NULL)", db, db_ref, d.OC, 1e-4, 1e-4);
+    s_poison(dw_ref, nw);
+    dp_conv2d_backward_ref(NULL, dw_ref, db_ref, r, in, w, &d);
+    CHECK_CLOSE("conv dw ref (din NULL)", dw_ref, dw, nw, 1e-4, 1e-4);
+    free(in), free(w), free(b), free(r), free(din_ref), free(dw_ref), free(db_ref);
+    free(din), free(dw), free(db);
+}
+
+static void test_conv_backward_dense(void)
+{
+    for (int ci = 0; ci < N_CONV; ci++) {
+        dp_cpu_set_threads(1 + ci % 3);
+        s_conv_backward_case(&s_conv_cases[ci], 1.0f, 1);
+    }
+    dp_cpu_set_threads(0);
+}
+
+static void test_conv_backward_sparse(void)
+{
+    for (int ci = 0; ci < N_CONV; ci++) {
+        dp_cpu_set_threads(1 + ci % 3);
+        s_conv_backward_case(&s_conv_cases[ci], 0.2f, ci % 2 == 0);
+        s_conv_backward_case(&s_conv_cases[ci], 0.0f, 0); /* all-zero gradient */
+    }
+    dp_cpu_set_threads(0);
+}
+
+/* The default model's conv2 at batch 8: the shape the fast path is tuned for. */
+static void test_conv_default_shape(void)
+{
+    s_conv_case_t c = {8, 32, 14, 14, 64, 5, 2, 1};
+    dp_cpu_set_threads(2);
+    dp_conv_dims_t d = s_dims(&c);
+    size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
+    size_t nw = (size_t)d.OC * d.C * d.K * d.K;
+    float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -0.1f, 0.1f), *b = s_rand(d.OC, -1, 1);
+    float *got = s_nan(nout), *want = s_nan(nout);
+    dp_conv2d_forward_ref(want, in, w, b, &d);
+    dp_conv2d_forward(got, in, w, b, &d);
+    CHECK_CLOSE("conv2 forward", got, want, nout, 1e-4, 1e-4);
+    free(got), free(want), free(in), free(w), free(b);
+    s_conv_backward_case(&c, 0.25f, 0);
+    s_conv_backward_case(&c, 1.0f, 0);
+    dp_cpu_set_threads(0);
+}
+
+/* ---- fc ---------------------------------------------------------------- */
+
+static double s_fc_loss(const double *in, const double *w, const double *b, const float *r,
+                        int B, int IN, int OUT)
+{
+    double loss = 0;
+    for (int n = 0; n < B; n++)
+        for (int o = 0; o < OUT; o++) {
+            double acc = b[o];
+            for (int i = 0; i < IN; i++) acc += in[n * IN + i] * w[o * IN + i];
+            loss += acc * r[n * OUT + o];
+        }
+    return loss;
+}
+
+static void test_fc(void)
+{
+    static const int shapes[][3] = {{1, 7, 5}, {3, 300, 70}, {3, 13, 1}, {5, 64, 33}};
+    for (int si = 0; si < 4; si++) {
+        int B = shapes[si][0], IN = shapes[si][1], OUT = shapes[si][2];
+        dp_cpu_set_threads(1 + si % 2);
+        float *in = s_rand((size_t)B * IN, -1, 1), *w = s_rand((size_t)OUT * IN, -1, 1);
+        float *b = s_rand(OUT, -1, 1), *r = s_rand((size_t)B * OUT, -1, 1);
+        float *got = s_nan((size_t)B * OUT), *want = s_nan((size_t)B * OUT);
+        dp_fc_forward_ref(want, in, w, b, B, IN, OUT);
+        dp_fc_forward(got, in, w, b, B, IN, OUT);
+        CHECK_CLOSE("fc forward", got, want, (size_t)B * OUT, 1e-4, 1e-4);
+        s_poison(got, (size_t)B * OUT);
+        dp_fc_forward_ref(want, in, w, NULL, B, IN, OUT);
+        dp_fc_forward(got, in, w, NULL, B, IN, OUT);
+        CHECK_CLOSE("fc forward no bias", got, want, (size_t)B * OUT, 1e-4, 1e-4);
+
+        float *din = s_nan((size_t)B * IN), *dw = s_nan((size_t)OUT * IN), *db = s_nan(OUT);
+        float *din_r = s_nan((size_t)B * IN), *dw_r = s_nan((size_t)OUT * IN), *db_r = s_nan(OUT);
+        dp_fc_backward_ref(din_r, dw_r, db_r, r, in, w, B, IN, OUT);
+        dp_fc_backward(din, dw, db, r, in, w, B, IN, OUT);
+        CHECK_CLOSE("fc din", din, din_r, (size_t)B * IN, 1e-4, 1e-4);
+        CHECK_CLOSE("fc dw", dw, dw_r, (size_t)OUT * IN, 1e-4, 1e-4);
+        CHECK_CLOSE("fc db", db, db_r, OUT, 1e-4, 1e-4);
+        double *xin = s_to_double(in, (size_t)B * IN), *xw = s_to_double(w, (size_t)OUT * IN);
+        double *xb = s_to_double(b, OUT);
+        size_t nin = (size_t)B * IN, nw = (size_t)OUT * IN;
+        CHECK_FD("fc din ref", din_r, xin, nin, 40, s_fc_loss(xin, xw, xb, r, B, IN, OUT));
+        CHECK_FD("fc dw ref", dw_r, xw, nw, 40, s_fc_loss(xin, xw, xb, r, B, IN, OUT));
+        CHECK_FD("fc db ref", db_r, xb, (size_t)OUT, OUT, s_fc_loss(xin, xw, xb, r, B, IN, OUT));
+        CHECK_FD("fc din", din, xin, nin, 40, s_fc_loss(xin, xw, xb, r, B, IN, OUT));
+        CHECK_FD("fc dw", dw, xw, nw, 40, s_fc_loss(xin, xw, xb, r, B, IN, OUT));
+        CHECK_FD("fc db", db, xb, (size_t)OUT, OUT, s_fc_loss(xin, xw, xb, r, B, IN, OUT));
+        /* din NULL */
+        s_poison(dw, nw);
+        s_poison(db, OUT);
+        dp_fc_backward(NULL, dw, db, r, in, w, B, IN, OUT);
+        CHECK_CLOSE("fc dw (din NULL)", dw, dw_r, nw, 1e-4, 1e-4);
+        CHECK_CLOSE("fc db (din NULL)", db, db_r, OUT, 1e-4, 1e-4);
+        free(xin), free(xw), free(xb), free(in), free(w), free(b), free(r), free(got), free(want);
+        free(din), free(dw), free(db), free(din_r), free(dw_r), free(db_r);
+    }
+    dp_cpu_set_threads(0);
+}
+
+/* ---- relu -------------------------------------------------------------- */
+
+static void test_relu(void)
+{
+    size_t n = 100003; /* odd, above the threading threshold */
+    float *in = s_rand(n, -1, 1), *dout = s_rand(n, -1, 1);
+    in[0] = 0.0f; /* relu'(0) = 0 by the ops.h rule (out > 0) */
+    float *got = s_nan(n), *want = s_nan(n);
+    dp_relu_forward_ref(want, in, n);
+    dp_relu_forward(got, in, n);
+    CHECK_CLOSE("relu forward", got, want, n, 0, 0);
+    CHECK(want[0] == 0.0f);
+    float *dg = s_nan(n), *dw = s_nan(n);
+    dp_relu_backward_ref(dw, dout, want, n);
+    dp_relu_backward(dg, dout, want, n);
+    CHECK_CLOSE("relu backward", dg, dw, n, 0, 0);
+    CHECK(dw[0] == 0.0f);
+    /* finite differences, away from the kink */
+    int bad = 0;
+    for (int k = 0; k < 200; k++) {
+        size_t i = dp_rng_below(&s_rng, (uint32_t)n);
+        if (fabsf(in[i]) < 1e-2f) continue;
+        double h = 1e-3, x = in[i];
+        double fd = ((x + h > 0 ? x + h : 0) - (x - h > 0 ? x - h : 0)) / (2 * h) * dout[i];
+        if (fabs(fd - dg[i]) > 1e-5 * (1 + fabs(fd))) bad++;
+    }
+    CHECK_EQ(bad, 0);
+    /* in place */
+    float *x = s_rand(n, -1, 1), *y = s_nan(n);
+    dp_relu_forward_ref(y, x, n);
+    dp_relu_forward(x, x, n);
+    CHECK_CLOSE("relu in place", x, y, n, 0, 0);
+    float *g = s_rand(n, -1, 1), *gw = s_nan(n);
+    dp_relu_backward_ref(gw, g, y, n);
+    dp_relu_backward(g, g, y, n);
+    CHECK_CLOSE("relu backward in place", g, gw, n, 0, 0);
+    free(in), free(dout), free(got), free(want), free(dg), free(dw), free(x), free(y), free(g);
+    free(gw);
+}
+
+/* ---- max-pool ---------------------------------------------------------- */
+
+static double s_pool_loss(const double *in, const float *r, const dp_pool_dims_t *d)
+{
+    double loss = 0;
+    for (int pl = 0; pl < d->B * d->C; pl++)
+        for (int oy = 0; oy < d->OH; oy++)
+            for (int ox = 0; ox < d->OW; ox++) {
+                double m = -INFINITY;
+                for (int ky = 0; ky < d->K; ky++)
+                    for (int kx = 0; kx < d->K; kx++) {
+                        double v = in[(pl * d->H + oy * d->stride + ky) * d->W + ox * d->stride + kx];
+                        if (v > m) m = v;
+                    }
+                loss += m * r[(pl * d->OH + oy) * d->OW + ox];
+            }
+    return loss;
+}
+
+static void test_maxpool(void)
+{
+    static const int cases[][6] = {/* B, C, H, W, K, stride */
+                                   {1, 5, 13, 11, 2, 2}, {3, 5, 13, 11, 3, 3}, {3, 5, 13, 11, 3, 2},
+                                   {3, 5, 13, 11, 2, 1}, {3, 5, 12, 10, 2, 2}, {64, 8, 28, 28, 2, 2}};
+    for (int ci = 0; ci < 6; ci++) {
+        dp_pool_dims_t d = {.B = cases[ci][0], .C = cases[ci][1], .H = cases[ci][2],
+                            .W = cases[ci][3], .K = cases[ci][4], .stride = cases[ci][5]};
+        dp_pool_dims_finish(&d);
+        dp_cpu_set_threads(1 + ci % 2);
+        size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.C * d.OH * d.OW;
+        float *in = s_rand(nin, -1, 1), *r = s_rand(nout, -1, 1);
+        /* distinct values 0.01 apart: finite differences (h = 1e-3) never
+         * cross a kink where two window elements swap */
+        int *perm = dp_malloc(nin * sizeof(int));
+        for (size_t i = 0; i < nin; i++) perm[i] = (int)i;
+        dp_rng_shuffle(&s_rng, perm, (int)nin);
+        for (size_t i = 0; i < nin; i++) in[i] = 0.01f * (float)(perm[i] - (int)nin / 2);
+        free(perm);
+        float *got = s_nan(nout), *want = s_nan(nout);
+        dp_maxpool_forward_ref(want, in, &d);
+        dp_maxpool_forward(got, in, &d);
+        CHECK_CLOSE("maxpool forward", got, want, nout, 0, 0);
+        float *dg = s_nan(nin), *dr = s_nan(nin);
+        dp_maxpool_backward_ref(dr, r, in, want, &d);
+        dp_maxpool_backward(dg, r, in, want, &d);
+        CHECK_CLOSE("maxpool backward", dg, dr, nin, 1e-6, 1e-6);
+        if (nin < 5000) {
+            double *x = s_to_double(in, nin);
+            CHECK_FD("maxpool din ref", dr, x, nin, 60, s_pool_loss(x, r, &d));
+            CHECK_FD("maxpool din", dg, x, nin, 60, s_pool_loss(x, r, &d));
+            free(x);
+        }
+        free(in), free(r), free(got), free(want), free(dg), free(dr);
+    }
+    dp_cpu_set_threads(0);
+}
+
+/* Ties (relu zeros, equal pixels): the gradient goes to the first maximum in
+ * row-major window order, once, and nowhere else. */
+static void test_maxpool_ties(void)
+{
+    dp_pool_dims_t d = {.B = 1, .C = 2, .H = 5, .W = 4, .K = 2, .stride = 2};
+    dp_pool_dims_finish(&d);
+    float in[40] = {0}, out[8], dout[8], din[40], dref[40];
+    in[20 + 5] = 3.0f; /* plane 1, window (0,0): only (1,1) is max */
+    in[20 + 6] = 2.0f; /* plane 1, window (0,1): (1,2) = (1,3) = 2 tie */
+    in[20 + 7] = 2.0f;
+    for (int i = 0; i < 8; i++) dout[i] = (float)(i + 1);
+    dp_maxpool_forward(out, in, &d);
+    CHECK(out[0] == 0.0f && out[4] == 3.0f && out[5] == 2.0f);
+    for (int i = 0; i < 40; i++) din[i] = NAN;
+    dp_maxpool_backward(din, dout, in, out, &d);
+    dp_maxpool_backward_ref(dref, dout, in, out, &d);
+    CHECK_CLOSE("ties fast vs ref", din, dref, 40, 0, 0);
+    CHECK(din[0] == 1.0f && din[1] == 0.0f && din[4] == 0.0f); /* all-zero window: first */
+    CHECK(din[2] == 2.0f);
+    CHECK(din[25] == 5.0f && din[20] == 0.0f);
+    CHECK(din[22] == 0.0f && din[26] == 6.0f && din[27] == 0.0f); /* tie: first in scan order */
+    CHECK(din[16] == 0.0f && din[39] == 0.0f); /* leftover row */
+}
+
+/* ---- softmax + cross-entropy ------------------------------------------- */
+
+static double s_xent(const double *z, const int *labels, int B, int classes)
+{
+    double loss = 0;
+    for (int n = 0; n < B; n++) {
+        double mx = z[n * classes], s = 0;
+        for (int k = 1; k < classes; k++)
+            if (z[n * classes + k] > mx) mx = z[n * classes + k];
+        for (int k = 0; k < classes; k++) s += exp(z[n * classes + k] - mx);
+        loss += log(s) + mx - z[n * classes + labels[n]];
+    }
+    return loss / B;
+}
+
+static void test_softmax_xent(void)
+{
+    int B = 5, classes = 10, labels[5] = {0, 9, 3, 3, 7};
+    float *z = s_rand((size_t)B * classes, -4, 4);
+    z[12] = 80.0f; /* large logit: must not overflow */
+    float *p = s_nan((size_t)B * classes), *pr = s_nan((size_t)B * classes);
+    float loss = dp_softmax_xent_forward(p, z, labels, B, classes);
+    float loss_r = dp_softmax_xent_forward_ref(pr, z, labels, B, classes);
+    double *x = s_to_double(z, (size_t)B * classes);
+    double want = s_xent(x, labels, B, classes);
+    CHECK_NEAR(loss, want, 1e-5 * (1 + fabs(want)));
+    CHECK_NEAR(loss_r, want, 1e-5 * (1 + fabs(want)));
+    CHECK_CLOSE("softmax probs", p, pr, (size_t)B * classes, 1e-6, 1e-5);
+    for (int n = 0; n < B; n++) {
+        double s = 0;
+        for (int k = 0; k < classes; k++) s += p[n * classes + k];
+        CHECK_NEAR(s, 1.0, 1e-5);
+    }
+    float *g = s_nan((size_t)B * classes), *gr = s_nan((size_t)B * classes);
+    dp_softmax_xent_backward(g, p, labels, B, classes);
+    dp_softmax_xent_backward_ref(gr, pr, labels, B, classes);
+    CHECK_CLOSE("softmax grad fast vs ref", g, gr, (size_t)B * classes, 1e-7, 1e-5);
+    CHECK_FD("softmax grad ref", gr, x, (size_t)B * classes, B * classes,
+             s_xent(x, labels, B, classes));
+    CHECK_FD("softmax grad", g, x, (size_t)B * classes, B * classes, s_xent(x, labels, B, classes));
+    /* a confident correct prediction has a loss near 0 */
+    float z1[3] = {30, 0, 0}, p1[3];
+    int l1 = 0;
+    CHECK_NEAR(dp_softmax_xent_forward(p1, z1, &l1, 1, 3), 0.0, 1e-6);
+    l1 = 1; /* and a confident wrong one about the logit gap, finite */
+    CHECK_NEAR(dp_softmax_xent_forward(p1, z1, &l1, 1, 3), 30.0, 1e-3);
+    free(z), free(p), free(pr), free(x), free(g), free(gr);
+}
+
+static void test_threads(void)
+{
+    dp_cpu_set_threads(1);
+    CHECK_EQ(dp_cpu_threads(), 1);
+    dp_cpu_set_threads(0); /* back to all cores */
+    CHECK(dp_cpu_threads() >= 1);
+    dp_cpu_set_threads(-3);
+    CHECK(dp_cpu_threads() >= 1);
+}
+
+DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_dense),
+         T(test_conv_backward_sparse), T(test_conv_default_shape), T(test_fc), T(test_relu),
+         T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads))

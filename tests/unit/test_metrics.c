@@ -1,0 +1,594 @@
+/* test_metrics: JSON-lines metrics (every line parses, "t" first, NaN/Inf ->
+ * null, disabled writer, periodic flush, threads), the atomic summary file,
+ * CRC-32C against published vectors, and TensorBoard event files read back
+ * record by record with an independent decoder (and by `protoc --decode_raw`
+ * and tensorboard itself when they are installed). */
+#include <dirent.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../common/metrics.h"
+#include "../../common/tbevents.h"
+#include "../../common/util.h"
+#include "../test.h"
+
+static char s_dir[64];
+
+/* A fresh temporary directory per test; removed with everything in it. */
+static const char *s_tmpdir(void)
+{
+    snprintf(s_dir, sizeof s_dir, "/tmp/dp_test_metrics.XXXXXX");
+    if (!mkdtemp(s_dir)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+    return s_dir;
+}
+
+static void s_rmtree(const char *dir)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "  cannot remove %s\n", dir);
+}
+
+/* Splits a file into lines; returns the count, lines point into *text. */
+static int s_lines(const char *path, char **text, char **lines, int max)
+{
+    uint8_t *data = NULL;
+    size_t len = 0;
+    char err[DP_ERR_LEN];
+    *text = NULL;
+    if (dp_read_file(path, &data, &len, err) != 0) {
+        fprintf(stderr, "  %s\n", err);
+        return -1;
+    }
+    *text = (char *)data;
+    int n = 0;
+    char *p = *text;
+    while (*p && n < max) {
+        char *nl = strchr(p, '\n');
+        if (!nl) {
+            lines[n++] = p; /* a half line: callers check it is not there */
+            break;
+        }
+        *nl = '\0';
+        lines[n++] = p;
+        p = nl + 1;
+    }
+    return n;
+}
+
+/* ---- JSON lines ------------------------------------------------------ */
+
+static void test_jsonl_lines_parse(void)
+{
+    const char *dir = s_tmpdir();
+    char path[256], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    dp_metrics_t *m = NULL;
+    CHECK_EQ(dp_metrics_open(&m, path, err), 0);
+    CHECK(m != NULL);
+    double nan = NAN, inf = INFINITY;
+    dp_metrics_write(m, "\"step\":%ld,\"loss\":%.6f", 1L, 0.5);
+    dp_metrics_write(m, "\"step\":%d,\"loss\":%f,\"g\":%g,\"h\":%e,\"list\":[%f, %F]", 2, nan,
+                     -inf, inf, -nan, nan);
+    dp_metrics_write(m, "\"note\":\"nan inf -inf stays text\",\"x\":%d", 3);
+    dp_metrics_write(m, "%s", "");
+    dp_metrics_write(m, "\"bad\": %s", "not json"); /* kept, as a string */
+    dp_metrics_close(&m);
+    CHECK(m == NULL);
+    dp_metrics_close(&m); /* safe twice */
+
+    char *text, *lines[16];
+    int n = s_lines(path, &text, lines, 16);
+    CHECK_EQ(n, 5);
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_Parse(lines[i]);
+        CHECK(o != NULL && cJSON_IsObject(o));
+        if (!o) {
+            fprintf(stderr, "  line %d does not parse: %s\n", i, lines[i]);
+            continue;
+        }
+        /* "t" first, a non-negative number. */
+        CHECK(o->child && strcmp(o->child->string, "t") == 0 && cJSON_IsNumber(o->child));
+        CHECK(o->child && o->child->valuedouble >= 0 && o->child->valuedouble < 10);
+        if (i == 0) {
+            CHECK_EQ(cJSON_GetObjectItem(o, "step")->valueint, 1);
+            CHECK_NEAR(cJSON_GetObjectItem(o, "loss")->valuedouble, 0.5, 1e-9);
+        } else if (i == 1) {
+            CHECK(cJSON_IsNull(cJSON_GetObjectItem(o, "loss")));
+            CHECK(cJSON_IsNull(cJSON_GetObjectItem(o, "g")));
+            CHECK(cJSON_IsNull(cJSON_GetObjectItem(o, "h")));
+            cJSON *l = cJSON_GetObjectItem(o, "list");
+            CHECK(cJSON_GetArraySize(l) == 2 && cJSON_IsNull(cJSON_GetArrayItem(l, 0)) &&
+                  cJSON_IsNull(cJSON_GetArrayItem(l, 1)));
+        } else if (i == 2) {
+            CHECK_STR(cJSON_GetObjectItem(o, "note")->valuestring, "nan inf -inf stays text");
+        } else if (i == 3) {
+            CHECK(o->child && o->child->next == NULL);
+        } else if (i == 4) {
+            cJSON *inv = cJSON_GetObjectItem(o, "invalid");
+            CHECK(cJSON_IsString(inv) && strcmp(inv->valuestring, "\"bad\": not json") == 0);
+        }
+        cJSON_Delete(o);
+    }
+    /* The file ends with a newline: no half line. */
+    CHECK(text && strlen(text) > 0);
+    free(text);
+    s_rmtree(dir);
+}
+
+static void test_nonfinite_to_null(void)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"\"a\":nan", "\"a\":null"},
+        {"\"a\":-nan,\"b\":inf", "\"a\":null,\"b\":null"},
+        {"\"a\": -INF , \"b\":[NaN,+inf,Infinity]", "\"a\": null , \"b\":[null,null,null]"},
+        {"\"nan\":\"inf \\\" nan\",\"x\":1", "\"nan\":\"inf \\\" nan\",\"x\":1"},
+        {"\"a\":info", "\"a\":info"}, /* not a number token: left for the parser to refuse */
+        {"\"a\":1.5e3,\"b\":true", "\"a\":1.5e3,\"b\":true"},
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = dp_json_nonfinite_to_null(cases[i].in);
+        CHECK_STR(got, cases[i].want);
+        free(got);
+    }
+}
+
+static void test_jsonl_disabled_and_bad_path(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_metrics_t *m = NULL;
+    CHECK_EQ(dp_metrics_open(&m, NULL, err), 0);
+    CHECK(m != NULL);
+    dp_metrics_write(m, "\"step\":%d", 1);
+    dp_metrics_flush(m);
+    CHECK_NEAR(dp_metrics_elapsed(m), 0, 0);
+    dp_metrics_close(&m);
+    CHECK(m == NULL);
+    CHECK_EQ(dp_metrics_open(&m, "", err), 0);
+    dp_metrics_write(m, "\"x\":1");
+    dp_metrics_close(&m);
+    dp_metrics_write(NULL, "\"x\":1"); /* NULL is a disabled writer too */
+    dp_metrics_flush(NULL);
+
+    /* A missing parent directory is not created: error naming the path. */
+    m = (dp_metrics_t *)&m;
+    CHECK_EQ(dp_metrics_open(&m, "/nonexistent-dp-dir/sub/m.jsonl", err), -1);
+    CHECK(m == NULL);
+    CHECK(strstr(err, "/nonexistent-dp-dir/sub/m.jsonl") != NULL);
+    CHECK(access("/nonexistent-dp-dir", F_OK) != 0);
+}
+
+static void test_jsonl_flushed_within_a_second(void)
+{
+    const char *dir = s_tmpdir();
+    char path[256], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    dp_metrics_t *m = NULL;
+    CHECK_EQ(dp_metrics_open(&m, path, err), 0);
+    dp_metrics_write(m, "\"step\":%d", 7);
+    struct stat st;
+    /* Buffered: nothing on disk straight away... */
+    CHECK(stat(path, &st) == 0 && st.st_size == 0);
+    /* ...and the flusher writes it within about a second, unasked. */
+    usleep(1300 * 1000);
+    CHECK(stat(path, &st) == 0 && st.st_size > 0);
+    dp_metrics_write(m, "\"step\":%d", 8);
+    dp_metrics_flush(m);
+    char *text, *lines[4];
+    CHECK_EQ(s_lines(path, &text, lines, 4), 2);
+    free(text);
+    dp_metrics_close(&m);
+    s_rmtree(dir);
+}
+
+typedef struct {
+    dp_metrics_t *m;
+    int id;
+} s_writer_arg_t;
+
+static void *s_writer(void *p)
+{
+    s_writer_arg_t *a = p;
+    for (int i = 0; i < 2000; i++)
+        dp_metrics_write(a->m, "\"thread\":%d,\"i\":%d,\"pad\":\"%s\"", a->id, i,
+                         "................................................");
+    return NULL;
+}
+
+static void test_jsonl_threads_and_big_lines(void)
+{
+    const char *dir = s_tmpdir();
+    char path[256], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    dp_metrics_t *m = NULL;
+    CHECK_EQ(dp_metrics_open(&m, path, err), 0);
+    pthread_t th[4];
+    s_writer_arg_t args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (s_writer_arg_t){m, i};
+        pthread_create(&th[i], NULL, s_writer, &args[i]);
+    }
+    /* A line bigger than the buffer, in the middle of it all. */
+    char *big = dp_malloc(100001);
+    memset(big, 'x', 100000);
+    big[100000] = '\0';
+    dp_metrics_write(m, "\"big\":\"%s\"", big);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    dp_metrics_close(&m);
+
+    static char *lines[9000];
+    char *text;
+    int n = s_lines(path, &text, lines, 9000);
+    CHECK_EQ(n, 8001);
+    int bad = 0, per[4] = {0}, bigs = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_Parse(lines[i]);
+        if (!o) {
+            bad++;
+            continue;
+        }
+        cJSON *t = cJSON_GetObjectItem(o, "thread");
+        if (cJSON_IsNumber(t) && t->valueint >= 0 && t->valueint < 4) per[t->valueint]++;
+        cJSON *b = cJSON_GetObjectItem(o, "big");
+        if (cJSON_IsString(b) && strlen(b->valuestring) == 100000) bigs++;
+        cJSON_Delete(o);
+    }
+    CHECK_EQ(bad, 0);
+    for (int i = 0; i < 4; i++) CHECK_EQ(per[i], 2000);
+    CHECK_EQ(bigs, 1);
+    free(text);
+    free(big);
+    s_rmtree(dir);
+}
+
+static void test_summary_atomic(void)
+{
+    const char *dir = s_tmpdir();
+    char path[256], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "mode", "async");
+    cJSON_AddNumberToObject(o, "workers", 4);
+    cJSON_AddNumberToObject(o, "test_accuracy", 0.9125);
+    cJSON_AddNumberToObject(o, "staleness_mean", NAN);
+    CHECK_EQ(dp_summary_write(path, o, err), 0);
+    /* Rewriting replaces it whole. */
+    cJSON_ReplaceItemInObject(o, "workers", cJSON_CreateNumber(8));
+    CHECK_EQ(dp_summary_write(path, o, err), 0);
+    cJSON_Delete(o);
+
+    uint8_t *data = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(path, &data, &len, err), 0);
+    cJSON *back = data ? cJSON_Parse((char *)data) : NULL;
+    CHECK(back != NULL);
+    if (back) {
+        CHECK_STR(cJSON_GetObjectItem(back, "mode")->valuestring, "async");
+        CHECK_EQ(cJSON_GetObjectItem(back, "workers")->valueint, 8);
+        CHECK_NEAR(cJSON_GetObjectItem(back, "test_accuracy")->valuedouble, 0.9125, 1e-12);
+        CHECK(cJSON_IsNull(cJSON_GetObjectItem(back, "staleness_mean")));
+    }
+    CHECK(data && len > 0 && data[len - 1] == '\n');
+    cJSON_Delete(back);
+    free(data);
+    /* Nothing left beside it. */
+    DIR *d = opendir(dir);
+    int entries = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.') entries++;
+    if (d) closedir(d);
+    CHECK_EQ(entries, 1);
+    /* Bad input. */
+    o = cJSON_CreateObject();
+    CHECK_EQ(dp_summary_write("/nonexistent-dp-dir/summary.json", o, err), -1);
+    CHECK(strstr(err, "/nonexistent-dp-dir/summary.json") != NULL);
+    CHECK_EQ(dp_summary_write(path, NULL, err), -1);
+    cJSON_Delete(o);
+    s_rmtree(dir);
+}
+
+/* ---- CRC-32C ------------------------------------------------------------ */
+
+static void test_crc32c_vectors(void)
+{
+    /* RFC 3720 (iSCSI) B.4 and the common check value. */
+    CHECK_EQ(dp_crc32c(0, "123456789", 9), 0xE3069283u);
+    CHECK_EQ(dp_crc32c(0, "", 0), 0);
+    uint8_t buf[32];
+    memset(buf, 0, sizeof buf);
+    CHECK_EQ(dp_crc32c(0, buf, 32), 0x8A9136AAu);
+    memset(buf, 0xff, sizeof buf);
+    CHECK_EQ(dp_crc32c(0, buf, 32), 0x62A8AB43u);
+    for (int i = 0; i < 32; i++) buf[i] = (uint8_t)i;
+    CHECK_EQ(dp_crc32c(0, buf, 32), 0x46DD794Eu);
+    for (int i = 0; i < 32; i++) buf[i] = (uint8_t)(31 - i);
+    CHECK_EQ(dp_crc32c(0, buf, 32), 0x113FDB5Cu);
+    /* Chaining equals one pass. */
+    CHECK_EQ(dp_crc32c(dp_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+    /* The mask, by hand: rotate right 15, add the constant. */
+    CHECK_EQ(dp_crc32c_mask(0), 0xa282ead8u);
+    CHECK_EQ(dp_crc32c_mask(0x00008000u), 0x00000001u + 0xa282ead8u);
+    CHECK_EQ(dp_crc32c_mask(0xE3069283u), (uint32_t)(((0xE3069283u >> 15) | (0xE3069283u << 17)) + 0xa282ead8u));
+}
+
+/* ---- TensorBoard event files: an independent reader -------------------- */
+
+typedef struct {
+    double wall_time;
+    int64_t step;
+    char file_version[32];
+    char tag[64];
+    float value;
+    int has_value;
+    uint8_t raw[512]; /* the Event bytes, for protoc */
+    size_t raw_n;
+} s_event_t;
+
+static uint32_t s_le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+
+static int s_varint(const uint8_t *p, size_t n, size_t *i, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; shift < 64 && *i < n; shift += 7) {
+        uint8_t b = p[(*i)++];
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return 0;
+    }
+    return -1;
+}
+
+/* Decodes Summary.Value { tag = 1, simple_value = 2 } inside Summary { value = 1 }. */
+static int s_decode_summary(const uint8_t *p, size_t n, s_event_t *ev)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint64_t key, len;
+        if (s_varint(p, n, &i, &key) || (key & 7) != 2 || (key >> 3) != 1) return -1;
+        if (s_varint(p, n, &i, &len) || i + len > n) return -1;
+        const uint8_t *v = p + i;
+        size_t j = 0;
+        while (j < len) {
+            uint64_t k2, l2;
+            if (s_varint(v, len, &j, &k2)) return -1;
+            if (k2 == ((1 << 3) | 2)) {
+                if (s_varint(v, len, &j, &l2) || j + l2 > len || l2 >= sizeof ev->tag) return -1;
+                memcpy(ev->tag, v + j, l2);
+                ev->tag[l2] = '\0';
+                j += l2;
+            } else if (k2 == ((2 << 3) | 5)) {
+                if (j + 4 > len) return -1;
+                uint32_t u = s_le32(v + j);
+                memcpy(&ev->value, &u, 4);
+                ev->has_value = 1;
+                j += 4;
+            } else {
+                return -1;
+            }
+        }
+        i += len;
+    }
+    return 0;
+}
+
+static int s_decode_event(const uint8_t *p, size_t n, s_event_t *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    if (n <= sizeof ev->raw) {
+        memcpy(ev->raw, p, n);
+        ev->raw_n = n;
+    }
+    size_t i = 0;
+    while (i < n) {
+        uint64_t key, v;
+        if (s_varint(p, n, &i, &key)) return -1;
+        unsigned field = (unsigned)(key >> 3), wire = (unsigned)(key & 7);
+        if (field == 1 && wire == 1 && i + 8 <= n) {
+            uint64_t u = s_le32(p + i) | (uint64_t)s_le32(p + i + 4) << 32;
+            memcpy(&ev->wall_time, &u, 8);
+            i += 8;
+        } else if (field == 2 && wire == 0) {
+            if (s_varint(p, n, &i, &v)) return -1;
+            ev->step = (int64_t)v;
+        } else if ((field == 3 || field == 5) && wire == 2) {
+            if (s_varint(p, n, &i, &v) || i + v > n) return -1;
+            if (field == 3) {
+                if (v >= sizeof ev->file_version) return -1;
+                memcpy(ev->file_version, p + i, v);
+            } else if (s_decode_summary(p + i, v, ev)) {
+                return -1;
+            }
+            i += v;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads every record, checking both CRCs; returns the count or -1. */
+static int s_read_events(const char *path, s_event_t *evs, int max)
+{
+    uint8_t *data = NULL;
+    size_t len = 0, off = 0;
+    char err[DP_ERR_LEN];
+    if (dp_read_file(path, &data, &len, err) != 0) return -1;
+    int n = 0, rc = 0;
+    while (off < len && n < max) {
+        if (off + 12 > len) { rc = -1; break; }
+        uint64_t dlen = s_le32(data + off) | (uint64_t)s_le32(data + off + 4) << 32;
+        if (s_le32(data + off + 8) != dp_crc32c_mask(dp_crc32c(0, data + off, 8))) {
+            fprintf(stderr, "  record %d: bad length crc\n", n);
+            rc = -1;
+            break;
+        }
+        if (off + 12 + dlen + 4 > len) { rc = -1; break; }
+        const uint8_t *d = data + off + 12;
+        if (s_le32(d + dlen) != dp_crc32c_mask(dp_crc32c(0, d, dlen))) {
+            fprintf(stderr, "  record %d: bad data crc\n", n);
+            rc = -1;
+            break;
+        }
+        if (s_decode_event(d, dlen, &evs[n]) != 0) {
+            fprintf(stderr, "  record %d: bad Event\n", n);
+            rc = -1;
+            break;
+        }
+        n++;
+        off += 12 + dlen + 4;
+    }
+    free(data);
+    return rc ? -1 : n;
+}
+
+/* The one events.out.tfevents.* file in dir, into path. */
+static int s_find_event_file(const char *dir, char *path, size_t n)
+{
+    DIR *d = opendir(dir);
+    int found = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) == 0) {
+            snprintf(path, n, "%s/%s", dir, e->d_name);
+            found++;
+        }
+    if (d) closedir(d);
+    return found;
+}
+
+static void test_tb_roundtrip(void)
+{
+    const char *dir = s_tmpdir();
+    char logdir[256], err[DP_ERR_LEN] = "";
+    snprintf(logdir, sizeof logdir, "%s/runs/a", dir); /* created, parents too */
+    dp_tb_t *tb = NULL;
+    CHECK_EQ(dp_tb_open(&tb, logdir, "worker0", err), 0);
+    CHECK(tb != NULL);
+    double t0 = (double)time(NULL);
+    dp_tb_scalar(tb, "train/loss", 0, 2.25f);
+    dp_tb_scalar(tb, "train/loss", 100, 0.5f);
+    dp_tb_scalar(tb, "test/accuracy", 300000000000L, 0.875f);
+    dp_tb_scalar(tb, "neg", -3, -1.0f);
+    const char *p = dp_tb_path(tb);
+    CHECK(p && strstr(p, "/events.out.tfevents.") && strstr(p, ".worker0"));
+    dp_tb_close(&tb);
+    CHECK(tb == NULL);
+    dp_tb_close(&tb);
+
+    char path[512];
+    CHECK_EQ(s_find_event_file(logdir, path, sizeof path), 1);
+    /* events.out.tfevents.<time>.<host>.worker0 */
+    char host[256] = "";
+    gethostname(host, sizeof host);
+    char want[300];
+    snprintf(want, sizeof want, ".%s.worker0", host);
+    CHECK(strlen(path) > strlen(want) && strcmp(path + strlen(path) - strlen(want), want) == 0);
+
+    s_event_t ev[8];
+    int n = s_read_events(path, ev, 8);
+    CHECK_EQ(n, 5);
+    if (n == 5) {
+        CHECK_STR(ev[0].file_version, "brain.Event:2");
+        CHECK(!ev[0].has_value);
+        CHECK_NEAR(ev[0].wall_time, t0, 5);
+        CHECK_STR(ev[1].tag, "train/loss");
+        CHECK_EQ(ev[1].step, 0);
+        CHECK(ev[1].has_value && ev[1].value == 2.25f);
+        CHECK_EQ(ev[2].step, 100);
+        CHECK(ev[2].value == 0.5f);
+        CHECK_STR(ev[3].tag, "test/accuracy");
+        CHECK_EQ(ev[3].step, 300000000000LL);
+        CHECK(ev[3].value == 0.875f);
+        CHECK_EQ(ev[4].step, -3);
+        CHECK(ev[4].value == -1.0f);
+        CHECK(ev[4].wall_time >= ev[1].wall_time);
+
+        /* An independent decoder, when protoc is installed. */
+        if (system("command -v protoc >/dev/null 2>&1") == 0) {
+            char raw[600], cmd[1400];
+            snprintf(raw, sizeof raw, "%s/ev.bin", dir);
+            FILE *f = fopen(raw, "wb");
+            fwrite(ev[2].raw, 1, ev[2].raw_n, f);
+            fclose(f);
+            snprintf(cmd, sizeof cmd, "protoc --decode_raw < '%s' > '%s.txt'", raw, raw);
+            CHECK_EQ(system(cmd), 0);
+            snprintf(raw + strlen(raw), sizeof raw - strlen(raw), ".txt");
+            uint8_t *txt = NULL;
+            size_t tl = 0;
+            CHECK_EQ(dp_read_file(raw, &txt, &tl, err), 0);
+            /* step, tag, and 0.5f = 0x3f000000 as fixed32. */
+            CHECK(txt && strstr((char *)txt, "2: 100"));
+            CHECK(txt && strstr((char *)txt, "1: \"train/loss\""));
+            CHECK(txt && strstr((char *)txt, "2: 0x3f000000"));
+            if (txt && !strstr((char *)txt, "2: 0x3f000000")) fprintf(stderr, "%s", txt);
+            free(txt);
+        } else {
+            fprintf(stderr, "  note: protoc not installed; skipped the protoc --decode_raw check\n");
+        }
+    }
+
+    /* A second writer in the same second gets its own file. */
+    dp_tb_t *a = NULL, *b = NULL;
+    CHECK_EQ(dp_tb_open(&a, logdir, "x", err), 0);
+    CHECK_EQ(dp_tb_open(&b, logdir, "x", err), 0);
+    CHECK(a && b && strcmp(dp_tb_path(a), dp_tb_path(b)) != 0);
+    dp_tb_close(&a);
+    dp_tb_close(&b);
+    s_rmtree(dir);
+}
+
+static void test_tb_disabled_and_bad(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_tb_t *tb = NULL;
+    CHECK_EQ(dp_tb_open(&tb, NULL, "x", err), 0);
+    CHECK(tb != NULL && dp_tb_path(tb) == NULL);
+    dp_tb_scalar(tb, "a", 1, 1.0f);
+    dp_tb_close(&tb);
+    CHECK(tb == NULL);
+    dp_tb_scalar(NULL, "a", 1, 1.0f);
+    CHECK_EQ(dp_tb_open(&tb, "/tmp", "a/b", err), -1);
+    CHECK(strstr(err, "suffix") != NULL);
+    CHECK_EQ(dp_tb_open(&tb, "/proc/dp-no/such", NULL, err), -1);
+    CHECK(strstr(err, "/proc/dp-no/such") != NULL);
+    /* logdir is a file */
+    CHECK_EQ(dp_tb_open(&tb, "/etc/hostname/x", NULL, err), -1);
+    CHECK(tb == NULL);
+}
+
+/* TensorBoard's own reader, when /usr/bin/python3 has it. */
+static void test_tb_read_by_tensorboard(void)
+{
+    if (system("/usr/bin/python3 -c 'import tensorboard' >/dev/null 2>&1") != 0)
+        SKIP("tensorboard is not installed for /usr/bin/python3 (no Debian package); "
+             "the records were checked by this test's own reader");
+    const char *dir = s_tmpdir();
+    char err[DP_ERR_LEN] = "";
+    dp_tb_t *tb = NULL;
+    CHECK_EQ(dp_tb_open(&tb, dir, "tbcheck", err), 0);
+    for (int i = 0; i < 10; i++) dp_tb_scalar(tb, "loss", i * 10, 1.0f / (float)(i + 1));
+    dp_tb_close(&tb);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c '"
+             "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+             "a = EventAccumulator(\"%s\"); a.Reload()\n"
+             "s = a.Scalars(\"loss\")\n"
+             "assert [e.step for e in s] == list(range(0, 100, 10)), s\n"
+             "assert all(abs(e.value - 1.0/(i+1)) < 1e-6 for i, e in enumerate(s)), s\n"
+             "'", dir);
+    CHECK_EQ(system(cmd), 0);
+    s_rmtree(dir);
+}
+
+DP_TESTS(T(test_jsonl_lines_parse), T(test_nonfinite_to_null), T(test_jsonl_disabled_and_bad_path),
+         T(test_jsonl_flushed_within_a_second), T(test_jsonl_threads_and_big_lines),
+         T(test_summary_atomic), T(test_crc32c_vectors), T(test_tb_roundtrip),
+         T(test_tb_disabled_and_bad), T(test_tb_read_by_tensorboard))

@@ -1,0 +1,214 @@
+/* test_net: the executor as a whole (the whole network's gradient against
+ * finite differences, loss falling under SGD) and the data order that the
+ * sync-equals-standalone guarantee rests on. */
+#include "../../common/dataset.h"
+#include "../../common/model.h"
+#include "../../common/rng.h"
+#include "../../common/util.h"
+#include "../../kernels/backend.h"
+#include "../../worker/data.h"
+#include "../../worker/net.h"
+#include "../test.h"
+
+
+static void s_random(float *x, size_t n, dp_rng_t *r, float scale)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (2 * dp_rng_uniform(r) - 1) * scale;
+}
+
+/* Every parameter's gradient of a whole tiny network against central
+ * differences of the loss the executor computes; returns how many differ. */
+static int s_gradient_check(const char *spec)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, 2, 9, 7, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    dp_net_t net;
+    int B = 3;
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    dp_rng_t r;
+    dp_rng_seed(&r, 11);
+    float *params = dp_malloc(m.n_floats * sizeof(float));
+    float *grads = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, params, 5);
+    size_t in = (size_t)B * 2 * 9 * 7;
+    float *x = dp_malloc(in * sizeof(float));
+    s_random(x, in, &r, 1.0f);
+    int y[3] = {0, 2, 1};
+    dp_net_set_params(&net, params);
+    dp_net_train_step(&net, x, y, B);
+    dp_net_get_grads(&net, grads);
+    int bad = 0, ok = 0;
+    double worst = 0;
+    const float eps = 1e-3f;
+    for (size_t i = 0; i < m.n_floats; i++) {
+        float keep = params[i];
+        int c;
+        params[i] = keep + eps;
+        dp_net_set_params(&net, params);
+        double up = dp_net_evaluate(&net, x, y, B, &c);
+        params[i] = keep - eps;
+        dp_net_set_params(&net, params);
+        double down = dp_net_evaluate(&net, x, y, B, &c);
+        params[i] = keep;
+        double fd = (up - down) / (2 * eps);
+        double d = fabs(fd - grads[i]);
+        /* float loss, piecewise-linear relu/max: a loose but telling bound */
+        if (d > 2e-3 + 5e-2 * fabs(fd)) {
+            if (bad < 5) fprintf(stderr, "  param %zu: backprop %.6g finite diff %.6g\n", i, grads[i], fd);
+            bad++;
+        } else {
+            ok++;
+        }
+        if (d > worst) worst = d;
+    }
+    CHECK(ok > 0);
+    fprintf(stderr, "  %s: %d of %zu gradients off, worst |diff| %.3g\n", spec, bad, m.n_floats, worst);
+    dp_net_free(&net);
+    dp_backend_destroy(&be);
+    free(params);
+    free(grads);
+    free(x);
+    return bad;
+}
+
+static void test_network_gradient_matches_finite_differences(void)
+{
+    /* Smooth layers only: every gradient must agree. */
+    CHECK_EQ(s_gradient_check("conv3x3:4 conv3x3:5:valid fc:6 fc:3 softmax"), 0);
+    /* With relu and max-pool, a kink crossed by +-eps spoils a few finite
+     * differences (the kernel tests check those ops exactly); a wrong
+     * backward would spoil most. */
+    CHECK(s_gradient_check("conv3x3:4 relu maxpool2 conv3x3:5:valid relu fc:6 relu fc:3 softmax") <= 348 * 3 / 100);
+}
+
+/* A separable synthetic problem: the class is the brightest quadrant. */
+static void s_quadrant_batch(dp_rng_t *r, float *x, int *y, int B)
+{
+    for (int b = 0; b < B; b++) {
+        int cls = (int)dp_rng_below(r, 3);
+        y[b] = cls;
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 8; j++) {
+                int q = (i >= 4) * 2 + (j >= 4);
+                x[b * 64 + i * 8 + j] = 0.2f * dp_rng_uniform(r) + (q == cls ? 0.8f : 0.0f);
+            }
+    }
+}
+
+static void test_loss_falls_under_sgd(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 1, 8, 8, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    dp_net_t net;
+    int B = 16;
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    float *params = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, params, 3);
+    dp_net_set_params(&net, params);
+    float *v = be->alloc(be, m.n_floats * sizeof(float));
+    dp_rng_t r;
+    dp_rng_seed(&r, 4);
+    float x[16 * 64];
+    int y[16];
+    double first = 0, last = 0;
+    for (int step = 0; step < 150; step++) {
+        s_quadrant_batch(&r, x, y, B);
+        float loss = dp_net_train_step(&net, x, y, B);
+        be->sgd_update(be, m.n_floats, net.d_params, v, net.d_grads, 0.05f, 0.9f, 0.0f);
+        if (step < 10) first += loss / 10;
+        if (step >= 140) last += loss / 10;
+    }
+    fprintf(stderr, "  loss %.4f -> %.4f\n", first, last);
+    CHECK(last < first * 0.3);
+    int correct = 0;
+    s_quadrant_batch(&r, x, y, B);
+    dp_net_evaluate(&net, x, y, B, &correct);
+    CHECK(correct >= 14);
+    be->release(be, v);
+    dp_net_free(&net);
+    dp_backend_destroy(&be);
+    free(params);
+}
+
+/* R workers at batch b, step t, cover exactly what one worker at batch R*b
+ * covers at step t, in the same order. */
+static void test_global_batch_order(void)
+{
+    int n = 1000, b = 7, R = 3;
+    int one[21], part[7];
+    for (long step = 0; step < 100; step += 13) {
+        dp_data_batch_indices(n, R * b, 0, 1, 42, step, one);
+        for (int rank = 0; rank < R; rank++) {
+            dp_data_batch_indices(n, b, rank, R, 42, step, part);
+            CHECK(memcmp(part, one + rank * b, sizeof part) == 0);
+        }
+    }
+    /* One epoch visits no sample twice; a new epoch reshuffles. */
+    long spe = dp_data_steps_per_epoch(n, b, R);
+    CHECK_EQ(spe, 1000 / 21);
+    char *seen = calloc((size_t)n, 1);
+    int dup = 0;
+    for (long step = 0; step < spe; step++)
+        for (int rank = 0; rank < R; rank++) {
+            dp_data_batch_indices(n, b, rank, R, 42, step, part);
+            for (int i = 0; i < b; i++) dup += seen[part[i]]++ > 0;
+        }
+    CHECK_EQ(dup, 0);
+    free(seen);
+    int e0[7], e1[7];
+    dp_data_batch_indices(n, b, 0, R, 42, 0, e0);
+    dp_data_batch_indices(n, b, 0, R, 42, spe, e1);
+    CHECK(memcmp(e0, e1, sizeof e0) != 0);
+}
+
+/* The prefetch thread hands out the same batches the rule says. */
+static void test_batcher_matches_rule(void)
+{
+    dp_dataset_t ds = {0};
+    snprintf(ds.name, sizeof ds.name, "synthetic");
+    ds.n = 50;
+    ds.c = 1;
+    ds.h = 2;
+    ds.w = 2;
+    ds.classes = 10;
+    ds.pixels = dp_malloc(50 * 4);
+    ds.labels = dp_malloc(50);
+    for (int i = 0; i < 50; i++) {
+        for (int k = 0; k < 4; k++) ds.pixels[i * 4 + k] = (uint8_t)(i * 5 % 256);
+        ds.labels[i] = (uint8_t)(i % 10);
+    }
+    dp_backend_t *be = dp_backend_cpu_new();
+    dp_batcher_t bt;
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_batcher_start(&bt, &ds, be, 4, 1, 2, 9, 20, err), 0);
+    const float *x;
+    const int *y;
+    long step, count = 0;
+    int idx[4];
+    while ((step = dp_batcher_next(&bt, &x, &y)) >= 0) {
+        CHECK_EQ(step, count);
+        dp_data_batch_indices(50, 4, 1, 2, 9, step, idx);
+        for (int i = 0; i < 4; i++) {
+            CHECK_EQ(y[i], idx[i] % 10);
+            CHECK_NEAR(x[i * 4], (idx[i] * 5 % 256) / 255.0, 1e-6);
+        }
+        count++;
+    }
+    CHECK_EQ(count, 20);
+    dp_batcher_stop(&bt);
+    dp_batcher_stop(&bt);  /* safe twice */
+    /* Too little data for one global batch: a clear error. */
+    CHECK_EQ(dp_batcher_start(&bt, &ds, be, 30, 0, 2, 9, 5, err), -1);
+    CHECK(strstr(err, "fewer than one global batch") != NULL);
+    dp_backend_destroy(&be);
+    dp_dataset_free(&ds);
+}
+
+DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_under_sgd),
+         T(test_global_batch_order), T(test_batcher_matches_rule))

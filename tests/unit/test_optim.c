@@ -1,0 +1,253 @@
+/* test_optim: optimizer update rules against PyTorch's values and a double
+ * reference, schedules, parsing, and that stepping a vector in pieces is
+ * bit-identical to stepping it whole (what sharding relies on). */
+#include "../../common/rng.h"
+#include "../../common/util.h"
+#include "../../kernels/optim.h"
+#include "../test.h"
+
+#define N_KINDS 5
+static const dp_optim_kind_t s_kinds[N_KINDS] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_NESTEROV,
+                                                 DP_OPT_ADAM, DP_OPT_ADAGRAD};
+
+static dp_optim_conf_t s_conf(dp_optim_kind_t k)
+{
+    dp_optim_conf_t c;
+    dp_optim_conf_default(&c);
+    c.kind = k;
+    c.lr = k == DP_OPT_ADAM ? 0.01f : 0.1f;
+    c.weight_decay = 0.01f;
+    return c;
+}
+
+/* w0 and three gradients; expected values from torch 1.13 (torch.optim.SGD
+ * with momentum / nesterov, Adam, Adagrad; weight_decay 0.01, eps 1e-8). */
+static const float s_w0[4] = {0.5f, -1.25f, 2.0f, 0.0f};
+static const float s_g[3][4] = {
+    {0.1f, -0.2f, 0.3f, -0.4f}, {0.05f, 0.5f, -0.25f, 1.0f}, {-0.3f, 0.0f, 0.2f, 0.1f}};
+static const float s_torch[N_KINDS][4] = {
+    {0.513526499f, -1.27624369f, 1.96904099f, -0.0699799508f},
+    {0.490640402f, -1.28381956f, 1.9350785f, -0.0916519463f},
+    {0.505163431f, -1.30670142f, 1.91072822f, -0.152490631f},
+    {0.483841896f, -1.2472012f, 1.98505414f, 0.00158243906f},
+    {0.447167993f, -1.23936939f, 1.90991104f, -0.00210409705f},
+};
+
+static void test_matches_torch(void)
+{
+    for (int k = 0; k < N_KINDS; k++) {
+        dp_optim_conf_t c = s_conf(s_kinds[k]);
+        float w[4], state[8] = {0};
+        memcpy(w, s_w0, sizeof w);
+        for (int t = 0; t < 3; t++) dp_optim_step(&c, c.lr, w, s_g[t], state, 4, t + 1);
+        CHECK_CLOSE(dp_optim_kind_name(s_kinds[k]), w, s_torch[k], 4, 1e-7, 1e-6);
+    }
+}
+
+/* The header's formulas, in double. */
+static void s_ref_step(const dp_optim_conf_t *c, double lr, double *w, const double *g,
+                       double *s1, double *s2, size_t n, long t)
+{
+    for (size_t i = 0; i < n; i++) {
+        double gi = g[i] + (double)c->weight_decay * w[i];
+        double mu = c->momentum, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+        switch (c->kind) {
+        case DP_OPT_SGD: w[i] -= lr * gi; break;
+        case DP_OPT_MOMENTUM:
+            s1[i] = mu * s1[i] + gi;
+            w[i] -= lr * s1[i];
+            break;
+        case DP_OPT_NESTEROV:
+            s1[i] = mu * s1[i] + gi;
+            w[i] -= lr * (gi + mu * s1[i]);
+            break;
+        case DP_OPT_ADAM:
+            s1[i] = b1 * s1[i] + (1 - b1) * gi;
+            s2[i] = b2 * s2[i] + (1 - b2) * gi * gi;
+            w[i] -= lr * (s1[i] / (1 - pow(b1, t))) / (sqrt(s2[i] / (1 - pow(b2, t))) + eps);
+            break;
+        case DP_OPT_ADAGRAD:
+            s1[i] += gi * gi;
+            w[i] -= lr * gi / (sqrt(s1[i]) + eps);
+            break;
+        }
+    }
+}
+
+static void test_matches_double_reference(void)
+{
+    enum { N = 257, STEPS = 6 };
+    dp_rng_t rng;
+    for (int k = 0; k < N_KINDS; k++) {
+        dp_optim_conf_t c = s_conf(s_kinds[k]);
+        c.weight_decay = 1e-3f;
+        float w[N], g[N], state[2 * N] = {0}, wf[N];
+        double wd[N], gd[N], s1[N] = {0}, s2[N] = {0};
+        dp_rng_seed(&rng, 11 + (uint64_t)k);
+        for (int i = 0; i < N; i++) wd[i] = w[i] = dp_rng_uniform(&rng) * 2 - 1;
+        for (int t = 1; t <= STEPS; t++) {
+            for (int i = 0; i < N; i++) gd[i] = g[i] = (dp_rng_uniform(&rng) * 2 - 1) * 0.5f;
+            float lr = c.lr * (1.0f - 0.1f * (float)t);
+            dp_optim_step(&c, lr, w, g, state, N, t);
+            s_ref_step(&c, lr, wd, gd, s1, s2, N, t);
+        }
+        for (int i = 0; i < N; i++) wf[i] = (float)wd[i];
+        CHECK_CLOSE(dp_optim_kind_name(s_kinds[k]), w, wf, N, 1e-6, 1e-5);
+    }
+}
+
+static void test_hand_values(void)
+{
+    /* sgd: 1 - 0.1 * (0.5 + 0.1 * 1) = 0.94 */
+    dp_optim_conf_t c = s_conf(DP_OPT_SGD);
+    c.weight_decay = 0.1f;
+    float w = 1.0f, g = 0.5f;
+    dp_optim_step(&c, 0.1f, &w, &g, NULL, 1, 1);
+    CHECK_NEAR(w, 0.94, 1e-7);
+    /* momentum 0.9, lr 1: v = 1 then 1.9; w = 0 - 1 - 1.9 */
+    c = s_conf(DP_OPT_MOMENTUM);
+    c.weight_decay = 0;
+    float v = 0;
+    w = 0;
+    g = 1;
+    dp_optim_step(&c, 1.0f, &w, &g, &v, 1, 1);
+    CHECK_NEAR(v, 1.0, 0);
+    dp_optim_step(&c, 1.0f, &w, &g, &v, 1, 2);
+    CHECK_NEAR(v, 1.9, 1e-7);
+    CHECK_NEAR(w, -2.9, 1e-6);
+    /* nesterov: step 1 w -= 1 + 0.9 * 1 */
+    c.kind = DP_OPT_NESTEROV;
+    v = 0;
+    w = 0;
+    dp_optim_step(&c, 1.0f, &w, &g, &v, 1, 1);
+    CHECK_NEAR(w, -1.9, 1e-7);
+    /* adam's first step moves by lr * g / (|g| + eps) ~ lr * sign(g) */
+    c = s_conf(DP_OPT_ADAM);
+    c.weight_decay = 0;
+    float st[2] = {0, 0};
+    w = 3;
+    g = -0.02f;
+    dp_optim_step(&c, 0.01f, &w, &g, st, 1, 1);
+    CHECK_NEAR(w, 3.01, 1e-6);
+    CHECK_NEAR(st[0], -0.002, 1e-9);
+    CHECK_NEAR(st[1], 0.001 * 0.0004, 1e-10); /* (1 - 0.999f) is 0.00099998713 */
+    /* adagrad: s = 4, w -= 0.5 * 2 / 2 */
+    c = s_conf(DP_OPT_ADAGRAD);
+    c.weight_decay = 0;
+    float s = 0;
+    w = 0;
+    g = 2;
+    dp_optim_step(&c, 0.5f, &w, &g, &s, 1, 1);
+    CHECK_NEAR(s, 4, 0);
+    CHECK_NEAR(w, -0.5, 1e-7);
+}
+
+/* Stepping [0, a) and [a, n) with their own state equals stepping [0, n). */
+static void test_pieces_equal_whole(void)
+{
+    enum { N = 1001, A = 389, STEPS = 5 };
+    dp_rng_t rng;
+    for (int k = 0; k < N_KINDS; k++) {
+        dp_optim_conf_t c = s_conf(s_kinds[k]);
+        int sp = dp_optim_state_per_param(c.kind);
+        float *w = dp_malloc(N * sizeof(float)), *w2 = dp_malloc(N * sizeof(float));
+        float *g = dp_malloc(N * sizeof(float));
+        float *st = dp_calloc(2 * N, sizeof(float));
+        float *st_a = dp_calloc(2 * A, sizeof(float)), *st_b = dp_calloc(2 * (N - A), sizeof(float));
+        dp_rng_seed(&rng, 99);
+        for (int i = 0; i < N; i++) w[i] = w2[i] = dp_rng_uniform(&rng) - 0.5f;
+        for (int t = 1; t <= STEPS; t++) {
+            for (int i = 0; i < N; i++) g[i] = dp_rng_uniform(&rng) - 0.5f;
+            dp_optim_step(&c, c.lr, w, g, st, N, t);
+            dp_optim_step(&c, c.lr, w2, g, st_a, A, t);
+            dp_optim_step(&c, c.lr, w2 + A, g + A, st_b, N - A, t);
+        }
+        CHECK(memcmp(w, w2, N * sizeof(float)) == 0);
+        /* State [n] then [n]: the pieces' halves are the whole's slices. */
+        for (int j = 0; j < sp; j++) {
+            CHECK(memcmp(st + (size_t)j * N, st_a + (size_t)j * A, A * sizeof(float)) == 0);
+            CHECK(memcmp(st + (size_t)j * N + A, st_b + (size_t)j * (N - A),
+                         (N - A) * sizeof(float)) == 0);
+        }
+        free(w);
+        free(w2);
+        free(g);
+        free(st);
+        free(st_a);
+        free(st_b);
+    }
+}
+
+static void test_state_sizes(void)
+{
+    CHECK_EQ(dp_optim_state_per_param(DP_OPT_SGD), 0);
+    CHECK_EQ(dp_optim_state_per_param(DP_OPT_MOMENTUM), 1);
+    CHECK_EQ(dp_optim_state_per_param(DP_OPT_NESTEROV), 1);
+    CHECK_EQ(dp_optim_state_per_param(DP_OPT_ADAM), 2);
+    CHECK_EQ(dp_optim_state_per_param(DP_OPT_ADAGRAD), 1);
+}
+
+static void test_defaults_and_parsing(void)
+{
+    dp_optim_conf_t c;
+    char err[DP_ERR_LEN] = "";
+    dp_optim_conf_default(&c);
+    CHECK_NEAR(c.lr, 0.05, 1e-9);
+    CHECK_NEAR(c.momentum, 0.9, 1e-7);
+    CHECK_NEAR(c.beta1, 0.9, 1e-7);
+    CHECK_NEAR(c.beta2, 0.999, 1e-7);
+    CHECK_NEAR(c.eps, 1e-8, 1e-15);
+    CHECK_EQ(c.schedule, DP_LR_CONSTANT);
+    for (int k = 0; k < N_KINDS; k++) {
+        CHECK_EQ(dp_optim_parse_kind(&c, dp_optim_kind_name(s_kinds[k]), err), 0);
+        CHECK_EQ(c.kind, s_kinds[k]);
+    }
+    CHECK_STR(dp_optim_kind_name(DP_OPT_NESTEROV), "nesterov");
+    CHECK_EQ(dp_optim_parse_kind(&c, "rmsprop", err), -1);
+    CHECK(strstr(err, "rmsprop") != NULL);
+    CHECK_EQ(c.kind, DP_OPT_ADAGRAD); /* unchanged */
+
+    CHECK_EQ(dp_optim_parse_schedule(&c, "step:100:0.5", err), 0);
+    CHECK_EQ(c.schedule, DP_LR_STEP);
+    CHECK_EQ(c.step_size, 100);
+    CHECK_NEAR(c.gamma, 0.5, 0);
+    CHECK_EQ(dp_optim_parse_schedule(&c, "cosine:2000", err), 0);
+    CHECK_EQ(c.schedule, DP_LR_COSINE);
+    CHECK_EQ(c.total_steps, 2000);
+    CHECK_EQ(dp_optim_parse_schedule(&c, "constant", err), 0);
+    CHECK_EQ(c.schedule, DP_LR_CONSTANT);
+    const char *bad[] = {"", "step", "step:100", "step:0:0.5", "step:-5:0.5", "step:10:x",
+                         "step:10:0.5x", "step:10:-1", "cosine", "cosine:", "cosine:0",
+                         "cosine:10:1", "linear", "constant2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        CHECK_EQ(dp_optim_parse_schedule(&c, bad[i], err), -1);
+        CHECK(strstr(err, "schedule") != NULL);
+    }
+    CHECK_EQ(c.schedule, DP_LR_CONSTANT);
+}
+
+static void test_schedules(void)
+{
+    dp_optim_conf_t c;
+    dp_optim_conf_default(&c);
+    c.lr = 0.2f;
+    CHECK_NEAR(dp_optim_lr_at(&c, 0), 0.2, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 123456), 0.2, 1e-7);
+    CHECK_EQ(dp_optim_parse_schedule(&c, "step:10:0.5", NULL), 0);
+    CHECK_NEAR(dp_optim_lr_at(&c, 0), 0.2, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 9), 0.2, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 10), 0.1, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 29), 0.05, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 30), 0.025, 1e-7);
+    CHECK_EQ(dp_optim_parse_schedule(&c, "cosine:100", NULL), 0);
+    CHECK_NEAR(dp_optim_lr_at(&c, 0), 0.2, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 50), 0.1, 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 25), 0.1 * (1 + cos(M_PI / 4)), 1e-7);
+    CHECK_NEAR(dp_optim_lr_at(&c, 100), 0.0, 1e-9);
+    CHECK_NEAR(dp_optim_lr_at(&c, 250), 0.0, 1e-9);
+}
+
+DP_TESTS(T(test_matches_torch), T(test_matches_double_reference), T(test_hand_values),
+         T(test_pieces_equal_whole), T(test_state_sizes), T(test_defaults_and_parsing),
+         T(test_schedules))

@@ -1,0 +1,909 @@
+/* test_ps: the parameter server (server/ps.h) and the worker's client
+ * (worker/ps_client.h) over real ZeroMQ TCP sockets on 127.0.0.1, each server
+ * in a thread of this process bound to a free port ("tcp://127.0.0.1:*").
+ * Every case is bounded in time: client calls use short timeouts, servers
+ * stop within 100 ms of their stop flag. Also reports the pull+push
+ * round-trip time of the default model (6.6 MB) with 1 and 2 shards. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "server/ps.h"
+#include "tests/test.h"
+#include "worker/ps_client.h"
+
+#define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+#define TMO 5.0 /* client timeout in these tests */
+
+/* ---- a server in a thread ---------------------------------------------- */
+
+typedef struct {
+    dp_ps_config_t cfg;
+    pthread_t th;
+    volatile sig_atomic_t stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready, done, rc, started;
+    char endpoint[256];
+    char err[DP_ERR_LEN];
+} srv_t;
+
+static void srv_on_ready(const char *ep, void *arg)
+{
+    srv_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
+    s->ready = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *srv_main(void *arg)
+{
+    srv_t *s = arg;
+    int rc = dp_ps_run(&s->cfg, &s->stop, s->err);
+    pthread_mutex_lock(&s->mu);
+    s->rc = rc;
+    s->done = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* A small-model, plain-SGD server config on a free loopback port. */
+static void srv_init(srv_t *s, dp_mode_t mode, int workers)
+{
+    memset(s, 0, sizeof *s);
+    dp_ps_config_default(&s->cfg);
+    snprintf(s->cfg.bind, sizeof s->cfg.bind, "tcp://127.0.0.1:*");
+    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SMALL_SPEC);
+    s->cfg.in_c = 1;
+    s->cfg.in_h = s->cfg.in_w = 8;
+    s->cfg.mode = mode;
+    s->cfg.num_workers = workers;
+    s->cfg.optim.kind = DP_OPT_SGD;
+    s->cfg.optim.lr = 0.1f;
+    s->cfg.seed = 7;
+}
+
+/* Start; 0 once listening, -1 when setup failed (s->err says why). */
+static int srv_start(srv_t *s)
+{
+    s->cfg.on_ready = srv_on_ready;
+    s->cfg.on_ready_arg = s;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->started = 1;
+    pthread_create(&s->th, NULL, srv_main, s);
+    double t0 = dp_now();
+    pthread_mutex_lock(&s->mu);
+    while (!s->ready && !s->done && dp_now() - t0 < 10) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    int ok = s->ready;
+    pthread_mutex_unlock(&s->mu);
+    return ok ? 0 : -1;
+}
+
+/* Wait (bounded) for the server to end by itself, then make sure it does. */
+static int srv_stop_after(srv_t *s, double wait_s)
+{
+    if (!s->started) return 0;
+    double t0 = dp_now();
+    while (dp_now() - t0 < wait_s) {
+        pthread_mutex_lock(&s->mu);
+        int d = s->done;
+        pthread_mutex_unlock(&s->mu);
+        if (d) break;
+        usleep(10000);
+    }
+    s->stop = 1;
+    pthread_join(s->th, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    s->started = 0;
+    return s->rc;
+}
+static int srv_stop(srv_t *s) { return srv_stop_after(s, 0); }
+
+static dp_model_t s_small;
+static void s_small_model(void)
+{
+    char err[DP_ERR_LEN];
+    if (dp_model_parse(&s_small, SMALL_SPEC, 1, 8, 8, err) != 0) {
+        fprintf(stderr, "model: %s\n", err);
+        exit(1);
+    }
+}
+
+static void s_fill(float *g, size_t n, uint64_t seed)
+{
+    dp_rng_t r;
+    dp_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2.0f - 1.0f;
+}
+
+/* ---- cases ------------------------------------------------------------- */
+
+/* Async, plain SGD: one push moves the weights by exactly -lr * g, starting
+ * from dp_model_init_params(seed). */
+static void test_async_sgd_exact(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    dp_ps_info_t info;
+    int rc = dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, &info, err);
+    CHECK_EQ(rc, 0);
+    if (rc) fprintf(stderr, "  %s\n", err);
+    if (c) {
+        size_t n = s_small.n_floats;
+        float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4),
+              *want = dp_malloc(n * 4), *init = dp_malloc(n * 4);
+        CHECK_EQ(info.mode, DP_MODE_ASYNC);
+        CHECK_EQ(info.num_shards, 1);
+        CHECK_EQ(info.num_workers, 1);
+        CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
+        dp_model_init_params(&s_small, init, 7);
+        CHECK_CLOSE("initial weights", p0, init, n, 0, 0);
+        s_fill(g, n, 1);
+        dp_push_result_t res;
+        CHECK_EQ(dp_ps_client_push(c, g, 1.5f, 32, &res, err), 0);
+        CHECK_EQ(res.applied, 1);
+        CHECK_EQ(res.dropped + res.rejected, 0);
+        CHECK_EQ(res.version, 1);
+        CHECK_EQ(res.staleness_max, 0);
+        CHECK_STR(res.reason, "");
+        CHECK_EQ(dp_ps_client_pull(c, p1, err), 0);
+        CHECK_EQ(dp_ps_client_version(c), 1);
+        for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
+        CHECK_CLOSE("w - lr*g", p1, want, n, 0, 0);
+        /* A second push on the old version: staleness 1, still applied. */
+        CHECK_EQ(dp_ps_client_push(c, g, 1.0f, 32, &res, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g, 1.0f, 32, &res, err), 0);
+        CHECK_EQ(res.applied, 1);
+        CHECK_EQ(res.staleness_max, 1);
+        dp_ps_stats_t st;
+        CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+        CHECK_EQ(st.applied, 3);
+        CHECK_EQ(st.version, 3);
+        CHECK_EQ(st.staleness_max, 1);
+        CHECK_NEAR(st.staleness_mean, 1.0 / 3.0, 1e-9);
+        free(p0), free(p1), free(g), free(want), free(init);
+    }
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&c); /* safe twice */
+    CHECK(c == NULL);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* Sync, R = 2 of 3 workers: two pushes make one step with their average;
+ * the third worker's push on the old version is dropped (backup worker);
+ * a second push by the same worker on one version is not counted twice. */
+static void test_sync_aggregate_backup(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_SYNC, 3);
+    s.cfg.replicas = 2;
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c[3] = {0};
+    dp_ps_info_t info;
+    for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_connect(&c[i], s.endpoint, &s_small, i, TMO, &info, err), 0);
+    if (c[0] && c[1] && c[2]) {
+        CHECK_EQ(info.replicas, 2);
+        size_t n = s_small.n_floats;
+        float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *ga = dp_malloc(n * 4),
+              *gb = dp_malloc(n * 4), *want = dp_malloc(n * 4);
+        for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_pull(c[i], p0, err), 0);
+        s_fill(ga, n, 11);
+        s_fill(gb, n, 12);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(c[0], ga, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(r.version, 0); /* accumulated, no step yet */
+        CHECK_EQ(dp_ps_client_push(c[0], ga, 1, 8, &r, err), 0);
+        CHECK_EQ(r.dropped, 1);
+        CHECK(strstr(r.reason, "duplicate: worker 0 already contributed to version 0") != NULL);
+        CHECK_EQ(dp_ps_client_push(c[1], gb, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(r.version, 1); /* this push completed the aggregate */
+        CHECK_EQ(dp_ps_client_push(c[2], ga, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 0);
+        CHECK_EQ(r.dropped, 1);
+        CHECK(strstr(r.reason, "stale: computed on version 0, current 1") != NULL);
+        if (!strstr(r.reason, "stale")) fprintf(stderr, "  reason: %s\n", r.reason);
+        CHECK_EQ(dp_ps_client_pull(c[0], p1, err), 0);
+        CHECK_EQ(dp_ps_client_version(c[0]), 1);
+        for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * ((ga[i] + gb[i]) * 0.5f);
+        CHECK_CLOSE("one step of the average", p1, want, n, 0, 0);
+        dp_ps_stats_t st;
+        CHECK_EQ(dp_ps_client_stats(c[2], &st, err), 0);
+        CHECK_EQ(st.applied, 2);
+        CHECK_EQ(st.dropped, 2);
+        CHECK_EQ(st.version, 1);
+        free(p0), free(p1), free(ga), free(gb), free(want);
+    }
+    for (int i = 0; i < 3; i++) dp_ps_client_destroy(&c[i]);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* A pull in a thread, to see whether the server defers it. */
+typedef struct {
+    dp_ps_client_t *c;
+    float *params;
+    atomic_int done;
+    int rc;
+    char err[DP_ERR_LEN];
+} puller_t;
+
+static void *s_puller(void *arg)
+{
+    puller_t *p = arg;
+    p->rc = dp_ps_client_pull(p->c, p->params, p->err);
+    atomic_store(&p->done, 1);
+    return NULL;
+}
+
+/* Is the pull still blocked after `hold` seconds? Then wait up to 5 s. */
+static int s_wait_done(puller_t *p, double limit)
+{
+    double t0 = dp_now();
+    while (!atomic_load(&p->done) && dp_now() - t0 < limit) usleep(5000);
+    return atomic_load(&p->done);
+}
+
+/* Sync with 2 workers: a fast worker's pull waits for the aggregate; once a
+ * worker has finished it no longer blocks a step; wait_all_finished ends. */
+static void test_sync_defer_and_finish(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_SYNC, 2);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *a = NULL, *b = NULL;
+    CHECK_EQ(dp_ps_client_connect(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_connect(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    if (a && b) {
+        size_t n = s_small.n_floats;
+        float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        s_fill(g, n, 3);
+        CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
+        CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.version, 0);
+        puller_t p = {a, pa, 0, 0, ""};
+        pthread_t th;
+        pthread_create(&th, NULL, s_puller, &p);
+        CHECK_EQ(s_wait_done(&p, 0.3), 0); /* deferred: B has not pushed */
+        CHECK_EQ(dp_ps_client_push(b, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.version, 1);
+        CHECK_EQ(s_wait_done(&p, 5), 1); /* released by the step */
+        pthread_join(th, NULL);
+        CHECK_EQ(p.rc, 0);
+        CHECK_EQ(dp_ps_client_version(a), 1);
+        /* B finishes: A alone makes the next steps without waiting. */
+        CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
+        CHECK_EQ(dp_ps_client_finish(b, err), 0);
+        for (int k = 0; k < 3; k++) {
+            CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+            CHECK_EQ(r.applied, 1);
+            CHECK_EQ(r.version, 2 + k);
+            double t0 = dp_now();
+            CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
+            CHECK(dp_now() - t0 < 1.0);
+        }
+        CHECK_EQ(dp_ps_client_wait_all_finished(a, 3, err), 0);
+        free(pa), free(pb), free(g);
+    }
+    dp_ps_client_destroy(&a);
+    dp_ps_client_destroy(&b);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* Sync, 2 workers, one never shows up: after the heartbeat timeout it stops
+ * counting and the step fires; wait_all_finished counts it as gone. */
+static void test_sync_heartbeat_timeout(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_SYNC, 2);
+    s.cfg.heartbeat_timeout = 0.5;
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *a = NULL;
+    CHECK_EQ(dp_ps_client_connect(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (a) {
+        size_t n = s_small.n_floats;
+        float *pa = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        s_fill(g, n, 5);
+        CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+        double t0 = dp_now();
+        CHECK_EQ(dp_ps_client_pull(a, pa, err), 0); /* deferred until worker 1 is gone */
+        double dt = dp_now() - t0;
+        CHECK(dt < 3.0);
+        CHECK_EQ(dp_ps_client_version(a), 1);
+        CHECK_EQ(dp_ps_client_wait_all_finished(a, 3, err), 0);
+        free(pa), free(g);
+    }
+    dp_ps_client_destroy(&a);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* SSP with S = 0 is lockstep: a worker one push ahead waits in its pull
+ * until the other pushes. */
+static void test_ssp_zero_lockstep(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_SSP, 2);
+    s.cfg.staleness = 0;
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *a = NULL, *b = NULL;
+    dp_ps_info_t info;
+    CHECK_EQ(dp_ps_client_connect(&a, s.endpoint, &s_small, 0, TMO, &info, err), 0);
+    CHECK_EQ(dp_ps_client_connect(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    if (a && b) {
+        CHECK_EQ(info.mode, DP_MODE_SSP);
+        CHECK_EQ(info.staleness, 0);
+        size_t n = s_small.n_floats;
+        float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        s_fill(g, n, 4);
+        CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
+        CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1); /* ssp applies on arrival */
+        CHECK_EQ(r.version, 1);
+        puller_t p = {a, pa, 0, 0, ""};
+        pthread_t th;
+        pthread_create(&th, NULL, s_puller, &p);
+        CHECK_EQ(s_wait_done(&p, 0.3), 0); /* A is 1 ahead of B > S = 0 */
+        CHECK_EQ(dp_ps_client_push(b, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.staleness_max, 1); /* B computed on version 0 */
+        CHECK_EQ(s_wait_done(&p, 5), 1);
+        pthread_join(th, NULL);
+        CHECK_EQ(p.rc, 0);
+        CHECK_EQ(dp_ps_client_version(a), 2);
+        /* B is not ahead of A: its pull is immediate. */
+        double t0 = dp_now();
+        CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
+        CHECK(dp_now() - t0 < 1.0);
+        free(pa), free(pb), free(g);
+    }
+    dp_ps_client_destroy(&a);
+    dp_ps_client_destroy(&b);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* Pushes g1, g2 through endpoints, returns the final weights in out. */
+static int s_two_pushes(const char *endpoints, const dp_model_t *m, float *out, char *err)
+{
+    dp_ps_client_t *c = NULL;
+    if (dp_ps_client_connect(&c, endpoints, m, 0, TMO, NULL, err) != 0) return -1;
+    size_t n = m->n_floats;
+    float *g = dp_malloc(n * 4);
+    int rc = -1;
+    dp_push_result_t r;
+    for (int k = 0; k < 2; k++) {
+        if (dp_ps_client_pull(c, out, err) != 0) goto done;
+        s_fill(g, n, 100 + k);
+        if (dp_ps_client_push(c, g, 1, 8, &r, err) != 0 || r.dropped || r.rejected) goto done;
+    }
+    if (dp_ps_client_pull(c, out, err) != 0) goto done;
+    rc = 0;
+done:
+    free(g);
+    dp_ps_client_destroy(&c);
+    return rc;
+}
+
+/* 2 shards (fc1.weight split between them) give exactly the weights of 1
+ * shard after the same pushes, with a stateful optimizer. */
+static void test_two_shards_equal_one(void)
+{
+    s_small_model();
+    srv_t one, s0, s1;
+    srv_init(&one, DP_MODE_ASYNC, 1);
+    srv_init(&s0, DP_MODE_ASYNC, 1);
+    srv_init(&s1, DP_MODE_ASYNC, 1);
+    srv_t *all[3] = {&one, &s0, &s1};
+    for (int i = 0; i < 3; i++) {
+        all[i]->cfg.optim.kind = DP_OPT_MOMENTUM;
+        all[i]->cfg.optim.momentum = 0.9f;
+    }
+    s0.cfg.shard_count = s1.cfg.shard_count = 2;
+    s1.cfg.shard_index = 1;
+    for (int i = 0; i < 3; i++) CHECK_EQ(srv_start(all[i]), 0);
+    size_t lo, hi;
+    dp_ps_shard_range(s_small.n_floats, 1, 2, &lo, &hi);
+    CHECK_EQ(lo, s_small.n_floats / 2);
+    CHECK_EQ(hi, s_small.n_floats);
+    size_t n = s_small.n_floats;
+    float *a = dp_malloc(n * 4), *b = dp_malloc(n * 4);
+    char err[DP_ERR_LEN] = "", eps[600];
+    CHECK_EQ(s_two_pushes(one.endpoint, &s_small, a, err), 0);
+    snprintf(eps, sizeof eps, "%s,%s", s0.endpoint, s1.endpoint);
+    int rc = s_two_pushes(eps, &s_small, b, err);
+    CHECK_EQ(rc, 0);
+    if (rc) fprintf(stderr, "  %s\n", err);
+    CHECK_CLOSE("2 shards vs 1", b, a, n, 0, 0);
+    /* Endpoints in the wrong order are refused with a clear line. */
+    snprintf(eps, sizeof eps, "%s,%s", s1.endpoint, s0.endpoint);
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_connect(&c, eps, &s_small, 0, TMO, NULL, err), -1);
+    CHECK(strstr(err, "but it is listed at position") != NULL);
+    /* A missing shard is refused too. */
+    CHECK_EQ(dp_ps_client_connect(&c, s0.endpoint, &s_small, 0, TMO, NULL, err), -1);
+    CHECK(strstr(err, "shard 0 of 2") != NULL);
+    free(a), free(b);
+    for (int i = 0; i < 3; i++) CHECK_EQ(srv_stop(all[i]), 0);
+}
+
+static void test_fingerprint_mismatch(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    dp_model_t other;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&other, "conv3x3:3 relu maxpool2 fc:4 softmax", 1, 8, 8, err), 0);
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    CHECK(c == NULL);
+    CHECK(strstr(err, "model mismatch: worker has 'conv3x3:3") != NULL);
+    CHECK(strstr(err, "server has 'conv3x3:2") != NULL);
+    fprintf(stderr, "  (expected) %s\n", err);
+    /* Same spec, other input shape: refused as well. */
+    CHECK_EQ(dp_model_parse(&other, SMALL_SPEC, 1, 10, 10, err), 0);
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    CHECK(strstr(err, "on 1x10x10") != NULL);
+    /* A worker id beyond --workers is refused. */
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 5, TMO, NULL, err), -1);
+    CHECK(strstr(err, "worker id 5 out of range") != NULL);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+static void test_nan_rejected(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (c) {
+        size_t n = s_small.n_floats;
+        float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
+        s_fill(g, n, 9);
+        g[n / 3] = NAN;
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.rejected, 1);
+        CHECK_EQ(r.applied, 0);
+        CHECK(strstr(r.reason, "non-finite gradient") != NULL);
+        g[n / 3] = INFINITY;
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.rejected, 1);
+        CHECK_EQ(dp_ps_client_pull(c, p1, err), 0);
+        CHECK_CLOSE("weights unchanged", p1, p0, n, 0, 0);
+        CHECK_EQ(dp_ps_client_version(c), 0);
+        dp_ps_stats_t st;
+        CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+        CHECK_EQ(st.rejected, 2);
+        CHECK_EQ(st.applied, 0);
+        free(p0), free(p1), free(g);
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* ---- malformed messages on a raw socket ------------------------------- */
+
+typedef struct {
+    const void *data;
+    size_t len;
+} frame_t;
+
+/* Send frames on a raw DEALER; the reply's type and error text. */
+static int s_raw(void *sock, const frame_t *f, int n, char *text, size_t text_n)
+{
+    for (int i = 0; i < n; i++)
+        if (zmq_send(sock, f[i].data, f[i].len, i + 1 < n ? ZMQ_SNDMORE : 0) < 0) return -1;
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1; /* RCVTIMEO bounds it */
+    int type = -1;
+    Downpour__Envelope *env = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    if (env) {
+        type = env->type;
+        snprintf(text, text_n, "%s", env->error && env->error->message ? env->error->message : "");
+    }
+    dp_wire_free(env);
+    dp_wire_rx_close(&rx);
+    return type;
+}
+
+/* A PUSH envelope for floats [lo, lo+cnt) of data, mutated by the flags. */
+static size_t s_push_env(uint8_t *buf, const float *data, size_t lo, size_t cnt, uint64_t fp,
+                         uint32_t version, int bad_crc, size_t claim_bytes)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 5, 0, fp);
+    env.protocol_version = version;
+    Downpour__Push p = DOWNPOUR__PUSH__INIT;
+    env.push = &p;
+    Downpour__TensorDesc d;
+    Downpour__TensorDesc *dv[1] = {&d};
+    int64_t shape[1];
+    dp_wire_desc_fill(&d, shape, "params", data, cnt, lo, 0, 0);
+    if (bad_crc) d.crc32 ^= 0x5a5a;
+    if (claim_bytes) {
+        d.byte_length = claim_bytes;
+        shape[0] = (int64_t)claim_bytes / 4;
+    }
+    env.n_tensors = 1;
+    env.tensors = dv;
+    size_t len = downpour__envelope__get_packed_size(&env);
+    downpour__envelope__pack(&env, buf);
+    return len;
+}
+
+static void test_malformed_envelopes(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    /* A real worker joins first, so that a valid push would be applied. */
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    size_t n = s_small.n_floats;
+    float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    if (c) CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
+    s_fill(g, n, 77);
+    void *ctx = zmq_ctx_new();
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 5000;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_connect(sock, s.endpoint);
+    uint64_t fp = s_small.fingerprint;
+    static uint8_t buf[1 << 16];
+    char text[DP_ERR_LEN + 200];
+    const char garbage[] = "\xff\xfe this is not a protobuf \x01\x02\x03";
+    size_t len;
+    typedef struct {
+        const char *name;
+        int n_frames;
+        frame_t f[3];
+        const char *want;
+    } mcase_t;
+    mcase_t cases[8];
+    int k = 0;
+    cases[k++] = (mcase_t){"garbage", 1, {{garbage, sizeof garbage}}, "does not parse"};
+    cases[k++] = (mcase_t){"empty frame", 1, {{"", 0}}, "empty envelope"};
+    /* Envelopes built into separate regions of buf. */
+    uint8_t *b0 = buf, *b1 = buf + 8192, *b2 = buf + 16384, *b3 = buf + 24576, *b4 = buf + 32768;
+    len = s_push_env(b0, g, 0, n, fp, 1, 0, 0);
+    cases[k++] = (mcase_t){"no tensor frame", 1, {{b0, len}}, "1 tensor descriptors but 0 tensor frames"};
+    cases[k++] = (mcase_t){"two tensor frames", 3, {{b0, len}, {g, n * 4}, {g, n * 4}}, "but 2 tensor frames"};
+    size_t len1 = s_push_env(b1, g, 0, n, fp, 1, 0, (n - 1) * 4);
+    cases[k++] = (mcase_t){"byte length", 2, {{b1, len1}, {g, n * 4}}, "frame has"};
+    size_t len2 = s_push_env(b2, g, 0, n, fp, 1, 1, 0);
+    cases[k++] = (mcase_t){"checksum", 2, {{b2, len2}, {g, n * 4}}, "checksum"};
+    size_t len3 = s_push_env(b3, g, 0, n, fp, 9, 0, 0);
+    cases[k++] = (mcase_t){"protocol version", 2, {{b3, len3}, {g, n * 4}}, "protocol version 9"};
+    size_t len4 = s_push_env(b4, g, 1, n - 1, fp, 1, 0, 0);
+    cases[k++] = (mcase_t){"range", 2, {{b4, len4}, {g, (n - 1) * 4}}, "this shard holds"};
+    for (int i = 0; i < k; i++) {
+        text[0] = 0;
+        int type = s_raw(sock, cases[i].f, cases[i].n_frames, text, sizeof text);
+        CHECK_EQ(type, DOWNPOUR__MSG_TYPE__ERROR);
+        if (!strstr(text, cases[i].want)) {
+            fprintf(stderr, "  case %s: reply '%s' lacks '%s'\n", cases[i].name, text, cases[i].want);
+            CHECK(0);
+        }
+    }
+    /* A fingerprint mismatch on a push. */
+    len = s_push_env(b0, g, 0, n, fp ^ 1, 1, 0, 0);
+    frame_t ff[2] = {{b0, len}, {g, n * 4}};
+    CHECK_EQ(s_raw(sock, ff, 2, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "model mismatch") != NULL);
+    /* A reply type sent as a request. */
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, 1, 0, fp);
+    env.type = DOWNPOUR__MSG_TYPE__ERROR;
+    Downpour__Error e = DOWNPOUR__ERROR__INIT;
+    e.message = "hi";
+    env.error = &e;
+    len = downpour__envelope__pack(&env, b0);
+    frame_t fe = {b0, len};
+    CHECK_EQ(s_raw(sock, &fe, 1, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "not a request") != NULL);
+    /* Sanity: the raw socket does get an ACK for a well-formed push. */
+    len = s_push_env(b0, g, 0, n, fp, 1, 0, 0);
+    frame_t ok[2] = {{b0, len}, {g, n * 4}};
+    CHECK_EQ(s_raw(sock, ok, 2, text, sizeof text), DOWNPOUR__MSG_TYPE__ACK);
+    /* Only that last push changed anything. */
+    if (c) {
+        dp_ps_stats_t st;
+        CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+        CHECK_EQ(st.applied, 1);
+        CHECK_EQ(st.version, 1);
+        CHECK_EQ(st.rejected, k + 2);
+        CHECK_EQ(dp_ps_client_pull(c, p1, err), 0);
+        for (size_t i = 0; i < n; i++) p0[i] -= 0.1f * g[i];
+        CHECK_CLOSE("only the valid push applied", p1, p0, n, 0, 0);
+    }
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    free(p0), free(p1), free(g);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* ---- checkpoints ------------------------------------------------------ */
+
+static void s_tmpdir(char *out, size_t n, const char *tag)
+{
+    snprintf(out, n, "/tmp/dp-test-ps-%s-%d", tag, (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+    if (system(cmd) != 0) fprintf(stderr, "  (could not clean %s)\n", out);
+}
+
+/* Written on SHUTDOWN and restored on restart, optimizer state included:
+ * push, shutdown, restart, push == two pushes on one server. */
+static void test_checkpoint_restore(void)
+{
+    s_small_model();
+    char dir[256], path[DP_PS_PATH_LEN + 64], err[DP_ERR_LEN] = "";
+    s_tmpdir(dir, sizeof dir, "ckpt");
+    size_t n = s_small.n_floats;
+    float *p = dp_malloc(n * 4), *after1 = dp_malloc(n * 4), *want = dp_malloc(n * 4),
+          *g1 = dp_malloc(n * 4), *g2 = dp_malloc(n * 4);
+    s_fill(g1, n, 21);
+    s_fill(g2, n, 22);
+    dp_push_result_t r;
+    /* Reference: one server, both pushes. */
+    srv_t ref;
+    srv_init(&ref, DP_MODE_ASYNC, 1);
+    ref.cfg.optim.kind = DP_OPT_ADAM;
+    CHECK_EQ(srv_start(&ref), 0);
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_connect(&c, ref.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (c) {
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g1, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g2, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c, want, err), 0);
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&ref), 0);
+    /* First life: one push, then SHUTDOWN (checkpoint before the reply). */
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    s.cfg.optim.kind = DP_OPT_ADAM;
+    snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", dir);
+    CHECK_EQ(srv_start(&s), 0);
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (c) {
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g1, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c, after1, err), 0);
+        CHECK_EQ(dp_ps_client_shutdown_servers(c, err), 0);
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop_after(&s, 5), 0);
+    dp_ps_checkpoint_path(path, sizeof path, dir, 0, 1);
+    CHECK_EQ(access(path, F_OK), 0);
+    /* Second life: restored at version 1 with the same weights and state. */
+    srv_t s2;
+    srv_init(&s2, DP_MODE_ASYNC, 1);
+    s2.cfg.optim.kind = DP_OPT_ADAM;
+    snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", dir);
+    CHECK_EQ(srv_start(&s2), 0);
+    CHECK_EQ(dp_ps_client_connect(&c, s2.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (c) {
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_version(c), 1);
+        CHECK_CLOSE("restored weights", p, after1, n, 0, 0);
+        CHECK_EQ(dp_ps_client_push(c, g2, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_CLOSE("restored optimizer state", p, want, n, 0, 0);
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s2), 0); /* stop flag: writes the checkpoint at version 2 */
+    /* A different optimizer refuses the file instead of starting fresh. */
+    srv_t s3;
+    srv_init(&s3, DP_MODE_ASYNC, 1);
+    snprintf(s3.cfg.checkpoint_dir, sizeof s3.cfg.checkpoint_dir, "%s", dir);
+    CHECK_EQ(srv_start(&s3), -1);
+    CHECK_EQ(srv_stop(&s3), -1);
+    CHECK(strstr(s3.err, "optimizer") != NULL);
+    free(p), free(after1), free(want), free(g1), free(g2);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
+static void test_corrupt_checkpoint(void)
+{
+    char dir[256], path[DP_PS_PATH_LEN + 64], err[DP_ERR_LEN];
+    s_tmpdir(dir, sizeof dir, "corrupt");
+    CHECK_EQ(mkdir(dir, 0755), 0);
+    dp_ps_checkpoint_path(path, sizeof path, dir, 0, 1);
+    const char junk[] = "\x10\x00\x00\x00\x00\x00\x00\x00{\"params\": broken";
+    CHECK_EQ(dp_write_file_atomic(path, junk, sizeof junk - 1, err), 0);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", dir);
+    CHECK_EQ(srv_start(&s), -1);
+    CHECK_EQ(srv_stop(&s), -1);
+    CHECK(strstr(s.err, path) != NULL);
+    fprintf(stderr, "  (expected) %s\n", s.err);
+    /* The file is left alone for a human to look at. */
+    CHECK_EQ(access(path, F_OK), 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
+/* No server: a clear timeout error, not a hang. Then a server that dies
+ * mid-session: the next call times out too. */
+static void test_dead_server_times_out(void)
+{
+    s_small_model();
+    /* A port nobody listens on: bind one, note it, close it. */
+    void *ctx = zmq_ctx_new();
+    void *tmp = zmq_socket(ctx, ZMQ_ROUTER);
+    zmq_bind(tmp, "tcp://127.0.0.1:*");
+    char ep[256];
+    size_t len = sizeof ep;
+    zmq_getsockopt(tmp, ZMQ_LAST_ENDPOINT, ep, &len);
+    zmq_close(tmp);
+    zmq_ctx_term(ctx);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    double t0 = dp_now();
+    CHECK_EQ(dp_ps_client_connect(&c, ep, &s_small, 0, 1.0, NULL, err), -1);
+    double dt = dp_now() - t0;
+    CHECK(dt >= 0.9 && dt < 3.0);
+    CHECK(strstr(err, "no reply in 1 s (is downpour-ps running?)") != NULL);
+    CHECK(strstr(err, ep) != NULL);
+    fprintf(stderr, "  (expected) %s\n", err);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, 1.0, NULL, err), 0);
+    CHECK_EQ(srv_stop(&s), 0);
+    if (c) {
+        float *p = dp_malloc(s_small.n_floats * 4), *g = dp_calloc(s_small.n_floats, 4);
+        t0 = dp_now();
+        CHECK_EQ(dp_ps_client_pull(c, p, err), -1);
+        CHECK(dp_now() - t0 < 3.0);
+        CHECK(strstr(err, "no reply in 1 s") != NULL);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 1, &r, err), -1); /* never pulled */
+        free(p), free(g);
+    }
+    dp_ps_client_destroy(&c);
+}
+
+/* Flags: the cluster form implies the shard, bad values name the flag. */
+static void test_parse_args(void)
+{
+    dp_ps_config_t c;
+    char err[DP_ERR_LEN] = "";
+    dp_ps_config_default(&c);
+    char *a1[] = {"downpour-ps", "--job-name", "ps", "--task-index", "1", "--ps-hosts",
+                  "localhost:5000,localhost:5001,localhost:5002", "--worker-hosts",
+                  "localhost:6000,localhost:6001", "--mode=ssp", "--staleness", "3", "--lr", "0.01"};
+    int rc = dp_ps_parse_args(&c, (int)(sizeof a1 / sizeof a1[0]), a1, err);
+    CHECK_EQ(rc, 0);
+    if (rc) fprintf(stderr, "  %s\n", err);
+    CHECK_STR(c.bind, "tcp://*:5001");
+    CHECK_EQ(c.shard_index, 1);
+    CHECK_EQ(c.shard_count, 3);
+    CHECK_EQ(c.num_workers, 2);
+    CHECK_EQ(c.mode, DP_MODE_SSP);
+    CHECK_EQ(c.staleness, 3);
+    CHECK_NEAR(c.optim.lr, 0.01, 1e-9);
+    dp_ps_config_default(&c);
+    char *a2[] = {"downpour-ps", "--shard", "2/2"};
+    CHECK_EQ(dp_ps_parse_args(&c, 3, a2, err), -1);
+    CHECK(strstr(err, "--shard") != NULL);
+    char *a3[] = {"downpour-ps", "--workers", "2", "--replicas-to-aggregate", "3"};
+    CHECK_EQ(dp_ps_parse_args(&c, 5, a3, err), -1);
+    CHECK(strstr(err, "--replicas-to-aggregate") != NULL);
+    char *a4[] = {"downpour-ps", "--mode", "fast"};
+    CHECK_EQ(dp_ps_parse_args(&c, 3, a4, err), -1);
+    CHECK(strstr(err, "--mode") != NULL);
+    char *a5[] = {"downpour-ps", "--optimizer", "adam", "--input", "3x32x32", "--bogus"};
+    CHECK_EQ(dp_ps_parse_args(&c, 6, a5, err), -1);
+    CHECK(strstr(err, "--bogus") != NULL);
+    CHECK_EQ(c.in_c, 3);
+}
+
+/* Pull + push round trip of the default model (6.6 MB), 1 and 2 shards. */
+static void test_roundtrip_time(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    size_t n = m.n_floats;
+    float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    s_fill(g, n, 1);
+    for (size_t i = 0; i < n; i++) g[i] *= 1e-3f;
+    for (int shards = 1; shards <= 2; shards++) {
+        srv_t s[2];
+        char eps[600] = "";
+        for (int i = 0; i < shards; i++) {
+            srv_init(&s[i], DP_MODE_ASYNC, 1);
+            snprintf(s[i].cfg.model_spec, sizeof s[i].cfg.model_spec, "%s", DP_MODEL_DEFAULT_SPEC);
+            s[i].cfg.in_h = s[i].cfg.in_w = 28;
+            s[i].cfg.shard_index = i;
+            s[i].cfg.shard_count = shards;
+            CHECK_EQ(srv_start(&s[i]), 0);
+            size_t l = strlen(eps);
+            snprintf(eps + l, sizeof eps - l, "%s%s", i ? "," : "", s[i].endpoint);
+        }
+        dp_ps_client_t *c = NULL;
+        CHECK_EQ(dp_ps_client_connect(&c, eps, &m, 0, TMO, NULL, err), 0);
+        if (c) {
+            const int iters = 20;
+            int ok = 1;
+            dp_push_result_t r;
+            for (int k = 0; k < 3 && ok; k++) /* warm up */
+                ok = dp_ps_client_pull(c, p, err) == 0 && dp_ps_client_push(c, g, 1, 1, &r, err) == 0;
+            double t0 = dp_now(), tpull = 0;
+            for (int k = 0; k < iters && ok; k++) {
+                double a = dp_now();
+                ok = dp_ps_client_pull(c, p, err) == 0;
+                tpull += dp_now() - a;
+                ok = ok && dp_ps_client_push(c, g, 1, 1, &r, err) == 0 && r.applied == shards;
+            }
+            double dt = (dp_now() - t0) / iters;
+            CHECK(ok);
+            printf("roundtrip: %zu floats (%.1f MB), %d shard%s: pull+push %.2f ms (pull %.2f ms, push %.2f ms)\n",
+                   n, n * 4 / 1e6, shards, shards > 1 ? "s" : "", dt * 1e3, tpull / iters * 1e3,
+                   (dt - tpull / iters) * 1e3);
+            fflush(stdout);
+        }
+        dp_ps_client_destroy(&c);
+        for (int i = 0; i < shards; i++) CHECK_EQ(srv_stop(&s[i]), 0);
+    }
+    free(p), free(g);
+}
+
+DP_TESTS(T(test_async_sgd_exact), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
+         T(test_sync_heartbeat_timeout), T(test_ssp_zero_lockstep), T(test_two_shards_equal_one),
+         T(test_fingerprint_mismatch), T(test_nan_rejected), T(test_malformed_envelopes),
+         T(test_checkpoint_restore), T(test_corrupt_checkpoint), T(test_dead_server_times_out),
+         T(test_parse_args), T(test_roundtrip_time))

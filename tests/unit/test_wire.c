@@ -1,0 +1,339 @@
+/* test_wire: the codec (proto/wire.h) — envelope round trips, multipart
+ * framing over real ZeroMQ sockets (inproc), zero-copy release, and every
+ * structural validation failure. */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "proto/wire.h"
+#include "tests/test.h"
+
+#define N 100
+
+static float s_data[N + 1];
+
+/* A valid PUSH of s_data[0..n) at offset off, packed into buf. */
+static size_t s_make_push(uint8_t *buf, size_t cap, size_t n, uint64_t off,
+                          void (*mutate)(Downpour__Envelope *, Downpour__TensorDesc *))
+{
+    for (size_t i = 0; i < N; i++) s_data[i] = (float)i * 0.5f - 3.0f;
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 42, 3, 0x1234abcdULL);
+    Downpour__Push p = DOWNPOUR__PUSH__INIT;
+    p.version = 7;
+    p.loss = 2.5f;
+    p.batch = 64;
+    env.push = &p;
+    Downpour__TensorDesc d;
+    Downpour__TensorDesc *dv[1] = {&d};
+    int64_t shape[1];
+    dp_wire_desc_fill(&d, shape, "params", s_data, n, off, 0, 0);
+    env.n_tensors = 1;
+    env.tensors = dv;
+    if (mutate) mutate(&env, &d);
+    size_t len = downpour__envelope__get_packed_size(&env);
+    if (len > cap) return 0;
+    downpour__envelope__pack(&env, buf);
+    return len;
+}
+
+/* Decode buf and check it against frames; returns the check's result. */
+static int s_check(const uint8_t *buf, size_t len, const dp_wire_frame_t *fr, int nf, char *err)
+{
+    Downpour__Envelope *env = dp_wire_decode(buf, len, err);
+    if (!env) return -1;
+    int rc = dp_wire_check(env, fr, nf, err);
+    dp_wire_free(env);
+    return rc;
+}
+
+static void test_roundtrip_envelope(void)
+{
+    uint8_t buf[4096];
+    size_t len = s_make_push(buf, sizeof buf, N, 10, NULL);
+    CHECK(len > 0);
+    char err[DP_ERR_LEN] = "";
+    Downpour__Envelope *env = dp_wire_decode(buf, len, err);
+    CHECK(env != NULL);
+    if (!env) return;
+    CHECK_EQ(env->protocol_version, DP_PROTOCOL_VERSION);
+    CHECK_EQ(env->type, DOWNPOUR__MSG_TYPE__PUSH);
+    CHECK_EQ(env->request_id, 42);
+    CHECK_EQ(env->worker_id, 3);
+    CHECK(env->model_fingerprint == 0x1234abcdULL);
+    CHECK(env->push != NULL);
+    CHECK_EQ(env->push->version, 7);
+    CHECK_NEAR(env->push->loss, 2.5, 0);
+    CHECK_EQ(env->push->batch, 64);
+    CHECK_EQ(env->n_tensors, 1);
+    CHECK_STR(env->tensors[0]->key, "params");
+    CHECK_EQ(env->tensors[0]->byte_length, N * 4);
+    CHECK_EQ(env->tensors[0]->offset, 10);
+    CHECK_EQ(env->tensors[0]->n_shape, 1);
+    CHECK_EQ(env->tensors[0]->shape[0], N);
+    CHECK(env->tensors[0]->crc32 == dp_wire_crc32(s_data, N * 4));
+    dp_wire_frame_t fr = {s_data, N * 4};
+    CHECK_EQ(dp_wire_check(env, &fr, 1, err), 0);
+    CHECK_EQ(dp_wire_check_range(env, 10, 10 + N, err), 0);
+    CHECK_EQ(dp_wire_check_finite(&fr, 1, err), 0);
+    dp_wire_free(env);
+    dp_wire_free(NULL); /* safe */
+}
+
+static void test_mode_and_names(void)
+{
+    dp_mode_t m = 0;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_mode_parse("sync", &m, err), 0);
+    CHECK_EQ(m, DP_MODE_SYNC);
+    CHECK_EQ(dp_mode_parse("ssp", &m, err), 0);
+    CHECK_EQ(m, DP_MODE_SSP);
+    CHECK_EQ(dp_mode_parse("async", &m, err), 0);
+    CHECK_STR(dp_mode_name(m), "async");
+    CHECK_EQ(dp_mode_parse("hogwild", &m, err), -1);
+    CHECK(strstr(err, "hogwild") != NULL);
+    CHECK_STR(dp_wire_type_name(DOWNPOUR__MSG_TYPE__PULL), "PULL");
+    CHECK_STR(dp_wire_type_name(99), "type 99");
+    /* crc32 of "123456789" is the standard check value. */
+    CHECK(dp_wire_crc32("123456789", 9) == 0xcbf43926u);
+}
+
+static atomic_int s_released;
+static void s_release(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+    atomic_fetch_add(&s_released, 1);
+}
+
+/* DEALER -> ROUTER -> DEALER over inproc: identity added and echoed,
+ * tensor frames arrive intact, the sender's buffer is released exactly once. */
+static void test_roundtrip_sockets(void)
+{
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 5000;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    CHECK_EQ(zmq_bind(router, "inproc://wire"), 0);
+    CHECK_EQ(zmq_connect(dealer, "inproc://wire"), 0);
+    char err[DP_ERR_LEN] = "";
+    float *g = dp_malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) g[i] = (float)i;
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 9, 1, 77);
+    Downpour__Push p = DOWNPOUR__PUSH__INIT;
+    env.push = &p;
+    Downpour__TensorDesc d[2];
+    Downpour__TensorDesc *dv[2] = {&d[0], &d[1]};
+    int64_t sh0[1], sh1[1];
+    dp_wire_desc_fill(&d[0], sh0, "a", g, 40, 0, 0, 0);
+    dp_wire_desc_fill(&d[1], sh1, "b", g + 40, 60, 40, 0, 0);
+    env.n_tensors = 2;
+    env.tensors = dv;
+    atomic_store(&s_released, 0);
+    dp_wire_payload_t pl[2] = {{g, 160, s_release, NULL}, {g + 40, 240, s_release, NULL}};
+    CHECK_EQ(dp_wire_send(dealer, NULL, &env, pl, 2, err), 0);
+    dp_wire_rx_t rx;
+    CHECK_EQ(dp_wire_recv(router, &rx, 0, err), 0);
+    CHECK_EQ(rx.n_parts, 4); /* identity, envelope, 2 tensors */
+    CHECK_EQ(rx.n_total, 4);
+    Downpour__Envelope *e2 = dp_wire_decode(zmq_msg_data(&rx.parts[1]), zmq_msg_size(&rx.parts[1]), err);
+    CHECK(e2 != NULL);
+    dp_wire_frame_t fr[2] = {{zmq_msg_data(&rx.parts[2]), zmq_msg_size(&rx.parts[2])},
+                             {zmq_msg_data(&rx.parts[3]), zmq_msg_size(&rx.parts[3])}};
+    if (e2) {
+        CHECK_EQ(dp_wire_check(e2, fr, 2, err), 0);
+        CHECK_EQ(dp_wire_check_range(e2, 0, N, err), 0);
+        CHECK_EQ(dp_wire_check_range(e2, 0, N + 1, err), -1);
+        CHECK(memcmp(fr[1].data, g + 40, 240) == 0);
+        /* Reply through the identity. */
+        Downpour__Envelope rep;
+        dp_wire_env_init(&rep, DOWNPOUR__MSG_TYPE__HEARTBEAT, e2->request_id, 1, 77);
+        CHECK_EQ(dp_wire_send(router, &rx.parts[0], &rep, NULL, 0, err), 0);
+        dp_wire_rx_t rx2;
+        CHECK_EQ(dp_wire_recv(dealer, &rx2, 0, err), 0);
+        CHECK_EQ(rx2.n_parts, 1);
+        Downpour__Envelope *e3 = dp_wire_decode(zmq_msg_data(&rx2.parts[0]), zmq_msg_size(&rx2.parts[0]), err);
+        CHECK(e3 && e3->request_id == 9 && e3->type == DOWNPOUR__MSG_TYPE__HEARTBEAT);
+        CHECK_EQ(dp_wire_check(e3, NULL, 0, err), 0);
+        dp_wire_free(e3);
+        dp_wire_rx_close(&rx2);
+    }
+    dp_wire_free(e2);
+    dp_wire_rx_close(&rx);
+    /* Nothing waiting: DONTWAIT gives EAGAIN, not a hang. */
+    CHECK_EQ(dp_wire_recv(router, &rx, ZMQ_DONTWAIT, err), -1);
+    CHECK_EQ(errno, EAGAIN);
+    zmq_close(router);
+    zmq_close(dealer);
+    zmq_ctx_term(ctx);
+    CHECK_EQ(atomic_load(&s_released), 2);
+    free(g);
+}
+
+/* Too many frames: the extra ones are drained and counted, not kept. */
+static void test_recv_too_many_frames(void)
+{
+    void *ctx = zmq_ctx_new();
+    void *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    int tmo = 5000;
+    zmq_setsockopt(b, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_bind(b, "inproc://many");
+    zmq_connect(a, "inproc://many");
+    int total = DP_WIRE_MAX_PARTS + 10;
+    for (int i = 0; i < total; i++) zmq_send(a, "x", 1, i + 1 < total ? ZMQ_SNDMORE : 0);
+    zmq_send(a, "next", 4, 0);
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_wire_recv(b, &rx, 0, err), 0);
+    CHECK_EQ(rx.n_parts, DP_WIRE_MAX_PARTS);
+    CHECK_EQ(rx.n_total, total);
+    dp_wire_rx_close(&rx);
+    CHECK_EQ(dp_wire_recv(b, &rx, 0, err), 0); /* the next message is whole */
+    CHECK_EQ(rx.n_total, 1);
+    CHECK_EQ(zmq_msg_size(&rx.parts[0]), 4);
+    dp_wire_rx_close(&rx);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+
+static void m_version(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)d; e->protocol_version = 2; }
+static void m_type(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)d; e->type = 77; }
+static void m_type0(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)d; e->type = 0; }
+static void m_nobody(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)d; e->push = NULL; }
+static void m_tensors_on_pull(Downpour__Envelope *e, Downpour__TensorDesc *d)
+{
+    static Downpour__Pull p = DOWNPOUR__PULL__INIT;
+    (void)d;
+    e->type = DOWNPOUR__MSG_TYPE__PULL;
+    e->pull = &p;
+}
+static void m_dtype(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; d->dtype = DOWNPOUR__DTYPE__FLOAT16; }
+static void m_shape(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; d->shape[0] = N - 1; }
+static void m_bytelen(Downpour__Envelope *e, Downpour__TensorDesc *d)
+{
+    (void)e;
+    d->byte_length = (N - 1) * 4;
+    d->shape[0] = N - 1;
+}
+static void m_crc(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; d->crc32 ^= 1; }
+static void m_key(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; d->key = ""; }
+static void m_negshape(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; d->shape[0] = -N; }
+
+static void test_validation_failures(void)
+{
+    struct {
+        const char *name;
+        void (*mutate)(Downpour__Envelope *, Downpour__TensorDesc *);
+        const char *want; /* substring of the error */
+    } cases[] = {
+        {"version", m_version, "protocol version 2"},
+        {"unknown type", m_type, "unknown message type 77"},
+        {"type 0", m_type0, "unknown message type 0"},
+        {"missing body", m_nobody, "without its 'push' body"},
+        {"tensors on PULL", m_tensors_on_pull, "takes none"},
+        {"dtype", m_dtype, "dtype 2 unsupported"},
+        {"shape vs bytes", m_shape, "byte_length"},
+        {"byte length vs frame", m_bytelen, "frame has 400 bytes"},
+        {"checksum", m_crc, "checksum"},
+        {"empty key", m_key, "key"},
+        {"negative shape", m_negshape, "dimension 0 is -100"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint8_t buf[4096];
+        size_t len = s_make_push(buf, sizeof buf, N, 0, cases[k].mutate);
+        dp_wire_frame_t fr = {s_data, N * 4};
+        char err[DP_ERR_LEN] = "";
+        int rc = s_check(buf, len, &fr, 1, err);
+        CHECK_EQ(rc, -1);
+        if (!strstr(err, cases[k].want) || strncmp(err, "malformed: ", 11) != 0) {
+            fprintf(stderr, "  case %s: error '%s' lacks '%s'\n", cases[k].name, err, cases[k].want);
+            CHECK(0);
+        }
+    }
+}
+
+static void test_frame_count_and_garbage(void)
+{
+    uint8_t buf[4096];
+    size_t len = s_make_push(buf, sizeof buf, N, 0, NULL);
+    dp_wire_frame_t fr[2] = {{s_data, N * 4}, {s_data, N * 4}};
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_check(buf, len, fr, 1, err), 0);
+    CHECK_EQ(s_check(buf, len, fr, 0, err), -1);
+    CHECK(strstr(err, "1 tensor descriptors but 0 tensor frames") != NULL);
+    CHECK_EQ(s_check(buf, len, fr, 2, err), -1);
+    CHECK(strstr(err, "but 2 tensor frames") != NULL);
+    /* A flipped payload bit is caught by the checksum. */
+    float copy[N];
+    memcpy(copy, s_data, sizeof copy);
+    ((uint8_t *)copy)[17] ^= 0x10;
+    dp_wire_frame_t bad = {copy, N * 4};
+    CHECK_EQ(s_check(buf, len, &bad, 1, err), -1);
+    CHECK(strstr(err, "checksum") != NULL);
+    /* Garbage and truncation do not parse (and do not crash). */
+    const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x34};
+    CHECK(dp_wire_decode(garbage, sizeof garbage, err) == NULL);
+    CHECK(strstr(err, "does not parse") != NULL);
+    CHECK(dp_wire_decode(buf, len - 3, err) == NULL);
+    CHECK(dp_wire_decode(buf, 0, err) == NULL);
+    CHECK(strstr(err, "empty") != NULL);
+    uint8_t *big = dp_calloc(DP_WIRE_MAX_ENVELOPE + 1, 1);
+    CHECK(dp_wire_decode(big, DP_WIRE_MAX_ENVELOPE + 1, err) == NULL);
+    CHECK(strstr(err, "limit") != NULL);
+    free(big);
+}
+
+static void test_range(void)
+{
+    char err[DP_ERR_LEN] = "";
+    uint8_t buf[4096];
+    size_t len = s_make_push(buf, sizeof buf, N, 50, NULL);
+    Downpour__Envelope *env = dp_wire_decode(buf, len, err);
+    CHECK(env != NULL);
+    if (!env) return;
+    CHECK_EQ(dp_wire_check_range(env, 50, 150, err), 0);
+    CHECK_EQ(dp_wire_check_range(env, 0, 100, err), -1); /* wrong shard */
+    CHECK(strstr(err, "[50, 150)") != NULL && strstr(err, "[0, 100)") != NULL);
+    CHECK_EQ(dp_wire_check_range(env, 50, 149, err), -1); /* too long */
+    CHECK_EQ(dp_wire_check_range(env, 50, 151, err), -1); /* too short */
+    CHECK(strstr(err, "cover") != NULL);
+    dp_wire_free(env);
+}
+
+static void test_finite(void)
+{
+    char err[DP_ERR_LEN] = "";
+    /* Misaligned on purpose: the received frame may start anywhere. */
+    uint8_t raw[4 * 8 + 1];
+    float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    memcpy(raw + 1, v, sizeof v);
+    dp_wire_frame_t fr = {raw + 1, sizeof v};
+    CHECK_EQ(dp_wire_check_finite(&fr, 1, err), 0);
+    v[5] = NAN;
+    memcpy(raw + 1, v, sizeof v);
+    CHECK_EQ(dp_wire_check_finite(&fr, 1, err), -1);
+    CHECK(strstr(err, "element 5") && strstr(err, "NaN"));
+    v[5] = 6;
+    v[2] = -INFINITY;
+    memcpy(raw + 1, v, sizeof v);
+    CHECK_EQ(dp_wire_check_finite(&fr, 1, err), -1);
+    CHECK(strstr(err, "element 2") && strstr(err, "-Inf"));
+    v[2] = 3;
+    v[7] = 3.4e38f * 10.0f; /* overflows to +Inf */
+    memcpy(raw + 1, v, sizeof v);
+    CHECK_EQ(dp_wire_check_finite(&fr, 1, err), -1);
+    CHECK(strstr(err, "+Inf") != NULL);
+    v[7] = 3.4e38f; /* large but finite */
+    memcpy(raw + 1, v, sizeof v);
+    CHECK_EQ(dp_wire_check_finite(&fr, 1, err), 0);
+}
+
+DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
+         T(test_recv_too_many_frames), T(test_validation_failures),
+         T(test_frame_count_and_garbage), T(test_range), T(test_finite))

@@ -1,0 +1,148 @@
+/* data: global-batch sample order and a double-buffered prefetch thread. */
+#include "data.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/rng.h"
+#include "../common/util.h"
+
+long dp_data_steps_per_epoch(int n, int batch, int world)
+{
+    if (batch < 1 || world < 1) return 0;
+    return (long)n / ((long)batch * world);
+}
+
+static void s_permutation(int *perm, int n, unsigned long long seed, long epoch)
+{
+    dp_rng_t rng;
+    dp_rng_seed(&rng, seed * 0x9e3779b97f4a7c15ULL + (unsigned long long)epoch + 1);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    dp_rng_shuffle(&rng, perm, n);
+}
+
+/* Indices of (rank, step) given the permutation of step's epoch. */
+static void s_slice(const int *perm, long steps_per_epoch, int batch, int rank, int world,
+                    long step, int *idx)
+{
+    long j = step % steps_per_epoch;
+    const int *from = perm + (j * world + rank) * (long)batch;
+    memcpy(idx, from, (size_t)batch * sizeof(int));
+}
+
+void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long long seed,
+                           long step, int *idx)
+{
+    long spe = dp_data_steps_per_epoch(n, batch, world);
+    int *perm = dp_malloc((size_t)n * sizeof(int));
+    s_permutation(perm, n, seed, step / spe);
+    s_slice(perm, spe, batch, rank, world, step, idx);
+    free(perm);
+}
+
+static void *s_producer(void *arg)
+{
+    dp_batcher_t *bt = arg;
+    int *idx = dp_malloc((size_t)bt->batch * sizeof(int));
+    for (long step = 0; step < bt->total_steps; step++) {
+        int slot = (int)(step & 1);
+        pthread_mutex_lock(&bt->mu);
+        while (bt->full[slot] && !bt->stop) pthread_cond_wait(&bt->cv, &bt->mu);
+        int stop = bt->stop;
+        pthread_mutex_unlock(&bt->mu);
+        if (stop) break;
+        long epoch = step / bt->steps_per_epoch;
+        if (epoch != bt->perm_epoch) {
+            s_permutation(bt->perm, bt->ds->n, bt->seed, epoch);
+            bt->perm_epoch = epoch;
+        }
+        s_slice(bt->perm, bt->steps_per_epoch, bt->batch, bt->rank, bt->world, step, idx);
+        dp_dataset_gather(bt->ds, idx, bt->batch, bt->x[slot], bt->y[slot]);
+        pthread_mutex_lock(&bt->mu);
+        bt->full[slot] = 1;
+        bt->slot_step[slot] = step;
+        bt->produced = step + 1;
+        pthread_cond_broadcast(&bt->cv);
+        pthread_mutex_unlock(&bt->mu);
+    }
+    free(idx);
+    return NULL;
+}
+
+int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                     int rank, int world, unsigned long long seed, long total_steps, char *err)
+{
+    memset(bt, 0, sizeof *bt);
+    if (rank < 0 || rank >= world)
+        return dp_err(err, "worker index %d out of range for %d workers", rank, world);
+    bt->steps_per_epoch = dp_data_steps_per_epoch(ds->n, batch, world);
+    if (bt->steps_per_epoch < 1)
+        return dp_err(err, "%s: %d samples are fewer than one global batch (%d workers x batch %d)",
+                      ds->name, ds->n, world, batch);
+    bt->ds = ds;
+    bt->be = be;
+    bt->batch = batch;
+    bt->rank = rank;
+    bt->world = world;
+    bt->seed = seed;
+    bt->total_steps = total_steps;
+    bt->perm = dp_malloc((size_t)ds->n * sizeof(int));
+    bt->perm_epoch = -1;
+    bt->held = -1;
+    size_t sample = (size_t)ds->c * ds->h * ds->w;
+    for (int s = 0; s < 2; s++) {
+        bt->x[s] = be->host_alloc(be, (size_t)batch * sample * sizeof(float));
+        bt->y[s] = be->host_alloc(be, (size_t)batch * sizeof(int));
+    }
+    pthread_mutex_init(&bt->mu, NULL);
+    pthread_cond_init(&bt->cv, NULL);
+    if (pthread_create(&bt->thread, NULL, s_producer, bt) != 0) {
+        dp_batcher_stop(bt);
+        return dp_err(err, "cannot start the data thread");
+    }
+    bt->started = 1;
+    return 0;
+}
+
+long dp_batcher_next(dp_batcher_t *bt, const float **x, const int **y)
+{
+    pthread_mutex_lock(&bt->mu);
+    if (bt->held >= 0) {
+        bt->full[bt->held] = 0;  /* the previous batch is done with */
+        bt->held = -1;
+        pthread_cond_broadcast(&bt->cv);
+    }
+    if (bt->consumed >= bt->total_steps) {
+        pthread_mutex_unlock(&bt->mu);
+        return -1;
+    }
+    int slot = (int)(bt->consumed & 1);
+    while (!bt->full[slot]) pthread_cond_wait(&bt->cv, &bt->mu);
+    bt->held = slot;
+    long step = bt->slot_step[slot];
+    bt->consumed++;
+    pthread_mutex_unlock(&bt->mu);
+    *x = bt->x[slot];
+    *y = bt->y[slot];
+    return step;
+}
+
+void dp_batcher_stop(dp_batcher_t *bt)
+{
+    if (!bt->be) return;
+    if (bt->started) {
+        pthread_mutex_lock(&bt->mu);
+        bt->stop = 1;
+        pthread_cond_broadcast(&bt->cv);
+        pthread_mutex_unlock(&bt->mu);
+        pthread_join(bt->thread, NULL);
+    }
+    pthread_mutex_destroy(&bt->mu);
+    pthread_cond_destroy(&bt->cv);
+    for (int s = 0; s < 2; s++) {
+        bt->be->host_release(bt->be, bt->x[s]);
+        bt->be->host_release(bt->be, bt->y[s]);
+    }
+    free(bt->perm);
+    memset(bt, 0, sizeof *bt);
+}

@@ -1,0 +1,57 @@
+/* data: which samples a worker trains on, and a thread that prepares the
+ * next batch while the current one is computed.
+ *
+ * The order is a "global batch" order shared by every worker: each epoch e
+ * draws one permutation of the training set from (seed, e); global step j
+ * of the epoch covers positions [j*world*batch, (j+1)*world*batch), and
+ * worker `rank` takes the rank-th slice of batch samples in it. So sync
+ * training with R workers at batch b sees exactly the samples, in the same
+ * order, that one worker at batch R*b sees: the basis of the equivalence
+ * test. The tail of each epoch that fills no whole global batch is skipped. */
+#ifndef DP_DATA_H
+#define DP_DATA_H
+
+#include <pthread.h>
+
+#include "../common/dataset.h"
+#include "../kernels/backend.h"
+
+typedef struct {
+    const dp_dataset_t *ds;   /* not owned */
+    dp_backend_t *be;         /* host buffers come from be->host_alloc (pinned on GPU) */
+    int batch, rank, world;
+    unsigned long long seed;
+    long steps_per_epoch;     /* global batches per epoch */
+    long total_steps;         /* batches this batcher hands out */
+    int *perm;                /* current epoch's permutation, produced by the thread */
+    long perm_epoch;          /* epoch perm belongs to, -1 none */
+    float *x[2];              /* double buffer: batch pixels */
+    int *y[2];                /* double buffer: batch labels */
+    int full[2];              /* slot holds a batch not yet consumed */
+    long slot_step[2];        /* step the slot's batch belongs to */
+    long produced, consumed;  /* steps produced / handed out */
+    int held;                 /* slot the consumer holds, -1 none */
+    int stop;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+} dp_batcher_t;
+
+/* Global batches per epoch for this data, batch and world; 0 if the set
+ * is too small for even one. */
+long dp_data_steps_per_epoch(int n, int batch, int world);
+
+/* The sample indices of worker rank's batch at step (0-based, counting
+ * across epochs), into idx[batch]. The thread uses the same rule. */
+void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long long seed,
+                           long step, int *idx);
+
+int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                     int rank, int world, unsigned long long seed, long total_steps, char *err);
+/* The next batch (x [batch*c*h*w] as pixels/255, y [batch]); valid until the
+ * next call. Returns the step number, or -1 when total_steps were handed out. */
+long dp_batcher_next(dp_batcher_t *bt, const float **x, const int **y);
+void dp_batcher_stop(dp_batcher_t *bt);
+
+#endif

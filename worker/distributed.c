@@ -1,0 +1,167 @@
+/* distributed: the worker's loop against parameter servers — pull, compute,
+ * push — and, on the chief (task 0), the end of the run: wait for every
+ * worker, evaluate the final weights, save them, write the summary, stop
+ * the servers. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/rng.h"
+#include "../common/util.h"
+#include "data.h"
+#include "ps_client.h"
+#include "train.h"
+
+static const char *s_mode_name(dp_mode_t m)
+{
+    switch (m) {
+    case DP_MODE_SYNC: return "sync";
+    case DP_MODE_ASYNC: return "async";
+    case DP_MODE_SSP: return "ssp";
+    }
+    return "?";
+}
+
+/* Sleep for the injected delay: fixed, or exponential with that mean (the
+ * heavy tail of real stragglers). */
+static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
+{
+    if (c->delay_ms <= 0) return;
+    double ms = c->delay_ms;
+    if (c->delay_exp) ms = -c->delay_ms * log(1.0 - dp_rng_uniform(rng));
+    struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+/* The chief's end of the run. */
+static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
+                          long steps, double train_s, double images, char *err)
+{
+    if (dp_ps_client_wait_all_finished(ps, s->conf.timeout_s * 10, err) != 0)
+        dp_log_warn("not every worker finished: %s", err);
+    if (dp_ps_client_pull(ps, s->h_params, err) != 0) return -1;
+    dp_net_set_params(&s->net, s->h_params);
+    double acc = 0, loss = 0;
+    dp_session_evaluate(s, 0, &acc, &loss);
+    dp_session_log_eval(s, steps, acc, loss);
+    dp_ps_stats_t st;
+    if (dp_ps_client_stats(ps, &st, err) != 0) return -1;
+    dp_log_info("chief: test accuracy %.4f, loss %.4f; server applied %llu, dropped %llu, rejected %llu, staleness mean %.2f max %llu",
+                acc, loss, (unsigned long long)st.applied, (unsigned long long)st.dropped,
+                (unsigned long long)st.rejected, st.staleness_mean,
+                (unsigned long long)st.staleness_max);
+    if (dp_session_save(s, steps, (long)st.version, err) != 0) return -1;
+    long spe = dp_data_steps_per_epoch(s->train.n, s->conf.batch, info->num_workers);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "mode", s_mode_name(info->mode));
+    cJSON_AddNumberToObject(o, "workers", info->num_workers);
+    cJSON_AddNumberToObject(o, "ps_shards", info->num_shards);
+    cJSON_AddNumberToObject(o, "replicas_to_aggregate", info->replicas);
+    if (info->mode == DP_MODE_SSP) cJSON_AddNumberToObject(o, "staleness", info->staleness);
+    cJSON_AddNumberToObject(o, "epochs", (double)steps / spe);
+    cJSON_AddNumberToObject(o, "steps", steps);
+    cJSON_AddNumberToObject(o, "test_accuracy", acc);
+    cJSON_AddNumberToObject(o, "test_loss", loss);
+    /* The chief's own throughput times the workers: the cluster's rate. */
+    double ips = images / (train_s > 0 ? train_s : 1e-9);
+    cJSON_AddNumberToObject(o, "images_per_s", ips * info->num_workers);
+    cJSON_AddNumberToObject(o, "images_per_s_per_worker", ips);
+    cJSON_AddNumberToObject(o, "train_s", train_s);
+    cJSON_AddNumberToObject(o, "wall_s", dp_now() - s->t_start);
+    cJSON_AddNumberToObject(o, "version", (double)st.version);
+    cJSON_AddNumberToObject(o, "updates_applied", (double)st.applied);
+    cJSON_AddNumberToObject(o, "updates_dropped", (double)st.dropped);
+    cJSON_AddNumberToObject(o, "updates_rejected", (double)st.rejected);
+    cJSON_AddNumberToObject(o, "staleness_mean", st.staleness_mean);
+    cJSON_AddNumberToObject(o, "staleness_max", (double)st.staleness_max);
+    if (dp_session_summary(s, o, err) != 0) return -1;
+    return 0;
+}
+
+int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
+{
+    dp_session_t s;
+    if (dp_session_open(&s, c, err) != 0) return -1;
+    dp_ps_client_t *ps = NULL;
+    dp_ps_info_t info;
+    dp_batcher_t bt = {0};
+    int rc = -1;
+    if (dp_ps_client_connect(&ps, c->ps, &s.model, c->task_index, c->timeout_s, &info, err) != 0)
+        goto done;
+    if (stop) dp_ps_client_set_stop_flag(ps, stop);
+    if (c->task_index >= info.num_workers) {
+        dp_err(err, "--task-index %d out of range: the servers expect %d workers", c->task_index,
+               info.num_workers);
+        goto done;
+    }
+    long total = dp_session_total_steps(&s, info.num_workers);
+    long spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
+    if (dp_batcher_start(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
+                         total, err) != 0)
+        goto done;
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s", c->task_index,
+                info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch, total,
+                c->device);
+    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":%d,\"total_steps\":%ld,\"steps_per_epoch\":%ld",
+                     c->task_index, total, spe);
+    dp_rng_t delay_rng;
+    dp_rng_seed(&delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
+    double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
+    long done = 0, applied = 0, dropped = 0, rejected = 0;
+    const float *x;
+    const int *y;
+    long step;
+    while ((step = dp_batcher_next(&bt, &x, &y)) >= 0) {
+        if (stop && *stop) {
+            dp_err(err, "interrupted at step %ld", step);
+            goto done;
+        }
+        if (dp_ps_client_pull(ps, s.h_params, err) != 0) goto done;
+        uint64_t version = dp_ps_client_version(ps);
+        dp_net_set_params(&s.net, s.h_params);
+        float loss = dp_net_train_step(&s.net, x, y, c->batch);
+        dp_net_get_grads(&s.net, s.h_grads);
+        s_inject_delay(c, &delay_rng);
+        dp_push_result_t r;
+        if (dp_ps_client_push(ps, s.h_grads, loss, c->batch, &r, err) != 0) goto done;
+        int status_applied = r.applied == info.num_shards;
+        applied += status_applied;
+        dropped += r.dropped > 0;
+        rejected += r.rejected > 0;
+        stale_sum += r.staleness_mean;
+        done = step + 1;
+        if (isfinite(loss)) loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
+        dp_metrics_write(s.metrics,
+                         "\"worker\":%d,\"step\":%ld,\"epoch\":%ld,\"loss\":%.6f,\"version\":%llu,"
+                         "\"version_after\":%llu,\"staleness\":%.3f,\"staleness_max\":%llu,\"status\":\"%s\"",
+                         c->task_index, step, step / spe, loss, (unsigned long long)version,
+                         (unsigned long long)r.version, r.staleness_mean,
+                         (unsigned long long)r.staleness_max,
+                         status_applied ? "applied" : r.rejected ? "rejected" : "dropped");
+        dp_session_log_step(&s, step, loss);
+        if (info.mode != DP_MODE_SYNC) dp_tb_scalar(s.tb, "train/staleness", step, (float)r.staleness_mean);
+        if (r.rejected && r.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r.reason);
+        double dt = dp_now() - t0;
+        dp_progress_update(&s.progress, done == total,
+                           "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
+                           c->task_index, step / spe + 1, (total + spe - 1) / spe, done, total,
+                           done * c->batch / (dt > 0 ? dt : 1e-9), loss_avg, stale_sum / done);
+    }
+    dp_progress_done(&s.progress);
+    double train_s = dp_now() - t0;
+    dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s): %ld applied, %ld dropped, %ld rejected",
+                c->task_index, done, train_s, done * c->batch / (train_s > 0 ? train_s : 1e-9),
+                applied, dropped, rejected);
+    if (dp_ps_client_finish(ps, err) != 0) goto done;
+    if (c->task_index == 0) {
+        if (s_finish_chief(&s, ps, &info, done, train_s, (double)done * c->batch, err) != 0) goto done;
+        if (dp_ps_client_shutdown_servers(ps, err) != 0) goto done;
+    }
+    rc = 0;
+done:
+    dp_batcher_stop(&bt);
+    dp_ps_client_destroy(&ps);
+    dp_session_close(&s);
+    return rc;
+}

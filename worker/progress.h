@@ -1,0 +1,22 @@
+/* progress: one live status line on a terminal ("\r" rewritten at most 5
+ * times a second), or a plain line every 10 s when stderr is not a terminal
+ * (logs), so long runs are never silent and logs are not flooded. */
+#ifndef DP_PROGRESS_H
+#define DP_PROGRESS_H
+
+typedef struct {
+    int tty;          /* stderr is a terminal */
+    int enabled;
+    double last;      /* time of the last line */
+    int dirty;        /* a "\r" line is on screen without its newline */
+} dp_progress_t;
+
+/* mode: 1 on, 0 off, -1 auto (on; live when stderr is a tty). */
+void dp_progress_init(dp_progress_t *p, int mode);
+/* Print the line if it is time to (force: print now). */
+void dp_progress_update(dp_progress_t *p, int force, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* End the live line with a newline. */
+void dp_progress_done(dp_progress_t *p);
+
+#endif

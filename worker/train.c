@@ -1,0 +1,240 @@
+/* train: the session shared by both modes, and the standalone trainer. */
+#include "train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/safetensors.h"
+#include "../common/util.h"
+#include "../kernels/ops.h"
+#include "data.h"
+
+void dp_train_conf_default(dp_train_conf_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->device = "cpu";
+    c->data = "fashion-mnist";
+    c->model = DP_MODEL_DEFAULT_SPEC;
+    c->batch = 64;
+    c->epochs = 1;
+    dp_optim_conf_default(&c->optim);
+    c->optim.kind = DP_OPT_MOMENTUM;
+    c->optim.lr = 0.01f;
+    c->optim.momentum = 0.9f;
+    c->seed = 1;
+    c->progress = -1;
+    c->task_index = 0;
+    c->timeout_s = 60;
+}
+
+int dp_session_open(dp_session_t *s, const dp_train_conf_t *c, char *err)
+{
+    memset(s, 0, sizeof *s);
+    s->conf = *c;
+    s->t_start = dp_now();
+    if (c->batch < 1) return dp_err(err, "--batch must be at least 1 (got %d)", c->batch);
+    if (c->threads > 0) dp_cpu_set_threads(c->threads);
+    if (dp_dataset_load(&s->train, c->data, DP_SPLIT_TRAIN, err) != 0) goto fail;
+    if (dp_dataset_load(&s->test, c->data, DP_SPLIT_TEST, err) != 0) goto fail;
+    if (dp_model_parse(&s->model, c->model, s->train.c, s->train.h, s->train.w, err) != 0) goto fail;
+    if (s->model.classes != s->train.classes) {
+        dp_err(err, "model spec ends with fc:%d but %s has %d classes", s->model.classes,
+               s->train.name, s->train.classes);
+        goto fail;
+    }
+    if (dp_backend_open(c->device, &s->be, err) != 0) goto fail;
+    if (dp_net_init(&s->net, &s->model, s->be, c->batch, err) != 0) goto fail;
+    size_t bytes = s->model.n_floats * sizeof(float);
+    s->h_params = s->be->host_alloc(s->be, bytes);
+    s->h_grads = s->be->host_alloc(s->be, bytes);
+    s->eval_x = s->be->host_alloc(s->be, (size_t)c->batch * dp_dataset_sample_size(&s->test) * sizeof(float));
+    s->eval_y = s->be->host_alloc(s->be, (size_t)c->batch * sizeof(int));
+    if (dp_metrics_open(&s->metrics, c->metrics, err) != 0) goto fail;
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, "worker-%d", c->task_index);
+    if (dp_tb_open(&s->tb, c->tensorboard, suffix, err) != 0) goto fail;
+    dp_progress_init(&s->progress, c->progress);
+    return 0;
+fail:
+    dp_session_close(s);
+    return -1;
+}
+
+void dp_session_close(dp_session_t *s)
+{
+    dp_metrics_close(&s->metrics);
+    dp_tb_close(&s->tb);
+    if (s->be) {
+        dp_net_free(&s->net);
+        s->be->host_release(s->be, s->h_params);
+        s->be->host_release(s->be, s->h_grads);
+        s->be->host_release(s->be, s->eval_x);
+        s->be->host_release(s->be, s->eval_y);
+        dp_backend_destroy(&s->be);
+    }
+    dp_dataset_free(&s->train);
+    dp_dataset_free(&s->test);
+}
+
+void dp_session_evaluate(dp_session_t *s, int limit, double *accuracy, double *loss)
+{
+    int n = limit > 0 && limit < s->test.n ? limit : s->test.n;
+    int B = s->conf.batch;
+    int idx[B];
+    long correct = 0;
+    double loss_sum = 0;
+    for (int at = 0; at < n; at += B) {
+        int b = n - at < B ? n - at : B;
+        for (int i = 0; i < b; i++) idx[i] = at + i;
+        dp_dataset_gather(&s->test, idx, b, s->eval_x, s->eval_y);
+        int ok = 0;
+        loss_sum += (double)dp_net_evaluate(&s->net, s->eval_x, s->eval_y, b, &ok) * b;
+        correct += ok;
+    }
+    *accuracy = (double)correct / n;
+    *loss = loss_sum / n;
+}
+
+long dp_session_total_steps(const dp_session_t *s, int world)
+{
+    if (s->conf.steps > 0) return s->conf.steps;
+    return s->conf.epochs * dp_data_steps_per_epoch(s->train.n, s->conf.batch, world);
+}
+
+int dp_session_save(dp_session_t *s, long step, long version, char *err)
+{
+    if (!s->conf.save) return 0;
+    dp_net_get_params(&s->net, s->h_params);
+    return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, version, NULL, err);
+}
+
+int dp_session_summary(dp_session_t *s, cJSON *obj, char *err)
+{
+    if (!s->conf.summary) {
+        cJSON_Delete(obj);
+        return 0;
+    }
+    /* Fields every summary has; the mode's own come in obj. */
+    cJSON_AddStringToObject(obj, "device", s->conf.device);
+    cJSON_AddStringToObject(obj, "data", s->train.name);
+    cJSON_AddStringToObject(obj, "model", s->model.spec);
+    cJSON_AddNumberToObject(obj, "batch", s->conf.batch);
+    cJSON_AddNumberToObject(obj, "seed", (double)s->conf.seed);
+    int rc = dp_summary_write(s->conf.summary, obj, err);
+    cJSON_Delete(obj);
+    return rc;
+}
+
+void dp_session_log_step(dp_session_t *s, long step, float loss)
+{
+    if (step % 10 == 0) dp_tb_scalar(s->tb, "train/loss", step, loss);
+}
+
+void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss)
+{
+    dp_metrics_write(s->metrics, "\"event\":\"eval\",\"step\":%ld,\"test_accuracy\":%.5f,\"test_loss\":%.5f",
+                     step, accuracy, loss);
+    dp_tb_scalar(s->tb, "test/accuracy", step, (float)accuracy);
+    dp_tb_scalar(s->tb, "test/loss", step, (float)loss);
+}
+
+/* Evaluate and record the result. */
+static void s_eval_and_log(dp_session_t *s, long step, int limit, double *acc, double *loss)
+{
+    dp_session_evaluate(s, limit, acc, loss);
+    dp_session_log_eval(s, step, *acc, *loss);
+}
+
+int dp_train_standalone(const dp_train_conf_t *c, char *err)
+{
+    dp_session_t s;
+    if (dp_session_open(&s, c, err) != 0) return -1;
+    const dp_optim_conf_t *opt = &c->optim;
+    if (opt->kind != DP_OPT_SGD && opt->kind != DP_OPT_MOMENTUM) {
+        dp_session_close(&s);
+        return dp_err(err, "--standalone supports --optimizer sgd or momentum (got %s); the parameter server has them all",
+                      dp_optim_kind_name(opt->kind));
+    }
+    float mu = opt->kind == DP_OPT_MOMENTUM ? opt->momentum : 0.0f;
+    dp_model_init_params(&s.model, s.h_params, c->seed);
+    dp_net_set_params(&s.net, s.h_params);
+    float *d_velocity = s.be->alloc(s.be, s.model.n_floats * sizeof(float));
+
+    long total = dp_session_total_steps(&s, 1);
+    long spe = dp_data_steps_per_epoch(s.train.n, c->batch, 1);
+    dp_batcher_t bt;
+    if (dp_batcher_start(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
+        s.be->release(s.be, d_velocity);
+        dp_session_close(&s);
+        return -1;
+    }
+    dp_log_info("standalone: %s on %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
+                s.model.spec, c->device, s.train.n, s.test.n, c->batch, total, spe);
+    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":0,\"total_steps\":%ld,\"steps_per_epoch\":%ld",
+                     total, spe);
+    double t0 = dp_now(), loss_avg = 0, acc = 0, test_loss = 0;
+    const float *x;
+    const int *y;
+    long step, done = 0;
+    int bad = 0;
+    while ((step = dp_batcher_next(&bt, &x, &y)) >= 0) {
+        float loss = dp_net_train_step(&s.net, x, y, c->batch);
+        if (!isfinite(loss)) {
+            dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
+            bad = 1;
+            break;
+        }
+        float lr = dp_optim_lr_at(opt, step);
+        s.be->sgd_update(s.be, s.model.n_floats, s.net.d_params, d_velocity, s.net.d_grads, lr,
+                         mu, opt->weight_decay);
+        done = step + 1;
+        loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
+        dp_metrics_write(s.metrics, "\"step\":%ld,\"epoch\":%ld,\"loss\":%.6f,\"lr\":%.6g", step,
+                         step / spe, loss, lr);
+        dp_session_log_step(&s, step, loss);
+        double dt = dp_now() - t0;
+        dp_progress_update(&s.progress, done == total, "epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f",
+                           step / spe + 1, (total + spe - 1) / spe, done, total,
+                           done * c->batch / (dt > 0 ? dt : 1e-9), loss_avg);
+        if (c->eval_every > 0 && done % c->eval_every == 0 && done < total)
+            s_eval_and_log(&s, done, c->eval_limit, &acc, &test_loss);
+    }
+    double train_s = dp_now() - t0;
+    dp_progress_done(&s.progress);
+    dp_batcher_stop(&bt);
+    s.be->release(s.be, d_velocity);
+    if (bad) {
+        dp_session_close(&s);
+        return -1;
+    }
+    s_eval_and_log(&s, done, 0, &acc, &test_loss);
+    double ips = done * c->batch / (train_s > 0 ? train_s : 1e-9);
+    dp_log_info("standalone: %ld steps in %.1f s (%.0f images/s); test accuracy %.4f, loss %.4f",
+                done, train_s, ips, acc, test_loss);
+    int rc = dp_session_save(&s, done, done, err);
+    if (rc == 0) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "mode", "standalone");
+        cJSON_AddNumberToObject(o, "workers", 1);
+        cJSON_AddNumberToObject(o, "ps_shards", 0);
+        cJSON_AddNumberToObject(o, "epochs", (double)done / spe);
+        cJSON_AddNumberToObject(o, "steps", done);
+        cJSON_AddNumberToObject(o, "test_accuracy", acc);
+        cJSON_AddNumberToObject(o, "test_loss", test_loss);
+        cJSON_AddNumberToObject(o, "train_loss", loss_avg);
+        cJSON_AddNumberToObject(o, "images_per_s", ips);
+        cJSON_AddNumberToObject(o, "train_s", train_s);
+        cJSON_AddNumberToObject(o, "wall_s", dp_now() - s.t_start);
+        cJSON_AddNumberToObject(o, "updates_applied", done);
+        cJSON_AddNumberToObject(o, "updates_dropped", 0);
+        cJSON_AddNumberToObject(o, "updates_rejected", 0);
+        cJSON_AddNumberToObject(o, "staleness_mean", 0);
+        cJSON_AddNumberToObject(o, "staleness_max", 0);
+        cJSON_AddNumberToObject(o, "lr", opt->lr);
+        cJSON_AddNumberToObject(o, "momentum", mu);
+        rc = dp_session_summary(&s, o, err);
+    }
+    dp_session_close(&s);
+    return rc;
+}

@@ -1,0 +1,94 @@
+/* train: a training run as the worker daemon performs it — standalone (the
+ * baseline: one process, its own optimizer) or against parameter servers.
+ *
+ * dp_session_t holds what both share: the data, the model, the backend and
+ * executor, host buffers for pulled parameters and pushed gradients,
+ * metrics, the progress line; dp_session_evaluate, _save and _summary are
+ * the chief's end-of-run duties in both modes. */
+#ifndef DP_TRAIN_H
+#define DP_TRAIN_H
+
+#include <signal.h>
+
+#include <cjson/cJSON.h>
+
+#include "../common/dataset.h"
+#include "../common/metrics.h"
+#include "../common/model.h"
+#include "../common/tbevents.h"
+#include "../kernels/backend.h"
+#include "../kernels/optim.h"
+#include "net.h"
+#include "progress.h"
+
+typedef struct {
+    const char *device;        /* "cpu", "cuda:K" */
+    const char *data;          /* dataset spec (common/dataset.h) */
+    const char *model;         /* model spec (common/model.h) */
+    int batch;                 /* per worker */
+    int epochs;                /* used when steps == 0 */
+    long steps;                /* this worker's steps; 0: epochs over its share */
+    dp_optim_conf_t optim;     /* standalone: sgd / momentum and the lr schedule */
+    unsigned long long seed;   /* weights (standalone) and data order */
+    int threads;               /* CPU kernel threads, 0 = all cores */
+    const char *save;          /* model.safetensors (standalone / chief) */
+    const char *summary;       /* summary.json (standalone / chief) */
+    const char *metrics;       /* JSON lines, one per step */
+    const char *tensorboard;   /* TensorBoard log dir (event files), or NULL */
+    int progress;              /* -1 auto, 0 off, 1 on */
+    long eval_every;           /* chief: evaluate the test set every N steps (0: at the end) */
+    int eval_limit;            /* test samples per periodic evaluation (0: all) */
+    /* distributed */
+    const char *ps;            /* "tcp://h:p,..." */
+    int task_index;            /* this worker; 0 is the chief */
+    double delay_ms;           /* injected delay before each push (mean) */
+    int delay_exp;             /* delay drawn from an exponential with that mean */
+    double timeout_s;          /* connect / reply timeout */
+} dp_train_conf_t;
+
+void dp_train_conf_default(dp_train_conf_t *c);
+
+typedef struct {
+    dp_train_conf_t conf;
+    dp_dataset_t train, test;
+    dp_model_t model;
+    dp_backend_t *be;
+    dp_net_t net;
+    float *h_params;           /* host copy of the parameters (pinned on GPU) */
+    float *h_grads;            /* host copy of the gradients (pinned on GPU) */
+    float *eval_x;             /* one evaluation batch */
+    int *eval_y;
+    dp_metrics_t *metrics;
+    dp_tb_t *tb;               /* TensorBoard writer; does nothing without --tensorboard */
+    dp_progress_t progress;
+    double t_start;            /* dp_now() at open */
+} dp_session_t;
+
+/* Load data and model, open the backend, allocate everything. */
+int dp_session_open(dp_session_t *s, const dp_train_conf_t *c, char *err);
+void dp_session_close(dp_session_t *s);
+
+/* Accuracy and mean loss of the net's current parameters on the first
+ * limit test samples (0: all). */
+void dp_session_evaluate(dp_session_t *s, int limit, double *accuracy, double *loss);
+
+/* Steps this worker runs: conf.steps, or epochs over its share of the data. */
+long dp_session_total_steps(const dp_session_t *s, int world);
+
+/* Write conf.save (if set) from the net's parameters. */
+int dp_session_save(dp_session_t *s, long step, long version, char *err);
+
+/* Write conf.summary (if set): the common fields plus those already in obj
+ * (which it takes ownership of). */
+int dp_session_summary(dp_session_t *s, cJSON *obj, char *err);
+
+/* One training step's record: a metrics line is written by the caller;
+ * this adds the TensorBoard scalars (every 10th step, to keep files small). */
+void dp_session_log_step(dp_session_t *s, long step, float loss);
+/* An evaluation's record: a metrics line and TensorBoard scalars. */
+void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss);
+
+int dp_train_standalone(const dp_train_conf_t *c, char *err);
+int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+
+#endif
