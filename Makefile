@@ -150,8 +150,9 @@ tests: all $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(GPU_BINS)
 # ---- installing what the build, the tests and `make run` need ----------
 DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
              libopenblas-dev zlib1g-dev libcjson-dev dataset-fashion-mnist
-# Only the tests: PyTorch checks that our checkpoints load into torch.
-DEB_TEST  := python3 python3-torch python3-numpy
+# Only the tests: PyTorch checks that our checkpoints load into torch; protoc
+# decodes our TensorBoard events independently.
+DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler
 define install_missing
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \

@@ -189,7 +189,11 @@ char *dp_json_nonfinite_to_null(const char *s)
 void dp_metrics_write(dp_metrics_t *m, const char *fmt, ...)
 {
     if (!m || m->fd < 0) return;
-    double t = dp_now() - m->t0;
+    /* Wall-clock time, so that the lines of every process of a run (workers
+     * and parameter servers, on any machine) line up. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 
     /* Body, on the stack when it is small (the common case). */
     char small[512];

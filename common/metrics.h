@@ -2,8 +2,8 @@
  * summary as one JSON file.
  *
  * A metrics file holds one JSON object per line, each starting with "t", the
- * seconds since dp_metrics_open on the monotonic clock:
- *   {"t":12.345,"step":200,"loss":0.412345}
+ * wall-clock Unix time in seconds (so lines of all processes line up):
+ *   {"t":1795964412.345,"step":200,"loss":0.412345}
  * Lines are buffered and written whole by a flusher thread at least once a
  * second, and at dp_metrics_flush / dp_metrics_close: a crash loses at most
  * about one second of lines, and a clean exit never leaves a half line.
@@ -29,7 +29,7 @@ typedef struct dp_metrics dp_metrics_t;
  * naming the path. */
 int dp_metrics_open(dp_metrics_t **out, const char *path, char *err);
 
-/* Append one line: {"t":<seconds>,<body>} where body is printf-formatted from
+/* Append one line: {"t":<unix time>,<body>} where body is printf-formatted from
  * fmt, e.g. "\"step\":%ld,\"loss\":%.6f". An empty body gives {"t":...}.
  * m may be NULL or disabled (no-op). */
 void dp_metrics_write(dp_metrics_t *m, const char *fmt, ...)

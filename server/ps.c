@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include "common/metrics.h"
 #include "common/model.h"
 #include "common/safetensors.h"
 #include "common/util.h"
@@ -80,7 +80,7 @@ typedef struct {
     char endpoint[256];
     char ckpt_path[DP_PS_PATH_LEN + 64];
     uint64_t ckpt_version; /* version last written (UINT64_MAX: none) */
-    FILE *metrics;
+    dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
     double next_metrics;
     int quit;              /* SHUTDOWN received */
 } s_ps_t;
@@ -99,12 +99,6 @@ void dp_ps_checkpoint_path(char *out, size_t n, const char *dir, int i, int k)
     snprintf(out, n, "%s/ps-shard-%d-of-%d.safetensors", dir, i, k);
 }
 
-static double s_wall(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (double)tv.tv_sec + tv.tv_usec * 1e-6;
-}
 
 static void s_snap_unref(void *data, void *hint)
 {
@@ -287,15 +281,13 @@ done:
 
 static void s_metrics_line(s_ps_t *ps)
 {
-    if (!ps->metrics) return;
     double mean = ps->applied ? (double)ps->staleness_sum / (double)ps->applied : 0.0;
-    fprintf(ps->metrics,
-            "{\"t\": %.3f, \"shard\": %d, \"version\": %" PRIu64 ", \"applied\": %" PRIu64
-            ", \"dropped\": %" PRIu64 ", \"rejected\": %" PRIu64
-            ", \"staleness_mean\": %.4f, \"staleness_max\": %" PRIu64 "}\n",
-            s_wall(), ps->cfg->shard_index, ps->version, ps->applied, ps->dropped, ps->rejected,
-            mean, ps->staleness_max);
-    fflush(ps->metrics);
+    dp_metrics_write(ps->metrics,
+                     "\"shard\":%d,\"version\":%" PRIu64 ",\"applied\":%" PRIu64
+                     ",\"dropped\":%" PRIu64 ",\"rejected\":%" PRIu64
+                     ",\"staleness_mean\":%.4f,\"staleness_max\":%" PRIu64,
+                     ps->cfg->shard_index, ps->version, ps->applied, ps->dropped, ps->rejected,
+                     mean, ps->staleness_max);
 }
 
 /* ---- policies --------------------------------------------------------- */
@@ -769,11 +761,7 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
                               cfg->shard_index, cfg->shard_count);
         if (s_checkpoint_restore(ps, err) != 0) return -1;
     }
-    if (cfg->metrics_path[0]) {
-        ps->metrics = fopen(cfg->metrics_path, "a");
-        if (!ps->metrics)
-            return dp_err(err, "--metrics %s: %s", cfg->metrics_path, strerror(errno));
-    }
+    if (dp_metrics_open(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
     ps->ctx = zmq_ctx_new();
     ps->sock = zmq_socket(ps->ctx, ZMQ_ROUTER);
     int zero = 0;
@@ -816,7 +804,7 @@ static void s_teardown(s_ps_t *ps)
     }
     if (ps->snap) s_snap_unref(NULL, ps->snap); /* zmq may still hold references */
     if (ps->ctx) zmq_ctx_term(ps->ctx);         /* waits for the I/O thread: snapshots freed */
-    if (ps->metrics) fclose(ps->metrics);
+    dp_metrics_close(&ps->metrics);
     free(ps->w);
     free(ps->state);
     free(ps->acc);

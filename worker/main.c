@@ -39,7 +39,7 @@ static void s_usage(FILE *f)
 "  --steps S            run exactly S steps instead\n"
 "  --seed N             weights (standalone) and data order (default 1)\n"
 "  --optimizer NAME     standalone: sgd or momentum (default momentum)\n"
-"  --lr X, --momentum X, --weight-decay X, --lr-schedule constant|step:N:G|cosine:N\n"
+"  --lr X (0.05), --momentum X (0.9), --weight-decay X, --lr-schedule constant|step:N:G|cosine:N\n"
 "distributed:\n"
 "  --ps LIST            parameter-server shards, tcp://host:port,...\n"
 "  --task-index I       this worker's index; 0 is the chief (evaluates, saves, writes the summary)\n"

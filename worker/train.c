@@ -20,7 +20,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->epochs = 1;
     dp_optim_conf_default(&c->optim);
     c->optim.kind = DP_OPT_MOMENTUM;
-    c->optim.lr = 0.01f;
+    c->optim.lr = 0.05f;
     c->optim.momentum = 0.9f;
     c->seed = 1;
     c->progress = -1;

@@ -14,6 +14,7 @@ fi
 
 "$W" --standalone --steps 150 --batch 64 --seed 3 --no-progress \
     --save "$out/model.safetensors" --summary "$out/summary.json" --metrics "$out/metrics.jsonl" \
+    --tensorboard "$out/tb" --lr 0.01 \
     >"$out/log" 2>&1
 check "standalone run exits 0" test $? = 0
 acc=$(json "$out/summary.json" test_accuracy 2>/dev/null || echo 0)
@@ -21,6 +22,9 @@ check "150 steps reach test accuracy >= 0.65 (got $acc)" ge "$acc" 0.65
 first=$(grep '"loss"' "$out/metrics.jsonl" | head -10 | "$TORCH_PY" -c 'import sys,json; l=[json.loads(x)["loss"] for x in sys.stdin]; print(sum(l)/len(l))')
 last=$(grep '"loss"' "$out/metrics.jsonl" | grep -v '"event"' | tail -10 | "$TORCH_PY" -c 'import sys,json; l=[json.loads(x)["loss"] for x in sys.stdin]; print(sum(l)/len(l))')
 check "training loss falls ($first -> $last)" ge "$(awk -v a="$first" -v b="$last" 'BEGIN{print a - b}')" 0.8
+tb=$(ls "$out"/tb/events.out.tfevents.* 2>/dev/null | head -1)
+check "TensorBoard event file written with train/loss and test/accuracy" \
+    bash -c "[ -s '$tb' ] && grep -qa 'train/loss' '$tb' && grep -qa 'test/accuracy' '$tb'"
 for k in mode workers ps_shards epochs steps test_accuracy test_loss images_per_s wall_s \
          updates_applied updates_dropped updates_rejected staleness_mean staleness_max; do
     json "$out/summary.json" "$k" >/dev/null 2>&1 || fail "summary has $k" "missing"
