@@ -68,20 +68,10 @@ int dp_eval_main(int argc, char **argv)
     int n = limit > 0 && limit < test.n ? limit : test.n;
     x = dp_malloc((size_t)batch * dp_dataset_sample_size(&test) * sizeof(float));
     y = dp_malloc((size_t)batch * sizeof(int));
-    int *idx = dp_malloc((size_t)batch * sizeof(int));
-    long correct = 0;
-    double loss = 0;
-    for (int at = 0; at < n; at += batch) {
-        int b = n - at < batch ? n - at : batch;
-        for (int i = 0; i < b; i++) idx[i] = at + i;
-        dp_dataset_gather(&test, idx, b, x, y);
-        int ok = 0;
-        loss += (double)dp_net_evaluate(&net, x, y, b, &ok) * b;
-        correct += ok;
-    }
-    free(idx);
+    double acc = 0, loss = 0;
+    dp_net_evaluate_dataset(&net, &test, n, x, y, &acc, &loss);
     printf("{\"test_accuracy\": %.5f, \"test_loss\": %.5f, \"n\": %d, \"checkpoint\": \"%s\"}\n",
-           (double)correct / n, loss / n, n, ckpt);
+           acc, loss, n, ckpt);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "downpour eval: %s\n", err);

@@ -201,8 +201,9 @@ static double s_num(const cJSON *o, const char *key, double dflt)
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }
 
-/* Total steps per worker, read once from the worker's first metrics line. */
-static long s_total_steps(const char *path, long *steps_per_epoch)
+/* Total steps per worker, read once from the worker's first metrics line
+ * (with its steps per epoch and batch). */
+static long s_total_steps(const char *path, long *steps_per_epoch, long *batch)
 {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
@@ -213,6 +214,7 @@ static long s_total_steps(const char *path, long *steps_per_epoch)
         if (o) {
             total = (long)s_num(o, "total_steps", 0);
             *steps_per_epoch = (long)s_num(o, "steps_per_epoch", 0);
+            *batch = (long)s_num(o, "batch", 0);
             cJSON_Delete(o);
         }
     }
@@ -220,7 +222,10 @@ static long s_total_steps(const char *path, long *steps_per_epoch)
     return total;
 }
 
-static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe)
+/* One progress line: rewritten in place on a terminal (live), else a plain
+ * line of its own. */
+static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, long *batch,
+                            int live)
 {
     long steps_min = -1, steps_sum = 0;
     double loss = 0, stale = 0;
@@ -228,7 +233,7 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe)
     for (int i = 0; i < L->n_kids; i++) {
         dp_child_t *c = &L->kids[i];
         if (!c->is_worker) continue;
-        if (*total == 0) *total = s_total_steps(c->metrics, spe);
+        if (*total == 0) *total = s_total_steps(c->metrics, spe, batch);
         cJSON *o = s_last_metrics(c->metrics);
         if (!o) continue;
         long step = (long)s_num(o, "step", -1) + 1;
@@ -240,15 +245,17 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe)
         cJSON_Delete(o);
     }
     if (n == 0) {
-        fprintf(stderr, "\r\033[Kstarting %d ps shard(s) and %d worker(s)...", L->shards, L->workers);
+        fprintf(stderr, "%sstarting %d ps shard(s) and %d worker(s)...%s", live ? "\r\033[K" : "",
+                L->shards, L->workers, live ? "" : "\n");
         return;
     }
     double dt = dp_now() - t0;
     long epoch = *spe > 0 ? steps_min / *spe + 1 : 1;
     long epochs = *spe > 0 && *total > 0 ? (*total + *spe - 1) / *spe : 1;
     if (epoch > epochs) epoch = epochs;
-    fprintf(stderr, "\r\033[Kepoch %ld/%ld  step %ld/%ld  steps/s %.1f  loss %.4f  staleness %.2f",
-            epoch, epochs, steps_min, *total, steps_sum / (dt > 0 ? dt : 1), loss / n, stale / n);
+    fprintf(stderr, "%sepoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f%s",
+            live ? "\r\033[K" : "", epoch, epochs, steps_min, *total,
+            steps_sum * (double)*batch / (dt > 0 ? dt : 1), loss / n, stale / n, live ? "" : "\n");
 }
 
 /* SIGTERM every live child, then SIGKILL what is left after grace_s. */
@@ -510,7 +517,7 @@ int dp_local_main(int argc, char **argv)
      * is done (the chief stops the servers itself). */
     int live_tty = L.progress == 1 || (L.progress < 0 && isatty(2));
     double t0 = dp_now(), last_progress = 0, workers_done_at = 0;
-    long total = 0, spe = 0;
+    long total = 0, spe = 0, batch = 0;
     const dp_child_t *failed = NULL;
     for (;;) {
         if (s_signal) break;
@@ -534,8 +541,7 @@ int dp_local_main(int argc, char **argv)
         }
         double now = dp_now();
         if (now - last_progress >= (live_tty ? 0.5 : 15.0) && L.progress != 0) {
-            s_show_progress(&L, t0, &total, &spe);
-            if (!live_tty) fputc('\n', stderr);
+            s_show_progress(&L, t0, &total, &spe, &batch, live_tty);
             last_progress = now;
         }
         usleep(100 * 1000);

@@ -103,8 +103,8 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s", c->task_index,
                 info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch, total,
                 c->device);
-    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":%d,\"total_steps\":%ld,\"steps_per_epoch\":%ld",
-                     c->task_index, total, spe);
+    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":%d,\"total_steps\":%ld,\"steps_per_epoch\":%ld,\"batch\":%d",
+                     c->task_index, total, spe, c->batch);
     dp_rng_t delay_rng;
     dp_rng_seed(&delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     double t0 = dp_now(), loss_avg = 0, stale_sum = 0;

@@ -141,3 +141,24 @@ float dp_net_evaluate(dp_net_t *net, const float *x, const int *y, int B, int *c
     *correct = ok;
     return loss;
 }
+
+void dp_net_evaluate_dataset(dp_net_t *net, const dp_dataset_t *ds, int limit, float *x, int *y,
+                             double *accuracy, double *loss)
+{
+    int n = limit > 0 && limit < ds->n ? limit : ds->n;
+    int B = net->max_batch;
+    int *idx = dp_malloc((size_t)B * sizeof(int));
+    long correct = 0;
+    double loss_sum = 0;
+    for (int at = 0; at < n; at += B) {
+        int b = n - at < B ? n - at : B;
+        for (int i = 0; i < b; i++) idx[i] = at + i;
+        dp_dataset_gather(ds, idx, b, x, y);
+        int ok = 0;
+        loss_sum += (double)dp_net_evaluate(net, x, y, b, &ok) * b;
+        correct += ok;
+    }
+    free(idx);
+    *accuracy = (double)correct / n;
+    *loss = loss_sum / n;
+}

@@ -11,6 +11,7 @@
 #ifndef DP_NET_H
 #define DP_NET_H
 
+#include "../common/dataset.h"
 #include "../common/model.h"
 #include "../kernels/backend.h"
 
@@ -41,5 +42,11 @@ float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B);
 /* Forward only; returns the mean loss, and the number of correct argmax
  * predictions in *correct. */
 float dp_net_evaluate(dp_net_t *net, const float *x, const int *y, int B, int *correct);
+
+/* Accuracy and mean loss over the first limit samples of ds (0: all), in
+ * batches of max_batch gathered into the host buffers x [max_batch sample
+ * floats] and y [max_batch]. */
+void dp_net_evaluate_dataset(dp_net_t *net, const dp_dataset_t *ds, int limit, float *x, int *y,
+                             double *accuracy, double *loss);
 
 #endif

@@ -79,21 +79,7 @@ void dp_session_close(dp_session_t *s)
 
 void dp_session_evaluate(dp_session_t *s, int limit, double *accuracy, double *loss)
 {
-    int n = limit > 0 && limit < s->test.n ? limit : s->test.n;
-    int B = s->conf.batch;
-    int idx[B];
-    long correct = 0;
-    double loss_sum = 0;
-    for (int at = 0; at < n; at += B) {
-        int b = n - at < B ? n - at : B;
-        for (int i = 0; i < b; i++) idx[i] = at + i;
-        dp_dataset_gather(&s->test, idx, b, s->eval_x, s->eval_y);
-        int ok = 0;
-        loss_sum += (double)dp_net_evaluate(&s->net, s->eval_x, s->eval_y, b, &ok) * b;
-        correct += ok;
-    }
-    *accuracy = (double)correct / n;
-    *loss = loss_sum / n;
+    dp_net_evaluate_dataset(&s->net, &s->test, limit, s->eval_x, s->eval_y, accuracy, loss);
 }
 
 long dp_session_total_steps(const dp_session_t *s, int world)
@@ -171,8 +157,8 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     }
     dp_log_info("standalone: %s on %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
                 s.model.spec, c->device, s.train.n, s.test.n, c->batch, total, spe);
-    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":0,\"total_steps\":%ld,\"steps_per_epoch\":%ld",
-                     total, spe);
+    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":0,\"total_steps\":%ld,\"steps_per_epoch\":%ld,\"batch\":%d",
+                     total, spe, c->batch);
     double t0 = dp_now(), loss_avg = 0, acc = 0, test_loss = 0;
     const float *x;
     const int *y;

@@ -72,26 +72,30 @@ s_report() {
         mflop = meta["mflop"] + 0 > 0 ? meta["mflop"] + 0 : 73.6
         printf "Training throughput, images/s: forward + backward + momentum SGD, synthetic batch\n"
         printf "(tests/bench/bench_train over worker/net vs tests/bench/torch_train.py; medians)\n\n"
-        printf "%7s %5s  %-38s %9s %9s %8s %8s\n", "threads", "batch", "OpenBLAS variables",
-               "Downpour", "PyTorch", "ratio", "ceiling"
+        printf "%7s %5s  %-38s %9s %9s %7s %8s   %s\n", "threads", "batch", "OpenBLAS variables",
+               "Downpour", "PyTorch", "ratio", "ceiling", "best: Downpour PyTorch ratio"
         worst = 0
         for (ti = 1; ti <= norder["t"]; ti++) for (bi = 1; bi <= norder["b"]; bi++) for (vi = 1; vi <= norder["v"]; vi++) {
             T = order["t", ti]; B = order["b", bi]; v = order["v", vi]
             kd = v SUBSEP "downpour" SUBSEP T SUBSEP B; kt = v SUBSEP "torch" SUBSEP T SUBSEP B
             if (!cnt[kd]) continue
-            d = spread(kd); n = cnt[kd]
+            d = spread(kd); n = cnt[kd]; bd = hi[kd]
             ceil = peak * 1e9 * T / 2 / (mflop * 1e6)
             label = v == "unset" ? "unset (env -u ...)" : meta["envlabel"]
             if (cnt[kt] > 0) {
-                t = spread(kt)
-                printf "%7d %5d  %-38s %9.0f %9.0f %7.2fx %7.0f%%\n", T, B, label, d, t, d / t, 100 * d / ceil
+                t = spread(kt); bt = hi[kt]
+                printf "%7d %5d  %-38s %9.0f %9.0f %6.2fx %7.0f%%   %14.0f %7.0f %5.2fx\n", T, B, label,
+                       d, t, d / t, 100 * d / ceil, bd, bt, bd / bt
             } else
-                printf "%7d %5d  %-38s %9.0f %9s %8s %7.0f%%\n", T, B, label, d, "-", "-", 100 * d / ceil
+                printf "%7d %5d  %-38s %9.0f %9s %7s %7.0f%%   %14.0f %7s %6s\n", T, B, label, d, "-", "-",
+                       100 * d / ceil, bd, "-", "-"
         }
         if (torch) printf "\nratio = Downpour / PyTorch, same threads, batch and OpenBLAS variables (>1: Downpour faster).\n"
         else printf "\nPyTorch: left out (%s).\n", meta["torch"]
-        printf "ceiling = share of %.1f MFLOP per image at %g GFLOP/s x threads/2 (OpenBLAS sgemm, 2 cores,\n", mflop, peak
-        printf "  variables unset): %.0f images/s on 2 threads, %.0f on 1.\n", peak * 1e9 / (mflop * 1e6), peak * 1e9 / 2 / (mflop * 1e6)
+        printf "best = the fastest sample of each cell (what a quiet machine approaches when others use the CPU).\n"
+        printf "ceiling = Downpour median / (%g GFLOP/s x threads/2 / %.1f MFLOP per image), where %g GFLOP/s is\n", peak, mflop, peak
+        printf "  OpenBLAS sgemm on 2 cores, variables unset: %.0f images/s on 2 threads, %.0f on 1.\n",
+               peak * 1e9 / (mflop * 1e6), peak * 1e9 / 2 / (mflop * 1e6)
         for (i = 2; i <= nspread; i++) { x = spreads[i]; for (j = i - 1; j >= 1 && spreads[j] > x; j--) spreads[j + 1] = spreads[j]; spreads[j + 1] = x }
         split(wcell, f, SUBSEP)
         printf "%d samples per cell; spread (max-min)/median: typically %.0f%%, widest %.0f%% (%s, %s threads, batch %s, %s).\n",
