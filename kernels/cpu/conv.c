@@ -2,15 +2,18 @@
  * each thread works on whole images with its own slice of the scratch and
  * calls only single-threaded code (OpenBLAS is set to one thread, cpu.h).
  *
- * Per image b (CKK = C*K*K, P = OH*OW), three ways, picked per call or image:
- *   forward, OC in 32s with AVX-512: colT[P,CKK] = im2col^T(in_b), then our
- *     own register-tiled GEMM writes out_b (s_fwd_gemm*);
+ * Per image b (CKK = C*K*K, P = OH*OW), four ways, picked per call or image:
+ *   forward, OC in 32s, CKK >= 64, AVX-512: colT[P,CKK] = im2col^T(in_b)
+ *     with patches in (ky, kx, c) order from a channel-last padded copy,
+ *     then our own register-tiled GEMM writes out_b (s_fwd_gemm*);
  *   forward otherwise: col[CKK,P] = im2col(in_b); out_b = w[OC,CKK] col + b
  *     (OpenBLAS sgemm);
  *   backward, dense dout: dw += dout_b col^T; dcol = w^T dout_b; din_b =
  *     col2im(dcol) (OpenBLAS);
- *   backward, mostly-zero dout (behind a max-pool) with AVX-512: only the
- *     non-zeros are visited (see "sparse backward" below).
+ *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, AVX-512:
+ *     only the non-zeros are visited (see "sparse backward" below).
+ * Without AVX-512 (or under valgrind, which hides it) only the OpenBLAS ways
+ * run.
  * dw and db are summed per thread, then across threads; din rows of every
  * image are overwritten. Stride-1 im2col goes through a zero-padded copy of
  * the image so rows are plain copies. Scratch grows once (dp_cpu_scratch).
