@@ -38,7 +38,7 @@ static void s_usage(FILE *f)
 "  --epochs E           epochs over this worker's share (default 1)\n"
 "  --steps S            run exactly S steps instead\n"
 "  --seed N             weights (standalone) and data order (default 1)\n"
-"  --optimizer NAME     standalone: sgd or momentum (default momentum)\n"
+"  --optimizer NAME     standalone: sgd, momentum (default), nesterov, adam, adagrad\n"
 "  --lr X (0.05), --momentum X (0.9), --weight-decay X, --lr-schedule constant|step:N:G|cosine:N\n"
 "distributed:\n"
 "  --ps LIST            parameter-server shards, tcp://host:port,...\n"

@@ -133,6 +133,7 @@ done
 mkdir -p "$OUT"
 RAW=$OUT/samples.txt
 : >"$RAW"
+: >"$OUT/torch.log"
 
 # Busy cores over one second, from /proc/stat (everything but idle and iowait).
 s_busy() {
@@ -192,9 +193,11 @@ for r in $(seq "$ROUNDS"); do
             s_run "$v" "$BENCH" -t "$T" -b "$BATCHES" -s "$SECS" -r "$SAMPLES" >"$OUT/last.txt"
             sed "s/^/$v /" "$OUT/last.txt" >>"$RAW"
             if [ "$HAVE_TORCH" = 1 ]; then
+                # a PyTorch failure costs its cells, not the run (its stderr: torch.log)
                 s_run "$v" "${TORCH_ENV[@]}" "$PY" tests/bench/torch_train.py --threads "$T" \
-                    --batches "$BATCHES" --seconds "$SECS" --samples "$SAMPLES" 2>/dev/null \
-                    | sed "s/^/$v /" >>"$RAW"
+                    --batches "$BATCHES" --seconds "$SECS" --samples "$SAMPLES" 2>>"$OUT/torch.log" \
+                    | sed "s/^/$v /" >>"$RAW" \
+                    || echo "bench: torch_train.py failed ($T threads, variables $v); see $OUT/torch.log" >&2
             fi
         done
     done

@@ -4,6 +4,7 @@
 #  - sync with 2 workers at batch b == standalone at batch 2b (same samples,
 #    same order): the weights agree to float tolerance
 #  - sync with 2 shards == sync with 1 shard
+#  - async with 1 worker == standalone, bit for bit
 #  - async and ssp train; every push is applied, dropped or rejected
 #  - ssp --staleness 0 runs in lockstep
 #  - a worker with another model is refused with a clear error
@@ -25,6 +26,14 @@ check "standalone at batch 64" test $? = 0
 "$L" local --workers 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync1" >"$TMP/sync1.log" 2>&1
 check "local sync, 2 workers, batch 32" test $? = 0
 check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model.safetensors" "$TMP/sa.safetensors" --rtol 2e-3 --atol 2e-5
+
+# Async with one worker has nobody to be stale against: bit-identical to
+# standalone (the server's momentum is the standalone trainer's).
+"$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --lr 0.01 --momentum 0.9 \
+    --no-progress --save "$TMP/sa32.safetensors" >"$TMP/sa32.log" 2>&1
+"$L" local --workers 1 --mode async --batch 32 --steps 12 "${common[@]}" --out "$TMP/async1" >"$TMP/async1.log" 2>&1
+check "local async, 1 worker" test $? = 0
+check "async(1 worker) weights == standalone weights, bit for bit" compare "$TMP/async1/model.safetensors" "$TMP/sa32.safetensors" --rtol 0 --atol 0
 
 "$L" local --workers 2 --ps-shards 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync2" >"$TMP/sync2.log" 2>&1
 check "local sync, 2 shards" test $? = 0
