@@ -18,8 +18,8 @@
 void dp_optim_conf_default(dp_optim_conf_t *c)
 {
     memset(c, 0, sizeof *c);
-    c->kind = DP_OPT_SGD;
-    c->lr = 0.05f;
+    c->kind = DP_OPT_ADAM;
+    c->lr = 0.0f;
     c->momentum = 0.9f;
     c->beta1 = 0.9f;
     c->beta2 = 0.999f;
@@ -107,22 +107,40 @@ int dp_optim_state_per_param(dp_optim_kind_t k)
     return 0;
 }
 
+float dp_optim_default_lr(dp_optim_kind_t k)
+{
+    switch (k) {
+    case DP_OPT_ADAM: return 0.0015f;
+    case DP_OPT_ADAGRAD: return 0.01f;
+    case DP_OPT_SGD:
+    case DP_OPT_MOMENTUM:
+    case DP_OPT_NESTEROV: break;
+    }
+    return 0.05f;
+}
+
+float dp_optim_base_lr(const dp_optim_conf_t *c)
+{
+    return c->lr > 0 ? c->lr : dp_optim_default_lr(c->kind);
+}
+
 float dp_optim_lr_at(const dp_optim_conf_t *c, long step)
 {
     if (step < 0) step = 0;
+    float lr = dp_optim_base_lr(c);
     switch (c->schedule) {
     case DP_LR_CONSTANT: break;
     case DP_LR_STEP:
-        if (c->step_size > 0) return (float)(c->lr * pow(c->gamma, (double)(step / c->step_size)));
+        if (c->step_size > 0) return (float)(lr * pow(c->gamma, (double)(step / c->step_size)));
         break;
     case DP_LR_COSINE:
         if (c->total_steps > 0) {
             double s = (double)(step < c->total_steps ? step : c->total_steps);
-            return (float)(c->lr * 0.5 * (1.0 + cos(M_PI * s / (double)c->total_steps)));
+            return (float)(lr * 0.5 * (1.0 + cos(M_PI * s / (double)c->total_steps)));
         }
         break;
     }
-    return c->lr;
+    return lr;
 }
 
 void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g, float *state,

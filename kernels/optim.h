@@ -33,7 +33,7 @@ typedef enum {
 
 typedef struct {
     dp_optim_kind_t kind;
-    float lr;            /* base learning rate */
+    float lr;            /* base learning rate; 0: the optimizer's default */
     float momentum;      /* momentum / nesterov mu */
     float beta1, beta2;  /* adam */
     float eps;           /* adam, adagrad */
@@ -44,8 +44,17 @@ typedef struct {
     long total_steps;    /* DP_LR_COSINE: steps to reach 0 */
 } dp_optim_conf_t;
 
-/* Defaults: momentum 0.9, lr 0.05, adam betas 0.9/0.999, eps 1e-8, constant. */
+/* The project's defaults, for the standalone trainer and the parameter
+ * server alike: adam, lr 0 (= the optimizer's default, below), momentum 0.9,
+ * adam betas 0.9/0.999, eps 1e-8, constant schedule. Adam is the default
+ * because it measured the most robust to the staleness of asynchronous
+ * updates (BENCHMARKS.md, "accuracy"). */
 void dp_optim_conf_default(dp_optim_conf_t *c);
+/* The learning rate an optimizer gets when none is given: adam 0.001,
+ * adagrad 0.01, sgd / momentum / nesterov 0.05. */
+float dp_optim_default_lr(dp_optim_kind_t k);
+/* c->lr, or the optimizer's default when c->lr is 0. */
+float dp_optim_base_lr(const dp_optim_conf_t *c);
 /* "sgd", "momentum", "nesterov", "adam", "adagrad". */
 int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err);
 /* "constant", "step:STEP_SIZE:GAMMA", "cosine:TOTAL_STEPS". */

@@ -30,9 +30,6 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->in_h = c->in_w = 28;
     c->seed = 1;
     dp_optim_conf_default(&c->optim);
-    c->optim.kind = DP_OPT_MOMENTUM;
-    c->optim.lr = 0.05f;
-    c->optim.momentum = 0.9f;
     c->checkpoint_every = 0;
     c->metrics_every = 5.0;
     c->heartbeat_timeout = 60.0;
@@ -56,8 +53,8 @@ static const char s_usage[] =
     "  --model SPEC                 network (default \"" DP_MODEL_DEFAULT_SPEC "\")\n"
     "  --input CxHxW                input shape (default 1x28x28)\n"
     "  --seed N                     initialisation seed (default 1)\n"
-    "  --optimizer NAME             sgd|momentum|nesterov|adam|adagrad (default momentum)\n"
-    "  --lr X                       learning rate (default 0.05)\n"
+    "  --optimizer NAME             sgd|momentum|nesterov|adam|adagrad (default adam)\n"
+    "  --lr X                       learning rate (default: adam 0.0015, adagrad 0.01, others 0.05)\n"
     "  --momentum X                 momentum (default 0.9)\n"
     "  --weight-decay X             L2 weight decay (default 0)\n"
     "  --lr-schedule S              constant | step:STEPS:GAMMA | cosine:TOTAL (by version)\n"
@@ -179,7 +176,7 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
         } else if (strcmp(name, "--optimizer") == 0) {
             if (dp_optim_parse_kind(&c->optim, v, err)) return -1;
         } else if (strcmp(name, "--lr") == 0) {
-            if (s_num(name, v, 0, 1e6, &d, err)) return -1;
+            if (s_num(name, v, 1e-12, 1e6, &d, err)) return -1;
             c->optim.lr = (float)d;
         } else if (strcmp(name, "--momentum") == 0) {
             if (s_num(name, v, 0, 1, &d, err)) return -1;

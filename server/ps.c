@@ -783,7 +783,7 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
     dp_log_info("shard %d/%d on %s: floats [%zu, %zu) of %zu, %s, %d workers, R=%d, S=%d, %s lr %g, version %" PRIu64,
                 cfg->shard_index, cfg->shard_count, ps->endpoint, ps->lo, ps->hi, ps->model.n_floats,
                 dp_mode_name(cfg->mode), ps->n_workers, ps->replicas, cfg->staleness,
-                dp_optim_kind_name(cfg->optim.kind), cfg->optim.lr, ps->version);
+                dp_optim_kind_name(cfg->optim.kind), dp_optim_base_lr(&cfg->optim), ps->version);
     return 0;
 }
 

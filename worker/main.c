@@ -38,8 +38,9 @@ static void s_usage(FILE *f)
 "  --epochs E           epochs over this worker's share (default 1)\n"
 "  --steps S            run exactly S steps instead\n"
 "  --seed N             weights (standalone) and data order (default 1)\n"
-"  --optimizer NAME     standalone: sgd, momentum (default), nesterov, adam, adagrad\n"
-"  --lr X (0.05), --momentum X (0.9), --weight-decay X, --lr-schedule constant|step:N:G|cosine:N\n"
+"  --optimizer NAME     standalone: adam (default), sgd, momentum, nesterov, adagrad\n"
+"  --lr X               default: adam 0.0015, adagrad 0.01, sgd / momentum / nesterov 0.05\n"
+"  --momentum X (0.9), --weight-decay X, --lr-schedule constant|step:N:G|cosine:N\n"
 "distributed:\n"
 "  --ps LIST            parameter-server shards, tcp://host:port,...\n"
 "  --task-index I       this worker's index; 0 is the chief (evaluates, saves, writes the summary)\n"
@@ -136,7 +137,7 @@ int main(int argc, char **argv)
         case OPT_BATCH: c.batch = (int)s_number("batch", optarg, 1, 1 << 16); break;
         case OPT_EPOCHS: c.epochs = (int)s_number("epochs", optarg, 1, 1e6); break;
         case OPT_STEPS: c.steps = (long)s_number("steps", optarg, 1, 1e12); break;
-        case OPT_LR: c.optim.lr = (float)s_number("lr", optarg, 0, 1e3); break;
+        case OPT_LR: c.optim.lr = (float)s_number("lr", optarg, 1e-12, 1e3); break;
         case OPT_MOMENTUM: c.optim.momentum = (float)s_number("momentum", optarg, 0, 1); break;
         case OPT_WD: c.optim.weight_decay = (float)s_number("weight-decay", optarg, 0, 1); break;
         case OPT_OPTIMIZER:

@@ -20,9 +20,6 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->batch = 64;
     c->epochs = 1;
     dp_optim_conf_default(&c->optim);
-    c->optim.kind = DP_OPT_MOMENTUM;
-    c->optim.lr = 0.05f;
-    c->optim.momentum = 0.9f;
     c->seed = 1;
     c->progress = -1;
     c->task_index = 0;
@@ -264,7 +261,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
         cJSON_AddNumberToObject(o, "staleness_mean", 0);
         cJSON_AddNumberToObject(o, "staleness_max", 0);
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(opt->kind));
-        cJSON_AddNumberToObject(o, "lr", opt->lr);
+        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(opt));
         rc = dp_session_summary(&s, o, err);
     }
     dp_session_close(&s);

@@ -16,11 +16,11 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     finish; exit
 fi
 L=$BIN/downpour
-common=(--seed 5 --lr 0.01 --momentum 0.9 --no-progress)
+common=(--seed 5 --optimizer momentum --lr 0.01 --momentum 0.9 --no-progress)
 compare() { "$TORCH_PY" tests/integration/compare_st.py "$@" >"$TMP/compare.log" 2>&1 || { cat "$TMP/compare.log"; return 1; }; }
 
 # Sync equivalence: the strongest check that aggregation is right.
-"$BIN/downpour-worker" --standalone --steps 12 --batch 64 --seed 5 --lr 0.01 --momentum 0.9 \
+"$BIN/downpour-worker" --standalone --steps 12 --batch 64 --seed 5 --optimizer momentum --lr 0.01 --momentum 0.9 \
     --no-progress --save "$TMP/sa.safetensors" >"$TMP/sa.log" 2>&1
 check "standalone at batch 64" test $? = 0
 "$L" local --workers 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync1" >"$TMP/sync1.log" 2>&1
@@ -29,7 +29,7 @@ check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model
 
 # Async with one worker has nobody to be stale against: bit-identical to
 # standalone (the server's momentum is the standalone trainer's).
-"$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --lr 0.01 --momentum 0.9 \
+"$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --optimizer momentum --lr 0.01 --momentum 0.9 \
     --no-progress --save "$TMP/sa32.safetensors" >"$TMP/sa32.log" 2>&1
 "$L" local --workers 1 --mode async --batch 32 --steps 12 "${common[@]}" --out "$TMP/async1" >"$TMP/async1.log" 2>&1
 check "local async, 1 worker" test $? = 0

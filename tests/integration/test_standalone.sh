@@ -14,7 +14,7 @@ fi
 
 "$W" --standalone --steps 150 --batch 64 --seed 3 --no-progress \
     --save "$out/model.safetensors" --summary "$out/summary.json" --metrics "$out/metrics.jsonl" \
-    --tensorboard "$out/tb" --lr 0.01 \
+    --tensorboard "$out/tb" --optimizer momentum --lr 0.01 \
     >"$out/log" 2>&1
 check "standalone run exits 0" test $? = 0
 acc=$(json "$out/summary.json" test_accuracy 2>/dev/null || echo 0)

@@ -192,7 +192,18 @@ static void test_defaults_and_parsing(void)
     dp_optim_conf_t c;
     char err[DP_ERR_LEN] = "";
     dp_optim_conf_default(&c);
-    CHECK_NEAR(c.lr, 0.05, 1e-9);
+    /* adam with its own default lr, unless --lr is given */
+    CHECK_EQ(c.kind, DP_OPT_ADAM);
+    CHECK_NEAR(c.lr, 0, 0);
+    CHECK_NEAR(dp_optim_base_lr(&c), 0.0015, 1e-9);
+    CHECK_NEAR(dp_optim_lr_at(&c, 100), 0.0015, 1e-9);
+    c.kind = DP_OPT_MOMENTUM;
+    CHECK_NEAR(dp_optim_base_lr(&c), 0.05, 1e-9);
+    c.kind = DP_OPT_ADAGRAD;
+    CHECK_NEAR(dp_optim_base_lr(&c), 0.01, 1e-9);
+    c.lr = 0.2f;
+    CHECK_NEAR(dp_optim_base_lr(&c), 0.2, 1e-7);
+    dp_optim_conf_default(&c);
     CHECK_NEAR(c.momentum, 0.9, 1e-7);
     CHECK_NEAR(c.beta1, 0.9, 1e-7);
     CHECK_NEAR(c.beta2, 0.999, 1e-7);
