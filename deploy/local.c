@@ -72,6 +72,8 @@ typedef struct {
     const char *out;
     const char *data;
     const char *mode;
+    const char *steps, *epochs, *batch; /* as given, or NULL */
+    int schedule_given;          /* --lr-schedule was passed on */
     int progress;                /* -1 auto */
     char bin_dir[PATH_MAX];
     const char *ps_args[DP_LOCAL_ARGS];
@@ -99,8 +101,10 @@ static void s_usage(FILE *f)
 "  --workers N        worker processes (default 2; with --gpus, one per listed GPU)\n"
 "  --ps-shards K      parameter-server processes, each owning a slice (default 1)\n"
 "  --gpus LIST        one worker per listed GPU (cuda:K); default: CPU workers\n"
+"  --mode M           sync (default), async or ssp (with --staleness S)\n"
 "  --out DIR          where results land\n"
 "  --no-progress      no live line\n"
+"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n"
 "Passed on to downpour-ps: --mode --staleness --replicas-to-aggregate --lr-staleness\n"
 "  --optimizer --lr --momentum --weight-decay --lr-schedule --checkpoint-dir\n"
 "  --checkpoint-every --heartbeat-timeout --model --seed\n"
@@ -341,6 +345,10 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
             }
             if (strcmp(a, "--data") == 0) L->data = v;
             if (strcmp(a, "--mode") == 0) L->mode = v;
+            if (strcmp(a, "--steps") == 0) L->steps = v;
+            if (strcmp(a, "--epochs") == 0) L->epochs = v;
+            if (strcmp(a, "--batch") == 0) L->batch = v;
+            if (strcmp(a, "--lr-schedule") == 0) L->schedule_given = 1;
             if (s_forward[k].has_arg) i++;
         }
     }
@@ -354,6 +362,16 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
     if (L->shards < 1 || L->shards > DP_LOCAL_MAX)
         return dp_err(err, "--ps-shards must be in 1..%d", DP_LOCAL_MAX);
     return 0;
+}
+
+/* Steps each worker runs (the worker's own rule: --steps, else epochs over
+ * its share of n samples in global batches). */
+static long s_run_steps(const dp_local_t *L, int n)
+{
+    if (L->steps) return atol(L->steps);
+    long epochs = L->epochs ? atol(L->epochs) : 1;
+    long batch = L->batch ? atol(L->batch) : 64;
+    return batch > 0 ? epochs * (n / (batch * L->workers)) : 0;
 }
 
 /* The directory holding the running binary (where its siblings are). */
@@ -400,7 +418,7 @@ int dp_local_main(int argc, char **argv)
     L.shards = 1;
     L.progress = -1;
     L.data = "fashion-mnist";
-    L.mode = "async";
+    L.mode = "sync";  /* downpour-ps's default too */
     char err[DP_ERR_LEN] = "";
     char out_default[64];
     if (s_parse(&L, argc, argv, err) != 0) {
@@ -415,14 +433,28 @@ int dp_local_main(int argc, char **argv)
     }
     s_bin_dir(L.bin_dir, sizeof L.bin_dir, argv[0]);
 
-    /* The servers need the input shape; the data set's test split tells it. */
+    /* The servers need the input shape, and the default schedule the run's
+     * length: the training split tells both. */
     dp_dataset_t probe = {0};
-    if (dp_dataset_load(&probe, L.data, DP_SPLIT_TEST, err) != 0) {
+    if (dp_dataset_load(&probe, L.data, DP_SPLIT_TRAIN, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;
     }
-    char input[48];
+    char input[48], schedule[64];
     snprintf(input, sizeof input, "%dx%dx%d", probe.c, probe.h, probe.w);
+    if (!L.schedule_given) {
+        /* Anneal the lr to zero over the run (cosine), as the standalone
+         * trainer does by default: the final weights are then not just one
+         * noisy point of a constant-lr walk. The servers count one version
+         * per sync step, one per push otherwise. */
+        long per_worker = s_run_steps(&L, probe.n);
+        long updates = strcmp(L.mode, "sync") == 0 ? per_worker : per_worker * L.workers;
+        if (updates > 0) {
+            snprintf(schedule, sizeof schedule, "cosine:%ld", updates);
+            L.ps_args[L.n_ps_args++] = "--lr-schedule";
+            L.ps_args[L.n_ps_args++] = schedule;
+        }
+    }
     dp_dataset_free(&probe);
 
     char dir[PATH_MAX], path[PATH_MAX];
@@ -466,6 +498,7 @@ int dp_local_main(int argc, char **argv)
         av[n++] = "--workers"; av[n++] = nworkers;
         av[n++] = "--input"; av[n++] = input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
+        av[n++] = "--mode"; av[n++] = L.mode;  /* said here too, so the line below is true */
         for (int k = 0; k < L.n_ps_args; k++) av[n++] = L.ps_args[k];
         av[n] = NULL;
         if (s_spawn(&L, c, av, err) != 0) goto fail;

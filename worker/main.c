@@ -40,7 +40,8 @@ static void s_usage(FILE *f)
 "  --seed N             weights (standalone) and data order (default 1)\n"
 "  --optimizer NAME     standalone: adam (default), sgd, momentum, nesterov, adagrad\n"
 "  --lr X               default: adam 0.0015, adagrad 0.01, sgd / momentum / nesterov 0.05\n"
-"  --momentum X (0.9), --weight-decay X, --lr-schedule constant|step:N:G|cosine:N\n"
+"  --momentum X (0.9), --weight-decay X\n"
+"  --lr-schedule S      constant | step:N:G | cosine:N (standalone default: cosine over the run)\n"
 "distributed:\n"
 "  --ps LIST            parameter-server shards, tcp://host:port,...\n"
 "  --task-index I       this worker's index; 0 is the chief (evaluates, saves, writes the summary)\n"
@@ -145,6 +146,7 @@ int main(int argc, char **argv)
             break;
         case OPT_SCHEDULE:
             if (dp_optim_parse_schedule(&c.optim, optarg, err) != 0) goto usage_error;
+            c.schedule_given = 1;
             break;
         case OPT_SEED: c.seed = (unsigned long long)s_number("seed", optarg, 0, 1.8e19); break;
         case OPT_THREADS: c.threads = (int)s_number("threads", optarg, 1, 1024); break;

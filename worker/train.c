@@ -185,7 +185,8 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
 {
     dp_session_t s;
     if (dp_session_open(&s, c, err) != 0) return -1;
-    const dp_optim_conf_t *opt = &c->optim;
+    dp_optim_conf_t optim = c->optim;
+    const dp_optim_conf_t *opt = &optim;
     dp_model_init_params(&s.model, s.h_params, c->seed);
     dp_net_set_params(&s.net, s.h_params);
     dp_updater_t up;
@@ -193,6 +194,11 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
 
     long total = dp_session_total_steps(&s, 1);
     long spe = dp_data_steps_per_epoch(s.train.n, c->batch, 1);
+    if (!c->schedule_given) {
+        /* Anneal over the run, as `downpour local` does for the servers. */
+        optim.schedule = DP_LR_COSINE;
+        optim.total_steps = total;
+    }
     dp_batcher_t bt;
     if (dp_batcher_start(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
         s_updater_free(&up, &s);

@@ -28,7 +28,8 @@ typedef struct {
     int batch;                 /* per worker */
     int epochs;                /* used when steps == 0 */
     long steps;                /* this worker's steps; 0: epochs over its share */
-    dp_optim_conf_t optim;     /* standalone: sgd / momentum and the lr schedule */
+    dp_optim_conf_t optim;     /* standalone: the optimizer and the lr schedule */
+    int schedule_given;        /* --lr-schedule given; else standalone anneals (cosine) over its run */
     unsigned long long seed;   /* weights (standalone) and data order */
     int threads;               /* CPU kernel threads, 0 = all cores */
     const char *save;          /* model.safetensors (standalone / chief) */
