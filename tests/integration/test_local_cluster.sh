@@ -34,6 +34,11 @@ check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model
 "$L" local --workers 1 --mode async --batch 32 --steps 12 "${common[@]}" --out "$TMP/async1" >"$TMP/async1.log" 2>&1
 check "local async, 1 worker" test $? = 0
 check "async(1 worker) weights == standalone weights, bit for bit" compare "$TMP/async1/model.safetensors" "$TMP/sa32.safetensors" --rtol 0 --atol 0
+# The same with the default optimizer (Adam) and schedule (cosine over the run).
+"$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --no-progress \
+    --save "$TMP/sa32adam.safetensors" >"$TMP/sa32adam.log" 2>&1
+"$L" local --workers 1 --mode async --batch 32 --steps 12 --seed 5 --no-progress --out "$TMP/async1adam" >"$TMP/async1adam.log" 2>&1
+check "async(1 worker) == standalone with the defaults (adam, cosine), bit for bit" compare "$TMP/async1adam/model.safetensors" "$TMP/sa32adam.safetensors" --rtol 0 --atol 0
 
 "$L" local --workers 2 --ps-shards 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync2" >"$TMP/sync2.log" 2>&1
 check "local sync, 2 shards" test $? = 0
