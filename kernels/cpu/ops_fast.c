@@ -89,7 +89,9 @@ DP_HOT void dp_maxpool_backward(float *din, const float *dout, const float *in, 
                     float m = mx[oy * OW + ox], gv = g[oy * OW + ox];
                     int e0 = r0[2 * ox] == m, e1 = r0[2 * ox + 1] == m;
                     int e2 = r1[2 * ox] == m, e3 = r1[2 * ox + 1] == m;
-                    int t1 = !e0 & e1, t2 = !e0 & !e1 & e2, t3 = !e0 & !e1 & !e2 & e3;
+                    /* first maximum in scan order, without branches */
+                    int n0 = !e0, n1 = !e1, n2 = !e2;
+                    int t1 = n0 & e1, t2 = n0 & n1 & e2, t3 = n0 & n1 & n2 & e3;
                     d0[2 * ox] = e0 ? gv : 0.0f;
                     d0[2 * ox + 1] = t1 ? gv : 0.0f;
                     d1[2 * ox] = t2 ? gv : 0.0f;

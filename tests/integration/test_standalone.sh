@@ -43,6 +43,13 @@ else
     skip "torch load" "Debian's python3-torch is not installed (make deps-test)"
 fi
 
+# A damaged checkpoint: one line naming the file and what is wrong.
+head -c 100000 "$out/model.safetensors" >"$out/trunc.safetensors"
+"$BIN/downpour" eval --checkpoint "$out/trunc.safetensors" >"$out/eval.out" 2>"$out/eval.err"
+rc=$?
+check "downpour eval refuses a truncated checkpoint (status $rc)" test $rc != 0
+check "... with one line naming the file" bash -c "[ \$(wc -l <'$out/eval.err') = 1 ] && grep -q 'trunc.safetensors: truncated' '$out/eval.err'"
+
 # Bad input: one clear line, non-zero exit, no file left behind.
 bad() { # name expected-substring args...
     local name=$1 want=$2; shift 2
