@@ -139,7 +139,7 @@ static int s_mkdir(const char *path, char *err)
 }
 
 /* Start one child with its output in c->log. */
-static int s_spawn(dp_local_t *L, dp_child_t *c, const char *const *argv, char *err)
+static int s_spawn(dp_child_t *c, const char *const *argv, char *err)
 {
     int fd = open(c->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return dp_err(err, "%s: cannot create: %s", c->log, strerror(errno));
@@ -168,7 +168,6 @@ static int s_spawn(dp_local_t *L, dp_child_t *c, const char *const *argv, char *
     close(fd);
     setpgid(pid, pid);
     c->pid = pid;
-    (void)L;
     return 0;
 }
 
@@ -501,7 +500,7 @@ int dp_local_main(int argc, char **argv)
         av[n++] = "--mode"; av[n++] = L.mode;  /* said here too, so the line below is true */
         for (int k = 0; k < L.n_ps_args; k++) av[n++] = L.ps_args[k];
         av[n] = NULL;
-        if (s_spawn(&L, c, av, err) != 0) goto fail;
+        if (s_spawn(c, av, err) != 0) goto fail;
     }
 
     /* Workers; task 0 is the chief and writes the results. */
@@ -545,7 +544,7 @@ int dp_local_main(int argc, char **argv)
         /* User flags last, so an explicit --threads or --device wins. */
         for (int k = 0; k < L.n_worker_args; k++) av[n++] = L.worker_args[k];
         av[n] = NULL;
-        if (s_spawn(&L, c, av, err) != 0) goto fail;
+        if (s_spawn(c, av, err) != 0) goto fail;
     }
     fprintf(stderr, "downpour local: %d ps shard(s) at %s, %d worker(s), %s mode; results in %s\n",
             L.shards, endpoints, L.workers, L.mode, L.out);
