@@ -171,7 +171,10 @@ fi
 # ---- curves ---------------------------------------------------------------
 section curves "200 steps, batch 64, seed 1: cuda:0 against cpu"
 curve() { # device metrics-file log
+    # momentum SGD at a constant lr: the update runs on the device (the
+    # default adam would step on the host and time the PCIe round trip)
     tmo 240 "$W" --standalone --device "$1" --steps 200 --batch 64 --seed 1 --no-progress \
+        --optimizer momentum --lr 0.01 --momentum 0.9 --lr-schedule constant \
         --metrics "$2" --summary "$WORK/curve_${1%%:*}.json" "${DATA_ARGS[@]}" >"$3" 2>&1
 }
 rm -f "$OUTDIR/loss_cuda.jsonl" "$OUTDIR/loss_cpu.jsonl"
@@ -295,6 +298,7 @@ for spec in $SPECS; do
     B=${spec%%:*} tf=${spec##*:}
     math=$([ "$tf" = 1 ] && echo tf32 || echo fp32)
     DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" --steps 300 --seed 1 \
+        --optimizer momentum --lr 0.01 --momentum 0.9 --lr-schedule constant \
         --no-progress --summary "$WORK/bench_${B}_$tf.json" "${DATA_ARGS[@]}" >"$WORK/bench_${B}_$tf.log" 2>&1
     rc=$?
     ours=$([ $rc = 0 ] && json_get "$WORK/bench_${B}_$tf.json" images_per_s)
