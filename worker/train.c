@@ -139,9 +139,9 @@ typedef struct {
     int on_host;       /* d_params / d_grads are host pointers */
     int on_device;     /* sgd / momentum through be->sgd_update */
     float *state;      /* host: optimizer state; device: velocity */
-} dp_updater_t;
+} s_updater_t;
 
-static void s_updater_init(dp_updater_t *u, dp_session_t *s)
+static void s_updater_init(s_updater_t *u, dp_session_t *s)
 {
     const dp_optim_conf_t *opt = &s->conf.optim;
     size_t n = s->model.n_floats;
@@ -156,7 +156,7 @@ static void s_updater_init(dp_updater_t *u, dp_session_t *s)
     }
 }
 
-static void s_updater_step(dp_updater_t *u, dp_session_t *s, float lr, long t)
+static void s_updater_step(s_updater_t *u, dp_session_t *s, float lr, long t)
 {
     const dp_optim_conf_t *opt = &s->conf.optim;
     size_t n = s->model.n_floats;
@@ -174,7 +174,7 @@ static void s_updater_step(dp_updater_t *u, dp_session_t *s, float lr, long t)
     }
 }
 
-static void s_updater_free(dp_updater_t *u, dp_session_t *s)
+static void s_updater_free(s_updater_t *u, dp_session_t *s)
 {
     if (u->on_device) s->be->release(s->be, u->state);
     else free(u->state);
@@ -189,7 +189,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     const dp_optim_conf_t *opt = &optim;
     dp_model_init_params(&s.model, s.h_params, c->seed);
     dp_net_set_params(&s.net, s.h_params);
-    dp_updater_t up;
+    s_updater_t up;
     s_updater_init(&up, &s);
 
     long total = dp_session_total_steps(&s, 1);
