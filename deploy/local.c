@@ -465,6 +465,8 @@ int dp_local_main(int argc, char **argv)
     /* Results of an earlier run in the same DIR must not pass for this one's. */
     snprintf(path, sizeof path, "%s/summary.json", L.out);
     unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", L.out);
+    unlink(path);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
