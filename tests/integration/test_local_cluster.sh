@@ -79,6 +79,14 @@ rc=$?
 check "mismatched worker exits non-zero" test $rc != 0 -a $rc != 124
 check "mismatched worker says 'model mismatch'" grep -q "model mismatch" "$TMP/mm.log"
 
+# Bad launcher flags: one line, status 2, nothing started.
+"$L" local --bogus 1 --out "$TMP/bogus" >"$TMP/bogus.log" 2>&1
+rc=$?
+check "unknown launcher flag: status 2 (got $rc)" test $rc = 2
+check "... names the flag in one line" bash -c "[ \$(wc -l <'$TMP/bogus.log') = 1 ] && grep -q \"unknown flag '--bogus'\" '$TMP/bogus.log'"
+"$L" local --workers 0 --out "$TMP/bogus" >"$TMP/bogus.log" 2>&1
+check "--workers 0 refused" grep -q -- "--workers must be" "$TMP/bogus.log"
+
 # The launcher leaves nothing behind.
 leftovers() { pgrep -f "$1" >/dev/null && { echo "left behind:"; pgrep -af "$1"; return 1; }; return 0; }
 check "no process left after successful runs" leftovers "$TMP/(sync|async|ssp)"
