@@ -25,35 +25,22 @@ import statistics
 import sys
 import time
 
+import os
+
 try:
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from torch_net import DEFAULT_SPEC, build_module
 except ImportError as e:  # run.sh checks first; this is for people running it by hand
     print(f"torch_train: cannot import torch ({e}); install python3-torch", file=sys.stderr)
     sys.exit(3)
 
 
-class Net(nn.Module):
-    """The default model, with the parameter names Downpour's checkpoints use."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
-        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
-        self.fc1 = nn.Linear(64 * 7 * 7, 512)
-        self.fc2 = nn.Linear(512, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(x)
-
-
 def measure(batch, seconds, samples, warmup, channels_last):
     torch.manual_seed(1)
-    net = Net()
+    net = build_module(DEFAULT_SPEC, (1, 28, 28))
     x = torch.rand(batch, 1, 28, 28)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)

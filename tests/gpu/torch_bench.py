@@ -19,6 +19,7 @@ torch version.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -37,6 +38,9 @@ def main():
     import torch
     import torch.nn as nn
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from torch_net import DEFAULT_SPEC, build_module
+
     if not torch.cuda.is_available():
         print(json.dumps({"error": "torch sees no CUDA device"}))
         return 2
@@ -45,23 +49,7 @@ def main():
     dev = torch.device(args.device)
     torch.manual_seed(1)
 
-    # Named like Downpour's safetensors export: conv1, conv2, fc1, fc2.
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
-            self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
-            self.fc1 = nn.Linear(64 * 7 * 7, 512)
-            self.fc2 = nn.Linear(512, 10)
-            self.pool = nn.MaxPool2d(2)
-
-        def forward(self, x):
-            x = self.pool(torch.relu(self.conv1(x)))
-            x = self.pool(torch.relu(self.conv2(x)))
-            x = torch.relu(self.fc1(torch.flatten(x, 1)))
-            return self.fc2(x)
-
-    net = Net().to(dev)
+    net = build_module(DEFAULT_SPEC, (1, 28, 28)).to(dev)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     B = args.batch

@@ -19,7 +19,6 @@ binary test_batch.bin. Prints one JSON line:
 Exit status 1 with one line on stderr on any error.
 """
 import argparse
-import collections
 import gzip
 import json
 import os
@@ -29,6 +28,9 @@ import sys
 import numpy as np
 import torch
 from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_net import build_module  # noqa: E402
 
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
           "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
@@ -54,46 +56,6 @@ def read_safetensors(path):
         arr = np.frombuffer(data[b:end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
         tensors[name] = torch.from_numpy(arr.copy())
     return tensors, meta
-
-
-def build_module(spec, in_shape):
-    """nn.Sequential with PyTorch names conv1, fc1, ... as model.h numbers them."""
-    c, h, w = in_shape
-    layers = collections.OrderedDict()
-    n_conv = n_fc = n_other = 0
-    flat = False
-    toks = spec.split()
-    for i, tok in enumerate(toks):
-        if tok.startswith("conv"):
-            parts = tok[4:].split(":")
-            k1, k2 = (int(x) for x in parts[0].split("x"))
-            out = int(parts[1])
-            pad = k1 // 2 if len(parts) < 3 or parts[2] == "same" else 0
-            n_conv += 1
-            layers[f"conv{n_conv}"] = nn.Conv2d(c, out, (k1, k2), padding=pad)
-            c, h, w = out, h + 2 * pad - k1 + 1, w + 2 * pad - k2 + 1
-        elif tok == "relu":
-            n_other += 1
-            layers[f"relu_{n_other}"] = nn.ReLU()
-        elif tok.startswith("maxpool"):
-            k = int(tok[7:])
-            n_other += 1
-            layers[f"pool_{n_other}"] = nn.MaxPool2d(k)
-            h, w = h // k, w // k
-        elif tok.startswith("fc:"):
-            if not flat:
-                layers["flatten"] = nn.Flatten()
-                c, h, w, flat = c * h * w, 1, 1, True
-            out = int(tok[3:])
-            n_fc += 1
-            layers[f"fc{n_fc}"] = nn.Linear(c, out)
-            c = out
-        elif tok == "softmax":
-            if i != len(toks) - 1:
-                raise ValueError(f"spec: softmax must be last: {spec}")
-        else:
-            raise ValueError(f"spec: unknown token {tok!r}")
-    return nn.Sequential(layers)
 
 
 def read_idx(path, magic):
