@@ -73,6 +73,8 @@ typedef struct {
     const char *data;
     const char *mode;
     const char *steps, *epochs, *batch; /* as given, or NULL */
+    char delay_ms[DP_LOCAL_MAX][24]; /* --straggler I:MS: worker I's injected delay, "" none */
+    int delay_exp[DP_LOCAL_MAX];     /* ... drawn from an exponential (I:MS:exp) */
     int schedule_given;          /* --lr-schedule was passed on */
     int progress;                /* -1 auto */
     char bin_dir[PATH_MAX];
@@ -102,6 +104,7 @@ static void s_usage(FILE *f)
 "  --ps-shards K      parameter-server processes, each owning a slice (default 1)\n"
 "  --gpus LIST        one worker per listed GPU (cuda:K); default: CPU workers\n"
 "  --mode M           sync (default), async or ssp (with --staleness S)\n"
+"  --straggler I:MS   worker I sleeps MS ms before each push (I:MS:exp: exponential)\n"
 "  --out DIR          where results land\n"
 "  --no-progress      no live line\n"
 "The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n"
@@ -300,6 +303,24 @@ static void s_describe_exit(const dp_child_t *c, char *out, size_t n)
     else snprintf(out, n, "ended");
 }
 
+/* "--straggler I:MS[:exp]": worker I sleeps MS ms before each push (fixed,
+ * or exponential with that mean), the others do not — the experiment that
+ * shows what one slow worker does to everybody's staleness. */
+static int s_parse_straggler(dp_local_t *L, const char *v, char *err)
+{
+    char *end = NULL;
+    long i = strtol(v, &end, 10);
+    if (end == v || *end != ':' || i < 0 || i >= DP_LOCAL_MAX)
+        return dp_err(err, "--straggler %s: expected WORKER:MS[:exp], e.g. 1:50", v);
+    const char *ms = end + 1;
+    double d = strtod(ms, &end);
+    if (end == ms || d < 0 || (*end && strcmp(end, ":exp") != 0))
+        return dp_err(err, "--straggler %s: expected WORKER:MS[:exp], e.g. 1:50", v);
+    snprintf(L->delay_ms[i], sizeof L->delay_ms[i], "%.*s", (int)(end - ms), ms);
+    L->delay_exp[i] = *end != 0;
+    return 0;
+}
+
 /* Parse the launcher's own flags; the rest are sorted into ps / worker args. */
 static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
 {
@@ -320,6 +341,9 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
             i++;
         } else if (strcmp(a, "--out") == 0 && v) {
             L->out = v;
+            i++;
+        } else if (strcmp(a, "--straggler") == 0 && v) {
+            if (s_parse_straggler(L, v, err) != 0) return -1;
             i++;
         } else if (strcmp(a, "--no-progress") == 0) {
             L->progress = 0;
@@ -358,6 +382,9 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
     }
     if (L->workers < 1 || L->workers > DP_LOCAL_MAX)
         return dp_err(err, "--workers must be in 1..%d", DP_LOCAL_MAX);
+    for (int i = L->workers; i < DP_LOCAL_MAX; i++)
+        if (L->delay_ms[i][0])
+            return dp_err(err, "--straggler %d: there are only %d workers", i, L->workers);
     if (L->shards < 1 || L->shards > DP_LOCAL_MAX)
         return dp_err(err, "--ps-shards must be in 1..%d", DP_LOCAL_MAX);
     return 0;
@@ -538,6 +565,10 @@ int dp_local_main(int argc, char **argv)
             av[n++] = "--device"; av[n++] = device[i];
         } else {
             av[n++] = "--threads"; av[n++] = threads;
+        }
+        if (L.delay_ms[i][0]) {
+            av[n++] = "--delay-ms"; av[n++] = L.delay_ms[i];
+            if (L.delay_exp[i]) { av[n++] = "--delay-dist"; av[n++] = "exp"; }
         }
         if (i == 0) {
             av[n++] = "--save"; av[n++] = save;

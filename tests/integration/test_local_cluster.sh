@@ -7,6 +7,7 @@
 #  - async with 1 worker == standalone, bit for bit
 #  - async and ssp train; every push is applied, dropped or rejected
 #  - ssp --staleness 0 runs in lockstep
+#  - a straggler (--straggler) pushes the stalest gradients
 #  - a worker with another model is refused with a clear error
 #  - the launcher leaves no process behind (success, a failed child, SIGINT)
 source "$(dirname "$0")/lib.sh"
@@ -69,6 +70,14 @@ check "ssp --staleness 2 keeps staleness <= 3 versions (got $smax)" ge 3 "$smax"
 check "local ssp --staleness 0" test $? = 0
 smax=$(json "$TMP/ssp0/summary.json" staleness_max 2>/dev/null || echo 99)
 check "ssp 0 runs in lockstep: staleness <= 1 (got $smax)" ge 1 "$smax"
+
+# One straggler: its gradients arrive after the other worker's, so they are
+# the stale ones.
+"$L" local --workers 2 --mode async --batch 32 --steps 40 --straggler 1:40 "${common[@]}" --out "$TMP/strag" >"$TMP/strag.log" 2>&1
+check "local async with --straggler 1:40" test $? = 0
+stale_of() { grep '"status"' "$TMP/strag/metrics/worker-$1.jsonl" | "$TORCH_PY" -c 'import sys, json; l = [json.loads(x)["staleness"] for x in sys.stdin]; print(sum(l) / len(l))'; }
+s0=$(stale_of 0) s1=$(stale_of 1)
+check "the straggler's pushes are staler (worker 1 $s1 > worker 0 $s0 + 0.2)" ge "$s1" "$(awk -v a="$s0" 'BEGIN { print a + 0.2 }')"
 
 # A worker whose model differs is refused, with both models named.
 port=$((20000 + RANDOM % 20000))
