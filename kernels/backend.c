@@ -36,6 +36,30 @@ int dp_backend_open(const char *device, dp_backend_t **out, char *err)
     return dp_err(err, "--device %s: unknown device (expected cpu or cuda:K)", device);
 }
 
+void dp_conv_dims_of(dp_conv_dims_t *d, const dp_layer_t *l, int B)
+{
+    d->B = B;
+    d->C = l->in_c;
+    d->H = l->in_h;
+    d->W = l->in_w;
+    d->OC = l->out_c;
+    d->K = l->k;
+    d->pad = l->pad;
+    d->stride = l->stride;
+    dp_conv_dims_finish(d);
+}
+
+void dp_pool_dims_of(dp_pool_dims_t *d, const dp_layer_t *l, int B)
+{
+    d->B = B;
+    d->C = l->in_c;
+    d->H = l->in_h;
+    d->W = l->in_w;
+    d->K = l->k;
+    d->stride = l->stride;
+    dp_pool_dims_finish(d);
+}
+
 void dp_backend_destroy(dp_backend_t **be_p)
 {
     if (!be_p || !*be_p) return;

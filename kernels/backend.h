@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "../common/model.h"
+#include "ops.h"
 
 typedef struct dp_backend dp_backend_t;
 
@@ -63,6 +64,11 @@ struct dp_backend {
 
     void (*destroy)(dp_backend_t *be);
 };
+
+/* The kernel dimensions of layer l (conv / maxpool) at batch B, for
+ * backends that call the kernels of ops.h or their CUDA twins. */
+void dp_conv_dims_of(dp_conv_dims_t *d, const dp_layer_t *l, int B);
+void dp_pool_dims_of(dp_pool_dims_t *d, const dp_layer_t *l, int B);
 
 /* "cpu" or "cuda:K" (K counts the devices CUDA_VISIBLE_DEVICES leaves).
  * Fails with one line when CUDA was not built in or the device is absent. */

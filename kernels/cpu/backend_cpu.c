@@ -11,30 +11,6 @@
 #include "../ops.h"
 #include "cpu.h"
 
-static void s_conv_dims(dp_conv_dims_t *d, const dp_layer_t *l, int B)
-{
-    d->B = B;
-    d->C = l->in_c;
-    d->H = l->in_h;
-    d->W = l->in_w;
-    d->OC = l->out_c;
-    d->K = l->k;
-    d->pad = l->pad;
-    d->stride = l->stride;
-    dp_conv_dims_finish(d);
-}
-
-static void s_pool_dims(dp_pool_dims_t *d, const dp_layer_t *l, int B)
-{
-    d->B = B;
-    d->C = l->in_c;
-    d->H = l->in_h;
-    d->W = l->in_w;
-    d->K = l->k;
-    d->stride = l->stride;
-    dp_pool_dims_finish(d);
-}
-
 static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err)
 {
     (void)be;
@@ -45,7 +21,7 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
         const dp_layer_t *l = &m->layers[i];
         if (l->kind != DP_LAYER_CONV) continue;
         dp_conv_dims_t d;
-        s_conv_dims(&d, l, max_batch);
+        dp_conv_dims_of(&d, l, max_batch);
         size_t nin = (size_t)max_batch * d.C * d.H * d.W;
         size_t nout = (size_t)max_batch * d.OC * d.OH * d.OW;
         size_t nw = (size_t)d.OC * d.C * d.K * d.K;
@@ -107,7 +83,7 @@ static void s_conv_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *
 {
     (void)be;
     dp_conv_dims_t d;
-    s_conv_dims(&d, l, B);
+    dp_conv_dims_of(&d, l, B);
     dp_conv2d_forward(d_out, d_in, d_w, d_b, &d);
 }
 
@@ -117,7 +93,7 @@ static void s_conv_backward(dp_backend_t *be, const dp_layer_t *l, int B, float 
 {
     (void)be;
     dp_conv_dims_t d;
-    s_conv_dims(&d, l, B);
+    dp_conv_dims_of(&d, l, B);
     dp_conv2d_backward(d_din, d_dw, d_db, d_dout, d_in, d_w, &d);
 }
 
@@ -139,7 +115,7 @@ static void s_maxpool_forward(dp_backend_t *be, const dp_layer_t *l, int B, floa
 {
     (void)be;
     dp_pool_dims_t d;
-    s_pool_dims(&d, l, B);
+    dp_pool_dims_of(&d, l, B);
     dp_maxpool_forward(d_out, d_in, &d);
 }
 
@@ -148,7 +124,7 @@ static void s_maxpool_backward(dp_backend_t *be, const dp_layer_t *l, int B, flo
 {
     (void)be;
     dp_pool_dims_t d;
-    s_pool_dims(&d, l, B);
+    dp_pool_dims_of(&d, l, B);
     dp_maxpool_backward(d_din, d_dout, d_in, d_out, &d);
 }
 

@@ -349,9 +349,8 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
         L->layer = *l;
         L->planned = 1;
         if (l->kind == DP_LAYER_MAXPOOL) {
-            dp_pool_dims_t d = {.B = 1, .C = l->in_c, .H = l->in_h, .W = l->in_w,
-                                .K = l->k, .stride = l->stride};
-            dp_pool_dims_finish(&d);
+            dp_pool_dims_t d;
+            dp_pool_dims_of(&d, l, 1);
             if (l->k < 1 || l->stride < 1 || d.OH != l->out_h || d.OW != l->out_w ||
                 l->out_c != l->in_c) {
                 dp_err(err, "%s: %s: pool shape %dx%dx%d k%d s%d -> %dx%dx%d is inconsistent",
@@ -582,24 +581,13 @@ static void s_relu_backward(dp_backend_t *be, size_t n, float *d_din, const floa
     dp_relu_backward_gpu(d_din, d_dout, d_out, n, cx->stream);
 }
 
-static void s_pool_dims(const dp_layer_t *l, int B, dp_pool_dims_t *d)
-{
-    d->B = B;
-    d->C = l->in_c;
-    d->H = l->in_h;
-    d->W = l->in_w;
-    d->K = l->k;
-    d->stride = l->stride;
-    dp_pool_dims_finish(d);
-}
-
 static void s_maxpool_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                               const float *d_in)
 {
     s_cuda_t *cx = s_enter(be);
     dp_pool_dims_t d;
     s_layer(cx, l, DP_LAYER_MAXPOOL);
-    s_pool_dims(l, B, &d);
+    dp_pool_dims_of(&d, l, B);
     dp_maxpool_forward_gpu(d_out, d_in, &d, cx->stream);
 }
 
@@ -609,7 +597,7 @@ static void s_maxpool_backward(dp_backend_t *be, const dp_layer_t *l, int B, flo
     s_cuda_t *cx = s_enter(be);
     dp_pool_dims_t d;
     s_layer(cx, l, DP_LAYER_MAXPOOL);
-    s_pool_dims(l, B, &d);
+    dp_pool_dims_of(&d, l, B);
     dp_maxpool_backward_gpu(d_din, d_dout, d_in, d_out, &d, cx->stream);
 }
 
