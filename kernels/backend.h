@@ -3,8 +3,11 @@
  * kernels in ops.h, "cuda:K" runs cuDNN / cuBLAS and kernels of our own.
  *
  * Pointers named d_* live on the backend's device (host memory for cpu).
- * Ops are asynchronous on devices that allow it; download() and the loss
- * returned by softmax_xent_forward synchronise. Layer ops take the layer
+ * Ops are asynchronous on devices that allow it (queued in call order on one
+ * compute stream); download() synchronises. Beside the compute stream, two
+ * copy paths let transfers overlap compute: stage_upload (the next batch,
+ * from the prefetch thread) and download_async / download_wait (gradients
+ * to the push buffer while the backward pass goes on). Layer ops take the layer
  * (its shapes are fixed by the model) and the batch B <= the max_batch given
  * to prepare(), so a backend may plan per layer once (cuDNN descriptors,
  * algorithms, workspace) and allocate nothing in the training loop. */
@@ -15,6 +18,7 @@
 
 #include "../common/model.h"
 #include "ops.h"
+#include "optim.h"
 
 typedef struct dp_backend dp_backend_t;
 
@@ -34,6 +38,17 @@ struct dp_backend {
     void (*host_release)(dp_backend_t *be, void *p);
     void (*synchronize)(dp_backend_t *be);
 
+    /* Copy host src to d_dst on a copy stream of its own and wait for that
+     * copy alone: compute queued meanwhile runs on. Callable from a second
+     * thread (the batcher's prefetch thread) while ops run. The caller
+     * guarantees that no queued op still reads or writes d_dst. */
+    void (*stage_upload)(dp_backend_t *be, void *d_dst, const void *src, size_t bytes);
+    /* Queue a copy of d_src to host memory dst (from host_alloc) after every
+     * op queued so far, on a second copy stream; returns at once, so later
+     * ops overlap the copy. dst is complete after download_wait(). */
+    void (*download_async)(dp_backend_t *be, void *dst, const void *d_src, size_t bytes);
+    void (*download_wait)(dp_backend_t *be);
+
     void (*conv_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                          const float *d_in, const float *d_w, const float *d_b);
     /* d_din may be NULL (first layer). */
@@ -52,15 +67,17 @@ struct dp_backend {
     void (*fc_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
                         float *d_dw, float *d_db, const float *d_dout, const float *d_in,
                         const float *d_w);
-    /* Softmax probabilities and the mean cross-entropy (returned, on host). */
-    float (*softmax_xent_forward)(dp_backend_t *be, int B, int classes, float *d_probs,
-                                  const float *d_logits, const int *d_labels);
+    /* Softmax probabilities and the mean cross-entropy, into the one device
+     * float d_loss (read it with download: no synchronisation mid-step). */
+    void (*softmax_xent_forward)(dp_backend_t *be, int B, int classes, float *d_probs,
+                                 float *d_loss, const float *d_logits, const int *d_labels);
     void (*softmax_xent_backward)(dp_backend_t *be, int B, int classes, float *d_dlogits,
                                   const float *d_probs, const int *d_labels);
-    /* Momentum SGD on device (standalone training): v = mu v + g + wd w;
-     * w -= lr v. mu = 0 is plain SGD. */
-    void (*sgd_update)(dp_backend_t *be, size_t n, float *d_w, float *d_v, const float *d_g,
-                       float lr, float momentum, float weight_decay);
+    /* dp_optim_step (optim.h) on device memory: the same rule for every
+     * optimizer, state laid out as there (dp_optim_state_per_param(c->kind)
+     * floats per parameter, [n] then [n]), zero at start. */
+    void (*optim_step)(dp_backend_t *be, const dp_optim_conf_t *c, float lr, float *d_w,
+                       const float *d_g, float *d_state, size_t n, long t);
 
     void (*destroy)(dp_backend_t *be);
 };

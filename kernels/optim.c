@@ -146,7 +146,19 @@ float dp_optim_lr_at(const dp_optim_conf_t *c, long step)
 void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g, float *state,
                    size_t n, long t)
 {
+    dp_optim_step_range(c, lr, w, g, state, n, 0, n, t);
+}
+
+void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const float *g,
+                         float *state, size_t n_all, size_t lo, size_t hi, long t)
+{
     const float wd = c->weight_decay;
+    /* the slice [lo, hi) of w, g and of each state vector (laid [n_all] then [n_all]) */
+    float *state2 = state + n_all + lo;
+    size_t n = hi - lo;
+    w += lo;
+    g += lo;
+    state += lo;
     switch (c->kind) {
     case DP_OPT_SGD:
         for (size_t i = 0; i < n; i++) {
@@ -175,7 +187,7 @@ void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g,
         const double bc2 = 1.0 - pow((double)b2, (double)t);
         const float step_size = (float)(lr / bc1);
         const float bc2_sqrt = (float)sqrt(bc2);
-        float *m = state, *s = state + n;
+        float *m = state, *s = state2;
         for (size_t i = 0; i < n; i++) {
             float gi = g[i] + wd * w[i];
             float mi = b1 * m[i] + (1.0f - b1) * gi;

@@ -75,5 +75,9 @@ float dp_optim_lr_at(const dp_optim_conf_t *c, long step);
  * of this range (Adam's bias correction). */
 void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g, float *state,
                    size_t n, long t);
+/* The same step on elements [lo, hi) only, of vectors of n_all elements
+ * (state laid [n_all] then [n_all]): a thread's share of a parallel step. */
+void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const float *g,
+                         float *state, size_t n_all, size_t lo, size_t hi, long t);
 
 #endif

@@ -58,6 +58,8 @@ static void *s_producer(void *arg)
         }
         s_slice(bt->perm, bt->steps_per_epoch, bt->batch, bt->rank, bt->world, step, idx);
         dp_dataset_gather(bt->ds, idx, bt->batch, bt->x[slot], bt->y[slot]);
+        bt->be->stage_upload(bt->be, bt->d_x[slot], bt->x[slot], bt->x_bytes);
+        bt->be->stage_upload(bt->be, bt->d_y[slot], bt->y[slot], bt->y_bytes);
         pthread_mutex_lock(&bt->mu);
         bt->full[slot] = 1;
         bt->slot_step[slot] = step;
@@ -89,10 +91,13 @@ int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be,
     bt->perm = dp_malloc((size_t)ds->n * sizeof(int));
     bt->perm_epoch = -1;
     bt->held = -1;
-    size_t sample = (size_t)ds->c * ds->h * ds->w;
+    bt->x_bytes = (size_t)batch * ds->c * ds->h * ds->w * sizeof(float);
+    bt->y_bytes = (size_t)batch * sizeof(int);
     for (int s = 0; s < 2; s++) {
-        bt->x[s] = be->host_alloc(be, (size_t)batch * sample * sizeof(float));
-        bt->y[s] = be->host_alloc(be, (size_t)batch * sizeof(int));
+        bt->x[s] = be->host_alloc(be, bt->x_bytes);
+        bt->y[s] = be->host_alloc(be, bt->y_bytes);
+        bt->d_x[s] = be->alloc(be, bt->x_bytes);
+        bt->d_y[s] = be->alloc(be, bt->y_bytes);
     }
     pthread_mutex_init(&bt->mu, NULL);
     pthread_cond_init(&bt->cv, NULL);
@@ -104,7 +109,7 @@ int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be,
     return 0;
 }
 
-long dp_batcher_next(dp_batcher_t *bt, const float **x, const int **y)
+long dp_batcher_next(dp_batcher_t *bt, dp_batch_t *b)
 {
     pthread_mutex_lock(&bt->mu);
     if (bt->held >= 0) {
@@ -122,8 +127,10 @@ long dp_batcher_next(dp_batcher_t *bt, const float **x, const int **y)
     long step = bt->slot_step[slot];
     bt->consumed++;
     pthread_mutex_unlock(&bt->mu);
-    *x = bt->x[slot];
-    *y = bt->y[slot];
+    b->x = bt->x[slot];
+    b->y = bt->y[slot];
+    b->d_x = bt->d_x[slot];
+    b->d_y = bt->d_y[slot];
     return step;
 }
 
@@ -142,6 +149,8 @@ void dp_batcher_stop(dp_batcher_t *bt)
     for (int s = 0; s < 2; s++) {
         bt->be->host_release(bt->be, bt->x[s]);
         bt->be->host_release(bt->be, bt->y[s]);
+        bt->be->release(bt->be, bt->d_x[s]);
+        bt->be->release(bt->be, bt->d_y[s]);
     }
     free(bt->perm);
     memset(bt, 0, sizeof *bt);

@@ -7,7 +7,11 @@
  * worker `rank` takes the rank-th slice of batch samples in it. So sync
  * training with R workers at batch b sees exactly the samples, in the same
  * order, that one worker at batch R*b sees: the basis of the equivalence
- * test. The tail of each epoch that fills no whole global batch is skipped. */
+ * test. The tail of each epoch that fills no whole global batch is skipped.
+ *
+ * The thread also stages each batch on the backend's device (stage_upload,
+ * on a copy stream of its own), so the next batch crosses to the GPU while
+ * the current one computes. */
 #ifndef DP_DATA_H
 #define DP_DATA_H
 
@@ -25,8 +29,11 @@ typedef struct {
     long total_steps;         /* batches this batcher hands out */
     int *perm;                /* current epoch's permutation, produced by the thread */
     long perm_epoch;          /* epoch perm belongs to, -1 none */
-    float *x[2];              /* double buffer: batch pixels */
-    int *y[2];                /* double buffer: batch labels */
+    float *x[2];              /* double buffer: batch pixels (host) */
+    int *y[2];                /* double buffer: batch labels (host) */
+    float *d_x[2];            /* the same batches, staged on the device */
+    int *d_y[2];
+    size_t x_bytes, y_bytes;  /* one batch */
     int full[2];              /* slot holds a batch not yet consumed */
     long slot_step[2];        /* step the slot's batch belongs to */
     long produced, consumed;  /* steps produced / handed out */
@@ -49,9 +56,18 @@ void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long 
 
 int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err);
-/* The next batch (x [batch*c*h*w] as pixels/255, y [batch]); valid until the
- * next call. Returns the step number, or -1 when total_steps were handed out. */
-long dp_batcher_next(dp_batcher_t *bt, const float **x, const int **y);
+/* One batch: x [batch*c*h*w] as pixels/255, y [batch], in host memory and
+ * staged in device memory (d_x, d_y: the backend's). */
+typedef struct {
+    const float *x, *d_x;
+    const int *y, *d_y;
+} dp_batch_t;
+
+/* The next batch into *b; it stays valid until the next call, which hands
+ * its buffers back to the thread: ops that read d_x / d_y must have finished
+ * by then (dp_net_train_step_device returns after they have). Returns the
+ * step number, or -1 when total_steps were handed out. */
+long dp_batcher_next(dp_batcher_t *bt, dp_batch_t *b);
 void dp_batcher_stop(dp_batcher_t *bt);
 
 #endif

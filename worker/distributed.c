@@ -109,10 +109,9 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_rng_seed(&delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
     long done = 0, applied = 0, dropped = 0, rejected = 0;
-    const float *x;
-    const int *y;
+    dp_batch_t batch;
     long step;
-    while ((step = dp_batcher_next(&bt, &x, &y)) >= 0) {
+    while ((step = dp_batcher_next(&bt, &batch)) >= 0) {
         if (stop && *stop) {
             dp_err(err, "interrupted at step %ld", step);
             goto done;
@@ -120,8 +119,8 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
         if (dp_ps_client_pull(ps, s.h_params, err) != 0) goto done;
         uint64_t version = dp_ps_client_version(ps);
         dp_net_set_params(&s.net, s.h_params);
-        float loss = dp_net_train_step(&s.net, x, y, c->batch);
-        dp_net_get_grads(&s.net, s.h_grads);
+        /* the gradient lands in the push buffer as the backward pass goes */
+        float loss = dp_net_train_step_device(&s.net, batch.d_x, batch.d_y, c->batch, s.h_grads);
         s_inject_delay(c, &delay_rng);
         dp_push_result_t r;
         if (dp_ps_client_push(ps, s.h_grads, loss, c->batch, &r, err) != 0) goto done;

@@ -29,6 +29,7 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
         if (i > 0) net->d_dact[i] = be->alloc(be, bytes);
     }
     net->d_labels = be->alloc(be, (size_t)max_batch * sizeof(int));
+    net->d_loss = be->alloc(be, sizeof(float));
     net->h_probs = dp_malloc((size_t)max_batch * m->classes * sizeof(float));
     return 0;
 }
@@ -44,6 +45,7 @@ void dp_net_free(dp_net_t *net)
         if (net->d_dact[i]) be->release(be, net->d_dact[i]);
     }
     be->release(be, net->d_labels);
+    be->release(be, net->d_loss);
     free(net->h_probs);
     memset(net, 0, sizeof *net);
 }
@@ -68,17 +70,22 @@ static float *s_param(dp_net_t *net, float *base, int index)
     return index < 0 ? NULL : base + net->m->params[index].offset;
 }
 
-/* Upload the batch and run every layer forward; returns the mean loss. */
-static float s_forward(dp_net_t *net, const float *x, const int *y, int B)
+/* Input of layer i: the batch for i = 0, else the previous layer's output. */
+static const float *s_input(dp_net_t *net, const float *d_x, int i)
+{
+    return i == 0 ? d_x : net->d_act[i];
+}
+
+/* Queue every layer forward on the batch d_x, d_y; the mean loss goes to
+ * d_loss on the device. */
+static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B)
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
-    be->upload(be, net->d_act[0], x, (size_t)B * s_boundary_size(m, 0) * sizeof(float));
-    be->upload(be, net->d_labels, y, (size_t)B * sizeof(int));
-    float loss = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
-        float *in = net->d_act[i], *out = net->d_act[i + 1];
+        const float *in = s_input(net, d_x, i);
+        float *out = net->d_act[i + 1];
         const float *w = s_param(net, net->d_params, l->weight);
         const float *b = s_param(net, net->d_params, l->bias);
         switch (l->kind) {
@@ -87,21 +94,38 @@ static float s_forward(dp_net_t *net, const float *x, const int *y, int B)
         case DP_LAYER_MAXPOOL: be->maxpool_forward(be, l, B, out, in); break;
         case DP_LAYER_FC: be->fc_forward(be, l, B, out, in, w, b); break;
         case DP_LAYER_SOFTMAX:
-            loss = be->softmax_xent_forward(be, B, m->classes, out, in, net->d_labels);
+            be->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
             break;
         }
     }
-    return loss;
 }
 
-float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B)
+/* Queue the copy of layer l's parameter gradients (one contiguous range of
+ * the flat vector) to h_grads. */
+static void s_copy_layer_grads(dp_net_t *net, const dp_layer_t *l, float *h_grads)
+{
+    size_t lo = (size_t)-1, hi = 0;
+    int idx[2] = {l->weight, l->bias};
+    for (int k = 0; k < 2; k++) {
+        if (idx[k] < 0) continue;
+        const dp_param_t *p = &net->m->params[idx[k]];
+        if (p->offset < lo) lo = p->offset;
+        if (p->offset + p->count > hi) hi = p->offset + p->count;
+    }
+    if (hi <= lo) return;
+    net->be->download_async(net->be, h_grads + lo, net->d_grads + lo, (hi - lo) * sizeof(float));
+}
+
+float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, int B,
+                               float *h_grads)
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
-    float loss = s_forward(net, x, y, B);
+    s_forward(net, d_x, d_y, B);
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const dp_layer_t *l = &m->layers[i];
-        float *in = net->d_act[i], *out = net->d_act[i + 1];
+        const float *in = s_input(net, d_x, i);
+        float *out = net->d_act[i + 1];
         float *din = i > 0 ? net->d_dact[i] : NULL;  /* the batch needs no gradient */
         const float *dout = net->d_dact[i + 1];
         const float *w = s_param(net, net->d_params, l->weight);
@@ -117,17 +141,38 @@ float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B)
             break;
         case DP_LAYER_FC: be->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
         case DP_LAYER_SOFTMAX:
-            if (din) be->softmax_xent_backward(be, B, m->classes, din, out, net->d_labels);
+            if (din) be->softmax_xent_backward(be, B, m->classes, din, out, d_y);
             break;
         }
+        if (h_grads) s_copy_layer_grads(net, l, h_grads);
     }
+    float loss = 0;
+    be->download(be, &loss, net->d_loss, sizeof loss); /* waits for the whole step */
+    if (h_grads) be->download_wait(be);
     return loss;
+}
+
+/* Upload a host batch into the net's own input buffers. */
+static void s_upload_batch(dp_net_t *net, const float *x, const int *y, int B)
+{
+    dp_backend_t *be = net->be;
+    be->upload(be, net->d_act[0], x, (size_t)B * s_boundary_size(net->m, 0) * sizeof(float));
+    be->upload(be, net->d_labels, y, (size_t)B * sizeof(int));
+}
+
+float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B)
+{
+    s_upload_batch(net, x, y, B);
+    return dp_net_train_step_device(net, net->d_act[0], net->d_labels, B, NULL);
 }
 
 float dp_net_evaluate(dp_net_t *net, const float *x, const int *y, int B, int *correct)
 {
     const dp_model_t *m = net->m;
-    float loss = s_forward(net, x, y, B);
+    float loss = 0;
+    s_upload_batch(net, x, y, B);
+    s_forward(net, net->d_act[0], net->d_labels, B);
+    net->be->download(net->be, &loss, net->d_loss, sizeof loss);
     int C = m->classes;
     net->be->download(net->be, net->h_probs, net->d_act[m->n_layers], (size_t)B * C * sizeof(float));
     int ok = 0;

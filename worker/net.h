@@ -24,6 +24,7 @@ typedef struct {
     float *d_act[DP_MAX_LAYERS + 1];      /* [max_batch * size of boundary i] */
     float *d_dact[DP_MAX_LAYERS + 1];     /* gradient of the loss wrt act[i]; [0] unused */
     int *d_labels;                        /* [max_batch] */
+    float *d_loss;                        /* the batch's mean loss (one float) */
     float *h_probs;                       /* [max_batch * classes], host copy for accuracy */
 } dp_net_t;
 
@@ -38,6 +39,15 @@ void dp_net_get_grads(dp_net_t *net, float *grads);
 /* Forward and backward on x[B, C, H, W] (host), labels y[B]; the gradient of
  * the batch's mean loss lands in d_grads. Returns the mean loss. */
 float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B);
+
+/* The same on a batch already in device memory (the batcher's staged d_x,
+ * d_y). When h_grads is not NULL the gradient is copied to it too (host
+ * memory from host_alloc: the push buffer), each layer's part queued on the
+ * backend's copy stream as soon as the backward pass has produced it, so the
+ * copies of the upper layers overlap the backward pass of the lower ones.
+ * Returns the mean loss once all of it, copies included, is done. */
+float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, int B,
+                               float *h_grads);
 
 /* Forward only; returns the mean loss, and the number of correct argmax
  * predictions in *correct. */

@@ -130,57 +130,6 @@ static void s_eval_and_log(dp_session_t *s, long step, int limit, double *acc, d
     dp_session_log_eval(s, step, *acc, *loss);
 }
 
-/* The standalone trainer's optimizer step. The parameter server steps with
- * kernels/optim (dp_optim_step); standalone uses the same code wherever the
- * parameters are host memory (the cpu backend), so both modes compute the
- * same update. On a device, sgd and momentum run there (be->sgd_update, the
- * same rule); other optimizers round-trip through host memory. */
-typedef struct {
-    int on_host;       /* d_params / d_grads are host pointers */
-    int on_device;     /* sgd / momentum through be->sgd_update */
-    float *state;      /* host: optimizer state; device: velocity */
-} s_updater_t;
-
-static void s_updater_init(s_updater_t *u, dp_session_t *s)
-{
-    const dp_optim_conf_t *opt = &s->conf.optim;
-    size_t n = s->model.n_floats;
-    memset(u, 0, sizeof *u);
-    u->on_host = strcmp(s->be->name, "cpu") == 0;
-    u->on_device = !u->on_host && (opt->kind == DP_OPT_SGD || opt->kind == DP_OPT_MOMENTUM);
-    if (u->on_device) {
-        u->state = s->be->alloc(s->be, n * sizeof(float));
-    } else {
-        size_t per = (size_t)dp_optim_state_per_param(opt->kind);
-        u->state = dp_calloc(n * per + 1, sizeof(float));
-    }
-}
-
-static void s_updater_step(s_updater_t *u, dp_session_t *s, float lr, long t)
-{
-    const dp_optim_conf_t *opt = &s->conf.optim;
-    size_t n = s->model.n_floats;
-    if (u->on_device) {
-        float mu = opt->kind == DP_OPT_MOMENTUM ? opt->momentum : 0.0f;
-        s->be->sgd_update(s->be, n, s->net.d_params, u->state, s->net.d_grads, lr, mu,
-                          opt->weight_decay);
-    } else if (u->on_host) {
-        dp_optim_step(opt, lr, s->net.d_params, s->net.d_grads, u->state, n, t);
-    } else {
-        dp_net_get_params(&s->net, s->h_params);
-        dp_net_get_grads(&s->net, s->h_grads);
-        dp_optim_step(opt, lr, s->h_params, s->h_grads, u->state, n, t);
-        dp_net_set_params(&s->net, s->h_params);
-    }
-}
-
-static void s_updater_free(s_updater_t *u, dp_session_t *s)
-{
-    if (u->on_device) s->be->release(s->be, u->state);
-    else free(u->state);
-    u->state = NULL;
-}
-
 int dp_train_standalone(const dp_train_conf_t *c, char *err)
 {
     dp_session_t s;
@@ -189,8 +138,10 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     const dp_optim_conf_t *opt = &optim;
     dp_model_init_params(&s.model, s.h_params, c->seed);
     dp_net_set_params(&s.net, s.h_params);
-    s_updater_t up;
-    s_updater_init(&up, &s);
+    /* The optimizer steps where the parameters live (be->optim_step: the
+     * parameter server's dp_optim_step, or its CUDA twin), its state too. */
+    size_t n_state = s.model.n_floats * (size_t)dp_optim_state_per_param(opt->kind);
+    float *d_state = n_state ? s.be->alloc(s.be, n_state * sizeof(float)) : NULL;
 
     long total = dp_session_total_steps(&s, 1);
     long spe = dp_data_steps_per_epoch(s.train.n, c->batch, 1);
@@ -201,7 +152,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     }
     dp_batcher_t bt;
     if (dp_batcher_start(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
-        s_updater_free(&up, &s);
+        if (d_state) s.be->release(s.be, d_state);
         dp_session_close(&s);
         return -1;
     }
@@ -210,19 +161,19 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":0,\"total_steps\":%ld,\"steps_per_epoch\":%ld,\"batch\":%d",
                      total, spe, c->batch);
     double t0 = dp_now(), loss_avg = 0, acc = 0, test_loss = 0;
-    const float *x;
-    const int *y;
+    dp_batch_t batch;
     long step, done = 0;
     int bad = 0;
-    while ((step = dp_batcher_next(&bt, &x, &y)) >= 0) {
-        float loss = dp_net_train_step(&s.net, x, y, c->batch);
+    while ((step = dp_batcher_next(&bt, &batch)) >= 0) {
+        float loss = dp_net_train_step_device(&s.net, batch.d_x, batch.d_y, c->batch, NULL);
         if (!isfinite(loss)) {
             dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
             bad = 1;
             break;
         }
         float lr = dp_optim_lr_at(opt, step);
-        s_updater_step(&up, &s, lr, step + 1);
+        s.be->optim_step(s.be, opt, lr, s.net.d_params, s.net.d_grads, d_state,
+                         s.model.n_floats, step + 1);
         done = step + 1;
         loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
         dp_metrics_write(s.metrics, "\"step\":%ld,\"epoch\":%ld,\"loss\":%.6f,\"lr\":%.6g", step,
@@ -238,7 +189,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     double train_s = dp_now() - t0;
     dp_progress_done(&s.progress);
     dp_batcher_stop(&bt);
-    s_updater_free(&up, &s);
+    if (d_state) s.be->release(s.be, d_state);
     if (bad) {
         dp_session_close(&s);
         return -1;

@@ -3,6 +3,7 @@
  * scratch for the largest layer at max_batch, so that the training loop
  * allocates nothing (the scratch belongs to the thread that calls the ops;
  * prepare from the same thread that trains, or the first step grows it). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,6 +79,12 @@ static void s_synchronize(dp_backend_t *be)
     (void)be;
 }
 
+/* Ops have finished when they return: every copy is a plain memcpy. */
+static void s_download_wait(dp_backend_t *be)
+{
+    (void)be;
+}
+
 static void s_conv_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                            const float *d_in, const float *d_w, const float *d_b)
 {
@@ -144,11 +151,11 @@ static void s_fc_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d
                    l->out_c);
 }
 
-static float s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
-                                    const float *d_logits, const int *d_labels)
+static void s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
+                                   float *d_loss, const float *d_logits, const int *d_labels)
 {
     (void)be;
-    return dp_softmax_xent_forward(d_probs, d_logits, d_labels, B, classes);
+    *d_loss = dp_softmax_xent_forward(d_probs, d_logits, d_labels, B, classes);
 }
 
 static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float *d_dlogits,
@@ -158,17 +165,18 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward(d_dlogits, d_probs, d_labels, B, classes);
 }
 
-__attribute__((optimize("O3"))) static void s_sgd_update(dp_backend_t *be, size_t n, float *d_w,
-                                                         float *d_v, const float *d_g, float lr,
-                                                         float momentum, float weight_decay)
+/* Threads take contiguous slices: element-wise, so the result is the same
+ * bits as one thread's dp_optim_step. */
+static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, float *d_w,
+                         const float *d_g, float *d_state, size_t n, long t)
 {
     (void)be;
     int nt = dp_cpu_team((double)n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float v = momentum * d_v[i] + d_g[i] + weight_decay * d_w[i];
-        d_v[i] = v;
-        d_w[i] -= lr * v;
+#pragma omp parallel num_threads(nt)
+    {
+        int k = omp_get_thread_num(), K = omp_get_num_threads();
+        size_t lo = n * (size_t)k / (size_t)K, hi = n * (size_t)(k + 1) / (size_t)K;
+        dp_optim_step_range(c, lr, d_w, d_g, d_state, n, lo, hi, t);
     }
 }
 
@@ -190,6 +198,9 @@ dp_backend_t *dp_backend_cpu_new(void)
     be->host_alloc = s_host_alloc;
     be->host_release = s_host_release;
     be->synchronize = s_synchronize;
+    be->stage_upload = s_upload;
+    be->download_async = s_download;
+    be->download_wait = s_download_wait;
     be->conv_forward = s_conv_forward;
     be->conv_backward = s_conv_backward;
     be->relu_forward = s_relu_forward;
@@ -200,7 +211,7 @@ dp_backend_t *dp_backend_cpu_new(void)
     be->fc_backward = s_fc_backward;
     be->softmax_xent_forward = s_softmax_xent_forward;
     be->softmax_xent_backward = s_softmax_xent_backward;
-    be->sgd_update = s_sgd_update;
+    be->optim_step = s_optim_step;
     be->destroy = s_destroy;
     return be;
 }

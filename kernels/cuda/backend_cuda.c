@@ -5,8 +5,14 @@
  * Invariants:
  * - Every op is queued on one compute stream (cx->stream, non-blocking) in
  *   call order, so ops see each other's results without events. download()
- *   and softmax_xent_forward() synchronise that stream; upload() returns
- *   once the source buffer may be reused (see s_upload).
+ *   synchronises that stream; upload() returns once the source buffer may
+ *   be reused (see s_upload).
+ * - Two copy streams let transfers overlap compute: cx->up carries
+ *   stage_upload's batches (called from the batcher's prefetch thread, so
+ *   the next batch crosses while this one computes), cx->down carries
+ *   download_async's gradient copies, each ordered after the ops queued
+ *   before it by an event, so layer L's gradient travels while the layers
+ *   below it run backward.
  * - prepare() plans each conv layer once for max_batch: filter and
  *   convolution descriptors, tensor descriptors for the batch, algorithms
  *   from cuDNN's heuristics within a workspace limit, and ONE workspace sized
@@ -16,7 +22,9 @@
  * - FP32 math by default: cuDNN convolutions run with CUDNN_FMA_MATH and
  *   cuBLAS with CUBLAS_DEFAULT_MATH (no TF32), so results match the CPU
  *   reference to float rounding. DP_CUDA_TF32=1 allows TF32 tensor cores in
- *   both. Algorithms are deterministic unless DP_CUDA_DETERMINISTIC=0.
+ *   both. Convolution algorithms are "exact" (deterministic, no FFT or
+ *   Winograd: see s_pick) unless DP_CUDA_ALGOS=fastest takes cuDNN's
+ *   first choice.
  * - Errors: open and prepare fill err and return -1; ops cannot return an
  *   error, so a failing CUDA / cuDNN / cuBLAS call prints file:line, the call
  *   and the library's message, and aborts. Misuse (an op on a layer prepare
@@ -113,8 +121,11 @@ typedef struct {
     int dev;                                   /* CUDA device number */
     char name[16];                             /* "cuda:K" */
     int tf32;                                  /* DP_CUDA_TF32=1 */
-    int deterministic;                         /* only deterministic algorithms */
+    int exact;                                 /* DP_CUDA_ALGOS=exact (default): see s_pick */
     cudaStream_t stream;                       /* the compute stream */
+    cudaStream_t up;                           /* stage_upload's copies */
+    cudaStream_t down;                         /* download_async's copies */
+    cudaEvent_t queued;                        /* marks the compute stream for down */
     cudnnHandle_t cudnn;                       /* bound to stream */
     cublasHandle_t cublas;                     /* bound to stream */
     int n_layers;                              /* layers planned by prepare */
@@ -123,8 +134,6 @@ typedef struct {
     size_t ws_limit;                           /* cap on the cuDNN workspace */
     void *d_ws;                                /* the one workspace */
     size_t ws_bytes;                           /* its size */
-    float *d_loss;                             /* softmax_xent_forward's mean loss */
-    float *h_loss;                             /* pinned copy of it */
     unsigned long tick;                        /* LRU clock for plans */
 } s_cuda_t;
 
@@ -148,128 +157,139 @@ static int s_env_int(const char *name, int dflt)
 
 /* ---- planning ----------------------------------------------------------- */
 
-/* Candidates from a heuristic (cudnnGet*Algorithm_v7), best first, are
- * taken in order: the first that succeeded, respects the math and
- * determinism settings and whose workspace (asked again, for the exact size
- * with our descriptors) fits `limit`. A second pass drops the determinism
- * wish; last comes the plain implicit-GEMM algorithm every build has. */
-static int s_math_ok(const s_cuda_t *cx, cudnnMathType_t m)
+/* Algorithm choice. The three directions of a convolution (forward,
+ * backward-data, backward-filter) have their own cuDNN types and calls; the
+ * s_dir_* helpers below translate them into one candidate list, so one
+ * picker serves all three. */
+typedef enum { S_FWD, S_BWD_DATA, S_BWD_FILTER } s_dir_t;
+static const char *const s_dir_name[] = {"forward", "backward-data", "backward-filter"};
+
+typedef struct {
+    int algo;
+    cudnnStatus_t status;
+    cudnnDeterminism_t determinism;
+    cudnnMathType_t math;
+} s_candidate_t;
+
+#define S_MAX_CANDIDATES 32
+
+/* cuDNN's heuristic ranking (cudnnGet*Algorithm_v7), best first. */
+static cudnnStatus_t s_dir_rank(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir,
+                                s_candidate_t *out, int *n)
 {
-    /* With TF32 off the descriptor says FMA; a candidate that wants tensor
-     * cores would not run as FP32, so it is skipped. */
-    return cx->tf32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+    *n = 0;
+#define S_RANK(perf_t, call, ...)                                                \
+    do {                                                                       \
+        perf_t perf[S_MAX_CANDIDATES];                                         \
+        st = call(cx->cudnn, __VA_ARGS__, S_MAX_CANDIDATES, n, perf);          \
+        for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *n; i++)             \
+            out[i] = (s_candidate_t){(int)perf[i].algo, perf[i].status,        \
+                                     perf[i].determinism, perf[i].mathType};   \
+    } while (0)
+    switch (dir) {
+    case S_FWD:
+        S_RANK(cudnnConvolutionFwdAlgoPerf_t, cudnnGetConvolutionForwardAlgorithm_v7, P->x,
+               L->w, L->conv, P->y);
+        break;
+    case S_BWD_DATA:
+        S_RANK(cudnnConvolutionBwdDataAlgoPerf_t, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+               L->w, P->y, L->conv, P->x);
+        break;
+    case S_BWD_FILTER:
+        S_RANK(cudnnConvolutionBwdFilterAlgoPerf_t,
+               cudnnGetConvolutionBackwardFilterAlgorithm_v7, P->x, P->y, L->conv, L->w);
+        break;
+    }
+#undef S_RANK
+    return st;
 }
 
-static int s_pick_fwd(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, size_t limit,
-                      size_t *need, char *err)
+/* The exact workspace algorithm `algo` needs with our descriptors. */
+static cudnnStatus_t s_dir_workspace(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir,
+                                     int algo, size_t *ws)
 {
-    cudnnConvolutionFwdAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int n = 0;
-    DP_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(
-        cx->cudnn, P->x, L->w, L->conv, P->y, (int)(sizeof perf / sizeof perf[0]), &n, perf));
-    for (int pass = 0; pass < 2; pass++) /* pass 1: drop the determinism wish */
-        for (int i = 0; i < n; i++) {
-            size_t ws = 0;
-            if (perf[i].status != CUDNN_STATUS_SUCCESS || !s_math_ok(cx, perf[i].mathType))
-                continue;
-            if (pass == 0 && cx->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
-                continue;
-            if (cudnnGetConvolutionForwardWorkspaceSize(cx->cudnn, P->x, L->w, L->conv, P->y,
-                                                        perf[i].algo, &ws) !=
-                    CUDNN_STATUS_SUCCESS ||
-                ws > limit)
-                continue;
-            P->fwd = perf[i].algo;
-            *need = ws;
-            return 0;
-        }
-    /* Implicit GEMM runs everywhere in FP32 with no workspace. */
-    if (cudnnGetConvolutionForwardWorkspaceSize(cx->cudnn, P->x, L->w, L->conv, P->y,
-                                                CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-                                                need) == CUDNN_STATUS_SUCCESS &&
-        *need <= limit) {
-        P->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-        return 0;
+    switch (dir) {
+    case S_FWD:
+        return cudnnGetConvolutionForwardWorkspaceSize(cx->cudnn, P->x, L->w, L->conv, P->y,
+                                                       (cudnnConvolutionFwdAlgo_t)algo, ws);
+    case S_BWD_DATA:
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            cx->cudnn, L->w, P->y, L->conv, P->x, (cudnnConvolutionBwdDataAlgo_t)algo, ws);
+    case S_BWD_FILTER:
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            cx->cudnn, P->x, P->y, L->conv, L->w, (cudnnConvolutionBwdFilterAlgo_t)algo, ws);
     }
-    return dp_err(err, "%s: %s at batch %d: no cuDNN forward algorithm fits %zu MiB of workspace",
-                  cx->name, L->layer.name, P->B, limit >> 20);
-fail:
-    return -1;
+    return CUDNN_STATUS_BAD_PARAM;
 }
 
-static int s_pick_bwd_data(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, size_t limit,
-                           size_t *need, char *err)
+/* FFT and Winograd transform the data; their error grows with the norm of
+ * the whole input rather than with each output (measured on an H200: a
+ * Winograd backward-filter was off by 5e-3 relative where FP32 GEMM agreed
+ * to 1e-6), so the exact mode leaves them out. */
+static int s_dir_transforms(s_dir_t dir, int algo)
 {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    int n = 0;
-    DP_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        cx->cudnn, L->w, P->y, L->conv, P->x, (int)(sizeof perf / sizeof perf[0]), &n, perf));
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n; i++) {
-            size_t ws = 0;
-            if (perf[i].status != CUDNN_STATUS_SUCCESS || !s_math_ok(cx, perf[i].mathType))
-                continue;
-            if (pass == 0 && cx->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
-                continue;
-            if (cudnnGetConvolutionBackwardDataWorkspaceSize(cx->cudnn, L->w, P->y, L->conv,
-                                                             P->x, perf[i].algo, &ws) !=
-                    CUDNN_STATUS_SUCCESS ||
-                ws > limit)
-                continue;
-            P->bwd_data = perf[i].algo;
-            *need = ws;
-            return 0;
-        }
-    /* ALGO_1: deterministic implicit GEMM, the one that always exists. */
-    if (cudnnGetConvolutionBackwardDataWorkspaceSize(cx->cudnn, L->w, P->y, L->conv, P->x,
-                                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
-                                                     need) == CUDNN_STATUS_SUCCESS &&
-        *need <= limit) {
-        P->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-        return 0;
+    switch (dir) {
+    case S_FWD:
+        return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+    case S_BWD_DATA:
+        return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+    case S_BWD_FILTER:
+        return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
     }
-    return dp_err(err,
-                  "%s: %s at batch %d: no cuDNN backward-data algorithm fits %zu MiB of workspace",
-                  cx->name, L->layer.name, P->B, limit >> 20);
-fail:
-    return -1;
+    return 1;
 }
 
-static int s_pick_bwd_filter(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, size_t limit,
-                             size_t *need, char *err)
+/* The implicit-GEMM algorithm of each direction: FP32, deterministic, no
+ * workspace, in every cuDNN build. The last resort. */
+static const int s_dir_fallback[] = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1};
+
+/* The first of cuDNN's ranked candidates that succeeded, runs in the math
+ * asked for (with TF32 off the descriptor says FMA, and a candidate that
+ * wants tensor cores would not be FP32), suits the mode (exact: deterministic
+ * and no FFT / Winograd) and whose workspace fits `limit`; else the
+ * fallback. *need = its workspace. */
+static int s_pick(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir, size_t limit,
+                  int *algo, size_t *need, char *err)
 {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[2 * CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    s_candidate_t cand[S_MAX_CANDIDATES];
     int n = 0;
-    DP_CUDNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        cx->cudnn, P->x, P->y, L->conv, L->w, (int)(sizeof perf / sizeof perf[0]), &n, perf));
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n; i++) {
-            size_t ws = 0;
-            if (perf[i].status != CUDNN_STATUS_SUCCESS || !s_math_ok(cx, perf[i].mathType))
-                continue;
-            if (pass == 0 && cx->deterministic && perf[i].determinism != CUDNN_DETERMINISTIC)
-                continue;
-            if (cudnnGetConvolutionBackwardFilterWorkspaceSize(cx->cudnn, P->x, P->y, L->conv,
-                                                               L->w, perf[i].algo, &ws) !=
-                    CUDNN_STATUS_SUCCESS ||
-                ws > limit)
-                continue;
-            P->bwd_filter = perf[i].algo;
-            *need = ws;
-            return 0;
-        }
-    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(cx->cudnn, P->x, P->y, L->conv, L->w,
-                                                       CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-                                                       need) == CUDNN_STATUS_SUCCESS &&
-        *need <= limit) {
-        P->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    cudnnStatus_t st = s_dir_rank(cx, L, P, dir, cand, &n);
+    if (st != CUDNN_STATUS_SUCCESS)
+        return dp_err(err, "%s: %s: cuDNN's %s heuristic: %s", cx->name, L->layer.name,
+                      s_dir_name[dir], cudnnGetErrorString(st));
+    for (int i = 0; i < n; i++) {
+        const s_candidate_t *c = &cand[i];
+        size_t ws = 0;
+        if (c->status != CUDNN_STATUS_SUCCESS) continue;
+        if (!cx->tf32 && c->math != CUDNN_FMA_MATH && c->math != CUDNN_DEFAULT_MATH) continue;
+        if (cx->exact &&
+            (c->determinism != CUDNN_DETERMINISTIC || s_dir_transforms(dir, c->algo)))
+            continue;
+        if (s_dir_workspace(cx, L, P, dir, c->algo, &ws) != CUDNN_STATUS_SUCCESS || ws > limit)
+            continue;
+        *algo = c->algo;
+        *need = ws;
         return 0;
     }
-    return dp_err(err,
-                  "%s: %s at batch %d: no cuDNN backward-filter algorithm fits %zu MiB of workspace",
-                  cx->name, L->layer.name, P->B, limit >> 20);
-fail:
-    return -1;
+    if (s_dir_workspace(cx, L, P, dir, s_dir_fallback[dir], need) == CUDNN_STATUS_SUCCESS &&
+        *need <= limit) {
+        *algo = s_dir_fallback[dir];
+        return 0;
+    }
+    return dp_err(err, "%s: %s at batch %d: no cuDNN %s algorithm fits %zu MiB of workspace",
+                  cx->name, L->layer.name, P->B, s_dir_name[dir], limit >> 20);
 }
 
 /* Set P's descriptors for batch B and pick its algorithms within `limit`
@@ -281,6 +301,7 @@ static int s_plan_conv(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, int B, size
     const dp_layer_t *l = &L->layer;
     int n = 0, c = 0, h = 0, w = 0;
     size_t a = 0, b = 0, f = 0;
+    int algo[3];
     P->B = B;
     if (!P->x) DP_CUDNN_TRY(cudnnCreateTensorDescriptor(&P->x));
     if (!P->y) DP_CUDNN_TRY(cudnnCreateTensorDescriptor(&P->y));
@@ -295,9 +316,13 @@ static int s_plan_conv(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, int B, size
                cx->name, l->name, n, c, h, w, B, l->out_c, l->out_h, l->out_w);
         goto fail;
     }
-    if (s_pick_fwd(cx, L, P, limit, &a, err) < 0) goto fail;
-    if (s_pick_bwd_data(cx, L, P, limit, &b, err) < 0) goto fail;
-    if (s_pick_bwd_filter(cx, L, P, limit, &f, err) < 0) goto fail;
+    if (s_pick(cx, L, P, S_FWD, limit, &algo[S_FWD], &a, err) < 0 ||
+        s_pick(cx, L, P, S_BWD_DATA, limit, &algo[S_BWD_DATA], &b, err) < 0 ||
+        s_pick(cx, L, P, S_BWD_FILTER, limit, &algo[S_BWD_FILTER], &f, err) < 0)
+        goto fail;
+    P->fwd = (cudnnConvolutionFwdAlgo_t)algo[S_FWD];
+    P->bwd_data = (cudnnConvolutionBwdDataAlgo_t)algo[S_BWD_DATA];
+    P->bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)algo[S_BWD_FILTER];
     *need = a > b ? a : b;
     if (f > *need) *need = f;
     dp_log_debug("%s: %s B=%d: fwd algo %d, bwd-data algo %d, bwd-filter algo %d, "
@@ -476,7 +501,10 @@ static void s_release(dp_backend_t *be, void *d)
     s_cuda_t *cx;
     if (!d) return;
     cx = s_enter(be);
-    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream)); /* no queued op still uses it */
+    /* no queued op or copy still uses it */
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->down));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->up));
     DP_CUDA_CHECK(cudaFree(d));
 }
 
@@ -502,6 +530,32 @@ static void s_download(dp_backend_t *be, void *dst, const void *d_src, size_t by
     if (!bytes) return;
     DP_CUDA_CHECK(cudaMemcpyAsync(dst, d_src, bytes, cudaMemcpyDeviceToHost, cx->stream));
     DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
+/* On cx->up, beside the compute stream; waits for its own copy only. */
+static void s_stage_upload(dp_backend_t *be, void *d_dst, const void *src, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    if (!bytes) return;
+    DP_CUDA_CHECK(cudaMemcpyAsync(d_dst, src, bytes, cudaMemcpyHostToDevice, cx->up));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->up));
+}
+
+/* The event marks how far the compute stream was queued: the copy waits for
+ * that, not for ops queued later. */
+static void s_download_async(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    if (!bytes) return;
+    DP_CUDA_CHECK(cudaEventRecord(cx->queued, cx->stream));
+    DP_CUDA_CHECK(cudaStreamWaitEvent(cx->down, cx->queued, 0));
+    DP_CUDA_CHECK(cudaMemcpyAsync(dst, d_src, bytes, cudaMemcpyDeviceToHost, cx->down));
+}
+
+static void s_download_wait(dp_backend_t *be)
+{
+    s_cuda_t *cx = s_enter(be);
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->down));
 }
 
 static void *s_host_alloc(dp_backend_t *be, size_t bytes)
@@ -634,15 +688,11 @@ static void s_fc_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d
                                     d_w, IN, d_dout, OUT, &s_zero, d_din, IN));
 }
 
-static float s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
-                                    const float *d_logits, const int *d_labels)
+static void s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
+                                   float *d_loss, const float *d_logits, const int *d_labels)
 {
     s_cuda_t *cx = s_enter(be);
-    dp_softmax_xent_forward_gpu(d_probs, cx->d_loss, d_logits, d_labels, B, classes, cx->stream);
-    DP_CUDA_CHECK(cudaMemcpyAsync(cx->h_loss, cx->d_loss, sizeof(float), cudaMemcpyDeviceToHost,
-                                  cx->stream));
-    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
-    return *cx->h_loss;
+    dp_softmax_xent_forward_gpu(d_probs, d_loss, d_logits, d_labels, B, classes, cx->stream);
 }
 
 static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float *d_dlogits,
@@ -652,11 +702,11 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward_gpu(d_dlogits, d_probs, d_labels, B, classes, cx->stream);
 }
 
-static void s_sgd_update(dp_backend_t *be, size_t n, float *d_w, float *d_v, const float *d_g,
-                         float lr, float momentum, float weight_decay)
+static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, float *d_w,
+                         const float *d_g, float *d_state, size_t n, long t)
 {
     s_cuda_t *cx = s_enter(be);
-    dp_sgd_update_gpu(d_w, d_v, d_g, n, lr, momentum, weight_decay, cx->stream);
+    dp_optim_step_gpu(c, lr, d_w, d_g, d_state, n, t, cx->stream);
 }
 
 /* ---- open / destroy ----------------------------------------------------- */
@@ -669,13 +719,14 @@ static void s_destroy(dp_backend_t *be)
          * CUDA call on a machine without one). */
         if (cx->stream) {
             cudaSetDevice(cx->dev);
-            cudaStreamSynchronize(cx->stream);
+            cudaDeviceSynchronize();
         }
         s_free_plans(cx);
-        if (cx->d_loss) cudaFree(cx->d_loss);
-        if (cx->h_loss) cudaFreeHost(cx->h_loss);
         if (cx->cublas) cublasDestroy(cx->cublas);
         if (cx->cudnn) cudnnDestroy(cx->cudnn);
+        if (cx->queued) cudaEventDestroy(cx->queued);
+        if (cx->down) cudaStreamDestroy(cx->down);
+        if (cx->up) cudaStreamDestroy(cx->up);
         if (cx->stream) cudaStreamDestroy(cx->stream);
         free(cx);
     }
@@ -691,6 +742,7 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
     struct cudaDeviceProp prop;
     int count = 0;
     size_t cudnn_ver;
+    const char *algos;
     cudaError_t e;
 
     *out = NULL;
@@ -722,7 +774,12 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
         goto fail;
     }
     cx->tf32 = s_env_int("DP_CUDA_TF32", 0) != 0;
-    cx->deterministic = s_env_int("DP_CUDA_DETERMINISTIC", 1) != 0;
+    algos = getenv("DP_CUDA_ALGOS");
+    if (algos && *algos && strcmp(algos, "exact") != 0 && strcmp(algos, "fastest") != 0) {
+        dp_err(err, "%s: DP_CUDA_ALGOS=%s: expected exact or fastest", cx->name, algos);
+        goto fail;
+    }
+    cx->exact = !algos || !*algos || strcmp(algos, "exact") == 0;
     cx->ws_limit = (size_t)s_env_int("DP_CUDA_WORKSPACE_MB", S_WORKSPACE_MB_DEFAULT) << 20;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
@@ -734,8 +791,9 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
      * uses TF32 for sgemm; the TF32 mode lets it). */
     DP_CUBLAS_TRY(cublasSetMathMode(cx->cublas, cx->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                          : CUBLAS_DEFAULT_MATH));
-    DP_CUDA_TRY(cudaMalloc((void **)&cx->d_loss, sizeof(float)));
-    DP_CUDA_TRY(cudaMallocHost((void **)&cx->h_loss, sizeof(float)));
+    DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->up, cudaStreamNonBlocking));
+    DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->down, cudaStreamNonBlocking));
+    DP_CUDA_TRY(cudaEventCreateWithFlags(&cx->queued, cudaEventDisableTiming));
 
     be->prepare = s_prepare;
     be->alloc = s_alloc;
@@ -745,6 +803,9 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
     be->host_alloc = s_host_alloc;
     be->host_release = s_host_release;
     be->synchronize = s_synchronize;
+    be->stage_upload = s_stage_upload;
+    be->download_async = s_download_async;
+    be->download_wait = s_download_wait;
     be->conv_forward = s_conv_forward;
     be->conv_backward = s_conv_backward;
     be->relu_forward = s_relu_forward;
@@ -755,11 +816,11 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
     be->fc_backward = s_fc_backward;
     be->softmax_xent_forward = s_softmax_xent_forward;
     be->softmax_xent_backward = s_softmax_xent_backward;
-    be->sgd_update = s_sgd_update;
+    be->optim_step = s_optim_step;
     be->destroy = s_destroy;
     dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms", cx->name,
                 prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20, cudnn_ver,
-                cx->tf32 ? "on" : "off", cx->deterministic ? "deterministic" : "fastest");
+                cx->tf32 ? "on" : "off", cx->exact ? "exact" : "fastest");
     *out = be;
     return 0;
 fail:

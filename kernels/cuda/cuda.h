@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../ops.h"
+#include "../optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,10 +79,9 @@ void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_l
 void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const int *d_labels,
                                   int B, int classes, cudaStream_t st);
 
-/* v = mu v + g + wd w; w -= lr v (d_v may be NULL when mu == 0:
- * w -= lr (g + wd w)). */
-void dp_sgd_update_gpu(float *d_w, float *d_v, const float *d_g, size_t n, float lr,
-                       float momentum, float weight_decay, cudaStream_t st);
+/* dp_optim_step (../optim.h) on device memory, for every optimizer. */
+void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const float *d_g,
+                       float *d_state, size_t n, long t, cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 // ops_gpu: the CUDA kernels of our own — ReLU, max-pool, bias broadcast and
-// bias gradient, softmax + cross-entropy and the momentum-SGD update. The
+// bias gradient, softmax + cross-entropy and the optimizers' update. The
 // convolutions (cuDNN) and the fully connected GEMMs (cuBLAS) are driven from
 // backend_cuda.c.
 //
@@ -195,18 +195,50 @@ __global__ void k_softmax_xent_backward(float *dlogits, const float *probs, cons
     }
 }
 
-__global__ void k_sgd_update(float *w, float *v, const float *g, size_t n, float lr,
-                             float momentum, float weight_decay)
+// One kernel for every optimizer of kernels/optim.c, term by term as
+// dp_optim_step writes it (adam's bias corrections come from the host, in
+// double, as there). kind is uniform across the grid: the switch costs
+// nothing.
+struct s_optim_args {
+    dp_optim_kind_t kind;
+    float lr;        // adam: lr / (1 - b1^t)
+    float mu;        // momentum / nesterov
+    float wd;        // weight decay
+    float b1, b2;    // adam
+    float eps;       // adam, adagrad
+    float bc2_sqrt;  // adam: sqrt(1 - b2^t)
+};
+
+__global__ void k_optim_step(s_optim_args a, float *w, const float *g, float *state, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] + weight_decay * w[i];
-        if (v) {
-            float vi = momentum * v[i] + gi;
-            v[i] = vi;
-            w[i] -= lr * vi;
-        } else {
-            w[i] -= lr * gi;
+        float gi = g[i] + a.wd * w[i];
+        switch (a.kind) {
+        case DP_OPT_SGD:
+            w[i] -= a.lr * gi;
+            break;
+        case DP_OPT_MOMENTUM:
+        case DP_OPT_NESTEROV: {
+            float vi = a.mu * state[i] + gi;
+            state[i] = vi;
+            w[i] -= a.lr * (a.kind == DP_OPT_NESTEROV ? gi + a.mu * vi : vi);
+            break;
+        }
+        case DP_OPT_ADAM: {
+            float mi = a.b1 * state[i] + (1.0f - a.b1) * gi;
+            float si = a.b2 * state[n + i] + (1.0f - a.b2) * gi * gi;
+            state[i] = mi;
+            state[n + i] = si;
+            w[i] -= a.lr * (mi / (sqrtf(si) / a.bc2_sqrt + a.eps));
+            break;
+        }
+        case DP_OPT_ADAGRAD: {
+            float si = state[i] + gi * gi;
+            state[i] = si;
+            w[i] -= a.lr * (gi / (sqrtf(si) + a.eps));
+            break;
+        }
         }
     }
 }
@@ -282,12 +314,17 @@ void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const 
     DP_CUDA_LAUNCHED();
 }
 
-void dp_sgd_update_gpu(float *d_w, float *d_v, const float *d_g, size_t n, float lr,
-                       float momentum, float weight_decay, cudaStream_t st)
+void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const float *d_g,
+                       float *d_state, size_t n, long t, cudaStream_t st)
 {
+    s_optim_args a = {c->kind, lr, c->momentum, c->weight_decay, c->beta1, c->beta2, c->eps, 1.0f};
     if (n == 0) return;
-    k_sgd_update<<<s_blocks(n), kThreads, 0, st>>>(d_w, d_v, d_g, n, lr, momentum,
-                                                   weight_decay);
+    if (c->kind == DP_OPT_ADAM) {
+        if (t < 1) t = 1;
+        a.lr = (float)(lr / (1.0 - pow((double)c->beta1, (double)t)));
+        a.bc2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t));
+    }
+    k_optim_step<<<s_blocks(n), kThreads, 0, st>>>(a, d_w, d_g, d_state, n);
     DP_CUDA_LAUNCHED();
 }
 

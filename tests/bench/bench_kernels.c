@@ -22,6 +22,7 @@ typedef struct {
     dp_backend_t *be;
     int B;
     float *params, *grads, *vel;
+    dp_optim_conf_t opt;  /* momentum SGD */
     float *act[DP_MAX_LAYERS + 1]; /* act[0] = input, act[i+1] = output of layer i */
     float *grad[DP_MAX_LAYERS + 1];
     int *labels;
@@ -47,6 +48,8 @@ static void s_net_init(s_net_t *n, const char *spec, int B)
     n->params = n->be->alloc(n->be, nf * sizeof(float));
     n->grads = n->be->alloc(n->be, nf * sizeof(float));
     n->vel = n->be->alloc(n->be, nf * sizeof(float));
+    dp_optim_conf_default(&n->opt);
+    n->opt.kind = DP_OPT_MOMENTUM;
     float *host = malloc(nf * sizeof(float));
     dp_model_init_params(&n->m, host, 1);
     n->be->upload(n->be, n->params, host, nf * sizeof(float));
@@ -118,8 +121,8 @@ static float s_step(s_net_t *n, int timed)
         case DP_LAYER_MAXPOOL: be->maxpool_forward(be, l, B, n->act[i + 1], n->act[i]); break;
         case DP_LAYER_FC: be->fc_forward(be, l, B, n->act[i + 1], n->act[i], w, b); break;
         case DP_LAYER_SOFTMAX:
-            loss = be->softmax_xent_forward(be, B, m->classes, n->act[i + 1], n->act[i],
-                                            n->labels);
+            be->softmax_xent_forward(be, B, m->classes, n->act[i + 1], &loss, n->act[i],
+                                     n->labels);
             break;
         }
         if (timed) s_min(&n->t_fwd[i], dp_now() - t0);
@@ -152,7 +155,7 @@ static float s_step(s_net_t *n, int timed)
         if (timed) s_min(&n->t_bwd[i], dp_now() - t0);
     }
     double t0 = timed ? dp_now() : 0;
-    be->sgd_update(be, m->n_floats, n->params, n->vel, n->grads, 0.01f, 0.9f, 0.0f);
+    be->optim_step(be, &n->opt, 0.01f, n->params, n->grads, n->vel, m->n_floats, 1);
     if (timed) s_min(&n->t_sgd, dp_now() - t0);
     return loss;
 }

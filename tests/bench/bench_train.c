@@ -65,6 +65,9 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
     dp_net_set_params(&net, params);
     free(params);
     float *vel = be->alloc(be, nf * sizeof(float));
+    dp_optim_conf_t opt; /* momentum SGD, as PyTorch's side of the bench */
+    dp_optim_conf_default(&opt);
+    opt.kind = DP_OPT_MOMENTUM;
     /* one fixed batch of pixels in [0, 1) and random labels, on the host as the
      * data thread hands them to the worker */
     float *x = dp_malloc((size_t)B * in * sizeof(float));
@@ -77,7 +80,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
     float loss = 0;
     for (int w = 0; w < warmup; w++) {
         loss = dp_net_train_step(&net, x, y, B);
-        be->sgd_update(be, nf, net.d_params, vel, net.d_grads, 0.01f, 0.9f, 0.0f);
+        be->optim_step(be, &opt, 0.01f, net.d_params, net.d_grads, vel, nf, 1);
     }
     int rc = 0;
     for (int s = 0; s < samples; s++) {
@@ -85,7 +88,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
         double t0 = dp_now(), dt;
         do {
             loss = dp_net_train_step(&net, x, y, B);
-            be->sgd_update(be, nf, net.d_params, vel, net.d_grads, 0.01f, 0.9f, 0.0f);
+            be->optim_step(be, &opt, 0.01f, net.d_params, net.d_grads, vel, nf, 1);
             n++;
             dt = dp_now() - t0;
         } while (dt < secs || n < 2);

@@ -8,17 +8,21 @@
 #             finds CUDA's libraries (cudart, cuBLAS, cuDNN), also inside
 #             Python's nvidia-* wheels, and checks every binary resolves
 #   gpu-ops   build/tests/test_gpu_ops: every backend op against the CPU
-#             reference (a skip counts as a failure here: a GPU is expected)
+#             reference, the optimizers, the overlap copies and a whole net
+#             step; with the exact cuDNN algorithms, then DP_CUDA_ALGOS=fastest
+#             (a skip counts as a failure here: a GPU is expected)
 #   curves    200 standalone steps of the default network on cuda:0 and on
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
 #             worker; summary.json's test_accuracy must exceed 0.7
-#   bench     images/s of the standalone worker at batch 64 and 256 (and 256
-#             with TF32), beside PyTorch's for the same network (torch_bench.py)
-#             where `import torch` works
+#   bench     steady-state images/s of the standalone worker at batch 64 and
+#             256 (exact / fastest algorithms, TF32; momentum, and adam at 64),
+#             beside PyTorch's for the same network and optimizer
+#             (torch_bench.py) where `import torch` works
 # Outputs (at most 8 files) go to $OUT when set (the GPU machine's output
-# folder), else build/gpu-run/: run.log, test_gpu_ops.log, loss_cuda.jsonl,
-# loss_cpu.jsonl, cluster_summary.json, bench.txt. Exit status non-zero when
+# folder), else build/gpu-run/: run.log, test_gpu_ops.exact.log, loss_cuda.jsonl,
+# loss_cpu.jsonl, cluster_summary.json, bench.txt (and test_gpu_ops.fastest.log,
+# test_gpu_ops.sanitizer.log when an op test failed). Exit status non-zero when
 # any section failed. DP_GPU_BUILD=1 builds even when a bundle is there.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
@@ -151,19 +155,35 @@ NODEV=  # set when test_gpu_ops finds no device: the later sections then fail at
 
 # ---- gpu-ops ---------------------------------------------------------------
 section gpu-ops "test_gpu_ops: every backend op against the CPU reference"
+# twice: the default exact algorithms, then DP_CUDA_ALGOS=fastest (FFT and
+# Winograd allowed, checked against looser tolerances)
+ops_fail=
+ops_note=
 if [ -x "$BIN/tests/test_gpu_ops" ]; then
-    tmo 180 "$BIN/tests/test_gpu_ops" >"$OUTDIR/test_gpu_ops.log" 2>&1
-    rc=$?
-    grep -E 'FAIL|differ|skip:|CHECK' "$OUTDIR/test_gpu_ops.log" | head -20 | sed 's/^/  /'
-    line=$(tail -1 "$OUTDIR/test_gpu_ops.log")
-    echo "  $line (exit $rc)"
-    grep -q 'skip: no CUDA device' "$OUTDIR/test_gpu_ops.log" && NODEV=$(grep -m1 -o 'no CUDA device.*' "$OUTDIR/test_gpu_ops.log")
-    if [ $rc = 0 ] && echo "$line" | grep -Eq '^[1-9][0-9]* passed, 0 failed$'; then
-        verdict gpu-ops PASS "$line"
-    else
+    for algos in exact fastest; do
+        log=$OUTDIR/test_gpu_ops.$algos.log
+        DP_CUDA_ALGOS=$algos tmo 180 "$BIN/tests/test_gpu_ops" >"$log" 2>&1
+        rc=$?
+        grep -E 'FAIL|differ|skip:|CHECK|elements' "$log" | head -20 | sed 's/^/  /'
+        line=$(tail -1 "$log")
         [ $rc = 124 ] && line="timed out after 180s"
-        verdict gpu-ops FAIL "$line"
-    fi
+        echo "  $algos: $line (exit $rc)"
+        ops_note="${ops_note:+$ops_note; }$algos: $line"
+        grep -q 'skip: no CUDA device' "$log" && NODEV=$(grep -m1 -o 'no CUDA device.*' "$log")
+        if [ $rc != 0 ] || ! echo "$line" | grep -Eq '^[1-9][0-9]* passed, 0 failed$'; then
+            ops_fail=1
+            # a wrong or crashing op: memcheck says whether it is a bad access
+            if [ ! -f "$OUTDIR/test_gpu_ops.sanitizer.log" ] && [ -z "$NODEV" ] &&
+                command -v compute-sanitizer >/dev/null; then
+                echo "  compute-sanitizer --tool memcheck (log: test_gpu_ops.sanitizer.log)"
+                DP_CUDA_ALGOS=$algos tmo 150 compute-sanitizer --tool memcheck --print-limit 20 \
+                    "$BIN/tests/test_gpu_ops" >"$OUTDIR/test_gpu_ops.sanitizer.log" 2>&1
+                grep -E '^=========' "$OUTDIR/test_gpu_ops.sanitizer.log" | head -20 | sed 's/^/  /'
+            fi
+        fi
+        [ -n "$NODEV" ] && break
+    done
+    if [ -z "$ops_fail" ]; then verdict gpu-ops PASS "$ops_note"; else verdict gpu-ops FAIL "$ops_note"; fi
 else
     verdict gpu-ops FAIL "no test_gpu_ops binary"
 fi
@@ -182,8 +202,9 @@ if [ -n "$NODEV" ]; then
     verdict curves FAIL "$NODEV"
 else
 t=$SECONDS
-curve cuda:0 "$OUTDIR/loss_cuda.jsonl" "$WORK/curve_cuda.log"; rc_g=$?
+DP_LOG=debug curve cuda:0 "$OUTDIR/loss_cuda.jsonl" "$WORK/curve_cuda.log"; rc_g=$?
 echo "  cuda:0: exit $rc_g, $((SECONDS - t))s"
+grep -E 'cuda:0|debug:' "$WORK/curve_cuda.log" | head -12 | sed 's/^/  | /'  # device, algorithms
 t=$SECONDS
 curve cpu "$OUTDIR/loss_cpu.jsonl" "$WORK/curve_cpu.log"; rc_c=$?
 echo "  cpu:    exit $rc_c, $((SECONDS - t))s"
@@ -284,6 +305,26 @@ for py in /usr/bin/python3 python3 "$PY"; do
     fi
 done
 echo "  PyTorch: ${TORCH_PY:-not available (no python3 with torch and CUDA)}"
+# images/s in the steady state: from a worker's metrics lines ("t", "step"),
+# over the steps after the first 10% (module loading, cuDNN plans and the
+# first evaluation stay out); from torch_bench.py's JSON line as printed.
+steady_rate() { # metrics.jsonl batch
+    "$PY" - "$@" <<'PYEOF'
+import json, sys
+pts = []
+for line in open(sys.argv[1]):
+    try:
+        o = json.loads(line)
+    except ValueError:
+        continue
+    if "step" in o and "loss" in o and "event" not in o:
+        pts.append((int(o["step"]), float(o["t"])))
+if len(pts) < 50:
+    sys.exit(1)
+a, b = pts[len(pts) // 10], pts[-1]
+print("%.0f" % ((b[0] - a[0]) * int(sys.argv[2]) / (b[1] - a[1])))
+PYEOF
+}
 json_get() { "$PY" -c 'import json,sys
 try:
     o = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
@@ -292,30 +333,41 @@ except Exception:
     print("")' "$@"; }
 ROWS=()
 bench_ok=1
-SPECS="64:0 256:0 256:1"
+# B:math:optimizer; math fp32 (exact cuDNN algorithms), fast (DP_CUDA_ALGOS=
+# fastest: FFT / Winograd and non-deterministic ones allowed; PyTorch's own
+# default is no stricter), tf32 (TF32 tensor cores, both sides)
+SPECS="64:fp32:momentum 64:fast:momentum 64:fp32:adam 256:fp32:momentum 256:fast:momentum 256:tf32:momentum"
 [ -n "$NODEV" ] && SPECS= bench_ok=0
 for spec in $SPECS; do
-    B=${spec%%:*} tf=${spec##*:}
-    math=$([ "$tf" = 1 ] && echo tf32 || echo fp32)
-    DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" --steps 300 --seed 1 \
-        --optimizer momentum --lr 0.01 --momentum 0.9 --lr-schedule constant \
-        --no-progress --summary "$WORK/bench_${B}_$tf.json" "${DATA_ARGS[@]}" >"$WORK/bench_${B}_$tf.log" 2>&1
+    IFS=: read -r B math optim <<<"$spec"
+    steps=$([ "$B" -ge 256 ] && echo 1500 || echo 3000)
+    tf=$([ "$math" = tf32 ] && echo 1 || echo 0)
+    algos=$([ "$math" = fp32 ] && echo exact || echo fastest)
+    lr=$([ "$optim" = adam ] && echo 0.001 || echo 0.01)
+    DP_CUDA_ALGOS=$algos DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" \
+        --steps "$steps" --seed 1 --optimizer "$optim" --lr "$lr" --momentum 0.9 \
+        --lr-schedule constant --no-progress --metrics "$WORK/bench_$spec.jsonl" \
+        "${DATA_ARGS[@]}" >"$WORK/bench_$spec.log" 2>&1
     rc=$?
-    ours=$([ $rc = 0 ] && json_get "$WORK/bench_${B}_$tf.json" images_per_s)
+    ours=$([ $rc = 0 ] && steady_rate "$WORK/bench_$spec.jsonl" "$B")
     if [ -z "$ours" ]; then
         bench_ok=0
-        show "$WORK/bench_${B}_$tf.log" 10
+        show "$WORK/bench_$spec.log" 10
         ours=-
+    fi
+    # PyTorch: its defaults pick algorithms freely, so fp32 and fast share a run
+    tkey=${B}_${tf}_$optim
+    if [ -n "$TORCH_PY" ] && [ ! -s "$WORK/torch_$tkey.json" ]; then
+        tmo 180 "$TORCH_PY" tests/gpu/torch_bench.py --batch "$B" --steps $((steps / 2)) --warmup 50 \
+            --tf32 "$tf" --optimizer "$optim" --lr "$lr" >"$WORK/torch_$tkey.json" 2>"$WORK/torch_$tkey.err"
     fi
     theirs=-
     if [ -n "$TORCH_PY" ]; then
-        tmo 180 "$TORCH_PY" tests/gpu/torch_bench.py --batch "$B" --steps 300 --warmup 30 --tf32 "$tf" \
-            >"$WORK/torch_${B}_$tf.json" 2>"$WORK/torch_${B}_$tf.err"
-        theirs=$(json_get "$WORK/torch_${B}_$tf.json" images_per_s)
-        [ -z "$theirs" ] && { show "$WORK/torch_${B}_$tf.err" 8; theirs=-; }
+        theirs=$(json_get "$WORK/torch_$tkey.json" images_per_s)
+        [ -z "$theirs" ] && { show "$WORK/torch_$tkey.err" 8; theirs=-; }
     fi
-    echo "  batch $B $math: downpour $ours img/s, torch $theirs img/s"
-    ROWS+=("$B $math $ours $theirs")
+    echo "  batch $B $math $optim: downpour $ours img/s, torch $theirs img/s"
+    ROWS+=("$B $math $optim $ours $theirs")
 done
 if [ $bench_ok = 1 ]; then verdict bench PASS "$([ -n "$TORCH_PY" ] && echo "beside torch" || echo "torch not available")"; else verdict bench FAIL "${NODEV:-a timing run failed}"; fi
 
@@ -327,13 +379,13 @@ for s in "${ORDER[@]}"; do
     [ "${VERDICT[$s]}" = FAIL ] && failed=$((failed + 1))
 done
 {
-    printf '%6s %5s %16s %14s %7s\n' batch math "downpour img/s" "torch img/s" ratio
+    printf '%6s %5s %9s %16s %14s %7s\n' batch math optimizer "downpour img/s" "torch img/s" ratio
     for r in "${ROWS[@]}"; do
         set -- $r
         ratio=$("$PY" -c 'import sys
 try: print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))
-except Exception: print("-")' "$3" "$4")
-        printf '%6s %5s %16s %14s %7s\n' "$1" "$2" "$3" "$4" "$ratio"
+except Exception: print("-")' "$4" "$5")
+        printf '%6s %5s %9s %16s %14s %7s\n' "$1" "$2" "$3" "$4" "$5" "$ratio"
     done
 } | tee "$OUTDIR/bench.txt"
 echo "$((${#ORDER[@]} - failed)) passed, $failed failed"

@@ -2,14 +2,18 @@
  * kernels (kernels/ops.h *_ref) on fresh random inputs of awkward shapes
  * (batch 3, 13x11 images, 5 channels, kernels 3 and 5, pad 0/1/2, stride 1
  * and 2, pools 2 and 3, overlapping pools), then on the default model's layer
- * shapes at batch 64. Each comparison is |gpu - ref| <= atol + rtol |ref|,
+ * shapes at batch 64; every optimizer's step against dp_optim_step; the
+ * overlap copies (a download queued after an op must see its result); and
+ * one whole training step of the default network through the executor
+ * against the cpu backend. Each comparison is |gpu - ref| <= atol + rtol |ref|,
  * with atol growing with the number of terms summed into one output (float
  * sums of N terms drift by ~N ulps of the terms in the worst case).
  *
  * Without a CUDA device (or a driver) the program checks that opening
  * "cuda:0" fails with one clear line, then skips with the reason:
  * "0 passed, 0 failed, 1 skipped". DP_GPU_DEVICE=K tests cuda:K (default 0);
- * DP_CUDA_TF32=1 (TF32 allowed) loosens the tolerances to TF32's. */
+ * DP_CUDA_TF32=1 (TF32 allowed) or DP_CUDA_ALGOS=fastest (FFT and Winograd
+ * allowed) loosens the tolerances to what those trade away. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,12 +25,13 @@
 #include "../../common/util.h"
 #include "../../kernels/backend.h"
 #include "../../kernels/ops.h"
+#include "../../worker/net.h"
 #include "../test.h"
 
 static dp_backend_t *s_be;         /* the backend under test (NULL: no device) */
 static int s_dev;                  /* its device number */
 static char s_why[DP_ERR_LEN + 64]; /* why there is no device */
-static int s_tf32;                 /* DP_CUDA_TF32=1: looser tolerances */
+static int s_loose;                /* TF32 or FFT / Winograd allowed: looser tolerances */
 static dp_rng_t s_rng;
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -66,9 +71,9 @@ static void s_free(void *d) { s_be->release(s_be, d); }
 /* Tolerances for outputs that sum `terms` products each. */
 static double s_atol(double terms)
 {
-    return s_tf32 ? 4e-3 * sqrt(terms) + 1e-4 : 5e-7 * terms + 1e-5;
+    return s_loose ? 4e-3 * sqrt(terms) + 1e-4 : 5e-7 * terms + 1e-5;
 }
-static double s_rtol(void) { return s_tf32 ? 1e-2 : 1e-4; }
+static double s_rtol(void) { return s_loose ? 1e-2 : 1e-4; }
 
 /* A one-layer model holding l (its index 0), for prepare(). */
 static void s_model_of(dp_model_t *m, const dp_layer_t *l)
@@ -336,7 +341,10 @@ static void s_check_xent(int B, int classes)
     char what[64];
 
     float loss = dp_softmax_xent_forward_ref(probs, logits, y, B, classes);
-    float gl = s_be->softmax_xent_forward(s_be, B, classes, d_probs, d_logits, d_y);
+    float *d_loss = s_be->alloc(s_be, sizeof(float)), gl = 0;
+    s_be->softmax_xent_forward(s_be, B, classes, d_probs, d_loss, d_logits, d_y);
+    s_be->download(s_be, &gl, d_loss, sizeof gl);
+    s_free(d_loss);
     CHECK_NEAR(gl, loss, 1e-5 + 1e-5 * fabsf(loss));
     float *g = s_down(d_probs, n);
     snprintf(what, sizeof what, "softmax B%d classes %d probs", B, classes);
@@ -481,35 +489,103 @@ static void test_gpu_softmax_xent(void)
     s_check_xent(1000, 10); /* many rows per warp */
 }
 
-static void test_gpu_sgd_update(void)
+/* be->optim_step against dp_optim_step on the host, three steps of every
+ * optimizer (so adam's bias correction changes between them). */
+static void test_gpu_optim_step(void)
 {
     size_t n = 100003;
-    float *w = s_rand(n, 1), *v = s_rand(n, 0.1f), *g1 = s_rand(n, 1), *g2 = s_rand(n, 1);
-    float *d_w = s_up(w, n * 4), *d_v = s_up(v, n * 4);
-    float *d_g1 = s_up(g1, n * 4), *d_g2 = s_up(g2, n * 4);
-    const float lr = 0.05f, mu = 0.9f, wd = 5e-4f;
-    /* two momentum steps */
-    for (int step = 0; step < 2; step++) {
-        const float *g = step ? g2 : g1;
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            v[i] = mu * v[i] + gi;
-            w[i] -= lr * v[i];
+    dp_optim_kind_t kinds[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_NESTEROV, DP_OPT_ADAM,
+                               DP_OPT_ADAGRAD};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        dp_optim_conf_t c;
+        dp_optim_conf_default(&c);
+        c.kind = kinds[k];
+        c.weight_decay = 5e-4f;
+        size_t ns = n * (size_t)dp_optim_state_per_param(c.kind);
+        float *w = s_rand(n, 1), *st = dp_calloc(ns + 1, sizeof(float));
+        float *d_w = s_up(w, n * 4), *d_st = s_be->alloc(s_be, ns * 4 + 4);
+        for (long t = 1; t <= 3; t++) {
+            float *g = s_rand(n, 1), *d_g = s_up(g, n * 4);
+            float lr = dp_optim_default_lr(c.kind);
+            dp_optim_step(&c, lr, w, g, st, n, t);
+            s_be->optim_step(s_be, &c, lr, d_w, d_g, d_st, n, t);
+            free(g), s_free(d_g);
         }
-        s_be->sgd_update(s_be, n, d_w, d_v, step ? d_g2 : d_g1, lr, mu, wd);
+        char what[64];
+        float *gw = s_down(d_w, n), *gs = s_down(d_st, ns);
+        snprintf(what, sizeof what, "%s w", dp_optim_kind_name(c.kind));
+        CHECK_CLOSE(what, gw, w, n, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "%s state", dp_optim_kind_name(c.kind));
+        CHECK_CLOSE(what, gs, st, ns, 1e-6, 1e-5);
+        free(gw), free(gs), free(w), free(st);
+        s_free(d_w), s_free(d_st);
     }
-    float *gw = s_down(d_w, n), *gv = s_down(d_v, n);
-    CHECK_CLOSE("sgd momentum w", gw, w, n, 1e-6, 1e-5);
-    CHECK_CLOSE("sgd momentum v", gv, v, n, 1e-6, 1e-5);
-    free(gw), free(gv);
-    /* plain SGD: momentum 0, no velocity buffer */
-    for (size_t i = 0; i < n; i++) w[i] -= lr * (g1[i] + wd * w[i]);
-    s_be->sgd_update(s_be, n, d_w, NULL, d_g1, lr, 0.0f, wd);
-    gw = s_down(d_w, n);
-    CHECK_CLOSE("sgd plain w", gw, w, n, 1e-6, 1e-5);
-    free(gw);
-    free(w), free(v), free(g1), free(g2);
-    s_free(d_w), s_free(d_v), s_free(d_g1), s_free(d_g2);
+}
+
+/* The overlap copies: stage_upload, and download_async ordered after the
+ * op queued before it (a long ReLU over 64M floats: a copy that did not
+ * wait for it would read the poison). */
+static void test_gpu_copies(void)
+{
+    size_t n = (size_t)64 << 20;
+    float *x = s_rand(n, 1), *h = s_be->host_alloc(s_be, n * 4);
+    float *d_in = s_be->alloc(s_be, n * 4), *d_out = s_be->alloc(s_be, n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    s_be->upload(s_be, d_out, h, n * 4); /* poison */
+    memcpy(h, x, n * 4);
+    s_be->stage_upload(s_be, d_in, h, n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    s_be->relu_forward(s_be, n, d_out, d_in);
+    s_be->download_async(s_be, h, d_out, n * 4);
+    s_be->download_wait(s_be);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += h[i] != (x[i] > 0 ? x[i] : 0.0f);
+    if (bad) fprintf(stderr, "  %zu of %zu elements copied before the op wrote them\n", bad, n);
+    CHECK_EQ(bad, 0);
+    free(x), s_be->host_release(s_be, h), s_free(d_in), s_free(d_out);
+}
+
+/* A whole training step of the default network through the executor on the
+ * GPU (staged batch, gradients copied to the host layer by layer as the
+ * backward pass goes) against the same step on the cpu backend. */
+static void test_gpu_net_step(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    const int B = 64;
+    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    dp_backend_t *cpu = dp_backend_cpu_new();
+    dp_net_t gn, cn;
+    CHECK_EQ(dp_net_init(&gn, &m, s_be, B, err), 0);
+    CHECK_EQ(dp_net_init(&cn, &m, cpu, B, err), 0);
+    size_t nf = m.n_floats, in = (size_t)B * 28 * 28;
+    float *params = dp_malloc(nf * 4), *cg = dp_malloc(nf * 4);
+    float *gg = s_be->host_alloc(s_be, nf * 4);
+    float *x = s_rand(in, 0.5f);
+    for (size_t i = 0; i < in; i++) x[i] += 0.5f; /* pixels in [0, 1] */
+    int *y = s_labels(B, m.classes);
+    float *d_x = s_be->alloc(s_be, in * 4);
+    int *d_y = s_be->alloc(s_be, (size_t)B * sizeof(int));
+    dp_model_init_params(&m, params, 3);
+    dp_net_set_params(&gn, params);
+    dp_net_set_params(&cn, params);
+    for (size_t i = 0; i < nf; i++) gg[i] = NAN; /* every gradient must arrive */
+    s_be->stage_upload(s_be, d_x, x, in * 4);
+    s_be->stage_upload(s_be, d_y, y, (size_t)B * sizeof(int));
+    float gl = dp_net_train_step_device(&gn, d_x, d_y, B, gg);
+    float cl = dp_net_train_step(&cn, x, y, B);
+    dp_net_get_grads(&cn, cg);
+    CHECK_NEAR(gl, cl, 1e-5 * fabsf(cl) + 1e-6);
+    /* each gradient sums over the batch and the positions: a loose atol,
+     * scaled by the gradient's own size */
+    double gmax = 0;
+    for (size_t i = 0; i < nf; i++) gmax = fmax(gmax, fabs(cg[i]));
+    CHECK_CLOSE("net gradient", gg, cg, nf, (s_loose ? 1e-2 : 1e-4) * gmax, s_loose ? 1e-2 : 1e-3);
+    free(params), free(cg), free(x), free(y);
+    s_be->host_release(s_be, gg), s_free(d_x), s_free(d_y);
+    dp_net_free(&gn);
+    dp_net_free(&cn);
+    dp_backend_destroy(&cpu);
 }
 
 /* The default model's layers at batch 64, each on its own random inputs. */
@@ -545,7 +621,8 @@ static int s_open(void)
     char err[DP_ERR_LEN] = "";
     const char *dev = getenv("DP_GPU_DEVICE");
     s_dev = dev && *dev ? atoi(dev) : 0;
-    s_tf32 = getenv("DP_CUDA_TF32") && atoi(getenv("DP_CUDA_TF32")) != 0;
+    s_loose = (getenv("DP_CUDA_TF32") && atoi(getenv("DP_CUDA_TF32")) != 0) ||
+              (getenv("DP_CUDA_ALGOS") && strcmp(getenv("DP_CUDA_ALGOS"), "fastest") == 0);
     dp_rng_seed(&s_rng, 20240611);
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -568,7 +645,8 @@ int main(int argc, char **argv)
     static const t_test_t all[] = {
         T(test_gpu_device),      T(test_gpu_conv),         T(test_gpu_maxpool),
         T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_softmax_xent),
-        T(test_gpu_sgd_update),  T(test_gpu_default_model_b64),
+        T(test_gpu_optim_step),  T(test_gpu_copies),       T(test_gpu_default_model_b64),
+        T(test_gpu_net_step),
     };
     static const t_test_t none[] = {T(test_gpu_device)};
     dp_log_init("test_gpu_ops");

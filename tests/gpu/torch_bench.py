@@ -4,7 +4,7 @@ the yardstick tests/gpu/run.sh sets our CUDA backend against.
 
 Same architecture as DP_MODEL_DEFAULT_SPEC ("conv5x5:32 relu maxpool2
 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax", 1x28x28 inputs), SGD with
-momentum, cross-entropy. The step does what the standalone worker does: copy
+momentum (or Adam with --optimizer adam), cross-entropy. The step does what the standalone worker does: copy
 a host batch (pinned) to the GPU, forward, loss, backward, update, and read
 the loss back to the host (one sync per step). Synthetic data: throughput does
 not depend on pixel values. Warm-up steps first (cuDNN plans, allocator),
@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--tf32", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--optimizer", choices=("momentum", "adam"), default="momentum")
     args = ap.parse_args()
 
     import torch
@@ -50,7 +51,11 @@ def main():
     torch.manual_seed(1)
 
     net = build_module(DEFAULT_SPEC, (1, 28, 28)).to(dev)
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
+    if args.optimizer == "adam":
+        # foreach, not fused: the plain multi-tensor path, as most scripts get it
+        opt = torch.optim.Adam(net.parameters(), lr=args.lr)
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     B = args.batch
     # a few distinct host batches, pinned, cycled through
@@ -81,6 +86,7 @@ def main():
         "images_per_s": round(B * args.steps / dt, 1),
         "step_ms": round(1000 * dt / args.steps, 4),
         "tf32": args.tf32,
+        "optimizer": args.optimizer,
         "device": torch.cuda.get_device_name(dev),
         "torch": torch.__version__,
         "last_loss": round(last, 5),

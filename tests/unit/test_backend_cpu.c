@@ -1,8 +1,10 @@
 /* test_backend_cpu: the "cpu" backend — its memory calls (zeroed, aligned,
- * copies), that every layer op gives what the kernel does on dims built by
- * hand from the layer, momentum SGD against a hand computation, prepare's
- * bad input, and the backend picker. */
+ * copies, the overlap copies), that every layer op gives what the kernel
+ * does on dims built by hand from the layer, optim_step against
+ * dp_optim_step and a hand computation, prepare's bad input, and the
+ * backend picker. */
 #include <stdint.h>
+#include <string.h>
 
 #include "../../common/model.h"
 #include "../../common/rng.h"
@@ -140,7 +142,8 @@ static void test_ops_match_kernels(void)
             int labels[3] = {4, 0, 2};
             int *d_labels = be->alloc(be, sizeof labels);
             be->upload(be, d_labels, labels, sizeof labels);
-            float l1 = be->softmax_xent_forward(be, B, m.classes, y1, x, d_labels);
+            float l1 = 0;
+            be->softmax_xent_forward(be, B, m.classes, y1, &l1, x, d_labels);
             float l2 = dp_softmax_xent_forward(y2, x, labels, B, m.classes);
             CHECK_NEAR(l1, l2, 0);
             CHECK_CLOSE("softmax", y1, y2, nout, 0, 0);
@@ -156,43 +159,65 @@ static void test_ops_match_kernels(void)
     dp_backend_destroy(&be);
 }
 
-/* v = mu v + g + wd w; w -= lr v, step by step against doubles. */
-static void test_sgd_momentum(void)
+/* optim_step is dp_optim_step on the backend's memory: bit for bit, for
+ * every optimizer (the rules themselves are tested in test_optim); and a
+ * worked momentum example. */
+static void test_optim_step(void)
 {
     dp_backend_t *be = dp_backend_cpu_new();
-    size_t n = 70001; /* above the threading threshold, odd */
-    float *w = be->alloc(be, n * sizeof(float)), *v = be->alloc(be, n * sizeof(float));
-    float *g = be->alloc(be, n * sizeof(float));
-    double *hw = dp_malloc(n * sizeof(double)), *hv = dp_calloc(n, sizeof(double));
-    s_fill(w, n);
-    for (size_t i = 0; i < n; i++) hw[i] = w[i];
-    float lr = 0.1f, mu = 0.9f, wd = 0.01f;
-    for (int step = 0; step < 4; step++) {
-        s_fill(g, n);
-        be->sgd_update(be, n, w, v, g, lr, mu, wd);
-        for (size_t i = 0; i < n; i++) {
-            hv[i] = (double)mu * hv[i] + g[i] + (double)wd * hw[i];
-            hw[i] -= (double)lr * hv[i];
+    size_t n = 70001; /* odd */
+    dp_optim_kind_t kinds[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_NESTEROV, DP_OPT_ADAM,
+                               DP_OPT_ADAGRAD};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        dp_optim_conf_t c;
+        dp_optim_conf_default(&c);
+        c.kind = kinds[k];
+        c.weight_decay = 0.01f;
+        size_t ns = n * (size_t)dp_optim_state_per_param(c.kind) + 1;
+        float *w = be->alloc(be, n * sizeof(float)), *g = be->alloc(be, n * sizeof(float));
+        float *st = be->alloc(be, ns * sizeof(float));
+        float *w2 = dp_malloc(n * sizeof(float)), *st2 = dp_calloc(ns, sizeof(float));
+        s_fill(w, n);
+        memcpy(w2, w, n * sizeof(float));
+        for (long t = 1; t <= 3; t++) {
+            s_fill(g, n);
+            be->optim_step(be, &c, 0.01f, w, g, st, n, t);
+            dp_optim_step(&c, 0.01f, w2, g, st2, n, t);
         }
+        CHECK_CLOSE(dp_optim_kind_name(c.kind), w, w2, n, 0, 0);
+        CHECK_CLOSE("state", st, st2, ns, 0, 0);
+        be->release(be, w), be->release(be, g), be->release(be, st);
+        free(w2), free(st2);
     }
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(w[i] - hw[i]) > 1e-5 || fabs(v[i] - hv[i]) > 1e-5) bad++;
-    CHECK_EQ(bad, 0);
-    /* a worked example: w = 1, g = 0.5, lr 0.1, mu 0.9, wd 0 */
-    w[0] = 1.0f, v[0] = 0.0f, g[0] = 0.5f;
-    be->sgd_update(be, 1, w, v, g, 0.1f, 0.9f, 0.0f); /* v = 0.5, w = 0.95 */
-    CHECK_NEAR(v[0], 0.5, 1e-7);
-    CHECK_NEAR(w[0], 0.95, 1e-7);
-    be->sgd_update(be, 1, w, v, g, 0.1f, 0.9f, 0.0f); /* v = 0.95, w = 0.855 */
-    CHECK_NEAR(v[0], 0.95, 1e-7);
-    CHECK_NEAR(w[0], 0.855, 1e-6);
-    be->sgd_update(be, 1, w, v, g, 0.1f, 0.0f, 0.0f); /* plain sgd: w = 0.805 */
-    CHECK_NEAR(w[0], 0.805, 1e-6);
-    be->release(be, w), be->release(be, v), be->release(be, g);
-    free(hw), free(hv);
+    /* w = 1, g = 0.5, lr 0.1, mu 0.9 */
+    dp_optim_conf_t c;
+    dp_optim_conf_default(&c);
+    c.kind = DP_OPT_MOMENTUM;
+    float w = 1.0f, v = 0.0f, g = 0.5f;
+    be->optim_step(be, &c, 0.1f, &w, &g, &v, 1, 1); /* v = 0.5, w = 0.95 */
+    CHECK_NEAR(v, 0.5, 1e-7);
+    CHECK_NEAR(w, 0.95, 1e-7);
+    be->optim_step(be, &c, 0.1f, &w, &g, &v, 1, 2); /* v = 0.95, w = 0.855 */
+    CHECK_NEAR(v, 0.95, 1e-7);
+    CHECK_NEAR(w, 0.855, 1e-6);
+    dp_backend_destroy(&be);
+}
+
+/* The overlap copies are plain copies on the cpu. */
+static void test_copies(void)
+{
+    dp_backend_t *be = dp_backend_cpu_new();
+    size_t n = 1001;
+    float *src = be->host_alloc(be, n * sizeof(float)), *dst = be->host_alloc(be, n * sizeof(float));
+    float *d = be->alloc(be, n * sizeof(float));
+    s_fill(src, n);
+    be->stage_upload(be, d, src, n * sizeof(float));
+    be->download_async(be, dst, d, n * sizeof(float));
+    be->download_wait(be);
+    CHECK_CLOSE("round trip", dst, src, n, 0, 0);
+    be->host_release(be, src), be->host_release(be, dst), be->release(be, d);
     dp_backend_destroy(&be);
 }
 
 DP_TESTS(T(test_memory), T(test_prepare_bad), T(test_ops_match_kernels),
-         T(test_sgd_momentum))
+         T(test_optim_step), T(test_copies))

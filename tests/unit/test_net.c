@@ -1,6 +1,9 @@
 /* test_net: the executor as a whole (the whole network's gradient against
  * finite differences, loss falling under SGD) and the data order that the
  * sync-equals-standalone guarantee rests on. */
+#include <math.h>
+#include <string.h>
+
 #include "../../common/dataset.h"
 #include "../../common/model.h"
 #include "../../common/rng.h"
@@ -112,6 +115,9 @@ static void test_loss_falls_under_sgd(void)
     dp_model_init_params(&m, params, 3);
     dp_net_set_params(&net, params);
     float *v = be->alloc(be, m.n_floats * sizeof(float));
+    dp_optim_conf_t opt;
+    dp_optim_conf_default(&opt);
+    opt.kind = DP_OPT_MOMENTUM;
     dp_rng_t r;
     dp_rng_seed(&r, 4);
     float x[16 * 64];
@@ -120,7 +126,7 @@ static void test_loss_falls_under_sgd(void)
     for (int step = 0; step < 150; step++) {
         s_quadrant_batch(&r, x, y, B);
         float loss = dp_net_train_step(&net, x, y, B);
-        be->sgd_update(be, m.n_floats, net.d_params, v, net.d_grads, 0.05f, 0.9f, 0.0f);
+        be->optim_step(be, &opt, 0.05f, net.d_params, net.d_grads, v, m.n_floats, step + 1);
         if (step < 10) first += loss / 10;
         if (step >= 140) last += loss / 10;
     }
@@ -187,17 +193,19 @@ static void test_batcher_matches_rule(void)
     dp_batcher_t bt;
     char err[DP_ERR_LEN];
     CHECK_EQ(dp_batcher_start(&bt, &ds, be, 4, 1, 2, 9, 20, err), 0);
-    const float *x;
-    const int *y;
+    dp_batch_t b;
     long step, count = 0;
     int idx[4];
-    while ((step = dp_batcher_next(&bt, &x, &y)) >= 0) {
+    while ((step = dp_batcher_next(&bt, &b)) >= 0) {
         CHECK_EQ(step, count);
         dp_data_batch_indices(50, 4, 1, 2, 9, step, idx);
         for (int i = 0; i < 4; i++) {
-            CHECK_EQ(y[i], idx[i] % 10);
-            CHECK_NEAR(x[i * 4], (idx[i] * 5 % 256) / 255.0, 1e-6);
+            CHECK_EQ(b.y[i], idx[i] % 10);
+            CHECK_NEAR(b.x[i * 4], (idx[i] * 5 % 256) / 255.0, 1e-6);
         }
+        /* and the same batch staged on the device */
+        CHECK(b.d_x != b.x && memcmp(b.d_x, b.x, 4 * 4 * sizeof(float)) == 0);
+        CHECK(memcmp(b.d_y, b.y, 4 * sizeof(int)) == 0);
         count++;
     }
     CHECK_EQ(count, 20);
@@ -210,5 +218,43 @@ static void test_batcher_matches_rule(void)
     dp_dataset_free(&ds);
 }
 
+/* The step on a staged batch with its gradient copied out layer by layer
+ * gives what the plain step and a download give, bit for bit. */
+static void test_train_step_device_copies_grads(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 9, 7, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    dp_net_t net;
+    int B = 5;
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    dp_rng_t r;
+    dp_rng_seed(&r, 12);
+    size_t in = (size_t)B * 2 * 9 * 7, nf = m.n_floats;
+    float *params = dp_malloc(nf * sizeof(float)), *g1 = dp_malloc(nf * sizeof(float));
+    float *g2 = be->host_alloc(be, nf * sizeof(float));
+    float *x = dp_malloc(in * sizeof(float)), *d_x = be->alloc(be, in * sizeof(float));
+    int y[5] = {0, 2, 1, 1, 0}, *d_y = be->alloc(be, sizeof y);
+    s_random(x, in, &r, 1.0f);
+    for (size_t i = 0; i < nf; i++) g2[i] = NAN; /* every element must be written */
+    dp_model_init_params(&m, params, 6);
+    dp_net_set_params(&net, params);
+    float l1 = dp_net_train_step(&net, x, y, B);
+    dp_net_get_grads(&net, g1);
+    be->stage_upload(be, d_x, x, in * sizeof(float));
+    be->stage_upload(be, d_y, y, sizeof y);
+    memset(net.d_grads, 0, nf * sizeof(float));
+    float l2 = dp_net_train_step_device(&net, d_x, d_y, B, g2);
+    CHECK_EQ(l1, l2);
+    CHECK(memcmp(g1, g2, nf * sizeof(float)) == 0);
+    be->release(be, d_x), be->release(be, d_y), be->host_release(be, g2);
+    free(params), free(g1), free(x);
+    dp_net_free(&net);
+    dp_backend_destroy(&be);
+}
+
 DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_under_sgd),
-         T(test_global_batch_order), T(test_batcher_matches_rule))
+         T(test_train_step_device_copies_grads), T(test_global_batch_order),
+         T(test_batcher_matches_rule))
