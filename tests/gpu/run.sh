@@ -15,6 +15,8 @@
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
 #             worker; summary.json's test_accuracy must exceed 0.7
+#   tboard    the cluster's TensorBoard event files read by TensorBoard itself
+#             (where python3 has it: the GPU machine does, Debian does not)
 #   bench     steady-state images/s of the standalone worker at batch 64 and
 #             256 (exact / fastest algorithms, TF32; momentum, and adam at 64),
 #             beside PyTorch's for the same network and optimizer
@@ -293,6 +295,41 @@ else
     for f in "$WORK"/local/logs/*.log; do [ -f "$f" ] && show "$f" 10; done
     verdict cluster FAIL "exit $rc, no summary.json"
 fi
+fi
+
+# ---- tensorboard -----------------------------------------------------------
+# Not a GPU matter: the GPU machine has TensorBoard's own reader, which the
+# development machines lack (Debian packages none), so the cluster's event
+# files get their outside check here.
+section tensorboard "the cluster's event files through TensorBoard's reader"
+TB_PY=
+for py in python3 "$PY"; do
+    if tmo 60 "$py" -c 'import tensorboard' 2>/dev/null; then TB_PY=$py; break; fi
+done
+if [ -z "$TB_PY" ]; then
+    verdict tboard SKIP "no python3 with tensorboard"
+elif [ ! -d "$WORK/local/tensorboard" ]; then
+    verdict tboard FAIL "the cluster left no tensorboard/ directory"
+else
+    tmo 120 "$TB_PY" - "$WORK/local/tensorboard" >"$WORK/tb.txt" 2>&1 <<'PYEOF'
+import glob, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+files = sorted(glob.glob(sys.argv[1] + "/events.out.tfevents.*"))
+bad = 0
+for f in files:
+    ea = EventAccumulator(f)
+    ea.Reload()
+    tags = ea.Tags()["scalars"]
+    n = {t: len(ea.Scalars(t)) for t in tags}
+    print("  %s: %s" % (f.split("/")[-1], n))
+    if not n.get("train/loss"):
+        bad += 1
+print("  %d file(s), %d without train/loss" % (len(files), bad))
+sys.exit(1 if bad or not files else 0)
+PYEOF
+    rc=$?
+    cat "$WORK/tb.txt"
+    if [ $rc = 0 ]; then verdict tboard PASS "$(tail -1 "$WORK/tb.txt" | sed 's/^ *//')"; else verdict tboard FAIL "$(tail -1 "$WORK/tb.txt" | sed 's/^ *//')"; fi
 fi
 
 # ---- bench -----------------------------------------------------------------
