@@ -15,10 +15,14 @@
  *   below it run backward.
  * - prepare() plans each conv layer once for max_batch: filter and
  *   convolution descriptors, tensor descriptors for the batch, algorithms
- *   from cuDNN's heuristics within a workspace limit, and ONE workspace sized
- *   for the largest need. A different batch B gets its own small plan (new
- *   tensor descriptors and a heuristic pick that fits the workspace already
- *   allocated), cached per layer: the training loop never calls cudaMalloc.
+ *   timed once by cuDNN's find on scratch buffers (DP_CUDA_FIND=0: cuDNN's
+ *   heuristic ranking instead) within a workspace limit, and ONE workspace
+ *   sized for the largest need. A different batch B (an evaluation's last, short
+ *   batch) gets its own plan, cached per layer; when its algorithms need a
+ *   larger workspace (cuDNN's needs are not monotonic in B: seen on an
+ *   H200, implicit GEMM at batch 16 wanted more than at 256) the workspace
+ *   grows once, after the stream has drained. The steady training loop,
+ *   one batch size, never calls cudaMalloc.
  * - FP32 math by default: cuDNN convolutions run with CUDNN_FMA_MATH and
  *   cuBLAS with CUBLAS_DEFAULT_MATH (no TF32), so results match the CPU
  *   reference to float rounding. DP_CUDA_TF32=1 allows TF32 tensor cores in
@@ -122,6 +126,7 @@ typedef struct {
     char name[16];                             /* "cuda:K" */
     int tf32;                                  /* DP_CUDA_TF32=1 */
     int exact;                                 /* DP_CUDA_ALGOS=exact (default): see s_pick */
+    int find;                                  /* time the algorithms once at prepare (DP_CUDA_FIND) */
     cudaStream_t stream;                       /* the compute stream */
     cudaStream_t up;                           /* stage_upload's copies */
     cudaStream_t down;                         /* download_async's copies */
@@ -173,37 +178,72 @@ typedef struct {
 
 #define S_MAX_CANDIDATES 32
 
-/* cuDNN's heuristic ranking (cudnnGet*Algorithm_v7), best first. */
+/* Device scratch for a one-time find (cudnnFind*AlgorithmEx runs every
+ * algorithm on these and times it): one layer's tensors at the planned
+ * batch, and a workspace of the cap. */
+typedef struct {
+    void *x, *y, *w, *dx, *dw, *ws;
+    size_t ws_bytes;
+} s_find_t;
+
+static void s_find_free(s_find_t *f)
+{
+    if (!f) return;
+    void *bufs[] = {f->x, f->dx, f->y, f->w, f->dw, f->ws};
+    for (int i = 0; i < 6; i++)
+        if (bufs[i]) cudaFree(bufs[i]);
+    memset(f, 0, sizeof *f);
+}
+
+/* Copy cuDNN's perf results (any of the three perf types) into out[]. */
+#define S_COPY_PERF(perf)                                                      \
+    for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *n; i++)                 \
+    out[i] = (s_candidate_t){(int)perf[i].algo, perf[i].status, perf[i].determinism, \
+                             perf[i].mathType}
+
+/* Candidates, best first: timed by a find when `find` is given, else
+ * cuDNN's heuristic ranking (cudnnGet*Algorithm_v7). */
 static cudnnStatus_t s_dir_rank(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir,
-                                s_candidate_t *out, int *n)
+                                const s_find_t *f, s_candidate_t *out, int *n)
 {
     cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+    const int max = S_MAX_CANDIDATES;
     *n = 0;
-#define S_RANK(perf_t, call, ...)                                                \
-    do {                                                                       \
-        perf_t perf[S_MAX_CANDIDATES];                                         \
-        st = call(cx->cudnn, __VA_ARGS__, S_MAX_CANDIDATES, n, perf);          \
-        for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *n; i++)             \
-            out[i] = (s_candidate_t){(int)perf[i].algo, perf[i].status,        \
-                                     perf[i].determinism, perf[i].mathType};   \
-    } while (0)
     switch (dir) {
-    case S_FWD:
-        S_RANK(cudnnConvolutionFwdAlgoPerf_t, cudnnGetConvolutionForwardAlgorithm_v7, P->x,
-               L->w, L->conv, P->y);
-        break;
-    case S_BWD_DATA:
-        S_RANK(cudnnConvolutionBwdDataAlgoPerf_t, cudnnGetConvolutionBackwardDataAlgorithm_v7,
-               L->w, P->y, L->conv, P->x);
-        break;
-    case S_BWD_FILTER:
-        S_RANK(cudnnConvolutionBwdFilterAlgoPerf_t,
-               cudnnGetConvolutionBackwardFilterAlgorithm_v7, P->x, P->y, L->conv, L->w);
+    case S_FWD: {
+        cudnnConvolutionFwdAlgoPerf_t perf[S_MAX_CANDIDATES];
+        st = f ? cudnnFindConvolutionForwardAlgorithmEx(cx->cudnn, P->x, f->x, L->w, f->w,
+                                                         L->conv, P->y, f->y, max, n, perf,
+                                                         f->ws, f->ws_bytes)
+               : cudnnGetConvolutionForwardAlgorithm_v7(cx->cudnn, P->x, L->w, L->conv, P->y,
+                                                        max, n, perf);
+        S_COPY_PERF(perf);
         break;
     }
-#undef S_RANK
+    case S_BWD_DATA: {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[S_MAX_CANDIDATES];
+        st = f ? cudnnFindConvolutionBackwardDataAlgorithmEx(cx->cudnn, L->w, f->w, P->y, f->y,
+                                                              L->conv, P->x, f->dx, max, n,
+                                                              perf, f->ws, f->ws_bytes)
+               : cudnnGetConvolutionBackwardDataAlgorithm_v7(cx->cudnn, L->w, P->y, L->conv,
+                                                             P->x, max, n, perf);
+        S_COPY_PERF(perf);
+        break;
+    }
+    case S_BWD_FILTER: {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[S_MAX_CANDIDATES];
+        st = f ? cudnnFindConvolutionBackwardFilterAlgorithmEx(cx->cudnn, P->x, f->x, P->y,
+                                                                f->y, L->conv, L->w, f->dw, max,
+                                                                n, perf, f->ws, f->ws_bytes)
+               : cudnnGetConvolutionBackwardFilterAlgorithm_v7(cx->cudnn, P->x, P->y, L->conv,
+                                                               L->w, max, n, perf);
+        S_COPY_PERF(perf);
+        break;
+    }
+    }
     return st;
 }
+#undef S_COPY_PERF
 
 /* The exact workspace algorithm `algo` needs with our descriptors. */
 static cudnnStatus_t s_dir_workspace(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir,
@@ -255,17 +295,24 @@ static const int s_dir_fallback[] = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1};
 
-/* The first of cuDNN's ranked candidates that succeeded, runs in the math
+/* The first of the ranked candidates (timed by a find, or cuDNN's
+ * heuristic order) that succeeded, runs in the math
  * asked for (with TF32 off the descriptor says FMA, and a candidate that
  * wants tensor cores would not be FP32), suits the mode (exact: deterministic
  * and no FFT / Winograd) and whose workspace fits `limit`; else the
  * fallback. *need = its workspace. */
-static int s_pick(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir, size_t limit,
-                  int *algo, size_t *need, char *err)
+static int s_pick(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir,
+                  const s_find_t *find, size_t limit, int *algo, size_t *need, char *err)
 {
     s_candidate_t cand[S_MAX_CANDIDATES];
     int n = 0;
-    cudnnStatus_t st = s_dir_rank(cx, L, P, dir, cand, &n);
+    cudnnStatus_t st = s_dir_rank(cx, L, P, dir, find, cand, &n);
+    if (st != CUDNN_STATUS_SUCCESS && find) {
+        /* a find that failed (out of memory, say) still leaves the heuristic */
+        dp_log_warn("%s: %s: cuDNN's %s find failed (%s); using its heuristic", cx->name,
+                    L->layer.name, s_dir_name[dir], cudnnGetErrorString(st));
+        st = s_dir_rank(cx, L, P, dir, NULL, cand, &n);
+    }
     if (st != CUDNN_STATUS_SUCCESS)
         return dp_err(err, "%s: %s: cuDNN's %s heuristic: %s", cx->name, L->layer.name,
                       s_dir_name[dir], cudnnGetErrorString(st));
@@ -295,8 +342,8 @@ static int s_pick(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_dir_t dir, siz
 /* Set P's descriptors for batch B and pick its algorithms within `limit`
  * bytes of workspace; *need = the most any of the three wants. Host-only
  * cuDNN calls: no device memory is allocated. */
-static int s_plan_conv(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, int B, size_t limit,
-                       size_t *need, char *err)
+static int s_plan_conv(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, int B,
+                       const s_find_t *find, size_t limit, size_t *need, char *err)
 {
     const dp_layer_t *l = &L->layer;
     int n = 0, c = 0, h = 0, w = 0;
@@ -316,19 +363,19 @@ static int s_plan_conv(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, int B, size
                cx->name, l->name, n, c, h, w, B, l->out_c, l->out_h, l->out_w);
         goto fail;
     }
-    if (s_pick(cx, L, P, S_FWD, limit, &algo[S_FWD], &a, err) < 0 ||
-        s_pick(cx, L, P, S_BWD_DATA, limit, &algo[S_BWD_DATA], &b, err) < 0 ||
-        s_pick(cx, L, P, S_BWD_FILTER, limit, &algo[S_BWD_FILTER], &f, err) < 0)
+    if (s_pick(cx, L, P, S_FWD, find, limit, &algo[S_FWD], &a, err) < 0 ||
+        s_pick(cx, L, P, S_BWD_DATA, find, limit, &algo[S_BWD_DATA], &b, err) < 0 ||
+        s_pick(cx, L, P, S_BWD_FILTER, find, limit, &algo[S_BWD_FILTER], &f, err) < 0)
         goto fail;
     P->fwd = (cudnnConvolutionFwdAlgo_t)algo[S_FWD];
     P->bwd_data = (cudnnConvolutionBwdDataAlgo_t)algo[S_BWD_DATA];
     P->bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)algo[S_BWD_FILTER];
     *need = a > b ? a : b;
     if (f > *need) *need = f;
-    dp_log_debug("%s: %s B=%d: fwd algo %d, bwd-data algo %d, bwd-filter algo %d, "
+    dp_log_debug("%s: %s B=%d (%s): fwd algo %d, bwd-data algo %d, bwd-filter algo %d, "
                  "workspace %zu KiB",
-                 cx->name, l->name, B, (int)P->fwd, (int)P->bwd_data, (int)P->bwd_filter,
-                 *need >> 10);
+                 cx->name, l->name, B, find ? "timed" : "heuristic", (int)P->fwd,
+                 (int)P->bwd_data, (int)P->bwd_filter, *need >> 10);
     return 0;
 fail:
     P->B = 0;
@@ -354,6 +401,31 @@ static void s_free_plans(s_cuda_t *cx)
     if (cx->d_ws) cudaFree(cx->d_ws);
     cx->d_ws = NULL;
     cx->ws_bytes = 0;
+}
+
+/* Scratch for a find over layer l at batch B, or NULL (then the heuristic
+ * decides) when the GPU cannot spare it. Filled with a non-zero pattern:
+ * some algorithms run faster on zeros than on data. */
+static s_find_t *s_find_alloc(s_cuda_t *cx, const dp_layer_t *l, int B, s_find_t *f)
+{
+    size_t in = (size_t)B * l->in_c * l->in_h * l->in_w * sizeof(float);
+    size_t out = (size_t)B * l->out_c * l->out_h * l->out_w * sizeof(float);
+    size_t w = (size_t)l->out_c * l->in_c * l->k * l->k * sizeof(float);
+    void **bufs[] = {&f->x, &f->dx, &f->y, &f->w, &f->dw, &f->ws};
+    size_t bytes[] = {in, in, out, w, w, cx->ws_limit};
+    memset(f, 0, sizeof *f);
+    f->ws_bytes = cx->ws_limit;
+    for (int i = 0; i < 6; i++) {
+        if (cudaMalloc(bufs[i], bytes[i] ? bytes[i] : 1) != cudaSuccess) {
+            cudaGetLastError();
+            dp_log_warn("%s: %s: no memory for a timed algorithm search; using cuDNN's heuristic",
+                        cx->name, l->name);
+            s_find_free(f);
+            return NULL;
+        }
+        DP_CUDA_CHECK(cudaMemsetAsync(*bufs[i], 0x3c, bytes[i], cx->stream)); /* 0.0118f */
+    }
+    return f;
 }
 
 static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err)
@@ -403,8 +475,10 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
         DP_CUDNN_TRY(cudnnCreateTensorDescriptor(&L->bias));
         DP_CUDNN_TRY(cudnnSetTensor4dDescriptor(L->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
                                                 1, l->out_c, 1, 1));
-        if (s_plan_conv(cx, L, &L->plan[0], max_batch, cx->ws_limit, &need, err) < 0)
-            goto fail;
+        s_find_t scratch, *find = cx->find ? s_find_alloc(cx, l, max_batch, &scratch) : NULL;
+        int rc = s_plan_conv(cx, L, &L->plan[0], max_batch, find, cx->ws_limit, &need, err);
+        s_find_free(find);
+        if (rc < 0) goto fail;
         L->plan[0].used = ++cx->tick;
         if (need > ws_need) ws_need = need;
     }
@@ -448,7 +522,7 @@ static s_layer_t *s_layer(s_cuda_t *cx, const dp_layer_t *l, dp_layer_kind_t kin
 }
 
 /* The plan of conv layer L for batch B: cached, or made now in the least
- * recently used slot (host-only cuDNN calls; fits the existing workspace). */
+ * recently used slot, growing the workspace if its algorithms need more. */
 static s_conv_plan_t *s_conv_plan(s_cuda_t *cx, s_layer_t *L, int B)
 {
     s_conv_plan_t *victim = &L->plan[0];
@@ -466,9 +540,21 @@ static s_conv_plan_t *s_conv_plan(s_cuda_t *cx, s_layer_t *L, int B)
         fprintf(stderr, "cuda backend: %s: %s: batch %d < 1\n", cx->name, L->layer.name, B);
         abort();
     }
-    if (s_plan_conv(cx, L, victim, B, cx->ws_bytes, &need, err) < 0) {
+    if (s_plan_conv(cx, L, victim, B, NULL, cx->ws_limit, &need, err) < 0) {
         fprintf(stderr, "cuda backend: %s\n", err);
         abort();
+    }
+    if (need > cx->ws_bytes) {
+        void *d = NULL;
+        DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream)); /* queued ops may use the old one */
+        DP_CUDA_CHECK(cudaFree(cx->d_ws));
+        cx->d_ws = NULL;
+        cx->ws_bytes = 0;
+        DP_CUDA_CHECK(cudaMalloc(&d, need));
+        cx->d_ws = d;
+        cx->ws_bytes = need;
+        dp_log_debug("%s: %s at batch %d: workspace grown to %zu KiB", cx->name, L->layer.name, B,
+                     need >> 10);
     }
     victim->used = ++cx->tick;
     return victim;
@@ -780,6 +866,7 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
         goto fail;
     }
     cx->exact = !algos || !*algos || strcmp(algos, "exact") == 0;
+    cx->find = s_env_int("DP_CUDA_FIND", 1) != 0;
     cx->ws_limit = (size_t)s_env_int("DP_CUDA_WORKSPACE_MB", S_WORKSPACE_MB_DEFAULT) << 20;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
@@ -818,9 +905,10 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
     be->softmax_xent_backward = s_softmax_xent_backward;
     be->optim_step = s_optim_step;
     be->destroy = s_destroy;
-    dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms", cx->name,
+    dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms (%s)", cx->name,
                 prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20, cudnn_ver,
-                cx->tf32 ? "on" : "off", cx->exact ? "exact" : "fastest");
+                cx->tf32 ? "on" : "off", cx->exact ? "exact" : "fastest",
+                cx->find ? "timed at prepare" : "cuDNN's heuristic");
     *out = be;
     return 0;
 fail:

@@ -576,11 +576,25 @@ static void test_gpu_net_step(void)
     float cl = dp_net_train_step(&cn, x, y, B);
     dp_net_get_grads(&cn, cg);
     CHECK_NEAR(gl, cl, 1e-5 * fabsf(cl) + 1e-6);
-    /* each gradient sums over the batch and the positions: a loose atol,
-     * scaled by the gradient's own size */
-    double gmax = 0;
-    for (size_t i = 0; i < nf; i++) gmax = fmax(gmax, fabs(cg[i]));
-    CHECK_CLOSE("net gradient", gg, cg, nf, (s_loose ? 1e-2 : 1e-4) * gmax, s_loose ? 1e-2 : 1e-3);
+    /* Through eight layers in two summation orders, single elements that
+     * nearly cancel can differ in relative terms as much as they like; each
+     * parameter tensor as a whole is compared: |gpu - cpu| / |cpu| in the
+     * 2-norm (fp32 lands far under 1e-4; TF32 and FFT near 1e-3). */
+    for (int p = 0; p < m.n_params; p++) {
+        const dp_param_t *P = &m.params[p];
+        double num = 0, den = 0;
+        int finite = 1;
+        for (size_t i = P->offset; i < P->offset + P->count; i++) {
+            double d = (double)gg[i] - cg[i];
+            finite &= isfinite(gg[i]);
+            num += d * d;
+            den += (double)cg[i] * cg[i];
+        }
+        double rel = sqrt(num / (den > 0 ? den : 1e-300));
+        fprintf(stderr, "  %-12s |gpu - cpu| / |cpu| = %.2e\n", P->name, rel);
+        CHECK(finite);
+        CHECK(rel <= (s_loose ? 1e-2 : 1e-4));
+    }
     free(params), free(cg), free(x), free(y);
     s_be->host_release(s_be, gg), s_free(d_x), s_free(d_y);
     dp_net_free(&gn);
@@ -608,6 +622,10 @@ static void test_gpu_default_model_b64(void)
     }
     /* and a smaller last batch through the same plans */
     s_check_conv(&m.layers[0], 17, 1);
+    /* planned at 256, then a short batch whose algorithms want more
+     * workspace than 256's did (seen on an H200: conv2 at 16): it grows */
+    CHECK_EQ(s_be->prepare(s_be, &m, 256, err), 0);
+    s_check_conv(&m.layers[3], 16, 1);
 }
 
 /* ---- main: one skip without a device ------------------------------------ */
