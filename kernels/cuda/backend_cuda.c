@@ -15,9 +15,10 @@
  *   below it run backward.
  * - prepare() plans each conv layer once for max_batch: filter and
  *   convolution descriptors, tensor descriptors for the batch, algorithms
- *   timed once by cuDNN's find on scratch buffers (DP_CUDA_FIND=0: cuDNN's
- *   heuristic ranking instead) within a workspace limit, and ONE workspace
- *   sized for the largest need. A different batch B (an evaluation's last, short
+ *   by cuDNN's heuristic ranking (DP_CUDA_FIND=1: timed once by cuDNN's find
+ *   on scratch buffers instead; measured on an H200 it won nothing over the
+ *   heuristic, and its pick can change from run to run, results with it)
+ *   within a workspace limit, and ONE workspace sized for the largest need. A different batch B (an evaluation's last, short
  *   batch) gets its own plan, cached per layer; when its algorithms need a
  *   larger workspace (cuDNN's needs are not monotonic in B: seen on an
  *   H200, implicit GEMM at batch 16 wanted more than at 256) the workspace
@@ -126,7 +127,7 @@ typedef struct {
     char name[16];                             /* "cuda:K" */
     int tf32;                                  /* DP_CUDA_TF32=1 */
     int exact;                                 /* DP_CUDA_ALGOS=exact (default): see s_pick */
-    int find;                                  /* time the algorithms once at prepare (DP_CUDA_FIND) */
+    int find;                                  /* DP_CUDA_FIND=1: time the algorithms at prepare */
     cudaStream_t stream;                       /* the compute stream */
     cudaStream_t up;                           /* stage_upload's copies */
     cudaStream_t down;                         /* download_async's copies */
@@ -866,7 +867,7 @@ int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
         goto fail;
     }
     cx->exact = !algos || !*algos || strcmp(algos, "exact") == 0;
-    cx->find = s_env_int("DP_CUDA_FIND", 1) != 0;
+    cx->find = s_env_int("DP_CUDA_FIND", 0) != 0;
     cx->ws_limit = (size_t)s_env_int("DP_CUDA_WORKSPACE_MB", S_WORKSPACE_MB_DEFAULT) << 20;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
