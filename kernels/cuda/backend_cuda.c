@@ -16,8 +16,9 @@
  * - prepare() plans each conv layer once for max_batch: filter and
  *   convolution descriptors, tensor descriptors for the batch, algorithms
  *   by cuDNN's heuristic ranking (DP_CUDA_FIND=1: timed once by cuDNN's find
- *   on scratch buffers instead; measured on an H200 it won nothing over the
- *   heuristic, and its pick can change from run to run, results with it)
+ *   on scratch buffers instead. On an H200 that was 8-23% faster at batch
+ *   64 and even at 256; it is not the default because its pick can change
+ *   from run to run, and the results bit for bit with it)
  *   within a workspace limit, and ONE workspace sized for the largest need. A different batch B (an evaluation's last, short
  *   batch) gets its own plan, cached per layer; when its algorithms need a
  *   larger workspace (cuDNN's needs are not monotonic in B: seen on an
