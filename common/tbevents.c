@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "util.h"
 
 struct dp_tb {
@@ -25,29 +26,6 @@ struct dp_tb {
     pthread_mutex_t mu;  /* one record at a time */
     int warned_io;       /* warn about write errors once */
 };
-
-/* ---- CRC-32C, byte-wise with a table (reflected polynomial 0x82F63B78) -- */
-
-static uint32_t s_crc_table[256];
-static pthread_once_t s_crc_once = PTHREAD_ONCE_INIT;
-
-static void s_crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        s_crc_table[i] = c;
-    }
-}
-
-uint32_t dp_crc32c(uint32_t crc, const void *data, size_t n)
-{
-    pthread_once(&s_crc_once, s_crc_init);
-    const uint8_t *p = data;
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = s_crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-    return ~crc;
-}
 
 uint32_t dp_crc32c_mask(uint32_t crc)
 {

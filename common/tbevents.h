@@ -38,11 +38,7 @@ const char *dp_tb_path(const dp_tb_t *tb);
 /* Close, free, set *tb_p to NULL; safe twice and on NULL. */
 void dp_tb_close(dp_tb_t **tb_p);
 
-/* CRC-32C (Castagnoli), chainable: dp_crc32c(dp_crc32c(0, a, na), b, nb) is
- * the CRC of a followed by b; dp_crc32c(0, "123456789", 9) == 0xE3069283. */
-uint32_t dp_crc32c(uint32_t crc, const void *data, size_t n);
-
-/* The TFRecord mask of a CRC (see above). */
+/* The TFRecord mask of a record's CRC-32C (dp_crc32c, common/checksum.h). */
 uint32_t dp_crc32c_mask(uint32_t crc);
 
 #endif

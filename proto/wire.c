@@ -8,8 +8,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <zlib.h>
 
+#include "common/checksum.h"
 #include "common/util.h"
 
 /* Tensor bytes are little-endian on the wire and used in place. */
@@ -44,17 +44,11 @@ const char *dp_wire_type_name(int type)
     return buf;
 }
 
+/* zlib's CRC-32 by ISA-L (common/checksum): 0.16 ms on the 6.6 MB default
+ * model against zlib's 2.1 here, and a pull + push computes four. */
 uint32_t dp_wire_crc32(const void *data, size_t len)
 {
-    const unsigned char *p = data;
-    uLong c = crc32(0L, Z_NULL, 0);
-    while (len > 0) {
-        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
-        c = crc32(c, p, chunk);
-        p += chunk;
-        len -= chunk;
-    }
-    return (uint32_t)c;
+    return dp_crc32(0, data, len);
 }
 
 Downpour__Envelope *dp_wire_decode(const void *buf, size_t len, char *err)

@@ -25,7 +25,8 @@
 # folder), else build/gpu-run/: run.log, test_gpu_ops.exact.log, loss_cuda.jsonl,
 # loss_cpu.jsonl, cluster_summary.json, bench.txt (and test_gpu_ops.fastest.log,
 # test_gpu_ops.sanitizer.log when an op test failed). Exit status non-zero when
-# any section failed. DP_GPU_BUILD=1 builds even when a bundle is there.
+# any section failed. DP_GPU_BUILD=1 builds even when a bundle is there;
+# DP_GPU_SECTIONS="gpu-ops curves cluster tboard bench" picks sections.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -46,6 +47,8 @@ verdict() { # name PASS|FAIL|SKIP why
     echo "---- $1: $2${3:+ ($3)}"
 }
 tmo() { timeout --kill-after=10 "$@"; }
+# DP_GPU_SECTIONS="cluster bench" runs only those (setup always runs)
+want() { [ -z "${DP_GPU_SECTIONS:-}" ] || [[ " $DP_GPU_SECTIONS " == *" $1 "* ]]; }
 # tail of a log, indented, when a step failed
 show() { echo "  ---- last lines of $1"; tail -n "${2:-25}" "$1" | sed 's/^/  | /'; }
 
@@ -156,6 +159,7 @@ W=$BIN/downpour-worker
 NODEV=  # set when test_gpu_ops finds no device: the later sections then fail at once
 
 # ---- gpu-ops ---------------------------------------------------------------
+if want gpu-ops; then  # (not indented: the heredocs below end at column 0)
 section gpu-ops "test_gpu_ops: every backend op against the CPU reference"
 # twice: the default exact algorithms, then DP_CUDA_ALGOS=fastest (FFT and
 # Winograd allowed, checked tensor by tensor in norm). Not fastest with
@@ -194,7 +198,10 @@ else
     verdict gpu-ops FAIL "no test_gpu_ops binary"
 fi
 
+fi  # gpu-ops
+
 # ---- curves ---------------------------------------------------------------
+if want curves; then  # (not indented: the heredocs below end at column 0)
 section curves "200 steps, batch 64, seed 1: cuda:0 against cpu"
 curve() { # device metrics-file log
     # momentum SGD at a constant lr: the update runs on the device (the
@@ -272,7 +279,10 @@ EOF
 fi
 fi
 
+fi  # curves
+
 # ---- cluster ---------------------------------------------------------------
+if want cluster; then  # (not indented: the heredocs below end at column 0)
 section cluster "downpour local --workers 1 --gpus 0 --steps 300"
 rm -rf "$WORK/local"
 if [ -n "$NODEV" ]; then
@@ -287,9 +297,11 @@ if [ -f "$WORK/local/summary.json" ]; then
     cp "$WORK/local/summary.json" "$OUTDIR/cluster_summary.json"
     acc=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("test_accuracy", -1))' \
         "$WORK/local/summary.json" 2>/dev/null || echo -1)
-    echo "  test_accuracy $acc"
+    ips=$("$PY" -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1])).get("images_per_s", -1))' \
+        "$WORK/local/summary.json" 2>/dev/null || echo -1)
+    echo "  test_accuracy $acc, $ips images/s"
     if [ $rc = 0 ] && "$PY" -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0.7 else 1)' "$acc"; then
-        verdict cluster PASS "test_accuracy $acc"
+        verdict cluster PASS "test_accuracy $acc, $ips images/s"
     else
         show "$WORK/local.log" 15
         verdict cluster FAIL "exit $rc, test_accuracy $acc (needs > 0.7)"
@@ -301,7 +313,10 @@ else
 fi
 fi
 
+fi  # cluster
+
 # ---- tensorboard -----------------------------------------------------------
+if want tboard; then  # (not indented: the heredocs below end at column 0)
 # Not a GPU matter: the GPU machine has TensorBoard's own reader, which the
 # development machines lack (Debian packages none), so the cluster's event
 # files get their outside check here.
@@ -336,7 +351,10 @@ PYEOF
     if [ $rc = 0 ]; then verdict tboard PASS "$(tail -1 "$WORK/tb.txt" | sed 's/^ *//')"; else verdict tboard FAIL "$(tail -1 "$WORK/tb.txt" | sed 's/^ *//')"; fi
 fi
 
+fi  # tboard
+
 # ---- bench -----------------------------------------------------------------
+if want bench; then  # (not indented: the heredocs below end at column 0)
 section bench "training throughput: standalone worker vs PyTorch"
 TORCH_PY=
 for py in /usr/bin/python3 python3 "$PY"; do
@@ -415,6 +433,8 @@ for spec in $SPECS; do
     ROWS+=("$B $math $optim $ours $theirs")
 done
 if [ $bench_ok = 1 ]; then verdict bench PASS "$([ -n "$TORCH_PY" ] && echo "beside torch" || echo "torch not available")"; else verdict bench FAIL "${NODEV:-a timing run failed}"; fi
+
+fi  # bench
 
 # ---- summary ---------------------------------------------------------------
 section summary "$((SECONDS - T0))s in all"

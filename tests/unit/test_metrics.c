@@ -10,8 +10,10 @@
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "../../common/metrics.h"
+#include "../../common/checksum.h"
 #include "../../common/tbevents.h"
 #include "../../common/util.h"
 #include "../test.h"
@@ -589,7 +591,35 @@ static void test_tb_read_by_tensorboard(void)
     s_rmtree(dir);
 }
 
+/* dp_crc32 is zlib's crc32, on the check value and on odd-sized, odd-aligned
+ * random buffers up to a few MB (ISA-L's SIMD paths switch on length and
+ * alignment), chained too. */
+static void test_crc32_matches_zlib(void)
+{
+    CHECK_EQ(dp_crc32(0, "123456789", 9), 0xCBF43926u);
+    CHECK_EQ(dp_crc32(0, "", 0), 0);
+    size_t cap = (3u << 20) + 77;
+    unsigned char *buf = dp_malloc(cap);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < cap; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = (unsigned char)x;
+    }
+    size_t lens[] = {1, 3, 15, 16, 17, 63, 64, 65, 255, 4097, 65537, (3u << 20) + 13};
+    int bad = 0;
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+        for (size_t off = 0; off < 4; off++) {
+            size_t n = lens[k];
+            uint32_t want = (uint32_t)crc32(0L, buf + off, (uInt)n);
+            bad += dp_crc32(0, buf + off, n) != want;
+            bad += dp_crc32(dp_crc32(0, buf + off, n / 3), buf + off + n / 3, n - n / 3) != want;
+        }
+    CHECK_EQ(bad, 0);
+    free(buf);
+}
+
 DP_TESTS(T(test_jsonl_lines_parse), T(test_nonfinite_to_null), T(test_jsonl_disabled_and_bad_path),
          T(test_jsonl_flushed_within_a_second), T(test_jsonl_threads_and_big_lines),
-         T(test_summary_atomic), T(test_crc32c_vectors), T(test_tb_roundtrip),
+         T(test_summary_atomic), T(test_crc32c_vectors), T(test_crc32_matches_zlib),
+         T(test_tb_roundtrip),
          T(test_tb_disabled_and_bad), T(test_tb_read_by_tensorboard))
