@@ -15,16 +15,17 @@
  *   below it run backward.
  * - prepare() plans each conv layer once for max_batch: filter and
  *   convolution descriptors, tensor descriptors for the batch, algorithms
- *   by cuDNN's heuristic ranking (DP_CUDA_FIND=1: timed once by cuDNN's find
- *   on scratch buffers instead. On an H200 that was 8-23% faster at batch
- *   64 and even at 256; it is not the default because its pick can change
- *   from run to run, and the results bit for bit with it)
- *   within a workspace limit, and ONE workspace sized for the largest need. A different batch B (an evaluation's last, short
- *   batch) gets its own plan, cached per layer; when its algorithms need a
- *   larger workspace (cuDNN's needs are not monotonic in B: seen on an
- *   H200, implicit GEMM at batch 16 wanted more than at 256) the workspace
- *   grows once, after the stream has drained. The steady training loop,
- *   one batch size, never calls cudaMalloc.
+ *   within a workspace limit, and ONE workspace sized for the largest need.
+ *   Algorithms come from cuDNN's heuristic ranking. DP_CUDA_FIND=1 times
+ *   them once with cuDNN's find on scratch buffers instead: on an H200 that
+ *   was 8-23% faster at batch 64 and even at 256, but its pick can change
+ *   from run to run, and the results bit for bit with it.
+ * - A different batch B (an evaluation's last, short batch) gets its own
+ *   plan by the heuristic, cached per layer. When its algorithms need a
+ *   larger workspace (cuDNN's needs are not monotonic in B: on an H200,
+ *   implicit GEMM wanted more at batch 16 than at 256) the workspace grows
+ *   once, after the stream has drained. The steady training loop, one batch
+ *   size, never calls cudaMalloc.
  * - FP32 math by default: cuDNN convolutions run with CUDNN_FMA_MATH and
  *   cuBLAS with CUBLAS_DEFAULT_MATH (no TF32), so results match the CPU
  *   reference to float rounding. DP_CUDA_TF32=1 allows TF32 tensor cores in
