@@ -35,6 +35,8 @@ static const char *const s_names[] = {
     [DP_OPT_SGD] = "sgd",   [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_NESTEROV] = "nesterov",
     [DP_OPT_ADAM] = "adam", [DP_OPT_ADAGRAD] = "adagrad",
 };
+_Static_assert(sizeof s_names / sizeof s_names[0] == DP_OPT_KINDS,
+               "DP_OPT_KINDS must count every optimizer");
 
 int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err)
 {

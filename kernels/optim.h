@@ -24,6 +24,8 @@ typedef enum {
     DP_OPT_ADAM,
     DP_OPT_ADAGRAD,
 } dp_optim_kind_t;
+/* The kinds are 0 .. DP_OPT_KINDS - 1, for loops over every optimizer. */
+#define DP_OPT_KINDS 5
 
 typedef enum {
     DP_LR_CONSTANT,  /* lr */

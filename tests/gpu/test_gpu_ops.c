@@ -524,12 +524,10 @@ static void test_gpu_softmax_xent(void)
 static void test_gpu_optim_step(void)
 {
     size_t n = 100003;
-    dp_optim_kind_t kinds[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_NESTEROV, DP_OPT_ADAM,
-                               DP_OPT_ADAGRAD};
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (int k = 0; k < DP_OPT_KINDS; k++) {
         dp_optim_conf_t c;
         dp_optim_conf_default(&c);
-        c.kind = kinds[k];
+        c.kind = (dp_optim_kind_t)k;
         c.weight_decay = 5e-4f;
         size_t ns = n * (size_t)dp_optim_state_per_param(c.kind);
         float *w = s_rand(n, 1), *st = dp_calloc(ns + 1, sizeof(float));

@@ -166,12 +166,10 @@ static void test_optim_step(void)
 {
     dp_backend_t *be = dp_backend_cpu_new();
     size_t n = 70001; /* odd */
-    dp_optim_kind_t kinds[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_NESTEROV, DP_OPT_ADAM,
-                               DP_OPT_ADAGRAD};
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (int k = 0; k < DP_OPT_KINDS; k++) {
         dp_optim_conf_t c;
         dp_optim_conf_default(&c);
-        c.kind = kinds[k];
+        c.kind = (dp_optim_kind_t)k;
         c.weight_decay = 0.01f;
         size_t ns = n * (size_t)dp_optim_state_per_param(c.kind) + 1;
         float *w = be->alloc(be, n * sizeof(float)), *g = be->alloc(be, n * sizeof(float));

@@ -6,9 +6,6 @@
 #include "../../kernels/optim.h"
 #include "../test.h"
 
-#define N_KINDS 5
-static const dp_optim_kind_t s_kinds[N_KINDS] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_NESTEROV,
-                                                 DP_OPT_ADAM, DP_OPT_ADAGRAD};
 
 static dp_optim_conf_t s_conf(dp_optim_kind_t k)
 {
@@ -25,7 +22,7 @@ static dp_optim_conf_t s_conf(dp_optim_kind_t k)
 static const float s_w0[4] = {0.5f, -1.25f, 2.0f, 0.0f};
 static const float s_g[3][4] = {
     {0.1f, -0.2f, 0.3f, -0.4f}, {0.05f, 0.5f, -0.25f, 1.0f}, {-0.3f, 0.0f, 0.2f, 0.1f}};
-static const float s_torch[N_KINDS][4] = {
+static const float s_torch[DP_OPT_KINDS][4] = { /* in dp_optim_kind_t order */
     {0.513526499f, -1.27624369f, 1.96904099f, -0.0699799508f},
     {0.490640402f, -1.28381956f, 1.9350785f, -0.0916519463f},
     {0.505163431f, -1.30670142f, 1.91072822f, -0.152490631f},
@@ -35,12 +32,12 @@ static const float s_torch[N_KINDS][4] = {
 
 static void test_matches_torch(void)
 {
-    for (int k = 0; k < N_KINDS; k++) {
-        dp_optim_conf_t c = s_conf(s_kinds[k]);
+    for (int k = 0; k < DP_OPT_KINDS; k++) {
+        dp_optim_conf_t c = s_conf((dp_optim_kind_t)k);
         float w[4], state[8] = {0};
         memcpy(w, s_w0, sizeof w);
         for (int t = 0; t < 3; t++) dp_optim_step(&c, c.lr, w, s_g[t], state, 4, t + 1);
-        CHECK_CLOSE(dp_optim_kind_name(s_kinds[k]), w, s_torch[k], 4, 1e-7, 1e-6);
+        CHECK_CLOSE(dp_optim_kind_name((dp_optim_kind_t)k), w, s_torch[k], 4, 1e-7, 1e-6);
     }
 }
 
@@ -78,8 +75,8 @@ static void test_matches_double_reference(void)
 {
     enum { N = 257, STEPS = 6 };
     dp_rng_t rng;
-    for (int k = 0; k < N_KINDS; k++) {
-        dp_optim_conf_t c = s_conf(s_kinds[k]);
+    for (int k = 0; k < DP_OPT_KINDS; k++) {
+        dp_optim_conf_t c = s_conf((dp_optim_kind_t)k);
         c.weight_decay = 1e-3f;
         float w[N], g[N], state[2 * N] = {0}, wf[N];
         double wd[N], gd[N], s1[N] = {0}, s2[N] = {0};
@@ -92,7 +89,7 @@ static void test_matches_double_reference(void)
             s_ref_step(&c, lr, wd, gd, s1, s2, N, t);
         }
         for (int i = 0; i < N; i++) wf[i] = (float)wd[i];
-        CHECK_CLOSE(dp_optim_kind_name(s_kinds[k]), w, wf, N, 1e-6, 1e-5);
+        CHECK_CLOSE(dp_optim_kind_name((dp_optim_kind_t)k), w, wf, N, 1e-6, 1e-5);
     }
 }
 
@@ -147,8 +144,8 @@ static void test_pieces_equal_whole(void)
 {
     enum { N = 1001, A = 389, STEPS = 5 };
     dp_rng_t rng;
-    for (int k = 0; k < N_KINDS; k++) {
-        dp_optim_conf_t c = s_conf(s_kinds[k]);
+    for (int k = 0; k < DP_OPT_KINDS; k++) {
+        dp_optim_conf_t c = s_conf((dp_optim_kind_t)k);
         int sp = dp_optim_state_per_param(c.kind);
         float *w = dp_malloc(N * sizeof(float)), *w2 = dp_malloc(N * sizeof(float));
         float *g = dp_malloc(N * sizeof(float));
@@ -209,9 +206,9 @@ static void test_defaults_and_parsing(void)
     CHECK_NEAR(c.beta2, 0.999, 1e-7);
     CHECK_NEAR(c.eps, 1e-8, 1e-15);
     CHECK_EQ(c.schedule, DP_LR_CONSTANT);
-    for (int k = 0; k < N_KINDS; k++) {
-        CHECK_EQ(dp_optim_parse_kind(&c, dp_optim_kind_name(s_kinds[k]), err), 0);
-        CHECK_EQ(c.kind, s_kinds[k]);
+    for (int k = 0; k < DP_OPT_KINDS; k++) {
+        CHECK_EQ(dp_optim_parse_kind(&c, dp_optim_kind_name((dp_optim_kind_t)k), err), 0);
+        CHECK_EQ(c.kind, (dp_optim_kind_t)k);
     }
     CHECK_STR(dp_optim_kind_name(DP_OPT_NESTEROV), "nesterov");
     CHECK_EQ(dp_optim_parse_kind(&c, "rmsprop", err), -1);
