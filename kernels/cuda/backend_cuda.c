@@ -61,47 +61,25 @@ void dp_cuda_fatal(const char *file, int line, const char *call, const char *wha
 }
 
 #define DP_CUDNN_CHECK(call)                                                   \
-    do {                                                                       \
-        cudnnStatus_t dp_s_ = (call);                                          \
-        if (dp_s_ != CUDNN_STATUS_SUCCESS)                                     \
-            dp_cuda_fatal(__FILE__, __LINE__, #call, cudnnGetErrorString(dp_s_)); \
-    } while (0)
-
+    DP_STATUS_CHECK(cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, call, #call)
 #define DP_CUBLAS_CHECK(call)                                                  \
-    do {                                                                       \
-        cublasStatus_t dp_s_ = (call);                                         \
-        if (dp_s_ != CUBLAS_STATUS_SUCCESS)                                    \
-            dp_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(dp_s_)); \
-    } while (0)
+    DP_STATUS_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, call, #call)
 
-/* Fallible twins: fill err (prefixed with the device) and goto fail. */
-#define DP_CUDA_TRY(call)                                                      \
+/* Fallible twins (DP_STATUS_CHECK's shape): fill err, prefixed with the
+ * device, and goto fail. */
+#define DP_STATUS_TRY(type, ok, what, call, text)                              \
     do {                                                                       \
-        cudaError_t dp_e_ = (call);                                            \
-        if (dp_e_ != cudaSuccess) {                                            \
-            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, #call, \
-                   cudaGetErrorString(dp_e_));                                 \
+        type dp_s_ = (call);                                                   \
+        if (dp_s_ != (ok)) {                                                   \
+            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, text, what(dp_s_)); \
             goto fail;                                                         \
         }                                                                      \
     } while (0)
+#define DP_CUDA_TRY(call) DP_STATUS_TRY(cudaError_t, cudaSuccess, cudaGetErrorString, call, #call)
 #define DP_CUDNN_TRY(call)                                                     \
-    do {                                                                       \
-        cudnnStatus_t dp_s_ = (call);                                          \
-        if (dp_s_ != CUDNN_STATUS_SUCCESS) {                                   \
-            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, #call, \
-                   cudnnGetErrorString(dp_s_));                                \
-            goto fail;                                                         \
-        }                                                                      \
-    } while (0)
+    DP_STATUS_TRY(cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, call, #call)
 #define DP_CUBLAS_TRY(call)                                                    \
-    do {                                                                       \
-        cublasStatus_t dp_s_ = (call);                                         \
-        if (dp_s_ != CUBLAS_STATUS_SUCCESS) {                                  \
-            dp_err(err, "%s: %s:%d: %s: %s", cx->name, __FILE__, __LINE__, #call, \
-                   cublasGetStatusString(dp_s_));                              \
-            goto fail;                                                         \
-        }                                                                      \
-    } while (0)
+    DP_STATUS_TRY(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, call, #call)
 
 /* ---- state ------------------------------------------------------------ */
 

@@ -12,8 +12,9 @@
  * and check the launch with cudaGetLastError(). Gradients are written, never
  * accumulated.
  *
- * Error checks: DP_CUDA_CHECK / DP_CUDNN_CHECK / DP_CUBLAS_CHECK print
- * file:line, the call and the library's error string, then abort: they guard
+ * Error checks: DP_CUDA_CHECK / DP_CUDNN_CHECK / DP_CUBLAS_CHECK (one shape,
+ * DP_STATUS_CHECK) print file:line, the call and the library's error
+ * string, then abort: they guard
  * ops that cannot return an error (a failing kernel leaves the CUDA context
  * unusable anyway). Fallible setup paths use the *_TRY twins, which fill err
  * and jump to the function's `fail:` label. */
@@ -35,12 +36,16 @@ extern "C" {
 void dp_cuda_fatal(const char *file, int line, const char *call, const char *what)
     __attribute__((noreturn));
 
-#define DP_CUDA_CHECK(call)                                                    \
+/* The one shape of every status check: a call returning a status of `type`
+ * that is `ok` on success and described by what(status); `text` is the call
+ * as written (stringized by the caller, before any macro expansion). */
+#define DP_STATUS_CHECK(type, ok, what, call, text)                            \
     do {                                                                       \
-        cudaError_t dp_e_ = (call);                                            \
-        if (dp_e_ != cudaSuccess)                                              \
-            dp_cuda_fatal(__FILE__, __LINE__, #call, cudaGetErrorString(dp_e_)); \
+        type dp_s_ = (call);                                                   \
+        if (dp_s_ != (ok)) dp_cuda_fatal(__FILE__, __LINE__, text, what(dp_s_)); \
     } while (0)
+
+#define DP_CUDA_CHECK(call) DP_STATUS_CHECK(cudaError_t, cudaSuccess, cudaGetErrorString, call, #call)
 
 /* After every kernel launch: launch errors now, not at the next sync. */
 #define DP_CUDA_LAUNCHED() DP_CUDA_CHECK(cudaGetLastError())
