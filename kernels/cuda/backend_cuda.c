@@ -163,8 +163,7 @@ typedef struct {
  * algorithm on these and times it): one layer's tensors at the planned
  * batch, and a workspace of the cap. */
 typedef struct {
-    void *x, *y, *w, *dx, *dw, *ws;
-    size_t ws_bytes;
+    void *x, *y, *w, *dx, *dw, *ws;  /* ws: cx->ws_limit bytes */
 } s_find_t;
 
 static void s_find_free(s_find_t *f)
@@ -195,7 +194,7 @@ static cudnnStatus_t s_dir_rank(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_
         cudnnConvolutionFwdAlgoPerf_t perf[S_MAX_CANDIDATES];
         st = f ? cudnnFindConvolutionForwardAlgorithmEx(cx->cudnn, P->x, f->x, L->w, f->w,
                                                          L->conv, P->y, f->y, max, n, perf,
-                                                         f->ws, f->ws_bytes)
+                                                         f->ws, cx->ws_limit)
                : cudnnGetConvolutionForwardAlgorithm_v7(cx->cudnn, P->x, L->w, L->conv, P->y,
                                                         max, n, perf);
         S_COPY_PERF(perf);
@@ -205,7 +204,7 @@ static cudnnStatus_t s_dir_rank(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_
         cudnnConvolutionBwdDataAlgoPerf_t perf[S_MAX_CANDIDATES];
         st = f ? cudnnFindConvolutionBackwardDataAlgorithmEx(cx->cudnn, L->w, f->w, P->y, f->y,
                                                               L->conv, P->x, f->dx, max, n,
-                                                              perf, f->ws, f->ws_bytes)
+                                                              perf, f->ws, cx->ws_limit)
                : cudnnGetConvolutionBackwardDataAlgorithm_v7(cx->cudnn, L->w, P->y, L->conv,
                                                              P->x, max, n, perf);
         S_COPY_PERF(perf);
@@ -215,7 +214,7 @@ static cudnnStatus_t s_dir_rank(s_cuda_t *cx, s_layer_t *L, s_conv_plan_t *P, s_
         cudnnConvolutionBwdFilterAlgoPerf_t perf[S_MAX_CANDIDATES];
         st = f ? cudnnFindConvolutionBackwardFilterAlgorithmEx(cx->cudnn, P->x, f->x, P->y,
                                                                 f->y, L->conv, L->w, f->dw, max,
-                                                                n, perf, f->ws, f->ws_bytes)
+                                                                n, perf, f->ws, cx->ws_limit)
                : cudnnGetConvolutionBackwardFilterAlgorithm_v7(cx->cudnn, P->x, P->y, L->conv,
                                                                L->w, max, n, perf);
         S_COPY_PERF(perf);
@@ -395,7 +394,6 @@ static s_find_t *s_find_alloc(s_cuda_t *cx, const dp_layer_t *l, int B, s_find_t
     void **bufs[] = {&f->x, &f->dx, &f->y, &f->w, &f->dw, &f->ws};
     size_t bytes[] = {in, in, out, w, w, cx->ws_limit};
     memset(f, 0, sizeof *f);
-    f->ws_bytes = cx->ws_limit;
     for (int i = 0; i < 6; i++) {
         if (cudaMalloc(bufs[i], bytes[i] ? bytes[i] : 1) != cudaSuccess) {
             cudaGetLastError();
