@@ -383,6 +383,28 @@ static void s_free_plans(s_cuda_t *cx)
     cx->ws_bytes = 0;
 }
 
+/* The one cuDNN workspace, at least `need` bytes: replaced (after the
+ * compute stream has drained: queued ops may use the old one) when smaller. */
+static int s_workspace_reserve(s_cuda_t *cx, size_t need, char *err)
+{
+    cudaError_t e;
+    if (need <= cx->ws_bytes) return 0;
+    DP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+    DP_CUDA_TRY(cudaFree(cx->d_ws));
+    cx->d_ws = NULL;
+    cx->ws_bytes = 0;
+    e = cudaMalloc(&cx->d_ws, need);
+    if (e != cudaSuccess) {
+        cx->d_ws = NULL;
+        return dp_err(err, "%s: cudaMalloc of the %zu MiB cuDNN workspace: %s (lower "
+                      "DP_CUDA_WORKSPACE_MB)", cx->name, need >> 20, cudaGetErrorString(e));
+    }
+    cx->ws_bytes = need;
+    return 0;
+fail:
+    return -1;
+}
+
 /* Scratch for a find over layer l at batch B, or NULL (then the heuristic
  * decides) when the GPU cannot spare it. Filled with a non-zero pattern:
  * some algorithms run faster on zeros than on data. */
@@ -461,16 +483,7 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
         L->plan[0].used = ++cx->tick;
         if (need > ws_need) ws_need = need;
     }
-    if (ws_need) {
-        cudaError_t e = cudaMalloc(&cx->d_ws, ws_need);
-        if (e != cudaSuccess) {
-            dp_err(err, "%s: cudaMalloc of the %zu MiB cuDNN workspace: %s (lower "
-                   "DP_CUDA_WORKSPACE_MB)", cx->name, ws_need >> 20, cudaGetErrorString(e));
-            cx->d_ws = NULL;
-            goto fail;
-        }
-        cx->ws_bytes = ws_need;
-    }
+    if (s_workspace_reserve(cx, ws_need, err) < 0) goto fail;
     dp_log_debug("%s: planned %d layers at batch %d, workspace %zu KiB", cx->name, m->n_layers,
                  max_batch, cx->ws_bytes >> 10);
     return 0;
@@ -524,14 +537,10 @@ static s_conv_plan_t *s_conv_plan(s_cuda_t *cx, s_layer_t *L, int B)
         abort();
     }
     if (need > cx->ws_bytes) {
-        void *d = NULL;
-        DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream)); /* queued ops may use the old one */
-        DP_CUDA_CHECK(cudaFree(cx->d_ws));
-        cx->d_ws = NULL;
-        cx->ws_bytes = 0;
-        DP_CUDA_CHECK(cudaMalloc(&d, need));
-        cx->d_ws = d;
-        cx->ws_bytes = need;
+        if (s_workspace_reserve(cx, need, err) < 0) {
+            fprintf(stderr, "cuda backend: %s\n", err);
+            abort();
+        }
         dp_log_debug("%s: %s at batch %d: workspace grown to %zu KiB", cx->name, L->layer.name, B,
                      need >> 10);
     }
