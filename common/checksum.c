@@ -1,5 +1,5 @@
 /* checksum: ISA-L's CRCs behind the project's two names. */
-#include "checksum.h"
+#include "common/checksum.h"
 
 #include <isa-l/crc.h>
 

@@ -10,7 +10,7 @@
  *     job's list; a worker always has at least one ps host.
  * Errors are one line naming the flag or the TF_CONFIG field at fault, since
  * these are what a user typed into a job script or a TFJob manifest. */
-#include "cluster.h"
+#include "common/cluster.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "common/util.h"
 
 /* One host list while it is being built, and the name to blame for it. */
 typedef struct {

@@ -6,7 +6,7 @@
  * large allocation, buffers grow only as bytes actually arrive (so a lying
  * header cannot make us allocate gigabytes), and the byte counts must match
  * the header exactly. Each error is one line "PATH: what is wrong". */
-#include "dataset.h"
+#include "common/dataset.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "util.h"
+#include "common/util.h"
 
 #define S_IDX_IMAGES 0x00000803u   /* unsigned byte, 3 dims: n, rows, cols */
 #define S_IDX_LABELS 0x00000801u   /* unsigned byte, 1 dim: n */
@@ -307,7 +307,7 @@ static int s_load_idx_pair(dp_dataset_t *ds, const char *arg, char *err)
     return s_load_idx(ds, img, lab, NULL, classes, err);
 }
 
-int dp_dataset_load(dp_dataset_t *ds, const char *spec, dp_split_t split, char *err)
+int dp_dataset_init(dp_dataset_t *ds, const char *spec, dp_split_t split, char *err)
 {
     memset(ds, 0, sizeof *ds);
     const char *colon = strchr(spec, ':');
@@ -335,11 +335,11 @@ int dp_dataset_load(dp_dataset_t *ds, const char *spec, dp_split_t split, char *
         return dp_err(err, "unknown dataset '%s' (expected fashion-mnist[:DIR], mnist:DIR, "
                       "cifar10:DIR or idx:IMAGES,LABELS)", spec);
     }
-    if (rc != 0) dp_dataset_free(ds);
+    if (rc != 0) dp_dataset_fini(ds);
     return rc;
 }
 
-void dp_dataset_free(dp_dataset_t *ds)
+void dp_dataset_fini(dp_dataset_t *ds)
 {
     if (!ds) return;
     free(ds->pixels);

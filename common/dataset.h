@@ -1,7 +1,7 @@
 /* dataset: image classification data sets read whole into memory — IDX
  * (MNIST, Fashion-MNIST; plain or gzip) and the CIFAR-10 binary version.
  *
- * Spec forms accepted by dp_dataset_load:
+ * Spec forms accepted by dp_dataset_init:
  *   fashion-mnist                   Debian's dataset-fashion-mnist (DP_FASHION_MNIST_DIR)
  *   fashion-mnist:DIR, mnist:DIR    IDX files train-images-idx3-ubyte[.gz],
  *                                   train-labels-idx1-ubyte[.gz], t10k-... in DIR
@@ -36,12 +36,12 @@ typedef struct {
 } dp_dataset_t;
 
 /* Load split of the data set named by spec into ds (overwritten; call
- * dp_dataset_free on a previously loaded one first). -1 with err on failure,
- * ds then empty (dp_dataset_free on it is harmless). */
-int dp_dataset_load(dp_dataset_t *ds, const char *spec, dp_split_t split, char *err);
+ * dp_dataset_fini on a previously loaded one first). -1 with err on failure,
+ * ds then empty (dp_dataset_fini on it is harmless). */
+int dp_dataset_init(dp_dataset_t *ds, const char *spec, dp_split_t split, char *err);
 
 /* Frees and zeroes ds; safe twice and on an empty/failed dataset. */
-void dp_dataset_free(dp_dataset_t *ds);
+void dp_dataset_fini(dp_dataset_t *ds);
 
 /* Gather samples idx[0..B) as floats pixel/255 into out[B*c*h*w] and labels
  * into labels[B] (labels may be NULL). Every idx[i] must be in [0, n). */

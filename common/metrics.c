@@ -6,7 +6,7 @@
  * once and drops it (a full disk must not stop training). The flusher thread
  * wakes every second; close stops it, joins it, then flushes what is left.
  * A disabled writer has fd -1 and no thread. */
-#include "metrics.h"
+#include "common/metrics.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "common/util.h"
 
 #define S_BUF_CAP (64 * 1024) /* flushed early when a line would not fit */
 
@@ -80,7 +80,7 @@ static void *s_flusher_main(void *arg)
     return NULL;
 }
 
-int dp_metrics_open(dp_metrics_t **out, const char *path, char *err)
+int dp_metrics_new(dp_metrics_t **out, const char *path, char *err)
 {
     dp_metrics_t *m = dp_calloc(1, sizeof *m);
     m->fd = -1;
@@ -268,7 +268,7 @@ void dp_metrics_flush(dp_metrics_t *m)
     pthread_mutex_unlock(&m->mu);
 }
 
-void dp_metrics_close(dp_metrics_t **m_p)
+void dp_metrics_destroy(dp_metrics_t **m_p)
 {
     if (!m_p || !*m_p) return;
     dp_metrics_t *m = *m_p;

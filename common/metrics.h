@@ -5,7 +5,7 @@
  * wall-clock Unix time in seconds (so lines of all processes line up):
  *   {"t":1795964412.345,"step":200,"loss":0.412345}
  * Lines are buffered and written whole by a flusher thread at least once a
- * second, and at dp_metrics_flush / dp_metrics_close: a crash loses at most
+ * second, and at dp_metrics_flush / dp_metrics_destroy: a crash loses at most
  * about one second of lines, and a clean exit never leaves a half line.
  * Every line is valid JSON: non-finite numbers formatted by the caller ("nan",
  * "-inf") are written as null, and a body that still does not parse is
@@ -13,9 +13,9 @@
  * breaking the file. Calls are thread-safe; lines never interleave.
  *
  *   dp_metrics_t *m;
- *   if (dp_metrics_open(&m, flag_metrics, err) != 0) ...;   // NULL / "" -> off
+ *   if (dp_metrics_new(&m, flag_metrics, err) != 0) ...;   // NULL / "" -> off
  *   dp_metrics_write(m, "\"step\":%ld,\"loss\":%.6f", step, loss);
- *   dp_metrics_close(&m);
+ *   dp_metrics_destroy(&m);
  */
 #ifndef DP_METRICS_H
 #define DP_METRICS_H
@@ -27,7 +27,7 @@ typedef struct dp_metrics dp_metrics_t;
 /* Create (truncate) path. path NULL or "" gives a disabled writer whose calls
  * do nothing. Parent directories are not created: a missing one is an error
  * naming the path. */
-int dp_metrics_open(dp_metrics_t **out, const char *path, char *err);
+int dp_metrics_new(dp_metrics_t **out, const char *path, char *err);
 
 /* Append one line: {"t":<unix time>,<body>} where body is printf-formatted from
  * fmt, e.g. "\"step\":%ld,\"loss\":%.6f". An empty body gives {"t":...}.
@@ -39,7 +39,7 @@ void dp_metrics_write(dp_metrics_t *m, const char *fmt, ...)
 void dp_metrics_flush(dp_metrics_t *m);
 
 /* Flush, close, free, set *m_p to NULL; safe twice and on NULL. */
-void dp_metrics_close(dp_metrics_t **m_p);
+void dp_metrics_destroy(dp_metrics_t **m_p);
 
 /* Seconds since open, as "t" would say now (0 for a disabled writer). */
 double dp_metrics_elapsed(const dp_metrics_t *m);

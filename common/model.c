@@ -1,13 +1,13 @@
 /* model: spec parsing, shape inference, parameter table, initialisation. */
-#include "model.h"
+#include "common/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
-#include "util.h"
+#include "common/rng.h"
+#include "common/util.h"
 
 size_t dp_layer_out_size(const dp_layer_t *l)
 {

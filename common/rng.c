@@ -1,5 +1,5 @@
 /* rng: xoshiro256** seeded through splitmix64, as its authors recommend. */
-#include "rng.h"
+#include "common/rng.h"
 
 #include <math.h>
 

@@ -8,7 +8,7 @@
  * Tensor bytes are read into a scratch buffer and copied to the caller's
  * memory only once everything succeeded: callers' buffers never see a
  * half-read or rejected file. */
-#include "safetensors.h"
+#include "common/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "util.h"
+#include "common/util.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c writes host floats as little-endian: a little-endian host is assumed"

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "common/model.h"
 
 #define DP_ST_MAX_DIMS 8
 #define DP_ST_MAX_HEADER ((uint64_t)100 << 20) /* the reference reader's limit */

@@ -4,7 +4,7 @@
  * Invariants: a record is assembled whole in memory and written with one
  * write call under the mutex, so records never interleave; the first record
  * of every file is the file_version event; a disabled writer has fd -1. */
-#include "tbevents.h"
+#include "common/tbevents.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checksum.h"
-#include "util.h"
+#include "common/checksum.h"
+#include "common/util.h"
 
 struct dp_tb {
     int fd;              /* -1: disabled writer */
@@ -171,7 +171,7 @@ static int s_mkdir_p(const char *dir, char *err)
     return 0;
 }
 
-int dp_tb_open(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
+int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
 {
     *out = NULL;
     dp_tb_t *tb = dp_calloc(1, sizeof *tb);
@@ -227,7 +227,7 @@ int dp_tb_open(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
     s_write_record(tb, &ev);
     free(ev.p);
     if (tb->warned_io) {
-        dp_tb_close(&tb);
+        dp_tb_destroy(&tb);
         return dp_err(err, "tensorboard event file %s: cannot write", path);
     }
     *out = tb;
@@ -259,7 +259,7 @@ const char *dp_tb_path(const dp_tb_t *tb)
     return tb && tb->fd >= 0 ? tb->path : NULL;
 }
 
-void dp_tb_close(dp_tb_t **tb_p)
+void dp_tb_destroy(dp_tb_t **tb_p)
 {
     if (!tb_p || !*tb_p) return;
     dp_tb_t *tb = *tb_p;

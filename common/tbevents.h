@@ -26,7 +26,7 @@ typedef struct dp_tb dp_tb_t;
  * trailing ".<suffix>") and must not contain '/'. logdir NULL or "" gives a
  * disabled writer whose calls do nothing. If the name is taken (two writers
  * in one second), ".<pid>" is appended. */
-int dp_tb_open(dp_tb_t **out, const char *logdir, const char *suffix, char *err);
+int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err);
 
 /* One scalar point: the tag's value at a step. A write error is warned about
  * once and training goes on. tb may be NULL or disabled (no-op). */
@@ -36,7 +36,7 @@ void dp_tb_scalar(dp_tb_t *tb, const char *tag, long step, float value);
 const char *dp_tb_path(const dp_tb_t *tb);
 
 /* Close, free, set *tb_p to NULL; safe twice and on NULL. */
-void dp_tb_close(dp_tb_t **tb_p);
+void dp_tb_destroy(dp_tb_t **tb_p);
 
 /* The TFRecord mask of a record's CRC-32C (dp_crc32c, common/checksum.h). */
 uint32_t dp_crc32c_mask(uint32_t crc);

@@ -1,7 +1,7 @@
 /* util: the few things every module needs — error strings, allocation that
  * aborts on out-of-memory, logging, a monotonic clock.
  *
- * Conventions (see ../shared/STYLE.md): fallible calls fill a caller's
+ * Conventions (ARCHITECTURE.md, "Conventions"): fallible calls fill a caller's
  * `char err[DP_ERR_LEN]` and return -1; out-of-memory aborts with the size,
  * so callers never check allocation results. */
 #ifndef DP_UTIL_H

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../common/util.h"
-#include "launcher.h"
+#include "common/util.h"
+#include "deploy/launcher.h"
 
 static void s_usage(FILE *f)
 {

@@ -2,18 +2,18 @@
  * accuracy of a saved model as one JSON line. The model spec and input shape
  * come from the checkpoint's own metadata, so any Downpour checkpoint can be
  * evaluated without repeating how it was trained. */
-#include "launcher.h"
+#include "deploy/launcher.h"
 
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/dataset.h"
-#include "../common/safetensors.h"
-#include "../common/util.h"
-#include "../kernels/backend.h"
-#include "../worker/net.h"
+#include "common/dataset.h"
+#include "common/safetensors.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "worker/net.h"
 
 int dp_eval_main(int argc, char **argv)
 {
@@ -58,11 +58,11 @@ int dp_eval_main(int argc, char **argv)
         if (!err[0]) snprintf(err, sizeof err, "%s: no model spec in the metadata (not a Downpour checkpoint?)", ckpt);
         goto done;
     }
-    if (dp_dataset_load(&test, data, DP_SPLIT_TEST, err) != 0) goto done;
+    if (dp_dataset_init(&test, data, DP_SPLIT_TEST, err) != 0) goto done;
     if (dp_model_parse(&m, spec, test.c, test.h, test.w, err) != 0) goto done;
     params = dp_malloc(m.n_floats * sizeof(float));
     if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;
-    if (dp_backend_open(device, &be, err) != 0) goto done;
+    if (dp_backend_new(&be, device, err) != 0) goto done;
     if (dp_net_init(&net, &m, be, batch, err) != 0) goto done;
     dp_net_set_params(&net, params);
     int n = limit > 0 && limit < test.n ? limit : test.n;
@@ -75,9 +75,9 @@ int dp_eval_main(int argc, char **argv)
     rc = 0;
 done:
     if (rc) fprintf(stderr, "downpour eval: %s\n", err);
-    dp_net_free(&net);
+    dp_net_fini(&net);
     dp_backend_destroy(&be);
-    dp_dataset_free(&test);
+    dp_dataset_fini(&test);
     free(spec);
     free(params);
     free(x);

@@ -8,7 +8,7 @@
  * Invariant: no child outlives the launcher — each runs in its own process
  * group (so a terminal's Ctrl-C reaches the launcher alone, which then stops
  * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
-#include "launcher.h"
+#include "deploy/launcher.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,8 +28,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "../common/dataset.h"
-#include "../common/util.h"
+#include "common/dataset.h"
+#include "common/util.h"
 
 #define DP_LOCAL_MAX 64     /* processes of each kind */
 #define DP_LOCAL_ARGS 128   /* argv entries per child */
@@ -462,7 +462,7 @@ int dp_local_main(int argc, char **argv)
     /* The servers need the input shape, and the default schedule the run's
      * length: the training split tells both. */
     dp_dataset_t probe = {0};
-    if (dp_dataset_load(&probe, L.data, DP_SPLIT_TRAIN, err) != 0) {
+    if (dp_dataset_init(&probe, L.data, DP_SPLIT_TRAIN, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;
     }
@@ -481,7 +481,7 @@ int dp_local_main(int argc, char **argv)
             L.ps_args[L.n_ps_args++] = schedule;
         }
     }
-    dp_dataset_free(&probe);
+    dp_dataset_fini(&probe);
 
     char dir[PATH_MAX], path[PATH_MAX];
     if (s_mkdir(L.out, err) != 0) goto fail;

@@ -1,20 +1,17 @@
 /* backend: picks a backend by device name. CUDA is linked in only when the
  * build found nvcc and cuDNN (DP_HAVE_CUDA); without it "cuda:K" fails with
  * a line that says how to get it. */
-#include "backend.h"
+#include "kernels/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
-int dp_backend_open(const char *device, dp_backend_t **out, char *err)
+int dp_backend_new(dp_backend_t **out, const char *device, char *err)
 {
     *out = NULL;
-    if (strcmp(device, "cpu") == 0) {
-        *out = dp_backend_cpu_new();
-        return 0;
-    }
+    if (strcmp(device, "cpu") == 0) return dp_backend_cpu_new(out, err);
     if (strncmp(device, "cuda", 4) == 0) {
         int k = 0;
         if (device[4] == ':') {
@@ -27,7 +24,7 @@ int dp_backend_open(const char *device, dp_backend_t **out, char *err)
             return dp_err(err, "--device %s: expected cpu or cuda:K", device);
         }
 #ifdef DP_HAVE_CUDA
-        return dp_backend_cuda_new(k, out, err);
+        return dp_backend_cuda_new(out, k, err);
 #else
         (void)k;
         return dp_err(err, "--device %s: this build has no CUDA backend (rebuild with nvcc and cuDNN installed, without CUDA=0)", device);

@@ -16,9 +16,9 @@
 
 #include <stddef.h>
 
-#include "../common/model.h"
-#include "ops.h"
-#include "optim.h"
+#include "common/model.h"
+#include "kernels/ops.h"
+#include "kernels/optim.h"
 
 typedef struct dp_backend dp_backend_t;
 
@@ -89,12 +89,13 @@ void dp_pool_dims_of(dp_pool_dims_t *d, const dp_layer_t *l, int B);
 
 /* "cpu" or "cuda:K" (K counts the devices CUDA_VISIBLE_DEVICES leaves).
  * Fails with one line when CUDA was not built in or the device is absent. */
-int dp_backend_open(const char *device, dp_backend_t **out, char *err);
+int dp_backend_new(dp_backend_t **out, const char *device, char *err);
 /* Frees everything the backend holds; sets *be_p to NULL; safe twice. */
 void dp_backend_destroy(dp_backend_t **be_p);
 
-dp_backend_t *dp_backend_cpu_new(void);
+/* The two factories behind dp_backend_new, same shape: 0, or -1 with err. */
+int dp_backend_cpu_new(dp_backend_t **out, char *err);
 /* Defined in kernels/cuda when built with CUDA. */
-int dp_backend_cuda_new(int device, dp_backend_t **out, char *err);
+int dp_backend_cuda_new(dp_backend_t **out, int device, char *err);
 
 #endif

@@ -6,14 +6,14 @@
  * bit-identical results (the parameter server's shards rely on it). The
  * per-call scalars (bias corrections, learning rate) are computed in double
  * once per call and rounded to float, as torch.optim does. */
-#include "optim.h"
+#include "kernels/optim.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 void dp_optim_conf_default(dp_optim_conf_t *c)
 {

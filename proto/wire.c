@@ -66,9 +66,12 @@ Downpour__Envelope *dp_wire_decode(const void *buf, size_t len, char *err)
     return env;
 }
 
-void dp_wire_free(Downpour__Envelope *env)
+void dp_wire_destroy(Downpour__Envelope **env_p)
 {
-    if (env) downpour__envelope__free_unpacked(env, NULL);
+    if (env_p && *env_p) {
+        downpour__envelope__free_unpacked(*env_p, NULL);
+        *env_p = NULL;
+    }
 }
 
 static int s_text_ok(const char *s, size_t limit)
@@ -243,7 +246,7 @@ int dp_wire_recv(void *sock, dp_wire_rx_t *rx, int flags, char *err)
     return 0;
 }
 
-void dp_wire_rx_close(dp_wire_rx_t *rx)
+void dp_wire_rx_fini(dp_wire_rx_t *rx)
 {
     for (int i = 0; i < rx->n_parts; i++) zmq_msg_close(&rx->parts[i]);
     rx->n_parts = 0;

@@ -48,9 +48,10 @@ typedef struct {
 } dp_wire_frame_t;
 
 /* Unpack frame 0. NULL with err ("malformed: ...") when it is too large or
- * does not parse. Free with dp_wire_free. */
+ * does not parse. Free with dp_wire_destroy. */
 Downpour__Envelope *dp_wire_decode(const void *buf, size_t len, char *err);
-void dp_wire_free(Downpour__Envelope *env);
+/* Frees a decoded envelope and sets *env_p to NULL; safe twice and on NULL. */
+void dp_wire_destroy(Downpour__Envelope **env_p);
 
 /* Structural checks listed at the top, against the frames that came with it. */
 int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, int n_frames,
@@ -77,7 +78,7 @@ typedef struct {
  * with errno EAGAIN / EINTR left for the caller and err filled. On -1 rx
  * holds nothing to close. */
 int dp_wire_recv(void *sock, dp_wire_rx_t *rx, int flags, char *err);
-void dp_wire_rx_close(dp_wire_rx_t *rx);
+void dp_wire_rx_fini(dp_wire_rx_t *rx);
 
 /* ---- sending ---------------------------------------------------------- */
 

@@ -714,7 +714,7 @@ static void s_handle(s_ps_t *ps, dp_wire_rx_t *rx)
         break;
     }
 done:
-    dp_wire_free(env);
+    dp_wire_destroy(&env);
 }
 
 /* ---- setup and loop --------------------------------------------------- */
@@ -761,7 +761,7 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
                               cfg->shard_index, cfg->shard_count);
         if (s_checkpoint_restore(ps, err) != 0) return -1;
     }
-    if (dp_metrics_open(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
+    if (dp_metrics_new(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
     ps->ctx = zmq_ctx_new();
     ps->sock = zmq_socket(ps->ctx, ZMQ_ROUTER);
     int zero = 0;
@@ -804,7 +804,7 @@ static void s_teardown(s_ps_t *ps)
     }
     if (ps->snap) s_snap_unref(NULL, ps->snap); /* zmq may still hold references */
     if (ps->ctx) zmq_ctx_term(ps->ctx);         /* waits for the I/O thread: snapshots freed */
-    dp_metrics_close(&ps->metrics);
+    dp_metrics_destroy(&ps->metrics);
     free(ps->w);
     free(ps->state);
     free(ps->acc);
@@ -835,7 +835,7 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
             char e2[DP_ERR_LEN];
             if (dp_wire_recv(ps.sock, &rx, ZMQ_DONTWAIT, e2) != 0) break;
             s_handle(&ps, &rx);
-            dp_wire_rx_close(&rx);
+            dp_wire_rx_fini(&rx);
         }
         double now = dp_now();
         s_sweep(&ps, now);

@@ -1,11 +1,11 @@
 /* data: global-batch sample order and a double-buffered prefetch thread. */
-#include "data.h"
+#include "worker/data.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/rng.h"
-#include "../common/util.h"
+#include "common/rng.h"
+#include "common/util.h"
 
 long dp_data_steps_per_epoch(int n, int batch, int world)
 {
@@ -71,7 +71,7 @@ static void *s_producer(void *arg)
     return NULL;
 }
 
-int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err)
 {
     memset(bt, 0, sizeof *bt);
@@ -102,7 +102,7 @@ int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be,
     pthread_mutex_init(&bt->mu, NULL);
     pthread_cond_init(&bt->cv, NULL);
     if (pthread_create(&bt->thread, NULL, s_producer, bt) != 0) {
-        dp_batcher_stop(bt);
+        dp_batcher_fini(bt);
         return dp_err(err, "cannot start the data thread");
     }
     bt->started = 1;
@@ -134,7 +134,7 @@ long dp_batcher_next(dp_batcher_t *bt, dp_batch_t *b)
     return step;
 }
 
-void dp_batcher_stop(dp_batcher_t *bt)
+void dp_batcher_fini(dp_batcher_t *bt)
 {
     if (!bt->be) return;
     if (bt->started) {

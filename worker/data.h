@@ -17,8 +17,8 @@
 
 #include <pthread.h>
 
-#include "../common/dataset.h"
-#include "../kernels/backend.h"
+#include "common/dataset.h"
+#include "kernels/backend.h"
 
 typedef struct {
     const dp_dataset_t *ds;   /* not owned */
@@ -54,7 +54,7 @@ long dp_data_steps_per_epoch(int n, int batch, int world);
 void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long long seed,
                            long step, int *idx);
 
-int dp_batcher_start(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err);
 /* One batch: x [batch*c*h*w] as pixels/255, y [batch], in host memory and
  * staged in device memory (d_x, d_y: the backend's). */
@@ -68,6 +68,6 @@ typedef struct {
  * by then (dp_net_train_step_device returns after they have). Returns the
  * step number, or -1 when total_steps were handed out. */
 long dp_batcher_next(dp_batcher_t *bt, dp_batch_t *b);
-void dp_batcher_stop(dp_batcher_t *bt);
+void dp_batcher_fini(dp_batcher_t *bt);
 
 #endif

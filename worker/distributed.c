@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/rng.h"
-#include "../common/util.h"
-#include "data.h"
-#include "ps_client.h"
-#include "train.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "worker/data.h"
+#include "worker/ps_client.h"
+#include "worker/train.h"
 
 static const char *s_mode_name(dp_mode_t m)
 {
@@ -82,12 +82,12 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
     dp_session_t s;
-    if (dp_session_open(&s, c, err) != 0) return -1;
+    if (dp_session_init(&s, c, err) != 0) return -1;
     dp_ps_client_t *ps = NULL;
     dp_ps_info_t info;
     dp_batcher_t bt = {0};
     int rc = -1;
-    if (dp_ps_client_connect(&ps, c->ps, &s.model, c->task_index, c->timeout_s, &info, err) != 0)
+    if (dp_ps_client_new(&ps, c->ps, &s.model, c->task_index, c->timeout_s, &info, err) != 0)
         goto done;
     if (stop) dp_ps_client_set_stop_flag(ps, stop);
     if (c->task_index >= info.num_workers) {
@@ -97,7 +97,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     }
     long total = dp_session_total_steps(&s, info.num_workers);
     long spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
-    if (dp_batcher_start(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
+    if (dp_batcher_init(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
                          total, err) != 0)
         goto done;
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s", c->task_index,
@@ -159,8 +159,8 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     }
     rc = 0;
 done:
-    dp_batcher_stop(&bt);
+    dp_batcher_fini(&bt);
     dp_ps_client_destroy(&ps);
-    dp_session_close(&s);
+    dp_session_fini(&s);
     return rc;
 }

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/cluster.h"
-#include "../common/util.h"
-#include "train.h"
+#include "common/cluster.h"
+#include "common/util.h"
+#include "worker/train.h"
 
 static volatile sig_atomic_t s_stop;
 

@@ -1,10 +1,10 @@
 /* net: forward / backward of the layer list through the backend. */
-#include "net.h"
+#include "worker/net.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 static size_t s_boundary_size(const dp_model_t *m, int i)
 {
@@ -34,7 +34,7 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     return 0;
 }
 
-void dp_net_free(dp_net_t *net)
+void dp_net_fini(dp_net_t *net)
 {
     if (!net->be) return;
     dp_backend_t *be = net->be;

@@ -11,9 +11,9 @@
 #ifndef DP_NET_H
 #define DP_NET_H
 
-#include "../common/dataset.h"
-#include "../common/model.h"
-#include "../kernels/backend.h"
+#include "common/dataset.h"
+#include "common/model.h"
+#include "kernels/backend.h"
 
 typedef struct {
     const dp_model_t *m;                  /* not owned */
@@ -29,7 +29,7 @@ typedef struct {
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);
-void dp_net_free(dp_net_t *net);
+void dp_net_fini(dp_net_t *net);
 
 /* Copy the whole parameter vector from / to host memory. */
 void dp_net_set_params(dp_net_t *net, const float *params);

@@ -1,11 +1,11 @@
 /* progress: rate-limited status line. */
-#include "progress.h"
+#include "worker/progress.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 void dp_progress_init(dp_progress_t *p, int mode)
 {

@@ -185,8 +185,8 @@ static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
                 s->done = 1;
                 rc = fn(c, i, env, frames, nf, arg, err);
             next:
-                dp_wire_free(env);
-                dp_wire_rx_close(&rx);
+                dp_wire_destroy(&env);
+                dp_wire_rx_fini(&rx);
                 if (rc != 0) return -1;
             }
         }
@@ -230,7 +230,7 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     return 0;
 }
 
-int dp_ps_client_connect(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
+int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                          int worker_id, double timeout_s, dp_ps_info_t *info, char *err)
 {
     *out = NULL;

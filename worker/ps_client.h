@@ -44,7 +44,7 @@ typedef struct dp_ps_client dp_ps_client_t;
  * yet); checks that the shards' ranges tile [0, m->n_floats). A model
  * mismatch fails with the server's line "model mismatch: worker has ...,
  * server has ...". m must outlive the client. */
-int dp_ps_client_connect(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
+int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                          int worker_id, double timeout_s, dp_ps_info_t *info, char *err);
 
 /* Whole parameter vector into params (host, m->n_floats), requests to all

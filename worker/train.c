@@ -1,15 +1,15 @@
 /* train: the session shared by both modes, and the standalone trainer. */
-#include "train.h"
+#include "worker/train.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/safetensors.h"
-#include "../common/util.h"
-#include "../kernels/ops.h"
-#include "data.h"
+#include "common/safetensors.h"
+#include "common/util.h"
+#include "kernels/ops.h"
+#include "worker/data.h"
 
 void dp_train_conf_default(dp_train_conf_t *c)
 {
@@ -26,53 +26,53 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->timeout_s = 60;
 }
 
-int dp_session_open(dp_session_t *s, const dp_train_conf_t *c, char *err)
+int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
 {
     memset(s, 0, sizeof *s);
     s->conf = *c;
     s->t_start = dp_now();
     if (c->batch < 1) return dp_err(err, "--batch must be at least 1 (got %d)", c->batch);
     if (c->threads > 0) dp_cpu_set_threads(c->threads);
-    if (dp_dataset_load(&s->train, c->data, DP_SPLIT_TRAIN, err) != 0) goto fail;
-    if (dp_dataset_load(&s->test, c->data, DP_SPLIT_TEST, err) != 0) goto fail;
+    if (dp_dataset_init(&s->train, c->data, DP_SPLIT_TRAIN, err) != 0) goto fail;
+    if (dp_dataset_init(&s->test, c->data, DP_SPLIT_TEST, err) != 0) goto fail;
     if (dp_model_parse(&s->model, c->model, s->train.c, s->train.h, s->train.w, err) != 0) goto fail;
     if (s->model.classes != s->train.classes) {
         dp_err(err, "model spec ends with fc:%d but %s has %d classes", s->model.classes,
                s->train.name, s->train.classes);
         goto fail;
     }
-    if (dp_backend_open(c->device, &s->be, err) != 0) goto fail;
+    if (dp_backend_new(&s->be, c->device, err) != 0) goto fail;
     if (dp_net_init(&s->net, &s->model, s->be, c->batch, err) != 0) goto fail;
     size_t bytes = s->model.n_floats * sizeof(float);
     s->h_params = s->be->host_alloc(s->be, bytes);
     s->h_grads = s->be->host_alloc(s->be, bytes);
     s->eval_x = s->be->host_alloc(s->be, (size_t)c->batch * dp_dataset_sample_size(&s->test) * sizeof(float));
     s->eval_y = s->be->host_alloc(s->be, (size_t)c->batch * sizeof(int));
-    if (dp_metrics_open(&s->metrics, c->metrics, err) != 0) goto fail;
+    if (dp_metrics_new(&s->metrics, c->metrics, err) != 0) goto fail;
     char suffix[32];
     snprintf(suffix, sizeof suffix, "worker-%d", c->task_index);
-    if (dp_tb_open(&s->tb, c->tensorboard, suffix, err) != 0) goto fail;
+    if (dp_tb_new(&s->tb, c->tensorboard, suffix, err) != 0) goto fail;
     dp_progress_init(&s->progress, c->progress);
     return 0;
 fail:
-    dp_session_close(s);
+    dp_session_fini(s);
     return -1;
 }
 
-void dp_session_close(dp_session_t *s)
+void dp_session_fini(dp_session_t *s)
 {
-    dp_metrics_close(&s->metrics);
-    dp_tb_close(&s->tb);
+    dp_metrics_destroy(&s->metrics);
+    dp_tb_destroy(&s->tb);
     if (s->be) {
-        dp_net_free(&s->net);
+        dp_net_fini(&s->net);
         s->be->host_release(s->be, s->h_params);
         s->be->host_release(s->be, s->h_grads);
         s->be->host_release(s->be, s->eval_x);
         s->be->host_release(s->be, s->eval_y);
         dp_backend_destroy(&s->be);
     }
-    dp_dataset_free(&s->train);
-    dp_dataset_free(&s->test);
+    dp_dataset_fini(&s->train);
+    dp_dataset_fini(&s->test);
 }
 
 void dp_session_evaluate(dp_session_t *s, int limit, double *accuracy, double *loss)
@@ -133,7 +133,7 @@ static void s_eval_and_log(dp_session_t *s, long step, int limit, double *acc, d
 int dp_train_standalone(const dp_train_conf_t *c, char *err)
 {
     dp_session_t s;
-    if (dp_session_open(&s, c, err) != 0) return -1;
+    if (dp_session_init(&s, c, err) != 0) return -1;
     dp_optim_conf_t optim = c->optim;
     const dp_optim_conf_t *opt = &optim;
     dp_model_init_params(&s.model, s.h_params, c->seed);
@@ -151,9 +151,9 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
         optim.total_steps = total;
     }
     dp_batcher_t bt;
-    if (dp_batcher_start(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
+    if (dp_batcher_init(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
         if (d_state) s.be->release(s.be, d_state);
-        dp_session_close(&s);
+        dp_session_fini(&s);
         return -1;
     }
     dp_log_info("standalone: %s on %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
@@ -188,10 +188,10 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     }
     double train_s = dp_now() - t0;
     dp_progress_done(&s.progress);
-    dp_batcher_stop(&bt);
+    dp_batcher_fini(&bt);
     if (d_state) s.be->release(s.be, d_state);
     if (bad) {
-        dp_session_close(&s);
+        dp_session_fini(&s);
         return -1;
     }
     s_eval_and_log(&s, done, 0, &acc, &test_loss);
@@ -221,6 +221,6 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(opt));
         rc = dp_session_summary(&s, o, err);
     }
-    dp_session_close(&s);
+    dp_session_fini(&s);
     return rc;
 }

@@ -12,14 +12,14 @@
 
 #include <cjson/cJSON.h>
 
-#include "../common/dataset.h"
-#include "../common/metrics.h"
-#include "../common/model.h"
-#include "../common/tbevents.h"
-#include "../kernels/backend.h"
-#include "../kernels/optim.h"
-#include "net.h"
-#include "progress.h"
+#include "common/dataset.h"
+#include "common/metrics.h"
+#include "common/model.h"
+#include "common/tbevents.h"
+#include "kernels/backend.h"
+#include "kernels/optim.h"
+#include "worker/net.h"
+#include "worker/progress.h"
 
 typedef struct {
     const char *device;        /* "cpu", "cuda:K" */
@@ -66,8 +66,8 @@ typedef struct {
 } dp_session_t;
 
 /* Load data and model, open the backend, allocate everything. */
-int dp_session_open(dp_session_t *s, const dp_train_conf_t *c, char *err);
-void dp_session_close(dp_session_t *s);
+int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err);
+void dp_session_fini(dp_session_t *s);
 
 /* Accuracy and mean loss of the net's current parameters on the first
  * limit test samples (0: all). */

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/util.h"
-#include "../backend.h"
-#include "../ops.h"
-#include "cpu.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "kernels/cpu/cpu.h"
 
 static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err)
 {
@@ -185,8 +185,9 @@ static void s_destroy(dp_backend_t *be)
     free(be);
 }
 
-dp_backend_t *dp_backend_cpu_new(void)
+int dp_backend_cpu_new(dp_backend_t **out, char *err)
 {
+    (void)err; /* the cpu backend cannot fail today; the shape is dp_backend_new's */
     dp_backend_t *be = dp_calloc(1, sizeof *be);
     be->name = "cpu";
     be->impl = NULL;
@@ -213,5 +214,6 @@ dp_backend_t *dp_backend_cpu_new(void)
     be->softmax_xent_backward = s_softmax_xent_backward;
     be->optim_step = s_optim_step;
     be->destroy = s_destroy;
-    return be;
+    *out = be;
+    return 0;
 }

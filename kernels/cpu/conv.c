@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ops.h"
-#include "cpu.h"
+#include "kernels/ops.h"
+#include "kernels/cpu/cpu.h"
 
 /* col[r, p] for r = (c, ky, kx), p = (oy, ox); rows ld floats apart. */
 static void s_im2col(float *col, size_t ld, const float *in, const dp_conv_dims_t *d)

@@ -7,8 +7,8 @@
 #include <omp.h>
 #include <string.h>
 
-#include "../ops.h"
-#include "cpu.h"
+#include "kernels/ops.h"
+#include "kernels/cpu/cpu.h"
 
 #define DP_HOT __attribute__((optimize("O3")))
 

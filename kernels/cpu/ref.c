@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../ops.h"
+#include "kernels/ops.h"
 
 void dp_conv_dims_finish(dp_conv_dims_t *d)
 {

@@ -6,9 +6,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "../../common/util.h"
-#include "../ops.h"
-#include "cpu.h"
+#include "common/util.h"
+#include "kernels/ops.h"
+#include "kernels/cpu/cpu.h"
 
 static int s_threads;                 /* 0 until set or first asked: then all cores */
 static pthread_once_t s_blas_once = PTHREAD_ONCE_INIT;

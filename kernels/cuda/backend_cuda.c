@@ -44,9 +44,9 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
-#include "../../common/util.h"
-#include "../backend.h"
-#include "cuda.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
 
 #define S_PLANS 4                      /* batch sizes cached per conv layer */
 #define S_WORKSPACE_MB_DEFAULT 256     /* cuDNN workspace cap (DP_CUDA_WORKSPACE_MB) */
@@ -808,7 +808,7 @@ static void s_destroy(dp_backend_t *be)
     free(be);
 }
 
-int dp_backend_cuda_new(int device, dp_backend_t **out, char *err)
+int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
 {
     s_cuda_t *cx = dp_calloc(1, sizeof *cx);
     dp_backend_t *be = dp_calloc(1, sizeof *be);

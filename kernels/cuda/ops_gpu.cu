@@ -12,7 +12,7 @@
 // checks the launch. Every kernel gives the same result on every run (no
 // atomics, fixed reduction order), and max-pool follows the CPU reference's
 // tie rule exactly.
-#include "cuda.h"
+#include "kernels/cuda/backend_cuda.h"
 
 #include <cuda_runtime.h>
 #include <math.h>

@@ -11,11 +11,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../common/model.h"
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/backend.h"
-#include "../../kernels/ops.h"
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
 
 typedef struct {
     dp_model_t m;
@@ -38,7 +38,7 @@ static void s_net_init(s_net_t *n, const char *spec, int B)
         fprintf(stderr, "bench: %s\n", err);
         exit(2);
     }
-    n->be = dp_backend_cpu_new();
+    dp_backend_cpu_new(&n->be, NULL);
     n->B = B;
     if (n->be->prepare(n->be, &n->m, B, err) < 0) {
         fprintf(stderr, "bench: %s\n", err);

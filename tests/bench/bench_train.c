@@ -24,12 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/model.h"
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/backend.h"
-#include "../../kernels/ops.h"
-#include "../../worker/net.h"
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "worker/net.h"
 
 /* Parse "32,64,128" into v (at most max, each >= 1); returns the count or -1. */
 static int s_list(const char *s, int *v, int max)
@@ -52,7 +52,8 @@ static int s_list(const char *s, int *v, int max)
 static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int samples, int warmup)
 {
     char err[DP_ERR_LEN];
-    dp_backend_t *be = dp_backend_cpu_new();
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
     dp_net_t net;
     if (dp_net_init(&net, m, be, B, err) != 0) {
         fprintf(stderr, "bench_train: %s\n", err);
@@ -103,7 +104,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
     free(x);
     free(y);
     be->release(be, vel);
-    dp_net_free(&net);
+    dp_net_fini(&net);
     dp_backend_destroy(&be);
     return rc;
 }

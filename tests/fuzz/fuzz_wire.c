@@ -75,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (strncmp(err, "malformed: ", 11) != 0) {
         s_violation("check error without 'malformed: '");
     }
-    dp_wire_free(env);
+    dp_wire_destroy(&env);
     return 0;
 }
 

@@ -20,13 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/model.h"
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/backend.h"
-#include "../../kernels/ops.h"
-#include "../../worker/net.h"
-#include "../test.h"
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "worker/net.h"
+#include "tests/test.h"
 
 static dp_backend_t *s_be;         /* the backend under test (NULL: no device) */
 static int s_dev;                  /* its device number */
@@ -401,7 +401,7 @@ static void test_gpu_device(void)
     dp_backend_t *be = NULL;
     int count = 0;
     if (!s_be) {
-        CHECK_EQ(dp_backend_open("cuda:0", &be, err), -1);
+        CHECK_EQ(dp_backend_new(&be, "cuda:0", err), -1);
         CHECK(be == NULL);
         CHECK(strstr(err, "no CUDA device") != NULL || strstr(err, "no such device") != NULL);
         CHECK(strchr(err, '\n') == NULL);
@@ -413,7 +413,7 @@ static void test_gpu_device(void)
     CHECK_STR(s_be->name, name);
     /* one past the last visible device: a clear error, not a crash */
     snprintf(name, sizeof name, "cuda:%d", count);
-    CHECK_EQ(dp_backend_open(name, &be, err), -1);
+    CHECK_EQ(dp_backend_new(&be, name, err), -1);
     CHECK(be == NULL);
     CHECK(strstr(err, "no such device") != NULL);
     fprintf(stderr, "  (expected) %s\n", err);
@@ -582,7 +582,8 @@ static void test_gpu_net_step(void)
     char err[DP_ERR_LEN] = "";
     const int B = 64;
     CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
-    dp_backend_t *cpu = dp_backend_cpu_new();
+    dp_backend_t *cpu = NULL;
+    dp_backend_cpu_new(&cpu, NULL);
     dp_net_t gn, cn;
     CHECK_EQ(dp_net_init(&gn, &m, s_be, B, err), 0);
     CHECK_EQ(dp_net_init(&cn, &m, cpu, B, err), 0);
@@ -616,8 +617,8 @@ static void test_gpu_net_step(void)
     }
     free(params), free(cg), free(x), free(y);
     s_be->host_release(s_be, gg), s_free(d_x), s_free(d_y);
-    dp_net_free(&gn);
-    dp_net_free(&cn);
+    dp_net_fini(&gn);
+    dp_net_fini(&cn);
     dp_backend_destroy(&cpu);
 }
 
@@ -669,7 +670,7 @@ static int s_open(void)
     }
     char name[32];
     snprintf(name, sizeof name, "cuda:%d", s_dev);
-    if (dp_backend_open(name, &s_be, err) < 0) {
+    if (dp_backend_new(&s_be, name, err) < 0) {
         fprintf(stderr, "FAIL: %d CUDA device(s) visible but %s won't open: %s\n", count, name,
                 err);
         return -1;

@@ -6,12 +6,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../../common/model.h"
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/backend.h"
-#include "../../kernels/ops.h"
-#include "../test.h"
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "tests/test.h"
 
 static dp_rng_t s_rng;
 
@@ -29,7 +29,7 @@ static void test_memory(void)
 {
     dp_backend_t *be = NULL;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
     CHECK(be != NULL);
     if (!be) return;
     CHECK_STR(be->name, "cpu");
@@ -52,13 +52,14 @@ static void test_memory(void)
     dp_backend_destroy(&be);
     CHECK(be == NULL);
     dp_backend_destroy(&be); /* safe twice */
-    CHECK_EQ(dp_backend_open("tpu:0", &be, err), -1);
+    CHECK_EQ(dp_backend_new(&be, "tpu:0", err), -1);
     CHECK(strstr(err, "tpu") != NULL);
 }
 
 static void test_prepare_bad(void)
 {
-    dp_backend_t *be = dp_backend_cpu_new();
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
@@ -71,7 +72,8 @@ static void test_prepare_bad(void)
 /* Each op through the backend equals the kernel called directly. */
 static void test_ops_match_kernels(void)
 {
-    dp_backend_t *be = dp_backend_cpu_new();
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
     /* stride-3 pool with leftovers, valid and same convs, two fc */
@@ -164,7 +166,8 @@ static void test_ops_match_kernels(void)
  * worked momentum example. */
 static void test_optim_step(void)
 {
-    dp_backend_t *be = dp_backend_cpu_new();
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
     size_t n = 70001; /* odd */
     for (int k = 0; k < DP_OPT_KINDS; k++) {
         dp_optim_conf_t c;
@@ -204,7 +207,8 @@ static void test_optim_step(void)
 /* The overlap copies are plain copies on the cpu. */
 static void test_copies(void)
 {
-    dp_backend_t *be = dp_backend_cpu_new();
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
     size_t n = 1001;
     float *src = be->host_alloc(be, n * sizeof(float)), *dst = be->host_alloc(be, n * sizeof(float));
     float *d = be->alloc(be, n * sizeof(float));

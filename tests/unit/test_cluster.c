@@ -3,9 +3,9 @@
  * or field in the message. */
 #include <string.h>
 
-#include "../../common/cluster.h"
-#include "../../common/util.h"
-#include "../test.h"
+#include "common/cluster.h"
+#include "common/util.h"
+#include "tests/test.h"
 
 /* dp_cluster_t holds 2 x 256 x 256 bytes of host names: keep it off the stack. */
 static dp_cluster_t s_c;

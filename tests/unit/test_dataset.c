@@ -6,9 +6,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "../../common/dataset.h"
-#include "../../common/util.h"
-#include "../test.h"
+#include "common/dataset.h"
+#include "common/util.h"
+#include "tests/test.h"
 
 static char s_dir[64];
 
@@ -120,7 +120,7 @@ static void test_idx_plain_and_gz(void)
     snprintf(spec, sizeof spec, "mnist:%s", d);
 
     dp_dataset_t ds;
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), 0);
     CHECK_STR(ds.name, "mnist");
     CHECK_EQ(ds.n, 5);
     CHECK_EQ(ds.c, 1);
@@ -141,40 +141,40 @@ static void test_idx_plain_and_gz(void)
         ok &= out[12 + i] == (float)ds.pixels[12 + i] / 255.0f;
     }
     CHECK(ok);
-    dp_dataset_free(&ds);
-    dp_dataset_free(&ds); /* safe twice */
+    dp_dataset_fini(&ds);
+    dp_dataset_fini(&ds); /* safe twice */
     CHECK(ds.pixels == NULL && ds.n == 0);
 
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TEST, err), 0);
     CHECK_EQ(ds.n, 3);
     CHECK_EQ(ds.labels[0], 9);
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
 
     /* FILE.gz is preferred over FILE. */
     s_write_images(s_path(d, "t10k-images-idx3-ubyte.gz"), 0x803, 2, 4, 3, 2, 0);
     s_write_labels(s_path(d, "t10k-labels-idx1-ubyte.gz"), 0x801, 2, 2, -1, 0);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TEST, err), 0);
     CHECK_EQ(ds.n, 2);
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
 
     /* fashion-mnist:DIR reads the same names. */
     snprintf(spec, sizeof spec, "fashion-mnist:%s", d);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), 0);
     CHECK_STR(ds.name, "fashion-mnist");
     CHECK_EQ(ds.n, 5);
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
 
     /* idx:IMAGES,LABELS[,CLASSES], names given with or without .gz */
     snprintf(spec, sizeof spec, "idx:%s/train-images-idx3-ubyte,%s/train-labels-idx1-ubyte.gz,4",
              d, d);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), -1); /* label 4 >= 4 classes */
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TEST, err), -1); /* label 4 >= 4 classes */
     CHECK(strstr(err, "label 4 of sample 4 is out of range (4 classes)") != NULL);
     snprintf(spec, sizeof spec, "idx:%s/train-images-idx3-ubyte,%s/train-labels-idx1-ubyte.gz",
              d, d);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TEST, err), 0);
     CHECK_STR(ds.name, "idx");
     CHECK_EQ(ds.n, 5);
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
     s_rmtree(d);
 }
 
@@ -187,7 +187,7 @@ static void s_expect_error(const char *what, void (*make)(const char *dir), cons
     make(d);
     snprintf(spec, sizeof spec, "mnist:%s", d);
     dp_dataset_t ds;
-    int rc = dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err);
+    int rc = dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err);
     CHECK_EQ(rc, -1);
     CHECK(ds.pixels == NULL && ds.labels == NULL && ds.n == 0);
     CHECK(strchr(err, '\n') == NULL);
@@ -197,7 +197,7 @@ static void s_expect_error(const char *what, void (*make)(const char *dir), cons
             CHECK(strstr(err, want[i]) != NULL);
             fprintf(stderr, "  %s: error \"%s\" lacks \"%s\"\n", what, err, want[i]);
         }
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
     s_rmtree(d);
 }
 
@@ -327,17 +327,17 @@ static void test_bad_specs(void)
 {
     dp_dataset_t ds;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_dataset_load(&ds, "imagenet", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "imagenet", DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "unknown dataset 'imagenet'") != NULL);
-    CHECK_EQ(dp_dataset_load(&ds, "mnist", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "mnist", DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "mnist:DIR") != NULL);
-    CHECK_EQ(dp_dataset_load(&ds, "cifar10", DP_SPLIT_TRAIN, err), -1);
-    CHECK_EQ(dp_dataset_load(&ds, "mnist:", DP_SPLIT_TRAIN, err), -1);
-    CHECK_EQ(dp_dataset_load(&ds, "idx:onlyone", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "cifar10", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "mnist:", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "idx:onlyone", DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "IMAGES,LABELS") != NULL);
-    CHECK_EQ(dp_dataset_load(&ds, "idx:a,b,0", DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "idx:a,b,0", DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "class count") != NULL);
-    CHECK_EQ(dp_dataset_load(&ds, "mnist:/nonexistent/dir", DP_SPLIT_TEST, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, "mnist:/nonexistent/dir", DP_SPLIT_TEST, err), -1);
     CHECK(strstr(err, "/nonexistent/dir/t10k-images-idx3-ubyte: not found") != NULL);
     CHECK(ds.n == 0 && ds.pixels == NULL);
 }
@@ -371,7 +371,7 @@ static void test_cifar10(void)
     s_write_cifar(s_path(sub, "test_batch.bin.gz"), 3, 100, 0, 0);
     dp_dataset_t ds;
     snprintf(spec, sizeof spec, "cifar10:%s", d); /* the tarball's parent dir works */
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), 0);
     CHECK_STR(ds.name, "cifar10");
     CHECK_EQ(ds.n, 10);
     CHECK_EQ(ds.c, 3);
@@ -389,23 +389,23 @@ static void test_cifar10(void)
     dp_dataset_gather(&ds, idx, 1, out, lab);
     CHECK_EQ(lab[0], 7);
     CHECK(out[1024] == (float)(uint8_t)(7 + 1024) / 255.0f); /* G plane starts at 1024 */
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
 
     snprintf(spec, sizeof spec, "cifar10:%s", sub);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TEST, err), 0);
     CHECK_EQ(ds.n, 3);
     CHECK_EQ(ds.labels[0], 0);
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
 
     s_write_cifar(s_path(sub, "data_batch_3.bin"), 2, 0, 0, 100);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "data_batch_3.bin: truncated") != NULL);
     CHECK(ds.n == 0 && ds.pixels == NULL);
     s_write_cifar(s_path(sub, "data_batch_3.bin"), 2, 0, 1, 0);
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "data_batch_3.bin: label 10 of record 1 is out of range") != NULL);
     unlink(s_path(sub, "data_batch_3.bin"));
-    CHECK_EQ(dp_dataset_load(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), -1);
     CHECK(strstr(err, "data_batch_3.bin: not found") != NULL);
     s_rmtree(d);
 }
@@ -418,7 +418,7 @@ static void test_real_fashion_mnist(void)
     dp_dataset_t tr, te;
     char err[DP_ERR_LEN] = "";
     double t0 = dp_now();
-    int rc = dp_dataset_load(&tr, "fashion-mnist", DP_SPLIT_TRAIN, err);
+    int rc = dp_dataset_init(&tr, "fashion-mnist", DP_SPLIT_TRAIN, err);
     double dt = dp_now() - t0;
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "  %s\n", err);
@@ -426,7 +426,7 @@ static void test_real_fashion_mnist(void)
     CHECK(dt < 5.0); /* well under a second when the machine is idle */
     CHECK_EQ(tr.n, 60000);
     CHECK_EQ(tr.c * tr.h * tr.w, 784);
-    CHECK_EQ(dp_dataset_load(&te, "fashion-mnist", DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(dp_dataset_init(&te, "fashion-mnist", DP_SPLIT_TEST, err), 0);
     CHECK_EQ(te.n, 10000);
     /* Fashion-MNIST is balanced: 6000 / 1000 per class. */
     int ctr[10] = {0}, cte[10] = {0};
@@ -438,8 +438,8 @@ static void test_real_fashion_mnist(void)
     /* First training label of Fashion-MNIST is 9 (ankle boot), first test label 9 too. */
     CHECK_EQ(tr.labels[0], 9);
     CHECK_EQ(te.labels[0], 9);
-    dp_dataset_free(&tr);
-    dp_dataset_free(&te);
+    dp_dataset_fini(&tr);
+    dp_dataset_fini(&te);
 }
 
 DP_TESTS(T(test_idx_plain_and_gz), T(test_idx_errors), T(test_bad_specs), T(test_cifar10),

@@ -13,10 +13,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/ops.h"
-#include "../test.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/ops.h"
+#include "tests/test.h"
 
 static dp_rng_t s_rng;
 static int s_rng_ready;

@@ -12,11 +12,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "../../common/metrics.h"
-#include "../../common/checksum.h"
-#include "../../common/tbevents.h"
-#include "../../common/util.h"
-#include "../test.h"
+#include "common/metrics.h"
+#include "common/checksum.h"
+#include "common/tbevents.h"
+#include "common/util.h"
+#include "tests/test.h"
 
 static char s_dir[64];
 
@@ -73,7 +73,7 @@ static void test_jsonl_lines_parse(void)
     char path[256], err[DP_ERR_LEN] = "";
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
     dp_metrics_t *m = NULL;
-    CHECK_EQ(dp_metrics_open(&m, path, err), 0);
+    CHECK_EQ(dp_metrics_new(&m, path, err), 0);
     CHECK(m != NULL);
     double nan = NAN, inf = INFINITY;
     dp_metrics_write(m, "\"step\":%ld,\"loss\":%.6f", 1L, 0.5);
@@ -82,9 +82,9 @@ static void test_jsonl_lines_parse(void)
     dp_metrics_write(m, "\"note\":\"nan inf -inf stays text\",\"x\":%d", 3);
     dp_metrics_write(m, "%s", "");
     dp_metrics_write(m, "\"bad\": %s", "not json"); /* kept, as a string */
-    dp_metrics_close(&m);
+    dp_metrics_destroy(&m);
     CHECK(m == NULL);
-    dp_metrics_close(&m); /* safe twice */
+    dp_metrics_destroy(&m); /* safe twice */
 
     char *text, *lines[16];
     int n = s_lines(path, &text, lines, 16);
@@ -149,22 +149,22 @@ static void test_jsonl_disabled_and_bad_path(void)
 {
     char err[DP_ERR_LEN] = "";
     dp_metrics_t *m = NULL;
-    CHECK_EQ(dp_metrics_open(&m, NULL, err), 0);
+    CHECK_EQ(dp_metrics_new(&m, NULL, err), 0);
     CHECK(m != NULL);
     dp_metrics_write(m, "\"step\":%d", 1);
     dp_metrics_flush(m);
     CHECK_NEAR(dp_metrics_elapsed(m), 0, 0);
-    dp_metrics_close(&m);
+    dp_metrics_destroy(&m);
     CHECK(m == NULL);
-    CHECK_EQ(dp_metrics_open(&m, "", err), 0);
+    CHECK_EQ(dp_metrics_new(&m, "", err), 0);
     dp_metrics_write(m, "\"x\":1");
-    dp_metrics_close(&m);
+    dp_metrics_destroy(&m);
     dp_metrics_write(NULL, "\"x\":1"); /* NULL is a disabled writer too */
     dp_metrics_flush(NULL);
 
     /* A missing parent directory is not created: error naming the path. */
     m = (dp_metrics_t *)&m;
-    CHECK_EQ(dp_metrics_open(&m, "/nonexistent-dp-dir/sub/m.jsonl", err), -1);
+    CHECK_EQ(dp_metrics_new(&m, "/nonexistent-dp-dir/sub/m.jsonl", err), -1);
     CHECK(m == NULL);
     CHECK(strstr(err, "/nonexistent-dp-dir/sub/m.jsonl") != NULL);
     CHECK(access("/nonexistent-dp-dir", F_OK) != 0);
@@ -176,7 +176,7 @@ static void test_jsonl_flushed_within_a_second(void)
     char path[256], err[DP_ERR_LEN] = "";
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
     dp_metrics_t *m = NULL;
-    CHECK_EQ(dp_metrics_open(&m, path, err), 0);
+    CHECK_EQ(dp_metrics_new(&m, path, err), 0);
     dp_metrics_write(m, "\"step\":%d", 7);
     struct stat st;
     /* Buffered: nothing on disk straight away... */
@@ -189,7 +189,7 @@ static void test_jsonl_flushed_within_a_second(void)
     char *text, *lines[4];
     CHECK_EQ(s_lines(path, &text, lines, 4), 2);
     free(text);
-    dp_metrics_close(&m);
+    dp_metrics_destroy(&m);
     s_rmtree(dir);
 }
 
@@ -213,7 +213,7 @@ static void test_jsonl_threads_and_big_lines(void)
     char path[256], err[DP_ERR_LEN] = "";
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
     dp_metrics_t *m = NULL;
-    CHECK_EQ(dp_metrics_open(&m, path, err), 0);
+    CHECK_EQ(dp_metrics_new(&m, path, err), 0);
     pthread_t th[4];
     s_writer_arg_t args[4];
     for (int i = 0; i < 4; i++) {
@@ -226,7 +226,7 @@ static void test_jsonl_threads_and_big_lines(void)
     big[100000] = '\0';
     dp_metrics_write(m, "\"big\":\"%s\"", big);
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
-    dp_metrics_close(&m);
+    dp_metrics_destroy(&m);
 
     static char *lines[9000];
     char *text;
@@ -472,7 +472,7 @@ static void test_tb_roundtrip(void)
     char logdir[256], err[DP_ERR_LEN] = "";
     snprintf(logdir, sizeof logdir, "%s/runs/a", dir); /* created, parents too */
     dp_tb_t *tb = NULL;
-    CHECK_EQ(dp_tb_open(&tb, logdir, "worker0", err), 0);
+    CHECK_EQ(dp_tb_new(&tb, logdir, "worker0", err), 0);
     CHECK(tb != NULL);
     double t0 = (double)time(NULL);
     dp_tb_scalar(tb, "train/loss", 0, 2.25f);
@@ -481,9 +481,9 @@ static void test_tb_roundtrip(void)
     dp_tb_scalar(tb, "neg", -3, -1.0f);
     const char *p = dp_tb_path(tb);
     CHECK(p && strstr(p, "/events.out.tfevents.") && strstr(p, ".worker0"));
-    dp_tb_close(&tb);
+    dp_tb_destroy(&tb);
     CHECK(tb == NULL);
-    dp_tb_close(&tb);
+    dp_tb_destroy(&tb);
 
     char path[512];
     CHECK_EQ(s_find_event_file(logdir, path, sizeof path), 1);
@@ -539,11 +539,11 @@ static void test_tb_roundtrip(void)
 
     /* A second writer in the same second gets its own file. */
     dp_tb_t *a = NULL, *b = NULL;
-    CHECK_EQ(dp_tb_open(&a, logdir, "x", err), 0);
-    CHECK_EQ(dp_tb_open(&b, logdir, "x", err), 0);
+    CHECK_EQ(dp_tb_new(&a, logdir, "x", err), 0);
+    CHECK_EQ(dp_tb_new(&b, logdir, "x", err), 0);
     CHECK(a && b && strcmp(dp_tb_path(a), dp_tb_path(b)) != 0);
-    dp_tb_close(&a);
-    dp_tb_close(&b);
+    dp_tb_destroy(&a);
+    dp_tb_destroy(&b);
     s_rmtree(dir);
 }
 
@@ -551,18 +551,18 @@ static void test_tb_disabled_and_bad(void)
 {
     char err[DP_ERR_LEN] = "";
     dp_tb_t *tb = NULL;
-    CHECK_EQ(dp_tb_open(&tb, NULL, "x", err), 0);
+    CHECK_EQ(dp_tb_new(&tb, NULL, "x", err), 0);
     CHECK(tb != NULL && dp_tb_path(tb) == NULL);
     dp_tb_scalar(tb, "a", 1, 1.0f);
-    dp_tb_close(&tb);
+    dp_tb_destroy(&tb);
     CHECK(tb == NULL);
     dp_tb_scalar(NULL, "a", 1, 1.0f);
-    CHECK_EQ(dp_tb_open(&tb, "/tmp", "a/b", err), -1);
+    CHECK_EQ(dp_tb_new(&tb, "/tmp", "a/b", err), -1);
     CHECK(strstr(err, "suffix") != NULL);
-    CHECK_EQ(dp_tb_open(&tb, "/proc/dp-no/such", NULL, err), -1);
+    CHECK_EQ(dp_tb_new(&tb, "/proc/dp-no/such", NULL, err), -1);
     CHECK(strstr(err, "/proc/dp-no/such") != NULL);
     /* logdir is a file */
-    CHECK_EQ(dp_tb_open(&tb, "/etc/hostname/x", NULL, err), -1);
+    CHECK_EQ(dp_tb_new(&tb, "/etc/hostname/x", NULL, err), -1);
     CHECK(tb == NULL);
 }
 
@@ -575,9 +575,9 @@ static void test_tb_read_by_tensorboard(void)
     const char *dir = s_tmpdir();
     char err[DP_ERR_LEN] = "";
     dp_tb_t *tb = NULL;
-    CHECK_EQ(dp_tb_open(&tb, dir, "tbcheck", err), 0);
+    CHECK_EQ(dp_tb_new(&tb, dir, "tbcheck", err), 0);
     for (int i = 0; i < 10; i++) dp_tb_scalar(tb, "loss", i * 10, 1.0f / (float)(i + 1));
-    dp_tb_close(&tb);
+    dp_tb_destroy(&tb);
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 -c '"

@@ -1,7 +1,7 @@
 /* test_model: spec parsing, shapes, parameter table, init, fingerprint. */
-#include "../../common/model.h"
-#include "../../common/util.h"
-#include "../test.h"
+#include "common/model.h"
+#include "common/util.h"
+#include "tests/test.h"
 
 static void test_default_spec_shapes(void)
 {

@@ -4,14 +4,14 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../common/dataset.h"
-#include "../../common/model.h"
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/backend.h"
-#include "../../worker/data.h"
-#include "../../worker/net.h"
-#include "../test.h"
+#include "common/dataset.h"
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "worker/data.h"
+#include "worker/net.h"
+#include "tests/test.h"
 
 
 static void s_random(float *x, size_t n, dp_rng_t *r, float scale)
@@ -27,7 +27,7 @@ static int s_gradient_check(const char *spec)
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, spec, 2, 9, 7, err), 0);
     dp_backend_t *be = NULL;
-    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
     dp_net_t net;
     int B = 3;
     CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
@@ -69,7 +69,7 @@ static int s_gradient_check(const char *spec)
     }
     CHECK(ok > 0);
     fprintf(stderr, "  %s: %d of %zu gradients off, worst |diff| %.3g\n", spec, bad, m.n_floats, worst);
-    dp_net_free(&net);
+    dp_net_fini(&net);
     dp_backend_destroy(&be);
     free(params);
     free(grads);
@@ -107,7 +107,7 @@ static void test_loss_falls_under_sgd(void)
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 1, 8, 8, err), 0);
     dp_backend_t *be = NULL;
-    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
     dp_net_t net;
     int B = 16;
     CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
@@ -137,7 +137,7 @@ static void test_loss_falls_under_sgd(void)
     dp_net_evaluate(&net, x, y, B, &correct);
     CHECK(correct >= 14);
     be->release(be, v);
-    dp_net_free(&net);
+    dp_net_fini(&net);
     dp_backend_destroy(&be);
     free(params);
 }
@@ -189,10 +189,11 @@ static void test_batcher_matches_rule(void)
         for (int k = 0; k < 4; k++) ds.pixels[i * 4 + k] = (uint8_t)(i * 5 % 256);
         ds.labels[i] = (uint8_t)(i % 10);
     }
-    dp_backend_t *be = dp_backend_cpu_new();
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
     dp_batcher_t bt;
     char err[DP_ERR_LEN];
-    CHECK_EQ(dp_batcher_start(&bt, &ds, be, 4, 1, 2, 9, 20, err), 0);
+    CHECK_EQ(dp_batcher_init(&bt, &ds, be, 4, 1, 2, 9, 20, err), 0);
     dp_batch_t b;
     long step, count = 0;
     int idx[4];
@@ -209,13 +210,13 @@ static void test_batcher_matches_rule(void)
         count++;
     }
     CHECK_EQ(count, 20);
-    dp_batcher_stop(&bt);
-    dp_batcher_stop(&bt);  /* safe twice */
+    dp_batcher_fini(&bt);
+    dp_batcher_fini(&bt);  /* safe twice */
     /* Too little data for one global batch: a clear error. */
-    CHECK_EQ(dp_batcher_start(&bt, &ds, be, 30, 0, 2, 9, 5, err), -1);
+    CHECK_EQ(dp_batcher_init(&bt, &ds, be, 30, 0, 2, 9, 5, err), -1);
     CHECK(strstr(err, "fewer than one global batch") != NULL);
     dp_backend_destroy(&be);
-    dp_dataset_free(&ds);
+    dp_dataset_fini(&ds);
 }
 
 /* The step on a staged batch with its gradient copied out layer by layer
@@ -226,7 +227,7 @@ static void test_train_step_device_copies_grads(void)
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 9, 7, err), 0);
     dp_backend_t *be = NULL;
-    CHECK_EQ(dp_backend_open("cpu", &be, err), 0);
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
     dp_net_t net;
     int B = 5;
     CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
@@ -251,7 +252,7 @@ static void test_train_step_device_copies_grads(void)
     CHECK(memcmp(g1, g2, nf * sizeof(float)) == 0);
     be->release(be, d_x), be->release(be, d_y), be->host_release(be, g2);
     free(params), free(g1), free(x);
-    dp_net_free(&net);
+    dp_net_fini(&net);
     dp_backend_destroy(&be);
 }
 

@@ -1,10 +1,10 @@
 /* test_optim: optimizer update rules against PyTorch's values and a double
  * reference, schedules, parsing, and that stepping a vector in pieces is
  * bit-identical to stepping it whole (what sharding relies on). */
-#include "../../common/rng.h"
-#include "../../common/util.h"
-#include "../../kernels/optim.h"
-#include "../test.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/optim.h"
+#include "tests/test.h"
 
 
 static dp_optim_conf_t s_conf(dp_optim_kind_t k)

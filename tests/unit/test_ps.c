@@ -147,7 +147,7 @@ static void test_async_sgd_exact(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     dp_ps_info_t info;
-    int rc = dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, &info, err);
+    int rc = dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, &info, err);
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "  %s\n", err);
     if (c) {
@@ -204,7 +204,7 @@ static void test_sync_aggregate_backup(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c[3] = {0};
     dp_ps_info_t info;
-    for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_connect(&c[i], s.endpoint, &s_small, i, TMO, &info, err), 0);
+    for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_new(&c[i], s.endpoint, &s_small, i, TMO, &info, err), 0);
     if (c[0] && c[1] && c[2]) {
         CHECK_EQ(info.replicas, 2);
         size_t n = s_small.n_floats;
@@ -278,8 +278,8 @@ static void test_sync_defer_and_finish(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *a = NULL, *b = NULL;
-    CHECK_EQ(dp_ps_client_connect(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    CHECK_EQ(dp_ps_client_connect(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
     if (a && b) {
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
@@ -329,7 +329,7 @@ static void test_sync_heartbeat_timeout(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *a = NULL;
-    CHECK_EQ(dp_ps_client_connect(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
     if (a) {
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *g = dp_malloc(n * 4);
@@ -361,8 +361,8 @@ static void test_ssp_zero_lockstep(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *a = NULL, *b = NULL;
     dp_ps_info_t info;
-    CHECK_EQ(dp_ps_client_connect(&a, s.endpoint, &s_small, 0, TMO, &info, err), 0);
-    CHECK_EQ(dp_ps_client_connect(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, &info, err), 0);
+    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
     if (a && b) {
         CHECK_EQ(info.mode, DP_MODE_SSP);
         CHECK_EQ(info.staleness, 0);
@@ -400,7 +400,7 @@ static void test_ssp_zero_lockstep(void)
 static int s_two_pushes(const char *endpoints, const dp_model_t *m, float *out, char *err)
 {
     dp_ps_client_t *c = NULL;
-    if (dp_ps_client_connect(&c, endpoints, m, 0, TMO, NULL, err) != 0) return -1;
+    if (dp_ps_client_new(&c, endpoints, m, 0, TMO, NULL, err) != 0) return -1;
     size_t n = m->n_floats;
     float *g = dp_malloc(n * 4);
     int rc = -1;
@@ -451,10 +451,10 @@ static void test_two_shards_equal_one(void)
     /* Endpoints in the wrong order are refused with a clear line. */
     snprintf(eps, sizeof eps, "%s,%s", s1.endpoint, s0.endpoint);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_connect(&c, eps, &s_small, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, TMO, NULL, err), -1);
     CHECK(strstr(err, "but it is listed at position") != NULL);
     /* A missing shard is refused too. */
-    CHECK_EQ(dp_ps_client_connect(&c, s0.endpoint, &s_small, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s0.endpoint, &s_small, 0, TMO, NULL, err), -1);
     CHECK(strstr(err, "shard 0 of 2") != NULL);
     free(a), free(b);
     for (int i = 0; i < 3; i++) CHECK_EQ(srv_stop(all[i]), 0);
@@ -470,17 +470,17 @@ static void test_fingerprint_mismatch(void)
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&other, "conv3x3:3 relu maxpool2 fc:4 softmax", 1, 8, 8, err), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
     CHECK(c == NULL);
     CHECK(strstr(err, "model mismatch: worker has 'conv3x3:3") != NULL);
     CHECK(strstr(err, "server has 'conv3x3:2") != NULL);
     fprintf(stderr, "  (expected) %s\n", err);
     /* Same spec, other input shape: refused as well. */
     CHECK_EQ(dp_model_parse(&other, SMALL_SPEC, 1, 10, 10, err), 0);
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
     CHECK(strstr(err, "on 1x10x10") != NULL);
     /* A worker id beyond --workers is refused. */
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 5, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 5, TMO, NULL, err), -1);
     CHECK(strstr(err, "worker id 5 out of range") != NULL);
     CHECK_EQ(srv_stop(&s), 0);
 }
@@ -493,7 +493,7 @@ static void test_nan_rejected(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
     if (c) {
         size_t n = s_small.n_floats;
         float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
@@ -542,8 +542,8 @@ static int s_raw(void *sock, const frame_t *f, int n, char *text, size_t text_n)
         type = env->type;
         snprintf(text, text_n, "%s", env->error && env->error->message ? env->error->message : "");
     }
-    dp_wire_free(env);
-    dp_wire_rx_close(&rx);
+    dp_wire_destroy(&env);
+    dp_wire_rx_fini(&rx);
     return type;
 }
 
@@ -581,7 +581,7 @@ static void test_malformed_envelopes(void)
     char err[DP_ERR_LEN] = "";
     /* A real worker joins first, so that a valid push would be applied. */
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
     size_t n = s_small.n_floats;
     float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
     if (c) CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
@@ -696,7 +696,7 @@ static void test_checkpoint_restore(void)
     ref.cfg.optim.kind = DP_OPT_ADAM;
     CHECK_EQ(srv_start(&ref), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_connect(&c, ref.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, ref.endpoint, &s_small, 0, TMO, NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(dp_ps_client_push(c, g1, 1, 8, &r, err), 0);
@@ -712,7 +712,7 @@ static void test_checkpoint_restore(void)
     s.cfg.optim.kind = DP_OPT_ADAM;
     snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", dir);
     CHECK_EQ(srv_start(&s), 0);
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(dp_ps_client_push(c, g1, 1, 8, &r, err), 0);
@@ -729,7 +729,7 @@ static void test_checkpoint_restore(void)
     s2.cfg.optim.kind = DP_OPT_ADAM;
     snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", dir);
     CHECK_EQ(srv_start(&s2), 0);
-    CHECK_EQ(dp_ps_client_connect(&c, s2.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s2.endpoint, &s_small, 0, TMO, NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(dp_ps_client_version(c), 1);
@@ -792,7 +792,7 @@ static void test_dead_server_times_out(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     double t0 = dp_now();
-    CHECK_EQ(dp_ps_client_connect(&c, ep, &s_small, 0, 1.0, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, ep, &s_small, 0, 1.0, NULL, err), -1);
     double dt = dp_now() - t0;
     CHECK(dt >= 0.9 && dt < 3.0);
     CHECK(strstr(err, "no reply in 1 s (is downpour-ps running?)") != NULL);
@@ -801,7 +801,7 @@ static void test_dead_server_times_out(void)
     srv_t s;
     srv_init(&s, DP_MODE_ASYNC, 1);
     CHECK_EQ(srv_start(&s), 0);
-    CHECK_EQ(dp_ps_client_connect(&c, s.endpoint, &s_small, 0, 1.0, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, 1.0, NULL, err), 0);
     CHECK_EQ(srv_stop(&s), 0);
     if (c) {
         float *p = dp_malloc(s_small.n_floats * 4), *g = dp_calloc(s_small.n_floats, 4);
@@ -875,7 +875,7 @@ static void test_roundtrip_time(void)
             snprintf(eps + l, sizeof eps - l, "%s%s", i ? "," : "", s[i].endpoint);
         }
         dp_ps_client_t *c = NULL;
-        CHECK_EQ(dp_ps_client_connect(&c, eps, &m, 0, TMO, NULL, err), 0);
+        CHECK_EQ(dp_ps_client_new(&c, eps, &m, 0, TMO, NULL, err), 0);
         if (c) {
             const int iters = 20;
             int ok = 1;

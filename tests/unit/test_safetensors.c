@@ -5,10 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../common/model.h"
-#include "../../common/safetensors.h"
-#include "../../common/util.h"
-#include "../test.h"
+#include "common/model.h"
+#include "common/safetensors.h"
+#include "common/util.h"
+#include "tests/test.h"
 
 #define SPEC "conv3x3:4 relu maxpool2 fc:10 softmax"
 

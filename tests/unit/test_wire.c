@@ -43,7 +43,7 @@ static int s_check(const uint8_t *buf, size_t len, const dp_wire_frame_t *fr, in
     Downpour__Envelope *env = dp_wire_decode(buf, len, err);
     if (!env) return -1;
     int rc = dp_wire_check(env, fr, nf, err);
-    dp_wire_free(env);
+    dp_wire_destroy(&env);
     return rc;
 }
 
@@ -76,8 +76,8 @@ static void test_roundtrip_envelope(void)
     CHECK_EQ(dp_wire_check(env, &fr, 1, err), 0);
     CHECK_EQ(dp_wire_check_range(env, 10, 10 + N, err), 0);
     CHECK_EQ(dp_wire_check_finite(&fr, 1, err), 0);
-    dp_wire_free(env);
-    dp_wire_free(NULL); /* safe */
+    dp_wire_destroy(&env);
+    dp_wire_destroy(NULL); /* safe */
 }
 
 static void test_mode_and_names(void)
@@ -160,11 +160,11 @@ static void test_roundtrip_sockets(void)
         Downpour__Envelope *e3 = dp_wire_decode(zmq_msg_data(&rx2.parts[0]), zmq_msg_size(&rx2.parts[0]), err);
         CHECK(e3 && e3->request_id == 9 && e3->type == DOWNPOUR__MSG_TYPE__HEARTBEAT);
         CHECK_EQ(dp_wire_check(e3, NULL, 0, err), 0);
-        dp_wire_free(e3);
-        dp_wire_rx_close(&rx2);
+        dp_wire_destroy(&e3);
+        dp_wire_rx_fini(&rx2);
     }
-    dp_wire_free(e2);
-    dp_wire_rx_close(&rx);
+    dp_wire_destroy(&e2);
+    dp_wire_rx_fini(&rx);
     /* Nothing waiting: DONTWAIT gives EAGAIN, not a hang. */
     CHECK_EQ(dp_wire_recv(router, &rx, ZMQ_DONTWAIT, err), -1);
     CHECK_EQ(errno, EAGAIN);
@@ -192,11 +192,11 @@ static void test_recv_too_many_frames(void)
     CHECK_EQ(dp_wire_recv(b, &rx, 0, err), 0);
     CHECK_EQ(rx.n_parts, DP_WIRE_MAX_PARTS);
     CHECK_EQ(rx.n_total, total);
-    dp_wire_rx_close(&rx);
+    dp_wire_rx_fini(&rx);
     CHECK_EQ(dp_wire_recv(b, &rx, 0, err), 0); /* the next message is whole */
     CHECK_EQ(rx.n_total, 1);
     CHECK_EQ(zmq_msg_size(&rx.parts[0]), 4);
-    dp_wire_rx_close(&rx);
+    dp_wire_rx_fini(&rx);
     zmq_close(a);
     zmq_close(b);
     zmq_ctx_term(ctx);
@@ -303,7 +303,7 @@ static void test_range(void)
     CHECK_EQ(dp_wire_check_range(env, 50, 149, err), -1); /* too long */
     CHECK_EQ(dp_wire_check_range(env, 50, 151, err), -1); /* too short */
     CHECK(strstr(err, "cover") != NULL);
-    dp_wire_free(env);
+    dp_wire_destroy(&env);
 }
 
 static void test_finite(void)

@@ -1,8 +1,8 @@
-/* cuda: private header of the CUDA backend, shared by the C backend
+/* backend_cuda.h: private header of the CUDA backend, shared by the C backend
  * (backend_cuda.c: cuDNN, cuBLAS, memory, planning) and our own kernels
  * (ops_gpu.cu). Nothing outside kernels/cuda includes it.
  *
- * Dimensions, as in ../ops.h: B = batch, C = channels, H, W = input height
+ * Dimensions, as in kernels/ops.h: B = batch, C = channels, H, W = input height
  * and width, OC = output channels, K = kernel, OH, OW = output height and
  * width, S = positions per channel (OH * OW for a conv output, 1 for fc),
  * IN / OUT = fc features. NCHW float32; pointers named d_* live on the GPU.
@@ -18,15 +18,15 @@
  * ops that cannot return an error (a failing kernel leaves the CUDA context
  * unusable anyway). Fallible setup paths use the *_TRY twins, which fill err
  * and jump to the function's `fail:` label. */
-#ifndef DP_CUDA_H
-#define DP_CUDA_H
+#ifndef DP_BACKEND_CUDA_H
+#define DP_BACKEND_CUDA_H
 
 #include <stddef.h>
 
 #include <cuda_runtime_api.h>
 
-#include "../ops.h"
-#include "../optim.h"
+#include "kernels/ops.h"
+#include "kernels/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -84,7 +84,7 @@ void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_l
 void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const int *d_labels,
                                   int B, int classes, cudaStream_t st);
 
-/* dp_optim_step (../optim.h) on device memory, for every optimizer. */
+/* dp_optim_step (kernels/optim.h) on device memory, for every optimizer. */
 void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const float *d_g,
                        float *d_state, size_t n, long t, cudaStream_t st);
 
