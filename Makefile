@@ -6,19 +6,32 @@
 #   make bench      training throughput, side by side with PyTorch when present
 #   make deps       install the Debian packages the build, tests and data need
 #   make CUDA=0     CPU-only build (always works); CUDA is detected, never required
+#   make test SANITIZE=1   the same tests built with ASan + UBSan (under build-san/)
+#   make fuzz       the wire fuzzer under libFuzzer + ASan for FUZZ_SECONDS (60)
 #
 # Objects land under build/; each directory becomes one static library so a
 # binary links only what it uses (the server never links CUDA).
 
-BUILD   := build
+# SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer on every object,
+# in a build folder of its own so sanitized and plain objects never mix; the
+# CUDA runtime does not run under ASan, so such a build is CPU-only.
+ifeq ($(SANITIZE),1)
+  BUILD   ?= build-san
+  CUDA    := 0
+  SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+  # Sanitized code runs 2-5x slower: the test runner scales its timeouts.
+  export DP_TEST_TIMEOUT_SCALE ?= 4
+else
+  BUILD   ?= build
+endif
 CC      ?= gcc
 PKGS    := libzmq libprotobuf-c openblas zlib libcjson libisal
 
 DP_CFLAGS := -std=c11 -Wall -Wextra -O2 -g -MMD -MP -D_GNU_SOURCE -fopenmp -I. -I$(BUILD)/gen
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-ALL_CFLAGS  = $(DP_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
-LDLIBS_ALL  = $(PKG_LIBS) -fopenmp -lm -lpthread $(LDFLAGS)
+ALL_CFLAGS  = $(DP_CFLAGS) $(SAN_FLAGS) $(PKG_CFLAGS) $(CFLAGS)
+LDLIBS_ALL  = $(SAN_FLAGS) $(PKG_LIBS) -fopenmp -lm -lpthread $(LDFLAGS)
 
 # ---- CUDA: detected, never required -------------------------------------
 CUDA_HOME ?= /usr/local/cuda
@@ -86,7 +99,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/tests/%,$(BENCH_SRC))
 GPU_SRC   := $(wildcard tests/gpu/test_*.c)
 GPU_BINS  := $(if $(HAVE_CUDA),$(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(GPU_SRC)))
 
-.PHONY: all cuda-status deps deps-test run test tests bench clean
+.PHONY: all cuda-status deps deps-test run test tests bench fuzz clean
 all: cuda-status $(BINS)
 
 cuda-status:
@@ -158,7 +171,8 @@ DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compil
              libopenblas-dev zlib1g-dev libcjson-dev libisal-dev dataset-fashion-mnist
 # Only the tests: PyTorch checks that our checkpoints load into torch; protoc
 # decodes our TensorBoard events independently.
-DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler
+# clang builds the libFuzzer target (make fuzz).
+DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
 define install_missing
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \
@@ -183,7 +197,30 @@ run: deps
 
 test: deps-test
 	@$(MAKE) --no-print-directory tests
-	./tests/run.sh
+	BUILD=$(BUILD) ./tests/run.sh
+
+# ---- the wire fuzzer under libFuzzer --------------------------------------
+# clang instruments the decoder and validator (proto/wire.c, the generated
+# codec, and the common code they call) for coverage and ASan + UBSan; the
+# seed corpus comes from the gcc-built fuzz_wire's valid messages. Findings
+# (crash-*, leak-*) land in $(BUILD)/fuzz/ and fail the target.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_DIR     := $(BUILD)/fuzz
+FUZZ_LF_SRC  := tests/fuzz/fuzz_wire.c proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c
+$(FUZZ_DIR)/fuzz_wire_lf: $(FUZZ_LF_SRC) proto/wire.h
+	@mkdir -p $(FUZZ_DIR)
+	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -DDP_LIBFUZZER -fsanitize=fuzzer,address,undefined \
+	    -fno-sanitize-recover=undefined -I. -I$(BUILD)/gen $(PKG_CFLAGS) $(FUZZ_LF_SRC) -o $@ $(PKG_LIBS) -lm -lpthread
+fuzz: deps-test
+	@$(MAKE) --no-print-directory $(FUZZ_DIR)/fuzz_wire_lf $(BUILD)/tests/fuzz_wire
+	@rm -rf $(FUZZ_DIR)/seeds && mkdir -p $(FUZZ_DIR)/seeds $(FUZZ_DIR)/corpus
+	$(BUILD)/tests/fuzz_wire --write-seeds $(FUZZ_DIR)/seeds
+	cd $(FUZZ_DIR) && ./fuzz_wire_lf -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
+	    -print_final_stats=1 corpus seeds >fuzz.log 2>&1; \
+	    grep -E 'Done [0-9]+ runs|stat::number_of_executed_units|stat::new_units|ERROR|SUMMARY' fuzz.log
+	@! ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* >/dev/null 2>&1 || \
+	    { echo "fuzz: findings in $(FUZZ_DIR)"; exit 1; }
 
 bench: deps-test
 	@$(MAKE) --no-print-directory tests

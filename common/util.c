@@ -166,6 +166,12 @@ static void s_sync_dir(const char *path)
 
 int dp_write_file_atomic(const char *path, const void *data, size_t len, char *err)
 {
+    return dp_write_file_atomic_mode(path, data, len, 0644, err);
+}
+
+int dp_write_file_atomic_mode(const char *path, const void *data, size_t len, mode_t mode,
+                              char *err)
+{
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
         return dp_err(err, "%s: path too long", path);
@@ -187,7 +193,11 @@ int dp_write_file_atomic(const char *path, const void *data, size_t len, char *e
         dp_err(err, "%s: fsync failed: %s", path, strerror(errno));
         goto fail;
     }
-    fchmod(fd, 0644);
+    /* mkstemp made it 0600: a secret never exists with wider rights. */
+    if (mode != 0600 && fchmod(fd, mode) != 0) {
+        dp_err(err, "%s: chmod failed: %s", path, strerror(errno));
+        goto fail;
+    }
     close(fd);
     fd = -1;
     if (rename(tmp, path) != 0) {

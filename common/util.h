@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define DP_ERR_LEN 256
 
@@ -45,5 +46,8 @@ int dp_read_file(const char *path, uint8_t **out, size_t *len, char *err);
 /* Atomic whole-file write: temp file in the same directory, fsync, rename,
  * fsync of the directory. On failure nothing is left at path or beside it. */
 int dp_write_file_atomic(const char *path, const void *data, size_t len, char *err);
+/* The same with the file's mode (0600 for a secret: it is never wider). */
+int dp_write_file_atomic_mode(const char *path, const void *data, size_t len, mode_t mode,
+                              char *err);
 
 #endif

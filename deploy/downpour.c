@@ -13,6 +13,7 @@ static void s_usage(FILE *f)
             "usage: downpour local --workers N [--ps-shards K] [--gpus 0,1] [--mode sync|async|ssp]\n"
             "                      [--out DIR] [any downpour-ps / downpour-worker flag]\n"
             "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
+            "       downpour keygen FILE\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
 }
 
@@ -26,6 +27,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "local") == 0) return dp_local_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "keygen") == 0) return dp_keygen_main(argc - 1, argv + 1);
     fprintf(stderr, "downpour: unknown command '%s'\n", argv[1]);
     s_usage(stderr);
     return 2;

@@ -6,5 +6,7 @@
 int dp_local_main(int argc, char **argv);
 /* downpour eval: test accuracy of a checkpoint. */
 int dp_eval_main(int argc, char **argv);
+/* `downpour keygen FILE`: a CURVE key pair (deploy/keygen.c). */
+int dp_keygen_main(int argc, char **argv);
 
 #endif
