@@ -479,8 +479,6 @@ static void test_tb_roundtrip(void)
     dp_tb_scalar(tb, "train/loss", 100, 0.5f);
     dp_tb_scalar(tb, "test/accuracy", 300000000000L, 0.875f);
     dp_tb_scalar(tb, "neg", -3, -1.0f);
-    const char *p = dp_tb_path(tb);
-    CHECK(p && strstr(p, "/events.out.tfevents.") && strstr(p, ".worker0"));
     dp_tb_destroy(&tb);
     CHECK(tb == NULL);
     dp_tb_destroy(&tb);
@@ -541,9 +539,10 @@ static void test_tb_roundtrip(void)
     dp_tb_t *a = NULL, *b = NULL;
     CHECK_EQ(dp_tb_new(&a, logdir, "x", err), 0);
     CHECK_EQ(dp_tb_new(&b, logdir, "x", err), 0);
-    CHECK(a && b && strcmp(dp_tb_path(a), dp_tb_path(b)) != 0);
+    CHECK(a && b);
     dp_tb_destroy(&a);
     dp_tb_destroy(&b);
+    CHECK_EQ(s_find_event_file(logdir, path, sizeof path), 3);
     s_rmtree(dir);
 }
 
@@ -552,7 +551,7 @@ static void test_tb_disabled_and_bad(void)
     char err[DP_ERR_LEN] = "";
     dp_tb_t *tb = NULL;
     CHECK_EQ(dp_tb_new(&tb, NULL, "x", err), 0);
-    CHECK(tb != NULL && dp_tb_path(tb) == NULL);
+    CHECK(tb != NULL);
     dp_tb_scalar(tb, "a", 1, 1.0f);
     dp_tb_destroy(&tb);
     CHECK(tb == NULL);
