@@ -106,13 +106,16 @@ cuda-status:
 	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "CUDA: found ($(NVCC), $(CUDNN_H)): building the cuda backend"; \
 	else echo "CUDA: not found ($(CUDA_WHY)): CPU-only build"; fi
 
-# ---- protobuf-c codec, generated at build time --------------------------
-$(BUILD)/gen/proto/downpour.pb-c.c $(BUILD)/gen/proto/downpour.pb-c.h: proto/downpour.proto
+# ---- protobuf-c codecs, generated at build time -------------------------
+# proto/downpour.proto (the wire) and common/tb_event.proto (TensorBoard's
+# Event) land under build/gen with their source paths.
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: %.proto
 	@mkdir -p $(BUILD)/gen
-	protoc-c --c_out=$(BUILD)/gen proto/downpour.proto
+	protoc-c --c_out=$(BUILD)/gen $<
+.PRECIOUS: $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h
 
-# Everything may include the generated header; make it first.
-$(BUILD)/obj/%.o: %.c | $(BUILD)/gen/proto/downpour.pb-c.h
+# Everything may include the generated headers; make them first.
+$(BUILD)/obj/%.o: %.c | $(BUILD)/gen/proto/downpour.pb-c.h $(BUILD)/gen/common/tb_event.pb-c.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
@@ -130,7 +133,7 @@ $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 
-$(LIB_COMMON):  $(call obj,$(COMMON_SRC))
+$(LIB_COMMON):  $(call obj,$(COMMON_SRC)) $(BUILD)/obj/gen/common/tb_event.pb-c.o
 $(LIB_PROTO):   $(call obj,$(PROTO_SRC)) $(BUILD)/obj/gen/proto/downpour.pb-c.o
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC))
 $(LIB_CUDA):    $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC)) $(call obj,$(CUDA_CSRC))

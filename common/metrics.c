@@ -1,34 +1,32 @@
 /* metrics: JSON-lines metrics files and the atomic summary file (see
  * metrics.h for the format).
  *
- * Invariants: buf holds only whole lines; it reaches the file through
+ * Invariants: a line is printed by cJSON outside the lock and copied whole
+ * into buf under it, so buf holds only whole lines; it reaches the file through
  * s_flush_locked, which writes the whole buffer or, on an I/O error, warns
  * once and drops it (a full disk must not stop training). The flusher thread
  * wakes every second; close stops it, joins it, then flushes what is left.
  * A disabled writer has fd -1 and no thread. */
 #include "common/metrics.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/util.h"
 
 #define S_BUF_CAP (64 * 1024) /* flushed early when a line would not fit */
+#define S_LINE_CAP 1024       /* a line printed on the stack (the common case) */
 
 struct dp_metrics {
     int fd;                 /* -1: disabled writer */
     char *path;             /* for warnings */
-    double t0;              /* dp_now() at open */
     pthread_mutex_t mu;     /* guards everything below */
     pthread_cond_t wake;    /* signalled by close to stop the flusher */
     pthread_t flusher;
@@ -36,7 +34,6 @@ struct dp_metrics {
     char *buf;              /* whole lines not yet written */
     size_t len;             /* bytes in buf */
     int warned_io;          /* warn about write errors once */
-    int warned_invalid;     /* warn about bodies that are not JSON once */
 };
 
 /* Writes all of p, retrying short writes and EINTR. */
@@ -84,7 +81,6 @@ int dp_metrics_new(dp_metrics_t **out, const char *path, char *err)
 {
     dp_metrics_t *m = dp_calloc(1, sizeof *m);
     m->fd = -1;
-    m->t0 = dp_now();
     if (!path || !path[0]) {
         *out = m;
         return 0;
@@ -122,142 +118,74 @@ int dp_metrics_new(dp_metrics_t **out, const char *path, char *err)
     return 0;
 }
 
-double dp_metrics_elapsed(const dp_metrics_t *m)
+cJSON *dp_metrics_line(const dp_metrics_t *m)
 {
-    return m && m->fd >= 0 ? dp_now() - m->t0 : 0.0;
-}
-
-/* Is the bare token at s (letters only, any case) nan / inf / infinity? */
-static size_t s_nonfinite_len(const char *s)
-{
-    size_t n = 0;
-    while (isalpha((unsigned char)s[n])) n++;
-    if (isalnum((unsigned char)s[n]) || s[n] == '_' || s[n] == '(') return 0;
-    if ((n == 3 && strncasecmp(s, "nan", 3) == 0) || (n == 3 && strncasecmp(s, "inf", 3) == 0) ||
-        (n == 8 && strncasecmp(s, "infinity", 8) == 0))
-        return n;
-    return 0;
-}
-
-char *dp_json_nonfinite_to_null(const char *s)
-{
-    size_t n = strlen(s);
-    /* Worst growth: "nan" -> "null", 3 bytes to 4. */
-    char *out = dp_malloc(n + n / 3 + 2);
-    size_t o = 0;
-    int in_str = 0;
-    char prev = ':'; /* last non-blank outside strings; the start is a value position */
-    for (size_t i = 0; i < n;) {
-        char ch = s[i];
-        if (in_str) {
-            out[o++] = ch;
-            if (ch == '\\' && i + 1 < n) {
-                out[o++] = s[i + 1];
-                i += 2;
-                continue;
-            }
-            if (ch == '"') in_str = 0;
-            i++;
-            continue;
-        }
-        if (ch == '"') {
-            in_str = 1;
-            prev = ch;
-            out[o++] = ch;
-            i++;
-            continue;
-        }
-        if (prev == ':' || prev == ',' || prev == '[') {
-            size_t sign = (ch == '-' || ch == '+') ? 1 : 0;
-            size_t tok = s_nonfinite_len(s + i + sign);
-            if (tok) {
-                memcpy(out + o, "null", 4);
-                o += 4;
-                i += sign + tok;
-                prev = 'l';
-                continue;
-            }
-        }
-        if (!isspace((unsigned char)ch)) prev = ch;
-        out[o++] = ch;
-        i++;
-    }
-    out[o] = '\0';
-    return out;
-}
-
-void dp_metrics_write(dp_metrics_t *m, const char *fmt, ...)
-{
-    if (!m || m->fd < 0) return;
+    if (!m || m->fd < 0) return NULL;
     /* Wall-clock time, so that the lines of every process of a run (workers
-     * and parameter servers, on any machine) line up. */
+     * and parameter servers, on any machine) line up; to the millisecond. */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    cJSON *line = cJSON_CreateObject();
+    double ms = (double)ts.tv_sec * 1000 + round(ts.tv_nsec * 1e-6);
+    cJSON_AddNumberToObject(line, "t", ms / 1000);
+    return line;
+}
 
-    /* Body, on the stack when it is small (the common case). */
-    char small[512];
-    char *body = small;
-    va_list ap;
-    va_start(ap, fmt);
-    int bn = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (bn < 0) bn = 0, small[0] = '\0';
-    if ((size_t)bn >= sizeof small) {
-        body = dp_malloc((size_t)bn + 1);
-        va_start(ap, fmt);
-        vsnprintf(body, (size_t)bn + 1, fmt, ap);
-        va_end(ap);
+double dp_metrics_round(double v, int digits)
+{
+    if (v == 0 || !isfinite(v)) return v;
+    /* v * 10^p is an integer of `digits` digits; dividing it by an exact
+     * power of ten (up to 1e22) gives the double nearest the decimal. */
+    int p = digits - 1 - (int)floor(log10(fabs(v)));
+    if (p >= 0) {
+        double f = pow(10.0, p);
+        return round(v * f) / f;
     }
-    char *fixed = dp_json_nonfinite_to_null(body);
-    if (body != small) free(body);
+    double f = pow(10.0, -p);
+    return round(v / f) * f;
+}
 
-    /* Blank body -> {"t":...}; otherwise {"t":...,body}. */
-    const char *b = fixed;
-    while (isspace((unsigned char)*b)) b++;
-    size_t cap = strlen(b) + 64;
-    char *line = dp_malloc(cap);
-    int ln = snprintf(line, cap, *b ? "{\"t\":%.3f,%s}" : "{\"t\":%.3f}", t, b);
-    /* Checked here rather than trusted: one bad format string must not make
-     * the whole file unreadable by a JSON-lines reader. */
-    cJSON *check = cJSON_ParseWithOpts(line, NULL, 1);
-    int bad = check == NULL || !cJSON_IsObject(check);
-    cJSON_Delete(check);
-    if (bad) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "t", round(t * 1000) / 1000); /* as %.3f */
-        cJSON_AddStringToObject(o, "invalid", fixed);
-        char *p = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
-        free(line);
-        line = dp_strdup(p ? p : "{}");
-        cJSON_free(p);
-        ln = (int)strlen(line);
-    }
-    free(fixed);
-
+/* Appends text and a newline to the buffer, whole. */
+static void s_append(dp_metrics_t *m, const char *text, size_t n)
+{
     pthread_mutex_lock(&m->mu);
-    if (bad && !m->warned_invalid) {
-        m->warned_invalid = 1;
-        dp_log_warn("metrics %s: a line body is not JSON; written as \"invalid\": %.80s", m->path,
-                    line);
-    }
-    size_t need = (size_t)ln + 1;
-    if (m->len + need > S_BUF_CAP) s_flush_locked(m);
-    if (need > S_BUF_CAP) {
-        /* A huge line goes straight out, still whole. */
-        line[ln] = '\n';
-        if (s_write_all(m->fd, line, need) != 0 && !m->warned_io) {
+    if (m->len + n + 1 > S_BUF_CAP) s_flush_locked(m);
+    if (n + 1 > S_BUF_CAP) {
+        /* A huge line goes straight out, still whole: one write with its
+         * newline. */
+        char *whole = dp_malloc(n + 1);
+        memcpy(whole, text, n);
+        whole[n] = '\n';
+        if (s_write_all(m->fd, whole, n + 1) != 0 && !m->warned_io) {
             m->warned_io = 1;
             dp_log_warn("metrics %s: write failed: %s", m->path, strerror(errno));
         }
+        free(whole);
     } else {
-        memcpy(m->buf + m->len, line, (size_t)ln);
-        m->buf[m->len + (size_t)ln] = '\n';
-        m->len += need;
+        memcpy(m->buf + m->len, text, n);
+        m->buf[m->len + n] = '\n';
+        m->len += n + 1;
     }
     pthread_mutex_unlock(&m->mu);
-    free(line);
+}
+
+void dp_metrics_write(dp_metrics_t *m, cJSON **line_p)
+{
+    cJSON *line = line_p ? *line_p : NULL;
+    if (line_p) *line_p = NULL;
+    if (line && m && m->fd >= 0) {
+        /* Printed on the stack when it fits, so a line per push costs no
+         * allocation beyond its object's. */
+        char small[S_LINE_CAP];
+        if (cJSON_PrintPreallocated(line, small, (int)sizeof small, 0)) {
+            s_append(m, small, strlen(small));
+        } else {
+            char *text = cJSON_PrintUnformatted(line);
+            if (text) s_append(m, text, strlen(text));
+            cJSON_free(text);
+        }
+    }
+    cJSON_Delete(line);
 }
 
 void dp_metrics_flush(dp_metrics_t *m)

@@ -1,5 +1,6 @@
-/* tbevents: TensorBoard event files (TFRecord framing, Event protobuf encoded
- * by hand). See tbevents.h for the format.
+/* tbevents: TensorBoard event files (TFRecord framing around Event messages
+ * packed by protoc-c from common/tb_event.proto). See tbevents.h for the
+ * format.
  *
  * Invariants: a record is assembled whole in memory and written with one
  * write call under the mutex, so records never interleave; the first record
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/checksum.h"
+#include "common/tb_event.pb-c.h"
 #include "common/util.h"
 
 struct dp_tb {
@@ -32,84 +34,6 @@ uint32_t dp_crc32c_mask(uint32_t crc)
     return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
-/* ---- protobuf wire format, just what Event needs ----------------------- */
-
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-} s_buf_t;
-
-static void s_reserve(s_buf_t *b, size_t more)
-{
-    if (b->n + more <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + more) cap *= 2;
-    b->p = dp_realloc(b->p, cap);
-    b->cap = cap;
-}
-
-static void s_put_raw(s_buf_t *b, const void *data, size_t n)
-{
-    s_reserve(b, n);
-    if (n) memcpy(b->p + b->n, data, n);
-    b->n += n;
-}
-
-static void s_put_varint(s_buf_t *b, uint64_t v)
-{
-    uint8_t tmp[10];
-    size_t n = 0;
-    do {
-        tmp[n] = (uint8_t)(v & 0x7f);
-        v >>= 7;
-        if (v) tmp[n] |= 0x80;
-        n++;
-    } while (v);
-    s_put_raw(b, tmp, n);
-}
-
-enum { S_VARINT = 0, S_FIXED64 = 1, S_LEN = 2, S_FIXED32 = 5 };
-
-static void s_put_tag(s_buf_t *b, unsigned field, unsigned wire)
-{
-    s_put_varint(b, ((uint64_t)field << 3) | wire);
-}
-
-static void s_put_le(s_buf_t *b, uint64_t v, int bytes)
-{
-    uint8_t tmp[8];
-    for (int i = 0; i < bytes; i++) tmp[i] = (uint8_t)(v >> (8 * i));
-    s_put_raw(b, tmp, (size_t)bytes);
-}
-
-static void s_put_double(s_buf_t *b, unsigned field, double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, 8);
-    s_put_tag(b, field, S_FIXED64);
-    s_put_le(b, u, 8);
-}
-
-static void s_put_float(s_buf_t *b, unsigned field, float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    s_put_tag(b, field, S_FIXED32);
-    s_put_le(b, u, 4);
-}
-
-static void s_put_bytes(s_buf_t *b, unsigned field, const void *data, size_t n)
-{
-    s_put_tag(b, field, S_LEN);
-    s_put_varint(b, n);
-    s_put_raw(b, data, n);
-}
-
-/* Event fields. */
-enum { S_EV_WALL_TIME = 1, S_EV_STEP = 2, S_EV_FILE_VERSION = 3, S_EV_SUMMARY = 5 };
-/* Summary.value = 1; Summary.Value.tag = 1, .simple_value = 2. */
-enum { S_SUM_VALUE = 1, S_VAL_TAG = 1, S_VAL_SIMPLE = 2 };
-
 static double s_wall_time(void)
 {
     struct timespec ts;
@@ -117,20 +41,25 @@ static double s_wall_time(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Frames data as one TFRecord and writes it with one call. */
-static void s_write_record(dp_tb_t *tb, const s_buf_t *data)
+static void s_put_le(uint8_t *p, uint64_t v, int bytes)
 {
-    s_buf_t r = {0};
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)data->n >> (8 * i));
-    s_put_raw(&r, len, 8);
-    s_put_le(&r, dp_crc32c_mask(dp_crc32c(0, len, 8)), 4);
-    s_put_raw(&r, data->p, data->n);
-    s_put_le(&r, dp_crc32c_mask(dp_crc32c(0, data->p, data->n)), 4);
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Packs ev as one TFRecord — length (8 bytes LE) | its masked CRC (4) |
+ * Event | its masked CRC (4) — and writes it with one call. */
+static void s_write_record(dp_tb_t *tb, const Tensorflow__Event *ev)
+{
+    size_t n = tensorflow__event__get_packed_size(ev);
+    uint8_t *r = dp_malloc(8 + 4 + n + 4);
+    s_put_le(r, n, 8);
+    s_put_le(r + 8, dp_crc32c_mask(dp_crc32c(0, r, 8)), 4);
+    tensorflow__event__pack(ev, r + 12);
+    s_put_le(r + 12 + n, dp_crc32c_mask(dp_crc32c(0, r + 12, n)), 4);
 
     pthread_mutex_lock(&tb->mu);
-    const uint8_t *p = r.p;
-    size_t left = r.n;
+    const uint8_t *p = r;
+    size_t left = 12 + n + 4;
     while (left > 0) {
         ssize_t w = write(tb->fd, p, left);
         if (w < 0 && errno == EINTR) continue;
@@ -145,7 +74,7 @@ static void s_write_record(dp_tb_t *tb, const s_buf_t *data)
         left -= (size_t)w;
     }
     pthread_mutex_unlock(&tb->mu);
-    free(r.p);
+    free(r);
 }
 
 /* mkdir -p: TensorFlow's summary writers create the log directory. */
@@ -220,12 +149,11 @@ int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
     tb->path = dp_strdup(path);
     pthread_mutex_init(&tb->mu, NULL);
 
-    s_buf_t ev = {0};
-    s_put_double(&ev, S_EV_WALL_TIME, s_wall_time());
-    static const char version[] = "brain.Event:2";
-    s_put_bytes(&ev, S_EV_FILE_VERSION, version, sizeof version - 1);
+    Tensorflow__Event ev = TENSORFLOW__EVENT__INIT;
+    ev.wall_time = s_wall_time();
+    ev.what_case = TENSORFLOW__EVENT__WHAT_FILE_VERSION;
+    ev.file_version = "brain.Event:2";
     s_write_record(tb, &ev);
-    free(ev.p);
     if (tb->warned_io) {
         dp_tb_destroy(&tb);
         return dp_err(err, "tensorboard event file %s: cannot write", path);
@@ -237,26 +165,20 @@ int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
 void dp_tb_scalar(dp_tb_t *tb, const char *tag, long step, float value)
 {
     if (!tb || tb->fd < 0 || !tag) return;
-    s_buf_t val = {0}, sum = {0}, ev = {0};
-    s_put_bytes(&val, S_VAL_TAG, tag, strlen(tag));
-    s_put_float(&val, S_VAL_SIMPLE, value);
-    s_put_bytes(&sum, S_SUM_VALUE, val.p, val.n);
-    s_put_double(&ev, S_EV_WALL_TIME, s_wall_time());
-    /* int64 on the wire: a negative step is its two's complement varint. */
-    if (step != 0) {
-        s_put_tag(&ev, S_EV_STEP, S_VARINT);
-        s_put_varint(&ev, (uint64_t)(int64_t)step);
-    }
-    s_put_bytes(&ev, S_EV_SUMMARY, sum.p, sum.n);
+    Tensorflow__Summary__Value val = TENSORFLOW__SUMMARY__VALUE__INIT;
+    val.tag = (char *)tag; /* only read by pack */
+    val.value_case = TENSORFLOW__SUMMARY__VALUE__VALUE_SIMPLE_VALUE;
+    val.simple_value = value;
+    Tensorflow__Summary__Value *vals[1] = {&val};
+    Tensorflow__Summary sum = TENSORFLOW__SUMMARY__INIT;
+    sum.n_value = 1;
+    sum.value = vals;
+    Tensorflow__Event ev = TENSORFLOW__EVENT__INIT;
+    ev.wall_time = s_wall_time();
+    ev.step = step;
+    ev.what_case = TENSORFLOW__EVENT__WHAT_SUMMARY;
+    ev.summary = &sum;
     s_write_record(tb, &ev);
-    free(val.p);
-    free(sum.p);
-    free(ev.p);
-}
-
-const char *dp_tb_path(const dp_tb_t *tb)
-{
-    return tb && tb->fd >= 0 ? tb->path : NULL;
 }
 
 void dp_tb_destroy(dp_tb_t **tb_p)

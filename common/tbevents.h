@@ -1,14 +1,14 @@
-/* tbevents: TensorBoard event files written by hand, no TensorFlow needed.
+/* tbevents: TensorBoard event files, no TensorFlow needed.
  *
  * A file LOGDIR/events.out.tfevents.<unix time>.<hostname>[.<suffix>] is a
  * sequence of TFRecords:
  *   uint64 length (LE) | uint32 masked crc32c(length bytes) | data |
  *   uint32 masked crc32c(data)
  * with mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8, and each data an
- * Event protobuf: wall_time = 1 (double), step = 2 (int64), file_version = 3
- * (string, "brain.Event:2" in the first record), summary = 5 (Summary:
- * repeated Value value = 1 { tag = 1 string, simple_value = 2 float }).
- * `tensorboard --logdir LOGDIR` shows the scalars.
+ * Event packed by protoc-c from common/tb_event.proto (TensorFlow's Event and
+ * Summary, the scalar fields only): the first record's Event holds
+ * file_version "brain.Event:2", the others one Summary.Value with a tag and a
+ * simple_value. `tensorboard --logdir LOGDIR` shows the scalars.
  *
  * Each record goes out with one write(2) as it is made: records are few and
  * small (a handful of scalars per logging step) and TensorBoard reads the
@@ -31,9 +31,6 @@ int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err);
 /* One scalar point: the tag's value at a step. A write error is warned about
  * once and training goes on. tb may be NULL or disabled (no-op). */
 void dp_tb_scalar(dp_tb_t *tb, const char *tag, long step, float value);
-
-/* The event file's path, or NULL for a disabled writer. */
-const char *dp_tb_path(const dp_tb_t *tb);
 
 /* Close, free, set *tb_p to NULL; safe twice and on NULL. */
 void dp_tb_destroy(dp_tb_t **tb_p);

@@ -424,10 +424,11 @@ static void s_print_summary(const char *path)
     cJSON *o = cJSON_Parse((const char *)text);
     free(text);
     if (!o) return;
+    const char *mode = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "mode"));
     fprintf(stderr,
             "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, %.1f s;"
             " updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
-            cJSON_GetStringValue(cJSON_GetObjectItem(o, "mode")) ? cJSON_GetStringValue(cJSON_GetObjectItem(o, "mode")) : "?",
+            mode ? mode : "?",
             s_num(o, "workers", 0), s_num(o, "ps_shards", 0), s_num(o, "test_accuracy", 0),
             s_num(o, "test_loss", 0), s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
             s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),

@@ -281,13 +281,17 @@ done:
 
 static void s_metrics_line(s_ps_t *ps)
 {
+    cJSON *line = dp_metrics_line(ps->metrics);
+    if (!line) return;
     double mean = ps->applied ? (double)ps->staleness_sum / (double)ps->applied : 0.0;
-    dp_metrics_write(ps->metrics,
-                     "\"shard\":%d,\"version\":%" PRIu64 ",\"applied\":%" PRIu64
-                     ",\"dropped\":%" PRIu64 ",\"rejected\":%" PRIu64
-                     ",\"staleness_mean\":%.4f,\"staleness_max\":%" PRIu64,
-                     ps->cfg->shard_index, ps->version, ps->applied, ps->dropped, ps->rejected,
-                     mean, ps->staleness_max);
+    cJSON_AddNumberToObject(line, "shard", ps->cfg->shard_index);
+    cJSON_AddNumberToObject(line, "version", (double)ps->version);
+    cJSON_AddNumberToObject(line, "applied", (double)ps->applied);
+    cJSON_AddNumberToObject(line, "dropped", (double)ps->dropped);
+    cJSON_AddNumberToObject(line, "rejected", (double)ps->rejected);
+    cJSON_AddNumberToObject(line, "staleness_mean", dp_metrics_round(mean, 4));
+    cJSON_AddNumberToObject(line, "staleness_max", (double)ps->staleness_max);
+    dp_metrics_write(ps->metrics, &line);
 }
 
 /* ---- policies --------------------------------------------------------- */

@@ -34,6 +34,25 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
     nanosleep(&ts, NULL);
 }
 
+/* The line per push: what was computed on which version, and what the
+ * shards made of it. */
+static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uint64_t version,
+                           const dp_push_result_t *r, int applied)
+{
+    cJSON *line = dp_metrics_line(s->metrics);
+    if (!line) return;
+    cJSON_AddNumberToObject(line, "worker", s->conf.task_index);
+    cJSON_AddNumberToObject(line, "step", step);
+    cJSON_AddNumberToObject(line, "epoch", step / spe);
+    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
+    cJSON_AddNumberToObject(line, "version", (double)version);
+    cJSON_AddNumberToObject(line, "version_after", (double)r->version);
+    cJSON_AddNumberToObject(line, "staleness", dp_metrics_round(r->staleness_mean, 4));
+    cJSON_AddNumberToObject(line, "staleness_max", (double)r->staleness_max);
+    cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
+    dp_metrics_write(s->metrics, &line);
+}
+
 /* The chief's end of the run. */
 static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
                           long steps, double train_s, double images, char *err)
@@ -53,29 +72,19 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
                 (unsigned long long)st.staleness_max);
     if (dp_session_save(s, steps, (long)st.version, err) != 0) return -1;
     long spe = dp_data_steps_per_epoch(s->train.n, s->conf.batch, info->num_workers);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "mode", s_mode_name(info->mode));
-    cJSON_AddNumberToObject(o, "workers", info->num_workers);
-    cJSON_AddNumberToObject(o, "ps_shards", info->num_shards);
-    cJSON_AddNumberToObject(o, "replicas_to_aggregate", info->replicas);
-    if (info->mode == DP_MODE_SSP) cJSON_AddNumberToObject(o, "staleness", info->staleness);
-    cJSON_AddNumberToObject(o, "epochs", (double)steps / spe);
-    cJSON_AddNumberToObject(o, "steps", steps);
-    cJSON_AddNumberToObject(o, "test_accuracy", acc);
-    cJSON_AddNumberToObject(o, "test_loss", loss);
-    /* The chief's own throughput times the workers: the cluster's rate. */
-    double ips = images / (train_s > 0 ? train_s : 1e-9);
-    cJSON_AddNumberToObject(o, "images_per_s", ips * info->num_workers);
-    cJSON_AddNumberToObject(o, "images_per_s_per_worker", ips);
-    cJSON_AddNumberToObject(o, "train_s", train_s);
-    cJSON_AddNumberToObject(o, "wall_s", dp_now() - s->t_start);
-    cJSON_AddNumberToObject(o, "version", (double)st.version);
-    cJSON_AddNumberToObject(o, "updates_applied", (double)st.applied);
-    cJSON_AddNumberToObject(o, "updates_dropped", (double)st.dropped);
-    cJSON_AddNumberToObject(o, "updates_rejected", (double)st.rejected);
-    cJSON_AddNumberToObject(o, "staleness_mean", st.staleness_mean);
-    cJSON_AddNumberToObject(o, "staleness_max", (double)st.staleness_max);
-    if (dp_session_summary(s, o, err) != 0) return -1;
+    /* The chief's own throughput; the summary multiplies it by the workers
+     * for the cluster's rate. */
+    dp_run_summary_t r = {
+        .mode = s_mode_name(info->mode), .workers = info->num_workers,
+        .ps_shards = info->num_shards, .replicas = info->replicas,
+        .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
+        .steps = steps, .epochs = (double)steps / spe, .test_accuracy = acc, .test_loss = loss,
+        .images_per_s_per_worker = images / (train_s > 0 ? train_s : 1e-9), .train_s = train_s,
+        .version = st.version, .applied = st.applied, .dropped = st.dropped,
+        .rejected = st.rejected, .staleness_mean = st.staleness_mean,
+        .staleness_max = st.staleness_max,
+    };
+    if (dp_session_summary(s, &r, err) != 0) return -1;
     return 0;
 }
 
@@ -103,8 +112,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s", c->task_index,
                 info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch, total,
                 c->device);
-    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":%d,\"total_steps\":%ld,\"steps_per_epoch\":%ld,\"batch\":%d",
-                     c->task_index, total, spe, c->batch);
+    dp_session_log_start(&s, c->task_index, total, spe);
     dp_rng_t delay_rng;
     dp_rng_seed(&delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
@@ -131,13 +139,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
         stale_sum += r.staleness_mean;
         done = step + 1;
         if (isfinite(loss)) loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
-        dp_metrics_write(s.metrics,
-                         "\"worker\":%d,\"step\":%ld,\"epoch\":%ld,\"loss\":%.6f,\"version\":%llu,"
-                         "\"version_after\":%llu,\"staleness\":%.3f,\"staleness_max\":%llu,\"status\":\"%s\"",
-                         c->task_index, step, step / spe, loss, (unsigned long long)version,
-                         (unsigned long long)r.version, r.staleness_mean,
-                         (unsigned long long)r.staleness_max,
-                         status_applied ? "applied" : r.rejected ? "rejected" : "dropped");
+        s_metrics_push(&s, step, spe, loss, version, &r, status_applied);
         dp_session_log_step(&s, step, loss);
         if (info.mode != DP_MODE_SYNC) dp_tb_scalar(s.tb, "train/staleness", step, (float)r.staleness_mean);
         if (r.rejected && r.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r.reason);

@@ -93,21 +93,57 @@ int dp_session_save(dp_session_t *s, long step, long version, char *err)
     return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, version, NULL, err);
 }
 
-int dp_session_summary(dp_session_t *s, cJSON *obj, char *err)
+int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
 {
-    if (!s->conf.summary) {
-        cJSON_Delete(obj);
-        return 0;
+    if (!s->conf.summary) return 0;
+    /* In the order a reader scans it: the run's shape, its result, its
+     * speed, the servers' counters, then what it ran on. */
+    int cluster = r->ps_shards > 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "mode", r->mode);
+    cJSON_AddNumberToObject(o, "workers", r->workers);
+    cJSON_AddNumberToObject(o, "ps_shards", r->ps_shards);
+    if (cluster) cJSON_AddNumberToObject(o, "replicas_to_aggregate", r->replicas);
+    if (r->staleness >= 0) cJSON_AddNumberToObject(o, "staleness", r->staleness);
+    cJSON_AddNumberToObject(o, "epochs", r->epochs);
+    cJSON_AddNumberToObject(o, "steps", r->steps);
+    cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
+    cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
+    if (!cluster) cJSON_AddNumberToObject(o, "train_loss", r->train_loss);
+    cJSON_AddNumberToObject(o, "images_per_s", r->images_per_s_per_worker * r->workers);
+    if (cluster) cJSON_AddNumberToObject(o, "images_per_s_per_worker", r->images_per_s_per_worker);
+    cJSON_AddNumberToObject(o, "train_s", r->train_s);
+    cJSON_AddNumberToObject(o, "wall_s", dp_now() - s->t_start);
+    if (cluster) cJSON_AddNumberToObject(o, "version", (double)r->version);
+    cJSON_AddNumberToObject(o, "updates_applied", (double)r->applied);
+    cJSON_AddNumberToObject(o, "updates_dropped", (double)r->dropped);
+    cJSON_AddNumberToObject(o, "updates_rejected", (double)r->rejected);
+    cJSON_AddNumberToObject(o, "staleness_mean", r->staleness_mean);
+    cJSON_AddNumberToObject(o, "staleness_max", (double)r->staleness_max);
+    if (r->optim) {
+        cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
+        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));
     }
-    /* Fields every summary has; the mode's own come in obj. */
-    cJSON_AddStringToObject(obj, "device", s->conf.device);
-    cJSON_AddStringToObject(obj, "data", s->train.name);
-    cJSON_AddStringToObject(obj, "model", s->model.spec);
-    cJSON_AddNumberToObject(obj, "batch", s->conf.batch);
-    cJSON_AddNumberToObject(obj, "seed", (double)s->conf.seed);
-    int rc = dp_summary_write(s->conf.summary, obj, err);
-    cJSON_Delete(obj);
+    cJSON_AddStringToObject(o, "device", s->conf.device);
+    cJSON_AddStringToObject(o, "data", s->train.name);
+    cJSON_AddStringToObject(o, "model", s->model.spec);
+    cJSON_AddNumberToObject(o, "batch", s->conf.batch);
+    cJSON_AddNumberToObject(o, "seed", (double)s->conf.seed);
+    int rc = dp_summary_write(s->conf.summary, o, err);
+    cJSON_Delete(o);
     return rc;
+}
+
+void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long steps_per_epoch)
+{
+    cJSON *line = dp_metrics_line(s->metrics);
+    if (!line) return;
+    cJSON_AddStringToObject(line, "event", "start");
+    cJSON_AddNumberToObject(line, "worker", worker);
+    cJSON_AddNumberToObject(line, "total_steps", total_steps);
+    cJSON_AddNumberToObject(line, "steps_per_epoch", steps_per_epoch);
+    cJSON_AddNumberToObject(line, "batch", s->conf.batch);
+    dp_metrics_write(s->metrics, &line);
 }
 
 void dp_session_log_step(dp_session_t *s, long step, float loss)
@@ -117,10 +153,28 @@ void dp_session_log_step(dp_session_t *s, long step, float loss)
 
 void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss)
 {
-    dp_metrics_write(s->metrics, "\"event\":\"eval\",\"step\":%ld,\"test_accuracy\":%.5f,\"test_loss\":%.5f",
-                     step, accuracy, loss);
+    cJSON *line = dp_metrics_line(s->metrics);
+    if (line) {
+        cJSON_AddStringToObject(line, "event", "eval");
+        cJSON_AddNumberToObject(line, "step", step);
+        cJSON_AddNumberToObject(line, "test_accuracy", dp_metrics_round(accuracy, 5));
+        cJSON_AddNumberToObject(line, "test_loss", dp_metrics_round(loss, 5));
+        dp_metrics_write(s->metrics, &line);
+    }
     dp_tb_scalar(s->tb, "test/accuracy", step, (float)accuracy);
     dp_tb_scalar(s->tb, "test/loss", step, (float)loss);
+}
+
+/* The standalone trainer's line per step. */
+static void s_metrics_step(dp_session_t *s, long step, long spe, float loss, float lr)
+{
+    cJSON *line = dp_metrics_line(s->metrics);
+    if (!line) return;
+    cJSON_AddNumberToObject(line, "step", step);
+    cJSON_AddNumberToObject(line, "epoch", step / spe);
+    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
+    cJSON_AddNumberToObject(line, "lr", dp_metrics_round(lr, 6));
+    dp_metrics_write(s->metrics, &line);
 }
 
 /* Evaluate and record the result. */
@@ -158,8 +212,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
     }
     dp_log_info("standalone: %s on %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
                 s.model.spec, c->device, s.train.n, s.test.n, c->batch, total, spe);
-    dp_metrics_write(s.metrics, "\"event\":\"start\",\"worker\":0,\"total_steps\":%ld,\"steps_per_epoch\":%ld,\"batch\":%d",
-                     total, spe, c->batch);
+    dp_session_log_start(&s, 0, total, spe);
     double t0 = dp_now(), loss_avg = 0, acc = 0, test_loss = 0;
     dp_batch_t batch;
     long step, done = 0;
@@ -176,8 +229,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
                          s.model.n_floats, step + 1);
         done = step + 1;
         loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
-        dp_metrics_write(s.metrics, "\"step\":%ld,\"epoch\":%ld,\"loss\":%.6f,\"lr\":%.6g", step,
-                         step / spe, loss, lr);
+        s_metrics_step(&s, step, spe, loss, lr);
         dp_session_log_step(&s, step, loss);
         double dt = dp_now() - t0;
         dp_progress_update(&s.progress, done == total, "epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f",
@@ -200,26 +252,14 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
                 done, train_s, ips, acc, test_loss);
     int rc = dp_session_save(&s, done, done, err);
     if (rc == 0) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "mode", "standalone");
-        cJSON_AddNumberToObject(o, "workers", 1);
-        cJSON_AddNumberToObject(o, "ps_shards", 0);
-        cJSON_AddNumberToObject(o, "epochs", (double)done / spe);
-        cJSON_AddNumberToObject(o, "steps", done);
-        cJSON_AddNumberToObject(o, "test_accuracy", acc);
-        cJSON_AddNumberToObject(o, "test_loss", test_loss);
-        cJSON_AddNumberToObject(o, "train_loss", loss_avg);
-        cJSON_AddNumberToObject(o, "images_per_s", ips);
-        cJSON_AddNumberToObject(o, "train_s", train_s);
-        cJSON_AddNumberToObject(o, "wall_s", dp_now() - s.t_start);
-        cJSON_AddNumberToObject(o, "updates_applied", done);
-        cJSON_AddNumberToObject(o, "updates_dropped", 0);
-        cJSON_AddNumberToObject(o, "updates_rejected", 0);
-        cJSON_AddNumberToObject(o, "staleness_mean", 0);
-        cJSON_AddNumberToObject(o, "staleness_max", 0);
-        cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(opt->kind));
-        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(opt));
-        rc = dp_session_summary(&s, o, err);
+        dp_run_summary_t r = {
+            .mode = "standalone", .workers = 1, .ps_shards = 0, .staleness = -1,
+            .steps = done, .epochs = (double)done / spe,
+            .test_accuracy = acc, .test_loss = test_loss, .train_loss = loss_avg,
+            .images_per_s_per_worker = ips, .train_s = train_s,
+            .applied = (uint64_t)done, .optim = opt,
+        };
+        rc = dp_session_summary(&s, &r, err);
     }
     dp_session_fini(&s);
     return rc;

@@ -9,6 +9,7 @@
 #define DP_TRAIN_H
 
 #include <signal.h>
+#include <stdint.h>
 
 #include <cjson/cJSON.h>
 
@@ -79,9 +80,33 @@ long dp_session_total_steps(const dp_session_t *s, int world);
 /* Write conf.save (if set) from the net's parameters. */
 int dp_session_save(dp_session_t *s, long step, long version, char *err);
 
-/* Write conf.summary (if set): the common fields plus those already in obj
- * (which it takes ownership of). */
-int dp_session_summary(dp_session_t *s, cJSON *obj, char *err);
+/* What a run reports in summary.json, standalone or distributed. */
+typedef struct {
+    const char *mode;          /* "standalone", "sync", "async", "ssp" */
+    int workers;
+    int ps_shards;             /* 0: standalone */
+    int replicas;              /* distributed: replicas_to_aggregate */
+    int staleness;             /* ssp: the staleness bound; -1 otherwise */
+    long steps;                /* this worker's (the chief's) steps */
+    double epochs;             /* steps over the steps per epoch */
+    double test_accuracy, test_loss;
+    double train_loss;         /* standalone: the smoothed training loss */
+    double images_per_s_per_worker; /* this worker's; the cluster's is this x workers */
+    double train_s;            /* the training loop's seconds */
+    uint64_t version;          /* distributed: the servers' version */
+    uint64_t applied, dropped, rejected;
+    double staleness_mean;
+    uint64_t staleness_max;
+    const dp_optim_conf_t *optim; /* standalone: the optimizer; NULL in a cluster */
+} dp_run_summary_t;
+
+/* Write conf.summary (if set) from r and the session: the one place where
+ * summary.json's fields are named. */
+int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err);
+
+/* A run's first metrics line: the steps it will run, for `downpour local`'s
+ * progress line. */
+void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long steps_per_epoch);
 
 /* One training step's record: a metrics line is written by the caller;
  * this adds the TensorBoard scalars (every 10th step, to keep files small). */
