@@ -35,6 +35,7 @@ typedef struct {
     atomic_int seen[DOWNPOUR__MSG_TYPE__ERROR + 1]; /* requests received, by type */
     atomic_int finished;      /* a BARRIER finished arrived */
     atomic_int stop;
+    int started;              /* the thread runs */
     void *ctx, *sock;
     pthread_t th;
     char endpoint[256];
@@ -162,13 +163,14 @@ static int fake_start(fake_t *f, const dp_model_t *m, int index, int count)
     if (zmq_bind(f->sock, "tcp://127.0.0.1:*") != 0) return -1;
     size_t len = sizeof f->endpoint;
     zmq_getsockopt(f->sock, ZMQ_LAST_ENDPOINT, f->endpoint, &len);
-    return pthread_create(&f->th, NULL, fake_main, f) == 0 ? 0 : -1;
+    f->started = pthread_create(&f->th, NULL, fake_main, f) == 0;
+    return f->started ? 0 : -1;
 }
 
 static void fake_stop(fake_t *f)
 {
     atomic_store(&f->stop, 1);
-    pthread_join(f->th, NULL);
+    if (f->started) pthread_join(f->th, NULL);
     zmq_close(f->sock);
     zmq_ctx_term(f->ctx);
     free(f->values);
@@ -194,20 +196,39 @@ static int s_params_ok(const float *p, size_t n, float add)
     return 1;
 }
 
+/* n fake shards of the small model, and a client connected to them. */
+static int s_cluster(fake_t *f, int n, double timeout_s, dp_ps_client_t **c, dp_ps_info_t *info,
+                     char *err)
+{
+    s_small_model();
+    char eps[1024] = "";
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        rc |= fake_start(&f[i], &s_small, i, n);
+        size_t at = strlen(eps);
+        snprintf(eps + at, sizeof eps - at, "%s%s", i ? "," : "", f[i].endpoint);
+    }
+    if (rc != 0) return dp_err(err, "cannot start the fake shards");
+    return dp_ps_client_new(c, eps, &s_small, 0, timeout_s, info, err);
+}
+
+static void s_cluster_end(fake_t *f, int n, dp_ps_client_t **c)
+{
+    dp_ps_client_destroy(c);
+    for (int i = 0; i < n; i++) fake_stop(&f[i]);
+}
+
 /* ---- cases ------------------------------------------------------------- */
 
 /* Each operation reaches every shard once; waiting for the other workers
  * asks shard 0 only. */
 static void test_every_shard_asked(void)
 {
-    s_small_model();
     fake_t f[2];
-    char eps[600], err[DP_ERR_LEN] = "";
-    for (int i = 0; i < 2; i++) CHECK_EQ(fake_start(&f[i], &s_small, i, 2), 0);
-    snprintf(eps, sizeof eps, "%s,%s", f[0].endpoint, f[1].endpoint);
+    char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     dp_ps_info_t info;
-    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, 5.0, &info, err), 0);
+    CHECK_EQ(s_cluster(f, 2, 5.0, &c, &info, err), 0);
     if (c) {
         CHECK_EQ(info.mode, DP_MODE_ASYNC);
         CHECK_EQ(info.num_shards, 2);
@@ -235,20 +256,17 @@ static void test_every_shard_asked(void)
         CHECK_EQ(seen(&f[1], DOWNPOUR__MSG_TYPE__STATS), 1);
         free(p), free(g);
     }
-    dp_ps_client_destroy(&c);
-    for (int i = 0; i < 2; i++) fake_stop(&f[i]);
+    s_cluster_end(f, 2, &c);
 }
 
 /* A shard that defers a pull but answers heartbeats is waited for past the
  * timeout, up to 20 timeouts; then the client asks again on a fresh socket. */
 static void test_deferred_then_gives_up(void)
 {
-    s_small_model();
     fake_t f;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(fake_start(&f, &s_small, 0, 1), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, f.endpoint, &s_small, 0, 0.5, NULL, err), 0);
+    CHECK_EQ(s_cluster(&f, 1, 0.5, &c, NULL, err), 0);
     if (c) {
         float *p = dp_calloc(s_small.n_floats, sizeof *p);
         atomic_store(&f.pull_mode, F_DEFER);
@@ -265,21 +283,17 @@ static void test_deferred_then_gives_up(void)
         CHECK(s_params_ok(p, s_small.n_floats, 0.0f));
         free(p);
     }
-    dp_ps_client_destroy(&c);
-    fake_stop(&f);
+    s_cluster_end(&f, 1, &c);
 }
 
 /* One silent shard of two fails pull and push with its endpoint named; once
  * it answers again, so does the client. */
 static void test_silent_shard(void)
 {
-    s_small_model();
     fake_t f[2];
-    char eps[600], err[DP_ERR_LEN] = "";
-    for (int i = 0; i < 2; i++) CHECK_EQ(fake_start(&f[i], &s_small, i, 2), 0);
-    snprintf(eps, sizeof eps, "%s,%s", f[0].endpoint, f[1].endpoint);
+    char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, 1.0, NULL, err), 0);
+    CHECK_EQ(s_cluster(f, 2, 1.0, &c, NULL, err), 0);
     if (c) {
         size_t n = s_small.n_floats;
         float *p = dp_calloc(n, sizeof *p), *g = dp_calloc(n, sizeof *g);
@@ -299,20 +313,17 @@ static void test_silent_shard(void)
         CHECK_EQ(r.applied, 2);
         free(p), free(g);
     }
-    dp_ps_client_destroy(&c);
-    for (int i = 0; i < 2; i++) fake_stop(&f[i]);
+    s_cluster_end(f, 2, &c);
 }
 
 /* A reply carrying another request id (a late answer to an abandoned
  * request) only proves the shard alive; the pull takes the real one. */
 static void test_late_reply_ignored(void)
 {
-    s_small_model();
     fake_t f;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(fake_start(&f, &s_small, 0, 1), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, f.endpoint, &s_small, 0, 5.0, NULL, err), 0);
+    CHECK_EQ(s_cluster(&f, 1, 5.0, &c, NULL, err), 0);
     if (c) {
         float *p = dp_calloc(s_small.n_floats, sizeof *p);
         atomic_store(&f.pull_mode, F_LATE_FIRST);
@@ -320,8 +331,7 @@ static void test_late_reply_ignored(void)
         CHECK(s_params_ok(p, s_small.n_floats, 0.0f));
         free(p);
     }
-    dp_ps_client_destroy(&c);
-    fake_stop(&f);
+    s_cluster_end(&f, 1, &c);
 }
 
 typedef struct {
@@ -340,12 +350,10 @@ static void *s_raise_later(void *arg)
 /* The stop flag ends a blocked pull soon, whatever the timeout. */
 static void test_stop_flag(void)
 {
-    s_small_model();
     fake_t f;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(fake_start(&f, &s_small, 0, 1), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, f.endpoint, &s_small, 0, 30.0, NULL, err), 0);
+    CHECK_EQ(s_cluster(&f, 1, 30.0, &c, NULL, err), 0);
     if (c) {
         static volatile sig_atomic_t stop;
         dp_ps_client_set_stop_flag(c, &stop);
@@ -361,8 +369,7 @@ static void test_stop_flag(void)
         pthread_join(th, NULL);
         free(p);
     }
-    dp_ps_client_destroy(&c);
-    fake_stop(&f);
+    s_cluster_end(&f, 1, &c);
 }
 
 /* Endpoint lists the client refuses before any network traffic. */
