@@ -44,10 +44,12 @@ static void test_bad_specs(void)
  * names the token and what was expected. */
 static void test_error_messages(void)
 {
-    static char many[200], huge[1100];
+    static char many[200], huge[1100], long_fc[700];
     many[0] = 0;
     for (int i = 0; i < DP_MAX_LAYERS + 1; i++) strcat(many, "relu ");
     memset(huge, 'x', sizeof huge - 1);
+    /* fc:000...010 is fc:10, but its canonical text outgrows dp_model_t.spec */
+    snprintf(long_fc, sizeof long_fc, "fc:%0600d softmax", 10);
     static const struct {
         const char *spec;
         int in_c;
@@ -55,6 +57,7 @@ static void test_error_messages(void)
     } cases[] = {
         {"fc:10 softmax", 0, "model spec: bad input shape 0x28x28"},
         {huge, 1, "model spec: too long"},
+        {long_fc, 1, "model spec: too long"},
         {many, 1, "model spec: more than 32 layers"},
         {"fc:10 softmax relu", 1, "model spec: 'relu' after softmax (softmax must be last)"},
         {"conv5x4:8 fc:10 softmax", 1,
