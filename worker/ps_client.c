@@ -397,7 +397,8 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
         if (s_open(c, i, err) != 0) goto fail;
     /* HELLO once: ZeroMQ queues it until the server is up, so one request
      * waiting up to timeout_s covers a server that starts late. */
-    s_plan_t hello = {DOWNPOUR__MSG_TYPE__HELLO, c->n, s_build_hello, s_on_welcome, NULL};
+    s_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .n_shards = c->n,
+                      .build = s_build_hello, .on_reply = s_on_welcome};
     if (s_exchange(c, &hello, err) != 0 || s_check_shards(c, err) != 0) goto fail;
     if (info) *info = c->info;
     *out = c;
@@ -439,7 +440,8 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
 
 int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
 {
-    s_plan_t pull = {DOWNPOUR__MSG_TYPE__PULL, c->n, s_build_pull, s_on_params, params};
+    s_plan_t pull = {.type = DOWNPOUR__MSG_TYPE__PULL, .n_shards = c->n,
+                     .build = s_build_pull, .on_reply = s_on_params, .arg = params};
     return s_exchange(c, &pull, err);
 }
 
@@ -550,7 +552,8 @@ int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int bat
         if (!c->sh[i].pulled)
             return dp_err(err, "push before the first pull (the gradient needs a version)");
     s_push_t push = {grads, loss, batch, res, 0};
-    s_plan_t plan = {DOWNPOUR__MSG_TYPE__PUSH, c->n, s_build_push, s_on_ack, &push};
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__PUSH, .n_shards = c->n,
+                     .build = s_build_push, .on_reply = s_on_ack, .arg = &push};
     int rc = s_exchange(c, &plan, err);
     char e2[DP_ERR_LEN];
     if (s_wait_released(c, e2) != 0) {
@@ -604,7 +607,8 @@ static int s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
 static int s_stats(dp_ps_client_t *c, s_stats_acc_t *a, int only_first, char *err)
 {
     memset(a, 0, sizeof *a);
-    s_plan_t plan = {DOWNPOUR__MSG_TYPE__STATS, only_first ? 1 : c->n, NULL, s_on_stats, a};
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__STATS, .n_shards = only_first ? 1 : c->n,
+                     .on_reply = s_on_stats, .arg = a};
     return s_exchange(c, &plan, err);
 }
 
@@ -641,8 +645,9 @@ static void s_build_finished(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
 
 int dp_ps_client_finish(dp_ps_client_t *c, char *err)
 {
-    static const int want = DOWNPOUR__MSG_TYPE__BARRIER;
-    s_plan_t plan = {want, c->n, s_build_finished, s_on_bare, (void *)&want};
+    int want = DOWNPOUR__MSG_TYPE__BARRIER; /* the reply's type */
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__BARRIER, .n_shards = c->n,
+                     .build = s_build_finished, .on_reply = s_on_bare, .arg = &want};
     if (s_exchange(c, &plan, err) != 0) return -1;
     c->finished = 1;
     return 0;
@@ -667,8 +672,9 @@ int dp_ps_client_wait_all_finished(dp_ps_client_t *c, double timeout_s, char *er
 
 int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err)
 {
-    static const int want = DOWNPOUR__MSG_TYPE__SHUTDOWN;
-    s_plan_t plan = {want, c->n, NULL, s_on_bare, (void *)&want};
+    int want = DOWNPOUR__MSG_TYPE__SHUTDOWN; /* the reply's type */
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__SHUTDOWN, .n_shards = c->n,
+                     .on_reply = s_on_bare, .arg = &want};
     return s_exchange(c, &plan, err);
 }
 
