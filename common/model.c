@@ -52,6 +52,109 @@ static int s_parse_conv(dp_layer_t *l, const char *tok, char *err)
     return 0;
 }
 
+/* Parametric layers are numbered by kind: conv1, conv2, fc1, ... */
+typedef struct {
+    int conv, fc;
+} s_count_t;
+
+/* Each s_layer_* sets one kind's fields and output shape; l->in_* hold the
+ * previous layer's output (or the input). */
+
+static int s_layer_conv(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
+{
+    if (s_parse_conv(l, tok, err) != 0) return -1;
+    if (n->fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
+    l->kind = DP_LAYER_CONV;
+    snprintf(l->name, sizeof l->name, "conv%d", ++n->conv);
+    l->out_h = (l->in_h + 2 * l->pad - l->k) / l->stride + 1;
+    l->out_w = (l->in_w + 2 * l->pad - l->k) / l->stride + 1;
+    if (l->out_h < 1 || l->out_w < 1)
+        return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, l->in_h, l->in_w);
+    int ws[4] = {l->out_c, l->in_c, l->k, l->k};
+    int fan_in = l->in_c * l->k * l->k;
+    l->weight = s_add_param(m, l->name, "weight", 4, ws, fan_in);
+    l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, fan_in);
+    return 0;
+}
+
+static int s_layer_maxpool(dp_layer_t *l, const char *tok, const s_count_t *n, char *err)
+{
+    char *end = NULL;
+    long k = strtol(tok + 7, &end, 10);
+    if (end == tok + 7 || *end || k < 1 || k > 64)
+        return dp_err(err, "model spec: bad pooling '%s' (expected maxpoolK, e.g. maxpool2)", tok);
+    if (n->fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
+    l->kind = DP_LAYER_MAXPOOL;
+    snprintf(l->name, sizeof l->name, "maxpool");
+    l->k = l->stride = (int)k;
+    l->out_c = l->in_c;
+    l->out_h = l->in_h / l->k;
+    l->out_w = l->in_w / l->k;
+    if (l->out_h < 1 || l->out_w < 1)
+        return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, l->in_h, l->in_w);
+    return 0;
+}
+
+static int s_layer_fc(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
+{
+    char *end = NULL;
+    long out = strtol(tok + 3, &end, 10);
+    if (end == tok + 3 || *end || out < 1 || out > (1 << 20))
+        return dp_err(err, "model spec: bad fully connected layer '%s' (expected fc:OUT, e.g. fc:512)", tok);
+    l->kind = DP_LAYER_FC;
+    snprintf(l->name, sizeof l->name, "fc%d", ++n->fc);
+    l->in_c = l->in_c * l->in_h * l->in_w; /* flattened */
+    l->in_h = l->in_w = 1;
+    l->out_c = (int)out;
+    l->out_h = l->out_w = 1;
+    int ws[2] = {l->out_c, l->in_c};
+    l->weight = s_add_param(m, l->name, "weight", 2, ws, l->in_c);
+    l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, l->in_c);
+    return 0;
+}
+
+/* One token: which kind it is, then that kind's parse and shapes. */
+static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
+{
+    if (strncmp(tok, "conv", 4) == 0) return s_layer_conv(m, l, tok, n, err);
+    if (strncmp(tok, "maxpool", 7) == 0) return s_layer_maxpool(l, tok, n, err);
+    if (strncmp(tok, "fc:", 3) == 0) return s_layer_fc(m, l, tok, n, err);
+    if (strcmp(tok, "relu") == 0) {
+        l->kind = DP_LAYER_RELU;
+        snprintf(l->name, sizeof l->name, "relu");
+        l->out_c = l->in_c;
+        l->out_h = l->in_h;
+        l->out_w = l->in_w;
+        return 0;
+    }
+    if (strcmp(tok, "softmax") == 0) {
+        if (l->index == 0 || m->layers[l->index - 1].kind != DP_LAYER_FC)
+            return dp_err(err, "model spec: softmax must follow a fully connected layer");
+        l->kind = DP_LAYER_SOFTMAX;
+        snprintf(l->name, sizeof l->name, "softmax");
+        l->out_c = l->in_c;
+        l->out_h = l->out_w = 1;
+        m->classes = l->in_c;
+        return 0;
+    }
+    return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, fc:OUT, softmax)", tok);
+}
+
+/* Hash of what makes two models interchangeable on the wire: the canonical
+ * spec, the input shape and every parameter's name and shape. */
+static uint64_t s_fingerprint(const dp_model_t *m)
+{
+    uint64_t fp = dp_fnv1a(DP_FNV_SEED, m->spec, strlen(m->spec));
+    int dims[3] = {m->in_c, m->in_h, m->in_w};
+    fp = dp_fnv1a(fp, dims, sizeof dims);
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        fp = dp_fnv1a(fp, p->name, strlen(p->name));
+        fp = dp_fnv1a(fp, p->shape, sizeof p->shape);
+    }
+    return fp;
+}
+
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err)
 {
     memset(m, 0, sizeof *m);
@@ -63,82 +166,22 @@ int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w
     char buf[1024];
     if (snprintf(buf, sizeof buf, "%s", spec) >= (int)sizeof buf)
         return dp_err(err, "model spec: too long");
-    int c = in_c, h = in_h, w = in_w;
-    int n_conv = 0, n_fc = 0;
+    s_count_t count = {0, 0};
     char *save = NULL;
     size_t spec_len = 0;
     for (char *tok = strtok_r(buf, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save)) {
         if (m->n_layers == DP_MAX_LAYERS)
             return dp_err(err, "model spec: more than %d layers", DP_MAX_LAYERS);
-        if (m->n_layers > 0 && m->layers[m->n_layers - 1].kind == DP_LAYER_SOFTMAX)
+        const dp_layer_t *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+        if (prev && prev->kind == DP_LAYER_SOFTMAX)
             return dp_err(err, "model spec: '%s' after softmax (softmax must be last)", tok);
         dp_layer_t *l = &m->layers[m->n_layers];
         l->index = m->n_layers;
         l->weight = l->bias = -1;
-        l->in_c = c;
-        l->in_h = h;
-        l->in_w = w;
-        if (strncmp(tok, "conv", 4) == 0) {
-            if (s_parse_conv(l, tok, err) != 0) return -1;
-            if (n_fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
-            l->kind = DP_LAYER_CONV;
-            snprintf(l->name, sizeof l->name, "conv%d", ++n_conv);
-            l->out_h = (h + 2 * l->pad - l->k) / l->stride + 1;
-            l->out_w = (w + 2 * l->pad - l->k) / l->stride + 1;
-            if (l->out_h < 1 || l->out_w < 1)
-                return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, h, w);
-            int ws[4] = {l->out_c, c, l->k, l->k};
-            int fan_in = c * l->k * l->k;
-            l->weight = s_add_param(m, l->name, "weight", 4, ws, fan_in);
-            l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, fan_in);
-        } else if (strncmp(tok, "maxpool", 7) == 0) {
-            char *end = NULL;
-            long k = strtol(tok + 7, &end, 10);
-            if (end == tok + 7 || *end || k < 1 || k > 64)
-                return dp_err(err, "model spec: bad pooling '%s' (expected maxpoolK, e.g. maxpool2)", tok);
-            if (n_fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
-            l->kind = DP_LAYER_MAXPOOL;
-            snprintf(l->name, sizeof l->name, "maxpool");
-            l->k = l->stride = (int)k;
-            l->out_c = c;
-            l->out_h = h / l->k;
-            l->out_w = w / l->k;
-            if (l->out_h < 1 || l->out_w < 1)
-                return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, h, w);
-        } else if (strcmp(tok, "relu") == 0) {
-            l->kind = DP_LAYER_RELU;
-            snprintf(l->name, sizeof l->name, "relu");
-            l->out_c = c;
-            l->out_h = h;
-            l->out_w = w;
-        } else if (strncmp(tok, "fc:", 3) == 0) {
-            char *end = NULL;
-            long out = strtol(tok + 3, &end, 10);
-            if (end == tok + 3 || *end || out < 1 || out > (1 << 20))
-                return dp_err(err, "model spec: bad fully connected layer '%s' (expected fc:OUT, e.g. fc:512)", tok);
-            l->kind = DP_LAYER_FC;
-            snprintf(l->name, sizeof l->name, "fc%d", ++n_fc);
-            l->in_c = c * h * w;
-            l->in_h = l->in_w = 1;
-            l->out_c = (int)out;
-            l->out_h = l->out_w = 1;
-            int ws[2] = {l->out_c, l->in_c};
-            l->weight = s_add_param(m, l->name, "weight", 2, ws, l->in_c);
-            l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, l->in_c);
-        } else if (strcmp(tok, "softmax") == 0) {
-            if (m->n_layers == 0 || m->layers[m->n_layers - 1].kind != DP_LAYER_FC)
-                return dp_err(err, "model spec: softmax must follow a fully connected layer");
-            l->kind = DP_LAYER_SOFTMAX;
-            snprintf(l->name, sizeof l->name, "softmax");
-            l->out_c = c;
-            l->out_h = l->out_w = 1;
-            m->classes = c;
-        } else {
-            return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, fc:OUT, softmax)", tok);
-        }
-        c = l->out_c;
-        h = l->out_h;
-        w = l->out_w;
+        l->in_c = prev ? prev->out_c : in_c;
+        l->in_h = prev ? prev->out_h : in_h;
+        l->in_w = prev ? prev->out_w : in_w;
+        if (s_parse_layer(m, l, tok, &count, err) != 0) return -1;
         size_t in_sz = (size_t)l->in_c * l->in_h * l->in_w;
         if (in_sz > m->max_act) m->max_act = in_sz;
         if (dp_layer_out_size(l) > m->max_act) m->max_act = dp_layer_out_size(l);
@@ -151,16 +194,7 @@ int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w
     if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
         return dp_err(err, "model spec: must end with 'fc:CLASSES softmax'");
     if (m->classes < 2) return dp_err(err, "model spec: the last fc layer needs at least 2 outputs");
-
-    uint64_t fp = dp_fnv1a(DP_FNV_SEED, m->spec, strlen(m->spec));
-    int dims[3] = {in_c, in_h, in_w};
-    fp = dp_fnv1a(fp, dims, sizeof dims);
-    for (int i = 0; i < m->n_params; i++) {
-        const dp_param_t *p = &m->params[i];
-        fp = dp_fnv1a(fp, p->name, strlen(p->name));
-        fp = dp_fnv1a(fp, p->shape, sizeof p->shape);
-    }
-    m->fingerprint = fp;
+    m->fingerprint = s_fingerprint(m);
     return 0;
 }
 

@@ -1,8 +1,6 @@
 /* rng: xoshiro256** seeded through splitmix64, as its authors recommend. */
 #include "common/rng.h"
 
-#include <math.h>
-
 static uint64_t s_splitmix(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
@@ -41,13 +39,6 @@ uint32_t dp_rng_below(dp_rng_t *r, uint32_t n)
 {
     /* Lemire's multiply-shift; the tiny bias is irrelevant for shuffling. */
     return (uint32_t)(((dp_rng_next(r) >> 32) * (uint64_t)n) >> 32);
-}
-
-float dp_rng_normal(dp_rng_t *r)
-{
-    double u1 = ((dp_rng_next(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-    double u2 = (dp_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
 void dp_rng_shuffle(dp_rng_t *r, int *a, int n)

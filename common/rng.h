@@ -10,13 +10,12 @@ typedef struct {
 } dp_rng_t;
 
 void dp_rng_seed(dp_rng_t *r, uint64_t seed);
+/* The next 64 raw bits. */
 uint64_t dp_rng_next(dp_rng_t *r);
 /* Uniform in [0, 1). */
 float dp_rng_uniform(dp_rng_t *r);
 /* Uniform integer in [0, n). */
 uint32_t dp_rng_below(dp_rng_t *r, uint32_t n);
-/* Standard normal (Box-Muller). */
-float dp_rng_normal(dp_rng_t *r);
 /* Fisher-Yates shuffle of a[0..n). */
 void dp_rng_shuffle(dp_rng_t *r, int *a, int n);
 

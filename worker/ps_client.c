@@ -1,9 +1,15 @@
 /* ps_client: the worker's DEALER sockets to every parameter-server shard
  * (see ps_client.h).
  *
- * One exchange = a request to some shards, then s_wait() collects the reply
- * of each (matched by request id; anything else from a shard — a heartbeat
- * answer, a late reply to an abandoned request — only proves it is alive).
+ * Every operation is one exchange, s_exchange(c, plan): a request to each
+ * shard the plan names (all sent before any reply is awaited, so the shards
+ * work in parallel), then s_wait() collects the reply of each, matched by
+ * request id. Anything else from a shard — a heartbeat answer, a late reply
+ * to an abandoned request — only proves it alive. The plan says what is
+ * asked (a message type and a builder for each shard's body) and what is
+ * done with each reply; the exchange owns the liveness rules, the stop flag
+ * and the clean-up after a failure.
+ *
  * Invariants: a shard's range [lo, hi) comes from its WELCOME and the ranges
  * tile [0, n_floats); push frames point into the caller's gradient and
  * c->inflight counts those ZeroMQ still holds, so push returns only once it
@@ -22,10 +28,12 @@
 #include "common/util.h"
 
 #define S_MAX_SHARDS 256
+#define S_DEFER_LIMIT 20   /* an exchange gives up after this many timeouts in all */
+#define S_HB_MAX_S 2.0     /* a silent shard gets a HEARTBEAT at least this often */
 
 typedef struct {
-    void *sock;
-    char endpoint[256];
+    void *sock;             /* DEALER; NULL after a reconnect failed (retried next exchange) */
+    char endpoint[256];     /* tcp://HOST:PORT, as given */
     uint64_t lo, hi;        /* floats this shard owns */
     uint64_t version;       /* shard version of the last pull */
     uint64_t min_version;   /* sync: the next pull waits for this version */
@@ -38,27 +46,65 @@ typedef struct {
 } s_shard_t;
 
 struct dp_ps_client {
-    void *ctx;
-    int n;
-    s_shard_t *sh;
-    const dp_model_t *m;
+    void *ctx;              /* ZeroMQ context, owned */
+    int n;                  /* shards */
+    s_shard_t *sh;          /* [S_MAX_SHARDS], the first n used */
+    const dp_model_t *m;    /* the caller's, outlives the client */
     int worker_id;
-    double timeout_s;
-    uint64_t next_req;
-    dp_ps_info_t info;
-    int finished;
-    volatile sig_atomic_t *stop;
+    double timeout_s;       /* silence allowed to a shard owing a reply */
+    uint64_t next_req;      /* last request id used */
+    dp_ps_info_t info;      /* shard 0's WELCOME (every shard agrees) */
+    int finished;           /* BARRIER finished sent and answered */
+    volatile sig_atomic_t *stop; /* non-zero: blocked calls give up; NULL: never */
     atomic_int inflight;    /* push frames ZeroMQ has not released yet */
 };
+
+/* Storage one request points into until it is sent. */
+typedef struct {
+    Downpour__Envelope env;
+    union {
+        Downpour__Hello hello;
+        Downpour__Pull pull;
+        Downpour__Push push;
+        Downpour__Barrier barrier;
+    } body;                         /* the sub-message env points at, if any */
+    Downpour__TensorDesc desc;      /* PUSH: the gradient slice */
+    Downpour__TensorDesc *descs[1]; /* env.tensors */
+    int64_t shape[1];               /* desc.shape */
+    dp_wire_payload_t payload;      /* PUSH: the slice's bytes */
+    int n_payloads;                 /* 0 or 1 */
+} s_req_t;
+
+/* Fills shard i's request: rq->env is already initialised with the plan's
+ * type; the builder sets the body (and payload) it needs. */
+typedef void (*s_build_fn)(dp_ps_client_t *c, int i, s_req_t *rq, void *arg);
 
 /* Called for each matched reply; returns 0 or -1 with err (ends the wait). */
 typedef int (*s_reply_fn)(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                           const dp_wire_frame_t *frames, int n_frames, void *arg, char *err);
 
+/* One exchange: the same request type to shards [0, n_shards). */
+typedef struct {
+    int type;             /* DOWNPOUR__MSG_TYPE__* of every request */
+    int n_shards;         /* c->n, or 1 to ask shard 0 only */
+    s_build_fn build;     /* NULL: the request has no body */
+    s_reply_fn on_reply;  /* takes each shard's reply */
+    void *arg;            /* handed to build and on_reply */
+} s_plan_t;
+
 static void s_sleep(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
+}
+
+/* ---- sockets ----------------------------------------------------------- */
+
+static void s_close(s_shard_t *s)
+{
+    if (s->sock && zmq_close(s->sock) != 0)
+        dp_log_warn("%s: closing socket: %s", s->endpoint, zmq_strerror(errno));
+    s->sock = NULL;
 }
 
 static int s_open(dp_ps_client_t *c, int i, char *err)
@@ -68,11 +114,18 @@ static int s_open(dp_ps_client_t *c, int i, char *err)
     if (!s->sock) return dp_err(err, "%s: cannot create socket: %s", s->endpoint, zmq_strerror(errno));
     int zero = 0;
     int sndtimeo = (int)(c->timeout_s * 1000);
-    zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s->sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
-    if (zmq_connect(s->sock, s->endpoint) != 0)
-        return dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", s->endpoint,
-                      zmq_strerror(errno));
+    if (zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) != 0) {
+        dp_err(err, "%s: cannot set socket options: %s", s->endpoint, zmq_strerror(errno));
+        s_close(s);
+        return -1;
+    }
+    if (zmq_connect(s->sock, s->endpoint) != 0) {
+        dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", s->endpoint,
+               zmq_strerror(errno));
+        s_close(s);
+        return -1;
+    }
     return 0;
 }
 
@@ -83,31 +136,24 @@ static void s_reset_unanswered(dp_ps_client_t *c)
     for (int i = 0; i < c->n; i++) {
         s_shard_t *s = &c->sh[i];
         if (!s->want_req || s->done) continue;
-        zmq_close(s->sock);
-        s->sock = NULL;
+        s_close(s);
         char e2[DP_ERR_LEN];
         if (s_open(c, i, e2) != 0) dp_log_warn("%s", e2);
         s->want_req = 0;
     }
 }
 
-static void s_begin(dp_ps_client_t *c)
-{
-    for (int i = 0; i < c->n; i++) {
-        c->sh[i].want_req = 0;
-        c->sh[i].done = 0;
-    }
-}
+/* ---- one exchange ------------------------------------------------------ */
 
-static int s_request(dp_ps_client_t *c, int i, Downpour__Envelope *env,
-                     const dp_wire_payload_t *pl, int n_pl, char *err)
+static int s_send(dp_ps_client_t *c, int i, s_req_t *rq, char *err)
 {
     s_shard_t *s = &c->sh[i];
-    env->request_id = ++c->next_req;
+    rq->env.request_id = ++c->next_req;
     char e2[DP_ERR_LEN];
-    if (dp_wire_send(s->sock, NULL, env, pl, n_pl, e2) != 0)
+    if (dp_wire_send(s->sock, NULL, &rq->env, rq->n_payloads ? &rq->payload : NULL, rq->n_payloads,
+                     e2) != 0)
         return dp_err(err, "%s: %s (is downpour-ps running?)", s->endpoint, e2);
-    s->want_req = env->request_id;
+    s->want_req = rq->env.request_id;
     s->done = 0;
     s->last_heard = s->last_hb = dp_now();
     return 0;
@@ -119,16 +165,80 @@ static void s_heartbeat(dp_ps_client_t *c, int i)
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, ++c->next_req, c->worker_id,
                      c->m->fingerprint);
     char e2[DP_ERR_LEN];
+    /* Best effort: a heartbeat that cannot go shows up as silence. */
     if (dp_wire_send(c->sh[i].sock, NULL, &env, NULL, 0, e2) != 0)
         dp_log_debug("%s: heartbeat: %s", c->sh[i].endpoint, e2);
     c->sh[i].last_hb = dp_now();
+}
+
+/* The liveness rules for shard i, which owes a reply: silent for timeout_s
+ * is a failure, and so is an exchange past S_DEFER_LIMIT timeouts (a shard
+ * that answers heartbeats but defers for ever); silent for hb_every, it gets
+ * a HEARTBEAT, whose answer counts as hearing from it. */
+static int s_check_alive(dp_ps_client_t *c, int i, double t0, double now, char *err)
+{
+    s_shard_t *s = &c->sh[i];
+    double hb_every = c->timeout_s / 4 < S_HB_MAX_S ? c->timeout_s / 4 : S_HB_MAX_S;
+    if (now - s->last_heard > c->timeout_s)
+        return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
+                      c->timeout_s);
+    if (now - t0 > S_DEFER_LIMIT * c->timeout_s)
+        return dp_err(err, "%s: request still deferred after %.0f s", s->endpoint, now - t0);
+    if (now - s->last_hb >= hb_every && now - s->last_heard >= hb_every) s_heartbeat(c, i);
+    return 0;
+}
+
+/* One message from shard i: validated, then handed to fn if it is the
+ * awaited reply. */
+static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, s_reply_fn fn, void *arg, char *err)
+{
+    s_shard_t *s = &c->sh[i];
+    if (rx->n_parts < 1 || rx->n_total > rx->n_parts)
+        return dp_err(err, "%s: malformed reply: %d frames", s->endpoint, rx->n_total);
+    char e2[DP_ERR_LEN];
+    Downpour__Envelope *env = dp_wire_decode(zmq_msg_data(&rx->parts[0]), zmq_msg_size(&rx->parts[0]), e2);
+    dp_wire_frame_t frames[DP_WIRE_MAX_TENSORS];
+    int nf = rx->n_parts - 1;
+    for (int f = 0; f < nf && f < DP_WIRE_MAX_TENSORS; f++) {
+        frames[f].data = zmq_msg_data(&rx->parts[1 + f]);
+        frames[f].len = zmq_msg_size(&rx->parts[1 + f]);
+    }
+    int rc = 0;
+    if (!env || dp_wire_check(env, frames, nf, e2) != 0) {
+        rc = dp_err(err, "%s: bad reply: %s", s->endpoint, e2);
+    } else {
+        s->last_heard = dp_now();
+        if (env->request_id == s->want_req) { /* else a heartbeat answer or a late reply */
+            s->done = 1;
+            rc = fn(c, i, env, frames, nf, arg, err);
+        }
+    }
+    dp_wire_destroy(&env);
+    return rc;
+}
+
+/* Every message waiting on shard i's socket, until its reply is taken. */
+static int s_drain(dp_ps_client_t *c, int i, s_reply_fn fn, void *arg, char *err)
+{
+    s_shard_t *s = &c->sh[i];
+    while (!s->done) {
+        dp_wire_rx_t rx;
+        char e2[DP_ERR_LEN];
+        if (dp_wire_recv(s->sock, &rx, ZMQ_DONTWAIT, e2) != 0) {
+            if (errno == EAGAIN || errno == EINTR) return 0;
+            return dp_err(err, "%s: %s", s->endpoint, e2);
+        }
+        int rc = s_take(c, i, &rx, fn, arg, err);
+        dp_wire_rx_fini(&rx);
+        if (rc != 0) return -1;
+    }
+    return 0;
 }
 
 /* Collect the replies of every shard with want_req set. */
 static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
 {
     double t0 = dp_now();
-    double hb_every = c->timeout_s / 4 < 2.0 ? c->timeout_s / 4 : 2.0;
     zmq_pollitem_t items[S_MAX_SHARDS];
     int idx[S_MAX_SHARDS];
     for (;;) {
@@ -141,67 +251,56 @@ static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
         if (n == 0) return 0;
         if (c->stop && *c->stop) return dp_err(err, "interrupted");
         double now = dp_now();
-        for (int k = 0; k < n; k++) {
-            s_shard_t *s = &c->sh[idx[k]];
-            if (now - s->last_heard > c->timeout_s)
-                return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
-                              c->timeout_s);
-            if (now - t0 > 20 * c->timeout_s)
-                return dp_err(err, "%s: request still deferred after %.0f s", s->endpoint, now - t0);
-            if (now - s->last_hb >= hb_every && now - s->last_heard >= hb_every)
-                s_heartbeat(c, idx[k]);
-        }
+        for (int k = 0; k < n; k++)
+            if (s_check_alive(c, idx[k], t0, now, err) != 0) return -1;
         int r = zmq_poll(items, n, 100);
         if (r < 0) {
             if (errno == EINTR) continue;
-            return dp_err(err, "poll: %s", zmq_strerror(errno));
+            return dp_err(err, "poll on the ps sockets: %s", zmq_strerror(errno));
         }
-        for (int k = 0; k < n && r > 0; k++) {
-            if (!(items[k].revents & ZMQ_POLLIN)) continue;
-            int i = idx[k];
-            s_shard_t *s = &c->sh[i];
-            dp_wire_rx_t rx;
-            char e2[DP_ERR_LEN];
-            while (!s->done && dp_wire_recv(s->sock, &rx, ZMQ_DONTWAIT, e2) == 0) {
-                int rc = 0;
-                Downpour__Envelope *env = NULL;
-                dp_wire_frame_t frames[DP_WIRE_MAX_TENSORS];
-                int nf = rx.n_parts - 1;
-                if (rx.n_parts < 1 || rx.n_total > rx.n_parts) {
-                    rc = dp_err(err, "%s: malformed reply: %d frames", s->endpoint, rx.n_total);
-                    goto next;
-                }
-                env = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), e2);
-                for (int f = 0; f < nf && f < DP_WIRE_MAX_TENSORS; f++) {
-                    frames[f].data = zmq_msg_data(&rx.parts[1 + f]);
-                    frames[f].len = zmq_msg_size(&rx.parts[1 + f]);
-                }
-                if (!env || dp_wire_check(env, frames, nf, e2) != 0) {
-                    rc = dp_err(err, "%s: bad reply: %s", s->endpoint, e2);
-                    goto next;
-                }
-                s->last_heard = dp_now();
-                if (env->request_id != s->want_req) goto next; /* heartbeat or late reply */
-                s->done = 1;
-                rc = fn(c, i, env, frames, nf, arg, err);
-            next:
-                dp_wire_destroy(&env);
-                dp_wire_rx_fini(&rx);
-                if (rc != 0) return -1;
-            }
-        }
+        for (int k = 0; k < n && r > 0; k++)
+            if ((items[k].revents & ZMQ_POLLIN) && s_drain(c, idx[k], fn, arg, err) != 0) return -1;
     }
 }
 
-/* Run one exchange: requests already sent; on failure reset the silent shards. */
-static int s_finish_exchange(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
+/* Send the plan's request to each of its shards, then wait for every reply.
+ * On any failure the shards that did not answer get fresh sockets, so
+ * nothing of this exchange is left queued or awaited. */
+static int s_exchange(dp_ps_client_t *c, const s_plan_t *plan, char *err)
 {
-    int rc = s_wait(c, fn, arg, err);
+    for (int i = 0; i < c->n; i++) {
+        c->sh[i].want_req = 0;
+        c->sh[i].done = 0;
+    }
+    int rc = 0;
+    for (int i = 0; i < plan->n_shards && rc == 0; i++) {
+        /* A socket a failed reset could not reopen gets another try. */
+        if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;
+        s_req_t rq;
+        memset(&rq, 0, sizeof rq);
+        dp_wire_env_init(&rq.env, plan->type, 0, c->worker_id, c->m->fingerprint);
+        if (plan->build) plan->build(c, i, &rq, plan->arg);
+        rc = s_send(c, i, &rq, err);
+    }
+    if (rc == 0) rc = s_wait(c, plan->on_reply, plan->arg, err);
     if (rc != 0) s_reset_unanswered(c);
     return rc;
 }
 
 /* ---- connect ---------------------------------------------------------- */
+
+static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
+{
+    (void)i, (void)arg;
+    Downpour__Hello *h = &rq->body.hello;
+    *h = (Downpour__Hello)DOWNPOUR__HELLO__INIT;
+    h->model_spec = (char *)c->m->spec;
+    h->in_c = c->m->in_c;
+    h->in_h = c->m->in_h;
+    h->in_w = c->m->in_w;
+    h->n_floats = c->m->n_floats;
+    rq->env.hello = h;
+}
 
 static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                         const dp_wire_frame_t *frames, int nf, void *arg, char *err)
@@ -230,8 +329,54 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     return 0;
 }
 
+/* "tcp://h:p[,tcp://h2:p2...]" into c->sh[].endpoint, c->n. */
+static int s_parse_endpoints(dp_ps_client_t *c, const char *endpoints, char *err)
+{
+    const char *p = endpoints;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || len >= sizeof c->sh[0].endpoint || c->n == S_MAX_SHARDS)
+            return dp_err(err, "bad ps endpoints '%s' (expected tcp://h:p[,tcp://h2:p2...], at most %d)",
+                          endpoints, S_MAX_SHARDS);
+        memcpy(c->sh[c->n].endpoint, p, len);
+        c->sh[c->n].endpoint[len] = 0;
+        c->n++;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+/* After the WELCOMEs: every shard runs the same policy, and the ranges, in
+ * endpoint order, tile the model's floats. */
+static int s_check_shards(dp_ps_client_t *c, char *err)
+{
+    c->info = c->sh[0].info;
+    for (int i = 1; i < c->n; i++) {
+        const dp_ps_info_t *a = &c->sh[i].info, *b = &c->info;
+        if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||
+            a->staleness != b->staleness)
+            return dp_err(err, "%s: runs %s with %d workers, R=%d, S=%d but %s runs %s with %d workers, R=%d, S=%d",
+                          c->sh[i].endpoint, dp_mode_name(a->mode), a->num_workers, a->replicas,
+                          a->staleness, c->sh[0].endpoint, dp_mode_name(b->mode), b->num_workers,
+                          b->replicas, b->staleness);
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->sh[i].lo != at)
+            return dp_err(err, "%s: holds floats [%" PRIu64 ", %" PRIu64 ") but the previous shard ends at %" PRIu64
+                               " (are the ps endpoints in shard order?)",
+                          c->sh[i].endpoint, c->sh[i].lo, c->sh[i].hi, at);
+        at = c->sh[i].hi;
+    }
+    if (at != c->m->n_floats)
+        return dp_err(err, "the %d ps shards hold floats [0, %" PRIu64 ") but the model has %zu (missing a shard?)",
+                      c->n, at, c->m->n_floats);
+    return 0;
+}
+
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
-                         int worker_id, double timeout_s, dp_ps_info_t *info, char *err)
+                     int worker_id, double timeout_s, dp_ps_info_t *info, char *err)
 {
     *out = NULL;
     if (!endpoints || !endpoints[0]) return dp_err(err, "no ps endpoints (give tcp://HOST:PORT)");
@@ -242,66 +387,19 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->timeout_s = timeout_s;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(S_MAX_SHARDS, sizeof *c->sh);
-    const char *p = endpoints;
-    while (*p) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == 0 || len >= sizeof c->sh[0].endpoint || c->n == S_MAX_SHARDS) {
-            dp_err(err, "bad ps endpoints '%s' (expected tcp://h:p[,tcp://h2:p2...], at most %d)",
-                   endpoints, S_MAX_SHARDS);
-            goto fail;
-        }
-        memcpy(c->sh[c->n].endpoint, p, len);
-        c->sh[c->n].endpoint[len] = 0;
-        c->n++;
-        p += len + (e ? 1 : 0);
-    }
+    if (s_parse_endpoints(c, endpoints, err) != 0) goto fail;
     c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        dp_err(err, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+        goto fail;
+    }
     for (int i = 0; i < c->n; i++)
         if (s_open(c, i, err) != 0) goto fail;
     /* HELLO once: ZeroMQ queues it until the server is up, so one request
      * waiting up to timeout_s covers a server that starts late. */
-    s_begin(c);
-    for (int i = 0; i < c->n; i++) {
-        Downpour__Envelope env;
-        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 0, worker_id, m->fingerprint);
-        Downpour__Hello h = DOWNPOUR__HELLO__INIT;
-        h.model_spec = (char *)m->spec;
-        h.in_c = m->in_c;
-        h.in_h = m->in_h;
-        h.in_w = m->in_w;
-        h.n_floats = m->n_floats;
-        env.hello = &h;
-        if (s_request(c, i, &env, NULL, 0, err) != 0) goto fail;
-    }
-    if (s_finish_exchange(c, s_on_welcome, NULL, err) != 0) goto fail;
-    c->info = c->sh[0].info;
-    for (int i = 1; i < c->n; i++) {
-        const dp_ps_info_t *a = &c->sh[i].info, *b = &c->info;
-        if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||
-            a->staleness != b->staleness) {
-            dp_err(err, "%s: runs %s with %d workers, R=%d, S=%d but %s runs %s with %d workers, R=%d, S=%d",
-                   c->sh[i].endpoint, dp_mode_name(a->mode), a->num_workers, a->replicas,
-                   a->staleness, c->sh[0].endpoint, dp_mode_name(b->mode), b->num_workers,
-                   b->replicas, b->staleness);
-            goto fail;
-        }
-    }
-    uint64_t at = 0;
-    for (int i = 0; i < c->n; i++) {
-        if (c->sh[i].lo != at) {
-            dp_err(err, "%s: holds floats [%" PRIu64 ", %" PRIu64 ") but the previous shard ends at %" PRIu64
-                        " (are the ps endpoints in shard order?)",
-                   c->sh[i].endpoint, c->sh[i].lo, c->sh[i].hi, at);
-            goto fail;
-        }
-        at = c->sh[i].hi;
-    }
-    if (at != m->n_floats) {
-        dp_err(err, "the %d ps shards hold floats [0, %" PRIu64 ") but the model has %zu (missing a shard?)",
-               c->n, at, m->n_floats);
-        goto fail;
-    }
+    s_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .n_shards = c->n,
+                      .build = s_build_hello, .on_reply = s_on_welcome};
+    if (s_exchange(c, &hello, err) != 0 || s_check_shards(c, err) != 0) goto fail;
     if (info) *info = c->info;
     *out = c;
     return 0;
@@ -311,6 +409,15 @@ fail:
 }
 
 /* ---- pull ------------------------------------------------------------- */
+
+static void s_build_pull(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
+{
+    (void)arg;
+    Downpour__Pull *p = &rq->body.pull;
+    *p = (Downpour__Pull)DOWNPOUR__PULL__INIT;
+    p->min_version = c->info.mode == DP_MODE_SYNC ? c->sh[i].min_version : 0;
+    rq->env.pull = p;
+}
 
 static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                        const dp_wire_frame_t *frames, int nf, void *arg, char *err)
@@ -333,32 +440,48 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
 
 int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
 {
-    s_begin(c);
-    for (int i = 0; i < c->n; i++) {
-        Downpour__Envelope env;
-        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PULL, 0, c->worker_id, c->m->fingerprint);
-        Downpour__Pull p = DOWNPOUR__PULL__INIT;
-        p.min_version = c->info.mode == DP_MODE_SYNC ? c->sh[i].min_version : 0;
-        env.pull = &p;
-        if (s_request(c, i, &env, NULL, 0, err) != 0) {
-            s_reset_unanswered(c);
-            return -1;
-        }
-    }
-    return s_finish_exchange(c, s_on_params, params, err);
+    s_plan_t pull = {.type = DOWNPOUR__MSG_TYPE__PULL, .n_shards = c->n,
+                     .build = s_build_pull, .on_reply = s_on_params, .arg = params};
+    return s_exchange(c, &pull, err);
 }
 
 /* ---- push ------------------------------------------------------------- */
 
+/* One push: what goes out, and the ACKs summed as they come back. */
 typedef struct {
+    const float *grads;
+    float loss;
+    int batch;
     dp_push_result_t *res;
     double staleness_sum;
-} s_push_acc_t;
+} s_push_t;
 
 static void s_push_release(void *data, void *hint)
 {
     (void)data;
     atomic_fetch_sub((atomic_int *)hint, 1);
+}
+
+/* Shard i's slice of the gradient, handed to ZeroMQ without a copy. */
+static void s_build_push(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
+{
+    const s_push_t *push = arg;
+    const s_shard_t *s = &c->sh[i];
+    Downpour__Push *p = &rq->body.push;
+    *p = (Downpour__Push)DOWNPOUR__PUSH__INIT;
+    p->version = s->version;
+    p->loss = push->loss;
+    p->batch = push->batch;
+    rq->env.push = p;
+    size_t cnt = (size_t)(s->hi - s->lo);
+    dp_wire_desc_fill(&rq->desc, rq->shape, "params", push->grads + s->lo, cnt, s->lo, 0, 0);
+    rq->descs[0] = &rq->desc;
+    rq->env.n_tensors = 1;
+    rq->env.tensors = rq->descs;
+    atomic_fetch_add(&c->inflight, 1); /* dp_wire_send releases it, sent or not */
+    rq->payload = (dp_wire_payload_t){push->grads + s->lo, cnt * sizeof(float), s_push_release,
+                                      &c->inflight};
+    rq->n_payloads = 1;
 }
 
 static void s_set_reason(dp_push_result_t *r, const char *endpoint, const char *why)
@@ -375,8 +498,8 @@ static int s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
 {
     (void)frames, (void)nf;
     s_shard_t *s = &c->sh[i];
-    s_push_acc_t *acc = arg;
-    dp_push_result_t *r = acc->res;
+    s_push_t *push = arg;
+    dp_push_result_t *r = push->res;
     uint64_t stamped = s->version;
     s->min_version = 0;
     if (env->type == DOWNPOUR__MSG_TYPE__ERROR) {
@@ -401,7 +524,7 @@ static int s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
         (a->status == DOWNPOUR__ACK_STATUS__DROPPED && a->staleness == 0))
         s->min_version = stamped + 1;
     if (a->staleness > r->staleness_max) r->staleness_max = a->staleness;
-    acc->staleness_sum += (double)a->staleness;
+    push->staleness_sum += (double)a->staleness;
     r->version += a->version;
     return 0;
 }
@@ -428,37 +551,16 @@ int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int bat
     for (int i = 0; i < c->n; i++)
         if (!c->sh[i].pulled)
             return dp_err(err, "push before the first pull (the gradient needs a version)");
-    s_begin(c);
-    int rc = 0;
-    for (int i = 0; i < c->n && rc == 0; i++) {
-        s_shard_t *s = &c->sh[i];
-        Downpour__Envelope env;
-        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 0, c->worker_id, c->m->fingerprint);
-        Downpour__Push p = DOWNPOUR__PUSH__INIT;
-        p.version = s->version;
-        p.loss = loss;
-        p.batch = batch;
-        env.push = &p;
-        Downpour__TensorDesc d;
-        Downpour__TensorDesc *dv[1] = {&d};
-        int64_t shape[1];
-        size_t cnt = (size_t)(s->hi - s->lo);
-        dp_wire_desc_fill(&d, shape, "params", grads + s->lo, cnt, s->lo, 0, 0);
-        env.n_tensors = 1;
-        env.tensors = dv;
-        atomic_fetch_add(&c->inflight, 1);
-        dp_wire_payload_t pl = {grads + s->lo, cnt * sizeof(float), s_push_release, &c->inflight};
-        rc = s_request(c, i, &env, &pl, 1, err);
-    }
-    s_push_acc_t acc = {res, 0};
-    if (rc == 0) rc = s_wait(c, s_on_ack, &acc, err);
-    if (rc != 0) s_reset_unanswered(c);
+    s_push_t push = {grads, loss, batch, res, 0};
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__PUSH, .n_shards = c->n,
+                     .build = s_build_push, .on_reply = s_on_ack, .arg = &push};
+    int rc = s_exchange(c, &plan, err);
     char e2[DP_ERR_LEN];
     if (s_wait_released(c, e2) != 0) {
         if (rc == 0) rc = dp_err(err, "%s", e2);
         dp_log_error("%s", e2);
     }
-    if (rc == 0) res->staleness_mean = acc.staleness_sum / c->n;
+    if (rc == 0) res->staleness_mean = push.staleness_sum / c->n;
     return rc;
 }
 
@@ -473,7 +575,7 @@ uint64_t dp_ps_client_version(const dp_ps_client_t *c)
 
 typedef struct {
     dp_ps_stats_t st;
-    int finished, gone, num_workers;
+    int finished, gone, num_workers; /* shard 0's worker counts */
 } s_stats_acc_t;
 
 static int s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
@@ -501,19 +603,13 @@ static int s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     return 0;
 }
 
+/* STATS to every shard, or to shard 0 only (its worker counts suffice). */
 static int s_stats(dp_ps_client_t *c, s_stats_acc_t *a, int only_first, char *err)
 {
     memset(a, 0, sizeof *a);
-    s_begin(c);
-    for (int i = 0; i < (only_first ? 1 : c->n); i++) {
-        Downpour__Envelope env;
-        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__STATS, 0, c->worker_id, c->m->fingerprint);
-        if (s_request(c, i, &env, NULL, 0, err) != 0) {
-            s_reset_unanswered(c);
-            return -1;
-        }
-    }
-    return s_finish_exchange(c, s_on_stats, a, err);
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__STATS, .n_shards = only_first ? 1 : c->n,
+                     .on_reply = s_on_stats, .arg = a};
+    return s_exchange(c, &plan, err);
 }
 
 int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err)
@@ -524,11 +620,12 @@ int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err)
     return 0;
 }
 
+/* A reply without a body of interest: the request's own type, or ERROR. */
 static int s_on_bare(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                      const dp_wire_frame_t *frames, int nf, void *arg, char *err)
 {
     (void)frames, (void)nf;
-    int want = *(int *)arg;
+    int want = *(const int *)arg;
     if (env->type == DOWNPOUR__MSG_TYPE__ERROR)
         return dp_err(err, "%s: %s", c->sh[i].endpoint, env->error->message);
     if ((int)env->type != want)
@@ -537,22 +634,21 @@ static int s_on_bare(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     return 0;
 }
 
+static void s_build_finished(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
+{
+    (void)c, (void)i, (void)arg;
+    Downpour__Barrier *b = &rq->body.barrier;
+    *b = (Downpour__Barrier)DOWNPOUR__BARRIER__INIT;
+    b->finished = 1;
+    rq->env.barrier = b;
+}
+
 int dp_ps_client_finish(dp_ps_client_t *c, char *err)
 {
-    s_begin(c);
-    for (int i = 0; i < c->n; i++) {
-        Downpour__Envelope env;
-        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__BARRIER, 0, c->worker_id, c->m->fingerprint);
-        Downpour__Barrier b = DOWNPOUR__BARRIER__INIT;
-        b.finished = 1;
-        env.barrier = &b;
-        if (s_request(c, i, &env, NULL, 0, err) != 0) {
-            s_reset_unanswered(c);
-            return -1;
-        }
-    }
-    int want = DOWNPOUR__MSG_TYPE__BARRIER;
-    if (s_finish_exchange(c, s_on_bare, &want, err) != 0) return -1;
+    int want = DOWNPOUR__MSG_TYPE__BARRIER; /* the reply's type */
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__BARRIER, .n_shards = c->n,
+                     .build = s_build_finished, .on_reply = s_on_bare, .arg = &want};
+    if (s_exchange(c, &plan, err) != 0) return -1;
     c->finished = 1;
     return 0;
 }
@@ -576,17 +672,10 @@ int dp_ps_client_wait_all_finished(dp_ps_client_t *c, double timeout_s, char *er
 
 int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err)
 {
-    s_begin(c);
-    for (int i = 0; i < c->n; i++) {
-        Downpour__Envelope env;
-        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__SHUTDOWN, 0, c->worker_id, c->m->fingerprint);
-        if (s_request(c, i, &env, NULL, 0, err) != 0) {
-            s_reset_unanswered(c);
-            return -1;
-        }
-    }
-    int want = DOWNPOUR__MSG_TYPE__SHUTDOWN;
-    return s_finish_exchange(c, s_on_bare, &want, err);
+    int want = DOWNPOUR__MSG_TYPE__SHUTDOWN; /* the reply's type */
+    s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__SHUTDOWN, .n_shards = c->n,
+                     .on_reply = s_on_bare, .arg = &want};
+    return s_exchange(c, &plan, err);
 }
 
 void dp_ps_client_set_stop_flag(dp_ps_client_t *c, volatile sig_atomic_t *flag)
@@ -598,9 +687,14 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
 {
     if (!c_p || !*c_p) return;
     dp_ps_client_t *c = *c_p;
-    for (int i = 0; i < c->n; i++)
-        if (c->sh[i].sock) zmq_close(c->sh[i].sock);
-    if (c->ctx) zmq_ctx_term(c->ctx);
+    for (int i = 0; i < c->n; i++) s_close(&c->sh[i]);
+    /* zmq_ctx_term may be interrupted by a signal; it is then to be retried. */
+    while (c->ctx && zmq_ctx_term(c->ctx) != 0) {
+        if (errno != EINTR) {
+            dp_log_warn("closing the ZeroMQ context: %s", zmq_strerror(errno));
+            break;
+        }
+    }
     free(c->sh);
     free(c);
     *c_p = NULL;

@@ -1,14 +1,18 @@
 /* ps_client: the worker's side of the wire — one DEALER per parameter-server
  * shard, pull (parameters from every shard, in parallel) and push (each
- * shard's gradient slice, stamped with the version it was computed on).
+ * shard's gradient slice, stamped with the version it was computed on), and
+ * the end of a run (finish, wait for the others, stats, shutdown).
  *
- * Invariants: every call is bounded in time — a shard that does not answer
- * within timeout_s gives "ENDPOINT: no reply in N s (is downpour-ps
- * running?)"; while a shard defers a pull (sync / ssp) the client sends
- * HEARTBEATs, and keeps waiting as long as the shard answers them (up to 20
- * timeouts in all). Push hands ZeroMQ the caller's gradient without a copy
- * and returns only once ZeroMQ has released it. Not thread-safe: one
- * client per thread. */
+ * Every call sends its request to all the shards it concerns before waiting
+ * for any reply. Invariants: every call is bounded in time — a shard silent
+ * for timeout_s gives "ENDPOINT: no reply in N s (is downpour-ps
+ * running?)"; a shard that has not answered for a while (a sync / ssp shard
+ * deferring a pull) gets HEARTBEATs, and the client keeps waiting as long as
+ * it answers them, up to 20 timeouts in all ("request still deferred after
+ * N s"). After a failed call the shards that did not answer get fresh
+ * sockets, so the client stays usable. Push hands ZeroMQ the caller's
+ * gradient without a copy and returns only once ZeroMQ has released it.
+ * Not thread-safe: one client per thread. */
 #ifndef DP_PS_CLIENT_H
 #define DP_PS_CLIENT_H
 
@@ -18,11 +22,16 @@
 #include "common/model.h"
 #include "proto/wire.h" /* dp_mode_t */
 
+/* The servers' policy, from their WELCOMEs (every shard agrees). */
 typedef struct {
     dp_mode_t mode;
-    int num_workers, replicas, staleness, num_shards;
+    int num_workers;       /* workers the servers expect */
+    int replicas;          /* R: gradients aggregated per sync step */
+    int staleness;         /* S: ssp bound */
+    int num_shards;
 } dp_ps_info_t;
 
+/* What the shards said of one push. */
 typedef struct {
     int applied, dropped, rejected;  /* shard replies of this push, summed over shards */
     uint64_t staleness_max;          /* over shards */
@@ -31,21 +40,24 @@ typedef struct {
     char reason[160];                /* first non-applied reason, "" if none */
 } dp_push_result_t;
 
+/* Server counters (dp_ps_client_stats). */
 typedef struct {
-    uint64_t applied, dropped, rejected, version;
-    double staleness_mean;
-    uint64_t staleness_max;
+    uint64_t applied, dropped, rejected; /* shard 0's (rejected counts malformed messages too) */
+    uint64_t version;                    /* sum over shards */
+    double staleness_mean;               /* shard 0's, over applied pushes */
+    uint64_t staleness_max;              /* shard 0's */
 } dp_ps_stats_t;
 
 typedef struct dp_ps_client dp_ps_client_t;
 
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order: one DEALER per
- * shard; HELLO to each (waiting up to timeout_s for a server that is not up
- * yet); checks that the shards' ranges tile [0, m->n_floats). A model
- * mismatch fails with the server's line "model mismatch: worker has ...,
- * server has ...". m must outlive the client. */
+ * shard; HELLO to each (waiting up to timeout_s, 30 if not > 0, for a server
+ * that is not up yet); checks that every shard runs the same policy and
+ * that their ranges tile [0, m->n_floats). A model mismatch fails with the
+ * server's line "model mismatch: worker has ..., server has ...". info
+ * (may be NULL) gets the policy. m must outlive the client. */
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
-                         int worker_id, double timeout_s, dp_ps_info_t *info, char *err);
+                     int worker_id, double timeout_s, dp_ps_info_t *info, char *err);
 
 /* Whole parameter vector into params (host, m->n_floats), requests to all
  * shards in parallel; blocks while the servers defer the reply (sync /
@@ -62,19 +74,22 @@ int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int bat
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);
 
-/* Shard 0's counters (every push goes to every shard), version summed over
- * shards. */
+/* STATS from every shard: shard 0's counters (every push goes to every
+ * shard), version summed over shards. */
 int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err);
 
-/* This worker is done (the server stops counting it in sync / ssp). */
+/* BARRIER to every shard: this worker is done (the servers stop counting it
+ * in sync / ssp). */
 int dp_ps_client_finish(dp_ps_client_t *c, char *err);
 
 /* Wait until every worker has finished (or gone silent past the servers'
- * heartbeat timeout), or timeout_s passes (-1, err says how many are still
- * running). Marks this worker finished first if it was not. */
+ * heartbeat timeout), as shard 0 counts them (asked every 0.1 s), or
+ * timeout_s passes (-1, err says how many are still running). Marks this
+ * worker finished first if it was not. */
 int dp_ps_client_wait_all_finished(dp_ps_client_t *c, double timeout_s, char *err);
 
-/* SHUTDOWN every shard; each writes its final checkpoint before answering. */
+/* SHUTDOWN every shard; each writes its final checkpoint (if it keeps any)
+ * before answering. */
 int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err);
 
 /* Blocked calls return -1 ("interrupted") soon after *flag becomes non-zero

@@ -40,6 +40,57 @@ static void test_bad_specs(void)
     CHECK_EQ(dp_model_parse(&m, "fc:10 conv3x3:2 fc:10 softmax", 1, 28, 28, err), -1);
 }
 
+/* Every refusal, word for word: a spec a user mistyped gets one line that
+ * names the token and what was expected. */
+static void test_error_messages(void)
+{
+    static char many[200], huge[1100], long_fc[700];
+    many[0] = 0;
+    for (int i = 0; i < DP_MAX_LAYERS + 1; i++) strcat(many, "relu ");
+    memset(huge, 'x', sizeof huge - 1);
+    /* fc:000...010 is fc:10, but its canonical text outgrows dp_model_t.spec */
+    snprintf(long_fc, sizeof long_fc, "fc:%0600d softmax", 10);
+    static const struct {
+        const char *spec;
+        int in_c;
+        const char *err;
+    } cases[] = {
+        {"fc:10 softmax", 0, "model spec: bad input shape 0x28x28"},
+        {huge, 1, "model spec: too long"},
+        {long_fc, 1, "model spec: too long"},
+        {many, 1, "model spec: more than 32 layers"},
+        {"fc:10 softmax relu", 1, "model spec: 'relu' after softmax (softmax must be last)"},
+        {"conv5x4:8 fc:10 softmax", 1,
+         "model spec: bad convolution 'conv5x4:8' (expected convKxK:OUT, e.g. conv5x5:32)"},
+        {"conv4x4:8 fc:10 softmax", 1,
+         "model spec: 'conv4x4:8': 'same' padding needs an odd kernel size"},
+        {"conv3x3:8:full fc:10 softmax", 1,
+         "model spec: bad padding in 'conv3x3:8:full' (use :same or :valid)"},
+        {"fc:10 conv3x3:2 fc:10 softmax", 1,
+         "model spec: 'conv3x3:2' after a fully connected layer"},
+        {"conv29x29:2:valid fc:10 softmax", 1,
+         "model spec: 'conv29x29:2:valid' leaves no output on a 28x28 input"},
+        {"maxpoolx fc:10 softmax", 1,
+         "model spec: bad pooling 'maxpoolx' (expected maxpoolK, e.g. maxpool2)"},
+        {"fc:10 maxpool2 fc:10 softmax", 1, "model spec: 'maxpool2' after a fully connected layer"},
+        {"maxpool64 fc:10 softmax", 1, "model spec: 'maxpool64' leaves no output on a 28x28 input"},
+        {"fc:0 softmax", 1,
+         "model spec: bad fully connected layer 'fc:0' (expected fc:OUT, e.g. fc:512)"},
+        {"relu softmax", 1, "model spec: softmax must follow a fully connected layer"},
+        {"banana fc:10 softmax", 1,
+         "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, fc:OUT, softmax)"},
+        {" \t\n", 1, "model spec: empty"},
+        {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax'"},
+        {"fc:1 softmax", 1, "model spec: the last fc layer needs at least 2 outputs"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dp_model_t m;
+        char err[DP_ERR_LEN] = "";
+        CHECK_EQ(dp_model_parse(&m, cases[i].spec, cases[i].in_c, 28, 28, err), -1);
+        CHECK_STR(err, cases[i].err);
+    }
+}
+
 static void test_valid_padding_and_odd_shapes(void)
 {
     dp_model_t m;
@@ -78,5 +129,6 @@ static void test_init_and_fingerprint(void)
     free(q);
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_bad_specs), T(test_valid_padding_and_odd_shapes),
+DP_TESTS(T(test_default_spec_shapes), T(test_bad_specs), T(test_error_messages),
+         T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint))
