@@ -1,21 +1,15 @@
 /* downpour-ps: the parameter-server daemon — flags to dp_ps_config_t, signal
- * handling (the handler only sets a flag), then dp_ps_run (server/ps.h).
- * Exit status 0 on a clean stop (SIGINT, SIGTERM or SHUTDOWN), 2 on a bad
- * flag, 1 on a setup failure (bind, model, corrupt checkpoint). */
-#include <signal.h>
+ * handling (common/signals.h: the handler only sets a flag), then dp_ps_run
+ * (server/ps.h). Exit status 0 on a clean stop (SIGINT, SIGTERM or
+ * SHUTDOWN), 2 on a bad flag, 1 on a setup failure (bind, model, corrupt
+ * checkpoint). */
 #include <stdio.h>
-#include <string.h>
 
+#include "common/signals.h"
 #include "common/util.h"
 #include "server/ps.h"
 
 static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
 
 int main(int argc, char **argv)
 {
@@ -29,13 +23,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "downpour-ps: %s\n", err);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    dp_signals_install(&s_stop, 0);
     if (dp_ps_run(&cfg, &s_stop, err) != 0) {
         fprintf(stderr, "downpour-ps: %s\n", err);
         return 1;
