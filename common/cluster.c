@@ -492,3 +492,10 @@ int dp_cluster_describe(const dp_cluster_t *c, char *out, size_t n)
                      c->n_workers == 1 ? "" : "s");
     return w < 0 ? -1 : 0;
 }
+
+void dp_cluster_log(const dp_cluster_t *c)
+{
+    char line[DP_HOST_LEN + 96];
+    dp_cluster_describe(c, line, sizeof line);
+    dp_log_info("cluster: %s", line);
+}

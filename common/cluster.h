@@ -54,9 +54,10 @@ const char *dp_cluster_self(const dp_cluster_t *c);
  * (brackets stripped) and port are filled when non-NULL. */
 int dp_cluster_parse_host_port(const char *s, char *host, size_t host_n, int *port, char *err);
 
-/* One line for logs: "worker task 1 (h:p); 2 ps, 3 workers". The daemons
- * log it at start when the cluster spec gave them their task, so a TFJob
- * pod's log says which task it took itself for. */
+/* One line for logs: "worker task 1 (h:p); 2 ps, 3 workers". */
 int dp_cluster_describe(const dp_cluster_t *c, char *out, size_t n);
+/* Log that line ("cluster: ..."): the daemons do at start when the cluster
+ * spec placed them, so a TFJob pod's log says which task it took itself for. */
+void dp_cluster_log(const dp_cluster_t *c);
 
 #endif

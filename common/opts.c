@@ -225,6 +225,13 @@ int dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err)
     return 0;
 }
 
+int dp_opts_exit_status(const char *program, int rc, const char *err)
+{
+    if (rc == 1) return 0;
+    fprintf(stderr, "%s: %s\n", program, err);
+    return 2;
+}
+
 /* One help line: "  --name META" in a 30-column field, then the help; its
  * further lines ("\n") line up under the first. */
 static void s_help_line(FILE *f, const char *name, const char *meta, const char *help)

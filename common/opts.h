@@ -95,6 +95,11 @@ dp_opts_flag_t *dp_opts_find(dp_opts_t *o, const char *name);
  * value, a value out of range or malformed, a stray argument. */
 int dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err);
 
+/* The exit status for a dp_opts_parse result other than 0: 0 after the
+ * help (rc 1), else 2 after "program: err" on stderr — the one place that
+ * says how a bad command line ends. */
+int dp_opts_exit_status(const char *program, int rc, const char *err);
+
 /* --help: synopsis, one line per flag ("--name META  help"), epilog. */
 void dp_opts_help(const dp_opts_t *o, FILE *f);
 

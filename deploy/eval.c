@@ -39,10 +39,7 @@ int dp_eval_main(int argc, char **argv)
     char err[DP_ERR_LEN] = "";
     int r = dp_opts_parse(&o, argc, argv, err);
     if (r == 0 && !ckpt) r = dp_err(err, "--checkpoint FILE is required (see downpour eval --help)");
-    if (r != 0) {
-        if (r < 0) fprintf(stderr, "downpour eval: %s\n", err);
-        return r < 0 ? 2 : 0;
-    }
+    if (r != 0) return dp_opts_exit_status("downpour eval", r, err);
     dp_dataset_t test = {0};
     dp_model_t m;
     dp_backend_t *be = NULL;

@@ -667,11 +667,7 @@ int dp_local_main(int argc, char **argv)
     static dp_local_t L; /* large: keep it off the stack */
     char err[DP_ERR_LEN] = "";
     int rc = s_setup(&L, argc, argv, err);
-    if (rc == 1) return 0;
-    if (rc != 0) {
-        fprintf(stderr, "downpour local: %s\n", err);
-        return 2;
-    }
+    if (rc != 0) return dp_opts_exit_status("downpour local", rc, err);
     if (s_prepare(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;

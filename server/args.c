@@ -157,9 +157,7 @@ static int s_apply_cluster(dp_ps_config_t *c, dp_cluster_t *cl, dp_opts_t *o, ch
         }
     }
     if (!dp_opts_find(o, "workers")->given && cl->n_workers > 0) c->num_workers = cl->n_workers;
-    char line[DP_HOST_LEN + 96];
-    dp_cluster_describe(cl, line, sizeof line);
-    dp_log_info("cluster: %s", line);
+    dp_cluster_log(cl);
     return 0;
 }
 

@@ -5,6 +5,7 @@
  * checkpoint). */
 #include <stdio.h>
 
+#include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
 #include "server/ps.h"
@@ -18,11 +19,7 @@ int main(int argc, char **argv)
     dp_ps_config_t cfg;
     dp_ps_config_default(&cfg);
     int r = dp_ps_parse_args(&cfg, argc, argv, err);
-    if (r == 1) return 0;
-    if (r != 0) {
-        fprintf(stderr, "downpour-ps: %s\n", err);
-        return 2;
-    }
+    if (r != 0) return dp_opts_exit_status("downpour-ps", r, err);
     dp_signals_install(&s_stop, 0);
     if (dp_ps_run(&cfg, &s_stop, err) != 0) {
         fprintf(stderr, "downpour-ps: %s\n", err);

@@ -109,9 +109,7 @@ static int s_from_cluster(dp_worker_args_t *a, char *err)
     if (dp_cluster_ps_endpoints(cl, a->endpoints, sizeof a->endpoints, err) != 0) return -1;
     a->conf.ps = a->endpoints;
     a->conf.task_index = cl->task_index < 0 ? 0 : cl->task_index;
-    char line[DP_HOST_LEN + 96];
-    dp_cluster_describe(cl, line, sizeof line);
-    dp_log_info("cluster: %s", line);
+    dp_cluster_log(cl);
     return 0;
 }
 

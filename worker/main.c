@@ -18,11 +18,7 @@ int main(int argc, char **argv)
     dp_worker_args_default(&a);
     char err[DP_ERR_LEN] = "";
     int r = dp_worker_parse_args(&a, argc, argv, err);
-    if (r == 1) return 0;
-    if (r != 0) {
-        fprintf(stderr, "downpour-worker: %s\n", err);
-        return 2;
-    }
+    if (r != 0) return dp_opts_exit_status("downpour-worker", r, err);
     dp_signals_install(&s_stop, 0);
     r = a.standalone ? dp_train_standalone(&a.conf, err)
                      : dp_train_distributed(&a.conf, &s_stop, err);
