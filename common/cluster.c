@@ -314,28 +314,114 @@ done:
     return rc;
 }
 
+/* The flags on their own, before TF_CONFIG: the job name is one we run and
+ * the index fits it. An empty --job-name counts as absent (a scripted
+ * --job-name "$ROLE" with ROLE unset); *fjob is the job flag or NULL. */
+static int s_check_flags(const dp_cluster_t *c, const char **fjob, char *err)
+{
+    *fjob = c->flag_job_name && c->flag_job_name[0] ? c->flag_job_name : NULL;
+    const char *j = *fjob;
+    if (j && strcmp(j, "ps") != 0 && strcmp(j, "worker") != 0 && strcmp(j, "chief") != 0)
+        return dp_err(err, "--job-name \"%.32s\": expected ps or worker", j);
+    if (c->flag_task_index < -1)
+        return dp_err(err, "--task-index %d: must be >= 0", c->flag_task_index);
+    if (j && strcmp(j, "chief") == 0 && c->flag_task_index > 0)
+        return dp_err(err, "--task-index %d: the chief is task 0 (it is worker 0)",
+                      c->flag_task_index);
+    return 0;
+}
+
+/* Job and index, each from the flag when given, else from TF_CONFIG
+ * (folded: chief -> worker 0, worker i -> worker i+1 with a chief).
+ * *index_src names where the index came from, for messages. */
+static void s_pick_task(const dp_cluster_t *c, const char *fjob, const s_tf_t *tf, char *job,
+                        size_t job_n, int *index, const char **index_src)
+{
+    int tf_index_folded = -1;
+    if (tf->type[0]) {
+        if (strcmp(tf->type, "chief") == 0)
+            tf_index_folded = 0;
+        else if (strcmp(tf->type, "worker") == 0)
+            tf_index_folded = tf->index + tf->n_chief;
+        else
+            tf_index_folded = tf->index;
+    }
+    job[0] = '\0';
+    *index = -1;
+    *index_src = "--task-index";
+    if (fjob) {
+        snprintf(job, job_n, "%s", strcmp(fjob, "chief") == 0 ? "worker" : fjob);
+        if (strcmp(fjob, "chief") == 0) *index = 0;
+    } else if (tf->type[0]) {
+        snprintf(job, job_n, "%s", strcmp(tf->type, "chief") == 0 ? "worker" : tf->type);
+    }
+    if (c->flag_task_index >= 0) {
+        *index = c->flag_task_index;
+    } else if (*index < 0 && tf_index_folded >= 0) {
+        *index = tf_index_folded;
+        *index_src = "TF_CONFIG: task.index";
+    }
+}
+
+/* No duplicate endpoints: two tasks cannot bind one port. */
+static int s_check_unique(const s_list_t *ps, const s_list_t *workers, char *err)
+{
+    for (int a = 0; a < ps->n + workers->n; a++) {
+        const char *ha = a < ps->n ? ps->hosts[a] : workers->hosts[a - ps->n];
+        for (int b = a + 1; b < ps->n + workers->n; b++) {
+            const char *hb = b < ps->n ? ps->hosts[b] : workers->hosts[b - ps->n];
+            if (strcmp(ha, hb) != 0) continue;
+            const char *sa = a < ps->n ? ps->src : workers->src;
+            const char *sb = b < ps->n ? ps->src : workers->src;
+            if (sa == sb) return dp_err(err, "%s: %s is listed twice", sa, ha);
+            return dp_err(err, "%s is in both %s and %s", ha, sa, sb);
+        }
+    }
+    return 0;
+}
+
+/* This task within its job: the job lists hosts, the index is in range
+ * (or implied by a single host), a worker has servers. */
+static int s_check_task(const char *job, int *index, const char *index_src, const s_list_t *ps,
+                        const s_list_t *workers, char *err)
+{
+    if (!job[0] && *index >= 0)
+        return dp_err(err, "%s %d given without a job: add --job-name ps|worker", index_src, *index);
+    if (!job[0]) return 0;
+    int is_ps = strcmp(job, "ps") == 0;
+    const s_list_t *own = is_ps ? ps : workers;
+    const char *flag = is_ps ? "--ps-hosts" : "--worker-hosts";
+    const char *field = is_ps ? "cluster.ps" : "cluster.worker";
+    if (own->n == 0)
+        return dp_err(err, "%s task needs its job's hosts: give %s (or %s in TF_CONFIG)", job, flag,
+                      field);
+    if (*index < 0) {
+        if (own->n != 1)
+            return dp_err(err, "%s task needs --task-index: %s has %d hosts", job, own->src, own->n);
+        *index = 0;
+    }
+    if (*index >= own->n)
+        return dp_err(err, "%s %d out of range: %s has %d host%s", index_src, *index, own->src,
+                      own->n, own->n == 1 ? "" : "s");
+    if (!is_ps && ps->n == 0)
+        return dp_err(err, "worker task needs the ps hosts: give --ps-hosts (or cluster.ps in "
+                           "TF_CONFIG)");
+    return 0;
+}
+
 int dp_cluster_resolve(dp_cluster_t *c, const char *tf_config, char *err)
 {
     c->job_name[0] = '\0';
     c->task_index = -1;
     c->n_ps = c->n_workers = 0;
-
-    /* Flags first, cheap checks. An empty string counts as absent for the
-     * job name only (a scripted --job-name "$ROLE" with ROLE unset). */
-    const char *fjob = c->flag_job_name && c->flag_job_name[0] ? c->flag_job_name : NULL;
-    if (fjob && strcmp(fjob, "ps") != 0 && strcmp(fjob, "worker") != 0 &&
-        strcmp(fjob, "chief") != 0)
-        return dp_err(err, "--job-name \"%.32s\": expected ps or worker", fjob);
-    if (c->flag_task_index < -1)
-        return dp_err(err, "--task-index %d: must be >= 0", c->flag_task_index);
-    if (fjob && strcmp(fjob, "chief") == 0 && c->flag_task_index > 0)
-        return dp_err(err, "--task-index %d: the chief is task 0 (it is worker 0)",
-                      c->flag_task_index);
+    const char *fjob;
+    if (s_check_flags(c, &fjob, err) != 0) return -1;
 
     s_tf_t tf;
     if (s_parse_tf_config(&tf, tf_config, c->ps, c->workers, err) != 0) return -1;
 
-    /* The lists: a flag replaces TF_CONFIG's list for that job. */
+    /* The lists: a flag replaces TF_CONFIG's list for that job (and writes
+     * straight into c->ps / c->workers, as TF_CONFIG's parse did). */
     s_list_t ps = tf.ps, workers = tf.worker;
     if (c->flag_ps_hosts) {
         ps.hosts = c->ps;
@@ -347,72 +433,13 @@ int dp_cluster_resolve(dp_cluster_t *c, const char *tf_config, char *err)
             return -1;
     }
 
-    /* Job and index, each from the flag when given, else from TF_CONFIG
-     * (folded: chief -> worker 0, worker i -> worker i+1 with a chief). */
-    char job[16] = "";
-    int index = -1;
-    const char *index_src = "--task-index";
-    int tf_index_folded = -1;
-    if (tf.type[0]) {
-        if (strcmp(tf.type, "chief") == 0)
-            tf_index_folded = 0;
-        else if (strcmp(tf.type, "worker") == 0)
-            tf_index_folded = tf.index + tf.n_chief;
-        else
-            tf_index_folded = tf.index;
-    }
-    if (fjob) {
-        snprintf(job, sizeof job, "%s", strcmp(fjob, "chief") == 0 ? "worker" : fjob);
-        if (strcmp(fjob, "chief") == 0) index = 0;
-    } else if (tf.type[0]) {
-        snprintf(job, sizeof job, "%s", strcmp(tf.type, "chief") == 0 ? "worker" : tf.type);
-    }
-    if (c->flag_task_index >= 0) {
-        index = c->flag_task_index;
-    } else if (index < 0 && tf_index_folded >= 0) {
-        index = tf_index_folded;
-        index_src = "TF_CONFIG: task.index";
-    }
+    char job[16];
+    int index;
+    const char *index_src;
+    s_pick_task(c, fjob, &tf, job, sizeof job, &index, &index_src);
+    if (s_check_unique(&ps, &workers, err) != 0) return -1;
+    if (s_check_task(job, &index, index_src, &ps, &workers, err) != 0) return -1;
 
-    /* No duplicate endpoints: two tasks cannot bind one port. */
-    for (int a = 0; a < ps.n + workers.n; a++) {
-        const char *ha = a < ps.n ? ps.hosts[a] : workers.hosts[a - ps.n];
-        for (int b = a + 1; b < ps.n + workers.n; b++) {
-            const char *hb = b < ps.n ? ps.hosts[b] : workers.hosts[b - ps.n];
-            if (strcmp(ha, hb) != 0) continue;
-            const char *sa = a < ps.n ? ps.src : workers.src;
-            const char *sb = b < ps.n ? ps.src : workers.src;
-            if (sa == sb) return dp_err(err, "%s: %s is listed twice", sa, ha);
-            return dp_err(err, "%s is in both %s and %s", ha, sa, sb);
-        }
-    }
-
-    if (!job[0] && index >= 0)
-        return dp_err(err, "%s %d given without a job: add --job-name ps|worker", index_src, index);
-    if (job[0]) {
-        int is_ps = strcmp(job, "ps") == 0;
-        const s_list_t *own = is_ps ? &ps : &workers;
-        const char *flag = is_ps ? "--ps-hosts" : "--worker-hosts";
-        const char *field = is_ps ? "cluster.ps" : "cluster.worker";
-        if (own->n == 0)
-            return dp_err(err, "%s task needs its job's hosts: give %s (or %s in TF_CONFIG)", job,
-                          flag, field);
-        if (index < 0) {
-            if (own->n != 1)
-                return dp_err(err, "%s task needs --task-index: %s has %d hosts", job, own->src,
-                              own->n);
-            index = 0;
-        }
-        if (index >= own->n)
-            return dp_err(err, "%s %d out of range: %s has %d host%s", index_src, index, own->src,
-                          own->n, own->n == 1 ? "" : "s");
-        if (!is_ps && ps.n == 0)
-            return dp_err(err, "worker task needs the ps hosts: give --ps-hosts (or cluster.ps "
-                               "in TF_CONFIG)");
-    }
-
-    /* Lists from TF_CONFIG were parsed straight into c->ps / c->workers
-     * unless a flag replaced them, in which case the flag wrote there. */
     c->n_ps = ps.n;
     c->n_workers = workers.n;
     snprintf(c->job_name, sizeof c->job_name, "%s", job);
@@ -464,4 +491,11 @@ int dp_cluster_describe(const dp_cluster_t *c, char *out, size_t n)
         w = snprintf(out, n, "no task; %d ps, %d worker%s", c->n_ps, c->n_workers,
                      c->n_workers == 1 ? "" : "s");
     return w < 0 ? -1 : 0;
+}
+
+void dp_cluster_log(const dp_cluster_t *c)
+{
+    char line[DP_HOST_LEN + 96];
+    dp_cluster_describe(c, line, sizeof line);
+    dp_log_info("cluster: %s", line);
 }

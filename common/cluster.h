@@ -56,5 +56,8 @@ int dp_cluster_parse_host_port(const char *s, char *host, size_t host_n, int *po
 
 /* One line for logs: "worker task 1 (h:p); 2 ps, 3 workers". */
 int dp_cluster_describe(const dp_cluster_t *c, char *out, size_t n);
+/* Log that line ("cluster: ..."): the daemons do at start when the cluster
+ * spec placed them, so a TFJob pod's log says which task it took itself for. */
+void dp_cluster_log(const dp_cluster_t *c);
 
 #endif

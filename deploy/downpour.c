@@ -28,7 +28,6 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "local") == 0) return dp_local_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "keygen") == 0) return dp_keygen_main(argc - 1, argv + 1);
-    fprintf(stderr, "downpour: unknown command '%s'\n", argv[1]);
-    s_usage(stderr);
+    fprintf(stderr, "downpour: unknown command '%s' (local, eval or keygen; see downpour --help)\n", argv[1]);
     return 2;
 }

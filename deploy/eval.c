@@ -4,49 +4,42 @@
  * evaluated without repeating how it was trained. */
 #include "deploy/launcher.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/dataset.h"
+#include "common/opts.h"
 #include "common/safetensors.h"
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "worker/net.h"
 
+static const char s_synopsis[] =
+    "usage: downpour eval --checkpoint FILE.safetensors [--data SPEC] [--device cpu|cuda:K]\n"
+    "                     [--batch B] [--limit N]\n"
+    "Prints {\"test_accuracy\": ..., \"test_loss\": ..., \"n\": ...} for the test split.\n"
+    "\n";
+
 int dp_eval_main(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = "fashion-mnist", *device = "cpu";
     int batch = 256, limit = 0;
-    static const struct option opts[] = {
-        {"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
-        {"device", required_argument, 0, 'D'},     {"batch", required_argument, 0, 'b'},
-        {"limit", required_argument, 0, 'l'},      {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+    const dp_opts_flag_t t[] = {
+        DP_FLAG_STR("checkpoint", "FILE", &ckpt, 0, "a Downpour checkpoint (required)"),
+        DP_FLAG_STR("data", "SPEC", &data, 0, "the dataset whose test split scores it (default fashion-mnist)"),
+        DP_FLAG_STR("device", "DEV", &device, 0, "cpu (default) or cuda:K"),
+        DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &batch, 1, 1 << 16, 0, "evaluation batch (default 256)"),
+        DP_FLAG_NUM("limit", DP_OPTS_INT, "N", &limit, 0, 1000000000, 0,
+                    "the first N test samples (default 0: all)"),
     };
-    int o;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'c': ckpt = optarg; break;
-        case 'd': data = optarg; break;
-        case 'D': device = optarg; break;
-        case 'b': batch = atoi(optarg); break;
-        case 'l': limit = atoi(optarg); break;
-        case 'h':
-            printf("usage: downpour eval --checkpoint FILE.safetensors [--data SPEC] [--device cpu|cuda:K]\n"
-                   "                     [--batch B] [--limit N]\n"
-                   "Prints {\"test_accuracy\": ..., \"test_loss\": ..., \"n\": ...} for the test split.\n");
-            return 0;
-        default: return 2;
-        }
-    }
-    if (!ckpt || batch < 1) {
-        fprintf(stderr, "downpour eval: --checkpoint FILE is required (see downpour eval --help)\n");
-        return 2;
-    }
+    dp_opts_t o;
+    dp_opts_init(&o, "downpour eval", s_synopsis, NULL);
+    dp_opts_add(&o, t, (int)(sizeof t / sizeof t[0]));
     char err[DP_ERR_LEN] = "";
+    int r = dp_opts_parse(&o, argc, argv, err);
+    if (r == 0 && !ckpt) r = dp_err(err, "--checkpoint FILE is required (see downpour eval --help)");
+    if (r != 0) return dp_opts_exit_status("downpour eval", r, err);
     dp_dataset_t test = {0};
     dp_model_t m;
     dp_backend_t *be = NULL;

@@ -2,8 +2,15 @@
  * downpour-ps shards and N downpour-worker processes on free loopback
  * ports, shows one live progress line, and stops everything cleanly when
  * the run ends, when any process fails (naming it and its last log line) or
- * on Ctrl-C / SIGTERM. Leaves DIR/summary.json, DIR/model.safetensors,
- * DIR/metrics/ (JSON lines) and DIR/logs/.
+ * on Ctrl-C / SIGTERM / SIGHUP. Leaves DIR/summary.json,
+ * DIR/model.safetensors, DIR/metrics/ (JSON lines) and DIR/logs/.
+ *
+ * The flags it passes on are the daemons' own: the launcher's option table
+ * is its few flags plus every entry of dp_ps_options and dp_worker_options
+ * marked DP_OPTS_PASS, parsed into scratch configurations with the daemons'
+ * parsers — so a bad value is refused here, before anything starts, exactly
+ * as the daemon would refuse it, and the run's length, mode and data are
+ * read from what the daemons will see.
  *
  * Invariant: no child outlives the launcher — each runs in its own process
  * group (so a terminal's Ctrl-C reaches the launcher alone, which then stops
@@ -29,33 +36,16 @@
 #include <cjson/cJSON.h>
 
 #include "common/dataset.h"
+#include "common/opts.h"
+#include "common/signals.h"
 #include "common/util.h"
+#include "server/ps.h"
+#include "worker/args.h"
 
 #define DP_LOCAL_MAX 64     /* processes of each kind */
-#define DP_LOCAL_ARGS 128   /* argv entries per child */
-
-typedef enum { TO_PS = 1, TO_WORKER = 2, TO_BOTH = 3 } dp_target_t;
-
-/* Flags the launcher passes on, and to whom. */
-static const struct {
-    const char *name;
-    int has_arg;
-    dp_target_t to;
-} s_forward[] = {
-    {"--mode", 1, TO_PS},           {"--staleness", 1, TO_PS},
-    {"--replicas-to-aggregate", 1, TO_PS}, {"--lr-staleness", 0, TO_PS},
-    {"--optimizer", 1, TO_PS},      {"--lr", 1, TO_PS},
-    {"--momentum", 1, TO_PS},       {"--weight-decay", 1, TO_PS},
-    {"--lr-schedule", 1, TO_PS},    {"--checkpoint-dir", 1, TO_PS},
-    {"--checkpoint-every", 1, TO_PS}, {"--heartbeat-timeout", 1, TO_PS},
-    {"--model", 1, TO_BOTH},        {"--seed", 1, TO_BOTH},
-    {"--data", 1, TO_WORKER},       {"--batch", 1, TO_WORKER},
-    {"--epochs", 1, TO_WORKER},     {"--steps", 1, TO_WORKER},
-    {"--threads", 1, TO_WORKER},    {"--eval-every", 1, TO_WORKER},
-    {"--eval-limit", 1, TO_WORKER}, {"--delay-ms", 1, TO_WORKER},
-    {"--delay-dist", 1, TO_WORKER}, {"--timeout", 1, TO_WORKER},
-    {"--device", 1, TO_WORKER},
-};
+/* argv entries per child: what the launcher sets, plus each flag of a
+ * table passed on at most once (flag and value). */
+#define DP_LOCAL_ARGS (32 + 2 * DP_OPTS_MAX)
 
 typedef struct {
     char name[32];               /* "ps-0", "worker-1" */
@@ -70,14 +60,22 @@ typedef struct {
     int workers, shards;
     const char *gpus;            /* "0,1" or NULL */
     const char *out;
-    const char *data;
-    const char *mode;
-    const char *steps, *epochs, *batch; /* as given, or NULL */
     char delay_ms[DP_LOCAL_MAX][24]; /* --straggler I:MS: worker I's injected delay, "" none */
     int delay_exp[DP_LOCAL_MAX];     /* ... drawn from an exponential (I:MS:exp) */
-    int schedule_given;          /* --lr-schedule was passed on */
     int progress;                /* -1 auto */
+    /* The option tables: the launcher's (its own flags and those passed
+     * on) and the daemons', whose targets are the scratch configurations. */
+    dp_opts_t opts, ps_opts, worker_opts;
+    dp_ps_config_t ps;           /* what the shards will make of the flags passed on */
+    dp_cluster_t ps_cluster;     /* target of the ps table's cluster flags (never passed on) */
+    dp_worker_args_t wk;         /* what the workers will make of them */
+    char flag_names[DP_OPTS_MAX][48]; /* "--name" of the launcher's table entry i */
     char bin_dir[PATH_MAX];
+    char out_default[64];
+    char input[48];              /* CxHxW of the data, for the shards */
+    char schedule[64];           /* the default lr schedule, for the shards */
+    char endpoints[DP_LOCAL_MAX * 48]; /* the shards, for the workers */
+    char summary[PATH_MAX];      /* DIR/summary.json, written by the chief */
     const char *ps_args[DP_LOCAL_ARGS];
     int n_ps_args;
     const char *worker_args[DP_LOCAL_ARGS];
@@ -88,32 +86,17 @@ typedef struct {
 
 static volatile sig_atomic_t s_signal;
 
-static void s_on_signal(int sig) { s_signal = sig; }
-
-static void s_usage(FILE *f)
-{
-    fprintf(f,
+static const char s_synopsis[] =
 "usage: downpour local --workers N [--ps-shards K] [--gpus 0,1,...] [--mode sync|async|ssp]\n"
 "                      [--out DIR] [flags for downpour-ps and downpour-worker]\n"
 "\n"
 "Runs K parameter-server shards and N workers on this machine (loopback ports),\n"
 "shows one progress line and leaves in DIR (default runs/local-<time>):\n"
 "  summary.json  model.safetensors  metrics/*.jsonl  tensorboard/  logs/*.log\n"
-"\n"
-"  --workers N        worker processes (default 2; with --gpus, one per listed GPU)\n"
-"  --ps-shards K      parameter-server processes, each owning a slice (default 1)\n"
-"  --gpus LIST        one worker per listed GPU (cuda:K); default: CPU workers\n"
-"  --mode M           sync (default), async or ssp (with --staleness S)\n"
-"  --straggler I:MS   worker I sleeps MS ms before each push (I:MS:exp: exponential)\n"
-"  --out DIR          where results land\n"
-"  --no-progress      no live line\n"
-"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n"
-"Passed on to downpour-ps: --mode --staleness --replicas-to-aggregate --lr-staleness\n"
-"  --optimizer --lr --momentum --weight-decay --lr-schedule --checkpoint-dir\n"
-"  --checkpoint-every --heartbeat-timeout --model --seed\n"
-"Passed on to downpour-worker: --data --batch --epochs --steps --threads --eval-every\n"
-"  --eval-limit --delay-ms --delay-dist --timeout --device --model --seed\n");
-}
+"\n";
+
+static const char s_epilog[] =
+"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
 
 /* A free TCP port on 127.0.0.1 (the kernel picks; we release it at once). */
 static int s_free_port(char *err)
@@ -158,8 +141,12 @@ static int s_spawn(dp_child_t *c, const char *const *argv, char *err)
         if (getppid() != parent) _exit(127);  /* the launcher died before prctl */
         dup2(fd, 1);
         dup2(fd, 2);
+        /* Default dispositions, as a daemon started by hand has them
+         * (an ignored SIGPIPE would survive exec). */
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
         /* Several processes share the cores: OpenMP threads that spin for
          * long at each barrier steal them from each other (a 2-thread step
          * measured 10x slower). A short spin costs nothing on a quiet machine. */
@@ -305,88 +292,118 @@ static void s_describe_exit(const dp_child_t *c, char *out, size_t n)
 
 /* "--straggler I:MS[:exp]": worker I sleeps MS ms before each push (fixed,
  * or exponential with that mean), the others do not — the experiment that
- * shows what one slow worker does to everybody's staleness. */
-static int s_parse_straggler(dp_local_t *L, const char *v, char *err)
+ * shows what one slow worker does to everybody's staleness. MS is checked
+ * as the worker's --delay-ms would check it. */
+static int s_set_straggler(void *arg, const char *v, char *err)
 {
-    char *end = NULL;
-    long i = strtol(v, &end, 10);
-    if (end == v || *end != ':' || i < 0 || i >= DP_LOCAL_MAX)
-        return dp_err(err, "--straggler %s: expected WORKER:MS[:exp], e.g. 1:50", v);
-    const char *ms = end + 1;
-    double d = strtod(ms, &end);
-    if (end == ms || d < 0 || (*end && strcmp(end, ":exp") != 0))
-        return dp_err(err, "--straggler %s: expected WORKER:MS[:exp], e.g. 1:50", v);
-    snprintf(L->delay_ms[i], sizeof L->delay_ms[i], "%.*s", (int)(end - ms), ms);
-    L->delay_exp[i] = *end != 0;
+    dp_local_t *L = arg;
+    const char *colon = strchr(v, ':');
+    const char *ms = colon ? colon + 1 : "";
+    const char *tail = strchr(ms, ':');
+    size_t ms_len = tail ? (size_t)(tail - ms) : strlen(ms);
+    char index[16], delay[sizeof L->delay_ms[0]];
+    long i;
+    double d;
+    if (!colon || colon - v >= (long)sizeof index || ms_len >= sizeof delay ||
+        (tail && strcmp(tail, ":exp") != 0))
+        goto bad;
+    snprintf(index, sizeof index, "%.*s", (int)(colon - v), v);
+    snprintf(delay, sizeof delay, "%.*s", (int)ms_len, ms);
+    if (dp_opts_parse_long("--straggler", index, 0, DP_LOCAL_MAX - 1, &i, NULL) != 0 ||
+        dp_opts_parse_double("--straggler", delay, 0, 1e7, &d, NULL) != 0)
+        goto bad;
+    snprintf(L->delay_ms[i], sizeof L->delay_ms[i], "%s", delay);
+    L->delay_exp[i] = tail != NULL;
     return 0;
+bad:
+    return dp_err(err, "'%s' is not WORKER:MS[:exp] with WORKER in [0, %d], MS in [0, 1e7], e.g. 1:50",
+                  v, DP_LOCAL_MAX - 1);
 }
 
-/* Parse the launcher's own flags; the rest are sorted into ps / worker args. */
-static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
+/* Is name in table o, marked to be passed on? */
+static int s_passes(dp_opts_t *o, const char *name)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            s_usage(stdout);
-            exit(0);
-        } else if (strcmp(a, "--workers") == 0 && v) {
-            L->workers = atoi(v);
-            i++;
-        } else if (strcmp(a, "--ps-shards") == 0 && v) {
-            L->shards = atoi(v);
-            i++;
-        } else if (strcmp(a, "--gpus") == 0 && v) {
-            L->gpus = v;
-            i++;
-        } else if (strcmp(a, "--out") == 0 && v) {
-            L->out = v;
-            i++;
-        } else if (strcmp(a, "--straggler") == 0 && v) {
-            if (s_parse_straggler(L, v, err) != 0) return -1;
-            i++;
-        } else if (strcmp(a, "--no-progress") == 0) {
-            L->progress = 0;
-        } else if (strcmp(a, "--progress") == 0) {
-            L->progress = 1;
-        } else {
-            size_t k;
-            for (k = 0; k < sizeof s_forward / sizeof s_forward[0]; k++)
-                if (strcmp(a, s_forward[k].name) == 0) break;
-            if (k == sizeof s_forward / sizeof s_forward[0])
-                return dp_err(err, "unknown flag '%s' (see downpour local --help)", a);
-            if (s_forward[k].has_arg && !v) return dp_err(err, "%s needs a value", a);
-            if (L->n_ps_args + 2 >= DP_LOCAL_ARGS - 16 || L->n_worker_args + 2 >= DP_LOCAL_ARGS - 24)
-                return dp_err(err, "too many flags");
-            if (s_forward[k].to & TO_PS) {
-                L->ps_args[L->n_ps_args++] = a;
-                if (s_forward[k].has_arg) L->ps_args[L->n_ps_args++] = v;
-            }
-            if (s_forward[k].to & TO_WORKER) {
-                L->worker_args[L->n_worker_args++] = a;
-                if (s_forward[k].has_arg) L->worker_args[L->n_worker_args++] = v;
-            }
-            if (strcmp(a, "--data") == 0) L->data = v;
-            if (strcmp(a, "--mode") == 0) L->mode = v;
-            if (strcmp(a, "--steps") == 0) L->steps = v;
-            if (strcmp(a, "--epochs") == 0) L->epochs = v;
-            if (strcmp(a, "--batch") == 0) L->batch = v;
-            if (strcmp(a, "--lr-schedule") == 0) L->schedule_given = 1;
-            if (s_forward[k].has_arg) i++;
+    const dp_opts_flag_t *e = dp_opts_find(o, name);
+    return e && e->pass;
+}
+
+/* Append, under a heading, the daemons' passed-on flags that go to the ps
+ * (in_ps) and / or the workers (in_worker). */
+static void s_add_passed(dp_local_t *L, const char *title, int in_ps, int in_worker)
+{
+    const dp_opts_flag_t heading = DP_FLAG_TITLE(title);
+    dp_opts_add(&L->opts, &heading, 1);
+    dp_opts_t *tables[2] = {&L->ps_opts, &L->worker_opts};
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < tables[t]->n; i++) {
+            const dp_opts_flag_t *e = &tables[t]->opt[i];
+            if (!e->pass || dp_opts_find(&L->opts, e->name)) continue;
+            if (s_passes(&L->ps_opts, e->name) == in_ps &&
+                s_passes(&L->worker_opts, e->name) == in_worker)
+                dp_opts_add(&L->opts, e, 1);
+        }
+}
+
+/* The launcher's table: its own flags, then the daemons' passed-on ones. */
+static void s_options(dp_local_t *L)
+{
+    const dp_opts_flag_t own[] = {
+        DP_FLAG_NUM("workers", DP_OPTS_INT, "N", &L->workers, 1, DP_LOCAL_MAX, 0,
+                    "worker processes (default 2; with --gpus, one per listed GPU)"),
+        DP_FLAG_NUM("ps-shards", DP_OPTS_INT, "K", &L->shards, 1, DP_LOCAL_MAX, 0,
+                    "parameter-server processes, each owning a slice (default 1)"),
+        DP_FLAG_STR("gpus", "LIST", &L->gpus, 0, "one worker per listed GPU (cuda:K); default: CPU workers"),
+        DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
+                     "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
+        DP_FLAG_STR("out", "DIR", &L->out, 0, "where results land"),
+        DP_FLAG_SET("progress", &L->progress, 1, 0, "the live line even when stderr is no terminal"),
+        DP_FLAG_SET("no-progress", &L->progress, 0, 0, "no live line"),
+    };
+    dp_opts_init(&L->opts, "downpour local", s_synopsis, s_epilog);
+    dp_opts_add(&L->opts, own, (int)(sizeof own / sizeof own[0]));
+    dp_ps_options(&L->ps_opts, &L->ps, &L->ps_cluster);
+    dp_worker_options(&L->worker_opts, &L->wk);
+    s_add_passed(L, "passed on to downpour-ps and downpour-worker:", 1, 1);
+    s_add_passed(L, "passed on to downpour-ps:", 1, 0);
+    s_add_passed(L, "passed on to downpour-worker:", 0, 1);
+}
+
+/* The flags given that a daemon takes, as given, into its argument list. */
+static void s_collect_passed(dp_local_t *L)
+{
+    for (int i = 0; i < L->opts.n; i++) {
+        const dp_opts_flag_t *e = &L->opts.opt[i];
+        if (!e->pass || !e->given) continue;
+        snprintf(L->flag_names[i], sizeof L->flag_names[i], "--%s", e->name);
+        int has_value = e->kind != DP_OPTS_FLAG;
+        if (s_passes(&L->ps_opts, e->name)) {
+            L->ps_args[L->n_ps_args++] = L->flag_names[i];
+            if (has_value) L->ps_args[L->n_ps_args++] = e->given;
+        }
+        if (s_passes(&L->worker_opts, e->name)) {
+            L->worker_args[L->n_worker_args++] = L->flag_names[i];
+            if (has_value) L->worker_args[L->n_worker_args++] = e->given;
         }
     }
+}
+
+/* Parse the command line; 1 when --help was printed. */
+static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
+{
+    s_options(L);
+    int rc = dp_opts_parse(&L->opts, argc, argv, err);
+    if (rc != 0) return rc;
+    s_collect_passed(L);
     if (L->gpus) {
         int n = 1;
         for (const char *p = L->gpus; *p; p++) n += *p == ',';
+        if (n > DP_LOCAL_MAX)
+            return dp_err(err, "--gpus '%s': more than %d GPUs", L->gpus, DP_LOCAL_MAX);
         L->workers = n;
     }
-    if (L->workers < 1 || L->workers > DP_LOCAL_MAX)
-        return dp_err(err, "--workers must be in 1..%d", DP_LOCAL_MAX);
     for (int i = L->workers; i < DP_LOCAL_MAX; i++)
         if (L->delay_ms[i][0])
             return dp_err(err, "--straggler %d: there are only %d workers", i, L->workers);
-    if (L->shards < 1 || L->shards > DP_LOCAL_MAX)
-        return dp_err(err, "--ps-shards must be in 1..%d", DP_LOCAL_MAX);
     return 0;
 }
 
@@ -394,10 +411,9 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
  * its share of n samples in global batches). */
 static long s_run_steps(const dp_local_t *L, int n)
 {
-    if (L->steps) return atol(L->steps);
-    long epochs = L->epochs ? atol(L->epochs) : 1;
-    long batch = L->batch ? atol(L->batch) : 64;
-    return batch > 0 ? epochs * (n / (batch * L->workers)) : 0;
+    const dp_train_conf_t *c = &L->wk.conf;
+    if (c->steps > 0) return c->steps;
+    return (long)c->epochs * (n / ((long)c->batch * L->workers));
 }
 
 /* The directory holding the running binary (where its siblings are). */
@@ -437,163 +453,164 @@ static void s_print_summary(const char *path)
     cJSON_Delete(o);
 }
 
-int dp_local_main(int argc, char **argv)
+/* Defaults, flags, the output directory's name and where the daemons are.
+ * Returns 0, 1 when --help was printed, -1 with err on a bad flag. */
+static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
 {
-    static dp_local_t L;  /* large: keep it off the stack */
-    memset(&L, 0, sizeof L);
-    L.workers = 2;
-    L.shards = 1;
-    L.progress = -1;
-    L.data = "fashion-mnist";
-    L.mode = "sync";  /* downpour-ps's default too */
-    char err[DP_ERR_LEN] = "";
-    char out_default[64];
-    if (s_parse(&L, argc, argv, err) != 0) {
-        fprintf(stderr, "downpour local: %s\n", err);
-        return 2;
-    }
-    if (!L.out) {
+    memset(L, 0, sizeof *L);
+    L->workers = 2;
+    L->shards = 1;
+    L->progress = -1;
+    dp_ps_config_default(&L->ps);
+    dp_worker_args_default(&L->wk);
+    int rc = s_parse(L, argc, argv, err);
+    if (rc != 0) return rc;
+    if (!L->out) {
         time_t now = time(NULL);
-        strftime(out_default, sizeof out_default, "runs/local-%Y%m%d-%H%M%S", localtime(&now));
+        strftime(L->out_default, sizeof L->out_default, "runs/local-%Y%m%d-%H%M%S", localtime(&now));
         s_mkdir("runs", err);
-        L.out = out_default;
+        L->out = L->out_default;
     }
-    s_bin_dir(L.bin_dir, sizeof L.bin_dir, argv[0]);
+    s_bin_dir(L->bin_dir, sizeof L->bin_dir, argv[0]);
+    snprintf(L->summary, sizeof L->summary, "%s/summary.json", L->out);
+    return 0;
+}
 
-    /* The servers need the input shape, and the default schedule the run's
-     * length: the training split tells both. */
+/* What the servers need from the data (the input shape, and for the
+ * default schedule the run's length), then DIR and its subdirectories,
+ * without the results of an earlier run in the same DIR. */
+static int s_prepare(dp_local_t *L, char *err)
+{
     dp_dataset_t probe = {0};
-    if (dp_dataset_init(&probe, L.data, DP_SPLIT_TRAIN, err) != 0) {
-        fprintf(stderr, "downpour local: %s\n", err);
-        return 1;
-    }
-    char input[48], schedule[64];
-    snprintf(input, sizeof input, "%dx%dx%d", probe.c, probe.h, probe.w);
-    if (!L.schedule_given) {
+    if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
+    snprintf(L->input, sizeof L->input, "%dx%dx%d", probe.c, probe.h, probe.w);
+    if (!dp_opts_find(&L->opts, "lr-schedule")->given) {
         /* Anneal the lr to zero over the run (cosine), as the standalone
          * trainer does by default: the final weights are then not just one
          * noisy point of a constant-lr walk. The servers count one version
          * per sync step, one per push otherwise. */
-        long per_worker = s_run_steps(&L, probe.n);
-        long updates = strcmp(L.mode, "sync") == 0 ? per_worker : per_worker * L.workers;
+        long per_worker = s_run_steps(L, probe.n);
+        long updates = L->ps.mode == DP_MODE_SYNC ? per_worker : per_worker * L->workers;
         if (updates > 0) {
-            snprintf(schedule, sizeof schedule, "cosine:%ld", updates);
-            L.ps_args[L.n_ps_args++] = "--lr-schedule";
-            L.ps_args[L.n_ps_args++] = schedule;
+            snprintf(L->schedule, sizeof L->schedule, "cosine:%ld", updates);
+            L->ps_args[L->n_ps_args++] = "--lr-schedule";
+            L->ps_args[L->n_ps_args++] = L->schedule;
         }
     }
     dp_dataset_fini(&probe);
 
-    char dir[PATH_MAX], path[PATH_MAX];
-    if (s_mkdir(L.out, err) != 0) goto fail;
-    snprintf(dir, sizeof dir, "%s/metrics", L.out);
-    if (s_mkdir(dir, err) != 0) goto fail;
-    snprintf(dir, sizeof dir, "%s/logs", L.out);
-    if (s_mkdir(dir, err) != 0) goto fail;
-    /* Results of an earlier run in the same DIR must not pass for this one's. */
-    snprintf(path, sizeof path, "%s/summary.json", L.out);
+    char path[PATH_MAX];
+    if (s_mkdir(L->out, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/metrics", L->out);
+    if (s_mkdir(path, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/logs", L->out);
+    if (s_mkdir(path, err) != 0) return -1;
+    unlink(L->summary);
+    snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", L.out);
-    unlink(path);
+    return 0;
+}
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+/* A child's names: "ps-0", DIR/logs/ps-0.log, DIR/metrics/ps-0.jsonl. */
+static dp_child_t *s_child(dp_local_t *L, const char *kind, int i)
+{
+    dp_child_t *c = &L->kids[L->n_kids++];
+    c->is_worker = strcmp(kind, "worker") == 0;
+    snprintf(c->name, sizeof c->name, "%s-%d", kind, i);
+    snprintf(c->log, sizeof c->log, "%s/logs/%s-%d.log", L->out, kind, i);
+    snprintf(c->metrics, sizeof c->metrics, "%s/metrics/%s-%d.jsonl", L->out, kind, i);
+    return c;
+}
 
-    /* Parameter-server shards. */
-    char endpoints[DP_LOCAL_MAX * 48] = "";
-    char bind[DP_LOCAL_MAX][40], shard[DP_LOCAL_MAX][24], nworkers[16], ps_bin[PATH_MAX + 16];
-    snprintf(nworkers, sizeof nworkers, "%d", L.workers);
-    snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L.bin_dir);
-    for (int i = 0; i < L.shards; i++) {
+/* The parameter-server shards, each on a free loopback port. */
+static int s_start_servers(dp_local_t *L, char *err)
+{
+    char bind[40], shard[24], nworkers[16], ps_bin[PATH_MAX + 16];
+    snprintf(nworkers, sizeof nworkers, "%d", L->workers);
+    snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
+    for (int i = 0; i < L->shards; i++) {
         int port = s_free_port(err);
-        if (port < 0) goto fail;
-        snprintf(bind[i], sizeof bind[i], "tcp://127.0.0.1:%d", port);
-        snprintf(shard[i], sizeof shard[i], "%d/%d", i, L.shards);
-        size_t used = strlen(endpoints);
-        snprintf(endpoints + used, sizeof endpoints - used, "%s%s", i ? "," : "", bind[i]);
-        dp_child_t *c = &L.kids[L.n_kids++];
-        snprintf(c->name, sizeof c->name, "ps-%d", i);
-        snprintf(c->log, sizeof c->log, "%s/logs/ps-%d.log", L.out, i);
-        snprintf(c->metrics, sizeof c->metrics, "%s/metrics/ps-%d.jsonl", L.out, i);
+        if (port < 0) return -1;
+        snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+        snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
+        size_t used = strlen(L->endpoints);
+        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", bind);
+        dp_child_t *c = s_child(L, "ps", i);
         const char *av[DP_LOCAL_ARGS];
         int n = 0;
         av[n++] = ps_bin;
-        av[n++] = "--bind"; av[n++] = bind[i];
-        av[n++] = "--shard"; av[n++] = shard[i];
+        av[n++] = "--bind"; av[n++] = bind;
+        av[n++] = "--shard"; av[n++] = shard;
         av[n++] = "--workers"; av[n++] = nworkers;
-        av[n++] = "--input"; av[n++] = input;
+        av[n++] = "--input"; av[n++] = L->input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
-        av[n++] = "--mode"; av[n++] = L.mode;  /* said here too, so the line below is true */
-        for (int k = 0; k < L.n_ps_args; k++) av[n++] = L.ps_args[k];
+        for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
         av[n] = NULL;
-        if (s_spawn(c, av, err) != 0) goto fail;
+        if (s_spawn(c, av, err) != 0) return -1;
     }
+    return 0;
+}
 
-    /* Workers; task 0 is the chief and writes the results. */
-    char task[DP_LOCAL_MAX][12], device[DP_LOCAL_MAX][24], threads[24], worker_bin[PATH_MAX + 16];
-    char save[PATH_MAX], summary[PATH_MAX], tensorboard[PATH_MAX];
+/* The workers; task 0 is the chief and writes the results. */
+static int s_start_workers(dp_local_t *L, char *err)
+{
+    char task[12], device[24], threads[24], worker_bin[PATH_MAX + 16];
+    char save[PATH_MAX], tensorboard[PATH_MAX];
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(threads, sizeof threads, "%ld", cores / L.workers > 0 ? cores / L.workers : 1);
-    snprintf(worker_bin, sizeof worker_bin, "%s/downpour-worker", L.bin_dir);
-    snprintf(save, sizeof save, "%s/model.safetensors", L.out);
-    snprintf(summary, sizeof summary, "%s/summary.json", L.out);
-    snprintf(tensorboard, sizeof tensorboard, "%s/tensorboard", L.out);
-    const char *gpu = L.gpus;
-    for (int i = 0; i < L.workers; i++) {
-        dp_child_t *c = &L.kids[L.n_kids++];
-        c->is_worker = 1;
-        snprintf(c->name, sizeof c->name, "worker-%d", i);
-        snprintf(c->log, sizeof c->log, "%s/logs/worker-%d.log", L.out, i);
-        snprintf(c->metrics, sizeof c->metrics, "%s/metrics/worker-%d.jsonl", L.out, i);
+    snprintf(threads, sizeof threads, "%ld", cores / L->workers > 0 ? cores / L->workers : 1);
+    snprintf(worker_bin, sizeof worker_bin, "%s/downpour-worker", L->bin_dir);
+    snprintf(save, sizeof save, "%s/model.safetensors", L->out);
+    snprintf(tensorboard, sizeof tensorboard, "%s/tensorboard", L->out);
+    const char *gpu = L->gpus;
+    for (int i = 0; i < L->workers; i++) {
+        dp_child_t *c = s_child(L, "worker", i);
         unlink(c->metrics);
-        snprintf(task[i], sizeof task[i], "%d", i);
+        snprintf(task, sizeof task, "%d", i);
         const char *av[DP_LOCAL_ARGS];
         int n = 0;
         av[n++] = worker_bin;
-        av[n++] = "--ps"; av[n++] = endpoints;
-        av[n++] = "--task-index"; av[n++] = task[i];
+        av[n++] = "--ps"; av[n++] = L->endpoints;
+        av[n++] = "--task-index"; av[n++] = task;
         av[n++] = "--metrics"; av[n++] = c->metrics;
         av[n++] = "--tensorboard"; av[n++] = tensorboard;
         av[n++] = "--no-progress";
         if (gpu) {
             int len = (int)strcspn(gpu, ",");
-            snprintf(device[i], sizeof device[i], "cuda:%.*s", len, gpu);
+            snprintf(device, sizeof device, "cuda:%.*s", len, gpu);
             gpu = gpu[len] ? gpu + len + 1 : gpu + len;
-            av[n++] = "--device"; av[n++] = device[i];
+            av[n++] = "--device"; av[n++] = device;
         } else {
             av[n++] = "--threads"; av[n++] = threads;
         }
-        if (L.delay_ms[i][0]) {
-            av[n++] = "--delay-ms"; av[n++] = L.delay_ms[i];
-            if (L.delay_exp[i]) { av[n++] = "--delay-dist"; av[n++] = "exp"; }
+        if (L->delay_ms[i][0]) {
+            av[n++] = "--delay-ms"; av[n++] = L->delay_ms[i];
+            if (L->delay_exp[i]) { av[n++] = "--delay-dist"; av[n++] = "exp"; }
         }
         if (i == 0) {
             av[n++] = "--save"; av[n++] = save;
-            av[n++] = "--summary"; av[n++] = summary;
+            av[n++] = "--summary"; av[n++] = L->summary;
         }
         /* User flags last, so an explicit --threads or --device wins. */
-        for (int k = 0; k < L.n_worker_args; k++) av[n++] = L.worker_args[k];
+        for (int k = 0; k < L->n_worker_args; k++) av[n++] = L->worker_args[k];
         av[n] = NULL;
-        if (s_spawn(c, av, err) != 0) goto fail;
+        if (s_spawn(c, av, err) != 0) return -1;
     }
-    fprintf(stderr, "downpour local: %d ps shard(s) at %s, %d worker(s), %s mode; results in %s\n",
-            L.shards, endpoints, L.workers, L.mode, L.out);
+    return 0;
+}
 
-    /* Watch: any failure stops everything; the run ends when every worker
-     * is done (the chief stops the servers itself). */
-    int live_tty = L.progress == 1 || (L.progress < 0 && isatty(2));
+/* Watch until a signal, a failure (returned), or the end: every worker done
+ * (the chief stops the servers itself; they get a moment to take its
+ * SHUTDOWN). */
+static const dp_child_t *s_watch(dp_local_t *L)
+{
+    int live_tty = L->progress == 1 || (L->progress < 0 && isatty(2));
     double t0 = dp_now(), last_progress = 0, workers_done_at = 0;
     long total = 0, spe = 0, batch = 0;
     const dp_child_t *failed = NULL;
-    for (;;) {
-        if (s_signal) break;
+    while (!s_signal) {
         int workers_left = 0, alive = 0;
-        for (int i = 0; i < L.n_kids; i++) {
-            dp_child_t *c = &L.kids[i];
+        for (int i = 0; i < L->n_kids; i++) {
+            dp_child_t *c = &L->kids[i];
             if (c->pid > 0 && waitpid(c->pid, &c->status, WNOHANG) == c->pid) {
                 c->pid = 0;
                 if (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0) failed = failed ? failed : c;
@@ -605,23 +622,28 @@ int dp_local_main(int argc, char **argv)
         }
         if (failed || alive == 0) break;
         if (workers_left == 0) {
-            /* Servers get a moment to take the chief's SHUTDOWN. */
             if (workers_done_at == 0) workers_done_at = dp_now();
             if (dp_now() - workers_done_at > 10) break;
         }
         double now = dp_now();
-        if (now - last_progress >= (live_tty ? 0.5 : 15.0) && L.progress != 0) {
-            s_show_progress(&L, t0, &total, &spe, &batch, live_tty);
+        if (now - last_progress >= (live_tty ? 0.5 : 15.0) && L->progress != 0) {
+            s_show_progress(L, t0, &total, &spe, &batch, live_tty);
             last_progress = now;
         }
         usleep(100 * 1000);
     }
-    if (live_tty && L.progress != 0) fputc('\n', stderr);
+    if (live_tty && L->progress != 0) fputc('\n', stderr);
+    return failed;
+}
+
+/* Stop what is left and say how the run ended; the exit status. */
+static int s_finish(dp_local_t *L, const dp_child_t *failed)
+{
     int interrupted = s_signal != 0;
-    s_stop_all(&L, 10.0);
+    s_stop_all(L, 10.0);
     if (interrupted) {
         fprintf(stderr, "downpour local: stopped by signal %d; every process ended; logs in %s/logs\n",
-                (int)s_signal, L.out);
+                (int)s_signal, L->out);
         return 130;
     }
     if (failed) {
@@ -632,15 +654,32 @@ int dp_local_main(int argc, char **argv)
                 how, last[0] ? last : "(empty)", failed->log);
         return 1;
     }
-    if (access(summary, F_OK) != 0) {
-        fprintf(stderr, "downpour local: the run ended without %s (see %s/logs)\n", summary, L.out);
+    if (access(L->summary, F_OK) != 0) {
+        fprintf(stderr, "downpour local: the run ended without %s (see %s/logs)\n", L->summary, L->out);
         return 1;
     }
-    s_print_summary(summary);
-    printf("%s\n", summary);
+    s_print_summary(L->summary);
+    printf("%s\n", L->summary);
     return 0;
-fail:
-    fprintf(stderr, "downpour local: %s\n", err);
-    s_stop_all(&L, 5.0);
-    return 1;
+}
+
+int dp_local_main(int argc, char **argv)
+{
+    static dp_local_t L; /* large: keep it off the stack */
+    char err[DP_ERR_LEN] = "";
+    int rc = s_setup(&L, argc, argv, err);
+    if (rc != 0) return dp_opts_exit_status("downpour local", rc, err);
+    if (s_prepare(&L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
+    dp_signals_install(&s_signal, 1);
+    if (s_start_servers(&L, err) != 0 || s_start_workers(&L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        s_stop_all(&L, 5.0);
+        return 1;
+    }
+    fprintf(stderr, "downpour local: %d ps shard(s) at %s, %d worker(s), %s mode; results in %s\n",
+            L.shards, L.endpoints, L.workers, dp_mode_name(L.ps.mode), L.out);
+    return s_finish(&L, s_watch(&L));
 }

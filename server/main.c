@@ -1,21 +1,16 @@
 /* downpour-ps: the parameter-server daemon — flags to dp_ps_config_t, signal
- * handling (the handler only sets a flag), then dp_ps_run (server/ps.h).
- * Exit status 0 on a clean stop (SIGINT, SIGTERM or SHUTDOWN), 2 on a bad
- * flag, 1 on a setup failure (bind, model, corrupt checkpoint). */
-#include <signal.h>
+ * handling (common/signals.h: the handler only sets a flag), then dp_ps_run
+ * (server/ps.h). Exit status 0 on a clean stop (SIGINT, SIGTERM or
+ * SHUTDOWN), 2 on a bad flag, 1 on a setup failure (bind, model, corrupt
+ * checkpoint). */
 #include <stdio.h>
-#include <string.h>
 
+#include "common/opts.h"
+#include "common/signals.h"
 #include "common/util.h"
 #include "server/ps.h"
 
 static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
 
 int main(int argc, char **argv)
 {
@@ -24,18 +19,8 @@ int main(int argc, char **argv)
     dp_ps_config_t cfg;
     dp_ps_config_default(&cfg);
     int r = dp_ps_parse_args(&cfg, argc, argv, err);
-    if (r == 1) return 0;
-    if (r != 0) {
-        fprintf(stderr, "downpour-ps: %s\n", err);
-        return 2;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    if (r != 0) return dp_opts_exit_status("downpour-ps", r, err);
+    dp_signals_install(&s_stop, 0);
     if (dp_ps_run(&cfg, &s_stop, err) != 0) {
         fprintf(stderr, "downpour-ps: %s\n", err);
         return 1;

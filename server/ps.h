@@ -23,6 +23,8 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "common/cluster.h"
+#include "common/opts.h"
 #include "kernels/optim.h"
 #include "proto/wire.h"
 
@@ -61,6 +63,9 @@ void dp_ps_config_default(dp_ps_config_t *c);
  * Returns 0, 1 when --help was printed to stdout, or -1 with one line in
  * err naming the flag. */
 int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
+/* downpour-ps's option table, writing into c and cl's flag fields; `downpour
+ * local` reads it to check and pass on the flags marked DP_OPTS_PASS. */
+void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
 
 /* The float range shard i of k owns out of n. */
 void dp_ps_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi);

@@ -2,6 +2,7 @@
 #include "worker/train.h"
 
 #include <math.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +129,11 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON_AddStringToObject(o, "data", s->train.name);
     cJSON_AddStringToObject(o, "model", s->model.spec);
     cJSON_AddNumberToObject(o, "batch", s->conf.batch);
-    cJSON_AddNumberToObject(o, "seed", (double)s->conf.seed);
+    /* The seed is a uint64: written as its exact integer text (a double
+     * would round seeds above 2^53; JSON numbers have no such limit). */
+    char seed[24];
+    snprintf(seed, sizeof seed, "%" PRIu64, s->conf.seed);
+    cJSON_AddRawToObject(o, "seed", seed);
     int rc = dp_summary_write(s->conf.summary, o, err);
     cJSON_Delete(o);
     return rc;

@@ -31,7 +31,7 @@ typedef struct {
     long steps;                /* this worker's steps; 0: epochs over its share */
     dp_optim_conf_t optim;     /* standalone: the optimizer and the lr schedule */
     int schedule_given;        /* --lr-schedule given; else standalone anneals (cosine) over its run */
-    unsigned long long seed;   /* weights (standalone) and data order */
+    uint64_t seed;             /* weights (standalone) and data order; the servers' type */
     int threads;               /* CPU kernel threads, 0 = all cores */
     const char *save;          /* model.safetensors (standalone / chief) */
     const char *summary;       /* summary.json (standalone / chief) */

@@ -97,7 +97,7 @@ rc=$?
 check "unknown launcher flag: status 2 (got $rc)" test $rc = 2
 check "... names the flag in one line" bash -c "[ \$(wc -l <'$TMP/bogus.log') = 1 ] && grep -q \"unknown flag '--bogus'\" '$TMP/bogus.log'"
 "$L" local --workers 0 --out "$TMP/bogus" >"$TMP/bogus.log" 2>&1
-check "--workers 0 refused" grep -q -- "--workers must be" "$TMP/bogus.log"
+check "--workers 0 refused" grep -qF -- "--workers '0': expected an integer in [1, 64]" "$TMP/bogus.log"
 
 # The launcher leaves nothing behind.
 leftovers() { pgrep -f "$1" >/dev/null && { echo "left behind:"; pgrep -af "$1"; return 1; }; return 0; }

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# test_flags: every binary reads its command line the same way (common/opts.h):
+#  - a malformed number, an out-of-range one and an unknown flag are each
+#    refused with exit status 2 and ONE line on stderr naming the flag and
+#    what it accepts — downpour-ps, downpour-worker, downpour local, downpour
+#    eval; `downpour local --workers 2abc` no longer runs with 2 workers
+#  - downpour local refuses a bad daemon flag itself, before starting anything
+#  - --help of every binary exits 0 and lists its flags
+#  - seeds above 2^53 are taken whole by the worker and the servers alike
+#  - the TensorFlow-style cluster flags still place a ps task (its resolved
+#    cluster is logged), and SIGTERM stops it cleanly
+source "$(dirname "$0")/lib.sh"
+
+PS=$BIN/downpour-ps WK=$BIN/downpour-worker L=$BIN/downpour
+
+# refused NAME WANT COMMAND...: exit status 2, nothing on stdout, exactly one
+# line on stderr, containing WANT.
+refused() {
+    local name=$1 want=$2; shift 2
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$? lines
+    lines=$(wc -l <"$TMP/err")
+    if [ $rc = 2 ] && [ "$lines" = 1 ] && [ ! -s "$TMP/out" ] && grep -qF -- "$want" "$TMP/err"; then
+        pass "$name"
+    else
+        fail "$name" "exit $rc, $lines line(s) on stderr: $(head -c 400 "$TMP/err")"
+    fi
+}
+
+refused "downpour-ps: malformed number" "--workers '2abc': expected an integer in [1, 100000]" \
+    "$PS" --workers 2abc
+refused "downpour-ps: out of range" "--momentum '1.5': expected a number in [0, 1]" \
+    "$PS" --momentum 1.5
+refused "downpour-ps: unknown flag" "unknown flag '--bogus'" "$PS" --bogus 3
+refused "downpour-ps: seed past 2^64" "--seed '18446744073709551616'" "$PS" --seed 18446744073709551616
+
+refused "downpour-worker: malformed number" "--batch '6x4': expected an integer in [1, 65536]" \
+    "$WK" --standalone --batch 6x4
+refused "downpour-worker: out of range" "--threads '0': expected an integer in [1, 1024]" \
+    "$WK" --standalone --threads 0
+refused "downpour-worker: unknown flag" "unknown flag '--bogus'" "$WK" --standalone --bogus
+refused "downpour-worker: malformed seed" "--seed '1e3'" "$WK" --standalone --seed 1e3
+
+refused "downpour local: --workers 2abc" "--workers '2abc': expected an integer in [1, 64]" \
+    "$L" local --workers 2abc --out "$TMP/never"
+refused "downpour local: out of range" "--ps-shards '0': expected an integer in [1, 64]" \
+    "$L" local --ps-shards 0 --out "$TMP/never"
+refused "downpour local: unknown flag" "unknown flag '--bogus'" "$L" local --bogus --out "$TMP/never"
+refused "downpour local: a worker's flag checked by the worker's table" \
+    "--batch '6x4': expected an integer in [1, 65536]" "$L" local --batch 6x4 --out "$TMP/never"
+refused "downpour local: a server's flag checked by the server's table" \
+    "--lr '-1': expected a number in" "$L" local --lr -1 --out "$TMP/never"
+refused "downpour local: a daemon-only flag is not passed on" "unknown flag '--bind'" \
+    "$L" local --bind tcp://*:1 --out "$TMP/never"
+check "downpour local: nothing started or created on a bad flag" test ! -e "$TMP/never"
+
+refused "downpour eval: malformed number" "--batch '12abc': expected an integer in [1, 65536]" \
+    "$L" eval --checkpoint x.safetensors --batch 12abc
+refused "downpour eval: out of range" "--limit '-1': expected an integer in [0, 1000000000]" \
+    "$L" eval --checkpoint x.safetensors --limit -1
+refused "downpour eval: unknown flag" "unknown flag '--bogus'" "$L" eval --bogus
+refused "downpour: unknown command" "unknown command 'bogus'" "$L" bogus
+
+# --help: exit 0, on stdout, every binary.
+helps() { # NAME MUST_CONTAIN COMMAND...
+    local name=$1 want=$2; shift 2
+    "$@" >"$TMP/help" 2>"$TMP/err"
+    local rc=$?
+    if [ $rc = 0 ] && grep -qF -- "$want" "$TMP/help"; then pass "$name"; else fail "$name" "exit $rc"; fi
+}
+helps "downpour-ps --help" "--heartbeat-timeout SECONDS" "$PS" --help
+helps "downpour-worker --help" "--eval-limit K" "$WK" --help
+helps "downpour-worker -h" "--standalone" "$WK" -h
+helps "downpour local --help lists what it passes on" "passed on to downpour-worker:" "$L" local --help
+helps "downpour eval --help" "--checkpoint FILE" "$L" eval --help
+helps "downpour --help" "downpour local" "$L" --help
+
+# Seeds above 2^53 are taken whole, by the worker and by the servers: 2^53
+# and 2^53 + 1 (one double apart from nothing) draw different weights, and a
+# one-worker async cluster at 2^53 + 1 equals the standalone trainer at
+# 2^53 + 1 bit for bit (both start from the same seed).
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+    big=9007199254740993
+    sa() { "$WK" --standalone --steps 2 --batch 8 --no-progress --seed "$@" >>"$TMP/seed.log" 2>&1; }
+    sa 9007199254740992 --save "$TMP/s0.safetensors"
+    sa $big --save "$TMP/s1.safetensors"
+    check "standalone: seeds 2^53 and 2^53+1 draw different weights" \
+        bash -c '! cmp -s "$1" "$2"' _ "$TMP/s0.safetensors" "$TMP/s1.safetensors"
+    "$L" local --workers 1 --mode async --steps 2 --batch 8 --seed $big --no-progress \
+        --out "$TMP/big" >"$TMP/big.log" 2>&1
+    check "local async, 1 worker, seed 2^53+1" test $? = 0
+    check "cluster == standalone at seed 2^53+1, bit for bit" \
+        bash -c '"$0" tests/integration/compare_st.py "$1" "$2" --rtol 0 --atol 0 >"$3" 2>&1 || { cat "$3"; exit 1; }' \
+        "$TORCH_PY" "$TMP/big/model.safetensors" "$TMP/s1.safetensors" "$TMP/compare.log"
+else
+    skip "seed above 2^53" "Debian's dataset-fashion-mnist is not installed (make deps)"
+fi
+
+# The TensorFlow-style cluster flags still place a ps task; its log says
+# which task it resolved to, and SIGTERM stops it with status 0.
+port=$(( 20000 + RANDOM % 20000 ))
+bg "$PS" --job-name ps --task-index 0 --ps-hosts "127.0.0.1:$port" --worker-hosts "127.0.0.1:$((port + 1))" \
+    --ready-file "$TMP/ready" 2>"$TMP/ps.log"
+ps_pid=$!
+for _ in $(seq 100); do [ -s "$TMP/ready" ] && break; sleep 0.1; done
+check "cluster flags: the ps task binds its port" grep -q ":$port" "$TMP/ready"
+check "cluster flags: the resolved cluster is logged" \
+    grep -qF "cluster: ps task 0 (127.0.0.1:$port); 1 ps, 1 worker" "$TMP/ps.log"
+kill -TERM "$ps_pid"
+wait_for "$ps_pid" 20
+check "downpour-ps stops on SIGTERM with status 0" test $? = 0
+
+finish

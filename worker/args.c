@@ -1,0 +1,131 @@
+/* args: downpour-worker's option table and what the flags imply (see
+ * args.h): --standalone excludes servers; without --ps the servers and this
+ * worker's index come from the TensorFlow-style cluster (flags, else
+ * TF_CONFIG), and the resolved cluster is logged at start so a TFJob's
+ * worker says which task it took itself for. */
+#include "worker/args.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+static const char s_synopsis[] =
+"usage: downpour-worker --standalone [options]          train alone (the baseline)\n"
+"       downpour-worker --ps tcp://H:P[,...] --task-index I [options]\n"
+"       downpour-worker --job-name worker --task-index I --ps-hosts H:P,... --worker-hosts H:P,...\n"
+"       (or the TF_CONFIG environment variable, as Kubeflow's TFJob sets it)\n"
+"\n";
+
+void dp_worker_args_default(dp_worker_args_t *a)
+{
+    memset(a, 0, sizeof *a);
+    dp_train_conf_default(&a->conf);
+    dp_cluster_init(&a->cluster);
+}
+
+static int s_set_optimizer(void *arg, const char *v, char *err)
+{
+    return dp_optim_parse_kind(&((dp_train_conf_t *)arg)->optim, v, err);
+}
+
+static int s_set_schedule(void *arg, const char *v, char *err)
+{
+    dp_train_conf_t *c = arg;
+    c->schedule_given = 1;
+    return dp_optim_parse_schedule(&c->optim, v, err);
+}
+
+/* The table in --help order: data and model, training, distributed, output. */
+void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
+{
+    const int P = DP_OPTS_PASS;
+    dp_train_conf_t *c = &a->conf;
+    dp_cluster_t *cl = &a->cluster;
+    const dp_opts_flag_t t[] = {
+        DP_FLAG_TITLE("data and model:"),
+        DP_FLAG_STR("data", "SPEC", &c->data, P,
+                    "fashion-mnist[:DIR] (default: Debian's), mnist:DIR, cifar10:DIR,\nidx:IMAGES,LABELS"),
+        DP_FLAG_STR("model", "SPEC", &c->model, P, "default: \"" DP_MODEL_DEFAULT_SPEC "\""),
+        DP_FLAG_STR("device", "DEV", &c->device, P, "cpu (default) or cuda:K"),
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 1024, P,
+                    "CPU kernel threads (default: all cores)"),
+        DP_FLAG_TITLE("training:"),
+        DP_FLAG_SET("standalone", &a->standalone, 1, 0, "train alone (the baseline), no servers"),
+        DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &c->batch, 1, 1 << 16, P, "per-worker batch (default 64)"),
+        DP_FLAG_NUM("epochs", DP_OPTS_INT, "E", &c->epochs, 1, 1000000, P,
+                    "epochs over this worker's share (default 1)"),
+        DP_FLAG_NUM("steps", DP_OPTS_LONG, "S", &c->steps, 1, 1000000000000L, P, "run exactly S steps instead"),
+        DP_FLAG_SEED("seed", &c->seed, P, "weights (standalone) and data order (default 1)"),
+        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, 0,
+                     "standalone: adam (default), sgd, momentum, nesterov, adagrad"),
+        DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->optim.lr, 1e-12, 1e3, 0,
+                    "default: adam 0.0015, adagrad 0.01, sgd / momentum / nesterov 0.05"),
+        DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->optim.momentum, 0, 1, 0, "default 0.9"),
+        DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->optim.weight_decay, 0, 1, 0, "default 0"),
+        DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, c, 0,
+                     "constant | step:N:G | cosine:N (standalone default: cosine over the run)"),
+        DP_FLAG_TITLE("distributed:"),
+        DP_FLAG_STR("ps", "LIST", &c->ps, 0, "parameter-server shards, tcp://host:port,..."),
+        DP_FLAG_NUM("task-index", DP_OPTS_INT, "I", &cl->flag_task_index, 0, 1000000, 0,
+                    "this worker's index; 0 is the chief (evaluates, saves, writes the summary)"),
+        DP_FLAG_STR("job-name", "worker", &cl->flag_job_name, 0, "TensorFlow-style cluster (or TF_CONFIG)"),
+        DP_FLAG_STR("ps-hosts", "H:P,...", &cl->flag_ps_hosts, 0, "the ps job's tasks"),
+        DP_FLAG_STR("worker-hosts", "H:P,...", &cl->flag_worker_hosts, 0, "the worker job's tasks"),
+        DP_FLAG_NUM("delay-ms", DP_OPTS_DOUBLE, "MS", &c->delay_ms, 0, 1e7, P,
+                    "inject a delay before each push (an experiment with staleness)"),
+        DP_FLAG_CHOICE("delay-dist", "fixed|exp", &c->delay_exp, P,
+                       "fixed (default) or exponential with mean MS"),
+        DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
+                    "seconds to wait for a server reply (default 60)"),
+        DP_FLAG_TITLE("output:"),
+        DP_FLAG_STR("save", "FILE", &c->save, 0, "model.safetensors (PyTorch names and layouts)"),
+        DP_FLAG_STR("summary", "FILE", &c->summary, 0, "summary.json"),
+        DP_FLAG_STR("metrics", "FILE", &c->metrics, 0, "JSON lines, one per step"),
+        DP_FLAG_STR("tensorboard", "DIR", &c->tensorboard, 0,
+                    "TensorBoard event files (loss, accuracy, staleness)"),
+        DP_FLAG_NUM("eval-every", DP_OPTS_LONG, "N", &c->eval_every, 0, 1000000000000L, P,
+                    "evaluate the test set every N steps (0: at the end)"),
+        DP_FLAG_NUM("eval-limit", DP_OPTS_INT, "K", &c->eval_limit, 0, 1000000000, P,
+                    "test samples per periodic evaluation (0: all)"),
+        DP_FLAG_SET("progress", &c->progress, 1, 0, "the live progress line (default: on a terminal)"),
+        DP_FLAG_SET("no-progress", &c->progress, 0, 0, "no progress line"),
+    };
+    dp_opts_init(o, "downpour-worker", s_synopsis, NULL);
+    dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
+}
+
+/* No --ps: the servers and this task's index from the cluster spec. */
+static int s_from_cluster(dp_worker_args_t *a, char *err)
+{
+    dp_cluster_t *cl = &a->cluster;
+    if (dp_cluster_resolve(cl, getenv("TF_CONFIG"), err) != 0) return -1;
+    if (cl->n_ps == 0)
+        return dp_err(err, "no parameter servers: give --ps tcp://H:P, --ps-hosts H:P (with "
+                           "--job-name worker --task-index I), TF_CONFIG, or --standalone");
+    if (cl->job_name[0] && strcmp(cl->job_name, "worker") != 0)
+        return dp_err(err, "--job-name %s: downpour-worker runs worker tasks (start downpour-ps "
+                           "for ps tasks)", cl->job_name);
+    if (dp_cluster_ps_endpoints(cl, a->endpoints, sizeof a->endpoints, err) != 0) return -1;
+    a->conf.ps = a->endpoints;
+    a->conf.task_index = cl->task_index < 0 ? 0 : cl->task_index;
+    dp_cluster_log(cl);
+    return 0;
+}
+
+int dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err)
+{
+    dp_opts_t o;
+    dp_worker_options(&o, a);
+    int rc = dp_opts_parse(&o, argc, argv, err);
+    if (rc != 0) return rc;
+    if (a->standalone) {
+        if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
+        return 0;
+    }
+    if (a->conf.ps) {
+        a->conf.task_index = a->cluster.flag_task_index < 0 ? 0 : a->cluster.flag_task_index;
+        return 0;
+    }
+    return s_from_cluster(a, err);
+}
