@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/dataset.h"
+#include "common/metrics.h"
 #include "common/opts.h"
 #include "common/safetensors.h"
 #include "common/util.h"
@@ -63,8 +64,15 @@ int dp_eval_main(int argc, char **argv)
     y = dp_malloc((size_t)batch * sizeof(int));
     double acc = 0, loss = 0;
     dp_net_evaluate_dataset(&net, &test, n, x, y, &acc, &loss);
-    printf("{\"test_accuracy\": %.5f, \"test_loss\": %.5f, \"n\": %d, \"checkpoint\": \"%s\"}\n",
-           acc, loss, n, ckpt);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "test_accuracy", dp_metrics_round(acc, 5));
+    cJSON_AddNumberToObject(out, "test_loss", dp_metrics_round(loss, 5));
+    cJSON_AddNumberToObject(out, "n", n);
+    cJSON_AddStringToObject(out, "checkpoint", ckpt);
+    char *line = cJSON_PrintUnformatted(out);
+    printf("%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(out);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "downpour eval: %s\n", err);

@@ -1,8 +1,8 @@
 /* train: the session shared by both modes, and the standalone trainer. */
 #include "worker/train.h"
 
-#include <math.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
