@@ -16,6 +16,8 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "server/ps.h"
+#include "server/shard.h"
+#include "server/shard_checkpoint.h"
 #include "tests/test.h"
 #include "worker/ps_client.h"
 
@@ -436,7 +438,7 @@ static void test_two_shards_equal_one(void)
     s1.cfg.shard_index = 1;
     for (int i = 0; i < 3; i++) CHECK_EQ(srv_start(all[i]), 0);
     size_t lo, hi;
-    dp_ps_shard_range(s_small.n_floats, 1, 2, &lo, &hi);
+    dp_shard_range(s_small.n_floats, 1, 2, &lo, &hi);
     CHECK_EQ(lo, s_small.n_floats / 2);
     CHECK_EQ(hi, s_small.n_floats);
     size_t n = s_small.n_floats;
@@ -721,7 +723,7 @@ static void test_checkpoint_restore(void)
     }
     dp_ps_client_destroy(&c);
     CHECK_EQ(srv_stop_after(&s, 5), 0);
-    dp_ps_checkpoint_path(path, sizeof path, dir, 0, 1);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
     CHECK_EQ(access(path, F_OK), 0);
     /* Second life: restored at version 1 with the same weights and state. */
     srv_t s2;
@@ -758,7 +760,7 @@ static void test_corrupt_checkpoint(void)
     char dir[256], path[DP_PS_PATH_LEN + 64], err[DP_ERR_LEN];
     s_tmpdir(dir, sizeof dir, "corrupt");
     CHECK_EQ(mkdir(dir, 0755), 0);
-    dp_ps_checkpoint_path(path, sizeof path, dir, 0, 1);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
     const char junk[] = "\x10\x00\x00\x00\x00\x00\x00\x00{\"params\": broken";
     CHECK_EQ(dp_write_file_atomic(path, junk, sizeof junk - 1, err), 0);
     srv_t s;
