@@ -35,10 +35,11 @@
  *       stops waiting for a worker that is gone or finished and counts one
  *       that came back; it may step on what it has. Returns 1 when the
  *       version moved. Changes what push may change.
- *  3. After every push and members_changed the caller asks pull_ready again
+ *  3. After a push that was APPLIED and after every members_changed (the
+ *     calls that can make a held pull ready) the caller asks pull_ready again
  *     for every held pull, in arrival order, and answers those now ready;
- *     after one that moved the version it first writes a checkpoint if one
- *     is due.
+ *     after a call that moved the version it first writes a checkpoint if
+ *     one is due.
  *  4. dp_policy_destroy. */
 #ifndef DP_POLICY_H
 #define DP_POLICY_H

@@ -11,8 +11,9 @@
  *    from identical weights.
  *  - version counts optimizer steps of this shard; a step with lr scheduled
  *    at the version before it makes Adam's t the version after it.
- *  - w, state and version change only in dp_shard_step / dp_shard_step_mean;
- *    acc only there and in dp_shard_accumulate.
+ *  - w, state and version change only in dp_shard_step / dp_shard_step_mean
+ *    (and a checkpoint restore, server/shard_checkpoint.h); acc only in
+ *    dp_shard_step_mean and dp_shard_accumulate.
  *  - Gradients handed in are already valid: their slices tile [lo, hi)
  *    exactly and every float is finite (the loop checks that with
  *    proto/wire.h before anything here runs). */
