@@ -87,8 +87,9 @@ typedef struct {
  *
  * ZeroMQ hands a multipart over only once all of it has arrived (its queue
  * holds it whole), so the limit decides what the receiver keeps, not what
- * ZeroMQ buffered; ZMQ_MAXMSGSIZE (per frame) and ZMQ_RCVHWM (messages
- * queued per peer) bound that. */
+ * ZeroMQ buffered. ZMQ_MAXMSGSIZE (per frame) and ZMQ_RCVHWM (messages
+ * queued per peer) bound that only in part: ZeroMQ has no limit on the
+ * number of frames of one message. */
 int dp_wire_recv_bounded(void *sock, dp_wire_rx_t *rx, int flags, size_t max_bytes, char *err);
 /* dp_wire_recv_bounded without a byte limit. */
 int dp_wire_recv(void *sock, dp_wire_rx_t *rx, int flags, char *err);
