@@ -27,6 +27,7 @@
 #define DP_PROTOCOL_VERSION 1
 #define DP_WIRE_MAX_TENSORS 64              /* descriptors (and frames) per message */
 #define DP_WIRE_MAX_PARTS (DP_WIRE_MAX_TENSORS + 2) /* + identity + envelope */
+#define DP_WIRE_MAX_IDENTITY 255            /* bytes of a ROUTER identity (ZeroMQ's own limit) */
 #define DP_WIRE_MAX_ENVELOPE (1u << 20)     /* bytes of frame 0 we agree to unpack */
 #define DP_WIRE_MAX_KEY 128                 /* bytes of a tensor key */
 #define DP_WIRE_MAX_TEXT 4096               /* bytes of any string field */
@@ -38,7 +39,8 @@ const char *dp_mode_name(dp_mode_t m);           /* "sync", "async", "ssp", "?" 
 int dp_mode_parse(const char *s, dp_mode_t *out, char *err);
 const char *dp_wire_type_name(int type);         /* "HELLO", ..., "type 42" for unknown (static buffer) */
 
-/* zlib crc32 over any length (zlib's takes uInt). ~5 GB/s: 1.2 ms on 6.6 MB. */
+/* zlib's CRC-32 (the tensor frames' checksum) over any length, computed by
+ * ISA-L (common/checksum.h): 0.16 ms on the default model's 6.6 MB. */
 uint32_t dp_wire_crc32(const void *data, size_t len);
 
 /* One tensor frame as seen by the validator. */
@@ -66,19 +68,39 @@ int dp_wire_check_finite(const dp_wire_frame_t *frames, int n_frames, char *err)
 
 /* ---- receiving -------------------------------------------------------- */
 
-/* A received multipart. parts[] keep the frames zero-copy; at most
- * DP_WIRE_MAX_PARTS are kept, the rest are drained and counted. */
+/* A received multipart. parts[] keep the frames zero-copy. A message over
+ * the limits (more than DP_WIRE_MAX_PARTS parts, or more bytes in all than
+ * the receiver allows) is not kept: each frame past the limit is closed as
+ * soon as it is read and the ones kept so far are closed too, all but the
+ * first part when it is at most DP_WIRE_MAX_IDENTITY bytes (on a ROUTER, the
+ * identity to answer through). n_total > n_parts says a message was cut. */
 typedef struct {
     zmq_msg_t parts[DP_WIRE_MAX_PARTS];
     int n_parts;           /* parts kept (initialised) */
     int n_total;           /* parts the message had */
+    size_t n_bytes;        /* bytes the message had, all parts */
 } dp_wire_rx_t;
 
-/* Receive one whole multipart (flags: 0 or ZMQ_DONTWAIT). Returns 0, or -1
- * with errno EAGAIN / EINTR left for the caller and err filled. On -1 rx
- * holds nothing to close. */
+/* Receive one whole multipart (flags: 0 or ZMQ_DONTWAIT), at most max_bytes
+ * in all (SIZE_MAX: only the part limit). Returns 0, or -1 with errno EAGAIN
+ * / EINTR left for the caller and err filled. On -1 rx holds nothing to close.
+ *
+ * ZeroMQ hands a multipart over only once all of it has arrived (its queue
+ * holds it whole), so the limit decides what the receiver keeps, not what
+ * ZeroMQ buffered. ZMQ_MAXMSGSIZE (per frame) and ZMQ_RCVHWM (messages
+ * queued per peer) bound that only in part: ZeroMQ has no limit on the
+ * number of frames of one message. */
+int dp_wire_recv_bounded(void *sock, dp_wire_rx_t *rx, int flags, size_t max_bytes, char *err);
+/* dp_wire_recv_bounded without a byte limit. */
 int dp_wire_recv(void *sock, dp_wire_rx_t *rx, int flags, char *err);
 void dp_wire_rx_fini(dp_wire_rx_t *rx);
+
+/* dst (not initialised) becomes a copy of src (ZeroMQ shares the bytes). */
+int dp_wire_msg_copy(zmq_msg_t *dst, zmq_msg_t *src, char *err);
+/* dst (not initialised) takes src's content; src stays open, empty. */
+int dp_wire_msg_move(zmq_msg_t *dst, zmq_msg_t *src, char *err);
+/* zmq_msg_close; its only failure (a message never initialised) is logged. */
+void dp_wire_msg_close(zmq_msg_t *m);
 
 /* ---- sending ---------------------------------------------------------- */
 

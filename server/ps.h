@@ -1,22 +1,20 @@
 /* ps: one parameter-server shard — the library behind downpour-ps.
  *
- * A shard binds a ROUTER and runs a single-threaded zmq_poll loop (no locks).
- * It owns the contiguous float range [floor(i*n/K), floor((i+1)*n/K)) of the
- * flat parameter vector (model params in dp_model_t order), initialised by
- * dp_model_init_params over the FULL vector with the configured seed, so any
- * sharding and the standalone trainer start from identical weights. The
- * optimizer (kernels/optim.h) steps that range; its state is per element.
+ * A shard binds a ROUTER and runs a single-threaded zmq_poll loop (no locks,
+ * server/ps.c). It owns the contiguous float range [floor(i*n/K),
+ * floor((i+1)*n/K)) of the flat parameter vector and the optimizer state of
+ * that range (server/shard.h); a consistency policy decides what each push
+ * and pull does (server/policy.h: sync with R gradients per step and backup
+ * workers, async, ssp with staleness S); server/members.h keeps who joined,
+ * finished or went silent ("live" = not finished and heard from within
+ * --heartbeat-timeout; a worker waiting on a deferred pull is live);
+ * server/shard_checkpoint.h writes and restores the shard.
  *
- * Policies: sync (aggregate R gradients of the current version, average,
- * step once; older versions dropped; pulls deferred until the aggregate is
- * applied), async (apply on arrival; lr optionally / staleness), ssp (async,
- * but a pull from a worker more than S pushes ahead of the slowest live
- * worker is deferred). "Live" = not finished and heard from within
- * --heartbeat-timeout (a worker waiting on a deferred pull is live).
- *
- * Every message is validated (proto/wire.h + fingerprint, shard range,
- * finite values) before it touches state; a bad one gets an ERROR reply (or
- * an ACK "rejected" with the reason), is counted, and changes nothing. */
+ * Every message is bounded (all its parts together at most a PUSH of this
+ * shard's range plus an envelope) and validated (proto/wire.h + fingerprint,
+ * shard range, finite values) before it touches state; a bad one gets an
+ * ERROR reply (or an ACK "rejected" with the reason), is counted, and
+ * changes nothing. */
 #ifndef DP_PS_H
 #define DP_PS_H
 
@@ -55,8 +53,8 @@ typedef struct {
 } dp_ps_config_t;
 
 /* Defaults: bind all interfaces on port 5555, shard 0/1, 1 worker, sync, R = all, S = 0, default
- * model on 1x28x28, seed 1, momentum lr 0.05 mu 0.9, metrics every 5 s,
- * heartbeat timeout 60 s. */
+ * model on 1x28x28, seed 1, the optimizer defaults of kernels/optim.h (Adam at
+ * dp_optim_base_lr's 0.0015), metrics every 5 s, heartbeat timeout 60 s. */
 void dp_ps_config_default(dp_ps_config_t *c);
 
 /* Parse downpour-ps's flags (and TF_CONFIG through common/cluster.h) into c.
@@ -67,16 +65,11 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
  * local` reads it to check and pass on the flags marked DP_OPTS_PASS. */
 void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
 
-/* The float range shard i of k owns out of n. */
-void dp_ps_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi);
-
-/* Checkpoint file of shard i of k under dir (out: DP_PS_PATH_LEN + 64). */
-void dp_ps_checkpoint_path(char *out, size_t n, const char *dir, int i, int k);
-
 /* Run the shard until *stop_flag becomes non-zero or a SHUTDOWN arrives.
  * Writes the final checkpoint (if configured), closes its socket and
  * returns 0; -1 with err on a setup failure (bad model, bind failure,
- * corrupt checkpoint). stop_flag may be NULL. */
+ * corrupt checkpoint) or when the final checkpoint cannot be written.
+ * stop_flag may be NULL. */
 int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char *err);
 
 #endif

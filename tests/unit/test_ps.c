@@ -4,6 +4,7 @@
  * Every case is bounded in time: client calls use short timeouts, servers
  * stop within 100 ms of their stop flag. Also reports the pull+push
  * round-trip time of the default model (6.6 MB) with 1 and 2 shards. */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -16,6 +17,8 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "server/ps.h"
+#include "server/shard.h"
+#include "server/shard_checkpoint.h"
 #include "tests/test.h"
 #include "worker/ps_client.h"
 
@@ -436,7 +439,7 @@ static void test_two_shards_equal_one(void)
     s1.cfg.shard_index = 1;
     for (int i = 0; i < 3; i++) CHECK_EQ(srv_start(all[i]), 0);
     size_t lo, hi;
-    dp_ps_shard_range(s_small.n_floats, 1, 2, &lo, &hi);
+    dp_shard_range(s_small.n_floats, 1, 2, &lo, &hi);
     CHECK_EQ(lo, s_small.n_floats / 2);
     CHECK_EQ(hi, s_small.n_floats);
     size_t n = s_small.n_floats;
@@ -667,6 +670,97 @@ static void test_malformed_envelopes(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
+/* This process's resident memory in kB (VmRSS), -1 when unknown. */
+static long s_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+/* One peer sends multiparts far over this shard's limit (a PUSH of its range
+ * plus an envelope): 32 frames of 1 MB, each under the per-frame limit but
+ * 32 MB together, again and again, and one of 100 tiny frames. Each is
+ * refused with an ERROR naming the limit and counted; the frames are not
+ * kept (memory does not grow with the number sent) and the shard serves the
+ * real worker afterwards. */
+static void test_oversized_refused(void)
+{
+    /* A fixed mmap threshold: large buffers go back to the system when freed
+     * (glibc would otherwise raise it and keep freed megabytes in its heap),
+     * so resident memory measures the buffers alive. */
+    CHECK_EQ(mallopt(M_MMAP_THRESHOLD, 128 * 1024), 1);
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "", text[DP_ERR_LEN + 200] = "";
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    void *ctx = zmq_ctx_new();
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 10000;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    CHECK_EQ(zmq_connect(sock, s.endpoint), 0);
+    uint8_t env_buf[256];
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, 1, 0, s_small.fingerprint);
+    size_t env_len = downpour__envelope__pack(&env, env_buf);
+    enum { FRAMES = 32, ROUNDS = 16, MB = 1000 * 1000 };
+    frame_t *f = dp_calloc(FRAMES + 1, sizeof *f);
+    char *big = dp_malloc(MB);
+    memset(big, 0x5a, MB);
+    f[0] = (frame_t){env_buf, env_len};
+    for (int i = 1; i <= FRAMES; i++) f[i] = (frame_t){big, MB};
+    long rss0 = 0;
+    int refused = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        if (r == 1) rss0 = s_rss_kb(); /* after one round: ZeroMQ's and malloc's pools exist */
+        text[0] = 0;
+        int type = s_raw(sock, f, FRAMES + 1, text, sizeof text);
+        refused += type == DOWNPOUR__MSG_TYPE__ERROR && strstr(text, "refused") &&
+                   strstr(text, "at most");
+        if (r == 0) fprintf(stderr, "  (expected) %s\n", text);
+    }
+    long grown_mb = (s_rss_kb() - rss0) / 1024;
+    fprintf(stderr, "  resident memory grew %ld MB over %d more messages of %d MB\n", grown_mb,
+            ROUNDS - 1, FRAMES);
+    CHECK_EQ(refused, ROUNDS);
+    CHECK(rss0 > 0 && grown_mb < 16); /* kept, they would be 480 MB */
+    /* Too many frames, each tiny. */
+    frame_t tiny[100];
+    tiny[0] = f[0];
+    for (int i = 1; i < 100; i++) tiny[i] = (frame_t){"x", 1};
+    CHECK_EQ(s_raw(sock, tiny, 100, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "in 101 frames refused") != NULL);
+    if (c) { /* counted, changed nothing, and the shard still serves */
+        size_t n = s_small.n_floats;
+        float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        dp_ps_stats_t st;
+        CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+        CHECK_EQ(st.rejected, ROUNDS + 1);
+        CHECK_EQ(st.version, 0);
+        s_fill(g, n, 5);
+        dp_push_result_t res;
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &res, err), 0);
+        CHECK_EQ(res.applied, 1);
+        CHECK_EQ(res.version, 1);
+        free(p), free(g);
+    }
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    free(f), free(big);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
 /* ---- checkpoints ------------------------------------------------------ */
 
 static void s_tmpdir(char *out, size_t n, const char *tag)
@@ -721,7 +815,7 @@ static void test_checkpoint_restore(void)
     }
     dp_ps_client_destroy(&c);
     CHECK_EQ(srv_stop_after(&s, 5), 0);
-    dp_ps_checkpoint_path(path, sizeof path, dir, 0, 1);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
     CHECK_EQ(access(path, F_OK), 0);
     /* Second life: restored at version 1 with the same weights and state. */
     srv_t s2;
@@ -758,7 +852,7 @@ static void test_corrupt_checkpoint(void)
     char dir[256], path[DP_PS_PATH_LEN + 64], err[DP_ERR_LEN];
     s_tmpdir(dir, sizeof dir, "corrupt");
     CHECK_EQ(mkdir(dir, 0755), 0);
-    dp_ps_checkpoint_path(path, sizeof path, dir, 0, 1);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
     const char junk[] = "\x10\x00\x00\x00\x00\x00\x00\x00{\"params\": broken";
     CHECK_EQ(dp_write_file_atomic(path, junk, sizeof junk - 1, err), 0);
     srv_t s;
@@ -905,5 +999,6 @@ static void test_roundtrip_time(void)
 DP_TESTS(T(test_async_sgd_exact), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
          T(test_sync_heartbeat_timeout), T(test_ssp_zero_lockstep), T(test_two_shards_equal_one),
          T(test_fingerprint_mismatch), T(test_nan_rejected), T(test_malformed_envelopes),
+         T(test_oversized_refused),
          T(test_checkpoint_restore), T(test_corrupt_checkpoint), T(test_dead_server_times_out),
          T(test_parse_args), T(test_roundtrip_time))

@@ -175,27 +175,82 @@ static void test_roundtrip_sockets(void)
     free(g);
 }
 
-/* Too many frames: the extra ones are drained and counted, not kept. */
-static void test_recv_too_many_frames(void)
+/* A PAIR over inproc for the receive tests; *a sends, *b receives. */
+static void *s_pair(void **a, void **b, const char *ep)
 {
     void *ctx = zmq_ctx_new();
-    void *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    *a = zmq_socket(ctx, ZMQ_PAIR);
+    *b = zmq_socket(ctx, ZMQ_PAIR);
     int tmo = 5000;
-    zmq_setsockopt(b, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-    zmq_bind(b, "inproc://many");
-    zmq_connect(a, "inproc://many");
+    zmq_setsockopt(*b, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    CHECK_EQ(zmq_bind(*b, ep), 0);
+    CHECK_EQ(zmq_connect(*a, ep), 0);
+    return ctx;
+}
+
+/* Too many frames: the message is cut (only its small first part kept), the
+ * rest drained and counted; the next message arrives whole. */
+static void test_recv_too_many_frames(void)
+{
+    void *a, *b;
+    void *ctx = s_pair(&a, &b, "inproc://many");
     int total = DP_WIRE_MAX_PARTS + 10;
     for (int i = 0; i < total; i++) zmq_send(a, "x", 1, i + 1 < total ? ZMQ_SNDMORE : 0);
     zmq_send(a, "next", 4, 0);
     dp_wire_rx_t rx;
     char err[DP_ERR_LEN];
     CHECK_EQ(dp_wire_recv(b, &rx, 0, err), 0);
-    CHECK_EQ(rx.n_parts, DP_WIRE_MAX_PARTS);
+    CHECK_EQ(rx.n_parts, 1);
     CHECK_EQ(rx.n_total, total);
+    CHECK_EQ(rx.n_bytes, total);
     dp_wire_rx_fini(&rx);
     CHECK_EQ(dp_wire_recv(b, &rx, 0, err), 0); /* the next message is whole */
     CHECK_EQ(rx.n_total, 1);
+    CHECK_EQ(rx.n_parts, 1);
     CHECK_EQ(zmq_msg_size(&rx.parts[0]), 4);
+    dp_wire_rx_fini(&rx);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+
+/* The byte limit covers the whole multipart: a few frames each well under
+ * it but over it together are cut, keeping only the small first part (a
+ * ROUTER's identity, to answer); a large first part is not kept either. A
+ * message of exactly the limit is whole. */
+static void test_recv_byte_limit(void)
+{
+    void *a, *b;
+    void *ctx = s_pair(&a, &b, "inproc://bytes");
+    static char big[4000];
+    memset(big, 7, sizeof big);
+    const size_t limit = 10000;
+    zmq_send(a, "id", 2, ZMQ_SNDMORE); /* 2 + 3 * 4000 > limit */
+    for (int i = 0; i < 3; i++) zmq_send(a, big, sizeof big, i < 2 ? ZMQ_SNDMORE : 0);
+    zmq_send(a, big, 2000, ZMQ_SNDMORE); /* 2000 + 4000 + 4000 == limit */
+    zmq_send(a, big, 4000, ZMQ_SNDMORE);
+    zmq_send(a, big, 4000, 0);
+    zmq_send(a, big, 300, ZMQ_SNDMORE); /* a first part larger than an identity */
+    zmq_send(a, big, 4000, ZMQ_SNDMORE);
+    zmq_send(a, big, 4000, ZMQ_SNDMORE);
+    zmq_send(a, big, 4000, 0);
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_wire_recv_bounded(b, &rx, 0, limit, err), 0);
+    CHECK_EQ(rx.n_total, 4);
+    CHECK_EQ(rx.n_parts, 1);
+    CHECK_EQ(rx.n_bytes, 2 + 3 * sizeof big);
+    CHECK(rx.n_parts == 1 && zmq_msg_size(&rx.parts[0]) == 2 &&
+          memcmp(zmq_msg_data(&rx.parts[0]), "id", 2) == 0);
+    dp_wire_rx_fini(&rx);
+    CHECK_EQ(dp_wire_recv_bounded(b, &rx, 0, limit, err), 0);
+    CHECK_EQ(rx.n_total, 3);
+    CHECK_EQ(rx.n_parts, 3);
+    CHECK_EQ(rx.n_bytes, limit);
+    dp_wire_rx_fini(&rx);
+    CHECK_EQ(dp_wire_recv_bounded(b, &rx, 0, limit, err), 0);
+    CHECK_EQ(rx.n_total, 4);
+    CHECK_EQ(rx.n_parts, 0);
     dp_wire_rx_fini(&rx);
     zmq_close(a);
     zmq_close(b);
@@ -335,5 +390,5 @@ static void test_finite(void)
 }
 
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
-         T(test_recv_too_many_frames), T(test_validation_failures),
+         T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
          T(test_frame_count_and_garbage), T(test_range), T(test_finite))

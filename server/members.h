@@ -1,0 +1,47 @@
+/* members: who a shard serves — which workers joined, finished or went
+ * silent — and the heartbeat sweep that decides "silent". Plain bookkeeping,
+ * no sockets: the loop (server/ps.c) reports what it heard, and the policies
+ * (server/policy.h) read who is live.
+ *
+ * A worker is live when it has not finished and was heard from within the
+ * heartbeat timeout. A worker waiting on a deferred pull is live by
+ * definition: the loop reports it heard before every sweep. */
+#ifndef DP_MEMBERS_H
+#define DP_MEMBERS_H
+
+typedef struct {
+    int joined;            /* said HELLO at least once */
+    int finished;          /* said BARRIER{finished}; cleared by a new HELLO */
+    int gone;              /* silent past the heartbeat timeout; cleared by any message */
+    double last_seen;      /* dp_now() of its last valid message (start time if none) */
+} dp_member_t;
+
+typedef struct {
+    dp_member_t *w;        /* n workers, by worker id */
+    int n;
+    int shard;             /* shard index, for log lines */
+} dp_members_t;
+
+/* n workers, none joined, all last seen at now. */
+void dp_members_init(dp_members_t *m, int n, int shard, double now);
+/* Safe on a zeroed or finished table. */
+void dp_members_fini(dp_members_t *m);
+
+int dp_members_live(const dp_members_t *m, int i);
+
+/* A valid message from worker i at now. Returns 1 when i was gone (it
+ * counts again: liveness changed), else 0. */
+int dp_members_heard(dp_members_t *m, int i, double now);
+/* HELLO from i: joined, and no longer finished (a worker may run again). */
+void dp_members_join(dp_members_t *m, int i);
+/* BARRIER{finished} from i. Returns 1 when that is news. */
+int dp_members_finish(dp_members_t *m, int i);
+
+/* Marks gone every live worker silent for more than timeout seconds (never
+ * when timeout <= 0). Returns how many went gone now. */
+int dp_members_sweep(dp_members_t *m, double now, double timeout);
+
+/* Workers that joined, that finished, that are gone (and not finished). */
+void dp_members_counts(const dp_members_t *m, int *joined, int *finished, int *gone);
+
+#endif

@@ -1,0 +1,65 @@
+/* policy: what every consistency policy shares — construction, the refusal
+ * of gradients from the future, dispatch to the ops (see policy.h). */
+#include "server/policy.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/util.h"
+
+int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
+                  dp_shard_t *shard, const dp_members_t *members, char *err)
+{
+    *out = NULL;
+    if (conf->replicas < 1 || conf->replicas > members->n)
+        return dp_err(err, "bad --replicas-to-aggregate %d (1 to --workers %d)", conf->replicas,
+                      members->n);
+    if (conf->staleness < 0) return dp_err(err, "bad --staleness %d", conf->staleness);
+    dp_policy_t *p = dp_calloc(1, sizeof *p);
+    p->ops = ops;
+    p->conf = *conf;
+    p->shard = shard;
+    p->members = members;
+    p->clock = dp_calloc((size_t)members->n, sizeof *p->clock);
+    p->contributed = dp_calloc((size_t)members->n, sizeof *p->contributed);
+    *out = p;
+    return 0;
+}
+
+void dp_policy_destroy(dp_policy_t **p_p)
+{
+    if (!p_p || !*p_p) return;
+    free((*p_p)->clock);
+    free((*p_p)->contributed);
+    free(*p_p);
+    *p_p = NULL;
+}
+
+void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
+                    dp_push_outcome_t *out)
+{
+    dp_shard_t *s = p->shard;
+    out->staleness = 0;
+    out->stepped = 0;
+    out->reason[0] = 0;
+    if (version > s->version) {
+        s->counts.rejected++;
+        out->status = DP_PUSH_REJECTED;
+        snprintf(out->reason, sizeof out->reason,
+                 "from the future: computed on version %" PRIu64 ", this shard is at version %" PRIu64,
+                 version, s->version);
+        return;
+    }
+    p->ops->push(p, worker, version, g, n, out);
+}
+
+int dp_policy_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
+{
+    return p->ops->pull_ready(p, worker, min_version);
+}
+
+int dp_policy_members_changed(dp_policy_t *p)
+{
+    return p->ops->members_changed(p);
+}

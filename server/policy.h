@@ -1,0 +1,105 @@
+/* policy: a shard's consistency policy — sync (with backup workers), async
+ * or ssp — behind one small interface that knows nothing of sockets. The
+ * caller (the event loop, server/ps.c, or a simulator driving the same code
+ * without a network) passes plain data: worker ids, versions, clocks and
+ * gradients as slices; the policy changes the shard (server/shard.h) and
+ * returns its decision; replies, identities and held pulls stay with the
+ * caller.
+ *
+ * The policies:
+ *   sync   gradients of the current version are summed; once min(R, workers
+ *          that are live or already contributed) are in, one step with their
+ *          mean. Older versions are dropped as late (backup workers), a second
+ *          gradient of a worker for one version as a duplicate. A pull waits
+ *          for the version after the one the worker pushed on.
+ *   async  every gradient is applied on arrival (lr / staleness with
+ *          lr_staleness); pulls are answered at once.
+ *   ssp    async, but a pull from a worker more than S pushes ahead of the
+ *          slowest live worker waits.
+ *
+ * Contract, in call order:
+ *  1. dp_policy_new(ops, conf, shard, members): shard and members outlive the
+ *     policy. conf is checked (R in 1..members->n).
+ *  2. Any number of, in any order:
+ *     - dp_policy_push(worker, version, g, n): only for a worker id in
+ *       [0, members->n) that joined, with g valid (slices tiling the shard's
+ *       range, every float finite). Decides: reject (computed on a version
+ *       the shard has not reached), drop as late or duplicate, accumulate,
+ *       apply now. May change the shard's parameters, optimizer state,
+ *       version, acc and counters, and the policy's per-worker clocks;
+ *       nothing else. out->stepped says whether the version moved.
+ *     - dp_policy_pull_ready(worker, min_version): may this pull be answered
+ *       now? Changes nothing. A pull that is not ready is held by the caller.
+ *     - dp_policy_members_changed(): after the caller changed the member
+ *       table (a worker joined or came back, finished, or went silent). Sync
+ *       stops waiting for a worker that is gone or finished and counts one
+ *       that came back; it may step on what it has. Returns 1 when the
+ *       version moved. Changes what push may change.
+ *  3. After a push that was APPLIED and after every members_changed (the
+ *     calls that can make a held pull ready) the caller asks pull_ready again
+ *     for every held pull, in arrival order, and answers those now ready;
+ *     after a call that moved the version it first writes a checkpoint if
+ *     one is due.
+ *  4. dp_policy_destroy. */
+#ifndef DP_POLICY_H
+#define DP_POLICY_H
+
+#include <stdint.h>
+
+#include "common/util.h"
+#include "server/members.h"
+#include "server/shard.h"
+
+/* The decision on one push; the values are the wire's AckStatus ones. */
+typedef enum {
+    DP_PUSH_APPLIED = 1,   /* applied (async, ssp) or accumulated (sync) */
+    DP_PUSH_DROPPED = 2,   /* valid but not used: late or duplicate (sync) */
+    DP_PUSH_REJECTED = 3,  /* computed on a version this shard has not reached */
+} dp_push_status_t;
+
+typedef struct {
+    dp_push_status_t status;
+    uint64_t staleness;    /* versions between the one computed on and the shard's */
+    int stepped;           /* the shard's version moved */
+    char reason[DP_ERR_LEN]; /* why dropped or rejected; "" when applied */
+} dp_push_outcome_t;
+
+typedef struct {
+    int replicas;          /* sync: R gradients per step, 1..workers */
+    int staleness;         /* ssp: S, pushes a worker may be ahead */
+    int lr_staleness;      /* async / ssp: lr / staleness when staleness > 1 */
+} dp_policy_conf_t;
+
+typedef struct dp_policy dp_policy_t;
+
+/* One policy's behaviour; see the contract above for each call. */
+typedef struct {
+    const char *name;
+    void (*push)(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
+                 dp_push_outcome_t *out);
+    int (*pull_ready)(const dp_policy_t *p, int worker, uint64_t min_version);
+    int (*members_changed)(dp_policy_t *p);
+} dp_policy_ops_t;
+
+extern const dp_policy_ops_t dp_policy_sync, dp_policy_async, dp_policy_ssp;
+
+/* Fields the ops read and write; callers use the functions below. */
+struct dp_policy {
+    const dp_policy_ops_t *ops;
+    dp_policy_conf_t conf;
+    dp_shard_t *shard;
+    const dp_members_t *members;
+    uint64_t *clock;       /* per worker: gradients used (applied or accumulated) */
+    uint64_t *contributed; /* sync, per worker: version + 1 it last contributed to, 0 = none */
+};
+
+int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
+                  dp_shard_t *shard, const dp_members_t *members, char *err);
+void dp_policy_destroy(dp_policy_t **p_p);
+
+void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
+                    dp_push_outcome_t *out);
+int dp_policy_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version);
+int dp_policy_members_changed(dp_policy_t *p);
+
+#endif

@@ -1,0 +1,47 @@
+/* policy_async: async and ssp (see policy.h). Both apply every gradient on
+ * arrival; ssp also holds the pull of a worker more than S pushes ahead of
+ * the slowest live worker. */
+#include "server/policy.h"
+
+static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t *g, int n,
+                   dp_push_outcome_t *out)
+{
+    dp_shard_t *s = p->shard;
+    uint64_t staleness = s->version - v;
+    float lr = dp_shard_lr(s);
+    if (p->conf.lr_staleness && staleness > 1) lr /= (float)staleness;
+    dp_shard_step(s, g, n, lr);
+    p->clock[worker]++;
+    s->counts.applied++;
+    s->counts.staleness_sum += staleness;
+    if (staleness > s->counts.staleness_max) s->counts.staleness_max = staleness;
+    out->status = DP_PUSH_APPLIED;
+    out->staleness = staleness;
+    out->stepped = 1;
+}
+
+static int s_async_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
+{
+    (void)p, (void)worker, (void)min_version;
+    return 1;
+}
+
+static int s_ssp_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
+{
+    (void)min_version;
+    uint64_t min_clock = UINT64_MAX;
+    for (int i = 0; i < p->members->n; i++)
+        if (dp_members_live(p->members, i) && p->clock[i] < min_clock) min_clock = p->clock[i];
+    if (min_clock == UINT64_MAX) return 1; /* nobody live: nobody to wait for */
+    return p->clock[worker] <= min_clock + (uint64_t)p->conf.staleness;
+}
+
+/* Who is live matters only to held ssp pulls, which the caller re-asks. */
+static int s_members_changed(dp_policy_t *p)
+{
+    (void)p;
+    return 0;
+}
+
+const dp_policy_ops_t dp_policy_async = {"async", s_push, s_async_pull_ready, s_members_changed};
+const dp_policy_ops_t dp_policy_ssp = {"ssp", s_push, s_ssp_pull_ready, s_members_changed};

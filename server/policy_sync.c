@@ -1,0 +1,65 @@
+/* policy_sync: synchronous aggregation with backup workers (see policy.h).
+ *
+ * A step fires when min(R, workers that are live or already contributed to
+ * this version) gradients of the current version are in, so workers that
+ * finished or went silent no longer hold it back and the last steps never
+ * hang; a worker that comes back counts again from the next check. */
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "server/policy.h"
+
+/* Step if enough gradients of this version are in; 1 when it stepped. */
+static int s_maybe_step(dp_policy_t *p)
+{
+    dp_shard_t *s = p->shard;
+    if (s->acc_count == 0) return 0;
+    int counting = 0;
+    for (int i = 0; i < p->members->n; i++)
+        if (dp_members_live(p->members, i) || p->contributed[i] == s->version + 1) counting++;
+    int need = p->conf.replicas < counting ? p->conf.replicas : counting;
+    if (need < 1) need = 1;
+    if (s->acc_count < need) return 0;
+    dp_shard_step_mean(s);
+    return 1;
+}
+
+static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t *g, int n,
+                   dp_push_outcome_t *out)
+{
+    dp_shard_t *s = p->shard;
+    if (v < s->version) {
+        s->counts.dropped++;
+        out->status = DP_PUSH_DROPPED;
+        out->staleness = s->version - v;
+        snprintf(out->reason, sizeof out->reason,
+                 "stale: computed on version %" PRIu64 ", current %" PRIu64, v, s->version);
+        return;
+    }
+    if (p->contributed[worker] == s->version + 1) {
+        s->counts.dropped++;
+        out->status = DP_PUSH_DROPPED;
+        snprintf(out->reason, sizeof out->reason,
+                 "duplicate: worker %d already contributed to version %" PRIu64, worker, s->version);
+        return;
+    }
+    dp_shard_accumulate(s, g, n);
+    p->contributed[worker] = s->version + 1;
+    p->clock[worker]++;
+    s->counts.applied++;
+    out->status = DP_PUSH_APPLIED;
+    out->stepped = s_maybe_step(p);
+}
+
+/* Answer once the version is past the one the worker pushed on. A
+ * min_version beyond the next step cannot come from a correct worker of this
+ * shard (e.g. the shard restarted from an older checkpoint): answer rather
+ * than wait for ever. */
+static int s_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
+{
+    (void)worker;
+    uint64_t v = p->shard->version;
+    return v >= min_version || min_version > v + 1;
+}
+
+const dp_policy_ops_t dp_policy_sync = {"sync", s_push, s_pull_ready, s_maybe_step};

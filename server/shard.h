@@ -1,0 +1,105 @@
+/* shard: one parameter-server shard's state and its update, without sockets —
+ * the float range it owns, those parameters and their optimizer state, the
+ * version, the counters, and the snapshots PARAMS replies send. The event
+ * loop (server/ps.c) drives it through a policy (server/policy.h); a
+ * simulator can drive the very same code with no network at all.
+ *
+ * Invariants:
+ *  - w holds floats [lo, hi) of the flat parameter vector (model parameters
+ *    in dp_model_t order), initialised by dp_model_init_params over the FULL
+ *    vector with the seed, so any sharding and the standalone trainer start
+ *    from identical weights.
+ *  - version counts optimizer steps of this shard; a step with lr scheduled
+ *    at the version before it makes Adam's t the version after it.
+ *  - w, state and version change only in dp_shard_step / dp_shard_step_mean
+ *    (and a checkpoint restore, server/shard_checkpoint.h); acc only in
+ *    dp_shard_step_mean and dp_shard_accumulate.
+ *  - Gradients handed in are already valid: their slices tile [lo, hi)
+ *    exactly and every float is finite (the loop checks that with
+ *    proto/wire.h before anything here runs). */
+#ifndef DP_SHARD_H
+#define DP_SHARD_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/model.h"
+#include "kernels/optim.h"
+
+/* Part of a gradient: floats [offset, offset + len / 4) of the flat vector.
+ * data may sit at any byte address (ZeroMQ's zero-copy receive). */
+typedef struct {
+    const void *data;
+    size_t len;            /* bytes */
+    uint64_t offset;       /* first float, in the flat vector */
+} dp_grad_slice_t;
+
+/* What the shard counts (reported by STATS and the metrics lines). */
+typedef struct {
+    uint64_t applied;       /* gradients used: applied (async, ssp) or accumulated (sync) */
+    uint64_t dropped;       /* valid but not used: stale or duplicate (sync) */
+    uint64_t rejected;      /* refused pushes and malformed messages */
+    uint64_t malformed;     /* messages answered with ERROR */
+    uint64_t staleness_sum; /* async / ssp: over applied gradients */
+    uint64_t staleness_max;
+} dp_shard_counts_t;
+
+/* One copy of the parameters at one version, shared by every PARAMS reply of
+ * that version and freed by the last dp_snap_unref (which may run on
+ * ZeroMQ's I/O thread, hence the atomic count). */
+typedef struct {
+    atomic_int refs;
+    uint64_t version;
+    uint32_t crc;          /* CRC-32 of data (the wire's tensor checksum) */
+    size_t n;
+    float data[];
+} dp_snap_t;
+
+typedef struct {
+    dp_model_t model;
+    dp_optim_conf_t optim;
+    int index, count;      /* shard index of count */
+    size_t lo, hi, n;      /* the float range and its length */
+    float *w;              /* n floats: live parameters */
+    float *state;          /* n * state_per floats of optimizer state */
+    int state_per;
+    float *acc;            /* sync: n floats, the sum of this version's gradients */
+    int acc_count;         /* gradients in acc */
+    float *scratch;        /* n floats: a gradient gathered / realigned */
+    uint64_t version;
+    dp_shard_counts_t counts;
+    dp_snap_t *snap;       /* the current version's snapshot (our reference), or NULL */
+} dp_shard_t;
+
+/* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
+void dp_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi);
+
+/* Shard index of count over model m, initialised from seed, stepped by
+ * optim. -1 with err on a bad index / count. */
+int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint64_t seed,
+                  const dp_optim_conf_t *optim, char *err);
+/* Frees what init allocated; safe on a zeroed or finished shard. A snapshot
+ * still held elsewhere lives until its last reference goes. */
+void dp_shard_fini(dp_shard_t *s);
+
+/* The learning rate of the next step (the schedule at the current version). */
+float dp_shard_lr(const dp_shard_t *s);
+
+/* One optimizer step of the whole range by gradient g (n slices) at lr. */
+void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
+
+/* Sync: add g to acc (acc_count + 1). */
+void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n);
+/* Sync: one step by the mean of acc at the scheduled lr; acc cleared.
+ * Nothing happens when acc is empty. */
+void dp_shard_step_mean(dp_shard_t *s);
+
+/* The snapshot of the current version (made on first use), with one
+ * reference for the caller, to be released by dp_snap_unref. */
+dp_snap_t *dp_shard_snapshot(dp_shard_t *s);
+/* Drop one reference of hint (a dp_snap_t); the signature is ZeroMQ's free
+ * callback's, so a reply can hand it over as is. data is ignored. */
+void dp_snap_unref(void *data, void *hint);
+
+#endif

@@ -1,0 +1,221 @@
+/* test_policy: the consistency policies (server/policy.h) driving a shard
+ * (server/shard.h) and a member table (server/members.h) with no sockets at
+ * all — the way a simulator uses them — checked step by step against the
+ * arithmetic: what each push decides, when a pull may be answered, what a
+ * worker's finishing, silence and return change. */
+#include <string.h>
+
+#include "common/model.h"
+#include "common/util.h"
+#include "server/members.h"
+#include "server/policy.h"
+#include "server/shard.h"
+#include "tests/test.h"
+
+#define SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+
+typedef struct {
+    dp_model_t model;
+    dp_shard_t shard;
+    dp_members_t members;
+    dp_policy_t *policy;
+    float *g[3];           /* one gradient per worker */
+} fx_t;
+
+/* A plain-SGD (lr 0.1) single shard, n workers all joined, policy ops. */
+static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replicas, int staleness,
+                   int lr_staleness)
+{
+    char err[DP_ERR_LEN] = "";
+    memset(f, 0, sizeof *f);
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    o.kind = DP_OPT_SGD;
+    o.lr = 0.1f;
+    if (dp_model_parse(&f->model, SPEC, 1, 8, 8, err) != 0 ||
+        dp_shard_init(&f->shard, &f->model, 0, 1, 7, &o, err) != 0) {
+        fprintf(stderr, "  %s\n", err);
+        return -1;
+    }
+    dp_members_init(&f->members, workers, 0, 0.0);
+    for (int i = 0; i < workers; i++) dp_members_join(&f->members, i);
+    dp_policy_conf_t pc = {replicas, staleness, lr_staleness};
+    if (dp_policy_new(&f->policy, ops, &pc, &f->shard, &f->members, err) != 0) {
+        fprintf(stderr, "  %s\n", err);
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        f->g[k] = dp_malloc(f->shard.n * sizeof(float));
+        for (size_t i = 0; i < f->shard.n; i++) f->g[k][i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
+    }
+    return 0;
+}
+
+static void fx_fini(fx_t *f)
+{
+    dp_policy_destroy(&f->policy);
+    dp_policy_destroy(&f->policy); /* safe twice */
+    dp_members_fini(&f->members);
+    dp_shard_fini(&f->shard);
+    for (int k = 0; k < 3; k++) free(f->g[k]);
+}
+
+/* Worker w pushes its gradient, computed on version v, as one slice. */
+static dp_push_status_t fx_push(fx_t *f, int w, uint64_t v, dp_push_outcome_t *o)
+{
+    dp_grad_slice_t s = {f->g[w], f->shard.n * sizeof(float), f->shard.lo};
+    dp_policy_push(f->policy, w, v, &s, 1, o);
+    return o->status;
+}
+
+/* Sync, R = 2 of 3: accumulate, duplicate, step on the mean, late, future;
+ * pulls wait for the next version. */
+static void test_sync_decisions(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_sync, 3, 2, 0, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n;
+    float *w0 = dp_malloc(n * sizeof(float));
+    memcpy(w0, f.shard.w, n * sizeof(float));
+    dp_push_outcome_t o;
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 0);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 1), 0); /* waits for version 1 */
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_DROPPED);
+    CHECK(strstr(o.reason, "duplicate") != NULL);
+    CHECK_EQ(fx_push(&f, 1, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 1);
+    CHECK_EQ(f.shard.version, 1);
+    int exact = 1;
+    for (size_t i = 0; i < n; i++)
+        exact &= f.shard.w[i] == w0[i] - 0.1f * ((f.g[0][i] + f.g[1][i]) * 0.5f);
+    CHECK(exact);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 1), 1);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 5), 1); /* beyond the next step: answered */
+    CHECK_EQ(fx_push(&f, 2, 0, &o), DP_PUSH_DROPPED); /* the backup worker, late */
+    CHECK_EQ(o.staleness, 1);
+    CHECK(strstr(o.reason, "stale") != NULL);
+    CHECK_EQ(fx_push(&f, 2, 3, &o), DP_PUSH_REJECTED);
+    CHECK(strstr(o.reason, "from the future") != NULL);
+    CHECK_EQ(f.shard.counts.applied, 2);
+    CHECK_EQ(f.shard.counts.dropped, 2);
+    CHECK_EQ(f.shard.counts.rejected, 1);
+    free(w0);
+    fx_fini(&f);
+}
+
+/* Sync, R = all of 2: a worker that finishes or goes silent is no longer
+ * waited for; one that comes back counts again. */
+static void test_sync_members(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_sync, 2, 2, 0, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    dp_push_outcome_t o;
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 0);
+    CHECK_EQ(dp_policy_members_changed(f.policy), 0); /* nothing changed yet */
+    CHECK_EQ(dp_members_sweep(&f.members, 10.0, 5.0), 2); /* both silent since 0 */
+    dp_members_heard(&f.members, 0, 10.0);
+    CHECK_EQ(dp_policy_members_changed(f.policy), 1); /* worker 1 gone: step alone */
+    CHECK_EQ(f.shard.version, 1);
+    CHECK_EQ(dp_members_heard(&f.members, 1, 11.0), 1); /* back */
+    CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 0); /* waits for worker 1 again */
+    CHECK_EQ(dp_members_finish(&f.members, 1), 1);
+    CHECK_EQ(dp_members_finish(&f.members, 1), 0);
+    CHECK_EQ(dp_policy_members_changed(f.policy), 1);
+    CHECK_EQ(f.shard.version, 2);
+    int joined, finished, gone;
+    dp_members_counts(&f.members, &joined, &finished, &gone);
+    CHECK_EQ(joined, 2);
+    CHECK_EQ(finished, 1);
+    CHECK_EQ(gone, 0);
+    fx_fini(&f);
+}
+
+/* SSP, S = 1: a worker two pushes ahead of the slowest live one waits;
+ * once the slow one is gone it does not. */
+static void test_ssp_bound(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_ssp, 2, 2, 1, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    dp_push_outcome_t o;
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 1);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 0), 1); /* 1 ahead <= S */
+    CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 0), 0); /* 2 ahead > S */
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 1, 0), 1);
+    CHECK_EQ(dp_members_sweep(&f.members, 10.0, 5.0), 2);
+    dp_members_heard(&f.members, 0, 10.0);
+    CHECK_EQ(dp_policy_members_changed(f.policy), 0);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 0), 1); /* nobody slower is live */
+    fx_fini(&f);
+}
+
+/* Async with lr_staleness: a gradient two versions old moves the weights by
+ * lr / 2 times it, and the staleness is counted. */
+static void test_async_staleness(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_async, 2, 2, 0, 1) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n;
+    dp_push_outcome_t o;
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 99), 1);
+    float *before = dp_malloc(n * sizeof(float));
+    memcpy(before, f.shard.w, n * sizeof(float));
+    CHECK_EQ(fx_push(&f, 1, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.staleness, 2);
+    CHECK_EQ(f.shard.version, 3);
+    int exact = 1;
+    for (size_t i = 0; i < n; i++) exact &= f.shard.w[i] == before[i] - (0.1f / 2.0f) * f.g[1][i];
+    CHECK(exact);
+    CHECK_EQ(f.shard.counts.staleness_sum, 2);
+    CHECK_EQ(f.shard.counts.staleness_max, 2);
+    free(before);
+    fx_fini(&f);
+}
+
+/* Bad configurations are refused with the flag's name. */
+static void test_bad_conf(void)
+{
+    dp_shard_t s;
+    dp_members_t m;
+    dp_model_t model;
+    dp_optim_conf_t o;
+    char err[DP_ERR_LEN] = "";
+    dp_optim_conf_default(&o);
+    CHECK_EQ(dp_model_parse(&model, SPEC, 1, 8, 8, err), 0);
+    CHECK_EQ(dp_shard_init(&s, &model, 2, 2, 1, &o, err), -1);
+    CHECK(strstr(err, "--shard") != NULL);
+    dp_shard_fini(&s); /* safe after a failed init */
+    CHECK_EQ(dp_shard_init(&s, &model, 0, 1, 1, &o, err), 0);
+    dp_members_init(&m, 2, 0, 0.0);
+    dp_policy_t *p = NULL;
+    dp_policy_conf_t pc = {3, 0, 0};
+    CHECK_EQ(dp_policy_new(&p, &dp_policy_sync, &pc, &s, &m, err), -1);
+    CHECK(p == NULL && strstr(err, "--replicas-to-aggregate 3") != NULL);
+    pc = (dp_policy_conf_t){1, -1, 0};
+    CHECK_EQ(dp_policy_new(&p, &dp_policy_ssp, &pc, &s, &m, err), -1);
+    CHECK(strstr(err, "--staleness") != NULL);
+    dp_members_fini(&m);
+    dp_shard_fini(&s);
+    dp_shard_fini(&s); /* safe twice */
+}
+
+DP_TESTS(T(test_sync_decisions), T(test_sync_members), T(test_ssp_bound), T(test_async_staleness),
+         T(test_bad_conf))
