@@ -1,0 +1,163 @@
+/* conv_simd: the SIMD kernels of the fast convolution (conv.c), written once
+ * over a few vector macros and compiled once per path: conv_avx512.c (16
+ * floats a vector) and conv_avx2.c (8). Not a header to include anywhere
+ * else: the including file defines, before including it,
+ *
+ *   V, VW               the vector type and its width in floats
+ *   V_LOAD/STORE(p[,v]) unaligned full-vector load / store
+ *   V_ZERO(), V_SET1(x), V_FMA(a, b, c) = a * b + c (fused), V_ADD(a, b)
+ *   VM, V_MASK(n)       a mask for the first n lanes (1 <= n <= VW)
+ *   V_MLOAD(m, p), V_MSTORE(m, p, v)  masked load (others 0) / store
+ *   V_SCATTER_DECL(P), V_SCATTER(base, v)  store lane l at base[l * P]
+ *   S(name)             the path's name for a kernel (name ## _avx2 ...)
+ *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
+ *
+ * and gets `const dp_conv_simd_t S(dp_conv_simd)`. The arithmetic order is
+ * the same for every width (each output is one chain of FMAs in the same
+ * order), so the avx512 instance computes exactly what conv.c's AVX-512 code
+ * did before this file existed. */
+
+/* dst[0, n) = src[0, n) */
+static inline void S(s_copy)(float *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_LOAD(src + i));
+    if (i < n) {
+        VM m = V_MASK(n - i);
+        V_MSTORE(m, dst + i, V_MLOAD(m, src + i));
+    }
+}
+
+/* dst[0, n) += src[0, n) */
+static inline void S(s_add)(float *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_ADD(V_LOAD(dst + i), V_LOAD(src + i)));
+    if (i < n) {
+        VM m = V_MASK(n - i);
+        V_MSTORE(m, dst + i, V_ADD(V_MLOAD(m, dst + i), V_MLOAD(m, src + i)));
+    }
+}
+
+/* Stride-1 im2col / col2im rows through the zero-padded image (conv.c). */
+static void S(s_im2col_s1)(float *col, size_t ld, float *pin, const dp_conv_dims_t *d)
+{
+    DP_S1_BODY(S(s_copy)(cr, pr, OW))
+}
+
+static void S(s_col2im_s1)(float *col, size_t ld, float *pin, const dp_conv_dims_t *d)
+{
+    DP_S1_BODY(S(s_add)(pr, cr, OW))
+}
+
+/* colT[p, r'] (patch order) from the padded HWC image, any stride. */
+static void S(s_im2colT)(float *colT, const float *pin, const dp_conv_dims_t *d)
+{
+    int K = d->K, st = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
+    size_t CKK = (size_t)C * K * K;
+    for (int oy = 0; oy < d->OH; oy++)
+        for (int ox = 0; ox < d->OW; ox++) {
+            float *dst = colT + (size_t)(oy * d->OW + ox) * CKK;
+            const float *src = pin + ((size_t)oy * st * Wp + (size_t)ox * st) * C;
+            for (int ky = 0; ky < K; ky++)
+                S(s_copy)(dst + (size_t)ky * run, src + (size_t)ky * Wp * C, run);
+        }
+}
+
+/* Padded HWC dpin += the dcolT row (patch order) of position p. */
+static void S(s_col2imT_row)(float *dpin, const float *row, int p, const dp_conv_dims_t *d)
+{
+    int K = d->K, st = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
+    int oy = p / d->OW, ox = p % d->OW;
+    float *base = dpin + ((size_t)oy * st * Wp + (size_t)ox * st) * C;
+    for (int ky = 0; ky < K; ky++) S(s_add)(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
+}
+
+/* y[0, n) (+)= sum_j coef[j] * X[idx[j] * ldx + (0, n)]; y overwritten when
+ * !accumulate. Blocks of 8 vectors stay in registers over all j. */
+static void S(s_gather_axpy)(float *y, int n, const float *X, size_t ldx, const int *idx,
+                             const float *coef, int cnt, int accumulate)
+{
+    int r0 = 0;
+    for (; r0 + 8 * VW <= n; r0 += 8 * VW) {
+        V a[8];
+        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++)
+            a[v] = accumulate ? V_LOAD(y + r0 + v * VW) : V_ZERO();
+        for (int j = 0; j < cnt; j++) {
+            V g = V_SET1(coef[j]);
+            const float *x = X + (size_t)idx[j] * ldx + r0;
+            _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++)
+                a[v] = V_FMA(g, V_LOAD(x + v * VW), a[v]);
+        }
+        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) V_STORE(y + r0 + v * VW, a[v]);
+    }
+    for (; r0 < n; r0 += VW) {
+        VM m = V_MASK(n - r0 < VW ? n - r0 : VW);
+        V a = accumulate ? V_MLOAD(m, y + r0) : V_ZERO();
+        for (int j = 0; j < cnt; j++)
+            a = V_FMA(V_SET1(coef[j]), V_MLOAD(m, X + (size_t)idx[j] * ldx + r0), a);
+        V_MSTORE(m, y + r0, a);
+    }
+}
+
+/* Forward GEMM of our own:  out[oc, p] = b[oc] + sum_r wt[r, oc] colT[p, r]
+ * for channels [oc0, oc0 + NV*VW). A tile of TP positions x NV channel
+ * vectors lives in registers for the whole CKK sum: per r, NV vectors of wt
+ * and TP broadcasts of colT feed TP*NV FMAs (24 of 32 zmm registers for
+ * AVX-512, 12 of 16 ymm for AVX2). The tile is stored transposed (lane l of a
+ * vector to out[(oc + l) * P + p]) straight into NCHW. */
+#define DP_FWD_GEMM(NAME, NV, TP)                                                                \
+    __attribute__((optimize("O3"))) static void NAME(float *out, const float *colT,             \
+                                                     const float *wt, const float *b, int P,     \
+                                                     int CKK, int OC, int oc0)                   \
+    {                                                                                            \
+        V_SCATTER_DECL(P);                                                                       \
+        V bias[NV];                                                                              \
+        for (int v = 0; v < NV; v++) bias[v] = b ? V_LOAD(b + oc0 + VW * v) : V_ZERO();         \
+        for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
+            int np = P - p0 < TP ? P - p0 : TP;                                                  \
+            const float *row[TP];                                                                \
+            for (int j = 0; j < TP; j++) /* spare rows of a short tile repeat the last */        \
+                row[j] = colT + (size_t)(p0 + (j < np ? j : np - 1)) * CKK;                      \
+            V acc[TP][NV];                                                                       \
+            _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                                \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[j][v] = bias[v];       \
+            const float *wr = wt + oc0;                                                          \
+            for (int r = 0; r < CKK; r++, wr += OC) {                                            \
+                V wv[NV];                                                                        \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) wv[v] = V_LOAD(wr + VW * v); \
+                _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                            \
+                {                                                                                \
+                    V x = V_SET1(row[j][r]);                                                     \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                         \
+                        acc[j][v] = V_FMA(x, wv[v], acc[j][v]);                                  \
+                }                                                                                \
+            }                                                                                    \
+            for (int j = 0; j < np; j++)                                                         \
+                for (int v = 0; v < NV; v++)                                                     \
+                    V_SCATTER(out + (size_t)(oc0 + VW * v) * P + p0 + j, acc[j][v]);             \
+        }                                                                                        \
+    }
+DP_FWD_GEMM(S(s_fwd_big), FWD_BIG_NV, FWD_BIG_TP)
+DP_FWD_GEMM(S(s_fwd_small), FWD_SMALL_NV, FWD_SMALL_TP)
+
+/* out (one image) = conv via our GEMM: big channel blocks, then one small
+ * block if left (OC is a multiple of the small block, the big one twice it). */
+static void S(s_fwd)(float *out, const float *colT, const float *wt, const float *b, int P,
+                     int CKK, int OC)
+{
+    int oc0 = 0;
+    for (; oc0 + FWD_BIG_NV * VW <= OC; oc0 += FWD_BIG_NV * VW)
+        S(s_fwd_big)(out, colT, wt, b, P, CKK, OC, oc0);
+    if (oc0 < OC) S(s_fwd_small)(out, colT, wt, b, P, CKK, OC, oc0);
+}
+
+const dp_conv_simd_t S(dp_conv_simd) = {
+    .oc_multiple = FWD_SMALL_NV * VW,
+    .fwd = S(s_fwd),
+    .gather_axpy = S(s_gather_axpy),
+    .im2colT = S(s_im2colT),
+    .col2imT_row = S(s_col2imT_row),
+    .im2col_s1 = S(s_im2col_s1),
+    .col2im_s1 = S(s_col2im_s1),
+};
