@@ -294,7 +294,7 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
 {
     size_t CKK = (size_t)d->C * d->K * d->K, P = (size_t)d->OH * d->OW, OC = d->OC;
     L->col = point ? 0 : CKK * P;              /* col (dense) or colT (sparse) */
-    L->dcol = din ? CKK * P : 0;               /* dcol (dense) or one dcolT row */
+    L->dcol = din ? CKK * P : 0;               /* dcol (dense) or dcolT (sparse) */
     L->dw = OC * CKK;                          /* this thread's dw partials (two orders) */
     L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
     L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
@@ -334,17 +334,13 @@ static int s_sparse_image(const s_bw_t *c, float *din_b, float *dwq, const float
     if (nnz > s_sparse_max * OC * P) return 0;
     s_pad_hwc(pin, src, d);
     c->k->im2colT(col, pin, d);
-    for (int oc = 0; oc < OC; oc++)
-        if (z.ocn[oc])
-            c->k->gather_axpy(dwq + (size_t)oc * CKK, CKK, col, CKK, z.ocp + z.ocs[oc],
-                              z.ocg + z.ocs[oc], z.ocn[oc], 1);
+    c->k->spmm(dwq, CKK, OC, CKK, col, CKK, z.ocs, z.ocn, z.ocp, z.ocg, 1);
     if (!din_b) return 1;
+    /* dcolT[p, :] = sum over the channels oc non-zero at p of g w[oc, :] */
+    c->k->spmm(dcol, CKK, P, CKK, c->wp, CKK, z.ps, z.pn, z.poc, z.pg, 0);
     memset(pin, 0, L->pad * sizeof(float));
-    for (int p = 0; p < P; p++) {
-        if (!z.pn[p]) continue;
-        c->k->gather_axpy(dcol, CKK, c->wp, CKK, z.poc + z.ps[p], z.pg + z.ps[p], z.pn[p], 0);
-        c->k->col2imT_row(pin, dcol, p, d);
-    }
+    for (int p = 0; p < P; p++)
+        if (z.pn[p]) c->k->col2imT_row(pin, dcol + (size_t)p * CKK, p, d);
     s_unpad_hwc(din_b, pin, d);
     return 1;
 }

@@ -30,6 +30,8 @@
 #define FWD_BIG_TP 6
 #define FWD_SMALL_NV 2
 #define FWD_SMALL_TP 12
+#define SP_NV 2
+#define SP_NR 4
 
 #include "conv_simd.h"
 #endif

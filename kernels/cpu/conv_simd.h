@@ -11,6 +11,8 @@
  *   V_SCATTER_DECL(P), V_SCATTER(base, v)  store lane l at base[l * P]
  *   S(name)             the path's name for a kernel (name ## _avx2 ...)
  *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
+ *   SP_NV, SP_NR        the sparse products' tile: SP_NV * VW = 32 floats,
+ *                       SP_NR * SP_NV = 8 FMA chains
  *
  * and gets `const dp_conv_simd_t S(dp_conv_simd)`. The arithmetic order is
  * the same for every width (each output is one chain of FMAs in the same
@@ -73,30 +75,74 @@ static void S(s_col2imT_row)(float *dpin, const float *row, int p, const dp_conv
     for (int ky = 0; ky < K; ky++) S(s_add)(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
 }
 
-/* y[0, n) (+)= sum_j coef[j] * X[idx[j] * ldx + (0, n)]; y overwritten when
- * !accumulate. Blocks of 8 vectors stay in registers over all j. */
-static void S(s_gather_axpy)(float *y, int n, const float *X, size_t ldx, const int *idx,
-                             const float *coef, int cnt, int accumulate)
+/* The sparse products of the backward (conv.c): for each row i of Y,
+ *   Y[i, 0:n) (+)= sum_{j in [start[i], start[i] + count[i])} coef[j] X[idx[j], 0:n)
+ * (Y overwritten when !accumulate). Columns go in blocks of SP_NV vectors (32
+ * floats) so that the block of X being gathered (P or OC rows of 128 bytes)
+ * stays in L1 over all rows; SP_NR rows go together so that SP_NR * SP_NV
+ * independent FMA chains hide the FMA latency. Each element of Y is still one
+ * chain over its own j in order, so the blocking changes no bit. */
+#define SP_BW (SP_NV * VW)
+
+/* One row, columns [r0, r0 + w) with w <= SP_BW: masked vectors. */
+static void S(s_spmm_row)(float *y, int w, const float *X, size_t ldx, const int *idx,
+                          const float *coef, int cnt, int accumulate)
 {
-    int r0 = 0;
-    for (; r0 + 8 * VW <= n; r0 += 8 * VW) {
-        V a[8];
-        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++)
-            a[v] = accumulate ? V_LOAD(y + r0 + v * VW) : V_ZERO();
-        for (int j = 0; j < cnt; j++) {
-            V g = V_SET1(coef[j]);
-            const float *x = X + (size_t)idx[j] * ldx + r0;
-            _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++)
-                a[v] = V_FMA(g, V_LOAD(x + v * VW), a[v]);
-        }
-        _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) V_STORE(y + r0 + v * VW, a[v]);
-    }
-    for (; r0 < n; r0 += VW) {
-        VM m = V_MASK(n - r0 < VW ? n - r0 : VW);
-        V a = accumulate ? V_MLOAD(m, y + r0) : V_ZERO();
+    for (int v = 0; v * VW < w; v++) {
+        VM m = V_MASK(w - v * VW < VW ? w - v * VW : VW);
+        V a = accumulate ? V_MLOAD(m, y + v * VW) : V_ZERO();
         for (int j = 0; j < cnt; j++)
-            a = V_FMA(V_SET1(coef[j]), V_MLOAD(m, X + (size_t)idx[j] * ldx + r0), a);
-        V_MSTORE(m, y + r0, a);
+            a = V_FMA(V_SET1(coef[j]), V_MLOAD(m, X + (size_t)idx[j] * ldx + v * VW), a);
+        V_MSTORE(m, y + v * VW, a);
+    }
+}
+
+/* SP_NR rows i0.., one full column block at X + r0 / Y + r0, in registers. */
+__attribute__((optimize("O3"))) static void S(s_spmm_tile)(float *Y, size_t ldy,
+                                                           const float *X, size_t ldx,
+                                                           const int *start, const int *count,
+                                                           const int *idx, const float *coef,
+                                                           int accumulate)
+{
+    V a[SP_NR][SP_NV];
+    int common = count[0];
+    for (int i = 0; i < SP_NR; i++) {
+        if (count[i] < common) common = count[i];
+        for (int v = 0; v < SP_NV; v++)
+            a[i][v] = accumulate ? V_LOAD(Y + i * ldy + v * VW) : V_ZERO();
+    }
+    for (int j = 0; j < common; j++) /* every row has a j-th term: all chains at once */
+        _Pragma("GCC unroll 4") for (int i = 0; i < SP_NR; i++)
+        {
+            V g = V_SET1(coef[start[i] + j]);
+            const float *x = X + (size_t)idx[start[i] + j] * ldx;
+            _Pragma("GCC unroll 4") for (int v = 0; v < SP_NV; v++)
+                a[i][v] = V_FMA(g, V_LOAD(x + v * VW), a[i][v]);
+        }
+    for (int i = 0; i < SP_NR; i++) /* the longer rows' remaining terms */
+        for (int j = common; j < count[i]; j++) {
+            V g = V_SET1(coef[start[i] + j]);
+            const float *x = X + (size_t)idx[start[i] + j] * ldx;
+            _Pragma("GCC unroll 4") for (int v = 0; v < SP_NV; v++)
+                a[i][v] = V_FMA(g, V_LOAD(x + v * VW), a[i][v]);
+        }
+    for (int i = 0; i < SP_NR; i++)
+        for (int v = 0; v < SP_NV; v++) V_STORE(Y + i * ldy + v * VW, a[i][v]);
+}
+
+static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,
+                      const int *start, const int *count, const int *idx, const float *coef,
+                      int accumulate)
+{
+    for (int r0 = 0; r0 < n; r0 += SP_BW) {
+        int w = n - r0 < SP_BW ? n - r0 : SP_BW, i = 0;
+        if (w == SP_BW)
+            for (; i + SP_NR <= rows; i += SP_NR)
+                S(s_spmm_tile)(Y + i * ldy + r0, ldy, X + r0, ldx, start + i, count + i, idx,
+                               coef, accumulate);
+        for (; i < rows; i++)
+            S(s_spmm_row)(Y + i * ldy + r0, w, X + r0, ldx, idx + start[i], coef + start[i],
+                          count[i], accumulate);
     }
 }
 
@@ -155,7 +201,7 @@ static void S(s_fwd)(float *out, const float *colT, const float *wt, const float
 const dp_conv_simd_t S(dp_conv_simd) = {
     .oc_multiple = FWD_SMALL_NV * VW,
     .fwd = S(s_fwd),
-    .gather_axpy = S(s_gather_axpy),
+    .spmm = S(s_spmm),
     .im2colT = S(s_im2colT),
     .col2imT_row = S(s_col2imT_row),
     .im2col_s1 = S(s_im2col_s1),

@@ -36,9 +36,11 @@ typedef struct {
     /* out (one image, NCHW) = b + w colT, wt[r', oc] in patch order */
     void (*fwd)(float *out, const float *colT, const float *wt, const float *b, int P, int CKK,
                 int OC);
-    /* y[0, n) (+)= sum_j coef[j] * X[idx[j] * ldx + (0, n)] */
-    void (*gather_axpy)(float *y, int n, const float *X, size_t ldx, const int *idx,
-                        const float *coef, int cnt, int accumulate);
+    /* Y[i, 0:n) (+)= sum over j in [start[i], start[i] + count[i]) of
+     * coef[j] X[idx[j], 0:n), for rows i in [0, rows); overwritten when !accumulate */
+    void (*spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,
+                 const int *start, const int *count, const int *idx, const float *coef,
+                 int accumulate);
     /* colT[p, r'] from the padded HWC image; dpin += one dcolT row */
     void (*im2colT)(float *colT, const float *pin, const dp_conv_dims_t *d);
     void (*col2imT_row)(float *dpin, const float *row, int p, const dp_conv_dims_t *d);
