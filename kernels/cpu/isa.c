@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../../common/util.h"
 
@@ -46,10 +47,10 @@ int dp_cpu_isa_choose(const char *value, unsigned supported, dp_cpu_isa_t *isa, 
         return 0;
     }
     for (int i = 0; i < DP_CPU_ISA_COUNT; i++) {
-        if (strcmp(value, s_names[i]) != 0) continue;
+        if (strcasecmp(value, s_names[i]) != 0) continue; /* AVX2 as well as avx2 */
         if (!(supported & (1u << i)))
             return dp_err(err, "DP_CPU_ISA=%s: this CPU cannot run the %s path (it has: %s); "
-                          "set DP_CPU_ISA to one it can run or unset it", value, value, s_features);
+                          "set DP_CPU_ISA to one it can run or unset it", value, s_names[i], s_features);
         *isa = (dp_cpu_isa_t)i;
         return 0;
     }

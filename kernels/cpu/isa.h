@@ -3,8 +3,8 @@
  * features: avx512 (AVX-512F), else avx2 (AVX2 + FMA), else generic (plain C
  * and OpenBLAS, the only path off x86).
  *
- * DP_CPU_ISA=avx512|avx2|generic (environment) forces a path, so every path
- * can be run and tested on one machine. A value this CPU cannot run, or an
+ * DP_CPU_ISA=avx512|avx2|generic (environment, any case) forces a path, so
+ * every path can be run and tested on one machine. A value this CPU cannot run, or an
  * unknown one, is refused before main with one line on stderr (the variable,
  * the value, what the CPU has) and exit status 2: every binary that links
  * the kernels (downpour-worker, downpour local/eval, the tests and benches)

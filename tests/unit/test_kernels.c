@@ -337,6 +337,8 @@ static void test_isa_choose(void)
         CHECK_EQ(dp_cpu_isa_choose(dp_cpu_isa_name((dp_cpu_isa_t)i), all, &isa, err), 0);
         CHECK_EQ(isa, i);
     }
+    CHECK_EQ(dp_cpu_isa_choose("AVX2", all, &isa, err), 0);
+    CHECK_EQ(isa, DP_CPU_ISA_AVX2);
     CHECK_EQ(dp_cpu_isa_choose("avx512", no512, &isa, err), -1);
     CHECK(strstr(err, "DP_CPU_ISA=avx512") && strstr(err, "cannot run the avx512 path"));
     CHECK_EQ(dp_cpu_isa_choose("sse2", all, &isa, err), -1);
