@@ -72,7 +72,8 @@ static void S(s_col2imT_row)(float *dpin, const float *row, int p, const dp_conv
     int K = d->K, st = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
     int oy = p / d->OW, ox = p % d->OW;
     float *base = dpin + ((size_t)oy * st * Wp + (size_t)ox * st) * C;
-    for (int ky = 0; ky < K; ky++) S(s_add)(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
+    for (int ky = 0; ky < K; ky++)
+        S(s_add)(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
 }
 
 /* The sparse products of the backward (conv.c): for each row i of Y,

@@ -50,7 +50,8 @@ int dp_cpu_isa_choose(const char *value, unsigned supported, dp_cpu_isa_t *isa, 
         if (strcasecmp(value, s_names[i]) != 0) continue; /* AVX2 as well as avx2 */
         if (!(supported & (1u << i)))
             return dp_err(err, "DP_CPU_ISA=%s: this CPU cannot run the %s path (it has: %s); "
-                          "set DP_CPU_ISA to one it can run or unset it", value, s_names[i], s_features);
+                          "set DP_CPU_ISA to one it can run or unset it",
+                          value, s_names[i], s_features);
         *isa = (dp_cpu_isa_t)i;
         return 0;
     }

@@ -172,7 +172,8 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-p")) {
             printf("paths");
             for (int k = DP_CPU_ISA_COUNT - 1; k >= 0; k--)
-                if (dp_cpu_isa_supported() & (1u << k)) printf(" %s", dp_cpu_isa_name((dp_cpu_isa_t)k));
+                if (dp_cpu_isa_supported() & (1u << k))
+                    printf(" %s", dp_cpu_isa_name((dp_cpu_isa_t)k));
             printf("\nfeatures %s\n", dp_cpu_isa_features());
             return 0;
         }

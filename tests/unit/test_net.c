@@ -71,7 +71,8 @@ static int s_gradient_check(const char *spec, size_t step)
         if (d > worst) worst = d;
     }
     CHECK(ok > 0);
-    fprintf(stderr, "  %s: %d of %d gradients off, worst |diff| %.3g\n", spec, bad, bad + ok, worst);
+    fprintf(stderr, "  %s: %d of %d gradients off, worst |diff| %.3g\n", spec, bad, bad + ok,
+            worst);
     dp_net_free(&net);
     dp_backend_destroy(&be);
     free(params);
@@ -91,11 +92,13 @@ static void s_network_gradients(void)
     /* With relu and max-pool, a kink crossed by +-eps spoils a few finite
      * differences (the kernel tests check those ops exactly); a wrong
      * backward would spoil most. */
-    CHECK(s_gradient_check("conv3x3:4 relu maxpool2 conv3x3:5:valid relu fc:6 relu fc:3 softmax", 1) <= 348 * 3 / 100);
+    CHECK(s_gradient_check("conv3x3:4 relu maxpool2 conv3x3:5:valid relu fc:6 relu fc:3 softmax",
+                           1) <= 348 * 3 / 100);
     /* conv2 wide enough for our SIMD kernels (patches of 72 floats, 32
      * channels: our GEMM forward on both SIMD paths, the sparse backward
      * behind the max-pool); every 7th of its 2,683 parameters. */
-    CHECK(s_gradient_check("conv3x3:8 relu maxpool2 conv3x3:32 relu maxpool2 fc:3 softmax", 7) <= 384 * 3 / 100);
+    CHECK(s_gradient_check("conv3x3:8 relu maxpool2 conv3x3:32 relu maxpool2 fc:3 softmax", 7) <=
+          384 * 3 / 100);
     dp_cpu_set_threads(0);
 }
 
