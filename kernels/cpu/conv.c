@@ -3,17 +3,18 @@
  * calls only single-threaded code (OpenBLAS is set to one thread, cpu.h).
  *
  * Per image b (CKK = C*K*K, P = OH*OW), four ways, picked per call or image:
- *   forward, OC in 32s, CKK >= 64, AVX-512: colT[P,CKK] = im2col^T(in_b)
- *     with patches in (ky, kx, c) order from a channel-last padded copy,
- *     then our own register-tiled GEMM writes out_b (s_fwd_gemm*);
+ *   forward, OC in the path's channel blocks, CKK >= 64, a SIMD path:
+ *     colT[P,CKK] = im2col^T(in_b) with patches in (ky, kx, c) order from a
+ *     channel-last padded copy, then our own register-tiled GEMM writes out_b;
  *   forward otherwise: col[CKK,P] = im2col(in_b); out_b = w[OC,CKK] col + b
  *     (OpenBLAS sgemm);
  *   backward, dense dout: dw += dout_b col^T; dcol = w^T dout_b; din_b =
  *     col2im(dcol) (OpenBLAS);
- *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, AVX-512:
+ *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, a SIMD path:
  *     only the non-zeros are visited (see "sparse backward" below).
- * Without AVX-512 (or under valgrind, which hides it) only the OpenBLAS ways
- * run.
+ * The SIMD kernels (conv_simd.h: AVX-512 or AVX2 + FMA) are the ones isa.h
+ * picked once at start; on the generic path (no AVX2, not x86, or
+ * DP_CPU_ISA=generic) only the OpenBLAS ways run, with plain C around them.
  * dw and db are summed per thread, then across threads; din rows of every
  * image are overwritten. Stride-1 im2col goes through a zero-padded copy of
  * the image so rows are plain copies. Scratch grows once (dp_cpu_scratch).
@@ -22,13 +23,13 @@
  * fraction of an image's dout that takes the sparse backward; 0 turns it
  * off (for measuring). */
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/ops.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/isa.h"
 
 /* col[r, p] for r = (c, ky, kx), p = (oy, ox); rows ld floats apart. */
 static void s_im2col(float *col, size_t ld, const float *in, const dp_conv_dims_t *d)
@@ -93,7 +94,7 @@ static void s_col2im(float *din, const float *col, size_t ld, const dp_conv_dims
 /* Stride-1 im2col / col2im through a zero-padded copy of the image: every
  * column-matrix row is then OH plain copies of OW floats, with no edge tests
  * and no tiny memcpy calls (those made im2col cost half as much as the GEMM).
- * The row copies are masked AVX-512 moves when the CPU has AVX-512. */
+ * The row copies are SIMD moves on the avx512 and avx2 paths. */
 static void s_pad(float *pin, const float *in, const dp_conv_dims_t *d)
 {
     int H = d->H, W = d->W, p = d->pad, Hp = H + 2 * p, Wp = W + 2 * p;
@@ -104,42 +105,7 @@ static void s_pad(float *pin, const float *in, const dp_conv_dims_t *d)
                    (size_t)W * sizeof(float));
 }
 
-#define DP_S1_BODY(COPY)                                                         \
-    int K = d->K, Hp = d->H + 2 * d->pad, Wp = d->W + 2 * d->pad, OH = d->OH, OW = d->OW; \
-    for (int c = 0; c < d->C; c++)                                                 \
-        for (int ky = 0; ky < K; ky++)                                             \
-            for (int kx = 0; kx < K; kx++) {                                       \
-                float *cr = col + (size_t)((c * K + ky) * K + kx) * ld;            \
-                float *pr = pin + ((size_t)c * Hp + ky) * Wp + kx;                 \
-                for (int oy = 0; oy < OH; oy++, cr += OW, pr += Wp) COPY;          \
-            }
-
-__attribute__((target("avx512f"))) static void s_im2col_s1_avx512(float *col, size_t ld,
-                                                                   float *pin,
-                                                                   const dp_conv_dims_t *d)
-{
-    DP_S1_BODY({
-        for (int x = 0; x < OW; x += 16) {
-            __mmask16 m = OW - x >= 16 ? 0xffff : (__mmask16)((1u << (OW - x)) - 1);
-            _mm512_mask_storeu_ps(cr + x, m, _mm512_maskz_loadu_ps(m, pr + x));
-        }
-    })
-}
-
-__attribute__((target("avx512f"))) static void s_col2im_s1_avx512(float *col, size_t ld,
-                                                                   float *pin,
-                                                                   const dp_conv_dims_t *d)
-{
-    DP_S1_BODY({
-        for (int x = 0; x < OW; x += 16) {
-            __mmask16 m = OW - x >= 16 ? 0xffff : (__mmask16)((1u << (OW - x)) - 1);
-            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, pr + x),
-                                     _mm512_maskz_loadu_ps(m, cr + x));
-            _mm512_mask_storeu_ps(pr + x, m, v);
-        }
-    })
-}
-
+/* The generic path's stride-1 im2col / col2im (conv_simd.h has the SIMD ones). */
 __attribute__((optimize("O3"))) static void s_im2col_s1_plain(float *col, size_t ld, float *pin,
                                                               const dp_conv_dims_t *d)
 {
@@ -156,37 +122,37 @@ __attribute__((optimize("O3"))) static void s_col2im_s1_plain(float *col, size_t
     })
 }
 
-static int s_avx512 = -1; /* set once before main (no race from the OpenMP team) */
-
-__attribute__((constructor)) static void s_detect_cpu(void)
+/* Our SIMD kernels for the path in use (isa.h); NULL on the generic path. */
+static const dp_conv_simd_t *s_simd(void)
 {
-    __builtin_cpu_init();
-    s_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-}
-
-static int s_have_avx512(void)
-{
-    return s_avx512 > 0;
+#if defined(__x86_64__) || defined(__i386__)
+    switch (dp_cpu_isa()) {
+    case DP_CPU_ISA_AVX512: return &dp_conv_simd_avx512;
+    case DP_CPU_ISA_AVX2: return &dp_conv_simd_avx2;
+    default: break;
+    }
+#endif
+    return NULL;
 }
 
 /* col = im2col(in) for any stride; pin: scratch of C*(H+2p)*(W+2p) floats. */
 static void s_im2col_any(float *col, size_t ld, float *pin, const float *in,
-                         const dp_conv_dims_t *d)
+                         const dp_conv_dims_t *d, const dp_conv_simd_t *k)
 {
     if (d->stride != 1) {
         s_im2col(col, ld, in, d);
         return;
     }
     s_pad(pin, in, d);
-    if (s_have_avx512())
-        s_im2col_s1_avx512(col, ld, pin, d);
+    if (k)
+        k->im2col_s1(col, ld, pin, d);
     else
         s_im2col_s1_plain(col, ld, pin, d);
 }
 
 /* din = col2im(col) (overwritten) for any stride; pin as above. */
 static void s_col2im_any(float *din, const float *col, size_t ld, float *pin,
-                         const dp_conv_dims_t *d)
+                         const dp_conv_dims_t *d, const dp_conv_simd_t *k)
 {
     int H = d->H, W = d->W, p = d->pad, Hp = H + 2 * p, Wp = W + 2 * p;
     if (d->stride != 1) {
@@ -195,8 +161,8 @@ static void s_col2im_any(float *din, const float *col, size_t ld, float *pin,
         return;
     }
     memset(pin, 0, (size_t)d->C * Hp * Wp * sizeof(float));
-    if (s_have_avx512())
-        s_col2im_s1_avx512((float *)col, ld, pin, d);
+    if (k)
+        k->col2im_s1((float *)col, ld, pin, d);
     else
         s_col2im_s1_plain((float *)col, ld, pin, d);
     for (int c = 0; c < d->C; c++)
@@ -220,7 +186,7 @@ static int s_is_pointwise(const dp_conv_dims_t *d)
  * with colT[P, CKK] the transposed column matrix (one patch per row, so both
  * sums are axpys of contiguous CKK-float rows), then dcolT is scattered into
  * the padded input gradient. Used per image when the non-zero fraction is at
- * most DP_SPARSE_MAX, CKK >= 64 and the CPU has AVX-512. */
+ * most DP_SPARSE_MAX, CKK >= 64 and a SIMD path runs. */
 #define DP_SPARSE_MAX 0.4
 static double s_sparse_max = DP_SPARSE_MAX;
 
@@ -228,58 +194,6 @@ __attribute__((constructor)) static void s_sparse_env(void)
 {
     const char *e = getenv("DP_CONV_SPARSE_MAX");
     if (e && *e) s_sparse_max = atof(e);
-}
-
-/* y[0, n) (+)= sum_j coef[j] * X[idx[j] * ldx + (0, n)]; y overwritten when !accumulate. */
-__attribute__((target("avx512f"))) static void s_gather_axpy(float *y, int n, const float *X,
-                                                              size_t ldx, const int *idx,
-                                                              const float *coef, int cnt,
-                                                              int accumulate)
-{
-    int r0 = 0;
-    for (; r0 + 128 <= n; r0 += 128) {
-        __m512 a0, a1, a2, a3, a4, a5, a6, a7;
-        if (accumulate) {
-            a0 = _mm512_loadu_ps(y + r0);
-            a1 = _mm512_loadu_ps(y + r0 + 16);
-            a2 = _mm512_loadu_ps(y + r0 + 32);
-            a3 = _mm512_loadu_ps(y + r0 + 48);
-            a4 = _mm512_loadu_ps(y + r0 + 64);
-            a5 = _mm512_loadu_ps(y + r0 + 80);
-            a6 = _mm512_loadu_ps(y + r0 + 96);
-            a7 = _mm512_loadu_ps(y + r0 + 112);
-        } else {
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
-        }
-        for (int j = 0; j < cnt; j++) {
-            __m512 g = _mm512_set1_ps(coef[j]);
-            const float *x = X + (size_t)idx[j] * ldx + r0;
-            a0 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x), a0);
-            a1 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 16), a1);
-            a2 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 32), a2);
-            a3 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 48), a3);
-            a4 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 64), a4);
-            a5 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 80), a5);
-            a6 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 96), a6);
-            a7 = _mm512_fmadd_ps(g, _mm512_loadu_ps(x + 112), a7);
-        }
-        _mm512_storeu_ps(y + r0, a0);
-        _mm512_storeu_ps(y + r0 + 16, a1);
-        _mm512_storeu_ps(y + r0 + 32, a2);
-        _mm512_storeu_ps(y + r0 + 48, a3);
-        _mm512_storeu_ps(y + r0 + 64, a4);
-        _mm512_storeu_ps(y + r0 + 80, a5);
-        _mm512_storeu_ps(y + r0 + 96, a6);
-        _mm512_storeu_ps(y + r0 + 112, a7);
-    }
-    for (; r0 < n; r0 += 16) {
-        __mmask16 m = n - r0 >= 16 ? 0xffff : (__mmask16)((1u << (n - r0)) - 1);
-        __m512 a = accumulate ? _mm512_maskz_loadu_ps(m, y + r0) : _mm512_setzero_ps();
-        for (int j = 0; j < cnt; j++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(coef[j]),
-                                _mm512_maskz_loadu_ps(m, X + (size_t)idx[j] * ldx + r0), a);
-        _mm512_mask_storeu_ps(y + r0, m, a);
-    }
 }
 
 /* colT rows are in "patch order" r' = (ky, kx, c), not the (c, ky, kx) of w:
@@ -315,48 +229,6 @@ static void s_unpad_hwc(float *din, const float *pin, const dp_conv_dims_t *d)
             const float *src = pin + ((size_t)(y + p) * Wp + p) * C + c;
             for (int x = 0; x < W; x++) dst[x] = src[(size_t)x * C];
         }
-}
-
-__attribute__((target("avx512f"))) static inline void s_copy16(float *dst, const float *src,
-                                                                int n)
-{
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
-    }
-}
-
-__attribute__((target("avx512f"))) static inline void s_add16(float *dst, const float *src, int n)
-{
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
-        _mm512_mask_storeu_ps(dst + i, m, v);
-    }
-}
-
-/* colT[p, r'] from the padded HWC image, any stride. */
-__attribute__((target("avx512f"))) static void s_im2colT(float *colT, const float *pin,
-                                                          const dp_conv_dims_t *d)
-{
-    int K = d->K, S = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
-    size_t CKK = (size_t)C * K * K;
-    for (int oy = 0; oy < d->OH; oy++)
-        for (int ox = 0; ox < d->OW; ox++) {
-            float *dst = colT + (size_t)(oy * d->OW + ox) * CKK;
-            const float *src = pin + ((size_t)oy * S * Wp + (size_t)ox * S) * C;
-            for (int ky = 0; ky < K; ky++) s_copy16(dst + (size_t)ky * run, src + (size_t)ky * Wp * C, run);
-        }
-}
-
-/* Padded HWC dpin += the dcolT row (patch order) of position p. */
-__attribute__((target("avx512f"))) static void s_col2imT_row(float *dpin, const float *row, int p,
-                                                              const dp_conv_dims_t *d)
-{
-    int K = d->K, S = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
-    int oy = p / d->OW, ox = p % d->OW;
-    float *base = dpin + ((size_t)oy * S * Wp + (size_t)ox * S) * C;
-    for (int ky = 0; ky < K; ky++) s_add16(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
 }
 
 /* wp[oc, r'] = w[oc, r] (patch order), for OC rows. */
@@ -422,7 +294,7 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
 {
     size_t CKK = (size_t)d->C * d->K * d->K, P = (size_t)d->OH * d->OW, OC = d->OC;
     L->col = point ? 0 : CKK * P;              /* col (dense) or colT (sparse) */
-    L->dcol = din ? CKK * P : 0;               /* dcol (dense) or one dcolT row */
+    L->dcol = din ? CKK * P : 0;               /* dcol (dense) or dcolT (sparse) */
     L->dw = OC * CKK;                          /* this thread's dw partials (two orders) */
     L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
     L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
@@ -430,16 +302,57 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
     L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + 15) / 16 * 16;
 }
 
-/* One image's gradient contributions; dwp (std order), dwq (patch order) and
- * dbp accumulate, din_b is overwritten. wp: w in patch order (sparse din). */
-static void s_conv_backward_image(float *din_b, float *dwp, float *dwq, float *dbp,
-                                  const float *g, const float *src, const float *w,
-                                  const float *wp, const dp_conv_dims_t *d, float *sc,
-                                  const s_bw_layout_t *L, int point)
+/* What every image of one backward call shares. */
+typedef struct {
+    const dp_conv_dims_t *d;
+    const s_bw_layout_t *L;
+    const float *w, *wp;     /* weights, in (c, ky, kx) and in patch order (sparse din) */
+    const dp_conv_simd_t *k; /* our SIMD kernels; NULL on the generic path */
+    int point;               /* 1x1 unpadded stride 1: no im2col */
+    int sparse;              /* the sparse backward may run (SIMD kernels, CKK >= 64) */
+} s_bw_t;
+
+/* The sparse backward of one image when its dout is sparse enough; returns 0
+ * (nothing done) otherwise. */
+static int s_sparse_image(const s_bw_t *c, float *din_b, float *dwq, const float *g,
+                          const float *src, float *sc)
 {
+    const dp_conv_dims_t *d = c->d;
+    const s_bw_layout_t *L = c->L;
     int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
     float *col = sc, *dcol = col + L->col, *pin = dcol + L->dcol + 2 * L->dw + L->db;
-    float *nzb = pin + L->pad;
+    s_nz_t z;
+    z.ocs = (int *)(pin + L->pad);
+    z.ocn = z.ocs + OC;
+    z.ocp = z.ocn + OC;
+    z.ocg = (float *)(z.ocp + (size_t)OC * P);
+    z.ps = (int *)(z.ocg + (size_t)OC * P);
+    z.pn = z.ps + P;
+    z.poc = z.pn + P;
+    z.pg = (float *)(z.poc + (size_t)OC * P);
+    int nnz = s_nz_build(&z, g, OC, P, din_b != NULL);
+    if (nnz > s_sparse_max * OC * P) return 0;
+    s_pad_hwc(pin, src, d);
+    c->k->im2colT(col, pin, d);
+    c->k->spmm(dwq, CKK, OC, CKK, col, CKK, z.ocs, z.ocn, z.ocp, z.ocg, 1);
+    if (!din_b) return 1;
+    /* dcolT[p, :] = sum over the channels oc non-zero at p of g w[oc, :] */
+    c->k->spmm(dcol, CKK, P, CKK, c->wp, CKK, z.ps, z.pn, z.poc, z.pg, 0);
+    memset(pin, 0, L->pad * sizeof(float));
+    for (int p = 0; p < P; p++)
+        if (z.pn[p]) c->k->col2imT_row(pin, dcol + (size_t)p * CKK, p, d);
+    s_unpad_hwc(din_b, pin, d);
+    return 1;
+}
+
+/* One image's gradient contributions; dwp (std order), dwq (patch order) and
+ * dbp accumulate, din_b is overwritten. */
+static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, float *dwq,
+                                  float *dbp, const float *g, const float *src, float *sc)
+{
+    const dp_conv_dims_t *d = c->d;
+    int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
+    float *col = sc, *dcol = col + c->L->col, *pin = dcol + c->L->dcol + 2 * c->L->dw + c->L->db;
     for (int oc = 0; oc < OC; oc++) {
         const float *r = g + (size_t)oc * P;
         float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -453,53 +366,23 @@ static void s_conv_backward_image(float *din_b, float *dwp, float *dwq, float *d
         for (; p < P; p++) s0 += r[p];
         dbp[oc] += (s0 + s1) + (s2 + s3);
     }
-    /* sparse needs AVX-512, and a patch long enough that the gathers beat
-     * the GEMM (conv1 of the default model, CKK = 25, is faster dense) */
-    if (!point && CKK >= 64 && s_have_avx512()) {
-        s_nz_t z;
-        z.ocs = (int *)nzb;
-        z.ocn = z.ocs + OC;
-        z.ocp = z.ocn + OC;
-        z.ocg = (float *)(z.ocp + (size_t)OC * P);
-        z.ps = (int *)(z.ocg + (size_t)OC * P);
-        z.pn = z.ps + P;
-        z.poc = z.pn + P;
-        z.pg = (float *)(z.poc + (size_t)OC * P);
-        int nnz = s_nz_build(&z, g, OC, P, din_b != NULL);
-        if (nnz <= s_sparse_max * OC * P) {
-            s_pad_hwc(pin, src, d);
-            s_im2colT(col, pin, d);
-            for (int oc = 0; oc < OC; oc++)
-                if (z.ocn[oc])
-                    s_gather_axpy(dwq + (size_t)oc * CKK, CKK, col, CKK, z.ocp + z.ocs[oc],
-                                  z.ocg + z.ocs[oc], z.ocn[oc], 1);
-            if (!din_b) return;
-            memset(pin, 0, L->pad * sizeof(float));
-            for (int p = 0; p < P; p++) {
-                if (!z.pn[p]) continue;
-                s_gather_axpy(dcol, CKK, wp, CKK, z.poc + z.ps[p], z.pg + z.ps[p], z.pn[p], 0);
-                s_col2imT_row(pin, dcol, p, d);
-            }
-            s_unpad_hwc(din_b, pin, d);
-            return;
-        }
-    }
+    if (c->sparse && s_sparse_image(c, din_b, dwq, g, src, sc)) return;
     /* dense: GEMMs over the whole image */
     const float *cm = src;
-    if (!point) {
-        s_im2col_any(col, P, pin, src, d);
+    if (!c->point) {
+        s_im2col_any(col, P, pin, src, d, c->k);
         cm = col;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f,
                 dwp, CKK);
     if (!din_b) return;
-    if (point) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, w, CKK, g, P, 0.0f,
-                    din_b, P);
+    if (c->point) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, c->w, CKK, g, P,
+                    0.0f, din_b, P);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, w, CKK, g, P, 0.0f,
-                    dcol, P);
-        s_col2im_any(din_b, dcol, P, pin, d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, c->w, CKK, g, P,
+                    0.0f, dcol, P);
+        s_col2im_any(din_b, dcol, P, pin, d, c->k);
     }
 }
 
@@ -516,7 +399,12 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
     /* per-thread slices, then w in patch order shared by the team */
     float *scratch = dp_cpu_scratch(L.total * nt + (size_t)OC * CKK);
     float *wp = scratch + L.total * nt;
-    if (din && !point && CKK >= 64 && s_have_avx512()) s_pack_patch_rows(wp, w, d);
+    /* sparse needs our SIMD kernels, and a patch long enough that the
+     * gathers beat the GEMM (conv1 of the default model, CKK = 25, is faster
+     * dense) */
+    s_bw_t c = {.d = d, .L = &L, .w = w, .wp = wp, .k = s_simd(), .point = point};
+    c.sparse = c.k && !point && CKK >= 64;
+    if (din && c.sparse) s_pack_patch_rows(wp, w, d);
     int C = d->C, K = d->K;
 
 #pragma omp parallel num_threads(nt)
@@ -527,9 +415,8 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
         memset(dwp, 0, (2 * L.dw + L.db) * sizeof(float));
 #pragma omp for schedule(static)
         for (int n = 0; n < d->B; n++)
-            s_conv_backward_image(din ? din + (size_t)n * d->C * HW : NULL, dwp, dwq, dbp,
-                                  dout + (size_t)n * OC * P, in + (size_t)n * d->C * HW, w, wp, d,
-                                  sc, &L, point);
+            s_conv_backward_image(&c, din ? din + (size_t)n * d->C * HW : NULL, dwp, dwq, dbp,
+                                  dout + (size_t)n * OC * P, in + (size_t)n * d->C * HW, sc);
         /* sum the per-thread partials of both orders (the omp for ends in a
          * barrier); each thread sums a slice of output channels */
         int lo = OC * t / T, hi = OC * (t + 1) / T;
@@ -556,70 +443,15 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
     }
 }
 
-/* Forward GEMM of our own for OC a multiple of 32, AVX-512:
- *   out[oc, p] = b[oc] + sum_r wt[r, oc] colT[p, r]
- * A tile of TP positions x 16*NV channels (TP*NV = 24 registers) lives in
- * registers for the whole CKK sum: per r, NV channel vectors of wt and TP
- * broadcasts of colT feed 24 FMAs. The tile is stored transposed (scatter
- * with stride P) straight into NCHW.
- * Why not OpenBLAS: it is as fast where OpenBLAS picks its AVX-512 kernels,
- * and twice as fast where OPENBLAS_CORETYPE pins it to Haswell (AVX2). */
-#define DP_FWD_GEMM(NAME, NV, TP)                                                                \
-    __attribute__((target("avx512f"), optimize("O3"))) static void NAME(                       \
-        float *out, const float *colT, const float *wt, const float *b, int P, int CKK, int OC, \
-        int oc0)                                                                                 \
-    {                                                                                            \
-        __m512i sidx = _mm512_mullo_epi32(                                                       \
-            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),             \
-            _mm512_set1_epi32(P));                                                               \
-        __m512 bias[NV];                                                                         \
-        for (int v = 0; v < NV; v++)                                                             \
-            bias[v] = b ? _mm512_loadu_ps(b + oc0 + 16 * v) : _mm512_setzero_ps();               \
-        for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
-            int np = P - p0 < TP ? P - p0 : TP;                                                  \
-            const float *row[TP];                                                                \
-            for (int j = 0; j < TP; j++) /* spare rows of a short tile repeat the last */        \
-                row[j] = colT + (size_t)(p0 + (j < np ? j : np - 1)) * CKK;                      \
-            __m512 acc[TP][NV];                                                                  \
-            _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                                \
-                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[j][v] = bias[v];       \
-            const float *wr = wt + oc0;                                                          \
-            for (int r = 0; r < CKK; r++, wr += OC) {                                            \
-                __m512 wv[NV];                                                                   \
-                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                             \
-                    wv[v] = _mm512_loadu_ps(wr + 16 * v);                                        \
-                _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                            \
-                {                                                                                \
-                    __m512 x = _mm512_set1_ps(row[j][r]);                                        \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                         \
-                        acc[j][v] = _mm512_fmadd_ps(x, wv[v], acc[j][v]);                        \
-                }                                                                                \
-            }                                                                                    \
-            for (int j = 0; j < np; j++)                                                         \
-                for (int v = 0; v < NV; v++)                                                     \
-                    _mm512_i32scatter_ps(out + (size_t)(oc0 + 16 * v) * P + p0 + j, sidx,        \
-                                         acc[j][v], 4);                                          \
-        }                                                                                        \
-    }
-DP_FWD_GEMM(s_fwd_gemm64, 4, 6)
-DP_FWD_GEMM(s_fwd_gemm32, 2, 12)
-
-/* out (one image) = conv via our GEMM: 64-channel blocks, then a 32 if left. */
-static void s_fwd_own(float *out, const float *colT, const float *wt, const float *b, int P,
-                      int CKK, int OC)
-{
-    int oc0 = 0;
-    for (; oc0 + 64 <= OC; oc0 += 64) s_fwd_gemm64(out, colT, wt, b, P, CKK, OC, oc0);
-    if (oc0 < OC) s_fwd_gemm32(out, colT, wt, b, P, CKK, OC, oc0);
-}
-
 void dp_conv2d_forward(float *out, const float *in, const float *w, const float *b,
                        const dp_conv_dims_t *d)
 {
     int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
-    /* our kernel: OC in 32s and a CKK long enough to pay for the transposed
-     * stores (conv1 of the default model, CKK = 25, is faster through OpenBLAS) */
-    int own = s_have_avx512() && OC % 32 == 0 && CKK >= 64;
+    /* our kernel: OC in the path's channel blocks and a CKK long enough to
+     * pay for the transposed stores (conv1 of the default model, CKK = 25, is
+     * faster through OpenBLAS) */
+    const dp_conv_simd_t *k = s_simd();
+    int own = k && OC % k->oc_multiple == 0 && CKK >= 64;
     size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     size_t nwt = own ? (size_t)CKK * OC : 0;
     size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad;
@@ -645,13 +477,13 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
             float *dst = out + (size_t)n * OC * P;
             if (own) {
                 s_pad_hwc(pin, src, d);
-                s_im2colT(col, pin, d);
-                s_fwd_own(dst, col, wt, b, P, CKK, OC);
+                k->im2colT(col, pin, d);
+                k->fwd(dst, col, wt, b, P, CKK, OC);
                 continue;
             }
             const float *cm = src;
             if (per) {
-                s_im2col_any(col, P, pin, src, d);
+                s_im2col_any(col, P, pin, src, d, k);
                 cm = col;
             }
             for (int oc = 0; oc < OC; oc++) {

@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 
+#include "kernels/ops.h"
+
 /* Threads to use for work of `work` multiply-adds (1 below a threshold, so
  * tiny ops don't pay for waking the team). Also makes OpenBLAS single-threaded
  * on first call. */
@@ -26,5 +28,42 @@ float *dp_cpu_scratch(size_t floats);
  * C over dp_cpu_team threads, each calling single-threaded sgemm. */
 void dp_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The convolution's SIMD kernels for one instruction-set path (written once
+ * in conv_simd.h, compiled per path; conv.c picks the set from isa.h). */
+typedef struct {
+    int oc_multiple; /* fwd takes OC in multiples of this */
+    /* out (one image, NCHW) = b + w colT, wt[r', oc] in patch order */
+    void (*fwd)(float *out, const float *colT, const float *wt, const float *b, int P, int CKK,
+                int OC);
+    /* Y[i, 0:n) (+)= sum over j in [start[i], start[i] + count[i]) of
+     * coef[j] X[idx[j], 0:n), for rows i in [0, rows); overwritten when !accumulate */
+    void (*spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,
+                 const int *start, const int *count, const int *idx, const float *coef,
+                 int accumulate);
+    /* colT[p, r'] from the padded HWC image; dpin += one dcolT row */
+    void (*im2colT)(float *colT, const float *pin, const dp_conv_dims_t *d);
+    void (*col2imT_row)(float *dpin, const float *row, int p, const dp_conv_dims_t *d);
+    /* stride-1 im2col / col2im through the padded CHW image */
+    void (*im2col_s1)(float *col, size_t ld, float *pin, const dp_conv_dims_t *d);
+    void (*col2im_s1)(float *col, size_t ld, float *pin, const dp_conv_dims_t *d);
+} dp_conv_simd_t;
+
+#if defined(__x86_64__) || defined(__i386__)
+extern const dp_conv_simd_t dp_conv_simd_avx512, dp_conv_simd_avx2;
+#endif
+
+/* The loop of a stride-1 im2col / col2im through a zero-padded CHW copy pin
+ * of the image: every column-matrix row is OH plain runs of OW floats (cr in
+ * col, pr in pin); COPY moves one run. Needs col, ld, pin, d in scope. */
+#define DP_S1_BODY(COPY)                                                                  \
+    int K = d->K, Hp = d->H + 2 * d->pad, Wp = d->W + 2 * d->pad, OH = d->OH, OW = d->OW; \
+    for (int c = 0; c < d->C; c++)                                                          \
+        for (int ky = 0; ky < K; ky++)                                                      \
+            for (int kx = 0; kx < K; kx++) {                                                \
+                float *cr = col + (size_t)((c * K + ky) * K + kx) * ld;                     \
+                float *pr = pin + ((size_t)c * Hp + ky) * Wp + kx;                          \
+                for (int oy = 0; oy < OH; oy++, cr += OW, pr += Wp) COPY;                   \
+            }
 
 #endif

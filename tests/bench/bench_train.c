@@ -5,7 +5,7 @@
  * tests/bench/run.sh (`make bench`) runs it next to tests/bench/torch_train.py.
  *
  *   bench_train [-b 32,64,128] [-t THREADS] [-s SECONDS] [-r SAMPLES] [-w WARMUP]
- *               [-m SPEC] [-g]
+ *               [-m SPEC] [-g] [-p]
  *
  * Output, one line per sample (what run.sh parses):
  *   sample downpour THREADS BATCH IMAGES_PER_S LOSS
@@ -15,6 +15,11 @@
  * thread multiplying its own 1024x1024 matrices, single-threaded OpenBLAS,
  * as the kernels call it):
  *   sgemm THREADS GFLOP_PER_S
+ * -p prints the CPU kernel paths this machine supports, best first, and the
+ * CPU features behind them (kernels/cpu/isa.h), then exits:
+ *   paths avx512 avx2 generic
+ *   features avx512f avx2 fma
+ * The kernels take the path DP_CPU_ISA names (default: the best).
  * Invariant: nothing here changes the model or the kernels; the step is the
  * standalone trainer's (worker/train.c), minus its data thread. */
 #include <cblas.h>
@@ -28,6 +33,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/ops.h"
 #include "worker/net.h"
 
@@ -152,7 +158,7 @@ static void s_bench_sgemm(int T, double secs, int samples)
 static int s_usage(void)
 {
     fprintf(stderr, "usage: bench_train [-b 32,64,128] [-t THREADS] [-s SECONDS] [-r SAMPLES] "
-                    "[-w WARMUP] [-m SPEC] [-g]\n");
+                    "[-w WARMUP] [-m SPEC] [-g] [-p]\n");
     return 2;
 }
 
@@ -164,6 +170,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-g")) { sgemm = 1; continue; }
+        if (!strcmp(a, "-p")) {
+            printf("paths");
+            for (int k = DP_CPU_ISA_COUNT - 1; k >= 0; k--)
+                if (dp_cpu_isa_supported() & (1u << k))
+                    printf(" %s", dp_cpu_isa_name((dp_cpu_isa_t)k));
+            printf("\nfeatures %s\n", dp_cpu_isa_features());
+            return 0;
+        }
         if (!v) return s_usage();
         i++;
         if (!strcmp(a, "-b")) nb = s_list(v, batches, 16);
@@ -193,6 +207,7 @@ int main(int argc, char **argv)
     /* training FLOPs per image: forward, and twice that for the backward */
     printf("# model %s; %.1f MFLOP per training image\n", m.spec,
            dp_model_forward_macs(&m) * 2 * 3 / 1e6);
+    printf("# path %s (CPU: %s)\n", dp_cpu_isa_name(dp_cpu_isa()), dp_cpu_isa_features());
     for (int bi = 0; bi < nb; bi++)
         if (s_bench_batch(&m, threads, batches[bi], secs, samples, warmup) != 0) return 1;
     return 0;

@@ -2,8 +2,10 @@
 # make bench: Downpour's CPU training throughput (forward + backward + momentum
 # SGD, images/s) on the default network at batch 32, 64, 128 with 1 and 2
 # threads, side by side with PyTorch on the same network and batch when
-# Debian's python3-torch imports under /usr/bin/python3; then end-to-end rows
-# from the real binaries (standalone worker, and 1 PS + 2 async workers).
+# Debian's python3-torch imports under /usr/bin/python3, once per CPU kernel
+# path this machine supports (kernels/cpu/isa.h: avx512, avx2, generic); then
+# end-to-end rows from the real binaries (standalone worker, and 1 PS + 2
+# async workers) on the default path.
 #
 # Measures: tests/bench/bench_train (the worker's training step over worker/net
 # on a fixed synthetic batch) and tests/bench/torch_train.py. Every figure is a
@@ -13,19 +15,29 @@
 # $OUT/samples.txt first and the table is printed from that file alone, so
 # `BENCH_REPORT=FILE tests/bench/run.sh` prints a kept run's table again.
 #
-# Downpour's rows run twice: with the environment's OpenBLAS variables
-# (OPENBLAS_CORETYPE=Haswell here pins OpenBLAS to AVX2 kernels and halves
-# sgemm) and with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset for that command
-# alone; PyTorch (whose fully connected layers also call OpenBLAS) runs under
-# the same variables as the Downpour row it is compared with, and as it is
-# fastest here: torch.set_num_threads(N), OPENBLAS_NUM_THREADS=1, glibc's malloc
-# thresholds raised, channels_last.
+# Like with like: each row is one instruction-set level, and both sides are
+# held to it, as if on a machine that has nothing more:
+#   path     Downpour            PyTorch                                 OpenBLAS (both)
+#   avx512   DP_CPU_ISA=avx512   ATEN_CPU_CAPABILITY=avx512, oneDNN free  OPENBLAS_CORETYPE=SkylakeX
+#   avx2     DP_CPU_ISA=avx2     ATEN_CPU_CAPABILITY=avx2,                OPENBLAS_CORETYPE=Haswell
+#                                ONEDNN_MAX_CPU_ISA=AVX2
+#   generic  DP_CPU_ISA=generic  ATEN_CPU_CAPABILITY=default,             OPENBLAS_CORETYPE=Prescott
+#                                ONEDNN_MAX_CPU_ISA=SSE41
+# OPENBLAS_CORETYPE is set per row on x86 (overriding the environment's, and
+# left as the environment has it elsewhere) because OpenBLAS 0.3.21 misdetects
+# some CPUs (it takes a Sapphire Rapids VM for a Prescott: sgemm at a fifth of
+# its speed) and both sides' fully connected layers call it. A short
+# ONEDNN_VERBOSE=1 run per row records which ISA oneDNN and ATen then use.
+# PyTorch runs as it is fastest: torch.set_num_threads(N),
+# OPENBLAS_NUM_THREADS=1, glibc's malloc thresholds raised, and the faster
+# of channels_last and NCHW per cell (torch_train.py measures both in turn).
+# The ceiling column is Downpour's median against OpenBLAS sgemm (1024^3 per
+# thread) measured in the same rounds on the same row's settings and threads.
 #
 # Knobs (environment): BUILD (build), BENCH_OUT ($BUILD/bench), BENCH_ROUNDS (3),
 # BENCH_SAMPLES (2 per round), BENCH_SECONDS (0.5 per sample), BENCH_BATCHES
-# (32,64,128), BENCH_THREADS ("1 2"), BENCH_PEAK_GFLOPS (415: OpenBLAS sgemm on
-# 2 cores with the variables unset; the ceiling scales it by threads / 2),
-# BENCH_E2E_STEPS (200 per worker; 0 leaves the end-to-end rows out),
+# (32,64,128), BENCH_THREADS ("1 2"), BENCH_PATHS (every supported path, best
+# first), BENCH_E2E_STEPS (200 per worker; 0 leaves the end-to-end rows out),
 # BENCH_TORCH=0 to leave PyTorch out, BENCH_REPORT=FILE to only print a table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,19 +49,18 @@ SAMPLES=${BENCH_SAMPLES:-2}
 SECS=${BENCH_SECONDS:-0.5}
 BATCHES=${BENCH_BATCHES:-32,64,128}
 THREADS=${BENCH_THREADS:-1 2}
-PEAK=${BENCH_PEAK_GFLOPS:-415}
 E2E_STEPS=${BENCH_E2E_STEPS:-200}
 PY=/usr/bin/python3   # Debian's: the python3 first on PATH may be one without torch
-UNSET=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
-TORCH_ENV=(env OPENBLAS_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=33554432
+TORCH_ENV=(OPENBLAS_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=33554432
            MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=268435456)
 BENCH=$BUILD/tests/bench_train
 
 # ---- the report: everything from one samples file -------------------------
-# Lines: "meta KEY VALUE...", "VARIANT sample IMPL THREADS BATCH IMAGES_PER_S LOSS",
-# "VARIANT sgemm THREADS GFLOPS", "VARIANT e2e NAME IMAGES_PER_S".
+# Lines: "meta KEY VALUE...", "PATH sample IMPL THREADS BATCH IMAGES_PER_S LOSS"
+# (IMPL downpour, torch-nhwc, torch-nchw), "PATH sgemm THREADS GFLOPS",
+# "PATH e2e NAME IMAGES_PER_S".
 s_report() {
-    awk -v peak="$PEAK" '
+    awk '
     function median(key,   n, i, j, t, a) {
         n = cnt[key]
         for (i = 1; i <= n; i++) a[i] = val[key, i]
@@ -65,49 +76,60 @@ s_report() {
     function add(list, x) { if (!((list, x) in have)) { have[list, x] = 1; order[list, ++norder[list]] = x } }
     $1 == "meta"   { k = $2; $1 = ""; $2 = ""; sub(/^ +/, ""); meta[k] = $0; next }
     $2 == "sample" { k = $1 SUBSEP $3 SUBSEP $4 SUBSEP $5; val[k, ++cnt[k]] = $6
-                     add("v", $1); add("t", $4); add("b", $5); if ($3 == "torch") torch = 1 }
+                     add("v", $1); add("t", $4); add("b", $5); if ($3 ~ /^torch/) torch = 1 }
     $2 == "sgemm"  { k = $1 SUBSEP "sgemm" SUBSEP $3; val[k, ++cnt[k]] = $4; add("sg", $1 SUBSEP $3) }
-    $2 == "e2e"    { e2e[$3] = $4 }
+    $2 == "e2e"    { e2e[$3] = $4; e2epath = $1 }
     END {
         mflop = meta["mflop"] + 0 > 0 ? meta["mflop"] + 0 : 73.6
         printf "Training throughput, images/s: forward + backward + momentum SGD, synthetic batch\n"
-        printf "(tests/bench/bench_train over worker/net vs tests/bench/torch_train.py; medians)\n\n"
-        printf "%7s %5s  %-38s %9s %9s %7s %8s   %s\n", "threads", "batch", "OpenBLAS variables",
-               "Downpour", "PyTorch", "ratio", "ceiling", "best: Downpour PyTorch ratio"
+        printf "(tests/bench/bench_train over worker/net vs tests/bench/torch_train.py; medians)\n"
+        printf "CPU: %s; features: %s\n\n", meta["cpu"], meta["features"]
+        printf "%-7s %7s %5s %9s %9s %-6s %7s %8s   %s\n", "path", "threads", "batch",
+               "Downpour", "PyTorch", "layout", "ratio", "ceiling", "best: Downpour PyTorch ratio"
         worst = 0
-        for (ti = 1; ti <= norder["t"]; ti++) for (bi = 1; bi <= norder["b"]; bi++) for (vi = 1; vi <= norder["v"]; vi++) {
-            T = order["t", ti]; B = order["b", bi]; v = order["v", vi]
-            kd = v SUBSEP "downpour" SUBSEP T SUBSEP B; kt = v SUBSEP "torch" SUBSEP T SUBSEP B
+        for (vi = 1; vi <= norder["v"]; vi++) for (ti = 1; ti <= norder["t"]; ti++) for (bi = 1; bi <= norder["b"]; bi++) {
+            v = order["v", vi]; T = order["t", ti]; B = order["b", bi]
+            kd = v SUBSEP "downpour" SUBSEP T SUBSEP B
             if (!cnt[kd]) continue
             d = spread(kd); n = cnt[kd]; bd = hi[kd]
-            ceil = peak * 1e9 * T / 2 / (mflop * 1e6)
-            label = v == "unset" ? "unset (env -u ...)" : meta["envlabel"]
-            if (cnt[kt] > 0) {
-                t = spread(kt); bt = hi[kt]
-                printf "%7d %5d  %-38s %9.0f %9.0f %6.2fx %7.0f%%   %14.0f %7.0f %5.2fx\n", T, B, label,
-                       d, t, d / t, 100 * d / ceil, bd, bt, bd / bt
+            ks = v SUBSEP "sgemm" SUBSEP T
+            ceil = cnt[ks] ? sprintf("%7.0f%%", 100 * d / (median(ks) * 1e9 / (mflop * 1e6))) : sprintf("%8s", "-")
+            # PyTorch: the layout with the higher median in this cell
+            t = 0; lay = "-"
+            for (li = 1; li <= 2; li++) {
+                L = li == 1 ? "nhwc" : "nchw"; kt = v SUBSEP "torch-" L SUBSEP T SUBSEP B
+                if (cnt[kt] && median(kt) > t) { t = median(kt); lay = L; kbest = kt }
+            }
+            if (t > 0) {
+                t = spread(kbest); bt = hi[kbest]
+                printf "%-7s %7d %5d %9.0f %9.0f %-6s %6.2fx %s   %14.0f %7.0f %5.2fx\n", v, T, B,
+                       d, t, lay, d / t, ceil, bd, bt, bd / bt
             } else
-                printf "%7d %5d  %-38s %9.0f %9s %7s %7.0f%%   %14.0f %7s %6s\n", T, B, label, d, "-", "-",
-                       100 * d / ceil, bd, "-", "-"
+                printf "%-7s %7d %5d %9.0f %9s %-6s %7s %s   %14.0f %7s %6s\n", v, T, B, d, "-", "-", "-",
+                       ceil, bd, "-", "-"
         }
-        if (torch) printf "\nratio = Downpour / PyTorch, same threads, batch and OpenBLAS variables (>1: Downpour faster).\n"
-        else printf "\nPyTorch: left out (%s).\n", meta["torch"]
+        printf "\n"
+        for (vi = 1; vi <= norder["v"]; vi++) { v = order["v", vi]
+            printf "%s: Downpour DP_CPU_ISA=%s; OpenBLAS %s", v, v, meta["openblas_" v]
+            if (torch) printf "; PyTorch %s", meta["torch_" v]
+            printf "\n"
+        }
+        if (torch) printf "ratio = Downpour / PyTorch, same path, threads and batch (>1: Downpour faster); layout = PyTorch'"'"'s faster memory format there.\n"
+        else printf "PyTorch: left out (%s).\n", meta["torch"]
         printf "best = the fastest sample of each cell (what a quiet machine approaches when others use the CPU).\n"
-        printf "ceiling = Downpour median / (%g GFLOP/s x threads/2 / %.1f MFLOP per image), where %g GFLOP/s is\n", peak, mflop, peak
-        printf "  OpenBLAS sgemm on 2 cores, variables unset: %.0f images/s on 2 threads, %.0f on 1.\n",
-               peak * 1e9 / (mflop * 1e6), peak * 1e9 / 2 / (mflop * 1e6)
+        printf "ceiling = Downpour median / (sgemm GFLOP/s of that row and thread count / %.1f MFLOP per image).\n", mflop
         for (i = 2; i <= nspread; i++) { x = spreads[i]; for (j = i - 1; j >= 1 && spreads[j] > x; j--) spreads[j + 1] = spreads[j]; spreads[j + 1] = x }
         split(wcell, f, SUBSEP)
         printf "%d samples per cell; spread (max-min)/median: typically %.0f%%, widest %.0f%% (%s, %s threads, batch %s, %s).\n",
                n, 100 * spreads[int((nspread + 1) / 2)], 100 * worst, f[2], f[3], f[4], f[1]
         if (norder["sg"]) {
-            printf "sgemm now, 1024^3 per thread (GFLOP/s, median):"
+            printf "sgemm, 1024^3 per thread, OpenBLAS as in each row (GFLOP/s, median):"
             for (i = 1; i <= norder["sg"]; i++) { split(order["sg", i], f, SUBSEP)
                 printf "  %s %st %.0f", f[1], f[2], median(f[1] SUBSEP "sgemm" SUBSEP f[2]) }
             printf "\n"
         }
         if (("standalone" in e2e) || ("local" in e2e)) {
-            printf "\nEnd to end through the binaries (Fashion-MNIST, data on a prefetch thread; OpenBLAS variables unset):\n"
+            printf "\nEnd to end through the binaries (Fashion-MNIST, data on a prefetch thread; %s path and its OpenBLAS):\n", e2epath
             printf "  %-70s %6.0f images/s\n", "downpour-worker --standalone, batch 64, 2 threads (training loop only)", e2e["standalone"]
             printf "  %-70s %6.0f images/s\n", "downpour local --workers 2 --mode async, batch 64 (1 PS + 2 x 1 thread)", e2e["local"]
         }
@@ -145,17 +167,32 @@ s_busy() {
         printf "%.2f", (busy + idle > 0 ? cores * busy / (busy + idle) : 0) }'
 }
 
-# Which OpenBLAS settings Downpour runs under: the environment's, and unset.
-if [ -n "${OPENBLAS_CORETYPE:-}${OPENBLAS_L2_SIZE:-}" ]; then
-    VARIANTS="env unset"
-    ENV_LABEL="as set (CORETYPE=${OPENBLAS_CORETYPE:-unset} L2_SIZE=${OPENBLAS_L2_SIZE:-unset})"
-else
-    VARIANTS="unset"
-    ENV_LABEL="(not set)"
-fi
-s_run() {   # s_run VARIANT CMD...: CMD under that variant's OpenBLAS variables
-    local v=$1; shift
-    if [ "$v" = unset ]; then "${UNSET[@]}" "$@"; else "$@"; fi
+# s_env PATH: the environment (NAME=VALUE words) both sides of that row run
+# under: OpenBLAS's kernels for that level (x86 only); s_torch_env PATH adds
+# PyTorch's own limits.
+X86=0
+case $(uname -m) in x86_64 | i?86) X86=1 ;; esac
+s_env() {
+    local ct
+    case $1 in avx512) ct=SkylakeX ;; avx2) ct=Haswell ;; *) ct=Prescott ;; esac
+    echo "DP_CPU_ISA=$1"
+    if [ "$X86" = 1 ]; then echo "OPENBLAS_CORETYPE=$ct"; fi
+}
+s_torch_env() {
+    case $1 in
+        avx512) echo "ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=ALL" ;;
+        avx2) echo "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2" ;;
+        *) echo "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41" ;;
+    esac
+}
+s_run() {   # s_run PATH downpour|torch CMD...: CMD under that row's settings
+    local p=$1 side=$2; shift 2
+    # shellcheck disable=SC2046  # the settings are NAME=VALUE words
+    if [ "$side" = torch ]; then
+        env $(s_env "$p" | grep -v DP_CPU_ISA) $(s_torch_env "$p") "${TORCH_ENV[@]}" "$@"
+    else
+        env $(s_env "$p") "$@"
+    fi
 }
 
 HAVE_TORCH=0
@@ -169,63 +206,83 @@ if [ "${BENCH_TORCH:-1}" != 0 ]; then
 fi
 
 CORES=$(nproc)
-echo "== make bench: $(date '+%Y-%m-%d %H:%M %Z'), $(lscpu | sed -n 's/^Model name: *//p' | head -1)," \
-     "$CORES cores, $(free -g | awk '/^Mem:/ {print $2}') GiB"
+CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+PATHS=${BENCH_PATHS:-$("$BENCH" -p | sed -n 's/^paths //p')}
+FEATURES=$("$BENCH" -p | sed -n 's/^features //p')
+echo "== make bench: $(date '+%Y-%m-%d %H:%M %Z'), $CPU, $CORES cores, $(free -g | awk '/^Mem:/ {print $2}') GiB"
+echo "CPU features: $FEATURES; kernel paths measured: $PATHS"
 BUSY0=$(s_busy)
 echo "other load before starting: $BUSY0 of $CORES cores busy (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 if [ "$HAVE_TORCH" = 1 ]; then echo "PyTorch $TV ($PY)"; else echo "PyTorch: left out: $TORCH_WHY"; fi
 {
     echo "meta date $(date '+%Y-%m-%d %H:%M %Z')"
     echo "meta cores $CORES"
+    echo "meta cpu $CPU"
+    echo "meta features $FEATURES"
     echo "meta busy0 $BUSY0"
-    echo "meta envlabel $ENV_LABEL"
     echo "meta torch $([ "$HAVE_TORCH" = 1 ] && echo "$TV" || echo "$TORCH_WHY")"
 } >>"$RAW"
-echo "commands, each round, for T in $THREADS, as the environment has it and prefixed with '${UNSET[*]}':"
-echo "  $BENCH -t T -b $BATCHES -s $SECS -r $SAMPLES"
-[ "$HAVE_TORCH" = 1 ] && echo "  ${TORCH_ENV[*]} $PY tests/bench/torch_train.py --threads T --batches $BATCHES --seconds $SECS --samples $SAMPLES"
+
+# What each row's limits do on PyTorch's side: the ATen capability it
+# reports and the ISA / convolution kernels oneDNN says it runs.
+for p in $PATHS; do
+    ob=$(s_env "$p" | sed -n 's/^OPENBLAS_CORETYPE=//p')
+    if [ -n "$ob" ]; then ob="OPENBLAS_CORETYPE=$ob"; else ob="as the environment has it"; fi
+    echo "meta openblas_$p $ob" >>"$RAW"
+    [ "$HAVE_TORCH" = 1 ] || continue
+    s_run "$p" torch env ONEDNN_VERBOSE=1 "$PY" tests/bench/torch_train.py --threads 1 --batches 8 \
+        --seconds 0.01 --samples 1 --warmup 1 --layout nhwc >"$OUT/onednn-$p.log" 2>&1 || true
+    aten=$(sed -n 's/^# torch: ATen CPU capability //p' "$OUT/onednn-$p.log" | head -1)
+    isa=$(sed -n 's/^onednn_verbose,info,cpu,isa://p' "$OUT/onednn-$p.log" | head -1)
+    convs=$(awk -F, '$1 == "onednn_verbose" && $2 == "exec" && $4 == "convolution" { print $5 }' \
+        "$OUT/onednn-$p.log" | sort -u | tr '\n' ' ' | sed 's/ $//')
+    echo "meta torch_$p $(s_torch_env "$p"): ATen ${aten:-?}; oneDNN isa ${isa:-?}, convolutions ${convs:-?}" >>"$RAW"
+done
+sed -n 's/^meta torch_\([a-z0-9]*\) /PyTorch on the \1 row: /p' "$RAW"
+
+echo "commands, each round, for T in $THREADS and each path P (settings above the table):"
+echo "  env DP_CPU_ISA=P OPENBLAS_CORETYPE=... $BENCH -t T -b $BATCHES -s $SECS -r $SAMPLES"
+echo "  env OPENBLAS_CORETYPE=... $BENCH -g -t T -s $SECS -r 1     (sgemm, for the ceiling)"
+[ "$HAVE_TORCH" = 1 ] && echo "  env OPENBLAS_CORETYPE=... ATEN_CPU_CAPABILITY=... ONEDNN_MAX_CPU_ISA=... ${TORCH_ENV[*]} $PY tests/bench/torch_train.py --threads T --batches $BATCHES --seconds $SECS --samples $SAMPLES"
 
 t_start=$(date +%s)
 for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS ..."
     for T in $THREADS; do
-        for v in $VARIANTS; do
-            s_run "$v" "$BENCH" -t "$T" -b "$BATCHES" -s "$SECS" -r "$SAMPLES" >"$OUT/last.txt"
-            sed "s/^/$v /" "$OUT/last.txt" >>"$RAW"
+        for p in $PATHS; do
+            s_run "$p" downpour "$BENCH" -t "$T" -b "$BATCHES" -s "$SECS" -r "$SAMPLES" >"$OUT/last.txt"
+            sed "s/^/$p /" "$OUT/last.txt" >>"$RAW"
+            # the ceiling's sgemm in every round too, so that it sees the same load
+            s_run "$p" downpour "$BENCH" -g -t "$T" -s "$SECS" -r 1 | sed "s/^/$p /" >>"$RAW"
             if [ "$HAVE_TORCH" = 1 ]; then
                 # a PyTorch failure costs its cells, not the run (its stderr: torch.log)
-                s_run "$v" "${TORCH_ENV[@]}" "$PY" tests/bench/torch_train.py --threads "$T" \
+                s_run "$p" torch "$PY" tests/bench/torch_train.py --threads "$T" \
                     --batches "$BATCHES" --seconds "$SECS" --samples "$SAMPLES" 2>>"$OUT/torch.log" \
-                    | sed "s/^/$v /" >>"$RAW" \
-                    || echo "bench: torch_train.py failed ($T threads, variables $v); see $OUT/torch.log" >&2
+                    | sed "s/^/$p /" >>"$RAW" \
+                    || echo "bench: torch_train.py failed ($T threads, path $p); see $OUT/torch.log" >&2
             fi
         done
     done
 done
 echo "meta mflop $(sed -n 's/.*; \([0-9.]*\) MFLOP per training image/\1/p' "$OUT/last.txt" | head -1)" >>"$RAW"
-echo "sgemm ..."
-for v in $VARIANTS; do
-    for T in $THREADS; do
-        s_run "$v" "$BENCH" -g -t "$T" -s "$SECS" -r 3 | sed "s/^/$v /" >>"$RAW"
-    done
-done
 
-# End to end, through the real binaries on Fashion-MNIST (OpenBLAS variables unset).
+# End to end, through the real binaries on Fashion-MNIST, on the first path.
 if [ "$E2E_STEPS" -gt 0 ]; then
+    p=${PATHS%% *}
     s_ips() { awk -F: '/"images_per_s"/ { gsub(/[ \t,]/, "", $2); print $2 + 0 }' "$1"; }
     E2E_CMD=("$BUILD/downpour-worker" --standalone --steps "$E2E_STEPS" --batch 64 --threads 2
              --no-progress --summary "$OUT/standalone.json")
     DIST_CMD=("$BUILD/downpour" local --workers 2 --mode async --steps "$E2E_STEPS" --batch 64
               --threads 1 --no-progress --out "$OUT/local")
-    echo "end to end: ${UNSET[*]} ${E2E_CMD[*]}"
-    "${UNSET[@]}" "${E2E_CMD[@]}" >"$OUT/standalone.log" 2>&1 \
+    echo "end to end: env $(s_env "$p" | tr '\n' ' ')${E2E_CMD[*]}"
+    s_run "$p" downpour "${E2E_CMD[@]}" >"$OUT/standalone.log" 2>&1 \
         || { echo "bench: downpour-worker --standalone failed:" >&2; tail -5 "$OUT/standalone.log" >&2; exit 1; }
-    echo "unset e2e standalone $(s_ips "$OUT/standalone.json")" >>"$RAW"
+    echo "$p e2e standalone $(s_ips "$OUT/standalone.json")" >>"$RAW"
     rm -rf "$OUT/local"
-    echo "end to end: ${UNSET[*]} ${DIST_CMD[*]}"
-    "${UNSET[@]}" "${DIST_CMD[@]}" >"$OUT/local.log" 2>&1 \
+    echo "end to end: env $(s_env "$p" | tr '\n' ' ')${DIST_CMD[*]}"
+    s_run "$p" downpour "${DIST_CMD[@]}" >"$OUT/local.log" 2>&1 \
         || { echo "bench: downpour local failed:" >&2; tail -5 "$OUT/local.log" >&2; exit 1; }
-    echo "unset e2e local $(s_ips "$OUT/local/summary.json")" >>"$RAW"
+    echo "$p e2e local $(s_ips "$OUT/local/summary.json")" >>"$RAW"
 fi
 {
     echo "meta busy1 $(s_busy)"

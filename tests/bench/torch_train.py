@@ -6,14 +6,19 @@ Same network as DP_MODEL_DEFAULT_SPEC on 1x28x28 inputs:
   conv5x5:32 same, relu, maxpool2, conv5x5:64 same, relu, maxpool2,
   fc:512, relu, fc:10, cross-entropy; SGD lr 0.01, momentum 0.9.
 One step = forward + backward + update on a fixed synthetic batch (no data
-loading), as tests/bench/bench_train.c does for Downpour. Activations and
-weights are channels_last by default: on this machine oneDNN's convolutions
-make a step 15-25% faster so than in NCHW (--layout nchw to compare).
+loading), as tests/bench/bench_train.c does for Downpour. Which memory
+format is faster depends on the machine (oneDNN's convolutions in
+channels_last were 15-25% faster on one, NCHW on another), so by default
+both are measured, sample by sample in turn, and run.sh takes the faster
+(--layout nhwc or nchw measures one).
 
 Output, one line per sample (what run.sh parses):
-  sample torch THREADS BATCH IMAGES_PER_S LOSS
+  sample torch-LAYOUT THREADS BATCH IMAGES_PER_S LOSS
 A sample is the throughput of as many steps as fit in --seconds, so its
 median over --samples is robust against other load on a shared machine.
+On stderr first: the ATen CPU capability in use ("# torch: ATen CPU
+capability AVX2"), which ATEN_CPU_CAPABILITY limits (oneDNN's limit,
+ONEDNN_MAX_CPU_ISA, shows with ONEDNN_VERBOSE=1).
 
 Run it as PyTorch is fastest here (run.sh does): OPENBLAS_NUM_THREADS=1 (torch's
 own pool plus OpenBLAS's oversubscribes 2 cores) and glibc's malloc
@@ -38,7 +43,8 @@ except ImportError as e:  # run.sh checks first; this is for people running it b
     sys.exit(3)
 
 
-def measure(batch, seconds, samples, warmup, channels_last):
+def make_step(batch, channels_last):
+    """One training step of a fresh network on a fixed batch, as a function."""
     torch.manual_seed(1)
     net = build_module(DEFAULT_SPEC, (1, 28, 28))
     x = torch.rand(batch, 1, 28, 28)
@@ -55,19 +61,40 @@ def measure(batch, seconds, samples, warmup, channels_last):
         opt.step()
         return loss
 
-    for _ in range(warmup):
-        step()
-    out = []
+    return step
+
+
+def sample(step, batch, seconds):
+    """(images/s, loss) of as many steps as fit in `seconds` (at least 2)."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        loss = step()
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt >= seconds and n >= 2:
+            return n * batch / dt, float(loss)
+
+
+def measure(batch, seconds, samples, warmup, layouts):
+    """{layout: [(images/s, loss)]}, the layouts' samples taken in turn so
+    that other load on the machine falls on each alike."""
+    steps = {lay: make_step(batch, lay == "nhwc") for lay in layouts}
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    out = {lay: [] for lay in layouts}
     for _ in range(samples):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            loss = step()
-            n += 1
-            dt = time.perf_counter() - t0
-            if dt >= seconds and n >= 2:
-                break
-        out.append((n * batch / dt, float(loss)))
+        for lay, step in steps.items():
+            out[lay].append(sample(step, batch, seconds))
     return out
+
+
+def capability():
+    """The ATen CPU capability line of torch's build config, e.g. "AVX2"."""
+    for line in torch.__config__.show().splitlines():
+        if "CPU capability usage" in line:
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def main():
@@ -77,17 +104,20 @@ def main():
     ap.add_argument("--seconds", type=float, default=0.5, help="length of one sample")
     ap.add_argument("--samples", type=int, default=3, help="samples per batch size")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    ap.add_argument("--layout", choices=("nhwc", "nchw"), default="nhwc",
-                    help="memory format: nhwc (channels_last, the faster here) or nchw")
+    ap.add_argument("--layout", choices=("both", "nhwc", "nchw"), default="both",
+                    help="memory format: nhwc (channels_last), nchw, or both in turn")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
+    print(f"# torch: ATen CPU capability {capability()}", file=sys.stderr, flush=True)
+    layouts = ("nhwc", "nchw") if a.layout == "both" else (a.layout,)
     for b in (int(s) for s in a.batches.split(",")):
-        res = measure(b, a.seconds, a.samples, a.warmup, a.layout == "nhwc")
-        for ips, loss in res:
-            print(f"sample torch {a.threads} {b} {ips:.1f} {loss:.4f}", flush=True)
-        print(f"# torch threads {a.threads} batch {b}: median "
-              f"{statistics.median(r[0] for r in res):.0f} images/s", file=sys.stderr)
+        res = measure(b, a.seconds, a.samples, a.warmup, layouts)
+        for lay in layouts:
+            for ips, loss in res[lay]:
+                print(f"sample torch-{lay} {a.threads} {b} {ips:.1f} {loss:.4f}", flush=True)
+            print(f"# torch {lay} threads {a.threads} batch {b}: median "
+                  f"{statistics.median(r[0] for r in res[lay]):.0f} images/s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,20 @@
  * - fast backward against reference backward, on dense gradients and on
  *   mostly-zero ones (the sparse path the conv takes behind a max-pool);
  * - softmax-xent loss and gradient, relu / max-pool backward and ties,
- *   din == NULL, 1 to 3 threads (uneven splits of the batch). */
+ *   din == NULL, 1 to 3 threads (uneven splits of the batch);
+ * - the conv tests once per kernel path this CPU supports (avx512, avx2,
+ *   generic: kernels/cpu/isa.h), the avx2 and avx512 paths bit for bit
+ *   equal, and DP_CPU_ISA's choice and refusals. */
 #include <math.h>
 #include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/ops.h"
 #include "tests/test.h"
+#include "tests/cpu_paths.h"
 
 static dp_rng_t s_rng;
 static int s_rng_ready;
@@ -127,6 +133,9 @@ static const s_conv_case_t s_conv_cases[] = {
     {3, 5, 13, 11, 4, 3, 0, 2}, {1, 5, 13, 11, 2, 5, 1, 2}, {3, 5, 13, 11, 3, 3, 2, 1},
     {3, 1, 13, 11, 6, 5, 2, 1}, {2, 5, 13, 11, 3, 1, 1, 2}, {3, 3, 6, 4, 2, 5, 0, 1},
     {3, 5, 13, 11, 64, 3, 1, 2}, {1, 8, 13, 11, 96, 3, 1, 1}, {3, 3, 13, 11, 32, 5, 2, 1},
+    /* our GEMM's channel blocks on the avx2 path (16 + 8, 16 + 16 + 8), patches
+     * not a multiple of 8 floats, 15 positions, stride 2 */
+    {2, 8, 9, 10, 24, 3, 1, 1}, {1, 9, 7, 5, 40, 3, 0, 1}, {3, 3, 11, 9, 16, 5, 2, 2},
 };
 #define N_CONV (int)(sizeof s_conv_cases / sizeof s_conv_cases[0])
 
@@ -154,7 +163,7 @@ static void test_conv_dims(void)
     CHECK_EQ(p.OW, 3);
 }
 
-static void test_conv_forward_vs_ref(void)
+static void s_conv_forward_vs_ref(void)
 {
     for (int threads = 1; threads <= 3; threads++) {
         dp_cpu_set_threads(threads);
@@ -168,7 +177,8 @@ static void test_conv_forward_vs_ref(void)
             dp_conv2d_forward_ref(want, in, w, b, &d);
             dp_conv2d_forward(got, in, w, b, &d);
             char what[96];
-            snprintf(what, sizeof what, "conv case %d threads %d", ci, threads);
+            snprintf(what, sizeof what, "conv case %d threads %d path %s", ci, threads,
+                     dp_cpu_isa_name(dp_cpu_isa()));
             CHECK_CLOSE(what, got, want, nout, 1e-4, 1e-4);
             /* no bias */
             s_poison(got, nout);
@@ -179,6 +189,11 @@ static void test_conv_forward_vs_ref(void)
         }
     }
     dp_cpu_set_threads(0);
+}
+
+static void test_conv_forward_vs_ref(void)
+{
+    t_each_cpu_path(s_conv_forward_vs_ref);
 }
 
 /* Backward of the reference and of the fast kernel, both against finite
@@ -222,7 +237,7 @@ static void s_conv_backward_case(const s_conv_case_t *cc, float keep, int with_f
     free(din), free(dw), free(db);
 }
 
-static void test_conv_backward_dense(void)
+static void s_conv_backward_dense(void)
 {
     for (int ci = 0; ci < N_CONV; ci++) {
         dp_cpu_set_threads(1 + ci % 3);
@@ -231,7 +246,12 @@ static void test_conv_backward_dense(void)
     dp_cpu_set_threads(0);
 }
 
-static void test_conv_backward_sparse(void)
+static void test_conv_backward_dense(void)
+{
+    t_each_cpu_path(s_conv_backward_dense);
+}
+
+static void s_conv_backward_sparse(void)
 {
     for (int ci = 0; ci < N_CONV; ci++) {
         dp_cpu_set_threads(1 + ci % 3);
@@ -241,8 +261,13 @@ static void test_conv_backward_sparse(void)
     dp_cpu_set_threads(0);
 }
 
+static void test_conv_backward_sparse(void)
+{
+    t_each_cpu_path(s_conv_backward_sparse);
+}
+
 /* The default model's conv2 at batch 8: the shape the fast path is tuned for. */
-static void test_conv_default_shape(void)
+static void s_conv_default_shape(void)
 {
     s_conv_case_t c = {8, 32, 14, 14, 64, 5, 2, 1};
     dp_cpu_set_threads(2);
@@ -258,6 +283,92 @@ static void test_conv_default_shape(void)
     s_conv_backward_case(&c, 0.25f, 0);
     s_conv_backward_case(&c, 1.0f, 0);
     dp_cpu_set_threads(0);
+}
+
+static void test_conv_default_shape(void)
+{
+    t_each_cpu_path(s_conv_default_shape);
+}
+
+/* The avx2 and avx512 paths chain the same FMAs in the same order (the
+ * kernels are one source, conv_simd.h): the same bits, forward and backward,
+ * dense and sparse. */
+static void test_conv_paths_bitwise_equal(void)
+{
+    unsigned both = (1u << DP_CPU_ISA_AVX2) | (1u << DP_CPU_ISA_AVX512);
+    if ((dp_cpu_isa_supported() & both) != both) SKIP("this CPU has no AVX-512: one SIMD path");
+    s_conv_case_t cs[] = {{8, 32, 14, 14, 64, 5, 2, 1}, {3, 3, 13, 11, 32, 5, 2, 1}};
+    dp_cpu_isa_t keep = dp_cpu_isa();
+    dp_cpu_set_threads(2);
+    for (int ci = 0; ci < 2; ci++) {
+        dp_conv_dims_t d = s_dims(&cs[ci]);
+        size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
+        size_t nw = (size_t)d.OC * d.C * d.K * d.K, n = nout + nin + nw + d.OC;
+        float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -0.1f, 0.1f), *b = s_rand(d.OC, -1, 1);
+        float *g = s_rand(nout, -1, 1), *res[2];
+        s_sparsify(g, nout / 2, 0.25f); /* first half sparse, second dense */
+        for (int k = 0; k < 2; k++) {
+            dp_cpu_isa_set(k ? DP_CPU_ISA_AVX512 : DP_CPU_ISA_AVX2);
+            float *r = res[k] = s_nan(n);
+            dp_conv2d_forward(r, in, w, b, &d);
+            dp_conv2d_backward(r + nout, r + nout + nin, r + nout + nin + nw, g, in, w, &d);
+        }
+        CHECK(memcmp(res[0], res[1], n * sizeof(float)) == 0);
+        free(in), free(w), free(b), free(g), free(res[0]), free(res[1]);
+    }
+    dp_cpu_isa_set(keep);
+    dp_cpu_set_threads(0);
+}
+
+/* DP_CPU_ISA: empty picks the best path the CPU has; a known path the CPU
+ * lacks and an unknown value are refused with a line naming the variable. */
+static void test_isa_choose(void)
+{
+    char err[DP_ERR_LEN] = "";
+    unsigned all = (1u << DP_CPU_ISA_COUNT) - 1, no512 = all & ~(1u << DP_CPU_ISA_AVX512);
+    dp_cpu_isa_t isa = DP_CPU_ISA_COUNT;
+    CHECK_EQ(dp_cpu_isa_choose(NULL, all, &isa, err), 0);
+    CHECK_EQ(isa, DP_CPU_ISA_AVX512);
+    CHECK_EQ(dp_cpu_isa_choose("", no512, &isa, err), 0);
+    CHECK_EQ(isa, DP_CPU_ISA_AVX2);
+    CHECK_EQ(dp_cpu_isa_choose(NULL, 1u << DP_CPU_ISA_GENERIC, &isa, err), 0);
+    CHECK_EQ(isa, DP_CPU_ISA_GENERIC);
+    for (int i = 0; i < DP_CPU_ISA_COUNT; i++) {
+        CHECK_EQ(dp_cpu_isa_choose(dp_cpu_isa_name((dp_cpu_isa_t)i), all, &isa, err), 0);
+        CHECK_EQ(isa, i);
+    }
+    CHECK_EQ(dp_cpu_isa_choose("AVX2", all, &isa, err), 0);
+    CHECK_EQ(isa, DP_CPU_ISA_AVX2);
+    CHECK_EQ(dp_cpu_isa_choose("avx512", no512, &isa, err), -1);
+    CHECK(strstr(err, "DP_CPU_ISA=avx512") && strstr(err, "cannot run the avx512 path"));
+    CHECK_EQ(dp_cpu_isa_choose("sse2", all, &isa, err), -1);
+    CHECK(strstr(err, "DP_CPU_ISA=sse2: unknown path") != NULL);
+    CHECK(dp_cpu_isa_supported() & (1u << DP_CPU_ISA_GENERIC));
+    CHECK(dp_cpu_isa_supported() & (1u << dp_cpu_isa()));
+    fprintf(stderr, "  CPU: %s; paths tested here: %s; default %s\n", dp_cpu_isa_features(),
+            t_cpu_paths(), dp_cpu_isa_name(dp_cpu_isa()));
+}
+
+/* A refused DP_CPU_ISA stops a program that links the kernels before main:
+ * one line on stderr, exit status 2. */
+static void test_isa_refused_before_main(void)
+{
+    char self[4096], cmd[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    CHECK(n > 0);
+    if (n <= 0) return;
+    self[n] = 0;
+    snprintf(cmd, sizeof cmd, "DP_CPU_ISA=bogus '%s' -t test_threads 2>&1", self);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p) return;
+    char line[512] = "", extra[512];
+    if (!fgets(line, sizeof line, p)) line[0] = 0;
+    int more = fgets(extra, sizeof extra, p) != NULL;
+    int st = pclose(p);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    CHECK(strstr(line, "test_kernels: DP_CPU_ISA=bogus: unknown path") != NULL);
+    CHECK(!more); /* one line, and test_threads never ran */
 }
 
 /* ---- fc ---------------------------------------------------------------- */
@@ -501,5 +612,7 @@ static void test_threads(void)
 }
 
 DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_dense),
-         T(test_conv_backward_sparse), T(test_conv_default_shape), T(test_fc), T(test_relu),
+         T(test_conv_backward_sparse), T(test_conv_default_shape),
+         T(test_conv_paths_bitwise_equal), T(test_isa_choose), T(test_isa_refused_before_main),
+         T(test_fc), T(test_relu),
          T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads))

@@ -1,0 +1,46 @@
+/* conv_avx2: the convolution's SIMD kernels (conv_simd.h) in AVX2 + FMA,
+ * 8 floats a vector, for x86 CPUs without AVX-512 (Zen 1-3, Haswell to
+ * Alder Lake). With 16 ymm registers the forward GEMM tiles are 6 positions
+ * x 16 channels (12 accumulators, 2 weight vectors, 1 broadcast) and 12 x 8.
+ * Compiled on x86 only; conv.c calls it only where the CPU has AVX2 and FMA
+ * (isa.h). */
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* V_MASK(n): lanes [0, n) on, from a window into this table */
+static const int s_tail[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+#define V __m256
+#define VW 8
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, v) _mm256_storeu_ps(p, v)
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_ADD(a, b) _mm256_add_ps(a, b)
+#define VM __m256i
+#define V_MASK(n) _mm256_loadu_si256((const __m256i *)(s_tail + 8 - ((n) < 8 ? (n) : 8)))
+#define V_MLOAD(m, p) _mm256_maskload_ps(p, m)
+#define V_MSTORE(m, p, v) _mm256_maskstore_ps(p, m, v)
+/* no scatter in AVX2: through a stack copy, 8 scalar stores per 8 x CKK FMAs */
+#define V_SCATTER_DECL(P) const size_t sstride = (size_t)(P)
+#define V_SCATTER(base, v)                                                                   \
+    do {                                                                                     \
+        float t_lanes[8];                                                                    \
+        float *t_base = (base);                                                              \
+        _mm256_storeu_ps(t_lanes, v);                                                        \
+        for (int t_l = 0; t_l < 8; t_l++) t_base[t_l * sstride] = t_lanes[t_l];              \
+    } while (0)
+#define S(name) name##_avx2
+#define FWD_BIG_NV 2
+#define FWD_BIG_TP 6
+#define FWD_SMALL_NV 1
+#define FWD_SMALL_TP 12
+#define SP_NV 4
+#define SP_NR 2
+
+#include "kernels/cpu/conv_simd.h"
+#endif

@@ -1,0 +1,37 @@
+/* conv_avx512: the convolution's SIMD kernels (conv_simd.h) in AVX-512F,
+ * 16 floats a vector; the forward GEMM tiles are 6 positions x 64 channels
+ * and 12 x 32. Compiled on x86 only; conv.c calls it only where the CPU has
+ * AVX-512F (isa.h). */
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx512f")
+#include <immintrin.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define V __m512
+#define VW 16
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, v) _mm512_storeu_ps(p, v)
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define V_ADD(a, b) _mm512_add_ps(a, b)
+#define VM __mmask16
+#define V_MASK(n) ((n) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n)) - 1))
+#define V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define V_MSTORE(m, p, v) _mm512_mask_storeu_ps(p, m, v)
+#define V_SCATTER_DECL(P)                                                                    \
+    __m512i sidx = _mm512_mullo_epi32(                                                       \
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),             \
+        _mm512_set1_epi32(P))
+#define V_SCATTER(base, v) _mm512_i32scatter_ps(base, sidx, v, 4)
+#define S(name) name##_avx512
+#define FWD_BIG_NV 4
+#define FWD_BIG_TP 6
+#define FWD_SMALL_NV 2
+#define FWD_SMALL_TP 12
+#define SP_NV 2
+#define SP_NR 4
+
+#include "kernels/cpu/conv_simd.h"
+#endif

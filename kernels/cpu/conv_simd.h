@@ -1,0 +1,210 @@
+/* conv_simd: the SIMD kernels of the fast convolution (conv.c), written once
+ * over a few vector macros and compiled once per path: conv_avx512.c (16
+ * floats a vector) and conv_avx2.c (8). Not a header to include anywhere
+ * else: the including file defines, before including it,
+ *
+ *   V, VW               the vector type and its width in floats
+ *   V_LOAD/STORE(p[,v]) unaligned full-vector load / store
+ *   V_ZERO(), V_SET1(x), V_FMA(a, b, c) = a * b + c (fused), V_ADD(a, b)
+ *   VM, V_MASK(n)       a mask for the first n lanes (1 <= n <= VW)
+ *   V_MLOAD(m, p), V_MSTORE(m, p, v)  masked load (others 0) / store
+ *   V_SCATTER_DECL(P), V_SCATTER(base, v)  store lane l at base[l * P]
+ *   S(name)             the path's name for a kernel (name ## _avx2 ...)
+ *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
+ *   SP_NV, SP_NR        the sparse products' tile: SP_NV * VW = 32 floats,
+ *                       SP_NR * SP_NV = 8 FMA chains
+ *
+ * and gets `const dp_conv_simd_t S(dp_conv_simd)`. The arithmetic order is
+ * the same for every width (each output is one chain of FMAs in the same
+ * order), so the avx512 instance computes exactly what conv.c's AVX-512 code
+ * did before this file existed. */
+
+/* dst[0, n) = src[0, n) */
+static inline void S(s_copy)(float *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_LOAD(src + i));
+    if (i < n) {
+        VM m = V_MASK(n - i);
+        V_MSTORE(m, dst + i, V_MLOAD(m, src + i));
+    }
+}
+
+/* dst[0, n) += src[0, n) */
+static inline void S(s_add)(float *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + VW <= n; i += VW) V_STORE(dst + i, V_ADD(V_LOAD(dst + i), V_LOAD(src + i)));
+    if (i < n) {
+        VM m = V_MASK(n - i);
+        V_MSTORE(m, dst + i, V_ADD(V_MLOAD(m, dst + i), V_MLOAD(m, src + i)));
+    }
+}
+
+/* Stride-1 im2col / col2im rows through the zero-padded image (conv.c). */
+static void S(s_im2col_s1)(float *col, size_t ld, float *pin, const dp_conv_dims_t *d)
+{
+    DP_S1_BODY(S(s_copy)(cr, pr, OW))
+}
+
+static void S(s_col2im_s1)(float *col, size_t ld, float *pin, const dp_conv_dims_t *d)
+{
+    DP_S1_BODY(S(s_add)(pr, cr, OW))
+}
+
+/* colT[p, r'] (patch order) from the padded HWC image, any stride. */
+static void S(s_im2colT)(float *colT, const float *pin, const dp_conv_dims_t *d)
+{
+    int K = d->K, st = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
+    size_t CKK = (size_t)C * K * K;
+    for (int oy = 0; oy < d->OH; oy++)
+        for (int ox = 0; ox < d->OW; ox++) {
+            float *dst = colT + (size_t)(oy * d->OW + ox) * CKK;
+            const float *src = pin + ((size_t)oy * st * Wp + (size_t)ox * st) * C;
+            for (int ky = 0; ky < K; ky++)
+                S(s_copy)(dst + (size_t)ky * run, src + (size_t)ky * Wp * C, run);
+        }
+}
+
+/* Padded HWC dpin += the dcolT row (patch order) of position p. */
+static void S(s_col2imT_row)(float *dpin, const float *row, int p, const dp_conv_dims_t *d)
+{
+    int K = d->K, st = d->stride, C = d->C, Wp = d->W + 2 * d->pad, run = K * C;
+    int oy = p / d->OW, ox = p % d->OW;
+    float *base = dpin + ((size_t)oy * st * Wp + (size_t)ox * st) * C;
+    for (int ky = 0; ky < K; ky++)
+        S(s_add)(base + (size_t)ky * Wp * C, row + (size_t)ky * run, run);
+}
+
+/* The sparse products of the backward (conv.c): for each row i of Y,
+ *   Y[i, 0:n) (+)= sum_{j in [start[i], start[i] + count[i])} coef[j] X[idx[j], 0:n)
+ * (Y overwritten when !accumulate). Columns go in blocks of SP_NV vectors (32
+ * floats) so that the block of X being gathered (P or OC rows of 128 bytes)
+ * stays in L1 over all rows; SP_NR rows go together so that SP_NR * SP_NV
+ * independent FMA chains hide the FMA latency. Each element of Y is still one
+ * chain over its own j in order, so the blocking changes no bit. */
+#define SP_BW (SP_NV * VW)
+
+/* One row, columns [r0, r0 + w) with w <= SP_BW: masked vectors. */
+static void S(s_spmm_row)(float *y, int w, const float *X, size_t ldx, const int *idx,
+                          const float *coef, int cnt, int accumulate)
+{
+    for (int v = 0; v * VW < w; v++) {
+        VM m = V_MASK(w - v * VW < VW ? w - v * VW : VW);
+        V a = accumulate ? V_MLOAD(m, y + v * VW) : V_ZERO();
+        for (int j = 0; j < cnt; j++)
+            a = V_FMA(V_SET1(coef[j]), V_MLOAD(m, X + (size_t)idx[j] * ldx + v * VW), a);
+        V_MSTORE(m, y + v * VW, a);
+    }
+}
+
+/* SP_NR rows i0.., one full column block at X + r0 / Y + r0, in registers. */
+__attribute__((optimize("O3"))) static void S(s_spmm_tile)(float *Y, size_t ldy,
+                                                           const float *X, size_t ldx,
+                                                           const int *start, const int *count,
+                                                           const int *idx, const float *coef,
+                                                           int accumulate)
+{
+    V a[SP_NR][SP_NV];
+    int common = count[0];
+    for (int i = 0; i < SP_NR; i++) {
+        if (count[i] < common) common = count[i];
+        for (int v = 0; v < SP_NV; v++)
+            a[i][v] = accumulate ? V_LOAD(Y + i * ldy + v * VW) : V_ZERO();
+    }
+    for (int j = 0; j < common; j++) /* every row has a j-th term: all chains at once */
+        _Pragma("GCC unroll 4") for (int i = 0; i < SP_NR; i++)
+        {
+            V g = V_SET1(coef[start[i] + j]);
+            const float *x = X + (size_t)idx[start[i] + j] * ldx;
+            _Pragma("GCC unroll 4") for (int v = 0; v < SP_NV; v++)
+                a[i][v] = V_FMA(g, V_LOAD(x + v * VW), a[i][v]);
+        }
+    for (int i = 0; i < SP_NR; i++) /* the longer rows' remaining terms */
+        for (int j = common; j < count[i]; j++) {
+            V g = V_SET1(coef[start[i] + j]);
+            const float *x = X + (size_t)idx[start[i] + j] * ldx;
+            _Pragma("GCC unroll 4") for (int v = 0; v < SP_NV; v++)
+                a[i][v] = V_FMA(g, V_LOAD(x + v * VW), a[i][v]);
+        }
+    for (int i = 0; i < SP_NR; i++)
+        for (int v = 0; v < SP_NV; v++) V_STORE(Y + i * ldy + v * VW, a[i][v]);
+}
+
+static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,
+                      const int *start, const int *count, const int *idx, const float *coef,
+                      int accumulate)
+{
+    for (int r0 = 0; r0 < n; r0 += SP_BW) {
+        int w = n - r0 < SP_BW ? n - r0 : SP_BW, i = 0;
+        if (w == SP_BW)
+            for (; i + SP_NR <= rows; i += SP_NR)
+                S(s_spmm_tile)(Y + i * ldy + r0, ldy, X + r0, ldx, start + i, count + i, idx,
+                               coef, accumulate);
+        for (; i < rows; i++)
+            S(s_spmm_row)(Y + i * ldy + r0, w, X + r0, ldx, idx + start[i], coef + start[i],
+                          count[i], accumulate);
+    }
+}
+
+/* Forward GEMM of our own:  out[oc, p] = b[oc] + sum_r wt[r, oc] colT[p, r]
+ * for channels [oc0, oc0 + NV*VW). A tile of TP positions x NV channel
+ * vectors lives in registers for the whole CKK sum: per r, NV vectors of wt
+ * and TP broadcasts of colT feed TP*NV FMAs (24 of 32 zmm registers for
+ * AVX-512, 12 of 16 ymm for AVX2). The tile is stored transposed (lane l of a
+ * vector to out[(oc + l) * P + p]) straight into NCHW. */
+#define DP_FWD_GEMM(NAME, NV, TP)                                                                \
+    __attribute__((optimize("O3"))) static void NAME(float *out, const float *colT,             \
+                                                     const float *wt, const float *b, int P,     \
+                                                     int CKK, int OC, int oc0)                   \
+    {                                                                                            \
+        V_SCATTER_DECL(P);                                                                       \
+        V bias[NV];                                                                              \
+        for (int v = 0; v < NV; v++) bias[v] = b ? V_LOAD(b + oc0 + VW * v) : V_ZERO();         \
+        for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
+            int np = P - p0 < TP ? P - p0 : TP;                                                  \
+            const float *row[TP];                                                                \
+            for (int j = 0; j < TP; j++) /* spare rows of a short tile repeat the last */        \
+                row[j] = colT + (size_t)(p0 + (j < np ? j : np - 1)) * CKK;                      \
+            V acc[TP][NV];                                                                       \
+            _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                                \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[j][v] = bias[v];       \
+            const float *wr = wt + oc0;                                                          \
+            for (int r = 0; r < CKK; r++, wr += OC) {                                            \
+                V wv[NV];                                                                        \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) wv[v] = V_LOAD(wr + VW * v); \
+                _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                            \
+                {                                                                                \
+                    V x = V_SET1(row[j][r]);                                                     \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                         \
+                        acc[j][v] = V_FMA(x, wv[v], acc[j][v]);                                  \
+                }                                                                                \
+            }                                                                                    \
+            for (int j = 0; j < np; j++)                                                         \
+                for (int v = 0; v < NV; v++)                                                     \
+                    V_SCATTER(out + (size_t)(oc0 + VW * v) * P + p0 + j, acc[j][v]);             \
+        }                                                                                        \
+    }
+DP_FWD_GEMM(S(s_fwd_big), FWD_BIG_NV, FWD_BIG_TP)
+DP_FWD_GEMM(S(s_fwd_small), FWD_SMALL_NV, FWD_SMALL_TP)
+
+/* out (one image) = conv via our GEMM: big channel blocks, then one small
+ * block if left (OC is a multiple of the small block, the big one twice it). */
+static void S(s_fwd)(float *out, const float *colT, const float *wt, const float *b, int P,
+                     int CKK, int OC)
+{
+    int oc0 = 0;
+    for (; oc0 + FWD_BIG_NV * VW <= OC; oc0 += FWD_BIG_NV * VW)
+        S(s_fwd_big)(out, colT, wt, b, P, CKK, OC, oc0);
+    if (oc0 < OC) S(s_fwd_small)(out, colT, wt, b, P, CKK, OC, oc0);
+}
+
+const dp_conv_simd_t S(dp_conv_simd) = {
+    .oc_multiple = FWD_SMALL_NV * VW,
+    .fwd = S(s_fwd),
+    .spmm = S(s_spmm),
+    .im2colT = S(s_im2colT),
+    .col2imT_row = S(s_col2imT_row),
+    .im2col_s1 = S(s_im2col_s1),
+    .col2im_s1 = S(s_col2im_s1),
+};

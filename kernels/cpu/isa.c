@@ -1,0 +1,93 @@
+/* isa: the CPU's features, DP_CPU_ISA, and the path the kernels take
+ * (see isa.h). The x86 feature tests are compiled only for x86; elsewhere
+ * the generic path is the only one. */
+#include "kernels/cpu/isa.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/util.h"
+
+static const char *const s_names[DP_CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
+
+static dp_cpu_isa_t s_isa = DP_CPU_ISA_GENERIC; /* set before main (no race with the team) */
+static unsigned s_supported = 1u << DP_CPU_ISA_GENERIC;
+static char s_features[64] = "no x86 features";
+
+const char *dp_cpu_isa_name(dp_cpu_isa_t isa)
+{
+    return (unsigned)isa < DP_CPU_ISA_COUNT ? s_names[isa] : "?";
+}
+
+dp_cpu_isa_t dp_cpu_isa(void)
+{
+    return s_isa;
+}
+
+unsigned dp_cpu_isa_supported(void)
+{
+    return s_supported;
+}
+
+const char *dp_cpu_isa_features(void)
+{
+    return s_features;
+}
+
+int dp_cpu_isa_choose(const char *value, unsigned supported, dp_cpu_isa_t *isa, char *err)
+{
+    if (!value || !*value) {
+        int best = DP_CPU_ISA_COUNT - 1;
+        while (best > 0 && !(supported & (1u << best))) best--;
+        *isa = (dp_cpu_isa_t)best;
+        return 0;
+    }
+    for (int i = 0; i < DP_CPU_ISA_COUNT; i++) {
+        if (strcasecmp(value, s_names[i]) != 0) continue; /* AVX2 as well as avx2 */
+        if (!(supported & (1u << i)))
+            return dp_err(err, "DP_CPU_ISA=%s: this CPU cannot run the %s path (it has: %s); "
+                          "set DP_CPU_ISA to one it can run or unset it",
+                          value, s_names[i], s_features);
+        *isa = (dp_cpu_isa_t)i;
+        return 0;
+    }
+    return dp_err(err, "DP_CPU_ISA=%s: unknown path (expected avx512, avx2 or generic; this "
+                  "CPU has: %s)", value, s_features);
+}
+
+void dp_cpu_isa_set(dp_cpu_isa_t isa)
+{
+    assert((unsigned)isa < DP_CPU_ISA_COUNT && (s_supported & (1u << isa)));
+    s_isa = isa;
+}
+
+/* What the CPU can run. Valgrind hides AVX-512 from the feature tests, so
+ * under it the avx2 path runs. */
+static void s_detect(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    snprintf(s_features, sizeof s_features, "%s%s%s", avx512 ? "avx512f " : "no avx512f, ",
+             __builtin_cpu_supports("avx2") ? "avx2 " : "no avx2, ",
+             __builtin_cpu_supports("fma") ? "fma" : "no fma");
+    if (avx2) s_supported |= 1u << DP_CPU_ISA_AVX2;
+    if (avx512 && avx2) s_supported |= 1u << DP_CPU_ISA_AVX512;
+#endif
+}
+
+/* Before main: a refused DP_CPU_ISA stops the program here, with one line. */
+__attribute__((constructor)) static void s_isa_init(void)
+{
+    char err[DP_ERR_LEN];
+    s_detect();
+    if (dp_cpu_isa_choose(getenv("DP_CPU_ISA"), s_supported, &s_isa, err) != 0) {
+        fprintf(stderr, "%s: %s\n", program_invocation_short_name, err);
+        exit(2);
+    }
+}

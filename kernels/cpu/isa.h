@@ -1,0 +1,45 @@
+/* isa: which instruction-set path the fast CPU kernels take — the one
+ * dispatch point. The path is picked once, before main, from the CPU's
+ * features: avx512 (AVX-512F), else avx2 (AVX2 + FMA), else generic (plain C
+ * and OpenBLAS, the only path off x86).
+ *
+ * DP_CPU_ISA=avx512|avx2|generic (environment, any case) forces a path, so
+ * every path can be run and tested on one machine. A value this CPU cannot run, or an
+ * unknown one, is refused before main with one line on stderr (the variable,
+ * the value, what the CPU has) and exit status 2: every binary that links
+ * the kernels (downpour-worker, downpour local/eval, the tests and benches)
+ * fails cleanly before doing anything. */
+#ifndef DP_CPU_ISA_H
+#define DP_CPU_ISA_H
+
+#include <stddef.h>
+
+typedef enum {
+    DP_CPU_ISA_GENERIC,  /* portable C + OpenBLAS */
+    DP_CPU_ISA_AVX2,     /* our kernels in AVX2 + FMA (256-bit) */
+    DP_CPU_ISA_AVX512,   /* our kernels in AVX-512F (512-bit) */
+    DP_CPU_ISA_COUNT
+} dp_cpu_isa_t;
+
+/* The path the kernels take now. */
+dp_cpu_isa_t dp_cpu_isa(void);
+
+/* "generic", "avx2", "avx512". */
+const char *dp_cpu_isa_name(dp_cpu_isa_t isa);
+
+/* Bit (1 << isa) for every path this CPU (and this build) can run; generic
+ * always. */
+unsigned dp_cpu_isa_supported(void);
+
+/* The CPU's features that matter for the choice, e.g. "avx512f avx2 fma". */
+const char *dp_cpu_isa_features(void);
+
+/* The path for a DP_CPU_ISA value (NULL or "" = the best of `supported`);
+ * -1 with err for an unknown value or one outside `supported`. */
+int dp_cpu_isa_choose(const char *value, unsigned supported, dp_cpu_isa_t *isa, char *err);
+
+/* Tests and benches: switch path (must be supported; asserted). Not
+ * thread-safe: call it between kernel calls, never during one. */
+void dp_cpu_isa_set(dp_cpu_isa_t isa);
+
+#endif
