@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_curve: who may talk to downpour-ps, with the real daemons on loopback.
+# test_curve_cluster: who may talk to downpour-ps, with the real daemons on loopback.
 #  - CURVE (keys from `downpour keygen`): an allowed worker trains; a worker
 #    with an unknown key and a plain worker get no reply (their timeout
 #    line) and the weights are unchanged (hash of the shard's checkpoint,
