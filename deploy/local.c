@@ -39,6 +39,7 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
+#include "deploy/local_keys.h"
 #include "server/ps.h"
 #include "worker/args.h"
 
@@ -82,6 +83,8 @@ typedef struct {
     int n_worker_args;
     dp_child_t kids[2 * DP_LOCAL_MAX];
     int n_kids;
+    int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
+    dp_local_keys_t keys;
 } dp_local_t;
 
 static volatile sig_atomic_t s_signal;
@@ -358,6 +361,9 @@ static void s_options(dp_local_t *L)
         DP_FLAG_STR("out", "DIR", &L->out, 0, "where results land"),
         DP_FLAG_SET("progress", &L->progress, 1, 0, "the live line even when stderr is no terminal"),
         DP_FLAG_SET("no-progress", &L->progress, 0, 0, "no live line"),
+        DP_FLAG_SET("secure", &L->secure, 1, 0,
+                    "CURVE: a key pair per shard and worker in DIR/keys; every\n"
+                    "connection encrypted, only these keys admitted"),
     };
     dp_opts_init(&L->opts, "downpour local", s_synopsis, s_epilog);
     dp_opts_add(&L->opts, own, (int)(sizeof own / sizeof own[0]));
@@ -508,6 +514,7 @@ static int s_prepare(dp_local_t *L, char *err)
     unlink(L->summary);
     snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
+    if (L->secure && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
     return 0;
 }
 
@@ -544,6 +551,7 @@ static int s_start_servers(dp_local_t *L, char *err)
         av[n++] = "--workers"; av[n++] = nworkers;
         av[n++] = "--input"; av[n++] = L->input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
+        if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
         for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
         av[n] = NULL;
         if (s_spawn(c, av, err) != 0) return -1;
@@ -590,6 +598,7 @@ static int s_start_workers(dp_local_t *L, char *err)
             av[n++] = "--save"; av[n++] = save;
             av[n++] = "--summary"; av[n++] = L->summary;
         }
+        if (L->secure) dp_local_keys_worker_args(&L->keys, i, av, &n);
         /* User flags last, so an explicit --threads or --device wins. */
         for (int k = 0; k < L->n_worker_args; k++) av[n++] = L->worker_args[k];
         av[n] = NULL;

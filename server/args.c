@@ -129,6 +129,11 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
                     "silence before a worker stops counting (default 60, 0 = never)"),
         DP_FLAG_BUF("ready-file", "FILE", c->ready_file, 0,
                     "write the bound endpoint to FILE once listening"),
+        DP_FLAG_BUF("curve-secret", "FILE", c->curve_secret, 0,
+                    "CURVE: this server's secret key (downpour keygen FILE);\n"
+                    "encrypts the traffic and admits only --curve-allow keys"),
+        DP_FLAG_BUF("curve-allow", "DIR|FILE,...", c->curve_allow, 0,
+                    "CURVE: the workers' public keys allowed in (DIR/*.pub or a list)"),
     };
     dp_opts_init(o, "downpour-ps", s_synopsis, s_epilog);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
@@ -169,6 +174,9 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
     dp_ps_options(&o, c, cl);
     int rc = dp_opts_parse(&o, argc, argv, err);
     if (rc == 0) rc = s_apply_cluster(c, cl, &o, err);
+    if (rc == 0 && !c->curve_secret[0] != !c->curve_allow[0])
+        rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
+                         "secret key and the public keys allowed in) or neither");
     if (rc == 0 && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,
                     c->num_workers);

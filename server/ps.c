@@ -31,6 +31,8 @@
 #include "common/metrics.h"
 #include "common/model.h"
 #include "common/util.h"
+#include "proto/curve.h"
+#include "server/auth.h"
 #include "server/members.h"
 #include "server/policy.h"
 #include "server/shard.h"
@@ -67,6 +69,9 @@ typedef struct {
     dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
     double next_metrics;
     int quit;              /* SHUTDOWN received */
+    dp_auth_t auth;        /* worker ids bound to connections / keys, the chief's token */
+    dp_zap_t *zap;         /* CURVE: the gate (NULL without --curve-secret) */
+    const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -86,7 +91,9 @@ static void s_env(const s_ps_t *ps, Downpour__Envelope *env, int type, uint64_t 
     dp_wire_env_init(env, type, req, worker, ps->shard.model.fingerprint);
 }
 
-static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg)
+/* ERROR with Error.code (DOWNPOUR__ERROR_CODE__*), counted as malformed. */
+static void s_reply_error_code(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                               const char *msg)
 {
     ps->shard.counts.malformed++;
     ps->shard.counts.rejected++;
@@ -95,8 +102,14 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
     s_env(ps, &env, DOWNPOUR__MSG_TYPE__ERROR, req, worker);
     Downpour__Error e = DOWNPOUR__ERROR__INIT;
     e.message = (char *)msg;
+    e.code = (Downpour__ErrorCode)code;
     env.error = &e;
     s_send(ps, id, &env, NULL, 0);
+}
+
+static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg)
+{
+    s_reply_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
 static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker)
@@ -183,6 +196,8 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "staleness_mean", dp_metrics_round(mean, 4));
     cJSON_AddNumberToObject(line, "staleness_max", (double)c->staleness_max);
     cJSON_AddNumberToObject(line, "net_errors", (double)ps->net_errors);
+    cJSON_AddNumberToObject(line, "auth_refused", (double)ps->auth.refused);
+    cJSON_AddNumberToObject(line, "curve_refused", ps->zap ? (double)dp_zap_refused(ps->zap) : 0.0);
     dp_metrics_write(ps->metrics, &line);
 }
 
@@ -228,6 +243,51 @@ static void s_sweep(s_ps_t *ps, double now)
     if (dp_members_sweep(&ps->members, now, ps->cfg->heartbeat_timeout) > 0) s_members_changed(ps);
 }
 
+/* ---- authority (server/auth.h) ---------------------------------------- */
+
+static dp_auth_peer_t s_peer(const s_ps_t *ps, zmq_msg_t *id)
+{
+    return (dp_auth_peer_t){zmq_msg_data(id), zmq_msg_size(id), ps->peer_key};
+}
+
+/* auth.h's "live": the ROUTER still has a peer with this routing id. */
+static int s_conn_live(void *arg, const void *conn, size_t len)
+{
+    s_ps_t *ps = arg;
+    Downpour__Envelope env;
+    s_env(ps, &env, DOWNPOUR__MSG_TYPE__HEARTBEAT, 0, -1);
+    return dp_auth_router_has_peer(ps->sock, conn, len, &env);
+}
+
+/* HELLO: may this connection (and key) take its worker id? Answers
+ * ERR_ID_TAKEN when not. */
+static int s_claim(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+{
+    char msg[DP_ERR_LEN];
+    dp_auth_peer_t p = s_peer(ps, id);
+    if (dp_auth_claim(&ps->auth, env->worker_id, &p, s_conn_live, ps, msg, sizeof msg) == 0)
+        return 1;
+    dp_log_warn("shard %d: HELLO refused: %s", ps->cfg->shard_index, msg);
+    s_reply_error_code(ps, id, env->request_id, env->worker_id, DOWNPOUR__ERROR_CODE__ERR_ID_TAKEN,
+                       msg);
+    return 0;
+}
+
+/* Any other request: a worker id only on its own connection, STATS and
+ * SHUTDOWN only from the chief. Answers when not; nothing else changes. */
+static int s_authorized(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+{
+    if (env->type == DOWNPOUR__MSG_TYPE__HELLO) return 1; /* s_claim, once the model matched */
+    char msg[DP_ERR_LEN];
+    int code;
+    dp_auth_peer_t p = s_peer(ps, id);
+    if (dp_auth_check(&ps->auth, env->type, env->worker_id, env->run_token, &p, &code, msg,
+                      sizeof msg) == 0)
+        return 1;
+    s_reply_error_code(ps, id, env->request_id, env->worker_id, code, msg);
+    return 0;
+}
+
 /* ---- request handlers ------------------------------------------------- */
 
 static int s_same_model(const dp_model_t *m, const Downpour__Envelope *env)
@@ -253,6 +313,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
         s_reply_error(ps, id, env->request_id, env->worker_id, msg);
         return;
     }
+    if (!s_claim(ps, id, env)) return;
     dp_members_join(&ps->members, env->worker_id);
     Downpour__Envelope rep;
     s_env(ps, &rep, DOWNPOUR__MSG_TYPE__WELCOME, env->request_id, env->worker_id);
@@ -268,6 +329,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.n_floats = m->n_floats;
     wl.version = ps->shard.version;
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
+    wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
     s_members_changed(ps); /* it may have been finished before */
@@ -412,6 +474,7 @@ static int s_admit(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
         s_reply_error(ps, id, env->request_id, wid, msg);
         return 0;
     }
+    if (!s_authorized(ps, id, env)) return 0;
     if (wid < 0 || wid >= ps->members.n) return 1; /* a tool */
     if (dp_members_heard(&ps->members, wid, dp_now())) s_members_changed(ps);
     if (type != DOWNPOUR__MSG_TYPE__PULL && type != DOWNPOUR__MSG_TYPE__PUSH &&
@@ -465,6 +528,7 @@ static void s_handle(s_ps_t *ps, dp_wire_rx_t *rx)
         frames[i].data = zmq_msg_data(&rx->parts[2 + i]);
         frames[i].len = zmq_msg_size(&rx->parts[2 + i]);
     }
+    ps->peer_key = ps->zap ? zmq_msg_gets(&rx->parts[1], "User-Id") : NULL;
     if (dp_wire_check(env, frames, n_frames, err) != 0)
         s_reply_error(ps, id, env->request_id, env->worker_id, err);
     else if (s_admit(ps, id, env))
@@ -478,6 +542,28 @@ static int s_setopt(void *sock, int opt, const void *v, size_t len, const char *
 {
     if (zmq_setsockopt(sock, opt, v, len) == 0) return 0;
     return dp_err(err, "socket option %s: %s", name, zmq_strerror(errno));
+}
+
+/* CURVE on the ROUTER and its gate (before bind), with --curve-secret. */
+static int s_secure(s_ps_t *ps, char *err)
+{
+    const dp_ps_config_t *cfg = ps->cfg;
+    if (!cfg->curve_secret[0]) return 0;
+    dp_curve_key_t sec, pub;
+    if (dp_curve_read_secret(cfg->curve_secret, &sec, &pub, err) != 0 ||
+        dp_curve_serve(ps->sock, &sec, err) != 0 ||
+        dp_zap_new(&ps->zap, ps->ctx, ps->sock, cfg->curve_allow, err) != 0)
+        return -1;
+    dp_log_info("shard %d: CURVE: public key %s, %d client keys allowed", cfg->shard_index, pub.z85,
+                dp_zap_allowed(ps->zap));
+    return 0;
+}
+
+/* Only this machine can reach it (loopback, ipc, inproc). */
+static int s_local_endpoint(const char *ep)
+{
+    return strncmp(ep, "tcp://", 6) != 0 || strncmp(ep, "tcp://127.", 10) == 0 ||
+           strncmp(ep, "tcp://[::1]", 11) == 0;
 }
 
 /* The ROUTER, its limits, bound; ps->endpoint is what it got. */
@@ -498,12 +584,16 @@ static int s_open_socket(s_ps_t *ps, char *err)
         s_setopt(ps->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM", err) != 0 ||
         s_setopt(ps->sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM", err) != 0)
         return -1;
+    if (s_secure(ps, err) != 0) return -1;
     if (zmq_bind(ps->sock, cfg->bind) != 0)
         return dp_err(err, "cannot bind %s: %s (is another downpour-ps using the port?)", cfg->bind,
                       zmq_strerror(errno));
     size_t len = sizeof ps->endpoint;
     if (zmq_getsockopt(ps->sock, ZMQ_LAST_ENDPOINT, ps->endpoint, &len) != 0)
         return dp_err(err, "bound %s but cannot read the endpoint: %s", cfg->bind, zmq_strerror(errno));
+    if (!ps->zap && !s_local_endpoint(ps->endpoint))
+        dp_log_warn("listening on %s without CURVE: anyone who reaches this port can join, push "
+                    "and read the weights (see --curve-secret)", ps->endpoint);
     return 0;
 }
 
@@ -555,6 +645,7 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
     ps->cfg = cfg;
     ps->ckpt_version = UINT64_MAX;
     if (s_setup_state(ps, err) != 0) return -1;
+    if (dp_auth_init(&ps->auth, cfg->num_workers, cfg->curve_secret[0] != 0, err) != 0) return -1;
     if (dp_metrics_new(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
     if (s_open_socket(ps, err) != 0) return -1;
     if (cfg->ready_file[0] &&
@@ -580,6 +671,7 @@ static void s_close_socket(s_ps_t *ps)
             dp_log_warn("shard %d: closing the socket: %s", ps->cfg->shard_index, zmq_strerror(errno));
         ps->sock = NULL;
     }
+    dp_zap_destroy(&ps->zap); /* before the context ends */
     /* Waits for the I/O thread, so every snapshot ZeroMQ held is released. */
     while (ps->ctx && zmq_ctx_term(ps->ctx) != 0) {
         if (errno == EINTR) continue;
@@ -602,6 +694,7 @@ static void s_teardown(s_ps_t *ps)
     dp_metrics_destroy(&ps->metrics);
     dp_policy_destroy(&ps->policy);
     dp_members_fini(&ps->members);
+    dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
     free(ps->pending);
 }
@@ -657,9 +750,11 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
     }
     s_metrics_line(&ps);
     dp_log_info("shard %d: stopping at version %" PRIu64 " (applied %" PRIu64 ", dropped %" PRIu64
-                ", rejected %" PRIu64 ", network errors %" PRIu64 ")",
+                ", rejected %" PRIu64 ", network errors %" PRIu64 ", refused by auth %" PRIu64
+                ", by CURVE %" PRIu64 ")",
                 cfg->shard_index, ps.shard.version, ps.shard.counts.applied,
-                ps.shard.counts.dropped, ps.shard.counts.rejected, ps.net_errors);
+                ps.shard.counts.dropped, ps.shard.counts.rejected, ps.net_errors, ps.auth.refused,
+                ps.zap ? dp_zap_refused(ps.zap) : 0);
     rc = 0;
 done:
     s_teardown(&ps);

@@ -47,6 +47,8 @@ typedef struct {
     double metrics_every;       /* seconds between metrics lines */
     double heartbeat_timeout;   /* seconds of silence before a worker is gone; 0 = never */
     char ready_file[DP_PS_PATH_LEN];     /* "" or a file that gets the bound endpoint */
+    char curve_secret[DP_PS_PATH_LEN];   /* "" or this server's CURVE secret key file */
+    char curve_allow[4096];              /* with curve_secret: a directory of *.pub or a comma list */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;

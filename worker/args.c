@@ -78,6 +78,10 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                        "fixed (default) or exponential with mean MS"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
+        DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,
+                    "CURVE: this worker's secret key (downpour keygen FILE)"),
+        DP_FLAG_STR("curve-server", "FILE.pub[,...]", &c->curve_server, 0,
+                    "CURVE: the servers' public key (one for all, or one per\nserver in --ps order)"),
         DP_FLAG_TITLE("output:"),
         DP_FLAG_STR("save", "FILE", &c->save, 0, "model.safetensors (PyTorch names and layouts)"),
         DP_FLAG_STR("summary", "FILE", &c->summary, 0, "summary.json"),
@@ -123,6 +127,9 @@ int dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err)
         if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
         return 0;
     }
+    if (!a->conf.curve_secret != !a->conf.curve_server)
+        return dp_err(err, "--curve-secret and --curve-server go together: give both (this "
+                           "worker's secret key and the servers' public keys) or neither");
     if (a->conf.ps) {
         a->conf.task_index = a->cluster.flag_task_index < 0 ? 0 : a->cluster.flag_task_index;
         return 0;

@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "common/util.h"
+#include "proto/curve.h"
 
 #define S_MAX_SHARDS 256
 #define S_DEFER_LIMIT 20   /* an exchange gives up after this many timeouts in all */
@@ -43,6 +44,8 @@ typedef struct {
     double last_heard;      /* dp_now() of its last message (or of our request) */
     double last_hb;         /* dp_now() of our last HEARTBEAT */
     dp_ps_info_t info;      /* from its WELCOME */
+    uint64_t run_token;     /* from its WELCOME (the chief's only): its STATS / SHUTDOWN carry it */
+    dp_curve_key_t server_key; /* CURVE: the shard's public key */
 } s_shard_t;
 
 struct dp_ps_client {
@@ -57,6 +60,8 @@ struct dp_ps_client {
     int finished;           /* BARRIER finished sent and answered */
     volatile sig_atomic_t *stop; /* non-zero: blocked calls give up; NULL: never */
     atomic_int inflight;    /* push frames ZeroMQ has not released yet */
+    int curve;              /* connect with CURVE: our key pair and each shard's key */
+    dp_curve_key_t secret, pub;
 };
 
 /* Storage one request points into until it is sent. */
@@ -120,6 +125,10 @@ static int s_open(dp_ps_client_t *c, int i, char *err)
         s_close(s);
         return -1;
     }
+    if (c->curve && dp_curve_connect_as(s->sock, &s->server_key, &c->secret, &c->pub, err) != 0) {
+        s_close(s);
+        return -1;
+    }
     if (zmq_connect(s->sock, s->endpoint) != 0) {
         dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", s->endpoint,
                zmq_strerror(errno));
@@ -149,6 +158,8 @@ static int s_send(dp_ps_client_t *c, int i, s_req_t *rq, char *err)
 {
     s_shard_t *s = &c->sh[i];
     rq->env.request_id = ++c->next_req;
+    if (rq->env.type == DOWNPOUR__MSG_TYPE__STATS || rq->env.type == DOWNPOUR__MSG_TYPE__SHUTDOWN)
+        rq->env.run_token = s->run_token; /* the chief's proof; 0 for anyone else */
     char e2[DP_ERR_LEN];
     if (dp_wire_send(s->sock, NULL, &rq->env, rq->n_payloads ? &rq->payload : NULL, rq->n_payloads,
                      e2) != 0)
@@ -326,6 +337,7 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     s->lo = w->range_lo;
     s->hi = w->range_hi;
     s->version = w->version;
+    s->run_token = w->run_token;
     return 0;
 }
 
@@ -375,8 +387,43 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
     return 0;
 }
 
+/* CURVE keys from their files: ours, and the servers' (one for every shard,
+ * or one per shard in endpoint order). */
+static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
+{
+    if (dp_curve_read_secret(curve->secret, &c->secret, &c->pub, err) != 0) return -1;
+    const char *p = curve->servers;
+    int n = 0;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        char path[1024];
+        if (len == 0 || len >= sizeof path || n == c->n)
+            return dp_err(err, "--curve-server '%s': expected one public key file, or one per server "
+                               "(%d) in --ps order",
+                          curve->servers, c->n);
+        memcpy(path, p, len);
+        path[len] = 0;
+        if (dp_curve_read_public(path, &c->sh[n++].server_key, err) != 0) return -1;
+        p += len + (p[len] == ',');
+    }
+    if (n != 1 && n != c->n)
+        return dp_err(err, "--curve-server names %d keys but there are %d servers (give one key for "
+                           "all, or one per server in --ps order)",
+                      n, c->n);
+    for (int i = n; i < c->n; i++) c->sh[i].server_key = c->sh[0].server_key;
+    c->curve = 1;
+    return 0;
+}
+
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, double timeout_s, dp_ps_info_t *info, char *err)
+{
+    return dp_ps_client_new_curve(out, endpoints, m, worker_id, timeout_s, NULL, info, err);
+}
+
+int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
+                           int worker_id, double timeout_s, const dp_ps_curve_t *curve,
+                           dp_ps_info_t *info, char *err)
 {
     *out = NULL;
     if (!endpoints || !endpoints[0]) return dp_err(err, "no ps endpoints (give tcp://HOST:PORT)");
@@ -388,6 +435,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(S_MAX_SHARDS, sizeof *c->sh);
     if (s_parse_endpoints(c, endpoints, err) != 0) goto fail;
+    if (curve && s_load_keys(c, curve, err) != 0) goto fail;
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
         dp_err(err, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));

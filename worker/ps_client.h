@@ -59,6 +59,20 @@ typedef struct dp_ps_client dp_ps_client_t;
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, double timeout_s, dp_ps_info_t *info, char *err);
 
+/* CURVE key files for dp_ps_client_new_curve. */
+typedef struct {
+    const char *secret;  /* this worker's secret key (downpour keygen FILE) */
+    const char *servers; /* the servers' public keys: one for every shard, or a comma list in
+                          * endpoint order */
+} dp_ps_curve_t;
+
+/* dp_ps_client_new over CURVE (curve NULL: plain): every socket encrypts,
+ * authenticates the server by its key and offers ours. A server that does
+ * not admit our key never answers (the usual "no reply" timeout). */
+int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
+                           int worker_id, double timeout_s, const dp_ps_curve_t *curve,
+                           dp_ps_info_t *info, char *err);
+
 /* Whole parameter vector into params (host, m->n_floats), requests to all
  * shards in parallel; blocks while the servers defer the reply (sync /
  * ssp); remembers each shard's version for the next push. */
@@ -75,7 +89,10 @@ int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int bat
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);
 
 /* STATS from every shard: shard 0's counters (every push goes to every
- * shard), version summed over shards. */
+ * shard), version summed over shards. The servers answer only the chief
+ * (worker 0: its key under CURVE, else the run token its WELCOMEs gave it);
+ * anyone else gets "STATS refused: only the chief ...". The same holds for
+ * dp_ps_client_wait_all_finished and dp_ps_client_shutdown_servers. */
 int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err);
 
 /* BARRIER to every shard: this worker is done (the servers stop counting it

@@ -46,6 +46,8 @@ typedef struct {
     double delay_ms;           /* injected delay before each push (mean) */
     int delay_exp;             /* delay drawn from an exponential with that mean */
     double timeout_s;          /* connect / reply timeout */
+    const char *curve_secret;  /* CURVE: this worker's secret key file, or NULL */
+    const char *curve_server;  /* CURVE: the servers' public key file(s), or NULL */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);

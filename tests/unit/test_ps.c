@@ -236,7 +236,9 @@ static void test_sync_aggregate_backup(void)
         for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * ((ga[i] + gb[i]) * 0.5f);
         CHECK_CLOSE("one step of the average", p1, want, n, 0, 0);
         dp_ps_stats_t st;
-        CHECK_EQ(dp_ps_client_stats(c[2], &st, err), 0);
+        CHECK_EQ(dp_ps_client_stats(c[2], &st, err), -1); /* only the chief may ask */
+        CHECK(strstr(err, "only the chief") != NULL);
+        CHECK_EQ(dp_ps_client_stats(c[0], &st, err), 0);
         CHECK_EQ(st.applied, 2);
         CHECK_EQ(st.dropped, 2);
         CHECK_EQ(st.version, 1);
@@ -555,7 +557,7 @@ static size_t s_push_env(uint8_t *buf, const float *data, size_t lo, size_t cnt,
                          uint32_t version, int bad_crc, size_t claim_bytes)
 {
     Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 5, 0, fp);
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 5, 1, fp); /* worker 1: the raw socket */
     env.protocol_version = version;
     Downpour__Push p = DOWNPOUR__PUSH__INIT;
     env.push = &p;
@@ -575,11 +577,26 @@ static size_t s_push_env(uint8_t *buf, const float *data, size_t lo, size_t cnt,
     return len;
 }
 
+/* HELLO as worker wid on a raw socket (its pushes are then its own). */
+static int s_raw_hello(void *sock, int wid, char *text, size_t text_n)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 1, wid, s_small.fingerprint);
+    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
+    h.model_spec = s_small.spec;
+    h.in_c = s_small.in_c, h.in_h = s_small.in_h, h.in_w = s_small.in_w;
+    h.n_floats = s_small.n_floats;
+    env.hello = &h;
+    static uint8_t buf[4096];
+    frame_t f = {buf, downpour__envelope__pack(&env, buf)};
+    return s_raw(sock, &f, 1, text, text_n);
+}
+
 static void test_malformed_envelopes(void)
 {
     s_small_model();
     srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 1);
+    srv_init(&s, DP_MODE_ASYNC, 2); /* worker 0 the client (the chief asks STATS), 1 the raw socket */
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     /* A real worker joins first, so that a valid push would be applied. */
@@ -598,6 +615,7 @@ static void test_malformed_envelopes(void)
     uint64_t fp = s_small.fingerprint;
     static uint8_t buf[1 << 16];
     char text[DP_ERR_LEN + 200];
+    CHECK_EQ(s_raw_hello(sock, 1, text, sizeof text), DOWNPOUR__MSG_TYPE__WELCOME);
     const char garbage[] = "\xff\xfe this is not a protobuf \x01\x02\x03";
     size_t len;
     typedef struct {

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# test_curve_cluster: who may talk to downpour-ps, with the real daemons on loopback.
+#  - CURVE (keys from `downpour keygen`): an allowed worker trains; a worker
+#    with an unknown key and a plain worker get no reply (their timeout
+#    line) and the weights are unchanged (hash of the shard's checkpoint,
+#    written at every version); the refusals are counted in the stop log;
+#    the chief ends the run
+#  - `downpour local --secure` runs to completion on keys it makes
+#  - the same --task-index twice and a second chief are refused, with one
+#    clear line on both sides, while the first two train on
+#  - binding beyond loopback without CURVE warns once; half the CURVE flags
+#    is one clear error
+# (STATS / SHUTDOWN from anyone but the chief, which no daemon sends, are
+# tests/unit/test_auth.c's.)
+source "$(dirname "$0")/lib.sh"
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip curve "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+scale=${DP_TEST_TIMEOUT_SCALE:-1}
+L=$BIN/downpour PS=$BIN/downpour-ps WK=$BIN/downpour-worker
+K=$TMP/keys
+mkdir -p "$K/allow"
+for k in srv w0 w1 evil; do "$L" keygen "$K/$k" >/dev/null; done
+cp "$K/w0.pub" "$K/w1.pub" "$K/allow/"
+wk=(--steps 6 --batch 16 --threads 1 --no-progress)
+
+# start_ps NAME FLAGS...: a 2-worker async shard on a free port; sets PS_PID, EP.
+start_ps() {
+    local name=$1; shift
+    bg "$PS" --bind 'tcp://127.0.0.1:*' --ready-file "$TMP/$name.ready" --workers 2 --mode async \
+        "$@" >"$TMP/$name.log" 2>&1
+    PS_PID=$!
+    for _ in $(seq $((100 * scale))); do [ -s "$TMP/$name.ready" ] && break; sleep 0.1; done
+    EP=$(cat "$TMP/$name.ready" 2>/dev/null)
+}
+# wait_log FILE PATTERN: until FILE has PATTERN (bounded).
+wait_log() { for _ in $(seq $((200 * scale))); do grep -q "$2" "$1" && return 0; sleep 0.1; done; return 1; }
+ck_hash() { sha256sum "$TMP/ck/ps-shard-0-of-1.safetensors" | cut -d' ' -f1; }
+
+# ---- CURVE -----------------------------------------------------------------
+start_ps curve --curve-secret "$K/srv" --curve-allow "$K/allow" --checkpoint-dir "$TMP/ck" --checkpoint-every 1
+check "CURVE server is up" test -n "$EP"
+curve=(--curve-server "$K/srv.pub")
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --curve-secret "$K/w1" "${curve[@]}" >"$TMP/w1.log" 2>&1
+check "an allowed worker trains" test $? = 0
+check "... and its 6 pushes are applied" grep -q "6 applied, 0 dropped, 0 rejected" "$TMP/w1.log"
+before=$(ck_hash)
+check "the shard wrote its checkpoint" test -n "$before"
+
+refused_quietly() { # log: the worker failed with its timeout line
+    local rc=$1 log=$2
+    [ "$rc" = 1 ] && grep -q "no reply in 2 s (is downpour-ps running?)" "$log" ||
+        { echo "rc $rc"; tail -3 "$log"; return 1; }
+}
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --timeout 2 --curve-secret "$K/evil" "${curve[@]}" >"$TMP/evil.log" 2>&1
+check "an unknown key gets no reply" refused_quietly $? "$TMP/evil.log"
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --timeout 2 >"$TMP/plain.log" 2>&1
+check "a plain client gets no reply" refused_quietly $? "$TMP/plain.log"
+check "the weights are unchanged (checkpoint hash)" test "$before" = "$(ck_hash)"
+
+"$WK" --ps "$EP" --task-index 0 "${wk[@]}" --curve-secret "$K/w0" "${curve[@]}" \
+    --summary "$TMP/curve-summary.json" >"$TMP/w0.log" 2>&1
+check "the chief (its own key) trains and ends the run" test $? = 0
+wait_for "$PS_PID" $((10 * scale))
+check "the server stopped on the chief's SHUTDOWN" test $? = 0
+check "the summary counts 12 applied updates" test "$(json "$TMP/curve-summary.json" updates_applied)" = 12
+check "the refusals are counted in the stop log" grep -qE "by CURVE [2-9]|by CURVE [1-9][0-9]" "$TMP/curve.log"
+
+# ---- downpour local --secure -------------------------------------------------
+"$L" local --secure --workers 2 "${wk[@]}" --out "$TMP/sec" >"$TMP/sec.log" 2>&1
+check "downpour local --secure runs to completion" test $? = 0
+check "... with a key per shard and worker" test -s "$TMP/sec/keys/servers/ps-0.pub" -a -s "$TMP/sec/keys/workers/worker-1.pub"
+check "... and the shard on CURVE" grep -q "CURVE: public key" "$TMP/sec/logs/ps-0.log"
+
+# ---- ids: the same index twice, a second chief --------------------------------
+start_ps plain
+slow=(--steps 30 --batch 16 --threads 1 --no-progress --delay-ms 100)
+bg "$WK" --ps "$EP" --task-index 1 "${slow[@]}" >"$TMP/a1.log" 2>&1
+A1=$!
+bg "$WK" --ps "$EP" --task-index 0 "${slow[@]}" >"$TMP/a0.log" 2>&1
+A0=$!
+wait_log "$TMP/plain.log" "worker 0 joined" && wait_log "$TMP/plain.log" "worker 1 joined"
+check "two workers joined" test $? = 0
+taken() { # rc log id: the claimant exits 1 with one line naming the id and the cause
+    [ "$1" = 1 ] && tail -1 "$2" | grep -q "worker id $3 is taken: another live connection said HELLO as worker $3 (two workers started without --task-index, or the same --task-index twice?)" ||
+        { echo "rc $1"; tail -3 "$2"; return 1; }
+}
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" >"$TMP/dup.log" 2>&1
+check "the same --task-index twice is refused" taken $? "$TMP/dup.log" 1
+"$WK" --ps "$EP" "${wk[@]}" >"$TMP/chief2.log" 2>&1
+check "a second chief (no --task-index) is refused" taken $? "$TMP/chief2.log" 0
+check "the server logs both refusals" test "$(grep -c "HELLO refused: worker id [01] is taken" "$TMP/plain.log")" = 2
+wait_for "$A1" $((60 * scale))
+check "the first worker 1 finishes" test $? = 0
+wait_for "$A0" $((60 * scale))
+check "the first chief finishes" test $? = 0
+wait_for "$PS_PID" $((10 * scale))
+check "the server stopped on the chief's SHUTDOWN" test $? = 0
+check "no CURVE warning on loopback" test "$(grep -c "without CURVE" "$TMP/plain.log")" = 0
+
+# ---- flags -------------------------------------------------------------------------
+bg "$PS" --bind 'tcp://0.0.0.0:*' --ready-file "$TMP/open.ready" >"$TMP/open.log" 2>&1
+OPEN=$!
+for _ in $(seq $((100 * scale))); do [ -s "$TMP/open.ready" ] && break; sleep 0.1; done
+check "all interfaces without CURVE: one warning line" test "$(grep -c "without CURVE: anyone who reaches this port can join, push and read the weights (see --curve-secret)" "$TMP/open.log")" = 1
+kill -TERM "$OPEN"
+wait_for "$OPEN" $((10 * scale)) >/dev/null
+"$PS" --curve-secret "$K/srv" >"$TMP/half.log" 2>&1
+check "downpour-ps: --curve-secret alone is one clear error" test $? = 2 -a "$(grep -c "go together" "$TMP/half.log")" = 1
+"$WK" --ps "$EP" --curve-server "$K/srv.pub" >"$TMP/half.log" 2>&1
+check "downpour-worker: --curve-server alone is one clear error" test $? = 2 -a "$(grep -c "go together" "$TMP/half.log")" = 1
+finish
