@@ -14,6 +14,7 @@ static void s_usage(FILE *f)
             "                      [--out DIR] [any downpour-ps / downpour-worker flag]\n"
             "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
             "       downpour keygen FILE\n"
+            "       downpour bench wire [--bytes N | --model SPEC] [--shards K] [--json]\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
 }
 
@@ -28,6 +29,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "local") == 0) return dp_local_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "keygen") == 0) return dp_keygen_main(argc - 1, argv + 1);
-    fprintf(stderr, "downpour: unknown command '%s' (local, eval or keygen; see downpour --help)\n", argv[1]);
+    if (strcmp(argv[1], "bench") == 0) return dp_bench_main(argc - 1, argv + 1);
+    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen or bench; see downpour --help)\n",
+            argv[1]);
     return 2;
 }

@@ -8,5 +8,7 @@ int dp_local_main(int argc, char **argv);
 int dp_eval_main(int argc, char **argv);
 /* `downpour keygen FILE`: a CURVE key pair (deploy/keygen.c). */
 int dp_keygen_main(int argc, char **argv);
+/* `downpour bench wire`: the wire against plain ZeroMQ (deploy/bench_wire.c). */
+int dp_bench_main(int argc, char **argv);
 
 #endif

@@ -1,0 +1,25 @@
+/* spawn: the launcher's children — downpour-ps and downpour-worker processes
+ * started beside the running binary, each in its own process group with its
+ * output in a log file, killed when the launcher dies. Used by `downpour
+ * local` and `downpour bench wire`. */
+#ifndef DP_SPAWN_H
+#define DP_SPAWN_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* The directory holding the running binary (where downpour-ps and
+ * downpour-worker are); argv0 when /proc/self/exe cannot be read. */
+void dp_spawn_bin_dir(char *out, size_t n, const char *argv0);
+
+/* Starts argv (argv[0] a path) with stdout and stderr in log, in a process
+ * group of its own, SIGTERM'd if this process dies; *pid on success. */
+int dp_spawn(pid_t *pid, const char *const *argv, const char *log, char *err);
+
+/* Waits up to timeout_s for a server's --ready-file and reads the endpoint
+ * it bound into out (the server writes it atomically once bound). Fails
+ * early, naming log, when the process pid exits first. */
+int dp_spawn_wait_ready(const char *ready_file, pid_t pid, const char *log, double timeout_s,
+                        char *out, size_t n, char *err);
+
+#endif

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# test_bench_wire: `downpour bench wire` starts real shards and a raw ZeroMQ
+# echo, ends with one JSON line holding the documented fields (positive
+# medians of the rounds asked for), over tcp and ipc, with 1 and 2 shards;
+# bad flags are refused with one line and status 2; nothing is left behind.
+# Timing is not asserted: benchmarks are not tests.
+source "$(dirname "$0")/lib.sh"
+L=$BIN/downpour
+
+fields_ok() { # file: the last line is JSON with every field, medians > 0
+    tail -n 1 "$1" | "$TORCH_PY" -c '
+import json, sys
+o = json.loads(sys.stdin.read())
+need = ["bytes", "shards", "pull_ms", "push_ms", "roundtrip_ms", "raw_zmq_roundtrip_ms", "ratio"]
+missing = [k for k in need if k not in o]
+assert not missing, "missing %s" % missing
+assert all(o[k] > 0 for k in need), o
+assert o["rounds"] == int(sys.argv[1]), o
+print(o)' "$2"
+}
+
+"$L" bench wire --bytes 200000 --rounds 4 --warmup 1 --json >"$TMP/tcp.log" 2>&1
+check "bench wire over tcp exits 0" test $? = 0
+check "... its last line is the JSON object" fields_ok "$TMP/tcp.log" 4
+"$L" bench wire --bytes 200000 --shards 2 --transport ipc --optimizer adam --rounds 3 --json >"$TMP/ipc.log" 2>&1
+check "bench wire, 2 shards over ipc, adam, exits 0" test $? = 0
+check "... its last line is the JSON object" fields_ok "$TMP/ipc.log" 3
+check "... with 2 shards" grep -q '"shards":2' "$TMP/ipc.log"
+
+"$L" bench wire --shards 0 >"$TMP/bad.log" 2>&1
+rc=$?
+check "--shards 0 refused with status 2 (got $rc)" test $rc = 2
+check "... in one line" test "$(wc -l <"$TMP/bad.log")" = 1
+"$L" bench wire --optimizer sgdd >"$TMP/bad2.log" 2>&1
+check "an unknown optimizer is refused (status 2)" test $? = 2
+check "no downpour-ps left behind" bash -c "! pgrep -f 'downpour-ps --bind (tcp://127.0.0.1:\*|ipc:///tmp/downpour-bench-wire)' >/dev/null"
+check "no scratch directory left behind" bash -c "! ls -d /tmp/downpour-bench-wire-* 2>/dev/null | grep -q ."
+finish
