@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opts.h"
 #include "common/util.h"
 
 int dp_backend_new(dp_backend_t **out, const char *device, char *err)
@@ -13,18 +14,15 @@ int dp_backend_new(dp_backend_t **out, const char *device, char *err)
     *out = NULL;
     if (strcmp(device, "cpu") == 0) return dp_backend_cpu_new(out, err);
     if (strncmp(device, "cuda", 4) == 0) {
-        int k = 0;
+        long k = 0;
         if (device[4] == ':') {
-            char *end = NULL;
-            long v = strtol(device + 5, &end, 10);
-            if (end == device + 5 || *end || v < 0 || v > 1024)
+            if (dp_opts_parse_long("--device", device + 5, 0, 1024, &k, NULL) != 0)
                 return dp_err(err, "--device %s: expected cuda:K with K a device number", device);
-            k = (int)v;
         } else if (device[4]) {
             return dp_err(err, "--device %s: expected cpu or cuda:K", device);
         }
 #ifdef DP_HAVE_CUDA
-        return dp_backend_cuda_new(out, k, err);
+        return dp_backend_cuda_new(out, (int)k, err);
 #else
         (void)k;
         return dp_err(err, "--device %s: this build has no CUDA backend (rebuild with nvcc and cuDNN installed, without CUDA=0)", device);

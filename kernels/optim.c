@@ -8,11 +8,13 @@
  * once per call and rounded to float, as torch.optim does. */
 #include "kernels/optim.h"
 
-#include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opts.h"
 #include "common/util.h"
 
 void dp_optim_conf_default(dp_optim_conf_t *c)
@@ -55,42 +57,38 @@ const char *dp_optim_kind_name(dp_optim_kind_t k)
     return s_names[k];
 }
 
-/* Whole-string positive integer. */
-static int s_parse_long(const char *s, long *v)
+/* "step:N:G" or "cosine:N": the numbers through the flags' parsers, so a
+ * schedule is read like every other value (N a whole positive integer, G a
+ * finite decimal > 0). */
+static int s_parse_step(dp_optim_conf_t *c, const char *args)
 {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (end == s || errno || x < 1) return -1;
-    *v = x;
-    return end - s;
+    const char *colon = strchr(args, ':');
+    char num[32];
+    long n = 0;
+    double gamma = 0;
+    if (!colon || colon - args >= (long)sizeof num) return -1;
+    snprintf(num, sizeof num, "%.*s", (int)(colon - args), args);
+    if (dp_opts_parse_long("--lr-schedule", num, 1, LONG_MAX, &n, NULL) != 0 ||
+        dp_opts_parse_double("--lr-schedule", colon + 1, 1e-30, 1e30, &gamma, NULL) != 0)
+        return -1;
+    c->schedule = DP_LR_STEP;
+    c->step_size = n;
+    c->gamma = (float)gamma;
+    return 0;
 }
 
 int dp_optim_parse_schedule(dp_optim_conf_t *c, const char *text, char *err)
 {
-    long a = 0;
-    int k;
+    long n = 0;
     if (strcmp(text, "constant") == 0) {
         c->schedule = DP_LR_CONSTANT;
         return 0;
     }
-    if (strncmp(text, "step:", 5) == 0 && (k = s_parse_long(text + 5, &a)) > 0 &&
-        text[5 + k] == ':') {
-        const char *g = text + 5 + k + 1;
-        char *end = NULL;
-        errno = 0;
-        float gamma = strtof(g, &end);
-        if (end != g && *end == 0 && !errno && isfinite(gamma) && gamma > 0) {
-            c->schedule = DP_LR_STEP;
-            c->step_size = a;
-            c->gamma = gamma;
-            return 0;
-        }
-    }
-    if (strncmp(text, "cosine:", 7) == 0 && (k = s_parse_long(text + 7, &a)) > 0 &&
-        text[7 + k] == 0) {
+    if (strncmp(text, "step:", 5) == 0 && s_parse_step(c, text + 5) == 0) return 0;
+    if (strncmp(text, "cosine:", 7) == 0 &&
+        dp_opts_parse_long("--lr-schedule", text + 7, 1, LONG_MAX, &n, NULL) == 0) {
         c->schedule = DP_LR_COSINE;
-        c->total_steps = a;
+        c->total_steps = n;
         return 0;
     }
     return dp_err(err, "bad learning-rate schedule '%s' (use constant, step:STEP_SIZE:GAMMA "

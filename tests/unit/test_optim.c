@@ -226,7 +226,8 @@ static void test_defaults_and_parsing(void)
     CHECK_EQ(c.schedule, DP_LR_CONSTANT);
     const char *bad[] = {"", "step", "step:100", "step:0:0.5", "step:-5:0.5", "step:10:x",
                          "step:10:0.5x", "step:10:-1", "cosine", "cosine:", "cosine:0",
-                         "cosine:10:1", "linear", "constant2"};
+                         "cosine:10:1", "linear", "constant2", "step: 10:0.5", "step:10:0x1p3",
+                         "step:10:nan", "cosine:+5", "cosine:5 "};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = 0;
         CHECK_EQ(dp_optim_parse_schedule(&c, bad[i], err), -1);
