@@ -38,7 +38,8 @@
 # BENCH_SAMPLES (2 per round), BENCH_SECONDS (0.5 per sample), BENCH_BATCHES
 # (32,64,128), BENCH_THREADS ("1 2"), BENCH_PATHS (every supported path, best
 # first), BENCH_E2E_STEPS (200 per worker; 0 leaves the end-to-end rows out),
-# BENCH_TORCH=0 to leave PyTorch out, BENCH_REPORT=FILE to only print a table.
+# BENCH_TORCH=0 to leave PyTorch out, BENCH_REPORT=FILE to only print a table,
+# BENCH_SERVER=0 to leave out the server rows (bench_optim, downpour bench wire).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -292,3 +293,14 @@ fi
 echo
 s_report "$RAW"
 echo "(raw samples: $RAW; BENCH_REPORT=$RAW $0 prints this table again)"
+
+# The parameter server's side: its apply (the optimizer's sweep over a
+# shard) against memcpy of the same vector, and its wire against a plain
+# ZeroMQ round trip of the same bytes, each side by side in one run.
+if [ "${BENCH_SERVER:-1}" = 1 ]; then
+    echo
+    "$BUILD/tests/bench_optim" -r 40
+    echo
+    "$BUILD/downpour" bench wire --rounds 20
+    "$BUILD/downpour" bench wire --rounds 20 --transport ipc
+fi
