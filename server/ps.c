@@ -64,6 +64,7 @@ typedef struct {
     char endpoint[256];
     char ckpt_path[DP_PS_PATH_LEN + 64];
     uint64_t ckpt_version; /* version last written (UINT64_MAX: none) */
+    dp_ckpt_run_t run;     /* the run the checkpoints belong to; .finished as last written */
     dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
     double next_metrics;
     int quit;              /* SHUTDOWN received */
@@ -149,11 +150,15 @@ static void s_reply_bare(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
 
 /* ---- checkpoints, metrics, held pulls ---------------------------------- */
 
-/* Write the shard unless there is no --checkpoint-dir or this version is on disk. */
-static int s_checkpoint(s_ps_t *ps, char *err)
+/* Write the shard unless there is no --checkpoint-dir or this version is on
+ * disk as finished or not. finished: the run ended (the chief's SHUTDOWN),
+ * so the same flags do not silently restart it. */
+static int s_checkpoint(s_ps_t *ps, int finished, char *err)
 {
-    if (!ps->cfg->checkpoint_dir[0] || ps->ckpt_version == ps->shard.version) return 0;
-    if (dp_shard_checkpoint_write(&ps->shard, ps->ckpt_path, err) != 0) return -1;
+    if (!ps->cfg->checkpoint_dir[0]) return 0;
+    if (ps->ckpt_version == ps->shard.version && ps->run.finished == finished) return 0;
+    ps->run.finished = finished;
+    if (dp_shard_checkpoint_write(&ps->shard, ps->ckpt_path, &ps->run, err) != 0) return -1;
     ps->ckpt_version = ps->shard.version;
     dp_log_debug("shard %d: checkpoint at version %" PRIu64 " in %s", ps->cfg->shard_index,
                  ps->shard.version, ps->ckpt_path);
@@ -165,7 +170,7 @@ static void s_version_moved(s_ps_t *ps)
 {
     long every = ps->cfg->checkpoint_every;
     char err[DP_ERR_LEN];
-    if (every > 0 && ps->shard.version % (uint64_t)every == 0 && s_checkpoint(ps, err) != 0)
+    if (every > 0 && ps->shard.version % (uint64_t)every == 0 && s_checkpoint(ps, 0, err) != 0)
         dp_log_error("shard %d: checkpoint failed: %s", ps->cfg->shard_index, err);
 }
 
@@ -360,7 +365,7 @@ static void s_on_shutdown(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     char err[DP_ERR_LEN];
     dp_log_info("shard %d: SHUTDOWN from worker %d", ps->cfg->shard_index, env->worker_id);
     /* The final checkpoint is on disk before the requester hears back. */
-    if (s_checkpoint(ps, err) != 0)
+    if (s_checkpoint(ps, 1, err) != 0)
         dp_log_error("shard %d: final checkpoint failed: %s", ps->cfg->shard_index, err);
     s_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__SHUTDOWN);
     ps->quit = 1;
@@ -517,6 +522,32 @@ static const dp_policy_ops_t *s_policy_ops(dp_mode_t mode)
     return NULL;
 }
 
+/* The run's checkpoint restored, if the directory holds one this run may
+ * take (server/shard_checkpoint.h says which). */
+static int s_restore(s_ps_t *ps, char *err)
+{
+    const dp_ps_config_t *cfg = ps->cfg;
+    if (cfg->run_id[0]) snprintf(ps->run.id, sizeof ps->run.id, "%s", cfg->run_id);
+    else dp_ps_config_run_id(cfg, ps->run.id, sizeof ps->run.id);
+    ps->run.resume = cfg->resume;
+    if (!cfg->checkpoint_dir[0]) return 0;
+    if (mkdir(cfg->checkpoint_dir, 0755) != 0 && errno != EEXIST)
+        return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, strerror(errno));
+    dp_shard_checkpoint_path(ps->ckpt_path, sizeof ps->ckpt_path, cfg->checkpoint_dir,
+                             cfg->shard_index, cfg->shard_count);
+    int r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, &ps->run, err);
+    if (r < 0) return -1;
+    if (r == 0 && cfg->resume)
+        return dp_err(err, "--resume: %s has no checkpoint of shard %d/%d to continue",
+                      cfg->checkpoint_dir, cfg->shard_index, cfg->shard_count);
+    if (r == 1) {
+        ps->ckpt_version = ps->shard.version;
+        dp_log_info("shard %d: restored version %" PRIu64 " of run %s from %s", cfg->shard_index,
+                    ps->shard.version, ps->run.id, ps->ckpt_path);
+    }
+    return 0;
+}
+
 /* Shard, members and policy from the config; the checkpoint restored. */
 static int s_setup_state(s_ps_t *ps, char *err)
 {
@@ -535,19 +566,7 @@ static int s_setup_state(s_ps_t *ps, char *err)
                            cfg->lr_staleness};
     if (dp_policy_new(&ps->policy, ops, &pc, &ps->shard, &ps->members, err) != 0) return -1;
     ps->pending = dp_calloc(S_MAX_PENDING, sizeof *ps->pending);
-    if (!cfg->checkpoint_dir[0]) return 0;
-    if (mkdir(cfg->checkpoint_dir, 0755) != 0 && errno != EEXIST)
-        return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, strerror(errno));
-    dp_shard_checkpoint_path(ps->ckpt_path, sizeof ps->ckpt_path, cfg->checkpoint_dir,
-                             cfg->shard_index, cfg->shard_count);
-    int r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, err);
-    if (r < 0) return -1;
-    if (r == 1) {
-        ps->ckpt_version = ps->shard.version;
-        dp_log_info("shard %d: restored version %" PRIu64 " from %s", cfg->shard_index,
-                    ps->shard.version, ps->ckpt_path);
-    }
-    return 0;
+    return s_restore(ps, err);
 }
 
 static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
@@ -651,7 +670,7 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
             ps.next_metrics = now + cfg->metrics_every;
         }
     }
-    if (s_checkpoint(&ps, err) != 0) {
+    if (s_checkpoint(&ps, ps.run.finished, err) != 0) {
         dp_log_error("shard %d: final checkpoint failed: %s", cfg->shard_index, err);
         goto done;
     }
