@@ -644,7 +644,7 @@ static int s_finish(dp_local_t *L, const dp_child_t *failed)
     if (interrupted) {
         fprintf(stderr, "downpour local: stopped by signal %d; every process ended; logs in %s/logs\n",
                 (int)s_signal, L->out);
-        return 130;
+        return 128 + (int)s_signal;
     }
     if (failed) {
         char how[64], last[512];

@@ -68,6 +68,7 @@ typedef struct {
     dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
     double next_metrics;
     int quit;              /* SHUTDOWN received */
+    double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -231,6 +232,20 @@ static void s_sweep(s_ps_t *ps, double now)
     /* A worker waiting on a held pull is alive by definition. */
     for (int i = 0; i < ps->n_pending; i++) dp_members_heard(&ps->members, ps->pending[i].worker, now);
     if (dp_members_sweep(&ps->members, now, ps->cfg->heartbeat_timeout) > 0) s_members_changed(ps);
+}
+
+/* --startup-timeout: every worker said HELLO by the deadline, or the shard
+ * fails naming those that did not (their ids: their --task-index). */
+static int s_check_startup(s_ps_t *ps, double now, char *err)
+{
+    if (ps->startup_deadline <= 0) return 0;
+    char ids[120];
+    int missing = dp_members_missing(&ps->members, ids, sizeof ids);
+    if (missing == 0) ps->startup_deadline = 0; /* checked once: later silence is liveness */
+    if (missing == 0 || now < ps->startup_deadline) return 0;
+    return dp_err(err, "start-up: %d of %d workers never said HELLO within %g s (--startup-timeout): "
+                  "worker id(s) %s; are they running with this shard (%s) in --ps?",
+                  missing, ps->members.n, ps->cfg->startup_timeout, ids, ps->endpoint);
 }
 
 /* ---- request handlers ------------------------------------------------- */
@@ -660,10 +675,12 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
     if (s_setup(&ps, cfg, err) != 0) goto done;
     if (cfg->on_ready) cfg->on_ready(ps.endpoint, cfg->on_ready_arg);
     ps.next_metrics = dp_now() + cfg->metrics_every;
+    if (cfg->startup_timeout > 0) ps.startup_deadline = dp_now() + cfg->startup_timeout;
     s_metrics_line(&ps);
     while (!ps.quit && !(stop_flag && *stop_flag)) {
         s_poll_once(&ps);
         double now = dp_now();
+        if (s_check_startup(&ps, now, err) != 0) goto done;
         s_sweep(&ps, now);
         if (ps.metrics && now >= ps.next_metrics) {
             s_metrics_line(&ps);

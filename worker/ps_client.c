@@ -263,6 +263,23 @@ static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
     }
 }
 
+/* A HELLO that got no reply: name every shard still silent (role and
+ * endpoint), not only the first one the wait noticed. */
+static void s_name_silent(const dp_ps_client_t *c, char *err)
+{
+    if (!strstr(err, "no reply in")) return;
+    char list[DP_ERR_LEN] = "";
+    size_t used = 0;
+    for (int i = 0; i < c->n && used + 8 < sizeof list; i++) {
+        const s_shard_t *s = &c->sh[i];
+        if (!s->want_req || s->done) continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%sps shard %d at %s",
+                                 used ? ", " : "", i, s->endpoint);
+    }
+    if (used >= sizeof list) snprintf(list + sizeof list - 4, 4, "...");
+    dp_err(err, "start-up: no reply in %.0f s (is downpour-ps running?) from %s", c->timeout_s, list);
+}
+
 /* Send the plan's request to each of its shards, then wait for every reply.
  * On any failure the shards that did not answer get fresh sockets, so
  * nothing of this exchange is left queued or awaited. */
@@ -283,6 +300,7 @@ static int s_exchange(dp_ps_client_t *c, const s_plan_t *plan, char *err)
         rc = s_send(c, i, &rq, err);
     }
     if (rc == 0) rc = s_wait(c, plan->on_reply, plan->arg, err);
+    if (rc != 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
     if (rc != 0) s_reset_unanswered(c);
     return rc;
 }
