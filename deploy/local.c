@@ -17,17 +17,16 @@
  * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
 #include "deploy/launcher.h"
 
-#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -74,6 +73,7 @@ typedef struct {
     char out_default[64];
     char input[48];              /* CxHxW of the data, for the shards */
     char schedule[64];           /* the default lr schedule, for the shards */
+    char run_id[40];             /* a fresh --run-id for the shards, unless given */
     char endpoints[DP_LOCAL_MAX * 48]; /* the shards, for the workers */
     char summary[PATH_MAX];      /* DIR/summary.json, written by the chief */
     const char *ps_args[DP_LOCAL_ARGS];
@@ -97,25 +97,6 @@ static const char s_synopsis[] =
 
 static const char s_epilog[] =
 "The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
-
-/* A free TCP port on 127.0.0.1 (the kernel picks; we release it at once). */
-static int s_free_port(char *err)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return dp_err(err, "socket: %s", strerror(errno));
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        close(fd);
-        return dp_err(err, "cannot find a free loopback port: %s", strerror(errno));
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 static int s_mkdir(const char *path, char *err)
 {
@@ -476,6 +457,39 @@ static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
     return 0;
 }
 
+/* An earlier run's TensorBoard event files in DIR/tensorboard (the
+ * workers add new ones; old ones would show as the same run). */
+static void s_clear_tensorboard(const dp_local_t *L)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 256];
+    snprintf(dir, sizeof dir, "%s/tensorboard", L->out);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    const struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+}
+
+/* A fresh --run-id for the shards unless one was given: each launch is a
+ * new run, so a --checkpoint-dir holding another run's files is refused
+ * (--resume continues it). */
+static void s_add_run_id(dp_local_t *L)
+{
+    if (dp_opts_find(&L->opts, "run-id")->given) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t h = dp_fnv1a(DP_FNV_SEED, &ts, sizeof ts);
+    pid_t pid = getpid();
+    h = dp_fnv1a(h, &pid, sizeof pid);
+    snprintf(L->run_id, sizeof L->run_id, "local-%016" PRIx64, h);
+    L->ps_args[L->n_ps_args++] = "--run-id";
+    L->ps_args[L->n_ps_args++] = L->run_id;
+}
+
 /* What the servers need from the data (the input shape, and for the
  * default schedule the run's length), then DIR and its subdirectories,
  * without the results of an earlier run in the same DIR. */
@@ -508,6 +522,8 @@ static int s_prepare(dp_local_t *L, char *err)
     unlink(L->summary);
     snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
+    s_clear_tensorboard(L);
+    s_add_run_id(L);
     return 0;
 }
 
@@ -522,24 +538,29 @@ static dp_child_t *s_child(dp_local_t *L, const char *kind, int i)
     return c;
 }
 
-/* The parameter-server shards, each on a free loopback port. */
+/* DIR/logs/ps-I.endpoint: where shard I writes the endpoint it bound. */
+static void s_ready_path(const dp_local_t *L, int i, char *out, size_t n)
+{
+    snprintf(out, n, "%s/logs/ps-%d.endpoint", L->out, i);
+}
+
+/* The parameter-server shards, each on a loopback port the kernel picks. */
 static int s_start_servers(dp_local_t *L, char *err)
 {
-    char bind[40], shard[24], nworkers[16], ps_bin[PATH_MAX + 16];
+    char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX];
     snprintf(nworkers, sizeof nworkers, "%d", L->workers);
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
-        int port = s_free_port(err);
-        if (port < 0) return -1;
-        snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
-        size_t used = strlen(L->endpoints);
-        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", bind);
+        s_ready_path(L, i, ready, sizeof ready);
+        unlink(ready);
         dp_child_t *c = s_child(L, "ps", i);
+        unlink(c->metrics);
         const char *av[DP_LOCAL_ARGS];
         int n = 0;
         av[n++] = ps_bin;
-        av[n++] = "--bind"; av[n++] = bind;
+        av[n++] = "--bind"; av[n++] = "tcp://127.0.0.1:*";
+        av[n++] = "--ready-file"; av[n++] = ready;
         av[n++] = "--shard"; av[n++] = shard;
         av[n++] = "--workers"; av[n++] = nworkers;
         av[n++] = "--input"; av[n++] = L->input;
@@ -547,6 +568,50 @@ static int s_start_servers(dp_local_t *L, char *err)
         for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
         av[n] = NULL;
         if (s_spawn(c, av, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Shard i's endpoint from its ready file into L->endpoints: 1 when there,
+ * 0 while not yet, -1 with err when the shard died first. */
+static int s_read_endpoint(dp_local_t *L, int i, char *err)
+{
+    dp_child_t *c = &L->kids[i];
+    char ready[PATH_MAX];
+    s_ready_path(L, i, ready, sizeof ready);
+    uint8_t *text = NULL;
+    size_t len = 0;
+    if (dp_read_file(ready, &text, &len, NULL) == 0 && len > 0) {
+        size_t used = strlen(L->endpoints);
+        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", (char *)text);
+        free(text);
+        return 1;
+    }
+    free(text);
+    if (waitpid(c->pid, &c->status, WNOHANG) != c->pid) return 0;
+    c->pid = 0;
+    char how[64], last[512];
+    s_describe_exit(c, how, sizeof how);
+    s_last_line(c->log, last, sizeof last);
+    return dp_err(err, "%s %s before listening; last log line: %s", c->name, how,
+                  last[0] ? last : "(empty)");
+}
+
+/* Wait for every shard's ready file, in shard order (the workers' --ps). */
+static int s_await_servers(dp_local_t *L, char *err)
+{
+    const double limit_s = 60;
+    double until = dp_now() + limit_s;
+    for (int i = 0; i < L->shards; i++) {
+        int r;
+        while ((r = s_read_endpoint(L, i, err)) == 0) {
+            if (s_signal) return dp_err(err, "stopped by signal %d while starting", (int)s_signal);
+            if (dp_now() > until)
+                return dp_err(err, "%s (downpour-ps) did not report its endpoint in %s/logs within %.0f s",
+                              L->kids[i].name, L->out, limit_s);
+            usleep(20 * 1000);
+        }
+        if (r < 0) return -1;
     }
     return 0;
 }
@@ -674,7 +739,8 @@ int dp_local_main(int argc, char **argv)
         return 1;
     }
     dp_signals_install(&s_signal, 1);
-    if (s_start_servers(&L, err) != 0 || s_start_workers(&L, err) != 0) {
+    if (s_start_servers(&L, err) != 0 || s_await_servers(&L, err) != 0 ||
+        s_start_workers(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         s_stop_all(&L, 5.0);
         return 1;

@@ -192,6 +192,19 @@ static void s_metrics_line(s_ps_t *ps)
     dp_metrics_write(ps->metrics, &line);
 }
 
+/* The first line of each start: a metrics file is appended to, so this
+ * marks where a run (or a restart of it) begins. */
+static void s_metrics_start(s_ps_t *ps)
+{
+    cJSON *line = dp_metrics_line(ps->metrics);
+    if (!line) return;
+    cJSON_AddStringToObject(line, "event", "start");
+    cJSON_AddNumberToObject(line, "shard", ps->cfg->shard_index);
+    cJSON_AddStringToObject(line, "run_id", ps->run.id);
+    cJSON_AddNumberToObject(line, "version", (double)ps->shard.version);
+    dp_metrics_write(ps->metrics, &line);
+}
+
 /* Answer every held pull the policy now allows, in arrival order. */
 static void s_release_pending(s_ps_t *ps)
 {
@@ -676,6 +689,7 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
     if (cfg->on_ready) cfg->on_ready(ps.endpoint, cfg->on_ready_arg);
     ps.next_metrics = dp_now() + cfg->metrics_every;
     if (cfg->startup_timeout > 0) ps.startup_deadline = dp_now() + cfg->startup_timeout;
+    s_metrics_start(&ps);
     s_metrics_line(&ps);
     while (!ps.quit && !(stop_flag && *stop_flag)) {
         s_poll_once(&ps);
