@@ -139,7 +139,8 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
                     "written every --checkpoint-every versions and at exit"),
         DP_FLAG_BUF("run-id", "ID", c->run_id, P,
                     "this run's name in its checkpoints (default: a hash of the\n"
-                    "flags that define the run); another run's checkpoint is refused"),
+                    "flags that define the run; downpour local: a new one per launch);\n"
+                    "another run's checkpoint is refused"),
         DP_FLAG_SET("resume", &c->resume, 1, P,
                     "continue the run in --checkpoint-dir (another or a finished\n"
                     "one), its version and lr schedule where they stopped"),
