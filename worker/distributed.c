@@ -96,6 +96,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_ps_info_t info;
     dp_batcher_t bt = {0};
     int rc = -1;
+    dp_ps_client_default_stop_flag(stop); /* a signal ends the HELLO wait too */
     if (dp_ps_client_new(&ps, c->ps, &s.model, c->task_index, c->timeout_s, &info, err) != 0)
         goto done;
     if (stop) dp_ps_client_set_stop_flag(ps, stop);

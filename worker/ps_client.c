@@ -59,6 +59,9 @@ struct dp_ps_client {
     atomic_int inflight;    /* push frames ZeroMQ has not released yet */
 };
 
+/* dp_ps_client_default_stop_flag: what each new client's stop starts as. */
+static volatile sig_atomic_t *s_default_stop;
+
 /* Storage one request points into until it is sent. */
 typedef struct {
     Downpour__Envelope env;
@@ -403,6 +406,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->m = m;
     c->worker_id = worker_id;
     c->timeout_s = timeout_s;
+    c->stop = s_default_stop;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(S_MAX_SHARDS, sizeof *c->sh);
     if (s_parse_endpoints(c, endpoints, err) != 0) goto fail;
@@ -694,6 +698,11 @@ int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err)
     s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__SHUTDOWN, .n_shards = c->n,
                      .on_reply = s_on_bare, .arg = &want};
     return s_exchange(c, &plan, err);
+}
+
+void dp_ps_client_default_stop_flag(volatile sig_atomic_t *flag)
+{
+    s_default_stop = flag;
 }
 
 void dp_ps_client_set_stop_flag(dp_ps_client_t *c, volatile sig_atomic_t *flag)

@@ -132,6 +132,15 @@ check "worker: no server answers: status 1" test $? = 1
 check "worker: the error names every silent shard" \
     grep -q "no reply in 1 s (is downpour-ps running?) from ps shard 0 at tcp://127.0.0.1:9, ps shard 1 at tcp://127.0.0.1:7" "$TMP/w-silent.log"
 
+# A worker waiting for its servers (HELLO, --timeout 60) still stops at once.
+"$W" --ps "tcp://127.0.0.1:9" --task-index 0 --steps 1 "${wk[@]}" --timeout 60 >"$TMP/w-wait.log" 2>&1 &
+pid=$!; T_PIDS+=("$pid")
+sleep 2
+t0=$SECONDS
+kill -TERM "$pid"
+wait_for "$pid" $(( 10 * S )); rc=$?
+check "worker waiting for HELLO: SIGTERM stops it with status 143 (got $rc, $((SECONDS - t0)) s)" test "$rc" = 143
+
 # ---- downpour local ---------------------------------------------------------
 out=$TMP/local
 mkdir -p "$out/tensorboard"
