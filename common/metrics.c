@@ -85,12 +85,12 @@ int dp_metrics_new(dp_metrics_t **out, const char *path, char *err)
         *out = m;
         return 0;
     }
-    m->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    m->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (m->fd < 0) {
         int e = errno;
         free(m);
         *out = NULL;
-        return dp_err(err, "metrics file %s: cannot create: %s", path, strerror(e));
+        return dp_err(err, "metrics file %s: cannot open for appending: %s", path, strerror(e));
     }
     m->path = dp_strdup(path);
     m->buf = dp_malloc(S_BUF_CAP);

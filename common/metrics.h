@@ -28,8 +28,10 @@
 
 typedef struct dp_metrics dp_metrics_t;
 
-/* Create (truncate) path. path NULL or "" gives a disabled writer whose calls
- * do nothing. Parent directories are not created: a missing one is an error
+/* Open path for appending (created if absent): a restarted process, or a
+ * second run given the same file, adds its lines after the earlier ones
+ * (`downpour local` removes its own files first). path NULL or "" gives a
+ * disabled writer whose calls do nothing. Parent directories are not created: a missing one is an error
  * naming the path. */
 int dp_metrics_new(dp_metrics_t **out, const char *path, char *err);
 

@@ -164,6 +164,18 @@ static void s_sync_dir(const char *path)
     free(copy);
 }
 
+/* Test hook, read here only: DP_TEST_CRASH_BEFORE_RENAME=TEXT makes the
+ * process _exit(3) once a file whose path contains TEXT ("1": any file) is
+ * written and synced but not yet renamed into place — a crash in the middle
+ * of a write, for the tests that check the previous file survives. */
+static void s_test_crash_before_rename(const char *path)
+{
+    const char *v = getenv("DP_TEST_CRASH_BEFORE_RENAME");
+    if (!v || !v[0] || (strcmp(v, "1") != 0 && !strstr(path, v))) return;
+    fprintf(stderr, "%s: DP_TEST_CRASH_BEFORE_RENAME: exiting before renaming %s\n", s_program, path);
+    _exit(3);
+}
+
 int dp_write_file_atomic(const char *path, const void *data, size_t len, char *err)
 {
     return dp_write_file_atomic_mode(path, data, len, 0644, err);
@@ -200,6 +212,7 @@ int dp_write_file_atomic_mode(const char *path, const void *data, size_t len, mo
     }
     close(fd);
     fd = -1;
+    s_test_crash_before_rename(path);
     if (rename(tmp, path) != 0) {
         dp_err(err, "%s: rename failed: %s", path, strerror(errno));
         goto fail;

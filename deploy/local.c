@@ -17,17 +17,15 @@
  * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
 #include "deploy/launcher.h"
 
-#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -40,6 +38,7 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "deploy/local_keys.h"
+#include "deploy/spawn.h"
 #include "server/ps.h"
 #include "worker/args.h"
 
@@ -75,6 +74,7 @@ typedef struct {
     char out_default[64];
     char input[48];              /* CxHxW of the data, for the shards */
     char schedule[64];           /* the default lr schedule, for the shards */
+    char run_id[40];             /* a fresh --run-id for the shards, unless given */
     char endpoints[DP_LOCAL_MAX * 48]; /* the shards, for the workers */
     char summary[PATH_MAX];      /* DIR/summary.json, written by the chief */
     const char *ps_args[DP_LOCAL_ARGS];
@@ -101,66 +101,10 @@ static const char s_synopsis[] =
 static const char s_epilog[] =
 "The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
 
-/* A free TCP port on 127.0.0.1 (the kernel picks; we release it at once). */
-static int s_free_port(char *err)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return dp_err(err, "socket: %s", strerror(errno));
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        close(fd);
-        return dp_err(err, "cannot find a free loopback port: %s", strerror(errno));
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static int s_mkdir(const char *path, char *err)
 {
     if (mkdir(path, 0755) != 0 && errno != EEXIST)
         return dp_err(err, "%s: cannot create: %s", path, strerror(errno));
-    return 0;
-}
-
-/* Start one child with its output in c->log. */
-static int s_spawn(dp_child_t *c, const char *const *argv, char *err)
-{
-    int fd = open(c->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return dp_err(err, "%s: cannot create: %s", c->log, strerror(errno));
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fd);
-        return dp_err(err, "fork: %s", strerror(errno));
-    }
-    if (pid == 0) {
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(127);  /* the launcher died before prctl */
-        dup2(fd, 1);
-        dup2(fd, 2);
-        /* Default dispositions, as a daemon started by hand has them
-         * (an ignored SIGPIPE would survive exec). */
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
-        signal(SIGPIPE, SIG_DFL);
-        /* Several processes share the cores: OpenMP threads that spin for
-         * long at each barrier steal them from each other (a 2-thread step
-         * measured 10x slower). A short spin costs nothing on a quiet machine. */
-        setenv("GOMP_SPINCOUNT", "10000", 0);
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "%s: cannot execute: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(fd);
-    setpgid(pid, pid);
-    c->pid = pid;
     return 0;
 }
 
@@ -422,22 +366,6 @@ static long s_run_steps(const dp_local_t *L, int n)
     return (long)c->epochs * (n / ((long)c->batch * L->workers));
 }
 
-/* The directory holding the running binary (where its siblings are). */
-static void s_bin_dir(char *out, size_t n, const char *argv0)
-{
-    char self[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len > 0) {
-        self[len] = 0;
-    } else {
-        snprintf(self, sizeof self, "%s", argv0);
-    }
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    else snprintf(self, sizeof self, ".");
-    snprintf(out, n, "%s", self);
-}
-
 static void s_print_summary(const char *path)
 {
     uint8_t *text = NULL;
@@ -477,9 +405,42 @@ static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
         s_mkdir("runs", err);
         L->out = L->out_default;
     }
-    s_bin_dir(L->bin_dir, sizeof L->bin_dir, argv[0]);
+    dp_spawn_bin_dir(L->bin_dir, sizeof L->bin_dir, argv[0]);
     snprintf(L->summary, sizeof L->summary, "%s/summary.json", L->out);
     return 0;
+}
+
+/* An earlier run's TensorBoard event files in DIR/tensorboard (the
+ * workers add new ones; old ones would show as the same run). */
+static void s_clear_tensorboard(const dp_local_t *L)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 256];
+    snprintf(dir, sizeof dir, "%s/tensorboard", L->out);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    const struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+}
+
+/* A fresh --run-id for the shards unless one was given: each launch is a
+ * new run, so a --checkpoint-dir holding another run's files is refused
+ * (--resume continues it). */
+static void s_add_run_id(dp_local_t *L)
+{
+    if (dp_opts_find(&L->opts, "run-id")->given) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t h = dp_fnv1a(DP_FNV_SEED, &ts, sizeof ts);
+    pid_t pid = getpid();
+    h = dp_fnv1a(h, &pid, sizeof pid);
+    snprintf(L->run_id, sizeof L->run_id, "local-%016" PRIx64, h);
+    L->ps_args[L->n_ps_args++] = "--run-id";
+    L->ps_args[L->n_ps_args++] = L->run_id;
 }
 
 /* What the servers need from the data (the input shape, and for the
@@ -515,6 +476,8 @@ static int s_prepare(dp_local_t *L, char *err)
     snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
     if (L->secure && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
+    s_clear_tensorboard(L);
+    s_add_run_id(L);
     return 0;
 }
 
@@ -529,24 +492,29 @@ static dp_child_t *s_child(dp_local_t *L, const char *kind, int i)
     return c;
 }
 
-/* The parameter-server shards, each on a free loopback port. */
+/* DIR/logs/ps-I.endpoint: where shard I writes the endpoint it bound. */
+static void s_ready_path(const dp_local_t *L, int i, char *out, size_t n)
+{
+    snprintf(out, n, "%s/logs/ps-%d.endpoint", L->out, i);
+}
+
+/* The parameter-server shards, each on a loopback port the kernel picks. */
 static int s_start_servers(dp_local_t *L, char *err)
 {
-    char bind[40], shard[24], nworkers[16], ps_bin[PATH_MAX + 16];
+    char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX];
     snprintf(nworkers, sizeof nworkers, "%d", L->workers);
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
-        int port = s_free_port(err);
-        if (port < 0) return -1;
-        snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
-        size_t used = strlen(L->endpoints);
-        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", bind);
+        s_ready_path(L, i, ready, sizeof ready);
+        unlink(ready);
         dp_child_t *c = s_child(L, "ps", i);
+        unlink(c->metrics);
         const char *av[DP_LOCAL_ARGS];
         int n = 0;
         av[n++] = ps_bin;
-        av[n++] = "--bind"; av[n++] = bind;
+        av[n++] = "--bind"; av[n++] = "tcp://127.0.0.1:*";
+        av[n++] = "--ready-file"; av[n++] = ready;
         av[n++] = "--shard"; av[n++] = shard;
         av[n++] = "--workers"; av[n++] = nworkers;
         av[n++] = "--input"; av[n++] = L->input;
@@ -554,7 +522,48 @@ static int s_start_servers(dp_local_t *L, char *err)
         if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
         for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
         av[n] = NULL;
-        if (s_spawn(c, av, err) != 0) return -1;
+        if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Shard i's endpoint from its ready file into L->endpoints: 1 when there,
+ * 0 while not yet, -1 with err when the shard died first. */
+static int s_read_endpoint(dp_local_t *L, int i, char *err)
+{
+    dp_child_t *c = &L->kids[i];
+    char ready[PATH_MAX];
+    s_ready_path(L, i, ready, sizeof ready);
+    char ep[256];
+    if (dp_spawn_read_ready(ready, ep, sizeof ep)) {
+        size_t used = strlen(L->endpoints);
+        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", ep);
+        return 1;
+    }
+    if (waitpid(c->pid, &c->status, WNOHANG) != c->pid) return 0;
+    c->pid = 0;
+    char how[64], last[512];
+    s_describe_exit(c, how, sizeof how);
+    s_last_line(c->log, last, sizeof last);
+    return dp_err(err, "%s %s before listening; last log line: %s", c->name, how,
+                  last[0] ? last : "(empty)");
+}
+
+/* Wait for every shard's ready file, in shard order (the workers' --ps). */
+static int s_await_servers(dp_local_t *L, char *err)
+{
+    const double limit_s = 60;
+    double until = dp_now() + limit_s;
+    for (int i = 0; i < L->shards; i++) {
+        int r;
+        while ((r = s_read_endpoint(L, i, err)) == 0) {
+            if (s_signal) return dp_err(err, "stopped by signal %d while starting", (int)s_signal);
+            if (dp_now() > until)
+                return dp_err(err, "%s (downpour-ps) did not report its endpoint in %s/logs within %.0f s",
+                              L->kids[i].name, L->out, limit_s);
+            usleep(20 * 1000);
+        }
+        if (r < 0) return -1;
     }
     return 0;
 }
@@ -602,7 +611,7 @@ static int s_start_workers(dp_local_t *L, char *err)
         /* User flags last, so an explicit --threads or --device wins. */
         for (int k = 0; k < L->n_worker_args; k++) av[n++] = L->worker_args[k];
         av[n] = NULL;
-        if (s_spawn(c, av, err) != 0) return -1;
+        if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
     }
     return 0;
 }
@@ -653,7 +662,7 @@ static int s_finish(dp_local_t *L, const dp_child_t *failed)
     if (interrupted) {
         fprintf(stderr, "downpour local: stopped by signal %d; every process ended; logs in %s/logs\n",
                 (int)s_signal, L->out);
-        return 130;
+        return 128 + (int)s_signal;
     }
     if (failed) {
         char how[64], last[512];
@@ -683,7 +692,8 @@ int dp_local_main(int argc, char **argv)
         return 1;
     }
     dp_signals_install(&s_signal, 1);
-    if (s_start_servers(&L, err) != 0 || s_start_workers(&L, err) != 0) {
+    if (s_start_servers(&L, err) != 0 || s_await_servers(&L, err) != 0 ||
+        s_start_workers(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         s_stop_all(&L, 5.0);
         return 1;

@@ -65,19 +65,23 @@ int dp_spawn(pid_t *pid_out, const char *const *argv, const char *log, char *err
     return 0;
 }
 
+int dp_spawn_read_ready(const char *ready_file, char *out, size_t n)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (dp_read_file(ready_file, &buf, &len, NULL) != 0) return 0;
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == ' ')) len--;
+    snprintf(out, n, "%.*s", (int)len, (const char *)buf);
+    free(buf);
+    return len > 0;
+}
+
 int dp_spawn_wait_ready(const char *ready_file, pid_t pid, const char *log, double timeout_s,
                         char *out, size_t n, char *err)
 {
     double deadline = dp_now() + timeout_s;
     while (dp_now() < deadline) {
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        if (dp_read_file(ready_file, &buf, &len, NULL) == 0) {
-            while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == ' ')) len--;
-            snprintf(out, n, "%.*s", (int)len, (const char *)buf);
-            free(buf);
-            if (len > 0) return 0;
-        }
+        if (dp_spawn_read_ready(ready_file, out, n)) return 0;
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid)
             return dp_err(err, "the server exited before it was ready (see %s)", log);

@@ -16,6 +16,10 @@ void dp_spawn_bin_dir(char *out, size_t n, const char *argv0);
  * group of its own, SIGTERM'd if this process dies; *pid on success. */
 int dp_spawn(pid_t *pid, const char *const *argv, const char *log, char *err);
 
+/* A server's --ready-file, once it is there: the endpoint it bound into
+ * out and 1; 0 while there is none yet. */
+int dp_spawn_read_ready(const char *ready_file, char *out, size_t n);
+
 /* Waits up to timeout_s for a server's --ready-file and reads the endpoint
  * it bound into out (the server writes it atomically once bound). Fails
  * early, naming log, when the process pid exits first. */

@@ -6,6 +6,7 @@
  * and, with --worker-hosts, the worker count; explicit --bind / --shard /
  * --workers win. Every error is one line naming the flag. The entries
  * marked DP_OPTS_PASS are the ones `downpour local` passes on to its shards. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,22 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->checkpoint_every = 0;
     c->metrics_every = 5.0;
     c->heartbeat_timeout = 60.0;
+}
+
+void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
+{
+    const dp_optim_conf_t *o = &c->optim;
+    char text[1024];
+    int len = snprintf(text, sizeof text,
+                       "%s|%dx%dx%d|%d|%d|%d|%d|%d|%" PRIu64 "|%d|%.9g|%.9g|%.9g|%.9g|%.9g|%.9g|%d|%ld|"
+                       "%.9g|%ld|%d/%d",
+                       c->model_spec, c->in_c, c->in_h, c->in_w, (int)c->mode, c->num_workers,
+                       c->replicas, c->staleness, c->lr_staleness, c->seed, (int)o->kind,
+                       dp_optim_base_lr(o), o->momentum, o->beta1, o->beta2, o->eps,
+                       o->weight_decay, (int)o->schedule, o->step_size, o->gamma, o->total_steps,
+                       c->shard_index, c->shard_count);
+    if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
+    snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
 }
 
 static const char s_synopsis[] =
@@ -120,6 +137,16 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_BUF("checkpoint-dir", "DIR", c->checkpoint_dir, P,
                     "DIR/ps-shard-I-of-K.safetensors: restored at start,\n"
                     "written every --checkpoint-every versions and at exit"),
+        DP_FLAG_BUF("run-id", "ID", c->run_id, P,
+                    "this run's name in its checkpoints (default: a hash of the\n"
+                    "flags that define the run; downpour local: a new one per launch);\n"
+                    "another run's checkpoint is refused"),
+        DP_FLAG_SET("resume", &c->resume, 1, P,
+                    "continue the run in --checkpoint-dir (another or a finished\n"
+                    "one), its version and lr schedule where they stopped"),
+        DP_FLAG_NUM("startup-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->startup_timeout, 0, 1e7, P,
+                    "fail naming the workers that did not say HELLO by then\n"
+                    "(default 0: wait forever)"),
         DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", &c->checkpoint_every, 0, 1L << 40, P,
                     "versions between checkpoints (default 0: at exit only)"),
         DP_FLAG_BUF("metrics", "FILE", c->metrics_path, 0, "JSON lines of counters (appended)"),

@@ -1,8 +1,10 @@
 /* downpour-ps: the parameter-server daemon — flags to dp_ps_config_t, signal
  * handling (common/signals.h: the handler only sets a flag), then dp_ps_run
- * (server/ps.h). Exit status 0 on a clean stop (SIGINT, SIGTERM or
- * SHUTDOWN), 2 on a bad flag, 1 on a setup failure (bind, model, corrupt
- * checkpoint). */
+ * (server/ps.h). Exit status 0 after a SHUTDOWN, 128 + the signal (130,
+ * 143) after SIGINT / SIGTERM — either way the final checkpoint is written
+ * first when --checkpoint-dir is given —, 2 on a bad flag, 1 on a setup
+ * failure (bind, model, a checkpoint of another run, workers missing past
+ * --startup-timeout). */
 #include <stdio.h>
 
 #include "common/opts.h"
@@ -24,6 +26,12 @@ int main(int argc, char **argv)
     if (dp_ps_run(&cfg, &s_stop, err) != 0) {
         fprintf(stderr, "downpour-ps: %s\n", err);
         return 1;
+    }
+    if (s_stop) {
+        dp_log_info("stopped by signal %d; %s%s", (int)s_stop,
+                    cfg.checkpoint_dir[0] ? "checkpoint written in " : "nothing saved (no --checkpoint-dir)",
+                    cfg.checkpoint_dir);
+        return 128 + s_stop;
     }
     return 0;
 }

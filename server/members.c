@@ -1,6 +1,7 @@
 /* members: joined / finished / gone bookkeeping of a shard (see members.h). */
 #include "server/members.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/util.h"
@@ -75,4 +76,18 @@ void dp_members_counts(const dp_members_t *m, int *joined, int *finished, int *g
         *finished += m->w[i].finished;
         *gone += m->w[i].gone && !m->w[i].finished;
     }
+}
+
+int dp_members_missing(const dp_members_t *m, char *out, size_t n)
+{
+    int missing = 0;
+    size_t used = 0;
+    if (n) out[0] = 0;
+    for (int i = 0; i < m->n; i++) {
+        if (m->w[i].joined) continue;
+        if (used + 16 < n) used += (size_t)snprintf(out + used, n - used, "%s%d", missing ? ", " : "", i);
+        else if (used + 4 < n) used += (size_t)snprintf(out + used, n - used, "...");
+        missing++;
+    }
+    return missing;
 }

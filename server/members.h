@@ -9,6 +9,8 @@
 #ifndef DP_MEMBERS_H
 #define DP_MEMBERS_H
 
+#include <stddef.h>
+
 typedef struct {
     int joined;            /* said HELLO at least once */
     int finished;          /* said BARRIER{finished}; cleared by a new HELLO */
@@ -43,5 +45,9 @@ int dp_members_sweep(dp_members_t *m, double now, double timeout);
 
 /* Workers that joined, that finished, that are gone (and not finished). */
 void dp_members_counts(const dp_members_t *m, int *joined, int *finished, int *gone);
+
+/* The ids of the workers that never said HELLO, as "1, 3, 7" into out (n
+ * bytes; "..." ends a list that does not fit). Returns how many. */
+int dp_members_missing(const dp_members_t *m, char *out, size_t n);
 
 #endif

@@ -66,12 +66,14 @@ typedef struct {
     char endpoint[256];
     char ckpt_path[DP_PS_PATH_LEN + 64];
     uint64_t ckpt_version; /* version last written (UINT64_MAX: none) */
+    dp_ckpt_run_t run;     /* the run the checkpoints belong to; .finished as last written */
     dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
     double next_metrics;
     int quit;              /* SHUTDOWN received */
     dp_auth_t auth;        /* worker ids bound to connections / keys, the chief's token */
     dp_zap_t *zap;         /* CURVE: the gate (NULL without --curve-secret) */
     const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
+    double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -162,11 +164,15 @@ static void s_reply_bare(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
 
 /* ---- checkpoints, metrics, held pulls ---------------------------------- */
 
-/* Write the shard unless there is no --checkpoint-dir or this version is on disk. */
-static int s_checkpoint(s_ps_t *ps, char *err)
+/* Write the shard unless there is no --checkpoint-dir or this version is on
+ * disk as finished or not. finished: the run ended (the chief's SHUTDOWN),
+ * so the same flags do not silently restart it. */
+static int s_checkpoint(s_ps_t *ps, int finished, char *err)
 {
-    if (!ps->cfg->checkpoint_dir[0] || ps->ckpt_version == ps->shard.version) return 0;
-    if (dp_shard_checkpoint_write(&ps->shard, ps->ckpt_path, err) != 0) return -1;
+    if (!ps->cfg->checkpoint_dir[0]) return 0;
+    if (ps->ckpt_version == ps->shard.version && ps->run.finished == finished) return 0;
+    ps->run.finished = finished;
+    if (dp_shard_checkpoint_write(&ps->shard, ps->ckpt_path, &ps->run, err) != 0) return -1;
     ps->ckpt_version = ps->shard.version;
     dp_log_debug("shard %d: checkpoint at version %" PRIu64 " in %s", ps->cfg->shard_index,
                  ps->shard.version, ps->ckpt_path);
@@ -178,7 +184,7 @@ static void s_version_moved(s_ps_t *ps)
 {
     long every = ps->cfg->checkpoint_every;
     char err[DP_ERR_LEN];
-    if (every > 0 && ps->shard.version % (uint64_t)every == 0 && s_checkpoint(ps, err) != 0)
+    if (every > 0 && ps->shard.version % (uint64_t)every == 0 && s_checkpoint(ps, 0, err) != 0)
         dp_log_error("shard %d: checkpoint failed: %s", ps->cfg->shard_index, err);
 }
 
@@ -198,6 +204,19 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "net_errors", (double)ps->net_errors);
     cJSON_AddNumberToObject(line, "auth_refused", (double)ps->auth.refused);
     cJSON_AddNumberToObject(line, "curve_refused", ps->zap ? (double)dp_zap_refused(ps->zap) : 0.0);
+    dp_metrics_write(ps->metrics, &line);
+}
+
+/* The first line of each start: a metrics file is appended to, so this
+ * marks where a run (or a restart of it) begins. */
+static void s_metrics_start(s_ps_t *ps)
+{
+    cJSON *line = dp_metrics_line(ps->metrics);
+    if (!line) return;
+    cJSON_AddStringToObject(line, "event", "start");
+    cJSON_AddNumberToObject(line, "shard", ps->cfg->shard_index);
+    cJSON_AddStringToObject(line, "run_id", ps->run.id);
+    cJSON_AddNumberToObject(line, "version", (double)ps->shard.version);
     dp_metrics_write(ps->metrics, &line);
 }
 
@@ -286,6 +305,20 @@ static int s_authorized(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env
         return 1;
     s_reply_error_code(ps, id, env->request_id, env->worker_id, code, msg);
     return 0;
+}
+
+/* --startup-timeout: every worker said HELLO by the deadline, or the shard
+ * fails naming those that did not (their ids: their --task-index). */
+static int s_check_startup(s_ps_t *ps, double now, char *err)
+{
+    if (ps->startup_deadline <= 0) return 0;
+    char ids[120];
+    int missing = dp_members_missing(&ps->members, ids, sizeof ids);
+    if (missing == 0) ps->startup_deadline = 0; /* checked once: later silence is liveness */
+    if (missing == 0 || now < ps->startup_deadline) return 0;
+    return dp_err(err, "start-up: %d of %d workers never said HELLO within %g s (--startup-timeout): "
+                  "worker id(s) %s; are they running with this shard (%s) in --ps?",
+                  missing, ps->members.n, ps->cfg->startup_timeout, ids, ps->endpoint);
 }
 
 /* ---- request handlers ------------------------------------------------- */
@@ -422,7 +455,7 @@ static void s_on_shutdown(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     char err[DP_ERR_LEN];
     dp_log_info("shard %d: SHUTDOWN from worker %d", ps->cfg->shard_index, env->worker_id);
     /* The final checkpoint is on disk before the requester hears back. */
-    if (s_checkpoint(ps, err) != 0)
+    if (s_checkpoint(ps, 1, err) != 0)
         dp_log_error("shard %d: final checkpoint failed: %s", ps->cfg->shard_index, err);
     s_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__SHUTDOWN);
     ps->quit = 1;
@@ -607,6 +640,32 @@ static const dp_policy_ops_t *s_policy_ops(dp_mode_t mode)
     return NULL;
 }
 
+/* The run's checkpoint restored, if the directory holds one this run may
+ * take (server/shard_checkpoint.h says which). */
+static int s_restore(s_ps_t *ps, char *err)
+{
+    const dp_ps_config_t *cfg = ps->cfg;
+    if (cfg->run_id[0]) snprintf(ps->run.id, sizeof ps->run.id, "%s", cfg->run_id);
+    else dp_ps_config_run_id(cfg, ps->run.id, sizeof ps->run.id);
+    ps->run.resume = cfg->resume;
+    if (!cfg->checkpoint_dir[0]) return 0;
+    if (mkdir(cfg->checkpoint_dir, 0755) != 0 && errno != EEXIST)
+        return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, strerror(errno));
+    dp_shard_checkpoint_path(ps->ckpt_path, sizeof ps->ckpt_path, cfg->checkpoint_dir,
+                             cfg->shard_index, cfg->shard_count);
+    int r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, &ps->run, err);
+    if (r < 0) return -1;
+    if (r == 0 && cfg->resume)
+        return dp_err(err, "--resume: %s has no checkpoint of shard %d/%d to continue",
+                      cfg->checkpoint_dir, cfg->shard_index, cfg->shard_count);
+    if (r == 1) {
+        ps->ckpt_version = ps->shard.version;
+        dp_log_info("shard %d: restored version %" PRIu64 " of run %s from %s", cfg->shard_index,
+                    ps->shard.version, ps->run.id, ps->ckpt_path);
+    }
+    return 0;
+}
+
 /* Shard, members and policy from the config; the checkpoint restored. */
 static int s_setup_state(s_ps_t *ps, char *err)
 {
@@ -625,19 +684,7 @@ static int s_setup_state(s_ps_t *ps, char *err)
                            cfg->lr_staleness};
     if (dp_policy_new(&ps->policy, ops, &pc, &ps->shard, &ps->members, err) != 0) return -1;
     ps->pending = dp_calloc(S_MAX_PENDING, sizeof *ps->pending);
-    if (!cfg->checkpoint_dir[0]) return 0;
-    if (mkdir(cfg->checkpoint_dir, 0755) != 0 && errno != EEXIST)
-        return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, strerror(errno));
-    dp_shard_checkpoint_path(ps->ckpt_path, sizeof ps->ckpt_path, cfg->checkpoint_dir,
-                             cfg->shard_index, cfg->shard_count);
-    int r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, err);
-    if (r < 0) return -1;
-    if (r == 1) {
-        ps->ckpt_version = ps->shard.version;
-        dp_log_info("shard %d: restored version %" PRIu64 " from %s", cfg->shard_index,
-                    ps->shard.version, ps->ckpt_path);
-    }
-    return 0;
+    return s_restore(ps, err);
 }
 
 static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
@@ -734,17 +781,20 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
     if (s_setup(&ps, cfg, err) != 0) goto done;
     if (cfg->on_ready) cfg->on_ready(ps.endpoint, cfg->on_ready_arg);
     ps.next_metrics = dp_now() + cfg->metrics_every;
+    if (cfg->startup_timeout > 0) ps.startup_deadline = dp_now() + cfg->startup_timeout;
+    s_metrics_start(&ps);
     s_metrics_line(&ps);
     while (!ps.quit && !(stop_flag && *stop_flag)) {
         s_poll_once(&ps);
         double now = dp_now();
+        if (s_check_startup(&ps, now, err) != 0) goto done;
         s_sweep(&ps, now);
         if (ps.metrics && now >= ps.next_metrics) {
             s_metrics_line(&ps);
             ps.next_metrics = now + cfg->metrics_every;
         }
     }
-    if (s_checkpoint(&ps, err) != 0) {
+    if (s_checkpoint(&ps, ps.run.finished, err) != 0) {
         dp_log_error("shard %d: final checkpoint failed: %s", cfg->shard_index, err);
         goto done;
     }

@@ -49,6 +49,9 @@ typedef struct {
     char ready_file[DP_PS_PATH_LEN];     /* "" or a file that gets the bound endpoint */
     char curve_secret[DP_PS_PATH_LEN];   /* "" or this server's CURVE secret key file */
     char curve_allow[4096];              /* with curve_secret: a directory of *.pub or a comma list */
+    char run_id[80];            /* --run-id; "" = dp_ps_config_run_id's fingerprint */
+    int resume;                 /* --resume: continue the checkpoint's run, whatever its id */
+    double startup_timeout;     /* seconds for every worker to say HELLO; 0 = wait forever */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;
@@ -66,6 +69,12 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
 /* downpour-ps's option table, writing into c and cl's flag fields; `downpour
  * local` reads it to check and pass on the flags marked DP_OPTS_PASS. */
 void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
+
+/* The run id a config implies when --run-id is not given: "cfg-" and 16
+ * hex digits of a hash of the flags that define the run (model, input,
+ * mode, workers, R, S, seed, optimizer, lr, schedule, shard I/K), so the
+ * same flags restarted name the same run and other flags another one. */
+void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
 
 /* Run the shard until *stop_flag becomes non-zero or a SHUTDOWN arrives.
  * Writes the final checkpoint (if configured), closes its socket and

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/checksum.h"
 #include "common/safetensors.h"
 #include "common/util.h"
 
@@ -17,12 +18,19 @@ void dp_shard_checkpoint_path(char *out, size_t n, const char *dir, int i, int k
     snprintf(out, n, "%s/ps-shard-%d-of-%d.safetensors", dir, i, k);
 }
 
-int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, char *err)
+/* CRC-32 of n floats as 8 hex digits. */
+static void s_crc_hex(char out[16], const float *x, size_t n)
+{
+    snprintf(out, 16, "%08x", (unsigned)dp_crc32(0, x, n * sizeof(float)));
+}
+
+int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ckpt_run_t *run,
+                              char *err)
 {
     int64_t pshape[1] = {(int64_t)s->n};
     int64_t sshape[2] = {s->state_per, (int64_t)s->n};
     dp_st_tensor_t t[2] = {{"params", s->w, 1, pshape}, {"optim.state", s->state, 2, sshape}};
-    char ver[32], lo[32], hi[32], nf[32], fp[32], shard[32], input[48];
+    char ver[32], lo[32], hi[32], nf[32], fp[32], shard[32], input[48], pcrc[16], scrc[16];
     snprintf(ver, sizeof ver, "%" PRIu64, s->version);
     snprintf(lo, sizeof lo, "%zu", s->lo);
     snprintf(hi, sizeof hi, "%zu", s->hi);
@@ -30,10 +38,14 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, char *err)
     snprintf(fp, sizeof fp, "%016" PRIx64, s->model.fingerprint);
     snprintf(shard, sizeof shard, "%d/%d", s->index, s->count);
     snprintf(input, sizeof input, "%dx%dx%d", s->model.in_c, s->model.in_h, s->model.in_w);
+    s_crc_hex(pcrc, s->w, s->n);
+    s_crc_hex(scrc, s->state, s->n * (size_t)s->state_per);
     const char *meta[] = {"format", "downpour-ps-shard", "spec", s->model.spec, "input", input,
                           "fingerprint", fp, "shard", shard, "range_lo", lo, "range_hi", hi,
                           "n_floats", nf, "optimizer", dp_optim_kind_name(s->optim.kind),
-                          "version", ver, "step", ver, NULL};
+                          "version", ver, "step", ver, "params_crc32", pcrc,
+                          "state_crc32", scrc, "run_id", run ? run->id : "",
+                          "finished", run && run->finished ? "1" : "0", NULL};
     return dp_safetensors_write(path, t, s->state_per ? 2 : 1, meta, err);
 }
 
@@ -79,17 +91,68 @@ static int s_check_meta(const dp_shard_t *s, const char *path, uint64_t *version
     return 0;
 }
 
-int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, char *err)
+/* The directory part of path, for messages about the directory. */
+static void s_dir_of(char *out, size_t n, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+/* May run restore this file? The same run restarted may; another run or a
+ * finished one only with resume (then run->id becomes the file's). */
+static int s_check_run(const char *path, dp_ckpt_run_t *run, char *err)
+{
+    if (!run) return 0;
+    char e2[DP_ERR_LEN] = "", dir[160];
+    char *id = dp_safetensors_read_meta(path, "run_id", e2);
+    if (!id && e2[0]) return dp_err(err, "%s", e2);
+    char *fin = dp_safetensors_read_meta(path, "finished", e2);
+    int finished = fin && strcmp(fin, "1") == 0;
+    free(fin);
+    s_dir_of(dir, sizeof dir, path);
+    int rc = 0;
+    if (run->resume) {
+        if (id && id[0]) snprintf(run->id, sizeof run->id, "%s", id);
+    } else if (!id || strcmp(id, run->id) != 0) {
+        rc = dp_err(err, "%s holds run %.60s, not this run %.60s; use another --checkpoint-dir or "
+                    "--resume to continue it", dir, id && id[0] ? id : "(unnamed)", run->id);
+    } else if (finished) {
+        rc = dp_err(err, "%s holds the finished run %.60s; use another --checkpoint-dir or "
+                    "--resume to continue it", dir, id);
+    }
+    free(id);
+    return rc;
+}
+
+/* The floats read match the CRC the writer recorded under key. */
+static int s_check_crc(const char *path, const char *key, const float *x, size_t n, char *err)
+{
+    char want[16], e2[DP_ERR_LEN] = "";
+    s_crc_hex(want, x, n);
+    char *v = dp_safetensors_read_meta(path, key, e2);
+    if (!v) return dp_err(err, "%s: corrupt shard checkpoint: %s", path, e2[0] ? e2 : key);
+    int same = strcmp(v, want) == 0;
+    if (!same)
+        dp_err(err, "%s: corrupt shard checkpoint: %s says %s, the data has %s", path, key, v, want);
+    free(v);
+    return same ? 0 : -1;
+}
+
+int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run, char *err)
 {
     if (access(path, F_OK) != 0) return 0;
     uint64_t ver = 0;
-    if (s_check_meta(s, path, &ver, err) != 0) return -1;
+    if (s_check_meta(s, path, &ver, err) != 0 || s_check_run(path, run, err) != 0) return -1;
+    size_t n_state = s->n * (size_t)s->state_per;
     float *w = dp_malloc(s->n * sizeof(float) + 1);
-    float *st = dp_calloc(s->n * (size_t)s->state_per + 1, sizeof(float));
+    float *st = dp_calloc(n_state + 1, sizeof(float));
     int rc = -1;
     if (dp_safetensors_read_tensor(path, "params", w, s->n, err) != 0) goto done;
-    if (s->state_per &&
-        dp_safetensors_read_tensor(path, "optim.state", st, s->n * s->state_per, err) != 0)
+    if (s->state_per && dp_safetensors_read_tensor(path, "optim.state", st, n_state, err) != 0)
+        goto done;
+    if (s_check_crc(path, "params_crc32", w, s->n, err) != 0 ||
+        s_check_crc(path, "state_crc32", st, n_state, err) != 0)
         goto done;
     for (size_t i = 0; i < s->n; i++)
         if (!isfinite(w[i])) {
@@ -97,7 +160,7 @@ int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, char *err)
             goto done;
         }
     memcpy(s->w, w, s->n * sizeof(float));
-    if (s->state_per) memcpy(s->state, st, s->n * s->state_per * sizeof(float));
+    if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
     s->version = ver;
     rc = 1;
 done:

@@ -4,8 +4,16 @@
  * The file holds "params" [n] and, for optimizers with state, "optim.state"
  * [state_per, n]; its metadata names the format ("downpour-ps-shard"), the
  * model (spec, input, fingerprint), the shard (I/K and its float range), the
- * optimizer and the version. A file that exists but does not match this
- * shard or does not read is an error, never a silent fresh start. */
+ * optimizer, the version, a CRC-32 of each tensor, and the run: "run_id"
+ * and "finished" ("1" once the chief's SHUTDOWN wrote it). A file that
+ * exists but does not match this shard or does not read is an error, never
+ * a silent fresh start.
+ *
+ * A checkpoint directory belongs to one run. Restoring checks the run after
+ * the model: the same run id, not finished, is the same run restarted (a
+ * crash, kill -9, SIGTERM) and carries on; another run id, or a finished
+ * run, is refused unless resume is set, which continues the run in the file
+ * (its id is adopted, its version — so its lr schedule — goes on). */
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
 
@@ -13,15 +21,28 @@
 
 #include "server/shard.h"
 
+#define DP_RUN_ID_LEN 80
+
+/* Which run a checkpoint belongs to. */
+typedef struct {
+    char id[DP_RUN_ID_LEN]; /* this run's id (--run-id, or the flags' fingerprint) */
+    int resume;             /* restore: continue the file's run, whatever its id */
+    int finished;           /* write: the run ended (the chief's SHUTDOWN) */
+} dp_ckpt_run_t;
+
 /* DIR/ps-shard-I-of-K.safetensors into out (n bytes). */
 void dp_shard_checkpoint_path(char *out, size_t n, const char *dir, int i, int k);
 
-/* Write s at its version to path. 0, or -1 with err. */
-int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, char *err);
+/* Write s at its version to path, atomically, as run (NULL: no run id,
+ * not finished). 0, or -1 with err. */
+int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ckpt_run_t *run,
+                              char *err);
 
 /* Restore s (parameters, optimizer state, version) from path: 1 when
  * restored, 0 when there is no file, -1 with err when the file does not
- * match s or does not read (s is then unchanged). */
-int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, char *err);
+ * match s, does not read, fails its CRC, or belongs to another or a
+ * finished run without run->resume (s is then unchanged). run may be NULL
+ * (any run); with resume, run->id becomes the file's. */
+int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run, char *err);
 
 #endif

@@ -96,6 +96,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_ps_info_t info;
     dp_batcher_t bt = {0};
     int rc = -1;
+    dp_ps_client_default_stop_flag(stop); /* a signal ends the HELLO wait too */
     dp_ps_curve_t curve = {c->curve_secret, c->curve_server};
     if (dp_ps_client_new_curve(&ps, c->ps, &s.model, c->task_index, c->timeout_s,
                                c->curve_secret ? &curve : NULL, &info, err) != 0)

@@ -2,7 +2,9 @@
  * alone (the baseline); otherwise it joins parameter servers given by --ps
  * or by the TensorFlow-style cluster flags / TF_CONFIG (worker/args.h).
  * Exit status 0 on success, 2 on a bad flag or cluster spec, 1 when the run
- * fails. */
+ * fails, 128 + the signal (130, 143) when SIGINT / SIGTERM stopped it: the
+ * standalone trainer then saves its model to --save (if given), a cluster
+ * worker saves nothing (the servers hold the weights and checkpoint them). */
 #include <stdio.h>
 
 #include "common/signals.h"
@@ -20,8 +22,15 @@ int main(int argc, char **argv)
     int r = dp_worker_parse_args(&a, argc, argv, err);
     if (r != 0) return dp_opts_exit_status("downpour-worker", r, err);
     dp_signals_install(&s_stop, 0);
-    r = a.standalone ? dp_train_standalone(&a.conf, err)
+    r = a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
                      : dp_train_distributed(&a.conf, &s_stop, err);
+    if (s_stop) {
+        if (r != 0) dp_log_warn("%s", err);
+        if (!a.standalone)
+            dp_log_info("stopped by signal %d; nothing saved here (the servers keep the weights)",
+                        (int)s_stop);
+        return 128 + s_stop;
+    }
     if (r != 0) {
         dp_log_error("%s", err);
         return 1;

@@ -64,6 +64,9 @@ struct dp_ps_client {
     dp_curve_key_t secret, pub;
 };
 
+/* dp_ps_client_default_stop_flag: what each new client's stop starts as. */
+static volatile sig_atomic_t *s_default_stop;
+
 /* Storage one request points into until it is sent. */
 typedef struct {
     Downpour__Envelope env;
@@ -274,6 +277,23 @@ static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
     }
 }
 
+/* A HELLO that got no reply: name every shard still silent (role and
+ * endpoint), not only the first one the wait noticed. */
+static void s_name_silent(const dp_ps_client_t *c, char *err)
+{
+    if (!strstr(err, "no reply in")) return;
+    char list[DP_ERR_LEN] = "";
+    size_t used = 0;
+    for (int i = 0; i < c->n && used + 8 < sizeof list; i++) {
+        const s_shard_t *s = &c->sh[i];
+        if (!s->want_req || s->done) continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%sps shard %d at %s",
+                                 used ? ", " : "", i, s->endpoint);
+    }
+    if (used >= sizeof list) snprintf(list + sizeof list - 4, 4, "...");
+    dp_err(err, "start-up: no reply in %.0f s (is downpour-ps running?) from %s", c->timeout_s, list);
+}
+
 /* Send the plan's request to each of its shards, then wait for every reply.
  * On any failure the shards that did not answer get fresh sockets, so
  * nothing of this exchange is left queued or awaited. */
@@ -294,6 +314,7 @@ static int s_exchange(dp_ps_client_t *c, const s_plan_t *plan, char *err)
         rc = s_send(c, i, &rq, err);
     }
     if (rc == 0) rc = s_wait(c, plan->on_reply, plan->arg, err);
+    if (rc != 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
     if (rc != 0) s_reset_unanswered(c);
     return rc;
 }
@@ -432,6 +453,7 @@ int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp
     c->m = m;
     c->worker_id = worker_id;
     c->timeout_s = timeout_s;
+    c->stop = s_default_stop;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(S_MAX_SHARDS, sizeof *c->sh);
     if (s_parse_endpoints(c, endpoints, err) != 0) goto fail;
@@ -724,6 +746,11 @@ int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err)
     s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__SHUTDOWN, .n_shards = c->n,
                      .on_reply = s_on_bare, .arg = &want};
     return s_exchange(c, &plan, err);
+}
+
+void dp_ps_client_default_stop_flag(volatile sig_atomic_t *flag)
+{
+    s_default_stop = flag;
 }
 
 void dp_ps_client_set_stop_flag(dp_ps_client_t *c, volatile sig_atomic_t *flag)

@@ -112,6 +112,10 @@ int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err);
 /* Blocked calls return -1 ("interrupted") soon after *flag becomes non-zero
  * (e.g. set by a SIGTERM handler). NULL: never. */
 void dp_ps_client_set_stop_flag(dp_ps_client_t *c, volatile sig_atomic_t *flag);
+/* The stop flag each client created from now on starts with, so that its
+ * first wait (the HELLO, up to timeout_s) is interrupted too. Signals are
+ * per process, and so is this; NULL (the default): none. */
+void dp_ps_client_default_stop_flag(volatile sig_atomic_t *flag);
 
 void dp_ps_client_destroy(dp_ps_client_t **c_p); /* safe twice */
 

@@ -189,7 +189,50 @@ static void s_eval_and_log(dp_session_t *s, long step, int limit, double *acc, d
     dp_session_log_eval(s, step, *acc, *loss);
 }
 
-int dp_train_standalone(const dp_train_conf_t *c, char *err)
+/* The standalone training loop: steps until the batcher ends, the loss
+ * diverges (-1 with err) or *stop is set; returns the steps done. */
+static long s_standalone_loop(dp_session_t *s, dp_batcher_t *bt, const dp_optim_conf_t *opt,
+                              float *d_state, long total, volatile sig_atomic_t *stop,
+                              double *loss_avg, char *err)
+{
+    const dp_train_conf_t *c = &s->conf;
+    long spe = dp_data_steps_per_epoch(s->train.n, c->batch, 1);
+    double t0 = dp_now(), acc = 0, test_loss = 0;
+    dp_batch_t batch;
+    long step, done = 0;
+    while (!(stop && *stop) && (step = dp_batcher_next(bt, &batch)) >= 0) {
+        float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, c->batch, NULL);
+        if (!isfinite(loss))
+            return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
+        float lr = dp_optim_lr_at(opt, step);
+        s->be->optim_step(s->be, opt, lr, s->net.d_params, s->net.d_grads, d_state,
+                          s->model.n_floats, step + 1);
+        done = step + 1;
+        *loss_avg = done == 1 ? loss : 0.98 * *loss_avg + 0.02 * loss;
+        s_metrics_step(s, step, spe, loss, lr);
+        dp_session_log_step(s, step, loss);
+        double dt = dp_now() - t0;
+        dp_progress_update(&s->progress, done == total, "epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f",
+                           step / spe + 1, (total + spe - 1) / spe, done, total,
+                           done * c->batch / (dt > 0 ? dt : 1e-9), *loss_avg);
+        if (c->eval_every > 0 && done % c->eval_every == 0 && done < total)
+            s_eval_and_log(s, done, c->eval_limit, &acc, &test_loss);
+    }
+    return done;
+}
+
+/* Stopped by a signal: the model at the step reached goes to --save (if
+ * given); no evaluation, no summary (the run did not finish). */
+static int s_standalone_stopped(dp_session_t *s, long done, int sig, char *err)
+{
+    if (dp_session_save(s, done, done, err) != 0) return -1;
+    dp_log_info("standalone: stopped by signal %d at step %ld; %s%s", sig, done,
+                s->conf.save ? "model saved to " : "nothing saved (no --save)",
+                s->conf.save ? s->conf.save : "");
+    return 0;
+}
+
+int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
     dp_session_t s;
     if (dp_session_init(&s, c, err) != 0) return -1;
@@ -219,44 +262,23 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
                 s.model.spec, c->device, s.train.n, s.test.n, c->batch, total, spe);
     dp_session_log_start(&s, 0, total, spe);
     double t0 = dp_now(), loss_avg = 0, acc = 0, test_loss = 0;
-    dp_batch_t batch;
-    long step, done = 0;
-    int bad = 0;
-    while ((step = dp_batcher_next(&bt, &batch)) >= 0) {
-        float loss = dp_net_train_step_device(&s.net, batch.d_x, batch.d_y, c->batch, NULL);
-        if (!isfinite(loss)) {
-            dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
-            bad = 1;
-            break;
-        }
-        float lr = dp_optim_lr_at(opt, step);
-        s.be->optim_step(s.be, opt, lr, s.net.d_params, s.net.d_grads, d_state,
-                         s.model.n_floats, step + 1);
-        done = step + 1;
-        loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
-        s_metrics_step(&s, step, spe, loss, lr);
-        dp_session_log_step(&s, step, loss);
-        double dt = dp_now() - t0;
-        dp_progress_update(&s.progress, done == total, "epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f",
-                           step / spe + 1, (total + spe - 1) / spe, done, total,
-                           done * c->batch / (dt > 0 ? dt : 1e-9), loss_avg);
-        if (c->eval_every > 0 && done % c->eval_every == 0 && done < total)
-            s_eval_and_log(&s, done, c->eval_limit, &acc, &test_loss);
-    }
+    long done = s_standalone_loop(&s, &bt, opt, d_state, total, stop, &loss_avg, err);
     double train_s = dp_now() - t0;
     dp_progress_done(&s.progress);
     dp_batcher_fini(&bt);
     if (d_state) s.be->release(s.be, d_state);
-    if (bad) {
+    int rc = done < 0 ? -1 : 0;
+    if (rc == 0 && stop && *stop) {
+        rc = s_standalone_stopped(&s, done, (int)*stop, err);
         dp_session_fini(&s);
-        return -1;
+        return rc;
     }
-    s_eval_and_log(&s, done, 0, &acc, &test_loss);
-    double ips = done * c->batch / (train_s > 0 ? train_s : 1e-9);
-    dp_log_info("standalone: %ld steps in %.1f s (%.0f images/s); test accuracy %.4f, loss %.4f",
-                done, train_s, ips, acc, test_loss);
-    int rc = dp_session_save(&s, done, done, err);
     if (rc == 0) {
+        s_eval_and_log(&s, done, 0, &acc, &test_loss);
+        double ips = done * c->batch / (train_s > 0 ? train_s : 1e-9);
+        dp_log_info("standalone: %ld steps in %.1f s (%.0f images/s); test accuracy %.4f, loss %.4f",
+                    done, train_s, ips, acc, test_loss);
+        rc = dp_session_save(&s, done, done, err);
         dp_run_summary_t r = {
             .mode = "standalone", .workers = 1, .ps_shards = 0, .staleness = -1,
             .steps = done, .epochs = (double)done / spe,
@@ -264,7 +286,7 @@ int dp_train_standalone(const dp_train_conf_t *c, char *err)
             .images_per_s_per_worker = ips, .train_s = train_s,
             .applied = (uint64_t)done, .optim = opt,
         };
-        rc = dp_session_summary(&s, &r, err);
+        if (rc == 0) rc = dp_session_summary(&s, &r, err);
     }
     dp_session_fini(&s);
     return rc;

@@ -116,7 +116,10 @@ void dp_session_log_step(dp_session_t *s, long step, float loss);
 /* An evaluation's record: a metrics line and TensorBoard scalars. */
 void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss);
 
-int dp_train_standalone(const dp_train_conf_t *c, char *err);
+/* Train alone. When *stop becomes non-zero (a signal) it stops after the
+ * current step, saves the model to conf.save if given, writes no summary
+ * and returns 0 (the caller exits 128 + signal). stop may be NULL. */
+int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 
 #endif

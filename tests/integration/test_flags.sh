@@ -97,7 +97,7 @@ else
 fi
 
 # The TensorFlow-style cluster flags still place a ps task; its log says
-# which task it resolved to, and SIGTERM stops it with status 0.
+# which task it resolved to, and SIGTERM stops it with status 143 (128 + 15).
 port=$(( 20000 + RANDOM % 20000 ))
 bg "$PS" --job-name ps --task-index 0 --ps-hosts "127.0.0.1:$port" --worker-hosts "127.0.0.1:$((port + 1))" \
     --ready-file "$TMP/ready" 2>"$TMP/ps.log"
@@ -108,6 +108,6 @@ check "cluster flags: the resolved cluster is logged" \
     grep -qF "cluster: ps task 0 (127.0.0.1:$port); 1 ps, 1 worker" "$TMP/ps.log"
 kill -TERM "$ps_pid"
 wait_for "$ps_pid" 20
-check "downpour-ps stops on SIGTERM with status 0" test $? = 0
+check "downpour-ps stops on SIGTERM with status 143" test $? = 143
 
 finish

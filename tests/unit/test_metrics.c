@@ -232,6 +232,26 @@ static void test_jsonl_flushed_within_a_second(void)
     s_rmtree(dir);
 }
 
+/* --metrics appends: a second writer on the same file keeps the first's lines. */
+static void test_jsonl_appends(void)
+{
+    const char *dir = s_tmpdir();
+    char path[256], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    for (int run = 0; run < 2; run++) {
+        dp_metrics_t *m = NULL;
+        CHECK_EQ(dp_metrics_new(&m, path, err), 0);
+        s_write_num(m, "run", run);
+        dp_metrics_destroy(&m);
+    }
+    char *text, *lines[4];
+    CHECK_EQ(s_lines(path, &text, lines, 4), 2);
+    CHECK(strstr(lines[0], "\"run\":0") != NULL);
+    CHECK(strstr(lines[1], "\"run\":1") != NULL);
+    free(text);
+    s_rmtree(dir);
+}
+
 typedef struct {
     dp_metrics_t *m;
     int id;
@@ -668,7 +688,8 @@ static void test_crc32_matches_zlib(void)
 }
 
 DP_TESTS(T(test_jsonl_lines_parse), T(test_metrics_round), T(test_jsonl_disabled_and_bad_path),
-         T(test_jsonl_flushed_within_a_second), T(test_jsonl_threads_and_big_lines),
+         T(test_jsonl_flushed_within_a_second), T(test_jsonl_appends),
+         T(test_jsonl_threads_and_big_lines),
          T(test_summary_atomic), T(test_crc32c_vectors), T(test_crc32_matches_zlib),
          T(test_tb_roundtrip),
          T(test_tb_disabled_and_bad), T(test_tb_read_by_tensorboard))

@@ -850,6 +850,7 @@ static void test_checkpoint_restore(void)
     srv_t s2;
     srv_init(&s2, DP_MODE_ASYNC, 1);
     s2.cfg.optim.kind = DP_OPT_ADAM;
+    s2.cfg.resume = 1; /* the first life ended with SHUTDOWN: a finished run */
     snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", dir);
     CHECK_EQ(srv_start(&s2), 0);
     CHECK_EQ(dp_ps_client_new(&c, s2.endpoint, &s_small, 0, TMO, NULL, err), 0);

@@ -1,0 +1,213 @@
+/* test_checkpoint_run: a checkpoint directory belongs to one run
+ * (server/shard_checkpoint.h) — the same run restarted restores, another
+ * run or a finished one is refused unless resumed, a corrupted tensor fails
+ * its CRC, a crash between write and rename leaves the previous checkpoint
+ * loadable; and the run id the flags imply (dp_ps_config_run_id). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "server/ps.h"
+#include "server/shard.h"
+#include "server/shard_checkpoint.h"
+#include "tests/test.h"
+
+#define SPEC "fc:6 softmax"
+
+static char s_dir[256], s_path[512];
+
+/* A fresh directory for the checkpoint of shard 0/1. */
+static void s_fresh_dir(const char *tag)
+{
+    snprintf(s_dir, sizeof s_dir, "/tmp/dp-test-ckrun-%s-%d", tag, (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
+    if (system(cmd) != 0 || mkdir(s_dir, 0755) != 0) fprintf(stderr, "  cannot make %s\n", s_dir);
+    dp_shard_checkpoint_path(s_path, sizeof s_path, s_dir, 0, 1);
+}
+
+static void s_rm_dir(void)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
+    if (system(cmd) != 0) fprintf(stderr, "  cannot remove %s\n", s_dir);
+}
+
+/* An adam shard of a small model, initialised from seed. */
+static int s_shard(dp_shard_t *s, uint64_t seed)
+{
+    char err[DP_ERR_LEN];
+    dp_model_t m;
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    memset(s, 0, sizeof *s);
+    if (dp_model_parse(&m, SPEC, 1, 4, 4, err) != 0 || dp_shard_init(s, &m, 0, 1, seed, &o, err) != 0) {
+        fprintf(stderr, "  shard: %s\n", err);
+        return -1;
+    }
+    for (size_t i = 0; i < s->n * (size_t)s->state_per; i++) s->state[i] = 0.001f * (float)i;
+    return 0;
+}
+
+static dp_ckpt_run_t s_run(const char *id, int resume, int finished)
+{
+    dp_ckpt_run_t r = {.resume = resume, .finished = finished};
+    snprintf(r.id, sizeof r.id, "%s", id);
+    return r;
+}
+
+/* Same run id, not finished: a restart restores weights, state, version. */
+static void test_same_run_restores(void)
+{
+    s_fresh_dir("same");
+    dp_shard_t a, b;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_shard(&a, 1), 0);
+    CHECK_EQ(s_shard(&b, 2), 0);
+    a.version = 42;
+    dp_ckpt_run_t run = s_run("run-a", 0, 0);
+    CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+    CHECK_EQ(b.version, 42);
+    CHECK_CLOSE("params", b.w, a.w, a.n, 0, 0);
+    CHECK_CLOSE("state", b.state, a.state, a.n * (size_t)a.state_per, 0, 0);
+    dp_shard_fini(&a);
+    dp_shard_fini(&b);
+    s_rm_dir();
+}
+
+/* Another run, or the same one finished: refused with one line naming the
+ * directory and --resume; the shard unchanged. --resume takes it and adopts
+ * the file's run id. */
+static void test_other_or_finished_run_refused(void)
+{
+    s_fresh_dir("other");
+    dp_shard_t a, b;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_shard(&a, 1), 0);
+    CHECK_EQ(s_shard(&b, 2), 0);
+    a.version = 7;
+    dp_ckpt_run_t first = s_run("run-a", 0, 1);
+    CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &first, err), 0);
+    dp_ckpt_run_t other = s_run("run-b", 0, 0);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &other, err), -1);
+    fprintf(stderr, "  (expected) %s\n", err);
+    CHECK(strstr(err, s_dir) != NULL && strstr(err, "run-a") && strstr(err, "--resume"));
+    CHECK(strchr(err, '\n') == NULL);
+    CHECK_EQ(b.version, 0);
+    dp_ckpt_run_t same = s_run("run-a", 0, 0);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &same, err), -1);
+    fprintf(stderr, "  (expected) %s\n", err);
+    CHECK(strstr(err, "holds the finished run run-a") != NULL);
+    CHECK_EQ(b.version, 0);
+    dp_ckpt_run_t resume = s_run("run-c", 1, 0);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &resume, err), 1);
+    CHECK_EQ(b.version, 7);
+    CHECK_STR(resume.id, "run-a");
+    CHECK_CLOSE("resumed params", b.w, a.w, a.n, 0, 0);
+    dp_shard_fini(&a);
+    dp_shard_fini(&b);
+    s_rm_dir();
+}
+
+/* One flipped byte in the tensor data fails the CRC. */
+static void test_crc_catches_corruption(void)
+{
+    s_fresh_dir("crc");
+    dp_shard_t a, b;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_shard(&a, 1), 0);
+    CHECK_EQ(s_shard(&b, 2), 0);
+    dp_ckpt_run_t run = s_run("run-a", 0, 0);
+    CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(s_path, &bytes, &len, err), 0);
+    if (bytes && len > 8) {
+        bytes[len - 5] ^= 0x40; /* inside the last tensor's floats */
+        CHECK_EQ(dp_write_file_atomic(s_path, bytes, len, err), 0);
+    }
+    free(bytes);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), -1);
+    fprintf(stderr, "  (expected) %s\n", err);
+    CHECK(strstr(err, "crc32") != NULL);
+    CHECK_EQ(b.version, 0);
+    dp_shard_fini(&a);
+    dp_shard_fini(&b);
+    s_rm_dir();
+}
+
+/* A process killed between write and rename (DP_TEST_CRASH_BEFORE_RENAME)
+ * leaves the previous checkpoint in place and loadable. */
+static void test_crash_before_rename_keeps_previous(void)
+{
+    s_fresh_dir("crash");
+    dp_shard_t a, b;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_shard(&a, 1), 0);
+    CHECK_EQ(s_shard(&b, 2), 0);
+    a.version = 5;
+    dp_ckpt_run_t run = s_run("run-a", 0, 0);
+    CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("DP_TEST_CRASH_BEFORE_RENAME", "ps-shard", 1);
+        a.version = 6;
+        a.w[0] += 1.0f;
+        dp_shard_checkpoint_write(&a, s_path, &run, err);
+        _exit(0); /* not reached when the hook works */
+    }
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+    CHECK_EQ(b.version, 5);
+    CHECK_CLOSE("previous params", b.w, a.w, a.n, 0, 0);
+    dp_shard_fini(&a);
+    dp_shard_fini(&b);
+    s_rm_dir();
+}
+
+/* The flags that define a run name it; the others do not. */
+static void test_config_run_id(void)
+{
+    dp_ps_config_t c, d;
+    dp_ps_config_default(&c);
+    dp_ps_config_default(&d);
+    char a[DP_RUN_ID_LEN], b[DP_RUN_ID_LEN];
+    dp_ps_config_run_id(&c, a, sizeof a);
+    d.checkpoint_every = 50;
+    d.metrics_every = 1;
+    snprintf(d.bind, sizeof d.bind, "tcp://127.0.0.1:*");
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK_STR(a, b);
+    CHECK(strncmp(a, "cfg-", 4) == 0 && strlen(a) == 20);
+    d.optim.lr = 0.01f;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
+    d = c;
+    d.shard_index = 1;
+    d.shard_count = 2;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
+    d = c;
+    d.seed = 2;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
+}
+
+int main(int argc, char **argv)
+{
+    const t_test_t tests[] = {
+        T(test_same_run_restores),
+        T(test_other_or_finished_run_refused),
+        T(test_crc_catches_corruption),
+        T(test_crash_before_rename_keeps_previous),
+        T(test_config_run_id),
+    };
+    return t_main(argc, argv, tests, (int)(sizeof tests / sizeof tests[0]));
+}
