@@ -4,7 +4,10 @@
  * The file holds "params" [n] and, for optimizers with state, "optim.state"
  * [state_per, n]; its metadata names the format ("downpour-ps-shard"), the
  * model (spec, input, fingerprint), the shard (I/K and its float range), the
- * optimizer and the version. A file that exists but does not match this
+ * optimizer and the version, and "worker_steps" (the last step applied per
+ * worker, comma-separated, when the shard keeps them: a restarted shard
+ * still applies a (worker, step) once and tells a restarted worker where to
+ * resume). A file that exists but does not match this
  * shard or does not read is an error, never a silent fresh start. */
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
