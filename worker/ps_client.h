@@ -4,12 +4,23 @@
  * the end of a run (finish, wait for the others, stats, shutdown).
  *
  * Every call sends its request to all the shards it concerns before waiting
- * for any reply. Invariants: every call is bounded in time — a shard silent
- * for timeout_s gives "ENDPOINT: no reply in N s (is downpour-ps
- * running?)"; a shard that has not answered for a while (a sync / ssp shard
- * deferring a pull) gets HEARTBEATs, and the client keeps waiting as long as
- * it answers them, up to 20 timeouts in all ("request still deferred after
- * N s"). After a failed call the shards that did not answer get fresh
+ * for any reply. Invariants: every call is bounded in time. A shard that
+ * owes a reply and has not answered for a while gets HEARTBEATs. Only a
+ * pull, which the shard may hold (sync / ssp), waits on as long as the shard answers
+ * them, up to 20 timeouts in all ("request still deferred after N s"); any
+ * other reply is due within timeout_s of the request.
+ *
+ * Recovery: every reply carries the server's incarnation. When a reply
+ * shows a new one (the shard restarted), or the shard answers
+ * ERR_UNKNOWN_WORKER, or the awaited reply does not come within timeout_s,
+ * the client says HELLO to that shard again on a fresh socket and repeats
+ * the request (pulls are idempotent; a push carries its step, which the
+ * shard applies once). A restarted shard must answer that HELLO within
+ * timeout_s; a second timeout of one request, or no answer to the HELLO,
+ * fails with "ENDPOINT: no reply in N s (is downpour-ps running?)". A
+ * shard that restarted at a version below the highest it had reported lost
+ * the updates in between: they are counted (dp_ps_client_updates_lost) and
+ * the repeated push is stamped with the restored version. After a failed call the shards that did not answer get fresh
  * sockets, so the client stays usable. Push hands ZeroMQ the caller's
  * gradient without a copy and returns only once ZeroMQ has released it.
  * Not thread-safe: one client per thread. */
@@ -70,6 +81,25 @@ int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err);
  * res->rejected with the reason and is not a failure of the call. */
 int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int batch,
                       dp_push_result_t *res, char *err);
+
+/* The same with the worker's step (1, 2, ...; 0 = none), which each shard
+ * applies once per worker: a repeat (after a lost ACK or a restart) is
+ * acknowledged as applied ("repeat: ..." in the reason) without being
+ * applied again. */
+int dp_ps_client_push_step(dp_ps_client_t *c, uint64_t step, const float *grads, float loss,
+                           int batch, dp_push_result_t *res, char *err);
+
+/* The last step of this worker every shard has applied (from their
+ * WELCOMEs): a restarted worker resumes after it. 0 for a new worker. */
+uint64_t dp_ps_client_resume_step(const dp_ps_client_t *c);
+
+/* Updates the shards lost by restarting from a checkpoint, as this client
+ * saw them: the versions each had reported minus the one it restarted at. */
+uint64_t dp_ps_client_updates_lost(const dp_ps_client_t *c);
+
+/* A DEALER connected to endpoint with the client's options (linger 0, send
+ * timeout, ZMTP heartbeats); every socket to a shard is made here. */
+int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s, void **out, char *err);
 
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);
