@@ -653,6 +653,8 @@ static int s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     }
     if (a->status != DOWNPOUR__ACK_STATUS__APPLIED)
         s_set_reason(r, s->endpoint, a->reason && a->reason[0] ? a->reason : "no reason given");
+    else if (a->reason && a->reason[0]) /* "repeat: ...": applied before, not again */
+        s_set_reason(r, s->endpoint, a->reason);
     /* Sync: our gradient is in this version's aggregate (applied, or a
      * duplicate of one that is) — the next pull waits for the step. */
     if (a->status == DOWNPOUR__ACK_STATUS__APPLIED ||

@@ -48,7 +48,7 @@ typedef struct {
     uint64_t staleness_max;          /* over shards */
     double staleness_mean;           /* over shards */
     uint64_t version;                /* sum over shards of the version after this push */
-    char reason[160];                /* first non-applied reason, "" if none */
+    char reason[160];                /* first non-applied (or repeat) reason, "" if none */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */
