@@ -295,19 +295,22 @@ static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg);
 static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                         const dp_wire_frame_t *frames, int nf, void *arg, char *err);
 
-/* Shard i restarted or lost our request: HELLO again on a fresh socket (so
- * nothing queued for the old connection goes out) and take its WELCOME —
+/* Shard i restarted or lost our request: HELLO again and take its WELCOME —
  * its incarnation, and the version it restarted at (s_on_welcome counts the
- * updates lost). Waits up to timeout_s for a shard that is coming back. */
+ * updates lost). Waits up to timeout_s for a shard that is coming back. The
+ * socket stays: ZeroMQ redials a restarted server by itself (ZMTP heartbeats
+ * drop a dead connection), and the worker keeps one connection per shard,
+ * which the server may bind its id to. Whatever was still queued on it
+ * reaches the new server before the HELLO and is refused there
+ * (ERR_UNKNOWN_WORKER, to a request id no longer awaited). */
 static int s_rejoin(dp_ps_client_t *c, int i, char *err)
 {
     s_shard_t *s = &c->sh[i];
     dp_log_warn("%s: %s; saying HELLO again and repeating the request", s->endpoint,
                 s->restarted ? "the shard restarted" : "no reply in time");
-    s_close(s);
     s_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .build = s_build_hello,
                       .on_reply = s_on_welcome};
-    if (s_open(c, i, err) != 0 || s_send_plan(c, i, &hello, err) != 0) return -1;
+    if (s_send_plan(c, i, &hello, err) != 0) return -1;
     while (!s->done) {
         if (c->stop && *c->stop) return dp_err(err, "interrupted");
         if (dp_now() - s->sent_at > c->timeout_s)
@@ -351,7 +354,6 @@ static int s_wait(dp_ps_client_t *c, const s_plan_t *plan, char *err)
         for (int k = 0; k < n; k++) {
             int a = s_check_alive(c, idx[k], plan->type, t0, now, err);
             if (a < 0 || (a == 1 && s_repeat(c, idx[k], plan, err) != 0)) return -1;
-            items[k].socket = c->sh[idx[k]].sock; /* a repeat opened a new one */
         }
         int r = zmq_poll(items, n, 100);
         if (r < 0) {

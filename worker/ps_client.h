@@ -13,15 +13,17 @@
  * Recovery: every reply carries the server's incarnation. When a reply
  * shows a new one (the shard restarted), or the shard answers
  * ERR_UNKNOWN_WORKER, or the awaited reply does not come within timeout_s,
- * the client says HELLO to that shard again on a fresh socket and repeats
+ * the client says HELLO to that shard again (same socket) and repeats
  * the request (pulls are idempotent; a push carries its step, which the
  * shard applies once). A restarted shard must answer that HELLO within
  * timeout_s; a second timeout of one request, or no answer to the HELLO,
  * fails with "ENDPOINT: no reply in N s (is downpour-ps running?)". A
  * shard that restarted at a version below the highest it had reported lost
  * the updates in between: they are counted (dp_ps_client_updates_lost) and
- * the repeated push is stamped with the restored version. After a failed call the shards that did not answer get fresh
- * sockets, so the client stays usable. Push hands ZeroMQ the caller's
+ * the repeated push is stamped with the restored version.
+ *
+ * After a failed call the shards that did not answer get fresh sockets, so
+ * the client stays usable. Push hands ZeroMQ the caller's
  * gradient without a copy and returns only once ZeroMQ has released it.
  * Not thread-safe: one client per thread. */
 #ifndef DP_PS_CLIENT_H
