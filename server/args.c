@@ -34,7 +34,7 @@ void dp_ps_config_default(dp_ps_config_t *c)
     dp_optim_conf_default(&c->optim);
     c->checkpoint_every = 0;
     c->metrics_every = 5.0;
-    c->heartbeat_timeout = 60.0;
+    c->heartbeat_timeout = 5.0; /* workers beat every second (worker/ps_beat.h) */
 }
 
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
@@ -153,7 +153,7 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_NUM("metrics-every", DP_OPTS_DOUBLE, "SECONDS", &c->metrics_every, 0.01, 1e6, 0,
                     "between metrics lines (default 5)"),
         DP_FLAG_NUM("heartbeat-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->heartbeat_timeout, 0, 1e7, P,
-                    "silence before a worker stops counting (default 60, 0 = never)"),
+                    "silence before a worker stops counting (default 5, 0 = never)"),
         DP_FLAG_BUF("ready-file", "FILE", c->ready_file, 0,
                     "write the bound endpoint to FILE once listening"),
         DP_FLAG_BUF("curve-secret", "FILE", c->curve_secret, 0,

@@ -78,6 +78,18 @@ static int s_is_chief(const dp_auth_t *a, uint64_t token, const dp_auth_peer_t *
 int dp_auth_check(dp_auth_t *a, int type, int wid, uint64_t token, const dp_auth_peer_t *p,
                   int *code, char *msg, size_t msg_len)
 {
+    /* A HEARTBEAT only says "worker wid is alive". Workers send it from a
+     * thread with connections of its own (worker/ps_beat), from before
+     * their HELLO, so it comes on any connection; it never binds an id and
+     * changes nothing else. Under CURVE it must come from the id's key. */
+    if (type == DOWNPOUR__MSG_TYPE__HEARTBEAT) {
+        if (a->curve && wid >= 0 && wid < a->n && a->w[wid].key[0] &&
+            !(p->key && strcmp(a->w[wid].key, p->key) == 0)) {
+            *code = DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER;
+            return s_refuse(a, msg, msg_len, "HEARTBEAT as worker %d from another key refused", wid);
+        }
+        return 0;
+    }
     if (wid >= 0 && wid < a->n && !(a->w[wid].conn_len && s_same_conn(&a->w[wid], p))) {
         *code = DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER;
         return s_refuse(a, msg, msg_len,

@@ -4,8 +4,9 @@
  * (server/policy.h) read who is live.
  *
  * A worker is live when it has not finished and was heard from within the
- * heartbeat timeout. A worker waiting on a deferred pull is live by
- * definition: the loop reports it heard before every sweep. */
+ * heartbeat timeout. Workers send a HEARTBEAT every second from start to
+ * exit (worker/ps_beat.h), also while a pull of theirs is held, so a held
+ * pull proves nothing: a worker that died waiting goes gone like any other. */
 #ifndef DP_MEMBERS_H
 #define DP_MEMBERS_H
 

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -45,6 +46,11 @@
  * once); 8 leaves room for a tool and bursts while capping how many messages
  * one peer can park in ZeroMQ's queue. */
 #define S_RCVHWM 8
+/* ZMTP heartbeats (ZeroMQ's own, below the protocol): a PING every second
+ * on each connection, and a peer silent for 5 s is disconnected, so a
+ * vanished worker's connection and what ZeroMQ queued for it go away. */
+#define S_ZMTP_IVL_MS 1000
+#define S_ZMTP_TIMEOUT_MS 5000
 
 typedef struct {
     zmq_msg_t identity;    /* ROUTER identity to answer */
@@ -74,6 +80,7 @@ typedef struct {
     dp_zap_t *zap;         /* CURVE: the gate (NULL without --curve-secret) */
     const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
     double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
+    uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -91,6 +98,7 @@ static void s_send(s_ps_t *ps, zmq_msg_t *id, Downpour__Envelope *env,
 static void s_env(const s_ps_t *ps, Downpour__Envelope *env, int type, uint64_t req, int worker)
 {
     dp_wire_env_init(env, type, req, worker, ps->shard.model.fingerprint);
+    env->incarnation = ps->incarnation;
 }
 
 /* ERROR with Error.code (DOWNPOUR__ERROR_CODE__*), counted as malformed. */
@@ -202,6 +210,7 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "staleness_mean", dp_metrics_round(mean, 4));
     cJSON_AddNumberToObject(line, "staleness_max", (double)c->staleness_max);
     cJSON_AddNumberToObject(line, "net_errors", (double)ps->net_errors);
+    cJSON_AddNumberToObject(line, "repeats", (double)c->repeats);
     cJSON_AddNumberToObject(line, "auth_refused", (double)ps->auth.refused);
     cJSON_AddNumberToObject(line, "curve_refused", ps->zap ? (double)dp_zap_refused(ps->zap) : 0.0);
     dp_metrics_write(ps->metrics, &line);
@@ -255,10 +264,10 @@ static void s_members_changed(s_ps_t *ps)
     s_release_pending(ps);
 }
 
+/* A held pull proves nothing (its worker may have died waiting): workers
+ * send HEARTBEATs while they wait and while they compute (worker/ps_beat.h). */
 static void s_sweep(s_ps_t *ps, double now)
 {
-    /* A worker waiting on a held pull is alive by definition. */
-    for (int i = 0; i < ps->n_pending; i++) dp_members_heard(&ps->members, ps->pending[i].worker, now);
     if (dp_members_sweep(&ps->members, now, ps->cfg->heartbeat_timeout) > 0) s_members_changed(ps);
 }
 
@@ -332,6 +341,16 @@ static int s_same_model(const dp_model_t *m, const Downpour__Envelope *env)
            h->n_floats == m->n_floats;
 }
 
+/* Welcome.worker_step: where a (restarted) worker resumes. */
+static uint64_t s_welcome_step(const s_ps_t *ps, int wid)
+{
+    uint64_t step = ps->shard.worker_step ? ps->shard.worker_step[wid] : 0;
+    if (step > 0)
+        dp_log_info("shard %d: worker %d (re)joins; its steps 1..%" PRIu64 " are applied here",
+                    ps->cfg->shard_index, wid, step);
+    return step;
+}
+
 static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     const dp_model_t *m = &ps->shard.model;
@@ -363,6 +382,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.version = ps->shard.version;
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
+    wl.worker_step = s_welcome_step(ps, env->worker_id);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
     s_members_changed(ps); /* it may have been finished before */
@@ -392,6 +412,22 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     ps->n_pending++;
 }
 
+/* A push of a (worker, step) this shard applied already (its ACK was lost,
+ * or the worker repeated it after a timeout): acknowledged as APPLIED —
+ * from the worker's side it was, once — with the reason saying it was a
+ * repeat; counted in "repeats" only, not applied again. 1 when answered. */
+static int s_push_repeated(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+{
+    if (!dp_shard_step_seen(&ps->shard, env->worker_id, env->push->step)) return 0;
+    ps->shard.counts.repeats++;
+    dp_push_outcome_t o = {.status = DP_PUSH_APPLIED};
+    snprintf(o.reason, sizeof o.reason, "repeat: step %" PRIu64 " of worker %d was applied before",
+             env->push->step, env->worker_id);
+    dp_log_debug("shard %d: %s", ps->cfg->shard_index, o.reason);
+    s_reply_ack(ps, id, env->request_id, env->worker_id, &o);
+    return 1;
+}
+
 static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                       const dp_wire_frame_t *frames, int n_frames)
 {
@@ -408,8 +444,11 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
     for (int f = 0; f < n_frames; f++)
         g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
+    if (s_push_repeated(ps, id, env)) return;
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
+    /* before a due checkpoint, so the file holds the step with its update */
+    if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
     if (o.stepped) s_version_moved(ps);
     s_reply_ack(ps, id, env->request_id, wid, &o);
     if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
@@ -514,9 +553,9 @@ static int s_admit(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
         type != DOWNPOUR__MSG_TYPE__BARRIER)
         return 1;
     if (ps->members.w[wid].joined) return 1;
+    /* e.g. this shard restarted: the client says HELLO again and repeats */
     snprintf(msg, sizeof msg, "worker %d has not said HELLO to this shard", wid);
-    if (type == DOWNPOUR__MSG_TYPE__PUSH) s_reply_rejected(ps, id, env->request_id, wid, msg);
-    else s_reply_error(ps, id, env->request_id, wid, msg);
+    s_reply_error_code(ps, id, env->request_id, wid, DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER, msg);
     return 0;
 }
 
@@ -599,6 +638,15 @@ static int s_local_endpoint(const char *ep)
            strncmp(ep, "tcp://[::1]", 11) == 0;
 }
 
+static int s_zmtp_heartbeats(void *sock, char *err)
+{
+    int ivl = S_ZMTP_IVL_MS, tmo = S_ZMTP_TIMEOUT_MS;
+    if (s_setopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl, "ZMQ_HEARTBEAT_IVL", err) != 0 ||
+        s_setopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo, "ZMQ_HEARTBEAT_TIMEOUT", err) != 0)
+        return -1;
+    return 0;
+}
+
 /* The ROUTER, its limits, bound; ps->endpoint is what it got. */
 static int s_open_socket(s_ps_t *ps, char *err)
 {
@@ -615,7 +663,8 @@ static int s_open_socket(s_ps_t *ps, char *err)
     if (s_setopt(ps->sock, ZMQ_LINGER, &zero, sizeof zero, "ZMQ_LINGER", err) != 0 ||
         s_setopt(ps->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE", err) != 0 ||
         s_setopt(ps->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM", err) != 0 ||
-        s_setopt(ps->sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM", err) != 0)
+        s_setopt(ps->sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM", err) != 0 ||
+        s_zmtp_heartbeats(ps->sock, err) != 0)
         return -1;
     if (s_secure(ps, err) != 0) return -1;
     if (zmq_bind(ps->sock, cfg->bind) != 0)
@@ -680,6 +729,7 @@ static int s_setup_state(s_ps_t *ps, char *err)
                       err) != 0)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());
+    dp_shard_track_steps(&ps->shard, cfg->num_workers);
     dp_policy_conf_t pc = {cfg->replicas ? cfg->replicas : cfg->num_workers, cfg->staleness,
                            cfg->lr_staleness};
     if (dp_policy_new(&ps->policy, ops, &pc, &ps->shard, &ps->members, err) != 0) return -1;
@@ -687,10 +737,21 @@ static int s_setup_state(s_ps_t *ps, char *err)
     return s_restore(ps, err);
 }
 
+/* A random, non-zero id for this start of the shard. */
+static int s_draw_incarnation(s_ps_t *ps, char *err)
+{
+    while (ps->incarnation == 0)
+        if (getrandom(&ps->incarnation, sizeof ps->incarnation, 0) != sizeof ps->incarnation &&
+            errno != EINTR)
+            return dp_err(err, "getrandom: %s", strerror(errno));
+    return 0;
+}
+
 static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
 {
     ps->cfg = cfg;
     ps->ckpt_version = UINT64_MAX;
+    if (s_draw_incarnation(ps, err) != 0) return -1;
     if (s_setup_state(ps, err) != 0) return -1;
     if (dp_auth_init(&ps->auth, cfg->num_workers, cfg->curve_secret[0] != 0, err) != 0) return -1;
     if (dp_metrics_new(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
@@ -698,11 +759,12 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
     if (cfg->ready_file[0] &&
         dp_write_file_atomic(cfg->ready_file, ps->endpoint, strlen(ps->endpoint), err) != 0)
         return -1;
-    dp_log_info("shard %d/%d on %s: floats [%zu, %zu) of %zu, %s, %d workers, R=%d, S=%d, %s lr %g, version %" PRIu64,
+    dp_log_info("shard %d/%d on %s: floats [%zu, %zu) of %zu, %s, %d workers, R=%d, S=%d, %s lr %g, version %" PRIu64
+                ", incarnation %016" PRIx64,
                 cfg->shard_index, cfg->shard_count, ps->endpoint, ps->shard.lo, ps->shard.hi,
                 ps->shard.model.n_floats, dp_mode_name(cfg->mode), ps->members.n,
                 ps->policy->conf.replicas, cfg->staleness, dp_optim_kind_name(cfg->optim.kind),
-                dp_optim_base_lr(&cfg->optim), ps->shard.version);
+                dp_optim_base_lr(&cfg->optim), ps->shard.version, ps->incarnation);
     return 0;
 }
 

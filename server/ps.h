@@ -7,8 +7,16 @@
  * and pull does (server/policy.h: sync with R gradients per step and backup
  * workers, async, ssp with staleness S); server/members.h keeps who joined,
  * finished or went silent ("live" = not finished and heard from within
- * --heartbeat-timeout; a worker waiting on a deferred pull is live);
- * server/shard_checkpoint.h writes and restores the shard.
+ * --heartbeat-timeout, default 5 s; workers send a HEARTBEAT every second
+ * from start to exit, waiting or computing); server/shard_checkpoint.h
+ * writes and restores the shard.
+ *
+ * Recovery: every reply carries this start's random incarnation; a push
+ * with a step (Push.step) is applied once per (worker, step), a repeat is
+ * acknowledged APPLIED with a "repeat:" reason and counted in "repeats";
+ * the last step applied per worker is kept in the checkpoint and returned
+ * in Welcome.worker_step; a request from a connection that has not said
+ * HELLO gets ERROR ERR_UNKNOWN_WORKER (the client says HELLO again).
  *
  * Every message is bounded (all its parts together at most a PUSH of this
  * shard's range plus an envelope) and validated (proto/wire.h + fingerprint,
@@ -59,7 +67,7 @@ typedef struct {
 
 /* Defaults: bind all interfaces on port 5555, shard 0/1, 1 worker, sync, R = all, S = 0, default
  * model on 1x28x28, seed 1, the optimizer defaults of kernels/optim.h (Adam at
- * dp_optim_base_lr's 0.0015), metrics every 5 s, heartbeat timeout 60 s. */
+ * dp_optim_base_lr's 0.0015), metrics every 5 s, heartbeat timeout 5 s. */
 void dp_ps_config_default(dp_ps_config_t *c);
 
 /* Parse downpour-ps's flags (and TF_CONFIG through common/cluster.h) into c.

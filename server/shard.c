@@ -48,8 +48,30 @@ void dp_shard_fini(dp_shard_t *s)
     free(s->state);
     free(s->acc);
     free(s->scratch);
+    free(s->worker_step);
+    s->worker_step = NULL;
+    s->n_workers = 0;
     s->snap = NULL;
     s->w = s->state = s->acc = s->scratch = NULL;
+}
+
+void dp_shard_track_steps(dp_shard_t *s, int n_workers)
+{
+    free(s->worker_step);
+    s->worker_step = dp_calloc((size_t)n_workers, sizeof *s->worker_step);
+    s->n_workers = n_workers;
+}
+
+int dp_shard_step_seen(const dp_shard_t *s, int worker, uint64_t step)
+{
+    if (!s->worker_step || worker < 0 || worker >= s->n_workers || step == 0) return 0;
+    return step <= s->worker_step[worker];
+}
+
+void dp_shard_step_done(dp_shard_t *s, int worker, uint64_t step)
+{
+    if (!s->worker_step || worker < 0 || worker >= s->n_workers) return;
+    if (step > s->worker_step[worker]) s->worker_step[worker] = step;
 }
 
 float dp_shard_lr(const dp_shard_t *s)

@@ -43,6 +43,7 @@ typedef struct {
     uint64_t malformed;     /* messages answered with ERROR */
     uint64_t staleness_sum; /* async / ssp: over applied gradients */
     uint64_t staleness_max;
+    uint64_t repeats;       /* pushes of a (worker, step) already applied: acknowledged, not applied */
 } dp_shard_counts_t;
 
 /* One copy of the parameters at one version, shared by every PARAMS reply of
@@ -70,6 +71,10 @@ typedef struct {
     uint64_t version;
     dp_shard_counts_t counts;
     dp_snap_t *snap;       /* the current version's snapshot (our reference), or NULL */
+    uint64_t *worker_step; /* per worker: the last Push.step applied here (0: none), so a
+                              repeated push is applied once and a restarted worker resumes;
+                              NULL until dp_shard_track_steps */
+    int n_workers;         /* entries of worker_step */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -82,6 +87,14 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
 /* Frees what init allocated; safe on a zeroed or finished shard. A snapshot
  * still held elsewhere lives until its last reference goes. */
 void dp_shard_fini(dp_shard_t *s);
+
+/* Keep the last applied step of n_workers workers (all 0). */
+void dp_shard_track_steps(dp_shard_t *s, int n_workers);
+/* Was this worker's step applied already? Step 0 (a push without a step)
+ * and untracked shards never are. */
+int dp_shard_step_seen(const dp_shard_t *s, int worker, uint64_t step);
+/* The worker's step was applied (kept when it is the newest). */
+void dp_shard_step_done(dp_shard_t *s, int worker, uint64_t step);
 
 /* The learning rate of the next step (the schedule at the current version). */
 float dp_shard_lr(const dp_shard_t *s);

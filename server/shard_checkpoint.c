@@ -18,6 +18,48 @@ void dp_shard_checkpoint_path(char *out, size_t n, const char *dir, int i, int k
     snprintf(out, n, "%s/ps-shard-%d-of-%d.safetensors", dir, i, k);
 }
 
+/* ---- the per-worker steps: one metadata key, "worker_steps" ----------- */
+
+/* "S0,S1,...": the last step applied per worker (malloc'd), or NULL when the
+ * shard keeps none. */
+static char *s_steps_meta(const dp_shard_t *s)
+{
+    if (!s->worker_step) return NULL;
+    size_t cap = (size_t)s->n_workers * 21 + 1, at = 0;
+    char *out = dp_malloc(cap);
+    out[0] = 0;
+    for (int i = 0; i < s->n_workers; i++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%" PRIu64, i ? "," : "", s->worker_step[i]);
+    return out;
+}
+
+/* The steps back from "worker_steps"; a file without the key (written before
+ * steps were kept) leaves them at 0. */
+static int s_steps_restore(dp_shard_t *s, const char *path, char *err)
+{
+    if (!s->worker_step) return 0;
+    char e2[DP_ERR_LEN] = "";
+    char *v = dp_safetensors_read_meta(path, "worker_steps", e2);
+    if (!v) return e2[0] ? dp_err(err, "%s", e2) : 0;
+    uint64_t *st = dp_calloc((size_t)s->n_workers, sizeof *st);
+    int n = 0, bad = 0;
+    for (char *p = v; *p && !bad; n++) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long x = strtoull(p, &end, 10);
+        bad = errno || end == p || (*end && *end != ',') || n >= s->n_workers;
+        if (!bad) st[n] = x;
+        p = *end ? end + 1 : end;
+    }
+    free(v);
+    if (!bad && n == s->n_workers) memcpy(s->worker_step, st, (size_t)n * sizeof *st);
+    free(st);
+    if (bad || n != s->n_workers)
+        return dp_err(err, "%s: checkpoint's worker_steps is not %d steps (was --workers changed?)",
+                      path, s->n_workers);
+    return 0;
+}
+
 /* CRC-32 of n floats as 8 hex digits. */
 static void s_crc_hex(char out[16], const float *x, size_t n)
 {
@@ -45,8 +87,16 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
                           "n_floats", nf, "optimizer", dp_optim_kind_name(s->optim.kind),
                           "version", ver, "step", ver, "params_crc32", pcrc,
                           "state_crc32", scrc, "run_id", run ? run->id : "",
-                          "finished", run && run->finished ? "1" : "0", NULL};
-    return dp_safetensors_write(path, t, s->state_per ? 2 : 1, meta, err);
+                          "finished", run && run->finished ? "1" : "0", NULL, NULL, NULL};
+    char *steps = s_steps_meta(s);
+    if (steps) { /* in the two spare slots before the final NULL */
+        size_t k = sizeof meta / sizeof meta[0] - 3;
+        meta[k] = "worker_steps";
+        meta[k + 1] = steps;
+    }
+    int rc = dp_safetensors_write(path, t, s->state_per ? 2 : 1, meta, err);
+    free(steps);
+    return rc;
 }
 
 /* Metadata value key must equal want. */
@@ -159,6 +209,7 @@ int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *
             dp_err(err, "%s: corrupt shard checkpoint: parameter %zu is not finite", path, i);
             goto done;
         }
+    if (s_steps_restore(s, path, err) != 0) goto done; /* the last check: changes s only on success */
     memcpy(s->w, w, s->n * sizeof(float));
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
     s->version = ver;

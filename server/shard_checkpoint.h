@@ -13,7 +13,11 @@
  * the model: the same run id, not finished, is the same run restarted (a
  * crash, kill -9, SIGTERM) and carries on; another run id, or a finished
  * run, is refused unless resume is set, which continues the run in the file
- * (its id is adopted, its version — so its lr schedule — goes on). */
+ * (its id is adopted, its version — so its lr schedule — goes on). The
+ * per-worker steps ride along as "worker_steps" (the last step applied per
+ * worker, comma-separated, when the shard keeps them: a restarted shard
+ * still applies a (worker, step) once and tells a restarted worker where to
+ * resume). */
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
 

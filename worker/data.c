@@ -44,8 +44,9 @@ static void *s_producer(void *arg)
 {
     dp_batcher_t *bt = arg;
     int *idx = dp_malloc((size_t)bt->batch * sizeof(int));
-    for (long step = 0; step < bt->total_steps; step++) {
-        int slot = (int)(step & 1);
+    for (long k = 0; k < bt->total_steps; k++) {
+        long step = bt->first_step + k;
+        int slot = (int)(k & 1); /* the consumer takes slots in the same order */
         pthread_mutex_lock(&bt->mu);
         while (bt->full[slot] && !bt->stop) pthread_cond_wait(&bt->cv, &bt->mu);
         int stop = bt->stop;
@@ -74,6 +75,13 @@ static void *s_producer(void *arg)
 int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err)
 {
+    return dp_batcher_init_at(bt, ds, be, batch, rank, world, seed, 0, total_steps, err);
+}
+
+int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                       int rank, int world, unsigned long long seed, long first_step,
+                       long total_steps, char *err)
+{
     memset(bt, 0, sizeof *bt);
     if (rank < 0 || rank >= world)
         return dp_err(err, "worker index %d out of range for %d workers", rank, world);
@@ -87,7 +95,8 @@ int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, 
     bt->rank = rank;
     bt->world = world;
     bt->seed = seed;
-    bt->total_steps = total_steps;
+    bt->first_step = first_step < total_steps ? first_step : total_steps;
+    bt->total_steps = total_steps - bt->first_step;
     bt->perm = dp_malloc((size_t)ds->n * sizeof(int));
     bt->perm_epoch = -1;
     bt->held = -1;

@@ -26,6 +26,7 @@ typedef struct {
     int batch, rank, world;
     unsigned long long seed;
     long steps_per_epoch;     /* global batches per epoch */
+    long first_step;          /* step of the first batch handed out */
     long total_steps;         /* batches this batcher hands out */
     int *perm;                /* current epoch's permutation, produced by the thread */
     long perm_epoch;          /* epoch perm belongs to, -1 none */
@@ -56,6 +57,11 @@ void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long 
 
 int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err);
+/* The same, starting at first_step (a worker resuming after the steps the
+ * servers hold): hands out steps [first_step, total_steps). */
+int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                       int rank, int world, unsigned long long seed, long first_step,
+                       long total_steps, char *err);
 /* One batch: x [batch*c*h*w] as pixels/255, y [batch], in host memory and
  * staged in device memory (d_x, d_y: the backend's). */
 typedef struct {

@@ -10,6 +10,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "worker/data.h"
+#include "worker/ps_beat.h"
 #include "worker/ps_client.h"
 #include "worker/train.h"
 
@@ -34,10 +35,10 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
     nanosleep(&ts, NULL);
 }
 
-/* The line per push: what was computed on which version, and what the
- * shards made of it. */
+/* The line per push: what was computed on which version, what the shards
+ * made of it, and the updates lost so far to shard restarts. */
 static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uint64_t version,
-                           const dp_push_result_t *r, int applied)
+                           const dp_push_result_t *r, int applied, uint64_t lost)
 {
     cJSON *line = dp_metrics_line(s->metrics);
     if (!line) return;
@@ -50,6 +51,7 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     cJSON_AddNumberToObject(line, "staleness", dp_metrics_round(r->staleness_mean, 4));
     cJSON_AddNumberToObject(line, "staleness_max", (double)r->staleness_max);
     cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
+    cJSON_AddNumberToObject(line, "updates_lost", (double)lost);
     dp_metrics_write(s->metrics, &line);
 }
 
@@ -82,22 +84,46 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .images_per_s_per_worker = images / (train_s > 0 ? train_s : 1e-9), .train_s = train_s,
         .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
-        .staleness_max = st.staleness_max,
+        .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
     };
     if (dp_session_summary(s, &r, err) != 0) return -1;
     return 0;
 }
 
+/* Where this worker starts: after the last step every shard applied from
+ * it (a restarted worker; 0 for a new one). The data order is a function of
+ * the step, so it takes up exactly where it stopped. In sync mode the loop
+ * pulls before it pushes, so a rejoining worker computes on the current
+ * version. */
+static long s_first_step(dp_ps_client_t *ps, int task, long total)
+{
+    uint64_t held = dp_ps_client_resume_step(ps);
+    long first = held < (uint64_t)total ? (long)held : total;
+    if (first > 0)
+        dp_log_info("worker %d: rejoining: the servers hold its steps 1..%ld; resuming at step %ld of %ld",
+                    task, first, first + 1, total);
+    return first;
+}
+
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
+    /* Beats before anything slow (data, device), so a starting worker is
+     * never taken for a dead one. */
+    dp_ps_beat_t *beat = NULL;
+    dp_ps_curve_t curve = {c->curve_secret, c->curve_server};
+    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, c->curve_secret ? &curve : NULL,
+                       err) != 0)
+        return -1;
     dp_session_t s;
-    if (dp_session_init(&s, c, err) != 0) return -1;
+    if (dp_session_init(&s, c, err) != 0) {
+        dp_ps_beat_destroy(&beat);
+        return -1;
+    }
     dp_ps_client_t *ps = NULL;
     dp_ps_info_t info;
     dp_batcher_t bt = {0};
     int rc = -1;
     dp_ps_client_default_stop_flag(stop); /* a signal ends the HELLO wait too */
-    dp_ps_curve_t curve = {c->curve_secret, c->curve_server};
     if (dp_ps_client_new_curve(&ps, c->ps, &s.model, c->task_index, c->timeout_s,
                                c->curve_secret ? &curve : NULL, &info, err) != 0)
         goto done;
@@ -109,8 +135,9 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     }
     long total = dp_session_total_steps(&s, info.num_workers);
     long spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
-    if (dp_batcher_init(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
-                         total, err) != 0)
+    long first = s_first_step(ps, c->task_index, total);
+    if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
+                           first, total, err) != 0)
         goto done;
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s", c->task_index,
                 info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch, total,
@@ -119,7 +146,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_rng_t delay_rng;
     dp_rng_seed(&delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
-    long done = 0, applied = 0, dropped = 0, rejected = 0;
+    long done = first, applied = 0, dropped = 0, rejected = 0;
     dp_batch_t batch;
     long step;
     while ((step = dp_batcher_next(&bt, &batch)) >= 0) {
@@ -134,15 +161,17 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
         float loss = dp_net_train_step_device(&s.net, batch.d_x, batch.d_y, c->batch, s.h_grads);
         s_inject_delay(c, &delay_rng);
         dp_push_result_t r;
-        if (dp_ps_client_push(ps, s.h_grads, loss, c->batch, &r, err) != 0) goto done;
+        if (dp_ps_client_push_step(ps, (uint64_t)step + 1, s.h_grads, loss, c->batch, &r, err) != 0)
+            goto done;
         int status_applied = r.applied == info.num_shards;
         applied += status_applied;
         dropped += r.dropped > 0;
         rejected += r.rejected > 0;
         stale_sum += r.staleness_mean;
         done = step + 1;
-        if (isfinite(loss)) loss_avg = done == 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
-        s_metrics_push(&s, step, spe, loss, version, &r, status_applied);
+        if (isfinite(loss)) loss_avg = done == first + 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
+        s_metrics_push(&s, step, spe, loss, version, &r, status_applied,
+                       dp_ps_client_updates_lost(ps));
         dp_session_log_step(&s, step, loss);
         if (info.mode != DP_MODE_SYNC) dp_tb_scalar(s.tb, "train/staleness", step, (float)r.staleness_mean);
         if (r.rejected && r.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r.reason);
@@ -150,16 +179,18 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
         dp_progress_update(&s.progress, done == total,
                            "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
                            c->task_index, step / spe + 1, (total + spe - 1) / spe, done, total,
-                           done * c->batch / (dt > 0 ? dt : 1e-9), loss_avg, stale_sum / done);
+                           (done - first) * c->batch / (dt > 0 ? dt : 1e-9), loss_avg,
+                           stale_sum / (done - first));
     }
     dp_progress_done(&s.progress);
     double train_s = dp_now() - t0;
     dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s): %ld applied, %ld dropped, %ld rejected",
-                c->task_index, done, train_s, done * c->batch / (train_s > 0 ? train_s : 1e-9),
-                applied, dropped, rejected);
+                c->task_index, done - first, train_s,
+                (done - first) * c->batch / (train_s > 0 ? train_s : 1e-9), applied, dropped, rejected);
     if (dp_ps_client_finish(ps, err) != 0) goto done;
     if (c->task_index == 0) {
-        if (s_finish_chief(&s, ps, &info, done, train_s, (double)done * c->batch, err) != 0) goto done;
+        if (s_finish_chief(&s, ps, &info, done, train_s, (double)(done - first) * c->batch, err) != 0)
+            goto done;
         if (dp_ps_client_shutdown_servers(ps, err) != 0) goto done;
     }
     rc = 0;
@@ -167,5 +198,6 @@ done:
     dp_batcher_fini(&bt);
     dp_ps_client_destroy(&ps);
     dp_session_fini(&s);
+    dp_ps_beat_destroy(&beat);
     return rc;
 }

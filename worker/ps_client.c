@@ -31,6 +31,9 @@
 #define S_MAX_SHARDS 256
 #define S_DEFER_LIMIT 20   /* an exchange gives up after this many timeouts in all */
 #define S_HB_MAX_S 2.0     /* a silent shard gets a HEARTBEAT at least this often */
+#define S_MAX_REPEATS 2    /* a request is repeated (after a new HELLO) at most this often */
+#define S_ZMTP_IVL_MS 1000 /* ZMTP heartbeats: a PING each second ... */
+#define S_ZMTP_TIMEOUT_MS 5000 /* ... and a connection silent for 5 s is dropped and redialled */
 
 typedef struct {
     void *sock;             /* DEALER; NULL after a reconnect failed (retried next exchange) */
@@ -46,6 +49,13 @@ typedef struct {
     dp_ps_info_t info;      /* from its WELCOME */
     uint64_t run_token;     /* from its WELCOME (the chief's only): its STATS / SHUTDOWN carry it */
     dp_curve_key_t server_key; /* CURVE: the shard's public key */
+    /* recovery */
+    uint64_t incarnation;   /* from its WELCOME; 0: unknown (a server that sends none) */
+    int restarted;          /* a reply showed another incarnation, or ERR_UNKNOWN_WORKER */
+    uint64_t seen_version;  /* highest version it reported (WELCOME, PARAMS, ACK) */
+    uint64_t worker_step;   /* from its WELCOME: our last step it applied */
+    double sent_at;         /* dp_now() when the awaited request went out */
+    int repeats;            /* times the awaited request was repeated */
 } s_shard_t;
 
 struct dp_ps_client {
@@ -62,6 +72,7 @@ struct dp_ps_client {
     atomic_int inflight;    /* push frames ZeroMQ has not released yet */
     int curve;              /* connect with CURVE: our key pair and each shard's key */
     dp_curve_key_t secret, pub;
+    uint64_t updates_lost;  /* versions the shards went back by when they restarted */
 };
 
 /* dp_ps_client_default_stop_flag: what each new client's stop starts as. */
@@ -115,30 +126,42 @@ static void s_close(s_shard_t *s)
     s->sock = NULL;
 }
 
+int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
+                        const dp_ps_sock_keys_t *keys, void **out, char *err)
+{
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    *out = NULL;
+    if (!sock) return dp_err(err, "%s: cannot create socket: %s", endpoint, zmq_strerror(errno));
+    int zero = 0, ivl = S_ZMTP_IVL_MS, tmo = S_ZMTP_TIMEOUT_MS;
+    int sndtimeo = (int)(timeout_s * 1000);
+    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) != 0 ||
+        zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
+        zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo) != 0 ||
+        zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &tmo, sizeof tmo) != 0) {
+        dp_err(err, "%s: cannot set socket options: %s", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
+    if (keys && dp_curve_connect_as(sock, keys->server, keys->secret, keys->pub, err) != 0) {
+        zmq_close(sock);
+        return -1;
+    }
+    if (zmq_connect(sock, endpoint) != 0) {
+        dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
+    *out = sock;
+    return 0;
+}
+
 static int s_open(dp_ps_client_t *c, int i, char *err)
 {
     s_shard_t *s = &c->sh[i];
-    s->sock = zmq_socket(c->ctx, ZMQ_DEALER);
-    if (!s->sock) return dp_err(err, "%s: cannot create socket: %s", s->endpoint, zmq_strerror(errno));
-    int zero = 0;
-    int sndtimeo = (int)(c->timeout_s * 1000);
-    if (zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_setsockopt(s->sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) != 0) {
-        dp_err(err, "%s: cannot set socket options: %s", s->endpoint, zmq_strerror(errno));
-        s_close(s);
-        return -1;
-    }
-    if (c->curve && dp_curve_connect_as(s->sock, &s->server_key, &c->secret, &c->pub, err) != 0) {
-        s_close(s);
-        return -1;
-    }
-    if (zmq_connect(s->sock, s->endpoint) != 0) {
-        dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", s->endpoint,
-               zmq_strerror(errno));
-        s_close(s);
-        return -1;
-    }
-    return 0;
+    dp_ps_sock_keys_t keys = {&c->secret, &c->pub, &s->server_key};
+    return dp_ps_client_socket(c->ctx, s->endpoint, c->timeout_s, c->curve ? &keys : NULL, &s->sock,
+                               err);
 }
 
 /* Replace the sockets of shards that did not answer: whatever ZeroMQ queued
@@ -169,8 +192,18 @@ static int s_send(dp_ps_client_t *c, int i, s_req_t *rq, char *err)
         return dp_err(err, "%s: %s (is downpour-ps running?)", s->endpoint, e2);
     s->want_req = rq->env.request_id;
     s->done = 0;
-    s->last_heard = s->last_hb = dp_now();
+    s->sent_at = s->last_heard = s->last_hb = dp_now();
     return 0;
+}
+
+/* The plan's request to shard i, built and sent. */
+static int s_send_plan(dp_ps_client_t *c, int i, const s_plan_t *plan, char *err)
+{
+    s_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    dp_wire_env_init(&rq.env, plan->type, 0, c->worker_id, c->m->fingerprint);
+    if (plan->build) plan->build(c, i, &rq, plan->arg);
+    return s_send(c, i, &rq, err);
 }
 
 static void s_heartbeat(dp_ps_client_t *c, int i)
@@ -185,21 +218,46 @@ static void s_heartbeat(dp_ps_client_t *c, int i)
     c->sh[i].last_hb = dp_now();
 }
 
-/* The liveness rules for shard i, which owes a reply: silent for timeout_s
- * is a failure, and so is an exchange past S_DEFER_LIMIT timeouts (a shard
- * that answers heartbeats but defers for ever); silent for hb_every, it gets
- * a HEARTBEAT, whose answer counts as hearing from it. */
-static int s_check_alive(dp_ps_client_t *c, int i, double t0, double now, char *err)
+/* The liveness rules for shard i, which owes a reply to a request of this
+ * type. A shard that restarted (a new incarnation, or ERR_UNKNOWN_WORKER)
+ * is said HELLO again and asked again (1). Only a request the shard may
+ * hold (a pull) lives on heartbeat answers; any other reply is
+ * due within timeout_s of sending, whatever else the shard says, and a lost
+ * one is asked again once (1) before it is a failure. An exchange past
+ * S_DEFER_LIMIT timeouts fails too (a shard that answers heartbeats but
+ * defers for ever); silent for hb_every, the shard gets a HEARTBEAT (whose
+ * answer also shows its incarnation). 0: wait on; -1 with err. */
+static int s_check_alive(dp_ps_client_t *c, int i, int type, double t0, double now, char *err)
 {
     s_shard_t *s = &c->sh[i];
     double hb_every = c->timeout_s / 4 < S_HB_MAX_S ? c->timeout_s / 4 : S_HB_MAX_S;
-    if (now - s->last_heard > c->timeout_s)
+    if (s->restarted) {
+        if (s->repeats < S_MAX_REPEATS) return 1;
+        return dp_err(err, "%s: the shard restarted %d times during one request", s->endpoint,
+                      s->repeats + 1);
+    }
+    int held = type == DOWNPOUR__MSG_TYPE__PULL;
+    if (now - (held ? s->last_heard : s->sent_at) > c->timeout_s) {
+        if (type != DOWNPOUR__MSG_TYPE__HELLO && s->repeats == 0) return 1;
         return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
                       c->timeout_s);
+    }
     if (now - t0 > S_DEFER_LIMIT * c->timeout_s)
         return dp_err(err, "%s: request still deferred after %.0f s", s->endpoint, now - t0);
     if (now - s->last_hb >= hb_every && now - s->last_heard >= hb_every) s_heartbeat(c, i);
     return 0;
+}
+
+/* Does this message say shard s restarted: another incarnation than its
+ * WELCOME's (0 on either side: a server that sends none), or "say HELLO
+ * again" (ERR_UNKNOWN_WORKER)? A WELCOME brings the new incarnation itself. */
+static int s_shows_restart(const s_shard_t *s, const Downpour__Envelope *env)
+{
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR && env->request_id == s->want_req &&
+        env->error->code == DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER)
+        return 1;
+    return env->type != DOWNPOUR__MSG_TYPE__WELCOME && env->incarnation && s->incarnation &&
+           env->incarnation != s->incarnation;
 }
 
 /* One message from shard i: validated, then handed to fn if it is the
@@ -222,7 +280,9 @@ static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, s_reply_fn fn, voi
         rc = dp_err(err, "%s: bad reply: %s", s->endpoint, e2);
     } else {
         s->last_heard = dp_now();
-        if (env->request_id == s->want_req) { /* else a heartbeat answer or a late reply */
+        if (s_shows_restart(s, env)) {
+            s->restarted = 1; /* the exchange says HELLO again and repeats */
+        } else if (env->request_id == s->want_req) { /* else a heartbeat answer or a late reply */
             s->done = 1;
             rc = fn(c, i, env, frames, nf, arg, err);
         }
@@ -249,8 +309,52 @@ static int s_drain(dp_ps_client_t *c, int i, s_reply_fn fn, void *arg, char *err
     return 0;
 }
 
-/* Collect the replies of every shard with want_req set. */
-static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
+static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg);
+static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int nf, void *arg, char *err);
+
+/* Shard i restarted or lost our request: HELLO again and take its WELCOME —
+ * its incarnation, and the version it restarted at (s_on_welcome counts the
+ * updates lost). Waits up to timeout_s for a shard that is coming back. The
+ * socket stays: ZeroMQ redials a restarted server by itself (ZMTP heartbeats
+ * drop a dead connection), and the worker keeps one connection per shard,
+ * which the server may bind its id to. Whatever was still queued on it
+ * reaches the new server before the HELLO and is refused there
+ * (ERR_UNKNOWN_WORKER, to a request id no longer awaited). */
+static int s_rejoin(dp_ps_client_t *c, int i, char *err)
+{
+    s_shard_t *s = &c->sh[i];
+    dp_log_warn("%s: %s; saying HELLO again and repeating the request", s->endpoint,
+                s->restarted ? "the shard restarted" : "no reply in time");
+    s_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .build = s_build_hello,
+                      .on_reply = s_on_welcome};
+    if (s_send_plan(c, i, &hello, err) != 0) return -1;
+    while (!s->done) {
+        if (c->stop && *c->stop) return dp_err(err, "interrupted");
+        if (dp_now() - s->sent_at > c->timeout_s)
+            return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
+                          c->timeout_s);
+        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+        int r = zmq_poll(&it, 1, 100);
+        if (r < 0 && errno != EINTR)
+            return dp_err(err, "poll on the ps sockets: %s", zmq_strerror(errno));
+        if (r > 0 && s_drain(c, i, s_on_welcome, NULL, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Repeat the plan's request to shard i after a new HELLO. */
+static int s_repeat(dp_ps_client_t *c, int i, const s_plan_t *plan, char *err)
+{
+    int repeats = c->sh[i].repeats + 1;
+    if (s_rejoin(c, i, err) != 0 || s_send_plan(c, i, plan, err) != 0) return -1;
+    c->sh[i].repeats = repeats;
+    return 0;
+}
+
+/* Collect the replies of every shard with want_req set; a shard that
+ * restarted or lost the request is asked again (s_check_alive). */
+static int s_wait(dp_ps_client_t *c, const s_plan_t *plan, char *err)
 {
     double t0 = dp_now();
     zmq_pollitem_t items[S_MAX_SHARDS];
@@ -265,15 +369,19 @@ static int s_wait(dp_ps_client_t *c, s_reply_fn fn, void *arg, char *err)
         if (n == 0) return 0;
         if (c->stop && *c->stop) return dp_err(err, "interrupted");
         double now = dp_now();
-        for (int k = 0; k < n; k++)
-            if (s_check_alive(c, idx[k], t0, now, err) != 0) return -1;
+        for (int k = 0; k < n; k++) {
+            int a = s_check_alive(c, idx[k], plan->type, t0, now, err);
+            if (a < 0 || (a == 1 && s_repeat(c, idx[k], plan, err) != 0)) return -1;
+        }
         int r = zmq_poll(items, n, 100);
         if (r < 0) {
             if (errno == EINTR) continue;
             return dp_err(err, "poll on the ps sockets: %s", zmq_strerror(errno));
         }
         for (int k = 0; k < n && r > 0; k++)
-            if ((items[k].revents & ZMQ_POLLIN) && s_drain(c, idx[k], fn, arg, err) != 0) return -1;
+            if ((items[k].revents & ZMQ_POLLIN) &&
+                s_drain(c, idx[k], plan->on_reply, plan->arg, err) != 0)
+                return -1;
     }
 }
 
@@ -302,18 +410,19 @@ static int s_exchange(dp_ps_client_t *c, const s_plan_t *plan, char *err)
     for (int i = 0; i < c->n; i++) {
         c->sh[i].want_req = 0;
         c->sh[i].done = 0;
+        c->sh[i].repeats = 0;
     }
     int rc = 0;
     for (int i = 0; i < plan->n_shards && rc == 0; i++) {
-        /* A socket a failed reset could not reopen gets another try. */
+        /* A socket a failed reset could not reopen gets another try; a
+         * shard seen restarting since the last exchange is greeted first. */
         if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;
-        s_req_t rq;
-        memset(&rq, 0, sizeof rq);
-        dp_wire_env_init(&rq.env, plan->type, 0, c->worker_id, c->m->fingerprint);
-        if (plan->build) plan->build(c, i, &rq, plan->arg);
-        rc = s_send(c, i, &rq, err);
+        if (c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO &&
+            (rc = s_rejoin(c, i, err)) != 0)
+            break;
+        rc = s_send_plan(c, i, plan, err);
     }
-    if (rc == 0) rc = s_wait(c, plan->on_reply, plan->arg, err);
+    if (rc == 0) rc = s_wait(c, plan, err);
     if (rc != 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
     if (rc != 0) s_reset_unanswered(c);
     return rc;
@@ -332,6 +441,35 @@ static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     h->in_w = c->m->in_w;
     h->n_floats = c->m->n_floats;
     rq->env.hello = h;
+}
+
+/* A higher version reported by shard s. */
+static void s_seen(s_shard_t *s, uint64_t version)
+{
+    if (version > s->seen_version) s->seen_version = version;
+}
+
+/* What a WELCOME says for recovery: the shard's incarnation and our last
+ * step it applied; after a restart, the updates lost since its checkpoint
+ * (versions we saw that it no longer has) are counted, and the next push is
+ * stamped with, and the next sync pull answered at, the restored version. */
+static void s_welcome_recovery(dp_ps_client_t *c, s_shard_t *s, const Downpour__Envelope *env)
+{
+    const Downpour__Welcome *w = env->welcome;
+    if (w->version < s->seen_version) {
+        uint64_t lost = s->seen_version - w->version;
+        c->updates_lost += lost;
+        dp_log_warn("%s: the shard restarted at version %" PRIu64 ", %" PRIu64
+                    " update(s) since its checkpoint lost (%" PRIu64 " in this run)",
+                    s->endpoint, w->version, lost, c->updates_lost);
+        s->seen_version = w->version;
+        s->min_version = 0;
+    }
+    if (!s->pulled || w->version < s->version) s->version = w->version;
+    s_seen(s, w->version);
+    s->incarnation = env->incarnation;
+    s->restarted = 0;
+    s->worker_step = w->worker_step;
 }
 
 static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
@@ -357,8 +495,8 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                              w->shard_count};
     s->lo = w->range_lo;
     s->hi = w->range_hi;
-    s->version = w->version;
     s->run_token = w->run_token;
+    s_welcome_recovery(c, s, env);
     return 0;
 }
 
@@ -410,28 +548,38 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
 
 /* CURVE keys from their files: ours, and the servers' (one for every shard,
  * or one per shard in endpoint order). */
-static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
+int dp_ps_curve_server_key(const dp_ps_curve_t *curve, int n_shards, int i, dp_curve_key_t *out,
+                           char *err)
 {
-    if (dp_curve_read_secret(curve->secret, &c->secret, &c->pub, err) != 0) return -1;
     const char *p = curve->servers;
     int n = 0;
     while (*p) {
         size_t len = strcspn(p, ",");
         char path[1024];
-        if (len == 0 || len >= sizeof path || n == c->n)
+        if (len == 0 || len >= sizeof path || n == n_shards)
             return dp_err(err, "--curve-server '%s': expected one public key file, or one per server "
                                "(%d) in --ps order",
-                          curve->servers, c->n);
+                          curve->servers, n_shards);
         memcpy(path, p, len);
         path[len] = 0;
-        if (dp_curve_read_public(path, &c->sh[n++].server_key, err) != 0) return -1;
+        /* key i, or the first: it stands for every shard when it is the only one */
+        if ((n == i || n == 0) && dp_curve_read_public(path, out, err) != 0) return -1;
+        n++;
         p += len + (p[len] == ',');
     }
-    if (n != 1 && n != c->n)
+    if (n != 1 && n != n_shards)
         return dp_err(err, "--curve-server names %d keys but there are %d servers (give one key for "
                            "all, or one per server in --ps order)",
-                      n, c->n);
-    for (int i = n; i < c->n; i++) c->sh[i].server_key = c->sh[0].server_key;
+                      n, n_shards);
+    return 0;
+}
+
+/* CURVE keys from their files: ours, and each shard's server key. */
+static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
+{
+    if (dp_curve_read_secret(curve->secret, &c->secret, &c->pub, err) != 0) return -1;
+    for (int i = 0; i < c->n; i++)
+        if (dp_ps_curve_server_key(curve, c->n, i, &c->sh[i].server_key, err) != 0) return -1;
     c->curve = 1;
     return 0;
 }
@@ -504,6 +652,7 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     for (int f = 0; f < nf; f++)
         memcpy(params + env->tensors[f]->offset, frames[f].data, frames[f].len);
     s->version = env->params->version;
+    s_seen(s, s->version);
     s->pulled = 1;
     return 0;
 }
@@ -520,6 +669,7 @@ int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
 /* One push: what goes out, and the ACKs summed as they come back. */
 typedef struct {
     const float *grads;
+    uint64_t step;         /* Push.step: 1, 2, ...; 0 = none (no repeat detection) */
     float loss;
     int batch;
     dp_push_result_t *res;
@@ -542,6 +692,7 @@ static void s_build_push(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     p->version = s->version;
     p->loss = push->loss;
     p->batch = push->batch;
+    p->step = push->step;
     rq->env.push = p;
     size_t cnt = (size_t)(s->hi - s->lo);
     dp_wire_desc_fill(&rq->desc, rq->shape, "params", push->grads + s->lo, cnt, s->lo, 0, 0);
@@ -588,6 +739,8 @@ static int s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     }
     if (a->status != DOWNPOUR__ACK_STATUS__APPLIED)
         s_set_reason(r, s->endpoint, a->reason && a->reason[0] ? a->reason : "no reason given");
+    else if (a->reason && a->reason[0]) /* "repeat: ...": applied before, not again */
+        s_set_reason(r, s->endpoint, a->reason);
     /* Sync: our gradient is in this version's aggregate (applied, or a
      * duplicate of one that is) — the next pull waits for the step. */
     if (a->status == DOWNPOUR__ACK_STATUS__APPLIED ||
@@ -596,6 +749,7 @@ static int s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     if (a->staleness > r->staleness_max) r->staleness_max = a->staleness;
     push->staleness_sum += (double)a->staleness;
     r->version += a->version;
+    s_seen(s, a->version);
     return 0;
 }
 
@@ -615,13 +769,19 @@ static int s_wait_released(dp_ps_client_t *c, char *err)
 int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int batch,
                       dp_push_result_t *res, char *err)
 {
+    return dp_ps_client_push_step(c, 0, grads, loss, batch, res, err);
+}
+
+int dp_ps_client_push_step(dp_ps_client_t *c, uint64_t step, const float *grads, float loss,
+                           int batch, dp_push_result_t *res, char *err)
+{
     dp_push_result_t local;
     if (!res) res = &local;
     memset(res, 0, sizeof *res);
     for (int i = 0; i < c->n; i++)
         if (!c->sh[i].pulled)
             return dp_err(err, "push before the first pull (the gradient needs a version)");
-    s_push_t push = {grads, loss, batch, res, 0};
+    s_push_t push = {grads, step, loss, batch, res, 0};
     s_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__PUSH, .n_shards = c->n,
                      .build = s_build_push, .on_reply = s_on_ack, .arg = &push};
     int rc = s_exchange(c, &plan, err);
@@ -632,6 +792,19 @@ int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int bat
     }
     if (rc == 0) res->staleness_mean = push.staleness_sum / c->n;
     return rc;
+}
+
+uint64_t dp_ps_client_resume_step(const dp_ps_client_t *c)
+{
+    uint64_t step = UINT64_MAX;
+    for (int i = 0; i < c->n; i++)
+        if (c->sh[i].worker_step < step) step = c->sh[i].worker_step;
+    return c->n ? step : 0;
+}
+
+uint64_t dp_ps_client_updates_lost(const dp_ps_client_t *c)
+{
+    return c->updates_lost;
 }
 
 uint64_t dp_ps_client_version(const dp_ps_client_t *c)

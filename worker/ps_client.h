@@ -4,13 +4,26 @@
  * the end of a run (finish, wait for the others, stats, shutdown).
  *
  * Every call sends its request to all the shards it concerns before waiting
- * for any reply. Invariants: every call is bounded in time — a shard silent
- * for timeout_s gives "ENDPOINT: no reply in N s (is downpour-ps
- * running?)"; a shard that has not answered for a while (a sync / ssp shard
- * deferring a pull) gets HEARTBEATs, and the client keeps waiting as long as
- * it answers them, up to 20 timeouts in all ("request still deferred after
- * N s"). After a failed call the shards that did not answer get fresh
- * sockets, so the client stays usable. Push hands ZeroMQ the caller's
+ * for any reply. Invariants: every call is bounded in time. A shard that
+ * owes a reply and has not answered for a while gets HEARTBEATs. Only a
+ * pull, which the shard may hold (sync / ssp), waits on as long as the shard answers
+ * them, up to 20 timeouts in all ("request still deferred after N s"); any
+ * other reply is due within timeout_s of the request.
+ *
+ * Recovery: every reply carries the server's incarnation. When a reply
+ * shows a new one (the shard restarted), or the shard answers
+ * ERR_UNKNOWN_WORKER, or the awaited reply does not come within timeout_s,
+ * the client says HELLO to that shard again (same socket) and repeats
+ * the request (pulls are idempotent; a push carries its step, which the
+ * shard applies once). A restarted shard must answer that HELLO within
+ * timeout_s; a second timeout of one request, or no answer to the HELLO,
+ * fails with "ENDPOINT: no reply in N s (is downpour-ps running?)". A
+ * shard that restarted at a version below the highest it had reported lost
+ * the updates in between: they are counted (dp_ps_client_updates_lost) and
+ * the repeated push is stamped with the restored version.
+ *
+ * After a failed call the shards that did not answer get fresh sockets, so
+ * the client stays usable. Push hands ZeroMQ the caller's
  * gradient without a copy and returns only once ZeroMQ has released it.
  * Not thread-safe: one client per thread. */
 #ifndef DP_PS_CLIENT_H
@@ -20,6 +33,7 @@
 #include <stdint.h>
 
 #include "common/model.h"
+#include "proto/curve.h"
 #include "proto/wire.h" /* dp_mode_t */
 
 /* The servers' policy, from their WELCOMEs (every shard agrees). */
@@ -37,7 +51,7 @@ typedef struct {
     uint64_t staleness_max;          /* over shards */
     double staleness_mean;           /* over shards */
     uint64_t version;                /* sum over shards of the version after this push */
-    char reason[160];                /* first non-applied reason, "" if none */
+    char reason[160];                /* first non-applied (or repeat) reason, "" if none */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */
@@ -84,6 +98,37 @@ int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err);
  * res->rejected with the reason and is not a failure of the call. */
 int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int batch,
                       dp_push_result_t *res, char *err);
+
+/* The same with the worker's step (1, 2, ...; 0 = none), which each shard
+ * applies once per worker: a repeat (after a lost ACK or a restart) is
+ * acknowledged as applied ("repeat: ..." in the reason) without being
+ * applied again. */
+int dp_ps_client_push_step(dp_ps_client_t *c, uint64_t step, const float *grads, float loss,
+                           int batch, dp_push_result_t *res, char *err);
+
+/* The last step of this worker every shard has applied (from their
+ * WELCOMEs): a restarted worker resumes after it. 0 for a new worker. */
+uint64_t dp_ps_client_resume_step(const dp_ps_client_t *c);
+
+/* Updates the shards lost by restarting from a checkpoint, as this client
+ * saw them: the versions each had reported minus the one it restarted at. */
+uint64_t dp_ps_client_updates_lost(const dp_ps_client_t *c);
+
+/* The CURVE keys of one socket to a shard: ours and that shard's. */
+typedef struct {
+    const dp_curve_key_t *secret, *pub, *server;
+} dp_ps_sock_keys_t;
+
+/* A DEALER connected to endpoint with the client's options (linger 0, send
+ * timeout, ZMTP heartbeats, CURVE when keys is not NULL); every socket to a
+ * shard is made here, the heartbeat thread's too. */
+int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
+                        const dp_ps_sock_keys_t *keys, void **out, char *err);
+
+/* Shard i's server key from curve->servers (one file for every shard, or
+ * one per shard in endpoint order), read into out. */
+int dp_ps_curve_server_key(const dp_ps_curve_t *curve, int n_shards, int i, dp_curve_key_t *out,
+                           char *err);
 
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);

@@ -99,6 +99,7 @@ typedef struct {
     uint64_t applied, dropped, rejected;
     double staleness_mean;
     uint64_t staleness_max;
+    uint64_t updates_lost;     /* distributed: updates the shards lost by restarting (the chief's view) */
     const dp_optim_conf_t *optim; /* standalone: the optimizer; NULL in a cluster */
 } dp_run_summary_t;
 

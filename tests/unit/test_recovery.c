@@ -1,0 +1,357 @@
+/* test_recovery: what lets a cluster survive a restart — the shard's
+ * per-worker steps (a (worker, step) applied once, kept in the checkpoint),
+ * the server's incarnation on every reply, ERR_UNKNOWN_WORKER without a
+ * HELLO, and the client that says HELLO again and repeats its request when a
+ * shard restarted (counting the updates lost), and resumes a restarted
+ * worker after its steps. Servers run in threads of this process on
+ * loopback; every wait is bounded. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/model.h"
+#include "common/util.h"
+#include "server/ps.h"
+#include "server/shard.h"
+#include "server/shard_checkpoint.h"
+#include "tests/test.h"
+#include "worker/ps_client.h"
+
+#define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+#define TMO 2.0 /* client timeout in these tests */
+
+/* ---- a server in a thread ---------------------------------------------- */
+
+typedef struct {
+    dp_ps_config_t cfg;
+    pthread_t th;
+    volatile sig_atomic_t stop;
+    pthread_mutex_t mu;
+    int ready, done, rc;
+    char endpoint[256];
+    char err[DP_ERR_LEN];
+} srv_t;
+
+static void srv_on_ready(const char *ep, void *arg)
+{
+    srv_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
+    s->ready = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *srv_main(void *arg)
+{
+    srv_t *s = arg;
+    int rc = dp_ps_run(&s->cfg, &s->stop, s->err);
+    pthread_mutex_lock(&s->mu);
+    s->rc = rc;
+    s->done = 1;
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Async, plain SGD, the small model, on bind (NULL: a free loopback port). */
+static void srv_init(srv_t *s, const char *bind, const char *ckpt_dir)
+{
+    memset(s, 0, sizeof *s);
+    dp_ps_config_default(&s->cfg);
+    snprintf(s->cfg.bind, sizeof s->cfg.bind, "%s", bind ? bind : "tcp://127.0.0.1:*");
+    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SMALL_SPEC);
+    if (ckpt_dir) snprintf(s->cfg.checkpoint_dir, sizeof s->cfg.checkpoint_dir, "%s", ckpt_dir);
+    s->cfg.in_c = 1;
+    s->cfg.in_h = s->cfg.in_w = 8;
+    s->cfg.mode = DP_MODE_ASYNC;
+    s->cfg.num_workers = 2;
+    s->cfg.optim.kind = DP_OPT_SGD;
+    s->cfg.optim.lr = 0.1f;
+    s->cfg.seed = 7;
+}
+
+/* 0 once listening (within 10 s), -1 otherwise. */
+static int srv_start(srv_t *s)
+{
+    s->cfg.on_ready = srv_on_ready;
+    s->cfg.on_ready_arg = s;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_create(&s->th, NULL, srv_main, s);
+    for (double t0 = dp_now(); dp_now() - t0 < 10;) {
+        pthread_mutex_lock(&s->mu);
+        int ready = s->ready, done = s->done;
+        pthread_mutex_unlock(&s->mu);
+        if (ready) return 0;
+        if (done) break;
+        usleep(10000);
+    }
+    return -1;
+}
+
+static int srv_stop(srv_t *s)
+{
+    s->stop = 1;
+    pthread_join(s->th, NULL);
+    pthread_mutex_destroy(&s->mu);
+    return s->rc;
+}
+
+static dp_model_t s_small;
+
+static void s_small_model(void)
+{
+    char err[DP_ERR_LEN];
+    if (dp_model_parse(&s_small, SMALL_SPEC, 1, 8, 8, err) != 0) {
+        fprintf(stderr, "model: %s\n", err);
+        exit(1);
+    }
+}
+
+/* ---- a raw DEALER ------------------------------------------------------ */
+
+/* One bodiless request (HEARTBEAT, PULL with an empty Pull) from worker 0;
+ * the reply envelope (to dp_wire_destroy), or NULL after 5 s. */
+static Downpour__Envelope *s_ask(void *sock, int type)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, type, 42, 0, s_small.fingerprint);
+    Downpour__Pull pull = DOWNPOUR__PULL__INIT;
+    if (type == DOWNPOUR__MSG_TYPE__PULL) env.pull = &pull;
+    char err[DP_ERR_LEN];
+    if (dp_wire_send(sock, NULL, &env, NULL, 0, err) != 0) return NULL;
+    dp_wire_rx_t rx;
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return NULL; /* RCVTIMEO bounds it */
+    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    dp_wire_rx_fini(&rx);
+    return rep;
+}
+
+static void *s_raw_socket(void *ctx, const char *endpoint)
+{
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 5000;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_connect(sock, endpoint);
+    return sock;
+}
+
+/* ---- cases ------------------------------------------------------------- */
+
+/* The shard's step table: step 0 and untracked shards never repeat; a step
+ * at or below the last applied one does. */
+static void test_shard_steps(void)
+{
+    s_small_model();
+    dp_shard_t s;
+    char err[DP_ERR_LEN];
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    CHECK_EQ(dp_shard_init(&s, &s_small, 0, 1, 1, &o, err), 0);
+    CHECK_EQ(dp_shard_step_seen(&s, 0, 1), 0); /* not tracked */
+    dp_shard_step_done(&s, 0, 1);              /* ignored, no crash */
+    dp_shard_track_steps(&s, 2);
+    CHECK_EQ(dp_shard_step_seen(&s, 0, 1), 0);
+    dp_shard_step_done(&s, 0, 3);
+    CHECK_EQ(dp_shard_step_seen(&s, 0, 3), 1);
+    CHECK_EQ(dp_shard_step_seen(&s, 0, 2), 1);
+    CHECK_EQ(dp_shard_step_seen(&s, 0, 4), 0);
+    CHECK_EQ(dp_shard_step_seen(&s, 0, 0), 0); /* no step: never a repeat */
+    CHECK_EQ(dp_shard_step_seen(&s, 1, 1), 0); /* per worker */
+    CHECK_EQ(dp_shard_step_seen(&s, 2, 1), 0); /* out of range: no */
+    dp_shard_step_done(&s, 0, 2);              /* older: kept at 3 */
+    CHECK_EQ(s.worker_step[0], 3);
+    dp_shard_fini(&s);
+    dp_shard_fini(&s); /* safe twice */
+}
+
+/* The steps survive a checkpoint; a file for another number of workers is
+ * refused; a shard that keeps no steps ignores them. */
+static void test_checkpoint_worker_steps(void)
+{
+    s_small_model();
+    char dir[] = "/tmp/dp_recovery_XXXXXX", path[512], err[DP_ERR_LEN] = "";
+    CHECK(mkdtemp(dir) != NULL);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    dp_shard_t a, b, c, d;
+    CHECK_EQ(dp_shard_init(&a, &s_small, 0, 1, 1, &o, err), 0);
+    dp_shard_track_steps(&a, 3);
+    dp_shard_step_done(&a, 0, 7);
+    dp_shard_step_done(&a, 2, 12345678901ULL);
+    a.version = 9;
+    CHECK_EQ(dp_shard_checkpoint_write(&a, path, NULL, err), 0);
+    CHECK_EQ(dp_shard_init(&b, &s_small, 0, 1, 1, &o, err), 0);
+    dp_shard_track_steps(&b, 3);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, path, NULL, err), 1);
+    CHECK_EQ(b.version, 9);
+    CHECK_EQ(b.worker_step[0], 7);
+    CHECK_EQ(b.worker_step[1], 0);
+    CHECK_EQ(b.worker_step[2], 12345678901ULL);
+    CHECK_EQ(dp_shard_init(&c, &s_small, 0, 1, 1, &o, err), 0);
+    dp_shard_track_steps(&c, 2);
+    CHECK_EQ(dp_shard_checkpoint_restore(&c, path, NULL, err), -1);
+    CHECK(strstr(err, "worker_steps") != NULL);
+    CHECK_EQ(c.version, 0); /* unchanged */
+    CHECK_EQ(dp_shard_init(&d, &s_small, 0, 1, 1, &o, err), 0);
+    CHECK_EQ(dp_shard_checkpoint_restore(&d, path, NULL, err), 1);
+    CHECK_EQ(d.version, 9);
+    dp_shard_fini(&a), dp_shard_fini(&b), dp_shard_fini(&c), dp_shard_fini(&d);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* Every reply carries the server's incarnation, a new one per start; a
+ * PULL from a connection that said no HELLO is ERR_UNKNOWN_WORKER. */
+static void test_incarnation_and_unknown_worker(void)
+{
+    s_small_model();
+    srv_t s1, s2;
+    srv_init(&s1, NULL, NULL);
+    CHECK_EQ(srv_start(&s1), 0);
+    void *ctx = zmq_ctx_new();
+    void *sock = s_raw_socket(ctx, s1.endpoint);
+    uint64_t inc1 = 0;
+    Downpour__Envelope *e = s_ask(sock, DOWNPOUR__MSG_TYPE__HEARTBEAT);
+    CHECK(e != NULL);
+    if (e) {
+        CHECK_EQ(e->type, DOWNPOUR__MSG_TYPE__HEARTBEAT);
+        inc1 = e->incarnation;
+        CHECK(inc1 != 0);
+    }
+    dp_wire_destroy(&e);
+    e = s_ask(sock, DOWNPOUR__MSG_TYPE__PULL);
+    CHECK(e != NULL);
+    if (e) {
+        CHECK_EQ(e->type, DOWNPOUR__MSG_TYPE__ERROR);
+        CHECK_EQ(e->error->code, DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER);
+        CHECK_EQ(e->incarnation, inc1);
+    }
+    dp_wire_destroy(&e);
+    zmq_close(sock);
+    CHECK_EQ(srv_stop(&s1), 0);
+    srv_init(&s2, s1.endpoint, NULL); /* the same port */
+    CHECK_EQ(srv_start(&s2), 0);
+    sock = s_raw_socket(ctx, s2.endpoint);
+    e = s_ask(sock, DOWNPOUR__MSG_TYPE__HEARTBEAT);
+    CHECK(e != NULL);
+    if (e) CHECK(e->incarnation != 0 && e->incarnation != inc1);
+    dp_wire_destroy(&e);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    CHECK_EQ(srv_stop(&s2), 0);
+}
+
+/* A push of a (worker, step) already applied is acknowledged as applied,
+ * with a "repeat" reason, and not applied again; a new client of the same
+ * worker hears where to resume. */
+static void test_push_applied_once(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, NULL, NULL);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL, *c2 = NULL;
+    size_t n = s_small.n_floats;
+    float *p = dp_calloc(n, 4), *g = dp_calloc(n, 4);
+    for (size_t i = 0; i < n; i++) g[i] = 0.01f * (float)(i % 7);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    if (c) {
+        CHECK_EQ(dp_ps_client_resume_step(c), 0);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push_step(c, 1, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(r.reason[0], 0);
+        CHECK_EQ(dp_ps_client_push_step(c, 1, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1); /* the worker's push did count, once */
+        CHECK_EQ(r.version, 1); /* not applied again */
+        CHECK(strstr(r.reason, "repeat: step 1 of worker 1") != NULL);
+        CHECK_EQ(dp_ps_client_push_step(c, 2, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.version, 2);
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0); /* no step: always applied */
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.version, 4);
+        dp_ps_stats_t st;
+        CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+        CHECK_EQ(st.applied, 4);
+        CHECK_EQ(st.rejected, 0);
+        CHECK_EQ(st.dropped, 0);
+    }
+    CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    if (c2) CHECK_EQ(dp_ps_client_resume_step(c2), 2);
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&c2);
+    free(p), free(g);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+static int s_copy(const char *from, const char *to)
+{
+    uint8_t *buf;
+    size_t len;
+    char err[DP_ERR_LEN];
+    if (dp_read_file(from, &buf, &len, err) != 0) return -1;
+    int rc = dp_write_file_atomic(to, buf, len, err);
+    free(buf);
+    return rc;
+}
+
+/* The shard "crashes" after its checkpoint of version 2 and comes back on
+ * the same port: the client's next push says HELLO again, counts the one
+ * update lost, and is applied on the restored version; a repeat of a step
+ * the checkpoint holds is not applied again. */
+static void test_client_rejoins_restarted_shard(void)
+{
+    s_small_model();
+    char dir[] = "/tmp/dp_recovery_XXXXXX", path[512], saved[600], err[DP_ERR_LEN] = "";
+    CHECK(mkdtemp(dir) != NULL);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
+    snprintf(saved, sizeof saved, "%s/v2.safetensors", dir);
+    srv_t s1, s2;
+    srv_init(&s1, NULL, dir);
+    s1.cfg.checkpoint_every = 2;
+    CHECK_EQ(srv_start(&s1), 0);
+    dp_ps_client_t *c = NULL;
+    size_t n = s_small.n_floats;
+    float *p = dp_calloc(n, 4), *g = dp_calloc(n, 4);
+    for (size_t i = 0; i < n; i++) g[i] = 0.01f * (float)(i % 5);
+    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (!c) goto done;
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    for (uint64_t step = 1; step <= 3; step++) {
+        CHECK_EQ(dp_ps_client_push_step(c, step, g, 1, 8, &r, err), 0);
+        if (step == 2) CHECK_EQ(s_copy(path, saved), 0); /* the checkpoint of version 2 */
+    }
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    CHECK_EQ(dp_ps_client_version(c), 3);
+    CHECK_EQ(srv_stop(&s1), 0);
+    CHECK_EQ(rename(saved, path), 0); /* as if killed after version 2's checkpoint */
+    srv_init(&s2, s1.endpoint, dir);
+    CHECK_EQ(srv_start(&s2), 0);
+    double t0 = dp_now();
+    CHECK_EQ(dp_ps_client_push_step(c, 4, g, 1, 8, &r, err), 0);
+    CHECK(dp_now() - t0 < TMO); /* ERR_UNKNOWN_WORKER or the incarnation: no timeout */
+    CHECK_EQ(r.applied, 1);
+    CHECK_EQ(r.version, 3);     /* stamped with, and applied on, version 2 */
+    CHECK_EQ(dp_ps_client_updates_lost(c), 1);
+    CHECK_EQ(dp_ps_client_push_step(c, 2, g, 1, 8, &r, err), 0);
+    CHECK(strstr(r.reason, "repeat") != NULL); /* the checkpoint knew step 2 */
+    CHECK_EQ(r.version, 3);
+    CHECK_EQ(srv_stop(&s2), 0);
+done:
+    dp_ps_client_destroy(&c);
+    free(p), free(g);
+    unlink(path);
+    unlink(saved);
+    rmdir(dir);
+}
+
+DP_TESTS(T(test_shard_steps), T(test_checkpoint_worker_steps), T(test_incarnation_and_unknown_worker),
+         T(test_push_applied_once), T(test_client_rejoins_restarted_shard))

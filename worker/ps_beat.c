@@ -1,0 +1,123 @@
+/* ps_beat: the worker's heartbeat thread (see ps_beat.h). The sockets are
+ * made and used by the thread alone; the main thread only sets `stop`. */
+#include "worker/ps_beat.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "common/util.h"
+#include "proto/wire.h"
+#include "worker/ps_client.h"
+
+#define S_MAX_SHARDS 256
+
+struct dp_ps_beat {
+    void *ctx;             /* ZeroMQ context of the thread's sockets */
+    char *endpoints;       /* copy; split by the thread */
+    int worker_id;
+    int curve;             /* CURVE: our key pair and each shard's key */
+    dp_curve_key_t secret, pub, server[S_MAX_SHARDS];
+    atomic_int stop;       /* set by dp_ps_beat_destroy */
+    pthread_t thread;
+    int started;
+};
+
+/* One HEARTBEAT to sock; then what came back, read and dropped. */
+static void s_beat(dp_ps_beat_t *b, void *sock, uint64_t req)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, req, b->worker_id, 0);
+    char err[DP_ERR_LEN];
+    if (dp_wire_send(sock, NULL, &env, NULL, 0, err) != 0) dp_log_debug("heartbeat: %s", err);
+    dp_wire_rx_t rx;
+    while (dp_wire_recv(sock, &rx, ZMQ_DONTWAIT, err) == 0) dp_wire_rx_fini(&rx);
+}
+
+static void *s_run(void *arg)
+{
+    dp_ps_beat_t *b = arg;
+    void *socks[S_MAX_SHARDS];
+    int n = 0;
+    char *save = NULL, err[DP_ERR_LEN];
+    for (char *ep = strtok_r(b->endpoints, ",", &save); ep && n < S_MAX_SHARDS;
+         ep = strtok_r(NULL, ",", &save))
+        /* a short send timeout: a beat never blocks the next one for long */
+    {
+        dp_ps_sock_keys_t keys = {&b->secret, &b->pub, &b->server[n]};
+        if (dp_ps_client_socket(b->ctx, ep, 0.1, b->curve ? &keys : NULL, &socks[n], err) == 0) n++;
+        else dp_log_warn("heartbeats: %s", err);
+    }
+    uint64_t req = 0;
+    double next = 0;
+    while (!atomic_load(&b->stop)) {
+        double now = dp_now();
+        if (now >= next) {
+            req++;
+            for (int i = 0; i < n; i++) s_beat(b, socks[i], req);
+            next = now + DP_PS_BEAT_EVERY_S;
+        }
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    for (int i = 0; i < n; i++) zmq_close(socks[i]);
+    return NULL;
+}
+
+/* The keys of every shard's socket, read here so that a bad file is an
+ * error of dp_ps_beat_new, not of the thread. */
+static int s_load_keys(dp_ps_beat_t *b, const char *endpoints, const dp_ps_curve_t *curve,
+                       char *err)
+{
+    int n = 1;
+    for (const char *p = endpoints; *p; p++) n += *p == ',';
+    if (n > S_MAX_SHARDS) return dp_err(err, "heartbeats: more than %d servers", S_MAX_SHARDS);
+    if (dp_curve_read_secret(curve->secret, &b->secret, &b->pub, err) != 0) return -1;
+    for (int i = 0; i < n; i++)
+        if (dp_ps_curve_server_key(curve, n, i, &b->server[i], err) != 0) return -1;
+    b->curve = 1;
+    return 0;
+}
+
+int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
+                   const dp_ps_curve_t *curve, char *err)
+{
+    *out = NULL;
+    dp_ps_beat_t *b = dp_calloc(1, sizeof *b);
+    b->worker_id = worker_id;
+    if (curve && s_load_keys(b, endpoints, curve, err) != 0) {
+        free(b);
+        return -1;
+    }
+    b->endpoints = dp_malloc(strlen(endpoints) + 1);
+    strcpy(b->endpoints, endpoints);
+    atomic_init(&b->stop, 0);
+    if (!(b->ctx = zmq_ctx_new())) {
+        dp_err(err, "heartbeats: ZeroMQ context: %s", zmq_strerror(errno));
+        dp_ps_beat_destroy(&b);
+        return -1;
+    }
+    if (pthread_create(&b->thread, NULL, s_run, b) != 0) {
+        dp_err(err, "cannot start the heartbeat thread");
+        dp_ps_beat_destroy(&b);
+        return -1;
+    }
+    b->started = 1;
+    *out = b;
+    return 0;
+}
+
+void dp_ps_beat_destroy(dp_ps_beat_t **b_p)
+{
+    if (!b_p || !*b_p) return;
+    dp_ps_beat_t *b = *b_p;
+    atomic_store(&b->stop, 1);
+    if (b->started) pthread_join(b->thread, NULL);
+    while (b->ctx && zmq_ctx_term(b->ctx) != 0 && errno == EINTR) {}
+    free(b->endpoints);
+    free(b);
+    *b_p = NULL;
+}

@@ -1,0 +1,34 @@
+/* ps_beat: the worker's heartbeat thread — a HEARTBEAT to every
+ * parameter-server shard once a second, from the worker's start (before it
+ * loads data or opens a GPU) to its end, on sockets of its own.
+ *
+ * Why a thread: the servers drop a worker silent for --heartbeat-timeout
+ * (5 s by default) so that a dead sync worker stops holding every step; a
+ * live worker must therefore be heard while it initialises a device,
+ * computes a long first step or waits on a held pull, which the request
+ * loop cannot promise. A worker killed stops beating at once, so the bound
+ * is the timeout plus one beat: 6 s with the defaults.
+ *
+ * The beats carry the worker id and fingerprint 0 (servers accept that on
+ * HEARTBEAT before a HELLO); replies are read and discarded; a shard that is
+ * down just queues a few beats (ZeroMQ redials). Under CURVE the beats go
+ * with the worker's own key (curve), which the servers check. */
+#ifndef DP_PS_BEAT_H
+#define DP_PS_BEAT_H
+
+#include "worker/ps_client.h" /* dp_ps_curve_t */
+
+#define DP_PS_BEAT_EVERY_S 1.0
+
+typedef struct dp_ps_beat dp_ps_beat_t;
+
+/* Start beating to endpoints ("tcp://h:p[,tcp://h2:p2...]") as worker_id,
+ * with CURVE when curve is not NULL. 0, or -1 with err (no thread left
+ * behind). */
+int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
+                   const dp_ps_curve_t *curve, char *err);
+
+/* Stop the thread (within 0.1 s) and free; safe twice. */
+void dp_ps_beat_destroy(dp_ps_beat_t **b_p);
+
+#endif
