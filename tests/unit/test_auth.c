@@ -78,7 +78,10 @@ static void test_binding(void)
     CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PUSH, 1, 0, "B", NULL, &code), -1);
     CHECK_EQ(code, DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER);
     CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__BARRIER, 2, 0, "A", NULL, &code), -1);
-    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__HEARTBEAT, 1, 0, "B", NULL, &code), -1);
+    /* A HEARTBEAT only proves a worker alive: its heartbeat thread sends it
+     * on a connection of its own, so any connection may (it binds nothing). */
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__HEARTBEAT, 1, 0, "B", NULL, &code), 0);
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PUSH, 1, 0, "B", NULL, &code), -1); /* still not bound */
     /* Tools (worker -1) may still ask a HEARTBEAT; out of range is left to the caller. */
     CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__HEARTBEAT, -1, 0, "C", NULL, &code), 0);
     CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PUSH, 7, 0, "C", NULL, &code), 0);
@@ -168,6 +171,9 @@ static void test_curve_keys(void)
     CHECK_EQ(code, DOWNPOUR__ERROR_CODE__ERR_NOT_CHIEF);
     /* A tool holding the chief's key may stop the run. */
     CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__SHUTDOWN, -1, 0, "T", k0, &code), 0);
+    /* Heartbeats for an id: from any connection of its key, not another key's. */
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__HEARTBEAT, 1, 0, "D", k1, &code), 0);
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__HEARTBEAT, 1, 0, "D", k2, &code), -1);
     dp_auth_fini(&a);
 }
 
