@@ -200,7 +200,7 @@ run: deps
 
 test: deps-test
 	@$(MAKE) --no-print-directory tests
-	BUILD=$(BUILD) ./tests/run.sh
+	BUILD=$(BUILD) DP_SANITIZED=$(if $(filter 1,$(SANITIZE)),1,0) ./tests/run.sh
 
 # ---- the wire fuzzer under libFuzzer --------------------------------------
 # clang instruments the decoder and validator (proto/wire.c, the generated
