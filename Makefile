@@ -167,7 +167,15 @@ $(BUILD)/tests/test_gpu_%: $(BUILD)/obj/tests/gpu/test_gpu_%.o $(ALL_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
 
-tests: all $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(GPU_BINS)
+# tests/netns' slow-link helper (a netfilter-queue delay, for kernels
+# without tc netem): built when Debian's libnetfilter-queue-dev is there.
+NFQ_LIBS := $(shell pkg-config --libs libnetfilter_queue 2>/dev/null)
+NFQ_BIN  := $(if $(NFQ_LIBS),$(BUILD)/tests/nfq_delay)
+$(BUILD)/tests/nfq_delay: $(BUILD)/obj/tests/netns/nfq_delay.o $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(NFQ_LIBS) $(LDLIBS_ALL)
+
+tests: all $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(GPU_BINS) $(NFQ_BIN)
 
 # ---- installing what the build, the tests and `make run` need ----------
 DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
@@ -176,6 +184,9 @@ DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compil
 # decodes our TensorBoard events independently.
 # clang builds the libFuzzer target (make fuzz).
 DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
+# A live SLURM (tests/integration/test_slurm.sh) and hosts in network
+# namespaces with a slow, lossy link (test_netns.sh: iptables, the nfq helper).
+DEB_TEST  += slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev
 define install_missing
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \

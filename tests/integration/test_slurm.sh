@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# test_slurm: deploy/slurm/downpour.sbatch, the script users submit, run by a
+# live SLURM (Debian's slurmctld, slurmd, munge; tests/slurm/lib.sh starts
+# them as root in a directory of the test's own, no systemd, nothing in /etc).
+#  - one node: `sbatch --wait` runs a server and two workers; the job
+#    completes, the chief's summary.json, model and metrics are there, and
+#    the servers stopped on the chief's SHUTDOWN
+#  - three nodes, each slurmd in a network namespace of its own (a host with
+#    its own address, tests/netns/lib.sh): with DP_PS_NODES=1 the server runs
+#    on the first host and a worker on each of the others, in sync mode, so
+#    every gradient crosses the bridge; each slurmd launched its own step
+#  - nothing is left behind: no daemon, step daemon or task, no namespace
+# Every sbatch is bounded by `timeout`, by --time, and by the tasks'
+# --kill-on-bad-exit (SLURM_KILL_BAD_EXIT); the daemons are stopped by their
+# pid files whatever happens.
+# dp-test: unsanitized
+source "$(dirname "$0")/lib.sh"
+source tests/slurm/lib.sh
+source tests/netns/lib.sh
+
+trap 'sl_stop; nn_down; t_cleanup' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+scale=${DP_TEST_TIMEOUT_SCALE:-1}
+steps=20
+# A small network: the test is about the deployment, not the arithmetic.
+export DP_MODEL="fc:64 relu fc:10 softmax"
+export DP_WORKER_ARGS="--steps $steps --threads 1 --timeout $((30 * scale))"
+export DP_BUILD=$BIN DP_DEVICE=cpu DP_READY_TIMEOUT=$((30 * scale))
+export SLURM_KILL_BAD_EXIT=1
+
+# submit NETNS NAME SBATCH-FLAGS...: `sbatch --wait` of the script in the
+# background (a TERM to the test is handled at once, not after sbatch), its
+# output in $TMP/NAME.out, results in $TMP/NAME/; sets JOB_RC.
+submit() {
+    local ns=$1 name=$2; shift 2
+    local port=$((20000 + RANDOM % 20000))
+    DP_OUT=$TMP/$name DP_PS_PORT=$port DP_WORKER_PORT=$((port + 100)) \
+        sl_run "$ns" timeout -k 5 $((90 * scale)) sbatch --wait --parsable --time=$((2 * scale)) \
+        --output="$TMP/$name.out" "$@" deploy/slurm/downpour.sbatch >"$TMP/$name.id" 2>"$TMP/$name.err" &
+    local pid=$!
+    T_PIDS+=("$pid")
+    wait "$pid"
+    JOB_RC=$?
+    [ "$JOB_RC" = 0 ] || { echo "sbatch exit $JOB_RC:"; cat "$TMP/$name.err" "$TMP/$name.out" 2>/dev/null; tail -n 3 "$TMP/$name"/logs/*.log 2>/dev/null; }
+}
+
+# summary_ok DIR WORKERS MODE: the chief's summary of a finished run.
+summary_ok() {
+    local d=$1 s=$1/summary.json
+    [ -s "$s" ] && [ -s "$d/model.safetensors" ] || { echo "no summary.json / model.safetensors in $d"; return 1; }
+    [ "$(json "$s" workers)" = "$2" ] && [ "$(json "$s" mode)" = "$3" ] && [ "$(json "$s" steps)" = "$steps" ] ||
+        { echo "summary: workers $(json "$s" workers), mode $(json "$s" mode), steps $(json "$s" steps)"; return 1; }
+    local a; a=$(json "$s" updates_applied)
+    [ "$a" -ge "$steps" ] || { echo "only $a updates applied"; return 1; }
+    ge "$(json "$s" test_accuracy)" 0.4 || { echo "test accuracy $(json "$s" test_accuracy) < 0.4"; return 1; }
+    local i
+    for ((i = 0; i < $2; i++)); do [ -s "$d/metrics/worker-$i.jsonl" ] || { echo "no metrics of worker $i"; return 1; }; done
+}
+
+# job_state NETNS ID: "STATE EXITCODE" as slurmctld remembers the job.
+job_state() {
+    sl_run "$1" timeout 10 scontrol show job -o "$2" 2>/dev/null |
+        grep -oE '(JobState|ExitCode)=[^ ]+' | cut -d= -f2 | tr '\n' ' ' | sed 's/ $//'
+}
+
+# ---- one node --------------------------------------------------------------
+# munged runs as the munge user: it must reach its socket under $TMP.
+chmod 0755 "$TMP"
+sl_init "$TMP/slurm1"
+case $? in
+0) ;;
+2) skip slurm "$SL_WHY"; finish; exit ;;
+*) fail "slurm set-up" "$SL_WHY"; finish; exit ;;
+esac
+sl_node n1 127.0.0.1
+sl_conf 127.0.0.1
+if sl_start; then
+    pass "munged, slurmctld and slurmd up; node n1 idle"
+    submit "" one --nodes=1 --export=ALL,DP_WORKERS_PER_NODE=2,DP_MODE=async
+    check "sbatch --wait downpour.sbatch on one node: exit 0" test "$JOB_RC" = 0
+    check "one node: summary of 2 async workers, $steps steps each" summary_ok "$TMP/one" 2 async
+    st=$(job_state "" "$(cat "$TMP/one.id")")
+    check "one node: slurmctld says the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
+    check "one node: the server stopped on the chief's SHUTDOWN" grep -q 'SHUTDOWN from worker 0' "$TMP/one/logs/ps-0.log"
+else
+    fail "start the one-node cluster" "$SL_WHY"
+fi
+sl_stop
+left=$(sl_leftovers)
+check "one node: no daemon or task left after the stop (left: ${left:-none})" test -z "$left"
+
+# ---- three hosts ------------------------------------------------------------
+nn_up 10.200.1 3
+case $? in
+0)
+    sl_init "$TMP/slurm3"
+    for i in 0 1 2; do sl_node "n$((i + 1))" "$(nn_addr "$i")" "$(nn_netns "$i")"; done
+    sl_conf "$(nn_addr 0)"
+    if sl_start "$(nn_netns 0)"; then
+        pass "3 hosts: slurmctld and a slurmd per network namespace up; n1..n3 idle"
+        submit "$(nn_netns 0)" three --nodes=3 --export=ALL,DP_PS_NODES=1,DP_WORKERS_PER_NODE=1,DP_MODE=sync
+        check "sbatch --wait downpour.sbatch on 3 hosts: exit 0" test "$JOB_RC" = 0
+        check "3 hosts: summary of 2 sync workers" summary_ok "$TMP/three" 2 sync
+        check "3 hosts: the server at host 1's address, workers at hosts 2 and 3" \
+            grep -q -- "--ps-hosts $(nn_addr 0):.*--worker-hosts $(nn_addr 1):[0-9]*,$(nn_addr 2):" \
+            <(tr '\n' ' ' <"$TMP/three.out")
+        id=$(cat "$TMP/three.id")
+        launched() { grep -q "launch task StepId=$id\.$2 " "$TMP/slurm3/log/slurmd-$1.log"; }
+        check "3 hosts: n1's slurmd started the server step, not the workers'" \
+            bash -c "$(declare -f launched); id=$id TMP=$TMP; launched n1 0 && ! launched n1 1" 
+        check "3 hosts: n2's and n3's slurmds each started the workers' step" \
+            bash -c "$(declare -f launched); id=$id TMP=$TMP; launched n2 1 && launched n3 1 && ! launched n2 0"
+        st=$(job_state "$(nn_netns 0)" "$id")
+        check "3 hosts: the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
+    else
+        fail "start the 3-host cluster" "$SL_WHY"
+    fi
+    sl_stop
+    left=$(sl_leftovers)
+    nn_down
+    check "3 hosts: no daemon or task left (left: ${left:-none})" test -z "$left"
+    left=$(nn_leftovers)
+    check "3 hosts: no namespace or route left (left: ${left:-none})" test -z "$left"
+    ;;
+2) skip "slurm on 3 hosts" "$NN_WHY" ;;
+*) fail "3 hosts (network namespaces)" "$NN_WHY" ;;
+esac
+finish

@@ -1,0 +1,152 @@
+# tests/slurm/lib.sh: sourced. A throwaway SLURM cluster on this machine,
+# started as root without systemd and without touching /etc: munged (as the
+# munge user, its socket in a directory of the cluster's own, mode 0755),
+# one slurmctld and one slurmd per node, all configured by one slurm.conf
+# made from tests/slurm/slurm.conf.in; a node may live in a network
+# namespace (tests/netns/lib.sh), which makes it a host of its own.
+#
+#   source tests/slurm/lib.sh
+#   sl_init DIR || skip ...              # DIR: a fresh directory
+#   sl_node n1 127.0.0.1                 # NAME ADDR [NETNS-PATH], before sl_conf
+#   sl_conf CTLD_ADDR && sl_start [CTLD_NETNS]
+#   sl_run [NETNS] sbatch ...            # a client, SLURM_CONF set
+#   sl_stop                              # jobs cancelled, daemons stopped by pid file
+#   sl_leftovers                         # prints any process still marked as ours
+#
+# Every process the cluster starts (daemons, step daemons, the job's tasks)
+# inherits DP_SLURM_CLUSTER=DIR, so sl_leftovers finds whatever survived.
+# shellcheck shell=bash
+
+SL_DIR=""      # the cluster's directory (config, key, state, logs, pid files)
+SL_NODES=()    # "NAME ADDR NETNS" per node (NETNS empty: this namespace)
+SL_CPUS=${SL_CPUS:-8} # CPUs each node claims (config_overrides): tasks beyond the cores
+SL_WHY=""      # why the last sl_* call failed, one line
+SL_CTLD_NS=""
+
+# sl_in NETNS CMD...: CMD in that network namespace (empty: here).
+sl_in() {
+    local ns=$1; shift
+    if [ -n "$ns" ]; then nsenter --net="$ns" -- "$@"; else "$@"; fi
+}
+
+# sl_run NETNS CMD...: a SLURM client command against this cluster.
+sl_run() { local ns=$1; shift; SLURM_CONF=$SL_DIR/slurm.conf DP_SLURM_CLUSTER=$SL_DIR sl_in "$ns" "$@"; }
+
+# sl_init DIR: 0 when the daemons and clients are installed and DIR is set up.
+sl_init() {
+    local b
+    for b in munged slurmctld slurmd sbatch srun scontrol setpriv; do
+        command -v "$b" >/dev/null || { SL_WHY="$b not installed (Debian's slurmctld slurmd slurm-client munge: make deps-test)"; return 2; }
+    done
+    [ "$(id -u)" = 0 ] || { SL_WHY="the daemons need root"; return 2; }
+    id munge >/dev/null 2>&1 || { SL_WHY="no munge user (Debian's munge package)"; return 2; }
+    SL_DIR=$1
+    SL_NODES=()
+    # munged insists that no directory on its paths is writable by others.
+    mkdir -p "$SL_DIR"/{munge,state,log,run,spool} && chmod 0755 "$SL_DIR" "$SL_DIR/munge" || return 1
+    chown munge:munge "$SL_DIR/munge"
+    head -c 1024 /dev/urandom >"$SL_DIR/munge/munge.key"
+    chown munge:munge "$SL_DIR/munge/munge.key" && chmod 0400 "$SL_DIR/munge/munge.key"
+    setpriv --reuid=munge --regid=munge --clear-groups test -r "$SL_DIR/munge/munge.key" ||
+        { SL_WHY="the munge user cannot reach $SL_DIR (each directory above it needs mode o+x)"; return 1; }
+}
+
+# sl_node NAME ADDR [NETNS]: a node of the cluster, before sl_conf.
+sl_node() { SL_NODES+=("$1 $2 ${3:-}"); }
+
+# sl_conf CTLD_ADDR [PORT]: slurm.conf for the nodes given. The controller
+# keeps this machine's host name (slurmctld checks it) at CTLD_ADDR.
+sl_conf() {
+    local addr=$1 port=${2:-$((20000 + RANDOM % 20000))} node name naddr nodes="" names=""
+    for node in "${SL_NODES[@]}"; do
+        read -r name naddr _ <<<"$node"
+        nodes+="NodeName=$name NodeAddr=$naddr CPUs=$SL_CPUS RealMemory=1000 State=UNKNOWN"$'\n'
+        names+="${names:+,}$name"
+    done
+    sed -e "s|@DIR@|$SL_DIR|g" -e "s|@CTLD_HOST@|$(hostname -s)|g" -e "s|@CTLD_ADDR@|$addr|g" \
+        -e "s|@CTLD_PORT@|$port|g" -e "s|@SLURMD_PORT@|$((port + 1))|g" -e "s|@NODE_NAMES@|$names|g" \
+        tests/slurm/slurm.conf.in >"$SL_DIR/slurm.conf" || return 1
+    printf '%s' "$nodes" >>"$SL_DIR/slurm.conf"
+}
+
+# s_sl_wait_file FILE SECONDS: until FILE exists and is not empty.
+s_sl_wait_file() {
+    local t
+    for ((t = 0; t < $2 * 10; t++)); do [ -s "$1" ] && return 0; sleep 0.1; done
+    return 1
+}
+
+# sl_start [CTLD_NETNS]: munged, slurmctld (-c: no state of an earlier run),
+# a slurmd per node (-N NAME); waits until every node is idle.
+sl_start() {
+    SL_CTLD_NS=${1:-}
+    local d=$SL_DIR node name naddr ns t
+    DP_SLURM_CLUSTER=$d setpriv --reuid=munge --regid=munge --init-groups munged --socket="$d/munge/munge.socket.2" \
+        --key-file="$d/munge/munge.key" --pid-file="$d/munge/munged.pid" \
+        --log-file="$d/munge/munged.log" --seed-file="$d/munge/munged.seed" ||
+        { SL_WHY="munged did not start: $(tail -1 "$d/munge/munged.log" 2>/dev/null)"; return 1; }
+    s_sl_wait_file "$d/munge/munged.pid" 10 || { SL_WHY="munged wrote no pid file"; return 1; }
+    DP_SLURM_CLUSTER=$d sl_in "$SL_CTLD_NS" slurmctld -c -f "$d/slurm.conf" ||
+        { SL_WHY="slurmctld did not start: $(tail -2 "$d/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"; return 1; }
+    for node in "${SL_NODES[@]}"; do
+        read -r name naddr ns <<<"$node"
+        DP_SLURM_CLUSTER=$d sl_in "$ns" slurmd -N "$name" -f "$d/slurm.conf" ||
+            { SL_WHY="slurmd $name did not start: $(tail -2 "$d/log/slurmd-$name.log" 2>/dev/null | tr '\n' ' ')"; return 1; }
+    done
+    for ((t = 0; t < 300; t++)); do
+        [ "$(sl_run "$SL_CTLD_NS" sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle')" = "${#SL_NODES[@]}" ] && return 0
+        sleep 0.1
+    done
+    SL_WHY="the nodes did not come up idle: $(sl_run "$SL_CTLD_NS" sinfo -h -N -o '%N %T %E' 2>&1 | tr '\n' ';')"
+    return 1
+}
+
+# s_sl_kill_pidfile FILE: TERM, up to 5 s, then KILL; the file goes.
+s_sl_kill_pidfile() {
+    local pid t
+    [ -s "$1" ] || return 0
+    pid=$(cat "$1")
+    case $pid in '' | *[!0-9]*) rm -f "$1"; return 0 ;; esac
+    kill -TERM "$pid" 2>/dev/null
+    for ((t = 0; t < 50; t++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+    rm -f "$1"
+}
+
+# sl_stop: the jobs cancelled, then the daemons stopped by their pid files
+# (slurmds first, then slurmctld, then munged), then whatever still carries
+# the cluster's mark. Safe to call twice.
+sl_stop() {
+    local d=$SL_DIR f t
+    [ -n "$d" ] || return 0
+    if [ -s "$d/run/slurmctld.pid" ]; then
+        sl_run "$SL_CTLD_NS" timeout 10 scancel --quiet --user=root 2>/dev/null
+        for ((t = 0; t < 50; t++)); do
+            [ -z "$(sl_run "$SL_CTLD_NS" timeout 5 squeue -h -o %i 2>/dev/null)" ] && break
+            sleep 0.1
+        done
+    fi
+    for f in "$d"/run/slurmd-*.pid; do s_sl_kill_pidfile "$f"; done
+    s_sl_kill_pidfile "$d/run/slurmctld.pid"
+    s_sl_kill_pidfile "$d/munge/munged.pid"
+    sl_kill_leftovers
+    return 0
+}
+
+# sl_leftovers: the pids of processes that carry the cluster's mark
+# (DP_SLURM_CLUSTER=DIR in their environment), this shell's aside.
+sl_leftovers() {
+    local p
+    [ -n "$SL_DIR" ] || return 0
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = $$ ] || [ "$p" = "$BASHPID" ] && continue
+        tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "DP_SLURM_CLUSTER=$SL_DIR" && echo "$p"
+    done
+    return 0
+}
+
+sl_kill_leftovers() {
+    local p
+    for p in $(sl_leftovers); do kill -KILL "$p" 2>/dev/null; done
+}
