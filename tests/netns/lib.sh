@@ -55,13 +55,13 @@ nn_reap_stale() {
 # route but the default one (an address, a LAN, a VPN) is refused, not shadowed.
 s_nn_blackhole() {
     local net=$NN_SUBNET.0/24 routes live
-    routes=$(ip -4 route show match "$NN_SUBNET.1" | grep -v '^default')
+    routes=$(ip -4 route show match "$NN_SUBNET.1" | grep -v '^default' | xargs) # one line, no trailing blank
     if [ "$routes" = "blackhole $net" ]; then
         live=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -c "^dpn${NN_SUBNET##*.}-")
         [ "$live" = 0 ] || { NN_WHY="$net is taken by another test run (its namespaces exist)"; return 1; }
         ip route del blackhole "$net" # left by a run that was killed
     elif [ -n "$routes" ]; then
-        NN_WHY="$net is routed on this machine ($(echo $routes)): pick another subnet"; return 1
+        NN_WHY="$net is routed on this machine ($routes): pick another subnet"; return 1
     fi
     ip route add blackhole "$net" || { NN_WHY="cannot add the blackhole route for $net"; return 1; }
     NN_NET=$net

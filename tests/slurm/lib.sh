@@ -14,7 +14,9 @@
 #   sl_leftovers                         # prints any process still marked as ours
 #
 # Every process the cluster starts (daemons, step daemons, the job's tasks)
-# inherits DP_SLURM_CLUSTER=DIR, so sl_leftovers finds whatever survived.
+# inherits DP_SLURM_CLUSTER=DIR and DP_SLURM_OWNER=<the test's pid>, so
+# sl_leftovers finds whatever survived sl_stop, and sl_init kills what a
+# test killed outright (SIGKILL: no trap runs) left behind.
 # shellcheck shell=bash
 
 SL_DIR=""      # the cluster's directory (config, key, state, logs, pid files)
@@ -30,7 +32,25 @@ sl_in() {
 }
 
 # sl_run NETNS CMD...: a SLURM client command against this cluster.
-sl_run() { local ns=$1; shift; SLURM_CONF=$SL_DIR/slurm.conf DP_SLURM_CLUSTER=$SL_DIR sl_in "$ns" "$@"; }
+sl_run() { local ns=$1; shift; SLURM_CONF=$SL_DIR/slurm.conf DP_SLURM_CLUSTER=$SL_DIR DP_SLURM_OWNER=$$ sl_in "$ns" "$@"; }
+
+# sl_reap_stale: kill what clusters of earlier runs left when their test
+# was killed outright: processes with DP_SLURM_OWNER=PID in the environment,
+# and step daemons (slurmd clears their environment) working in DIR/log of
+# a cluster whose DIR/owner names that PID, when that PID is gone.
+sl_reap_stale() {
+    local p owner dir
+    for p in /proc/[0-9]*; do
+        owner=$(tr '\0' '\n' 2>/dev/null <"$p/environ" | sed -n 's/^DP_SLURM_OWNER=//p')
+        if [ -z "$owner" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ]; then
+            dir=$(readlink "$p/cwd" 2>/dev/null)
+            [ "${dir##*/}" = log ] && owner=$(cat "${dir%/log}/owner" 2>/dev/null)
+        fi
+        case $owner in '' | *[!0-9]*) continue ;; esac
+        kill -0 "$owner" 2>/dev/null || kill -KILL "${p#/proc/}" 2>/dev/null
+    done
+    return 0
+}
 
 # sl_init DIR: 0 when the daemons and clients are installed and DIR is set up.
 sl_init() {
@@ -42,8 +62,10 @@ sl_init() {
     id munge >/dev/null 2>&1 || { SL_WHY="no munge user (Debian's munge package)"; return 2; }
     SL_DIR=$1
     SL_NODES=()
+    sl_reap_stale
     # munged insists that no directory on its paths is writable by others.
     mkdir -p "$SL_DIR"/{munge,state,log,run,spool} && chmod 0755 "$SL_DIR" "$SL_DIR/munge" || return 1
+    echo $$ >"$SL_DIR/owner"
     chown munge:munge "$SL_DIR/munge"
     head -c 1024 /dev/urandom >"$SL_DIR/munge/munge.key"
     chown munge:munge "$SL_DIR/munge/munge.key" && chmod 0400 "$SL_DIR/munge/munge.key"
@@ -81,16 +103,16 @@ s_sl_wait_file() {
 sl_start() {
     SL_CTLD_NS=${1:-}
     local d=$SL_DIR node name naddr ns t
-    DP_SLURM_CLUSTER=$d setpriv --reuid=munge --regid=munge --init-groups munged --socket="$d/munge/munge.socket.2" \
+    DP_SLURM_CLUSTER=$d DP_SLURM_OWNER=$$ setpriv --reuid=munge --regid=munge --init-groups munged --socket="$d/munge/munge.socket.2" \
         --key-file="$d/munge/munge.key" --pid-file="$d/munge/munged.pid" \
         --log-file="$d/munge/munged.log" --seed-file="$d/munge/munged.seed" ||
         { SL_WHY="munged did not start: $(tail -1 "$d/munge/munged.log" 2>/dev/null)"; return 1; }
     s_sl_wait_file "$d/munge/munged.pid" 10 || { SL_WHY="munged wrote no pid file"; return 1; }
-    DP_SLURM_CLUSTER=$d sl_in "$SL_CTLD_NS" slurmctld -c -f "$d/slurm.conf" ||
+    DP_SLURM_CLUSTER=$d DP_SLURM_OWNER=$$ sl_in "$SL_CTLD_NS" slurmctld -c -f "$d/slurm.conf" ||
         { SL_WHY="slurmctld did not start: $(tail -2 "$d/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"; return 1; }
     for node in "${SL_NODES[@]}"; do
         read -r name naddr ns <<<"$node"
-        DP_SLURM_CLUSTER=$d sl_in "$ns" slurmd -N "$name" -f "$d/slurm.conf" ||
+        DP_SLURM_CLUSTER=$d DP_SLURM_OWNER=$$ sl_in "$ns" slurmd -N "$name" -f "$d/slurm.conf" ||
             { SL_WHY="slurmd $name did not start: $(tail -2 "$d/log/slurmd-$name.log" 2>/dev/null | tr '\n' ' ')"; return 1; }
     done
     for ((t = 0; t < 300; t++)); do
@@ -134,14 +156,18 @@ sl_stop() {
 }
 
 # sl_leftovers: the pids of processes that carry the cluster's mark
-# (DP_SLURM_CLUSTER=DIR in their environment), this shell's aside.
+# (DP_SLURM_CLUSTER=DIR in their environment, or a step daemon's working
+# directory DIR/log), this shell's aside.
 sl_leftovers() {
     local p
     [ -n "$SL_DIR" ] || return 0
     for p in /proc/[0-9]*; do
         p=${p#/proc/}
         [ "$p" = $$ ] || [ "$p" = "$BASHPID" ] && continue
-        tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "DP_SLURM_CLUSTER=$SL_DIR" && echo "$p"
+        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "DP_SLURM_CLUSTER=$SL_DIR" ||
+            [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$SL_DIR/log" ]; then # a step daemon
+            echo "$p"
+        fi
     done
     return 0
 }
