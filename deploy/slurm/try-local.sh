@@ -4,6 +4,7 @@
 # `scontrol show hostnames` and `srun` (which runs a step's tasks here with
 # SLURM_PROCID / SLURM_LOCALID set) go first on PATH; the "nodes" are
 # loopback addresses 127.0.0.1 .. 127.0.0.N, so every task really talks TCP.
+# (tests/integration/test_slurm.sh runs the script under a live SLURM.)
 #
 #   deploy/slurm/try-local.sh [NODES [OUT]]     (default 2 nodes, OUT a temp dir)
 #   DP_WORKER_ARGS="--steps 50" deploy/slurm/try-local.sh 3

@@ -2,8 +2,8 @@
 # test_netns: training across real network hops. Four hosts on this machine
 # (network namespaces on a bridge, tests/netns/lib.sh): the parameter server
 # on host 0, a worker on each of hosts 1-3, and host 3 behind a slow, lossy
-# link (what reaches it is held NT_DELAY ms by tests/netns/nfq_delay and a
-# fraction dropped by iptables).
+# link (what reaches it is held 40-50 ms by tests/netns/nfq_delay and 1%
+# dropped by iptables).
 #  - the test subnet is unreachable from this namespace (blackhole route) and
 #    the slow link is slow: a connection to host 3 takes at least the delay
 #  - sync (every worker each step): completes; the server waited for the
@@ -31,7 +31,7 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     finish; exit
 fi
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
-NT_DELAY=40 NT_JITTER=10 NT_LOSS=0.01
+DELAY=40 JITTER=10 LOSS=0.01
 NT_FIRST=2 # the slow worker starts first: its run spans the fast ones'
 # 10 ms of "compute" per step (the model is tiny): the fast workers' runs
 # span several of the slow one's round trips, whatever the load.
@@ -45,13 +45,13 @@ case $? in
 2) skip netns "$NN_WHY"; finish; exit ;;
 *) fail "4 hosts on a bridge" "$NN_WHY"; finish; exit ;;
 esac
-nn_delay 3 "$NT_DELAY" "$NT_JITTER" && nn_loss 3 "$NT_LOSS"
+nn_delay 3 "$DELAY" "$JITTER" && nn_loss 3 "$LOSS"
 case $? in
 0) ;;
 2) skip "slow link" "$NN_WHY"; finish; exit ;;
 *) fail "slow link" "$NN_WHY"; finish; exit ;;
 esac
-pass "4 hosts up; host 3's link: +${NT_DELAY}..$((NT_DELAY + NT_JITTER)) ms in, $NT_LOSS lost"
+pass "4 hosts up; host 3's link: +${DELAY}..$((DELAY + JITTER)) ms in, $LOSS lost"
 
 # From this namespace the test addresses lead nowhere (not out of eth0).
 out=$(timeout 5 bash -c "exec 3<>/dev/tcp/$(nn_addr 0)/9" 2>&1)
@@ -72,8 +72,8 @@ except ConnectionRefusedError:
 print(int((time.monotonic() - t) * 1000))' "$(nn_addr "$2")"
 }
 fast=$(connect_ms 1 2) slow=$(connect_ms 1 3)
-check "the slow link holds packets: host 1 -> 3 takes ${slow} ms >= $NT_DELAY (host 1 -> 2: ${fast} ms)" \
-    test "${slow:-0}" -ge "$NT_DELAY"
+check "the slow link holds packets: host 1 -> 3 takes ${slow} ms >= $DELAY (host 1 -> 2: ${fast} ms)" \
+    test "${slow:-0}" -ge "$DELAY"
 
 stats() { "$TORCH_PY" tests/netns/runstats.py "$1"; }
 # field JSON EXPR: a value from a runstats line (EXPR in Python, d the dict).

@@ -40,7 +40,7 @@ export SLURM_KILL_BAD_EXIT=1
 # output in $TMP/NAME.out, results in $TMP/NAME/; sets JOB_RC.
 submit() {
     local ns=$1 name=$2; shift 2
-    local port=$((20000 + RANDOM % 20000))
+    local port=$((20000 + RANDOM % 20000)) t0=$SECONDS
     DP_OUT=$TMP/$name DP_PS_PORT=$port DP_WORKER_PORT=$((port + 100)) \
         sl_run "$ns" timeout -k 5 $((90 * scale)) sbatch --wait --parsable --time=$((2 * scale)) \
         --output="$TMP/$name.out" "$@" deploy/slurm/downpour.sbatch >"$TMP/$name.id" 2>"$TMP/$name.err" &
@@ -48,6 +48,7 @@ submit() {
     T_PIDS+=("$pid")
     wait "$pid"
     JOB_RC=$?
+    echo "  $name: sbatch --wait returned $JOB_RC after $((SECONDS - t0)) s"
     [ "$JOB_RC" = 0 ] || { echo "sbatch exit $JOB_RC:"; cat "$TMP/$name.err" "$TMP/$name.out" 2>/dev/null; tail -n 3 "$TMP/$name"/logs/*.log 2>/dev/null; }
 }
 

@@ -39,15 +39,18 @@ sl_run() { local ns=$1; shift; SLURM_CONF=$SL_DIR/slurm.conf DP_SLURM_CLUSTER=$S
 # and step daemons (slurmd clears their environment) working in DIR/log of
 # a cluster whose DIR/owner names that PID, when that PID is gone.
 sl_reap_stale() {
-    local p owner dir
-    for p in /proc/[0-9]*; do
-        owner=$(tr '\0' '\n' 2>/dev/null <"$p/environ" | sed -n 's/^DP_SLURM_OWNER=//p')
-        if [ -z "$owner" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ]; then
-            dir=$(readlink "$p/cwd" 2>/dev/null)
-            [ "${dir##*/}" = log ] && owner=$(cat "${dir%/log}/owner" 2>/dev/null)
-        fi
+    local f owner p dir
+    # One grep over every environment: "/proc/PID/environ:DP_SLURM_OWNER=N".
+    while IFS=: read -r f owner; do
+        owner=${owner#DP_SLURM_OWNER=}
+        p=${f#/proc/}; p=${p%/environ}
+        kill -0 "$owner" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+    done < <(grep -aozH '^DP_SLURM_OWNER=[0-9]*' /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n')
+    for p in $(pgrep -x slurmstepd); do
+        dir=$(readlink "/proc/$p/cwd" 2>/dev/null)
+        [ "${dir##*/}" = log ] && owner=$(cat "${dir%/log}/owner" 2>/dev/null) || continue
         case $owner in '' | *[!0-9]*) continue ;; esac
-        kill -0 "$owner" 2>/dev/null || kill -KILL "${p#/proc/}" 2>/dev/null
+        kill -0 "$owner" 2>/dev/null || kill -KILL "$p" 2>/dev/null
     done
     return 0
 }
@@ -123,23 +126,33 @@ sl_start() {
     return 1
 }
 
-# s_sl_kill_pidfile FILE: TERM, up to 5 s, then KILL; the file goes.
-s_sl_kill_pidfile() {
-    local pid t
-    [ -s "$1" ] || return 0
-    pid=$(cat "$1")
-    case $pid in '' | *[!0-9]*) rm -f "$1"; return 0 ;; esac
-    kill -TERM "$pid" 2>/dev/null
-    for ((t = 0; t < 50; t++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-    rm -f "$1"
+# s_sl_alive PID: running (a daemon's zombie, which this machine's init
+# may take seconds to reap, counts as gone).
+s_sl_alive() { [ -e "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+
+# s_sl_kill_pidfiles FILE...: TERM to each, up to 5 s, then KILL; the files go.
+s_sl_kill_pidfiles() {
+    local f pid pids=() t alive
+    for f in "$@"; do
+        [ -s "$f" ] && pid=$(cat "$f") || continue
+        rm -f "$f"
+        case $pid in '' | *[!0-9]*) continue ;; esac
+        kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+    done
+    for ((t = 0; t < 50; t++)); do
+        alive=0
+        for pid in "${pids[@]+"${pids[@]}"}"; do s_sl_alive "$pid" && alive=1; done
+        [ $alive = 0 ] && return 0
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
 }
 
 # sl_stop: the jobs cancelled, then the daemons stopped by their pid files
 # (slurmds first, then slurmctld, then munged), then whatever still carries
 # the cluster's mark. Safe to call twice.
 sl_stop() {
-    local d=$SL_DIR f t
+    local d=$SL_DIR t
     [ -n "$d" ] || return 0
     if [ -s "$d/run/slurmctld.pid" ]; then
         sl_run "$SL_CTLD_NS" timeout 10 scancel --quiet --user=root 2>/dev/null
@@ -148,9 +161,9 @@ sl_stop() {
             sleep 0.1
         done
     fi
-    for f in "$d"/run/slurmd-*.pid; do s_sl_kill_pidfile "$f"; done
-    s_sl_kill_pidfile "$d/run/slurmctld.pid"
-    s_sl_kill_pidfile "$d/munge/munged.pid"
+    s_sl_kill_pidfiles "$d"/run/slurmd-*.pid
+    s_sl_kill_pidfiles "$d/run/slurmctld.pid"
+    s_sl_kill_pidfiles "$d/munge/munged.pid"
     sl_kill_leftovers
     return 0
 }
@@ -159,15 +172,14 @@ sl_stop() {
 # (DP_SLURM_CLUSTER=DIR in their environment, or a step daemon's working
 # directory DIR/log), this shell's aside.
 sl_leftovers() {
-    local p
+    local f p
     [ -n "$SL_DIR" ] || return 0
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [ "$p" = $$ ] || [ "$p" = "$BASHPID" ] && continue
-        if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "DP_SLURM_CLUSTER=$SL_DIR" ||
-            [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$SL_DIR/log" ]; then # a step daemon
-            echo "$p"
-        fi
+    for f in $(grep -alzxF "DP_SLURM_CLUSTER=$SL_DIR" /proc/[0-9]*/environ 2>/dev/null); do
+        p=${f#/proc/}; p=${p%/environ}
+        [ "$p" = $$ ] || [ "$p" = "$BASHPID" ] || echo "$p"
+    done
+    for p in $(pgrep -x slurmstepd); do
+        [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$SL_DIR/log" ] && echo "$p"
     done
     return 0
 }
