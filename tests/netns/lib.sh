@@ -23,6 +23,7 @@
 
 NN_NAMES=()  # namespaces made by nn_up, the bridge's first
 NN_PIDS=()   # helpers (nfq_delay) and processes started with nn_bg
+NN_STARTED=() # the same, never cleared: nn_leftovers checks they are gone
 NN_NET=""    # SUBNET.0/24 while its blackhole route is ours
 NN_SUBNET="" # the first three octets
 NN_WHY=""    # why the last nn_* call failed, one line
@@ -37,7 +38,7 @@ nn_netns() { echo "/run/netns/$(nn_name "$1")"; }
 # `ip netns exec`, which remounts /sys and breaks daemons such as slurmd).
 nn_exec() { local i=$1; shift; nsenter --net="$(nn_netns "$i")" -- "$@"; }
 # nn_bg I CMD...: the same in the background, killed by nn_down; sets NN_LAST_PID.
-nn_bg() { local i=$1; shift; nsenter --net="$(nn_netns "$i")" -- "$@" & NN_LAST_PID=$!; NN_PIDS+=("$NN_LAST_PID"); }
+nn_bg() { local i=$1; shift; nsenter --net="$(nn_netns "$i")" -- "$@" & NN_LAST_PID=$!; NN_PIDS+=("$NN_LAST_PID"); NN_STARTED+=("$NN_LAST_PID"); }
 
 # Remove namespaces of earlier runs whose process is gone, and the processes
 # left inside them (only ours: they are in a namespace named after a run).
@@ -180,8 +181,14 @@ nn_down() {
     return 0
 }
 
-# nn_leftovers: prints what this process left behind (nothing when clean).
+# nn_leftovers: prints what this process left behind (nothing when clean):
+# its namespaces, its blackhole route, processes it started still running.
 nn_leftovers() {
+    local p
     ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^dpn[0-9]+-$$-" || true
     [ -z "$NN_SUBNET" ] || ip -4 route list exact "$NN_SUBNET.0/24"
+    for p in "${NN_STARTED[@]+"${NN_STARTED[@]}"}"; do
+        [ -e "/proc/$p" ] && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null && echo "pid $p"
+    done
+    return 0
 }
