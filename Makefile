@@ -250,8 +250,10 @@ DEB_DIR  := $(BUILD)/deb
 DEB_FILE := $(BUILD)/downpour_$(DP_VERSION)_$(DEB_ARCH).deb
 DEB_CUDA_NOTE := $() This build has the CUDA backend: it needs NVIDIA's CUDA runtime, cuBLAS and cuDNN.
 MAN_PAGES := $(patsubst $(BUILD)/%,$(BUILD)/man/%.1.gz,$(BINS))
-# Installing, packing and the tests of both (test_deb, test_systemd, test_k8s).
-DEB_TEST += python3-yaml help2man dpkg-dev systemd
+# What install and deb need, and their tests: test_deb (dpkg-dev, help2man),
+# test_systemd (systemd's systemd-analyze; nothing is started), test_k8s
+# (python3-yaml; iproute2 for the pods' network namespace).
+DEB_TEST += python3-yaml help2man dpkg-dev systemd iproute2
 
 man_name_downpour-ps     := Downpour parameter-server shard
 man_name_downpour-worker := Downpour worker: trains against the parameter servers, or alone
