@@ -273,7 +273,8 @@ install: all $(MAN_PAGES)
 	        deploy/systemd/$$u >$(DESTDIR)$(UNITDIR)/$$u && chmod 644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; done
 	install -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
 	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.deploy.md
-	install -m 644 deploy/systemd/cluster.env.example $(DESTDIR)$(DOCDIR)/examples/
+	install -m 644 deploy/systemd/cluster.env.example deploy/systemd/curve-ps.conf.example \
+	    deploy/systemd/curve-worker.conf.example $(DESTDIR)$(DOCDIR)/examples/
 
 deb: all
 	@command -v dpkg-shlibdeps >/dev/null || { echo "deb: dpkg-shlibdeps not found: apt-get install dpkg-dev"; exit 1; }

@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """systemd_exec.py: start a unit's ExecStart as systemd would, without systemd.
 
-  systemd_exec.py UNIT INSTANCE --state DIR --logs DIR --etc DIR [--show KEY]
+  systemd_exec.py UNIT INSTANCE --state DIR --logs DIR --etc DIR --creds DIR [--show KEY]
 
-Reads UNIT (a template such as downpour-ps@.service) for the instance
-INSTANCE and applies systemd's rules for what its [Service] uses:
+Reads UNIT (a template such as downpour-ps@.service) and its drop-ins
+(UNIT.d/*.conf beside it, in name order) for the instance INSTANCE and
+applies systemd's rules for what its [Service] uses:
   - line continuations (a trailing backslash) and comments (# ;);
   - specifiers %i / %I (the instance), %S and %L (the roots of
-    StateDirectory= and LogsDirectory=: --state, --logs), %%; any other
-    specifier is an error, so a unit that starts using one fails here;
+    StateDirectory= and LogsDirectory=: --state, --logs), %d (the
+    credentials directory: --creds), %%; any other specifier is an error,
+    so a unit that starts using one fails here;
+  - LoadCredential=ID:PATH: PATH copied to --creds/ID, mode 0400;
   - Environment= (quoted assignments), then each EnvironmentFile= in order
     ("-" before the path: optional), later ones overriding earlier ones;
-    paths under /etc are read under --etc;
+    paths under /etc (there, in LoadCredential= and in the command's
+    arguments) are read under --etc;
   - ExecStart= split into words (quotes honoured), then "${VAR}" anywhere in
     a word replaced by the value as one argument, and "$VAR" as a word of its
     own replaced by the value split at blanks (zero or more arguments);
@@ -20,15 +24,17 @@ Then prints the command line (one line, each argument in brackets) and
 execs it with that environment. --show KEY prints the [Service] KEY's value
 (after specifiers) instead, e.g. SuccessExitStatus.
 """
+import glob
 import os
 import re
 import shlex
+import shutil
 import sys
 
 
-def read_unit(path):
-    """{section: [(key, value)]}, continuations joined."""
-    sections, cur, buf = {}, None, ""
+def read_unit(path, sections=None):
+    """{section: [(key, value)]}, continuations joined; adds to sections."""
+    sections, cur, buf = sections if sections is not None else {}, None, ""
     with open(path) as f:
         for raw in f:
             line = raw.rstrip("\n")
@@ -91,8 +97,12 @@ def main(argv):
         sys.exit(__doc__)
     unit, instance = argv[1], argv[2]
     opts = dict(zip(argv[3::2], argv[4::2]))
-    spec = {"i": instance, "I": instance, "S": opts["--state"], "L": opts["--logs"], "%": "%"}
-    service = read_unit(unit).get("Service", [])
+    spec = {"i": instance, "I": instance, "S": opts["--state"], "L": opts["--logs"],
+            "d": opts["--creds"], "%": "%"}
+    sections = read_unit(unit)
+    for conf in sorted(glob.glob(unit + ".d/*.conf")):
+        read_unit(conf, sections)
+    service = sections.get("Service", [])
     if "--show" in opts:
         print(" ".join(specifiers(v, spec) for k, v in service if k == opts["--show"]))
         return 0
@@ -107,6 +117,16 @@ def main(argv):
             files.append(value)
         elif key == "ExecStart":
             exec_start = value
+        elif key == "LoadCredential":
+            cid, _, path = value.partition(":")
+            if path.startswith("/etc/"):
+                path = os.path.join(opts["--etc"], path[len("/etc/"):])
+            os.makedirs(opts["--creds"], exist_ok=True)
+            dst = os.path.join(opts["--creds"], cid)
+            if os.path.exists(dst):
+                os.chmod(dst, 0o600)
+            shutil.copyfile(path, dst)  # a missing one: systemd would not start the unit
+            os.chmod(dst, 0o400)
         elif key in ("StateDirectory", "LogsDirectory"):
             root = opts["--state"] if key == "StateDirectory" else opts["--logs"]
             for d in value.split():
@@ -124,6 +144,8 @@ def main(argv):
         sys.exit(f"systemd_exec: {unit}: no ExecStart=")
     words = shlex.split(exec_start)
     argv_out = [w2 for w in words for w2 in expand_word(w, env)]
+    argv_out = [os.path.join(opts["--etc"], a[len("/etc/"):]) if a.startswith("/etc/") else a
+                for a in argv_out]
     argv_out[0] = argv_out[0].lstrip("-@+!:")
     print("systemd_exec: " + " ".join(f"[{a}]" for a in argv_out), flush=True)
     os.execve(argv_out[0], argv_out, {**{"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **env})

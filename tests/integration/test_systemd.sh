@@ -8,6 +8,9 @@
 #    tests/integration/systemd_exec.py), starts daemons that serve: ps@0 and
 #    worker@0..2 train, the chief's summary and model land in the state
 #    directory, the metrics in the logs directory, all exit 0;
+#  - CURVE by the drop-ins (curve-*.conf.example): verify passes the
+#    instances with them; the secret keys reach the daemons as systemd
+#    credentials (LoadCredential=, %d), and ps@0 serves worker@0..2 on CURVE;
 #  - a ps stopped by SIGTERM exits with a status SuccessExitStatus= lists,
 #    after its checkpoint; a bad cluster.env is exit status 2, which
 #    RestartPreventExitStatus= keeps from restarting.
@@ -63,7 +66,7 @@ echo "DOWNPOUR_DEVICE=cpu" >"$ETC/downpour/worker-2.env"
 ST=$TMP/state LG=$TMP/logs
 unit() { # NAME INSTANCE: the unit's command, started in the background; its log NAME-INSTANCE.log
     bg "$TORCH_PY" "$EXEC" "$U/$1@.service" "$2" --state "$ST" --logs "$LG" --etc "$ETC" \
-        >"$TMP/$1-$2.log" 2>&1
+        --creds "$TMP/creds/$1-$2" >"$TMP/$1-$2.log" 2>&1
 }
 unit downpour-ps 0; ps_pid=$!
 for _ in $(seq $((100 * scale))); do grep -q "shard 0/1 on" "$TMP/downpour-ps-0.log" && break; sleep 0.1; done
@@ -91,19 +94,46 @@ check "... its model too" test -s "$ST/downpour/worker-0/model.safetensors"
 check "the ps's checkpoint in its state directory" test -s "$ST/downpour/ps-0/ps-shard-0-of-1.safetensors"
 check "the metrics in the logs directory" test -s "$LG/downpour/ps-0.jsonl" -a -s "$LG/downpour/worker-2.jsonl"
 
+# ---- CURVE: the drop-ins, the keys as root's, LoadCredential= --------------------------
+for u in ps worker; do
+    mkdir -p "$U/downpour-$u@.service.d"
+    cp "deploy/systemd/curve-$u.conf.example" "$U/downpour-$u@.service.d/curve.conf"
+done
+(cd "$TMP" && SYSTEMD_UNIT_PATH="$U:" systemd-analyze verify downpour-ps@0.service downpour-worker@1.service) \
+    >"$TMP/verify-curve.log" 2>&1
+rc=$?
+check "systemd-analyze verify: the instances with the CURVE drop-ins pass" test $rc = 0 -a ! -s "$TMP/verify-curve.log"
+cat "$TMP/verify-curve.log"
+K=$ETC/downpour/keys
+mkdir -p "$K/workers"
+"$BIN/downpour" keygen "$K/ps-0" >/dev/null
+for i in 0 1 2; do "$BIN/downpour" keygen "$K/worker-$i" >/dev/null; mv "$K/worker-$i.pub" "$K/workers/"; done
+ST=$TMP/state-curve
+unit downpour-ps 0; ps_pid=$!
+for _ in $(seq $((100 * scale))); do grep -q "shard 0/1 on" "$TMP/downpour-ps-0.log" && break; sleep 0.1; done
+check "CURVE: ps@0 runs on its credential, allowing the 3 workers' keys" \
+    grep -q "CURVE: public key .*, 3 client keys allowed" "$TMP/downpour-ps-0.log"
+pids=()
+for i in 0 1 2; do unit downpour-worker $i; pids+=($!); done
+check "CURVE: ps@0 serves worker@0..2; all exit 0" served
+check "CURVE: the summary counts 3 x 4 pushes" \
+    test "$(json "$ST/downpour/worker-0/summary.json" updates_applied 2>/dev/null)" = 12
+rm -r "$U/downpour-ps@.service.d" "$U/downpour-worker@.service.d"
+
 # ---- stop and refuse as the unit expects ------------------------------------------
 ST=$TMP/state2
 unit downpour-ps 0; ps_pid=$!
 for _ in $(seq $((100 * scale))); do grep -q "shard 0/1 on" "$TMP/downpour-ps-0.log" && break; sleep 0.1; done
 kill -TERM "$ps_pid"
 wait_for "$ps_pid" $((20 * scale)); rc=$?
-ok_status=$("$TORCH_PY" "$EXEC" "$U/downpour-ps@.service" 0 --state "$ST" --logs "$LG" --etc "$ETC" --show SuccessExitStatus)
+ok_status=$("$TORCH_PY" "$EXEC" "$U/downpour-ps@.service" 0 --state "$ST" --logs "$LG" --etc "$ETC" --creds "$TMP/creds" --show SuccessExitStatus)
 check "SIGTERM: exit $rc, one of SuccessExitStatus=$ok_status" grep -qw "$rc" <<<"$ok_status"
 check "SIGTERM: the checkpoint was written first" test -s "$ST/downpour/ps-0/ps-shard-0-of-1.safetensors"
 sed -i "s|^DOWNPOUR_PS_HOSTS=.*|DOWNPOUR_PS_HOSTS=127.0.0.1|" "$ETC/downpour/cluster.env"
-"$TORCH_PY" "$EXEC" "$U/downpour-ps@.service" 0 --state "$ST" --logs "$LG" --etc "$ETC" >"$TMP/bad.log" 2>&1
+"$TORCH_PY" "$EXEC" "$U/downpour-ps@.service" 0 --state "$ST" --logs "$LG" --etc "$ETC" --creds "$TMP/creds" \
+    >"$TMP/bad.log" 2>&1
 rc=$?
-no_restart=$("$TORCH_PY" "$EXEC" "$U/downpour-ps@.service" 0 --state "$ST" --logs "$LG" --etc "$ETC" --show RestartPreventExitStatus)
+no_restart=$("$TORCH_PY" "$EXEC" "$U/downpour-ps@.service" 0 --state "$ST" --logs "$LG" --etc "$ETC" --creds "$TMP/creds" --show RestartPreventExitStatus)
 check "a bad cluster.env: exit $rc, which RestartPreventExitStatus=$no_restart keeps from restarting" \
     test "$rc" = "$no_restart"
 check "... and one line naming the flag" grep -q -- '--ps-hosts entry 0 "127.0.0.1" is not host:port' "$TMP/bad.log"
