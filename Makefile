@@ -261,7 +261,8 @@ man_name_downpour        := Downpour launcher: local cluster, eval, keygen, benc
 $(BUILD)/man/%.1.gz: $(BUILD)/%
 	@command -v help2man >/dev/null || { echo "install: help2man not found: apt-get install help2man"; exit 1; }
 	@mkdir -p $(dir $@)
-	help2man -N --no-discard-stderr --version-string=$(DP_VERSION) -n "$(man_name_$*)" $< | gzip -9n >$@
+	help2man -N --no-discard-stderr --version-string=$(DP_VERSION) -n "$(man_name_$*)" -o $@.tmp $< \
+	    && gzip -9n <$@.tmp >$@.gz.tmp && mv $@.gz.tmp $@ && rm -f $@.tmp
 
 .PHONY: install deb
 install: all $(MAN_PAGES)
