@@ -243,7 +243,10 @@ BINDIR  ?= $(PREFIX)/bin
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/downpour
 UNITDIR ?= $(PREFIX)/lib/systemd/system
-DP_VERSION ?= 0.1$(shell git log -1 --format=+git%cd.%h --date=format:%Y%m%d 2>/dev/null)
+# 0.1+git<commit time>.<hash>: later commits sort later (dpkg --compare-versions).
+ifeq ($(origin DP_VERSION),undefined)
+  DP_VERSION := 0.1$(shell git log -1 --format=+git%cd.%h --date=format-local:%Y%m%d.%H%M%S 2>/dev/null)
+endif
 DEB_MAINTAINER ?= Downpour maintainers <downpour@localhost>
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
 DEB_DIR  := $(BUILD)/deb
