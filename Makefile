@@ -255,8 +255,8 @@ DEB_CUDA_NOTE := $() This build has the CUDA backend: it needs NVIDIA's CUDA run
 MAN_PAGES := $(patsubst $(BUILD)/%,$(BUILD)/man/%.1.gz,$(BINS))
 # What install and deb need, and their tests: test_deb (dpkg-dev, help2man),
 # test_systemd (systemd's systemd-analyze; nothing is started), test_k8s
-# (python3-yaml; iproute2 for the pods' network namespace).
-DEB_TEST += python3-yaml help2man dpkg-dev systemd iproute2
+# (python3-yaml; iproute2 for the pods' network namespace); pgrep (procps).
+DEB_TEST += python3-yaml help2man dpkg-dev systemd iproute2 procps
 
 man_name_downpour-ps     := Downpour parameter-server shard
 man_name_downpour-worker := Downpour worker: trains against the parameter servers, or alone
