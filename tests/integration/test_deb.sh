@@ -71,8 +71,8 @@ for b in downpour downpour-ps downpour-worker; do
         needed+=("${pkg:-?$so}")
     done
 done
-needed=($(printf '%s\n' "${needed[@]}" | sort -u))
-depends=($(field Depends | tr ',' '\n' | sed 's/ *(.*//; s/^ *//' | sort -u))
+mapfile -t needed < <(printf '%s\n' "${needed[@]}" | sort -u)
+mapfile -t depends < <(field Depends | tr ',' '\n' | sed 's/ *(.*//; s/^ *//' | sort -u)
 echo "linked: ${needed[*]}"
 echo "Depends: ${depends[*]}"
 # Each linked library's package is in Depends, under its name or the name
@@ -111,11 +111,13 @@ if [ -d /usr/share/datasets/fashion-mnist ]; then
         --no-progress --out "$TMP/run" >"$TMP/run.log" 2>&1) &
     launcher=$!
     # The launcher's children: the unpacked binaries, found beside it.
-    exes=""
-    while kill -0 $launcher 2>/dev/null; do
+    exes="" t=0
+    while kill -0 $launcher 2>/dev/null && [ $t -lt $((600 * scale)) ]; do
         for c in $(pgrep -P $launcher); do exes+=" $(readlink "/proc/$c/exe" 2>/dev/null)"; done
         sleep 0.2
+        t=$((t + 1))
     done
+    kill -TERM $launcher 2>/dev/null  # still running after 120 s (scaled): a failure
     wait $launcher
     check "installed: downpour local runs a short job" test $? = 0
     check "installed: ... with the unpacked downpour-ps and downpour-worker" \
