@@ -36,13 +36,19 @@ static void s_add_n(dp_staleness_t *h, size_t bin, uint64_t n)
     h->count[bin] += n;
 }
 
+void dp_staleness_add_n(dp_staleness_t *h, uint64_t value, uint64_t n)
+{
+    if (n == 0) return;
+    size_t bin = value < DP_STALENESS_CAP - 1 ? (size_t)value : DP_STALENESS_CAP - 1;
+    s_add_n(h, bin, n);
+    h->total += n;
+    h->sum += value * n;
+    if (value > h->max) h->max = value;
+}
+
 void dp_staleness_add(dp_staleness_t *h, uint64_t value)
 {
-    size_t bin = value < DP_STALENESS_CAP - 1 ? (size_t)value : DP_STALENESS_CAP - 1;
-    s_add_n(h, bin, 1);
-    h->total++;
-    h->sum += value;
-    if (value > h->max) h->max = value;
+    dp_staleness_add_n(h, value, 1);
 }
 
 void dp_staleness_merge(dp_staleness_t *dst, const dp_staleness_t *src)
@@ -67,6 +73,21 @@ double dp_staleness_fresh(const dp_staleness_t *h)
 double dp_staleness_geometric_p(const dp_staleness_t *h)
 {
     return 1.0 / (1.0 + dp_staleness_mean(h));
+}
+
+size_t dp_staleness_fold(const dp_staleness_t *h, uint64_t *out, size_t n)
+{
+    size_t used = 0;
+    for (size_t b = 0; b < h->bins && n > 0; b++) {
+        if (!h->count[b]) continue;
+        size_t to = b < n - 1 ? b : n - 1;
+        if (to >= used) {
+            memset(out + used, 0, (to + 1 - used) * sizeof *out);
+            used = to + 1;
+        }
+        out[to] += h->count[b];
+    }
+    return used;
 }
 
 cJSON *dp_staleness_json(const dp_staleness_t *h)

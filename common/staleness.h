@@ -22,6 +22,8 @@
 #include <cjson/cJSON.h>
 
 #define DP_STALENESS_CAP 65536
+/* Bins a parameter server's STATS reply carries (the last: that or more). */
+#define DP_STATS_HIST_BINS 1024
 
 typedef struct {
     uint64_t *count;     /* count[v]: values v seen (the last bin: v >= cap - 1) */
@@ -35,6 +37,8 @@ typedef struct {
 void dp_staleness_init(dp_staleness_t *h);
 void dp_staleness_fini(dp_staleness_t *h);
 void dp_staleness_add(dp_staleness_t *h, uint64_t value);
+/* n values equal to value. */
+void dp_staleness_add_n(dp_staleness_t *h, uint64_t value, uint64_t n);
 /* dst += src. */
 void dp_staleness_merge(dp_staleness_t *dst, const dp_staleness_t *src);
 
@@ -44,6 +48,10 @@ double dp_staleness_fresh(const dp_staleness_t *h);
 /* The geometric law's p fitted by maximum likelihood: 1 / (1 + mean); 1
  * when empty (no staleness seen). */
 double dp_staleness_geometric_p(const dp_staleness_t *h);
+
+/* The bins in use folded into out[0, n) (values >= n - 1 counted in the
+ * last one); returns the bins used. */
+size_t dp_staleness_fold(const dp_staleness_t *h, uint64_t *out, size_t n);
 
 /* The counts as a JSON array, index = staleness, up to the largest bin in
  * use ([] when empty). */

@@ -236,7 +236,11 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
         .staleness_mean = dp_staleness_mean(&hist), .staleness_max = hist.max,
         .staleness_hist = &hist,
     };
-    int rc = dp_session_save(&L->s, chief_steps, (long)L->shard[0].version, err);
+    /* The chief's STATS view: the versions summed over the shards. */
+    uint64_t versions = 0;
+    for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
+    r.version = versions;
+    int rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
     if (rc == 0) rc = dp_session_summary(&L->s, &r, err);
     if (rc == 0) rc = dp_record_close(&L->rec, err);
     dp_staleness_fini(&hist);

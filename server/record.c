@@ -64,6 +64,20 @@ static const char *s_status_name(int st)
     return st == DP_PUSH_APPLIED ? "applied" : st == DP_PUSH_DROPPED ? "dropped" : "rejected";
 }
 
+/* A double as the 17 significant digits that read back as the same bits
+ * (cJSON prints 15 when they compare equal within its epsilon, which would
+ * spoil the replay's exact comparison). */
+static void s_exact(cJSON *o, const char *key, double v)
+{
+    if (!isfinite(v)) {
+        cJSON_AddNullToObject(o, key);
+        return;
+    }
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    cJSON_AddRawToObject(o, key, text);
+}
+
 void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
 {
     if (!r) return;
@@ -77,9 +91,9 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
         cJSON_AddStringToObject(o, "st", s_status_name(e->status));
         cJSON_AddNumberToObject(o, "stale", (double)e->staleness);
         cJSON_AddNumberToObject(o, "after", (double)e->after);
-        cJSON_AddNumberToObject(o, "lr", e->lr);
-        cJSON_AddNumberToObject(o, "gn", e->grad_norm);
-        cJSON_AddNumberToObject(o, "un", e->update_norm);
+        s_exact(o, "lr", e->lr);
+        s_exact(o, "gn", e->grad_norm);
+        s_exact(o, "un", e->update_norm);
     } else {
         cJSON_AddStringToObject(o, "e", "members");
         cJSON_AddNumberToObject(o, "s", e->shard);
@@ -163,6 +177,33 @@ void dp_record_abandon(dp_record_t **r_p)
     unlink((*r_p)->tmp);
     s_free(*r_p);
     *r_p = NULL;
+}
+
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err)
+{
+    cJSON *h = cJSON_CreateObject();
+    char seed[24], input[48];
+    cJSON_AddStringToObject(h, "model", cfg->model_spec);
+    snprintf(input, sizeof input, "%dx%dx%d", cfg->in_c, cfg->in_h, cfg->in_w);
+    cJSON_AddStringToObject(h, "input", input);
+    snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
+    cJSON_AddStringToObject(h, "seed", seed);
+    cJSON_AddNumberToObject(h, "workers", cfg->num_workers);
+    cJSON_AddNumberToObject(h, "shards", cfg->shard_count);
+    cJSON_AddNumberToObject(h, "shard", cfg->shard_index);
+    cJSON_AddStringToObject(h, "mode", dp_mode_name(cfg->mode));
+    cJSON_AddNumberToObject(h, "replicas", policy->conf.replicas);
+    cJSON_AddNumberToObject(h, "staleness", cfg->staleness);
+    cJSON_AddNumberToObject(h, "lr_staleness", cfg->lr_staleness);
+    cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&cfg->optim));
+    cJSON_AddNumberToObject(h, "start_version", (double)policy->shard->version);
+    if (policy->shard->version != 0)
+        dp_log_warn("shard %d: --record: restored at version %" PRIu64 "; a replay needs a run "
+                    "from version 0 and will refuse this record", cfg->shard_index, policy->shard->version);
+    int rc = dp_record_new(out, cfg->record, h, err);
+    cJSON_Delete(h);
+    if (rc == 0) dp_policy_measure(policy);
+    return rc;
 }
 
 /* ---- reading ---- */
@@ -299,6 +340,36 @@ void dp_rec_fini(dp_rec_t *rec)
     for (size_t i = 0; i < rec->n; i++) free(rec->ev[i].members);
     free(rec->ev);
     memset(rec, 0, sizeof *rec);
+}
+
+int dp_record_merge(const char *path, const char *const *parts, int n, const cJSON *extra, char *err)
+{
+    dp_rec_t *rec = dp_calloc((size_t)n, sizeof *rec);
+    dp_record_t *out = NULL;
+    int rc = -1;
+    for (int i = 0; i < n; i++)
+        if (dp_rec_load(&rec[i], parts[i], err) != 0) goto done;
+    cJSON *h = cJSON_Duplicate(rec[0].header, 1);
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "shard");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, extra) {
+        cJSON_DeleteItemFromObjectCaseSensitive(h, it->string);
+        cJSON_AddItemToObject(h, it->string, cJSON_Duplicate(it, 1));
+    }
+    for (int i = 0; i < n; i++)
+        if (dp_record_num(rec[i].header, "start_version", 0) != 0)
+            cJSON_ReplaceItemInObjectCaseSensitive(h, "start_version",
+                                                   cJSON_CreateNumber(dp_record_num(rec[i].header, "start_version", 0)));
+    rc = dp_record_new(&out, path, h, err);
+    cJSON_Delete(h);
+    if (rc != 0) goto done;
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < rec[i].n; j++) dp_record_event(out, &rec[i].ev[j]);
+    rc = dp_record_close(&out, err);
+done:
+    for (int i = 0; i < n; i++) dp_rec_fini(&rec[i]);
+    free(rec);
+    return rc;
 }
 
 /* ---- the optimizer in the header ---- */

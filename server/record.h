@@ -33,6 +33,7 @@
 #include "kernels/optim.h"
 #include "server/members.h"
 #include "server/policy.h"
+#include "server/ps.h"
 
 #define DP_RECORD_VERSION 1
 
@@ -73,6 +74,11 @@ int dp_record_close(dp_record_t **r_p, char *err);
 /* Stop without a record: the temporary file is removed. */
 void dp_record_abandon(dp_record_t **r_p);
 
+/* downpour-ps --record: PATH.tmp with this shard's header (model, input,
+ * seed, optimizer, mode, workers, R, S, shard I/K, the version it starts
+ * at) and a measuring policy. */
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err);
+
 /* ---- reading ---- */
 typedef struct {
     cJSON *header;
@@ -84,6 +90,11 @@ typedef struct {
  * hash. -1 with one line in err naming PATH otherwise. */
 int dp_rec_load(dp_rec_t *rec, const char *path, char *err);
 void dp_rec_fini(dp_rec_t *rec);
+
+/* One record of a whole cluster from its shards' records (parts, in shard
+ * order): the first part's header with extra's fields added (the workers'
+ * side: data, batch, data_seed, threads), then every part's events. */
+int dp_record_merge(const char *path, const char *const *parts, int n, const cJSON *extra, char *err);
 
 /* Header helpers: the optimizer as a JSON object and back. */
 cJSON *dp_record_optim_json(const dp_optim_conf_t *o);
