@@ -10,11 +10,20 @@
  *               model moved while w computed (0 for a fresh gradient)
  *   variance    mean ||g_i - mean g||^2 over the gradients in flight (one
  *               per busy worker), and that over ||mean g||^2
- * and over every update: the effective momentum, the least-squares slope
- * of each update on the one before, sum <u_t, u_t-1> / sum ||u_t-1||^2 —
- * for a momentum method with rate mu and independent gradients it
- * estimates mu; Mitliagkas et al. (2016) predict asynchrony adds about
- * 1 - 1/M to the explicit momentum, so the result shows both. */
+ * Momentum. Mitliagkas et al. (2016): with staleness geometric with
+ * P(0) = p, the expected update is a geometric average of past gradients,
+ * the recursion of momentum with mu = 1 - p; with M exponential workers p =
+ * 1/M. The result sets the explicit momentum (momentum's mu, Adam's beta1)
+ * next to that: momentum_implicit = 1 - p fitted to the staleness measured
+ * (dp_staleness_geometric_p; it departs from 1 - 1/M with a straggler or a
+ * staleness bound), momentum_effective = explicit + implicit, against
+ * momentum_total_theory = explicit + 1 - 1/M. And, with --diag-every, a
+ * trajectory figure: update_autocorrelation, the least-squares slope of
+ * each update on the one before (sum <u_t, u_t-1> / sum ||u_t-1||^2). For
+ * explicit momentum with independent batch noise it recovers mu; the
+ * implicit momentum acts on the expected update only, so for async SGD
+ * it stays near the share of the update that is signal rather than noise
+ * — the two figures together separate what momentum the noise carries. */
 #include "deploy/sim.h"
 
 #include <math.h>
@@ -444,8 +453,11 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON_AddNumberToObject(o, "momentum", dp_metrics_round(explicit_mu, 7));
     cJSON_AddNumberToObject(o, "momentum_implicit_theory", dp_metrics_round(1.0 - 1.0 / M, 7));
     cJSON_AddNumberToObject(o, "momentum_total_theory", dp_metrics_round(explicit_mu + 1.0 - 1.0 / M, 7));
+    double implicit = c->lab.mode == DP_MODE_SYNC ? 0 : 1.0 - dp_staleness_geometric_p(&all);
+    cJSON_AddNumberToObject(o, "momentum_implicit", dp_metrics_round(implicit, 6));
+    cJSON_AddNumberToObject(o, "momentum_effective", dp_metrics_round(explicit_mu + implicit, 6));
     if (c->diag_every > 0) {
-        cJSON_AddNumberToObject(o, "momentum_effective",
+        cJSON_AddNumberToObject(o, "update_autocorrelation",
                                 dp_metrics_round(S->mom_norm > 0 ? S->mom_dot / S->mom_norm : 0, 6));
         double d = S->diags ? (double)S->diags : 1;
         cJSON_AddNumberToObject(o, "diag_samples", (double)S->diags);

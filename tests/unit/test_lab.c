@@ -170,6 +170,27 @@ static void test_record_replay(void)
     dp_rec_fini(&b);
 }
 
+/* One worker (no staleness): the update autocorrelation recovers the
+ * explicit momentum, the check that the trajectory figure measures it. */
+static void test_sim_momentum(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    dp_sim_conf_t c;
+    double slow[16];
+    s_conf(&c, slow, 1, "exp:10", 1500);
+    c.lab.optim.kind = DP_OPT_MOMENTUM;
+    c.lab.optim.momentum = 0.9f;
+    c.diag_every = 100;
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    if (!r) return;
+    CHECK_NEAR(s_num(r, "update_autocorrelation"), 0.9, 0.1);
+    CHECK_NEAR(s_num(r, "momentum_effective"), 0.9, 1e-6);
+    CHECK_EQ(s_num(r, "diag_samples"), 15);
+    cJSON_Delete(r);
+}
+
 /* A record cut short, or with one byte changed, or none at all: one line. */
 static void test_record_damaged(void)
 {
@@ -268,5 +289,5 @@ static void s_setup(void)
     atexit(s_cleanup);
 }
 
-DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_record_replay), T(test_record_damaged),
+DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
          T(test_measured_step))
