@@ -9,7 +9,7 @@
  *   moved       ||weights g was applied to - weights w pulled||: how far the
  *               model moved while w computed (0 for a fresh gradient)
  *   variance    mean ||g_i - mean g||^2 over the gradients in flight (one
- *               per busy worker), and that over ||mean g||^2
+ *               per busy worker, w's included), and that over ||mean g||^2
  * Momentum. Mitliagkas et al. (2016): with staleness geometric with
  * P(0) = p, the expected update is a geometric average of past gradients,
  * the recursion of momentum with mu = 1 - p; with M exponential workers p =
@@ -386,7 +386,6 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, &o);
     if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
     S->pushes++;
-    k->busy = 0;
     if (w == 0) S->chief_steps++;
     if (!isfinite(k->loss))
         return dp_err(err, "loss is %f at update %llu: training diverged (lower --lr)", k->loss,
@@ -398,6 +397,7 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
         s_momentum_sample(S);
         if (v % (uint64_t)c->diag_every == 0) s_diag(S, w, v, o.staleness);
     }
+    k->busy = 0; /* after the diagnostics: its gradient counts in the variance */
     k->step++;
     if (o.stepped && c->eval_every > 0 && v % (uint64_t)c->eval_every == 0 && v < c->updates)
         s_eval_line(S, v);
