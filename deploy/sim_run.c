@@ -223,10 +223,9 @@ static void s_evaluate(s_sim_t *S, int limit, double *acc, double *loss)
     dp_session_evaluate(&S->L.s, limit, acc, loss);
 }
 
-static void s_eval_line(s_sim_t *S, uint64_t version)
+/* The line of an evaluation at version (acc, loss on the test set). */
+static void s_eval_emit(s_sim_t *S, uint64_t version, double acc, double loss)
 {
-    double acc, loss;
-    s_evaluate(S, S->c->eval_limit, &acc, &loss);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "event", "eval");
     cJSON_AddNumberToObject(o, "updates", (double)version);
@@ -241,10 +240,17 @@ static void s_eval_line(s_sim_t *S, uint64_t version)
     cJSON_AddNumberToObject(e, "sim_s", dp_metrics_round(S->now, 6));
     cJSON_AddNumberToObject(e, "test_accuracy", dp_metrics_round(acc, 5));
     cJSON_AddItemToArray(S->evals, e);
-    if (!S->c->json)
+    if (!S->c->json && version < S->c->updates)
         fprintf(stderr, "sim: update %llu  %.3f simulated s  test accuracy %.4f\n",
                 (unsigned long long)version, S->now, acc);
     s_emit(S, o);
+}
+
+static void s_eval_line(s_sim_t *S, uint64_t version)
+{
+    double acc, loss;
+    s_evaluate(S, S->c->eval_limit, &acc, &loss);
+    s_eval_emit(S, version, acc, loss);
 }
 
 static double s_dot(const float *a, const float *b, size_t n)
@@ -418,8 +424,24 @@ static int s_loop(s_sim_t *S, char *err)
     return 0;
 }
 
+/* Each worker's histogram, as the worker daemons end their metrics. */
+static void s_metrics_per_worker(s_sim_t *S)
+{
+    for (int w = 0; w < S->c->lab.workers; w++) {
+        cJSON *line = dp_metrics_line(S->L.s.metrics);
+        if (!line) return;
+        cJSON_AddStringToObject(line, "event", "staleness");
+        cJSON_AddNumberToObject(line, "worker", w);
+        cJSON_AddItemToObject(line, "staleness_histogram", dp_staleness_json(&S->L.per_worker[w]));
+        cJSON_AddNumberToObject(line, "staleness_geometric_p",
+                                dp_metrics_round(dp_staleness_geometric_p(&S->L.per_worker[w]), 6));
+        dp_metrics_write(S->L.s.metrics, &line);
+    }
+}
+
 static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
 {
+    s_metrics_per_worker(S);
     const dp_sim_conf_t *c = S->c;
     dp_shard_counts_t cnt;
     dp_staleness_t all;
@@ -484,7 +506,10 @@ int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
     if (rc == 0) rc = s_loop(S, err);
     double acc = 0, loss = 0;
     if (rc == 0) rc = dp_lab_finish(&S->L, S->chief_steps, dp_now() - t0, &acc, &loss, err);
-    if (rc == 0) *result = s_result(S, acc, loss, dp_now() - t0);
+    if (rc == 0) {
+        s_eval_emit(S, S->L.shard[0].version, acc, loss); /* the last point of the curve: all of the test set */
+        *result = s_result(S, acc, loss, dp_now() - t0);
+    }
     s_teardown(S);
     free(S);
     return rc;
