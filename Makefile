@@ -240,6 +240,86 @@ bench: deps-test
 	@$(MAKE) --no-print-directory tests
 	./tests/bench/run.sh
 
+# ---- make install, make deb ---------------------------------------------
+# install: the three binaries, a man page for each made from its --help
+# (Debian's help2man), the systemd units with ExecStart pointed at $(BINDIR),
+# and the documentation. PREFIX and DESTDIR as usual:
+#   make install PREFIX=/opt/downpour DESTDIR=/tmp/stage
+# deb: the same under /usr, stripped, packed by dpkg-deb; Depends is what
+# dpkg-shlibdeps finds the binaries link (a CUDA build's CUDA libraries come
+# from NVIDIA, not Debian: they are left out of Depends, and the machine or
+# image must have them, as deploy/k8s/Dockerfile's gpu target does).
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+MANDIR  ?= $(PREFIX)/share/man
+DOCDIR  ?= $(PREFIX)/share/doc/downpour
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+# 0.1+git<commit time>.<hash>: later commits sort later (dpkg --compare-versions).
+ifeq ($(origin DP_VERSION),undefined)
+  DP_VERSION := 0.1$(shell git log -1 --format=+git%cd.%h --date=format-local:%Y%m%d.%H%M%S 2>/dev/null)
+endif
+DEB_MAINTAINER ?= Downpour maintainers <downpour@localhost>
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+DEB_DIR  := $(BUILD)/deb
+DEB_FILE := $(BUILD)/downpour_$(DP_VERSION)_$(DEB_ARCH).deb
+DEB_CUDA_NOTE := $() This build has the CUDA backend: it needs NVIDIA's CUDA runtime, cuBLAS and cuDNN.
+MAN_PAGES := $(patsubst $(BUILD)/%,$(BUILD)/man/%.1.gz,$(BINS))
+# What install and deb need, and their tests: test_deb (dpkg-dev, help2man),
+# test_systemd (systemd's systemd-analyze; nothing is started), test_k8s
+# (python3-yaml; iproute2 for the pods' network namespace); pgrep (procps).
+DEB_TEST += python3-yaml help2man dpkg-dev systemd iproute2 procps
+
+man_name_downpour-ps     := Downpour parameter-server shard
+man_name_downpour-worker := Downpour worker: trains against the parameter servers, or alone
+man_name_downpour        := Downpour launcher: local cluster, eval, keygen, bench
+$(BUILD)/man/%.1.gz: $(BUILD)/%
+	@command -v help2man >/dev/null || { echo "install: help2man not found: apt-get install help2man"; exit 1; }
+	@mkdir -p $(dir $@)
+	help2man -N --no-discard-stderr --version-string=$(DP_VERSION) -n "$(man_name_$*)" -o $@.tmp $< \
+	    && gzip -9n <$@.tmp >$@.gz.tmp && mv $@.gz.tmp $@ && rm -f $@.tmp
+
+.PHONY: install deb
+install: all $(MAN_PAGES)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)/examples
+	install -m 755 $(BINS) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/
+	for u in downpour-ps@.service downpour-worker@.service; do \
+	    sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/downpour/|$(DOCDIR)/|g' \
+	        deploy/systemd/$$u >$(DESTDIR)$(UNITDIR)/$$u && chmod 644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; done
+	install -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.deploy.md
+	install -m 644 deploy/systemd/cluster.env.example deploy/systemd/curve-ps.conf.example \
+	    deploy/systemd/curve-worker.conf.example $(DESTDIR)$(DOCDIR)/examples/
+
+deb: all
+	@command -v dpkg-shlibdeps >/dev/null || { echo "deb: dpkg-shlibdeps not found: apt-get install dpkg-dev"; exit 1; }
+	rm -rf $(DEB_DIR) $(BUILD)/downpour_*.deb && mkdir -p $(DEB_DIR)/root/DEBIAN $(DEB_DIR)/debian
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system
+	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/*
+	printf 'downpour (%s) unstable; urgency=low\n\n  * Built from %s.\n\n -- %s  %s\n' \
+	    '$(DP_VERSION)' "$$(git describe --always --dirty 2>/dev/null || echo a source tree)" \
+	    '$(DEB_MAINTAINER)' "$$(date -R)" | gzip -9n >$(DEB_DIR)/root/usr/share/doc/downpour/changelog.gz
+	printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: downpour\n\nFiles: *\nCopyright: the Downpour authors\nLicense: unstated\n This package records no license terms; ask the authors before redistributing it.\n' \
+	    >$(DEB_DIR)/root/usr/share/doc/downpour/copyright
+	printf 'Source: downpour\n\nPackage: downpour\nArchitecture: any\n' >$(DEB_DIR)/debian/control
+	cd $(DEB_DIR) && dpkg-shlibdeps $(if $(HAVE_CUDA),--ignore-missing-info) -O root/usr/bin/* \
+	    | sed -n 's/^shlibs:Depends=//p' | tr ',' '\n' | sed 's/^ *//' \
+	    | grep -Ev '^(libcudnn|libcublas|libcudart|cuda-|libnvidia|nvidia)' | paste -sd, | sed 's/,/, /g' >depends
+	@test -s $(DEB_DIR)/depends || { echo "deb: dpkg-shlibdeps found no dependencies"; exit 1; }
+	{ echo 'Package: downpour'; echo 'Version: $(DP_VERSION)'; echo 'Architecture: $(DEB_ARCH)'; \
+	  echo 'Maintainer: $(DEB_MAINTAINER)'; echo "Installed-Size: $$(du -sk --exclude=DEBIAN $(DEB_DIR)/root | cut -f1)"; \
+	  echo "Depends: $$(cat $(DEB_DIR)/depends)"; echo 'Recommends: dataset-fashion-mnist'; \
+	  echo 'Section: science'; echo 'Priority: optional'; \
+	  echo 'Description: parameter-server trainer for distributed and asynchronous SGD'; \
+	  echo ' downpour-ps holds the weights and optimizer state (sharded over processes),'; \
+	  echo ' downpour-worker computes gradients on its batches and pushes them over'; \
+	  echo ' ZeroMQ; updates are synchronous, asynchronous or of bounded staleness.'; \
+	  echo ' The downpour launcher runs a whole cluster on one machine. Systemd template'; \
+	  echo ' units run one task per instance on machines you keep.'; \
+	  $(if $(HAVE_CUDA),echo '$(DEB_CUDA_NOTE)';) \
+	} >$(DEB_DIR)/root/DEBIAN/control
+	dpkg-deb --root-owner-group -Zxz --build $(DEB_DIR)/root $(DEB_FILE)
+
 clean:
 	rm -rf $(BUILD)
 

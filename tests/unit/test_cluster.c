@@ -309,7 +309,113 @@ static void test_max_hosts(void)
     CHECK_FAILS(tf, "cluster.worker: more than 255 hosts");
 }
 
+/* What each pod of a deployment is told, as the daemons see it: resolve,
+ * then the line they log at start, what a ps binds and what a worker dials. */
+static void s_check_pod(const char *tf, const char *describe, const char *bind, const char *ps_eps)
+{
+    char out[1024];
+    CHECK_EQ(dp_cluster_resolve(&s_c, tf, s_err), 0);
+    if (s_err[0]) fprintf(stderr, "  resolve: %s\n", s_err);
+    CHECK_EQ(dp_cluster_describe(&s_c, out, sizeof out), 0);
+    CHECK_STR(out, describe);
+    if (bind) {
+        CHECK_EQ(dp_cluster_bind_endpoint(&s_c, out, sizeof out, s_err), 0);
+        CHECK_STR(out, bind);
+    }
+    CHECK_EQ(dp_cluster_ps_endpoints(&s_c, out, sizeof out, s_err), 0);
+    CHECK_STR(out, ps_eps);
+}
+
+/* TF_CONFIG byte for byte as Kubeflow's training operator writes it
+ * (pkg/controller.v1/tensorflow/tensorflow.go, genTFConfigJSONStr: Go's
+ * json.Marshal of {cluster, task, environment "cloud"}, job lists sorted by
+ * name, one "<job>-<type>-<i>.<namespace>.svc:<port>" per replica) for
+ * deploy/k8s/tfjob.yaml: TFJob downpour-fmnist in namespace default, PS x1,
+ * Worker x2. */
+static void test_tfjob_operator_ps_worker(void)
+{
+    static const char *const tf[3] = {
+        "{\"cluster\":{\"ps\":[\"downpour-fmnist-ps-0.default.svc:2222\"],\"worker\":["
+        "\"downpour-fmnist-worker-0.default.svc:2222\",\"downpour-fmnist-worker-1.default.svc:2222\"]},"
+        "\"task\":{\"type\":\"ps\",\"index\":0},\"environment\":\"cloud\"}",
+        "{\"cluster\":{\"ps\":[\"downpour-fmnist-ps-0.default.svc:2222\"],\"worker\":["
+        "\"downpour-fmnist-worker-0.default.svc:2222\",\"downpour-fmnist-worker-1.default.svc:2222\"]},"
+        "\"task\":{\"type\":\"worker\",\"index\":0},\"environment\":\"cloud\"}",
+        "{\"cluster\":{\"ps\":[\"downpour-fmnist-ps-0.default.svc:2222\"],\"worker\":["
+        "\"downpour-fmnist-worker-0.default.svc:2222\",\"downpour-fmnist-worker-1.default.svc:2222\"]},"
+        "\"task\":{\"type\":\"worker\",\"index\":1},\"environment\":\"cloud\"}",
+    };
+    const char *ps = "tcp://downpour-fmnist-ps-0.default.svc:2222";
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf[0], "ps task 0 (downpour-fmnist-ps-0.default.svc:2222); 1 ps, 2 workers",
+                "tcp://*:2222", ps);
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf[1], "worker task 0 (downpour-fmnist-worker-0.default.svc:2222); 1 ps, 2 workers",
+                NULL, ps);
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf[2], "worker task 1 (downpour-fmnist-worker-1.default.svc:2222); 1 ps, 2 workers",
+                NULL, ps);
+}
+
+/* The same with a Chief replica spec, two PS and two Workers, and the
+ * operator's CUSTOM_CLUSTER_DOMAIN=cluster.local: the chief is worker 0,
+ * Worker i is worker i+1. */
+static void test_tfjob_operator_chief(void)
+{
+    const char *fmt = "{\"cluster\":{\"chief\":[\"dp-chief-0.ml.svc.cluster.local:2222\"],"
+                      "\"ps\":[\"dp-ps-0.ml.svc.cluster.local:2222\",\"dp-ps-1.ml.svc.cluster.local:2222\"],"
+                      "\"worker\":[\"dp-worker-0.ml.svc.cluster.local:2222\","
+                      "\"dp-worker-1.ml.svc.cluster.local:2222\"]},"
+                      "\"task\":{\"type\":\"%s\",\"index\":%d},\"environment\":\"cloud\"}";
+    const char *ps = "tcp://dp-ps-0.ml.svc.cluster.local:2222,tcp://dp-ps-1.ml.svc.cluster.local:2222";
+    char tf[1024];
+    snprintf(tf, sizeof tf, fmt, "chief", 0);
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf, "worker task 0 (dp-chief-0.ml.svc.cluster.local:2222); 2 ps, 3 workers", NULL, ps);
+    snprintf(tf, sizeof tf, fmt, "worker", 0);
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf, "worker task 1 (dp-worker-0.ml.svc.cluster.local:2222); 2 ps, 3 workers", NULL, ps);
+    snprintf(tf, sizeof tf, fmt, "worker", 1);
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf, "worker task 2 (dp-worker-1.ml.svc.cluster.local:2222); 2 ps, 3 workers", NULL, ps);
+    snprintf(tf, sizeof tf, fmt, "ps", 1);
+    s_flags(NULL, -1, NULL, NULL);
+    s_check_pod(tf, "ps task 1 (dp-ps-1.ml.svc.cluster.local:2222); 2 ps, 3 workers", "tcp://*:2222", ps);
+}
+
+/* deploy/k8s/downpour-pod's flags for the StatefulSets of
+ * deploy/k8s/statefulset.yaml (1 ps, 2 workers), pod downpour-worker-1 and
+ * downpour-ps-0 (test_k8s runs the script and the daemons themselves). */
+static void test_statefulset_flags(void)
+{
+    const char *ps = "downpour-ps-0.downpour-ps:2222";
+    const char *wk = "downpour-worker-0.downpour-worker:2222,downpour-worker-1.downpour-worker:2222";
+    s_flags("worker", 1, ps, wk);
+    s_check_pod(NULL, "worker task 1 (downpour-worker-1.downpour-worker:2222); 1 ps, 2 workers", NULL,
+                "tcp://downpour-ps-0.downpour-ps:2222");
+    s_flags("ps", 0, ps, wk);
+    s_check_pod(NULL, "ps task 0 (downpour-ps-0.downpour-ps:2222); 1 ps, 2 workers", "tcp://*:2222",
+                "tcp://downpour-ps-0.downpour-ps:2222");
+}
+
+/* The operator's other forms: an Evaluator replica is left out of the
+ * cluster but its pod is told type "evaluator" (no such task here: refused
+ * by name); enableDynamicWorker writes "sparseCluster" instead of
+ * "cluster", so the task has no cluster at all (refused, not guessed). */
+static void test_tfjob_operator_refused(void)
+{
+    s_flags(NULL, -1, NULL, NULL);
+    CHECK_FAILS("{\"cluster\":{\"ps\":[\"j-ps-0.default.svc:2222\"],\"worker\":[\"j-worker-0.default.svc:2222\"]},"
+                "\"task\":{\"type\":\"evaluator\",\"index\":0},\"environment\":\"cloud\"}",
+                "TF_CONFIG: task.type \"evaluator\" is not supported");
+    s_flags(NULL, -1, NULL, NULL);
+    CHECK_FAILS("{\"sparseCluster\":{\"worker\":{\"1\":\"j-worker-1.default.svc:2222\"},"
+                "\"ps\":[\"j-ps-0.default.svc:2222\"]},\"task\":{\"type\":\"worker\",\"index\":1}}",
+                "worker task needs its job's hosts");
+}
+
 DP_TESTS(T(test_flags_only), T(test_no_job), T(test_tf_config_only),
          T(test_flags_override_tf_config), T(test_chief_folding), T(test_bad_json),
          T(test_bad_host_port), T(test_index_out_of_range), T(test_missing_hosts),
-         T(test_max_hosts))
+         T(test_max_hosts), T(test_tfjob_operator_ps_worker), T(test_tfjob_operator_chief),
+         T(test_statefulset_flags), T(test_tfjob_operator_refused))

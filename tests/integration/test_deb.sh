@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# test_deb: `make install` and `make deb` from the tests' build.
+#  - make install with PREFIX and DESTDIR: everything lands under
+#    DESTDIR/PREFIX, and the units name PREFIX's binaries (not DESTDIR's);
+#  - make deb: the control fields; Depends is exactly the packages that own
+#    the libraries the binaries link directly (readelf NEEDED, dpkg -S), CUDA
+#    ones left out; apt-get resolves it (--simulate: nothing is installed);
+#  - the package unpacked into a scratch root (dpkg -x): every library is
+#    found, the man pages read, the units name /usr/bin, and `downpour local`
+#    from it runs a short job with the installed downpour-ps and
+#    downpour-worker (the launcher's children are the unpacked binaries);
+#  - lintian, when installed, finds no error.
+# dp-test: unsanitized
+source "$(dirname "$0")/lib.sh"
+
+for t in dpkg-deb dpkg-shlibdeps help2man; do
+    if ! command -v $t >/dev/null; then
+        skip deb "$t is not installed (make deps-test: dpkg-dev, help2man)"
+        finish; exit
+    fi
+done
+scale=${DP_TEST_TIMEOUT_SCALE:-1}
+# The same build as the tests': CPU-only unless the binaries link CUDA.
+cuda=CUDA=0
+ldd "$BIN/downpour-worker" | grep -q libcudart && cuda=
+mk() { make --no-print-directory BUILD="$BUILD" $cuda "$@"; }
+
+# ---- make install, PREFIX and DESTDIR ---------------------------------------------
+D=$TMP/stage
+mk install PREFIX=/opt/dp DESTDIR="$D" >"$TMP/install.log" 2>&1
+check "make install PREFIX=/opt/dp DESTDIR=..." test $? = 0
+check "... the three binaries in DESTDIR/PREFIX/bin" \
+    test -x "$D/opt/dp/bin/downpour" -a -x "$D/opt/dp/bin/downpour-ps" -a -x "$D/opt/dp/bin/downpour-worker"
+check "... a man page each" test -s "$D/opt/dp/share/man/man1/downpour-ps.1.gz" \
+    -a -s "$D/opt/dp/share/man/man1/downpour-worker.1.gz" -a -s "$D/opt/dp/share/man/man1/downpour.1.gz"
+check "... the units, naming PREFIX's binaries" \
+    grep -q '^ExecStart=/opt/dp/bin/downpour-worker ' "$D/opt/dp/lib/systemd/system/downpour-worker@.service"
+check "... nothing outside DESTDIR/PREFIX" test "$(ls "$D")" = opt -a "$(ls "$D/opt")" = dp
+
+# ---- make deb --------------------------------------------------------------------
+mk deb >"$TMP/deb.log" 2>&1
+check "make deb" test $? = 0 || tail -5 "$TMP/deb.log"
+arch=$(dpkg --print-architecture)
+deb=$(ls "$BUILD"/downpour_*_"$arch".deb 2>/dev/null)
+check "one package, named downpour_VERSION_$arch.deb" test "$(echo "$deb" | grep -c .)" = 1
+field() { dpkg-deb -f "$deb" "$1"; }
+check "control: Package, Architecture, Version, Maintainer, Installed-Size" \
+    test "$(field Package)" = downpour -a "$(field Architecture)" = "$arch" \
+    -a -n "$(field Maintainer)" -a "$(field Installed-Size)" -gt 0
+check "control: Version starts with a digit" grep -q '^[0-9]' <<<"$(field Version)"
+dpkg-deb -I "$deb" | sed -n '/Package:/,$p'
+
+# owner PATH: the installed package that owns a library file (bookworm
+# registers some under /lib, some under /usr/lib; openblas is an alternative).
+owner() {
+    local p q o
+    for p in "$1" "$(realpath "$1")"; do
+        for q in "$p" "${p#/usr}" "/usr$p"; do
+            o=$(dpkg -S "$q" 2>/dev/null | head -1 | cut -d: -f1)
+            [ -n "$o" ] && { echo "$o"; return; }
+        done
+    done
+}
+# What the binaries link directly, and who owns it.
+needed=()
+for b in downpour downpour-ps downpour-worker; do
+    for so in $(readelf -d "$BIN/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+        path=$(ldd "$BIN/$b" | awk -v so="$so" '$1 == so { print $3 }')
+        pkg=$(owner "$path")
+        case $so in libcud* | libcublas*) continue ;; esac  # NVIDIA's, not Debian's
+        needed+=("${pkg:-?$so}")
+    done
+done
+mapfile -t needed < <(printf '%s\n' "${needed[@]}" | sort -u)
+mapfile -t depends < <(field Depends | tr ',' '\n' | sed 's/ *(.*//; s/^ *//' | sort -u)
+echo "linked: ${needed[*]}"
+echo "Depends: ${depends[*]}"
+# Each linked library's package is in Depends, under its name or the name
+# of the shared library package it provides (libopenblas0-pthread: libopenblas0).
+covered() {
+    local n d miss=0
+    for n in "${needed[@]}"; do
+        for d in "${depends[@]}"; do [[ $n == "$d"* ]] && continue 2; done
+        echo "not in Depends: $n"; miss=1
+    done
+    for d in "${depends[@]}"; do
+        for n in "${needed[@]}"; do [[ $n == "$d"* ]] && continue 2; done
+        echo "in Depends but not linked: $d"; miss=1
+    done
+    return $miss
+}
+check "Depends: exactly the packages of the linked libraries" covered
+check "Depends: no CUDA library" test -z "$(field Depends | grep -iE 'cuda|cudnn|cublas')"
+if apt-get --simulate install "$(realpath "$deb")" >"$TMP/apt.log" 2>&1; then
+    check "apt-get --simulate install ./downpour_*.deb resolves" grep -q '^Inst downpour ' "$TMP/apt.log"
+else
+    fail "apt-get --simulate install ./downpour_*.deb" "$(grep '^E:' "$TMP/apt.log" | head -2)"
+fi
+
+# ---- the package, unpacked into a scratch root -----------------------------------
+R=$TMP/root
+dpkg -x "$deb" "$R"
+check "installed: the binaries in /usr/bin" test -x "$R/usr/bin/downpour" -a -x "$R/usr/bin/downpour-ps" -a -x "$R/usr/bin/downpour-worker"
+check "installed: every library found" test -z "$(ldd "$R"/usr/bin/* | grep 'not found')"
+check "installed: the units name /usr/bin" grep -q '^ExecStart=/usr/bin/downpour-ps ' "$R/lib/systemd/system/downpour-ps@.service"
+check "installed: downpour-ps(1) from its --help" \
+    sh -c "zcat '$R/usr/share/man/man1/downpour-ps.1.gz' | grep -q '^\.SH NAME' && zcat '$R/usr/share/man/man1/downpour-ps.1.gz' | grep -q 'ps\\\\-hosts'"
+check "installed: copyright and changelog" test -s "$R/usr/share/doc/downpour/copyright" -a -s "$R/usr/share/doc/downpour/changelog.gz"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+    (cd "$TMP" && exec "$R/usr/bin/downpour" local --workers 2 --steps 4 --batch 32 --threads 1 \
+        --no-progress --out "$TMP/run" >"$TMP/run.log" 2>&1) &
+    launcher=$!
+    # The launcher's children: the unpacked binaries, found beside it.
+    exes="" t=0
+    while kill -0 $launcher 2>/dev/null && [ $t -lt $((600 * scale)) ]; do
+        for c in $(pgrep -P $launcher); do exes+=" $(readlink "/proc/$c/exe" 2>/dev/null)"; done
+        sleep 0.2
+        t=$((t + 1))
+    done
+    kill -TERM $launcher 2>/dev/null  # still running after 120 s (scaled): a failure
+    wait $launcher
+    check "installed: downpour local runs a short job" test $? = 0
+    check "installed: ... with the unpacked downpour-ps and downpour-worker" \
+        test -n "$(grep -o "$R/usr/bin/downpour-ps" <<<"$exes" | head -1)" -a -n "$(grep -o "$R/usr/bin/downpour-worker" <<<"$exes" | head -1)"
+    check "installed: ... whose summary counts 2 x 4 updates" test "$(json "$TMP/run/summary.json" updates_applied 2>/dev/null)" = 8
+else
+    skip "installed job" "Debian's dataset-fashion-mnist is not installed (make deps)"
+fi
+
+if command -v lintian >/dev/null; then
+    # The default Maintainer is a placeholder (DEB_MAINTAINER sets a real one).
+    lintian --allow-root "$deb" 2>&1 | grep '^E:' | grep -v bogus-mail-host >"$TMP/lintian.log"
+    check "lintian: no error" test ! -s "$TMP/lintian.log"
+    cat "$TMP/lintian.log"
+else
+    skip lintian "not installed"
+fi
+
+finish

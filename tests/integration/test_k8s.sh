@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# test_k8s: deploy/k8s without a cluster.
+#  - every manifest parses and has what Kubernetes and the training operator
+#    need (tests/integration/k8s_pods.py check), and a broken copy is caught;
+#  - the pods run as written: each pod's container command, env and volume
+#    mounts from the manifest (k8s_pods.py run), the real binaries and
+#    downpour-pod, in one network namespace of their own whose /etc/hosts
+#    (a private mount) gives the pods' DNS names: the TFJob's PS and Worker
+#    pods with TF_CONFIG byte for byte as the operator writes it, on CURVE
+#    keys from the "Secret"; the same with a Chief replica spec in clear; the
+#    StatefulSets with the cluster built from each pod's ordinal, on CURVE.
+#    Each run: every daemon logs the task it took itself for (role, index,
+#    endpoint), the chief's summary counts every worker's pushes, all exit 0;
+#  - downpour-pod: SIGTERM reaches the daemon (exit 143, checkpoint), and a
+#    missing Secret, key or ordinal is one line and exit status 2.
+# The image (deploy/k8s/Dockerfile) is not built here: no Docker.
+# dp-test: unsanitized
+source "$(dirname "$0")/lib.sh"
+
+PY=$TORCH_PY
+K8S=$PWD/deploy/k8s
+PODS=$PWD/tests/integration/k8s_pods.py
+if ! "$PY" -c 'import yaml' 2>/dev/null; then
+    skip k8s "Debian's python3-yaml is not installed (make deps-test)"
+    finish; exit
+fi
+
+# ---- the manifests (before the re-run in a namespace, below) -------------------
+if [ -z "${DP_K8S_INSIDE:-}" ]; then
+    "$PY" "$PODS" check "$K8S" >"$TMP/check.log" 2>&1
+    check "every manifest parses and has the fields it needs" test $? = 0
+    cat "$TMP/check.log"
+    mkdir -p "$TMP/bad"
+    cp "$K8S"/*.yaml "$TMP/bad/"
+    # The worker StatefulSet grows, its DP_WORKER_REPLICAS does not; the TFJob's
+    # worker container loses its name.
+    sed -i '0,/replicas: 2 /s//replicas: 3 /' "$TMP/bad/statefulset.yaml"
+    sed -i 's/- name: tensorflow/- name: tf/' "$TMP/bad/tfjob.yaml"
+    "$PY" "$PODS" check "$TMP/bad" >"$TMP/bad.log" 2>&1
+    check "a broken copy is caught" grep -q "DP_WORKER_REPLICAS is not downpour-worker's replicas (3)" "$TMP/bad.log"
+    check "... naming the field" grep -q "container must be named tensorflow" "$TMP/bad.log"
+
+    # ---- downpour-pod's refusals (no daemon starts) --------------------------------------
+    pod_fails() { # want, env..., then after --: downpour-pod args
+        local want=$1; shift
+        local envs=()
+        while [ "$1" != -- ]; do envs+=("$1"); shift; done
+        shift
+        env "${envs[@]}" "$K8S/downpour-pod" "$@" >"$TMP/refuse.log" 2>&1
+        local rc=$?
+        [ $rc = 2 ] && grep -q "$want" "$TMP/refuse.log" && [ "$(wc -l <"$TMP/refuse.log")" = 1 ] ||
+            { echo "rc $rc"; cat "$TMP/refuse.log"; return 1; }
+    }
+    mkdir -p "$TMP/empty" "$TMP/partial"
+    "$BIN/downpour" keygen "$TMP/partial/ps-0" >/dev/null
+    check "downpour-pod: no Secret is one line" pod_fails "CURVE: $TMP/empty is empty" \
+        POD_NAME=downpour-worker-0 DP_CURVE_DIR="$TMP/empty" -- worker
+    check "downpour-pod: no key for the pod is one line" pod_fails "no key pair worker-1 in" \
+        POD_NAME=downpour-worker-1 DP_CURVE_DIR="$TMP/partial" -- worker
+    check "downpour-pod: no ordinal is one line" pod_fails 'pod name "web" does not end in -<ordinal>' \
+        POD_NAME=web DP_PS_REPLICAS=1 DP_WORKER_REPLICAS=1 -- ps
+    check "downpour-pod: a bad role is one line" pod_fails "usage: downpour-pod ps|worker" POD_NAME=x-0 -- chief
+fi
+
+# ---- the pods, in a network namespace and /etc/hosts of their own ---------------------
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip pods "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+# Re-run the rest of this script inside `unshare --mount --net`: loopback
+# only, so the pods' port 2222 is theirs, and /etc/hosts bind-mounted
+# privately. Both vanish with the process.
+if [ -z "${DP_K8S_INSIDE:-}" ]; then
+    if ! unshare --mount --net true 2>/dev/null; then
+        skip pods "unshare --mount --net is not permitted here (needs root)"
+        finish; exit
+    fi
+    trap - EXIT
+    rm -rf "$TMP"
+    res=$(printf '%s\n' "$T_PASSED" "$T_FAILED" "$T_SKIPPED")
+    exec env DP_K8S_INSIDE="$res" unshare --mount --net bash "$0"
+fi
+{ read -r T_PASSED; read -r T_FAILED; read -r T_SKIPPED; } <<<"$DP_K8S_INSIDE"
+ip link set lo up
+# Whatever happens, no daemon outlives the test in this namespace (the pods'
+# shells pass SIGTERM on, but a timeout sends SIGKILL).
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; kill -KILL "$c" 2>/dev/null; done; }
+trap 't_cleanup; kill_tree $$' EXIT
+printf '127.0.0.1 localhost\n' >"$TMP/hosts"
+mount --bind "$TMP/hosts" /etc/hosts
+
+scale=${DP_TEST_TIMEOUT_SCALE:-1}
+# The image's /usr/local/bin: the daemons and downpour-pod side by side.
+mkdir -p "$TMP/bin"
+ln -s "$BIN/downpour-ps" "$BIN/downpour-worker" "$BIN/downpour" "$K8S/downpour-pod" "$TMP/bin/"
+SHORT="--steps 4 --batch 32 --threads 1"
+
+# keys NAME...: a key pair each in the "Secret" (0440, as the manifests mount it).
+keys() {
+    local d=$1/secret/downpour-curve k; shift
+    mkdir -p "$d"
+    for k in "$@"; do "$BIN/downpour" keygen "$d/$k" >/dev/null; done
+    chmod 0440 "$d"/*
+}
+# pod ROOT FILE WORKLOAD NAME ARGS...: one pod in the background (its log: ROOT/NAME.log).
+pod() {
+    local root=$1 file=$2 workload=$3 name=$4; shift 4
+    local host
+    # Its DNS names: the operator's <job>-<type>-<i>.default.svc, the
+    # StatefulSet's <set>-<i>.<set>.
+    host="$name.default.svc $name.${name%-*}"
+    grep -q " $name\." "$TMP/hosts" || echo "127.0.0.1 $host" >>"$TMP/hosts"
+    local short=$SHORT
+    case $workload in PS | downpour-ps) short="" ;; esac
+    bg "$PY" "$PODS" run "$K8S/$file" "$workload" "$name" --root "$root" \
+        --map /usr/local/bin="$TMP/bin" --env DEVICE=cpu --append "$short" "$@" >"$root/$name.log" 2>&1
+}
+# settle ROOT NAME...: every pod exited 0 (bounded).
+settle() {
+    local root=$1 name ok=0; shift
+    for name in "$@"; do
+        wait_for "${PIDS[$name]}" $((120 * scale))
+        local rc=$?
+        [ $rc = 0 ] || { echo "$name: exit $rc"; tail -5 "$root/$name.log"; ok=1; }
+    done
+    return $ok
+}
+declare -A PIDS
+cluster_line() { grep -q "cluster: $2" "$1" || { echo "want \"cluster: $2\" in $1:"; grep 'cluster:' "$1"; return 1; }; }
+
+# ---- TFJob: PS x1, Worker x2, CURVE keys from the Secret --------------------------------
+R=$TMP/tfjob && mkdir -p "$R"
+keys "$R" ps-0 worker-0 worker-1
+J=downpour-fmnist
+pod "$R" tfjob.yaml PS $J-ps-0 --tf-config; PIDS[$J-ps-0]=$!
+pod "$R" tfjob.yaml Worker $J-worker-1 --tf-config; PIDS[$J-worker-1]=$!
+pod "$R" tfjob.yaml Worker $J-worker-0 --tf-config; PIDS[$J-worker-0]=$!
+check "TFJob: the chief, the worker and the ps end with exit 0" settle "$R" $J-worker-0 $J-worker-1 $J-ps-0
+check "TFJob: TF_CONFIG is the operator's" grep -qF \
+    'TF_CONFIG={"cluster":{"ps":["downpour-fmnist-ps-0.default.svc:2222"],"worker":["downpour-fmnist-worker-0.default.svc:2222","downpour-fmnist-worker-1.default.svc:2222"]},"task":{"type":"worker","index":1},"environment":"cloud"}' \
+    "$R/$J-worker-1.log"
+check "TFJob: the ps pod is ps task 0" cluster_line "$R/$J-ps-0.log" "ps task 0 ($J-ps-0.default.svc:2222); 1 ps, 2 workers"
+check "TFJob: worker pod 1 is worker task 1" cluster_line "$R/$J-worker-1.log" "worker task 1 ($J-worker-1.default.svc:2222); 1 ps, 2 workers"
+check "TFJob: worker pod 0 is worker task 0" cluster_line "$R/$J-worker-0.log" "worker task 0 ($J-worker-0.default.svc:2222)"
+check "TFJob: the ps is on CURVE with the Secret's key" grep -q "CURVE: public key" "$R/$J-ps-0.log"
+S=$R/pvc/downpour-runs/$J
+check "TFJob: the chief's summary counts 2 x 4 pushes" test "$(json "$S/summary.json" updates_applied 2>/dev/null)" = 8
+check "TFJob: the model and every pod's metrics are on the volume" \
+    test -s "$S/model.safetensors" -a -s "$S/metrics/$J-ps-0.jsonl" -a -s "$S/metrics/$J-worker-1.jsonl"
+
+# ---- TFJob with a Chief replica spec (PS x1, Chief x1, Worker x1), in clear -------------------
+R=$TMP/chief && mkdir -p "$R"
+for p in $J-ps-0:PS $J-chief-0:Chief $J-worker-0:Worker; do
+    pod "$R" tfjob.yaml "${p#*:}" "${p%:*}" --tf-config --chief --replicas Worker=1 --unset DP_CURVE_DIR
+    PIDS[${p%:*}]=$!
+done
+check "Chief: every pod ends with exit 0" settle "$R" $J-chief-0 $J-worker-0 $J-ps-0
+check "Chief: TF_CONFIG is the operator's" grep -qF \
+    'TF_CONFIG={"cluster":{"chief":["downpour-fmnist-chief-0.default.svc:2222"],"ps":["downpour-fmnist-ps-0.default.svc:2222"],"worker":["downpour-fmnist-worker-0.default.svc:2222"]},"task":{"type":"chief","index":0},"environment":"cloud"}' \
+    "$R/$J-chief-0.log"
+check "Chief: the chief pod is worker task 0" cluster_line "$R/$J-chief-0.log" "worker task 0 ($J-chief-0.default.svc:2222); 1 ps, 2 workers"
+check "Chief: Worker pod 0 is worker task 1" cluster_line "$R/$J-worker-0.log" "worker task 1 ($J-worker-0.default.svc:2222); 1 ps, 2 workers"
+check "Chief: no CURVE" grep -q "without CURVE" "$R/$J-ps-0.log"
+check "Chief: the summary counts 2 x 4 pushes" test "$(json "$R/pvc/downpour-runs/$J/summary.json" updates_applied 2>/dev/null)" = 8
+
+# ---- StatefulSets: the cluster from the ordinal, CURVE, idle after the end ----------------------
+R=$TMP/sts && mkdir -p "$R"
+keys "$R" ps-0 worker-0 worker-1
+for p in downpour-ps-0:downpour-ps downpour-worker-0:downpour-worker downpour-worker-1:downpour-worker; do
+    pod "$R" statefulset.yaml "${p#*:}" "${p%:*}"
+    PIDS[${p%:*}]=$!
+done
+idle_all() {
+    local name
+    for name in downpour-ps-0 downpour-worker-0 downpour-worker-1; do
+        for _ in $(seq $((600 * scale))); do grep -q "idle until" "$R/$name.log" && break; sleep 0.1; done
+        grep -q "finished (exit 0); idle until the StatefulSet is deleted" "$R/$name.log" ||
+            { echo "$name:"; tail -5 "$R/$name.log"; return 1; }
+    done
+}
+check "StatefulSets: every daemon finishes and its pod idles" idle_all
+check "StatefulSets: the flags come from the ordinal" grep -q \
+    "downpour-worker-1: downpour-worker --job-name worker --task-index 1 --ps-hosts downpour-ps-0.downpour-ps:2222 --worker-hosts downpour-worker-0.downpour-worker:2222,downpour-worker-1.downpour-worker:2222" \
+    "$R/downpour-worker-1.log"
+check "StatefulSets: ps pod 0 is ps task 0" cluster_line "$R/downpour-ps-0.log" "ps task 0 (downpour-ps-0.downpour-ps:2222); 1 ps, 2 workers"
+check "StatefulSets: worker pod 1 is worker task 1" cluster_line "$R/downpour-worker-1.log" "worker task 1 (downpour-worker-1.downpour-worker:2222); 1 ps, 2 workers"
+check "StatefulSets: on CURVE" grep -q "CURVE: public key" "$R/downpour-ps-0.log"
+check "StatefulSets: worker 0's volume has the summary (2 x 4 pushes)" \
+    test "$(json "$R/pod/downpour-worker-0/out/summary.json" updates_applied 2>/dev/null)" = 8
+check "StatefulSets: the ps's volume has its checkpoint" test -s "$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors"
+for name in downpour-ps-0 downpour-worker-0 downpour-worker-1; do kill -TERM "${PIDS[$name]}"; done
+check "StatefulSets: an idle pod stops on SIGTERM with exit 0" settle "$R" downpour-ps-0 downpour-worker-0 downpour-worker-1
+
+# ---- SIGTERM during training reaches the daemon ----------------------------------------------
+R=$TMP/term && mkdir -p "$R"
+keys "$R" ps-0 worker-0 worker-1
+pod "$R" statefulset.yaml downpour-ps downpour-ps-0; PIDS[downpour-ps-0]=$!
+for _ in $(seq $((100 * scale))); do grep -q "cluster: ps task 0" "$R/downpour-ps-0.log" && break; sleep 0.1; done
+sleep 0.5
+kill -TERM "${PIDS[downpour-ps-0]}"
+wait_for "${PIDS[downpour-ps-0]}" $((20 * scale))
+check "SIGTERM: the pod exits 143, the daemon's status" test $? = 143
+check "SIGTERM: the ps wrote its checkpoint" test -s "$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors"
+
+finish
