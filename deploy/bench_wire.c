@@ -42,6 +42,8 @@ typedef struct {
     int transport;          /* 0 tcp, 1 ipc */
     int rounds, warmup;
     int json;
+    int threads;            /* --threads for the servers; 0 = their default */
+    int crc;                /* 0 auto (the client's default), 1 on, 2 off */
 } s_conf_t;
 
 typedef struct {
@@ -52,6 +54,7 @@ typedef struct {
 static const char s_synopsis[] =
     "usage: downpour bench wire [--bytes N | --model SPEC] [--shards K] [--optimizer NAME]\n"
     "                           [--transport tcp|ipc] [--rounds N] [--warmup N] [--json]\n"
+    "                           [--threads N] [--crc auto|on|off]\n"
     "Times pull and push of the whole parameter vector against real downpour-ps shards on\n"
     "this machine, beside a plain ZeroMQ round trip of the same bytes and a memcpy of them.\n"
     "\n";
@@ -73,6 +76,10 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         DP_FLAG_NUM("warmup", DP_OPTS_INT, "N", &c->warmup, 0, 100000, 0,
                     "rounds before them, not counted (default 3)"),
         DP_FLAG_SET("json", &c->json, 1, 0, "end with one JSON line"),
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 256, 0,
+                    "the servers' optimizer threads (default: theirs)"),
+        DP_FLAG_CHOICE("crc", "auto|on|off", &c->crc, 0,
+                       "CRC-32 on the tensors (default auto: off on this host)"),
     };
     dp_opts_t o;
     dp_opts_init(&o, "downpour bench wire", s_synopsis, NULL);
@@ -187,9 +194,12 @@ static int s_start_servers(s_cluster_t *cl, const s_conf_t *c, const dp_model_t 
         snprintf(ready, sizeof ready, "%s/ready-%d", cl->dir, i);
         snprintf(log, sizeof log, "%s/ps-%d.log", cl->dir, i);
         snprintf(shard, sizeof shard, "%d/%d", i, c->shards);
+        char threads[16];
+        snprintf(threads, sizeof threads, "%d", c->threads);
         const char *av[] = {cl->bin, "--bind", bind, "--ready-file", ready, "--shard", shard,
                             "--workers", "1", "--mode", "async", "--model", m->spec,
-                            "--input", input, "--optimizer", c->optimizer, NULL};
+                            "--input", input, "--optimizer", c->optimizer,
+                            c->threads ? "--threads" : NULL, threads, NULL};
         if (dp_spawn(&cl->pid[i], av, log, err) != 0) return -1;
         cl->n = i + 1;
         if (dp_spawn_wait_ready(ready, cl->pid[i], log, 30, ep, sizeof ep, err) != 0) return -1;
@@ -277,6 +287,8 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     cJSON_AddNumberToObject(o, "shards", c->shards);
     cJSON_AddStringToObject(o, "transport", c->transport ? "ipc" : "tcp");
     cJSON_AddStringToObject(o, "optimizer", c->optimizer);
+    cJSON_AddStringToObject(o, "crc", c->crc == 0 ? "auto" : c->crc == 1 ? "on" : "off");
+    if (c->threads) cJSON_AddNumberToObject(o, "threads", c->threads);
     cJSON_AddNumberToObject(o, "rounds", t->n);
     cJSON_AddNumberToObject(o, "pull_ms", dp_metrics_round(pull, 4));
     cJSON_AddNumberToObject(o, "push_ms", dp_metrics_round(push, 4));
@@ -310,6 +322,7 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
     if (s_echo_start(c->transport, cl.dir, &echo, raw_ep, sizeof raw_ep, err) != 0) goto done;
     if (s_start_servers(&cl, c, &m, input, err) != 0) goto done;
     if (dp_ps_client_new(&pc, cl.endpoints, &m, 0, 30, NULL, err) != 0) goto done;
+    dp_ps_client_set_checksum(pc, c->crc == 0 ? -1 : c->crc == 1);
     ctx = zmq_ctx_new();
     raw = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     if (!raw || zmq_connect(raw, raw_ep) != 0) {

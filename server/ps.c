@@ -57,7 +57,12 @@ typedef struct {
     uint64_t request_id;
     int worker;
     uint64_t min_version;  /* sync: answer once the version is >= this */
+    int how;               /* S_PARAMS_* : how the PARAMS reply travels */
 } s_pending_t;
+
+/* How a PARAMS reply carries the tensor (the PULL asked). */
+#define S_PARAMS_CRC 0     /* a frame with its CRC-32 */
+#define S_PARAMS_NO_CRC 1  /* a frame without one (Pull.no_checksum) */
 
 typedef struct {
     const dp_ps_config_t *cfg;
@@ -122,7 +127,9 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
     s_reply_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
-static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker)
+/* The live buffer goes to ZeroMQ as it is (its reference with it); the
+ * shard writes the next version elsewhere while ZeroMQ holds it. */
+static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how)
 {
     dp_snap_t *s = dp_shard_snapshot(&ps->shard); /* our reference goes to ZeroMQ */
     Downpour__Envelope env;
@@ -133,7 +140,9 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker)
     Downpour__TensorDesc d;
     Downpour__TensorDesc *dv[1] = {&d};
     int64_t shape[1];
-    dp_wire_desc_fill(&d, shape, "params", s->data, s->n, ps->shard.lo, 1, s->crc);
+    dp_wire_desc_fill(&d, shape, "params", s->data, s->n, ps->shard.lo, 1,
+                      how == S_PARAMS_CRC ? dp_snap_crc(s) : 0);
+    if (how != S_PARAMS_CRC) dp_wire_desc_no_checksum(&d);
     env.n_tensors = 1;
     env.tensors = dv;
     dp_wire_payload_t pl = {s->data, s->n * sizeof(float), dp_snap_unref, s};
@@ -236,7 +245,7 @@ static void s_release_pending(s_ps_t *ps)
     for (int i = 0; i < ps->n_pending; i++) {
         s_pending_t *p = &ps->pending[i];
         if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version)) {
-            s_reply_params(ps, &p->identity, p->request_id, p->worker);
+            s_reply_params(ps, &p->identity, p->request_id, p->worker, p->how);
             dp_wire_msg_close(&p->identity);
             continue;
         }
@@ -391,8 +400,9 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     int wid = env->worker_id;
+    int how = env->pull->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
     if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version)) {
-        s_reply_params(ps, id, env->request_id, wid);
+        s_reply_params(ps, id, env->request_id, wid, how);
         return;
     }
     if (ps->n_pending >= S_MAX_PENDING) {
@@ -409,6 +419,7 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     p->request_id = env->request_id;
     p->worker = wid;
     p->min_version = env->pull->min_version;
+    p->how = how;
     ps->n_pending++;
 }
 
@@ -437,13 +448,14 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         s_reply_error(ps, id, env->request_id, wid, msg);
         return;
     }
-    if (dp_wire_check_finite(frames, n_frames, msg) != 0) {
-        s_reply_rejected(ps, id, env->request_id, wid, msg);
-        return;
-    }
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
     for (int f = 0; f < n_frames; f++)
         g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
+    if (dp_shard_grad_nonfinite(&ps->shard, g, n_frames)) {
+        dp_wire_check_finite(frames, n_frames, msg); /* names the element */
+        s_reply_rejected(ps, id, env->request_id, wid, msg);
+        return;
+    }
     if (s_push_repeated(ps, id, env)) return;
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
@@ -726,7 +738,8 @@ static int s_setup_state(s_ps_t *ps, char *err)
     dp_model_t m;
     if (dp_model_parse(&m, cfg->model_spec, cfg->in_c, cfg->in_h, cfg->in_w, err) != 0) return -1;
     if (dp_shard_init(&ps->shard, &m, cfg->shard_index, cfg->shard_count, cfg->seed, &cfg->optim,
-                      err) != 0)
+                      err) != 0 ||
+        dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());
     dp_shard_track_steps(&ps->shard, cfg->num_workers);

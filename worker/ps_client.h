@@ -130,6 +130,12 @@ int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
 int dp_ps_curve_server_key(const dp_ps_curve_t *curve, int n_shards, int i, dp_curve_key_t *out,
                            char *err);
 
+/* CRC-32 on the tensors to and from every shard: 1 on, 0 off, -1 the
+ * default (on, except on this host — loopback, ipc — and under CURVE, whose
+ * transports protect the bytes already). Either way the servers check
+ * what they get (shape, range, finite values). */
+void dp_ps_client_set_checksum(dp_ps_client_t *c, int on);
+
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);
 

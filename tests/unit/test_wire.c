@@ -389,6 +389,76 @@ static void test_finite(void)
     CHECK_EQ(dp_wire_check_finite(&fr, 1, err), 0);
 }
 
+/* The vectorised check over every length up to 80 floats, every byte
+ * alignment and every position of one bad float (the blocks, the two
+ * accumulators and the tail all see one); the copy-and-check too. */
+static void test_finite_vector(void)
+{
+    enum { M = 80 };
+    static uint8_t raw[4 * M + 4];
+    float v[M], out[M];
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    int missed = 0, false_alarm = 0;
+    for (size_t n = 1; n <= M; n++)
+        for (int a = 0; a < 4; a++) {
+            for (size_t i = 0; i < n; i++) v[i] = (i % 3 == 0) ? 3.4e38f : -1e-40f * (float)i;
+            memcpy(raw + a, v, n * 4);
+            false_alarm += dp_wire_any_nonfinite(raw + a, n) != 0;
+            for (size_t pos = 0; pos < n; pos++) {
+                float keep = v[pos];
+                v[pos] = bad[pos % 3];
+                memcpy(raw + a, v, n * 4);
+                missed += dp_wire_any_nonfinite(raw + a, n) == 0;
+                v[pos] = keep;
+            }
+        }
+    CHECK_EQ(missed, 0);
+    CHECK_EQ(false_alarm, 0);
+    char err[DP_ERR_LEN] = "";
+    for (size_t i = 0; i < M; i++) v[i] = (float)i;
+    memcpy(raw + 3, v, sizeof v);
+    CHECK_EQ(dp_wire_copy_finite(out, raw + 3, M, err), 0);
+    CHECK(memcmp(out, v, sizeof v) == 0);
+    v[77] = NAN;
+    memcpy(raw + 3, v, sizeof v);
+    CHECK_EQ(dp_wire_copy_finite(out, raw + 3, M, err), -1);
+    CHECK(strstr(err, "element 77") && strstr(err, "NaN"));
+}
+
+static void m_no_crc(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; dp_wire_desc_no_checksum(d); }
+static void m_crc_kind(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)e; d->checksum = 7; }
+static void m_shm(Downpour__Envelope *e, Downpour__TensorDesc *d) { (void)d; e->shm = 1; }
+
+/* A descriptor may say NO_CHECKSUM (then a flipped bit is not the
+ * validator's to see); an unknown checksum kind is refused; a message whose
+ * tensors are in shared memory has no frames. */
+static void test_checksum_kinds(void)
+{
+    uint8_t buf[4096];
+    char err[DP_ERR_LEN] = "";
+    size_t len = s_make_push(buf, sizeof buf, N, 0, m_no_crc);
+    float copy[N];
+    memcpy(copy, s_data, sizeof copy);
+    ((uint8_t *)copy)[17] ^= 0x10;
+    dp_wire_frame_t fr = {copy, N * 4};
+    CHECK_EQ(s_check(buf, len, &fr, 1, err), 0);
+    fr.len = N * 4 - 4; /* the length is still checked */
+    CHECK_EQ(s_check(buf, len, &fr, 1, err), -1);
+    CHECK(strstr(err, "frame has") != NULL);
+    len = s_make_push(buf, sizeof buf, N, 0, m_crc_kind);
+    fr.len = N * 4;
+    CHECK_EQ(s_check(buf, len, &fr, 1, err), -1);
+    CHECK(strstr(err, "unknown checksum kind 7") != NULL);
+    len = s_make_push(buf, sizeof buf, N, 0, m_shm);
+    CHECK_EQ(s_check(buf, len, &fr, 1, err), -1);
+    CHECK(strstr(err, "shared memory but has 1 frames") != NULL);
+    CHECK_EQ(s_check(buf, len, NULL, 0, err), 0);
+    CHECK(dp_wire_local_endpoint("tcp://127.0.0.1:5555") && dp_wire_local_endpoint("ipc:///tmp/x") &&
+          dp_wire_local_endpoint("tcp://[::1]:5") && !dp_wire_local_endpoint("tcp://10.0.0.1:5555") &&
+          !dp_wire_local_endpoint("tcp://127example.com:1"));
+}
+
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
          T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
-         T(test_frame_count_and_garbage), T(test_range), T(test_finite))
+         T(test_frame_count_and_garbage), T(test_range), T(test_finite),
+         T(test_finite_vector), T(test_checksum_kinds))
