@@ -36,6 +36,7 @@
 #include "server/auth.h"
 #include "server/members.h"
 #include "server/policy.h"
+#include "server/ps_shm.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
 
@@ -63,6 +64,7 @@ typedef struct {
 /* How a PARAMS reply carries the tensor (the PULL asked). */
 #define S_PARAMS_CRC 0     /* a frame with its CRC-32 */
 #define S_PARAMS_NO_CRC 1  /* a frame without one (Pull.no_checksum) */
+#define S_PARAMS_SHM 2     /* the live slot of the shared segment (Envelope.shm), else as NO_CRC */
 
 typedef struct {
     const dp_ps_config_t *cfg;
@@ -86,6 +88,7 @@ typedef struct {
     const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
     double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
     uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
+    dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -145,6 +148,12 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
     if (how != S_PARAMS_CRC) dp_wire_desc_no_checksum(&d);
     env.n_tensors = 1;
     env.tensors = dv;
+    if (how == S_PARAMS_SHM && ps->shm && dp_ps_shm_params(ps->shm, &p.shm_slot, &p.shm_seq)) {
+        env.shm = 1; /* the reader copies the slot itself */
+        s_send(ps, id, &env, NULL, 0);
+        dp_snap_unref(NULL, s);
+        return;
+    }
     dp_wire_payload_t pl = {s->data, s->n * sizeof(float), dp_snap_unref, s};
     s_send(ps, id, &env, &pl, 1);
 }
@@ -360,6 +369,21 @@ static uint64_t s_welcome_step(const s_ps_t *ps, int wid)
     return step;
 }
 
+/* Hello.shm: the segments' names into the WELCOME, or none (the worker
+ * then sends frames) with a line saying why. */
+static void s_grant_shm(s_ps_t *ps, int wid, Downpour__Welcome *wl)
+{
+    char err[DP_ERR_LEN];
+    const char *params = NULL, *grad = NULL;
+    if ((!ps->shm && dp_ps_shm_new(&ps->shm, &ps->shard, ps->members.n, err) != 0) ||
+        dp_ps_shm_grant(ps->shm, wid, &params, &grad, err) != 0) {
+        dp_log_warn("shard %d: no shared memory for worker %d: %s", ps->cfg->shard_index, wid, err);
+        return;
+    }
+    wl->shm_name = (char *)params;
+    wl->shm_grad_name = (char *)grad;
+}
+
 static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     const dp_model_t *m = &ps->shard.model;
@@ -392,6 +416,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);
+    if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
     s_members_changed(ps); /* it may have been finished before */
@@ -400,7 +425,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     int wid = env->worker_id;
-    int how = env->pull->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
+    int how = env->shm ? S_PARAMS_SHM : env->pull->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
     if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version)) {
         s_reply_params(ps, id, env->request_id, wid, how);
         return;
@@ -451,7 +476,15 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
     for (int f = 0; f < n_frames; f++)
         g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
-    if (dp_shard_grad_nonfinite(&ps->shard, g, n_frames)) {
+    int rejected = 0;
+    if (env->shm && (!ps->shm || dp_ps_shm_gradient(ps->shm, wid, env, &g[0], &rejected, msg) != 0)) {
+        if (rejected) s_reply_rejected(ps, id, env->request_id, wid, msg);
+        else s_reply_error(ps, id, env->request_id, wid,
+                           ps->shm ? msg : "malformed: PUSH through shared memory, which this shard has not granted");
+        return;
+    }
+    if (env->shm) n_frames = 1; /* the private copy */
+    else if (dp_shard_grad_nonfinite(&ps->shard, g, n_frames)) {
         dp_wire_check_finite(frames, n_frames, msg); /* names the element */
         s_reply_rejected(ps, id, env->request_id, wid, msg);
         return;
@@ -813,6 +846,7 @@ static void s_teardown(s_ps_t *ps)
     }
     ps->n_pending = 0;
     s_close_socket(ps);
+    dp_ps_shm_destroy(&ps->shm); /* ZeroMQ holds no buffer now */
     dp_metrics_destroy(&ps->metrics);
     dp_policy_destroy(&ps->policy);
     dp_members_fini(&ps->members);

@@ -64,6 +64,21 @@ typedef struct {
 
 typedef struct dp_ps_client dp_ps_client_t;
 
+/* How tensors travel to and from the shards. AUTO: through shared memory
+ * with a shard whose endpoint is on this host (ipc, loopback) and that
+ * grants it, as ZeroMQ frames otherwise; SHM: shared memory or fail; ZMQ:
+ * frames always. The control messages are ZeroMQ's in every case. */
+typedef enum { DP_PS_TRANSPORT_AUTO, DP_PS_TRANSPORT_SHM, DP_PS_TRANSPORT_ZMQ } dp_ps_transport_t;
+
+/* "auto", "shm", "zmq". */
+int dp_ps_transport_parse(const char *s, dp_ps_transport_t *out, char *err);
+/* The transport each client created from now on uses (per process, like
+ * dp_ps_client_default_stop_flag; downpour-worker's --transport sets it).
+ * Default AUTO. */
+void dp_ps_client_default_transport(dp_ps_transport_t t);
+/* Shards this client reaches through shared memory. */
+int dp_ps_client_shm_shards(const dp_ps_client_t *c);
+
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order: one DEALER per
  * shard; HELLO to each (waiting up to timeout_s, 30 if not > 0, for a server
  * that is not up yet); checks that every shard runs the same policy and
