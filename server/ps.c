@@ -10,9 +10,11 @@
  *    "malformed" before the message passed the size limits, dp_wire_check,
  *    the fingerprint, the worker id and (for gradients) the range and the
  *    finite check.
- *  - ZeroMQ never sees a pointer to live parameters: PARAMS replies send the
- *    shard's per-version snapshot (server/shard.h), released by ZeroMQ's
- *    free callback.
+ *  - PARAMS replies hand ZeroMQ the shard's live buffer itself (no copy),
+ *    with a reference released by ZeroMQ's free callback; while one is held
+ *    the shard writes the next version into another buffer (server/shard.h),
+ *    so a reply never goes out torn. Co-located workers that asked for it
+ *    read the live buffer out of shared memory instead (server/ps_shm.h).
  *  - A version that moved is checkpointed (when due) before the reply that
  *    reports it; held pulls are asked again after every change.
  *  - Every blocking wait is zmq_poll with a timeout of at most 100 ms, so the

@@ -141,7 +141,7 @@ int dp_ps_shm_gradient(dp_ps_shm_t *x, int worker, const Downpour__Envelope *env
         const Downpour__TensorDesc *d = env->tensors[i];
         size_t off = (size_t)(d->offset - s->lo), cnt = (size_t)(d->byte_length / 4);
         /* dp_wire_check_range put [off, off + cnt) inside [0, n) */
-        if (dp_wire_copy_finite(s->scratch + off, src + off, cnt, err) != 0) {
+        if (dp_shard_copy_grad(s, src, off, cnt, err) != 0) {
             *rejected = 1;
             return -1;
         }

@@ -205,6 +205,33 @@ int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n)
     return atomic_load(&j.bad);
 }
 
+typedef struct {
+    dp_shard_t *s;
+    const float *src;
+    size_t off, cnt;
+    atomic_int bad;
+} s_copy_job_t;
+
+static void s_copy_part(void *arg, int k, int nk)
+{
+    s_copy_job_t *j = arg;
+    size_t lo = j->cnt * (size_t)k / (size_t)nk, hi = j->cnt * (size_t)(k + 1) / (size_t)nk;
+    char err[DP_ERR_LEN];
+    if (dp_wire_copy_finite(j->s->scratch + j->off + lo, j->src + j->off + lo, hi - lo, err) != 0)
+        atomic_store(&j->bad, 1);
+}
+
+int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, char *err)
+{
+    s_copy_job_t j = {s, src, off, cnt, 0};
+    s_run(s->pool, s_copy_part, &j);
+    if (!atomic_load(&j.bad)) return 0;
+    /* name the element (the private copy is the one checked) */
+    dp_wire_frame_t f = {s->scratch + off, cnt * sizeof(float)};
+    if (dp_wire_check_finite(&f, 1, err) == 0) dp_err(err, "non-finite gradient");
+    return -1;
+}
+
 static void s_step_by(dp_shard_t *s, const float *g, float lr)
 {
     s_step_job_t j = {s, s->w, s->w, g, lr, (long)s->version + 1};

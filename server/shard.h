@@ -138,6 +138,13 @@ float dp_shard_lr(const dp_shard_t *s);
  * dp_wire_check_finite). */
 int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n);
 
+/* scratch[off, off + cnt) = src[off, off + cnt), each block checked finite
+ * as it is copied (dp_wire_copy_finite), split over the sweep's threads:
+ * a gradient from memory another process may write (shared memory) is
+ * checked and applied only as this private copy. -1 with err naming the
+ * first bad element. */
+int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, char *err);
+
 /* One optimizer step of the whole range by gradient g (n slices) at lr. */
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
 
