@@ -7,6 +7,7 @@
  * --workers win. Every error is one line naming the flag. The entries
  * marked DP_OPTS_PASS are the ones `downpour local` passes on to its shards. */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,10 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
 int dp_ps_config_threads(const dp_ps_config_t *c)
 {
     if (c->threads > 0) return c->threads;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the cores this process may run on (taskset, cgroups' cpusets) */
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                            : sysconf(_SC_NPROCESSORS_ONLN);
     dp_model_t m;
     char err[DP_ERR_LEN];
     size_t n = 0;
