@@ -1,11 +1,13 @@
 /* pool: a few threads that share one data-parallel job with the caller —
  * the shard's optimizer sweep over its range (--threads).
  *
- * dp_pool_run(p, fn, arg) runs fn(arg, k, n) for every k in [0, n), n =
- * dp_pool_size(p): part 0 on the calling thread, the others on the pool's
- * threads, and returns when all are done. Between jobs the threads sleep on
- * a condition variable (no spinning: on a small machine the server shares
- * its cores with workers). One caller at a time. */
+ * dp_pool_run(p, fn, arg) runs fn(arg, k, n) once for every k in [0, n),
+ * n a few parts per thread (1 without threads), each part on whichever of
+ * the caller and the pool's threads claims it first, and returns when all
+ * are done: a thread the machine does not schedule in time delays nothing.
+ * Between jobs the threads sleep on a condition variable (no spinning: on a
+ * small machine the server shares its cores with workers). One caller at a
+ * time. */
 #ifndef DP_POOL_H
 #define DP_POOL_H
 
