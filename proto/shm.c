@@ -50,9 +50,12 @@ int dp_shm_create(dp_shm_t *s, int shard, const char *what, size_t n, int slots,
     s->owner = 1;
     size_t bytes = dp_shm_bytes(n, slots);
     /* fchmod too: the umask must not widen or narrow what we meant */
-    int rc = fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)bytes) != 0
-                 ? dp_err(err, "shared memory %s: %s", s->name, strerror(errno))
-                 : s_map(s, fd, bytes, err);
+    /* fallocate, not only ftruncate: a /dev/shm too small for the segment
+     * (containers often give 64 MB) must fail here, not as a SIGBUS when a
+     * step first writes the slot */
+    int e = fchmod(fd, 0600) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    int rc = e != 0 ? dp_err(err, "shared memory %s (%zu bytes): %s", s->name, bytes, strerror(e))
+                    : s_map(s, fd, bytes, err);
     close(fd);
     if (rc != 0) {
         dp_shm_close(s);

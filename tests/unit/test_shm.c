@@ -75,4 +75,15 @@ static void test_seqlock(void)
     dp_shm_close(&a);
 }
 
-DP_TESTS(T(test_create_open), T(test_seqlock))
+/* More than /dev/shm holds: refused at creation (not a SIGBUS at the first
+ * write), nothing left behind. */
+static void test_too_large(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_shm_t a;
+    CHECK_EQ(dp_shm_create(&a, 2, "huge", (size_t)1 << 40, 3, err), -1);
+    CHECK(strstr(err, "shared memory") != NULL);
+    CHECK(a.base == NULL && a.name[0] == 0);
+}
+
+DP_TESTS(T(test_create_open), T(test_seqlock), T(test_too_large))
