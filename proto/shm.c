@@ -1,8 +1,10 @@
 /* shm: POSIX shared-memory segments for co-located workers (see shm.h). */
 #include "proto/shm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -163,4 +165,25 @@ int dp_shm_read(const dp_shm_t *s, int k, uint64_t seq, size_t off, float *dst, 
     memcpy(dst, dp_shm_slot(s, k) + off, n * sizeof(float));
     atomic_thread_fence(memory_order_acquire); /* the copy before the second look */
     return atomic_load_explicit(&s->hdr->seq[k], memory_order_relaxed) == seq;
+}
+
+int dp_shm_sweep_stale(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid = 0, used = 0;
+        if (sscanf(e->d_name, "downpour-%d-%n", &pid, &used) != 1 || used == 0 || pid <= 0) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to ask */
+        char path[300], name[300];
+        struct stat st;
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (stat(path, &st) != 0 || st.st_uid != geteuid()) continue;
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0) removed++;
+    }
+    closedir(d);
+    return removed;
 }

@@ -64,6 +64,11 @@ int dp_shm_open(dp_shm_t *s, const char *name, size_t n, int slots, char *err);
 /* Unmap (and unlink, if we made it); safe on a zeroed or closed segment. */
 void dp_shm_close(dp_shm_t *s);
 
+/* Unlink the segments of servers that died without doing it (kill -9): our
+ * user's /dev/shm/downpour-PID-* whose PID no longer runs. Returns how many
+ * went. */
+int dp_shm_sweep_stale(void);
+
 /* Slot k's floats. */
 float *dp_shm_slot(const dp_shm_t *s, int k);
 

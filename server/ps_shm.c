@@ -48,6 +48,8 @@ int dp_ps_shm_new(dp_ps_shm_t **out, dp_shard_t *s, int n_workers, char *err)
     x->n_workers = n_workers;
     x->grad = dp_calloc((size_t)n_workers, sizeof *x->grad);
     *out = x;
+    int stale = dp_shm_sweep_stale();
+    if (stale) dp_log_info("shard %d: removed %d shared-memory segment(s) of servers that died", s->index, stale);
     if (dp_shm_create(&x->params, s->index, "params", s->n, DP_SHM_PARAM_SLOTS, err) != 0) {
         dp_ps_shm_destroy(out);
         return -1;

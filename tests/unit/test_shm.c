@@ -2,7 +2,10 @@
  * unlinked by their owner; opened only when owner, mode, size and header
  * match what the opener expects; the seqlock tells a good copy from one
  * that raced a write. */
+#include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -86,4 +89,26 @@ static void test_too_large(void)
     CHECK(a.base == NULL && a.name[0] == 0);
 }
 
-DP_TESTS(T(test_create_open), T(test_seqlock), T(test_too_large))
+/* A segment named for a process that is gone is swept; ours (alive) stays. */
+static void test_sweep_stale(void)
+{
+    pid_t kid = fork();
+    if (kid == 0) _exit(0);
+    waitpid(kid, NULL, 0);
+    char name[96];
+    snprintf(name, sizeof name, "/downpour-%d-0-params-test", (int)kid);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    char err[DP_ERR_LEN] = "";
+    dp_shm_t mine;
+    CHECK_EQ(dp_shm_create(&mine, 0, "alive", 16, 1, err), 0);
+    CHECK(dp_shm_sweep_stale() >= 1);
+    CHECK(shm_open(name, O_RDWR, 0) < 0 && errno == ENOENT);
+    dp_shm_t again;
+    CHECK_EQ(dp_shm_open(&again, mine.name, 16, 1, err), 0);
+    dp_shm_close(&again);
+    dp_shm_close(&mine);
+}
+
+DP_TESTS(T(test_create_open), T(test_seqlock), T(test_too_large), T(test_sweep_stale))
