@@ -66,7 +66,10 @@ void dp_shm_close(dp_shm_t *s);
 
 /* Unlink the segments of servers that died without doing it (kill -9): our
  * user's /dev/shm/downpour-PID-* whose PID no longer runs. Returns how many
- * went. */
+ * went. (A server in another PID namespace sharing this /dev/shm looks dead
+ * too; unlinking its segment only stops new opens — mappings stay — and its
+ * workers that say HELLO again fall back to frames, or fail with --transport
+ * shm.) */
 int dp_shm_sweep_stale(void);
 
 /* Slot k's floats. */
