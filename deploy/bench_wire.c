@@ -44,6 +44,7 @@ typedef struct {
     int json;
     int threads;            /* --threads for the servers; 0 = their default */
     int crc;                /* 0 auto (the client's default), 1 on, 2 off */
+    int bf16;               /* --wire bf16: tensors as bfloat16 (and the raw echo moves as many bytes) */
 } s_conf_t;
 
 typedef struct {
@@ -54,7 +55,7 @@ typedef struct {
 static const char s_synopsis[] =
     "usage: downpour bench wire [--bytes N | --model SPEC] [--shards K] [--optimizer NAME]\n"
     "                           [--transport tcp|ipc|shm] [--rounds N] [--warmup N] [--json]\n"
-    "                           [--threads N] [--crc auto|on|off]\n"
+    "                           [--threads N] [--crc auto|on|off] [--wire fp32|bf16]\n"
     "Times pull and push of the whole parameter vector against real downpour-ps shards on\n"
     "this machine, beside a plain ZeroMQ round trip of the same bytes and a memcpy of them.\n"
     "\n";
@@ -81,6 +82,9 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
                     "the servers' optimizer threads (default: theirs)"),
         DP_FLAG_CHOICE("crc", "auto|on|off", &c->crc, 0,
                        "CRC-32 on the tensors (default auto: off on this host)"),
+        DP_FLAG_CHOICE("wire", "fp32|bf16", &c->bf16, 0,
+                       "precision of the tensors in frames (the raw round trip moves\n"
+                       "the same number of bytes)"),
     };
     dp_opts_t o;
     dp_opts_init(&o, "downpour bench wire", s_synopsis, NULL);
@@ -247,7 +251,7 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         double t1 = dp_now();
         if (rc == 0 && dp_ps_client_push(pc, grads, 0.0f, 1, &res, err) != 0) rc = -1;
         double t2 = dp_now();
-        double echo = s_echo_once(raw, grads, n * sizeof(float));
+        double echo = s_echo_once(raw, grads, n * (c->bf16 ? 2 : sizeof(float)));
         if (rc == 0 && echo < 0) rc = dp_err(err, "the raw ZeroMQ round trip failed: %s",
                                              zmq_strerror(errno));
         double t3 = dp_now();
@@ -293,6 +297,7 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     cJSON_AddStringToObject(o, "transport", c->transport == 0 ? "tcp" : c->transport == 1 ? "ipc" : "shm");
     cJSON_AddStringToObject(o, "optimizer", c->optimizer);
     cJSON_AddStringToObject(o, "crc", c->crc == 0 ? "auto" : c->crc == 1 ? "on" : "off");
+    cJSON_AddStringToObject(o, "wire", c->bf16 ? "bf16" : "fp32");
     if (c->threads) cJSON_AddNumberToObject(o, "threads", c->threads);
     cJSON_AddNumberToObject(o, "rounds", t->n);
     cJSON_AddNumberToObject(o, "pull_ms", dp_metrics_round(pull, 4));
@@ -331,6 +336,7 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
     if (s_start_servers(&cl, c, &m, input, err) != 0) goto done;
     /* tcp and ipc rows measure frames even on this host */
     dp_ps_client_default_transport(c->transport == 2 ? DP_PS_TRANSPORT_SHM : DP_PS_TRANSPORT_ZMQ);
+    dp_ps_client_default_wire(c->bf16);
     if (dp_ps_client_new(&pc, cl.endpoints, &m, 0, 30, NULL, err) != 0) goto done;
     dp_ps_client_set_checksum(pc, c->crc == 0 ? -1 : c->crc == 1);
     ctx = zmq_ctx_new();

@@ -136,9 +136,11 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
         if (!d) return dp_err(err, "malformed: tensor %zu: missing descriptor", i);
         if (!d->key || !d->key[0] || !s_text_ok(d->key, DP_WIRE_MAX_KEY))
             return dp_err(err, "malformed: tensor %zu: empty or over-long key", i);
-        if (d->dtype != DOWNPOUR__DTYPE__FLOAT32)
-            return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (only FLOAT32)", i,
-                          d->key, (int)d->dtype);
+        if (d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
+            (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || env->shm))
+            return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
+                               "BFLOAT16 in frames)",
+                          i, d->key, (int)d->dtype);
         if (d->n_shape < 1 || d->n_shape > 8)
             return dp_err(err, "malformed: tensor %zu (%s): %zu dimensions (1 to 8 allowed)", i,
                           d->key, d->n_shape);
@@ -151,9 +153,10 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
             if (count > (uint64_t)1 << 40)
                 return dp_err(err, "malformed: tensor %zu (%s): shape too large", i, d->key);
         }
-        if (count * 4 != d->byte_length)
+        uint64_t size = dp_wire_dtype_size(d->dtype);
+        if (count * size != d->byte_length)
             return dp_err(err, "malformed: tensor %zu (%s): shape holds %llu floats = %llu bytes but byte_length is %llu",
-                          i, d->key, (unsigned long long)count, (unsigned long long)(count * 4),
+                          i, d->key, (unsigned long long)count, (unsigned long long)(count * size),
                           (unsigned long long)d->byte_length);
         if (d->offset > (uint64_t)1 << 40)
             return dp_err(err, "malformed: tensor %zu (%s): offset %llu out of range", i, d->key,
@@ -182,7 +185,7 @@ int dp_wire_check_range(const Downpour__Envelope *env, uint64_t lo, uint64_t hi,
                       (unsigned long long)lo, (unsigned long long)hi);
     for (size_t i = 0; i < env->n_tensors; i++) {
         const Downpour__TensorDesc *d = env->tensors[i];
-        uint64_t n = d->byte_length / 4;
+        uint64_t n = dp_wire_desc_count(d);
         if (d->offset != at || n > hi - at)
             return dp_err(err, "malformed: tensor %zu (%s) covers floats [%llu, %llu) but this shard holds [%llu, %llu)%s",
                           i, d->key, (unsigned long long)d->offset,
@@ -441,6 +444,14 @@ int dp_wire_send(void *sock, zmq_msg_t *identity, const Downpour__Envelope *env,
     return 0;
 }
 
+void dp_wire_desc_bf16(Downpour__TensorDesc *d, const uint16_t *data, int crc)
+{
+    d->dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    d->byte_length = (uint64_t)d->shape[0] * 2;
+    if (crc) d->crc32 = dp_wire_crc32(data, d->byte_length);
+    else dp_wire_desc_no_checksum(d);
+}
+
 void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key, const float *data,
                        size_t count, uint64_t offset, int crc_known, uint32_t crc)
 {
@@ -453,6 +464,98 @@ void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key,
     d->byte_length = (uint64_t)count * 4;
     d->offset = offset;
     d->crc32 = crc_known ? crc : dp_wire_crc32(data, count * 4);
+}
+
+unsigned dp_wire_dtype_size(int dtype)
+{
+    return dtype == DOWNPOUR__DTYPE__BFLOAT16 ? 2 : 4;
+}
+
+uint64_t dp_wire_desc_count(const Downpour__TensorDesc *d)
+{
+    return d->byte_length / dp_wire_dtype_size(d->dtype);
+}
+
+/* Round to nearest even on the 16 bits dropped; a NaN stays a (quiet) NaN
+ * whatever its payload (rounding could carry it into Inf). Eight at a time
+ * through the vector extension (AVX2 and baseline builds, as the finite
+ * check): the element loops took ~2 ms per direction on 6.6 MB here. */
+static uint16_t s_bf16(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+typedef uint16_t s_u16x8 __attribute__((vector_size(16)));
+
+#define S_TO_BF16_BODY                                                           \
+    {                                                                            \
+        size_t i = 0;                                                            \
+        for (; i + 8 <= n; i += 8) {                                             \
+            s_u32x8 u;                                                           \
+            memcpy(&u, src + i, sizeof u);                                       \
+            s_u32x8 nan = (s_u32x8)((u & 0x7fffffffu) > 0x7f800000u);            \
+            s_u32x8 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                  \
+            r = (r & ~nan) | (((u >> 16) | 0x40u) & nan);                        \
+            s_u16x8 h = __builtin_convertvector(r, s_u16x8);                     \
+            memcpy(dst + i, &h, sizeof h);                                       \
+        }                                                                        \
+        for (; i < n; i++) {                                                     \
+            uint32_t u;                                                          \
+            memcpy(&u, src + i, 4);                                              \
+            dst[i] = s_bf16(u);                                                  \
+        }                                                                        \
+    }
+
+#define S_FROM_BF16_BODY                                                         \
+    {                                                                            \
+        const unsigned char *p = src;                                            \
+        size_t i = 0;                                                            \
+        for (; i + 8 <= n; i += 8) {                                             \
+            s_u16x8 h;                                                           \
+            memcpy(&h, p + 2 * i, sizeof h);                                     \
+            s_u32x8 u = __builtin_convertvector(h, s_u32x8) << 16;               \
+            memcpy(dst + i, &u, sizeof u);                                       \
+        }                                                                        \
+        for (; i < n; i++) {                                                     \
+            uint16_t h;                                                          \
+            memcpy(&h, p + 2 * i, 2);                                            \
+            uint32_t u = (uint32_t)h << 16;                                      \
+            memcpy(dst + i, &u, 4);                                              \
+        }                                                                        \
+    }
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static void s_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
+S_TO_BF16_BODY
+__attribute__((target("avx2"))) static void s_from_bf16_avx2(float *dst, const void *src, size_t n)
+S_FROM_BF16_BODY
+#endif
+static void s_to_bf16_base(uint16_t *dst, const float *src, size_t n)
+S_TO_BF16_BODY
+static void s_from_bf16_base(float *dst, const void *src, size_t n)
+S_FROM_BF16_BODY
+
+void dp_wire_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) {
+        s_to_bf16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    s_to_bf16_base(dst, src, n);
+}
+
+void dp_wire_from_bf16(float *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) {
+        s_from_bf16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    s_from_bf16_base(dst, src, n);
 }
 
 void dp_wire_desc_no_checksum(Downpour__TensorDesc *d)

@@ -61,6 +61,7 @@ typedef struct {
     int worker;
     uint64_t min_version;  /* sync: answer once the version is >= this */
     int how;               /* S_PARAMS_* : how the PARAMS reply travels */
+    int bf16;              /* the PULL asked for bfloat16 (Pull.dtype) */
 } s_pending_t;
 
 /* How a PARAMS reply carries the tensor (the PULL asked). */
@@ -134,8 +135,32 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
 
 /* The live buffer goes to ZeroMQ as it is (its reference with it); the
  * shard writes the next version elsewhere while ZeroMQ holds it. */
-static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how)
+/* PARAMS in bfloat16 (--wire bf16): the version converted once, sent as is. */
+static void s_reply_params_bf16(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how)
 {
+    dp_snap_t *s = dp_shard_snapshot_bf16(&ps->shard); /* our reference goes to ZeroMQ */
+    Downpour__Envelope env;
+    s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
+    Downpour__Params p = DOWNPOUR__PARAMS__INIT;
+    p.version = s->version;
+    env.params = &p;
+    Downpour__TensorDesc d;
+    Downpour__TensorDesc *dv[1] = {&d};
+    int64_t shape[1];
+    dp_wire_desc_fill(&d, shape, "params", NULL, ps->shard.n, ps->shard.lo, 1, 0);
+    dp_wire_desc_bf16(&d, (const uint16_t *)s->data, how == S_PARAMS_CRC);
+    env.n_tensors = 1;
+    env.tensors = dv;
+    dp_wire_payload_t pl = {s->data, ps->shard.n * 2, dp_snap_unref, s};
+    s_send(ps, id, &env, &pl, 1);
+}
+
+static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how, int bf16)
+{
+    if (bf16 && how != S_PARAMS_SHM) {
+        s_reply_params_bf16(ps, id, req, worker, how);
+        return;
+    }
     dp_snap_t *s = dp_shard_snapshot(&ps->shard); /* our reference goes to ZeroMQ */
     Downpour__Envelope env;
     s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
@@ -256,7 +281,7 @@ static void s_release_pending(s_ps_t *ps)
     for (int i = 0; i < ps->n_pending; i++) {
         s_pending_t *p = &ps->pending[i];
         if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version)) {
-            s_reply_params(ps, &p->identity, p->request_id, p->worker, p->how);
+            s_reply_params(ps, &p->identity, p->request_id, p->worker, p->how, p->bf16);
             dp_wire_msg_close(&p->identity);
             continue;
         }
@@ -428,8 +453,9 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     int wid = env->worker_id;
     int how = env->shm ? S_PARAMS_SHM : env->pull->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
+    int bf16 = env->pull->dtype == DOWNPOUR__DTYPE__BFLOAT16;
     if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version)) {
-        s_reply_params(ps, id, env->request_id, wid, how);
+        s_reply_params(ps, id, env->request_id, wid, how, bf16);
         return;
     }
     if (ps->n_pending >= S_MAX_PENDING) {
@@ -447,6 +473,7 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     p->worker = wid;
     p->min_version = env->pull->min_version;
     p->how = how;
+    p->bf16 = bf16;
     ps->n_pending++;
 }
 
@@ -476,8 +503,12 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         return;
     }
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
-    for (int f = 0; f < n_frames; f++)
+    int bf16[DP_WIRE_MAX_TENSORS];
+    for (int f = 0; f < n_frames; f++) {
         g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
+        bf16[f] = env->tensors[f]->dtype == DOWNPOUR__DTYPE__BFLOAT16;
+    }
+    n_frames = dp_shard_widen(&ps->shard, g, bf16, n_frames); /* --wire bf16: float32 in scratch */
     int rejected = 0;
     if (env->shm && (!ps->shm || dp_ps_shm_gradient(ps->shm, wid, env, &g[0], &rejected, msg) != 0)) {
         if (rejected) s_reply_rejected(ps, id, env->request_id, wid, msg);
@@ -487,7 +518,9 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     }
     if (env->shm) n_frames = 1; /* the private copy */
     else if (dp_shard_grad_nonfinite(&ps->shard, g, n_frames)) {
-        dp_wire_check_finite(frames, n_frames, msg); /* names the element */
+        dp_wire_frame_t fw[DP_WIRE_MAX_TENSORS];
+        for (int f = 0; f < n_frames; f++) fw[f] = (dp_wire_frame_t){g[f].data, g[f].len};
+        dp_wire_check_finite(fw, n_frames, msg); /* names the element */
         s_reply_rejected(ps, id, env->request_id, wid, msg);
         return;
     }

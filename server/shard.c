@@ -52,6 +52,8 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
 void dp_shard_fini(dp_shard_t *s)
 {
     if (s->snap) dp_snap_unref(NULL, s->snap);
+    if (s->snap16) dp_snap_unref(NULL, s->snap16);
+    s->snap16 = NULL;
     for (int i = 0; i < DP_SHARD_RETIRED; i++)
         if (s->retired[i]) dp_snap_unref(NULL, s->retired[i]);
     memset(s->retired, 0, sizeof s->retired);
@@ -196,6 +198,37 @@ static void s_finite_part(void *arg, int k, int nk)
             return;
         }
     }
+}
+
+int dp_shard_widen(dp_shard_t *s, dp_grad_slice_t *g, const int *bf16, int n)
+{
+    int any = 0;
+    for (int f = 0; f < n; f++) any |= bf16[f];
+    if (!any) return n;
+    for (int f = 0; f < n; f++) {
+        float *dst = s->scratch + (g[f].offset - s->lo);
+        if (bf16[f]) dp_wire_from_bf16(dst, g[f].data, g[f].len / 2);
+        else memcpy(dst, g[f].data, g[f].len);
+    }
+    g[0] = (dp_grad_slice_t){s->scratch, s->n * sizeof(float), s->lo};
+    return 1;
+}
+
+dp_snap_t *dp_shard_snapshot_bf16(dp_shard_t *s)
+{
+    dp_snap_t *b = s->snap16;
+    if (!b || b->version != s->version) {
+        if (b && atomic_load(&b->refs) != 1) { /* a reply still sends it */
+            dp_snap_unref(NULL, b);
+            b = NULL;
+        }
+        if (!b) b = dp_snap_new((s->n + 1) / 2);
+        dp_wire_to_bf16((uint16_t *)b->data, s->w, s->n);
+        b->version = s->version;
+        s->snap16 = b;
+    }
+    atomic_fetch_add(&b->refs, 1);
+    return b;
 }
 
 int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n)

@@ -86,6 +86,7 @@ typedef struct {
     uint64_t version;
     dp_shard_counts_t counts;
     dp_snap_t *snap;       /* the live buffer, holding w (our reference) */
+    dp_snap_t *snap16;     /* w in bfloat16 at snap16->version (our reference), or NULL */
     dp_snap_t *retired[DP_SHARD_RETIRED]; /* older buffers (our references), or NULL */
     dp_pool_t *pool;       /* threads of the optimizer sweep (NULL: the caller's only) */
     /* Called after each step with the new live buffer (the shm publisher);
@@ -132,6 +133,17 @@ void dp_shard_step_done(dp_shard_t *s, int worker, uint64_t step);
 
 /* The learning rate of the next step (the schedule at the current version). */
 float dp_shard_lr(const dp_shard_t *s);
+
+/* A gradient with bfloat16 slices (bf16[f] set: g[f].len bytes of 2-byte
+ * elements): all of it widened (or copied) into scratch, g[0] made that one
+ * float32 slice of the whole range, 1 returned (the new slice count); n
+ * when no slice is bf16 (g untouched). The slices must tile the range
+ * (dp_wire_check_range). */
+int dp_shard_widen(dp_shard_t *s, dp_grad_slice_t *g, const int *bf16, int n);
+
+/* The current version in bfloat16 (n uint16 in data), made once per
+ * version, with a reference for the caller (dp_snap_unref). */
+dp_snap_t *dp_shard_snapshot_bf16(dp_shard_t *s);
 
 /* Does every float of g (n slices) pass the wire's finite check? Split over
  * the sweep's threads. 0 yes, 1 no (the caller names the element through

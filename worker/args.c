@@ -48,6 +48,15 @@ static int s_set_transport(void *arg, const char *v, char *err)
     return 0;
 }
 
+static int s_set_wire(void *arg, const char *v, char *err)
+{
+    (void)arg;
+    if (strcmp(v, "fp32") != 0 && strcmp(v, "bf16") != 0)
+        return dp_err(err, "'%s' is not a wire precision (fp32 or bf16)", v);
+    dp_ps_client_default_wire(strcmp(v, "bf16") == 0);
+    return 0;
+}
+
 /* The table in --help order: data and model, training, distributed, output. */
 void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
 {
@@ -92,6 +101,9 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                      "tensors through shared memory with servers on this host\n"
                      "(auto, the default: when the endpoint is ipc or loopback), or\n"
                      "always (shm: fail if not granted), or never (zmq: frames)"),
+        DP_FLAG_CALL("wire", "fp32|bf16", s_set_wire, NULL, P,
+                     "precision of gradients and weights in ZeroMQ frames (default\n"
+                     "fp32; bf16 halves the bytes, the servers keep fp32)"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
         DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,

@@ -63,6 +63,7 @@ typedef struct {
     int shm;                /* tensors go through the segments */
     dp_shm_t shm_params, shm_grad;
     int torn;               /* the last shm pull's copy raced a step: pull again */
+    uint16_t *push16;       /* --wire bf16: this shard's gradient slice in bfloat16 (frames only) */
 } s_shard_t;
 
 struct dp_ps_client {
@@ -81,12 +82,15 @@ struct dp_ps_client {
     dp_curve_key_t secret, pub;
     uint64_t updates_lost;  /* versions the shards went back by when they restarted */
     dp_ps_transport_t transport; /* how tensors travel (dp_ps_client_default_transport) */
+    int bf16;               /* tensors in frames as bfloat16 (dp_ps_client_default_wire) */
 };
 
 /* dp_ps_client_default_stop_flag: what each new client's stop starts as. */
 static volatile sig_atomic_t *s_default_stop;
 /* dp_ps_client_default_transport: what each new client's transport starts as. */
 static dp_ps_transport_t s_default_transport = DP_PS_TRANSPORT_AUTO;
+/* dp_ps_client_default_wire: bfloat16 frames for each new client. */
+static int s_default_bf16;
 
 /* Storage one request points into until it is sent. */
 typedef struct {
@@ -659,6 +663,7 @@ int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp
     c->timeout_s = timeout_s;
     c->stop = s_default_stop;
     c->transport = s_default_transport;
+    c->bf16 = s_default_bf16;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(S_MAX_SHARDS, sizeof *c->sh);
     if (s_parse_endpoints(c, endpoints, err) != 0) goto fail;
@@ -713,6 +718,7 @@ static void s_build_pull(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     p->no_checksum = !c->sh[i].crc;
     rq->env.pull = p;
     rq->env.shm = c->sh[i].shm;
+    if (c->bf16 && !c->sh[i].shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
 }
 
 static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
@@ -740,8 +746,12 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
             }
         }
     }
-    for (int f = 0; f < nf; f++)
-        memcpy(params + env->tensors[f]->offset, frames[f].data, frames[f].len);
+    for (int f = 0; f < nf; f++) {
+        const Downpour__TensorDesc *d = env->tensors[f];
+        if (d->dtype == DOWNPOUR__DTYPE__BFLOAT16)
+            dp_wire_from_bf16(params + d->offset, frames[f].data, (size_t)dp_wire_desc_count(d));
+        else memcpy(params + d->offset, frames[f].data, frames[f].len);
+    }
     s->version = env->params->version;
     s_seen(s, s->version);
     s->pulled = 1;
@@ -797,7 +807,8 @@ static void s_build_push(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     p->step = push->step;
     rq->env.push = p;
     size_t cnt = (size_t)(s->hi - s->lo);
-    dp_wire_desc_fill(&rq->desc, rq->shape, "params", push->grads + s->lo, cnt, s->lo, !s->crc, 0);
+    dp_wire_desc_fill(&rq->desc, rq->shape, "params", push->grads + s->lo, cnt, s->lo,
+                      !s->crc || s->shm || c->bf16, 0); /* bf16: its own CRC below */
     if (!s->crc) dp_wire_desc_no_checksum(&rq->desc);
     rq->descs[0] = &rq->desc;
     rq->env.n_tensors = 1;
@@ -809,8 +820,15 @@ static void s_build_push(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
         return;
     }
     atomic_fetch_add(&c->inflight, 1); /* dp_wire_send releases it, sent or not */
-    rq->payload = (dp_wire_payload_t){push->grads + s->lo, cnt * sizeof(float), s_push_release,
-                                      &c->inflight};
+    if (c->bf16) { /* half the bytes: the slice rounded into our own buffer */
+        s_shard_t *sw = &c->sh[i];
+        if (!sw->push16) sw->push16 = dp_malloc(cnt * sizeof *sw->push16 + 2);
+        dp_wire_to_bf16(sw->push16, push->grads + s->lo, cnt);
+        dp_wire_desc_bf16(&rq->desc, sw->push16, s->crc);
+        rq->payload = (dp_wire_payload_t){sw->push16, cnt * 2, s_push_release, &c->inflight};
+    } else
+        rq->payload = (dp_wire_payload_t){push->grads + s->lo, cnt * sizeof(float), s_push_release,
+                                          &c->inflight};
     rq->n_payloads = 1;
 }
 
@@ -1035,6 +1053,11 @@ void dp_ps_client_default_transport(dp_ps_transport_t t)
     s_default_transport = t;
 }
 
+void dp_ps_client_default_wire(int bf16)
+{
+    s_default_bf16 = bf16;
+}
+
 int dp_ps_client_shm_shards(const dp_ps_client_t *c)
 {
     int k = 0;
@@ -1068,6 +1091,7 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     for (int i = 0; i < c->n; i++) {
         s_close(&c->sh[i]);
         s_shm_close(&c->sh[i]);
+        free(c->sh[i].push16);
     }
     /* zmq_ctx_term may be interrupted by a signal; it is then to be retried. */
     while (c->ctx && zmq_ctx_term(c->ctx) != 0) {

@@ -76,6 +76,11 @@ int dp_ps_transport_parse(const char *s, dp_ps_transport_t *out, char *err);
  * dp_ps_client_default_stop_flag; downpour-worker's --transport sets it).
  * Default AUTO. */
 void dp_ps_client_default_transport(dp_ps_transport_t t);
+/* Tensors in frames as bfloat16 (1) or float32 (0, the default) for each
+ * client created from now on (downpour-worker's --wire): half the bytes,
+ * each value rounded to 8 bits of mantissa on the wire; the servers keep
+ * float32 weights and optimizer state. Shared memory stays float32. */
+void dp_ps_client_default_wire(int bf16);
 /* Shards this client reaches through shared memory. */
 int dp_ps_client_shm_shards(const dp_ps_client_t *c);
 

@@ -68,7 +68,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t i = 0; i < env->n_tensors && i < (size_t)k; i++) {
             const Downpour__TensorDesc *d = env->tensors[i];
             if (d->byte_length != frames[i].len) s_violation("accepted a byte length mismatch");
-            if (d->dtype != DOWNPOUR__DTYPE__FLOAT32) s_violation("accepted a bad dtype");
+            if (d->dtype != DOWNPOUR__DTYPE__FLOAT32 && d->dtype != DOWNPOUR__DTYPE__BFLOAT16)
+                s_violation("accepted a bad dtype");
+            if (dp_wire_desc_count(d) * dp_wire_dtype_size(d->dtype) != d->byte_length)
+                s_violation("accepted a byte length that is not whole elements");
             if (d->checksum != DOWNPOUR__CHECKSUM__CRC32 && d->checksum != DOWNPOUR__CHECKSUM__NO_CHECKSUM)
                 s_violation("accepted an unknown checksum kind");
             if (d->checksum == DOWNPOUR__CHECKSUM__CRC32 &&
@@ -80,11 +83,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         dp_wire_check_range(env, 100, 50, err); /* nonsense range: must not misbehave */
         dp_wire_check_finite(frames, k, err);
         static float copy[1 << 14];
+        static uint16_t half[1 << 14];
         for (int i = 0; i < k; i++) {
             size_t n = frames[i].len / 4 < (1u << 14) ? frames[i].len / 4 : (1u << 14);
             if ((dp_wire_any_nonfinite(frames[i].data, n) != 0) !=
                 (dp_wire_copy_finite(copy, frames[i].data, n, err) != 0))
                 s_violation("the finite check and the copy-and-check disagree");
+            dp_wire_to_bf16(half, copy, n); /* any bits, any alignment: must not misbehave */
+            dp_wire_from_bf16(copy, frames[i].data, frames[i].len / 2 < n ? frames[i].len / 2 : n);
         }
     } else if (strncmp(err, "malformed: ", 11) != 0) {
         s_violation("check error without 'malformed: '");

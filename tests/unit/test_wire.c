@@ -458,7 +458,70 @@ static void test_checksum_kinds(void)
           !dp_wire_local_endpoint("tcp://127example.com:1"));
 }
 
+/* bfloat16: round to nearest even (ties to the even 16-bit value), NaN and
+ * Inf kept, past the largest bf16 to Inf; widening is exact; the vector
+ * path (8 at a time) and the tail agree, at any alignment. */
+static void test_bf16(void)
+{
+    uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu,
+                     0x7fc00001u, 0x7f800001u, 0xff800000u, 0x7f7fffffu, 0x80000000u, 0x00010000u};
+    uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0x3f80, 0x7fc0, 0x7fc0, 0xff80, 0x7f80, 0x8000, 0x0001};
+    enum { K = sizeof in / sizeof in[0] };
+    float src[3 * K];
+    uint16_t out[3 * K];
+    for (int r = 0; r < 3; r++) memcpy(src + r * K, in, sizeof in); /* vector blocks and a tail */
+    dp_wire_to_bf16(out, src, 3 * K);
+    int bad = 0;
+    for (int i = 0; i < 3 * K; i++) {
+        uint16_t w = want[i % K];
+        int is_nan = (w & 0x7f80) == 0x7f80 && (w & 0x7f);
+        bad += is_nan ? !((out[i] & 0x7f80) == 0x7f80 && (out[i] & 0x7f)) : out[i] != w;
+    }
+    CHECK_EQ(bad, 0);
+    uint8_t raw[2 * 3 * K + 1];
+    memcpy(raw + 1, out, sizeof out);
+    float back[3 * K];
+    dp_wire_from_bf16(back, raw + 1, 3 * K);
+    for (int i = 0; i < 3 * K; i++) {
+        uint32_t u;
+        memcpy(&u, back + i, 4);
+        bad += u != (uint32_t)out[i] << 16;
+    }
+    CHECK_EQ(bad, 0);
+}
+
+static void m_bf16(Downpour__Envelope *e, Downpour__TensorDesc *d)
+{
+    (void)e;
+    d->dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    d->byte_length = N * 2;
+    dp_wire_desc_no_checksum(d);
+}
+
+/* A BFLOAT16 descriptor holds 2 bytes an element: a frame of N * 2 bytes,
+ * N elements for the range; not in shared memory. */
+static void test_bf16_descriptor(void)
+{
+    uint8_t buf[4096];
+    char err[DP_ERR_LEN] = "";
+    size_t len = s_make_push(buf, sizeof buf, N, 10, m_bf16);
+    dp_wire_frame_t fr = {s_data, N * 2};
+    CHECK_EQ(s_check(buf, len, &fr, 1, err), 0);
+    fr.len = N * 4;
+    CHECK_EQ(s_check(buf, len, &fr, 1, err), -1);
+    Downpour__Envelope *env = dp_wire_decode(buf, len, err);
+    CHECK(env != NULL);
+    if (env) {
+        CHECK_EQ(dp_wire_desc_count(env->tensors[0]), N);
+        CHECK_EQ(dp_wire_check_range(env, 10, 10 + N, err), 0);
+        env->shm = 1;
+        CHECK_EQ(dp_wire_check(env, NULL, 0, err), -1);
+        CHECK(strstr(err, "dtype 3 unsupported") != NULL);
+        dp_wire_destroy(&env);
+    }
+}
+
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
          T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
          T(test_frame_count_and_garbage), T(test_range), T(test_finite),
-         T(test_finite_vector), T(test_checksum_kinds))
+         T(test_finite_vector), T(test_checksum_kinds), T(test_bf16), T(test_bf16_descriptor))
