@@ -133,8 +133,6 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
     s_reply_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
-/* The live buffer goes to ZeroMQ as it is (its reference with it); the
- * shard writes the next version elsewhere while ZeroMQ holds it. */
 /* PARAMS in bfloat16 (--wire bf16): the version converted once, sent as is. */
 static void s_reply_params_bf16(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how)
 {
@@ -155,6 +153,9 @@ static void s_reply_params_bf16(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int wor
     s_send(ps, id, &env, &pl, 1);
 }
 
+/* The live buffer goes to ZeroMQ as it is (its reference with it); the
+ * shard writes the next version elsewhere while ZeroMQ holds it. A shared-
+ * memory reader is told the slot instead. */
 static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how, int bf16)
 {
     if (bf16 && how != S_PARAMS_SHM) {
