@@ -2,7 +2,7 @@
 # test_bench_wire: `downpour bench wire` starts real shards and a raw ZeroMQ
 # echo, ends with one JSON line holding the documented fields (positive
 # medians of the rounds asked for), over tcp, ipc and shared memory, with 1
-# and 2 shards;
+# and 2 shards, and with a bfloat16 wire;
 # bad flags are refused with one line and status 2; nothing is left behind.
 # Timing is not asserted: benchmarks are not tests.
 source "$(dirname "$0")/lib.sh"
@@ -27,6 +27,11 @@ check "... its last line is the JSON object" fields_ok "$TMP/tcp.log" 4
 check "bench wire, 2 shards over ipc, adam, exits 0" test $? = 0
 check "... its last line is the JSON object" fields_ok "$TMP/ipc.log" 3
 check "... with 2 shards" grep -q '"shards":2' "$TMP/ipc.log"
+
+"$L" bench wire --bytes 200000 --wire bf16 --crc on --rounds 3 --json >"$TMP/bf16.log" 2>&1
+check "bench wire --wire bf16 --crc on exits 0" test $? = 0
+check "... its last line is the JSON object, saying bf16" \
+    bash -c "tail -n 1 '$TMP/bf16.log' | grep -q '\"wire\":\"bf16\"'"
 
 touch "$TMP/start-mark"
 "$L" bench wire --bytes 200000 --shards 2 --transport shm --optimizer adam --rounds 3 --json >"$TMP/shm.log" 2>&1
