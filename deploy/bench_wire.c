@@ -39,9 +39,12 @@ typedef struct {
     const char *model;      /* --model (when --bytes is not given) */
     int shards;
     const char *optimizer;
-    int transport;          /* 0 tcp, 1 ipc */
+    int transport;          /* 0 tcp, 1 ipc, 2 shm (control on tcp 127.0.0.1, tensors in shared memory) */
     int rounds, warmup;
     int json;
+    int threads;            /* --threads for the servers; 0 = their default */
+    int crc;                /* 0 auto (the client's default), 1 on, 2 off */
+    int bf16;               /* --wire bf16: tensors as bfloat16 (and the raw echo moves as many bytes) */
 } s_conf_t;
 
 typedef struct {
@@ -51,7 +54,8 @@ typedef struct {
 
 static const char s_synopsis[] =
     "usage: downpour bench wire [--bytes N | --model SPEC] [--shards K] [--optimizer NAME]\n"
-    "                           [--transport tcp|ipc] [--rounds N] [--warmup N] [--json]\n"
+    "                           [--transport tcp|ipc|shm] [--rounds N] [--warmup N] [--json]\n"
+    "                           [--threads N] [--crc auto|on|off] [--wire fp32|bf16]\n"
     "Times pull and push of the whole parameter vector against real downpour-ps shards on\n"
     "this machine, beside a plain ZeroMQ round trip of the same bytes and a memcpy of them.\n"
     "\n";
@@ -66,13 +70,21 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
                     "parameter-server shards (default 1)"),
         DP_FLAG_STR("optimizer", "NAME", &c->optimizer, 0,
                     "the servers' optimizer: sgd|momentum|nesterov|adam|adagrad (default sgd)"),
-        DP_FLAG_CHOICE("transport", "tcp|ipc", &c->transport, 0,
-                       "tcp on 127.0.0.1 (default) or ipc (unix sockets)"),
+        DP_FLAG_CHOICE("transport", "tcp|ipc|shm", &c->transport, 0,
+                       "tcp on 127.0.0.1 (default), ipc (unix sockets), or shm\n"
+                       "(shared memory, control messages on tcp 127.0.0.1)"),
         DP_FLAG_NUM("rounds", DP_OPTS_INT, "N", &c->rounds, 1, 100000, 0,
                     "measured rounds (default 20)"),
         DP_FLAG_NUM("warmup", DP_OPTS_INT, "N", &c->warmup, 0, 100000, 0,
                     "rounds before them, not counted (default 3)"),
         DP_FLAG_SET("json", &c->json, 1, 0, "end with one JSON line"),
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 256, 0,
+                    "the servers' optimizer threads (default: theirs)"),
+        DP_FLAG_CHOICE("crc", "auto|on|off", &c->crc, 0,
+                       "CRC-32 on the tensors (default auto: off on this host)"),
+        DP_FLAG_CHOICE("wire", "fp32|bf16", &c->bf16, 0,
+                       "precision of the tensors in frames (the raw round trip moves\n"
+                       "the same number of bytes)"),
     };
     dp_opts_t o;
     dp_opts_init(&o, "downpour bench wire", s_synopsis, NULL);
@@ -110,7 +122,7 @@ static void s_echo_main(int transport, const char *dir, int fd)
     void *ctx = zmq_ctx_new();
     void *sock = zmq_socket(ctx, ZMQ_ROUTER);
     char ep[PATH_MAX + 16];
-    if (transport) snprintf(ep, sizeof ep, "ipc://%s/echo", dir);
+    if (transport == 1) snprintf(ep, sizeof ep, "ipc://%s/echo", dir);
     else snprintf(ep, sizeof ep, "tcp://127.0.0.1:*");
     size_t len = sizeof ep;
     if (!ctx || !sock || zmq_bind(sock, ep) != 0 ||
@@ -182,14 +194,17 @@ static int s_start_servers(s_cluster_t *cl, const s_conf_t *c, const dp_model_t 
 {
     for (int i = 0; i < c->shards; i++) {
         char bind[PATH_MAX + 16], ready[PATH_MAX], log[PATH_MAX], shard[24], ep[256];
-        if (c->transport) snprintf(bind, sizeof bind, "ipc://%s/ps-%d", cl->dir, i);
+        if (c->transport == 1) snprintf(bind, sizeof bind, "ipc://%s/ps-%d", cl->dir, i);
         else snprintf(bind, sizeof bind, "tcp://127.0.0.1:*");
         snprintf(ready, sizeof ready, "%s/ready-%d", cl->dir, i);
         snprintf(log, sizeof log, "%s/ps-%d.log", cl->dir, i);
         snprintf(shard, sizeof shard, "%d/%d", i, c->shards);
+        char threads[16];
+        snprintf(threads, sizeof threads, "%d", c->threads);
         const char *av[] = {cl->bin, "--bind", bind, "--ready-file", ready, "--shard", shard,
                             "--workers", "1", "--mode", "async", "--model", m->spec,
-                            "--input", input, "--optimizer", c->optimizer, NULL};
+                            "--input", input, "--optimizer", c->optimizer,
+                            c->threads ? "--threads" : NULL, threads, NULL};
         if (dp_spawn(&cl->pid[i], av, log, err) != 0) return -1;
         cl->n = i + 1;
         if (dp_spawn_wait_ready(ready, cl->pid[i], log, 30, ep, sizeof ep, err) != 0) return -1;
@@ -236,7 +251,7 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         double t1 = dp_now();
         if (rc == 0 && dp_ps_client_push(pc, grads, 0.0f, 1, &res, err) != 0) rc = -1;
         double t2 = dp_now();
-        double echo = s_echo_once(raw, grads, n * sizeof(float));
+        double echo = s_echo_once(raw, grads, n * (c->bf16 ? 2 : sizeof(float)));
         if (rc == 0 && echo < 0) rc = dp_err(err, "the raw ZeroMQ round trip failed: %s",
                                              zmq_strerror(errno));
         double t3 = dp_now();
@@ -256,6 +271,9 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
     return rc;
 }
 
+static const char *const s_transport_name[] = {"tcp 127.0.0.1", "ipc",
+                                                "shm (control on tcp 127.0.0.1)"};
+
 static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
 {
     /* pull + push per round first: the medians below sort the arrays. */
@@ -266,17 +284,21 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     free(sum);
     double mb = (double)m->n_floats * 4 / 1e6;
     printf("wire: %.2f MB of parameters, %d shard%s, %s, optimizer %s; medians of %d rounds\n", mb,
-           c->shards, c->shards > 1 ? "s" : "", c->transport ? "ipc" : "tcp 127.0.0.1",
+           c->shards, c->shards > 1 ? "s" : "", s_transport_name[c->transport],
            c->optimizer, t->n);
     printf("  pull %.3f ms   push %.3f ms   pull+push %.3f ms\n", pull, push, rt);
     printf("  plain ZeroMQ round trip of the same bytes %.3f ms   ratio %.2fx\n", raw, rt / raw);
-    printf("  memcpy of the same bytes %.3f ms (%.1f GB/s)\n", cp, mb / cp);
+    printf("  memcpy of the same bytes %.3f ms (%.1f GB/s); pull + push against two memcpys %.2fx\n",
+           cp, mb / cp, rt / (2 * cp));
     if (!c->json) return;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "bytes", (double)m->n_floats * 4);
     cJSON_AddNumberToObject(o, "shards", c->shards);
-    cJSON_AddStringToObject(o, "transport", c->transport ? "ipc" : "tcp");
+    cJSON_AddStringToObject(o, "transport", c->transport == 0 ? "tcp" : c->transport == 1 ? "ipc" : "shm");
     cJSON_AddStringToObject(o, "optimizer", c->optimizer);
+    cJSON_AddStringToObject(o, "crc", c->crc == 0 ? "auto" : c->crc == 1 ? "on" : "off");
+    cJSON_AddStringToObject(o, "wire", c->bf16 ? "bf16" : "fp32");
+    if (c->threads) cJSON_AddNumberToObject(o, "threads", c->threads);
     cJSON_AddNumberToObject(o, "rounds", t->n);
     cJSON_AddNumberToObject(o, "pull_ms", dp_metrics_round(pull, 4));
     cJSON_AddNumberToObject(o, "push_ms", dp_metrics_round(push, 4));
@@ -284,6 +306,9 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     cJSON_AddNumberToObject(o, "raw_zmq_roundtrip_ms", dp_metrics_round(raw, 4));
     cJSON_AddNumberToObject(o, "ratio", dp_metrics_round(rt / raw, 3));
     cJSON_AddNumberToObject(o, "memcpy_ms", dp_metrics_round(cp, 4));
+    /* a pull and a push move the vector twice, so two memcpys are the
+     * memory-speed floor of one round */
+    cJSON_AddNumberToObject(o, "memcpy_ratio", dp_metrics_round(rt / (2 * cp), 3));
     char *line = cJSON_PrintUnformatted(o);
     printf("%s\n", line);
     cJSON_free(line);
@@ -309,7 +334,11 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
     int rc = -1;
     if (s_echo_start(c->transport, cl.dir, &echo, raw_ep, sizeof raw_ep, err) != 0) goto done;
     if (s_start_servers(&cl, c, &m, input, err) != 0) goto done;
+    /* tcp and ipc rows measure frames even on this host */
+    dp_ps_client_default_transport(c->transport == 2 ? DP_PS_TRANSPORT_SHM : DP_PS_TRANSPORT_ZMQ);
+    dp_ps_client_default_wire(c->bf16);
     if (dp_ps_client_new(&pc, cl.endpoints, &m, 0, 30, NULL, err) != 0) goto done;
+    dp_ps_client_set_checksum(pc, c->crc == 0 ? -1 : c->crc == 1);
     ctx = zmq_ctx_new();
     raw = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     if (!raw || zmq_connect(raw, raw_ep) != 0) {

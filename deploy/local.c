@@ -542,8 +542,11 @@ static int s_record_merge(const dp_local_t *L, char *err)
 /* The parameter-server shards, each on a loopback port the kernel picks. */
 static int s_start_servers(dp_local_t *L, char *err)
 {
-    char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX];
+    char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
     snprintf(nworkers, sizeof nworkers, "%d", L->workers);
+    /* the shards share the host's cores for their optimizer sweeps */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(threads, sizeof threads, "%ld", cores / L->shards > 0 ? cores / L->shards : 1);
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
@@ -560,6 +563,7 @@ static int s_start_servers(dp_local_t *L, char *err)
         av[n++] = "--workers"; av[n++] = nworkers;
         av[n++] = "--input"; av[n++] = L->input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
+        av[n++] = "--threads"; av[n++] = threads; /* a --threads given last wins */
         if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
         char record[PATH_MAX];
         if (L->record) {

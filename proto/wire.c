@@ -125,7 +125,10 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
     if (env->n_tensors > DP_WIRE_MAX_TENSORS)
         return dp_err(err, "malformed: %zu tensor descriptors (limit %d)", env->n_tensors,
                       DP_WIRE_MAX_TENSORS);
-    if ((size_t)n_frames != env->n_tensors)
+    if (env->shm && n_frames != 0)
+        return dp_err(err, "malformed: %s says its tensors are in shared memory but has %d frames",
+                      dp_wire_type_name(env->type), n_frames);
+    if (!env->shm && (size_t)n_frames != env->n_tensors)
         return dp_err(err, "malformed: %s has %zu tensor descriptors but %d tensor frames",
                       dp_wire_type_name(env->type), env->n_tensors, n_frames);
     for (size_t i = 0; i < env->n_tensors; i++) {
@@ -133,9 +136,11 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
         if (!d) return dp_err(err, "malformed: tensor %zu: missing descriptor", i);
         if (!d->key || !d->key[0] || !s_text_ok(d->key, DP_WIRE_MAX_KEY))
             return dp_err(err, "malformed: tensor %zu: empty or over-long key", i);
-        if (d->dtype != DOWNPOUR__DTYPE__FLOAT32)
-            return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (only FLOAT32)", i,
-                          d->key, (int)d->dtype);
+        if (d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
+            (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || env->shm))
+            return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
+                               "BFLOAT16 in frames)",
+                          i, d->key, (int)d->dtype);
         if (d->n_shape < 1 || d->n_shape > 8)
             return dp_err(err, "malformed: tensor %zu (%s): %zu dimensions (1 to 8 allowed)", i,
                           d->key, d->n_shape);
@@ -148,16 +153,22 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
             if (count > (uint64_t)1 << 40)
                 return dp_err(err, "malformed: tensor %zu (%s): shape too large", i, d->key);
         }
-        if (count * 4 != d->byte_length)
+        uint64_t size = dp_wire_dtype_size(d->dtype);
+        if (count * size != d->byte_length)
             return dp_err(err, "malformed: tensor %zu (%s): shape holds %llu floats = %llu bytes but byte_length is %llu",
-                          i, d->key, (unsigned long long)count, (unsigned long long)(count * 4),
+                          i, d->key, (unsigned long long)count, (unsigned long long)(count * size),
                           (unsigned long long)d->byte_length);
         if (d->offset > (uint64_t)1 << 40)
             return dp_err(err, "malformed: tensor %zu (%s): offset %llu out of range", i, d->key,
                           (unsigned long long)d->offset);
+        if (env->shm) continue; /* no frame: the bytes are in shared memory */
         if (frames[i].len != d->byte_length)
             return dp_err(err, "malformed: tensor %zu (%s): frame has %zu bytes, descriptor says %llu",
                           i, d->key, frames[i].len, (unsigned long long)d->byte_length);
+        if (d->checksum == DOWNPOUR__CHECKSUM__NO_CHECKSUM) continue;
+        if (d->checksum != DOWNPOUR__CHECKSUM__CRC32)
+            return dp_err(err, "malformed: tensor %zu (%s): unknown checksum kind %d", i, d->key,
+                          (int)d->checksum);
         uint32_t crc = dp_wire_crc32(frames[i].data, frames[i].len);
         if (crc != d->crc32)
             return dp_err(err, "malformed: tensor %zu (%s): checksum %08x, descriptor says %08x", i,
@@ -174,7 +185,7 @@ int dp_wire_check_range(const Downpour__Envelope *env, uint64_t lo, uint64_t hi,
                       (unsigned long long)lo, (unsigned long long)hi);
     for (size_t i = 0; i < env->n_tensors; i++) {
         const Downpour__TensorDesc *d = env->tensors[i];
-        uint64_t n = d->byte_length / 4;
+        uint64_t n = dp_wire_desc_count(d);
         if (d->offset != at || n > hi - at)
             return dp_err(err, "malformed: tensor %zu (%s) covers floats [%llu, %llu) but this shard holds [%llu, %llu)%s",
                           i, d->key, (unsigned long long)d->offset,
@@ -189,28 +200,98 @@ int dp_wire_check_range(const Downpour__Envelope *env, uint64_t lo, uint64_t hi,
     return 0;
 }
 
+static int s_any_nonfinite(const void *data, size_t n);
+
+/* Non-zero when some float of p[0..n) has an all-ones exponent (Inf or
+ * NaN): (u & 0x7f800000) + 0x00800000 carries into bit 31 exactly then, so
+ * the loop is and / add / or over native vectors (GCC's vector extension,
+ * loaded with memcpy so any byte alignment works), two accumulators deep,
+ * compiled for AVX2 and for the baseline. It runs at memory speed, ~0.2 ms
+ * on the default model's 6.6 MB here; the element loop it replaces took
+ * 1.1 ms, and 64-byte vectors (wider than the registers) were as slow. */
+typedef uint32_t s_u32x8 __attribute__((vector_size(32)));
+typedef uint32_t s_u32x4 __attribute__((vector_size(16)));
+
+#define S_ANY_NONFINITE_BODY(V, L)                                               \
+    {                                                                            \
+        const V e = (V){0} + 0x7f800000u;                                        \
+        V a0 = {0}, a1 = {0};                                                    \
+        size_t i = 0;                                                            \
+        for (; i + 2 * L <= n; i += 2 * L) {                                     \
+            V v, w;                                                              \
+            memcpy(&v, p + 4 * i, sizeof v);                                     \
+            memcpy(&w, p + 4 * (i + L), sizeof w);                               \
+            a0 |= (v & e) + 0x00800000u;                                         \
+            a1 |= (w & e) + 0x00800000u;                                         \
+        }                                                                        \
+        a0 |= a1;                                                                \
+        uint32_t bad = 0;                                                        \
+        for (int k = 0; k < L; k++) bad |= a0[k];                                \
+        for (; i < n; i++) {                                                     \
+            uint32_t u;                                                          \
+            memcpy(&u, p + 4 * i, 4);                                            \
+            bad |= (u & 0x7f800000u) + 0x00800000u;                              \
+        }                                                                        \
+        return (bad >> 31) != 0;                                                 \
+    }
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static int s_any_nonfinite_avx2(const unsigned char *p, size_t n)
+S_ANY_NONFINITE_BODY(s_u32x8, 8)
+#endif
+
+static int s_any_nonfinite_base(const unsigned char *p, size_t n)
+S_ANY_NONFINITE_BODY(s_u32x4, 4)
+
+int dp_wire_any_nonfinite(const void *data, size_t n)
+{
+    return s_any_nonfinite(data, n);
+}
+
+static int s_any_nonfinite(const void *data, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) return s_any_nonfinite_avx2(data, n);
+#endif
+    return s_any_nonfinite_base(data, n);
+}
+
+/* The first non-finite float of p[0..n) named in err (there is one). */
+static int s_nonfinite_err(const unsigned char *p, size_t n, int tensor, size_t base, char *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
+                     (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            return dp_err(err, "non-finite gradient: element %zu of tensor %d is %s", base + i,
+                          tensor, (u & 0x007fffffu) ? "NaN" : ((u >> 31) ? "-Inf" : "+Inf"));
+    }
+    return dp_err(err, "non-finite gradient in tensor %d", tensor);
+}
+
 int dp_wire_check_finite(const dp_wire_frame_t *frames, int n_frames, char *err)
 {
     for (int f = 0; f < n_frames; f++) {
-        const unsigned char *p = frames[f].data;
         size_t n = frames[f].len / 4;
-        /* Exponent all ones = Inf or NaN. Little-endian bytes; the OR-reduction
-         * vectorises and stays cheap (~0.3-0.5 ms on 6.6 MB); find the index only
-         * when something is wrong. */
-        uint32_t bad = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, p + 4 * i, 4); /* one unaligned load (little-endian host) */
-            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-        }
-        if (!bad) continue;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
-                         (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
-            if ((u & 0x7f800000u) == 0x7f800000u)
-                return dp_err(err, "non-finite gradient: element %zu of tensor %d is %s", i, f,
-                              (u & 0x007fffffu) ? "NaN" : ((u >> 31) ? "-Inf" : "+Inf"));
-        }
+        if (s_any_nonfinite(frames[f].data, n))
+            return s_nonfinite_err(frames[f].data, n, f, 0, err);
+    }
+    return 0;
+}
+
+/* Blocks small enough that the copy is still in L1 when it is checked. */
+#define S_COPY_BLOCK 4096
+
+int dp_wire_copy_finite(float *dst, const void *src, size_t n, char *err)
+{
+    const unsigned char *p = src;
+    for (size_t at = 0; at < n; at += S_COPY_BLOCK) {
+        size_t k = n - at < S_COPY_BLOCK ? n - at : S_COPY_BLOCK;
+        memcpy(dst + at, p + 4 * at, k * 4);
+        /* the private copy is what is checked (and later applied): src may
+         * change under us (shared memory) */
+        if (s_any_nonfinite(dst + at, k))
+            return s_nonfinite_err((const unsigned char *)(dst + at), k, 0, at, err);
     }
     return 0;
 }
@@ -363,6 +444,14 @@ int dp_wire_send(void *sock, zmq_msg_t *identity, const Downpour__Envelope *env,
     return 0;
 }
 
+void dp_wire_desc_bf16(Downpour__TensorDesc *d, const uint16_t *data, int crc)
+{
+    d->dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    d->byte_length = (uint64_t)d->shape[0] * 2;
+    if (crc) d->crc32 = dp_wire_crc32(data, d->byte_length);
+    else dp_wire_desc_no_checksum(d);
+}
+
 void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key, const float *data,
                        size_t count, uint64_t offset, int crc_known, uint32_t crc)
 {
@@ -375,6 +464,111 @@ void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key,
     d->byte_length = (uint64_t)count * 4;
     d->offset = offset;
     d->crc32 = crc_known ? crc : dp_wire_crc32(data, count * 4);
+}
+
+unsigned dp_wire_dtype_size(int dtype)
+{
+    return dtype == DOWNPOUR__DTYPE__BFLOAT16 ? 2 : 4;
+}
+
+uint64_t dp_wire_desc_count(const Downpour__TensorDesc *d)
+{
+    return d->byte_length / dp_wire_dtype_size(d->dtype);
+}
+
+/* Round to nearest even on the 16 bits dropped; a NaN stays a (quiet) NaN
+ * whatever its payload (rounding could carry it into Inf). Eight at a time
+ * through the vector extension (AVX2 and baseline builds, as the finite
+ * check): the element loops took ~2 ms per direction on 6.6 MB here. */
+static uint16_t s_bf16(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+typedef uint16_t s_u16x8 __attribute__((vector_size(16)));
+
+#define S_TO_BF16_BODY                                                           \
+    {                                                                            \
+        size_t i = 0;                                                            \
+        for (; i + 8 <= n; i += 8) {                                             \
+            s_u32x8 u;                                                           \
+            memcpy(&u, src + i, sizeof u);                                       \
+            s_u32x8 nan = (s_u32x8)((u & 0x7fffffffu) > 0x7f800000u);            \
+            s_u32x8 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                  \
+            r = (r & ~nan) | (((u >> 16) | 0x40u) & nan);                        \
+            s_u16x8 h = __builtin_convertvector(r, s_u16x8);                     \
+            memcpy(dst + i, &h, sizeof h);                                       \
+        }                                                                        \
+        for (; i < n; i++) {                                                     \
+            uint32_t u;                                                          \
+            memcpy(&u, src + i, 4);                                              \
+            dst[i] = s_bf16(u);                                                  \
+        }                                                                        \
+    }
+
+#define S_FROM_BF16_BODY                                                         \
+    {                                                                            \
+        const unsigned char *p = src;                                            \
+        size_t i = 0;                                                            \
+        for (; i + 8 <= n; i += 8) {                                             \
+            s_u16x8 h;                                                           \
+            memcpy(&h, p + 2 * i, sizeof h);                                     \
+            s_u32x8 u = __builtin_convertvector(h, s_u32x8) << 16;               \
+            memcpy(dst + i, &u, sizeof u);                                       \
+        }                                                                        \
+        for (; i < n; i++) {                                                     \
+            uint16_t h;                                                          \
+            memcpy(&h, p + 2 * i, 2);                                            \
+            uint32_t u = (uint32_t)h << 16;                                      \
+            memcpy(dst + i, &u, 4);                                              \
+        }                                                                        \
+    }
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static void s_to_bf16_avx2(uint16_t *dst, const float *src, size_t n)
+S_TO_BF16_BODY
+__attribute__((target("avx2"))) static void s_from_bf16_avx2(float *dst, const void *src, size_t n)
+S_FROM_BF16_BODY
+#endif
+static void s_to_bf16_base(uint16_t *dst, const float *src, size_t n)
+S_TO_BF16_BODY
+static void s_from_bf16_base(float *dst, const void *src, size_t n)
+S_FROM_BF16_BODY
+
+void dp_wire_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) {
+        s_to_bf16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    s_to_bf16_base(dst, src, n);
+}
+
+void dp_wire_from_bf16(float *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) {
+        s_from_bf16_avx2(dst, src, n);
+        return;
+    }
+#endif
+    s_from_bf16_base(dst, src, n);
+}
+
+void dp_wire_desc_no_checksum(Downpour__TensorDesc *d)
+{
+    d->checksum = DOWNPOUR__CHECKSUM__NO_CHECKSUM;
+    d->crc32 = 0;
+}
+
+int dp_wire_local_endpoint(const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0) return 1;
+    return strncmp(ep, "tcp://127.", 10) == 0 || strncmp(ep, "tcp://localhost:", 16) == 0 ||
+           strncmp(ep, "tcp://[::1]", 11) == 0;
 }
 
 void dp_wire_env_init(Downpour__Envelope *env, int type, uint64_t request_id, int worker_id,

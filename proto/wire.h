@@ -11,9 +11,13 @@
  * DP_PROTOCOL_VERSION; type is a known MsgType; the sub-message the type needs
  * is present; tensors appear only on PUSH and PARAMS, at most
  * DP_WIRE_MAX_TENSORS; there is exactly one frame per descriptor; each
- * descriptor is FLOAT32, its shape's product * 4 == byte_length == the
- * frame's length, and crc32(frame) == its crc32; offset + count does not
- * overflow. Nothing here asserts on network input: every failure is a
+ * descriptor is FLOAT32 (or BFLOAT16 in frames: 2 bytes an element where
+ * 4 is said here), its shape's product * 4 == byte_length == the
+ * frame's length, and crc32(frame) == its crc32 unless the descriptor says
+ * NO_CHECKSUM (a sender whose transport already protects the bytes: loopback,
+ * ipc, CURVE); offset + count does not overflow. A message with env->shm
+ * has no tensor frames at all: its descriptors name bytes in shared memory
+ * (proto/shm.h), which the receiver bounds-checks against its segment. Nothing here asserts on network input: every failure is a
  * message in err, starting with "malformed: ". */
 #ifndef DP_WIRE_H
 #define DP_WIRE_H
@@ -63,8 +67,19 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
 int dp_wire_check_range(const Downpour__Envelope *env, uint64_t lo, uint64_t hi, char *err);
 
 /* Every float of the frames is finite (no NaN, no Inf). Bit tests through
- * memcpy'd words, so any frame alignment works. */
+ * memcpy'd words, so any frame alignment works; vectorised (memory speed). */
 int dp_wire_check_finite(const dp_wire_frame_t *frames, int n_frames, char *err);
+
+/* Non-zero when some of the n floats at data (any alignment) is NaN or
+ * Inf: the check above without the message, for callers that split the
+ * work (the shard's threads). */
+int dp_wire_any_nonfinite(const void *data, size_t n);
+
+/* Copy n floats from src (any alignment; memory another process may write,
+ * e.g. a shared segment) to dst and check the copy is finite, block by
+ * block in one pass. -1 with err naming the first bad element; dst then
+ * holds a partial copy. */
+int dp_wire_copy_finite(float *dst, const void *src, size_t n, char *err);
 
 /* ---- receiving -------------------------------------------------------- */
 
@@ -124,6 +139,29 @@ int dp_wire_send(void *sock, zmq_msg_t *identity, const Downpour__Envelope *env,
  * the flat vector held in data; computes the crc unless crc_known is set. */
 void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key, const float *data,
                        size_t count, uint64_t offset, int crc_known, uint32_t crc);
+
+/* Bytes per element of a dtype: 2 for BFLOAT16, else 4. */
+unsigned dp_wire_dtype_size(int dtype);
+/* Elements a (checked) descriptor describes: byte_length / the dtype's size. */
+uint64_t dp_wire_desc_count(const Downpour__TensorDesc *d);
+
+/* bfloat16, the wire's reduced precision (--wire bf16): the top 16 bits of
+ * a float32, rounded to nearest even (NaN stays NaN, Inf stays Inf, a
+ * float past bf16's largest finite value rounds to Inf — the receiver's
+ * finite check then refuses it). src / dst may sit at any alignment. */
+void dp_wire_to_bf16(uint16_t *dst, const float *src, size_t n);
+void dp_wire_from_bf16(float *dst, const void *src, size_t n);
+/* Turn a FLOAT32 descriptor made by dp_wire_desc_fill into one of the
+ * same elements as BFLOAT16 held at data, with its CRC-32 when crc. */
+void dp_wire_desc_bf16(Downpour__TensorDesc *d, const uint16_t *data, int crc);
+
+/* Mark d as sent without a checksum (Checksum NO_CHECKSUM). */
+void dp_wire_desc_no_checksum(Downpour__TensorDesc *d);
+
+/* Only this host can reach the endpoint: ipc, inproc, tcp on 127.x,
+ * localhost or [::1]. Such a wire needs no CRC (the bytes never leave the
+ * host's memory) and may use shared memory. */
+int dp_wire_local_endpoint(const char *ep);
 
 /* A fresh envelope header. */
 void dp_wire_env_init(Downpour__Envelope *env, int type, uint64_t request_id, int worker_id,

@@ -7,9 +7,11 @@
  * --workers win. Every error is one line naming the flag. The entries
  * marked DP_OPTS_PASS are the ones `downpour local` passes on to its shards. */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cluster.h"
 #include "common/model.h"
@@ -51,6 +53,22 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
                        c->shard_index, c->shard_count);
     if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
     snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
+}
+
+int dp_ps_config_threads(const dp_ps_config_t *c)
+{
+    if (c->threads > 0) return c->threads;
+    /* the cores this process may run on (taskset, cgroups' cpusets) */
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                            : sysconf(_SC_NPROCESSORS_ONLN);
+    dp_model_t m;
+    char err[DP_ERR_LEN];
+    size_t n = 0;
+    if (dp_model_parse(&m, c->model_spec, c->in_c, c->in_h, c->in_w, err) == 0)
+        n = m.n_floats / (size_t)(c->shard_count > 0 ? c->shard_count : 1);
+    if (n < ((size_t)256 << 10) || cores < 2) return 1;
+    return cores < 4 ? (int)cores : 4;
 }
 
 static const char s_synopsis[] =
@@ -147,6 +165,9 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_NUM("startup-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->startup_timeout, 0, 1e7, P,
                     "fail naming the workers that did not say HELLO by then\n"
                     "(default 0: wait forever)"),
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 256, P,
+                    "threads of the optimizer sweep over the shard (default:\n"
+                    "one per core, at most 4; 1 for a small shard)"),
         DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", &c->checkpoint_every, 0, 1L << 40, P,
                     "versions between checkpoints (default 0: at exit only)"),
         DP_FLAG_BUF("metrics", "FILE", c->metrics_path, 0, "JSON lines of counters (appended)"),

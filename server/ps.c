@@ -10,9 +10,11 @@
  *    "malformed" before the message passed the size limits, dp_wire_check,
  *    the fingerprint, the worker id and (for gradients) the range and the
  *    finite check.
- *  - ZeroMQ never sees a pointer to live parameters: PARAMS replies send the
- *    shard's per-version snapshot (server/shard.h), released by ZeroMQ's
- *    free callback.
+ *  - PARAMS replies hand ZeroMQ the shard's live buffer itself (no copy),
+ *    with a reference released by ZeroMQ's free callback; while one is held
+ *    the shard writes the next version into another buffer (server/shard.h),
+ *    so a reply never goes out torn. Co-located workers that asked for it
+ *    read the live buffer out of shared memory instead (server/ps_shm.h).
  *  - A version that moved is checkpointed (when due) before the reply that
  *    reports it; held pulls are asked again after every change.
  *  - Every blocking wait is zmq_poll with a timeout of at most 100 ms, so the
@@ -37,6 +39,7 @@
 #include "server/members.h"
 #include "server/policy.h"
 #include "server/record.h"
+#include "server/ps_shm.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
 
@@ -58,7 +61,14 @@ typedef struct {
     uint64_t request_id;
     int worker;
     uint64_t min_version;  /* sync: answer once the version is >= this */
+    int how;               /* S_PARAMS_* : how the PARAMS reply travels */
+    int bf16;              /* the PULL asked for bfloat16 (Pull.dtype) */
 } s_pending_t;
+
+/* How a PARAMS reply carries the tensor (the PULL asked). */
+#define S_PARAMS_CRC 0     /* a frame with its CRC-32 */
+#define S_PARAMS_NO_CRC 1  /* a frame without one (Pull.no_checksum) */
+#define S_PARAMS_SHM 2     /* the live slot of the shared segment (Envelope.shm), else as NO_CRC */
 
 typedef struct {
     const dp_ps_config_t *cfg;
@@ -83,6 +93,7 @@ typedef struct {
     const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
     double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
     uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
+    dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -124,8 +135,35 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
     s_reply_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
-static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker)
+/* PARAMS in bfloat16 (--wire bf16): the version converted once, sent as is. */
+static void s_reply_params_bf16(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how)
 {
+    dp_snap_t *s = dp_shard_snapshot_bf16(&ps->shard); /* our reference goes to ZeroMQ */
+    Downpour__Envelope env;
+    s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
+    Downpour__Params p = DOWNPOUR__PARAMS__INIT;
+    p.version = s->version;
+    env.params = &p;
+    Downpour__TensorDesc d;
+    Downpour__TensorDesc *dv[1] = {&d};
+    int64_t shape[1];
+    dp_wire_desc_fill(&d, shape, "params", NULL, ps->shard.n, ps->shard.lo, 1, 0);
+    dp_wire_desc_bf16(&d, (const uint16_t *)s->data, how == S_PARAMS_CRC);
+    env.n_tensors = 1;
+    env.tensors = dv;
+    dp_wire_payload_t pl = {s->data, ps->shard.n * 2, dp_snap_unref, s};
+    s_send(ps, id, &env, &pl, 1);
+}
+
+/* The live buffer goes to ZeroMQ as it is (its reference with it); the
+ * shard writes the next version elsewhere while ZeroMQ holds it. A shared-
+ * memory reader is told the slot instead. */
+static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how, int bf16)
+{
+    if (bf16 && how != S_PARAMS_SHM) {
+        s_reply_params_bf16(ps, id, req, worker, how);
+        return;
+    }
     dp_snap_t *s = dp_shard_snapshot(&ps->shard); /* our reference goes to ZeroMQ */
     Downpour__Envelope env;
     s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
@@ -135,9 +173,17 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker)
     Downpour__TensorDesc d;
     Downpour__TensorDesc *dv[1] = {&d};
     int64_t shape[1];
-    dp_wire_desc_fill(&d, shape, "params", s->data, s->n, ps->shard.lo, 1, s->crc);
+    dp_wire_desc_fill(&d, shape, "params", s->data, s->n, ps->shard.lo, 1,
+                      how == S_PARAMS_CRC ? dp_snap_crc(s) : 0);
+    if (how != S_PARAMS_CRC) dp_wire_desc_no_checksum(&d);
     env.n_tensors = 1;
     env.tensors = dv;
+    if (how == S_PARAMS_SHM && ps->shm && dp_ps_shm_params(ps->shm, &p.shm_slot, &p.shm_seq)) {
+        env.shm = 1; /* the reader copies the slot itself */
+        s_send(ps, id, &env, NULL, 0);
+        dp_snap_unref(NULL, s);
+        return;
+    }
     dp_wire_payload_t pl = {s->data, s->n * sizeof(float), dp_snap_unref, s};
     s_send(ps, id, &env, &pl, 1);
 }
@@ -238,7 +284,7 @@ static void s_release_pending(s_ps_t *ps)
     for (int i = 0; i < ps->n_pending; i++) {
         s_pending_t *p = &ps->pending[i];
         if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version)) {
-            s_reply_params(ps, &p->identity, p->request_id, p->worker);
+            s_reply_params(ps, &p->identity, p->request_id, p->worker, p->how, p->bf16);
             dp_wire_msg_close(&p->identity);
             continue;
         }
@@ -354,6 +400,21 @@ static uint64_t s_welcome_step(const s_ps_t *ps, int wid)
     return step;
 }
 
+/* Hello.shm: the segments' names into the WELCOME, or none (the worker
+ * then sends frames) with a line saying why. */
+static void s_grant_shm(s_ps_t *ps, int wid, Downpour__Welcome *wl)
+{
+    char err[DP_ERR_LEN];
+    const char *params = NULL, *grad = NULL;
+    if ((!ps->shm && dp_ps_shm_new(&ps->shm, &ps->shard, ps->members.n, err) != 0) ||
+        dp_ps_shm_grant(ps->shm, wid, &params, &grad, err) != 0) {
+        dp_log_warn("shard %d: no shared memory for worker %d: %s", ps->cfg->shard_index, wid, err);
+        return;
+    }
+    wl->shm_name = (char *)params;
+    wl->shm_grad_name = (char *)grad;
+}
+
 static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     const dp_model_t *m = &ps->shard.model;
@@ -386,6 +447,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);
+    if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
     s_members_changed(ps); /* it may have been finished before */
@@ -394,8 +456,10 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     int wid = env->worker_id;
+    int how = env->shm ? S_PARAMS_SHM : env->pull->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
+    int bf16 = env->pull->dtype == DOWNPOUR__DTYPE__BFLOAT16;
     if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version)) {
-        s_reply_params(ps, id, env->request_id, wid);
+        s_reply_params(ps, id, env->request_id, wid, how, bf16);
         return;
     }
     if (ps->n_pending >= S_MAX_PENDING) {
@@ -412,6 +476,8 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     p->request_id = env->request_id;
     p->worker = wid;
     p->min_version = env->pull->min_version;
+    p->how = how;
+    p->bf16 = bf16;
     ps->n_pending++;
 }
 
@@ -440,13 +506,28 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         s_reply_error(ps, id, env->request_id, wid, msg);
         return;
     }
-    if (dp_wire_check_finite(frames, n_frames, msg) != 0) {
+    dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
+    int bf16[DP_WIRE_MAX_TENSORS];
+    for (int f = 0; f < n_frames; f++) {
+        g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
+        bf16[f] = env->tensors[f]->dtype == DOWNPOUR__DTYPE__BFLOAT16;
+    }
+    n_frames = dp_shard_widen(&ps->shard, g, bf16, n_frames); /* --wire bf16: float32 in scratch */
+    int rejected = 0;
+    if (env->shm && (!ps->shm || dp_ps_shm_gradient(ps->shm, wid, env, &g[0], &rejected, msg) != 0)) {
+        if (rejected) s_reply_rejected(ps, id, env->request_id, wid, msg);
+        else s_reply_error(ps, id, env->request_id, wid,
+                           ps->shm ? msg : "malformed: PUSH through shared memory, which this shard has not granted");
+        return;
+    }
+    if (env->shm) n_frames = 1; /* the private copy */
+    else if (dp_shard_grad_nonfinite(&ps->shard, g, n_frames)) {
+        dp_wire_frame_t fw[DP_WIRE_MAX_TENSORS];
+        for (int f = 0; f < n_frames; f++) fw[f] = (dp_wire_frame_t){g[f].data, g[f].len};
+        dp_wire_check_finite(fw, n_frames, msg); /* names the element */
         s_reply_rejected(ps, id, env->request_id, wid, msg);
         return;
     }
-    dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
-    for (int f = 0; f < n_frames; f++)
-        g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
     if (s_push_repeated(ps, id, env)) return;
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
@@ -734,7 +815,8 @@ static int s_setup_state(s_ps_t *ps, char *err)
     dp_model_t m;
     if (dp_model_parse(&m, cfg->model_spec, cfg->in_c, cfg->in_h, cfg->in_w, err) != 0) return -1;
     if (dp_shard_init(&ps->shard, &m, cfg->shard_index, cfg->shard_count, cfg->seed, &cfg->optim,
-                      err) != 0)
+                      err) != 0 ||
+        dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());
     dp_shard_track_steps(&ps->shard, cfg->num_workers);
@@ -809,6 +891,7 @@ static void s_teardown(s_ps_t *ps)
     }
     ps->n_pending = 0;
     s_close_socket(ps);
+    dp_ps_shm_destroy(&ps->shm); /* ZeroMQ holds no buffer now */
     dp_metrics_destroy(&ps->metrics);
     dp_record_abandon(&ps->rec);
     dp_policy_destroy(&ps->policy);

@@ -61,6 +61,7 @@ typedef struct {
     int resume;                 /* --resume: continue the checkpoint's run, whatever its id */
     double startup_timeout;     /* seconds for every worker to say HELLO; 0 = wait forever */
     char record[DP_PS_PATH_LEN];         /* "" or --record FILE: the schedule (server/record.h) */
+    int threads;                /* optimizer sweep threads; 0 = dp_ps_config_threads decides */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;
@@ -84,6 +85,12 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
  * mode, workers, R, S, seed, optimizer, lr, schedule, shard I/K), so the
  * same flags restarted name the same run and other flags another one. */
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
+
+/* The optimizer sweep's threads: --threads, or when 0 one per core it may
+ * run on (its affinity) up to 4 (more buys nothing: the sweep is bound by
+ * memory bandwidth), and 1 for a shard under 256 K floats (threads cost
+ * more than they save). */
+int dp_ps_config_threads(const dp_ps_config_t *c);
 
 /* Run the shard until *stop_flag becomes non-zero or a SHUTDOWN arrives.
  * Writes the final checkpoint (if configured), closes its socket and

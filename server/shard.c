@@ -6,6 +6,13 @@
 
 #include "common/checksum.h"
 #include "common/util.h"
+#include "proto/wire.h"
+#include "server/pool.h"
+
+/* Floats per block of an out-of-place step: the copy of a block is still in
+ * L1 when the optimizer updates it, so the step moves the bytes an in-place
+ * one does. */
+#define S_BLOCK 4096
 
 void dp_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi)
 {
@@ -29,7 +36,8 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
     /* Every shard draws the full vector so any sharding starts identical. */
     float *full = dp_aligned_alloc(m->n_floats * sizeof(float));
     dp_model_init_params(&s->model, full, seed);
-    s->w = dp_aligned_alloc((s->n + 1) * sizeof(float));
+    s->snap = dp_snap_new(s->n);
+    s->w = s->snap->data;
     memcpy(s->w, full + s->lo, s->n * sizeof(float));
     free(full);
     s->state_per = dp_optim_state_per_param(optim->kind);
@@ -44,7 +52,12 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
 void dp_shard_fini(dp_shard_t *s)
 {
     if (s->snap) dp_snap_unref(NULL, s->snap);
-    free(s->w);
+    if (s->snap16) dp_snap_unref(NULL, s->snap16);
+    s->snap16 = NULL;
+    for (int i = 0; i < DP_SHARD_RETIRED; i++)
+        if (s->retired[i]) dp_snap_unref(NULL, s->retired[i]);
+    memset(s->retired, 0, sizeof s->retired);
+    dp_pool_destroy(&s->pool);
     free(s->state);
     free(s->acc);
     free(s->scratch);
@@ -79,10 +92,197 @@ float dp_shard_lr(const dp_shard_t *s)
     return dp_optim_lr_at(&s->optim, (long)s->version);
 }
 
+static void s_run(dp_pool_t *p, dp_pool_fn fn, void *arg)
+{
+    if (p) dp_pool_run(p, fn, arg);
+    else fn(arg, 0, 1);
+}
+
+int dp_shard_set_threads(dp_shard_t *s, int n_threads, char *err)
+{
+    dp_pool_destroy(&s->pool);
+    if (n_threads <= 1) return 0;
+    return dp_pool_new(&s->pool, n_threads, err);
+}
+
+dp_snap_t *dp_snap_new(size_t n)
+{
+    dp_snap_t *b = dp_calloc(1, sizeof *b);
+    atomic_init(&b->refs, 1);
+    b->n = n;
+    b->data = dp_aligned_alloc((n + 1) * sizeof(float));
+    b->owned = 1;
+    b->slot = -1;
+    return b;
+}
+
+/* One step's work: dst = step(src) by g, or in place when dst == src. */
+typedef struct {
+    dp_shard_t *s;
+    float *dst;
+    const float *src, *g;
+    float lr;
+    long t;
+} s_step_job_t;
+
+/* Part k of nk of a step, in blocks (cut at multiples of 16 floats). */
+static void s_step_part(void *arg, int k, int nk)
+{
+    const s_step_job_t *j = arg;
+    dp_shard_t *s = j->s;
+    size_t n16 = (s->n + 15) / 16;
+    size_t lo = n16 * (size_t)k / (size_t)nk * 16, hi = n16 * (size_t)(k + 1) / (size_t)nk * 16;
+    if (hi > s->n) hi = s->n;
+    if (lo >= hi) return;
+    if (j->dst == j->src) {
+        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, lo, hi, j->t);
+        return;
+    }
+    for (size_t at = lo; at < hi; at += S_BLOCK) {
+        size_t end = hi - at < S_BLOCK ? hi : at + S_BLOCK;
+        memcpy(j->dst + at, j->src + at, (end - at) * sizeof(float));
+        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
+    }
+}
+
+/* A buffer for the next version when the live one is held elsewhere: the
+ * owner's (shm slots), a retired one nobody holds any more, or a new one
+ * (the oldest retired is then let go). */
+static dp_snap_t *s_take_buffer(dp_shard_t *s)
+{
+    if (s->take_buffer) {
+        dp_snap_t *b = s->take_buffer(s->take_buffer_arg);
+        if (b) return b;
+    }
+    for (int i = 0; i < DP_SHARD_RETIRED; i++) {
+        dp_snap_t *b = s->retired[i];
+        if (b && atomic_load(&b->refs) == 1) {
+            s->retired[i] = NULL;
+            return b;
+        }
+    }
+    return dp_snap_new(s->n);
+}
+
+/* The old live buffer, ours still, kept for reuse (or let go). */
+static void s_retire(dp_shard_t *s, dp_snap_t *old)
+{
+    if (old->slot >= 0) { /* the shm owner keeps its slots */
+        dp_snap_unref(NULL, old);
+        return;
+    }
+    for (int i = 0; i < DP_SHARD_RETIRED; i++)
+        if (!s->retired[i]) {
+            s->retired[i] = old;
+            return;
+        }
+    dp_snap_unref(NULL, s->retired[0]);
+    memmove(s->retired, s->retired + 1, (DP_SHARD_RETIRED - 1) * sizeof *s->retired);
+    s->retired[DP_SHARD_RETIRED - 1] = old;
+}
+
+typedef struct {
+    const dp_grad_slice_t *g;
+    int n;
+    atomic_int bad;
+} s_finite_job_t;
+
+static void s_finite_part(void *arg, int k, int nk)
+{
+    s_finite_job_t *j = arg;
+    for (int f = 0; f < j->n; f++) {
+        size_t cnt = j->g[f].len / 4;
+        size_t lo = cnt * (size_t)k / (size_t)nk, hi = cnt * (size_t)(k + 1) / (size_t)nk;
+        if (dp_wire_any_nonfinite((const char *)j->g[f].data + 4 * lo, hi - lo)) {
+            atomic_store(&j->bad, 1);
+            return;
+        }
+    }
+}
+
+int dp_shard_widen(dp_shard_t *s, dp_grad_slice_t *g, const int *bf16, int n)
+{
+    int any = 0;
+    for (int f = 0; f < n; f++) any |= bf16[f];
+    if (!any) return n;
+    for (int f = 0; f < n; f++) {
+        float *dst = s->scratch + (g[f].offset - s->lo);
+        if (bf16[f]) dp_wire_from_bf16(dst, g[f].data, g[f].len / 2);
+        else memcpy(dst, g[f].data, g[f].len);
+    }
+    g[0] = (dp_grad_slice_t){s->scratch, s->n * sizeof(float), s->lo};
+    return 1;
+}
+
+dp_snap_t *dp_shard_snapshot_bf16(dp_shard_t *s)
+{
+    dp_snap_t *b = s->snap16;
+    if (!b || b->version != s->version) {
+        if (b && atomic_load(&b->refs) != 1) { /* a reply still sends it */
+            dp_snap_unref(NULL, b);
+            b = NULL;
+        }
+        if (!b) b = dp_snap_new((s->n + 1) / 2);
+        dp_wire_to_bf16((uint16_t *)b->data, s->w, s->n);
+        b->version = s->version;
+        s->snap16 = b;
+    }
+    atomic_fetch_add(&b->refs, 1);
+    return b;
+}
+
+int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n)
+{
+    s_finite_job_t j = {g, n, 0};
+    s_run(s->pool, s_finite_part, &j);
+    return atomic_load(&j.bad);
+}
+
+typedef struct {
+    dp_shard_t *s;
+    const float *src;
+    size_t off, cnt;
+    atomic_int bad;
+} s_copy_job_t;
+
+static void s_copy_part(void *arg, int k, int nk)
+{
+    s_copy_job_t *j = arg;
+    size_t lo = j->cnt * (size_t)k / (size_t)nk, hi = j->cnt * (size_t)(k + 1) / (size_t)nk;
+    char err[DP_ERR_LEN];
+    if (dp_wire_copy_finite(j->s->scratch + j->off + lo, j->src + j->off + lo, hi - lo, err) != 0)
+        atomic_store(&j->bad, 1);
+}
+
+int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, char *err)
+{
+    s_copy_job_t j = {s, src, off, cnt, 0};
+    s_run(s->pool, s_copy_part, &j);
+    if (!atomic_load(&j.bad)) return 0;
+    /* name the element (the private copy is the one checked) */
+    dp_wire_frame_t f = {s->scratch + off, cnt * sizeof(float)};
+    if (dp_wire_check_finite(&f, 1, err) == 0) dp_err(err, "non-finite gradient");
+    return -1;
+}
+
 static void s_step_by(dp_shard_t *s, const float *g, float lr)
 {
-    dp_optim_step(&s->optim, lr, s->w, g, s->state, s->n, (long)s->version + 1);
+    s_step_job_t j = {s, s->w, s->w, g, lr, (long)s->version + 1};
+    /* in place only while no reply holds the live buffer and no other
+     * process reads it (shm) */
+    int in_place = atomic_load(&s->snap->refs) == 1 && s->snap->slot < 0 && !s->take_buffer;
+    dp_snap_t *old = s->snap;
+    if (!in_place) {
+        s->snap = s_take_buffer(s);
+        j.dst = s->snap->data;
+    }
+    s_run(s->pool, s_step_part, &j);
+    s->w = s->snap->data;
     s->version++;
+    s->snap->version = s->version;
+    s->snap->crc_ok = 0;
+    if (!in_place) s_retire(s, old);
+    if (s->on_step) s->on_step(s->on_step_arg, s->snap);
 }
 
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
@@ -127,21 +327,27 @@ void dp_snap_unref(void *data, void *hint)
 {
     (void)data;
     dp_snap_t *snap = hint;
-    if (atomic_fetch_sub(&snap->refs, 1) == 1) free(snap);
+    if (atomic_fetch_sub(&snap->refs, 1) != 1) return;
+    if (snap->owned) free(snap->data);
+    free(snap);
 }
 
 dp_snap_t *dp_shard_snapshot(dp_shard_t *s)
 {
-    if (!s->snap || s->snap->version != s->version) {
-        if (s->snap) dp_snap_unref(NULL, s->snap);
-        dp_snap_t *snap = dp_malloc(sizeof *snap + s->n * sizeof(float));
-        atomic_init(&snap->refs, 1);
-        snap->version = s->version;
-        snap->n = s->n;
-        memcpy(snap->data, s->w, s->n * sizeof(float));
-        snap->crc = dp_crc32(0, snap->data, s->n * sizeof(float));
-        s->snap = snap;
+    /* a restore or a test may have written w without a step */
+    if (s->snap->version != s->version) {
+        s->snap->version = s->version;
+        s->snap->crc_ok = 0;
     }
     atomic_fetch_add(&s->snap->refs, 1);
     return s->snap;
+}
+
+uint32_t dp_snap_crc(dp_snap_t *snap)
+{
+    if (!snap->crc_ok) {
+        snap->crc = dp_crc32(0, snap->data, snap->n * sizeof(float));
+        snap->crc_ok = 1;
+    }
+    return snap->crc;
 }

@@ -14,6 +14,13 @@
  *  - w, state and version change only in dp_shard_step / dp_shard_step_mean
  *    (and a checkpoint restore, server/shard_checkpoint.h); acc only in
  *    dp_shard_step_mean and dp_shard_accumulate.
+ *  - w is the data of snap, the current version's buffer, which PARAMS
+ *    replies hand to ZeroMQ as they are (no copy). A step writes w in place
+ *    only while nobody else holds snap; otherwise it writes the new version
+ *    into another buffer (one of the retired ones ZeroMQ has let go of, or a
+ *    new one) and that becomes snap: a reply in flight never sees a torn
+ *    vector, and steady state allocates nothing. At most DP_SHARD_RETIRED
+ *    old buffers are kept for reuse.
  *  - Gradients handed in are already valid: their slices tile [lo, hi)
  *    exactly and every float is finite (the loop checks that with
  *    proto/wire.h before anything here runs). */
@@ -46,23 +53,31 @@ typedef struct {
     uint64_t repeats;       /* pushes of a (worker, step) already applied: acknowledged, not applied */
 } dp_shard_counts_t;
 
-/* One copy of the parameters at one version, shared by every PARAMS reply of
- * that version and freed by the last dp_snap_unref (which may run on
- * ZeroMQ's I/O thread, hence the atomic count). */
+/* A buffer of the shard's n parameters: the live one (dp_shard_t.snap), or
+ * an older version still held by replies in flight, or a retired one kept
+ * for reuse. Freed by the last dp_snap_unref (which may run on ZeroMQ's I/O
+ * thread, hence the atomic count). version and crc are the main thread's. */
 typedef struct {
     atomic_int refs;
-    uint64_t version;
-    uint32_t crc;          /* CRC-32 of data (the wire's tensor checksum) */
+    uint64_t version;      /* the version data holds (while it is the live buffer) */
+    uint32_t crc;          /* CRC-32 of data at version, when crc_ok */
+    int crc_ok;            /* crc is computed for this version */
     size_t n;
-    float data[];
+    float *data;           /* n floats, 64-byte aligned */
+    int owned;             /* data is heap memory freed with the buffer (else a shm slot) */
+    int slot;              /* shm slot index (proto/shm.h), or -1 */
 } dp_snap_t;
+
+#define DP_SHARD_RETIRED 2 /* old buffers kept for the next out-of-place step */
+
+typedef struct dp_pool dp_pool_t;
 
 typedef struct {
     dp_model_t model;
     dp_optim_conf_t optim;
     int index, count;      /* shard index of count */
     size_t lo, hi, n;      /* the float range and its length */
-    float *w;              /* n floats: live parameters */
+    float *w;              /* n floats: live parameters, snap->data */
     float *state;          /* n * state_per floats of optimizer state */
     int state_per;
     float *acc;            /* sync: n floats, the sum of this version's gradients */
@@ -70,7 +85,19 @@ typedef struct {
     float *scratch;        /* n floats: a gradient gathered / realigned */
     uint64_t version;
     dp_shard_counts_t counts;
-    dp_snap_t *snap;       /* the current version's snapshot (our reference), or NULL */
+    dp_snap_t *snap;       /* the live buffer, holding w (our reference) */
+    dp_snap_t *snap16;     /* w in bfloat16 at snap16->version (our reference), or NULL */
+    dp_snap_t *retired[DP_SHARD_RETIRED]; /* older buffers (our references), or NULL */
+    dp_pool_t *pool;       /* threads of the optimizer sweep (NULL: the caller's only) */
+    /* Called after each step with the new live buffer (the shm publisher);
+     * NULL: none. */
+    void (*on_step)(void *arg, dp_snap_t *snap);
+    void *on_step_arg;
+    /* Where a step that must not write in place gets its buffer: a
+     * callback that may offer one (shm slots), else the retired list or
+     * the heap. NULL: retired list or heap. */
+    dp_snap_t *(*take_buffer)(void *arg);
+    void *take_buffer_arg;
     uint64_t *worker_step; /* per worker: the last Push.step applied here (0: none), so a
                               repeated push is applied once and a restarted worker resumes;
                               NULL until dp_shard_track_steps */
@@ -88,6 +115,14 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
  * still held elsewhere lives until its last reference goes. */
 void dp_shard_fini(dp_shard_t *s);
 
+/* The optimizer sweep on n_threads threads (the caller's and n_threads - 1
+ * more); 1 (the default) runs it on the caller only. Element-wise, so the
+ * result has the same bits whatever the count. */
+int dp_shard_set_threads(dp_shard_t *s, int n_threads, char *err);
+
+/* A heap buffer of n floats with one reference (the caller's). */
+dp_snap_t *dp_snap_new(size_t n);
+
 /* Keep the last applied step of n_workers workers (all 0). */
 void dp_shard_track_steps(dp_shard_t *s, int n_workers);
 /* Was this worker's step applied already? Step 0 (a push without a step)
@@ -99,6 +134,29 @@ void dp_shard_step_done(dp_shard_t *s, int worker, uint64_t step);
 /* The learning rate of the next step (the schedule at the current version). */
 float dp_shard_lr(const dp_shard_t *s);
 
+/* A gradient with bfloat16 slices (bf16[f] set: g[f].len bytes of 2-byte
+ * elements): all of it widened (or copied) into scratch, g[0] made that one
+ * float32 slice of the whole range, 1 returned (the new slice count); n
+ * when no slice is bf16 (g untouched). The slices must tile the range
+ * (dp_wire_check_range). */
+int dp_shard_widen(dp_shard_t *s, dp_grad_slice_t *g, const int *bf16, int n);
+
+/* The current version in bfloat16 (n uint16 in data), made once per
+ * version, with a reference for the caller (dp_snap_unref). */
+dp_snap_t *dp_shard_snapshot_bf16(dp_shard_t *s);
+
+/* Does every float of g (n slices) pass the wire's finite check? Split over
+ * the sweep's threads. 0 yes, 1 no (the caller names the element through
+ * dp_wire_check_finite). */
+int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n);
+
+/* scratch[off, off + cnt) = src[off, off + cnt), each block checked finite
+ * as it is copied (dp_wire_copy_finite), split over the sweep's threads:
+ * a gradient from memory another process may write (shared memory) is
+ * checked and applied only as this private copy. -1 with err naming the
+ * first bad element. */
+int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, char *err);
+
 /* One optimizer step of the whole range by gradient g (n slices) at lr. */
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
 
@@ -108,9 +166,11 @@ void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n);
  * Nothing happens when acc is empty. */
 void dp_shard_step_mean(dp_shard_t *s);
 
-/* The snapshot of the current version (made on first use), with one
+/* The current version's buffer (the live one: no copy), with one
  * reference for the caller, to be released by dp_snap_unref. */
 dp_snap_t *dp_shard_snapshot(dp_shard_t *s);
+/* Its CRC-32, computed on first use per version (main thread only). */
+uint32_t dp_snap_crc(dp_snap_t *snap);
 /* Drop one reference of hint (a dp_snap_t); the signature is ZeroMQ's free
  * callback's, so a reply can hand it over as is. data is ignored. */
 void dp_snap_unref(void *data, void *hint);

@@ -27,6 +27,7 @@
 
 #include "common/util.h"
 #include "proto/curve.h"
+#include "proto/shm.h"
 
 #define S_MAX_SHARDS 256
 #define S_DEFER_LIMIT 20   /* an exchange gives up after this many timeouts in all */
@@ -56,6 +57,13 @@ typedef struct {
     uint64_t worker_step;   /* from its WELCOME: our last step it applied */
     double sent_at;         /* dp_now() when the awaited request went out */
     int repeats;            /* times the awaited request was repeated */
+    int crc;                /* tensors to and from it carry a CRC-32 (see dp_ps_client_set_checksum) */
+    /* shared memory (proto/shm.h): the shard's parameter slots and our
+     * gradient slot, mapped when its WELCOME granted them */
+    int shm;                /* tensors go through the segments */
+    dp_shm_t shm_params, shm_grad;
+    int torn;               /* the last shm pull's copy raced a step: pull again */
+    uint16_t *push16;       /* --wire bf16: this shard's gradient slice in bfloat16 (frames only) */
 } s_shard_t;
 
 struct dp_ps_client {
@@ -73,10 +81,16 @@ struct dp_ps_client {
     int curve;              /* connect with CURVE: our key pair and each shard's key */
     dp_curve_key_t secret, pub;
     uint64_t updates_lost;  /* versions the shards went back by when they restarted */
+    dp_ps_transport_t transport; /* how tensors travel (dp_ps_client_default_transport) */
+    int bf16;               /* tensors in frames as bfloat16 (dp_ps_client_default_wire) */
 };
 
 /* dp_ps_client_default_stop_flag: what each new client's stop starts as. */
 static volatile sig_atomic_t *s_default_stop;
+/* dp_ps_client_default_transport: what each new client's transport starts as. */
+static dp_ps_transport_t s_default_transport = DP_PS_TRANSPORT_AUTO;
+/* dp_ps_client_default_wire: bfloat16 frames for each new client. */
+static int s_default_bf16;
 
 /* Storage one request points into until it is sent. */
 typedef struct {
@@ -310,6 +324,7 @@ static int s_drain(dp_ps_client_t *c, int i, s_reply_fn fn, void *arg, char *err
 }
 
 static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg);
+static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err);
 static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                         const dp_wire_frame_t *frames, int nf, void *arg, char *err);
 
@@ -430,6 +445,48 @@ static int s_exchange(dp_ps_client_t *c, const s_plan_t *plan, char *err)
 
 /* ---- connect ---------------------------------------------------------- */
 
+/* ---- shared memory ----------------------------------------------------- */
+
+/* Ask shard i for shared memory: forced, or (auto) its endpoint is on this
+ * host. */
+static int s_wants_shm(const dp_ps_client_t *c, int i)
+{
+    return c->transport == DP_PS_TRANSPORT_SHM ||
+           (c->transport == DP_PS_TRANSPORT_AUTO && dp_wire_local_endpoint(c->sh[i].endpoint));
+}
+
+static void s_shm_close(s_shard_t *s)
+{
+    dp_shm_close(&s->shm_params);
+    dp_shm_close(&s->shm_grad);
+    s->shm = 0;
+}
+
+/* What a WELCOME says of shared memory: map the segments it names (each
+ * checked: ours, 0600, the header and size of this shard's range), or go
+ * on with frames — unless shared memory was forced. */
+static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err)
+{
+    s_shard_t *s = &c->sh[i];
+    s_shm_close(s); /* a restarted shard has new segments */
+    if (!s_wants_shm(c, i)) return 0;
+    int forced = c->transport == DP_PS_TRANSPORT_SHM;
+    char e2[DP_ERR_LEN];
+    size_t n = (size_t)(s->hi - s->lo);
+    if (!w->shm_name || !w->shm_name[0] || !w->shm_grad_name || !w->shm_grad_name[0])
+        snprintf(e2, sizeof e2, "the shard did not grant shared memory (see its log)");
+    else if (n > 0 && dp_shm_open(&s->shm_params, w->shm_name, n, DP_SHM_PARAM_SLOTS, e2) == 0 &&
+             dp_shm_open(&s->shm_grad, w->shm_grad_name, n, 1, e2) == 0) {
+        s->shm = 1;
+        return 0;
+    } else if (n == 0)
+        snprintf(e2, sizeof e2, "an empty range");
+    s_shm_close(s);
+    if (forced) return dp_err(err, "%s: --transport shm: %s", s->endpoint, e2);
+    dp_log_info("%s: tensors as ZeroMQ frames, not shared memory: %s", s->endpoint, e2);
+    return 0;
+}
+
 static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
 {
     (void)i, (void)arg;
@@ -440,6 +497,7 @@ static void s_build_hello(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     h->in_h = c->m->in_h;
     h->in_w = c->m->in_w;
     h->n_floats = c->m->n_floats;
+    h->shm = s_wants_shm(c, i);
     rq->env.hello = h;
 }
 
@@ -497,7 +555,7 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     s->hi = w->range_hi;
     s->run_token = w->run_token;
     s_welcome_recovery(c, s, env);
-    return 0;
+    return s_welcome_shm(c, i, w, err);
 }
 
 /* "tcp://h:p[,tcp://h2:p2...]" into c->sh[].endpoint, c->n. */
@@ -584,6 +642,8 @@ static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
     return 0;
 }
 
+static int s_default_crc(const dp_ps_client_t *c, int i);
+
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, double timeout_s, dp_ps_info_t *info, char *err)
 {
@@ -602,6 +662,8 @@ int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp
     c->worker_id = worker_id;
     c->timeout_s = timeout_s;
     c->stop = s_default_stop;
+    c->transport = s_default_transport;
+    c->bf16 = s_default_bf16;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(S_MAX_SHARDS, sizeof *c->sh);
     if (s_parse_endpoints(c, endpoints, err) != 0) goto fail;
@@ -611,8 +673,10 @@ int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp
         dp_err(err, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));
         goto fail;
     }
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->n; i++) {
         if (s_open(c, i, err) != 0) goto fail;
+        c->sh[i].crc = s_default_crc(c, i);
+    }
     /* HELLO once: ZeroMQ queues it until the server is up, so one request
      * waiting up to timeout_s covers a server that starts late. */
     s_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .n_shards = c->n,
@@ -626,6 +690,23 @@ fail:
     return -1;
 }
 
+/* ---- checksums ------------------------------------------------------- */
+
+/* A CRC-32 per tensor only where the transport does not protect the bytes
+ * already: not on this host (loopback, ipc: kernel memory copies) and not
+ * under CURVE (every message carries a MAC). It costs ~0.2 ms per 6.6 MB
+ * on each side of each transfer, more than the whole margin to a plain
+ * ZeroMQ round trip. */
+static int s_default_crc(const dp_ps_client_t *c, int i)
+{
+    return !c->curve && !dp_wire_local_endpoint(c->sh[i].endpoint);
+}
+
+void dp_ps_client_set_checksum(dp_ps_client_t *c, int on)
+{
+    for (int i = 0; i < c->n; i++) c->sh[i].crc = on < 0 ? s_default_crc(c, i) : on != 0;
+}
+
 /* ---- pull ------------------------------------------------------------- */
 
 static void s_build_pull(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
@@ -634,7 +715,10 @@ static void s_build_pull(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     Downpour__Pull *p = &rq->body.pull;
     *p = (Downpour__Pull)DOWNPOUR__PULL__INIT;
     p->min_version = c->info.mode == DP_MODE_SYNC ? c->sh[i].min_version : 0;
+    p->no_checksum = !c->sh[i].crc;
     rq->env.pull = p;
+    rq->env.shm = c->sh[i].shm;
+    if (c->bf16 && !c->sh[i].shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
 }
 
 static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
@@ -649,19 +733,47 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
         return dp_err(err, "%s: answered PULL with %s", s->endpoint, dp_wire_type_name(env->type));
     if (dp_wire_check_range(env, s->lo, s->hi, e2) != 0)
         return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
-    for (int f = 0; f < nf; f++)
-        memcpy(params + env->tensors[f]->offset, frames[f].data, frames[f].len);
+    if (env->shm) {
+        if (!s->shm || env->params->shm_slot >= DP_SHM_PARAM_SLOTS)
+            return dp_err(err, "%s: PARAMS through shared memory we do not have (slot %u)",
+                          s->endpoint, env->params->shm_slot);
+        for (size_t f = 0; f < env->n_tensors; f++) {
+            const Downpour__TensorDesc *d = env->tensors[f];
+            if (!dp_shm_read(&s->shm_params, (int)env->params->shm_slot, env->params->shm_seq,
+                             (size_t)(d->offset - s->lo), params + d->offset, d->byte_length / 4)) {
+                s->torn = 1; /* a step raced the copy: the pull goes again */
+                return 0;
+            }
+        }
+    }
+    for (int f = 0; f < nf; f++) {
+        const Downpour__TensorDesc *d = env->tensors[f];
+        if (d->dtype == DOWNPOUR__DTYPE__BFLOAT16)
+            dp_wire_from_bf16(params + d->offset, frames[f].data, (size_t)dp_wire_desc_count(d));
+        else memcpy(params + d->offset, frames[f].data, frames[f].len);
+    }
     s->version = env->params->version;
     s_seen(s, s->version);
     s->pulled = 1;
     return 0;
 }
 
+/* A shared-memory copy is torn only when two steps land during it; a few
+ * tries, then it is an error rather than a livelock. */
+#define S_TORN_TRIES 16
+
 int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
 {
     s_plan_t pull = {.type = DOWNPOUR__MSG_TYPE__PULL, .n_shards = c->n,
                      .build = s_build_pull, .on_reply = s_on_params, .arg = params};
-    return s_exchange(c, &pull, err);
+    for (int t = 0; t < S_TORN_TRIES; t++) {
+        int torn = 0;
+        for (int i = 0; i < c->n; i++) c->sh[i].torn = 0;
+        if (s_exchange(c, &pull, err) != 0) return -1;
+        for (int i = 0; i < c->n; i++) torn |= c->sh[i].torn;
+        if (!torn) return 0;
+    }
+    return dp_err(err, "shared memory: %d pulls in a row raced the servers' steps", S_TORN_TRIES);
 }
 
 /* ---- push ------------------------------------------------------------- */
@@ -695,13 +807,28 @@ static void s_build_push(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     p->step = push->step;
     rq->env.push = p;
     size_t cnt = (size_t)(s->hi - s->lo);
-    dp_wire_desc_fill(&rq->desc, rq->shape, "params", push->grads + s->lo, cnt, s->lo, 0, 0);
+    dp_wire_desc_fill(&rq->desc, rq->shape, "params", push->grads + s->lo, cnt, s->lo,
+                      !s->crc || s->shm || c->bf16, 0); /* bf16: its own CRC below */
+    if (!s->crc) dp_wire_desc_no_checksum(&rq->desc);
     rq->descs[0] = &rq->desc;
     rq->env.n_tensors = 1;
     rq->env.tensors = rq->descs;
+    if (s->shm) { /* our slot: the shard copies it out before it looks at it */
+        memcpy(dp_shm_slot(&s->shm_grad, 0), push->grads + s->lo, cnt * sizeof(float));
+        dp_wire_desc_no_checksum(&rq->desc);
+        rq->env.shm = 1;
+        return;
+    }
     atomic_fetch_add(&c->inflight, 1); /* dp_wire_send releases it, sent or not */
-    rq->payload = (dp_wire_payload_t){push->grads + s->lo, cnt * sizeof(float), s_push_release,
-                                      &c->inflight};
+    if (c->bf16) { /* half the bytes: the slice rounded into our own buffer */
+        s_shard_t *sw = &c->sh[i];
+        if (!sw->push16) sw->push16 = dp_malloc(cnt * sizeof *sw->push16 + 2);
+        dp_wire_to_bf16(sw->push16, push->grads + s->lo, cnt);
+        dp_wire_desc_bf16(&rq->desc, sw->push16, s->crc);
+        rq->payload = (dp_wire_payload_t){sw->push16, cnt * 2, s_push_release, &c->inflight};
+    } else
+        rq->payload = (dp_wire_payload_t){push->grads + s->lo, cnt * sizeof(float), s_push_release,
+                                          &c->inflight};
     rq->n_payloads = 1;
 }
 
@@ -923,6 +1050,32 @@ int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err)
     return s_exchange(c, &plan, err);
 }
 
+void dp_ps_client_default_transport(dp_ps_transport_t t)
+{
+    s_default_transport = t;
+}
+
+void dp_ps_client_default_wire(int bf16)
+{
+    s_default_bf16 = bf16;
+}
+
+int dp_ps_client_shm_shards(const dp_ps_client_t *c)
+{
+    int k = 0;
+    for (int i = 0; i < c->n; i++) k += c->sh[i].shm;
+    return k;
+}
+
+int dp_ps_transport_parse(const char *s, dp_ps_transport_t *out, char *err)
+{
+    if (s && strcmp(s, "auto") == 0) *out = DP_PS_TRANSPORT_AUTO;
+    else if (s && strcmp(s, "shm") == 0) *out = DP_PS_TRANSPORT_SHM;
+    else if (s && strcmp(s, "zmq") == 0) *out = DP_PS_TRANSPORT_ZMQ;
+    else return dp_err(err, "'%s' is not a transport (auto, shm or zmq)", s ? s : "");
+    return 0;
+}
+
 void dp_ps_client_default_stop_flag(volatile sig_atomic_t *flag)
 {
     s_default_stop = flag;
@@ -937,7 +1090,11 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
 {
     if (!c_p || !*c_p) return;
     dp_ps_client_t *c = *c_p;
-    for (int i = 0; i < c->n; i++) s_close(&c->sh[i]);
+    for (int i = 0; i < c->n; i++) {
+        s_close(&c->sh[i]);
+        s_shm_close(&c->sh[i]);
+        free(c->sh[i].push16);
+    }
     /* zmq_ctx_term may be interrupted by a signal; it is then to be retried. */
     while (c->ctx && zmq_ctx_term(c->ctx) != 0) {
         if (errno != EINTR) {

@@ -67,6 +67,26 @@ typedef struct {
 
 typedef struct dp_ps_client dp_ps_client_t;
 
+/* How tensors travel to and from the shards. AUTO: through shared memory
+ * with a shard whose endpoint is on this host (ipc, loopback) and that
+ * grants it, as ZeroMQ frames otherwise; SHM: shared memory or fail; ZMQ:
+ * frames always. The control messages are ZeroMQ's in every case. */
+typedef enum { DP_PS_TRANSPORT_AUTO, DP_PS_TRANSPORT_SHM, DP_PS_TRANSPORT_ZMQ } dp_ps_transport_t;
+
+/* "auto", "shm", "zmq". */
+int dp_ps_transport_parse(const char *s, dp_ps_transport_t *out, char *err);
+/* The transport each client created from now on uses (per process, like
+ * dp_ps_client_default_stop_flag; downpour-worker's --transport sets it).
+ * Default AUTO. */
+void dp_ps_client_default_transport(dp_ps_transport_t t);
+/* Tensors in frames as bfloat16 (1) or float32 (0, the default) for each
+ * client created from now on (downpour-worker's --wire): half the bytes,
+ * each value rounded to 8 bits of mantissa on the wire; the servers keep
+ * float32 weights and optimizer state. Shared memory stays float32. */
+void dp_ps_client_default_wire(int bf16);
+/* Shards this client reaches through shared memory. */
+int dp_ps_client_shm_shards(const dp_ps_client_t *c);
+
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order: one DEALER per
  * shard; HELLO to each (waiting up to timeout_s, 30 if not > 0, for a server
  * that is not up yet); checks that every shard runs the same policy and
@@ -132,6 +152,12 @@ int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
  * one per shard in endpoint order), read into out. */
 int dp_ps_curve_server_key(const dp_ps_curve_t *curve, int n_shards, int i, dp_curve_key_t *out,
                            char *err);
+
+/* CRC-32 on the tensors to and from every shard: 1 on, 0 off, -1 the
+ * default (on, except on this host — loopback, ipc — and under CURVE, whose
+ * transports protect the bytes already). Either way the servers check
+ * what they get (shape, range, finite values). */
+void dp_ps_client_set_checksum(dp_ps_client_t *c, int on);
 
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);

@@ -62,18 +62,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s_accepted++;
         if (env->protocol_version != DP_PROTOCOL_VERSION) s_violation("accepted a wrong version");
         if ((int)env->type < 1 || (int)env->type > 11) s_violation("accepted an unknown type");
-        if (env->n_tensors != (size_t)k) s_violation("accepted a frame count mismatch");
+        /* tensors in shared memory: no frames at all; else one per descriptor */
+        if (env->shm ? k != 0 : env->n_tensors != (size_t)k)
+            s_violation("accepted a frame count mismatch");
         for (size_t i = 0; i < env->n_tensors && i < (size_t)k; i++) {
             const Downpour__TensorDesc *d = env->tensors[i];
             if (d->byte_length != frames[i].len) s_violation("accepted a byte length mismatch");
-            if (d->dtype != DOWNPOUR__DTYPE__FLOAT32) s_violation("accepted a bad dtype");
-            if (dp_wire_crc32(frames[i].data, frames[i].len) != d->crc32)
+            if (d->dtype != DOWNPOUR__DTYPE__FLOAT32 && d->dtype != DOWNPOUR__DTYPE__BFLOAT16)
+                s_violation("accepted a bad dtype");
+            if (dp_wire_desc_count(d) * dp_wire_dtype_size(d->dtype) != d->byte_length)
+                s_violation("accepted a byte length that is not whole elements");
+            if (d->checksum != DOWNPOUR__CHECKSUM__CRC32 && d->checksum != DOWNPOUR__CHECKSUM__NO_CHECKSUM)
+                s_violation("accepted an unknown checksum kind");
+            if (d->checksum == DOWNPOUR__CHECKSUM__CRC32 &&
+                dp_wire_crc32(frames[i].data, frames[i].len) != d->crc32)
                 s_violation("accepted a bad checksum");
         }
         /* What a receiver does next must be safe on anything check accepted. */
         dp_wire_check_range(env, 0, 1u << 20, err);
         dp_wire_check_range(env, 100, 50, err); /* nonsense range: must not misbehave */
         dp_wire_check_finite(frames, k, err);
+        static float copy[1 << 14];
+        static uint16_t half[1 << 14];
+        for (int i = 0; i < k; i++) {
+            size_t n = frames[i].len / 4 < (1u << 14) ? frames[i].len / 4 : (1u << 14);
+            if ((dp_wire_any_nonfinite(frames[i].data, n) != 0) !=
+                (dp_wire_copy_finite(copy, frames[i].data, n, err) != 0))
+                s_violation("the finite check and the copy-and-check disagree");
+            dp_wire_to_bf16(half, copy, n); /* any bits, any alignment: must not misbehave */
+            dp_wire_from_bf16(copy, frames[i].data, frames[i].len / 2 < n ? frames[i].len / 2 : n);
+        }
     } else if (strncmp(err, "malformed: ", 11) != 0) {
         s_violation("check error without 'malformed: '");
     }
@@ -103,6 +121,7 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
         env.push = &push;
         dp_wire_desc_fill(&d[0], sh[0], "params", t, 32, 0, 0, 0);
         dp_wire_desc_fill(&d[1], sh[1], "params", t + 32, 32, 32, 0, 0);
+        if (which >= 4) dp_wire_desc_no_checksum(&d[1]); /* a sender on this host */
         env.n_tensors = (size_t)k;
         env.tensors = dv;
         break;

@@ -1026,9 +1026,133 @@ static void test_roundtrip_time(void)
     free(p), free(g);
 }
 
+/* The cases above ran through shared memory (a client on loopback asks for
+ * it by default); the same cases with tensors as ZeroMQ frames. */
+static void test_frames_transport(void)
+{
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
+    test_async_sgd_exact();
+    test_nan_rejected();
+    test_two_shards_equal_one();
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+}
+
+/* --wire bf16: the server applies exactly the gradient rounded to bfloat16
+ * (its weights stay float32), and a pull returns the weights rounded to
+ * bfloat16; a gradient that rounds to Inf is refused and changes nothing. */
+static void test_bf16_wire(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL, *c32 = NULL;
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
+    dp_ps_client_default_wire(1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    dp_ps_client_default_wire(0);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    if (c) {
+        dp_ps_client_set_checksum(c, 1); /* the CRC of the bf16 bytes, both ways */
+        size_t n = s_small.n_floats;
+        float *w0 = dp_malloc(n * 4), *p16 = dp_malloc(n * 4), *g = dp_malloc(n * 4),
+              *want = dp_malloc(n * 4), *w1 = dp_malloc(n * 4);
+        uint16_t *h = dp_malloc(n * 2);
+        dp_model_init_params(&s_small, w0, 7);
+        CHECK_EQ(dp_ps_client_pull(c, p16, err), 0);
+        dp_wire_to_bf16(h, w0, n);
+        dp_wire_from_bf16(want, h, n);
+        CHECK_CLOSE("pulled weights = bf16(w)", p16, want, n, 0, 0);
+        s_fill(g, n, 3);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        dp_wire_to_bf16(h, g, n);
+        dp_wire_from_bf16(want, h, n);
+        for (size_t i = 0; i < n; i++) want[i] = w0[i] - 0.1f * want[i];
+        CHECK_EQ(dp_ps_client_new(&c32, s.endpoint, &s_small, 0, TMO, NULL, err), -1); /* id taken */
+        g[5] = 3.4e38f; /* finite in float32, Inf in bf16 */
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.rejected, 1);
+        dp_ps_client_destroy(&c);
+        /* the same worker id again, float32 this time: the exact master weights */
+        dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
+        CHECK_EQ(dp_ps_client_new(&c32, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+        dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+        if (c32) {
+            CHECK_EQ(dp_ps_client_pull(c32, w1, err), 0);
+            CHECK_CLOSE("w - lr * bf16(g), in float32", w1, want, n, 0, 0);
+        }
+        free(w0), free(p16), free(g), free(want), free(w1), free(h);
+    }
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&c32);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* Shared memory is what a loopback client gets, and what --transport zmq
+ * refuses; a PUSH that claims shared memory from a worker that has none is
+ * an ERROR that changes nothing. */
+static void test_shm_granted(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 2);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    if (c) {
+        CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+        size_t n = s_small.n_floats;
+        float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
+        /* a raw worker 1 that said HELLO without asking for shared memory */
+        void *ctx = zmq_ctx_new(), *raw = zmq_socket(ctx, ZMQ_DEALER);
+        int tmo = 3000, zero = 0;
+        zmq_setsockopt(raw, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+        zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_connect(raw, s.endpoint);
+        char text[512] = "";
+        CHECK_EQ(s_raw_hello(raw, 1, text, sizeof text), DOWNPOUR__MSG_TYPE__WELCOME);
+        Downpour__Envelope env;
+        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 9, 1, s_small.fingerprint);
+        Downpour__Push pu = DOWNPOUR__PUSH__INIT;
+        env.push = &pu;
+        env.shm = 1;
+        Downpour__TensorDesc d;
+        Downpour__TensorDesc *dv[1] = {&d};
+        int64_t shape[1];
+        dp_wire_desc_fill(&d, shape, "params", g, n, 0, 1, 0);
+        dp_wire_desc_no_checksum(&d);
+        env.n_tensors = 1;
+        env.tensors = dv;
+        static uint8_t buf[4096];
+        frame_t f = {buf, downpour__envelope__pack(&env, buf)};
+        CHECK_EQ(s_raw(raw, &f, 1, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+        CHECK(strstr(text, "has no segment") != NULL);
+        zmq_close(raw);
+        zmq_ctx_term(ctx);
+        CHECK_EQ(dp_ps_client_pull(c, p1, err), 0);
+        CHECK_CLOSE("weights unchanged", p1, p0, n, 0, 0);
+        free(p0), free(p1), free(g);
+    }
+    dp_ps_client_destroy(&c);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (c) CHECK_EQ(dp_ps_client_shm_shards(c), 0);
+    dp_ps_client_destroy(&c);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
 DP_TESTS(T(test_async_sgd_exact), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
          T(test_sync_heartbeat_timeout), T(test_ssp_zero_lockstep), T(test_two_shards_equal_one),
          T(test_fingerprint_mismatch), T(test_nan_rejected), T(test_malformed_envelopes),
          T(test_oversized_refused),
          T(test_checkpoint_restore), T(test_corrupt_checkpoint), T(test_dead_server_times_out),
-         T(test_parse_args), T(test_roundtrip_time))
+         T(test_parse_args), T(test_frames_transport), T(test_shm_granted),
+         T(test_bf16_wire), T(test_roundtrip_time))
