@@ -207,11 +207,13 @@ static void s_record(s_record_t *rec, double t0, double t1, double t2)
     p[0] = t0, p[1] = t1, p[2] = t2;
 }
 
-/* Pushes from t0 until t_end (a pull before each with --pull). */
+/* Pushes from t0 until t_end (a pull before each with --pull), each with
+ * its step as downpour-worker sends them (the shards apply a step once). */
 static void s_push_loop(const s_conf_t *c, dp_ps_client_t *pc, const float *grads, float *params,
                         double t0, double t_end, s_record_t *rec)
 {
     while (dp_now() < t0) usleep(1000);
+    uint64_t step = 0;
     for (double s = dp_now(); s < t_end; s = dp_now()) {
         char err[DP_ERR_LEN];
         if (c->pull && dp_ps_client_pull(pc, params, err) != 0) {
@@ -221,7 +223,7 @@ static void s_push_loop(const s_conf_t *c, dp_ps_client_t *pc, const float *grad
         }
         double mid = dp_now();
         dp_push_result_t res;
-        if (dp_ps_client_push(pc, grads, 0.0f, 1, &res, err) != 0) {
+        if (dp_ps_client_push_step(pc, ++step, grads, 0.0f, 1, &res, err) != 0) {
             rec->r.failed = 1;
             snprintf(rec->r.err, sizeof rec->r.err, "push: %.240s", err);
             return;
