@@ -28,6 +28,7 @@ set output png."/scale-params.png"
 set multiplot layout 1,2 title "downpour bench scale: 1 shard, as the model grows (one fc layer)"
 set logscale xy 10
 set xrange [*:*]
+set autoscale xfix
 set format x "%.0s%c"
 set xlabel "parameters (4 bytes each per push)"
 set ylabel "pushes/s the shard sustained"
