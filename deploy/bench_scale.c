@@ -37,6 +37,7 @@
 #include "common/metrics.h"
 #include "common/model.h"
 #include "common/opts.h"
+#include "common/signals.h"
 #include "common/util.h"
 #include "deploy/launcher.h"
 #include "deploy/spawn.h"
@@ -47,6 +48,10 @@
 #define S_MAX_SHARDS 64
 #define S_MAX_WORKERS 1024
 #define S_MAX_WINDOWS 1000
+
+/* SIGINT / SIGTERM: the launcher stops waiting and cleans up (the workers,
+ * in its process group, die of the Ctrl-C themselves). */
+static volatile sig_atomic_t s_stop;
 
 typedef struct {
     long params;            /* --params: a synthetic model of about this many floats */
@@ -255,6 +260,8 @@ static void s_worker_main(const s_conf_t *c, const dp_model_t *m, const char *di
                           const char *endpoints, int id, int ready_fd, int go_fd)
 {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    signal(SIGINT, SIG_DFL); /* the parent's flag handler is not ours */
+    signal(SIGTERM, SIG_DFL);
     s_ready_t rd = {.worker = id, .ok = 1};
     s_record_t rec = {.r = {.n = 0}};
     dp_ps_client_t *pc = NULL;
@@ -299,6 +306,7 @@ static int s_wait_ready(s_workers_t *w, const s_conf_t *c, char *err)
 {
     double deadline = dp_now() + c->timeout + 30;
     for (int got = 0; got < c->workers;) {
+        if (s_stop) return dp_err(err, "interrupted");
         struct pollfd pf = {.fd = w->ready_fd, .events = POLLIN};
         if (poll(&pf, 1, 100) <= 0) {
             for (int i = 0; i < w->n; i++)
@@ -352,6 +360,7 @@ static int s_run_workers(s_workers_t *w, const s_conf_t *c, double *t0_out, char
             return dp_err(err, "start the workers: %s", strerror(errno));
     double deadline = t0 + c->warmup + c->seconds + c->timeout + 10;
     for (int left = w->n; left > 0;) {
+        if (s_stop) return dp_err(err, "interrupted");
         for (int i = 0; i < w->n; i++)
             if (w->pid[i] > 0 && waitpid(w->pid[i], NULL, WNOHANG) == w->pid[i]) {
                 w->pid[i] = 0;
@@ -565,6 +574,7 @@ static int s_run(const s_conf_t *c, const dp_model_t *m, const char *input, cons
                  char *err)
 {
     double load = s_loadavg();
+    dp_signals_install(&s_stop, 0);
     s_cluster_t cl = {.n = 0};
     snprintf(cl.dir, sizeof cl.dir, "/tmp/downpour-bench-scale-XXXXXX");
     if (!mkdtemp(cl.dir)) return dp_err(err, "mkdtemp: %s", strerror(errno));
