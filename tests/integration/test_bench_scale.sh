@@ -4,7 +4,8 @@
 # other and with what was asked (workers, shards, parameters, bytes per
 # push, every worker pushed, nothing refused), over tcp with 1 shard and
 # over ipc with 2 shards and a pull per push; bad flags are refused with one
-# line and status 2; nothing is left behind.
+# line and status 2; a run stopped by SIGTERM says so; nothing is left
+# behind.
 # Timing is not asserted: benchmarks are not tests.
 source "$(dirname "$0")/lib.sh"
 L=$BIN/downpour
@@ -58,6 +59,17 @@ bad "an unknown optimizer" --optimizer sgdd
 bad "an unknown flag" --wokers 2
 "$L" bench scale --help >"$TMP/help.log" 2>&1
 check "--help exits 0 and names --workers" grep -q -- '--workers' "$TMP/help.log"
+
+# Stopped halfway (SIGTERM, as a Ctrl-C or a job scheduler would): one line,
+# status 1, and the cleanup below still finds nothing left.
+bg "$L" bench scale --workers 3 --params 50000 --seconds 60 >"$TMP/stop.log" 2>&1
+pid=$!
+sleep 1.5
+kill -TERM $pid
+wait_for $pid $((20 * S))
+rc=$?
+check "stopped by SIGTERM: status 1 (got $rc)" test $rc = 1
+check "... saying so" grep -q '^downpour bench scale: interrupted' "$TMP/stop.log"
 
 check "no downpour-ps left behind" bash -c "! pgrep -f '[r]eady-file /tmp/downpour-bench-scale-' >/dev/null"
 check "no worker process left behind" bash -c "! pgrep -f 'downpour [b]ench scale' >/dev/null"
