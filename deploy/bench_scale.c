@@ -298,7 +298,42 @@ typedef struct {
     pid_t pid[S_MAX_WORKERS];
     int n;
     int ready_fd, go_fd; /* our ends: workers' ready records in, t0 out */
+    double at[2];        /* when the CPU times were read: start and end of the measured span */
+    double cpu[2][2];    /* [start, end][shards, workers]: CPU seconds used so far, summed */
+    int cpu_lost;        /* a process was gone at a sample: no CPU figures */
 } s_workers_t;
+
+/* CPU seconds (user + system, every thread) process pid has used; -1 once
+ * it is gone. */
+static double s_cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the name may hold spaces; the fields follow it */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The CPU time of the shards and of the workers, as sample k (0: start,
+ * 1: end of the measured span). */
+static void s_sample_cpu(s_workers_t *w, const s_cluster_t *cl, int k)
+{
+    w->at[k] = dp_now();
+    w->cpu[k][0] = w->cpu[k][1] = 0;
+    for (int i = 0; i < cl->n + w->n; i++) {
+        pid_t pid = i < cl->n ? cl->pid[i] : w->pid[i - cl->n];
+        double t = pid > 0 ? s_cpu_seconds(pid) : -1;
+        if (t < 0) w->cpu_lost = 1;
+        else w->cpu[k][i >= cl->n] += t;
+    }
+}
 
 /* One ready record from every worker, within the timeout; a worker that
  * exits first (a crash: it did not say why) is noticed within 0.1 s. */
@@ -351,9 +386,13 @@ static int s_start_workers(s_workers_t *w, const s_conf_t *c, const dp_model_t *
 /* t0 to every worker, then waits for them all (they stop starting pushes
  * at t0 + warmup + seconds; the last push may take up to the timeout).
  * *t0_out: the start. A worker's failure is in its results file. */
-static int s_run_workers(s_workers_t *w, const s_conf_t *c, double *t0_out, char *err)
+static int s_run_workers(s_workers_t *w, const s_conf_t *c, const s_cluster_t *cl, double *t0_out,
+                         char *err)
 {
     double t0 = dp_now() + 0.05;
+    /* the second a little early: the workers exit soon after the end */
+    double mark[2] = {t0 + c->warmup, t0 + c->warmup + c->seconds - 0.03};
+    int sampled = 0;
     *t0_out = t0;
     for (int i = 0; i < w->n; i++)
         if (write(w->go_fd, &t0, sizeof t0) != (ssize_t)sizeof t0)
@@ -361,6 +400,7 @@ static int s_run_workers(s_workers_t *w, const s_conf_t *c, double *t0_out, char
     double deadline = t0 + c->warmup + c->seconds + c->timeout + 10;
     for (int left = w->n; left > 0;) {
         if (s_stop) return dp_err(err, "interrupted");
+        if (sampled < 2 && dp_now() >= mark[sampled]) s_sample_cpu(w, cl, sampled++);
         for (int i = 0; i < w->n; i++)
             if (w->pid[i] > 0 && waitpid(w->pid[i], NULL, WNOHANG) == w->pid[i]) {
                 w->pid[i] = 0;
@@ -392,6 +432,9 @@ typedef struct {
     double worker_min, worker_max;         /* one worker's pushes/s over the measured span */
     long pushes;                           /* pushes started in the measured span */
     long applied, dropped, rejected;       /* shard replies, every push of the run */
+    double total;                          /* pushes in the measured span (fractional) */
+    double cpu_shards, cpu_workers;        /* cores they used over the measured span */
+    double shard_ms;                       /* the shards' CPU time per push */
 } s_stats_t;
 
 typedef struct {
@@ -481,6 +524,7 @@ static int s_stats(const s_conf_t *c, const char *dir, double t0, s_stats_t *st,
             double got = s_bin((const double *)(buf + sizeof r), r.n, m0, len, c->windows, win,
                                &push, &pull);
             s_vec_add(&worker, got / c->seconds);
+            st->total += got;
             st->applied += r.applied;
         }
         free(buf);
@@ -499,6 +543,18 @@ static int s_stats(const s_conf_t *c, const char *dir, double t0, s_stats_t *st,
     }
     free(win), free(push.v), free(pull.v), free(worker.v);
     return rc;
+}
+
+/* CPU use over the measured span, from the two samples; -1 when there are
+ * none (a process was gone at one, or the span was too short to take two). */
+static void s_cpu_stats(const s_conf_t *c, const s_workers_t *w, s_stats_t *st)
+{
+    double dt = w->at[1] - w->at[0];
+    st->cpu_shards = st->cpu_workers = st->shard_ms = -1;
+    if (w->cpu_lost || dt <= 0) return;
+    st->cpu_shards = (w->cpu[1][0] - w->cpu[0][0]) / dt;
+    st->cpu_workers = (w->cpu[1][1] - w->cpu[0][1]) / dt;
+    if (st->total > 0) st->shard_ms = 1e3 * st->cpu_shards / (st->total / c->seconds);
 }
 
 /* ---- the report ----------------------------------------------------------- */
@@ -539,6 +595,11 @@ static void s_json(const s_conf_t *c, const dp_model_t *m, const s_stats_t *st, 
     cJSON_AddNumberToObject(o, "worker_pushes_per_s_min", dp_metrics_round(st->worker_min, 4));
     cJSON_AddNumberToObject(o, "worker_pushes_per_s_max", dp_metrics_round(st->worker_max, 4));
     cJSON_AddNumberToObject(o, "applied", (double)st->applied);
+    if (st->cpu_shards >= 0) {
+        cJSON_AddNumberToObject(o, "shards_cpu", dp_metrics_round(st->cpu_shards, 3));
+        cJSON_AddNumberToObject(o, "workers_cpu", dp_metrics_round(st->cpu_workers, 3));
+        cJSON_AddNumberToObject(o, "shard_cpu_ms_per_push", dp_metrics_round(st->shard_ms, 4));
+    }
     cJSON_AddNumberToObject(o, "cores", (double)sysconf(_SC_NPROCESSORS_ONLN));
     cJSON_AddNumberToObject(o, "loadavg", load);
     char *line = cJSON_PrintUnformatted(o);
@@ -562,6 +623,9 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, const s_stats_t *st
            st->push_p99, st->pushes);
     if (c->pull) printf("; pull median %.3f ms", st->pull_ms);
     printf("\n  one worker's pushes/s: min %.1f, max %.1f\n", st->worker_min, st->worker_max);
+    if (st->cpu_shards >= 0)
+        printf("  CPU over the measured span: the shards %.2f cores (%.3f ms per push), the workers "
+               "%.2f cores\n", st->cpu_shards, st->shard_ms, st->cpu_workers);
     printf("  %ld cores, load average %.2f at the start%s\n", cores, load,
            c->workers + c->shards > cores
                ? ": more processes than cores, so this is the CPU's limit as much as the servers'"
@@ -586,7 +650,8 @@ static int s_run(const s_conf_t *c, const dp_model_t *m, const char *input, cons
     double t0 = 0;
     int rc = -1;
     if (s_start_servers(&cl, c, m, input, err) == 0 && s_start_workers(w, c, m, &cl, err) == 0 &&
-        s_run_workers(w, c, &t0, err) == 0 && s_stats(c, cl.dir, t0, &st, err) == 0) {
+        s_run_workers(w, c, &cl, &t0, err) == 0 && s_stats(c, cl.dir, t0, &st, err) == 0) {
+        s_cpu_stats(c, w, &st);
         s_report(c, m, &st, load);
         rc = 0;
     }

@@ -74,93 +74,112 @@ def write_dat(path, g, series_name, x_name):
             f.write("\n\n")
 
 
+def cpu(rs):
+    """'shards + workers' cores over the measured span, medians; '-' if not measured."""
+    rs = [o for o in rs if "shards_cpu" in o]
+    if not rs:
+        return "-"
+    return "%.2f + %.2f" % (fig(rs, "shards_cpu")[0], fig(rs, "workers_cpu")[0])
+
+
+def shard_ms(rs):
+    rs = [o for o in rs if o.get("shard_cpu_ms_per_push", -1) > 0]
+    return fig(rs, "shard_cpu_ms_per_push")[0] if rs else None
+
+
 def table_workers(g):
     shards = sorted({k[0] for k in g})
     xs = sorted({k[1] for k in g})
     print("| workers | " + " | ".join("%d shard%s: pushes/s (min-max)" % (s, "s" if s > 1 else "")
-                                     for s in shards) + " | push ms, 1 shard | MB/s, 1 shard |")
-    print("|---:|" + "---:|" * (len(shards) + 2))
+                                     for s in shards) +
+          " | 1 shard: push ms | MB/s | CPU cores, shard + workers | shard CPU ms per push |")
+    print("|---:|" + "---:|" * (len(shards) + 4))
     for x in xs:
         cells = []
         for s in shards:
             rs = g.get((s, x))
             cells.append("%.0f (%.0f-%.0f)" % fig(rs) if rs else "-")
         one = g.get((shards[0], x))
-        ms = "%.2f" % fig(one, "push_ms")[0] if one else "-"
-        mb = "%.0f" % fig(one, "mb_per_s")[0] if one else "-"
-        print("| %d | %s | %s | %s |" % (x, " | ".join(cells), ms, mb))
+        if one:
+            ms = shard_ms(one)
+            cells += ["%.2f" % fig(one, "push_ms")[0], "%.0f" % fig(one, "mb_per_s")[0], cpu(one),
+                      "%.2f" % ms if ms else "-"]
+        else:
+            cells += ["-"] * 4
+        print("| %d | %s |" % (x, " | ".join(cells)))
 
 
 def table_params(g):
     ws = sorted({k[0] for k in g})
     xs = sorted({k[1] for k in g})
-    head = " | ".join("%d worker%s: pushes/s (min-max) | MB/s | push ms" % (w, "s" if w > 1 else "")
-                      for w in ws)
+    head = " | ".join("%d worker%s: pushes/s (min-max) | MB/s | shard CPU ms per push | CPU cores, shard + workers"
+                      % (w, "s" if w > 1 else "") for w in ws)
     print("| parameters | MB per push | " + head + " |")
-    print("|---:|---:|" + "---:|---:|---:|" * len(ws))
+    print("|---:|---:|" + "---:|---:|---:|---:|" * len(ws))
     for x in xs:
         cells = []
         for w in ws:
             rs = g.get((w, x))
             if rs:
-                cells.append("%.1f (%.1f-%.1f) | %.0f | %.1f" % (fig(rs) + (
-                    fig(rs, "mb_per_s")[0], fig(rs, "push_ms")[0])))
+                ms = shard_ms(rs)
+                cells.append("%.1f (%.1f-%.1f) | %.0f | %s | %s" % (fig(rs) + (
+                    fig(rs, "mb_per_s")[0], "%.1f" % ms if ms else "-", cpu(rs))))
             else:
-                cells.append("- | - | -")
+                cells.append("- | - | - | -")
         b = next(g[k][0]["bytes_per_push"] for k in g if k[1] == x)
         print("| %s | %.0f | %s |" % ("{:,}".format(x), b / 1e6, " | ".join(cells)))
 
 
 def predict(gw, gp, optim, wire):
     """The arithmetic for 100 GPUs, from this run's figures."""
-    one = {k[1]: fig(v)[0] for k, v in gw.items() if k[0] == 1}
+    one = {k[1]: v for k, v in gw.items() if k[0] == 1}
     if not one:
         return
-    best_w = max(one, key=one.get)
-    r1 = one[best_w]
-    b = next(v[0]["bytes_per_push"] for k, v in gw.items())
-    ingest = r1 * b                               # bytes/s one shard took in
-    big = [fig(v, "mb_per_s")[0] * 1e6 for k, v in gp.items()]
-    big_ingest = max(big) if big else ingest
+    rates = {w: fig(v)[0] for w, v in one.items()}
+    best_w = max(rates, key=rates.get)
+    b = next(v[0]["bytes_per_push"] for v in one.values())
+    # The shard's own CPU time per push, whatever share of the cores it got:
+    # the median over every 1-shard run of the workers sweep.
+    ms = shard_ms([o for v in one.values() for o in v]) or 1e3 / rates[best_w]
     link = LINK_GBIT * 1e9 / 8
     apply_ms = optim.get(("optim", "sgd"))
     print("\nWhat it predicts for %d GPU workers on a %.0f Gbit/s network (default model):\n" % (GPUS, LINK_GBIT))
     print("- bytes per push B = %s (%.2f MB); a pull moves the same back." % ("{:,}".format(b), b / 1e6))
-    print("- one shard here (one core of its own at best) took at most %.0f pushes/s (%d workers),"
-          " i.e. %.2f ms of server time per push, %.2f GB/s of gradients;"
-          " from the model sweep, at most %.2f GB/s." % (r1, best_w, 1e3 / r1, ingest / 1e9, big_ingest / 1e9))
+    print("- server cost: one shard spent %.2f ms of CPU per push (median over the 1-shard runs),"
+          " so one core takes %.0f pushes/s = %.2f GB/s of gradients. Here it got at most %.0f pushes/s"
+          " (%d worker%s): the cores are shared with the workers." % (
+              ms, 1e3 / ms, b / ms / 1e6, rates[best_w], best_w, "s" if best_w > 1 else ""))
     if apply_ms:
-        print("- of that, the optimizer's apply alone (bench_optim, sgd, same run) is %.2f ms per push"
-              " (%.0f%%); the rest is the wire: receiving, checking, acknowledging." % (
-                  apply_ms, 100 * apply_ms * r1 / 1e3))
+        print("- of the %.2f ms, the optimizer's apply alone (bench_optim, sgd, same run) is %.2f ms (%.0f%%);"
+              " the rest is the wire: receiving, checksum and finiteness checks, acknowledging." % (
+                  ms, apply_ms, 100 * apply_ms / ms))
     if wire:
         print("- a plain ZeroMQ round trip of B (same run) took %.2f ms: %.2f GB/s each way on loopback." % (
             wire["raw_zmq_roundtrip_ms"], b / (wire["raw_zmq_roundtrip_ms"] / 2e3) / 1e9))
-    print("- a %.0f Gbit/s link moves %.3f GB/s each way: one push or pull of B takes at least %.2f ms on it."
-          % (LINK_GBIT, link / 1e9, 1e3 * b / link))
+    print("- a %.0f Gbit/s link moves %.3f GB/s each way: one push or pull of B takes at least %.2f ms on it,"
+          " %.1fx the shard's CPU time for it." % (LINK_GBIT, link / 1e9, 1e3 * b / link, 1e3 * b / link / ms))
     for batch, t in sorted(GPU_STEP.items(), reverse=True):
         demand = GPUS / t
         print("- batch %d: an H200 step takes %.2f ms standalone, so %d GPUs want %.0f pushes/s ="
               " %.0f GB/s into the servers (and as much out for the pulls)."
               % (batch, 1e3 * t, GPUS, demand, demand * b / 1e9))
         k_link = demand * b / link
-        k_cpu = demand / r1
-        print("  - to take that, the servers need %.0f links (%.0f Gbit/s each, inbound) and %.0f cores"
-              " at this machine's per-core rate: %s binds (%.1f GB/s per core against %.2f GB/s per link)."
-              % (k_link, LINK_GBIT, k_cpu, "the CPU" if k_cpu > k_link else "the link",
-                 ingest / 1e9, link / 1e9))
-        # Servers co-located, one shard per GPU host: inbound, each host's
-        # link takes its worker's pull (B) and its shard's slices of every
-        # worker's push (100 x B/100 = B); outbound the same in reverse.
+        k_cpu = demand * ms / 1e3
+        print("  - a separate server tier needs >= %.0f links of %.0f Gbit/s (inbound) and >= %.0f cores for"
+              " the pushes alone: %s binds first." % (k_link, LINK_GBIT, k_cpu,
+                                                    "the CPU" if k_cpu > k_link else "the network"))
+        # One shard on each GPU host: inbound, each host's link takes its
+        # worker's pull (B) and its shard's slices of every worker's push
+        # (100 x B/100 = B); outbound the same in reverse; the shard's core
+        # takes B of pushes per step.
         step_link = 2 * b / link
-        step_cpu = b / ingest               # one shard per host: B/100 from each of 100 workers
+        step_cpu = ms / 1e3
         step = max(t, step_link, step_cpu)
-        print("  - one shard on each of the %d GPU hosts: per step each host's link takes its worker's"
-              " pull (B) and its shard's slices of all pushes (B): %.2f ms; its shard applies B per"
-              " step: %.2f ms at this machine's rate; so a step takes >= %.2f ms: %.2fx standalone"
-              " (%.0f images/s per GPU), %s-bound." % (
-                  GPUS, 1e3 * step_link, 1e3 * step_cpu, 1e3 * step, t / step, batch / step,
-                  "link" if step == step_link else ("CPU" if step == step_cpu else "compute")))
+        what = "the link" if step == step_link else ("the shard's CPU" if step == step_cpu else "compute")
+        print("  - one shard on each of the %d GPU hosts (1/%d of the model each): per step a host's link"
+              " carries 2 B each way (%.2f ms) and its shard's core takes B of pushes (%.2f ms), so a step"
+              " takes >= %.2f ms: %.2fx standalone, %.0f images/s per GPU; %s binds."
+              % (GPUS, GPUS, 1e3 * step_link, 1e3 * step_cpu, 1e3 * step, t / step, batch / step, what))
 
 
 def main():

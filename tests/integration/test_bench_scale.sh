@@ -30,6 +30,10 @@ assert o["worker_pushes_per_s_min"] > 0, "a worker never pushed: %s" % o
 # every push of the run (warm-up too) was applied by every shard
 assert o["applied"] >= shards * o["pushes"], o
 assert ("pull_ms" in o) == pull and (not pull or o["pull_ms"] > 0), o
+# CPU over the measured span, when both samples were taken: the shards worked
+if "shards_cpu" in o:
+    assert o["shards_cpu"] > 0 and o["workers_cpu"] >= 0 and o["shard_cpu_ms_per_push"] > 0, o
+    assert o["shards_cpu"] <= 1.1 * shards * o["cores"], o
 print(o)' "$2" "$3" "$4"
 }
 
