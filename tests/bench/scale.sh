@@ -7,6 +7,8 @@
 #     4 shards, on the default model (6.65 MB per push);
 #   - pushes/s and MB/s as the model grows (1 M to 100 M parameters, 4 to
 #     400 MB per push), with 1 and 2 workers on 1 shard;
+#   - a worker's whole exchange, a pull before every push (--pull), with 1
+#     and 2 workers on 1 shard, default model;
 # and, in the same run, the server's apply alone (tests/bench/bench_optim)
 # and a plain ZeroMQ round trip of the default model (downpour bench wire),
 # which the prediction for a larger cluster needs.
@@ -81,13 +83,15 @@ s_load() { cut -d' ' -f1-3 /proc/loadavg; }
 s_avail_mb() { awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo; }
 
 # s_point KIND ROUND WORKERS SHARDS PARAMS|- : one run, its JSON line into
-# $RAW as "KIND ROUND JSON" (or "KIND ROUND skip|fail WHY").
+# $RAW as "KIND ROUND JSON" (or "KIND ROUND skip|fail WHY"); KIND pull: a
+# pull before every push.
 s_point() {
     local kind=$1 r=$2 w=$3 k=$4 p=$5 secs=$SECS warm=1 win=10 args=()
+    if [ "$kind" = pull ]; then args=(--pull); fi
     if [ "$p" = - ]; then
         p=1663370
     else
-        args=(--params "$p")
+        args+=(--params "$p")
         if [ "$p" -ge 30000000 ]; then secs=$((2 * SECS)) warm=2 win=4; fi
     fi
     # each worker: its gradient and the first pull's vector; the server: the
@@ -142,6 +146,7 @@ for r in $(seq "$ROUNDS"); do
     for p in $PARAMS; do
         for w in $PWORKERS; do s_point params "$r" "$w" 1 "$p"; done
     done
+    for w in $PWORKERS; do s_point pull "$r" "$w" 1 -; done
 done
 {
     echo "meta load1 $(s_load)"

@@ -35,7 +35,7 @@ def read(path):
                 optim[(f[0], "floats")] = int(w[2])
         elif f[0] == "wire" and len(f) == 3 and f[2].startswith("{"):
             wire = json.loads(f[2])
-        elif f[0] in ("workers", "params") and len(f) == 3:
+        elif f[0] in ("workers", "params", "pull") and len(f) == 3:
             if f[2].startswith("{"):
                 o = json.loads(f[2])
                 o["kind"] = f[0]
@@ -130,7 +130,18 @@ def table_params(g):
         print("| %s | %.0f | %s |" % ("{:,}".format(x), b / 1e6, " | ".join(cells)))
 
 
-def predict(gw, gp, optim, wire):
+def table_pull(g):
+    print("| workers | pull + push per s (min-max) | pull ms | push ms | shard CPU ms per pull + push |"
+          " CPU cores, shard + workers |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for k in sorted(g):
+        rs = g[k]
+        ms = shard_ms(rs)
+        print("| %d | %.0f (%.0f-%.0f) | %.2f | %.2f | %s | %s |" % ((k[1],) + fig(rs) + (
+            fig(rs, "pull_ms")[0], fig(rs, "push_ms")[0], "%.2f" % ms if ms else "-", cpu(rs))))
+
+
+def predict(gw, gp, gl, optim, wire):
     """The arithmetic for 100 GPUs, from this run's figures."""
     one = {k[1]: v for k, v in gw.items() if k[0] == 1}
     if not one:
@@ -141,6 +152,7 @@ def predict(gw, gp, optim, wire):
     # The shard's own CPU time per push, whatever share of the cores it got:
     # the median over every 1-shard run of the workers sweep.
     ms = shard_ms([o for v in one.values() for o in v]) or 1e3 / rates[best_w]
+    ms_step = shard_ms([o for v in gl.values() for o in v])   # a pull and a push
     link = LINK_GBIT * 1e9 / 8
     apply_ms = optim.get(("optim", "sgd"))
     print("\nWhat it predicts for %d GPU workers on a %.0f Gbit/s network (default model):\n" % (GPUS, LINK_GBIT))
@@ -156,6 +168,9 @@ def predict(gw, gp, optim, wire):
     if wire:
         print("- a plain ZeroMQ round trip of B (same run) took %.2f ms: %.2f GB/s each way on loopback." % (
             wire["raw_zmq_roundtrip_ms"], b / (wire["raw_zmq_roundtrip_ms"] / 2e3) / 1e9))
+    if ms_step:
+        print("- with a pull before each push (a worker's whole exchange) the shard spent %.2f ms of CPU"
+              " per pull + push." % ms_step)
     print("- a %.0f Gbit/s link moves %.3f GB/s each way: one push or pull of B takes at least %.2f ms on it,"
           " %.1fx the shard's CPU time for it." % (LINK_GBIT, link / 1e9, 1e3 * b / link, 1e3 * b / link / ms))
     for batch, t in sorted(GPU_STEP.items(), reverse=True):
@@ -165,19 +180,20 @@ def predict(gw, gp, optim, wire):
               % (batch, 1e3 * t, GPUS, demand, demand * b / 1e9))
         k_link = demand * b / link
         k_cpu = demand * ms / 1e3
-        print("  - a separate server tier needs >= %.0f links of %.0f Gbit/s (inbound) and >= %.0f cores for"
-              " the pushes alone: %s binds first." % (k_link, LINK_GBIT, k_cpu,
-                                                    "the CPU" if k_cpu > k_link else "the network"))
+        k_step = demand * (ms_step or ms) / 1e3
+        print("  - a separate server tier needs >= %.0f links of %.0f Gbit/s (inbound; as many outbound) and"
+              " >= %.0f cores for the pushes alone, %.0f with the pulls: %s binds first."
+              % (k_link, LINK_GBIT, k_cpu, k_step, "the CPU" if k_cpu > k_link else "the network"))
         # One shard on each GPU host: inbound, each host's link takes its
         # worker's pull (B) and its shard's slices of every worker's push
         # (100 x B/100 = B); outbound the same in reverse; the shard's core
         # takes B of pushes per step.
         step_link = 2 * b / link
-        step_cpu = ms / 1e3
+        step_cpu = (ms_step or ms) / 1e3
         step = max(t, step_link, step_cpu)
         what = "the link" if step == step_link else ("the shard's CPU" if step == step_cpu else "compute")
         print("  - one shard on each of the %d GPU hosts (1/%d of the model each): per step a host's link"
-              " carries 2 B each way (%.2f ms) and its shard's core takes B of pushes (%.2f ms), so a step"
+              " carries 2 B each way (%.2f ms) and its shard's core serves B of pulls and takes B of pushes (%.2f ms), so a step"
               " takes >= %.2f ms: %.2fx standalone, %.0f images/s per GPU; %s binds."
               % (GPUS, GPUS, 1e3 * step_link, 1e3 * step_cpu, 1e3 * step, t / step, batch / step, what))
 
@@ -187,6 +203,7 @@ def main():
     meta, optim, runs, notes, wire = read(samples)
     gw = group(runs, "workers", ("shards", "workers"))
     gp = group(runs, "params", ("workers", "params"))
+    gl = group(runs, "pull", ("shards", "workers"))
     write_dat(os.path.join(out, "workers.dat"), gw, "shards", "workers")
     write_dat(os.path.join(out, "params.dat"), gp, "workers", "params")
     print("Scale: %s, %s, %s cores, %s GiB; commit %s; %s rounds, %s s measured per point; took %s s;"
@@ -201,12 +218,15 @@ def main():
     if gp:
         print("\nAs the model grows, 1 shard:\n")
         table_params(gp)
+    if gl:
+        print("\nA pull before every push (--pull; a worker's step without compute), 1 shard, default model:\n")
+        table_pull(gl)
     if optim:
         print("\nThe server's apply alone, 1 thread (bench_optim, ms per sweep): " + ", ".join(
             "%s %s floats: %s" % (tag, "{:,}".format(optim.get((tag, "floats"), 0)), " ".join(
                 "%s %.3f" % (k, optim[(tag, k)]) for k in ("memcpy", "sgd", "momentum", "adam")
                 if (tag, k) in optim)) for tag in ("optim", "optim100") if (tag, "floats") in optim))
-    predict(gw, gp, optim, wire)
+    predict(gw, gp, gl, optim, wire)
     for n in notes:
         print("note: " + n)
 
