@@ -16,9 +16,9 @@ static void s_usage(FILE *f)
             "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
             "       downpour keygen FILE\n"
             "       downpour bench wire [--bytes N | --model SPEC] [--shards K] [--json]\n"
+            "       downpour bench scale [--workers N] [--shards K] [--params P | --model SPEC] [--json]\n"
             "       downpour sim --workers M --compute DIST --updates N [--json]\n"
             "       downpour replay FILE --out DIR\n"
-            "       downpour bench scale [--workers N] [--shards K] [--params P | --model SPEC] [--json]\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
 }
 
