@@ -2,7 +2,7 @@
 # gnuplot -e "dir='DATA_DIR'; png='PNG_DIR'; note='one line under the plots'" scale.gp
 # Each data file holds one block per series (index 0, 1, ...), column 2's
 # header its title; columns: x, pushes/s (median over rounds), its min and
-# max, push ms, MB/s, bytes per push.
+# max, push ms, MB/s, bytes per push, the shard's CPU ms per push.
 if (!exists("note")) note = ""
 set terminal pngcairo size 960,400 font "Sans,9" noenhanced
 set grid
@@ -36,5 +36,9 @@ plot for [i=0:*] dir."/params.dat" index i using 1:2:3:4 with yerrorlines lw 2 t
 unset logscale y
 set yrange [0:*]
 set ylabel "gradient MB/s into the shard"
-plot for [i=0:*] dir."/params.dat" index i using 1:6 with linespoints lw 2 title columnheader(2)
+set key top right
+# measured, and what one core of the shard takes: bytes per push / its CPU time per push
+plot for [i=0:*] dir."/params.dat" index i using 1:6 with linespoints lw 2 title columnheader(2), \
+     for [i=0:*] dir."/params.dat" index i using 1:($7 / 1e3 / $8) with linespoints lw 1 dt 2 \
+         title sprintf("per core of the shard (%s)", columnheader(2))
 unset multiplot

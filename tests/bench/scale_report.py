@@ -63,14 +63,14 @@ def write_dat(path, g, series_name, x_name):
     """One block per series (gnuplot's index), its title in column 2's header."""
     with open(path, "w") as f:
         for s in sorted({k[0] for k in g}):
-            f.write('%s "%d %s%s" lo hi push_ms mb_per_s bytes_per_push\n'
+            f.write('%s "%d %s%s" lo hi push_ms mb_per_s bytes_per_push shard_cpu_ms_per_push\n'
                     % (x_name, s, series_name.rstrip("s"), "s" if s > 1 else ""))
             for x in sorted(k[1] for k in g if k[0] == s):
                 rs = g[(s, x)]
                 med, lo, hi = fig(rs)
-                f.write("%d %.3f %.3f %.3f %.4f %.2f %d\n" % (
+                f.write("%d %.3f %.3f %.3f %.4f %.2f %d %s\n" % (
                     x, med, lo, hi, fig(rs, "push_ms")[0], fig(rs, "mb_per_s")[0],
-                    rs[0]["bytes_per_push"]))
+                    rs[0]["bytes_per_push"], "%.4f" % shard_ms(rs) if shard_ms(rs) else "NaN"))
             f.write("\n\n")
 
 
