@@ -4,6 +4,7 @@
 #   make run        a local cluster training on Fashion-MNIST (installs deps)
 #   make test       unit + integration tests (installs deps); last line "N passed, N failed"
 #   make bench      training throughput, side by side with PyTorch when present
+#   make bench-scale  pushes/s the servers sustain as workers, shards and the model grow (plots)
 #   make deps       install the Debian packages the build, tests and data need
 #   make CUDA=0     CPU-only build (always works); CUDA is detected, never required
 #   make test SANITIZE=1   the same tests built with ASan + UBSan (under build-san/)
@@ -99,7 +100,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/tests/%,$(BENCH_SRC))
 GPU_SRC   := $(wildcard tests/gpu/test_*.c)
 GPU_BINS  := $(if $(HAVE_CUDA),$(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(GPU_SRC)))
 
-.PHONY: all cuda-status deps deps-test run test tests bench fuzz clean
+.PHONY: all cuda-status deps deps-test deps-bench run test tests bench bench-scale fuzz clean
 all: cuda-status $(BINS)
 
 cuda-status:
@@ -187,6 +188,8 @@ DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
 # A live SLURM (tests/integration/test_slurm.sh) and hosts in network
 # namespaces with a slow, lossy link (test_netns.sh: iptables, the nfq helper).
 DEB_TEST  += slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev
+# Only the benchmarks: gnuplot draws make bench-scale's PNGs.
+DEB_BENCH := gnuplot-nox
 define install_missing
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \
@@ -204,6 +207,8 @@ deps:
 	$(call install_missing,$(DEB_BUILD))
 deps-test: deps
 	$(call install_missing,$(DEB_TEST))
+deps-bench: deps-test
+	$(call install_missing,$(DEB_BENCH))
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -236,9 +241,14 @@ fuzz: deps-test
 	@! ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* >/dev/null 2>&1 || \
 	    { echo "fuzz: findings in $(FUZZ_DIR)"; exit 1; }
 
-bench: deps-test
+bench: deps-bench
 	@$(MAKE) --no-print-directory tests
 	./tests/bench/run.sh
+
+# About 12 minutes: tests/bench/scale.sh (knobs and outputs: its header).
+bench-scale: deps-bench
+	@$(MAKE) --no-print-directory tests
+	BUILD=$(BUILD) ./tests/bench/scale.sh
 
 # ---- make install, make deb ---------------------------------------------
 # install: the three binaries, a man page for each made from its --help

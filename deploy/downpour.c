@@ -16,6 +16,7 @@ static void s_usage(FILE *f)
             "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
             "       downpour keygen FILE\n"
             "       downpour bench wire [--bytes N | --model SPEC] [--shards K] [--json]\n"
+            "       downpour bench scale [--workers N] [--shards K] [--params P | --model SPEC] [--json]\n"
             "       downpour sim --workers M --compute DIST --updates N [--json]\n"
             "       downpour replay FILE --out DIR\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
@@ -32,6 +33,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "local") == 0) return dp_local_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "keygen") == 0) return dp_keygen_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "bench") == 0 && argc > 2 && strcmp(argv[2], "scale") == 0)
+        return dp_bench_scale_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return dp_bench_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "sim") == 0) return dp_sim_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "replay") == 0) return dp_replay_main(argc - 1, argv + 1);

@@ -10,5 +10,8 @@ int dp_eval_main(int argc, char **argv);
 int dp_keygen_main(int argc, char **argv);
 /* `downpour bench wire`: the wire against plain ZeroMQ (deploy/bench_wire.c). */
 int dp_bench_main(int argc, char **argv);
+/* `downpour bench scale`: pushes/s the servers sustain as workers grow
+ * (deploy/bench_scale.c). argv[0] is "bench", argv[1] "scale". */
+int dp_bench_scale_main(int argc, char **argv);
 
 #endif
