@@ -17,6 +17,9 @@
 #             worker; summary.json's test_accuracy must exceed 0.7
 #   tboard    the cluster's TensorBoard event files read by TensorBoard itself
 #             (where python3 has it: the GPU machine does, Debian does not)
+#   psbench   1 PS + 1 GPU worker (async; overlap and shm on, then each off)
+#             against the same GPU standalone at batch 64 and 256: images/s,
+#             ratio, per-step compute and wait (psbench.txt)
 #   bench     steady-state images/s of the standalone worker at batch 64 and
 #             256 (exact / fastest algorithms, TF32; momentum, and adam at 64),
 #             beside PyTorch's for the same network and optimizer
@@ -26,7 +29,7 @@
 # loss_cpu.jsonl, cluster_summary.json, bench.txt (and test_gpu_ops.fastest.log,
 # test_gpu_ops.sanitizer.log when an op test failed). Exit status non-zero when
 # any section failed. DP_GPU_BUILD=1 builds even when a bundle is there;
-# DP_GPU_SECTIONS="gpu-ops curves cluster tboard bench" picks sections.
+# DP_GPU_SECTIONS="gpu-ops curves cluster tboard psbench bench" picks sections.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -353,17 +356,6 @@ fi
 
 fi  # tboard
 
-# ---- bench -----------------------------------------------------------------
-if want bench; then  # (not indented: the heredocs below end at column 0)
-section bench "training throughput: standalone worker vs PyTorch"
-TORCH_PY=
-for py in /usr/bin/python3 python3 "$PY"; do
-    if command -v "$py" >/dev/null && tmo 60 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-        TORCH_PY=$py
-        break
-    fi
-done
-echo "  PyTorch: ${TORCH_PY:-not available (no python3 with torch and CUDA)}"
 # images/s in the steady state: from a worker's metrics lines ("t", "step"),
 # over the steps after the first 10% (module loading, cuDNN plans and the
 # first evaluation stay out); from torch_bench.py's JSON line as printed.
@@ -390,6 +382,18 @@ try:
     print(o.get(sys.argv[2], ""))
 except Exception:
     print("")' "$@"; }
+
+# ---- bench -----------------------------------------------------------------
+if want bench; then  # (not indented: the heredocs below end at column 0)
+section bench "training throughput: standalone worker vs PyTorch"
+TORCH_PY=
+for py in /usr/bin/python3 python3 "$PY"; do
+    if command -v "$py" >/dev/null && tmo 60 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        TORCH_PY=$py
+        break
+    fi
+done
+echo "  PyTorch: ${TORCH_PY:-not available (no python3 with torch and CUDA)}"
 ROWS=()
 bench_ok=1
 # B:math:optimizer; math fp32 (the default: exact cuDNN algorithms by cuDNN's
@@ -435,6 +439,61 @@ done
 if [ $bench_ok = 1 ]; then verdict bench PASS "$([ -n "$TORCH_PY" ] && echo "beside torch" || echo "torch not available")"; else verdict bench FAIL "${NODEV:-a timing run failed}"; fi
 
 fi  # bench
+
+# ---- psbench ---------------------------------------------------------------
+if want psbench; then  # (not indented: the heredocs below end at column 0)
+# Issue 9's GPU target: the 1-GPU cluster (1 PS on this machine's cores +
+# 1 GPU worker, async) against the same GPU standalone, same batch, same
+# optimizer, side by side in one run; with the overlapped worker and shared
+# memory (the defaults), and with each turned off, to show what each buys.
+# Per step the worker's metrics say where the time went (compute_ms: its
+# forward + backward + copies; wait_ms: blocked on the servers).
+section psbench "1 PS + 1 GPU worker against the same GPU standalone"
+PSROWS=()
+psb_ok=1
+[ -n "$NODEV" ] && psb_ok=0
+step_split() { # metrics.jsonl -> "compute_ms wait_ms" medians over the steady state
+    "$PY" - "$1" <<'PYEOF'
+import json, sys, statistics as st
+c, w = [], []
+for line in open(sys.argv[1]):
+    try: o = json.loads(line)
+    except ValueError: continue
+    if "step" in o and "compute_ms" in o: c.append(o["compute_ms"]); w.append(o.get("wait_ms", 0))
+n = len(c) // 10
+print("%.2f %.2f" % (st.median(c[n:]), st.median(w[n:])) if len(c) > 20 else "- -")
+PYEOF
+}
+for B in ${DP_PSBENCH_BATCHES:-64 256}; do
+    [ $psb_ok = 1 ] || break
+    steps=$([ "$B" -ge 256 ] && echo 1200 || echo 2400)
+    common=(--batch "$B" --steps "$steps" --seed 1 --optimizer momentum --lr 0.01 --momentum 0.9
+            --lr-schedule constant --no-progress "${DATA_ARGS[@]}")
+    tmo 120 "$W" --standalone --device cuda:0 "${common[@]}" --metrics "$WORK/psb_sa_$B.jsonl" \
+        >"$WORK/psb_sa_$B.log" 2>&1
+    sa=$(steady_rate "$WORK/psb_sa_$B.jsonl" "$B") || { show "$WORK/psb_sa_$B.log" 10; sa=-; psb_ok=0; }
+    for cfg in default:: overlap-off:--overlap:off zmq:--transport:zmq; do
+        IFS=: read -r name f1 f2 <<<"$cfg"
+        extra=(); [ -n "$f1" ] && extra=("$f1" "$f2")
+        d=$WORK/psb_${name}_$B
+        tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 --mode async "${common[@]}" "${extra[@]}" \
+            --out "$d" >"$d.log" 2>&1
+        rate=$(steady_rate "$d/metrics/worker-0.jsonl" "$B") || { show "$d.log" 10; rate=-; psb_ok=0; }
+        split=$(step_split "$d/metrics/worker-0.jsonl" 2>/dev/null || echo "- -")
+        ratio=$("$PY" -c 'import sys
+try: print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))
+except Exception: print("-")' "$rate" "$sa")
+        echo "  batch $B $name: cluster $rate img/s, standalone $sa img/s, ratio $ratio; step compute/wait ms: $split"
+        PSROWS+=("$B $name $rate $sa $ratio $split")
+    done
+done
+{
+    printf '%6s %12s %14s %17s %6s %11s %8s\n' batch config "cluster img/s" "standalone img/s" ratio "compute ms" "wait ms"
+    for r in "${PSROWS[@]}"; do set -- $r; printf '%6s %12s %14s %17s %6s %11s %8s\n' "$@"; done
+} | tee "$OUTDIR/psbench.txt"
+if [ $psb_ok = 1 ]; then verdict psbench PASS "see psbench.txt"; else verdict psbench FAIL "${NODEV:-a run failed}"; fi
+
+fi  # psbench
 
 # ---- summary ---------------------------------------------------------------
 section summary "$((SECONDS - T0))s in all"
