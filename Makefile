@@ -176,6 +176,8 @@ DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compil
 # decodes our TensorBoard events independently.
 # clang builds the libFuzzer target (make fuzz).
 DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
+# gnuplot draws `downpour sweep`'s plots (test_sweep checks them).
+DEB_TEST  += gnuplot-nox
 define install_missing
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \

@@ -15,6 +15,7 @@ static void s_usage(FILE *f)
             "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
             "       downpour keygen FILE\n"
             "       downpour bench wire [--bytes N | --model SPEC] [--shards K] [--json]\n"
+            "       downpour sweep [--grid FILE] [--mode LIST] [--lr LIST] ... [--out DIR]\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
 }
 
@@ -30,7 +31,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "keygen") == 0) return dp_keygen_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return dp_bench_main(argc - 1, argv + 1);
-    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen or bench; see downpour --help)\n",
+    if (strcmp(argv[1], "sweep") == 0) return dp_sweep_main(argc - 1, argv + 1);
+    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen, bench or sweep; see downpour --help)\n",
             argv[1]);
     return 2;
 }

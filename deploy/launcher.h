@@ -10,5 +10,7 @@ int dp_eval_main(int argc, char **argv);
 int dp_keygen_main(int argc, char **argv);
 /* `downpour bench wire`: the wire against plain ZeroMQ (deploy/bench_wire.c). */
 int dp_bench_main(int argc, char **argv);
+/* `downpour sweep`: a grid of runs and its report (deploy/sweep.c). */
+int dp_sweep_main(int argc, char **argv);
 
 #endif
