@@ -6,6 +6,7 @@
 
 #include "common/util.h"
 #include "deploy/launcher.h"
+#include "deploy/sim.h"
 
 static void s_usage(FILE *f)
 {
@@ -15,6 +16,8 @@ static void s_usage(FILE *f)
             "       downpour eval --checkpoint FILE [--data SPEC] [--device DEV]\n"
             "       downpour keygen FILE\n"
             "       downpour bench wire [--bytes N | --model SPEC] [--shards K] [--json]\n"
+            "       downpour sim --workers M --compute DIST --updates N [--json]\n"
+            "       downpour replay FILE --out DIR\n"
             "       downpour sweep [--grid FILE] [--mode LIST] [--lr LIST] ... [--out DIR]\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
 }
@@ -31,8 +34,10 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "eval") == 0) return dp_eval_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "keygen") == 0) return dp_keygen_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return dp_bench_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "sim") == 0) return dp_sim_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "replay") == 0) return dp_replay_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "sweep") == 0) return dp_sweep_main(argc - 1, argv + 1);
-    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen, bench or sweep; see downpour --help)\n",
+    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen, bench, sim, replay or sweep; see downpour --help)\n",
             argv[1]);
     return 2;
 }

@@ -40,6 +40,7 @@
 #include "deploy/local_keys.h"
 #include "deploy/spawn.h"
 #include "server/ps.h"
+#include "server/record.h"
 #include "worker/args.h"
 
 #define DP_LOCAL_MAX 64     /* processes of each kind */
@@ -84,6 +85,7 @@ typedef struct {
     dp_child_t kids[2 * DP_LOCAL_MAX];
     int n_kids;
     int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
+    const char *record;          /* --record FILE: the run's schedule (shards' records merged) */
     dp_local_keys_t keys;
 } dp_local_t;
 
@@ -305,6 +307,8 @@ static void s_options(dp_local_t *L)
         DP_FLAG_STR("out", "DIR", &L->out, 0, "where results land"),
         DP_FLAG_SET("progress", &L->progress, 1, 0, "the live line even when stderr is no terminal"),
         DP_FLAG_SET("no-progress", &L->progress, 0, 0, "no live line"),
+        DP_FLAG_STR("record", "FILE", &L->record, 0,
+                    "write the run's schedule to FILE for `downpour replay`"),
         DP_FLAG_SET("secure", &L->secure, 1, 0,
                     "CURVE: a key pair per shard and worker in DIR/keys; every\n"
                     "connection encrypted, only these keys admitted"),
@@ -498,6 +502,41 @@ static void s_ready_path(const dp_local_t *L, int i, char *out, size_t n)
     snprintf(out, n, "%s/logs/ps-%d.endpoint", L->out, i);
 }
 
+/* DIR/logs/ps-I.record: shard I's --record, merged into --record FILE. */
+static void s_record_part(const dp_local_t *L, int i, char *out, size_t n)
+{
+    snprintf(out, n, "%s/logs/ps-%d.record", L->out, i);
+}
+
+/* The workers' kernel threads: one share of the cores each, unless given. */
+static long s_worker_threads(const dp_local_t *L)
+{
+    if (L->wk.conf.threads > 0) return L->wk.conf.threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores / L->workers > 0 ? cores / L->workers : 1;
+}
+
+/* --record FILE: the shards' records and the workers' side in one file. */
+static int s_record_merge(const dp_local_t *L, char *err)
+{
+    char paths[DP_LOCAL_MAX][PATH_MAX], seed[24];
+    const char *parts[DP_LOCAL_MAX];
+    for (int i = 0; i < L->shards; i++) {
+        s_record_part(L, i, paths[i], sizeof paths[i]);
+        parts[i] = paths[i];
+    }
+    cJSON *extra = cJSON_CreateObject();
+    cJSON_AddStringToObject(extra, "data", L->wk.conf.data);
+    cJSON_AddNumberToObject(extra, "batch", L->wk.conf.batch);
+    snprintf(seed, sizeof seed, "%" PRIu64, L->wk.conf.seed);
+    cJSON_AddStringToObject(extra, "data_seed", seed);
+    cJSON_AddNumberToObject(extra, "threads", (double)s_worker_threads(L));
+    cJSON_AddStringToObject(extra, "device", L->gpus ? "cuda" : "cpu");
+    int rc = dp_record_merge(L->record, parts, L->shards, extra, err);
+    cJSON_Delete(extra);
+    return rc;
+}
+
 /* The parameter-server shards, each on a loopback port the kernel picks. */
 static int s_start_servers(dp_local_t *L, char *err)
 {
@@ -520,6 +559,11 @@ static int s_start_servers(dp_local_t *L, char *err)
         av[n++] = "--input"; av[n++] = L->input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
         if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
+        char record[PATH_MAX];
+        if (L->record) {
+            s_record_part(L, i, record, sizeof record);
+            av[n++] = "--record"; av[n++] = record;
+        }
         for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
         av[n] = NULL;
         if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
@@ -573,8 +617,7 @@ static int s_start_workers(dp_local_t *L, char *err)
 {
     char task[12], device[24], threads[24], worker_bin[PATH_MAX + 16];
     char save[PATH_MAX], tensorboard[PATH_MAX];
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(threads, sizeof threads, "%ld", cores / L->workers > 0 ? cores / L->workers : 1);
+    snprintf(threads, sizeof threads, "%ld", s_worker_threads(L));
     snprintf(worker_bin, sizeof worker_bin, "%s/downpour-worker", L->bin_dir);
     snprintf(save, sizeof save, "%s/model.safetensors", L->out);
     snprintf(tensorboard, sizeof tensorboard, "%s/tensorboard", L->out);
@@ -677,6 +720,11 @@ static int s_finish(dp_local_t *L, const dp_child_t *failed)
         return 1;
     }
     s_print_summary(L->summary);
+    char err[DP_ERR_LEN];
+    if (L->record && s_record_merge(L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
     printf("%s\n", L->summary);
     return 0;
 }

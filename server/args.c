@@ -150,6 +150,9 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", &c->checkpoint_every, 0, 1L << 40, P,
                     "versions between checkpoints (default 0: at exit only)"),
         DP_FLAG_BUF("metrics", "FILE", c->metrics_path, 0, "JSON lines of counters (appended)"),
+        DP_FLAG_BUF("record", "FILE", c->record, 0,
+                    "write the schedule (which worker's step, computed on which\n"
+                    "version, applied in which order) for downpour replay"),
         DP_FLAG_NUM("metrics-every", DP_OPTS_DOUBLE, "SECONDS", &c->metrics_every, 0.01, 1e6, 0,
                     "between metrics lines (default 5)"),
         DP_FLAG_NUM("heartbeat-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->heartbeat_timeout, 0, 1e7, P,

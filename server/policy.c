@@ -3,8 +3,10 @@
 #include "server/policy.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/util.h"
 
@@ -32,6 +34,8 @@ void dp_policy_destroy(dp_policy_t **p_p)
     if (!p_p || !*p_p) return;
     free((*p_p)->clock);
     free((*p_p)->contributed);
+    free((*p_p)->before);
+    dp_staleness_fini(&(*p_p)->staleness);
     free(*p_p);
     *p_p = NULL;
 }
@@ -43,6 +47,8 @@ void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_
     out->staleness = 0;
     out->stepped = 0;
     out->reason[0] = 0;
+    out->lr = 0;
+    out->grad_norm = out->update_norm = -1;
     if (version > s->version) {
         s->counts.rejected++;
         out->status = DP_PUSH_REJECTED;
@@ -62,4 +68,67 @@ int dp_policy_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
 int dp_policy_members_changed(dp_policy_t *p)
 {
     return p->ops->members_changed(p);
+}
+
+void dp_policy_measure(dp_policy_t *p)
+{
+    if (!p->before) p->before = dp_aligned_alloc((p->shard->n + 1) * sizeof(float));
+}
+
+/* sqrt(sum x^2) over n floats at any byte address (zero-copy frames). */
+static double s_norm_bytes(const void *data, size_t n)
+{
+    double sum = 0;
+    const unsigned char *b = data;
+    for (size_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, b + 4 * i, 4);
+        sum += (double)x * x;
+    }
+    return sqrt(sum);
+}
+
+/* ||w - before|| after a measured step. */
+static double s_moved(const dp_policy_t *p)
+{
+    const dp_shard_t *s = p->shard;
+    double sum = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        double d = (double)s->w[i] - p->before[i];
+        sum += d * d;
+    }
+    return sqrt(sum);
+}
+
+void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, dp_push_outcome_t *out)
+{
+    dp_shard_t *s = p->shard;
+    out->lr = lr;
+    if (!p->before) {
+        dp_shard_step(s, g, n, lr);
+        return;
+    }
+    double sq = 0;
+    for (int f = 0; f < n; f++) {
+        double x = s_norm_bytes(g[f].data, g[f].len / 4);
+        sq += x * x;
+    }
+    memcpy(p->before, s->w, s->n * sizeof(float));
+    dp_shard_step(s, g, n, lr);
+    out->grad_norm = sqrt(sq);
+    out->update_norm = s_moved(p);
+}
+
+void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out)
+{
+    dp_shard_t *s = p->shard;
+    if (out) out->lr = dp_shard_lr(s);
+    if (!p->before || !out) {
+        dp_shard_step_mean(s);
+        return;
+    }
+    out->grad_norm = s_norm_bytes(s->acc, s->n) / (s->acc_count ? s->acc_count : 1);
+    memcpy(p->before, s->w, s->n * sizeof(float));
+    dp_shard_step_mean(s);
+    out->update_norm = s_moved(p);
 }

@@ -46,6 +46,7 @@
 
 #include <stdint.h>
 
+#include "common/staleness.h"
 #include "common/util.h"
 #include "server/members.h"
 #include "server/shard.h"
@@ -62,6 +63,13 @@ typedef struct {
     uint64_t staleness;    /* versions between the one computed on and the shard's */
     int stepped;           /* the shard's version moved */
     char reason[DP_ERR_LEN]; /* why dropped or rejected; "" when applied */
+    /* What the step did, for the lab (record files, the simulator): the lr
+     * applied (after any staleness scaling; 0 when nothing stepped) and,
+     * when the policy measures (dp_policy_measure), the L2 norms of the
+     * gradient (sync: of the mean that stepped) and of the update w_new -
+     * w_old over this shard's range; -1 when not measured. */
+    float lr;
+    double grad_norm, update_norm;
 } dp_push_outcome_t;
 
 typedef struct {
@@ -91,6 +99,8 @@ struct dp_policy {
     const dp_members_t *members;
     uint64_t *clock;       /* per worker: gradients used (applied or accumulated) */
     uint64_t *contributed; /* sync, per worker: version + 1 it last contributed to, 0 = none */
+    dp_staleness_t staleness; /* every used gradient's staleness (sync: 0 each) */
+    float *before;         /* measuring: the range before a step (dp_policy_measure), else NULL */
 };
 
 int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
@@ -101,5 +111,14 @@ void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_
                     dp_push_outcome_t *out);
 int dp_policy_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version);
 int dp_policy_members_changed(dp_policy_t *p);
+
+/* Measure every step from now on (the norms of dp_push_outcome_t): one
+ * more pass over the range and n floats of memory, so only the lab and
+ * --record turn it on. */
+void dp_policy_measure(dp_policy_t *p);
+/* For the ops: one step of the shard by g at lr (dp_shard_step), measured
+ * into out when measuring; and the same for sync's mean of acc. */
+void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, dp_push_outcome_t *out);
+void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out);
 
 #endif

@@ -10,7 +10,8 @@ static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t
     uint64_t staleness = s->version - v;
     float lr = dp_shard_lr(s);
     if (p->conf.lr_staleness && staleness > 1) lr /= (float)staleness;
-    dp_shard_step(s, g, n, lr);
+    dp_policy_step(p, g, n, lr, out);
+    dp_staleness_add(&p->staleness, staleness);
     p->clock[worker]++;
     s->counts.applied++;
     s->counts.staleness_sum += staleness;

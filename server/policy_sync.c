@@ -9,8 +9,9 @@
 
 #include "server/policy.h"
 
-/* Step if enough gradients of this version are in; 1 when it stepped. */
-static int s_maybe_step(dp_policy_t *p)
+/* Step if enough gradients of this version are in; 1 when it stepped.
+ * out (NULL from a membership change) gets what the step did. */
+static int s_maybe_step_out(dp_policy_t *p, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     if (s->acc_count == 0) return 0;
@@ -20,8 +21,13 @@ static int s_maybe_step(dp_policy_t *p)
     int need = p->conf.replicas < counting ? p->conf.replicas : counting;
     if (need < 1) need = 1;
     if (s->acc_count < need) return 0;
-    dp_shard_step_mean(s);
+    dp_policy_step_mean(p, out);
     return 1;
+}
+
+static int s_maybe_step(dp_policy_t *p)
+{
+    return s_maybe_step_out(p, NULL);
 }
 
 static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t *g, int n,
@@ -47,8 +53,9 @@ static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t
     p->contributed[worker] = s->version + 1;
     p->clock[worker]++;
     s->counts.applied++;
+    dp_staleness_add(&p->staleness, 0);
     out->status = DP_PUSH_APPLIED;
-    out->stepped = s_maybe_step(p);
+    out->stepped = s_maybe_step_out(p, out);
 }
 
 /* Answer once the version is past the one the worker pushed on. A

@@ -36,6 +36,7 @@
 #include "server/auth.h"
 #include "server/members.h"
 #include "server/policy.h"
+#include "server/record.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
 
@@ -74,6 +75,7 @@ typedef struct {
     uint64_t ckpt_version; /* version last written (UINT64_MAX: none) */
     dp_ckpt_run_t run;     /* the run the checkpoints belong to; .finished as last written */
     dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
+    dp_record_t *rec;      /* --record: the schedule, or NULL */
     double next_metrics;
     int quit;              /* SHUTDOWN received */
     dp_auth_t auth;        /* worker ids bound to connections / keys, the chief's token */
@@ -260,6 +262,7 @@ static void s_release_pending(s_ps_t *ps)
 /* The member table changed: tell the policy, then re-ask the held pulls. */
 static void s_members_changed(s_ps_t *ps)
 {
+    dp_record_members(ps->rec, ps->cfg->shard_index, &ps->members);
     if (dp_policy_members_changed(ps->policy)) s_version_moved(ps);
     s_release_pending(ps);
 }
@@ -447,6 +450,8 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     if (s_push_repeated(ps, id, env)) return;
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
+    dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
+                   ps->shard.version, &ps->members);
     /* before a due checkpoint, so the file holds the step with its update */
     if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
     if (o.stepped) s_version_moved(ps);
@@ -485,6 +490,9 @@ static void s_on_stats(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     s.malformed = c->malformed;
     dp_members_counts(&ps->members, &s.workers_joined, &s.workers_finished, &s.workers_gone);
     s.num_workers = ps->members.n;
+    uint64_t hist[DP_STATS_HIST_BINS];
+    s.n_staleness_hist = dp_staleness_fold(&ps->policy->staleness, hist, DP_STATS_HIST_BINS);
+    s.staleness_hist = hist;
     rep.stats = &s;
     s_send(ps, id, &rep, NULL, 0);
 }
@@ -755,6 +763,7 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
     if (s_setup_state(ps, err) != 0) return -1;
     if (dp_auth_init(&ps->auth, cfg->num_workers, cfg->curve_secret[0] != 0, err) != 0) return -1;
     if (dp_metrics_new(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
+    if (cfg->record[0] && dp_record_ps_open(&ps->rec, cfg, ps->policy, err) != 0) return -1;
     if (s_open_socket(ps, err) != 0) return -1;
     if (cfg->ready_file[0] &&
         dp_write_file_atomic(cfg->ready_file, ps->endpoint, strlen(ps->endpoint), err) != 0)
@@ -801,6 +810,7 @@ static void s_teardown(s_ps_t *ps)
     ps->n_pending = 0;
     s_close_socket(ps);
     dp_metrics_destroy(&ps->metrics);
+    dp_record_abandon(&ps->rec);
     dp_policy_destroy(&ps->policy);
     dp_members_fini(&ps->members);
     dp_auth_fini(&ps->auth);
@@ -861,6 +871,7 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
         goto done;
     }
     s_metrics_line(&ps);
+    if (dp_record_close(&ps.rec, err) != 0) goto done;
     dp_log_info("shard %d: stopping at version %" PRIu64 " (applied %" PRIu64 ", dropped %" PRIu64
                 ", rejected %" PRIu64 ", network errors %" PRIu64 ", refused by auth %" PRIu64
                 ", by CURVE %" PRIu64 ")",

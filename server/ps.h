@@ -60,6 +60,7 @@ typedef struct {
     char run_id[80];            /* --run-id; "" = dp_ps_config_run_id's fingerprint */
     int resume;                 /* --resume: continue the checkpoint's run, whatever its id */
     double startup_timeout;     /* seconds for every worker to say HELLO; 0 = wait forever */
+    char record[DP_PS_PATH_LEN];         /* "" or --record FILE: the schedule (server/record.h) */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;

@@ -55,6 +55,18 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     dp_metrics_write(s->metrics, &line);
 }
 
+/* The worker's last line: its own staleness histogram. */
+static void s_metrics_staleness(dp_session_t *s, const dp_staleness_t *h)
+{
+    cJSON *line = dp_metrics_line(s->metrics);
+    if (!line) return;
+    cJSON_AddStringToObject(line, "event", "staleness");
+    cJSON_AddNumberToObject(line, "worker", s->conf.task_index);
+    cJSON_AddItemToObject(line, "staleness_histogram", dp_staleness_json(h));
+    cJSON_AddNumberToObject(line, "staleness_geometric_p", dp_metrics_round(dp_staleness_geometric_p(h), 6));
+    dp_metrics_write(s->metrics, &line);
+}
+
 /* --eval-every N on the chief: the test accuracy of the weights it pulled
  * for this step (the push line's "version"), every N of its steps, so a
  * run leaves an accuracy curve; the last step is scored by the end of the
@@ -87,6 +99,9 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
                 (unsigned long long)st.rejected, st.staleness_mean,
                 (unsigned long long)st.staleness_max);
     if (dp_session_save(s, steps, (long)st.version, err) != 0) return -1;
+    dp_staleness_t hist; /* the servers' (shard 0's) counts per staleness */
+    dp_staleness_init(&hist);
+    for (size_t b = 0; b < st.staleness_bins; b++) dp_staleness_add_n(&hist, b, st.staleness_hist[b]);
     long spe = dp_data_steps_per_epoch(s->train.n, s->conf.batch, info->num_workers);
     /* The chief's own throughput; the summary multiplies it by the workers
      * for the cluster's rate. */
@@ -99,9 +114,11 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
+        .staleness_hist = &hist,
     };
-    if (dp_session_summary(s, &r, err) != 0) return -1;
-    return 0;
+    int rc = dp_session_summary(s, &r, err);
+    dp_staleness_fini(&hist);
+    return rc;
 }
 
 /* Where this worker starts: after the last step every shard applied from
@@ -136,6 +153,8 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_ps_client_t *ps = NULL;
     dp_ps_info_t info;
     dp_batcher_t bt = {0};
+    dp_staleness_t my_hist; /* this worker's applied pushes (the largest over shards) */
+    dp_staleness_init(&my_hist);
     int rc = -1;
     dp_ps_client_default_stop_flag(stop); /* a signal ends the HELLO wait too */
     if (dp_ps_client_new_curve(&ps, c->ps, &s.model, c->task_index, c->timeout_s,
@@ -179,6 +198,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
             goto done;
         int status_applied = r.applied == info.num_shards;
         applied += status_applied;
+        if (status_applied) dp_staleness_add(&my_hist, r.staleness_max);
         dropped += r.dropped > 0;
         rejected += r.rejected > 0;
         stale_sum += r.staleness_mean;
@@ -198,6 +218,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
                            stale_sum / (done - first));
     }
     dp_progress_done(&s.progress);
+    s_metrics_staleness(&s, &my_hist);
     double train_s = dp_now() - t0;
     dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s): %ld applied, %ld dropped, %ld rejected",
                 c->task_index, done - first, train_s,
@@ -210,6 +231,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     }
     rc = 0;
 done:
+    dp_staleness_fini(&my_hist);
     dp_batcher_fini(&bt);
     dp_ps_client_destroy(&ps);
     dp_session_fini(&s);

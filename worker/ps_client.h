@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "common/model.h"
+#include "common/staleness.h"
 #include "proto/curve.h"
 #include "proto/wire.h" /* dp_mode_t */
 
@@ -60,6 +61,8 @@ typedef struct {
     uint64_t version;                    /* sum over shards */
     double staleness_mean;               /* shard 0's, over applied pushes */
     uint64_t staleness_max;              /* shard 0's */
+    uint64_t staleness_hist[DP_STATS_HIST_BINS]; /* shard 0's counts per staleness (last bin: or more) */
+    size_t staleness_bins;               /* bins in use */
 } dp_ps_stats_t;
 
 typedef struct dp_ps_client dp_ps_client_t;

@@ -122,6 +122,11 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON_AddNumberToObject(o, "updates_rejected", (double)r->rejected);
     cJSON_AddNumberToObject(o, "staleness_mean", r->staleness_mean);
     cJSON_AddNumberToObject(o, "staleness_max", (double)r->staleness_max);
+    if (r->staleness_hist) {
+        cJSON_AddItemToObject(o, "staleness_histogram", dp_staleness_json(r->staleness_hist));
+        cJSON_AddNumberToObject(o, "staleness_geometric_p",
+                                dp_metrics_round(dp_staleness_geometric_p(r->staleness_hist), 6));
+    }
     if (r->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));

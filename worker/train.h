@@ -16,6 +16,7 @@
 #include "common/dataset.h"
 #include "common/metrics.h"
 #include "common/model.h"
+#include "common/staleness.h"
 #include "common/tbevents.h"
 #include "kernels/backend.h"
 #include "kernels/optim.h"
@@ -101,6 +102,7 @@ typedef struct {
     uint64_t staleness_max;
     uint64_t updates_lost;     /* distributed: updates the shards lost by restarting (the chief's view) */
     const dp_optim_conf_t *optim; /* standalone: the optimizer; NULL in a cluster */
+    const dp_staleness_t *staleness_hist; /* counts per staleness value, or NULL */
 } dp_run_summary_t;
 
 /* Write conf.summary (if set) from r and the session: the one place where

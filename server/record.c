@@ -1,0 +1,415 @@
+/* record: writing and reading a run's schedule (see record.h). */
+#include "server/record.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+
+struct dp_record {
+    FILE *f;
+    char *path, *tmp;
+    uint64_t hash;         /* FNV-1a of every byte written */
+    uint64_t events;
+    int failed;            /* a write failed: close reports it */
+    char last[4096];       /* the member state last written ("" none); one shard per writer */
+};
+
+static void s_line(dp_record_t *r, cJSON *o)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    size_t len = strlen(text);
+    text = dp_realloc(text, len + 2);
+    text[len++] = '\n';
+    if (fwrite(text, 1, len, r->f) != len) r->failed = 1;
+    r->hash = dp_fnv1a(r->hash, text, len);
+    free(text);
+}
+
+int dp_record_new(dp_record_t **out, const char *path, const cJSON *header, char *err)
+{
+    *out = NULL;
+    size_t n = strlen(path) + 8;
+    char *tmp = dp_malloc(n);
+    snprintf(tmp, n, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        dp_err(err, "--record %s: cannot create %s: %s", path, tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    dp_record_t *r = dp_calloc(1, sizeof *r);
+    r->f = f;
+    r->tmp = tmp;
+    r->path = dp_strdup(path);
+    r->hash = DP_FNV_SEED;
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddNumberToObject(h, "downpour_record", DP_RECORD_VERSION);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, header)
+        if (strcmp(it->string, "downpour_record") != 0)
+            cJSON_AddItemToObject(h, it->string, cJSON_Duplicate(it, 1));
+    s_line(r, h);
+    cJSON_Delete(h);
+    *out = r;
+    return 0;
+}
+
+static const char *s_status_name(int st)
+{
+    return st == DP_PUSH_APPLIED ? "applied" : st == DP_PUSH_DROPPED ? "dropped" : "rejected";
+}
+
+/* A double as the 17 significant digits that read back as the same bits
+ * (cJSON prints 15 when they compare equal within its epsilon, which would
+ * spoil the replay's exact comparison). */
+static void s_exact(cJSON *o, const char *key, double v)
+{
+    if (!isfinite(v)) {
+        cJSON_AddNullToObject(o, key);
+        return;
+    }
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    cJSON_AddRawToObject(o, key, text);
+}
+
+void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
+{
+    if (!r) return;
+    cJSON *o = cJSON_CreateObject();
+    if (e->kind == DP_REC_PUSH) {
+        cJSON_AddStringToObject(o, "e", "push");
+        cJSON_AddNumberToObject(o, "s", e->shard);
+        cJSON_AddNumberToObject(o, "w", e->worker);
+        cJSON_AddNumberToObject(o, "step", (double)e->step);
+        cJSON_AddNumberToObject(o, "v", (double)e->version);
+        cJSON_AddStringToObject(o, "st", s_status_name(e->status));
+        cJSON_AddNumberToObject(o, "stale", (double)e->staleness);
+        cJSON_AddNumberToObject(o, "after", (double)e->after);
+        s_exact(o, "lr", e->lr);
+        s_exact(o, "gn", e->grad_norm);
+        s_exact(o, "un", e->update_norm);
+    } else {
+        cJSON_AddStringToObject(o, "e", "members");
+        cJSON_AddNumberToObject(o, "s", e->shard);
+        cJSON_AddStringToObject(o, "m", e->members);
+        cJSON_AddNumberToObject(o, "call", e->call);
+    }
+    s_line(r, o);
+    cJSON_Delete(o);
+    r->events++;
+}
+
+/* Write the member state when it differs from the last one written (or
+ * always with call). */
+static void s_members(dp_record_t *r, int shard, const dp_members_t *m, int call)
+{
+    char state[sizeof r->last];
+    int n = m->n < (int)sizeof state - 1 ? m->n : (int)sizeof state - 1;
+    for (int i = 0; i < n; i++)
+        state[i] = m->w[i].finished ? 'F' : m->w[i].gone ? 'G' : 'L';
+    state[n] = 0;
+    if (!call && strcmp(state, r->last) == 0) return;
+    snprintf(r->last, sizeof r->last, "%s", state);
+    dp_rec_event_t e = {.kind = DP_REC_MEMBERS, .shard = shard, .members = state, .call = call};
+    dp_record_event(r, &e);
+}
+
+void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
+                    const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m)
+{
+    if (!r) return;
+    if (m) s_members(r, shard, m, 0);
+    dp_rec_event_t e = {
+        .kind = DP_REC_PUSH, .shard = shard, .worker = worker, .step = step, .version = version,
+        .status = o->status, .staleness = o->staleness, .after = after, .lr = o->lr,
+        .grad_norm = o->grad_norm, .update_norm = o->update_norm,
+    };
+    dp_record_event(r, &e);
+}
+
+void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m)
+{
+    if (r) s_members(r, shard, m, 1);
+}
+
+static void s_free(dp_record_t *r)
+{
+    free(r->path);
+    free(r->tmp);
+    free(r);
+}
+
+int dp_record_close(dp_record_t **r_p, char *err)
+{
+    if (!r_p || !*r_p) return 0;
+    dp_record_t *r = *r_p;
+    *r_p = NULL;
+    cJSON *o = cJSON_CreateObject();
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016" PRIx64, r->hash);
+    cJSON_AddStringToObject(o, "end", "downpour_record");
+    cJSON_AddNumberToObject(o, "events", (double)r->events);
+    cJSON_AddStringToObject(o, "fnv1a", hex);
+    s_line(r, o);
+    cJSON_Delete(o);
+    int bad = r->failed || fflush(r->f) != 0 || fsync(fileno(r->f)) != 0;
+    bad |= fclose(r->f) != 0;
+    if (!bad && rename(r->tmp, r->path) != 0) bad = 1;
+    int rc = 0;
+    if (bad) {
+        rc = dp_err(err, "--record %s: cannot write it: %s", r->path, strerror(errno));
+        unlink(r->tmp);
+    }
+    s_free(r);
+    return rc;
+}
+
+void dp_record_abandon(dp_record_t **r_p)
+{
+    if (!r_p || !*r_p) return;
+    fclose((*r_p)->f);
+    unlink((*r_p)->tmp);
+    s_free(*r_p);
+    *r_p = NULL;
+}
+
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err)
+{
+    cJSON *h = cJSON_CreateObject();
+    char seed[24], input[48];
+    cJSON_AddStringToObject(h, "model", cfg->model_spec);
+    snprintf(input, sizeof input, "%dx%dx%d", cfg->in_c, cfg->in_h, cfg->in_w);
+    cJSON_AddStringToObject(h, "input", input);
+    snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
+    cJSON_AddStringToObject(h, "seed", seed);
+    cJSON_AddNumberToObject(h, "workers", cfg->num_workers);
+    cJSON_AddNumberToObject(h, "shards", cfg->shard_count);
+    cJSON_AddNumberToObject(h, "shard", cfg->shard_index);
+    cJSON_AddStringToObject(h, "mode", dp_mode_name(cfg->mode));
+    cJSON_AddNumberToObject(h, "replicas", policy->conf.replicas);
+    cJSON_AddNumberToObject(h, "staleness", cfg->staleness);
+    cJSON_AddNumberToObject(h, "lr_staleness", cfg->lr_staleness);
+    cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&cfg->optim));
+    cJSON_AddNumberToObject(h, "start_version", (double)policy->shard->version);
+    if (policy->shard->version != 0)
+        dp_log_warn("shard %d: --record: restored at version %" PRIu64 "; a replay needs a run "
+                    "from version 0 and will refuse this record", cfg->shard_index, policy->shard->version);
+    int rc = dp_record_new(out, cfg->record, h, err);
+    cJSON_Delete(h);
+    if (rc == 0) dp_policy_measure(policy);
+    return rc;
+}
+
+/* ---- reading ---- */
+
+const char *dp_record_str(const cJSON *h, const char *key)
+{
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(h, key));
+}
+
+double dp_record_num(const cJSON *h, const char *key, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+/* A whole non-negative number below 2^53 at key, or -1. */
+static int s_count(const cJSON *o, const char *key, uint64_t *out)
+{
+    double v = dp_record_num(o, key, -1);
+    if (!(v >= 0) || v != floor(v) || v > 9007199254740992.0) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int s_parse_push(const cJSON *o, dp_rec_event_t *e)
+{
+    uint64_t shard, worker;
+    const char *st = dp_record_str(o, "st");
+    if (s_count(o, "s", &shard) || s_count(o, "w", &worker) || s_count(o, "step", &e->step) ||
+        s_count(o, "v", &e->version) || s_count(o, "stale", &e->staleness) ||
+        s_count(o, "after", &e->after) || !st || shard > 1 << 20 || worker > 1 << 20)
+        return -1;
+    e->kind = DP_REC_PUSH;
+    e->shard = (int)shard;
+    e->worker = (int)worker;
+    e->status = strcmp(st, "applied") == 0   ? DP_PUSH_APPLIED
+                : strcmp(st, "dropped") == 0 ? DP_PUSH_DROPPED
+                : strcmp(st, "rejected") == 0 ? DP_PUSH_REJECTED : 0;
+    e->lr = dp_record_num(o, "lr", 0);
+    e->grad_norm = dp_record_num(o, "gn", -1);
+    e->update_norm = dp_record_num(o, "un", -1);
+    return e->status ? 0 : -1;
+}
+
+static int s_parse_event(const cJSON *o, dp_rec_event_t *e)
+{
+    memset(e, 0, sizeof *e);
+    const char *kind = dp_record_str(o, "e");
+    if (!kind) return -1;
+    if (strcmp(kind, "push") == 0) return s_parse_push(o, e);
+    if (strcmp(kind, "members") != 0) return -1;
+    uint64_t shard, call;
+    const char *m = dp_record_str(o, "m");
+    if (s_count(o, "s", &shard) || s_count(o, "call", &call) || !m || shard > 1 << 20) return -1;
+    for (const char *c = m; *c; c++)
+        if (*c != 'L' && *c != 'F' && *c != 'G') return -1;
+    e->kind = DP_REC_MEMBERS;
+    e->shard = (int)shard;
+    e->call = call != 0;
+    e->members = dp_strdup(m);
+    return 0;
+}
+
+/* The footer line (text, NUL-terminated) against what came before it. */
+static int s_check_footer(const char *text, uint64_t hash, size_t events)
+{
+    cJSON *o = cJSON_Parse(text);
+    uint64_t n = 0;
+    const char *end = dp_record_str(o, "end"), *h = dp_record_str(o, "fnv1a");
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016" PRIx64, hash);
+    int ok = o && end && strcmp(end, "downpour_record") == 0 && s_count(o, "events", &n) == 0 &&
+             n == events && h && strcmp(h, hex) == 0;
+    cJSON_Delete(o);
+    return ok ? 0 : -1;
+}
+
+/* Parse the lines of buf (len bytes, the last one the footer). */
+static int s_parse_lines(dp_rec_t *rec, char *buf, size_t len, const char *path, char *err)
+{
+    uint64_t hash = DP_FNV_SEED;
+    size_t cap = 0, lineno = 0;
+    char *p = buf, *end = buf + len;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (!nl) return dp_err(err, "%s: truncated record (no footer; the run did not finish writing it)", path);
+        *nl = 0;
+        lineno++;
+        if (nl + 1 == end) {
+            if (lineno < 2 || s_check_footer(p, hash, rec->n) != 0)
+                return dp_err(err, "%s: truncated or corrupt record (its footer does not match the %zu lines before it)",
+                              path, lineno - 1);
+            return 0;
+        }
+        hash = dp_fnv1a(hash, p, (size_t)(nl - p));
+        hash = dp_fnv1a(hash, "\n", 1);
+        cJSON *o = cJSON_Parse(p);
+        if (lineno == 1) {
+            if (!o || dp_record_num(o, "downpour_record", 0) != DP_RECORD_VERSION) {
+                cJSON_Delete(o);
+                return dp_err(err, "%s: not a Downpour record (version %d) file", path, DP_RECORD_VERSION);
+            }
+            rec->header = o;
+        } else {
+            if (rec->n == cap) {
+                cap = cap ? 2 * cap : 1024;
+                rec->ev = dp_realloc(rec->ev, cap * sizeof *rec->ev);
+            }
+            int bad = !o || s_parse_event(o, &rec->ev[rec->n]) != 0;
+            cJSON_Delete(o);
+            if (bad) return dp_err(err, "%s: line %zu is not a record event", path, lineno);
+            rec->n++;
+        }
+        p = nl + 1;
+    }
+    return dp_err(err, "%s: truncated record (no footer)", path);
+}
+
+int dp_rec_load(dp_rec_t *rec, const char *path, char *err)
+{
+    memset(rec, 0, sizeof *rec);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (dp_read_file(path, &buf, &len, err) != 0) return -1;
+    int rc = s_parse_lines(rec, (char *)buf, len, path, err);
+    free(buf);
+    if (rc != 0) dp_rec_fini(rec);
+    return rc;
+}
+
+void dp_rec_fini(dp_rec_t *rec)
+{
+    cJSON_Delete(rec->header);
+    for (size_t i = 0; i < rec->n; i++) free(rec->ev[i].members);
+    free(rec->ev);
+    memset(rec, 0, sizeof *rec);
+}
+
+int dp_record_merge(const char *path, const char *const *parts, int n, const cJSON *extra, char *err)
+{
+    dp_rec_t *rec = dp_calloc((size_t)n, sizeof *rec);
+    dp_record_t *out = NULL;
+    int rc = -1;
+    for (int i = 0; i < n; i++)
+        if (dp_rec_load(&rec[i], parts[i], err) != 0) goto done;
+    cJSON *h = cJSON_Duplicate(rec[0].header, 1);
+    cJSON_DeleteItemFromObjectCaseSensitive(h, "shard");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, extra) {
+        cJSON_DeleteItemFromObjectCaseSensitive(h, it->string);
+        cJSON_AddItemToObject(h, it->string, cJSON_Duplicate(it, 1));
+    }
+    for (int i = 0; i < n; i++)
+        if (dp_record_num(rec[i].header, "start_version", 0) != 0)
+            cJSON_ReplaceItemInObjectCaseSensitive(h, "start_version",
+                                                   cJSON_CreateNumber(dp_record_num(rec[i].header, "start_version", 0)));
+    rc = dp_record_new(&out, path, h, err);
+    cJSON_Delete(h);
+    if (rc != 0) goto done;
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < rec[i].n; j++) dp_record_event(out, &rec[i].ev[j]);
+    rc = dp_record_close(&out, err);
+done:
+    for (int i = 0; i < n; i++) dp_rec_fini(&rec[i]);
+    free(rec);
+    return rc;
+}
+
+/* ---- the optimizer in the header ---- */
+
+cJSON *dp_record_optim_json(const dp_optim_conf_t *o)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "kind", dp_optim_kind_name(o->kind));
+    cJSON_AddNumberToObject(j, "lr", o->lr);
+    cJSON_AddNumberToObject(j, "momentum", o->momentum);
+    cJSON_AddNumberToObject(j, "beta1", o->beta1);
+    cJSON_AddNumberToObject(j, "beta2", o->beta2);
+    cJSON_AddNumberToObject(j, "eps", o->eps);
+    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
+    cJSON_AddNumberToObject(j, "schedule", o->schedule);
+    cJSON_AddNumberToObject(j, "step_size", (double)o->step_size);
+    cJSON_AddNumberToObject(j, "gamma", o->gamma);
+    cJSON_AddNumberToObject(j, "total_steps", (double)o->total_steps);
+    return j;
+}
+
+int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
+{
+    dp_optim_conf_default(o);
+    const char *kind = dp_record_str(j, "kind");
+    if (!kind || dp_optim_parse_kind(o, kind, err) != 0)
+        return dp_err(err, "record header: no valid optimizer");
+    /* Floats went out as doubles of the same value: they come back exact. */
+    o->lr = (float)dp_record_num(j, "lr", 0);
+    o->momentum = (float)dp_record_num(j, "momentum", o->momentum);
+    o->beta1 = (float)dp_record_num(j, "beta1", o->beta1);
+    o->beta2 = (float)dp_record_num(j, "beta2", o->beta2);
+    o->eps = (float)dp_record_num(j, "eps", o->eps);
+    o->weight_decay = (float)dp_record_num(j, "weight_decay", 0);
+    double sched = dp_record_num(j, "schedule", 0);
+    if (sched != DP_LR_CONSTANT && sched != DP_LR_STEP && sched != DP_LR_COSINE)
+        return dp_err(err, "record header: bad lr schedule");
+    o->schedule = (dp_lr_kind_t)sched;
+    o->step_size = (long)dp_record_num(j, "step_size", 0);
+    o->gamma = (float)dp_record_num(j, "gamma", 0);
+    o->total_steps = (long)dp_record_num(j, "total_steps", 0);
+    return 0;
+}

@@ -1,0 +1,106 @@
+/* record: a run's schedule, written as it happens and read back for replay
+ * (`downpour replay`) — which worker's gradient, computed on which version
+ * from which data step, each shard applied, in the order it did, and what
+ * the policy decided. Together with the header (everything that fixes the
+ * arithmetic: model, seeds, optimizer and schedule, mode, workers, batch,
+ * data, CPU threads) that is enough to recompute every gradient and every
+ * step exactly.
+ *
+ * The file is JSON lines (ARCHITECTURE.md, "Record files"):
+ *   line 1   {"downpour_record":1, ...header...}
+ *   events   {"e":"push","s":SHARD,"w":WORKER,"step":STEP,"v":VERSION,
+ *             "st":"applied"|"dropped"|"rejected","stale":N,"after":V,
+ *             "lr":X,"gn":X,"un":X}
+ *            {"e":"members","s":SHARD,"m":"LLFG","call":0|1}
+ *   last     {"end":"downpour_record","events":N,"fnv1a":"16 hex digits"}
+ * STEP is the push's 1-based step (Push.step): the worker's data step + 1.
+ * "members" gives every worker's state (L live, F finished, G gone) when it
+ * changed; "call":1 when the loop then asked the policy
+ * (dp_policy_members_changed), so a replay repeats that call.
+ * The footer's hash is FNV-1a over every byte before the footer line.
+ *
+ * Safety: the lines go to PATH.tmp; dp_record_close writes the footer,
+ * fsyncs and renames to PATH, so PATH is either absent or whole. A reader
+ * refuses a file without a matching footer (truncated, edited). */
+#ifndef DP_RECORD_H
+#define DP_RECORD_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "kernels/optim.h"
+#include "server/members.h"
+#include "server/policy.h"
+#include "server/ps.h"
+
+#define DP_RECORD_VERSION 1
+
+typedef enum { DP_REC_PUSH = 1, DP_REC_MEMBERS = 2 } dp_rec_kind_t;
+
+typedef struct {
+    dp_rec_kind_t kind;
+    int shard;
+    /* push */
+    int worker;
+    uint64_t step;         /* Push.step: data step + 1 (0: none given) */
+    uint64_t version;      /* the version the gradient was computed on */
+    int status;            /* dp_push_status_t */
+    uint64_t staleness;
+    uint64_t after;        /* the shard's version after the push */
+    double lr, grad_norm, update_norm;
+    /* members */
+    char *members;         /* one of L / F / G per worker (owned) */
+    int call;              /* dp_policy_members_changed followed */
+} dp_rec_event_t;
+
+/* ---- writing ---- */
+typedef struct dp_record dp_record_t;
+
+/* Start PATH.tmp with header (a JSON object; "downpour_record" is added;
+ * not taken). */
+int dp_record_new(dp_record_t **out, const char *path, const cJSON *header, char *err);
+void dp_record_event(dp_record_t *r, const dp_rec_event_t *e);
+/* A push the policy decided (o), from worker's step computed on version,
+ * after the member state m (written first when it changed). */
+void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
+                    const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m);
+/* The member table changed and the policy is about to be asked. */
+void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m);
+/* Footer, fsync, rename; frees r. -1 with err when any write failed (the
+ * temporary file is removed). Safe on NULL. */
+int dp_record_close(dp_record_t **r_p, char *err);
+/* Stop without a record: the temporary file is removed. */
+void dp_record_abandon(dp_record_t **r_p);
+
+/* downpour-ps --record: PATH.tmp with this shard's header (model, input,
+ * seed, optimizer, mode, workers, R, S, shard I/K, the version it starts
+ * at) and a measuring policy. */
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err);
+
+/* ---- reading ---- */
+typedef struct {
+    cJSON *header;
+    dp_rec_event_t *ev;
+    size_t n;
+} dp_rec_t;
+
+/* Load and check PATH: header version, every line, the footer's count and
+ * hash. -1 with one line in err naming PATH otherwise. */
+int dp_rec_load(dp_rec_t *rec, const char *path, char *err);
+void dp_rec_fini(dp_rec_t *rec);
+
+/* One record of a whole cluster from its shards' records (parts, in shard
+ * order): the first part's header with extra's fields added (the workers'
+ * side: data, batch, data_seed, threads), then every part's events. */
+int dp_record_merge(const char *path, const char *const *parts, int n, const cJSON *extra, char *err);
+
+/* Header helpers: the optimizer as a JSON object and back. */
+cJSON *dp_record_optim_json(const dp_optim_conf_t *o);
+int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err);
+/* A header string / number field; NULL / dflt when absent. */
+const char *dp_record_str(const cJSON *h, const char *key);
+double dp_record_num(const cJSON *h, const char *key, double dflt);
+
+#endif
