@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
+#include "deploy/sweep_run.h"
 
 #define DP_SWEEP_HIST_MAX 4096 /* staleness values kept apart; larger ones count in the last */
 
@@ -42,6 +43,13 @@ static int s_read_summary(dp_sweep_result_t *r, const char *dir, char *err)
     r->wall_s = s_num(o, "wall_s", 0);
     r->staleness_mean = s_num(o, "staleness_mean", 0);
     r->staleness_max = s_num(o, "staleness_max", 0);
+    /* The servers' own counts per staleness, when the summary has them. */
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "staleness_histogram"), *it;
+    int n = cJSON_GetArraySize(h);
+    if (cJSON_IsArray(h) && n > 0 && n <= DP_SWEEP_HIST_MAX) {
+        r->hist = dp_calloc((size_t)n, sizeof(long));
+        cJSON_ArrayForEach(it, h) r->hist[r->n_hist++] = cJSON_IsNumber(it) ? (long)it->valuedouble : 0;
+    }
     cJSON_Delete(o);
     return 0;
 }
@@ -136,7 +144,7 @@ static void s_read_curve(dp_sweep_result_t *r, const char *dir, double last_push
     free(st.t);
 }
 
-static void s_hist_file(dp_sweep_result_t *r, const char *path, double *last_t)
+static void s_hist_file(dp_sweep_result_t *r, const char *path, double *last_t, int count)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return;
@@ -146,9 +154,9 @@ static void s_hist_file(dp_sweep_result_t *r, const char *path, double *last_t)
         if (!strstr(line, "\"staleness\"")) continue;
         cJSON *o = cJSON_Parse(line);
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "staleness");
-        if (cJSON_IsNumber(s) && !cJSON_GetObjectItemCaseSensitive(o, "event") && s->valuedouble >= 0) {
-            double t = s_num(o, "t", 0);
-            if (t > *last_t) *last_t = t;
+        int push = cJSON_IsNumber(s) && !cJSON_GetObjectItemCaseSensitive(o, "event") && s->valuedouble >= 0;
+        if (push && s_num(o, "t", 0) > *last_t) *last_t = s_num(o, "t", 0);
+        if (push && count) {
             long v = lround(s->valuedouble);
             if (v >= DP_SWEEP_HIST_MAX) v = DP_SWEEP_HIST_MAX - 1;
             if (v >= r->n_hist) {
@@ -164,9 +172,11 @@ static void s_hist_file(dp_sweep_result_t *r, const char *path, double *last_t)
     fclose(f);
 }
 
-/* The histogram, and the time of the last push of any worker. */
+/* The time of the last push of any worker, and the histogram from the
+ * push lines when the summary had none. */
 static void s_read_hist(dp_sweep_result_t *r, const char *dir, double *last_t)
 {
+    int count = r->n_hist == 0;
     char path[PATH_MAX + 300];
     snprintf(path, sizeof path, "%s/metrics", dir);
     DIR *d = opendir(path);
@@ -175,9 +185,35 @@ static void s_read_hist(dp_sweep_result_t *r, const char *dir, double *last_t)
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, "worker-", 7) != 0 || !strstr(e->d_name, ".jsonl")) continue;
         snprintf(path, sizeof path, "%s/metrics/%s", dir, e->d_name);
-        s_hist_file(r, path, last_t);
+        s_hist_file(r, path, last_t, count);
     }
     closedir(d);
+}
+
+/* A simulated run: its metrics' "eval" lines (updates, simulated seconds)
+ * and the result, run.log's last line, for the final point's seconds. */
+static int s_read_sim(dp_sweep_result_t *r, const char *dir)
+{
+    char path[PATH_MAX + 32], last[16384];
+    snprintf(path, sizeof path, "%s/metrics/sim.jsonl", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "event");
+        if (cJSON_IsString(ev) && strcmp(ev->valuestring, "eval") == 0)
+            s_curve_add(r, s_num(o, "updates", 0), s_num(o, "sim_s", 0), s_num(o, "test_accuracy", 0));
+        cJSON_Delete(o);
+    }
+    free(line);
+    fclose(f);
+    dp_sweep_run_last_line(dir, last, sizeof last);
+    cJSON *res = cJSON_Parse(last);
+    s_curve_add(r, r->updates, s_num(res, "sim_s", r->wall_s), r->test_accuracy);
+    cJSON_Delete(res);
+    return 1;
 }
 
 int dp_sweep_read(dp_sweep_result_t *r, const char *dir, char *err)
@@ -186,7 +222,7 @@ int dp_sweep_read(dp_sweep_result_t *r, const char *dir, char *err)
     if (s_read_summary(r, dir, err) != 0) return -1;
     double last_push_t = 0;
     s_read_hist(r, dir, &last_push_t);
-    s_read_curve(r, dir, last_push_t);
+    if (!s_read_sim(r, dir)) s_read_curve(r, dir, last_push_t);
     if (r->n_curve == 0) s_curve_add(r, r->updates, r->wall_s, r->test_accuracy);
     r->ok = 1;
     return 0;

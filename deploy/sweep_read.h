@@ -2,8 +2,10 @@
  * from DIR/summary.json the final test accuracy, updates and staleness;
  * from the chief's metrics (DIR/metrics/worker-0.jsonl) the accuracy curve
  * (its "eval" lines: the test accuracy after so many server updates and
- * seconds since the chief started); from every worker's push lines the
- * staleness histogram. */
+ * seconds since the chief started); the staleness histogram from the
+ * summary (the servers' counts) or else every worker's push lines. A
+ * simulated run (`downpour sim`, DIR/metrics/sim.jsonl) counts simulated
+ * seconds. */
 #ifndef DP_SWEEP_READ_H
 #define DP_SWEEP_READ_H
 

@@ -36,14 +36,33 @@ static int s_push_opt(dp_sweep_cmd_t *c, const char *flag, const char *value, ch
     return s_push(c, flag, err) || s_push(c, value, err) ? -1 : 0;
 }
 
-/* The grid's args, split at blanks (no quoting: flags and plain values). */
+/* The grid's args, split at blanks; '...' or "..." keeps blanks in one
+ * argument (--model 'fc:128 relu fc:10 softmax'). */
 static int s_push_args(dp_sweep_cmd_t *c, const char *args, char *err)
 {
     if (!args) return 0;
-    char *copy = dp_strdup(args), *save = NULL;
+    char *copy = dp_strdup(args), *p = copy;
     int rc = 0;
-    for (char *t = strtok_r(copy, " \t", &save); t && rc == 0; t = strtok_r(NULL, " \t", &save))
-        rc = s_push(c, t, err);
+    while (rc == 0) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) break;
+        char *start = p, quote = 0;
+        if (*p == '\'' || *p == '"') {
+            quote = *p++;
+            start = p;
+            while (*p && *p != quote) p++;
+            if (!*p) {
+                rc = dp_err(err, "args: an unclosed %c in '%s'", quote, args);
+                break;
+            }
+        } else {
+            while (*p && *p != ' ' && *p != '\t') p++;
+        }
+        char end = *p;
+        *p = 0;
+        rc = s_push(c, start, err);
+        p += end != 0;
+    }
     free(copy);
     return rc;
 }
@@ -113,8 +132,12 @@ static int s_build_sim(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *p
 {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/downpour", bin_dir);
-    if (s_push(c, path, err) || s_push(c, "sim", err) || s_push_opt(c, "--out", dir, err) ||
-        s_push_server(c, g, pick, err) ||
+    /* --json: the result is run.log's last line (its simulated seconds). */
+    if (s_push(c, path, err) || s_push(c, "sim", err) || s_push(c, "--json", err) ||
+        s_push_opt(c, "--out", dir, err))
+        return -1;
+    snprintf(path, sizeof path, "%s/metrics/sim.jsonl", dir);
+    if (s_push_opt(c, "--metrics", path, err) || s_push_server(c, g, pick, err) ||
         s_push_opt(c, "--straggler", dp_sweep_grid_value(g, pick, DP_SWEEP_STRAGGLER), err) ||
         s_push_opt(c, "--compute", dp_sweep_grid_value(g, pick, DP_SWEEP_COMPUTE), err))
         return -1;
@@ -210,7 +233,7 @@ static int s_prepare_dir(const char *dir, const dp_sweep_cmd_t *cmd, char *err)
     char path[PATH_MAX + 32], line[16384];
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return dp_err(err, "%s: cannot create: %s", dir, strerror(errno));
-    const char *old[] = {"complete", "summary.json", "metrics/worker-0.jsonl"};
+    const char *old[] = {"complete", "summary.json", "metrics/worker-0.jsonl", "metrics/sim.jsonl"};
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, old[i]);
         unlink(path);

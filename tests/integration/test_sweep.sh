@@ -96,6 +96,38 @@ check "the table's accuracy mean ± std and staleness match the runs' summary.js
 check "the accuracy curves have a point per evaluation" \
     test "$(grep -c '^[0-9]' "$out/data/c01.curve")" -ge 6
 
+# The simulated cluster: same report, simulated seconds, the servers'
+# staleness histogram from the summary.
+if "$S" sim --help >/dev/null 2>&1; then
+    "$S" sweep --cluster sim --workers 1,4 --compute exp:10 --seeds 1,2 --eval-every 20 --no-progress \
+        --args "--updates 60 --batch 16 --optimizer sgd --lr 0.1 --data $data --model 'fc:32 relu fc:10 softmax'" \
+        --targets 0.3 --out "$TMP/sim" >"$TMP/sim.out" 2>"$TMP/sim.err"
+    check "a simulated sweep exits 0 ($(tail -1 "$TMP/sim.err"))" test $? = 0
+    "$TORCH_PY" - "$TMP/sim" >"$TMP/simtable.log" 2>&1 <<'EOF2'
+import json, re, statistics, sys
+out = sys.argv[1]
+rows = [l for l in open(out + "/report.md") if re.match(r"\| c0\d ", l)]
+assert len(rows) == 2, len(rows)
+for row in rows:
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    cid = cells[0].split()[0]
+    s = [json.load(open(f"{out}/runs/{cid}-s{k}/summary.json")) for k in (1, 2)]
+    m = float(cells[2].split()[0])
+    assert abs(m - statistics.mean(x["test_accuracy"] for x in s)) < 6e-5, (cid, m)
+    assert float(cells[-1]) == max(x["staleness_max"] for x in s), cid
+hist = [l.split() for l in open(out + "/data/c02.stale") if l[0].isdigit()]
+total = sum(int(h[1]) for h in hist)
+assert total == 2 * 60, f"histogram counts {total} pushes"
+curve = [l.split() for l in open(out + "/data/c02.curve") if l[0].isdigit()]
+assert len(curve) == 2 * 3 and all(float(c[1]) > 0 for c in curve), curve
+print("sim table ok")
+EOF2
+    check "the simulated sweep's table, histogram and curve match its runs ($(tail -1 "$TMP/simtable.log"))" \
+        grep -q "sim table ok" "$TMP/simtable.log"
+else
+    skip "simulated sweep" "this build has no downpour sim"
+fi
+
 # Resumed: every run is complete, nothing runs again.
 "$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress --no-plots >"$TMP/again.out" 2>&1
 check "run again, the 4 complete runs are skipped" grep -q "4 run(s): 0 made, 4 already complete" "$TMP/again.out"
