@@ -199,31 +199,39 @@ void dp_sweep_run_last_line(const char *dir, char *out, size_t n)
     free(buf);
 }
 
-/* The run's chief: its step and total steps, from the last line and the
- * first line of its metrics (0 before it has any). */
-static void s_chief_step(const char *dir, long *step, long *total)
+/* Where the run is, for the progress line: the chief's step of its total
+ * (the first and last lines of its metrics), or a simulated run's last
+ * evaluation; "" before either exists. */
+static void s_run_where(const char *dir, char *out, size_t n)
 {
-    char path[PATH_MAX + 32];
+    char path[PATH_MAX + 32], line[4096];
+    long step = -1, total = 0, updates = -1;
+    out[0] = 0;
     snprintf(path, sizeof path, "%s/metrics/worker-0.jsonl", dir);
     FILE *f = fopen(path, "rb");
-    *step = *total = 0;
-    if (!f) return;
-    char line[4096];
-    if (fgets(line, sizeof line, f)) {
+    int sim = !f;
+    if (sim) {
+        snprintf(path, sizeof path, "%s/metrics/sim.jsonl", dir);
+        if (!(f = fopen(path, "rb"))) return;
+    }
+    if (!sim && fgets(line, sizeof line, f)) {
         cJSON *o = cJSON_Parse(line);
         cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "total_steps");
-        if (cJSON_IsNumber(t)) *total = (long)t->valuedouble;
+        if (cJSON_IsNumber(t)) total = (long)t->valuedouble;
         cJSON_Delete(o);
     }
     if (fseek(f, -2048, SEEK_END) != 0) rewind(f);
     while (fgets(line, sizeof line, f)) {
         cJSON *o = cJSON_Parse(line);
-        cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
-        if (cJSON_IsNumber(s) && !cJSON_GetObjectItemCaseSensitive(o, "event"))
-            *step = (long)s->valuedouble + 1;
+        cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step"), *u = cJSON_GetObjectItemCaseSensitive(o, "updates");
+        if (!sim && cJSON_IsNumber(s) && !cJSON_GetObjectItemCaseSensitive(o, "event"))
+            step = (long)s->valuedouble + 1;
+        if (sim && cJSON_IsNumber(u)) updates = (long)u->valuedouble;
         cJSON_Delete(o);
     }
     fclose(f);
+    if (step >= 0) snprintf(out, n, "  step %ld/%ld", step, total);
+    if (updates >= 0) snprintf(out, n, "  update %ld", updates);
 }
 
 /* Earlier outputs of the run go first: a standalone run appends to its
@@ -276,9 +284,9 @@ int dp_sweep_run_exec(const dp_sweep_cmd_t *cmd, const char *dir, dp_progress_t 
             s_stop_child(pid, &st);
             return dp_err(err, "interrupted by signal %d", (int)*stop);
         }
-        long step, total;
-        s_chief_step(dir, &step, &total);
-        dp_progress_update(progress, 0, "%s  step %ld/%ld  %.0f s", prefix, step, total, dp_now() - t0);
+        char where[64];
+        s_run_where(dir, where, sizeof where);
+        dp_progress_update(progress, 0, "%s%s  %.0f s", prefix, where, dp_now() - t0);
         usleep(200 * 1000);
     }
     *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
