@@ -99,8 +99,8 @@ static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg
                      const int *hist)
 {
     dp_sweep_text_add(t, "# Written by downpour sweep; run in this directory: gnuplot plots.gp\n"
-                         "set terminal png size 900,560 noenhanced\n"
-                         "set grid\nset key bottom right\nset ylabel 'test accuracy'\n");
+                         "set terminal png size 900,640 noenhanced\n"
+                         "set grid\nset key below\nset ylabel 'test accuracy'\n");
     if (s_any(curve, n_cfg)) {
         dp_sweep_text_add(t, "set output 'accuracy_vs_updates.png'\nset xlabel 'server updates'\n"
                              "set title 'Test accuracy against updates (one line per seed)'\n");
@@ -111,7 +111,7 @@ static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg
     }
     if (s_any(hist, n_cfg)) {
         dp_sweep_text_add(t, "set output 'staleness.png'\nset xlabel 'staleness (versions)'\n"
-                             "set ylabel 'share of pushes'\nset logscale y\nset key top right\n"
+                             "set ylabel 'share of pushes'\nset logscale y\n"
                              "set title 'Staleness histogram (all workers and seeds)'\n");
         s_plot_cmd(t, cfg, n_cfg, hist, "stale", "1:3", "with linespoints pt 7 ps 0.8");
     }
