@@ -107,7 +107,12 @@ static void s_markdown(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sw
 {
     dp_sweep_text_add(t, "# Sweep report\n\n%d configuration(s) x %d seed(s) on the %s cluster",
                       n_cfg, dp_sweep_grid_seeds(g), strcmp(g->cluster, "sim") == 0 ? "simulated" : "local");
-    if (g->args) dp_sweep_text_add(t, "; every run with `%s`", g->args);
+    int fixed = 0;
+    for (int a = 0; a < DP_SWEEP_SEED; a++)
+        if (g->n[a] == 1)
+            dp_sweep_text_add(t, "%s%s=%s", fixed++ ? " " : "; every run with ", dp_sweep_axis_name(a),
+                              g->value[a][0]);
+    if (g->args) dp_sweep_text_add(t, "%s`%s`", fixed ? " " : "; every run with ", g->args);
     dp_sweep_text_add(t, ".\n\nFinal test accuracy: the final weights on the whole test set, mean ± "
                          "sample standard deviation over the seeds. Seconds and updates to a target: "
                          "the first evaluation at or above it (every %ld chief steps, on the first "
