@@ -96,7 +96,7 @@ static int s_any(const int *has, int n)
 }
 
 static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg, const int *curve,
-                     const int *hist)
+                     const int *hist, int simulated)
 {
     dp_sweep_text_add(t, "# Written by downpour sweep; run in this directory: gnuplot plots.gp\n"
                          "set terminal png size 900,640 noenhanced\n"
@@ -105,8 +105,9 @@ static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg
         dp_sweep_text_add(t, "set output 'accuracy_vs_updates.png'\nset xlabel 'server updates'\n"
                              "set title 'Test accuracy against updates (one line per seed)'\n");
         s_plot_cmd(t, cfg, n_cfg, curve, "curve", "1:3", "with linespoints pt 7 ps 0.6");
-        dp_sweep_text_add(t, "set output 'accuracy_vs_seconds.png'\nset xlabel 'seconds'\n"
-                             "set title 'Test accuracy against wall-clock time (one line per seed)'\n");
+        dp_sweep_text_add(t, "set output 'accuracy_vs_seconds.png'\nset xlabel '%s'\n"
+                             "set title 'Test accuracy against %s time (one line per seed)'\n",
+                          simulated ? "simulated seconds" : "seconds", simulated ? "simulated" : "wall-clock");
         s_plot_cmd(t, cfg, n_cfg, curve, "curve", "2:3", "with linespoints pt 7 ps 0.6");
     }
     if (s_any(hist, n_cfg)) {
@@ -149,8 +150,8 @@ static int s_run_gnuplot(const char *out, char *why)
     return 0;
 }
 
-int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int draw, char *why,
-                  char *err)
+int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int simulated, int draw,
+                  char *why, char *err)
 {
     char data[PATH_MAX + 16];
     snprintf(data, sizeof data, "%s/data", out);
@@ -162,7 +163,7 @@ int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int 
     for (int i = 0; i < n_cfg && rc == 0; i++) rc = s_write_data(&cfg[i], data, &curve[i], &hist[i], err);
     if (rc == 0) {
         dp_sweep_text_t t = {0};
-        s_script(&t, cfg, n_cfg, curve, hist);
+        s_script(&t, cfg, n_cfg, curve, hist, simulated);
         rc = dp_sweep_text_save(&t, out, "plots.gp", err);
     }
     free(curve);

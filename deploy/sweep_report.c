@@ -115,8 +115,9 @@ static void s_markdown(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sw
     if (g->args) dp_sweep_text_add(t, "%s`%s`", fixed ? " " : "; every run with ", g->args);
     dp_sweep_text_add(t, ".\n\nFinal test accuracy: the final weights on the whole test set, mean ± "
                          "sample standard deviation over the seeds. Seconds and updates to a target: "
-                         "the first evaluation at or above it (every %ld chief steps, on the first "
-                         "%d test samples; seconds from the chief's start), averaged over the seeds "
+                         "the first evaluation at or above it (every %ld chief steps, or updates when "
+                         "simulated, on the first %d test samples; seconds from the chief's start, "
+                         "its evaluations taken out, or simulated seconds), averaged over the seeds "
                          "that reached it, \"(k/n)\" when only k of n did, \"-\" when none did. "
                          "Staleness: the runs' summary.json, mean of the means and max of the maxima.\n\n",
                       g->eval_every, g->eval_limit);
@@ -208,7 +209,7 @@ int dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg
         snprintf(path, sizeof path, "%s/%s", out, png[i]);
         unlink(path);
     }
-    int drawn = dp_sweep_plot(cfg, n_cfg, out, plots, why, err);
+    int drawn = dp_sweep_plot(cfg, n_cfg, out, strcmp(g->cluster, "sim") == 0, plots, why, err);
     int rc = drawn < 0 ? -1 : 0;
     dp_sweep_text_t t = {0};
     if (rc == 0) {
