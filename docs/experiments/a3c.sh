@@ -44,18 +44,4 @@ tune() { # mode
 for m in async sync standalone; do tune $m; done
 for s in 2 3 4 5; do for m in async sync standalone; do one $m ${BEST[$m]} $s; done; done
 echo "$(date +%T) all done" >> $R/log
-python3 - "$R" "${BEST[async]}" "${BEST[sync]}" "${BEST[standalone]}" <<'PY'
-import json, statistics as st, sys
-R, best = sys.argv[1], dict(zip(["async", "sync", "standalone"], sys.argv[2:]))
-print("| mode | lr | seeds | test accuracy | train accuracy (10k) | train - test gap |")
-print("|---|---|---|---|---|---|")
-for m, lr in best.items():
-    te, tr = [], []
-    for s in range(1, 6):
-        d = f"{R}/{m}-lr{lr}-s{s}"
-        te.append(json.load(open(d + "/summary.json"))["test_accuracy"])
-        tr.append(json.load(open(d + "/train_eval.json"))["test_accuracy"])
-    gap = [a - b for a, b in zip(tr, te)]
-    f = lambda x: f"{st.mean(x):.4f} ± {st.stdev(x):.4f}"
-    print(f"| {m} | {lr} | {len(te)} | {f(te)} | {f(tr)} | {f(gap)} |")
-PY
+docs/experiments/a3c_report.sh "$R" "$R/a3c.png"
