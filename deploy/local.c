@@ -528,7 +528,9 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON *extra = cJSON_CreateObject();
     cJSON_AddStringToObject(extra, "data", L->wk.conf.data);
     cJSON_AddNumberToObject(extra, "batch", L->wk.conf.batch);
-    snprintf(seed, sizeof seed, "%" PRIu64, L->wk.conf.seed);
+    /* --seed goes to both daemons; the launcher's table holds one entry
+     * for it, the ps table's, so its value is in L->ps. */
+    snprintf(seed, sizeof seed, "%" PRIu64, L->ps.seed);
     cJSON_AddStringToObject(extra, "data_seed", seed);
     cJSON_AddNumberToObject(extra, "threads", (double)s_worker_threads(L));
     cJSON_AddStringToObject(extra, "device", L->gpus ? "cuda" : "cpu");

@@ -284,9 +284,7 @@ static int s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv, char *err)
     };
     dp_opts_init(o, "downpour replay", s_synopsis, NULL);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
-    int rc = dp_opts_parse(o, argc, argv, err);
-    if (rc == 0 && !a->out) rc = dp_err(err, "--out DIR is required (see downpour replay --help)");
-    return rc;
+    return dp_opts_parse(o, argc, argv, err);
 }
 
 /* The lab's conf: the record's header, then the flags. */
@@ -368,6 +366,7 @@ int dp_replay_main(int argc, char **argv)
     const char *file = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
     int rc = file ? s_parse(&a, &o, argc - 1, argv + 1, err) : s_parse(&a, &o, argc, argv, err);
     if (rc == 0 && !file) rc = dp_err(err, "which record? downpour replay FILE --out DIR");
+    if (rc == 0 && !a.out) rc = dp_err(err, "--out DIR is required (see downpour replay --help)");
     if (rc != 0) return dp_opts_exit_status("downpour replay", rc, err);
     if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "downpour replay: %s: cannot create: %s\n", a.out, strerror(errno));

@@ -9,12 +9,21 @@
  *   moved       ||weights g was applied to - weights w pulled||: how far the
  *               model moved while w computed (0 for a fresh gradient)
  *   variance    mean ||g_i - mean g||^2 over the gradients in flight (one
- *               per busy worker), and that over ||mean g||^2
- * and over every update: the effective momentum, the least-squares slope
- * of each update on the one before, sum <u_t, u_t-1> / sum ||u_t-1||^2 —
- * for a momentum method with rate mu and independent gradients it
- * estimates mu; Mitliagkas et al. (2016) predict asynchrony adds about
- * 1 - 1/M to the explicit momentum, so the result shows both. */
+ *               per busy worker, w's included), and that over ||mean g||^2
+ * Momentum. Mitliagkas et al. (2016): with staleness geometric with
+ * P(0) = p, the expected update is a geometric average of past gradients,
+ * the recursion of momentum with mu = 1 - p; with M exponential workers p =
+ * 1/M. The result sets the explicit momentum (momentum's mu, Adam's beta1)
+ * next to that: momentum_implicit = 1 - p fitted to the staleness measured
+ * (dp_staleness_geometric_p; it departs from 1 - 1/M with a straggler or a
+ * staleness bound), momentum_effective = explicit + implicit, against
+ * momentum_total_theory = explicit + 1 - 1/M. And, with --diag-every, a
+ * trajectory figure: update_autocorrelation, the least-squares slope of
+ * each update on the one before (sum <u_t, u_t-1> / sum ||u_t-1||^2). For
+ * explicit momentum with independent batch noise it recovers mu; the
+ * implicit momentum acts on the expected update only, so for async SGD
+ * it stays near the share of the update that is signal rather than noise
+ * — the two figures together separate what momentum the noise carries. */
 #include "deploy/sim.h"
 
 #include <math.h>
@@ -214,10 +223,9 @@ static void s_evaluate(s_sim_t *S, int limit, double *acc, double *loss)
     dp_session_evaluate(&S->L.s, limit, acc, loss);
 }
 
-static void s_eval_line(s_sim_t *S, uint64_t version)
+/* The line of an evaluation at version (acc, loss on the test set). */
+static void s_eval_emit(s_sim_t *S, uint64_t version, double acc, double loss)
 {
-    double acc, loss;
-    s_evaluate(S, S->c->eval_limit, &acc, &loss);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "event", "eval");
     cJSON_AddNumberToObject(o, "updates", (double)version);
@@ -232,10 +240,17 @@ static void s_eval_line(s_sim_t *S, uint64_t version)
     cJSON_AddNumberToObject(e, "sim_s", dp_metrics_round(S->now, 6));
     cJSON_AddNumberToObject(e, "test_accuracy", dp_metrics_round(acc, 5));
     cJSON_AddItemToArray(S->evals, e);
-    if (!S->c->json)
+    if (!S->c->json && version < S->c->updates)
         fprintf(stderr, "sim: update %llu  %.3f simulated s  test accuracy %.4f\n",
                 (unsigned long long)version, S->now, acc);
     s_emit(S, o);
+}
+
+static void s_eval_line(s_sim_t *S, uint64_t version)
+{
+    double acc, loss;
+    s_evaluate(S, S->c->eval_limit, &acc, &loss);
+    s_eval_emit(S, version, acc, loss);
 }
 
 static double s_dot(const float *a, const float *b, size_t n)
@@ -377,7 +392,6 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, &o);
     if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
     S->pushes++;
-    k->busy = 0;
     if (w == 0) S->chief_steps++;
     if (!isfinite(k->loss))
         return dp_err(err, "loss is %f at update %llu: training diverged (lower --lr)", k->loss,
@@ -389,6 +403,7 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
         s_momentum_sample(S);
         if (v % (uint64_t)c->diag_every == 0) s_diag(S, w, v, o.staleness);
     }
+    k->busy = 0; /* after the diagnostics: its gradient counts in the variance */
     k->step++;
     if (o.stepped && c->eval_every > 0 && v % (uint64_t)c->eval_every == 0 && v < c->updates)
         s_eval_line(S, v);
@@ -409,8 +424,24 @@ static int s_loop(s_sim_t *S, char *err)
     return 0;
 }
 
+/* Each worker's histogram, as the worker daemons end their metrics. */
+static void s_metrics_per_worker(s_sim_t *S)
+{
+    for (int w = 0; w < S->c->lab.workers; w++) {
+        cJSON *line = dp_metrics_line(S->L.s.metrics);
+        if (!line) return;
+        cJSON_AddStringToObject(line, "event", "staleness");
+        cJSON_AddNumberToObject(line, "worker", w);
+        cJSON_AddItemToObject(line, "staleness_histogram", dp_staleness_json(&S->L.per_worker[w]));
+        cJSON_AddNumberToObject(line, "staleness_geometric_p",
+                                dp_metrics_round(dp_staleness_geometric_p(&S->L.per_worker[w]), 6));
+        dp_metrics_write(S->L.s.metrics, &line);
+    }
+}
+
 static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
 {
+    s_metrics_per_worker(S);
     const dp_sim_conf_t *c = S->c;
     dp_shard_counts_t cnt;
     dp_staleness_t all;
@@ -444,8 +475,11 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON_AddNumberToObject(o, "momentum", dp_metrics_round(explicit_mu, 7));
     cJSON_AddNumberToObject(o, "momentum_implicit_theory", dp_metrics_round(1.0 - 1.0 / M, 7));
     cJSON_AddNumberToObject(o, "momentum_total_theory", dp_metrics_round(explicit_mu + 1.0 - 1.0 / M, 7));
+    double implicit = c->lab.mode == DP_MODE_SYNC ? 0 : 1.0 - dp_staleness_geometric_p(&all);
+    cJSON_AddNumberToObject(o, "momentum_implicit", dp_metrics_round(implicit, 6));
+    cJSON_AddNumberToObject(o, "momentum_effective", dp_metrics_round(explicit_mu + implicit, 6));
     if (c->diag_every > 0) {
-        cJSON_AddNumberToObject(o, "momentum_effective",
+        cJSON_AddNumberToObject(o, "update_autocorrelation",
                                 dp_metrics_round(S->mom_norm > 0 ? S->mom_dot / S->mom_norm : 0, 6));
         double d = S->diags ? (double)S->diags : 1;
         cJSON_AddNumberToObject(o, "diag_samples", (double)S->diags);
@@ -472,7 +506,10 @@ int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
     if (rc == 0) rc = s_loop(S, err);
     double acc = 0, loss = 0;
     if (rc == 0) rc = dp_lab_finish(&S->L, S->chief_steps, dp_now() - t0, &acc, &loss, err);
-    if (rc == 0) *result = s_result(S, acc, loss, dp_now() - t0);
+    if (rc == 0) {
+        s_eval_emit(S, S->L.shard[0].version, acc, loss); /* the last point of the curve: all of the test set */
+        *result = s_result(S, acc, loss, dp_now() - t0);
+    }
     s_teardown(S);
     free(S);
     return rc;

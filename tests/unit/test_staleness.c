@@ -98,4 +98,25 @@ static void test_geometric_fit(void)
     dp_staleness_fini(&h);
 }
 
-DP_TESTS(T(test_counts), T(test_cap_and_merge), T(test_json), T(test_geometric_fit))
+/* Folding into fewer bins: what a STATS reply carries. */
+static void test_fold(void)
+{
+    dp_staleness_t h;
+    dp_staleness_init(&h);
+    uint64_t out[16] = {9, 9, 9, 9};
+    CHECK_EQ(dp_staleness_fold(&h, out, 4), 0);
+    dp_staleness_add_n(&h, 1, 3);
+    dp_staleness_add(&h, 5);
+    dp_staleness_add(&h, 7);
+    CHECK_EQ(dp_staleness_fold(&h, out, 4), 4);
+    CHECK_EQ(out[0], 0);
+    CHECK_EQ(out[1], 3);
+    CHECK_EQ(out[2], 0);
+    CHECK_EQ(out[3], 2); /* 5 and 7: "3 or more" */
+    CHECK_EQ(dp_staleness_fold(&h, out, 16), 8);
+    CHECK_EQ(out[7], 1);
+    CHECK_EQ(h.sum, 3 + 5 + 7);
+    dp_staleness_fini(&h);
+}
+
+DP_TESTS(T(test_counts), T(test_fold), T(test_cap_and_merge), T(test_json), T(test_geometric_fit))

@@ -1,0 +1,293 @@
+/* test_lab: the lab — the simulator (deploy/sim.h) against the known
+ * results of asynchronous SGD with exponential compute times (staleness is
+ * geometric: fresh fraction 1/M, mean M - 1) and with constant ones (every
+ * push M - 1 stale), its determinism; record files (server/record.h)
+ * written, replayed bit for bit, refused when damaged; the measured
+ * policy step's norms.
+ *
+ * The simulations use a tiny model (fc:10 on Fashion-MNIST, batch 4) so
+ * the thousands of real gradients cost little; the staleness figures do not
+ * depend on the model. Tolerances: with p = 1/M the fresh share of n pushes
+ * has sd sqrt(p(1-p)/n) and the mean staleness sd sqrt((1-p)/p^2/n); the
+ * checks allow 5 of each (and the runs are deterministic: a seed that
+ * passes passes always). */
+#include <ftw.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "deploy/sim.h"
+#include "server/record.h"
+#include "tests/test.h"
+
+#define TINY "fc:10 softmax"
+
+static char s_dir[256];
+
+static int s_have_data(void)
+{
+    return access(DP_FASHION_MNIST_DIR, R_OK) == 0;
+}
+
+static void s_conf(dp_sim_conf_t *c, double *slow, int M, const char *dist, uint64_t n)
+{
+    memset(c, 0, sizeof *c);
+    dp_lab_conf_default(&c->lab);
+    c->lab.train.model = TINY;
+    c->lab.train.batch = 4;
+    c->lab.workers = M;
+    c->lab.optim.kind = DP_OPT_SGD;
+    c->lab.optim.lr = 0.01f;
+    for (int i = 0; i < M; i++) slow[i] = 1.0;
+    c->slow = slow;
+    char err[DP_ERR_LEN];
+    dp_dist_parse(&c->compute, dist, err);
+    c->updates = n;
+}
+
+static double s_num(const cJSON *o, const char *k)
+{
+    return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
+/* M workers, exponential compute times: geometric staleness. */
+static void s_check_exp(int M, uint64_t n)
+{
+    dp_sim_conf_t c;
+    double slow[16];
+    s_conf(&c, slow, M, "exp:10", n);
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    if (!r) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    double p = 1.0 / M;
+    CHECK_EQ(s_num(r, "updates"), n);
+    CHECK_NEAR(s_num(r, "fresh_fraction"), p, 5 * sqrt(p * (1 - p) / n));
+    CHECK_NEAR(s_num(r, "staleness_mean"), M - 1, 5 * sqrt((1 - p) / (p * p) / n));
+    CHECK_NEAR(s_num(r, "staleness_geometric_p"), p, 0.02);
+    CHECK(s_num(r, "test_accuracy") > 0.5); /* real gradients trained it */
+    cJSON_Delete(r);
+}
+
+static void test_sim_exponential(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    s_check_exp(4, 4000);
+    s_check_exp(8, 4000);
+}
+
+/* Constant compute times: workers finish in turn, each push M - 1 stale
+ * (the first M - 1 pushes less). */
+static void test_sim_constant(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    dp_sim_conf_t c;
+    double slow[16];
+    s_conf(&c, slow, 5, "const:10", 500);
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    if (!r) return;
+    CHECK_EQ(s_num(r, "staleness_max"), 4);
+    CHECK_NEAR(s_num(r, "staleness_mean"), (0 + 1 + 2 + 3 + 496 * 4) / 500.0, 1e-9);
+    CHECK_NEAR(s_num(r, "sim_s"), 0.01 * 100, 1e-9); /* 500 pushes by 5 workers, 10 ms each */
+    cJSON_Delete(r);
+    /* sync with one backup worker: R = 4 of 5, a late gradient dropped per step */
+    s_conf(&c, slow, 5, "exp:10", 50);
+    c.lab.mode = DP_MODE_SYNC;
+    c.lab.policy.replicas = 4;
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    if (!r) return;
+    CHECK_EQ(s_num(r, "updates"), 50);
+    CHECK_EQ(s_num(r, "updates_applied"), 200);
+    CHECK(s_num(r, "updates_dropped") >= 40);
+    CHECK_EQ(s_num(r, "staleness_max"), 0);
+    cJSON_Delete(r);
+}
+
+static int s_same_file(const char *a, const char *b)
+{
+    uint8_t *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    char err[DP_ERR_LEN];
+    int same = dp_read_file(a, &x, &nx, err) == 0 && dp_read_file(b, &y, &ny, err) == 0 && nx == ny &&
+               memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A simulation with --record, twice, and its replays: every model the same
+ * bits; another schedule (constant compute times) another model. */
+static void test_record_replay(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    char rec[300], rec2[300], m1[300], m2[300], m3[300], out[300];
+    snprintf(rec, sizeof rec, "%s/a.rec", s_dir);
+    snprintf(rec2, sizeof rec2, "%s/b.rec", s_dir);
+    dp_sim_conf_t c;
+    double slow[16];
+    s_conf(&c, slow, 3, "exp:10", 200);
+    c.lab.train.model = "conv3x3:2 relu maxpool2 fc:10 softmax";
+    c.lab.optim.kind = DP_OPT_ADAM;
+    c.lab.optim.lr = 0.002f;
+    c.lab.record = rec;
+    snprintf(m1, sizeof m1, "%s/sim.safetensors", s_dir);
+    c.lab.train.save = m1;
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    cJSON_Delete(r);
+    char *av[] = {"replay", rec, "--out", out, NULL};
+    for (int i = 0; i < 2; i++) {
+        snprintf(out, sizeof out, "%s/replay%d", s_dir, i);
+        CHECK_EQ(dp_replay_main(4, av), 0);
+    }
+    snprintf(m2, sizeof m2, "%s/replay0/model.safetensors", s_dir);
+    snprintf(m3, sizeof m3, "%s/replay1/model.safetensors", s_dir);
+    CHECK(s_same_file(m1, m2));
+    CHECK(s_same_file(m2, m3));
+    /* another schedule, all else equal */
+    dp_dist_parse(&c.compute, "const:10", err);
+    c.lab.record = rec2;
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    cJSON_Delete(r);
+    CHECK(!s_same_file(m1, m2));
+    dp_rec_t a, b;
+    CHECK_EQ(dp_rec_load(&a, rec, err), 0);
+    CHECK_EQ(dp_rec_load(&b, rec2, err), 0);
+    CHECK_EQ(a.n, b.n);
+    int differ = 0;
+    for (size_t i = 0; i < a.n && i < b.n; i++)
+        differ |= a.ev[i].worker != b.ev[i].worker || a.ev[i].version != b.ev[i].version;
+    CHECK(differ);
+    dp_rec_fini(&a);
+    dp_rec_fini(&b);
+}
+
+/* One worker (no staleness): the update autocorrelation recovers the
+ * explicit momentum, the check that the trajectory figure measures it. */
+static void test_sim_momentum(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    dp_sim_conf_t c;
+    double slow[16];
+    s_conf(&c, slow, 1, "exp:10", 1500);
+    c.lab.optim.kind = DP_OPT_MOMENTUM;
+    c.lab.optim.momentum = 0.9f;
+    c.diag_every = 100;
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    if (!r) return;
+    CHECK_NEAR(s_num(r, "update_autocorrelation"), 0.9, 0.1);
+    CHECK_NEAR(s_num(r, "momentum_effective"), 0.9, 1e-6);
+    CHECK_EQ(s_num(r, "diag_samples"), 15);
+    cJSON_Delete(r);
+}
+
+/* A record cut short, or with one byte changed, or none at all: one line. */
+static void test_record_damaged(void)
+{
+    char path[300], bad[300], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/d.rec", s_dir);
+    snprintf(bad, sizeof bad, "%s/bad.rec", s_dir);
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "model", TINY);
+    dp_record_t *w = NULL;
+    CHECK_EQ(dp_record_new(&w, path, h, err), 0);
+    cJSON_Delete(h);
+    struct stat st;
+    CHECK(stat(path, &st) != 0); /* nothing at PATH until closed */
+    dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .staleness = 2, .lr = 0.1f, .grad_norm = 1.0 / 3,
+                           .update_norm = -1};
+    for (int i = 0; i < 5; i++) dp_record_push(w, 0, i % 2, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL);
+    CHECK_EQ(dp_record_close(&w, err), 0);
+    dp_rec_t r;
+    CHECK_EQ(dp_rec_load(&r, path, err), 0);
+    CHECK_EQ(r.n, 5);
+    if (r.n == 5) {
+        CHECK(r.ev[4].grad_norm == 1.0 / 3); /* exact through the text */
+        CHECK_EQ(r.ev[3].worker, 1);
+        CHECK_EQ(r.ev[3].step, 4);
+    }
+    dp_rec_fini(&r);
+    uint8_t *text = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(path, &text, &len, err), 0);
+    CHECK_EQ(dp_write_file_atomic(bad, text, len - 30, err), 0); /* truncated */
+    CHECK_EQ(dp_rec_load(&r, bad, err), -1);
+    CHECK(strstr(err, "truncated") && strstr(err, "bad.rec") && !strchr(err, '\n'));
+    text[len / 2] ^= 1; /* one bit flipped in an event */
+    CHECK_EQ(dp_write_file_atomic(bad, text, len, err), 0);
+    CHECK_EQ(dp_rec_load(&r, bad, err), -1);
+    CHECK(strstr(err, "bad.rec") != NULL);
+    CHECK_EQ(dp_rec_load(&r, "/nonexistent/x.rec", err), -1);
+    free(text);
+}
+
+/* SGD: the update is lr times the gradient, and the norms say so. */
+static void test_measured_step(void)
+{
+    dp_model_t m;
+    dp_shard_t s;
+    dp_members_t mem;
+    dp_policy_t *p = NULL;
+    char err[DP_ERR_LEN] = "";
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    o.kind = DP_OPT_SGD;
+    o.lr = 0.5f;
+    CHECK_EQ(dp_model_parse(&m, TINY, 1, 4, 4, err), 0);
+    CHECK_EQ(dp_shard_init(&s, &m, 0, 1, 3, &o, err), 0);
+    dp_members_init(&mem, 2, 0, 0.0);
+    dp_policy_conf_t pc = {1, 0, 1};
+    CHECK_EQ(dp_policy_new(&p, &dp_policy_async, &pc, &s, &mem, err), 0);
+    float *g = dp_malloc(s.n * sizeof(float));
+    for (size_t i = 0; i < s.n; i++) g[i] = (i % 2) ? 3.0f : -4.0f;
+    dp_grad_slice_t gs = {g, s.n * sizeof(float), 0};
+    dp_push_outcome_t out;
+    dp_policy_push(p, 0, 0, &gs, 1, &out);
+    CHECK_NEAR(out.grad_norm, -1, 0); /* not measuring yet */
+    dp_policy_measure(p);
+    dp_policy_push(p, 1, 0, &gs, 1, &out); /* staleness 1 */
+    dp_policy_push(p, 0, 0, &gs, 1, &out); /* staleness 2: lr / 2 */
+    CHECK_EQ(out.staleness, 2);
+    CHECK_NEAR(out.lr, 0.25, 1e-7);
+    double gn = sqrt((double)(s.n / 2) * 9 + (double)(s.n - s.n / 2) * 16);
+    CHECK_NEAR(out.grad_norm, gn, 1e-9 * gn);
+    CHECK_NEAR(out.update_norm, 0.25 * gn, 1e-5 * gn);
+    CHECK_EQ(p->staleness.total, 3);
+    CHECK_EQ(p->staleness.count[1], 1);
+    free(g);
+    dp_policy_destroy(&p);
+    dp_members_fini(&mem);
+    dp_shard_fini(&s);
+}
+
+static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void s_cleanup(void)
+{
+    nftw(s_dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void s_setup(void) __attribute__((constructor));
+static void s_setup(void)
+{
+    snprintf(s_dir, sizeof s_dir, "/tmp/test_lab.%d", (int)getpid());
+    mkdir(s_dir, 0755);
+    atexit(s_cleanup);
+}
+
+DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
+         T(test_measured_step))
