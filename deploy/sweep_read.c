@@ -209,9 +209,14 @@ static int s_read_sim(dp_sweep_result_t *r, const char *dir)
     }
     free(line);
     fclose(f);
+    /* The final evaluation: the last eval line when the simulator writes
+     * one (at the last update), else a point of its own at the result's
+     * simulated seconds (run.log's last line); the summary's figures. */
     dp_sweep_run_last_line(dir, last, sizeof last);
     cJSON *res = cJSON_Parse(last);
-    s_curve_add(r, r->updates, s_num(res, "sim_s", r->wall_s), r->test_accuracy);
+    if (r->n_curve == 0 || r->curve[r->n_curve - 1].updates < r->updates)
+        s_curve_add(r, r->updates, s_num(res, "sim_s", r->wall_s), r->test_accuracy);
+    r->curve[r->n_curve - 1].accuracy = r->test_accuracy;
     cJSON_Delete(res);
     return 1;
 }
