@@ -190,6 +190,8 @@ DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
 DEB_TEST  += slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev
 # Only the benchmarks: gnuplot draws make bench-scale's PNGs.
 DEB_BENCH := gnuplot-nox
+# gnuplot draws `downpour sweep`'s plots (test_sweep checks them).
+DEB_TEST  += gnuplot-nox
 define install_missing
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \

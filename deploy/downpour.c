@@ -19,6 +19,7 @@ static void s_usage(FILE *f)
             "       downpour bench scale [--workers N] [--shards K] [--params P | --model SPEC] [--json]\n"
             "       downpour sim --workers M --compute DIST --updates N [--json]\n"
             "       downpour replay FILE --out DIR\n"
+            "       downpour sweep [--grid FILE] [--mode LIST] [--lr LIST] ... [--out DIR]\n"
             "Run `downpour local --help` or `downpour eval --help` for details.\n");
 }
 
@@ -38,7 +39,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "bench") == 0) return dp_bench_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "sim") == 0) return dp_sim_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "replay") == 0) return dp_replay_main(argc - 1, argv + 1);
-    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen, bench, sim or replay; see downpour --help)\n",
+    if (strcmp(argv[1], "sweep") == 0) return dp_sweep_main(argc - 1, argv + 1);
+    fprintf(stderr, "downpour: unknown command '%s' (local, eval, keygen, bench, sim, replay or sweep; see downpour --help)\n",
             argv[1]);
     return 2;
 }

@@ -13,5 +13,7 @@ int dp_bench_main(int argc, char **argv);
 /* `downpour bench scale`: pushes/s the servers sustain as workers grow
  * (deploy/bench_scale.c). argv[0] is "bench", argv[1] "scale". */
 int dp_bench_scale_main(int argc, char **argv);
+/* `downpour sweep`: a grid of runs and its report (deploy/sweep.c). */
+int dp_sweep_main(int argc, char **argv);
 
 #endif

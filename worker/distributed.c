@@ -67,6 +67,20 @@ static void s_metrics_staleness(dp_session_t *s, const dp_staleness_t *h)
     dp_metrics_write(s->metrics, &line);
 }
 
+/* --eval-every N on the chief: the test accuracy of the weights it pulled
+ * for this step (the push line's "version"), every N of its steps, so a
+ * run leaves an accuracy curve; the last step is scored by the end of the
+ * run. The other workers never evaluate: it would only slow them. */
+static void s_maybe_eval(dp_session_t *s, long done, long total)
+{
+    const dp_train_conf_t *c = &s->conf;
+    if (c->task_index != 0 || c->eval_every <= 0 || done % c->eval_every != 0 || done >= total)
+        return;
+    double acc = 0, loss = 0;
+    dp_session_evaluate(s, c->eval_limit, &acc, &loss);
+    dp_session_log_eval(s, done, acc, loss);
+}
+
 /* The chief's end of the run. */
 static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
                           long steps, double train_s, double images, char *err)
@@ -195,6 +209,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
         dp_session_log_step(&s, step, loss);
         if (info.mode != DP_MODE_SYNC) dp_tb_scalar(s.tb, "train/staleness", step, (float)r.staleness_mean);
         if (r.rejected && r.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r.reason);
+        s_maybe_eval(&s, done, total);
         double dt = dp_now() - t0;
         dp_progress_update(&s.progress, done == total,
                            "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",

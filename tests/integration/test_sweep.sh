@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# test_sweep: `downpour sweep` runs a tiny grid (2 configurations x 2 seeds,
+# a few steps on a 1000-image slice of Fashion-MNIST) on real daemons and
+# leaves a report whose table agrees with the runs' own summary.json, with
+# the three PNGs; run again it makes nothing (resumed); a bad grid file or
+# a flag its runs refuse is one line and status 2.
+source "$(dirname "$0")/lib.sh"
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip sweep "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+S=$BIN/downpour
+out=$TMP/sweep
+
+# The first 1000 training images as an IDX pair: runs start and evaluate
+# in a moment (idx: data is its own test split).
+"$TORCH_PY" - "$TMP" <<'EOF'
+import gzip, sys
+d = "/usr/share/datasets/fashion-mnist/"
+img = gzip.open(d + "train-images-idx3-ubyte.gz").read()
+lab = gzip.open(d + "train-labels-idx1-ubyte.gz").read()
+n = 1000
+open(sys.argv[1] + "/img", "wb").write(img[:4] + n.to_bytes(4, "big") + img[8:16] + img[16:16 + n * 784])
+open(sys.argv[1] + "/lab", "wb").write(lab[:4] + n.to_bytes(4, "big") + lab[8:8 + n])
+EOF
+data="idx:$TMP/img,$TMP/lab"
+
+cat >"$TMP/grid.txt" <<EOF
+# two configurations, two seeds each
+mode = sync, async
+workers = 2
+lr = 0.003
+seed = 1, 2
+args = --steps 16 --batch 32 --data $data
+eval-every = 4
+eval-limit = 200
+targets = 0.4, 0.5
+EOF
+
+"$S" sweep --grid "$TMP/grid.txt" --dry-run >"$TMP/dry.out" 2>&1
+check "--dry-run prints the 4 runs' commands" test "$(grep -c ' local ' "$TMP/dry.out")" = 4
+
+timeout $((240 * ${DP_TEST_TIMEOUT_SCALE:-1})) "$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress \
+    >"$TMP/sweep.out" 2>"$TMP/sweep.err"
+rc=$?
+have_gnuplot=1
+command -v gnuplot >/dev/null || have_gnuplot=0
+if [ $have_gnuplot = 1 ]; then
+    check "the sweep exits 0 (status $rc; $(tail -1 "$TMP/sweep.err"))" test $rc = 0
+    for p in accuracy_vs_updates accuracy_vs_seconds staleness; do
+        check "$p.png is a PNG" bash -c "head -c 8 '$out/$p.png' | od -An -c | grep -q 'P   N   G'"
+    done
+else
+    check "without gnuplot: status 1 and one line saying so" \
+        bash -c "[ $rc = 1 ] && grep -q 'gnuplot not found' '$TMP/sweep.err'"
+    skip "PNGs" "gnuplot is not installed (Debian's gnuplot-nox; make deps-test)"
+fi
+check "4 runs made" grep -q "4 run(s): 4 made, 0 already complete, 0 failed" "$TMP/sweep.out"
+for r in c01-s1 c01-s2 c02-s1 c02-s2; do
+    check "run $r has its summary" test -s "$out/runs/$r/summary.json"
+done
+
+# The table, recomputed from the runs' summary.json.
+"$TORCH_PY" - "$out" >"$TMP/table.log" 2>&1 <<'EOF'
+import json, re, statistics, sys
+out = sys.argv[1]
+rows = [l for l in open(out + "/report.md") if re.match(r"\| c0\d ", l)]
+assert len(rows) == 2, f"{len(rows)} table rows"
+want = {"c01": "mode=sync", "c02": "mode=async"}
+for row in rows:
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    cid, label = cells[0].split(" ", 1)
+    assert label == want[cid], (cid, label)
+    s = [json.load(open(f"{out}/runs/{cid}-s{k}/summary.json")) for k in (1, 2)]
+    acc = [x["test_accuracy"] for x in s]
+    m, sd = re.match(r"([\d.]+) ± ([\d.]+)", cells[2]).groups()
+    assert abs(float(m) - statistics.mean(acc)) < 6e-5, (cid, m, acc)
+    assert abs(float(sd) - statistics.stdev(acc)) < 6e-5, (cid, sd, acc)
+    assert cells[1] == "2", cells[1]
+    sm = statistics.mean(x["staleness_mean"] for x in s)
+    assert abs(float(cells[-2]) - sm) < 0.006, (cid, cells[-2], sm)
+    assert float(cells[-1]) == max(x["staleness_max"] for x in s), (cid, cells[-1])
+    if cid == "c01":
+        assert float(cells[-1]) == 0, "sync has staleness"
+    # updates to a target never exceed the run's final version
+    for c in cells[5:7]:
+        if c != "-":
+            assert float(c.split()[0]) <= max(x["version"] for x in s), (cid, c)
+r = json.load(open(out + "/results.json"))
+assert [c["id"] for c in r["configs"]] == ["c01", "c02"]
+print("table ok")
+EOF
+check "the table's accuracy mean ± std and staleness match the runs' summary.json ($(tail -1 "$TMP/table.log"))" \
+    grep -q "table ok" "$TMP/table.log"
+check "the accuracy curves have a point per evaluation" \
+    test "$(grep -c '^[0-9]' "$out/data/c01.curve")" -ge 6
+
+# The simulated cluster: same report, simulated seconds, the servers'
+# staleness histogram from the summary.
+if "$S" sim --help >/dev/null 2>&1; then
+    "$S" sweep --cluster sim --workers 1,4 --compute exp:10 --seeds 1,2 --eval-every 20 --no-progress \
+        --args "--updates 60 --batch 16 --optimizer sgd --lr 0.1 --data $data --model 'fc:32 relu fc:10 softmax'" \
+        --targets 0.3 --out "$TMP/sim" >"$TMP/sim.out" 2>"$TMP/sim.err"
+    check "a simulated sweep exits 0 ($(tail -1 "$TMP/sim.err"))" test $? = 0
+    "$TORCH_PY" - "$TMP/sim" >"$TMP/simtable.log" 2>&1 <<'EOF2'
+import json, re, statistics, sys
+out = sys.argv[1]
+rows = [l for l in open(out + "/report.md") if re.match(r"\| c0\d ", l)]
+assert len(rows) == 2, len(rows)
+for row in rows:
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    cid = cells[0].split()[0]
+    s = [json.load(open(f"{out}/runs/{cid}-s{k}/summary.json")) for k in (1, 2)]
+    m = float(cells[2].split()[0])
+    assert abs(m - statistics.mean(x["test_accuracy"] for x in s)) < 6e-5, (cid, m)
+    assert float(cells[-1]) == max(x["staleness_max"] for x in s), cid
+hist = [l.split() for l in open(out + "/data/c02.stale") if l[0].isdigit()]
+total = sum(int(h[1]) for h in hist)
+assert total == 2 * 60, f"histogram counts {total} pushes"
+curve = [l.split() for l in open(out + "/data/c02.curve") if l[0].isdigit()]
+assert len(curve) == 2 * 3 and all(float(c[1]) > 0 for c in curve), curve
+print("sim table ok")
+EOF2
+    check "the simulated sweep's table, histogram and curve match its runs ($(tail -1 "$TMP/simtable.log"))" \
+        grep -q "sim table ok" "$TMP/simtable.log"
+else
+    skip "simulated sweep" "this build has no downpour sim"
+fi
+
+# Resumed: every run is complete, nothing runs again.
+"$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress --no-plots >"$TMP/again.out" 2>&1
+check "run again, the 4 complete runs are skipped" grep -q "4 run(s): 0 made, 4 already complete" "$TMP/again.out"
+
+# Bad input: one line naming the file and line (or the flag), status 2.
+bad() { # name expected-substring grid-text [extra flags]
+    local name=$1 want=$2 text=$3; shift 3
+    printf '%s\n' "$text" >"$TMP/bad.txt"
+    "$S" sweep --grid "$TMP/bad.txt" --out "$TMP/bad" --no-progress "$@" >"$TMP/bad.out" 2>"$TMP/bad.err"
+    local rc=$? lines
+    lines=$(wc -l <"$TMP/bad.err")
+    if [ $rc != 2 ]; then fail "$name" "status $rc"; return; fi
+    if [ "$lines" != 1 ] || ! grep -q -- "$want" "$TMP/bad.err"; then
+        fail "$name" "want one line with '$want', got: $(cat "$TMP/bad.err")"; return
+    fi
+    pass "$name"
+}
+bad "a bad lr is refused" "bad.txt:2: lr 'fast'" $'mode = async\nlr = 0.1, fast'
+bad "an unknown key is refused" "bad.txt:1: unknown key 'speed'" 'speed = 3'
+bad "a line without '=' is refused" "bad.txt:1: expected 'key = value" 'mode async'
+bad "a key given twice is refused" "bad.txt:2: 'lr' is given twice" $'lr = 0.1\nlr = 0.2'
+bad "an empty value is refused" "bad.txt:1: mode: an empty value" 'mode = sync,,async'
+bad "a bad mode is refused" "mode 'fast'" 'mode = fast'
+bad "a bad --workers flag is refused" "--workers 'two'" 'mode = async' --workers two
+bad "a run refusing its flags stops the sweep" "refused its flags" \
+    "args = --steps 2 --data $data --no-such-flag"
+check "... and no run is marked complete" test ! -e "$TMP/bad/runs/c01-s1/complete"
+"$S" sweep --grid "$TMP/missing.txt" >"$TMP/miss.out" 2>"$TMP/miss.err"
+rc=$?
+check "a missing grid file: status 2 ($rc), one line naming it" \
+    bash -c "[ $rc = 2 ] && [ \$(wc -l <'$TMP/miss.err') = 1 ] && grep -q 'missing.txt' '$TMP/miss.err'"
+
+finish
