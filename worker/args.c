@@ -76,6 +76,9 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                     "inject a delay before each push (an experiment with staleness)"),
         DP_FLAG_CHOICE("delay-dist", "fixed|exp", &c->delay_exp, P,
                        "fixed (default) or exponential with mean MS"),
+        DP_FLAG_CHOICE("overlap", "off|on", &c->overlap, P,
+                       "pull the next weights and push the last gradient while computing,\n"
+                       "on weights one step older (default: on in async, off in ssp; sync: off)"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
         DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,
