@@ -63,7 +63,7 @@ check "sync: --overlap on is ignored, and says so" grep -q "ignored in sync mode
 check "sync: the same weights either way, bit for bit" cmp -s "$TMP/sync-on/model.safetensors" "$TMP/sync-off/model.safetensors"
 
 # ---- ssp: off unless asked ----------------------------------------------------
-ssp=(--workers 2 --mode ssp --staleness 1 --steps 40 --batch 32 --seed 5 --no-progress)
+ssp=(--workers 2 --mode ssp --staleness 1 --steps 20 --batch 32 --seed 5 --no-progress)
 "$L" local "${ssp[@]}" --out "$TMP/ssp" >"$TMP/ssp.log" 2>&1
 check "ssp runs" test $? = 0
 check "ssp: overlap off by default" grep -q "overlap off" "$TMP/ssp/logs/worker-1.log"
@@ -71,7 +71,7 @@ check "ssp: overlap off by default" grep -q "overlap off" "$TMP/ssp/logs/worker-
 check "ssp --overlap on runs" test $? = 0
 check "ssp --overlap on: overlapped" grep -q "overlap on" "$TMP/ssp-on/logs/worker-1.log"
 applied=$(json "$TMP/ssp-on/summary.json" updates_applied 2>/dev/null || echo 0)
-check "ssp --overlap on: all 80 pushes applied (got $applied)" test "$applied" = 80
+check "ssp --overlap on: all 40 pushes applied (got $applied)" test "$applied" = 40
 
 # ---- a signal mid-run ---------------------------------------------------------
 rm -f "$TMP/ps.ready"
