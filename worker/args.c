@@ -104,6 +104,10 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_CALL("wire", "fp32|bf16", s_set_wire, NULL, P,
                      "precision of gradients and weights in ZeroMQ frames (default\n"
                      "fp32; bf16 halves the bytes, the servers keep fp32)"),
+        DP_FLAG_CHOICE("overlap", "off|on", &c->overlap, P,
+                       "pull the next weights and push the last gradient while computing,\n"
+                       "on weights one step older (default: on for a GPU worker in async,\n"
+                       "else off; sync: always off)"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
         DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,

@@ -1,7 +1,16 @@
 /* distributed: the worker's loop against parameter servers — pull, compute,
  * push — and, on the chief (task 0), the end of the run: wait for every
  * worker, evaluate the final weights, save them, write the summary, stop
- * the servers. */
+ * the servers.
+ *
+ * Two loops. The plain one does pull, compute, push in turn (sync always:
+ * its step must see every gradient of the step before). The overlapped one
+ * (--overlap; by default for a GPU worker in async) hands the client to a communication thread
+ * (worker/pipeline.h) that, while step k computes, pushes step k-1's
+ * gradient and then pulls step k+1's weights; so step k+1 computes on
+ * weights without step k's gradient (one step older), the gradients
+ * alternate between two push buffers, and each push is stamped with the
+ * versions its own weights came with. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,6 +19,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "worker/data.h"
+#include "worker/pipeline.h"
 #include "worker/ps_beat.h"
 #include "worker/ps_client.h"
 #include "worker/train.h"
@@ -38,7 +48,8 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
 /* The line per push: what was computed on which version, what the shards
  * made of it, and the updates lost so far to shard restarts. */
 static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uint64_t version,
-                           const dp_push_result_t *r, int applied, uint64_t lost)
+                           const dp_push_result_t *r, int applied, uint64_t lost,
+                           double compute_s, double wait_s)
 {
     cJSON *line = dp_metrics_line(s->metrics);
     if (!line) return;
@@ -52,6 +63,9 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     cJSON_AddNumberToObject(line, "staleness_max", (double)r->staleness_max);
     cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
     cJSON_AddNumberToObject(line, "updates_lost", (double)lost);
+    /* where the step's time went: computing, or blocked on the servers */
+    cJSON_AddNumberToObject(line, "compute_ms", dp_metrics_round(compute_s * 1e3, 3));
+    cJSON_AddNumberToObject(line, "wait_ms", dp_metrics_round(wait_s * 1e3, 3));
     dp_metrics_write(s->metrics, &line);
 }
 
@@ -67,10 +81,10 @@ static void s_metrics_staleness(dp_session_t *s, const dp_staleness_t *h)
     dp_metrics_write(s->metrics, &line);
 }
 
-/* --eval-every N on the chief: the test accuracy of the weights it pulled
- * for this step (the push line's "version"), every N of its steps, so a
- * run leaves an accuracy curve; the last step is scored by the end of the
- * run. The other workers never evaluate: it would only slow them. */
+/* --eval-every N on the chief: the test accuracy of the weights it holds
+ * now, every N of its steps, so a run leaves an accuracy curve; the last
+ * step is scored by the end of the run. The other workers never evaluate:
+ * it would only slow them. */
 static void s_maybe_eval(dp_session_t *s, long done, long total)
 {
     const dp_train_conf_t *c = &s->conf;
@@ -136,6 +150,192 @@ static long s_first_step(dp_ps_client_t *ps, int task, long total)
     return first;
 }
 
+/* The training loop's state, whichever loop runs. */
+typedef struct {
+    dp_session_t *s;
+    dp_ps_client_t *ps;
+    const dp_ps_info_t *info;
+    dp_batcher_t *bt;
+    volatile sig_atomic_t *stop;
+    float *grads2;             /* overlapped: the second push buffer (s->h_grads the first) */
+    dp_rng_t delay_rng;
+    long first, total, spe;    /* steps: where this worker starts, ends, per epoch */
+    long done, applied, dropped, rejected;
+    double t0, loss_avg, stale_sum;
+    double wait_s;             /* the compute thread's time waiting on the servers */
+    double step_compute_s, step_wait_s; /* the last step's, for its metrics line */
+    dp_staleness_t hist;       /* this worker's applied pushes (the largest over shards) */
+} s_loop_t;
+
+/* What a push's result does to the counters, the metrics, the progress line. */
+static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
+                     const dp_push_result_t *r, uint64_t lost)
+{
+    dp_session_t *s = L->s;
+    int task = s->conf.task_index, status_applied = r->applied == L->info->num_shards;
+    L->applied += status_applied;
+    if (status_applied) dp_staleness_add(&L->hist, r->staleness_max);
+    L->dropped += r->dropped > 0;
+    L->rejected += r->rejected > 0;
+    L->stale_sum += r->staleness_mean;
+    L->done = step + 1;
+    if (isfinite(loss))
+        L->loss_avg = L->done == L->first + 1 ? loss : 0.98 * L->loss_avg + 0.02 * loss;
+    s_metrics_push(s, step, L->spe, loss, version, r, status_applied, lost, L->step_compute_s,
+                   L->step_wait_s);
+    dp_session_log_step(s, step, loss);
+    if (L->info->mode != DP_MODE_SYNC)
+        dp_tb_scalar(s->tb, "train/staleness", step, (float)r->staleness_mean);
+    if (r->rejected && r->reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r->reason);
+    s_maybe_eval(s, L->done, L->total);
+    double dt = dp_now() - L->t0;
+    long n = L->done - L->first;
+    dp_progress_update(&s->progress, L->done == L->total,
+                       "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
+                       task, step / L->spe + 1, (L->total + L->spe - 1) / L->spe, L->done, L->total,
+                       n * s->conf.batch / (dt > 0 ? dt : 1e-9), L->loss_avg, L->stale_sum / n);
+}
+
+/* Pull, compute, push, in turn. */
+static int s_loop_plain(s_loop_t *L, char *err)
+{
+    dp_session_t *s = L->s;
+    dp_batch_t batch;
+    long step;
+    while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
+        if (L->stop && *L->stop) return dp_err(err, "interrupted at step %ld", step);
+        double t0 = dp_now();
+        if (dp_ps_client_pull(L->ps, s->h_params, err) != 0) return -1;
+        double t1 = dp_now();
+        uint64_t version = dp_ps_client_version(L->ps);
+        dp_net_set_params(&s->net, s->h_params);
+        /* the gradient lands in the push buffer as the backward pass goes */
+        float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch,
+                                              s->h_grads);
+        double t2 = dp_now();
+        s_inject_delay(&s->conf, &L->delay_rng);
+        dp_push_result_t r;
+        double t3 = dp_now();
+        if (dp_ps_client_push_step(L->ps, (uint64_t)step + 1, s->h_grads, loss, s->conf.batch, &r,
+                                   err) != 0)
+            return -1;
+        L->step_compute_s = t2 - t1;
+        L->step_wait_s = (t1 - t0) + (dp_now() - t3);
+        L->wait_s += L->step_wait_s;
+        s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps));
+    }
+    return 0;
+}
+
+/* Take the communication thread's results in order, recording each push,
+ * up to and including the next pull (its stamp into *stamp), or until none
+ * is left. */
+static int s_take(s_loop_t *L, dp_pipeline_t *pl, dp_ps_stamp_t *stamp, char *err)
+{
+    dp_pipe_job_t j;
+    double tw = dp_now();
+    int rc = 0;
+    L->step_wait_s = 0; /* recorded pushes come in before the pull: their wait is unknown yet */
+    while (dp_pipeline_wait(pl, &j) == 0) {
+        if (j.rc != 0) {
+            rc = dp_err(err, "%s", j.err);
+            break;
+        }
+        if (j.op == DP_PIPE_PULL) {
+            *stamp = j.stamp;
+            break;
+        }
+        s_record(L, (long)j.step - 1, j.loss, dp_ps_stamp_sum(&j.stamp), &j.res, j.updates_lost);
+    }
+    L->step_wait_s = dp_now() - tw;
+    L->wait_s += L->step_wait_s;
+    return rc;
+}
+
+/* While step k computes, the thread pushes step k-1 and pulls for k+1
+ * (posted in that order: the pull then sees step k-1's gradient applied). */
+static int s_loop_overlap(s_loop_t *L, char *err)
+{
+    dp_session_t *s = L->s;
+    dp_pipeline_t *pl = NULL;
+    if (dp_pipeline_new(&pl, L->ps, err) != 0) return -1;
+    dp_ps_stamp_t stamp;
+    dp_pipe_job_t job;
+    float *grads[2] = {s->h_grads, L->grads2};
+    int rc = -1;
+    dp_batch_t batch;
+    long step = dp_batcher_next(L->bt, &batch);
+    job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params};
+    if (step >= 0) dp_pipeline_post(pl, &job);
+    if (s_take(L, pl, &stamp, err) != 0) goto out;
+    for (; step >= 0; step = dp_batcher_next(L->bt, &batch)) {
+        if (L->stop && *L->stop) {
+            dp_err(err, "interrupted at step %ld", step);
+            goto out;
+        }
+        dp_net_set_params(&s->net, s->h_params); /* h_params is free for the next pull */
+        job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params};
+        if (step + 1 < L->total) dp_pipeline_post(pl, &job);
+        float *g = grads[step & 1]; /* the push of step - 2 from it ended before that pull */
+        double tc = dp_now();
+        float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch, g);
+        L->step_compute_s = dp_now() - tc;
+        s_inject_delay(&s->conf, &L->delay_rng);
+        job = (dp_pipe_job_t){.op = DP_PIPE_PUSH, .grads = g, .step = (uint64_t)step + 1,
+                              .loss = loss, .batch = s->conf.batch, .stamp = stamp};
+        dp_pipeline_post(pl, &job);
+        if (s_take(L, pl, &stamp, err) != 0) goto out;
+    }
+    rc = 0;
+out:
+    dp_pipeline_destroy(&pl); /* after the jobs queued: the client is ours again */
+    return rc;
+}
+
+/* The loop, then this worker's last line. */
+static int s_train_loop(s_loop_t *L, int overlap, char *err)
+{
+    dp_session_t *s = L->s;
+    int task = s->conf.task_index, rc;
+    L->t0 = dp_now();
+    L->done = L->first;
+    if (overlap) {
+        L->grads2 = s->be->host_alloc(s->be, s->model.n_floats * sizeof(float));
+        rc = s_loop_overlap(L, err);
+        s->be->host_release(s->be, L->grads2);
+        L->grads2 = NULL;
+    } else {
+        rc = s_loop_plain(L, err);
+    }
+    if (rc != 0) return -1;
+    dp_progress_done(&s->progress);
+    s_metrics_staleness(s, &L->hist);
+    double train_s = dp_now() - L->t0;
+    long n = L->done - L->first;
+    dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s), %.1f s of it waiting on the servers: %ld applied, %ld dropped, %ld rejected",
+                task, n, train_s, n * s->conf.batch / (train_s > 0 ? train_s : 1e-9), L->wait_s,
+                L->applied, L->dropped, L->rejected);
+    return 0;
+}
+
+/* --overlap as given, else on in async for a GPU worker only. Sync stays in
+ * turn: its step must see every gradient of the step before. On a GPU the
+ * host is idle while the device computes, so the wire hides behind it; a
+ * CPU worker's compute and the wire share the same cores, so the overlap
+ * buys little there and still costs one version of staleness per step (and
+ * accuracy: BENCHMARKS.md), so it is asked for. Ssp's --staleness S is a
+ * promise the pull-ahead would loosen by one (the pull for step k+1 is
+ * judged before step k's push counts), so there too it is asked for. */
+static int s_overlap(int flag, dp_mode_t mode, const char *device)
+{
+    if (mode == DP_MODE_SYNC) {
+        if (flag == 1) dp_log_info("--overlap on: ignored in sync mode (each step waits for the last)");
+        return 0;
+    }
+    if (flag >= 0) return flag;
+    return mode == DP_MODE_ASYNC && device && strncmp(device, "cuda", 4) == 0;
+}
+
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
     /* Beats before anything slow (data, device), so a starting worker is
@@ -153,8 +353,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_ps_client_t *ps = NULL;
     dp_ps_info_t info;
     dp_batcher_t bt = {0};
-    dp_staleness_t my_hist; /* this worker's applied pushes (the largest over shards) */
-    dp_staleness_init(&my_hist);
+    s_loop_t L = {0};
     int rc = -1;
     dp_ps_client_default_stop_flag(stop); /* a signal ends the HELLO wait too */
     if (dp_ps_client_new_curve(&ps, c->ps, &s.model, c->task_index, c->timeout_s,
@@ -166,72 +365,34 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
                info.num_workers);
         goto done;
     }
-    long total = dp_session_total_steps(&s, info.num_workers);
-    long spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
-    long first = s_first_step(ps, c->task_index, total);
+    L = (s_loop_t){.s = &s, .ps = ps, .info = &info, .bt = &bt, .stop = stop};
+    dp_staleness_init(&L.hist);
+    L.total = dp_session_total_steps(&s, info.num_workers);
+    L.spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
+    L.first = s_first_step(ps, c->task_index, L.total);
     if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
-                           first, total, err) != 0)
+                           L.first, L.total, err) != 0)
         goto done;
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s", c->task_index,
-                info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch, total,
-                c->device);
-    dp_session_log_start(&s, c->task_index, total, spe);
-    dp_rng_t delay_rng;
-    dp_rng_seed(&delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
-    double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
-    long done = first, applied = 0, dropped = 0, rejected = 0;
-    dp_batch_t batch;
-    long step;
-    while ((step = dp_batcher_next(&bt, &batch)) >= 0) {
-        if (stop && *stop) {
-            dp_err(err, "interrupted at step %ld", step);
-            goto done;
-        }
-        if (dp_ps_client_pull(ps, s.h_params, err) != 0) goto done;
-        uint64_t version = dp_ps_client_version(ps);
-        dp_net_set_params(&s.net, s.h_params);
-        /* the gradient lands in the push buffer as the backward pass goes */
-        float loss = dp_net_train_step_device(&s.net, batch.d_x, batch.d_y, c->batch, s.h_grads);
-        s_inject_delay(c, &delay_rng);
-        dp_push_result_t r;
-        if (dp_ps_client_push_step(ps, (uint64_t)step + 1, s.h_grads, loss, c->batch, &r, err) != 0)
-            goto done;
-        int status_applied = r.applied == info.num_shards;
-        applied += status_applied;
-        if (status_applied) dp_staleness_add(&my_hist, r.staleness_max);
-        dropped += r.dropped > 0;
-        rejected += r.rejected > 0;
-        stale_sum += r.staleness_mean;
-        done = step + 1;
-        if (isfinite(loss)) loss_avg = done == first + 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
-        s_metrics_push(&s, step, spe, loss, version, &r, status_applied,
-                       dp_ps_client_updates_lost(ps));
-        dp_session_log_step(&s, step, loss);
-        if (info.mode != DP_MODE_SYNC) dp_tb_scalar(s.tb, "train/staleness", step, (float)r.staleness_mean);
-        if (r.rejected && r.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r.reason);
-        s_maybe_eval(&s, done, total);
-        double dt = dp_now() - t0;
-        dp_progress_update(&s.progress, done == total,
-                           "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
-                           c->task_index, step / spe + 1, (total + spe - 1) / spe, done, total,
-                           (done - first) * c->batch / (dt > 0 ? dt : 1e-9), loss_avg,
-                           stale_sum / (done - first));
-    }
-    dp_progress_done(&s.progress);
-    s_metrics_staleness(&s, &my_hist);
-    double train_s = dp_now() - t0;
-    dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s): %ld applied, %ld dropped, %ld rejected",
-                c->task_index, done - first, train_s,
-                (done - first) * c->batch / (train_s > 0 ? train_s : 1e-9), applied, dropped, rejected);
+    int overlap = s_overlap(c->overlap, info.mode, c->device);
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",
+                c->task_index, info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch,
+                L.total, c->device,
+                overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
+                        : "overlap off: pull, compute, push in turn");
+    dp_session_log_start(&s, c->task_index, L.total, L.spe);
+    dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
+    if (s_train_loop(&L, overlap, err) != 0) goto done;
+    double train_s = dp_now() - L.t0;
     if (dp_ps_client_finish(ps, err) != 0) goto done;
     if (c->task_index == 0) {
-        if (s_finish_chief(&s, ps, &info, done, train_s, (double)(done - first) * c->batch, err) != 0)
+        if (s_finish_chief(&s, ps, &info, L.done, train_s, (double)(L.done - L.first) * c->batch,
+                           err) != 0)
             goto done;
         if (dp_ps_client_shutdown_servers(ps, err) != 0) goto done;
     }
     rc = 0;
 done:
-    dp_staleness_fini(&my_hist);
+    dp_staleness_fini(&L.hist);
     dp_batcher_fini(&bt);
     dp_ps_client_destroy(&ps);
     dp_session_fini(&s);

@@ -1106,3 +1106,48 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     free(c);
     *c_p = NULL;
 }
+
+/* ---- pushing on an earlier pull's versions ---------------------------- */
+
+_Static_assert(DP_PS_STAMP_MAX >= S_MAX_SHARDS, "a stamp holds every shard's version");
+
+void dp_ps_client_stamp(const dp_ps_client_t *c, dp_ps_stamp_t *out)
+{
+    out->n = c->n;
+    for (int i = 0; i < c->n; i++) out->v[i] = c->sh[i].version;
+}
+
+uint64_t dp_ps_stamp_sum(const dp_ps_stamp_t *s)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < s->n; i++) v += s->v[i];
+    return v;
+}
+
+/* The push reads each shard's stamp from sh[i].version, so it is swapped in
+ * for the push and the last pull's put back after. A shard that restarted
+ * meanwhile (another incarnation, or its version lowered by s_on_welcome)
+ * keeps the lower of the two: the next push is stamped with the restored
+ * version, as after a plain push. */
+int dp_ps_client_push_stamped(dp_ps_client_t *c, const dp_ps_stamp_t *stamp, uint64_t step,
+                              const float *grads, float loss, int batch, dp_push_result_t *res,
+                              char *err)
+{
+    if (stamp->n != c->n)
+        return dp_err(err, "push stamped for %d shard(s) on a client of %d", stamp->n, c->n);
+    uint64_t last[S_MAX_SHARDS], used[S_MAX_SHARDS], inc[S_MAX_SHARDS];
+    for (int i = 0; i < c->n; i++) {
+        s_shard_t *s = &c->sh[i];
+        last[i] = s->version;
+        inc[i] = s->incarnation;
+        used[i] = stamp->v[i] < last[i] ? stamp->v[i] : last[i];
+        s->version = used[i];
+    }
+    int rc = dp_ps_client_push_step(c, step, grads, loss, batch, res, err);
+    for (int i = 0; i < c->n; i++) {
+        s_shard_t *s = &c->sh[i];
+        int restarted = s->incarnation != inc[i] || s->version != used[i];
+        s->version = restarted && s->version < last[i] ? s->version : last[i];
+    }
+    return rc;
+}

@@ -193,4 +193,28 @@ void dp_ps_client_default_stop_flag(volatile sig_atomic_t *flag);
 
 void dp_ps_client_destroy(dp_ps_client_t **c_p); /* safe twice */
 
+/* ---- pushing on an earlier pull's versions (worker/pipeline.h) ---------- */
+
+/* The versions a push is stamped with, one per shard: those a pull got. A
+ * worker that pulls the next weights before it pushes the current gradient
+ * keeps the stamp of the pull that gradient was computed on. */
+#define DP_PS_STAMP_MAX 256
+typedef struct {
+    int n;                          /* shards */
+    uint64_t v[DP_PS_STAMP_MAX];    /* shard i's version */
+} dp_ps_stamp_t;
+
+/* The stamp of the last pull (the one a plain push would carry). */
+void dp_ps_client_stamp(const dp_ps_client_t *c, dp_ps_stamp_t *out);
+/* Sum over shards (dp_ps_client_version's figure for that pull). */
+uint64_t dp_ps_stamp_sum(const dp_ps_stamp_t *s);
+
+/* dp_ps_client_push_step stamped with stamp instead of the last pull's
+ * versions; the client's own versions are as before afterwards. A shard
+ * that restarted below a stamped version since (its versions went back)
+ * gets the restored version instead, as a plain push would. */
+int dp_ps_client_push_stamped(dp_ps_client_t *c, const dp_ps_stamp_t *stamp, uint64_t step,
+                              const float *grads, float loss, int batch, dp_push_result_t *res,
+                              char *err);
+
 #endif

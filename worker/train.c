@@ -25,6 +25,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->progress = -1;
     c->task_index = 0;
     c->timeout_s = 60;
+    c->overlap = -1;
 }
 
 int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)

@@ -49,6 +49,8 @@ typedef struct {
     double timeout_s;          /* connect / reply timeout */
     const char *curve_secret;  /* CURVE: this worker's secret key file, or NULL */
     const char *curve_server;  /* CURVE: the servers' public key file(s), or NULL */
+    int overlap;               /* pull and push on a thread while computing: 1 on, 0 off,
+                                * -1 by mode (on in async; off in ssp, off always in sync) */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);

@@ -39,7 +39,9 @@
 # (32,64,128), BENCH_THREADS ("1 2"), BENCH_PATHS (every supported path, best
 # first), BENCH_E2E_STEPS (200 per worker; 0 leaves the end-to-end rows out),
 # BENCH_TORCH=0 to leave PyTorch out, BENCH_REPORT=FILE to only print a table,
-# BENCH_SERVER=0 to leave out the server rows (bench_optim, downpour bench wire).
+# BENCH_SERVER=0 to leave out the server rows (bench_optim, downpour bench wire),
+# BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
+# standalone, --overlap on and off; its own knobs are in that file).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -303,4 +305,12 @@ if [ "${BENCH_SERVER:-1}" = 1 ]; then
     echo
     "$BUILD/downpour" bench wire --rounds 20
     "$BUILD/downpour" bench wire --rounds 20 --transport ipc
+fi
+
+# What the servers cost one CPU worker, with the wire behind the compute
+# (--overlap on) and in turn, against the standalone trainer in the same
+# rounds.
+if [ "${BENCH_OVERLAP:-1}" = 1 ]; then
+    echo
+    BUILD=$BUILD BENCH_OUT=$OUT tests/bench/overlap.sh
 fi

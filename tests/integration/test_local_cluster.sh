@@ -28,17 +28,19 @@ check "standalone at batch 64" test $? = 0
 check "local sync, 2 workers, batch 32" test $? = 0
 check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model.safetensors" "$TMP/sa.safetensors" --rtol 2e-3 --atol 2e-5
 
-# Async with one worker has nobody to be stale against: bit-identical to
-# standalone (the server's momentum is the standalone trainer's).
+# Async with one worker, in turn (--overlap off), has nobody to be stale
+# against: bit-identical to standalone (the server's momentum is the
+# standalone trainer's). Overlapped, it computes on weights one step older
+# (test_overlap).
 "$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --optimizer momentum --lr 0.01 --momentum 0.9 \
     --no-progress --save "$TMP/sa32.safetensors" >"$TMP/sa32.log" 2>&1
-"$L" local --workers 1 --mode async --batch 32 --steps 12 "${common[@]}" --out "$TMP/async1" >"$TMP/async1.log" 2>&1
+"$L" local --workers 1 --mode async --overlap off --batch 32 --steps 12 "${common[@]}" --out "$TMP/async1" >"$TMP/async1.log" 2>&1
 check "local async, 1 worker" test $? = 0
 check "async(1 worker) weights == standalone weights, bit for bit" compare "$TMP/async1/model.safetensors" "$TMP/sa32.safetensors" --rtol 0 --atol 0
 # The same with the default optimizer (Adam) and schedule (cosine over the run).
 "$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --no-progress \
     --save "$TMP/sa32adam.safetensors" >"$TMP/sa32adam.log" 2>&1
-"$L" local --workers 1 --mode async --batch 32 --steps 12 --seed 5 --no-progress --out "$TMP/async1adam" >"$TMP/async1adam.log" 2>&1
+"$L" local --workers 1 --mode async --overlap off --batch 32 --steps 12 --seed 5 --no-progress --out "$TMP/async1adam" >"$TMP/async1adam.log" 2>&1
 check "async(1 worker) == standalone with the defaults (adam, cosine), bit for bit" compare "$TMP/async1adam/model.safetensors" "$TMP/sa32adam.safetensors" --rtol 0 --atol 0
 
 "$L" local --workers 2 --ps-shards 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync2" >"$TMP/sync2.log" 2>&1
@@ -55,9 +57,11 @@ accounted() { # dir
 }
 check "sync: pushes == applied + dropped + rejected" accounted "$TMP/sync1"
 
+# The policies themselves, each worker in turn (the overlapped worker's
+# staleness and accuracy: test_overlap).
 for mode in async ssp; do
     extra=(); [ $mode = ssp ] && extra=(--staleness 2)
-    "$L" local --workers 2 --mode $mode "${extra[@]}" --batch 32 --steps 150 "${common[@]}" --out "$TMP/$mode" >"$TMP/$mode.log" 2>&1
+    "$L" local --workers 2 --mode $mode "${extra[@]}" --overlap off --batch 32 --steps 150 "${common[@]}" --out "$TMP/$mode" >"$TMP/$mode.log" 2>&1
     check "local $mode run" test $? = 0
     acc=$(json "$TMP/$mode/summary.json" test_accuracy 2>/dev/null || echo 0)
     check "$mode, 2 workers x 150 steps: test accuracy >= 0.70 (got $acc)" ge "$acc" 0.70
