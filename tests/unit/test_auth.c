@@ -15,6 +15,7 @@
 #include "proto/curve.h"
 #include "server/auth.h"
 #include "server/ps.h"
+#include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/ps_client.h"
 
@@ -179,65 +180,24 @@ static void test_curve_keys(void)
 
 /* ---- through a server ------------------------------------------------ */
 
-#define SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
-
-typedef struct {
-    dp_ps_config_t cfg;
-    pthread_t th;
-    volatile sig_atomic_t stop;
-    atomic_int ready;
-    int rc;
-    char endpoint[256];
-    char err[DP_ERR_LEN];
-} srv_t;
-
-static void s_on_ready(const char *ep, void *arg)
-{
-    srv_t *s = arg;
-    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
-    atomic_store(&s->ready, 1);
-}
-
-static void *s_srv_main(void *arg)
-{
-    srv_t *s = arg;
-    s->rc = dp_ps_run(&s->cfg, &s->stop, s->err);
-    atomic_store(&s->ready, -1); /* ended */
-    return NULL;
-}
-
 /* An async server for 2 workers of the small model on a free port; CURVE
  * when secret is given. 0 once listening. */
 static int s_srv_start(srv_t *s, const char *secret, const char *allow)
 {
-    memset(s, 0, sizeof *s);
-    dp_ps_config_default(&s->cfg);
-    snprintf(s->cfg.bind, sizeof s->cfg.bind, "tcp://127.0.0.1:*");
-    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SPEC);
-    s->cfg.in_h = s->cfg.in_w = 8;
-    s->cfg.mode = DP_MODE_ASYNC;
-    s->cfg.num_workers = 2;
+    srv_init(s, DP_MODE_ASYNC, 2);
     if (secret) {
         snprintf(s->cfg.curve_secret, sizeof s->cfg.curve_secret, "%s", secret);
         snprintf(s->cfg.curve_allow, sizeof s->cfg.curve_allow, "%s", allow);
     }
-    s->cfg.on_ready = s_on_ready;
-    s->cfg.on_ready_arg = s;
-    atomic_init(&s->ready, 0);
-    pthread_create(&s->th, NULL, s_srv_main, s);
-    for (int i = 0; i < 1000 && atomic_load(&s->ready) == 0; i++) usleep(10000);
-    return atomic_load(&s->ready) == 1 ? 0 : -1;
+    return srv_start(s);
 }
 
 /* Waits up to wait_s for the server to end by itself (a SHUTDOWN), then
  * stops it; 1 when it had ended by itself. */
 static int s_srv_stop(srv_t *s, double wait_s)
 {
-    for (int i = 0; i < wait_s * 100 && atomic_load(&s->ready) != -1; i++) usleep(10000);
-    int ended = atomic_load(&s->ready) == -1;
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    return ended;
+    srv_stop_after(s, wait_s);
+    return s->ended;
 }
 
 static dp_model_t s_model;
@@ -246,7 +206,7 @@ static char s_dir[64];
 static void s_keys(void)
 {
     char err[DP_ERR_LEN];
-    if (dp_model_parse(&s_model, SPEC, 1, 8, 8, err) != 0) abort();
+    if (dp_model_parse(&s_model, SRV_SMALL_SPEC, 1, 8, 8, err) != 0) abort();
     snprintf(s_dir, sizeof s_dir, "/tmp/dp-test-auth-XXXXXX");
     if (!mkdtemp(s_dir)) abort();
     const char *names[] = {"srv", "w0", "w1", "evil"};

@@ -19,124 +19,15 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "server/ps.h"
+#include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/pipeline.h"
 #include "worker/ps_client.h"
 
-#define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 #define TMO 5.0 /* client timeout in these tests */
 
-/* ---- a server in a thread (as in test_ps.c) ---------------------------- */
-
-typedef struct {
-    dp_ps_config_t cfg;
-    pthread_t th;
-    volatile sig_atomic_t stop;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int ready, done, rc, started;
-    char endpoint[256];
-    char err[DP_ERR_LEN];
-} srv_t;
-
-static void srv_on_ready(const char *ep, void *arg)
-{
-    srv_t *s = arg;
-    pthread_mutex_lock(&s->mu);
-    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
-    s->ready = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void *srv_main(void *arg)
-{
-    srv_t *s = arg;
-    int rc = dp_ps_run(&s->cfg, &s->stop, s->err);
-    pthread_mutex_lock(&s->mu);
-    s->rc = rc;
-    s->done = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-/* A small-model, plain-SGD server config on a free loopback port. */
-static void srv_init(srv_t *s, dp_mode_t mode, int workers)
-{
-    memset(s, 0, sizeof *s);
-    dp_ps_config_default(&s->cfg);
-    snprintf(s->cfg.bind, sizeof s->cfg.bind, "tcp://127.0.0.1:*");
-    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SMALL_SPEC);
-    s->cfg.in_c = 1;
-    s->cfg.in_h = s->cfg.in_w = 8;
-    s->cfg.mode = mode;
-    s->cfg.num_workers = workers;
-    s->cfg.optim.kind = DP_OPT_SGD;
-    s->cfg.optim.lr = 0.1f;
-    s->cfg.seed = 7;
-}
-
-/* Start; 0 once listening, -1 when setup failed (s->err says why). */
-static int srv_start(srv_t *s)
-{
-    s->cfg.on_ready = srv_on_ready;
-    s->cfg.on_ready_arg = s;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    s->started = 1;
-    pthread_create(&s->th, NULL, srv_main, s);
-    double t0 = dp_now();
-    pthread_mutex_lock(&s->mu);
-    while (!s->ready && !s->done && dp_now() - t0 < 10) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-    }
-    int ok = s->ready;
-    pthread_mutex_unlock(&s->mu);
-    return ok ? 0 : -1;
-}
-
-/* Wait (bounded) for the server to end by itself, then make sure it does. */
-static int srv_stop_after(srv_t *s, double wait_s)
-{
-    if (!s->started) return 0;
-    double t0 = dp_now();
-    while (dp_now() - t0 < wait_s) {
-        pthread_mutex_lock(&s->mu);
-        int d = s->done;
-        pthread_mutex_unlock(&s->mu);
-        if (d) break;
-        usleep(10000);
-    }
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    s->started = 0;
-    return s->rc;
-}
-static int srv_stop(srv_t *s) { return srv_stop_after(s, 0); }
-
 static dp_model_t s_small;
-static void s_small_model(void)
-{
-    char err[DP_ERR_LEN];
-    if (dp_model_parse(&s_small, SMALL_SPEC, 1, 8, 8, err) != 0) {
-        fprintf(stderr, "model: %s\n", err);
-        exit(1);
-    }
-}
-
-static void s_fill(float *g, size_t n, uint64_t seed)
-{
-    dp_rng_t r;
-    dp_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2.0f - 1.0f;
-}
+static void s_small_model(void) { srv_small_model(&s_small); }
 
 /* ---- cases ------------------------------------------------------------- */
 
@@ -154,7 +45,7 @@ static void test_push_stamped(void)
     if (c) {
         size_t n = s_small.n_floats;
         float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
-        s_fill(g, n, 3);
+        srv_fill(g, n, 3);
         dp_ps_stamp_t a, b;
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
@@ -211,8 +102,8 @@ static void test_overlapped_order(void)
     size_t n = s_small.n_floats;
     float *params = dp_malloc(n * 4), *g[2] = {dp_malloc(n * 4), dp_malloc(n * 4)};
     float *want = dp_malloc(n * 4), *applied = dp_malloc(n * 4);
-    s_fill(g[0], n, 11);
-    s_fill(g[1], n, 12);
+    srv_fill(g[0], n, 11);
+    srv_fill(g[1], n, 12);
     dp_model_init_params(&s_small, applied, 7); /* init - lr * (gradients of steps < k - 1) */
     dp_pipeline_t *pl = NULL;
     CHECK_EQ(dp_pipeline_new(&pl, c, err), 0);

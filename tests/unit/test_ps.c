@@ -19,123 +19,14 @@
 #include "server/ps.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
+#include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/ps_client.h"
 
-#define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 #define TMO 5.0 /* client timeout in these tests */
 
-/* ---- a server in a thread ---------------------------------------------- */
-
-typedef struct {
-    dp_ps_config_t cfg;
-    pthread_t th;
-    volatile sig_atomic_t stop;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int ready, done, rc, started;
-    char endpoint[256];
-    char err[DP_ERR_LEN];
-} srv_t;
-
-static void srv_on_ready(const char *ep, void *arg)
-{
-    srv_t *s = arg;
-    pthread_mutex_lock(&s->mu);
-    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
-    s->ready = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void *srv_main(void *arg)
-{
-    srv_t *s = arg;
-    int rc = dp_ps_run(&s->cfg, &s->stop, s->err);
-    pthread_mutex_lock(&s->mu);
-    s->rc = rc;
-    s->done = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-/* A small-model, plain-SGD server config on a free loopback port. */
-static void srv_init(srv_t *s, dp_mode_t mode, int workers)
-{
-    memset(s, 0, sizeof *s);
-    dp_ps_config_default(&s->cfg);
-    snprintf(s->cfg.bind, sizeof s->cfg.bind, "tcp://127.0.0.1:*");
-    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SMALL_SPEC);
-    s->cfg.in_c = 1;
-    s->cfg.in_h = s->cfg.in_w = 8;
-    s->cfg.mode = mode;
-    s->cfg.num_workers = workers;
-    s->cfg.optim.kind = DP_OPT_SGD;
-    s->cfg.optim.lr = 0.1f;
-    s->cfg.seed = 7;
-}
-
-/* Start; 0 once listening, -1 when setup failed (s->err says why). */
-static int srv_start(srv_t *s)
-{
-    s->cfg.on_ready = srv_on_ready;
-    s->cfg.on_ready_arg = s;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    s->started = 1;
-    pthread_create(&s->th, NULL, srv_main, s);
-    double t0 = dp_now();
-    pthread_mutex_lock(&s->mu);
-    while (!s->ready && !s->done && dp_now() - t0 < 10) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-    }
-    int ok = s->ready;
-    pthread_mutex_unlock(&s->mu);
-    return ok ? 0 : -1;
-}
-
-/* Wait (bounded) for the server to end by itself, then make sure it does. */
-static int srv_stop_after(srv_t *s, double wait_s)
-{
-    if (!s->started) return 0;
-    double t0 = dp_now();
-    while (dp_now() - t0 < wait_s) {
-        pthread_mutex_lock(&s->mu);
-        int d = s->done;
-        pthread_mutex_unlock(&s->mu);
-        if (d) break;
-        usleep(10000);
-    }
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    s->started = 0;
-    return s->rc;
-}
-static int srv_stop(srv_t *s) { return srv_stop_after(s, 0); }
-
 static dp_model_t s_small;
-static void s_small_model(void)
-{
-    char err[DP_ERR_LEN];
-    if (dp_model_parse(&s_small, SMALL_SPEC, 1, 8, 8, err) != 0) {
-        fprintf(stderr, "model: %s\n", err);
-        exit(1);
-    }
-}
-
-static void s_fill(float *g, size_t n, uint64_t seed)
-{
-    dp_rng_t r;
-    dp_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2.0f - 1.0f;
-}
+static void s_small_model(void) { srv_small_model(&s_small); }
 
 /* ---- cases ------------------------------------------------------------- */
 
@@ -163,7 +54,7 @@ static void test_async_sgd_exact(void)
         CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
         dp_model_init_params(&s_small, init, 7);
         CHECK_CLOSE("initial weights", p0, init, n, 0, 0);
-        s_fill(g, n, 1);
+        srv_fill(g, n, 1);
         dp_push_result_t res;
         CHECK_EQ(dp_ps_client_push(c, g, 1.5f, 32, &res, err), 0);
         CHECK_EQ(res.applied, 1);
@@ -214,8 +105,8 @@ static void test_sync_aggregate_backup(void)
         float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *ga = dp_malloc(n * 4),
               *gb = dp_malloc(n * 4), *want = dp_malloc(n * 4);
         for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_pull(c[i], p0, err), 0);
-        s_fill(ga, n, 11);
-        s_fill(gb, n, 12);
+        srv_fill(ga, n, 11);
+        srv_fill(gb, n, 12);
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_push(c[0], ga, 1, 8, &r, err), 0);
         CHECK_EQ(r.applied, 1);
@@ -288,7 +179,7 @@ static void test_sync_defer_and_finish(void)
     if (a && b) {
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
-        s_fill(g, n, 3);
+        srv_fill(g, n, 3);
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
         dp_push_result_t r;
@@ -338,7 +229,7 @@ static void test_sync_heartbeat_timeout(void)
     if (a) {
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *g = dp_malloc(n * 4);
-        s_fill(g, n, 5);
+        srv_fill(g, n, 5);
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
@@ -373,7 +264,7 @@ static void test_ssp_zero_lockstep(void)
         CHECK_EQ(info.staleness, 0);
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
-        s_fill(g, n, 4);
+        srv_fill(g, n, 4);
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
         dp_push_result_t r;
@@ -412,7 +303,7 @@ static int s_two_pushes(const char *endpoints, const dp_model_t *m, float *out, 
     dp_push_result_t r;
     for (int k = 0; k < 2; k++) {
         if (dp_ps_client_pull(c, out, err) != 0) goto done;
-        s_fill(g, n, 100 + k);
+        srv_fill(g, n, 100 + k);
         if (dp_ps_client_push(c, g, 1, 8, &r, err) != 0 || r.dropped || r.rejected) goto done;
     }
     if (dp_ps_client_pull(c, out, err) != 0) goto done;
@@ -481,7 +372,7 @@ static void test_fingerprint_mismatch(void)
     CHECK(strstr(err, "server has 'conv3x3:2") != NULL);
     fprintf(stderr, "  (expected) %s\n", err);
     /* Same spec, other input shape: refused as well. */
-    CHECK_EQ(dp_model_parse(&other, SMALL_SPEC, 1, 10, 10, err), 0);
+    CHECK_EQ(dp_model_parse(&other, SRV_SMALL_SPEC, 1, 10, 10, err), 0);
     CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
     CHECK(strstr(err, "on 1x10x10") != NULL);
     /* A worker id beyond --workers is refused. */
@@ -503,7 +394,7 @@ static void test_nan_rejected(void)
         size_t n = s_small.n_floats;
         float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
         CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
-        s_fill(g, n, 9);
+        srv_fill(g, n, 9);
         g[n / 3] = NAN;
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
@@ -605,7 +496,7 @@ static void test_malformed_envelopes(void)
     size_t n = s_small.n_floats;
     float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
     if (c) CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
-    s_fill(g, n, 77);
+    srv_fill(g, n, 77);
     void *ctx = zmq_ctx_new();
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0, tmo = 5000;
@@ -775,7 +666,7 @@ static void test_oversized_refused(void)
         CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
         CHECK_EQ(st.rejected, ROUNDS + 1);
         CHECK_EQ(st.version, 0);
-        s_fill(g, n, 5);
+        srv_fill(g, n, 5);
         dp_push_result_t res;
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &res, err), 0);
@@ -810,8 +701,8 @@ static void test_checkpoint_restore(void)
     size_t n = s_small.n_floats;
     float *p = dp_malloc(n * 4), *after1 = dp_malloc(n * 4), *want = dp_malloc(n * 4),
           *g1 = dp_malloc(n * 4), *g2 = dp_malloc(n * 4);
-    s_fill(g1, n, 21);
-    s_fill(g2, n, 22);
+    srv_fill(g1, n, 21);
+    srv_fill(g2, n, 22);
     dp_push_result_t r;
     /* Reference: one server, both pushes. */
     srv_t ref;
@@ -983,7 +874,7 @@ static void test_roundtrip_time(void)
     CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
     size_t n = m.n_floats;
     float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
-    s_fill(g, n, 1);
+    srv_fill(g, n, 1);
     for (size_t i = 0; i < n; i++) g[i] *= 1e-3f;
     for (int shards = 1; shards <= 2; shards++) {
         srv_t s[2];
@@ -1064,7 +955,7 @@ static void test_bf16_wire(void)
         dp_wire_to_bf16(h, w0, n);
         dp_wire_from_bf16(want, h, n);
         CHECK_CLOSE("pulled weights = bf16(w)", p16, want, n, 0, 0);
-        s_fill(g, n, 3);
+        srv_fill(g, n, 3);
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
         CHECK_EQ(r.applied, 1);

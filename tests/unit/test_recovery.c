@@ -18,97 +18,23 @@
 #include "server/ps.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
+#include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/ps_client.h"
 
-#define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 #define TMO 2.0 /* client timeout in these tests */
 
-/* ---- a server in a thread ---------------------------------------------- */
-
-typedef struct {
-    dp_ps_config_t cfg;
-    pthread_t th;
-    volatile sig_atomic_t stop;
-    pthread_mutex_t mu;
-    int ready, done, rc;
-    char endpoint[256];
-    char err[DP_ERR_LEN];
-} srv_t;
-
-static void srv_on_ready(const char *ep, void *arg)
+/* Async, 2 workers, the harness's small model and SGD, on bind (NULL: a
+ * free loopback port), with checkpoints in ckpt_dir when given. */
+static void srv_init_at(srv_t *s, const char *bind, const char *ckpt_dir)
 {
-    srv_t *s = arg;
-    pthread_mutex_lock(&s->mu);
-    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
-    s->ready = 1;
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void *srv_main(void *arg)
-{
-    srv_t *s = arg;
-    int rc = dp_ps_run(&s->cfg, &s->stop, s->err);
-    pthread_mutex_lock(&s->mu);
-    s->rc = rc;
-    s->done = 1;
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-/* Async, plain SGD, the small model, on bind (NULL: a free loopback port). */
-static void srv_init(srv_t *s, const char *bind, const char *ckpt_dir)
-{
-    memset(s, 0, sizeof *s);
-    dp_ps_config_default(&s->cfg);
-    snprintf(s->cfg.bind, sizeof s->cfg.bind, "%s", bind ? bind : "tcp://127.0.0.1:*");
-    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SMALL_SPEC);
+    srv_init(s, DP_MODE_ASYNC, 2);
+    if (bind) snprintf(s->cfg.bind, sizeof s->cfg.bind, "%s", bind);
     if (ckpt_dir) snprintf(s->cfg.checkpoint_dir, sizeof s->cfg.checkpoint_dir, "%s", ckpt_dir);
-    s->cfg.in_c = 1;
-    s->cfg.in_h = s->cfg.in_w = 8;
-    s->cfg.mode = DP_MODE_ASYNC;
-    s->cfg.num_workers = 2;
-    s->cfg.optim.kind = DP_OPT_SGD;
-    s->cfg.optim.lr = 0.1f;
-    s->cfg.seed = 7;
-}
-
-/* 0 once listening (within 10 s), -1 otherwise. */
-static int srv_start(srv_t *s)
-{
-    s->cfg.on_ready = srv_on_ready;
-    s->cfg.on_ready_arg = s;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_create(&s->th, NULL, srv_main, s);
-    for (double t0 = dp_now(); dp_now() - t0 < 10;) {
-        pthread_mutex_lock(&s->mu);
-        int ready = s->ready, done = s->done;
-        pthread_mutex_unlock(&s->mu);
-        if (ready) return 0;
-        if (done) break;
-        usleep(10000);
-    }
-    return -1;
-}
-
-static int srv_stop(srv_t *s)
-{
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    pthread_mutex_destroy(&s->mu);
-    return s->rc;
 }
 
 static dp_model_t s_small;
-
-static void s_small_model(void)
-{
-    char err[DP_ERR_LEN];
-    if (dp_model_parse(&s_small, SMALL_SPEC, 1, 8, 8, err) != 0) {
-        fprintf(stderr, "model: %s\n", err);
-        exit(1);
-    }
-}
+static void s_small_model(void) { srv_small_model(&s_small); }
 
 /* ---- a raw DEALER ------------------------------------------------------ */
 
@@ -211,7 +137,7 @@ static void test_incarnation_and_unknown_worker(void)
 {
     s_small_model();
     srv_t s1, s2;
-    srv_init(&s1, NULL, NULL);
+    srv_init_at(&s1, NULL, NULL);
     CHECK_EQ(srv_start(&s1), 0);
     void *ctx = zmq_ctx_new();
     void *sock = s_raw_socket(ctx, s1.endpoint);
@@ -234,7 +160,7 @@ static void test_incarnation_and_unknown_worker(void)
     dp_wire_destroy(&e);
     zmq_close(sock);
     CHECK_EQ(srv_stop(&s1), 0);
-    srv_init(&s2, s1.endpoint, NULL); /* the same port */
+    srv_init_at(&s2, s1.endpoint, NULL); /* the same port */
     CHECK_EQ(srv_start(&s2), 0);
     sock = s_raw_socket(ctx, s2.endpoint);
     e = s_ask(sock, DOWNPOUR__MSG_TYPE__HEARTBEAT);
@@ -253,7 +179,7 @@ static void test_push_applied_once(void)
 {
     s_small_model();
     srv_t s;
-    srv_init(&s, NULL, NULL);
+    srv_init_at(&s, NULL, NULL);
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL, *c2 = NULL;
@@ -322,7 +248,7 @@ static void test_client_rejoins_restarted_shard(void)
     dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
     snprintf(saved, sizeof saved, "%s/v2.safetensors", dir);
     srv_t s1, s2;
-    srv_init(&s1, NULL, dir);
+    srv_init_at(&s1, NULL, dir);
     s1.cfg.checkpoint_every = 2;
     CHECK_EQ(srv_start(&s1), 0);
     dp_ps_client_t *c = NULL;
@@ -341,7 +267,7 @@ static void test_client_rejoins_restarted_shard(void)
     CHECK_EQ(dp_ps_client_version(c), 3);
     CHECK_EQ(srv_stop(&s1), 0);
     CHECK_EQ(rename(saved, path), 0); /* as if killed after version 2's checkpoint */
-    srv_init(&s2, s1.endpoint, dir);
+    srv_init_at(&s2, s1.endpoint, dir);
     CHECK_EQ(srv_start(&s2), 0);
     double t0 = dp_now();
     CHECK_EQ(dp_ps_client_push_step(c, 4, g, 1, 8, &r, err), 0);

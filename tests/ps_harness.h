@@ -1,0 +1,156 @@
+/* ps_harness.h: a parameter server (server/ps.h) in a thread of the test
+ * program, bound to a free loopback port, for the unit tests that talk to a
+ * real one over ZeroMQ (test_ps, test_pipeline, test_recovery, test_auth).
+ *
+ *   srv_t s;
+ *   srv_init(&s, DP_MODE_ASYNC, 1);    the small model, plain SGD lr 0.1, seed 7
+ *   s.cfg.xxx = ...;                   anything else the case needs
+ *   CHECK_EQ(srv_start(&s), 0);        returns once listening: s.endpoint
+ *   ... clients on s.endpoint ...
+ *   CHECK_EQ(srv_stop(&s), 0);         stop flag, join; dp_ps_run's status
+ *
+ * srv_stop_after(&s, T) first waits up to T seconds for the server to end
+ * by itself (a SHUTDOWN); s.ended says whether it had. Every wait is
+ * bounded, so a broken server fails a case instead of hanging the program. */
+#ifndef DP_TESTS_PS_HARNESS_H
+#define DP_TESTS_PS_HARNESS_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/model.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "server/ps.h"
+
+/* Small enough to move in microseconds, and it has every kind of layer the
+ * server shards: conv, fc, biases. Input 1x8x8. */
+#define SRV_SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+
+typedef struct {
+    dp_ps_config_t cfg;
+    pthread_t th;
+    volatile sig_atomic_t stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready, done, rc, started;
+    int ended;                  /* srv_stop_after: it had ended by itself */
+    char endpoint[256];
+    char err[DP_ERR_LEN];
+} srv_t;
+
+static inline void srv_on_ready(const char *ep, void *arg)
+{
+    srv_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
+    s->ready = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static inline void *srv_main(void *arg)
+{
+    srv_t *s = arg;
+    int rc = dp_ps_run(&s->cfg, &s->stop, s->err);
+    pthread_mutex_lock(&s->mu);
+    s->rc = rc;
+    s->done = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* The small model, plain SGD at lr 0.1 (so every weight is a known sum of
+ * the gradients applied), seed 7, on a free loopback port. */
+static inline void srv_init(srv_t *s, dp_mode_t mode, int workers)
+{
+    memset(s, 0, sizeof *s);
+    dp_ps_config_default(&s->cfg);
+    snprintf(s->cfg.bind, sizeof s->cfg.bind, "tcp://127.0.0.1:*");
+    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "%s", SRV_SMALL_SPEC);
+    s->cfg.in_c = 1;
+    s->cfg.in_h = s->cfg.in_w = 8;
+    s->cfg.mode = mode;
+    s->cfg.num_workers = workers;
+    s->cfg.optim.kind = DP_OPT_SGD;
+    s->cfg.optim.lr = 0.1f;
+    s->cfg.seed = 7;
+}
+
+/* Start; 0 once listening (within 10 s), -1 when setup failed (s->err says
+ * why) or it never listened. */
+static inline int srv_start(srv_t *s)
+{
+    s->cfg.on_ready = srv_on_ready;
+    s->cfg.on_ready_arg = s;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->started = 1;
+    pthread_create(&s->th, NULL, srv_main, s);
+    double t0 = dp_now();
+    pthread_mutex_lock(&s->mu);
+    while (!s->ready && !s->done && dp_now() - t0 < 10) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    int ok = s->ready;
+    pthread_mutex_unlock(&s->mu);
+    return ok ? 0 : -1;
+}
+
+/* Wait (bounded) for the server to end by itself, then make sure it does;
+ * dp_ps_run's status. */
+static inline int srv_stop_after(srv_t *s, double wait_s)
+{
+    if (!s->started) return 0;
+    double t0 = dp_now();
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int d = s->done;
+        pthread_mutex_unlock(&s->mu);
+        if (d || dp_now() - t0 >= wait_s) {
+            s->ended = d;
+            break;
+        }
+        usleep(10000);
+    }
+    s->stop = 1;
+    pthread_join(s->th, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    s->started = 0;
+    return s->rc;
+}
+
+static inline int srv_stop(srv_t *s) { return srv_stop_after(s, 0); }
+
+/* The small model as the workers see it; exits on failure (a broken spec
+ * would fail every case anyway). */
+static inline void srv_small_model(dp_model_t *m)
+{
+    char err[DP_ERR_LEN];
+    if (dp_model_parse(m, SRV_SMALL_SPEC, 1, 8, 8, err) != 0) {
+        fprintf(stderr, "model: %s\n", err);
+        exit(1);
+    }
+}
+
+/* n uniform values in [-1, 1) from seed: a gradient to push. */
+static inline void srv_fill(float *g, size_t n, uint64_t seed)
+{
+    dp_rng_t r;
+    dp_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2.0f - 1.0f;
+}
+
+#endif
