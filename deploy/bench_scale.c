@@ -39,13 +39,13 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
+#include "deploy/bench_shards.h"
 #include "deploy/launcher.h"
 #include "deploy/spawn.h"
 #include "kernels/optim.h"
 #include "worker/ps_beat.h"
 #include "worker/ps_client.h"
 
-#define S_MAX_SHARDS 64
 #define S_MAX_WORKERS 1024
 #define S_MAX_WINDOWS 1000
 
@@ -82,7 +82,7 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
     const dp_opts_flag_t t[] = {
         DP_FLAG_NUM("workers", DP_OPTS_INT, "N", &c->workers, 1, S_MAX_WORKERS, 0,
                     "worker processes (default 4)"),
-        DP_FLAG_NUM("shards", DP_OPTS_INT, "K", &c->shards, 1, S_MAX_SHARDS, 0,
+        DP_FLAG_NUM("shards", DP_OPTS_INT, "K", &c->shards, 1, DP_BENCH_MAX_SHARDS, 0,
                     "parameter-server shards (default 1)"),
         DP_FLAG_NUM("params", DP_OPTS_LONG, "P", &c->params, 100, 1000000000L, 0,
                     "a model of about P parameters (one fc layer; 4 P bytes per push)"),
@@ -115,67 +115,6 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         r = dp_optim_parse_kind(&oc, c->optimizer, err);
     }
     return r;
-}
-
-/* The model and its input shape: --model, or fc:10 over F inputs (10 F + 10
- * floats). The servers take no input side over 65536, so a large F is laid
- * out as 1 x (F / 1000) x 1000 (P rounded to 10,000 floats). */
-static int s_model(const s_conf_t *c, dp_model_t *m, char *input, size_t n, char *err)
-{
-    if (!c->params) {
-        snprintf(input, n, "1x28x28");
-        return dp_model_parse(m, c->model ? c->model : DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err);
-    }
-    long f = (c->params - 10 + 5) / 10;
-    if (f < 1) f = 1;
-    long h = 1, w = f;
-    if (f > 65536) {
-        h = (f + 500) / 1000;
-        w = 1000;
-    }
-    snprintf(input, n, "1x%ldx%ld", h, w);
-    return dp_model_parse(m, "fc:10 softmax", 1, (int)h, (int)w, err);
-}
-
-/* ---- the servers (as in bench_wire.c) ----------------------------------- */
-
-typedef struct {
-    char dir[64];               /* scratch directory: ready files, logs, ipc paths, results */
-    char bin[PATH_MAX + 16];
-    pid_t pid[S_MAX_SHARDS];
-    char endpoints[S_MAX_SHARDS * 128];
-    int n;
-} s_cluster_t;
-
-static int s_start_servers(s_cluster_t *cl, const s_conf_t *c, const dp_model_t *m,
-                           const char *input, char *err)
-{
-    char workers[16];
-    snprintf(workers, sizeof workers, "%d", c->workers);
-    for (int i = 0; i < c->shards; i++) {
-        char bind[PATH_MAX + 16], ready[PATH_MAX], log[PATH_MAX], shard[24], ep[256];
-        if (c->transport) snprintf(bind, sizeof bind, "ipc://%s/ps-%d", cl->dir, i);
-        else snprintf(bind, sizeof bind, "tcp://127.0.0.1:*");
-        snprintf(ready, sizeof ready, "%s/ready-%d", cl->dir, i);
-        snprintf(log, sizeof log, "%s/ps-%d.log", cl->dir, i);
-        snprintf(shard, sizeof shard, "%d/%d", i, c->shards);
-        const char *av[] = {cl->bin, "--bind", bind, "--ready-file", ready, "--shard", shard,
-                            "--workers", workers, "--mode", "async", "--model", m->spec,
-                            "--input", input, "--optimizer", c->optimizer, NULL};
-        if (dp_spawn(&cl->pid[i], av, log, err) != 0) return -1;
-        cl->n = i + 1;
-        if (dp_spawn_wait_ready(ready, cl->pid[i], log, 30, ep, sizeof ep, err) != 0) return -1;
-        size_t used = strlen(cl->endpoints);
-        snprintf(cl->endpoints + used, sizeof cl->endpoints - used, "%s%s", i ? "," : "", ep);
-    }
-    return 0;
-}
-
-static void s_stop_servers(s_cluster_t *cl)
-{
-    for (int i = 0; i < cl->n; i++) kill(cl->pid[i], SIGTERM);
-    for (int i = 0; i < cl->n; i++) waitpid(cl->pid[i], NULL, 0);
-    cl->n = 0;
 }
 
 /* ---- one worker process --------------------------------------------------- */
@@ -323,7 +262,7 @@ static double s_cpu_seconds(pid_t pid)
 
 /* The CPU time of the shards and of the workers, as sample k (0: start,
  * 1: end of the measured span). */
-static void s_sample_cpu(s_workers_t *w, const s_cluster_t *cl, int k)
+static void s_sample_cpu(s_workers_t *w, const dp_bench_shards_t *cl, int k)
 {
     w->at[k] = dp_now();
     w->cpu[k][0] = w->cpu[k][1] = 0;
@@ -365,7 +304,7 @@ static int s_wait_ready(s_workers_t *w, const s_conf_t *c, char *err)
 
 /* Forks the workers and waits until each has connected. */
 static int s_start_workers(s_workers_t *w, const s_conf_t *c, const dp_model_t *m,
-                           const s_cluster_t *cl, char *err)
+                           const dp_bench_shards_t *cl, char *err)
 {
     int rp[2], gp[2];
     if (pipe(rp) != 0 || pipe(gp) != 0) return dp_err(err, "pipe: %s", strerror(errno));
@@ -386,7 +325,7 @@ static int s_start_workers(s_workers_t *w, const s_conf_t *c, const dp_model_t *
 /* t0 to every worker, then waits for them all (they stop starting pushes
  * at t0 + warmup + seconds; the last push may take up to the timeout).
  * *t0_out: the start. A worker's failure is in its results file. */
-static int s_run_workers(s_workers_t *w, const s_conf_t *c, const s_cluster_t *cl, double *t0_out,
+static int s_run_workers(s_workers_t *w, const s_conf_t *c, const dp_bench_shards_t *cl, double *t0_out,
                          char *err)
 {
     double t0 = dp_now() + 0.05;
@@ -639,17 +578,15 @@ static int s_run(const s_conf_t *c, const dp_model_t *m, const char *input, cons
 {
     double load = s_loadavg();
     dp_signals_install(&s_stop, 0);
-    s_cluster_t cl = {.n = 0};
-    snprintf(cl.dir, sizeof cl.dir, "/tmp/downpour-bench-scale-XXXXXX");
-    if (!mkdtemp(cl.dir)) return dp_err(err, "mkdtemp: %s", strerror(errno));
-    char bin_dir[PATH_MAX];
-    dp_spawn_bin_dir(bin_dir, sizeof bin_dir, argv0);
-    snprintf(cl.bin, sizeof cl.bin, "%s/downpour-ps", bin_dir);
+    dp_bench_shards_t cl;
+    if (dp_bench_shards_init(&cl, "bench-scale", argv0, err) != 0) return -1;
+    dp_bench_shards_conf_t sc = {.shards = c->shards, .ipc = c->transport, .workers = c->workers,
+                                 .optimizer = c->optimizer, .spec = m->spec, .input = input};
     s_workers_t *w = dp_calloc(1, sizeof *w);
     s_stats_t st;
     double t0 = 0;
     int rc = -1;
-    if (s_start_servers(&cl, c, m, input, err) == 0 && s_start_workers(w, c, m, &cl, err) == 0 &&
+    if (dp_bench_shards_start(&cl, &sc, err) == 0 && s_start_workers(w, c, m, &cl, err) == 0 &&
         s_run_workers(w, c, &cl, &t0, err) == 0 && s_stats(c, cl.dir, t0, &st, err) == 0) {
         s_cpu_stats(c, w, &st);
         s_report(c, m, &st, load);
@@ -657,10 +594,7 @@ static int s_run(const s_conf_t *c, const dp_model_t *m, const char *input, cons
     }
     s_stop_workers(w);
     free(w);
-    s_stop_servers(&cl);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", cl.dir);
-    if (system(cmd) != 0) dp_log_warn("could not remove %s", cl.dir);
+    dp_bench_shards_fini(&cl);
     return rc;
 }
 
@@ -672,7 +606,7 @@ int dp_bench_scale_main(int argc, char **argv)
     dp_model_t m;
     char input[48];
     int r = s_parse(&c, argc - 1, argv + 1, err);
-    if (r == 0) r = s_model(&c, &m, input, sizeof input, err);
+    if (r == 0) r = dp_bench_model(&m, c.model, c.params, input, sizeof input, err);
     if (r != 0) return dp_opts_exit_status("downpour bench scale", r, err);
     if (s_run(&c, &m, input, argv[0], err) != 0) {
         fprintf(stderr, "downpour bench scale: %s\n", err);

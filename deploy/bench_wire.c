@@ -27,12 +27,12 @@
 #include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
+#include "deploy/bench_shards.h"
 #include "deploy/launcher.h"
 #include "deploy/spawn.h"
 #include "kernels/optim.h"
 #include "worker/ps_client.h"
 
-#define S_MAX_SHARDS 64
 
 typedef struct {
     long bytes;             /* --bytes: a synthetic model of about this many bytes */
@@ -66,7 +66,7 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         DP_FLAG_NUM("bytes", DP_OPTS_LONG, "N", &c->bytes, 64, 4L << 30, 0,
                     "a model of about N bytes of parameters (one fc layer)"),
         DP_FLAG_STR("model", "SPEC", &c->model, 0, "the model (default: the default model)"),
-        DP_FLAG_NUM("shards", DP_OPTS_INT, "K", &c->shards, 1, S_MAX_SHARDS, 0,
+        DP_FLAG_NUM("shards", DP_OPTS_INT, "K", &c->shards, 1, DP_BENCH_MAX_SHARDS, 0,
                     "parameter-server shards (default 1)"),
         DP_FLAG_STR("optimizer", "NAME", &c->optimizer, 0,
                     "the servers' optimizer: sgd|momentum|nesterov|adam|adagrad (default sgd)"),
@@ -97,20 +97,6 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         r = dp_optim_parse_kind(&oc, c->optimizer, err);
     }
     return r;
-}
-
-/* The model and its input shape: --model, or one fc layer of about --bytes. */
-static int s_model(const s_conf_t *c, dp_model_t *m, char *input, size_t n, char *err)
-{
-    if (!c->bytes) {
-        snprintf(input, n, "1x28x28");
-        return dp_model_parse(m, c->model ? c->model : DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err);
-    }
-    /* fc:10 over F inputs holds 10 F + 10 floats. */
-    long f = (c->bytes / 4 - 10) / 10;
-    if (f < 1) f = 1;
-    snprintf(input, n, "1x1x%ld", f);
-    return dp_model_parse(m, "fc:10 softmax", 1, 1, (int)f, err);
 }
 
 /* ---- the raw ZeroMQ echo ------------------------------------------------ */
@@ -177,48 +163,6 @@ static double s_echo_once(void *sock, const void *data, size_t len)
     int got = zmq_msg_recv(&m, sock, 0);
     zmq_msg_close(&m);
     return got < 0 ? -1 : (dp_now() - t0) * 1e3;
-}
-
-/* ---- the servers -------------------------------------------------------- */
-
-typedef struct {
-    char dir[64];               /* scratch directory: ready files, logs, ipc paths */
-    char bin[PATH_MAX + 16];
-    pid_t pid[S_MAX_SHARDS];
-    char endpoints[S_MAX_SHARDS * 128];
-    int n;
-} s_cluster_t;
-
-static int s_start_servers(s_cluster_t *cl, const s_conf_t *c, const dp_model_t *m,
-                           const char *input, char *err)
-{
-    for (int i = 0; i < c->shards; i++) {
-        char bind[PATH_MAX + 16], ready[PATH_MAX], log[PATH_MAX], shard[24], ep[256];
-        if (c->transport == 1) snprintf(bind, sizeof bind, "ipc://%s/ps-%d", cl->dir, i);
-        else snprintf(bind, sizeof bind, "tcp://127.0.0.1:*");
-        snprintf(ready, sizeof ready, "%s/ready-%d", cl->dir, i);
-        snprintf(log, sizeof log, "%s/ps-%d.log", cl->dir, i);
-        snprintf(shard, sizeof shard, "%d/%d", i, c->shards);
-        char threads[16];
-        snprintf(threads, sizeof threads, "%d", c->threads);
-        const char *av[] = {cl->bin, "--bind", bind, "--ready-file", ready, "--shard", shard,
-                            "--workers", "1", "--mode", "async", "--model", m->spec,
-                            "--input", input, "--optimizer", c->optimizer,
-                            c->threads ? "--threads" : NULL, threads, NULL};
-        if (dp_spawn(&cl->pid[i], av, log, err) != 0) return -1;
-        cl->n = i + 1;
-        if (dp_spawn_wait_ready(ready, cl->pid[i], log, 30, ep, sizeof ep, err) != 0) return -1;
-        size_t used = strlen(cl->endpoints);
-        snprintf(cl->endpoints + used, sizeof cl->endpoints - used, "%s%s", i ? "," : "", ep);
-    }
-    return 0;
-}
-
-static void s_stop_servers(s_cluster_t *cl)
-{
-    for (int i = 0; i < cl->n; i++) kill(cl->pid[i], SIGTERM);
-    for (int i = 0; i < cl->n; i++) waitpid(cl->pid[i], NULL, 0);
-    cl->n = 0;
 }
 
 /* ---- measuring ---------------------------------------------------------- */
@@ -320,20 +264,20 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
 {
     dp_model_t m;
     char input[48];
-    if (s_model(c, &m, input, sizeof input, err) != 0) return -1;
-    s_cluster_t cl = {.n = 0};
-    snprintf(cl.dir, sizeof cl.dir, "/tmp/downpour-bench-wire-XXXXXX");
-    if (!mkdtemp(cl.dir)) return dp_err(err, "mkdtemp: %s", strerror(errno));
-    char bin_dir[PATH_MAX], raw_ep[PATH_MAX + 16];
-    dp_spawn_bin_dir(bin_dir, sizeof bin_dir, argv0);
-    snprintf(cl.bin, sizeof cl.bin, "%s/downpour-ps", bin_dir);
+    if (dp_bench_model(&m, c->model, c->bytes / 4, input, sizeof input, err) != 0) return -1;
+    dp_bench_shards_t cl;
+    if (dp_bench_shards_init(&cl, "bench-wire", argv0, err) != 0) return -1;
+    char raw_ep[PATH_MAX + 16];
     pid_t echo = -1;
     void *ctx = NULL, *raw = NULL;
     dp_ps_client_t *pc = NULL;
     s_times_t t = {.n = 0};
     int rc = -1;
     if (s_echo_start(c->transport, cl.dir, &echo, raw_ep, sizeof raw_ep, err) != 0) goto done;
-    if (s_start_servers(&cl, c, &m, input, err) != 0) goto done;
+    dp_bench_shards_conf_t sc = {.shards = c->shards, .ipc = c->transport == 1, .workers = 1,
+                                 .threads = c->threads, .optimizer = c->optimizer,
+                                 .spec = m.spec, .input = input};
+    if (dp_bench_shards_start(&cl, &sc, err) != 0) goto done;
     /* tcp and ipc rows measure frames even on this host */
     dp_ps_client_default_transport(c->transport == 2 ? DP_PS_TRANSPORT_SHM : DP_PS_TRANSPORT_ZMQ);
     dp_ps_client_default_wire(c->bf16);
@@ -362,15 +306,13 @@ done:
     if (ctx) zmq_ctx_term(ctx);
     if (pc && rc == 0) dp_ps_client_shutdown_servers(pc, NULL);
     dp_ps_client_destroy(&pc);
-    s_stop_servers(&cl);
+    dp_bench_shards_stop(&cl);
     if (echo > 0) {
         kill(echo, SIGTERM);
         waitpid(echo, NULL, 0);
     }
     free(t.pull), free(t.push), free(t.raw), free(t.copy);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", cl.dir);
-    if (system(cmd) != 0) dp_log_warn("could not remove %s", cl.dir);
+    dp_bench_shards_fini(&cl);
     return rc;
 }
 
