@@ -274,7 +274,7 @@ DEB_MAINTAINER ?= Downpour maintainers <downpour@localhost>
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
 DEB_DIR  := $(BUILD)/deb
 DEB_FILE := $(BUILD)/downpour_$(DP_VERSION)_$(DEB_ARCH).deb
-DEB_CUDA_NOTE := $() This build has the CUDA backend: it needs NVIDIA's CUDA runtime, cuBLAS and cuDNN.
+DEB_CUDA_NOTE := $() This build has the CUDA backend: it needs the CUDA runtime, cuBLAS and cuDNN from NVIDIA.
 MAN_PAGES := $(patsubst $(BUILD)/%,$(BUILD)/man/%.1.gz,$(BINS))
 # What install and deb need, and their tests: test_deb (dpkg-dev, help2man),
 # test_systemd (systemd's systemd-analyze; nothing is started), test_k8s
