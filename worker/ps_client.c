@@ -966,7 +966,8 @@ static int s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
         a->st.staleness_mean = s->staleness_mean;
         a->st.staleness_max = s->staleness_max;
         a->st.staleness_bins = s->n_staleness_hist < DP_STATS_HIST_BINS ? s->n_staleness_hist : DP_STATS_HIST_BINS;
-        memcpy(a->st.staleness_hist, s->staleness_hist, a->st.staleness_bins * sizeof(uint64_t));
+        if (a->st.staleness_bins) /* an empty repeated field is NULL */
+            memcpy(a->st.staleness_hist, s->staleness_hist, a->st.staleness_bins * sizeof(uint64_t));
         a->finished = s->workers_finished;
         a->gone = s->workers_gone;
         a->num_workers = s->num_workers;

@@ -62,6 +62,7 @@ static void test_json(void)
     CHECK_EQ(back.total, 3);
     CHECK_EQ(back.sum, 6);
     CHECK_EQ(back.max, 4);
+    dp_staleness_fini(&back); /* from_json starts from an empty histogram */
     cJSON *bad = cJSON_Parse("[1,-2]");
     CHECK_EQ(dp_staleness_from_json(&back, bad, err), -1);
     CHECK(strstr(err, "bin 1") != NULL);
