@@ -4,11 +4,13 @@
  * It starts K real downpour-ps shards on loopback (async, one worker, each
  * binding a free port or an ipc path and saying which in its --ready-file),
  * connects one client as worker 0, and times pulls and pushes of the whole
- * parameter vector. In the same run a child process of its own echoes a
+ * parameter vector: a pull as the CPU worker makes it, each tensor lent from
+ * ZeroMQ's receive buffer (dp_ps_client_pull_to), and beside it a pull
+ * copied into a buffer of the caller's. In the same run a child process of its own echoes a
  * message of the same bytes over a DEALER / ROUTER pair: one raw round trip
  * moves what one pull plus one push move, so
  *     ratio = (pull + push) / raw round trip.
- * Rounds alternate (pull, push, raw echo, memcpy) so that other load on the
+ * Rounds alternate (pulls, push, raw echo, memcpy) so that other load on the
  * machine falls on both sides; every figure is a median over the rounds
  * after the warm-up. With --json the last line is one JSON object. */
 #include <errno.h>
@@ -49,6 +51,7 @@ typedef struct {
 
 typedef struct {
     double *pull, *push, *raw, *copy; /* ms per measured round */
+    double *pull_copy;      /* a pull into a buffer of the caller's */
     int n;
 } s_times_t;
 
@@ -179,7 +182,26 @@ static double s_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Rounds of pull, push, raw echo and memcpy, interleaved. */
+/* The lent pull's sink: counts what arrives (the whole vector, checked
+ * after each pull) and touches nothing, as ZeroMQ's raw receive does not. */
+static void s_count_sink(void *arg, size_t off, const float *data, size_t n)
+{
+    (void)off, (void)data;
+    *(size_t *)arg += n;
+}
+
+/* A lent pull; ms, or -1 with err. */
+static double s_pull_lent(dp_ps_client_t *pc, size_t n, char *err)
+{
+    size_t got = 0;
+    double t0 = dp_now();
+    if (dp_ps_client_pull_to(pc, s_count_sink, &got, err) != 0) return -1;
+    double t1 = dp_now();
+    if (got != n) return dp_err(err, "a pull delivered %zu of %zu floats", got, n);
+    return (t1 - t0) * 1e3;
+}
+
+/* Rounds of pulls, push, raw echo and memcpy, interleaved. */
 static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n, s_times_t *t,
                      char *err)
 {
@@ -192,6 +214,9 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         dp_push_result_t res;
         double t0 = dp_now();
         if (dp_ps_client_pull(pc, params, err) != 0) rc = -1;
+        double pull_copy = (dp_now() - t0) * 1e3;
+        double pull = rc == 0 ? s_pull_lent(pc, n, err) : -1;
+        if (pull < 0) rc = -1;
         double t1 = dp_now();
         if (rc == 0 && dp_ps_client_push(pc, grads, 0.0f, 1, &res, err) != 0) rc = -1;
         double t2 = dp_now();
@@ -203,7 +228,8 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         __asm__ volatile("" : : "r"(copy) : "memory"); /* the copy counts as read */
         double t4 = dp_now();
         if (r < c->warmup || rc != 0) continue;
-        t->pull[t->n] = (t1 - t0) * 1e3;
+        t->pull[t->n] = pull;
+        t->pull_copy[t->n] = pull_copy;
         t->push[t->n] = (t2 - t1) * 1e3;
         t->raw[t->n] = echo;
         t->copy[t->n] = (t4 - t3) * 1e3;
@@ -225,6 +251,8 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     for (int i = 0; i < t->n; i++) sum[i] = t->pull[i] + t->push[i];
     double rt = s_median(sum, t->n), raw = s_median(t->raw, t->n), cp = s_median(t->copy, t->n);
     double pull = s_median(t->pull, t->n), push = s_median(t->push, t->n);
+    for (int i = 0; i < t->n; i++) sum[i] = t->pull_copy[i] + t->push[i];
+    double rt_copy = s_median(sum, t->n), pull_copy = s_median(t->pull_copy, t->n);
     free(sum);
     double mb = (double)m->n_floats * 4 / 1e6;
     printf("wire: %.2f MB of parameters, %d shard%s, %s, optimizer %s; medians of %d rounds\n", mb,
@@ -232,6 +260,8 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
            c->optimizer, t->n);
     printf("  pull %.3f ms   push %.3f ms   pull+push %.3f ms\n", pull, push, rt);
     printf("  plain ZeroMQ round trip of the same bytes %.3f ms   ratio %.2fx\n", raw, rt / raw);
+    printf("  a pull copied into the caller's buffer %.3f ms   ratio with it %.2fx\n", pull_copy,
+           rt_copy / raw);
     printf("  memcpy of the same bytes %.3f ms (%.1f GB/s); pull + push against two memcpys %.2fx\n",
            cp, mb / cp, rt / (2 * cp));
     if (!c->json) return;
@@ -249,6 +279,8 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     cJSON_AddNumberToObject(o, "roundtrip_ms", dp_metrics_round(rt, 4));
     cJSON_AddNumberToObject(o, "raw_zmq_roundtrip_ms", dp_metrics_round(raw, 4));
     cJSON_AddNumberToObject(o, "ratio", dp_metrics_round(rt / raw, 3));
+    cJSON_AddNumberToObject(o, "pull_copy_ms", dp_metrics_round(pull_copy, 4));
+    cJSON_AddNumberToObject(o, "ratio_copy", dp_metrics_round(rt_copy / raw, 3));
     cJSON_AddNumberToObject(o, "memcpy_ms", dp_metrics_round(cp, 4));
     /* a pull and a push move the vector twice, so two memcpys are the
      * memory-speed floor of one round */
@@ -290,6 +322,7 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
         goto done;
     }
     t.pull = dp_malloc(sizeof(double) * (size_t)c->rounds);
+    t.pull_copy = dp_malloc(sizeof(double) * (size_t)c->rounds);
     t.push = dp_malloc(sizeof(double) * (size_t)c->rounds);
     t.raw = dp_malloc(sizeof(double) * (size_t)c->rounds);
     t.copy = dp_malloc(sizeof(double) * (size_t)c->rounds);
@@ -311,7 +344,7 @@ done:
         kill(echo, SIGTERM);
         waitpid(echo, NULL, 0);
     }
-    free(t.pull), free(t.push), free(t.raw), free(t.copy);
+    free(t.pull), free(t.pull_copy), free(t.push), free(t.raw), free(t.copy);
     dp_bench_shards_fini(&cl);
     return rc;
 }

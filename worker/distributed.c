@@ -95,14 +95,31 @@ static void s_maybe_eval(dp_session_t *s, long done, long total)
     dp_session_log_eval(s, done, acc, loss);
 }
 
+/* ---- the weights from the servers into the network --------------------- */
+
+static void s_params_sink(void *arg, size_t off, const float *data, size_t n)
+{
+    dp_net_set_params_range(arg, off, data, n);
+}
+
+/* A pull straight into the network's parameters. Host memory takes them
+ * from ZeroMQ's receive buffer (one copy, not two); a device uploads from
+ * the pinned h_params, the fast path for its copy engine. */
+static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
+{
+    if (s->be->host_memory) return dp_ps_client_pull_to(ps, s_params_sink, &s->net, err);
+    if (dp_ps_client_pull(ps, s->h_params, err) != 0) return -1;
+    dp_net_set_params(&s->net, s->h_params);
+    return 0;
+}
+
 /* The chief's end of the run. */
 static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
                           long steps, double train_s, double images, char *err)
 {
     if (dp_ps_client_wait_all_finished(ps, s->conf.timeout_s * 10, err) != 0)
         dp_log_warn("not every worker finished: %s", err);
-    if (dp_ps_client_pull(ps, s->h_params, err) != 0) return -1;
-    dp_net_set_params(&s->net, s->h_params);
+    if (s_pull_into_net(s, ps, err) != 0) return -1;
     double acc = 0, loss = 0;
     dp_session_evaluate(s, 0, &acc, &loss);
     dp_session_log_eval(s, steps, acc, loss);
@@ -205,10 +222,9 @@ static int s_loop_plain(s_loop_t *L, char *err)
     while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
         if (L->stop && *L->stop) return dp_err(err, "interrupted at step %ld", step);
         double t0 = dp_now();
-        if (dp_ps_client_pull(L->ps, s->h_params, err) != 0) return -1;
+        if (s_pull_into_net(s, L->ps, err) != 0) return -1;
         double t1 = dp_now();
         uint64_t version = dp_ps_client_version(L->ps);
-        dp_net_set_params(&s->net, s->h_params);
         /* the gradient lands in the push buffer as the backward pass goes */
         float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch,
                                               s->h_grads);

@@ -83,6 +83,8 @@ struct dp_ps_client {
     uint64_t updates_lost;  /* versions the shards went back by when they restarted */
     dp_ps_transport_t transport; /* how tensors travel (dp_ps_client_default_transport) */
     int bf16;               /* tensors in frames as bfloat16 (dp_ps_client_default_wire) */
+    float *landing;         /* m->n_floats, made on first use: a sink's tensors that cannot
+                             * be lent as received (bfloat16, misaligned, shared memory) */
 };
 
 /* dp_ps_client_default_stop_flag: what each new client's stop starts as. */
@@ -721,11 +723,64 @@ static void s_build_pull(dp_ps_client_t *c, int i, s_req_t *rq, void *arg)
     if (c->bf16 && !c->sh[i].shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
 }
 
+/* Where a pull's weights go: into params, or each tensor lent to a sink. */
+typedef struct {
+    float *params;               /* NULL: to the sink */
+    dp_ps_params_sink_fn sink;
+    void *sink_arg;
+} s_pull_dest_t;
+
+/* The floats [off, off + n) of the vector at src, to the pull's destination:
+ * src is params itself, the client's landing buffer, or a received frame. */
+static void s_deliver(const s_pull_dest_t *to, size_t off, const float *src, size_t n)
+{
+    if (to->params) {
+        if (src != to->params + off) memcpy(to->params + off, src, n * sizeof(float));
+    } else
+        to->sink(to->sink_arg, off, src, n);
+}
+
+/* Shard i's tensors through shared memory (s->torn set, and the rest left,
+ * when a step raced the copy). */
+static void s_params_from_shm(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                              const s_pull_dest_t *to)
+{
+    s_shard_t *s = &c->sh[i];
+    float *dst = to->params ? to->params : c->landing;
+    for (size_t f = 0; f < env->n_tensors; f++) {
+        const Downpour__TensorDesc *d = env->tensors[f];
+        size_t n = d->byte_length / 4;
+        if (!dp_shm_read(&s->shm_params, (int)env->params->shm_slot, env->params->shm_seq,
+                         (size_t)(d->offset - s->lo), dst + d->offset, n)) {
+            s->torn = 1; /* the pull goes again */
+            return;
+        }
+        s_deliver(to, d->offset, dst + d->offset, n);
+    }
+}
+
+/* A frame's floats: lent in place when they are float32 at a float-aligned
+ * address (ZeroMQ's receive buffer may start anywhere), else widened or
+ * copied into params or the landing buffer first. */
+static void s_params_from_frame(dp_ps_client_t *c, const Downpour__TensorDesc *d,
+                                const dp_wire_frame_t *fr, const s_pull_dest_t *to)
+{
+    size_t n = (size_t)dp_wire_desc_count(d);
+    if (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 && ((uintptr_t)fr->data & 3) == 0) {
+        s_deliver(to, d->offset, fr->data, n);
+        return;
+    }
+    float *dst = (to->params ? to->params : c->landing) + d->offset;
+    if (d->dtype == DOWNPOUR__DTYPE__BFLOAT16) dp_wire_from_bf16(dst, fr->data, n);
+    else memcpy(dst, fr->data, fr->len);
+    s_deliver(to, d->offset, dst, n);
+}
+
 static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                        const dp_wire_frame_t *frames, int nf, void *arg, char *err)
 {
     s_shard_t *s = &c->sh[i];
-    float *params = arg;
+    const s_pull_dest_t *to = arg;
     char e2[DP_ERR_LEN];
     if (env->type == DOWNPOUR__MSG_TYPE__ERROR)
         return dp_err(err, "%s: %s", s->endpoint, env->error->message);
@@ -737,21 +792,10 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
         if (!s->shm || env->params->shm_slot >= DP_SHM_PARAM_SLOTS)
             return dp_err(err, "%s: PARAMS through shared memory we do not have (slot %u)",
                           s->endpoint, env->params->shm_slot);
-        for (size_t f = 0; f < env->n_tensors; f++) {
-            const Downpour__TensorDesc *d = env->tensors[f];
-            if (!dp_shm_read(&s->shm_params, (int)env->params->shm_slot, env->params->shm_seq,
-                             (size_t)(d->offset - s->lo), params + d->offset, d->byte_length / 4)) {
-                s->torn = 1; /* a step raced the copy: the pull goes again */
-                return 0;
-            }
-        }
+        s_params_from_shm(c, i, env, to);
+        if (s->torn) return 0;
     }
-    for (int f = 0; f < nf; f++) {
-        const Downpour__TensorDesc *d = env->tensors[f];
-        if (d->dtype == DOWNPOUR__DTYPE__BFLOAT16)
-            dp_wire_from_bf16(params + d->offset, frames[f].data, (size_t)dp_wire_desc_count(d));
-        else memcpy(params + d->offset, frames[f].data, frames[f].len);
-    }
+    for (int f = 0; f < nf; f++) s_params_from_frame(c, env->tensors[f], &frames[f], to);
     s->version = env->params->version;
     s_seen(s, s->version);
     s->pulled = 1;
@@ -762,10 +806,10 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
  * tries, then it is an error rather than a livelock. */
 #define S_TORN_TRIES 16
 
-int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
+static int s_pull(dp_ps_client_t *c, s_pull_dest_t *to, char *err)
 {
     s_plan_t pull = {.type = DOWNPOUR__MSG_TYPE__PULL, .n_shards = c->n,
-                     .build = s_build_pull, .on_reply = s_on_params, .arg = params};
+                     .build = s_build_pull, .on_reply = s_on_params, .arg = to};
     for (int t = 0; t < S_TORN_TRIES; t++) {
         int torn = 0;
         for (int i = 0; i < c->n; i++) c->sh[i].torn = 0;
@@ -774,6 +818,19 @@ int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
         if (!torn) return 0;
     }
     return dp_err(err, "shared memory: %d pulls in a row raced the servers' steps", S_TORN_TRIES);
+}
+
+int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
+{
+    s_pull_dest_t to = {.params = params};
+    return s_pull(c, &to, err);
+}
+
+int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err)
+{
+    if (!c->landing) c->landing = dp_aligned_alloc(c->m->n_floats * sizeof(float));
+    s_pull_dest_t to = {.sink = sink, .sink_arg = arg};
+    return s_pull(c, &to, err);
 }
 
 /* ---- push ------------------------------------------------------------- */
@@ -1104,6 +1161,7 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
         }
     }
     free(c->sh);
+    free(c->landing);
     free(c);
     *c_p = NULL;
 }

@@ -115,6 +115,18 @@ int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp
  * ssp); remembers each shard's version for the next push. */
 int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err);
 
+/* Receives the [off, off + n) floats of the parameter vector; data is valid
+ * only during the call. */
+typedef void (*dp_ps_params_sink_fn)(void *arg, size_t off, const float *data, size_t n);
+
+/* The same pull without the copy into a caller's buffer: each received
+ * tensor is lent to sink where it lies in ZeroMQ's receive buffer (float32
+ * frames at an aligned address), else first widened or copied into a
+ * buffer of the client's own. Every float of the vector reaches the sink
+ * once per pull (more often when a shared-memory copy raced a step and the
+ * pull went again). */
+int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
+
 /* Each shard's slice of grads, stamped with the versions of the last pull;
  * waits for all ACKs. grads must stay untouched until it returns. A shard
  * refusing the gradient (ACK rejected, or an ERROR reply) counts in

@@ -191,6 +191,7 @@ int dp_backend_cpu_new(dp_backend_t **out, char *err)
     dp_backend_t *be = dp_calloc(1, sizeof *be);
     be->name = "cpu";
     be->impl = NULL;
+    be->host_memory = 1;
     be->prepare = s_prepare;
     be->alloc = s_alloc;
     be->release = s_release;

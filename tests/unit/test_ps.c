@@ -1040,10 +1040,93 @@ static void test_shm_granted(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
+/* dp_ps_client_pull_to: what reaches the sink is what a pull into a buffer
+ * gets, every float exactly once, over two shards, for frames in float32
+ * (lent from ZeroMQ's buffer, or copied first when a small message starts
+ * at an odd byte of ZeroMQ's shared receive buffer), bfloat16 (widened) and
+ * shared memory. */
+typedef struct {
+    float *dst;
+    unsigned char *seen; /* times each float arrived */
+    size_t n;
+    int out_of_range;
+} s_sink_t;
+
+static void s_sink(void *arg, size_t off, const float *data, size_t n)
+{
+    s_sink_t *k = arg;
+    if (off + n > k->n) {
+        k->out_of_range = 1;
+        return;
+    }
+    memcpy(k->dst + off, data, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) k->seen[off + i]++;
+}
+
+static void s_pull_to_case(const char *eps, const dp_model_t *m, dp_ps_transport_t transport,
+                           int bf16, int worker)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    dp_ps_client_default_transport(transport);
+    dp_ps_client_default_wire(bf16);
+    CHECK_EQ(dp_ps_client_new(&c, eps, m, worker, TMO, NULL, err), 0);
+    dp_ps_client_default_wire(0);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    if (!c) return;
+    CHECK_EQ(dp_ps_client_shm_shards(c), transport == DP_PS_TRANSPORT_SHM ? 2 : 0);
+    size_t n = m->n_floats;
+    float *want = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    s_sink_t k = {dp_calloc(n, 4), dp_calloc(n, 1), n, 0};
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_pull(c, want, err), 0);
+    srv_fill(g, n, 11 + worker);
+    CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+    CHECK_EQ(r.applied, 2);
+    CHECK_EQ(dp_ps_client_pull(c, want, err), 0);
+    CHECK_EQ(dp_ps_client_pull_to(c, s_sink, &k, err), 0);
+    CHECK_EQ(k.out_of_range, 0);
+    size_t once = 0;
+    for (size_t i = 0; i < n; i++) once += k.seen[i] == 1;
+    CHECK_EQ(once, n);
+    CHECK_CLOSE("lent pull = pull into a buffer", k.dst, want, n, 0, 0);
+    free(want), free(g), free(k.dst), free(k.seen);
+    dp_ps_client_destroy(&c);
+}
+
+static void test_pull_to(void)
+{
+    s_small_model();
+#define S_WIDE_SPEC "fc:10 softmax"
+    dp_model_t wide; /* 164 kB on 64x64 inputs: each shard's frame is a message buffer of its own */
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_model_parse(&wide, S_WIDE_SPEC, 1, 64, 64, err), 0);
+    const dp_model_t *models[2] = {&s_small, &wide};
+    for (int k = 0; k < 2; k++) {
+        srv_t s[2];
+        char eps[600];
+        for (int i = 0; i < 2; i++) {
+            srv_init(&s[i], DP_MODE_ASYNC, 3);
+            if (k == 1) {
+                snprintf(s[i].cfg.model_spec, sizeof s[i].cfg.model_spec, S_WIDE_SPEC);
+                s[i].cfg.in_h = s[i].cfg.in_w = 64;
+            }
+            s[i].cfg.shard_count = 2;
+            s[i].cfg.shard_index = i;
+            CHECK_EQ(srv_start(&s[i]), 0);
+        }
+        snprintf(eps, sizeof eps, "%s,%s", s[0].endpoint, s[1].endpoint);
+        s_pull_to_case(eps, models[k], DP_PS_TRANSPORT_ZMQ, 0, 0);
+        s_pull_to_case(eps, models[k], DP_PS_TRANSPORT_ZMQ, 1, 1);
+        s_pull_to_case(eps, models[k], DP_PS_TRANSPORT_SHM, 0, 2);
+        for (int i = 0; i < 2; i++) CHECK_EQ(srv_stop(&s[i]), 0);
+    }
+}
+
 DP_TESTS(T(test_async_sgd_exact), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
          T(test_sync_heartbeat_timeout), T(test_ssp_zero_lockstep), T(test_two_shards_equal_one),
          T(test_fingerprint_mismatch), T(test_nan_rejected), T(test_malformed_envelopes),
          T(test_oversized_refused),
          T(test_checkpoint_restore), T(test_corrupt_checkpoint), T(test_dead_server_times_out),
          T(test_parse_args), T(test_frames_transport), T(test_shm_granted),
-         T(test_bf16_wire), T(test_roundtrip_time))
+         T(test_bf16_wire), T(test_pull_to), T(test_roundtrip_time))
