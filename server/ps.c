@@ -135,36 +135,15 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
     s_reply_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
-/* PARAMS in bfloat16 (--wire bf16): the version converted once, sent as is. */
-static void s_reply_params_bf16(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how)
-{
-    dp_snap_t *s = dp_shard_snapshot_bf16(&ps->shard); /* our reference goes to ZeroMQ */
-    Downpour__Envelope env;
-    s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
-    Downpour__Params p = DOWNPOUR__PARAMS__INIT;
-    p.version = s->version;
-    env.params = &p;
-    Downpour__TensorDesc d;
-    Downpour__TensorDesc *dv[1] = {&d};
-    int64_t shape[1];
-    dp_wire_desc_fill(&d, shape, "params", NULL, ps->shard.n, ps->shard.lo, 1, 0);
-    dp_wire_desc_bf16(&d, (const uint16_t *)s->data, how == S_PARAMS_CRC);
-    env.n_tensors = 1;
-    env.tensors = dv;
-    dp_wire_payload_t pl = {s->data, ps->shard.n * 2, dp_snap_unref, s};
-    s_send(ps, id, &env, &pl, 1);
-}
-
-/* The live buffer goes to ZeroMQ as it is (its reference with it); the
- * shard writes the next version elsewhere while ZeroMQ holds it. A shared-
- * memory reader is told the slot instead. */
+/* PARAMS: the live buffer goes to ZeroMQ as it is (its reference with it);
+ * the shard writes the next version elsewhere while ZeroMQ holds it. In
+ * bfloat16 (--wire bf16) the version is converted once and sent as is. A
+ * shared-memory reader is told the slot instead of getting a frame. */
 static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how, int bf16)
 {
-    if (bf16 && how != S_PARAMS_SHM) {
-        s_reply_params_bf16(ps, id, req, worker, how);
-        return;
-    }
-    dp_snap_t *s = dp_shard_snapshot(&ps->shard); /* our reference goes to ZeroMQ */
+    bf16 = bf16 && how != S_PARAMS_SHM;
+    dp_snap_t *s = bf16 ? dp_shard_snapshot_bf16(&ps->shard) : dp_shard_snapshot(&ps->shard);
+    size_t n = ps->shard.n; /* floats of the shard (s->n counts bfloat16 pairs) */
     Downpour__Envelope env;
     s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
     Downpour__Params p = DOWNPOUR__PARAMS__INIT;
@@ -173,9 +152,11 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
     Downpour__TensorDesc d;
     Downpour__TensorDesc *dv[1] = {&d};
     int64_t shape[1];
-    dp_wire_desc_fill(&d, shape, "params", s->data, s->n, ps->shard.lo, 1,
-                      how == S_PARAMS_CRC ? dp_snap_crc(s) : 0);
-    if (how != S_PARAMS_CRC) dp_wire_desc_no_checksum(&d);
+    int crc = how == S_PARAMS_CRC;
+    dp_wire_desc_fill(&d, shape, "params", bf16 ? NULL : s->data, n, ps->shard.lo, 1,
+                      crc && !bf16 ? dp_snap_crc(s) : 0);
+    if (bf16) dp_wire_desc_bf16(&d, (const uint16_t *)s->data, crc);
+    else if (!crc) dp_wire_desc_no_checksum(&d);
     env.n_tensors = 1;
     env.tensors = dv;
     if (how == S_PARAMS_SHM && ps->shm && dp_ps_shm_params(ps->shm, &p.shm_slot, &p.shm_seq)) {
@@ -184,7 +165,7 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
         dp_snap_unref(NULL, s);
         return;
     }
-    dp_wire_payload_t pl = {s->data, s->n * sizeof(float), dp_snap_unref, s};
+    dp_wire_payload_t pl = {s->data, n * (bf16 ? 2 : sizeof(float)), dp_snap_unref, s};
     s_send(ps, id, &env, &pl, 1);
 }
 
