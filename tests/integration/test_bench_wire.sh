@@ -12,7 +12,8 @@ fields_ok() { # file: the last line is JSON with every field, medians > 0
     tail -n 1 "$1" | "$TORCH_PY" -c '
 import json, sys
 o = json.loads(sys.stdin.read())
-need = ["bytes", "shards", "pull_ms", "push_ms", "roundtrip_ms", "raw_zmq_roundtrip_ms", "ratio"]
+need = ["bytes", "shards", "pull_ms", "push_ms", "roundtrip_ms", "raw_zmq_roundtrip_ms", "ratio",
+        "pull_copy_ms", "ratio_copy"]
 missing = [k for k in need if k not in o]
 assert not missing, "missing %s" % missing
 assert all(o[k] > 0 for k in need), o
