@@ -25,7 +25,7 @@ typedef struct dp_backend dp_backend_t;
 struct dp_backend {
     const char *name;  /* "cpu", "cuda:0" */
     void *impl;        /* backend private state */
-    int host_memory;   /* d_* pointers are host memory: upload from anywhere is a memcpy */
+    int host_memory;   /* d_* pointers are host memory the caller may read and write */
 
     /* Plan for model m at batches up to max_batch. Called once, before ops. */
     int (*prepare)(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err);

@@ -97,17 +97,13 @@ static void s_maybe_eval(dp_session_t *s, long done, long total)
 
 /* ---- the weights from the servers into the network --------------------- */
 
-static void s_params_sink(void *arg, size_t off, const float *data, size_t n)
-{
-    dp_net_set_params_range(arg, off, data, n);
-}
-
-/* A pull straight into the network's parameters. Host memory takes them
- * from ZeroMQ's receive buffer (one copy, not two); a device uploads from
- * the pinned h_params, the fast path for its copy engine. */
+/* A pull straight into the network's parameters. On the CPU they are host
+ * memory, so the pull writes them directly: one copy per pull from
+ * ZeroMQ's buffer or the shard's shared-memory slot, not two. A device
+ * uploads from the pinned h_params, the fast path for its copy engine. */
 static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
 {
-    if (s->be->host_memory) return dp_ps_client_pull_to(ps, s_params_sink, &s->net, err);
+    if (s->be->host_memory) return dp_ps_client_pull(ps, s->net.d_params, err);
     if (dp_ps_client_pull(ps, s->h_params, err) != 0) return -1;
     dp_net_set_params(&s->net, s->h_params);
     return 0;

@@ -55,11 +55,6 @@ void dp_net_set_params(dp_net_t *net, const float *params)
     net->be->upload(net->be, net->d_params, params, net->m->n_floats * sizeof(float));
 }
 
-void dp_net_set_params_range(dp_net_t *net, size_t off, const float *params, size_t n)
-{
-    net->be->upload(net->be, net->d_params + off, params, n * sizeof(float));
-}
-
 void dp_net_get_params(dp_net_t *net, float *params)
 {
     net->be->download(net->be, params, net->d_params, net->m->n_floats * sizeof(float));

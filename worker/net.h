@@ -33,8 +33,6 @@ void dp_net_fini(dp_net_t *net);
 
 /* Copy the whole parameter vector from / to host memory. */
 void dp_net_set_params(dp_net_t *net, const float *params);
-/* Floats [off, off + n) of the parameter vector from host memory. */
-void dp_net_set_params_range(dp_net_t *net, size_t off, const float *params, size_t n);
 void dp_net_get_params(dp_net_t *net, float *params);
 void dp_net_get_grads(dp_net_t *net, float *grads);
 
