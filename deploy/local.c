@@ -85,6 +85,7 @@ typedef struct {
     dp_child_t kids[2 * DP_LOCAL_MAX];
     int n_kids;
     int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
+    int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = cores / K */
     const char *record;          /* --record FILE: the run's schedule (shards' records merged) */
     dp_local_keys_t keys;
 } dp_local_t;
@@ -301,6 +302,9 @@ static void s_options(dp_local_t *L)
                     "worker processes (default 2; with --gpus, one per listed GPU)"),
         DP_FLAG_NUM("ps-shards", DP_OPTS_INT, "K", &L->shards, 1, DP_LOCAL_MAX, 0,
                     "parameter-server processes, each owning a slice (default 1)"),
+        DP_FLAG_NUM("ps-threads", DP_OPTS_INT, "N", &L->ps_threads, 1, 256, 0,
+                    "each shard's optimizer threads (downpour-ps --threads; default:\n"
+                    "the host's cores / K); --threads is the workers' kernel threads"),
         DP_FLAG_STR("gpus", "LIST", &L->gpus, 0, "one worker per listed GPU (cuda:K); default: CPU workers"),
         DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
                      "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
@@ -546,7 +550,8 @@ static int s_start_servers(dp_local_t *L, char *err)
     snprintf(nworkers, sizeof nworkers, "%d", L->workers);
     /* the shards share the host's cores for their optimizer sweeps */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(threads, sizeof threads, "%ld", cores / L->shards > 0 ? cores / L->shards : 1);
+    long per_shard = L->ps_threads > 0 ? L->ps_threads : cores / L->shards;
+    snprintf(threads, sizeof threads, "%ld", per_shard > 0 ? per_shard : 1);
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
@@ -563,7 +568,7 @@ static int s_start_servers(dp_local_t *L, char *err)
         av[n++] = "--workers"; av[n++] = nworkers;
         av[n++] = "--input"; av[n++] = L->input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
-        av[n++] = "--threads"; av[n++] = threads; /* a --threads given last wins */
+        av[n++] = "--threads"; av[n++] = threads;
         if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
         char record[PATH_MAX];
         if (L->record) {

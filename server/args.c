@@ -165,7 +165,9 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_NUM("startup-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->startup_timeout, 0, 1e7, P,
                     "fail naming the workers that did not say HELLO by then\n"
                     "(default 0: wait forever)"),
-        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 256, P,
+        /* not passed on by `downpour local`: there --threads is the
+         * workers' and --ps-threads the shards' */
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 256, 0,
                     "threads of the optimizer sweep over the shard (default:\n"
                     "one per core, at most 4; 1 for a small shard)"),
         DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", &c->checkpoint_every, 0, 1L << 40, P,

@@ -38,6 +38,7 @@
 #include "server/auth.h"
 #include "server/members.h"
 #include "server/policy.h"
+#include "server/pool.h"
 #include "server/record.h"
 #include "server/ps_shm.h"
 #include "server/shard.h"
@@ -831,12 +832,13 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
     if (cfg->ready_file[0] &&
         dp_write_file_atomic(cfg->ready_file, ps->endpoint, strlen(ps->endpoint), err) != 0)
         return -1;
-    dp_log_info("shard %d/%d on %s: floats [%zu, %zu) of %zu, %s, %d workers, R=%d, S=%d, %s lr %g, version %" PRIu64
-                ", incarnation %016" PRIx64,
+    dp_log_info("shard %d/%d on %s: floats [%zu, %zu) of %zu, %s, %d workers, R=%d, S=%d, %s lr %g, "
+                "%d optimizer thread%s, version %" PRIu64 ", incarnation %016" PRIx64,
                 cfg->shard_index, cfg->shard_count, ps->endpoint, ps->shard.lo, ps->shard.hi,
                 ps->shard.model.n_floats, dp_mode_name(cfg->mode), ps->members.n,
                 ps->policy->conf.replicas, cfg->staleness, dp_optim_kind_name(cfg->optim.kind),
-                dp_optim_base_lr(&cfg->optim), ps->shard.version, ps->incarnation);
+                dp_optim_base_lr(&cfg->optim), dp_pool_size(ps->shard.pool),
+                dp_pool_size(ps->shard.pool) > 1 ? "s" : "", ps->shard.version, ps->incarnation);
     return 0;
 }
 

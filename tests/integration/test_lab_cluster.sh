@@ -8,6 +8,7 @@
 #  - a run under another schedule (a straggler) records another schedule and
 #    ends with other weights
 #  - sync with a backup worker replays bit for bit too
+#  - the record holds the workers' --threads as given, and replays
 #  - a damaged record is refused with one line; no record is left by a
 #    shard that was killed (only its .tmp)
 #  - downpour sim --json: its last line has the promised fields; a bad
@@ -53,6 +54,14 @@ check "... and ends with other weights" bash -c "! cmp -s '$TMP/a/model.safetens
 check "local sync (R = 2 of 3) --record exits 0" test $? = 0
 "$D" replay "$TMP/s.rec" --out "$TMP/rs" >"$TMP/rs.log" 2>&1
 check "sync replay: bit-identical weights" cmp "$TMP/s/model.safetensors" "$TMP/rs/model.safetensors"
+
+# The record holds the workers' --threads as given (it once held the
+# launcher's default, cores / workers, whatever was given).
+"$D" local --workers 1 --threads 1 --steps 6 "${tiny[@]}" --out "$TMP/t1" --record "$TMP/t1.rec" >"$TMP/t1.log" 2>&1
+check "local --workers 1 --threads 1 --record exits 0" test $? = 0
+check "... the record says 1 thread" grep -q '"threads":1[,}]' "$TMP/t1.rec"
+"$D" replay "$TMP/t1.rec" --out "$TMP/rt1" >"$TMP/rt1.log" 2>&1
+check "... and replays bit for bit" cmp "$TMP/t1/model.safetensors" "$TMP/rt1/model.safetensors"
 
 # Damaged records: one line each, nothing written.
 head -c -40 "$TMP/a.rec" >"$TMP/cut.rec"

@@ -4,6 +4,8 @@
 #  - sync with 2 workers at batch b == standalone at batch 2b (same samples,
 #    same order): the weights agree to float tolerance
 #  - sync with 2 shards == sync with 1 shard
+#  - the shards' optimizer threads: cores / K, or --ps-threads (--threads is
+#    the workers')
 #  - async with 1 worker == standalone, bit for bit
 #  - async and ssp train; every push is applied, dropped or rejected
 #  - ssp --staleness 0 runs in lockstep
@@ -24,7 +26,7 @@ compare() { "$TORCH_PY" tests/integration/compare_st.py "$@" >"$TMP/compare.log"
 "$BIN/downpour-worker" --standalone --steps 12 --batch 64 --seed 5 --optimizer momentum --lr 0.01 --momentum 0.9 \
     --no-progress --save "$TMP/sa.safetensors" >"$TMP/sa.log" 2>&1
 check "standalone at batch 64" test $? = 0
-"$L" local --workers 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync1" >"$TMP/sync1.log" 2>&1
+"$L" local --workers 2 --mode sync --batch 32 --steps 12 --threads 1 "${common[@]}" --out "$TMP/sync1" >"$TMP/sync1.log" 2>&1
 check "local sync, 2 workers, batch 32" test $? = 0
 check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model.safetensors" "$TMP/sa.safetensors" --rtol 2e-3 --atol 2e-5
 
@@ -43,9 +45,16 @@ check "async(1 worker) weights == standalone weights, bit for bit" compare "$TMP
 "$L" local --workers 1 --mode async --overlap off --batch 32 --steps 12 --seed 5 --no-progress --out "$TMP/async1adam" >"$TMP/async1adam.log" 2>&1
 check "async(1 worker) == standalone with the defaults (adam, cosine), bit for bit" compare "$TMP/async1adam/model.safetensors" "$TMP/sa32adam.safetensors" --rtol 0 --atol 0
 
-"$L" local --workers 2 --ps-shards 2 --mode sync --batch 32 --steps 12 "${common[@]}" --out "$TMP/sync2" >"$TMP/sync2.log" 2>&1
+"$L" local --workers 2 --ps-shards 2 --mode sync --batch 32 --steps 12 --threads 1 --ps-threads 1 \
+    "${common[@]}" --out "$TMP/sync2" >"$TMP/sync2.log" 2>&1
 check "local sync, 2 shards" test $? = 0
 check "sync with 2 shards == sync with 1 shard" compare "$TMP/sync2/model.safetensors" "$TMP/sync1/model.safetensors" --rtol 1e-5 --atol 1e-7
+# The shards' optimizer threads: the host's cores / K by default,
+# --ps-threads when given; --threads is the workers' alone.
+check "a lone shard gets every core for its sweep (--threads 1 is the workers')" \
+    grep -q ", $(nproc) optimizer thread" "$TMP/sync1/logs/ps-0.log"
+check "--ps-threads 1 reaches both shards" \
+    bash -c "grep -q ', 1 optimizer thread,' '$TMP/sync2/logs/ps-0.log' && grep -q ', 1 optimizer thread,' '$TMP/sync2/logs/ps-1.log'"
 
 # Every push is accounted for.
 pushes() { cat "$1"/metrics/worker-*.jsonl | grep -c '"status"'; }
