@@ -5,7 +5,10 @@
 #   standalone   downpour-worker --standalone, 1 thread
 #   overlap on   downpour local --workers 1 --mode async --threads 1 --overlap on
 #   overlap off  the same with --overlap off (pull, compute, push in turn)
-# each at batch 64 for the same steps on Fashion-MNIST. The figure is each
+# each at batch 64 for the same steps on Fashion-MNIST. The worker computes
+# on 1 thread like the standalone trainer; the shard's optimizer takes
+# `downpour local`'s default, the host's cores (BENCH_OVERLAP_PS_ARGS, e.g.
+# "--ps-threads 1", changes it). The figure is each
 # run's summary.json images_per_s (the training loop only: no start-up, no
 # evaluation); the table gives medians over the rounds, the median of the
 # per-round ratios to standalone, and the test accuracy of each column (the
@@ -14,7 +17,8 @@
 # CPUs; tests/bench/run.sh says more), unless the environment sets one.
 #
 # Knobs (environment): BUILD (build), BENCH_OUT ($BUILD/bench),
-# BENCH_OVERLAP_ROUNDS (3), BENCH_OVERLAP_STEPS (200).
+# BENCH_OVERLAP_ROUNDS (3), BENCH_OVERLAP_STEPS (200), BENCH_OVERLAP_PS_ARGS
+# (flags for `downpour local` alone, e.g. "--ps-threads 1"; default none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -33,6 +37,7 @@ mkdir -p "$OUT"
 RAW=$OUT/samples.txt
 : >"$RAW"
 common=(--steps "$STEPS" --batch 64 --threads 1 --no-progress)
+read -r -a ps_args <<<"${BENCH_OVERLAP_PS_ARGS:-}"
 s_num() { # FILE KEY: a number from a summary.json
     python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }
@@ -50,12 +55,12 @@ LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "== overlap: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $LOAD0; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 echo "commands (each round, in this order):"
 echo "  $BUILD/downpour-worker --standalone ${common[*]} --summary DIR.json"
-echo "  $BUILD/downpour local --workers 1 --mode async --overlap on ${common[*]} --out DIR"
-echo "  $BUILD/downpour local --workers 1 --mode async --overlap off ${common[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode async --overlap on ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode async --overlap off ${common[*]} ${ps_args[*]} --out DIR"
 for r in $(seq "$ROUNDS"); do
     s_one standalone "$BUILD/downpour-worker" --standalone "${common[@]}" --summary "$OUT/standalone-$r.json"
-    s_one on "$BUILD/downpour" local --workers 1 --mode async --overlap on "${common[@]}" --out "$OUT/on-$r"
-    s_one off "$BUILD/downpour" local --workers 1 --mode async --overlap off "${common[@]}" --out "$OUT/off-$r"
+    s_one on "$BUILD/downpour" local --workers 1 --mode async --overlap on "${common[@]}" "${ps_args[@]}" --out "$OUT/on-$r"
+    s_one off "$BUILD/downpour" local --workers 1 --mode async --overlap off "${common[@]}" "${ps_args[@]}" --out "$OUT/off-$r"
     echo "round $r/$ROUNDS: $(tail -3 "$RAW" | awk '{ printf "%s %.0f  ", $1, $2 }')(load $(cut -d' ' -f1 /proc/loadavg))"
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
