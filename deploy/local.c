@@ -85,7 +85,7 @@ typedef struct {
     dp_child_t kids[2 * DP_LOCAL_MAX];
     int n_kids;
     int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
-    int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = cores / K */
+    int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = cores / K, at most 4 */
     const char *record;          /* --record FILE: the run's schedule (shards' records merged) */
     dp_local_keys_t keys;
 } dp_local_t;
@@ -304,7 +304,7 @@ static void s_options(dp_local_t *L)
                     "parameter-server processes, each owning a slice (default 1)"),
         DP_FLAG_NUM("ps-threads", DP_OPTS_INT, "N", &L->ps_threads, 1, 256, 0,
                     "each shard's optimizer threads (downpour-ps --threads; default:\n"
-                    "the host's cores / K); --threads is the workers' kernel threads"),
+                    "the host's cores / K, at most 4); --threads is the workers' kernel threads"),
         DP_FLAG_STR("gpus", "LIST", &L->gpus, 0, "one worker per listed GPU (cuda:K); default: CPU workers"),
         DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
                      "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
@@ -548,9 +548,12 @@ static int s_start_servers(dp_local_t *L, char *err)
 {
     char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
     snprintf(nworkers, sizeof nworkers, "%d", L->workers);
-    /* the shards share the host's cores for their optimizer sweeps */
+    /* the shards share the host's cores for their optimizer sweeps, each
+     * up to the daemon's own cap */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    long per_shard = L->ps_threads > 0 ? L->ps_threads : cores / L->shards;
+    long per_shard = cores / L->shards;
+    if (per_shard > DP_PS_MAX_AUTO_THREADS) per_shard = DP_PS_MAX_AUTO_THREADS;
+    if (L->ps_threads > 0) per_shard = L->ps_threads;
     snprintf(threads, sizeof threads, "%ld", per_shard > 0 ? per_shard : 1);
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {

@@ -68,7 +68,7 @@ int dp_ps_config_threads(const dp_ps_config_t *c)
     if (dp_model_parse(&m, c->model_spec, c->in_c, c->in_h, c->in_w, err) == 0)
         n = m.n_floats / (size_t)(c->shard_count > 0 ? c->shard_count : 1);
     if (n < ((size_t)256 << 10) || cores < 2) return 1;
-    return cores < 4 ? (int)cores : 4;
+    return cores < DP_PS_MAX_AUTO_THREADS ? (int)cores : DP_PS_MAX_AUTO_THREADS;
 }
 
 static const char s_synopsis[] =

@@ -87,9 +87,10 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
 
 /* The optimizer sweep's threads: --threads, or when 0 one per core it may
- * run on (its affinity) up to 4 (more buys nothing: the sweep is bound by
- * memory bandwidth), and 1 for a shard under 256 K floats (threads cost
- * more than they save). */
+ * run on (its affinity) up to DP_PS_MAX_AUTO_THREADS (more buys nothing:
+ * the sweep is bound by memory bandwidth), and 1 for a shard under 256 K
+ * floats (threads cost more than they save). */
+#define DP_PS_MAX_AUTO_THREADS 4
 int dp_ps_config_threads(const dp_ps_config_t *c);
 
 /* Run the shard until *stop_flag becomes non-zero or a SHUTDOWN arrives.
