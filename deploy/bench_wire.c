@@ -4,11 +4,11 @@
  * It starts K real downpour-ps shards on loopback (async, one worker, each
  * binding a free port or an ipc path and saying which in its --ready-file),
  * connects one client as worker 0, and times pulls and pushes of the whole
- * parameter vector: a pull as the CPU worker makes it, each tensor lent from
- * ZeroMQ's receive buffer (dp_ps_client_pull_to), and beside it a pull
- * copied into a buffer of the caller's. In the same run a child process of its own echoes a
- * message of the same bytes over a DEALER / ROUTER pair: one raw round trip
- * moves what one pull plus one push move, so
+ * parameter vector: a pull whose tensors are lent from ZeroMQ's receive
+ * buffer (dp_ps_client_pull_to), and beside it a pull copied into a buffer
+ * of the caller's, as the CPU worker makes it. In the same run a child
+ * process of its own echoes a message of the same bytes over a DEALER /
+ * ROUTER pair: one raw round trip moves what one pull plus one push move, so
  *     ratio = (pull + push) / raw round trip.
  * Rounds alternate (pulls, push, raw echo, memcpy) so that other load on the
  * machine falls on both sides; every figure is a median over the rounds
