@@ -85,7 +85,8 @@ typedef struct {
     dp_child_t kids[2 * DP_LOCAL_MAX];
     int n_kids;
     int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
-    int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = cores / K, at most 4 */
+    int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = the
+                                  * daemon's rule (dp_ps_config_threads_on) on cores / K */
     const char *record;          /* --record FILE: the run's schedule (shards' records merged) */
     dp_local_keys_t keys;
 } dp_local_t;
@@ -304,7 +305,8 @@ static void s_options(dp_local_t *L)
                     "parameter-server processes, each owning a slice (default 1)"),
         DP_FLAG_NUM("ps-threads", DP_OPTS_INT, "N", &L->ps_threads, 1, 256, 0,
                     "each shard's optimizer threads (downpour-ps --threads; default:\n"
-                    "the host's cores / K, at most 4); --threads is the workers' kernel threads"),
+                    "the host's cores / K, at most 4, and 1 for a shard under 256 K floats);\n"
+                    "--threads is the workers' kernel threads"),
         DP_FLAG_STR("gpus", "LIST", &L->gpus, 0, "one worker per listed GPU (cuda:K); default: CPU workers"),
         DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
                      "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
@@ -459,6 +461,9 @@ static int s_prepare(dp_local_t *L, char *err)
     dp_dataset_t probe = {0};
     if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
     snprintf(L->input, sizeof L->input, "%dx%dx%d", probe.c, probe.h, probe.w);
+    L->ps.in_c = probe.c; /* the shards' threads depend on the model's size */
+    L->ps.in_h = probe.h;
+    L->ps.in_w = probe.w;
     if (!dp_opts_find(&L->opts, "lr-schedule")->given) {
         /* Anneal the lr to zero over the run (cosine), as the standalone
          * trainer does by default: the final weights are then not just one
@@ -548,13 +553,13 @@ static int s_start_servers(dp_local_t *L, char *err)
 {
     char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
     snprintf(nworkers, sizeof nworkers, "%d", L->workers);
-    /* the shards share the host's cores for their optimizer sweeps, each
-     * up to the daemon's own cap */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    long per_shard = cores / L->shards;
-    if (per_shard > DP_PS_MAX_AUTO_THREADS) per_shard = DP_PS_MAX_AUTO_THREADS;
-    if (L->ps_threads > 0) per_shard = L->ps_threads;
-    snprintf(threads, sizeof threads, "%ld", per_shard > 0 ? per_shard : 1);
+    /* the shards share the host's cores for their optimizer sweeps: each
+     * gets the daemon's own rule on its share of them */
+    dp_ps_config_t share = L->ps;
+    share.shard_count = L->shards;
+    share.threads = L->ps_threads;
+    snprintf(threads, sizeof threads, "%d",
+             dp_ps_config_threads_on(&share, sysconf(_SC_NPROCESSORS_ONLN) / L->shards));
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);

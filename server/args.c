@@ -55,13 +55,9 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
 }
 
-int dp_ps_config_threads(const dp_ps_config_t *c)
+int dp_ps_config_threads_on(const dp_ps_config_t *c, long cores)
 {
     if (c->threads > 0) return c->threads;
-    /* the cores this process may run on (taskset, cgroups' cpusets) */
-    cpu_set_t set;
-    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                            : sysconf(_SC_NPROCESSORS_ONLN);
     dp_model_t m;
     char err[DP_ERR_LEN];
     size_t n = 0;
@@ -69,6 +65,15 @@ int dp_ps_config_threads(const dp_ps_config_t *c)
         n = m.n_floats / (size_t)(c->shard_count > 0 ? c->shard_count : 1);
     if (n < ((size_t)256 << 10) || cores < 2) return 1;
     return cores < DP_PS_MAX_AUTO_THREADS ? (int)cores : DP_PS_MAX_AUTO_THREADS;
+}
+
+int dp_ps_config_threads(const dp_ps_config_t *c)
+{
+    /* the cores this process may run on (taskset, cgroups' cpusets) */
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                            : sysconf(_SC_NPROCESSORS_ONLN);
+    return dp_ps_config_threads_on(c, cores);
 }
 
 static const char s_synopsis[] =

@@ -92,6 +92,9 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
  * floats (threads cost more than they save). */
 #define DP_PS_MAX_AUTO_THREADS 4
 int dp_ps_config_threads(const dp_ps_config_t *c);
+/* The same rule for a shard given `cores` of its own: `downpour local`
+ * starts K shards on one host and gives each its share. */
+int dp_ps_config_threads_on(const dp_ps_config_t *c, long cores);
 
 /* Run the shard until *stop_flag becomes non-zero or a SHUTDOWN arrives.
  * Writes the final checkpoint (if configured), closes its socket and

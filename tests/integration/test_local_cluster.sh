@@ -4,8 +4,8 @@
 #  - sync with 2 workers at batch b == standalone at batch 2b (same samples,
 #    same order): the weights agree to float tolerance
 #  - sync with 2 shards == sync with 1 shard
-#  - the shards' optimizer threads: cores / K up to 4, or --ps-threads
-#    (--threads is the workers')
+#  - the shards' optimizer threads: the daemon's rule on cores / K (up to 4,
+#    1 for a small model), or --ps-threads (--threads is the workers')
 #  - async with 1 worker == standalone, bit for bit
 #  - async and ssp train; every push is applied, dropped or rejected
 #  - ssp --staleness 0 runs in lockstep
@@ -56,6 +56,12 @@ check "a lone shard gets every core, up to 4, for its sweep (--threads 1 is the 
     grep -q ", $ps_cores optimizer thread" "$TMP/sync1/logs/ps-0.log"
 check "--ps-threads 1 reaches both shards" \
     bash -c "grep -q ', 1 optimizer thread,' '$TMP/sync2/logs/ps-0.log' && grep -q ', 1 optimizer thread,' '$TMP/sync2/logs/ps-1.log'"
+# ... and the daemon's own rule on that share: one thread for a shard under
+# 256 K floats, as `downpour-ps` alone would take (7,850 floats here).
+"$L" local --workers 1 --model "fc:10 softmax" --batch 16 --steps 2 --no-progress \
+    --out "$TMP/small" >"$TMP/small.log" 2>&1
+check "a small model's shard sweeps on 1 thread, as downpour-ps alone does" \
+    grep -q ', 1 optimizer thread,' "$TMP/small/logs/ps-0.log"
 
 # Every push is accounted for.
 pushes() { cat "$1"/metrics/worker-*.jsonl | grep -c '"status"'; }
