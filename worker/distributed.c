@@ -109,6 +109,19 @@ static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
     return 0;
 }
 
+/* One training step for a push in turn, into *grads. On the CPU the
+ * network's own gradient is host memory, and the push is done with it
+ * before the next step writes it again, so it is pushed from there: no
+ * copy. A device's gradient lands in the pinned h_grads as the backward
+ * pass goes. */
+static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, const float **grads)
+{
+    float *h = s->be->host_memory ? NULL : s->h_grads;
+    float loss = dp_net_train_step_device(&s->net, b->d_x, b->d_y, s->conf.batch, h);
+    *grads = h ? h : s->net.d_grads;
+    return loss;
+}
+
 /* The chief's end of the run. */
 static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
                           long steps, double train_s, double images, char *err)
@@ -221,14 +234,13 @@ static int s_loop_plain(s_loop_t *L, char *err)
         if (s_pull_into_net(s, L->ps, err) != 0) return -1;
         double t1 = dp_now();
         uint64_t version = dp_ps_client_version(L->ps);
-        /* the gradient lands in the push buffer as the backward pass goes */
-        float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch,
-                                              s->h_grads);
+        const float *grads;
+        float loss = s_step_for_push(s, &batch, &grads);
         double t2 = dp_now();
         s_inject_delay(&s->conf, &L->delay_rng);
         dp_push_result_t r;
         double t3 = dp_now();
-        if (dp_ps_client_push_step(L->ps, (uint64_t)step + 1, s->h_grads, loss, s->conf.batch, &r,
+        if (dp_ps_client_push_step(L->ps, (uint64_t)step + 1, grads, loss, s->conf.batch, &r,
                                    err) != 0)
             return -1;
         L->step_compute_s = t2 - t1;

@@ -6,7 +6,7 @@
 #  - sync with 2 shards == sync with 1 shard
 #  - the shards' optimizer threads: the daemon's rule on cores / K (up to 4,
 #    1 for a small model), or --ps-threads (--threads is the workers')
-#  - async with 1 worker == standalone, bit for bit
+#  - async with 1 worker == standalone, bit for bit (shared memory and frames)
 #  - async and ssp train; every push is applied, dropped or rejected
 #  - ssp --staleness 0 runs in lockstep
 #  - a straggler (--straggler) pushes the stalest gradients
@@ -39,6 +39,12 @@ check "sync(2 x 32) weights == standalone(64) weights" compare "$TMP/sync1/model
 "$L" local --workers 1 --mode async --overlap off --batch 32 --steps 12 "${common[@]}" --out "$TMP/async1" >"$TMP/async1.log" 2>&1
 check "local async, 1 worker" test $? = 0
 check "async(1 worker) weights == standalone weights, bit for bit" compare "$TMP/async1/model.safetensors" "$TMP/sa32.safetensors" --rtol 0 --atol 0
+# ... with the tensors in ZeroMQ frames rather than shared memory (auto's
+# choice on loopback): the pull writes the network's parameters and the
+# push sends from the network's gradient, no buffer between.
+"$L" local --workers 1 --mode async --overlap off --transport zmq --batch 32 --steps 12 "${common[@]}" \
+    --out "$TMP/async1zmq" >"$TMP/async1zmq.log" 2>&1
+check "async(1 worker) over ZeroMQ frames == standalone, bit for bit" compare "$TMP/async1zmq/model.safetensors" "$TMP/sa32.safetensors" --rtol 0 --atol 0
 # The same with the default optimizer (Adam) and schedule (cosine over the run).
 "$BIN/downpour-worker" --standalone --steps 12 --batch 32 --seed 5 --no-progress \
     --save "$TMP/sa32adam.safetensors" >"$TMP/sa32adam.log" 2>&1
