@@ -1,14 +1,13 @@
-/* shm: POSIX shared-memory segments for co-located workers (see shm.h). */
+/* shm: the sealed memfd segments of co-located workers (see shm.h). */
 #include "proto/shm.h"
 
-#include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,9 +23,16 @@ size_t dp_shm_bytes(size_t n, int slots)
     return DP_SHM_HEADER + s_stride(n) * (size_t)slots;
 }
 
-static int s_map(dp_shm_t *s, int fd, size_t bytes, char *err)
+/* The seals every segment carries, and the one that keeps the others from
+ * writing (glibc before 2.29 lacks its name). */
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+#define S_SEALS_SIZE (F_SEAL_SHRINK | F_SEAL_GROW)
+
+static int s_map(dp_shm_t *s, int fd, size_t bytes, int prot, char *err)
 {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, bytes, prot, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return dp_err(err, "shared memory %s: mmap: %s", s->name, strerror(errno));
     s->base = p;
     s->bytes = bytes;
@@ -34,31 +40,43 @@ static int s_map(dp_shm_t *s, int fd, size_t bytes, char *err)
     return 0;
 }
 
-int dp_shm_create(dp_shm_t *s, int shard, const char *what, size_t n, int slots, char *err)
+/* Half of this host's memory: the most one segment may take. */
+static size_t s_half_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return SIZE_MAX;
+    return (size_t)pages / 2 * (size_t)page;
+}
+
+int dp_shm_create(dp_shm_t *s, int shard, const char *what, size_t n, int slots, int others,
+                  char *err)
 {
     memset(s, 0, sizeof *s);
     if (slots < 1 || slots > DP_SHM_MAX_SLOTS || n == 0)
         return dp_err(err, "shared memory: bad layout (%d slots of %zu floats)", slots, n);
-    uint32_t rnd = 0;
-    if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd) rnd = (uint32_t)dp_now();
-    snprintf(s->name, sizeof s->name, "/downpour-%d-%d-%s-%08x", (int)getpid(), shard, what, rnd);
-    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        int e = errno;
-        dp_err(err, "shared memory %s: %s", s->name, strerror(e));
-        s->name[0] = 0;
-        return -1;
-    }
+    char label[64];
+    snprintf(label, sizeof label, "downpour-%d-%s", shard, what);
+    int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return dp_err(err, "shared memory %s: memfd_create: %s", label, strerror(errno));
     s->owner = 1;
+    s->fd = fd;
+    snprintf(s->name, sizeof s->name, "/proc/%d/fd/%d", (int)getpid(), fd);
     size_t bytes = dp_shm_bytes(n, slots);
-    /* fchmod too: the umask must not widen or narrow what we meant */
-    /* fallocate, not only ftruncate: a /dev/shm too small for the segment
-     * (containers often give 64 MB) must fail here, not as a SIGBUS when a
-     * step first writes the slot */
-    int e = fchmod(fd, 0600) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
-    int rc = e != 0 ? dp_err(err, "shared memory %s (%zu bytes): %s", s->name, bytes, strerror(e))
-                    : s_map(s, fd, bytes, err);
-    close(fd);
+    /* A memfd has no file system size to run into, so the bound tmpfs
+     * would give by default (half the memory) is kept here; fallocate
+     * charges the memory now: a shortage fails here, not at the first write
+     * of a slot. 0600: a memfd starts 0777, and the open through /proc
+     * checks the mode too. */
+    int e = ENOMEM;
+    if (bytes <= s_half_memory()) e = fchmod(fd, 0600) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    int rc = e != 0 ? dp_err(err, "shared memory %s (%zu bytes): %s", label, bytes, strerror(e))
+                    : s_map(s, fd, bytes, PROT_READ | PROT_WRITE, err);
+    /* Our mapping, made above, stays writable; once sealed no other
+     * writable one can be made (F_SEAL_SEAL: nor the seals undone). */
+    int seals = S_SEALS_SIZE | F_SEAL_SEAL | (others == DP_SHM_READ_ONLY ? F_SEAL_FUTURE_WRITE : 0);
+    if (rc == 0 && fcntl(fd, F_ADD_SEALS, seals) != 0)
+        rc = dp_err(err, "shared memory %s: sealing it: %s (Linux 5.1 or later needed)", label,
+                    strerror(errno));
     if (rc != 0) {
         dp_shm_close(s);
         return -1;
@@ -76,15 +94,30 @@ int dp_shm_create(dp_shm_t *s, int shard, const char *what, size_t n, int slots,
     return 0;
 }
 
-/* What the header and the file must say before we use a segment. */
-static int s_check_opened(const dp_shm_t *s, const struct stat *st, size_t n, int slots, char *err)
+/* What the file must be before we map it: a regular file of ours, 0600,
+ * exactly the layout's size, which the seals keep (and, read-only, sealed
+ * against writes: whatever we read, only its creator wrote). */
+static int s_check_file(const dp_shm_t *s, int fd, size_t n, int slots, int access, char *err)
 {
-    if (st->st_uid != geteuid() || (st->st_mode & 077) != 0)
-        return dp_err(err, "shared memory %s: not ours or not mode 0600 (uid %d, mode %03o)", s->name,
-                      (int)st->st_uid, (unsigned)(st->st_mode & 0777));
-    if ((size_t)st->st_size < dp_shm_bytes(n, slots))
+    struct stat st;
+    if (fstat(fd, &st) != 0) return dp_err(err, "shared memory %s: %s", s->name, strerror(errno));
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
+        return dp_err(err, "shared memory %s: not a segment of ours with mode 0600 (uid %d, mode %03o)",
+                      s->name, (int)st.st_uid, (unsigned)(st.st_mode & 0777));
+    if ((size_t)st.st_size != dp_shm_bytes(n, slots))
         return dp_err(err, "shared memory %s: %lld bytes, expected %zu", s->name,
-                      (long long)st->st_size, dp_shm_bytes(n, slots));
+                      (long long)st.st_size, dp_shm_bytes(n, slots));
+    int seals = fcntl(fd, F_GET_SEALS);
+    int want = S_SEALS_SIZE | (access == DP_SHM_READ_ONLY ? F_SEAL_FUTURE_WRITE : 0);
+    if (seals < 0 || (seals & want) != want)
+        return dp_err(err, "shared memory %s: not sealed (seals %#x, expected %#x)", s->name,
+                      seals < 0 ? 0 : (unsigned)seals, (unsigned)want);
+    return 0;
+}
+
+/* What the header must say. */
+static int s_check_header(const dp_shm_t *s, size_t n, int slots, char *err)
+{
     const dp_shm_header_t *h = s->hdr;
     if (h->magic != DP_SHM_MAGIC || h->layout != DP_SHM_LAYOUT || h->n != n ||
         h->slots != (uint64_t)slots || h->stride != s_stride(n))
@@ -93,30 +126,40 @@ static int s_check_opened(const dp_shm_t *s, const struct stat *st, size_t n, in
     return 0;
 }
 
-int dp_shm_open(dp_shm_t *s, const char *name, size_t n, int slots, char *err)
+/* "/proc/PID/fd/FD" exactly (digits, no sign, nothing after). */
+static int s_name_ok(const char *name)
+{
+    int pid = 0, fd = -1, used = 0;
+    if (!name || strlen(name) >= sizeof ((dp_shm_t *)0)->name ||
+        sscanf(name, "/proc/%9d/fd/%9d%n", &pid, &fd, &used) != 2 || name[used] != 0)
+        return 0;
+    char canon[96];
+    snprintf(canon, sizeof canon, "/proc/%d/fd/%d", pid, fd);
+    return pid > 0 && fd >= 0 && strcmp(canon, name) == 0;
+}
+
+int dp_shm_open(dp_shm_t *s, const char *name, size_t n, int slots, int access, char *err)
 {
     memset(s, 0, sizeof *s);
-    if (!name || name[0] != '/' || strlen(name) >= sizeof s->name || strchr(name + 1, '/'))
+    if (!s_name_ok(name))
         return dp_err(err, "shared memory: bad segment name '%.100s'", name ? name : "");
     if (slots < 1 || slots > DP_SHM_MAX_SLOTS || n == 0)
         return dp_err(err, "shared memory: bad layout (%d slots of %zu floats)", slots, n);
     snprintf(s->name, sizeof s->name, "%s", name);
-    int fd = shm_open(name, O_RDWR, 0);
+    int writable = access == DP_SHM_WRITABLE;
+    int fd = open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC); /* a magic link: followed */
     if (fd < 0) {
         int e = errno;
         s->name[0] = 0;
-        return dp_err(err, "shared memory %s: %s (is the server on another host?)", name, strerror(e));
+        return dp_err(err, "shared memory %s: %s (is the server on another host, in another PID "
+                           "namespace, or another user's?)",
+                      name, strerror(e));
     }
-    struct stat st;
-    int rc = fstat(fd, &st) != 0 ? dp_err(err, "shared memory %s: %s", name, strerror(errno))
-                                 : (size_t)st.st_size < DP_SHM_HEADER
-                                       ? dp_err(err, "shared memory %s: too small", name)
-                                       : s_map(s, fd, dp_shm_bytes(n, slots) > (size_t)st.st_size
-                                                          ? DP_SHM_HEADER
-                                                          : dp_shm_bytes(n, slots),
-                                               err);
-    close(fd);
-    if (rc == 0) rc = s_check_opened(s, &st, n, slots, err);
+    int rc = s_check_file(s, fd, n, slots, access, err);
+    if (rc == 0)
+        rc = s_map(s, fd, dp_shm_bytes(n, slots), writable ? PROT_READ | PROT_WRITE : PROT_READ, err);
+    close(fd); /* the mapping keeps the memory */
+    if (rc == 0) rc = s_check_header(s, n, slots, err);
     if (rc != 0) {
         dp_shm_close(s);
         return -1;
@@ -130,8 +173,7 @@ int dp_shm_open(dp_shm_t *s, const char *name, size_t n, int slots, char *err)
 void dp_shm_close(dp_shm_t *s)
 {
     if (s->base) munmap(s->base, s->bytes);
-    if (s->owner && s->name[0] && shm_unlink(s->name) != 0)
-        dp_log_warn("shared memory %s: unlink: %s", s->name, strerror(errno));
+    if (s->owner) close(s->fd); /* the memory goes with the last mapping */
     memset(s, 0, sizeof *s);
 }
 
@@ -167,23 +209,13 @@ int dp_shm_read(const dp_shm_t *s, int k, uint64_t seq, size_t off, float *dst, 
     return atomic_load_explicit(&s->hdr->seq[k], memory_order_relaxed) == seq;
 }
 
-int dp_shm_sweep_stale(void)
+int dp_shm_peer_local(const char *a)
 {
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int pid = 0, used = 0;
-        if (sscanf(e->d_name, "downpour-%d-%n", &pid, &used) != 1 || used == 0 || pid <= 0) continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to ask */
-        char path[300], name[300];
-        struct stat st;
-        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-        if (stat(path, &st) != 0 || st.st_uid != geteuid()) continue;
-        snprintf(name, sizeof name, "/%s", e->d_name);
-        if (shm_unlink(name) == 0) removed++;
-    }
-    closedir(d);
-    return removed;
+    if (!a) return 0;
+    /* ipc: "localhost", then ":uid:gid:pid" where SO_PEERCRED exists */
+    if (strcmp(a, "localhost") == 0 || strncmp(a, "localhost:", 10) == 0) return 1;
+    if (strcmp(a, "::1") == 0) return 1;
+    if (strncmp(a, "::ffff:", 7) == 0) a += 7; /* IPv4 on a dual-stack socket */
+    struct in_addr v4;
+    return inet_pton(AF_INET, a, &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
 }

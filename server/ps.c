@@ -35,6 +35,7 @@
 #include "common/model.h"
 #include "common/util.h"
 #include "proto/curve.h"
+#include "proto/shm.h"
 #include "server/auth.h"
 #include "server/members.h"
 #include "server/policy.h"
@@ -92,6 +93,7 @@ typedef struct {
     dp_auth_t auth;        /* worker ids bound to connections / keys, the chief's token */
     dp_zap_t *zap;         /* CURVE: the gate (NULL without --curve-secret) */
     const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
+    const char *peer_addr; /* its Peer-Address (ZeroMQ's; NULL when it has none) */
     double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
     uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
     dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
@@ -383,11 +385,20 @@ static uint64_t s_welcome_step(const s_ps_t *ps, int wid)
 }
 
 /* Hello.shm: the segments' names into the WELCOME, or none (the worker
- * then sends frames) with a line saying why. */
+ * then sends frames) with a line saying why. Only a peer on this host
+ * (ipc, loopback: dp_shm_peer_local) is offered them: one elsewhere could
+ * not open them, and its pushes would "come" from a segment it cannot
+ * write. */
 static void s_grant_shm(s_ps_t *ps, int wid, Downpour__Welcome *wl)
 {
     char err[DP_ERR_LEN];
     const char *params = NULL, *grad = NULL;
+    if (!dp_shm_peer_local(ps->peer_addr)) {
+        dp_log_warn("shard %d: no shared memory for worker %d: it connects from %s, not from "
+                    "this host (ipc or loopback)",
+                    ps->cfg->shard_index, wid, ps->peer_addr ? ps->peer_addr : "an unknown address");
+        return;
+    }
     if ((!ps->shm && dp_ps_shm_new(&ps->shm, &ps->shard, ps->members.n, err) != 0) ||
         dp_ps_shm_grant(ps->shm, wid, &params, &grad, err) != 0) {
         dp_log_warn("shard %d: no shared memory for worker %d: %s", ps->cfg->shard_index, wid, err);
@@ -672,6 +683,7 @@ static void s_handle(s_ps_t *ps, dp_wire_rx_t *rx)
         frames[i].len = zmq_msg_size(&rx->parts[2 + i]);
     }
     ps->peer_key = ps->zap ? zmq_msg_gets(&rx->parts[1], "User-Id") : NULL;
+    ps->peer_addr = zmq_msg_gets(&rx->parts[1], "Peer-Address");
     if (dp_wire_check(env, frames, n_frames, err) != 0)
         s_reply_error(ps, id, env->request_id, env->worker_id, err);
     else if (s_admit(ps, id, env))

@@ -48,9 +48,8 @@ int dp_ps_shm_new(dp_ps_shm_t **out, dp_shard_t *s, int n_workers, char *err)
     x->n_workers = n_workers;
     x->grad = dp_calloc((size_t)n_workers, sizeof *x->grad);
     *out = x;
-    int stale = dp_shm_sweep_stale();
-    if (stale) dp_log_info("shard %d: removed %d shared-memory segment(s) of servers that died", s->index, stale);
-    if (dp_shm_create(&x->params, s->index, "params", s->n, DP_SHM_PARAM_SLOTS, err) != 0) {
+    if (dp_shm_create(&x->params, s->index, "params", s->n, DP_SHM_PARAM_SLOTS, DP_SHM_READ_ONLY,
+                      err) != 0) {
         dp_ps_shm_destroy(out);
         return -1;
     }
@@ -113,7 +112,7 @@ int dp_ps_shm_grant(dp_ps_shm_t *x, int worker, const char **params_name, const 
     if (!g->base) {
         char what[32];
         snprintf(what, sizeof what, "grad-%d", worker);
-        if (dp_shm_create(g, x->s->index, what, x->s->n, 1, err) != 0) return -1;
+        if (dp_shm_create(g, x->s->index, what, x->s->n, 1, DP_SHM_WRITABLE, err) != 0) return -1;
     }
     *params_name = x->params.name;
     *grad_name = g->name;

@@ -2,7 +2,9 @@
  * the parameter segment whose slots become the shard's live buffers (a step
  * writes the next version straight into a free slot: a pull through shared
  * memory costs the server nothing), and one gradient segment per worker
- * that asked for it.
+ * that asked for it. The slots can be the master copy because the segment
+ * is sealed against every write but this process's own mapping
+ * (proto/shm.h): workers, or any process of the user, only read it.
  *
  * Invariants: made at the first Hello.shm the shard grants, then the
  * shard's buffers are slots (the heap is only a fallback when every other

@@ -465,8 +465,9 @@ static void s_shm_close(s_shard_t *s)
 }
 
 /* What a WELCOME says of shared memory: map the segments it names (each
- * checked: ours, 0600, the header and size of this shard's range), or go
- * on with frames — unless shared memory was forced. */
+ * checked: ours, 0600, sealed, the header and size of this shard's range;
+ * the parameters read-only), or go on with frames — unless shared memory
+ * was forced. */
 static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err)
 {
     s_shard_t *s = &c->sh[i];
@@ -477,8 +478,8 @@ static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, c
     size_t n = (size_t)(s->hi - s->lo);
     if (!w->shm_name || !w->shm_name[0] || !w->shm_grad_name || !w->shm_grad_name[0])
         snprintf(e2, sizeof e2, "the shard did not grant shared memory (see its log)");
-    else if (n > 0 && dp_shm_open(&s->shm_params, w->shm_name, n, DP_SHM_PARAM_SLOTS, e2) == 0 &&
-             dp_shm_open(&s->shm_grad, w->shm_grad_name, n, 1, e2) == 0) {
+    else if (n > 0 && dp_shm_open(&s->shm_params, w->shm_name, n, DP_SHM_PARAM_SLOTS, DP_SHM_READ_ONLY, e2) == 0 &&
+             dp_shm_open(&s->shm_grad, w->shm_grad_name, n, 1, DP_SHM_WRITABLE, e2) == 0) {
         s->shm = 1;
         return 0;
     } else if (n == 0)
