@@ -1,0 +1,337 @@
+/* test_ps_shm: a shard's shared memory against the processes around it —
+ * a process of this user (root, here) that opens the parameter segment by
+ * the name the WELCOME gives and writes NaN changes nothing the shard
+ * serves or checkpoints; a peer that is not on this host is not offered
+ * shared memory; a shard killed with kill -9 leaves no segment behind.
+ * Servers run in a thread of this program (tests/ps_harness.h), except
+ * the one killed, which is a child process. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <math.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "proto/wire.h"
+#include "server/shard_checkpoint.h"
+#include "tests/ps_harness.h"
+#include "tests/test.h"
+#include "worker/ps_client.h"
+
+#define TMO 5.0 /* client timeout in these tests */
+
+static dp_model_t s_small;
+
+/* A raw DEALER on ep, replies bounded by 5 s. */
+static void *s_dealer(void *ctx, const char *ep)
+{
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int tmo = 5000, zero = 0;
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_connect(d, ep);
+    return d;
+}
+
+/* HELLO as worker wid asking for shared memory; the reply's type, and the
+ * parameter segment's name the WELCOME gives ("" for none) in name. */
+static int s_hello_shm(void *sock, int wid, char *name, size_t name_n)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 1, wid, s_small.fingerprint);
+    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
+    h.model_spec = s_small.spec;
+    h.in_c = s_small.in_c, h.in_h = s_small.in_h, h.in_w = s_small.in_w;
+    h.n_floats = s_small.n_floats;
+    h.shm = 1;
+    env.hello = &h;
+    uint8_t buf[4096];
+    size_t len = downpour__envelope__pack(&env, buf);
+    name[0] = 0;
+    if (zmq_send(sock, buf, len, 0) < 0) return -1;
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
+    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    int type = rep ? (int)rep->type : -1;
+    if (rep && rep->welcome && rep->welcome->shm_name)
+        snprintf(name, name_n, "%s", rep->welcome->shm_name);
+    dp_wire_destroy(&rep);
+    dp_wire_rx_fini(&rx);
+    return type;
+}
+
+/* ---- a hostile process of the same user -------------------------------- */
+
+/* Everything a process of this user can try with a segment's name to
+ * overwrite every float after the header: open it (as a path, or as a
+ * POSIX shm name), punch a hole (zeros), write() NaN, a writable shared
+ * mapping, a read-only one made writable. The exit status has a bit per
+ * way that went through (0: none did); 0x80: the name did not open. Runs
+ * in a child: only system calls. */
+static int s_scribble(const char *name)
+{
+    int fd = open(name, O_RDWR);
+    if (fd < 0) fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) fd = open(name, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 4096) return 0x80;
+    size_t bytes = (size_t)st.st_size, n = (bytes - 4096) / 4;
+    int bits = 0;
+    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, (off_t)(bytes - 4096)) == 0)
+        bits |= 8; /* zeros: first, so that the NaN below land on top */
+    static float nan_page[1024];
+    for (int i = 0; i < 1024; i++) nan_page[i] = NAN;
+    if (pwrite(fd, nan_page, 4 * (n < 1024 ? n : 1024), 4096) > 0) bits |= 1;
+    float *w = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (w != MAP_FAILED) {
+        bits |= 2;
+        for (size_t i = 0; i < n; i++) w[1024 + i] = NAN;
+    }
+    float *r = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (r != MAP_FAILED && mprotect(r, bytes, PROT_READ | PROT_WRITE) == 0) {
+        bits |= 4;
+        for (size_t i = 0; i < n; i++) r[1024 + i] = NAN;
+    }
+    return bits;
+}
+
+/* A worker that writes NaN into the parameter segment (whatever way it
+ * can) changes nothing: the next PARAMS, frames or shared memory, are the
+ * weights the pushes made, and so is the checkpoint a restart restores. */
+static void test_hostile_writer(void)
+{
+    srv_small_model(&s_small);
+    char dir[128], err[DP_ERR_LEN] = "";
+    snprintf(dir, sizeof dir, "/tmp/dp-test-ps-shm-%d", (int)getpid());
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 3);
+    snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", dir);
+    CHECK_EQ(srv_start(&s), 0);
+    size_t n = s_small.n_floats;
+    float *p0 = dp_malloc(n * 4), *p = dp_malloc(n * 4), *g = dp_malloc(n * 4), *want = dp_malloc(n * 4);
+    dp_ps_client_t *c0 = NULL, *c2 = NULL;
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
+    CHECK_EQ(dp_ps_client_new(&c0, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
+    CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 2, TMO, NULL, err), 0);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, s.endpoint);
+    char name[256];
+    CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK(name[0] != 0);
+    if (c0 && c2 && name[0]) {
+        CHECK_EQ(dp_ps_client_shm_shards(c0), 1);
+        CHECK_EQ(dp_ps_client_pull(c0, p0, err), 0);
+        fflush(NULL);
+        pid_t kid = fork();
+        if (kid == 0) _exit(s_scribble(name));
+        int st = 0;
+        CHECK_EQ(waitpid(kid, &st, 0), kid);
+        CHECK(WIFEXITED(st));
+        CHECK_EQ(WEXITSTATUS(st), 0); /* bits: 1 write, 2 mmap, 4 mprotect, 8 hole went through */
+        CHECK_EQ(dp_ps_client_pull(c2, p, err), 0);
+        CHECK_CLOSE("frames after the scribble: the weights as they were", p, p0, n, 0, 0);
+        CHECK_EQ(dp_ps_client_pull(c0, p, err), 0);
+        CHECK_CLOSE("shared memory after the scribble", p, p0, n, 0, 0);
+        srv_fill(g, n, 31);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push(c0, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
+        CHECK_EQ(dp_ps_client_pull(c2, p, err), 0);
+        CHECK_CLOSE("one step on the true weights", p, want, n, 0, 0);
+        CHECK_EQ(dp_ps_client_shutdown_servers(c0, err), 0); /* the checkpoint */
+    }
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    dp_ps_client_destroy(&c0);
+    dp_ps_client_destroy(&c2);
+    CHECK_EQ(srv_stop_after(&s, 5), 0);
+    /* the checkpoint restores (a NaN in it would be refused) to those weights */
+    srv_t s2;
+    srv_init(&s2, DP_MODE_ASYNC, 3);
+    s2.cfg.resume = 1; /* SHUTDOWN finished the run */
+    snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", dir);
+    int up = srv_start(&s2) == 0;
+    CHECK(up);
+    if (!up) fprintf(stderr, "  %s\n", s2.err);
+    if (up) CHECK_EQ(dp_ps_client_new(&c2, s2.endpoint, &s_small, 2, TMO, NULL, err), 0);
+    if (c2) {
+        CHECK_EQ(dp_ps_client_pull(c2, p, err), 0);
+        CHECK_EQ(dp_ps_client_version(c2), 1);
+        CHECK_CLOSE("restored from the checkpoint", p, want, n, 0, 0);
+    }
+    dp_ps_client_destroy(&c2);
+    CHECK_EQ(srv_stop(&s2), up ? 0 : -1);
+    free(p0), free(p), free(g), free(want);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
+/* ---- a peer that is not on this host ---------------------------------- */
+
+/* The first address of this host that is up and not loopback, or 0. */
+static int s_routable_address(char *out, size_t n)
+{
+    struct ifaddrs *all = NULL, *a;
+    if (getifaddrs(&all) != 0) return 0;
+    int found = 0;
+    for (a = all; a && !found; a = a->ifa_next) {
+        if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP) ||
+            (a->ifa_flags & IFF_LOOPBACK))
+            continue;
+        found = inet_ntop(AF_INET, &((struct sockaddr_in *)a->ifa_addr)->sin_addr, out, (socklen_t)n) != NULL;
+    }
+    freeifaddrs(all);
+    return found;
+}
+
+/* A server listening on every address: the peer that comes through a
+ * routable one (as a peer on another host would; it is this host's own
+ * address here, so the test needs no second host) gets a WELCOME without
+ * segments, and --transport shm fails there; through loopback the same
+ * server grants it. */
+static void test_not_local_refused(void)
+{
+    srv_small_model(&s_small);
+    char addr[64];
+    if (!s_routable_address(addr, sizeof addr)) SKIP("this host has no address but loopback (getifaddrs)");
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 3);
+    snprintf(s.cfg.bind, sizeof s.cfg.bind, "tcp://0.0.0.0:*");
+    CHECK_EQ(srv_start(&s), 0);
+    const char *port = strrchr(s.endpoint, ':');
+    char remote[128], local[128], name[256], err[DP_ERR_LEN] = "";
+    snprintf(remote, sizeof remote, "tcp://%s%s", addr, port ? port : ":0");
+    snprintf(local, sizeof local, "tcp://127.0.0.1%s", port ? port : ":0");
+    void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, remote);
+    CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK_STR(name, "");
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    dp_ps_client_t *c = NULL;
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
+    CHECK_EQ(dp_ps_client_new(&c, remote, &s_small, 2, TMO, NULL, err), -1);
+    CHECK(strstr(err, "did not grant shared memory") != NULL);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(dp_ps_client_new(&c, local, &s_small, 0, TMO, NULL, err), 0);
+    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    if (c) CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* ---- kill -9 ------------------------------------------------------------ */
+
+/* /dev/shm entries named for pid ("downpour-PID-..."), removed when
+ * remove is set (what an older server left). */
+static int s_segments_of(int pid, int remove)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "downpour-%d-", pid);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int k = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        k++;
+        char path[300];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (remove) unlink(path);
+    }
+    closedir(d);
+    return k;
+}
+
+/* Our mappings of some shard's segments (memfds named downpour-*, or
+ * /dev/shm files). */
+static int s_mapped_segments(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int k = 0;
+    while (fgets(line, sizeof line, f)) k += strstr(line, "/memfd:downpour-") != NULL || strstr(line, "/dev/shm/downpour-") != NULL;
+    fclose(f);
+    return k;
+}
+
+static void s_ready_to_pipe(const char *ep, void *arg)
+{
+    int fd = *(int *)arg;
+    if (write(fd, ep, strlen(ep) + 1) < 0) _exit(3);
+}
+
+/* A shard process (a child) that granted shared memory, killed with
+ * SIGKILL: nothing of it in /dev/shm, while it ran or after; the worker
+ * still reads its mapping, and its memory goes with the worker's. */
+static void test_kill9_leaves_nothing(void)
+{
+    srv_small_model(&s_small);
+    int pfd[2];
+    CHECK_EQ(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t kid = fork();
+    if (kid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
+        close(pfd[0]);
+        srv_t s;
+        srv_init(&s, DP_MODE_ASYNC, 1);
+        s.cfg.on_ready = s_ready_to_pipe;
+        s.cfg.on_ready_arg = &pfd[1];
+        char err[DP_ERR_LEN];
+        _exit(dp_ps_run(&s.cfg, &s.stop, err) == 0 ? 0 : 1);
+    }
+    close(pfd[1]);
+    char ep[256] = "";
+    struct pollfd pw = {pfd[0], POLLIN, 0};
+    int ready = poll(&pw, 1, 10000) == 1 && read(pfd[0], ep, sizeof ep - 1) > 0;
+    close(pfd[0]);
+    CHECK(ready);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    size_t n = s_small.n_floats;
+    float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    if (ready) {
+        dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
+        CHECK_EQ(dp_ps_client_new(&c, ep, &s_small, 0, TMO, NULL, err), 0);
+        dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    }
+    if (c) {
+        CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+        srv_fill(g, n, 5);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(s_segments_of(kid, 0), 0); /* running: none has a name */
+        CHECK_EQ(s_mapped_segments(), 2);   /* the parameters and our gradient */
+    }
+    CHECK_EQ(kill(kid, SIGKILL), 0);
+    int st = 0;
+    CHECK_EQ(waitpid(kid, &st, 0), kid);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    int left = s_segments_of(kid, 1); /* removed here even when found: no test leaves one */
+    CHECK_EQ(left, 0);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(s_mapped_segments(), 0); /* the last mapping: the memory is gone */
+    free(p), free(g);
+}
+
+DP_TESTS(T(test_hostile_writer), T(test_not_local_refused), T(test_kill9_leaves_nothing))
