@@ -68,7 +68,8 @@ int dp_shm_create(dp_shm_t *s, int shard, const char *what, size_t n, int slots,
      * of a slot. 0600: a memfd starts 0777, and the open through /proc
      * checks the mode too. */
     int e = ENOMEM;
-    if (bytes <= s_half_memory()) e = fchmod(fd, 0600) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    if (bytes <= s_half_memory())
+        e = fchmod(fd, 0600) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
     int rc = e != 0 ? dp_err(err, "shared memory %s (%zu bytes): %s", label, bytes, strerror(e))
                     : s_map(s, fd, bytes, PROT_READ | PROT_WRITE, err);
     /* Our mapping, made above, stays writable; once sealed no other
@@ -102,7 +103,7 @@ static int s_check_file(const dp_shm_t *s, int fd, size_t n, int slots, int acce
     struct stat st;
     if (fstat(fd, &st) != 0) return dp_err(err, "shared memory %s: %s", s->name, strerror(errno));
     if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
-        return dp_err(err, "shared memory %s: not a segment of ours with mode 0600 (uid %d, mode %03o)",
+        return dp_err(err, "shared memory %s: not a file of ours with mode 0600 (uid %d, mode %03o)",
                       s->name, (int)st.st_uid, (unsigned)(st.st_mode & 0777));
     if ((size_t)st.st_size != dp_shm_bytes(n, slots))
         return dp_err(err, "shared memory %s: %lld bytes, expected %zu", s->name,
@@ -147,7 +148,10 @@ int dp_shm_open(dp_shm_t *s, const char *name, size_t n, int slots, int access, 
         return dp_err(err, "shared memory: bad layout (%d slots of %zu floats)", slots, n);
     snprintf(s->name, sizeof s->name, "%s", name);
     int writable = access == DP_SHM_WRITABLE;
-    int fd = open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC); /* a magic link: followed */
+    /* A magic link, followed. Whatever the other side named (a FIFO, a
+     * terminal) must neither block nor become ours: s_check_file then
+     * takes only a regular file. */
+    int fd = open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         int e = errno;
         s->name[0] = 0;

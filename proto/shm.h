@@ -26,7 +26,7 @@
  * Consistency is a seqlock per slot: the server makes a slot's seq odd
  * before it writes the slot and even (one more) after; a PARAMS reply names
  * the slot and its even seq, and the reader's copy is good only if seq still
- * has that value after the copy (dp_shm_read_ok). Nothing in a segment is
+ * has that value after the copy (dp_shm_read). Nothing in a segment is
  * trusted by its reader: the client checks the header against what the
  * WELCOME said, the server copies a gradient out of its segment before it
  * checks and applies it (the worker could write it meanwhile). */

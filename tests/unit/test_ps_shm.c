@@ -266,7 +266,8 @@ static int s_mapped_segments(void)
     if (!f) return -1;
     char line[512];
     int k = 0;
-    while (fgets(line, sizeof line, f)) k += strstr(line, "/memfd:downpour-") != NULL || strstr(line, "/dev/shm/downpour-") != NULL;
+    while (fgets(line, sizeof line, f))
+        k += strstr(line, "/memfd:downpour-") != NULL || strstr(line, "/dev/shm/downpour-") != NULL;
     fclose(f);
     return k;
 }

@@ -64,10 +64,18 @@ static void test_create_open(void)
         CHECK_EQ(dp_shm_open(&b, bad[i], NF, 3, DP_SHM_READ_ONLY, err), -1);
         CHECK(strstr(err, "bad segment name") != NULL);
     }
-    /* not a segment: a regular file of ours, unsealed */
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)getpid(), STDIN_FILENO);
+    /* not a segment: a FIFO nobody writes is refused at once (an open
+     * without O_NONBLOCK would wait for a writer for ever) */
+    char fifo[64], path[64];
+    snprintf(fifo, sizeof fifo, "/tmp/dp-test-shm-fifo-%d", (int)getpid());
+    CHECK_EQ(mkfifo(fifo, 0600), 0);
+    int ff = open(fifo, O_RDONLY | O_NONBLOCK);
+    CHECK(ff >= 0);
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)getpid(), ff);
     CHECK_EQ(dp_shm_open(&b, path, NF, 3, DP_SHM_READ_ONLY, err), -1);
+    CHECK(strstr(err, "not a file of ours") != NULL);
+    if (ff >= 0) close(ff);
+    unlink(fifo);
     /* a tampered header */
     a.hdr->n = 7;
     CHECK_EQ(dp_shm_open(&b, a.name, NF, 3, DP_SHM_READ_ONLY, err), -1);
