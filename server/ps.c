@@ -440,6 +440,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);
+    dp_ps_shm_revoke(ps->shm, env->worker_id); /* a grant holds for the HELLO that got it */
     if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);

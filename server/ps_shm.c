@@ -14,6 +14,7 @@ struct dp_ps_shm {
     dp_shm_t params;                    /* DP_SHM_PARAM_SLOTS slots of s->n floats */
     dp_snap_t *slot[DP_SHM_PARAM_SLOTS]; /* a buffer per slot (our reference each) */
     dp_shm_t *grad;                     /* per worker; .base NULL until granted */
+    unsigned char *granted;             /* per worker: its last HELLO got grad[w] */
     int n_workers;
 };
 
@@ -47,6 +48,7 @@ int dp_ps_shm_new(dp_ps_shm_t **out, dp_shard_t *s, int n_workers, char *err)
     x->s = s;
     x->n_workers = n_workers;
     x->grad = dp_calloc((size_t)n_workers, sizeof *x->grad);
+    x->granted = dp_calloc((size_t)n_workers, 1);
     *out = x;
     if (dp_shm_create(&x->params, s->index, "params", s->n, DP_SHM_PARAM_SLOTS, DP_SHM_READ_ONLY,
                       err) != 0) {
@@ -100,6 +102,7 @@ void dp_ps_shm_destroy(dp_ps_shm_t **x_p)
     for (int w = 0; w < x->n_workers; w++) dp_shm_close(&x->grad[w]);
     dp_shm_close(&x->params);
     free(x->grad);
+    free(x->granted);
     free(x);
     *x_p = NULL;
 }
@@ -116,7 +119,13 @@ int dp_ps_shm_grant(dp_ps_shm_t *x, int worker, const char **params_name, const 
     }
     *params_name = x->params.name;
     *grad_name = g->name;
+    x->granted[worker] = 1;
     return 0;
+}
+
+void dp_ps_shm_revoke(dp_ps_shm_t *x, int worker)
+{
+    if (x && worker >= 0 && worker < x->n_workers) x->granted[worker] = 0;
 }
 
 int dp_ps_shm_params(dp_ps_shm_t *x, uint32_t *slot, uint64_t *seq)
@@ -133,7 +142,7 @@ int dp_ps_shm_gradient(dp_ps_shm_t *x, int worker, const Downpour__Envelope *env
 {
     dp_shard_t *s = x->s;
     *rejected = 0;
-    if (worker < 0 || worker >= x->n_workers || !x->grad[worker].base)
+    if (worker < 0 || worker >= x->n_workers || !x->granted[worker])
         return dp_err(err, "malformed: PUSH through shared memory, but worker %d has no segment "
                            "here (say HELLO with shm)",
                       worker);

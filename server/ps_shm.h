@@ -32,9 +32,14 @@ int dp_ps_shm_new(dp_ps_shm_t **out, dp_shard_t *s, int n_workers, char *err);
 void dp_ps_shm_destroy(dp_ps_shm_t **x_p);
 
 /* Worker w's gradient segment (made on first use) and the parameter
- * segment's name. The names stay valid while x lives. */
+ * segment's name. The names stay valid while x lives. A grant holds for
+ * the HELLO that got it: */
 int dp_ps_shm_grant(dp_ps_shm_t *x, int worker, const char **params_name, const char **grad_name,
                     char *err);
+/* worker w said HELLO again (without shared memory, or from a peer not on
+ * this host): its pushes may no longer name its segment, which stays for a
+ * later grant. Safe on NULL. */
+void dp_ps_shm_revoke(dp_ps_shm_t *x, int worker);
 
 /* The live version's slot and seq, 1; 0 when the live buffer is not a slot
  * (then the reply goes as a frame). */
@@ -43,7 +48,8 @@ int dp_ps_shm_params(dp_ps_shm_t *x, uint32_t *slot, uint64_t *seq);
 /* A PUSH whose descriptors (already checked to tile the shard's range) are
  * in worker w's gradient segment: copied into the shard's scratch and
  * checked finite there, one slice returned in g. -1 with err: no segment
- * for w ("malformed"), or a non-finite value (a rejection, *rejected = 1). */
+ * granted to w ("malformed"), or a non-finite value (a rejection,
+ * *rejected = 1). */
 int dp_ps_shm_gradient(dp_ps_shm_t *x, int worker, const Downpour__Envelope *env,
                        dp_grad_slice_t *g, int *rejected, char *err);
 

@@ -73,6 +73,60 @@ static int s_hello_shm(void *sock, int wid, char *name, size_t name_n)
     return type;
 }
 
+/* HELLO as worker wid without shared memory; the reply's type. */
+static int s_hello_plain(void *sock, int wid)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 2, wid, s_small.fingerprint);
+    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
+    h.model_spec = s_small.spec;
+    h.in_c = s_small.in_c, h.in_h = s_small.in_h, h.in_w = s_small.in_w;
+    h.n_floats = s_small.n_floats;
+    env.hello = &h;
+    uint8_t buf[4096];
+    size_t len = downpour__envelope__pack(&env, buf);
+    if (zmq_send(sock, buf, len, 0) < 0) return -1;
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
+    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    int type = rep ? (int)rep->type : -1;
+    dp_wire_destroy(&rep);
+    dp_wire_rx_fini(&rx);
+    return type;
+}
+
+/* A PUSH of the whole range as worker wid saying the gradient is in its
+ * segment (whatever that holds); the reply's type, its error text in why. */
+static int s_push_shm(void *sock, int wid, char *why, size_t why_n)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 3, wid, s_small.fingerprint);
+    Downpour__Push pu = DOWNPOUR__PUSH__INIT;
+    env.push = &pu;
+    env.shm = 1;
+    Downpour__TensorDesc d;
+    Downpour__TensorDesc *dv[1] = {&d};
+    int64_t shape[1];
+    dp_wire_desc_fill(&d, shape, "params", NULL, s_small.n_floats, 0, 1, 0);
+    dp_wire_desc_no_checksum(&d);
+    env.n_tensors = 1;
+    env.tensors = dv;
+    uint8_t buf[4096];
+    size_t len = downpour__envelope__pack(&env, buf);
+    why[0] = 0;
+    if (zmq_send(sock, buf, len, 0) < 0) return -1;
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
+    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    int type = rep ? (int)rep->type : -1;
+    if (rep && rep->error && rep->error->message) snprintf(why, why_n, "%s", rep->error->message);
+    dp_wire_destroy(&rep);
+    dp_wire_rx_fini(&rx);
+    return type;
+}
+
 /* ---- a hostile process of the same user -------------------------------- */
 
 /* Everything a process of this user can try with a segment's name to
@@ -221,6 +275,9 @@ static void test_not_local_refused(void)
     void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, remote);
     CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
     CHECK_STR(name, "");
+    char why[DP_ERR_LEN];
+    CHECK_EQ(s_push_shm(raw, 1, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(why, "malformed: PUSH through shared memory") != NULL);
     zmq_close(raw);
     zmq_ctx_term(ctx);
     dp_ps_client_t *c = NULL;
@@ -231,6 +288,38 @@ static void test_not_local_refused(void)
     CHECK_EQ(dp_ps_client_new(&c, local, &s_small, 0, TMO, NULL, err), 0);
     dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
     if (c) CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* A grant holds for the HELLO that got it: the same connection saying
+ * HELLO again without asking (as a peer that took over the id would) may
+ * no longer push "from" the segment, which still holds what was written
+ * there before. */
+static void test_grant_per_hello(void)
+{
+    srv_small_model(&s_small);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 2);
+    CHECK_EQ(srv_start(&s), 0);
+    char name[256], why[DP_ERR_LEN], err[DP_ERR_LEN] = "";
+    void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, s.endpoint);
+    CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK(name[0] != 0);
+    CHECK_EQ(s_push_shm(raw, 1, why, sizeof why), DOWNPOUR__MSG_TYPE__ACK); /* granted: applied */
+    CHECK_EQ(s_hello_plain(raw, 1), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK_EQ(s_push_shm(raw, 1, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(why, "has no segment") != NULL);
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    dp_ps_stats_t st;
+    if (c) {
+        CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+        CHECK_EQ(st.version, 1); /* the first push only */
+        CHECK_EQ(st.applied, 1);
+    }
     dp_ps_client_destroy(&c);
     CHECK_EQ(srv_stop(&s), 0);
 }
@@ -335,4 +424,5 @@ static void test_kill9_leaves_nothing(void)
     free(p), free(g);
 }
 
-DP_TESTS(T(test_hostile_writer), T(test_not_local_refused), T(test_kill9_leaves_nothing))
+DP_TESTS(T(test_hostile_writer), T(test_not_local_refused), T(test_grant_per_hello),
+         T(test_kill9_leaves_nothing))
