@@ -92,17 +92,17 @@ int dp_shard_step_check(const dp_shard_t *s, int worker, uint64_t step, char *wh
     uint64_t slack = s->step_first[worker] ? s->step_slack : 0;
     /* seen + 1 + slack without wrapping: step - seen is compared instead */
     if (step <= seen || step - seen <= 1 + slack) return 0;
+    /* short: the worker's log line keeps 160 characters of it */
     if (slack)
         snprintf(why, n,
-                 "implausible step %" PRIu64 " of worker %d: this shard handled its steps up to %" PRIu64
-                 ", and the first push after a restart may skip at most %" PRIu64
-                 " (--checkpoint-every), so at most step %" PRIu64,
-                 step, worker, seen, slack, seen + 1 + slack);
+                 "implausible step %" PRIu64 " of worker %d: at most %" PRIu64
+                 " after a restart (last handled %" PRIu64 ", + 1 + --checkpoint-every %" PRIu64 ")",
+                 step, worker, seen + 1 + slack, seen, slack);
     else
         snprintf(why, n,
-                 "implausible step %" PRIu64 " of worker %d: this shard handled its steps up to %" PRIu64
-                 ", so the next is at most %" PRIu64,
-                 step, worker, seen, seen + 1);
+                 "implausible step %" PRIu64 " of worker %d: at most %" PRIu64
+                 " (one past the last handled, %" PRIu64 ")",
+                 step, worker, seen + 1, seen);
     return -1;
 }
 
