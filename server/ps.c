@@ -15,6 +15,19 @@
  *    the shard writes the next version into another buffer (server/shard.h),
  *    so a reply never goes out torn. Co-located workers that asked for it
  *    read the live buffer out of shared memory instead (server/ps_shm.h).
+ *  - What one peer can make the shard hold is bounded per worker id: at
+ *    most DP_PS_PARAMS_PER_WORKER PARAMS frames ZeroMQ has not sent yet
+ *    (each a reference to one buffer of the shard's range; a pull beyond
+ *    that is answered "busy"), at most DP_PS_HELD_PER_WORKER held pulls (a
+ *    pull beyond that is refused), and per connection at most S_SNDHWM
+ *    replies queued (ZeroMQ drops a ROUTER's further replies to a peer that
+ *    does not read). So the shard's parameter buffers number at most
+ *    DP_SHARD_RETIRED + 2 (live, bfloat16) + DP_PS_PARAMS_PER_WORKER per
+ *    worker, whatever a peer sends (dp_snap_alive, "snapshots" in the
+ *    metrics).
+ *  - A push's step is plausible (dp_shard_step_check) before it can count
+ *    as a repeat or be recorded as applied: one message cannot push a
+ *    worker's step high-water mark (and its checkpoint) out of reach.
  *  - A version that moved is checkpointed (when due) before the reply that
  *    reports it; held pulls are asked again after every change.
  *  - Every blocking wait is zmq_poll with a timeout of at most 100 ms, so the
@@ -24,6 +37,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +59,12 @@
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
 
-#define S_MAX_PENDING 4096
+/* Replies ZeroMQ may queue per peer before the ROUTER drops further ones to
+ * it (ZMQ_ROUTER_MANDATORY is off: a peer that does not read loses replies,
+ * the shard never blocks on it). A worker reads every reply: it has one
+ * request per shard in flight and its heartbeat answers, so a queue this
+ * long only fills behind a peer that stopped reading. */
+#define S_SNDHWM 16
 /* Messages ZeroMQ may queue per peer before it stops reading that peer's
  * connection (the default is 1000). A worker has one request per shard in
  * flight, plus a heartbeat now and then while a pull is held (answered at
@@ -57,6 +76,13 @@
  * vanished worker's connection and what ZeroMQ queued for it go away. */
 #define S_ZMTP_IVL_MS 1000
 #define S_ZMTP_TIMEOUT_MS 5000
+
+/* A PARAMS frame lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
+ * id, so the buffers a peer that does not read pins are bounded. */
+typedef struct {
+    dp_snap_t *snap;       /* the buffer sent (its reference), while busy */
+    atomic_int busy;       /* 1 from the send until ZeroMQ's free callback (I/O thread) */
+} s_lent_t;
 
 typedef struct {
     zmq_msg_t identity;    /* ROUTER identity to answer */
@@ -77,8 +103,10 @@ typedef struct {
     dp_shard_t shard;
     dp_members_t members;
     dp_policy_t *policy;
-    s_pending_t *pending;  /* held pulls, in arrival order */
+    s_pending_t *pending;  /* held pulls, in arrival order: DP_PS_HELD_PER_WORKER per worker */
     int n_pending;
+    int *held;             /* per worker: its pulls in pending */
+    s_lent_t *lent;        /* per worker DP_PS_PARAMS_PER_WORKER: PARAMS frames ZeroMQ holds */
     void *ctx, *sock;
     size_t max_msg;        /* bytes of the largest message accepted, all parts */
     uint64_t net_errors;   /* ZeroMQ calls that failed inside the loop */
@@ -138,10 +166,37 @@ static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, c
     s_reply_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
+/* ZeroMQ's free callback of a PARAMS frame (on its I/O thread): the buffer's
+ * reference goes, the worker's slot is free again. */
+static void s_lent_release(void *data, void *hint)
+{
+    (void)data;
+    s_lent_t *l = hint;
+    dp_snap_t *snap = l->snap;
+    l->snap = NULL;
+    dp_snap_unref(NULL, snap);
+    atomic_store_explicit(&l->busy, 0, memory_order_release);
+}
+
+/* A free slot of the worker's, or NULL: it has DP_PS_PARAMS_PER_WORKER
+ * PARAMS frames ZeroMQ could not send yet (it does not read them). */
+static s_lent_t *s_lend(s_ps_t *ps, int worker)
+{
+    s_lent_t *l = ps->lent + (size_t)worker * DP_PS_PARAMS_PER_WORKER;
+    for (int k = 0; k < DP_PS_PARAMS_PER_WORKER; k++)
+        if (atomic_load_explicit(&l[k].busy, memory_order_acquire) == 0) {
+            atomic_store_explicit(&l[k].busy, 1, memory_order_relaxed);
+            return &l[k];
+        }
+    return NULL;
+}
+
 /* PARAMS: the live buffer goes to ZeroMQ as it is (its reference with it);
  * the shard writes the next version elsewhere while ZeroMQ holds it. In
  * bfloat16 (--wire bf16) the version is converted once and sent as is. A
- * shared-memory reader is told the slot instead of getting a frame. */
+ * shared-memory reader is told the slot instead of getting a frame. A
+ * worker whose earlier PARAMS frames all still wait in ZeroMQ is answered
+ * "busy" instead (s_lend). */
 static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how, int bf16)
 {
     bf16 = bf16 && how != S_PARAMS_SHM;
@@ -168,7 +223,19 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
         dp_snap_unref(NULL, s);
         return;
     }
-    dp_wire_payload_t pl = {s->data, n * (bf16 ? 2 : sizeof(float)), dp_snap_unref, s};
+    s_lent_t *l = s_lend(ps, worker);
+    if (!l) {
+        dp_snap_unref(NULL, s);
+        char msg[DP_ERR_LEN];
+        snprintf(msg, sizeof msg,
+                 "busy: worker %d has %d PARAMS replies this shard could not send yet (is it "
+                 "reading its replies?); pull again once they are read",
+                 worker, DP_PS_PARAMS_PER_WORKER);
+        s_reply_error(ps, id, req, worker, msg);
+        return;
+    }
+    l->snap = s;
+    dp_wire_payload_t pl = {s->data, n * (bf16 ? 2 : sizeof(float)), s_lent_release, l};
     s_send(ps, id, &env, &pl, 1);
 }
 
@@ -245,6 +312,8 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "repeats", (double)c->repeats);
     cJSON_AddNumberToObject(line, "auth_refused", (double)ps->auth.refused);
     cJSON_AddNumberToObject(line, "curve_refused", ps->zap ? (double)dp_zap_refused(ps->zap) : 0.0);
+    cJSON_AddNumberToObject(line, "snapshots", dp_snap_alive());
+    cJSON_AddNumberToObject(line, "held_pulls", ps->n_pending);
     dp_metrics_write(ps->metrics, &line);
 }
 
@@ -270,6 +339,7 @@ static void s_release_pending(s_ps_t *ps)
         if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version)) {
             s_reply_params(ps, &p->identity, p->request_id, p->worker, p->how, p->bf16);
             dp_wire_msg_close(&p->identity);
+            ps->held[p->worker]--;
             continue;
         }
         if (j != i) {
@@ -280,6 +350,7 @@ static void s_release_pending(s_ps_t *ps)
                 dp_log_warn("shard %d: held pull of worker %d lost: %s", ps->cfg->shard_index,
                             p->worker, err);
                 dp_wire_msg_close(&p->identity);
+                ps->held[p->worker]--;
                 continue;
             }
             dp_wire_msg_close(&p->identity);
@@ -456,8 +527,15 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
         s_reply_params(ps, id, env->request_id, wid, how, bf16);
         return;
     }
-    if (ps->n_pending >= S_MAX_PENDING) {
-        s_reply_error(ps, id, env->request_id, wid, "too many deferred pulls at this shard");
+    /* Per worker, so one that floods pulls is refused and the others wait
+     * as ever. A worker holds one pull per shard, two or three after it
+     * repeated one (a restart, a lost reply). */
+    if (ps->held[wid] >= DP_PS_HELD_PER_WORKER) {
+        char msg[DP_ERR_LEN];
+        snprintf(msg, sizeof msg,
+                 "too many held pulls: worker %d has %d pulls waiting at this shard already (at "
+                 "most %d)", wid, ps->held[wid], DP_PS_HELD_PER_WORKER);
+        s_reply_error(ps, id, env->request_id, wid, msg);
         return;
     }
     s_pending_t *p = &ps->pending[ps->n_pending];
@@ -473,6 +551,7 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     p->how = how;
     p->bf16 = bf16;
     ps->n_pending++;
+    ps->held[wid]++;
 }
 
 /* A push of a (worker, step) this shard applied already (its ACK was lost,
@@ -500,6 +579,15 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         s_reply_error(ps, id, env->request_id, wid, msg);
         return;
     }
+    /* Before it may count as a repeat or be recorded: a step out of reach
+     * would make the worker's real pushes repeats, in the checkpoint too. */
+    if (dp_shard_step_check(&ps->shard, wid, env->push->step, msg, sizeof msg) != 0) {
+        s_reply_error(ps, id, env->request_id, wid, msg);
+        return;
+    }
+    /* Handled whatever becomes of it (dropped, refused as non-finite): the
+     * worker's next step follows this one. */
+    dp_shard_step_handled(&ps->shard, wid, env->push->step);
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
     int bf16[DP_WIRE_MAX_TENSORS];
     for (int f = 0; f < n_frames; f++) {
@@ -743,7 +831,7 @@ static int s_open_socket(s_ps_t *ps, char *err)
      * either (ZeroMQ drops a peer that sends one). */
     ps->max_msg = ps->shard.n * sizeof(float) + DP_WIRE_MAX_ENVELOPE + DP_WIRE_MAX_IDENTITY;
     int64_t maxmsg = (int64_t)ps->max_msg;
-    int zero = 0, sndhwm = 10000, rcvhwm = S_RCVHWM;
+    int zero = 0, sndhwm = S_SNDHWM, rcvhwm = S_RCVHWM;
     if (s_setopt(ps->sock, ZMQ_LINGER, &zero, sizeof zero, "ZMQ_LINGER", err) != 0 ||
         s_setopt(ps->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE", err) != 0 ||
         s_setopt(ps->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM", err) != 0 ||
@@ -815,10 +903,17 @@ static int s_setup_state(s_ps_t *ps, char *err)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());
     dp_shard_track_steps(&ps->shard, cfg->num_workers);
+    /* A restore loses fewer than --checkpoint-every versions, and a worker
+     * makes at most one step per version (plus the one it repeats). */
+    if (cfg->checkpoint_dir[0] && cfg->checkpoint_every > 0)
+        ps->shard.step_slack = (uint64_t)cfg->checkpoint_every;
     dp_policy_conf_t pc = {cfg->replicas ? cfg->replicas : cfg->num_workers, cfg->staleness,
                            cfg->lr_staleness};
     if (dp_policy_new(&ps->policy, ops, &pc, &ps->shard, &ps->members, err) != 0) return -1;
-    ps->pending = dp_calloc(S_MAX_PENDING, sizeof *ps->pending);
+    /* calloc: pages of the table no peer filled stay untouched */
+    ps->pending = dp_calloc((size_t)cfg->num_workers * DP_PS_HELD_PER_WORKER, sizeof *ps->pending);
+    ps->held = dp_calloc((size_t)cfg->num_workers, sizeof *ps->held);
+    ps->lent = dp_calloc((size_t)cfg->num_workers * DP_PS_PARAMS_PER_WORKER, sizeof *ps->lent);
     return s_restore(ps, err);
 }
 
@@ -895,6 +990,8 @@ static void s_teardown(s_ps_t *ps)
     dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
     free(ps->pending);
+    free(ps->held);
+    free(ps->lent); /* the context ended: ZeroMQ released every frame */
 }
 
 /* Wait up to 100 ms, then handle a bounded batch of what arrived. */

@@ -15,8 +15,11 @@
  * with a step (Push.step) is applied once per (worker, step), a repeat is
  * acknowledged APPLIED with a "repeat:" reason and counted in "repeats";
  * the last step applied per worker is kept in the checkpoint and returned
- * in Welcome.worker_step; a request from a connection that has not said
- * HELLO gets ERROR ERR_UNKNOWN_WORKER (the client says HELLO again).
+ * in Welcome.worker_step; a step more than one past the highest handled
+ * from that worker (--checkpoint-every more for its first push after a
+ * restart) is refused with an ERROR, changing nothing; a request from a
+ * connection that has not said HELLO gets ERROR ERR_UNKNOWN_WORKER (the
+ * client says HELLO again).
  *
  * Every message is bounded (all its parts together at most a PUSH of this
  * shard's range plus an envelope) and validated (proto/wire.h + fingerprint,
@@ -35,6 +38,14 @@
 #include "proto/wire.h"
 
 #define DP_PS_PATH_LEN 512
+
+/* What one worker id may hold at a shard (server/ps.c): PARAMS replies
+ * ZeroMQ has not sent yet (each references one buffer of the shard's
+ * range; a pull beyond them is answered "busy"), and pulls held waiting
+ * (one beyond them is refused). A worker has one request per shard in
+ * flight, and at most two repeats of it. */
+#define DP_PS_PARAMS_PER_WORKER 4
+#define DP_PS_HELD_PER_WORKER 4
 
 typedef struct {
     char bind[256];             /* e.g. "tcp://0.0.0.0:5555"; port "*" picks a free one */

@@ -1,6 +1,8 @@
 /* shard: a parameter-server shard's state and update (see shard.h). */
 #include "server/shard.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +64,10 @@ void dp_shard_fini(dp_shard_t *s)
     free(s->acc);
     free(s->scratch);
     free(s->worker_step);
-    s->worker_step = NULL;
+    free(s->worker_seen);
+    free(s->step_first);
+    s->worker_step = s->worker_seen = NULL;
+    s->step_first = NULL;
     s->n_workers = 0;
     s->snap = NULL;
     s->w = s->state = s->acc = s->scratch = NULL;
@@ -71,8 +76,41 @@ void dp_shard_fini(dp_shard_t *s)
 void dp_shard_track_steps(dp_shard_t *s, int n_workers)
 {
     free(s->worker_step);
+    free(s->worker_seen);
+    free(s->step_first);
     s->worker_step = dp_calloc((size_t)n_workers, sizeof *s->worker_step);
+    s->worker_seen = dp_calloc((size_t)n_workers, sizeof *s->worker_seen);
+    s->step_first = dp_malloc((size_t)n_workers);
+    memset(s->step_first, 1, (size_t)n_workers);
     s->n_workers = n_workers;
+}
+
+int dp_shard_step_check(const dp_shard_t *s, int worker, uint64_t step, char *why, size_t n)
+{
+    if (!s->worker_step || worker < 0 || worker >= s->n_workers || step == 0) return 0;
+    uint64_t seen = s->worker_seen[worker];
+    uint64_t slack = s->step_first[worker] ? s->step_slack : 0;
+    /* seen + 1 + slack without wrapping: step - seen is compared instead */
+    if (step <= seen || step - seen <= 1 + slack) return 0;
+    /* short: the worker's log line keeps 160 characters of it */
+    if (slack)
+        snprintf(why, n,
+                 "implausible step %" PRIu64 " of worker %d: at most %" PRIu64
+                 " after a restart (last handled %" PRIu64 ", + 1 + --checkpoint-every %" PRIu64 ")",
+                 step, worker, seen + 1 + slack, seen, slack);
+    else
+        snprintf(why, n,
+                 "implausible step %" PRIu64 " of worker %d: at most %" PRIu64
+                 " (one past the last handled, %" PRIu64 ")",
+                 step, worker, seen + 1, seen);
+    return -1;
+}
+
+void dp_shard_step_handled(dp_shard_t *s, int worker, uint64_t step)
+{
+    if (!s->worker_step || worker < 0 || worker >= s->n_workers || step == 0) return;
+    if (step > s->worker_seen[worker]) s->worker_seen[worker] = step;
+    s->step_first[worker] = 0;
 }
 
 int dp_shard_step_seen(const dp_shard_t *s, int worker, uint64_t step)
@@ -85,6 +123,7 @@ void dp_shard_step_done(dp_shard_t *s, int worker, uint64_t step)
 {
     if (!s->worker_step || worker < 0 || worker >= s->n_workers) return;
     if (step > s->worker_step[worker]) s->worker_step[worker] = step;
+    if (step > s->worker_seen[worker]) s->worker_seen[worker] = step;
 }
 
 float dp_shard_lr(const dp_shard_t *s)
@@ -105,8 +144,17 @@ int dp_shard_set_threads(dp_shard_t *s, int n_threads, char *err)
     return dp_pool_new(&s->pool, n_threads, err);
 }
 
+/* dp_snap_alive: heap buffers made and not yet freed (any thread frees). */
+static atomic_int s_alive;
+
+int dp_snap_alive(void)
+{
+    return atomic_load(&s_alive);
+}
+
 dp_snap_t *dp_snap_new(size_t n)
 {
+    atomic_fetch_add(&s_alive, 1);
     dp_snap_t *b = dp_calloc(1, sizeof *b);
     atomic_init(&b->refs, 1);
     b->n = n;
@@ -328,7 +376,10 @@ void dp_snap_unref(void *data, void *hint)
     (void)data;
     dp_snap_t *snap = hint;
     if (atomic_fetch_sub(&snap->refs, 1) != 1) return;
-    if (snap->owned) free(snap->data);
+    if (snap->owned) {
+        free(snap->data);
+        atomic_fetch_sub(&s_alive, 1);
+    }
     free(snap);
 }
 

@@ -101,7 +101,14 @@ typedef struct {
     uint64_t *worker_step; /* per worker: the last Push.step applied here (0: none), so a
                               repeated push is applied once and a restarted worker resumes;
                               NULL until dp_shard_track_steps */
-    int n_workers;         /* entries of worker_step */
+    uint64_t *worker_seen; /* per worker: the highest Push.step handled here (applied,
+                              dropped or refused once its step passed), >= worker_step;
+                              the next step may be at most one past it */
+    unsigned char *step_first; /* per worker: 1 until its first stepped push since this shard
+                                  started, which may also skip step_slack steps */
+    uint64_t step_slack;   /* steps a worker may have made that a restore lost
+                              (--checkpoint-every); 0: none */
+    int n_workers;         /* entries of worker_step, worker_seen and step_first */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -122,9 +129,22 @@ int dp_shard_set_threads(dp_shard_t *s, int n_threads, char *err);
 
 /* A heap buffer of n floats with one reference (the caller's). */
 dp_snap_t *dp_snap_new(size_t n);
+/* Heap buffers of parameters alive in this process (live, retired, bfloat16
+ * and those only replies in flight still hold): what the shard's memory
+ * bound counts (server/ps.c, README "Limits"). */
+int dp_snap_alive(void);
 
-/* Keep the last applied step of n_workers workers (all 0). */
+/* Keep the last applied and the highest handled step of n_workers workers
+ * (all 0). */
 void dp_shard_track_steps(dp_shard_t *s, int n_workers);
+/* Is this step of a worker plausible? A worker numbers its steps 1, 2, 3,
+ * ... and repeats only steps it sent, so its next one is at most one past
+ * the highest this shard handled from it; only its first since the shard
+ * started may skip step_slack more (the steps a restore lost). Step 0 (no
+ * step) and untracked shards always are. 0 yes; -1 with why (n bytes). */
+int dp_shard_step_check(const dp_shard_t *s, int worker, uint64_t step, char *why, size_t n);
+/* A plausible step of the worker was handled (whatever became of its push). */
+void dp_shard_step_handled(dp_shard_t *s, int worker, uint64_t step);
 /* Was this worker's step applied already? Step 0 (a push without a step)
  * and untracked shards never are. */
 int dp_shard_step_seen(const dp_shard_t *s, int worker, uint64_t step);

@@ -18,28 +18,28 @@ void dp_shard_checkpoint_path(char *out, size_t n, const char *dir, int i, int k
     snprintf(out, n, "%s/ps-shard-%d-of-%d.safetensors", dir, i, k);
 }
 
-/* ---- the per-worker steps: one metadata key, "worker_steps" ----------- */
+/* ---- the per-worker steps: metadata "worker_steps" (applied) and
+ * "worker_steps_seen" (handled, the plausibility bound) ----------------- */
 
-/* "S0,S1,...": the last step applied per worker (malloc'd), or NULL when the
+/* "S0,S1,...": one step per worker out of steps (malloc'd), or NULL when the
  * shard keeps none. */
-static char *s_steps_meta(const dp_shard_t *s)
+static char *s_steps_meta(const dp_shard_t *s, const uint64_t *steps)
 {
-    if (!s->worker_step) return NULL;
+    if (!steps) return NULL;
     size_t cap = (size_t)s->n_workers * 21 + 1, at = 0;
     char *out = dp_malloc(cap);
     out[0] = 0;
     for (int i = 0; i < s->n_workers; i++)
-        at += (size_t)snprintf(out + at, cap - at, "%s%" PRIu64, i ? "," : "", s->worker_step[i]);
+        at += (size_t)snprintf(out + at, cap - at, "%s%" PRIu64, i ? "," : "", steps[i]);
     return out;
 }
 
-/* The steps back from "worker_steps"; a file without the key (written before
- * steps were kept) leaves them at 0. */
-static int s_steps_restore(dp_shard_t *s, const char *path, char *err)
+/* The steps of key back into into; a file without the key (written before
+ * such steps were kept) leaves them as they are. */
+static int s_steps_read(dp_shard_t *s, const char *path, const char *key, uint64_t *into, char *err)
 {
-    if (!s->worker_step) return 0;
     char e2[DP_ERR_LEN] = "";
-    char *v = dp_safetensors_read_meta(path, "worker_steps", e2);
+    char *v = dp_safetensors_read_meta(path, key, e2);
     if (!v) return e2[0] ? dp_err(err, "%s", e2) : 0;
     uint64_t *st = dp_calloc((size_t)s->n_workers, sizeof *st);
     int n = 0, bad = 0;
@@ -52,11 +52,23 @@ static int s_steps_restore(dp_shard_t *s, const char *path, char *err)
         p = *end ? end + 1 : end;
     }
     free(v);
-    if (!bad && n == s->n_workers) memcpy(s->worker_step, st, (size_t)n * sizeof *st);
+    if (!bad && n == s->n_workers) memcpy(into, st, (size_t)n * sizeof *st);
     free(st);
     if (bad || n != s->n_workers)
-        return dp_err(err, "%s: checkpoint's worker_steps is not %d steps (was --workers changed?)",
-                      path, s->n_workers);
+        return dp_err(err, "%s: checkpoint's %s is not %d steps (was --workers changed?)", path,
+                      key, s->n_workers);
+    return 0;
+}
+
+/* Both back; a file without "worker_steps_seen" handled what it applied. */
+static int s_steps_restore(dp_shard_t *s, const char *path, char *err)
+{
+    if (!s->worker_step) return 0;
+    if (s_steps_read(s, path, "worker_steps", s->worker_step, err) != 0 ||
+        s_steps_read(s, path, "worker_steps_seen", s->worker_seen, err) != 0)
+        return -1;
+    for (int i = 0; i < s->n_workers; i++)
+        if (s->worker_seen[i] < s->worker_step[i]) s->worker_seen[i] = s->worker_step[i];
     return 0;
 }
 
@@ -87,15 +99,19 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
                           "n_floats", nf, "optimizer", dp_optim_kind_name(s->optim.kind),
                           "version", ver, "step", ver, "params_crc32", pcrc,
                           "state_crc32", scrc, "run_id", run ? run->id : "",
-                          "finished", run && run->finished ? "1" : "0", NULL, NULL, NULL};
-    char *steps = s_steps_meta(s);
-    if (steps) { /* in the two spare slots before the final NULL */
-        size_t k = sizeof meta / sizeof meta[0] - 3;
+                          "finished", run && run->finished ? "1" : "0", NULL, NULL, NULL, NULL,
+                          NULL};
+    char *steps = s_steps_meta(s, s->worker_step), *seen = s_steps_meta(s, s->worker_seen);
+    if (steps) { /* in the four spare slots before the final NULL */
+        size_t k = sizeof meta / sizeof meta[0] - 5;
         meta[k] = "worker_steps";
         meta[k + 1] = steps;
+        meta[k + 2] = "worker_steps_seen";
+        meta[k + 3] = seen;
     }
     int rc = dp_safetensors_write(path, t, s->state_per ? 2 : 1, meta, err);
     free(steps);
+    free(seen);
     return rc;
 }
 

@@ -17,7 +17,9 @@
  * per-worker steps ride along as "worker_steps" (the last step applied per
  * worker, comma-separated, when the shard keeps them: a restarted shard
  * still applies a (worker, step) once and tells a restarted worker where to
- * resume). */
+ * resume) and "worker_steps_seen" (the highest step handled per worker,
+ * applied or not: how far a worker's next step may be, dp_shard_step_check;
+ * a file without it takes "worker_steps"). */
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
 
