@@ -32,6 +32,18 @@ void dp_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Checked size arithmetic for sizes that come from input (a spec, a file
+ * header): *out = a * b (a + b); -1 when it does not fit in a size_t,
+ * *out then unspecified. */
+static inline int dp_size_mul(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int dp_size_add(size_t a, size_t b, size_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
 /* Seconds on the monotonic clock. */
 double dp_now(void);
 
