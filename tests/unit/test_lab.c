@@ -231,6 +231,55 @@ static void test_record_damaged(void)
     free(text);
 }
 
+/* A record is written through a fresh O_EXCL temporary file: a symlink
+ * planted at the name the writer used to take (PATH.tmp) is not followed,
+ * so the file it points to is not overwritten. A failing write (a full
+ * disk, DP_TEST_WRITE_FAIL) is reported at close and leaves nothing. */
+static void test_record_tmp_is_safe(void)
+{
+    char path[300], tmp[310], victim[300], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/s.rec", s_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(victim, sizeof victim, "%s/victim", s_dir);
+    CHECK_EQ(dp_write_file_atomic(victim, "precious\n", 9, err), 0);
+    CHECK_EQ(symlink(victim, tmp), 0);
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "model", TINY);
+    dp_record_t *w = NULL;
+    CHECK_EQ(dp_record_new(&w, path, h, err), 0);
+    dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .lr = 0.1f, .grad_norm = 1, .update_norm = 1};
+    for (int i = 0; i < 3; i++) dp_record_push(w, 0, 0, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL);
+    CHECK_EQ(dp_record_close(&w, err), 0);
+    uint8_t *text = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(victim, &text, &len, err), 0);
+    CHECK(text && len == 9 && memcmp(text, "precious\n", 9) == 0);
+    free(text);
+    struct stat st;
+    CHECK(lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)); /* left as it was */
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+    dp_rec_t r;
+    CHECK_EQ(dp_rec_load(&r, path, err), 0);
+    CHECK_EQ(r.n, 3);
+    dp_rec_fini(&r);
+    unlink(tmp);
+    /* a write that fails: close says so, nothing at PATH nor beside it */
+    char path2[300];
+    snprintf(path2, sizeof path2, "%s/full.rec", s_dir);
+    setenv("DP_TEST_WRITE_FAIL", "full.rec", 1);
+    CHECK_EQ(dp_record_new(&w, path2, h, err), 0);
+    dp_record_push(w, 0, 0, 1, 0, &o, 1, NULL);
+    CHECK_EQ(dp_record_close(&w, err), -1);
+    unsetenv("DP_TEST_WRITE_FAIL");
+    fprintf(stderr, "  (expected) %s\n", err);
+    CHECK(strstr(err, "full.rec: write failed: No space left on device") != NULL);
+    CHECK(stat(path2, &st) != 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q full.rec", s_dir);
+    CHECK(system(cmd) != 0); /* grep found none */
+    cJSON_Delete(h);
+}
+
 /* SGD: the update is lr times the gradient, and the norms say so. */
 static void test_measured_step(void)
 {
@@ -290,4 +339,4 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
-         T(test_measured_step))
+         T(test_measured_step), T(test_record_tmp_is_safe))
