@@ -11,10 +11,12 @@
  * has sd sqrt(p(1-p)/n) and the mean staleness sd sqrt((1-p)/p^2/n); the
  * checks allow 5 of each (and the runs are deterministic: a seed that
  * passes passes always). */
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -280,6 +282,77 @@ static void test_record_tmp_is_safe(void)
     cJSON_Delete(h);
 }
 
+/* `downpour replay FILE --out DIR` in a child, stderr to errpath; its exit
+ * status (128 + a signal that killed it) and stderr's text (malloc'd). */
+static int s_replay_child(const char *rec, const char *out, const char *errpath, char **text)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 2);
+        char *argv[] = {"replay", (char *)rec, "--out", (char *)out, NULL};
+        _exit(dp_replay_main(4, argv));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    uint8_t *b = NULL;
+    size_t len = 0;
+    char err[DP_ERR_LEN];
+    *text = dp_read_file(errpath, &b, &len, err) == 0 ? (char *)b : dp_strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* A record's header is untrusted: replay takes the model and the sizes
+ * from it. A model of 2^62 floats (its n_floats * 4 wraps to 0) and a
+ * batch of 2^40 are one line and exit status 1. */
+static void test_replay_refuses_absurd_header(void)
+{
+    char rec[300], out[300], errp[300], img[300], lab[300], data[700], err[DP_ERR_LEN] = "";
+    snprintf(rec, sizeof rec, "%s/absurd.rec", s_dir);
+    snprintf(out, sizeof out, "%s/absurd-out", s_dir);
+    snprintf(errp, sizeof errp, "%s/absurd.err", s_dir);
+    snprintf(img, sizeof img, "%s/absurd-img", s_dir);
+    snprintf(lab, sizeof lab, "%s/absurd-lab", s_dir);
+    uint8_t im[16 + 784] = {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 28, 0, 0, 0, 28};
+    uint8_t lb[9] = {0, 0, 8, 1, 0, 0, 0, 1, 1};
+    CHECK_EQ(dp_write_file_atomic(img, im, sizeof im, err), 0);
+    CHECK_EQ(dp_write_file_atomic(lab, lb, sizeof lb, err), 0);
+    snprintf(data, sizeof data, "idx:%s,%s,2", img, lab); /* 2 classes, as fc:2 */
+    static const struct {
+        const char *model;
+        double batch;
+        const char *want;
+    } cases[] = {
+        /* 21 + 21 + 2928831 * 21 + ... + 2 * 2147483647 + 2 = 2^62 floats */
+        {"conv1x1:21 maxpool28 conv1x1:2928831 conv1x1:2144558803 conv1x1:2147483647 fc:2 softmax",
+         4, "downpour replay: model spec: 'conv1x1:2144558803' makes conv3.weight too large"},
+        {TINY, 1099511627776.0,
+         "downpour replay: record header: 'batch' is not a whole number in 1..65536"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "model", cases[i].model);
+        cJSON_AddStringToObject(h, "data", data);
+        cJSON_AddStringToObject(h, "seed", "1");
+        cJSON_AddStringToObject(h, "mode", "async");
+        cJSON_AddNumberToObject(h, "batch", cases[i].batch);
+        dp_record_t *w = NULL;
+        CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
+        cJSON_Delete(h);
+        CHECK_EQ(dp_record_close(&w, err), 0);
+        char *text = NULL;
+        int rc = s_replay_child(rec, out, errp, &text);
+        fprintf(stderr, "  (expected) status %d: %s", rc, text);
+        CHECK_EQ(rc, 1);
+        int lines = 0;
+        for (const char *c = text; *c; c++) lines += *c == '\n';
+        CHECK_EQ(lines, 1);
+        CHECK(strstr(text, cases[i].want) != NULL);
+        free(text);
+    }
+}
+
 /* SGD: the update is lr times the gradient, and the norms say so. */
 static void test_measured_step(void)
 {
@@ -339,4 +412,5 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
-         T(test_measured_step), T(test_record_tmp_is_safe))
+         T(test_measured_step), T(test_record_tmp_is_safe),
+         T(test_replay_refuses_absurd_header))
