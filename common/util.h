@@ -61,8 +61,10 @@ int dp_read_file(const char *path, uint8_t **out, size_t *len, char *err);
  * a symlink or file planted at that name is never opened, let alone
  * followed); commit checks every write, fsync and close, sets the mode,
  * renames it over PATH (which replaces a symlink at PATH, never writes
- * through it) and fsyncs the directory. On any failure nothing is left
- * beside PATH and PATH keeps its previous contents.
+ * through it) and fsyncs the directory. On any failure before the rename
+ * nothing is left beside PATH and PATH keeps its previous contents; a
+ * failing fsync of the directory, after it, is reported too (PATH then
+ * holds the new contents, not known to be durable).
  *
  * Test hooks, read here only: DP_TEST_CRASH_BEFORE_RENAME=TEXT makes the
  * process _exit(3) once a file whose path contains TEXT ("1": any file) is
