@@ -3,9 +3,12 @@
  *
  * Everything goes through zlib's gz* calls, which read plain files as well
  * as gzip ones. Input files are untrusted: headers are checked before any
- * large allocation, buffers grow only as bytes actually arrive (so a lying
- * header cannot make us allocate gigabytes), and the byte counts must match
- * the header exactly. Each error is one line "PATH: what is wrong". */
+ * large allocation (and their implied size against DP_DATASET_MAX_BYTES),
+ * buffers grow only as bytes actually arrive (so a lying header cannot make
+ * us allocate gigabytes), decompression stops one byte past what the header
+ * announces (so a truthful header bounds a gzip bomb), and the byte counts
+ * must match the header exactly. Each error is one line "PATH: what is
+ * wrong". */
 #include "common/dataset.h"
 
 #include <errno.h>
@@ -104,9 +107,12 @@ static uint32_t s_be32(const uint8_t *p)
 }
 
 /* Read one IDX unsigned-byte file with the given magic. Images: dims n, rows,
- * cols (item = rows*cols bytes); labels: n (item = 1 byte). */
+ * cols (item = rows*cols bytes); labels: n (item = 1 byte). expect_n > 0:
+ * the count must be that (the labels of images already read), checked
+ * before the data is decompressed. */
 static int s_read_idx(const char *path, const char *hint, uint32_t magic, const char *what,
-                      uint8_t **data, int *n_out, int *rows, int *cols, char *err)
+                      int expect_n, const char *expect_of, uint8_t **data, int *n_out,
+                      int *rows, int *cols, char *err)
 {
     gzFile gz = NULL;
     uint8_t *buf = NULL;
@@ -146,7 +152,17 @@ static int s_read_idx(const char *path, const char *hint, uint32_t magic, const 
         dp_err(err, "%s: bad %s count %u in the IDX header", path, what, n);
         goto out;
     }
-    size_t item = (size_t)r * c, want = (size_t)n * item;
+    if (expect_n > 0 && n != (uint32_t)expect_n) {
+        dp_err(err, "%s: %u %s, but %s holds %d images", path, n, what, expect_of, expect_n);
+        goto out;
+    }
+    size_t item = (size_t)r * c, want = (size_t)n * item; /* < 2^31 * 2^24: no wrap */
+    if (want > DP_DATASET_MAX_BYTES) {
+        dp_err(err, "%s: the IDX header announces %u %s of %zu bytes, %zu bytes in all: more "
+               "than the %zu a data set may hold (a forged or foreign header?)", path, n, what,
+               item, want, DP_DATASET_MAX_BYTES);
+        goto out;
+    }
     cap = want < S_CHUNK ? want : S_CHUNK;
     buf = dp_malloc(cap);
     if (s_read(gz, path, &buf, &cap, want, &got, err) != 0) goto out;
@@ -175,9 +191,11 @@ static int s_load_idx(dp_dataset_t *ds, const char *img_path, const char *lab_pa
                       const char *hint, int classes, char *err)
 {
     int ni = 0, nl = 0, r = 0, c = 0;
-    if (s_read_idx(img_path, hint, S_IDX_IMAGES, "images", &ds->pixels, &ni, &r, &c, err) != 0)
+    if (s_read_idx(img_path, hint, S_IDX_IMAGES, "images", 0, NULL, &ds->pixels, &ni, &r, &c,
+                   err) != 0)
         return -1;
-    if (s_read_idx(lab_path, hint, S_IDX_LABELS, "labels", &ds->labels, &nl, NULL, NULL, err) != 0)
+    if (s_read_idx(lab_path, hint, S_IDX_LABELS, "labels", ni, img_path, &ds->labels, &nl, NULL,
+                   NULL, err) != 0)
         return -1;
     if (ni != nl)
         return dp_err(err, "%s: %d labels, but %s holds %d images", lab_path, nl, img_path, ni);
@@ -234,12 +252,16 @@ static int s_load_cifar(dp_dataset_t *ds, const char *dir_in, dp_split_t split, 
             return -1;
         uint8_t *buf = NULL;
         size_t cap = 0, got = 0;
-        /* 2 GiB bounds what a (garbage) file can make us hold. */
-        int rc = s_read(gz, path, &buf, &cap, (size_t)1 << 31, &got, err);
-        int more = rc == 0 && got == (size_t)1 << 31 && s_has_more(gz);
+        /* The records the data set may still hold bound what a (garbage)
+         * file can make us decompress and keep. */
+        size_t limit = (DP_DATASET_MAX_BYTES / (S_CIFAR_REC - 1) - n) * S_CIFAR_REC;
+        int rc = s_read(gz, path, &buf, &cap, limit, &got, err);
+        int more = rc == 0 && got == limit && s_has_more(gz);
         gzclose(gz);
         if (rc != 0 || more || got == 0 || got % S_CIFAR_REC != 0) {
-            if (rc == 0 && more) dp_err(err, "%s: too large for a CIFAR-10 batch", path);
+            if (rc == 0 && more)
+                dp_err(err, "%s: too large: the data set would pass the %zu bytes of pixels it "
+                       "may hold", path, DP_DATASET_MAX_BYTES);
             else if (rc == 0 && got == 0) dp_err(err, "%s: empty", path);
             else if (rc == 0)
                 dp_err(err, "%s: truncated: %zu bytes is not a whole number of %d-byte records "

@@ -16,13 +16,21 @@
  * each sample in C,H,W order; every labels[i] < classes. Files are validated
  * completely (magic, dimensions, counts, truncation, trailing bytes, label
  * range): an error is one line naming the file and what is wrong, and the
- * dataset is left empty. */
+ * dataset is left empty.
+ *
+ * Bounds: a data set holds at most DP_DATASET_MAX_BYTES of pixels, all its
+ * files together. An IDX header announcing more is refused before a byte
+ * of its data is decompressed; the data is decompressed only up to the
+ * size its header announces (plus one byte, to refuse a longer stream), so
+ * a gzip bomb costs what its header claims and never more. */
 #ifndef DP_DATASET_H
 #define DP_DATASET_H
 
 #include <stdint.h>
 
 #define DP_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+/* 4 GiB of pixels: 90x Fashion-MNIST's training set, 27x CIFAR-10's. */
+#define DP_DATASET_MAX_BYTES ((size_t)4 << 30)
 
 typedef enum { DP_SPLIT_TRAIN, DP_SPLIT_TEST } dp_split_t;
 

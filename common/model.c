@@ -1,6 +1,7 @@
 /* model: spec parsing, shape inference, parameter table, initialisation. */
 #include "common/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,29 +15,66 @@ size_t dp_layer_out_size(const dp_layer_t *l)
     return (size_t)l->out_c * l->out_h * l->out_w;
 }
 
-static int s_add_param(dp_model_t *m, const char *layer, const char *what, int ndim,
-                       const int *shape, int fan_in)
+/* Append a parameter tensor of layer l (token tok) to m: its element count
+ * and the new total checked against DP_MODEL_MAX_FLOATS, fan_in against
+ * DP_MODEL_MAX_DIM. Its index, or -1 with err naming tok. */
+static int s_add_param(dp_model_t *m, const char *tok, const char *layer, const char *what,
+                       int ndim, const int *shape, size_t fan_in, char *err)
 {
     dp_param_t *p = &m->params[m->n_params];
+    size_t count = 1, total = 0;
+    for (int i = 0; i < ndim; i++)
+        if (dp_size_mul(count, (size_t)shape[i], &count) != 0) count = SIZE_MAX;
+    if (count > DP_MODEL_MAX_FLOATS || dp_size_add(m->n_floats, count, &total) != 0 ||
+        total > DP_MODEL_MAX_FLOATS)
+        return dp_err(err, "model spec: '%s' makes %s.%s too large (the parameters would pass "
+                      "%zu floats)", tok, layer, what, DP_MODEL_MAX_FLOATS);
+    if (fan_in < 1 || fan_in > DP_MODEL_MAX_DIM)
+        return dp_err(err, "model spec: '%s': fan-in %zu out of range (1..%zu)", tok, fan_in,
+                      DP_MODEL_MAX_DIM);
     snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
     p->ndim = ndim;
-    p->count = 1;
     for (int i = 0; i < 4; i++) p->shape[i] = i < ndim ? shape[i] : 1;
-    for (int i = 0; i < ndim; i++) p->count *= (size_t)shape[i];
+    p->count = count;
     p->offset = m->n_floats;
-    p->fan_in = fan_in;
-    m->n_floats += p->count;
+    p->fan_in = (int)fan_in;
+    m->n_floats = total;
     return m->n_params++;
+}
+
+/* A decimal integer in [lo, hi] at *p (advanced past it); -1 otherwise.
+ * strtol, not sscanf's %d: an out-of-range number is refused, not wrapped. */
+static int s_int(const char **p, long lo, long hi, int *out)
+{
+    if (**p < '0' || **p > '9') return -1;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(*p, &end, 10);
+    if (errno || v < lo || v > hi) return -1;
+    *p = end;
+    *out = (int)v;
+    return 0;
+}
+
+/* A per-sample activation c*h*w that fits DP_MODEL_MAX_DIM, else -1. */
+static int s_act_ok(long c, long h, long w)
+{
+    size_t n;
+    return dp_size_mul((size_t)c, (size_t)h, &n) == 0 && dp_size_mul(n, (size_t)w, &n) == 0 &&
+                   n <= DP_MODEL_MAX_DIM
+               ? 0
+               : -1;
 }
 
 /* Parse "convKxK:OUT[:same|:valid]". */
 static int s_parse_conv(dp_layer_t *l, const char *tok, char *err)
 {
-    int k1 = 0, k2 = 0, out = 0, used = 0;
-    if (sscanf(tok, "conv%dx%d:%d%n", &k1, &k2, &out, &used) != 3 || k1 != k2 || k1 < 1 ||
-        out < 1)
+    int k1 = 0, k2 = 0, out = 0;
+    const char *rest = tok + 4;
+    if (s_int(&rest, 1, INT32_MAX, &k1) != 0 || *rest++ != 'x' ||
+        s_int(&rest, 1, INT32_MAX, &k2) != 0 || *rest++ != ':' ||
+        s_int(&rest, 1, INT32_MAX, &out) != 0 || k1 != k2)
         return dp_err(err, "model spec: bad convolution '%s' (expected convKxK:OUT, e.g. conv5x5:32)", tok);
-    const char *rest = tok + used;
     l->k = k1;
     l->stride = 1;
     l->out_c = out;
@@ -66,14 +104,24 @@ static int s_layer_conv(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t
     if (n->fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
     l->kind = DP_LAYER_CONV;
     snprintf(l->name, sizeof l->name, "conv%d", ++n->conv);
-    l->out_h = (l->in_h + 2 * l->pad - l->k) / l->stride + 1;
-    l->out_w = (l->in_w + 2 * l->pad - l->k) / l->stride + 1;
-    if (l->out_h < 1 || l->out_w < 1)
+    /* In 64 bits: sides, pad and kernel are each below 2^31. */
+    long long oh = ((long long)l->in_h + 2LL * l->pad - l->k) / l->stride + 1;
+    long long ow = ((long long)l->in_w + 2LL * l->pad - l->k) / l->stride + 1;
+    if (oh < 1 || ow < 1)
         return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, l->in_h, l->in_w);
+    if (s_act_ok(l->out_c, (long)oh, (long)ow) != 0)
+        return dp_err(err, "model spec: '%s': its output (%d x %lld x %lld) passes %zu floats "
+                      "a sample", tok, l->out_c, oh, ow, DP_MODEL_MAX_DIM);
+    l->out_h = (int)oh;
+    l->out_w = (int)ow;
     int ws[4] = {l->out_c, l->in_c, l->k, l->k};
-    int fan_in = l->in_c * l->k * l->k;
-    l->weight = s_add_param(m, l->name, "weight", 4, ws, fan_in);
-    l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, fan_in);
+    size_t fan_in = SIZE_MAX;
+    if (dp_size_mul((size_t)l->in_c, (size_t)l->k, &fan_in) != 0 ||
+        dp_size_mul(fan_in, (size_t)l->k, &fan_in) != 0)
+        fan_in = SIZE_MAX;
+    if ((l->weight = s_add_param(m, tok, l->name, "weight", 4, ws, fan_in, err)) < 0 ||
+        (l->bias = s_add_param(m, tok, l->name, "bias", 1, &l->out_c, fan_in, err)) < 0)
+        return -1;
     return 0;
 }
 
@@ -103,13 +151,15 @@ static int s_layer_fc(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *
         return dp_err(err, "model spec: bad fully connected layer '%s' (expected fc:OUT, e.g. fc:512)", tok);
     l->kind = DP_LAYER_FC;
     snprintf(l->name, sizeof l->name, "fc%d", ++n->fc);
-    l->in_c = l->in_c * l->in_h * l->in_w; /* flattened */
+    /* Flattened; the previous layer's output was bounded by s_act_ok. */
+    l->in_c = (int)((size_t)l->in_c * (size_t)l->in_h * (size_t)l->in_w);
     l->in_h = l->in_w = 1;
     l->out_c = (int)out;
     l->out_h = l->out_w = 1;
     int ws[2] = {l->out_c, l->in_c};
-    l->weight = s_add_param(m, l->name, "weight", 2, ws, l->in_c);
-    l->bias = s_add_param(m, l->name, "bias", 1, &l->out_c, l->in_c);
+    if ((l->weight = s_add_param(m, tok, l->name, "weight", 2, ws, (size_t)l->in_c, err)) < 0 ||
+        (l->bias = s_add_param(m, tok, l->name, "bias", 1, &l->out_c, (size_t)l->in_c, err)) < 0)
+        return -1;
     return 0;
 }
 
@@ -158,7 +208,7 @@ static uint64_t s_fingerprint(const dp_model_t *m)
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err)
 {
     memset(m, 0, sizeof *m);
-    if (in_c < 1 || in_h < 1 || in_w < 1)
+    if (in_c < 1 || in_h < 1 || in_w < 1 || s_act_ok(in_c, in_h, in_w) != 0)
         return dp_err(err, "model spec: bad input shape %dx%dx%d", in_c, in_h, in_w);
     m->in_c = in_c;
     m->in_h = in_h;

@@ -12,7 +12,16 @@
  * Invariants: the spec ends with fc:classes softmax; parameters are laid out
  * in layer order, weight then bias, each tensor contiguous in one flat float
  * vector (the order safetensors files and the wire use). Tensors follow
- * PyTorch: conv weight [out, in, kh, kw], fc weight [out, in]. */
+ * PyTorch: conv weight [out, in, kh, kw], fc weight [out, in].
+ *
+ * Bounds: a spec may come from an untrusted file (a checkpoint's metadata,
+ * a record's header), so every size the parser derives is computed with
+ * checked arithmetic and refused, naming the token, when it is out of
+ * bounds: each dimension (channels, sides, kernel, fan-in, flattened
+ * features) and each per-sample activation at most DP_MODEL_MAX_DIM
+ * elements (the kernels index them with int); each parameter tensor and
+ * the total at most DP_MODEL_MAX_FLOATS floats. So n_floats * sizeof(float)
+ * (times the optimizer's state) never wraps a size_t. */
 #ifndef DP_MODEL_H
 #define DP_MODEL_H
 
@@ -21,6 +30,10 @@
 
 #define DP_MAX_LAYERS 32
 #define DP_MAX_PARAMS (2 * DP_MAX_LAYERS)
+#define DP_MODEL_MAX_DIM ((size_t)INT32_MAX)  /* elements of a dimension or activation */
+/* 2^32 floats (16 GiB of float32): far above any model this trains
+ * (ResNet-110 has 1.7 M parameters, VGG-16 138 M), far below a wrap. */
+#define DP_MODEL_MAX_FLOATS ((size_t)1 << 32)
 #define DP_MODEL_DEFAULT_SPEC                                                  \
     "conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax"
 

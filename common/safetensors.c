@@ -70,6 +70,11 @@ static int s_range_cmp(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
 }
 
+static int s_name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 /* Validate one tensor entry; fills its byte range. */
 static int s_check_entry(const s_file_t *sf, const cJSON *e, s_range_t *r, char *err)
 {
@@ -85,16 +90,17 @@ static int s_check_entry(const s_file_t *sf, const cJSON *e, s_range_t *r, char 
     if (!dsize)
         return dp_err(err, "%s: tensor '%s' has unknown dtype '%.16s'", sf->path, name,
                       dt->valuestring);
-    uint64_t count = 1, v;
+    uint64_t count = 1, v, need = 0;
     const cJSON *d;
     cJSON_ArrayForEach(d, sh)
     {
         if (!s_json_uint(d, &v))
             return dp_err(err, "%s: tensor '%s' has a bad shape entry", sf->path, name);
-        if (v && count > UINT64_MAX / 8 / v)
+        if (__builtin_mul_overflow(count, v, &count))
             return dp_err(err, "%s: tensor '%s' shape is implausibly large", sf->path, name);
-        count *= v;
     }
+    if (__builtin_mul_overflow(count, (uint64_t)dsize, &need))
+        return dp_err(err, "%s: tensor '%s' shape is implausibly large", sf->path, name);
     if (cJSON_GetArraySize(off) != 2 || !s_json_uint(off->child, &r->begin) ||
         !s_json_uint(off->child->next, &r->end) || r->begin > r->end)
         return dp_err(err, "%s: tensor '%s' has bad data_offsets", sf->path, name);
@@ -102,27 +108,26 @@ static int s_check_entry(const s_file_t *sf, const cJSON *e, s_range_t *r, char 
         return dp_err(err, "%s: truncated: tensor '%s' needs data bytes [%" PRIu64 ", %" PRIu64
                       ") but the file holds %" PRIu64, sf->path, name, r->begin, r->end,
                       sf->data_len);
-    if (r->end - r->begin != count * (uint64_t)dsize)
+    if (r->end - r->begin != need)
         return dp_err(err, "%s: tensor '%s': data_offsets span %" PRIu64 " bytes, its shape "
-                      "and dtype need %" PRIu64, sf->path, name, r->end - r->begin,
-                      count * (uint64_t)dsize);
+                      "and dtype need %" PRIu64, sf->path, name, r->end - r->begin, need);
     return 0;
 }
 
+/* Every entry valid, no name twice, no two byte ranges overlapping: in
+ * O(n log n) for n entries (a header may hold millions), by sorting the
+ * names once and the ranges once. */
 static int s_check_header(s_file_t *sf, char *err)
 {
     const cJSON *root = sf->root;
     int n = cJSON_GetArraySize(root);
     s_range_t *rs = dp_malloc((size_t)(n ? n : 1) * sizeof *rs);
-    int nr = 0, rc = -1;
+    const char **names = dp_malloc((size_t)(n ? n : 1) * sizeof *names);
+    int nr = 0, nn = 0, rc = -1;
     const cJSON *e;
     cJSON_ArrayForEach(e, root)
     {
-        for (const cJSON *p = root->child; p != e; p = p->next)
-            if (strcmp(p->string, e->string) == 0) {
-                dp_err(err, "%s: header names '%s' twice", sf->path, e->string);
-                goto out;
-            }
+        names[nn++] = e->string;
         if (strcmp(e->string, "__metadata__") == 0) {
             if (!cJSON_IsObject(e)) {
                 dp_err(err, "%s: __metadata__ is not an object", sf->path);
@@ -142,15 +147,29 @@ static int s_check_header(s_file_t *sf, char *err)
         if (s_check_entry(sf, e, &rs[nr], err) != 0) goto out;
         nr++;
     }
-    qsort(rs, (size_t)nr, sizeof *rs, s_range_cmp);
-    for (int i = 1; i < nr; i++)
-        if (rs[i].begin < rs[i - 1].end && rs[i].begin < rs[i].end) {
-            dp_err(err, "%s: tensors overlap at data bytes [%" PRIu64 ", %" PRIu64 ")", sf->path,
-                   rs[i].begin, rs[i - 1].end);
+    qsort(names, (size_t)nn, sizeof *names, s_name_cmp);
+    for (int i = 1; i < nn; i++)
+        if (strcmp(names[i], names[i - 1]) == 0) {
+            dp_err(err, "%s: header names '%s' twice", sf->path, names[i]);
             goto out;
         }
+    /* Sorted by start, a range overlaps an earlier one exactly when it
+     * starts before the furthest end seen so far (not only its neighbour's:
+     * [0,100) [50,50) [60,70) overlap). Empty ranges hold no byte. */
+    qsort(rs, (size_t)nr, sizeof *rs, s_range_cmp);
+    uint64_t max_end = 0;
+    for (int i = 0; i < nr; i++) {
+        if (rs[i].begin == rs[i].end) continue;
+        if (rs[i].begin < max_end) {
+            dp_err(err, "%s: tensors overlap at data bytes [%" PRIu64 ", %" PRIu64 ")", sf->path,
+                   rs[i].begin, max_end < rs[i].end ? max_end : rs[i].end);
+            goto out;
+        }
+        max_end = rs[i].end;
+    }
     rc = 0;
 out:
+    free(names);
     free(rs);
     return rc;
 }
@@ -266,9 +285,15 @@ static int s_find_f32(const s_file_t *sf, const char *name, int ndim, const int6
     return 0;
 }
 
-static int s_read_range(const s_file_t *sf, const s_range_t *r, void *out, char *err)
+/* Read range r into out, which holds exactly cap bytes: a range of any
+ * other length is refused, so no header (nor a size computed from one) can
+ * make a read pass the caller's buffer. */
+static int s_read_range(const s_file_t *sf, const s_range_t *r, void *out, size_t cap, char *err)
 {
     size_t len = (size_t)(r->end - r->begin);
+    if (r->end - r->begin != (uint64_t)cap)
+        return dp_err(err, "%s: tensor data of %" PRIu64 " bytes, expected %zu", sf->path,
+                      r->end - r->begin, cap);
     if (len == 0) return 0;
     if (fseeko(sf->f, (off_t)(sf->data_start + r->begin), SEEK_SET) != 0 ||
         fread(out, 1, len, sf->f) != len)
@@ -283,9 +308,12 @@ int dp_safetensors_read_tensor(const char *path, const char *name, float *out, s
     if (s_open(&sf, path, err) != 0) return -1;
     s_range_t r;
     int rc = s_find_f32(&sf, name, -1, NULL, count, &r, err);
+    size_t bytes = 0;
+    if (rc == 0 && dp_size_mul(count, sizeof(float), &bytes) != 0)
+        rc = dp_err(err, "%s: tensor '%s': %zu floats do not fit in memory", path, name, count);
     if (rc == 0) {
-        float *tmp = dp_malloc(count * sizeof(float));
-        rc = s_read_range(&sf, &r, tmp, err);
+        float *tmp = dp_malloc(bytes);
+        rc = s_read_range(&sf, &r, tmp, bytes, err);
         if (rc == 0 && count) memcpy(out, tmp, count * sizeof(float));
         free(tmp);
     }
@@ -451,7 +479,14 @@ int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, lon
 {
     s_file_t sf;
     if (s_open(&sf, path, err) != 0) return -1;
-    float *tmp = dp_malloc((m->n_floats ? m->n_floats : 1) * sizeof(float));
+    /* m's sizes are bounded by dp_model_parse; checked again here because
+     * the buffer and each read below must agree whatever m says. */
+    size_t bytes = 0;
+    if (dp_size_mul(m->n_floats, sizeof(float), &bytes) != 0) {
+        s_close(&sf);
+        return dp_err(err, "%s: the model's %zu floats do not fit in memory", path, m->n_floats);
+    }
+    float *tmp = dp_malloc(bytes);
     long st = 0, ver = 0;
     int rc = -1;
     for (int i = 0; i < m->n_params; i++) {
@@ -459,13 +494,18 @@ int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, lon
         int64_t shape[4];
         for (int d = 0; d < p->ndim; d++) shape[d] = p->shape[d];
         s_range_t r;
+        if (p->offset > m->n_floats || p->count > m->n_floats - p->offset) {
+            dp_err(err, "%s: model tensor '%s' lies outside the model's %zu floats", path,
+                   p->name, m->n_floats);
+            goto out;
+        }
         if (s_find_f32(&sf, p->name, p->ndim, shape, p->count, &r, err) != 0 ||
-            s_read_range(&sf, &r, tmp + p->offset, err) != 0)
+            s_read_range(&sf, &r, tmp + p->offset, p->count * sizeof(float), err) != 0)
             goto out;
     }
     if (s_meta_long(&sf, "step", &st, err) != 0 || s_meta_long(&sf, "version", &ver, err) != 0)
         goto out;
-    memcpy(params, tmp, m->n_floats * sizeof(float));
+    memcpy(params, tmp, bytes);
     if (step) *step = st;
     if (version) *version = ver;
     rc = 0;

@@ -5,6 +5,7 @@
 #endif
 #include "common/util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -153,27 +154,140 @@ int dp_read_file(const char *path, uint8_t **out, size_t *len, char *err)
 }
 
 /* fsync the directory holding path so the rename itself is durable. */
-static void s_sync_dir(const char *path)
+static int s_sync_dir(const char *path)
 {
     char *copy = dp_strdup(path);
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(copy);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    if (close(fd) != 0) rc = -1;
+    return rc;
 }
 
-/* Test hook, read here only: DP_TEST_CRASH_BEFORE_RENAME=TEXT makes the
- * process _exit(3) once a file whose path contains TEXT ("1": any file) is
- * written and synced but not yet renamed into place — a crash in the middle
- * of a write, for the tests that check the previous file survives. */
-static void s_test_crash_before_rename(const char *path)
+/* Does the test hook named env select path? ("1": every path.) */
+static int s_test_hook(const char *env, const char *path)
 {
-    const char *v = getenv("DP_TEST_CRASH_BEFORE_RENAME");
-    if (!v || !v[0] || (strcmp(v, "1") != 0 && !strstr(path, v))) return;
-    fprintf(stderr, "%s: DP_TEST_CRASH_BEFORE_RENAME: exiting before renaming %s\n", s_program, path);
-    _exit(3);
+    const char *v = getenv(env);
+    return v && v[0] && (strcmp(v, "1") == 0 || strstr(path, v));
+}
+
+int dp_atomic_open(dp_atomic_t *a, const char *path, mode_t mode, char *err)
+{
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+    if (snprintf(a->path, sizeof a->path, "%s", path) >= (int)sizeof a->path ||
+        snprintf(a->tmp, sizeof a->tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof a->tmp)
+        return dp_err(err, "%s: path too long", path);
+    a->mode = mode;
+    a->fail = s_test_hook("DP_TEST_WRITE_FAIL", path);
+    /* mkostemp opens with O_CREAT | O_EXCL: never an existing name. */
+    a->fd = mkostemp(a->tmp, O_CLOEXEC);
+    if (a->fd < 0) return dp_err(err, "%s: cannot create temporary file: %s", path, strerror(errno));
+    return 0;
+}
+
+int dp_atomic_write(dp_atomic_t *a, const void *data, size_t len, char *err)
+{
+    const uint8_t *p = data;
+    if (a->fd < 0) return dp_err(err, "%s: write after close", a->path);
+    while (len > 0) {
+        ssize_t w = a->fail ? (errno = ENOSPC, -1) : write(a->fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return dp_err(err, "%s: write failed: %s", a->path, strerror(errno));
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+void dp_atomic_abort(dp_atomic_t *a)
+{
+    if (a->fd < 0) return;
+    close(a->fd);
+    a->fd = -1;
+    unlink(a->tmp);
+}
+
+int dp_atomic_commit(dp_atomic_t *a, char *err)
+{
+    if (a->fd < 0) return dp_err(err, "%s: commit after close", a->path);
+    if (fsync(a->fd) != 0) {
+        dp_err(err, "%s: fsync failed: %s", a->path, strerror(errno));
+        goto fail;
+    }
+    /* mkstemp made it 0600: a secret never exists with wider rights. */
+    if (a->mode != 0600 && fchmod(a->fd, a->mode) != 0) {
+        dp_err(err, "%s: chmod failed: %s", a->path, strerror(errno));
+        goto fail;
+    }
+    /* close reports what a network file system deferred (EIO, ENOSPC). */
+    int fd = a->fd;
+    a->fd = -1;
+    if (close(fd) != 0) {
+        dp_err(err, "%s: close failed: %s", a->path, strerror(errno));
+        unlink(a->tmp);
+        return -1;
+    }
+    if (s_test_hook("DP_TEST_CRASH_BEFORE_RENAME", a->path)) {
+        fprintf(stderr, "%s: DP_TEST_CRASH_BEFORE_RENAME: exiting before renaming %s\n",
+                s_program, a->path);
+        _exit(3);
+    }
+    if (rename(a->tmp, a->path) != 0) {
+        dp_err(err, "%s: rename failed: %s", a->path, strerror(errno));
+        unlink(a->tmp);
+        return -1;
+    }
+    if (s_sync_dir(a->path) != 0)
+        return dp_err(err, "%s: written, but syncing its directory failed: %s", a->path,
+                      strerror(errno));
+    return 0;
+fail:
+    dp_atomic_abort(a);
+    return -1;
+}
+
+/* name is base + ".tmp." + 6 characters of mkstemp's alphabet. */
+static int s_is_stale_name(const char *name, const char *base)
+{
+    size_t bl = strlen(base);
+    if (strncmp(name, base, bl) != 0 || strncmp(name + bl, ".tmp.", 5) != 0) return 0;
+    const char *x = name + bl + 5;
+    if (strlen(x) != 6) return 0;
+    for (int i = 0; i < 6; i++)
+        if (!((x[i] >= 'A' && x[i] <= 'Z') || (x[i] >= 'a' && x[i] <= 'z') ||
+              (x[i] >= '0' && x[i] <= '9')))
+            return 0;
+    return 1;
+}
+
+int dp_atomic_remove_stale(const char *path, char *err)
+{
+    char *dcopy = dp_strdup(path), *bcopy = dp_strdup(path);
+    const char *dir = dirname(dcopy), *base = basename(bcopy);
+    int n = -1;
+    DIR *d = opendir(dir);
+    if (!d) {
+        dp_err(err, "%s: cannot read: %s", dir, strerror(errno));
+        goto out;
+    }
+    n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        struct stat st;
+        if (!s_is_stale_name(e->d_name, base) ||
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0) n++;
+    }
+    closedir(d);
+out:
+    free(dcopy);
+    free(bcopy);
+    return n;
 }
 
 int dp_write_file_atomic(const char *path, const void *data, size_t len, char *err)
@@ -184,43 +298,11 @@ int dp_write_file_atomic(const char *path, const void *data, size_t len, char *e
 int dp_write_file_atomic_mode(const char *path, const void *data, size_t len, mode_t mode,
                               char *err)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return dp_err(err, "%s: path too long", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return dp_err(err, "%s: cannot create temporary file: %s", path, strerror(errno));
-    const uint8_t *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            dp_err(err, "%s: write failed: %s", path, strerror(errno));
-            goto fail;
-        }
-        p += w;
-        left -= (size_t)w;
+    dp_atomic_t a;
+    if (dp_atomic_open(&a, path, mode, err) != 0) return -1;
+    if (dp_atomic_write(&a, data, len, err) != 0) {
+        dp_atomic_abort(&a);
+        return -1;
     }
-    if (fsync(fd) != 0) {
-        dp_err(err, "%s: fsync failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    /* mkstemp made it 0600: a secret never exists with wider rights. */
-    if (mode != 0600 && fchmod(fd, mode) != 0) {
-        dp_err(err, "%s: chmod failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    close(fd);
-    fd = -1;
-    s_test_crash_before_rename(path);
-    if (rename(tmp, path) != 0) {
-        dp_err(err, "%s: rename failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    s_sync_dir(path);
-    return 0;
-fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    return -1;
+    return dp_atomic_commit(&a, err);
 }

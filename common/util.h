@@ -32,6 +32,18 @@ void dp_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Checked size arithmetic for sizes that come from input (a spec, a file
+ * header): *out = a * b (a + b); -1 when it does not fit in a size_t,
+ * *out then unspecified. */
+static inline int dp_size_mul(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int dp_size_add(size_t a, size_t b, size_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
 /* Seconds on the monotonic clock. */
 double dp_now(void);
 
@@ -43,8 +55,47 @@ uint64_t dp_fnv1a(uint64_t h, const void *data, size_t n);
  * NUL-terminated (not counted in *len). */
 int dp_read_file(const char *path, uint8_t **out, size_t *len, char *err);
 
-/* Atomic whole-file write: temp file in the same directory, fsync, rename,
- * fsync of the directory. On failure nothing is left at path or beside it. */
+/* Atomic file writes, the one way every writer replaces a file (checkpoints,
+ * records, keys, ready files): the bytes go to a new temporary file
+ * PATH.tmp.XXXXXX in PATH's directory, created by mkstemp (O_CREAT|O_EXCL:
+ * a symlink or file planted at that name is never opened, let alone
+ * followed); commit checks every write, fsync and close, sets the mode,
+ * renames it over PATH (which replaces a symlink at PATH, never writes
+ * through it) and fsyncs the directory. On any failure before the rename
+ * nothing is left beside PATH and PATH keeps its previous contents; a
+ * failing fsync of the directory, after it, is reported too (PATH then
+ * holds the new contents, not known to be durable).
+ *
+ * Test hooks, read here only: DP_TEST_CRASH_BEFORE_RENAME=TEXT makes the
+ * process _exit(3) once a file whose path contains TEXT ("1": any file) is
+ * written and synced but not yet renamed (a crash in the middle of a
+ * write); DP_TEST_WRITE_FAIL=TEXT makes every write to such a file fail
+ * with ENOSPC, as on a full disk. */
+typedef struct {
+    int fd;              /* the temporary file; -1 once committed or aborted */
+    mode_t mode;         /* the file's mode at commit */
+    int fail;            /* DP_TEST_WRITE_FAIL matched this path */
+    char path[4096];     /* the file replaced */
+    char tmp[4096 + 16]; /* path + ".tmp.XXXXXX" */
+} dp_atomic_t;
+
+/* Start replacing path (mode: the final file's, e.g. 0644; 0600 for a
+ * secret, which then never exists with wider rights). */
+int dp_atomic_open(dp_atomic_t *a, const char *path, mode_t mode, char *err);
+/* Append len bytes (all of them, or -1 with err). */
+int dp_atomic_write(dp_atomic_t *a, const void *data, size_t len, char *err);
+/* fsync, close, chmod, rename, fsync the directory; -1 with err (the
+ * temporary file then removed). a is closed either way. */
+int dp_atomic_commit(dp_atomic_t *a, char *err);
+/* Give up: the temporary file is removed. Safe twice. */
+void dp_atomic_abort(dp_atomic_t *a);
+/* Remove the temporary files an earlier writer of path left when it was
+ * killed: only names PATH.tmp.XXXXXX (6 characters of mkstemp's alphabet)
+ * that are regular files. The count removed, or -1 with err when the
+ * directory does not read. */
+int dp_atomic_remove_stale(const char *path, char *err);
+
+/* Whole-file dp_atomic_open / write / commit, mode 0644. */
 int dp_write_file_atomic(const char *path, const void *data, size_t len, char *err);
 /* The same with the file's mode (0600 for a secret: it is never wider). */
 int dp_write_file_atomic_mode(const char *path, const void *data, size_t len, mode_t mode,

@@ -3,6 +3,8 @@
 #include "deploy/lab.h"
 
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,19 +57,35 @@ static int s_seed(const cJSON *h, const char *key, uint64_t *out, char *err)
     return dp_opts_parse_u64(key, t, out, err);
 }
 
+/* h's number at key, when present, into *out: a whole number in [lo, hi]. */
+static int s_int_field(const cJSON *h, const char *key, int lo, int hi, int *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
+    if (!v) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo && d <= hi) || d != floor(d))
+        return dp_err(err, "record header: '%s' is not a whole number in %d..%d", key, lo, hi);
+    *out = (int)d;
+    return 0;
+}
+
 int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
 {
     const char *model = dp_record_str(h, "model"), *data = dp_record_str(h, "data");
     const char *mode = dp_record_str(h, "mode");
     if (model) c->train.model = model;
     if (data) c->train.data = data;
-    c->train.batch = (int)dp_record_num(h, "batch", c->train.batch);
-    c->train.threads = (int)dp_record_num(h, "threads", c->train.threads);
-    c->workers = (int)dp_record_num(h, "workers", c->workers);
-    c->shards = (int)dp_record_num(h, "shards", c->shards);
-    c->policy.replicas = (int)dp_record_num(h, "replicas", c->policy.replicas);
-    c->policy.staleness = (int)dp_record_num(h, "staleness", c->policy.staleness);
-    c->policy.lr_staleness = (int)dp_record_num(h, "lr_staleness", c->policy.lr_staleness);
+    /* The header is untrusted: each number is a whole one in its flag's
+     * range before it becomes an int (a batch of 2^40 would size every
+     * buffer), checked before the cast (a double past INT_MAX is undefined). */
+    if (s_int_field(h, "batch", 1, 1 << 16, &c->train.batch, err) != 0 ||
+        s_int_field(h, "threads", 1, 1024, &c->train.threads, err) != 0 ||
+        s_int_field(h, "workers", 1, 100000, &c->workers, err) != 0 ||
+        s_int_field(h, "shards", 1, 1024, &c->shards, err) != 0 ||
+        s_int_field(h, "replicas", 0, 100000, &c->policy.replicas, err) != 0 ||
+        s_int_field(h, "staleness", 0, 1000000, &c->policy.staleness, err) != 0 ||
+        s_int_field(h, "lr_staleness", 0, 1, &c->policy.lr_staleness, err) != 0)
+        return -1;
     if (s_seed(h, "data_seed", &c->train.seed, err) != 0 || s_seed(h, "seed", &c->init_seed, err) != 0)
         return -1;
     if (mode && dp_mode_parse(mode, &c->mode, err) != 0) return -1;

@@ -113,6 +113,7 @@ typedef struct {
     char endpoint[256];
     char ckpt_path[DP_PS_PATH_LEN + 64];
     uint64_t ckpt_version; /* version last written (UINT64_MAX: none) */
+    uint64_t ckpt_failures; /* checkpoint writes that failed (metrics, stop line) */
     dp_ckpt_run_t run;     /* the run the checkpoints belong to; .finished as last written */
     dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
     dp_record_t *rec;      /* --record: the schedule, or NULL */
@@ -279,7 +280,18 @@ static int s_checkpoint(s_ps_t *ps, int finished, char *err)
     if (!ps->cfg->checkpoint_dir[0]) return 0;
     if (ps->ckpt_version == ps->shard.version && ps->run.finished == finished) return 0;
     ps->run.finished = finished;
-    if (dp_shard_checkpoint_write(&ps->shard, ps->ckpt_path, &ps->run, err) != 0) return -1;
+    if (dp_shard_checkpoint_write(&ps->shard, ps->ckpt_path, &ps->run, err) != 0) {
+        /* Loud, every time: a restart would go back to what the file holds. */
+        ps->ckpt_failures++;
+        char held[96] = "holds no checkpoint yet";
+        if (ps->ckpt_version != UINT64_MAX)
+            snprintf(held, sizeof held, "holds version %" PRIu64 ", which a restart goes back to",
+                     ps->ckpt_version);
+        dp_log_error("shard %d: checkpoint of version %" PRIu64 " FAILED (%" PRIu64 " failure%s "
+                     "so far; %s %s): %s", ps->cfg->shard_index, ps->shard.version,
+                     ps->ckpt_failures, ps->ckpt_failures > 1 ? "s" : "", ps->ckpt_path, held, err);
+        return -1;
+    }
     ps->ckpt_version = ps->shard.version;
     dp_log_debug("shard %d: checkpoint at version %" PRIu64 " in %s", ps->cfg->shard_index,
                  ps->shard.version, ps->ckpt_path);
@@ -291,8 +303,8 @@ static void s_version_moved(s_ps_t *ps)
 {
     long every = ps->cfg->checkpoint_every;
     char err[DP_ERR_LEN];
-    if (every > 0 && ps->shard.version % (uint64_t)every == 0 && s_checkpoint(ps, 0, err) != 0)
-        dp_log_error("shard %d: checkpoint failed: %s", ps->cfg->shard_index, err);
+    if (every > 0 && ps->shard.version % (uint64_t)every == 0)
+        s_checkpoint(ps, 0, err); /* a failure is logged and counted there */
 }
 
 static void s_metrics_line(s_ps_t *ps)
@@ -314,6 +326,7 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "curve_refused", ps->zap ? (double)dp_zap_refused(ps->zap) : 0.0);
     cJSON_AddNumberToObject(line, "snapshots", dp_snap_alive());
     cJSON_AddNumberToObject(line, "held_pulls", ps->n_pending);
+    cJSON_AddNumberToObject(line, "checkpoint_failures", (double)ps->ckpt_failures);
     dp_metrics_write(ps->metrics, &line);
 }
 
@@ -665,8 +678,7 @@ static void s_on_shutdown(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     char err[DP_ERR_LEN];
     dp_log_info("shard %d: SHUTDOWN from worker %d", ps->cfg->shard_index, env->worker_id);
     /* The final checkpoint is on disk before the requester hears back. */
-    if (s_checkpoint(ps, 1, err) != 0)
-        dp_log_error("shard %d: final checkpoint failed: %s", ps->cfg->shard_index, err);
+    s_checkpoint(ps, 1, err); /* a failure is logged and counted there */
     s_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__SHUTDOWN);
     ps->quit = 1;
 }
@@ -874,6 +886,12 @@ static int s_restore(s_ps_t *ps, char *err)
         return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, strerror(errno));
     dp_shard_checkpoint_path(ps->ckpt_path, sizeof ps->ckpt_path, cfg->checkpoint_dir,
                              cfg->shard_index, cfg->shard_count);
+    /* What a kill between a checkpoint's write and its rename left. */
+    int stale = dp_atomic_remove_stale(ps->ckpt_path, err);
+    if (stale < 0) return -1;
+    if (stale > 0)
+        dp_log_info("shard %d: removed %d temporary file%s an interrupted checkpoint left in %s",
+                    cfg->shard_index, stale, stale > 1 ? "s" : "", cfg->checkpoint_dir);
     int r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, &ps->run, err);
     if (r < 0) return -1;
     if (r == 0 && cfg->resume)
@@ -883,7 +901,17 @@ static int s_restore(s_ps_t *ps, char *err)
         ps->ckpt_version = ps->shard.version;
         dp_log_info("shard %d: restored version %" PRIu64 " of run %s from %s", cfg->shard_index,
                     ps->shard.version, ps->run.id, ps->ckpt_path);
+        return 0;
     }
+    /* A fresh start writes its version 0 at once: from then on the
+     * directory holds a checkpoint of this run, so a restart that finds
+     * none is a start no earlier start preceded (or a file an operator
+     * removed), never a run silently begun again; and a directory that
+     * cannot be written fails the start, not the run hours later. */
+    char e2[DP_ERR_LEN];
+    if (s_checkpoint(ps, 0, e2) != 0)
+        return dp_err(err, "--checkpoint-dir %s: cannot write the first checkpoint (%s)",
+                      cfg->checkpoint_dir, e2);
     return 0;
 }
 
@@ -1042,18 +1070,22 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
             ps.next_metrics = now + cfg->metrics_every;
         }
     }
-    if (s_checkpoint(&ps, ps.run.finished, err) != 0) {
-        dp_log_error("shard %d: final checkpoint failed: %s", cfg->shard_index, err);
-        goto done;
-    }
+    int ck = s_checkpoint(&ps, ps.run.finished, err); /* a failure is logged and counted there */
     s_metrics_line(&ps);
-    if (dp_record_close(&ps.rec, err) != 0) goto done;
+    if (ck == 0 && dp_record_close(&ps.rec, err) != 0) goto done;
     dp_log_info("shard %d: stopping at version %" PRIu64 " (applied %" PRIu64 ", dropped %" PRIu64
                 ", rejected %" PRIu64 ", network errors %" PRIu64 ", refused by auth %" PRIu64
-                ", by CURVE %" PRIu64 ")",
+                ", by CURVE %" PRIu64 ", checkpoint failures %" PRIu64 ")",
                 cfg->shard_index, ps.shard.version, ps.shard.counts.applied,
                 ps.shard.counts.dropped, ps.shard.counts.rejected, ps.net_errors, ps.auth.refused,
-                ps.zap ? dp_zap_refused(ps.zap) : 0);
+                ps.zap ? dp_zap_refused(ps.zap) : 0, ps.ckpt_failures);
+    if (ck != 0) {
+        char e2[DP_ERR_LEN];
+        snprintf(e2, sizeof e2, "%s", err);
+        dp_err(err, "the final checkpoint failed (%" PRIu64 " checkpoint failure%s in this run): %s",
+               ps.ckpt_failures, ps.ckpt_failures > 1 ? "s" : "", e2);
+        goto done;
+    }
     rc = 0;
 done:
     s_teardown(&ps);

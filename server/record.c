@@ -10,14 +10,23 @@
 
 #include "common/util.h"
 
+#define S_BUF (64 * 1024) /* lines are written in chunks of this size */
+
 struct dp_record {
-    FILE *f;
-    char *path, *tmp;
+    dp_atomic_t file;      /* PATH.tmp.XXXXXX until close renames it to PATH */
+    char *buf;             /* lines not yet written (S_BUF bytes) */
+    size_t len;
     uint64_t hash;         /* FNV-1a of every byte written */
     uint64_t events;
-    int failed;            /* a write failed: close reports it */
+    char failed[DP_ERR_LEN]; /* the first write that failed ("" none): close reports it */
     char last[4096];       /* the member state last written ("" none); one shard per writer */
 };
+
+static void s_flush(dp_record_t *r)
+{
+    if (r->len && !r->failed[0]) dp_atomic_write(&r->file, r->buf, r->len, r->failed);
+    r->len = 0;
+}
 
 static void s_line(dp_record_t *r, cJSON *o)
 {
@@ -25,27 +34,28 @@ static void s_line(dp_record_t *r, cJSON *o)
     size_t len = strlen(text);
     text = dp_realloc(text, len + 2);
     text[len++] = '\n';
-    if (fwrite(text, 1, len, r->f) != len) r->failed = 1;
     r->hash = dp_fnv1a(r->hash, text, len);
+    if (r->len + len > S_BUF) s_flush(r);
+    if (len > S_BUF) {
+        if (!r->failed[0]) dp_atomic_write(&r->file, text, len, r->failed);
+    } else {
+        memcpy(r->buf + r->len, text, len);
+        r->len += len;
+    }
     free(text);
 }
 
 int dp_record_new(dp_record_t **out, const char *path, const cJSON *header, char *err)
 {
     *out = NULL;
-    size_t n = strlen(path) + 8;
-    char *tmp = dp_malloc(n);
-    snprintf(tmp, n, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        dp_err(err, "--record %s: cannot create %s: %s", path, tmp, strerror(errno));
-        free(tmp);
+    dp_record_t *r = dp_calloc(1, sizeof *r);
+    char e2[DP_ERR_LEN];
+    if (dp_atomic_open(&r->file, path, 0644, e2) != 0) {
+        dp_err(err, "--record %s", e2);
+        free(r);
         return -1;
     }
-    dp_record_t *r = dp_calloc(1, sizeof *r);
-    r->f = f;
-    r->tmp = tmp;
-    r->path = dp_strdup(path);
+    r->buf = dp_malloc(S_BUF);
     r->hash = DP_FNV_SEED;
     cJSON *h = cJSON_CreateObject();
     cJSON_AddNumberToObject(h, "downpour_record", DP_RECORD_VERSION);
@@ -140,8 +150,7 @@ void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m)
 
 static void s_free(dp_record_t *r)
 {
-    free(r->path);
-    free(r->tmp);
+    free(r->buf);
     free(r);
 }
 
@@ -158,13 +167,14 @@ int dp_record_close(dp_record_t **r_p, char *err)
     cJSON_AddStringToObject(o, "fnv1a", hex);
     s_line(r, o);
     cJSON_Delete(o);
-    int bad = r->failed || fflush(r->f) != 0 || fsync(fileno(r->f)) != 0;
-    bad |= fclose(r->f) != 0;
-    if (!bad && rename(r->tmp, r->path) != 0) bad = 1;
+    s_flush(r);
     int rc = 0;
-    if (bad) {
-        rc = dp_err(err, "--record %s: cannot write it: %s", r->path, strerror(errno));
-        unlink(r->tmp);
+    char e2[DP_ERR_LEN];
+    if (r->failed[0]) {
+        dp_atomic_abort(&r->file);
+        rc = dp_err(err, "--record %s", r->failed);
+    } else if (dp_atomic_commit(&r->file, e2) != 0) {
+        rc = dp_err(err, "--record %s", e2);
     }
     s_free(r);
     return rc;
@@ -173,8 +183,7 @@ int dp_record_close(dp_record_t **r_p, char *err)
 void dp_record_abandon(dp_record_t **r_p)
 {
     if (!r_p || !*r_p) return;
-    fclose((*r_p)->f);
-    unlink((*r_p)->tmp);
+    dp_atomic_abort(&(*r_p)->file);
     s_free(*r_p);
     *r_p = NULL;
 }

@@ -19,9 +19,12 @@
  * (dp_policy_members_changed), so a replay repeats that call.
  * The footer's hash is FNV-1a over every byte before the footer line.
  *
- * Safety: the lines go to PATH.tmp; dp_record_close writes the footer,
- * fsyncs and renames to PATH, so PATH is either absent or whole. A reader
- * refuses a file without a matching footer (truncated, edited). */
+ * Safety: the lines go to a fresh temporary file beside PATH
+ * (dp_atomic_open in common/util.h: PATH.tmp.XXXXXX made with O_EXCL, so a
+ * symlink planted there is never followed); dp_record_close writes the
+ * footer, checks every write, fsync and close, and renames it to PATH, so
+ * PATH is either absent or whole. A reader refuses a file without a
+ * matching footer (truncated, edited). */
 #ifndef DP_RECORD_H
 #define DP_RECORD_H
 
@@ -58,7 +61,7 @@ typedef struct {
 /* ---- writing ---- */
 typedef struct dp_record dp_record_t;
 
-/* Start PATH.tmp with header (a JSON object; "downpour_record" is added;
+/* Start PATH's temporary file with header (a JSON object; "downpour_record" is added;
  * not taken). */
 int dp_record_new(dp_record_t **out, const char *path, const cJSON *header, char *err);
 void dp_record_event(dp_record_t *r, const dp_rec_event_t *e);
@@ -74,7 +77,7 @@ int dp_record_close(dp_record_t **r_p, char *err);
 /* Stop without a record: the temporary file is removed. */
 void dp_record_abandon(dp_record_t **r_p);
 
-/* downpour-ps --record: PATH.tmp with this shard's header (model, input,
+/* downpour-ps --record: the record with this shard's header (model, input,
  * seed, optimizer, mode, workers, R, S, shard I/K, the version it starts
  * at) and a measuring policy. */
 int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err);

@@ -2,7 +2,11 @@
  * (server/shard_checkpoint.h) — the same run restarted restores, another
  * run or a finished one is refused unless resumed, a corrupted tensor fails
  * its CRC, a crash between write and rename leaves the previous checkpoint
- * loadable; and the run id the flags imply (dp_ps_config_run_id). */
+ * loadable; and the run id the flags imply (dp_ps_config_run_id). A server
+ * (tests/ps_harness.h) writes its version 0 at a fresh start, removes the
+ * temporary files an interrupted checkpoint of its own left, and says a
+ * failing checkpoint loudly: counted in its metrics, its stop line and its
+ * final error. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,11 +14,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/safetensors.h"
 #include "common/util.h"
 #include "server/ps.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
+#include "tests/ps_harness.h"
 #include "tests/test.h"
+#include "worker/ps_client.h"
 
 #define SPEC "fc:6 softmax"
 
@@ -200,6 +207,109 @@ static void test_config_run_id(void)
     CHECK(strcmp(a, b) != 0);
 }
 
+static int s_touch(const char *dir, const char *name)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    return f && fclose(f) == 0 ? 0 : -1;
+}
+
+static int s_exists(const char *dir, const char *name)
+{
+    char p[600];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return lstat(p, &st) == 0;
+}
+
+/* The last metrics line's number at key (-1 when absent). */
+static double s_last_metric(const char *path, const char *key)
+{
+    uint8_t *text = NULL;
+    size_t len = 0;
+    char err[DP_ERR_LEN];
+    if (dp_read_file(path, &text, &len, err) != 0) return -1;
+    while (len > 0 && text[len - 1] == '\n') text[--len] = 0;
+    char *last = strrchr((char *)text, '\n');
+    cJSON *o = cJSON_Parse(last ? last + 1 : (char *)text);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    cJSON_Delete(o);
+    free(text);
+    return x;
+}
+
+/* A fresh start writes version 0 at once (so a restart that finds no file
+ * is no lost run) and first removes what a kill mid-checkpoint left of its
+ * own file, nothing else; a checkpoint that cannot be written (a full disk,
+ * DP_TEST_WRITE_FAIL) is counted in the metrics, and the final one failing
+ * fails the server with the count; the file keeps the last good version. */
+static void test_server_checkpoint_failures_are_loud(void)
+{
+    s_fresh_dir("loud");
+    char err[DP_ERR_LEN] = "", metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", s_dir);
+    const char *mine = "ps-shard-0-of-1.safetensors.tmp.AbC123";
+    const char *keep[] = {"ps-shard-0-of-1.safetensors.tmp.AbC12", "ps-shard-0-of-1.safetensors.tmp",
+                          "ps-shard-1-of-2.safetensors.tmp.XyZ789", "notes.tmp.AbC123"};
+    CHECK_EQ(s_touch(s_dir, mine), 0);
+    for (int i = 0; i < 4; i++) CHECK_EQ(s_touch(s_dir, keep[i]), 0);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", s_dir);
+    snprintf(s.cfg.metrics_path, sizeof s.cfg.metrics_path, "%.*s", (int)sizeof s.cfg.metrics_path - 1, metrics);
+    s.cfg.checkpoint_every = 1;
+    s.cfg.metrics_every = 3600;
+    CHECK_EQ(srv_start(&s), 0);
+    CHECK_EQ(access(s_path, F_OK), 0); /* version 0, before any push */
+    char *v = dp_safetensors_read_meta(s_path, "version", err);
+    CHECK_STR(v, "0");
+    free(v);
+    CHECK(!s_exists(s_dir, mine));
+    for (int i = 0; i < 4; i++) CHECK(s_exists(s_dir, keep[i]));
+    /* From here every checkpoint write fails as on a full disk. */
+    setenv("DP_TEST_WRITE_FAIL", "ps-shard", 1);
+    dp_model_t m;
+    srv_small_model(&m);
+    float *p = dp_calloc(m.n_floats, sizeof(float)), *g = dp_calloc(m.n_floats, sizeof(float));
+    srv_fill(g, m.n_floats, 1);
+    dp_ps_client_t *c = NULL;
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &m, 0, 5.0, NULL, err), 0);
+    for (int i = 0; c && i < 2; i++) {
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0); /* applied: versions 1, 2 */
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), -1); /* the final checkpoint (version 2) fails too */
+    fprintf(stderr, "  (expected) %s\n", s.err);
+    CHECK(strstr(s.err, "the final checkpoint failed (3 checkpoint failures in this run)") != NULL);
+    CHECK(strstr(s.err, "No space left on device") != NULL);
+    CHECK_EQ(s_last_metric(metrics, "checkpoint_failures"), 3);
+    CHECK_EQ(s_last_metric(metrics, "version"), 2);
+    unsetenv("DP_TEST_WRITE_FAIL");
+    v = dp_safetensors_read_meta(s_path, "version", err);
+    CHECK_STR(v, "0"); /* the last good one, whole */
+    free(v);
+    /* A directory that cannot be written fails the start, not the run. */
+    s_fresh_dir("nostart");
+    setenv("DP_TEST_WRITE_FAIL", "ps-shard", 1);
+    srv_t s2;
+    srv_init(&s2, DP_MODE_ASYNC, 1);
+    snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", s_dir);
+    CHECK_EQ(srv_start(&s2), -1);
+    CHECK_EQ(srv_stop(&s2), -1);
+    unsetenv("DP_TEST_WRITE_FAIL");
+    fprintf(stderr, "  (expected) %s\n", s2.err);
+    CHECK(strstr(s2.err, "cannot write the first checkpoint") != NULL);
+    free(p);
+    free(g);
+    s_rm_dir();
+    s_fresh_dir("loud");
+    s_rm_dir();
+}
+
 int main(int argc, char **argv)
 {
     const t_test_t tests[] = {
@@ -208,6 +318,7 @@ int main(int argc, char **argv)
         T(test_crc_catches_corruption),
         T(test_crash_before_rename_keeps_previous),
         T(test_config_run_id),
+        T(test_server_checkpoint_failures_are_loud),
     };
     return t_main(argc, argv, tests, (int)(sizeof tests / sizeof tests[0]));
 }

@@ -2,7 +2,10 @@
  * written here, every validation error, gather, and (when Debian's package
  * is installed) the real Fashion-MNIST. */
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -258,8 +261,8 @@ static void mk_bad_dims(const char *d)
 }
 static void mk_huge_count(const char *d)
 {
-    /* Header claims 2^31-1 images of 4096x4096: must fail as truncated,
-     * not try to allocate 32 PB. */
+    /* Header claims 2^31-1 images of 4096x4096: refused by the cap before
+     * any data is read, not an attempt to allocate 32 PB. */
     s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 0x7fffffff, 4096, 4096, 0, 100);
     s_write_labels(s_path(d, "train-labels-idx1-ubyte.gz"), 0x801, 5, 5, -1, 0);
 }
@@ -280,7 +283,7 @@ static void mk_gz_cut(const char *d)
     /* A gzip file cut short (download interrupted). */
     char p[512];
     snprintf(p, sizeof p, "%s", s_path(d, "train-labels-idx1-ubyte.gz"));
-    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 5, 4, 3, 5, 0);
+    s_write_images(s_path(d, "train-images-idx3-ubyte.gz"), 0x803, 4000, 4, 3, 4000, 0);
     uint8_t lab[8 + 4000];
     s_be32(lab, 0x801);
     s_be32(lab + 4, 4000);
@@ -316,7 +319,9 @@ static void test_idx_errors(void)
     s_expect_error("bad dims", mk_bad_dims,
                    (const char *[]){"train-images-idx3-ubyte.gz: bad image size 0x3", NULL});
     s_expect_error("huge count", mk_huge_count,
-                   (const char *[]){"train-images-idx3-ubyte.gz: truncated: expected 2147483647 images, got 0", NULL});
+                   (const char *[]){"train-images-idx3-ubyte.gz: the IDX header announces 2147483647 images of "
+                                    "16777216 bytes, 36028797002186752 bytes in all: more than the "
+                                    "4294967296 a data set may hold", NULL});
     s_expect_error("corrupt gzip", mk_corrupt_gz,
                    (const char *[]){"train-images-idx3-ubyte.gz: ", NULL});
     s_expect_error("gzip cut short", mk_gz_cut,
@@ -442,5 +447,107 @@ static void test_real_fashion_mnist(void)
     dp_dataset_fini(&te);
 }
 
+/* Serve bytes[0..len) through the FIFO at path from a child process; the
+ * child reports how many bytes the reader took (written before the reader
+ * closed its end) through *report. Its pid. */
+static pid_t s_serve_fifo(const char *path, const uint8_t *bytes, size_t len, int *report)
+{
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        signal(SIGPIPE, SIG_IGN); /* a reader that stops early: EPIPE */
+        int fd = open(path, O_WRONLY);
+        size_t sent = 0;
+        while (fd >= 0 && sent < len) {
+            size_t k = len - sent < 4096 ? len - sent : 4096;
+            ssize_t w = write(fd, bytes + sent, k);
+            if (w <= 0) break;
+            sent += (size_t)w;
+        }
+        ssize_t ok = write(fds[1], &sent, sizeof sent);
+        _exit(ok == (ssize_t)sizeof sent ? 0 : 1);
+    }
+    close(fds[1]);
+    *report = fds[0];
+    return pid;
+}
+
+/* Load idx:FIFO,LABELS while a child feeds the FIFO the gzip of raw[0..len);
+ * the bytes of that stream the reader consumed (of *total). */
+static size_t s_load_through_fifo(const char *d, const uint8_t *raw, size_t len, size_t *total,
+                                  char *err)
+{
+    char fifo[600], spec[1300];
+    snprintf(fifo, sizeof fifo, "%s", s_path(d, "images.fifo"));
+    s_write(s_path(d, "bomb.gz"), raw, len);
+    uint8_t *gz = NULL;
+    size_t gz_len = 0;
+    if (dp_read_file(s_path(d, "bomb.gz"), &gz, &gz_len, err) != 0 || mkfifo(fifo, 0600) != 0)
+        return (size_t)-1;
+    int report = -1;
+    pid_t pid = s_serve_fifo(fifo, gz, gz_len, &report);
+    snprintf(spec, sizeof spec, "idx:%s,%s", fifo, s_path(d, "labels"));
+    dp_dataset_t ds;
+    CHECK_EQ(dp_dataset_init(&ds, spec, DP_SPLIT_TRAIN, err), -1);
+    /* Unblock a writer still waiting for a reader, then take its count. */
+    int fd = open(fifo, O_RDONLY | O_NONBLOCK);
+    if (fd >= 0) close(fd);
+    size_t sent = (size_t)-1;
+    if (read(report, &sent, sizeof sent) != (ssize_t)sizeof sent) sent = (size_t)-1;
+    close(report);
+    waitpid(pid, NULL, 0);
+    unlink(fifo);
+    free(gz);
+    *total = gz_len;
+    return sent;
+}
+
+/* A gzip bomb costs what its IDX header announces, never more: a header
+ * past DP_DATASET_MAX_BYTES is refused before its data is decompressed
+ * (the reader takes what zlib's input buffers hold, 832 KiB here with the
+ * FIFO's 64 KiB, of a 16 MiB stream; before, it decompressed the stream to
+ * its end), and a stream
+ * longer than its header is refused one byte past what the header says.
+ * Measured by the compressed bytes the reader took from a FIFO. The data is
+ * incompressible so that consumed bytes are produced bytes; a stream of
+ * zeros would produce 1000 times as many. */
+static void test_gzip_bomb_is_bounded(void)
+{
+    const char *d = s_tmpdir();
+    char err[DP_ERR_LEN] = "";
+    s_write_labels(s_path(d, "labels"), 0x801, 10, 10, -1, 0);
+    size_t len = (size_t)16 << 20, total = 0;
+    uint8_t *raw = dp_malloc(len);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift: does not compress */
+        raw[i] = (uint8_t)(x >> 32);
+    }
+    /* 2,000,000 images of 64x64: 8.2 GB announced, over the cap */
+    s_be32(raw, 0x803);
+    s_be32(raw + 4, 2000000);
+    s_be32(raw + 8, 64);
+    s_be32(raw + 12, 64);
+    size_t took = s_load_through_fifo(d, raw, len, &total, err);
+    fprintf(stderr, "  over the cap: took %zu of %zu bytes: %s\n", took, total, err);
+    CHECK(strstr(err, "the IDX header announces 2000000 images of 4096 bytes, 8192000000 bytes "
+                      "in all: more than the 4294967296 a data set may hold") != NULL);
+    CHECK(took <= (size_t)2 << 20);
+    CHECK(total > (size_t)15 << 20);
+    /* 10 images of 28x28, then 16 MiB more: refused as trailing data */
+    s_be32(raw + 4, 10);
+    s_be32(raw + 8, 28);
+    s_be32(raw + 12, 28);
+    took = s_load_through_fifo(d, raw, len, &total, err);
+    fprintf(stderr, "  longer stream: took %zu of %zu bytes: %s\n", took, total, err);
+    CHECK(strstr(err, "trailing data after the 10 images the header announces") != NULL);
+    CHECK(took <= (size_t)2 << 20);
+    free(raw);
+    s_rmtree(d);
+}
+
 DP_TESTS(T(test_idx_plain_and_gz), T(test_idx_errors), T(test_bad_specs), T(test_cifar10),
-         T(test_real_fashion_mnist))
+         T(test_real_fashion_mnist), T(test_gzip_bomb_is_bounded))

@@ -11,10 +11,12 @@
  * has sd sqrt(p(1-p)/n) and the mean staleness sd sqrt((1-p)/p^2/n); the
  * checks allow 5 of each (and the runs are deterministic: a seed that
  * passes passes always). */
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -231,6 +233,126 @@ static void test_record_damaged(void)
     free(text);
 }
 
+/* A record is written through a fresh O_EXCL temporary file: a symlink
+ * planted at the name the writer used to take (PATH.tmp) is not followed,
+ * so the file it points to is not overwritten. A failing write (a full
+ * disk, DP_TEST_WRITE_FAIL) is reported at close and leaves nothing. */
+static void test_record_tmp_is_safe(void)
+{
+    char path[300], tmp[310], victim[300], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/s.rec", s_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(victim, sizeof victim, "%s/victim", s_dir);
+    CHECK_EQ(dp_write_file_atomic(victim, "precious\n", 9, err), 0);
+    CHECK_EQ(symlink(victim, tmp), 0);
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "model", TINY);
+    dp_record_t *w = NULL;
+    CHECK_EQ(dp_record_new(&w, path, h, err), 0);
+    dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .lr = 0.1f, .grad_norm = 1, .update_norm = 1};
+    for (int i = 0; i < 3; i++) dp_record_push(w, 0, 0, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL);
+    CHECK_EQ(dp_record_close(&w, err), 0);
+    uint8_t *text = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(victim, &text, &len, err), 0);
+    CHECK(text && len == 9 && memcmp(text, "precious\n", 9) == 0);
+    free(text);
+    struct stat st;
+    CHECK(lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)); /* left as it was */
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+    dp_rec_t r;
+    CHECK_EQ(dp_rec_load(&r, path, err), 0);
+    CHECK_EQ(r.n, 3);
+    dp_rec_fini(&r);
+    unlink(tmp);
+    /* a write that fails: close says so, nothing at PATH nor beside it */
+    char path2[300];
+    snprintf(path2, sizeof path2, "%s/full.rec", s_dir);
+    setenv("DP_TEST_WRITE_FAIL", "full.rec", 1);
+    CHECK_EQ(dp_record_new(&w, path2, h, err), 0);
+    dp_record_push(w, 0, 0, 1, 0, &o, 1, NULL);
+    CHECK_EQ(dp_record_close(&w, err), -1);
+    unsetenv("DP_TEST_WRITE_FAIL");
+    fprintf(stderr, "  (expected) %s\n", err);
+    CHECK(strstr(err, "full.rec: write failed: No space left on device") != NULL);
+    CHECK(stat(path2, &st) != 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q full.rec", s_dir);
+    CHECK(system(cmd) != 0); /* grep found none */
+    cJSON_Delete(h);
+}
+
+/* `downpour replay FILE --out DIR` in a child, stderr to errpath; its exit
+ * status (128 + a signal that killed it) and stderr's text (malloc'd). */
+static int s_replay_child(const char *rec, const char *out, const char *errpath, char **text)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 2);
+        char *argv[] = {"replay", (char *)rec, "--out", (char *)out, NULL};
+        _exit(dp_replay_main(4, argv));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    uint8_t *b = NULL;
+    size_t len = 0;
+    char err[DP_ERR_LEN];
+    *text = dp_read_file(errpath, &b, &len, err) == 0 ? (char *)b : dp_strdup("");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* A record's header is untrusted: replay takes the model and the sizes
+ * from it. A model of 2^62 floats (its n_floats * 4 wraps to 0) and a
+ * batch of 2^40 are one line and exit status 1. */
+static void test_replay_refuses_absurd_header(void)
+{
+    char rec[300], out[300], errp[300], img[300], lab[300], data[700], err[DP_ERR_LEN] = "";
+    snprintf(rec, sizeof rec, "%s/absurd.rec", s_dir);
+    snprintf(out, sizeof out, "%s/absurd-out", s_dir);
+    snprintf(errp, sizeof errp, "%s/absurd.err", s_dir);
+    snprintf(img, sizeof img, "%s/absurd-img", s_dir);
+    snprintf(lab, sizeof lab, "%s/absurd-lab", s_dir);
+    uint8_t im[16 + 784] = {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 28, 0, 0, 0, 28};
+    uint8_t lb[9] = {0, 0, 8, 1, 0, 0, 0, 1, 1};
+    CHECK_EQ(dp_write_file_atomic(img, im, sizeof im, err), 0);
+    CHECK_EQ(dp_write_file_atomic(lab, lb, sizeof lb, err), 0);
+    snprintf(data, sizeof data, "idx:%s,%s,2", img, lab); /* 2 classes, as fc:2 */
+    static const struct {
+        const char *model;
+        double batch;
+        const char *want;
+    } cases[] = {
+        /* 21 + 21 + 2928831 * 21 + ... + 2 * 2147483647 + 2 = 2^62 floats */
+        {"conv1x1:21 maxpool28 conv1x1:2928831 conv1x1:2144558803 conv1x1:2147483647 fc:2 softmax",
+         4, "downpour replay: model spec: 'conv1x1:2144558803' makes conv3.weight too large"},
+        {TINY, 1099511627776.0,
+         "downpour replay: record header: 'batch' is not a whole number in 1..65536"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "model", cases[i].model);
+        cJSON_AddStringToObject(h, "data", data);
+        cJSON_AddStringToObject(h, "seed", "1");
+        cJSON_AddStringToObject(h, "mode", "async");
+        cJSON_AddNumberToObject(h, "batch", cases[i].batch);
+        dp_record_t *w = NULL;
+        CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
+        cJSON_Delete(h);
+        CHECK_EQ(dp_record_close(&w, err), 0);
+        char *text = NULL;
+        int rc = s_replay_child(rec, out, errp, &text);
+        fprintf(stderr, "  (expected) status %d: %s", rc, text);
+        CHECK_EQ(rc, 1);
+        int lines = 0;
+        for (const char *c = text; *c; c++) lines += *c == '\n';
+        CHECK_EQ(lines, 1);
+        CHECK(strstr(text, cases[i].want) != NULL);
+        free(text);
+    }
+}
+
 /* SGD: the update is lr times the gradient, and the norms say so. */
 static void test_measured_step(void)
 {
@@ -290,4 +412,5 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
-         T(test_measured_step))
+         T(test_measured_step), T(test_record_tmp_is_safe),
+         T(test_replay_refuses_absurd_header))

@@ -129,6 +129,70 @@ static void test_init_and_fingerprint(void)
     free(q);
 }
 
+/* The spec of a checkpoint or record is untrusted: sizes that would wrap
+ * (or merely pass the stated bounds) are refused with one line naming the
+ * token, never parsed into a model whose n_floats * 4 wrapped. */
+static void test_sizes_are_bounded(void)
+{
+    /* 4369 + 4369 + 2146500591 * 4369 + ... = exactly 2^62 floats, so
+     * n_floats * sizeof(float) wraps to 0 in a size_t (downpour eval then
+     * allocated 1 byte and read conv1.weight's 4369 floats into it). */
+    const char *wrap = "conv1x1:4369 conv1x1:2146500591 maxpool28 conv1x1:2147483647 "
+                       "fc:978689 softmax";
+    static const struct {
+        const char *spec;
+        const char *err;
+    } cases[] = {
+        {"conv1x1:4369 conv1x1:2146500591 maxpool28 conv1x1:2147483647 fc:978689 softmax",
+         "model spec: 'conv1x1:2146500591': its output (2146500591 x 28 x 28) passes "
+         "2147483647 floats a sample"},
+        /* the same sum past the activations: 2^62 floats again */
+        {"conv1x1:4369 maxpool28 conv1x1:2146500591 conv1x1:2147483647 fc:978689 softmax",
+         "model spec: 'conv1x1:2146500591' makes conv2.weight too large (the parameters would "
+         "pass 4294967296 floats)"},
+        /* per-sample activation 2^31 x 28 x 28 (flattened, it wrapped an int) */
+        {"conv1x1:2147483647 fc:10 softmax",
+         "model spec: 'conv1x1:2147483647': its output (2147483647 x 28 x 28) passes "
+         "2147483647 floats a sample"},
+        /* a huge 'same' kernel: 28 + 2 * pad overflowed an int */
+        {"conv2147483647x2147483647:1 fc:10 softmax",
+         "model spec: 'conv2147483647x2147483647:1' makes conv1.weight too large (the "
+         "parameters would pass 4294967296 floats)"},
+        /* just past the total: 65536 * 65537 floats */
+        {"conv1x1:65536 maxpool28 conv1x1:65537 fc:10 softmax",
+         "model spec: 'conv1x1:65537' makes conv2.weight too large (the parameters would pass "
+         "4294967296 floats)"},
+        /* numbers past an int: sscanf's %d wrapped 2^32 + 2 to 2 */
+        {"conv3x3:4294967298 fc:10 softmax",
+         "model spec: bad convolution 'conv3x3:4294967298' (expected convKxK:OUT, e.g. conv5x5:32)"},
+        {"conv3x3:-2 fc:10 softmax",
+         "model spec: bad convolution 'conv3x3:-2' (expected convKxK:OUT, e.g. conv5x5:32)"},
+        {"conv+3x3:2 fc:10 softmax",
+         "model spec: bad convolution 'conv+3x3:2' (expected convKxK:OUT, e.g. conv5x5:32)"},
+        /* fc:2^20 on a 2^31-1 flattened input: 2^51 floats */
+        {"conv1x1:2739 fc:1048576 softmax",
+         "model spec: 'fc:1048576' makes fc1.weight too large (the parameters would pass "
+         "4294967296 floats)"},
+    };
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, wrap, 1, 28, 28, err), -1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = 0;
+        CHECK_EQ(dp_model_parse(&m, cases[i].spec, 1, 28, 28, err), -1);
+        CHECK_STR(err, cases[i].err);
+    }
+    /* the input shape itself: 65536^3 samples are no input */
+    CHECK_EQ(dp_model_parse(&m, "fc:10 softmax", 65536, 65536, 65536, err), -1);
+    CHECK_STR(err, "model spec: bad input shape 65536x65536x65536");
+    /* Large but in bounds: accepted, and the totals are exact. */
+    CHECK_EQ(dp_model_parse(&m, "conv1x1:1024 maxpool28 conv1x1:1048576 fc:10 softmax", 1, 28,
+                            28, err), 0);
+    CHECK_EQ(m.n_floats, 1024 + 1024 + 1048576ull * 1024 + 1048576 + 10ull * 1048576 + 10);
+    CHECK(m.n_floats <= DP_MODEL_MAX_FLOATS);
+    CHECK_EQ(m.max_act, 1048576); /* conv2's output */
+}
+
 DP_TESTS(T(test_default_spec_shapes), T(test_bad_specs), T(test_error_messages),
          T(test_valid_padding_and_odd_shapes),
-         T(test_init_and_fingerprint))
+         T(test_init_and_fingerprint), T(test_sizes_are_bounded))

@@ -2,8 +2,12 @@
  * (padded header), every rejected file leaving params unchanged, atomic
  * writes. */
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include "deploy/launcher.h"
 
 #include "common/model.h"
 #include "common/safetensors.h"
@@ -392,5 +396,148 @@ static void test_atomic_write(void)
     s_cleanup();
 }
 
+/* Overlap is checked against every earlier range, not only the neighbour:
+ * [0,100) [50,50) [60,70) overlap though no two neighbours do. */
+static void test_overlap_any_earlier_range(void)
+{
+    s_tmpdir();
+    dp_model_t m;
+    float *p;
+    s_model(&m, &p);
+    static uint8_t zeros[100];
+    s_write_raw(s_path("o1.st"),
+                "{\"a\":{\"dtype\":\"U8\",\"shape\":[100],\"data_offsets\":[0,100]},"
+                "\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[50,50]},"
+                "\"c\":{\"dtype\":\"U8\",\"shape\":[10],\"data_offsets\":[60,70]}}",
+                0, zeros, 100);
+    s_expect_reject(&m, s_path("o1.st"), "tensors overlap at data bytes [60, 70)");
+    /* the same ranges in another order of the header */
+    s_write_raw(s_path("o2.st"),
+                "{\"c\":{\"dtype\":\"U8\",\"shape\":[10],\"data_offsets\":[60,70]},"
+                "\"a\":{\"dtype\":\"U8\",\"shape\":[100],\"data_offsets\":[0,100]},"
+                "\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[50,50]}}",
+                0, zeros, 100);
+    s_expect_reject(&m, s_path("o2.st"), "tensors overlap at data bytes [60, 70)");
+    /* empty ranges anywhere, and ranges that touch, are no overlap */
+    char err[DP_ERR_LEN] = "";
+    s_write_raw(s_path("ok.st"),
+                "{\"a\":{\"dtype\":\"U8\",\"shape\":[50],\"data_offsets\":[0,50]},"
+                "\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[20,20]},"
+                "\"c\":{\"dtype\":\"U8\",\"shape\":[50],\"data_offsets\":[50,100]}}",
+                0, zeros, 100);
+    char *v = dp_safetensors_read_meta(s_path("ok.st"), "none", err);
+    CHECK(v == NULL);
+    CHECK_STR(err, ""); /* the file is valid: the key is just absent */
+    /* a shape whose byte count wraps 64 bits: 2^32 x 2^32 x 4 bytes */
+    s_write_raw(s_path("wrap.st"),
+                "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+                "\"data_offsets\":[0,0]}}", 0, zeros, 0);
+    s_expect_reject(&m, s_path("wrap.st"), "shape is implausibly large");
+    free(p);
+    s_cleanup();
+}
+
+/* A header of many tensors is checked in O(n log n): 200,000 entries (the
+ * names compared pairwise were 2 * 10^10 strcmp calls). A duplicate name,
+ * first and last, is still found. */
+static void test_many_tensors(void)
+{
+    s_tmpdir();
+    dp_model_t m;
+    float *p;
+    s_model(&m, &p);
+    enum { N = 200000 };
+    size_t cap = (size_t)N * 80 + 64, k = 0;
+    char *hdr = dp_malloc(cap);
+    k += (size_t)snprintf(hdr + k, cap - k, "{");
+    for (int i = 0; i < N; i++)
+        k += (size_t)snprintf(hdr + k, cap - k, "%s\"t%d\":{\"dtype\":\"U8\",\"shape\":[1],"
+                              "\"data_offsets\":[%d,%d]}", i ? "," : "", i, i, i + 1);
+    snprintf(hdr + k, cap - k, "}");
+    uint8_t *data = dp_calloc(N, 1);
+    s_write_raw(s_path("many.st"), hdr, 0, data, N);
+    char err[DP_ERR_LEN] = "x";
+    char *v = dp_safetensors_read_meta(s_path("many.st"), "none", err);
+    CHECK(v == NULL);
+    CHECK_STR(err, "");
+    /* rename the last one to the first one's name */
+    char *last = strstr(hdr + k - 80, "\"t199999\"");
+    CHECK(last != NULL);
+    if (last) {
+        memcpy(last, "\"t0\"     ", 9);
+        s_write_raw(s_path("dup.st"), hdr, 0, data, N);
+        s_expect_reject(&m, s_path("dup.st"), "header names 't0' twice");
+    }
+    free(hdr);
+    free(data);
+    free(p);
+    s_cleanup();
+}
+
+/* Run main(argv) in a child with stderr to errpath; its exit status, or
+ * 128 + the signal that killed it. */
+static int s_run_main(int (*main_fn)(int, char **), char **argv, const char *errpath)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 2);
+        int out = open("/dev/null", O_WRONLY);
+        if (out >= 0) dup2(out, 1);
+        int argc = 0;
+        while (argv[argc]) argc++;
+        _exit(main_fn(argc, argv));
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* A checkpoint is untrusted input: `downpour eval` takes the model from its
+ * metadata. A spec of exactly 2^62 floats made n_floats * 4 wrap to 0: eval
+ * allocated 1 byte and read conv1.weight's 4369 floats into it (heap
+ * overflow, SIGSEGV or an ASan report). Now: one line, exit status 1. */
+static void test_eval_refuses_overflowing_spec(void)
+{
+    s_tmpdir();
+    char err[DP_ERR_LEN] = "";
+    const char *spec = "conv1x1:4369 maxpool28 conv1x1:2146500591 conv1x1:2147483647 "
+                       "fc:978689 softmax";
+    static float w[4369];
+    for (int i = 0; i < 4369; i++) w[i] = (float)i;
+    int64_t sh[4] = {4369, 1, 1, 1};
+    dp_st_tensor_t t[1] = {{"conv1.weight", w, 4, sh}};
+    const char *kv[] = {"format", "downpour", "spec", spec, "input", "1x28x28", NULL};
+    CHECK_EQ(dp_safetensors_write(s_path("evil.st"), t, 1, kv, err), 0);
+    /* one 28x28 test image and its label, plain IDX */
+    uint8_t img[16 + 784] = {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 28, 0, 0, 0, 28};
+    uint8_t lab[9] = {0, 0, 8, 1, 0, 0, 0, 1, 3};
+    int fd = open(s_path("img"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0 && write(fd, img, sizeof img) == (ssize_t)sizeof img && close(fd) == 0);
+    fd = open(s_path("lab"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0 && write(fd, lab, sizeof lab) == (ssize_t)sizeof lab && close(fd) == 0);
+    char data[256], ckpt[256];
+    snprintf(data, sizeof data, "idx:%s,%s", s_path("img"), s_path("lab"));
+    snprintf(ckpt, sizeof ckpt, "%s", s_path("evil.st"));
+    char *argv[] = {"eval", "--checkpoint", ckpt, "--data", data, NULL};
+    int rc = s_run_main(dp_eval_main, argv, s_path("eval.err"));
+    CHECK_EQ(rc, 1);
+    uint8_t *out = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(s_path("eval.err"), &out, &len, err), 0);
+    if (out) {
+        fprintf(stderr, "  (expected) %s", (char *)out);
+        int lines = 0;
+        for (size_t i = 0; i < len; i++) lines += out[i] == '\n';
+        CHECK_EQ(lines, 1);
+        CHECK(strstr((char *)out, "downpour eval: model spec: 'conv1x1:2146500591' makes "
+                                  "conv2.weight too large") != NULL);
+    }
+    free(out);
+    s_cleanup();
+}
+
 DP_TESTS(T(test_checkpoint_round_trip), T(test_generic_write), T(test_rejects_bad_files),
-         T(test_atomic_write))
+         T(test_atomic_write), T(test_eval_refuses_overflowing_spec),
+         T(test_overlap_any_earlier_range), T(test_many_tensors))
