@@ -96,7 +96,7 @@ check "... and the chief then trains and ends the run" test $? = 0
 wait_for "$PS_PID" $((10 * scale))
 check "... the restarted shard stopped on its SHUTDOWN" test $? = 0
 mkdir -p "$K/unnamed" && cp "$K/worker-0.pub" "$K/unnamed/w0.pub" && cp "$K/worker-1.pub" "$K/unnamed/w1.pub"
-"$PS" --bind 'tcp://127.0.0.1:*' --curve-secret "$K/srv" --curve-allow "$K/unnamed" >"$TMP/unnamed.log" 2>&1
+timeout $((10 * scale)) "$PS" --bind 'tcp://127.0.0.1:*' --curve-secret "$K/srv" --curve-allow "$K/unnamed" >"$TMP/unnamed.log" 2>&1
 check "an allow list naming no chief: status 1, one line" test $? = 1 -a "$(grep -c "no key is named for the chief" "$TMP/unnamed.log")" = 1
 
 # ---- downpour local --secure -------------------------------------------------

@@ -594,8 +594,8 @@ static void test_server_spoofed_beats(void)
         CHECK_EQ(rc, 0);
         if (rc != 0) fprintf(stderr, "  pull: %s\n", err);
         CHECK_EQ(dp_ps_client_version(c0), 1);
-        fprintf(stderr, "  the dead worker was dropped %.1f s after worker 0 pushed, under spoofed "
-                "heartbeats\n", dp_now() - t0);
+        fprintf(stderr, "  worker 0's held pull came back %.1f s after its push, under spoofed "
+                "heartbeats for worker 1\n", dp_now() - t0);
         free(p), free(g);
     }
     atomic_store(&sp.stop, 1);
