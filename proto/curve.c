@@ -26,12 +26,19 @@
 #define S_LOG_FIRST 10 /* refusals logged one by one; then one in S_LOG_EVERY */
 #define S_LOG_EVERY 1000
 
+/* One key of the allow list and the name of the file it came from (the
+ * server ties keys named after a task to that task: server/auth.h). */
+typedef struct {
+    dp_curve_key_t key;
+    char file[DP_CURVE_NAME_LEN];
+} s_allowed_t;
+
 struct dp_zap {
     void *ctx;
     void *rep;              /* ZAP requests from libzmq */
     void *monitor;          /* the watched server socket's events, or NULL */
     char monitor_ep[64];
-    dp_curve_key_t *allowed;
+    s_allowed_t *allowed;
     int n_allowed;
     atomic_uint_fast64_t refused;
     atomic_int stop;
@@ -137,10 +144,12 @@ int dp_curve_connect_as(void *sock, const dp_curve_key_t *server_pub,
 
 static int s_allow_add(dp_zap_t *z, const char *path, char *err)
 {
-    dp_curve_key_t k;
-    if (dp_curve_read_public(path, &k, err) != 0) return -1;
+    s_allowed_t a;
+    if (dp_curve_read_public(path, &a.key, err) != 0) return -1;
+    const char *slash = strrchr(path, '/');
+    snprintf(a.file, sizeof a.file, "%s", slash ? slash + 1 : path);
     z->allowed = dp_realloc(z->allowed, (size_t)(z->n_allowed + 1) * sizeof *z->allowed);
-    z->allowed[z->n_allowed++] = k;
+    z->allowed[z->n_allowed++] = a;
     return 0;
 }
 
@@ -231,7 +240,7 @@ static void s_answer_zap(dp_zap_t *z)
         zmq_msg_size(&f[6]) == 32) {
         zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
         for (int i = 0; i < z->n_allowed; i++)
-            if (strcmp(z->allowed[i].z85, user) == 0) status = "200", text = "OK";
+            if (strcmp(z->allowed[i].key.z85, user) == 0) status = "200", text = "OK";
         snprintf(who, sizeof who, "key %s from %.*s", user, (int)zmq_msg_size(&f[3]),
                  (const char *)zmq_msg_data(&f[3]));
     }
@@ -349,6 +358,12 @@ void dp_zap_destroy(dp_zap_t **zap_p)
 int dp_zap_allowed(const dp_zap_t *zap)
 {
     return zap->n_allowed;
+}
+
+const dp_curve_key_t *dp_zap_key(const dp_zap_t *zap, int i, const char **file)
+{
+    *file = zap->allowed[i].file;
+    return &zap->allowed[i].key;
 }
 
 uint64_t dp_zap_refused(const dp_zap_t *zap)

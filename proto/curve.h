@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #define DP_CURVE_KEY_LEN 40 /* Z85 characters of a 32-byte key */
+#define DP_CURVE_NAME_LEN 256 /* bytes kept of an allowed key's file name */
 
 /* A key as Z85 text, NUL-terminated. */
 typedef struct {
@@ -63,6 +64,10 @@ void dp_zap_destroy(dp_zap_t **zap_p);
 
 /* Keys in the allow list. */
 int dp_zap_allowed(const dp_zap_t *zap);
+
+/* Key i (0 <= i < dp_zap_allowed) of the allow list; *file is the name of
+ * the file it was read from, without its directory ("worker-1.pub"). */
+const dp_curve_key_t *dp_zap_key(const dp_zap_t *zap, int i, const char **file);
 
 /* Clients refused so far: unknown keys, and handshakes that failed. */
 uint64_t dp_zap_refused(const dp_zap_t *zap);

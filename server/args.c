@@ -191,7 +191,11 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
                     "CURVE: this server's secret key (downpour keygen FILE);\n"
                     "encrypts the traffic and admits only --curve-allow keys"),
         DP_FLAG_BUF("curve-allow", "DIR|FILE,...", c->curve_allow, 0,
-                    "CURVE: the workers' public keys allowed in (DIR/*.pub or a list)"),
+                    "CURVE: the workers' public keys allowed in (DIR/*.pub or a list);\n"
+                    "a file named worker-I.pub or chief-0.pub is that worker only (I + 1\n"
+                    "with a chief-0.pub), the list must name the chief (worker 0), and\n"
+                    "a key under another name may take only an id none of those owns,\n"
+                    "never 0"),
     };
     dp_opts_init(o, "downpour-ps", s_synopsis, s_epilog);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));

@@ -126,6 +126,7 @@ typedef struct {
     double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
     uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
     dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
+    uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -146,12 +147,10 @@ static void s_env(const s_ps_t *ps, Downpour__Envelope *env, int type, uint64_t 
     env->incarnation = ps->incarnation;
 }
 
-/* ERROR with Error.code (DOWNPOUR__ERROR_CODE__*), counted as malformed. */
-static void s_reply_error_code(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
-                               const char *msg)
+/* ERROR with Error.code (DOWNPOUR__ERROR_CODE__*), not counted. */
+static void s_send_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                         const char *msg)
 {
-    ps->shard.counts.malformed++;
-    ps->shard.counts.rejected++;
     dp_log_debug("shard %d: ERROR to worker %d: %s", ps->cfg->shard_index, worker, msg);
     Downpour__Envelope env;
     s_env(ps, &env, DOWNPOUR__MSG_TYPE__ERROR, req, worker);
@@ -160,6 +159,15 @@ static void s_reply_error_code(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int work
     e.code = (Downpour__ErrorCode)code;
     env.error = &e;
     s_send(ps, id, &env, NULL, 0);
+}
+
+/* ERROR with Error.code, counted as malformed. */
+static void s_reply_error_code(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                               const char *msg)
+{
+    ps->shard.counts.malformed++;
+    ps->shard.counts.rejected++;
+    s_send_error(ps, id, req, worker, code, msg);
 }
 
 static void s_reply_error(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg)
@@ -390,9 +398,9 @@ static void s_sweep(s_ps_t *ps, double now)
 
 /* ---- authority (server/auth.h) ---------------------------------------- */
 
-static dp_auth_peer_t s_peer(const s_ps_t *ps, zmq_msg_t *id)
+static dp_auth_peer_t s_peer(const s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
-    return (dp_auth_peer_t){zmq_msg_data(id), zmq_msg_size(id), ps->peer_key};
+    return (dp_auth_peer_t){zmq_msg_data(id), zmq_msg_size(id), ps->peer_key, env->session};
 }
 
 /* auth.h's "live": the ROUTER still has a peer with this routing id. */
@@ -409,7 +417,7 @@ static int s_conn_live(void *arg, const void *conn, size_t len)
 static int s_claim(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     char msg[DP_ERR_LEN];
-    dp_auth_peer_t p = s_peer(ps, id);
+    dp_auth_peer_t p = s_peer(ps, id, env);
     if (dp_auth_claim(&ps->auth, env->worker_id, &p, s_conn_live, ps, msg, sizeof msg) == 0)
         return 1;
     dp_log_warn("shard %d: HELLO refused: %s", ps->cfg->shard_index, msg);
@@ -425,11 +433,17 @@ static int s_authorized(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env
     if (env->type == DOWNPOUR__MSG_TYPE__HELLO) return 1; /* s_claim, once the model matched */
     char msg[DP_ERR_LEN];
     int code;
-    dp_auth_peer_t p = s_peer(ps, id);
+    dp_auth_peer_t p = s_peer(ps, id, env);
     if (dp_auth_check(&ps->auth, env->type, env->worker_id, env->run_token, &p, &code, msg,
                       sizeof msg) == 0)
         return 1;
-    s_reply_error_code(ps, id, env->request_id, env->worker_id, code, msg);
+    /* A refused HEARTBEAT is counted in auth_refused only: the shard's
+     * rejected / malformed account for pushes and broken messages, and a
+     * restarted worker's beats before its HELLO are neither. */
+    if (env->type == DOWNPOUR__MSG_TYPE__HEARTBEAT)
+        s_send_error(ps, id, env->request_id, env->worker_id, code, msg);
+    else
+        s_reply_error_code(ps, id, env->request_id, env->worker_id, code, msg);
     return 0;
 }
 
@@ -492,17 +506,39 @@ static void s_grant_shm(s_ps_t *ps, int wid, Downpour__Welcome *wl)
     wl->shm_grad_name = (char *)grad;
 }
 
+/* A request for another model: both sides into the shard's log (the first
+ * ten, then one in a thousand, so a flood cannot fill it). The reply says
+ * only that the models differ: the spec and its fingerprint are all a HELLO
+ * needs, so a peer that does not know them is not told. */
+static void s_log_mismatch(s_ps_t *ps, const Downpour__Envelope *env)
+{
+    const dp_model_t *m = &ps->shard.model;
+    uint64_t n = ++ps->mismatches;
+    if (n > 10 && n % 1000 != 0) return;
+    const Downpour__Hello *h = env->type == DOWNPOUR__MSG_TYPE__HELLO ? env->hello : NULL;
+    char theirs[400] = "";
+    if (h)
+        snprintf(theirs, sizeof theirs, "'%.300s' on %dx%dx%d, ", h->model_spec ? h->model_spec : "",
+                 h->in_c, h->in_h, h->in_w);
+    dp_log_warn("shard %d: model mismatch (%" PRIu64 " so far): %s from worker %d has %sfingerprint "
+                "%016" PRIx64 "; this shard '%s' on %dx%dx%d, fingerprint %016" PRIx64,
+                ps->cfg->shard_index, n, dp_wire_type_name(env->type), env->worker_id, theirs,
+                env->model_fingerprint, m->spec, m->in_c, m->in_h, m->in_w, m->fingerprint);
+}
+
 static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     const dp_model_t *m = &ps->shard.model;
     if (!s_same_model(m, env)) {
         const Downpour__Hello *h = env->hello;
-        char msg[1400];
+        char msg[800];
         snprintf(msg, sizeof msg,
-                 "model mismatch: worker has '%.500s' on %dx%dx%d (fingerprint %016" PRIx64
-                 "), server has '%s' on %dx%dx%d (fingerprint %016" PRIx64 ")",
+                 "model mismatch: this shard serves another model than the worker's '%.500s' on "
+                 "%dx%dx%d (fingerprint %016" PRIx64 "); check --model and the data set on both "
+                 "sides (the shard's log names its own)",
                  h->model_spec ? h->model_spec : "", h->in_c, h->in_h, h->in_w,
-                 env->model_fingerprint, m->spec, m->in_c, m->in_h, m->in_w, m->fingerprint);
+                 env->model_fingerprint);
+        s_log_mismatch(ps, env);
         s_reply_error(ps, id, env->request_id, env->worker_id, msg);
         return;
     }
@@ -715,13 +751,14 @@ static int s_admit(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     if (!request)
         snprintf(msg, sizeof msg, "malformed: %s is a reply, not a request", dp_wire_type_name(type));
     /* Tools may ask STATS / HEARTBEAT / SHUTDOWN with fingerprint 0; HELLO
-     * answers a mismatch with both specs itself. */
+     * answers a mismatch itself. Neither reply names this shard's model. */
     else if (type != DOWNPOUR__MSG_TYPE__HELLO && env->model_fingerprint != ps->shard.model.fingerprint &&
-             !(admin && env->model_fingerprint == 0))
+             !(admin && env->model_fingerprint == 0)) {
         snprintf(msg, sizeof msg,
-                 "model mismatch: worker has fingerprint %016" PRIx64 ", server has %016" PRIx64
-                 " ('%.200s')",
-                 env->model_fingerprint, ps->shard.model.fingerprint, ps->shard.model.spec);
+                 "model mismatch: fingerprint %016" PRIx64 " is not this shard's model (the "
+                 "shard's log names its own)", env->model_fingerprint);
+        s_log_mismatch(ps, env);
+    }
     else if (!admin && (wid < 0 || wid >= ps->members.n))
         snprintf(msg, sizeof msg, "worker id %d out of range: this cluster has %d workers (--workers)",
                  wid, ps->members.n);
@@ -810,8 +847,15 @@ static int s_secure(s_ps_t *ps, char *err)
         dp_curve_serve(ps->sock, &sec, err) != 0 ||
         dp_zap_new(&ps->zap, ps->ctx, ps->sock, cfg->curve_allow, err) != 0)
         return -1;
-    dp_log_info("shard %d: CURVE: public key %s, %d client keys allowed", cfg->shard_index, pub.z85,
-                dp_zap_allowed(ps->zap));
+    /* Keys named after a task own that task's worker id (server/auth.h). */
+    int n = dp_zap_allowed(ps->zap);
+    dp_auth_key_t *keys = dp_calloc((size_t)n, sizeof *keys);
+    for (int i = 0; i < n; i++) keys[i].key = dp_zap_key(ps->zap, i, &keys[i].file)->z85;
+    int rc = dp_auth_name_keys(&ps->auth, keys, n, err);
+    free(keys);
+    if (rc != 0) return -1;
+    dp_log_info("shard %d: CURVE: public key %s, %d client keys allowed, %d named after their task",
+                cfg->shard_index, pub.z85, n, ps->auth.n_named);
     return 0;
 }
 

@@ -32,6 +32,7 @@ static void s_beat(dp_ps_beat_t *b, void *sock, uint64_t req)
 {
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, req, b->worker_id, 0);
+    env.session = dp_ps_session(); /* what ties these beats to our HELLO's connection */
     char err[DP_ERR_LEN];
     if (dp_wire_send(sock, NULL, &env, NULL, 0, err) != 0) dp_log_debug("heartbeat: %s", err);
     dp_wire_rx_t rx;

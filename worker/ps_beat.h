@@ -9,10 +9,13 @@
  * loop cannot promise. A worker killed stops beating at once, so the bound
  * is the timeout plus one beat: 6 s with the defaults.
  *
- * The beats carry the worker id and fingerprint 0 (servers accept that on
- * HEARTBEAT before a HELLO); replies are read and discarded; a shard that is
- * down just queues a few beats (ZeroMQ redials). Under CURVE the beats go
- * with the worker's own key (curve), which the servers check. */
+ * The beats carry the worker id, fingerprint 0 (servers accept that on
+ * HEARTBEAT) and this process's session (dp_ps_session): a server counts
+ * them for the id only when its HELLO came from the same session (or,
+ * under CURVE, when they come with the id's key, which the beats go with),
+ * so nobody else's beats keep a dead worker counted (server/auth.h).
+ * Replies are read and discarded; a shard that is down just queues a few
+ * beats (ZeroMQ redials). */
 #ifndef DP_PS_BEAT_H
 #define DP_PS_BEAT_H
 

@@ -19,11 +19,14 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "proto/curve.h"
@@ -194,12 +197,35 @@ static void s_reset_unanswered(dp_ps_client_t *c)
     }
 }
 
+/* ---- the session ------------------------------------------------------- */
+
+static uint64_t s_session;
+static pthread_once_t s_session_once = PTHREAD_ONCE_INIT;
+
+static void s_draw_session(void)
+{
+    /* Without the kernel's random source (it does not fail on Linux past
+     * early boot) the clock still makes one process's session unlike
+     * another's; it is a proof of "same process", not a key. */
+    while (s_session == 0)
+        if (getrandom(&s_session, sizeof s_session, 0) != (ssize_t)sizeof s_session &&
+            errno != EINTR)
+            s_session = (uint64_t)(dp_now() * 1e9) ^ ((uint64_t)getpid() << 32);
+}
+
+uint64_t dp_ps_session(void)
+{
+    pthread_once(&s_session_once, s_draw_session);
+    return s_session;
+}
+
 /* ---- one exchange ------------------------------------------------------ */
 
 static int s_send(dp_ps_client_t *c, int i, s_req_t *rq, char *err)
 {
     s_shard_t *s = &c->sh[i];
     rq->env.request_id = ++c->next_req;
+    rq->env.session = dp_ps_session();
     if (rq->env.type == DOWNPOUR__MSG_TYPE__STATS || rq->env.type == DOWNPOUR__MSG_TYPE__SHUTDOWN)
         rq->env.run_token = s->run_token; /* the chief's proof; 0 for anyone else */
     char e2[DP_ERR_LEN];
@@ -227,6 +253,7 @@ static void s_heartbeat(dp_ps_client_t *c, int i)
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, ++c->next_req, c->worker_id,
                      c->m->fingerprint);
+    env.session = dp_ps_session();
     char e2[DP_ERR_LEN];
     /* Best effort: a heartbeat that cannot go shows up as silence. */
     if (dp_wire_send(c->sh[i].sock, NULL, &env, NULL, 0, e2) != 0)

@@ -87,11 +87,20 @@ void dp_ps_client_default_wire(int bf16);
 /* Shards this client reaches through shared memory. */
 int dp_ps_client_shm_shards(const dp_ps_client_t *c);
 
+/* This process's session: a random non-zero number drawn once (the first
+ * call), carried by every request of its clients and heartbeat threads
+ * (Envelope.session). A server ties a worker id to the session of the HELLO
+ * that claimed it, so the heartbeats of this process count for that id
+ * whichever connection they come on, and nobody else's do (server/auth.h).
+ * Thread-safe. */
+uint64_t dp_ps_session(void);
+
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order: one DEALER per
  * shard; HELLO to each (waiting up to timeout_s, 30 if not > 0, for a server
  * that is not up yet); checks that every shard runs the same policy and
  * that their ranges tile [0, m->n_floats). A model mismatch fails with the
- * server's line "model mismatch: worker has ..., server has ...". info
+ * server's line "model mismatch: this shard serves another model than the
+ * worker's ..." (the server's model is in its own log only). info
  * (may be NULL) gets the policy. m must outlive the client. */
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, double timeout_s, dp_ps_info_t *info, char *err);

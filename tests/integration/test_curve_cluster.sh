@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # test_curve_cluster: who may talk to downpour-ps, with the real daemons on loopback.
-#  - CURVE (keys from `downpour keygen`): an allowed worker trains; a worker
-#    with an unknown key and a plain worker get no reply (their timeout
-#    line) and the weights are unchanged (hash of the shard's checkpoint,
-#    written at every version); the refusals are counted in the stop log;
-#    the chief ends the run
+#  - CURVE (keys from `downpour keygen`, named after their task): an allowed
+#    worker trains; a worker with an unknown key and a plain worker get no
+#    reply (their timeout line), worker 1's key as --task-index 0 (before
+#    the chief) is refused with one line naming whose id it is, and the
+#    weights are unchanged (hash of the shard's checkpoint, written at every
+#    version); the refusals are counted in the stop log; the chief ends the
+#    run
+#  - worker 1's key as the chief is refused at a restarted shard too, before
+#    the chief joins and ends the run; an allow list that names no chief
+#    stops the shard at start with one line
 #  - `downpour local --secure` runs to completion on keys it makes
 #  - the same --task-index twice and a second chief are refused, with one
 #    clear line on both sides, while the first two train on
@@ -22,14 +27,15 @@ scale=${DP_TEST_TIMEOUT_SCALE:-1}
 L=$BIN/downpour PS=$BIN/downpour-ps WK=$BIN/downpour-worker
 K=$TMP/keys
 mkdir -p "$K/allow"
-for k in srv w0 w1 evil; do "$L" keygen "$K/$k" >/dev/null; done
-cp "$K/w0.pub" "$K/w1.pub" "$K/allow/"
+for k in srv worker-0 worker-1 evil; do "$L" keygen "$K/$k" >/dev/null; done
+cp "$K/worker-0.pub" "$K/worker-1.pub" "$K/allow/"
 wk=(--steps 6 --batch 16 --threads 1 --no-progress)
 
-# start_ps NAME FLAGS...: a 2-worker async shard on a free port; sets PS_PID, EP.
+# start_ps NAME FLAGS...: a 2-worker async shard on a free port (or on
+# $PS_BIND); sets PS_PID, EP.
 start_ps() {
     local name=$1; shift
-    bg "$PS" --bind 'tcp://127.0.0.1:*' --ready-file "$TMP/$name.ready" --workers 2 --mode async \
+    bg "$PS" --bind "${PS_BIND:-tcp://127.0.0.1:*}" --ready-file "$TMP/$name.ready" --workers 2 --mode async \
         "$@" >"$TMP/$name.log" 2>&1
     PS_PID=$!
     for _ in $(seq $((100 * scale))); do [ -s "$TMP/$name.ready" ] && break; sleep 0.1; done
@@ -43,7 +49,7 @@ ck_hash() { sha256sum "$TMP/ck/ps-shard-0-of-1.safetensors" | cut -d' ' -f1; }
 start_ps curve --curve-secret "$K/srv" --curve-allow "$K/allow" --checkpoint-dir "$TMP/ck" --checkpoint-every 1
 check "CURVE server is up" test -n "$EP"
 curve=(--curve-server "$K/srv.pub")
-"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --curve-secret "$K/w1" "${curve[@]}" >"$TMP/w1.log" 2>&1
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --curve-secret "$K/worker-1" "${curve[@]}" >"$TMP/w1.log" 2>&1
 check "an allowed worker trains" test $? = 0
 check "... and its 6 pushes are applied" grep -q "6 applied, 0 dropped, 0 rejected" "$TMP/w1.log"
 before=$(ck_hash)
@@ -58,15 +64,40 @@ refused_quietly() { # log: the worker failed with its timeout line
 check "an unknown key gets no reply" refused_quietly $? "$TMP/evil.log"
 "$WK" --ps "$EP" --task-index 1 "${wk[@]}" --timeout 2 >"$TMP/plain.log" 2>&1
 check "a plain client gets no reply" refused_quietly $? "$TMP/plain.log"
+not_chief() { # rc log: worker 1's key as the chief exits 1, its last line naming whose id 0 is
+    [ "$1" = 1 ] && tail -1 "$2" | grep -q "worker id 0 is taken: it belongs to the CURVE key worker-0.pub in --curve-allow; this key is worker-1.pub's, so it may speak only as worker 1" ||
+        { echo "rc $1"; tail -3 "$2"; return 1; }
+}
+"$WK" --ps "$EP" --task-index 0 "${wk[@]}" --curve-secret "$K/worker-1" "${curve[@]}" >"$TMP/fake0.log" 2>&1
+check "worker 1's key as --task-index 0, before the chief: refused" not_chief $? "$TMP/fake0.log"
 check "the weights are unchanged (checkpoint hash)" test "$before" = "$(ck_hash)"
 
-"$WK" --ps "$EP" --task-index 0 "${wk[@]}" --curve-secret "$K/w0" "${curve[@]}" \
+"$WK" --ps "$EP" --task-index 0 "${wk[@]}" --curve-secret "$K/worker-0" "${curve[@]}" \
     --summary "$TMP/curve-summary.json" >"$TMP/w0.log" 2>&1
 check "the chief (its own key) trains and ends the run" test $? = 0
 wait_for "$PS_PID" $((10 * scale))
 check "the server stopped on the chief's SHUTDOWN" test $? = 0
 check "the summary counts 12 applied updates" test "$(json "$TMP/curve-summary.json" updates_applied)" = 12
 check "the refusals are counted in the stop log" grep -qE "by CURVE [2-9]|by CURVE [1-9][0-9]" "$TMP/curve.log"
+
+# ---- the chief's key, at a restarted shard ---------------------------------------
+sec=(--curve-secret "$K/srv" --curve-allow "$K/allow" --heartbeat-timeout 1)
+start_ps restart "${sec[@]}"
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --curve-secret "$K/worker-1" "${curve[@]}" >"$TMP/w1b.log" 2>&1
+check "worker 1 trains before the restart" test $? = 0
+kill -TERM "$PS_PID"
+wait_for "$PS_PID" $((10 * scale)) >/dev/null
+PS_BIND=$EP start_ps restart2 "${sec[@]}"
+check "the shard is back on its port" test -n "$EP"
+"$WK" --ps "$EP" --task-index 0 "${wk[@]}" --curve-secret "$K/worker-1" "${curve[@]}" >"$TMP/fake0b.log" 2>&1
+check "restarted shard: worker 1's key as --task-index 0 is refused" not_chief $? "$TMP/fake0b.log"
+"$WK" --ps "$EP" --task-index 0 "${wk[@]}" --curve-secret "$K/worker-0" "${curve[@]}" >"$TMP/chief-b.log" 2>&1
+check "... and the chief then trains and ends the run" test $? = 0
+wait_for "$PS_PID" $((10 * scale))
+check "... the restarted shard stopped on its SHUTDOWN" test $? = 0
+mkdir -p "$K/unnamed" && cp "$K/worker-0.pub" "$K/unnamed/w0.pub" && cp "$K/worker-1.pub" "$K/unnamed/w1.pub"
+timeout $((10 * scale)) "$PS" --bind 'tcp://127.0.0.1:*' --curve-secret "$K/srv" --curve-allow "$K/unnamed" >"$TMP/unnamed.log" 2>&1
+check "an allow list naming no chief: status 1, one line" test $? = 1 -a "$(grep -c "no key is named for the chief" "$TMP/unnamed.log")" = 1
 
 # ---- downpour local --secure -------------------------------------------------
 "$L" local --secure --workers 2 "${wk[@]}" --out "$TMP/sec" >"$TMP/sec.log" 2>&1

@@ -108,7 +108,7 @@ stale_of() { grep '"status"' "$TMP/strag/metrics/worker-$1.jsonl" | "$TORCH_PY" 
 s0=$(stale_of 0) s1=$(stale_of 1)
 check "the straggler's pushes are staler (worker 1 $s1 > worker 0 $s0 + 0.2)" ge "$s1" "$(awk -v a="$s0" 'BEGIN { print a + 0.2 }')"
 
-# A worker whose model differs is refused, with both models named.
+# A worker whose model differs is refused (its own model named; the server's only in its log).
 port=$((20000 + RANDOM % 20000))
 bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$port" --workers 1 --mode async >"$TMP/ps.log" 2>&1
 timeout 30 "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$port" --task-index 0 --steps 5 --no-progress \
