@@ -11,8 +11,11 @@
 #    StatefulSets with the cluster built from each pod's ordinal, on CURVE.
 #    Each run: every daemon logs the task it took itself for (role, index,
 #    endpoint), the chief's summary counts every worker's pushes, all exit 0;
-#  - downpour-pod: SIGTERM reaches the daemon (exit 143, checkpoint), and a
-#    missing Secret, key or ordinal is one line and exit status 2.
+#  - SIGTERM during training (the StatefulSets' pods, both workers pushing)
+#    reaches each daemon through downpour-pod: exit 143; the ps's checkpoint
+#    holds every version the workers saw, unfinished; no summary or model;
+#  - downpour-pod: a missing Secret, key or ordinal is one line and exit
+#    status 2.
 # The image (deploy/k8s/Dockerfile) is not built here: no Docker.
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
@@ -110,7 +113,8 @@ pod() {
     # StatefulSet's <set>-<i>.<set>.
     host="$name.default.svc $name.${name%-*}"
     grep -q " $name\." "$TMP/hosts" || echo "127.0.0.1 $host" >>"$TMP/hosts"
-    local short=$SHORT
+    # POD_APPEND (may be empty) replaces the short run's flags.
+    local short=${POD_APPEND-$SHORT}
     case $workload in PS | downpour-ps) short="" ;; esac
     bg "$PY" "$PODS" run "$K8S/$file" "$workload" "$name" --root "$root" \
         --map /usr/local/bin="$TMP/bin" --env DEVICE=cpu --append "$short" "$@" >"$root/$name.log" 2>&1
@@ -191,15 +195,53 @@ check "StatefulSets: the ps's volume has its checkpoint" test -s "$R/pod/downpou
 for name in downpour-ps-0 downpour-worker-0 downpour-worker-1; do kill -TERM "${PIDS[$name]}"; done
 check "StatefulSets: an idle pod stops on SIGTERM with exit 0" settle "$R" downpour-ps-0 downpour-worker-0 downpour-worker-1
 
-# ---- SIGTERM during training reaches the daemon ----------------------------------------------
+# ---- SIGTERM during training reaches the daemons ------------------------------------------
+# The StatefulSets' three pods, the workers given more steps than they will
+# take: SIGTERM comes while both push. The ps pod first (exit 143, the
+# daemon's; its checkpoint holds at least every version the workers were
+# told of, unfinished), then each worker pod (143; the servers keep the
+# weights, so no summary or model, even from the chief).
 R=$TMP/term && mkdir -p "$R"
 keys "$R" ps-0 worker-0 worker-1
-pod "$R" statefulset.yaml downpour-ps downpour-ps-0; PIDS[downpour-ps-0]=$!
-for _ in $(seq $((100 * scale))); do grep -q "cluster: ps task 0" "$R/downpour-ps-0.log" && break; sleep 0.1; done
-sleep 0.5
+for p in downpour-ps-0:downpour-ps downpour-worker-0:downpour-worker downpour-worker-1:downpour-worker; do
+    POD_APPEND="--steps 1000000 --batch 32 --threads 1" pod "$R" statefulset.yaml "${p#*:}" "${p%:*}"
+    PIDS[${p%:*}]=$!
+done
+# pushes K: worker pod K's applied pushes so far.
+pushes() { grep -c '"status":"applied"' "$R/pod/downpour-worker-$1/out/metrics/downpour-worker-$1.jsonl" 2>/dev/null; }
+for _ in $(seq $((600 * scale))); do
+    [ "$(pushes 0)" -ge 3 ] 2>/dev/null && [ "$(pushes 1)" -ge 3 ] 2>/dev/null && break
+    sleep 0.1
+done
+check "SIGTERM: both workers are training (pushes applied: $(pushes 0), $(pushes 1))" \
+    bash -c "[ '$(pushes 0)' -ge 3 ] && [ '$(pushes 1)' -ge 3 ]"
+# The highest version a worker was told of before the signal.
+seen=$(cat "$R"/pod/downpour-worker-*/out/metrics/downpour-worker-*.jsonl |
+    "$PY" -c 'import sys, json; print(max(int(json.loads(l).get("version", 0)) for l in sys.stdin if "\"status\"" in l))')
 kill -TERM "${PIDS[downpour-ps-0]}"
 wait_for "${PIDS[downpour-ps-0]}" $((20 * scale))
-check "SIGTERM: the pod exits 143, the daemon's status" test $? = 143
-check "SIGTERM: the ps wrote its checkpoint" test -s "$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors"
+check "SIGTERM during training: the ps pod exits 143, the daemon's status" test $? = 143
+check "SIGTERM: the ps says it stopped on the signal and wrote its checkpoint" \
+    grep -q "stopped by signal 15; checkpoint written" "$R/downpour-ps-0.log"
+ckpt=$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors
+meta=$("$PY" - "$ckpt" <<'PY' 2>&1
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    m = json.loads(f.read(n))["__metadata__"]
+print(m["version"], m["finished"])
+PY
+)
+check "SIGTERM: the checkpoint holds version >= $seen, the last the workers saw, unfinished (version, finished: $meta)" \
+    bash -c "read -r v f <<<'$meta'; [ \"\$v\" -ge '$seen' ] && [ \"\$f\" = 0 ]"
+for k in 1 0; do
+    kill -TERM "${PIDS[downpour-worker-$k]}"
+    wait_for "${PIDS[downpour-worker-$k]}" $((20 * scale))
+    check "SIGTERM during training: worker pod $k exits 143" test $? = 143
+    check "... saying nothing is saved there (the servers keep the weights)" \
+        grep -q "stopped by signal 15; nothing saved here" "$R/downpour-worker-$k.log"
+done
+check "SIGTERM: the chief wrote no summary and no model (the run did not finish)" \
+    test ! -e "$R/pod/downpour-worker-0/out/summary.json" -a ! -e "$R/pod/downpour-worker-0/out/model.safetensors"
 
 finish
