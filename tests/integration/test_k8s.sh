@@ -23,13 +23,17 @@ source "$(dirname "$0")/lib.sh"
 PY=$TORCH_PY
 K8S=$PWD/deploy/k8s
 PODS=$PWD/tests/integration/k8s_pods.py
+# The checks of each half: the manifests (here), the pods (in a namespace
+# of their own); a skip counts them (section_end keeps the figures true).
+N_MANIFESTS=7 N_PODS=31
 if ! "$PY" -c 'import yaml' 2>/dev/null; then
-    skip k8s "Debian's python3-yaml is not installed (make deps-test)"
+    skip_checks $((N_MANIFESTS + N_PODS)) k8s "Debian's python3-yaml is not installed (make deps-test)"
     finish; exit
 fi
 
 # ---- the manifests (before the re-run in a namespace, below) -------------------
 if [ -z "${DP_K8S_INSIDE:-}" ]; then
+    section_begin
     "$PY" "$PODS" check "$K8S" >"$TMP/check.log" 2>&1
     check "every manifest parses and has the fields it needs" test $? = 0
     cat "$TMP/check.log"
@@ -63,19 +67,20 @@ if [ -z "${DP_K8S_INSIDE:-}" ]; then
     check "downpour-pod: no ordinal is one line" pod_fails 'pod name "web" does not end in -<ordinal>' \
         POD_NAME=web DP_PS_REPLICAS=1 DP_WORKER_REPLICAS=1 -- ps
     check "downpour-pod: a bad role is one line" pod_fails "usage: downpour-pod ps|worker" POD_NAME=x-0 -- chief
+    section_end manifests $N_MANIFESTS
 fi
 
 # ---- the pods, in a network namespace and /etc/hosts of their own ---------------------
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip pods "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks $N_PODS pods "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
 # Re-run the rest of this script inside `unshare --mount --net`: loopback
 # only, so the pods' port 2222 is theirs, and /etc/hosts bind-mounted
 # privately. Both vanish with the process.
 if [ -z "${DP_K8S_INSIDE:-}" ]; then
-    if ! unshare --mount --net true 2>/dev/null; then
-        skip pods "unshare --mount --net is not permitted here (needs root)"
+    if ! out=$(unshare --mount --net true 2>&1); then
+        skip_checks $N_PODS pods "\`unshare --mount --net true\` failed: ${out:-no output} (it needs root, or CAP_SYS_ADMIN)"
         finish; exit
     fi
     trap - EXIT
@@ -84,13 +89,20 @@ if [ -z "${DP_K8S_INSIDE:-}" ]; then
     exec env DP_K8S_INSIDE="$res" unshare --mount --net bash "$0"
 fi
 { read -r T_PASSED; read -r T_FAILED; read -r T_SKIPPED; } <<<"$DP_K8S_INSIDE"
-ip link set lo up
+section_begin
+if ! out=$(ip link set lo up 2>&1); then
+    skip_checks $N_PODS pods "\`ip link set lo up\` in the new network namespace failed: ${out:-no output}"
+    finish; exit
+fi
 # Whatever happens, no daemon outlives the test in this namespace (the pods'
 # shells pass SIGTERM on, but a timeout sends SIGKILL).
 kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; kill -KILL "$c" 2>/dev/null; done; }
 trap 't_cleanup; kill_tree $$' EXIT
 printf '127.0.0.1 localhost\n' >"$TMP/hosts"
-mount --bind "$TMP/hosts" /etc/hosts
+if ! out=$(mount --bind "$TMP/hosts" /etc/hosts 2>&1); then
+    skip_checks $N_PODS pods "\`mount --bind $TMP/hosts /etc/hosts\` in the new mount namespace failed: ${out:-no output}"
+    finish; exit
+fi
 
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
 # The image's /usr/local/bin: the daemons and downpour-pod side by side.
@@ -244,4 +256,5 @@ done
 check "SIGTERM: the chief wrote no summary and no model (the run did not finish)" \
     test ! -e "$R/pod/downpour-worker-0/out/summary.json" -a ! -e "$R/pod/downpour-worker-0/out/model.safetensors"
 
+section_end pods $N_PODS
 finish

@@ -23,8 +23,11 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 trap 'exit 129' HUP
 
+# The checks of each half; a skip counts them (section_end keeps the
+# figures true where they run).
+ONE=6 THREE=9
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks $((ONE + THREE)) slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
@@ -77,10 +80,11 @@ job_state() {
 # ---- one node --------------------------------------------------------------
 # munged runs as the munge user: it must reach its socket under $TMP.
 chmod 0755 "$TMP"
+section_begin
 sl_init "$TMP/slurm1"
 case $? in
 0) ;;
-2) skip slurm "$SL_WHY"; finish; exit ;;
+2) skip_checks $((ONE + THREE)) slurm "$SL_WHY"; finish; exit ;;
 *) fail "slurm set-up" "$SL_WHY"; finish; exit ;;
 esac
 sl_node n1 127.0.0.1
@@ -99,8 +103,10 @@ fi
 sl_stop
 left=$(sl_leftovers)
 check "one node: no daemon or task left after the stop (left: ${left:-none})" test -z "$left"
+section_end "one node" $ONE
 
 # ---- three hosts ------------------------------------------------------------
+section_begin
 nn_up 10.200.1 3
 case $? in
 0)
@@ -133,7 +139,8 @@ case $? in
     left=$(nn_leftovers)
     check "3 hosts: no namespace or route left (left: ${left:-none})" test -z "$left"
     ;;
-2) skip "slurm on 3 hosts" "$NN_WHY" ;;
+2) skip_checks $THREE "slurm on 3 hosts in network namespaces" "$NN_WHY" ;;
 *) fail "3 hosts (network namespaces)" "$NN_WHY" ;;
 esac
+section_end "3 hosts" $THREE
 finish
