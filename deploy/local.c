@@ -17,6 +17,7 @@
  * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
 #include "deploy/launcher.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -420,17 +421,33 @@ static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
     return 0;
 }
 
-/* An earlier run's TensorBoard event files in DIR/tensorboard (the
- * workers add new ones; old ones would show as the same run). */
-static void s_clear_tensorboard(const dp_local_t *L)
+/* An earlier run's TensorBoard event files (the workers add new ones; old
+ * ones would show as the same run). */
+static int s_is_events(const char *name) { return strncmp(name, "events.out.tfevents.", 20) == 0; }
+
+/* A file the launcher names after a child: ps-I or worker-I, then .jsonl
+ * (metrics), .log or .endpoint (logs). An earlier run with more shards or
+ * workers leaves some this run does not overwrite; other files stay. */
+static int s_is_child_file(const char *name)
+{
+    const char *p = NULL;
+    if (strncmp(name, "ps-", 3) == 0) p = name + 3;
+    else if (strncmp(name, "worker-", 7) == 0) p = name + 7;
+    if (!p || !isdigit((unsigned char)*p)) return 0;
+    while (isdigit((unsigned char)*p)) p++;
+    return strcmp(p, ".jsonl") == 0 || strcmp(p, ".log") == 0 || strcmp(p, ".endpoint") == 0;
+}
+
+/* Remove the files of DIR/sub that ours() claims. */
+static void s_clear(const dp_local_t *L, const char *sub, int (*ours)(const char *name))
 {
     char dir[PATH_MAX], path[PATH_MAX + 256];
-    snprintf(dir, sizeof dir, "%s/tensorboard", L->out);
+    snprintf(dir, sizeof dir, "%s/%s", L->out, sub);
     DIR *d = opendir(dir);
     if (!d) return;
     const struct dirent *e;
     while ((e = readdir(d)))
-        if (strncmp(e->d_name, "events.out.tfevents.", 20) == 0) {
+        if (ours(e->d_name)) {
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
             unlink(path);
         }
@@ -489,7 +506,9 @@ static int s_prepare(dp_local_t *L, char *err)
     snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
     if (L->secure && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
-    s_clear_tensorboard(L);
+    s_clear(L, "tensorboard", s_is_events);
+    s_clear(L, "metrics", s_is_child_file);
+    s_clear(L, "logs", s_is_child_file);
     s_add_run_id(L);
     return 0;
 }

@@ -9,6 +9,9 @@
  *   ... clients on s.endpoint ...
  *   CHECK_EQ(srv_stop(&s), 0);         stop flag, join; dp_ps_run's status
  *
+ * A case may set s.cfg.on_ready to a hook of its own, run on the server's
+ * thread before its loop; the hook must call srv_on_ready(endpoint, &s).
+ *
  * srv_stop_after(&s, T) first waits up to T seconds for the server to end
  * by itself (a SHUTDOWN); s.ended says whether it had. Every wait is
  * bounded, so a broken server fails a case instead of hanging the program. */
@@ -88,7 +91,8 @@ static inline void srv_init(srv_t *s, dp_mode_t mode, int workers)
  * why) or it never listened. */
 static inline int srv_start(srv_t *s)
 {
-    s->cfg.on_ready = srv_on_ready;
+    /* A case may hook the ready call (it must call srv_on_ready(ep, s)). */
+    if (!s->cfg.on_ready) s->cfg.on_ready = srv_on_ready;
     s->cfg.on_ready_arg = s;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

@@ -466,6 +466,11 @@ static int s_exchange(dp_ps_client_t *c, const s_plan_t *plan, char *err)
             break;
         rc = s_send_plan(c, i, plan, err);
     }
+    /* ZeroMQ holds the HELLO until a server is up (and redials): a worker
+     * may start first. This line tells a test (DP_LOG=debug) it has. */
+    if (rc == 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO)
+        dp_log_debug("worker %d: HELLO sent to %d shard(s); waiting up to %.0f s for every WELCOME",
+                     c->worker_id, plan->n_shards, c->timeout_s);
     if (rc == 0) rc = s_wait(c, plan, err);
     if (rc != 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
     if (rc != 0) s_reset_unanswered(c);

@@ -20,10 +20,22 @@ t_cleanup() {
 }
 trap t_cleanup EXIT
 
-# pass NAME / fail NAME WHY / skip NAME WHY
+# pass NAME / fail NAME WHY / skip NAME WHY (one check skipped)
 pass() { T_PASSED=$((T_PASSED + 1)); echo "ok   $1"; }
 fail() { T_FAILED=$((T_FAILED + 1)); echo "FAIL $1: $2"; }
 skip() { T_SKIPPED=$((T_SKIPPED + 1)); echo "  skip: $1: $2"; }
+# skip_checks N NAME WHY: a whole section of N checks this machine cannot
+# run, counted as N skipped (tests/run.sh sums them).
+skip_checks() { T_SKIPPED=$((T_SKIPPED + $1)); echo "  skip: $2 ($1 checks): $3"; }
+# section_begin / section_end NAME N: around a section that skip_checks N
+# would leave out. Where it runs without a failure, its checks (passed and
+# skipped) must number N, or one more check fails: N stays true.
+section_begin() { T_SECTION=$((T_PASSED + T_FAILED + T_SKIPPED)) T_SECTION_FAILED=$T_FAILED; }
+section_end() {
+    local ran=$((T_PASSED + T_FAILED + T_SKIPPED - T_SECTION))
+    [ "$T_FAILED" != "$T_SECTION_FAILED" ] || [ "$ran" = "$2" ] ||
+        fail "$1: the count its skip gives" "it ran $ran checks, its skip would count $2: update the count"
+}
 
 # check NAME COMMAND...: passes when the command succeeds.
 check() {

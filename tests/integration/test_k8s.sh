@@ -11,8 +11,11 @@
 #    StatefulSets with the cluster built from each pod's ordinal, on CURVE.
 #    Each run: every daemon logs the task it took itself for (role, index,
 #    endpoint), the chief's summary counts every worker's pushes, all exit 0;
-#  - downpour-pod: SIGTERM reaches the daemon (exit 143, checkpoint), and a
-#    missing Secret, key or ordinal is one line and exit status 2.
+#  - SIGTERM during training (the StatefulSets' pods, both workers pushing)
+#    reaches each daemon through downpour-pod: exit 143; the ps's checkpoint
+#    holds every version the workers saw, unfinished; no summary or model;
+#  - downpour-pod: a missing Secret, key or ordinal is one line and exit
+#    status 2.
 # The image (deploy/k8s/Dockerfile) is not built here: no Docker.
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
@@ -20,13 +23,17 @@ source "$(dirname "$0")/lib.sh"
 PY=$TORCH_PY
 K8S=$PWD/deploy/k8s
 PODS=$PWD/tests/integration/k8s_pods.py
+# The checks of each half: the manifests (here), the pods (in a namespace
+# of their own); a skip counts them (section_end keeps the figures true).
+N_MANIFESTS=7 N_PODS=31
 if ! "$PY" -c 'import yaml' 2>/dev/null; then
-    skip k8s "Debian's python3-yaml is not installed (make deps-test)"
+    skip_checks $((N_MANIFESTS + N_PODS)) k8s "Debian's python3-yaml is not installed (make deps-test)"
     finish; exit
 fi
 
 # ---- the manifests (before the re-run in a namespace, below) -------------------
 if [ -z "${DP_K8S_INSIDE:-}" ]; then
+    section_begin
     "$PY" "$PODS" check "$K8S" >"$TMP/check.log" 2>&1
     check "every manifest parses and has the fields it needs" test $? = 0
     cat "$TMP/check.log"
@@ -60,19 +67,20 @@ if [ -z "${DP_K8S_INSIDE:-}" ]; then
     check "downpour-pod: no ordinal is one line" pod_fails 'pod name "web" does not end in -<ordinal>' \
         POD_NAME=web DP_PS_REPLICAS=1 DP_WORKER_REPLICAS=1 -- ps
     check "downpour-pod: a bad role is one line" pod_fails "usage: downpour-pod ps|worker" POD_NAME=x-0 -- chief
+    section_end manifests $N_MANIFESTS
 fi
 
 # ---- the pods, in a network namespace and /etc/hosts of their own ---------------------
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip pods "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks $N_PODS pods "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
 # Re-run the rest of this script inside `unshare --mount --net`: loopback
 # only, so the pods' port 2222 is theirs, and /etc/hosts bind-mounted
 # privately. Both vanish with the process.
 if [ -z "${DP_K8S_INSIDE:-}" ]; then
-    if ! unshare --mount --net true 2>/dev/null; then
-        skip pods "unshare --mount --net is not permitted here (needs root)"
+    if ! out=$(unshare --mount --net true 2>&1); then
+        skip_checks $N_PODS pods "\`unshare --mount --net true\` failed: ${out:-no output} (it needs root, or CAP_SYS_ADMIN)"
         finish; exit
     fi
     trap - EXIT
@@ -81,13 +89,20 @@ if [ -z "${DP_K8S_INSIDE:-}" ]; then
     exec env DP_K8S_INSIDE="$res" unshare --mount --net bash "$0"
 fi
 { read -r T_PASSED; read -r T_FAILED; read -r T_SKIPPED; } <<<"$DP_K8S_INSIDE"
-ip link set lo up
+section_begin
+if ! out=$(ip link set lo up 2>&1); then
+    skip_checks $N_PODS pods "\`ip link set lo up\` in the new network namespace failed: ${out:-no output}"
+    finish; exit
+fi
 # Whatever happens, no daemon outlives the test in this namespace (the pods'
 # shells pass SIGTERM on, but a timeout sends SIGKILL).
 kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; kill -KILL "$c" 2>/dev/null; done; }
 trap 't_cleanup; kill_tree $$' EXIT
 printf '127.0.0.1 localhost\n' >"$TMP/hosts"
-mount --bind "$TMP/hosts" /etc/hosts
+if ! out=$(mount --bind "$TMP/hosts" /etc/hosts 2>&1); then
+    skip_checks $N_PODS pods "\`mount --bind $TMP/hosts /etc/hosts\` in the new mount namespace failed: ${out:-no output}"
+    finish; exit
+fi
 
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
 # The image's /usr/local/bin: the daemons and downpour-pod side by side.
@@ -110,7 +125,8 @@ pod() {
     # StatefulSet's <set>-<i>.<set>.
     host="$name.default.svc $name.${name%-*}"
     grep -q " $name\." "$TMP/hosts" || echo "127.0.0.1 $host" >>"$TMP/hosts"
-    local short=$SHORT
+    # POD_APPEND (may be empty) replaces the short run's flags.
+    local short=${POD_APPEND-$SHORT}
     case $workload in PS | downpour-ps) short="" ;; esac
     bg "$PY" "$PODS" run "$K8S/$file" "$workload" "$name" --root "$root" \
         --map /usr/local/bin="$TMP/bin" --env DEVICE=cpu --append "$short" "$@" >"$root/$name.log" 2>&1
@@ -191,15 +207,54 @@ check "StatefulSets: the ps's volume has its checkpoint" test -s "$R/pod/downpou
 for name in downpour-ps-0 downpour-worker-0 downpour-worker-1; do kill -TERM "${PIDS[$name]}"; done
 check "StatefulSets: an idle pod stops on SIGTERM with exit 0" settle "$R" downpour-ps-0 downpour-worker-0 downpour-worker-1
 
-# ---- SIGTERM during training reaches the daemon ----------------------------------------------
+# ---- SIGTERM during training reaches the daemons ------------------------------------------
+# The StatefulSets' three pods, the workers given more steps than they will
+# take: SIGTERM comes while both push. The ps pod first (exit 143, the
+# daemon's; its checkpoint holds at least every version the workers were
+# told of, unfinished), then each worker pod (143; the servers keep the
+# weights, so no summary or model, even from the chief).
 R=$TMP/term && mkdir -p "$R"
 keys "$R" ps-0 worker-0 worker-1
-pod "$R" statefulset.yaml downpour-ps downpour-ps-0; PIDS[downpour-ps-0]=$!
-for _ in $(seq $((100 * scale))); do grep -q "cluster: ps task 0" "$R/downpour-ps-0.log" && break; sleep 0.1; done
-sleep 0.5
+for p in downpour-ps-0:downpour-ps downpour-worker-0:downpour-worker downpour-worker-1:downpour-worker; do
+    POD_APPEND="--steps 1000000 --batch 32 --threads 1" pod "$R" statefulset.yaml "${p#*:}" "${p%:*}"
+    PIDS[${p%:*}]=$!
+done
+# pushes K: worker pod K's applied pushes so far.
+pushes() { grep -c '"status":"applied"' "$R/pod/downpour-worker-$1/out/metrics/downpour-worker-$1.jsonl" 2>/dev/null; }
+for _ in $(seq $((600 * scale))); do
+    [ "$(pushes 0)" -ge 3 ] 2>/dev/null && [ "$(pushes 1)" -ge 3 ] 2>/dev/null && break
+    sleep 0.1
+done
+check "SIGTERM: both workers are training (pushes applied: $(pushes 0), $(pushes 1))" \
+    bash -c "[ '$(pushes 0)' -ge 3 ] && [ '$(pushes 1)' -ge 3 ]"
+# The highest version a worker was told of before the signal.
+seen=$(cat "$R"/pod/downpour-worker-*/out/metrics/downpour-worker-*.jsonl |
+    "$PY" -c 'import sys, json; print(max(int(json.loads(l).get("version", 0)) for l in sys.stdin if "\"status\"" in l))')
 kill -TERM "${PIDS[downpour-ps-0]}"
 wait_for "${PIDS[downpour-ps-0]}" $((20 * scale))
-check "SIGTERM: the pod exits 143, the daemon's status" test $? = 143
-check "SIGTERM: the ps wrote its checkpoint" test -s "$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors"
+check "SIGTERM during training: the ps pod exits 143, the daemon's status" test $? = 143
+check "SIGTERM: the ps says it stopped on the signal and wrote its checkpoint" \
+    grep -q "stopped by signal 15; checkpoint written" "$R/downpour-ps-0.log"
+ckpt=$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors
+meta=$("$PY" - "$ckpt" <<'PY' 2>&1
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    m = json.loads(f.read(n))["__metadata__"]
+print(m["version"], m["finished"])
+PY
+)
+check "SIGTERM: the checkpoint holds version >= $seen, the last the workers saw, unfinished (version, finished: $meta)" \
+    bash -c "read -r v f <<<'$meta'; [ \"\$v\" -ge '$seen' ] && [ \"\$f\" = 0 ]"
+for k in 1 0; do
+    kill -TERM "${PIDS[downpour-worker-$k]}"
+    wait_for "${PIDS[downpour-worker-$k]}" $((20 * scale))
+    check "SIGTERM during training: worker pod $k exits 143" test $? = 143
+    check "... saying nothing is saved there (the servers keep the weights)" \
+        grep -q "stopped by signal 15; nothing saved here" "$R/downpour-worker-$k.log"
+done
+check "SIGTERM: the chief wrote no summary and no model (the run did not finish)" \
+    test ! -e "$R/pod/downpour-worker-0/out/summary.json" -a ! -e "$R/pod/downpour-worker-0/out/model.safetensors"
 
+section_end pods $N_PODS
 finish

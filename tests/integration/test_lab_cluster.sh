@@ -9,9 +9,16 @@
 #    ends with other weights
 #  - sync with a backup worker replays bit for bit too
 #  - the record holds the workers' --threads as given, and replays
+#  - a replay on other batches (--data-seed) says it differs from the
+#    record, how often, and from which event on
 #  - a damaged record is refused with one line; no record is left by a
 #    shard that was killed (only its .tmp)
-#  - downpour sim --json: its last line has the promised fields; a bad
+#  - a record of shards restored from a checkpoint is refused with one line
+#    naming the version they started at (the record of the run from
+#    version 0 replays)
+#  - downpour sim --json: its last line has the promised fields; the
+#    straggler's gradients are the stalest, by far, and without --straggler
+#    (the control) no worker's are; run twice it gives the same bits; a bad
 #    --compute is one line and exit status 2
 source "$(dirname "$0")/lib.sh"
 
@@ -41,6 +48,18 @@ check "replay: every recorded gradient and update norm matched" grep -q '"matche
 acc_run=$(json "$TMP/a/summary.json" test_accuracy); acc_rep=$(json "$TMP/r1/summary.json" test_accuracy 2>/dev/null || echo -1)
 check "replay's summary.json has the run's accuracy ($acc_rep vs $acc_run)" near "$acc_rep" "$acc_run" 0
 check "replay's summary.json has the histogram" grep -q staleness_histogram "$TMP/r1/summary.json"
+
+# Other batches than the recorded workers': the same schedule replays, and
+# the replay says that (and where) its gradients differ from the record's.
+"$D" replay "$TMP/a.rec" --data-seed 99 --out "$TMP/rd" --json >"$TMP/rd.out" 2>"$TMP/rd.err"
+rc=$?
+pushes=$(grep -c '"e":"push"' "$TMP/a.rec")
+# Events are numbered from 1 after the header line: the first push's number.
+first=$(($(grep -n -m1 '"e":"push"' "$TMP/a.rec" | cut -d: -f1) - 1))
+check "replay --data-seed 99: runs (status $rc), matches_record false" \
+    bash -c "[ $rc = 0 ] && grep -q '\"matches_record\":false' '$TMP/rd.out'"
+check "... and warns that all $pushes pushes differ, the first at event $first" \
+    grep -q "replay: $pushes push(es) differ from the record in their gradient or update norm, the first at event $first:" "$TMP/rd.err"
 
 "$D" local --workers 3 --ps-shards 2 --mode async --steps 40 "${tiny[@]}" --straggler 1:30 --out "$TMP/b" \
     --record "$TMP/b.rec" >"$TMP/b.log" 2>&1
@@ -83,13 +102,84 @@ sleep 1
 kill -KILL $pid; wait $pid 2>/dev/null
 check "a killed shard leaves no record at the path" bash -c "[ ! -e '$TMP/k.rec' ] && ls '$TMP'/k.rec.tmp.?????? >/dev/null 2>&1"
 
-out=$("$D" sim --workers 4 --compute exp:20 --straggler 0:3 --updates 300 --model "fc:10 softmax" --batch 8 \
-      --eval-every 100 --eval-limit 500 --diag-every 50 --json 2>"$TMP/sim.err")
+# A record of shards restored from a checkpoint lacks the weights they
+# started from: replay refuses it. The run from version 0 first (its record
+# replays), then the same run resumed at its checkpoint with a new record.
+# start_ps NAME FLAGS...: a shard on a free loopback port; EP its endpoint.
+start_ps() {
+    local name=$1 t; shift
+    rm -f "$TMP/$name.ready"
+    bg "$BIN/downpour-ps" --bind 'tcp://127.0.0.1:*' --ready-file "$TMP/$name.ready" "$@" 2>"$TMP/$name.log"
+    PS_PID=$!
+    for ((t = 0; t < 100 * ${DP_TEST_TIMEOUT_SCALE:-1}; t++)); do
+        [ -s "$TMP/$name.ready" ] && break; kill -0 "$PS_PID" 2>/dev/null || break; sleep 0.1
+    done
+    EP=$(cat "$TMP/$name.ready" 2>/dev/null)
+}
+fc=(--model "fc:10 softmax")
+ps_run=(--workers 1 --mode async --seed 3 "${fc[@]}" --checkpoint-dir "$TMP/rck" --checkpoint-every 5)
+wk_run=(--task-index 0 --steps 10 "${fc[@]}" --batch 16 --threads 1 --seed 3 --no-progress)
+start_ps rec0 "${ps_run[@]}" --record "$TMP/fresh.rec"
+"$BIN/downpour-worker" --ps "$EP" "${wk_run[@]}" >"$TMP/w-rec0.log" 2>&1
+check "a run from version 0 with --record: the worker finishes" test $? = 0
+wait_for "$PS_PID" $((10 * ${DP_TEST_TIMEOUT_SCALE:-1}))
+start_ps rec1 "${ps_run[@]}" --resume --record "$TMP/restored.rec"
+check "... resumed, the shard warns that its record will not replay" \
+    grep -q "restored at version 10; a replay needs a run from version 0 and will refuse this record" "$TMP/rec1.log"
+"$BIN/downpour-worker" --ps "$EP" "${wk_run[@]}" >"$TMP/w-rec1.log" 2>&1
+check "... and the resumed run's worker finishes" test $? = 0
+wait_for "$PS_PID" $((10 * ${DP_TEST_TIMEOUT_SCALE:-1}))
+"$D" replay "$TMP/fresh.rec" --out "$TMP/rfresh" >"$TMP/rfresh.log" 2>&1
+rc=$?
+check "the record from version 0 replays (status $rc)" test $rc = 0
+"$D" replay "$TMP/restored.rec" --out "$TMP/rrest" >/dev/null 2>"$TMP/rrest.err"
+rc=$?
+check "the restored run's record is refused (status $rc) with one line naming the version it started at" \
+    bash -c "[ $rc = 1 ] && [ \$(wc -l <'$TMP/rrest.err') = 1 ] && grep -q 'started from a checkpoint (version 10)' '$TMP/rrest.err'"
+check "... and no model written" test ! -e "$TMP/rrest/model.safetensors"
+
+simf=(--workers 4 --compute exp:20 --updates 300 --model "fc:10 softmax" --batch 8 --eval-every 100 --eval-limit 500
+      --diag-every 50 --json)
+"$D" sim "${simf[@]}" --straggler 0:3 --out "$TMP/sim1" >"$TMP/sim1.out" 2>"$TMP/sim.err"
 check "sim --json exits 0" test $? = 0
+out=$(cat "$TMP/sim1.out")
 last=$(echo "$out" | tail -1)
-f=$(echo "$last" | "$TORCH_PY" -c 'import sys,json; o=json.load(sys.stdin); print(all(k in o for k in ["fresh_fraction","staleness_mean","staleness_max","test_accuracy","updates","momentum_effective","cosine_stale_fresh_mean"]), o["updates"], len(o["evals"]), o["staleness_mean_per_worker"][0] < o["staleness_mean_per_worker"][1])')
-check "sim: the last line has the fields, 300 updates, 3 evaluations (the last at the end), the straggler's gradients stalest ($f)" \
-    bash -c "[ '$f' = 'True 300 3 False' ]"
+f=$(echo "$last" | "$TORCH_PY" -c 'import sys,json; o=json.load(sys.stdin); print(all(k in o for k in ["fresh_fraction","staleness_mean","staleness_max","test_accuracy","updates","momentum_effective","cosine_stale_fresh_mean"]), o["updates"], len(o["evals"]))')
+check "sim: the last line has the fields, 300 updates, 3 evaluations (the last at the end) ($f)" \
+    bash -c "[ '$f' = 'True 300 3' ]"
+# stalest OUT: in the result (OUT's last line) worker 0's mean staleness is
+# over twice every other's. With exponential times a worker 3x slower sees
+# ~3x the pushes of the others while it computes; equal workers' means
+# differ by a few tens of percent. Prints the means.
+stalest() {
+    tail -1 "$1" | "$TORCH_PY" -c 'import sys,json; m=json.load(sys.stdin)["staleness_mean_per_worker"]; print(m); sys.exit(0 if m[0] > 2 * max(m[1:]) else 1)'
+}
+is_stalest() { stalest "$1" >/dev/null; }
+not_stalest() { ! stalest "$1" >/dev/null; }
+check "sim --straggler 0:3: the straggler's gradients are by far the stalest (per worker: $(stalest "$TMP/sim1.out"))" \
+    is_stalest "$TMP/sim1.out"
+"$D" sim "${simf[@]}" >"$TMP/sim0.out" 2>"$TMP/sim0.err"
+check "sim without --straggler (the control) exits 0" test $? = 0
+check "... and there worker 0's are not (per worker: $(stalest "$TMP/sim0.out"))" not_stalest "$TMP/sim0.out"
+# The same flags give the same result bit for bit: weights and every line
+# (the wall-clock figures aside).
+"$D" sim "${simf[@]}" --straggler 0:3 --out "$TMP/sim2" >"$TMP/sim2.out" 2>>"$TMP/sim.err"
+check "sim run twice: exit 0 both times" test $? = 0
+check "sim run twice: model.safetensors bit for bit the same" cmp "$TMP/sim1/model.safetensors" "$TMP/sim2/model.safetensors"
+same=$("$TORCH_PY" - "$TMP/sim1.out" "$TMP/sim2.out" "$TMP/sim1/summary.json" "$TMP/sim2/summary.json" <<'PY' 2>&1
+import json, sys
+clock = {"wall_s", "train_s", "images_per_s", "images_per_s_per_worker"}
+def strip(o):
+    return {k: v for k, v in o.items() if k not in clock}
+a = [strip(json.loads(l)) for l in open(sys.argv[1])]
+b = [strip(json.loads(l)) for l in open(sys.argv[2])]
+sa, sb = (strip(json.load(open(p))) for p in sys.argv[3:5])
+diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+print("same" if len(a) == len(b) and not diff and sa == sb else
+      f"{len(a)} vs {len(b)} lines, differing lines {diff[:5]}, summaries differ in {[k for k in sa if sa[k] != sb.get(k)]}")
+PY
+)
+check "sim run twice: every JSON line and summary.json the same, wall-clock figures aside ($same)" test "$same" = same
 check "sim: eval and diag lines before it" bash -c "echo '$out' | grep -q '\"event\":\"eval\"' && echo '$out' | grep -q '\"event\":\"diag\"'"
 "$D" sim --workers 4 --compute gamma:3 --updates 10 >/dev/null 2>"$TMP/bad.err"
 rc=$?

@@ -26,10 +26,14 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 trap 'exit 129' HUP
 
+# Every check below; a skip of the whole test counts them (section_end
+# keeps the figure true where they run).
+CHECKS=16
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip netns "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks $CHECKS netns "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
+section_begin
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
 # The slow worker's 30 steps take ~8 s: long enough to span the fast workers'
 # start-up (a second or three on a loaded machine) and their steps.
@@ -44,13 +48,13 @@ NT_LIMIT=$((60 * scale))
 nn_up 10.200.0 4
 case $? in
 0) ;;
-2) skip netns "$NN_WHY"; finish; exit ;;
+2) skip_checks $CHECKS "4 hosts in network namespaces" "$NN_WHY"; finish; exit ;;
 *) fail "4 hosts on a bridge" "$NN_WHY"; finish; exit ;;
 esac
 nn_delay 3 "$DELAY" "$JITTER" && nn_loss 3 "$LOSS"
 case $? in
 0) ;;
-2) skip "slow link" "$NN_WHY"; finish; exit ;;
+2) skip_checks $CHECKS "host 3's slow, lossy link" "$NN_WHY"; finish; exit ;;
 *) fail "slow link" "$NN_WHY"; finish; exit ;;
 esac
 pass "4 hosts up; host 3's link: +${DELAY}..$((DELAY + JITTER)) ms in, $LOSS lost"
@@ -122,9 +126,9 @@ run() {
         holds "$S" 'd["images_per_s"] > 0 and d["staleness_max"] >= 0 and d["workers"] == 3'
 }
 
-overlap_or_skip() { # NAME
+overlap_or_skip() { # NAME CHECKS: the checks of NAME that need the overlap
     overlap "$TMP/$1" && return 0
-    skip "$1: the slow worker's steps against the fast ones'" "the fast workers started after it had finished (machine too loaded)"
+    skip_checks "$2" "$1: the slow worker's steps against the fast ones'" "the fast workers started after it had finished (machine too loaded)"
     return 1
 }
 
@@ -135,12 +139,12 @@ if run sync sync; then
         holds "$S" 'd["updates_applied"] == 3 * '$steps' and d["updates_dropped"] == 0'
 fi
 
-if run async async && overlap_or_skip async; then
+if run async async && overlap_or_skip async 1; then
     check "async: the slow worker's gradients are the stalest" \
         holds "$S" 'd["per_worker"][2]["staleness_max"] > max(w["staleness_max"] for w in d["per_worker"][:2])'
 fi
 
-if run backup sync --replicas-to-aggregate 2 && overlap_or_skip backup; then
+if run backup sync --replicas-to-aggregate 2 && overlap_or_skip backup 2; then
     n=$(slow_steps_while_fast "$TMP/backup")
     check "backup worker: while the fast ones take their $steps steps, the slow one takes $n < $((steps / 2))" \
         test "${n:-$steps}" -lt $((steps / 2))
@@ -154,4 +158,5 @@ check "the lossy link dropped packets (${dropped:-0})" test "${dropped:-0}" -gt 
 nn_down
 left=$(nn_leftovers)
 check "nothing left behind: namespaces, blackhole route, helpers (left: ${left:-none})" test -z "$left"
+section_end netns $CHECKS
 finish

@@ -23,8 +23,11 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 trap 'exit 129' HUP
 
+# The checks of each half; a skip counts them (section_end keeps the
+# figures true where they run).
+ONE=6 THREE=9
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks $((ONE + THREE)) slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
@@ -58,8 +61,11 @@ summary_ok() {
     [ -s "$s" ] && [ -s "$d/model.safetensors" ] || { echo "no summary.json / model.safetensors in $d"; return 1; }
     [ "$(json "$s" workers)" = "$2" ] && [ "$(json "$s" mode)" = "$3" ] && [ "$(json "$s" steps)" = "$steps" ] ||
         { echo "summary: workers $(json "$s" workers), mode $(json "$s" mode), steps $(json "$s" steps)"; return 1; }
-    local a; a=$(json "$s" updates_applied)
-    [ "$a" -ge "$steps" ] || { echo "only $a updates applied"; return 1; }
+    # Every push of every worker is applied once: none dropped (R = all
+    # workers in sync, no bound in async), none rejected, none lost.
+    local a dr rj; a=$(json "$s" updates_applied) dr=$(json "$s" updates_dropped) rj=$(json "$s" updates_rejected)
+    [ "$a" = $(($2 * steps)) ] && [ "$dr" = 0 ] && [ "$rj" = 0 ] ||
+        { echo "applied $a, dropped $dr, rejected $rj: want $2 x $steps = $(($2 * steps)) applied, none dropped or rejected"; return 1; }
     ge "$(json "$s" test_accuracy)" 0.4 || { echo "test accuracy $(json "$s" test_accuracy) < 0.4"; return 1; }
     local i
     for ((i = 0; i < $2; i++)); do [ -s "$d/metrics/worker-$i.jsonl" ] || { echo "no metrics of worker $i"; return 1; }; done
@@ -74,10 +80,11 @@ job_state() {
 # ---- one node --------------------------------------------------------------
 # munged runs as the munge user: it must reach its socket under $TMP.
 chmod 0755 "$TMP"
+section_begin
 sl_init "$TMP/slurm1"
 case $? in
 0) ;;
-2) skip slurm "$SL_WHY"; finish; exit ;;
+2) skip_checks $((ONE + THREE)) slurm "$SL_WHY"; finish; exit ;;
 *) fail "slurm set-up" "$SL_WHY"; finish; exit ;;
 esac
 sl_node n1 127.0.0.1
@@ -86,7 +93,7 @@ if sl_start; then
     pass "munged, slurmctld and slurmd up; node n1 idle"
     submit "" one --nodes=1 --export=ALL,DP_WORKERS_PER_NODE=2,DP_MODE=async
     check "sbatch --wait downpour.sbatch on one node: exit 0" test "$JOB_RC" = 0
-    check "one node: summary of 2 async workers, $steps steps each" summary_ok "$TMP/one" 2 async
+    check "one node: summary of 2 async workers, $steps steps each, 2 x $steps updates applied" summary_ok "$TMP/one" 2 async
     st=$(job_state "" "$(cat "$TMP/one.id")")
     check "one node: slurmctld says the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
     check "one node: the server stopped on the chief's SHUTDOWN" grep -q 'SHUTDOWN from worker 0' "$TMP/one/logs/ps-0.log"
@@ -96,8 +103,10 @@ fi
 sl_stop
 left=$(sl_leftovers)
 check "one node: no daemon or task left after the stop (left: ${left:-none})" test -z "$left"
+section_end "one node" $ONE
 
 # ---- three hosts ------------------------------------------------------------
+section_begin
 nn_up 10.200.1 3
 case $? in
 0)
@@ -108,7 +117,7 @@ case $? in
         pass "3 hosts: slurmctld and a slurmd per network namespace up; n1..n3 idle"
         submit "$(nn_netns 0)" three --nodes=3 --export=ALL,DP_PS_NODES=1,DP_WORKERS_PER_NODE=1,DP_MODE=sync
         check "sbatch --wait downpour.sbatch on 3 hosts: exit 0" test "$JOB_RC" = 0
-        check "3 hosts: summary of 2 sync workers" summary_ok "$TMP/three" 2 sync
+        check "3 hosts: summary of 2 sync workers, 2 x $steps updates applied" summary_ok "$TMP/three" 2 sync
         check "3 hosts: the server at host 1's address, workers at hosts 2 and 3" \
             grep -q -- "--ps-hosts $(nn_addr 0):.*--worker-hosts $(nn_addr 1):[0-9]*,$(nn_addr 2):" \
             <(tr '\n' ' ' <"$TMP/three.out")
@@ -130,7 +139,8 @@ case $? in
     left=$(nn_leftovers)
     check "3 hosts: no namespace or route left (left: ${left:-none})" test -z "$left"
     ;;
-2) skip "slurm on 3 hosts" "$NN_WHY" ;;
+2) skip_checks $THREE "slurm on 3 hosts in network namespaces" "$NN_WHY" ;;
 *) fail "3 hosts (network namespaces)" "$NN_WHY" ;;
 esac
+section_end "3 hosts" $THREE
 finish

@@ -30,6 +30,19 @@ NN_WHY=""    # why the last nn_* call failed, one line
 NN_NFQ=${NN_NFQ:-${BIN:-$PWD/build}/tests/nfq_delay}
 NN_IPT=""    # iptables-legacy if present (the NFQUEUE target without nft_queue), else iptables
 NN_NEXT_QUEUE=1
+NN_FILES=()  # files of the helpers (their stderr), removed by nn_down
+
+# s_nn_try CMD...: run CMD; when it fails NN_WHY names it and quotes what it
+# said (the actual refusal: a missing capability, module or package).
+s_nn_try() {
+    local out rc
+    out=$("$@" 2>&1)
+    rc=$?
+    [ $rc = 0 ] && return 0
+    NN_WHY="\`$*\` failed (status $rc): ${out:-no output}"
+    NN_WHY=${NN_WHY//$'\n'/ }
+    return 1
+}
 
 nn_name() { echo "dpn${NN_SUBNET##*.}-$$-h$1"; }
 nn_addr() { echo "$NN_SUBNET.$(($1 + 1))"; }
@@ -64,7 +77,7 @@ s_nn_blackhole() {
     elif [ -n "$routes" ]; then
         NN_WHY="$net is routed on this machine ($routes): pick another subnet"; return 1
     fi
-    ip route add blackhole "$net" || { NN_WHY="cannot add the blackhole route for $net"; return 1; }
+    s_nn_try ip route add blackhole "$net" || return 1
     NN_NET=$net
 }
 
@@ -72,11 +85,10 @@ s_nn_blackhole() {
 s_nn_host() {
     local i=$1 sw=${NN_NAMES[0]} ns
     ns=$(nn_name "$i")
-    ip netns add "$ns" || { NN_WHY="ip netns add failed (no network namespaces?)"; return 2; }
+    s_nn_try ip netns add "$ns" || return 2
     NN_NAMES+=("$ns")
-    ip -n "$ns" link set lo up || { NN_WHY="loopback in a namespace"; return 1; }
-    ip -n "$sw" link add "v$i" type veth peer name eth0 netns "$ns" 2>/dev/null ||
-        { NN_WHY="cannot make a veth pair (kernel without CONFIG_VETH?)"; return 2; }
+    s_nn_try ip -n "$ns" link set lo up || return 1
+    s_nn_try ip -n "$sw" link add "v$i" type veth peer name eth0 netns "$ns" || return 2
     ip -n "$sw" link set "v$i" master br0 up &&
         ip -n "$ns" addr add "$(nn_addr "$i")/24" dev eth0 &&
         ip -n "$ns" link set eth0 up || { NN_WHY="configuring host $i's link"; return 1; }
@@ -93,9 +105,9 @@ nn_up() {
     nn_reap_stale
     s_nn_blackhole || return 2
     sw="dpn${NN_SUBNET##*.}-$$-sw"
-    ip netns add "$sw" 2>/dev/null || { NN_WHY="ip netns add failed (no network namespaces here?)"; return 2; }
+    s_nn_try ip netns add "$sw" || return 2
     NN_NAMES+=("$sw")
-    ip -n "$sw" link add br0 type bridge 2>/dev/null || { NN_WHY="cannot make a bridge (kernel without CONFIG_BRIDGE?)"; return 2; }
+    s_nn_try ip -n "$sw" link add br0 type bridge || return 2
     ip -n "$sw" link set br0 up || { NN_WHY="bridge up"; return 1; }
     for ((i = 0; i < n; i++)); do
         s_nn_host "$i" || { rc=$?; return $rc; }
@@ -131,8 +143,7 @@ s_nn_iptables() {
 # nn_loss I FRACTION: drop FRACTION (0.02 = 2%) of what reaches host I's eth0.
 nn_loss() {
     s_nn_iptables || return
-    nn_exec "$1" "$NN_IPT" -I INPUT 1 -i eth0 -m statistic --mode random --probability "$2" -j DROP 2>/dev/null ||
-        { NN_WHY="iptables' statistic match refused (kernel without xt_statistic?)"; return 2; }
+    s_nn_try nn_exec "$1" "$NN_IPT" -I INPUT 1 -i eth0 -m statistic --mode random --probability "$2" -j DROP || return 2
 }
 
 # nn_delay I MS [JITTER_MS]: hold what reaches host I's eth0 MS (+0..JITTER)
@@ -144,16 +155,20 @@ nn_delay() {
     s_nn_iptables || return
     NN_NEXT_QUEUE=$((q + 1))
     ready=$(mktemp -u /tmp/downpour-nfq.XXXXXX)
-    nn_bg "$i" "$NN_NFQ" --queue "$q" --delay-ms "$ms" --jitter-ms "$jit" --ready-file "$ready"
+    nn_bg "$i" "$NN_NFQ" --queue "$q" --delay-ms "$ms" --jitter-ms "$jit" --ready-file "$ready" 2>"$ready.err"
     for ((t = 0; t < 50; t++)); do
         [ -s "$ready" ] && break
         kill -0 "$NN_LAST_PID" 2>/dev/null || break
         sleep 0.1
     done
-    [ -s "$ready" ] || { rm -f "$ready"; NN_WHY="nfq_delay did not bind queue $q (kernel without NETFILTER_NETLINK_QUEUE?)"; return 2; }
+    if [ ! -s "$ready" ]; then
+        NN_WHY="$NN_NFQ --queue $q did not bind its queue in 5 s: $(tail -2 "$ready.err" 2>/dev/null | tr '\n' ' ')"
+        rm -f "$ready" "$ready.err"
+        return 2
+    fi
     rm -f "$ready"
-    nn_exec "$i" "$NN_IPT" -A INPUT -i eth0 -j NFQUEUE --queue-num "$q" --queue-bypass 2>/dev/null ||
-        { NN_WHY="iptables refused the NFQUEUE target (kernel without xt_NFQUEUE?)"; return 2; }
+    NN_FILES+=("$ready.err") # its stderr from now on: removed by nn_down
+    s_nn_try nn_exec "$i" "$NN_IPT" -A INPUT -i eth0 -j NFQUEUE --queue-num "$q" --queue-bypass || return 2
 }
 
 # nn_down: helpers stopped (TERM, then KILL), namespaces deleted (their
@@ -177,6 +192,8 @@ nn_down() {
         ip netns del "$ns" 2>/dev/null
     done
     NN_NAMES=()
+    rm -f "${NN_FILES[@]+"${NN_FILES[@]}"}"
+    NN_FILES=()
     if [ -n "$NN_NET" ]; then ip route del blackhole "$NN_NET" 2>/dev/null; NN_NET=""; fi
     return 0
 }

@@ -2,7 +2,8 @@
  * (server/shard_checkpoint.h) — the same run restarted restores, another
  * run or a finished one is refused unless resumed, a corrupted tensor fails
  * its CRC, a crash between write and rename leaves the previous checkpoint
- * loadable; and the run id the flags imply (dp_ps_config_run_id). A server
+ * loadable, a file of another model, range or optimizer is refused naming
+ * what differs; and the run id the flags imply (dp_ps_config_run_id). A server
  * (tests/ps_harness.h) writes its version 0 at a fresh start, removes the
  * temporary files an interrupted checkpoint of its own left, and says a
  * failing checkpoint loudly: counted in its metrics, its stop line and its
@@ -44,20 +45,31 @@ static void s_rm_dir(void)
     if (system(cmd) != 0) fprintf(stderr, "  cannot remove %s\n", s_dir);
 }
 
-/* An adam shard of a small model, initialised from seed. */
-static int s_shard(dp_shard_t *s, uint64_t seed)
+/* Shard index of count of model spec (input 1x4x4) with optimizer kind,
+ * initialised from seed; its optimizer state filled with known values. */
+static int s_shard_of(dp_shard_t *s, const char *spec, int index, int count, dp_optim_kind_t kind,
+                      uint64_t seed)
 {
     char err[DP_ERR_LEN];
     dp_model_t m;
     dp_optim_conf_t o;
     dp_optim_conf_default(&o);
+    o.kind = kind;
     memset(s, 0, sizeof *s);
-    if (dp_model_parse(&m, SPEC, 1, 4, 4, err) != 0 || dp_shard_init(s, &m, 0, 1, seed, &o, err) != 0) {
+    if (dp_model_parse(&m, spec, 1, 4, 4, err) != 0 || dp_shard_init(s, &m, index, count, seed, &o, err) != 0) {
         fprintf(stderr, "  shard: %s\n", err);
         return -1;
     }
     for (size_t i = 0; i < s->n * (size_t)s->state_per; i++) s->state[i] = 0.001f * (float)i;
     return 0;
+}
+
+/* An adam shard, the only one of the small model. */
+static int s_shard(dp_shard_t *s, uint64_t seed)
+{
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    return s_shard_of(s, SPEC, 0, 1, o.kind, seed);
 }
 
 static dp_ckpt_run_t s_run(const char *id, int resume, int finished)
@@ -145,6 +157,60 @@ static void test_crc_catches_corruption(void)
     CHECK_EQ(b.version, 0);
     dp_shard_fini(&a);
     dp_shard_fini(&b);
+    s_rm_dir();
+}
+
+/* A checkpoint of another model (fingerprint), of another shard range or
+ * another optimizer is refused with one line naming the key and both
+ * values; the shard keeps its own weights and version 0. The cases of the
+ * same float count (relu has no parameters; the halves of a 2-shard split)
+ * would otherwise load without a complaint. */
+static void test_other_shard_refused(void)
+{
+    s_fresh_dir("shape");
+    char half[600], err[DP_ERR_LEN] = "";
+    snprintf(half, sizeof half, "%s/half-0-of-2.safetensors", s_dir);
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    dp_shard_t a, h;
+    CHECK_EQ(s_shard(&a, 1), 0);
+    CHECK_EQ(s_shard_of(&h, SPEC, 0, 2, o.kind, 1), 0);
+    a.version = h.version = 9;
+    dp_ckpt_run_t run = s_run("run-a", 0, 0);
+    CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
+    CHECK_EQ(dp_shard_checkpoint_write(&h, half, &run, err), 0);
+    struct {
+        const char *what, *file, *spec, *want;
+        int index, count, sgd;
+    } cases[] = {
+        {"another model, as many floats", s_path, "relu fc:6 softmax", "checkpoint has fingerprint '", 0, 1, 0},
+        {"another model", s_path, "fc:7 softmax", "checkpoint has fingerprint '", 0, 1, 0},
+        {"shard 0 of 2", s_path, SPEC, "checkpoint has range_hi '102', this shard has '51'", 0, 2, 0},
+        {"the other half", half, SPEC, "checkpoint has range_lo '0', this shard has '51'", 1, 2, 0},
+        {"another optimizer", s_path, SPEC, "checkpoint has optimizer 'adam', this shard has 'sgd'", 0, 1, 1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dp_shard_t b;
+        if (s_shard_of(&b, cases[k].spec, cases[k].index, cases[k].count, cases[k].sgd ? DP_OPT_SGD : o.kind,
+                       2) != 0) {
+            CHECK(0);
+            continue;
+        }
+        float *w0 = dp_malloc(b.n * sizeof(float));
+        memcpy(w0, b.w, b.n * sizeof(float));
+        err[0] = 0;
+        CHECK_EQ(dp_shard_checkpoint_restore(&b, cases[k].file, &run, err), -1);
+        fprintf(stderr, "  (expected, %s) %s\n", cases[k].what, err);
+        CHECK(strstr(err, cases[k].want) != NULL);
+        CHECK(strstr(err, cases[k].file) != NULL && strstr(err, "remove the file or fix the flags") != NULL);
+        CHECK(strchr(err, '\n') == NULL);
+        CHECK_EQ(b.version, 0);
+        CHECK_CLOSE("the shard's own weights", b.w, w0, b.n, 0, 0);
+        free(w0);
+        dp_shard_fini(&b);
+    }
+    dp_shard_fini(&a);
+    dp_shard_fini(&h);
     s_rm_dir();
 }
 
@@ -316,6 +382,7 @@ int main(int argc, char **argv)
         T(test_same_run_restores),
         T(test_other_or_finished_run_refused),
         T(test_crc_catches_corruption),
+        T(test_other_shard_refused),
         T(test_crash_before_rename_keeps_previous),
         T(test_config_run_id),
         T(test_server_checkpoint_failures_are_loud),

@@ -215,33 +215,46 @@ static void test_sync_defer_and_finish(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-/* Sync, 2 workers, one never shows up: after the heartbeat timeout it stops
- * counting and the step fires; wait_all_finished counts it as gone. */
+/* Sync, 2 workers; worker 1 says HELLO, pulls, then falls silent. Worker
+ * 0's pull waits for the aggregate, which fires only once worker 1 is gone:
+ * not before the heartbeat timeout has passed since worker 1's last
+ * message (the server's last_seen of it is no earlier than the moment the
+ * test sent it, so "released >= sent + timeout" holds whatever the load),
+ * and well within a few timeouts after. wait_all_finished counts it gone. */
 static void test_sync_heartbeat_timeout(void)
 {
     s_small_model();
     srv_t s;
     srv_init(&s, DP_MODE_SYNC, 2);
-    s.cfg.heartbeat_timeout = 0.5;
+    const double timeout = 0.5;
+    s.cfg.heartbeat_timeout = timeout;
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
-    dp_ps_client_t *a = NULL;
+    dp_ps_client_t *a = NULL, *b = NULL;
     CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    if (a) {
+    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    if (a && b) {
         size_t n = s_small.n_floats;
-        float *pa = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+        float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
         srv_fill(g, n, 5);
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
-        double t0 = dp_now();
+        CHECK_EQ(r.version, 0); /* worker 1's gradient is still awaited */
+        /* Worker 1's last message: sent no earlier than t_last. */
+        double t_last = dp_now();
+        CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0); /* deferred until worker 1 is gone */
-        double dt = dp_now() - t0;
-        CHECK(dt < 3.0);
+        double dt = dp_now() - t_last;
+        if (dt < timeout || dt >= 3.0)
+            fprintf(stderr, "  released %.3f s after worker 1's last message (timeout %.1f s)\n", dt, timeout);
+        CHECK(dt >= timeout); /* not dropped before its timeout */
+        CHECK(dt < 3.0);      /* and dropped soon after it */
         CHECK_EQ(dp_ps_client_version(a), 1);
         CHECK_EQ(dp_ps_client_wait_all_finished(a, 3, err), 0);
-        free(pa), free(g);
+        free(pa), free(pb), free(g);
     }
+    dp_ps_client_destroy(&b);
     dp_ps_client_destroy(&a);
     CHECK_EQ(srv_stop(&s), 0);
 }

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/model.h"
 #include "common/util.h"
 #include "server/ps.h"
@@ -172,14 +174,44 @@ static void test_incarnation_and_unknown_worker(void)
     CHECK_EQ(srv_stop(&s2), 0);
 }
 
+/* The last line of a metrics file holding key (to cJSON_Delete), or NULL. */
+static cJSON *s_last_line_with(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char line[4096];
+    cJSON *last = NULL;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        if (o && cJSON_GetObjectItemCaseSensitive(o, key)) {
+            cJSON_Delete(last);
+            last = o;
+        } else {
+            cJSON_Delete(o);
+        }
+    }
+    fclose(f);
+    return last;
+}
+
+static double s_num(const cJSON *o, const char *k)
+{
+    return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
 /* A push of a (worker, step) already applied is acknowledged as applied,
- * with a "repeat" reason, and not applied again; a new client of the same
+ * with a "repeat" reason, and not applied again; the server's metrics
+ * count it in "repeats" (and once in "applied"); a new client of the same
  * worker hears where to resume. */
 static void test_push_applied_once(void)
 {
     s_small_model();
     srv_t s;
     srv_init_at(&s, NULL, NULL);
+    char metrics[128];
+    snprintf(metrics, sizeof metrics, "/tmp/dp_recovery_metrics_%d.jsonl", (int)getpid());
+    unlink(metrics);
+    snprintf(s.cfg.metrics_path, sizeof s.cfg.metrics_path, "%s", metrics);
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL, *c2 = NULL;
@@ -223,6 +255,16 @@ static void test_push_applied_once(void)
     dp_ps_client_destroy(&chief);
     free(p), free(g);
     CHECK_EQ(srv_stop(&s), 0);
+    /* The stop writes a last metrics line: one repeat, four applied. */
+    cJSON *m = s_last_line_with(metrics, "repeats");
+    CHECK(m != NULL);
+    if (m) {
+        CHECK_EQ(s_num(m, "repeats"), 1);
+        CHECK_EQ(s_num(m, "applied"), 4);
+        CHECK_EQ(s_num(m, "version"), 4);
+    }
+    cJSON_Delete(m);
+    unlink(metrics);
 }
 
 static int s_copy(const char *from, const char *to)
