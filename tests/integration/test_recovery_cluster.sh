@@ -21,9 +21,9 @@
 #      worker's return writes), resumes after the steps the server holds,
 #      pulls before its first push (the requests the shard admitted, in
 #      order, from its DP_LOG=debug log), and both finish
-#  (d) a server back within two --timeouts: restarted only once both
-#      workers gave it up ("no reply in time; saying HELLO again"), it is
-#      caught by their second HELLO and the run finishes
+#  (d) a server back within two --timeouts: restarted half a --timeout
+#      after both workers gave it up ("no reply in time; saying HELLO
+#      again"), it is caught by their second HELLO and the run finishes
 #  (e) a server that never comes back: the workers stop with "no reply"
 #      after saying HELLO again, within two --timeouts (+ slack) of its death
 # Waits and time bounds scale with DP_TEST_TIMEOUT_SCALE.
@@ -181,12 +181,15 @@ fi
 wait_for "$PS_PID" 10 >/dev/null
 
 # (d) back within two --timeouts: the shard is restarted only once both
-# workers have given up the first wait and said HELLO again.
+# workers have given up the first wait and said HELLO again, and then half
+# a --timeout into that second wait (a HELLO that waited less than its
+# --timeout would be given up by then).
 d=$TMP/late
 start_killed async "$d"
 check "late restart: the shard died by the hook (status $(cat "$d/ps_rc"))" test "$(cat "$d/ps_rc")" = 137
 check "late restart: both workers gave up their first wait (--timeout $TIMEOUT s) and said HELLO again" \
     wait_until $((3 * TIMEOUT)) both_logged "$d" "no reply in time; saying HELLO again"
+sleep "$(awk -v t="$TIMEOUT" 'BEGIN { print t / 2 }')"
 ps "$d" "$(cat "$d/port")" async
 finish_run "$d"
 check "late restart: the second HELLO reaches it and both workers finish (exit $(cat "$d/rc0") $(cat "$d/rc1"))" \
