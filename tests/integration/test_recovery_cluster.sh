@@ -199,6 +199,9 @@ check "late restart: the second HELLO reaches it and both workers finish (exit $
 d=$TMP/gone
 start_killed async "$d"
 t_dead=$(now)
+# A shard killed for good leaves its shared-memory segments (a restart
+# would remove them): gone with it here.
+rm -f /dev/shm/downpour-"$PS_PID"-*
 rc=()
 for i in 0 1; do
     wait_for "${W_PID[$i]}" $((4 * TIMEOUT)); rc[$i]=$?
