@@ -15,7 +15,8 @@
  *   async  every gradient is applied on arrival (lr / staleness with
  *          lr_staleness); pulls are answered at once.
  *   ssp    async, but a pull from a worker more than S pushes ahead of the
- *          slowest live worker waits.
+ *          slowest live worker waits, so with N workers a gradient is at
+ *          most (N - 1)(2S + 1) versions stale (test_local_cluster).
  *
  * Contract, in call order:
  *  1. dp_policy_new(ops, conf, shard, members): shard and members outlive the

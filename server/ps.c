@@ -37,6 +37,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +126,7 @@ typedef struct {
     const char *peer_addr; /* its Peer-Address (ZeroMQ's; NULL when it has none) */
     double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
     uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
+    uint64_t start_version; /* the version this start restored (0 fresh): Welcome.start_version */
     dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
     uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
 } s_ps_t;
@@ -557,6 +559,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.range_hi = ps->shard.hi;
     wl.n_floats = m->n_floats;
     wl.version = ps->shard.version;
+    wl.start_version = ps->start_version;
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);
@@ -619,6 +622,21 @@ static int s_push_repeated(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *
     return 1;
 }
 
+/* Test hook, read here only: DP_TEST_KILL_AT_VERSION=V makes the shard die
+ * as by kill -9 (SIGKILL: no checkpoint, no reply, nothing flushed) on the
+ * first PUSH of worker 0 (the chief) computed on version V or later, before
+ * applying it. The chief has then seen that version, so a restart test
+ * knows what is lost: the versions after the last checkpoint up to the one
+ * logged here (in sync mode the shard's version is the push's). */
+static void s_test_kill_at_version(const s_ps_t *ps, const Downpour__Envelope *env)
+{
+    const char *v = getenv("DP_TEST_KILL_AT_VERSION");
+    if (!v || !v[0] || env->worker_id != 0 || env->push->version < strtoull(v, NULL, 10)) return;
+    fprintf(stderr, "downpour-ps: DP_TEST_KILL_AT_VERSION: dying as by kill -9 at version %" PRIu64
+            " (a push of worker 0 on version %" PRIu64 ")\n", ps->shard.version, env->push->version);
+    raise(SIGKILL);
+}
+
 static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                       const dp_wire_frame_t *frames, int n_frames)
 {
@@ -660,6 +678,7 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         return;
     }
     if (s_push_repeated(ps, id, env)) return;
+    s_test_kill_at_version(ps, env);
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
@@ -782,6 +801,9 @@ static int s_admit(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 static void s_dispatch(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                        const dp_wire_frame_t *frames, int n_frames)
 {
+    /* each admitted request in arrival order (DP_LOG=debug): what a worker asked, and when */
+    dp_log_debug("shard %d: %s from worker %d", ps->cfg->shard_index, dp_wire_type_name(env->type),
+                 env->worker_id);
     switch (env->type) {
     case DOWNPOUR__MSG_TYPE__HELLO: s_on_hello(ps, id, env); break;
     case DOWNPOUR__MSG_TYPE__PULL: s_on_pull(ps, id, env); break;
@@ -1005,6 +1027,7 @@ static int s_setup(s_ps_t *ps, const dp_ps_config_t *cfg, char *err)
     ps->ckpt_version = UINT64_MAX;
     if (s_draw_incarnation(ps, err) != 0) return -1;
     if (s_setup_state(ps, err) != 0) return -1;
+    ps->start_version = ps->shard.version;
     if (dp_auth_init(&ps->auth, cfg->num_workers, cfg->curve_secret[0] != 0, err) != 0) return -1;
     if (dp_metrics_new(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
     if (cfg->record[0] && dp_record_ps_open(&ps->rec, cfg, ps->policy, err) != 0) return -1;

@@ -544,17 +544,22 @@ static void s_seen(s_shard_t *s, uint64_t version)
 
 /* What a WELCOME says for recovery: the shard's incarnation and our last
  * step it applied; after a restart, the updates lost since its checkpoint
- * (versions we saw that it no longer has) are counted, and the next push is
- * stamped with, and the next sync pull answered at, the restored version. */
+ * (versions we saw past the one it restarted at) are counted, and the next
+ * push is stamped with, and the next sync pull answered at, the restored
+ * version. The restart's own start version counts, not the version now:
+ * other workers may have said HELLO first and pushed it on. */
 static void s_welcome_recovery(dp_ps_client_t *c, s_shard_t *s, const Downpour__Envelope *env)
 {
     const Downpour__Welcome *w = env->welcome;
-    if (w->version < s->seen_version) {
-        uint64_t lost = s->seen_version - w->version;
+    uint64_t back = w->version;
+    if (s->incarnation && env->incarnation != s->incarnation && w->start_version < back)
+        back = w->start_version;
+    if (back < s->seen_version) {
+        uint64_t lost = s->seen_version - back;
         c->updates_lost += lost;
         dp_log_warn("%s: the shard restarted at version %" PRIu64 ", %" PRIu64
                     " update(s) since its checkpoint lost (%" PRIu64 " in this run)",
-                    s->endpoint, w->version, lost, c->updates_lost);
+                    s->endpoint, back, lost, c->updates_lost);
         s->seen_version = w->version;
         s->min_version = 0;
     }

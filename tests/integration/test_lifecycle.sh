@@ -10,8 +10,11 @@
 #    restores
 #  - start-up waits name who is missing: the server's --startup-timeout the
 #    worker ids, the worker's HELLO every silent shard endpoint
+#  - each of these stops within 1 s (x DP_TEST_TIMEOUT_SCALE) of the
+#    signal, timed from a steady state (training, listening, waiting)
 #  - `downpour local` reads each shard's ready file, clears an earlier
-#    run's TensorBoard files, and gives each launch its own run id
+#    run's TensorBoard files, and gives each launch its own run id; a child
+#    that ignores SIGTERM is killed 10 s after it (and not before)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -23,6 +26,20 @@ W=$BIN/downpour-worker
 PS=$BIN/downpour-ps
 L=$BIN/downpour
 wk=(--batch 16 --threads 1 --no-progress --seed 3)
+
+# README: a signal stops every binary "within a fraction of a second";
+# measured from the kill to the exit, once the process is in its steady
+# state (training, listening, waiting for its servers).
+STOP_S=$((1 * S))
+now() { date +%s.%N; }
+# stop_in PID SIG: send SIG, wait for the exit; STOP_RC its status, STOP_DT the seconds it took.
+stop_in() {
+    local t0; t0=$(now)
+    kill -"$2" "$1"
+    wait_for "$1" $(( 10 * S )); STOP_RC=$?
+    STOP_DT=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+}
+quick() { ge "$STOP_S" "$STOP_DT"; }
 
 # wait_file FILE PATTERN SECONDS: until FILE holds PATTERN.
 wait_file() {
@@ -36,10 +53,9 @@ wait_file() {
     --metrics "$TMP/sa.jsonl" >"$TMP/sa.log" 2>&1 &
 pid=$!; T_PIDS+=("$pid")
 wait_file "$TMP/sa.jsonl" '"step"' $(( 60 * S ))
-t0=$SECONDS
-kill -TERM "$pid"
-wait_for "$pid" $(( 10 * S )); rc=$?
-check "standalone: SIGTERM stops it with status 143 (got $rc, $((SECONDS - t0)) s)" test "$rc" = 143
+stop_in "$pid" TERM; rc=$STOP_RC
+check "standalone: SIGTERM stops it with status 143 (got $rc)" test "$rc" = 143
+check "standalone: ... within $STOP_S s of the signal, saving included (took $STOP_DT s)" quick
 check "standalone: the model so far is saved to --save" test -s "$TMP/sa.safetensors"
 check "standalone: no summary for an unfinished run" test ! -e "$TMP/sa.json"
 check "standalone: the log says what was saved" grep -q "stopped by signal 15 at step .*model saved to" "$TMP/sa.log"
@@ -47,9 +63,9 @@ check "standalone: the log says what was saved" grep -q "stopped by signal 15 at
 "$W" --standalone --epochs 20 "${wk[@]}" --metrics "$TMP/sa2.jsonl" >"$TMP/sa2.log" 2>&1 &
 pid=$!; T_PIDS+=("$pid")
 wait_file "$TMP/sa2.jsonl" '"step"' $(( 60 * S ))
-kill -INT "$pid"
-wait_for "$pid" $(( 10 * S )); rc=$?
+stop_in "$pid" INT; rc=$STOP_RC
 check "standalone: SIGINT stops it with status 130 (got $rc)" test "$rc" = 130
+check "standalone: ... within $STOP_S s (took $STOP_DT s)" quick
 check "standalone: without --save it says nothing was saved" grep -q "nothing saved (no --save)" "$TMP/sa2.log"
 
 # start_ps NAME FLAGS...: a shard on a free loopback port; EP its endpoint,
@@ -65,9 +81,9 @@ start_ps() {
 }
 
 start_ps sig --checkpoint-dir "$TMP/ck-sig"
-kill -INT "$PS_PID"
-wait_for "$PS_PID" $(( 10 * S )); rc=$?
+stop_in "$PS_PID" INT; rc=$STOP_RC
 check "downpour-ps: SIGINT stops it with status 130 (got $rc)" test "$rc" = 130
+check "downpour-ps: ... within $STOP_S s, its checkpoint written (took $STOP_DT s)" quick
 check "downpour-ps: the log says the checkpoint was written" grep -q "stopped by signal 2; checkpoint written in" "$TMP/sig.log"
 
 # ---- one run per checkpoint directory -------------------------------------
@@ -101,9 +117,9 @@ check "crash hook: the shard exits between write and rename (status $rc)" test "
 kill -KILL "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null
 start_ps after "${run[@]}" --resume
 check "after the crash: the previous checkpoint (version 20) is restored" grep -q "restored version 20 of run" "$TMP/after.log"
-kill -TERM "$PS_PID"
-wait_for "$PS_PID" $(( 10 * S )); rc=$?
+stop_in "$PS_PID" TERM; rc=$STOP_RC
 check "after the crash: SIGTERM stops it with status 143 (got $rc)" test "$rc" = 143
+check "downpour-ps: SIGTERM stops it within $STOP_S s (took $STOP_DT s)" quick
 
 # The same run restarted after kill -9 (not finished) restores by itself:
 # worker 1 of 2 is no chief, so nobody shuts the shard down.
@@ -132,14 +148,24 @@ check "worker: no server answers: status 1" test $? = 1
 check "worker: the error names every silent shard" \
     grep -q "no reply in 1 s (is downpour-ps running?) from ps shard 0 at tcp://127.0.0.1:9, ps shard 1 at tcp://127.0.0.1:7" "$TMP/w-silent.log"
 
-# A worker waiting for its servers (HELLO, --timeout 60) still stops at once.
-"$W" --ps "tcp://127.0.0.1:9" --task-index 0 --steps 1 "${wk[@]}" --timeout 60 >"$TMP/w-wait.log" 2>&1 &
+# A worker waiting for its servers (HELLO, --timeout 60) still stops at
+# once. Its "server" is a TCP listener that accepts and never answers. The
+# worker's heartbeat thread connects at start, its request socket once the
+# data is loaded (0.3-0.8 s later here): with both connections in, the
+# worker is waiting for its WELCOME.
+bg "$TORCH_PY" -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+c1, _ = s.accept(); c2, _ = s.accept(); open(sys.argv[2], "w").write("connected")
+time.sleep(600)' "$TMP/mute.port" "$TMP/mute.conn"
+wait_file "$TMP/mute.port" . $(( 10 * S ))
+"$W" --ps "tcp://127.0.0.1:$(cat "$TMP/mute.port")" --task-index 0 --steps 1 "${wk[@]}" --timeout 60 >"$TMP/w-wait.log" 2>&1 &
 pid=$!; T_PIDS+=("$pid")
-sleep 2
-t0=$SECONDS
-kill -TERM "$pid"
-wait_for "$pid" $(( 10 * S )); rc=$?
-check "worker waiting for HELLO: SIGTERM stops it with status 143 (got $rc, $((SECONDS - t0)) s)" test "$rc" = 143
+check "worker waiting for HELLO: it connected to its (mute) server" wait_file "$TMP/mute.conn" connected $(( 30 * S ))
+stop_in "$pid" TERM; rc=$STOP_RC
+check "worker waiting for HELLO: SIGTERM stops it with status 143 (got $rc)" test "$rc" = 143
+check "worker waiting for HELLO: ... within $STOP_S s (took $STOP_DT s)" quick
 
 # ---- downpour local ---------------------------------------------------------
 out=$TMP/local
@@ -157,5 +183,32 @@ check "local again, same --checkpoint-dir: refused (status $rc)" test "$rc" = 1
 check "local again: the reason is the other run" grep -q "holds .*run local-[0-9a-f]*.*--resume to continue it" "$TMP/l2.log"
 "$L" "${lflags[@]}" --resume >"$TMP/l3.log" 2>&1
 check "local --resume continues it (status $?)" test $? = 0
+
+# `downpour local` stops its children in order: SIGTERM, then SIGKILL
+# after 10 s. The launcher runs the daemons next to its own binary, so a
+# copy of it in $TMP/bin runs the real downpour-ps and a fake worker that
+# logs the SIGTERM it gets and goes on (SIGKILL alone ends it).
+mkdir -p "$TMP/bin"
+cp "$L" "$TMP/bin/downpour"
+ln -s "$PS" "$TMP/bin/downpour-ps"
+printf '%s\n' '#!/usr/bin/env bash' \
+    'trap "echo \"fake worker: SIGTERM, going on\"" TERM' \
+    'echo "fake worker: started"' \
+    'while :; do sleep 0.1; done' >"$TMP/bin/downpour-worker"
+chmod +x "$TMP/bin/downpour-worker"
+bg "$TMP/bin/downpour" local --workers 1 --mode async --steps 6 --batch 16 --no-progress --out "$TMP/lk" >"$TMP/lk.log" 2>&1
+lp=$!
+check "local, stubborn worker: it started" wait_file "$TMP/lk/logs/worker-0.log" "fake worker: started" $(( 30 * S ))
+t0=$(now)
+kill -INT "$lp"
+wait_for "$lp" $(( 30 * S )); rc=$?
+dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+check "local, stubborn worker: SIGINT stops the launcher with status 130 (got $rc)" test "$rc" = 130
+check "local, stubborn worker: its children got SIGTERM first (the worker's log, the shard's)" \
+    bash -c "grep -q 'fake worker: SIGTERM' '$TMP/lk/logs/worker-0.log' && grep -q 'stopped by signal 15' '$TMP/lk/logs/ps-0.log'"
+check "local, stubborn worker: SIGKILL came after the 10 s grace ($dt s, bound $((10 + 2 * S)) s)" \
+    awk -v d="$dt" -v hi=$((10 + 2 * S)) 'BEGIN { exit !(d >= 10 && d <= hi) }'
+# ([d]: the pattern must not match this check's own command line)
+check "local, stubborn worker: nothing left running" bash -c "! pgrep -f '$TMP/bin/[d]ownpour-worker' >/dev/null"
 
 finish

@@ -330,5 +330,59 @@ done:
     rmdir(dir);
 }
 
+/* As above, but worker 1 reaches the restarted shard first and pushes the
+ * version past what worker 0 had seen: worker 0 still counts the update
+ * lost, from the version the shard restarted at (Welcome.start_version),
+ * not from the version its HELLO found. */
+static void test_loss_counted_after_others_pushed(void)
+{
+    s_small_model();
+    char dir[] = "/tmp/dp_recovery_XXXXXX", path[512], saved[600], err[DP_ERR_LEN] = "";
+    CHECK(mkdtemp(dir) != NULL);
+    dp_shard_checkpoint_path(path, sizeof path, dir, 0, 1);
+    snprintf(saved, sizeof saved, "%s/v2.safetensors", dir);
+    srv_t s1, s2;
+    srv_init_at(&s1, NULL, dir);
+    s1.cfg.checkpoint_every = 2;
+    CHECK_EQ(srv_start(&s1), 0);
+    dp_ps_client_t *c = NULL, *c1 = NULL;
+    size_t n = s_small.n_floats;
+    float *p = dp_calloc(n, 4), *g = dp_calloc(n, 4);
+    for (size_t i = 0; i < n; i++) g[i] = 0.01f * (float)(i % 5);
+    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    if (!c) goto done;
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    for (uint64_t step = 1; step <= 3; step++) {
+        CHECK_EQ(dp_ps_client_push_step(c, step, g, 1, 8, &r, err), 0);
+        if (step == 2) CHECK_EQ(s_copy(path, saved), 0);
+    }
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    CHECK_EQ(dp_ps_client_version(c), 3); /* worker 0 saw version 3 */
+    CHECK_EQ(srv_stop(&s1), 0);
+    CHECK_EQ(rename(saved, path), 0);     /* killed after version 2's checkpoint */
+    srv_init_at(&s2, s1.endpoint, dir);
+    CHECK_EQ(srv_start(&s2), 0);
+    CHECK_EQ(dp_ps_client_new(&c1, s2.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    if (c1) {
+        CHECK_EQ(dp_ps_client_pull(c1, p, err), 0);
+        for (uint64_t step = 1; step <= 3; step++)
+            CHECK_EQ(dp_ps_client_push_step(c1, step, g, 1, 8, &r, err), 0);
+        CHECK_EQ(r.version, 5);           /* past the 3 worker 0 saw */
+    }
+    CHECK_EQ(dp_ps_client_push_step(c, 4, g, 1, 8, &r, err), 0);
+    CHECK_EQ(r.applied, 1);
+    CHECK_EQ(dp_ps_client_updates_lost(c), 1); /* version 3: seen, then lost */
+    CHECK_EQ(srv_stop(&s2), 0);
+done:
+    dp_ps_client_destroy(&c1);
+    dp_ps_client_destroy(&c);
+    free(p), free(g);
+    unlink(path);
+    unlink(saved);
+    rmdir(dir);
+}
+
 DP_TESTS(T(test_shard_steps), T(test_checkpoint_worker_steps), T(test_incarnation_and_unknown_worker),
-         T(test_push_applied_once), T(test_client_rejoins_restarted_shard))
+         T(test_push_applied_once), T(test_client_rejoins_restarted_shard),
+         T(test_loss_counted_after_others_pushed))
