@@ -324,9 +324,9 @@ static int s_train_loop(s_loop_t *L, int overlap, char *err)
     L->t0 = dp_now();
     L->done = L->first;
     if (overlap) {
-        L->grads2 = s->be->host_alloc(s->be, s->model.n_floats * sizeof(float));
+        L->grads2 = s->be->ops->host_alloc(s->be, s->model.n_floats * sizeof(float));
         rc = s_loop_overlap(L, err);
-        s->be->host_release(s->be, L->grads2);
+        s->be->ops->host_release(s->be, L->grads2);
         L->grads2 = NULL;
     } else {
         rc = s_loop_plain(L, err);

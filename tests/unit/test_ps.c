@@ -376,6 +376,14 @@ static void test_fingerprint_mismatch(void)
     CHECK(strstr(err, "conv3x3:2") == NULL);
     CHECK(strstr(err, fp) == NULL);
     fprintf(stderr, "  (expected) %s\n", err);
+    /* A spec of a real size makes the line ~300 characters: the user gets
+     * it whole, to its last words (no error text is cut). */
+    CHECK_EQ(dp_model_parse(&other, "conv3x3:8 relu conv3x3:16 relu maxpool2 conv3x3:32 relu fc:64 "
+                                    "relu fc:4 softmax", 1, 8, 8, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    const char *tail = "check --model and the data set on both sides (the shard's log names its own)";
+    CHECK(strlen(err) > 280);
+    CHECK(strlen(err) > strlen(tail) && strcmp(err + strlen(err) - strlen(tail), tail) == 0);
     /* Same spec, other input shape: refused as well. */
     CHECK_EQ(dp_model_parse(&other, SRV_SMALL_SPEC, 1, 10, 10, err), 0);
     CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
