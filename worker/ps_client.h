@@ -23,9 +23,14 @@
  * the repeated push is stamped with the restored version.
  *
  * After a failed call the shards that did not answer get fresh sockets, so
- * the client stays usable. Push hands ZeroMQ the caller's
- * gradient without a copy and returns only once ZeroMQ has released it.
- * Not thread-safe: one client per thread. */
+ * the client stays usable; dp_ps_client_error says what kind of failure it
+ * was. Push hands ZeroMQ the caller's gradient without a copy and returns
+ * only once ZeroMQ has released it. Everything a client is made with comes
+ * in its options (dp_ps_client_opts_t): nothing is set per process but the
+ * session (dp_ps_session). Not thread-safe: one client per thread.
+ *
+ * The requests live in ps_client.c, the machinery under them (sockets, the
+ * exchange, liveness, rejoin) in ps_exchange.c. */
 #ifndef DP_PS_CLIENT_H
 #define DP_PS_CLIENT_H
 

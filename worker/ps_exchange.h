@@ -29,7 +29,7 @@
 
 typedef struct {
     void *sock;             /* DEALER; NULL after a reconnect failed (retried next exchange) */
-    char endpoint[256];     /* tcp://HOST:PORT, as given */
+    char endpoint[DP_ZSOCK_ENDPOINT_LEN]; /* tcp://HOST:PORT, as given */
     uint64_t lo, hi;        /* floats this shard owns */
     uint64_t version;       /* shard version of the last pull */
     uint64_t min_version;   /* sync: the next pull waits for this version */
@@ -48,7 +48,7 @@ typedef struct {
     uint64_t worker_step;   /* from its WELCOME: our last step it applied */
     double sent_at;         /* dp_now() when the awaited request went out */
     int repeats;            /* times the awaited request was repeated */
-    int crc;                /* tensors to and from it carry a CRC-32 (see dp_ps_client_set_checksum) */
+    int crc;                /* tensors to and from it carry a CRC-32 (opts.crc) */
     /* shared memory (proto/shm.h): the shard's parameter slots and our
      * gradient slot, mapped when its WELCOME granted them */
     int shm;                /* tensors go through the segments */
@@ -60,7 +60,7 @@ typedef struct {
 struct dp_ps_client {
     void *ctx;              /* ZeroMQ context, owned */
     int n;                  /* shards */
-    dp_ps_shard_t *sh;          /* [DP_ZSOCK_MAX_SHARDS], the first n used */
+    dp_ps_shard_t *sh;      /* [DP_ZSOCK_MAX_SHARDS], the first n used */
     const dp_model_t *m;    /* the caller's, outlives the client */
     int worker_id;
     double timeout_s;       /* silence allowed to a shard owing a reply */
@@ -78,7 +78,6 @@ struct dp_ps_client {
     float *landing;         /* m->n_floats, made on first use: a sink's tensors that cannot
                              * be lent as received (bfloat16, misaligned, shared memory) */
 };
-
 
 /* Storage one request points into until it is sent. */
 typedef struct {
@@ -102,14 +101,14 @@ typedef void (*dp_ps_build_fn)(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *
 
 /* Called for each matched reply; returns 0 or -1 with err (ends the wait). */
 typedef int (*dp_ps_reply_fn)(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
-                          const dp_wire_frame_t *frames, int n_frames, void *arg, char *err);
+                              const dp_wire_frame_t *frames, int n_frames, void *arg, char *err);
 
 /* One exchange: the same request type to shards [0, n_shards). */
 typedef struct {
     int type;             /* DOWNPOUR__MSG_TYPE__* of every request */
     int n_shards;         /* c->n, or 1 to ask shard 0 only */
-    dp_ps_build_fn build;     /* NULL: the request has no body */
-    dp_ps_reply_fn on_reply;  /* takes each shard's reply */
+    dp_ps_build_fn build; /* NULL: the request has no body */
+    dp_ps_reply_fn on_reply; /* takes each shard's reply */
     void *arg;            /* handed to build and on_reply */
 } dp_ps_plan_t;
 
