@@ -23,6 +23,8 @@
 #define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 /* A client's options: timeout t, the defaults otherwise. */
 #define TMO(t) (&(dp_ps_client_opts_t){.timeout_s = (t)})
+/* A push of g (loss 1, batch 8), no step, the last pull's stamp. */
+#define PUSH(g) (&(dp_ps_push_t){.grads = (g), .loss = 1.0f, .batch = 8})
 
 /* ---- a fake shard ------------------------------------------------------ */
 
@@ -200,7 +202,8 @@ static int s_params_ok(const float *p, size_t n, float add)
 }
 
 /* n fake shards of the small model, and a client connected to them. */
-static int s_cluster(fake_t *f, int n, const dp_ps_client_opts_t *o, dp_ps_client_t **c, dp_ps_info_t *info,
+static int s_cluster(fake_t *f, int n, const dp_ps_client_opts_t *o, dp_ps_client_t **c,
+                     dp_ps_info_t *info,
                      char *err)
 {
     s_small_model();
@@ -240,7 +243,7 @@ static void test_every_shard_asked(void)
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK(s_params_ok(p, n, 0.0f));
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, &(dp_ps_push_t){.grads = g, .loss = 1.0f, .batch = 8}, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PUSH(g), &r, err), 0);
         CHECK_EQ(r.applied, 2);
         CHECK_EQ(r.version, 2);
         dp_ps_stats_t st;
@@ -315,7 +318,7 @@ static void test_silent_shard(void)
         CHECK_EQ(dp_ps_client_error(c), DP_PS_OK);
         CHECK(s_params_ok(p, n, 0.0f));
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, &(dp_ps_push_t){.grads = g, .loss = 1.0f, .batch = 8}, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PUSH(g), &r, err), 0);
         CHECK_EQ(r.applied, 2);
         free(p), free(g);
     }
