@@ -11,7 +11,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define DP_ERR_LEN 256
+/* Room for the longest line a user can meet whole: an endpoint (up to 255
+ * bytes) in front of a server's reply, such as the model-mismatch line with
+ * the worker's spec (up to 500 bytes) in it (tests/unit/test_ps.c,
+ * fingerprint_mismatch, holds the whole line). */
+#define DP_ERR_LEN 1024
 
 /* Format a message into err (may be NULL) and return -1, so that a failing
  * path reads `return dp_err(err, "bad magic %x in %s", m, path);`. */

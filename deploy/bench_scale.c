@@ -167,7 +167,8 @@ static void s_push_loop(const s_conf_t *c, dp_ps_client_t *pc, const float *grad
         }
         double mid = dp_now();
         dp_push_result_t res;
-        if (dp_ps_client_push_step(pc, ++step, grads, 0.0f, 1, &res, err) != 0) {
+        dp_ps_push_t push = {.grads = grads, .loss = 0.0f, .batch = 1, .step = ++step};
+        if (dp_ps_client_push(pc, &push, &res, err) != 0) {
             rec->r.failed = 1;
             snprintf(rec->r.err, sizeof rec->r.err, "push: %.240s", err);
             return;
@@ -210,7 +211,8 @@ static void s_worker_main(const s_conf_t *c, const dp_model_t *m, const char *di
     /* Small, finite and not all equal: the servers validate every value and
      * the weights must stay finite over millions of pushes. */
     for (size_t i = 0; i < m->n_floats; i++) grads[i] = 1e-7f * (float)((int)((i + id) % 7) - 3);
-    if (dp_ps_client_new(&pc, endpoints, m, id, c->timeout, NULL, rd.err) != 0 ||
+    dp_ps_client_opts_t opts = {.timeout_s = c->timeout};
+    if (dp_ps_client_new(&pc, endpoints, m, id, &opts, NULL, rd.err) != 0 ||
         dp_ps_beat_new(&beat, endpoints, id, NULL, rd.err) != 0 ||
         dp_ps_client_pull(pc, params, rd.err) != 0)
         rd.ok = 0;

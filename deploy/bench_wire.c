@@ -33,6 +33,7 @@
 #include "deploy/launcher.h"
 #include "deploy/spawn.h"
 #include "kernels/optim.h"
+#include "proto/zsock.h"
 #include "worker/ps_client.h"
 
 
@@ -129,7 +130,7 @@ static void s_echo_main(int transport, const char *dir, int fd)
         if (last) break;
     }
     zmq_close(sock);
-    zmq_ctx_term(ctx);
+    dp_zsock_ctx_term(&ctx, "bench wire: echo");
     _exit(0);
 }
 
@@ -218,7 +219,8 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         double pull = rc == 0 ? s_pull_lent(pc, n, err) : -1;
         if (pull < 0) rc = -1;
         double t1 = dp_now();
-        if (rc == 0 && dp_ps_client_push(pc, grads, 0.0f, 1, &res, err) != 0) rc = -1;
+        dp_ps_push_t push = {.grads = grads, .loss = 0.0f, .batch = 1};
+        if (rc == 0 && dp_ps_client_push(pc, &push, &res, err) != 0) rc = -1;
         double t2 = dp_now();
         double echo = s_echo_once(raw, grads, n * (c->bf16 ? 2 : sizeof(float)));
         if (rc == 0 && echo < 0) rc = dp_err(err, "the raw ZeroMQ round trip failed: %s",
@@ -311,10 +313,12 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
                                  .spec = m.spec, .input = input};
     if (dp_bench_shards_start(&cl, &sc, err) != 0) goto done;
     /* tcp and ipc rows measure frames even on this host */
-    dp_ps_client_default_transport(c->transport == 2 ? DP_PS_TRANSPORT_SHM : DP_PS_TRANSPORT_ZMQ);
-    dp_ps_client_default_wire(c->bf16);
-    if (dp_ps_client_new(&pc, cl.endpoints, &m, 0, 30, NULL, err) != 0) goto done;
-    dp_ps_client_set_checksum(pc, c->crc == 0 ? -1 : c->crc == 1);
+    dp_ps_client_opts_t opts = {
+        .timeout_s = 30,
+        .transport = c->transport == 2 ? DP_PS_TRANSPORT_SHM : DP_PS_TRANSPORT_ZMQ,
+        .wire = c->bf16 ? DP_PS_WIRE_BF16 : DP_PS_WIRE_FP32,
+        .crc = c->crc == 1 ? DP_PS_CRC_ON : c->crc == 2 ? DP_PS_CRC_OFF : DP_PS_CRC_AUTO};
+    if (dp_ps_client_new(&pc, cl.endpoints, &m, 0, &opts, NULL, err) != 0) goto done;
     ctx = zmq_ctx_new();
     raw = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     if (!raw || zmq_connect(raw, raw_ep) != 0) {
@@ -336,7 +340,7 @@ done:
         zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
         zmq_close(raw);
     }
-    if (ctx) zmq_ctx_term(ctx);
+    dp_zsock_ctx_term(&ctx, "bench wire");
     if (pc && rc == 0) dp_ps_client_shutdown_servers(pc, NULL);
     dp_ps_client_destroy(&pc);
     dp_bench_shards_stop(&cl);

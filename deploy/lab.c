@@ -222,11 +222,6 @@ void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all)
     dp_staleness_merge(all, &L->policy[0]->staleness);
 }
 
-static const char *s_mode(dp_mode_t m)
-{
-    return m == DP_MODE_SYNC ? "sync" : m == DP_MODE_SSP ? "ssp" : "async";
-}
-
 int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accuracy, double *loss,
                   char *err)
 {
@@ -243,7 +238,7 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
     dp_lab_counts(L, &cnt, &hist);
     long spe = dp_data_steps_per_epoch(L->s.train.n, c->train.batch, c->workers);
     dp_run_summary_t r = {
-        .mode = s_mode(c->mode), .workers = c->workers, .ps_shards = c->shards,
+        .mode = dp_mode_name(c->mode), .workers = c->workers, .ps_shards = c->shards,
         .replicas = c->policy.replicas ? c->policy.replicas : c->workers,
         .staleness = c->mode == DP_MODE_SSP ? c->policy.staleness : -1,
         .steps = chief_steps, .epochs = (double)chief_steps / (double)spe,

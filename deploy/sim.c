@@ -207,7 +207,7 @@ int dp_sim_main(int argc, char **argv)
     } else {
         fprintf(stderr, "sim: %s, %d workers, %g updates in %g simulated s: test accuracy %.4f; "
                 "fresh %.3f, staleness mean %.2f max %g\n",
-                a.c.lab.mode == DP_MODE_SYNC ? "sync" : a.c.lab.mode == DP_MODE_SSP ? "ssp" : "async",
+                dp_mode_name(a.c.lab.mode),
                 a.c.lab.workers, cJSON_GetNumberValue(cJSON_GetObjectItem(result, "updates")),
                 cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
                 cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_accuracy")),

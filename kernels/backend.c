@@ -58,6 +58,6 @@ void dp_pool_dims_of(dp_pool_dims_t *d, const dp_layer_t *l, int B)
 void dp_backend_destroy(dp_backend_t **be_p)
 {
     if (!be_p || !*be_p) return;
-    (*be_p)->destroy(*be_p);
+    (*be_p)->ops->destroy(*be_p);
     *be_p = NULL;
 }

@@ -22,11 +22,10 @@
 
 typedef struct dp_backend dp_backend_t;
 
-struct dp_backend {
-    const char *name;  /* "cpu", "cuda:0" */
-    void *impl;        /* backend private state */
-    int host_memory;   /* d_* pointers are host memory the caller may read and write */
-
+/* What a backend does: one `static const` table per kind of backend
+ * (kernels/cpu/backend_cpu.c, kernels/cuda/backend_cuda.c), shared by all
+ * its instances; each op gets the instance. */
+typedef struct {
     /* Plan for model m at batches up to max_batch. Called once, before ops. */
     int (*prepare)(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err);
 
@@ -81,6 +80,13 @@ struct dp_backend {
                        const float *d_g, float *d_state, size_t n, long t);
 
     void (*destroy)(dp_backend_t *be);
+} dp_backend_ops_t;
+
+struct dp_backend {
+    const dp_backend_ops_t *ops; /* the kind's table */
+    const char *name;  /* "cpu", "cuda:0" */
+    void *impl;        /* backend private state */
+    int host_memory;   /* d_* pointers are host memory the caller may read and write */
 };
 
 /* The kernel dimensions of layer l (conv / maxpool) at batch B, for

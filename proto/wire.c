@@ -16,23 +16,28 @@
 /* Tensor bytes are little-endian on the wire and used in place. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "Downpour's wire format needs a little-endian host");
 
+/* The modes' names: the one table every flag, log line, report and lab
+ * file reads them from. */
+static const char *const s_mode_names[] = {
+    [DP_MODE_SYNC] = "sync",
+    [DP_MODE_ASYNC] = "async",
+    [DP_MODE_SSP] = "ssp",
+};
+#define S_N_MODES (sizeof s_mode_names / sizeof s_mode_names[0])
+
 const char *dp_mode_name(dp_mode_t m)
 {
-    switch (m) {
-    case DP_MODE_SYNC: return "sync";
-    case DP_MODE_ASYNC: return "async";
-    case DP_MODE_SSP: return "ssp";
-    }
-    return "?";
+    return (unsigned)m < S_N_MODES && s_mode_names[m] ? s_mode_names[m] : "?";
 }
 
 int dp_mode_parse(const char *s, dp_mode_t *out, char *err)
 {
-    if (s && strcmp(s, "sync") == 0) *out = DP_MODE_SYNC;
-    else if (s && strcmp(s, "async") == 0) *out = DP_MODE_ASYNC;
-    else if (s && strcmp(s, "ssp") == 0) *out = DP_MODE_SSP;
-    else return dp_err(err, "bad mode '%s' (use sync, async or ssp)", s ? s : "");
-    return 0;
+    for (unsigned m = 0; s && m < S_N_MODES; m++)
+        if (s_mode_names[m] && strcmp(s, s_mode_names[m]) == 0) {
+            *out = (dp_mode_t)m;
+            return 0;
+        }
+    return dp_err(err, "bad mode '%s' (use sync, async or ssp)", s ? s : "");
 }
 
 const char *dp_wire_type_name(int type)
@@ -562,13 +567,6 @@ void dp_wire_desc_no_checksum(Downpour__TensorDesc *d)
 {
     d->checksum = DOWNPOUR__CHECKSUM__NO_CHECKSUM;
     d->crc32 = 0;
-}
-
-int dp_wire_local_endpoint(const char *ep)
-{
-    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0) return 1;
-    return strncmp(ep, "tcp://127.", 10) == 0 || strncmp(ep, "tcp://localhost:", 16) == 0 ||
-           strncmp(ep, "tcp://[::1]", 11) == 0;
 }
 
 void dp_wire_env_init(Downpour__Envelope *env, int type, uint64_t request_id, int worker_id,

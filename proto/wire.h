@@ -158,11 +158,6 @@ void dp_wire_desc_bf16(Downpour__TensorDesc *d, const uint16_t *data, int crc);
 /* Mark d as sent without a checksum (Checksum NO_CHECKSUM). */
 void dp_wire_desc_no_checksum(Downpour__TensorDesc *d);
 
-/* Only this host can reach the endpoint: ipc, inproc, tcp on 127.x,
- * localhost or [::1]. Such a wire needs no CRC (the bytes never leave the
- * host's memory) and may use shared memory. */
-int dp_wire_local_endpoint(const char *ep);
-
 /* A fresh envelope header. */
 void dp_wire_env_init(Downpour__Envelope *env, int type, uint64_t request_id, int worker_id,
                       uint64_t fingerprint);

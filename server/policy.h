@@ -83,7 +83,6 @@ typedef struct dp_policy dp_policy_t;
 
 /* One policy's behaviour; see the contract above for each call. */
 typedef struct {
-    const char *name;
     void (*push)(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
                  dp_push_outcome_t *out);
     int (*pull_ready)(const dp_policy_t *p, int worker, uint64_t min_version);

@@ -44,5 +44,7 @@ static int s_members_changed(dp_policy_t *p)
     return 0;
 }
 
-const dp_policy_ops_t dp_policy_async = {"async", s_push, s_async_pull_ready, s_members_changed};
-const dp_policy_ops_t dp_policy_ssp = {"ssp", s_push, s_ssp_pull_ready, s_members_changed};
+const dp_policy_ops_t dp_policy_async = {
+    .push = s_push, .pull_ready = s_async_pull_ready, .members_changed = s_members_changed};
+const dp_policy_ops_t dp_policy_ssp = {
+    .push = s_push, .pull_ready = s_ssp_pull_ready, .members_changed = s_members_changed};

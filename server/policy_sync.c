@@ -69,4 +69,5 @@ static int s_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
     return v >= min_version || min_version > v + 1;
 }
 
-const dp_policy_ops_t dp_policy_sync = {"sync", s_push, s_pull_ready, s_maybe_step};
+const dp_policy_ops_t dp_policy_sync = {
+    .push = s_push, .pull_ready = s_pull_ready, .members_changed = s_maybe_step};

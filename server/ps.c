@@ -51,6 +51,7 @@
 #include "common/util.h"
 #include "proto/curve.h"
 #include "proto/shm.h"
+#include "proto/zsock.h"
 #include "server/auth.h"
 #include "server/members.h"
 #include "server/policy.h"
@@ -72,11 +73,6 @@
  * once); 8 leaves room for a tool and bursts while capping how many messages
  * one peer can park in ZeroMQ's queue. */
 #define S_RCVHWM 8
-/* ZMTP heartbeats (ZeroMQ's own, below the protocol): a PING every second
- * on each connection, and a peer silent for 5 s is disconnected, so a
- * vanished worker's connection and what ZeroMQ queued for it go away. */
-#define S_ZMTP_IVL_MS 1000
-#define S_ZMTP_TIMEOUT_MS 5000
 
 /* A PARAMS frame lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
  * id, so the buffers a peer that does not read pins are bounded. */
@@ -881,22 +877,6 @@ static int s_secure(s_ps_t *ps, char *err)
     return 0;
 }
 
-/* Only this machine can reach it (loopback, ipc, inproc). */
-static int s_local_endpoint(const char *ep)
-{
-    return strncmp(ep, "tcp://", 6) != 0 || strncmp(ep, "tcp://127.", 10) == 0 ||
-           strncmp(ep, "tcp://[::1]", 11) == 0;
-}
-
-static int s_zmtp_heartbeats(void *sock, char *err)
-{
-    int ivl = S_ZMTP_IVL_MS, tmo = S_ZMTP_TIMEOUT_MS;
-    if (s_setopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl, "ZMQ_HEARTBEAT_IVL", err) != 0 ||
-        s_setopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo, "ZMQ_HEARTBEAT_TIMEOUT", err) != 0)
-        return -1;
-    return 0;
-}
-
 /* The ROUTER, its limits, bound; ps->endpoint is what it got. */
 static int s_open_socket(s_ps_t *ps, char *err)
 {
@@ -914,7 +894,7 @@ static int s_open_socket(s_ps_t *ps, char *err)
         s_setopt(ps->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE", err) != 0 ||
         s_setopt(ps->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM", err) != 0 ||
         s_setopt(ps->sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM", err) != 0 ||
-        s_zmtp_heartbeats(ps->sock, err) != 0)
+        dp_zsock_heartbeats(ps->sock, 0, err) != 0)
         return -1;
     if (s_secure(ps, err) != 0) return -1;
     if (zmq_bind(ps->sock, cfg->bind) != 0)
@@ -923,7 +903,7 @@ static int s_open_socket(s_ps_t *ps, char *err)
     size_t len = sizeof ps->endpoint;
     if (zmq_getsockopt(ps->sock, ZMQ_LAST_ENDPOINT, ps->endpoint, &len) != 0)
         return dp_err(err, "bound %s but cannot read the endpoint: %s", cfg->bind, zmq_strerror(errno));
-    if (!ps->zap && !s_local_endpoint(ps->endpoint))
+    if (!ps->zap && !dp_zsock_local_endpoint(ps->endpoint))
         dp_log_warn("listening on %s without CURVE: anyone who reaches this port can join, push "
                     "and read the weights (see --curve-secret)", ps->endpoint);
     return 0;
@@ -1059,12 +1039,9 @@ static void s_close_socket(s_ps_t *ps)
     }
     dp_zap_destroy(&ps->zap); /* before the context ends */
     /* Waits for the I/O thread, so every snapshot ZeroMQ held is released. */
-    while (ps->ctx && zmq_ctx_term(ps->ctx) != 0) {
-        if (errno == EINTR) continue;
-        dp_log_warn("shard %d: ending ZeroMQ: %s", ps->cfg->shard_index, zmq_strerror(errno));
-        break;
-    }
-    ps->ctx = NULL;
+    char who[32];
+    snprintf(who, sizeof who, "shard %d", ps->cfg->shard_index);
+    dp_zsock_ctx_term(&ps->ctx, who);
 }
 
 static void s_teardown(s_ps_t *ps)

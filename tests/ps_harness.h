@@ -31,9 +31,18 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "server/ps.h"
+#include "worker/ps_client.h"
 
 /* Small enough to move in microseconds, and it has every kind of layer the
  * server shards: conv, fc, biases. Input 1x8x8. */
+/* Shorthands for the client calls of a test: options with timeout t (the
+ * defaults otherwise), a push of g with loss l and batch b (no step, the
+ * last pull's stamp), and one with step st. */
+#define PS_OPTS(t) (&(dp_ps_client_opts_t){.timeout_s = (t)})
+#define PS_PUSH(g, l, b) (&(dp_ps_push_t){.grads = (g), .loss = (l), .batch = (b)})
+#define PS_PUSH_STEP(st, g, l, b) \
+    (&(dp_ps_push_t){.grads = (g), .loss = (l), .batch = (b), .step = (st)})
+
 #define SRV_SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 
 typedef struct {

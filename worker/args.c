@@ -37,24 +37,14 @@ static int s_set_schedule(void *arg, const char *v, char *err)
     return dp_optim_parse_schedule(&c->optim, v, err);
 }
 
-/* --transport: every client this process makes (ps_client.h keeps it per
- * process, as it keeps the stop flag). */
 static int s_set_transport(void *arg, const char *v, char *err)
 {
-    (void)arg;
-    dp_ps_transport_t t;
-    if (dp_ps_transport_parse(v, &t, err) != 0) return -1;
-    dp_ps_client_default_transport(t);
-    return 0;
+    return dp_ps_transport_parse(v, &((dp_train_conf_t *)arg)->transport, err);
 }
 
 static int s_set_wire(void *arg, const char *v, char *err)
 {
-    (void)arg;
-    if (strcmp(v, "fp32") != 0 && strcmp(v, "bf16") != 0)
-        return dp_err(err, "'%s' is not a wire precision (fp32 or bf16)", v);
-    dp_ps_client_default_wire(strcmp(v, "bf16") == 0);
-    return 0;
+    return dp_ps_wire_parse(v, &((dp_train_conf_t *)arg)->wire, err);
 }
 
 /* The table in --help order: data and model, training, distributed, output. */
@@ -97,11 +87,11 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                     "inject a delay before each push (an experiment with staleness)"),
         DP_FLAG_CHOICE("delay-dist", "fixed|exp", &c->delay_exp, P,
                        "fixed (default) or exponential with mean MS"),
-        DP_FLAG_CALL("transport", "auto|shm|zmq", s_set_transport, NULL, P,
+        DP_FLAG_CALL("transport", "auto|shm|zmq", s_set_transport, c, P,
                      "tensors through shared memory with servers on this host\n"
                      "(auto, the default: when the endpoint is ipc or loopback), or\n"
                      "always (shm: fail if not granted), or never (zmq: frames)"),
-        DP_FLAG_CALL("wire", "fp32|bf16", s_set_wire, NULL, P,
+        DP_FLAG_CALL("wire", "fp32|bf16", s_set_wire, c, P,
                      "precision of gradients and weights in ZeroMQ frames (default\n"
                      "fp32; bf16 halves the bytes, the servers keep fp32)"),
         DP_FLAG_CHOICE("overlap", "off|on", &c->overlap, P,

@@ -59,8 +59,8 @@ static void *s_producer(void *arg)
         }
         s_slice(bt->perm, bt->steps_per_epoch, bt->batch, bt->rank, bt->world, step, idx);
         dp_dataset_gather(bt->ds, idx, bt->batch, bt->x[slot], bt->y[slot]);
-        bt->be->stage_upload(bt->be, bt->d_x[slot], bt->x[slot], bt->x_bytes);
-        bt->be->stage_upload(bt->be, bt->d_y[slot], bt->y[slot], bt->y_bytes);
+        bt->be->ops->stage_upload(bt->be, bt->d_x[slot], bt->x[slot], bt->x_bytes);
+        bt->be->ops->stage_upload(bt->be, bt->d_y[slot], bt->y[slot], bt->y_bytes);
         pthread_mutex_lock(&bt->mu);
         bt->full[slot] = 1;
         bt->slot_step[slot] = step;
@@ -103,10 +103,10 @@ int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *b
     bt->x_bytes = (size_t)batch * ds->c * ds->h * ds->w * sizeof(float);
     bt->y_bytes = (size_t)batch * sizeof(int);
     for (int s = 0; s < 2; s++) {
-        bt->x[s] = be->host_alloc(be, bt->x_bytes);
-        bt->y[s] = be->host_alloc(be, bt->y_bytes);
-        bt->d_x[s] = be->alloc(be, bt->x_bytes);
-        bt->d_y[s] = be->alloc(be, bt->y_bytes);
+        bt->x[s] = be->ops->host_alloc(be, bt->x_bytes);
+        bt->y[s] = be->ops->host_alloc(be, bt->y_bytes);
+        bt->d_x[s] = be->ops->alloc(be, bt->x_bytes);
+        bt->d_y[s] = be->ops->alloc(be, bt->y_bytes);
     }
     pthread_mutex_init(&bt->mu, NULL);
     pthread_cond_init(&bt->cv, NULL);
@@ -156,10 +156,10 @@ void dp_batcher_fini(dp_batcher_t *bt)
     pthread_mutex_destroy(&bt->mu);
     pthread_cond_destroy(&bt->cv);
     for (int s = 0; s < 2; s++) {
-        bt->be->host_release(bt->be, bt->x[s]);
-        bt->be->host_release(bt->be, bt->y[s]);
-        bt->be->release(bt->be, bt->d_x[s]);
-        bt->be->release(bt->be, bt->d_y[s]);
+        bt->be->ops->host_release(bt->be, bt->x[s]);
+        bt->be->ops->host_release(bt->be, bt->y[s]);
+        bt->be->ops->release(bt->be, bt->d_x[s]);
+        bt->be->ops->release(bt->be, bt->d_y[s]);
     }
     free(bt->perm);
     memset(bt, 0, sizeof *bt);

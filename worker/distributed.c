@@ -24,16 +24,6 @@
 #include "worker/ps_client.h"
 #include "worker/train.h"
 
-static const char *s_mode_name(dp_mode_t m)
-{
-    switch (m) {
-    case DP_MODE_SYNC: return "sync";
-    case DP_MODE_ASYNC: return "async";
-    case DP_MODE_SSP: return "ssp";
-    }
-    return "?";
-}
-
 /* Sleep for the injected delay: fixed, or exponential with that mean (the
  * heavy tail of real stragglers). */
 static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
@@ -146,7 +136,7 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
     /* The chief's own throughput; the summary multiplies it by the workers
      * for the cluster's rate. */
     dp_run_summary_t r = {
-        .mode = s_mode_name(info->mode), .workers = info->num_workers,
+        .mode = dp_mode_name(info->mode), .workers = info->num_workers,
         .ps_shards = info->num_shards, .replicas = info->replicas,
         .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
         .steps = steps, .epochs = (double)steps / spe, .test_accuracy = acc, .test_loss = loss,
@@ -240,9 +230,9 @@ static int s_loop_plain(s_loop_t *L, char *err)
         s_inject_delay(&s->conf, &L->delay_rng);
         dp_push_result_t r;
         double t3 = dp_now();
-        if (dp_ps_client_push_step(L->ps, (uint64_t)step + 1, grads, loss, s->conf.batch, &r,
-                                   err) != 0)
-            return -1;
+        dp_ps_push_t push = {.grads = grads, .loss = loss, .batch = s->conf.batch,
+                             .step = (uint64_t)step + 1};
+        if (dp_ps_client_push(L->ps, &push, &r, err) != 0) return -1;
         L->step_compute_s = t2 - t1;
         L->step_wait_s = (t1 - t0) + (dp_now() - t3);
         L->wait_s += L->step_wait_s;
@@ -324,9 +314,9 @@ static int s_train_loop(s_loop_t *L, int overlap, char *err)
     L->t0 = dp_now();
     L->done = L->first;
     if (overlap) {
-        L->grads2 = s->be->host_alloc(s->be, s->model.n_floats * sizeof(float));
+        L->grads2 = s->be->ops->host_alloc(s->be, s->model.n_floats * sizeof(float));
         rc = s_loop_overlap(L, err);
-        s->be->host_release(s->be, L->grads2);
+        s->be->ops->host_release(s->be, L->grads2);
         L->grads2 = NULL;
     } else {
         rc = s_loop_plain(L, err);
@@ -365,9 +355,11 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     /* Beats before anything slow (data, device), so a starting worker is
      * never taken for a dead one. */
     dp_ps_beat_t *beat = NULL;
-    dp_ps_curve_t curve = {c->curve_secret, c->curve_server};
-    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, c->curve_secret ? &curve : NULL,
-                       err) != 0)
+    /* The signal's flag ends the HELLO wait too. */
+    dp_ps_client_opts_t opts = {.timeout_s = c->timeout_s,
+                                .curve = {c->curve_secret, c->curve_server},
+                                .transport = c->transport, .wire = c->wire, .stop = stop};
+    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, &opts.curve, err) != 0)
         return -1;
     dp_session_t s;
     if (dp_session_init(&s, c, err) != 0) {
@@ -379,11 +371,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_batcher_t bt = {0};
     s_loop_t L = {0};
     int rc = -1;
-    dp_ps_client_default_stop_flag(stop); /* a signal ends the HELLO wait too */
-    if (dp_ps_client_new_curve(&ps, c->ps, &s.model, c->task_index, c->timeout_s,
-                               c->curve_secret ? &curve : NULL, &info, err) != 0)
-        goto done;
-    if (stop) dp_ps_client_set_stop_flag(ps, stop);
+    if (dp_ps_client_new(&ps, c->ps, &s.model, c->task_index, &opts, &info, err) != 0) goto done;
     if (c->task_index >= info.num_workers) {
         dp_err(err, "--task-index %d out of range: the servers expect %d workers", c->task_index,
                info.num_workers);
@@ -399,7 +387,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
         goto done;
     int overlap = s_overlap(c->overlap, info.mode, c->device);
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",
-                c->task_index, info.num_workers, s_mode_name(info.mode), info.num_shards, c->batch,
+                c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards, c->batch,
                 L.total, c->device,
                 overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
                         : "overlap off: pull, compute, push in turn");

@@ -19,17 +19,17 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     net->m = m;
     net->be = be;
     net->max_batch = max_batch;
-    if (be->prepare(be, m, max_batch, err) != 0) return -1;
-    net->d_params = be->alloc(be, m->n_floats * sizeof(float));
-    net->d_grads = be->alloc(be, m->n_floats * sizeof(float));
+    if (be->ops->prepare(be, m, max_batch, err) != 0) return -1;
+    net->d_params = be->ops->alloc(be, m->n_floats * sizeof(float));
+    net->d_grads = be->ops->alloc(be, m->n_floats * sizeof(float));
     for (int i = 0; i <= m->n_layers; i++) {
         size_t bytes = (size_t)max_batch * s_boundary_size(m, i) * sizeof(float);
-        net->d_act[i] = be->alloc(be, bytes);
+        net->d_act[i] = be->ops->alloc(be, bytes);
         /* No gradient flows into the batch itself. */
-        if (i > 0) net->d_dact[i] = be->alloc(be, bytes);
+        if (i > 0) net->d_dact[i] = be->ops->alloc(be, bytes);
     }
-    net->d_labels = be->alloc(be, (size_t)max_batch * sizeof(int));
-    net->d_loss = be->alloc(be, sizeof(float));
+    net->d_labels = be->ops->alloc(be, (size_t)max_batch * sizeof(int));
+    net->d_loss = be->ops->alloc(be, sizeof(float));
     net->h_probs = dp_malloc((size_t)max_batch * m->classes * sizeof(float));
     return 0;
 }
@@ -38,31 +38,31 @@ void dp_net_fini(dp_net_t *net)
 {
     if (!net->be) return;
     dp_backend_t *be = net->be;
-    be->release(be, net->d_params);
-    be->release(be, net->d_grads);
+    be->ops->release(be, net->d_params);
+    be->ops->release(be, net->d_grads);
     for (int i = 0; i <= net->m->n_layers; i++) {
-        be->release(be, net->d_act[i]);
-        if (net->d_dact[i]) be->release(be, net->d_dact[i]);
+        be->ops->release(be, net->d_act[i]);
+        if (net->d_dact[i]) be->ops->release(be, net->d_dact[i]);
     }
-    be->release(be, net->d_labels);
-    be->release(be, net->d_loss);
+    be->ops->release(be, net->d_labels);
+    be->ops->release(be, net->d_loss);
     free(net->h_probs);
     memset(net, 0, sizeof *net);
 }
 
 void dp_net_set_params(dp_net_t *net, const float *params)
 {
-    net->be->upload(net->be, net->d_params, params, net->m->n_floats * sizeof(float));
+    net->be->ops->upload(net->be, net->d_params, params, net->m->n_floats * sizeof(float));
 }
 
 void dp_net_get_params(dp_net_t *net, float *params)
 {
-    net->be->download(net->be, params, net->d_params, net->m->n_floats * sizeof(float));
+    net->be->ops->download(net->be, params, net->d_params, net->m->n_floats * sizeof(float));
 }
 
 void dp_net_get_grads(dp_net_t *net, float *grads)
 {
-    net->be->download(net->be, grads, net->d_grads, net->m->n_floats * sizeof(float));
+    net->be->ops->download(net->be, grads, net->d_grads, net->m->n_floats * sizeof(float));
 }
 
 static float *s_param(dp_net_t *net, float *base, int index)
@@ -89,12 +89,12 @@ static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B)
         const float *w = s_param(net, net->d_params, l->weight);
         const float *b = s_param(net, net->d_params, l->bias);
         switch (l->kind) {
-        case DP_LAYER_CONV: be->conv_forward(be, l, B, out, in, w, b); break;
-        case DP_LAYER_RELU: be->relu_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
-        case DP_LAYER_MAXPOOL: be->maxpool_forward(be, l, B, out, in); break;
-        case DP_LAYER_FC: be->fc_forward(be, l, B, out, in, w, b); break;
+        case DP_LAYER_CONV: be->ops->conv_forward(be, l, B, out, in, w, b); break;
+        case DP_LAYER_RELU: be->ops->relu_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
+        case DP_LAYER_MAXPOOL: be->ops->maxpool_forward(be, l, B, out, in); break;
+        case DP_LAYER_FC: be->ops->fc_forward(be, l, B, out, in, w, b); break;
         case DP_LAYER_SOFTMAX:
-            be->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
+            be->ops->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
             break;
         }
     }
@@ -113,7 +113,7 @@ static void s_copy_layer_grads(dp_net_t *net, const dp_layer_t *l, float *h_grad
         if (p->offset + p->count > hi) hi = p->offset + p->count;
     }
     if (hi <= lo) return;
-    net->be->download_async(net->be, h_grads + lo, net->d_grads + lo, (hi - lo) * sizeof(float));
+    net->be->ops->download_async(net->be, h_grads + lo, net->d_grads + lo, (hi - lo) * sizeof(float));
 }
 
 float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, int B,
@@ -132,23 +132,23 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
         float *dw = s_param(net, net->d_grads, l->weight);
         float *db = s_param(net, net->d_grads, l->bias);
         switch (l->kind) {
-        case DP_LAYER_CONV: be->conv_backward(be, l, B, din, dw, db, dout, in, w); break;
+        case DP_LAYER_CONV: be->ops->conv_backward(be, l, B, din, dw, db, dout, in, w); break;
         case DP_LAYER_RELU:
-            if (din) be->relu_backward(be, (size_t)B * dp_layer_out_size(l), din, dout, out);
+            if (din) be->ops->relu_backward(be, (size_t)B * dp_layer_out_size(l), din, dout, out);
             break;
         case DP_LAYER_MAXPOOL:
-            if (din) be->maxpool_backward(be, l, B, din, dout, in, out);
+            if (din) be->ops->maxpool_backward(be, l, B, din, dout, in, out);
             break;
-        case DP_LAYER_FC: be->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
+        case DP_LAYER_FC: be->ops->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
         case DP_LAYER_SOFTMAX:
-            if (din) be->softmax_xent_backward(be, B, m->classes, din, out, d_y);
+            if (din) be->ops->softmax_xent_backward(be, B, m->classes, din, out, d_y);
             break;
         }
         if (h_grads) s_copy_layer_grads(net, l, h_grads);
     }
     float loss = 0;
-    be->download(be, &loss, net->d_loss, sizeof loss); /* waits for the whole step */
-    if (h_grads) be->download_wait(be);
+    be->ops->download(be, &loss, net->d_loss, sizeof loss); /* waits for the whole step */
+    if (h_grads) be->ops->download_wait(be);
     return loss;
 }
 
@@ -156,8 +156,8 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
 static void s_upload_batch(dp_net_t *net, const float *x, const int *y, int B)
 {
     dp_backend_t *be = net->be;
-    be->upload(be, net->d_act[0], x, (size_t)B * s_boundary_size(net->m, 0) * sizeof(float));
-    be->upload(be, net->d_labels, y, (size_t)B * sizeof(int));
+    be->ops->upload(be, net->d_act[0], x, (size_t)B * s_boundary_size(net->m, 0) * sizeof(float));
+    be->ops->upload(be, net->d_labels, y, (size_t)B * sizeof(int));
 }
 
 float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B)
@@ -172,9 +172,9 @@ float dp_net_evaluate(dp_net_t *net, const float *x, const int *y, int B, int *c
     float loss = 0;
     s_upload_batch(net, x, y, B);
     s_forward(net, net->d_act[0], net->d_labels, B);
-    net->be->download(net->be, &loss, net->d_loss, sizeof loss);
+    net->be->ops->download(net->be, &loss, net->d_loss, sizeof loss);
     int C = m->classes;
-    net->be->download(net->be, net->h_probs, net->d_act[m->n_layers], (size_t)B * C * sizeof(float));
+    net->be->ops->download(net->be, net->h_probs, net->d_act[m->n_layers], (size_t)B * C * sizeof(float));
     int ok = 0;
     for (int b = 0; b < B; b++) {
         const float *p = net->h_probs + (size_t)b * C;

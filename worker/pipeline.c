@@ -39,8 +39,9 @@ static void s_run(dp_pipeline_t *p, dp_pipe_job_t *j)
         j->rc = dp_ps_client_pull(p->ps, j->params, j->err);
         if (j->rc == 0) dp_ps_client_stamp(p->ps, &j->stamp);
     } else {
-        j->rc = dp_ps_client_push_stamped(p->ps, &j->stamp, j->step, j->grads, j->loss, j->batch,
-                                          &j->res, j->err);
+        dp_ps_push_t push = {.grads = j->grads, .loss = j->loss, .batch = j->batch,
+                             .step = j->step, .stamp = &j->stamp};
+        j->rc = dp_ps_client_push(p->ps, &push, &j->res, j->err);
     }
     j->updates_lost = dp_ps_client_updates_lost(p->ps);
     j->seconds = dp_now() - t0;

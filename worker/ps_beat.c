@@ -12,16 +12,16 @@
 
 #include "common/util.h"
 #include "proto/wire.h"
+#include "proto/zsock.h"
 #include "worker/ps_client.h"
-
-#define S_MAX_SHARDS 256
 
 struct dp_ps_beat {
     void *ctx;             /* ZeroMQ context of the thread's sockets */
-    char *endpoints;       /* copy; split by the thread */
+    int n;                 /* shards */
+    char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN]; /* [n] */
     int worker_id;
     int curve;             /* CURVE: our key pair and each shard's key */
-    dp_curve_key_t secret, pub, server[S_MAX_SHARDS];
+    dp_curve_key_t secret, pub, *server; /* server: [n] */
     atomic_int stop;       /* set by dp_ps_beat_destroy */
     pthread_t thread;
     int started;
@@ -42,16 +42,17 @@ static void s_beat(dp_ps_beat_t *b, void *sock, uint64_t req)
 static void *s_run(void *arg)
 {
     dp_ps_beat_t *b = arg;
-    void *socks[S_MAX_SHARDS];
+    void **socks = dp_calloc((size_t)b->n, sizeof *socks);
     int n = 0;
-    char *save = NULL, err[DP_ERR_LEN];
-    for (char *ep = strtok_r(b->endpoints, ",", &save); ep && n < S_MAX_SHARDS;
-         ep = strtok_r(NULL, ",", &save))
+    char err[DP_ERR_LEN];
+    for (int i = 0; i < b->n; i++) {
         /* a short send timeout: a beat never blocks the next one for long */
-    {
-        dp_ps_sock_keys_t keys = {&b->secret, &b->pub, &b->server[n]};
-        if (dp_ps_client_socket(b->ctx, ep, 0.1, b->curve ? &keys : NULL, &socks[n], err) == 0) n++;
-        else dp_log_warn("heartbeats: %s", err);
+        dp_ps_sock_keys_t keys = {&b->secret, &b->pub, b->curve ? &b->server[i] : NULL};
+        if (dp_ps_client_socket(b->ctx, b->endpoints[i], 0.1, b->curve ? &keys : NULL, &socks[n],
+                                err) == 0)
+            n++;
+        else
+            dp_log_warn("heartbeats: %s", err);
     }
     uint64_t req = 0;
     double next = 0;
@@ -65,22 +66,8 @@ static void *s_run(void *arg)
         nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
     }
     for (int i = 0; i < n; i++) zmq_close(socks[i]);
+    free(socks);
     return NULL;
-}
-
-/* The keys of every shard's socket, read here so that a bad file is an
- * error of dp_ps_beat_new, not of the thread. */
-static int s_load_keys(dp_ps_beat_t *b, const char *endpoints, const dp_ps_curve_t *curve,
-                       char *err)
-{
-    int n = 1;
-    for (const char *p = endpoints; *p; p++) n += *p == ',';
-    if (n > S_MAX_SHARDS) return dp_err(err, "heartbeats: more than %d servers", S_MAX_SHARDS);
-    if (dp_curve_read_secret(curve->secret, &b->secret, &b->pub, err) != 0) return -1;
-    for (int i = 0; i < n; i++)
-        if (dp_ps_curve_server_key(curve, n, i, &b->server[i], err) != 0) return -1;
-    b->curve = 1;
-    return 0;
 }
 
 int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
@@ -89,13 +76,25 @@ int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
     *out = NULL;
     dp_ps_beat_t *b = dp_calloc(1, sizeof *b);
     b->worker_id = worker_id;
-    if (curve && s_load_keys(b, endpoints, curve, err) != 0) {
-        free(b);
+    atomic_init(&b->stop, 0);
+    b->endpoints = dp_malloc(DP_ZSOCK_MAX_SHARDS * sizeof *b->endpoints);
+    char e2[DP_ERR_LEN];
+    /* Read here, so that a bad list or key file is an error of
+     * dp_ps_beat_new, not of the thread. */
+    if ((b->n = dp_ps_endpoints_parse(endpoints, b->endpoints, e2)) < 0) {
+        b->n = 0;
+        dp_err(err, "heartbeats: %s", e2);
+        dp_ps_beat_destroy(&b);
         return -1;
     }
-    b->endpoints = dp_malloc(strlen(endpoints) + 1);
-    strcpy(b->endpoints, endpoints);
-    atomic_init(&b->stop, 0);
+    if (curve && curve->secret) {
+        b->server = dp_malloc((size_t)b->n * sizeof *b->server);
+        if (dp_ps_curve_load(curve, b->n, &b->secret, &b->pub, b->server, err) != 0) {
+            dp_ps_beat_destroy(&b);
+            return -1;
+        }
+        b->curve = 1;
+    }
     if (!(b->ctx = zmq_ctx_new())) {
         dp_err(err, "heartbeats: ZeroMQ context: %s", zmq_strerror(errno));
         dp_ps_beat_destroy(&b);
@@ -117,8 +116,9 @@ void dp_ps_beat_destroy(dp_ps_beat_t **b_p)
     dp_ps_beat_t *b = *b_p;
     atomic_store(&b->stop, 1);
     if (b->started) pthread_join(b->thread, NULL);
-    while (b->ctx && zmq_ctx_term(b->ctx) != 0 && errno == EINTR) {}
+    dp_zsock_ctx_term(&b->ctx, "heartbeats");
     free(b->endpoints);
+    free(b->server);
     free(b);
     *b_p = NULL;
 }

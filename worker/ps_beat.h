@@ -25,9 +25,10 @@
 
 typedef struct dp_ps_beat dp_ps_beat_t;
 
-/* Start beating to endpoints ("tcp://h:p[,tcp://h2:p2...]") as worker_id,
- * with CURVE when curve is not NULL. 0, or -1 with err (no thread left
- * behind). */
+/* Start beating to endpoints ("tcp://h:p[,tcp://h2:p2...]", read as the
+ * client reads them: dp_ps_endpoints_parse) as worker_id, with CURVE when
+ * curve names a secret key (the keys loaded as the client loads them:
+ * dp_ps_curve_load). 0, or -1 with err (no thread left behind). */
 int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
                    const dp_ps_curve_t *curve, char *err);
 

@@ -23,9 +23,14 @@
  * the repeated push is stamped with the restored version.
  *
  * After a failed call the shards that did not answer get fresh sockets, so
- * the client stays usable. Push hands ZeroMQ the caller's
- * gradient without a copy and returns only once ZeroMQ has released it.
- * Not thread-safe: one client per thread. */
+ * the client stays usable; dp_ps_client_error says what kind of failure it
+ * was. Push hands ZeroMQ the caller's gradient without a copy and returns
+ * only once ZeroMQ has released it. Everything a client is made with comes
+ * in its options (dp_ps_client_opts_t): nothing is set per process but the
+ * session (dp_ps_session). Not thread-safe: one client per thread.
+ *
+ * The requests live in ps_client.c, the machinery under them (sockets, the
+ * exchange, liveness, rejoin) in ps_exchange.c. */
 #ifndef DP_PS_CLIENT_H
 #define DP_PS_CLIENT_H
 
@@ -36,6 +41,7 @@
 #include "common/staleness.h"
 #include "proto/curve.h"
 #include "proto/wire.h" /* dp_mode_t */
+#include "proto/zsock.h" /* DP_ZSOCK_MAX_SHARDS */
 
 /* The servers' policy, from their WELCOMEs (every shard agrees). */
 typedef struct {
@@ -75,15 +81,53 @@ typedef enum { DP_PS_TRANSPORT_AUTO, DP_PS_TRANSPORT_SHM, DP_PS_TRANSPORT_ZMQ } 
 
 /* "auto", "shm", "zmq". */
 int dp_ps_transport_parse(const char *s, dp_ps_transport_t *out, char *err);
-/* The transport each client created from now on uses (per process, like
- * dp_ps_client_default_stop_flag; downpour-worker's --transport sets it).
- * Default AUTO. */
-void dp_ps_client_default_transport(dp_ps_transport_t t);
-/* Tensors in frames as bfloat16 (1) or float32 (0, the default) for each
- * client created from now on (downpour-worker's --wire): half the bytes,
- * each value rounded to 8 bits of mantissa on the wire; the servers keep
- * float32 weights and optimizer state. Shared memory stays float32. */
-void dp_ps_client_default_wire(int bf16);
+
+/* Tensors in frames as float32, or as bfloat16 (downpour-worker's --wire
+ * bf16): half the bytes, each value rounded to 8 bits of mantissa on the
+ * wire; the servers keep float32 weights and optimizer state. Shared
+ * memory stays float32. */
+typedef enum { DP_PS_WIRE_FP32, DP_PS_WIRE_BF16 } dp_ps_wire_t;
+
+/* "fp32", "bf16". */
+int dp_ps_wire_parse(const char *s, dp_ps_wire_t *out, char *err);
+
+/* CRC-32 on the tensors to and from every shard. AUTO: on, except on this
+ * host (loopback, ipc) and under CURVE, whose transports protect the bytes
+ * already. Either way the servers check what they get (shape, range,
+ * finite values). */
+typedef enum { DP_PS_CRC_AUTO, DP_PS_CRC_ON, DP_PS_CRC_OFF } dp_ps_crc_t;
+
+/* CURVE key files. */
+typedef struct {
+    const char *secret;  /* this worker's secret key (downpour keygen FILE); NULL: plain */
+    const char *servers; /* the servers' public keys: one for every shard, or a comma list in
+                          * endpoint order */
+} dp_ps_curve_t;
+
+/* Everything a client is made with; a zeroed struct is the defaults. */
+typedef struct {
+    double timeout_s;              /* silence allowed to a shard owing a reply; not > 0: 30 */
+    dp_ps_curve_t curve;           /* .secret NULL: plain; else every socket encrypts,
+                                    * authenticates the server by its key and offers ours */
+    dp_ps_transport_t transport;   /* AUTO */
+    dp_ps_wire_t wire;             /* FP32 */
+    dp_ps_crc_t crc;               /* AUTO */
+    volatile sig_atomic_t *stop;   /* blocked calls, the first HELLO's wait included, return -1
+                                    * ("interrupted") soon after *stop becomes non-zero (a
+                                    * signal handler's flag); NULL: never */
+} dp_ps_client_opts_t;
+
+/* What a failed call ran into (dp_ps_client_error), for a caller that
+ * acts on the kind of failure rather than on its text. */
+typedef enum {
+    DP_PS_OK,                /* the last call did not fail */
+    DP_PS_ERR_TIMEOUT,       /* a shard owing a reply was silent past timeout_s */
+    DP_PS_ERR_DEFERRED,      /* a shard answered heartbeats but held the reply too long */
+    DP_PS_ERR_INTERRUPTED,   /* the stop flag was raised */
+    DP_PS_ERR_REFUSED,       /* a shard answered with an ERROR (its message in err) */
+    DP_PS_ERR_OTHER,         /* anything else: sockets, a malformed or unexpected reply */
+} dp_ps_err_t;
+
 /* Shards this client reaches through shared memory. */
 int dp_ps_client_shm_shards(const dp_ps_client_t *c);
 
@@ -95,29 +139,22 @@ int dp_ps_client_shm_shards(const dp_ps_client_t *c);
  * Thread-safe. */
 uint64_t dp_ps_session(void);
 
-/* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order: one DEALER per
- * shard; HELLO to each (waiting up to timeout_s, 30 if not > 0, for a server
- * that is not up yet); checks that every shard runs the same policy and
- * that their ranges tile [0, m->n_floats). A model mismatch fails with the
+/* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order (no empty entry,
+ * at most DP_ZSOCK_MAX_SHARDS): one DEALER per shard, made with opts (NULL:
+ * the defaults); HELLO to each (waiting up to timeout_s for a server that
+ * is not up yet); checks that every shard runs the same policy and that
+ * their ranges tile [0, m->n_floats). A model mismatch fails with the
  * server's line "model mismatch: this shard serves another model than the
- * worker's ..." (the server's model is in its own log only). info
- * (may be NULL) gets the policy. m must outlive the client. */
+ * worker's ..." (the server's model is in its own log only); a server that
+ * does not admit our CURVE key never answers (the usual "no reply"
+ * timeout). info (may be NULL) gets the policy. m must outlive the client. */
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
-                     int worker_id, double timeout_s, dp_ps_info_t *info, char *err);
+                     int worker_id, const dp_ps_client_opts_t *opts, dp_ps_info_t *info,
+                     char *err);
 
-/* CURVE key files for dp_ps_client_new_curve. */
-typedef struct {
-    const char *secret;  /* this worker's secret key (downpour keygen FILE) */
-    const char *servers; /* the servers' public keys: one for every shard, or a comma list in
-                          * endpoint order */
-} dp_ps_curve_t;
-
-/* dp_ps_client_new over CURVE (curve NULL: plain): every socket encrypts,
- * authenticates the server by its key and offers ours. A server that does
- * not admit our key never answers (the usual "no reply" timeout). */
-int dp_ps_client_new_curve(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
-                           int worker_id, double timeout_s, const dp_ps_curve_t *curve,
-                           dp_ps_info_t *info, char *err);
+/* The kind of the last call's failure (DP_PS_OK after a call that did not
+ * fail). */
+dp_ps_err_t dp_ps_client_error(const dp_ps_client_t *c);
 
 /* Whole parameter vector into params (host, m->n_floats), requests to all
  * shards in parallel; blocks while the servers defer the reply (sync /
@@ -136,19 +173,33 @@ typedef void (*dp_ps_params_sink_fn)(void *arg, size_t off, const float *data, s
  * pull went again). */
 int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
 
-/* Each shard's slice of grads, stamped with the versions of the last pull;
- * waits for all ACKs. grads must stay untouched until it returns. A shard
- * refusing the gradient (ACK rejected, or an ERROR reply) counts in
- * res->rejected with the reason and is not a failure of the call. */
-int dp_ps_client_push(dp_ps_client_t *c, const float *grads, float loss, int batch,
-                      dp_push_result_t *res, char *err);
+/* The versions a push is stamped with, one per shard: those a pull got. A
+ * worker that pulls the next weights before it pushes the current gradient
+ * keeps the stamp of the pull that gradient was computed on. */
+typedef struct {
+    int n;                              /* shards */
+    uint64_t v[DP_ZSOCK_MAX_SHARDS];    /* shard i's version */
+} dp_ps_stamp_t;
 
-/* The same with the worker's step (1, 2, ...; 0 = none), which each shard
- * applies once per worker: a repeat (after a lost ACK or a restart) is
- * acknowledged as applied ("repeat: ..." in the reason) without being
- * applied again. */
-int dp_ps_client_push_step(dp_ps_client_t *c, uint64_t step, const float *grads, float loss,
-                           int batch, dp_push_result_t *res, char *err);
+/* One push. */
+typedef struct {
+    const float *grads;          /* m->n_floats; untouched until the push returns */
+    float loss;
+    int batch;
+    uint64_t step;               /* the worker's step (1, 2, ...), which each shard applies
+                                  * once per worker: a repeat (after a lost ACK or a restart)
+                                  * is acknowledged as applied ("repeat: ..." in the reason)
+                                  * without being applied again; 0: none */
+    const dp_ps_stamp_t *stamp;  /* the versions to stamp it with; NULL: the last pull's */
+} dp_ps_push_t;
+
+/* Each shard's slice of p->grads, stamped with p->stamp (or the versions of
+ * the last pull); waits for all ACKs. A shard that restarted below a
+ * stamped version gets the restored version instead, as with the last
+ * pull's stamp. A shard refusing the gradient (ACK rejected, or an ERROR
+ * reply) counts in res->rejected with the reason and is not a failure of
+ * the call. res may be NULL. */
+int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t *res, char *err);
 
 /* The last step of this worker every shard has applied (from their
  * WELCOMEs): a restarted worker resumes after it. 0 for a new worker. */
@@ -169,16 +220,16 @@ typedef struct {
 int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
                         const dp_ps_sock_keys_t *keys, void **out, char *err);
 
-/* Shard i's server key from curve->servers (one file for every shard, or
- * one per shard in endpoint order), read into out. */
-int dp_ps_curve_server_key(const dp_ps_curve_t *curve, int n_shards, int i, dp_curve_key_t *out,
-                           char *err);
+/* The endpoint list into endpoints[DP_ZSOCK_MAX_SHARDS], as the client
+ * reads it (the heartbeat thread too): returns how many, or -1 with
+ * "bad ps endpoints '...': entry 2 is empty (...)". */
+int dp_ps_endpoints_parse(const char *list, char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN], char *err);
 
-/* CRC-32 on the tensors to and from every shard: 1 on, 0 off, -1 the
- * default (on, except on this host — loopback, ipc — and under CURVE, whose
- * transports protect the bytes already). Either way the servers check
- * what they get (shape, range, finite values). */
-void dp_ps_client_set_checksum(dp_ps_client_t *c, int on);
+/* The CURVE keys for n_shards shards, read from curve's files: our pair and
+ * each shard's server key (curve->servers: one file for every shard, or one
+ * per shard in endpoint order) into server[0..n_shards). */
+int dp_ps_curve_load(const dp_ps_curve_t *curve, int n_shards, dp_curve_key_t *secret,
+                     dp_curve_key_t *pub, dp_curve_key_t *server, char *err);
 
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);
@@ -204,38 +255,11 @@ int dp_ps_client_wait_all_finished(dp_ps_client_t *c, double timeout_s, char *er
  * before answering. */
 int dp_ps_client_shutdown_servers(dp_ps_client_t *c, char *err);
 
-/* Blocked calls return -1 ("interrupted") soon after *flag becomes non-zero
- * (e.g. set by a SIGTERM handler). NULL: never. */
-void dp_ps_client_set_stop_flag(dp_ps_client_t *c, volatile sig_atomic_t *flag);
-/* The stop flag each client created from now on starts with, so that its
- * first wait (the HELLO, up to timeout_s) is interrupted too. Signals are
- * per process, and so is this; NULL (the default): none. */
-void dp_ps_client_default_stop_flag(volatile sig_atomic_t *flag);
-
 void dp_ps_client_destroy(dp_ps_client_t **c_p); /* safe twice */
 
-/* ---- pushing on an earlier pull's versions (worker/pipeline.h) ---------- */
-
-/* The versions a push is stamped with, one per shard: those a pull got. A
- * worker that pulls the next weights before it pushes the current gradient
- * keeps the stamp of the pull that gradient was computed on. */
-#define DP_PS_STAMP_MAX 256
-typedef struct {
-    int n;                          /* shards */
-    uint64_t v[DP_PS_STAMP_MAX];    /* shard i's version */
-} dp_ps_stamp_t;
-
-/* The stamp of the last pull (the one a plain push would carry). */
+/* The stamp of the last pull (the one a push without a stamp carries). */
 void dp_ps_client_stamp(const dp_ps_client_t *c, dp_ps_stamp_t *out);
 /* Sum over shards (dp_ps_client_version's figure for that pull). */
 uint64_t dp_ps_stamp_sum(const dp_ps_stamp_t *s);
-
-/* dp_ps_client_push_step stamped with stamp instead of the last pull's
- * versions; the client's own versions are as before afterwards. A shard
- * that restarted below a stamped version since (its versions went back)
- * gets the restored version instead, as a plain push would. */
-int dp_ps_client_push_stamped(dp_ps_client_t *c, const dp_ps_stamp_t *stamp, uint64_t step,
-                              const float *grads, float loss, int batch, dp_push_result_t *res,
-                              char *err);
 
 #endif

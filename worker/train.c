@@ -46,10 +46,10 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     if (dp_backend_new(&s->be, c->device, err) != 0) goto fail;
     if (dp_net_init(&s->net, &s->model, s->be, c->batch, err) != 0) goto fail;
     size_t bytes = s->model.n_floats * sizeof(float);
-    s->h_params = s->be->host_alloc(s->be, bytes);
-    s->h_grads = s->be->host_alloc(s->be, bytes);
-    s->eval_x = s->be->host_alloc(s->be, (size_t)c->batch * dp_dataset_sample_size(&s->test) * sizeof(float));
-    s->eval_y = s->be->host_alloc(s->be, (size_t)c->batch * sizeof(int));
+    s->h_params = s->be->ops->host_alloc(s->be, bytes);
+    s->h_grads = s->be->ops->host_alloc(s->be, bytes);
+    s->eval_x = s->be->ops->host_alloc(s->be, (size_t)c->batch * dp_dataset_sample_size(&s->test) * sizeof(float));
+    s->eval_y = s->be->ops->host_alloc(s->be, (size_t)c->batch * sizeof(int));
     if (dp_metrics_new(&s->metrics, c->metrics, err) != 0) goto fail;
     char suffix[32];
     snprintf(suffix, sizeof suffix, "worker-%d", c->task_index);
@@ -67,10 +67,10 @@ void dp_session_fini(dp_session_t *s)
     dp_tb_destroy(&s->tb);
     if (s->be) {
         dp_net_fini(&s->net);
-        s->be->host_release(s->be, s->h_params);
-        s->be->host_release(s->be, s->h_grads);
-        s->be->host_release(s->be, s->eval_x);
-        s->be->host_release(s->be, s->eval_y);
+        s->be->ops->host_release(s->be, s->h_params);
+        s->be->ops->host_release(s->be, s->h_grads);
+        s->be->ops->host_release(s->be, s->eval_x);
+        s->be->ops->host_release(s->be, s->eval_y);
         dp_backend_destroy(&s->be);
     }
     dp_dataset_fini(&s->train);
@@ -212,7 +212,7 @@ static long s_standalone_loop(dp_session_t *s, dp_batcher_t *bt, const dp_optim_
         if (!isfinite(loss))
             return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
         float lr = dp_optim_lr_at(opt, step);
-        s->be->optim_step(s->be, opt, lr, s->net.d_params, s->net.d_grads, d_state,
+        s->be->ops->optim_step(s->be, opt, lr, s->net.d_params, s->net.d_grads, d_state,
                           s->model.n_floats, step + 1);
         done = step + 1;
         *loss_avg = done == 1 ? loss : 0.98 * *loss_avg + 0.02 * loss;
@@ -250,7 +250,7 @@ int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
     /* The optimizer steps where the parameters live (be->optim_step: the
      * parameter server's dp_optim_step, or its CUDA twin), its state too. */
     size_t n_state = s.model.n_floats * (size_t)dp_optim_state_per_param(opt->kind);
-    float *d_state = n_state ? s.be->alloc(s.be, n_state * sizeof(float)) : NULL;
+    float *d_state = n_state ? s.be->ops->alloc(s.be, n_state * sizeof(float)) : NULL;
 
     long total = dp_session_total_steps(&s, 1);
     long spe = dp_data_steps_per_epoch(s.train.n, c->batch, 1);
@@ -261,7 +261,7 @@ int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
     }
     dp_batcher_t bt;
     if (dp_batcher_init(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
-        if (d_state) s.be->release(s.be, d_state);
+        if (d_state) s.be->ops->release(s.be, d_state);
         dp_session_fini(&s);
         return -1;
     }
@@ -273,7 +273,7 @@ int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
     double train_s = dp_now() - t0;
     dp_progress_done(&s.progress);
     dp_batcher_fini(&bt);
-    if (d_state) s.be->release(s.be, d_state);
+    if (d_state) s.be->ops->release(s.be, d_state);
     int rc = done < 0 ? -1 : 0;
     if (rc == 0 && stop && *stop) {
         rc = s_standalone_stopped(&s, done, (int)*stop, err);

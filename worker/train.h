@@ -22,6 +22,7 @@
 #include "kernels/optim.h"
 #include "worker/net.h"
 #include "worker/progress.h"
+#include "worker/ps_client.h"
 
 typedef struct {
     const char *device;        /* "cpu", "cuda:K" */
@@ -49,6 +50,8 @@ typedef struct {
     double timeout_s;          /* connect / reply timeout */
     const char *curve_secret;  /* CURVE: this worker's secret key file, or NULL */
     const char *curve_server;  /* CURVE: the servers' public key file(s), or NULL */
+    dp_ps_transport_t transport; /* --transport: how tensors travel to the servers */
+    dp_ps_wire_t wire;         /* --wire: their precision in ZeroMQ frames */
     int overlap;               /* pull and push on a thread while computing: 1 on, 0 off,
                                 * -1 by mode (on in async; off in ssp, off always in sync) */
 } dp_train_conf_t;

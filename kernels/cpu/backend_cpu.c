@@ -185,36 +185,40 @@ static void s_destroy(dp_backend_t *be)
     free(be);
 }
 
+static const dp_backend_ops_t s_cpu_ops = {
+    .prepare = s_prepare,
+    .alloc = s_alloc,
+    .release = s_release,
+    .upload = s_upload,
+    .download = s_download,
+    .host_alloc = s_host_alloc,
+    .host_release = s_host_release,
+    .synchronize = s_synchronize,
+    .stage_upload = s_upload,
+    .download_async = s_download,
+    .download_wait = s_download_wait,
+    .conv_forward = s_conv_forward,
+    .conv_backward = s_conv_backward,
+    .relu_forward = s_relu_forward,
+    .relu_backward = s_relu_backward,
+    .maxpool_forward = s_maxpool_forward,
+    .maxpool_backward = s_maxpool_backward,
+    .fc_forward = s_fc_forward,
+    .fc_backward = s_fc_backward,
+    .softmax_xent_forward = s_softmax_xent_forward,
+    .softmax_xent_backward = s_softmax_xent_backward,
+    .optim_step = s_optim_step,
+    .destroy = s_destroy,
+};
+
 int dp_backend_cpu_new(dp_backend_t **out, char *err)
 {
     (void)err; /* the cpu backend cannot fail today; the shape is dp_backend_new's */
     dp_backend_t *be = dp_calloc(1, sizeof *be);
+    be->ops = &s_cpu_ops;
     be->name = "cpu";
     be->impl = NULL;
     be->host_memory = 1;
-    be->prepare = s_prepare;
-    be->alloc = s_alloc;
-    be->release = s_release;
-    be->upload = s_upload;
-    be->download = s_download;
-    be->host_alloc = s_host_alloc;
-    be->host_release = s_host_release;
-    be->synchronize = s_synchronize;
-    be->stage_upload = s_upload;
-    be->download_async = s_download;
-    be->download_wait = s_download_wait;
-    be->conv_forward = s_conv_forward;
-    be->conv_backward = s_conv_backward;
-    be->relu_forward = s_relu_forward;
-    be->relu_backward = s_relu_backward;
-    be->maxpool_forward = s_maxpool_forward;
-    be->maxpool_backward = s_maxpool_backward;
-    be->fc_forward = s_fc_forward;
-    be->fc_backward = s_fc_backward;
-    be->softmax_xent_forward = s_softmax_xent_forward;
-    be->softmax_xent_backward = s_softmax_xent_backward;
-    be->optim_step = s_optim_step;
-    be->destroy = s_destroy;
     *out = be;
     return 0;
 }

@@ -40,45 +40,45 @@ static void s_net_init(s_net_t *n, const char *spec, int B)
     }
     dp_backend_cpu_new(&n->be, NULL);
     n->B = B;
-    if (n->be->prepare(n->be, &n->m, B, err) < 0) {
+    if (n->be->ops->prepare(n->be, &n->m, B, err) < 0) {
         fprintf(stderr, "bench: %s\n", err);
         exit(2);
     }
     size_t nf = n->m.n_floats;
-    n->params = n->be->alloc(n->be, nf * sizeof(float));
-    n->grads = n->be->alloc(n->be, nf * sizeof(float));
-    n->vel = n->be->alloc(n->be, nf * sizeof(float));
+    n->params = n->be->ops->alloc(n->be, nf * sizeof(float));
+    n->grads = n->be->ops->alloc(n->be, nf * sizeof(float));
+    n->vel = n->be->ops->alloc(n->be, nf * sizeof(float));
     dp_optim_conf_default(&n->opt);
     n->opt.kind = DP_OPT_MOMENTUM;
     float *host = malloc(nf * sizeof(float));
     dp_model_init_params(&n->m, host, 1);
-    n->be->upload(n->be, n->params, host, nf * sizeof(float));
+    n->be->ops->upload(n->be, n->params, host, nf * sizeof(float));
     free(host);
     size_t in = (size_t)B * n->m.in_c * n->m.in_h * n->m.in_w;
-    n->act[0] = n->be->alloc(n->be, in * sizeof(float));
-    n->grad[0] = n->be->alloc(n->be, in * sizeof(float));
+    n->act[0] = n->be->ops->alloc(n->be, in * sizeof(float));
+    n->grad[0] = n->be->ops->alloc(n->be, in * sizeof(float));
     dp_rng_t r;
     dp_rng_seed(&r, 7);
     for (size_t i = 0; i < in; i++) n->act[0][i] = dp_rng_uniform(&r);
     for (int i = 0; i < n->m.n_layers; i++) {
         size_t sz = (size_t)B * dp_layer_out_size(&n->m.layers[i]);
-        n->act[i + 1] = n->be->alloc(n->be, sz * sizeof(float));
-        n->grad[i + 1] = n->be->alloc(n->be, sz * sizeof(float));
+        n->act[i + 1] = n->be->ops->alloc(n->be, sz * sizeof(float));
+        n->grad[i + 1] = n->be->ops->alloc(n->be, sz * sizeof(float));
     }
-    n->labels = n->be->alloc(n->be, (size_t)B * sizeof(int));
+    n->labels = n->be->ops->alloc(n->be, (size_t)B * sizeof(int));
     for (int b = 0; b < B; b++) n->labels[b] = (int)dp_rng_below(&r, (uint32_t)n->m.classes);
 }
 
 static void s_net_free(s_net_t *n)
 {
     for (int i = 0; i <= n->m.n_layers; i++) {
-        n->be->release(n->be, n->act[i]);
-        n->be->release(n->be, n->grad[i]);
+        n->be->ops->release(n->be, n->act[i]);
+        n->be->ops->release(n->be, n->grad[i]);
     }
-    n->be->release(n->be, n->params);
-    n->be->release(n->be, n->grads);
-    n->be->release(n->be, n->vel);
-    n->be->release(n->be, n->labels);
+    n->be->ops->release(n->be, n->params);
+    n->be->ops->release(n->be, n->grads);
+    n->be->ops->release(n->be, n->vel);
+    n->be->ops->release(n->be, n->labels);
     dp_backend_destroy(&n->be);
 }
 
@@ -114,14 +114,14 @@ static float s_step(s_net_t *n, int timed)
         float *w = l->weight >= 0 ? n->params + m->params[l->weight].offset : NULL;
         float *b = l->bias >= 0 ? n->params + m->params[l->bias].offset : NULL;
         switch (l->kind) {
-        case DP_LAYER_CONV: be->conv_forward(be, l, B, n->act[i + 1], n->act[i], w, b); break;
+        case DP_LAYER_CONV: be->ops->conv_forward(be, l, B, n->act[i + 1], n->act[i], w, b); break;
         case DP_LAYER_RELU:
-            be->relu_forward(be, (size_t)B * dp_layer_out_size(l), n->act[i + 1], n->act[i]);
+            be->ops->relu_forward(be, (size_t)B * dp_layer_out_size(l), n->act[i + 1], n->act[i]);
             break;
-        case DP_LAYER_MAXPOOL: be->maxpool_forward(be, l, B, n->act[i + 1], n->act[i]); break;
-        case DP_LAYER_FC: be->fc_forward(be, l, B, n->act[i + 1], n->act[i], w, b); break;
+        case DP_LAYER_MAXPOOL: be->ops->maxpool_forward(be, l, B, n->act[i + 1], n->act[i]); break;
+        case DP_LAYER_FC: be->ops->fc_forward(be, l, B, n->act[i + 1], n->act[i], w, b); break;
         case DP_LAYER_SOFTMAX:
-            be->softmax_xent_forward(be, B, m->classes, n->act[i + 1], &loss, n->act[i],
+            be->ops->softmax_xent_forward(be, B, m->classes, n->act[i + 1], &loss, n->act[i],
                                      n->labels);
             break;
         }
@@ -136,26 +136,26 @@ static float s_step(s_net_t *n, int timed)
         float *din = i > 0 ? n->grad[i] : NULL;
         switch (l->kind) {
         case DP_LAYER_CONV:
-            be->conv_backward(be, l, B, din, dw, db, n->grad[i + 1], n->act[i], w);
+            be->ops->conv_backward(be, l, B, din, dw, db, n->grad[i + 1], n->act[i], w);
             break;
         case DP_LAYER_RELU:
-            be->relu_backward(be, (size_t)B * dp_layer_out_size(l), din, n->grad[i + 1],
+            be->ops->relu_backward(be, (size_t)B * dp_layer_out_size(l), din, n->grad[i + 1],
                               n->act[i + 1]);
             break;
         case DP_LAYER_MAXPOOL:
-            be->maxpool_backward(be, l, B, din, n->grad[i + 1], n->act[i], n->act[i + 1]);
+            be->ops->maxpool_backward(be, l, B, din, n->grad[i + 1], n->act[i], n->act[i + 1]);
             break;
         case DP_LAYER_FC:
-            be->fc_backward(be, l, B, din, dw, db, n->grad[i + 1], n->act[i], w);
+            be->ops->fc_backward(be, l, B, din, dw, db, n->grad[i + 1], n->act[i], w);
             break;
         case DP_LAYER_SOFTMAX:
-            be->softmax_xent_backward(be, B, m->classes, din, n->act[i + 1], n->labels);
+            be->ops->softmax_xent_backward(be, B, m->classes, din, n->act[i + 1], n->labels);
             break;
         }
         if (timed) s_min(&n->t_bwd[i], dp_now() - t0);
     }
     double t0 = timed ? dp_now() : 0;
-    be->optim_step(be, &n->opt, 0.01f, n->params, n->grads, n->vel, m->n_floats, 1);
+    be->ops->optim_step(be, &n->opt, 0.01f, n->params, n->grads, n->vel, m->n_floats, 1);
     if (timed) s_min(&n->t_sgd, dp_now() - t0);
     return loss;
 }

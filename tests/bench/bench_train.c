@@ -71,7 +71,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
     dp_model_init_params(m, params, 1);
     dp_net_set_params(&net, params);
     free(params);
-    float *vel = be->alloc(be, nf * sizeof(float));
+    float *vel = be->ops->alloc(be, nf * sizeof(float));
     dp_optim_conf_t opt; /* momentum SGD, as PyTorch's side of the bench */
     dp_optim_conf_default(&opt);
     opt.kind = DP_OPT_MOMENTUM;
@@ -87,7 +87,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
     float loss = 0;
     for (int w = 0; w < warmup; w++) {
         loss = dp_net_train_step(&net, x, y, B);
-        be->optim_step(be, &opt, 0.01f, net.d_params, net.d_grads, vel, nf, 1);
+        be->ops->optim_step(be, &opt, 0.01f, net.d_params, net.d_grads, vel, nf, 1);
     }
     int rc = 0;
     for (int s = 0; s < samples; s++) {
@@ -95,7 +95,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
         double t0 = dp_now(), dt;
         do {
             loss = dp_net_train_step(&net, x, y, B);
-            be->optim_step(be, &opt, 0.01f, net.d_params, net.d_grads, vel, nf, 1);
+            be->ops->optim_step(be, &opt, 0.01f, net.d_params, net.d_grads, vel, nf, 1);
             n++;
             dt = dp_now() - t0;
         } while (dt < secs || n < 2);
@@ -109,7 +109,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
     }
     free(x);
     free(y);
-    be->release(be, vel);
+    be->ops->release(be, vel);
     dp_net_fini(&net);
     dp_backend_destroy(&be);
     return rc;

@@ -53,8 +53,8 @@ static int *s_labels(int B, int classes)
 /* Device copy of host data. */
 static void *s_up(const void *h, size_t bytes)
 {
-    void *d = s_be->alloc(s_be, bytes);
-    s_be->upload(s_be, d, h, bytes);
+    void *d = s_be->ops->alloc(s_be, bytes);
+    s_be->ops->upload(s_be, d, h, bytes);
     return d;
 }
 
@@ -62,11 +62,11 @@ static void *s_up(const void *h, size_t bytes)
 static float *s_down(const float *d, size_t n)
 {
     float *h = dp_malloc(n * sizeof(float) + 1);
-    s_be->download(s_be, h, d, n * sizeof(float));
+    s_be->ops->download(s_be, h, d, n * sizeof(float));
     return h;
 }
 
-static void s_free(void *d) { s_be->release(s_be, d); }
+static void s_free(void *d) { s_be->ops->release(s_be, d); }
 
 /* Tolerances for outputs that sum `terms` products each. */
 static double s_atol(double terms)
@@ -181,13 +181,13 @@ static void s_check_conv(const dp_layer_t *l, int B, int with_bias)
     float *db = dp_malloc(d.OC * 4);
     float *d_in = s_up(in, nin * 4), *d_w = s_up(w, nw * 4), *d_b = s_up(b, d.OC * 4);
     float *d_dout = s_up(dout, nout * 4);
-    float *d_out = s_be->alloc(s_be, nout * 4), *d_din = s_be->alloc(s_be, nin * 4);
-    float *d_dw = s_be->alloc(s_be, nw * 4), *d_db = s_be->alloc(s_be, d.OC * 4);
+    float *d_out = s_be->ops->alloc(s_be, nout * 4), *d_din = s_be->ops->alloc(s_be, nin * 4);
+    float *d_dw = s_be->ops->alloc(s_be, nw * 4), *d_db = s_be->ops->alloc(s_be, d.OC * 4);
     char what[96];
 
     /* forward */
     dp_conv2d_forward_ref(out, in, w, with_bias ? b : NULL, &d);
-    s_be->conv_forward(s_be, l, B, d_out, d_in, d_w, with_bias ? d_b : NULL);
+    s_be->ops->conv_forward(s_be, l, B, d_out, d_in, d_w, with_bias ? d_b : NULL);
     float *g = s_down(d_out, nout);
     snprintf(what, sizeof what, "conv k%d p%d s%d B%d%s out", d.K, d.pad, d.stride, B,
              with_bias ? "" : " (no bias)");
@@ -196,10 +196,10 @@ static void s_check_conv(const dp_layer_t *l, int B, int with_bias)
 
     /* backward, din wanted; outputs pre-filled with garbage: written, not accumulated */
     float *junk = s_rand(nin > nw ? nin : nw, 100);
-    s_be->upload(s_be, d_din, junk, nin * 4);
-    s_be->upload(s_be, d_dw, junk, nw * 4);
+    s_be->ops->upload(s_be, d_din, junk, nin * 4);
+    s_be->ops->upload(s_be, d_dw, junk, nw * 4);
     dp_conv2d_backward_ref(din, dw, db, dout, in, w, &d);
-    s_be->conv_backward(s_be, l, B, d_din, d_dw, d_db, d_dout, d_in, d_w);
+    s_be->ops->conv_backward(s_be, l, B, d_din, d_dw, d_db, d_dout, d_in, d_w);
     g = s_down(d_din, nin);
     snprintf(what, sizeof what, "conv k%d p%d s%d B%d din", d.K, d.pad, d.stride, B);
     GPU_CLOSE(what, g, din, nin, s_atol(d.OC * d.K * d.K), s_rtol());
@@ -214,9 +214,9 @@ static void s_check_conv(const dp_layer_t *l, int B, int with_bias)
     free(g);
 
     /* backward without din (first layer): dw still right, d_din untouched */
-    s_be->upload(s_be, d_dw, junk, nw * 4);
-    s_be->upload(s_be, d_din, junk, nin * 4);
-    s_be->conv_backward(s_be, l, B, NULL, d_dw, d_db, d_dout, d_in, d_w);
+    s_be->ops->upload(s_be, d_dw, junk, nw * 4);
+    s_be->ops->upload(s_be, d_din, junk, nin * 4);
+    s_be->ops->conv_backward(s_be, l, B, NULL, d_dw, d_db, d_dout, d_in, d_w);
     g = s_down(d_dw, nw);
     snprintf(what, sizeof what, "conv k%d p%d s%d B%d dw (din NULL)", d.K, d.pad, d.stride, B);
     GPU_CLOSE(what, g, dw, nw, s_atol((double)B * d.OH * d.OW), s_rtol());
@@ -243,12 +243,12 @@ static void s_check_pool(const dp_layer_t *l, int B, int quantised)
         for (size_t i = 0; i < nin; i++) in[i] = floorf(in[i] * 1.5f);
     float *out = dp_malloc(nout * 4), *din = dp_malloc(nin * 4);
     float *d_in = s_up(in, nin * 4), *d_dout = s_up(dout, nout * 4);
-    float *d_out = s_be->alloc(s_be, nout * 4);
+    float *d_out = s_be->ops->alloc(s_be, nout * 4);
     float *junk = s_rand(nin, 100), *d_din = s_up(junk, nin * 4);
     char what[96];
 
     dp_maxpool_forward_ref(out, in, &d);
-    s_be->maxpool_forward(s_be, l, B, d_out, d_in);
+    s_be->ops->maxpool_forward(s_be, l, B, d_out, d_in);
     float *g = s_down(d_out, nout);
     snprintf(what, sizeof what, "maxpool k%d s%d %dx%d B%d%s out", d.K, d.stride, d.H, d.W, B,
              quantised ? " ties" : "");
@@ -256,8 +256,8 @@ static void s_check_pool(const dp_layer_t *l, int B, int quantised)
     free(g);
 
     dp_maxpool_backward_ref(din, dout, in, out, &d);
-    s_be->upload(s_be, d_out, out, nout * 4); /* both sides from the same out */
-    s_be->maxpool_backward(s_be, l, B, d_din, d_dout, d_in, d_out);
+    s_be->ops->upload(s_be, d_out, out, nout * 4); /* both sides from the same out */
+    s_be->ops->maxpool_backward(s_be, l, B, d_din, d_dout, d_in, d_out);
     g = s_down(d_din, nin);
     snprintf(what, sizeof what, "maxpool k%d s%d %dx%d B%d%s din", d.K, d.stride, d.H, d.W, B,
              quantised ? " ties" : "");
@@ -278,26 +278,26 @@ static void s_check_fc(const dp_layer_t *l, int B)
     float *out = dp_malloc(nout * 4), *din = dp_malloc(nin * 4), *dw = dp_malloc(nw * 4);
     float *db = dp_malloc(OUT * 4);
     float *d_in = s_up(in, nin * 4), *d_w = s_up(w, nw * 4), *d_b = s_up(b, OUT * 4);
-    float *d_dout = s_up(dout, nout * 4), *d_out = s_be->alloc(s_be, nout * 4);
+    float *d_dout = s_up(dout, nout * 4), *d_out = s_be->ops->alloc(s_be, nout * 4);
     float *junk = s_rand(nin > nw ? nin : nw, 100);
     float *d_din = s_up(junk, nin * 4), *d_dw = s_up(junk, nw * 4), *d_db = s_up(junk, OUT * 4);
     char what[96];
 
     dp_fc_forward_ref(out, in, w, b, B, IN, OUT);
-    s_be->fc_forward(s_be, l, B, d_out, d_in, d_w, d_b);
+    s_be->ops->fc_forward(s_be, l, B, d_out, d_in, d_w, d_b);
     float *g = s_down(d_out, nout);
     snprintf(what, sizeof what, "fc %d->%d B%d out", IN, OUT, B);
     GPU_CLOSE(what, g, out, nout, s_atol(IN), s_rtol());
     free(g);
     dp_fc_forward_ref(out, in, w, NULL, B, IN, OUT);
-    s_be->fc_forward(s_be, l, B, d_out, d_in, d_w, NULL);
+    s_be->ops->fc_forward(s_be, l, B, d_out, d_in, d_w, NULL);
     g = s_down(d_out, nout);
     snprintf(what, sizeof what, "fc %d->%d B%d out (no bias)", IN, OUT, B);
     GPU_CLOSE(what, g, out, nout, s_atol(IN), s_rtol());
     free(g);
 
     dp_fc_backward_ref(din, dw, db, dout, in, w, B, IN, OUT);
-    s_be->fc_backward(s_be, l, B, d_din, d_dw, d_db, d_dout, d_in, d_w);
+    s_be->ops->fc_backward(s_be, l, B, d_din, d_dw, d_db, d_dout, d_in, d_w);
     g = s_down(d_din, nin);
     snprintf(what, sizeof what, "fc %d->%d B%d din", IN, OUT, B);
     GPU_CLOSE(what, g, din, nin, s_atol(OUT), s_rtol());
@@ -312,9 +312,9 @@ static void s_check_fc(const dp_layer_t *l, int B)
     free(g);
 
     /* din NULL: weights' gradient only, d_din untouched */
-    s_be->upload(s_be, d_din, junk, nin * 4);
-    s_be->upload(s_be, d_dw, junk, nw * 4);
-    s_be->fc_backward(s_be, l, B, NULL, d_dw, d_db, d_dout, d_in, d_w);
+    s_be->ops->upload(s_be, d_din, junk, nin * 4);
+    s_be->ops->upload(s_be, d_dw, junk, nw * 4);
+    s_be->ops->fc_backward(s_be, l, B, NULL, d_dw, d_db, d_dout, d_in, d_w);
     g = s_down(d_dw, nw);
     snprintf(what, sizeof what, "fc %d->%d B%d dw (din NULL)", IN, OUT, B);
     GPU_CLOSE(what, g, dw, nw, s_atol(B), s_rtol());
@@ -333,25 +333,25 @@ static void s_check_relu(size_t n)
     float *in = s_rand(n, 1), *dout = s_rand(n, 1);
     float *out = dp_malloc(n * 4), *din = dp_malloc(n * 4);
     in[0] = 0.0f; /* the boundary: relu(0) = 0 and no gradient */
-    float *d_in = s_up(in, n * 4), *d_dout = s_up(dout, n * 4), *d_out = s_be->alloc(s_be, n * 4);
-    float *d_din = s_be->alloc(s_be, n * 4);
+    float *d_in = s_up(in, n * 4), *d_dout = s_up(dout, n * 4), *d_out = s_be->ops->alloc(s_be, n * 4);
+    float *d_din = s_be->ops->alloc(s_be, n * 4);
 
     dp_relu_forward_ref(out, in, n);
-    s_be->relu_forward(s_be, n, d_out, d_in);
+    s_be->ops->relu_forward(s_be, n, d_out, d_in);
     float *g = s_down(d_out, n);
     GPU_CLOSE("relu out", g, out, n, 0, 0);
     free(g);
     dp_relu_backward_ref(din, dout, out, n);
-    s_be->relu_backward(s_be, n, d_din, d_dout, d_out);
+    s_be->ops->relu_backward(s_be, n, d_din, d_dout, d_out);
     g = s_down(d_din, n);
     GPU_CLOSE("relu din", g, din, n, 0, 0);
     free(g);
     /* in place, as the executor may run it */
-    s_be->relu_forward(s_be, n, d_in, d_in);
+    s_be->ops->relu_forward(s_be, n, d_in, d_in);
     g = s_down(d_in, n);
     GPU_CLOSE("relu out (in place)", g, out, n, 0, 0);
     free(g);
-    s_be->relu_backward(s_be, n, d_dout, d_dout, d_out);
+    s_be->ops->relu_backward(s_be, n, d_dout, d_dout, d_out);
     g = s_down(d_dout, n);
     GPU_CLOSE("relu din (in place)", g, din, n, 0, 0);
     free(g);
@@ -365,15 +365,15 @@ static void s_check_xent(int B, int classes)
     size_t n = (size_t)B * classes;
     float *logits = s_rand(n, 4), *probs = dp_malloc(n * 4), *dl = dp_malloc(n * 4);
     int *y = s_labels(B, classes);
-    float *d_logits = s_up(logits, n * 4), *d_probs = s_be->alloc(s_be, n * 4);
-    float *d_dl = s_be->alloc(s_be, n * 4);
+    float *d_logits = s_up(logits, n * 4), *d_probs = s_be->ops->alloc(s_be, n * 4);
+    float *d_dl = s_be->ops->alloc(s_be, n * 4);
     int *d_y = s_up(y, (size_t)B * sizeof(int));
     char what[64];
 
     float loss = dp_softmax_xent_forward_ref(probs, logits, y, B, classes);
-    float *d_loss = s_be->alloc(s_be, sizeof(float)), gl = 0;
-    s_be->softmax_xent_forward(s_be, B, classes, d_probs, d_loss, d_logits, d_y);
-    s_be->download(s_be, &gl, d_loss, sizeof gl);
+    float *d_loss = s_be->ops->alloc(s_be, sizeof(float)), gl = 0;
+    s_be->ops->softmax_xent_forward(s_be, B, classes, d_probs, d_loss, d_logits, d_y);
+    s_be->ops->download(s_be, &gl, d_loss, sizeof gl);
     s_free(d_loss);
     CHECK_NEAR(gl, loss, 1e-5 + 1e-5 * fabsf(loss));
     float *g = s_down(d_probs, n);
@@ -381,8 +381,8 @@ static void s_check_xent(int B, int classes)
     GPU_CLOSE(what, g, probs, n, 1e-7, 1e-5);
     free(g);
     dp_softmax_xent_backward_ref(dl, probs, y, B, classes);
-    s_be->upload(s_be, d_probs, probs, n * 4); /* the same probs on both sides */
-    s_be->softmax_xent_backward(s_be, B, classes, d_dl, d_probs, d_y);
+    s_be->ops->upload(s_be, d_probs, probs, n * 4); /* the same probs on both sides */
+    s_be->ops->softmax_xent_backward(s_be, B, classes, d_dl, d_probs, d_y);
     g = s_down(d_dl, n);
     snprintf(what, sizeof what, "softmax B%d classes %d dlogits", B, classes);
     GPU_CLOSE(what, g, dl, n, 0, 0); /* same float expression */
@@ -420,28 +420,28 @@ static void test_gpu_device(void)
 
     /* alloc is zeroed; upload / download round trips, pageable and pinned */
     size_t n = 100003;
-    float *d = s_be->alloc(s_be, n * 4);
+    float *d = s_be->ops->alloc(s_be, n * 4);
     float *h = s_down(d, n);
     size_t nonzero = 0;
     for (size_t i = 0; i < n; i++) nonzero += h[i] != 0.0f;
     CHECK_EQ(nonzero, 0);
     float *src = s_rand(n, 1);
-    s_be->upload(s_be, d, src, n * 4);
-    s_be->download(s_be, h, d, n * 4);
+    s_be->ops->upload(s_be, d, src, n * 4);
+    s_be->ops->download(s_be, h, d, n * 4);
     CHECK(memcmp(h, src, n * 4) == 0);
-    float *pin = s_be->host_alloc(s_be, n * 4);
+    float *pin = s_be->ops->host_alloc(s_be, n * 4);
     for (size_t i = 0; i < n; i++) pin[i] = (float)i;
-    s_be->upload(s_be, d, pin, n * 4);
+    s_be->ops->upload(s_be, d, pin, n * 4);
     for (size_t i = 0; i < n; i++) pin[i] = -1.0f; /* reusing the source after upload */
-    s_be->download(s_be, h, d, n * 4);
+    s_be->ops->download(s_be, h, d, n * 4);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += h[i] != (float)i;
     CHECK_EQ(bad, 0);
-    s_be->download(s_be, pin, d, n * 4);
+    s_be->ops->download(s_be, pin, d, n * 4);
     CHECK_EQ(pin[n - 1], (float)(n - 1));
-    s_be->synchronize(s_be);
-    s_be->host_release(s_be, pin);
-    s_be->release(s_be, d);
+    s_be->ops->synchronize(s_be);
+    s_be->ops->host_release(s_be, pin);
+    s_be->ops->release(s_be, d);
     free(h), free(src);
 }
 
@@ -456,7 +456,7 @@ static void test_gpu_conv(void)
         dp_layer_t l = s_conv_layer(5, 13, 11, 7, cfg[i][0], cfg[i][1], cfg[i][2]);
         s_model_of(&m, &l);
         /* planned for 8; run at 3, 8 and 1: the per-batch plans */
-        int rc = s_be->prepare(s_be, &m, 8, err);
+        int rc = s_be->ops->prepare(s_be, &m, 8, err);
         CHECK_EQ(rc, 0);
         if (rc) {
             fprintf(stderr, "  prepare: %s\n", err);
@@ -470,7 +470,7 @@ static void test_gpu_conv(void)
     dp_model_t m;
     dp_layer_t l = s_conv_layer(1, 13, 11, 3, 5, 2, 1);
     s_model_of(&m, &l);
-    CHECK_EQ(s_be->prepare(s_be, &m, 3, err), 0);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, 3, err), 0);
     s_check_conv(&m.layers[0], 3, 1);
 }
 
@@ -484,7 +484,7 @@ static void test_gpu_maxpool(void)
         dp_model_t m;
         dp_layer_t l = s_pool_layer(5, 13, 11, cfg[i][0], cfg[i][1]);
         s_model_of(&m, &l);
-        CHECK_EQ(s_be->prepare(s_be, &m, 3, err), 0);
+        CHECK_EQ(s_be->ops->prepare(s_be, &m, 3, err), 0);
         s_check_pool(&m.layers[0], 3, 0);
         s_check_pool(&m.layers[0], 3, 1);
     }
@@ -498,7 +498,7 @@ static void test_gpu_fc(void)
         dp_model_t m;
         dp_layer_t l = s_fc_layer(cfg[i][0], cfg[i][1]);
         s_model_of(&m, &l);
-        CHECK_EQ(s_be->prepare(s_be, &m, 3, err), 0);
+        CHECK_EQ(s_be->ops->prepare(s_be, &m, 3, err), 0);
         s_check_fc(&m.layers[0], 3);
         s_check_fc(&m.layers[0], 1);
     }
@@ -531,12 +531,12 @@ static void test_gpu_optim_step(void)
         c.weight_decay = 5e-4f;
         size_t ns = n * (size_t)dp_optim_state_per_param(c.kind);
         float *w = s_rand(n, 1), *st = dp_calloc(ns + 1, sizeof(float));
-        float *d_w = s_up(w, n * 4), *d_st = s_be->alloc(s_be, ns * 4 + 4);
+        float *d_w = s_up(w, n * 4), *d_st = s_be->ops->alloc(s_be, ns * 4 + 4);
         for (long t = 1; t <= 3; t++) {
             float *g = s_rand(n, 1), *d_g = s_up(g, n * 4);
             float lr = dp_optim_default_lr(c.kind);
             dp_optim_step(&c, lr, w, g, st, n, t);
-            s_be->optim_step(s_be, &c, lr, d_w, d_g, d_st, n, t);
+            s_be->ops->optim_step(s_be, &c, lr, d_w, d_g, d_st, n, t);
             free(g), s_free(d_g);
         }
         char what[64];
@@ -556,21 +556,21 @@ static void test_gpu_optim_step(void)
 static void test_gpu_copies(void)
 {
     size_t n = (size_t)64 << 20;
-    float *x = s_rand(n, 1), *h = s_be->host_alloc(s_be, n * 4);
-    float *d_in = s_be->alloc(s_be, n * 4), *d_out = s_be->alloc(s_be, n * 4);
+    float *x = s_rand(n, 1), *h = s_be->ops->host_alloc(s_be, n * 4);
+    float *d_in = s_be->ops->alloc(s_be, n * 4), *d_out = s_be->ops->alloc(s_be, n * 4);
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    s_be->upload(s_be, d_out, h, n * 4); /* poison */
+    s_be->ops->upload(s_be, d_out, h, n * 4); /* poison */
     memcpy(h, x, n * 4);
-    s_be->stage_upload(s_be, d_in, h, n * 4);
+    s_be->ops->stage_upload(s_be, d_in, h, n * 4);
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    s_be->relu_forward(s_be, n, d_out, d_in);
-    s_be->download_async(s_be, h, d_out, n * 4);
-    s_be->download_wait(s_be);
+    s_be->ops->relu_forward(s_be, n, d_out, d_in);
+    s_be->ops->download_async(s_be, h, d_out, n * 4);
+    s_be->ops->download_wait(s_be);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += h[i] != (x[i] > 0 ? x[i] : 0.0f);
     if (bad) fprintf(stderr, "  %zu of %zu elements copied before the op wrote them\n", bad, n);
     CHECK_EQ(bad, 0);
-    free(x), s_be->host_release(s_be, h), s_free(d_in), s_free(d_out);
+    free(x), s_be->ops->host_release(s_be, h), s_free(d_in), s_free(d_out);
 }
 
 /* A whole training step of the default network through the executor on the
@@ -589,18 +589,18 @@ static void test_gpu_net_step(void)
     CHECK_EQ(dp_net_init(&cn, &m, cpu, B, err), 0);
     size_t nf = m.n_floats, in = (size_t)B * 28 * 28;
     float *params = dp_malloc(nf * 4), *cg = dp_malloc(nf * 4);
-    float *gg = s_be->host_alloc(s_be, nf * 4);
+    float *gg = s_be->ops->host_alloc(s_be, nf * 4);
     float *x = s_rand(in, 0.5f);
     for (size_t i = 0; i < in; i++) x[i] += 0.5f; /* pixels in [0, 1] */
     int *y = s_labels(B, m.classes);
-    float *d_x = s_be->alloc(s_be, in * 4);
-    int *d_y = s_be->alloc(s_be, (size_t)B * sizeof(int));
+    float *d_x = s_be->ops->alloc(s_be, in * 4);
+    int *d_y = s_be->ops->alloc(s_be, (size_t)B * sizeof(int));
     dp_model_init_params(&m, params, 3);
     dp_net_set_params(&gn, params);
     dp_net_set_params(&cn, params);
     for (size_t i = 0; i < nf; i++) gg[i] = NAN; /* every gradient must arrive */
-    s_be->stage_upload(s_be, d_x, x, in * 4);
-    s_be->stage_upload(s_be, d_y, y, (size_t)B * sizeof(int));
+    s_be->ops->stage_upload(s_be, d_x, x, in * 4);
+    s_be->ops->stage_upload(s_be, d_y, y, (size_t)B * sizeof(int));
     float gl = dp_net_train_step_device(&gn, d_x, d_y, B, gg);
     float cl = dp_net_train_step(&cn, x, y, B);
     dp_net_get_grads(&cn, cg);
@@ -616,7 +616,7 @@ static void test_gpu_net_step(void)
         CHECK(rel <= (s_loose ? 1e-2 : 1e-4)); /* NaN (a gradient never copied) fails */
     }
     free(params), free(cg), free(x), free(y);
-    s_be->host_release(s_be, gg), s_free(d_x), s_free(d_y);
+    s_be->ops->host_release(s_be, gg), s_free(d_x), s_free(d_y);
     dp_net_fini(&gn);
     dp_net_fini(&cn);
     dp_backend_destroy(&cpu);
@@ -629,7 +629,7 @@ static void test_gpu_default_model_b64(void)
     char err[DP_ERR_LEN] = "";
     const int B = 64;
     CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
-    CHECK_EQ(s_be->prepare(s_be, &m, B, err), 0);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, B, err), 0);
     for (int i = 0; i < m.n_layers; i++) {
         const dp_layer_t *l = &m.layers[i];
         switch (l->kind) {
@@ -644,7 +644,7 @@ static void test_gpu_default_model_b64(void)
     s_check_conv(&m.layers[0], 17, 1);
     /* planned at 256, then a short batch whose algorithms want more
      * workspace than 256's did (seen on an H200: conv2 at 16): it grows */
-    CHECK_EQ(s_be->prepare(s_be, &m, 256, err), 0);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, 256, err), 0);
     s_check_conv(&m.layers[3], 16, 1);
 }
 

@@ -378,8 +378,8 @@ static int s_client(dp_ps_client_t **c, const srv_t *s, int wid, const char *nam
     char sec[128], srv[128];
     snprintf(sec, sizeof sec, "%s/%s", s_dir, name ? name : "");
     snprintf(srv, sizeof srv, "%s/srv.pub", s_dir);
-    dp_ps_curve_t k = {sec, srv};
-    return dp_ps_client_new_curve(c, s->endpoint, &s_model, wid, tmo, name ? &k : NULL, NULL, err);
+    dp_ps_client_opts_t o = {.timeout_s = tmo, .curve = {name ? sec : NULL, srv}};
+    return dp_ps_client_new(c, s->endpoint, &s_model, wid, &o, NULL, err);
 }
 
 /* Plain server: a second claimant of a live id and a second chief are
@@ -588,7 +588,7 @@ static void test_server_spoofed_beats(void)
         srv_fill(g, n, 3);
         CHECK_EQ(dp_ps_client_pull(c0, p, err), 0);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c0, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c0, PS_PUSH(g, 1, 8), &r, err), 0);
         double t0 = dp_now();
         int rc = dp_ps_client_pull(c0, p, err); /* held until worker 1 stops counting */
         CHECK_EQ(rc, 0);

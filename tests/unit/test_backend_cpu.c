@@ -34,21 +34,21 @@ static void test_memory(void)
     if (!be) return;
     CHECK_STR(be->name, "cpu");
     size_t n = 1000;
-    float *d = be->alloc(be, n * sizeof(float));
+    float *d = be->ops->alloc(be, n * sizeof(float));
     CHECK_EQ((uintptr_t)d % 64, 0);
     int zero = 1;
     for (size_t i = 0; i < n; i++) zero &= d[i] == 0.0f;
     CHECK(zero);
-    float *h = be->host_alloc(be, n * sizeof(float)), *back = be->host_alloc(be, n * sizeof(float));
+    float *h = be->ops->host_alloc(be, n * sizeof(float)), *back = be->ops->host_alloc(be, n * sizeof(float));
     s_fill(h, n);
-    be->upload(be, d, h, n * sizeof(float));
-    be->synchronize(be);
-    be->download(be, back, d, n * sizeof(float));
+    be->ops->upload(be, d, h, n * sizeof(float));
+    be->ops->synchronize(be);
+    be->ops->download(be, back, d, n * sizeof(float));
     CHECK_CLOSE("roundtrip", back, h, n, 0, 0);
-    be->upload(be, d, h, 0); /* empty copies are fine */
-    be->host_release(be, h);
-    be->host_release(be, back);
-    be->release(be, d);
+    be->ops->upload(be, d, h, 0); /* empty copies are fine */
+    be->ops->host_release(be, h);
+    be->ops->host_release(be, back);
+    be->ops->release(be, d);
     dp_backend_destroy(&be);
     CHECK(be == NULL);
     dp_backend_destroy(&be); /* safe twice */
@@ -63,9 +63,9 @@ static void test_prepare_bad(void)
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
-    CHECK_EQ(be->prepare(be, &m, 0, err), -1);
+    CHECK_EQ(be->ops->prepare(be, &m, 0, err), -1);
     CHECK(strstr(err, "max_batch") != NULL);
-    CHECK_EQ(be->prepare(be, &m, 16, err), 0);
+    CHECK_EQ(be->ops->prepare(be, &m, 16, err), 0);
     dp_backend_destroy(&be);
 }
 
@@ -80,14 +80,14 @@ static void test_ops_match_kernels(void)
     CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool3 conv5x5:6:valid maxpool2 fc:7 relu fc:5 softmax",
                             2, 23, 22, err), 0);
     int B = 3;
-    CHECK_EQ(be->prepare(be, &m, B, err), 0);
+    CHECK_EQ(be->ops->prepare(be, &m, B, err), 0);
     size_t big = (size_t)B * 2 * 23 * 22 * 8;
-    float *x = be->alloc(be, big * sizeof(float)), *g = be->alloc(be, big * sizeof(float));
-    float *y1 = be->alloc(be, big * sizeof(float)), *y2 = dp_aligned_alloc(big * sizeof(float));
-    float *a1 = be->alloc(be, big * sizeof(float)), *a2 = dp_aligned_alloc(big * sizeof(float));
-    float *b1 = be->alloc(be, big * sizeof(float)), *b2 = dp_aligned_alloc(big * sizeof(float));
-    float *c1 = be->alloc(be, big * sizeof(float)), *c2 = dp_aligned_alloc(big * sizeof(float));
-    float *params = be->alloc(be, m.n_floats * sizeof(float));
+    float *x = be->ops->alloc(be, big * sizeof(float)), *g = be->ops->alloc(be, big * sizeof(float));
+    float *y1 = be->ops->alloc(be, big * sizeof(float)), *y2 = dp_aligned_alloc(big * sizeof(float));
+    float *a1 = be->ops->alloc(be, big * sizeof(float)), *a2 = dp_aligned_alloc(big * sizeof(float));
+    float *b1 = be->ops->alloc(be, big * sizeof(float)), *b2 = dp_aligned_alloc(big * sizeof(float));
+    float *c1 = be->ops->alloc(be, big * sizeof(float)), *c2 = dp_aligned_alloc(big * sizeof(float));
+    float *params = be->ops->alloc(be, m.n_floats * sizeof(float));
     dp_model_init_params(&m, params, 3);
     s_fill(x, big);
     s_fill(g, big);
@@ -102,61 +102,61 @@ static void test_ops_match_kernels(void)
             dp_conv_dims_finish(&d);
             CHECK_EQ(d.OH, l->out_h);
             CHECK_EQ(d.OW, l->out_w);
-            be->conv_forward(be, l, B, y1, x, w, b);
+            be->ops->conv_forward(be, l, B, y1, x, w, b);
             dp_conv2d_forward(y2, x, w, b, &d);
             CHECK_CLOSE(l->name, y1, y2, nout, 0, 0);
             size_t nw = m.params[l->weight].count;
-            be->conv_backward(be, l, B, a1, b1, c1, g, x, w);
+            be->ops->conv_backward(be, l, B, a1, b1, c1, g, x, w);
             dp_conv2d_backward(a2, b2, c2, g, x, w, &d);
             CHECK_CLOSE("conv din", a1, a2, nin, 0, 0);
             CHECK_CLOSE("conv dw", b1, b2, nw, 0, 0);
             CHECK_CLOSE("conv db", c1, c2, (size_t)l->out_c, 0, 0);
-            be->conv_backward(be, l, B, NULL, b1, c1, g, x, w);
+            be->ops->conv_backward(be, l, B, NULL, b1, c1, g, x, w);
             CHECK_CLOSE("conv dw, no din", b1, b2, nw, 0, 0);
         } else if (l->kind == DP_LAYER_MAXPOOL) {
             dp_pool_dims_t d = {B, l->in_c, l->in_h, l->in_w, l->k, l->stride, 0, 0};
             dp_pool_dims_finish(&d);
             CHECK_EQ(d.OH, l->out_h);
-            be->maxpool_forward(be, l, B, y1, x);
+            be->ops->maxpool_forward(be, l, B, y1, x);
             dp_maxpool_forward(y2, x, &d);
             CHECK_CLOSE("maxpool", y1, y2, nout, 0, 0);
-            be->maxpool_backward(be, l, B, a1, g, x, y1);
+            be->ops->maxpool_backward(be, l, B, a1, g, x, y1);
             dp_maxpool_backward(a2, g, x, y2, &d);
             CHECK_CLOSE("maxpool din", a1, a2, nin, 0, 0);
         } else if (l->kind == DP_LAYER_RELU) {
-            be->relu_forward(be, nout, y1, x);
+            be->ops->relu_forward(be, nout, y1, x);
             dp_relu_forward(y2, x, nout);
             CHECK_CLOSE("relu", y1, y2, nout, 0, 0);
-            be->relu_backward(be, nout, a1, g, y1);
+            be->ops->relu_backward(be, nout, a1, g, y1);
             dp_relu_backward(a2, g, y2, nout);
             CHECK_CLOSE("relu din", a1, a2, nout, 0, 0);
         } else if (l->kind == DP_LAYER_FC) {
             int IN = l->in_c * l->in_h * l->in_w;
-            be->fc_forward(be, l, B, y1, x, w, b);
+            be->ops->fc_forward(be, l, B, y1, x, w, b);
             dp_fc_forward(y2, x, w, b, B, IN, l->out_c);
             CHECK_CLOSE(l->name, y1, y2, nout, 0, 0);
-            be->fc_backward(be, l, B, a1, b1, c1, g, x, w);
+            be->ops->fc_backward(be, l, B, a1, b1, c1, g, x, w);
             dp_fc_backward(a2, b2, c2, g, x, w, B, IN, l->out_c);
             CHECK_CLOSE("fc din", a1, a2, nin, 0, 0);
             CHECK_CLOSE("fc dw", b1, b2, (size_t)IN * l->out_c, 0, 0);
             CHECK_CLOSE("fc db", c1, c2, (size_t)l->out_c, 0, 0);
         } else if (l->kind == DP_LAYER_SOFTMAX) {
             int labels[3] = {4, 0, 2};
-            int *d_labels = be->alloc(be, sizeof labels);
-            be->upload(be, d_labels, labels, sizeof labels);
+            int *d_labels = be->ops->alloc(be, sizeof labels);
+            be->ops->upload(be, d_labels, labels, sizeof labels);
             float l1 = 0;
-            be->softmax_xent_forward(be, B, m.classes, y1, &l1, x, d_labels);
+            be->ops->softmax_xent_forward(be, B, m.classes, y1, &l1, x, d_labels);
             float l2 = dp_softmax_xent_forward(y2, x, labels, B, m.classes);
             CHECK_NEAR(l1, l2, 0);
             CHECK_CLOSE("softmax", y1, y2, nout, 0, 0);
-            be->softmax_xent_backward(be, B, m.classes, a1, y1, d_labels);
+            be->ops->softmax_xent_backward(be, B, m.classes, a1, y1, d_labels);
             dp_softmax_xent_backward(a2, y2, labels, B, m.classes);
             CHECK_CLOSE("softmax grad", a1, a2, nout, 0, 0);
-            be->release(be, d_labels);
+            be->ops->release(be, d_labels);
         }
     }
-    be->release(be, x), be->release(be, g), be->release(be, y1), be->release(be, a1);
-    be->release(be, b1), be->release(be, c1), be->release(be, params);
+    be->ops->release(be, x), be->ops->release(be, g), be->ops->release(be, y1), be->ops->release(be, a1);
+    be->ops->release(be, b1), be->ops->release(be, c1), be->ops->release(be, params);
     free(y2), free(a2), free(b2), free(c2);
     dp_backend_destroy(&be);
 }
@@ -175,19 +175,19 @@ static void test_optim_step(void)
         c.kind = (dp_optim_kind_t)k;
         c.weight_decay = 0.01f;
         size_t ns = n * (size_t)dp_optim_state_per_param(c.kind) + 1;
-        float *w = be->alloc(be, n * sizeof(float)), *g = be->alloc(be, n * sizeof(float));
-        float *st = be->alloc(be, ns * sizeof(float));
+        float *w = be->ops->alloc(be, n * sizeof(float)), *g = be->ops->alloc(be, n * sizeof(float));
+        float *st = be->ops->alloc(be, ns * sizeof(float));
         float *w2 = dp_malloc(n * sizeof(float)), *st2 = dp_calloc(ns, sizeof(float));
         s_fill(w, n);
         memcpy(w2, w, n * sizeof(float));
         for (long t = 1; t <= 3; t++) {
             s_fill(g, n);
-            be->optim_step(be, &c, 0.01f, w, g, st, n, t);
+            be->ops->optim_step(be, &c, 0.01f, w, g, st, n, t);
             dp_optim_step(&c, 0.01f, w2, g, st2, n, t);
         }
         CHECK_CLOSE(dp_optim_kind_name(c.kind), w, w2, n, 0, 0);
         CHECK_CLOSE("state", st, st2, ns, 0, 0);
-        be->release(be, w), be->release(be, g), be->release(be, st);
+        be->ops->release(be, w), be->ops->release(be, g), be->ops->release(be, st);
         free(w2), free(st2);
     }
     /* w = 1, g = 0.5, lr 0.1, mu 0.9 */
@@ -195,10 +195,10 @@ static void test_optim_step(void)
     dp_optim_conf_default(&c);
     c.kind = DP_OPT_MOMENTUM;
     float w = 1.0f, v = 0.0f, g = 0.5f;
-    be->optim_step(be, &c, 0.1f, &w, &g, &v, 1, 1); /* v = 0.5, w = 0.95 */
+    be->ops->optim_step(be, &c, 0.1f, &w, &g, &v, 1, 1); /* v = 0.5, w = 0.95 */
     CHECK_NEAR(v, 0.5, 1e-7);
     CHECK_NEAR(w, 0.95, 1e-7);
-    be->optim_step(be, &c, 0.1f, &w, &g, &v, 1, 2); /* v = 0.95, w = 0.855 */
+    be->ops->optim_step(be, &c, 0.1f, &w, &g, &v, 1, 2); /* v = 0.95, w = 0.855 */
     CHECK_NEAR(v, 0.95, 1e-7);
     CHECK_NEAR(w, 0.855, 1e-6);
     dp_backend_destroy(&be);
@@ -210,14 +210,14 @@ static void test_copies(void)
     dp_backend_t *be = NULL;
     dp_backend_cpu_new(&be, NULL);
     size_t n = 1001;
-    float *src = be->host_alloc(be, n * sizeof(float)), *dst = be->host_alloc(be, n * sizeof(float));
-    float *d = be->alloc(be, n * sizeof(float));
+    float *src = be->ops->host_alloc(be, n * sizeof(float)), *dst = be->ops->host_alloc(be, n * sizeof(float));
+    float *d = be->ops->alloc(be, n * sizeof(float));
     s_fill(src, n);
-    be->stage_upload(be, d, src, n * sizeof(float));
-    be->download_async(be, dst, d, n * sizeof(float));
-    be->download_wait(be);
+    be->ops->stage_upload(be, d, src, n * sizeof(float));
+    be->ops->download_async(be, dst, d, n * sizeof(float));
+    be->ops->download_wait(be);
     CHECK_CLOSE("round trip", dst, src, n, 0, 0);
-    be->host_release(be, src), be->host_release(be, dst), be->release(be, d);
+    be->ops->host_release(be, src), be->ops->host_release(be, dst), be->ops->release(be, d);
     dp_backend_destroy(&be);
 }
 

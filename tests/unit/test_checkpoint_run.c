@@ -342,10 +342,10 @@ static void test_server_checkpoint_failures_are_loud(void)
     srv_fill(g, m.n_floats, 1);
     dp_ps_client_t *c = NULL;
     dp_push_result_t r;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &m, 0, 5.0, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &m, 0, PS_OPTS(5.0), NULL, err), 0);
     for (int i = 0; c && i < 2; i++) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0); /* applied: versions 1, 2 */
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0); /* applied: versions 1, 2 */
     }
     dp_ps_client_destroy(&c);
     CHECK_EQ(srv_stop(&s), -1); /* the final checkpoint (version 2) fails too */

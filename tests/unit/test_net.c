@@ -134,7 +134,7 @@ static void test_loss_falls_under_sgd(void)
     float *params = dp_malloc(m.n_floats * sizeof(float));
     dp_model_init_params(&m, params, 3);
     dp_net_set_params(&net, params);
-    float *v = be->alloc(be, m.n_floats * sizeof(float));
+    float *v = be->ops->alloc(be, m.n_floats * sizeof(float));
     dp_optim_conf_t opt;
     dp_optim_conf_default(&opt);
     opt.kind = DP_OPT_MOMENTUM;
@@ -146,7 +146,7 @@ static void test_loss_falls_under_sgd(void)
     for (int step = 0; step < 150; step++) {
         s_quadrant_batch(&r, x, y, B);
         float loss = dp_net_train_step(&net, x, y, B);
-        be->optim_step(be, &opt, 0.05f, net.d_params, net.d_grads, v, m.n_floats, step + 1);
+        be->ops->optim_step(be, &opt, 0.05f, net.d_params, net.d_grads, v, m.n_floats, step + 1);
         if (step < 10) first += loss / 10;
         if (step >= 140) last += loss / 10;
     }
@@ -156,7 +156,7 @@ static void test_loss_falls_under_sgd(void)
     s_quadrant_batch(&r, x, y, B);
     dp_net_evaluate(&net, x, y, B, &correct);
     CHECK(correct >= 14);
-    be->release(be, v);
+    be->ops->release(be, v);
     dp_net_fini(&net);
     dp_backend_destroy(&be);
     free(params);
@@ -255,22 +255,22 @@ static void test_train_step_device_copies_grads(void)
     dp_rng_seed(&r, 12);
     size_t in = (size_t)B * 2 * 9 * 7, nf = m.n_floats;
     float *params = dp_malloc(nf * sizeof(float)), *g1 = dp_malloc(nf * sizeof(float));
-    float *g2 = be->host_alloc(be, nf * sizeof(float));
-    float *x = dp_malloc(in * sizeof(float)), *d_x = be->alloc(be, in * sizeof(float));
-    int y[5] = {0, 2, 1, 1, 0}, *d_y = be->alloc(be, sizeof y);
+    float *g2 = be->ops->host_alloc(be, nf * sizeof(float));
+    float *x = dp_malloc(in * sizeof(float)), *d_x = be->ops->alloc(be, in * sizeof(float));
+    int y[5] = {0, 2, 1, 1, 0}, *d_y = be->ops->alloc(be, sizeof y);
     s_random(x, in, &r, 1.0f);
     for (size_t i = 0; i < nf; i++) g2[i] = NAN; /* every element must be written */
     dp_model_init_params(&m, params, 6);
     dp_net_set_params(&net, params);
     float l1 = dp_net_train_step(&net, x, y, B);
     dp_net_get_grads(&net, g1);
-    be->stage_upload(be, d_x, x, in * sizeof(float));
-    be->stage_upload(be, d_y, y, sizeof y);
+    be->ops->stage_upload(be, d_x, x, in * sizeof(float));
+    be->ops->stage_upload(be, d_y, y, sizeof y);
     memset(net.d_grads, 0, nf * sizeof(float));
     float l2 = dp_net_train_step_device(&net, d_x, d_y, B, g2);
     CHECK_EQ(l1, l2);
     CHECK(memcmp(g1, g2, nf * sizeof(float)) == 0);
-    be->release(be, d_x), be->release(be, d_y), be->host_release(be, g2);
+    be->ops->release(be, d_x), be->ops->release(be, d_y), be->ops->host_release(be, g2);
     free(params), free(g1), free(x);
     dp_net_fini(&net);
     dp_backend_destroy(&be);

@@ -1,5 +1,5 @@
 /* test_pipeline: the worker's communication thread (worker/pipeline.h) and
- * the stamped push under it (dp_ps_client_push_stamped), against real
+ * the stamped push under it (dp_ps_push_t.stamp), against real
  * servers in threads of this process on loopback (plain SGD, lr 0.1, so
  * every weight is a known sum of the gradients applied).
  *  - a push carries the versions of the pull it names, not the last pull's
@@ -25,6 +25,9 @@
 #include "worker/ps_client.h"
 
 #define TMO 5.0 /* client timeout in these tests */
+/* A push of g (loss 1, batch 8) as step st, stamped with sp. */
+#define PUSH_STAMPED(sp, st, g) \
+    (&(dp_ps_push_t){.grads = (g), .loss = 1, .batch = 8, .step = (st), .stamp = (sp)})
 
 static dp_model_t s_small;
 static void s_small_model(void) { srv_small_model(&s_small); }
@@ -41,7 +44,7 @@ static void test_push_stamped(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         size_t n = s_small.n_floats;
         float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
@@ -52,7 +55,7 @@ static void test_push_stamped(void)
         dp_ps_client_stamp(c, &a);
         CHECK_EQ(a.n, 1);
         CHECK_EQ(dp_ps_stamp_sum(&a), 0);
-        CHECK_EQ(dp_ps_client_push_stamped(c, &a, 1, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PUSH_STAMPED(&a, 1, g), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(r.staleness_max, 0);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
@@ -60,15 +63,15 @@ static void test_push_stamped(void)
         CHECK_EQ(dp_ps_stamp_sum(&b), 1);
         /* stamped with version 0 while the shard is at 1: 1 stale (a plain
          * push would carry version 1 and be fresh) */
-        CHECK_EQ(dp_ps_client_push_stamped(c, &a, 2, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PUSH_STAMPED(&a, 2, g), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(r.staleness_max, 1);
         CHECK_EQ(dp_ps_client_version(c), 1); /* the last pull's, put back */
-        CHECK_EQ(dp_ps_client_push_step(c, 3, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(3, g, 1, 8), &r, err), 0);
         CHECK_EQ(r.staleness_max, 1); /* version 1 at shard version 2 */
         dp_ps_stamp_t bad = a;
         bad.n = 2;
-        CHECK_EQ(dp_ps_client_push_stamped(c, &bad, 4, g, 1, 8, &r, err), -1);
+        CHECK_EQ(dp_ps_client_push(c, PUSH_STAMPED(&bad, 4, g), &r, err), -1);
         CHECK(strstr(err, "stamped for 2 shard(s) on a client of 1") != NULL);
         free(p), free(g);
     }
@@ -93,7 +96,7 @@ static void test_overlapped_order(void)
     char err[DP_ERR_LEN] = "", eps[600];
     snprintf(eps, sizeof eps, "%s,%s", s0.endpoint, s1.endpoint);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (!c) {
         fprintf(stderr, "  %s\n", err);
         srv_stop(&s0), srv_stop(&s1);
@@ -170,7 +173,7 @@ static void test_failure_and_teardown(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         size_t n = s_small.n_floats;
         float *p = dp_malloc(n * 4), *g = dp_calloc(n, 4);

@@ -33,7 +33,7 @@ static void s_small_model(void) { srv_small_model(&s_small); }
 
 /* Async, plain SGD: one push moves the weights by exactly -lr * g, starting
  * from dp_model_init_params(seed). */
-static void test_async_sgd_exact(void)
+static void s_async_sgd_exact(const dp_ps_client_opts_t *o)
 {
     s_small_model();
     srv_t s;
@@ -42,7 +42,7 @@ static void test_async_sgd_exact(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     dp_ps_info_t info;
-    int rc = dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, &info, err);
+    int rc = dp_ps_client_new(&c, s.endpoint, &s_small, 0, o, &info, err);
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "  %s\n", err);
     if (c) {
@@ -57,7 +57,7 @@ static void test_async_sgd_exact(void)
         CHECK_CLOSE("initial weights", p0, init, n, 0, 0);
         srv_fill(g, n, 1);
         dp_push_result_t res;
-        CHECK_EQ(dp_ps_client_push(c, g, 1.5f, 32, &res, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1.5f, 32), &res, err), 0);
         CHECK_EQ(res.applied, 1);
         CHECK_EQ(res.dropped + res.rejected, 0);
         CHECK_EQ(res.version, 1);
@@ -68,8 +68,8 @@ static void test_async_sgd_exact(void)
         for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
         CHECK_CLOSE("w - lr*g", p1, want, n, 0, 0);
         /* A second push on the old version: staleness 1, still applied. */
-        CHECK_EQ(dp_ps_client_push(c, g, 1.0f, 32, &res, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g, 1.0f, 32, &res, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1.0f, 32), &res, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1.0f, 32), &res, err), 0);
         CHECK_EQ(res.applied, 1);
         CHECK_EQ(res.staleness_max, 1);
         dp_ps_stats_t st;
@@ -86,6 +86,11 @@ static void test_async_sgd_exact(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
+static void test_async_sgd_exact(void)
+{
+    s_async_sgd_exact(PS_OPTS(TMO));
+}
+
 /* Sync, R = 2 of 3 workers: two pushes make one step with their average;
  * the third worker's push on the old version is dropped (backup worker);
  * a second push by the same worker on one version is not counted twice. */
@@ -99,7 +104,7 @@ static void test_sync_aggregate_backup(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c[3] = {0};
     dp_ps_info_t info;
-    for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_new(&c[i], s.endpoint, &s_small, i, TMO, &info, err), 0);
+    for (int i = 0; i < 3; i++) CHECK_EQ(dp_ps_client_new(&c[i], s.endpoint, &s_small, i, PS_OPTS(TMO), &info, err), 0);
     if (c[0] && c[1] && c[2]) {
         CHECK_EQ(info.replicas, 2);
         size_t n = s_small.n_floats;
@@ -109,16 +114,16 @@ static void test_sync_aggregate_backup(void)
         srv_fill(ga, n, 11);
         srv_fill(gb, n, 12);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c[0], ga, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c[0], PS_PUSH(ga, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(r.version, 0); /* accumulated, no step yet */
-        CHECK_EQ(dp_ps_client_push(c[0], ga, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c[0], PS_PUSH(ga, 1, 8), &r, err), 0);
         CHECK_EQ(r.dropped, 1);
         CHECK(strstr(r.reason, "duplicate: worker 0 already contributed to version 0") != NULL);
-        CHECK_EQ(dp_ps_client_push(c[1], gb, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c[1], PS_PUSH(gb, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(r.version, 1); /* this push completed the aggregate */
-        CHECK_EQ(dp_ps_client_push(c[2], ga, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c[2], PS_PUSH(ga, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 0);
         CHECK_EQ(r.dropped, 1);
         CHECK(strstr(r.reason, "stale: computed on version 0, current 1") != NULL);
@@ -175,8 +180,8 @@ static void test_sync_defer_and_finish(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *a = NULL, *b = NULL;
-    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (a && b) {
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
@@ -184,13 +189,13 @@ static void test_sync_defer_and_finish(void)
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(a, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.version, 0);
         puller_t p = {a, pa, 0, 0, ""};
         pthread_t th;
         pthread_create(&th, NULL, s_puller, &p);
         CHECK_EQ(s_wait_done(&p, 0.3), 0); /* deferred: B has not pushed */
-        CHECK_EQ(dp_ps_client_push(b, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(b, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.version, 1);
         CHECK_EQ(s_wait_done(&p, 5), 1); /* released by the step */
         pthread_join(th, NULL);
@@ -200,7 +205,7 @@ static void test_sync_defer_and_finish(void)
         CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
         CHECK_EQ(dp_ps_client_finish(b, err), 0);
         for (int k = 0; k < 3; k++) {
-            CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+            CHECK_EQ(dp_ps_client_push(a, PS_PUSH(g, 1, 8), &r, err), 0);
             CHECK_EQ(r.applied, 1);
             CHECK_EQ(r.version, 2 + k);
             double t0 = dp_now();
@@ -231,15 +236,15 @@ static void test_sync_heartbeat_timeout(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *a = NULL, *b = NULL;
-    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (a && b) {
         size_t n = s_small.n_floats;
         float *pa = dp_malloc(n * 4), *pb = dp_malloc(n * 4), *g = dp_malloc(n * 4);
         srv_fill(g, n, 5);
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(a, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.version, 0); /* worker 1's gradient is still awaited */
         /* Worker 1's last message: sent no earlier than t_last. */
         double t_last = dp_now();
@@ -271,8 +276,8 @@ static void test_ssp_zero_lockstep(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *a = NULL, *b = NULL;
     dp_ps_info_t info;
-    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, TMO, &info, err), 0);
-    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&a, s.endpoint, &s_small, 0, PS_OPTS(TMO), &info, err), 0);
+    CHECK_EQ(dp_ps_client_new(&b, s.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (a && b) {
         CHECK_EQ(info.mode, DP_MODE_SSP);
         CHECK_EQ(info.staleness, 0);
@@ -282,14 +287,14 @@ static void test_ssp_zero_lockstep(void)
         CHECK_EQ(dp_ps_client_pull(a, pa, err), 0);
         CHECK_EQ(dp_ps_client_pull(b, pb, err), 0);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(a, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(a, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1); /* ssp applies on arrival */
         CHECK_EQ(r.version, 1);
         puller_t p = {a, pa, 0, 0, ""};
         pthread_t th;
         pthread_create(&th, NULL, s_puller, &p);
         CHECK_EQ(s_wait_done(&p, 0.3), 0); /* A is 1 ahead of B > S = 0 */
-        CHECK_EQ(dp_ps_client_push(b, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(b, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.staleness_max, 1); /* B computed on version 0 */
         CHECK_EQ(s_wait_done(&p, 5), 1);
         pthread_join(th, NULL);
@@ -306,11 +311,13 @@ static void test_ssp_zero_lockstep(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-/* Pushes g1, g2 through endpoints, returns the final weights in out. */
-static int s_two_pushes(const char *endpoints, const dp_model_t *m, float *out, char *err)
+/* Pushes g1, g2 through endpoints with a client made with o, returns the
+ * final weights in out. */
+static int s_two_pushes(const char *endpoints, const dp_model_t *m, const dp_ps_client_opts_t *o,
+                        float *out, char *err)
 {
     dp_ps_client_t *c = NULL;
-    if (dp_ps_client_new(&c, endpoints, m, 0, TMO, NULL, err) != 0) return -1;
+    if (dp_ps_client_new(&c, endpoints, m, 0, o, NULL, err) != 0) return -1;
     size_t n = m->n_floats;
     float *g = dp_malloc(n * 4);
     int rc = -1;
@@ -318,7 +325,7 @@ static int s_two_pushes(const char *endpoints, const dp_model_t *m, float *out, 
     for (int k = 0; k < 2; k++) {
         if (dp_ps_client_pull(c, out, err) != 0) goto done;
         srv_fill(g, n, 100 + k);
-        if (dp_ps_client_push(c, g, 1, 8, &r, err) != 0 || r.dropped || r.rejected) goto done;
+        if (dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err) != 0 || r.dropped || r.rejected) goto done;
     }
     if (dp_ps_client_pull(c, out, err) != 0) goto done;
     rc = 0;
@@ -330,7 +337,7 @@ done:
 
 /* 2 shards (fc1.weight split between them) give exactly the weights of 1
  * shard after the same pushes, with a stateful optimizer. */
-static void test_two_shards_equal_one(void)
+static void s_two_shards_equal_one(const dp_ps_client_opts_t *o)
 {
     s_small_model();
     srv_t one, s0, s1;
@@ -352,22 +359,27 @@ static void test_two_shards_equal_one(void)
     size_t n = s_small.n_floats;
     float *a = dp_malloc(n * 4), *b = dp_malloc(n * 4);
     char err[DP_ERR_LEN] = "", eps[600];
-    CHECK_EQ(s_two_pushes(one.endpoint, &s_small, a, err), 0);
+    CHECK_EQ(s_two_pushes(one.endpoint, &s_small, o, a, err), 0);
     snprintf(eps, sizeof eps, "%s,%s", s0.endpoint, s1.endpoint);
-    int rc = s_two_pushes(eps, &s_small, b, err);
+    int rc = s_two_pushes(eps, &s_small, o, b, err);
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "  %s\n", err);
     CHECK_CLOSE("2 shards vs 1", b, a, n, 0, 0);
     /* Endpoints in the wrong order are refused with a clear line. */
     snprintf(eps, sizeof eps, "%s,%s", s1.endpoint, s0.endpoint);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, eps, &s_small, 0, PS_OPTS(TMO), NULL, err), -1);
     CHECK(strstr(err, "but it is listed at position") != NULL);
     /* A missing shard is refused too. */
-    CHECK_EQ(dp_ps_client_new(&c, s0.endpoint, &s_small, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s0.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), -1);
     CHECK(strstr(err, "shard 0 of 2") != NULL);
     free(a), free(b);
     for (int i = 0; i < 3; i++) CHECK_EQ(srv_stop(all[i]), 0);
+}
+
+static void test_two_shards_equal_one(void)
+{
+    s_two_shards_equal_one(PS_OPTS(TMO));
 }
 
 static void test_fingerprint_mismatch(void)
@@ -380,7 +392,7 @@ static void test_fingerprint_mismatch(void)
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&other, "conv3x3:3 relu maxpool2 fc:4 softmax", 1, 8, 8, err), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, PS_OPTS(TMO), NULL, err), -1);
     CHECK(c == NULL);
     CHECK(strstr(err, "model mismatch: this shard serves another model than the worker's 'conv3x3:3") != NULL);
     /* Not the server's spec nor its fingerprint: all a HELLO needs (issue 19, hole 8). */
@@ -389,17 +401,25 @@ static void test_fingerprint_mismatch(void)
     CHECK(strstr(err, "conv3x3:2") == NULL);
     CHECK(strstr(err, fp) == NULL);
     fprintf(stderr, "  (expected) %s\n", err);
+    /* A spec of a real size makes the line ~300 characters: the user gets
+     * it whole, to its last words (no error text is cut). */
+    CHECK_EQ(dp_model_parse(&other, "conv3x3:8 relu conv3x3:16 relu maxpool2 conv3x3:32 relu fc:64 "
+                                    "relu fc:4 softmax", 1, 8, 8, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, PS_OPTS(TMO), NULL, err), -1);
+    const char *tail = "check --model and the data set on both sides (the shard's log names its own)";
+    CHECK(strlen(err) > 280);
+    CHECK(strlen(err) > strlen(tail) && strcmp(err + strlen(err) - strlen(tail), tail) == 0);
     /* Same spec, other input shape: refused as well. */
     CHECK_EQ(dp_model_parse(&other, SRV_SMALL_SPEC, 1, 10, 10, err), 0);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, PS_OPTS(TMO), NULL, err), -1);
     CHECK(strstr(err, "on 1x10x10") != NULL);
     /* A worker id beyond --workers is refused. */
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 5, TMO, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 5, PS_OPTS(TMO), NULL, err), -1);
     CHECK(strstr(err, "worker id 5 out of range") != NULL);
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-static void test_nan_rejected(void)
+static void s_nan_rejected(const dp_ps_client_opts_t *o)
 {
     s_small_model();
     srv_t s;
@@ -407,7 +427,7 @@ static void test_nan_rejected(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, o, NULL, err), 0);
     if (c) {
         size_t n = s_small.n_floats;
         float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
@@ -415,12 +435,12 @@ static void test_nan_rejected(void)
         srv_fill(g, n, 9);
         g[n / 3] = NAN;
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.rejected, 1);
         CHECK_EQ(r.applied, 0);
         CHECK(strstr(r.reason, "non-finite gradient") != NULL);
         g[n / 3] = INFINITY;
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.rejected, 1);
         CHECK_EQ(dp_ps_client_pull(c, p1, err), 0);
         CHECK_CLOSE("weights unchanged", p1, p0, n, 0, 0);
@@ -433,6 +453,11 @@ static void test_nan_rejected(void)
     }
     dp_ps_client_destroy(&c);
     CHECK_EQ(srv_stop(&s), 0);
+}
+
+static void test_nan_rejected(void)
+{
+    s_nan_rejected(PS_OPTS(TMO));
 }
 
 /* ---- malformed messages on a raw socket ------------------------------- */
@@ -510,7 +535,7 @@ static void test_malformed_envelopes(void)
     char err[DP_ERR_LEN] = "";
     /* A real worker joins first, so that a valid push would be applied. */
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     size_t n = s_small.n_floats;
     float *p0 = dp_malloc(n * 4), *p1 = dp_malloc(n * 4), *g = dp_malloc(n * 4);
     if (c) CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
@@ -640,7 +665,7 @@ static void test_oversized_refused(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "", text[DP_ERR_LEN + 200] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     void *ctx = zmq_ctx_new();
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0, tmo = 10000;
@@ -691,7 +716,7 @@ static void test_oversized_refused(void)
         srv_fill(g, n, 5);
         dp_push_result_t res;
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &res, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &res, err), 0);
         CHECK_EQ(res.applied, 1);
         CHECK_EQ(res.version, 1);
         free(p), free(g);
@@ -732,12 +757,12 @@ static void test_checkpoint_restore(void)
     ref.cfg.optim.kind = DP_OPT_ADAM;
     CHECK_EQ(srv_start(&ref), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, ref.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, ref.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g1, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g1, 1, 8), &r, err), 0);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g2, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g2, 1, 8), &r, err), 0);
         CHECK_EQ(dp_ps_client_pull(c, want, err), 0);
     }
     dp_ps_client_destroy(&c);
@@ -748,10 +773,10 @@ static void test_checkpoint_restore(void)
     s.cfg.optim.kind = DP_OPT_ADAM;
     snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", dir);
     CHECK_EQ(srv_start(&s), 0);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g1, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g1, 1, 8), &r, err), 0);
         CHECK_EQ(dp_ps_client_pull(c, after1, err), 0);
         CHECK_EQ(dp_ps_client_shutdown_servers(c, err), 0);
     }
@@ -766,12 +791,12 @@ static void test_checkpoint_restore(void)
     s2.cfg.resume = 1; /* the first life ended with SHUTDOWN: a finished run */
     snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", dir);
     CHECK_EQ(srv_start(&s2), 0);
-    CHECK_EQ(dp_ps_client_new(&c, s2.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s2.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(dp_ps_client_version(c), 1);
         CHECK_CLOSE("restored weights", p, after1, n, 0, 0);
-        CHECK_EQ(dp_ps_client_push(c, g2, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g2, 1, 8), &r, err), 0);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_CLOSE("restored optimizer state", p, want, n, 0, 0);
     }
@@ -829,16 +854,17 @@ static void test_dead_server_times_out(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     double t0 = dp_now();
-    CHECK_EQ(dp_ps_client_new(&c, ep, &s_small, 0, 1.0, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, ep, &s_small, 0, PS_OPTS(1.0), NULL, err), -1);
     double dt = dp_now() - t0;
     CHECK(dt >= 0.9 && dt < 3.0);
     CHECK(strstr(err, "no reply in 1 s (is downpour-ps running?)") != NULL);
     CHECK(strstr(err, ep) != NULL);
+    CHECK(strstr(err, "start-up: no reply in 1 s (is downpour-ps running?) from ps shard 0 at ") != NULL);
     fprintf(stderr, "  (expected) %s\n", err);
     srv_t s;
     srv_init(&s, DP_MODE_ASYNC, 1);
     CHECK_EQ(srv_start(&s), 0);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, 1.0, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(1.0), NULL, err), 0);
     CHECK_EQ(srv_stop(&s), 0);
     if (c) {
         float *p = dp_malloc(s_small.n_floats * 4), *g = dp_calloc(s_small.n_floats, 4);
@@ -847,7 +873,7 @@ static void test_dead_server_times_out(void)
         CHECK(dp_now() - t0 < 3.0);
         CHECK(strstr(err, "no reply in 1 s") != NULL);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 1, &r, err), -1); /* never pulled */
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 1), &r, err), -1); /* never pulled */
         free(p), free(g);
     }
     dp_ps_client_destroy(&c);
@@ -912,19 +938,19 @@ static void test_roundtrip_time(void)
             snprintf(eps + l, sizeof eps - l, "%s%s", i ? "," : "", s[i].endpoint);
         }
         dp_ps_client_t *c = NULL;
-        CHECK_EQ(dp_ps_client_new(&c, eps, &m, 0, TMO, NULL, err), 0);
+        CHECK_EQ(dp_ps_client_new(&c, eps, &m, 0, PS_OPTS(TMO), NULL, err), 0);
         if (c) {
             const int iters = 20;
             int ok = 1;
             dp_push_result_t r;
             for (int k = 0; k < 3 && ok; k++) /* warm up */
-                ok = dp_ps_client_pull(c, p, err) == 0 && dp_ps_client_push(c, g, 1, 1, &r, err) == 0;
+                ok = dp_ps_client_pull(c, p, err) == 0 && dp_ps_client_push(c, PS_PUSH(g, 1, 1), &r, err) == 0;
             double t0 = dp_now(), tpull = 0;
             for (int k = 0; k < iters && ok; k++) {
                 double a = dp_now();
                 ok = dp_ps_client_pull(c, p, err) == 0;
                 tpull += dp_now() - a;
-                ok = ok && dp_ps_client_push(c, g, 1, 1, &r, err) == 0 && r.applied == shards;
+                ok = ok && dp_ps_client_push(c, PS_PUSH(g, 1, 1), &r, err) == 0 && r.applied == shards;
             }
             double dt = (dp_now() - t0) / iters;
             CHECK(ok);
@@ -943,11 +969,10 @@ static void test_roundtrip_time(void)
  * it by default); the same cases with tensors as ZeroMQ frames. */
 static void test_frames_transport(void)
 {
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
-    test_async_sgd_exact();
-    test_nan_rejected();
-    test_two_shards_equal_one();
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    s_async_sgd_exact(&frames);
+    s_nan_rejected(&frames);
+    s_two_shards_equal_one(&frames);
 }
 
 /* --wire bf16: the server applies exactly the gradient rounded to bfloat16
@@ -961,13 +986,12 @@ static void test_bf16_wire(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL, *c32 = NULL;
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
-    dp_ps_client_default_wire(1);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    dp_ps_client_default_wire(0);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    /* the CRC of the bf16 bytes, both ways */
+    dp_ps_client_opts_t bf16 = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ,
+                                .wire = DP_PS_WIRE_BF16, .crc = DP_PS_CRC_ON};
+    dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &bf16, NULL, err), 0);
     if (c) {
-        dp_ps_client_set_checksum(c, 1); /* the CRC of the bf16 bytes, both ways */
         size_t n = s_small.n_floats;
         float *w0 = dp_malloc(n * 4), *p16 = dp_malloc(n * 4), *g = dp_malloc(n * 4),
               *want = dp_malloc(n * 4), *w1 = dp_malloc(n * 4);
@@ -979,20 +1003,18 @@ static void test_bf16_wire(void)
         CHECK_CLOSE("pulled weights = bf16(w)", p16, want, n, 0, 0);
         srv_fill(g, n, 3);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         dp_wire_to_bf16(h, g, n);
         dp_wire_from_bf16(want, h, n);
         for (size_t i = 0; i < n; i++) want[i] = w0[i] - 0.1f * want[i];
-        CHECK_EQ(dp_ps_client_new(&c32, s.endpoint, &s_small, 0, TMO, NULL, err), -1); /* id taken */
+        CHECK_EQ(dp_ps_client_new(&c32, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), -1); /* id taken */
         g[5] = 3.4e38f; /* finite in float32, Inf in bf16 */
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.rejected, 1);
         dp_ps_client_destroy(&c);
         /* the same worker id again, float32 this time: the exact master weights */
-        dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
-        CHECK_EQ(dp_ps_client_new(&c32, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-        dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+        CHECK_EQ(dp_ps_client_new(&c32, s.endpoint, &s_small, 0, &frames, NULL, err), 0);
         if (c32) {
             CHECK_EQ(dp_ps_client_pull(c32, w1, err), 0);
             CHECK_CLOSE("w - lr * bf16(g), in float32", w1, want, n, 0, 0);
@@ -1015,9 +1037,9 @@ static void test_shm_granted(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
+    dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &shm, NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_shm_shards(c), 1);
         size_t n = s_small.n_floats;
@@ -1054,11 +1076,9 @@ static void test_shm_granted(void)
         free(p0), free(p1), free(g);
     }
     dp_ps_client_destroy(&c);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &frames, NULL, err), 0);
     if (c) CHECK_EQ(dp_ps_client_shm_shards(c), 0);
     dp_ps_client_destroy(&c);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
     CHECK_EQ(srv_stop(&s), 0);
 }
 
@@ -1090,11 +1110,9 @@ static void s_pull_to_case(const char *eps, const dp_model_t *m, dp_ps_transport
 {
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    dp_ps_client_default_transport(transport);
-    dp_ps_client_default_wire(bf16);
-    CHECK_EQ(dp_ps_client_new(&c, eps, m, worker, TMO, NULL, err), 0);
-    dp_ps_client_default_wire(0);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    dp_ps_client_opts_t o = {.timeout_s = TMO, .transport = transport,
+                             .wire = bf16 ? DP_PS_WIRE_BF16 : DP_PS_WIRE_FP32};
+    CHECK_EQ(dp_ps_client_new(&c, eps, m, worker, &o, NULL, err), 0);
     if (!c) return;
     CHECK_EQ(dp_ps_client_shm_shards(c), transport == DP_PS_TRANSPORT_SHM ? 2 : 0);
     size_t n = m->n_floats;
@@ -1103,7 +1121,7 @@ static void s_pull_to_case(const char *eps, const dp_model_t *m, dp_ps_transport
     dp_push_result_t r;
     CHECK_EQ(dp_ps_client_pull(c, want, err), 0);
     srv_fill(g, n, 11 + worker);
-    CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
     CHECK_EQ(r.applied, 2);
     CHECK_EQ(dp_ps_client_pull(c, want, err), 0);
     CHECK_EQ(dp_ps_client_pull_to(c, s_sink, &k, err), 0);

@@ -179,7 +179,7 @@ static void test_unread_params_bounded(void)
     /* The other worker: served while the peer's replies pile up, until the
      * shard has applied every push the peer sent (the event waited for). */
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &m, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &m, 0, PS_OPTS(TMO), NULL, err), 0);
     int served = 0;
     double t0 = dp_now();
     while (c && dp_now() - t0 < 30) {
@@ -196,7 +196,7 @@ static void test_unread_params_bounded(void)
     CHECK(held <= bound);
     if (c) {
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(dp_ps_client_version(c), pairs + 1);
@@ -390,7 +390,7 @@ static void test_step_bounded(void)
     CHECK_STR(r.text, "");  /* not a "repeat" */
     zmq_close(bad);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (c) { /* the chief asks (only it may ask STATS) */
         dp_ps_stats_t st;
         CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
@@ -411,25 +411,25 @@ static void test_step_bounded(void)
     snprintf(s2.cfg.checkpoint_dir, sizeof s2.cfg.checkpoint_dir, "%s", dir);
     s2.cfg.checkpoint_every = 4;
     CHECK_EQ(srv_start(&s2), 0);
-    CHECK_EQ(dp_ps_client_new(&c, s2.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s2.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         dp_push_result_t pr;
         CHECK_EQ(dp_ps_client_resume_step(c), 2);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push_step(c, 1ULL << 62, g, 1, 8, &pr, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(1ULL << 62, g, 1, 8), &pr, err), 0);
         CHECK_EQ(pr.rejected, 1);
         CHECK(strstr(pr.reason, "implausible step 4611686018427387904 of worker 1: at most 7 after a "
                              "restart (last handled 2, + 1 + --checkpoint-every 4)"));
-        CHECK_EQ(dp_ps_client_push_step(c, 8, g, 1, 8, &pr, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(8, g, 1, 8), &pr, err), 0);
         CHECK_EQ(pr.rejected, 1);
-        CHECK_EQ(dp_ps_client_push_step(c, 7, g, 1, 8, &pr, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(7, g, 1, 8), &pr, err), 0);
         CHECK_EQ(pr.applied, 1);
         CHECK_EQ(pr.version, 3);
         CHECK_STR(pr.reason, "");
-        CHECK_EQ(dp_ps_client_push_step(c, 9, g, 1, 8, &pr, err), 0); /* the window is closed */
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(9, g, 1, 8), &pr, err), 0); /* the window is closed */
         CHECK_EQ(pr.rejected, 1);
         CHECK(strstr(pr.reason, "at most 8 (one past the last handled, 7)"));
-        CHECK_EQ(dp_ps_client_push_step(c, 8, g, 1, 8, &pr, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(8, g, 1, 8), &pr, err), 0);
         CHECK_EQ(pr.applied, 1);
         CHECK_EQ(pr.version, 4);
     }

@@ -17,9 +17,14 @@
 #include "common/util.h"
 #include "proto/wire.h"
 #include "tests/test.h"
+#include "worker/ps_beat.h"
 #include "worker/ps_client.h"
 
 #define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+/* A client's options: timeout t, the defaults otherwise. */
+#define TMO(t) (&(dp_ps_client_opts_t){.timeout_s = (t)})
+/* A push of g (loss 1, batch 8), no step, the last pull's stamp. */
+#define PUSH(g) (&(dp_ps_push_t){.grads = (g), .loss = 1.0f, .batch = 8})
 
 /* ---- a fake shard ------------------------------------------------------ */
 
@@ -197,7 +202,8 @@ static int s_params_ok(const float *p, size_t n, float add)
 }
 
 /* n fake shards of the small model, and a client connected to them. */
-static int s_cluster(fake_t *f, int n, double timeout_s, dp_ps_client_t **c, dp_ps_info_t *info,
+static int s_cluster(fake_t *f, int n, const dp_ps_client_opts_t *o, dp_ps_client_t **c,
+                     dp_ps_info_t *info,
                      char *err)
 {
     s_small_model();
@@ -209,7 +215,7 @@ static int s_cluster(fake_t *f, int n, double timeout_s, dp_ps_client_t **c, dp_
         snprintf(eps + at, sizeof eps - at, "%s%s", i ? "," : "", f[i].endpoint);
     }
     if (rc != 0) return dp_err(err, "cannot start the fake shards");
-    return dp_ps_client_new(c, eps, &s_small, 0, timeout_s, info, err);
+    return dp_ps_client_new(c, eps, &s_small, 0, o, info, err);
 }
 
 static void s_cluster_end(fake_t *f, int n, dp_ps_client_t **c)
@@ -228,7 +234,7 @@ static void test_every_shard_asked(void)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     dp_ps_info_t info;
-    CHECK_EQ(s_cluster(f, 2, 5.0, &c, &info, err), 0);
+    CHECK_EQ(s_cluster(f, 2, TMO(5.0), &c, &info, err), 0);
     if (c) {
         CHECK_EQ(info.mode, DP_MODE_ASYNC);
         CHECK_EQ(info.num_shards, 2);
@@ -237,7 +243,7 @@ static void test_every_shard_asked(void)
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK(s_params_ok(p, n, 0.0f));
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, g, 1.0f, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PUSH(g), &r, err), 0);
         CHECK_EQ(r.applied, 2);
         CHECK_EQ(r.version, 2);
         dp_ps_stats_t st;
@@ -266,7 +272,7 @@ static void test_deferred_then_gives_up(void)
     fake_t f;
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(&f, 1, 0.5, &c, NULL, err), 0);
+    CHECK_EQ(s_cluster(&f, 1, TMO(0.5), &c, NULL, err), 0);
     if (c) {
         float *p = dp_calloc(s_small.n_floats, sizeof *p);
         atomic_store(&f.pull_mode, F_DEFER);
@@ -275,6 +281,7 @@ static void test_deferred_then_gives_up(void)
         double dt = dp_now() - t0;
         CHECK(dt >= 10.0 && dt < 20.0);
         CHECK(strstr(err, "request still deferred after 10 s") != NULL);
+        CHECK_EQ(dp_ps_client_error(c), DP_PS_ERR_DEFERRED);
         CHECK(strstr(err, f.endpoint) != NULL);
         CHECK(seen(&f, DOWNPOUR__MSG_TYPE__HEARTBEAT) >= 20);
         fprintf(stderr, "  (expected) %s\n", err);
@@ -293,7 +300,7 @@ static void test_silent_shard(void)
     fake_t f[2];
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(f, 2, 1.0, &c, NULL, err), 0);
+    CHECK_EQ(s_cluster(f, 2, TMO(1.0), &c, NULL, err), 0);
     if (c) {
         size_t n = s_small.n_floats;
         float *p = dp_calloc(n, sizeof *p), *g = dp_calloc(n, sizeof *g);
@@ -304,12 +311,14 @@ static void test_silent_shard(void)
         CHECK(dp_now() - t0 < 5.0);
         CHECK(strstr(err, "no reply in 1 s (is downpour-ps running?)") != NULL);
         CHECK(strstr(err, f[1].endpoint) != NULL);
+        CHECK_EQ(dp_ps_client_error(c), DP_PS_ERR_TIMEOUT); /* the kind, not the text */
         atomic_store(&f[1].pull_mode, F_ANSWER);
         memset(p, 0, n * sizeof *p);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_error(c), DP_PS_OK);
         CHECK(s_params_ok(p, n, 0.0f));
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c, g, 1.0f, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PUSH(g), &r, err), 0);
         CHECK_EQ(r.applied, 2);
         free(p), free(g);
     }
@@ -323,7 +332,7 @@ static void test_late_reply_ignored(void)
     fake_t f;
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(&f, 1, 5.0, &c, NULL, err), 0);
+    CHECK_EQ(s_cluster(&f, 1, TMO(5.0), &c, NULL, err), 0);
     if (c) {
         float *p = dp_calloc(s_small.n_floats, sizeof *p);
         atomic_store(&f.pull_mode, F_LATE_FIRST);
@@ -353,10 +362,10 @@ static void test_stop_flag(void)
     fake_t f;
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(&f, 1, 30.0, &c, NULL, err), 0);
+    static volatile sig_atomic_t stop;
+    dp_ps_client_opts_t o = {.timeout_s = 30.0, .stop = &stop};
+    CHECK_EQ(s_cluster(&f, 1, &o, &c, NULL, err), 0);
     if (c) {
-        static volatile sig_atomic_t stop;
-        dp_ps_client_set_stop_flag(c, &stop);
         float *p = dp_calloc(s_small.n_floats, sizeof *p);
         atomic_store(&f.pull_mode, F_DEFER);
         raiser_t r = {&stop, 0.3};
@@ -366,6 +375,7 @@ static void test_stop_flag(void)
         CHECK_EQ(dp_ps_client_pull(c, p, err), -1);
         CHECK(dp_now() - t0 < 3.0);
         CHECK_STR(err, "interrupted");
+        CHECK_EQ(dp_ps_client_error(c), DP_PS_ERR_INTERRUPTED);
         pthread_join(th, NULL);
         free(p);
     }
@@ -378,13 +388,21 @@ static void test_bad_endpoints(void)
     s_small_model();
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, "", &s_small, 0, 1.0, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, "", &s_small, 0, TMO(1.0), NULL, err), -1);
     CHECK(strstr(err, "no ps endpoints") != NULL);
-    CHECK_EQ(dp_ps_client_new(&c, "tcp://127.0.0.1:1,,tcp://127.0.0.1:2", &s_small, 0, 1.0, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, "tcp://127.0.0.1:1,,tcp://127.0.0.1:2", &s_small, 0, TMO(1.0), NULL, err), -1);
     CHECK(strstr(err, "bad ps endpoints") != NULL);
-    CHECK_EQ(dp_ps_client_new(&c, "localhost:5000", &s_small, 0, 1.0, NULL, err), -1);
+    CHECK_EQ(dp_ps_client_new(&c, "localhost:5000", &s_small, 0, TMO(1.0), NULL, err), -1);
     CHECK(strstr(err, "localhost:5000: bad ps endpoint") != NULL);
     CHECK(c == NULL);
+    /* The heartbeat thread reads the list as the client does: an empty
+     * entry is a typo named, not a shard skipped. */
+    dp_ps_beat_t *b = NULL;
+    CHECK_EQ(dp_ps_beat_new(&b, "tcp://127.0.0.1:1,,tcp://127.0.0.1:2", 0, NULL, err), -1);
+    CHECK(strstr(err, "bad ps endpoints") != NULL && strstr(err, "entry 2 is empty") != NULL);
+    CHECK(b == NULL);
+    CHECK_EQ(dp_ps_beat_new(&b, "tcp://127.0.0.1:1,", 0, NULL, err), -1);
+    CHECK(strstr(err, "entry 2 is empty") != NULL);
 }
 
 DP_TESTS(T(test_every_shard_asked), T(test_deferred_then_gives_up), T(test_silent_shard),

@@ -114,7 +114,7 @@ static int s_serves(const char *endpoint, const dp_model_t *m, int worker)
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
     float *p = dp_malloc(m->n_floats * sizeof(float));
-    int ok = dp_ps_client_new(&c, endpoint, m, worker, TMO, NULL, err) == 0 && dp_ps_client_pull(c, p, err) == 0;
+    int ok = dp_ps_client_new(&c, endpoint, m, worker, PS_OPTS(TMO), NULL, err) == 0 && dp_ps_client_pull(c, p, err) == 0;
     if (!ok) fprintf(stderr, "  client: %s\n", err);
     dp_ps_client_destroy(&c);
     free(p);

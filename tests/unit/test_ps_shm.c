@@ -177,11 +177,10 @@ static void test_hostile_writer(void)
     size_t n = s_small.n_floats;
     float *p0 = dp_malloc(n * 4), *p = dp_malloc(n * 4), *g = dp_malloc(n * 4), *want = dp_malloc(n * 4);
     dp_ps_client_t *c0 = NULL, *c2 = NULL;
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
-    CHECK_EQ(dp_ps_client_new(&c0, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_ZMQ);
-    CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 2, TMO, NULL, err), 0);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
+    dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    CHECK_EQ(dp_ps_client_new(&c0, s.endpoint, &s_small, 0, &shm, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 2, &frames, NULL, err), 0);
     void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, s.endpoint);
     char name[256];
     CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
@@ -202,7 +201,7 @@ static void test_hostile_writer(void)
         CHECK_CLOSE("shared memory after the scribble", p, p0, n, 0, 0);
         srv_fill(g, n, 31);
         dp_push_result_t r;
-        CHECK_EQ(dp_ps_client_push(c0, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c0, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
         CHECK_EQ(dp_ps_client_pull(c2, p, err), 0);
@@ -222,7 +221,7 @@ static void test_hostile_writer(void)
     int up = srv_start(&s2) == 0;
     CHECK(up);
     if (!up) fprintf(stderr, "  %s\n", s2.err);
-    if (up) CHECK_EQ(dp_ps_client_new(&c2, s2.endpoint, &s_small, 2, TMO, NULL, err), 0);
+    if (up) CHECK_EQ(dp_ps_client_new(&c2, s2.endpoint, &s_small, 2, PS_OPTS(TMO), NULL, err), 0);
     if (c2) {
         CHECK_EQ(dp_ps_client_pull(c2, p, err), 0);
         CHECK_EQ(dp_ps_client_version(c2), 1);
@@ -281,12 +280,11 @@ static void test_not_local_refused(void)
     zmq_close(raw);
     zmq_ctx_term(ctx);
     dp_ps_client_t *c = NULL;
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
-    CHECK_EQ(dp_ps_client_new(&c, remote, &s_small, 2, TMO, NULL, err), -1);
+    dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
+    CHECK_EQ(dp_ps_client_new(&c, remote, &s_small, 2, &shm, NULL, err), -1);
     CHECK(strstr(err, "did not grant shared memory") != NULL);
     dp_ps_client_destroy(&c);
-    CHECK_EQ(dp_ps_client_new(&c, local, &s_small, 0, TMO, NULL, err), 0);
-    dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+    CHECK_EQ(dp_ps_client_new(&c, local, &s_small, 0, &shm, NULL, err), 0);
     if (c) CHECK_EQ(dp_ps_client_shm_shards(c), 1);
     dp_ps_client_destroy(&c);
     CHECK_EQ(srv_stop(&s), 0);
@@ -313,7 +311,7 @@ static void test_grant_per_hello(void)
     zmq_close(raw);
     zmq_ctx_term(ctx);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     dp_ps_stats_t st;
     if (c) {
         CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
@@ -398,16 +396,15 @@ static void test_kill9_leaves_nothing(void)
     size_t n = s_small.n_floats;
     float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
     if (ready) {
-        dp_ps_client_default_transport(DP_PS_TRANSPORT_SHM);
-        CHECK_EQ(dp_ps_client_new(&c, ep, &s_small, 0, TMO, NULL, err), 0);
-        dp_ps_client_default_transport(DP_PS_TRANSPORT_AUTO);
+        dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
+        CHECK_EQ(dp_ps_client_new(&c, ep, &s_small, 0, &shm, NULL, err), 0);
     }
     if (c) {
         CHECK_EQ(dp_ps_client_shm_shards(c), 1);
         srv_fill(g, n, 5);
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
         CHECK_EQ(s_segments_of(kid, 0), 0); /* running: none has a name */

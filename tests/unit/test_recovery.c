@@ -218,27 +218,27 @@ static void test_push_applied_once(void)
     size_t n = s_small.n_floats;
     float *p = dp_calloc(n, 4), *g = dp_calloc(n, 4);
     for (size_t i = 0; i < n; i++) g[i] = 0.01f * (float)(i % 7);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (c) {
         CHECK_EQ(dp_ps_client_resume_step(c), 0);
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_push_step(c, 1, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(1, g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1);
         CHECK_EQ(r.reason[0], 0);
-        CHECK_EQ(dp_ps_client_push_step(c, 1, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(1, g, 1, 8), &r, err), 0);
         CHECK_EQ(r.applied, 1); /* the worker's push did count, once */
         CHECK_EQ(r.version, 1); /* not applied again */
         CHECK(strstr(r.reason, "repeat: step 1 of worker 1") != NULL);
-        CHECK_EQ(dp_ps_client_push_step(c, 2, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(2, g, 1, 8), &r, err), 0);
         CHECK_EQ(r.version, 2);
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0); /* no step: always applied */
-        CHECK_EQ(dp_ps_client_push(c, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0); /* no step: always applied */
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
         CHECK_EQ(r.version, 4);
     }
     /* The counters, asked by the chief (only it may ask STATS). */
     dp_ps_client_t *chief = NULL;
-    CHECK_EQ(dp_ps_client_new(&chief, s.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&chief, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (chief) {
         dp_ps_stats_t st;
         CHECK_EQ(dp_ps_client_stats(chief, &st, err), 0);
@@ -249,7 +249,7 @@ static void test_push_applied_once(void)
     /* Worker 1 restarted (its old connection closed): it resumes after step 2. */
     dp_ps_client_destroy(&c);
     usleep(200 * 1000); /* the ROUTER notices the closed connection */
-    CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (c2) CHECK_EQ(dp_ps_client_resume_step(c2), 2);
     dp_ps_client_destroy(&c2);
     dp_ps_client_destroy(&chief);
@@ -297,12 +297,12 @@ static void test_client_rejoins_restarted_shard(void)
     size_t n = s_small.n_floats;
     float *p = dp_calloc(n, 4), *g = dp_calloc(n, 4);
     for (size_t i = 0; i < n; i++) g[i] = 0.01f * (float)(i % 5);
-    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (!c) goto done;
     dp_push_result_t r;
     CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
     for (uint64_t step = 1; step <= 3; step++) {
-        CHECK_EQ(dp_ps_client_push_step(c, step, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(step, g, 1, 8), &r, err), 0);
         if (step == 2) CHECK_EQ(s_copy(path, saved), 0); /* the checkpoint of version 2 */
     }
     CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
@@ -313,12 +313,12 @@ static void test_client_rejoins_restarted_shard(void)
     s2.cfg.checkpoint_every = 2; /* the same flags: step 4 may follow the restored 2 */
     CHECK_EQ(srv_start(&s2), 0);
     double t0 = dp_now();
-    CHECK_EQ(dp_ps_client_push_step(c, 4, g, 1, 8, &r, err), 0);
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(4, g, 1, 8), &r, err), 0);
     CHECK(dp_now() - t0 < TMO); /* ERR_UNKNOWN_WORKER or the incarnation: no timeout */
     CHECK_EQ(r.applied, 1);
     CHECK_EQ(r.version, 3);     /* stamped with, and applied on, version 2 */
     CHECK_EQ(dp_ps_client_updates_lost(c), 1);
-    CHECK_EQ(dp_ps_client_push_step(c, 2, g, 1, 8, &r, err), 0);
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(2, g, 1, 8), &r, err), 0);
     CHECK(strstr(r.reason, "repeat") != NULL); /* the checkpoint knew step 2 */
     CHECK_EQ(r.version, 3);
     CHECK_EQ(srv_stop(&s2), 0);
@@ -349,12 +349,12 @@ static void test_loss_counted_after_others_pushed(void)
     size_t n = s_small.n_floats;
     float *p = dp_calloc(n, 4), *g = dp_calloc(n, 4);
     for (size_t i = 0; i < n; i++) g[i] = 0.01f * (float)(i % 5);
-    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &s_small, 0, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
     if (!c) goto done;
     dp_push_result_t r;
     CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
     for (uint64_t step = 1; step <= 3; step++) {
-        CHECK_EQ(dp_ps_client_push_step(c, step, g, 1, 8, &r, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(step, g, 1, 8), &r, err), 0);
         if (step == 2) CHECK_EQ(s_copy(path, saved), 0);
     }
     CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
@@ -364,14 +364,14 @@ static void test_loss_counted_after_others_pushed(void)
     srv_init_at(&s2, s1.endpoint, dir);
     s2.cfg.checkpoint_every = 2; /* the same flags: step 4 may follow the restored 2 */
     CHECK_EQ(srv_start(&s2), 0);
-    CHECK_EQ(dp_ps_client_new(&c1, s2.endpoint, &s_small, 1, TMO, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c1, s2.endpoint, &s_small, 1, PS_OPTS(TMO), NULL, err), 0);
     if (c1) {
         CHECK_EQ(dp_ps_client_pull(c1, p, err), 0);
         for (uint64_t step = 1; step <= 3; step++)
-            CHECK_EQ(dp_ps_client_push_step(c1, step, g, 1, 8, &r, err), 0);
+            CHECK_EQ(dp_ps_client_push(c1, PS_PUSH_STEP(step, g, 1, 8), &r, err), 0);
         CHECK_EQ(r.version, 5);           /* past the 3 worker 0 saw */
     }
-    CHECK_EQ(dp_ps_client_push_step(c, 4, g, 1, 8, &r, err), 0);
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(4, g, 1, 8), &r, err), 0);
     CHECK_EQ(r.applied, 1);
     CHECK_EQ(dp_ps_client_updates_lost(c), 1); /* version 3: seen, then lost */
     CHECK_EQ(srv_stop(&s2), 0);

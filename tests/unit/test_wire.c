@@ -6,6 +6,7 @@
 
 #include "common/util.h"
 #include "proto/wire.h"
+#include "proto/zsock.h"
 #include "tests/test.h"
 
 #define N 100
@@ -453,9 +454,43 @@ static void test_checksum_kinds(void)
     CHECK_EQ(s_check(buf, len, &fr, 1, err), -1);
     CHECK(strstr(err, "shared memory but has 1 frames") != NULL);
     CHECK_EQ(s_check(buf, len, NULL, 0, err), 0);
-    CHECK(dp_wire_local_endpoint("tcp://127.0.0.1:5555") && dp_wire_local_endpoint("ipc:///tmp/x") &&
-          dp_wire_local_endpoint("tcp://[::1]:5") && !dp_wire_local_endpoint("tcp://10.0.0.1:5555") &&
-          !dp_wire_local_endpoint("tcp://127example.com:1"));
+}
+
+/* One answer to "only this host?" for the server (CURVE warning) and the
+ * client (CRC, shared memory) alike. */
+static void test_local_endpoint(void)
+{
+    CHECK(dp_zsock_local_endpoint("tcp://127.0.0.1:5555"));
+    CHECK(dp_zsock_local_endpoint("tcp://127.1.2.3:5555"));
+    CHECK(dp_zsock_local_endpoint("tcp://localhost:5555"));
+    CHECK(dp_zsock_local_endpoint("tcp://[::1]:5"));
+    CHECK(dp_zsock_local_endpoint("ipc:///tmp/x"));
+    CHECK(dp_zsock_local_endpoint("inproc://x"));
+    CHECK(!dp_zsock_local_endpoint("tcp://10.0.0.1:5555"));
+    CHECK(!dp_zsock_local_endpoint("tcp://0.0.0.0:5555")); /* bound on every interface */
+    CHECK(!dp_zsock_local_endpoint("tcp://127example.com:1"));
+    CHECK(!dp_zsock_local_endpoint("tcp://localhost.example.com:1"));
+}
+
+/* Endpoint and key lists: one parser, an empty entry is an error. */
+static void test_split(void)
+{
+    char items[3][16], err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_zsock_split("", items[0], 16, 3, err), 0);
+    CHECK_EQ(dp_zsock_split("a", items[0], 16, 3, err), 1);
+    CHECK_STR(items[0], "a");
+    CHECK_EQ(dp_zsock_split("tcp://h:1,ipc:///x", items[0], 16, 3, err), 2);
+    CHECK_STR(items[1], "ipc:///x");
+    CHECK_EQ(dp_zsock_split("a,,b", items[0], 16, 3, err), -1);
+    CHECK_STR(err, "entry 2 is empty");
+    CHECK_EQ(dp_zsock_split(",a", items[0], 16, 3, err), -1);
+    CHECK_STR(err, "entry 1 is empty");
+    CHECK_EQ(dp_zsock_split("a,", items[0], 16, 3, err), -1);
+    CHECK_STR(err, "entry 2 is empty");
+    CHECK_EQ(dp_zsock_split("a,b,c,d", items[0], 16, 3, err), -1);
+    CHECK_STR(err, "more than 3 entries");
+    CHECK_EQ(dp_zsock_split("a,0123456789abcdef", items[0], 16, 3, err), -1);
+    CHECK_STR(err, "entry 2 is longer than 15 bytes");
 }
 
 /* bfloat16: round to nearest even (ties to the even 16-bit value), NaN and
@@ -524,4 +559,5 @@ static void test_bf16_descriptor(void)
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
          T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
          T(test_frame_count_and_garbage), T(test_range), T(test_finite),
-         T(test_finite_vector), T(test_checksum_kinds), T(test_bf16), T(test_bf16_descriptor))
+         T(test_finite_vector), T(test_checksum_kinds), T(test_bf16), T(test_bf16_descriptor),
+         T(test_local_endpoint), T(test_split))

@@ -1,0 +1,658 @@
+/* ps_exchange: the client's machinery — sockets, one exchange, liveness,
+ * rejoin, new and destroy (see ps_exchange.h). */
+#include "worker/ps_exchange.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "proto/curve.h"
+#include "proto/zsock.h"
+
+#define S_DEFER_LIMIT 20   /* an exchange gives up after this many timeouts in all */
+#define S_HB_MAX_S 2.0     /* a silent shard gets a HEARTBEAT at least this often */
+#define S_MAX_REPEATS 2    /* a request is repeated (after a new HELLO) at most this often */
+
+/* ---- sockets ----------------------------------------------------------- */
+
+static void s_close(dp_ps_shard_t *s)
+{
+    if (s->sock && zmq_close(s->sock) != 0)
+        dp_log_warn("%s: closing socket: %s", s->endpoint, zmq_strerror(errno));
+    s->sock = NULL;
+}
+
+int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
+                        const dp_ps_sock_keys_t *keys, void **out, char *err)
+{
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    *out = NULL;
+    if (!sock) return dp_err(err, "%s: cannot create socket: %s", endpoint, zmq_strerror(errno));
+    int zero = 0;
+    int sndtimeo = (int)(timeout_s * 1000);
+    char e2[DP_ERR_LEN];
+    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) != 0) {
+        dp_err(err, "%s: cannot set socket options: %s", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
+    /* TTL too: the server drops a connection of ours silent for as long */
+    if (dp_zsock_heartbeats(sock, 1, e2) != 0) {
+        dp_err(err, "%s: %s", endpoint, e2);
+        zmq_close(sock);
+        return -1;
+    }
+    if (keys && dp_curve_connect_as(sock, keys->server, keys->secret, keys->pub, err) != 0) {
+        zmq_close(sock);
+        return -1;
+    }
+    if (zmq_connect(sock, endpoint) != 0) {
+        dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
+    *out = sock;
+    return 0;
+}
+
+static int s_open(dp_ps_client_t *c, int i, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    dp_ps_sock_keys_t keys = {&c->secret, &c->pub, &s->server_key};
+    return dp_ps_client_socket(c->ctx, s->endpoint, c->timeout_s, c->curve ? &keys : NULL, &s->sock,
+                               err);
+}
+
+/* Replace the sockets of shards that did not answer: whatever ZeroMQ queued
+ * there is dropped (and the caller's push buffer released). */
+static void s_reset_unanswered(dp_ps_client_t *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        dp_ps_shard_t *s = &c->sh[i];
+        if (!s->want_req || s->done) continue;
+        s_close(s);
+        char e2[DP_ERR_LEN];
+        if (s_open(c, i, e2) != 0) dp_log_warn("%s", e2);
+        s->want_req = 0;
+    }
+}
+
+/* ---- the session ------------------------------------------------------- */
+
+static uint64_t s_session;
+static pthread_once_t s_session_once = PTHREAD_ONCE_INIT;
+
+static void s_draw_session(void)
+{
+    /* Without the kernel's random source (it does not fail on Linux past
+     * early boot) the clock still makes one process's session unlike
+     * another's; it is a proof of "same process", not a key. */
+    while (s_session == 0)
+        if (getrandom(&s_session, sizeof s_session, 0) != (ssize_t)sizeof s_session &&
+            errno != EINTR)
+            s_session = (uint64_t)(dp_now() * 1e9) ^ ((uint64_t)getpid() << 32);
+}
+
+uint64_t dp_ps_session(void)
+{
+    pthread_once(&s_session_once, s_draw_session);
+    return s_session;
+}
+
+/* ---- one exchange ------------------------------------------------------ */
+
+static int s_interrupted(dp_ps_client_t *c, char *err)
+{
+    c->code = DP_PS_ERR_INTERRUPTED;
+    return dp_err(err, "interrupted");
+}
+
+int dp_ps_refused(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char *err)
+{
+    c->code = DP_PS_ERR_REFUSED;
+    return dp_err(err, "%s: %s", c->sh[i].endpoint, env->error->message);
+}
+
+static int s_send(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    rq->env.request_id = ++c->next_req;
+    rq->env.session = dp_ps_session();
+    if (rq->env.type == DOWNPOUR__MSG_TYPE__STATS || rq->env.type == DOWNPOUR__MSG_TYPE__SHUTDOWN)
+        rq->env.run_token = s->run_token; /* the chief's proof; 0 for anyone else */
+    char e2[DP_ERR_LEN];
+    if (dp_wire_send(s->sock, NULL, &rq->env, rq->n_payloads ? &rq->payload : NULL, rq->n_payloads,
+                     e2) != 0)
+        return dp_err(err, "%s: %s (is downpour-ps running?)", s->endpoint, e2);
+    s->want_req = rq->env.request_id;
+    s->done = 0;
+    s->sent_at = s->last_heard = s->last_hb = dp_now();
+    return 0;
+}
+
+/* The plan's request to shard i, built and sent. */
+static int s_send_plan(dp_ps_client_t *c, int i, const dp_ps_plan_t *plan, char *err)
+{
+    dp_ps_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    dp_wire_env_init(&rq.env, plan->type, 0, c->worker_id, c->m->fingerprint);
+    if (plan->build) plan->build(c, i, &rq, plan->arg);
+    return s_send(c, i, &rq, err);
+}
+
+static void s_heartbeat(dp_ps_client_t *c, int i)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, ++c->next_req, c->worker_id,
+                     c->m->fingerprint);
+    env.session = dp_ps_session();
+    char e2[DP_ERR_LEN];
+    /* Best effort: a heartbeat that cannot go shows up as silence. */
+    if (dp_wire_send(c->sh[i].sock, NULL, &env, NULL, 0, e2) != 0)
+        dp_log_debug("%s: heartbeat: %s", c->sh[i].endpoint, e2);
+    c->sh[i].last_hb = dp_now();
+}
+
+/* The liveness rules for shard i, which owes a reply to a request of this
+ * type. A shard that restarted (a new incarnation, or ERR_UNKNOWN_WORKER)
+ * is said HELLO again and asked again (1). Only a request the shard may
+ * hold (a pull) lives on heartbeat answers; any other reply is
+ * due within timeout_s of sending, whatever else the shard says, and a lost
+ * one is asked again once (1) before it is a failure. An exchange past
+ * S_DEFER_LIMIT timeouts fails too (a shard that answers heartbeats but
+ * defers for ever); silent for hb_every, the shard gets a HEARTBEAT (whose
+ * answer also shows its incarnation). 0: wait on; -1 with err. */
+static int s_check_alive(dp_ps_client_t *c, int i, int type, double t0, double now, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    double hb_every = c->timeout_s / 4 < S_HB_MAX_S ? c->timeout_s / 4 : S_HB_MAX_S;
+    if (s->restarted) {
+        if (s->repeats < S_MAX_REPEATS) return 1;
+        return dp_err(err, "%s: the shard restarted %d times during one request", s->endpoint,
+                      s->repeats + 1);
+    }
+    int held = type == DOWNPOUR__MSG_TYPE__PULL;
+    if (now - (held ? s->last_heard : s->sent_at) > c->timeout_s) {
+        if (type != DOWNPOUR__MSG_TYPE__HELLO && s->repeats == 0) return 1;
+        c->code = DP_PS_ERR_TIMEOUT;
+        return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
+                      c->timeout_s);
+    }
+    if (now - t0 > S_DEFER_LIMIT * c->timeout_s) {
+        c->code = DP_PS_ERR_DEFERRED;
+        return dp_err(err, "%s: request still deferred after %.0f s", s->endpoint, now - t0);
+    }
+    if (now - s->last_hb >= hb_every && now - s->last_heard >= hb_every) s_heartbeat(c, i);
+    return 0;
+}
+
+/* Does this message say shard s restarted: another incarnation than its
+ * WELCOME's (0 on either side: a server that sends none), or "say HELLO
+ * again" (ERR_UNKNOWN_WORKER)? A WELCOME brings the new incarnation itself. */
+static int s_shows_restart(const dp_ps_shard_t *s, const Downpour__Envelope *env)
+{
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR && env->request_id == s->want_req &&
+        env->error->code == DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER)
+        return 1;
+    return env->type != DOWNPOUR__MSG_TYPE__WELCOME && env->incarnation && s->incarnation &&
+           env->incarnation != s->incarnation;
+}
+
+/* One message from shard i: validated, then handed to fn if it is the
+ * awaited reply. */
+static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, dp_ps_reply_fn fn, void *arg, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    if (rx->n_parts < 1 || rx->n_total > rx->n_parts)
+        return dp_err(err, "%s: malformed reply: %d frames", s->endpoint, rx->n_total);
+    char e2[DP_ERR_LEN];
+    Downpour__Envelope *env = dp_wire_decode(zmq_msg_data(&rx->parts[0]), zmq_msg_size(&rx->parts[0]), e2);
+    dp_wire_frame_t frames[DP_WIRE_MAX_TENSORS];
+    int nf = rx->n_parts - 1;
+    for (int f = 0; f < nf && f < DP_WIRE_MAX_TENSORS; f++) {
+        frames[f].data = zmq_msg_data(&rx->parts[1 + f]);
+        frames[f].len = zmq_msg_size(&rx->parts[1 + f]);
+    }
+    int rc = 0;
+    if (!env || dp_wire_check(env, frames, nf, e2) != 0) {
+        rc = dp_err(err, "%s: bad reply: %s", s->endpoint, e2);
+    } else {
+        s->last_heard = dp_now();
+        if (s_shows_restart(s, env)) {
+            s->restarted = 1; /* the exchange says HELLO again and repeats */
+        } else if (env->request_id == s->want_req) { /* else a heartbeat answer or a late reply */
+            s->done = 1;
+            rc = fn(c, i, env, frames, nf, arg, err);
+        }
+    }
+    dp_wire_destroy(&env);
+    return rc;
+}
+
+/* Every message waiting on shard i's socket, until its reply is taken. */
+static int s_drain(dp_ps_client_t *c, int i, dp_ps_reply_fn fn, void *arg, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    while (!s->done) {
+        dp_wire_rx_t rx;
+        char e2[DP_ERR_LEN];
+        if (dp_wire_recv(s->sock, &rx, ZMQ_DONTWAIT, e2) != 0) {
+            if (errno == EAGAIN || errno == EINTR) return 0;
+            return dp_err(err, "%s: %s", s->endpoint, e2);
+        }
+        int rc = s_take(c, i, &rx, fn, arg, err);
+        dp_wire_rx_fini(&rx);
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg);
+static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err);
+static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int nf, void *arg, char *err);
+
+/* Shard i restarted or lost our request: HELLO again and take its WELCOME —
+ * its incarnation, and the version it restarted at (s_on_welcome counts the
+ * updates lost). Waits up to timeout_s for a shard that is coming back. The
+ * socket stays: ZeroMQ redials a restarted server by itself (ZMTP heartbeats
+ * drop a dead connection), and the worker keeps one connection per shard,
+ * which the server may bind its id to. Whatever was still queued on it
+ * reaches the new server before the HELLO and is refused there
+ * (ERR_UNKNOWN_WORKER, to a request id no longer awaited). */
+static int s_rejoin(dp_ps_client_t *c, int i, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    dp_log_warn("%s: %s; saying HELLO again and repeating the request", s->endpoint,
+                s->restarted ? "the shard restarted" : "no reply in time");
+    dp_ps_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .build = s_build_hello,
+                      .on_reply = s_on_welcome};
+    if (s_send_plan(c, i, &hello, err) != 0) return -1;
+    while (!s->done) {
+        if (c->stop && *c->stop) return s_interrupted(c, err);
+        if (dp_now() - s->sent_at > c->timeout_s) {
+            c->code = DP_PS_ERR_TIMEOUT;
+            return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
+                          c->timeout_s);
+        }
+        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+        int r = zmq_poll(&it, 1, 100);
+        if (r < 0 && errno != EINTR)
+            return dp_err(err, "poll on the ps sockets: %s", zmq_strerror(errno));
+        if (r > 0 && s_drain(c, i, s_on_welcome, NULL, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Repeat the plan's request to shard i after a new HELLO. */
+static int s_repeat(dp_ps_client_t *c, int i, const dp_ps_plan_t *plan, char *err)
+{
+    int repeats = c->sh[i].repeats + 1;
+    if (s_rejoin(c, i, err) != 0 || s_send_plan(c, i, plan, err) != 0) return -1;
+    c->sh[i].repeats = repeats;
+    return 0;
+}
+
+/* Collect the replies of every shard with want_req set; a shard that
+ * restarted or lost the request is asked again (s_check_alive). */
+static int s_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
+{
+    double t0 = dp_now();
+    zmq_pollitem_t items[DP_ZSOCK_MAX_SHARDS];
+    int idx[DP_ZSOCK_MAX_SHARDS];
+    for (;;) {
+        int n = 0;
+        for (int i = 0; i < c->n; i++)
+            if (c->sh[i].want_req && !c->sh[i].done) {
+                items[n] = (zmq_pollitem_t){c->sh[i].sock, 0, ZMQ_POLLIN, 0};
+                idx[n++] = i;
+            }
+        if (n == 0) return 0;
+        if (c->stop && *c->stop) return s_interrupted(c, err);
+        double now = dp_now();
+        for (int k = 0; k < n; k++) {
+            int a = s_check_alive(c, idx[k], plan->type, t0, now, err);
+            if (a < 0 || (a == 1 && s_repeat(c, idx[k], plan, err) != 0)) return -1;
+        }
+        int r = zmq_poll(items, n, 100);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return dp_err(err, "poll on the ps sockets: %s", zmq_strerror(errno));
+        }
+        for (int k = 0; k < n && r > 0; k++)
+            if ((items[k].revents & ZMQ_POLLIN) &&
+                s_drain(c, idx[k], plan->on_reply, plan->arg, err) != 0)
+                return -1;
+    }
+}
+
+/* A HELLO that got no reply: name every shard still silent (role and
+ * endpoint), not only the first one the wait noticed. */
+static void s_name_silent(const dp_ps_client_t *c, char *err)
+{
+    if (c->code != DP_PS_ERR_TIMEOUT) return;
+    char list[DP_ERR_LEN] = "";
+    size_t used = 0;
+    for (int i = 0; i < c->n && used + 8 < sizeof list; i++) {
+        const dp_ps_shard_t *s = &c->sh[i];
+        if (!s->want_req || s->done) continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%sps shard %d at %s",
+                                 used ? ", " : "", i, s->endpoint);
+    }
+    if (used >= sizeof list) snprintf(list + sizeof list - 4, 4, "...");
+    dp_err(err, "start-up: no reply in %.0f s (is downpour-ps running?) from %s", c->timeout_s, list);
+}
+
+int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
+{
+    for (int i = 0; i < c->n; i++) {
+        c->sh[i].want_req = 0;
+        c->sh[i].done = 0;
+        c->sh[i].repeats = 0;
+    }
+    c->code = DP_PS_OK;
+    int rc = 0;
+    for (int i = 0; i < plan->n_shards && rc == 0; i++) {
+        /* A socket a failed reset could not reopen gets another try; a
+         * shard seen restarting since the last exchange is greeted first. */
+        if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;
+        if (c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO &&
+            (rc = s_rejoin(c, i, err)) != 0)
+            break;
+        rc = s_send_plan(c, i, plan, err);
+    }
+    /* ZeroMQ holds the HELLO until a server is up (and redials): a worker
+     * may start first. This line tells a test (DP_LOG=debug) it has. */
+    if (rc == 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO)
+        dp_log_debug("worker %d: HELLO sent to %d shard(s); waiting up to %.0f s for every WELCOME",
+                     c->worker_id, plan->n_shards, c->timeout_s);
+    if (rc == 0) rc = s_wait(c, plan, err);
+    if (rc != 0 && c->code == DP_PS_OK) c->code = DP_PS_ERR_OTHER;
+    if (rc != 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
+    if (rc != 0) s_reset_unanswered(c);
+    return rc;
+}
+
+/* ---- shared memory ----------------------------------------------------- */
+
+/* Ask shard i for shared memory: forced, or (auto) its endpoint is on this
+ * host. */
+static int s_wants_shm(const dp_ps_client_t *c, int i)
+{
+    return c->transport == DP_PS_TRANSPORT_SHM ||
+           (c->transport == DP_PS_TRANSPORT_AUTO && dp_zsock_local_endpoint(c->sh[i].endpoint));
+}
+
+static void s_shm_close(dp_ps_shard_t *s)
+{
+    dp_shm_close(&s->shm_params);
+    dp_shm_close(&s->shm_grad);
+    s->shm = 0;
+}
+
+/* What a WELCOME says of shared memory: map the segments it names (each
+ * checked: ours, 0600, sealed, the header and size of this shard's range;
+ * the parameters read-only), or go on with frames — unless shared memory
+ * was forced. */
+static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    s_shm_close(s); /* a restarted shard has new segments */
+    if (!s_wants_shm(c, i)) return 0;
+    int forced = c->transport == DP_PS_TRANSPORT_SHM;
+    char e2[DP_ERR_LEN];
+    size_t n = (size_t)(s->hi - s->lo);
+    if (!w->shm_name || !w->shm_name[0] || !w->shm_grad_name || !w->shm_grad_name[0])
+        snprintf(e2, sizeof e2, "the shard did not grant shared memory (see its log)");
+    else if (n > 0 && dp_shm_open(&s->shm_params, w->shm_name, n, DP_SHM_PARAM_SLOTS, DP_SHM_READ_ONLY, e2) == 0 &&
+             dp_shm_open(&s->shm_grad, w->shm_grad_name, n, 1, DP_SHM_WRITABLE, e2) == 0) {
+        s->shm = 1;
+        return 0;
+    } else if (n == 0)
+        snprintf(e2, sizeof e2, "an empty range");
+    s_shm_close(s);
+    if (forced) return dp_err(err, "%s: --transport shm: %s", s->endpoint, e2);
+    dp_log_info("%s: tensors as ZeroMQ frames, not shared memory: %s", s->endpoint, e2);
+    return 0;
+}
+
+static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+{
+    (void)i, (void)arg;
+    Downpour__Hello *h = &rq->body.hello;
+    *h = (Downpour__Hello)DOWNPOUR__HELLO__INIT;
+    h->model_spec = (char *)c->m->spec;
+    h->in_c = c->m->in_c;
+    h->in_h = c->m->in_h;
+    h->in_w = c->m->in_w;
+    h->n_floats = c->m->n_floats;
+    h->shm = s_wants_shm(c, i);
+    rq->env.hello = h;
+}
+
+void dp_ps_seen(dp_ps_shard_t *s, uint64_t version)
+{
+    if (version > s->seen_version) s->seen_version = version;
+}
+
+/* What a WELCOME says for recovery: the shard's incarnation and our last
+ * step it applied; after a restart, the updates lost since its checkpoint
+ * (versions we saw past the one it restarted at) are counted, and the next
+ * push is stamped with, and the next sync pull answered at, the restored
+ * version. The restart's own start version counts, not the version now:
+ * other workers may have said HELLO first and pushed it on. */
+static void s_welcome_recovery(dp_ps_client_t *c, dp_ps_shard_t *s, const Downpour__Envelope *env)
+{
+    const Downpour__Welcome *w = env->welcome;
+    uint64_t back = w->version;
+    if (s->incarnation && env->incarnation != s->incarnation && w->start_version < back)
+        back = w->start_version;
+    if (back < s->seen_version) {
+        uint64_t lost = s->seen_version - back;
+        c->updates_lost += lost;
+        dp_log_warn("%s: the shard restarted at version %" PRIu64 ", %" PRIu64
+                    " update(s) since its checkpoint lost (%" PRIu64 " in this run)",
+                    s->endpoint, back, lost, c->updates_lost);
+        s->seen_version = w->version;
+        s->min_version = 0;
+    }
+    if (!s->pulled || w->version < s->version) s->version = w->version;
+    dp_ps_seen(s, w->version);
+    s->incarnation = env->incarnation;
+    s->restarted = 0;
+    s->worker_step = w->worker_step;
+}
+
+static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int nf, void *arg, char *err)
+{
+    (void)frames, (void)nf, (void)arg;
+    dp_ps_shard_t *s = &c->sh[i];
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
+    if (env->type != DOWNPOUR__MSG_TYPE__WELCOME)
+        return dp_err(err, "%s: answered HELLO with %s", s->endpoint, dp_wire_type_name(env->type));
+    const Downpour__Welcome *w = env->welcome;
+    if (w->shard_count != c->n || w->shard_index != i)
+        return dp_err(err, "%s: is shard %d of %d, but it is listed at position %d of %d in the ps endpoints",
+                      s->endpoint, w->shard_index, w->shard_count, i, c->n);
+    if (w->n_floats != c->m->n_floats || w->range_lo > w->range_hi || w->range_hi > w->n_floats)
+        return dp_err(err, "%s: bad range [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 " floats (model has %zu)",
+                      s->endpoint, w->range_lo, w->range_hi, w->n_floats, c->m->n_floats);
+    if (w->mode < DOWNPOUR__MODE__SYNC || w->mode > DOWNPOUR__MODE__SSP)
+        return dp_err(err, "%s: unknown mode %d", s->endpoint, (int)w->mode);
+    /* Replies come in any order: compared across shards once all are in. */
+    s->info = (dp_ps_info_t){(dp_mode_t)w->mode, w->num_workers, w->replicas, w->staleness,
+                             w->shard_count};
+    s->lo = w->range_lo;
+    s->hi = w->range_hi;
+    s->run_token = w->run_token;
+    s_welcome_recovery(c, s, env);
+    return s_welcome_shm(c, i, w, err);
+}
+
+
+/* ---- connect ---------------------------------------------------------- */
+
+int dp_ps_endpoints_parse(const char *list, char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN], char *err)
+{
+    char e2[DP_ERR_LEN];
+    int n = dp_zsock_split(list, endpoints[0], DP_ZSOCK_ENDPOINT_LEN, DP_ZSOCK_MAX_SHARDS, e2);
+    if (n < 0)
+        return dp_err(err, "bad ps endpoints '%s': %s (expected tcp://h:p[,tcp://h2:p2...])", list,
+                      e2);
+    if (n == 0) return dp_err(err, "no ps endpoints (give tcp://HOST:PORT)");
+    return n;
+}
+
+/* After the WELCOMEs: every shard runs the same policy, and the ranges, in
+ * endpoint order, tile the model's floats. */
+static int s_check_shards(dp_ps_client_t *c, char *err)
+{
+    c->info = c->sh[0].info;
+    for (int i = 1; i < c->n; i++) {
+        const dp_ps_info_t *a = &c->sh[i].info, *b = &c->info;
+        if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||
+            a->staleness != b->staleness)
+            return dp_err(err, "%s: runs %s with %d workers, R=%d, S=%d but %s runs %s with %d workers, R=%d, S=%d",
+                          c->sh[i].endpoint, dp_mode_name(a->mode), a->num_workers, a->replicas,
+                          a->staleness, c->sh[0].endpoint, dp_mode_name(b->mode), b->num_workers,
+                          b->replicas, b->staleness);
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->sh[i].lo != at)
+            return dp_err(err, "%s: holds floats [%" PRIu64 ", %" PRIu64 ") but the previous shard ends at %" PRIu64
+                               " (are the ps endpoints in shard order?)",
+                          c->sh[i].endpoint, c->sh[i].lo, c->sh[i].hi, at);
+        at = c->sh[i].hi;
+    }
+    if (at != c->m->n_floats)
+        return dp_err(err, "the %d ps shards hold floats [0, %" PRIu64 ") but the model has %zu (missing a shard?)",
+                      c->n, at, c->m->n_floats);
+    return 0;
+}
+
+int dp_ps_curve_load(const dp_ps_curve_t *curve, int n_shards, dp_curve_key_t *secret,
+                     dp_curve_key_t *pub, dp_curve_key_t *server, char *err)
+{
+    if (dp_curve_read_secret(curve->secret, secret, pub, err) != 0) return -1;
+    char (*paths)[1024] = dp_malloc((size_t)DP_ZSOCK_MAX_SHARDS * sizeof *paths);
+    char e2[DP_ERR_LEN];
+    int n = dp_zsock_split(curve->servers ? curve->servers : "", paths[0], sizeof paths[0],
+                           DP_ZSOCK_MAX_SHARDS, e2);
+    int rc = 0;
+    if (n < 0)
+        rc = dp_err(err, "--curve-server '%s': %s (expected one public key file, or one per "
+                         "server (%d) in --ps order)",
+                    curve->servers, e2, n_shards);
+    else if (n != 1 && n != n_shards)
+        rc = dp_err(err, "--curve-server names %d keys but there are %d servers (give one key for "
+                         "all, or one per server in --ps order)",
+                    n, n_shards);
+    /* one file stands for every shard when it is the only one */
+    for (int i = 0; rc == 0 && i < n_shards; i++)
+        if (dp_curve_read_public(paths[n == 1 ? 0 : i], &server[i], err) != 0) rc = -1;
+    free(paths);
+    return rc;
+}
+
+/* CURVE keys from their files: ours, and each shard's server key. */
+static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
+{
+    dp_curve_key_t *server = dp_malloc((size_t)c->n * sizeof *server);
+    int rc = dp_ps_curve_load(curve, c->n, &c->secret, &c->pub, server, err);
+    for (int i = 0; rc == 0 && i < c->n; i++) c->sh[i].server_key = server[i];
+    free(server);
+    c->curve = rc == 0;
+    return rc;
+}
+
+/* A CRC-32 per tensor only where the transport does not protect the bytes
+ * already: not on this host (loopback, ipc: kernel memory copies) and not
+ * under CURVE (every message carries a MAC). It costs ~0.2 ms per 6.6 MB
+ * on each side of each transfer, more than the whole margin to a plain
+ * ZeroMQ round trip. */
+static int s_default_crc(const dp_ps_client_t *c, int i)
+{
+    return !c->curve && !dp_zsock_local_endpoint(c->sh[i].endpoint);
+}
+
+static int s_crc(const dp_ps_client_t *c, dp_ps_crc_t crc, int i)
+{
+    return crc == DP_PS_CRC_AUTO ? s_default_crc(c, i) : crc == DP_PS_CRC_ON;
+}
+
+int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
+                     int worker_id, const dp_ps_client_opts_t *opts, dp_ps_info_t *info,
+                     char *err)
+{
+    static const dp_ps_client_opts_t defaults = {0};
+    if (!opts) opts = &defaults;
+    *out = NULL;
+    dp_ps_client_t *c = dp_calloc(1, sizeof *c);
+    c->m = m;
+    c->worker_id = worker_id;
+    c->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 30;
+    c->stop = opts->stop;
+    c->transport = opts->transport;
+    c->bf16 = opts->wire == DP_PS_WIRE_BF16;
+    atomic_init(&c->inflight, 0);
+    c->sh = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->sh);
+    char (*eps)[DP_ZSOCK_ENDPOINT_LEN] = dp_malloc(DP_ZSOCK_MAX_SHARDS * sizeof *eps);
+    c->n = dp_ps_endpoints_parse(endpoints ? endpoints : "", eps, err);
+    for (int i = 0; i < c->n; i++) memcpy(c->sh[i].endpoint, eps[i], sizeof eps[i]);
+    free(eps);
+    if (c->n < 0) {
+        c->n = 0;
+        goto fail;
+    }
+    if (opts->curve.secret && s_load_keys(c, &opts->curve, err) != 0) goto fail;
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        dp_err(err, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    for (int i = 0; i < c->n; i++) {
+        if (s_open(c, i, err) != 0) goto fail;
+        c->sh[i].crc = s_crc(c, opts->crc, i);
+    }
+    /* HELLO once: ZeroMQ queues it until the server is up, so one request
+     * waiting up to timeout_s covers a server that starts late. */
+    dp_ps_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .n_shards = c->n,
+                          .build = s_build_hello, .on_reply = s_on_welcome};
+    if (dp_ps_exchange(c, &hello, err) != 0 || s_check_shards(c, err) != 0) goto fail;
+    if (info) *info = c->info;
+    *out = c;
+    return 0;
+fail:
+    dp_ps_client_destroy(&c);
+    return -1;
+}
+
+dp_ps_err_t dp_ps_client_error(const dp_ps_client_t *c)
+{
+    return c->code;
+}
+
+void dp_ps_client_destroy(dp_ps_client_t **c_p)
+{
+    if (!c_p || !*c_p) return;
+    dp_ps_client_t *c = *c_p;
+    for (int i = 0; i < c->n; i++) {
+        s_close(&c->sh[i]);
+        s_shm_close(&c->sh[i]);
+        free(c->sh[i].push16);
+    }
+    dp_zsock_ctx_term(&c->ctx, "ps client");
+    free(c->sh);
+    free(c->landing);
+    free(c);
+    *c_p = NULL;
+}
