@@ -205,8 +205,9 @@ DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compil
              libopenblas-dev zlib1g-dev libcjson-dev libisal-dev dataset-fashion-mnist
 # Only the tests: PyTorch checks that our checkpoints load into torch; protoc
 # decodes our TensorBoard events independently.
-# clang builds the libFuzzer target (make fuzz).
-DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
+# clang builds the libFuzzer targets (make fuzz); libFuzzer and the
+# sanitizers' runtimes are libclang-rt-dev, only a Recommends of clang.
+DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang libclang-rt-dev
 # A live SLURM (tests/integration/test_slurm.sh) and hosts in network
 # namespaces with a slow, lossy link (test_netns.sh: iptables, the nfq helper).
 DEB_TEST  += slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev
