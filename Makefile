@@ -8,7 +8,9 @@
 #   make deps       install the Debian packages the build, tests and data need
 #   make CUDA=0     CPU-only build (always works); CUDA is detected, never required
 #   make test SANITIZE=1   the same tests built with ASan + UBSan (under build-san/)
-#   make fuzz       the wire fuzzer under libFuzzer + ASan for FUZZ_SECONDS (60)
+#   make fuzz       the fuzzers (wire, safetensors, model, record, tfconfig) under
+#                   libFuzzer + ASan, FUZZ_SECONDS (60) each; FUZZ_TARGETS="wire
+#                   tfconfig" runs those only
 #
 # Objects land under build/; each directory becomes one static library so a
 # binary links only what it uses (the server never links CUDA).
@@ -203,8 +205,9 @@ DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compil
              libopenblas-dev zlib1g-dev libcjson-dev libisal-dev dataset-fashion-mnist
 # Only the tests: PyTorch checks that our checkpoints load into torch; protoc
 # decodes our TensorBoard events independently.
-# clang builds the libFuzzer target (make fuzz).
-DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang
+# clang builds the libFuzzer targets (make fuzz); libFuzzer and the
+# sanitizers' runtimes are libclang-rt-dev, only a Recommends of clang.
+DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang libclang-rt-dev
 # A live SLURM (tests/integration/test_slurm.sh) and hosts in network
 # namespaces with a slow, lossy link (test_netns.sh: iptables, the nfq helper).
 DEB_TEST  += slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev
@@ -240,28 +243,74 @@ test: deps-test
 	@$(MAKE) --no-print-directory tests
 	BUILD=$(BUILD) DP_SANITIZED=$(if $(filter 1,$(SANITIZE)),1,0) ./tests/run.sh
 
-# ---- the wire fuzzer under libFuzzer --------------------------------------
-# clang instruments the decoder and validator (proto/wire.c, the generated
-# codec, and the common code they call) for coverage and ASan + UBSan; the
-# seed corpus comes from the gcc-built fuzz_wire's valid messages. Findings
-# (crash-*, leak-*) land in $(BUILD)/fuzz/ and fail the target.
+# ---- the fuzzers under libFuzzer -----------------------------------------
+# One target per parser of untrusted bytes, tests/fuzz/fuzz_NAME.c:
+#   wire         the envelope decoder and validator (proto/wire.c)
+#   safetensors  the safetensors / checkpoint reader (common/safetensors.c)
+#   model        the model spec parser (common/model.c)
+#   record       the record loader `downpour replay` uses (server/record.c)
+#   tfconfig     TF_CONFIG merged with the cluster flags (common/cluster.c)
+# clang instruments each target's parser and what it calls (FUZZ_OBJS_NAME:
+# the real sources, compiled under $(FUZZ_DIR)/obj) for coverage and ASan +
+# UBSan. `make fuzz` runs every target in FUZZ_TARGETS one after the other,
+# each for FUZZ_SECONDS (per target: 60 s x 5 targets by default), from its
+# committed seed corpus tests/fuzz/corpus/NAME/ (wire's seeds are written by
+# the gcc-built fuzz_wire) plus what earlier runs found ($(FUZZ_DIR)/NAME/
+# corpus), with tests/fuzz/NAME.dict when there is one. Findings (crash-*,
+# leak-*, timeout-*, oom-*) land in $(FUZZ_DIR)/NAME/ and fail the target;
+# the other targets still run. Reproduce one with
+# `$(FUZZ_DIR)/fuzz_NAME_lf FILE`.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= wire safetensors model record tfconfig
 FUZZ_DIR     := $(BUILD)/fuzz
-FUZZ_LF_SRC  := tests/fuzz/fuzz_wire.c proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c
-$(FUZZ_DIR)/fuzz_wire_lf: $(FUZZ_LF_SRC) proto/wire.h
-	@mkdir -p $(FUZZ_DIR)
-	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -DDP_LIBFUZZER -fsanitize=fuzzer,address,undefined \
-	    -fno-sanitize-recover=undefined -I. -I$(BUILD)/gen $(PKG_CFLAGS) $(FUZZ_LF_SRC) -o $@ $(PKG_LIBS) -lm -lpthread
+FUZZ_CFLAGS  := -std=c11 -g -O1 -D_GNU_SOURCE -DDP_LIBFUZZER -fsanitize=fuzzer-no-link,address,undefined \
+                -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP -I. -I$(BUILD)/gen $(PKG_CFLAGS)
+fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(patsubst $(BUILD)/%,%,$(1)))
+FUZZ_OBJS_wire        := $(call fuzz_obj,proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c)
+FUZZ_OBJS_safetensors := $(call fuzz_obj,common/safetensors.c common/model.c common/util.c common/rng.c)
+FUZZ_OBJS_model       := $(call fuzz_obj,common/model.c common/util.c common/rng.c)
+FUZZ_OBJS_record      := $(call fuzz_obj,server/record.c server/policy.c server/shard.c server/pool.c \
+                           kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
+                           common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN))
+FUZZ_OBJS_tfconfig    := $(call fuzz_obj,common/cluster.c common/util.c)
+FUZZ_MAXLEN_wire := 4096
+FUZZ_MAXLEN_safetensors := 16384
+FUZZ_MAXLEN_model := 1030
+FUZZ_MAXLEN_record := 16384
+FUZZ_MAXLEN_tfconfig := 4096
+
+$(FUZZ_DIR)/obj/%.o: %.c | $(BUILD)/gen/proto/downpour.pb-c.h $(BUILD)/gen/common/tb_event.pb-c.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+$(FUZZ_DIR)/obj/gen/%.o: $(BUILD)/gen/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+FUZZ_KNOWN := $(patsubst tests/fuzz/fuzz_%.c,%,$(FUZZ_SRC))
+$(foreach t,$(FUZZ_KNOWN),$(eval $(FUZZ_DIR)/fuzz_$(t)_lf: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_$(t).o $(FUZZ_OBJS_$(t))))
+$(FUZZ_DIR)/fuzz_%_lf:
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $^ -o $@ $(PKG_LIBS) -lm -lpthread
+
+# One target's run, as shell text: $(1) = NAME. It never stops the loop, so
+# every target runs; a finding is remembered in $$found.
+define fuzz_run
+d=$(FUZZ_DIR)/$(1); rm -rf $$d/seeds $$d/crash-* $$d/leak-* $$d/timeout-* $$d/oom-*; \
+mkdir -p $$d/corpus $$d/seeds || exit 1; \
+$(if $(filter wire,$(1)),$(BUILD)/tests/fuzz_wire --write-seeds $$d/seeds,cp tests/fuzz/corpus/$(1)/* $$d/seeds/) || exit 1; \
+echo "fuzz: $(1) for $(FUZZ_SECONDS) s"; \
+$(FUZZ_DIR)/fuzz_$(1)_lf -max_total_time=$(FUZZ_SECONDS) -max_len=$(or $(FUZZ_MAXLEN_$(1)),4096) -timeout=10 \
+    $(if $(wildcard tests/fuzz/$(1).dict),-dict=tests/fuzz/$(1).dict) -artifact_prefix=$$d/ \
+    -print_final_stats=1 $$d/corpus $$d/seeds >$$d/fuzz.log 2>&1; rc=$$?; \
+grep -E 'Done [0-9]+ runs|stat::number_of_executed_units|stat::new_units|ERROR|SUMMARY|invariant' $$d/fuzz.log; \
+if [ $$rc != 0 ] || ls -A $$d | grep -qE '^(crash|leak|timeout|oom)-'; then \
+    echo "fuzz: $(1): findings (exit status $$rc) in $$d (log: $$d/fuzz.log)"; found="$$found $(1)"; fi;
+endef
 fuzz: deps-test
-	@$(MAKE) --no-print-directory $(FUZZ_DIR)/fuzz_wire_lf $(BUILD)/tests/fuzz_wire
-	@rm -rf $(FUZZ_DIR)/seeds && mkdir -p $(FUZZ_DIR)/seeds $(FUZZ_DIR)/corpus
-	$(BUILD)/tests/fuzz_wire --write-seeds $(FUZZ_DIR)/seeds
-	cd $(FUZZ_DIR) && ./fuzz_wire_lf -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
-	    -print_final_stats=1 corpus seeds >fuzz.log 2>&1; \
-	    grep -E 'Done [0-9]+ runs|stat::number_of_executed_units|stat::new_units|ERROR|SUMMARY' fuzz.log
-	@! ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* >/dev/null 2>&1 || \
-	    { echo "fuzz: findings in $(FUZZ_DIR)"; exit 1; }
+	$(if $(filter-out $(FUZZ_KNOWN),$(FUZZ_TARGETS)),@echo "fuzz: no target $(filter-out $(FUZZ_KNOWN),$(FUZZ_TARGETS)) (known: $(FUZZ_KNOWN))"; exit 1)
+	@$(MAKE) --no-print-directory $(patsubst %,$(FUZZ_DIR)/fuzz_%_lf,$(FUZZ_TARGETS)) \
+	    $(if $(filter wire,$(FUZZ_TARGETS)),$(BUILD)/tests/fuzz_wire)
+	@found=; $(foreach t,$(FUZZ_TARGETS),$(call fuzz_run,$(t))) \
+	if [ -n "$$found" ]; then echo "fuzz: findings in:$$found"; exit 1; fi
 
 bench: deps-bench
 	@$(MAKE) --no-print-directory tests
@@ -355,4 +404,4 @@ deb: all
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(FUZZ_DIR)/obj -name '*.d' 2>/dev/null)

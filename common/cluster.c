@@ -9,7 +9,9 @@
  *     0); task_index is -1 exactly when job_name is "", else in range of the
  *     job's list; a worker always has at least one ps host.
  * Errors are one line naming the flag or the TF_CONFIG field at fault, since
- * these are what a user typed into a job script or a TFJob manifest. */
+ * these are what a user typed into a job script or a TFJob manifest; what
+ * they quote of the input goes through s_quote, so a newline or a terminal
+ * escape inside a JSON string or a flag cannot split or forge a log line. */
 #include "common/cluster.h"
 
 #include <cjson/cJSON.h>
@@ -28,6 +30,33 @@ typedef struct {
     char (*hosts)[DP_HOST_LEN];  /* points into the cluster's ps[] or workers[] */
     char src[48];                /* "--ps-hosts" or "TF_CONFIG: cluster.ps" */
 } s_list_t;
+
+/* Room for S_QUOTE_MAX input bytes (a whole host entry), each written as
+ * up to 4. */
+#define S_QUOTE_MAX DP_HOST_LEN
+typedef struct {
+    char s[4 * S_QUOTE_MAX + 1];
+} s_quoted_t;
+
+/* At most max (<= S_QUOTE_MAX) bytes of s[0..len) for an error message,
+ * with each control byte written as \n, \t, \r or \xHH. */
+static const char *s_quote(s_quoted_t *q, const char *s, size_t len, size_t max)
+{
+    size_t k = 0;
+    if (max > S_QUOTE_MAX) max = S_QUOTE_MAX;
+    for (size_t i = 0; i < len && i < max && s[i]; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != 0x7f) q->s[k++] = (char)c;
+        else if (c == '\n' || c == '\t' || c == '\r') {
+            q->s[k++] = '\\';
+            q->s[k++] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+        } else {
+            k += (size_t)snprintf(q->s + k, sizeof q->s - k, "\\x%02x", c);
+        }
+    }
+    q->s[k] = 0;
+    return q->s;
+}
 
 void dp_cluster_init(dp_cluster_t *c)
 {
@@ -135,8 +164,9 @@ int dp_cluster_parse_host_port(const char *s, char *host, size_t host_n, int *po
 {
     const char *why = NULL;
     if (!s) return dp_err(err, "missing host:port");
+    s_quoted_t q;
     if (s_check_host_port(s, strlen(s), host, host_n, port, &why) != 0)
-        return dp_err(err, "\"%s\" is not host:port: %s", s, why);
+        return dp_err(err, "\"%s\" is not host:port: %s", s_quote(&q, s, strlen(s), S_QUOTE_MAX), why);
     return 0;
 }
 
@@ -149,8 +179,9 @@ static int s_list_add(s_list_t *l, const char *s, size_t len, const char *where,
     const char *why = NULL;
     if (len >= DP_HOST_LEN)
         return dp_err(err, "%s: host:port longer than %d characters", where, DP_HOST_LEN - 1);
+    s_quoted_t q;
     if (s_check_host_port(s, len, NULL, 0, NULL, &why) != 0)
-        return dp_err(err, "%s \"%.*s\" is not host:port: %s", where, (int)len, s, why);
+        return dp_err(err, "%s \"%s\" is not host:port: %s", where, s_quote(&q, s, len, S_QUOTE_MAX), why);
     if (l->n >= (l->cap ? l->cap : DP_CLUSTER_MAX_HOSTS))
         return dp_err(err, "%s: more than %d hosts", l->src,
                       l->cap ? l->cap : DP_CLUSTER_MAX_HOSTS);
@@ -235,7 +266,8 @@ static int s_parse_tf_config(s_tf_t *tf, const char *text, char (*ps)[DP_HOST_LE
         size_t off = end ? (size_t)(end - text) : 0;
         if (!end || !*end)
             return dp_err(err, "TF_CONFIG: not valid JSON: it ends early (byte %zu)", off);
-        return dp_err(err, "TF_CONFIG: not valid JSON at byte %zu: \"%.20s\"", off, end);
+        s_quoted_t q;
+        return dp_err(err, "TF_CONFIG: not valid JSON at byte %zu: \"%s\"", off, s_quote(&q, end, strlen(end), 20));
     }
     if (!cJSON_IsObject(root)) {
         dp_err(err, "TF_CONFIG: must be a JSON object with \"cluster\" and \"task\"");
@@ -277,7 +309,9 @@ static int s_parse_tf_config(s_tf_t *tf, const char *text, char (*ps)[DP_HOST_LE
         }
         const char *t = type->valuestring;
         if (strcmp(t, "ps") != 0 && strcmp(t, "worker") != 0 && strcmp(t, "chief") != 0) {
-            dp_err(err, "TF_CONFIG: task.type \"%.32s\" is not supported: ps, worker or chief", t);
+            s_quoted_t q;
+            dp_err(err, "TF_CONFIG: task.type \"%s\" is not supported: ps, worker or chief",
+                   s_quote(&q, t, strlen(t), 32));
             goto done;
         }
         snprintf(tf->type, sizeof tf->type, "%s", t);
@@ -321,8 +355,9 @@ static int s_check_flags(const dp_cluster_t *c, const char **fjob, char *err)
 {
     *fjob = c->flag_job_name && c->flag_job_name[0] ? c->flag_job_name : NULL;
     const char *j = *fjob;
+    s_quoted_t q;
     if (j && strcmp(j, "ps") != 0 && strcmp(j, "worker") != 0 && strcmp(j, "chief") != 0)
-        return dp_err(err, "--job-name \"%.32s\": expected ps or worker", j);
+        return dp_err(err, "--job-name \"%s\": expected ps or worker", s_quote(&q, j, strlen(j), 32));
     if (c->flag_task_index < -1)
         return dp_err(err, "--task-index %d: must be >= 0", c->flag_task_index);
     if (j && strcmp(j, "chief") == 0 && c->flag_task_index > 0)

@@ -2,6 +2,7 @@
 #include "server/record.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -400,25 +401,50 @@ cJSON *dp_record_optim_json(const dp_optim_conf_t *o)
     return j;
 }
 
+/* optim.KEY into *v when present (absent: *v is left): a number in
+ * [lo, hi], whole when whole is set. A value its field cannot hold (1e300
+ * for a long, more than FLT_MAX for a float) is refused rather than cast,
+ * which would be undefined behaviour and, in practice, train with garbage. */
+static int s_optim_num(const cJSON *j, const char *key, double lo, double hi, int whole, double *v, char *err)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!x) return 0;
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
+        (whole && x->valuedouble != floor(x->valuedouble)))
+        return dp_err(err, "record header: optim.%s is not %s in [%g, %g]", key, whole ? "a whole number" : "a number",
+                      lo, hi);
+    *v = x->valuedouble;
+    return 0;
+}
+
 int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
 {
     dp_optim_conf_default(o);
     const char *kind = dp_record_str(j, "kind");
     if (!kind || dp_optim_parse_kind(o, kind, err) != 0)
         return dp_err(err, "record header: no valid optimizer");
-    /* Floats went out as doubles of the same value: they come back exact. */
-    o->lr = (float)dp_record_num(j, "lr", 0);
-    o->momentum = (float)dp_record_num(j, "momentum", o->momentum);
-    o->beta1 = (float)dp_record_num(j, "beta1", o->beta1);
-    o->beta2 = (float)dp_record_num(j, "beta2", o->beta2);
-    o->eps = (float)dp_record_num(j, "eps", o->eps);
-    o->weight_decay = (float)dp_record_num(j, "weight_decay", 0);
-    double sched = dp_record_num(j, "schedule", 0);
+    /* Floats went out as doubles of the same value: they come back exact.
+     * Absent, lr, weight_decay, gamma, step_size and total_steps are 0. */
+    const double F = FLT_MAX, L = 9007199254740992.0; /* 2^53: whole doubles are exact below */
+    double lr = 0, mom = o->momentum, b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = 0;
+    double sched = DP_LR_CONSTANT, step_size = 0, gamma = 0, total = 0;
+    if (s_optim_num(j, "lr", -F, F, 0, &lr, err) || s_optim_num(j, "momentum", -F, F, 0, &mom, err) ||
+        s_optim_num(j, "beta1", -F, F, 0, &b1, err) || s_optim_num(j, "beta2", -F, F, 0, &b2, err) ||
+        s_optim_num(j, "eps", -F, F, 0, &eps, err) || s_optim_num(j, "weight_decay", -F, F, 0, &wd, err) ||
+        s_optim_num(j, "schedule", 0, 2, 1, &sched, err) || s_optim_num(j, "step_size", 0, L, 1, &step_size, err) ||
+        s_optim_num(j, "gamma", -F, F, 0, &gamma, err) || s_optim_num(j, "total_steps", 0, L, 1, &total, err))
+        return -1;
     if (sched != DP_LR_CONSTANT && sched != DP_LR_STEP && sched != DP_LR_COSINE)
         return dp_err(err, "record header: bad lr schedule");
+    o->lr = (float)lr;
+    o->momentum = (float)mom;
+    o->beta1 = (float)b1;
+    o->beta2 = (float)b2;
+    o->eps = (float)eps;
+    o->weight_decay = (float)wd;
     o->schedule = (dp_lr_kind_t)sched;
-    o->step_size = (long)dp_record_num(j, "step_size", 0);
-    o->gamma = (float)dp_record_num(j, "gamma", 0);
-    o->total_steps = (long)dp_record_num(j, "total_steps", 0);
+    o->step_size = (long)step_size;
+    o->gamma = (float)gamma;
+    o->total_steps = (long)total;
     return 0;
 }

@@ -257,6 +257,26 @@ static void test_bad_host_port(void)
     CHECK_FAILS(NULL, "longer than 255 characters");
 }
 
+/* What an error quotes of the input stays on its line: a newline or a
+ * terminal escape in a TFJob manifest's string or in a flag is written as
+ * \n, \xHH (found by fuzz_tfconfig; CHECK_FAILS checks for a newline). */
+static void test_errors_quote_control_bytes(void)
+{
+    s_flags(NULL, -1, NULL, NULL);
+    CHECK_FAILS("{\"cluster\": {\"ps\": [\"a\\nINFO forged:1\"]}}",
+                "TF_CONFIG: cluster.ps[0] \"a\\nINFO forged:1\" is not host:port");
+    CHECK_FAILS("{\"task\": {\"type\": \"w\\u001b[2Jx\"}}", "task.type \"w\\x1b[2Jx\" is not supported");
+    CHECK_FAILS("{\"a\": x\n\001}", "TF_CONFIG: not valid JSON at byte 6: \"x\\n\\x01}\"");
+    s_flags(NULL, -1, "p:1,b\nad:2", NULL);
+    CHECK_FAILS(NULL, "--ps-hosts entry 1 \"b\\nad:2\" is not host:port: bad character in host name");
+    s_flags("w\norker", -1, NULL, NULL);
+    CHECK_FAILS(NULL, "--job-name \"w\\norker\": expected ps or worker");
+    char host[64];
+    int port = 0;
+    CHECK_EQ(dp_cluster_parse_host_port("h\x7f:1", host, sizeof host, &port, s_err), -1);
+    CHECK(strstr(s_err, "\"h\\x7f:1\" is not host:port") != NULL);
+}
+
 static void test_index_out_of_range(void)
 {
     s_flags("worker", 2, "p:1", "w0:1,w1:1");
@@ -416,6 +436,6 @@ static void test_tfjob_operator_refused(void)
 
 DP_TESTS(T(test_flags_only), T(test_no_job), T(test_tf_config_only),
          T(test_flags_override_tf_config), T(test_chief_folding), T(test_bad_json),
-         T(test_bad_host_port), T(test_index_out_of_range), T(test_missing_hosts),
+         T(test_bad_host_port), T(test_errors_quote_control_bytes), T(test_index_out_of_range), T(test_missing_hosts),
          T(test_max_hosts), T(test_tfjob_operator_ps_worker), T(test_tfjob_operator_chief),
          T(test_statefulset_flags), T(test_tfjob_operator_refused))

@@ -353,6 +353,42 @@ static void test_replay_refuses_absurd_header(void)
     }
 }
 
+/* The header's optimizer: what the writer wrote reads back exact; a number
+ * its field cannot hold (1e300 as a long step count, beyond FLT_MAX as a
+ * float) is refused with the field's name, never cast (undefined behaviour;
+ * found by fuzz_record under UBSan). */
+static void test_record_optim_out_of_range(void)
+{
+    dp_optim_conf_t in, out;
+    dp_optim_conf_default(&in);
+    CHECK_EQ(dp_optim_parse_kind(&in, "momentum", NULL), 0);
+    in.lr = 0.05f;
+    in.schedule = DP_LR_STEP;
+    in.step_size = 1000;
+    in.gamma = 0.5f;
+    char err[DP_ERR_LEN] = "";
+    cJSON *j = dp_record_optim_json(&in);
+    CHECK_EQ(dp_record_optim_parse(j, &out, err), 0);
+    CHECK(out.kind == in.kind && out.lr == in.lr && out.momentum == in.momentum && out.step_size == 1000 &&
+          out.gamma == in.gamma && out.schedule == DP_LR_STEP);
+    static const struct {
+        const char *key, *value;
+    } bad[] = {
+        {"step_size", "1e300"}, {"total_steps", "1e300"}, {"step_size", "-1"}, {"step_size", "2.5"},
+        {"lr", "1e39"},         {"gamma", "-1e300"},      {"lr", "\"fast\""},   {"schedule", "7"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *k = cJSON_Duplicate(j, 1);
+        cJSON_ReplaceItemInObjectCaseSensitive(k, bad[i].key, cJSON_Parse(bad[i].value));
+        err[0] = 0;
+        CHECK_EQ(dp_record_optim_parse(k, &out, err), -1);
+        CHECK(strncmp(err, "record header: ", 15) == 0 && (strstr(err, bad[i].key) || strstr(err, "schedule")));
+        if (!strstr(err, bad[i].key)) fprintf(stderr, "  %s = %s: \"%s\"\n", bad[i].key, bad[i].value, err);
+        cJSON_Delete(k);
+    }
+    cJSON_Delete(j);
+}
+
 /* SGD: the update is lr times the gradient, and the norms say so. */
 static void test_measured_step(void)
 {
@@ -413,4 +449,4 @@ static void s_setup(void)
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
-         T(test_replay_refuses_absurd_header))
+         T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))
