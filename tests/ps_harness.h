@@ -14,7 +14,11 @@
  *
  * srv_stop_after(&s, T) first waits up to T seconds for the server to end
  * by itself (a SHUTDOWN); s.ended says whether it had. Every wait is
- * bounded, so a broken server fails a case instead of hanging the program. */
+ * bounded, so a broken server fails a case instead of hanging the program.
+ *
+ * A raw peer speaks the wire by hand, as a hostile or buggy one would:
+ * raw_dealer() opens its socket, raw_hello_init() fills a HELLO, and
+ * raw_request() sends one envelope and decodes the reply. */
 #ifndef DP_TESTS_PS_HARNESS_H
 #define DP_TESTS_PS_HARNESS_H
 
@@ -30,6 +34,7 @@
 #include "common/model.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "proto/wire.h"
 #include "server/ps.h"
 #include "worker/ps_client.h"
 
@@ -164,6 +169,57 @@ static inline void srv_fill(float *g, size_t n, uint64_t seed)
     dp_rng_t r;
     dp_rng_seed(&r, seed);
     for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2.0f - 1.0f;
+}
+
+/* ---- a raw peer --------------------------------------------------------- */
+
+/* A DEALER on endpoint that never lingers and gives up a send or a receive
+ * after timeout_ms: a silent server fails a case instead of hanging it. */
+static inline void *raw_dealer(void *ctx, const char *endpoint, int timeout_ms)
+{
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_connect(sock, endpoint);
+    return sock;
+}
+
+/* env as request req_id: a HELLO of worker wid for model m, in h (the
+ * caller's, like the envelope). */
+static inline void raw_hello_init(Downpour__Envelope *env, Downpour__Hello *h, const dp_model_t *m,
+                                  int wid, uint64_t req_id)
+{
+    dp_wire_env_init(env, DOWNPOUR__MSG_TYPE__HELLO, req_id, wid, m->fingerprint);
+    *h = (Downpour__Hello)DOWNPOUR__HELLO__INIT;
+    h->model_spec = (char *)m->spec;
+    h->in_c = m->in_c, h->in_h = m->in_h, h->in_w = m->in_w;
+    h->n_floats = m->n_floats;
+    env->hello = h;
+}
+
+/* Send env alone on sock and wait for the reply (RCVTIMEO bounds it): its
+ * type, or -1 when none came or it did not decode. With rep, the decoded
+ * reply is the caller's (dp_wire_destroy); else it is dropped. */
+static inline int raw_request(void *sock, const Downpour__Envelope *env, Downpour__Envelope **rep)
+{
+    if (rep) *rep = NULL;
+    size_t len = downpour__envelope__get_packed_size(env);
+    uint8_t *buf = dp_malloc(len ? len : 1);
+    downpour__envelope__pack(env, buf);
+    int sent = zmq_send(sock, buf, len, 0);
+    free(buf);
+    if (sent < 0) return -1;
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
+    Downpour__Envelope *r = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    dp_wire_rx_fini(&rx);
+    int type = r ? (int)r->type : -1;
+    if (rep) *rep = r;
+    else dp_wire_destroy(&r);
+    return type;
 }
 
 #endif

@@ -515,12 +515,8 @@ static size_t s_push_env(uint8_t *buf, const float *data, size_t lo, size_t cnt,
 static int s_raw_hello(void *sock, int wid, char *text, size_t text_n)
 {
     Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 1, wid, s_small.fingerprint);
-    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
-    h.model_spec = s_small.spec;
-    h.in_c = s_small.in_c, h.in_h = s_small.in_h, h.in_w = s_small.in_w;
-    h.n_floats = s_small.n_floats;
-    env.hello = &h;
+    Downpour__Hello h;
+    raw_hello_init(&env, &h, &s_small, wid, 1);
     static uint8_t buf[4096];
     frame_t f = {buf, downpour__envelope__pack(&env, buf)};
     return s_raw(sock, &f, 1, text, text_n);

@@ -91,15 +91,9 @@ static int s_recv(void *sock, reply_t *r, int flags)
 static int s_hello(void *sock, const dp_model_t *m, int wid)
 {
     Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 1, wid, m->fingerprint);
-    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
-    h.model_spec = (char *)m->spec;
-    h.in_c = m->in_c, h.in_h = m->in_h, h.in_w = m->in_w;
-    h.n_floats = m->n_floats;
-    env.hello = &h;
-    reply_t r;
-    if (s_send(sock, &env, NULL, 0) != 0) return -1;
-    return s_recv(sock, &r, 0);
+    Downpour__Hello h;
+    raw_hello_init(&env, &h, m, wid, 1);
+    return raw_request(sock, &env, NULL);
 }
 
 /* PUSH of the whole range g (n floats) as worker wid, computed on version. */

@@ -34,42 +34,17 @@
 
 static dp_model_t s_small;
 
-/* A raw DEALER on ep, replies bounded by 5 s. */
-static void *s_dealer(void *ctx, const char *ep)
-{
-    void *d = zmq_socket(ctx, ZMQ_DEALER);
-    int tmo = 5000, zero = 0;
-    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_connect(d, ep);
-    return d;
-}
-
 /* HELLO as worker wid asking for shared memory; the reply's type, and the
  * parameter segment's name the WELCOME gives ("" for none) in name. */
 static int s_hello_shm(void *sock, int wid, char *name, size_t name_n)
 {
-    Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 1, wid, s_small.fingerprint);
-    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
-    h.model_spec = s_small.spec;
-    h.in_c = s_small.in_c, h.in_h = s_small.in_h, h.in_w = s_small.in_w;
-    h.n_floats = s_small.n_floats;
+    Downpour__Envelope env, *rep;
+    Downpour__Hello h;
+    raw_hello_init(&env, &h, &s_small, wid, 1);
     h.shm = 1;
-    env.hello = &h;
-    uint8_t buf[4096];
-    size_t len = downpour__envelope__pack(&env, buf);
-    name[0] = 0;
-    if (zmq_send(sock, buf, len, 0) < 0) return -1;
-    dp_wire_rx_t rx;
-    char err[DP_ERR_LEN];
-    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
-    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
-    int type = rep ? (int)rep->type : -1;
-    if (rep && rep->welcome && rep->welcome->shm_name)
-        snprintf(name, name_n, "%s", rep->welcome->shm_name);
+    int type = raw_request(sock, &env, &rep);
+    snprintf(name, name_n, "%s", rep && rep->welcome && rep->welcome->shm_name ? rep->welcome->shm_name : "");
     dp_wire_destroy(&rep);
-    dp_wire_rx_fini(&rx);
     return type;
 }
 
@@ -77,30 +52,16 @@ static int s_hello_shm(void *sock, int wid, char *name, size_t name_n)
 static int s_hello_plain(void *sock, int wid)
 {
     Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HELLO, 2, wid, s_small.fingerprint);
-    Downpour__Hello h = DOWNPOUR__HELLO__INIT;
-    h.model_spec = s_small.spec;
-    h.in_c = s_small.in_c, h.in_h = s_small.in_h, h.in_w = s_small.in_w;
-    h.n_floats = s_small.n_floats;
-    env.hello = &h;
-    uint8_t buf[4096];
-    size_t len = downpour__envelope__pack(&env, buf);
-    if (zmq_send(sock, buf, len, 0) < 0) return -1;
-    dp_wire_rx_t rx;
-    char err[DP_ERR_LEN];
-    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
-    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
-    int type = rep ? (int)rep->type : -1;
-    dp_wire_destroy(&rep);
-    dp_wire_rx_fini(&rx);
-    return type;
+    Downpour__Hello h;
+    raw_hello_init(&env, &h, &s_small, wid, 2);
+    return raw_request(sock, &env, NULL);
 }
 
 /* A PUSH of the whole range as worker wid saying the gradient is in its
  * segment (whatever that holds); the reply's type, its error text in why. */
 static int s_push_shm(void *sock, int wid, char *why, size_t why_n)
 {
-    Downpour__Envelope env;
+    Downpour__Envelope env, *rep;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 3, wid, s_small.fingerprint);
     Downpour__Push pu = DOWNPOUR__PUSH__INIT;
     env.push = &pu;
@@ -112,18 +73,9 @@ static int s_push_shm(void *sock, int wid, char *why, size_t why_n)
     dp_wire_desc_no_checksum(&d);
     env.n_tensors = 1;
     env.tensors = dv;
-    uint8_t buf[4096];
-    size_t len = downpour__envelope__pack(&env, buf);
-    why[0] = 0;
-    if (zmq_send(sock, buf, len, 0) < 0) return -1;
-    dp_wire_rx_t rx;
-    char err[DP_ERR_LEN];
-    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
-    Downpour__Envelope *rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
-    int type = rep ? (int)rep->type : -1;
-    if (rep && rep->error && rep->error->message) snprintf(why, why_n, "%s", rep->error->message);
+    int type = raw_request(sock, &env, &rep);
+    snprintf(why, why_n, "%s", rep && rep->error && rep->error->message ? rep->error->message : "");
     dp_wire_destroy(&rep);
-    dp_wire_rx_fini(&rx);
     return type;
 }
 
@@ -181,7 +133,7 @@ static void test_hostile_writer(void)
     dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
     CHECK_EQ(dp_ps_client_new(&c0, s.endpoint, &s_small, 0, &shm, NULL, err), 0);
     CHECK_EQ(dp_ps_client_new(&c2, s.endpoint, &s_small, 2, &frames, NULL, err), 0);
-    void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, s.endpoint);
+    void *ctx = zmq_ctx_new(), *raw = raw_dealer(ctx, s.endpoint, 5000);
     char name[256];
     CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
     CHECK(name[0] != 0);
@@ -271,7 +223,7 @@ static void test_not_local_refused(void)
     char remote[128], local[128], name[256], err[DP_ERR_LEN] = "";
     snprintf(remote, sizeof remote, "tcp://%s%s", addr, port ? port : ":0");
     snprintf(local, sizeof local, "tcp://127.0.0.1%s", port ? port : ":0");
-    void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, remote);
+    void *ctx = zmq_ctx_new(), *raw = raw_dealer(ctx, remote, 5000);
     CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
     CHECK_STR(name, "");
     char why[DP_ERR_LEN];
@@ -301,7 +253,7 @@ static void test_grant_per_hello(void)
     srv_init(&s, DP_MODE_ASYNC, 2);
     CHECK_EQ(srv_start(&s), 0);
     char name[256], why[DP_ERR_LEN], err[DP_ERR_LEN] = "";
-    void *ctx = zmq_ctx_new(), *raw = s_dealer(ctx, s.endpoint);
+    void *ctx = zmq_ctx_new(), *raw = raw_dealer(ctx, s.endpoint, 5000);
     CHECK_EQ(s_hello_shm(raw, 1, name, sizeof name), DOWNPOUR__MSG_TYPE__WELCOME);
     CHECK(name[0] != 0);
     CHECK_EQ(s_push_shm(raw, 1, why, sizeof why), DOWNPOUR__MSG_TYPE__ACK); /* granted: applied */

@@ -57,16 +57,6 @@ static Downpour__Envelope *s_ask(void *sock, int type)
     return rep;
 }
 
-static void *s_raw_socket(void *ctx, const char *endpoint)
-{
-    void *sock = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0, tmo = 5000;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-    zmq_connect(sock, endpoint);
-    return sock;
-}
-
 /* ---- cases ------------------------------------------------------------- */
 
 /* The shard's step table: step 0 and untracked shards never repeat; a step
@@ -142,7 +132,7 @@ static void test_incarnation_and_unknown_worker(void)
     srv_init_at(&s1, NULL, NULL);
     CHECK_EQ(srv_start(&s1), 0);
     void *ctx = zmq_ctx_new();
-    void *sock = s_raw_socket(ctx, s1.endpoint);
+    void *sock = raw_dealer(ctx, s1.endpoint, 5000);
     uint64_t inc1 = 0;
     Downpour__Envelope *e = s_ask(sock, DOWNPOUR__MSG_TYPE__HEARTBEAT);
     CHECK(e != NULL);
@@ -164,7 +154,7 @@ static void test_incarnation_and_unknown_worker(void)
     CHECK_EQ(srv_stop(&s1), 0);
     srv_init_at(&s2, s1.endpoint, NULL); /* the same port */
     CHECK_EQ(srv_start(&s2), 0);
-    sock = s_raw_socket(ctx, s2.endpoint);
+    sock = raw_dealer(ctx, s2.endpoint, 5000);
     e = s_ask(sock, DOWNPOUR__MSG_TYPE__HEARTBEAT);
     CHECK(e != NULL);
     if (e) CHECK(e->incarnation != 0 && e->incarnation != inc1);
