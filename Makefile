@@ -368,6 +368,8 @@ install: all $(MAN_PAGES)
 	    sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/downpour/|$(DOCDIR)/|g' \
 	        deploy/systemd/$$u >$(DESTDIR)$(UNITDIR)/$$u && chmod 644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; done
 	install -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -d $(DESTDIR)$(DOCDIR)/docs
+	install -m 644 docs/OPERATIONS.md docs/LAB.md docs/SECURITY.md $(DESTDIR)$(DOCDIR)/docs/
 	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.deploy.md
 	install -m 644 deploy/systemd/cluster.env.example deploy/systemd/curve-ps.conf.example \
 	    deploy/systemd/curve-worker.conf.example $(DESTDIR)$(DOCDIR)/examples/

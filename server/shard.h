@@ -131,7 +131,7 @@ int dp_shard_set_threads(dp_shard_t *s, int n_threads, char *err);
 dp_snap_t *dp_snap_new(size_t n);
 /* Heap buffers of parameters alive in this process (live, retired, bfloat16
  * and those only replies in flight still hold): what the shard's memory
- * bound counts (server/ps.c, README "Limits"). */
+ * bound counts (server/ps.c, docs/SECURITY.md "Limits"). */
 int dp_snap_alive(void);
 
 /* Keep the last applied and the highest handled step of n_workers workers

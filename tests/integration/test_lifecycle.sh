@@ -27,7 +27,7 @@ PS=$BIN/downpour-ps
 L=$BIN/downpour
 wk=(--batch 16 --threads 1 --no-progress --seed 3)
 
-# README: a signal stops every binary "within a fraction of a second";
+# docs/SECURITY.md, "Signals": a signal stops every binary "within a fraction of a second";
 # measured from the kill to the exit, once the process is in its steady
 # state (training, listening, waiting for its servers).
 STOP_S=$((1 * S))

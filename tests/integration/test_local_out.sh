@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_local_out: what `downpour local --out DIR` leaves, and what it
-# removes of an earlier run in the same DIR (README, "One machine").
+# removes of an earlier run in the same DIR (docs/OPERATIONS.md, "The binaries").
 #  - a run of 2 shards and 2 workers, then one of 1 and 1 in the same DIR:
 #    the earlier summary, model, TensorBoard files and the metrics and logs
 #    of its shard 1 and worker 1 (which the second run does not overwrite)

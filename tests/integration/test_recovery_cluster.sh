@@ -15,7 +15,7 @@
 #  (b) the same in sync mode, where the chief sees every version:
 #      updates_lost equals the true loss
 #  (c) sync, kill -9 of worker 1 of 2: worker 0 completes no step for at
-#      most 6 s from the kill (README: heartbeat timeout 5 s + one 1 s beat),
+#      most 6 s from the kill (docs/OPERATIONS.md: heartbeat timeout 5 s + one 1 s beat),
 #      measured on worker 0's own metrics lines; worker 1 restarted with the
 #      same --task-index is counted again ("is back", a line only a dropped
 #      worker's return writes), resumes after the steps the server holds,
@@ -37,7 +37,7 @@ SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
 STEPS=240                     # per worker
 MODEL="fc:128 relu fc:10 softmax"
 KILL_AT=70                    # the hook's version: 10 past the checkpoint at 60
-BOUND_S=6                     # a dead sync worker holds the others for at most this (README)
+BOUND_S=6                     # a dead sync worker holds the others for at most this (docs/OPERATIONS.md)
 TIMEOUT=$((5 * SCALE))        # the workers' --timeout
 free_port() { "$TORCH_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
@@ -163,7 +163,7 @@ for t in ts:
     if a < t <= b:
         gap, last = max(gap, t - last), t
 print("%.2f" % gap)' "$t_kill" "$t_back")
-    check "sync: the dead worker held worker 0 for $hold s (>= 3: it was held; <= $((BOUND_S * SCALE)) s, README's bound)" \
+    check "sync: the dead worker held worker 0 for $hold s (>= 3: it was held; <= $((BOUND_S * SCALE)) s, docs/OPERATIONS.md's bound)" \
         between 3 $((BOUND_S * SCALE)) "$hold"
     check "sync: the killed worker rejoins and finishes (exit $rc1), so does worker 0 (exit $rc0)" test "$rc0$rc1" = 00
     check "sync: the rejoining worker resumed after its held steps" grep -q "rejoining: the servers hold its steps" "$d/w1.log"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_start_order: "Start order is free" (README, "Many machines"). A
+# test_start_order: "Start order is free" (docs/OPERATIONS.md, "Many machines"). A
 # worker started before its server keeps its HELLO queued and ZeroMQ
 # redials: once the server is up on that port the worker joins and trains
 # to the end, in sync mode too (the server starts after both workers).

@@ -1,4 +1,4 @@
-/* test_ps_limits: the limits of a shard's socket that README's "Limits"
+/* test_ps_limits: the limits of a shard's socket that docs/SECURITY.md's "Limits"
  * promises, from a raw peer (a DEALER sending bytes, no codec needed):
  *  - a frame larger than the shard's largest message (ZMQ_MAXMSGSIZE) makes
  *    ZeroMQ drop the peer: its connection is closed (the peer's socket
