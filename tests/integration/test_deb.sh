@@ -106,6 +106,10 @@ check "installed: every library found" test -z "$(ldd "$R"/usr/bin/* | grep 'not
 check "installed: the units name /usr/bin" grep -q '^ExecStart=/usr/bin/downpour-ps ' "$R/lib/systemd/system/downpour-ps@.service"
 check "installed: downpour-ps(1) from its --help" \
     sh -c "zcat '$R/usr/share/man/man1/downpour-ps.1.gz' | grep -q '^\.SH NAME' && zcat '$R/usr/share/man/man1/downpour-ps.1.gz' | grep -q 'ps\\\\-hosts'"
+# README.md links its pages by relative path, so they sit beside it as in the tree.
+D=$R/usr/share/doc/downpour
+check "installed: README.md and the pages it links" \
+    test -s "$D/README.md" -a -s "$D/docs/OPERATIONS.md" -a -s "$D/docs/LAB.md" -a -s "$D/docs/SECURITY.md"
 check "installed: copyright and changelog" test -s "$R/usr/share/doc/downpour/copyright" -a -s "$R/usr/share/doc/downpour/changelog.gz"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
     (cd "$TMP" && exec "$R/usr/bin/downpour" local --workers 2 --steps 4 --batch 32 --threads 1 \
