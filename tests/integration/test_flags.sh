@@ -74,6 +74,17 @@ helps "downpour-worker -h" "--standalone" "$WK" -h
 helps "downpour local --help lists what it passes on" "passed on to downpour-worker:" "$L" local --help
 helps "downpour eval --help" "--checkpoint FILE" "$L" eval --help
 helps "downpour --help" "downpour local" "$L" --help
+# The launcher's usage and its man page's NAME line (--summary, help2man -n)
+# come from one table: every command --help shows, --summary names.
+"$L" --help >"$TMP/usage" 2>&1
+"$L" --summary >"$TMP/summary" 2>&1
+check "downpour --summary names every command of downpour --help" bash -c '
+    n=0
+    while read -r name; do
+        n=$((n + 1)); grep -qE "[:,] $name(,|\$)" "$1" || { echo "missing: $name"; exit 1; }
+    done < <(awk "/^(usage:)? +downpour /{s=\"\"; for (i = 1; i <= NF; i++) if (\$i == \"downpour\") break;
+                 for (i++; i <= NF && \$i ~ /^[a-z]+\$/; i++) s = s (s == \"\" ? \"\" : \" \") \$i; print s}" "$2")
+    [ $n = 8 ]' _ "$TMP/summary" "$TMP/usage"
 
 # Seeds above 2^53 are taken whole, by the worker and by the servers: 2^53
 # and 2^53 + 1 (one double apart from nothing) draw different weights, and a

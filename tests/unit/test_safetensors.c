@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "deploy/launcher.h"
+#include "deploy/launcher/commands.h"
 
 #include "common/model.h"
 #include "common/safetensors.h"

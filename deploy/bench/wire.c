@@ -29,9 +29,9 @@
 #include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
-#include "deploy/bench_shards.h"
-#include "deploy/launcher.h"
-#include "deploy/spawn.h"
+#include "deploy/bench/shards.h"
+#include "deploy/launcher/commands.h"
+#include "deploy/launcher/spawn.h"
 #include "kernels/optim.h"
 #include "worker/ps_client.h"
 
@@ -349,7 +349,7 @@ done:
     return rc;
 }
 
-int dp_bench_main(int argc, char **argv)
+int dp_bench_wire_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "wire") != 0) {
         fprintf(stderr, "downpour bench: expected `downpour bench wire` (see downpour bench wire --help)\n");

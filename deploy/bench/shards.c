@@ -1,5 +1,5 @@
 /* bench_shards: the benchmarks' model and real shards (bench_shards.h). */
-#include "deploy/bench_shards.h"
+#include "deploy/bench/shards.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 
 #include "common/util.h"
-#include "deploy/spawn.h"
+#include "deploy/launcher/spawn.h"
 
 int dp_bench_model(dp_model_t *m, const char *spec, long params, char *input, size_t n, char *err)
 {

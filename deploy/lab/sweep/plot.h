@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "deploy/sweep_report.h"
+#include "deploy/lab/sweep/report.h"
 
 /* The full path of gnuplot on PATH into path (1), or 0 when there is none. */
 int dp_sweep_find_gnuplot(char *path, size_t n);

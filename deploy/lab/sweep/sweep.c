@@ -9,7 +9,7 @@
  * timing, and the time to an accuracy is one of the figures.
  * Resumable: a run whose directory holds it complete (same command) is not
  * run again, so an interrupted sweep is finished by repeating its command. */
-#include "deploy/launcher.h"
+#include "deploy/launcher/commands.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -21,10 +21,10 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
-#include "deploy/spawn.h"
-#include "deploy/sweep_grid.h"
-#include "deploy/sweep_report.h"
-#include "deploy/sweep_run.h"
+#include "deploy/launcher/spawn.h"
+#include "deploy/lab/sweep/grid.h"
+#include "deploy/lab/sweep/report.h"
+#include "deploy/lab/sweep/run.h"
 #include "worker/progress.h"
 
 static volatile sig_atomic_t s_stop;

@@ -9,8 +9,8 @@
 
 #include <limits.h>
 
-#include "deploy/sweep_grid.h"
-#include "deploy/sweep_read.h"
+#include "deploy/lab/sweep/grid.h"
+#include "deploy/lab/sweep/read.h"
 
 typedef struct {
     char dir[PATH_MAX];     /* the run's directory */

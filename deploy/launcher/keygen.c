@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "deploy/launcher.h"
+#include "deploy/launcher/commands.h"
 #include "proto/curve.h"
 
 static void s_usage(FILE *f)

@@ -1,5 +1,5 @@
 /* local_keys: the keys of `downpour local --secure` (see local_keys.h). */
-#include "deploy/local_keys.h"
+#include "deploy/launcher/local_keys.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@
  * Invariant: no child outlives the launcher — each runs in its own process
  * group (so a terminal's Ctrl-C reaches the launcher alone, which then stops
  * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
-#include "deploy/launcher.h"
+#include "deploy/launcher/commands.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -37,8 +37,8 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
-#include "deploy/local_keys.h"
-#include "deploy/spawn.h"
+#include "deploy/launcher/local_keys.h"
+#include "deploy/launcher/spawn.h"
 #include "server/ps.h"
 #include "server/record.h"
 #include "worker/args.h"

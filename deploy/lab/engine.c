@@ -1,6 +1,6 @@
 /* lab: a cluster in one process over the daemons' own update code (see
  * lab.h). */
-#include "deploy/lab.h"
+#include "deploy/lab/engine.h"
 
 #include <inttypes.h>
 #include <limits.h>

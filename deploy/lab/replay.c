@@ -1,5 +1,5 @@
 /* replay: `downpour replay FILE --out DIR` — a recorded schedule (server/
- * record.h) run again in one process through the lab engine (deploy/lab.h):
+ * record.h) run again in one process through the lab engine (deploy/lab/engine.h):
  * every gradient recomputed from its worker, data step and the versions it
  * was computed on, every push handed to the same policy code in the order
  * each shard applied it. On the CPU with the recorded kernel threads the
@@ -24,7 +24,8 @@
 #include "common/metrics.h"
 #include "common/opts.h"
 #include "common/util.h"
-#include "deploy/sim.h"
+#include "deploy/lab/sim.h"
+#include "deploy/launcher/commands.h"
 
 typedef struct {
     int worker;

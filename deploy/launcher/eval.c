@@ -2,7 +2,7 @@
  * accuracy of a saved model as one JSON line. The model spec and input shape
  * come from the checkpoint's own metadata, so any Downpour checkpoint can be
  * evaluated without repeating how it was trained. */
-#include "deploy/launcher.h"
+#include "deploy/launcher/commands.h"
 
 #include <stdio.h>
 #include <stdlib.h>

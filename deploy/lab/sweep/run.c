@@ -1,7 +1,7 @@
 /* sweep_run: one run of a sweep (see sweep_run.h). The run's own binary
  * checks its flags; this module only assembles them, so a flag of `args`
  * means exactly what it means on the command line. */
-#include "deploy/sweep_run.h"
+#include "deploy/lab/sweep/run.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -15,7 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
-#include "deploy/spawn.h"
+#include "deploy/launcher/spawn.h"
 
 static int s_push(dp_sweep_cmd_t *c, const char *s, char *err)
 {

@@ -1,5 +1,5 @@
 /* spawn: children of the launcher (see spawn.h). */
-#include "deploy/spawn.h"
+#include "deploy/launcher/spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>

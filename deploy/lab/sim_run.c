@@ -24,7 +24,7 @@
  * implicit momentum acts on the expected update only, so for async SGD
  * it stays near the share of the update that is signal rather than noise
  * — the two figures together separate what momentum the noise carries. */
-#include "deploy/sim.h"
+#include "deploy/lab/sim.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* sim: `downpour sim`'s command line and output (the loop is sim_run.c). */
-#include "deploy/sim.h"
+#include "deploy/lab/sim.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include "common/metrics.h"
 #include "common/opts.h"
 #include "common/util.h"
-#include "deploy/launcher.h"
+#include "deploy/launcher/commands.h"
 #include "worker/data.h"
 
 static const char s_synopsis[] =

@@ -11,7 +11,7 @@
 #include <signal.h>
 #include <stddef.h>
 
-#include "deploy/sweep_grid.h"
+#include "deploy/lab/sweep/grid.h"
 #include "worker/progress.h"
 
 #define DP_SWEEP_ARGS 128

@@ -3,7 +3,7 @@
  * the daemons' flags; what only a daemon can judge (a straggler's index
  * against --workers, say) is judged by the first run, which stops the sweep
  * with the daemon's own line. */
-#include "deploy/sweep_grid.h"
+#include "deploy/lab/sweep/grid.h"
 
 #include <ctype.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* sweep_read: a finished run's numbers (see sweep_read.h). The chief
  * evaluates the weights it pulled for a step, so a periodic point's updates
  * are that push line's "version"; the final point is the summary's. */
-#include "deploy/sweep_read.h"
+#include "deploy/lab/sweep/read.h"
 
 #include <dirent.h>
 #include <limits.h>
@@ -13,7 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
-#include "deploy/sweep_run.h"
+#include "deploy/lab/sweep/run.h"
 
 #define DP_SWEEP_HIST_MAX 4096 /* staleness values kept apart; larger ones count in the last */
 

@@ -1,5 +1,5 @@
 /* sim: `downpour sim` — M virtual workers on a simulated clock against the
- * lab engine (deploy/lab.h), so the updates go through the daemons' own
+ * lab engine (deploy/lab/engine.h), so the updates go through the daemons' own
  * policy and shard code and every gradient is a real one.
  *
  * The clock is an event queue of virtual finish times: a worker pulls (the
@@ -16,7 +16,7 @@
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
-#include "deploy/lab.h"
+#include "deploy/lab/engine.h"
 
 #define DP_SIM_MAX_WORKERS 4096
 
@@ -44,9 +44,5 @@ int dp_dist_parse(dp_dist_t *d, const char *text, char *err);
 /* Run it; *result gets the result object (the caller prints and frees
  * it). The lab writes conf.lab.train.save / summary / metrics if set. */
 int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err);
-
-/* `downpour sim` and `downpour replay`. */
-int dp_sim_main(int argc, char **argv);
-int dp_replay_main(int argc, char **argv);
 
 #endif

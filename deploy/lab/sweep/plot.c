@@ -2,7 +2,7 @@
  * sweep_plot.h). One colour per configuration; its seeds are separate
  * lines of that colour (blocks of the data file), so the spread between
  * seeds stays visible. */
-#include "deploy/sweep_plot.h"
+#include "deploy/lab/sweep/plot.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "deploy/spawn.h"
-#include "deploy/sweep_text.h"
+#include "deploy/launcher/spawn.h"
+#include "deploy/lab/sweep/text.h"
 
 int dp_sweep_find_gnuplot(char *path, size_t n)
 {

@@ -1,7 +1,7 @@
 /* sweep_report: report.md and results.json (see sweep_report.h). The
  * table's figures are computed once, in s_stats, and both files print
  * them, so the table and the JSON never disagree. */
-#include "deploy/sweep_report.h"
+#include "deploy/lab/sweep/report.h"
 
 #include <limits.h>
 #include <math.h>
@@ -13,8 +13,8 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
-#include "deploy/sweep_plot.h"
-#include "deploy/sweep_text.h"
+#include "deploy/lab/sweep/plot.h"
+#include "deploy/lab/sweep/text.h"
 
 /* One configuration's figures over its seeds. */
 typedef struct {

@@ -1,5 +1,5 @@
 /* sweep_text: a growing text buffer (see sweep_text.h). */
-#include "deploy/sweep_text.h"
+#include "deploy/lab/sweep/text.h"
 
 #include <limits.h>
 #include <stdarg.h>
