@@ -165,6 +165,44 @@ static int s_sync_dir(const char *path)
     return rc;
 }
 
+int dp_mkdirs(const char *dir, mode_t mode, char *err)
+{
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n == 0) return dp_err(err, "empty directory name");
+    if (n >= sizeof path) return dp_err(err, "%s: path too long", dir);
+    memcpy(path, dir, n + 1);
+    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+    /* Each prefix ending before a '/', then the whole: EEXIST is fine
+     * (a file in the way fails at the next level, or at the stat below). */
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char saved = *p;
+        *p = '\0';
+        if (mkdir(path, mode) != 0 && errno != EEXIST)
+            return dp_err(err, "%s: cannot create: %s", path, strerror(errno));
+        *p = saved;
+        if (saved == '\0') break;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dp_err(err, "%s: cannot create: not a directory", dir);
+    return 0;
+}
+
+int dp_mkdir_parents(const char *path, char *err)
+{
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return dp_err(err, "%s: path too long", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return 0; /* in the working directory */
+    while (slash > dir && slash[-1] == '/') slash--;
+    if (slash == dir) return 0; /* in / */
+    *slash = '\0';
+    return dp_mkdirs(dir, 0755, err);
+}
+
 /* Does the test hook named env select path? ("1": every path.) */
 static int s_test_hook(const char *env, const char *path)
 {
@@ -181,6 +219,8 @@ int dp_atomic_open(dp_atomic_t *a, const char *path, mode_t mode, char *err)
         return dp_err(err, "%s: path too long", path);
     a->mode = mode;
     a->fail = s_test_hook("DP_TEST_WRITE_FAIL", path);
+    /* A checkpoint, record or summary may be the first thing in its folder. */
+    if (dp_mkdir_parents(path, err) != 0) return -1;
     /* mkostemp opens with O_CREAT | O_EXCL: never an existing name. */
     a->fd = mkostemp(a->tmp, O_CLOEXEC);
     if (a->fd < 0) return dp_err(err, "%s: cannot create temporary file: %s", path, strerror(errno));

@@ -369,8 +369,8 @@ int dp_replay_main(int argc, char **argv)
     if (rc == 0 && !file) rc = dp_err(err, "which record? downpour replay FILE --out DIR");
     if (rc == 0 && !a.out) rc = dp_err(err, "--out DIR is required (see downpour replay --help)");
     if (rc != 0) return dp_opts_exit_status("downpour replay", rc, err);
-    if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "downpour replay: %s: cannot create: %s\n", a.out, strerror(errno));
+    if (dp_mkdirs(a.out, 0755, err) != 0) {
+        fprintf(stderr, "downpour replay: %s\n", err);
         return 1;
     }
     dp_rec_t rec;

@@ -166,11 +166,6 @@ static int s_epochs_updates(s_args_t *a, char *err)
     return 0;
 }
 
-static int s_mkdir(const char *dir, char *err)
-{
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return dp_err(err, "%s: cannot create: %s", dir, strerror(errno));
-    return 0;
-}
 
 int dp_sim_main(int argc, char **argv)
 {
@@ -187,7 +182,7 @@ int dp_sim_main(int argc, char **argv)
     int rc = dp_opts_parse(&o, argc, argv, err);
     if (rc == 0) rc = s_resolve(&a, &o, err);
     if (rc != 0) return dp_opts_exit_status("downpour sim", rc, err);
-    if ((a.epochs && s_epochs_updates(&a, err) != 0) || (a.out && s_mkdir(a.out, err) != 0)) {
+    if ((a.epochs && s_epochs_updates(&a, err) != 0) || (a.out && dp_mkdirs(a.out, 0755, err) != 0)) {
         fprintf(stderr, "downpour sim: %s\n", err);
         return 1;
     }

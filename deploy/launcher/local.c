@@ -105,12 +105,8 @@ static const char s_synopsis[] =
 static const char s_epilog[] =
 "The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
 
-static int s_mkdir(const char *path, char *err)
-{
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return dp_err(err, "%s: cannot create: %s", path, strerror(errno));
-    return 0;
-}
+/* --out's folder and those above it (`--out runs/sync` in a fresh directory). */
+static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
 
 /* The last non-empty line of a file, into out. */
 static void s_last_line(const char *path, char *out, size_t n)

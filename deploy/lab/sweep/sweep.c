@@ -106,12 +106,8 @@ static int s_grid(dp_sweep_grid_t *g, const s_flags_t *f, char *err)
     return 0;
 }
 
-static int s_mkdir(const char *path, char *err)
-{
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return dp_err(err, "%s: cannot create: %s", path, strerror(errno));
-    return 0;
-}
+/* --out's folder and those above it. */
+static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
 
 /* The configurations and their runs' directories. */
 static int s_configs(const dp_sweep_grid_t *g, const char *out, dp_sweep_config_t **cfg_out,
