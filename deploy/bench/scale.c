@@ -1,4 +1,4 @@
-/* bench_scale: `downpour bench scale` — how many pushes per second K real
+/* bench/scale: `downpour bench scale` — how many pushes per second K real
  * downpour-ps shards sustain when N worker processes send them gradients as
  * fast as they are acknowledged (no compute, async mode).
  *

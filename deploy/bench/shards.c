@@ -1,4 +1,4 @@
-/* bench_shards: the benchmarks' model and real shards (bench_shards.h). */
+/* bench/shards: the benchmarks' model and real shards (shards.h). */
 #include "deploy/bench/shards.h"
 
 #include <errno.h>

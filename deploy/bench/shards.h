@@ -1,4 +1,4 @@
-/* bench_shards: what `downpour bench wire` and `downpour bench scale` share:
+/* bench/shards: what `downpour bench wire` and `downpour bench scale` share:
  * the model they move (the default model, or one fc layer of about P floats)
  * and the real downpour-ps shards they measure, spawned on this host in a
  * scratch directory of their own, waited for, stopped and cleaned up. */

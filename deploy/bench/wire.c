@@ -1,4 +1,4 @@
-/* bench_wire: `downpour bench wire` — what the parameter server's wire costs
+/* bench/wire: `downpour bench wire` — what the parameter server's wire costs
  * next to a plain ZeroMQ round trip of the same bytes (iperf for the PS).
  *
  * It starts K real downpour-ps shards on loopback (async, one worker, each

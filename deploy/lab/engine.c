@@ -1,5 +1,5 @@
-/* lab: a cluster in one process over the daemons' own update code (see
- * lab.h). */
+/* lab/engine: a cluster in one process over the daemons' own update code (see
+ * engine.h). */
 #include "deploy/lab/engine.h"
 
 #include <inttypes.h>

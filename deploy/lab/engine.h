@@ -1,4 +1,4 @@
-/* lab: the engine `downpour sim` and `downpour replay` share — a cluster in
+/* lab/engine: the engine `downpour sim` and `downpour replay` share — a cluster in
  * one process: K parameter-server shards (server/shard.h) behind the very
  * policies the daemons run (server/policy.h: the same push, pull_ready and
  * members_changed code, no copy), M virtual workers whose gradients are

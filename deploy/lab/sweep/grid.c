@@ -1,4 +1,4 @@
-/* sweep_grid: the grid of `downpour sweep` (see sweep_grid.h). Every value
+/* sweep/grid: the grid of `downpour sweep` (see grid.h). Every value
  * is checked here, before anything runs, with the same number parsers as
  * the daemons' flags; what only a daemon can judge (a straggler's index
  * against --workers, say) is judged by the first run, which stops the sweep
@@ -62,13 +62,16 @@ void dp_sweep_grid_fini(dp_sweep_grid_t *g)
     g->args = NULL;
 }
 
-/* "lr_policy" and "--lr-policy" are "lr-policy". */
+/* "lr_policy" and "--lr-policy" are "lr-policy", "seeds" (the flag) is
+ * "seed": one name per key, so a file that sets a key twice under two
+ * spellings is caught too. */
 static void s_norm_key(const char *key, char *out, size_t n)
 {
     while (*key == '-') key++;
     size_t i = 0;
     for (; key[i] && i + 1 < n; i++) out[i] = key[i] == '_' ? '-' : (char)tolower((unsigned char)key[i]);
     out[i] = 0;
+    if (strcmp(out, "seeds") == 0) snprintf(out, n, "seed");
 }
 
 static int s_is_one_of(const char *v, const char *list)
@@ -175,12 +178,26 @@ typedef struct {
     int axis;
 } s_axis_arg_t;
 
+/* The same value: the same text, or the same number ("0.1" and "0.10"). */
+static int s_same_value(const char *a, const char *b)
+{
+    if (strcmp(a, b) == 0) return 1;
+    char *ea, *eb;
+    double da = strtod(a, &ea), db = strtod(b, &eb);
+    return ea != a && !*ea && eb != b && !*eb && da == db;
+}
+
 static int s_add_axis_value(void *arg, const char *v, char *err)
 {
     s_axis_arg_t *x = arg;
     if (x->g->n[x->axis] >= DP_SWEEP_VALUES)
         return dp_err(err, "%s: more than %d values", s_axis[x->axis], DP_SWEEP_VALUES);
     if (s_check_value(x->axis, v, err) != 0) return -1;
+    /* A value listed twice would run one configuration twice, reported as
+     * two rows: most likely a slip, as a key given twice is. */
+    for (int i = 0; i < x->g->n[x->axis]; i++)
+        if (s_same_value(x->g->value[x->axis][i], v))
+            return dp_err(err, "%s: '%s' is listed twice", s_axis[x->axis], v);
     x->g->value[x->axis][x->g->n[x->axis]++] = dp_strdup(v);
     return 0;
 }
@@ -229,7 +246,6 @@ int dp_sweep_grid_set(dp_sweep_grid_t *g, const char *key_in, const char *list, 
 {
     char key[32];
     s_norm_key(key_in, key, sizeof key);
-    if (strcmp(key, "seeds") == 0) snprintf(key, sizeof key, "seed");
     for (int a = 0; a < DP_SWEEP_N_AXES; a++) {
         if (strcmp(key, s_axis[a]) != 0) continue;
         s_clear_axis(g, a);

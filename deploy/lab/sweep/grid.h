@@ -1,4 +1,4 @@
-/* sweep_grid: what `downpour sweep` runs — a grid of axes (mode, workers,
+/* sweep/grid: what `downpour sweep` runs — a grid of axes (mode, workers,
  * staleness bound, lr, lr policy, momentum, replicas, straggler, simulated
  * compute time, seed), each a list of values, read from a small text file
  * and/or flags. A configuration is one value of every axis but the seed;
@@ -15,7 +15,10 @@
  *   eval-every = 50                         eval-limit = 2000
  *   targets = 0.80, 0.85, 0.88
  * A value is checked when it is read: a bad line is refused with
- * "FILE:LINE: ..." and nothing runs. */
+ * "FILE:LINE: ..." and nothing runs. So is a key given twice (under any
+ * spelling: lr_policy and lr-policy, seed and seeds) and a value listed
+ * twice in one list (the same text or the same number: 0.1 and 0.10).
+ * tests/unit/test_sweep_grid.c holds these. */
 #ifndef DP_SWEEP_GRID_H
 #define DP_SWEEP_GRID_H
 

@@ -1,5 +1,5 @@
-/* sweep_plot: data columns, a gnuplot script and the PNGs (see
- * sweep_plot.h). One colour per configuration; its seeds are separate
+/* sweep/plot: data columns, a gnuplot script and the PNGs (see
+ * plot.h). One colour per configuration; its seeds are separate
  * lines of that colour (blocks of the data file), so the spread between
  * seeds stays visible. */
 #include "deploy/lab/sweep/plot.h"

@@ -1,4 +1,4 @@
-/* sweep_plot: the sweep report's plots — the curves and histograms as
+/* sweep/plot: the sweep report's plots — the curves and histograms as
  * plain columns under out/data/, a gnuplot script out/plots.gp, and the
  * PNGs it draws (gnuplot from Debian's gnuplot-nox; its png terminal).
  * The script reads paths relative to out, so `cd out && gnuplot plots.gp`

@@ -1,4 +1,4 @@
-/* sweep_read: a finished run's numbers (see sweep_read.h). The chief
+/* sweep/read: a finished run's numbers (see read.h). The chief
  * evaluates the weights it pulled for a step, so a periodic point's updates
  * are that push line's "version"; the final point is the summary's. */
 #include "deploy/lab/sweep/read.h"

@@ -1,4 +1,4 @@
-/* sweep_read: what one finished run left, as the sweep's report needs it —
+/* sweep/read: what one finished run left, as the sweep's report needs it —
  * from DIR/summary.json the final test accuracy, updates and staleness;
  * from the chief's metrics (DIR/metrics/worker-0.jsonl) the accuracy curve
  * (its "eval" lines: the test accuracy after so many server updates and

@@ -1,4 +1,4 @@
-/* sweep_report: report.md and results.json (see sweep_report.h). The
+/* sweep/report: report.md and results.json (see report.h). The
  * table's figures are computed once, in s_stats, and both files print
  * them, so the table and the JSON never disagree. */
 #include "deploy/lab/sweep/report.h"

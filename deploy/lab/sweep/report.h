@@ -1,4 +1,4 @@
-/* sweep_report: a sweep's report directory — report.md (one table row per
+/* sweep/report: a sweep's report directory — report.md (one table row per
  * configuration: final test accuracy mean +- std over seeds, time and
  * updates to each target accuracy, staleness mean and max), results.json
  * (the same numbers and every run's), data/ (the curves and histograms as

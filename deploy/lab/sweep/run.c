@@ -1,4 +1,4 @@
-/* sweep_run: one run of a sweep (see sweep_run.h). The run's own binary
+/* sweep/run: one run of a sweep (see run.h). The run's own binary
  * checks its flags; this module only assembles them, so a flag of `args`
  * means exactly what it means on the command line. */
 #include "deploy/lab/sweep/run.h"

@@ -1,4 +1,4 @@
-/* sweep_run: one run of a sweep — its command line (`downpour local`,
+/* sweep/run: one run of a sweep — its command line (`downpour local`,
  * `downpour-worker --standalone` or `downpour sim`, from a configuration
  * and a seed), whether its directory already holds it complete (a sweep is
  * resumed by running it again), and running it as a child with a progress

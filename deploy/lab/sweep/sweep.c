@@ -1,9 +1,9 @@
 /* sweep: `downpour sweep` — runs a grid of configurations (mode x workers x
  * staleness bound x lr x lr policy x momentum x ... x seeds; the grid from a
- * file and/or flags, sweep_grid.h) on the local cluster (`downpour local`,
+ * file and/or flags, grid.h) on the local cluster (`downpour local`,
  * or `downpour-worker --standalone` for mode standalone) or the simulated
  * one (`downpour sim`), one run after another, each in its own directory
- * OUT/runs/cNN-sSEED, and writes the report into OUT (sweep_report.h).
+ * OUT/runs/cNN-sSEED, and writes the report into OUT (report.h).
  *
  * Runs one at a time on purpose: runs that share cores disturb each other's
  * timing, and the time to an accuracy is one of the figures.

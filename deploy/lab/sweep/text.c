@@ -1,4 +1,4 @@
-/* sweep_text: a growing text buffer (see sweep_text.h). */
+/* sweep/text: a growing text buffer (see text.h). */
 #include "deploy/lab/sweep/text.h"
 
 #include <limits.h>

@@ -1,4 +1,4 @@
-/* sweep_text: a growing text buffer for the report's files (written whole,
+/* sweep/text: a growing text buffer for the report's files (written whole,
  * atomically, once complete: never a half-written report). */
 #ifndef DP_SWEEP_TEXT_H
 #define DP_SWEEP_TEXT_H
