@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/opts.h"
 #include "common/util.h"
+#include "kernels/env.h"
 #include "deploy/launcher/commands.h"
 
 typedef struct {
@@ -99,6 +101,12 @@ static int s_group_refused(const char *word)
 int main(int argc, char **argv)
 {
     dp_log_init("downpour");
+    /* The environment's knobs first, refused as a bad flag is. */
+    char err[DP_ERR_LEN];
+    if (dp_log_env(err) != 0 || dp_kernels_env(err) != 0) {
+        fprintf(stderr, "downpour: %s\n", err);
+        return 2;
+    }
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         s_usage(argc < 2 ? stderr : stdout);

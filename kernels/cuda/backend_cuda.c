@@ -44,8 +44,10 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include "common/opts.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/env.h"
 #include "kernels/cuda/backend_cuda.h"
 
 #define S_PLANS 4                      /* batch sizes cached per conv layer */
@@ -134,11 +136,30 @@ static s_cuda_t *s_enter(dp_backend_t *be)
     return cx;
 }
 
-static int s_env_int(const char *name, int dflt)
+/* The CUDA knobs (kernels/env.h), through the flags' strict parsers:
+ * dp_kernels_env checks them at the program's start, each backend reads
+ * them here. */
+typedef struct {
+    long tf32, find;  /* DP_CUDA_TF32, DP_CUDA_FIND: 0 | 1 */
+    int fastest;      /* DP_CUDA_ALGOS: 0 exact (default), 1 fastest */
+    long ws_mb;       /* DP_CUDA_WORKSPACE_MB */
+} s_knobs_t;
+
+static int s_knobs(s_knobs_t *k, char *err)
 {
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    return atoi(v);
+    *k = (s_knobs_t){.ws_mb = S_WORKSPACE_MB_DEFAULT};
+    return dp_opts_env_long("DP_CUDA_TF32", 0, 1, &k->tf32, err) != 0 ||
+                   dp_opts_env_long("DP_CUDA_FIND", 0, 1, &k->find, err) != 0 ||
+                   dp_opts_env_choice("DP_CUDA_ALGOS", "exact|fastest", &k->fastest, err) != 0 ||
+                   dp_opts_env_long("DP_CUDA_WORKSPACE_MB", 0, 1L << 20, &k->ws_mb, err) != 0
+               ? -1
+               : 0;
+}
+
+int dp_cuda_env(char *err)
+{
+    s_knobs_t k;
+    return s_knobs(&k, err);
 }
 
 /* ---- planning ----------------------------------------------------------- */
@@ -816,7 +837,8 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     struct cudaDeviceProp prop;
     int count = 0;
     size_t cudnn_ver;
-    const char *algos;
+    s_knobs_t knobs;
+    char e2[DP_ERR_LEN];
     cudaError_t e;
 
     *out = NULL;
@@ -847,15 +869,14 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
                cx->name, cudnn_ver, CUDNN_MAJOR, CUDNN_MINOR);
         goto fail;
     }
-    cx->tf32 = s_env_int("DP_CUDA_TF32", 0) != 0;
-    algos = getenv("DP_CUDA_ALGOS");
-    if (algos && *algos && strcmp(algos, "exact") != 0 && strcmp(algos, "fastest") != 0) {
-        dp_err(err, "%s: DP_CUDA_ALGOS=%s: expected exact or fastest", cx->name, algos);
+    if (s_knobs(&knobs, e2) != 0) {
+        dp_err(err, "%s: %s", cx->name, e2);
         goto fail;
     }
-    cx->exact = !algos || !*algos || strcmp(algos, "exact") == 0;
-    cx->find = s_env_int("DP_CUDA_FIND", 0) != 0;
-    cx->ws_limit = (size_t)s_env_int("DP_CUDA_WORKSPACE_MB", S_WORKSPACE_MB_DEFAULT) << 20;
+    cx->tf32 = knobs.tf32 != 0;
+    cx->exact = !knobs.fastest;
+    cx->find = knobs.find != 0;
+    cx->ws_limit = (size_t)knobs.ws_mb << 20;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     DP_CUDNN_TRY(cudnnCreate(&cx->cudnn));

@@ -5,6 +5,10 @@
 #    what it accepts — downpour-ps, downpour-worker, downpour local, downpour
 #    eval; `downpour local --workers 2abc` no longer runs with 2 workers
 #  - downpour local refuses a bad daemon flag itself, before starting anything
+#  - an environment variable's bad value is refused the same way (one line
+#    naming the variable, exit status 2), before anything starts
+#  - downpour --summary (downpour(1)'s NAME line) names every command of
+#    downpour --help: both come from the launcher's one table
 #  - --help of every binary exits 0 and lists its flags
 #  - seeds above 2^53 are taken whole by the worker and the servers alike
 #  - the TensorFlow-style cluster flags still place a ps task (its resolved
@@ -60,6 +64,29 @@ refused "downpour eval: out of range" "--limit '-1': expected an integer in [0, 
     "$L" eval --checkpoint x.safetensors --limit -1
 refused "downpour eval: unknown flag" "unknown flag '--bogus'" "$L" eval --bogus
 refused "downpour: unknown command" "unknown command 'bogus'" "$L" bogus
+
+# Environment variables (ARCHITECTURE.md's "Environment" table) go through
+# the same parsers, read at the start of main: a bad value is one line
+# naming the variable and exit status 2, in every binary, before anything
+# (the flags too: each command's --bogus is never reached).
+refused "DP_CONV_SPARSE_MAX=2: worker" "DP_CONV_SPARSE_MAX '2': expected a number in [0, 1]" \
+    env DP_CONV_SPARSE_MAX=2 "$WK" --standalone --bogus
+refused "DP_CONV_SPARSE_MAX=0.5x: downpour local" "DP_CONV_SPARSE_MAX '0.5x'" \
+    env DP_CONV_SPARSE_MAX=0.5x "$L" local --bogus --out "$TMP/never"
+refused "DP_LOG=verbose: downpour-ps" "DP_LOG 'verbose': expected one of info|debug" \
+    env DP_LOG=verbose "$PS" --bogus --ready-file "$TMP/never"
+refused "DP_LOG=verbose: downpour sim" "DP_LOG 'verbose'" env DP_LOG=verbose "$L" sim --bogus --out "$TMP/never"
+refused "DP_CPU_ISA=bogus: downpour eval" "DP_CPU_ISA=bogus: unknown path" \
+    env DP_CPU_ISA=bogus "$L" eval --bogus --checkpoint "$TMP/never"
+if ldd "$WK" | grep -q libcudart; then
+    refused "DP_CUDA_WORKSPACE_MB=lots: worker" "DP_CUDA_WORKSPACE_MB 'lots'" \
+        env DP_CUDA_WORKSPACE_MB=lots "$WK" --standalone --bogus
+    refused "DP_CUDA_ALGOS=best: worker" "DP_CUDA_ALGOS 'best': expected one of exact|fastest" \
+        env DP_CUDA_ALGOS=best "$WK" --standalone --bogus
+else
+    skip "the CUDA knobs" "a CPU-only build reads none"
+fi
+check "a bad environment variable: nothing started or created" test ! -e "$TMP/never"
 
 # --help: exit 0, on stdout, every binary.
 helps() { # NAME MUST_CONTAIN COMMAND...

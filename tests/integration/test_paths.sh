@@ -66,6 +66,6 @@ check "sweep --out sw/a/b ($(tail -1 "$TMP/sweep.log"))" test -s sw/a/b/report.m
 "$WK" --standalone --steps 1 "${tiny[@]}" --save blocked/m.safetensors >"$TMP/blocked.log" 2>&1
 rc=$?
 check "--save under a file: fails (status $rc), naming the folder" \
-    bash -c '[ "$1" != 0 ] && grep -q "blocked: cannot create" "$2"' _ $rc "$TMP/blocked.log"
+    bash -c '[ "$1" != 0 ] && grep -q "blocked/m.safetensors: cannot create its folder blocked: Not a directory" "$2"' _ $rc "$TMP/blocked.log"
 
 cd / && finish
