@@ -148,12 +148,10 @@ typedef struct {
 static int s_knobs(s_knobs_t *k, char *err)
 {
     *k = (s_knobs_t){.ws_mb = S_WORKSPACE_MB_DEFAULT};
-    return dp_opts_env_long("DP_CUDA_TF32", 0, 1, &k->tf32, err) != 0 ||
-                   dp_opts_env_long("DP_CUDA_FIND", 0, 1, &k->find, err) != 0 ||
-                   dp_opts_env_choice("DP_CUDA_ALGOS", "exact|fastest", &k->fastest, err) != 0 ||
-                   dp_opts_env_long("DP_CUDA_WORKSPACE_MB", 0, 1L << 20, &k->ws_mb, err) != 0
-               ? -1
-               : 0;
+    if (dp_opts_env_long("DP_CUDA_TF32", 0, 1, &k->tf32, err) != 0) return -1;
+    if (dp_opts_env_long("DP_CUDA_FIND", 0, 1, &k->find, err) != 0) return -1;
+    if (dp_opts_env_choice("DP_CUDA_ALGOS", "exact|fastest", &k->fastest, err) != 0) return -1;
+    return dp_opts_env_long("DP_CUDA_WORKSPACE_MB", 0, 1L << 20, &k->ws_mb, err);
 }
 
 int dp_cuda_env(char *err)
