@@ -44,14 +44,12 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
-#include "common/opts.h"
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "kernels/env.h"
 #include "kernels/cuda/backend_cuda.h"
 
 #define S_PLANS 4                      /* batch sizes cached per conv layer */
-#define S_WORKSPACE_MB_DEFAULT 256     /* cuDNN workspace cap (DP_CUDA_WORKSPACE_MB) */
 
 /* ---- error checks ----------------------------------------------------- */
 
@@ -134,30 +132,6 @@ static s_cuda_t *s_enter(dp_backend_t *be)
     s_cuda_t *cx = s_cx(be);
     DP_CUDA_CHECK(cudaSetDevice(cx->dev));
     return cx;
-}
-
-/* The CUDA knobs (kernels/env.h), through the flags' strict parsers:
- * dp_kernels_env checks them at the program's start, each backend reads
- * them here. */
-typedef struct {
-    long tf32, find;  /* DP_CUDA_TF32, DP_CUDA_FIND: 0 | 1 */
-    int fastest;      /* DP_CUDA_ALGOS: 0 exact (default), 1 fastest */
-    long ws_mb;       /* DP_CUDA_WORKSPACE_MB */
-} s_knobs_t;
-
-static int s_knobs(s_knobs_t *k, char *err)
-{
-    *k = (s_knobs_t){.ws_mb = S_WORKSPACE_MB_DEFAULT};
-    if (dp_opts_env_long("DP_CUDA_TF32", 0, 1, &k->tf32, err) != 0) return -1;
-    if (dp_opts_env_long("DP_CUDA_FIND", 0, 1, &k->find, err) != 0) return -1;
-    if (dp_opts_env_choice("DP_CUDA_ALGOS", "exact|fastest", &k->fastest, err) != 0) return -1;
-    return dp_opts_env_long("DP_CUDA_WORKSPACE_MB", 0, 1L << 20, &k->ws_mb, err);
-}
-
-int dp_cuda_env(char *err)
-{
-    s_knobs_t k;
-    return s_knobs(&k, err);
 }
 
 /* ---- planning ----------------------------------------------------------- */
@@ -835,7 +809,7 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     struct cudaDeviceProp prop;
     int count = 0;
     size_t cudnn_ver;
-    s_knobs_t knobs;
+    dp_cuda_knobs_t knobs;
     char e2[DP_ERR_LEN];
     cudaError_t e;
 
@@ -867,14 +841,15 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
                cx->name, cudnn_ver, CUDNN_MAJOR, CUDNN_MINOR);
         goto fail;
     }
-    if (s_knobs(&knobs, e2) != 0) {
+    /* The knobs (kernels/env.h): checked at the program's start already. */
+    if (dp_cuda_knobs(&knobs, e2) != 0) {
         dp_err(err, "%s: %s", cx->name, e2);
         goto fail;
     }
-    cx->tf32 = knobs.tf32 != 0;
+    cx->tf32 = knobs.tf32;
     cx->exact = !knobs.fastest;
-    cx->find = knobs.find != 0;
-    cx->ws_limit = (size_t)knobs.ws_mb << 20;
+    cx->find = knobs.find;
+    cx->ws_limit = (size_t)knobs.workspace_mb << 20;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     DP_CUDNN_TRY(cudnnCreate(&cx->cudnn));

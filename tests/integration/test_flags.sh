@@ -78,14 +78,13 @@ refused "DP_LOG=verbose: downpour-ps" "DP_LOG 'verbose': expected one of info|de
 refused "DP_LOG=verbose: downpour sim" "DP_LOG 'verbose'" env DP_LOG=verbose "$L" sim --bogus --out "$TMP/never"
 refused "DP_CPU_ISA=bogus: downpour eval" "DP_CPU_ISA=bogus: unknown path" \
     env DP_CPU_ISA=bogus "$L" eval --bogus --checkpoint "$TMP/never"
-if ldd "$WK" | grep -q libcudart; then
-    refused "DP_CUDA_WORKSPACE_MB=lots: worker" "DP_CUDA_WORKSPACE_MB 'lots'" \
-        env DP_CUDA_WORKSPACE_MB=lots "$WK" --standalone --bogus
-    refused "DP_CUDA_ALGOS=best: worker" "DP_CUDA_ALGOS 'best': expected one of exact|fastest" \
-        env DP_CUDA_ALGOS=best "$WK" --standalone --bogus
-else
-    skip "the CUDA knobs" "a CPU-only build reads none"
-fi
+# The CUDA backend's knobs are checked in every build (a CPU-only one too).
+refused "DP_CUDA_WORKSPACE_MB=lots: worker" "DP_CUDA_WORKSPACE_MB 'lots': expected an integer in [0, 1048576]" \
+    env DP_CUDA_WORKSPACE_MB=lots "$WK" --standalone --bogus
+refused "DP_CUDA_ALGOS=best: downpour local" "DP_CUDA_ALGOS 'best': expected one of exact|fastest" \
+    env DP_CUDA_ALGOS=best "$L" local --bogus --out "$TMP/never"
+refused "DP_CUDA_TF32=yes: worker (atoi read it as 0)" "DP_CUDA_TF32 'yes': expected an integer in [0, 1]" \
+    env DP_CUDA_TF32=yes "$WK" --standalone --bogus
 check "a bad environment variable: nothing started or created" test ! -e "$TMP/never"
 
 # --help: exit 0, on stdout, every binary.
