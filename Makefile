@@ -71,7 +71,9 @@ CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_CSRC   := $(wildcard kernels/cuda/*.c)
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
 WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c))
-DEPLOY_SRC  := $(filter-out deploy/downpour.c,$(wildcard deploy/*.c))
+# deploy/'s rooms: launcher/ (the downpour command and its children), bench/,
+# lab/ (engine, sim, replay) and lab/sweep/.
+DEPLOY_SRC  := $(filter-out deploy/launcher/downpour.c,$(wildcard deploy/*/*.c deploy/*/*/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB_COMMON  := $(BUILD)/lib/libdpcommon.a
@@ -174,7 +176,7 @@ $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_PROTO) $(LIB
 $(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
 	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
 
-$(BUILD)/downpour: $(call obj,deploy/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
+$(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
 	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_LIBS)
@@ -352,11 +354,12 @@ DEB_TEST += python3-yaml help2man dpkg-dev systemd iproute2 procps
 
 man_name_downpour-ps     := Downpour parameter-server shard
 man_name_downpour-worker := Downpour worker: trains against the parameter servers, or alone
-man_name_downpour        := Downpour launcher: local cluster, eval, keygen, bench
+# The launcher's NAME line comes from its command table (downpour --summary),
+# as its usage does, so the man page names every command.
 $(BUILD)/man/%.1.gz: $(BUILD)/%
 	@command -v help2man >/dev/null || { echo "install: help2man not found: apt-get install help2man"; exit 1; }
 	@mkdir -p $(dir $@)
-	help2man -N --no-discard-stderr --version-string=$(DP_VERSION) -n "$(man_name_$*)" -o $@.tmp $< \
+	help2man -N --no-discard-stderr --version-string=$(DP_VERSION) -n "$(or $(man_name_$*),$$($< --summary))" -o $@.tmp $< \
 	    && gzip -9n <$@.tmp >$@.gz.tmp && mv $@.gz.tmp $@ && rm -f $@.tmp
 
 .PHONY: install deb

@@ -85,6 +85,12 @@ int dp_metrics_new(dp_metrics_t **out, const char *path, char *err)
         *out = m;
         return 0;
     }
+    char e2[DP_ERR_LEN];
+    if (dp_mkdir_parents(path, e2) != 0) {
+        free(m);
+        *out = NULL;
+        return dp_err(err, "metrics file %s: %s", path, e2);
+    }
     m->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (m->fd < 0) {
         int e = errno;

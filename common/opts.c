@@ -121,6 +121,36 @@ static int s_choice(const char *choices, const char *v)
 }
 
 /* The numeric kinds: parse, check the range, store. */
+int dp_opts_env_long(const char *name, long lo, long hi, long *out, char *err)
+{
+    const char *v = getenv(name);
+    return v && *v ? dp_opts_parse_long(name, v, lo, hi, out, err) : 0;
+}
+
+int dp_opts_env_double(const char *name, double lo, double hi, double *out, char *err)
+{
+    const char *v = getenv(name);
+    return v && *v ? dp_opts_parse_double(name, v, lo, hi, out, err) : 0;
+}
+
+int dp_opts_env_choice(const char *name, const char *choices, int *out, char *err)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    int k = s_choice(choices, v);
+    if (k < 0) return dp_err(err, "%s '%s': expected one of %s", name, v, choices);
+    *out = k;
+    return 0;
+}
+
+int dp_log_env(char *err)
+{
+    int level = 0;
+    if (dp_opts_env_choice("DP_LOG", "info|debug", &level, err) != 0) return -1;
+    dp_log_set_debug(level == 1);
+    return 0;
+}
+
 static int s_apply_number(dp_opts_flag_t *e, const char *flag, const char *v, char *err)
 {
     long l;

@@ -110,6 +110,17 @@ int dp_opts_parse_long(const char *flag, const char *text, long lo, long hi, lon
 int dp_opts_parse_double(const char *flag, const char *text, double lo, double hi, double *out,
                          char *err);
 int dp_opts_parse_u64(const char *flag, const char *text, uint64_t *out, char *err);
+/* Environment variables (the table in ARCHITECTURE.md, "Environment"),
+ * read by each program's main before it does anything, through the same
+ * parsers: the variable's name stands where a flag's would ("DP_LOG 'x':
+ * expected one of info|debug"), and the program exits 2 on it as on a bad
+ * flag. Unset or empty: 0, *out untouched (the default stands). */
+int dp_opts_env_long(const char *name, long lo, long hi, long *out, char *err);
+int dp_opts_env_double(const char *name, double lo, double hi, double *out, char *err);
+/* One of "a|b|c": *out its index. */
+int dp_opts_env_choice(const char *name, const char *choices, int *out, char *err);
+/* DP_LOG=info|debug: debug lines on or off (common/util.h). */
+int dp_log_env(char *err);
 /* n integers in [lo, hi] separated by sep ("I/K" with '/', "CxHxW" with 'x');
  * what names the shape in the message ("I/K, e.g. 0/2"). */
 int dp_opts_parse_tuple(const char *flag, const char *text, char sep, int n, long lo, long hi,

@@ -77,29 +77,6 @@ static void s_write_record(dp_tb_t *tb, const Tensorflow__Event *ev)
     free(r);
 }
 
-/* mkdir -p: TensorFlow's summary writers create the log directory. */
-static int s_mkdir_p(const char *dir, char *err)
-{
-    char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-        return dp_err(err, "tensorboard logdir %s: path too long", dir);
-    for (char *p = path + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char saved = *p;
-            *p = '\0';
-            if (mkdir(path, 0755) != 0 && errno != EEXIST)
-                return dp_err(err, "tensorboard logdir %s: cannot create %s: %s", dir, path,
-                              strerror(errno));
-            *p = saved;
-            if (saved == '\0') break;
-        }
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return dp_err(err, "tensorboard logdir %s: not a directory", dir);
-    return 0;
-}
-
 int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
 {
     *out = NULL;
@@ -113,9 +90,11 @@ int dp_tb_new(dp_tb_t **out, const char *logdir, const char *suffix, char *err)
         free(tb);
         return dp_err(err, "tensorboard file suffix \"%s\" must not contain '/'", suffix);
     }
-    if (s_mkdir_p(logdir, err) != 0) {
+    /* mkdir -p, as TensorFlow's summary writers create the log directory. */
+    char e2[DP_ERR_LEN];
+    if (dp_mkdirs(logdir, 0755, e2) != 0) {
         free(tb);
-        return -1;
+        return dp_err(err, "tensorboard logdir %s: %s", logdir, e2);
     }
     char host[256] = "localhost";
     if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "localhost");

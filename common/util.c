@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 static char s_program[64] = "downpour";
-static int s_debug = -1;
+static int s_debug = 0; /* DP_LOG=debug (common/opts.h's dp_log_env) */
 
 int dp_err(char *err, const char *fmt, ...)
 {
@@ -98,13 +98,14 @@ DP_LOG_FN(dp_log_info, "")
 DP_LOG_FN(dp_log_warn, "warning: ")
 DP_LOG_FN(dp_log_error, "error: ")
 
+void dp_log_set_debug(int on)
+{
+    s_debug = on;
+}
+
 void dp_log_debug(const char *fmt, ...)
 {
-    if (s_debug < 0) {
-        const char *e = getenv("DP_LOG");
-        s_debug = e && strcmp(e, "debug") == 0;
-    }
-    if (!s_debug) return;
+    if (s_debug <= 0) return;
     va_list ap;
     va_start(ap, fmt);
     s_log("debug: ", fmt, ap);
@@ -165,6 +166,60 @@ static int s_sync_dir(const char *path)
     return rc;
 }
 
+/* mkdir -p dir; on failure -1 with the directory that failed in *failed
+ * (dir itself when it exists as something else) and errno set. */
+static int s_mkdirs(const char *dir, mode_t mode, char *failed, size_t n)
+{
+    char path[4096];
+    size_t len = strlen(dir);
+    snprintf(failed, n, "%s", dir);
+    if (len == 0) return errno = ENOENT, -1;
+    if (len >= sizeof path) return errno = ENAMETOOLONG, -1;
+    memcpy(path, dir, len + 1);
+    while (len > 1 && path[len - 1] == '/') path[--len] = '\0';
+    /* Each prefix ending before a '/', then the whole: EEXIST is fine
+     * (a file in the way fails at the next level, or at the stat below). */
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char saved = *p;
+        *p = '\0';
+        if (mkdir(path, mode) != 0 && errno != EEXIST) {
+            int e = errno;
+            snprintf(failed, n, "%s", path);
+            return errno = e, -1;
+        }
+        *p = saved;
+        if (saved == '\0') break;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) return errno = ENOTDIR, -1;
+    return 0;
+}
+
+int dp_mkdirs(const char *dir, mode_t mode, char *err)
+{
+    char failed[4096];
+    if (s_mkdirs(dir, mode, failed, sizeof failed) != 0)
+        return dp_err(err, "%s: cannot create: %s", failed, strerror(errno));
+    return 0;
+}
+
+int dp_mkdir_parents(const char *path, char *err)
+{
+    char dir[4096], failed[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return dp_err(err, "%s: path too long", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return 0; /* in the working directory */
+    while (slash > dir && slash[-1] == '/') slash--;
+    if (slash == dir) return 0; /* in / */
+    *slash = '\0';
+    if (s_mkdirs(dir, 0755, failed, sizeof failed) != 0)
+        return dp_err(err, "%s: cannot create its folder %s: %s", path, failed, strerror(errno));
+    return 0;
+}
+
 /* Does the test hook named env select path? ("1": every path.) */
 static int s_test_hook(const char *env, const char *path)
 {
@@ -181,6 +236,8 @@ int dp_atomic_open(dp_atomic_t *a, const char *path, mode_t mode, char *err)
         return dp_err(err, "%s: path too long", path);
     a->mode = mode;
     a->fail = s_test_hook("DP_TEST_WRITE_FAIL", path);
+    /* A checkpoint, record or summary may be the first thing in its folder. */
+    if (dp_mkdir_parents(path, err) != 0) return -1;
     /* mkostemp opens with O_CREAT | O_EXCL: never an existing name. */
     a->fd = mkostemp(a->tmp, O_CLOEXEC);
     if (a->fd < 0) return dp_err(err, "%s: cannot create temporary file: %s", path, strerror(errno));

@@ -29,8 +29,10 @@ char *dp_strdup(const char *s);
 void *dp_aligned_alloc(size_t bytes);
 
 /* Logging to stderr with a level prefix and the program name set once by
- * dp_log_init. DP_LOG=debug turns on debug lines. */
+ * dp_log_init. Debug lines are off unless turned on (DP_LOG=debug, read by
+ * common/opts.h's dp_log_env). */
 void dp_log_init(const char *program);
+void dp_log_set_debug(int on);
 void dp_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -55,13 +57,26 @@ double dp_now(void);
 #define DP_FNV_SEED 0xcbf29ce484222325ULL
 uint64_t dp_fnv1a(uint64_t h, const void *data, size_t n);
 
+/* mkdir -p: dir and every missing directory above it, each with mode
+ * (0755; 0700 for a secret's). Existing directories are left as they are.
+ * -1 with err naming the directory that could not be made ("DIR: cannot
+ * create: REASON"), or dir when it exists as something else. Every writer
+ * of a user's path goes through these, so `--out runs/a/b` or
+ * `--save out/m.safetensors` in a fresh directory works, as users expect. */
+int dp_mkdirs(const char *dir, mode_t mode, char *err);
+/* The directories above path's last component (mkdir -p "$(dirname path)"),
+ * mode 0755: for a file about to be created; err names both ("PATH: cannot
+ * create its folder DIR: REASON"). */
+int dp_mkdir_parents(const char *path, char *err);
+
 /* Whole-file read; returns -1 with err on failure. *out is malloc'd and
  * NUL-terminated (not counted in *len). */
 int dp_read_file(const char *path, uint8_t **out, size_t *len, char *err);
 
 /* Atomic file writes, the one way every writer replaces a file (checkpoints,
  * records, keys, ready files): the bytes go to a new temporary file
- * PATH.tmp.XXXXXX in PATH's directory, created by mkstemp (O_CREAT|O_EXCL:
+ * PATH.tmp.XXXXXX in PATH's directory (made first, with the folders above
+ * it, when missing: dp_mkdir_parents), created by mkstemp (O_CREAT|O_EXCL:
  * a symlink or file planted at that name is never opened, let alone
  * followed); commit checks every write, fsync and close, sets the mode,
  * renames it over PATH (which replaces a symlink at PATH, never writes

@@ -18,6 +18,11 @@ int main(int argc, char **argv)
 {
     dp_log_init("downpour-ps");
     char err[DP_ERR_LEN] = "";
+    /* The environment's knobs first, refused as a bad flag is. */
+    if (dp_log_env(err) != 0) {
+        fprintf(stderr, "downpour-ps: %s\n", err);
+        return 2;
+    }
     dp_ps_config_t cfg;
     dp_ps_config_default(&cfg);
     int r = dp_ps_parse_args(&cfg, argc, argv, err);

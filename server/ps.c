@@ -928,8 +928,9 @@ static int s_restore(s_ps_t *ps, char *err)
     else dp_ps_config_run_id(cfg, ps->run.id, sizeof ps->run.id);
     ps->run.resume = cfg->resume;
     if (!cfg->checkpoint_dir[0]) return 0;
-    if (mkdir(cfg->checkpoint_dir, 0755) != 0 && errno != EEXIST)
-        return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, strerror(errno));
+    char mk[DP_ERR_LEN];
+    if (dp_mkdirs(cfg->checkpoint_dir, 0755, mk) != 0)
+        return dp_err(err, "--checkpoint-dir %s: %s", cfg->checkpoint_dir, mk);
     dp_shard_checkpoint_path(ps->ckpt_path, sizeof ps->ckpt_path, cfg->checkpoint_dir,
                              cfg->shard_index, cfg->shard_count);
     /* What a kill between a checkpoint's write and its rename left. */

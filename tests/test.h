@@ -10,10 +10,15 @@
 #ifndef DP_TEST_H
 #define DP_TEST_H
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/opts.h"
+#include "common/util.h"
+#include "kernels/env.h"
 
 static int t_checks;      /* checks made by the current test */
 static int t_failures;    /* failed checks in the current test */
@@ -145,10 +150,22 @@ static inline int t_main(int argc, char **argv, const t_test_t *tests, int n)
     return failed ? 1 : 0;
 }
 
+/* The environment's knobs, read first as each program's main does
+ * (kernels/env.h): a bad one is one line, and the caller exits 2 before any
+ * test runs. */
+static int t_env(void)
+{
+    char err[DP_ERR_LEN];
+    if (dp_log_env(err) == 0 && dp_kernels_env(err) == 0) return 0;
+    fprintf(stderr, "%s: %s\n", program_invocation_short_name, err);
+    return -1;
+}
+
 #define DP_TESTS(...)                                                          \
     int main(int argc, char **argv)                                            \
     {                                                                          \
         static const t_test_t t_all[] = {__VA_ARGS__};                         \
+        if (t_env() != 0) return 2;                                            \
         return t_main(argc, argv, t_all, (int)(sizeof t_all / sizeof t_all[0])); \
     }
 

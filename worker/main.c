@@ -7,8 +7,10 @@
  * worker saves nothing (the servers hold the weights and checkpoint them). */
 #include <stdio.h>
 
+#include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
+#include "kernels/env.h"
 #include "worker/args.h"
 
 static volatile sig_atomic_t s_stop;
@@ -19,6 +21,11 @@ int main(int argc, char **argv)
     static dp_worker_args_t a; /* the cluster spec is large: keep it off the stack */
     dp_worker_args_default(&a);
     char err[DP_ERR_LEN] = "";
+    /* The environment's knobs first, refused as a bad flag is. */
+    if (dp_log_env(err) != 0 || dp_kernels_env(err) != 0) {
+        fprintf(stderr, "downpour-worker: %s\n", err);
+        return 2;
+    }
     int r = dp_worker_parse_args(&a, argc, argv, err);
     if (r != 0) return dp_opts_exit_status("downpour-worker", r, err);
     dp_signals_install(&s_stop, 0);

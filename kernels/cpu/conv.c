@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opts.h"
+#include "kernels/env.h"
 #include "kernels/ops.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/isa.h"
@@ -190,10 +192,11 @@ static int s_is_pointwise(const dp_conv_dims_t *d)
 #define DP_SPARSE_MAX 0.4
 static double s_sparse_max = DP_SPARSE_MAX;
 
-__attribute__((constructor)) static void s_sparse_env(void)
+/* DP_CONV_SPARSE_MAX (a fraction in [0, 1]; 0: never sparse) replaces it,
+ * read by dp_kernels_env from main. */
+int dp_conv_env(char *err)
 {
-    const char *e = getenv("DP_CONV_SPARSE_MAX");
-    if (e && *e) s_sparse_max = atof(e);
+    return dp_opts_env_double("DP_CONV_SPARSE_MAX", 0, 1, &s_sparse_max, err);
 }
 
 /* colT rows are in "patch order" r' = (ky, kx, c), not the (c, ky, kx) of w:

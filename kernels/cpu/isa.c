@@ -14,7 +14,8 @@
 
 static const char *const s_names[DP_CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
 
-static dp_cpu_isa_t s_isa = DP_CPU_ISA_GENERIC; /* set before main (no race with the team) */
+static dp_cpu_isa_t s_isa = DP_CPU_ISA_GENERIC; /* set by main, before any kernel runs */
+static int s_ready;                             /* dp_cpu_isa_init has run */
 static unsigned s_supported = 1u << DP_CPU_ISA_GENERIC;
 static char s_features[64] = "no x86 features";
 
@@ -25,6 +26,7 @@ const char *dp_cpu_isa_name(dp_cpu_isa_t isa)
 
 dp_cpu_isa_t dp_cpu_isa(void)
 {
+    assert(s_ready && "dp_kernels_env (kernels/env.h) runs first, in main");
     return s_isa;
 }
 
@@ -81,13 +83,10 @@ static void s_detect(void)
 #endif
 }
 
-/* Before main: a refused DP_CPU_ISA stops the program here, with one line. */
-__attribute__((constructor)) static void s_isa_init(void)
+int dp_cpu_isa_init(char *err)
 {
-    char err[DP_ERR_LEN];
     s_detect();
-    if (dp_cpu_isa_choose(getenv("DP_CPU_ISA"), s_supported, &s_isa, err) != 0) {
-        fprintf(stderr, "%s: %s\n", program_invocation_short_name, err);
-        exit(2);
-    }
+    if (dp_cpu_isa_choose(getenv("DP_CPU_ISA"), s_supported, &s_isa, err) != 0) return -1;
+    s_ready = 1;
+    return 0;
 }

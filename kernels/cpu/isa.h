@@ -1,14 +1,15 @@
 /* isa: which instruction-set path the fast CPU kernels take — the one
- * dispatch point. The path is picked once, before main, from the CPU's
- * features: avx512 (AVX-512F), else avx2 (AVX2 + FMA), else generic (plain C
- * and OpenBLAS, the only path off x86).
+ * dispatch point. The path is picked once, by dp_cpu_isa_init at the start
+ * of main (kernels/env.h's dp_kernels_env), from the CPU's features: avx512
+ * (AVX-512F), else avx2 (AVX2 + FMA), else generic (plain C and OpenBLAS,
+ * the only path off x86).
  *
  * DP_CPU_ISA=avx512|avx2|generic (environment, any case) forces a path, so
- * every path can be run and tested on one machine. A value this CPU cannot run, or an
- * unknown one, is refused before main with one line on stderr (the variable,
+ * every path can be run and tested on one machine. A value this CPU cannot
+ * run, or an unknown one, is refused with one line on stderr (the variable,
  * the value, what the CPU has) and exit status 2: every binary that links
  * the kernels (downpour-worker, downpour local/eval, the tests and benches)
- * fails cleanly before doing anything. */
+ * fails cleanly before doing anything. Nothing of it runs before main. */
 #ifndef DP_CPU_ISA_H
 #define DP_CPU_ISA_H
 
@@ -21,7 +22,10 @@ typedef enum {
     DP_CPU_ISA_COUNT
 } dp_cpu_isa_t;
 
-/* The path the kernels take now. */
+/* Detect the CPU's features and choose the path (DP_CPU_ISA, else the
+ * best); -1 with err for a refused DP_CPU_ISA. */
+int dp_cpu_isa_init(char *err);
+/* The path the kernels take now (after dp_cpu_isa_init: asserted). */
 dp_cpu_isa_t dp_cpu_isa(void);
 
 /* "generic", "avx2", "avx512". */

@@ -46,10 +46,10 @@
 
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/env.h"
 #include "kernels/cuda/backend_cuda.h"
 
 #define S_PLANS 4                      /* batch sizes cached per conv layer */
-#define S_WORKSPACE_MB_DEFAULT 256     /* cuDNN workspace cap (DP_CUDA_WORKSPACE_MB) */
 
 /* ---- error checks ----------------------------------------------------- */
 
@@ -132,13 +132,6 @@ static s_cuda_t *s_enter(dp_backend_t *be)
     s_cuda_t *cx = s_cx(be);
     DP_CUDA_CHECK(cudaSetDevice(cx->dev));
     return cx;
-}
-
-static int s_env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    return atoi(v);
 }
 
 /* ---- planning ----------------------------------------------------------- */
@@ -842,7 +835,8 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     struct cudaDeviceProp prop;
     int count = 0;
     size_t cudnn_ver;
-    const char *algos;
+    dp_cuda_knobs_t knobs;
+    char e2[DP_ERR_LEN];
     cudaError_t e;
 
     *out = NULL;
@@ -874,15 +868,15 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
                cx->name, cudnn_ver, CUDNN_MAJOR, CUDNN_MINOR);
         goto fail;
     }
-    cx->tf32 = s_env_int("DP_CUDA_TF32", 0) != 0;
-    algos = getenv("DP_CUDA_ALGOS");
-    if (algos && *algos && strcmp(algos, "exact") != 0 && strcmp(algos, "fastest") != 0) {
-        dp_err(err, "%s: DP_CUDA_ALGOS=%s: expected exact or fastest", cx->name, algos);
+    /* The knobs (kernels/env.h): checked at the program's start already. */
+    if (dp_cuda_knobs(&knobs, e2) != 0) {
+        dp_err(err, "%s: %s", cx->name, e2);
         goto fail;
     }
-    cx->exact = !algos || !*algos || strcmp(algos, "exact") == 0;
-    cx->find = s_env_int("DP_CUDA_FIND", 0) != 0;
-    cx->ws_limit = (size_t)s_env_int("DP_CUDA_WORKSPACE_MB", S_WORKSPACE_MB_DEFAULT) << 20;
+    cx->tf32 = knobs.tf32;
+    cx->exact = !knobs.fastest;
+    cx->find = knobs.find;
+    cx->ws_limit = (size_t)knobs.workspace_mb << 20;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     DP_CUDNN_TRY(cudnnCreate(&cx->cudnn));

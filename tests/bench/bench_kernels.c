@@ -16,6 +16,8 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "common/opts.h"
+#include "kernels/env.h"
 
 typedef struct {
     dp_model_t m;
@@ -175,6 +177,11 @@ static int s_list(const char *s, int *v)
 
 int main(int argc, char **argv)
 {
+    char env_err[DP_ERR_LEN]; /* the environment's knobs first (kernels/env.h) */
+    if (dp_log_env(env_err) != 0 || dp_kernels_env(env_err) != 0) {
+        fprintf(stderr, "%s: %s\n", argv[0], env_err);
+        return 2;
+    }
     int batches[16] = {32, 64, 128}, nb = 3, threads[16] = {1, 2}, nth = 2;
     double secs = 2.0;
     const char *spec = DP_MODEL_DEFAULT_SPEC;

@@ -36,6 +36,8 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/ops.h"
 #include "worker/net.h"
+#include "common/opts.h"
+#include "kernels/env.h"
 
 /* Parse "32,64,128" into v (at most max, each >= 1); returns the count or -1. */
 static int s_list(const char *s, int *v, int max)
@@ -164,6 +166,11 @@ static int s_usage(void)
 
 int main(int argc, char **argv)
 {
+    char env_err[DP_ERR_LEN]; /* the environment's knobs first (kernels/env.h) */
+    if (dp_log_env(env_err) != 0 || dp_kernels_env(env_err) != 0) {
+        fprintf(stderr, "%s: %s\n", argv[0], env_err);
+        return 2;
+    }
     int batches[16] = {32, 64, 128}, nb = 3, threads = 1, samples = 3, warmup = 5, sgemm = 0;
     double secs = 0.5;
     const char *spec = DP_MODEL_DEFAULT_SPEC;

@@ -38,6 +38,8 @@
 #include "proto/wire.h"
 #include "worker/data.h"
 #include "worker/net.h"
+#include "common/opts.h"
+#include "kernels/env.h"
 
 typedef enum { S_FP32, S_BF16, S_FP16 } s_format_t;
 static const char *const s_format_names[] = {"fp32", "bf16", "fp16"};
@@ -149,6 +151,11 @@ static int s_train(s_format_t fmt, long steps, long every, uint64_t seed, char *
 
 int main(int argc, char **argv)
 {
+    char env_err[DP_ERR_LEN]; /* the environment's knobs first (kernels/env.h) */
+    if (dp_log_env(env_err) != 0 || dp_kernels_env(env_err) != 0) {
+        fprintf(stderr, "%s: %s\n", argv[0], env_err);
+        return 2;
+    }
     s_format_t fmt = S_FP32;
     long steps = 937, every = 100; /* 937: one epoch of Fashion-MNIST at batch 64 */
     int threads = 1;

@@ -680,6 +680,7 @@ static int s_open(void)
 
 int main(int argc, char **argv)
 {
+    if (t_env() != 0) return 2;
     static const t_test_t all[] = {
         T(test_gpu_device),      T(test_gpu_conv),         T(test_gpu_maxpool),
         T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_softmax_xent),

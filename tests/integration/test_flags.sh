@@ -5,6 +5,10 @@
 #    what it accepts — downpour-ps, downpour-worker, downpour local, downpour
 #    eval; `downpour local --workers 2abc` no longer runs with 2 workers
 #  - downpour local refuses a bad daemon flag itself, before starting anything
+#  - an environment variable's bad value is refused the same way (one line
+#    naming the variable, exit status 2), before anything starts
+#  - downpour --summary (downpour(1)'s NAME line) names every command of
+#    downpour --help: both come from the launcher's one table
 #  - --help of every binary exits 0 and lists its flags
 #  - seeds above 2^53 are taken whole by the worker and the servers alike
 #  - the TensorFlow-style cluster flags still place a ps task (its resolved
@@ -61,6 +65,28 @@ refused "downpour eval: out of range" "--limit '-1': expected an integer in [0, 
 refused "downpour eval: unknown flag" "unknown flag '--bogus'" "$L" eval --bogus
 refused "downpour: unknown command" "unknown command 'bogus'" "$L" bogus
 
+# Environment variables (ARCHITECTURE.md's "Environment" table) go through
+# the same parsers, read at the start of main: a bad value is one line
+# naming the variable and exit status 2, in every binary, before anything
+# (the flags too: each command's --bogus is never reached).
+refused "DP_CONV_SPARSE_MAX=2: worker" "DP_CONV_SPARSE_MAX '2': expected a number in [0, 1]" \
+    env DP_CONV_SPARSE_MAX=2 "$WK" --standalone --bogus
+refused "DP_CONV_SPARSE_MAX=0.5x: downpour local" "DP_CONV_SPARSE_MAX '0.5x'" \
+    env DP_CONV_SPARSE_MAX=0.5x "$L" local --bogus --out "$TMP/never"
+refused "DP_LOG=verbose: downpour-ps" "DP_LOG 'verbose': expected one of info|debug" \
+    env DP_LOG=verbose "$PS" --bogus --ready-file "$TMP/never"
+refused "DP_LOG=verbose: downpour sim" "DP_LOG 'verbose'" env DP_LOG=verbose "$L" sim --bogus --out "$TMP/never"
+refused "DP_CPU_ISA=bogus: downpour eval" "DP_CPU_ISA=bogus: unknown path" \
+    env DP_CPU_ISA=bogus "$L" eval --bogus --checkpoint "$TMP/never"
+# The CUDA backend's knobs are checked in every build (a CPU-only one too).
+refused "DP_CUDA_WORKSPACE_MB=lots: worker" "DP_CUDA_WORKSPACE_MB 'lots': expected an integer in [0, 1048576]" \
+    env DP_CUDA_WORKSPACE_MB=lots "$WK" --standalone --bogus
+refused "DP_CUDA_ALGOS=best: downpour local" "DP_CUDA_ALGOS 'best': expected one of exact|fastest" \
+    env DP_CUDA_ALGOS=best "$L" local --bogus --out "$TMP/never"
+refused "DP_CUDA_TF32=yes: worker (atoi read it as 0)" "DP_CUDA_TF32 'yes': expected an integer in [0, 1]" \
+    env DP_CUDA_TF32=yes "$WK" --standalone --bogus
+check "a bad environment variable: nothing started or created" test ! -e "$TMP/never"
+
 # --help: exit 0, on stdout, every binary.
 helps() { # NAME MUST_CONTAIN COMMAND...
     local name=$1 want=$2; shift 2
@@ -74,6 +100,17 @@ helps "downpour-worker -h" "--standalone" "$WK" -h
 helps "downpour local --help lists what it passes on" "passed on to downpour-worker:" "$L" local --help
 helps "downpour eval --help" "--checkpoint FILE" "$L" eval --help
 helps "downpour --help" "downpour local" "$L" --help
+# The launcher's usage and its man page's NAME line (--summary, help2man -n)
+# come from one table: every command --help shows, --summary names.
+"$L" --help >"$TMP/usage" 2>&1
+"$L" --summary >"$TMP/summary" 2>&1
+check "downpour --summary names every command of downpour --help" bash -c '
+    n=0
+    while read -r name; do
+        n=$((n + 1)); grep -qE "[:,] $name(,|\$)" "$1" || { echo "missing: $name"; exit 1; }
+    done < <(awk "/^(usage:)? +downpour /{s=\"\"; for (i = 1; i <= NF; i++) if (\$i == \"downpour\") break;
+                 for (i++; i <= NF && \$i ~ /^[a-z]+\$/; i++) s = s (s == \"\" ? \"\" : \" \") \$i; print s}" "$2")
+    [ $n = 8 ]' _ "$TMP/summary" "$TMP/usage"
 
 # Seeds above 2^53 are taken whole, by the worker and by the servers: 2^53
 # and 2^53 + 1 (one double apart from nothing) draw different weights, and a

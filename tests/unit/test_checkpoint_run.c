@@ -378,6 +378,7 @@ static void test_server_checkpoint_failures_are_loud(void)
 
 int main(int argc, char **argv)
 {
+    if (t_env() != 0) return 2;
     const t_test_t tests[] = {
         T(test_same_run_restores),
         T(test_other_or_finished_run_refused),

@@ -349,8 +349,9 @@ static void test_isa_choose(void)
             t_cpu_paths(), dp_cpu_isa_name(dp_cpu_isa()));
 }
 
-/* A refused DP_CPU_ISA stops a program that links the kernels before main:
- * one line on stderr, exit status 2. */
+/* A refused DP_CPU_ISA stops a program that links the kernels before it
+ * does anything (read first in main: kernels/env.h; here the harness's
+ * t_env): one line on stderr, exit status 2. */
 static void test_isa_refused_before_main(void)
 {
     char self[4096], cmd[4200];

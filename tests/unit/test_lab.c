@@ -1,4 +1,4 @@
-/* test_lab: the lab — the simulator (deploy/sim.h) against the known
+/* test_lab: the lab — the simulator (deploy/lab/sim.h) against the known
  * results of asynchronous SGD with exponential compute times (staleness is
  * geometric: fresh fraction 1/M, mean M - 1) and with constant ones (every
  * push M - 1 stale), its determinism; record files (server/record.h)
@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "deploy/sim.h"
+#include "deploy/lab/sim.h"
+#include "deploy/launcher/commands.h"
 #include "server/record.h"
 #include "tests/test.h"
 

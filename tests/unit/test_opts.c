@@ -2,7 +2,8 @@
  * out-of-range, seeds above 2^53), the table driver (every kind, both
  * value forms, unknown flag, missing value, stray argument, the one-line
  * messages), --help listing every flag of the real tables, and the seed
- * reaching downpour-ps and downpour-worker as the same uint64. */
+ * reaching downpour-ps and downpour-worker as the same uint64; environment
+ * variables through the same parsers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,6 +270,43 @@ static void test_seed_agrees_across_daemons(void)
     CHECK_REFUSED(dp_worker_parse_args(&wa, 4, bad, s_err), "--batch '6x4'");
 }
 
-DP_TESTS(T(test_parse_long), T(test_parse_double), T(test_seed_u64), T(test_parse_tuple),
+/* Environment variables go through the same parsers: unset and empty keep
+ * the default, a bad value is one line naming the variable. */
+static void test_env(void)
+{
+    char err[DP_ERR_LEN] = "";
+    long l = 7;
+    double d = 0.25;
+    int k = 5;
+    unsetenv("DP_TEST_OPTS_ENV");
+    CHECK_EQ(dp_opts_env_long("DP_TEST_OPTS_ENV", 0, 10, &l, err), 0);
+    CHECK_EQ(l, 7);
+    CHECK_EQ(dp_opts_env_choice("DP_TEST_OPTS_ENV", "a|b", &k, err), 0);
+    CHECK_EQ(k, 5);
+    setenv("DP_TEST_OPTS_ENV", "", 1);
+    CHECK_EQ(dp_opts_env_double("DP_TEST_OPTS_ENV", 0, 1, &d, err), 0);
+    CHECK_NEAR(d, 0.25, 0);
+    setenv("DP_TEST_OPTS_ENV", "3", 1);
+    CHECK_EQ(dp_opts_env_long("DP_TEST_OPTS_ENV", 0, 10, &l, err), 0);
+    CHECK_EQ(l, 3);
+    setenv("DP_TEST_OPTS_ENV", "3x", 1);
+    CHECK_EQ(dp_opts_env_long("DP_TEST_OPTS_ENV", 0, 10, &l, err), -1);
+    CHECK_STR(err, "DP_TEST_OPTS_ENV '3x': expected an integer in [0, 10]");
+    CHECK_EQ(l, 3);
+    setenv("DP_TEST_OPTS_ENV", "1.5", 1);
+    CHECK_EQ(dp_opts_env_double("DP_TEST_OPTS_ENV", 0, 1, &d, err), -1);
+    CHECK_STR(err, "DP_TEST_OPTS_ENV '1.5': expected a number in [0, 1]");
+    setenv("DP_TEST_OPTS_ENV", " 0.5", 1); /* atof took it; the flags' parser does not */
+    CHECK_EQ(dp_opts_env_double("DP_TEST_OPTS_ENV", 0, 1, &d, err), -1);
+    setenv("DP_TEST_OPTS_ENV", "b", 1);
+    CHECK_EQ(dp_opts_env_choice("DP_TEST_OPTS_ENV", "a|b", &k, err), 0);
+    CHECK_EQ(k, 1);
+    setenv("DP_TEST_OPTS_ENV", "B", 1);
+    CHECK_EQ(dp_opts_env_choice("DP_TEST_OPTS_ENV", "a|b", &k, err), -1);
+    CHECK_STR(err, "DP_TEST_OPTS_ENV 'B': expected one of a|b");
+    unsetenv("DP_TEST_OPTS_ENV");
+}
+
+DP_TESTS(T(test_env), T(test_parse_long), T(test_parse_double), T(test_seed_u64), T(test_parse_tuple),
          T(test_driver_every_kind), T(test_driver_refusals), T(test_help_lists_every_flag),
          T(test_passed_flags_agree), T(test_seed_agrees_across_daemons))

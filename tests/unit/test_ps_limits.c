@@ -244,11 +244,4 @@ static void test_rcvhwm_caps_one_peer(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-int main(int argc, char **argv)
-{
-    const t_test_t tests[] = {
-        T(test_oversized_frame_drops_peer),
-        T(test_rcvhwm_caps_one_peer),
-    };
-    return t_main(argc, argv, tests, (int)(sizeof tests / sizeof tests[0]));
-}
+DP_TESTS(T(test_oversized_frame_drops_peer), T(test_rcvhwm_caps_one_peer))

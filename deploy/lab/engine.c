@@ -1,0 +1,261 @@
+/* lab/engine: a cluster in one process over the daemons' own update code (see
+ * engine.h). */
+#include "deploy/lab/engine.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dataset.h"
+#include "common/metrics.h"
+#include "common/opts.h"
+#include "common/util.h"
+#include "kernels/ops.h"
+#include "worker/data.h"
+
+void dp_lab_conf_default(dp_lab_conf_t *c)
+{
+    memset(c, 0, sizeof *c);
+    dp_train_conf_default(&c->train);
+    c->train.threads = 1;
+    c->train.progress = 0;
+    c->init_seed = 1;
+    c->workers = 1;
+    c->shards = 1;
+    c->mode = DP_MODE_ASYNC;
+    dp_optim_conf_default(&c->optim);
+}
+
+cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
+{
+    cJSON *h = cJSON_CreateObject();
+    char seed[24];
+    cJSON_AddStringToObject(h, "model", c->train.model);
+    cJSON_AddStringToObject(h, "data", c->train.data);
+    cJSON_AddNumberToObject(h, "batch", c->train.batch);
+    snprintf(seed, sizeof seed, "%" PRIu64, c->train.seed);
+    cJSON_AddStringToObject(h, "data_seed", seed); /* uint64: exact as text */
+    snprintf(seed, sizeof seed, "%" PRIu64, c->init_seed);
+    cJSON_AddStringToObject(h, "seed", seed);
+    cJSON_AddNumberToObject(h, "threads", c->train.threads);
+    cJSON_AddNumberToObject(h, "workers", c->workers);
+    cJSON_AddNumberToObject(h, "shards", c->shards);
+    cJSON_AddStringToObject(h, "mode", dp_mode_name(c->mode));
+    cJSON_AddNumberToObject(h, "replicas", c->policy.replicas);
+    cJSON_AddNumberToObject(h, "staleness", c->policy.staleness);
+    cJSON_AddNumberToObject(h, "lr_staleness", c->policy.lr_staleness);
+    cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&c->optim));
+    return h;
+}
+
+static int s_seed(const cJSON *h, const char *key, uint64_t *out, char *err)
+{
+    const char *t = dp_record_str(h, key);
+    if (!t) return 0; /* absent: keep the default */
+    return dp_opts_parse_u64(key, t, out, err);
+}
+
+/* h's number at key, when present, into *out: a whole number in [lo, hi]. */
+static int s_int_field(const cJSON *h, const char *key, int lo, int hi, int *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
+    if (!v) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo && d <= hi) || d != floor(d))
+        return dp_err(err, "record header: '%s' is not a whole number in %d..%d", key, lo, hi);
+    *out = (int)d;
+    return 0;
+}
+
+int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
+{
+    const char *model = dp_record_str(h, "model"), *data = dp_record_str(h, "data");
+    const char *mode = dp_record_str(h, "mode");
+    if (model) c->train.model = model;
+    if (data) c->train.data = data;
+    /* The header is untrusted: each number is a whole one in its flag's
+     * range before it becomes an int (a batch of 2^40 would size every
+     * buffer), checked before the cast (a double past INT_MAX is undefined). */
+    if (s_int_field(h, "batch", 1, 1 << 16, &c->train.batch, err) != 0 ||
+        s_int_field(h, "threads", 1, 1024, &c->train.threads, err) != 0 ||
+        s_int_field(h, "workers", 1, 100000, &c->workers, err) != 0 ||
+        s_int_field(h, "shards", 1, 1024, &c->shards, err) != 0 ||
+        s_int_field(h, "replicas", 0, 100000, &c->policy.replicas, err) != 0 ||
+        s_int_field(h, "staleness", 0, 1000000, &c->policy.staleness, err) != 0 ||
+        s_int_field(h, "lr_staleness", 0, 1, &c->policy.lr_staleness, err) != 0)
+        return -1;
+    if (s_seed(h, "data_seed", &c->train.seed, err) != 0 || s_seed(h, "seed", &c->init_seed, err) != 0)
+        return -1;
+    if (mode && dp_mode_parse(mode, &c->mode, err) != 0) return -1;
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(h, "optim");
+    if (o && dp_record_optim_parse(o, &c->optim, err) != 0) return -1;
+    if (c->workers < 1 || c->workers > 100000 || c->shards < 1 || c->shards > 1024 ||
+        c->train.batch < 1 || c->train.threads < 1)
+        return dp_err(err, "record header: workers, shards, batch or threads out of range");
+    return 0;
+}
+
+static const dp_policy_ops_t *s_ops(dp_mode_t m)
+{
+    return m == DP_MODE_SYNC ? &dp_policy_sync : m == DP_MODE_SSP ? &dp_policy_ssp : &dp_policy_async;
+}
+
+/* Shards, member tables (everybody joined, nobody times out) and policies. */
+static int s_servers(dp_lab_t *L, char *err)
+{
+    const dp_lab_conf_t *c = &L->conf;
+    L->shard = dp_calloc((size_t)c->shards, sizeof *L->shard);
+    L->members = dp_calloc((size_t)c->shards, sizeof *L->members);
+    L->policy = dp_calloc((size_t)c->shards, sizeof *L->policy);
+    dp_policy_conf_t pc = c->policy;
+    if (pc.replicas == 0) pc.replicas = c->workers;
+    for (int k = 0; k < c->shards; k++) {
+        if (dp_shard_init(&L->shard[k], &L->s.model, k, c->shards, c->init_seed, &c->optim, err) != 0)
+            return -1;
+        dp_members_init(&L->members[k], c->workers, k, 0.0);
+        /* joined without dp_members_join's log line per worker (64 of them) */
+        for (int w = 0; w < c->workers; w++) L->members[k].w[w].joined = 1;
+        if (dp_policy_new(&L->policy[k], s_ops(c->mode), &pc, &L->shard[k], &L->members[k], err) != 0)
+            return -1;
+        if (c->measure || c->record) dp_policy_measure(L->policy[k]);
+    }
+    return 0;
+}
+
+int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
+{
+    memset(L, 0, sizeof *L);
+    L->conf = *c;
+    if (dp_session_init(&L->s, &c->train, err) != 0) return -1;
+    if (s_servers(L, err) != 0) goto fail;
+    int B = c->train.batch;
+    L->idx = dp_malloc((size_t)B * sizeof *L->idx);
+    L->x = dp_malloc((size_t)B * dp_dataset_sample_size(&L->s.train) * sizeof *L->x);
+    L->y = dp_malloc((size_t)B * sizeof *L->y);
+    L->per_worker = dp_calloc((size_t)c->workers, sizeof *L->per_worker);
+    if (dp_data_steps_per_epoch(L->s.train.n, B, c->workers) < 1) {
+        dp_err(err, "%d workers at batch %d need more than the %d training samples", c->workers, B,
+               L->s.train.n);
+        goto fail;
+    }
+    if (c->record) {
+        cJSON *h = dp_lab_conf_header(c);
+        int rc = dp_record_new(&L->rec, c->record, h, err);
+        cJSON_Delete(h);
+        if (rc != 0) goto fail;
+    }
+    return 0;
+fail:
+    dp_lab_fini(L);
+    return -1;
+}
+
+void dp_lab_fini(dp_lab_t *L)
+{
+    dp_record_abandon(&L->rec);
+    for (int k = 0; L->shard && k < L->conf.shards; k++) {
+        dp_policy_destroy(&L->policy[k]);
+        dp_members_fini(&L->members[k]);
+        dp_shard_fini(&L->shard[k]);
+    }
+    for (int w = 0; L->per_worker && w < L->conf.workers; w++) dp_staleness_fini(&L->per_worker[w]);
+    free(L->per_worker);
+    free(L->shard);
+    free(L->members);
+    free(L->policy);
+    free(L->idx);
+    free(L->x);
+    free(L->y);
+    dp_session_fini(&L->s);
+    memset(L, 0, sizeof *L);
+}
+
+void dp_lab_params(const dp_lab_t *L, int k, float *params)
+{
+    for (int i = 0; i < L->conf.shards; i++) {
+        if (k >= 0 && i != k) continue;
+        const dp_shard_t *s = &L->shard[i];
+        memcpy(params + s->lo, s->w, s->n * sizeof(float));
+    }
+}
+
+float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad)
+{
+    int B = L->conf.train.batch;
+    dp_data_batch_indices(L->s.train.n, B, worker, L->conf.workers, L->conf.train.seed, step, L->idx);
+    dp_dataset_gather(&L->s.train, L->idx, B, L->x, L->y);
+    dp_net_set_params(&L->s.net, params);
+    float loss = dp_net_train_step(&L->s.net, L->x, L->y, B);
+    dp_net_get_grads(&L->s.net, grad);
+    return loss;
+}
+
+void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
+                 dp_push_outcome_t *o)
+{
+    dp_shard_t *s = &L->shard[k];
+    dp_grad_slice_t g = {grad + s->lo, s->n * sizeof(float), s->lo};
+    dp_policy_push(L->policy[k], worker, version, &g, 1, o);
+    L->pushes++;
+    if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
+    dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k]);
+}
+
+int dp_lab_members(dp_lab_t *L, int k, const char *state, int call)
+{
+    dp_members_t *m = &L->members[k];
+    for (int i = 0; i < m->n && state[i]; i++) {
+        m->w[i].finished = state[i] == 'F';
+        m->w[i].gone = state[i] == 'G';
+    }
+    if (!call) return 0;
+    dp_record_members(L->rec, k, m);
+    return dp_policy_members_changed(L->policy[k]);
+}
+
+void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all)
+{
+    *c = L->shard[0].counts;
+    dp_staleness_init(all);
+    dp_staleness_merge(all, &L->policy[0]->staleness);
+}
+
+int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accuracy, double *loss,
+                  char *err)
+{
+    const dp_lab_conf_t *c = &L->conf;
+    float *params = L->s.h_params;
+    dp_lab_params(L, -1, params);
+    dp_net_set_params(&L->s.net, params);
+    double acc = 0, test_loss = 0;
+    dp_session_evaluate(&L->s, 0, &acc, &test_loss);
+    if (accuracy) *accuracy = acc;
+    if (loss) *loss = test_loss;
+    dp_shard_counts_t cnt;
+    dp_staleness_t hist;
+    dp_lab_counts(L, &cnt, &hist);
+    long spe = dp_data_steps_per_epoch(L->s.train.n, c->train.batch, c->workers);
+    dp_run_summary_t r = {
+        .mode = dp_mode_name(c->mode), .workers = c->workers, .ps_shards = c->shards,
+        .replicas = c->policy.replicas ? c->policy.replicas : c->workers,
+        .staleness = c->mode == DP_MODE_SSP ? c->policy.staleness : -1,
+        .steps = chief_steps, .epochs = (double)chief_steps / (double)spe,
+        .test_accuracy = acc, .test_loss = test_loss,
+        .images_per_s_per_worker = (double)chief_steps * c->train.batch / (train_s > 0 ? train_s : 1e-9),
+        .train_s = train_s, .version = L->shard[0].version, .applied = cnt.applied,
+        .dropped = cnt.dropped, .rejected = cnt.rejected,
+        .staleness_mean = dp_staleness_mean(&hist), .staleness_max = hist.max,
+        .staleness_hist = &hist,
+    };
+    /* The chief's STATS view: the versions summed over the shards. */
+    uint64_t versions = 0;
+    for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
+    r.version = versions;
+    int rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
+    if (rc == 0) rc = dp_session_summary(&L->s, &r, err);
+    if (rc == 0) rc = dp_record_close(&L->rec, err);
+    dp_staleness_fini(&hist);
+    return rc;
+}

@@ -1,0 +1,90 @@
+/* lab/engine: the engine `downpour sim` and `downpour replay` share — a cluster in
+ * one process: K parameter-server shards (server/shard.h) behind the very
+ * policies the daemons run (server/policy.h: the same push, pull_ready and
+ * members_changed code, no copy), M virtual workers whose gradients are
+ * real (worker/net.h on the training set, each worker's batches exactly
+ * those the worker daemon would take: worker/data.h's global-batch order),
+ * and the end of a run as the chief does it (worker/train.h: evaluate,
+ * model.safetensors, summary.json).
+ *
+ * Who calls what: the simulator pulls (dp_lab_params), computes
+ * (dp_lab_gradient) and pushes (dp_lab_push) in the order its simulated
+ * clock gives; replay does the same in the order a record file gives.
+ * Both may record (server/record.h) what the policies decided.
+ *
+ * Determinism: on the CPU backend a gradient is a function of (params,
+ * batch, kernel threads); the engine sets the threads from its conf (1 by
+ * default) and OpenBLAS always runs single-threaded (kernels/cpu/threads.c). */
+#ifndef DP_LAB_H
+#define DP_LAB_H
+
+#include <stdint.h>
+
+#include "common/staleness.h"
+#include "proto/wire.h"
+#include "server/members.h"
+#include "server/policy.h"
+#include "server/record.h"
+#include "server/shard.h"
+#include "worker/train.h"
+
+typedef struct {
+    dp_train_conf_t train;     /* data, model, batch, data seed, threads, save / summary / metrics */
+    uint64_t init_seed;        /* the servers' --seed (initial weights) */
+    int workers, shards;
+    dp_mode_t mode;
+    dp_policy_conf_t policy;   /* R, S, lr_staleness */
+    dp_optim_conf_t optim;     /* the servers' optimizer and lr schedule */
+    int measure;               /* norms of every step (dp_policy_measure) */
+    const char *record;        /* write the schedule here, or NULL */
+} dp_lab_conf_t;
+
+typedef struct {
+    dp_lab_conf_t conf;
+    dp_session_t s;            /* data, model, backend, executor, metrics */
+    dp_shard_t *shard;         /* [shards] */
+    dp_members_t *members;     /* [shards], every worker joined */
+    dp_policy_t **policy;      /* [shards] */
+    int *idx;                  /* one batch: sample indices, pixels, labels */
+    float *x;
+    int *y;
+    dp_record_t *rec;
+    dp_staleness_t *per_worker; /* [workers]: staleness of each worker's used gradients */
+    uint64_t pushes;           /* pushes handed to the policies (all shards) */
+} dp_lab_t;
+
+/* The defaults a cluster launched by `downpour local` would have: async,
+ * 1 shard, Adam at its default lr, seeds 1, 1 thread. */
+void dp_lab_conf_default(dp_lab_conf_t *c);
+/* A lab conf as a record header (JSON object), and back. */
+cJSON *dp_lab_conf_header(const dp_lab_conf_t *c);
+int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err);
+
+int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err);
+void dp_lab_fini(dp_lab_t *L);
+
+/* Shard k's slice of the parameter vector is written into params (the full
+ * vector, n_floats); all shards with k < 0. */
+void dp_lab_params(const dp_lab_t *L, int k, float *params);
+/* The gradient worker computes at its 0-based data step from params, into
+ * grad (n_floats), as the worker daemon would. Returns the batch's loss. */
+float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad);
+/* Shard k gets grad's slice from worker's data step, computed on version:
+ * the policy decides (o); counted per worker and recorded. */
+void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
+                 dp_push_outcome_t *o);
+/* The member state of shard k from a record ("LFG..."), and with call the
+ * policy's members_changed. Returns 1 when the version moved. */
+int dp_lab_members(dp_lab_t *L, int k, const char *state, int call);
+
+/* Every shard's counters and staleness summed (the chief's STATS view:
+ * applied etc. from shard 0, staleness merged over shards). */
+void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all);
+
+/* The chief's end: evaluate the current weights, save conf.train.save,
+ * write conf.train.summary with the run's figures; close the record.
+ * accuracy / loss out (may be NULL). */
+int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accuracy, double *loss,
+                  char *err);
+
+#endif

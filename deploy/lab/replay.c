@@ -1,0 +1,384 @@
+/* replay: `downpour replay FILE --out DIR` — a recorded schedule (server/
+ * record.h) run again in one process through the lab engine (deploy/lab/engine.h):
+ * every gradient recomputed from its worker, data step and the versions it
+ * was computed on, every push handed to the same policy code in the order
+ * each shard applied it. On the CPU with the recorded kernel threads the
+ * weights end bit-identical to the recorded run's; the replay checks each
+ * push's decision (status, staleness, version after) and, where recorded,
+ * the gradient and update norms against the record as it goes.
+ *
+ * A gradient needs shard k's weights at the version it was computed on:
+ * each (worker, step) is a job; when shard k reaches a version a job needs,
+ * its slice is copied (captured); once all K slices are there the gradient
+ * is computed, at the first push that needs it, and freed after the last.
+ * Shards advance in turn, each in its own recorded order, as far as their
+ * gradients allow; a record the real run could not have made stalls that
+ * and is refused. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/metrics.h"
+#include "common/opts.h"
+#include "common/util.h"
+#include "deploy/lab/sim.h"
+#include "deploy/launcher/commands.h"
+
+typedef struct {
+    int worker;
+    uint64_t step;         /* Push.step (1-based) */
+    uint64_t *version;     /* [K]: the version it was computed on, per shard */
+    int shards_seen, captured, applied;
+    float *params, *grad;
+} s_job_t;
+
+typedef struct {
+    uint64_t version;
+    int job;
+} s_need_t;
+
+typedef struct {
+    const dp_rec_t *rec;
+    dp_lab_t L;
+    int K;
+    s_job_t *jobs;
+    int n_jobs;
+    uint64_t *versions;    /* jobs x K */
+    int *ev_job;           /* per event: its job, -1 for members */
+    int *table;            /* (worker, step) -> job + 1, 0 empty */
+    size_t n_table;        /* a power of two, at least twice the events */
+    size_t **by_shard;     /* [K]: the shard's events in order */
+    size_t *n_by_shard, *cur;
+    s_need_t **need;       /* [K]: jobs by the version they need of shard k */
+    int *cap;              /* [K]: next need to capture */
+    size_t n_floats;
+    long chief_steps;
+    uint64_t mismatches;   /* pushes whose norms differ from the record's */
+    size_t first_mismatch;
+} s_replay_t;
+
+/* ---- the jobs ---- */
+
+/* The job of (worker, step), created when new: an open-addressing table. */
+static int s_job(s_replay_t *R, int worker, uint64_t step)
+{
+    uint64_t key = step * 1000003u + (uint64_t)worker;
+    size_t mask = R->n_table - 1, h = (size_t)(dp_fnv1a(DP_FNV_SEED, &key, sizeof key) & mask);
+    for (;; h = (h + 1) & mask) {
+        int j = R->table[h] - 1;
+        if (j < 0) break;
+        if (R->jobs[j].worker == worker && R->jobs[j].step == step) return j;
+    }
+    int j = R->n_jobs++;
+    R->table[h] = j + 1;
+    R->jobs[j] = (s_job_t){.worker = worker, .step = step, .version = R->versions + (size_t)j * R->K};
+    return j;
+}
+
+static int s_cmp_need(const void *a, const void *b)
+{
+    const s_need_t *x = a, *y = b;
+    return x->version < y->version ? -1 : x->version > y->version ? 1 : (x->job > y->job) - (x->job < y->job);
+}
+
+/* Events to jobs and shards; the versions each job needs. */
+static int s_index(s_replay_t *R, const char *path, char *err)
+{
+    const dp_rec_t *rec = R->rec;
+    int K = R->K;
+    R->jobs = dp_calloc(rec->n + 1, sizeof *R->jobs);
+    R->versions = dp_malloc((rec->n + 1) * (size_t)K * sizeof *R->versions);
+    memset(R->versions, 0xff, (rec->n + 1) * (size_t)K * sizeof *R->versions); /* UINT64_MAX: unseen */
+    for (R->n_table = 16; R->n_table < 2 * (rec->n + 1); R->n_table *= 2) {}
+    R->table = dp_calloc(R->n_table, sizeof *R->table);
+    R->ev_job = dp_calloc(rec->n + 1, sizeof *R->ev_job);
+    R->by_shard = dp_calloc((size_t)K, sizeof *R->by_shard);
+    R->n_by_shard = dp_calloc((size_t)K, sizeof *R->n_by_shard);
+    R->cur = dp_calloc((size_t)K, sizeof *R->cur);
+    for (int k = 0; k < K; k++) R->by_shard[k] = dp_calloc(rec->n + 1, sizeof **R->by_shard);
+    for (size_t i = 0; i < rec->n; i++) {
+        const dp_rec_event_t *e = &rec->ev[i];
+        if (e->shard >= K) return dp_err(err, "%s: event %zu names shard %d of %d", path, i + 1, e->shard, K);
+        R->by_shard[e->shard][R->n_by_shard[e->shard]++] = i;
+        R->ev_job[i] = -1;
+        if (e->kind != DP_REC_PUSH) continue;
+        if (e->worker >= R->L.conf.workers || e->step == 0)
+            return dp_err(err, "%s: event %zu: worker %d step %" PRIu64 " cannot be recomputed", path,
+                          i + 1, e->worker, e->step);
+        int j = s_job(R, e->worker, e->step);
+        s_job_t *job = &R->jobs[j];
+        if (job->version[e->shard] != UINT64_MAX)
+            return dp_err(err, "%s: event %zu: shard %d applied worker %d's step %" PRIu64 " twice", path,
+                          i + 1, e->shard, e->worker, e->step);
+        job->version[e->shard] = e->version;
+        job->shards_seen++;
+        R->ev_job[i] = j;
+    }
+    return 0;
+}
+
+/* Every job reached every shard once; the capture lists by version. */
+static int s_plan(s_replay_t *R, const char *path, char *err)
+{
+    int K = R->K;
+    R->need = dp_calloc((size_t)K, sizeof *R->need);
+    R->cap = dp_calloc((size_t)K, sizeof *R->cap);
+    for (int j = 0; j < R->n_jobs; j++)
+        if (R->jobs[j].shards_seen != K)
+            return dp_err(err, "%s: worker %d's step %" PRIu64 " reached %d of %d shards: its gradient's "
+                          "versions are not all known", path, R->jobs[j].worker, R->jobs[j].step,
+                          R->jobs[j].shards_seen, K);
+    for (int k = 0; k < K; k++) {
+        R->need[k] = dp_calloc((size_t)R->n_jobs + 1, sizeof **R->need);
+        for (int j = 0; j < R->n_jobs; j++) R->need[k][j] = (s_need_t){R->jobs[j].version[k], j};
+        qsort(R->need[k], (size_t)R->n_jobs, sizeof **R->need, s_cmp_need);
+    }
+    return 0;
+}
+
+/* Shard k is at a new version: the jobs computed on it take its slice. */
+static int s_capture(s_replay_t *R, int k, char *err)
+{
+    const dp_shard_t *s = &R->L.shard[k];
+    while (R->cap[k] < R->n_jobs && R->need[k][R->cap[k]].version <= s->version) {
+        s_need_t nd = R->need[k][R->cap[k]++];
+        if (nd.version < s->version)
+            return dp_err(err, "the record needs shard %d at version %" PRIu64 ", which the replay passed "
+                          "(the schedule is not one a run could make)", k, nd.version);
+        s_job_t *job = &R->jobs[nd.job];
+        if (!job->params) job->params = dp_aligned_alloc(R->n_floats * sizeof(float));
+        dp_lab_params(&R->L, k, job->params);
+        job->captured++;
+    }
+    return 0;
+}
+
+/* ---- one event ---- */
+
+static void s_check_norms(s_replay_t *R, size_t i, const dp_rec_event_t *e, const dp_push_outcome_t *o)
+{
+    int differ = (e->grad_norm >= 0 && o->grad_norm >= 0 && e->grad_norm != o->grad_norm) ||
+                 (e->update_norm >= 0 && o->update_norm >= 0 && e->update_norm != o->update_norm);
+    if (differ && R->mismatches++ == 0) R->first_mismatch = i + 1;
+}
+
+/* Push event i on shard k if its gradient can be had: 1 done, 0 not yet,
+ * -1 with err when the replay's decision differs from the record's. */
+static int s_push(s_replay_t *R, size_t i, char *err)
+{
+    const dp_rec_event_t *e = &R->rec->ev[i];
+    s_job_t *job = &R->jobs[R->ev_job[i]];
+    if (job->captured < R->K) return 0;
+    if (!job->grad) {
+        job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
+        dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1, job->grad);
+        free(job->params);
+        job->params = NULL;
+        if (job->worker == 0) R->chief_steps++;
+    }
+    dp_push_outcome_t o;
+    dp_lab_push(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad, &o);
+    if ((int)o.status != e->status || o.staleness != e->staleness || R->L.shard[e->shard].version != e->after)
+        return dp_err(err, "replay diverged at event %zu (shard %d, worker %d, step %" PRIu64 "): the "
+                      "policy decided %d staleness %" PRIu64 " version %" PRIu64 ", the record says %d %"
+                      PRIu64 " %" PRIu64, i + 1, e->shard, e->worker, e->step, (int)o.status,
+                      o.staleness, R->L.shard[e->shard].version, e->status, e->staleness, e->after);
+    s_check_norms(R, i, e, &o);
+    if (++job->applied == R->K) {
+        free(job->grad);
+        job->grad = NULL;
+    }
+    return 1;
+}
+
+/* Shard k's events as far as the gradients allow; 1 when it moved. */
+static int s_advance(s_replay_t *R, int k, char *err)
+{
+    int moved = 0;
+    while (R->cur[k] < R->n_by_shard[k]) {
+        size_t i = R->by_shard[k][R->cur[k]];
+        const dp_rec_event_t *e = &R->rec->ev[i];
+        if (e->kind == DP_REC_MEMBERS) {
+            dp_lab_members(&R->L, k, e->members, e->call);
+        } else {
+            int r = s_push(R, i, err);
+            if (r < 0) return -1;
+            if (r == 0) break;
+        }
+        if (s_capture(R, k, err) != 0) return -1;
+        R->cur[k]++;
+        moved = 1;
+    }
+    return moved;
+}
+
+static int s_run(s_replay_t *R, char *err)
+{
+    for (int k = 0; k < R->K; k++)
+        if (s_capture(R, k, err) != 0) return -1;
+    for (;;) {
+        int moved = 0, left = 0;
+        for (int k = 0; k < R->K; k++) {
+            int r = s_advance(R, k, err);
+            if (r < 0) return -1;
+            moved |= r;
+            left |= R->cur[k] < R->n_by_shard[k];
+        }
+        if (!left) return 0;
+        if (!moved) return dp_err(err, "the record's shards wait for each other's versions (not a schedule a run could make)");
+    }
+}
+
+static void s_free(s_replay_t *R)
+{
+    for (int j = 0; R->jobs && j < R->n_jobs; j++) {
+        free(R->jobs[j].params);
+        free(R->jobs[j].grad);
+    }
+    for (int k = 0; k < R->K; k++) {
+        if (R->by_shard) free(R->by_shard[k]);
+        if (R->need) free(R->need[k]);
+    }
+    free(R->jobs);
+    free(R->versions);
+    free(R->ev_job);
+    free(R->table);
+    free(R->by_shard);
+    free(R->n_by_shard);
+    free(R->cur);
+    free(R->need);
+    free(R->cap);
+    dp_lab_fini(&R->L);
+}
+
+/* ---- the command ---- */
+
+static const char s_synopsis[] =
+    "usage: downpour replay FILE --out DIR [--data SPEC] [--batch B] [--threads N] [--data-seed N]\n"
+    "Runs a schedule recorded by `downpour local --record`, `downpour-ps --record` or\n"
+    "`downpour sim --record` again in one process and leaves DIR/model.safetensors\n"
+    "and DIR/summary.json; on the CPU, with the recorded kernel threads, the weights\n"
+    "are bit-identical to the recorded run's. The flags fill in what a record from\n"
+    "downpour-ps alone lacks (the workers' side) and override the record.\n"
+    "\n";
+
+typedef struct {
+    const char *out, *data, *json_line;
+    int batch, threads, json;
+    uint64_t data_seed;
+    char save[4096], summary[4096];
+} s_args_t;
+
+static int s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv, char *err)
+{
+    const dp_opts_flag_t t[] = {
+        DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/model.safetensors and DIR/summary.json (required)"),
+        DP_FLAG_STR("data", "SPEC", &a->data, 0, "the dataset (default: the record's, else fashion-mnist)"),
+        DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &a->batch, 1, 1 << 16, 0, "per-worker batch (default: the record's, else 64)"),
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &a->threads, 1, 1024, 0,
+                    "CPU kernel threads (default: the record's, else 1); bit-identity\nneeds the recorded workers' count"),
+        DP_FLAG_SEED("data-seed", &a->data_seed, 0, "the workers' --seed (default: the record's, else its --seed)"),
+        DP_FLAG_SET("json", &a->json, 1, 0, "print the result as one JSON line"),
+    };
+    dp_opts_init(o, "downpour replay", s_synopsis, NULL);
+    dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
+    return dp_opts_parse(o, argc, argv, err);
+}
+
+/* The lab's conf: the record's header, then the flags. */
+static int s_conf(dp_lab_conf_t *c, const s_args_t *a, dp_opts_t *o, const cJSON *h, char *err)
+{
+    dp_lab_conf_default(c);
+    if (!dp_record_str(h, "data_seed")) { /* a shard's record: the workers took the servers' seed */
+        const char *seed = dp_record_str(h, "seed");
+        if (seed && dp_opts_parse_u64("seed", seed, &c->train.seed, err) != 0) return -1;
+    }
+    if (dp_lab_conf_from_header(c, h, err) != 0) return -1;
+    if (a->data) c->train.data = a->data;
+    if (a->batch) c->train.batch = a->batch;
+    if (a->threads) c->train.threads = a->threads;
+    if (dp_opts_find(o, "data-seed")->given) c->train.seed = a->data_seed;
+    if (dp_record_num(h, "start_version", 0) != 0)
+        return dp_err(err, "the recorded shards started from a checkpoint (version %g): the weights it "
+                      "held are not in the record", dp_record_num(h, "start_version", 0));
+    return 0;
+}
+
+static void s_report(const s_replay_t *R, const s_args_t *a, double acc, double wall_s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "events", (double)R->rec->n);
+    cJSON_AddNumberToObject(o, "gradients", R->n_jobs);
+    cJSON_AddNumberToObject(o, "version", (double)R->L.shard[0].version);
+    cJSON_AddBoolToObject(o, "matches_record", R->mismatches == 0);
+    cJSON_AddNumberToObject(o, "norm_mismatches", (double)R->mismatches);
+    cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
+    cJSON_AddNumberToObject(o, "wall_s", dp_metrics_round(wall_s, 4));
+    cJSON_AddStringToObject(o, "out", a->out);
+    char *text = cJSON_PrintUnformatted(o);
+    if (a->json) printf("%s\n", text);
+    else fprintf(stderr, "replay: %zu events, %d gradients, version %" PRIu64 ": test accuracy %.4f; %s\n",
+                 R->rec->n, R->n_jobs, R->L.shard[0].version, acc,
+                 R->mismatches ? "DIFFERS from the record (see the warning)" : "every recorded norm matched");
+    cJSON_free(text);
+    cJSON_Delete(o);
+    if (R->mismatches)
+        dp_log_warn("replay: %" PRIu64 " push(es) differ from the record in their gradient or update norm, "
+                    "the first at event %zu: the recorded workers ran other kernels (threads, ISA, device)?",
+                    R->mismatches, R->first_mismatch);
+}
+
+static int s_replay(const dp_rec_t *rec, const char *file, s_args_t *a, dp_opts_t *o, char *err)
+{
+    static s_replay_t R;
+    memset(&R, 0, sizeof R);
+    R.rec = rec;
+    dp_lab_conf_t c;
+    if (s_conf(&c, a, o, rec->header, err) != 0) return -1;
+    snprintf(a->save, sizeof a->save, "%s/model.safetensors", a->out);
+    snprintf(a->summary, sizeof a->summary, "%s/summary.json", a->out);
+    c.train.save = a->save;
+    c.train.summary = a->summary;
+    c.measure = 1;
+    double t0 = dp_now(), acc = 0;
+    int rc = dp_lab_init(&R.L, &c, err);
+    R.K = c.shards;
+    if (rc == 0) {
+        R.n_floats = R.L.s.model.n_floats;
+        rc = s_index(&R, file, err);
+    }
+    if (rc == 0) rc = s_plan(&R, file, err);
+    if (rc == 0) rc = s_run(&R, err);
+    if (rc == 0) rc = dp_lab_finish(&R.L, R.chief_steps, dp_now() - t0, &acc, NULL, err);
+    if (rc == 0) s_report(&R, a, acc, dp_now() - t0);
+    s_free(&R);
+    return rc;
+}
+
+int dp_replay_main(int argc, char **argv)
+{
+    s_args_t a;
+    memset(&a, 0, sizeof a);
+    dp_opts_t o;
+    char err[DP_ERR_LEN] = "";
+    const char *file = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
+    int rc = file ? s_parse(&a, &o, argc - 1, argv + 1, err) : s_parse(&a, &o, argc, argv, err);
+    if (rc == 0 && !file) rc = dp_err(err, "which record? downpour replay FILE --out DIR");
+    if (rc == 0 && !a.out) rc = dp_err(err, "--out DIR is required (see downpour replay --help)");
+    if (rc != 0) return dp_opts_exit_status("downpour replay", rc, err);
+    if (dp_mkdirs(a.out, 0755, err) != 0) {
+        fprintf(stderr, "downpour replay: %s\n", err);
+        return 1;
+    }
+    dp_rec_t rec;
+    if (dp_rec_load(&rec, file, err) != 0 || s_replay(&rec, file, &a, &o, err) != 0) {
+        fprintf(stderr, "downpour replay: %s\n", err);
+        dp_rec_fini(&rec);
+        return 1;
+    }
+    dp_rec_fini(&rec);
+    return 0;
+}

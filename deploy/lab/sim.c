@@ -1,0 +1,215 @@
+/* sim: `downpour sim`'s command line and output (the loop is sim_run.c). */
+#include "deploy/lab/sim.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/metrics.h"
+#include "common/opts.h"
+#include "common/util.h"
+#include "deploy/launcher/commands.h"
+#include "worker/data.h"
+
+static const char s_synopsis[] =
+    "usage: downpour sim --workers M --compute DIST [--straggler I:FACTOR] --updates N\n"
+    "                    [--mode async|sync|ssp] [--model SPEC] [--json] [...]\n"
+    "A simulated cluster in one process: M virtual workers on a simulated clock,\n"
+    "real gradients on real data, the parameter server's own update code.\n"
+    "DIST: const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (exp(MU + SIGMA z) ms).\n"
+    "\n";
+
+static const char s_epilog[] =
+    "With --json, stdout is JSON lines (evaluations, diagnostics) and the last line\n"
+    "is the result: fresh_fraction, staleness_mean, staleness_max, test_accuracy,\n"
+    "updates, ... The lr anneals to zero over the N updates (cosine) unless\n"
+    "--lr-schedule is given. The same flags give the same result, bit for bit.\n";
+
+typedef struct {
+    dp_sim_conf_t c;
+    const char *out;
+    long epochs;
+    int backup;
+    double slow[DP_SIM_MAX_WORKERS];
+    char save[4096], summary[4096];
+} s_args_t;
+
+static int s_set_compute(void *arg, const char *v, char *err)
+{
+    return dp_dist_parse(&((s_args_t *)arg)->c.compute, v, err);
+}
+
+/* "I:FACTOR", may be given more than once. */
+static int s_set_straggler(void *arg, const char *v, char *err)
+{
+    s_args_t *a = arg;
+    const char *colon = strchr(v, ':');
+    char index[16];
+    long i;
+    double f;
+    if (!colon || colon - v >= (long)sizeof index) goto bad;
+    snprintf(index, sizeof index, "%.*s", (int)(colon - v), v);
+    if (dp_opts_parse_long("--straggler", index, 0, DP_SIM_MAX_WORKERS - 1, &i, NULL) != 0 ||
+        dp_opts_parse_double("--straggler", colon + 1, 1e-3, 1e6, &f, NULL) != 0)
+        goto bad;
+    a->slow[i] = f;
+    return 0;
+bad:
+    return dp_err(err, "'%s' is not WORKER:FACTOR (WORKER in [0, %d], FACTOR in [0.001, 1e6]), e.g. 0:4",
+                  v, DP_SIM_MAX_WORKERS - 1);
+}
+
+static int s_set_mode(void *arg, const char *v, char *err)
+{
+    return dp_mode_parse(v, &((s_args_t *)arg)->c.lab.mode, err);
+}
+
+static int s_set_optimizer(void *arg, const char *v, char *err)
+{
+    return dp_optim_parse_kind(&((s_args_t *)arg)->c.lab.optim, v, err);
+}
+
+static int s_set_schedule(void *arg, const char *v, char *err)
+{
+    return dp_optim_parse_schedule(&((s_args_t *)arg)->c.lab.optim, v, err);
+}
+
+static void s_options(dp_opts_t *o, s_args_t *a)
+{
+    dp_sim_conf_t *c = &a->c;
+    dp_train_conf_t *t = &c->lab.train;
+    const dp_opts_flag_t tab[] = {
+        DP_FLAG_NUM("workers", DP_OPTS_INT, "M", &c->lab.workers, 1, DP_SIM_MAX_WORKERS, 0,
+                    "virtual workers (default 4)"),
+        DP_FLAG_CALL("compute", "DIST", s_set_compute, a, 0, "compute time per gradient (default exp:100)"),
+        DP_FLAG_CALL("straggler", "I:FACTOR", s_set_straggler, a, 0,
+                     "worker I's compute times x FACTOR (may repeat)"),
+        DP_FLAG_NUM("updates", DP_OPTS_LONG, "N", &c->updates, 1, 1L << 40, 0,
+                    "stop at server version N (async: N pushes; sync: N steps)"),
+        DP_FLAG_NUM("epochs", DP_OPTS_LONG, "E", &a->epochs, 1, 1 << 20, 0,
+                    "instead of --updates: E epochs of data, as downpour local counts them"),
+        DP_FLAG_CALL("mode", "sync|async|ssp", s_set_mode, a, 0, "consistency (default async)"),
+        DP_FLAG_NUM("replicas-to-aggregate", DP_OPTS_INT, "R", &c->lab.policy.replicas, 1, DP_SIM_MAX_WORKERS, 0,
+                    "sync: gradients per step (default: all workers)"),
+        DP_FLAG_NUM("backup", DP_OPTS_INT, "B", &a->backup, 0, DP_SIM_MAX_WORKERS, 0,
+                    "sync: B backup workers, i.e. R = M - B"),
+        DP_FLAG_NUM("staleness", DP_OPTS_INT, "S", &c->lab.policy.staleness, 0, 1000000, 0,
+                    "ssp: max pushes a worker may be ahead (default 0)"),
+        DP_FLAG_SET("lr-staleness", &c->lab.policy.lr_staleness, 1, 0, "async/ssp: divide lr by max(1, staleness)"),
+        DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
+        DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
+        DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
+        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, a, 0, "sgd|momentum|nesterov|adam|adagrad (default adam)"),
+        DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->lab.optim.lr, 1e-12, 1e6, 0, "learning rate (default: the optimizer's)"),
+        DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->lab.optim.momentum, 0, 1, 0, "momentum (default 0.9)"),
+        DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->lab.optim.weight_decay, 0, 1e3, 0, "L2 weight decay"),
+        DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, a, 0, "constant | step:STEPS:GAMMA | cosine:TOTAL"),
+        DP_FLAG_SEED("seed", &t->seed, 0, "weights, data order and compute times (default 1)"),
+        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &t->threads, 1, 1024, 0, "CPU kernel threads (default 1)"),
+        DP_FLAG_NUM("eval-every", DP_OPTS_LONG, "N", &c->eval_every, 0, 1L << 40, 0,
+                    "evaluate every N updates (an \"eval\" line; default 0: at the end)"),
+        DP_FLAG_NUM("eval-limit", DP_OPTS_INT, "N", &c->eval_limit, 0, 1 << 30, 0,
+                    "test samples per periodic evaluation (default 0: all)"),
+        DP_FLAG_NUM("diag-every", DP_OPTS_LONG, "N", &c->diag_every, 0, 1L << 40, 0,
+                    "diagnostics every N updates (a \"diag\" line; costs a gradient)"),
+        DP_FLAG_SET("json", &c->json, 1, 0, "JSON lines on stdout, the result last"),
+        DP_FLAG_STR("metrics", "FILE", &t->metrics, 0, "JSON lines of evaluations and diagnostics"),
+        DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/summary.json and DIR/model.safetensors"),
+        DP_FLAG_STR("record", "FILE", &c->lab.record, 0, "the schedule, for downpour replay"),
+    };
+    dp_opts_init(o, "downpour sim", s_synopsis, s_epilog);
+    dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
+}
+
+/* What the flags leave open: R from --backup, N from --epochs, the lr
+ * schedule, the output files. */
+static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
+{
+    dp_sim_conf_t *c = &a->c;
+    int M = c->lab.workers;
+    for (int w = M; w < DP_SIM_MAX_WORKERS; w++)
+        if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
+    c->lab.init_seed = c->lab.train.seed;
+    if (a->backup) {
+        if (a->backup >= M) return dp_err(err, "--backup %d: needs fewer than --workers %d", a->backup, M);
+        c->lab.policy.replicas = M - a->backup;
+    }
+    if (c->lab.policy.replicas > M)
+        return dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->lab.policy.replicas, M);
+    if (a->epochs) {
+        if (dp_opts_find(o, "updates")->given) return dp_err(err, "give --updates or --epochs, not both");
+        c->updates = 0; /* set once the data is known (s_epochs_updates) */
+    } else if (!c->updates)
+        return dp_err(err, "--updates N (or --epochs E) is required");
+    if (a->out) {
+        snprintf(a->save, sizeof a->save, "%s/model.safetensors", a->out);
+        snprintf(a->summary, sizeof a->summary, "%s/summary.json", a->out);
+        c->lab.train.save = a->save;
+        c->lab.train.summary = a->summary;
+    }
+    return 0;
+}
+
+/* --epochs: the updates downpour local's servers would count. */
+static int s_epochs_updates(s_args_t *a, char *err)
+{
+    dp_sim_conf_t *c = &a->c;
+    dp_dataset_t probe = {0};
+    if (dp_dataset_init(&probe, c->lab.train.data, DP_SPLIT_TRAIN, err) != 0) return -1;
+    long spe = dp_data_steps_per_epoch(probe.n, c->lab.train.batch, c->lab.workers);
+    dp_dataset_fini(&probe);
+    if (spe < 1) return dp_err(err, "%d workers at batch %d: not one global batch in the data", c->lab.workers, c->lab.train.batch);
+    long per_worker = a->epochs * spe;
+    c->updates = (uint64_t)(c->lab.mode == DP_MODE_SYNC ? per_worker : per_worker * c->lab.workers);
+    return 0;
+}
+
+
+int dp_sim_main(int argc, char **argv)
+{
+    static s_args_t a; /* the straggler table: off the stack */
+    memset(&a, 0, sizeof a);
+    dp_lab_conf_default(&a.c.lab);
+    a.c.lab.workers = 4;
+    dp_dist_parse(&a.c.compute, "exp:100", NULL);
+    for (int i = 0; i < DP_SIM_MAX_WORKERS; i++) a.slow[i] = 1.0;
+    a.c.slow = a.slow;
+    dp_opts_t o;
+    s_options(&o, &a);
+    char err[DP_ERR_LEN] = "";
+    int rc = dp_opts_parse(&o, argc, argv, err);
+    if (rc == 0) rc = s_resolve(&a, &o, err);
+    if (rc != 0) return dp_opts_exit_status("downpour sim", rc, err);
+    if ((a.epochs && s_epochs_updates(&a, err) != 0) || (a.out && dp_mkdirs(a.out, 0755, err) != 0)) {
+        fprintf(stderr, "downpour sim: %s\n", err);
+        return 1;
+    }
+    if (!dp_opts_find(&o, "lr-schedule")->given) {
+        a.c.lab.optim.schedule = DP_LR_COSINE;
+        a.c.lab.optim.total_steps = (long)a.c.updates;
+    }
+    cJSON *result = NULL;
+    if (dp_sim_run(&a.c, &result, err) != 0) {
+        fprintf(stderr, "downpour sim: %s\n", err);
+        return 1;
+    }
+    if (a.c.json) {
+        char *text = cJSON_PrintUnformatted(result);
+        printf("%s\n", text);
+        cJSON_free(text);
+    } else {
+        fprintf(stderr, "sim: %s, %d workers, %g updates in %g simulated s: test accuracy %.4f; "
+                "fresh %.3f, staleness mean %.2f max %g\n",
+                dp_mode_name(a.c.lab.mode),
+                a.c.lab.workers, cJSON_GetNumberValue(cJSON_GetObjectItem(result, "updates")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_accuracy")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "fresh_fraction")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_mean")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_max")));
+    }
+    cJSON_Delete(result);
+    return 0;
+}

@@ -1,0 +1,48 @@
+/* sim: `downpour sim` — M virtual workers on a simulated clock against the
+ * lab engine (deploy/lab/engine.h), so the updates go through the daemons' own
+ * policy and shard code and every gradient is a real one.
+ *
+ * The clock is an event queue of virtual finish times: a worker pulls (the
+ * policy's pull_ready decides, as for a real pull: a sync worker waits for
+ * the next version, an ssp worker more than S pushes ahead waits for the
+ * slowest), computes its gradient at once on the weights it pulled, and
+ * pushes it when its compute time — drawn from DIST, times FACTOR for a
+ * straggler — has passed on the simulated clock. Events at the same time go
+ * in the order they were queued. The whole run is a function of the flags:
+ * the same command gives the same bits. */
+#ifndef DP_SIM_H
+#define DP_SIM_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "deploy/lab/engine.h"
+
+#define DP_SIM_MAX_WORKERS 4096
+
+typedef enum { DP_DIST_CONST, DP_DIST_EXP, DP_DIST_LOGNORMAL } dp_dist_kind_t;
+
+typedef struct {
+    dp_dist_kind_t kind;
+    double a, b;               /* const: ms; exp: mean ms; lognormal: mu, sigma (of ms) */
+} dp_dist_t;
+
+typedef struct {
+    dp_lab_conf_t lab;
+    dp_dist_t compute;
+    double *slow;              /* [workers] compute-time factor (--straggler), 1 by default */
+    uint64_t updates;          /* stop at this server version */
+    long eval_every;           /* updates between evaluations (0: at the end only) */
+    int eval_limit;            /* test samples per periodic evaluation (0: all) */
+    long diag_every;           /* updates between diagnostics (0: none) */
+    int json;                  /* stdout: JSON lines, the result last */
+} dp_sim_conf_t;
+
+/* "const:MS", "exp:MEAN_MS", "lognormal:MU:SIGMA". */
+int dp_dist_parse(dp_dist_t *d, const char *text, char *err);
+
+/* Run it; *result gets the result object (the caller prints and frees
+ * it). The lab writes conf.lab.train.save / summary / metrics if set. */
+int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err);
+
+#endif

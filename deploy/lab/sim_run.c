@@ -1,0 +1,516 @@
+/* sim_run: the simulated cluster's event loop, its evaluations and
+ * diagnostics (see sim.h).
+ *
+ * Diagnostics, every --diag-every updates, on the push that made the
+ * update (its worker w, its gradient g computed on the weights w pulled):
+ *   cosine      cos(g, g_fresh), g_fresh = w's gradient on the same batch
+ *               at the weights g was applied to: how much staleness turned
+ *               the step
+ *   moved       ||weights g was applied to - weights w pulled||: how far the
+ *               model moved while w computed (0 for a fresh gradient)
+ *   variance    mean ||g_i - mean g||^2 over the gradients in flight (one
+ *               per busy worker, w's included), and that over ||mean g||^2
+ * Momentum. Mitliagkas et al. (2016): with staleness geometric with
+ * P(0) = p, the expected update is a geometric average of past gradients,
+ * the recursion of momentum with mu = 1 - p; with M exponential workers p =
+ * 1/M. The result sets the explicit momentum (momentum's mu, Adam's beta1)
+ * next to that: momentum_implicit = 1 - p fitted to the staleness measured
+ * (dp_staleness_geometric_p; it departs from 1 - 1/M with a straggler or a
+ * staleness bound), momentum_effective = explicit + implicit, against
+ * momentum_total_theory = explicit + 1 - 1/M. And, with --diag-every, a
+ * trajectory figure: update_autocorrelation, the least-squares slope of
+ * each update on the one before (sum <u_t, u_t-1> / sum ||u_t-1||^2). For
+ * explicit momentum with independent batch noise it recovers mu; the
+ * implicit momentum acts on the expected update only, so for async SGD
+ * it stays near the share of the update that is signal rather than noise
+ * — the two figures together separate what momentum the noise carries. */
+#include "deploy/lab/sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/metrics.h"
+#include "common/opts.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "worker/data.h"
+
+typedef struct {
+    double t;
+    uint64_t seq;
+    int w;
+} s_event_t;
+
+typedef struct {
+    int busy;              /* computing: its finish is queued */
+    uint64_t version;      /* the version it pulled */
+    uint64_t min_version;  /* sync: its next pull waits for this version */
+    long step;             /* its next data step */
+    float *grad;           /* the gradient in flight */
+    float *pulled;         /* diagnostics: the weights it pulled */
+    float loss;
+    dp_rng_t rng;          /* its compute times */
+} s_worker_t;
+
+typedef struct {
+    const dp_sim_conf_t *c;
+    dp_lab_t L;
+    s_worker_t *w;
+    s_event_t *heap;
+    int n_heap;
+    uint64_t seq;
+    int *held;             /* pulls waiting, in arrival order */
+    int n_held;
+    double now;            /* simulated seconds */
+    size_t n;              /* floats in the parameter vector */
+    float *params, *fresh, *prev_update, *mean;
+    long chief_steps;
+    double loss_avg;
+    uint64_t pushes;
+    /* diagnostics */
+    double mom_dot, mom_norm; /* sums for the effective momentum */
+    int have_prev;
+    double cos_sum, moved_sum, var_sum, var_rel_sum;
+    long diags;
+    cJSON *evals;          /* [{updates, sim_s, test_accuracy}] */
+} s_sim_t;
+
+/* ---- the compute-time law ---- */
+
+int dp_dist_parse(dp_dist_t *d, const char *text, char *err)
+{
+    const char *colon = strchr(text, ':');
+    char kind[16];
+    if (!colon || colon - text >= (long)sizeof kind) goto bad;
+    snprintf(kind, sizeof kind, "%.*s", (int)(colon - text), text);
+    const char *rest = colon + 1, *second = strchr(rest, ':');
+    char first[64];
+    size_t len = second ? (size_t)(second - rest) : strlen(rest);
+    if (len >= sizeof first) goto bad;
+    snprintf(first, sizeof first, "%.*s", (int)len, rest);
+    if (strcmp(kind, "const") == 0 || strcmp(kind, "exp") == 0) {
+        d->kind = kind[0] == 'c' ? DP_DIST_CONST : DP_DIST_EXP;
+        d->b = 0;
+        if (second || dp_opts_parse_double("--compute", first, 1e-6, 1e9, &d->a, NULL) != 0) goto bad;
+        return 0;
+    }
+    if (strcmp(kind, "lognormal") == 0 && second) {
+        d->kind = DP_DIST_LOGNORMAL;
+        if (dp_opts_parse_double("--compute", first, -50, 50, &d->a, NULL) != 0 ||
+            dp_opts_parse_double("--compute", second + 1, 0, 10, &d->b, NULL) != 0)
+            goto bad;
+        return 0;
+    }
+bad:
+    return dp_err(err, "'%s' is not const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (MS > 0; "
+                       "lognormal: exp(MU + SIGMA z) ms, SIGMA in [0, 10])", text);
+}
+
+/* Uniform in (0, 1) from 53 random bits. */
+static double s_uniform(dp_rng_t *r)
+{
+    return ((double)(dp_rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static double s_draw_ms(const dp_dist_t *d, dp_rng_t *r)
+{
+    switch (d->kind) {
+    case DP_DIST_CONST: return d->a;
+    case DP_DIST_EXP: return -d->a * log(s_uniform(r));
+    case DP_DIST_LOGNORMAL: {
+        double z = sqrt(-2 * log(s_uniform(r))) * cos(2 * M_PI * s_uniform(r));
+        return exp(d->a + d->b * z);
+    }
+    }
+    return d->a;
+}
+
+/* ---- the event queue: a binary heap on (t, seq) ---- */
+
+static int s_before(const s_event_t *a, const s_event_t *b)
+{
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+static void s_heap_push(s_sim_t *S, double t, int w)
+{
+    int i = S->n_heap++;
+    S->heap[i] = (s_event_t){t, S->seq++, w};
+    while (i > 0 && s_before(&S->heap[i], &S->heap[(i - 1) / 2])) {
+        s_event_t tmp = S->heap[i];
+        S->heap[i] = S->heap[(i - 1) / 2];
+        S->heap[(i - 1) / 2] = tmp;
+        i = (i - 1) / 2;
+    }
+}
+
+static s_event_t s_heap_pop(s_sim_t *S)
+{
+    s_event_t top = S->heap[0];
+    S->heap[0] = S->heap[--S->n_heap];
+    for (int i = 0;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < S->n_heap && s_before(&S->heap[l], &S->heap[m])) m = l;
+        if (r < S->n_heap && s_before(&S->heap[r], &S->heap[m])) m = r;
+        if (m == i) break;
+        s_event_t tmp = S->heap[i];
+        S->heap[i] = S->heap[m];
+        S->heap[m] = tmp;
+        i = m;
+    }
+    return top;
+}
+
+/* ---- workers ---- */
+
+/* w's pull is answered: it takes the weights and version, computes its
+ * gradient and will push when its compute time has passed. */
+static void s_start(s_sim_t *S, int w)
+{
+    s_worker_t *k = &S->w[w];
+    dp_lab_params(&S->L, -1, S->params);
+    k->version = S->L.shard[0].version;
+    k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, k->grad);
+    if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
+    k->busy = 1;
+    s_heap_push(S, S->now + s_draw_ms(&S->c->compute, &k->rng) * S->c->slow[w] / 1000.0, w);
+}
+
+/* w asks for the weights: answered now or held, as the daemon would. */
+static void s_pull(s_sim_t *S, int w)
+{
+    if (dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version)) s_start(S, w);
+    else S->held[S->n_held++] = w;
+}
+
+/* After a push: the held pulls now ready are answered, in arrival order. */
+static void s_reask_held(s_sim_t *S)
+{
+    int kept = 0;
+    for (int i = 0; i < S->n_held; i++) {
+        int w = S->held[i];
+        if (dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version)) s_start(S, w);
+        else S->held[kept++] = w;
+    }
+    S->n_held = kept;
+}
+
+/* ---- evaluation and diagnostics ---- */
+
+static void s_emit(s_sim_t *S, cJSON *line_fields)
+{
+    if (S->c->json) {
+        char *text = cJSON_PrintUnformatted(line_fields);
+        printf("%s\n", text);
+        fflush(stdout);
+        cJSON_free(text);
+    }
+    cJSON *line = dp_metrics_line(S->L.s.metrics);
+    if (line) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, line_fields) cJSON_AddItemToObject(line, it->string, cJSON_Duplicate(it, 1));
+        dp_metrics_write(S->L.s.metrics, &line);
+    }
+    cJSON_Delete(line_fields);
+}
+
+static void s_evaluate(s_sim_t *S, int limit, double *acc, double *loss)
+{
+    dp_lab_params(&S->L, -1, S->params);
+    dp_net_set_params(&S->L.s.net, S->params);
+    dp_session_evaluate(&S->L.s, limit, acc, loss);
+}
+
+/* The line of an evaluation at version (acc, loss on the test set). */
+static void s_eval_emit(s_sim_t *S, uint64_t version, double acc, double loss)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "event", "eval");
+    cJSON_AddNumberToObject(o, "updates", (double)version);
+    cJSON_AddNumberToObject(o, "pushes", (double)S->pushes);
+    cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
+    cJSON_AddNumberToObject(o, "epoch", dp_metrics_round((double)S->pushes * S->c->lab.train.batch / S->L.s.train.n, 5));
+    cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
+    cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
+    cJSON_AddNumberToObject(o, "train_loss", dp_metrics_round(S->loss_avg, 5));
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "updates", (double)version);
+    cJSON_AddNumberToObject(e, "sim_s", dp_metrics_round(S->now, 6));
+    cJSON_AddNumberToObject(e, "test_accuracy", dp_metrics_round(acc, 5));
+    cJSON_AddItemToArray(S->evals, e);
+    if (!S->c->json && version < S->c->updates)
+        fprintf(stderr, "sim: update %llu  %.3f simulated s  test accuracy %.4f\n",
+                (unsigned long long)version, S->now, acc);
+    s_emit(S, o);
+}
+
+static void s_eval_line(s_sim_t *S, uint64_t version)
+{
+    double acc, loss;
+    s_evaluate(S, S->c->eval_limit, &acc, &loss);
+    s_eval_emit(S, version, acc, loss);
+}
+
+static double s_dot(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* The update just made (weights now - before it) against the one before. */
+static void s_momentum_sample(s_sim_t *S)
+{
+    const dp_shard_t *sh = &S->L.shard[0];
+    const float *before = S->L.policy[0]->before;
+    float *u = S->fresh; /* scratch */
+    for (size_t i = 0; i < S->n; i++) u[i] = sh->w[i] - before[i];
+    if (S->have_prev) {
+        S->mom_dot += s_dot(u, S->prev_update, S->n);
+        S->mom_norm += s_dot(S->prev_update, S->prev_update, S->n);
+    }
+    memcpy(S->prev_update, u, S->n * sizeof(float));
+    S->have_prev = 1;
+}
+
+/* Variance of the gradients in flight across the busy workers. */
+static void s_variance(s_sim_t *S, double *var, double *rel)
+{
+    int m = 0;
+    memset(S->mean, 0, S->n * sizeof(float));
+    for (int w = 0; w < S->c->lab.workers; w++)
+        if (S->w[w].busy) {
+            for (size_t i = 0; i < S->n; i++) S->mean[i] += S->w[w].grad[i];
+            m++;
+        }
+    *var = *rel = 0;
+    if (m < 2) return;
+    for (size_t i = 0; i < S->n; i++) S->mean[i] /= (float)m;
+    double sum = 0;
+    for (int w = 0; w < S->c->lab.workers; w++)
+        if (S->w[w].busy)
+            for (size_t i = 0; i < S->n; i++) {
+                double d = (double)S->w[w].grad[i] - S->mean[i];
+                sum += d * d;
+            }
+    *var = sum / m;
+    double mn = s_dot(S->mean, S->mean, S->n);
+    *rel = mn > 0 ? *var / mn : 0;
+}
+
+/* The diagnostics at the push of worker w that made update version,
+ * against the weights the server applied it to (the policy's copy of the
+ * range before the step; the simulator has one shard, the whole vector). */
+static void s_diag(s_sim_t *S, int w, uint64_t version, uint64_t staleness)
+{
+    s_worker_t *k = &S->w[w];
+    memcpy(S->params, S->L.policy[0]->before, S->n * sizeof(float));
+    dp_lab_gradient(&S->L, S->params, w, k->step, S->fresh);
+    double gg = s_dot(k->grad, k->grad, S->n), ff = s_dot(S->fresh, S->fresh, S->n);
+    double cosine = gg > 0 && ff > 0 ? s_dot(k->grad, S->fresh, S->n) / sqrt(gg * ff) : 0;
+    double moved = 0;
+    for (size_t i = 0; i < S->n; i++) {
+        double d = (double)S->params[i] - k->pulled[i];
+        moved += d * d;
+    }
+    moved = sqrt(moved);
+    double var, rel;
+    s_variance(S, &var, &rel);
+    S->cos_sum += cosine;
+    S->moved_sum += moved;
+    S->var_sum += var;
+    S->var_rel_sum += rel;
+    S->diags++;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "event", "diag");
+    cJSON_AddNumberToObject(o, "updates", (double)version);
+    cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
+    cJSON_AddNumberToObject(o, "worker", w);
+    cJSON_AddNumberToObject(o, "staleness", (double)staleness);
+    cJSON_AddNumberToObject(o, "cosine_stale_fresh", dp_metrics_round(cosine, 6));
+    cJSON_AddNumberToObject(o, "moved", dp_metrics_round(moved, 6));
+    cJSON_AddNumberToObject(o, "grad_variance", dp_metrics_round(var, 6));
+    cJSON_AddNumberToObject(o, "grad_variance_rel", dp_metrics_round(rel, 6));
+    s_emit(S, o);
+}
+
+/* ---- the run ---- */
+
+static int s_setup(s_sim_t *S, const dp_sim_conf_t *c, char *err)
+{
+    memset(S, 0, sizeof *S);
+    S->c = c;
+    dp_lab_conf_t lc = c->lab;
+    lc.measure = lc.measure || c->diag_every > 0;
+    if (dp_lab_init(&S->L, &lc, err) != 0) return -1;
+    int M = c->lab.workers;
+    S->n = S->L.s.model.n_floats;
+    S->w = dp_calloc((size_t)M, sizeof *S->w);
+    S->heap = dp_calloc((size_t)M + 1, sizeof *S->heap);
+    S->held = dp_calloc((size_t)M, sizeof *S->held);
+    S->params = dp_aligned_alloc(S->n * sizeof(float));
+    S->fresh = dp_aligned_alloc(S->n * sizeof(float));
+    if (c->diag_every > 0) {
+        S->prev_update = dp_aligned_alloc(S->n * sizeof(float));
+        S->mean = dp_aligned_alloc(S->n * sizeof(float));
+    }
+    for (int w = 0; w < M; w++) {
+        S->w[w].grad = dp_aligned_alloc(S->n * sizeof(float));
+        if (c->diag_every > 0) S->w[w].pulled = dp_aligned_alloc(S->n * sizeof(float));
+        /* Per worker, so one worker's draws do not shift with the others'. */
+        dp_rng_seed(&S->w[w].rng, c->lab.train.seed * 0x9E3779B97F4A7C15ULL + 7919u * (uint64_t)w + 1);
+    }
+    S->evals = cJSON_CreateArray();
+    return 0;
+}
+
+static void s_teardown(s_sim_t *S)
+{
+    for (int w = 0; S->w && w < S->c->lab.workers; w++) {
+        free(S->w[w].grad);
+        free(S->w[w].pulled);
+    }
+    free(S->w);
+    free(S->heap);
+    free(S->held);
+    free(S->params);
+    free(S->fresh);
+    free(S->prev_update);
+    free(S->mean);
+    cJSON_Delete(S->evals);
+    dp_lab_fini(&S->L);
+}
+
+/* One worker's finish: its push, what the update triggers, its next pull. */
+static int s_finish_one(s_sim_t *S, int w, char *err)
+{
+    s_worker_t *k = &S->w[w];
+    const dp_sim_conf_t *c = S->c;
+    dp_push_outcome_t o;
+    dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, &o);
+    if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
+    S->pushes++;
+    if (w == 0) S->chief_steps++;
+    if (!isfinite(k->loss))
+        return dp_err(err, "loss is %f at update %llu: training diverged (lower --lr)", k->loss,
+                      (unsigned long long)S->L.shard[0].version);
+    S->loss_avg = S->pushes == 1 ? k->loss : 0.98 * S->loss_avg + 0.02 * k->loss;
+    if (c->lab.mode == DP_MODE_SYNC) k->min_version = k->version + 1;
+    uint64_t v = S->L.shard[0].version;
+    if (o.stepped && c->diag_every > 0) {
+        s_momentum_sample(S);
+        if (v % (uint64_t)c->diag_every == 0) s_diag(S, w, v, o.staleness);
+    }
+    k->busy = 0; /* after the diagnostics: its gradient counts in the variance */
+    k->step++;
+    if (o.stepped && c->eval_every > 0 && v % (uint64_t)c->eval_every == 0 && v < c->updates)
+        s_eval_line(S, v);
+    if (o.status == DP_PUSH_APPLIED) s_reask_held(S);
+    s_pull(S, w);
+    return 0;
+}
+
+static int s_loop(s_sim_t *S, char *err)
+{
+    for (int w = 0; w < S->c->lab.workers; w++) s_pull(S, w);
+    while (S->L.shard[0].version < S->c->updates) {
+        if (S->n_heap == 0) return dp_err(err, "simulation: every worker waits (a policy that never steps?)");
+        s_event_t e = s_heap_pop(S);
+        S->now = e.t;
+        if (s_finish_one(S, e.w, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Each worker's histogram, as the worker daemons end their metrics. */
+static void s_metrics_per_worker(s_sim_t *S)
+{
+    for (int w = 0; w < S->c->lab.workers; w++) {
+        cJSON *line = dp_metrics_line(S->L.s.metrics);
+        if (!line) return;
+        cJSON_AddStringToObject(line, "event", "staleness");
+        cJSON_AddNumberToObject(line, "worker", w);
+        cJSON_AddItemToObject(line, "staleness_histogram", dp_staleness_json(&S->L.per_worker[w]));
+        cJSON_AddNumberToObject(line, "staleness_geometric_p",
+                                dp_metrics_round(dp_staleness_geometric_p(&S->L.per_worker[w]), 6));
+        dp_metrics_write(S->L.s.metrics, &line);
+    }
+}
+
+static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
+{
+    s_metrics_per_worker(S);
+    const dp_sim_conf_t *c = S->c;
+    dp_shard_counts_t cnt;
+    dp_staleness_t all;
+    dp_lab_counts(&S->L, &cnt, &all);
+    int M = c->lab.workers;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "mode", dp_mode_name(c->lab.mode));
+    cJSON_AddNumberToObject(o, "workers", M);
+    cJSON_AddNumberToObject(o, "updates", (double)S->L.shard[0].version);
+    cJSON_AddNumberToObject(o, "pushes", (double)S->pushes);
+    cJSON_AddNumberToObject(o, "updates_applied", (double)cnt.applied);
+    cJSON_AddNumberToObject(o, "updates_dropped", (double)cnt.dropped);
+    cJSON_AddNumberToObject(o, "epochs", dp_metrics_round((double)S->pushes * c->lab.train.batch / S->L.s.train.n, 5));
+    cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
+    cJSON_AddNumberToObject(o, "fresh_fraction", dp_metrics_round(dp_staleness_fresh(&all), 6));
+    cJSON_AddNumberToObject(o, "staleness_mean", dp_metrics_round(dp_staleness_mean(&all), 6));
+    cJSON_AddNumberToObject(o, "staleness_max", (double)all.max);
+    cJSON_AddNumberToObject(o, "staleness_geometric_p", dp_metrics_round(dp_staleness_geometric_p(&all), 6));
+    cJSON_AddItemToObject(o, "staleness_histogram", dp_staleness_json(&all));
+    cJSON *pw = cJSON_AddArrayToObject(o, "staleness_mean_per_worker");
+    for (int w = 0; w < M; w++)
+        cJSON_AddItemToArray(pw, cJSON_CreateNumber(dp_metrics_round(dp_staleness_mean(&S->L.per_worker[w]), 5)));
+    cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
+    cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
+    cJSON_AddNumberToObject(o, "train_loss", dp_metrics_round(S->loss_avg, 5));
+    const dp_optim_conf_t *op = &c->lab.optim;
+    cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(op->kind));
+    cJSON_AddNumberToObject(o, "lr", dp_metrics_round(dp_optim_base_lr(op), 7));
+    double explicit_mu = op->kind == DP_OPT_MOMENTUM || op->kind == DP_OPT_NESTEROV ? op->momentum
+                         : op->kind == DP_OPT_ADAM                                ? op->beta1 : 0;
+    cJSON_AddNumberToObject(o, "momentum", dp_metrics_round(explicit_mu, 7));
+    cJSON_AddNumberToObject(o, "momentum_implicit_theory", dp_metrics_round(1.0 - 1.0 / M, 7));
+    cJSON_AddNumberToObject(o, "momentum_total_theory", dp_metrics_round(explicit_mu + 1.0 - 1.0 / M, 7));
+    double implicit = c->lab.mode == DP_MODE_SYNC ? 0 : 1.0 - dp_staleness_geometric_p(&all);
+    cJSON_AddNumberToObject(o, "momentum_implicit", dp_metrics_round(implicit, 6));
+    cJSON_AddNumberToObject(o, "momentum_effective", dp_metrics_round(explicit_mu + implicit, 6));
+    if (c->diag_every > 0) {
+        cJSON_AddNumberToObject(o, "update_autocorrelation",
+                                dp_metrics_round(S->mom_norm > 0 ? S->mom_dot / S->mom_norm : 0, 6));
+        double d = S->diags ? (double)S->diags : 1;
+        cJSON_AddNumberToObject(o, "diag_samples", (double)S->diags);
+        cJSON_AddNumberToObject(o, "cosine_stale_fresh_mean", dp_metrics_round(S->cos_sum / d, 6));
+        cJSON_AddNumberToObject(o, "moved_mean", dp_metrics_round(S->moved_sum / d, 6));
+        cJSON_AddNumberToObject(o, "grad_variance_mean", dp_metrics_round(S->var_sum / d, 6));
+        cJSON_AddNumberToObject(o, "grad_variance_rel_mean", dp_metrics_round(S->var_rel_sum / d, 6));
+    }
+    cJSON_AddItemToObject(o, "evals", S->evals);
+    S->evals = NULL;
+    cJSON_AddStringToObject(o, "model", S->L.s.model.spec);
+    cJSON_AddNumberToObject(o, "batch", c->lab.train.batch);
+    cJSON_AddNumberToObject(o, "wall_s", dp_metrics_round(wall_s, 4));
+    dp_staleness_fini(&all);
+    return o;
+}
+
+int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
+{
+    *result = NULL;
+    s_sim_t *S = dp_malloc(sizeof *S);
+    double t0 = dp_now();
+    int rc = s_setup(S, c, err);
+    if (rc == 0) rc = s_loop(S, err);
+    double acc = 0, loss = 0;
+    if (rc == 0) rc = dp_lab_finish(&S->L, S->chief_steps, dp_now() - t0, &acc, &loss, err);
+    if (rc == 0) {
+        s_eval_emit(S, S->L.shard[0].version, acc, loss); /* the last point of the curve: all of the test set */
+        *result = s_result(S, acc, loss, dp_now() - t0);
+    }
+    s_teardown(S);
+    free(S);
+    return rc;
+}

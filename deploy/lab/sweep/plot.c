@@ -1,0 +1,173 @@
+/* sweep/plot: data columns, a gnuplot script and the PNGs (see
+ * plot.h). One colour per configuration; its seeds are separate
+ * lines of that colour (blocks of the data file), so the spread between
+ * seeds stays visible. */
+#include "deploy/lab/sweep/plot.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "deploy/launcher/spawn.h"
+#include "deploy/lab/sweep/text.h"
+
+int dp_sweep_find_gnuplot(char *path, size_t n)
+{
+    const char *env = getenv("PATH");
+    char *copy = dp_strdup(env && *env ? env : "/usr/bin:/bin"), *save = NULL;
+    int found = 0;
+    for (char *d = strtok_r(copy, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
+        snprintf(path, n, "%s/gnuplot", *d ? d : ".");
+        found = access(path, X_OK) == 0;
+    }
+    free(copy);
+    return found;
+}
+
+/* data/cNN.curve: "updates seconds accuracy", one block per seed;
+ * data/cNN.stale: "staleness pushes fraction" over all seeds. Returns
+ * whether each has any rows. */
+static int s_write_data(const dp_sweep_config_t *c, const char *data, int *has_curve,
+                        int *has_hist, char *err)
+{
+    dp_sweep_text_t t = {0};
+    char name[64];
+    *has_curve = *has_hist = 0;
+    dp_sweep_text_add(&t, "# %s: updates seconds test_accuracy, one block per seed\n", c->label);
+    for (int s = 0; s < c->n_run; s++) {
+        const dp_sweep_result_t *r = &c->run[s].res;
+        if (!r->ok) continue;
+        dp_sweep_text_add(&t, "# seed %s\n", c->run[s].seed);
+        for (int i = 0; i < r->n_curve; i++)
+            dp_sweep_text_add(&t, "%.0f %.3f %.5f\n", r->curve[i].updates, r->curve[i].seconds,
+                              r->curve[i].accuracy);
+        dp_sweep_text_add(&t, "\n\n");
+        *has_curve |= r->n_curve > 0;
+    }
+    snprintf(name, sizeof name, "%s.curve", c->id);
+    if (dp_sweep_text_save(&t, data, name, err) != 0) return -1;
+    long total = 0, *sum = NULL;
+    int n = 0;
+    for (int s = 0; s < c->n_run; s++) {
+        const dp_sweep_result_t *r = &c->run[s].res;
+        if (!r->ok || r->n_hist == 0) continue;
+        if (r->n_hist > n) {
+            sum = dp_realloc(sum, (size_t)r->n_hist * sizeof(long));
+            memset(sum + n, 0, (size_t)(r->n_hist - n) * sizeof(long));
+            n = r->n_hist;
+        }
+        for (int v = 0; v < r->n_hist; v++) sum[v] += r->hist[v], total += r->hist[v];
+    }
+    dp_sweep_text_add(&t, "# %s: staleness pushes fraction (all workers, all seeds)\n", c->label);
+    for (int v = 0; v < n; v++)
+        if (sum[v] > 0) dp_sweep_text_add(&t, "%d %ld %.6g\n", v, sum[v], (double)sum[v] / total);
+    *has_hist = total > 0;
+    free(sum);
+    snprintf(name, sizeof name, "%s.stale", c->id);
+    return dp_sweep_text_save(&t, data, name, err);
+}
+
+/* One plot of the script: "plot" with one entry per configuration that has
+ * data (has[i]); nothing when none has. */
+static void s_plot_cmd(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg, const int *has,
+                       const char *file_ext, const char *columns, const char *style)
+{
+    int first = 1;
+    for (int i = 0; i < n_cfg; i++) {
+        if (!has[i]) continue;
+        dp_sweep_text_add(t, "%s'data/%s.%s' using %s %s lc %d title '%s %s'", first ? "plot " : ", \\\n     ",
+                          cfg[i].id, file_ext, columns, style, i + 1, cfg[i].id, cfg[i].label);
+        first = 0;
+    }
+    dp_sweep_text_add(t, "\n");
+}
+
+static int s_any(const int *has, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (has[i]) return 1;
+    return 0;
+}
+
+static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg, const int *curve,
+                     const int *hist, int simulated)
+{
+    dp_sweep_text_add(t, "# Written by downpour sweep; run in this directory: gnuplot plots.gp\n"
+                         "set terminal png size 900,640 noenhanced\n"
+                         "set grid\nset key below\nset ylabel 'test accuracy'\n");
+    if (s_any(curve, n_cfg)) {
+        dp_sweep_text_add(t, "set output 'accuracy_vs_updates.png'\nset xlabel 'server updates'\n"
+                             "set title 'Test accuracy against updates (one line per seed)'\n");
+        s_plot_cmd(t, cfg, n_cfg, curve, "curve", "1:3", "with linespoints pt 7 ps 0.6");
+        dp_sweep_text_add(t, "set output 'accuracy_vs_seconds.png'\nset xlabel '%s'\n"
+                             "set title 'Test accuracy against %s time (one line per seed)'\n",
+                          simulated ? "simulated seconds" : "seconds", simulated ? "simulated" : "wall-clock");
+        s_plot_cmd(t, cfg, n_cfg, curve, "curve", "2:3", "with linespoints pt 7 ps 0.6");
+    }
+    if (s_any(hist, n_cfg)) {
+        dp_sweep_text_add(t, "set output 'staleness.png'\nset xlabel 'staleness (versions)'\n"
+                             "set ylabel 'share of pushes'\nset logscale y\n"
+                             "set title 'Staleness histogram (all workers and seeds)'\n");
+        s_plot_cmd(t, cfg, n_cfg, hist, "stale", "1:3", "with linespoints pt 7 ps 0.8");
+    }
+}
+
+/* gnuplot plots.gp in out; 0, or 1 with why. */
+static int s_run_gnuplot(const char *out, char *why)
+{
+    char gp[PATH_MAX], cd[PATH_MAX + 16], log[PATH_MAX + 16], e[DP_ERR_LEN];
+    if (!dp_sweep_find_gnuplot(gp, sizeof gp)) {
+        snprintf(why, DP_ERR_LEN, "gnuplot not found on PATH: no plots drawn (Debian: apt-get install "
+                                  "gnuplot-nox; then cd %.120s && gnuplot plots.gp)", out);
+        return 1;
+    }
+    /* gnuplot's single-quoted strings double a quote. */
+    size_t k = (size_t)snprintf(cd, sizeof cd, "cd '");
+    for (const char *p = out; *p && k + 3 < sizeof cd; p++) {
+        if (*p == '\'') cd[k++] = '\'';
+        cd[k++] = *p;
+    }
+    snprintf(cd + k, sizeof cd - k, "'");
+    snprintf(log, sizeof log, "%s/plots.log", out);
+    const char *argv[] = {gp, "-e", cd, "plots.gp", NULL};
+    pid_t pid;
+    int st = 0;
+    if (dp_spawn(&pid, argv, log, e) != 0) {
+        snprintf(why, DP_ERR_LEN, "gnuplot: %.200s", e);
+        return 1;
+    }
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(why, DP_ERR_LEN, "gnuplot failed (see %.180s): no plots drawn", log);
+        return 1;
+    }
+    return 0;
+}
+
+int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int simulated, int draw,
+                  char *why, char *err)
+{
+    char data[PATH_MAX + 16];
+    snprintf(data, sizeof data, "%s/data", out);
+    if (mkdir(data, 0755) != 0 && errno != EEXIST)
+        return dp_err(err, "%s: cannot create: %s", data, strerror(errno));
+    int *curve = dp_calloc((size_t)n_cfg + 1, sizeof(int));
+    int *hist = dp_calloc((size_t)n_cfg + 1, sizeof(int));
+    int rc = 0;
+    for (int i = 0; i < n_cfg && rc == 0; i++) rc = s_write_data(&cfg[i], data, &curve[i], &hist[i], err);
+    if (rc == 0) {
+        dp_sweep_text_t t = {0};
+        s_script(&t, cfg, n_cfg, curve, hist, simulated);
+        rc = dp_sweep_text_save(&t, out, "plots.gp", err);
+    }
+    free(curve);
+    free(hist);
+    if (rc != 0) return -1;
+    return draw ? s_run_gnuplot(out, why) : 0;
+}

@@ -1,0 +1,87 @@
+/* eval: `downpour eval --checkpoint F [--data D] [--device DEV]` — the test
+ * accuracy of a saved model as one JSON line. The model spec and input shape
+ * come from the checkpoint's own metadata, so any Downpour checkpoint can be
+ * evaluated without repeating how it was trained. */
+#include "deploy/launcher/commands.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dataset.h"
+#include "common/metrics.h"
+#include "common/opts.h"
+#include "common/safetensors.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "worker/net.h"
+
+static const char s_synopsis[] =
+    "usage: downpour eval --checkpoint FILE.safetensors [--data SPEC] [--device cpu|cuda:K]\n"
+    "                     [--batch B] [--limit N]\n"
+    "Prints {\"test_accuracy\": ..., \"test_loss\": ..., \"n\": ...} for the test split.\n"
+    "\n";
+
+int dp_eval_main(int argc, char **argv)
+{
+    const char *ckpt = NULL, *data = "fashion-mnist", *device = "cpu";
+    int batch = 256, limit = 0;
+    const dp_opts_flag_t t[] = {
+        DP_FLAG_STR("checkpoint", "FILE", &ckpt, 0, "a Downpour checkpoint (required)"),
+        DP_FLAG_STR("data", "SPEC", &data, 0, "the dataset whose test split scores it (default fashion-mnist)"),
+        DP_FLAG_STR("device", "DEV", &device, 0, "cpu (default) or cuda:K"),
+        DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &batch, 1, 1 << 16, 0, "evaluation batch (default 256)"),
+        DP_FLAG_NUM("limit", DP_OPTS_INT, "N", &limit, 0, 1000000000, 0,
+                    "the first N test samples (default 0: all)"),
+    };
+    dp_opts_t o;
+    dp_opts_init(&o, "downpour eval", s_synopsis, NULL);
+    dp_opts_add(&o, t, (int)(sizeof t / sizeof t[0]));
+    char err[DP_ERR_LEN] = "";
+    int r = dp_opts_parse(&o, argc, argv, err);
+    if (r == 0 && !ckpt) r = dp_err(err, "--checkpoint FILE is required (see downpour eval --help)");
+    if (r != 0) return dp_opts_exit_status("downpour eval", r, err);
+    dp_dataset_t test = {0};
+    dp_model_t m;
+    dp_backend_t *be = NULL;
+    dp_net_t net = {0};
+    float *params = NULL, *x = NULL;
+    int *y = NULL, rc = 1;
+    char *spec = dp_safetensors_read_meta(ckpt, "spec", err);
+    if (!spec) {
+        if (!err[0]) snprintf(err, sizeof err, "%s: no model spec in the metadata (not a Downpour checkpoint?)", ckpt);
+        goto done;
+    }
+    if (dp_dataset_init(&test, data, DP_SPLIT_TEST, err) != 0) goto done;
+    if (dp_model_parse(&m, spec, test.c, test.h, test.w, err) != 0) goto done;
+    params = dp_malloc(m.n_floats * sizeof(float));
+    if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;
+    if (dp_backend_new(&be, device, err) != 0) goto done;
+    if (dp_net_init(&net, &m, be, batch, err) != 0) goto done;
+    dp_net_set_params(&net, params);
+    int n = limit > 0 && limit < test.n ? limit : test.n;
+    x = dp_malloc((size_t)batch * dp_dataset_sample_size(&test) * sizeof(float));
+    y = dp_malloc((size_t)batch * sizeof(int));
+    double acc = 0, loss = 0;
+    dp_net_evaluate_dataset(&net, &test, n, x, y, &acc, &loss);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "test_accuracy", dp_metrics_round(acc, 5));
+    cJSON_AddNumberToObject(out, "test_loss", dp_metrics_round(loss, 5));
+    cJSON_AddNumberToObject(out, "n", n);
+    cJSON_AddStringToObject(out, "checkpoint", ckpt);
+    char *line = cJSON_PrintUnformatted(out);
+    printf("%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(out);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "downpour eval: %s\n", err);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+    dp_dataset_fini(&test);
+    free(spec);
+    free(params);
+    free(x);
+    free(y);
+    return rc;
+}

@@ -1,0 +1,786 @@
+/* local: `downpour local` — a whole cluster on this machine. Starts K
+ * downpour-ps shards and N downpour-worker processes on free loopback
+ * ports, shows one live progress line, and stops everything cleanly when
+ * the run ends, when any process fails (naming it and its last log line) or
+ * on Ctrl-C / SIGTERM / SIGHUP. Leaves DIR/summary.json,
+ * DIR/model.safetensors, DIR/metrics/ (JSON lines) and DIR/logs/.
+ *
+ * The flags it passes on are the daemons' own: the launcher's option table
+ * is its few flags plus every entry of dp_ps_options and dp_worker_options
+ * marked DP_OPTS_PASS, parsed into scratch configurations with the daemons'
+ * parsers — so a bad value is refused here, before anything starts, exactly
+ * as the daemon would refuse it, and the run's length, mode and data are
+ * read from what the daemons will see.
+ *
+ * Invariant: no child outlives the launcher — each runs in its own process
+ * group (so a terminal's Ctrl-C reaches the launcher alone, which then stops
+ * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
+#include "deploy/launcher/commands.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/dataset.h"
+#include "common/opts.h"
+#include "common/signals.h"
+#include "common/util.h"
+#include "deploy/launcher/local_keys.h"
+#include "deploy/launcher/spawn.h"
+#include "server/ps.h"
+#include "server/record.h"
+#include "worker/args.h"
+
+#define DP_LOCAL_MAX 64     /* processes of each kind */
+/* argv entries per child: what the launcher sets, plus each flag of a
+ * table passed on at most once (flag and value). */
+#define DP_LOCAL_ARGS (32 + 2 * DP_OPTS_MAX)
+
+typedef struct {
+    char name[32];               /* "ps-0", "worker-1" */
+    char log[PATH_MAX];          /* its stdout + stderr */
+    char metrics[PATH_MAX];
+    pid_t pid;                   /* 0 once reaped */
+    int status;                  /* wait status once reaped */
+    int is_worker;
+} dp_child_t;
+
+typedef struct {
+    int workers, shards;
+    const char *gpus;            /* "0,1" or NULL */
+    const char *out;
+    char delay_ms[DP_LOCAL_MAX][24]; /* --straggler I:MS: worker I's injected delay, "" none */
+    int delay_exp[DP_LOCAL_MAX];     /* ... drawn from an exponential (I:MS:exp) */
+    int progress;                /* -1 auto */
+    /* The option tables: the launcher's (its own flags and those passed
+     * on) and the daemons', whose targets are the scratch configurations. */
+    dp_opts_t opts, ps_opts, worker_opts;
+    dp_ps_config_t ps;           /* what the shards will make of the flags passed on */
+    dp_cluster_t ps_cluster;     /* target of the ps table's cluster flags (never passed on) */
+    dp_worker_args_t wk;         /* what the workers will make of them */
+    char flag_names[DP_OPTS_MAX][48]; /* "--name" of the launcher's table entry i */
+    char bin_dir[PATH_MAX];
+    char out_default[64];
+    char input[48];              /* CxHxW of the data, for the shards */
+    char schedule[64];           /* the default lr schedule, for the shards */
+    char run_id[40];             /* a fresh --run-id for the shards, unless given */
+    char endpoints[DP_LOCAL_MAX * 48]; /* the shards, for the workers */
+    char summary[PATH_MAX];      /* DIR/summary.json, written by the chief */
+    const char *ps_args[DP_LOCAL_ARGS];
+    int n_ps_args;
+    const char *worker_args[DP_LOCAL_ARGS];
+    int n_worker_args;
+    dp_child_t kids[2 * DP_LOCAL_MAX];
+    int n_kids;
+    int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
+    int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = the
+                                  * daemon's rule (dp_ps_config_threads_on) on cores / K */
+    const char *record;          /* --record FILE: the run's schedule (shards' records merged) */
+    dp_local_keys_t keys;
+} dp_local_t;
+
+static volatile sig_atomic_t s_signal;
+
+static const char s_synopsis[] =
+"usage: downpour local --workers N [--ps-shards K] [--gpus 0,1,...] [--mode sync|async|ssp]\n"
+"                      [--out DIR] [flags for downpour-ps and downpour-worker]\n"
+"\n"
+"Runs K parameter-server shards and N workers on this machine (loopback ports),\n"
+"shows one progress line and leaves in DIR (default runs/local-<time>):\n"
+"  summary.json  model.safetensors  metrics/*.jsonl  tensorboard/  logs/*.log\n"
+"\n";
+
+static const char s_epilog[] =
+"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
+
+/* --out's folder and those above it (`--out runs/sync` in a fresh directory). */
+static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
+
+/* The last non-empty line of a file, into out. */
+static void s_last_line(const char *path, char *out, size_t n)
+{
+    out[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char buf[8192];
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    long from = size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0;
+    fseek(f, from, SEEK_SET);
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = 0;
+    while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == '\r')) buf[--got] = 0;
+    char *start = strrchr(buf, '\n');
+    start = start ? start + 1 : buf;
+    /* A live "\r" line: keep its last state. */
+    char *cr = strrchr(start, '\r');
+    if (cr) start = cr + 1;
+    snprintf(out, n, "%s", start);
+}
+
+/* Parse the last complete JSON line of a metrics file, or NULL. */
+static cJSON *s_last_metrics(const char *path)
+{
+    char line[8192];
+    s_last_line(path, line, sizeof line);
+    return line[0] == '{' ? cJSON_Parse(line) : NULL;
+}
+
+static double s_num(const cJSON *o, const char *key, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+/* Total steps per worker, read once from the worker's first metrics line
+ * (with its steps per epoch and batch). */
+static long s_total_steps(const char *path, long *steps_per_epoch, long *batch)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[4096];
+    long total = 0;
+    if (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        if (o) {
+            total = (long)s_num(o, "total_steps", 0);
+            *steps_per_epoch = (long)s_num(o, "steps_per_epoch", 0);
+            *batch = (long)s_num(o, "batch", 0);
+            cJSON_Delete(o);
+        }
+    }
+    fclose(f);
+    return total;
+}
+
+/* One progress line: rewritten in place on a terminal (live), else a plain
+ * line of its own. */
+static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, long *batch,
+                            int live)
+{
+    long steps_min = -1, steps_sum = 0;
+    double loss = 0, stale = 0;
+    int n = 0;
+    for (int i = 0; i < L->n_kids; i++) {
+        dp_child_t *c = &L->kids[i];
+        if (!c->is_worker) continue;
+        if (*total == 0) *total = s_total_steps(c->metrics, spe, batch);
+        cJSON *o = s_last_metrics(c->metrics);
+        if (!o) continue;
+        long step = (long)s_num(o, "step", -1) + 1;
+        if (steps_min < 0 || step < steps_min) steps_min = step;
+        steps_sum += step;
+        loss += s_num(o, "loss", 0);
+        stale += s_num(o, "staleness", 0);
+        n++;
+        cJSON_Delete(o);
+    }
+    if (n == 0) {
+        fprintf(stderr, "%sstarting %d ps shard(s) and %d worker(s)...%s", live ? "\r\033[K" : "",
+                L->shards, L->workers, live ? "" : "\n");
+        return;
+    }
+    double dt = dp_now() - t0;
+    long epoch = *spe > 0 ? steps_min / *spe + 1 : 1;
+    long epochs = *spe > 0 && *total > 0 ? (*total + *spe - 1) / *spe : 1;
+    if (epoch > epochs) epoch = epochs;
+    fprintf(stderr, "%sepoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f%s",
+            live ? "\r\033[K" : "", epoch, epochs, steps_min, *total,
+            steps_sum * (double)*batch / (dt > 0 ? dt : 1), loss / n, stale / n, live ? "" : "\n");
+}
+
+/* SIGTERM every live child, then SIGKILL what is left after grace_s. */
+static void s_stop_all(dp_local_t *L, double grace_s)
+{
+    for (int i = 0; i < L->n_kids; i++)
+        if (L->kids[i].pid > 0) kill(L->kids[i].pid, SIGTERM);
+    double until = dp_now() + grace_s;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < L->n_kids; i++) {
+            dp_child_t *c = &L->kids[i];
+            if (c->pid <= 0) continue;
+            if (waitpid(c->pid, &c->status, WNOHANG) == c->pid) c->pid = 0;
+            else alive++;
+        }
+        if (!alive) return;
+        if (dp_now() > until) break;
+        usleep(50 * 1000);
+    }
+    for (int i = 0; i < L->n_kids; i++) {
+        dp_child_t *c = &L->kids[i];
+        if (c->pid <= 0) continue;
+        kill(-c->pid, SIGKILL);
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, &c->status, 0);
+        c->pid = 0;
+    }
+}
+
+static void s_describe_exit(const dp_child_t *c, char *out, size_t n)
+{
+    if (WIFEXITED(c->status)) snprintf(out, n, "exited with status %d", WEXITSTATUS(c->status));
+    else if (WIFSIGNALED(c->status)) snprintf(out, n, "killed by signal %d", WTERMSIG(c->status));
+    else snprintf(out, n, "ended");
+}
+
+/* "--straggler I:MS[:exp]": worker I sleeps MS ms before each push (fixed,
+ * or exponential with that mean), the others do not — the experiment that
+ * shows what one slow worker does to everybody's staleness. MS is checked
+ * as the worker's --delay-ms would check it. */
+static int s_set_straggler(void *arg, const char *v, char *err)
+{
+    dp_local_t *L = arg;
+    const char *colon = strchr(v, ':');
+    const char *ms = colon ? colon + 1 : "";
+    const char *tail = strchr(ms, ':');
+    size_t ms_len = tail ? (size_t)(tail - ms) : strlen(ms);
+    char index[16], delay[sizeof L->delay_ms[0]];
+    long i;
+    double d;
+    if (!colon || colon - v >= (long)sizeof index || ms_len >= sizeof delay ||
+        (tail && strcmp(tail, ":exp") != 0))
+        goto bad;
+    snprintf(index, sizeof index, "%.*s", (int)(colon - v), v);
+    snprintf(delay, sizeof delay, "%.*s", (int)ms_len, ms);
+    if (dp_opts_parse_long("--straggler", index, 0, DP_LOCAL_MAX - 1, &i, NULL) != 0 ||
+        dp_opts_parse_double("--straggler", delay, 0, 1e7, &d, NULL) != 0)
+        goto bad;
+    snprintf(L->delay_ms[i], sizeof L->delay_ms[i], "%s", delay);
+    L->delay_exp[i] = tail != NULL;
+    return 0;
+bad:
+    return dp_err(err, "'%s' is not WORKER:MS[:exp] with WORKER in [0, %d], MS in [0, 1e7], e.g. 1:50",
+                  v, DP_LOCAL_MAX - 1);
+}
+
+/* Is name in table o, marked to be passed on? */
+static int s_passes(dp_opts_t *o, const char *name)
+{
+    const dp_opts_flag_t *e = dp_opts_find(o, name);
+    return e && e->pass;
+}
+
+/* Append, under a heading, the daemons' passed-on flags that go to the ps
+ * (in_ps) and / or the workers (in_worker). */
+static void s_add_passed(dp_local_t *L, const char *title, int in_ps, int in_worker)
+{
+    const dp_opts_flag_t heading = DP_FLAG_TITLE(title);
+    dp_opts_add(&L->opts, &heading, 1);
+    dp_opts_t *tables[2] = {&L->ps_opts, &L->worker_opts};
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < tables[t]->n; i++) {
+            const dp_opts_flag_t *e = &tables[t]->opt[i];
+            if (!e->pass || dp_opts_find(&L->opts, e->name)) continue;
+            if (s_passes(&L->ps_opts, e->name) == in_ps &&
+                s_passes(&L->worker_opts, e->name) == in_worker)
+                dp_opts_add(&L->opts, e, 1);
+        }
+}
+
+/* The launcher's table: its own flags, then the daemons' passed-on ones. */
+static void s_options(dp_local_t *L)
+{
+    const dp_opts_flag_t own[] = {
+        DP_FLAG_NUM("workers", DP_OPTS_INT, "N", &L->workers, 1, DP_LOCAL_MAX, 0,
+                    "worker processes (default 2; with --gpus, one per listed GPU)"),
+        DP_FLAG_NUM("ps-shards", DP_OPTS_INT, "K", &L->shards, 1, DP_LOCAL_MAX, 0,
+                    "parameter-server processes, each owning a slice (default 1)"),
+        DP_FLAG_NUM("ps-threads", DP_OPTS_INT, "N", &L->ps_threads, 1, 256, 0,
+                    "each shard's optimizer threads (downpour-ps --threads; default:\n"
+                    "the host's cores / K, at most 4, and 1 for a shard under 256 K floats);\n"
+                    "--threads is the workers' kernel threads"),
+        DP_FLAG_STR("gpus", "LIST", &L->gpus, 0, "one worker per listed GPU (cuda:K); default: CPU workers"),
+        DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
+                     "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
+        DP_FLAG_STR("out", "DIR", &L->out, 0, "where results land"),
+        DP_FLAG_SET("progress", &L->progress, 1, 0, "the live line even when stderr is no terminal"),
+        DP_FLAG_SET("no-progress", &L->progress, 0, 0, "no live line"),
+        DP_FLAG_STR("record", "FILE", &L->record, 0,
+                    "write the run's schedule to FILE for `downpour replay`"),
+        DP_FLAG_SET("secure", &L->secure, 1, 0,
+                    "CURVE: a key pair per shard and worker in DIR/keys; every\n"
+                    "connection encrypted, only these keys admitted"),
+    };
+    dp_opts_init(&L->opts, "downpour local", s_synopsis, s_epilog);
+    dp_opts_add(&L->opts, own, (int)(sizeof own / sizeof own[0]));
+    dp_ps_options(&L->ps_opts, &L->ps, &L->ps_cluster);
+    dp_worker_options(&L->worker_opts, &L->wk);
+    s_add_passed(L, "passed on to downpour-ps and downpour-worker:", 1, 1);
+    s_add_passed(L, "passed on to downpour-ps:", 1, 0);
+    s_add_passed(L, "passed on to downpour-worker:", 0, 1);
+}
+
+/* The flags given that a daemon takes, as given, into its argument list. */
+static void s_collect_passed(dp_local_t *L)
+{
+    for (int i = 0; i < L->opts.n; i++) {
+        const dp_opts_flag_t *e = &L->opts.opt[i];
+        if (!e->pass || !e->given) continue;
+        snprintf(L->flag_names[i], sizeof L->flag_names[i], "--%s", e->name);
+        int has_value = e->kind != DP_OPTS_FLAG;
+        if (s_passes(&L->ps_opts, e->name)) {
+            L->ps_args[L->n_ps_args++] = L->flag_names[i];
+            if (has_value) L->ps_args[L->n_ps_args++] = e->given;
+        }
+        if (s_passes(&L->worker_opts, e->name)) {
+            L->worker_args[L->n_worker_args++] = L->flag_names[i];
+            if (has_value) L->worker_args[L->n_worker_args++] = e->given;
+        }
+    }
+}
+
+/* Parse the command line; 1 when --help was printed. */
+static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
+{
+    s_options(L);
+    int rc = dp_opts_parse(&L->opts, argc, argv, err);
+    if (rc != 0) return rc;
+    s_collect_passed(L);
+    if (L->gpus) {
+        int n = 1;
+        for (const char *p = L->gpus; *p; p++) n += *p == ',';
+        if (n > DP_LOCAL_MAX)
+            return dp_err(err, "--gpus '%s': more than %d GPUs", L->gpus, DP_LOCAL_MAX);
+        L->workers = n;
+    }
+    for (int i = L->workers; i < DP_LOCAL_MAX; i++)
+        if (L->delay_ms[i][0])
+            return dp_err(err, "--straggler %d: there are only %d workers", i, L->workers);
+    return 0;
+}
+
+/* Steps each worker runs (the worker's own rule: --steps, else epochs over
+ * its share of n samples in global batches). */
+static long s_run_steps(const dp_local_t *L, int n)
+{
+    const dp_train_conf_t *c = &L->wk.conf;
+    if (c->steps > 0) return c->steps;
+    return (long)c->epochs * (n / ((long)c->batch * L->workers));
+}
+
+static void s_print_summary(const char *path)
+{
+    uint8_t *text = NULL;
+    size_t len = 0;
+    if (dp_read_file(path, &text, &len, NULL) != 0) return;
+    cJSON *o = cJSON_Parse((const char *)text);
+    free(text);
+    if (!o) return;
+    const char *mode = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "mode"));
+    fprintf(stderr,
+            "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, %.1f s;"
+            " updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
+            mode ? mode : "?",
+            s_num(o, "workers", 0), s_num(o, "ps_shards", 0), s_num(o, "test_accuracy", 0),
+            s_num(o, "test_loss", 0), s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
+            s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
+            s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
+            s_num(o, "staleness_max", 0));
+    cJSON_Delete(o);
+}
+
+/* Defaults, flags, the output directory's name and where the daemons are.
+ * Returns 0, 1 when --help was printed, -1 with err on a bad flag. */
+static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
+{
+    memset(L, 0, sizeof *L);
+    L->workers = 2;
+    L->shards = 1;
+    L->progress = -1;
+    dp_ps_config_default(&L->ps);
+    dp_worker_args_default(&L->wk);
+    int rc = s_parse(L, argc, argv, err);
+    if (rc != 0) return rc;
+    if (!L->out) {
+        time_t now = time(NULL);
+        strftime(L->out_default, sizeof L->out_default, "runs/local-%Y%m%d-%H%M%S", localtime(&now));
+        s_mkdir("runs", err);
+        L->out = L->out_default;
+    }
+    dp_spawn_bin_dir(L->bin_dir, sizeof L->bin_dir, argv[0]);
+    snprintf(L->summary, sizeof L->summary, "%s/summary.json", L->out);
+    return 0;
+}
+
+/* An earlier run's TensorBoard event files (the workers add new ones; old
+ * ones would show as the same run). */
+static int s_is_events(const char *name) { return strncmp(name, "events.out.tfevents.", 20) == 0; }
+
+/* A file the launcher names after a child: ps-I or worker-I, then .jsonl
+ * (metrics), .log or .endpoint (logs). An earlier run with more shards or
+ * workers leaves some this run does not overwrite; other files stay. */
+static int s_is_child_file(const char *name)
+{
+    const char *p = NULL;
+    if (strncmp(name, "ps-", 3) == 0) p = name + 3;
+    else if (strncmp(name, "worker-", 7) == 0) p = name + 7;
+    if (!p || !isdigit((unsigned char)*p)) return 0;
+    while (isdigit((unsigned char)*p)) p++;
+    return strcmp(p, ".jsonl") == 0 || strcmp(p, ".log") == 0 || strcmp(p, ".endpoint") == 0;
+}
+
+/* Remove the files of DIR/sub that ours() claims. */
+static void s_clear(const dp_local_t *L, const char *sub, int (*ours)(const char *name))
+{
+    char dir[PATH_MAX], path[PATH_MAX + 256];
+    snprintf(dir, sizeof dir, "%s/%s", L->out, sub);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    const struct dirent *e;
+    while ((e = readdir(d)))
+        if (ours(e->d_name)) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+}
+
+/* A fresh --run-id for the shards unless one was given: each launch is a
+ * new run, so a --checkpoint-dir holding another run's files is refused
+ * (--resume continues it). */
+static void s_add_run_id(dp_local_t *L)
+{
+    if (dp_opts_find(&L->opts, "run-id")->given) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t h = dp_fnv1a(DP_FNV_SEED, &ts, sizeof ts);
+    pid_t pid = getpid();
+    h = dp_fnv1a(h, &pid, sizeof pid);
+    snprintf(L->run_id, sizeof L->run_id, "local-%016" PRIx64, h);
+    L->ps_args[L->n_ps_args++] = "--run-id";
+    L->ps_args[L->n_ps_args++] = L->run_id;
+}
+
+/* What the servers need from the data (the input shape, and for the
+ * default schedule the run's length), then DIR and its subdirectories,
+ * without the results of an earlier run in the same DIR. */
+static int s_prepare(dp_local_t *L, char *err)
+{
+    dp_dataset_t probe = {0};
+    if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
+    snprintf(L->input, sizeof L->input, "%dx%dx%d", probe.c, probe.h, probe.w);
+    L->ps.in_c = probe.c; /* the shards' threads depend on the model's size */
+    L->ps.in_h = probe.h;
+    L->ps.in_w = probe.w;
+    if (!dp_opts_find(&L->opts, "lr-schedule")->given) {
+        /* Anneal the lr to zero over the run (cosine), as the standalone
+         * trainer does by default: the final weights are then not just one
+         * noisy point of a constant-lr walk. The servers count one version
+         * per sync step, one per push otherwise. */
+        long per_worker = s_run_steps(L, probe.n);
+        long updates = L->ps.mode == DP_MODE_SYNC ? per_worker : per_worker * L->workers;
+        if (updates > 0) {
+            snprintf(L->schedule, sizeof L->schedule, "cosine:%ld", updates);
+            L->ps_args[L->n_ps_args++] = "--lr-schedule";
+            L->ps_args[L->n_ps_args++] = L->schedule;
+        }
+    }
+    dp_dataset_fini(&probe);
+
+    char path[PATH_MAX];
+    if (s_mkdir(L->out, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/metrics", L->out);
+    if (s_mkdir(path, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/logs", L->out);
+    if (s_mkdir(path, err) != 0) return -1;
+    unlink(L->summary);
+    snprintf(path, sizeof path, "%s/model.safetensors", L->out);
+    unlink(path);
+    if (L->secure && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
+    s_clear(L, "tensorboard", s_is_events);
+    s_clear(L, "metrics", s_is_child_file);
+    s_clear(L, "logs", s_is_child_file);
+    s_add_run_id(L);
+    return 0;
+}
+
+/* A child's names: "ps-0", DIR/logs/ps-0.log, DIR/metrics/ps-0.jsonl. */
+static dp_child_t *s_child(dp_local_t *L, const char *kind, int i)
+{
+    dp_child_t *c = &L->kids[L->n_kids++];
+    c->is_worker = strcmp(kind, "worker") == 0;
+    snprintf(c->name, sizeof c->name, "%s-%d", kind, i);
+    snprintf(c->log, sizeof c->log, "%s/logs/%s-%d.log", L->out, kind, i);
+    snprintf(c->metrics, sizeof c->metrics, "%s/metrics/%s-%d.jsonl", L->out, kind, i);
+    return c;
+}
+
+/* DIR/logs/ps-I.endpoint: where shard I writes the endpoint it bound. */
+static void s_ready_path(const dp_local_t *L, int i, char *out, size_t n)
+{
+    snprintf(out, n, "%s/logs/ps-%d.endpoint", L->out, i);
+}
+
+/* DIR/logs/ps-I.record: shard I's --record, merged into --record FILE. */
+static void s_record_part(const dp_local_t *L, int i, char *out, size_t n)
+{
+    snprintf(out, n, "%s/logs/ps-%d.record", L->out, i);
+}
+
+/* The workers' kernel threads: one share of the cores each, unless given. */
+static long s_worker_threads(const dp_local_t *L)
+{
+    if (L->wk.conf.threads > 0) return L->wk.conf.threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores / L->workers > 0 ? cores / L->workers : 1;
+}
+
+/* --record FILE: the shards' records and the workers' side in one file. */
+static int s_record_merge(const dp_local_t *L, char *err)
+{
+    char paths[DP_LOCAL_MAX][PATH_MAX], seed[24];
+    const char *parts[DP_LOCAL_MAX];
+    for (int i = 0; i < L->shards; i++) {
+        s_record_part(L, i, paths[i], sizeof paths[i]);
+        parts[i] = paths[i];
+    }
+    cJSON *extra = cJSON_CreateObject();
+    cJSON_AddStringToObject(extra, "data", L->wk.conf.data);
+    cJSON_AddNumberToObject(extra, "batch", L->wk.conf.batch);
+    /* --seed goes to both daemons; the launcher's table holds one entry
+     * for it, the ps table's, so its value is in L->ps. */
+    snprintf(seed, sizeof seed, "%" PRIu64, L->ps.seed);
+    cJSON_AddStringToObject(extra, "data_seed", seed);
+    cJSON_AddNumberToObject(extra, "threads", (double)s_worker_threads(L));
+    cJSON_AddStringToObject(extra, "device", L->gpus ? "cuda" : "cpu");
+    int rc = dp_record_merge(L->record, parts, L->shards, extra, err);
+    cJSON_Delete(extra);
+    return rc;
+}
+
+/* The parameter-server shards, each on a loopback port the kernel picks. */
+static int s_start_servers(dp_local_t *L, char *err)
+{
+    char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
+    snprintf(nworkers, sizeof nworkers, "%d", L->workers);
+    /* the shards share the host's cores for their optimizer sweeps: each
+     * gets the daemon's own rule on its share of them */
+    dp_ps_config_t share = L->ps;
+    share.shard_count = L->shards;
+    share.threads = L->ps_threads;
+    snprintf(threads, sizeof threads, "%d",
+             dp_ps_config_threads_on(&share, sysconf(_SC_NPROCESSORS_ONLN) / L->shards));
+    snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
+    for (int i = 0; i < L->shards; i++) {
+        snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
+        s_ready_path(L, i, ready, sizeof ready);
+        unlink(ready);
+        dp_child_t *c = s_child(L, "ps", i);
+        unlink(c->metrics);
+        const char *av[DP_LOCAL_ARGS];
+        int n = 0;
+        av[n++] = ps_bin;
+        av[n++] = "--bind"; av[n++] = "tcp://127.0.0.1:*";
+        av[n++] = "--ready-file"; av[n++] = ready;
+        av[n++] = "--shard"; av[n++] = shard;
+        av[n++] = "--workers"; av[n++] = nworkers;
+        av[n++] = "--input"; av[n++] = L->input;
+        av[n++] = "--metrics"; av[n++] = c->metrics;
+        av[n++] = "--threads"; av[n++] = threads;
+        if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
+        char record[PATH_MAX];
+        if (L->record) {
+            s_record_part(L, i, record, sizeof record);
+            av[n++] = "--record"; av[n++] = record;
+        }
+        for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
+        av[n] = NULL;
+        if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Shard i's endpoint from its ready file into L->endpoints: 1 when there,
+ * 0 while not yet, -1 with err when the shard died first. */
+static int s_read_endpoint(dp_local_t *L, int i, char *err)
+{
+    dp_child_t *c = &L->kids[i];
+    char ready[PATH_MAX];
+    s_ready_path(L, i, ready, sizeof ready);
+    char ep[256];
+    if (dp_spawn_read_ready(ready, ep, sizeof ep)) {
+        size_t used = strlen(L->endpoints);
+        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", ep);
+        return 1;
+    }
+    if (waitpid(c->pid, &c->status, WNOHANG) != c->pid) return 0;
+    c->pid = 0;
+    char how[64], last[512];
+    s_describe_exit(c, how, sizeof how);
+    s_last_line(c->log, last, sizeof last);
+    return dp_err(err, "%s %s before listening; last log line: %s", c->name, how,
+                  last[0] ? last : "(empty)");
+}
+
+/* Wait for every shard's ready file, in shard order (the workers' --ps). */
+static int s_await_servers(dp_local_t *L, char *err)
+{
+    const double limit_s = 60;
+    double until = dp_now() + limit_s;
+    for (int i = 0; i < L->shards; i++) {
+        int r;
+        while ((r = s_read_endpoint(L, i, err)) == 0) {
+            if (s_signal) return dp_err(err, "stopped by signal %d while starting", (int)s_signal);
+            if (dp_now() > until)
+                return dp_err(err, "%s (downpour-ps) did not report its endpoint in %s/logs within %.0f s",
+                              L->kids[i].name, L->out, limit_s);
+            usleep(20 * 1000);
+        }
+        if (r < 0) return -1;
+    }
+    return 0;
+}
+
+/* The workers; task 0 is the chief and writes the results. */
+static int s_start_workers(dp_local_t *L, char *err)
+{
+    char task[12], device[24], threads[24], worker_bin[PATH_MAX + 16];
+    char save[PATH_MAX], tensorboard[PATH_MAX];
+    snprintf(threads, sizeof threads, "%ld", s_worker_threads(L));
+    snprintf(worker_bin, sizeof worker_bin, "%s/downpour-worker", L->bin_dir);
+    snprintf(save, sizeof save, "%s/model.safetensors", L->out);
+    snprintf(tensorboard, sizeof tensorboard, "%s/tensorboard", L->out);
+    const char *gpu = L->gpus;
+    for (int i = 0; i < L->workers; i++) {
+        dp_child_t *c = s_child(L, "worker", i);
+        unlink(c->metrics);
+        snprintf(task, sizeof task, "%d", i);
+        const char *av[DP_LOCAL_ARGS];
+        int n = 0;
+        av[n++] = worker_bin;
+        av[n++] = "--ps"; av[n++] = L->endpoints;
+        av[n++] = "--task-index"; av[n++] = task;
+        av[n++] = "--metrics"; av[n++] = c->metrics;
+        av[n++] = "--tensorboard"; av[n++] = tensorboard;
+        av[n++] = "--no-progress";
+        if (gpu) {
+            int len = (int)strcspn(gpu, ",");
+            snprintf(device, sizeof device, "cuda:%.*s", len, gpu);
+            gpu = gpu[len] ? gpu + len + 1 : gpu + len;
+            av[n++] = "--device"; av[n++] = device;
+        } else {
+            av[n++] = "--threads"; av[n++] = threads;
+        }
+        if (L->delay_ms[i][0]) {
+            av[n++] = "--delay-ms"; av[n++] = L->delay_ms[i];
+            if (L->delay_exp[i]) { av[n++] = "--delay-dist"; av[n++] = "exp"; }
+        }
+        if (i == 0) {
+            av[n++] = "--save"; av[n++] = save;
+            av[n++] = "--summary"; av[n++] = L->summary;
+        }
+        if (L->secure) dp_local_keys_worker_args(&L->keys, i, av, &n);
+        /* User flags last, so an explicit --threads or --device wins. */
+        for (int k = 0; k < L->n_worker_args; k++) av[n++] = L->worker_args[k];
+        av[n] = NULL;
+        if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Watch until a signal, a failure (returned), or the end: every worker done
+ * (the chief stops the servers itself; they get a moment to take its
+ * SHUTDOWN). */
+static const dp_child_t *s_watch(dp_local_t *L)
+{
+    int live_tty = L->progress == 1 || (L->progress < 0 && isatty(2));
+    double t0 = dp_now(), last_progress = 0, workers_done_at = 0;
+    long total = 0, spe = 0, batch = 0;
+    const dp_child_t *failed = NULL;
+    while (!s_signal) {
+        int workers_left = 0, alive = 0;
+        for (int i = 0; i < L->n_kids; i++) {
+            dp_child_t *c = &L->kids[i];
+            if (c->pid > 0 && waitpid(c->pid, &c->status, WNOHANG) == c->pid) {
+                c->pid = 0;
+                if (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0) failed = failed ? failed : c;
+            }
+            if (c->pid > 0) {
+                alive++;
+                workers_left += c->is_worker;
+            }
+        }
+        if (failed || alive == 0) break;
+        if (workers_left == 0) {
+            if (workers_done_at == 0) workers_done_at = dp_now();
+            if (dp_now() - workers_done_at > 10) break;
+        }
+        double now = dp_now();
+        if (now - last_progress >= (live_tty ? 0.5 : 15.0) && L->progress != 0) {
+            s_show_progress(L, t0, &total, &spe, &batch, live_tty);
+            last_progress = now;
+        }
+        usleep(100 * 1000);
+    }
+    if (live_tty && L->progress != 0) fputc('\n', stderr);
+    return failed;
+}
+
+/* Stop what is left and say how the run ended; the exit status. */
+static int s_finish(dp_local_t *L, const dp_child_t *failed)
+{
+    int interrupted = s_signal != 0;
+    s_stop_all(L, 10.0);
+    if (interrupted) {
+        fprintf(stderr, "downpour local: stopped by signal %d; every process ended; logs in %s/logs\n",
+                (int)s_signal, L->out);
+        return 128 + (int)s_signal;
+    }
+    if (failed) {
+        char how[64], last[512];
+        s_describe_exit(failed, how, sizeof how);
+        s_last_line(failed->log, last, sizeof last);
+        fprintf(stderr, "downpour local: %s %s; last log line: %s\n(full log: %s)\n", failed->name,
+                how, last[0] ? last : "(empty)", failed->log);
+        return 1;
+    }
+    if (access(L->summary, F_OK) != 0) {
+        fprintf(stderr, "downpour local: the run ended without %s (see %s/logs)\n", L->summary, L->out);
+        return 1;
+    }
+    s_print_summary(L->summary);
+    char err[DP_ERR_LEN];
+    if (L->record && s_record_merge(L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
+    printf("%s\n", L->summary);
+    return 0;
+}
+
+int dp_local_main(int argc, char **argv)
+{
+    static dp_local_t L; /* large: keep it off the stack */
+    char err[DP_ERR_LEN] = "";
+    int rc = s_setup(&L, argc, argv, err);
+    if (rc != 0) return dp_opts_exit_status("downpour local", rc, err);
+    if (s_prepare(&L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
+    dp_signals_install(&s_signal, 1);
+    if (s_start_servers(&L, err) != 0 || s_await_servers(&L, err) != 0 ||
+        s_start_workers(&L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        s_stop_all(&L, 5.0);
+        return 1;
+    }
+    fprintf(stderr, "downpour local: %d ps shard(s) at %s, %d worker(s), %s mode; results in %s\n",
+            L.shards, L.endpoints, L.workers, dp_mode_name(L.ps.mode), L.out);
+    return s_finish(&L, s_watch(&L));
+}
