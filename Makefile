@@ -328,7 +328,8 @@ bench-scale: deps-bench
 # (Debian's help2man), the systemd units with ExecStart pointed at $(BINDIR),
 # and the documentation. PREFIX and DESTDIR as usual:
 #   make install PREFIX=/opt/downpour DESTDIR=/tmp/stage
-# deb: the same under /usr, stripped, packed by dpkg-deb; Depends is what
+# deb: the same under /usr, stripped, packed by dpkg-deb (the control file,
+# changelog and copyright are deploy/debian/'s templates); Depends is what
 # dpkg-shlibdeps finds the binaries link (a CUDA build's CUDA libraries come
 # from NVIDIA, not Debian: they are left out of Depends, and the machine or
 # image must have them, as deploy/k8s/Dockerfile's gpu target does).
@@ -382,26 +383,18 @@ deb: all
 	rm -rf $(DEB_DIR) $(BUILD)/downpour_*.deb && mkdir -p $(DEB_DIR)/root/DEBIAN $(DEB_DIR)/debian
 	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system
 	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/*
-	printf 'downpour (%s) unstable; urgency=low\n\n  * Built from %s.\n\n -- %s  %s\n' \
-	    '$(DP_VERSION)' "$$(git describe --always --dirty 2>/dev/null || echo a source tree)" \
-	    '$(DEB_MAINTAINER)' "$$(date -R)" | gzip -9n >$(DEB_DIR)/root/usr/share/doc/downpour/changelog.gz
-	printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: downpour\n\nFiles: *\nCopyright: the Downpour authors\nLicense: unstated\n This package records no license terms; ask the authors before redistributing it.\n' \
-	    >$(DEB_DIR)/root/usr/share/doc/downpour/copyright
+	sed -e 's|@VERSION@|$(DP_VERSION)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' -e "s|@DATE@|$$(date -R)|" \
+	    -e "s|@SOURCE@|$$(git describe --always --dirty 2>/dev/null || echo a source tree)|" \
+	    deploy/debian/changelog.in | gzip -9n >$(DEB_DIR)/root/usr/share/doc/downpour/changelog.gz
+	cp deploy/debian/copyright $(DEB_DIR)/root/usr/share/doc/downpour/copyright
 	printf 'Source: downpour\n\nPackage: downpour\nArchitecture: any\n' >$(DEB_DIR)/debian/control
 	cd $(DEB_DIR) && dpkg-shlibdeps $(if $(HAVE_CUDA),--ignore-missing-info) -O root/usr/bin/* \
 	    | sed -n 's/^shlibs:Depends=//p' | tr ',' '\n' | sed 's/^ *//' \
 	    | grep -Ev '^(libcudnn|libcublas|libcudart|cuda-|libnvidia|nvidia)' | paste -sd, | sed 's/,/, /g' >depends
 	@test -s $(DEB_DIR)/depends || { echo "deb: dpkg-shlibdeps found no dependencies"; exit 1; }
-	{ echo 'Package: downpour'; echo 'Version: $(DP_VERSION)'; echo 'Architecture: $(DEB_ARCH)'; \
-	  echo 'Maintainer: $(DEB_MAINTAINER)'; echo "Installed-Size: $$(du -sk --exclude=DEBIAN $(DEB_DIR)/root | cut -f1)"; \
-	  echo "Depends: $$(cat $(DEB_DIR)/depends)"; echo 'Recommends: dataset-fashion-mnist'; \
-	  echo 'Section: science'; echo 'Priority: optional'; \
-	  echo 'Description: parameter-server trainer for distributed and asynchronous SGD'; \
-	  echo ' downpour-ps holds the weights and optimizer state (sharded over processes),'; \
-	  echo ' downpour-worker computes gradients on its batches and pushes them over'; \
-	  echo ' ZeroMQ; updates are synchronous, asynchronous or of bounded staleness.'; \
-	  echo ' The downpour launcher runs a whole cluster on one machine. Systemd template'; \
-	  echo ' units run one task per instance on machines you keep.'; \
+	{ sed -e 's|@VERSION@|$(DP_VERSION)|' -e 's|@ARCH@|$(DEB_ARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \
+	      -e "s|@INSTALLED_SIZE@|$$(du -sk --exclude=DEBIAN $(DEB_DIR)/root | cut -f1)|" \
+	      -e "s|@DEPENDS@|$$(cat $(DEB_DIR)/depends)|" deploy/debian/control.in; \
 	  $(if $(HAVE_CUDA),echo '$(DEB_CUDA_NOTE)';) \
 	} >$(DEB_DIR)/root/DEBIAN/control
 	dpkg-deb --root-owner-group -Zxz --build $(DEB_DIR)/root $(DEB_FILE)
