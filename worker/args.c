@@ -114,8 +114,8 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                     "evaluate the test set every N steps (0: at the end)"),
         DP_FLAG_NUM("eval-limit", DP_OPTS_INT, "K", &c->eval_limit, 0, 1000000000, P,
                     "test samples per periodic evaluation (0: all)"),
-        DP_FLAG_SET("progress", &c->progress, 1, 0, "the live progress line (default: on a terminal)"),
-        DP_FLAG_SET("no-progress", &c->progress, 0, 0, "no progress line"),
+        DP_FLAG_SET("progress", &c->progress, DP_PROGRESS_ON, 0, "the live progress line (default: on a terminal)"),
+        DP_FLAG_SET("no-progress", &c->progress, DP_PROGRESS_OFF, 0, "no progress line"),
     };
     dp_opts_init(o, "downpour-worker", s_synopsis, NULL);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));

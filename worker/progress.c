@@ -7,10 +7,10 @@
 
 #include "common/util.h"
 
-void dp_progress_init(dp_progress_t *p, int mode)
+void dp_progress_init(dp_progress_t *p, dp_progress_mode_t mode)
 {
     p->tty = isatty(2);
-    p->enabled = mode != 0;
+    p->enabled = mode != DP_PROGRESS_OFF;
     p->last = 0;
     p->dirty = 0;
 }

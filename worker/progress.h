@@ -11,8 +11,14 @@ typedef struct {
     int dirty;        /* a "\r" line is on screen without its newline */
 } dp_progress_t;
 
-/* mode: 1 on, 0 off, -1 auto (on; live when stderr is a tty). */
-void dp_progress_init(dp_progress_t *p, int mode);
+/* Whether a run shows its progress line (--progress / --no-progress). */
+typedef enum {
+    DP_PROGRESS_AUTO = -1, /* the default: on, live where stderr is a terminal */
+    DP_PROGRESS_OFF = 0,   /* --no-progress */
+    DP_PROGRESS_ON = 1,    /* --progress: on (the launcher's line live even off a terminal) */
+} dp_progress_mode_t;
+
+void dp_progress_init(dp_progress_t *p, dp_progress_mode_t mode);
 /* Print the line if it is time to (force: print now). */
 void dp_progress_update(dp_progress_t *p, int force, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -22,7 +22,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->epochs = 1;
     dp_optim_conf_default(&c->optim);
     c->seed = 1;
-    c->progress = -1;
+    c->progress = DP_PROGRESS_AUTO;
     c->task_index = 0;
     c->timeout_s = 60;
     c->overlap = -1;

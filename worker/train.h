@@ -39,7 +39,7 @@ typedef struct {
     const char *summary;       /* summary.json (standalone / chief) */
     const char *metrics;       /* JSON lines, one per step */
     const char *tensorboard;   /* TensorBoard log dir (event files), or NULL */
-    int progress;              /* -1 auto, 0 off, 1 on */
+    dp_progress_mode_t progress; /* the progress line */
     long eval_every;           /* chief: evaluate the test set every N steps (0: at the end) */
     int eval_limit;            /* test samples per periodic evaluation (0: all) */
     /* distributed */

@@ -20,7 +20,7 @@ void dp_lab_conf_default(dp_lab_conf_t *c)
     memset(c, 0, sizeof *c);
     dp_train_conf_default(&c->train);
     c->train.threads = 1;
-    c->train.progress = 0;
+    c->train.progress = DP_PROGRESS_OFF;
     c->init_seed = 1;
     c->workers = 1;
     c->shards = 1;

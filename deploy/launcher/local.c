@@ -64,7 +64,7 @@ typedef struct {
     const char *out;
     char delay_ms[DP_LOCAL_MAX][24]; /* --straggler I:MS: worker I's injected delay, "" none */
     int delay_exp[DP_LOCAL_MAX];     /* ... drawn from an exponential (I:MS:exp) */
-    int progress;                /* -1 auto */
+    dp_progress_mode_t progress; /* the live line */
     /* The option tables: the launcher's (its own flags and those passed
      * on) and the daemons', whose targets are the scratch configurations. */
     dp_opts_t opts, ps_opts, worker_opts;
@@ -308,8 +308,8 @@ static void s_options(dp_local_t *L)
         DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
                      "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
         DP_FLAG_STR("out", "DIR", &L->out, 0, "where results land"),
-        DP_FLAG_SET("progress", &L->progress, 1, 0, "the live line even when stderr is no terminal"),
-        DP_FLAG_SET("no-progress", &L->progress, 0, 0, "no live line"),
+        DP_FLAG_SET("progress", &L->progress, DP_PROGRESS_ON, 0, "the live line even when stderr is no terminal"),
+        DP_FLAG_SET("no-progress", &L->progress, DP_PROGRESS_OFF, 0, "no live line"),
         DP_FLAG_STR("record", "FILE", &L->record, 0,
                     "write the run's schedule to FILE for `downpour replay`"),
         DP_FLAG_SET("secure", &L->secure, 1, 0,
@@ -401,7 +401,7 @@ static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
     memset(L, 0, sizeof *L);
     L->workers = 2;
     L->shards = 1;
-    L->progress = -1;
+    L->progress = DP_PROGRESS_AUTO;
     dp_ps_config_default(&L->ps);
     dp_worker_args_default(&L->wk);
     int rc = s_parse(L, argc, argv, err);
@@ -698,7 +698,7 @@ static int s_start_workers(dp_local_t *L, char *err)
  * SHUTDOWN). */
 static const dp_child_t *s_watch(dp_local_t *L)
 {
-    int live_tty = L->progress == 1 || (L->progress < 0 && isatty(2));
+    int live_tty = L->progress == DP_PROGRESS_ON || (L->progress == DP_PROGRESS_AUTO && isatty(2));
     double t0 = dp_now(), last_progress = 0, workers_done_at = 0;
     long total = 0, spe = 0, batch = 0;
     const dp_child_t *failed = NULL;
@@ -721,13 +721,13 @@ static const dp_child_t *s_watch(dp_local_t *L)
             if (dp_now() - workers_done_at > 10) break;
         }
         double now = dp_now();
-        if (now - last_progress >= (live_tty ? 0.5 : 15.0) && L->progress != 0) {
+        if (now - last_progress >= (live_tty ? 0.5 : 15.0) && L->progress != DP_PROGRESS_OFF) {
             s_show_progress(L, t0, &total, &spe, &batch, live_tty);
             last_progress = now;
         }
         usleep(100 * 1000);
     }
-    if (live_tty && L->progress != 0) fputc('\n', stderr);
+    if (live_tty && L->progress != DP_PROGRESS_OFF) fputc('\n', stderr);
     return failed;
 }
 

@@ -53,7 +53,8 @@ typedef struct {
     const char *grid, *out;
     const char *axis[DP_SWEEP_N_AXES];   /* the axes' flags as given */
     const char *cluster, *args, *every, *limit, *targets;
-    int no_plots, dry_run, force, progress;
+    int no_plots, dry_run, force;
+    dp_progress_mode_t progress;
 } s_flags_t;
 
 static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
@@ -83,7 +84,7 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_SET("no-plots", &f->no_plots, 1, 0, "the table only (no gnuplot)"),
         DP_FLAG_SET("dry-run", &f->dry_run, 1, 0, "print the runs' commands, run nothing"),
         DP_FLAG_SET("force", &f->force, 1, 0, "run again the runs already complete"),
-        DP_FLAG_SET("no-progress", &f->progress, 0, 0, "no progress line"),
+        DP_FLAG_SET("no-progress", &f->progress, DP_PROGRESS_OFF, 0, "no progress line"),
     };
     static dp_opts_t o;
     dp_opts_init(&o, "downpour sweep", s_synopsis, s_epilog);
@@ -247,7 +248,7 @@ static int s_report(const dp_sweep_grid_t *g, dp_sweep_config_t *cfg, int n, con
 
 int dp_sweep_main(int argc, char **argv)
 {
-    s_flags_t f = {.out = "runs/sweep", .progress = -1};
+    s_flags_t f = {.out = "runs/sweep", .progress = DP_PROGRESS_AUTO};
     char err[DP_ERR_LEN] = "", bin_dir[PATH_MAX], runs[PATH_MAX + 8];
     int r = s_parse(&f, argc, argv, err);
     if (r != 0) return dp_opts_exit_status("downpour sweep", r, err);
