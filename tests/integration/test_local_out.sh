@@ -24,6 +24,10 @@ check "... leaving shard 1's and worker 1's metrics and logs" \
     test -s "$out/metrics/ps-1.jsonl" -a -s "$out/metrics/worker-1.jsonl" -a -s "$out/logs/ps-1.log" -a -s "$out/logs/worker-1.log"
 old_tb=$(cd "$out/tensorboard" && ls events.out.tfevents.* 2>/dev/null | tr '\n' ' ')
 check "... and TensorBoard files ($old_tb)" test -n "$old_tb"
+# The second run's files may bear the same names (a TensorBoard file is
+# named by the second it was opened in): the first run's are marked by
+# their content instead.
+for f in $old_tb; do printf 'dp-first-run' >>"$out/tensorboard/$f"; done
 cp "$out/model.safetensors" "$TMP/a.safetensors"
 echo "mine" >"$out/metrics/notes.txt"
 echo "mine" >"$out/logs/notes.log"
@@ -32,8 +36,7 @@ echo "mine" >"$out/logs/notes.log"
 check "second run (1 shard, 1 worker) in the same DIR exits 0" test $? = 0
 left=$(cd "$out" && ls metrics/ps-1.jsonl metrics/worker-1.jsonl logs/ps-1.log logs/ps-1.endpoint logs/worker-1.log 2>/dev/null | tr '\n' ' ')
 check "the first run's shard 1 and worker 1 metrics and logs are gone (left: ${left:-none})" test -z "$left"
-left=""
-for f in $old_tb; do [ -e "$out/tensorboard/$f" ] && left+="$f "; done
+left=$(cd "$out/tensorboard" && grep -l 'dp-first-run' events.out.tfevents.* 2>/dev/null | tr '\n' ' ')
 check "the first run's TensorBoard files are gone (left: ${left:-none})" test -z "$left"
 check "summary.json is the second run's (workers $(json "$out/summary.json" workers 2>/dev/null))" \
     test "$(json "$out/summary.json" workers 2>/dev/null)" = 1
