@@ -63,6 +63,14 @@ sl_init() {
     done
     [ "$(id -u)" = 0 ] || { SL_WHY="the daemons need root"; return 2; }
     id munge >/dev/null 2>&1 || { SL_WHY="no munge user (Debian's munge package)"; return 2; }
+    # slurmd loads its cgroup plugin whatever ProctrackType says (Slurm
+    # 22.05): it needs a cgroup file system at /sys/fs/cgroup (a chroot or
+    # container that does not mount one cannot run it).
+    local fs; fs=$(stat -f -c %T /sys/fs/cgroup 2>&1)
+    case $fs in
+    cgroup2fs | tmpfs) ;;
+    *) SL_WHY="\`stat -f /sys/fs/cgroup\` says '$fs', not a cgroup file system: slurmd cannot load its cgroup plugin"; return 2 ;;
+    esac
     SL_DIR=$1
     SL_NODES=()
     sl_reap_stale
