@@ -101,7 +101,7 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
-        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, a, 0, "sgd|momentum|nesterov|adam|adagrad (default adam)"),
+        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, a, 0, "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"),
         DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->lab.optim.lr, 1e-12, 1e6, 0, "learning rate (default: the optimizer's)"),
         DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->lab.optim.momentum, 0, 1, 0, "momentum (default 0.9)"),
         DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->lab.optim.weight_decay, 0, 1e3, 0, "L2 weight decay"),
