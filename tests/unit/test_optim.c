@@ -18,11 +18,8 @@ static dp_optim_conf_t s_conf(dp_optim_kind_t k)
 }
 
 /* w0 and three gradients; expected values from torch 1.13 (torch.optim.SGD
- * with momentum / nesterov, Adam, Adagrad; weight_decay 0.01, eps 1e-8).
- * The RMSprop row (alpha 0.99) is torch.optim.RMSprop's single-tensor code
- * replayed op by op in float32 (square_avg.mul_(alpha).addcmul_(g, g,
- * 1 - alpha); param.addcdiv_(g, square_avg.sqrt().add_(eps), -lr)), as
- * torch was not installed where it was added. */
+ * with momentum / nesterov, Adam, Adagrad, RMSprop (alpha 0.99); weight_decay
+ * 0.01, eps 1e-8). */
 static const float s_w0[4] = {0.5f, -1.25f, 2.0f, 0.0f};
 static const float s_g[3][4] = {
     {0.1f, -0.2f, 0.3f, -0.4f}, {0.05f, 0.5f, -0.25f, 1.0f}, {-0.3f, 0.0f, 0.2f, 0.1f}};
@@ -32,8 +29,10 @@ static const float s_torch[DP_OPT_KINDS][4] = { /* in dp_optim_kind_t order */
     {0.505163431f, -1.30670142f, 1.91072822f, -0.152490631f},
     {0.483841896f, -1.2472012f, 1.98505414f, 0.00158243906f},
     {0.447167993f, -1.23936939f, 1.90991104f, -0.00210409705f},
-    {0.0433825254f, -1.14857888f, 1.12371397f, -0.0231943429f},
+    {0.0433825254f, -1.14857888f, 1.12371397f, -0.0231942832f},
 };
+/* torch.optim.RMSprop with A3C's eps 0.1, all else as above (torch 1.13). */
+static const float s_torch_rms_a3c[4] = {0.581408381f, -1.38478518f, 1.77301288f, -0.243849844f};
 
 static void test_matches_torch(void)
 {
@@ -49,6 +48,12 @@ static void test_matches_torch(void)
         double atol = k == DP_OPT_RMSPROP ? 5e-7 : 1e-7;
         CHECK_CLOSE(dp_optim_kind_name((dp_optim_kind_t)k), w, s_torch[k], 4, atol, 1e-6);
     }
+    dp_optim_conf_t c = s_conf(DP_OPT_RMSPROP);
+    c.eps = 0.1f;
+    float w[4], state[4] = {0};
+    memcpy(w, s_w0, sizeof w);
+    for (int t = 0; t < 3; t++) dp_optim_step(&c, c.lr, w, s_g[t], state, 4, t + 1);
+    CHECK_CLOSE("rmsprop, eps 0.1", w, s_torch_rms_a3c, 4, 1e-7, 1e-6);
 }
 
 /* The header's formulas, in double. */
