@@ -49,8 +49,7 @@ int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err)
             return 0;
         }
     return dp_err(err, "unknown optimizer '%s' (use sgd, momentum, nesterov, adam, adagrad or "
-                  "rmsprop)",
-                  name);
+                  "rmsprop)", name);
 }
 
 const char *dp_optim_kind_name(dp_optim_kind_t k)

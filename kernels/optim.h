@@ -58,9 +58,10 @@ typedef struct {
  * updates (BENCHMARKS.md, "accuracy"). */
 void dp_optim_conf_default(dp_optim_conf_t *c);
 /* The learning rate an optimizer gets when none is given: adam 0.0015,
- * adagrad and rmsprop 0.01 (PyTorch's), sgd / momentum / nesterov 0.05. (Adam's 0.0015, not
- * PyTorch's 0.001: on the default network and Fashion-MNIST it measured
- * better after one epoch in every mode; BENCHMARKS.md.) */
+ * adagrad and rmsprop 0.01 (PyTorch's), sgd / momentum / nesterov 0.05.
+ * (Adam's 0.0015, not PyTorch's 0.001: on the default network and
+ * Fashion-MNIST it measured better after one epoch in every mode;
+ * BENCHMARKS.md.) */
 float dp_optim_default_lr(dp_optim_kind_t k);
 /* c->lr, or the optimizer's default when c->lr is 0. */
 float dp_optim_base_lr(const dp_optim_conf_t *c);

@@ -313,6 +313,10 @@ static void test_config_run_id(void)
     d.seed = 2;
     dp_ps_config_run_id(&d, b, sizeof b);
     CHECK(strcmp(a, b) != 0);
+    d = c; /* --rms-alpha defines the run too */
+    d.optim.alpha = 0.9f;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
 }
 
 static int s_touch(const char *dir, const char *name)

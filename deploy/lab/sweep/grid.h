@@ -1,7 +1,7 @@
 /* sweep/grid: what `downpour sweep` runs — a grid of axes (mode, workers,
  * staleness bound, lr, lr policy, momentum, optimizer, replicas, straggler,
- * simulated compute time, seed), each a list of values, read from a small text file
- * and/or flags. A configuration is one value of every axis but the seed;
+ * simulated compute time, seed), each a list of values, read from a small
+ * text file and/or flags. A configuration is one value of every axis but the seed;
  * a run is a configuration with a seed.
  *
  * The file, one "key = v1, v2, ..." per line; '#' starts a comment; keys
