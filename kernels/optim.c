@@ -26,6 +26,7 @@ void dp_optim_conf_default(dp_optim_conf_t *c)
     c->beta1 = 0.9f;
     c->beta2 = 0.999f;
     c->eps = 1e-8f;
+    c->alpha = 0.99f;
     c->weight_decay = 0.0f;
     c->schedule = DP_LR_CONSTANT;
     c->step_size = 0;
@@ -35,7 +36,7 @@ void dp_optim_conf_default(dp_optim_conf_t *c)
 
 static const char *const s_names[] = {
     [DP_OPT_SGD] = "sgd",   [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_NESTEROV] = "nesterov",
-    [DP_OPT_ADAM] = "adam", [DP_OPT_ADAGRAD] = "adagrad",
+    [DP_OPT_ADAM] = "adam", [DP_OPT_ADAGRAD] = "adagrad",   [DP_OPT_RMSPROP] = "rmsprop",
 };
 _Static_assert(sizeof s_names / sizeof s_names[0] == DP_OPT_KINDS,
                "DP_OPT_KINDS must count every optimizer");
@@ -47,8 +48,8 @@ int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err)
             c->kind = (dp_optim_kind_t)k;
             return 0;
         }
-    return dp_err(err, "unknown optimizer '%s' (use sgd, momentum, nesterov, adam or adagrad)",
-                  name);
+    return dp_err(err, "unknown optimizer '%s' (use sgd, momentum, nesterov, adam, adagrad or "
+                  "rmsprop)", name);
 }
 
 const char *dp_optim_kind_name(dp_optim_kind_t k)
@@ -101,7 +102,8 @@ int dp_optim_state_per_param(dp_optim_kind_t k)
     case DP_OPT_SGD: return 0;
     case DP_OPT_MOMENTUM:
     case DP_OPT_NESTEROV:
-    case DP_OPT_ADAGRAD: return 1;
+    case DP_OPT_ADAGRAD:
+    case DP_OPT_RMSPROP: return 1;
     case DP_OPT_ADAM: return 2;
     }
     return 0;
@@ -111,7 +113,8 @@ float dp_optim_default_lr(dp_optim_kind_t k)
 {
     switch (k) {
     case DP_OPT_ADAM: return 0.0015f;
-    case DP_OPT_ADAGRAD: return 0.01f;
+    case DP_OPT_ADAGRAD:
+    case DP_OPT_RMSPROP: return 0.01f;
     case DP_OPT_SGD:
     case DP_OPT_MOMENTUM:
     case DP_OPT_NESTEROV: break;
@@ -204,6 +207,19 @@ void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const flo
         for (size_t i = 0; i < n; i++) {
             float gi = g[i] + wd * w[i];
             float si = s[i] + gi * gi;
+            s[i] = si;
+            w[i] -= lr * (gi / (sqrtf(si) + eps));
+        }
+        break;
+    }
+    case DP_OPT_RMSPROP: {
+        /* torch.optim.RMSprop: square_avg.mul_(alpha).addcmul_(g, g, 1 - alpha);
+         * param.addcdiv_(g, square_avg.sqrt() + eps, -lr). */
+        const float alpha = c->alpha, eps = c->eps;
+        float *s = state;
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] + wd * w[i];
+            float si = alpha * s[i] + (1.0f - alpha) * gi * gi;
             s[i] = si;
             w[i] -= lr * (gi / (sqrtf(si) + eps));
         }

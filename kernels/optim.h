@@ -9,6 +9,8 @@
  *   adam:      m = b1 m + (1-b1) g';  s = b2 s + (1-b2) g'^2;
  *              w -= lr * (m / (1-b1^t)) / (sqrt(s / (1-b2^t)) + eps)
  *   adagrad:   s += g'^2;                 w -= lr * g' / (sqrt(s) + eps)
+ *   rmsprop:   s = alpha s + (1-alpha) g'^2;  w -= lr * g' / (sqrt(s) + eps)
+ *              (torch.optim.RMSprop with centered=False and momentum=0)
  * State is per element (0, 1 or 2 floats each), so any contiguous slice of
  * the parameter vector can be stepped on its own: sharding needs nothing
  * more. */
@@ -23,9 +25,10 @@ typedef enum {
     DP_OPT_NESTEROV,
     DP_OPT_ADAM,
     DP_OPT_ADAGRAD,
+    DP_OPT_RMSPROP,
 } dp_optim_kind_t;
 /* The kinds are 0 .. DP_OPT_KINDS - 1, for loops over every optimizer. */
-#define DP_OPT_KINDS 5
+#define DP_OPT_KINDS 6
 
 typedef enum {
     DP_LR_CONSTANT,  /* lr */
@@ -38,7 +41,8 @@ typedef struct {
     float lr;            /* base learning rate; 0: the optimizer's default */
     float momentum;      /* momentum / nesterov mu */
     float beta1, beta2;  /* adam */
-    float eps;           /* adam, adagrad */
+    float eps;           /* adam, adagrad, rmsprop */
+    float alpha;         /* rmsprop: smoothing of the square average */
     float weight_decay;  /* L2, added to the gradient */
     dp_lr_kind_t schedule;
     long step_size;      /* DP_LR_STEP: steps between decays */
@@ -48,18 +52,20 @@ typedef struct {
 
 /* The project's defaults, for the standalone trainer and the parameter
  * server alike: adam, lr 0 (= the optimizer's default, below), momentum 0.9,
- * adam betas 0.9/0.999, eps 1e-8, constant schedule. Adam is the default
+ * adam betas 0.9/0.999, eps 1e-8, rmsprop alpha 0.99 (PyTorch's; A3C's
+ * shared RMSProp used eps 0.1), constant schedule. Adam is the default
  * because it measured the most robust to the staleness of asynchronous
  * updates (BENCHMARKS.md, "accuracy"). */
 void dp_optim_conf_default(dp_optim_conf_t *c);
 /* The learning rate an optimizer gets when none is given: adam 0.0015,
- * adagrad 0.01, sgd / momentum / nesterov 0.05. (Adam's 0.0015, not
- * PyTorch's 0.001: on the default network and Fashion-MNIST it measured
- * better after one epoch in every mode; BENCHMARKS.md.) */
+ * adagrad and rmsprop 0.01 (PyTorch's), sgd / momentum / nesterov 0.05.
+ * (Adam's 0.0015, not PyTorch's 0.001: on the default network and
+ * Fashion-MNIST it measured better after one epoch in every mode;
+ * BENCHMARKS.md.) */
 float dp_optim_default_lr(dp_optim_kind_t k);
 /* c->lr, or the optimizer's default when c->lr is 0. */
 float dp_optim_base_lr(const dp_optim_conf_t *c);
-/* "sgd", "momentum", "nesterov", "adam", "adagrad". */
+/* "sgd", "momentum", "nesterov", "adam", "adagrad", "rmsprop". */
 int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err);
 /* "constant", "step:STEP_SIZE:GAMMA", "cosine:TOTAL_STEPS". */
 int dp_optim_parse_schedule(dp_optim_conf_t *c, const char *text, char *err);

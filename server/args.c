@@ -45,12 +45,12 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     char text[1024];
     int len = snprintf(text, sizeof text,
                        "%s|%dx%dx%d|%d|%d|%d|%d|%d|%" PRIu64 "|%d|%.9g|%.9g|%.9g|%.9g|%.9g|%.9g|%d|%ld|"
-                       "%.9g|%ld|%d/%d",
+                       "%.9g|%ld|%d/%d|%.9g",
                        c->model_spec, c->in_c, c->in_h, c->in_w, (int)c->mode, c->num_workers,
                        c->replicas, c->staleness, c->lr_staleness, c->seed, (int)o->kind,
                        dp_optim_base_lr(o), o->momentum, o->beta1, o->beta2, o->eps,
                        o->weight_decay, (int)o->schedule, o->step_size, o->gamma, o->total_steps,
-                       c->shard_index, c->shard_count);
+                       c->shard_index, c->shard_count, o->alpha);
     if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
     snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
 }
@@ -149,10 +149,15 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_CALL("input", "CxHxW", s_set_input, c, 0, "input shape (default 1x28x28)"),
         DP_FLAG_SEED("seed", &c->seed, P, "initialisation seed (default 1)"),
         DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, P,
-                     "sgd|momentum|nesterov|adam|adagrad (default adam)"),
+                     "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"),
         DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->optim.lr, 1e-12, 1e6, P,
-                    "learning rate (default: adam 0.0015, adagrad 0.01, others 0.05)"),
+                    "learning rate (default: adam 0.0015, adagrad and rmsprop 0.01, others 0.05)"),
         DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->optim.momentum, 0, 1, P, "momentum (default 0.9)"),
+        DP_FLAG_NUM("rms-alpha", DP_OPTS_FLOAT, "X", &c->optim.alpha, 0, 1, P,
+                    "rmsprop: square average's smoothing (default 0.99)"),
+        DP_FLAG_NUM("eps", DP_OPTS_FLOAT, "X", &c->optim.eps, 1e-30, 1e3, P,
+                    "adam, adagrad, rmsprop: added to the root of the square\n"
+                    "average (default 1e-8; A3C's shared RMSProp: 0.1)"),
         DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->optim.weight_decay, 0, 1e3, P,
                     "L2 weight decay (default 0)"),
         DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, c, P,

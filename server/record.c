@@ -393,6 +393,7 @@ cJSON *dp_record_optim_json(const dp_optim_conf_t *o)
     cJSON_AddNumberToObject(j, "beta1", o->beta1);
     cJSON_AddNumberToObject(j, "beta2", o->beta2);
     cJSON_AddNumberToObject(j, "eps", o->eps);
+    cJSON_AddNumberToObject(j, "alpha", o->alpha);
     cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
     cJSON_AddNumberToObject(j, "schedule", o->schedule);
     cJSON_AddNumberToObject(j, "step_size", (double)o->step_size);
@@ -427,10 +428,12 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
      * Absent, lr, weight_decay, gamma, step_size and total_steps are 0. */
     const double F = FLT_MAX, L = 9007199254740992.0; /* 2^53: whole doubles are exact below */
     double lr = 0, mom = o->momentum, b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = 0;
+    double alpha = o->alpha; /* absent (a record older than rmsprop): the default */
     double sched = DP_LR_CONSTANT, step_size = 0, gamma = 0, total = 0;
     if (s_optim_num(j, "lr", -F, F, 0, &lr, err) || s_optim_num(j, "momentum", -F, F, 0, &mom, err) ||
         s_optim_num(j, "beta1", -F, F, 0, &b1, err) || s_optim_num(j, "beta2", -F, F, 0, &b2, err) ||
-        s_optim_num(j, "eps", -F, F, 0, &eps, err) || s_optim_num(j, "weight_decay", -F, F, 0, &wd, err) ||
+        s_optim_num(j, "eps", -F, F, 0, &eps, err) || s_optim_num(j, "alpha", -F, F, 0, &alpha, err) ||
+        s_optim_num(j, "weight_decay", -F, F, 0, &wd, err) ||
         s_optim_num(j, "schedule", 0, 2, 1, &sched, err) || s_optim_num(j, "step_size", 0, L, 1, &step_size, err) ||
         s_optim_num(j, "gamma", -F, F, 0, &gamma, err) || s_optim_num(j, "total_steps", 0, L, 1, &total, err))
         return -1;
@@ -441,6 +444,7 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
     o->beta1 = (float)b1;
     o->beta2 = (float)b2;
     o->eps = (float)eps;
+    o->alpha = (float)alpha;
     o->weight_decay = (float)wd;
     o->schedule = (dp_lr_kind_t)sched;
     o->step_size = (long)step_size;

@@ -106,7 +106,8 @@ typedef struct {
     double staleness_mean;
     uint64_t staleness_max;
     uint64_t updates_lost;     /* distributed: updates the shards lost by restarting (the chief's view) */
-    const dp_optim_conf_t *optim; /* standalone: the optimizer; NULL in a cluster */
+    const dp_optim_conf_t *optim; /* the optimizer: standalone's, or the lab's servers'; NULL
+                                   * in a real cluster (downpour local adds the servers') */
     const dp_staleness_t *staleness_hist; /* counts per staleness value, or NULL */
 } dp_run_summary_t;
 

@@ -95,7 +95,7 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         DP_FLAG_NUM("windows", DP_OPTS_INT, "W", &c->windows, 1, S_MAX_WINDOWS, 0,
                     "the measured span is cut into W windows; the rate is their median (default 10)"),
         DP_FLAG_STR("optimizer", "NAME", &c->optimizer, 0,
-                    "the servers' optimizer: sgd|momentum|nesterov|adam|adagrad (default sgd)"),
+                    "the servers' optimizer: sgd|momentum|nesterov|adam|adagrad|rmsprop (default sgd)"),
         DP_FLAG_CHOICE("transport", "tcp|ipc", &c->transport, 0,
                        "tcp on 127.0.0.1 (default) or ipc (unix sockets)"),
         DP_FLAG_SET("pull", &c->pull, 1, 0,

@@ -73,7 +73,7 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         DP_FLAG_NUM("shards", DP_OPTS_INT, "K", &c->shards, 1, DP_BENCH_MAX_SHARDS, 0,
                     "parameter-server shards (default 1)"),
         DP_FLAG_STR("optimizer", "NAME", &c->optimizer, 0,
-                    "the servers' optimizer: sgd|momentum|nesterov|adam|adagrad (default sgd)"),
+                    "the servers' optimizer: sgd|momentum|nesterov|adam|adagrad|rmsprop (default sgd)"),
         DP_FLAG_CHOICE("transport", "tcp|ipc|shm", &c->transport, 0,
                        "tcp on 127.0.0.1 (default), ipc (unix sockets), or shm\n"
                        "(shared memory, control messages on tcp 127.0.0.1)"),

@@ -247,7 +247,7 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
         .train_s = train_s, .version = L->shard[0].version, .applied = cnt.applied,
         .dropped = cnt.dropped, .rejected = cnt.rejected,
         .staleness_mean = dp_staleness_mean(&hist), .staleness_max = hist.max,
-        .staleness_hist = &hist,
+        .staleness_hist = &hist, .optim = &c->optim, /* the simulated servers' */
     };
     /* The chief's STATS view: the versions summed over the shards. */
     uint64_t versions = 0;

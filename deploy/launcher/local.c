@@ -35,6 +35,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/dataset.h"
+#include "common/metrics.h"
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
@@ -392,6 +393,27 @@ static void s_print_summary(const char *path)
             s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
             s_num(o, "staleness_max", 0));
     cJSON_Delete(o);
+}
+
+/* The chief worker's summary leaves the optimizer out in a cluster (it is
+ * the servers'); the launcher parsed the servers' flags, so it adds their
+ * optimizer and base lr, the fields standalone and sim summaries have. */
+static int s_summary_add_optimizer(const dp_local_t *L, char *err)
+{
+    uint8_t *text = NULL;
+    size_t len = 0;
+    if (dp_read_file(L->summary, &text, &len, err) != 0) return -1;
+    cJSON *o = cJSON_Parse((const char *)text);
+    free(text);
+    if (!o) return dp_err(err, "%s: not JSON", L->summary);
+    int rc = 0;
+    if (!cJSON_GetObjectItemCaseSensitive(o, "optimizer")) {
+        cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(L->ps.optim.kind));
+        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(&L->ps.optim));
+        rc = dp_summary_write(L->summary, o, err);
+    }
+    cJSON_Delete(o);
+    return rc;
 }
 
 /* Defaults, flags, the output directory's name and where the daemons are.
@@ -753,8 +775,12 @@ static int s_finish(dp_local_t *L, const dp_child_t *failed)
         fprintf(stderr, "downpour local: the run ended without %s (see %s/logs)\n", L->summary, L->out);
         return 1;
     }
-    s_print_summary(L->summary);
     char err[DP_ERR_LEN];
+    if (s_summary_add_optimizer(L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
+    s_print_summary(L->summary);
     if (L->record && s_record_merge(L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;

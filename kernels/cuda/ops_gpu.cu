@@ -205,8 +205,9 @@ struct s_optim_args {
     float mu;        // momentum / nesterov
     float wd;        // weight decay
     float b1, b2;    // adam
-    float eps;       // adam, adagrad
+    float eps;       // adam, adagrad, rmsprop
     float bc2_sqrt;  // adam: sqrt(1 - b2^t)
+    float alpha;     // rmsprop
 };
 
 __global__ void k_optim_step(s_optim_args a, float *w, const float *g, float *state, size_t n)
@@ -235,6 +236,12 @@ __global__ void k_optim_step(s_optim_args a, float *w, const float *g, float *st
         }
         case DP_OPT_ADAGRAD: {
             float si = state[i] + gi * gi;
+            state[i] = si;
+            w[i] -= a.lr * (gi / (sqrtf(si) + a.eps));
+            break;
+        }
+        case DP_OPT_RMSPROP: {
+            float si = a.alpha * state[i] + (1.0f - a.alpha) * gi * gi;
             state[i] = si;
             w[i] -= a.lr * (gi / (sqrtf(si) + a.eps));
             break;
@@ -317,7 +324,8 @@ void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const 
 void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const float *d_g,
                        float *d_state, size_t n, long t, cudaStream_t st)
 {
-    s_optim_args a = {c->kind, lr, c->momentum, c->weight_decay, c->beta1, c->beta2, c->eps, 1.0f};
+    s_optim_args a = {c->kind, lr, c->momentum, c->weight_decay, c->beta1, c->beta2, c->eps, 1.0f,
+                      c->alpha};
     if (n == 0) return;
     if (c->kind == DP_OPT_ADAM) {
         if (t < 1) t = 1;

@@ -2,7 +2,7 @@
  * of the same vector, measured side by side in one run.
  *
  * Bandwidth counts the bytes the update must touch: SGD reads w and g and
- * writes w (3 vectors), momentum / Nesterov / Adagrad read w, g and one state
+ * writes w (3 vectors), momentum / Nesterov / Adagrad / RMSProp read w, g and one state
  * vector and write w and the state (5), Adam reads w, g, m and v and writes
  * w, m and v (7); memcpy reads one vector and writes one (2). Rounds
  * alternate memcpy and the optimizers so that other load falls on all of
@@ -49,8 +49,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_optim [-n FLOATS >= 1024] [-r ROUNDS 3..%d]\n", S_MAX_ROUNDS);
         return 2;
     }
-    const dp_optim_kind_t kinds[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_ADAM};
-    enum { K = 3 };
+    const dp_optim_kind_t kinds[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_ADAM, DP_OPT_RMSPROP};
+    enum { K = 4 };
     float *w = dp_aligned_alloc(n * 4), *g = dp_aligned_alloc(n * 4);
     float *state = dp_aligned_alloc(2 * n * 4), *dst = dp_aligned_alloc(n * 4);
     for (size_t i = 0; i < n; i++) w[i] = 0.01f * (float)(i % 97), g[i] = 1e-4f * (float)(i % 13);

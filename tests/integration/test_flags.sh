@@ -57,6 +57,18 @@ refused "downpour local: a server's flag checked by the server's table" \
 refused "downpour local: a daemon-only flag is not passed on" "unknown flag '--bind'" \
     "$L" local --bind tcp://*:1 --out "$TMP/never"
 check "downpour local: nothing started or created on a bad flag" test ! -e "$TMP/never"
+# The optimizers, rmsprop among them, with its flags: every command that
+# takes --optimizer names them all, and range-checks --rms-alpha and --eps.
+refused "downpour-ps: unknown optimizer" "unknown optimizer 'lamb' (use sgd, momentum, nesterov, adam, adagrad or rmsprop)" \
+    "$PS" --optimizer lamb
+refused "downpour local: unknown optimizer" "or rmsprop)" "$L" local --optimizer lamb --out "$TMP/never"
+refused "downpour sim: --rms-alpha out of range" "--rms-alpha '1.5': expected a number in [0, 1]" \
+    "$L" sim --optimizer rmsprop --rms-alpha 1.5 --out "$TMP/never"
+refused "downpour-worker: --eps out of range" "--eps '0': expected a number in [1e-30, 1000]" \
+    "$WK" --standalone --optimizer rmsprop --eps 0
+refused "downpour local: --rms-alpha checked by the server's table" "--rms-alpha 'x'" \
+    "$L" local --rms-alpha x --out "$TMP/never"
+check "a bad optimizer flag: nothing started or created" test ! -e "$TMP/never"
 
 refused "downpour eval: malformed number" "--batch '12abc': expected an integer in [1, 65536]" \
     "$L" eval --checkpoint x.safetensors --batch 12abc
@@ -100,6 +112,10 @@ helps "downpour-worker -h" "--standalone" "$WK" -h
 helps "downpour local --help lists what it passes on" "passed on to downpour-worker:" "$L" local --help
 helps "downpour eval --help" "--checkpoint FILE" "$L" eval --help
 helps "downpour --help" "downpour local" "$L" --help
+helps "downpour-ps --help lists rmsprop" "adagrad|rmsprop" "$PS" --help
+helps "downpour-worker --help lists rmsprop" "adagrad, rmsprop" "$WK" --help
+helps "downpour local --help passes --rms-alpha on" "--rms-alpha X" "$L" local --help
+helps "downpour sim --help lists rmsprop" "adagrad|rmsprop" "$L" sim --help
 # The launcher's usage and its man page's NAME line (--summary, help2man -n)
 # come from one table: every command --help shows, --summary names.
 "$L" --help >"$TMP/usage" 2>&1

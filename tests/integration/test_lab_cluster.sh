@@ -7,7 +7,8 @@
 #    run's, twice; summary.json written; every recorded norm matched
 #  - a run under another schedule (a straggler) records another schedule and
 #    ends with other weights
-#  - sync with a backup worker replays bit for bit too
+#  - sync with a backup worker replays bit for bit too, and so does async
+#    with --optimizer rmsprop (its --rms-alpha and --eps from the header)
 #  - the record holds the workers' --threads as given, and replays
 #  - a replay on other batches (--data-seed) says it differs from the
 #    record, how often, and from which event on
@@ -73,6 +74,16 @@ check "... and ends with other weights" bash -c "! cmp -s '$TMP/a/model.safetens
 check "local sync (R = 2 of 3) --record exits 0" test $? = 0
 "$D" replay "$TMP/s.rec" --out "$TMP/rs" >"$TMP/rs.log" 2>&1
 check "sync replay: bit-identical weights" cmp "$TMP/s/model.safetensors" "$TMP/rs/model.safetensors"
+
+# RMSProp on the servers (A3C's eps 0.1, alpha 0.95): the shards' square
+# averages come back from the record's header, so the replay is bit for bit.
+"$D" local --workers 2 --ps-shards 2 --mode async --steps 20 "${tiny[@]}" --optimizer rmsprop --lr 0.001 \
+    --rms-alpha 0.95 --eps 0.1 --out "$TMP/rms" --record "$TMP/rms.rec" >"$TMP/rms.log" 2>&1
+check "local async --optimizer rmsprop --record exits 0" test $? = 0
+opt=$(json "$TMP/rms/summary.json" optimizer 2>/dev/null)
+check "summary.json names the servers' optimizer ($opt)" test "$opt" = rmsprop
+"$D" replay "$TMP/rms.rec" --out "$TMP/rrms" >"$TMP/rrms.log" 2>&1
+check "rmsprop replay: bit-identical weights" cmp "$TMP/rms/model.safetensors" "$TMP/rrms/model.safetensors"
 
 # The record holds the workers' --threads as given (it once held the
 # launcher's default, cores / workers, whatever was given).

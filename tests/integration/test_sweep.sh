@@ -130,6 +130,18 @@ EOF2
 check "the simulated sweep's table, histogram and curve match its runs ($(tail -1 "$TMP/simtable.log"))" \
     grep -q "sim table ok" "$TMP/simtable.log"
 
+# The optimizer is an axis: each run of the grid line optimizer = sgd,
+# rmsprop gets its --optimizer, and its summary.json says which it ran.
+"$S" sweep --cluster sim --workers 2 --optimizer sgd,rmsprop --eval-every 0 --no-progress --no-plots \
+    --args "--updates 20 --batch 16 --lr 0.01 --data $data --model 'fc:10 softmax'" \
+    --out "$TMP/opt" >"$TMP/opt.out" 2>"$TMP/opt.err"
+rc=$?
+check "a sweep over optimizer = sgd, rmsprop exits 0 (status $rc: $(tail -1 "$TMP/opt.err"))" test $rc = 0
+o1=$(json "$TMP/opt/runs/c01-s1/summary.json" optimizer 2>/dev/null)
+o2=$(json "$TMP/opt/runs/c02-s1/summary.json" optimizer 2>/dev/null)
+check "... its runs ran sgd then rmsprop ($o1, $o2)" test "$o1,$o2" = sgd,rmsprop
+check "... and the report labels them" grep -q "optimizer=rmsprop" "$TMP/opt/report.md"
+
 # Resumed: every run is complete, nothing runs again.
 "$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress --no-plots >"$TMP/again.out" 2>&1
 check "run again, the 4 complete runs are skipped" grep -q "4 run(s): 0 made, 4 already complete" "$TMP/again.out"
@@ -153,6 +165,7 @@ bad "a line without '=' is refused" "bad.txt:1: expected 'key = value" 'mode asy
 bad "a key given twice is refused" "bad.txt:2: 'lr' is given twice" $'lr = 0.1\nlr = 0.2'
 bad "an empty value is refused" "bad.txt:1: mode: an empty value" 'mode = sync,,async'
 bad "a bad mode is refused" "mode 'fast'" 'mode = fast'
+bad "an unknown optimizer is refused" "bad.txt:1: unknown optimizer 'lamb'" 'optimizer = adam, lamb'
 bad "a bad --workers flag is refused" "--workers 'two'" 'mode = async' --workers two
 bad "a run refusing its flags stops the sweep" "refused its flags" \
     "args = --steps 2 --data $data --no-such-flag"

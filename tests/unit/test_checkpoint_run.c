@@ -99,6 +99,48 @@ static void test_same_run_restores(void)
     s_rm_dir();
 }
 
+/* RMSProp's square average is the checkpoint's optim.state: a shard
+ * stepped 3 times, checkpointed and restored into a fresh one, then both
+ * stepped twice more, hold the same bits — the restart lost none of it (a
+ * zeroed square average would make the next step ~10x larger). An adagrad
+ * shard, one state float per parameter too, refuses the file by its name. */
+static void test_rmsprop_state_restores(void)
+{
+    s_fresh_dir("rms");
+    dp_shard_t a, b, c;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_shard_of(&a, SPEC, 0, 1, DP_OPT_RMSPROP, 1), 0);
+    CHECK_EQ(s_shard_of(&b, SPEC, 0, 1, DP_OPT_RMSPROP, 2), 0);
+    CHECK_EQ(s_shard_of(&c, SPEC, 0, 1, DP_OPT_ADAGRAD, 2), 0);
+    CHECK_EQ(a.state_per, 1);
+    memset(a.state, 0, a.n * sizeof(float));
+    float *g = dp_malloc(a.n * sizeof(float));
+    for (int t = 1; t <= 5; t++) {
+        for (size_t i = 0; i < a.n; i++) g[i] = 0.01f * (float)((int)((i * 5 + (size_t)t) % 13) - 6);
+        dp_grad_slice_t sl = {g, a.n * 4, 0};
+        if (t == 4) { /* the restart, after 3 steps */
+            dp_ckpt_run_t run = s_run("run-rms", 0, 0);
+            CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
+            CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+            CHECK_EQ(b.version, 3);
+            CHECK_CLOSE("square average", b.state, a.state, a.n, 0, 0);
+            CHECK_EQ(dp_shard_checkpoint_restore(&c, s_path, &run, err), -1);
+            fprintf(stderr, "  (expected) %s\n", err);
+            CHECK(strstr(err, "checkpoint has optimizer 'rmsprop', this shard has 'adagrad'") != NULL);
+        }
+        dp_shard_step(&a, &sl, 1, 0.01f);
+        if (t >= 4) dp_shard_step(&b, &sl, 1, 0.01f);
+    }
+    CHECK_EQ(b.version, 5);
+    CHECK_CLOSE("params after the restart", b.w, a.w, a.n, 0, 0);
+    CHECK_CLOSE("square average after the restart", b.state, a.state, a.n, 0, 0);
+    free(g);
+    dp_shard_fini(&a);
+    dp_shard_fini(&b);
+    dp_shard_fini(&c);
+    s_rm_dir();
+}
+
 /* Another run, or the same one finished: refused with one line naming the
  * directory and --resume; the shard unchanged. --resume takes it and adopts
  * the file's run id. */
@@ -271,6 +313,10 @@ static void test_config_run_id(void)
     d.seed = 2;
     dp_ps_config_run_id(&d, b, sizeof b);
     CHECK(strcmp(a, b) != 0);
+    d = c; /* --rms-alpha defines the run too */
+    d.optim.alpha = 0.9f;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
 }
 
 static int s_touch(const char *dir, const char *name)
@@ -381,6 +427,7 @@ int main(int argc, char **argv)
     if (t_env() != 0) return 2;
     const t_test_t tests[] = {
         T(test_same_run_restores),
+        T(test_rmsprop_state_restores),
         T(test_other_or_finished_run_refused),
         T(test_crc_catches_corruption),
         T(test_other_shard_refused),

@@ -173,6 +173,36 @@ static void test_record_replay(void)
     dp_rec_fini(&b);
 }
 
+/* RMSProp with A3C's eps 0.1 and an alpha other than the default: replay
+ * rebuilds both from the record's header and reaches the same bits; the
+ * summary names the optimizer. */
+static void test_record_replay_rmsprop(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    char rec[300], m1[300], m2[300], out[300];
+    snprintf(rec, sizeof rec, "%s/rms.rec", s_dir);
+    snprintf(m1, sizeof m1, "%s/rms.safetensors", s_dir);
+    snprintf(out, sizeof out, "%s/rms-replay", s_dir);
+    snprintf(m2, sizeof m2, "%s/rms-replay/model.safetensors", s_dir);
+    dp_sim_conf_t c;
+    double slow[16];
+    s_conf(&c, slow, 3, "exp:10", 200);
+    c.lab.optim.kind = DP_OPT_RMSPROP;
+    c.lab.optim.lr = 0.001f;
+    c.lab.optim.alpha = 0.9f;
+    c.lab.optim.eps = 0.1f;
+    c.lab.record = rec;
+    c.lab.train.save = m1;
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+    if (r) CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "optimizer")), "rmsprop");
+    cJSON_Delete(r);
+    char *av[] = {"replay", rec, "--out", out, NULL};
+    CHECK_EQ(dp_replay_main(4, av), 0);
+    CHECK(s_same_file(m1, m2));
+}
+
 /* One worker (no staleness): the update autocorrelation recovers the
  * explicit momentum, the check that the trajectory figure measures it. */
 static void test_sim_momentum(void)
@@ -377,6 +407,7 @@ static void test_record_optim_out_of_range(void)
     } bad[] = {
         {"step_size", "1e300"}, {"total_steps", "1e300"}, {"step_size", "-1"}, {"step_size", "2.5"},
         {"lr", "1e39"},         {"gamma", "-1e300"},      {"lr", "\"fast\""},   {"schedule", "7"},
+        {"alpha", "1e39"},      {"alpha", "\"0.99\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cJSON *k = cJSON_Duplicate(j, 1);
@@ -448,6 +479,7 @@ static void s_setup(void)
     atexit(s_cleanup);
 }
 
-DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay), T(test_record_damaged),
+DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
+         T(test_record_replay_rmsprop), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))

@@ -18,7 +18,8 @@ static dp_optim_conf_t s_conf(dp_optim_kind_t k)
 }
 
 /* w0 and three gradients; expected values from torch 1.13 (torch.optim.SGD
- * with momentum / nesterov, Adam, Adagrad; weight_decay 0.01, eps 1e-8). */
+ * with momentum / nesterov, Adam, Adagrad, RMSprop (alpha 0.99); weight_decay
+ * 0.01, eps 1e-8). */
 static const float s_w0[4] = {0.5f, -1.25f, 2.0f, 0.0f};
 static const float s_g[3][4] = {
     {0.1f, -0.2f, 0.3f, -0.4f}, {0.05f, 0.5f, -0.25f, 1.0f}, {-0.3f, 0.0f, 0.2f, 0.1f}};
@@ -28,7 +29,10 @@ static const float s_torch[DP_OPT_KINDS][4] = { /* in dp_optim_kind_t order */
     {0.505163431f, -1.30670142f, 1.91072822f, -0.152490631f},
     {0.483841896f, -1.2472012f, 1.98505414f, 0.00158243906f},
     {0.447167993f, -1.23936939f, 1.90991104f, -0.00210409705f},
+    {0.0433825254f, -1.14857888f, 1.12371397f, -0.0231942832f},
 };
+/* torch.optim.RMSprop with A3C's eps 0.1, all else as above (torch 1.13). */
+static const float s_torch_rms_a3c[4] = {0.581408381f, -1.38478518f, 1.77301288f, -0.243849844f};
 
 static void test_matches_torch(void)
 {
@@ -37,8 +41,19 @@ static void test_matches_torch(void)
         float w[4], state[8] = {0};
         memcpy(w, s_w0, sizeof w);
         for (int t = 0; t < 3; t++) dp_optim_step(&c, c.lr, w, s_g[t], state, 4, t + 1);
-        CHECK_CLOSE(dp_optim_kind_name((dp_optim_kind_t)k), w, s_torch[k], 4, 1e-7, 1e-6);
+        /* RMSprop's first step is lr * g / sqrt((1 - alpha) g^2) = 10 lr sign(g):
+         * its weights are differences of terms near 1, and 1 - alpha rounds
+         * to 0.00999999 here (1 - 0.99f) but to 0.01f in torch (a Python
+         * double): 2e-7 apart after three steps, as Adam's (1 - b2) is. */
+        double atol = k == DP_OPT_RMSPROP ? 5e-7 : 1e-7;
+        CHECK_CLOSE(dp_optim_kind_name((dp_optim_kind_t)k), w, s_torch[k], 4, atol, 1e-6);
     }
+    dp_optim_conf_t c = s_conf(DP_OPT_RMSPROP);
+    c.eps = 0.1f;
+    float w[4], state[4] = {0};
+    memcpy(w, s_w0, sizeof w);
+    for (int t = 0; t < 3; t++) dp_optim_step(&c, c.lr, w, s_g[t], state, 4, t + 1);
+    CHECK_CLOSE("rmsprop, eps 0.1", w, s_torch_rms_a3c, 4, 1e-7, 1e-6);
 }
 
 /* The header's formulas, in double. */
@@ -65,6 +80,10 @@ static void s_ref_step(const dp_optim_conf_t *c, double lr, double *w, const dou
             break;
         case DP_OPT_ADAGRAD:
             s1[i] += gi * gi;
+            w[i] -= lr * gi / (sqrt(s1[i]) + eps);
+            break;
+        case DP_OPT_RMSPROP:
+            s1[i] = (double)c->alpha * s1[i] + (1 - (double)c->alpha) * gi * gi;
             w[i] -= lr * gi / (sqrt(s1[i]) + eps);
             break;
         }
@@ -137,6 +156,30 @@ static void test_hand_values(void)
     dp_optim_step(&c, 0.5f, &w, &g, &s, 1, 1);
     CHECK_NEAR(s, 4, 0);
     CHECK_NEAR(w, -0.5, 1e-7);
+    /* rmsprop, alpha 0.75, eps 0.1 (A3C's), wd 0.5, lr 0.5, w = 1, g = 1.5:
+     * g' = 1.5 + 0.5 = 2; s = 0.25 * 4 = 1; w = 1 - 0.5 * 2 / 1.1.
+     * Step 2, g = -2.5: g' = -2.5 + 0.5 * w; s = 0.75 + 0.25 g'^2. */
+    c = s_conf(DP_OPT_RMSPROP);
+    c.alpha = 0.75f;
+    c.eps = 0.1f;
+    c.weight_decay = 0.5f;
+    s = 0;
+    w = 1;
+    g = 1.5f;
+    dp_optim_step(&c, 0.5f, &w, &g, &s, 1, 1);
+    CHECK_NEAR(s, 1, 1e-7);
+    double w1 = 1 - 0.5 * 2 / 1.1;
+    CHECK_NEAR(w, w1, 1e-6);
+    g = -2.5f;
+    dp_optim_step(&c, 0.5f, &w, &g, &s, 1, 2);
+    double g2 = -2.5 + 0.5 * w1, s2 = 0.75 * 1 + 0.25 * g2 * g2;
+    CHECK_NEAR(s, s2, 1e-6);
+    CHECK_NEAR(w, w1 - 0.5 * g2 / (sqrt(s2) + 0.1), 1e-6);
+    /* the defaults: PyTorch's alpha 0.99 and lr 0.01 */
+    dp_optim_conf_default(&c);
+    CHECK_NEAR(c.alpha, 0.99, 1e-7);
+    c.kind = DP_OPT_RMSPROP;
+    CHECK_NEAR(dp_optim_base_lr(&c), 0.01, 1e-9);
 }
 
 /* Stepping [0, a) and [a, n) with their own state equals stepping [0, n). */
@@ -182,6 +225,7 @@ static void test_state_sizes(void)
     CHECK_EQ(dp_optim_state_per_param(DP_OPT_NESTEROV), 1);
     CHECK_EQ(dp_optim_state_per_param(DP_OPT_ADAM), 2);
     CHECK_EQ(dp_optim_state_per_param(DP_OPT_ADAGRAD), 1);
+    CHECK_EQ(dp_optim_state_per_param(DP_OPT_RMSPROP), 1);
 }
 
 static void test_defaults_and_parsing(void)
@@ -211,8 +255,11 @@ static void test_defaults_and_parsing(void)
         CHECK_EQ(c.kind, (dp_optim_kind_t)k);
     }
     CHECK_STR(dp_optim_kind_name(DP_OPT_NESTEROV), "nesterov");
-    CHECK_EQ(dp_optim_parse_kind(&c, "rmsprop", err), -1);
-    CHECK(strstr(err, "rmsprop") != NULL);
+    CHECK_STR(dp_optim_kind_name(DP_OPT_RMSPROP), "rmsprop");
+    CHECK_EQ(dp_optim_parse_kind(&c, "adagrad", err), 0);
+    CHECK_EQ(dp_optim_parse_kind(&c, "lamb", err), -1);
+    CHECK(strstr(err, "lamb") != NULL);
+    CHECK(strstr(err, "rmsprop") != NULL); /* the list names every optimizer */
     CHECK_EQ(c.kind, DP_OPT_ADAGRAD); /* unchanged */
 
     CHECK_EQ(dp_optim_parse_schedule(&c, "step:100:0.5", err), 0);

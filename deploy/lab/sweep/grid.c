@@ -13,9 +13,10 @@
 
 #include "common/opts.h"
 #include "common/util.h"
+#include "kernels/optim.h"
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
-    "mode", "workers", "staleness", "lr", "lr-policy", "momentum",
+    "mode", "workers", "staleness", "lr", "lr-policy", "momentum", "optimizer",
     "replicas", "straggler", "compute", "seed",
 };
 
@@ -138,6 +139,11 @@ static int s_check_value(int a, const char *v, char *err)
         if (dp_opts_parse_double(flag, v, 0, 100, &d, err) != 0) return -1;
         return d > 0 ? 0 : dp_err(err, "lr '%s': expected a number above 0", v);
     case DP_SWEEP_MOMENTUM: return dp_opts_parse_double(flag, v, 0, 1, &d, err);
+    case DP_SWEEP_OPTIMIZER: {
+        dp_optim_conf_t o;
+        dp_optim_conf_default(&o);
+        return dp_optim_parse_kind(&o, v, err);
+    }
     case DP_SWEEP_LR_POLICY:
         return s_is_one_of(v, "fixed|staleness")
                    ? 0 : dp_err(err, "lr-policy '%s': expected fixed or staleness", v);
@@ -257,7 +263,7 @@ int dp_sweep_grid_set(dp_sweep_grid_t *g, const char *key_in, const char *list, 
     int rc = s_set_setting(g, key, list, err);
     if (rc <= 0) return rc;
     return dp_err(err, "unknown key '%s' (mode, workers, staleness, lr, lr-policy, momentum, "
-                  "replicas, straggler, compute, seed, cluster, args, eval-every, eval-limit, targets)",
+                  "optimizer, replicas, straggler, compute, seed, cluster, args, eval-every, eval-limit, targets)",
                   key_in);
 }
 

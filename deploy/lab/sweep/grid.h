@@ -1,7 +1,7 @@
 /* sweep/grid: what `downpour sweep` runs — a grid of axes (mode, workers,
- * staleness bound, lr, lr policy, momentum, replicas, straggler, simulated
- * compute time, seed), each a list of values, read from a small text file
- * and/or flags. A configuration is one value of every axis but the seed;
+ * staleness bound, lr, lr policy, momentum, optimizer, replicas, straggler,
+ * simulated compute time, seed), each a list of values, read from a small
+ * text file and/or flags. A configuration is one value of every axis but the seed;
  * a run is a configuration with a seed.
  *
  * The file, one "key = v1, v2, ..." per line; '#' starts a comment; keys
@@ -9,6 +9,7 @@
  *   mode = sync, async, ssp, standalone     workers = 2, 4
  *   staleness = 0, 2                        lr = 0.001, 0.003
  *   lr-policy = fixed, staleness            momentum = 0, 0.9
+ *   optimizer = adam, rmsprop
  *   replicas = 3                            straggler = none, 3:50
  *   compute = exp:10                        seed = 1, 2, 3
  *   cluster = local | sim                   args = --epochs 1 --batch 64
@@ -31,6 +32,7 @@ typedef enum {
     DP_SWEEP_LR,
     DP_SWEEP_LR_POLICY,   /* fixed | staleness (--lr-staleness) */
     DP_SWEEP_MOMENTUM,
+    DP_SWEEP_OPTIMIZER,   /* --optimizer: sgd | momentum | nesterov | adam | adagrad | rmsprop */
     DP_SWEEP_REPLICAS,    /* --replicas-to-aggregate: workers - replicas are backups */
     DP_SWEEP_STRAGGLER,   /* none | I:MS[:exp] (local) or I:FACTOR (sim) */
     DP_SWEEP_COMPUTE,     /* sim: const:MS | exp:MEAN_MS | lognormal:MU:SIGMA */

@@ -67,7 +67,9 @@ static int s_push_args(dp_sweep_cmd_t *c, const char *args, char *err)
     return rc;
 }
 
-/* The flags every kind of run shares: lr, momentum, seed, the curve. */
+/* The flags every kind of run shares: lr, momentum, optimizer, seed, the
+ * curve (the standalone trainer, the servers and the simulator all take
+ * --optimizer). */
 static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pick,
                          const char *seed, char *err)
 {
@@ -76,6 +78,7 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
     snprintf(limit, sizeof limit, "%d", g->eval_limit);
     if (s_push_opt(c, "--lr", dp_sweep_grid_value(g, pick, DP_SWEEP_LR), err) ||
         s_push_opt(c, "--momentum", dp_sweep_grid_value(g, pick, DP_SWEEP_MOMENTUM), err) ||
+        s_push_opt(c, "--optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OPTIMIZER), err) ||
         s_push_opt(c, "--seed", seed, err))
         return -1;
     if (g->eval_every > 0 &&

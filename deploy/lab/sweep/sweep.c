@@ -40,8 +40,8 @@ static const char s_synopsis[] =
 "staleness.png. Runs already complete in OUT (same command) are not run again.\n"
 "\n"
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
-"flags below without '--' (mode, workers, staleness, lr, lr-policy, momentum, replicas,\n"
-"straggler, compute, seed, cluster, args, eval-every, eval-limit, targets). Flags\n"
+"flags below without '--' (mode, workers, staleness, lr, lr-policy, momentum, optimizer,\n"
+"replicas, straggler, compute, seed, cluster, args, eval-every, eval-limit, targets). Flags\n"
 "given on the command line replace the file's line.\n"
 "\n";
 
@@ -71,6 +71,8 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("lr-policy", "LIST", &f->axis[DP_SWEEP_LR_POLICY], 0,
                     "fixed, staleness (--lr-staleness: lr / staleness)"),
         DP_FLAG_STR("momentum", "LIST", &f->axis[DP_SWEEP_MOMENTUM], 0, "momentum values"),
+        DP_FLAG_STR("optimizer", "LIST", &f->axis[DP_SWEEP_OPTIMIZER], 0,
+                    "sgd, momentum, nesterov, adam, adagrad, rmsprop"),
         DP_FLAG_STR("replicas", "LIST", &f->axis[DP_SWEEP_REPLICAS], 0,
                     "sync: --replicas-to-aggregate (the other workers are backups)"),
         DP_FLAG_STR("straggler", "LIST", &f->axis[DP_SWEEP_STRAGGLER], 0, "none or I:MS[:exp] (sim: I:FACTOR)"),
