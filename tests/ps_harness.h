@@ -171,6 +171,22 @@ static inline void srv_fill(float *g, size_t n, uint64_t seed)
     for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2.0f - 1.0f;
 }
 
+/* ---- an id whose connection just closed -------------------------------- */
+
+/* The server hears that a worker's connection closed only when its I/O
+ * thread does; until then a new HELLO for the id is refused as taken (a live
+ * holder keeps it). SRV_REJOIN(rc, err, call) repeats call, a HELLO returning 0
+ * or -1 with err filled, while it is refused that way: every 20 ms for at
+ * most 5 s, so the case waits for the close, not for a guessed time. */
+#define SRV_REJOIN(rc, err, call)                                                  \
+    do {                                                                           \
+        for (int srv_try_ = 0; srv_try_ < 250; srv_try_++) {                       \
+            (rc) = (call);                                                         \
+            if ((rc) == 0 || !strstr((err), "is taken")) break;                   \
+            usleep(20 * 1000);                                                     \
+        }                                                                          \
+    } while (0)
+
 /* ---- a raw peer --------------------------------------------------------- */
 
 /* A DEALER on endpoint that never lingers and gives up a send or a receive

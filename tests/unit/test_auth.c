@@ -409,8 +409,9 @@ static void test_server_plain(void)
     }
     /* Worker 1 killed and started again: its id comes back. */
     dp_ps_client_destroy(&c1);
-    usleep(200 * 1000);
-    CHECK_EQ(s_client(&c1, &s, 1, NULL, 5, err), 0);
+    int rc;
+    SRV_REJOIN(rc, err, s_client(&c1, &s, 1, NULL, 5, err));
+    CHECK_EQ(rc, 0);
     if (c0) {
         CHECK_EQ(dp_ps_client_stats(c0, &st, err), 0);
         CHECK_EQ(dp_ps_client_shutdown_servers(c0, err), 0);
