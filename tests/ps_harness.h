@@ -182,7 +182,7 @@ static inline void srv_fill(float *g, size_t n, uint64_t seed)
     do {                                                                           \
         for (int srv_try_ = 0; srv_try_ < 250; srv_try_++) {                       \
             (rc) = (call);                                                         \
-            if ((rc) == 0 || !strstr((err), "is taken")) break;                   \
+            if ((rc) == 0 || !strstr((err), "is taken")) break;                    \
             usleep(20 * 1000);                                                     \
         }                                                                          \
     } while (0)
