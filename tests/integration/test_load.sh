@@ -134,7 +134,17 @@ grow=$(( ${rss_end:-0} - ${rss_warm:-0} ))
 echo "shard VmRSS: ${rss_warm:-?} kB after warm-up, ${rss_end:-?} kB at the end ($grow kB), $P pushes in between"
 check "the run can see a leak: $P pushes x $LEAK_B B = $leak_kb kB >= 2.5 x the $SLACK_KB kB slack" \
     test "$leak_kb" -ge $((5 * SLACK_KB / 2))
-check "the shard's memory is flat after warm-up (${rss_warm:-?} -> ${rss_end:-?} kB: $grow kB, slack $SLACK_KB kB; one 64 B leak per push: +$leak_kb kB)" \
-    test "${rss_warm:-0}" -gt 0 -a "$grow" -le $SLACK_KB
+# Under SANITIZE=1 VmRSS is no model of the heap: ASan's allocator keeps
+# freed blocks in its quarantine and per-thread caches (measured: +496 kB
+# here with no leak). There LeakSanitizer reports, at the shard's exit, any
+# allocation it lost, which fails the SHUTDOWN check above (seen with a
+# malloc(64) per push: "LeakSanitizer: detected memory leaks", status 1);
+# the plain build holds the RSS model, which also sees memory still held.
+if [ "${DP_SANITIZED:-0}" = 1 ]; then
+    skip_checks 1 "the shard's memory is flat" "VmRSS under ASan counts its quarantine; LeakSanitizer checks the shard's exit instead"
+else
+    check "the shard's memory is flat after warm-up (${rss_warm:-?} -> ${rss_end:-?} kB: $grow kB, slack $SLACK_KB kB; one 64 B leak per push: +$leak_kb kB)" \
+        test "${rss_warm:-0}" -gt 0 -a "$grow" -le $SLACK_KB
+fi
 
 finish
