@@ -34,10 +34,11 @@ static int s_add_param(dp_model_t *m, const char *tok, const char *layer, const 
                       DP_MODEL_MAX_DIM);
     snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
     p->ndim = ndim;
-    for (int i = 0; i < 4; i++) p->shape[i] = i < ndim ? shape[i] : 1;
+    for (int i = 0; i < DP_PARAM_MAX_DIMS; i++) p->shape[i] = i < ndim ? shape[i] : 1;
     p->count = count;
     p->offset = m->n_floats;
     p->fan_in = (int)fan_in;
+    p->trainable = 1;
     m->n_floats = total;
     return m->n_params++;
 }
@@ -200,9 +201,85 @@ static uint64_t s_fingerprint(const dp_model_t *m)
     for (int i = 0; i < m->n_params; i++) {
         const dp_param_t *p = &m->params[i];
         fp = dp_fnv1a(fp, p->name, strlen(p->name));
-        fp = dp_fnv1a(fp, p->shape, sizeof p->shape);
+        /* the first 4 dims only: a spec's tensors have at most 4, and files
+         * written before shapes had 8 slots keep their fingerprints */
+        fp = dp_fnv1a(fp, p->shape, 4 * sizeof p->shape[0]);
     }
     return fp;
+}
+
+/* A table's fingerprint: every name, rank, shape and trainable flag. */
+static uint64_t s_table_fingerprint(const dp_model_t *m)
+{
+    uint64_t fp = dp_fnv1a(DP_FNV_SEED, m->spec, strlen(m->spec));
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        int head[2] = {p->ndim, p->trainable};
+        fp = dp_fnv1a(fp, p->name, strlen(p->name) + 1);
+        fp = dp_fnv1a(fp, head, sizeof head);
+        fp = dp_fnv1a(fp, p->shape, (size_t)p->ndim * sizeof p->shape[0]);
+    }
+    return fp;
+}
+
+/* A state_dict key the safetensors JSON, the logs and the error lines can
+ * carry as they are. */
+static int s_name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n >= DP_PARAM_NAME_LEN) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] <= ' ' || name[i] > '~' || name[i] == '"' || name[i] == '\\') return 0;
+    return 1;
+}
+
+int dp_model_from_table(dp_model_t *m, const dp_table_entry_t *t, int n, char *err)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->spec, sizeof m->spec, "%s", DP_MODEL_TABLE_SPEC);
+    if (n < 1 || n > DP_MAX_PARAMS)
+        return dp_err(err, "tensor table: %d tensors (1..%d)", n, DP_MAX_PARAMS);
+    for (int i = 0; i < n; i++) {
+        const char *name = t[i].name ? t[i].name : "";
+        if (!s_name_ok(name))
+            return dp_err(err, "tensor table: entry %d: bad name '%.*s' (1..%d printable "
+                          "characters, no spaces, quotes or backslashes)", i, DP_PARAM_NAME_LEN,
+                          name, DP_PARAM_NAME_LEN - 1);
+        if (dp_model_find_param(m, name))
+            return dp_err(err, "tensor table: '%s' appears twice", name);
+        if (t[i].ndim < 0 || t[i].ndim > DP_PARAM_MAX_DIMS || (t[i].ndim > 0 && !t[i].shape))
+            return dp_err(err, "tensor table: '%s': rank %d (0..%d)", name, t[i].ndim,
+                          DP_PARAM_MAX_DIMS);
+        dp_param_t *p = &m->params[m->n_params];
+        size_t count = 1, total = 0;
+        for (int d = 0; d < DP_PARAM_MAX_DIMS; d++) p->shape[d] = 1;
+        for (int d = 0; d < t[i].ndim; d++) {
+            int64_t v = t[i].shape[d];
+            if (v < 0 || (uint64_t)v > DP_MODEL_MAX_DIM)
+                return dp_err(err, "tensor table: '%s': dimension %d is %lld (0..%zu)", name, d,
+                              (long long)v, DP_MODEL_MAX_DIM);
+            p->shape[d] = (int)v;
+            if (dp_size_mul(count, (size_t)v, &count) != 0) count = SIZE_MAX;
+        }
+        if (count > DP_MODEL_MAX_FLOATS || dp_size_add(m->n_floats, count, &total) != 0 ||
+            total > DP_MODEL_MAX_FLOATS)
+            return dp_err(err, "tensor table: '%s' makes the table pass %zu floats", name,
+                          DP_MODEL_MAX_FLOATS);
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->ndim = t[i].ndim;
+        p->count = count;
+        p->offset = m->n_floats;
+        p->trainable = t[i].trainable ? 1 : 0;
+        m->n_floats = total;
+        m->n_params++;
+    }
+    m->fingerprint = s_table_fingerprint(m);
+    return 0;
+}
+
+int dp_model_is_table(const dp_model_t *m)
+{
+    return m->n_layers == 0 && strcmp(m->spec, DP_MODEL_TABLE_SPEC) == 0;
 }
 
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err)
@@ -254,6 +331,10 @@ void dp_model_init_params(const dp_model_t *m, float *params, uint64_t seed)
     dp_rng_seed(&rng, seed);
     for (int i = 0; i < m->n_params; i++) {
         const dp_param_t *p = &m->params[i];
+        if (p->fan_in < 1) { /* a table's: its values come from its file */
+            memset(params + p->offset, 0, p->count * sizeof(float));
+            continue;
+        }
         /* kaiming_uniform(a=sqrt(5)) gives bound = sqrt(6 / ((1 + 5) * fan_in))
          * = 1/sqrt(fan_in), the same bound PyTorch uses for the bias. */
         float bound = 1.0f / sqrtf((float)p->fan_in);

@@ -29,7 +29,11 @@
 #include <stdint.h>
 
 #define DP_MAX_LAYERS 32
-#define DP_MAX_PARAMS (2 * DP_MAX_LAYERS)
+/* Tensors of a model: a spec's weights and biases, or a tensor table's
+ * entries (a PyTorch state_dict: ResNet-110 with batch norm has ~660). */
+#define DP_MAX_PARAMS 1024
+#define DP_PARAM_NAME_LEN 96   /* state_dict keys, "layer3.17.bn2.num_batches_tracked" */
+#define DP_PARAM_MAX_DIMS 8
 #define DP_MODEL_MAX_DIM ((size_t)INT32_MAX)  /* elements of a dimension or activation */
 /* 2^32 floats (16 GiB of float32): far above any model this trains
  * (ResNet-110 has 1.7 M parameters, VGG-16 138 M), far below a wrap. */
@@ -59,16 +63,21 @@ typedef struct {
 } dp_layer_t;
 
 typedef struct {
-    char name[32];         /* PyTorch state_dict key: "conv1.weight" */
-    int ndim;
-    int shape[4];
+    char name[DP_PARAM_NAME_LEN]; /* PyTorch state_dict key: "conv1.weight" */
+    int ndim;                 /* 0 (a scalar) .. DP_PARAM_MAX_DIMS */
+    int shape[DP_PARAM_MAX_DIMS]; /* dims past ndim are 1 */
     size_t offset;         /* in floats, into the flat parameter vector */
     size_t count;          /* number of floats */
-    int fan_in;            /* inputs per output unit, for initialisation */
+    int fan_in;            /* inputs per output unit, for initialisation (0: a table's) */
+    int trainable;         /* 1: trained by gradients; 0: state that is not a gradient
+                            * (batch norm's running statistics, counters): a push carries
+                            * its current value there, which the servers combine instead
+                            * of stepping (ARCHITECTURE.md, "State that is not a gradient") */
 } dp_param_t;
 
 typedef struct {
-    char spec[512];        /* canonical spec text (single spaces) */
+    char spec[512];        /* canonical spec text (single spaces); DP_MODEL_TABLE_SPEC for a
+                            * tensor table */
     int in_c, in_h, in_w;  /* input image shape */
     int classes;           /* outputs of the last fc layer */
     int n_layers;
@@ -80,12 +89,38 @@ typedef struct {
     uint64_t fingerprint;  /* hash of spec, input shape and parameter shapes */
 } dp_model_t;
 
+/* The spec of a model that is only a table of named tensors (no layers,
+ * input 0x0x0, classes 0): the servers hold it and a library client
+ * (downpour.h) trains it; built by dp_model_from_table. */
+#define DP_MODEL_TABLE_SPEC "tensors"
+
+/* One entry of a tensor table: name (a state_dict key: printable ASCII, no
+ * spaces or quotes, shorter than DP_PARAM_NAME_LEN, unique), shape[0..ndim)
+ * (each >= 0), trainable as in dp_param_t. */
+typedef struct {
+    const char *name;
+    int ndim;
+    const int64_t *shape;
+    int trainable;
+} dp_table_entry_t;
+
+/* m as the table t[0..n), laid out in the given order; every size checked as
+ * a spec's is. Its fingerprint hashes the names, shapes and trainable flags
+ * (not the values), so a client that builds the same table (the C library,
+ * the Python package) matches the servers' HELLO check. */
+int dp_model_from_table(dp_model_t *m, const dp_table_entry_t *t, int n, char *err);
+
+/* 1 when m is a tensor table (no layers to run), else 0. */
+int dp_model_is_table(const dp_model_t *m);
+
 /* Parse spec for inputs of in_c x in_h x in_w. On error fills err with one
  * line naming the offending token and returns -1. */
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err);
 
 /* PyTorch's default initialisation (kaiming-uniform with a = sqrt(5) for
- * weights, uniform(+-1/sqrt(fan_in)) for biases), drawn from seed. */
+ * weights, uniform(+-1/sqrt(fan_in)) for biases), drawn from seed. A
+ * table's tensors have no rule of their own: zeros (their values come from
+ * the file the table was read from). */
 void dp_model_init_params(const dp_model_t *m, float *params, uint64_t seed);
 
 /* Parameter by name, or NULL. */

@@ -425,7 +425,7 @@ int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *pa
 {
     int n = m->n_params + n_extra;
     dp_st_tensor_t *t = dp_malloc((size_t)(n ? n : 1) * sizeof *t);
-    int64_t shapes[DP_MAX_PARAMS][4];
+    int64_t shapes[DP_MAX_PARAMS][DP_PARAM_MAX_DIMS];
     for (int i = 0; i < m->n_params; i++) {
         const dp_param_t *p = &m->params[i];
         for (int d = 0; d < p->ndim; d++) shapes[i][d] = p->shape[d];
@@ -491,7 +491,7 @@ int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, lon
     int rc = -1;
     for (int i = 0; i < m->n_params; i++) {
         const dp_param_t *p = &m->params[i];
-        int64_t shape[4];
+        int64_t shape[DP_PARAM_MAX_DIMS];
         for (int d = 0; d < p->ndim; d++) shape[d] = p->shape[d];
         s_range_t r;
         if (p->offset > m->n_floats || p->count > m->n_floats - p->offset) {

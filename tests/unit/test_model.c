@@ -3,6 +3,8 @@
 #include "common/util.h"
 #include "tests/test.h"
 
+#include <string.h>
+
 static void test_default_spec_shapes(void)
 {
     dp_model_t m;
@@ -193,6 +195,65 @@ static void test_sizes_are_bounded(void)
     CHECK_EQ(m.max_act, 1048576); /* conv2's output */
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_bad_specs), T(test_error_messages),
+/* A tensor table: laid out in order, a scalar counts one float, the
+ * fingerprint follows names, shapes and trainable flags, bad entries are
+ * refused naming the tensor. */
+static void test_table(void)
+{
+    dp_model_t m, m2;
+    char err[DP_ERR_LEN] = "";
+    int64_t w[2] = {3, 4}, b[1] = {3};
+    dp_table_entry_t t[3] = {{"fc.weight", 2, w, 1}, {"fc.bias", 1, b, 1},
+                             {"bn.num_batches_tracked", 0, NULL, 0}};
+    CHECK_EQ(dp_model_from_table(&m, t, 3, err), 0);
+    CHECK(dp_model_is_table(&m));
+    CHECK_EQ(m.n_params, 3);
+    CHECK_EQ(m.n_floats, 12 + 3 + 1);
+    CHECK_EQ(m.params[1].offset, 12);
+    CHECK_EQ(m.params[2].offset, 15);
+    CHECK_EQ(m.params[2].trainable, 0);
+    CHECK_EQ(m.params[0].trainable, 1);
+    CHECK_EQ(m.n_layers, 0);
+    float v[16];
+    for (int i = 0; i < 16; i++) v[i] = 7;
+    dp_model_init_params(&m, v, 1);
+    CHECK(v[0] == 0 && v[15] == 0);
+    /* same table: same fingerprint; any change of name, shape, flag: another */
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), 0);
+    CHECK_EQ(m2.fingerprint, m.fingerprint);
+    t[2].trainable = 1;
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), 0);
+    CHECK(m2.fingerprint != m.fingerprint);
+    t[2].trainable = 0;
+    w[1] = 5;
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), 0);
+    CHECK(m2.fingerprint != m.fingerprint);
+    w[1] = 4;
+    t[1].name = "fc.bias2";
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), 0);
+    CHECK(m2.fingerprint != m.fingerprint);
+    /* a spec model is never a table, whatever its tensors */
+    CHECK_EQ(dp_model_parse(&m2, "fc:10 softmax", 1, 2, 2, err), 0);
+    CHECK(!dp_model_is_table(&m2));
+    /* refused */
+    t[1].name = "fc.weight";
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), -1);
+    CHECK_STR(err, "tensor table: 'fc.weight' appears twice");
+    t[1].name = "fc bias";
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), -1);
+    CHECK(strstr(err, "entry 1: bad name 'fc bias'") != NULL);
+    t[1].name = "fc.bias";
+    b[0] = -1;
+    CHECK_EQ(dp_model_from_table(&m2, t, 3, err), -1);
+    CHECK_STR(err, "tensor table: 'fc.bias': dimension 0 is -1 (0..2147483647)");
+    b[0] = 3;
+    int64_t huge[3] = {1 << 30, 1 << 30, 1 << 30};
+    dp_table_entry_t big = {"big", 3, huge, 1};
+    CHECK_EQ(dp_model_from_table(&m2, &big, 1, err), -1);
+    CHECK(strstr(err, "'big' makes the table pass") != NULL);
+    CHECK_EQ(dp_model_from_table(&m2, t, 0, err), -1);
+}
+
+DP_TESTS(T(test_default_spec_shapes), T(test_table), T(test_bad_specs), T(test_error_messages),
          T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint), T(test_sizes_are_bounded))
