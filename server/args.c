@@ -249,9 +249,7 @@ static int s_apply_cluster(dp_ps_config_t *c, dp_cluster_t *cl, dp_opts_t *o, ch
     return 0;
 }
 
-/* --init replaces --model and --input; a record is for downpour replay,
- * which recomputes every gradient with Downpour's own network, and a
- * tensor table has none. */
+/* --init replaces --model and --input. */
 static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
 {
     if (!c->init_path[0]) {
@@ -261,9 +259,6 @@ static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
     }
     if (dp_opts_find(o, "model")->given || dp_opts_find(o, "input")->given)
         return dp_err(err, "--init %s gives the model: drop --model and --input", c->init_path);
-    if (c->record[0])
-        return dp_err(err, "--record with --init: downpour replay recomputes each gradient with "
-                      "Downpour's own network, which a tensor table does not have");
     return 0;
 }
 

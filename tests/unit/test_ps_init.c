@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "common/safetensors.h"
+#include "deploy/lab/engine.h"
+#include "server/record.h"
 #include "server/shard.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
@@ -166,6 +168,7 @@ static void test_server_async(void)
     srv_t s;
     srv_init(&s, DP_MODE_ASYNC, 1);
     snprintf(s.cfg.init_path, sizeof s.cfg.init_path, "%s", f);
+    snprintf(s.cfg.record, sizeof s.cfg.record, "%s", s_path("rec.jsonl"));
     CHECK_EQ(srv_start(&s), 0);
     dp_model_t m;
     s_client_model(&m);
@@ -193,6 +196,19 @@ static void test_server_async(void)
     CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, PS_OPTS(5), NULL, err), -1);
     CHECK(strstr(err, "model mismatch") != NULL);
     CHECK_EQ(srv_stop(&s), 0);
+    /* the record keeps the schedule; replay says why it cannot recompute it */
+    dp_rec_t rec;
+    CHECK_EQ(dp_rec_load(&rec, s.cfg.record, err), 0);
+    CHECK_STR(dp_record_str(rec.header, "model"), DP_MODEL_TABLE_SPEC);
+    CHECK_STR(dp_record_str(rec.header, "init"), f);
+    size_t pushes = 0;
+    for (size_t i = 0; i < rec.n; i++) pushes += rec.ev[i].kind == DP_REC_PUSH;
+    CHECK_EQ(pushes, 1);
+    dp_lab_conf_t lc;
+    dp_lab_conf_default(&lc);
+    CHECK_EQ(dp_lab_conf_from_header(&lc, rec.header, err), -1);
+    CHECK(strstr(err, "a run of downpour-ps --init (a tensor table): replay recomputes") != NULL);
+    dp_rec_fini(&rec);
 }
 
 /* Sync with 2 workers: the trainable floats step by the mean gradient, the
@@ -247,8 +263,8 @@ static void test_server_sync_and_restore(void)
     CHECK_EQ(srv_stop(&s2), 0);
 }
 
-/* downpour-ps's flags: --init replaces --model and --input, goes without
- * --record, and --state-tensors needs it. */
+/* downpour-ps's flags: --init replaces --model and --input, and
+ * --state-tensors needs it. */
 static void test_flags(void)
 {
     char err[DP_ERR_LEN] = "";
@@ -257,10 +273,6 @@ static void test_flags(void)
     char *a1[] = {"downpour-ps", "--init", "m.safetensors", "--model", "fc:10 softmax", NULL};
     CHECK_EQ(dp_ps_parse_args(&c, 5, a1, err), -1);
     CHECK_STR(err, "--init m.safetensors gives the model: drop --model and --input");
-    dp_ps_config_default(&c);
-    char *a2[] = {"downpour-ps", "--init", "m.safetensors", "--record", "r.jsonl", NULL};
-    CHECK_EQ(dp_ps_parse_args(&c, 5, a2, err), -1);
-    CHECK(strstr(err, "--record with --init: downpour replay recomputes") != NULL);
     dp_ps_config_default(&c);
     char *a3[] = {"downpour-ps", "--state-tensors", "bn.running_mean", NULL};
     CHECK_EQ(dp_ps_parse_args(&c, 3, a3, err), -1);
