@@ -34,6 +34,8 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->in_c = 1;
     c->in_h = c->in_w = 28;
     c->seed = 1;
+    c->local_steps = 1;
+    c->outer_momentum = 0.9f;
     dp_optim_conf_default(&c->optim);
     c->checkpoint_every = 0;
     c->metrics_every = 5.0;
@@ -52,6 +54,9 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
                        dp_optim_base_lr(o), o->momentum, o->beta1, o->beta2, o->eps,
                        o->weight_decay, (int)o->schedule, o->step_size, o->gamma, o->total_steps,
                        c->shard_index, c->shard_count, o->alpha);
+    /* added only when on, so the ids of runs without it stay as they were */
+    if (c->local_steps > 1 && len >= 0 && len < (int)sizeof text)
+        len += snprintf(text + len, sizeof text - (size_t)len, "|H%ld", c->local_steps);
     if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
     snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
 }
@@ -178,6 +183,17 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
                     "L2 weight decay (default 0)"),
         DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, c, P,
                      "constant | step:STEPS:GAMMA | cosine:TOTAL (by version)"),
+        DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", &c->local_steps, 1, 1000000, P,
+                    "workers take H steps of their own optimizer (--optimizer) and\n"
+                    "push the pseudo-gradient (the weights pulled minus those reached);\n"
+                    "this server then steps by the outer optimizer (default 1: off)"),
+        DP_FLAG_BUF("outer-optimizer", "sgd|nesterov", c->outer_optimizer, P,
+                    "with --local-steps: sgd (averaging, lr 1) or nesterov (DiLoCo:\n"
+                    "lr 0.7, momentum 0.9) (default sgd)"),
+        DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", &c->outer_lr, 1e-12, 1e6, P,
+                    "with --local-steps: the outer lr (default: sgd 1, nesterov 0.7)"),
+        DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", &c->outer_momentum, 0, 1, P,
+                    "with --local-steps and nesterov: the outer momentum (default 0.9)"),
         DP_FLAG_BUF("checkpoint-dir", "DIR", c->checkpoint_dir, P,
                     "DIR/ps-shard-I-of-K.safetensors: restored at start,\n"
                     "written every --checkpoint-every versions and at exit"),
@@ -249,6 +265,40 @@ static int s_apply_cluster(dp_ps_config_t *c, dp_cluster_t *cl, dp_opts_t *o, ch
     return 0;
 }
 
+int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err)
+{
+    const char *kind = c->outer_optimizer[0] ? c->outer_optimizer : "sgd";
+    dp_optim_conf_default(out);
+    if (strcmp(kind, "sgd") == 0) out->kind = DP_OPT_SGD;
+    else if (strcmp(kind, "nesterov") == 0) out->kind = DP_OPT_NESTEROV;
+    else return dp_err(err, "--outer-optimizer '%s': sgd or nesterov", kind);
+    out->lr = c->outer_lr > 0 ? c->outer_lr : out->kind == DP_OPT_SGD ? 1.0f : 0.7f;
+    out->momentum = c->outer_momentum;
+    return 0;
+}
+
+/* --local-steps H > 1: the servers' optimizer is the outer one, at a
+ * constant lr (DiLoCo's; the inner optimizer is the workers' own, with its
+ * schedule). Weight decay stays the workers'. */
+static int s_apply_local_steps(dp_ps_config_t *c, dp_opts_t *o, char *err)
+{
+    int outer_given = c->outer_optimizer[0] || dp_opts_find(o, "outer-lr")->given ||
+                      dp_opts_find(o, "outer-momentum")->given;
+    if (c->local_steps <= 1) {
+        if (outer_given)
+            return dp_err(err, "--outer-optimizer, --outer-lr and --outer-momentum go with "
+                               "--local-steps H (H > 1)");
+        return 0;
+    }
+    dp_optim_conf_t outer;
+    if (dp_ps_outer_optim(c, &outer, err) != 0) return -1;
+    if (c->optim.schedule != DP_LR_CONSTANT)
+        dp_log_info("--local-steps %ld: --lr-schedule is the workers' (inner) schedule; the "
+                    "outer lr stays %g", c->local_steps, (double)outer.lr);
+    c->optim = outer;
+    return 0;
+}
+
 /* --init replaces --model and --input. */
 static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
 {
@@ -274,6 +324,7 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
         rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
                          "secret key and the public keys allowed in) or neither");
     if (rc == 0) rc = s_check_init(c, &o, err);
+    if (rc == 0) rc = s_apply_local_steps(c, &o, err);
     if (rc == 0 && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,
                     c->num_workers);

@@ -556,6 +556,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.n_floats = m->n_floats;
     wl.version = ps->shard.version;
     wl.start_version = ps->start_version;
+    wl.local_steps = ps->cfg->local_steps;
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);

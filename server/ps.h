@@ -64,6 +64,11 @@ typedef struct {
     char state_tensors[4096];            /* --state-tensors: more state tensors of init_path */
     uint64_t seed;              /* dp_model_init_params seed */
     dp_optim_conf_t optim;
+    long local_steps;           /* --local-steps H: workers push a pseudo-gradient every H steps
+                                 * and optim is the outer optimizer (dp_ps_parse_args); 1: off */
+    char outer_optimizer[16];   /* --outer-optimizer sgd|nesterov ("" = sgd) */
+    float outer_lr;             /* --outer-lr (0: sgd 1, nesterov 0.7) */
+    float outer_momentum;       /* --outer-momentum (default 0.9) */
     char checkpoint_dir[DP_PS_PATH_LEN]; /* "" = no checkpoints */
     long checkpoint_every;      /* versions between checkpoints; 0 = only at shutdown */
     char metrics_path[DP_PS_PATH_LEN];   /* "" = no metrics */
@@ -100,6 +105,10 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
  * when values is not NULL (the caller frees; NULL for a spec: the seed
  * draws them). */
 int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, char *err);
+
+/* The outer optimizer of --local-steps: --outer-optimizer (sgd: plain
+ * averaging at lr 1; nesterov: DiLoCo's lr 0.7), --outer-lr, --outer-momentum. */
+int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
 
 /* The run id a config implies when --run-id is not given: "cfg-" and 16
  * hex digits of a hash of the flags that define the run (model, input,

@@ -68,18 +68,23 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                     "epochs over this worker's share (default 1)"),
         DP_FLAG_NUM("steps", DP_OPTS_LONG, "S", &c->steps, 1, 1000000000000L, P, "run exactly S steps instead"),
         DP_FLAG_SEED("seed", &c->seed, P, "weights (standalone) and data order (default 1)"),
-        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, 0,
-                     "standalone: adam (default), sgd, momentum, nesterov, adagrad, rmsprop"),
-        DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->optim.lr, 1e-12, 1e3, 0,
+        /* passed on by `downpour local` as the servers' are: the workers
+         * use them only alone or as the inner optimizer of --local-steps */
+        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, P,
+                     "standalone and --local-steps' inner optimizer: adam (default),\n"
+                     "sgd, momentum, nesterov, adagrad, rmsprop"),
+        DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->optim.lr, 1e-12, 1e6, P,
                     "default: adam 0.0015, adagrad / rmsprop 0.01, sgd / momentum / nesterov 0.05"),
-        DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->optim.momentum, 0, 1, 0, "default 0.9"),
-        DP_FLAG_NUM("rms-alpha", DP_OPTS_FLOAT, "X", &c->optim.alpha, 0, 1, 0,
+        DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->optim.momentum, 0, 1, P, "default 0.9"),
+        DP_FLAG_NUM("rms-alpha", DP_OPTS_FLOAT, "X", &c->optim.alpha, 0, 1, P,
                     "rmsprop: square average's smoothing (default 0.99)"),
-        DP_FLAG_NUM("eps", DP_OPTS_FLOAT, "X", &c->optim.eps, 1e-30, 1e3, 0,
+        DP_FLAG_NUM("eps", DP_OPTS_FLOAT, "X", &c->optim.eps, 1e-30, 1e3, P,
                     "adam, adagrad, rmsprop: added to the root (default 1e-8)"),
-        DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->optim.weight_decay, 0, 1, 0, "default 0"),
-        DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, c, 0,
-                     "constant | step:N:G | cosine:N (standalone default: cosine over the run)"),
+        DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->optim.weight_decay, 0, 1e3, P,
+                    "default 0"),
+        DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, c, P,
+                     "constant | step:N:G | cosine:N, by data step (standalone default:\n"
+                     "cosine over the run; --local-steps: constant)"),
         DP_FLAG_TITLE("distributed:"),
         DP_FLAG_STR("ps", "LIST", &c->ps, 0, "parameter-server shards, tcp://host:port,..."),
         DP_FLAG_NUM("task-index", DP_OPTS_INT, "I", &cl->flag_task_index, 0, 1000000, 0,
@@ -87,6 +92,10 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_STR("job-name", "worker", &cl->flag_job_name, 0, "TensorFlow-style cluster (or TF_CONFIG)"),
         DP_FLAG_STR("ps-hosts", "H:P,...", &cl->flag_ps_hosts, 0, "the ps job's tasks"),
         DP_FLAG_STR("worker-hosts", "H:P,...", &cl->flag_worker_hosts, 0, "the worker job's tasks"),
+        DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", &c->local_steps, 1, 1000000, P,
+                    "local SGD / DiLoCo: H steps of --optimizer on this worker's own\n"
+                    "copy, then one push of the weights pulled minus those reached\n"
+                    "(the servers need the same --local-steps; default 1: off)"),
         DP_FLAG_NUM("delay-ms", DP_OPTS_DOUBLE, "MS", &c->delay_ms, 0, 1e7, P,
                     "inject a delay before each push (an experiment with staleness)"),
         DP_FLAG_CHOICE("delay-dist", "fixed|exp", &c->delay_exp, P,

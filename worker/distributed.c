@@ -13,6 +13,7 @@
  * versions its own weights came with. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -156,9 +157,10 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
  * the step, so it takes up exactly where it stopped. In sync mode the loop
  * pulls before it pushes, so a rejoining worker computes on the current
  * version. */
-static long s_first_step(dp_ps_client_t *ps, int task, long total)
+static long s_first_step(dp_ps_client_t *ps, int task, long total, long local_steps)
 {
-    uint64_t held = dp_ps_client_resume_step(ps);
+    /* with --local-steps H the servers count rounds of H data steps */
+    uint64_t held = dp_ps_client_resume_step(ps) * (uint64_t)local_steps;
     long first = held < (uint64_t)total ? (long)held : total;
     if (first > 0)
         dp_log_info("worker %d: rejoining: the servers hold its steps 1..%ld; resuming at step %ld of %ld",
@@ -241,6 +243,69 @@ static int s_loop_plain(s_loop_t *L, char *err)
     return 0;
 }
 
+/* --local-steps H (local SGD, DiLoCo): a round pulls the servers' weights
+ * w0, takes H steps of this worker's own optimizer (--optimizer, --lr: the
+ * inner one, its state kept from round to round, its lr scheduled by the
+ * data step) on its own copy, and pushes the pseudo-gradient w0 - wH; the
+ * servers step by it with their optimizer, the outer one (downpour-ps
+ * --outer-optimizer: averaging, lr 1, or Nesterov). A push's step is the
+ * round (1, 2, ...), so repeats and a rejoin count rounds, and staleness is
+ * counted in outer versions. The last round may be shorter. */
+static int s_loop_local(s_loop_t *L, char *err)
+{
+    dp_session_t *s = L->s;
+    const dp_train_conf_t *c = &s->conf;
+    size_t n = s->model.n_floats;
+    const dp_optim_conf_t *opt = &c->optim;
+    size_t n_state = n * (size_t)dp_optim_state_per_param(opt->kind);
+    float *d_state = n_state ? s->be->ops->alloc(s->be, n_state * sizeof(float)) : NULL;
+    float *w0 = dp_aligned_alloc((n + 1) * sizeof(float));
+    long H = c->local_steps, step = -1;
+    dp_batch_t batch;
+    int rc = -1;
+    while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
+        if (L->stop && *L->stop) {
+            dp_err(err, "interrupted at step %ld", step);
+            goto out;
+        }
+        double t0 = dp_now();
+        if (dp_ps_client_pull(L->ps, s->h_params, err) != 0) goto out;
+        memcpy(w0, s->h_params, n * sizeof(float));
+        dp_net_set_params(&s->net, s->h_params);
+        double t1 = dp_now();
+        uint64_t version = dp_ps_client_version(L->ps);
+        long round = step / H, last = step;
+        float loss = 0;
+        for (;;) {
+            float l = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, c->batch, NULL);
+            loss += l / (float)H;
+            s->be->ops->optim_step(s->be, opt, dp_optim_lr_at(opt, last), s->net.d_params,
+                                   s->net.d_grads, d_state, n, last + 1);
+            if ((last + 1) % H == 0 || last + 1 >= L->total) break;
+            if ((step = dp_batcher_next(L->bt, &batch)) < 0) break;
+            last = step;
+        }
+        dp_net_get_params(&s->net, s->h_grads);
+        for (size_t i = 0; i < n; i++) s->h_grads[i] = w0[i] - s->h_grads[i];
+        double t2 = dp_now();
+        s_inject_delay(c, &L->delay_rng);
+        dp_push_result_t r;
+        double t3 = dp_now();
+        dp_ps_push_t push = {.grads = s->h_grads, .loss = loss, .batch = c->batch,
+                             .step = (uint64_t)round + 1};
+        if (dp_ps_client_push(L->ps, &push, &r, err) != 0) goto out;
+        L->step_compute_s = t2 - t1;
+        L->step_wait_s = (t1 - t0) + (dp_now() - t3);
+        L->wait_s += L->step_wait_s;
+        s_record(L, last, loss, version, &r, dp_ps_client_updates_lost(L->ps));
+    }
+    rc = 0;
+out:
+    free(w0);
+    if (d_state) s->be->ops->release(s->be, d_state);
+    return rc;
+}
+
 /* Take the communication thread's results in order, recording each push,
  * up to and including the next pull (its stamp into *stamp), or until none
  * is left. */
@@ -313,7 +378,9 @@ static int s_train_loop(s_loop_t *L, int overlap, char *err)
     int task = s->conf.task_index, rc;
     L->t0 = dp_now();
     L->done = L->first;
-    if (overlap) {
+    if (s->conf.local_steps > 1) {
+        rc = s_loop_local(L, err);
+    } else if (overlap) {
         L->grads2 = s->be->ops->host_alloc(s->be, s->model.n_floats * sizeof(float));
         rc = s_loop_overlap(L, err);
         s->be->ops->host_release(s->be, L->grads2);
@@ -377,20 +444,27 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
                info.num_workers);
         goto done;
     }
+    if (info.local_steps != (c->local_steps > 1 ? c->local_steps : 1)) {
+        dp_err(err, "the servers run --local-steps %ld, this worker %ld: give both the same "
+               "(their optimizer is the outer one only with it)", info.local_steps,
+               c->local_steps > 1 ? c->local_steps : 1);
+        goto done;
+    }
     L = (s_loop_t){.s = &s, .ps = ps, .info = &info, .bt = &bt, .stop = stop};
     dp_staleness_init(&L.hist);
     L.total = dp_session_total_steps(&s, info.num_workers);
     L.spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
-    L.first = s_first_step(ps, c->task_index, L.total);
+    L.first = s_first_step(ps, c->task_index, L.total, c->local_steps > 1 ? c->local_steps : 1);
     if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
                            L.first, L.total, err) != 0)
         goto done;
-    int overlap = s_overlap(c->overlap, info.mode, c->device);
+    int overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info.mode, c->device);
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",
                 c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards, c->batch,
                 L.total, c->device,
-                overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
-                        : "overlap off: pull, compute, push in turn");
+                c->local_steps > 1 ? "local steps: a push of the pseudo-gradient every --local-steps"
+                : overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
+                          : "overlap off: pull, compute, push in turn");
     dp_session_log_start(&s, c->task_index, L.total, L.spe);
     dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     if (s_train_loop(&L, overlap, err) != 0) goto done;

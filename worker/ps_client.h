@@ -50,6 +50,7 @@ typedef struct {
     int replicas;          /* R: gradients aggregated per sync step */
     int staleness;         /* S: ssp bound */
     int num_shards;
+    long local_steps;      /* H of --local-steps (1: off) */
 } dp_ps_info_t;
 
 /* What the shards said of one push. */

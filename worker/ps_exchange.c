@@ -489,7 +489,7 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
         return dp_err(err, "%s: unknown mode %d", s->endpoint, (int)w->mode);
     /* Replies come in any order: compared across shards once all are in. */
     s->info = (dp_ps_info_t){(dp_mode_t)w->mode, w->num_workers, w->replicas, w->staleness,
-                             w->shard_count};
+                             w->shard_count, w->local_steps > 1 ? (long)w->local_steps : 1};
     s->lo = w->range_lo;
     s->hi = w->range_hi;
     s->run_token = w->run_token;
@@ -518,6 +518,9 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
     c->info = c->sh[0].info;
     for (int i = 1; i < c->n; i++) {
         const dp_ps_info_t *a = &c->sh[i].info, *b = &c->info;
+        if (a->local_steps != b->local_steps)
+            return dp_err(err, "%s: runs --local-steps %ld but %s runs --local-steps %ld",
+                          c->sh[i].endpoint, a->local_steps, c->sh[0].endpoint, b->local_steps);
         if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||
             a->staleness != b->staleness)
             return dp_err(err, "%s: runs %s with %d workers, R=%d, S=%d but %s runs %s with %d workers, R=%d, S=%d",

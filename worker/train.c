@@ -21,6 +21,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->batch = 64;
     c->epochs = 1;
     dp_optim_conf_default(&c->optim);
+    c->local_steps = 1;
     c->seed = 1;
     c->progress = DP_PROGRESS_AUTO;
     c->task_index = 0;
@@ -106,6 +107,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON_AddNumberToObject(o, "workers", r->workers);
     cJSON_AddNumberToObject(o, "ps_shards", r->ps_shards);
     if (cluster) cJSON_AddNumberToObject(o, "replicas_to_aggregate", r->replicas);
+    if (cluster) cJSON_AddNumberToObject(o, "local_steps", (double)s->conf.local_steps);
     if (r->staleness >= 0) cJSON_AddNumberToObject(o, "staleness", r->staleness);
     cJSON_AddNumberToObject(o, "epochs", r->epochs);
     cJSON_AddNumberToObject(o, "steps", r->steps);

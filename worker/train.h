@@ -31,7 +31,10 @@ typedef struct {
     int batch;                 /* per worker */
     int epochs;                /* used when steps == 0 */
     long steps;                /* this worker's steps; 0: epochs over its share */
-    dp_optim_conf_t optim;     /* standalone: the optimizer and the lr schedule */
+    dp_optim_conf_t optim;     /* standalone, and the inner optimizer of local steps: the
+                                * optimizer and the lr schedule */
+    long local_steps;          /* distributed: a push of the pseudo-gradient every H steps
+                                * of the worker's own optimizer (worker/distributed.c); 1: off */
     int schedule_given;        /* --lr-schedule given; else standalone anneals (cosine) over its run */
     uint64_t seed;             /* weights (standalone) and data order; the servers' type */
     int threads;               /* CPU kernel threads, 0 = all cores */

@@ -397,7 +397,9 @@ static void s_print_summary(const char *path)
 
 /* The chief worker's summary leaves the optimizer out in a cluster (it is
  * the servers'); the launcher parsed the servers' flags, so it adds their
- * optimizer and base lr, the fields standalone and sim summaries have. */
+ * optimizer and base lr, the fields standalone and sim summaries have.
+ * With --local-steps those are the workers' inner optimizer's, and the
+ * outer one's are added beside them. */
 static int s_summary_add_optimizer(const dp_local_t *L, char *err)
 {
     uint8_t *text = NULL;
@@ -410,6 +412,13 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
     if (!cJSON_GetObjectItemCaseSensitive(o, "optimizer")) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(L->ps.optim.kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(&L->ps.optim));
+        dp_optim_conf_t outer;
+        if (L->ps.local_steps > 1 && dp_ps_outer_optim(&L->ps, &outer, err) == 0) {
+            cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_kind_name(outer.kind));
+            cJSON_AddNumberToObject(o, "outer_lr", dp_metrics_round(outer.lr, 6));
+            if (outer.kind == DP_OPT_NESTEROV)
+                cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer.momentum, 6));
+        }
         rc = dp_summary_write(L->summary, o, err);
     }
     cJSON_Delete(o);
@@ -506,7 +515,13 @@ static int s_prepare(dp_local_t *L, char *err)
          * per sync step, one per push otherwise. */
         long per_worker = s_run_steps(L, probe.n);
         long updates = L->ps.mode == DP_MODE_SYNC ? per_worker : per_worker * L->workers;
-        if (updates > 0) {
+        if (L->ps.local_steps > 1 && per_worker > 0) {
+            /* local steps: the workers' inner optimizer anneals over their
+             * data steps; the outer lr stays constant (DiLoCo's) */
+            snprintf(L->schedule, sizeof L->schedule, "cosine:%ld", per_worker);
+            L->worker_args[L->n_worker_args++] = "--lr-schedule";
+            L->worker_args[L->n_worker_args++] = L->schedule;
+        } else if (updates > 0) {
             snprintf(L->schedule, sizeof L->schedule, "cosine:%ld", updates);
             L->ps_args[L->n_ps_args++] = "--lr-schedule";
             L->ps_args[L->n_ps_args++] = L->schedule;

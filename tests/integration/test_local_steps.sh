@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# test_local_steps: --local-steps H (local SGD, DiLoCo) through the real
+# daemons started by `downpour local`.
+#  - 1 worker, H = 4, outer SGD at lr 1: each round moves the servers'
+#    weights to those the worker reached, so the run equals the standalone
+#    trainer with the worker's (inner) optimizer and schedule, to float
+#    rounding (w0 - (w0 - wH) is wH within an ulp of w0): SGD and Adam
+#  - the push is one per round: H = 4 over 40 steps makes 10 versions,
+#    its metrics line names each round's last data step
+#  - async, 2 workers, outer Nesterov (DiLoCo's lr 0.7, momentum 0.9):
+#    trains, staleness counted in outer versions, summary.json names
+#    local_steps and the outer optimizer
+#  - a worker and servers that disagree on H: one clear line, no run
+source "$(dirname "$0")/lib.sh"
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip local_steps "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+L=$BIN/downpour
+compare() { "$TORCH_PY" tests/integration/compare_st.py "$@" >"$TMP/compare.log" 2>&1 || { cat "$TMP/compare.log"; return 1; }; }
+
+# ---- one worker, outer averaging: the standalone trainer ------------------
+sgd=(--optimizer sgd --lr 0.05 --lr-schedule constant)
+"$BIN/downpour-worker" --standalone --steps 40 --batch 32 --seed 5 "${sgd[@]}" --no-progress \
+    --save "$TMP/sa.safetensors" >"$TMP/sa.log" 2>&1
+check "standalone SGD, 40 steps" test $? = 0
+"$L" local --workers 1 --mode async --local-steps 4 --batch 32 --steps 40 --seed 5 "${sgd[@]}" \
+    --threads 1 --no-progress --out "$TMP/h4" >"$TMP/h4.log" 2>&1
+check "local, 1 worker, --local-steps 4" test $? = 0 || cat "$TMP/h4.log"
+check "H=4 with outer SGD lr 1 == standalone SGD (to rounding)" \
+    compare "$TMP/h4/model.safetensors" "$TMP/sa.safetensors" --rtol 1e-4 --atol 1e-6
+v=$(json "$TMP/h4/summary.json" version 2>/dev/null || echo -1)
+check "40 steps in rounds of 4: 10 versions (got $v)" test "$v" = 10
+h=$(json "$TMP/h4/summary.json" local_steps 2>/dev/null || echo -1)
+o=$(json "$TMP/h4/summary.json" outer_optimizer 2>/dev/null || echo none)
+olr=$(json "$TMP/h4/summary.json" outer_lr 2>/dev/null || echo -1)
+check "summary: local_steps 4, outer sgd at lr 1 (got $h, $o, $olr)" test "$h/$o/$olr" = 4/sgd/1
+steps=$("$TORCH_PY" -c '
+import json, sys
+print(",".join(str(l["step"]) for l in map(json.loads, open(sys.argv[1])) if "status" in l))' \
+    "$TMP/h4/metrics/worker-0.jsonl")
+check "a push per round, after data steps 3, 7, ..., 39 (got $steps)" test "$steps" = 3,7,11,15,19,23,27,31,35,39
+check "the worker says it runs local steps" grep -q "local steps: a push of the pseudo-gradient" "$TMP/h4/logs/worker-0.log"
+
+# The same with Adam, its state kept from round to round as standalone keeps
+# it. Adam divides by the root of its second moment, so the ulps by which
+# w0 - (w0 - wH) misses wH grow to a few 1e-6 over 24 steps: atol 1e-5.
+"$BIN/downpour-worker" --standalone --steps 24 --batch 32 --seed 5 --optimizer adam --lr-schedule constant \
+    --no-progress --save "$TMP/sa_adam.safetensors" >"$TMP/sa_adam.log" 2>&1
+"$L" local --workers 1 --mode async --local-steps 8 --batch 32 --steps 24 --seed 5 --optimizer adam \
+    --lr-schedule constant --threads 1 --no-progress --out "$TMP/h8adam" >"$TMP/h8adam.log" 2>&1
+check "local, 1 worker, --local-steps 8, Adam inside" test $? = 0
+check "H=8 Adam with outer SGD lr 1 == standalone Adam (to rounding)" \
+    compare "$TMP/h8adam/model.safetensors" "$TMP/sa_adam.safetensors" --rtol 1e-4 --atol 1e-5
+
+# ---- async, 2 workers, DiLoCo's outer Nesterov ----------------------------
+"$L" local --workers 2 --mode async --local-steps 4 --outer-optimizer nesterov --batch 32 --steps 200 \
+    --seed 5 --optimizer sgd --lr 0.05 --threads 1 --no-progress --out "$TMP/nes" >"$TMP/nes.log" 2>&1
+check "async, 2 workers, --local-steps 4 --outer-optimizer nesterov" test $? = 0 || cat "$TMP/nes.log"
+acc=$(json "$TMP/nes/summary.json" test_accuracy 2>/dev/null || echo 0)
+check "it trains: test accuracy $acc >= 0.65" ge "$acc" 0.65
+read -r o olr om v < <("$TORCH_PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(s.get("outer_optimizer"), s.get("outer_lr"), s.get("outer_momentum"), s.get("version"))' "$TMP/nes/summary.json")
+check "summary: outer nesterov, lr 0.7, momentum 0.9 (got $o $olr $om)" test "$o/$olr/$om" = nesterov/0.7/0.9
+check "100 rounds of 2 workers: 100 versions (got $v)" test "$v" = 100
+smax=$(json "$TMP/nes/summary.json" staleness_max 2>/dev/null || echo 99)
+check "staleness counted in outer versions: at most a few (max $smax)" ge 3 "$smax"
+
+# ---- disagreement -----------------------------------------------------------
+bg "$BIN/downpour-ps" --bind 'tcp://127.0.0.1:*' --ready-file "$TMP/ep" --workers 1 --mode async \
+    --local-steps 4 >"$TMP/ps.log" 2>&1
+for _ in $(seq 200); do [ -s "$TMP/ep" ] && break; sleep 0.05; done # the server's ready file
+"$BIN/downpour-worker" --ps "$(cat "$TMP/ep")" --task-index 0 --steps 8 --no-progress --timeout 5 \
+    >"$TMP/w.log" 2>&1
+rc=$?
+check "a worker without --local-steps against servers with 4 fails (rc $rc)" test $rc != 0
+check "... saying so" grep -q "the servers run --local-steps 4, this worker 1" "$TMP/w.log"
+"$BIN/downpour-ps" --outer-optimizer nesterov >"$TMP/bad.log" 2>&1
+check "--outer-optimizer without --local-steps is refused" grep -q "go with --local-steps H" "$TMP/bad.log"
+
+finish
