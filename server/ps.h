@@ -55,7 +55,8 @@ typedef struct {
     dp_mode_t mode;
     int replicas;               /* R for sync; 0 = num_workers */
     int staleness;              /* S for ssp */
-    int lr_staleness;           /* async / ssp: lr / max(1, staleness) */
+    int delay_lr;               /* --delay-lr, dp_delay_lr_t (server/policy.h); 1 = --lr-staleness */
+    float delay_k;              /* --delay-lr threshold:K */
     char model_spec[512];
     int in_c, in_h, in_w;
     uint64_t seed;              /* dp_model_init_params seed */
@@ -91,9 +92,14 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
  * local` reads it to check and pass on the flags marked DP_OPTS_PASS. */
 void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
 
+/* --lr-staleness with a --delay-lr other than inverse: -1 with err (the
+ * alias and another rule contradict each other). o parsed already. */
+int dp_ps_check_delay_flags(dp_opts_t *o, int delay_lr, char *err);
+
 /* The run id a config implies when --run-id is not given: "cfg-" and 16
  * hex digits of a hash of the flags that define the run (model, input,
- * mode, workers, R, S, seed, optimizer, lr, schedule, shard I/K), so the
+ * mode, workers, R, S, seed, optimizer, lr, schedule, shard I/K, and the
+ * delay rule and compensation when not none / off), so the
  * same flags restarted name the same run and other flags another one. */
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
 

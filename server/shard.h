@@ -71,6 +71,7 @@ typedef struct {
 #define DP_SHARD_RETIRED 2 /* old buffers kept for the next out-of-place step */
 
 typedef struct dp_pool dp_pool_t;
+typedef struct dp_shard_dc dp_shard_dc_t;
 
 typedef struct {
     dp_model_t model;
@@ -109,6 +110,7 @@ typedef struct {
     uint64_t step_slack;   /* steps a worker may have made that a restore lost
                               (--checkpoint-every); 0: none */
     int n_workers;         /* entries of worker_step, worker_seen and step_first */
+    dp_shard_dc_t *dc;     /* delay compensation (server/shard_dc.h), NULL when off */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
