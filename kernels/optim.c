@@ -32,6 +32,8 @@ void dp_optim_conf_default(dp_optim_conf_t *c)
     c->step_size = 0;
     c->gamma = 0.1f;
     c->total_steps = 0;
+    c->dc = DP_DC_OFF;
+    c->dc_lambda = 0.0f;
 }
 
 static const char *const s_names[] = {
@@ -56,6 +58,64 @@ const char *dp_optim_kind_name(dp_optim_kind_t k)
 {
     if ((int)k < 0 || (int)k >= (int)(sizeof s_names / sizeof s_names[0])) return "?";
     return s_names[k];
+}
+
+int dp_optim_parse_dc(dp_optim_conf_t *c, const char *text, char *err)
+{
+    double lambda = 0;
+    if (strcmp(text, "off") == 0) {
+        c->dc = DP_DC_OFF;
+        c->dc_lambda = 0;
+        return 0;
+    }
+    int is_const = strncmp(text, "const:", 6) == 0, is_adaptive = strncmp(text, "adaptive:", 9) == 0;
+    if ((is_const || is_adaptive) &&
+        dp_opts_parse_double("--delay-compensation", text + (is_const ? 6 : 9), 0, 1e6, &lambda,
+                             NULL) == 0) {
+        c->dc = is_const ? DP_DC_CONST : DP_DC_ADAPTIVE;
+        c->dc_lambda = (float)lambda;
+        return 0;
+    }
+    return dp_err(err, "bad delay compensation '%s' (use off, const:LAMBDA e.g. const:0.04, or "
+                  "adaptive:LAMBDA0 e.g. adaptive:2; LAMBDA in [0, 1e6])", text);
+}
+
+void dp_optim_float_text(float x, char *out, size_t n)
+{
+    snprintf(out, n, "%g", x);
+    if (strtof(out, NULL) != x) snprintf(out, n, "%.9g", x);
+}
+
+void dp_optim_dc_name(const dp_optim_conf_t *c, char *out, size_t n)
+{
+    char lambda[32];
+    dp_optim_float_text(c->dc_lambda, lambda, sizeof lambda);
+    if (c->dc == DP_DC_OFF) snprintf(out, n, "off");
+    else snprintf(out, n, "%s:%s", c->dc == DP_DC_CONST ? "const" : "adaptive", lambda);
+}
+
+void dp_optim_dc_range(const dp_optim_conf_t *c, float *out, const float *g, const float *w,
+                       const float *w_bak, float *ms, size_t lo, size_t hi)
+{
+    const float lambda = c->dc_lambda;
+    switch (c->dc) {
+    case DP_DC_OFF: return;
+    case DP_DC_CONST:
+        if (!w_bak) return;
+        for (size_t i = lo; i < hi; i++) {
+            float gi = g[i];
+            out[i] = gi + lambda * gi * gi * (w[i] - w_bak[i]);
+        }
+        return;
+    case DP_DC_ADAPTIVE:
+        for (size_t i = lo; i < hi; i++) {
+            float gi = g[i];
+            float mi = DP_DC_MS_DECAY * ms[i] + (1.0f - DP_DC_MS_DECAY) * gi * gi;
+            ms[i] = mi;
+            if (w_bak) out[i] = gi + lambda / sqrtf(mi + DP_DC_MS_EPS) * gi * gi * (w[i] - w_bak[i]);
+        }
+        return;
+    }
 }
 
 /* "step:N:G" or "cosine:N": the numbers through the flags' parsers, so a

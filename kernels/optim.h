@@ -36,6 +36,21 @@ typedef enum {
     DP_LR_COSINE,    /* lr * 0.5 (1 + cos(pi * min(step, total) / total)) */
 } dp_lr_kind_t;
 
+/* Delay compensation (DC-ASGD, Zheng et al. ICML 2017), a transform of a
+ * stale gradient g before the optimizer step, which it therefore composes
+ * with: g' = g + lambda g*g*(w - w_bak), w the weights the step is applied
+ * to, w_bak those the gradient was computed on (the parameter server keeps
+ * them per worker: server/shard_dc.h). Adaptive (DC-ASGD-a): lambda =
+ * lambda0 / sqrt(MS + 1e-7), MS = 0.95 MS + 0.05 g*g per element, updated
+ * with this g first. */
+typedef enum {
+    DP_DC_OFF,
+    DP_DC_CONST,     /* lambda constant */
+    DP_DC_ADAPTIVE,  /* lambda0 / sqrt(MS + eps) */
+} dp_dc_kind_t;
+#define DP_DC_MS_DECAY 0.95f /* MS's decay (DC-ASGD-a's m) */
+#define DP_DC_MS_EPS 1e-7f   /* added to MS under the root */
+
 typedef struct {
     dp_optim_kind_t kind;
     float lr;            /* base learning rate; 0: the optimizer's default */
@@ -48,6 +63,8 @@ typedef struct {
     long step_size;      /* DP_LR_STEP: steps between decays */
     float gamma;         /* DP_LR_STEP: decay factor */
     long total_steps;    /* DP_LR_COSINE: steps to reach 0 */
+    dp_dc_kind_t dc;     /* delay compensation (the parameter server's; off elsewhere) */
+    float dc_lambda;     /* DP_DC_CONST: lambda; DP_DC_ADAPTIVE: lambda0 */
 } dp_optim_conf_t;
 
 /* The project's defaults, for the standalone trainer and the parameter
@@ -70,6 +87,14 @@ int dp_optim_parse_kind(dp_optim_conf_t *c, const char *name, char *err);
 /* "constant", "step:STEP_SIZE:GAMMA", "cosine:TOTAL_STEPS". */
 int dp_optim_parse_schedule(dp_optim_conf_t *c, const char *text, char *err);
 const char *dp_optim_kind_name(dp_optim_kind_t k);
+/* --delay-compensation: "off", "const:LAMBDA" or "adaptive:LAMBDA0", each
+ * lambda a finite number in [0, 1e6]. */
+int dp_optim_parse_dc(dp_optim_conf_t *c, const char *text, char *err);
+/* c's compensation as that text ("off", "const:2", "adaptive:0.04"), the
+ * lambda as dp_optim_float_text writes it. */
+void dp_optim_dc_name(const dp_optim_conf_t *c, char *out, size_t n);
+/* x as the shorter of %g and %.9g that reads back as the same float. */
+void dp_optim_float_text(float x, char *out, size_t n);
 
 /* State floats per parameter for this optimizer (0, 1 or 2). */
 int dp_optim_state_per_param(dp_optim_kind_t k);
@@ -87,5 +112,15 @@ void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g,
  * (state laid [n_all] then [n_all]): a thread's share of a parallel step. */
 void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const float *g,
                          float *state, size_t n_all, size_t lo, size_t hi, long t);
+
+/* Delay compensation on elements [lo, hi) of a shard's range (every
+ * pointer indexes that range from 0): out = g + lambda g*g*(w - w_bak),
+ * for DP_DC_ADAPTIVE with ms (n floats, zero at start) updated first and
+ * lambda = dc_lambda / sqrtf(ms + DP_DC_MS_EPS) per element. out may be g.
+ * w_bak NULL (the weights the gradient was computed on are not known):
+ * out is not written, only ms is updated (adaptive), so MS follows every
+ * gradient whether or not it could be compensated. Nothing for DP_DC_OFF. */
+void dp_optim_dc_range(const dp_optim_conf_t *c, float *out, const float *g, const float *w,
+                       const float *w_bak, float *ms, size_t lo, size_t hi);
 
 #endif

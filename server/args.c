@@ -18,6 +18,7 @@
 #include "common/opts.h"
 #include "common/safetensors.h"
 #include "common/util.h"
+#include "server/policy.h"
 #include "server/ps.h"
 
 void dp_ps_config_default(dp_ps_config_t *c)
@@ -49,12 +50,19 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     int len = snprintf(text, sizeof text,
                        "%s|%dx%dx%d|%d|%d|%d|%d|%d|%" PRIu64 "|%d|%.9g|%.9g|%.9g|%.9g|%.9g|%.9g|%d|%ld|"
                        "%.9g|%ld|%d/%d|%.9g",
-                       c->init_path[0] ? c->init_path : c->model_spec, c->in_c, c->in_h, c->in_w, (int)c->mode, c->num_workers,
-                       c->replicas, c->staleness, c->lr_staleness, c->seed, (int)o->kind,
+                       c->init_path[0] ? c->init_path : c->model_spec, c->in_c, c->in_h, c->in_w,
+                       (int)c->mode, c->num_workers, c->replicas, c->staleness,
+                       c->delay_lr == DP_DELAY_INVERSE, c->seed, (int)o->kind,
                        dp_optim_base_lr(o), o->momentum, o->beta1, o->beta2, o->eps,
                        o->weight_decay, (int)o->schedule, o->step_size, o->gamma, o->total_steps,
                        c->shard_index, c->shard_count, o->alpha);
-    /* added only when on, so the ids of runs without it stay as they were */
+    /* Only when set, so the runs before these rules keep their ids. */
+    if (len >= 0 && len < (int)sizeof text && (c->delay_lr > DP_DELAY_INVERSE || o->dc != DP_DC_OFF)) {
+        char rule[48], dc[48];
+        dp_delay_lr_name(c->delay_lr, c->delay_k, rule, sizeof rule);
+        dp_optim_dc_name(o, dc, sizeof dc);
+        len += snprintf(text + len, sizeof text - (size_t)len, "|%s|%s", rule, dc);
+    }
     if (c->local_steps > 1 && len >= 0 && len < (int)sizeof text)
         len += snprintf(text + len, sizeof text - (size_t)len, "|H%ld", c->local_steps);
     if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
@@ -136,6 +144,17 @@ static int s_set_schedule(void *arg, const char *v, char *err)
     return dp_optim_parse_schedule(&((dp_ps_config_t *)arg)->optim, v, err);
 }
 
+static int s_set_delay_lr(void *arg, const char *v, char *err)
+{
+    dp_ps_config_t *c = arg;
+    return dp_delay_lr_parse(v, &c->delay_lr, &c->delay_k, err);
+}
+
+static int s_set_dc(void *arg, const char *v, char *err)
+{
+    return dp_optim_parse_dc(&((dp_ps_config_t *)arg)->optim, v, err);
+}
+
 void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
 {
     const int P = DP_OPTS_PASS;
@@ -158,7 +177,15 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
                     "sync: gradients per step (default: all workers)"),
         DP_FLAG_NUM("staleness", DP_OPTS_INT, "S", &c->staleness, 0, 1000000, P,
                     "ssp: max pushes a worker may be ahead (default 0)"),
-        DP_FLAG_SET("lr-staleness", &c->lr_staleness, 1, P, "async/ssp: divide lr by max(1, staleness)"),
+        DP_FLAG_CALL("delay-lr", "RULE", s_set_delay_lr, c, P,
+                     "async/ssp: the lr of a gradient of delay tau: none (default),\n"
+                     "inverse (lr / tau), adaptive (lr x min(1, workers / tau)),\n"
+                     "threshold[:K] (skip it when tau > K x the mean delay; K 2)"),
+        DP_FLAG_SET("lr-staleness", &c->delay_lr, DP_DELAY_INVERSE, P, "the same as --delay-lr inverse"),
+        DP_FLAG_CALL("delay-compensation", "DC", s_set_dc, c, P,
+                     "async/ssp: DC-ASGD, g + lambda g*g*(w - w_pulled) before the\n"
+                     "optimizer: off (default), const:LAMBDA, adaptive:LAMBDA0\n"
+                     "(lambda0 / sqrt(mean g*g)); keeps n floats per worker"),
         DP_FLAG_BUF("model", "SPEC", c->model_spec, P, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
         DP_FLAG_CALL("input", "CxHxW", s_set_input, c, 0, "input shape (default 1x28x28)"),
         DP_FLAG_BUF("init", "FILE", c->init_path, 0,
@@ -236,6 +263,14 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
     };
     dp_opts_init(o, "downpour-ps", s_synopsis, s_epilog);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
+}
+
+int dp_ps_check_delay_flags(dp_opts_t *o, int delay_lr, char *err)
+{
+    if (dp_opts_find(o, "lr-staleness")->given && dp_opts_find(o, "delay-lr")->given &&
+        delay_lr != DP_DELAY_INVERSE)
+        return dp_err(err, "--lr-staleness is --delay-lr inverse: give one rule, not both");
+    return 0;
 }
 
 /* The cluster spec (flags or TF_CONFIG) decides what explicit flags left
@@ -325,6 +360,7 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
                          "secret key and the public keys allowed in) or neither");
     if (rc == 0) rc = s_check_init(c, &o, err);
     if (rc == 0) rc = s_apply_local_steps(c, &o, err);
+    if (rc == 0) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
     if (rc == 0 && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,
                     c->num_workers);

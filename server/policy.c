@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opts.h"
 #include "common/util.h"
 
 int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
@@ -18,9 +19,14 @@ int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy
         return dp_err(err, "bad --replicas-to-aggregate %d (1 to --workers %d)", conf->replicas,
                       members->n);
     if (conf->staleness < 0) return dp_err(err, "bad --staleness %d", conf->staleness);
+    if (conf->delay_lr < DP_DELAY_NONE || conf->delay_lr > DP_DELAY_THRESHOLD ||
+        (conf->delay_lr == DP_DELAY_THRESHOLD && conf->delay_k != 0 &&
+         !(conf->delay_k >= 1 && conf->delay_k <= 1e6f)))
+        return dp_err(err, "bad --delay-lr rule %d (K %g)", conf->delay_lr, (double)conf->delay_k);
     dp_policy_t *p = dp_calloc(1, sizeof *p);
     p->ops = ops;
     p->conf = *conf;
+    if (p->conf.delay_lr == DP_DELAY_THRESHOLD && p->conf.delay_k == 0) p->conf.delay_k = DP_DELAY_K_DEFAULT;
     p->shard = shard;
     p->members = members;
     p->clock = dp_calloc((size_t)members->n, sizeof *p->clock);
@@ -49,6 +55,7 @@ void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_
     out->reason[0] = 0;
     out->lr = 0;
     out->grad_norm = out->update_norm = -1;
+    out->compensated = -1;
     if (version > s->version) {
         s->counts.rejected++;
         out->status = DP_PUSH_REJECTED;
@@ -131,4 +138,89 @@ void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out)
     memcpy(p->before, s->w, s->n * sizeof(float));
     dp_shard_step_mean(s);
     out->update_norm = s_moved(p);
+}
+
+int dp_delay_lr_parse(const char *text, int *kind, float *k, char *err)
+{
+    static const char *const names[] = {"none", "inverse", "adaptive", "threshold"};
+    double x = DP_DELAY_K_DEFAULT;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(text, names[i]) == 0) {
+            *kind = i;
+            *k = i == DP_DELAY_THRESHOLD ? DP_DELAY_K_DEFAULT : 0;
+            return 0;
+        }
+    if (strncmp(text, "threshold:", 10) == 0 &&
+        dp_opts_parse_double("--delay-lr", text + 10, 1, 1e6, &x, NULL) == 0) {
+        *kind = DP_DELAY_THRESHOLD;
+        *k = (float)x;
+        return 0;
+    }
+    return dp_err(err, "bad delay rule '%s' (use none, inverse, adaptive, threshold or threshold:K "
+                  "with K in [1, 1e6], e.g. threshold:2)", text);
+}
+
+void dp_delay_lr_name(int kind, float k, char *out, size_t n)
+{
+    switch (kind) {
+    case DP_DELAY_NONE: snprintf(out, n, "none"); return;
+    case DP_DELAY_INVERSE: snprintf(out, n, "inverse"); return;
+    case DP_DELAY_ADAPTIVE: snprintf(out, n, "adaptive"); return;
+    case DP_DELAY_THRESHOLD: {
+        char text[32];
+        dp_optim_float_text(k != 0 ? k : DP_DELAY_K_DEFAULT, text, sizeof text);
+        snprintf(out, n, "threshold:%s", text);
+        return;
+    }
+    }
+    snprintf(out, n, "?");
+}
+
+void dp_policy_for_mode(dp_mode_t mode, dp_policy_conf_t *pc, dp_optim_conf_t *o, const char *who)
+{
+    if (mode != DP_MODE_SYNC) return;
+    char name[48];
+    if (pc->delay_lr != DP_DELAY_NONE) {
+        dp_delay_lr_name(pc->delay_lr, pc->delay_k, name, sizeof name);
+        dp_log_info("%s: --delay-lr %s has no effect in sync mode (it applies only gradients of "
+                    "the current version: every delay is 0)", who, name);
+        pc->delay_lr = DP_DELAY_NONE;
+    }
+    if (o->dc != DP_DC_OFF) {
+        dp_optim_dc_name(o, name, sizeof name);
+        dp_log_info("%s: --delay-compensation %s has no effect in sync mode (a gradient is "
+                    "applied to the weights it was computed on)", who, name);
+        o->dc = DP_DC_OFF;
+    }
+}
+
+int dp_policy_delay_skip(dp_policy_t *p, uint64_t tau, char *why, size_t n)
+{
+    if (p->conf.delay_lr != DP_DELAY_THRESHOLD) return 0;
+    uint64_t sum = p->delay_sum, count = p->delay_count;
+    p->delay_sum += tau;
+    p->delay_count++;
+    /* tau > K max(1, sum / count), without the division: tau count > K
+     * max(sum, count), in double (exact for counts below 2^53). */
+    double k = p->conf.delay_k;
+    if (count == 0 || (double)tau * (double)count <= k * (double)(sum > count ? sum : count)) return 0;
+    snprintf(why, n, "delay: %" PRIu64 " versions, over %.9g x the mean delay %.4g (--delay-lr threshold)",
+             tau, k, (double)sum / (double)count);
+    return 1;
+}
+
+float dp_policy_delay_lr(const dp_policy_t *p, uint64_t tau, float lr)
+{
+    switch (p->conf.delay_lr) {
+    case DP_DELAY_INVERSE:
+        if (tau > 1) lr /= (float)tau;
+        break;
+    case DP_DELAY_ADAPTIVE: {
+        uint64_t m = (uint64_t)p->members->n;
+        if (tau > m) lr *= (float)m / (float)tau;
+        break;
+    }
+    default: break;
+    }
+    return lr;
 }

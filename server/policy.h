@@ -12,11 +12,27 @@
  *          mean. Older versions are dropped as late (backup workers), a second
  *          gradient of a worker for one version as a duplicate. A pull waits
  *          for the version after the one the worker pushed on.
- *   async  every gradient is applied on arrival (lr / staleness with
- *          lr_staleness); pulls are answered at once.
+ *   async  every gradient is applied on arrival, its lr by the delay rule
+ *          (below); pulls are answered at once.
  *   ssp    async, but a pull from a worker more than S pushes ahead of the
  *          slowest live worker waits, so with N workers a gradient is at
  *          most (N - 1)(2S + 1) versions stale (test_local_cluster).
+ *
+ * The delay rules (--delay-lr; async and ssp: a gradient of delay tau =
+ * the shard's version - the version it was computed on, M workers):
+ *   none       lr
+ *   inverse    lr / tau when tau > 1 (Zhang et al. 2016; --lr-staleness)
+ *   adaptive   lr x min(1, M / tau), lr at tau 0 (Mishchenko et al. 2022)
+ *   threshold  skip (drop, with the reason) a gradient with tau > K x
+ *              max(1, mean tau of the pushes judged before it, applied
+ *              or skipped); the first is always applied (after Koloskova
+ *              et al. 2022, who drop gradients of delay over a threshold
+ *              tied to the average delay; K = 2 by default). The mean is
+ *              this policy's, in apply order: replays decide the same.
+ * and the delay compensation (--delay-compensation, server/shard_dc.h),
+ * a transform of the gradient before the optimizer step. Sync applies
+ * only gradients of the current version (every delay 0): both are turned
+ * off there, with a line (dp_policy_for_mode).
  *
  * Contract, in call order:
  *  1. dp_policy_new(ops, conf, shard, members): shard and members outlive the
@@ -45,10 +61,12 @@
 #ifndef DP_POLICY_H
 #define DP_POLICY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/staleness.h"
 #include "common/util.h"
+#include "proto/wire.h"
 #include "server/members.h"
 #include "server/shard.h"
 
@@ -71,13 +89,35 @@ typedef struct {
      * w_old over this shard's range; -1 when not measured. */
     float lr;
     double grad_norm, update_norm;
+    int compensated;       /* delay compensation: 1 done, 0 fell back (no weights of
+                              that version kept), -1 off or nothing applied */
 } dp_push_outcome_t;
+
+/* --delay-lr's rules (above); the values are fixed: 1 is --lr-staleness. */
+typedef enum {
+    DP_DELAY_NONE = 0,
+    DP_DELAY_INVERSE = 1,
+    DP_DELAY_ADAPTIVE = 2,
+    DP_DELAY_THRESHOLD = 3,
+} dp_delay_lr_t;
+#define DP_DELAY_K_DEFAULT 2.0f
 
 typedef struct {
     int replicas;          /* sync: R gradients per step, 1..workers */
     int staleness;         /* ssp: S, pushes a worker may be ahead */
-    int lr_staleness;      /* async / ssp: lr / staleness when staleness > 1 */
+    int delay_lr;          /* dp_delay_lr_t: async / ssp: the lr of a delayed gradient */
+    float delay_k;         /* DP_DELAY_THRESHOLD: K (0: DP_DELAY_K_DEFAULT) */
 } dp_policy_conf_t;
+
+/* "none", "inverse", "adaptive", "threshold" or "threshold:K" (K a number
+ * in [1, 1e6]) into *kind and *k. */
+int dp_delay_lr_parse(const char *text, int *kind, float *k, char *err);
+/* The rule as that text ("threshold:2"; K by dp_optim_float_text). */
+void dp_delay_lr_name(int kind, float k, char *out, size_t n);
+/* Sync: the delay rule and compensation have nothing to act on; a rule
+ * other than none and a compensation other than off are turned off in pc
+ * and o, each with one line naming who (the shard, the simulator). */
+void dp_policy_for_mode(dp_mode_t mode, dp_policy_conf_t *pc, dp_optim_conf_t *o, const char *who);
 
 typedef struct dp_policy dp_policy_t;
 
@@ -101,6 +141,7 @@ struct dp_policy {
     uint64_t *contributed; /* sync, per worker: version + 1 it last contributed to, 0 = none */
     dp_staleness_t staleness; /* every used gradient's staleness (sync: 0 each) */
     float *before;         /* measuring: the range before a step (dp_policy_measure), else NULL */
+    uint64_t delay_sum, delay_count; /* threshold: the delays of the pushes judged */
 };
 
 int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
@@ -120,5 +161,10 @@ void dp_policy_measure(dp_policy_t *p);
  * into out when measuring; and the same for sync's mean of acc. */
 void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, dp_push_outcome_t *out);
 void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out);
+/* For async / ssp: should a gradient of delay tau be skipped (threshold)?
+ * 1 with why (n bytes); judges it either way (the running mean). */
+int dp_policy_delay_skip(dp_policy_t *p, uint64_t tau, char *why, size_t n);
+/* lr by the delay rule for a gradient of delay tau. */
+float dp_policy_delay_lr(const dp_policy_t *p, uint64_t tau, float lr);
 
 #endif

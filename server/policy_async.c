@@ -2,14 +2,28 @@
  * arrival; ssp also holds the pull of a worker more than S pushes ahead of
  * the slowest live worker. */
 #include "server/policy.h"
+#include "server/shard_dc.h"
 
 static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t *g, int n,
                    dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     uint64_t staleness = s->version - v;
-    float lr = dp_shard_lr(s);
-    if (p->conf.lr_staleness && staleness > 1) lr /= (float)staleness;
+    out->staleness = staleness;
+    if (dp_policy_delay_skip(p, staleness, out->reason, sizeof out->reason)) {
+        s->counts.dropped++;
+        out->status = DP_PUSH_DROPPED;
+        return;
+    }
+    float lr = dp_policy_delay_lr(p, staleness, dp_shard_lr(s));
+    dp_grad_slice_t one;
+    if (s->dc) {
+        out->compensated = dp_shard_dc_apply(s, worker, v, g, n, &one);
+        if (out->compensated) {
+            g = &one;
+            n = 1;
+        }
+    }
     dp_policy_step(p, g, n, lr, out);
     dp_staleness_add(&p->staleness, staleness);
     p->clock[worker]++;
@@ -17,7 +31,6 @@ static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t
     s->counts.staleness_sum += staleness;
     if (staleness > s->counts.staleness_max) s->counts.staleness_max = staleness;
     out->status = DP_PUSH_APPLIED;
-    out->staleness = staleness;
     out->stepped = 1;
 }
 

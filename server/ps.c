@@ -60,6 +60,7 @@
 #include "server/ps_shm.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
+#include "server/shard_dc.h"
 
 /* Replies ZeroMQ may queue per peer before the ROUTER drops further ones to
  * it (ZMQ_ROUTER_MANDATORY is off: a peer that does not read loses replies,
@@ -226,6 +227,7 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
     env.tensors = dv;
     if (how == S_PARAMS_SHM && ps->shm && dp_ps_shm_params(ps->shm, &p.shm_slot, &p.shm_seq)) {
         env.shm = 1; /* the reader copies the slot itself */
+        dp_shard_dc_pulled(&ps->shard, worker);
         s_send(ps, id, &env, NULL, 0);
         dp_snap_unref(NULL, s);
         return;
@@ -242,6 +244,7 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
         return;
     }
     l->snap = s;
+    dp_shard_dc_pulled(&ps->shard, worker); /* the weights its next push was computed on */
     dp_wire_payload_t pl = {s->data, n * (bf16 ? 2 : sizeof(float)), s_lent_release, l};
     s_send(ps, id, &env, &pl, 1);
 }
@@ -333,6 +336,10 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "snapshots", dp_snap_alive());
     cJSON_AddNumberToObject(line, "held_pulls", ps->n_pending);
     cJSON_AddNumberToObject(line, "checkpoint_failures", (double)ps->ckpt_failures);
+    if (ps->shard.dc) {
+        cJSON_AddNumberToObject(line, "dc_compensated", (double)ps->shard.dc->compensated);
+        cJSON_AddNumberToObject(line, "dc_fallback", (double)ps->shard.dc->fallback);
+    }
     dp_metrics_write(ps->metrics, &line);
 }
 
@@ -974,22 +981,27 @@ static int s_setup_state(s_ps_t *ps, char *err)
     dp_model_t m;
     float *values = NULL;
     if (dp_ps_config_model(cfg, &m, &values, err) != 0) return -1;
+    dp_policy_conf_t pc = {cfg->replicas ? cfg->replicas : cfg->num_workers, cfg->staleness,
+                           cfg->delay_lr, cfg->delay_k};
+    dp_optim_conf_t optim = cfg->optim;
+    char who[32];
+    snprintf(who, sizeof who, "shard %d", cfg->shard_index);
+    dp_policy_for_mode(cfg->mode, &pc, &optim, who); /* sync: no delays to act on */
     int rc = values ? dp_shard_init_values(&ps->shard, &m, cfg->shard_index, cfg->shard_count,
-                                           values, &cfg->optim, err)
+                                           values, &optim, err)
                     : dp_shard_init(&ps->shard, &m, cfg->shard_index, cfg->shard_count, cfg->seed,
-                                    &cfg->optim, err);
+                                    &optim, err);
     free(values);
     if (rc != 0 ||
         dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());
     dp_shard_track_steps(&ps->shard, cfg->num_workers);
+    dp_shard_dc_init(&ps->shard, cfg->num_workers); /* --delay-compensation's slots and MS */
     /* A restore loses fewer than --checkpoint-every versions, and a worker
      * makes at most one step per version (plus the one it repeats). */
     if (cfg->checkpoint_dir[0] && cfg->checkpoint_every > 0)
         ps->shard.step_slack = (uint64_t)cfg->checkpoint_every;
-    dp_policy_conf_t pc = {cfg->replicas ? cfg->replicas : cfg->num_workers, cfg->staleness,
-                           cfg->lr_staleness};
     if (dp_policy_new(&ps->policy, ops, &pc, &ps->shard, &ps->members, err) != 0) return -1;
     /* calloc: pages of the table no peer filled stay untouched */
     ps->pending = dp_calloc((size_t)cfg->num_workers * DP_PS_HELD_PER_WORKER, sizeof *ps->pending);

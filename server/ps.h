@@ -56,7 +56,8 @@ typedef struct {
     dp_mode_t mode;
     int replicas;               /* R for sync; 0 = num_workers */
     int staleness;              /* S for ssp */
-    int lr_staleness;           /* async / ssp: lr / max(1, staleness) */
+    int delay_lr;               /* --delay-lr, dp_delay_lr_t (server/policy.h); 1 = --lr-staleness */
+    float delay_k;              /* --delay-lr threshold:K */
     char model_spec[512];
     int in_c, in_h, in_w;
     char init_path[DP_PS_PATH_LEN];      /* --init FILE: the tensor table and its initial
@@ -110,9 +111,14 @@ int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, c
  * averaging at lr 1; nesterov: DiLoCo's lr 0.7), --outer-lr, --outer-momentum. */
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
 
+/* --lr-staleness with a --delay-lr other than inverse: -1 with err (the
+ * alias and another rule contradict each other). o parsed already. */
+int dp_ps_check_delay_flags(dp_opts_t *o, int delay_lr, char *err);
+
 /* The run id a config implies when --run-id is not given: "cfg-" and 16
  * hex digits of a hash of the flags that define the run (model, input,
- * mode, workers, R, S, seed, optimizer, lr, schedule, shard I/K), so the
+ * mode, workers, R, S, seed, optimizer, lr, schedule, shard I/K, and the
+ * delay rule and compensation when not none / off), so the
  * same flags restarted name the same run and other flags another one. */
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
 

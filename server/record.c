@@ -105,6 +105,7 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
         s_exact(o, "lr", e->lr);
         s_exact(o, "gn", e->grad_norm);
         s_exact(o, "un", e->update_norm);
+        if (e->dc >= 0) cJSON_AddNumberToObject(o, "dc", e->dc);
     } else {
         cJSON_AddStringToObject(o, "e", "members");
         cJSON_AddNumberToObject(o, "s", e->shard);
@@ -139,7 +140,7 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
     dp_rec_event_t e = {
         .kind = DP_REC_PUSH, .shard = shard, .worker = worker, .step = step, .version = version,
         .status = o->status, .staleness = o->staleness, .after = after, .lr = o->lr,
-        .grad_norm = o->grad_norm, .update_norm = o->update_norm,
+        .grad_norm = o->grad_norm, .update_norm = o->update_norm, .dc = o->compensated,
     };
     dp_record_event(r, &e);
 }
@@ -207,8 +208,8 @@ int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t 
     cJSON_AddStringToObject(h, "mode", dp_mode_name(cfg->mode));
     cJSON_AddNumberToObject(h, "replicas", policy->conf.replicas);
     cJSON_AddNumberToObject(h, "staleness", cfg->staleness);
-    cJSON_AddNumberToObject(h, "lr_staleness", cfg->lr_staleness);
-    cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&cfg->optim));
+    dp_record_delay_json(h, policy->conf.delay_lr, policy->conf.delay_k);
+    cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&policy->shard->optim));
     cJSON_AddNumberToObject(h, "start_version", (double)policy->shard->version);
     if (policy->shard->version != 0)
         dp_log_warn("shard %d: --record: restored at version %" PRIu64 "; a replay needs a run "
@@ -258,6 +259,9 @@ static int s_parse_push(const cJSON *o, dp_rec_event_t *e)
     e->lr = dp_record_num(o, "lr", 0);
     e->grad_norm = dp_record_num(o, "gn", -1);
     e->update_norm = dp_record_num(o, "un", -1);
+    double dc = dp_record_num(o, "dc", -1);
+    if (dc != -1 && dc != 0 && dc != 1) return -1;
+    e->dc = (int)dc;
     return e->status ? 0 : -1;
 }
 
@@ -402,6 +406,9 @@ cJSON *dp_record_optim_json(const dp_optim_conf_t *o)
     cJSON_AddNumberToObject(j, "step_size", (double)o->step_size);
     cJSON_AddNumberToObject(j, "gamma", o->gamma);
     cJSON_AddNumberToObject(j, "total_steps", (double)o->total_steps);
+    char dc[48];
+    dp_optim_dc_name(o, dc, sizeof dc);
+    cJSON_AddStringToObject(j, "dc", dc);
     return j;
 }
 
@@ -453,5 +460,31 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
     o->step_size = (long)step_size;
     o->gamma = (float)gamma;
     o->total_steps = (long)total;
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dc"); /* absent: off (older records) */
+    if (dc && (!cJSON_IsString(dc) || dp_optim_parse_dc(o, dc->valuestring, err) != 0))
+        return dp_err(err, "record header: optim.dc is not off, const:LAMBDA or adaptive:LAMBDA0");
+    return 0;
+}
+
+void dp_record_delay_json(cJSON *h, int delay_lr, float delay_k)
+{
+    char rule[48];
+    dp_delay_lr_name(delay_lr, delay_k, rule, sizeof rule);
+    cJSON_AddNumberToObject(h, "lr_staleness", delay_lr == DP_DELAY_INVERSE); /* older readers */
+    cJSON_AddStringToObject(h, "delay_lr", rule);
+}
+
+int dp_record_delay_parse(const cJSON *h, int *delay_lr, float *delay_k, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, "delay_lr");
+    if (!v) { /* a record older than --delay-lr: its lr_staleness 0 or 1 */
+        double ls = dp_record_num(h, "lr_staleness", 0);
+        if (ls != 0 && ls != 1) return dp_err(err, "record header: 'lr_staleness' is not 0 or 1");
+        *delay_lr = ls == 1 ? DP_DELAY_INVERSE : DP_DELAY_NONE;
+        *delay_k = 0;
+        return 0;
+    }
+    if (!cJSON_IsString(v) || dp_delay_lr_parse(v->valuestring, delay_lr, delay_k, err) != 0)
+        return dp_err(err, "record header: 'delay_lr' is not none, inverse, adaptive or threshold[:K]");
     return 0;
 }

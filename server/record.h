@@ -10,13 +10,16 @@
  *   line 1   {"downpour_record":1, ...header...}
  *   events   {"e":"push","s":SHARD,"w":WORKER,"step":STEP,"v":VERSION,
  *             "st":"applied"|"dropped"|"rejected","stale":N,"after":V,
- *             "lr":X,"gn":X,"un":X}
+ *             "lr":X,"gn":X,"un":X[,"dc":0|1]}
  *            {"e":"members","s":SHARD,"m":"LLFG","call":0|1}
  *   last     {"end":"downpour_record","events":N,"fnv1a":"16 hex digits"}
  * STEP is the push's 1-based step (Push.step): the worker's data step + 1.
  * "members" gives every worker's state (L live, F finished, G gone) when it
  * changed; "call":1 when the loop then asked the policy
  * (dp_policy_members_changed), so a replay repeats that call.
+ * "dc" (only with --delay-compensation): 1 when the push was compensated,
+ * 0 when it fell back (the shard held no weights of its version), which a
+ * replay repeats rather than re-derives.
  * The footer's hash is FNV-1a over every byte before the footer line.
  *
  * Safety: the lines go to a fresh temporary file beside PATH
@@ -53,6 +56,7 @@ typedef struct {
     uint64_t staleness;
     uint64_t after;        /* the shard's version after the push */
     double lr, grad_norm, update_norm;
+    int dc;                /* delay compensation: 1 done, 0 fell back, -1 off (absent) */
     /* members */
     char *members;         /* one of L / F / G per worker (owned) */
     int call;              /* dp_policy_members_changed followed */
@@ -102,6 +106,11 @@ int dp_record_merge(const char *path, const char *const *parts, int n, const cJS
 /* Header helpers: the optimizer as a JSON object and back. */
 cJSON *dp_record_optim_json(const dp_optim_conf_t *o);
 int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err);
+/* The delay rule in a header: "delay_lr" (dp_delay_lr_name's text) and,
+ * for older readers, "lr_staleness" 0 / 1; back from either (a record
+ * without "delay_lr" is older: its lr_staleness). */
+void dp_record_delay_json(cJSON *h, int delay_lr, float delay_k);
+int dp_record_delay_parse(const cJSON *h, int *delay_lr, float *delay_k, char *err);
 /* A header string / number field; NULL / dflt when absent. */
 const char *dp_record_str(const cJSON *h, const char *key);
 double dp_record_num(const cJSON *h, const char *key, double dflt);

@@ -10,6 +10,7 @@
 #include "common/util.h"
 #include "proto/wire.h"
 #include "server/pool.h"
+#include "server/shard_dc.h"
 
 /* Floats per block of an out-of-place step: the copy of a block is still in
  * L1 when the optimizer updates it, so the step moves the bytes an in-place
@@ -85,6 +86,7 @@ void dp_shard_fini(dp_shard_t *s)
         if (s->retired[i]) dp_snap_unref(NULL, s->retired[i]);
     memset(s->retired, 0, sizeof s->retired);
     dp_pool_destroy(&s->pool);
+    dp_shard_dc_fini(s);
     free(s->state);
     free(s->acc);
     free(s->scratch);

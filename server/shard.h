@@ -76,6 +76,7 @@ typedef struct {
 #define DP_SHARD_RETIRED 2 /* old buffers kept for the next out-of-place step */
 
 typedef struct dp_pool dp_pool_t;
+typedef struct dp_shard_dc dp_shard_dc_t;
 
 typedef struct {
     dp_model_t model;
@@ -119,6 +120,7 @@ typedef struct {
                                   pushed value (sync: the mean of the R pushed) instead of
                                   stepping them */
     int n_state_ranges;
+    dp_shard_dc_t *dc;     /* delay compensation (server/shard_dc.h), NULL when off */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */

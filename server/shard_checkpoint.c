@@ -12,6 +12,7 @@
 #include "common/checksum.h"
 #include "common/safetensors.h"
 #include "common/util.h"
+#include "server/shard_dc.h"
 
 void dp_shard_checkpoint_path(char *out, size_t n, const char *dir, int i, int k)
 {
@@ -83,8 +84,11 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
 {
     int64_t pshape[1] = {(int64_t)s->n};
     int64_t sshape[2] = {s->state_per, (int64_t)s->n};
-    dp_st_tensor_t t[2] = {{"params", s->w, 1, pshape}, {"optim.state", s->state, 2, sshape}};
-    char ver[32], lo[32], hi[32], nf[32], fp[32], shard[32], input[48], pcrc[16], scrc[16];
+    dp_st_tensor_t t[3] = {{"params", s->w, 1, pshape}, {"optim.state", s->state, 2, sshape}};
+    int n_t = s->state_per ? 2 : 1;
+    const float *ms = s->dc ? s->dc->ms : NULL; /* DC-ASGD-a's mean square */
+    if (ms) t[n_t++] = (dp_st_tensor_t){"dc.ms", (float *)ms, 1, pshape};
+    char ver[32], lo[32], hi[32], nf[32], fp[32], shard[32], input[48], pcrc[16], scrc[16], mcrc[16];
     snprintf(ver, sizeof ver, "%" PRIu64, s->version);
     snprintf(lo, sizeof lo, "%zu", s->lo);
     snprintf(hi, sizeof hi, "%zu", s->hi);
@@ -100,16 +104,21 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
                           "version", ver, "step", ver, "params_crc32", pcrc,
                           "state_crc32", scrc, "run_id", run ? run->id : "",
                           "finished", run && run->finished ? "1" : "0", NULL, NULL, NULL, NULL,
-                          NULL};
+                          NULL, NULL, NULL};
     char *steps = s_steps_meta(s, s->worker_step), *seen = s_steps_meta(s, s->worker_seen);
-    if (steps) { /* in the four spare slots before the final NULL */
-        size_t k = sizeof meta / sizeof meta[0] - 5;
+    size_t k = sizeof meta / sizeof meta[0] - 7; /* the six spare slots before the final NULL */
+    if (ms) {
+        s_crc_hex(mcrc, ms, s->n);
+        meta[k++] = "dc_ms_crc32";
+        meta[k++] = mcrc;
+    }
+    if (steps) {
         meta[k] = "worker_steps";
         meta[k + 1] = steps;
         meta[k + 2] = "worker_steps_seen";
         meta[k + 3] = seen;
     }
-    int rc = dp_safetensors_write(path, t, s->state_per ? 2 : 1, meta, err);
+    int rc = dp_safetensors_write(path, t, n_t, meta, err);
     free(steps);
     free(seen);
     return rc;
@@ -205,6 +214,24 @@ static int s_check_crc(const char *path, const char *key, const float *x, size_t
     return same ? 0 : -1;
 }
 
+/* DC-ASGD-a's MS into ms (n floats), checked against its CRC; a file
+ * without it (written without adaptive compensation, restored with
+ * --resume) leaves ms zero, as a fresh start has it. */
+static int s_dc_read(const dp_shard_t *s, const char *path, float *ms, char *err)
+{
+    char e2[DP_ERR_LEN] = "";
+    char *crc = dp_safetensors_read_meta(path, "dc_ms_crc32", e2);
+    if (!crc) {
+        if (e2[0]) return dp_err(err, "%s", e2);
+        dp_log_info("shard %d: %s holds no delay-compensation mean square: it starts from 0",
+                    s->index, path);
+        return 0;
+    }
+    free(crc);
+    if (dp_safetensors_read_tensor(path, "dc.ms", ms, s->n, err) != 0) return -1;
+    return s_check_crc(path, "dc_ms_crc32", ms, s->n, err);
+}
+
 int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run, char *err)
 {
     if (access(path, F_OK) != 0) return 0;
@@ -213,6 +240,7 @@ int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *
     size_t n_state = s->n * (size_t)s->state_per;
     float *w = dp_malloc(s->n * sizeof(float) + 1);
     float *st = dp_calloc(n_state + 1, sizeof(float));
+    float *ms = s->dc && s->dc->ms ? dp_calloc(s->n + 1, sizeof(float)) : NULL;
     int rc = -1;
     if (dp_safetensors_read_tensor(path, "params", w, s->n, err) != 0) goto done;
     if (s->state_per && dp_safetensors_read_tensor(path, "optim.state", st, n_state, err) != 0)
@@ -225,13 +253,16 @@ int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *
             dp_err(err, "%s: corrupt shard checkpoint: parameter %zu is not finite", path, i);
             goto done;
         }
+    if (ms && s_dc_read(s, path, ms, err) != 0) goto done;
     if (s_steps_restore(s, path, err) != 0) goto done; /* the last check: changes s only on success */
     memcpy(s->w, w, s->n * sizeof(float));
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
+    if (ms) memcpy(s->dc->ms, ms, s->n * sizeof(float));
     s->version = ver;
     rc = 1;
 done:
     free(w);
     free(st);
+    free(ms);
     return rc;
 }

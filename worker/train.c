@@ -134,6 +134,8 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));
     }
+    if (r->delay_lr) cJSON_AddStringToObject(o, "delay_lr", r->delay_lr);
+    if (r->delay_compensation) cJSON_AddStringToObject(o, "delay_compensation", r->delay_compensation);
     cJSON_AddStringToObject(o, "device", s->conf.device);
     cJSON_AddStringToObject(o, "data", s->train.name);
     cJSON_AddStringToObject(o, "model", s->model.spec);

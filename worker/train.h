@@ -112,6 +112,8 @@ typedef struct {
     const dp_optim_conf_t *optim; /* the optimizer: standalone's, or the lab's servers'; NULL
                                    * in a real cluster (downpour local adds the servers') */
     const dp_staleness_t *staleness_hist; /* counts per staleness value, or NULL */
+    const char *delay_lr;      /* the servers' --delay-lr and --delay-compensation as text */
+    const char *delay_compensation; /* (the lab's); NULL: not written */
 } dp_run_summary_t;
 
 /* Write conf.summary (if set) from r and the session: the one place where

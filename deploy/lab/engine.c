@@ -13,6 +13,7 @@
 #include "common/opts.h"
 #include "common/util.h"
 #include "kernels/ops.h"
+#include "server/shard_dc.h"
 #include "worker/data.h"
 
 void dp_lab_conf_default(dp_lab_conf_t *c)
@@ -45,7 +46,7 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddStringToObject(h, "mode", dp_mode_name(c->mode));
     cJSON_AddNumberToObject(h, "replicas", c->policy.replicas);
     cJSON_AddNumberToObject(h, "staleness", c->policy.staleness);
-    cJSON_AddNumberToObject(h, "lr_staleness", c->policy.lr_staleness);
+    dp_record_delay_json(h, c->policy.delay_lr, c->policy.delay_k);
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&c->optim));
     return h;
 }
@@ -88,7 +89,7 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
         s_int_field(h, "shards", 1, 1024, &c->shards, err) != 0 ||
         s_int_field(h, "replicas", 0, 100000, &c->policy.replicas, err) != 0 ||
         s_int_field(h, "staleness", 0, 1000000, &c->policy.staleness, err) != 0 ||
-        s_int_field(h, "lr_staleness", 0, 1, &c->policy.lr_staleness, err) != 0)
+        dp_record_delay_parse(h, &c->policy.delay_lr, &c->policy.delay_k, err) != 0)
         return -1;
     if (s_seed(h, "data_seed", &c->train.seed, err) != 0 || s_seed(h, "seed", &c->init_seed, err) != 0)
         return -1;
@@ -114,10 +115,13 @@ static int s_servers(dp_lab_t *L, char *err)
     L->members = dp_calloc((size_t)c->shards, sizeof *L->members);
     L->policy = dp_calloc((size_t)c->shards, sizeof *L->policy);
     dp_policy_conf_t pc = c->policy;
+    dp_optim_conf_t optim = c->optim;
     if (pc.replicas == 0) pc.replicas = c->workers;
+    dp_policy_for_mode(c->mode, &pc, &optim, "lab"); /* sync: no delays to act on */
     for (int k = 0; k < c->shards; k++) {
-        if (dp_shard_init(&L->shard[k], &L->s.model, k, c->shards, c->init_seed, &c->optim, err) != 0)
+        if (dp_shard_init(&L->shard[k], &L->s.model, k, c->shards, c->init_seed, &optim, err) != 0)
             return -1;
+        dp_shard_dc_init(&L->shard[k], c->workers);
         dp_members_init(&L->members[k], c->workers, k, 0.0);
         /* joined without dp_members_join's log line per worker (64 of them) */
         for (int w = 0; w < c->workers; w++) L->members[k].w[w].joined = 1;
@@ -185,6 +189,11 @@ void dp_lab_params(const dp_lab_t *L, int k, float *params)
     }
 }
 
+void dp_lab_pulled(dp_lab_t *L, int worker)
+{
+    for (int k = 0; k < L->conf.shards; k++) dp_shard_dc_pulled(&L->shard[k], worker);
+}
+
 float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad)
 {
     int B = L->conf.train.batch;
@@ -241,6 +250,9 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
     dp_staleness_t hist;
     dp_lab_counts(L, &cnt, &hist);
     long spe = dp_data_steps_per_epoch(L->s.train.n, c->train.batch, c->workers);
+    char rule[48], dc[48]; /* as the servers ran them: sync turned them off */
+    dp_delay_lr_name(L->policy[0]->conf.delay_lr, L->policy[0]->conf.delay_k, rule, sizeof rule);
+    dp_optim_dc_name(&L->shard[0].optim, dc, sizeof dc);
     dp_run_summary_t r = {
         .mode = dp_mode_name(c->mode), .workers = c->workers, .ps_shards = c->shards,
         .replicas = c->policy.replicas ? c->policy.replicas : c->workers,
@@ -252,6 +264,7 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
         .dropped = cnt.dropped, .rejected = cnt.rejected,
         .staleness_mean = dp_staleness_mean(&hist), .staleness_max = hist.max,
         .staleness_hist = &hist, .optim = &c->optim, /* the simulated servers' */
+        .delay_lr = rule, .delay_compensation = dc,
     };
     /* The chief's STATS view: the versions summed over the shards. */
     uint64_t versions = 0;

@@ -33,7 +33,7 @@ typedef struct {
     uint64_t init_seed;        /* the servers' --seed (initial weights) */
     int workers, shards;
     dp_mode_t mode;
-    dp_policy_conf_t policy;   /* R, S, lr_staleness */
+    dp_policy_conf_t policy;   /* R, S, the delay rule */
     dp_optim_conf_t optim;     /* the servers' optimizer and lr schedule */
     int measure;               /* norms of every step (dp_policy_measure) */
     const char *record;        /* write the schedule here, or NULL */
@@ -66,6 +66,9 @@ void dp_lab_fini(dp_lab_t *L);
 /* Shard k's slice of the parameter vector is written into params (the full
  * vector, n_floats); all shards with k < 0. */
 void dp_lab_params(const dp_lab_t *L, int k, float *params);
+/* worker was sent every shard's current weights (after dp_lab_params, as
+ * a shard answering its pull): the weights delay compensation keeps. */
+void dp_lab_pulled(dp_lab_t *L, int worker);
 /* The gradient worker computes at its 0-based data step from params, into
  * grad (n_floats), as the worker daemon would. Returns the batch's loss. */
 float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad);

@@ -26,6 +26,7 @@
 #include "common/util.h"
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
+#include "server/shard_dc.h"
 
 typedef struct {
     int worker;
@@ -175,13 +176,19 @@ static int s_push(s_replay_t *R, size_t i, char *err)
     if (!job->grad) {
         job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
         dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1, job->grad);
-        free(job->params);
-        job->params = NULL;
+        if (!R->L.shard[0].dc) { /* compensation needs them until the last shard's push */
+            free(job->params);
+            job->params = NULL;
+        }
         if (job->worker == 0) R->chief_steps++;
     }
+    dp_shard_t *s = &R->L.shard[e->shard];
+    if (s->dc && e->dc == 1) dp_shard_dc_hold(s, e->worker, e->version, job->params + s->lo);
+    else if (s->dc) dp_shard_dc_forget(s, e->worker); /* the recorded push fell back */
     dp_push_outcome_t o;
     dp_lab_push(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad, &o);
-    if ((int)o.status != e->status || o.staleness != e->staleness || R->L.shard[e->shard].version != e->after)
+    if ((int)o.status != e->status || o.staleness != e->staleness || R->L.shard[e->shard].version != e->after ||
+        (s->dc && o.status == DP_PUSH_APPLIED && o.compensated != e->dc))
         return dp_err(err, "replay diverged at event %zu (shard %d, worker %d, step %" PRIu64 "): the "
                       "policy decided %d staleness %" PRIu64 " version %" PRIu64 ", the record says %d %"
                       PRIu64 " %" PRIu64, i + 1, e->shard, e->worker, e->step, (int)o.status,
@@ -189,7 +196,8 @@ static int s_push(s_replay_t *R, size_t i, char *err)
     s_check_norms(R, i, e, &o);
     if (++job->applied == R->K) {
         free(job->grad);
-        job->grad = NULL;
+        free(job->params);
+        job->grad = job->params = NULL;
     }
     return 1;
 }

@@ -76,6 +76,17 @@ static int s_set_schedule(void *arg, const char *v, char *err)
     return dp_optim_parse_schedule(&((s_args_t *)arg)->c.lab.optim, v, err);
 }
 
+static int s_set_delay_lr(void *arg, const char *v, char *err)
+{
+    dp_policy_conf_t *p = &((s_args_t *)arg)->c.lab.policy;
+    return dp_delay_lr_parse(v, &p->delay_lr, &p->delay_k, err);
+}
+
+static int s_set_dc(void *arg, const char *v, char *err)
+{
+    return dp_optim_parse_dc(&((s_args_t *)arg)->c.lab.optim, v, err);
+}
+
 static void s_options(dp_opts_t *o, s_args_t *a)
 {
     dp_sim_conf_t *c = &a->c;
@@ -97,7 +108,12 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                     "sync: B backup workers, i.e. R = M - B"),
         DP_FLAG_NUM("staleness", DP_OPTS_INT, "S", &c->lab.policy.staleness, 0, 1000000, 0,
                     "ssp: max pushes a worker may be ahead (default 0)"),
-        DP_FLAG_SET("lr-staleness", &c->lab.policy.lr_staleness, 1, 0, "async/ssp: divide lr by max(1, staleness)"),
+        DP_FLAG_CALL("delay-lr", "RULE", s_set_delay_lr, a, 0,
+                     "async/ssp: none (default), inverse, adaptive or threshold[:K]\n"
+                     "(as downpour-ps --help says)"),
+        DP_FLAG_SET("lr-staleness", &c->lab.policy.delay_lr, DP_DELAY_INVERSE, 0, "the same as --delay-lr inverse"),
+        DP_FLAG_CALL("delay-compensation", "DC", s_set_dc, a, 0,
+                     "async/ssp: off (default), const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
@@ -136,6 +152,7 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
     for (int w = M; w < DP_SIM_MAX_WORKERS; w++)
         if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
     c->lab.init_seed = c->lab.train.seed;
+    if (dp_ps_check_delay_flags(o, c->lab.policy.delay_lr, err) != 0) return -1;
     if (a->backup) {
         if (a->backup >= M) return dp_err(err, "--backup %d: needs fewer than --workers %d", a->backup, M);
         c->lab.policy.replicas = M - a->backup;

@@ -35,6 +35,7 @@
 #include "common/opts.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "server/shard_dc.h"
 #include "worker/data.h"
 
 typedef struct {
@@ -172,6 +173,7 @@ static void s_start(s_sim_t *S, int w)
     s_worker_t *k = &S->w[w];
     dp_lab_params(&S->L, -1, S->params);
     k->version = S->L.shard[0].version;
+    dp_lab_pulled(&S->L, w);
     k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, k->grad);
     if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
     k->busy = 1;
@@ -470,6 +472,16 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     const dp_optim_conf_t *op = &c->lab.optim;
     cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(op->kind));
     cJSON_AddNumberToObject(o, "lr", dp_metrics_round(dp_optim_base_lr(op), 7));
+    char rule[48], dc[48]; /* as the servers ran them (sync turns them off) */
+    const dp_shard_t *sh = &S->L.shard[0];
+    dp_delay_lr_name(S->L.policy[0]->conf.delay_lr, S->L.policy[0]->conf.delay_k, rule, sizeof rule);
+    dp_optim_dc_name(&sh->optim, dc, sizeof dc);
+    cJSON_AddStringToObject(o, "delay_lr", rule);
+    cJSON_AddStringToObject(o, "delay_compensation", dc);
+    if (sh->dc) {
+        cJSON_AddNumberToObject(o, "dc_compensated", (double)sh->dc->compensated);
+        cJSON_AddNumberToObject(o, "dc_fallback", (double)sh->dc->fallback);
+    }
     double explicit_mu = op->kind == DP_OPT_MOMENTUM || op->kind == DP_OPT_NESTEROV ? op->momentum
                          : op->kind == DP_OPT_ADAM                                ? op->beta1 : 0;
     cJSON_AddNumberToObject(o, "momentum", dp_metrics_round(explicit_mu, 7));

@@ -41,6 +41,7 @@
 #include "common/util.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/spawn.h"
+#include "server/policy.h"
 #include "server/ps.h"
 #include "server/record.h"
 #include "worker/args.h"
@@ -352,6 +353,7 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
     int rc = dp_opts_parse(&L->opts, argc, argv, err);
     if (rc != 0) return rc;
     s_collect_passed(L);
+    if (dp_ps_check_delay_flags(&L->opts, L->ps.delay_lr, err) != 0) return -1;
     if (L->gpus) {
         int n = 1;
         for (const char *p = L->gpus; *p; p++) n += *p == ',';
@@ -419,6 +421,15 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
             if (outer.kind == DP_OPT_NESTEROV)
                 cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer.momentum, 6));
         }
+        /* the delay rule and compensation as the servers ran them (sync
+         * turns them off, dp_policy_for_mode) */
+        int sync = L->ps.mode == DP_MODE_SYNC;
+        char rule[48], dc[48];
+        dp_delay_lr_name(sync ? DP_DELAY_NONE : L->ps.delay_lr, L->ps.delay_k, rule, sizeof rule);
+        if (sync) snprintf(dc, sizeof dc, "off");
+        else dp_optim_dc_name(&L->ps.optim, dc, sizeof dc);
+        cJSON_AddStringToObject(o, "delay_lr", rule);
+        cJSON_AddStringToObject(o, "delay_compensation", dc);
         rc = dp_summary_write(L->summary, o, err);
     }
     cJSON_Delete(o);

@@ -69,6 +69,18 @@ refused "downpour-worker: --eps out of range" "--eps '0': expected a number in [
 refused "downpour local: --rms-alpha checked by the server's table" "--rms-alpha 'x'" \
     "$L" local --rms-alpha x --out "$TMP/never"
 check "a bad optimizer flag: nothing started or created" test ! -e "$TMP/never"
+# The delay rules and compensation: one parser for every command.
+refused "downpour-ps: unknown delay rule" "bad delay rule 'fast' (use none, inverse, adaptive, threshold or threshold:K" \
+    "$PS" --delay-lr fast
+refused "downpour sim: threshold K below 1" "bad delay rule 'threshold:0.5'" \
+    "$L" sim --delay-lr threshold:0.5 --updates 1 --out "$TMP/never"
+refused "downpour local: a bad compensation, checked by the server's table" \
+    "bad delay compensation 'const:x' (use off, const:LAMBDA" "$L" local --delay-compensation const:x --out "$TMP/never"
+refused "downpour-ps: --lr-staleness against another rule" "--lr-staleness is --delay-lr inverse" \
+    "$PS" --lr-staleness --delay-lr adaptive
+refused "downpour sim: --lr-staleness against another rule" "--lr-staleness is --delay-lr inverse" \
+    "$L" sim --lr-staleness --delay-lr none --updates 1 --out "$TMP/never"
+check "a bad delay flag: nothing started or created" test ! -e "$TMP/never"
 
 refused "downpour eval: malformed number" "--batch '12abc': expected an integer in [1, 65536]" \
     "$L" eval --checkpoint x.safetensors --batch 12abc
@@ -116,6 +128,10 @@ helps "downpour-ps --help lists rmsprop" "adagrad|rmsprop" "$PS" --help
 helps "downpour-worker --help lists rmsprop" "adagrad, rmsprop" "$WK" --help
 helps "downpour local --help passes --rms-alpha on" "--rms-alpha X" "$L" local --help
 helps "downpour sim --help lists rmsprop" "adagrad|rmsprop" "$L" sim --help
+helps "downpour-ps --help has --delay-lr" "threshold[:K] (skip it when tau > K x the mean delay" "$PS" --help
+helps "downpour local --help passes --delay-compensation on" "--delay-compensation DC" "$L" local --help
+helps "downpour sim --help has both" "const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)" "$L" sim --help
+helps "downpour sweep --help has the delay axes" "--delay-compensation LIST" "$L" sweep --help
 # The launcher's usage and its man page's NAME line (--summary, help2man -n)
 # come from one table: every command --help shows, --summary names.
 "$L" --help >"$TMP/usage" 2>&1

@@ -8,7 +8,11 @@
 #  - a run under another schedule (a straggler) records another schedule and
 #    ends with other weights
 #  - sync with a backup worker replays bit for bit too, and so does async
-#    with --optimizer rmsprop (its --rms-alpha and --eps from the header)
+#    with --optimizer rmsprop (its --rms-alpha and --eps from the header),
+#    and async with each --delay-lr rule and --delay-compensation (the
+#    threshold's skips and the compensated pushes decided the same); sync
+#    says they have no effect there; --lr-staleness with another rule is
+#    refused
 #  - the record holds the workers' --threads as given, and replays
 #  - a replay on other batches (--data-seed) says it differs from the
 #    record, how often, and from which event on
@@ -84,6 +88,49 @@ opt=$(json "$TMP/rms/summary.json" optimizer 2>/dev/null)
 check "summary.json names the servers' optimizer ($opt)" test "$opt" = rmsprop
 "$D" replay "$TMP/rms.rec" --out "$TMP/rrms" >"$TMP/rrms.log" 2>&1
 check "rmsprop replay: bit-identical weights" cmp "$TMP/rms/model.safetensors" "$TMP/rrms/model.safetensors"
+
+# The delay rules and DC-ASGD on the real shards: --delay-lr threshold
+# skips pushes (dropped, with the reason), --delay-compensation keeps each
+# worker's pulled weights and marks every push "dc"; the header carries
+# both, so the replay decides and computes the same, bit for bit. Then
+# adaptive with a constant lambda. --delay-ms makes the pushes interleave
+# (the tiny model's pushes are otherwise all fresh, and the rules have
+# nothing to act on); the replay's bits do not depend on how they did.
+for spec in "threshold:1 adaptive:0.5 sgd 0.05" "adaptive const:0.5 adam 0.002"; do
+    read -r rule dc opt lr <<<"$spec"
+    name=dl-${rule%%:*}
+    "$D" local --workers 3 --ps-shards 2 --mode async --steps 30 "${tiny[@]}" --optimizer "$opt" --lr "$lr" \
+        --delay-ms 10 --delay-lr "$rule" --delay-compensation "$dc" --out "$TMP/$name" \
+        --record "$TMP/$name.rec" >"$TMP/$name.log" 2>&1
+    check "local async --delay-lr $rule --delay-compensation $dc --record exits 0" test $? = 0
+    got=$(json "$TMP/$name/summary.json" delay_lr 2>/dev/null)/$(json "$TMP/$name/summary.json" delay_compensation 2>/dev/null)
+    check "... summary.json names both ($got)" test "$got" = "$rule/$dc"
+    check "... the record's header has them" bash -c "head -1 '$TMP/$name.rec' | grep -q '\"delay_lr\":\"$rule\"' && head -1 '$TMP/$name.rec' | grep -q '\"dc\":\"$dc\"'"
+    comp=$(grep -c '"dc":1' "$TMP/$name.rec")
+    check "... the applied pushes were compensated ($comp)" test "$comp" -gt 0
+    "$D" replay "$TMP/$name.rec" --out "$TMP/r$name" --json >"$TMP/r$name.out" 2>"$TMP/r$name.err"
+    check "... replay exits 0" test $? = 0
+    check "... replay: bit-identical weights" cmp "$TMP/$name/model.safetensors" "$TMP/r$name/model.safetensors"
+    check "... replay: every norm matched" grep -q '"matches_record":true' "$TMP/r$name.out"
+done
+stale=$(grep -c '"stale":[1-9]' "$TMP/dl-threshold.rec")
+skipped=$(grep -c '"st":"dropped"' "$TMP/dl-threshold.rec")
+dropped0=$(json "$TMP/dl-threshold/summary.json" updates_dropped 2>/dev/null)
+check "threshold: shard 0's skips are summary.json's updates_dropped ($dropped0)" \
+    test "$(grep -c '"e":"push","s":0,.*"st":"dropped"' "$TMP/dl-threshold.rec")" = "$dropped0"
+if [ "$stale" -gt 0 ]; then
+    check "threshold:1 skipped some of the $stale stale pushes ($skipped)" test "$skipped" -gt 0
+else
+    skip "threshold skips" "no push was stale in this run (the machine serialised the workers)"
+fi
+"$D" local --workers 2 --mode sync --steps 5 "${tiny[@]}" --delay-lr adaptive --out "$TMP/dls" >"$TMP/dls.log" 2>&1
+check "sync with --delay-lr adaptive runs, saying it has no effect there" \
+    bash -c "[ $? = 0 ] && grep -rq 'delay-lr adaptive has no effect in sync mode' '$TMP/dls/logs'"
+check "... and its summary says none" test "$(json "$TMP/dls/summary.json" delay_lr 2>/dev/null)" = none
+"$D" local --workers 2 --steps 5 "${tiny[@]}" --lr-staleness --delay-lr adaptive --out "$TMP/dlc" >/dev/null 2>"$TMP/dlc.err"
+rc=$?
+check "--lr-staleness with --delay-lr adaptive is refused (status $rc) with one line" \
+    bash -c "[ $rc = 2 ] && [ \$(wc -l <'$TMP/dlc.err') = 1 ] && grep -q 'lr-staleness is --delay-lr inverse' '$TMP/dlc.err'"
 
 # The record holds the workers' --threads as given (it once held the
 # launcher's default, cores / workers, whatever was given).

@@ -142,6 +142,19 @@ o2=$(json "$TMP/opt/runs/c02-s1/summary.json" optimizer 2>/dev/null)
 check "... its runs ran sgd then rmsprop ($o1, $o2)" test "$o1,$o2" = sgd,rmsprop
 check "... and the report labels them" grep -q "optimizer=rmsprop" "$TMP/opt/report.md"
 
+# The delay rule and compensation are axes (grid keys delay-lr /
+# delay_lr, delay-compensation): each run gets its flags and its
+# summary.json says what it ran.
+"$S" sweep --cluster sim --workers 3 --delay-lr none,adaptive --delay-compensation const:0.5 --eval-every 0 \
+    --no-progress --no-plots --args "--updates 20 --batch 16 --lr 0.01 --data $data --model 'fc:10 softmax'" \
+    --out "$TMP/dl" >"$TMP/dl.out" 2>"$TMP/dl.err"
+rc=$?
+check "a sweep over delay-lr = none, adaptive exits 0 (status $rc: $(tail -1 "$TMP/dl.err"))" test $rc = 0
+d1=$(json "$TMP/dl/runs/c01-s1/summary.json" delay_lr 2>/dev/null)/$(json "$TMP/dl/runs/c01-s1/summary.json" delay_compensation 2>/dev/null)
+d2=$(json "$TMP/dl/runs/c02-s1/summary.json" delay_lr 2>/dev/null)
+check "... its runs ran none then adaptive, both compensated ($d1, $d2)" test "$d1,$d2" = none/const:0.5,adaptive
+check "... and the report labels them" grep -q "delay-lr=adaptive" "$TMP/dl/report.md"
+
 # Resumed: every run is complete, nothing runs again.
 "$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress --no-plots >"$TMP/again.out" 2>&1
 check "run again, the 4 complete runs are skipped" grep -q "4 run(s): 0 made, 4 already complete" "$TMP/again.out"
@@ -166,6 +179,8 @@ bad "a key given twice is refused" "bad.txt:2: 'lr' is given twice" $'lr = 0.1\n
 bad "an empty value is refused" "bad.txt:1: mode: an empty value" 'mode = sync,,async'
 bad "a bad mode is refused" "mode 'fast'" 'mode = fast'
 bad "an unknown optimizer is refused" "bad.txt:1: unknown optimizer 'lamb'" 'optimizer = adam, lamb'
+bad "an unknown delay rule is refused" "bad.txt:1: bad delay rule 'fast'" 'delay_lr = none, fast'
+bad "a bad compensation is refused" "bad.txt:1: bad delay compensation 'adaptive'" 'delay-compensation = adaptive'
 bad "a bad --workers flag is refused" "--workers 'two'" 'mode = async' --workers two
 bad "a run refusing its flags stops the sweep" "refused its flags" \
     "args = --steps 2 --data $data --no-such-flag"

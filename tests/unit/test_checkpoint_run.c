@@ -17,9 +17,11 @@
 
 #include "common/safetensors.h"
 #include "common/util.h"
+#include "server/policy.h"
 #include "server/ps.h"
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
+#include "server/shard_dc.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/ps_client.h"
@@ -139,6 +141,82 @@ static void test_rmsprop_state_restores(void)
     dp_shard_fini(&b);
     dp_shard_fini(&c);
     s_rm_dir();
+}
+
+/* One step of worker 0's gradient g on shard x, computed on version pv,
+ * compensated when the shard kept its pull (server/shard_dc.h). */
+static void s_dc_step(dp_shard_t *x, uint64_t pv, const float *g)
+{
+    dp_grad_slice_t sl = {g, x->n * 4, 0}, one;
+    if (dp_shard_dc_apply(x, 0, pv, &sl, 1, &one)) sl = one;
+    dp_shard_step(x, &sl, 1, 0.05f);
+}
+
+/* DC-ASGD-a's mean square rides in the checkpoint ("dc.ms", with its CRC):
+ * a shard (sgd, whose file has no optim.state, and adam, whose has) with
+ * --delay-compensation adaptive, stepped, checkpointed and restored into a
+ * fresh one, then both stepped on: the same bits (the slots are refilled
+ * by the next pulls; a zeroed MS would make lambda far larger). A file
+ * without MS leaves it zero. */
+static void test_dc_mean_square_restores(void)
+{
+    const dp_optim_kind_t kinds[2] = {DP_OPT_SGD, DP_OPT_ADAM};
+    for (int k = 0; k < 2; k++) {
+        s_fresh_dir("dcms");
+        char err[DP_ERR_LEN] = "";
+        dp_model_t m;
+        dp_optim_conf_t o;
+        dp_optim_conf_default(&o);
+        o.kind = kinds[k];
+        CHECK_EQ(dp_optim_parse_dc(&o, "adaptive:0.5", err), 0);
+        dp_shard_t a, b, plain;
+        CHECK_EQ(dp_model_parse(&m, SPEC, 1, 4, 4, err), 0);
+        CHECK_EQ(dp_shard_init(&a, &m, 0, 1, 1, &o, err), 0);
+        CHECK_EQ(dp_shard_init(&b, &m, 0, 1, 2, &o, err), 0);
+        dp_shard_dc_init(&a, 2);
+        dp_shard_dc_init(&b, 2);
+        float *g = dp_malloc(a.n * sizeof(float)), *h = dp_malloc(a.n * sizeof(float));
+        dp_ckpt_run_t run = s_run("run-dc", 0, 0);
+        for (int t = 1; t <= 5; t++) {
+            for (size_t i = 0; i < a.n; i++) {
+                g[i] = 0.3f * (float)((int)((i * 5 + (size_t)t) % 13) - 6);
+                h[i] = 0.2f * (float)((int)((i * 3 + (size_t)t) % 7) - 3);
+            }
+            if (t == 4) { /* the restart, after 3 rounds */
+                CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
+                CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+                CHECK_EQ(b.version, 6);
+                CHECK_CLOSE("mean square", b.dc->ms, a.dc->ms, a.n, 0, 0);
+            }
+            /* worker 0 pulls, another worker's step lands, worker 0 pushes */
+            for (int x = 0; x < (t >= 4 ? 2 : 1); x++) {
+                dp_shard_t *sh = x ? &b : &a;
+                uint64_t pv = sh->version;
+                dp_shard_dc_pulled(sh, 0);
+                dp_grad_slice_t hs = {h, sh->n * 4, 0};
+                dp_shard_step(sh, &hs, 1, 0.05f);
+                s_dc_step(sh, pv, g);
+            }
+        }
+        CHECK_EQ(a.dc->compensated, 5);
+        CHECK_EQ(b.dc->compensated, 2);
+        CHECK_CLOSE("params after the restart", b.w, a.w, a.n, 0, 0);
+        CHECK_CLOSE("mean square after the restart", b.dc->ms, a.dc->ms, a.n, 0, 0);
+        /* a file of a run without the mean square: restored, MS zero */
+        o.dc = DP_DC_OFF;
+        CHECK_EQ(dp_shard_init(&plain, &m, 0, 1, 1, &o, err), 0);
+        CHECK_EQ(dp_shard_checkpoint_write(&plain, s_path, &run, err), 0);
+        CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+        int zero = 1;
+        for (size_t i = 0; i < b.n; i++) zero &= b.dc->ms[i] == 0;
+        CHECK(zero);
+        free(g);
+        free(h);
+        dp_shard_fini(&a);
+        dp_shard_fini(&b);
+        dp_shard_fini(&plain);
+        s_rm_dir();
+    }
 }
 
 /* Another run, or the same one finished: refused with one line naming the
@@ -313,6 +391,19 @@ static void test_config_run_id(void)
     d.seed = 2;
     dp_ps_config_run_id(&d, b, sizeof b);
     CHECK(strcmp(a, b) != 0);
+    d = c; /* the delay rule and compensation too; none / off keep the ids of before */
+    d.delay_lr = DP_DELAY_ADAPTIVE;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
+    d = c;
+    d.delay_lr = DP_DELAY_INVERSE; /* --lr-staleness: its id of before */
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
+    d = c;
+    d.optim.dc = DP_DC_CONST;
+    d.optim.dc_lambda = 0.5f;
+    dp_ps_config_run_id(&d, b, sizeof b);
+    CHECK(strcmp(a, b) != 0);
     d = c; /* --rms-alpha defines the run too */
     d.optim.alpha = 0.9f;
     dp_ps_config_run_id(&d, b, sizeof b);
@@ -428,6 +519,7 @@ int main(int argc, char **argv)
     const t_test_t tests[] = {
         T(test_same_run_restores),
         T(test_rmsprop_state_restores),
+        T(test_dc_mean_square_restores),
         T(test_other_or_finished_run_refused),
         T(test_crc_catches_corruption),
         T(test_other_shard_refused),

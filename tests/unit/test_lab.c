@@ -22,6 +22,7 @@
 #include "common/util.h"
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
+#include "server/policy.h"
 #include "server/record.h"
 #include "tests/test.h"
 
@@ -201,6 +202,68 @@ static void test_record_replay_rmsprop(void)
     char *av[] = {"replay", rec, "--out", out, NULL};
     CHECK_EQ(dp_replay_main(4, av), 0);
     CHECK(s_same_file(m1, m2));
+}
+
+/* Each delay rule and compensation, recorded by the simulator and
+ * replayed: the same bits, and each did something (a scaled lr, a
+ * skipped push, compensated pushes); the result and summary name them. */
+static void test_record_replay_delay(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    static const struct {
+        const char *rule, *dc;
+    } cases[] = {
+        {"adaptive", "off"}, {"threshold:1.5", "off"}, {"none", "const:0.5"}, {"adaptive", "adaptive:0.2"},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        char rec[300], m1[300], m2[340], out[300], sum[340];
+        snprintf(rec, sizeof rec, "%s/delay%d.rec", s_dir, i);
+        snprintf(m1, sizeof m1, "%s/delay%d.safetensors", s_dir, i);
+        snprintf(out, sizeof out, "%s/delay%d-replay", s_dir, i);
+        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
+        snprintf(sum, sizeof sum, "%s/summary.json", out);
+        dp_sim_conf_t c;
+        double slow[16];
+        s_conf(&c, slow, 3, "exp:10", 200);
+        char err[DP_ERR_LEN] = "";
+        CHECK_EQ(dp_delay_lr_parse(cases[i].rule, &c.lab.policy.delay_lr, &c.lab.policy.delay_k, err), 0);
+        CHECK_EQ(dp_optim_parse_dc(&c.lab.optim, cases[i].dc, err), 0);
+        c.lab.record = rec;
+        c.lab.train.save = m1;
+        cJSON *r = NULL;
+        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        if (!r) continue;
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "delay_lr")), cases[i].rule);
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "delay_compensation")), cases[i].dc);
+        if (c.lab.policy.delay_lr == DP_DELAY_THRESHOLD) CHECK(s_num(r, "updates_dropped") > 0);
+        if (c.lab.optim.dc != DP_DC_OFF) CHECK(s_num(r, "dc_compensated") > 100);
+        cJSON_Delete(r);
+        dp_rec_t a;
+        int scaled = 0, marked = 0;
+        if (dp_rec_load(&a, rec, err) == 0) {
+            for (size_t j = 0; j < a.n; j++) {
+                scaled += a.ev[j].kind == DP_REC_PUSH && a.ev[j].status == DP_PUSH_APPLIED && a.ev[j].lr < 0.01f;
+                marked += a.ev[j].dc == 1;
+            }
+            dp_rec_fini(&a);
+        }
+        CHECK(c.lab.policy.delay_lr != DP_DELAY_ADAPTIVE || scaled > 0); /* tau > 3 happened */
+        CHECK(c.lab.optim.dc == DP_DC_OFF || marked > 100);
+        char *av[] = {"replay", rec, "--out", out, NULL};
+        CHECK_EQ(dp_replay_main(4, av), 0);
+        CHECK(s_same_file(m1, m2));
+        uint8_t *text = NULL;
+        size_t len = 0;
+        if (dp_read_file(sum, &text, &len, err) == 0) {
+            CHECK(strstr((char *)text, cases[i].rule) != NULL && strstr((char *)text, cases[i].dc) != NULL);
+            free(text);
+        }
+    }
+    /* the compensation moved the weights: case 3 is case 0 with it */
+    char a0[300], a3[300];
+    snprintf(a0, sizeof a0, "%s/delay0.safetensors", s_dir);
+    snprintf(a3, sizeof a3, "%s/delay3.safetensors", s_dir);
+    CHECK(!s_same_file(a0, a3));
 }
 
 /* One worker (no staleness): the update autocorrelation recovers the
@@ -436,7 +499,7 @@ static void test_measured_step(void)
     CHECK_EQ(dp_model_parse(&m, TINY, 1, 4, 4, err), 0);
     CHECK_EQ(dp_shard_init(&s, &m, 0, 1, 3, &o, err), 0);
     dp_members_init(&mem, 2, 0, 0.0);
-    dp_policy_conf_t pc = {1, 0, 1};
+    dp_policy_conf_t pc = {1, 0, DP_DELAY_INVERSE, 0};
     CHECK_EQ(dp_policy_new(&p, &dp_policy_async, &pc, &s, &mem, err), 0);
     float *g = dp_malloc(s.n * sizeof(float));
     for (size_t i = 0; i < s.n; i++) g[i] = (i % 2) ? 3.0f : -4.0f;
@@ -480,6 +543,6 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
-         T(test_record_replay_rmsprop), T(test_record_damaged),
+         T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))

@@ -218,6 +218,71 @@ static void test_pieces_equal_whole(void)
     }
 }
 
+/* Delay compensation (DC-ASGD) on a few floats, by hand: const lambda
+ * 0.5 gives g + 0.5 g*g*(w - w_bak); adaptive lambda0 1 first updates MS
+ * = 0.95 MS + 0.05 g*g, then lambda = 1 / sqrt(MS + 1e-7); without w_bak
+ * only MS moves; off does nothing. */
+static void test_delay_compensation(void)
+{
+    dp_optim_conf_t c;
+    dp_optim_conf_default(&c);
+    c.dc = DP_DC_CONST;
+    c.dc_lambda = 0.5f;
+    const float g[4] = {2, -1, 0.5f, 0}, w[4] = {1, 0, 3, 7}, wb[4] = {0.5f, 1, 3, -7};
+    float out[4], ms[4] = {0, 0, 0, 0};
+    dp_optim_dc_range(&c, out, g, w, wb, ms, 0, 4);
+    CHECK(out[0] == 3.0f);   /* 2 + 0.5 * 4 * 0.5 */
+    CHECK(out[1] == -1.5f);  /* -1 + 0.5 * 1 * -1 */
+    CHECK(out[2] == 0.5f);   /* w = w_bak: nothing to compensate */
+    CHECK(out[3] == 0.0f);   /* g = 0 */
+    CHECK(ms[0] == 0 && ms[1] == 0); /* const keeps no MS */
+    c.dc = DP_DC_ADAPTIVE;
+    c.dc_lambda = 1.0f;
+    const float ga[2] = {2, 2}, wa[2] = {1.25f, 1.25f}, wba[2] = {1, 1};
+    float msa[2] = {0, 0}, outa[2];
+    dp_optim_dc_range(&c, outa, ga, wa, wba, msa, 0, 1);
+    CHECK_NEAR(msa[0], 0.2, 1e-7);                 /* 0.05 * 4 */
+    CHECK_NEAR(outa[0], 4.2360674185, 1e-6);       /* 2 + 4 * 0.25 / sqrt(0.2 + 1e-7) */
+    dp_optim_dc_range(&c, outa, ga, wa, wba, msa, 0, 1);
+    CHECK_NEAR(msa[0], 0.39, 1e-6);                /* 0.95 * 0.2 + 0.2, in float */
+    CHECK_NEAR(outa[0], 3.6012813328, 1e-6);       /* 2 + 1 / sqrt(0.39 + 1e-7) */
+    outa[1] = -99;
+    dp_optim_dc_range(&c, outa, ga, wa, NULL, msa, 1, 2); /* no w_bak: MS only */
+    CHECK_NEAR(msa[1], 0.2, 1e-7);
+    CHECK(outa[1] == -99);
+    c.dc = DP_DC_OFF;
+    dp_optim_dc_range(&c, outa, ga, wa, wba, msa, 0, 2);
+    CHECK(outa[1] == -99 && fabsf(msa[1] - 0.2f) < 1e-7f); /* off: nothing moved */
+    /* in place (out = g) and in pieces: the same bits as at once */
+    enum { N = 301, A = 117 };
+    float *gw = dp_malloc(N * sizeof(float)), *g1 = dp_malloc(N * sizeof(float));
+    float *g2 = dp_malloc(N * sizeof(float)), *ww = dp_malloc(N * sizeof(float));
+    float *wbk = dp_malloc(N * sizeof(float));
+    float *m1 = dp_calloc(N, sizeof(float)), *m2 = dp_calloc(N, sizeof(float));
+    dp_rng_t rng;
+    dp_rng_seed(&rng, 5);
+    for (int i = 0; i < N; i++) {
+        gw[i] = dp_rng_uniform(&rng) - 0.5f;
+        ww[i] = dp_rng_uniform(&rng) - 0.5f;
+        wbk[i] = dp_rng_uniform(&rng) - 0.5f;
+    }
+    c.dc = DP_DC_ADAPTIVE;
+    c.dc_lambda = 2.0f;
+    memcpy(g2, gw, N * sizeof(float));
+    dp_optim_dc_range(&c, g1, gw, ww, wbk, m1, 0, N);
+    dp_optim_dc_range(&c, g2, g2, ww, wbk, m2, 0, A);
+    dp_optim_dc_range(&c, g2, g2, ww, wbk, m2, A, N);
+    CHECK(memcmp(g1, g2, N * sizeof(float)) == 0);
+    CHECK(memcmp(m1, m2, N * sizeof(float)) == 0);
+    free(gw);
+    free(g1);
+    free(g2);
+    free(ww);
+    free(wbk);
+    free(m1);
+    free(m2);
+}
+
 static void test_state_sizes(void)
 {
     CHECK_EQ(dp_optim_state_per_param(DP_OPT_SGD), 0);
@@ -304,6 +369,6 @@ static void test_schedules(void)
     CHECK_NEAR(dp_optim_lr_at(&c, 250), 0.0, 1e-9);
 }
 
-DP_TESTS(T(test_matches_torch), T(test_matches_double_reference), T(test_hand_values),
+DP_TESTS(T(test_matches_torch), T(test_matches_double_reference), T(test_hand_values), T(test_delay_compensation),
          T(test_pieces_equal_whole), T(test_state_sizes), T(test_defaults_and_parsing),
          T(test_schedules))

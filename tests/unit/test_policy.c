@@ -10,6 +10,7 @@
 #include "server/members.h"
 #include "server/policy.h"
 #include "server/shard.h"
+#include "server/shard_dc.h"
 #include "tests/test.h"
 
 #define SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
@@ -22,9 +23,10 @@ typedef struct {
     float *g[3];           /* one gradient per worker */
 } fx_t;
 
-/* A plain-SGD (lr 0.1) single shard, n workers all joined, policy ops. */
-static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replicas, int staleness,
-                   int lr_staleness)
+/* A plain-SGD (lr 0.1) single shard, n workers all joined, policy ops,
+ * the delay rule delay_lr (K k) and the compensation dc (lambda). */
+static int fx_init_delay(fx_t *f, const dp_policy_ops_t *ops, int workers, int replicas, int staleness,
+                         int delay_lr, float k, dp_dc_kind_t dc, float lambda)
 {
     char err[DP_ERR_LEN] = "";
     memset(f, 0, sizeof *f);
@@ -32,6 +34,8 @@ static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replica
     dp_optim_conf_default(&o);
     o.kind = DP_OPT_SGD;
     o.lr = 0.1f;
+    o.dc = dc;
+    o.dc_lambda = lambda;
     if (dp_model_parse(&f->model, SPEC, 1, 8, 8, err) != 0 ||
         dp_shard_init(&f->shard, &f->model, 0, 1, 7, &o, err) != 0) {
         fprintf(stderr, "  %s\n", err);
@@ -39,7 +43,8 @@ static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replica
     }
     dp_members_init(&f->members, workers, 0, 0.0);
     for (int i = 0; i < workers; i++) dp_members_join(&f->members, i);
-    dp_policy_conf_t pc = {replicas, staleness, lr_staleness};
+    dp_shard_dc_init(&f->shard, workers);
+    dp_policy_conf_t pc = {replicas, staleness, delay_lr, k};
     if (dp_policy_new(&f->policy, ops, &pc, &f->shard, &f->members, err) != 0) {
         fprintf(stderr, "  %s\n", err);
         return -1;
@@ -49,6 +54,12 @@ static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replica
         for (size_t i = 0; i < f->shard.n; i++) f->g[k][i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
     }
     return 0;
+}
+
+static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replicas, int staleness,
+                   int delay_lr)
+{
+    return fx_init_delay(f, ops, workers, replicas, staleness, delay_lr, 0, DP_DC_OFF, 0);
 }
 
 static void fx_fini(fx_t *f)
@@ -162,7 +173,7 @@ static void test_ssp_bound(void)
     fx_fini(&f);
 }
 
-/* Async with lr_staleness: a gradient two versions old moves the weights by
+/* Async with --delay-lr inverse (--lr-staleness): a gradient two versions old moves the weights by
  * lr / 2 times it, and the staleness is counted. */
 static void test_async_staleness(void)
 {
@@ -206,10 +217,10 @@ static void test_bad_conf(void)
     CHECK_EQ(dp_shard_init(&s, &model, 0, 1, 1, &o, err), 0);
     dp_members_init(&m, 2, 0, 0.0);
     dp_policy_t *p = NULL;
-    dp_policy_conf_t pc = {3, 0, 0};
+    dp_policy_conf_t pc = {3, 0, 0, 0};
     CHECK_EQ(dp_policy_new(&p, &dp_policy_sync, &pc, &s, &m, err), -1);
     CHECK(p == NULL && strstr(err, "--replicas-to-aggregate 3") != NULL);
-    pc = (dp_policy_conf_t){1, -1, 0};
+    pc = (dp_policy_conf_t){1, -1, 0, 0};
     CHECK_EQ(dp_policy_new(&p, &dp_policy_ssp, &pc, &s, &m, err), -1);
     CHECK(strstr(err, "--staleness") != NULL);
     dp_members_fini(&m);
@@ -217,5 +228,184 @@ static void test_bad_conf(void)
     dp_shard_fini(&s); /* safe twice */
 }
 
+/* Every weight moved by lr x g exactly (from before)? */
+static int s_moved_by(const fx_t *f, const float *before, float lr, const float *g)
+{
+    int exact = 1;
+    for (size_t i = 0; i < f->shard.n; i++) exact &= f->shard.w[i] == before[i] - lr * g[i];
+    return exact;
+}
+
+/* --delay-lr adaptive, 2 workers: lr x min(1, 2 / tau) — the full lr at
+ * tau 0 and at tau 2, half of it at tau 4. */
+static void test_async_adaptive(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_async, 2, 2, 0, DP_DELAY_ADAPTIVE) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n;
+    float *before = dp_malloc(n * sizeof(float));
+    dp_push_outcome_t o;
+    memcpy(before, f.shard.w, n * sizeof(float));
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED); /* tau 0 */
+    CHECK(o.lr == 0.1f);
+    CHECK(s_moved_by(&f, before, 0.1f, f.g[0]));
+    CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED); /* tau 0 */
+    memcpy(before, f.shard.w, n * sizeof(float));
+    CHECK_EQ(fx_push(&f, 1, 0, &o), DP_PUSH_APPLIED); /* tau 2 = M: the full lr */
+    CHECK_EQ(o.staleness, 2);
+    CHECK(o.lr == 0.1f);
+    CHECK(s_moved_by(&f, before, 0.1f, f.g[1]));
+    CHECK_EQ(fx_push(&f, 0, 3, &o), DP_PUSH_APPLIED);
+    memcpy(before, f.shard.w, n * sizeof(float));
+    CHECK_EQ(fx_push(&f, 1, 0, &o), DP_PUSH_APPLIED); /* tau 4: lr x 2/4 */
+    CHECK_EQ(o.staleness, 4);
+    CHECK(o.lr == 0.05f);
+    CHECK(s_moved_by(&f, before, 0.05f, f.g[1]));
+    CHECK_EQ(f.shard.counts.applied, 5);
+    free(before);
+    fx_fini(&f);
+}
+
+/* --delay-lr threshold:2: tau > 2 x max(1, the mean delay of the pushes
+ * judged before) is skipped, counted as dropped with the reason, and the
+ * weights stay; a skipped push counts in the mean. By hand, the delays
+ * 0 1 2 3 3 4: means before each 0, 0, .5, 1, 1.5, 1.8, so thresholds
+ * 2 2 2 2 3 3.6: the fourth and the sixth are skipped. */
+static void test_async_threshold(void)
+{
+    fx_t f;
+    if (fx_init_delay(&f, &dp_policy_async, 3, 3, 0, DP_DELAY_THRESHOLD, 2.0f, DP_DC_OFF, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n;
+    float *before = dp_malloc(n * sizeof(float));
+    dp_push_outcome_t o;
+    const uint64_t on[6] = {0, 0, 0, 0, 0, 0};   /* all computed on version 0 */
+    const int want[6] = {DP_PUSH_APPLIED, DP_PUSH_APPLIED, DP_PUSH_APPLIED, DP_PUSH_DROPPED,
+                         DP_PUSH_APPLIED, DP_PUSH_DROPPED};
+    const uint64_t tau[6] = {0, 1, 2, 3, 3, 4};
+    for (int i = 0; i < 6; i++) {
+        memcpy(before, f.shard.w, n * sizeof(float));
+        uint64_t v0 = f.shard.version;
+        CHECK_EQ(fx_push(&f, i % 3, on[i], &o), want[i]);
+        CHECK_EQ(o.staleness, tau[i]);
+        if (want[i] == DP_PUSH_DROPPED) {
+            CHECK(strstr(o.reason, "delay: ") != NULL && strstr(o.reason, "threshold") != NULL);
+            CHECK_EQ(f.shard.version, v0);
+            CHECK(memcmp(before, f.shard.w, n * sizeof(float)) == 0);
+            CHECK(!o.stepped);
+        } else {
+            CHECK(s_moved_by(&f, before, 0.1f, f.g[i % 3]));
+        }
+    }
+    CHECK_EQ(f.shard.counts.applied, 4);
+    CHECK_EQ(f.shard.counts.dropped, 2);
+    CHECK_EQ(f.policy->delay_count, 6);
+    CHECK_EQ(f.policy->delay_sum, 13);
+    free(before);
+    fx_fini(&f);
+}
+
+/* --delay-compensation const:0.5 through the policy: a push stamped with
+ * the version its worker pulled is compensated against those weights
+ * (g + 0.5 g*g*(w - w_pulled), then SGD); one the shard kept no weights
+ * for falls back to g, counted; a worker with two pulls outstanding
+ * (--overlap) is compensated against the right one. */
+static void test_async_compensation(void)
+{
+    fx_t f;
+    if (fx_init_delay(&f, &dp_policy_async, 2, 2, 0, DP_DELAY_NONE, 0, DP_DC_CONST, 0.5f) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n;
+    float *w0 = dp_malloc(n * sizeof(float)), *before = dp_malloc(n * sizeof(float));
+    float *want = dp_malloc(n * sizeof(float));
+    dp_push_outcome_t o;
+    memcpy(w0, f.shard.w, n * sizeof(float));
+    dp_shard_dc_pulled(&f.shard, 1); /* worker 1 pulls version 0 */
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED); /* worker 0 never pulled: g as it is */
+    CHECK_EQ(o.compensated, 0);
+    CHECK_EQ(f.shard.dc->fallback, 1);
+    memcpy(before, f.shard.w, n * sizeof(float));
+    CHECK_EQ(fx_push(&f, 1, 0, &o), DP_PUSH_APPLIED); /* tau 1, against w0 */
+    CHECK_EQ(o.compensated, 1);
+    CHECK_EQ(f.shard.dc->compensated, 1);
+    int exact = 1, moved = 0;
+    for (size_t i = 0; i < n; i++) {
+        float g = f.g[1][i], c = g + 0.5f * g * g * (before[i] - w0[i]);
+        exact &= f.shard.w[i] == before[i] - 0.1f * c;
+        moved |= c != g;
+    }
+    CHECK(exact);
+    CHECK(moved); /* the compensation changed something */
+    /* overlap: worker 1 pulls version 2, then 3, then pushes on 2 */
+    float *w2 = dp_malloc(n * sizeof(float));
+    memcpy(w2, f.shard.w, n * sizeof(float));
+    dp_shard_dc_pulled(&f.shard, 1);
+    CHECK_EQ(fx_push(&f, 0, 2, &o), DP_PUSH_APPLIED);
+    dp_shard_dc_pulled(&f.shard, 1);
+    memcpy(before, f.shard.w, n * sizeof(float));
+    CHECK_EQ(fx_push(&f, 1, 2, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.compensated, 1);
+    exact = 1;
+    for (size_t i = 0; i < n; i++) {
+        float g = f.g[1][i], c = g + 0.5f * g * g * (before[i] - w2[i]);
+        exact &= f.shard.w[i] == before[i] - 0.1f * c;
+    }
+    CHECK(exact);
+    CHECK_EQ(fx_push(&f, 1, 3, &o), DP_PUSH_APPLIED); /* the second slot: version 3 */
+    CHECK_EQ(o.compensated, 1);
+    CHECK_EQ(fx_push(&f, 1, 1, &o), DP_PUSH_APPLIED); /* no pull of version 1 kept */
+    CHECK_EQ(o.compensated, 0);
+    CHECK_EQ(f.shard.dc->compensated, 3);
+    CHECK_EQ(f.shard.dc->fallback, 3); /* worker 0's two, worker 1's version 1 */
+    free(w0);
+    free(w2);
+    free(before);
+    free(want);
+    fx_fini(&f);
+}
+
+/* Sync has no delays: dp_policy_for_mode turns the rule and the
+ * compensation off (async keeps them); the rule names read back. */
+static void test_delay_conf(void)
+{
+    dp_policy_conf_t pc = {1, 0, DP_DELAY_ADAPTIVE, 0};
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    char err[DP_ERR_LEN] = "", name[48];
+    CHECK_EQ(dp_optim_parse_dc(&o, "adaptive:2", err), 0);
+    dp_policy_for_mode(DP_MODE_ASYNC, &pc, &o, "test");
+    CHECK_EQ(pc.delay_lr, DP_DELAY_ADAPTIVE);
+    CHECK_EQ(o.dc, DP_DC_ADAPTIVE);
+    dp_policy_for_mode(DP_MODE_SYNC, &pc, &o, "test");
+    CHECK_EQ(pc.delay_lr, DP_DELAY_NONE);
+    CHECK_EQ(o.dc, DP_DC_OFF);
+    int kind = 0;
+    float k = 0;
+    CHECK_EQ(dp_delay_lr_parse("threshold", &kind, &k, err), 0);
+    CHECK(kind == DP_DELAY_THRESHOLD && k == 2.0f);
+    CHECK_EQ(dp_delay_lr_parse("threshold:3.5", &kind, &k, err), 0);
+    dp_delay_lr_name(kind, k, name, sizeof name);
+    CHECK_STR(name, "threshold:3.5");
+    CHECK_EQ(dp_delay_lr_parse("inverse", &kind, &k, err), 0);
+    CHECK_EQ(kind, DP_DELAY_INVERSE); /* --lr-staleness's value */
+    CHECK_EQ(dp_delay_lr_parse("threshold:0.5", &kind, &k, err), -1);
+    CHECK(strstr(err, "threshold:K") != NULL);
+    CHECK_EQ(dp_delay_lr_parse("fast", &kind, &k, err), -1);
+    CHECK_EQ(dp_optim_parse_dc(&o, "const:0.04", err), 0);
+    dp_optim_dc_name(&o, name, sizeof name);
+    CHECK_STR(name, "const:0.04");
+    CHECK_EQ(dp_optim_parse_dc(&o, "const:", err), -1);
+    CHECK_EQ(dp_optim_parse_dc(&o, "adaptive:-1", err), -1);
+    CHECK(strstr(err, "adaptive:LAMBDA0") != NULL);
+}
+
 DP_TESTS(T(test_sync_decisions), T(test_sync_members), T(test_ssp_bound), T(test_async_staleness),
+         T(test_async_adaptive), T(test_async_threshold), T(test_async_compensation), T(test_delay_conf),
          T(test_bad_conf))

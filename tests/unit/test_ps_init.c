@@ -211,6 +211,51 @@ static void test_server_async(void)
     dp_rec_fini(&rec);
 }
 
+/* Delay compensation transforms gradients, never the values state floats
+ * carry: a stale push under DC-ASGD still sets them to exactly its values,
+ * while its trainable floats are compensated. */
+static void test_server_dc_keeps_state(void)
+{
+    char err[DP_ERR_LEN] = "";
+    const char *f = s_path("init.safetensors");
+    CHECK_EQ(s_write(f, "bn.running_mean,bn.num_batches_tracked", err), 0);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 2);
+    snprintf(s.cfg.init_path, sizeof s.cfg.init_path, "%s", f);
+    s.cfg.optim.dc = DP_DC_CONST;
+    s.cfg.optim.dc_lambda = 0.5f;
+    CHECK_EQ(srv_start(&s), 0);
+    dp_model_t m;
+    s_client_model(&m);
+    dp_ps_client_t *c0 = NULL, *c1 = NULL;
+    CHECK_EQ(dp_ps_client_new(&c0, s.endpoint, &m, 0, PS_OPTS(5), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c1, s.endpoint, &m, 1, PS_OPTS(5), NULL, err), 0);
+    float w0[N_FLOATS], w1[N_FLOATS], w[N_FLOATS], g0[N_FLOATS], g1[N_FLOATS];
+    CHECK_EQ(dp_ps_client_pull(c0, w0, err), 0);
+    CHECK_EQ(dp_ps_client_pull(c1, w1, err), 0);
+    for (int i = 0; i < N_FLOATS; i++) {
+        g0[i] = 1.0f + (float)i;
+        g1[i] = 2.0f + (float)i;
+    }
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_push(c0, PS_PUSH_STEP(1, g0, 1.0f, 8), &r, err), 0);
+    CHECK_EQ(dp_ps_client_push(c1, PS_PUSH_STEP(1, g1, 1.0f, 8), &r, err), 0); /* 1 stale */
+    CHECK_EQ(r.staleness_max, 1);
+    CHECK_EQ(dp_ps_client_pull(c0, w, err), 0);
+    int compensated = 0;
+    for (int i = 0; i < 15; i++) {
+        float after0 = w1[i] - 0.1f * g0[i];
+        float gc = g1[i] + 0.5f * g1[i] * g1[i] * (after0 - w1[i]);
+        CHECK(w[i] == after0 - 0.1f * gc);
+        compensated += gc != g1[i];
+    }
+    CHECK(compensated > 0);
+    for (int i = 15; i < N_FLOATS; i++) CHECK(w[i] == g1[i]);
+    dp_ps_client_destroy(&c0);
+    dp_ps_client_destroy(&c1);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
 /* Sync with 2 workers: the trainable floats step by the mean gradient, the
  * state floats become the mean of the two values; a restart from the
  * checkpoint gives back exactly those floats. */
@@ -307,4 +352,5 @@ __attribute__((destructor)) static void s_cleanup(void)
 }
 
 DP_TESTS(T(test_read_table), T(test_bad_files), T(test_shard_state_ranges), T(test_server_async),
+         T(test_server_dc_keeps_state),
          T(test_server_sync_and_restore), T(test_flags))

@@ -14,9 +14,10 @@
 #include "common/opts.h"
 #include "common/util.h"
 #include "kernels/optim.h"
+#include "server/policy.h"
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
-    "mode", "workers", "staleness", "lr", "lr-policy", "momentum", "optimizer",
+    "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation", "momentum", "optimizer",
     "replicas", "straggler", "compute", "seed",
 };
 
@@ -24,6 +25,7 @@ static const char *const s_axis[DP_SWEEP_N_AXES] = {
 static int s_server_axis(int a)
 {
     return a == DP_SWEEP_WORKERS || a == DP_SWEEP_STALENESS || a == DP_SWEEP_LR_POLICY ||
+           a == DP_SWEEP_DELAY_LR || a == DP_SWEEP_DELAY_COMPENSATION ||
            a == DP_SWEEP_REPLICAS || a == DP_SWEEP_STRAGGLER || a == DP_SWEEP_COMPUTE;
 }
 
@@ -144,6 +146,16 @@ static int s_check_value(int a, const char *v, char *err)
         dp_optim_conf_default(&o);
         return dp_optim_parse_kind(&o, v, err);
     }
+    case DP_SWEEP_DELAY_LR: {
+        int kind;
+        float k;
+        return dp_delay_lr_parse(v, &kind, &k, err);
+    }
+    case DP_SWEEP_DELAY_COMPENSATION: {
+        dp_optim_conf_t o;
+        dp_optim_conf_default(&o);
+        return dp_optim_parse_dc(&o, v, err);
+    }
     case DP_SWEEP_LR_POLICY:
         return s_is_one_of(v, "fixed|staleness")
                    ? 0 : dp_err(err, "lr-policy '%s': expected fixed or staleness", v);
@@ -262,7 +274,8 @@ int dp_sweep_grid_set(dp_sweep_grid_t *g, const char *key_in, const char *list, 
     }
     int rc = s_set_setting(g, key, list, err);
     if (rc <= 0) return rc;
-    return dp_err(err, "unknown key '%s' (mode, workers, staleness, lr, lr-policy, momentum, "
+    return dp_err(err, "unknown key '%s' (mode, workers, staleness, lr, lr-policy, delay-lr, "
+                  "delay-compensation, momentum, "
                   "optimizer, replicas, straggler, compute, seed, cluster, args, eval-every, eval-limit, targets)",
                   key_in);
 }

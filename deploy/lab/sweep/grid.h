@@ -1,5 +1,6 @@
 /* sweep/grid: what `downpour sweep` runs — a grid of axes (mode, workers,
- * staleness bound, lr, lr policy, momentum, optimizer, replicas, straggler,
+ * staleness bound, lr, lr policy, delay rule, delay compensation, momentum,
+ * optimizer, replicas, straggler,
  * simulated compute time, seed), each a list of values, read from a small
  * text file and/or flags. A configuration is one value of every axis but the seed;
  * a run is a configuration with a seed.
@@ -9,6 +10,7 @@
  *   mode = sync, async, ssp, standalone     workers = 2, 4
  *   staleness = 0, 2                        lr = 0.001, 0.003
  *   lr-policy = fixed, staleness            momentum = 0, 0.9
+ *   delay-lr = none, adaptive, threshold:2  delay-compensation = off, adaptive:2
  *   optimizer = adam, rmsprop
  *   replicas = 3                            straggler = none, 3:50
  *   compute = exp:10                        seed = 1, 2, 3
@@ -31,6 +33,8 @@ typedef enum {
     DP_SWEEP_STALENESS,   /* --staleness (ssp's bound) */
     DP_SWEEP_LR,
     DP_SWEEP_LR_POLICY,   /* fixed | staleness (--lr-staleness) */
+    DP_SWEEP_DELAY_LR,    /* --delay-lr: none | inverse | adaptive | threshold[:K] */
+    DP_SWEEP_DELAY_COMPENSATION, /* --delay-compensation: off | const:L | adaptive:L0 */
     DP_SWEEP_MOMENTUM,
     DP_SWEEP_OPTIMIZER,   /* --optimizer: sgd | momentum | nesterov | adam | adagrad | rmsprop */
     DP_SWEEP_REPLICAS,    /* --replicas-to-aggregate: workers - replicas are backups */

@@ -87,14 +87,16 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
     return 0;
 }
 
-/* The server's flags: mode, bound, lr policy, replicas. */
+/* The server's flags: mode, bound, lr policy, delay rule and compensation, replicas. */
 static int s_push_server(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pick, char *err)
 {
     const char *policy = dp_sweep_grid_value(g, pick, DP_SWEEP_LR_POLICY);
     if (s_push_opt(c, "--mode", dp_sweep_grid_value(g, pick, DP_SWEEP_MODE), err) ||
         s_push_opt(c, "--workers", dp_sweep_grid_value(g, pick, DP_SWEEP_WORKERS), err) ||
         s_push_opt(c, "--staleness", dp_sweep_grid_value(g, pick, DP_SWEEP_STALENESS), err) ||
-        s_push_opt(c, "--replicas-to-aggregate", dp_sweep_grid_value(g, pick, DP_SWEEP_REPLICAS), err))
+        s_push_opt(c, "--replicas-to-aggregate", dp_sweep_grid_value(g, pick, DP_SWEEP_REPLICAS), err) ||
+        s_push_opt(c, "--delay-lr", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_LR), err) ||
+        s_push_opt(c, "--delay-compensation", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_COMPENSATION), err))
         return -1;
     if (policy && strcmp(policy, "staleness") == 0 && s_push(c, "--lr-staleness", err) != 0) return -1;
     return 0;

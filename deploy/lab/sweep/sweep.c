@@ -40,9 +40,10 @@ static const char s_synopsis[] =
 "staleness.png. Runs already complete in OUT (same command) are not run again.\n"
 "\n"
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
-"flags below without '--' (mode, workers, staleness, lr, lr-policy, momentum, optimizer,\n"
-"replicas, straggler, compute, seed, cluster, args, eval-every, eval-limit, targets). Flags\n"
-"given on the command line replace the file's line.\n"
+"flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
+"delay-compensation, momentum, optimizer, replicas, straggler, compute, seed, cluster,\n"
+"args, eval-every, eval-limit, targets). Flags given on the command line replace the\n"
+"file's line.\n"
 "\n";
 
 static const char s_epilog[] =
@@ -70,6 +71,10 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("lr", "LIST", &f->axis[DP_SWEEP_LR], 0, "learning rates"),
         DP_FLAG_STR("lr-policy", "LIST", &f->axis[DP_SWEEP_LR_POLICY], 0,
                     "fixed, staleness (--lr-staleness: lr / staleness)"),
+        DP_FLAG_STR("delay-lr", "LIST", &f->axis[DP_SWEEP_DELAY_LR], 0,
+                    "none, inverse, adaptive, threshold[:K] (--delay-lr)"),
+        DP_FLAG_STR("delay-compensation", "LIST", &f->axis[DP_SWEEP_DELAY_COMPENSATION], 0,
+                    "off, const:LAMBDA, adaptive:LAMBDA0 (--delay-compensation)"),
         DP_FLAG_STR("momentum", "LIST", &f->axis[DP_SWEEP_MOMENTUM], 0, "momentum values"),
         DP_FLAG_STR("optimizer", "LIST", &f->axis[DP_SWEEP_OPTIMIZER], 0,
                     "sgd, momentum, nesterov, adam, adagrad, rmsprop"),
