@@ -200,6 +200,49 @@ $(BUILD)/tests/nfq_delay: $(BUILD)/obj/tests/netns/nfq_delay.o $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(NFQ_LIBS) $(LDLIBS_ALL)
 
+# ---- libdownpour.so, downpour.h and the Python package `downpour` ----------
+# The client library (worker/lib/downpour.h) is the C worker's own client:
+# the same sources (ps_client, ps_exchange, ps_beat, proto/, the parts of
+# common/ they use) built a second time as position-independent code under
+# $(BUILD)/obj/pic, linked with a soname and exporting downpour_* only
+# (worker/lib/downpour.map). Never with the sanitizers: a Python process
+# cannot load an ASan-instrumented library, and the same code runs under
+# ASan in the daemons. `make` also leaves the Python package (python/) in
+# $(BUILD)/python/downpour with a copy of the library beside it, so that
+# PYTHONPATH=$(BUILD)/python python3 uses this build's library.
+DPLIB_API     := 1
+DPLIB_VERSION := 1.0.0
+DPLIB_SONAME  := libdownpour.so.$(DPLIB_API)
+DPLIB_SO      := $(BUILD)/lib/libdownpour.so.$(DPLIB_VERSION)
+DPLIB_SRC := worker/lib/downpour.c worker/ps_client.c worker/ps_exchange.c worker/ps_beat.c \
+             $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c \
+             common/checksum.c common/staleness.c
+DPLIB_OBJS := $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(DPLIB_SRC)) $(BUILD)/obj/pic/gen/proto/downpour.pb-c.o
+DPLIB_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c libcjson libisal 2>/dev/null) -lm -lpthread
+PY_SRC     := $(wildcard python/downpour/*.py)
+PY_BUILT   := $(patsubst python/%,$(BUILD)/python/%,$(PY_SRC)) $(BUILD)/python/downpour/$(DPLIB_SONAME)
+DPLIB_ALL  := $(DPLIB_SO) $(BUILD)/lib/$(DPLIB_SONAME) $(BUILD)/lib/libdownpour.so $(PY_BUILT)
+all: $(DPLIB_ALL)
+
+$(BUILD)/obj/pic/gen/%.o: $(BUILD)/gen/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(DP_CFLAGS) $(PKG_CFLAGS) $(CFLAGS) -fPIC -c $< -o $@
+$(BUILD)/obj/pic/%.o: %.c | $(BUILD)/gen/proto/downpour.pb-c.h $(BUILD)/gen/common/tb_event.pb-c.h
+	@mkdir -p $(dir $@)
+	$(CC) $(DP_CFLAGS) $(PKG_CFLAGS) $(CFLAGS) -fPIC -c $< -o $@
+$(DPLIB_SO): $(DPLIB_OBJS) worker/lib/downpour.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -Wl,-soname,$(DPLIB_SONAME) -Wl,--version-script=worker/lib/downpour.map \
+	    -Wl,--no-undefined -Wl,--as-needed -o $@ $(DPLIB_OBJS) $(DPLIB_LIBS) $(LDFLAGS)
+$(BUILD)/lib/$(DPLIB_SONAME) $(BUILD)/lib/libdownpour.so: $(DPLIB_SO)
+	ln -sf $(notdir $<) $@
+$(BUILD)/python/downpour/%.py: python/downpour/%.py
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(BUILD)/python/downpour/$(DPLIB_SONAME): $(DPLIB_SO)
+	@mkdir -p $(dir $@)
+	cp $< $@
+
 tests: all $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(GPU_BINS) $(NFQ_BIN)
 
 # ---- installing what the build, the tests and `make run` need ----------
