@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,6 +338,153 @@ char *dp_safetensors_read_meta(const char *path, const char *key, char *err)
     if (!v && err) err[0] = 0;
     s_close(&sf);
     return out;
+}
+
+/* A tensor of a --init file: its header entry and where its data lies. */
+typedef struct {
+    const cJSON *e;
+    s_range_t r;
+    int order;             /* position in the header */
+} s_entry_t;
+
+static int s_entry_cmp(const void *a, const void *b)
+{
+    const s_entry_t *x = a, *y = b;
+    if (x->r.begin != y->r.begin) return x->r.begin < y->r.begin ? -1 : 1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* Is name one of the comma-separated list? */
+static int s_in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p = comma ? comma + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Every name of list must be a tensor of the table (a typo would silently
+ * train a buffer by gradients). */
+static int s_check_list(const char *path, const char *what, const char *list,
+                        const s_entry_t *es, int n, char *err)
+{
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        int len = (int)(comma ? (size_t)(comma - p) : strlen(p));
+        int found = 0;
+        for (int i = 0; i < n && !found; i++)
+            found = (int)strlen(es[i].e->string) == len && strncmp(es[i].e->string, p, (size_t)len) == 0;
+        if (!found)
+            return dp_err(err, "%s: %s names '%.*s', which is not a tensor of the file", path,
+                          what, len > 96 ? 96 : len, p);
+        p = comma ? comma + 1 : NULL;
+    }
+    return 0;
+}
+
+/* The table's entries from the validated header, in data order. */
+static int s_table_entries(const s_file_t *sf, const char *state, const char *extra,
+                           s_entry_t *es, int n, dp_table_entry_t *t, int64_t (*shapes)[DP_PARAM_MAX_DIMS],
+                           char *err)
+{
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = es[i].e;
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        if (strcmp(dt->valuestring, "F32") != 0)
+            return dp_err(err, "%s: tensor '%.96s' is %s; the servers hold float32 tensors "
+                          "(downpour.torch.save_init converts)", sf->path, e->string, dt->valuestring);
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape"), *d;
+        int nd = 0;
+        uint64_t v = 0;
+        cJSON_ArrayForEach(d, sh)
+        {
+            if (nd == DP_PARAM_MAX_DIMS)
+                return dp_err(err, "%s: tensor '%.96s' has more than %d dimensions", sf->path,
+                              e->string, DP_PARAM_MAX_DIMS);
+            s_json_uint(d, &v); /* validated by s_open */
+            shapes[i][nd++] = v > INT64_MAX ? INT64_MAX : (int64_t)v;
+        }
+        t[i] = (dp_table_entry_t){e->string, nd, shapes[i],
+                                  !s_in_list(state, e->string) && !s_in_list(extra, e->string)};
+    }
+    if (s_check_list(sf->path, "metadata '" DP_ST_STATE_KEY "'", state, es, n, err) != 0 ||
+        s_check_list(sf->path, "--state-tensors", extra, es, n, err) != 0)
+        return -1;
+    return 0;
+}
+
+/* The floats of every entry into a fresh buffer laid out as m, checked
+ * finite. */
+static int s_table_values(const s_file_t *sf, const dp_model_t *m, const s_entry_t *es,
+                          float **values, char *err)
+{
+    float *x = dp_aligned_alloc((m->n_floats + 1) * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        if (s_read_range(sf, &es[i].r, x + p->offset, p->count * sizeof(float), err) != 0)
+            goto fail;
+        for (size_t j = 0; j < p->count; j++)
+            if (!isfinite(x[p->offset + j])) {
+                dp_err(err, "%s: tensor '%s' element %zu is not finite", sf->path, p->name, j);
+                goto fail;
+            }
+    }
+    *values = x;
+    return 0;
+fail:
+    free(x);
+    return -1;
+}
+
+int dp_safetensors_read_table(const char *path, const char *extra_state, dp_model_t *m,
+                              float **values, char *err)
+{
+    s_file_t sf;
+    if (s_open(&sf, path, err) != 0) return -1;
+    int total = cJSON_GetArraySize(sf.root), n = 0, rc = -1;
+    s_entry_t *es = dp_malloc((size_t)(total ? total : 1) * sizeof *es);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, sf.root)
+    {
+        if (strcmp(e->string, "__metadata__") == 0) continue;
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+        es[n].e = e;
+        es[n].order = n;
+        s_json_uint(off->child, &es[n].r.begin); /* validated by s_open */
+        s_json_uint(off->child->next, &es[n].r.end);
+        n++;
+    }
+    dp_table_entry_t *t = NULL;
+    int64_t (*shapes)[DP_PARAM_MAX_DIMS] = NULL;
+    dp_model_t *tm = dp_malloc(sizeof *tm);
+    if (n == 0 || n > DP_MAX_PARAMS) {
+        dp_err(err, "%s: %d tensors; a --init file holds 1..%d", path, n, DP_MAX_PARAMS);
+        goto out;
+    }
+    qsort(es, (size_t)n, sizeof *es, s_entry_cmp);
+    t = dp_malloc((size_t)n * sizeof *t);
+    shapes = dp_malloc((size_t)n * sizeof *shapes);
+    char e2[DP_ERR_LEN];
+    if (s_table_entries(&sf, s_meta(&sf, DP_ST_STATE_KEY), extra_state, es, n, t, shapes, err) != 0)
+        goto out;
+    if (dp_model_from_table(tm, t, n, e2) != 0) {
+        dp_err(err, "%s: %s", path, e2);
+        goto out;
+    }
+    if (values && s_table_values(&sf, tm, es, values, err) != 0) goto out;
+    *m = *tm;
+    rc = 0;
+out:
+    free(tm);
+    free(shapes);
+    free(t);
+    free(es);
+    s_close(&sf);
+    return rc;
 }
 
 int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,

@@ -50,6 +50,21 @@ int dp_safetensors_read_tensor(const char *path, const char *name, float *out, s
  * (err says why) or when the key is absent (err is then set to ""). */
 char *dp_safetensors_read_meta(const char *path, const char *key, char *err);
 
+/* The metadata key naming, comma-separated, the tensors of a --init file
+ * that are state, not trained by gradients (dp_param_t.trainable = 0). */
+#define DP_ST_STATE_KEY "downpour.state"
+
+/* A tensor table from the safetensors file at path (downpour-ps --init):
+ * every tensor, in the order its data lies in the file (ties, which only
+ * empty tensors make, in header order), each F32 of at most
+ * DP_PARAM_MAX_DIMS dimensions; those named in the metadata's
+ * DP_ST_STATE_KEY or in extra_state (a comma list, may be NULL) are state.
+ * With values not NULL, *values gets the tensors' floats laid out as m says
+ * (64-byte aligned, the caller frees), each checked finite. On error m and
+ * *values are unchanged. */
+int dp_safetensors_read_table(const char *path, const char *extra_state, dp_model_t *m,
+                              float **values, char *err);
+
 /* Model checkpoint: one tensor per m->params entry (PyTorch names and
  * layouts) and metadata "format": "downpour", "spec": m->spec, "input":
  * "CxHxW", "classes", "fingerprint" (16 hex digits), "step", "version", then

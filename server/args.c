@@ -16,6 +16,7 @@
 #include "common/cluster.h"
 #include "common/model.h"
 #include "common/opts.h"
+#include "common/safetensors.h"
 #include "common/util.h"
 #include "server/ps.h"
 
@@ -46,7 +47,7 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     int len = snprintf(text, sizeof text,
                        "%s|%dx%dx%d|%d|%d|%d|%d|%d|%" PRIu64 "|%d|%.9g|%.9g|%.9g|%.9g|%.9g|%.9g|%d|%ld|"
                        "%.9g|%ld|%d/%d|%.9g",
-                       c->model_spec, c->in_c, c->in_h, c->in_w, (int)c->mode, c->num_workers,
+                       c->init_path[0] ? c->init_path : c->model_spec, c->in_c, c->in_h, c->in_w, (int)c->mode, c->num_workers,
                        c->replicas, c->staleness, c->lr_staleness, c->seed, (int)o->kind,
                        dp_optim_base_lr(o), o->momentum, o->beta1, o->beta2, o->eps,
                        o->weight_decay, (int)o->schedule, o->step_size, o->gamma, o->total_steps,
@@ -55,13 +56,21 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
 }
 
+int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, char *err)
+{
+    if (values) *values = NULL;
+    if (c->init_path[0])
+        return dp_safetensors_read_table(c->init_path, c->state_tensors, m, values, err);
+    return dp_model_parse(m, c->model_spec, c->in_c, c->in_h, c->in_w, err);
+}
+
 int dp_ps_config_threads_on(const dp_ps_config_t *c, long cores)
 {
     if (c->threads > 0) return c->threads;
     dp_model_t m;
     char err[DP_ERR_LEN];
     size_t n = 0;
-    if (dp_model_parse(&m, c->model_spec, c->in_c, c->in_h, c->in_w, err) == 0)
+    if (dp_ps_config_model(c, &m, NULL, err) == 0)
         n = m.n_floats / (size_t)(c->shard_count > 0 ? c->shard_count : 1);
     if (n < ((size_t)256 << 10) || cores < 2) return 1;
     return cores < DP_PS_MAX_AUTO_THREADS ? (int)cores : DP_PS_MAX_AUTO_THREADS;
@@ -147,6 +156,13 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
         DP_FLAG_SET("lr-staleness", &c->lr_staleness, 1, P, "async/ssp: divide lr by max(1, staleness)"),
         DP_FLAG_BUF("model", "SPEC", c->model_spec, P, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
         DP_FLAG_CALL("input", "CxHxW", s_set_input, c, 0, "input shape (default 1x28x28)"),
+        DP_FLAG_BUF("init", "FILE", c->init_path, 0,
+                    "instead of --model: any model, as the tensors of a safetensors\n"
+                    "file (names, shapes, float32 initial values; e.g. written by\n"
+                    "downpour.torch.save_init); those its metadata '" DP_ST_STATE_KEY "'\n"
+                    "names are state (batch norm's statistics), not gradients"),
+        DP_FLAG_BUF("state-tensors", "NAME,...", c->state_tensors, 0,
+                    "with --init: more tensors that are state, not gradients"),
         DP_FLAG_SEED("seed", &c->seed, P, "initialisation seed (default 1)"),
         DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, P,
                      "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"),
@@ -233,6 +249,19 @@ static int s_apply_cluster(dp_ps_config_t *c, dp_cluster_t *cl, dp_opts_t *o, ch
     return 0;
 }
 
+/* --init replaces --model and --input. */
+static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
+{
+    if (!c->init_path[0]) {
+        if (c->state_tensors[0])
+            return dp_err(err, "--state-tensors names tensors of an --init file: give --init too");
+        return 0;
+    }
+    if (dp_opts_find(o, "model")->given || dp_opts_find(o, "input")->given)
+        return dp_err(err, "--init %s gives the model: drop --model and --input", c->init_path);
+    return 0;
+}
+
 int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
 {
     dp_opts_t o;
@@ -244,6 +273,7 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
     if (rc == 0 && !c->curve_secret[0] != !c->curve_allow[0])
         rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
                          "secret key and the public keys allowed in) or neither");
+    if (rc == 0) rc = s_check_init(c, &o, err);
     if (rc == 0 && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,
                     c->num_workers);

@@ -971,9 +971,14 @@ static int s_setup_state(s_ps_t *ps, char *err)
     const dp_policy_ops_t *ops = s_policy_ops(cfg->mode);
     if (!ops) return dp_err(err, "bad mode %d", (int)cfg->mode);
     dp_model_t m;
-    if (dp_model_parse(&m, cfg->model_spec, cfg->in_c, cfg->in_h, cfg->in_w, err) != 0) return -1;
-    if (dp_shard_init(&ps->shard, &m, cfg->shard_index, cfg->shard_count, cfg->seed, &cfg->optim,
-                      err) != 0 ||
+    float *values = NULL;
+    if (dp_ps_config_model(cfg, &m, &values, err) != 0) return -1;
+    int rc = values ? dp_shard_init_values(&ps->shard, &m, cfg->shard_index, cfg->shard_count,
+                                           values, &cfg->optim, err)
+                    : dp_shard_init(&ps->shard, &m, cfg->shard_index, cfg->shard_count, cfg->seed,
+                                    &cfg->optim, err);
+    free(values);
+    if (rc != 0 ||
         dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());

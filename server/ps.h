@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "common/cluster.h"
+#include "common/model.h"
 #include "common/opts.h"
 #include "kernels/optim.h"
 #include "proto/wire.h"
@@ -58,6 +59,9 @@ typedef struct {
     int lr_staleness;           /* async / ssp: lr / max(1, staleness) */
     char model_spec[512];
     int in_c, in_h, in_w;
+    char init_path[DP_PS_PATH_LEN];      /* --init FILE: the tensor table and its initial
+                                          * values from a safetensors file ("": the spec's) */
+    char state_tensors[4096];            /* --state-tensors: more state tensors of init_path */
     uint64_t seed;              /* dp_model_init_params seed */
     dp_optim_conf_t optim;
     char checkpoint_dir[DP_PS_PATH_LEN]; /* "" = no checkpoints */
@@ -90,6 +94,12 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
 /* downpour-ps's option table, writing into c and cl's flag fields; `downpour
  * local` reads it to check and pass on the flags marked DP_OPTS_PASS. */
 void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
+
+/* The model c serves into m: the spec's, or with --init the file's tensor
+ * table (common/safetensors.h), whose initial values then go to *values
+ * when values is not NULL (the caller frees; NULL for a spec: the seed
+ * draws them). */
+int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, char *err);
 
 /* The run id a config implies when --run-id is not given: "cfg-" and 16
  * hex digits of a hash of the flags that define the run (model, input,

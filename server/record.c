@@ -193,7 +193,10 @@ int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t 
 {
     cJSON *h = cJSON_CreateObject();
     char seed[24], input[48];
-    cJSON_AddStringToObject(h, "model", cfg->model_spec);
+    /* a table's record keeps the schedule (staleness, order) but cannot be
+     * replayed: replay recomputes gradients with the spec's network */
+    cJSON_AddStringToObject(h, "model", cfg->init_path[0] ? DP_MODEL_TABLE_SPEC : cfg->model_spec);
+    if (cfg->init_path[0]) cJSON_AddStringToObject(h, "init", cfg->init_path);
     snprintf(input, sizeof input, "%dx%dx%d", cfg->in_c, cfg->in_h, cfg->in_w);
     cJSON_AddStringToObject(h, "input", input);
     snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);

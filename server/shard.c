@@ -23,8 +23,25 @@ void dp_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi)
     *hi = (size_t)(((unsigned __int128)n * (unsigned)(i + 1)) / (unsigned)k);
 }
 
-int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint64_t seed,
-                  const dp_optim_conf_t *optim, char *err)
+/* The state tensors' floats inside [lo, hi), as ranges local to the shard. */
+static void s_find_state(dp_shard_t *s)
+{
+    const dp_model_t *m = &s->model;
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        size_t lo = p->offset > s->lo ? p->offset : s->lo;
+        size_t hi = p->offset + p->count < s->hi ? p->offset + p->count : s->hi;
+        if (p->trainable || lo >= hi) continue;
+        s->state_ranges = dp_realloc(s->state_ranges, (size_t)(s->n_state_ranges + 1) *
+                                                          sizeof *s->state_ranges);
+        s->state_ranges[s->n_state_ranges][0] = lo - s->lo;
+        s->state_ranges[s->n_state_ranges][1] = hi - s->lo;
+        s->n_state_ranges++;
+    }
+}
+
+int dp_shard_init_values(dp_shard_t *s, const dp_model_t *m, int index, int count,
+                         const float *full, const dp_optim_conf_t *optim, char *err)
 {
     memset(s, 0, sizeof *s);
     if (count < 1 || index < 0 || index >= count)
@@ -35,20 +52,28 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
     s->count = count;
     dp_shard_range(m->n_floats, index, count, &s->lo, &s->hi);
     s->n = s->hi - s->lo;
-    /* Every shard draws the full vector so any sharding starts identical. */
-    float *full = dp_aligned_alloc(m->n_floats * sizeof(float));
-    dp_model_init_params(&s->model, full, seed);
     s->snap = dp_snap_new(s->n);
     s->w = s->snap->data;
     memcpy(s->w, full + s->lo, s->n * sizeof(float));
-    free(full);
     s->state_per = dp_optim_state_per_param(optim->kind);
     s->state = dp_aligned_alloc((s->n * (size_t)s->state_per + 1) * sizeof(float));
     memset(s->state, 0, s->n * (size_t)s->state_per * sizeof(float));
     s->acc = dp_aligned_alloc((s->n + 1) * sizeof(float));
     memset(s->acc, 0, s->n * sizeof(float));
     s->scratch = dp_aligned_alloc((s->n + 1) * sizeof(float));
+    s_find_state(s);
     return 0;
+}
+
+int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint64_t seed,
+                  const dp_optim_conf_t *optim, char *err)
+{
+    /* Every shard draws the full vector so any sharding starts identical. */
+    float *full = dp_aligned_alloc((m->n_floats + 1) * sizeof(float));
+    dp_model_init_params(m, full, seed);
+    int rc = dp_shard_init_values(s, m, index, count, full, optim, err);
+    free(full);
+    return rc;
 }
 
 void dp_shard_fini(dp_shard_t *s)
@@ -66,6 +91,9 @@ void dp_shard_fini(dp_shard_t *s)
     free(s->worker_step);
     free(s->worker_seen);
     free(s->step_first);
+    free(s->state_ranges);
+    s->state_ranges = NULL;
+    s->n_state_ranges = 0;
     s->worker_step = s->worker_seen = NULL;
     s->step_first = NULL;
     s->n_workers = 0;
@@ -173,6 +201,19 @@ typedef struct {
     long t;
 } s_step_job_t;
 
+/* State that is not a gradient: in [lo, hi), each state range of the
+ * new buffer takes the pushed value (the mean of the R values in sync)
+ * instead of the optimizer's step. */
+static void s_step_state(const s_step_job_t *j, size_t lo, size_t hi)
+{
+    const dp_shard_t *s = j->s;
+    for (int r = 0; r < s->n_state_ranges; r++) {
+        size_t a = s->state_ranges[r][0] > lo ? s->state_ranges[r][0] : lo;
+        size_t b = s->state_ranges[r][1] < hi ? s->state_ranges[r][1] : hi;
+        if (a < b) memcpy(j->dst + a, j->g + a, (b - a) * sizeof(float));
+    }
+}
+
 /* Part k of nk of a step, in blocks (cut at multiples of 16 floats). */
 static void s_step_part(void *arg, int k, int nk)
 {
@@ -184,13 +225,14 @@ static void s_step_part(void *arg, int k, int nk)
     if (lo >= hi) return;
     if (j->dst == j->src) {
         dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, lo, hi, j->t);
-        return;
+    } else {
+        for (size_t at = lo; at < hi; at += S_BLOCK) {
+            size_t end = hi - at < S_BLOCK ? hi : at + S_BLOCK;
+            memcpy(j->dst + at, j->src + at, (end - at) * sizeof(float));
+            dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
+        }
     }
-    for (size_t at = lo; at < hi; at += S_BLOCK) {
-        size_t end = hi - at < S_BLOCK ? hi : at + S_BLOCK;
-        memcpy(j->dst + at, j->src + at, (end - at) * sizeof(float));
-        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
-    }
+    s_step_state(j, lo, hi);
 }
 
 /* A buffer for the next version when the live one is held elsewhere: the

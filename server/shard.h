@@ -21,6 +21,11 @@
  *    new one) and that becomes snap: a reply in flight never sees a torn
  *    vector, and steady state allocates nothing. At most DP_SHARD_RETIRED
  *    old buffers are kept for reuse.
+ *  - Floats of state tensors (a tensor table's dp_param_t.trainable 0:
+ *    batch norm's running statistics, counters) are not stepped: a push
+ *    carries the worker's current value there, and a step sets them to it
+ *    (async, ssp: the pushed value, in the order pushes are applied; sync:
+ *    the mean of the R values). The optimizer's state for them is unused.
  *  - Gradients handed in are already valid: their slices tile [lo, hi)
  *    exactly and every float is finite (the loop checks that with
  *    proto/wire.h before anything here runs). */
@@ -109,6 +114,11 @@ typedef struct {
     uint64_t step_slack;   /* steps a worker may have made that a restore lost
                               (--checkpoint-every); 0: none */
     int n_workers;         /* entries of worker_step, worker_seen and step_first */
+    size_t (*state_ranges)[2]; /* [lo, hi) local to the shard: floats of the model's state
+                                  tensors (dp_param_t.trainable 0), which a step sets to the
+                                  pushed value (sync: the mean of the R pushed) instead of
+                                  stepping them */
+    int n_state_ranges;
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -118,6 +128,10 @@ void dp_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi);
  * optim. -1 with err on a bad index / count. */
 int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint64_t seed,
                   const dp_optim_conf_t *optim, char *err);
+/* The same with the full vector's initial values given (full[0..m->n_floats):
+ * a --init file's), instead of drawn from a seed. */
+int dp_shard_init_values(dp_shard_t *s, const dp_model_t *m, int index, int count,
+                         const float *full, const dp_optim_conf_t *optim, char *err);
 /* Frees what init allocated; safe on a zeroed or finished shard. A snapshot
  * still held elsewhere lives until its last reference goes. */
 void dp_shard_fini(dp_shard_t *s);

@@ -73,6 +73,10 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
 {
     const char *model = dp_record_str(h, "model"), *data = dp_record_str(h, "data");
     const char *mode = dp_record_str(h, "mode");
+    if (dp_record_str(h, "init"))
+        return dp_err(err, "record header: a run of downpour-ps --init (a tensor table): replay "
+                      "recomputes each gradient with Downpour's own network, which a table does "
+                      "not have (its schedule is still there to read, one JSON line per push)");
     if (model) c->train.model = model;
     if (data) c->train.data = data;
     /* The header is untrusted: each number is a whole one in its flag's
