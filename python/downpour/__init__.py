@@ -166,6 +166,7 @@ class Client:
         self.step = inf.resume_step
         self._res = _lib.PushResult()
         self._flat_push = None  # made on the first push of a dict: one gather buffer
+        self.finished = False   # finish (or wait_all, shutdown) done
 
     @classmethod
     def from_init(cls, path, ps=None, task_index=0, **options):
@@ -277,14 +278,17 @@ class Client:
     def finish(self):
         """This worker is done (the servers stop counting it)."""
         self._check(self._lib.downpour_finish(self._handle()))
+        self.finished = True
 
     def wait_all(self, timeout=300.0):
         """The chief: wait until every worker has finished."""
         self._check(self._lib.downpour_wait_all(self._handle(), float(timeout)))
+        self.finished = True
 
     def shutdown(self):
         """The chief: stop the servers (each writes its final checkpoint first)."""
         self._check(self._lib.downpour_shutdown(self._handle()))
+        self.finished = True
 
     def interrupt(self):
         """Make a call blocked in another thread return (Error "interrupted")."""

@@ -124,9 +124,10 @@ class Worker:
             except downpour.ModelMismatch as e:
                 first = table[0]
                 raise downpour.ModelMismatch(
-                    f"{e} -- this module's table: {len(table)} tensors, the first {first[0]} "
-                    f"{list(first[1])}; give init='FILE.safetensors' (the servers' --init file) "
-                    f"to name the tensor that differs", e.code) from None
+                    f"model mismatch: the servers hold another model than this module's table "
+                    f"({len(table)} tensors, the first {first[0]} {list(first[1])}); give "
+                    f"init='FILE.safetensors' (the servers' --init file) to name the tensor that "
+                    f"differs (servers: {e})", e.code) from None
         self.info = self.client.info
         self._bind()
 
@@ -146,15 +147,22 @@ class Worker:
         self._flat = torch.zeros(c.num_floats, dtype=torch.float32)
         self._flat_np = self._flat.numpy()
         for i, t in enumerate(c.tensors):
-            v = sd[t.name]
+            v = sd.get(t.name)
+            if v is None:
+                raise downpour.ModelMismatch(f"tensor {t.name}: the servers' table has it, the "
+                                             f"module no longer does", "args", t.name)
             data = v.data if isinstance(v, torch.nn.Parameter) else v
+            if tuple(data.shape) != t.shape:
+                raise downpour.ShapeError(f"tensor {t.name}: the module's shape is now "
+                                          f"{list(data.shape)}, the servers' is {list(t.shape)}",
+                                          "args", t.name)
             if data.dtype == torch.float32 and data.device.type == "cpu" and data.is_contiguous():
                 self._ptrs[i] = data.data_ptr()
-                self._direct.append((data, data.data_ptr()))
+                self._direct.append((v, data.data_ptr()))  # v: a .data replaced shows
             else:
                 stage = torch.empty(t.shape, dtype=torch.float32)
                 self._ptrs[i] = stage.data_ptr()
-                self._staged.append((data, stage))
+                self._staged.append((v, stage))
             view = self._flat[t.offset:t.offset + t.count]
             if t.trainable:
                 p = params.get(t.name)
@@ -169,7 +177,7 @@ class Worker:
                     p.grad = g
                 self._grads.append((p, g, t))
             else:
-                self._state.append((data, view.view(t.shape), t))
+                self._state.append((v, view.view(t.shape), t))
 
     def pull(self):
         """The servers' weights into the module (see the module's help)."""
@@ -228,7 +236,7 @@ class Worker:
 
     def __exit__(self, exc_type, *rest):
         try:
-            if exc_type is None:
+            if exc_type is None and not self.client.finished:
                 self.client.finish()
         finally:
             self.client.close()
