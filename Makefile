@@ -381,6 +381,15 @@ BINDIR  ?= $(PREFIX)/bin
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/downpour
 UNITDIR ?= $(PREFIX)/lib/systemd/system
+# The client library, its header and pkg-config file, and the Python package
+# where Debian's python3 looks (/usr/lib/python3/dist-packages under /usr,
+# PREFIX/lib/python3.X/dist-packages elsewhere: /usr/local's is on its path).
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+PY3_VER := $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYDIR   ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/python3/dist-packages,$(PREFIX)/lib/python$(or $(PY3_VER),3)/dist-packages)
+DEB_MULTIARCH := $(or $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null),$(shell $(CC) -print-multiarch 2>/dev/null))
 # 0.1+git<commit time>.<hash>: later commits sort later (dpkg --compare-versions).
 ifeq ($(origin DP_VERSION),undefined)
   DP_VERSION := 0.1$(shell git log -1 --format=+git%cd.%h --date=format-local:%Y%m%d.%H%M%S 2>/dev/null)
@@ -420,18 +429,37 @@ install: all $(MAN_PAGES)
 	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.deploy.md
 	install -m 644 deploy/systemd/cluster.env.example deploy/systemd/curve-ps.conf.example \
 	    deploy/systemd/curve-worker.conf.example $(DESTDIR)$(DOCDIR)/examples/
+	@# libdownpour.so, downpour.h, downpour.pc, the Python package (which
+	@# finds the library through the LIBDIR its _install.py records)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(PYDIR)/downpour
+	install -m 644 $(DPLIB_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(DPLIB_SO)) $(DESTDIR)$(LIBDIR)/$(DPLIB_SONAME)
+	ln -sf $(DPLIB_SONAME) $(DESTDIR)$(LIBDIR)/libdownpour.so
+	install -m 644 worker/lib/downpour.h $(DESTDIR)$(INCDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCDIR@|$(INCDIR)|' \
+	    -e 's|@VERSION@|$(DPLIB_VERSION)|' worker/lib/downpour.pc.in >$(DESTDIR)$(PKGCONFIGDIR)/downpour.pc
+	install -m 644 $(PY_SRC) $(DESTDIR)$(PYDIR)/downpour/
+	echo 'LIBDIR = "$(LIBDIR)"  # written by make install' >$(DESTDIR)$(PYDIR)/downpour/_install.py
+	install -m 644 docs/LIBRARY.md $(DESTDIR)$(DOCDIR)/docs/
+	install -m 644 examples/torch_fashion_mnist.py $(DESTDIR)$(DOCDIR)/examples/
 
 deb: all
 	@command -v dpkg-shlibdeps >/dev/null || { echo "deb: dpkg-shlibdeps not found: apt-get install dpkg-dev"; exit 1; }
 	rm -rf $(DEB_DIR) $(BUILD)/downpour_*.deb && mkdir -p $(DEB_DIR)/root/DEBIAN $(DEB_DIR)/debian
-	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system
-	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/*
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system \
+	    LIBDIR=/usr/lib/$(DEB_MULTIARCH)
+	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/* \
+	    $(DEB_DIR)/root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO))
+	@# the library's soname for dpkg-shlibdeps of other packages, and ldconfig run on install
+	echo 'libdownpour $(DPLIB_API) downpour (>= $(DP_VERSION))' >$(DEB_DIR)/root/DEBIAN/shlibs
+	echo 'activate-noawait ldconfig' >$(DEB_DIR)/root/DEBIAN/triggers
 	sed -e 's|@VERSION@|$(DP_VERSION)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' -e "s|@DATE@|$$(date -R)|" \
 	    -e "s|@SOURCE@|$$(git describe --always --dirty 2>/dev/null || echo a source tree)|" \
 	    deploy/debian/changelog.in | gzip -9n >$(DEB_DIR)/root/usr/share/doc/downpour/changelog.gz
 	cp deploy/debian/copyright $(DEB_DIR)/root/usr/share/doc/downpour/copyright
 	printf 'Source: downpour\n\nPackage: downpour\nArchitecture: any\n' >$(DEB_DIR)/debian/control
 	cd $(DEB_DIR) && dpkg-shlibdeps $(if $(HAVE_CUDA),--ignore-missing-info) -O root/usr/bin/* \
+	    root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO)) \
 	    | sed -n 's/^shlibs:Depends=//p' | tr ',' '\n' | sed 's/^ *//' \
 	    | grep -Ev '^(libcudnn|libcublas|libcudart|cuda-|libnvidia|nvidia)' | paste -sd, | sed 's/,/, /g' >depends
 	@test -s $(DEB_DIR)/depends || { echo "deb: dpkg-shlibdeps found no dependencies"; exit 1; }
