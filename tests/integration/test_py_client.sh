@@ -25,14 +25,15 @@ unset DOWNPOUR_LIB
 PY=tests/integration/py_client.py
 SPEC="fc:32 relu fc:10 softmax"
 
-# ps NAME FLAGS...: a shard on a free port; its endpoint once it listens.
+# ps NAME FLAGS...: a shard on a free port (started here, not in a $(...)
+# subshell, so that bg's cleanup knows it); its endpoint in $EP once it listens.
 ps() {
     local name=$1; shift
     bg "$BIN/downpour-ps" --bind tcp://127.0.0.1:0 --ready-file "$TMP/$name.ready" --workers 1 \
         --mode async "$@" >"$TMP/$name.log" 2>&1
     local t=0
     until [ -s "$TMP/$name.ready" ] || [ $t -ge 100 ]; do sleep 0.1; t=$((t + 1)); done
-    cat "$TMP/$name.ready"
+    EP=$(cat "$TMP/$name.ready" 2>/dev/null)
 }
 # run NAME ARGS...: a py_client.py command, its lines counted into ours.
 run() {
@@ -54,19 +55,19 @@ INIT=$TMP/bn.safetensors
 check "save_init writes the --init file" "$TORCH_PY" "$PY" init --init "$INIT"
 
 # (a) exactness
-a=$(ps sgd0 --init "$INIT" --shard 0/2 --optimizer sgd --lr 0.05)
-b=$(ps sgd1 --init "$INIT" --shard 1/2 --optimizer sgd --lr 0.05)
+ps sgd0 --init "$INIT" --shard 0/2 --optimizer sgd --lr 0.05; a=$EP
+ps sgd1 --init "$INIT" --shard 1/2 --optimizer sgd --lr 0.05; b=$EP
 check "downpour-ps --init reads the file save_init wrote (2 shards)" test -n "$a" -a -n "$b"
 run sgd exact --ps "$a,$b" --init "$INIT" --optimizer sgd --lr 0.05
-a=$(ps adam --init "$INIT" --optimizer adam --lr 0.01)
+ps adam --init "$INIT" --optimizer adam --lr 0.01; a=$EP
 run adam exact --ps "$a" --init "$INIT" --optimizer adam --lr 0.01
 
 # (b) the errors
-a=$(ps errors --init "$INIT" --optimizer sgd)
+ps errors --init "$INIT" --optimizer sgd; a=$EP
 run errors errors --ps "$a" --init "$INIT"
 
 # (c) a spec server
-a=$(ps spec --model "$SPEC" --optimizer sgd)
+ps spec --model "$SPEC" --optimizer sgd; a=$EP
 run spec spec --ps "$a" --spec "$SPEC"
 
 # (d) which library
