@@ -200,6 +200,49 @@ $(BUILD)/tests/nfq_delay: $(BUILD)/obj/tests/netns/nfq_delay.o $(LIB_COMMON)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(NFQ_LIBS) $(LDLIBS_ALL)
 
+# ---- libdownpour.so, downpour.h and the Python package `downpour` ----------
+# The client library (worker/lib/downpour.h) is the C worker's own client:
+# the same sources (ps_client, ps_exchange, ps_beat, proto/, the parts of
+# common/ they use) built a second time as position-independent code under
+# $(BUILD)/obj/pic, linked with a soname and exporting downpour_* only
+# (worker/lib/downpour.map). Never with the sanitizers: a Python process
+# cannot load an ASan-instrumented library, and the same code runs under
+# ASan in the daemons. `make` also leaves the Python package (python/) in
+# $(BUILD)/python/downpour with a copy of the library beside it, so that
+# PYTHONPATH=$(BUILD)/python python3 uses this build's library.
+DPLIB_API     := 1
+DPLIB_VERSION := 1.0.0
+DPLIB_SONAME  := libdownpour.so.$(DPLIB_API)
+DPLIB_SO      := $(BUILD)/lib/libdownpour.so.$(DPLIB_VERSION)
+DPLIB_SRC := worker/lib/downpour.c worker/ps_client.c worker/ps_exchange.c worker/ps_beat.c \
+             $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c \
+             common/checksum.c common/staleness.c
+DPLIB_OBJS := $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(DPLIB_SRC)) $(BUILD)/obj/pic/gen/proto/downpour.pb-c.o
+DPLIB_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c libcjson libisal 2>/dev/null) -lm -lpthread
+PY_SRC     := $(wildcard python/downpour/*.py)
+PY_BUILT   := $(patsubst python/%,$(BUILD)/python/%,$(PY_SRC)) $(BUILD)/python/downpour/$(DPLIB_SONAME)
+DPLIB_ALL  := $(DPLIB_SO) $(BUILD)/lib/$(DPLIB_SONAME) $(BUILD)/lib/libdownpour.so $(PY_BUILT)
+all: $(DPLIB_ALL)
+
+$(BUILD)/obj/pic/gen/%.o: $(BUILD)/gen/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(DP_CFLAGS) $(PKG_CFLAGS) $(CFLAGS) -fPIC -c $< -o $@
+$(BUILD)/obj/pic/%.o: %.c | $(BUILD)/gen/proto/downpour.pb-c.h $(BUILD)/gen/common/tb_event.pb-c.h
+	@mkdir -p $(dir $@)
+	$(CC) $(DP_CFLAGS) $(PKG_CFLAGS) $(CFLAGS) -fPIC -c $< -o $@
+$(DPLIB_SO): $(DPLIB_OBJS) worker/lib/downpour.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -Wl,-soname,$(DPLIB_SONAME) -Wl,--version-script=worker/lib/downpour.map \
+	    -Wl,--no-undefined -Wl,--as-needed -o $@ $(DPLIB_OBJS) $(DPLIB_LIBS) $(LDFLAGS)
+$(BUILD)/lib/$(DPLIB_SONAME) $(BUILD)/lib/libdownpour.so: $(DPLIB_SO)
+	ln -sf $(notdir $<) $@
+$(BUILD)/python/downpour/%.py: python/downpour/%.py
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(BUILD)/python/downpour/$(DPLIB_SONAME): $(DPLIB_SO)
+	@mkdir -p $(dir $@)
+	cp $< $@
+
 tests: all $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(GPU_BINS) $(NFQ_BIN)
 
 # ---- installing what the build, the tests and `make run` need ----------
@@ -338,6 +381,15 @@ BINDIR  ?= $(PREFIX)/bin
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/downpour
 UNITDIR ?= $(PREFIX)/lib/systemd/system
+# The client library, its header and pkg-config file, and the Python package
+# where Debian's python3 looks (/usr/lib/python3/dist-packages under /usr,
+# PREFIX/lib/python3.X/dist-packages elsewhere: /usr/local's is on its path).
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+PY3_VER := $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYDIR   ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/python3/dist-packages,$(PREFIX)/lib/python$(or $(PY3_VER),3)/dist-packages)
+DEB_MULTIARCH := $(or $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null),$(shell $(CC) -print-multiarch 2>/dev/null))
 # 0.1+git<commit time>.<hash>: later commits sort later (dpkg --compare-versions).
 ifeq ($(origin DP_VERSION),undefined)
   DP_VERSION := 0.1$(shell git log -1 --format=+git%cd.%h --date=format-local:%Y%m%d.%H%M%S 2>/dev/null)
@@ -377,18 +429,37 @@ install: all $(MAN_PAGES)
 	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.deploy.md
 	install -m 644 deploy/systemd/cluster.env.example deploy/systemd/curve-ps.conf.example \
 	    deploy/systemd/curve-worker.conf.example $(DESTDIR)$(DOCDIR)/examples/
+	@# libdownpour.so, downpour.h, downpour.pc, the Python package (which
+	@# finds the library through the LIBDIR its _install.py records)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(PYDIR)/downpour
+	install -m 644 $(DPLIB_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(DPLIB_SO)) $(DESTDIR)$(LIBDIR)/$(DPLIB_SONAME)
+	ln -sf $(DPLIB_SONAME) $(DESTDIR)$(LIBDIR)/libdownpour.so
+	install -m 644 worker/lib/downpour.h $(DESTDIR)$(INCDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCDIR@|$(INCDIR)|' \
+	    -e 's|@VERSION@|$(DPLIB_VERSION)|' worker/lib/downpour.pc.in >$(DESTDIR)$(PKGCONFIGDIR)/downpour.pc
+	install -m 644 $(PY_SRC) $(DESTDIR)$(PYDIR)/downpour/
+	echo 'LIBDIR = "$(LIBDIR)"  # written by make install' >$(DESTDIR)$(PYDIR)/downpour/_install.py
+	install -m 644 docs/LIBRARY.md $(DESTDIR)$(DOCDIR)/docs/
+	install -m 644 examples/torch_fashion_mnist.py $(DESTDIR)$(DOCDIR)/examples/
 
 deb: all
 	@command -v dpkg-shlibdeps >/dev/null || { echo "deb: dpkg-shlibdeps not found: apt-get install dpkg-dev"; exit 1; }
 	rm -rf $(DEB_DIR) $(BUILD)/downpour_*.deb && mkdir -p $(DEB_DIR)/root/DEBIAN $(DEB_DIR)/debian
-	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system
-	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/*
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system \
+	    LIBDIR=/usr/lib/$(DEB_MULTIARCH)
+	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/* \
+	    $(DEB_DIR)/root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO))
+	@# the library's soname for dpkg-shlibdeps of other packages, and ldconfig run on install
+	echo 'libdownpour $(DPLIB_API) downpour (>= $(DP_VERSION))' >$(DEB_DIR)/root/DEBIAN/shlibs
+	echo 'activate-noawait ldconfig' >$(DEB_DIR)/root/DEBIAN/triggers
 	sed -e 's|@VERSION@|$(DP_VERSION)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' -e "s|@DATE@|$$(date -R)|" \
 	    -e "s|@SOURCE@|$$(git describe --always --dirty 2>/dev/null || echo a source tree)|" \
 	    deploy/debian/changelog.in | gzip -9n >$(DEB_DIR)/root/usr/share/doc/downpour/changelog.gz
 	cp deploy/debian/copyright $(DEB_DIR)/root/usr/share/doc/downpour/copyright
 	printf 'Source: downpour\n\nPackage: downpour\nArchitecture: any\n' >$(DEB_DIR)/debian/control
 	cd $(DEB_DIR) && dpkg-shlibdeps $(if $(HAVE_CUDA),--ignore-missing-info) -O root/usr/bin/* \
+	    root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO)) \
 	    | sed -n 's/^shlibs:Depends=//p' | tr ',' '\n' | sed 's/^ *//' \
 	    | grep -Ev '^(libcudnn|libcublas|libcudart|cuda-|libnvidia|nvidia)' | paste -sd, | sed 's/,/, /g' >depends
 	@test -s $(DEB_DIR)/depends || { echo "deb: dpkg-shlibdeps found no dependencies"; exit 1; }

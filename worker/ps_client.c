@@ -60,6 +60,25 @@ static void s_params_from_shm(dp_ps_client_t *c, int i, const Downpour__Envelope
     for (size_t f = 0; f < env->n_tensors; f++) {
         const Downpour__TensorDesc *d = env->tensors[f];
         size_t n = d->byte_length / 4;
+        if (!to->params) {
+            /* A sink copies out of the slot itself, one copy instead of two
+             * (slot -> landing -> sink); the seqlock is checked after it, and
+             * a torn copy makes the pull go again, which gives the sink every
+             * float again (dp_ps_client_pull_to's contract). */
+            int slot = (int)env->params->shm_slot;
+            uint64_t seq = env->params->shm_seq;
+            if (seq & 1 || dp_shm_seq(&s->shm_params, slot) != seq) {
+                s->torn = 1;
+                return;
+            }
+            to->sink(to->sink_arg, d->offset, dp_shm_slot(&s->shm_params, slot) + (d->offset - s->lo), n);
+            atomic_thread_fence(memory_order_acquire); /* the sink's copy before the second look */
+            if (dp_shm_seq(&s->shm_params, slot) != seq) {
+                s->torn = 1;
+                return;
+            }
+            continue;
+        }
         if (!dp_shm_read(&s->shm_params, (int)env->params->shm_slot, env->params->shm_seq,
                          (size_t)(d->offset - s->lo), dst + d->offset, n)) {
             s->torn = 1; /* the pull goes again */

@@ -105,6 +105,17 @@ typedef struct {
                           * endpoint order */
 } dp_ps_curve_t;
 
+/* What a failed call ran into (dp_ps_client_error), for a caller that
+ * acts on the kind of failure rather than on its text. */
+typedef enum {
+    DP_PS_OK,                /* the last call did not fail */
+    DP_PS_ERR_TIMEOUT,       /* a shard owing a reply was silent past timeout_s */
+    DP_PS_ERR_DEFERRED,      /* a shard answered heartbeats but held the reply too long */
+    DP_PS_ERR_INTERRUPTED,   /* the stop flag was raised */
+    DP_PS_ERR_REFUSED,       /* a shard answered with an ERROR (its message in err) */
+    DP_PS_ERR_OTHER,         /* anything else: sockets, a malformed or unexpected reply */
+} dp_ps_err_t;
+
 /* Everything a client is made with; a zeroed struct is the defaults. */
 typedef struct {
     double timeout_s;              /* silence allowed to a shard owing a reply; not > 0: 30 */
@@ -116,18 +127,10 @@ typedef struct {
     volatile sig_atomic_t *stop;   /* blocked calls, the first HELLO's wait included, return -1
                                     * ("interrupted") soon after *stop becomes non-zero (a
                                     * signal handler's flag); NULL: never */
+    dp_ps_err_t *new_error;        /* a failed dp_ps_client_new leaves its kind here (there is
+                                    * no client to ask: a library reports it); NULL: nowhere */
 } dp_ps_client_opts_t;
 
-/* What a failed call ran into (dp_ps_client_error), for a caller that
- * acts on the kind of failure rather than on its text. */
-typedef enum {
-    DP_PS_OK,                /* the last call did not fail */
-    DP_PS_ERR_TIMEOUT,       /* a shard owing a reply was silent past timeout_s */
-    DP_PS_ERR_DEFERRED,      /* a shard answered heartbeats but held the reply too long */
-    DP_PS_ERR_INTERRUPTED,   /* the stop flag was raised */
-    DP_PS_ERR_REFUSED,       /* a shard answered with an ERROR (its message in err) */
-    DP_PS_ERR_OTHER,         /* anything else: sockets, a malformed or unexpected reply */
-} dp_ps_err_t;
 
 /* Shards this client reaches through shared memory. */
 int dp_ps_client_shm_shards(const dp_ps_client_t *c);

@@ -635,6 +635,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     *out = c;
     return 0;
 fail:
+    if (opts->new_error) *opts->new_error = c->code == DP_PS_OK ? DP_PS_ERR_OTHER : c->code;
     dp_ps_client_destroy(&c);
     return -1;
 }

@@ -40,6 +40,8 @@
 # first), BENCH_E2E_STEPS (200 per worker; 0 leaves the end-to-end rows out),
 # BENCH_TORCH=0 to leave PyTorch out, BENCH_REPORT=FILE to only print a table,
 # BENCH_SERVER=0 to leave out the server rows (bench_optim, downpour bench wire),
+# BENCH_PYCLIENT=0 to leave out tests/bench/py_client.py (pull + push of the
+# default model from Python, downpour.torch and NumPy, against the C client),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
 # standalone, --overlap on and off; its own knobs are in that file).
 set -euo pipefail
@@ -305,6 +307,12 @@ if [ "${BENCH_SERVER:-1}" = 1 ]; then
     echo
     "$BUILD/downpour" bench wire --rounds 20
     "$BUILD/downpour" bench wire --rounds 20 --transport ipc
+fi
+
+# The client library from Python against the C client, same bytes, same run.
+if [ "${BENCH_PYCLIENT:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
+    echo
+    PYTHONPATH=$BUILD/python "$PY" tests/bench/py_client.py --build "$BUILD"
 fi
 
 # What the servers cost one CPU worker, with the wire behind the compute

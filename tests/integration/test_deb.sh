@@ -9,6 +9,12 @@
 #    found, the man pages read, the units name /usr/bin, and `downpour local`
 #    from it runs a short job with the installed downpour-ps and
 #    downpour-worker (the launcher's children are the unpacked binaries);
+#  - the client library: libdownpour.so.1 (its soname) with its links, the
+#    header and downpour.pc (a C program built with pkg-config from the
+#    staged install runs and gets the library's version), the Python package
+#    where Debian's python3 finds it, loading the installed library (make
+#    install: the LIBDIR it recorded; make deb: the loader's path, shlibs
+#    and the ldconfig trigger in the package);
 #  - lintian, when installed, finds no error (a CUDA build: but the RUNPATH
 #    to NVIDIA's libraries).
 # dp-test: unsanitized
@@ -41,6 +47,37 @@ check "... downpour(1) names every command, sweep and replay too" \
 check "... the units, naming PREFIX's binaries" \
     grep -q '^ExecStart=/opt/dp/bin/downpour-worker ' "$D/opt/dp/lib/systemd/system/downpour-worker@.service"
 check "... nothing outside DESTDIR/PREFIX" test "$(ls "$D")" = opt -a "$(ls "$D/opt")" = dp
+L=$D/opt/dp/lib
+check "... libdownpour.so.1 (its soname) and the links" \
+    test -f "$L/libdownpour.so.1.0.0" -a "$(readlink "$L/libdownpour.so.1")" = libdownpour.so.1.0.0 \
+    -a "$(readlink "$L/libdownpour.so")" = libdownpour.so.1 \
+    -a -n "$(readelf -d "$L/libdownpour.so.1.0.0" | grep 'SONAME.*\[libdownpour.so.1\]')"
+check "... exporting downpour_* only" \
+    test -z "$(nm -D --defined-only "$L/libdownpour.so.1.0.0" | awk '$2 == "T" && $3 !~ /^downpour_[a-z]/')"
+cat >"$TMP/v.c" <<'C'
+#include <downpour.h>
+#include <stdio.h>
+#include <string.h>
+int main(void)
+{
+    printf("%s %d\n", downpour_version(), downpour_api_version());
+    return strcmp(downpour_version(), DOWNPOUR_VERSION) != 0 || downpour_api_version() != DOWNPOUR_API_VERSION;
+}
+C
+flags=$(PKG_CONFIG_PATH=$L/pkgconfig PKG_CONFIG_SYSROOT_DIR=$D pkg-config --cflags --libs downpour)
+check "... downpour.pc: a C program builds with pkg-config ($flags)" \
+    cc -o "$TMP/v" "$TMP/v.c" $flags
+out=$(LD_LIBRARY_PATH=$L "$TMP/v" 2>&1)
+check "... and runs against the installed library ($out)" test $? = 0
+py=$(find "$D/opt/dp/lib" -path '*dist-packages/downpour/__init__.py' | head -1)
+check "... the Python package under PREFIX's dist-packages" test -n "$py"
+# Staged, the library is not at /opt/dp/lib yet: the package records that
+# path, and loads the staged one once DOWNPOUR_LIB names it.
+out=$(cd "$TMP" && PYTHONPATH=$(dirname "$(dirname "$py")") DOWNPOUR_LIB=$L/libdownpour.so.1 "$TORCH_PY" -c '
+import downpour, downpour._install as i, downpour._lib as l
+print(i.LIBDIR, l.load().downpour_version().decode())' 2>&1)
+check "... which records LIBDIR /opt/dp/lib for the library it loads ($out)" \
+    test "$out" = "/opt/dp/lib 1.0.0"
 
 # ---- make deb --------------------------------------------------------------------
 mk deb >"$TMP/deb.log" 2>&1
@@ -114,6 +151,19 @@ check "installed: downpour-ps(1) from its --help" \
 D=$R/usr/share/doc/downpour
 check "installed: README.md and the pages it links" \
     test -s "$D/README.md" -a -s "$D/docs/OPERATIONS.md" -a -s "$D/docs/LAB.md" -a -s "$D/docs/SECURITY.md"
+ML=$R/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+check "installed: libdownpour.so.1 in the multiarch libdir, every library it needs found" \
+    test -f "$ML/libdownpour.so.1" -a -s "$R/usr/include/downpour.h" -a -s "$ML/pkgconfig/downpour.pc" \
+    -a -z "$(ldd "$ML/libdownpour.so.1" | grep 'not found')"
+dpkg-deb -e "$deb" "$TMP/control"
+check "installed: the package's shlibs names libdownpour 1, and ldconfig is triggered" \
+    bash -c "grep -q '^libdownpour 1 downpour' '$TMP/control/shlibs' && grep -q 'ldconfig' '$TMP/control/triggers'"
+out=$(cd "$TMP" && PYTHONPATH=$R/usr/lib/python3/dist-packages LD_LIBRARY_PATH=$ML "$TORCH_PY" -c '
+import downpour, downpour._lib as l
+lib = l.load()
+print(downpour.__file__, downpour.library_path(), lib.downpour_version().decode())' 2>&1)
+check "installed: the Python package in /usr/lib/python3/dist-packages loads the loader's libdownpour.so.1 ($out)" \
+    grep -q "^$R/usr/lib/python3/dist-packages/downpour/__init__.py libdownpour.so.1 1.0.0$" <<<"$out"
 check "installed: copyright and changelog" test -s "$R/usr/share/doc/downpour/copyright" -a -s "$R/usr/share/doc/downpour/changelog.gz"
 if [ -d /usr/share/datasets/fashion-mnist ]; then
     (cd "$TMP" && exec "$R/usr/bin/downpour" local --workers 2 --steps 4 --batch 32 --threads 1 \

@@ -1,0 +1,333 @@
+"""downpour: a worker of Downpour's parameter servers (downpour-ps) from Python.
+
+Standard library and NumPy only, over libdownpour.so (ctypes): the C
+worker's own client, so HELLO, the model check, heartbeats, restarts of a
+shard, repeats (a push's step is applied once), CURVE, shared memory and
+the bf16 wire behave as for downpour-worker. PyTorch: downpour.torch.
+
+    import numpy as np, downpour
+    table = [("w", (10, 784), True), ("b", (10,), True)]
+    with downpour.Client(table, ps=["tcp://127.0.0.1:5555"], task_index=0) as c:
+        for step in range(100):
+            w = c.pull()                     # {"w": array, "b": array}
+            grads = my_gradients(w)          # a dict of arrays, or one flat array
+            r = c.push(grads, loss=0.3, batch=32)
+            print(r.staleness, r.version)
+        c.finish()
+
+Client(table, ps=None, task_index=0, **options)
+    table: a list of (name, shape, trainable) in the servers' order (the
+    order of an --init file: downpour.safetensors.table(path) reads it);
+    Client.from_init(path, ...) and Client.from_spec(spec, input, ...) make
+    one for servers started with --init FILE or --model SPEC. ps: the
+    endpoints in shard order ("tcp://h:p" strings, or one comma string);
+    None: TF_CONFIG's ps job and task. Options: timeout (s, 30),
+    curve_secret and curve_server (key files), wire ("fp32" | "bf16"),
+    transport ("auto" | "shm" | "zmq").
+  .tensors        [TensorInfo(name, shape, offset, count, trainable)]
+  .info           Info(mode, workers, replicas, staleness, shards, task_index, resume_step)
+  .num_floats     floats of the flat vector (tensors in table order)
+  .step           the last step pushed (starts at info.resume_step)
+  .pull(out=None) the weights: a dict name -> float32 array (new, or out's
+                  arrays filled in place), or into a flat float32 array out
+  .push(grads, loss=0.0, batch=0, step=None)
+                  grads: a dict name -> array (trainable tensors: their
+                  gradient; state tensors: their current value) or the flat
+                  vector; step: .step + 1 by default. Returns a PushResult
+                  (applied, dropped, rejected, staleness, staleness_max,
+                  version, reason). A push the servers refuse raises Rejected
+                  naming the tensor with a non-finite value.
+  .stats() (the chief), .finish(), .wait_all(timeout), .shutdown() (the
+  chief), .close(); a context manager (close on exit).
+
+Errors: every failure raises downpour.Error (its .code: "timeout",
+"deferred", "interrupted", "refused", "args", "other"); ModelMismatch when
+the servers hold another model, ShapeError for an array of the wrong shape,
+Rejected for a refused push; each names the tensor when one is at fault.
+"""
+import collections
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from . import safetensors
+
+__all__ = ["Client", "Error", "ModelMismatch", "ShapeError", "Rejected", "TensorInfo", "Info",
+           "PushResult", "safetensors", "library_path"]
+
+_CODES = {0: "ok", 1: "timeout", 2: "deferred", 3: "interrupted", 4: "refused", 5: "args",
+          6: "other"}
+
+
+class Error(Exception):
+    """A failed call; .code says what kind of failure it was."""
+
+    def __init__(self, msg, code="other", tensor=None):
+        super().__init__(msg)
+        self.code = code
+        self.tensor = tensor
+
+
+class ModelMismatch(Error):
+    """The servers hold another model (table or spec) than this worker's."""
+
+
+class ShapeError(Error, ValueError):
+    """An array whose shape (or dtype) is not its tensor's."""
+
+
+class Rejected(Error):
+    """The servers refused a push (a non-finite value, ...); .tensor names it."""
+
+
+TensorInfo = collections.namedtuple("TensorInfo", "name shape offset count trainable")
+Info = collections.namedtuple("Info", "mode workers replicas staleness shards task_index resume_step")
+PushResult = collections.namedtuple(
+    "PushResult", "applied dropped rejected staleness staleness_max version reason")
+
+
+def library_path():
+    """The library file this package loads (see downpour._lib)."""
+    return _lib.find()
+
+
+def _raise_last(lib, prefix=""):
+    msg = lib.downpour_last_error().decode("utf-8", "replace")
+    code = _CODES.get(lib.downpour_last_error_code(), "other")
+    cls = ModelMismatch if "model mismatch" in msg else Error
+    raise cls(prefix + msg, code)
+
+
+def _b(s):
+    return None if s is None else str(s).encode()
+
+
+def _endpoints(ps):
+    if ps is None:
+        return None
+    if isinstance(ps, str):
+        return ps
+    return ",".join(ps)
+
+
+def _opts(lib, ps, task_index, timeout=30.0, curve_secret=None, curve_server=None, wire=None,
+          transport=None):
+    o = _lib.Opts()
+    lib.downpour_opts_init(ctypes.byref(o))
+    o.endpoints = _b(_endpoints(ps))
+    o.task_index = -1 if task_index is None else int(task_index)
+    o.timeout_s = float(timeout)
+    o.curve_secret = _b(curve_secret)
+    o.curve_server = _b(curve_server)
+    o.wire = _b(wire)
+    o.transport = _b(transport)
+    return o
+
+
+class Client:
+    """One worker of the servers, on NumPy arrays (see the module's help)."""
+
+    def __init__(self, table, ps=None, task_index=0, *, _spec=None, **options):
+        self._lib = lib = _lib.load()
+        self._h = None
+        o = _opts(lib, ps, task_index, **options)
+        h = ctypes.c_void_p()
+        if _spec is not None:
+            spec, (c, hh, w) = _spec
+            rc = lib.downpour_connect_spec(ctypes.byref(h), _b(spec), c, hh, w, ctypes.byref(o))
+        else:
+            table = [(str(n), tuple(int(d) for d in s), bool(t)) for n, s, t in table]
+            arr = (_lib.Tensor * len(table))()
+            keep = []  # the shapes' buffers live until the call returns
+            for i, (name, shape, trainable) in enumerate(table):
+                sh = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+                keep.append(sh)
+                arr[i] = _lib.Tensor(name.encode(), len(shape),
+                                     ctypes.cast(sh, ctypes.POINTER(ctypes.c_int64)),
+                                     1 if trainable else 0)
+            rc = lib.downpour_connect_table(ctypes.byref(h), arr, len(table), ctypes.byref(o))
+        if rc != 0:
+            _raise_last(lib)
+        self._h = h
+        self.tensors = []
+        ti = _lib.TensorInfo()
+        for i in range(lib.downpour_num_tensors(h)):
+            lib.downpour_tensor(h, i, ctypes.byref(ti))
+            self.tensors.append(TensorInfo(ti.name.decode(), tuple(ti.shape[:ti.ndim]),
+                                           ti.offset, ti.count, bool(ti.trainable)))
+        self.index = {t.name: i for i, t in enumerate(self.tensors)}
+        self.num_floats = lib.downpour_num_floats(h)
+        inf = _lib.Info()
+        lib.downpour_info(h, ctypes.byref(inf))
+        self.info = Info(lib.downpour_mode_name(inf.mode).decode(), inf.num_workers,
+                         inf.replicas, inf.staleness, inf.num_shards, inf.task_index,
+                         inf.resume_step)
+        self.step = inf.resume_step
+        self._res = _lib.PushResult()
+        self._flat_push = None  # made on the first push of a dict: one gather buffer
+        self.finished = False   # finish (or wait_all, shutdown) done
+
+    @classmethod
+    def from_init(cls, path, ps=None, task_index=0, **options):
+        """A client of servers started with `downpour-ps --init path`."""
+        return cls(safetensors.table(path), ps, task_index, **options)
+
+    @classmethod
+    def from_spec(cls, spec, input=(1, 28, 28), ps=None, task_index=0, **options):
+        """A client of servers started with `downpour-ps --model spec --input CxHxW`."""
+        return cls(None, ps, task_index, _spec=(spec, tuple(int(x) for x in input)), **options)
+
+    # ---- the requests ----------------------------------------------------
+    def _check(self, rc, prefix=""):
+        if rc != 0:
+            _raise_last(self._lib, prefix)
+
+    def _handle(self):
+        if self._h is None:
+            raise Error("the client is closed", "args")
+        return self._h
+
+    def pull(self, out=None):
+        """The servers' weights: a new dict of arrays, out's arrays filled in
+        place (a dict name -> C-contiguous float32 array), or a flat out."""
+        h = self._handle()
+        if isinstance(out, np.ndarray):
+            self._flat_ok(out, "pull: out")
+            self._check(self._lib.downpour_pull(h, out.ctypes.data))
+            return out
+        if out is None:
+            flat = np.empty(self.num_floats, dtype=np.float32)
+            self._check(self._lib.downpour_pull(h, flat.ctypes.data))
+            return {t.name: flat[t.offset:t.offset + t.count].reshape(t.shape)
+                    for t in self.tensors}
+        ptrs = (ctypes.c_void_p * len(self.tensors))()
+        for name, a in out.items():
+            i = self._tensor_index(name)
+            self._array_ok(a, self.tensors[i], "pull")
+            ptrs[i] = a.ctypes.data
+        self._check(self._lib.downpour_pull_tensors(h, ptrs))
+        return out
+
+    def _pull_ptrs(self, ptrs):
+        """pull_tensors into a prepared (c_void_p * n) array (downpour.torch)."""
+        self._check(self._lib.downpour_pull_tensors(self._handle(), ptrs))
+
+    def push(self, grads, loss=0.0, batch=0, step=None):
+        """One push (see the module's help); returns a PushResult."""
+        h = self._handle()
+        if isinstance(grads, np.ndarray):
+            self._flat_ok(grads, "push: grads")
+            flat = grads
+        else:
+            if self._flat_push is None:
+                self._flat_push = np.zeros(self.num_floats, dtype=np.float32)
+            flat = self._flat_push
+            for name, a in grads.items():
+                t = self.tensors[self._tensor_index(name)]
+                a = np.asarray(a)
+                if a.shape != t.shape:
+                    raise ShapeError(f"push: tensor {name}: shape {list(a.shape)}, the servers' "
+                                     f"is {list(t.shape)}", "args", name)
+                flat[t.offset:t.offset + t.count] = a.reshape(-1)
+        return self._push_flat(flat.ctypes.data, flat, loss, batch, step)
+
+    def _push_flat(self, ptr, flat, loss, batch, step):
+        """Push the flat vector at ptr (flat: a NumPy view of it, to name the
+        tensor of a refusal)."""
+        step = self.step + 1 if step is None else int(step)
+        r = self._res
+        self._check(self._lib.downpour_push(self._handle(), ptr, float(loss), int(batch), step,
+                                            ctypes.byref(r)))
+        self.step = step
+        res = PushResult(r.applied, r.dropped, r.rejected, r.staleness_mean, r.staleness_max,
+                         r.version, r.reason.decode("utf-8", "replace"))
+        if r.rejected:
+            raise self._rejected(res, flat)
+        return res
+
+    def _rejected(self, res, flat):
+        """Rejected naming the first tensor with a non-finite value, when one has."""
+        for t in self.tensors:
+            seg = flat[t.offset:t.offset + t.count]
+            if not np.isfinite(seg).all():
+                bad = int(np.flatnonzero(~np.isfinite(seg))[0])
+                kind = "gradient" if t.trainable else "value"
+                return Rejected(f"push of step {self.step} refused: tensor {t.name}: non-finite "
+                                f"{kind} {seg[bad]} at element {bad} (servers: {res.reason})",
+                                "refused", t.name)
+        return Rejected(f"push of step {self.step} refused: {res.reason}", "refused")
+
+    def version(self):
+        """The version (summed over shards) the last pull got."""
+        return self._lib.downpour_version_pulled(self._handle())
+
+    def updates_lost(self):
+        """Updates lost to shard restarts from older checkpoints, as seen here."""
+        return self._lib.downpour_updates_lost(self._handle())
+
+    def stats(self):
+        """The servers' counters (the chief only), as a dict."""
+        st = _lib.Stats()
+        self._check(self._lib.downpour_stats(self._handle(), ctypes.byref(st)))
+        return {"applied": st.applied, "dropped": st.dropped, "rejected": st.rejected,
+                "version": st.version, "staleness_mean": st.staleness_mean,
+                "staleness_max": st.staleness_max,
+                "staleness_hist": list(st.staleness_hist[:st.staleness_bins])}
+
+    def finish(self):
+        """This worker is done (the servers stop counting it)."""
+        self._check(self._lib.downpour_finish(self._handle()))
+        self.finished = True
+
+    def wait_all(self, timeout=300.0):
+        """The chief: wait until every worker has finished."""
+        self._check(self._lib.downpour_wait_all(self._handle(), float(timeout)))
+        self.finished = True
+
+    def shutdown(self):
+        """The chief: stop the servers (each writes its final checkpoint first)."""
+        self._check(self._lib.downpour_shutdown(self._handle()))
+        self.finished = True
+
+    def interrupt(self):
+        """Make a call blocked in another thread return (Error "interrupted")."""
+        self._lib.downpour_interrupt(self._handle())
+
+    def close(self):
+        if self._h is not None:
+            self._lib.downpour_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- checks ------------------------------------------------------------
+    def _tensor_index(self, name):
+        i = self.index.get(name)
+        if i is None:
+            raise ShapeError(f"tensor {name}: not in the servers' table", "args", name)
+        return i
+
+    def _array_ok(self, a, t, what):
+        if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
+                and a.flags.writeable):
+            raise ShapeError(f"{what}: tensor {t.name}: needs a writable C-contiguous float32 "
+                             f"array", "args", t.name)
+        if a.shape != t.shape:
+            raise ShapeError(f"{what}: tensor {t.name}: shape {list(a.shape)}, the servers' is "
+                             f"{list(t.shape)}", "args", t.name)
+
+    def _flat_ok(self, a, what):
+        if a.dtype != np.float32 or not a.flags.c_contiguous or a.size != self.num_floats:
+            raise ShapeError(f"{what}: a flat vector needs {self.num_floats} contiguous float32 "
+                             f"values, got {a.size} {a.dtype}", "args")

@@ -1,0 +1,242 @@
+"""downpour.torch: a PyTorch module trained as a worker of downpour-ps.
+
+    downpour.torch.save_init(model, "model.safetensors")
+    #   downpour-ps --init model.safetensors --workers 2 --mode async ...
+    with downpour.torch.Worker(model, ps=["tcp://host:5555"], task_index=0) as w:
+        for x, y in batches:
+            w.pull()                      # the servers' weights, into model in place
+            loss = loss_fn(model(x), y)
+            loss.backward()               # into the Worker's gradient buffer
+            w.push(loss=loss, batch=len(x))
+            model.zero_grad()
+
+save_init(module, path) writes module.state_dict() in its order as float32
+(integer buffers such as num_batches_tracked converted), with the metadata
+"downpour.state" naming every buffer: the servers step the parameters with
+gradients and take the buffers' values (sync: their mean over a step's
+pushes; async / ssp: the value pushed).
+
+Worker(module, ps=None, task_index=0, *, spec=None, input=(1, 28, 28),
+init=None, **options): the module's state_dict as the servers' table
+(names, shapes, order; parameters trainable, buffers state). spec: the
+servers run `--model SPEC --input CxHxW` instead (the module's names and
+shapes must be the spec's: tests/torch_net.py builds such a module). init:
+the --init file the servers were started from, so that a module that
+differs from it is refused before connecting, naming the tensor. Options
+as downpour.Client's: timeout, curve_secret, curve_server, wire, transport.
+
+  pull()   the weights into the module's parameters and buffers in place:
+           one copy from what arrived, no allocation (the pointers are
+           taken once; a buffer that is not float32, or not on the CPU, goes
+           through a float32 copy of its own made at the start).
+  push(loss=0.0, batch=0)
+           the parameters' .grad (each a view into one flat buffer the
+           Worker owns, so nothing is gathered; a .grad set to None or
+           replaced, as zero_grad(set_to_none=True) does, is zero or copied
+           in) and the buffers' current values, as step .step + 1 (kept by
+           the Worker: a push repeated after a restart is applied once).
+           Returns downpour.PushResult; a refused push raises
+           downpour.Rejected naming the tensor with the non-finite value.
+  stats(), finish(), wait_all(timeout), shutdown(), close(); .client (the
+  downpour.Client), .info, .step; a context manager (finish, close).
+"""
+import ctypes
+
+import torch
+
+import downpour
+from downpour import safetensors as _st
+
+__all__ = ["save_init", "Worker", "table_of"]
+
+
+def _buffer_names(module):
+    return set(name for name, _ in module.named_buffers())
+
+
+def table_of(module):
+    """The servers' table for module: [(name, shape, trainable)] in
+    state_dict order, buffers as state."""
+    buffers = _buffer_names(module)
+    return [(name, tuple(t.shape), name not in buffers)
+            for name, t in module.state_dict().items()]
+
+
+def save_init(module, path):
+    """Write the --init file of module (see the module's help)."""
+    buffers = _buffer_names(module)
+    tensors, state = [], []
+    for name, t in module.state_dict().items():
+        tensors.append((name, t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()))
+        if name in buffers:
+            state.append(name)
+    meta = {"format": "pt"}
+    if state:
+        meta[_st.STATE_KEY] = ",".join(state)
+    _st.write(path, tensors, meta)
+
+
+def _check_against(table, expected, where):
+    """ModelMismatch naming the first tensor of table that differs from expected."""
+    for i in range(max(len(table), len(expected))):
+        if i >= len(expected):
+            raise downpour.ModelMismatch(
+                f"tensor {table[i][0]}: the module has it, {where} has no tensor {i + 1}",
+                "args", table[i][0])
+        if i >= len(table):
+            raise downpour.ModelMismatch(
+                f"tensor {expected[i][0]}: {where} has it, the module does not", "args",
+                expected[i][0])
+        (n, s, t), (en, es, et) = table[i], expected[i]
+        if n != en:
+            raise downpour.ModelMismatch(
+                f"tensor {i + 1}: the module's is {n}, {where}'s is {en}", "args", n)
+        if tuple(s) != tuple(es):
+            raise downpour.ShapeError(
+                f"tensor {n}: the module's shape is {list(s)}, {where}'s is {list(es)}",
+                "args", n)
+        if bool(t) != bool(et):
+            what = lambda x: "trained by gradients" if x else "state (a buffer)"  # noqa: E731
+            raise downpour.ModelMismatch(
+                f"tensor {n}: {what(t)} in the module, {what(et)} in {where}", "args", n)
+
+
+class Worker:
+    """A PyTorch module as worker task_index of the servers (see the module's help)."""
+
+    def __init__(self, module, ps=None, task_index=0, *, spec=None, input=(1, 28, 28), init=None,
+                 **options):
+        self.module = module
+        table = table_of(module)
+        if init is not None:
+            _check_against(table, _st.table(init), init)
+        if spec is not None:
+            self.client = downpour.Client.from_spec(spec, input, ps, task_index, **options)
+            spec_table = [(t.name, t.shape, t.trainable) for t in self.client.tensors]
+            try:
+                _check_against(table, spec_table, f"the spec '{spec}'")
+            except downpour.Error:
+                self.client.close()
+                raise
+        else:
+            try:
+                self.client = downpour.Client(table, ps, task_index, **options)
+            except downpour.ModelMismatch as e:
+                first = table[0]
+                raise downpour.ModelMismatch(
+                    f"model mismatch: the servers hold another model than this module's table "
+                    f"({len(table)} tensors, the first {first[0]} {list(first[1])}); give "
+                    f"init='FILE.safetensors' (the servers' --init file) to name the tensor that "
+                    f"differs (servers: {e})", e.code) from None
+        self.info = self.client.info
+        self._bind()
+
+    # ---- where each tensor lives -------------------------------------------
+    def _bind(self):
+        """Take each tensor's pointer once; give each parameter's .grad a view
+        into one flat buffer."""
+        c = self.client
+        sd = self.module.state_dict(keep_vars=True)
+        params = dict(self.module.named_parameters())
+        n = len(c.tensors)
+        self._ptrs = (ctypes.c_void_p * n)()
+        self._direct = []   # (tensor, ptr): pulled straight into the tensor's storage
+        self._staged = []   # (tensor, float32 staging): pulled there, then copied in
+        self._grads = []    # (param, flat view, shape)
+        self._state = []    # (buffer, flat view)
+        self._flat = torch.zeros(c.num_floats, dtype=torch.float32)
+        self._flat_np = self._flat.numpy()
+        for i, t in enumerate(c.tensors):
+            v = sd.get(t.name)
+            if v is None:
+                raise downpour.ModelMismatch(f"tensor {t.name}: the servers' table has it, the "
+                                             f"module no longer does", "args", t.name)
+            data = v.data if isinstance(v, torch.nn.Parameter) else v
+            if tuple(data.shape) != t.shape:
+                raise downpour.ShapeError(f"tensor {t.name}: the module's shape is now "
+                                          f"{list(data.shape)}, the servers' is {list(t.shape)}",
+                                          "args", t.name)
+            if data.dtype == torch.float32 and data.device.type == "cpu" and data.is_contiguous():
+                self._ptrs[i] = data.data_ptr()
+                self._direct.append((v, data.data_ptr()))  # v: a .data replaced shows
+            else:
+                stage = torch.empty(t.shape, dtype=torch.float32)
+                self._ptrs[i] = stage.data_ptr()
+                self._staged.append((v, stage))
+            view = self._flat[t.offset:t.offset + t.count]
+            if t.trainable:
+                p = params.get(t.name)
+                if p is None:  # a table's trainable tensor that is no Parameter
+                    raise downpour.ModelMismatch(f"tensor {t.name}: trained by gradients on the "
+                                                 f"servers, not a parameter of the module", "args",
+                                                 t.name)
+                g = view.view(t.shape)
+                if p.device.type == "cpu" and p.dtype == torch.float32:
+                    if p.grad is not None:
+                        g.copy_(p.grad)
+                    p.grad = g
+                self._grads.append((p, g, t))
+            else:
+                self._state.append((v, view.view(t.shape), t))
+
+    def pull(self):
+        """The servers' weights into the module (see the module's help)."""
+        for data, ptr in self._direct:
+            if data.data_ptr() != ptr:  # the module was moved or reallocated
+                self._bind()
+                break
+        self.client._pull_ptrs(self._ptrs)
+        if self._staged:
+            with torch.no_grad():
+                for data, stage in self._staged:
+                    data.copy_(stage)
+
+    def push(self, loss=0.0, batch=0):
+        """The gradients (and the buffers' values) as the next step."""
+        with torch.no_grad():
+            for p, g, t in self._grads:
+                pg = p.grad
+                if pg is None:
+                    g.zero_()
+                elif pg.data_ptr() != g.data_ptr():
+                    if tuple(pg.shape) != t.shape:
+                        raise downpour.ShapeError(f"push: tensor {t.name}: .grad has shape "
+                                                  f"{list(pg.shape)}, the parameter's is "
+                                                  f"{list(t.shape)}", "args", t.name)
+                    g.copy_(pg)
+                    if p.device.type == "cpu" and p.dtype == torch.float32:
+                        p.grad = g  # the next backward accumulates into the flat buffer
+            for data, v, _ in self._state:
+                v.copy_(data)
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.detach())
+        return self.client._push_flat(self._flat.data_ptr(), self._flat_np, loss, batch, None)
+
+    @property
+    def step(self):
+        return self.client.step
+
+    def stats(self):
+        return self.client.stats()
+
+    def finish(self):
+        self.client.finish()
+
+    def wait_all(self, timeout=300.0):
+        self.client.wait_all(timeout)
+
+    def shutdown(self):
+        self.client.shutdown()
+
+    def close(self):
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        try:
+            if exc_type is None and not self.client.finished:
+                self.client.finish()
+        finally:
+            self.client.close()

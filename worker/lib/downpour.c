@@ -1,0 +1,406 @@
+/* downpour: libdownpour.so, the public face of the C worker's client
+ * (downpour.h). Every request goes through worker/ps_client.h and its
+ * heartbeats through worker/ps_beat.h, exactly as downpour-worker makes
+ * them; what lives here is only the translation: a table or spec into a
+ * dp_model_t, options into dp_ps_client_opts_t, TF_CONFIG into endpoints,
+ * and a pull's ranges into the caller's per-tensor buffers.
+ *
+ * Only the downpour_* symbols leave the library (worker/lib/downpour.map),
+ * so the dp_* code inside never clashes with a program's own. */
+#include "worker/lib/downpour.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cluster.h"
+#include "common/model.h"
+#include "common/util.h"
+#include "worker/ps_beat.h"
+#include "worker/ps_client.h"
+
+struct downpour {
+    dp_model_t *model;             /* the table or spec; the client points at it */
+    dp_ps_client_t *ps;
+    dp_ps_beat_t *beat;
+    dp_ps_info_t info;
+    int task_index;
+    char endpoints[DP_ZSOCK_MAX_SHARDS * DP_ZSOCK_ENDPOINT_LEN]; /* as connected */
+    volatile sig_atomic_t stop;    /* downpour_interrupt */
+};
+
+/* The calling thread's last failure (downpour_last_error). */
+static _Thread_local char s_err[DP_ERR_LEN];
+static _Thread_local downpour_err_t s_code;
+
+static void s_ok(void)
+{
+    s_err[0] = '\0';
+    s_code = DOWNPOUR_OK;
+}
+
+static int s_fail(downpour_err_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int s_fail(downpour_err_t code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s_err, sizeof s_err, fmt, ap);
+    va_end(ap);
+    s_code = code;
+    return -1;
+}
+
+static downpour_err_t s_kind(dp_ps_err_t k)
+{
+    switch (k) {
+    case DP_PS_OK: return DOWNPOUR_OK;
+    case DP_PS_ERR_TIMEOUT: return DOWNPOUR_ERR_TIMEOUT;
+    case DP_PS_ERR_DEFERRED: return DOWNPOUR_ERR_DEFERRED;
+    case DP_PS_ERR_INTERRUPTED: return DOWNPOUR_ERR_INTERRUPTED;
+    case DP_PS_ERR_REFUSED: return DOWNPOUR_ERR_REFUSED;
+    default: return DOWNPOUR_ERR_OTHER;
+    }
+}
+
+/* A failed client call: its text is in s_err already, its kind from the client. */
+static int s_client_failed(const downpour_t *h)
+{
+    s_code = s_kind(dp_ps_client_error(h->ps));
+    return -1;
+}
+
+const char *downpour_version(void)
+{
+    return DOWNPOUR_VERSION;
+}
+
+int downpour_api_version(void)
+{
+    return DOWNPOUR_API_VERSION;
+}
+
+const char *downpour_last_error(void)
+{
+    return s_err;
+}
+
+downpour_err_t downpour_last_error_code(void)
+{
+    return s_code;
+}
+
+void downpour_opts_init(downpour_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->api = DOWNPOUR_API_VERSION;
+    o->task_index = -1;
+    o->timeout_s = 30;
+}
+
+const char *downpour_mode_name(downpour_mode_t m)
+{
+    return dp_mode_name((dp_mode_t)m);
+}
+
+/* The endpoints and task index: the options', else TF_CONFIG's (as
+ * downpour-worker reads it without --ps). */
+static int s_cluster(downpour_t *h, const downpour_opts_t *o)
+{
+    char err[DP_ERR_LEN];
+    if (o->endpoints) {
+        if (snprintf(h->endpoints, sizeof h->endpoints, "%s", o->endpoints) >=
+            (int)sizeof h->endpoints)
+            return s_fail(DOWNPOUR_ERR_ARGS, "endpoints: longer than %zu bytes",
+                          sizeof h->endpoints - 1);
+        h->task_index = o->task_index < 0 ? 0 : o->task_index;
+        return 0;
+    }
+    dp_cluster_t *cl = dp_malloc(sizeof *cl);
+    dp_cluster_init(cl);
+    cl->flag_task_index = o->task_index;
+    int rc = -1;
+    const char *tf = getenv("TF_CONFIG");
+    if (dp_cluster_resolve(cl, tf, err) != 0) {
+        s_fail(DOWNPOUR_ERR_ARGS, "TF_CONFIG: %s", err);
+    } else if (cl->n_ps == 0) {
+        s_fail(DOWNPOUR_ERR_ARGS, "no parameter servers: give endpoints (\"tcp://H:P,...\") "
+                                  "or set TF_CONFIG with a ps job");
+    } else if (cl->job_name[0] && strcmp(cl->job_name, "worker") != 0 &&
+               strcmp(cl->job_name, "chief") != 0) {
+        s_fail(DOWNPOUR_ERR_ARGS, "TF_CONFIG: task type %s: a client is a worker task",
+               cl->job_name);
+    } else if (dp_cluster_ps_endpoints(cl, h->endpoints, sizeof h->endpoints, err) != 0) {
+        s_fail(DOWNPOUR_ERR_ARGS, "TF_CONFIG: %s", err);
+    } else {
+        h->task_index = cl->task_index < 0 ? 0 : cl->task_index;
+        rc = 0;
+    }
+    free(cl);
+    return rc;
+}
+
+/* h->model is set: connect, HELLO, start the heartbeats. */
+static int s_connect(downpour_t *h, const downpour_opts_t *o)
+{
+    char err[DP_ERR_LEN];
+    dp_ps_client_opts_t co = {.timeout_s = o->timeout_s, .stop = &h->stop};
+    if (!o->curve_secret != !o->curve_server)
+        return s_fail(DOWNPOUR_ERR_ARGS, "curve_secret and curve_server go together: give both "
+                                         "(this worker's secret key and the servers' public "
+                                         "keys) or neither");
+    co.curve = (dp_ps_curve_t){o->curve_secret, o->curve_server};
+    if (o->wire && dp_ps_wire_parse(o->wire, &co.wire, err) != 0)
+        return s_fail(DOWNPOUR_ERR_ARGS, "wire: %s", err);
+    if (o->transport && dp_ps_transport_parse(o->transport, &co.transport, err) != 0)
+        return s_fail(DOWNPOUR_ERR_ARGS, "transport: %s", err);
+    if (s_cluster(h, o) != 0) return -1;
+    char (*eps)[DP_ZSOCK_ENDPOINT_LEN] = dp_malloc(DP_ZSOCK_MAX_SHARDS * sizeof *eps);
+    int n_eps = dp_ps_endpoints_parse(h->endpoints, eps, err);
+    free(eps);
+    if (n_eps < 0) return s_fail(DOWNPOUR_ERR_ARGS, "%s", err);
+    /* Beats first, so a worker that computes long between calls (or before
+     * its first pull) is never taken for a dead one, as downpour-worker. */
+    if (dp_ps_beat_new(&h->beat, h->endpoints, h->task_index, &co.curve, err) != 0)
+        return s_fail(DOWNPOUR_ERR_ARGS, "%s", err);
+    dp_ps_err_t kind = DP_PS_OK;
+    co.new_error = &kind;
+    if (dp_ps_client_new(&h->ps, h->endpoints, h->model, h->task_index, &co, &h->info, s_err) != 0) {
+        s_code = s_kind(kind);
+        return -1;
+    }
+    if (h->task_index >= h->info.num_workers)
+        return s_fail(DOWNPOUR_ERR_ARGS, "task index %d out of range: the servers expect %d "
+                                         "workers", h->task_index, h->info.num_workers);
+    return 0;
+}
+
+static int s_finish_connect(downpour_t **out, downpour_t *h, const downpour_opts_t *o)
+{
+    if (s_connect(h, o) != 0) {
+        downpour_close(h);
+        return -1;
+    }
+    *out = h;
+    return 0;
+}
+
+static downpour_t *s_new(void)
+{
+    downpour_t *h = dp_calloc(1, sizeof *h);
+    h->model = dp_calloc(1, sizeof *h->model);
+    return h;
+}
+
+static int s_check_opts(downpour_t **out, const downpour_opts_t *o)
+{
+    s_ok();
+    if (out) *out = NULL;
+    if (!out || !o) return s_fail(DOWNPOUR_ERR_ARGS, "downpour_connect: out and opts are required");
+    if (o->api != DOWNPOUR_API_VERSION)
+        return s_fail(DOWNPOUR_ERR_ARGS, "downpour_opts_t of API version %d, this library is "
+                                         "version %d (call downpour_opts_init first)",
+                      o->api, DOWNPOUR_API_VERSION);
+    return 0;
+}
+
+int downpour_connect_table(downpour_t **out, const downpour_tensor_t *t, int n,
+                           const downpour_opts_t *o)
+{
+    char err[DP_ERR_LEN];
+    if (s_check_opts(out, o) != 0) return -1;
+    if (n < 1 || n > DP_MAX_PARAMS || !t)
+        return s_fail(DOWNPOUR_ERR_ARGS, "a table of %d tensors: 1 to %d", n, DP_MAX_PARAMS);
+    /* downpour_tensor_t and dp_table_entry_t are the same fields; copied so
+     * that each may change on its own. */
+    dp_table_entry_t *e = dp_calloc((size_t)n, sizeof *e);
+    for (int i = 0; i < n; i++)
+        e[i] = (dp_table_entry_t){t[i].name, t[i].ndim, t[i].shape, t[i].trainable};
+    downpour_t *h = s_new();
+    int rc = dp_model_from_table(h->model, e, n, err);
+    free(e);
+    if (rc != 0) {
+        downpour_close(h);
+        return s_fail(DOWNPOUR_ERR_ARGS, "%s", err);
+    }
+    return s_finish_connect(out, h, o);
+}
+
+int downpour_connect_spec(downpour_t **out, const char *spec, int in_c, int in_h, int in_w,
+                          const downpour_opts_t *o)
+{
+    char err[DP_ERR_LEN];
+    if (s_check_opts(out, o) != 0) return -1;
+    downpour_t *h = s_new();
+    if (dp_model_parse(h->model, spec ? spec : DP_MODEL_DEFAULT_SPEC, in_c, in_h, in_w, err) != 0) {
+        downpour_close(h);
+        return s_fail(DOWNPOUR_ERR_ARGS, "model: %s", err);
+    }
+    return s_finish_connect(out, h, o);
+}
+
+int downpour_info(const downpour_t *h, downpour_info_t *out)
+{
+    s_ok();
+    *out = (downpour_info_t){
+        .mode = (downpour_mode_t)h->info.mode, .num_workers = h->info.num_workers,
+        .replicas = h->info.replicas, .staleness = h->info.staleness,
+        .num_shards = h->info.num_shards, .task_index = h->task_index,
+        .resume_step = dp_ps_client_resume_step(h->ps),
+    };
+    return 0;
+}
+
+size_t downpour_num_floats(const downpour_t *h)
+{
+    return h->model->n_floats;
+}
+
+int downpour_num_tensors(const downpour_t *h)
+{
+    return h->model->n_params;
+}
+
+int downpour_tensor(const downpour_t *h, int i, downpour_tensor_info_t *out)
+{
+    s_ok();
+    if (i < 0 || i >= h->model->n_params)
+        return s_fail(DOWNPOUR_ERR_ARGS, "tensor %d: the model has %d", i, h->model->n_params);
+    const dp_param_t *p = &h->model->params[i];
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", p->name);
+    out->ndim = p->ndim;
+    for (int d = 0; d < p->ndim; d++) out->shape[d] = p->shape[d];
+    out->offset = p->offset;
+    out->count = p->count;
+    out->trainable = p->trainable;
+    return 0;
+}
+
+int downpour_pull(downpour_t *h, float *params)
+{
+    s_ok();
+    if (dp_ps_client_pull(h->ps, params, s_err) != 0) return s_client_failed(h);
+    return 0;
+}
+
+/* A pull's range [off, off + n) into the tensors it covers: a shard's range
+ * starts and ends anywhere (the servers shard by bytes), so it may hold
+ * the end of one tensor, whole ones, and the start of another. */
+typedef struct {
+    const dp_model_t *m;
+    float *const *dst;
+} s_scatter_t;
+
+static void s_scatter(void *arg, size_t off, const float *data, size_t n)
+{
+    const s_scatter_t *s = arg;
+    const dp_param_t *p = s->m->params;
+    int lo = 0, hi = s->m->n_params - 1;
+    while (lo < hi) { /* the last tensor starting at or before off */
+        int mid = (lo + hi + 1) / 2;
+        if (p[mid].offset <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    for (int i = lo; n > 0 && i < s->m->n_params; i++) {
+        size_t at = off - p[i].offset, take = p[i].count - at; /* off >= p[i].offset */
+        if (take > n) take = n;
+        if (s->dst[i] && take) memcpy(s->dst[i] + at, data, take * sizeof(float));
+        data += take, off += take, n -= take;
+    }
+}
+
+int downpour_pull_tensors(downpour_t *h, float *const *dst)
+{
+    s_ok();
+    s_scatter_t s = {h->model, dst};
+    if (dp_ps_client_pull_to(h->ps, s_scatter, &s, s_err) != 0) return s_client_failed(h);
+    return 0;
+}
+
+uint64_t downpour_version_pulled(const downpour_t *h)
+{
+    return dp_ps_client_version(h->ps);
+}
+
+int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint64_t step,
+                  downpour_push_result_t *res)
+{
+    s_ok();
+    dp_push_result_t r;
+    dp_ps_push_t p = {.grads = grads, .loss = loss, .batch = batch, .step = step};
+    if (dp_ps_client_push(h->ps, &p, &r, s_err) != 0) return s_client_failed(h);
+    if (res) {
+        *res = (downpour_push_result_t){
+            .applied = r.applied, .dropped = r.dropped, .rejected = r.rejected,
+            .staleness_max = r.staleness_max, .staleness_mean = r.staleness_mean,
+            .version = r.version,
+        };
+        snprintf(res->reason, sizeof res->reason, "%s", r.reason);
+    }
+    return 0;
+}
+
+uint64_t downpour_updates_lost(const downpour_t *h)
+{
+    return dp_ps_client_updates_lost(h->ps);
+}
+
+int downpour_stats(downpour_t *h, downpour_stats_t *out)
+{
+    s_ok();
+    dp_ps_stats_t st;
+    if (dp_ps_client_stats(h->ps, &st, s_err) != 0) return s_client_failed(h);
+    memset(out, 0, sizeof *out);
+    out->applied = st.applied;
+    out->dropped = st.dropped;
+    out->rejected = st.rejected;
+    out->version = st.version;
+    out->staleness_mean = st.staleness_mean;
+    out->staleness_max = st.staleness_max;
+    size_t bins = st.staleness_bins < DOWNPOUR_STATS_BINS ? st.staleness_bins : DOWNPOUR_STATS_BINS;
+    memcpy(out->staleness_hist, st.staleness_hist, bins * sizeof(uint64_t));
+    out->staleness_bins = (int)bins;
+    return 0;
+}
+
+int downpour_finish(downpour_t *h)
+{
+    s_ok();
+    if (dp_ps_client_finish(h->ps, s_err) != 0) return s_client_failed(h);
+    return 0;
+}
+
+int downpour_wait_all(downpour_t *h, double timeout_s)
+{
+    s_ok();
+    if (dp_ps_client_wait_all_finished(h->ps, timeout_s, s_err) != 0) return s_client_failed(h);
+    return 0;
+}
+
+int downpour_shutdown(downpour_t *h)
+{
+    s_ok();
+    if (dp_ps_client_shutdown_servers(h->ps, s_err) != 0) return s_client_failed(h);
+    return 0;
+}
+
+void downpour_interrupt(downpour_t *h)
+{
+    h->stop = 1;
+}
+
+void downpour_interrupt_clear(downpour_t *h)
+{
+    h->stop = 0;
+}
+
+void downpour_close(downpour_t *h)
+{
+    if (!h) return;
+    dp_ps_client_destroy(&h->ps);
+    dp_ps_beat_destroy(&h->beat);
+    free(h->model);
+    free(h);
+}
