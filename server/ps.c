@@ -537,12 +537,19 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     if (!s_same_model(m, env)) {
         const Downpour__Hello *h = env->hello;
         char msg[800];
-        snprintf(msg, sizeof msg,
-                 "model mismatch: this shard serves another model than the worker's '%.500s' on "
-                 "%dx%dx%d (fingerprint %016" PRIx64 "); check --model and the data set on both "
-                 "sides (the shard's log names its own)",
-                 h->model_spec ? h->model_spec : "", h->in_c, h->in_h, h->in_w,
-                 env->model_fingerprint);
+        const char *spec = h->model_spec ? h->model_spec : "";
+        if (strcmp(spec, DP_MODEL_TABLE_SPEC) == 0) /* a library client's table */
+            snprintf(msg, sizeof msg,
+                     "model mismatch: this shard serves another model than the worker's tensor "
+                     "table of %" PRIu64 " floats (fingerprint %016" PRIx64 "); check its "
+                     "names, shapes and state tensors against the servers' --init file",
+                     h->n_floats, env->model_fingerprint);
+        else
+            snprintf(msg, sizeof msg,
+                     "model mismatch: this shard serves another model than the worker's '%.500s' "
+                     "on %dx%dx%d (fingerprint %016" PRIx64 "); check --model and the data set "
+                     "on both sides (the shard's log names its own)",
+                     spec, h->in_c, h->in_h, h->in_w, env->model_fingerprint);
         s_log_mismatch(ps, env);
         s_reply_error(ps, id, env->request_id, env->worker_id, msg);
         return;
