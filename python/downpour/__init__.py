@@ -25,7 +25,8 @@ Client(table, ps=None, task_index=0, **options)
     curve_secret and curve_server (key files), wire ("fp32" | "bf16"),
     transport ("auto" | "shm" | "zmq").
   .tensors        [TensorInfo(name, shape, offset, count, trainable)]
-  .info           Info(mode, workers, replicas, staleness, shards, task_index, resume_step)
+  .info           Info(mode, workers, replicas, staleness, shards, task_index, resume_step,
+                  local_steps)
   .num_floats     floats of the flat vector (tensors in table order)
   .step           the last step pushed (starts at info.resume_step)
   .pull(out=None) the weights: a dict name -> float32 array (new, or out's
@@ -82,7 +83,8 @@ class Rejected(Error):
 
 
 TensorInfo = collections.namedtuple("TensorInfo", "name shape offset count trainable")
-Info = collections.namedtuple("Info", "mode workers replicas staleness shards task_index resume_step")
+Info = collections.namedtuple("Info", "mode workers replicas staleness shards task_index resume_step "
+                              "local_steps")
 PushResult = collections.namedtuple(
     "PushResult", "applied dropped rejected staleness staleness_max version reason")
 
@@ -162,7 +164,7 @@ class Client:
         lib.downpour_info(h, ctypes.byref(inf))
         self.info = Info(lib.downpour_mode_name(inf.mode).decode(), inf.num_workers,
                          inf.replicas, inf.staleness, inf.num_shards, inf.task_index,
-                         inf.resume_step)
+                         inf.resume_step, inf.local_steps)
         self.step = inf.resume_step
         self._res = _lib.PushResult()
         self._flat_push = None  # made on the first push of a dict: one gather buffer

@@ -37,7 +37,7 @@ class Info(ctypes.Structure):
     _fields_ = [("mode", ctypes.c_int), ("num_workers", ctypes.c_int),
                 ("replicas", ctypes.c_int), ("staleness", ctypes.c_int),
                 ("num_shards", ctypes.c_int), ("task_index", ctypes.c_int),
-                ("resume_step", ctypes.c_uint64)]
+                ("resume_step", ctypes.c_uint64), ("local_steps", ctypes.c_long)]
 
 
 class TensorInfo(ctypes.Structure):

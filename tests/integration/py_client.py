@@ -84,6 +84,8 @@ def cmd_exact(a):
                                init=a.init) as w:
         check(f"{len(a.ps.split(','))} shard(s), the table of {len(w.client.tensors)} tensors",
               w.info.shards == len(a.ps.split(",")))
+        check(f"servers without --local-steps: info.local_steps 1 (got {w.info.local_steps})",
+              w.info.local_steps == 1)
         w.pull()
         same = all(torch.equal(v.float(), ref.state_dict()[k].float())
                    for k, v in model.state_dict().items())

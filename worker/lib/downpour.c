@@ -247,7 +247,7 @@ int downpour_info(const downpour_t *h, downpour_info_t *out)
         .mode = (downpour_mode_t)h->info.mode, .num_workers = h->info.num_workers,
         .replicas = h->info.replicas, .staleness = h->info.staleness,
         .num_shards = h->info.num_shards, .task_index = h->task_index,
-        .resume_step = dp_ps_client_resume_step(h->ps),
+        .resume_step = dp_ps_client_resume_step(h->ps), .local_steps = h->info.local_steps,
     };
     return 0;
 }

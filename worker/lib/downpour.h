@@ -146,6 +146,10 @@ typedef struct {
     int task_index;           /* this worker */
     uint64_t resume_step;     /* the last step of this worker every shard has applied: a
                                * restarted worker goes on after it (0: a new worker) */
+    long local_steps;         /* the servers' --local-steps H: each push is the weights
+                               * pulled minus those reached after H steps of the caller's
+                               * own optimizer, and the servers step by their outer one (1:
+                               * every push a gradient) */
 } downpour_info_t;
 
 int downpour_info(const downpour_t *h, downpour_info_t *out);
