@@ -41,6 +41,7 @@ static int s_add_param(dp_model_t *m, const char *tok, const char *layer, const 
     p->offset = m->n_floats;
     p->fan_in = (int)fan_in;
     p->init = DP_INIT_FAN_IN;
+    p->counter = 0;
     p->trainable = 1;
     m->n_floats = total;
     return m->n_params++;
@@ -240,6 +241,7 @@ static int s_layer_bn(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *
     m->params[l->running_mean].trainable = 0;
     m->params[l->running_var].trainable = 0;
     m->params[l->num_batches_tracked].trainable = 0;
+    m->params[l->num_batches_tracked].counter = 1;
     return 0;
 }
 

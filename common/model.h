@@ -128,6 +128,7 @@ typedef struct {
     int fan_in;            /* inputs per output unit, for initialisation (0: a table's
                             * or a batch norm's: see init) */
     int init;              /* DP_INIT_*: how dp_model_init_params fills it */
+    int counter;           /* 1: an integer count (num_batches_tracked): int64 in files */
     int trainable;         /* 1: trained by gradients; 0: state that is not a gradient
                             * (batch norm's running statistics, counters): a push carries
                             * its current value there, which the servers combine instead

@@ -139,6 +139,8 @@ static const s_conv_case_t s_conv_cases[] = {
     /* our GEMM's channel blocks on the avx2 path (16 + 8, 16 + 16 + 8), patches
      * not a multiple of 8 floats, 15 positions, stride 2 */
     {2, 8, 9, 10, 24, 3, 1, 1}, {1, 9, 7, 5, 40, 3, 0, 1}, {3, 3, 11, 9, 16, 5, 2, 2},
+    /* resnet20's stride-2 convolutions on 28x28 (even sides) and its 1x1 projection */
+    {2, 16, 28, 28, 32, 3, 1, 2}, {8, 32, 14, 14, 64, 3, 1, 2}, {2, 16, 28, 28, 32, 1, 0, 2},
 };
 #define N_CONV (int)(sizeof s_conv_cases / sizeof s_conv_cases[0])
 
