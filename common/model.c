@@ -21,6 +21,8 @@ size_t dp_layer_out_size(const dp_layer_t *l)
 static int s_add_param(dp_model_t *m, const char *tok, const char *layer, const char *what,
                        int ndim, const int *shape, size_t fan_in, char *err)
 {
+    if (m->n_params == DP_MAX_PARAMS)
+        return dp_err(err, "model spec: '%s': more than %d parameter tensors", tok, DP_MAX_PARAMS);
     dp_param_t *p = &m->params[m->n_params];
     size_t count = 1, total = 0;
     for (int i = 0; i < ndim; i++)
@@ -38,6 +40,8 @@ static int s_add_param(dp_model_t *m, const char *tok, const char *layer, const 
     p->count = count;
     p->offset = m->n_floats;
     p->fan_in = (int)fan_in;
+    p->init = DP_INIT_FAN_IN;
+    p->counter = 0;
     p->trainable = 1;
     m->n_floats = total;
     return m->n_params++;
@@ -67,7 +71,7 @@ static int s_act_ok(long c, long h, long w)
                : -1;
 }
 
-/* Parse "convKxK:OUT[:same|:valid]". */
+/* Parse "convKxK:OUT[:same|:valid][:sS][:pP]". */
 static int s_parse_conv(dp_layer_t *l, const char *tok, char *err)
 {
     int k1 = 0, k2 = 0, out = 0;
@@ -79,22 +83,55 @@ static int s_parse_conv(dp_layer_t *l, const char *tok, char *err)
     l->k = k1;
     l->stride = 1;
     l->out_c = out;
-    if (*rest == 0 || strcmp(rest, ":same") == 0) {
+    int pad = -1, same = 1;
+    while (*rest) {
+        if (*rest++ != ':') return dp_err(err, "model spec: bad convolution '%s'", tok);
+        if (strncmp(rest, "same", 4) == 0 && (rest[4] == 0 || rest[4] == ':')) {
+            same = 1;
+            rest += 4;
+        } else if (strncmp(rest, "valid", 5) == 0 && (rest[5] == 0 || rest[5] == ':')) {
+            same = 0;
+            rest += 5;
+        } else if (*rest == 's') {
+            rest++;
+            if (s_int(&rest, 1, 64, &l->stride) != 0)
+                return dp_err(err, "model spec: bad stride in '%s' (:sS, S in 1..64)", tok);
+        } else if (*rest == 'p') {
+            rest++;
+            if (s_int(&rest, 0, 64, &pad) != 0)
+                return dp_err(err, "model spec: bad padding in '%s' (:pP, P in 0..64)", tok);
+        } else {
+            return dp_err(err, "model spec: bad option in '%s' (use :same, :valid, :sS or :pP)", tok);
+        }
+    }
+    if (pad >= 0) {
+        l->pad = pad;
+    } else if (same) {
         if (k1 % 2 == 0)
             return dp_err(err, "model spec: '%s': 'same' padding needs an odd kernel size", tok);
         l->pad = k1 / 2;
-    } else if (strcmp(rest, ":valid") == 0) {
-        l->pad = 0;
     } else {
-        return dp_err(err, "model spec: bad padding in '%s' (use :same or :valid)", tok);
+        l->pad = 0;
     }
     return 0;
 }
 
-/* Parametric layers are numbered by kind: conv1, conv2, fc1, ... */
+/* The parser's state: parametric layers numbered by kind (conv1, fc1, ...),
+ * within a block by the block's own counters. */
 typedef struct {
-    int conv, fc;
+    int conv, fc, bn;      /* outside blocks */
+    int bconv, bbn;        /* inside the open block */
+    int torch_names;       /* the spec has blocks: torchvision's names */
+    int n_fc;              /* fc tokens in the spec */
+    int next_is_bn;        /* the token after this one is bn */
+    int in_block;          /* inside res( ... ) */
 } s_count_t;
+
+/* "conv2" or, inside a block, "conv2" of the block (prefixed when it closes). */
+static void s_name(dp_layer_t *l, const char *kind, int *outer, int *inner, const s_count_t *n)
+{
+    snprintf(l->name, sizeof l->name, "%s%d", kind, n->in_block ? ++*inner : ++*outer);
+}
 
 /* Each s_layer_* sets one kind's fields and output shape; l->in_* hold the
  * previous layer's output (or the input). */
@@ -104,11 +141,12 @@ static int s_layer_conv(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t
     if (s_parse_conv(l, tok, err) != 0) return -1;
     if (n->fc > 0) return dp_err(err, "model spec: '%s' after a fully connected layer", tok);
     l->kind = DP_LAYER_CONV;
-    snprintf(l->name, sizeof l->name, "conv%d", ++n->conv);
+    s_name(l, "conv", &n->conv, &n->bconv, n);
     /* In 64 bits: sides, pad and kernel are each below 2^31. */
     long long oh = ((long long)l->in_h + 2LL * l->pad - l->k) / l->stride + 1;
     long long ow = ((long long)l->in_w + 2LL * l->pad - l->k) / l->stride + 1;
-    if (oh < 1 || ow < 1)
+    if ((long long)l->in_h + 2LL * l->pad < l->k || (long long)l->in_w + 2LL * l->pad < l->k ||
+        oh < 1 || ow < 1)
         return dp_err(err, "model spec: '%s' leaves no output on a %dx%d input", tok, l->in_h, l->in_w);
     if (s_act_ok(l->out_c, (long)oh, (long)ow) != 0)
         return dp_err(err, "model spec: '%s': its output (%d x %lld x %lld) passes %zu floats "
@@ -120,7 +158,8 @@ static int s_layer_conv(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t
     if (dp_size_mul((size_t)l->in_c, (size_t)l->k, &fan_in) != 0 ||
         dp_size_mul(fan_in, (size_t)l->k, &fan_in) != 0)
         fan_in = SIZE_MAX;
-    if ((l->weight = s_add_param(m, tok, l->name, "weight", 4, ws, fan_in, err)) < 0 ||
+    if ((l->weight = s_add_param(m, tok, l->name, "weight", 4, ws, fan_in, err)) < 0) return -1;
+    if (!n->next_is_bn &&
         (l->bias = s_add_param(m, tok, l->name, "bias", 1, &l->out_c, fan_in, err)) < 0)
         return -1;
     return 0;
@@ -150,8 +189,13 @@ static int s_layer_fc(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *
     long out = strtol(tok + 3, &end, 10);
     if (end == tok + 3 || *end || out < 1 || out > (1 << 20))
         return dp_err(err, "model spec: bad fully connected layer '%s' (expected fc:OUT, e.g. fc:512)", tok);
+    if (n->in_block) return dp_err(err, "model spec: '%s' inside a res block", tok);
     l->kind = DP_LAYER_FC;
-    snprintf(l->name, sizeof l->name, "fc%d", ++n->fc);
+    if (n->torch_names && n->n_fc == 1)
+        snprintf(l->name, sizeof l->name, "fc");
+    else
+        snprintf(l->name, sizeof l->name, "fc%d", ++n->fc);
+    if (n->fc == 0) n->fc = 1; /* "after a fully connected layer" checks count it */
     /* Flattened; the previous layer's output was bounded by s_act_ok. */
     l->in_c = (int)((size_t)l->in_c * (size_t)l->in_h * (size_t)l->in_w);
     l->in_h = l->in_w = 1;
@@ -164,6 +208,43 @@ static int s_layer_fc(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *
     return 0;
 }
 
+/* A parameter-free layer whose output has its input's shape. */
+static void s_same_shape(dp_layer_t *l, dp_layer_kind_t kind, const char *name)
+{
+    l->kind = kind;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->out_c = l->in_c;
+    l->out_h = l->in_h;
+    l->out_w = l->in_w;
+}
+
+/* bn: PyTorch's five tensors, weight and bias trained, the rest state. */
+static int s_layer_bn(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
+{
+    s_same_shape(l, DP_LAYER_BN, "");
+    s_name(l, "bn", &n->bn, &n->bbn, n);
+    l->eps = 1e-5f;
+    l->momentum = 0.1f;
+    int c = l->in_c;
+    if ((l->weight = s_add_param(m, tok, l->name, "weight", 1, &c, 1, err)) < 0 ||
+        (l->bias = s_add_param(m, tok, l->name, "bias", 1, &c, 1, err)) < 0 ||
+        (l->running_mean = s_add_param(m, tok, l->name, "running_mean", 1, &c, 1, err)) < 0 ||
+        (l->running_var = s_add_param(m, tok, l->name, "running_var", 1, &c, 1, err)) < 0 ||
+        (l->num_batches_tracked = s_add_param(m, tok, l->name, "num_batches_tracked", 0, NULL,
+                                              1, err)) < 0)
+        return -1;
+    m->params[l->weight].init = DP_INIT_ONES;
+    m->params[l->bias].init = DP_INIT_ZEROS;
+    m->params[l->running_mean].init = DP_INIT_ZEROS;
+    m->params[l->running_var].init = DP_INIT_ONES;
+    m->params[l->num_batches_tracked].init = DP_INIT_ZEROS;
+    m->params[l->running_mean].trainable = 0;
+    m->params[l->running_var].trainable = 0;
+    m->params[l->num_batches_tracked].trainable = 0;
+    m->params[l->num_batches_tracked].counter = 1;
+    return 0;
+}
+
 /* One token: which kind it is, then that kind's parse and shapes. */
 static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
 {
@@ -171,16 +252,30 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
     if (strncmp(tok, "maxpool", 7) == 0) return s_layer_maxpool(l, tok, n, err);
     if (strncmp(tok, "fc:", 3) == 0) return s_layer_fc(m, l, tok, n, err);
     if (strcmp(tok, "relu") == 0) {
-        l->kind = DP_LAYER_RELU;
-        snprintf(l->name, sizeof l->name, "relu");
-        l->out_c = l->in_c;
-        l->out_h = l->in_h;
-        l->out_w = l->in_w;
+        s_same_shape(l, DP_LAYER_RELU, "relu");
+        return 0;
+    }
+    if (strcmp(tok, "bn") == 0) return s_layer_bn(m, l, tok, n, err);
+    if (strcmp(tok, "gap") == 0) {
+        if (n->fc > 0) return dp_err(err, "model spec: 'gap' after a fully connected layer");
+        s_same_shape(l, DP_LAYER_GAP, "gap");
+        l->out_h = l->out_w = 1;
+        return 0;
+    }
+    if (strncmp(tok, "dropout:", 8) == 0) {
+        char *end = NULL;
+        errno = 0;
+        double p = strtod(tok + 8, &end);
+        if (end == tok + 8 || *end || errno || !(p >= 0 && p < 1))
+            return dp_err(err, "model spec: bad dropout '%s' (expected dropout:P, 0 <= P < 1)", tok);
+        s_same_shape(l, DP_LAYER_DROPOUT, "dropout");
+        l->p = (float)p;
         return 0;
     }
     if (strcmp(tok, "softmax") == 0) {
         if (l->index == 0 || m->layers[l->index - 1].kind != DP_LAYER_FC)
             return dp_err(err, "model spec: softmax must follow a fully connected layer");
+        if (n->in_block) return dp_err(err, "model spec: softmax inside a res block");
         l->kind = DP_LAYER_SOFTMAX;
         snprintf(l->name, sizeof l->name, "softmax");
         l->out_c = l->in_c;
@@ -188,7 +283,8 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         m->classes = l->in_c;
         return 0;
     }
-    return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, fc:OUT, softmax)", tok);
+    return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, bn, "
+                  "gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax)", tok);
 }
 
 /* Hash of what makes two models interchangeable on the wire: the canonical
@@ -282,6 +378,230 @@ int dp_model_is_table(const dp_model_t *m)
     return m->n_layers == 0 && strcmp(m->spec, DP_MODEL_TABLE_SPEC) == 0;
 }
 
+/* A preset's grammar text (malloc'd), or NULL when name is no preset: resnetN,
+ * N = 6n + 2 (He et al.'s CIFAR ResNets). */
+static char *s_preset(const char *name, char *err, int *bad)
+{
+    *bad = 0;
+    if (strncmp(name, "resnet", 6) != 0) return NULL;
+    const char *p = name + 6;
+    int depth = 0;
+    if (s_int(&p, 8, 1202, &depth) != 0 || *p || (depth - 2) % 6 != 0) {
+        *bad = 1;
+        dp_err(err, "model spec: unknown preset '%s' (resnetN with N = 6n + 2: resnet20, "
+               "resnet32, resnet44, resnet56, resnet110)", name);
+        return NULL;
+    }
+    int blocks = (depth - 2) / 6;
+    size_t cap = 64 + (size_t)blocks * 3 * 64, len = 0;
+    char *out = dp_malloc(cap);
+    len += (size_t)snprintf(out + len, cap - len, "conv3x3:16 bn relu");
+    for (int st = 0; st < 3; st++)
+        for (int i = 0; i < blocks; i++) {
+            int c = 16 << st;
+            len += (size_t)snprintf(out + len, cap - len,
+                                    " res( conv3x3:%d%s bn relu conv3x3:%d bn ) relu", c,
+                                    st > 0 && i == 0 ? ":s2" : "", c);
+        }
+    snprintf(out + len, cap - len, " gap fc:10 softmax");
+    return out;
+}
+
+/* Split spec into tokens, "(" and ")" standing alone; *n tokens in the
+ * returned array of pointers into *buf (both malloc'd). */
+static char **s_tokens(const char *spec, char **buf, int *n)
+{
+    size_t len = strlen(spec);
+    char *b = dp_malloc(2 * len + 2);
+    size_t at = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (spec[i] == '(' || spec[i] == ')') {
+            b[at++] = ' ';
+            b[at++] = spec[i];
+            b[at++] = ' ';
+            continue;
+        }
+        b[at++] = spec[i];
+    }
+    b[at] = 0;
+    char **tok = dp_malloc((at / 2 + 2) * sizeof *tok);
+    int k = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(b, " \t\n", &save); t; t = strtok_r(NULL, " \t\n", &save)) tok[k++] = t;
+    *buf = b;
+    *n = k;
+    return tok;
+}
+
+/* A new layer after the current ones, reading boundary in0. */
+static dp_layer_t *s_new_layer(dp_model_t *m, int in0, char *err)
+{
+    if (m->n_layers == DP_MAX_LAYERS) {
+        dp_err(err, "model spec: more than %d layers", DP_MAX_LAYERS);
+        return NULL;
+    }
+    dp_layer_t *l = &m->layers[m->n_layers];
+    memset(l, 0, sizeof *l);
+    l->index = m->n_layers;
+    l->weight = l->bias = l->running_mean = l->running_var = l->num_batches_tracked = -1;
+    l->in0 = in0;
+    l->in1 = -1;
+    const dp_layer_t *src = in0 > 0 ? &m->layers[in0 - 1] : NULL;
+    l->in_c = src ? src->out_c : m->in_c;
+    l->in_h = src ? src->out_h : m->in_h;
+    l->in_w = src ? src->out_w : m->in_w;
+    return l;
+}
+
+static void s_boundary_shape(const dp_model_t *m, int b, int *c, int *h, int *w)
+{
+    const dp_layer_t *l = b > 0 ? &m->layers[b - 1] : NULL;
+    *c = l ? l->out_c : m->in_c;
+    *h = l ? l->out_h : m->in_h;
+    *w = l ? l->out_w : m->in_w;
+}
+
+static void s_track_act(dp_model_t *m, const dp_layer_t *l)
+{
+    size_t in_sz = (size_t)l->in_c * l->in_h * l->in_w;
+    if (in_sz > m->max_act) m->max_act = in_sz;
+    if (dp_layer_out_size(l) > m->max_act) m->max_act = dp_layer_out_size(l);
+}
+
+/* A block's state while its body is parsed. */
+typedef struct {
+    int in;                 /* boundary of the block's input */
+    int first_layer, first_param;
+    int proj;               /* res:b: option B where shapes differ */
+    int stage, index;       /* of the previous block (stage 0: none yet) */
+    int prev_c, prev_h, prev_w;
+} s_block_t;
+
+/* Close the block: the shortcut (projection layers first for option B), the
+ * add, and the torchvision names of what the block added. */
+static int s_close_block(dp_model_t *m, s_block_t *bk, s_count_t *n, char *err)
+{
+    int ic, ih, iw;
+    s_boundary_shape(m, bk->in, &ic, &ih, &iw);
+    int body = m->n_layers; /* boundary of the body's output */
+    if (body == bk->in) return dp_err(err, "model spec: empty res block");
+    int oc, oh, ow;
+    s_boundary_shape(m, body, &oc, &oh, &ow);
+    int stride = (ih + oh - 1) / oh;
+    if (oc < ic || stride < 1 || (ih - 1) / stride + 1 != oh || (iw - 1) / stride + 1 != ow)
+        return dp_err(err, "model spec: a res block maps %dx%dx%d to %dx%dx%d: no shortcut "
+                      "(channels may only grow, sides shrink by one stride)", ic, ih, iw, oc, oh, ow);
+    int same = oc == ic && stride == 1, from = bk->in;
+    if (!same && bk->proj) {
+        /* option B: downsample.0 = 1x1 conv (stride, no bias), .1 = bn */
+        dp_layer_t *c = s_new_layer(m, bk->in, err);
+        if (!c) return -1;
+        char tok[64];
+        snprintf(tok, sizeof tok, "conv1x1:%d:valid:s%d", oc, stride);
+        int keep = n->next_is_bn;
+        n->next_is_bn = 1;
+        if (s_layer_conv(m, c, tok, n, err) != 0) return -1;
+        snprintf(c->name, sizeof c->name, "downsample.0");
+        snprintf(m->params[c->weight].name, sizeof m->params[c->weight].name, "downsample.0.weight");
+        c->branch = 1;
+        s_track_act(m, c);
+        m->n_layers++;
+        dp_layer_t *b = s_new_layer(m, m->n_layers, err);
+        if (!b) return -1;
+        if (s_layer_bn(m, b, "bn", n, err) != 0) return -1;
+        snprintf(b->name, sizeof b->name, "downsample.1");
+        static const char *what[5] = {"weight", "bias", "running_mean", "running_var",
+                                      "num_batches_tracked"};
+        int idx[5] = {b->weight, b->bias, b->running_mean, b->running_var, b->num_batches_tracked};
+        for (int k = 0; k < 5; k++)
+            snprintf(m->params[idx[k]].name, sizeof m->params[idx[k]].name, "downsample.1.%s", what[k]);
+        b->branch = 1;
+        s_track_act(m, b);
+        m->n_layers++;
+        n->next_is_bn = keep;
+        from = m->n_layers;
+        stride = 1;
+        ic = oc;
+    }
+    dp_layer_t *a = s_new_layer(m, body, err);
+    if (!a) return -1;
+    s_same_shape(a, DP_LAYER_ADD, "add");
+    a->in1 = from;
+    s_boundary_shape(m, from, &a->src_c, &a->src_h, &a->src_w);
+    a->stride = stride;
+    s_track_act(m, a);
+    m->n_layers++;
+    /* torchvision's names: a new stage where the block changes the shape */
+    if (bk->stage == 0 || !same) {
+        bk->stage++;
+        bk->index = 0;
+    } else {
+        bk->index++;
+    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "layer%d.%d.", bk->stage, bk->index);
+    for (int i = bk->first_layer; i < m->n_layers; i++) {
+        dp_layer_t *l = &m->layers[i];
+        if (l->kind == DP_LAYER_ADD || l->weight < 0) continue;
+        char nm[DP_LAYER_NAME_LEN];
+        snprintf(nm, sizeof nm, "%s%s", prefix, l->name);
+        snprintf(l->name, sizeof l->name, "%s", nm);
+    }
+    for (int i = bk->first_param; i < m->n_params; i++) {
+        char nm[DP_PARAM_NAME_LEN];
+        snprintf(nm, sizeof nm, "%s%s", prefix, m->params[i].name);
+        snprintf(m->params[i].name, sizeof m->params[i].name, "%s", nm);
+    }
+    n->in_block = 0;
+    return 0;
+}
+
+static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
+{
+    s_count_t count;
+    memset(&count, 0, sizeof count);
+    for (int i = 0; i < ntok; i++) {
+        if (strcmp(tok[i], "res") == 0 || strcmp(tok[i], "res:b") == 0) count.torch_names = 1;
+        if (strncmp(tok[i], "fc:", 3) == 0) count.n_fc++;
+    }
+    s_block_t bk;
+    memset(&bk, 0, sizeof bk);
+    for (int i = 0; i < ntok; i++) {
+        const char *t = tok[i];
+        const dp_layer_t *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+        if (prev && prev->kind == DP_LAYER_SOFTMAX)
+            return dp_err(err, "model spec: '%s' after softmax (softmax must be last)", t);
+        if (strcmp(t, "res") == 0 || strcmp(t, "res:b") == 0) {
+            if (i + 1 >= ntok || strcmp(tok[i + 1], "(") != 0)
+                return dp_err(err, "model spec: '%s' without '(' (write %s( LAYERS ))", t, t);
+            if (count.in_block) return dp_err(err, "model spec: res blocks do not nest");
+            if (count.fc > 0) return dp_err(err, "model spec: a res block after a fully connected layer");
+            count.in_block = 1;
+            count.bconv = count.bbn = 0;
+            bk.in = m->n_layers;
+            bk.first_layer = m->n_layers;
+            bk.first_param = m->n_params;
+            bk.proj = t[3] == ':';
+            i++;
+            continue;
+        }
+        if (strcmp(t, "(") == 0) return dp_err(err, "model spec: '(' without res before it");
+        if (strcmp(t, ")") == 0) {
+            if (!count.in_block) return dp_err(err, "model spec: ')' without a res block open");
+            if (s_close_block(m, &bk, &count, err) != 0) return -1;
+            continue;
+        }
+        dp_layer_t *l = s_new_layer(m, m->n_layers, err);
+        if (!l) return -1;
+        count.next_is_bn = i + 1 < ntok && strcmp(tok[i + 1], "bn") == 0;
+        if (s_parse_layer(m, l, t, &count, err) != 0) return -1;
+        s_track_act(m, l);
+        m->n_layers++;
+    }
+    if (count.in_block) return dp_err(err, "model spec: a res block without ')'");
+    return 0;
+}
+
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err)
 {
     memset(m, 0, sizeof *m);
@@ -290,33 +610,36 @@ int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w
     m->in_c = in_c;
     m->in_h = in_h;
     m->in_w = in_w;
-    char buf[1024];
-    if (snprintf(buf, sizeof buf, "%s", spec) >= (int)sizeof buf)
-        return dp_err(err, "model spec: too long");
-    s_count_t count = {0, 0};
-    char *save = NULL;
-    size_t spec_len = 0;
-    for (char *tok = strtok_r(buf, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save)) {
-        if (m->n_layers == DP_MAX_LAYERS)
-            return dp_err(err, "model spec: more than %d layers", DP_MAX_LAYERS);
-        const dp_layer_t *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
-        if (prev && prev->kind == DP_LAYER_SOFTMAX)
-            return dp_err(err, "model spec: '%s' after softmax (softmax must be last)", tok);
-        dp_layer_t *l = &m->layers[m->n_layers];
-        l->index = m->n_layers;
-        l->weight = l->bias = -1;
-        l->in_c = prev ? prev->out_c : in_c;
-        l->in_h = prev ? prev->out_h : in_h;
-        l->in_w = prev ? prev->out_w : in_w;
-        if (s_parse_layer(m, l, tok, &count, err) != 0) return -1;
-        size_t in_sz = (size_t)l->in_c * l->in_h * l->in_w;
-        if (in_sz > m->max_act) m->max_act = in_sz;
-        if (dp_layer_out_size(l) > m->max_act) m->max_act = dp_layer_out_size(l);
-        spec_len += (size_t)snprintf(m->spec + spec_len, sizeof m->spec - spec_len, "%s%s",
-                                     m->n_layers ? " " : "", tok);
-        if (spec_len >= sizeof m->spec) return dp_err(err, "model spec: too long");
-        m->n_layers++;
+    if (strlen(spec) >= 8192) return dp_err(err, "model spec: too long");
+    /* a preset stands alone; its canonical spec is its name */
+    char one[64] = "";
+    if (sscanf(spec, " %63s", one) == 1 && strncmp(one, "resnet", 6) == 0) {
+        char tail[2];
+        if (sscanf(spec, " %*s %1s", tail) == 1)
+            return dp_err(err, "model spec: the preset '%s' stands alone", one);
+        int bad = 0;
+        char *text = s_preset(one, err, &bad);
+        if (!text) return -1;
+        int rc = dp_model_parse(m, text, in_c, in_h, in_w, err);
+        free(text);
+        if (rc != 0) return -1;
+        snprintf(m->spec, sizeof m->spec, "%s", one);
+        m->fingerprint = s_fingerprint(m);
+        return 0;
     }
+    char *buf = NULL;
+    int ntok = 0;
+    char **tok = s_tokens(spec, &buf, &ntok);
+    int rc = s_parse_tokens(m, tok, ntok, err);
+    size_t spec_len = 0;
+    for (int i = 0; rc == 0 && i < ntok; i++) {
+        spec_len += (size_t)snprintf(m->spec + spec_len, sizeof m->spec - spec_len, "%s%s",
+                                     i ? " " : "", tok[i]);
+        if (spec_len >= sizeof m->spec) rc = dp_err(err, "model spec: too long");
+    }
+    free(tok);
+    free(buf);
+    if (rc != 0) return -1;
     if (m->n_layers == 0) return dp_err(err, "model spec: empty");
     if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
         return dp_err(err, "model spec: must end with 'fc:CLASSES softmax'");
@@ -325,13 +648,36 @@ int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w
     return 0;
 }
 
+int dp_model_has_state(const dp_model_t *m)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (!m->params[i].trainable) return 1;
+    return 0;
+}
+
+void dp_model_copy_state(const dp_model_t *m, size_t base, size_t lo, size_t hi, float *w,
+                         const float *v)
+{
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        if (p->trainable) continue;
+        size_t a = p->offset > lo ? p->offset : lo;
+        size_t b = p->offset + p->count < hi ? p->offset + p->count : hi;
+        if (a < b) memcpy(w + (a - base), v + (a - base), (b - a) * sizeof(float));
+    }
+}
+
 void dp_model_init_params(const dp_model_t *m, float *params, uint64_t seed)
 {
     dp_rng_t rng;
     dp_rng_seed(&rng, seed);
     for (int i = 0; i < m->n_params; i++) {
         const dp_param_t *p = &m->params[i];
-        if (p->fan_in < 1) { /* a table's: its values come from its file */
+        if (p->init == DP_INIT_ONES) {
+            for (size_t j = 0; j < p->count; j++) params[p->offset + j] = 1.0f;
+            continue;
+        }
+        if (p->fan_in < 1 || p->init == DP_INIT_ZEROS) { /* a table's: its values come from its file */
             memset(params + p->offset, 0, p->count * sizeof(float));
             continue;
         }
@@ -359,6 +705,8 @@ double dp_model_forward_macs(const dp_model_t *m)
             macs += (double)l->out_c * l->out_h * l->out_w * l->in_c * l->k * l->k;
         else if (l->kind == DP_LAYER_FC)
             macs += (double)l->out_c * l->in_c;
+        else if (l->kind == DP_LAYER_BN || l->kind == DP_LAYER_ADD)
+            macs += (double)l->out_c * l->out_h * l->out_w;
     }
     return macs;
 }

@@ -2,17 +2,50 @@
  * per-layer shapes, the parameter table (PyTorch names and layouts), the
  * flat parameter vector's layout, seeded initialisation and a fingerprint.
  *
- * Spec grammar (tokens separated by spaces):
- *   convKxK:OUT[:same|:valid]   2-D convolution, stride 1 ("same" = pad K/2)
+ * Spec grammar (tokens separated by spaces; "(" and ")" stand alone too):
+ *   convKxK:OUT[:same|:valid][:sS][:pP]
+ *                                2-D convolution, stride S (default 1), zero
+ *                                padding P ("same" = K/2, the default; "valid"
+ *                                = 0); no bias when a bn follows (the shift of
+ *                                the bn makes it redundant, as in PyTorch's
+ *                                ResNets)
  *   maxpoolK                     K x K max-pool with stride K
  *   relu                         elementwise max(0, x)
+ *   bn                           batch norm (2-D after a conv, 1-D after an
+ *                                fc): batch statistics in training, running
+ *                                statistics in evaluation; momentum 0.1, eps
+ *                                1e-5; weight, bias, running_mean,
+ *                                running_var, num_batches_tracked as PyTorch
+ *   gap                          global average pooling: C x H x W -> C
+ *   dropout:P                    inverted dropout, drop probability P in
+ *                                [0, 1); the mask is a hash of the seed, the
+ *                                step, the sample's place in the batch and
+ *                                the element (kernels/ops.h), so runs and
+ *                                replays repeat it
+ *   res( LAYERS )                a residual block: out = LAYERS(x) + shortcut(x);
+ *                                the shortcut is the identity when the shapes
+ *                                agree, else He et al.'s option A (stride
+ *                                subsample, channels zero-padded evenly)
+ *   res:b( LAYERS )              the same with option B where shapes differ:
+ *                                a 1x1 convolution (stride S, no bias) and a
+ *                                bn, named downsample.0 and downsample.1
  *   fc:OUT                       fully connected; flattens C,H,W first
  *   softmax                      last layer: softmax + cross-entropy loss
+ * Blocks do not nest. Presets, usable wherever a spec is: resnetN for
+ * N = 6n + 2 (resnet20, resnet32, resnet44, resnet56, resnet110): He et
+ * al.'s CIFAR family, "conv3x3:16 bn relu", 3 stages of n blocks
+ * "res( conv3x3:C[:s2] bn relu conv3x3:C bn ) relu" with C = 16, 32, 64
+ * (stride 2 entering stages 2 and 3, option-A shortcuts), "gap fc:10
+ * softmax". The canonical spec of a preset is its name.
  *
- * Invariants: the spec ends with fc:classes softmax; parameters are laid out
- * in layer order, weight then bias, each tensor contiguous in one flat float
- * vector (the order safetensors files and the wire use). Tensors follow
- * PyTorch: conv weight [out, in, kh, kw], fc weight [out, in].
+ * Names: a spec without res blocks names its parametric layers by kind in
+ * order (conv1, conv2, bn1, fc1, fc2: unchanged from before blocks
+ * existed). A spec with res blocks names them as torchvision does: the
+ * layers outside blocks conv1, bn1, ... and fc (fc1, fc2, ... when there are
+ * several); block i of stage s is layer{s}.{i} (both from 1 and 0), a new
+ * stage starting at each block whose output shape differs from its input's,
+ * its layers conv1, bn1, conv2, bn2, ... and downsample.0/.1. So a preset's
+ * file loads into the nn.Module PyTorch users write (tests/torch_net.py).
  *
  * Bounds: a spec may come from an untrusted file (a checkpoint's metadata,
  * a record's header), so every size the parser derives is computed with
@@ -28,7 +61,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DP_MAX_LAYERS 32
+/* Layers of a spec: a block is about 8 (ResNet-110 has 438). */
+#define DP_MAX_LAYERS 1024
 /* Tensors of a model: a spec's weights and biases, or a tensor table's
  * entries (a PyTorch state_dict: ResNet-110 with batch norm has ~660). */
 #define DP_MAX_PARAMS 1024
@@ -47,20 +81,43 @@ typedef enum {
     DP_LAYER_MAXPOOL,
     DP_LAYER_FC,
     DP_LAYER_SOFTMAX,
+    DP_LAYER_BN,
+    DP_LAYER_GAP,
+    DP_LAYER_DROPOUT,
+    DP_LAYER_ADD,      /* end of a residual block: input + shortcut(block input) */
 } dp_layer_kind_t;
+
+#define DP_LAYER_NAME_LEN 48 /* "layer3.17.downsample.0" */
 
 typedef struct {
     dp_layer_kind_t kind;
     int index;             /* position in dp_model_t.layers */
-    char name[16];         /* "conv1", "fc2", ... (parametric layers), else kind */
+    char name[DP_LAYER_NAME_LEN]; /* "conv1", "layer1.0.bn2", ... (parametric layers), else kind */
     int k;                 /* kernel size (conv, maxpool) */
-    int stride;            /* conv / maxpool stride */
+    int stride;            /* conv / maxpool stride; add: the shortcut's */
     int pad;               /* conv zero padding on each side */
     int in_c, in_h, in_w;  /* input per sample; fc: in_c = features, h = w = 1 */
     int out_c, out_h, out_w; /* output per sample; fc: out_c = outputs */
     int weight;            /* index into dp_model_t.params, -1 if none */
     int bias;              /* index into dp_model_t.params, -1 if none */
+    /* The graph: activation boundary b is the batch (b = 0) or layer b-1's
+     * output. A layer reads boundary in0 (its own index, except the
+     * projection of an option-B shortcut, which reads its block's input);
+     * an add also reads in1, through its shortcut. */
+    int in0, in1;
+    int src_c, src_h, src_w; /* add: boundary in1's shape */
+    int branch;            /* 1: on a shortcut's projection, not on the block's main path */
+    /* bn */
+    int running_mean, running_var, num_batches_tracked; /* params, -1 if none */
+    float eps, momentum;
+    float p;               /* dropout probability */
 } dp_layer_t;
+
+enum {
+    DP_INIT_FAN_IN = 0,    /* PyTorch's default for conv / fc (zeros for a table's) */
+    DP_INIT_ZEROS,         /* bn bias, running_mean, num_batches_tracked */
+    DP_INIT_ONES,          /* bn weight, running_var */
+};
 
 typedef struct {
     char name[DP_PARAM_NAME_LEN]; /* PyTorch state_dict key: "conv1.weight" */
@@ -68,7 +125,10 @@ typedef struct {
     int shape[DP_PARAM_MAX_DIMS]; /* dims past ndim are 1 */
     size_t offset;         /* in floats, into the flat parameter vector */
     size_t count;          /* number of floats */
-    int fan_in;            /* inputs per output unit, for initialisation (0: a table's) */
+    int fan_in;            /* inputs per output unit, for initialisation (0: a table's
+                            * or a batch norm's: see init) */
+    int init;              /* DP_INIT_*: how dp_model_init_params fills it */
+    int counter;           /* 1: an integer count (num_batches_tracked): int64 in files */
     int trainable;         /* 1: trained by gradients; 0: state that is not a gradient
                             * (batch norm's running statistics, counters): a push carries
                             * its current value there, which the servers combine instead
@@ -122,6 +182,16 @@ int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w
  * table's tensors have no rule of their own: zeros (their values come from
  * the file the table was read from). */
 void dp_model_init_params(const dp_model_t *m, float *params, uint64_t seed);
+
+/* 1 when m has tensors that are state, not gradients (trainable 0). */
+int dp_model_has_state(const dp_model_t *m);
+
+/* The rule for state that is not a gradient (ARCHITECTURE.md), for every
+ * optimizer step: after a step of w over the global floats [lo, hi), the
+ * state floats in that range take the carried values v instead. w and v
+ * hold floats [base, ...) of the flat vector (base <= lo). */
+void dp_model_copy_state(const dp_model_t *m, size_t base, size_t lo, size_t hi, float *w,
+                         const float *v);
 
 /* Parameter by name, or NULL. */
 const dp_param_t *dp_model_find_param(const dp_model_t *m, const char *name);

@@ -246,14 +246,16 @@ static void s_shape_str(char *out, size_t cap, int ndim, const int64_t *shape)
 
 /* Find F32 tensor name with the expected shape (or, when ndim < 0, any shape
  * with count elements); fills its byte range. */
-static int s_find_f32(const s_file_t *sf, const char *name, int ndim, const int64_t *shape,
-                      size_t count, s_range_t *r, char *err)
+static int s_find_typed(const s_file_t *sf, const char *name, int ndim, const int64_t *shape,
+                        size_t count, s_range_t *r, int *is_i64, char *err)
 {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(sf->root, name);
     if (!e || strcmp(name, "__metadata__") == 0)
         return dp_err(err, "%s: tensor '%s' missing", sf->path, name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    if (strcmp(dt->valuestring, "F32") != 0)
+    int i64 = is_i64 && strcmp(dt->valuestring, "I64") == 0;
+    if (is_i64) *is_i64 = i64;
+    if (!i64 && strcmp(dt->valuestring, "F32") != 0)
         return dp_err(err, "%s: tensor '%s' has dtype %s, expected F32", sf->path, name,
                       dt->valuestring);
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape"), *d;
@@ -284,6 +286,12 @@ static int s_find_f32(const s_file_t *sf, const char *name, int ndim, const int6
     s_json_uint(off->child, &r->begin);
     s_json_uint(off->child->next, &r->end);
     return 0;
+}
+
+static int s_find_f32(const s_file_t *sf, const char *name, int ndim, const int64_t *shape,
+                      size_t count, s_range_t *r, char *err)
+{
+    return s_find_typed(sf, name, ndim, shape, count, r, NULL, err);
 }
 
 /* Read range r into out, which holds exactly cap bytes: a range of any
@@ -490,6 +498,12 @@ out:
 int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
                          const char *const *meta_kv, char *err)
 {
+    return dp_safetensors_write_typed(path, t, NULL, n, meta_kv, err);
+}
+
+int dp_safetensors_write_typed(const char *path, const dp_st_tensor_t *t, const int *i64, int n,
+                               const char *const *meta_kv, char *err)
+{
     cJSON *root = cJSON_CreateObject();
     char *json = NULL;
     uint8_t *buf = NULL;
@@ -522,7 +536,7 @@ int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
         }
         uint64_t count = 1;
         cJSON *e = cJSON_AddObjectToObject(root, name);
-        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON_AddStringToObject(e, "dtype", i64 && i64[i] ? "I64" : "F32");
         cJSON *sh = cJSON_AddArrayToObject(e, "shape");
         for (int d = 0; d < t[i].ndim; d++) {
             if (t[i].shape[d] < 0) {
@@ -534,7 +548,7 @@ int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
         }
         cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)total));
-        total += count * sizeof(float);
+        total += count * (i64 && i64[i] ? sizeof(int64_t) : sizeof(float));
         /* cJSON prints integers below 1e15 without an exponent. */
         if (total >= (uint64_t)1e15) {
             dp_err(err, "%s: tensors too large", path);
@@ -554,10 +568,17 @@ int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
     memset(buf + 8 + jlen, ' ', hlen - jlen);
     uint8_t *p = buf + 8 + hlen;
     for (int i = 0; i < n; i++) {
-        size_t bytes = sizeof(float);
-        for (int d = 0; d < t[i].ndim; d++) bytes *= (size_t)t[i].shape[d];
-        if (bytes) memcpy(p, t[i].data, bytes);
-        p += bytes;
+        size_t count = 1;
+        for (int d = 0; d < t[i].ndim; d++) count *= (size_t)t[i].shape[d];
+        if (i64 && i64[i]) {
+            for (size_t k = 0; k < count; k++, p += sizeof(int64_t)) {
+                int64_t v = (int64_t)llrintf(t[i].data[k]);
+                memcpy(p, &v, sizeof v);
+            }
+            continue;
+        }
+        if (count) memcpy(p, t[i].data, count * sizeof(float));
+        p += count * sizeof(float);
     }
     rc = dp_write_file_atomic(path, buf, 8 + hlen + (size_t)total, err);
 out:
@@ -573,11 +594,13 @@ int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *pa
 {
     int n = m->n_params + n_extra;
     dp_st_tensor_t *t = dp_malloc((size_t)(n ? n : 1) * sizeof *t);
+    int *i64 = dp_calloc((size_t)(n ? n : 1), sizeof *i64);
     int64_t shapes[DP_MAX_PARAMS][DP_PARAM_MAX_DIMS];
     for (int i = 0; i < m->n_params; i++) {
         const dp_param_t *p = &m->params[i];
         for (int d = 0; d < p->ndim; d++) shapes[i][d] = p->shape[d];
         t[i] = (dp_st_tensor_t){p->name, params + p->offset, p->ndim, shapes[i]};
+        i64[i] = p->counter;
     }
     for (int i = 0; i < n_extra; i++) t[m->n_params + i] = extra[i];
 
@@ -595,8 +618,9 @@ int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *pa
     memcpy(kv, base, sizeof base);
     for (int i = 0; i < ne; i++) kv[nb + i] = extra_kv[i];
     kv[nb + ne] = NULL;
-    int rc = dp_safetensors_write(path, t, n, kv, err);
+    int rc = dp_safetensors_write_typed(path, t, i64, n, kv, err);
     free(kv);
+    free(i64);
     free(t);
     return rc;
 }
@@ -647,8 +671,25 @@ int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, lon
                    p->name, m->n_floats);
             goto out;
         }
-        if (s_find_f32(&sf, p->name, p->ndim, shape, p->count, &r, err) != 0 ||
-            s_read_range(&sf, &r, tmp + p->offset, p->count * sizeof(float), err) != 0)
+        int i64 = 0;
+        if (s_find_typed(&sf, p->name, p->ndim, shape, p->count, &r, p->counter ? &i64 : NULL,
+                         err) != 0)
+            goto out;
+        if (i64) { /* a counter PyTorch's way: exact in a float below 2^24 */
+            int64_t *v = dp_malloc((p->count ? p->count : 1) * sizeof *v);
+            int ok = s_read_range(&sf, &r, v, p->count * sizeof *v, err) == 0;
+            for (size_t k = 0; ok && k < p->count; k++) {
+                if (v[k] < 0 || v[k] > ((int64_t)1 << 24)) {
+                    dp_err(err, "%s: counter '%s' is %lld (0..2^24)", path, p->name, (long long)v[k]);
+                    ok = 0;
+                }
+                tmp[p->offset + k] = (float)v[k];
+            }
+            free(v);
+            if (!ok) goto out;
+            continue;
+        }
+        if (s_read_range(&sf, &r, tmp + p->offset, p->count * sizeof(float), err) != 0)
             goto out;
     }
     if (s_meta_long(&sf, "step", &st, err) != 0 || s_meta_long(&sf, "version", &ver, err) != 0)

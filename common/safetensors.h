@@ -7,8 +7,10 @@
  * "shape", "data_offsets": [begin, end]} (offsets relative to the data
  * start) and may hold "__metadata__", a map of string to string.
  *
- * This module writes F32 tensors only; it reads files holding any dtype
- * (validating every entry) but returns F32 tensors only. Writes are atomic
+ * This module writes F32 tensors, and I64 for counters (batch norm's
+ * num_batches_tracked, which PyTorch saves as int64); it reads files
+ * holding any dtype (validating every entry) but returns F32 tensors only,
+ * and a model's counters from I64 or F32. Writes are atomic
  * (temp file, fsync, rename): a crash never leaves a partial file at the
  * path. Readers validate the whole header (bounded length, valid JSON, known
  * dtypes, shapes matching byte counts, offsets in range and non-overlapping)
@@ -26,7 +28,7 @@
 #define DP_ST_MAX_DIMS 8
 #define DP_ST_MAX_HEADER ((uint64_t)100 << 20) /* the reference reader's limit */
 
-/* One F32 tensor to write: shape[0..ndim) (ndim 0 = scalar), data holds
+/* One tensor to write: shape[0..ndim) (ndim 0 = scalar), data holds
  * the product of the shape floats, C order. */
 typedef struct {
     const char *name;
@@ -40,6 +42,12 @@ typedef struct {
  * atomically. Tensors are laid in the given order, contiguous. */
 int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
                          const char *const *meta_kv, char *err);
+
+/* As dp_safetensors_write, with tensor i written as I64 where i64[i] is 1
+ * (each float, an integer count, rounded to the nearest integer); i64 may
+ * be NULL (all F32). */
+int dp_safetensors_write_typed(const char *path, const dp_st_tensor_t *t, const int *i64, int n,
+                               const char *const *meta_kv, char *err);
 
 /* Read tensor name, which must be F32 with exactly count elements, into
  * out[0..count). out unchanged on error. */
@@ -65,8 +73,8 @@ char *dp_safetensors_read_meta(const char *path, const char *key, char *err);
 int dp_safetensors_read_table(const char *path, const char *extra_state, dp_model_t *m,
                               float **values, char *err);
 
-/* Model checkpoint: one tensor per m->params entry (PyTorch names and
- * layouts) and metadata "format": "downpour", "spec": m->spec, "input":
+/* Model checkpoint: one tensor per m->params entry (PyTorch names, layouts
+ * and dtypes: counters, dp_param_t.counter, as I64) and metadata "format": "downpour", "spec": m->spec, "input":
  * "CxHxW", "classes", "fingerprint" (16 hex digits), "step", "version", then
  * the pairs of extra_kv ({key, value, ..., NULL}, may be NULL). */
 int dp_checkpoint_save(const char *path, const dp_model_t *m, const float *params, long step,
@@ -80,7 +88,8 @@ int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *pa
                           const char *const *extra_kv, char *err);
 
 /* Load a checkpoint into params[0..m->n_floats). Every tensor of m must be
- * present as F32 with m's shape; other tensors in the file are ignored.
+ * present as F32 with m's shape (a counter: I64 or F32, each value an
+ * integer below 2^24 so that the float holds it exactly); other tensors in the file are ignored.
  * step / version (may be NULL) come from the metadata, 0 when absent. On any
  * error params, *step and *version are unchanged. */
 int dp_checkpoint_load(const char *path, const dp_model_t *m, float *params, long *step,

@@ -55,6 +55,23 @@ void dp_pool_dims_of(dp_pool_dims_t *d, const dp_layer_t *l, int B)
     dp_pool_dims_finish(d);
 }
 
+void dp_shortcut_dims_of(dp_shortcut_dims_t *d, const dp_layer_t *l, int B)
+{
+    d->B = B;
+    d->C = l->src_c;
+    d->H = l->src_h;
+    d->W = l->src_w;
+    d->OC = l->out_c;
+    d->stride = l->stride;
+    dp_shortcut_dims_finish(d);
+}
+
+int dp_layer_is_resnet_kind(const dp_layer_t *l)
+{
+    return l->kind == DP_LAYER_BN || l->kind == DP_LAYER_GAP || l->kind == DP_LAYER_DROPOUT ||
+           l->kind == DP_LAYER_ADD;
+}
+
 void dp_backend_destroy(dp_backend_t **be_p)
 {
     if (!be_p || !*be_p) return;

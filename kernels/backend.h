@@ -73,6 +73,44 @@ typedef struct {
                                  float *d_loss, const float *d_logits, const int *d_labels);
     void (*softmax_xent_backward)(dp_backend_t *be, int B, int classes, float *d_dlogits,
                                   const float *d_probs, const int *d_labels);
+    /* The layers of residual networks (kernels/ops.h). A backend without
+     * them leaves these NULL and refuses such a model in prepare.
+     *
+     * Batch norm of layer l: in training, statistics per ghost batch of G
+     * samples (G = B: the batch's own; the last ghost batch may be shorter),
+     * each group's mean and biased variance saved in d_save (2 C floats a
+     * group, mean then var), and the running statistics (d_rm, d_rv, the
+     * counter d_nbt) updated as PyTorch does, by l->momentum with the
+     * unbiased variance, then averaged over the groups (the mean the sync
+     * servers take of R workers' values: dp_bn_running_update). In
+     * evaluation (train 0) the running statistics normalise; nothing is
+     * saved or updated. */
+    void (*bn_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                       float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                       float *d_rm, float *d_rv, float *d_nbt, float *d_save);
+    void (*bn_backward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                        float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                        const float *d_w, const float *d_save);
+    /* The end of a residual block: d_out = d_a + shortcut(d_src), d_out may be d_a. */
+    void (*shortcut_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                             const float *d_a, const float *d_src);
+    void (*shortcut_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_dsrc,
+                              const float *d_dout);
+    void (*gap_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                        const float *d_in);
+    void (*gap_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                         const float *d_dout);
+    /* The mask of (seed, step, sample0 + b, element): kernels/ops.h. */
+    void (*dropout_forward)(dp_backend_t *be, const dp_layer_t *l, int B, unsigned long long seed,
+                            unsigned long long step, unsigned long long sample0, float *d_out,
+                            const float *d_in);
+    void (*dropout_backward)(dp_backend_t *be, const dp_layer_t *l, int B,
+                             unsigned long long seed, unsigned long long step,
+                             unsigned long long sample0, float *d_din, const float *d_dout);
+    /* d_dst[0, n) += d_src[0, n); d_dst = d_src (bytes) on the device. */
+    void (*vec_add)(dp_backend_t *be, size_t n, float *d_dst, const float *d_src);
+    void (*copy)(dp_backend_t *be, void *d_dst, const void *d_src, size_t bytes);
+
     /* dp_optim_step (optim.h) on device memory: the same rule for every
      * optimizer, state laid out as there (dp_optim_state_per_param(c->kind)
      * floats per parameter, [n] then [n]), zero at start. */
@@ -93,6 +131,11 @@ struct dp_backend {
  * backends that call the kernels of ops.h or their CUDA twins. */
 void dp_conv_dims_of(dp_conv_dims_t *d, const dp_layer_t *l, int B);
 void dp_pool_dims_of(dp_pool_dims_t *d, const dp_layer_t *l, int B);
+void dp_shortcut_dims_of(dp_shortcut_dims_t *d, const dp_layer_t *l, int B);
+
+/* 1 when l is a layer of residual networks (bn, gap, dropout, add), which
+ * a backend supports only when it fills the ops above. */
+int dp_layer_is_resnet_kind(const dp_layer_t *l);
 
 /* "cpu" or "cuda:K" (K counts the devices CUDA_VISIBLE_DEVICES leaves).
  * Fails with one line when CUDA was not built in or the device is absent. */

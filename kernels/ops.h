@@ -29,15 +29,28 @@ typedef struct {
     int OH, OW;       /* (H - K) / stride + 1: trailing rows/cols left out */
 } dp_pool_dims_t;
 
+/* A residual block's shortcut from in[B,C,H,W] to [B,OC,OH,OW]: identity
+ * (stride 1, OC == C) or He et al.'s option A (every stride-th row and
+ * column, the channels zero-padded by (OC - C) / 2 below and the rest
+ * above, no parameters: what PyTorch's CIFAR ResNets write as
+ * F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, p, p))). */
+typedef struct {
+    int B, C, H, W;   /* input */
+    int OC, stride;   /* OC >= C */
+    int OH, OW;       /* (H - 1) / stride + 1, likewise W */
+} dp_shortcut_dims_t;
+
 /* Fill OH, OW from the rest. */
 void dp_conv_dims_finish(dp_conv_dims_t *d);
 void dp_pool_dims_finish(dp_pool_dims_t *d);
+void dp_shortcut_dims_finish(dp_shortcut_dims_t *d);
 
 /* Threads the fast CPU kernels use (default: all cores). */
 void dp_cpu_set_threads(int n);
 int dp_cpu_threads(void);
 
-/* out[B,OC,OH,OW] = conv(in[B,C,H,W], w[OC,C,K,K]) + b[OC] */
+/* out[B,OC,OH,OW] = conv(in[B,C,H,W], w[OC,C,K,K]) + b[OC]; b and db may be
+ * NULL (a convolution without bias: the ones before a batch norm). */
 void dp_conv2d_forward(float *out, const float *in, const float *w, const float *b,
                        const dp_conv_dims_t *d);
 void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, const float *in,
@@ -67,6 +80,56 @@ float dp_softmax_xent_forward(float *probs, const float *logits, const int *labe
 void dp_softmax_xent_backward(float *dlogits, const float *probs, const int *labels, int B,
                               int classes);
 
+/* Batch normalization of x[B,C,HW] per channel c (PyTorch's BatchNorm1d /
+ * BatchNorm2d): out = w[c] (x - mean[c]) / sqrt(var[c] + eps) + b[c].
+ * Training: mean and var are the batch's (var biased: divided by B*HW), and
+ * are written to mean[C], var[C] for the backward and the running
+ * statistics. Evaluation: the running statistics rmean, rvar. */
+void dp_bn_forward_train(float *out, float *mean, float *var, const float *in, const float *w,
+                         const float *b, int B, int C, int HW, float eps);
+void dp_bn_forward_eval(float *out, const float *in, const float *w, const float *b,
+                        const float *rmean, const float *rvar, int B, int C, int HW, float eps);
+/* Gradient of the training forward (statistics of the batch depend on in). */
+void dp_bn_backward(float *din, float *dw, float *db, const float *dout, const float *in,
+                    const float *w, const float *mean, const float *var, int B, int C, int HW,
+                    float eps);
+
+/* The running statistics after a training batch split in `groups` ghost
+ * batches, group g's mean and biased variance at save + 2 C g (mean, then
+ * var) over n values a channel (n_last for the last group): each group's PyTorch update
+ * r' = (1 - momentum) r + momentum stat (the variance unbiased, times
+ * n / (n - 1)), and the counter + 1, then the mean of those values summed in
+ * group order times 1 / groups (what a sync server computes from R
+ * workers' pushes; groups = 1 is PyTorch's update itself). */
+void dp_bn_running_update(float *rm, float *rv, float *nbt, const float *save, long n,
+                          long n_last, int groups, int C, float momentum);
+
+/* out = a + shortcut(in) (a: [B,OC,OH,OW]); the shortcut's input gradient
+ * din[B,C,H,W] = shortcut^T(dout), fully written. */
+void dp_shortcut_add_forward(float *out, const float *a, const float *in,
+                             const dp_shortcut_dims_t *d);
+void dp_shortcut_backward(float *din, const float *dout, const dp_shortcut_dims_t *d);
+
+/* Global average pooling: out[B,C] = mean of in[B,C,HW] over HW. */
+void dp_gap_forward(float *out, const float *in, int B, int C, int HW);
+void dp_gap_backward(float *din, const float *dout, int B, int C, int HW);
+
+/* Inverted dropout of x[B,N]: element (b, i) is dropped (0) when
+ * dp_dropout_keep(seed, step, sample0 + b, i, p) is 0, else scaled by
+ * 1 / (1 - p). The mask is a hash of its coordinates, not a stored array:
+ * the backward, a replay and another thread count recompute the same one. */
+int dp_dropout_keep(unsigned long long seed, unsigned long long step, unsigned long long sample,
+                    unsigned long long i, float p);
+void dp_dropout_forward(float *out, const float *in, int B, size_t N, float p,
+                        unsigned long long seed, unsigned long long step,
+                        unsigned long long sample0);
+void dp_dropout_backward(float *din, const float *dout, int B, size_t N, float p,
+                         unsigned long long seed, unsigned long long step,
+                         unsigned long long sample0);
+
+/* dst[0, n) += src[0, n): gradients of a tensor read twice add. */
+void dp_vec_add(float *dst, const float *src, size_t n);
+
 /* The plain references. */
 void dp_conv2d_forward_ref(float *out, const float *in, const float *w, const float *b,
                            const dp_conv_dims_t *d);
@@ -85,5 +148,25 @@ float dp_softmax_xent_forward_ref(float *probs, const float *logits, const int *
                                   int classes);
 void dp_softmax_xent_backward_ref(float *dlogits, const float *probs, const int *labels, int B,
                                   int classes);
+
+void dp_bn_forward_train_ref(float *out, float *mean, float *var, const float *in,
+                             const float *w, const float *b, int B, int C, int HW, float eps);
+void dp_bn_forward_eval_ref(float *out, const float *in, const float *w, const float *b,
+                            const float *rmean, const float *rvar, int B, int C, int HW,
+                            float eps);
+void dp_bn_backward_ref(float *din, float *dw, float *db, const float *dout, const float *in,
+                        const float *w, const float *mean, const float *var, int B, int C,
+                        int HW, float eps);
+void dp_shortcut_add_forward_ref(float *out, const float *a, const float *in,
+                                 const dp_shortcut_dims_t *d);
+void dp_shortcut_backward_ref(float *din, const float *dout, const dp_shortcut_dims_t *d);
+void dp_gap_forward_ref(float *out, const float *in, int B, int C, int HW);
+void dp_gap_backward_ref(float *din, const float *dout, int B, int C, int HW);
+void dp_dropout_forward_ref(float *out, const float *in, int B, size_t N, float p,
+                            unsigned long long seed, unsigned long long step,
+                            unsigned long long sample0);
+void dp_dropout_backward_ref(float *din, const float *dout, int B, size_t N, float p,
+                             unsigned long long seed, unsigned long long step,
+                             unsigned long long sample0);
 
 #endif

@@ -68,6 +68,9 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                     "epochs over this worker's share (default 1)"),
         DP_FLAG_NUM("steps", DP_OPTS_LONG, "S", &c->steps, 1, 1000000000000L, P, "run exactly S steps instead"),
         DP_FLAG_SEED("seed", &c->seed, P, "weights (standalone) and data order (default 1)"),
+        DP_FLAG_NUM("bn-ghost-batch", DP_OPTS_INT, "G", &c->bn_ghost_batch, 1, 1 << 16, P,
+                    "standalone: batch norm statistics per ghost batch of G samples\n"
+                    "(--batch R*G then equals sync with R workers at batch G)"),
         /* passed on by `downpour local` as the servers' are: the workers
          * use them only alone or as the inner optimizer of --local-steps */
         DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, P,

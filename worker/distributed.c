@@ -227,6 +227,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
         double t1 = dp_now();
         uint64_t version = dp_ps_client_version(L->ps);
         const float *grads;
+        s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
         float loss = s_step_for_push(s, &batch, &grads);
         double t2 = dp_now();
         s_inject_delay(&s->conf, &L->delay_rng);
@@ -277,16 +278,18 @@ static int s_loop_local(s_loop_t *L, char *err)
         long round = step / H, last = step;
         float loss = 0;
         for (;;) {
+            s->net.step = (unsigned long long)last;
             float l = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, c->batch, NULL);
             loss += l / (float)H;
-            s->be->ops->optim_step(s->be, opt, dp_optim_lr_at(opt, last), s->net.d_params,
-                                   s->net.d_grads, d_state, n, last + 1);
+            dp_net_optim_step(&s->net, opt, dp_optim_lr_at(opt, last), d_state, last + 1);
             if ((last + 1) % H == 0 || last + 1 >= L->total) break;
             if ((step = dp_batcher_next(L->bt, &batch)) < 0) break;
             last = step;
         }
-        dp_net_get_params(&s->net, s->h_grads);
-        for (size_t i = 0; i < n; i++) s->h_grads[i] = w0[i] - s->h_grads[i];
+        dp_net_get_params(&s->net, s->h_params);
+        for (size_t i = 0; i < n; i++) s->h_grads[i] = w0[i] - s->h_params[i];
+        /* state that is not a gradient: the push carries its value there */
+        dp_model_copy_state(&s->model, 0, 0, n, s->h_grads, s->h_params);
         double t2 = dp_now();
         s_inject_delay(c, &L->delay_rng);
         dp_push_result_t r;
@@ -357,6 +360,7 @@ static int s_loop_overlap(s_loop_t *L, char *err)
         if (step + 1 < L->total) dp_pipeline_post(pl, &job);
         float *g = grads[step & 1]; /* the push of step - 2 from it ended before that pull */
         double tc = dp_now();
+        s->net.step = (unsigned long long)step;
         float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch, g);
         L->step_compute_s = dp_now() - tc;
         s_inject_delay(&s->conf, &L->delay_rng);

@@ -12,22 +12,82 @@ static size_t s_boundary_size(const dp_model_t *m, int i)
     return dp_layer_out_size(&m->layers[i - 1]);
 }
 
+/* Which boundaries each layer reads (in1 -1 when one). */
+static void s_reads(const dp_layer_t *l, int *a, int *b)
+{
+    *a = l->in0;
+    *b = l->kind == DP_LAYER_ADD ? l->in1 : -1;
+}
+
+/* The gradient buffers: boundary b's lives from the backward of its last
+ * reader (it is started there) to that of its writer, layer b-1; buffers
+ * are assigned in backward order, first free first. Returns the count. */
+static int s_plan_pool(dp_net_t *net)
+{
+    const dp_model_t *m = net->m;
+    int nb = m->n_layers + 1, n_pool = 0;
+    for (int b = 0; b < nb; b++) net->last_reader[b] = -1, net->pool_of[b] = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        int a, c;
+        s_reads(&m->layers[i], &a, &c);
+        if (a > 0 && i > net->last_reader[a]) net->last_reader[a] = i;
+        if (c > 0 && i > net->last_reader[c]) net->last_reader[c] = i;
+    }
+    int *busy = dp_calloc((size_t)nb, sizeof(int)); /* buffer k holds a live boundary */
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        for (int b = 1; b < nb; b++) {
+            if (net->last_reader[b] != i) continue;
+            int k = 0;
+            while (k < n_pool && busy[k]) k++;
+            if (k == n_pool) n_pool++;
+            busy[k] = 1;
+            net->pool_of[b] = k;
+        }
+        /* layer i wrote boundary i + 1: its gradient dies with this backward */
+        if (net->pool_of[i + 1] >= 0) busy[net->pool_of[i + 1]] = 0;
+    }
+    free(busy);
+    return n_pool;
+}
+
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err)
 {
     memset(net, 0, sizeof *net);
     if (max_batch < 1) return dp_err(err, "batch size must be at least 1 (got %d)", max_batch);
+    if (dp_model_is_table(m))
+        return dp_err(err, "a tensor table has no layers to run (a library client trains it)");
+    for (int i = 0; i < m->n_layers; i++)
+        if (dp_layer_is_resnet_kind(&m->layers[i]) && !be->ops->bn_forward)
+            return dp_err(err, "%s: layer '%s' (%s) is not supported by this backend yet (run "
+                          "with --device cpu)", be->name, m->layers[i].name,
+                          m->layers[i].kind == DP_LAYER_BN ? "bn" : m->layers[i].kind == DP_LAYER_ADD ? "res" : m->layers[i].kind == DP_LAYER_GAP ? "gap" : "dropout");
     net->m = m;
     net->be = be;
     net->max_batch = max_batch;
     if (be->ops->prepare(be, m, max_batch, err) != 0) return -1;
+    int nb = m->n_layers + 1;
+    net->d_act = dp_calloc((size_t)nb, sizeof(float *));
+    net->d_dact = dp_calloc((size_t)nb, sizeof(float *));
+    net->d_save = dp_calloc((size_t)nb, sizeof(float *));
+    net->last_reader = dp_calloc((size_t)nb, sizeof(int));
+    net->pool_of = dp_calloc((size_t)nb, sizeof(int));
+    net->written = dp_calloc((size_t)nb, 1);
     net->d_params = be->ops->alloc(be, m->n_floats * sizeof(float));
     net->d_grads = be->ops->alloc(be, m->n_floats * sizeof(float));
-    for (int i = 0; i <= m->n_layers; i++) {
-        size_t bytes = (size_t)max_batch * s_boundary_size(m, i) * sizeof(float);
-        net->d_act[i] = be->ops->alloc(be, bytes);
-        /* No gradient flows into the batch itself. */
-        if (i > 0) net->d_dact[i] = be->ops->alloc(be, bytes);
+    size_t max_b = 0;
+    for (int i = 0; i < nb; i++) {
+        size_t sz = s_boundary_size(m, i);
+        if (sz > max_b) max_b = sz;
+        net->d_act[i] = be->ops->alloc(be, (size_t)max_batch * sz * sizeof(float));
     }
+    net->n_pool = s_plan_pool(net);
+    net->d_pool = dp_calloc((size_t)net->n_pool + 1, sizeof(float *));
+    for (int k = 0; k < net->n_pool; k++)
+        net->d_pool[k] = be->ops->alloc(be, (size_t)max_batch * max_b * sizeof(float));
+    net->d_tmp = be->ops->alloc(be, (size_t)max_batch * max_b * sizeof(float));
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].kind == DP_LAYER_BN) /* 2 C floats per ghost batch, at most max_batch */
+            net->d_save[i] = be->ops->alloc(be, (size_t)2 * m->layers[i].in_c * max_batch * sizeof(float));
     net->d_labels = be->ops->alloc(be, (size_t)max_batch * sizeof(int));
     net->d_loss = be->ops->alloc(be, sizeof(float));
     net->h_probs = dp_malloc((size_t)max_batch * m->classes * sizeof(float));
@@ -42,10 +102,19 @@ void dp_net_fini(dp_net_t *net)
     be->ops->release(be, net->d_grads);
     for (int i = 0; i <= net->m->n_layers; i++) {
         be->ops->release(be, net->d_act[i]);
-        if (net->d_dact[i]) be->ops->release(be, net->d_dact[i]);
+        if (net->d_save[i]) be->ops->release(be, net->d_save[i]);
     }
+    for (int k = 0; k < net->n_pool; k++) be->ops->release(be, net->d_pool[k]);
+    be->ops->release(be, net->d_tmp);
     be->ops->release(be, net->d_labels);
     be->ops->release(be, net->d_loss);
+    free(net->d_act);
+    free(net->d_dact);
+    free(net->d_save);
+    free(net->d_pool);
+    free(net->last_reader);
+    free(net->pool_of);
+    free(net->written);
     free(net->h_probs);
     memset(net, 0, sizeof *net);
 }
@@ -65,34 +134,79 @@ void dp_net_get_grads(dp_net_t *net, float *grads)
     net->be->ops->download(net->be, grads, net->d_grads, net->m->n_floats * sizeof(float));
 }
 
+void dp_net_optim_step(dp_net_t *net, const dp_optim_conf_t *c, float lr, float *d_state,
+                       long t)
+{
+    dp_backend_t *be = net->be;
+    const dp_model_t *m = net->m;
+    be->ops->optim_step(be, c, lr, net->d_params, net->d_grads, d_state, m->n_floats, t);
+    if (be->host_memory) {
+        dp_model_copy_state(m, 0, 0, m->n_floats, net->d_params, net->d_grads);
+        return;
+    }
+    for (int i = 0; i < m->n_params; i++) /* no backend without host memory runs bn yet */
+        if (!m->params[i].trainable)
+            be->ops->copy(be, net->d_params + m->params[i].offset,
+                          net->d_grads + m->params[i].offset, m->params[i].count * sizeof(float));
+}
+
 static float *s_param(dp_net_t *net, float *base, int index)
 {
     return index < 0 ? NULL : base + net->m->params[index].offset;
 }
 
-/* Input of layer i: the batch for i = 0, else the previous layer's output. */
-static const float *s_input(dp_net_t *net, const float *d_x, int i)
+/* Boundary b's activation: the batch for b = 0. */
+static const float *s_act(dp_net_t *net, const float *d_x, int b)
 {
-    return i == 0 ? d_x : net->d_act[i];
+    return b == 0 ? d_x : net->d_act[b];
+}
+
+/* A bn's state tensors are one contiguous run: running_mean, running_var,
+ * num_batches_tracked. Their new values go to d_grads too (what a push
+ * carries there). */
+static void s_bn_state_to_grads(dp_net_t *net, const dp_layer_t *l)
+{
+    const dp_param_t *a = &net->m->params[l->running_mean];
+    const dp_param_t *z = &net->m->params[l->num_batches_tracked];
+    net->be->ops->copy(net->be, net->d_grads + a->offset, net->d_params + a->offset,
+                       (z->offset + z->count - a->offset) * sizeof(float));
 }
 
 /* Queue every layer forward on the batch d_x, d_y; the mean loss goes to
- * d_loss on the device. */
-static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B)
+ * d_loss on the device. train: batch norm by the batch's statistics (and
+ * its running statistics updated), dropout on; else evaluation. */
+static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, int train)
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
-        const float *in = s_input(net, d_x, i);
+        const float *in = s_act(net, d_x, l->in0);
         float *out = net->d_act[i + 1];
-        const float *w = s_param(net, net->d_params, l->weight);
-        const float *b = s_param(net, net->d_params, l->bias);
+        float *P = net->d_params;
+        const float *w = s_param(net, P, l->weight);
+        const float *b = s_param(net, P, l->bias);
         switch (l->kind) {
         case DP_LAYER_CONV: be->ops->conv_forward(be, l, B, out, in, w, b); break;
         case DP_LAYER_RELU: be->ops->relu_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
         case DP_LAYER_MAXPOOL: be->ops->maxpool_forward(be, l, B, out, in); break;
         case DP_LAYER_FC: be->ops->fc_forward(be, l, B, out, in, w, b); break;
+        case DP_LAYER_BN:
+            be->ops->bn_forward(be, l, B, net->ghost > 0 ? net->ghost : B, train, out, in, w, b,
+                                s_param(net, P, l->running_mean), s_param(net, P, l->running_var),
+                                s_param(net, P, l->num_batches_tracked), net->d_save[i]);
+            if (train) s_bn_state_to_grads(net, l);
+            break;
+        case DP_LAYER_GAP: be->ops->gap_forward(be, l, B, out, in); break;
+        case DP_LAYER_DROPOUT:
+            if (train && l->p > 0)
+                be->ops->dropout_forward(be, l, B, net->seed, net->step, net->sample0, out, in);
+            else
+                be->ops->copy(be, out, in, (size_t)B * dp_layer_out_size(l) * sizeof(float));
+            break;
+        case DP_LAYER_ADD:
+            be->ops->shortcut_forward(be, l, B, out, in, s_act(net, d_x, l->in1));
+            break;
         case DP_LAYER_SOFTMAX:
             be->ops->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
             break;
@@ -100,13 +214,33 @@ static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B)
     }
 }
 
+/* Where a layer writes the gradient of boundary b: NULL for the batch; its
+ * buffer when this is the first gradient it gets (written, not added: the
+ * kernels overwrite), else d_tmp, added in by s_din_done. */
+static float *s_din(dp_net_t *net, int b)
+{
+    if (b == 0) return NULL;
+    if (!net->written[b]) {
+        net->written[b] = 1;
+        return net->d_dact[b];
+    }
+    return net->d_tmp;
+}
+
+static void s_din_done(dp_net_t *net, int b, const float *din, int B)
+{
+    if (!din || din != net->d_tmp) return;
+    net->be->ops->vec_add(net->be, (size_t)B * s_boundary_size(net->m, b), net->d_dact[b],
+                          net->d_tmp);
+}
+
 /* Queue the copy of layer l's parameter gradients (one contiguous range of
- * the flat vector) to h_grads. */
+ * the flat vector: a bn's state values with them) to h_grads. */
 static void s_copy_layer_grads(dp_net_t *net, const dp_layer_t *l, float *h_grads)
 {
     size_t lo = (size_t)-1, hi = 0;
-    int idx[2] = {l->weight, l->bias};
-    for (int k = 0; k < 2; k++) {
+    int idx[5] = {l->weight, l->bias, l->running_mean, l->running_var, l->num_batches_tracked};
+    for (int k = 0; k < 5; k++) {
         if (idx[k] < 0) continue;
         const dp_param_t *p = &net->m->params[idx[k]];
         if (p->offset < lo) lo = p->offset;
@@ -116,35 +250,71 @@ static void s_copy_layer_grads(dp_net_t *net, const dp_layer_t *l, float *h_grad
     net->be->ops->download_async(net->be, h_grads + lo, net->d_grads + lo, (hi - lo) * sizeof(float));
 }
 
+/* The backward of layer i: its boundaries' gradients get their buffers
+ * from the pool while they live. */
+static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, int B, int i)
+{
+    const dp_model_t *m = net->m;
+    dp_backend_t *be = net->be;
+    const dp_layer_t *l = &m->layers[i];
+    const float *in = s_act(net, d_x, l->in0);
+    float *out = net->d_act[i + 1];
+    const float *dout = net->d_dact[i + 1];
+    const float *w = s_param(net, net->d_params, l->weight);
+    float *dw = s_param(net, net->d_grads, l->weight);
+    float *db = s_param(net, net->d_grads, l->bias);
+    size_t n_out = (size_t)B * dp_layer_out_size(l);
+    float *din = s_din(net, l->in0);
+    switch (l->kind) {
+    case DP_LAYER_CONV: be->ops->conv_backward(be, l, B, din, dw, db, dout, in, w); break;
+    case DP_LAYER_RELU:
+        if (din) be->ops->relu_backward(be, n_out, din, dout, out);
+        break;
+    case DP_LAYER_MAXPOOL:
+        if (din) be->ops->maxpool_backward(be, l, B, din, dout, in, out);
+        break;
+    case DP_LAYER_FC: be->ops->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
+    case DP_LAYER_BN:
+        be->ops->bn_backward(be, l, B, net->ghost > 0 ? net->ghost : B, din, dw, db, dout, in, w,
+                             net->d_save[i]);
+        break;
+    case DP_LAYER_GAP:
+        if (din) be->ops->gap_backward(be, l, B, din, dout);
+        break;
+    case DP_LAYER_DROPOUT:
+        if (din && l->p > 0)
+            be->ops->dropout_backward(be, l, B, net->seed, net->step, net->sample0, din, dout);
+        else if (din)
+            be->ops->copy(be, din, dout, n_out * sizeof(float));
+        break;
+    case DP_LAYER_ADD:
+        if (din) be->ops->copy(be, din, dout, n_out * sizeof(float));
+        s_din_done(net, l->in0, din, B);
+        din = s_din(net, l->in1);
+        if (din) be->ops->shortcut_backward(be, l, B, din, dout);
+        s_din_done(net, l->in1, din, B);
+        return;
+    case DP_LAYER_SOFTMAX:
+        if (din) be->ops->softmax_xent_backward(be, B, m->classes, din, out, d_y);
+        break;
+    }
+    s_din_done(net, l->in0, din, B);
+}
+
 float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, int B,
                                float *h_grads)
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
-    s_forward(net, d_x, d_y, B);
+    s_forward(net, d_x, d_y, B, 1);
+    memset(net->written, 0, (size_t)m->n_layers + 1);
+    for (int b = 0; b <= m->n_layers; b++) net->d_dact[b] = NULL;
     for (int i = m->n_layers - 1; i >= 0; i--) {
-        const dp_layer_t *l = &m->layers[i];
-        const float *in = s_input(net, d_x, i);
-        float *out = net->d_act[i + 1];
-        float *din = i > 0 ? net->d_dact[i] : NULL;  /* the batch needs no gradient */
-        const float *dout = net->d_dact[i + 1];
-        const float *w = s_param(net, net->d_params, l->weight);
-        float *dw = s_param(net, net->d_grads, l->weight);
-        float *db = s_param(net, net->d_grads, l->bias);
-        switch (l->kind) {
-        case DP_LAYER_CONV: be->ops->conv_backward(be, l, B, din, dw, db, dout, in, w); break;
-        case DP_LAYER_RELU:
-            if (din) be->ops->relu_backward(be, (size_t)B * dp_layer_out_size(l), din, dout, out);
-            break;
-        case DP_LAYER_MAXPOOL:
-            if (din) be->ops->maxpool_backward(be, l, B, din, dout, in, out);
-            break;
-        case DP_LAYER_FC: be->ops->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
-        case DP_LAYER_SOFTMAX:
-            if (din) be->ops->softmax_xent_backward(be, B, m->classes, din, out, d_y);
-            break;
-        }
-        if (h_grads) s_copy_layer_grads(net, l, h_grads);
+        /* the boundaries whose last reader this is start their gradient here */
+        for (int b = 1; b <= m->n_layers; b++)
+            if (net->last_reader[b] == i) net->d_dact[b] = net->d_pool[net->pool_of[b]];
+        s_backward_layer(net, d_x, d_y, B, i);
+        if (h_grads) s_copy_layer_grads(net, &m->layers[i], h_grads);
     }
     float loss = 0;
     be->ops->download(be, &loss, net->d_loss, sizeof loss); /* waits for the whole step */
@@ -171,7 +341,7 @@ float dp_net_evaluate(dp_net_t *net, const float *x, const int *y, int B, int *c
     const dp_model_t *m = net->m;
     float loss = 0;
     s_upload_batch(net, x, y, B);
-    s_forward(net, net->d_act[0], net->d_labels, B);
+    s_forward(net, net->d_act[0], net->d_labels, B, 0);
     net->be->ops->download(net->be, &loss, net->d_loss, sizeof loss);
     int C = m->classes;
     net->be->ops->download(net->be, net->h_probs, net->d_act[m->n_layers], (size_t)B * C * sizeof(float));

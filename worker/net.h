@@ -3,11 +3,24 @@
  *
  * Memory is allocated once in dp_net_init: one buffer for the parameters,
  * one for their gradients (both laid out as the model's flat vector, so a
- * pull or a push is one copy), one activation and one activation-gradient
- * buffer per layer boundary. Nothing is allocated per step.
+ * pull or a push is one copy), one activation buffer per layer boundary and
+ * a few activation-gradient buffers shared by the boundaries in turn.
+ * Nothing is allocated per step.
  *
- * Layer boundary i holds act[i], the input of layer i (act[0] is the
- * batch); the softmax layer's output act[n] holds the probabilities. */
+ * The model is a small graph (common/model.h): boundary i holds act[i],
+ * the output of layer i-1 (act[0] is the batch); layer i reads boundary
+ * in0 (and an add in1). The backward visits the layers in reverse; a
+ * boundary read twice (a residual block's input: the body and the
+ * shortcut) gets the sum of both gradients. A boundary's gradient lives
+ * from the backward of its last reader to that of its writer, so the
+ * gradient buffers are handed out by that interval (a chain needs two,
+ * a ResNet four). The softmax layer's output act[n] holds the probabilities.
+ *
+ * Batch norm's running statistics are parameters (trainable 0): a training
+ * step updates them in d_params, and writes their new values into d_grads
+ * at the same offsets, which is what a push carries there
+ * (ARCHITECTURE.md, "State that is not a gradient"); dp_net_optim_step
+ * keeps them out of the optimizer's step. */
 #ifndef DP_NET_H
 #define DP_NET_H
 
@@ -21,11 +34,22 @@ typedef struct {
     int max_batch;
     float *d_params;                      /* m->n_floats */
     float *d_grads;                       /* m->n_floats, written by train_step */
-    float *d_act[DP_MAX_LAYERS + 1];      /* [max_batch * size of boundary i] */
-    float *d_dact[DP_MAX_LAYERS + 1];     /* gradient of the loss wrt act[i]; [0] unused */
+    float **d_act;                        /* [n_layers + 1]: [max_batch * size of boundary i] */
+    float **d_dact;                       /* gradient of the loss wrt act[i] while it lives */
+    float **d_save;                       /* [n_layers]: a bn's batch statistics, else NULL */
+    float **d_pool;                       /* the shared gradient buffers, n_pool of them */
+    int n_pool;
+    int *last_reader;                     /* [n_layers + 1]: the last layer reading boundary i, -1 */
+    int *pool_of;                         /* [n_layers + 1]: boundary i's buffer while it lives */
+    unsigned char *written;               /* [n_layers + 1]: gradient started this backward */
+    float *d_tmp;                         /* a second reader's gradient, before it is added */
     int *d_labels;                        /* [max_batch] */
     float *d_loss;                        /* the batch's mean loss (one float) */
     float *h_probs;                       /* [max_batch * classes], host copy for accuracy */
+    /* Set by the caller before a training step (0 by default): */
+    int ghost;                            /* bn statistics per ghost batch of this many (0: all) */
+    unsigned long long seed, step;        /* dropout's mask (kernels/ops.h) ... */
+    unsigned long long sample0;           /* ... and the batch's first sample in the global batch */
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);
@@ -35,6 +59,12 @@ void dp_net_fini(dp_net_t *net);
 void dp_net_set_params(dp_net_t *net, const float *params);
 void dp_net_get_params(dp_net_t *net, float *params);
 void dp_net_get_grads(dp_net_t *net, float *grads);
+
+/* One optimizer step of the whole vector (be->ops->optim_step), then the
+ * rule for state that is not a gradient: those floats take the values the
+ * step's gradient buffer carries (dp_model_copy_state), not the step. */
+void dp_net_optim_step(dp_net_t *net, const dp_optim_conf_t *c, float lr, float *d_state,
+                       long t);
 
 /* Forward and backward on x[B, C, H, W] (host), labels y[B]; the gradient of
  * the batch's mean loss lands in d_grads. Returns the mean loss. */

@@ -46,6 +46,19 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     }
     if (dp_backend_new(&s->be, c->device, err) != 0) goto fail;
     if (dp_net_init(&s->net, &s->model, s->be, c->batch, err) != 0) goto fail;
+    /* dropout's mask: by seed, step and the sample's place in the global
+     * batch (worker r's slice starts at r * batch), so that sync with R
+     * workers draws the masks of standalone at R * batch */
+    s->net.seed = c->seed;
+    s->net.sample0 = (unsigned long long)c->task_index * (unsigned long long)c->batch;
+    if (c->bn_ghost_batch > 0) {
+        if (c->ps || c->batch % c->bn_ghost_batch != 0) {
+            dp_err(err, "--bn-ghost-batch %d: standalone only, and --batch (%d) a multiple of it",
+                   c->bn_ghost_batch, c->batch);
+            goto fail;
+        }
+        s->net.ghost = c->bn_ghost_batch;
+    }
     size_t bytes = s->model.n_floats * sizeof(float);
     s->h_params = s->be->ops->host_alloc(s->be, bytes);
     s->h_grads = s->be->ops->host_alloc(s->be, bytes);
@@ -212,12 +225,12 @@ static long s_standalone_loop(dp_session_t *s, dp_batcher_t *bt, const dp_optim_
     dp_batch_t batch;
     long step, done = 0;
     while (!(stop && *stop) && (step = dp_batcher_next(bt, &batch)) >= 0) {
+        s->net.step = (unsigned long long)step; /* dropout's mask */
         float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, c->batch, NULL);
         if (!isfinite(loss))
             return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
         float lr = dp_optim_lr_at(opt, step);
-        s->be->ops->optim_step(s->be, opt, lr, s->net.d_params, s->net.d_grads, d_state,
-                          s->model.n_floats, step + 1);
+        dp_net_optim_step(&s->net, opt, lr, d_state, step + 1);
         done = step + 1;
         *loss_avg = done == 1 ? loss : 0.98 * *loss_avg + 0.02 * loss;
         s_metrics_step(s, step, spe, loss, lr);

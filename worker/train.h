@@ -38,6 +38,9 @@ typedef struct {
     int schedule_given;        /* --lr-schedule given; else standalone anneals (cosine) over its run */
     uint64_t seed;             /* weights (standalone) and data order; the servers' type */
     int threads;               /* CPU kernel threads, 0 = all cores */
+    int bn_ghost_batch;        /* standalone: batch norm statistics per ghost batch of this
+                                * many samples (0: the whole batch); what sync with R
+                                * workers at batch b equals at --batch R*b (ARCHITECTURE.md) */
     const char *save;          /* model.safetensors (standalone / chief) */
     const char *summary;       /* summary.json (standalone / chief) */
     const char *metrics;       /* JSON lines, one per step */

@@ -165,6 +165,115 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward(d_dlogits, d_probs, d_labels, B, classes);
 }
 
+/* Ghost batch g of a batch of B in groups of G: its first sample and size. */
+static int s_group(int B, int G, int g, int *n0)
+{
+    *n0 = g * G;
+    return B - *n0 < G ? B - *n0 : G;
+}
+
+static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                         float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                         float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+{
+    (void)be;
+    int C = l->in_c, HW = l->in_h * l->in_w;
+    if (!train) {
+        dp_bn_forward_eval(d_out, d_in, d_w, d_b, d_rm, d_rv, B, C, HW, l->eps);
+        return;
+    }
+    if (G < 1 || G > B) G = B;
+    int groups = (B + G - 1) / G;
+    for (int g = 0; g < groups; g++) {
+        int n0, nb = s_group(B, G, g, &n0);
+        size_t at = (size_t)n0 * C * HW;
+        float *sv = d_save + (size_t)2 * C * g;
+        dp_bn_forward_train(d_out + at, sv, sv + C, d_in + at, d_w, d_b, nb, C, HW, l->eps);
+    }
+    int n0, last = s_group(B, G, groups - 1, &n0);
+    dp_bn_running_update(d_rm, d_rv, d_nbt, d_save, (long)G * HW, (long)last * HW, groups, C,
+                         l->momentum);
+}
+
+static void s_bn_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                          const float *d_w, const float *d_save)
+{
+    (void)be;
+    int C = l->in_c, HW = l->in_h * l->in_w;
+    if (G < 1 || G > B) G = B;
+    int groups = (B + G - 1) / G;
+    /* the parameter gradients sum over the groups, in group order */
+    float *part = groups > 1 ? dp_cpu_scratch((size_t)2 * C) : NULL;
+    for (int g = 0; g < groups; g++) {
+        int n0, nb = s_group(B, G, g, &n0);
+        size_t at = (size_t)n0 * C * HW;
+        const float *sv = d_save + (size_t)2 * C * g;
+        float *dw = g ? part : d_dw, *db = g ? part + C : d_db;
+        dp_bn_backward(d_din ? d_din + at : NULL, dw, db, d_dout + at, d_in + at, d_w, sv,
+                       sv + C, nb, C, HW, l->eps);
+        if (g)
+            for (int c = 0; c < C; c++) {
+                d_dw[c] += part[c];
+                d_db[c] += part[C + c];
+            }
+    }
+}
+
+static void s_shortcut_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                               const float *d_a, const float *d_src)
+{
+    (void)be;
+    dp_shortcut_dims_t d;
+    dp_shortcut_dims_of(&d, l, B);
+    dp_shortcut_add_forward(d_out, d_a, d_src, &d);
+}
+
+static void s_shortcut_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_dsrc,
+                                const float *d_dout)
+{
+    (void)be;
+    dp_shortcut_dims_t d;
+    dp_shortcut_dims_of(&d, l, B);
+    dp_shortcut_backward(d_dsrc, d_dout, &d);
+}
+
+static void s_gap_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                          const float *d_in)
+{
+    (void)be;
+    dp_gap_forward(d_out, d_in, B, l->in_c, l->in_h * l->in_w);
+}
+
+static void s_gap_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                           const float *d_dout)
+{
+    (void)be;
+    dp_gap_backward(d_din, d_dout, B, l->in_c, l->in_h * l->in_w);
+}
+
+static void s_dropout_forward(dp_backend_t *be, const dp_layer_t *l, int B,
+                              unsigned long long seed, unsigned long long step,
+                              unsigned long long sample0, float *d_out, const float *d_in)
+{
+    (void)be;
+    dp_dropout_forward(d_out, d_in, B, dp_layer_out_size(l), l->p, seed, step, sample0);
+}
+
+static void s_dropout_backward(dp_backend_t *be, const dp_layer_t *l, int B,
+                               unsigned long long seed, unsigned long long step,
+                               unsigned long long sample0, float *d_din, const float *d_dout)
+{
+    (void)be;
+    dp_dropout_backward(d_din, d_dout, B, dp_layer_out_size(l), l->p, seed, step, sample0);
+}
+
+static void s_vec_add(dp_backend_t *be, size_t n, float *d_dst, const float *d_src)
+{
+    (void)be;
+    dp_vec_add(d_dst, d_src, n);
+}
+
 /* Threads take contiguous slices: element-wise, so the result is the same
  * bits as one thread's dp_optim_step. */
 static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, float *d_w,
@@ -207,6 +316,16 @@ static const dp_backend_ops_t s_cpu_ops = {
     .fc_backward = s_fc_backward,
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
+    .bn_forward = s_bn_forward,
+    .bn_backward = s_bn_backward,
+    .shortcut_forward = s_shortcut_forward,
+    .shortcut_backward = s_shortcut_backward,
+    .gap_forward = s_gap_forward,
+    .gap_backward = s_gap_backward,
+    .dropout_forward = s_dropout_forward,
+    .dropout_backward = s_dropout_backward,
+    .vec_add = s_vec_add,
+    .copy = s_download,
     .optim_step = s_optim_step,
     .destroy = s_destroy,
 };

@@ -436,7 +436,7 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
                         }
                         dw[i] = s;
                     }
-        if (t == 0)
+        if (t == 0 && db)
             for (int oc = 0; oc < OC; oc++) {
                 float s = 0.0f;
                 for (int u = 0; u < T; u++)

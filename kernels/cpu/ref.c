@@ -16,6 +16,12 @@ void dp_conv_dims_finish(dp_conv_dims_t *d)
     d->OW = (d->W + 2 * d->pad - d->K) / d->stride + 1;
 }
 
+void dp_shortcut_dims_finish(dp_shortcut_dims_t *d)
+{
+    d->OH = (d->H - 1) / d->stride + 1;
+    d->OW = (d->W - 1) / d->stride + 1;
+}
+
 void dp_pool_dims_finish(dp_pool_dims_t *d)
 {
     d->OH = (d->H - d->K) / d->stride + 1;
@@ -55,7 +61,7 @@ void dp_conv2d_backward_ref(float *din, float *dw, float *db, const float *dout,
 {
     int K = d->K;
     /* db[oc] = sum over batch and positions of dout */
-    for (int oc = 0; oc < d->OC; oc++) {
+    for (int oc = 0; oc < d->OC && db; oc++) {
         double acc = 0;
         for (int n = 0; n < d->B; n++)
             for (int i = 0; i < d->OH * d->OW; i++)
@@ -218,4 +224,179 @@ void dp_softmax_xent_backward_ref(float *dlogits, const float *probs, const int 
         for (int k = 0; k < classes; k++)
             dlogits[(size_t)n * classes + k] =
                 (probs[(size_t)n * classes + k] - (k == labels[n] ? 1.0f : 0.0f)) / B;
+}
+
+/* ---- batch norm, shortcut, pooling, dropout ---------------------------- */
+
+void dp_bn_forward_train_ref(float *out, float *mean, float *var, const float *in,
+                             const float *w, const float *b, int B, int C, int HW, float eps)
+{
+    double n = (double)B * HW;
+    for (int c = 0; c < C; c++) {
+        double s = 0, q = 0;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) s += in[((size_t)k * C + c) * HW + i];
+        double mu = s / n;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) {
+                double x = in[((size_t)k * C + c) * HW + i] - mu;
+                q += x * x;
+            }
+        mean[c] = (float)mu;
+        var[c] = (float)(q / n);
+        double inv = 1.0 / sqrt(q / n + eps);
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) {
+                size_t at = ((size_t)k * C + c) * HW + i;
+                out[at] = (float)(w[c] * (in[at] - mu) * inv + b[c]);
+            }
+    }
+}
+
+void dp_bn_forward_eval_ref(float *out, const float *in, const float *w, const float *b,
+                            const float *rmean, const float *rvar, int B, int C, int HW,
+                            float eps)
+{
+    for (int k = 0; k < B; k++)
+        for (int c = 0; c < C; c++) {
+            double inv = 1.0 / sqrt((double)rvar[c] + eps);
+            for (int i = 0; i < HW; i++) {
+                size_t at = ((size_t)k * C + c) * HW + i;
+                out[at] = (float)(w[c] * (in[at] - (double)rmean[c]) * inv + b[c]);
+            }
+        }
+}
+
+/* With xh = (x - mean) inv: dw = sum dout xh, db = sum dout,
+ * din = w inv (dout - db / n - xh dw / n). */
+void dp_bn_backward_ref(float *din, float *dw, float *db, const float *dout, const float *in,
+                        const float *w, const float *mean, const float *var, int B, int C,
+                        int HW, float eps)
+{
+    double n = (double)B * HW;
+    for (int c = 0; c < C; c++) {
+        double inv = 1.0 / sqrt((double)var[c] + eps), sg = 0, sgx = 0;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) {
+                size_t at = ((size_t)k * C + c) * HW + i;
+                sg += dout[at];
+                sgx += dout[at] * ((in[at] - (double)mean[c]) * inv);
+            }
+        dw[c] = (float)sgx;
+        db[c] = (float)sg;
+        if (!din) continue;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) {
+                size_t at = ((size_t)k * C + c) * HW + i;
+                double xh = (in[at] - (double)mean[c]) * inv;
+                din[at] = (float)(w[c] * inv * (dout[at] - sg / n - xh * sgx / n));
+            }
+    }
+}
+
+/* The input element the shortcut puts at output (oc, oy, ox), or -1 (a padded channel). */
+static long s_short_src(const dp_shortcut_dims_t *d, int k, int oc, int oy, int ox)
+{
+    int c = oc - (d->OC - d->C) / 2;
+    if (c < 0 || c >= d->C) return -1;
+    return (long)((((size_t)k * d->C + c) * d->H + (size_t)oy * d->stride) * d->W +
+                  (size_t)ox * d->stride);
+}
+
+void dp_shortcut_add_forward_ref(float *out, const float *a, const float *in,
+                                 const dp_shortcut_dims_t *d)
+{
+    for (int k = 0; k < d->B; k++)
+        for (int oc = 0; oc < d->OC; oc++)
+            for (int oy = 0; oy < d->OH; oy++)
+                for (int ox = 0; ox < d->OW; ox++) {
+                    size_t at = (((size_t)k * d->OC + oc) * d->OH + oy) * d->OW + ox;
+                    long src = s_short_src(d, k, oc, oy, ox);
+                    out[at] = a[at] + (src < 0 ? 0.0f : in[src]);
+                }
+}
+
+void dp_shortcut_backward_ref(float *din, const float *dout, const dp_shortcut_dims_t *d)
+{
+    memset(din, 0, (size_t)d->B * d->C * d->H * d->W * sizeof(float));
+    for (int k = 0; k < d->B; k++)
+        for (int oc = 0; oc < d->OC; oc++)
+            for (int oy = 0; oy < d->OH; oy++)
+                for (int ox = 0; ox < d->OW; ox++) {
+                    long src = s_short_src(d, k, oc, oy, ox);
+                    if (src >= 0)
+                        din[src] = dout[(((size_t)k * d->OC + oc) * d->OH + oy) * d->OW + ox];
+                }
+}
+
+void dp_gap_forward_ref(float *out, const float *in, int B, int C, int HW)
+{
+    for (size_t pl = 0; pl < (size_t)B * C; pl++) {
+        double s = 0;
+        for (int i = 0; i < HW; i++) s += in[pl * HW + i];
+        out[pl] = (float)(s / HW);
+    }
+}
+
+void dp_gap_backward_ref(float *din, const float *dout, int B, int C, int HW)
+{
+    for (size_t pl = 0; pl < (size_t)B * C; pl++)
+        for (int i = 0; i < HW; i++) din[pl * HW + i] = dout[pl] / (float)HW;
+}
+
+/* splitmix64's finaliser: a good 64-bit mix of one word. */
+static unsigned long long s_mix(unsigned long long z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+int dp_dropout_keep(unsigned long long seed, unsigned long long step, unsigned long long sample,
+                    unsigned long long i, float p)
+{
+    unsigned long long h = s_mix(seed ^ 0x9e3779b97f4a7c15ULL);
+    h = s_mix(h ^ step);
+    h = s_mix(h ^ sample);
+    h = s_mix(h ^ i);
+    /* the top 24 bits as a uniform in [0, 1): exact in float */
+    float u = (float)(h >> 40) * (1.0f / 16777216.0f);
+    return u >= p;
+}
+
+void dp_dropout_forward_ref(float *out, const float *in, int B, size_t N, float p,
+                            unsigned long long seed, unsigned long long step,
+                            unsigned long long sample0)
+{
+    float scale = 1.0f / (1.0f - p);
+    for (int k = 0; k < B; k++)
+        for (size_t i = 0; i < N; i++)
+            out[(size_t)k * N + i] =
+                dp_dropout_keep(seed, step, sample0 + (unsigned)k, i, p) ? in[(size_t)k * N + i] * scale : 0.0f;
+}
+
+void dp_dropout_backward_ref(float *din, const float *dout, int B, size_t N, float p,
+                             unsigned long long seed, unsigned long long step,
+                             unsigned long long sample0)
+{
+    dp_dropout_forward_ref(din, dout, B, N, p, seed, step, sample0);
+}
+
+void dp_bn_running_update(float *rm, float *rv, float *nbt, const float *save, long n,
+                          long n_last, int groups, int C, float momentum)
+{
+    float inv = 1.0f / (float)groups, keep = 1.0f - momentum;
+    for (int c = 0; c < C; c++) {
+        float am = 0.0f, av = 0.0f;
+        for (int g = 0; g < groups; g++) {
+            const float *sv = save + (size_t)2 * C * g;
+            long k = g == groups - 1 ? n_last : n;
+            float unb = k > 1 ? sv[C + c] * ((float)k / (float)(k - 1)) : sv[C + c];
+            am += keep * rm[c] + momentum * sv[c];
+            av += keep * rv[c] + momentum * unb;
+        }
+        rm[c] = groups == 1 ? am : am * inv;
+        rv[c] = groups == 1 ? av : av * inv;
+    }
+    *nbt += 1.0f;
 }

@@ -1,6 +1,6 @@
 """compare_st.py A.safetensors B.safetensors [--rtol R] [--atol A]
 
-Compares every tensor of two safetensors files (float32) and prints the
+Compares every tensor of two safetensors files (float32; int64 counters) and prints the
 worst difference; exit status 0 when all are within atol + rtol*|b|. Reads the
 format itself (8-byte header length, JSON header, raw data): no safetensors
 package needed."""
@@ -22,7 +22,8 @@ def load(path):
         if name == "__metadata__":
             continue
         a, b = t["data_offsets"]
-        out[name] = np.frombuffer(data[base + a : base + b], dtype=np.float32).reshape(t["shape"])
+        dt = np.int64 if t["dtype"] == "I64" else np.float32  # counters: num_batches_tracked
+        out[name] = np.frombuffer(data[base + a : base + b], dtype=dt).reshape(t["shape"]).astype(np.float64)
     return out
 
 

@@ -12,7 +12,10 @@
  *   din == NULL, 1 to 3 threads (uneven splits of the batch);
  * - the conv tests once per kernel path this CPU supports (avx512, avx2,
  *   generic: kernels/cpu/isa.h), the avx2 and avx512 paths bit for bit
- *   equal, and DP_CPU_ISA's choice and refusals. */
+ *   equal, and DP_CPU_ISA's choice and refusals;
+ * - batch norm (training, evaluation, 2-D and 1-D), the residual shortcut
+ *   (identity, option A), global average pooling and dropout: fast against
+ *   reference, backwards against finite differences; convolution without bias. */
 #include <math.h>
 #include <stdint.h>
 #include <sys/wait.h>
@@ -136,6 +139,8 @@ static const s_conv_case_t s_conv_cases[] = {
     /* our GEMM's channel blocks on the avx2 path (16 + 8, 16 + 16 + 8), patches
      * not a multiple of 8 floats, 15 positions, stride 2 */
     {2, 8, 9, 10, 24, 3, 1, 1}, {1, 9, 7, 5, 40, 3, 0, 1}, {3, 3, 11, 9, 16, 5, 2, 2},
+    /* resnet20's stride-2 convolutions on 28x28 (even sides) and its 1x1 projection */
+    {2, 16, 28, 28, 32, 3, 1, 2}, {8, 32, 14, 14, 64, 3, 1, 2}, {2, 16, 28, 28, 32, 1, 0, 2},
 };
 #define N_CONV (int)(sizeof s_conv_cases / sizeof s_conv_cases[0])
 
@@ -602,6 +607,221 @@ static void test_softmax_xent(void)
     free(z), free(p), free(pr), free(x), free(g), free(gr);
 }
 
+/* ---- batch norm, shortcut, global average pooling, dropout ------------- */
+
+/* sum(bn_train(in) * r) in double: the batch's own statistics */
+static double s_bn_loss(const double *in, const double *w, const double *b, const float *r,
+                        int B, int C, int HW)
+{
+    double loss = 0, n = (double)B * HW;
+    for (int c = 0; c < C; c++) {
+        double mu = 0, v = 0;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) mu += in[((size_t)k * C + c) * HW + i];
+        mu /= n;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) {
+                double x = in[((size_t)k * C + c) * HW + i] - mu;
+                v += x * x;
+            }
+        v /= n;
+        for (int k = 0; k < B; k++)
+            for (int i = 0; i < HW; i++) {
+                size_t at = ((size_t)k * C + c) * HW + i;
+                loss += (w[c] * (in[at] - mu) / sqrt(v + 1e-5) + b[c]) * r[at];
+            }
+    }
+    return loss;
+}
+
+/* bn 2-D (HW > 1) and 1-D (HW 1) on awkward shapes, 1 to 3 threads: the
+ * training forward and its statistics, the evaluation forward and the
+ * backward against the reference, both backwards against finite differences. */
+static void test_batchnorm(void)
+{
+    static const int cases[][3] = {{3, 5, 143}, {1, 3, 7}, {4, 6, 1}, {2, 16, 64}, {7, 2, 17}};
+    for (int ci = 0; ci < 5; ci++) {
+        dp_cpu_set_threads(1 + ci % 3);
+        int B = cases[ci][0], C = cases[ci][1], HW = cases[ci][2];
+        size_t n = (size_t)B * C * HW;
+        float *in = s_rand(n, -2, 3), *w = s_rand(C, 0.5f, 1.5f), *b = s_rand(C, -1, 1);
+        float *r = s_rand(n, -1, 1), *rm = s_rand(C, -1, 1), *rv = s_rand(C, 0.5f, 2);
+        float *got = s_nan(n), *want = s_nan(n), *m1 = s_nan(C), *v1 = s_nan(C), *m2 = s_nan(C),
+              *v2 = s_nan(C);
+        dp_bn_forward_train_ref(want, m1, v1, in, w, b, B, C, HW, 1e-5f);
+        dp_bn_forward_train(got, m2, v2, in, w, b, B, C, HW, 1e-5f);
+        CHECK_CLOSE("bn train forward", got, want, n, 1e-4, 1e-4);
+        CHECK_CLOSE("bn batch mean", m2, m1, C, 1e-5, 1e-5);
+        CHECK_CLOSE("bn batch var", v2, v1, C, 1e-5, 1e-5);
+        s_poison(got, n);
+        dp_bn_forward_eval_ref(want, in, w, b, rm, rv, B, C, HW, 1e-5f);
+        dp_bn_forward_eval(got, in, w, b, rm, rv, B, C, HW, 1e-5f);
+        CHECK_CLOSE("bn eval forward", got, want, n, 1e-5, 1e-5);
+        float *din = s_nan(n), *dw = s_nan(C), *db = s_nan(C);
+        float *din_r = s_nan(n), *dw_r = s_nan(C), *db_r = s_nan(C);
+        dp_bn_backward_ref(din_r, dw_r, db_r, r, in, w, m1, v1, B, C, HW, 1e-5f);
+        dp_bn_backward(din, dw, db, r, in, w, m2, v2, B, C, HW, 1e-5f);
+        CHECK_CLOSE("bn din fast vs ref", din, din_r, n, 1e-4, 1e-3);
+        CHECK_CLOSE("bn dw fast vs ref", dw, dw_r, C, 1e-4, 1e-4);
+        CHECK_CLOSE("bn db fast vs ref", db, db_r, C, 1e-4, 1e-4);
+        if (B * HW > 1) {
+            double *xi = s_to_double(in, n), *xw = s_to_double(w, C), *xb = s_to_double(b, C);
+            CHECK_FD("bn din ref", din_r, xi, n, 40, s_bn_loss(xi, xw, xb, r, B, C, HW));
+            CHECK_FD("bn din fast", din, xi, n, 40, s_bn_loss(xi, xw, xb, r, B, C, HW));
+            CHECK_FD("bn dw fast", dw, xw, C, C, s_bn_loss(xi, xw, xb, r, B, C, HW));
+            CHECK_FD("bn db fast", db, xb, C, C, s_bn_loss(xi, xw, xb, r, B, C, HW));
+            free(xi), free(xw), free(xb);
+        }
+        /* din NULL: the parameter gradients still right */
+        s_poison(dw, C);
+        dp_bn_backward(NULL, dw, db, r, in, w, m2, v2, B, C, HW, 1e-5f);
+        CHECK_CLOSE("bn dw (din NULL)", dw, dw_r, C, 1e-4, 1e-4);
+        free(in), free(w), free(b), free(r), free(rm), free(rv), free(got), free(want);
+        free(m1), free(v1), free(m2), free(v2), free(din), free(dw), free(db), free(din_r);
+        free(dw_r), free(db_r);
+    }
+    dp_cpu_set_threads(0);
+}
+
+/* sum((a + shortcut(in)) * r) in double, for the finite differences */
+static double s_short_loss(const double *in, const float *a, const float *r,
+                           const dp_shortcut_dims_t *d)
+{
+    double loss = 0;
+    int lo = (d->OC - d->C) / 2;
+    for (int k = 0; k < d->B; k++)
+        for (int oc = 0; oc < d->OC; oc++)
+            for (int oy = 0; oy < d->OH; oy++)
+                for (int ox = 0; ox < d->OW; ox++) {
+                    size_t at = (((size_t)k * d->OC + oc) * d->OH + oy) * d->OW + ox;
+                    double v = a[at];
+                    int c = oc - lo;
+                    if (c >= 0 && c < d->C)
+                        v += in[(((size_t)k * d->C + c) * d->H + oy * d->stride) * d->W +
+                                ox * d->stride];
+                    loss += v * r[at];
+                }
+    return loss;
+}
+
+/* Identity and option A (stride 2, channels padded evenly and oddly, odd sides). */
+static void test_shortcut(void)
+{
+    static const int cases[][6] = {/* B, C, H, W, OC, stride */
+                                   {2, 4, 5, 7, 4, 1}, {3, 4, 7, 5, 8, 2}, {1, 3, 8, 8, 6, 2},
+                                   {2, 2, 9, 6, 5, 2}, {2, 16, 32, 32, 32, 2}};
+    for (int ci = 0; ci < 5; ci++) {
+        dp_cpu_set_threads(1 + ci % 3);
+        dp_shortcut_dims_t d = {.B = cases[ci][0], .C = cases[ci][1], .H = cases[ci][2],
+                                .W = cases[ci][3], .OC = cases[ci][4], .stride = cases[ci][5]};
+        dp_shortcut_dims_finish(&d);
+        CHECK_EQ(d.OH, (d.H + d.stride - 1) / d.stride);
+        size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
+        float *in = s_rand(nin, -1, 1), *a = s_rand(nout, -1, 1), *r = s_rand(nout, -1, 1);
+        float *got = s_nan(nout), *want = s_nan(nout), *din = s_nan(nin), *din_r = s_nan(nin);
+        dp_shortcut_add_forward_ref(want, a, in, &d);
+        dp_shortcut_add_forward(got, a, in, &d);
+        CHECK(memcmp(got, want, nout * sizeof(float)) == 0);
+        dp_shortcut_backward_ref(din_r, r, &d);
+        dp_shortcut_backward(din, r, &d);
+        CHECK(memcmp(din, din_r, nin * sizeof(float)) == 0);
+        double *xi = s_to_double(in, nin);
+        CHECK_FD("shortcut din", din, xi, nin, 60, s_short_loss(xi, a, r, &d));
+        /* in place on a (the executor adds into the body's output) */
+        memcpy(got, a, nout * sizeof(float));
+        dp_shortcut_add_forward(got, got, in, &d);
+        CHECK(memcmp(got, want, nout * sizeof(float)) == 0);
+        free(xi), free(in), free(a), free(r), free(got), free(want), free(din), free(din_r);
+    }
+    dp_cpu_set_threads(0);
+}
+
+static void test_gap(void)
+{
+    int B = 3, C = 5, HW = 49;
+    size_t n = (size_t)B * C * HW;
+    float *in = s_rand(n, -1, 1), *r = s_rand((size_t)B * C, -1, 1);
+    float *got = s_nan((size_t)B * C), *want = s_nan((size_t)B * C), *din = s_nan(n),
+          *din_r = s_nan(n);
+    dp_gap_forward_ref(want, in, B, C, HW);
+    dp_gap_forward(got, in, B, C, HW);
+    CHECK_CLOSE("gap forward", got, want, (size_t)B * C, 1e-6, 1e-5);
+    dp_gap_backward_ref(din_r, r, B, C, HW);
+    dp_gap_backward(din, r, B, C, HW);
+    CHECK_CLOSE("gap backward", din, din_r, n, 1e-7, 1e-6);
+    for (size_t i = 0; i < n; i++) CHECK_NEAR(din[i], r[i / HW] / HW, 1e-7);
+    free(in), free(r), free(got), free(want), free(din), free(din_r);
+}
+
+/* The mask is a function of (seed, step, sample, element) alone: the fast
+ * and reference kernels and any thread count agree bit for bit, the kept
+ * fraction is about 1 - p, kept elements scale by 1 / (1 - p), the backward
+ * passes the gradient through the same mask, and another step or seed
+ * draws another mask. */
+static void test_dropout(void)
+{
+    int B = 4;
+    size_t N = 1000, n = (size_t)B * N;
+    float p = 0.3f;
+    float *in = s_rand(n, 0.5f, 1), *want = s_nan(n), *got = s_nan(n), *g = s_nan(n);
+    dp_dropout_forward_ref(want, in, B, N, p, 7, 11, 3);
+    for (int t = 1; t <= 3; t++) {
+        dp_cpu_set_threads(t);
+        s_poison(got, n);
+        dp_dropout_forward(got, in, B, N, p, 7, 11, 3);
+        CHECK(memcmp(got, want, n * sizeof(float)) == 0);
+    }
+    dp_cpu_set_threads(0);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != 0.0f) {
+            kept++;
+            CHECK_NEAR(got[i], in[i] / (1 - p), 1e-6);
+        }
+        CHECK_EQ(got[i] != 0.0f, dp_dropout_keep(7, 11, 3 + i / N, i % N, p));
+    }
+    CHECK(kept > n * 0.65 && kept < n * 0.75);
+    dp_dropout_backward(g, in, B, N, p, 7, 11, 3);
+    CHECK(memcmp(g, want, n * sizeof(float)) == 0);
+    dp_dropout_forward(g, in, B, N, p, 7, 12, 3);
+    CHECK(memcmp(g, want, n * sizeof(float)) != 0);
+    dp_dropout_forward(g, in, B, N, p, 8, 11, 3);
+    CHECK(memcmp(g, want, n * sizeof(float)) != 0);
+    /* p = 0 keeps everything */
+    dp_dropout_forward(g, in, B, N, 0.0f, 7, 11, 3);
+    CHECK(memcmp(g, in, n * sizeof(float)) == 0);
+    free(in), free(want), free(got), free(g);
+}
+
+/* A convolution without bias: db NULL is left alone, dw and din as with one. */
+static void test_conv_no_bias(void)
+{
+    s_conv_case_t cc = {3, 16, 9, 9, 32, 3, 1, 2};
+    dp_conv_dims_t d = s_dims(&cc);
+    size_t nin = (size_t)d.B * d.C * d.H * d.W, nw = (size_t)d.OC * d.C * d.K * d.K;
+    size_t nout = (size_t)d.B * d.OC * d.OH * d.OW;
+    float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -1, 1), *r = s_rand(nout, -1, 1);
+    float *din = s_nan(nin), *dw = s_nan(nw), *db = s_nan(d.OC), *din2 = s_nan(nin),
+          *dw2 = s_nan(nw);
+    dp_conv2d_backward(din, dw, db, r, in, w, &d);
+    dp_conv2d_backward(din2, dw2, NULL, r, in, w, &d);
+    CHECK(memcmp(din, din2, nin * sizeof(float)) == 0);
+    CHECK(memcmp(dw, dw2, nw * sizeof(float)) == 0);
+    dp_conv2d_backward_ref(din2, dw2, NULL, r, in, w, &d);
+    CHECK_CLOSE("conv no-bias ref dw", dw2, dw, nw, 1e-4, 1e-4);
+    free(in), free(w), free(r), free(din), free(dw), free(db), free(din2), free(dw2);
+}
+
+static void test_vec_add(void)
+{
+    size_t n = 100003;
+    float *a = s_rand(n, -1, 1), *b = s_rand(n, -1, 1), *c = s_nan(n);
+    memcpy(c, a, n * sizeof(float));
+    dp_vec_add(c, b, n);
+    for (size_t i = 0; i < n; i += 97) CHECK_EQ(c[i], a[i] + b[i]);
+    free(a), free(b), free(c);
+}
+
 static void test_threads(void)
 {
     dp_cpu_set_threads(1);
@@ -616,4 +836,6 @@ DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_de
          T(test_conv_backward_sparse), T(test_conv_default_shape),
          T(test_conv_paths_bitwise_equal), T(test_isa_choose), T(test_isa_refused_before_main),
          T(test_fc), T(test_relu),
-         T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads))
+         T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads),
+         T(test_batchnorm), T(test_shortcut), T(test_gap), T(test_dropout),
+         T(test_conv_no_bias), T(test_vec_add))

@@ -46,7 +46,7 @@ static void test_bad_specs(void)
  * names the token and what was expected. */
 static void test_error_messages(void)
 {
-    static char many[200], huge[1100], long_fc[700];
+    static char many[6 * (DP_MAX_LAYERS + 2)], huge[8300], long_fc[700];
     many[0] = 0;
     for (int i = 0; i < DP_MAX_LAYERS + 1; i++) strcat(many, "relu ");
     memset(huge, 'x', sizeof huge - 1);
@@ -60,14 +60,14 @@ static void test_error_messages(void)
         {"fc:10 softmax", 0, "model spec: bad input shape 0x28x28"},
         {huge, 1, "model spec: too long"},
         {long_fc, 1, "model spec: too long"},
-        {many, 1, "model spec: more than 32 layers"},
+        {many, 1, "model spec: more than 1024 layers"},
         {"fc:10 softmax relu", 1, "model spec: 'relu' after softmax (softmax must be last)"},
         {"conv5x4:8 fc:10 softmax", 1,
          "model spec: bad convolution 'conv5x4:8' (expected convKxK:OUT, e.g. conv5x5:32)"},
         {"conv4x4:8 fc:10 softmax", 1,
          "model spec: 'conv4x4:8': 'same' padding needs an odd kernel size"},
         {"conv3x3:8:full fc:10 softmax", 1,
-         "model spec: bad padding in 'conv3x3:8:full' (use :same or :valid)"},
+         "model spec: bad option in 'conv3x3:8:full' (use :same, :valid, :sS or :pP)"},
         {"fc:10 conv3x3:2 fc:10 softmax", 1,
          "model spec: 'conv3x3:2' after a fully connected layer"},
         {"conv29x29:2:valid fc:10 softmax", 1,
@@ -80,7 +80,8 @@ static void test_error_messages(void)
          "model spec: bad fully connected layer 'fc:0' (expected fc:OUT, e.g. fc:512)"},
         {"relu softmax", 1, "model spec: softmax must follow a fully connected layer"},
         {"banana fc:10 softmax", 1,
-         "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, fc:OUT, softmax)"},
+         "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, bn, gap, "
+         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax)"},
         {" \t\n", 1, "model spec: empty"},
         {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax'"},
         {"fc:1 softmax", 1, "model spec: the last fc layer needs at least 2 outputs"},

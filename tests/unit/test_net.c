@@ -276,6 +276,180 @@ static void test_train_step_device_copies_grads(void)
     dp_backend_destroy(&be);
 }
 
+/* Residual networks: every trainable gradient against central differences
+ * of the training loss (batch statistics: dp_net_train_step's own loss,
+ * the running statistics it moves reset by each dp_net_set_params), and
+ * the state floats of d_grads holding the new running statistics. */
+static int s_train_gradient_check(const char *spec, size_t step, int B)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, 2, 9, 7, err), 0);
+    if (err[0]) fprintf(stderr, "  %s\n", err);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net;
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    net.seed = 3;
+    net.step = 17;
+    dp_rng_t r;
+    dp_rng_seed(&r, 11);
+    float *params = dp_malloc(m.n_floats * sizeof(float));
+    float *grads = dp_malloc(m.n_floats * sizeof(float));
+    float *after = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, params, 5);
+    for (int i = 0; i < m.n_params; i++) /* bn's affine away from 1 and 0 */
+        if (strstr(m.params[i].name, "bn") && m.params[i].trainable)
+            for (size_t j = 0; j < m.params[i].count; j++)
+                params[m.params[i].offset + j] += 0.3f * (2 * dp_rng_uniform(&r) - 1);
+    size_t in = (size_t)B * 2 * 9 * 7;
+    float *x = dp_malloc(in * sizeof(float));
+    s_random(x, in, &r, 1.0f);
+    int y[8] = {0, 2, 1, 1, 0, 2, 2, 1};
+    dp_net_set_params(&net, params);
+    dp_net_train_step(&net, x, y, B);
+    dp_net_get_grads(&net, grads);
+    dp_net_get_params(&net, after);
+    int bad = 0, ok = 0;
+    for (int i = 0; i < m.n_params; i++) {
+        const dp_param_t *p = &m.params[i];
+        if (p->trainable) continue;
+        /* a push carries the new value there; the counter counted one batch */
+        CHECK(memcmp(grads + p->offset, after + p->offset, p->count * sizeof(float)) == 0);
+        if (strstr(p->name, "num_batches_tracked")) CHECK_EQ(after[p->offset], 1.0f);
+    }
+    const float eps = 1e-3f;
+    for (size_t i = 0; i < m.n_floats; i += step) {
+        int trainable = 1;
+        for (int k = 0; k < m.n_params; k++)
+            if (i >= m.params[k].offset && i < m.params[k].offset + m.params[k].count)
+                trainable = m.params[k].trainable;
+        if (!trainable) continue;
+        float keep = params[i];
+        params[i] = keep + eps;
+        dp_net_set_params(&net, params);
+        double up = dp_net_train_step(&net, x, y, B);
+        params[i] = keep - eps;
+        dp_net_set_params(&net, params);
+        double down = dp_net_train_step(&net, x, y, B);
+        params[i] = keep;
+        double fd = (up - down) / (2 * eps), d = fabs(fd - grads[i]);
+        if (d > 2e-3 + 5e-2 * fabs(fd)) {
+            if (bad < 5) fprintf(stderr, "  param %zu: backprop %.6g finite diff %.6g\n", i, grads[i], fd);
+            bad++;
+        } else {
+            ok++;
+        }
+    }
+    CHECK(ok > 0);
+    fprintf(stderr, "  %s: %d of %d gradients off\n", spec, bad, bad + ok);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+    free(params), free(grads), free(after), free(x);
+    return bad;
+}
+
+static void s_resnet_gradients(void)
+{
+    fprintf(stderr, "  %s path:\n", dp_cpu_isa_name(dp_cpu_isa()));
+    dp_cpu_set_threads(1);
+    /* smooth: bn, option-A (4 -> 6 channels, stride 2) and identity
+     * shortcuts, gap, a 1x1 stride-2 conv, 1-D bn; every gradient agrees */
+    CHECK_EQ(s_train_gradient_check("conv3x3:4 bn res( conv3x3:4 bn ) res( conv3x3:6:s2 bn "
+                                    "conv3x3:6 bn ) gap fc:5 bn fc:3 softmax", 1, 4), 0);
+    CHECK_EQ(s_train_gradient_check("conv3x3:4 bn res:b( conv3x3:8:s2 bn ) conv1x1:3:s2:p0 gap "
+                                    "fc:3 softmax", 1, 3), 0);
+    CHECK_EQ(s_train_gradient_check("conv3x3:3 dropout:0.3 fc:6 dropout:0.5 fc:3 softmax", 1, 3), 0);
+    /* with relus, as the presets are: a kink spoils a few */
+    CHECK(s_train_gradient_check("conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
+                                 "res( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax",
+                                 1, 4) <= 20);
+    dp_cpu_set_threads(0);
+}
+
+static void test_resnet_gradients_match_finite_differences(void)
+{
+    t_each_cpu_path(s_resnet_gradients);
+}
+
+/* Ghost batches: one step at batch 2G with --bn-ghost-batch G is the mean
+ * of two nets' steps at batch G (the gradient and the running statistics
+ * as the sync servers average two workers' pushes). */
+static void test_bn_ghost_batch(void)
+{
+    const char *spec = "conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu gap fc:3 softmax";
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, 2, 9, 7, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    int G = 3;
+    dp_net_t big, small;
+    CHECK_EQ(dp_net_init(&big, &m, be, 2 * G, err), 0);
+    CHECK_EQ(dp_net_init(&small, &m, be, G, err), 0);
+    big.ghost = G;
+    size_t n = m.n_floats, in = (size_t)G * 2 * 9 * 7;
+    float *params = dp_malloc(n * sizeof(float)), *g = dp_malloc(n * sizeof(float));
+    float *h0 = dp_malloc(n * sizeof(float)), *h1 = dp_malloc(n * sizeof(float));
+    float *x = dp_malloc(2 * in * sizeof(float));
+    dp_rng_t r;
+    dp_rng_seed(&r, 4);
+    s_random(x, 2 * in, &r, 1.0f);
+    int y[6] = {0, 1, 2, 2, 1, 0};
+    dp_model_init_params(&m, params, 9);
+    dp_net_set_params(&big, params);
+    float loss = dp_net_train_step(&big, x, y, 2 * G);
+    dp_net_get_grads(&big, g);
+    dp_net_set_params(&small, params);
+    float l0 = dp_net_train_step(&small, x, y, G);
+    dp_net_get_grads(&small, h0);
+    dp_net_set_params(&small, params);
+    float l1 = dp_net_train_step(&small, x + in, y + G, G);
+    dp_net_get_grads(&small, h1);
+    CHECK_NEAR(loss, (l0 + l1) / 2, 1e-5);
+    int off = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = (h0[i] + h1[i]) * 0.5f; /* the sync server's sum, times 1 / R */
+        if (fabs(g[i] - want) > 1e-5 + 1e-4 * fabs(want)) off++;
+    }
+    CHECK_EQ(off, 0);
+    dp_net_fini(&big);
+    dp_net_fini(&small);
+    dp_backend_destroy(&be);
+    free(params), free(g), free(h0), free(h1), free(x);
+}
+
+/* Evaluation normalises by the running statistics, not the batch's: a batch
+ * of one sample evaluates as it does inside a larger batch. */
+static void test_bn_eval_uses_running_stats(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "resnet20", 1, 12, 12, err), 0);
+    CHECK_STR(m.spec, "resnet20");
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net;
+    CHECK_EQ(dp_net_init(&net, &m, be, 4, err), 0);
+    float *params = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, params, 1);
+    dp_rng_t r;
+    dp_rng_seed(&r, 2);
+    float x[4 * 144];
+    s_random(x, 4 * 144, &r, 1.0f);
+    int y[4] = {1, 2, 3, 4}, c = 0;
+    dp_net_set_params(&net, params);
+    dp_net_train_step(&net, x, y, 4); /* running statistics move off 0 / 1 */
+    float l4 = dp_net_evaluate(&net, x, y, 4, &c);
+    float l1 = dp_net_evaluate(&net, x + 3 * 144, y + 3, 1, &c);
+    float l3 = dp_net_evaluate(&net, x, y, 3, &c);
+    CHECK_NEAR(l4, (3 * l3 + l1) / 4, 1e-5);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+    free(params);
+}
+
 DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_under_sgd),
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
-         T(test_batcher_matches_rule))
+         T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
+         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats))
