@@ -203,19 +203,6 @@ typedef struct {
     long t;
 } s_step_job_t;
 
-/* State that is not a gradient: in [lo, hi), each state range of the
- * new buffer takes the pushed value (the mean of the R values in sync)
- * instead of the optimizer's step. */
-static void s_step_state(const s_step_job_t *j, size_t lo, size_t hi)
-{
-    const dp_shard_t *s = j->s;
-    for (int r = 0; r < s->n_state_ranges; r++) {
-        size_t a = s->state_ranges[r][0] > lo ? s->state_ranges[r][0] : lo;
-        size_t b = s->state_ranges[r][1] < hi ? s->state_ranges[r][1] : hi;
-        if (a < b) memcpy(j->dst + a, j->g + a, (b - a) * sizeof(float));
-    }
-}
-
 /* Part k of nk of a step, in blocks (cut at multiples of 16 floats). */
 static void s_step_part(void *arg, int k, int nk)
 {
@@ -234,7 +221,9 @@ static void s_step_part(void *arg, int k, int nk)
             dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
         }
     }
-    s_step_state(j, lo, hi);
+    /* state that is not a gradient takes the pushed value (the mean in
+     * sync) instead of the step: the one rule every optimizer step follows */
+    dp_model_copy_state(&s->model, s->lo, s->lo + lo, s->lo + hi, j->dst, j->g);
 }
 
 /* A buffer for the next version when the live one is held elsewhere: the

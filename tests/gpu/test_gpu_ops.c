@@ -638,6 +638,7 @@ static void test_gpu_default_model_b64(void)
         case DP_LAYER_FC: s_check_fc(l, B); break;
         case DP_LAYER_RELU: s_check_relu((size_t)B * dp_layer_out_size(l)); break;
         case DP_LAYER_SOFTMAX: s_check_xent(B, m.classes); break;
+        default: break; /* the default network has none of the other kinds */
         }
     }
     /* and a smaller last batch through the same plans */
