@@ -169,6 +169,24 @@ int dp_optim_state_per_param(dp_optim_kind_t k)
     return 0;
 }
 
+int dp_optim_state_floats(const dp_optim_conf_t *c)
+{
+    if (c->kind == DP_OPT_NESTEROV && c->period > 1) return 2;
+    return dp_optim_state_per_param(c->kind);
+}
+
+int dp_optim_outer(const char *name, float lr, float momentum, dp_optim_conf_t *out, char *err)
+{
+    const char *kind = name && name[0] ? name : "sgd";
+    dp_optim_conf_default(out);
+    if (strcmp(kind, "sgd") == 0) out->kind = DP_OPT_SGD;
+    else if (strcmp(kind, "nesterov") == 0) out->kind = DP_OPT_NESTEROV;
+    else return dp_err(err, "--outer-optimizer '%s': sgd or nesterov", kind);
+    out->lr = lr > 0 ? lr : out->kind == DP_OPT_SGD ? 1.0f : 0.7f;
+    out->momentum = momentum;
+    return 0;
+}
+
 float dp_optim_default_lr(dp_optim_kind_t k)
 {
     switch (k) {
@@ -229,8 +247,29 @@ void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const flo
             w[i] -= lr * gi;
         }
         break;
-    case DP_OPT_MOMENTUM:
-    case DP_OPT_NESTEROV: {
+    case DP_OPT_NESTEROV:
+        if (c->period > 1) { /* delayed Nesterov (optim.h): v = state, d = state2 */
+            const float mu = c->momentum, part = lr / (float)c->period;
+            const float inv_n = 1.0f / (float)c->period;
+            const int turn = t > 0 && t % c->period == 0;
+            float *v = state, *d = state2;
+            for (size_t i = 0; i < n; i++) {
+                float gi = g[i] + wd * w[i];
+                float wi = w[i] - part * gi;
+                if (turn) {
+                    float vi = mu * v[i] + (d[i] + gi) * inv_n;
+                    v[i] = vi;
+                    d[i] = 0.0f;
+                    wi -= lr * mu * vi;
+                } else {
+                    d[i] += gi;
+                }
+                w[i] = wi;
+            }
+            break;
+        }
+        /* fall through */
+    case DP_OPT_MOMENTUM: {
         const float mu = c->momentum;
         const int nesterov = c->kind == DP_OPT_NESTEROV;
         float *v = state;

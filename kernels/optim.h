@@ -6,6 +6,14 @@
  *   sgd:       w -= lr * g'
  *   momentum:  v = mu * v + g';           w -= lr * v
  *   nesterov:  v = mu * v + g';           w -= lr * (g' + mu * v)
+ *   nesterov with period N > 1 (the delayed Nesterov of Liu et al. 2024,
+ *   "Asynchronous Local-SGD Training for Language Modeling", for the outer
+ *   optimizer of asynchronous local SGD; our reading of it, exactly):
+ *              d += g';  w -= (lr / N) * g'               on every step, and
+ *              on every N-th (t % N == 0): v = mu * v + d / N;  w -= lr * mu * v;  d = 0
+ *   so N steps of the same gradient g move w exactly as one nesterov step
+ *   by g (N pushes of one sync round), while the momentum, which stale
+ *   pushes would otherwise accelerate N times a round, moves once.
  *   adam:      m = b1 m + (1-b1) g';  s = b2 s + (1-b2) g'^2;
  *              w -= lr * (m / (1-b1^t)) / (sqrt(s / (1-b2^t)) + eps)
  *   adagrad:   s += g'^2;                 w -= lr * g' / (sqrt(s) + eps)
@@ -63,6 +71,8 @@ typedef struct {
     long step_size;      /* DP_LR_STEP: steps between decays */
     float gamma;         /* DP_LR_STEP: decay factor */
     long total_steps;    /* DP_LR_COSINE: steps to reach 0 */
+    long period;         /* nesterov: the momentum moves once per `period` steps (delayed
+                          * Nesterov, above); 0 or 1: every step */
     dp_dc_kind_t dc;     /* delay compensation (the parameter server's; off elsewhere) */
     float dc_lambda;     /* DP_DC_CONST: lambda; DP_DC_ADAPTIVE: lambda0 */
 } dp_optim_conf_t;
@@ -98,6 +108,14 @@ void dp_optim_float_text(float x, char *out, size_t n);
 
 /* State floats per parameter for this optimizer (0, 1 or 2). */
 int dp_optim_state_per_param(dp_optim_kind_t k);
+/* The same for a configuration: delayed Nesterov keeps its buffer d too. */
+int dp_optim_state_floats(const dp_optim_conf_t *c);
+
+/* The outer optimizer of local steps (--outer-optimizer, --outer-lr,
+ * --outer-momentum; DiLoCo, Douillard et al. 2023): "sgd" is averaging,
+ * at lr 1 by default; "nesterov" DiLoCo's, lr 0.7 by default; lr 0: that
+ * default. Constant schedule. -1 with err for another name. */
+int dp_optim_outer(const char *name, float lr, float momentum, dp_optim_conf_t *out, char *err);
 
 /* Learning rate at (0-based) step under c's schedule. */
 float dp_optim_lr_at(const dp_optim_conf_t *c, long step);

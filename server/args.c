@@ -302,13 +302,11 @@ static int s_apply_cluster(dp_ps_config_t *c, dp_cluster_t *cl, dp_opts_t *o, ch
 
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err)
 {
-    const char *kind = c->outer_optimizer[0] ? c->outer_optimizer : "sgd";
-    dp_optim_conf_default(out);
-    if (strcmp(kind, "sgd") == 0) out->kind = DP_OPT_SGD;
-    else if (strcmp(kind, "nesterov") == 0) out->kind = DP_OPT_NESTEROV;
-    else return dp_err(err, "--outer-optimizer '%s': sgd or nesterov", kind);
-    out->lr = c->outer_lr > 0 ? c->outer_lr : out->kind == DP_OPT_SGD ? 1.0f : 0.7f;
-    out->momentum = c->outer_momentum;
+    if (dp_optim_outer(c->outer_optimizer, c->outer_lr, c->outer_momentum, out, err) != 0)
+        return -1;
+    /* async and ssp: the momentum moves once per round of the workers'
+     * pushes (delayed Nesterov, kernels/optim.h), not once per push */
+    if (out->kind == DP_OPT_NESTEROV && c->mode != DP_MODE_SYNC) out->period = c->num_workers;
     return 0;
 }
 

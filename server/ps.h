@@ -107,8 +107,9 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
  * draws them). */
 int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, char *err);
 
-/* The outer optimizer of --local-steps: --outer-optimizer (sgd: plain
- * averaging at lr 1; nesterov: DiLoCo's lr 0.7), --outer-lr, --outer-momentum. */
+/* The outer optimizer of --local-steps: --outer-optimizer, --outer-lr,
+ * --outer-momentum (dp_optim_outer), and in async and ssp a nesterov one
+ * delayed to one momentum step per --workers pushes (Liu et al. 2024). */
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
 
 /* --lr-staleness with a --delay-lr other than inverse: -1 with err (the

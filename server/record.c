@@ -406,6 +406,7 @@ cJSON *dp_record_optim_json(const dp_optim_conf_t *o)
     cJSON_AddNumberToObject(j, "step_size", (double)o->step_size);
     cJSON_AddNumberToObject(j, "gamma", o->gamma);
     cJSON_AddNumberToObject(j, "total_steps", (double)o->total_steps);
+    if (o->period > 1) cJSON_AddNumberToObject(j, "period", (double)o->period);
     char dc[48];
     dp_optim_dc_name(o, dc, sizeof dc);
     cJSON_AddStringToObject(j, "dc", dc);
@@ -439,13 +440,14 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
     const double F = FLT_MAX, L = 9007199254740992.0; /* 2^53: whole doubles are exact below */
     double lr = 0, mom = o->momentum, b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = 0;
     double alpha = o->alpha; /* absent (a record older than rmsprop): the default */
-    double sched = DP_LR_CONSTANT, step_size = 0, gamma = 0, total = 0;
+    double sched = DP_LR_CONSTANT, step_size = 0, gamma = 0, total = 0, period = 0;
     if (s_optim_num(j, "lr", -F, F, 0, &lr, err) || s_optim_num(j, "momentum", -F, F, 0, &mom, err) ||
         s_optim_num(j, "beta1", -F, F, 0, &b1, err) || s_optim_num(j, "beta2", -F, F, 0, &b2, err) ||
         s_optim_num(j, "eps", -F, F, 0, &eps, err) || s_optim_num(j, "alpha", -F, F, 0, &alpha, err) ||
         s_optim_num(j, "weight_decay", -F, F, 0, &wd, err) ||
         s_optim_num(j, "schedule", 0, 2, 1, &sched, err) || s_optim_num(j, "step_size", 0, L, 1, &step_size, err) ||
-        s_optim_num(j, "gamma", -F, F, 0, &gamma, err) || s_optim_num(j, "total_steps", 0, L, 1, &total, err))
+        s_optim_num(j, "gamma", -F, F, 0, &gamma, err) || s_optim_num(j, "total_steps", 0, L, 1, &total, err) ||
+        s_optim_num(j, "period", 0, 100000, 1, &period, err))
         return -1;
     if (sched != DP_LR_CONSTANT && sched != DP_LR_STEP && sched != DP_LR_COSINE)
         return dp_err(err, "record header: bad lr schedule");
@@ -460,6 +462,7 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
     o->step_size = (long)step_size;
     o->gamma = (float)gamma;
     o->total_steps = (long)total;
+    o->period = (long)period;
     const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dc"); /* absent: off (older records) */
     if (dc && (!cJSON_IsString(dc) || dp_optim_parse_dc(o, dc->valuestring, err) != 0))
         return dp_err(err, "record header: optim.dc is not off, const:LAMBDA or adaptive:LAMBDA0");

@@ -56,7 +56,7 @@ int dp_shard_init_values(dp_shard_t *s, const dp_model_t *m, int index, int coun
     s->snap = dp_snap_new(s->n);
     s->w = s->snap->data;
     memcpy(s->w, full + s->lo, s->n * sizeof(float));
-    s->state_per = dp_optim_state_per_param(optim->kind);
+    s->state_per = dp_optim_state_floats(optim);
     s->state = dp_aligned_alloc((s->n * (size_t)s->state_per + 1) * sizeof(float));
     memset(s->state, 0, s->n * (size_t)s->state_per * sizeof(float));
     s->acc = dp_aligned_alloc((s->n + 1) * sizeof(float));

@@ -258,7 +258,7 @@ static int s_loop_local(s_loop_t *L, char *err)
     const dp_train_conf_t *c = &s->conf;
     size_t n = s->model.n_floats;
     const dp_optim_conf_t *opt = &c->optim;
-    size_t n_state = n * (size_t)dp_optim_state_per_param(opt->kind);
+    size_t n_state = n * (size_t)dp_optim_state_floats(opt);
     float *d_state = n_state ? s->be->ops->alloc(s->be, n_state * sizeof(float)) : NULL;
     float *w0 = dp_aligned_alloc((n + 1) * sizeof(float));
     long H = c->local_steps, step = -1;
@@ -287,9 +287,7 @@ static int s_loop_local(s_loop_t *L, char *err)
             last = step;
         }
         dp_net_get_params(&s->net, s->h_params);
-        for (size_t i = 0; i < n; i++) s->h_grads[i] = w0[i] - s->h_params[i];
-        /* state that is not a gradient: the push carries its value there */
-        dp_model_copy_state(&s->model, 0, 0, n, s->h_grads, s->h_params);
+        dp_net_pseudo_gradient(&s->net, w0, s->h_params, s->h_grads);
         double t2 = dp_now();
         s_inject_delay(c, &L->delay_rng);
         dp_push_result_t r;

@@ -134,6 +134,13 @@ void dp_net_get_grads(dp_net_t *net, float *grads)
     net->be->ops->download(net->be, grads, net->d_grads, net->m->n_floats * sizeof(float));
 }
 
+void dp_net_pseudo_gradient(const dp_net_t *net, const float *w0, const float *w, float *push)
+{
+    const dp_model_t *m = net->m;
+    for (size_t i = 0; i < m->n_floats; i++) push[i] = w0[i] - w[i];
+    dp_model_copy_state(m, 0, 0, m->n_floats, push, w); /* state: the value itself */
+}
+
 void dp_net_optim_step(dp_net_t *net, const dp_optim_conf_t *c, float lr, float *d_state,
                        long t)
 {

@@ -60,6 +60,11 @@ void dp_net_set_params(dp_net_t *net, const float *params);
 void dp_net_get_params(dp_net_t *net, float *params);
 void dp_net_get_grads(dp_net_t *net, float *grads);
 
+/* A round of local steps' push (host vectors of the model's floats): the
+ * weights w0 it pulled minus the weights w it reached, and at state that is
+ * not a gradient the value reached (what every push carries there). */
+void dp_net_pseudo_gradient(const dp_net_t *net, const float *w0, const float *w, float *push);
+
 /* One optimizer step of the whole vector (be->ops->optim_step), then the
  * rule for state that is not a gradient: those floats take the values the
  * step's gradient buffer carries (dp_model_copy_state), not the step. */

@@ -109,6 +109,16 @@ int dp_session_save(dp_session_t *s, long step, long version, char *err)
     return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, version, NULL, err);
 }
 
+void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
+{
+    cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_kind_name(outer->kind));
+    cJSON_AddNumberToObject(o, "outer_lr", dp_metrics_round(dp_optim_base_lr(outer), 6));
+    if (outer->kind == DP_OPT_NESTEROV)
+        cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer->momentum, 6));
+    if (outer->period > 1) /* delayed Nesterov: pushes per move of the momentum */
+        cJSON_AddNumberToObject(o, "outer_momentum_every", (double)outer->period);
+}
+
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
 {
     if (!s->conf.summary) return 0;
@@ -147,6 +157,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));
     }
+    if (r->outer) dp_summary_outer_json(o, r->outer);
     if (r->delay_lr) cJSON_AddStringToObject(o, "delay_lr", r->delay_lr);
     if (r->delay_compensation) cJSON_AddStringToObject(o, "delay_compensation", r->delay_compensation);
     cJSON_AddStringToObject(o, "device", s->conf.device);

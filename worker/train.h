@@ -117,10 +117,17 @@ typedef struct {
     const dp_staleness_t *staleness_hist; /* counts per staleness value, or NULL */
     const char *delay_lr;      /* the servers' --delay-lr and --delay-compensation as text */
     const char *delay_compensation; /* (the lab's); NULL: not written */
+    const dp_optim_conf_t *outer; /* local steps: the servers' outer optimizer (optim is then
+                                   * the workers' inner one); NULL: none */
 } dp_run_summary_t;
 
 /* Write conf.summary (if set) from r and the session: the one place where
  * summary.json's fields are named. */
+/* The outer optimizer's fields (outer_optimizer, outer_lr, and for
+ * nesterov outer_momentum and, delayed, outer_momentum_every) into o: for
+ * dp_session_summary, the simulator's result and `downpour local`, which
+ * adds the servers' to the chief's summary. */
+void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer);
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err);
 
 /* A run's first metrics line: the steps it will run, for `downpour local`'s

@@ -27,6 +27,8 @@ void dp_lab_conf_default(dp_lab_conf_t *c)
     c->shards = 1;
     c->mode = DP_MODE_ASYNC;
     dp_optim_conf_default(&c->optim);
+    c->local_steps = 1;
+    dp_optim_conf_default(&c->inner);
 }
 
 cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
@@ -48,6 +50,11 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddNumberToObject(h, "staleness", c->policy.staleness);
     dp_record_delay_json(h, c->policy.delay_lr, c->policy.delay_k);
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&c->optim));
+    if (c->local_steps > 1) {
+        cJSON_AddNumberToObject(h, "local_steps", (double)c->local_steps);
+        cJSON_AddItemToObject(h, "inner", dp_record_optim_json(&c->inner));
+        if (c->train.steps > 0) cJSON_AddNumberToObject(h, "steps", (double)c->train.steps);
+    }
     return h;
 }
 
@@ -96,6 +103,15 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
     if (mode && dp_mode_parse(mode, &c->mode, err) != 0) return -1;
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(h, "optim");
     if (o && dp_record_optim_parse(o, &c->optim, err) != 0) return -1;
+    double local = dp_record_num(h, "local_steps", 1), steps = dp_record_num(h, "steps", 0);
+    if (!(local >= 1 && local <= 1000000) || local != floor(local) || !(steps >= 0 && steps <= 1e12) ||
+        steps != floor(steps))
+        return dp_err(err, "record header: local_steps or steps out of range");
+    c->local_steps = (long)local;
+    c->train.steps = (long)steps;
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(h, "inner");
+    if (c->local_steps > 1 && (!in || dp_record_optim_parse(in, &c->inner, err) != 0))
+        return dp_err(err, "record header: local_steps without a valid inner optimizer");
     if (c->workers < 1 || c->workers > 100000 || c->shards < 1 || c->shards > 1024 ||
         c->train.batch < 1 || c->train.threads < 1)
         return dp_err(err, "record header: workers, shards, batch or threads out of range");
@@ -136,13 +152,18 @@ int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
 {
     memset(L, 0, sizeof *L);
     L->conf = *c;
-    if (dp_session_init(&L->s, &c->train, err) != 0) return -1;
+    L->conf.train.local_steps = c->local_steps; /* its summary names them */
+    if (dp_session_init(&L->s, &L->conf.train, err) != 0) return -1;
     if (s_servers(L, err) != 0) goto fail;
     int B = c->train.batch;
     L->idx = dp_malloc((size_t)B * sizeof *L->idx);
     L->x = dp_malloc((size_t)B * dp_dataset_sample_size(&L->s.train) * sizeof *L->x);
     L->y = dp_malloc((size_t)B * sizeof *L->y);
     L->per_worker = dp_calloc((size_t)c->workers, sizeof *L->per_worker);
+    if (c->local_steps > 1) {
+        L->inner_state = dp_calloc((size_t)c->workers, sizeof *L->inner_state);
+        L->w_local = dp_aligned_alloc((L->s.model.n_floats + 1) * sizeof(float));
+    }
     if (dp_data_steps_per_epoch(L->s.train.n, B, c->workers) < 1) {
         dp_err(err, "%d workers at batch %d need more than the %d training samples", c->workers, B,
                L->s.train.n);
@@ -170,6 +191,10 @@ void dp_lab_fini(dp_lab_t *L)
     }
     for (int w = 0; L->per_worker && w < L->conf.workers; w++) dp_staleness_fini(&L->per_worker[w]);
     free(L->per_worker);
+    for (int w = 0; L->inner_state && w < L->conf.workers; w++)
+        if (L->inner_state[w]) L->s.be->ops->release(L->s.be, L->inner_state[w]);
+    free(L->inner_state);
+    free(L->w_local);
     free(L->shard);
     free(L->members);
     free(L->policy);
@@ -194,13 +219,51 @@ void dp_lab_pulled(dp_lab_t *L, int worker)
     for (int k = 0; k < L->conf.shards; k++) dp_shard_dc_pulled(&L->shard[k], worker);
 }
 
-float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad)
+/* One training step of worker at its data step on the net's parameters. */
+static float s_train_step(dp_lab_t *L, int worker, long step)
 {
     int B = L->conf.train.batch;
     dp_data_batch_indices(L->s.train.n, B, worker, L->conf.workers, L->conf.train.seed, step, L->idx);
     dp_dataset_gather(&L->s.train, L->idx, B, L->x, L->y);
+    L->s.net.step = (unsigned long long)step;
+    return dp_net_train_step(&L->s.net, L->x, L->y, B);
+}
+
+long dp_lab_push_steps(const dp_lab_t *L, long step)
+{
+    long H = L->conf.local_steps;
+    if (H <= 1) return 1;
+    long first = step * H, end = first + H;
+    if (L->conf.train.steps > 0 && end > L->conf.train.steps) end = L->conf.train.steps;
+    return end > first ? end - first : 0;
+}
+
+/* A round of local steps (dp_lab_gradient). */
+static float s_local_round(dp_lab_t *L, const float *params, int worker, long round, float *grad)
+{
+    const dp_lab_conf_t *c = &L->conf;
+    size_t n = L->s.model.n_floats;
+    size_t n_state = n * (size_t)dp_optim_state_floats(&c->inner);
+    if (!L->inner_state[worker])
+        L->inner_state[worker] = n_state ? L->s.be->ops->alloc(L->s.be, n_state * sizeof(float)) : NULL;
+    long first = round * c->local_steps, end = first + dp_lab_push_steps(L, round);
     dp_net_set_params(&L->s.net, params);
-    float loss = dp_net_train_step(&L->s.net, L->x, L->y, B);
+    float loss = 0;
+    for (long step = first; step < end; step++) {
+        loss += s_train_step(L, worker, step) / (float)c->local_steps;
+        dp_net_optim_step(&L->s.net, &c->inner, dp_optim_lr_at(&c->inner, step),
+                          L->inner_state[worker], step + 1);
+    }
+    dp_net_get_params(&L->s.net, L->w_local);
+    dp_net_pseudo_gradient(&L->s.net, params, L->w_local, grad);
+    return loss;
+}
+
+float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad)
+{
+    if (L->conf.local_steps > 1) return s_local_round(L, params, worker, step, grad);
+    dp_net_set_params(&L->s.net, params);
+    float loss = s_train_step(L, worker, step);
     dp_net_get_grads(&L->s.net, grad);
     return loss;
 }
@@ -263,7 +326,9 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
         .train_s = train_s, .version = L->shard[0].version, .applied = cnt.applied,
         .dropped = cnt.dropped, .rejected = cnt.rejected,
         .staleness_mean = dp_staleness_mean(&hist), .staleness_max = hist.max,
-        .staleness_hist = &hist, .optim = &c->optim, /* the simulated servers' */
+        .staleness_hist = &hist, /* the simulated servers' optimizer, or the workers' inner */
+        .optim = c->local_steps > 1 ? &c->inner : &c->optim,
+        .outer = c->local_steps > 1 ? &c->optim : NULL,
         .delay_lr = rule, .delay_compensation = dc,
     };
     /* The chief's STATS view: the versions summed over the shards. */

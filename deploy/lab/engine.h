@@ -34,7 +34,11 @@ typedef struct {
     int workers, shards;
     dp_mode_t mode;
     dp_policy_conf_t policy;   /* R, S, the delay rule */
-    dp_optim_conf_t optim;     /* the servers' optimizer and lr schedule */
+    dp_optim_conf_t optim;     /* the servers' optimizer and lr schedule (the outer one with
+                                * local steps) */
+    long local_steps;          /* H > 1: a worker's push is the pseudo-gradient of H steps of
+                                * its own optimizer `inner` (--local-steps) */
+    dp_optim_conf_t inner;     /* the workers' optimizer under local steps */
     int measure;               /* norms of every step (dp_policy_measure) */
     const char *record;        /* write the schedule here, or NULL */
 } dp_lab_conf_t;
@@ -51,6 +55,8 @@ typedef struct {
     dp_record_t *rec;
     dp_staleness_t *per_worker; /* [workers]: staleness of each worker's used gradients */
     uint64_t pushes;           /* pushes handed to the policies (all shards) */
+    float **inner_state;       /* [workers]: local steps' optimizer state, made at first use */
+    float *w_local;            /* local steps: the weights a round reaches */
 } dp_lab_t;
 
 /* The defaults a cluster launched by `downpour local` would have: async,
@@ -70,8 +76,16 @@ void dp_lab_params(const dp_lab_t *L, int k, float *params);
  * a shard answering its pull): the weights delay compensation keeps. */
 void dp_lab_pulled(dp_lab_t *L, int worker);
 /* The gradient worker computes at its 0-based data step from params, into
- * grad (n_floats), as the worker daemon would. Returns the batch's loss. */
+ * grad (n_floats), as the worker daemon would. Returns the batch's loss.
+ * With local steps, step is the worker's 0-based round and grad the
+ * round's pseudo-gradient (the worker daemon's s_loop_local: H steps of
+ * conf.inner over data steps round*H ..., capped at conf.train.steps when
+ * that is set, state carried from round to round per worker); the mean
+ * loss of its steps is returned. A worker's rounds must come in order. */
 float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad);
+/* Data steps worker's push number `step` (0-based) stands for: 1, or with
+ * local steps the round's H (fewer in a last round cut at conf.train.steps). */
+long dp_lab_push_steps(const dp_lab_t *L, long step);
 /* Shard k gets grad's slice from worker's data step, computed on version:
  * the policy decides (o); counted per worker and recorded. */
 void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,

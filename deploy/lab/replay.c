@@ -180,7 +180,7 @@ static int s_push(s_replay_t *R, size_t i, char *err)
             free(job->params);
             job->params = NULL;
         }
-        if (job->worker == 0) R->chief_steps++;
+        if (job->worker == 0) R->chief_steps += dp_lab_push_steps(&R->L, (long)job->step - 1);
     }
     dp_shard_t *s = &R->L.shard[e->shard];
     if (s->dc && e->dc == 1) dp_shard_dc_hold(s, e->worker, e->version, job->params + s->lo);

@@ -32,6 +32,8 @@ typedef struct {
     const char *out;
     long epochs;
     int backup;
+    char outer[16];            /* --outer-optimizer */
+    float outer_lr, outer_momentum;
     double slow[DP_SIM_MAX_WORKERS];
     char save[4096], summary[4096];
 } s_args_t;
@@ -114,6 +116,17 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_SET("lr-staleness", &c->lab.policy.delay_lr, DP_DELAY_INVERSE, 0, "the same as --delay-lr inverse"),
         DP_FLAG_CALL("delay-compensation", "DC", s_set_dc, a, 0,
                      "async/ssp: off (default), const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)"),
+        DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", &c->lab.local_steps, 1, 1000000, 0,
+                    "local SGD / DiLoCo: each push is H steps of --optimizer on the\n"
+                    "worker's copy (H compute times), the servers step by the outer\n"
+                    "optimizer (as downpour-ps --help says; default 1: off)"),
+        DP_FLAG_BUF("outer-optimizer", "sgd|nesterov", a->outer, 0,
+                    "with --local-steps: averaging (lr 1) or DiLoCo's nesterov (lr 0.7;\n"
+                    "async/ssp: its momentum moves once per M pushes)"),
+        DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", &a->outer_lr, 1e-12, 1e6, 0,
+                    "with --local-steps: the outer lr"),
+        DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", &a->outer_momentum, 0, 1, 0,
+                    "with --local-steps: the outer nesterov's momentum (default 0.9)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
@@ -143,6 +156,30 @@ static void s_options(dp_opts_t *o, s_args_t *a)
     dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
 }
 
+/* --local-steps H > 1: the flags' optimizer is the workers' inner one, the
+ * servers' is the outer one (downpour-ps's rule: dp_ps_outer_optim). */
+static int s_local_steps(s_args_t *a, dp_opts_t *o, char *err)
+{
+    dp_lab_conf_t *l = &a->c.lab;
+    int outer_given = a->outer[0] || dp_opts_find(o, "outer-lr")->given ||
+                      dp_opts_find(o, "outer-momentum")->given;
+    if (l->local_steps <= 1) {
+        if (outer_given)
+            return dp_err(err, "--outer-optimizer, --outer-lr and --outer-momentum go with "
+                               "--local-steps H (H > 1)");
+        return 0;
+    }
+    dp_ps_config_t ps;
+    dp_ps_config_default(&ps);
+    snprintf(ps.outer_optimizer, sizeof ps.outer_optimizer, "%s", a->outer);
+    ps.outer_lr = a->outer_lr;
+    if (dp_opts_find(o, "outer-momentum")->given) ps.outer_momentum = a->outer_momentum;
+    ps.mode = l->mode;
+    ps.num_workers = l->workers;
+    l->inner = l->optim;
+    return dp_ps_outer_optim(&ps, &l->optim, err);
+}
+
 /* What the flags leave open: R from --backup, N from --epochs, the lr
  * schedule, the output files. */
 static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
@@ -153,6 +190,7 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
         if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
     c->lab.init_seed = c->lab.train.seed;
     if (dp_ps_check_delay_flags(o, c->lab.policy.delay_lr, err) != 0) return -1;
+    if (s_local_steps(a, o, err) != 0) return -1;
     if (a->backup) {
         if (a->backup >= M) return dp_err(err, "--backup %d: needs fewer than --workers %d", a->backup, M);
         c->lab.policy.replicas = M - a->backup;
@@ -183,6 +221,8 @@ static int s_epochs_updates(s_args_t *a, char *err)
     dp_dataset_fini(&probe);
     if (spe < 1) return dp_err(err, "%d workers at batch %d: not one global batch in the data", c->lab.workers, c->lab.train.batch);
     long per_worker = a->epochs * spe;
+    long H = c->lab.local_steps > 1 ? c->lab.local_steps : 1;
+    per_worker = (per_worker + H - 1) / H; /* local steps: a push per round of H */
     c->updates = (uint64_t)(c->lab.mode == DP_MODE_SYNC ? per_worker : per_worker * c->lab.workers);
     return 0;
 }

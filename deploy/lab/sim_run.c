@@ -177,7 +177,11 @@ static void s_start(s_sim_t *S, int w)
     k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, k->grad);
     if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
     k->busy = 1;
-    s_heap_push(S, S->now + s_draw_ms(&S->c->compute, &k->rng) * S->c->slow[w] / 1000.0, w);
+    /* a round of local steps computes H gradients: H draws */
+    double ms = 0;
+    for (long h = 0; h < (S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1); h++)
+        ms += s_draw_ms(&S->c->compute, &k->rng);
+    s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w);
 }
 
 /* w asks for the weights: answered now or held, as the daemon would. */
@@ -394,7 +398,7 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, &o);
     if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
     S->pushes++;
-    if (w == 0) S->chief_steps++;
+    if (w == 0) S->chief_steps += dp_lab_push_steps(&S->L, k->step);
     if (!isfinite(k->loss))
         return dp_err(err, "loss is %f at update %llu: training diverged (lower --lr)", k->loss,
                       (unsigned long long)S->L.shard[0].version);
@@ -469,9 +473,12 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
     cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
     cJSON_AddNumberToObject(o, "train_loss", dp_metrics_round(S->loss_avg, 5));
-    const dp_optim_conf_t *op = &c->lab.optim;
+    int local = c->lab.local_steps > 1; /* the optimizer typed is then the workers' */
+    const dp_optim_conf_t *op = local ? &c->lab.inner : &c->lab.optim;
     cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(op->kind));
     cJSON_AddNumberToObject(o, "lr", dp_metrics_round(dp_optim_base_lr(op), 7));
+    cJSON_AddNumberToObject(o, "local_steps", (double)(local ? c->lab.local_steps : 1));
+    if (local) dp_summary_outer_json(o, &c->lab.optim);
     char rule[48], dc[48]; /* as the servers ran them (sync turns them off) */
     const dp_shard_t *sh = &S->L.shard[0];
     dp_delay_lr_name(S->L.policy[0]->conf.delay_lr, S->L.policy[0]->conf.delay_k, rule, sizeof rule);

@@ -77,7 +77,9 @@ typedef struct {
     char bin_dir[PATH_MAX];
     char out_default[64];
     char input[48];              /* CxHxW of the data, for the shards */
-    char schedule[64];           /* the default lr schedule, for the shards */
+    char schedule[64];           /* the default lr schedule, for the shards (with
+                                  * --local-steps: for the workers' inner optimizer) */
+    long worker_steps;           /* each worker's data steps (s_run_steps) */
     char run_id[40];             /* a fresh --run-id for the shards, unless given */
     char endpoints[DP_LOCAL_MAX * 48]; /* the shards, for the workers */
     char summary[PATH_MAX];      /* DIR/summary.json, written by the chief */
@@ -415,12 +417,10 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(L->ps.optim.kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(&L->ps.optim));
         dp_optim_conf_t outer;
-        if (L->ps.local_steps > 1 && dp_ps_outer_optim(&L->ps, &outer, err) == 0) {
-            cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_kind_name(outer.kind));
-            cJSON_AddNumberToObject(o, "outer_lr", dp_metrics_round(outer.lr, 6));
-            if (outer.kind == DP_OPT_NESTEROV)
-                cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer.momentum, 6));
-        }
+        dp_ps_config_t ps = L->ps; /* the shards got --workers from the launcher */
+        ps.num_workers = L->workers;
+        if (L->ps.local_steps > 1 && dp_ps_outer_optim(&ps, &outer, err) == 0)
+            dp_summary_outer_json(o, &outer);
         /* the delay rule and compensation as the servers ran them (sync
          * turns them off, dp_policy_for_mode) */
         int sync = L->ps.mode == DP_MODE_SYNC;
@@ -519,6 +519,7 @@ static int s_prepare(dp_local_t *L, char *err)
     L->ps.in_c = probe.c; /* the shards' threads depend on the model's size */
     L->ps.in_h = probe.h;
     L->ps.in_w = probe.w;
+    L->worker_steps = s_run_steps(L, probe.n);
     if (!dp_opts_find(&L->opts, "lr-schedule")->given) {
         /* Anneal the lr to zero over the run (cosine), as the standalone
          * trainer does by default: the final weights are then not just one
@@ -606,6 +607,13 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON_AddStringToObject(extra, "data_seed", seed);
     cJSON_AddNumberToObject(extra, "threads", (double)s_worker_threads(L));
     cJSON_AddStringToObject(extra, "device", L->gpus ? "cuda" : "cpu");
+    if (L->ps.local_steps > 1) { /* replay repeats each worker's rounds */
+        dp_optim_conf_t inner = L->ps.optim; /* --optimizer and friends: the workers' here */
+        if (L->schedule[0]) dp_optim_parse_schedule(&inner, L->schedule, err);
+        cJSON_AddNumberToObject(extra, "local_steps", (double)L->ps.local_steps);
+        cJSON_AddItemToObject(extra, "inner", dp_record_optim_json(&inner));
+        cJSON_AddNumberToObject(extra, "steps", (double)L->worker_steps);
+    }
     int rc = dp_record_merge(L->record, parts, L->shards, extra, err);
     cJSON_Delete(extra);
     return rc;

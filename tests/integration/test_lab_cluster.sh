@@ -13,6 +13,8 @@
 #    threshold's skips and the compensated pushes decided the same); sync
 #    says they have no effect there; --lr-staleness with another rule is
 #    refused
+#  - async with --local-steps (a short last round) and the outer delayed
+#    Nesterov replays bit for bit, every round recomputed
 #  - the record holds the workers' --threads as given, and replays
 #  - a replay on other batches (--data-seed) says it differs from the
 #    record, how often, and from which event on
@@ -88,6 +90,22 @@ opt=$(json "$TMP/rms/summary.json" optimizer 2>/dev/null)
 check "summary.json names the servers' optimizer ($opt)" test "$opt" = rmsprop
 "$D" replay "$TMP/rms.rec" --out "$TMP/rrms" >"$TMP/rrms.log" 2>&1
 check "rmsprop replay: bit-identical weights" cmp "$TMP/rms/model.safetensors" "$TMP/rrms/model.safetensors"
+
+# Local steps on the real daemons: each push a round of --local-steps 4 of
+# the workers' momentum (its state carried, its lr annealed over the run),
+# the shards' outer delayed Nesterov; 30 steps make a short last round (2
+# steps). The record's header has the rounds, the inner optimizer and the
+# steps, so the replay recomputes every round, bit for bit.
+"$D" local --workers 2 --ps-shards 2 --mode async --steps 30 "${tiny[@]}" --local-steps 4 \
+    --optimizer momentum --lr 0.02 --outer-optimizer nesterov --delay-ms 5 --out "$TMP/loc" \
+    --record "$TMP/loc.rec" >"$TMP/loc.log" 2>&1
+check "local async --local-steps 4 --outer-optimizer nesterov --record exits 0" test $? = 0
+every=$(json "$TMP/loc/summary.json" outer_momentum_every 2>/dev/null)
+check "summary.json: the outer momentum moves once per 2 pushes ($every)" test "$every" = 2
+"$D" replay "$TMP/loc.rec" --out "$TMP/rloc" --json >"$TMP/rloc.out" 2>"$TMP/rloc.err"
+check "local-steps replay exits 0" test $? = 0 || cat "$TMP/rloc.err"
+check "local-steps replay: bit-identical weights" cmp "$TMP/loc/model.safetensors" "$TMP/rloc/model.safetensors"
+check "local-steps replay: every round's norms matched" grep -q '"matches_record":true' "$TMP/rloc.out"
 
 # The delay rules and DC-ASGD on the real shards: --delay-lr threshold
 # skips pushes (dropped, with the reason), --delay-compensation keeps each

@@ -7,9 +7,10 @@
 #    rounding (w0 - (w0 - wH) is wH within an ulp of w0): SGD and Adam
 #  - the push is one per round: H = 4 over 40 steps makes 10 versions,
 #    its metrics line names each round's last data step
-#  - async, 2 workers, outer Nesterov (DiLoCo's lr 0.7, momentum 0.9):
-#    trains, staleness counted in outer versions, summary.json names
-#    local_steps and the outer optimizer
+#  - async, 2 workers, outer Nesterov (DiLoCo's lr 0.7, momentum 0.9,
+#    delayed to one momentum move per 2 pushes): trains, staleness counted
+#    in outer versions, summary.json names local_steps and the outer
+#    optimizer
 #  - a worker and servers that disagree on H: one clear line, no run
 source "$(dirname "$0")/lib.sh"
 
@@ -60,11 +61,13 @@ check "H=8 Adam with outer SGD lr 1 == standalone Adam (to rounding)" \
 check "async, 2 workers, --local-steps 4 --outer-optimizer nesterov" test $? = 0 || cat "$TMP/nes.log"
 acc=$(json "$TMP/nes/summary.json" test_accuracy 2>/dev/null || echo 0)
 check "it trains: test accuracy $acc >= 0.65" ge "$acc" 0.65
-read -r o olr om v < <("$TORCH_PY" -c '
+read -r o olr om every v < <("$TORCH_PY" -c '
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(s.get("outer_optimizer"), s.get("outer_lr"), s.get("outer_momentum"), s.get("version"))' "$TMP/nes/summary.json")
+print(s.get("outer_optimizer"), s.get("outer_lr"), s.get("outer_momentum"), s.get("outer_momentum_every"),
+      s.get("version"))' "$TMP/nes/summary.json")
 check "summary: outer nesterov, lr 0.7, momentum 0.9 (got $o $olr $om)" test "$o/$olr/$om" = nesterov/0.7/0.9
+check "async: the delayed Nesterov, its momentum once per 2 pushes (got $every)" test "$every" = 2
 check "100 rounds of 2 workers: 100 versions (got $v)" test "$v" = 100
 smax=$(json "$TMP/nes/summary.json" staleness_max 2>/dev/null || echo 99)
 check "staleness counted in outer versions: at most a few (max $smax)" ge 3 "$smax"

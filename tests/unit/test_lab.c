@@ -24,6 +24,7 @@
 #include "deploy/launcher/commands.h"
 #include "server/policy.h"
 #include "server/record.h"
+#include "server/ps.h"
 #include "tests/test.h"
 
 #define TINY "fc:10 softmax"
@@ -264,6 +265,62 @@ static void test_record_replay_delay(void)
     snprintf(a0, sizeof a0, "%s/delay0.safetensors", s_dir);
     snprintf(a3, sizeof a3, "%s/delay3.safetensors", s_dir);
     CHECK(!s_same_file(a0, a3));
+}
+
+/* Local steps in the simulator, recorded and replayed to the same bits:
+ * each push a round of H inner SGD steps per worker (inner state carried),
+ * the servers' outer averaging or, async, the delayed Nesterov; the result
+ * names them. */
+static void test_record_replay_local_steps(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    static const struct {
+        const char *outer, *inner;
+        dp_mode_t mode;
+    } cases[] = {{"sgd", "sgd", DP_MODE_ASYNC}, {"nesterov", "momentum", DP_MODE_ASYNC},
+                 {"nesterov", "adam", DP_MODE_SYNC}};
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        char rec[300], m1[300], m2[340], out[300];
+        snprintf(rec, sizeof rec, "%s/local%d.rec", s_dir, i);
+        snprintf(m1, sizeof m1, "%s/local%d.safetensors", s_dir, i);
+        snprintf(out, sizeof out, "%s/local%d-replay", s_dir, i);
+        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
+        dp_sim_conf_t c;
+        double slow[16];
+        s_conf(&c, slow, 3, "exp:10", 30);
+        char err[DP_ERR_LEN] = "";
+        c.lab.mode = cases[i].mode;
+        c.lab.local_steps = 4;
+        CHECK_EQ(dp_optim_parse_kind(&c.lab.optim, cases[i].inner, err), 0);
+        c.lab.inner = c.lab.optim;
+        dp_ps_config_t ps;
+        dp_ps_config_default(&ps);
+        snprintf(ps.outer_optimizer, sizeof ps.outer_optimizer, "%s", cases[i].outer);
+        ps.mode = c.lab.mode;
+        ps.num_workers = 3;
+        CHECK_EQ(dp_ps_outer_optim(&ps, &c.lab.optim, err), 0);
+        CHECK_EQ(c.lab.optim.period, cases[i].mode == DP_MODE_ASYNC && i == 1 ? 3 : 0);
+        c.lab.record = rec;
+        c.lab.train.save = m1;
+        cJSON *r = NULL;
+        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        if (!r) continue;
+        CHECK_EQ(s_num(r, "local_steps"), 4);
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "outer_optimizer")),
+                  cases[i].outer);
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "optimizer")),
+                  cases[i].inner);
+        CHECK(i != 1 || s_num(r, "outer_momentum_every") == 3);
+        cJSON_Delete(r);
+        char *av[] = {"replay", rec, "--out", out, NULL};
+        CHECK_EQ(dp_replay_main(4, av), 0);
+        CHECK(s_same_file(m1, m2));
+    }
+    /* a round is H steps: H = 4 moved the weights otherwise than H = 1 */
+    char a0[300], a1[300];
+    snprintf(a0, sizeof a0, "%s/local0.safetensors", s_dir);
+    snprintf(a1, sizeof a1, "%s/local1.safetensors", s_dir);
+    CHECK(!s_same_file(a0, a1));
 }
 
 /* One worker (no staleness): the update autocorrelation recovers the
@@ -543,6 +600,7 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
-         T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_damaged),
+         T(test_record_replay_rmsprop), T(test_record_replay_delay),
+         T(test_record_replay_local_steps), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))

@@ -369,6 +369,47 @@ static void test_schedules(void)
     CHECK_NEAR(dp_optim_lr_at(&c, 250), 0.0, 1e-9);
 }
 
-DP_TESTS(T(test_matches_torch), T(test_matches_double_reference), T(test_hand_values), T(test_delay_compensation),
+/* Delayed Nesterov (the outer optimizer of asynchronous local SGD): one
+ * float by hand over a round of 2, and N steps of the same gradient equal
+ * one nesterov step by it, round after round, momentum carried. */
+static void test_delayed_nesterov(void)
+{
+    dp_optim_conf_t c;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_optim_outer("nesterov", 0, 0.9f, &c, err), 0);
+    CHECK(c.kind == DP_OPT_NESTEROV && c.lr == 0.7f && c.schedule == DP_LR_CONSTANT);
+    CHECK_EQ(dp_optim_state_floats(&c), 1);
+    c.period = 2;
+    CHECK_EQ(dp_optim_state_floats(&c), 2);
+    float w = 1.0f, st[2] = {0, 0}, g1 = 0.5f, g2 = 0.3f;
+    dp_optim_step(&c, 0.7f, &w, &g1, st, 1, 1); /* w -= 0.35 * 0.5; d = 0.5 */
+    CHECK_NEAR(w, 0.825, 1e-6);
+    CHECK_NEAR(st[1], 0.5, 1e-7);
+    CHECK(st[0] == 0.0f);
+    dp_optim_step(&c, 0.7f, &w, &g2, st, 1, 2); /* w -= 0.35 * 0.3; v = 0.4; w -= 0.7 * 0.9 * 0.4 */
+    CHECK_NEAR(w, 0.825 - 0.105 - 0.252, 1e-6);
+    CHECK_NEAR(st[0], 0.4, 1e-7);
+    CHECK(st[1] == 0.0f);
+    /* 3 rounds of N = 4 pushes of one gradient against plain nesterov */
+    enum { n = 37, N = 4 };
+    float wa[n], wb[n], sa[2 * n] = {0}, sb[n] = {0}, g[n];
+    for (int i = 0; i < n; i++) wa[i] = wb[i] = 0.1f * (float)(i - 18);
+    dp_optim_conf_t plain = c;
+    plain.period = 0;
+    c.period = N;
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < n; i++) g[i] = 0.01f * (float)((i * 7 + r * 3) % 11) - 0.05f;
+        for (int k = 1; k <= N; k++) dp_optim_step(&c, 0.7f, wa, g, sa, n, r * N + k);
+        dp_optim_step(&plain, 0.7f, wb, g, sb, n, r + 1);
+    }
+    for (int i = 0; i < n; i++) CHECK_NEAR(wa[i], wb[i], 1e-6);
+    for (int i = 0; i < n; i++) CHECK_NEAR(sa[i], sb[i], 1e-6);
+    CHECK_EQ(dp_optim_outer("adam", 0, 0.9f, &c, err), -1);
+    CHECK_STR(err, "--outer-optimizer 'adam': sgd or nesterov");
+    CHECK_EQ(dp_optim_outer(NULL, 0, 0.9f, &c, err), 0);
+    CHECK(c.kind == DP_OPT_SGD && c.lr == 1.0f);
+}
+
+DP_TESTS(T(test_matches_torch), T(test_delayed_nesterov), T(test_matches_double_reference), T(test_hand_values), T(test_delay_compensation),
          T(test_pieces_equal_whole), T(test_state_sizes), T(test_defaults_and_parsing),
          T(test_schedules))
