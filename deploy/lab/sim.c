@@ -164,9 +164,12 @@ static int s_local_steps(s_args_t *a, dp_opts_t *o, char *err)
     int outer_given = a->outer[0] || dp_opts_find(o, "outer-lr")->given ||
                       dp_opts_find(o, "outer-momentum")->given;
     if (l->local_steps <= 1) {
+        /* a line, not a refusal: a sweep crosses the outer optimizer with H = 1 */
+        dp_optim_conf_t check;
+        if (dp_optim_outer(a->outer, 0, 0.9f, &check, err) != 0) return -1;
         if (outer_given)
-            return dp_err(err, "--outer-optimizer, --outer-lr and --outer-momentum go with "
-                               "--local-steps H (H > 1)");
+            dp_log_info("--outer-optimizer, --outer-lr and --outer-momentum have no effect "
+                        "without --local-steps H (H > 1)");
         return 0;
     }
     dp_ps_config_t ps;

@@ -11,7 +11,8 @@
 #    delayed to one momentum move per 2 pushes): trains, staleness counted
 #    in outer versions, summary.json names local_steps and the outer
 #    optimizer
-#  - a worker and servers that disagree on H: one clear line, no run
+#  - a worker and servers that disagree on H: one clear line, no run; an
+#    outer optimizer of another name is refused
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -81,7 +82,7 @@ for _ in $(seq 200); do [ -s "$TMP/ep" ] && break; sleep 0.05; done # the server
 rc=$?
 check "a worker without --local-steps against servers with 4 fails (rc $rc)" test $rc != 0
 check "... saying so" grep -q "the servers run --local-steps 4, this worker 1" "$TMP/w.log"
-"$BIN/downpour-ps" --outer-optimizer nesterov >"$TMP/bad.log" 2>&1
-check "--outer-optimizer without --local-steps is refused" grep -q "go with --local-steps H" "$TMP/bad.log"
+"$BIN/downpour-ps" --outer-optimizer adam --local-steps 2 >"$TMP/bad.log" 2>&1
+check "--outer-optimizer adam is refused (status $?) with one line" grep -q "outer-optimizer 'adam': sgd or nesterov" "$TMP/bad.log"
 
 finish

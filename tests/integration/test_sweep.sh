@@ -155,6 +155,18 @@ d2=$(json "$TMP/dl/runs/c02-s1/summary.json" delay_lr 2>/dev/null)
 check "... its runs ran none then adaptive, both compensated ($d1, $d2)" test "$d1,$d2" = none/const:0.5,adaptive
 check "... and the report labels them" grep -q "delay-lr=adaptive" "$TMP/dl/report.md"
 
+# Local steps are axes too (local-steps, outer-optimizer): each run gets
+# them, its summary.json names them, the report labels them.
+"$S" sweep --cluster sim --workers 2 --local-steps 1,4 --outer-optimizer nesterov --eval-every 0 \
+    --no-progress --no-plots --args "--updates 10 --batch 16 --optimizer sgd --lr 0.01 --data $data --model 'fc:10 softmax'" \
+    --out "$TMP/ls" >"$TMP/ls.out" 2>"$TMP/ls.err"
+rc=$?
+check "a sweep over local-steps = 1, 4 exits 0 (status $rc: $(tail -1 "$TMP/ls.err"))" test $rc = 0 || cat "$TMP/ls.err"
+l1=$(json "$TMP/ls/runs/c01-s1/summary.json" local_steps 2>/dev/null)
+l2=$(json "$TMP/ls/runs/c02-s1/summary.json" local_steps 2>/dev/null)/$(json "$TMP/ls/runs/c02-s1/summary.json" outer_optimizer 2>/dev/null)
+check "... its runs ran H = 1 then 4 with the outer nesterov ($l1, $l2)" test "$l1,$l2" = 1,4/nesterov
+check "... and the report labels them" grep -q "local-steps=4" "$TMP/ls/report.md"
+
 # Resumed: every run is complete, nothing runs again.
 "$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress --no-plots >"$TMP/again.out" 2>&1
 check "run again, the 4 complete runs are skipped" grep -q "4 run(s): 0 made, 4 already complete" "$TMP/again.out"
@@ -181,6 +193,8 @@ bad "a bad mode is refused" "mode 'fast'" 'mode = fast'
 bad "an unknown optimizer is refused" "bad.txt:1: unknown optimizer 'lamb'" 'optimizer = adam, lamb'
 bad "an unknown delay rule is refused" "bad.txt:1: bad delay rule 'fast'" 'delay_lr = none, fast'
 bad "a bad compensation is refused" "bad.txt:1: bad delay compensation 'adaptive'" 'delay-compensation = adaptive'
+bad "a bad outer optimizer is refused" "bad.txt:1: --outer-optimizer 'adam': sgd or nesterov" 'outer_optimizer = adam'
+bad "a bad local-steps is refused" "bad.txt:1: local-steps '0': expected an integer" 'local-steps = 0'
 bad "a bad --workers flag is refused" "--workers 'two'" 'mode = async' --workers two
 bad "a run refusing its flags stops the sweep" "refused its flags" \
     "args = --steps 2 --data $data --no-such-flag"

@@ -17,8 +17,9 @@
 #include "server/policy.h"
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
-    "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation", "momentum", "optimizer",
-    "replicas", "straggler", "compute", "seed",
+    "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
+    "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
+    "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -26,6 +27,7 @@ static int s_server_axis(int a)
 {
     return a == DP_SWEEP_WORKERS || a == DP_SWEEP_STALENESS || a == DP_SWEEP_LR_POLICY ||
            a == DP_SWEEP_DELAY_LR || a == DP_SWEEP_DELAY_COMPENSATION ||
+           a == DP_SWEEP_LOCAL_STEPS || a == DP_SWEEP_OUTER_OPTIMIZER ||
            a == DP_SWEEP_REPLICAS || a == DP_SWEEP_STRAGGLER || a == DP_SWEEP_COMPUTE;
 }
 
@@ -156,6 +158,11 @@ static int s_check_value(int a, const char *v, char *err)
         dp_optim_conf_default(&o);
         return dp_optim_parse_dc(&o, v, err);
     }
+    case DP_SWEEP_LOCAL_STEPS: return dp_opts_parse_long(flag, v, 1, 1000000, &l, err);
+    case DP_SWEEP_OUTER_OPTIMIZER: {
+        dp_optim_conf_t o;
+        return dp_optim_outer(v, 0, 0.9f, &o, err);
+    }
     case DP_SWEEP_LR_POLICY:
         return s_is_one_of(v, "fixed|staleness")
                    ? 0 : dp_err(err, "lr-policy '%s': expected fixed or staleness", v);
@@ -274,10 +281,12 @@ int dp_sweep_grid_set(dp_sweep_grid_t *g, const char *key_in, const char *list, 
     }
     int rc = s_set_setting(g, key, list, err);
     if (rc <= 0) return rc;
-    return dp_err(err, "unknown key '%s' (mode, workers, staleness, lr, lr-policy, delay-lr, "
-                  "delay-compensation, momentum, "
-                  "optimizer, replicas, straggler, compute, seed, cluster, args, eval-every, eval-limit, targets)",
-                  key_in);
+    char keys[400] = ""; /* the axes, from their one table, then the settings */
+    size_t at = 0;
+    for (int a = 0; a < DP_SWEEP_N_AXES && at < sizeof keys; a++)
+        at += (size_t)snprintf(keys + at, sizeof keys - at, "%s, ", s_axis[a]);
+    return dp_err(err, "unknown key '%s' (%scluster, args, eval-every, eval-limit, targets)", key_in,
+                  keys);
 }
 
 typedef struct {

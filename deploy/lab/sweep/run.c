@@ -96,7 +96,9 @@ static int s_push_server(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
         s_push_opt(c, "--staleness", dp_sweep_grid_value(g, pick, DP_SWEEP_STALENESS), err) ||
         s_push_opt(c, "--replicas-to-aggregate", dp_sweep_grid_value(g, pick, DP_SWEEP_REPLICAS), err) ||
         s_push_opt(c, "--delay-lr", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_LR), err) ||
-        s_push_opt(c, "--delay-compensation", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_COMPENSATION), err))
+        s_push_opt(c, "--delay-compensation", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_COMPENSATION), err) ||
+        s_push_opt(c, "--local-steps", dp_sweep_grid_value(g, pick, DP_SWEEP_LOCAL_STEPS), err) ||
+        s_push_opt(c, "--outer-optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OUTER_OPTIMIZER), err))
         return -1;
     if (policy && strcmp(policy, "staleness") == 0 && s_push(c, "--lr-staleness", err) != 0) return -1;
     return 0;

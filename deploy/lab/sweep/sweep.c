@@ -41,8 +41,8 @@ static const char s_synopsis[] =
 "\n"
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
-"delay-compensation, momentum, optimizer, replicas, straggler, compute, seed, cluster,\n"
-"args, eval-every, eval-limit, targets). Flags given on the command line replace the\n"
+"delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
+"straggler, compute, seed, cluster, args, eval-every, eval-limit, targets). Flags given on the command line replace the\n"
 "file's line.\n"
 "\n";
 
@@ -75,6 +75,10 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
                     "none, inverse, adaptive, threshold[:K] (--delay-lr)"),
         DP_FLAG_STR("delay-compensation", "LIST", &f->axis[DP_SWEEP_DELAY_COMPENSATION], 0,
                     "off, const:LAMBDA, adaptive:LAMBDA0 (--delay-compensation)"),
+        DP_FLAG_STR("local-steps", "LIST", &f->axis[DP_SWEEP_LOCAL_STEPS], 0,
+                    "--local-steps H values (a push every H steps of --optimizer)"),
+        DP_FLAG_STR("outer-optimizer", "LIST", &f->axis[DP_SWEEP_OUTER_OPTIMIZER], 0,
+                    "sgd, nesterov (with --local-steps)"),
         DP_FLAG_STR("momentum", "LIST", &f->axis[DP_SWEEP_MOMENTUM], 0, "momentum values"),
         DP_FLAG_STR("optimizer", "LIST", &f->axis[DP_SWEEP_OPTIMIZER], 0,
                     "sgd, momentum, nesterov, adam, adagrad, rmsprop"),
