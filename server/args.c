@@ -310,23 +310,19 @@ int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err)
     return 0;
 }
 
-/* --local-steps H > 1: the servers' optimizer is the outer one, at a
- * constant lr (DiLoCo's; the inner optimizer is the workers' own, with its
- * schedule). Weight decay stays the workers'. */
-static int s_apply_local_steps(dp_ps_config_t *c, dp_opts_t *o, char *err)
+int dp_ps_resolve_local_steps(dp_ps_config_t *c, dp_opts_t *o, char *err)
 {
     int outer_given = c->outer_optimizer[0] || dp_opts_find(o, "outer-lr")->given ||
                       dp_opts_find(o, "outer-momentum")->given;
+    dp_optim_conf_t outer;
     if (c->local_steps <= 1) {
         /* a line, not a refusal: a sweep crosses the outer optimizer with H = 1 */
-        dp_optim_conf_t check;
-        if (dp_optim_outer(c->outer_optimizer, 0, 0.9f, &check, err) != 0) return -1;
+        if (dp_optim_outer(c->outer_optimizer, 0, 0.9f, &outer, err) != 0) return -1;
         if (outer_given)
             dp_log_info("--outer-optimizer, --outer-lr and --outer-momentum have no effect "
                         "without --local-steps H (H > 1)");
         return 0;
     }
-    dp_optim_conf_t outer;
     if (dp_ps_outer_optim(c, &outer, err) != 0) return -1;
     if (c->optim.schedule != DP_LR_CONSTANT)
         dp_log_info("--local-steps %ld: --lr-schedule is the workers' (inner) schedule; the "
@@ -360,7 +356,7 @@ int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
         rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
                          "secret key and the public keys allowed in) or neither");
     if (rc == 0) rc = s_check_init(c, &o, err);
-    if (rc == 0) rc = s_apply_local_steps(c, &o, err);
+    if (rc == 0) rc = dp_ps_resolve_local_steps(c, &o, err);
     if (rc == 0) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
     if (rc == 0 && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,

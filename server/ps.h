@@ -111,6 +111,12 @@ int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, c
  * --outer-momentum (dp_optim_outer), and in async and ssp a nesterov one
  * delayed to one momentum step per --workers pushes (Liu et al. 2024). */
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
+/* --local-steps and the outer flags, once parsed into c by o's table (the
+ * daemon's, or the simulator's, which names them alike): with H > 1,
+ * c->optim becomes the outer optimizer, at a constant lr (the inner one is
+ * the workers'); with H <= 1 an outer flag is a line, not a refusal (a
+ * sweep crosses it with H = 1), its name still checked. */
+int dp_ps_resolve_local_steps(dp_ps_config_t *c, dp_opts_t *o, char *err);
 
 /* --lr-staleness with a --delay-lr other than inverse: -1 with err (the
  * alias and another rule contradict each other). o parsed already. */

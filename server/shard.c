@@ -203,15 +203,22 @@ typedef struct {
     long t;
 } s_step_job_t;
 
-/* Part k of nk of a step, in blocks (cut at multiples of 16 floats). */
+int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi)
+{
+    size_t n16 = (s->n + 15) / 16;
+    *lo = n16 * (size_t)k / (size_t)nk * 16;
+    *hi = n16 * (size_t)(k + 1) / (size_t)nk * 16;
+    if (*hi > s->n) *hi = s->n;
+    return *lo < *hi;
+}
+
+/* Part k of nk of a step, in blocks. */
 static void s_step_part(void *arg, int k, int nk)
 {
     const s_step_job_t *j = arg;
     dp_shard_t *s = j->s;
-    size_t n16 = (s->n + 15) / 16;
-    size_t lo = n16 * (size_t)k / (size_t)nk * 16, hi = n16 * (size_t)(k + 1) / (size_t)nk * 16;
-    if (hi > s->n) hi = s->n;
-    if (lo >= hi) return;
+    size_t lo, hi;
+    if (!dp_shard_part(s, k, nk, &lo, &hi)) return;
     if (j->dst == j->src) {
         dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, lo, hi, j->t);
     } else {

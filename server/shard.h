@@ -193,6 +193,10 @@ int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n);
  * first bad element. */
 int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, char *err);
 
+/* Part k of nk of the shard's range, as the sweep's threads split it (cut
+ * at multiples of 16 floats): [*lo, *hi); 0 when the part is empty. */
+int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi);
+
 /* One optimizer step of the whole range by gradient g (n slices) at lr. */
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
 

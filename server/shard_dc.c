@@ -97,15 +97,13 @@ typedef struct {
     const float *g, *w_bak;
 } s_dc_job_t;
 
-/* Part k of nk, cut at multiples of 16 floats as the optimizer's sweep is. */
+/* Part k of nk, cut as the optimizer's sweep is. */
 static void s_dc_part(void *arg, int k, int nk)
 {
     const s_dc_job_t *j = arg;
     dp_shard_t *s = j->s;
-    size_t n16 = (s->n + 15) / 16;
-    size_t lo = n16 * (size_t)k / (size_t)nk * 16, hi = n16 * (size_t)(k + 1) / (size_t)nk * 16;
-    if (hi > s->n) hi = s->n;
-    if (lo >= hi) return;
+    size_t lo, hi;
+    if (!dp_shard_part(s, k, nk, &lo, &hi)) return;
     /* State floats (a table's non-gradients) carry values, not gradients:
      * compensated nothing, passed through; the rest between them as usual. */
     size_t at = lo;

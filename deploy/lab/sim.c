@@ -157,21 +157,10 @@ static void s_options(dp_opts_t *o, s_args_t *a)
 }
 
 /* --local-steps H > 1: the flags' optimizer is the workers' inner one, the
- * servers' is the outer one (downpour-ps's rule: dp_ps_outer_optim). */
+ * servers' the outer one, by downpour-ps's own rule. */
 static int s_local_steps(s_args_t *a, dp_opts_t *o, char *err)
 {
     dp_lab_conf_t *l = &a->c.lab;
-    int outer_given = a->outer[0] || dp_opts_find(o, "outer-lr")->given ||
-                      dp_opts_find(o, "outer-momentum")->given;
-    if (l->local_steps <= 1) {
-        /* a line, not a refusal: a sweep crosses the outer optimizer with H = 1 */
-        dp_optim_conf_t check;
-        if (dp_optim_outer(a->outer, 0, 0.9f, &check, err) != 0) return -1;
-        if (outer_given)
-            dp_log_info("--outer-optimizer, --outer-lr and --outer-momentum have no effect "
-                        "without --local-steps H (H > 1)");
-        return 0;
-    }
     dp_ps_config_t ps;
     dp_ps_config_default(&ps);
     snprintf(ps.outer_optimizer, sizeof ps.outer_optimizer, "%s", a->outer);
@@ -179,8 +168,12 @@ static int s_local_steps(s_args_t *a, dp_opts_t *o, char *err)
     if (dp_opts_find(o, "outer-momentum")->given) ps.outer_momentum = a->outer_momentum;
     ps.mode = l->mode;
     ps.num_workers = l->workers;
+    ps.local_steps = l->local_steps;
+    ps.optim = l->optim;
+    if (dp_ps_resolve_local_steps(&ps, o, err) != 0) return -1;
     l->inner = l->optim;
-    return dp_ps_outer_optim(&ps, &l->optim, err);
+    l->optim = ps.optim;
+    return 0;
 }
 
 /* What the flags leave open: R from --backup, N from --epochs, the lr
