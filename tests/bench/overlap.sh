@@ -5,6 +5,8 @@
 #   standalone   downpour-worker --standalone, 1 thread
 #   overlap on   downpour local --workers 1 --mode async --threads 1 --overlap on
 #   overlap off  the same with --overlap off (pull, compute, push in turn)
+#   local steps  the same with --local-steps 8 (a push every 8 steps of the
+#                worker's own optimizer; BENCH_OVERLAP_H changes 8)
 # each at batch 64 for the same steps on Fashion-MNIST. The worker computes
 # on 1 thread like the standalone trainer; the shard's optimizer takes
 # `downpour local`'s default, the host's cores (BENCH_OVERLAP_PS_ARGS, e.g.
@@ -17,7 +19,7 @@
 # CPUs; tests/bench/run.sh says more), unless the environment sets one.
 #
 # Knobs (environment): BUILD (build), BENCH_OUT ($BUILD/bench),
-# BENCH_OVERLAP_ROUNDS (3), BENCH_OVERLAP_STEPS (200), BENCH_OVERLAP_PS_ARGS
+# BENCH_OVERLAP_ROUNDS (3), BENCH_OVERLAP_STEPS (200), BENCH_OVERLAP_H (8), BENCH_OVERLAP_PS_ARGS
 # (flags for `downpour local` alone, e.g. "--ps-threads 1"; default none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +28,7 @@ BUILD=${BUILD:-build}
 OUT=${BENCH_OUT:-$BUILD/bench}/overlap
 ROUNDS=${BENCH_OVERLAP_ROUNDS:-3}
 STEPS=${BENCH_OVERLAP_STEPS:-200}
+H=${BENCH_OVERLAP_H:-8}
 for f in "$BUILD/downpour-worker" "$BUILD/downpour" "$BUILD/downpour-ps"; do
     [ -x "$f" ] || { echo "overlap.sh: $f is missing; run 'make' first" >&2; exit 1; }
 done
@@ -57,14 +60,16 @@ echo "commands (each round, in this order):"
 echo "  $BUILD/downpour-worker --standalone ${common[*]} --summary DIR.json"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap on ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap off ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode async --local-steps $H ${common[*]} ${ps_args[*]} --out DIR"
 for r in $(seq "$ROUNDS"); do
     s_one standalone "$BUILD/downpour-worker" --standalone "${common[@]}" --summary "$OUT/standalone-$r.json"
     s_one on "$BUILD/downpour" local --workers 1 --mode async --overlap on "${common[@]}" "${ps_args[@]}" --out "$OUT/on-$r"
     s_one off "$BUILD/downpour" local --workers 1 --mode async --overlap off "${common[@]}" "${ps_args[@]}" --out "$OUT/off-$r"
-    echo "round $r/$ROUNDS: $(tail -3 "$RAW" | awk '{ printf "%s %.0f  ", $1, $2 }')(load $(cut -d' ' -f1 /proc/loadavg))"
+    s_one local "$BUILD/downpour" local --workers 1 --mode async --local-steps "$H" "${common[@]}" "${ps_args[@]}" --out "$OUT/local-$r"
+    echo "round $r/$ROUNDS: $(tail -4 "$RAW" | awk '{ printf "%s %.0f  ", $1, $2 }')(load $(cut -d' ' -f1 /proc/loadavg))"
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-awk -v load0="$LOAD0" -v load1="$LOAD1" -v steps="$STEPS" '
+awk -v load0="$LOAD0" -v load1="$LOAD1" -v steps="$STEPS" -v h="$H" '
     function median(a, n,   i, j, t) {
         for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
         return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
@@ -72,11 +77,12 @@ awk -v load0="$LOAD0" -v load1="$LOAD1" -v steps="$STEPS" '
     { k = $1; n[k]++; v[k, n[k]] = $2; acc[k] = $3; st[k] = $4 }
     END {
         printf "\n%-34s %10s %15s %9s %9s %10s\n", "1 thread, batch 64, " steps " steps", "images/s", "(min-max)", "ratio", "accuracy", "staleness"
-        split("standalone on off", order, " ")
+        split("standalone on off local", order, " ")
         label["standalone"] = "standalone trainer"
         label["on"] = "1 PS + 1 worker, async, overlap on"
         label["off"] = "1 PS + 1 worker, async, overlap off"
-        for (i = 1; i <= 3; i++) {
+        label["local"] = "1 PS + 1 worker, --local-steps " h
+        for (i = 1; i <= 4; i++) {
             k = order[i]; if (!n[k]) continue
             lo = hi = v[k, 1]
             for (j = 1; j <= n[k]; j++) { a[j] = v[k, j]; if (v[k, j] < lo) lo = v[k, j]; if (v[k, j] > hi) hi = v[k, j]
