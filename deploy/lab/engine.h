@@ -51,6 +51,10 @@ typedef struct {
     dp_record_t *rec;
     dp_staleness_t *per_worker; /* [workers]: staleness of each worker's used gradients */
     uint64_t pushes;           /* pushes handed to the policies (all shards) */
+    dp_compressor_t **z;       /* [workers * shards] --compress: each worker's compressor (and
+                                * error feedback) per shard slice, made on its first push;
+                                * NULL without compression */
+    uint64_t bytes_chief;      /* worker 0's pushes' bytes (summary.json bytes_pushed) */
 } dp_lab_t;
 
 /* The defaults a cluster launched by `downpour local` would have: async,

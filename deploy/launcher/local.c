@@ -606,6 +606,10 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON_AddStringToObject(extra, "data_seed", seed);
     cJSON_AddNumberToObject(extra, "threads", (double)s_worker_threads(L));
     cJSON_AddStringToObject(extra, "device", L->gpus ? "cuda" : "cpu");
+    char compress[48]; /* the workers' --compress: replay compresses the same way */
+    dp_compress_name(&L->wk.conf.compress, compress, sizeof compress);
+    cJSON_AddStringToObject(extra, "compress", compress);
+    cJSON_AddStringToObject(extra, "error_feedback", L->wk.conf.compress.error_feedback ? "on" : "off");
     int rc = dp_record_merge(L->record, parts, L->shards, extra, err);
     cJSON_Delete(extra);
     return rc;
