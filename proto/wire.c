@@ -133,6 +133,16 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
     if (env->shm && n_frames != 0)
         return dp_err(err, "malformed: %s says its tensors are in shared memory but has %d frames",
                       dp_wire_type_name(env->type), n_frames);
+    /* a compressed PUSH (Push.compression): its own dtypes, frames only;
+     * its layout is checked against the shard's range by proto/compress.h */
+    int compressed = env->push && env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
+    if (env->push && (int)env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE &&
+        env->push->compression != DOWNPOUR__COMPRESSION__TOPK &&
+        env->push->compression != DOWNPOUR__COMPRESSION__SIGN)
+        return dp_err(err, "malformed: PUSH with unknown compression %d (NONE, TOPK or SIGN)",
+                      (int)env->push->compression);
+    if (compressed && env->shm)
+        return dp_err(err, "malformed: a compressed PUSH travels in frames, not in shared memory");
     if (!env->shm && (size_t)n_frames != env->n_tensors)
         return dp_err(err, "malformed: %s has %zu tensor descriptors but %d tensor frames",
                       dp_wire_type_name(env->type), env->n_tensors, n_frames);
@@ -141,10 +151,12 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
         if (!d) return dp_err(err, "malformed: tensor %zu: missing descriptor", i);
         if (!d->key || !d->key[0] || !s_text_ok(d->key, DP_WIRE_MAX_KEY))
             return dp_err(err, "malformed: tensor %zu: empty or over-long key", i);
-        if (d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
-            (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || env->shm))
+        int coded = d->dtype == DOWNPOUR__DTYPE__UINT32 || d->dtype == DOWNPOUR__DTYPE__BIT;
+        if (coded ? !compressed
+                  : d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
+                        (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || env->shm))
             return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
-                               "BFLOAT16 in frames)",
+                               "BFLOAT16 in frames, or UINT32 and BIT in a compressed PUSH)",
                           i, d->key, (int)d->dtype);
         if (d->n_shape < 1 || d->n_shape > 8)
             return dp_err(err, "malformed: tensor %zu (%s): %zu dimensions (1 to 8 allowed)", i,
@@ -158,10 +170,11 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
             if (count > (uint64_t)1 << 40)
                 return dp_err(err, "malformed: tensor %zu (%s): shape too large", i, d->key);
         }
-        uint64_t size = dp_wire_dtype_size(d->dtype);
-        if (count * size != d->byte_length)
-            return dp_err(err, "malformed: tensor %zu (%s): shape holds %llu floats = %llu bytes but byte_length is %llu",
-                          i, d->key, (unsigned long long)count, (unsigned long long)(count * size),
+        uint64_t bytes = d->dtype == DOWNPOUR__DTYPE__BIT ? (count + 7) / 8
+                                                         : count * dp_wire_dtype_size(d->dtype);
+        if (bytes != d->byte_length)
+            return dp_err(err, "malformed: tensor %zu (%s): shape holds %llu elements = %llu bytes but byte_length is %llu",
+                          i, d->key, (unsigned long long)count, (unsigned long long)bytes,
                           (unsigned long long)d->byte_length);
         if (d->offset > (uint64_t)1 << 40)
             return dp_err(err, "malformed: tensor %zu (%s): offset %llu out of range", i, d->key,
@@ -478,6 +491,7 @@ unsigned dp_wire_dtype_size(int dtype)
 
 uint64_t dp_wire_desc_count(const Downpour__TensorDesc *d)
 {
+    if (d->dtype == DOWNPOUR__DTYPE__BIT) return d->n_shape ? (uint64_t)d->shape[0] : 0;
     return d->byte_length / dp_wire_dtype_size(d->dtype);
 }
 

@@ -12,7 +12,9 @@
  * is present; tensors appear only on PUSH and PARAMS, at most
  * DP_WIRE_MAX_TENSORS; there is exactly one frame per descriptor; each
  * descriptor is FLOAT32 (or BFLOAT16 in frames: 2 bytes an element where
- * 4 is said here), its shape's product * 4 == byte_length == the
+ * 4 is said here; or UINT32 and BIT in a compressed PUSH, Push.compression
+ * TOPK or SIGN, whose layout proto/compress.h checks), its shape's product
+ * * 4 (BIT: / 8, rounded up) == byte_length == the
  * frame's length, and crc32(frame) == its crc32 unless the descriptor says
  * NO_CHECKSUM (a sender whose transport already protects the bytes: loopback,
  * ipc, CURVE); offset + count does not overflow. A message with env->shm
@@ -142,7 +144,8 @@ void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key,
 
 /* Bytes per element of a dtype: 2 for BFLOAT16, else 4. */
 unsigned dp_wire_dtype_size(int dtype);
-/* Elements a (checked) descriptor describes: byte_length / the dtype's size. */
+/* Elements a (checked) descriptor describes: byte_length / the dtype's size
+ * (BIT: its shape[0] bits). */
 uint64_t dp_wire_desc_count(const Downpour__TensorDesc *d);
 
 /* bfloat16, the wire's reduced precision (--wire bf16): the top 16 bits of

@@ -49,6 +49,7 @@
 #include "common/metrics.h"
 #include "common/model.h"
 #include "common/util.h"
+#include "proto/compress.h"
 #include "proto/curve.h"
 #include "proto/shm.h"
 #include "proto/zsock.h"
@@ -653,7 +654,12 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
 {
     char msg[DP_ERR_LEN];
     int wid = env->worker_id;
-    if (dp_wire_check_range(env, ps->shard.lo, ps->shard.hi, msg) != 0) {
+    /* A compressed gradient (--compress) is checked against this shard's
+     * slice and expanded into scratch, a dense gradient from there on. */
+    int compressed = env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
+    if (compressed ? dp_compress_expand_wire(env, frames, n_frames, ps->shard.lo, ps->shard.hi,
+                                             ps->shard.scratch, msg) != 0
+                   : dp_wire_check_range(env, ps->shard.lo, ps->shard.hi, msg) != 0) {
         s_reply_error(ps, id, env->request_id, wid, msg);
         return;
     }
@@ -672,7 +678,12 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         g[f] = (dp_grad_slice_t){frames[f].data, frames[f].len, env->tensors[f]->offset};
         bf16[f] = env->tensors[f]->dtype == DOWNPOUR__DTYPE__BFLOAT16;
     }
-    n_frames = dp_shard_widen(&ps->shard, g, bf16, n_frames); /* --wire bf16: float32 in scratch */
+    if (compressed) {
+        g[0] = (dp_grad_slice_t){ps->shard.scratch, ps->shard.n * sizeof(float), ps->shard.lo};
+        n_frames = 1;
+    } else {
+        n_frames = dp_shard_widen(&ps->shard, g, bf16, n_frames); /* --wire bf16: float32 in scratch */
+    }
     int rejected = 0;
     if (env->shm && (!ps->shm || dp_ps_shm_gradient(ps->shm, wid, env, &g[0], &rejected, msg) != 0)) {
         if (rejected) s_reply_rejected(ps, id, env->request_id, wid, msg);

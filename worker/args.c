@@ -47,6 +47,16 @@ static int s_set_wire(void *arg, const char *v, char *err)
     return dp_ps_wire_parse(v, &((dp_train_conf_t *)arg)->wire, err);
 }
 
+static int s_set_compress(void *arg, const char *v, char *err)
+{
+    return dp_compress_parse(v, &((dp_train_conf_t *)arg)->compress, err);
+}
+
+static int s_set_error_feedback(void *arg, const char *v, char *err)
+{
+    return dp_compress_ef_parse(v, &((dp_train_conf_t *)arg)->compress.error_feedback, err);
+}
+
 /* The table in --help order: data and model, training, distributed, output. */
 void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
 {
@@ -110,6 +120,13 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_CALL("wire", "fp32|bf16", s_set_wire, c, P,
                      "precision of gradients and weights in ZeroMQ frames (default\n"
                      "fp32; bf16 halves the bytes, the servers keep fp32)"),
+        DP_FLAG_CALL("compress", "none|topk:F|sign", s_set_compress, c, P,
+                     "compress each push: topk:F sends the largest F of the entries\n"
+                     "by magnitude (0 < F <= 0.5, e.g. 0.01), sign one bit each and\n"
+                     "their mean magnitude (default none); always in frames"),
+        DP_FLAG_CALL("error-feedback", "on|off", s_set_error_feedback, c, P,
+                     "with --compress: keep what a push did not send and add it to\n"
+                     "the next gradient (default on)"),
         DP_FLAG_CHOICE("overlap", "off|on", &c->overlap, P,
                        "pull the next weights and push the last gradient while computing,\n"
                        "on weights one step older (default: on for a GPU worker in async,\n"

@@ -54,6 +54,7 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     cJSON_AddNumberToObject(line, "staleness_max", (double)r->staleness_max);
     cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
     cJSON_AddNumberToObject(line, "updates_lost", (double)lost);
+    cJSON_AddNumberToObject(line, "bytes_pushed", (double)r->bytes); /* this push's gradient bytes */
     /* where the step's time went: computing, or blocked on the servers */
     cJSON_AddNumberToObject(line, "compute_ms", dp_metrics_round(compute_s * 1e3, 3));
     cJSON_AddNumberToObject(line, "wait_ms", dp_metrics_round(wait_s * 1e3, 3));
@@ -145,7 +146,7 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
-        .staleness_hist = &hist,
+        .staleness_hist = &hist, .bytes_pushed = dp_ps_client_bytes_pushed(ps),
     };
     int rc = dp_session_summary(s, &r, err);
     dp_staleness_fini(&hist);
@@ -427,7 +428,8 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     /* The signal's flag ends the HELLO wait too. */
     dp_ps_client_opts_t opts = {.timeout_s = c->timeout_s,
                                 .curve = {c->curve_secret, c->curve_server},
-                                .transport = c->transport, .wire = c->wire, .stop = stop};
+                                .transport = c->transport, .wire = c->wire, .compress = c->compress,
+                                .stop = stop};
     if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, &opts.curve, err) != 0)
         return -1;
     dp_session_t s;

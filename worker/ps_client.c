@@ -186,6 +186,43 @@ static void s_push_release(void *data, void *hint)
     atomic_fetch_sub((atomic_int *)hint, 1);
 }
 
+/* The frames of a compressed slice (proto/downpour.proto, Compression):
+ * indices and values, or the sign bits and Push.scale; from the
+ * compressor's buffers, which stay put until push returns. */
+static void s_build_compressed(dp_ps_client_t *c, const dp_ps_shard_t *s, dp_ps_req_t *rq)
+{
+    const dp_compressor_t *z = s->z;
+    Downpour__Push *p = &rq->body.push;
+    int nd = 0;
+    if (z->kind == DP_COMPRESS_TOPK) {
+        p->compression = DOWNPOUR__COMPRESSION__TOPK;
+        dp_wire_desc_fill(&rq->desc[0], &rq->shape[0], "indices", NULL, z->k, s->lo, 1, 0);
+        rq->desc[0].dtype = DOWNPOUR__DTYPE__UINT32;
+        rq->desc[0].crc32 = s->crc ? dp_wire_crc32(z->idx, z->k * 4) : 0;
+        dp_wire_desc_fill(&rq->desc[1], &rq->shape[1], "values", z->val, z->k, s->lo, !s->crc, 0);
+        rq->payload[0] = (dp_wire_payload_t){z->idx, z->k * 4, s_push_release, &c->inflight};
+        rq->payload[1] = (dp_wire_payload_t){z->val, z->k * 4, s_push_release, &c->inflight};
+        nd = 2;
+    } else {
+        p->compression = DOWNPOUR__COMPRESSION__SIGN;
+        p->scale = z->scale;
+        size_t nb = (z->n + 7) / 8;
+        dp_wire_desc_fill(&rq->desc[0], &rq->shape[0], "signs", NULL, z->n, s->lo, 1, 0);
+        rq->desc[0].dtype = DOWNPOUR__DTYPE__BIT;
+        rq->desc[0].byte_length = nb;
+        rq->desc[0].crc32 = s->crc ? dp_wire_crc32(z->bits, nb) : 0;
+        rq->payload[0] = (dp_wire_payload_t){z->bits, nb, s_push_release, &c->inflight};
+        nd = 1;
+    }
+    for (int d = 0; d < nd; d++) {
+        if (!s->crc) dp_wire_desc_no_checksum(&rq->desc[d]);
+        rq->descs[d] = &rq->desc[d];
+        atomic_fetch_add(&c->inflight, 1); /* dp_wire_send releases each, sent or not */
+    }
+    rq->env.n_tensors = (size_t)nd;
+    rq->n_payloads = nd;
+}
+
 /* Shard i's slice of the gradient, handed to ZeroMQ without a copy. */
 static void s_build_push(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
 {
@@ -199,16 +236,23 @@ static void s_build_push(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     p->batch = push->p->batch;
     p->step = push->p->step;
     rq->env.push = p;
-    size_t cnt = (size_t)(s->hi - s->lo);
-    dp_wire_desc_fill(&rq->desc, rq->shape, "params", grads + s->lo, cnt, s->lo,
-                      !s->crc || s->shm || c->bf16, 0); /* bf16: its own CRC below */
-    if (!s->crc) dp_wire_desc_no_checksum(&rq->desc);
-    rq->descs[0] = &rq->desc;
-    rq->env.n_tensors = 1;
     rq->env.tensors = rq->descs;
+    if (s->z && s->z->kind != DP_COMPRESS_NONE) {
+        s_build_compressed(c, s, rq);
+        return;
+    }
+    size_t cnt = (size_t)(s->hi - s->lo);
+    /* the slice as sent: the caller's, or with error feedback the client's
+     * (a slice too small for top-k goes dense, its residual added) */
+    const float *slice = s->z ? s->z->v : grads + s->lo;
+    dp_wire_desc_fill(&rq->desc[0], rq->shape, "params", slice, cnt, s->lo,
+                      !s->crc || s->shm || c->bf16, 0); /* bf16: its own CRC below */
+    if (!s->crc) dp_wire_desc_no_checksum(&rq->desc[0]);
+    rq->descs[0] = &rq->desc[0];
+    rq->env.n_tensors = 1;
     if (s->shm) { /* our slot: the shard copies it out before it looks at it */
-        memcpy(dp_shm_slot(&s->shm_grad, 0), grads + s->lo, cnt * sizeof(float));
-        dp_wire_desc_no_checksum(&rq->desc);
+        memcpy(dp_shm_slot(&s->shm_grad, 0), slice, cnt * sizeof(float));
+        dp_wire_desc_no_checksum(&rq->desc[0]);
         rq->env.shm = 1;
         return;
     }
@@ -216,13 +260,40 @@ static void s_build_push(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     if (c->bf16) { /* half the bytes: the slice rounded into our own buffer */
         dp_ps_shard_t *sw = &c->sh[i];
         if (!sw->push16) sw->push16 = dp_malloc(cnt * sizeof *sw->push16 + 2);
-        dp_wire_to_bf16(sw->push16, grads + s->lo, cnt);
-        dp_wire_desc_bf16(&rq->desc, sw->push16, s->crc);
-        rq->payload = (dp_wire_payload_t){sw->push16, cnt * 2, s_push_release, &c->inflight};
+        dp_wire_to_bf16(sw->push16, slice, cnt);
+        dp_wire_desc_bf16(&rq->desc[0], sw->push16, s->crc);
+        rq->payload[0] = (dp_wire_payload_t){sw->push16, cnt * 2, s_push_release, &c->inflight};
     } else
-        rq->payload = (dp_wire_payload_t){grads + s->lo, cnt * sizeof(float), s_push_release,
-                                          &c->inflight};
+        rq->payload[0] = (dp_wire_payload_t){slice, cnt * sizeof(float), s_push_release,
+                                             &c->inflight};
     rq->n_payloads = 1;
+}
+
+/* Each shard's slice encoded once per push, before the exchange (a repeat
+ * sends the same bytes; the residual moves once). Returns the push's bytes:
+ * what the frames (or the shared slot) carry. */
+static uint64_t s_encode(dp_ps_client_t *c, const float *grads)
+{
+    uint64_t bytes = 0;
+    for (int i = 0; i < c->n; i++) {
+        dp_ps_shard_t *s = &c->sh[i];
+        size_t cnt = (size_t)(s->hi - s->lo);
+        if (c->compress.kind == DP_COMPRESS_NONE) {
+            bytes += cnt * (c->bf16 && !s->shm ? 2 : sizeof(float));
+            continue;
+        }
+        if (s->z && s->z->n != cnt) { /* a restarted shard with another range */
+            dp_compressor_fini(s->z);
+            free(s->z);
+            s->z = NULL;
+        }
+        if (!s->z) {
+            s->z = dp_malloc(sizeof *s->z);
+            dp_compressor_init(s->z, &c->compress, cnt);
+        }
+        bytes += dp_compressor_encode(s->z, grads + s->lo);
+    }
+    return bytes;
 }
 
 static void s_set_reason(dp_push_result_t *r, const char *endpoint, const char *why)
@@ -317,6 +388,8 @@ int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t
         used[i] = s_stamp_of(c, p, i);
         inc[i] = c->sh[i].incarnation;
     }
+    res->bytes = s_encode(c, p->grads);
+    c->bytes_pushed += res->bytes;
     s_push_t push = {p, res, 0};
     dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__PUSH, .n_shards = c->n,
                          .build = s_build_push, .on_reply = s_on_ack, .arg = &push};
@@ -329,6 +402,11 @@ int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t
     if (p->stamp) s_after_stamped(c, used, inc);
     if (rc == 0) res->staleness_mean = push.staleness_sum / c->n;
     return rc;
+}
+
+uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c)
+{
+    return c->bytes_pushed;
 }
 
 uint64_t dp_ps_client_resume_step(const dp_ps_client_t *c)

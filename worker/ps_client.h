@@ -39,6 +39,7 @@
 
 #include "common/model.h"
 #include "common/staleness.h"
+#include "proto/compress.h"
 #include "proto/curve.h"
 #include "proto/wire.h" /* dp_mode_t */
 #include "proto/zsock.h" /* DP_ZSOCK_MAX_SHARDS */
@@ -60,6 +61,9 @@ typedef struct {
     double staleness_mean;           /* over shards */
     uint64_t version;                /* sum over shards of the version after this push */
     char reason[160];                /* first non-applied (or repeat) reason, "" if none */
+    uint64_t bytes;                  /* the gradient's bytes this push moved, all shards: dense
+                                      * 4 (bf16 frames: 2) a float, or the compressed encoding
+                                      * (proto/compress.h); once, however often it was repeated */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */
@@ -124,6 +128,10 @@ typedef struct {
     dp_ps_transport_t transport;   /* AUTO */
     dp_ps_wire_t wire;             /* FP32 */
     dp_ps_crc_t crc;               /* AUTO */
+    dp_compress_conf_t compress;   /* pushes compressed (top-k, sign; error feedback kept
+                                    * per shard slice by the client); zeroed: dense. A
+                                    * compressed push goes in frames even to a shard reached
+                                    * through shared memory (pulls still use it) */
     volatile sig_atomic_t *stop;   /* blocked calls, the first HELLO's wait included, return -1
                                     * ("interrupted") soon after *stop becomes non-zero (a
                                     * signal handler's flag); NULL: never */
@@ -204,6 +212,9 @@ typedef struct {
  * reply) counts in res->rejected with the reason and is not a failure of
  * the call. res may be NULL. */
 int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t *res, char *err);
+
+/* The bytes of every push so far (dp_push_result_t.bytes summed). */
+uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);
 
 /* The last step of this worker every shard has applied (from their
  * WELCOMEs): a restarted worker resumes after it. 0 for a new worker. */

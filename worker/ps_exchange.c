@@ -128,7 +128,7 @@ static int s_send(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
     if (rq->env.type == DOWNPOUR__MSG_TYPE__STATS || rq->env.type == DOWNPOUR__MSG_TYPE__SHUTDOWN)
         rq->env.run_token = s->run_token; /* the chief's proof; 0 for anyone else */
     char e2[DP_ERR_LEN];
-    if (dp_wire_send(s->sock, NULL, &rq->env, rq->n_payloads ? &rq->payload : NULL, rq->n_payloads,
+    if (dp_wire_send(s->sock, NULL, &rq->env, rq->n_payloads ? rq->payload : NULL, rq->n_payloads,
                      e2) != 0)
         return dp_err(err, "%s: %s (is downpour-ps running?)", s->endpoint, e2);
     s->want_req = rq->env.request_id;
@@ -599,6 +599,8 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     static const dp_ps_client_opts_t defaults = {0};
     if (!opts) opts = &defaults;
     *out = NULL;
+    if (opts->compress.kind != DP_COMPRESS_NONE && dp_model_has_state(m))
+        return dp_err(err, "%s", DP_COMPRESS_STATE_REFUSED);
     dp_ps_client_t *c = dp_calloc(1, sizeof *c);
     c->m = m;
     c->worker_id = worker_id;
@@ -606,6 +608,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->stop = opts->stop;
     c->transport = opts->transport;
     c->bf16 = opts->wire == DP_PS_WIRE_BF16;
+    c->compress = opts->compress;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->sh);
     char (*eps)[DP_ZSOCK_ENDPOINT_LEN] = dp_malloc(DP_ZSOCK_MAX_SHARDS * sizeof *eps);
@@ -653,6 +656,8 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
         s_close(&c->sh[i]);
         s_shm_close(&c->sh[i]);
         free(c->sh[i].push16);
+        if (c->sh[i].z) dp_compressor_fini(c->sh[i].z);
+        free(c->sh[i].z);
     }
     dp_zsock_ctx_term(&c->ctx, "ps client");
     free(c->sh);

@@ -24,6 +24,7 @@
 
 #include <stdatomic.h>
 
+#include "proto/compress.h"
 #include "proto/shm.h"
 #include "worker/ps_client.h"
 
@@ -55,6 +56,8 @@ typedef struct {
     dp_shm_t shm_params, shm_grad;
     int torn;               /* the last shm pull's copy raced a step: pull again */
     uint16_t *push16;       /* --wire bf16: this shard's gradient slice in bfloat16 (frames only) */
+    dp_compressor_t *z;     /* --compress: this slice's encoder and error feedback (made on
+                             * the first push); its last encoding is what the push sends */
 } dp_ps_shard_t;
 
 struct dp_ps_client {
@@ -74,6 +77,8 @@ struct dp_ps_client {
     uint64_t updates_lost;  /* versions the shards went back by when they restarted */
     dp_ps_transport_t transport; /* how tensors travel (opts) */
     int bf16;               /* tensors in frames as bfloat16 (opts.wire) */
+    dp_compress_conf_t compress; /* pushes compressed per shard slice (opts.compress) */
+    uint64_t bytes_pushed;  /* every push's gradient bytes (dp_push_result_t.bytes) */
     dp_ps_err_t code;       /* the kind of the last failure (dp_ps_client_error) */
     float *landing;         /* m->n_floats, made on first use: a sink's tensors that cannot
                              * be lent as received (bfloat16, misaligned, shared memory) */
@@ -88,11 +93,11 @@ typedef struct {
         Downpour__Push push;
         Downpour__Barrier barrier;
     } body;                         /* the sub-message env points at, if any */
-    Downpour__TensorDesc desc;      /* PUSH: the gradient slice */
-    Downpour__TensorDesc *descs[1]; /* env.tensors */
-    int64_t shape[1];               /* desc.shape */
-    dp_wire_payload_t payload;      /* PUSH: the slice's bytes */
-    int n_payloads;                 /* 0 or 1 */
+    Downpour__TensorDesc desc[2];   /* PUSH: the gradient slice (top-k: indices, values) */
+    Downpour__TensorDesc *descs[2]; /* env.tensors */
+    int64_t shape[2];               /* desc[i].shape */
+    dp_wire_payload_t payload[2];   /* PUSH: the slice's bytes */
+    int n_payloads;                 /* 0 to 2 */
 } dp_ps_req_t;
 
 /* Fills shard i's request: rq->env is already initialised with the plan's

@@ -22,6 +22,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->epochs = 1;
     dp_optim_conf_default(&c->optim);
     c->local_steps = 1;
+    c->compress.error_feedback = 1;
     c->seed = 1;
     c->progress = DP_PROGRESS_AUTO;
     c->task_index = 0;
@@ -160,6 +161,16 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     if (r->outer) dp_summary_outer_json(o, r->outer);
     if (r->delay_lr) cJSON_AddStringToObject(o, "delay_lr", r->delay_lr);
     if (r->delay_compensation) cJSON_AddStringToObject(o, "delay_compensation", r->delay_compensation);
+    if (cluster) {
+        /* the workers' --compress; bytes_pushed: the chief's pushes, each
+         * counted once (a repeat after a lost reply is not), the gradient's
+         * bytes only (dp_compress_bytes: not the envelope or the framing) */
+        char name[48];
+        dp_compress_name(&s->conf.compress, name, sizeof name);
+        cJSON_AddStringToObject(o, "compress", name);
+        cJSON_AddStringToObject(o, "error_feedback", s->conf.compress.error_feedback ? "on" : "off");
+        cJSON_AddNumberToObject(o, "bytes_pushed", (double)r->bytes_pushed);
+    }
     cJSON_AddStringToObject(o, "device", s->conf.device);
     cJSON_AddStringToObject(o, "data", s->train.name);
     cJSON_AddStringToObject(o, "model", s->model.spec);

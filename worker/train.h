@@ -20,6 +20,7 @@
 #include "common/tbevents.h"
 #include "kernels/backend.h"
 #include "kernels/optim.h"
+#include "proto/compress.h"
 #include "worker/net.h"
 #include "worker/progress.h"
 #include "worker/ps_client.h"
@@ -58,6 +59,8 @@ typedef struct {
     const char *curve_server;  /* CURVE: the servers' public key file(s), or NULL */
     dp_ps_transport_t transport; /* --transport: how tensors travel to the servers */
     dp_ps_wire_t wire;         /* --wire: their precision in ZeroMQ frames */
+    dp_compress_conf_t compress; /* --compress, --error-feedback: how pushes are compressed
+                                  * (ps_client; the lab engine the same way) */
     int overlap;               /* pull and push on a thread while computing: 1 on, 0 off,
                                 * -1 by mode (on in async; off in ssp, off always in sync) */
 } dp_train_conf_t;
@@ -119,6 +122,7 @@ typedef struct {
     const char *delay_compensation; /* (the lab's); NULL: not written */
     const dp_optim_conf_t *outer; /* local steps: the servers' outer optimizer (optim is then
                                    * the workers' inner one); NULL: none */
+    uint64_t bytes_pushed;     /* distributed: this worker's pushes' bytes (dp_push_result_t.bytes) */
 } dp_run_summary_t;
 
 /* Write conf.summary (if set) from r and the session: the one place where

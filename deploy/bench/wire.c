@@ -33,6 +33,7 @@
 #include "deploy/launcher/commands.h"
 #include "deploy/launcher/spawn.h"
 #include "kernels/optim.h"
+#include "proto/compress.h"
 #include "proto/zsock.h"
 #include "worker/ps_client.h"
 
@@ -48,11 +49,14 @@ typedef struct {
     int threads;            /* --threads for the servers; 0 = their default */
     int crc;                /* 0 auto (the client's default), 1 on, 2 off */
     int bf16;               /* --wire bf16: tensors as bfloat16 (and the raw echo moves as many bytes) */
+    dp_compress_conf_t compress; /* --compress: pushes compressed (error feedback on) */
 } s_conf_t;
 
 typedef struct {
     double *pull, *push, *raw, *copy; /* ms per measured round */
     double *pull_copy;      /* a pull into a buffer of the caller's */
+    double *enc, *dec;      /* --compress: encoding the vector, expanding it (ms) */
+    uint64_t push_bytes;    /* a push's bytes (dp_push_result_t.bytes) */
     int n;
 } s_times_t;
 
@@ -60,9 +64,15 @@ static const char s_synopsis[] =
     "usage: downpour bench wire [--bytes N | --model SPEC] [--shards K] [--optimizer NAME]\n"
     "                           [--transport tcp|ipc|shm] [--rounds N] [--warmup N] [--json]\n"
     "                           [--threads N] [--crc auto|on|off] [--wire fp32|bf16]\n"
+    "                           [--compress none|topk:F|sign]\n"
     "Times pull and push of the whole parameter vector against real downpour-ps shards on\n"
     "this machine, beside a plain ZeroMQ round trip of the same bytes and a memcpy of them.\n"
     "\n";
+
+static int s_set_compress(void *arg, const char *v, char *err)
+{
+    return dp_compress_parse(v, &((s_conf_t *)arg)->compress, err);
+}
 
 static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
 {
@@ -89,6 +99,9 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
         DP_FLAG_CHOICE("wire", "fp32|bf16", &c->bf16, 0,
                        "precision of the tensors in frames (the raw round trip moves\n"
                        "the same number of bytes)"),
+        DP_FLAG_CALL("compress", "none|topk:F|sign", s_set_compress, c, 0,
+                     "compressed pushes (error feedback on): their bytes, and the time\n"
+                     "to encode and to expand the vector beside the push's"),
     };
     dp_opts_t o;
     dp_opts_init(&o, "downpour bench wire", s_synopsis, NULL);
@@ -210,6 +223,10 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
     float *grads = dp_aligned_alloc(n * sizeof(float));
     float *copy = dp_aligned_alloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) grads[i] = 1e-4f * (float)((i % 7) - 3);
+    /* the codec alone, on the whole vector: what the client's encoding of
+     * every slice and the shards' expansions cost together */
+    dp_compressor_t z;
+    if (c->compress.kind != DP_COMPRESS_NONE) dp_compressor_init(&z, &c->compress, n);
     int rc = 0;
     for (int r = 0; r < c->warmup + c->rounds && rc == 0; r++) {
         dp_push_result_t res;
@@ -228,8 +245,18 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         double t3 = dp_now();
         memcpy(copy, params, n * sizeof(float));
         __asm__ volatile("" : : "r"(copy) : "memory"); /* the copy counts as read */
-        double t4 = dp_now();
+        double t4 = dp_now(), t5 = t4, t6 = t4;
+        if (c->compress.kind != DP_COMPRESS_NONE) {
+            dp_compressor_encode(&z, grads);
+            t5 = dp_now();
+            dp_compressor_expand(&z, copy);
+            __asm__ volatile("" : : "r"(copy) : "memory");
+            t6 = dp_now();
+        }
         if (r < c->warmup || rc != 0) continue;
+        t->enc[t->n] = (t5 - t4) * 1e3;
+        t->dec[t->n] = (t6 - t5) * 1e3;
+        t->push_bytes = res.bytes;
         t->pull[t->n] = pull;
         t->pull_copy[t->n] = pull_copy;
         t->push[t->n] = (t2 - t1) * 1e3;
@@ -237,6 +264,7 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, void *raw, size_t n,
         t->copy[t->n] = (t4 - t3) * 1e3;
         t->n++;
     }
+    if (c->compress.kind != DP_COMPRESS_NONE) dp_compressor_fini(&z);
     free(params);
     free(grads);
     free(copy);
@@ -255,7 +283,10 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     double pull = s_median(t->pull, t->n), push = s_median(t->push, t->n);
     for (int i = 0; i < t->n; i++) sum[i] = t->pull_copy[i] + t->push[i];
     double rt_copy = s_median(sum, t->n), pull_copy = s_median(t->pull_copy, t->n);
+    double enc = s_median(t->enc, t->n), dec = s_median(t->dec, t->n);
     free(sum);
+    char zname[48];
+    dp_compress_name(&c->compress, zname, sizeof zname);
     double mb = (double)m->n_floats * 4 / 1e6;
     printf("wire: %.2f MB of parameters, %d shard%s, %s, optimizer %s; medians of %d rounds\n", mb,
            c->shards, c->shards > 1 ? "s" : "", s_transport_name[c->transport],
@@ -266,6 +297,11 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
            rt_copy / raw);
     printf("  memcpy of the same bytes %.3f ms (%.1f GB/s); pull + push against two memcpys %.2fx\n",
            cp, mb / cp, rt / (2 * cp));
+    if (c->compress.kind != DP_COMPRESS_NONE)
+        printf("  --compress %s: a push moves %llu bytes (%.2f %% of the float32 push); encode "
+               "%.3f ms, expand %.3f ms beside the push's %.3f ms\n", zname,
+               (unsigned long long)t->push_bytes, 100.0 * (double)t->push_bytes / ((double)m->n_floats * 4),
+               enc, dec, push);
     if (!c->json) return;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "bytes", (double)m->n_floats * 4);
@@ -274,6 +310,12 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     cJSON_AddStringToObject(o, "optimizer", c->optimizer);
     cJSON_AddStringToObject(o, "crc", c->crc == 0 ? "auto" : c->crc == 1 ? "on" : "off");
     cJSON_AddStringToObject(o, "wire", c->bf16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(o, "compress", zname);
+    cJSON_AddNumberToObject(o, "push_bytes", (double)t->push_bytes);
+    if (c->compress.kind != DP_COMPRESS_NONE) {
+        cJSON_AddNumberToObject(o, "encode_ms", dp_metrics_round(enc, 4));
+        cJSON_AddNumberToObject(o, "expand_ms", dp_metrics_round(dec, 4));
+    }
     if (c->threads) cJSON_AddNumberToObject(o, "threads", c->threads);
     cJSON_AddNumberToObject(o, "rounds", t->n);
     cJSON_AddNumberToObject(o, "pull_ms", dp_metrics_round(pull, 4));
@@ -317,7 +359,8 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
         .timeout_s = 30,
         .transport = c->transport == 2 ? DP_PS_TRANSPORT_SHM : DP_PS_TRANSPORT_ZMQ,
         .wire = c->bf16 ? DP_PS_WIRE_BF16 : DP_PS_WIRE_FP32,
-        .crc = c->crc == 1 ? DP_PS_CRC_ON : c->crc == 2 ? DP_PS_CRC_OFF : DP_PS_CRC_AUTO};
+        .crc = c->crc == 1 ? DP_PS_CRC_ON : c->crc == 2 ? DP_PS_CRC_OFF : DP_PS_CRC_AUTO,
+        .compress = {c->compress.kind, c->compress.fraction, 1}};
     if (dp_ps_client_new(&pc, cl.endpoints, &m, 0, &opts, NULL, err) != 0) goto done;
     ctx = zmq_ctx_new();
     raw = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
@@ -330,6 +373,8 @@ static int s_run(const s_conf_t *c, const char *argv0, char *err)
     t.push = dp_malloc(sizeof(double) * (size_t)c->rounds);
     t.raw = dp_malloc(sizeof(double) * (size_t)c->rounds);
     t.copy = dp_malloc(sizeof(double) * (size_t)c->rounds);
+    t.enc = dp_calloc((size_t)c->rounds, sizeof(double));
+    t.dec = dp_calloc((size_t)c->rounds, sizeof(double));
     if (s_measure(c, pc, raw, m.n_floats, &t, err) != 0) goto done;
     s_report(c, &m, &t);
     rc = 0;
@@ -348,7 +393,7 @@ done:
         kill(echo, SIGTERM);
         waitpid(echo, NULL, 0);
     }
-    free(t.pull), free(t.pull_copy), free(t.push), free(t.raw), free(t.copy);
+    free(t.pull), free(t.pull_copy), free(t.push), free(t.raw), free(t.copy), free(t.enc), free(t.dec);
     dp_bench_shards_fini(&cl);
     return rc;
 }

@@ -55,6 +55,10 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
         cJSON_AddItemToObject(h, "inner", dp_record_optim_json(&c->inner));
         if (c->train.steps > 0) cJSON_AddNumberToObject(h, "steps", (double)c->train.steps);
     }
+    char compress[48];
+    dp_compress_name(&c->train.compress, compress, sizeof compress);
+    cJSON_AddStringToObject(h, "compress", compress);
+    cJSON_AddStringToObject(h, "error_feedback", c->train.compress.error_feedback ? "on" : "off");
     return h;
 }
 
@@ -101,6 +105,12 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
     if (s_seed(h, "data_seed", &c->train.seed, err) != 0 || s_seed(h, "seed", &c->init_seed, err) != 0)
         return -1;
     if (mode && dp_mode_parse(mode, &c->mode, err) != 0) return -1;
+    /* the workers' --compress (absent: a record from before it, dense) */
+    const char *compress = dp_record_str(h, "compress"), *ef = dp_record_str(h, "error_feedback");
+    if ((compress && dp_compress_parse(compress, &c->train.compress, err) != 0) ||
+        (ef && dp_compress_ef_parse(ef, &c->train.compress.error_feedback, err) != 0))
+        return dp_err(err, "record header: 'compress' is not none, topk:FRACTION or sign, or "
+                           "'error_feedback' not on or off");
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(h, "optim");
     if (o && dp_record_optim_parse(o, &c->optim, err) != 0) return -1;
     double local = dp_record_num(h, "local_steps", 1), steps = dp_record_num(h, "steps", 0);
@@ -164,6 +174,12 @@ int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
         L->inner_state = dp_calloc((size_t)c->workers, sizeof *L->inner_state);
         L->w_local = dp_aligned_alloc((L->s.model.n_floats + 1) * sizeof(float));
     }
+    if (c->train.compress.kind != DP_COMPRESS_NONE && dp_model_has_state(&L->s.model)) {
+        dp_err(err, "%s", DP_COMPRESS_STATE_REFUSED);
+        goto fail;
+    }
+    if (c->train.compress.kind != DP_COMPRESS_NONE)
+        L->z = dp_calloc((size_t)c->workers * (size_t)c->shards, sizeof *L->z);
     if (dp_data_steps_per_epoch(L->s.train.n, B, c->workers) < 1) {
         dp_err(err, "%d workers at batch %d need more than the %d training samples", c->workers, B,
                L->s.train.n);
@@ -195,6 +211,12 @@ void dp_lab_fini(dp_lab_t *L)
         if (L->inner_state[w]) L->s.be->ops->release(L->s.be, L->inner_state[w]);
     free(L->inner_state);
     free(L->w_local);
+    for (size_t i = 0; L->z && i < (size_t)L->conf.workers * (size_t)L->conf.shards; i++)
+        if (L->z[i]) {
+            dp_compressor_fini(L->z[i]);
+            free(L->z[i]);
+        }
+    free(L->z);
     free(L->shard);
     free(L->members);
     free(L->policy);
@@ -273,6 +295,20 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
 {
     dp_shard_t *s = &L->shard[k];
     dp_grad_slice_t g = {grad + s->lo, s->n * sizeof(float), s->lo};
+    uint64_t bytes = s->n * sizeof(float);
+    if (L->z) {
+        /* as the worker's client compresses the slice and the shard expands
+         * it (into its scratch, as downpour-ps does): the same floats */
+        dp_compressor_t **z = &L->z[(size_t)worker * (size_t)L->conf.shards + (size_t)k];
+        if (!*z) {
+            *z = dp_malloc(sizeof **z);
+            dp_compressor_init(*z, &L->conf.train.compress, s->n);
+        }
+        bytes = dp_compressor_encode(*z, grad + s->lo);
+        dp_compressor_expand(*z, s->scratch);
+        g.data = s->scratch;
+    }
+    if (worker == 0) L->bytes_chief += bytes;
     dp_policy_push(L->policy[k], worker, version, &g, 1, o);
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
@@ -329,7 +365,7 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
         .staleness_hist = &hist, /* the simulated servers' optimizer, or the workers' inner */
         .optim = c->local_steps > 1 ? &c->inner : &c->optim,
         .outer = c->local_steps > 1 ? &c->optim : NULL,
-        .delay_lr = rule, .delay_compensation = dc,
+        .delay_lr = rule, .delay_compensation = dc, .bytes_pushed = L->bytes_chief,
     };
     /* The chief's STATS view: the versions summed over the shards. */
     uint64_t versions = 0;

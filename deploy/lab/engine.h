@@ -57,6 +57,10 @@ typedef struct {
     uint64_t pushes;           /* pushes handed to the policies (all shards) */
     float **inner_state;       /* [workers]: local steps' optimizer state, made at first use */
     float *w_local;            /* local steps: the weights a round reaches */
+    dp_compressor_t **z;       /* [workers * shards] --compress: each worker's compressor (and
+                                * error feedback) per shard slice, made on its first push;
+                                * NULL without compression */
+    uint64_t bytes_chief;      /* worker 0's pushes' bytes (summary.json bytes_pushed) */
 } dp_lab_t;
 
 /* The defaults a cluster launched by `downpour local` would have: async,

@@ -89,6 +89,16 @@ static int s_set_dc(void *arg, const char *v, char *err)
     return dp_optim_parse_dc(&((s_args_t *)arg)->c.lab.optim, v, err);
 }
 
+static int s_set_compress(void *arg, const char *v, char *err)
+{
+    return dp_compress_parse(v, &((s_args_t *)arg)->c.lab.train.compress, err);
+}
+
+static int s_set_error_feedback(void *arg, const char *v, char *err)
+{
+    return dp_compress_ef_parse(v, &((s_args_t *)arg)->c.lab.train.compress.error_feedback, err);
+}
+
 static void s_options(dp_opts_t *o, s_args_t *a)
 {
     dp_sim_conf_t *c = &a->c;
@@ -127,6 +137,10 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                     "with --local-steps: the outer lr"),
         DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", &a->outer_momentum, 0, 1, 0,
                     "with --local-steps: the outer nesterov's momentum (default 0.9)"),
+        DP_FLAG_CALL("compress", "none|topk:F|sign", s_set_compress, a, 0,
+                     "each worker compresses its pushes (as downpour-worker --help says)"),
+        DP_FLAG_CALL("error-feedback", "on|off", s_set_error_feedback, a, 0,
+                     "with --compress: each worker keeps what it did not send (default on)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),

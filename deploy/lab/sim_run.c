@@ -485,6 +485,11 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     dp_optim_dc_name(&sh->optim, dc, sizeof dc);
     cJSON_AddStringToObject(o, "delay_lr", rule);
     cJSON_AddStringToObject(o, "delay_compensation", dc);
+    char compress[48]; /* the workers' --compress, and the chief's bytes as summary.json has them */
+    dp_compress_name(&c->lab.train.compress, compress, sizeof compress);
+    cJSON_AddStringToObject(o, "compress", compress);
+    cJSON_AddStringToObject(o, "error_feedback", c->lab.train.compress.error_feedback ? "on" : "off");
+    cJSON_AddNumberToObject(o, "bytes_pushed", (double)S->L.bytes_chief);
     if (sh->dc) {
         cJSON_AddNumberToObject(o, "dc_compensated", (double)sh->dc->compensated);
         cJSON_AddNumberToObject(o, "dc_fallback", (double)sh->dc->fallback);

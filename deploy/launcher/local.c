@@ -614,6 +614,10 @@ static int s_record_merge(const dp_local_t *L, char *err)
         cJSON_AddItemToObject(extra, "inner", dp_record_optim_json(&inner));
         cJSON_AddNumberToObject(extra, "steps", (double)L->worker_steps);
     }
+    char compress[48]; /* the workers' --compress: replay compresses the same way */
+    dp_compress_name(&L->wk.conf.compress, compress, sizeof compress);
+    cJSON_AddStringToObject(extra, "compress", compress);
+    cJSON_AddStringToObject(extra, "error_feedback", L->wk.conf.compress.error_feedback ? "on" : "off");
     int rc = dp_record_merge(L->record, parts, L->shards, extra, err);
     cJSON_Delete(extra);
     return rc;

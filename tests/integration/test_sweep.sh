@@ -167,6 +167,23 @@ l2=$(json "$TMP/ls/runs/c02-s1/summary.json" local_steps 2>/dev/null)/$(json "$T
 check "... its runs ran H = 1 then 4 with the outer nesterov ($l1, $l2)" test "$l1,$l2" = 1,4/nesterov
 check "... and the report labels them" grep -q "local-steps=4" "$TMP/ls/report.md"
 
+# Compression is an axis too (grid keys compress, error-feedback /
+# error_feedback): each run's summary says what its workers pushed.
+printf 'compress = none, sign\nerror_feedback = off\n' >"$TMP/cz.txt"
+"$S" sweep --grid "$TMP/cz.txt" --cluster sim --workers 2 --eval-every 0 \
+    --no-progress --no-plots --args "--updates 20 --batch 16 --lr 0.01 --data $data --model 'fc:10 softmax'" \
+    --out "$TMP/cz" >"$TMP/cz.out" 2>"$TMP/cz.err"
+rc=$?
+check "a sweep over compress = none, sign exits 0 (status $rc: $(tail -1 "$TMP/cz.err"))" test $rc = 0
+z1=$(json "$TMP/cz/runs/c01-s1/summary.json" compress 2>/dev/null)/$(json "$TMP/cz/runs/c01-s1/summary.json" error_feedback 2>/dev/null)
+z2=$(json "$TMP/cz/runs/c02-s1/summary.json" compress 2>/dev/null)/$(json "$TMP/cz/runs/c02-s1/summary.json" error_feedback 2>/dev/null)
+check "... its runs pushed none then sign, without error feedback ($z1, $z2)" test "$z1,$z2" = none/off,sign/off
+b1=$(json "$TMP/cz/runs/c01-s1/summary.json" bytes_pushed 2>/dev/null)
+b2=$(json "$TMP/cz/runs/c02-s1/summary.json" bytes_pushed 2>/dev/null)
+check "... sign moved at most 1/32 of the dense bytes, a byte of padding and a scale a push ($b1, $b2)" \
+    python3 -c "import sys; d, s = int(sys.argv[1]), int(sys.argv[2]); sys.exit(not (0 < s <= d / 32 + 5 * d / 31400))" "$b1" "$b2"
+check "... and the report labels them" grep -q "compress=sign" "$TMP/cz/report.md"
+
 # Resumed: every run is complete, nothing runs again.
 "$S" sweep --grid "$TMP/grid.txt" --out "$out" --no-progress --no-plots >"$TMP/again.out" 2>&1
 check "run again, the 4 complete runs are skipped" grep -q "4 run(s): 0 made, 4 already complete" "$TMP/again.out"
@@ -195,6 +212,8 @@ bad "an unknown delay rule is refused" "bad.txt:1: bad delay rule 'fast'" 'delay
 bad "a bad compensation is refused" "bad.txt:1: bad delay compensation 'adaptive'" 'delay-compensation = adaptive'
 bad "a bad outer optimizer is refused" "bad.txt:1: --outer-optimizer 'adam': sgd or nesterov" 'outer_optimizer = adam'
 bad "a bad local-steps is refused" "bad.txt:1: local-steps '0': expected an integer" 'local-steps = 0'
+bad "an unknown compression is refused" "bad.txt:1: --compress 'gzip'" 'compress = none, gzip'
+bad "a bad error feedback is refused" "bad.txt:1: --error-feedback 'maybe'" 'error_feedback = maybe'
 bad "a bad --workers flag is refused" "--workers 'two'" 'mode = async' --workers two
 bad "a run refusing its flags stops the sweep" "refused its flags" \
     "args = --steps 2 --data $data --no-such-flag"

@@ -22,6 +22,7 @@
 #include "common/util.h"
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
+#include "proto/compress.h"
 #include "server/policy.h"
 #include "server/record.h"
 #include "server/ps.h"
@@ -265,6 +266,58 @@ static void test_record_replay_delay(void)
     snprintf(a0, sizeof a0, "%s/delay0.safetensors", s_dir);
     snprintf(a3, sizeof a3, "%s/delay3.safetensors", s_dir);
     CHECK(!s_same_file(a0, a3));
+}
+
+/* Top-k and sign, each with and without error feedback, recorded by the
+ * simulator and replayed: the same bits (every virtual worker's residual
+ * rebuilt from the record's header); the result names them; the chief's
+ * bytes are its pushes times the encoding's exact size; error feedback
+ * moved the weights. */
+static void test_record_replay_compress(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    static const struct {
+        const char *compress, *ef;
+    } cases[] = {{"topk:0.05", "on"}, {"topk:0.05", "off"}, {"sign", "on"}, {"sign", "off"}};
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, TINY, 1, 28, 28, err), 0);
+    size_t n = m.n_floats;
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        char rec[300], m1[300], m2[340], out[300];
+        snprintf(rec, sizeof rec, "%s/compress%d.rec", s_dir, i);
+        snprintf(m1, sizeof m1, "%s/compress%d.safetensors", s_dir, i);
+        snprintf(out, sizeof out, "%s/compress%d-replay", s_dir, i);
+        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
+        dp_sim_conf_t c;
+        double slow[16];
+        s_conf(&c, slow, 3, "exp:10", 150);
+        CHECK_EQ(dp_compress_parse(cases[i].compress, &c.lab.train.compress, err), 0);
+        CHECK_EQ(dp_compress_ef_parse(cases[i].ef, &c.lab.train.compress.error_feedback, err), 0);
+        c.lab.record = rec;
+        c.lab.train.save = m1;
+        cJSON *r = NULL;
+        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        if (!r) continue;
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "compress")), cases[i].compress);
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "error_feedback")), cases[i].ef);
+        double per_push = c.lab.train.compress.kind == DP_COMPRESS_TOPK
+                              ? (double)dp_compress_topk_k(0.05, n) * 8
+                              : (double)((n + 7) / 8 + 4);
+        /* worker 0's pushes, each the encoding's exact size */
+        double bytes = s_num(r, "bytes_pushed"), pushes = bytes / per_push;
+        CHECK(pushes >= 10 && pushes == floor(pushes));
+        cJSON_Delete(r);
+        char *av[] = {"replay", rec, "--out", out, NULL};
+        CHECK_EQ(dp_replay_main(4, av), 0);
+        CHECK(s_same_file(m1, m2));
+    }
+    for (int i = 0; i < 4; i += 2) { /* error feedback on against off */
+        char on[300], off[300];
+        snprintf(on, sizeof on, "%s/compress%d.safetensors", s_dir, i);
+        snprintf(off, sizeof off, "%s/compress%d.safetensors", s_dir, i + 1);
+        CHECK(!s_same_file(on, off));
+    }
 }
 
 /* Local steps in the simulator, recorded and replayed to the same bits:
@@ -600,7 +653,7 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
-         T(test_record_replay_rmsprop), T(test_record_replay_delay),
+         T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
          T(test_record_replay_local_steps), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))

@@ -14,12 +14,13 @@
 #include "common/opts.h"
 #include "common/util.h"
 #include "kernels/optim.h"
+#include "proto/compress.h"
 #include "server/policy.h"
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
     "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
-    "seed",
+    "compress", "error-feedback", "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -28,7 +29,8 @@ static int s_server_axis(int a)
     return a == DP_SWEEP_WORKERS || a == DP_SWEEP_STALENESS || a == DP_SWEEP_LR_POLICY ||
            a == DP_SWEEP_DELAY_LR || a == DP_SWEEP_DELAY_COMPENSATION ||
            a == DP_SWEEP_LOCAL_STEPS || a == DP_SWEEP_OUTER_OPTIMIZER ||
-           a == DP_SWEEP_REPLICAS || a == DP_SWEEP_STRAGGLER || a == DP_SWEEP_COMPUTE;
+           a == DP_SWEEP_REPLICAS || a == DP_SWEEP_STRAGGLER || a == DP_SWEEP_COMPUTE ||
+           a == DP_SWEEP_COMPRESS || a == DP_SWEEP_ERROR_FEEDBACK;
 }
 
 const char *dp_sweep_axis_name(int axis)
@@ -168,6 +170,14 @@ static int s_check_value(int a, const char *v, char *err)
                    ? 0 : dp_err(err, "lr-policy '%s': expected fixed or staleness", v);
     case DP_SWEEP_STRAGGLER: return s_check_straggler(flag, v, err);
     case DP_SWEEP_COMPUTE: return s_check_compute(flag, v, err);
+    case DP_SWEEP_COMPRESS: {
+        dp_compress_conf_t z = {0};
+        return dp_compress_parse(v, &z, err);
+    }
+    case DP_SWEEP_ERROR_FEEDBACK: {
+        int on;
+        return dp_compress_ef_parse(v, &on, err);
+    }
     case DP_SWEEP_SEED: return dp_opts_parse_u64(flag, v, &u, err);
     }
     return dp_err(err, "no axis %d", a);

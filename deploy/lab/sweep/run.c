@@ -87,7 +87,8 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
     return 0;
 }
 
-/* The server's flags: mode, bound, lr policy, delay rule and compensation, replicas. */
+/* The cluster's flags: mode, bound, lr policy, delay rule and compensation,
+ * replicas, and the workers' compression (both local and sim take them). */
 static int s_push_server(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pick, char *err)
 {
     const char *policy = dp_sweep_grid_value(g, pick, DP_SWEEP_LR_POLICY);
@@ -98,7 +99,9 @@ static int s_push_server(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
         s_push_opt(c, "--delay-lr", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_LR), err) ||
         s_push_opt(c, "--delay-compensation", dp_sweep_grid_value(g, pick, DP_SWEEP_DELAY_COMPENSATION), err) ||
         s_push_opt(c, "--local-steps", dp_sweep_grid_value(g, pick, DP_SWEEP_LOCAL_STEPS), err) ||
-        s_push_opt(c, "--outer-optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OUTER_OPTIMIZER), err))
+        s_push_opt(c, "--outer-optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OUTER_OPTIMIZER), err) ||
+        s_push_opt(c, "--compress", dp_sweep_grid_value(g, pick, DP_SWEEP_COMPRESS), err) ||
+        s_push_opt(c, "--error-feedback", dp_sweep_grid_value(g, pick, DP_SWEEP_ERROR_FEEDBACK), err))
         return -1;
     if (policy && strcmp(policy, "staleness") == 0 && s_push(c, "--lr-staleness", err) != 0) return -1;
     return 0;

@@ -42,8 +42,8 @@ static const char s_synopsis[] =
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
 "delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
-"straggler, compute, seed, cluster, args, eval-every, eval-limit, targets). Flags given on the command line replace the\n"
-"file's line.\n"
+"straggler, compute, compress, error-feedback, seed, cluster, args, eval-every,\n"
+"eval-limit, targets). Flags given on the command line replace the file's line.\n"
 "\n";
 
 static const char s_epilog[] =
@@ -87,6 +87,10 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("straggler", "LIST", &f->axis[DP_SWEEP_STRAGGLER], 0, "none or I:MS[:exp] (sim: I:FACTOR)"),
         DP_FLAG_STR("compute", "LIST", &f->axis[DP_SWEEP_COMPUTE], 0,
                     "sim: const:MS, exp:MEAN_MS, lognormal:MU:SIGMA"),
+        DP_FLAG_STR("compress", "LIST", &f->axis[DP_SWEEP_COMPRESS], 0,
+                    "none, topk:FRACTION, sign (the workers' --compress)"),
+        DP_FLAG_STR("error-feedback", "LIST", &f->axis[DP_SWEEP_ERROR_FEEDBACK], 0,
+                    "on, off (--error-feedback)"),
         DP_FLAG_STR("seeds", "LIST", &f->axis[DP_SWEEP_SEED], 0, "seeds (default 1)"),
         DP_FLAG_STR("args", "FLAGS", &f->args, 0, "more flags for every run, blank-separated ('--steps 200')"),
         DP_FLAG_STR("eval-every", "N", &f->every, 0, "the chief's test evaluation every N steps (default 50; 0: end only)"),
