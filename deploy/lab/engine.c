@@ -200,6 +200,10 @@ float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, f
     dp_data_batch_indices(L->s.train.n, B, worker, L->conf.workers, L->conf.train.seed, step, L->idx);
     dp_dataset_gather(&L->s.train, L->idx, B, L->x, L->y);
     dp_net_set_params(&L->s.net, params);
+    /* dropout's mask as the worker daemon draws it (worker/train.c): by
+     * its data step and its slice's place in the global batch */
+    L->s.net.step = (unsigned long long)step;
+    L->s.net.sample0 = (unsigned long long)worker * (unsigned long long)B;
     float loss = dp_net_train_step(&L->s.net, L->x, L->y, B);
     dp_net_get_grads(&L->s.net, grad);
     return loss;
