@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
 #include "kernels/optim.h"
@@ -18,7 +19,7 @@
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation", "momentum", "optimizer",
-    "replicas", "straggler", "compute", "seed",
+    "replicas", "straggler", "compute", "model", "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -161,6 +162,16 @@ static int s_check_value(int a, const char *v, char *err)
                    ? 0 : dp_err(err, "lr-policy '%s': expected fixed or staleness", v);
     case DP_SWEEP_STRAGGLER: return s_check_straggler(flag, v, err);
     case DP_SWEEP_COMPUTE: return s_check_compute(flag, v, err);
+    case DP_SWEEP_MODEL: {
+        /* The grammar, at an input large enough for any spec that fits a
+         * smaller one (the runs' data may be 1x28x28 or 3x32x32): a typo
+         * is refused here, a spec too deep for the data by the run. */
+        dp_model_t *m = dp_malloc(sizeof *m);
+        char e[DP_ERR_LEN];
+        int rc = dp_model_parse(m, v, 3, 224, 224, e);
+        free(m);
+        return rc == 0 ? 0 : dp_err(err, "model '%s': %s", v, e);
+    }
     case DP_SWEEP_SEED: return dp_opts_parse_u64(flag, v, &u, err);
     }
     return dp_err(err, "no axis %d", a);

@@ -40,6 +40,7 @@ typedef enum {
     DP_SWEEP_REPLICAS,    /* --replicas-to-aggregate: workers - replicas are backups */
     DP_SWEEP_STRAGGLER,   /* none | I:MS[:exp] (local) or I:FACTOR (sim) */
     DP_SWEEP_COMPUTE,     /* sim: const:MS | exp:MEAN_MS | lognormal:MU:SIGMA */
+    DP_SWEEP_MODEL,       /* --model: a spec or a preset (resnet20) */
     DP_SWEEP_SEED,
     DP_SWEEP_N_AXES
 } dp_sweep_axis_t;

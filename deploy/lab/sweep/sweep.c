@@ -41,9 +41,11 @@ static const char s_synopsis[] =
 "\n"
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
-"delay-compensation, momentum, optimizer, replicas, straggler, compute, seed, cluster,\n"
-"args, eval-every, eval-limit, targets). Flags given on the command line replace the\n"
-"file's line.\n"
+"delay-compensation, momentum, optimizer, replicas, straggler, compute, model, seed,\n"
+"cluster,"
+" args, eval-every, eval-limit, targets). Flags given on the command line replace the\n"
+"file's line. A model value is a spec or a preset (model = resnet20, fc:128 relu fc:10\n"
+"softmax); a --model in args overrides it.\n"
 "\n";
 
 static const char s_epilog[] =
@@ -83,6 +85,8 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("straggler", "LIST", &f->axis[DP_SWEEP_STRAGGLER], 0, "none or I:MS[:exp] (sim: I:FACTOR)"),
         DP_FLAG_STR("compute", "LIST", &f->axis[DP_SWEEP_COMPUTE], 0,
                     "sim: const:MS, exp:MEAN_MS, lognormal:MU:SIGMA"),
+        DP_FLAG_STR("model", "LIST", &f->axis[DP_SWEEP_MODEL], 0,
+                    "model specs or presets (resnet20, 'fc:128 relu fc:10 softmax')"),
         DP_FLAG_STR("seeds", "LIST", &f->axis[DP_SWEEP_SEED], 0, "seeds (default 1)"),
         DP_FLAG_STR("args", "FLAGS", &f->args, 0, "more flags for every run, blank-separated ('--steps 200')"),
         DP_FLAG_STR("eval-every", "N", &f->every, 0, "the chief's test evaluation every N steps (default 50; 0: end only)"),
