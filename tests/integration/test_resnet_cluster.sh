@@ -7,6 +7,15 @@
 #    without ghost batches standalone at 2b is a different run
 #  - async with 1 worker == standalone, bit for bit: the servers set the
 #    running statistics to the pushed values instead of stepping them
+#  - 3 shards (each a third of the floats, tensors split where the cut
+#    falls) == 1 shard, bit for bit
+#  - downpour eval of the saved model gives the chief's accuracy and loss,
+#    at any evaluation batch (the running statistics, not the batch's)
+#  - a run stopped at step 4 and resumed from its checkpoint (--resume) ends
+#    with the uninterrupted run's bits, running statistics and counter
+#    included
+#  - --wire bf16 (running statistics rounded to 8 bits of mantissa) trains:
+#    its test loss below chance and near the fp32 wire's
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -39,4 +48,49 @@ check "standalone at batch 16" test $? = 0
 check "local async, 1 worker" test $? = 0
 check "async(1 worker) == standalone, bit for bit, running statistics included" \
     compare "$TMP/async1/model.safetensors" "$TMP/sa16.safetensors" --rtol 0 --atol 0
+# Sharding: each shard a contiguous third of the floats, whatever tensors
+# the cuts fall in; the same run bit for bit.
+"$L" local --workers 2 --ps-shards 3 --mode sync --batch 16 --steps 8 --threads 1 "${common[@]}" \
+    --out "$TMP/sync3" >"$TMP/sync3.log" 2>&1
+check "local sync, 2 workers, 3 shards" test $? = 0
+check "3 shards == 1 shard, bit for bit" \
+    compare "$TMP/sync3/model.safetensors" "$TMP/sync/model.safetensors" --rtol 0 --atol 0
+
+# downpour eval: the chief's figures from the file alone, at any batch.
+for b in 256 7; do
+    "$L" eval --checkpoint "$TMP/sync/model.safetensors" --batch $b >"$TMP/eval$b.json" 2>"$TMP/eval$b.err"
+    check "downpour eval --batch $b exits 0" test $? = 0
+done
+ev=$("$TORCH_PY" - "$TMP/eval256.json" "$TMP/eval7.json" "$TMP/sync/summary.json" <<'PY' 2>&1
+import json, sys
+a, b, s = (json.load(open(p)) for p in sys.argv[1:4])
+ok = a["test_accuracy"] == b["test_accuracy"] == round(s["test_accuracy"], 4) and \
+    abs(a["test_loss"] - s["test_loss"]) < 1e-3 and abs(b["test_loss"] - s["test_loss"]) < 1e-3
+print("same" if ok else f"eval {a} / {b} vs summary {s['test_accuracy']} {s['test_loss']}")
+PY
+)
+check "downpour eval: the chief's accuracy and loss, at batch 256 and 7 ($ev)" test "$ev" = same
+
+# --resume: stopped after 4 of 8 steps, then continued from the checkpoint.
+resume=(--workers 1 --mode async --batch 16 --threads 1 --overlap off --lr-schedule cosine:8
+        --checkpoint-dir "$TMP/ck" "${common[@]}")
+"$L" local "${resume[@]}" --steps 4 --out "$TMP/first" >"$TMP/first.log" 2>&1
+check "async, 1 worker, the first 4 of 8 steps with --checkpoint-dir" test $? = 0
+"$L" local "${resume[@]}" --steps 8 --resume --out "$TMP/resumed" >"$TMP/resumed.log" 2>&1
+check "... --resume runs the other 4" \
+    bash -c "[ $? = 0 ] && grep -rq 'resuming at step 5 of 8' '$TMP/resumed/logs'"
+check "... and ends with the uninterrupted run's bits, running statistics included" \
+    compare "$TMP/resumed/model.safetensors" "$TMP/async1/model.safetensors" --rtol 0 --atol 0
+
+# bf16 on the wire (ZeroMQ frames: --transport zmq) rounds the running
+# statistics as it rounds the gradients; the run still trains.
+for w in fp32 bf16; do
+    "$L" local --workers 2 --ps-shards 3 --mode sync --batch 16 --steps 40 --threads 1 --transport zmq \
+        --wire $w "${common[@]}" --out "$TMP/wire-$w" >"$TMP/wire-$w.log" 2>&1
+    check "local sync --wire $w, 40 steps" test $? = 0
+done
+lb=$(json "$TMP/wire-bf16/summary.json" test_loss 2>/dev/null || echo 9)
+lf=$(json "$TMP/wire-fp32/summary.json" test_loss 2>/dev/null || echo 0)
+check "--wire bf16 trains: test loss $lb below chance (ln 10 = 2.30) by 0.05" ge 2.25 "$lb"
+check "... and within 0.05 of the fp32 wire's ($lf)" near "$lb" "$lf" 0.05
 finish
