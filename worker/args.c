@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/model.h"
 #include "common/util.h"
 #include "worker/ps_client.h"
 
@@ -133,7 +134,7 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_SET("progress", &c->progress, DP_PROGRESS_ON, 0, "the live progress line (default: on a terminal)"),
         DP_FLAG_SET("no-progress", &c->progress, DP_PROGRESS_OFF, 0, "no progress line"),
     };
-    dp_opts_init(o, "downpour-worker", s_synopsis, NULL);
+    dp_opts_init(o, "downpour-worker", s_synopsis, DP_MODEL_SPEC_HELP);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
 }
 

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "common/metrics.h"
+#include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
 #include "deploy/launcher/commands.h"
@@ -25,7 +26,8 @@ static const char s_epilog[] =
     "With --json, stdout is JSON lines (evaluations, diagnostics) and the last line\n"
     "is the result: fresh_fraction, staleness_mean, staleness_max, test_accuracy,\n"
     "updates, ... The lr anneals to zero over the N updates (cosine) unless\n"
-    "--lr-schedule is given. The same flags give the same result, bit for bit.\n";
+    "--lr-schedule is given. The same flags give the same result, bit for bit.\n"
+    DP_MODEL_SPEC_HELP;
 
 typedef struct {
     dp_sim_conf_t c;

@@ -36,6 +36,7 @@
 
 #include "common/dataset.h"
 #include "common/metrics.h"
+#include "common/model.h"
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
@@ -106,7 +107,8 @@ static const char s_synopsis[] =
 "\n";
 
 static const char s_epilog[] =
-"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
+"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n"
+DP_MODEL_SPEC_HELP;
 
 /* --out's folder and those above it (`--out runs/sync` in a fresh directory). */
 static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
