@@ -118,6 +118,8 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                      "async/ssp: off (default), const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
+        DP_FLAG_SET("augment", &t->augment, 1, 0, "random crop + flip (as downpour-worker --help says)"),
+        DP_FLAG_STR("normalize", "train|M,../S,..", &t->normalize, 0, "per-channel (x - mean) / std"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
         DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, a, 0, "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"),
         DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->lab.optim.lr, 1e-12, 1e6, 0, "learning rate (default: the optimizer's)"),

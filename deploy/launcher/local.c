@@ -602,6 +602,8 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON *extra = cJSON_CreateObject();
     cJSON_AddStringToObject(extra, "data", L->wk.conf.data);
     cJSON_AddNumberToObject(extra, "batch", L->wk.conf.batch);
+    if (L->wk.conf.augment) cJSON_AddBoolToObject(extra, "augment", 1);
+    if (L->wk.conf.normalize) cJSON_AddStringToObject(extra, "normalize", L->wk.conf.normalize);
     /* --seed goes to both daemons; the launcher's table holds one entry
      * for it, the ps table's, so its value is in L->ps. */
     snprintf(seed, sizeof seed, "%" PRIu64, L->ps.seed);

@@ -13,11 +13,12 @@
 #    threshold's skips and the compensated pushes decided the same); sync
 #    says they have no effect there; --lr-staleness with another rule is
 #    refused
-#  - batch norm and dropout (a residual spec): an async record (2 shards)
-#    and a sync one replay bit for bit, every norm matched (the replay draws
-#    each worker's dropout masks as the daemon did: by data step and the
-#    slice's place in the global batch); downpour sim with 1 worker is
-#    standalone bit for bit, running statistics included
+#  - batch norm and dropout (a residual spec), --augment and --normalize
+#    train: an async record (2 shards) and a sync one replay bit for bit,
+#    every norm matched (the header carries the data transforms; the replay
+#    draws each worker's dropout masks and crops as the daemon did: by data
+#    step and the slice's place in the global batch); downpour sim with 1
+#    worker is standalone bit for bit, running statistics included
 #  - the record holds the workers' --threads as given, and replays
 #  - a replay on other batches (--data-seed) says it differs from the
 #    record, how often, and from which event on
@@ -98,7 +99,7 @@ check "rmsprop replay: bit-identical weights" cmp "$TMP/rms/model.safetensors" "
 # pushes as values, the masks are a hash of (seed, data step, sample), so
 # the replay recomputes every gradient bit for bit.
 bnspec="conv3x3:4 bn relu maxpool2 res( conv3x3:4 bn relu conv3x3:8:s2 bn ) relu gap fc:16 bn relu dropout:0.3 fc:10 softmax"
-bn=(--model "$bnspec" --batch 16 --seed 3 --threads 1 --no-progress)
+bn=(--model "$bnspec" --batch 16 --seed 3 --threads 1 --no-progress --augment --normalize train)
 for mode in async sync; do
     "$D" local --workers 2 --ps-shards 2 --mode $mode --steps 20 "${bn[@]}" --out "$TMP/bn-$mode" \
         --record "$TMP/bn-$mode.rec" >"$TMP/bn-$mode.log" 2>&1
@@ -109,7 +110,10 @@ for mode in async sync; do
         cmp "$TMP/bn-$mode/model.safetensors" "$TMP/rbn-$mode/model.safetensors"
     check "... replay: every norm matched" grep -q '"matches_record":true' "$TMP/rbn-$mode.out"
 done
-sa=(--model "$bnspec" --batch 16 --seed 3 --threads 1 --optimizer momentum --lr 0.05 --lr-schedule constant)
+check "the record's header has the data transforms" \
+    bash -c "head -1 '$TMP/bn-async.rec' | grep -q '\"augment\":true' && head -1 '$TMP/bn-async.rec' | grep -q '\"normalize\":\"train\"'"
+sa=(--model "$bnspec" --batch 16 --seed 3 --threads 1 --optimizer momentum --lr 0.05 --lr-schedule constant
+    --augment --normalize 0.3/0.35)
 "$BIN/downpour-worker" --standalone --steps 12 "${sa[@]}" --no-progress --save "$TMP/bn-sa.safetensors" \
     >"$TMP/bn-sa.log" 2>&1
 check "bn + dropout: standalone, 12 steps" test $? = 0

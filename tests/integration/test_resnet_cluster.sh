@@ -16,6 +16,13 @@
 #    included
 #  - --wire bf16 (running statistics rounded to 8 bits of mantissa) trains:
 #    its test loss below chance and near the fp32 wire's
+#  - --augment and --normalize train keep sync(2 x b) == standalone(2b,
+#    ghost b): the crops are drawn by the sample's place in the global batch
+#    (and an augmented run is another run than a plain one)
+#  - CIFAR-10 (a generated file in its binary format, 3x32x32): resnet20
+#    with --augment --normalize train, sync with 2 workers == standalone
+#    with ghost batches; the file records 3 means and 3 stds; downpour eval
+#    of it gives the chief's figures (it normalises the test set as trained)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -93,4 +100,62 @@ lb=$(json "$TMP/wire-bf16/summary.json" test_loss 2>/dev/null || echo 9)
 lf=$(json "$TMP/wire-fp32/summary.json" test_loss 2>/dev/null || echo 0)
 check "--wire bf16 trains: test loss $lb below chance (ln 10 = 2.30) by 0.05" ge 2.25 "$lb"
 check "... and within 0.05 of the fp32 wire's ($lf)" near "$lb" "$lf" 0.05
+# Augmentation and normalisation in the data thread: the same samples in
+# the same crops, whether one worker takes 2b or two take b each.
+aug=(--augment --normalize train)
+"$BIN/downpour-worker" --standalone --steps 8 --batch 32 --bn-ghost-batch 16 --threads 1 "${common[@]}" "${aug[@]}" \
+    --save "$TMP/ghost-aug.safetensors" >"$TMP/ghost-aug.log" 2>&1
+check "standalone --augment --normalize train, batch 32, ghost batches of 16" test $? = 0
+"$L" local --workers 2 --mode sync --batch 16 --steps 8 --threads 1 "${common[@]}" "${aug[@]}" \
+    --out "$TMP/sync-aug" >"$TMP/sync-aug.log" 2>&1
+check "local sync --augment --normalize train, 2 workers, batch 16" test $? = 0
+check "sync(2 x 16) == standalone(32, ghost 16), augmented and normalised" \
+    compare "$TMP/sync-aug/model.safetensors" "$TMP/ghost-aug.safetensors" --rtol 2e-3 --atol 2e-5
+check "... and is another run than the plain one" \
+    bash -c "! \"$TORCH_PY\" tests/integration/compare_st.py '$TMP/sync-aug/model.safetensors' '$TMP/sync/model.safetensors' --rtol 2e-3 --atol 2e-5 >/dev/null"
+
+# CIFAR-10's binary format (1 label byte + 3x32x32 planes per record),
+# generated: 5 training files of 16 records and a test file of 40.
+"$TORCH_PY" - "$TMP/cifar" <<'PY'
+import os, random, sys
+d = sys.argv[1]
+os.makedirs(d)
+rnd = random.Random(7)
+def write(name, n):
+    with open(os.path.join(d, name), "wb") as f:
+        for _ in range(n):
+            label = rnd.randrange(10)
+            # a class-dependent tint per plane, so there is something to learn
+            f.write(bytes([label]) + bytes(min(255, rnd.randrange(128) + 12 * label * (p + 1) // 3)
+                                           for p in range(3) for _ in range(1024)))
+for i in range(1, 6):
+    write(f"data_batch_{i}.bin", 16)
+write("test_batch.bin", 40)
+PY
+cif=(--data "cifar10:$TMP/cifar" --model resnet20 --seed 2 --optimizer momentum --lr 0.05 --no-progress --threads 1 "${aug[@]}")
+"$BIN/downpour-worker" --standalone --steps 3 --batch 8 --bn-ghost-batch 4 "${cif[@]}" \
+    --save "$TMP/cifar-sa.safetensors" --summary "$TMP/cifar-sa.json" >"$TMP/cifar-sa.log" 2>&1
+check "cifar10 (generated): resnet20 standalone, 3 steps at batch 8 (ghost 4)" test $? = 0
+"$L" local --workers 2 --mode sync --batch 4 --steps 3 "${cif[@]}" --out "$TMP/cifar-sync" >"$TMP/cifar-sync.log" 2>&1
+check "cifar10: resnet20, local sync with 2 workers at batch 4" test $? = 0
+# (atol 1e-4: 20 layers of float sums in another order, the two gradients
+# of 4 averaged against one of 8; weights are ~0.05, an error 1e-3 of them)
+check "... == standalone(8, ghost 4), 3x32x32 crops and flips included" \
+    compare "$TMP/cifar-sync/model.safetensors" "$TMP/cifar-sa.safetensors" --rtol 2e-3 --atol 1e-4
+meta=$("$TORCH_PY" -c '
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); m = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]
+print(m.get("input"), m.get("normalize"))' "$TMP/cifar-sa.safetensors" 2>&1)
+check "... the file records the input 3x32x32 and 3 means / 3 stds ($meta)" \
+    bash -c "echo '$meta' | grep -Eq '^3x32x32 [0-9.]+,[0-9.]+,[0-9.]+/[0-9.]+,[0-9.]+,[0-9.]+$'"
+"$L" eval --checkpoint "$TMP/cifar-sa.safetensors" --data "cifar10:$TMP/cifar" >"$TMP/cifar-eval.json" 2>"$TMP/cifar-eval.err"
+check "downpour eval of it on cifar10 exits 0" test $? = 0
+ev=$("$TORCH_PY" - "$TMP/cifar-eval.json" "$TMP/cifar-sa.json" <<'PY' 2>&1
+import json, sys
+a, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+same = a["test_accuracy"] == round(s["test_accuracy"], 4) and abs(a["test_loss"] - s["test_loss"]) < 1e-3
+print("same" if same else f"{a} vs {s['test_accuracy']} {s['test_loss']}")
+PY
+)
+check "... with the chief's accuracy and loss: the test set normalised as trained ($ev)" test "$ev" = same
 finish
