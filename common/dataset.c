@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,6 +373,7 @@ void dp_dataset_fini(dp_dataset_t *ds)
 void dp_dataset_gather(const dp_dataset_t *ds, const int *idx, int B, float *out, int *labels)
 {
     size_t sz = (size_t)dp_dataset_sample_size(ds);
+    size_t hw = (size_t)ds->h * (size_t)ds->w;
     for (int b = 0; b < B; b++) {
         /* idx comes from our own samplers: a bad one is a bug, not input. */
         if (idx[b] < 0 || idx[b] >= ds->n) {
@@ -382,6 +384,97 @@ void dp_dataset_gather(const dp_dataset_t *ds, const int *idx, int B, float *out
         float *dst = out + (size_t)b * sz;
         /* Division, not multiplication by 1/255: bit-identical to torch's x/255. */
         for (size_t i = 0; i < sz; i++) dst[i] = (float)src[i] / 255.0f;
+        /* then Normalize's (x - mean) / std, its two roundings */
+        for (int c = 0; ds->normalized && c < ds->c; c++)
+            for (size_t i = (size_t)c * hw; i < (size_t)(c + 1) * hw; i++)
+                dst[i] = (dst[i] - ds->mean[c]) / ds->std[c];
         if (labels) labels[b] = ds->labels[idx[b]];
     }
+}
+
+void dp_dataset_channel_stats(const dp_dataset_t *ds, float *mean, float *std)
+{
+    size_t hw = (size_t)ds->h * (size_t)ds->w, sz = (size_t)dp_dataset_sample_size(ds);
+    for (int c = 0; c < ds->c; c++) {
+        uint64_t count[256] = {0};
+        for (size_t s = 0; s < (size_t)ds->n; s++) {
+            const uint8_t *p = ds->pixels + s * sz + (size_t)c * hw;
+            for (size_t i = 0; i < hw; i++) count[p[i]]++;
+        }
+        double total = (double)ds->n * (double)hw, m = 0, v = 0;
+        for (int k = 0; k < 256; k++) m += (double)count[k] * (k / 255.0);
+        m /= total;
+        for (int k = 0; k < 256; k++) v += (double)count[k] * (k / 255.0 - m) * (k / 255.0 - m);
+        mean[c] = (float)m;
+        std[c] = (float)sqrt(v / total);
+    }
+}
+
+int dp_dataset_set_normalize(dp_dataset_t *ds, const float *mean, const float *std, char *err)
+{
+    if (ds->c > DP_DATASET_MAX_C)
+        return dp_err(err, "--normalize: %s has %d channels, at most %d are normalised", ds->name, ds->c,
+                      DP_DATASET_MAX_C);
+    for (int c = 0; c < ds->c; c++) {
+        if (!isfinite(mean[c]) || !isfinite(std[c]) || !(std[c] > 0))
+            return dp_err(err, "--normalize: channel %d's mean %g / std %g: expected finite numbers, std "
+                          "above 0 (a constant channel has std 0: give the values)", c, mean[c], std[c]);
+        ds->mean[c] = mean[c];
+        ds->std[c] = std[c];
+    }
+    ds->normalized = 1;
+    return 0;
+}
+
+/* n comma-separated floats of text[0, len) into v. */
+static int s_floats(const char *text, size_t len, int n, float *v, const char *what, char *err)
+{
+    char buf[DP_DATASET_NORM_LEN + 1];
+    if (len >= sizeof buf) return dp_err(err, "--normalize: the %s list is too long", what);
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    char *p = buf;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        double d = strtod(p, &end);
+        if (end == p || errno || !isfinite(d) || fabs(d) > 1e30)
+            return dp_err(err, "--normalize: %s %d is not a number in '%s'", what, i, buf);
+        v[i] = (float)d;
+        p = end;
+        if (i + 1 < n && *p++ != ',')
+            return dp_err(err, "--normalize: %d %s values expected (one per channel), '%s'", n, what, buf);
+    }
+    return *p ? dp_err(err, "--normalize: %d %s values expected (one per channel), '%s'", n, what, buf) : 0;
+}
+
+int dp_dataset_parse_normalize(const char *text, int c, float *mean, float *std, char *err)
+{
+    const char *slash = strchr(text, '/');
+    if (c < 1 || c > DP_DATASET_MAX_C)
+        return dp_err(err, "--normalize: %d channels (at most %d)", c, DP_DATASET_MAX_C);
+    if (!slash) return dp_err(err, "--normalize '%s': expected train or MEAN,.../STD,... (one per channel)", text);
+    if (s_floats(text, (size_t)(slash - text), c, mean, "mean", err) != 0 ||
+        s_floats(slash + 1, strlen(slash + 1), c, std, "std", err) != 0)
+        return -1;
+    for (int i = 0; i < c; i++)
+        if (!(std[i] > 0)) return dp_err(err, "--normalize: std %d is %g: expected above 0", i, std[i]);
+    return 0;
+}
+
+void dp_dataset_normalize_text(const dp_dataset_t *ds, char *out, size_t n)
+{
+    size_t used = 0;
+    out[0] = 0;
+    if (!ds->normalized) return;
+    for (int k = 0; k < 2 * ds->c && used < n; k++) {
+        float v = k < ds->c ? ds->mean[k] : ds->std[k - ds->c];
+        const char *sep = k == 0 ? "" : k == ds->c ? "/" : ",";
+        used += (size_t)snprintf(out + used, n - used, "%s%.9g", sep, v);
+    }
+}
+
+float dp_dataset_zero(const dp_dataset_t *ds, int ch)
+{
+    return ds->normalized ? (0.0f - ds->mean[ch]) / ds->std[ch] : 0.0f;
 }

@@ -74,6 +74,17 @@
 #define DP_MODEL_MAX_FLOATS ((size_t)1 << 32)
 #define DP_MODEL_DEFAULT_SPEC                                                  \
     "conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax"
+/* The grammar above in one paragraph, for the --help of every program that
+ * takes --model (downpour-worker, downpour local, downpour sim): kept here,
+ * next to the grammar it sums up, so that there is one text to keep true. */
+#define DP_MODEL_SPEC_HELP                                                            \
+    "--model SPEC: layers separated by blanks, the last softmax: convKxK:OUT[:sS][:pP],\n" \
+    "maxpoolK, relu, bn (batch norm), gap (global average pool), dropout:P, fc:OUT;\n"    \
+    "res( LAYERS ) is a residual block (identity shortcut, or option A where the shape\n"  \
+    "changes; res:b( ... ) a 1x1 conv + bn projection). Presets: resnet20, resnet32,\n"    \
+    "resnet44, resnet56, resnet110 (He et al.'s CIFAR ResNets). Example:\n"                \
+    "  'conv3x3:16 bn relu res( conv3x3:32:s2 bn relu conv3x3:32 bn ) relu gap fc:10 softmax'\n" \
+    "Default: '" DP_MODEL_DEFAULT_SPEC "'.\n"
 
 typedef enum {
     DP_LAYER_CONV,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/model.h"
 #include "common/util.h"
 #include "worker/ps_client.h"
 
@@ -68,6 +69,12 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_STR("data", "SPEC", &c->data, P,
                     "fashion-mnist[:DIR] (default: Debian's), mnist:DIR, cifar10:DIR,\nidx:IMAGES,LABELS"),
         DP_FLAG_STR("model", "SPEC", &c->model, P, "default: \"" DP_MODEL_DEFAULT_SPEC "\""),
+        DP_FLAG_SET("augment", &c->augment, 1, P,
+                    "random crop (zero padding 4) and horizontal flip of each training\n"
+                    "sample, drawn by seed, step and place in the global batch"),
+        DP_FLAG_STR("normalize", "train|M,../S,..", &c->normalize, P,
+                    "per-channel (x - mean) / std: the training set's figures, or\n"
+                    "these (e.g. 0.4914,0.4822,0.4465/0.2470,0.2435,0.2616)"),
         DP_FLAG_STR("device", "DEV", &c->device, P, "cpu (default) or cuda:K"),
         DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 1024, P,
                     "CPU kernel threads (default: all cores)"),
@@ -150,7 +157,7 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_SET("progress", &c->progress, DP_PROGRESS_ON, 0, "the live progress line (default: on a terminal)"),
         DP_FLAG_SET("no-progress", &c->progress, DP_PROGRESS_OFF, 0, "no progress line"),
     };
-    dp_opts_init(o, "downpour-worker", s_synopsis, NULL);
+    dp_opts_init(o, "downpour-worker", s_synopsis, DP_MODEL_SPEC_HELP);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
 }
 

@@ -40,6 +40,42 @@ void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long 
     free(perm);
 }
 
+/* splitmix64's finaliser: a well-mixed 64-bit function of z. */
+static uint64_t s_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void dp_data_augment(const dp_dataset_t *ds, float *x, int B, unsigned long long seed, long step,
+                     unsigned long long sample0, float *tmp)
+{
+    const int P = DP_DATA_CROP_PAD, C = ds->c, H = ds->h, W = ds->w, span = 2 * P + 1;
+    size_t hw = (size_t)H * (size_t)W;
+    for (int b = 0; b < B; b++) {
+        /* its own stream: "augment" in the seed keeps it apart from the
+         * dropout masks' hash of the same coordinates */
+        uint64_t h = s_mix(s_mix(s_mix(seed ^ 0x6175676d656e74ULL) ^ (uint64_t)step) ^ (sample0 + (uint64_t)b));
+        int dy = (int)(h % (uint64_t)span) - P, dx = (int)(h / span % (uint64_t)span) - P;
+        int flip = (int)(h / ((uint64_t)span * span) & 1);
+        float *s = x + (size_t)b * C * hw;
+        memcpy(tmp, s, (size_t)C * hw * sizeof *tmp);
+        for (int c = 0; c < C; c++) {
+            float zero = dp_dataset_zero(ds, c);
+            for (int i = 0; i < H; i++) {
+                int si = i + dy;
+                for (int j = 0; j < W; j++) {
+                    int sj = (flip ? W - 1 - j : j) + dx;
+                    s[(size_t)c * hw + (size_t)i * W + j] = si >= 0 && si < H && sj >= 0 && sj < W
+                        ? tmp[(size_t)c * hw + (size_t)si * W + sj] : zero;
+                }
+            }
+        }
+    }
+}
+
 static void *s_producer(void *arg)
 {
     dp_batcher_t *bt = arg;
@@ -59,6 +95,9 @@ static void *s_producer(void *arg)
         }
         s_slice(bt->perm, bt->steps_per_epoch, bt->batch, bt->rank, bt->world, step, idx);
         dp_dataset_gather(bt->ds, idx, bt->batch, bt->x[slot], bt->y[slot]);
+        if (bt->augment)
+            dp_data_augment(bt->ds, bt->x[slot], bt->batch, bt->seed, step,
+                            (unsigned long long)bt->rank * (unsigned long long)bt->batch, bt->aug_tmp);
         bt->be->ops->stage_upload(bt->be, bt->d_x[slot], bt->x[slot], bt->x_bytes);
         bt->be->ops->stage_upload(bt->be, bt->d_y[slot], bt->y[slot], bt->y_bytes);
         pthread_mutex_lock(&bt->mu);
@@ -75,12 +114,12 @@ static void *s_producer(void *arg)
 int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err)
 {
-    return dp_batcher_init_at(bt, ds, be, batch, rank, world, seed, 0, total_steps, err);
+    return dp_batcher_init_at(bt, ds, be, batch, rank, world, seed, 0, total_steps, 0, err);
 }
 
 int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                        int rank, int world, unsigned long long seed, long first_step,
-                       long total_steps, char *err)
+                       long total_steps, int augment, char *err)
 {
     memset(bt, 0, sizeof *bt);
     if (rank < 0 || rank >= world)
@@ -95,6 +134,8 @@ int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *b
     bt->rank = rank;
     bt->world = world;
     bt->seed = seed;
+    bt->augment = augment;
+    if (augment) bt->aug_tmp = dp_malloc((size_t)dp_dataset_sample_size(ds) * sizeof(float));
     bt->first_step = first_step < total_steps ? first_step : total_steps;
     bt->total_steps = total_steps - bt->first_step;
     bt->perm = dp_malloc((size_t)ds->n * sizeof(int));
@@ -162,5 +203,6 @@ void dp_batcher_fini(dp_batcher_t *bt)
         bt->be->ops->release(bt->be, bt->d_y[s]);
     }
     free(bt->perm);
+    free(bt->aug_tmp);
     memset(bt, 0, sizeof *bt);
 }

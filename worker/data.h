@@ -9,6 +9,15 @@
  * order, that one worker at batch R*b sees: the basis of the equivalence
  * test. The tail of each epoch that fills no whole global batch is skipped.
  *
+ * Augmentation (--augment, off by default): the thread crops each sample
+ * at random from the image padded by DP_DATA_CROP_PAD zeros on each side
+ * and flips it horizontally with probability 1/2 (torchvision's
+ * RandomCrop(padding=4) + RandomHorizontalFlip), each draw a hash of (seed,
+ * step, the sample's place in the global batch): so sync with R workers
+ * still sees what one worker at R*b sees, and the lab's replay recomputes
+ * every batch bit for bit. Normalisation is the data set's
+ * (dp_dataset_set_normalize): the padding is the value a 0 pixel takes.
+ *
  * The thread also stages each batch on the backend's device (stage_upload,
  * on a copy stream of its own), so the next batch crosses to the GPU while
  * the current one computes. */
@@ -25,6 +34,8 @@ typedef struct {
     dp_backend_t *be;         /* host buffers come from be->host_alloc (pinned on GPU) */
     int batch, rank, world;
     unsigned long long seed;
+    int augment;              /* crop + flip each batch (dp_data_augment) */
+    float *aug_tmp;           /* one sample, for the crop */
     long steps_per_epoch;     /* global batches per epoch */
     long first_step;          /* step of the first batch handed out */
     long total_steps;         /* batches this batcher hands out */
@@ -55,14 +66,23 @@ long dp_data_steps_per_epoch(int n, int batch, int world);
 void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long long seed,
                            long step, int *idx);
 
+#define DP_DATA_CROP_PAD 4
+
+/* Augment x[B, c, h, w] (ds's shape, as gathered) in place: sample b is
+ * cropped and flipped by the hash of (seed, step, sample0 + b). tmp holds
+ * one sample's floats. */
+void dp_data_augment(const dp_dataset_t *ds, float *x, int B, unsigned long long seed, long step,
+                     unsigned long long sample0, float *tmp);
+
 int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                      int rank, int world, unsigned long long seed, long total_steps, char *err);
 /* The same, starting at first_step (a worker resuming after the steps the
- * servers hold): hands out steps [first_step, total_steps). */
+ * servers hold): hands out steps [first_step, total_steps), augmented when
+ * augment is 1. */
 int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                        int rank, int world, unsigned long long seed, long first_step,
-                       long total_steps, char *err);
-/* One batch: x [batch*c*h*w] as pixels/255, y [batch], in host memory and
+                       long total_steps, int augment, char *err);
+/* One batch: x [batch*c*h*w] as gathered (and augmented), y [batch], in host memory and
  * staged in device memory (d_x, d_y: the backend's). */
 typedef struct {
     const float *x, *d_x;

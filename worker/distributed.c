@@ -460,7 +460,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     L.spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
     L.first = s_first_step(ps, c->task_index, L.total, c->local_steps > 1 ? c->local_steps : 1);
     if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
-                           L.first, L.total, err) != 0)
+                           L.first, L.total, c->augment, err) != 0)
         goto done;
     int overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info.mode, c->device);
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",

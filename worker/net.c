@@ -191,6 +191,7 @@ static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, in
         const float *in = s_act(net, d_x, l->in0);
         float *out = net->d_act[i + 1];
         float *P = net->d_params;
+        double t0 = net->t_layer ? dp_now() : 0;
         const float *w = s_param(net, P, l->weight);
         const float *b = s_param(net, P, l->bias);
         switch (l->kind) {
@@ -218,6 +219,7 @@ static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, in
             be->ops->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
             break;
         }
+        if (net->t_layer) net->t_layer[i] += dp_now() - t0;
     }
 }
 
@@ -320,7 +322,9 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
         /* the boundaries whose last reader this is start their gradient here */
         for (int b = 1; b <= m->n_layers; b++)
             if (net->last_reader[b] == i) net->d_dact[b] = net->d_pool[net->pool_of[b]];
+        double t0 = net->t_layer ? dp_now() : 0;
         s_backward_layer(net, d_x, d_y, B, i);
+        if (net->t_layer) net->t_layer[m->n_layers + i] += dp_now() - t0;
         if (h_grads) s_copy_layer_grads(net, &m->layers[i], h_grads);
     }
     float loss = 0;

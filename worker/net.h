@@ -50,6 +50,10 @@ typedef struct {
     int ghost;                            /* bn statistics per ghost batch of this many (0: all) */
     unsigned long long seed, step;        /* dropout's mask (kernels/ops.h) ... */
     unsigned long long sample0;           /* ... and the batch's first sample in the global batch */
+    /* Set by a profiler (tests/bench/bench_train -l), else NULL: [2 * n_layers],
+     * seconds added per layer, forward at i, backward at n_layers + i. Only
+     * meaningful on a backend whose ops finish before they return (the CPU). */
+    double *t_layer;
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);

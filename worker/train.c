@@ -30,6 +30,19 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->overlap = -1;
 }
 
+/* --normalize on both splits: the training set's figures or the given ones. */
+static int s_normalize(dp_session_t *s, const char *how, char *err)
+{
+    float mean[DP_DATASET_MAX_C], std[DP_DATASET_MAX_C];
+    if (s->train.c > DP_DATASET_MAX_C)
+        return dp_err(err, "--normalize: %s has %d channels, at most %d are normalised", s->train.name,
+                      s->train.c, DP_DATASET_MAX_C);
+    if (strcmp(how, "train") == 0) dp_dataset_channel_stats(&s->train, mean, std);
+    else if (dp_dataset_parse_normalize(how, s->train.c, mean, std, err) != 0) return -1;
+    if (dp_dataset_set_normalize(&s->train, mean, std, err) != 0) return -1;
+    return dp_dataset_set_normalize(&s->test, mean, std, err);
+}
+
 int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
 {
     memset(s, 0, sizeof *s);
@@ -39,6 +52,7 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     if (c->threads > 0) dp_cpu_set_threads(c->threads);
     if (dp_dataset_init(&s->train, c->data, DP_SPLIT_TRAIN, err) != 0) goto fail;
     if (dp_dataset_init(&s->test, c->data, DP_SPLIT_TEST, err) != 0) goto fail;
+    if (c->normalize && s_normalize(s, c->normalize, err) != 0) goto fail;
     if (dp_model_parse(&s->model, c->model, s->train.c, s->train.h, s->train.w, err) != 0) goto fail;
     if (s->model.classes != s->train.classes) {
         dp_err(err, "model spec ends with fc:%d but %s has %d classes", s->model.classes,
@@ -107,7 +121,13 @@ int dp_session_save(dp_session_t *s, long step, long version, char *err)
 {
     if (!s->conf.save) return 0;
     dp_net_get_params(&s->net, s->h_params);
-    return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, version, NULL, err);
+    /* the normalisation the weights were trained under: downpour eval
+     * applies it to the test set */
+    char norm[DP_DATASET_NORM_LEN];
+    dp_dataset_normalize_text(&s->test, norm, sizeof norm);
+    const char *kv[] = {"normalize", norm, NULL};
+    return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, version, norm[0] ? kv : NULL,
+                              err);
 }
 
 void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
@@ -299,7 +319,7 @@ int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
         optim.total_steps = total;
     }
     dp_batcher_t bt;
-    if (dp_batcher_init(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, total, err) != 0) {
+    if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, 0, total, c->augment, err) != 0) {
         if (d_state) s.be->ops->release(s.be, d_state);
         dp_session_fini(&s);
         return -1;

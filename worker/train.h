@@ -42,6 +42,9 @@ typedef struct {
     int bn_ghost_batch;        /* standalone: batch norm statistics per ghost batch of this
                                 * many samples (0: the whole batch); what sync with R
                                 * workers at batch b equals at --batch R*b (ARCHITECTURE.md) */
+    int augment;               /* random crop (zero padding 4) + horizontal flip (worker/data.h) */
+    const char *normalize;     /* per-channel (x - mean) / std: "train" (the training set's
+                                * figures) or "M0,.../S0,..."; NULL: none */
     const char *save;          /* model.safetensors (standalone / chief) */
     const char *summary;       /* summary.json (standalone / chief) */
     const char *metrics;       /* JSON lines, one per step */

@@ -38,6 +38,8 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddStringToObject(h, "model", c->train.model);
     cJSON_AddStringToObject(h, "data", c->train.data);
     cJSON_AddNumberToObject(h, "batch", c->train.batch);
+    if (c->train.augment) cJSON_AddBoolToObject(h, "augment", 1);
+    if (c->train.normalize) cJSON_AddStringToObject(h, "normalize", c->train.normalize);
     snprintf(seed, sizeof seed, "%" PRIu64, c->train.seed);
     cJSON_AddStringToObject(h, "data_seed", seed); /* uint64: exact as text */
     snprintf(seed, sizeof seed, "%" PRIu64, c->init_seed);
@@ -91,6 +93,13 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
                       "not have (its schedule is still there to read, one JSON line per push)");
     if (model) c->train.model = model;
     if (data) c->train.data = data;
+    /* the workers' data transforms (absent: none), repeated by the replay */
+    const cJSON *aug = cJSON_GetObjectItemCaseSensitive(h, "augment");
+    if (aug && !cJSON_IsBool(aug)) return dp_err(err, "record header: 'augment' is not true or false");
+    c->train.augment = cJSON_IsTrue(aug);
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(h, "normalize");
+    if (norm && !cJSON_IsString(norm)) return dp_err(err, "record header: 'normalize' is not a string");
+    if (norm) c->train.normalize = norm->valuestring;
     /* The header is untrusted: each number is a whole one in its flag's
      * range before it becomes an int (a batch of 2^40 would size every
      * buffer), checked before the cast (a double past INT_MAX is undefined). */
@@ -169,6 +178,7 @@ int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
     L->idx = dp_malloc((size_t)B * sizeof *L->idx);
     L->x = dp_malloc((size_t)B * dp_dataset_sample_size(&L->s.train) * sizeof *L->x);
     L->y = dp_malloc((size_t)B * sizeof *L->y);
+    L->aug_tmp = dp_malloc(dp_dataset_sample_size(&L->s.train) * sizeof *L->aug_tmp);
     L->per_worker = dp_calloc((size_t)c->workers, sizeof *L->per_worker);
     if (c->local_steps > 1) {
         L->inner_state = dp_calloc((size_t)c->workers, sizeof *L->inner_state);
@@ -223,6 +233,7 @@ void dp_lab_fini(dp_lab_t *L)
     free(L->idx);
     free(L->x);
     free(L->y);
+    free(L->aug_tmp);
     dp_session_fini(&L->s);
     memset(L, 0, sizeof *L);
 }
@@ -247,7 +258,13 @@ static float s_train_step(dp_lab_t *L, int worker, long step)
     int B = L->conf.train.batch;
     dp_data_batch_indices(L->s.train.n, B, worker, L->conf.workers, L->conf.train.seed, step, L->idx);
     dp_dataset_gather(&L->s.train, L->idx, B, L->x, L->y);
+    /* dropout's mask as the worker daemon draws it (worker/train.c): by
+     * its data step and its slice's place in the global batch */
     L->s.net.step = (unsigned long long)step;
+    L->s.net.sample0 = (unsigned long long)worker * (unsigned long long)B;
+    if (L->conf.train.augment) /* as the worker's prefetch thread does (worker/data.h) */
+        dp_data_augment(&L->s.train, L->x, B, L->conf.train.seed, step,
+                        (unsigned long long)worker * (unsigned long long)B, L->aug_tmp);
     return dp_net_train_step(&L->s.net, L->x, L->y, B);
 }
 

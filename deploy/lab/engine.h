@@ -52,6 +52,7 @@ typedef struct {
     int *idx;                  /* one batch: sample indices, pixels, labels */
     float *x;
     int *y;
+    float *aug_tmp;            /* one sample, for --augment's crop */
     dp_record_t *rec;
     dp_staleness_t *per_worker; /* [workers]: staleness of each worker's used gradients */
     uint64_t pushes;           /* pushes handed to the policies (all shards) */

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "common/metrics.h"
+#include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
 #include "deploy/launcher/commands.h"
@@ -25,7 +26,8 @@ static const char s_epilog[] =
     "With --json, stdout is JSON lines (evaluations, diagnostics) and the last line\n"
     "is the result: fresh_fraction, staleness_mean, staleness_max, test_accuracy,\n"
     "updates, ... The lr anneals to zero over the N updates (cosine) unless\n"
-    "--lr-schedule is given. The same flags give the same result, bit for bit.\n";
+    "--lr-schedule is given. The same flags give the same result, bit for bit.\n"
+    DP_MODEL_SPEC_HELP;
 
 typedef struct {
     dp_sim_conf_t c;
@@ -143,6 +145,8 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                      "with --compress: each worker keeps what it did not send (default on)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
+        DP_FLAG_SET("augment", &t->augment, 1, 0, "random crop + flip (as downpour-worker --help says)"),
+        DP_FLAG_STR("normalize", "train|M,../S,..", &t->normalize, 0, "per-channel (x - mean) / std"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
         DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, a, 0, "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"),
         DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->lab.optim.lr, 1e-12, 1e6, 0, "learning rate (default: the optimizer's)"),

@@ -53,6 +53,22 @@ int dp_eval_main(int argc, char **argv)
         goto done;
     }
     if (dp_dataset_init(&test, data, DP_SPLIT_TEST, err) != 0) goto done;
+    /* the normalisation it was trained under (--normalize), if any */
+    char *norm = dp_safetensors_read_meta(ckpt, "normalize", err);
+    if (norm) {
+        float mean[DP_DATASET_MAX_C], std[DP_DATASET_MAX_C];
+        int bad = dp_dataset_parse_normalize(norm, test.c, mean, std, err) != 0 ||
+                  dp_dataset_set_normalize(&test, mean, std, err) != 0;
+        free(norm);
+        if (bad) {
+            char why[DP_ERR_LEN];
+            snprintf(why, sizeof why, "%s", err);
+            dp_err(err, "%s: its metadata's normalisation: %s", ckpt, why);
+            goto done;
+        }
+    } else if (err[0]) {
+        goto done;
+    }
     if (dp_model_parse(&m, spec, test.c, test.h, test.w, err) != 0) goto done;
     params = dp_malloc(m.n_floats * sizeof(float));
     if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;

@@ -36,6 +36,7 @@
 
 #include "common/dataset.h"
 #include "common/metrics.h"
+#include "common/model.h"
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
@@ -108,7 +109,8 @@ static const char s_synopsis[] =
 "\n";
 
 static const char s_epilog[] =
-"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n";
+"The learning rate anneals to zero over the run (cosine) unless --lr-schedule is given.\n"
+DP_MODEL_SPEC_HELP;
 
 /* --out's folder and those above it (`--out runs/sync` in a fresh directory). */
 static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
@@ -601,6 +603,8 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON *extra = cJSON_CreateObject();
     cJSON_AddStringToObject(extra, "data", L->wk.conf.data);
     cJSON_AddNumberToObject(extra, "batch", L->wk.conf.batch);
+    if (L->wk.conf.augment) cJSON_AddBoolToObject(extra, "augment", 1);
+    if (L->wk.conf.normalize) cJSON_AddStringToObject(extra, "normalize", L->wk.conf.normalize);
     /* --seed goes to both daemons; the launcher's table holds one entry
      * for it, the ps table's, so its value is in L->ps. */
     snprintf(seed, sizeof seed, "%" PRIu64, L->ps.seed);

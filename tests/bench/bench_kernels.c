@@ -5,7 +5,10 @@
  *
  *   bench_kernels [-b 32,64,128] [-t 1,2] [-s SECONDS] [-m SPEC]
  *
- * Measure with and without OPENBLAS_CORETYPE (unset it in the command only). */
+ * Measure with and without OPENBLAS_CORETYPE (unset it in the command only).
+ * A chain of the seed network's kinds only: residual networks (bn, add,
+ * gap, dropout, the graph) are timed per layer by `bench_train -l -m
+ * resnet20`, through the real executor (worker/net.h's t_layer). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +129,7 @@ static float s_step(s_net_t *n, int timed)
             be->ops->softmax_xent_forward(be, B, m->classes, n->act[i + 1], &loss, n->act[i],
                                      n->labels);
             break;
-        default: break; /* this bench times the seed network's chain of layers only */
+        default: break; /* the seed network's chain only: bench_train -l times the others */
         }
         if (timed) s_min(&n->t_fwd[i], dp_now() - t0);
     }

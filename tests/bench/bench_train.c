@@ -5,7 +5,14 @@
  * tests/bench/run.sh (`make bench`) runs it next to tests/bench/torch_train.py.
  *
  *   bench_train [-b 32,64,128] [-t THREADS] [-s SECONDS] [-r SAMPLES] [-w WARMUP]
- *               [-m SPEC] [-g] [-p]
+ *               [-m SPEC] [-i CxHxW] [-l] [-g] [-p]
+ *
+ * -m SPEC the network (default the seed CNN; resnet20 etc.), -i its input
+ * shape (default 1x28x28). -l adds, after each batch's samples, where a
+ * step's time goes: each layer's forward and backward (worker/net.h's
+ * t_layer, over 5 steps) and the same summed by kind, as "#" lines:
+ *   # layer NAME KIND FWD_MS BWD_MS
+ *   # kind KIND FWD_MS BWD_MS SHARE_PERCENT
  *
  * Output, one line per sample (what run.sh parses):
  *   sample downpour THREADS BATCH IMAGES_PER_S LOSS
@@ -55,9 +62,59 @@ static int s_list(const char *s, int *v, int max)
     return k > 0 ? k : -1;
 }
 
+/* Layer l's kind as the per-layer table groups it: a conv by kernel and stride. */
+static void s_kind(const dp_layer_t *l, char *out, size_t n)
+{
+    static const char *const names[] = {
+        [DP_LAYER_CONV] = "conv",   [DP_LAYER_RELU] = "relu", [DP_LAYER_MAXPOOL] = "maxpool",
+        [DP_LAYER_FC] = "fc",       [DP_LAYER_SOFTMAX] = "softmax", [DP_LAYER_BN] = "bn",
+        [DP_LAYER_GAP] = "gap",     [DP_LAYER_DROPOUT] = "dropout", [DP_LAYER_ADD] = "add",
+    };
+    if (l->kind == DP_LAYER_CONV) snprintf(out, n, "conv%dx%d:s%d", l->k, l->k, l->stride);
+    else snprintf(out, n, "%s", names[l->kind]);
+}
+
+/* -l: 5 steps with the executor's per-layer clock on; the table. */
+static void s_per_layer(dp_net_t *net, dp_backend_t *be, const dp_optim_conf_t *opt, float *vel,
+                        const float *x, const int *y, int B)
+{
+    const dp_model_t *m = net->m;
+    enum { STEPS = 5 };
+    double *t = dp_calloc(2 * (size_t)m->n_layers, sizeof *t), t_opt = 0, total = 0;
+    net->t_layer = t;
+    for (int s = 0; s < STEPS; s++) {
+        dp_net_train_step(net, x, y, B);
+        double t0 = dp_now();
+        be->ops->optim_step(be, opt, 0.01f, net->d_params, net->d_grads, vel, m->n_floats, 1);
+        t_opt += dp_now() - t0;
+    }
+    net->t_layer = NULL;
+    char kind[64][32];
+    double kf[64] = {0}, kb[64] = {0};
+    int nk = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        char k[32];
+        s_kind(&m->layers[i], k, sizeof k);
+        double f = t[i] / STEPS * 1e3, b = t[m->n_layers + i] / STEPS * 1e3;
+        printf("# layer %s %s %.3f %.3f\n", m->layers[i].name, k, f, b);
+        int j = 0;
+        while (j < nk && strcmp(kind[j], k) != 0) j++;
+        if (j == nk && nk < 64) snprintf(kind[nk++], sizeof kind[0], "%s", k);
+        if (j < 64) kf[j] += f, kb[j] += b;
+        total += f + b;
+    }
+    total += t_opt / STEPS * 1e3;
+    for (int j = 0; j < nk; j++)
+        printf("# kind %s %.3f %.3f %.1f\n", kind[j], kf[j], kb[j], 100 * (kf[j] + kb[j]) / total);
+    printf("# kind optimizer %.3f 0 %.1f\n", t_opt / STEPS * 1e3, 100 * t_opt / STEPS * 1e3 / total);
+    printf("# step %.3f ms at batch %d: %.0f images/s with the clock on\n", total, B, B / total * 1e3);
+    free(t);
+}
+
 /* Samples of training throughput at batch B: the net is built for B alone,
  * as the worker builds it for its --batch. */
-static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int samples, int warmup)
+static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int samples, int warmup,
+                         int per_layer)
 {
     char err[DP_ERR_LEN];
     dp_backend_t *be = NULL;
@@ -109,6 +166,7 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
         printf("sample downpour %d %d %.1f %.4f\n", T, B, n * B / dt, loss);
         fflush(stdout);
     }
+    if (rc == 0 && per_layer) s_per_layer(&net, be, &opt, vel, x, y, B);
     free(x);
     free(y);
     be->ops->release(be, vel);
@@ -160,7 +218,7 @@ static void s_bench_sgemm(int T, double secs, int samples)
 static int s_usage(void)
 {
     fprintf(stderr, "usage: bench_train [-b 32,64,128] [-t THREADS] [-s SECONDS] [-r SAMPLES] "
-                    "[-w WARMUP] [-m SPEC] [-g] [-p]\n");
+                    "[-w WARMUP] [-m SPEC] [-i CxHxW] [-l] [-g] [-p]\n");
     return 2;
 }
 
@@ -172,11 +230,13 @@ int main(int argc, char **argv)
         return 2;
     }
     int batches[16] = {32, 64, 128}, nb = 3, threads = 1, samples = 3, warmup = 5, sgemm = 0;
+    int per_layer = 0, in_c = 1, in_h = 28, in_w = 28;
     double secs = 0.5;
     const char *spec = DP_MODEL_DEFAULT_SPEC;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-g")) { sgemm = 1; continue; }
+        if (!strcmp(a, "-l")) { per_layer = 1; continue; }
         if (!strcmp(a, "-p")) {
             printf("paths");
             for (int k = DP_CPU_ISA_COUNT - 1; k >= 0; k--)
@@ -193,6 +253,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-r")) samples = atoi(v);
         else if (!strcmp(a, "-w")) warmup = atoi(v);
         else if (!strcmp(a, "-m")) spec = v;
+        else if (!strcmp(a, "-i")) {
+            char tail;
+            if (sscanf(v, "%dx%dx%d%c", &in_c, &in_h, &in_w, &tail) != 3 || in_c < 1 || in_h < 1 || in_w < 1)
+                return s_usage();
+        }
         else return s_usage();
     }
     if (nb < 0 || threads < 1 || threads > 1024 || !(secs > 0) || samples < 1 || warmup < 0) {
@@ -206,16 +271,16 @@ int main(int argc, char **argv)
     }
     char err[DP_ERR_LEN];
     dp_model_t m;
-    if (dp_model_parse(&m, spec, 1, 28, 28, err) != 0) {
+    if (dp_model_parse(&m, spec, in_c, in_h, in_w, err) != 0) {
         fprintf(stderr, "bench_train: %s\n", err);
         return 2;
     }
     dp_cpu_set_threads(threads);
     /* training FLOPs per image: forward, and twice that for the backward */
-    printf("# model %s; %.1f MFLOP per training image\n", m.spec,
+    printf("# model %s on %dx%dx%d; %.1f MFLOP per training image\n", m.spec, in_c, in_h, in_w,
            dp_model_forward_macs(&m) * 2 * 3 / 1e6);
     printf("# path %s (CPU: %s)\n", dp_cpu_isa_name(dp_cpu_isa()), dp_cpu_isa_features());
     for (int bi = 0; bi < nb; bi++)
-        if (s_bench_batch(&m, threads, batches[bi], secs, samples, warmup) != 0) return 1;
+        if (s_bench_batch(&m, threads, batches[bi], secs, samples, warmup, per_layer) != 0) return 1;
     return 0;
 }

@@ -5,6 +5,9 @@ the reference `make bench` (tests/bench/run.sh) sets Downpour's numbers against.
 Same network as DP_MODEL_DEFAULT_SPEC on 1x28x28 inputs:
   conv5x5:32 same, relu, maxpool2, conv5x5:64 same, relu, maxpool2,
   fc:512, relu, fc:10, cross-entropy; SGD lr 0.01, momentum 0.9.
+--model SPEC and --input CxHxW take another spec or preset (resnet20: the
+CifarResNet of tests/torch_net.py, PyTorch's own BatchNorm2d) and shape, as
+bench_train's -m and -i do.
 One step = forward + backward + update on a fixed synthetic batch (no data
 loading), as tests/bench/bench_train.c does for Downpour. Which memory
 format is faster depends on the machine (oneDNN's convolutions in
@@ -43,11 +46,12 @@ except ImportError as e:  # run.sh checks first; this is for people running it b
     sys.exit(3)
 
 
-def make_step(batch, channels_last):
+def make_step(batch, channels_last, spec=DEFAULT_SPEC, shape=(1, 28, 28)):
     """One training step of a fresh network on a fixed batch, as a function."""
     torch.manual_seed(1)
-    net = build_module(DEFAULT_SPEC, (1, 28, 28))
-    x = torch.rand(batch, 1, 28, 28)
+    net = build_module(spec, shape)
+    net.train()
+    x = torch.rand(batch, *shape)
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -75,10 +79,10 @@ def sample(step, batch, seconds):
             return n * batch / dt, float(loss)
 
 
-def measure(batch, seconds, samples, warmup, layouts):
+def measure(batch, seconds, samples, warmup, layouts, spec=DEFAULT_SPEC, shape=(1, 28, 28)):
     """{layout: [(images/s, loss)]}, the layouts' samples taken in turn so
     that other load on the machine falls on each alike."""
-    steps = {lay: make_step(batch, lay == "nhwc") for lay in layouts}
+    steps = {lay: make_step(batch, lay == "nhwc", spec, shape) for lay in layouts}
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -106,13 +110,16 @@ def main():
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--layout", choices=("both", "nhwc", "nchw"), default="both",
                     help="memory format: nhwc (channels_last), nchw, or both in turn")
+    ap.add_argument("--model", default=DEFAULT_SPEC, help="spec or preset (default the seed CNN)")
+    ap.add_argument("--input", default="1x28x28", help="CxHxW (default 1x28x28)")
     a = ap.parse_args()
+    shape = tuple(int(v) for v in a.input.split("x"))
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
     print(f"# torch: ATen CPU capability {capability()}", file=sys.stderr, flush=True)
     layouts = ("nhwc", "nchw") if a.layout == "both" else (a.layout,)
     for b in (int(s) for s in a.batches.split(",")):
-        res = measure(b, a.seconds, a.samples, a.warmup, layouts)
+        res = measure(b, a.seconds, a.samples, a.warmup, layouts, a.model, shape)
         for lay in layouts:
             for ips, loss in res[lay]:
                 print(f"sample torch-{lay} {a.threads} {b} {ips:.1f} {loss:.4f}", flush=True)

@@ -9,7 +9,9 @@
 #    naming the variable, exit status 2), before anything starts
 #  - downpour --summary (downpour(1)'s NAME line) names every command of
 #    downpour --help: both come from the launcher's one table
-#  - --help of every binary exits 0 and lists its flags
+#  - --help of every binary exits 0 and lists its flags; downpour-worker,
+#    downpour local and downpour sim end with the same paragraph on the
+#    model grammar (common/model.h), whose example is a spec they run
 #  - seeds above 2^53 are taken whole by the worker and the servers alike
 #  - the TensorFlow-style cluster flags still place a ps task (its resolved
 #    cluster is logged), and SIGTERM stops it cleanly
@@ -132,6 +134,21 @@ helps "downpour-ps --help has --delay-lr" "threshold[:K] (skip it when tau > K x
 helps "downpour local --help passes --delay-compensation on" "--delay-compensation DC" "$L" local --help
 helps "downpour sim --help has both" "const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)" "$L" sim --help
 helps "downpour sweep --help has the delay axes" "--delay-compensation LIST" "$L" sweep --help
+# The grammar's paragraph (DP_MODEL_SPEC_HELP): the same text in the three
+# programs that take --model, and its example runs.
+grammar() { "$@" --help 2>&1 | sed -n '/^--model SPEC: /,$p'; }
+grammar "$WK" >"$TMP/g-worker"; grammar "$L" local >"$TMP/g-local"; grammar "$L" sim >"$TMP/g-sim"
+check "downpour-worker --help ends with the model grammar (res( LAYERS ), the presets)" \
+    bash -c "grep -qF 'res( LAYERS )' '$TMP/g-worker' && grep -qF resnet110 '$TMP/g-worker'"
+check "... downpour local --help and downpour sim --help with the same paragraph" \
+    bash -c "cmp -s '$TMP/g-worker' '$TMP/g-local' && cmp -s '$TMP/g-worker' '$TMP/g-sim'"
+example=$(sed -n "s/^  '\(.*\)'$/\1/p" "$TMP/g-worker")
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+    "$L" sim --workers 1 --updates 1 --batch 2 --eval-limit 10 --model "$example" >/dev/null 2>"$TMP/g-run.err"
+    check "... and its example ('$example') is a spec that trains" test $? = 0
+else
+    skip "the grammar's example" "Debian's dataset-fashion-mnist is not installed (make deps)"
+fi
 # The launcher's usage and its man page's NAME line (--summary, help2man -n)
 # come from one table: every command --help shows, --summary names.
 "$L" --help >"$TMP/usage" 2>&1

@@ -15,6 +15,12 @@
 #    refused
 #  - async with --local-steps (a short last round) and the outer delayed
 #    Nesterov replays bit for bit, every round recomputed
+#  - batch norm and dropout (a residual spec), --augment and --normalize
+#    train: an async record (2 shards) and a sync one replay bit for bit,
+#    every norm matched (the header carries the data transforms; the replay
+#    draws each worker's dropout masks and crops as the daemon did: by data
+#    step and the slice's place in the global batch); downpour sim with 1
+#    worker is standalone bit for bit, running statistics included
 #  - the record holds the workers' --threads as given, and replays
 #  - a replay on other batches (--data-seed) says it differs from the
 #    record, how often, and from which event on
@@ -106,6 +112,33 @@ check "summary.json: the outer momentum moves once per 2 pushes ($every)" test "
 check "local-steps replay exits 0" test $? = 0 || cat "$TMP/rloc.err"
 check "local-steps replay: bit-identical weights" cmp "$TMP/loc/model.safetensors" "$TMP/rloc/model.safetensors"
 check "local-steps replay: every round's norms matched" grep -q '"matches_record":true' "$TMP/rloc.out"
+
+# Batch norm (2-D and 1-D) and dropout: the running statistics ride the
+# pushes as values, the masks are a hash of (seed, data step, sample), so
+# the replay recomputes every gradient bit for bit.
+bnspec="conv3x3:4 bn relu maxpool2 res( conv3x3:4 bn relu conv3x3:8:s2 bn ) relu gap fc:16 bn relu dropout:0.3 fc:10 softmax"
+bn=(--model "$bnspec" --batch 16 --seed 3 --threads 1 --no-progress --augment --normalize train)
+for mode in async sync; do
+    "$D" local --workers 2 --ps-shards 2 --mode $mode --steps 20 "${bn[@]}" --out "$TMP/bn-$mode" \
+        --record "$TMP/bn-$mode.rec" >"$TMP/bn-$mode.log" 2>&1
+    check "bn + dropout: local $mode --record exits 0" test $? = 0
+    "$D" replay "$TMP/bn-$mode.rec" --out "$TMP/rbn-$mode" --json >"$TMP/rbn-$mode.out" 2>"$TMP/rbn-$mode.err"
+    check "... replay exits 0" test $? = 0
+    check "... replay: bit-identical weights and running statistics" \
+        cmp "$TMP/bn-$mode/model.safetensors" "$TMP/rbn-$mode/model.safetensors"
+    check "... replay: every norm matched" grep -q '"matches_record":true' "$TMP/rbn-$mode.out"
+done
+check "the record's header has the data transforms" \
+    bash -c "head -1 '$TMP/bn-async.rec' | grep -q '\"augment\":true' && head -1 '$TMP/bn-async.rec' | grep -q '\"normalize\":\"train\"'"
+sa=(--model "$bnspec" --batch 16 --seed 3 --threads 1 --optimizer momentum --lr 0.05 --lr-schedule constant
+    --augment --normalize 0.3/0.35)
+"$BIN/downpour-worker" --standalone --steps 12 "${sa[@]}" --no-progress --save "$TMP/bn-sa.safetensors" \
+    >"$TMP/bn-sa.log" 2>&1
+check "bn + dropout: standalone, 12 steps" test $? = 0
+"$D" sim --workers 1 --mode async --updates 12 "${sa[@]}" --out "$TMP/bn-sim" >"$TMP/bn-sim.log" 2>&1
+check "... downpour sim --workers 1: exits 0" test $? = 0
+check "... and is standalone bit for bit (dropout masks, running statistics)" \
+    cmp "$TMP/bn-sa.safetensors" "$TMP/bn-sim/model.safetensors"
 
 # The delay rules and DC-ASGD on the real shards: --delay-lr threshold
 # skips pushes (dropped, with the reason), --delay-compensation keeps each

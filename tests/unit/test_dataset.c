@@ -549,5 +549,67 @@ static void test_gzip_bomb_is_bounded(void)
     s_rmtree(d);
 }
 
+/* --normalize: the per-channel figures of a small 2-channel set are the
+ * exact mean and population std of pixel/255 (from byte histograms); the
+ * gather applies (x - mean) / std per channel, bit for bit as the two float
+ * ops; the text form round-trips the floats; bad lists, std 0 and NaN are
+ * refused with one line naming what is wrong. */
+static void test_normalize(void)
+{
+    dp_dataset_t ds = {0};
+    snprintf(ds.name, sizeof ds.name, "synthetic");
+    ds.n = 3, ds.c = 2, ds.h = 2, ds.w = 2, ds.classes = 10;
+    ds.pixels = dp_malloc(3 * 8);
+    ds.labels = dp_calloc(3, 1);
+    for (int i = 0; i < 24; i++) ds.pixels[i] = (uint8_t)(i * 37 % 256);
+    float mean[2], std[2];
+    dp_dataset_channel_stats(&ds, mean, std);
+    for (int c = 0; c < 2; c++) {
+        double m = 0, v = 0;
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < 4; i++) m += ds.pixels[s * 8 + c * 4 + i] / 255.0;
+        m /= 12;
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < 4; i++) v += pow(ds.pixels[s * 8 + c * 4 + i] / 255.0 - m, 2);
+        CHECK_NEAR(mean[c], m, 1e-7);
+        CHECK_NEAR(std[c], sqrt(v / 12), 1e-7);
+    }
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_dataset_set_normalize(&ds, mean, std, err), 0);
+    int idx[2] = {2, 0};
+    float out[16];
+    dp_dataset_gather(&ds, idx, 2, out, NULL);
+    int ok = 1;
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 8; i++)
+            ok &= out[b * 8 + i] == ((float)ds.pixels[idx[b] * 8 + i] / 255.0f - mean[i / 4]) / std[i / 4];
+    CHECK(ok);
+    CHECK(dp_dataset_zero(&ds, 1) == (0.0f - mean[1]) / std[1]);
+    char text[DP_DATASET_NORM_LEN];
+    dp_dataset_normalize_text(&ds, text, sizeof text);
+    float m2[2], s2[2];
+    CHECK_EQ(dp_dataset_parse_normalize(text, 2, m2, s2, err), 0);
+    CHECK(m2[0] == mean[0] && m2[1] == mean[1] && s2[0] == std[0] && s2[1] == std[1]);
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"0.5,0.5", "expected train or MEAN"},    {"0.5/0.2,0.2", "2 mean values expected"},
+        {"0.5,0.5/0.2", "2 std values expected"}, {"0.5,0.5/0.2,0", "std 1 is 0"},
+        {"0.5,x/0.2,0.2", "mean 1 is not a number"}, {"0.5,0.5/0.2,nan", "std 1 is not a number"},
+        {"0.5,0.5,0.5/0.2,0.2", "2 mean values expected"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        CHECK_EQ(dp_dataset_parse_normalize(bad[i].text, 2, m2, s2, err), -1);
+        if (!strstr(err, bad[i].want)) fprintf(stderr, "  '%s': %s\n", bad[i].text, err);
+        CHECK(strstr(err, bad[i].want) != NULL && !strchr(err, '\n'));
+    }
+    float zero[2] = {0.5f, 0.5f}, none[2] = {0.2f, 0.0f};
+    CHECK_EQ(dp_dataset_set_normalize(&ds, zero, none, err), -1);
+    CHECK(strstr(err, "channel 1") != NULL);
+    dp_dataset_fini(&ds);
+}
+
 DP_TESTS(T(test_idx_plain_and_gz), T(test_idx_errors), T(test_bad_specs), T(test_cifar10),
-         T(test_real_fashion_mnist), T(test_gzip_bomb_is_bounded))
+         T(test_real_fashion_mnist), T(test_gzip_bomb_is_bounded),
+         T(test_normalize))

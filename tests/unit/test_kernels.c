@@ -141,6 +141,9 @@ static const s_conv_case_t s_conv_cases[] = {
     {2, 8, 9, 10, 24, 3, 1, 1}, {1, 9, 7, 5, 40, 3, 0, 1}, {3, 3, 11, 9, 16, 5, 2, 2},
     /* resnet20's stride-2 convolutions on 28x28 (even sides) and its 1x1 projection */
     {2, 16, 28, 28, 32, 3, 1, 2}, {8, 32, 14, 14, 64, 3, 1, 2}, {2, 16, 28, 28, 32, 1, 0, 2},
+    /* din by the forward kernel on dout (stride 1, C in the channel blocks):
+     * resnet20's 3x3 body convolution, unpadded, and K = 5 with pad 1 */
+    {2, 16, 14, 14, 16, 3, 1, 1}, {1, 16, 9, 7, 24, 3, 0, 1}, {1, 16, 9, 7, 16, 5, 1, 1},
 };
 #define N_CONV (int)(sizeof s_conv_cases / sizeof s_conv_cases[0])
 

@@ -176,6 +176,41 @@ static void test_record_replay(void)
     dp_rec_fini(&b);
 }
 
+/* Batch norm (2-D and 1-D, running statistics as state) and dropout, in
+ * async and in sync: the simulation's record replays to the same bits (the
+ * daemons' records replay so too: tests/integration/test_lab_cluster.sh). */
+static void test_record_replay_bn(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    static const dp_mode_t modes[] = {DP_MODE_ASYNC, DP_MODE_SYNC};
+    for (int i = 0; i < 2; i++) {
+        char rec[300], m1[300], m2[340], out[300];
+        snprintf(rec, sizeof rec, "%s/bn%d.rec", s_dir, i);
+        snprintf(m1, sizeof m1, "%s/bn%d.safetensors", s_dir, i);
+        snprintf(out, sizeof out, "%s/bn%d-replay", s_dir, i);
+        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
+        dp_sim_conf_t c;
+        double slow[16];
+        s_conf(&c, slow, 3, "exp:10", 30);
+        c.lab.train.model = "conv3x3:2 bn relu maxpool2 res( conv3x3:2 bn relu conv3x3:4:s2 bn ) relu "
+                            "gap fc:8 bn relu dropout:0.25 fc:10 softmax";
+        c.lab.mode = modes[i];
+        c.lab.optim.kind = DP_OPT_MOMENTUM;
+        c.lab.optim.momentum = 0.9f;
+        c.lab.optim.lr = 0.05f;
+        c.lab.record = rec;
+        c.lab.train.save = m1;
+        cJSON *r = NULL;
+        char err[DP_ERR_LEN] = "";
+        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        if (!r) fprintf(stderr, "  %s\n", err);
+        cJSON_Delete(r);
+        char *av[] = {"replay", rec, "--out", out, NULL};
+        CHECK_EQ(dp_replay_main(4, av), 0);
+        CHECK(s_same_file(m1, m2));
+    }
+}
+
 /* RMSProp with A3C's eps 0.1 and an alpha other than the default: replay
  * rebuilds both from the record's header and reaches the same bits; the
  * summary names the optimizer. */
@@ -653,6 +688,7 @@ static void s_setup(void)
 }
 
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
+         T(test_record_replay_bn),
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
          T(test_record_replay_local_steps), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),

@@ -449,7 +449,93 @@ static void test_bn_eval_uses_running_stats(void)
     free(params);
 }
 
+/* --augment: each sample is its image shifted by (dy, dx) in [-4, 4]
+ * within zero padding and maybe mirrored; the draw depends on seed, step
+ * and the sample's place only (the same call twice: the same bits; another
+ * step: another draw), over many samples every shift and both mirrors
+ * occur; the padding is the normalised 0 pixel. The prefetch thread of
+ * worker rank 1 hands out exactly gather + augment at sample0 = batch. */
+static void test_augment(void)
+{
+    enum { H = 6, W = 5, B = 400 };
+    dp_dataset_t ds = {0};
+    snprintf(ds.name, sizeof ds.name, "synthetic");
+    ds.n = B, ds.c = 1, ds.h = H, ds.w = W, ds.classes = 10;
+    ds.pixels = dp_malloc((size_t)B * H * W);
+    ds.labels = dp_calloc(B, 1);
+    for (int i = 0; i < B * H * W; i++) ds.pixels[i] = (uint8_t)(1 + i % (H * W)); /* never 0 */
+    float mean = 0.25f, sd = 0.5f;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_dataset_set_normalize(&ds, &mean, &sd, err), 0);
+    float pad = dp_dataset_zero(&ds, 0);
+    int *idx = dp_malloc(B * sizeof *idx);
+    for (int i = 0; i < B; i++) idx[i] = i;
+    float *x = dp_malloc((size_t)B * H * W * sizeof *x), *x0 = dp_malloc((size_t)B * H * W * sizeof *x);
+    float *again = dp_malloc((size_t)B * H * W * sizeof *x), tmp[H * W];
+    dp_dataset_gather(&ds, idx, B, x0, NULL);
+    memcpy(x, x0, (size_t)B * H * W * sizeof *x);
+    dp_data_augment(&ds, x, B, 7, 3, 100, tmp);
+    int seen[9][9][2] = {{{0}}}, explained = 0;
+    for (int b = 0; b < B; b++) {
+        const float *in = x0 + (size_t)b * H * W, *out = x + (size_t)b * H * W;
+        int found = 0;
+        for (int dy = -4; dy <= 4 && !found; dy++)
+            for (int dx = -4; dx <= 4 && !found; dx++)
+                for (int f = 0; f < 2 && !found; f++) {
+                    int same = 1;
+                    for (int i = 0; i < H && same; i++)
+                        for (int j = 0; j < W && same; j++) {
+                            int si = i + dy, sj = (f ? W - 1 - j : j) + dx;
+                            float want = si >= 0 && si < H && sj >= 0 && sj < W ? in[si * W + sj] : pad;
+                            same = out[i * W + j] == want;
+                        }
+                    if (same) found = 1, seen[dy + 4][dx + 4][f]++;
+                }
+        explained += found;
+    }
+    CHECK_EQ(explained, B);
+    int cells = 0;
+    for (int a = 0; a < 9; a++)
+        for (int c = 0; c < 9; c++) cells += (seen[a][c][0] > 0) + (seen[a][c][1] > 0);
+    CHECK(cells > 120); /* 162 cells, 400 draws: about 147 expected */
+    memcpy(again, x0, (size_t)B * H * W * sizeof *x);
+    dp_data_augment(&ds, again, B, 7, 3, 100, tmp);
+    CHECK(memcmp(again, x, (size_t)B * H * W * sizeof *x) == 0);
+    memcpy(again, x0, (size_t)B * H * W * sizeof *x);
+    dp_data_augment(&ds, again, B, 7, 4, 100, tmp);
+    CHECK(memcmp(again, x, (size_t)B * H * W * sizeof *x) != 0);
+    /* sample 100 + b of the call at sample0 100 is sample b of one at 100 + b */
+    memcpy(again, x0 + 5 * H * W, H * W * sizeof *x);
+    dp_data_augment(&ds, again, 1, 7, 3, 105, tmp);
+    CHECK(memcmp(again, x + 5 * H * W, H * W * sizeof *x) == 0);
+
+    dp_backend_t *be = NULL;
+    dp_backend_cpu_new(&be, NULL);
+    dp_batcher_t bt;
+    CHECK_EQ(dp_batcher_init_at(&bt, &ds, be, 4, 1, 2, 9, 0, 6, 1, err), 0);
+    dp_batch_t bb;
+    long step;
+    int bi[4], differs = 0;
+    float want[4 * H * W];
+    while ((step = dp_batcher_next(&bt, &bb)) >= 0) {
+        dp_data_batch_indices(B, 4, 1, 2, 9, step, bi);
+        dp_dataset_gather(&ds, bi, 4, want, NULL);
+        differs |= memcmp(want, bb.x, sizeof want) != 0;
+        dp_data_augment(&ds, want, 4, 9, step, 4, tmp);
+        CHECK(memcmp(want, bb.x, sizeof want) == 0);
+    }
+    CHECK(differs); /* it did augment */
+    dp_batcher_fini(&bt);
+    dp_backend_destroy(&be);
+    free(idx);
+    free(x);
+    free(x0);
+    free(again);
+    dp_dataset_fini(&ds);
+}
+
 DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_under_sgd),
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
-         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats))
+         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
+         T(test_augment))

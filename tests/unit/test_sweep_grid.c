@@ -11,6 +11,7 @@
 
 #include "common/util.h"
 #include "deploy/lab/sweep/grid.h"
+#include "deploy/lab/sweep/run.h"
 #include "tests/test.h"
 
 /* A scratch grid file with text; the path is static. */
@@ -289,5 +290,33 @@ static void test_huge(void)
     free(text);
 }
 
-DP_TESTS(T(test_defaults), T(test_spellings), T(test_empty_values), T(test_duplicates),
+/* The model is an axis: presets and specs (no commas in either), each
+ * run's command carrying it as one --model argument; a spec the grammar
+ * refuses is refused at load, naming the token. */
+static void test_model_axis(void)
+{
+    dp_sweep_grid_t g;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_load(&g, "cluster = sim\nmodel = resnet20, fc:128 relu fc:10 softmax\n", err), 0);
+    if (err[0]) fprintf(stderr, "    %s\n", err);
+    CHECK_EQ(g.n[DP_SWEEP_MODEL], 2);
+    CHECK_EQ(dp_sweep_grid_configs(&g), 2);
+    int pick[DP_SWEEP_N_AXES];
+    CHECK_EQ(dp_sweep_grid_pick(&g, 1, pick), 1);
+    char label[256];
+    dp_sweep_grid_label(&g, pick, label, sizeof label);
+    CHECK_STR(label, "model=fc:128 relu fc:10 softmax");
+    CHECK_EQ(dp_sweep_grid_pick(&g, 0, pick), 1);
+    dp_sweep_cmd_t cmd;
+    CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
+    int found = 0;
+    for (int i = 0; i + 1 < cmd.argc; i++)
+        found |= strcmp(cmd.argv[i], "--model") == 0 && strcmp(cmd.argv[i + 1], "resnet20") == 0;
+    CHECK(found);
+    dp_sweep_grid_fini(&g);
+    s_refused("model = resnet20, resnet21\n", "model 'resnet21'", 1);
+    s_refused("mode = sync\nmodel = conv3x3:8 frob fc:10 softmax\n", "frob", 2);
+}
+
+DP_TESTS(T(test_defaults), T(test_model_axis), T(test_spellings), T(test_empty_values), T(test_duplicates),
          T(test_bad_keys_and_values), T(test_huge))

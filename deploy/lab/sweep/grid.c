@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
 #include "kernels/optim.h"
@@ -20,7 +21,7 @@
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
     "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
-    "compress", "error-feedback", "seed",
+    "compress", "error-feedback", "model", "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -177,6 +178,16 @@ static int s_check_value(int a, const char *v, char *err)
     case DP_SWEEP_ERROR_FEEDBACK: {
         int on;
         return dp_compress_ef_parse(v, &on, err);
+    }
+    case DP_SWEEP_MODEL: {
+        /* The grammar, at an input large enough for any spec that fits a
+         * smaller one (the runs' data may be 1x28x28 or 3x32x32): a typo
+         * is refused here, a spec too deep for the data by the run. */
+        dp_model_t *m = dp_malloc(sizeof *m);
+        char e[DP_ERR_LEN];
+        int rc = dp_model_parse(m, v, 3, 224, 224, e);
+        free(m);
+        return rc == 0 ? 0 : dp_err(err, "model '%s': %s", v, e);
     }
     case DP_SWEEP_SEED: return dp_opts_parse_u64(flag, v, &u, err);
     }

@@ -44,6 +44,7 @@ typedef enum {
     DP_SWEEP_COMPUTE,     /* sim: const:MS | exp:MEAN_MS | lognormal:MU:SIGMA */
     DP_SWEEP_COMPRESS,    /* the workers' --compress: none | topk:F | sign */
     DP_SWEEP_ERROR_FEEDBACK, /* --error-feedback: on | off */
+    DP_SWEEP_MODEL,       /* --model: a spec or a preset (resnet20) */
     DP_SWEEP_SEED,
     DP_SWEEP_N_AXES
 } dp_sweep_axis_t;

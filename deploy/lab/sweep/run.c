@@ -79,6 +79,7 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
     if (s_push_opt(c, "--lr", dp_sweep_grid_value(g, pick, DP_SWEEP_LR), err) ||
         s_push_opt(c, "--momentum", dp_sweep_grid_value(g, pick, DP_SWEEP_MOMENTUM), err) ||
         s_push_opt(c, "--optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OPTIMIZER), err) ||
+        s_push_opt(c, "--model", dp_sweep_grid_value(g, pick, DP_SWEEP_MODEL), err) ||
         s_push_opt(c, "--seed", seed, err))
         return -1;
     if (g->eval_every > 0 &&

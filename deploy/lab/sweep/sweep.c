@@ -42,8 +42,10 @@ static const char s_synopsis[] =
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
 "delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
-"straggler, compute, compress, error-feedback, seed, cluster, args, eval-every,\n"
-"eval-limit, targets). Flags given on the command line replace the file's line.\n"
+"straggler, compute, compress, error-feedback, model, seed, cluster, args, eval-every,\n"
+"eval-limit, targets). Flags given on the command line replace the file's line. A\n"
+"model value is a spec or a preset (model = resnet20, fc:128 relu fc:10 softmax); a\n"
+"--model in args overrides it.\n"
 "\n";
 
 static const char s_epilog[] =
@@ -91,6 +93,8 @@ static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
                     "none, topk:FRACTION, sign (the workers' --compress)"),
         DP_FLAG_STR("error-feedback", "LIST", &f->axis[DP_SWEEP_ERROR_FEEDBACK], 0,
                     "on, off (--error-feedback)"),
+        DP_FLAG_STR("model", "LIST", &f->axis[DP_SWEEP_MODEL], 0,
+                    "model specs or presets (resnet20, 'fc:128 relu fc:10 softmax')"),
         DP_FLAG_STR("seeds", "LIST", &f->axis[DP_SWEEP_SEED], 0, "seeds (default 1)"),
         DP_FLAG_STR("args", "FLAGS", &f->args, 0, "more flags for every run, blank-separated ('--steps 200')"),
         DP_FLAG_STR("eval-every", "N", &f->every, 0, "the chief's test evaluation every N steps (default 50; 0: end only)"),
