@@ -23,6 +23,10 @@
 #    with --augment --normalize train, sync with 2 workers == standalone
 #    with ghost batches; the file records 3 means and 3 stds; downpour eval
 #    of it gives the chief's figures (it normalises the test set as trained)
+# dp-test: unsanitized
+# (Under SANITIZE=1 its training would add minutes to CI for no new code:
+# the layers run under ASan in test_kernels, test_net and test_torch_parity,
+# the state rule in test_ps_init and test_lab.)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
