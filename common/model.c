@@ -412,7 +412,7 @@ static char *s_preset(const char *name, char *err, int *bad)
 static char **s_tokens(const char *spec, char **buf, int *n)
 {
     size_t len = strlen(spec);
-    char *b = dp_malloc(2 * len + 2);
+    char *b = dp_malloc(3 * len + 1); /* each parenthesis becomes " ( ": 3 bytes of 1 */
     size_t at = 0;
     for (size_t i = 0; i < len; i++) {
         if (spec[i] == '(' || spec[i] == ')') {

@@ -64,10 +64,21 @@ static void s_check(const dp_model_t *m, const char *spec_in, int c0, int h0, in
     s_want(m->layers[m->n_layers - 1].kind == DP_LAYER_SOFTMAX, "the last layer is not softmax");
     s_want(strlen(m->spec) < sizeof m->spec && strlen(m->spec) <= strlen(spec_in),
            "canonical spec longer than the spec");
-    /* The activation chain, in exact arithmetic. */
+    /* The activation chain, in exact arithmetic, for a chain of the seed
+     * family's layers; a graph (residual blocks, batch norm, strides, the
+     * presets) keeps the checks below it: the flat vector, the canonical
+     * spec, the initialisation. */
+    int chain = 1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const dp_layer_t *l = &m->layers[i];
+        if ((l->kind != DP_LAYER_CONV && l->kind != DP_LAYER_MAXPOOL && l->kind != DP_LAYER_RELU &&
+             l->kind != DP_LAYER_FC && l->kind != DP_LAYER_SOFTMAX) ||
+            (l->kind == DP_LAYER_CONV && (l->stride != 1 || l->bias < 0)))
+            chain = 0;
+    }
     s_u128 c = (unsigned)c0, h = (unsigned)h0, w = (unsigned)w0;
     int convs = 0, fcs = 0, used = 0;
-    for (int i = 0; i < m->n_layers; i++) {
+    for (int i = 0; chain && i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
         s_want(l->index == i, "a layer's index is not its position");
         s_want(l->in_c >= 1 && l->in_h >= 1 && l->in_w >= 1, "a layer's input is empty");
@@ -137,7 +148,7 @@ static void s_check(const dp_model_t *m, const char *spec_in, int c0, int h0, in
         }
         s_want((s_u128)m->max_act >= c * h * w, "max_act below a layer's output");
     }
-    s_want(used == m->n_params, "parameters that belong to no layer");
+    s_want(!chain || used == m->n_params, "parameters that belong to no layer");
     /* The flat vector: end to end, in exact arithmetic. */
     s_u128 off = 0;
     for (int i = 0; i < m->n_params; i++) {

@@ -255,6 +255,18 @@ static void test_table(void)
     CHECK_EQ(dp_model_from_table(&m2, t, 0, err), -1);
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_table), T(test_bad_specs), T(test_error_messages),
+/* A spec of nothing but parentheses: each becomes " ( " when tokenised,
+ * three bytes of one (the fuzzer found the buffer sized for two). */
+static void test_parentheses_only(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "))))))))))))))))))))", 1, 8, 8, err), -1);
+    CHECK(err[0] != 0 && strchr(err, '\n') == NULL);
+    CHECK_EQ(dp_model_parse(&m, "((((((((((((((((((((", 1, 8, 8, err), -1);
+    CHECK(err[0] != 0);
+}
+
+DP_TESTS(T(test_default_spec_shapes), T(test_table), T(test_parentheses_only), T(test_bad_specs), T(test_error_messages),
          T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint), T(test_sizes_are_bounded))
