@@ -65,6 +65,19 @@ static const char *s_path(const char *name)
     return p[k];
 }
 
+/* A server of mode and workers that serves the --init file (written
+ * afresh, its state named in the metadata); the case adds its own flags
+ * and starts it. The file's path. */
+static const char *s_init_server(srv_t *s, dp_mode_t mode, int workers)
+{
+    char err[DP_ERR_LEN] = "";
+    const char *f = s_path("init.safetensors");
+    CHECK_EQ(s_write(f, "bn.running_mean,bn.num_batches_tracked", err), 0);
+    srv_init(s, mode, workers);
+    snprintf(s->cfg.init_path, sizeof s->cfg.init_path, "%s", f);
+    return f;
+}
+
 static void test_read_table(void)
 {
     char err[DP_ERR_LEN] = "";
@@ -163,11 +176,8 @@ static void test_shard_state_ranges(void)
 static void test_server_async(void)
 {
     char err[DP_ERR_LEN] = "";
-    const char *f = s_path("init.safetensors");
-    CHECK_EQ(s_write(f, "bn.running_mean,bn.num_batches_tracked", err), 0);
     srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 1);
-    snprintf(s.cfg.init_path, sizeof s.cfg.init_path, "%s", f);
+    const char *f = s_init_server(&s, DP_MODE_ASYNC, 1);
     snprintf(s.cfg.record, sizeof s.cfg.record, "%s", s_path("rec.jsonl"));
     CHECK_EQ(srv_start(&s), 0);
     dp_model_t m;
@@ -218,11 +228,8 @@ static void test_server_async(void)
 static void test_server_dc_keeps_state(void)
 {
     char err[DP_ERR_LEN] = "";
-    const char *f = s_path("init.safetensors");
-    CHECK_EQ(s_write(f, "bn.running_mean,bn.num_batches_tracked", err), 0);
     srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 2);
-    snprintf(s.cfg.init_path, sizeof s.cfg.init_path, "%s", f);
+    s_init_server(&s, DP_MODE_ASYNC, 2);
     s.cfg.optim.dc = DP_DC_CONST;
     s.cfg.optim.dc_lambda = 0.5f;
     CHECK_EQ(srv_start(&s), 0);
@@ -263,11 +270,8 @@ static void test_server_dc_keeps_state(void)
 static void test_server_sync_and_restore(void)
 {
     char err[DP_ERR_LEN] = "";
-    const char *f = s_path("init.safetensors");
-    CHECK_EQ(s_write(f, "bn.running_mean,bn.num_batches_tracked", err), 0);
     srv_t s;
-    srv_init(&s, DP_MODE_SYNC, 2);
-    snprintf(s.cfg.init_path, sizeof s.cfg.init_path, "%s", f);
+    s_init_server(&s, DP_MODE_SYNC, 2);
     snprintf(s.cfg.checkpoint_dir, sizeof s.cfg.checkpoint_dir, "%s", s_path("ckpt"));
     snprintf(s.cfg.run_id, sizeof s.cfg.run_id, "init-test");
     CHECK_EQ(srv_start(&s), 0);
