@@ -62,16 +62,53 @@ static void s_sparsify(float *p, size_t n, float keep)
 
 /* ---- double-precision forwards for finite differences ------------------ */
 
-/* sum(conv(in, w) + b) * r), all in double */
+/* The outputs a finite difference has to recompute: loss = sum(out * r) is
+ * linear in each input, weight and bias, and a change to one of them reaches
+ * only the outputs of its window; the others add the same terms on both sides
+ * of the difference. A window per variable keeps the double-precision loops
+ * small enough for the big cases under ASan. */
+typedef struct {
+    int n0, n1, oc0, oc1, oy0, oy1, ox0, ox1; /* [lo, hi) */
+} s_conv_window_t;
+
+static s_conv_window_t s_conv_all(const dp_conv_dims_t *d)
+{
+    return (s_conv_window_t){0, d->B, 0, d->OC, 0, d->OH, 0, d->OW};
+}
+
+/* The outputs that read input element i (a superset: rows and columns whose
+ * taps could cover it). */
+static s_conv_window_t s_conv_window_in(const dp_conv_dims_t *d, size_t i)
+{
+    int x = (int)(i % (size_t)d->W), y = (int)(i / (size_t)d->W % (size_t)d->H);
+    int n = (int)(i / ((size_t)d->W * d->H * d->C));
+    s_conv_window_t win = s_conv_all(d);
+    win.n0 = n, win.n1 = n + 1;
+    int lo_y = (y + d->pad - d->K + 1) / d->stride, lo_x = (x + d->pad - d->K + 1) / d->stride;
+    win.oy0 = lo_y > 0 ? lo_y : 0, win.ox0 = lo_x > 0 ? lo_x : 0;
+    int hi_y = (y + d->pad) / d->stride + 1, hi_x = (x + d->pad) / d->stride + 1;
+    win.oy1 = hi_y < d->OH ? hi_y : d->OH, win.ox1 = hi_x < d->OW ? hi_x : d->OW;
+    return win;
+}
+
+/* The outputs of weight i's (or bias i's) output channel. */
+static s_conv_window_t s_conv_window_oc(const dp_conv_dims_t *d, size_t i, size_t per_oc)
+{
+    s_conv_window_t win = s_conv_all(d);
+    win.oc0 = (int)(i / per_oc), win.oc1 = win.oc0 + 1;
+    return win;
+}
+
+/* sum((conv(in, w) + b) * r) over the window's outputs, all in double */
 static double s_conv_loss(const double *in, const double *w, const double *b, const float *r,
-                          const dp_conv_dims_t *d)
+                          const dp_conv_dims_t *d, s_conv_window_t win)
 {
     double loss = 0;
     int K = d->K;
-    for (int n = 0; n < d->B; n++)
-        for (int oc = 0; oc < d->OC; oc++)
-            for (int oy = 0; oy < d->OH; oy++)
-                for (int ox = 0; ox < d->OW; ox++) {
+    for (int n = win.n0; n < win.n1; n++)
+        for (int oc = win.oc0; oc < win.oc1; oc++)
+            for (int oy = win.oy0; oy < win.oy1; oy++)
+                for (int ox = win.ox0; ox < win.ox1; ox++) {
                     double acc = b[oc];
                     for (int c = 0; c < d->C; c++)
                         for (int ky = 0; ky < K; ky++)
@@ -107,19 +144,19 @@ static double *s_to_double(const float *p, size_t n)
     })
 
 /* Check grad[idx] == finite difference for `count` random indices (all when
- * count >= n); returns the number of mismatches. */
+ * count >= n); expr may use fd_i, the index being checked. */
 #define CHECK_FD(name, grad, x, n, count, expr)                                \
     do {                                                                       \
         int t_bad = 0;                                                         \
         size_t t_n = (size_t)(n), t_c = (size_t)(count);                       \
         for (size_t t_k = 0; t_k < (t_c < t_n ? t_c : t_n); t_k++) {           \
-            size_t t_i = t_c >= t_n ? t_k : dp_rng_below(&s_rng, (uint32_t)t_n); \
-            double t_fd = FD(expr, x, t_i, 1e-3);                              \
-            double t_g = (grad)[t_i];                                          \
+            size_t fd_i = t_c >= t_n ? t_k : dp_rng_below(&s_rng, (uint32_t)t_n); \
+            double t_fd = FD(expr, x, fd_i, 1e-3);                             \
+            double t_g = (grad)[fd_i];                                         \
             if (!(fabs(t_g - t_fd) <= 1e-3 + 1e-3 * fabs(t_fd))) {             \
                 if (t_bad++ < 3)                                               \
                     fprintf(stderr, "  %s[%zu]: grad %.7g, finite difference %.7g\n", name, \
-                            t_i, t_g, t_fd);                                   \
+                            fd_i, t_g, t_fd);                                  \
             }                                                                  \
         }                                                                      \
         CHECK_EQ(t_bad, 0);                                                    \
@@ -224,12 +261,19 @@ static void s_conv_backward_case(const s_conv_case_t *cc, float keep, int with_f
     CHECK_CLOSE("conv db fast vs ref", db, db_ref, d.OC, 1e-4, 1e-4);
     if (with_fd) {
         double *xin = s_to_double(in, nin), *xw = s_to_double(w, nw), *xb = s_to_double(b, d.OC);
-        CHECK_FD("conv din ref", din_ref, xin, nin, 40, s_conv_loss(xin, xw, xb, r, &d));
-        CHECK_FD("conv dw ref", dw_ref, xw, nw, 40, s_conv_loss(xin, xw, xb, r, &d));
-        CHECK_FD("conv db ref", db_ref, xb, (size_t)d.OC, d.OC, s_conv_loss(xin, xw, xb, r, &d));
-        CHECK_FD("conv din fast", din, xin, nin, 40, s_conv_loss(xin, xw, xb, r, &d));
-        CHECK_FD("conv dw fast", dw, xw, nw, 40, s_conv_loss(xin, xw, xb, r, &d));
-        CHECK_FD("conv db fast", db, xb, (size_t)d.OC, d.OC, s_conv_loss(xin, xw, xb, r, &d));
+        size_t per_oc = nw / (size_t)d.OC;
+#define LOSS_IN s_conv_loss(xin, xw, xb, r, &d, s_conv_window_in(&d, fd_i))
+#define LOSS_W s_conv_loss(xin, xw, xb, r, &d, s_conv_window_oc(&d, fd_i, per_oc))
+#define LOSS_B s_conv_loss(xin, xw, xb, r, &d, s_conv_window_oc(&d, fd_i, 1))
+        CHECK_FD("conv din ref", din_ref, xin, nin, 40, LOSS_IN);
+        CHECK_FD("conv dw ref", dw_ref, xw, nw, 40, LOSS_W);
+        CHECK_FD("conv db ref", db_ref, xb, (size_t)d.OC, d.OC, LOSS_B);
+        CHECK_FD("conv din fast", din, xin, nin, 40, LOSS_IN);
+        CHECK_FD("conv dw fast", dw, xw, nw, 40, LOSS_W);
+        CHECK_FD("conv db fast", db, xb, (size_t)d.OC, d.OC, LOSS_B);
+#undef LOSS_IN
+#undef LOSS_W
+#undef LOSS_B
         free(xin), free(xw), free(xb);
     }
     /* din == NULL: dw and db still right */
