@@ -1103,6 +1103,23 @@ static void s_teardown(s_ps_t *ps)
     free(ps->lent); /* the context ended: ZeroMQ released every frame */
 }
 
+/* Is a message waiting? Asked through ZMQ_EVENTS, which is where ZeroMQ
+ * applies the credits its I/O thread returns for the replies each peer
+ * read. A receive applies them only every 100 messages and a send at most
+ * once a millisecond or so (libzmq throttles both), so a loop that only
+ * received and sent could queue S_SNDHWM replies to a fast peer that reads
+ * every one of them and see its pipe "full": the ROUTER then drops the next
+ * reply as if the peer had stopped reading (test_ps_bounds' lockstep flood
+ * lost a heartbeat's answer that way, about once in 80 runs on 2 busy
+ * cores). */
+static int s_readable(s_ps_t *ps)
+{
+    int events = 0;
+    size_t len = sizeof events;
+    if (zmq_getsockopt(ps->sock, ZMQ_EVENTS, &events, &len) != 0) return 0;
+    return (events & ZMQ_POLLIN) != 0;
+}
+
 /* Wait up to 100 ms, then handle a bounded batch of what arrived. */
 static void s_poll_once(s_ps_t *ps)
 {
@@ -1115,7 +1132,7 @@ static void s_poll_once(s_ps_t *ps)
         nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL); /* no busy loop */
         return;
     }
-    for (int k = 0; r > 0 && k < 256 && !ps->quit; k++) {
+    for (int k = 0; r > 0 && k < 256 && !ps->quit && (k == 0 || s_readable(ps)); k++) {
         dp_wire_rx_t rx;
         char err[DP_ERR_LEN];
         if (dp_wire_recv_bounded(ps->sock, &rx, ZMQ_DONTWAIT, ps->max_msg, err) != 0) {
