@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/dropout_mask.h"
 #include "kernels/ops.h"
 
 void dp_conv_dims_finish(dp_conv_dims_t *d)
@@ -344,24 +345,10 @@ void dp_gap_backward_ref(float *din, const float *dout, int B, int C, int HW)
         for (int i = 0; i < HW; i++) din[pl * HW + i] = dout[pl] / (float)HW;
 }
 
-/* splitmix64's finaliser: a good 64-bit mix of one word. */
-static unsigned long long s_mix(unsigned long long z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 int dp_dropout_keep(unsigned long long seed, unsigned long long step, unsigned long long sample,
                     unsigned long long i, float p)
 {
-    unsigned long long h = s_mix(seed ^ 0x9e3779b97f4a7c15ULL);
-    h = s_mix(h ^ step);
-    h = s_mix(h ^ sample);
-    h = s_mix(h ^ i);
-    /* the top 24 bits as a uniform in [0, 1): exact in float */
-    float u = (float)(h >> 40) * (1.0f / 16777216.0f);
-    return u >= p;
+    return dp_dropout_mask(seed, step, sample, i, p); /* kernels/dropout_mask.h: the GPU's too */
 }
 
 void dp_dropout_forward_ref(float *out, const float *in, int B, size_t N, float p,

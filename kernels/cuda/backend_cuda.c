@@ -119,6 +119,8 @@ typedef struct {
     s_layer_t layers[DP_MAX_LAYERS];
     size_t ws_limit;                           /* cap on the cuDNN workspace */
     void *d_ws;                                /* the one workspace */
+    double *d_bn_sums;                         /* batch norm's backward: 2 C doubles per
+                                                * ghost batch, for the widest bn at max_batch */
     size_t ws_bytes;                           /* its size */
     unsigned long tick;                        /* LRU clock for plans */
 } s_cuda_t;
@@ -373,6 +375,8 @@ static void s_free_plans(s_cuda_t *cx)
     cx->n_layers = 0;
     if (cx->d_ws) cudaFree(cx->d_ws);
     cx->d_ws = NULL;
+    if (cx->d_bn_sums) cudaFree(cx->d_bn_sums);
+    cx->d_bn_sums = NULL;
     cx->ws_bytes = 0;
 }
 
@@ -433,6 +437,7 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
     s_free_plans(cx); /* a second prepare replans from scratch */
     cx->max_batch = max_batch;
     cx->n_layers = m->n_layers;
+    int bn_c = 0; /* the widest batch norm */
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
         s_layer_t *L = &cx->layers[i];
@@ -450,6 +455,7 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
                 goto fail;
             }
         }
+        if (l->kind == DP_LAYER_BN && l->in_c > bn_c) bn_c = l->in_c;
         if (l->kind != DP_LAYER_CONV) continue;
         if (l->k < 1 || l->stride < 1 || l->pad < 0) {
             dp_err(err, "%s: %s: bad conv k%d s%d p%d", cx->name, l->name, l->k, l->stride,
@@ -477,6 +483,9 @@ static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char 
         if (need > ws_need) ws_need = need;
     }
     if (s_workspace_reserve(cx, ws_need, err) < 0) goto fail;
+    if (bn_c > 0) /* a ghost batch has at least one sample: at most max_batch groups */
+        DP_CUDA_TRY(cudaMalloc((void **)&cx->d_bn_sums,
+                               (size_t)2 * bn_c * max_batch * sizeof(double)));
     dp_log_debug("%s: planned %d layers at batch %d, workspace %zu KiB", cx->name, m->n_layers,
                  max_batch, cx->ws_bytes >> 10);
     return 0;
@@ -769,6 +778,112 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward_gpu(d_dlogits, d_probs, d_labels, B, classes, cx->stream);
 }
 
+/* The residual networks' layers (resnet_gpu.cu), their semantics those of
+ * the CPU backend's (kernels/backend.h). */
+
+static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                         float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                         float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+{
+    s_cuda_t *cx = s_enter(be);
+    int C = l->in_c, HW = l->in_h * l->in_w;
+    s_layer(cx, l, DP_LAYER_BN);
+    if (!train) {
+        dp_bn_forward_eval_gpu(d_out, d_in, d_w, d_b, d_rm, d_rv, B, C, HW, l->eps, cx->stream);
+        return;
+    }
+    if (G < 1 || G > B) G = B;
+    int groups = (B + G - 1) / G;
+    long last = B - (long)(groups - 1) * G;
+    dp_bn_forward_train_gpu(d_out, d_save, d_in, d_w, d_b, B, G, C, HW, l->eps, cx->stream);
+    dp_bn_running_update_gpu(d_rm, d_rv, d_nbt, d_save, (long)G * HW, last * HW, groups, C,
+                             l->momentum, cx->stream);
+}
+
+static void s_bn_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                          const float *d_w, const float *d_save)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer(cx, l, DP_LAYER_BN);
+    if (B > cx->max_batch) {
+        fprintf(stderr, "cuda backend: %s: %s: batch %d above the %d prepared\n", cx->name,
+                l->name, B, cx->max_batch);
+        abort();
+    }
+    if (G < 1 || G > B) G = B;
+    dp_bn_backward_gpu(d_din, d_dw, d_db, d_dout, d_in, d_w, d_save, cx->d_bn_sums, B, G,
+                       l->in_c, l->in_h * l->in_w, l->eps, cx->stream);
+}
+
+static void s_shortcut_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                               const float *d_a, const float *d_src)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_shortcut_dims_t d;
+    s_layer(cx, l, DP_LAYER_ADD);
+    dp_shortcut_dims_of(&d, l, B);
+    dp_shortcut_add_forward_gpu(d_out, d_a, d_src, &d, cx->stream);
+}
+
+static void s_shortcut_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_dsrc,
+                                const float *d_dout)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_shortcut_dims_t d;
+    s_layer(cx, l, DP_LAYER_ADD);
+    dp_shortcut_dims_of(&d, l, B);
+    dp_shortcut_backward_gpu(d_dsrc, d_dout, &d, cx->stream);
+}
+
+static void s_gap_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
+                          const float *d_in)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer(cx, l, DP_LAYER_GAP);
+    dp_gap_forward_gpu(d_out, d_in, B, l->in_c, l->in_h * l->in_w, cx->stream);
+}
+
+static void s_gap_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
+                           const float *d_dout)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer(cx, l, DP_LAYER_GAP);
+    dp_gap_backward_gpu(d_din, d_dout, B, l->in_c, l->in_h * l->in_w, cx->stream);
+}
+
+static void s_dropout_forward(dp_backend_t *be, const dp_layer_t *l, int B,
+                              unsigned long long seed, unsigned long long step,
+                              unsigned long long sample0, float *d_out, const float *d_in)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer(cx, l, DP_LAYER_DROPOUT);
+    dp_dropout_gpu(d_out, d_in, B, dp_layer_out_size(l), l->p, seed, step, sample0, cx->stream);
+}
+
+static void s_dropout_backward(dp_backend_t *be, const dp_layer_t *l, int B,
+                               unsigned long long seed, unsigned long long step,
+                               unsigned long long sample0, float *d_din, const float *d_dout)
+{
+    s_cuda_t *cx = s_enter(be);
+    s_layer(cx, l, DP_LAYER_DROPOUT);
+    dp_dropout_gpu(d_din, d_dout, B, dp_layer_out_size(l), l->p, seed, step, sample0, cx->stream);
+}
+
+static void s_vec_add(dp_backend_t *be, size_t n, float *d_dst, const float *d_src)
+{
+    s_cuda_t *cx = s_enter(be);
+    dp_vec_add_gpu(d_dst, d_src, n, cx->stream);
+}
+
+/* On the compute stream, ordered with the ops around it. */
+static void s_copy(dp_backend_t *be, void *d_dst, const void *d_src, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    if (!bytes || d_dst == d_src) return;
+    DP_CUDA_CHECK(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, cx->stream));
+}
+
 static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, float *d_w,
                          const float *d_g, float *d_state, size_t n, long t)
 {
@@ -823,6 +938,16 @@ static const dp_backend_ops_t s_cuda_ops = {
     .fc_backward = s_fc_backward,
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
+    .bn_forward = s_bn_forward,
+    .bn_backward = s_bn_backward,
+    .shortcut_forward = s_shortcut_forward,
+    .shortcut_backward = s_shortcut_backward,
+    .gap_forward = s_gap_forward,
+    .gap_backward = s_gap_backward,
+    .dropout_forward = s_dropout_forward,
+    .dropout_backward = s_dropout_backward,
+    .vec_add = s_vec_add,
+    .copy = s_copy,
     .optim_step = s_optim_step,
     .destroy = s_destroy,
 };

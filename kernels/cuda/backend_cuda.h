@@ -88,6 +88,47 @@ void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const 
 void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const float *d_g,
                        float *d_state, size_t n, long t, cudaStream_t st);
 
+/* ---- the residual networks' layers (resnet_gpu.cu) --------------------- */
+
+/* Batch norm of x[B,C,HW] in training by ghost batches of G samples (the
+ * last may be shorter): each group's mean and biased variance into d_save
+ * (2 C floats a group, mean then variance), then out normalised by them.
+ * kernels/ops.h's dp_bn_forward_train per group. */
+void dp_bn_forward_train_gpu(float *d_out, float *d_save, const float *d_in, const float *d_w,
+                             const float *d_b, int B, int G, int C, int HW, float eps,
+                             cudaStream_t st);
+/* Evaluation: normalised by the running statistics. */
+void dp_bn_forward_eval_gpu(float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                            const float *d_rm, const float *d_rv, int B, int C, int HW, float eps,
+                            cudaStream_t st);
+/* dp_bn_running_update (kernels/ops.h) on the device, the same float
+ * expression. */
+void dp_bn_running_update_gpu(float *d_rm, float *d_rv, float *d_nbt, const float *d_save,
+                              long n, long n_last, int groups, int C, float momentum,
+                              cudaStream_t st);
+/* The backward of the training forward, group by group: d_dw, d_db the
+ * groups' sums added in group order; d_din may be NULL. d_sums: scratch of
+ * 2 C groups doubles. */
+void dp_bn_backward_gpu(float *d_din, float *d_dw, float *d_db, const float *d_dout,
+                        const float *d_in, const float *d_w, const float *d_save, double *d_sums,
+                        int B, int G, int C, int HW, float eps, cudaStream_t st);
+/* out = a + shortcut(in); din = shortcut^T(dout), fully written. */
+void dp_shortcut_add_forward_gpu(float *d_out, const float *d_a, const float *d_in,
+                                 const dp_shortcut_dims_t *d, cudaStream_t st);
+void dp_shortcut_backward_gpu(float *d_din, const float *d_dout, const dp_shortcut_dims_t *d,
+                              cudaStream_t st);
+/* Global average pooling and its gradient. */
+void dp_gap_forward_gpu(float *d_out, const float *d_in, int B, int C, int HW, cudaStream_t st);
+void dp_gap_backward_gpu(float *d_din, const float *d_dout, int B, int C, int HW,
+                         cudaStream_t st);
+/* Inverted dropout of x[B,N] by kernels/dropout_mask.h's mask (the
+ * backward: the same call on the gradient). */
+void dp_dropout_gpu(float *d_out, const float *d_in, int B, size_t N, float p,
+                    unsigned long long seed, unsigned long long step, unsigned long long sample0,
+                    cudaStream_t st);
+/* d_dst[0, n) += d_src[0, n). */
+void dp_vec_add_gpu(float *d_dst, const float *d_src, size_t n, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -401,12 +401,17 @@ bench_ok=1
 # fast (DP_CUDA_ALGOS=fastest: FFT / Winograd and non-deterministic ones
 # allowed, PyTorch's own default being no stricter), tf32 (TF32 tensor cores,
 # both sides)
+# A fourth field names a model (issue 21's rows: resnet20 and resnet56 at
+# batch 128 on 1x28x28, fewer steps: each is many times the default's work).
 SPECS="64:fp32:momentum 64:fp32f:momentum 64:fast:momentum 64:fp32:adam
-       256:fp32:momentum 256:fp32f:momentum 256:fast:momentum 256:tf32:momentum"
+       256:fp32:momentum 256:fp32f:momentum 256:fast:momentum 256:tf32:momentum
+       128:fp32:momentum:resnet20 128:fp32:momentum:resnet56"
 [ -n "$NODEV" ] && SPECS= bench_ok=0
 for spec in $SPECS; do
-    IFS=: read -r B math optim <<<"$spec"
+    IFS=: read -r B math optim model <<<"$spec"
     steps=$([ "$B" -ge 256 ] && echo 1500 || echo 3000)
+    margs=()
+    [ -n "$model" ] && { steps=600; margs=(--model "$model"); }
     tf=$([ "$math" = tf32 ] && echo 1 || echo 0)
     algos=$(case $math in fp32*) echo exact ;; *) echo fastest ;; esac)
     find=$([ "$math" = fp32f ] && echo 1 || echo 0)
@@ -414,7 +419,7 @@ for spec in $SPECS; do
     DP_CUDA_FIND=$find DP_CUDA_ALGOS=$algos DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" \
         --steps "$steps" --seed 1 --optimizer "$optim" --lr "$lr" --momentum 0.9 \
         --lr-schedule constant --no-progress --metrics "$WORK/bench_$spec.jsonl" \
-        "${DATA_ARGS[@]}" >"$WORK/bench_$spec.log" 2>&1
+        "${margs[@]}" "${DATA_ARGS[@]}" >"$WORK/bench_$spec.log" 2>&1
     rc=$?
     ours=$([ $rc = 0 ] && steady_rate "$WORK/bench_$spec.jsonl" "$B")
     if [ -z "$ours" ]; then
@@ -423,18 +428,19 @@ for spec in $SPECS; do
         ours=-
     fi
     # PyTorch: its defaults pick algorithms freely, so fp32 and fast share a run
-    tkey=${B}_${tf}_$optim
+    tkey=${B}_${tf}_$optim${model:+_$model}
     if [ -n "$TORCH_PY" ] && [ ! -s "$WORK/torch_$tkey.json" ]; then
         tmo 180 "$TORCH_PY" tests/gpu/torch_bench.py --batch "$B" --steps $((steps / 2)) --warmup 50 \
-            --tf32 "$tf" --optimizer "$optim" --lr "$lr" >"$WORK/torch_$tkey.json" 2>"$WORK/torch_$tkey.err"
+            --tf32 "$tf" --optimizer "$optim" --lr "$lr" "${margs[@]}" \
+            >"$WORK/torch_$tkey.json" 2>"$WORK/torch_$tkey.err"
     fi
     theirs=-
     if [ -n "$TORCH_PY" ]; then
         theirs=$(json_get "$WORK/torch_$tkey.json" images_per_s)
         [ -z "$theirs" ] && { show "$WORK/torch_$tkey.err" 8; theirs=-; }
     fi
-    echo "  batch $B $math $optim: downpour $ours img/s, torch $theirs img/s"
-    ROWS+=("$B $math $optim $ours $theirs")
+    echo "  batch $B $math $optim${model:+ $model}: downpour $ours img/s, torch $theirs img/s"
+    ROWS+=("$B $math $optim${model:+/$model} $ours $theirs")
 done
 if [ $bench_ok = 1 ]; then verdict bench PASS "$([ -n "$TORCH_PY" ] && echo "beside torch" || echo "torch not available")"; else verdict bench FAIL "${NODEV:-a timing run failed}"; fi
 

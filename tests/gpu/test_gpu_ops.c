@@ -392,6 +392,186 @@ static void s_check_xent(int B, int classes)
     s_free(d_logits), s_free(d_probs), s_free(d_dl), s_free(d_y);
 }
 
+/* A layer of the residual kinds for prepare() (only its shapes matter). */
+static dp_layer_t s_res_layer(dp_layer_kind_t kind, int C, int H, int W)
+{
+    dp_layer_t l;
+    memset(&l, 0, sizeof l);
+    l.kind = kind;
+    snprintf(l.name, sizeof l.name, "res");
+    l.in_c = l.out_c = C;
+    l.in_h = l.out_h = H;
+    l.in_w = l.out_w = W;
+    l.weight = l.bias = l.running_mean = l.running_var = l.num_batches_tracked = -1;
+    l.in0 = 0;
+    l.eps = 1e-5f;
+    l.momentum = 0.1f;
+    return l;
+}
+
+/* Batch norm of [B,C,H,W] in ghost batches of G (G = B: the batch's own),
+ * training forward with the running statistics, backward, and evaluation,
+ * against the CPU reference applied group by group as the CPU backend does. */
+static void s_check_bn(int B, int G, int C, int H, int W)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "", what[96];
+    dp_layer_t l = s_res_layer(DP_LAYER_BN, C, H, W);
+    s_model_of(&m, &l);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, B, err), 0);
+    int HW = H * W, groups = (B + G - 1) / G;
+    size_t n = (size_t)B * C * HW;
+    float *in = s_rand(n, 2), *w = s_rand(C, 1), *b = s_rand(C, 1), *dout = s_rand(n, 1);
+    for (size_t i = 0; i < n; i++) in[i] += 0.5f; /* a mean away from 0 */
+    float *rm = s_rand(C, 0.1f), *rv = dp_malloc(C * 4), nbt = 3.0f;
+    for (int c = 0; c < C; c++) rv[c] = 1.0f + 0.5f * (float)c / C;
+    float *out = dp_malloc(n * 4), *din = dp_malloc(n * 4), *save = dp_malloc((size_t)8 * C * groups);
+    float *dw = dp_calloc(C, 4), *db = dp_calloc(C, 4), *pw = dp_malloc(C * 4), *pb = dp_malloc(C * 4);
+    float *d_in = s_up(in, n * 4), *d_w = s_up(w, C * 4), *d_b = s_up(b, C * 4);
+    float *d_dout = s_up(dout, n * 4), *d_rm = s_up(rm, C * 4), *d_rv = s_up(rv, C * 4);
+    float *d_nbt = s_up(&nbt, 4), *d_out = s_be->ops->alloc(s_be, n * 4);
+    float *d_din = s_be->ops->alloc(s_be, n * 4);
+    float *d_save = s_be->ops->alloc(s_be, (size_t)8 * C * groups);
+    float *d_dw = s_be->ops->alloc(s_be, C * 4), *d_db = s_be->ops->alloc(s_be, C * 4);
+    /* the reference, group by group */
+    for (int g = 0; g < groups; g++) {
+        int n0 = g * G, nb = B - n0 < G ? B - n0 : G;
+        size_t at = (size_t)n0 * C * HW;
+        float *sv = save + (size_t)2 * C * g;
+        dp_bn_forward_train_ref(out + at, sv, sv + C, in + at, w, b, nb, C, HW, l.eps);
+        dp_bn_backward_ref(din + at, pw, pb, dout + at, in + at, w, sv, sv + C, nb, C, HW, l.eps);
+        for (int c = 0; c < C; c++) dw[c] += pw[c], db[c] += pb[c];
+    }
+    int last = B - (groups - 1) * G;
+    float nbt_ref = nbt;
+    dp_bn_running_update(rm, rv, &nbt_ref, save, (long)G * HW, (long)last * HW, groups, C,
+                         l.momentum);
+    s_be->ops->bn_forward(s_be, &m.layers[0], B, G, 1, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt,
+                          d_save);
+    float *g = s_down(d_out, n);
+    snprintf(what, sizeof what, "bn B%d G%d C%d %dx%d out", B, G, C, H, W);
+    GPU_CLOSE(what, g, out, n, 1e-5, 1e-4);
+    free(g);
+    g = s_down(d_rm, C);
+    GPU_CLOSE("bn running_mean", g, rm, C, 1e-6, 1e-5);
+    free(g);
+    g = s_down(d_rv, C);
+    GPU_CLOSE("bn running_var", g, rv, C, 1e-6, 1e-5);
+    free(g);
+    float gn = 0;
+    s_be->ops->download(s_be, &gn, d_nbt, 4);
+    CHECK_EQ(gn, nbt_ref);
+    s_be->ops->bn_backward(s_be, &m.layers[0], B, G, d_din, d_dw, d_db, d_dout, d_in, d_w, d_save);
+    g = s_down(d_din, n);
+    snprintf(what, sizeof what, "bn B%d G%d C%d %dx%d din", B, G, C, H, W);
+    GPU_CLOSE(what, g, din, n, 1e-5, 1e-4);
+    free(g);
+    g = s_down(d_dw, C);
+    GPU_CLOSE("bn dw", g, dw, C, s_atol((double)B * HW), s_rtol());
+    free(g);
+    g = s_down(d_db, C);
+    GPU_CLOSE("bn db", g, db, C, s_atol((double)B * HW), s_rtol());
+    free(g);
+    /* evaluation by the running statistics the training step left */
+    dp_bn_forward_eval_ref(out, in, w, b, rm, rv, B, C, HW, l.eps);
+    s_be->ops->bn_forward(s_be, &m.layers[0], B, G, 0, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt,
+                          d_save);
+    g = s_down(d_out, n);
+    snprintf(what, sizeof what, "bn B%d C%d eval out", B, C);
+    GPU_CLOSE(what, g, out, n, 1e-5, 1e-4);
+    free(g);
+    free(in), free(w), free(b), free(dout), free(rm), free(rv), free(out), free(din), free(save);
+    free(dw), free(db), free(pw), free(pb);
+    s_free(d_in), s_free(d_w), s_free(d_b), s_free(d_dout), s_free(d_rm), s_free(d_rv);
+    s_free(d_nbt), s_free(d_out), s_free(d_din), s_free(d_save), s_free(d_dw), s_free(d_db);
+}
+
+/* The end of a residual block: identity (stride 1, OC = C) or option A
+ * (stride 2, channels zero-padded), odd sides. Exact: one add, one copy. */
+static void s_check_shortcut(int B, int C, int H, int W, int OC, int stride)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "", what[96];
+    dp_shortcut_dims_t d = {.B = B, .C = C, .H = H, .W = W, .OC = OC, .stride = stride};
+    dp_shortcut_dims_finish(&d);
+    dp_layer_t l = s_res_layer(DP_LAYER_ADD, OC, d.OH, d.OW);
+    l.src_c = C, l.src_h = H, l.src_w = W, l.stride = stride;
+    s_model_of(&m, &l);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, B, err), 0);
+    size_t nin = (size_t)B * C * H * W, nout = (size_t)B * OC * d.OH * d.OW;
+    float *src = s_rand(nin, 1), *a = s_rand(nout, 1), *dout = s_rand(nout, 1);
+    float *out = dp_malloc(nout * 4), *din = dp_malloc(nin * 4), *junk = s_rand(nin, 100);
+    float *d_src = s_up(src, nin * 4), *d_a = s_up(a, nout * 4), *d_dout = s_up(dout, nout * 4);
+    float *d_din = s_up(junk, nin * 4);
+    dp_shortcut_add_forward_ref(out, a, src, &d);
+    s_be->ops->shortcut_forward(s_be, &m.layers[0], B, d_a, d_a, d_src); /* in place on a */
+    float *g = s_down(d_a, nout);
+    snprintf(what, sizeof what, "shortcut %d->%d s%d %dx%d out", C, OC, stride, H, W);
+    GPU_CLOSE(what, g, out, nout, 0, 0);
+    free(g);
+    dp_shortcut_backward_ref(din, dout, &d);
+    s_be->ops->shortcut_backward(s_be, &m.layers[0], B, d_din, d_dout);
+    g = s_down(d_din, nin);
+    snprintf(what, sizeof what, "shortcut %d->%d s%d %dx%d din", C, OC, stride, H, W);
+    GPU_CLOSE(what, g, din, nin, 0, 0); /* fully written: no junk left */
+    free(g);
+    free(src), free(a), free(dout), free(out), free(din), free(junk);
+    s_free(d_src), s_free(d_a), s_free(d_dout), s_free(d_din);
+}
+
+static void s_check_gap_dropout(int B, int C, int H, int W, float p)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "", what[96];
+    dp_layer_t l = s_res_layer(DP_LAYER_GAP, C, H, W);
+    l.out_h = l.out_w = 1;
+    s_model_of(&m, &l);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, B, err), 0);
+    int HW = H * W;
+    size_t n = (size_t)B * C * HW, np = (size_t)B * C;
+    float *in = s_rand(n, 1), *dout = s_rand(np, 1), *out = dp_malloc(np * 4), *din = dp_malloc(n * 4);
+    float *d_in = s_up(in, n * 4), *d_dout = s_up(dout, np * 4);
+    float *d_out = s_be->ops->alloc(s_be, np * 4), *d_din = s_be->ops->alloc(s_be, n * 4);
+    dp_gap_forward_ref(out, in, B, C, HW);
+    s_be->ops->gap_forward(s_be, &m.layers[0], B, d_out, d_in);
+    float *g = s_down(d_out, np);
+    snprintf(what, sizeof what, "gap %dx%d B%d out", H, W, B);
+    GPU_CLOSE(what, g, out, np, 1e-6, 1e-6);
+    free(g);
+    dp_gap_backward_ref(din, dout, B, C, HW);
+    s_be->ops->gap_backward(s_be, &m.layers[0], B, d_din, d_dout);
+    g = s_down(d_din, n);
+    GPU_CLOSE("gap din", g, din, n, 0, 0);
+    free(g);
+    /* dropout on [B, C*HW]: the same mask (one hash, kernels/dropout_mask.h),
+     * so the same bits */
+    l = s_res_layer(DP_LAYER_DROPOUT, C, H, W);
+    l.p = p;
+    s_model_of(&m, &l);
+    CHECK_EQ(s_be->ops->prepare(s_be, &m, B, err), 0);
+    float *d_out2 = s_be->ops->alloc(s_be, n * 4), *out2 = dp_malloc(n * 4);
+    dp_dropout_forward_ref(out2, in, B, (size_t)C * HW, p, 7, 11, 3);
+    s_be->ops->dropout_forward(s_be, &m.layers[0], B, 7, 11, 3, d_out2, d_in);
+    g = s_down(d_out2, n);
+    snprintf(what, sizeof what, "dropout p%.2f B%d out", p, B);
+    GPU_CLOSE(what, g, out2, n, 0, 0);
+    free(g);
+    dp_dropout_backward_ref(out2, in, B, (size_t)C * HW, p, 7, 11, 3);
+    s_be->ops->dropout_backward(s_be, &m.layers[0], B, 7, 11, 3, d_out2, d_in);
+    g = s_down(d_out2, n);
+    GPU_CLOSE("dropout din", g, out2, n, 0, 0);
+    free(g);
+    /* vec_add and copy, the graph's fan-out */
+    for (size_t i = 0; i < n; i++) out2[i] = in[i] + in[i];
+    s_be->ops->copy(s_be, d_out2, d_in, n * 4);
+    s_be->ops->vec_add(s_be, n, d_out2, d_in);
+    g = s_down(d_out2, n);
+    GPU_CLOSE("copy + vec_add", g, out2, n, 0, 0);
+    free(g);
+    free(in), free(dout), free(out), free(din), free(out2);
+    s_free(d_in), s_free(d_dout), s_free(d_out), s_free(d_din), s_free(d_out2);
+}
+
 /* ---- tests -------------------------------------------------------------- */
 
 /* Without a device: opening must fail with one clear line, then skip. */
@@ -576,17 +756,18 @@ static void test_gpu_copies(void)
 /* A whole training step of the default network through the executor on the
  * GPU (staged batch, gradients copied to the host layer by layer as the
  * backward pass goes) against the same step on the cpu backend. */
-static void test_gpu_net_step(void)
+static void s_net_step(const char *spec, int ghost)
 {
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
     const int B = 64;
-    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    CHECK_EQ(dp_model_parse(&m, spec, 1, 28, 28, err), 0);
     dp_backend_t *cpu = NULL;
     dp_backend_cpu_new(&cpu, NULL);
     dp_net_t gn, cn;
     CHECK_EQ(dp_net_init(&gn, &m, s_be, B, err), 0);
     CHECK_EQ(dp_net_init(&cn, &m, cpu, B, err), 0);
+    gn.ghost = cn.ghost = ghost;
     size_t nf = m.n_floats, in = (size_t)B * 28 * 28;
     float *params = dp_malloc(nf * 4), *cg = dp_malloc(nf * 4);
     float *gg = s_be->ops->host_alloc(s_be, nf * 4);
@@ -620,6 +801,36 @@ static void test_gpu_net_step(void)
     dp_net_fini(&gn);
     dp_net_fini(&cn);
     dp_backend_destroy(&cpu);
+}
+
+static void test_gpu_net_step(void) { s_net_step(DP_MODEL_DEFAULT_SPEC, 0); }
+
+/* resnet8 (batch norm, option-A shortcuts, global pooling) and a spec with
+ * an option-B shortcut and dropout, through the executor's graph, with
+ * ghost batches of 16: every gradient (the running statistics' slots too)
+ * against the cpu backend's step. */
+static void test_gpu_resnet_step(void)
+{
+    s_net_step("resnet8", 16);
+    s_net_step("conv3x3:8 bn relu res:b(conv3x3:16:s2 bn relu conv3x3:16 bn) relu gap "
+               "dropout:0.25 fc:10 softmax",
+               0);
+}
+
+/* The residual networks' layers on awkward shapes: batch norm 2-D and 1-D,
+ * with ghost batches (the last one short) and without; shortcuts identity
+ * and option A on odd sides; global average pooling; dropout. */
+static void test_gpu_resnet_ops(void)
+{
+    s_check_bn(7, 7, 5, 13, 11);
+    s_check_bn(7, 3, 5, 13, 11); /* groups of 3, 3 and 1 */
+    s_check_bn(5, 5, 37, 1, 1);  /* after an fc layer */
+    s_check_bn(64, 16, 16, 8, 8);
+    s_check_shortcut(3, 5, 13, 11, 5, 1);
+    s_check_shortcut(3, 4, 13, 11, 8, 2);
+    s_check_shortcut(2, 16, 8, 8, 32, 2);
+    s_check_gap_dropout(3, 5, 13, 11, 0.3f);
+    s_check_gap_dropout(64, 64, 7, 7, 0.5f);
 }
 
 /* The default model's layers at batch 64, each on its own random inputs. */
@@ -686,7 +897,7 @@ int main(int argc, char **argv)
         T(test_gpu_device),      T(test_gpu_conv),         T(test_gpu_maxpool),
         T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_softmax_xent),
         T(test_gpu_optim_step),  T(test_gpu_copies),       T(test_gpu_default_model_b64),
-        T(test_gpu_net_step),
+        T(test_gpu_net_step),    T(test_gpu_resnet_ops),   T(test_gpu_resnet_step),
     };
     static const t_test_t none[] = {T(test_gpu_device)};
     dp_log_init("test_gpu_ops");

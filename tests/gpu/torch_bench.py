@@ -3,7 +3,8 @@
 the yardstick tests/gpu/run.sh sets our CUDA backend against.
 
 Same architecture as DP_MODEL_DEFAULT_SPEC ("conv5x5:32 relu maxpool2
-conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax", 1x28x28 inputs), SGD with
+conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax", 1x28x28 inputs), or
+--model's spec or preset (resnet20, resnet56: tests/torch_net.py), SGD with
 momentum (or Adam with --optimizer adam), cross-entropy. The step does what the standalone worker does: copy
 a host batch (pinned) to the GPU, forward, loss, backward, update, and read
 the loss back to the host (one sync per step). Synthetic data: throughput does
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--optimizer", choices=("momentum", "adam"), default="momentum")
+    ap.add_argument("--model", default=None,
+                    help="a Downpour spec or preset (resnet20, ...); default: the default network")
     args = ap.parse_args()
 
     import torch
@@ -50,7 +53,7 @@ def main():
     dev = torch.device(args.device)
     torch.manual_seed(1)
 
-    net = build_module(DEFAULT_SPEC, (1, 28, 28)).to(dev)
+    net = build_module(args.model or DEFAULT_SPEC, (1, 28, 28)).to(dev)
     if args.optimizer == "adam":
         # foreach, not fused: the plain multi-tensor path, as most scripts get it
         opt = torch.optim.Adam(net.parameters(), lr=args.lr)
@@ -89,6 +92,7 @@ def main():
         "optimizer": args.optimizer,
         "device": torch.cuda.get_device_name(dev),
         "torch": torch.__version__,
+        "model": args.model or "default",
         "last_loss": round(last, 5),
     }))
     return 0
