@@ -47,6 +47,8 @@
 # BENCH_SERVER=0 to leave out the server rows (bench_optim, downpour bench wire),
 # BENCH_PYCLIENT=0 to leave out tests/bench/py_client.py (pull + push of the
 # default model from Python, downpour.torch and NumPy, against the C client),
+# BENCH_DDP=0 to leave out tests/bench/ddp.sh (2 workers, sync and async,
+# against PyTorch DDP over gloo; its knobs are in that file),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
 # standalone, --overlap on and off; its own knobs are in that file),
 # BENCH_RESNET=0 to leave out the resnet20 rows, BENCH_RESNET_SHAPES
@@ -389,4 +391,10 @@ fi
 if [ "${BENCH_OVERLAP:-1}" = 1 ]; then
     echo
     BUILD=$BUILD BENCH_OUT=$OUT tests/bench/overlap.sh
+fi
+
+# Two workers against PyTorch DDP (gloo) on the same cores, sync and async.
+if [ "${BENCH_DDP:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
+    echo
+    BUILD=$BUILD BENCH_OUT=$OUT PY=$PY tests/bench/ddp.sh
 fi
