@@ -315,6 +315,23 @@ typedef struct {
     int sparse;              /* the sparse backward may run (SIMD kernels, CKK >= 64) */
 } s_bw_t;
 
+/* More than `limit` non-zeros in g[0, n)? Counted in blocks, stopping as
+ * soon as the answer is yes: a dense gradient (behind a batch norm, as in
+ * every residual block) is given up after a fraction of one read, before
+ * s_nz_build writes its lists (building them for every image of resnet20's
+ * dense gradients and throwing them away was 13 % of its step). The same
+ * count as s_nz_build's, so the same choice. */
+static int s_nz_exceeds(const float *g, size_t n, double limit)
+{
+    size_t k = 0;
+    for (size_t at = 0; at < n; at += 1024) {
+        size_t end = n - at < 1024 ? n : at + 1024;
+        for (size_t i = at; i < end; i++) k += g[i] != 0.0f;
+        if ((double)k > limit) return 1;
+    }
+    return 0;
+}
+
 /* The sparse backward of one image when its dout is sparse enough; returns 0
  * (nothing done) otherwise. */
 static int s_sparse_image(const s_bw_t *c, float *din_b, float *dwq, const float *g,
@@ -324,6 +341,7 @@ static int s_sparse_image(const s_bw_t *c, float *din_b, float *dwq, const float
     const s_bw_layout_t *L = c->L;
     int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
     float *col = sc, *dcol = col + L->col, *pin = dcol + L->dcol + 2 * L->dw + L->db;
+    if (s_nz_exceeds(g, (size_t)OC * P, s_sparse_max * OC * P)) return 0;
     s_nz_t z;
     z.ocs = (int *)(pin + L->pad);
     z.ocn = z.ocs + OC;
