@@ -32,7 +32,10 @@ PKGS    := libzmq libprotobuf-c openblas zlib libcjson libisal
 
 DP_CFLAGS := -std=c11 -Wall -Wextra -O2 -g -MMD -MP -D_GNU_SOURCE -fopenmp -I. -I$(BUILD)/gen
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# openblas: its header only. The kernels dlopen libopenblas.so.0 in main, with
+# its core pinned per ISA path (kernels/cpu/blas.h): linked, it would pick its
+# kernels from the CPU model before main.
+PKG_LIBS   := $(shell pkg-config --libs $(filter-out openblas,$(PKGS)) 2>/dev/null)
 ALL_CFLAGS  = $(DP_CFLAGS) $(SAN_FLAGS) $(PKG_CFLAGS) $(CFLAGS)
 LDLIBS_ALL  = $(SAN_FLAGS) $(PKG_LIBS) -fopenmp -lm -lpthread $(LDFLAGS)
 
@@ -376,6 +379,9 @@ bench-scale: deps-bench
 # dpkg-shlibdeps finds the binaries link (a CUDA build's CUDA libraries come
 # from NVIDIA, not Debian: they are left out of Depends, and the machine or
 # image must have them, as deploy/k8s/Dockerfile's gpu target does).
+# DEB_DLOPEN: what the binaries dlopen, which dpkg-shlibdeps cannot see
+# (OpenBLAS: kernels/cpu/blas.h).
+DEB_DLOPEN := libopenblas0
 PREFIX  ?= /usr/local
 BINDIR  ?= $(PREFIX)/bin
 MANDIR  ?= $(PREFIX)/share/man
@@ -460,7 +466,7 @@ deb: all
 	printf 'Source: downpour\n\nPackage: downpour\nArchitecture: any\n' >$(DEB_DIR)/debian/control
 	cd $(DEB_DIR) && dpkg-shlibdeps $(if $(HAVE_CUDA),--ignore-missing-info) -O root/usr/bin/* \
 	    root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO)) \
-	    | sed -n 's/^shlibs:Depends=//p' | tr ',' '\n' | sed 's/^ *//' \
+	    | sed -n 's/^shlibs:Depends=\(.*\)/\1, $(DEB_DLOPEN)/p' | tr ',' '\n' | sed 's/^ *//' \
 	    | grep -Ev '^(libcudnn|libcublas|libcudart|cuda-|libnvidia|nvidia)' | paste -sd, | sed 's/,/, /g' >depends
 	@test -s $(DEB_DIR)/depends || { echo "deb: dpkg-shlibdeps found no dependencies"; exit 1; }
 	{ sed -e 's|@VERSION@|$(DP_VERSION)|' -e 's|@ARCH@|$(DEB_ARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \

@@ -2,6 +2,7 @@
 #include "kernels/env.h"
 
 #include "common/opts.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/isa.h"
 
 int dp_cuda_knobs(dp_cuda_knobs_t *k, char *err)
@@ -22,5 +23,7 @@ int dp_kernels_env(char *err)
     dp_cuda_knobs_t cuda;
     if (dp_cpu_isa_init(err) != 0 || dp_conv_env(err) != 0 || dp_cuda_knobs(&cuda, err) != 0)
         return -1;
+    /* after the path is chosen: it decides OpenBLAS's core (kernels/cpu/blas.h) */
+    if (dp_cpu_blas_init(dp_cpu_isa(), err) != 0) return -1;
     return 0;
 }

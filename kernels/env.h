@@ -4,6 +4,8 @@
  *   DP_CPU_ISA            avx512|avx2|generic: force a CPU path (kernels/cpu/isa.h)
  *   DP_CONV_SPARSE_MAX    [0, 1]: the sparse convolution backward's non-zero
  *                         fraction (kernels/cpu/conv.c; default 0.4)
+ * then loads OpenBLAS with the chosen path's core (kernels/cpu/blas.h: sets
+ * OPENBLAS_CORETYPE for the load and puts the user's back).
  *   DP_CUDA_TF32, DP_CUDA_FIND, DP_CUDA_ALGOS, DP_CUDA_WORKSPACE_MB
  *                         the CUDA backend's (dp_cuda_knobs below), checked
  *                         in every build so a script's typo shows anywhere

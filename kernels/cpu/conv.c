@@ -22,7 +22,6 @@
  * DP_CONV_SPARSE_MAX (environment, default 0.4): the largest non-zero
  * fraction of an image's dout that takes the sparse backward; 0 turns it
  * off (for measuring). */
-#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +29,7 @@
 #include "common/opts.h"
 #include "kernels/env.h"
 #include "kernels/ops.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/isa.h"
 
@@ -394,15 +394,12 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
         s_im2col_any(col, P, pin, src, d, c->k);
         cm = col;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f,
-                dwp, CKK);
+    dp_cpu_blas_sgemm(0, 1, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f, dwp, CKK);
     if (!din_b) return;
     if (c->point) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, c->w, CKK, g, P,
-                    0.0f, din_b, P);
+        dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, din_b, P);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CKK, P, OC, 1.0f, c->w, CKK, g, P,
-                    0.0f, dcol, P);
+        dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, dcol, P);
         s_col2im_any(din_b, dcol, P, pin, d, c->k);
     }
 }
@@ -512,8 +509,7 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
                 float *o = dst + (size_t)oc * P;
                 for (int p = 0; p < P; p++) o[p] = bv;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, P, CKK, 1.0f, w, CKK, cm,
-                        P, 1.0f, dst, P);
+            dp_cpu_blas_sgemm(0, 0, OC, P, CKK, 1.0f, w, CKK, cm, P, 1.0f, dst, P);
         }
     }
 }

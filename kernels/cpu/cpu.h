@@ -3,7 +3,7 @@
  * a GEMM that splits across our OpenMP threads.
  *
  * Threading model: all parallelism is ours (OpenMP, dp_cpu_threads()
- * threads); OpenBLAS is set to one thread the first time a kernel runs, and
+ * threads); OpenBLAS is set to one thread when it is loaded (blas.h), and
  * every sgemm call runs on the calling thread. Two thread pools on two
  * cores, each spinning while the other works, is what this avoids. */
 #ifndef DP_CPU_H
@@ -14,8 +14,7 @@
 #include "kernels/ops.h"
 
 /* Threads to use for work of `work` multiply-adds (1 below a threshold, so
- * tiny ops don't pay for waking the team). Also makes OpenBLAS single-threaded
- * on first call. */
+ * tiny ops don't pay for waking the team). */
 int dp_cpu_team(double work);
 
 /* Scratch of at least `floats` floats for the calling thread, 64-byte

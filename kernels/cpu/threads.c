@@ -1,26 +1,18 @@
 /* threads: how many threads the fast CPU kernels use, per-thread scratch,
  * and a row/column-split GEMM over those threads (see cpu.h for why OpenBLAS
  * itself runs single-threaded). */
-#include <cblas.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 
 #include "common/util.h"
 #include "kernels/ops.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu.h"
 
-static int s_threads;                 /* 0 until set or first asked: then all cores */
-static pthread_once_t s_blas_once = PTHREAD_ONCE_INIT;
-
-static void s_blas_single(void)
-{
-    openblas_set_num_threads(1);
-}
+static int s_threads; /* 0 until set or first asked: then all cores */
 
 void dp_cpu_set_threads(int n)
 {
-    pthread_once(&s_blas_once, s_blas_single);
     s_threads = n >= 1 ? n : omp_get_num_procs();
 }
 
@@ -32,7 +24,6 @@ int dp_cpu_threads(void)
 
 int dp_cpu_team(double work)
 {
-    pthread_once(&s_blas_once, s_blas_single);
     int n = dp_cpu_threads();
     /* Below ~50k multiply-adds waking a second thread costs more than it saves. */
     if (work < 5e4) return 1;
@@ -57,11 +48,9 @@ float *dp_cpu_scratch(size_t floats)
 void dp_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    enum CBLAS_TRANSPOSE ta = transa ? CblasTrans : CblasNoTrans;
-    enum CBLAS_TRANSPOSE tb = transb ? CblasTrans : CblasNoTrans;
     int nt = dp_cpu_team((double)M * N * K);
     if (nt <= 1 || (M < 32 && N < 32)) {
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        dp_cpu_blas_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     /* Split the larger side of C in multiples of 16 (kernel-friendly). */
@@ -75,11 +64,11 @@ void dp_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, cons
         if (lo < hi) {
             if (split_n) {
                 const float *Bp = transb ? B + (size_t)lo * ldb : B + lo;
-                cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, A, lda, Bp, ldb, beta,
+                dp_cpu_blas_sgemm(transa, transb, M, hi - lo, K, alpha, A, lda, Bp, ldb, beta,
                             C + lo, ldc);
             } else {
                 const float *Ap = transa ? A + lo : A + (size_t)lo * lda;
-                cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha, Ap, lda, B, ldb, beta,
+                dp_cpu_blas_sgemm(transa, transb, hi - lo, N, K, alpha, Ap, lda, B, ldb, beta,
                             C + (size_t)lo * ldc, ldc);
             }
         }

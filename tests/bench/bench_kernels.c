@@ -5,7 +5,8 @@
  *
  *   bench_kernels [-b 32,64,128] [-t 1,2] [-s SECONDS] [-m SPEC]
  *
- * Measure with and without OPENBLAS_CORETYPE (unset it in the command only).
+ * OpenBLAS runs the core DP_CPU_ISA's path pins (kernels/cpu/blas.h), printed
+ * first; OPENBLAS_CORETYPE does not change it.
  * A chain of the seed network's kinds only: residual networks (bn, add,
  * gap, dropout, the graph) are timed per layer by `bench_train -l -m
  * resnet20`, through the real executor (worker/net.h's t_layer). */
@@ -18,6 +19,8 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/ops.h"
 #include "common/opts.h"
 #include "kernels/env.h"
@@ -200,8 +203,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("OPENBLAS_CORETYPE=%s\n", ct ? ct : "(unset)");
+    printf("path %s, OpenBLAS core %s\n", dp_cpu_isa_name(dp_cpu_isa()), dp_cpu_blas_core());
     dp_model_t m;
     dp_model_parse(&m, spec, 1, 28, 28, NULL);
     double flop = dp_model_forward_macs(&m) * 2 * 3;

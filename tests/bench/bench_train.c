@@ -29,7 +29,6 @@
  * The kernels take the path DP_CPU_ISA names (default: the best).
  * Invariant: nothing here changes the model or the kernels; the step is the
  * standalone trainer's (worker/train.c), minus its data thread. */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -40,6 +39,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/ops.h"
 #include "worker/net.h"
@@ -180,7 +180,6 @@ static int s_bench_batch(const dp_model_t *m, int T, int B, double secs, int sam
 static void s_bench_sgemm(int T, double secs, int samples)
 {
     enum { N = 1024 };
-    openblas_set_num_threads(1);
     for (int s = 0; s < samples; s++) {
         long calls = 0;
         double dt = 0;
@@ -194,13 +193,12 @@ static void s_bench_sgemm(int T, double secs, int samples)
                 b[i] = (float)(i % 5) * 0.1f;
                 c[i] = 0;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N,
-                        0.0f, c, N); /* warm-up: pages, OpenBLAS buffers */
+            /* warm-up: pages, OpenBLAS buffers */
+            dp_cpu_blas_sgemm(0, 0, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
 #pragma omp barrier
             double t0 = dp_now();
             do {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N,
-                            0.0f, c, N);
+                dp_cpu_blas_sgemm(0, 0, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
                 calls++;
             } while (dp_now() - t0 < secs);
 #pragma omp barrier

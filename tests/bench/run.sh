@@ -28,6 +28,7 @@
 #                                ONEDNN_MAX_CPU_ISA=AVX2
 #   generic  DP_CPU_ISA=generic  ATEN_CPU_CAPABILITY=default,             OPENBLAS_CORETYPE=Prescott
 #                                ONEDNN_MAX_CPU_ISA=SSE41
+# Downpour pins those cores itself (kernels/cpu/blas.h); for PyTorch's side
 # OPENBLAS_CORETYPE is set per row on x86 (overriding the environment's, and
 # left as the environment has it elsewhere) because OpenBLAS 0.3.21 misdetects
 # some CPUs (it takes a Sapphire Rapids VM for a Prescott: sgemm at a fifth of

@@ -3,8 +3,9 @@
 #  - make install with PREFIX and DESTDIR: everything lands under
 #    DESTDIR/PREFIX, and the units name PREFIX's binaries (not DESTDIR's);
 #  - make deb: the control fields; Depends is exactly the packages that own
-#    the libraries the binaries link directly (readelf NEEDED, dpkg -S), CUDA
-#    ones left out; apt-get resolves it (--simulate: nothing is installed);
+#    the libraries the binaries link directly (readelf NEEDED, dpkg -S) or
+#    dlopen (OpenBLAS, kernels/cpu/blas.h), CUDA ones left out; apt-get
+#    resolves it (--simulate: nothing is installed);
 #  - the package unpacked into a scratch root (dpkg -x): every library is
 #    found, the man pages read, the units name /usr/bin, and `downpour local`
 #    from it runs a short job with the installed downpour-ps and
@@ -113,6 +114,8 @@ for b in downpour downpour-ps downpour-worker; do
         needed+=("${pkg:-?$so}")
     done
 done
+# ... and what the kernels dlopen in main (kernels/cpu/blas.h: OpenBLAS).
+needed+=("$(owner "$(ldconfig -p | awk '$1 == "libopenblas.so.0" { print $NF; exit }')")")
 mapfile -t needed < <(printf '%s\n' "${needed[@]}" | sort -u)
 mapfile -t depends < <(field Depends | tr ',' '\n' | sed 's/ *(.*//; s/^ *//' | sort -u)
 echo "linked: ${needed[*]}"
