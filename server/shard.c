@@ -194,11 +194,18 @@ dp_snap_t *dp_snap_new(size_t n)
     return b;
 }
 
-/* One step's work: dst = step(src) by g, or in place when dst == src. */
+/* One step's work: dst = step(src) by g, or in place when dst == src. A
+ * sync step's g is acc, the sum of R gradients: each block of it is made
+ * the mean (times scale) just before it is stepped and cleared for the
+ * next version just after, while it is in cache and on every thread of the
+ * sweep, instead of two more passes over the range on the loop's thread
+ * alone (the same float operations per element: the same bits). */
 typedef struct {
     dp_shard_t *s;
     float *dst;
     const float *src, *g;
+    float *acc;            /* g itself when it is sync's sum (scaled, then cleared); else NULL */
+    float scale;           /* acc's 1 / R */
     float lr;
     long t;
 } s_step_job_t;
@@ -219,18 +226,17 @@ static void s_step_part(void *arg, int k, int nk)
     dp_shard_t *s = j->s;
     size_t lo, hi;
     if (!dp_shard_part(s, k, nk, &lo, &hi)) return;
-    if (j->dst == j->src) {
-        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, lo, hi, j->t);
-    } else {
-        for (size_t at = lo; at < hi; at += S_BLOCK) {
-            size_t end = hi - at < S_BLOCK ? hi : at + S_BLOCK;
-            memcpy(j->dst + at, j->src + at, (end - at) * sizeof(float));
-            dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
-        }
+    for (size_t at = lo; at < hi; at += S_BLOCK) {
+        size_t end = hi - at < S_BLOCK ? hi : at + S_BLOCK;
+        if (j->acc)
+            for (size_t i = at; i < end; i++) j->acc[i] *= j->scale;
+        if (j->dst != j->src) memcpy(j->dst + at, j->src + at, (end - at) * sizeof(float));
+        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
+        /* state that is not a gradient takes the pushed value (the mean in
+         * sync) instead of the step: the one rule every optimizer step follows */
+        dp_model_copy_state(&s->model, s->lo, s->lo + at, s->lo + end, j->dst, j->g);
+        if (j->acc) memset(j->acc + at, 0, (end - at) * sizeof(float));
     }
-    /* state that is not a gradient takes the pushed value (the mean in
-     * sync) instead of the step: the one rule every optimizer step follows */
-    dp_model_copy_state(&s->model, s->lo, s->lo + lo, s->lo + hi, j->dst, j->g);
 }
 
 /* A buffer for the next version when the live one is held elsewhere: the
@@ -353,9 +359,11 @@ int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, 
     return -1;
 }
 
-static void s_step_by(dp_shard_t *s, const float *g, float lr)
+/* A step by g at lr; acc (sync: g is acc) is made the mean by scale and
+ * cleared on the way (s_step_job_t). */
+static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, float lr)
 {
-    s_step_job_t j = {s, s->w, s->w, g, lr, (long)s->version + 1};
+    s_step_job_t j = {s, s->w, s->w, g, acc, scale, lr, (long)s->version + 1};
     /* in place only while no reply holds the live buffer and no other
      * process reads it (shm) */
     int in_place = atomic_load(&s->snap->refs) == 1 && s->snap->slot < 0 && !s->take_buffer;
@@ -379,24 +387,36 @@ void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
      * (ZeroMQ's zero-copy receive may hand us any byte offset), else
      * gathered into scratch. */
     if (n == 1 && ((uintptr_t)g[0].data & 3) == 0) {
-        s_step_by(s, g[0].data, lr);
+        s_step_by(s, g[0].data, NULL, 1.0f, lr);
         return;
     }
     for (int f = 0; f < n; f++) memcpy(s->scratch + (g[f].offset - s->lo), g[f].data, g[f].len);
-    s_step_by(s, s->scratch, lr);
+    s_step_by(s, s->scratch, NULL, 1.0f, lr);
+}
+
+/* acc[off, off + cnt) += x[0, cnt), split over the sweep's threads. */
+typedef struct {
+    float *a;
+    const float *x;
+    size_t cnt;
+} s_add_job_t;
+
+static void s_add_part(void *arg, int k, int nk)
+{
+    const s_add_job_t *j = arg;
+    size_t lo = j->cnt * (size_t)k / (size_t)nk, hi = j->cnt * (size_t)(k + 1) / (size_t)nk;
+    for (size_t i = lo; i < hi; i++) j->a[i] += j->x[i];
 }
 
 void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n)
 {
     for (int f = 0; f < n; f++) {
-        float *a = s->acc + (g[f].offset - s->lo);
-        size_t cnt = g[f].len / 4;
-        const float *x = g[f].data;
+        s_add_job_t j = {s->acc + (g[f].offset - s->lo), g[f].data, g[f].len / 4};
         if (((uintptr_t)g[f].data & 3) != 0) { /* realign first */
             memcpy(s->scratch, g[f].data, g[f].len);
-            x = s->scratch;
+            j.x = s->scratch;
         }
-        for (size_t i = 0; i < cnt; i++) a[i] += x[i];
+        s_run(s->pool, s_add_part, &j);
     }
     s->acc_count++;
 }
@@ -404,10 +424,7 @@ void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n)
 void dp_shard_step_mean(dp_shard_t *s)
 {
     if (s->acc_count == 0) return;
-    float inv = 1.0f / (float)s->acc_count;
-    for (size_t i = 0; i < s->n; i++) s->acc[i] *= inv;
-    s_step_by(s, s->acc, dp_shard_lr(s));
-    memset(s->acc, 0, s->n * sizeof(float));
+    s_step_by(s, s->acc, s->acc, 1.0f / (float)s->acc_count, dp_shard_lr(s));
     s->acc_count = 0;
 }
 
