@@ -370,6 +370,11 @@ void dp_dataset_fini(dp_dataset_t *ds)
     memset(ds, 0, sizeof *ds);
 }
 
+void dp_dataset_limit(dp_dataset_t *ds, int n)
+{
+    if (n > 0 && n < ds->n) ds->n = n;
+}
+
 void dp_dataset_gather(const dp_dataset_t *ds, const int *idx, int B, float *out, int *labels)
 {
     size_t sz = (size_t)dp_dataset_sample_size(ds);

@@ -63,6 +63,11 @@ int dp_dataset_init(dp_dataset_t *ds, const char *spec, dp_split_t split, char *
 /* Frees and zeroes ds; safe twice and on an empty/failed dataset. */
 void dp_dataset_fini(dp_dataset_t *ds);
 
+/* Keep the first n samples only (--train-samples: a training subset that
+ * every mode, the simulator and replay draw from alike); n <= 0 or at least
+ * ds->n keeps all. The buffers stay as loaded: gather reads below n. */
+void dp_dataset_limit(dp_dataset_t *ds, int n);
+
 /* Gather samples idx[0..B) as floats pixel/255 (normalised when the set
  * is) into out[B*c*h*w] and labels into labels[B] (labels may be NULL).
  * Every idx[i] must be in [0, n). */

@@ -68,6 +68,8 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_TITLE("data and model:"),
         DP_FLAG_STR("data", "SPEC", &c->data, P,
                     "fashion-mnist[:DIR] (default: Debian's), mnist:DIR, cifar10:DIR,\nidx:IMAGES,LABELS"),
+        DP_FLAG_NUM("train-samples", DP_OPTS_INT, "N", &c->train_samples, 0, 1 << 30, P,
+                    "train on the first N samples of the training split only (default 0:\nall; the test split stays whole)"),
         DP_FLAG_STR("model", "SPEC", &c->model, P, "default: \"" DP_MODEL_DEFAULT_SPEC "\""),
         DP_FLAG_SET("augment", &c->augment, 1, P,
                     "random crop (zero padding 4) and horizontal flip of each training\n"

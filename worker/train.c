@@ -51,6 +51,7 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     if (c->batch < 1) return dp_err(err, "--batch must be at least 1 (got %d)", c->batch);
     if (c->threads > 0) dp_cpu_set_threads(c->threads);
     if (dp_dataset_init(&s->train, c->data, DP_SPLIT_TRAIN, err) != 0) goto fail;
+    dp_dataset_limit(&s->train, c->train_samples); /* before --normalize train's statistics */
     if (dp_dataset_init(&s->test, c->data, DP_SPLIT_TEST, err) != 0) goto fail;
     if (c->normalize && s_normalize(s, c->normalize, err) != 0) goto fail;
     if (dp_model_parse(&s->model, c->model, s->train.c, s->train.h, s->train.w, err) != 0) goto fail;
@@ -193,6 +194,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     }
     cJSON_AddStringToObject(o, "device", s->conf.device);
     cJSON_AddStringToObject(o, "data", s->train.name);
+    if (s->conf.train_samples > 0) cJSON_AddNumberToObject(o, "train_samples", s->train.n);
     cJSON_AddStringToObject(o, "model", s->model.spec);
     cJSON_AddNumberToObject(o, "batch", s->conf.batch);
     /* The seed is a uint64: written as its exact integer text (a double

@@ -28,6 +28,7 @@
 typedef struct {
     const char *device;        /* "cpu", "cuda:K" */
     const char *data;          /* dataset spec (common/dataset.h) */
+    int train_samples;         /* the first N training samples only (0: all; dp_dataset_limit) */
     const char *model;         /* model spec (common/model.h) */
     int batch;                 /* per worker */
     int epochs;                /* used when steps == 0 */

@@ -38,6 +38,7 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddStringToObject(h, "model", c->train.model);
     cJSON_AddStringToObject(h, "data", c->train.data);
     cJSON_AddNumberToObject(h, "batch", c->train.batch);
+    if (c->train.train_samples > 0) cJSON_AddNumberToObject(h, "train_samples", c->train.train_samples);
     if (c->train.augment) cJSON_AddBoolToObject(h, "augment", 1);
     if (c->train.normalize) cJSON_AddStringToObject(h, "normalize", c->train.normalize);
     snprintf(seed, sizeof seed, "%" PRIu64, c->train.seed);
@@ -104,6 +105,7 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
      * range before it becomes an int (a batch of 2^40 would size every
      * buffer), checked before the cast (a double past INT_MAX is undefined). */
     if (s_int_field(h, "batch", 1, 1 << 16, &c->train.batch, err) != 0 ||
+        s_int_field(h, "train_samples", 0, 1 << 30, &c->train.train_samples, err) != 0 ||
         s_int_field(h, "threads", 1, 1024, &c->train.threads, err) != 0 ||
         s_int_field(h, "workers", 1, 100000, &c->workers, err) != 0 ||
         s_int_field(h, "shards", 1, 1024, &c->shards, err) != 0 ||

@@ -145,6 +145,8 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                      "with --compress: each worker keeps what it did not send (default on)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
+        DP_FLAG_NUM("train-samples", DP_OPTS_INT, "N", &t->train_samples, 0, 1 << 30, 0,
+                    "the first N training samples only (as downpour-worker --help says)"),
         DP_FLAG_SET("augment", &t->augment, 1, 0, "random crop + flip (as downpour-worker --help says)"),
         DP_FLAG_STR("normalize", "train|M,../S,..", &t->normalize, 0, "per-channel (x - mean) / std"),
         DP_FLAG_NUM("batch", DP_OPTS_INT, "B", &t->batch, 1, 1 << 16, 0, "per worker (default 64)"),
@@ -231,6 +233,7 @@ static int s_epochs_updates(s_args_t *a, char *err)
     dp_sim_conf_t *c = &a->c;
     dp_dataset_t probe = {0};
     if (dp_dataset_init(&probe, c->lab.train.data, DP_SPLIT_TRAIN, err) != 0) return -1;
+    dp_dataset_limit(&probe, c->lab.train.train_samples);
     long spe = dp_data_steps_per_epoch(probe.n, c->lab.train.batch, c->lab.workers);
     dp_dataset_fini(&probe);
     if (spe < 1) return dp_err(err, "%d workers at batch %d: not one global batch in the data", c->lab.workers, c->lab.train.batch);

@@ -517,6 +517,7 @@ static int s_prepare(dp_local_t *L, char *err)
 {
     dp_dataset_t probe = {0};
     if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
+    dp_dataset_limit(&probe, L->wk.conf.train_samples); /* --epochs count the subset's */
     snprintf(L->input, sizeof L->input, "%dx%dx%d", probe.c, probe.h, probe.w);
     L->ps.in_c = probe.c; /* the shards' threads depend on the model's size */
     L->ps.in_h = probe.h;
@@ -603,6 +604,7 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON *extra = cJSON_CreateObject();
     cJSON_AddStringToObject(extra, "data", L->wk.conf.data);
     cJSON_AddNumberToObject(extra, "batch", L->wk.conf.batch);
+    if (L->wk.conf.train_samples > 0) cJSON_AddNumberToObject(extra, "train_samples", L->wk.conf.train_samples);
     if (L->wk.conf.augment) cJSON_AddBoolToObject(extra, "augment", 1);
     if (L->wk.conf.normalize) cJSON_AddStringToObject(extra, "normalize", L->wk.conf.normalize);
     /* --seed goes to both daemons; the launcher's table holds one entry

@@ -11,6 +11,13 @@
 #  - each run's record replays bit for bit (the workers' compression and
 #    error feedback come back from the record's header)
 #  - sync sums the shards' expansions: a sign run in sync replays too
+#  - with --local-steps 4 (30 steps: 7 rounds of 4 and a last of 2), async
+#    and sync: what is compressed is each round's pseudo-gradient, once per
+#    push, so a metrics line every round, each the same bytes as a push
+#    without local steps, the summary's bytes_pushed the chief's 8 rounds
+#    times it; the record replays bit for bit; error feedback's residual
+#    lives across rounds: on and off differ, and one worker's run is the
+#    simulator's bit for bit (the same rule in the engine)
 #  - a bad --compress or --error-feedback is one line, exit status 2
 source "$(dirname "$0")/lib.sh"
 
@@ -29,12 +36,13 @@ b = {l["bytes_pushed"] for l in map(json.loads, open(sys.argv[1])) if "status" i
 print(b.pop() if len(b) == 1 else "varies:" + ",".join(map(str, sorted(b))))' "$1/metrics/worker-0.jsonl"
 }
 
-run() { # name mode compress ef
+run() { # name mode compress ef [more flags for downpour local]
     local name=$1 mode=$2 z=$3 ef=$4
+    shift 4
     "$D" local --workers 2 --ps-shards 2 --mode "$mode" --steps 20 "${tiny[@]}" --optimizer sgd --lr 0.05 \
-        --compress "$z" --error-feedback "$ef" --out "$TMP/$name" --record "$TMP/$name.rec" \
+        --compress "$z" --error-feedback "$ef" --out "$TMP/$name" --record "$TMP/$name.rec" "$@" \
         >"$TMP/$name.log" 2>&1
-    check "local $mode --compress $z --error-feedback $ef exits 0" test $? = 0 || tail -5 "$TMP/$name.log"
+    check "local $mode --compress $z --error-feedback $ef $* exits 0" test $? = 0 || tail -5 "$TMP/$name.log"
     local got rej
     got=$(json "$TMP/$name/summary.json" compress 2>/dev/null)/$(json "$TMP/$name/summary.json" error_feedback 2>/dev/null)
     check "... summary.json names both ($got)" test "$got" = "$z/$ef"
@@ -73,6 +81,50 @@ bytes_ok sign-off "$dense" "p <= d / 32 + 2 * (4 + 1)"
 check "error feedback changes the run (top-k)" bash -c "! cmp -s '$TMP/topk/model.safetensors' '$TMP/topk-off/model.safetensors'"
 check "error feedback changes the run (sign)" bash -c "! cmp -s '$TMP/sign/model.safetensors' '$TMP/sign-off/model.safetensors'"
 run sign-sync sync sign on
+
+# ---- local steps with compression -------------------------------------------
+# The push of a round is its pseudo-gradient w0 - wH, compressed once (v =
+# w0 - wH + e with error feedback, e = v - expand(sent) kept for the next
+# round): a push, and its bytes, every H = 4 data steps.
+p_topk=$(per_push "$TMP/topk") p_sign=$(per_push "$TMP/sign")
+local_ok() { # name per-push-bytes-without-local-steps
+    local name=$1 p=$2 steps h total lines
+    steps=$(json "$TMP/$name/summary.json" steps 2>/dev/null)
+    h=$(json "$TMP/$name/summary.json" local_steps 2>/dev/null)
+    total=$(json "$TMP/$name/summary.json" bytes_pushed 2>/dev/null)
+    check "... summary: 30 steps in rounds of 4 ($steps, local_steps $h)" test "$steps/$h" = 30/4
+    lines=$("$TORCH_PY" -c '
+import json, sys
+print(",".join(str(l["step"]) for l in map(json.loads, open(sys.argv[1])) if "status" in l))' \
+        "$TMP/$name/metrics/worker-0.jsonl")
+    check "... a push per round, after data steps 3, 7, ..., 27, 29 ($lines)" test "$lines" = 3,7,11,15,19,23,27,29
+    check "... every round's push the bytes of a push without local steps ($(per_push "$TMP/$name") = $p)" \
+        test "$(per_push "$TMP/$name")" = "$p"
+    check "... bytes_pushed: the chief's 8 rounds x $p ($total)" test "$total" = $((8 * p))
+}
+lsteps=(--steps 30 --local-steps 4)
+run ltopk async topk:0.01 on "${lsteps[@]}"
+local_ok ltopk "$p_topk"
+run ltopk-off async topk:0.01 off "${lsteps[@]}"
+local_ok ltopk-off "$p_topk"
+check "local steps: error feedback changes the run (top-k)" \
+    bash -c "! cmp -s '$TMP/ltopk/model.safetensors' '$TMP/ltopk-off/model.safetensors'"
+run lsign-nes async sign on "${lsteps[@]}" --outer-optimizer nesterov
+local_ok lsign-nes "$p_sign"
+run lsign-sync sync sign on "${lsteps[@]}"
+local_ok lsign-sync "$p_sign"
+run ltopk-sync sync topk:0.01 off "${lsteps[@]}"
+local_ok ltopk-sync "$p_topk"
+# One worker, one shard: no schedule left to differ, so the daemons' run is
+# the simulator's to the bit — the worker's client and the lab engine carry
+# the same residual from round to round (32 steps: the simulator counts
+# whole rounds, --updates 8).
+one=(--local-steps 4 "${tiny[@]}" --optimizer sgd --lr 0.05 --lr-schedule constant --compress topk:0.01)
+"$D" local --workers 1 --steps 32 "${one[@]}" --out "$TMP/one" >"$TMP/one.log" 2>&1
+check "local, 1 worker, --local-steps 4 --compress topk:0.01 exits 0" test $? = 0 || tail -5 "$TMP/one.log"
+"$D" sim --workers 1 --updates 8 "${one[@]/--no-progress/--json}" --out "$TMP/sone" >"$TMP/sone.out" 2>"$TMP/sone.err"
+check "sim, the same: exits 0" test $? = 0 || tail -3 "$TMP/sone.err"
+check "... its model is the daemons', bit for bit" cmp "$TMP/one/model.safetensors" "$TMP/sone/model.safetensors"
 
 # Bad values: one line naming the flag, exit status 2, nothing started.
 "$D" local --workers 1 --compress zip --out "$TMP/bad" >"$TMP/bad.out" 2>"$TMP/bad.err"

@@ -21,6 +21,9 @@
 #    draws each worker's dropout masks and crops as the daemon did: by data
 #    step and the slice's place in the global batch); downpour sim with 1
 #    worker is standalone bit for bit, running statistics included
+#  - --train-samples N (the first N training samples): standalone is the
+#    simulator's 1 worker bit for bit and not the whole set's run; the
+#    daemons' record carries N and replays bit for bit; --epochs count N
 #  - the record holds the workers' --threads as given, and replays
 #  - a replay on other batches (--data-seed) says it differs from the
 #    record, how often, and from which event on
@@ -139,6 +142,33 @@ check "bn + dropout: standalone, 12 steps" test $? = 0
 check "... downpour sim --workers 1: exits 0" test $? = 0
 check "... and is standalone bit for bit (dropout masks, running statistics)" \
     cmp "$TMP/bn-sa.safetensors" "$TMP/bn-sim/model.safetensors"
+
+# --train-samples N: a training subset, the first N samples, alike in every
+# mode. The standalone trainer's 2 epochs of 160 samples (its --normalize
+# train statistics the subset's) are the simulator's bit for bit, and not
+# the run on the whole set; the daemons' record carries N, so its replay
+# draws from the same subset; --epochs count the subset's.
+ts=(--model "fc:10 softmax" --batch 16 --seed 3 --threads 1 --optimizer sgd --lr 0.05 --lr-schedule constant
+    --normalize train)
+"$BIN/downpour-worker" --standalone --epochs 2 --train-samples 160 "${ts[@]}" --no-progress \
+    --save "$TMP/ts-sa.safetensors" >"$TMP/ts-sa.log" 2>&1
+check "standalone --train-samples 160 --epochs 2 exits 0" test $? = 0
+"$D" sim --workers 1 --epochs 2 --train-samples 160 "${ts[@]}" --out "$TMP/ts-sim" --json >"$TMP/ts-sim.out" 2>&1
+u=$(tail -1 "$TMP/ts-sim.out" | "$TORCH_PY" -c 'import json,sys; print(json.load(sys.stdin)["updates"])' 2>/dev/null)
+check "... sim --workers 1, the same: 2 epochs of 160 at batch 16 are 20 updates ($u)" test "$u" = 20
+check "... and is standalone bit for bit" cmp "$TMP/ts-sa.safetensors" "$TMP/ts-sim/model.safetensors"
+"$D" sim --workers 1 --updates 20 "${ts[@]}" --out "$TMP/ts-all" >"$TMP/ts-all.out" 2>&1
+check "... which the whole set's 20 updates are not" \
+    bash -c "! cmp -s '$TMP/ts-sim/model.safetensors' '$TMP/ts-all/model.safetensors'"
+"$D" local --workers 2 --ps-shards 2 --mode async --epochs 2 --train-samples 160 "${ts[@]}" --no-progress \
+    --out "$TMP/ts-loc" --record "$TMP/ts-loc.rec" >"$TMP/ts-loc.log" 2>&1
+check "local --train-samples 160 --epochs 2 --record exits 0" test $? = 0 || tail -3 "$TMP/ts-loc.log"
+got=$(json "$TMP/ts-loc/summary.json" steps 2>/dev/null)/$(json "$TMP/ts-loc/summary.json" train_samples 2>/dev/null)
+check "... summary: 2 epochs of 160 over 2 workers, 10 steps each, train_samples 160 ($got)" test "$got" = 10/160
+check "... the record's header has train_samples" bash -c "head -1 '$TMP/ts-loc.rec' | grep -q '\"train_samples\":160'"
+"$D" replay "$TMP/ts-loc.rec" --out "$TMP/rts-loc" --json >"$TMP/rts-loc.out" 2>"$TMP/rts-loc.err"
+check "... replay: bit-identical weights" cmp "$TMP/ts-loc/model.safetensors" "$TMP/rts-loc/model.safetensors"
+check "... replay: every norm matched" grep -q '"matches_record":true' "$TMP/rts-loc.out"
 
 # The delay rules and DC-ASGD on the real shards: --delay-lr threshold
 # skips pushes (dropped, with the reason), --delay-compensation keeps each

@@ -411,6 +411,74 @@ static void test_record_replay_local_steps(void)
     CHECK(!s_same_file(a0, a1));
 }
 
+/* Local steps with compression in the simulator: each push is a round's
+ * pseudo-gradient compressed once (error feedback's residual carried from
+ * round to round), recorded and replayed to the same bits (the record's
+ * header has the rounds and the codec); sync's 30 rounds cost worker 0
+ * exactly 30 encodings; error feedback moved the weights. */
+static void test_record_replay_local_compress(void)
+{
+    if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
+    static const struct {
+        const char *compress, *ef;
+        dp_mode_t mode;
+    } cases[] = {{"topk:0.05", "on", DP_MODE_ASYNC},
+                 {"topk:0.05", "off", DP_MODE_ASYNC},
+                 {"sign", "on", DP_MODE_SYNC},
+                 {"sign", "off", DP_MODE_SYNC}};
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, TINY, 1, 28, 28, err), 0);
+    size_t n = m.n_floats;
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        char rec[300], m1[300], m2[340], out[300];
+        snprintf(rec, sizeof rec, "%s/lz%d.rec", s_dir, i);
+        snprintf(m1, sizeof m1, "%s/lz%d.safetensors", s_dir, i);
+        snprintf(out, sizeof out, "%s/lz%d-replay", s_dir, i);
+        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
+        dp_sim_conf_t c;
+        double slow[16];
+        s_conf(&c, slow, 3, "exp:10", 30);
+        c.lab.mode = cases[i].mode;
+        c.lab.local_steps = 4;
+        c.lab.inner = c.lab.optim; /* inner SGD; the servers' outer averaging at lr 1 */
+        dp_ps_config_t ps;
+        dp_ps_config_default(&ps);
+        ps.mode = c.lab.mode;
+        ps.num_workers = 3;
+        CHECK_EQ(dp_ps_outer_optim(&ps, &c.lab.optim, err), 0);
+        CHECK_EQ(dp_compress_parse(cases[i].compress, &c.lab.train.compress, err), 0);
+        CHECK_EQ(dp_compress_ef_parse(cases[i].ef, &c.lab.train.compress.error_feedback, err), 0);
+        c.lab.record = rec;
+        c.lab.train.save = m1;
+        cJSON *r = NULL;
+        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        if (!r) {
+            fprintf(stderr, "  %s\n", err);
+            continue;
+        }
+        CHECK_EQ(s_num(r, "local_steps"), 4);
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "compress")), cases[i].compress);
+        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "error_feedback")), cases[i].ef);
+        double per_push = c.lab.train.compress.kind == DP_COMPRESS_TOPK
+                              ? (double)dp_compress_topk_k(0.05, n) * 8
+                              : (double)((n + 7) / 8 + 4);
+        double pushes = s_num(r, "bytes_pushed") / per_push; /* worker 0's rounds */
+        if (cases[i].mode == DP_MODE_SYNC) CHECK_EQ(pushes, 30); /* one a round, not one a step */
+        else CHECK(pushes >= 5 && pushes == floor(pushes));
+        cJSON_Delete(r);
+        char *av[] = {"replay", rec, "--out", out, NULL};
+        CHECK_EQ(dp_replay_main(4, av), 0);
+        CHECK(s_same_file(m1, m2));
+    }
+    for (int i = 0; i < 4; i += 2) { /* error feedback on against off */
+        char on[300], off[300];
+        snprintf(on, sizeof on, "%s/lz%d.safetensors", s_dir, i);
+        snprintf(off, sizeof off, "%s/lz%d.safetensors", s_dir, i + 1);
+        CHECK(!s_same_file(on, off));
+    }
+}
+
 /* One worker (no staleness): the update autocorrelation recovers the
  * explicit momentum, the check that the trajectory figure measures it. */
 static void test_sim_momentum(void)
@@ -690,6 +758,6 @@ static void s_setup(void)
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
          T(test_record_replay_bn),
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
-         T(test_record_replay_local_steps), T(test_record_damaged),
+         T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))
