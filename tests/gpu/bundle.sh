@@ -38,7 +38,16 @@ done
 # runtime (a newer system has newer ones; an older copy would shadow them)
 # and CUDA's (the GPU machine's driver-matched ones must be used).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libutil\.so|libgcc_s\.so|libstdc\+\+\.so|libcuda|libcudart|libcublas|libcudnn|libnv)'
-ldd "$stage"/build/downpour* "$stage"/build/tests/* 2>/dev/null |
+# OpenBLAS is not linked but loaded by the kernels at start (dlopen of
+# kernels/cpu/blas.h's DP_CPU_BLAS_SONAME, its core pinned per ISA path), so
+# ldd does not see it: it goes along by name, with what it links.
+blas=$(ldconfig -p | awk '$1 == "libopenblas.so.0" && /x86-64/ {print $NF; exit}')
+if [ -n "$blas" ]; then
+    cp -L "$blas" "$stage/lib/libopenblas.so.0"
+else
+    echo "bundle: warning: no libopenblas.so.0 here: every binary will refuse to start there" >&2
+fi
+ldd "$stage"/build/downpour* "$stage"/build/tests/* ${blas:+"$stage/lib/libopenblas.so.0"} 2>/dev/null |
     awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
     while read -r name path; do
         if echo "$name" | grep -Eq "$skip"; then continue; fi
