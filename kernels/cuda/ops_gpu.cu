@@ -13,22 +13,15 @@
 // atomics, fixed reduction order), and max-pool follows the CPU reference's
 // tie rule exactly.
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/grid.cuh"
 
 #include <cuda_runtime.h>
 #include <math.h>
 
 namespace {
 
-constexpr int kThreads = 256;
-
-// Blocks for a grid-stride loop over n elements (the loops cover any rest).
-unsigned s_blocks(size_t n)
-{
-    size_t b = (n + kThreads - 1) / kThreads;
-    if (b < 1) b = 1;
-    if (b > 65535u * 8u) b = 65535u * 8u;
-    return (unsigned)b;
-}
+using dp_cuda::kThreads;
+const auto s_blocks = dp_cuda::blocks;
 
 __global__ void k_relu_forward(float *out, const float *in, size_t n)
 {

@@ -19,6 +19,7 @@
 // path's layout of d_save (mean, then biased variance, per group) so both
 // backends share the executor unchanged.
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/grid.cuh"
 #include "kernels/dropout_mask.h"
 
 #include <cuda_runtime.h>
@@ -26,19 +27,8 @@
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned s_blocks(size_t n)
-{
-    size_t b = (n + kThreads - 1) / kThreads;
-    if (b < 1) b = 1;
-    if (b > 65535u * 8u) b = 65535u * 8u;
-    return (unsigned)b;
-}
-
-#define S_GRID_STRIDE(i, n)                                                    \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);   \
-         i += (size_t)gridDim.x * blockDim.x)
+using dp_cuda::kThreads;
+const auto s_blocks = dp_cuda::blocks;
 
 // The block's sum of v in a fixed tree (blockDim.x == kThreads, a power of 2).
 __device__ double s_block_sum(double v, double *part)
@@ -92,7 +82,7 @@ __global__ void k_bn_apply(float *out, const float *in, const float *w, const fl
                            int C, int HW, float eps)
 {
     size_t n = (size_t)B * C * HW;
-    S_GRID_STRIDE(i, n)
+    DP_GRID_STRIDE(i, n)
     {
         size_t k = i / ((size_t)C * HW);
         int c = (int)(i / HW % C);
@@ -170,7 +160,7 @@ __global__ void k_bn_backward_din(float *din, const float *dout, const float *in
                                   int HW, float eps)
 {
     size_t total = (size_t)B * C * HW;
-    S_GRID_STRIDE(i, total)
+    DP_GRID_STRIDE(i, total)
     {
         int k = (int)(i / ((size_t)C * HW)), c = (int)(i / HW % C), g = k / G, n0;
         double n = (double)s_group(B, G, g, &n0) * HW;
@@ -196,7 +186,7 @@ __global__ void k_shortcut_forward(float *out, const float *a, const float *in,
                                    dp_shortcut_dims_t d)
 {
     size_t n = (size_t)d.B * d.OC * d.OH * d.OW;
-    S_GRID_STRIDE(i, n)
+    DP_GRID_STRIDE(i, n)
     {
         int ox = (int)(i % d.OW), oy = (int)(i / d.OW % d.OH);
         int oc = (int)(i / ((size_t)d.OW * d.OH) % d.OC);
@@ -211,7 +201,7 @@ __global__ void k_shortcut_forward(float *out, const float *a, const float *in,
 __global__ void k_shortcut_backward(float *din, const float *dout, dp_shortcut_dims_t d)
 {
     size_t n = (size_t)d.B * d.C * d.H * d.W;
-    S_GRID_STRIDE(i, n)
+    DP_GRID_STRIDE(i, n)
     {
         int x = (int)(i % d.W), y = (int)(i / d.W % d.H);
         int c = (int)(i / ((size_t)d.W * d.H) % d.C);
@@ -228,7 +218,7 @@ __global__ void k_shortcut_backward(float *din, const float *dout, dp_shortcut_d
 // One thread a plane (sample, channel): its mean over HW, in double.
 __global__ void k_gap_forward(float *out, const float *in, size_t planes, int HW)
 {
-    S_GRID_STRIDE(p, planes)
+    DP_GRID_STRIDE(p, planes)
     {
         double s = 0;
         for (int i = 0; i < HW; i++) s += in[p * HW + i];
@@ -239,7 +229,7 @@ __global__ void k_gap_forward(float *out, const float *in, size_t planes, int HW
 __global__ void k_gap_backward(float *din, const float *dout, size_t planes, int HW)
 {
     size_t n = planes * HW;
-    S_GRID_STRIDE(i, n) din[i] = dout[i / HW] / (float)HW;
+    DP_GRID_STRIDE(i, n) din[i] = dout[i / HW] / (float)HW;
 }
 
 // Inverted dropout of x[B,N]; the backward is the same map on the gradient.
@@ -249,7 +239,7 @@ __global__ void k_dropout(float *out, const float *in, int B, size_t N, float p,
 {
     float scale = 1.0f / (1.0f - p);
     size_t n = (size_t)B * N;
-    S_GRID_STRIDE(i, n)
+    DP_GRID_STRIDE(i, n)
     {
         size_t k = i / N, e = i % N;
         out[i] = dp_dropout_mask(seed, step, sample0 + (unsigned)k, e, p) ? in[i] * scale : 0.0f;
@@ -258,7 +248,7 @@ __global__ void k_dropout(float *out, const float *in, int B, size_t N, float p,
 
 __global__ void k_vec_add(float *dst, const float *src, size_t n)
 {
-    S_GRID_STRIDE(i, n) dst[i] += src[i];
+    DP_GRID_STRIDE(i, n) dst[i] += src[i];
 }
 
 }  // namespace
