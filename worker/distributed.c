@@ -55,6 +55,9 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
     cJSON_AddNumberToObject(line, "updates_lost", (double)lost);
     cJSON_AddNumberToObject(line, "bytes_pushed", (double)r->bytes); /* this push's gradient bytes */
+    /* its messages, all shards, and those that left during the backward (--stream-push) */
+    cJSON_AddNumberToObject(line, "push_parts", r->parts);
+    cJSON_AddNumberToObject(line, "push_parts_early", r->parts_early);
     /* where the step's time went: computing, or blocked on the servers */
     cJSON_AddNumberToObject(line, "compute_ms", dp_metrics_round(compute_s * 1e3, 3));
     cJSON_AddNumberToObject(line, "wait_ms", dp_metrics_round(wait_s * 1e3, 3));

@@ -527,6 +527,10 @@ int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err)
     }
     res->bytes = s_encode(c, p->grads);
     c->bytes_pushed += res->bytes;
+    for (int i = 0; i < c->n; i++) {
+        res->parts += (int)c->sh[i].parts;
+        res->parts_early += (int)c->sh[i].parts_sent;
+    }
     s_push_t push = {p, res, 0};
     dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__PUSH, .n_shards = c->n,
                          .before = s_send_parts, .build = s_build_push, .on_reply = s_on_ack,

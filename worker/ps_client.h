@@ -64,6 +64,9 @@ typedef struct {
     uint64_t bytes;                  /* the gradient's bytes this push moved, all shards: dense
                                       * 4 (bf16 frames: 2) a float, or the compressed encoding
                                       * (proto/compress.h); once, however often it was repeated */
+    int parts;                       /* messages the push took, all shards (the shards' count:
+                                      * one each when whole), once however often repeated */
+    int parts_early;                 /* of them, those push_part sent during the backward */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */
