@@ -292,12 +292,15 @@ static int s_send_part(dp_ps_client_t *c, int i, uint32_t k, char *err)
     memset(&rq, 0, sizeof rq);
     dp_wire_env_init(&rq.env, DOWNPOUR__MSG_TYPE__PUSH, 0, c->worker_id, c->m->fingerprint);
     s_build_part(c, i, k, &rq, c->push);
-    return dp_ps_send_only(c, i, &rq, err);
+    if (dp_ps_send_only(c, i, &rq, err) != 0) return -1;
+    if (k + 1 == c->sh[i].parts) c->sh[i].early_req = rq.env.request_id; /* the one awaited */
+    return 0;
 }
 
 /* The exchange's "before" for shard i: the parts before the last that
  * have not gone yet, or all of them again after a new HELLO (the shard
- * dropped what it had of this push: server/shard_parts.h). */
+ * dropped what it had of this push: server/shard_parts.h). The last is
+ * the exchange's own request (or went already: early_req). */
 static int s_send_parts(dp_ps_client_t *c, int i, int again, void *arg, char *err)
 {
     (void)arg;
@@ -327,10 +330,13 @@ static void s_plan_parts(dp_ps_client_t *c, int i, int stream)
     dp_ps_shard_t *s = &c->sh[i];
     s->parts = 1;
     s->parts_sent = 0;
+    s->early_req = 0;
     s->part_at[0] = s->hi;
     s->part_at[1] = s->lo;
+    /* a compressed push is encoded whole at push_end */
+    s->stream = stream && c->compress.kind == DP_COMPRESS_NONE;
     uint32_t max = s->push_parts < DP_WIRE_MAX_PUSH_PARTS ? s->push_parts : DP_WIRE_MAX_PUSH_PARTS;
-    if (!stream || max < 2 || c->compress.kind != DP_COMPRESS_NONE) return;
+    if (!s->stream || max < 2) return; /* whole, but still as soon as the slice is final */
     uint32_t k = 0;
     uint64_t top = s->hi;
     for (int l = c->m->n_layers - 1; l >= 0 && k + 2 <= max; l--) {
@@ -469,7 +475,7 @@ static int s_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, int stream, ch
         return dp_err(err, "push stamped for %d shard(s) on a client of %d", p->stamp->n, c->n);
     for (int i = 0; i < c->n; i++) {
         s_plan_parts(c, i, stream);
-        c->streaming |= c->sh[i].parts > 1;
+        c->streaming |= c->sh[i].stream;
     }
     c->push = p;
     c->ready_lo = c->m->n_floats;
@@ -496,8 +502,8 @@ void dp_ps_client_push_part(dp_ps_client_t *c, size_t off, size_t n)
     c->ready_lo = off;
     for (int i = 0; i < c->n; i++) {
         dp_ps_shard_t *s = &c->sh[i];
-        if (s->restarted || !s->sock) continue; /* push_end's exchange rejoins it first */
-        while (s->parts_sent + 1 < s->parts && c->ready_lo <= s->part_at[s->parts_sent + 1]) {
+        if (!s->stream || s->restarted || !s->sock) continue; /* push_end: rejoined first */
+        while (s->parts_sent < s->parts && c->ready_lo <= s->part_at[s->parts_sent + 1]) {
             char e2[DP_ERR_LEN];
             if (s_send_part(c, i, s->parts_sent, e2) != 0) {
                 /* push_end sends it again, and fails there if it must */

@@ -362,10 +362,13 @@ static void s_name_silent(const dp_ps_client_t *c, char *err)
 
 int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 {
+    uint64_t early[DP_ZSOCK_MAX_SHARDS]; /* this exchange's only: taken and cleared */
     for (int i = 0; i < c->n; i++) {
         c->sh[i].want_req = 0;
         c->sh[i].done = 0;
         c->sh[i].repeats = 0;
+        early[i] = c->sh[i].early_req;
+        c->sh[i].early_req = 0;
     }
     c->code = DP_PS_OK;
     int rc = 0;
@@ -378,6 +381,12 @@ int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
         if (plan->before && (rc = plan->before(c, i, again, plan->arg, err)) != 0) {
             c->sh[i].want_req = UINT64_MAX; /* parts may be queued: its socket is reset too */
             break;
+        }
+        if (early[i] && !again) { /* sent already: awaited from now on */
+            dp_ps_shard_t *s = &c->sh[i];
+            s->want_req = early[i];
+            s->sent_at = s->last_heard = s->last_hb = dp_now();
+            continue;
         }
         rc = s_send_plan(c, i, plan, err);
     }

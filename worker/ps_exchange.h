@@ -14,6 +14,10 @@
  * each reply; the exchange owns the liveness rules, the stop flag and the
  * clean-up after a failure.
  *
+ * A request may go out before its exchange (a push's parts, sent while the
+ * backward runs): the plan's "before" sends those ahead of the awaited one,
+ * and a shard's early_req names an awaited one that went already.
+ *
  * Invariants: a shard's range [lo, hi) comes from its WELCOME and the ranges
  * tile [0, n_floats); push frames point into the caller's gradient and
  * c->inflight counts those ZeroMQ still holds, so push returns only once it
@@ -62,7 +66,11 @@ typedef struct {
                              * an older shard, whole pushes only) */
     /* the push in progress (push_begin .. push_end): its parts to this shard */
     uint32_t parts;         /* 1: whole; part k is floats [part_at[k + 1], part_at[k]) */
-    uint32_t parts_sent;    /* the first ones sent (the last goes in push_end's exchange) */
+    uint32_t parts_sent;    /* the first ones sent, by push_part or push_end's exchange */
+    int stream;             /* push_part may send them (a dense push streamed) */
+    uint64_t early_req;     /* the request the next exchange awaits from it went out already
+                             * (a push's last part, from push_part): its id, 0 none; the
+                             * exchange awaits it instead of sending it (but after a rejoin) */
     uint64_t part_at[DP_WIRE_MAX_PUSH_PARTS + 1]; /* part_at[0] = hi > ... > part_at[parts] = lo */
 } dp_ps_shard_t;
 

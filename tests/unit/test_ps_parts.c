@@ -14,8 +14,10 @@
  *    gives, bit for bit;
  *  - the worker's client (dp_ps_client_push_begin / push_part / push_end)
  *    on two shards, in frames and in bfloat16: the servers hold exactly
- *    what whole pushes of the same gradients give, and a push streamed in
- *    parts goes as more than one message per shard. */
+ *    what whole pushes of the same gradients give, the parts that leave
+ *    before push_end are those whose floats were final (all, some, none
+ *    when out of order), and a shard restarted mid-push gets every part
+ *    again. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -303,7 +305,12 @@ static void test_parts_equal_whole(void)
  * by a bucket smaller than the model, so the parts are many) against the
  * same client pushing whole to two other shards: the same weights, bit
  * for bit; the streamed pushes took more messages. */
-static void s_client_case(dp_ps_wire_t wire)
+/* How the case declares the gradient final: every layer from the last
+ * (the backward's order), only the last two (push_end sends the rest), or
+ * the first layer first (out of order: nothing streams, all at the end). */
+enum { S_ALL, S_TOP_TWO, S_DISORDER };
+
+static void s_client_case(dp_ps_wire_t wire, int how, int want_early)
 {
     s_setup();
     /* a model whose big layers each pass the bucket (64 K floats), so each
@@ -338,16 +345,18 @@ static void s_client_case(dp_ps_wire_t wire)
         CHECK_EQ(dp_ps_client_pull(cw, ww, err), 0);
         dp_ps_push_t p = {.grads = g, .batch = 1, .step = st};
         CHECK_EQ(dp_ps_client_push_begin(cs, &p, err), 0);
-        for (int l = m.n_layers - 1; l >= 0; l--) { /* as the backward makes them */
-            size_t lo, hi;
-            if (dp_model_layer_span(&m, l, &lo, &hi)) dp_ps_client_push_part(cs, lo, hi - lo);
-        }
+        size_t lo, hi;
+        if (how == S_DISORDER && dp_model_layer_span(&m, 0, &lo, &hi))
+            dp_ps_client_push_part(cs, lo, hi - lo);
+        for (int l = m.n_layers - 1, seen = 0; l >= 0; l--) /* as the backward makes them */
+            if (dp_model_layer_span(&m, l, &lo, &hi) && (how != S_TOP_TWO || seen++ < 2))
+                dp_ps_client_push_part(cs, lo, hi - lo);
         p.loss = 1.0f;
         dp_push_result_t r;
         CHECK_EQ(dp_ps_client_push_end(cs, &r, err), 0);
         CHECK_EQ(r.applied, 2);
         CHECK_EQ(r.parts, 4);
-        CHECK_EQ(r.parts_early, 2);
+        CHECK_EQ(r.parts_early, want_early);
         CHECK_EQ(dp_ps_client_push(cw, &p, NULL, err), 0);
     }
     CHECK_EQ(dp_ps_client_pull(cs, ws, err), 0);
@@ -365,8 +374,77 @@ static void s_client_case(dp_ps_wire_t wire)
     for (int k = 0; k < 4; k++) CHECK_EQ(srv_stop(&s[k]), 0);
 }
 
-static void test_client_parts(void) { s_client_case(DP_PS_WIRE_FP32); }
-static void test_client_parts_bf16(void) { s_client_case(DP_PS_WIRE_BF16); }
+/* A shard restarts (no checkpoint: it comes back at version 0, which the
+ * worker had pulled) after the first part of a push went to it: push_end's
+ * last part meets the new shard, which does not know the worker, and the
+ * client says HELLO and sends every part again; the weights are those of
+ * the same push whole on a shard that never restarted. */
+static void test_client_parts_shard_restart(void)
+{
+    s_setup();
+    dp_model_t m;
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_model_parse(&m, "fc:600 relu fc:600 relu fc:600 relu fc:10 softmax", 1, 16, 16,
+                            err), 0);
+    srv_t s1, s2, ref;
+    srv_t *all[3] = {&s1, &s2, &ref};
+    for (int k = 0; k < 3; k++) {
+        srv_init(all[k], DP_MODE_ASYNC, 1);
+        snprintf(all[k]->cfg.model_spec, sizeof all[k]->cfg.model_spec, "%s", m.spec);
+        all[k]->cfg.in_h = all[k]->cfg.in_w = 16;
+    }
+    CHECK_EQ(srv_start(&s1), 0);
+    CHECK_EQ(srv_start(&ref), 0);
+    dp_ps_client_opts_t o = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *c = NULL, *cr = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &m, 0, &o, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cr, ref.endpoint, &m, 0, &o, NULL, err), 0);
+    size_t n = m.n_floats;
+    float *g = malloc(n * sizeof *g), *w = malloc(n * sizeof *w), *wr = malloc(n * sizeof *wr);
+    srv_fill(g, n, 99);
+    dp_push_result_t r = {0};
+    if (c && cr) {
+        CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+        CHECK_EQ(dp_ps_client_pull(cr, wr, err), 0);
+        dp_ps_push_t p = {.grads = g, .batch = 1, .step = 1};
+        CHECK_EQ(dp_ps_client_push_begin(c, &p, err), 0);
+        for (int l = m.n_layers - 1, seen = 0; l >= 0 && seen < 2; l--) {
+            size_t lo, hi;
+            if (dp_model_layer_span(&m, l, &lo, &hi)) {
+                dp_ps_client_push_part(c, lo, hi - lo);
+                seen++;
+            }
+        }
+        CHECK_EQ(srv_stop(&s1), 0); /* its first part went there */
+        snprintf(s2.cfg.bind, sizeof s2.cfg.bind, "%s", s1.endpoint);
+        CHECK_EQ(srv_start(&s2), 0);
+        CHECK_EQ(dp_ps_client_push_end(c, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(r.parts, 3);
+        CHECK_EQ(r.parts_early, 1);
+        CHECK_EQ(dp_ps_client_push(cr, &p, NULL, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+        CHECK_EQ(dp_ps_client_pull(cr, wr, err), 0);
+        CHECK_EQ(dp_ps_client_version(c), 1);
+        CHECK(memcmp(w, wr, n * sizeof(float)) == 0);
+    }
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&cr);
+    free(g);
+    free(w);
+    free(wr);
+    CHECK_EQ(srv_stop(&s2), 0);
+    CHECK_EQ(srv_stop(&ref), 0);
+}
+
+/* all four parts before push_end (each shard's last too: its slice was
+ * final); with the top two layers only, shard 1's first part; out of
+ * order, none */
+static void test_client_parts(void) { s_client_case(DP_PS_WIRE_FP32, S_ALL, 4); }
+static void test_client_parts_bf16(void) { s_client_case(DP_PS_WIRE_BF16, S_ALL, 4); }
+static void test_client_parts_rest_at_end(void) { s_client_case(DP_PS_WIRE_FP32, S_TOP_TWO, 1); }
+static void test_client_parts_disorder(void) { s_client_case(DP_PS_WIRE_FP32, S_DISORDER, 0); }
 
 DP_TESTS(T(test_hostile_parts), T(test_parts_equal_whole), T(test_client_parts),
-         T(test_client_parts_bf16))
+         T(test_client_parts_bf16), T(test_client_parts_rest_at_end), T(test_client_parts_disorder),
+         T(test_client_parts_shard_restart))
