@@ -301,11 +301,13 @@ static int s_send_part(dp_ps_client_t *c, int i, uint32_t k, char *err)
  * have not gone yet, or all of them again after a new HELLO (the shard
  * dropped what it had of this push: server/shard_parts.h). The last is
  * the exchange's own request (or went already: early_req). */
+static void s_plan_parts(dp_ps_client_t *c, int i, int stream);
+
 static int s_send_parts(dp_ps_client_t *c, int i, int again, void *arg, char *err)
 {
     (void)arg;
     dp_ps_shard_t *s = &c->sh[i];
-    if (again) s->parts_sent = 0;
+    if (again) s_plan_parts(c, i, s->stream); /* its WELCOME may bring another range */
     for (; s->parts_sent + 1 < s->parts; s->parts_sent++)
         if (s_send_part(c, i, s->parts_sent, err) != 0) return -1;
     return 0;
