@@ -239,6 +239,10 @@ static int s_loop_plain(s_loop_t *L, char *err)
         if (s_pull_into_net(s, L->ps, err) != 0) return -1;
         double t1 = dp_now();
         uint64_t version = dp_ps_client_version(L->ps);
+        /* between the pull and the first byte of the push (streamed, that
+         * leaves during the backward): a slow worker's push arrives late */
+        s_inject_delay(&s->conf, &L->delay_rng);
+        double tc = dp_now();
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
         dp_ps_push_t push = {.grads = s->net.d_grads, .batch = s->conf.batch,
@@ -250,17 +254,15 @@ static int s_loop_plain(s_loop_t *L, char *err)
         }
         float loss = s_step_for_push(s, &batch, &grads);
         s->net.on_grads = NULL;
-        double t2 = dp_now();
-        s_inject_delay(&s->conf, &L->delay_rng);
+        double t2 = dp_now(); /* the push's wait counts from here: the end of the backward */
         dp_push_result_t r;
-        double t3 = dp_now(); /* the push's wait counts from here: the end of the backward */
         push.grads = grads;
         push.loss = loss;
         if ((L->stream ? dp_ps_client_push_end(L->ps, &r, err)
                        : dp_ps_client_push(L->ps, &push, &r, err)) != 0)
             return -1;
-        L->step_compute_s = t2 - t1;
-        L->step_wait_s = (t1 - t0) + (dp_now() - t3);
+        L->step_compute_s = t2 - tc;
+        L->step_wait_s = (t1 - t0) + (dp_now() - t2);
         L->wait_s += L->step_wait_s;
         s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps));
     }
