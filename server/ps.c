@@ -74,8 +74,10 @@
 /* Messages ZeroMQ may queue per peer before it stops reading that peer's
  * connection (the default is 1000). A worker has one request per shard in
  * flight, plus a heartbeat now and then while a pull is held (answered at
- * once); 8 leaves room for a tool and bursts while capping how many messages
- * one peer can park in ZeroMQ's queue. */
+ * once), or a push's parts (sent as its backward makes them; those past 8
+ * wait on the worker's side of the connection, nothing is lost); 8 leaves
+ * room for a tool and bursts while capping how many messages one peer can
+ * park in ZeroMQ's queue. */
 #define S_RCVHWM 8
 
 /* A PARAMS frame lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
@@ -700,13 +702,14 @@ static void s_on_push_part(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *
         s_reply_ack(ps, id, env->request_id, wid, &o);
         return;
     }
-    case DP_PARTS_REJECTED:
+    case DP_PARTS_REJECTED: {
         dp_log_debug("shard %d: worker %d: %s", ps->cfg->shard_index, wid, msg);
         if (first) ps->shard.counts.rejected++;
         dp_push_outcome_t o = {.status = DP_PUSH_REJECTED};
         snprintf(o.reason, sizeof o.reason, "%s", msg);
         s_reply_ack(ps, id, env->request_id, wid, &o);
         return;
+    }
     case DP_PARTS_COMPLETE: s_push_apply(ps, id, env, &g, 1); return;
     }
 }
