@@ -246,8 +246,8 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
         s_build_compressed(c, s, rq);
         return;
     }
-    uint64_t a = s->parts > 1 ? s->part_at[k + 1] : s->lo, b = s->parts > 1 ? s->part_at[k] : s->hi;
-    size_t cnt = (size_t)(b - a);
+    uint64_t a = s->part_at[k + 1]; /* the plan of push_begin: [lo, hi) when whole */
+    size_t cnt = (size_t)(s->part_at[k] - a);
     /* the slice as sent: the caller's, or with error feedback the client's
      * (a slice too small for top-k goes dense, its residual added) */
     const float *slice = (s->z ? s->z->v : grads + s->lo) + (a - s->lo);
@@ -297,12 +297,12 @@ static int s_send_part(dp_ps_client_t *c, int i, uint32_t k, char *err)
     return 0;
 }
 
+static void s_plan_parts(dp_ps_client_t *c, int i, int stream);
+
 /* The exchange's "before" for shard i: the parts before the last that
  * have not gone yet, or all of them again after a new HELLO (the shard
  * dropped what it had of this push: server/shard_parts.h). The last is
  * the exchange's own request (or went already: early_req). */
-static void s_plan_parts(dp_ps_client_t *c, int i, int stream);
-
 static int s_send_parts(dp_ps_client_t *c, int i, int again, void *arg, char *err)
 {
     (void)arg;
