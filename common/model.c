@@ -10,6 +10,21 @@
 #include "common/rng.h"
 #include "common/util.h"
 
+int dp_model_layer_span(const dp_model_t *m, int i, size_t *lo, size_t *hi)
+{
+    const dp_layer_t *l = &m->layers[i];
+    int idx[5] = {l->weight, l->bias, l->running_mean, l->running_var, l->num_batches_tracked};
+    *lo = (size_t)-1;
+    *hi = 0;
+    for (int k = 0; k < 5; k++) {
+        if (idx[k] < 0) continue;
+        const dp_param_t *p = &m->params[idx[k]];
+        if (p->offset < *lo) *lo = p->offset;
+        if (p->offset + p->count > *hi) *hi = p->offset + p->count;
+    }
+    return *hi > *lo;
+}
+
 size_t dp_layer_out_size(const dp_layer_t *l)
 {
     return (size_t)l->out_c * l->out_h * l->out_w;

@@ -209,6 +209,9 @@ const dp_param_t *dp_model_find_param(const dp_model_t *m, const char *name);
 
 /* Floats a sample's activation takes at layer li's output. */
 size_t dp_layer_out_size(const dp_layer_t *l);
+/* Layer i's parameters (a bn's state tensors with them) as the one run of
+ * the flat vector they are, [*lo, *hi); 0 when it has none. */
+int dp_model_layer_span(const dp_model_t *m, int i, size_t *lo, size_t *hi);
 
 /* Multiply-accumulates per sample for one forward pass (for FLOP counts). */
 double dp_model_forward_macs(const dp_model_t *m);

@@ -143,6 +143,17 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
                       (int)env->push->compression);
     if (compressed && env->shm)
         return dp_err(err, "malformed: a compressed PUSH travels in frames, not in shared memory");
+    if (env->push) {
+        uint32_t k = dp_wire_push_parts(env->push);
+        if (k > DP_WIRE_MAX_PUSH_PARTS)
+            return dp_err(err, "malformed: PUSH in %u parts (limit %d)", k, DP_WIRE_MAX_PUSH_PARTS);
+        if (env->push->part >= k)
+            return dp_err(err, "malformed: PUSH part %u of %u%s (parts count from 0)",
+                          env->push->part, k, env->push->parts ? "" : " (parts 0: a whole push)");
+        if (k > 1 && compressed)
+            return dp_err(err, "malformed: a PUSH in parts is dense (part %u of %u is compressed)",
+                          env->push->part, k);
+    }
     if (!env->shm && (size_t)n_frames != env->n_tensors)
         return dp_err(err, "malformed: %s has %zu tensor descriptors but %d tensor frames",
                       dp_wire_type_name(env->type), env->n_tensors, n_frames);
@@ -216,6 +227,36 @@ int dp_wire_check_range(const Downpour__Envelope *env, uint64_t lo, uint64_t hi,
                       (unsigned long long)lo, (unsigned long long)at, (unsigned long long)lo,
                       (unsigned long long)hi);
     return 0;
+}
+
+int dp_wire_check_run(const Downpour__Envelope *env, uint64_t lo, uint64_t hi, uint64_t *a,
+                      uint64_t *b, char *err)
+{
+    if (env->n_tensors == 0) return dp_err(err, "no tensors (a part holds at least one)");
+    uint64_t at = env->tensors[0]->offset;
+    *a = at;
+    for (size_t i = 0; i < env->n_tensors; i++) {
+        const Downpour__TensorDesc *d = env->tensors[i];
+        uint64_t n = dp_wire_desc_count(d);
+        if (d->offset != at)
+            return dp_err(err, "tensor %zu (%s) starts at float %llu, not where the one before "
+                               "ends (%llu): a part is one run of floats",
+                          i, d->key, (unsigned long long)d->offset, (unsigned long long)at);
+        if (at < lo || at > hi || n > hi - at)
+            return dp_err(err, "tensor %zu (%s) covers floats [%llu, %llu), not inside this "
+                               "shard's [%llu, %llu)",
+                          i, d->key, (unsigned long long)d->offset,
+                          (unsigned long long)(d->offset + n), (unsigned long long)lo,
+                          (unsigned long long)hi);
+        at += n;
+    }
+    *b = at;
+    return 0;
+}
+
+uint32_t dp_wire_push_parts(const Downpour__Push *p)
+{
+    return p->parts ? p->parts : 1;
 }
 
 static int s_any_nonfinite(const void *data, size_t n);

@@ -17,7 +17,9 @@
  * * 4 (BIT: / 8, rounded up) == byte_length == the
  * frame's length, and crc32(frame) == its crc32 unless the descriptor says
  * NO_CHECKSUM (a sender whose transport already protects the bytes: loopback,
- * ipc, CURVE); offset + count does not overflow. A message with env->shm
+ * ipc, CURVE); offset + count does not overflow; a PUSH's part is below
+ * its parts (0 read as 1), which are at most DP_WIRE_MAX_PUSH_PARTS, and a
+ * push of more than one part is dense (not compressed). A message with env->shm
  * has no tensor frames at all: its descriptors name bytes in shared memory
  * (proto/shm.h), which the receiver bounds-checks against its segment. Nothing here asserts on network input: every failure is a
  * message in err, starting with "malformed: ". */
@@ -37,6 +39,11 @@
 #define DP_WIRE_MAX_ENVELOPE (1u << 20)     /* bytes of frame 0 we agree to unpack */
 #define DP_WIRE_MAX_KEY 128                 /* bytes of a tensor key */
 #define DP_WIRE_MAX_TEXT 4096               /* bytes of any string field */
+/* Parts (Push.parts) one push to one shard may come in: a worker streams
+ * its gradient in parts of at least a bucket (worker/ps_client.h), one per
+ * layer or run of small layers, so a few tens even for a deep model; the
+ * bound caps what a shard tracks per worker (server/shard_parts.h). */
+#define DP_WIRE_MAX_PUSH_PARTS 64
 
 /* Consistency policy of the parameter server. */
 typedef enum { DP_MODE_SYNC = 1, DP_MODE_ASYNC = 2, DP_MODE_SSP = 3 } dp_mode_t;
@@ -67,6 +74,14 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
 
 /* The descriptors, in order, tile the float range [lo, hi) exactly. */
 int dp_wire_check_range(const Downpour__Envelope *env, uint64_t lo, uint64_t hi, char *err);
+
+/* The descriptors, in order, tile one run of floats [*a, *b) inside
+ * [lo, hi) (a part of a push in parts; at least one descriptor). */
+int dp_wire_check_run(const Downpour__Envelope *env, uint64_t lo, uint64_t hi, uint64_t *a,
+                      uint64_t *b, char *err);
+
+/* Push.parts as a count: an older sender's 0 is 1 (a whole push). */
+uint32_t dp_wire_push_parts(const Downpour__Push *p);
 
 /* Every float of the frames is finite (no NaN, no Inf). Bit tests through
  * memcpy'd words, so any frame alignment works; vectorised (memory speed). */

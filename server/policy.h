@@ -75,6 +75,8 @@ typedef enum {
     DP_PUSH_APPLIED = 1,   /* applied (async, ssp) or accumulated (sync) */
     DP_PUSH_DROPPED = 2,   /* valid but not used: late or duplicate (sync) */
     DP_PUSH_REJECTED = 3,  /* computed on a version this shard has not reached */
+    DP_PUSH_RECEIVED = 4,  /* a part of a push in parts, the rest awaited (server/shard_parts.h);
+                            * never a policy's decision */
 } dp_push_status_t;
 
 typedef struct {

@@ -24,7 +24,8 @@
  *    does not read). So the shard's parameter buffers number at most
  *    DP_SHARD_RETIRED + 2 (live, bfloat16) + DP_PS_PARAMS_PER_WORKER per
  *    worker, whatever a peer sends (dp_snap_alive, "snapshots" in the
- *    metrics).
+ *    metrics); a worker that pushes in parts adds one buffer of the range
+ *    (its assembly, server/shard_parts.h), allocated once.
  *  - A push's step is plausible (dp_shard_step_check) before it can count
  *    as a repeat or be recorded as applied: one message cannot push a
  *    worker's step high-water mark (and its checkpoint) out of reach.
@@ -62,6 +63,7 @@
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
 #include "server/shard_dc.h"
+#include "server/shard_parts.h"
 
 /* Replies ZeroMQ may queue per peer before the ROUTER drops further ones to
  * it (ZMQ_ROUTER_MANDATORY is off: a peer that does not read loses replies,
@@ -72,8 +74,10 @@
 /* Messages ZeroMQ may queue per peer before it stops reading that peer's
  * connection (the default is 1000). A worker has one request per shard in
  * flight, plus a heartbeat now and then while a pull is held (answered at
- * once); 8 leaves room for a tool and bursts while capping how many messages
- * one peer can park in ZeroMQ's queue. */
+ * once), or a push's parts (sent as its backward makes them; those past 8
+ * wait on the worker's side of the connection, nothing is lost); 8 leaves
+ * room for a tool and bursts while capping how many messages one peer can
+ * park in ZeroMQ's queue. */
 #define S_RCVHWM 8
 
 /* A PARAMS frame lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
@@ -127,6 +131,7 @@ typedef struct {
     uint64_t start_version; /* the version this start restored (0 fresh): Welcome.start_version */
     dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
     uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
+    dp_shard_parts_t parts; /* pushes in parts being assembled, one per worker at most */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -572,10 +577,12 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.version = ps->shard.version;
     wl.start_version = ps->start_version;
     wl.local_steps = ps->cfg->local_steps;
+    wl.push_parts = DP_WIRE_MAX_PUSH_PARTS;
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);
     dp_ps_shm_revoke(ps->shm, env->worker_id); /* a grant holds for the HELLO that got it */
+    dp_shard_parts_drop(&ps->parts, env->worker_id); /* it repeats a push whole, every part */
     if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
@@ -649,11 +656,73 @@ static void s_test_kill_at_version(const s_ps_t *ps, const Downpour__Envelope *e
     raise(SIGKILL);
 }
 
+/* A gradient that passed every check (g: n slices tiling the range, all
+ * finite), whole or assembled from its parts: the repeat check, the policy,
+ * the record, the reply. */
+static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                         const dp_grad_slice_t *g, int n_frames)
+{
+    int wid = env->worker_id;
+    if (s_push_repeated(ps, id, env)) return;
+    s_test_kill_at_version(ps, env);
+    dp_push_outcome_t o;
+    dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
+    dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
+                   ps->shard.version, &ps->members);
+    /* before a due checkpoint, so the file holds the step with its update */
+    if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
+    if (o.stepped) s_version_moved(ps);
+    s_reply_ack(ps, id, env->request_id, wid, &o);
+    if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
+}
+
+/* A part of a push in parts (Push.parts > 1): the same step checks as a
+ * whole push, then server/shard_parts.h checks and copies it; the part
+ * that completes the push takes the whole push's path with the assembled
+ * gradient, the others are answered RECEIVED (or REJECTED: the rule for a
+ * bad part, ARCHITECTURE.md). */
+static void s_on_push_part(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                           const dp_wire_frame_t *frames, int n_frames)
+{
+    char msg[DP_ERR_LEN];
+    int wid = env->worker_id;
+    if (dp_shard_step_check(&ps->shard, wid, env->push->step, msg, sizeof msg) != 0) {
+        s_reply_error(ps, id, env->request_id, wid, msg);
+        return;
+    }
+    dp_shard_step_handled(&ps->shard, wid, env->push->step);
+    if (s_push_repeated(ps, id, env)) return;
+    dp_grad_slice_t g;
+    int first = ps->parts.w[wid].rejected_step != env->push->step; /* counted once a push */
+    const float *shm = env->shm ? dp_ps_shm_grad_floats(ps->shm, wid) : NULL;
+    switch (dp_shard_parts_add(&ps->parts, wid, env, frames, n_frames, shm, &g, msg)) {
+    case DP_PARTS_RECEIVED: {
+        dp_push_outcome_t o = {.status = DP_PUSH_RECEIVED};
+        snprintf(o.reason, sizeof o.reason, "%s", msg);
+        s_reply_ack(ps, id, env->request_id, wid, &o);
+        return;
+    }
+    case DP_PARTS_REJECTED: {
+        dp_log_debug("shard %d: worker %d: %s", ps->cfg->shard_index, wid, msg);
+        if (first) ps->shard.counts.rejected++;
+        dp_push_outcome_t o = {.status = DP_PUSH_REJECTED};
+        snprintf(o.reason, sizeof o.reason, "%s", msg);
+        s_reply_ack(ps, id, env->request_id, wid, &o);
+        return;
+    }
+    case DP_PARTS_COMPLETE: s_push_apply(ps, id, env, &g, 1); return;
+    }
+}
+
 static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                       const dp_wire_frame_t *frames, int n_frames)
 {
     char msg[DP_ERR_LEN];
     int wid = env->worker_id;
+    if (dp_wire_push_parts(env->push) > 1) {
+        s_on_push_part(ps, id, env, frames, n_frames);
+        return;
+    }
     /* A compressed gradient (--compress) is checked against this shard's
      * slice and expanded into scratch, a dense gradient from there on. */
     int compressed = env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
@@ -672,6 +741,10 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     /* Handled whatever becomes of it (dropped, refused as non-finite): the
      * worker's next step follows this one. */
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
+    if (dp_shard_parts_whole(&ps->parts, wid, env->push->step, msg) != 0) {
+        s_reply_rejected(ps, id, env->request_id, wid, msg);
+        return;
+    }
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
     int bf16[DP_WIRE_MAX_TENSORS];
     for (int f = 0; f < n_frames; f++) {
@@ -699,17 +772,7 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
         s_reply_rejected(ps, id, env->request_id, wid, msg);
         return;
     }
-    if (s_push_repeated(ps, id, env)) return;
-    s_test_kill_at_version(ps, env);
-    dp_push_outcome_t o;
-    dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
-    dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
-                   ps->shard.version, &ps->members);
-    /* before a due checkpoint, so the file holds the step with its update */
-    if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
-    if (o.stepped) s_version_moved(ps);
-    s_reply_ack(ps, id, env->request_id, wid, &o);
-    if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
+    s_push_apply(ps, id, env, g, n_frames);
 }
 
 static void s_on_barrier(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
@@ -1025,6 +1088,7 @@ static int s_setup_state(s_ps_t *ps, char *err)
     ps->pending = dp_calloc((size_t)cfg->num_workers * DP_PS_HELD_PER_WORKER, sizeof *ps->pending);
     ps->held = dp_calloc((size_t)cfg->num_workers, sizeof *ps->held);
     ps->lent = dp_calloc((size_t)cfg->num_workers * DP_PS_PARAMS_PER_WORKER, sizeof *ps->lent);
+    dp_shard_parts_init(&ps->parts, ps->shard.lo, ps->shard.hi, cfg->num_workers);
     return s_restore(ps, err);
 }
 
@@ -1098,6 +1162,7 @@ static void s_teardown(s_ps_t *ps)
     dp_members_fini(&ps->members);
     dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
+    dp_shard_parts_fini(&ps->parts);
     free(ps->pending);
     free(ps->held);
     free(ps->lent); /* the context ended: ZeroMQ released every frame */

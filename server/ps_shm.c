@@ -137,6 +137,12 @@ int dp_ps_shm_params(dp_ps_shm_t *x, uint32_t *slot, uint64_t *seq)
     return 1;
 }
 
+const float *dp_ps_shm_grad_floats(dp_ps_shm_t *x, int worker)
+{
+    if (!x || worker < 0 || worker >= x->n_workers || !x->granted[worker]) return NULL;
+    return dp_shm_slot(&x->grad[worker], 0);
+}
+
 int dp_ps_shm_gradient(dp_ps_shm_t *x, int worker, const Downpour__Envelope *env,
                        dp_grad_slice_t *g, int *rejected, char *err)
 {

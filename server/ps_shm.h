@@ -53,4 +53,9 @@ int dp_ps_shm_params(dp_ps_shm_t *x, uint32_t *slot, uint64_t *seq);
 int dp_ps_shm_gradient(dp_ps_shm_t *x, int worker, const Downpour__Envelope *env,
                        dp_grad_slice_t *g, int *rejected, char *err);
 
+/* Worker w's gradient segment (the shard's n floats), where a part of a
+ * push in parts through shared memory lies; NULL when w holds no grant.
+ * Safe on NULL. */
+const float *dp_ps_shm_grad_floats(dp_ps_shm_t *x, int worker);
+
 #endif

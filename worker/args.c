@@ -140,6 +140,13 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                        "pull the next weights and push the last gradient while computing,\n"
                        "on weights one step older (default: on for a GPU worker in async,\n"
                        "else off; sync: always off)"),
+        DP_FLAG_CHOICE("stream-push", "off|on", &c->stream_push, P,
+                       "push each layer's gradient as soon as the backward pass has\n"
+                       "made it (in parts of at least 256 KiB), so the push travels\n"
+                       "under the rest of the backward; the servers apply the step\n"
+                       "once all its parts are in and checked (default on; CPU\n"
+                       "workers without --overlap or --local-steps only: a GPU\n"
+                       "worker pushes whole)"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
         DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,

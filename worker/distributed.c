@@ -55,6 +55,9 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
     cJSON_AddNumberToObject(line, "updates_lost", (double)lost);
     cJSON_AddNumberToObject(line, "bytes_pushed", (double)r->bytes); /* this push's gradient bytes */
+    /* its messages, all shards, and those that left during the backward (--stream-push) */
+    cJSON_AddNumberToObject(line, "push_parts", r->parts);
+    cJSON_AddNumberToObject(line, "push_parts_early", r->parts_early);
     /* where the step's time went: computing, or blocked on the servers */
     cJSON_AddNumberToObject(line, "compute_ms", dp_metrics_round(compute_s * 1e3, 3));
     cJSON_AddNumberToObject(line, "wait_ms", dp_metrics_round(wait_s * 1e3, 3));
@@ -184,6 +187,7 @@ typedef struct {
     double wait_s;             /* the compute thread's time waiting on the servers */
     double step_compute_s, step_wait_s; /* the last step's, for its metrics line */
     dp_staleness_t hist;       /* this worker's applied pushes (the largest over shards) */
+    int stream;                /* plain loop: the push leaves in parts during the backward */
 } s_loop_t;
 
 /* What a push's result does to the counters, the metrics, the progress line. */
@@ -215,7 +219,15 @@ static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
                        n * s->conf.batch / (dt > 0 ? dt : 1e-9), L->loss_avg, L->stale_sum / n);
 }
 
-/* Pull, compute, push, in turn. */
+/* The net's hook (worker/net.h): layer by layer, the push's parts leave. */
+static void s_grads_ready(void *arg, size_t off, size_t n)
+{
+    dp_ps_client_push_part(arg, off, n);
+}
+
+/* Pull, compute, push, in turn; with L->stream the push starts before the
+ * backward and its parts leave as it makes them (the CPU's gradient is the
+ * net's own, host memory, so the push's buffer is known before). */
 static int s_loop_plain(s_loop_t *L, char *err)
 {
     dp_session_t *s = L->s;
@@ -227,18 +239,30 @@ static int s_loop_plain(s_loop_t *L, char *err)
         if (s_pull_into_net(s, L->ps, err) != 0) return -1;
         double t1 = dp_now();
         uint64_t version = dp_ps_client_version(L->ps);
+        /* between the pull and the first byte of the push (streamed, that
+         * leaves during the backward): a slow worker's push arrives late */
+        s_inject_delay(&s->conf, &L->delay_rng);
+        double tc = dp_now();
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
-        float loss = s_step_for_push(s, &batch, &grads);
-        double t2 = dp_now();
-        s_inject_delay(&s->conf, &L->delay_rng);
-        dp_push_result_t r;
-        double t3 = dp_now();
-        dp_ps_push_t push = {.grads = grads, .loss = loss, .batch = s->conf.batch,
+        dp_ps_push_t push = {.grads = s->net.d_grads, .batch = s->conf.batch,
                              .step = (uint64_t)step + 1};
-        if (dp_ps_client_push(L->ps, &push, &r, err) != 0) return -1;
-        L->step_compute_s = t2 - t1;
-        L->step_wait_s = (t1 - t0) + (dp_now() - t3);
+        if (L->stream) {
+            if (dp_ps_client_push_begin(L->ps, &push, err) != 0) return -1;
+            s->net.on_grads = s_grads_ready;
+            s->net.on_grads_arg = L->ps;
+        }
+        float loss = s_step_for_push(s, &batch, &grads);
+        s->net.on_grads = NULL;
+        double t2 = dp_now(); /* the push's wait counts from here: the end of the backward */
+        dp_push_result_t r;
+        push.grads = grads;
+        push.loss = loss;
+        if ((L->stream ? dp_ps_client_push_end(L->ps, &r, err)
+                       : dp_ps_client_push(L->ps, &push, &r, err)) != 0)
+            return -1;
+        L->step_compute_s = t2 - tc;
+        L->step_wait_s = (t1 - t0) + (dp_now() - t2);
         L->wait_s += L->step_wait_s;
         s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps));
     }
@@ -420,6 +444,19 @@ static int s_overlap(int flag, dp_mode_t mode, const char *device)
     return mode == DP_MODE_ASYNC && device && strncmp(device, "cuda", 4) == 0;
 }
 
+/* --stream-push as given (on by default) where the plain loop runs on a
+ * backend whose backward is done layer by layer on the host (the CPU): the
+ * overlapped loop pushes from a thread, local steps push a pseudo-gradient
+ * made after the round, and a device's gradient reaches the host whole
+ * (the GPU path keeps the whole push). */
+static int s_stream(int flag, int overlap, long local_steps, const dp_backend_t *be)
+{
+    const char *why = overlap ? "--overlap" : local_steps > 1 ? "--local-steps"
+                      : !be->host_memory ? "a device worker" : NULL;
+    if (flag == 1 && why) dp_log_info("--stream-push on: ignored with %s (it pushes whole)", why);
+    return flag != 0 && !why;
+}
+
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
     /* Beats before anything slow (data, device), so a starting worker is
@@ -463,11 +500,13 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
                            L.first, L.total, c->augment, err) != 0)
         goto done;
     int overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info.mode, c->device);
+    L.stream = s_stream(c->stream_push, overlap, c->local_steps, s.be);
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",
                 c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards, c->batch,
                 L.total, c->device,
                 c->local_steps > 1 ? "local steps: a push of the pseudo-gradient every --local-steps"
                 : overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
+                : L.stream ? "overlap off: pull, compute, push in turn, the push in parts as the backward makes them"
                           : "overlap off: pull, compute, push in turn");
     dp_session_log_start(&s, c->task_index, L.total, L.spe);
     dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);

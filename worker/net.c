@@ -243,20 +243,22 @@ static void s_din_done(dp_net_t *net, int b, const float *din, int B)
                           net->d_tmp);
 }
 
-/* Queue the copy of layer l's parameter gradients (one contiguous range of
+/* Queue the copy of layer i's parameter gradients (one contiguous range of
  * the flat vector: a bn's state values with them) to h_grads. */
-static void s_copy_layer_grads(dp_net_t *net, const dp_layer_t *l, float *h_grads)
+static void s_copy_layer_grads(dp_net_t *net, int i, float *h_grads)
 {
-    size_t lo = (size_t)-1, hi = 0;
-    int idx[5] = {l->weight, l->bias, l->running_mean, l->running_var, l->num_batches_tracked};
-    for (int k = 0; k < 5; k++) {
-        if (idx[k] < 0) continue;
-        const dp_param_t *p = &net->m->params[idx[k]];
-        if (p->offset < lo) lo = p->offset;
-        if (p->offset + p->count > hi) hi = p->offset + p->count;
-    }
-    if (hi <= lo) return;
+    size_t lo, hi;
+    if (!dp_model_layer_span(net->m, i, &lo, &hi)) return;
     net->be->ops->download_async(net->be, h_grads + lo, net->d_grads + lo, (hi - lo) * sizeof(float));
+}
+
+/* Layer i's gradients are final: to the caller's hook, on a backend whose
+ * ops are done when they return (host memory: the CPU). */
+static void s_grads_ready(dp_net_t *net, int i)
+{
+    size_t lo, hi;
+    if (net->on_grads && net->be->host_memory && dp_model_layer_span(net->m, i, &lo, &hi))
+        net->on_grads(net->on_grads_arg, lo, hi - lo);
 }
 
 /* The backward of layer i: its boundaries' gradients get their buffers
@@ -325,7 +327,8 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
         double t0 = net->t_layer ? dp_now() : 0;
         s_backward_layer(net, d_x, d_y, B, i);
         if (net->t_layer) net->t_layer[m->n_layers + i] += dp_now() - t0;
-        if (h_grads) s_copy_layer_grads(net, &m->layers[i], h_grads);
+        if (h_grads) s_copy_layer_grads(net, i, h_grads);
+        s_grads_ready(net, i);
     }
     float loss = 0;
     be->ops->download(be, &loss, net->d_loss, sizeof loss); /* waits for the whole step */

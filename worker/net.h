@@ -54,6 +54,16 @@ typedef struct {
      * seconds added per layer, forward at i, backward at n_layers + i. Only
      * meaningful on a backend whose ops finish before they return (the CPU). */
     double *t_layer;
+    /* Set by a caller that streams the gradient (the worker's push in parts),
+     * else NULL: called in a training step's backward as soon as layer i's
+     * parameter gradients, floats [off, off + n) of d_grads (one run: the
+     * parameters lie in model order), are written and final. The backward
+     * runs from the last layer to the first, so the floats handed over grow
+     * downward from the end of the vector. Only on a backend whose ops are
+     * done when they return (host memory: the CPU); a device's backward
+     * never calls it (its gradient reaches the host as h_grads, whole). */
+    void (*on_grads)(void *arg, size_t off, size_t n);
+    void *on_grads_arg;
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);

@@ -223,50 +223,131 @@ static void s_build_compressed(dp_ps_client_t *c, const dp_ps_shard_t *s, dp_ps_
     rq->n_payloads = nd;
 }
 
-/* Shard i's slice of the gradient, handed to ZeroMQ without a copy. */
-static void s_build_push(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+/* Part k of shard i's slice of the gradient (the whole slice when the push
+ * to it is one part), handed to ZeroMQ without a copy. */
+static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
+                         const dp_ps_push_t *pp)
 {
-    const s_push_t *push = arg;
     const dp_ps_shard_t *s = &c->sh[i];
-    const float *grads = push->p->grads;
+    const float *grads = pp->grads;
     Downpour__Push *p = &rq->body.push;
     *p = (Downpour__Push)DOWNPOUR__PUSH__INIT;
-    p->version = s_stamp_of(c, push->p, i);
-    p->loss = push->p->loss;
-    p->batch = push->p->batch;
-    p->step = push->p->step;
+    p->version = s_stamp_of(c, pp, i);
+    p->loss = pp->loss;
+    p->batch = pp->batch;
+    p->step = pp->step;
+    if (s->parts > 1) {
+        p->part = k;
+        p->parts = s->parts;
+    }
     rq->env.push = p;
     rq->env.tensors = rq->descs;
     if (s->z && s->z->kind != DP_COMPRESS_NONE) {
         s_build_compressed(c, s, rq);
         return;
     }
-    size_t cnt = (size_t)(s->hi - s->lo);
+    uint64_t a = s->part_at[k + 1]; /* the plan of push_begin: [lo, hi) when whole */
+    size_t cnt = (size_t)(s->part_at[k] - a);
     /* the slice as sent: the caller's, or with error feedback the client's
      * (a slice too small for top-k goes dense, its residual added) */
-    const float *slice = s->z ? s->z->v : grads + s->lo;
-    dp_wire_desc_fill(&rq->desc[0], rq->shape, "params", slice, cnt, s->lo,
+    const float *slice = (s->z ? s->z->v : grads + s->lo) + (a - s->lo);
+    dp_wire_desc_fill(&rq->desc[0], rq->shape, "params", slice, cnt, a,
                       !s->crc || s->shm || c->bf16, 0); /* bf16: its own CRC below */
     if (!s->crc) dp_wire_desc_no_checksum(&rq->desc[0]);
     rq->descs[0] = &rq->desc[0];
     rq->env.n_tensors = 1;
-    if (s->shm) { /* our slot: the shard copies it out before it looks at it */
-        memcpy(dp_shm_slot(&s->shm_grad, 0), slice, cnt * sizeof(float));
+    if (s->shm) { /* our slot, where the floats lie: the shard copies them out first */
+        memcpy(dp_shm_slot(&s->shm_grad, 0) + (a - s->lo), slice, cnt * sizeof(float));
         dp_wire_desc_no_checksum(&rq->desc[0]);
         rq->env.shm = 1;
         return;
     }
     atomic_fetch_add(&c->inflight, 1); /* dp_wire_send releases it, sent or not */
-    if (c->bf16) { /* half the bytes: the slice rounded into our own buffer */
+    if (c->bf16) { /* half the bytes: the part rounded into our own buffer */
         dp_ps_shard_t *sw = &c->sh[i];
-        if (!sw->push16) sw->push16 = dp_malloc(cnt * sizeof *sw->push16 + 2);
-        dp_wire_to_bf16(sw->push16, slice, cnt);
-        dp_wire_desc_bf16(&rq->desc[0], sw->push16, s->crc);
-        rq->payload[0] = (dp_wire_payload_t){sw->push16, cnt * 2, s_push_release, &c->inflight};
+        size_t all = (size_t)(s->hi - s->lo);
+        if (!sw->push16) sw->push16 = dp_malloc(all * sizeof *sw->push16 + 2);
+        uint16_t *h = sw->push16 + (a - s->lo);
+        dp_wire_to_bf16(h, slice, cnt);
+        dp_wire_desc_bf16(&rq->desc[0], h, s->crc);
+        rq->payload[0] = (dp_wire_payload_t){h, cnt * 2, s_push_release, &c->inflight};
     } else
         rq->payload[0] = (dp_wire_payload_t){slice, cnt * sizeof(float), s_push_release,
                                              &c->inflight};
     rq->n_payloads = 1;
+}
+
+/* The request the push's exchange awaits from shard i: its last part. */
+static void s_build_push(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+{
+    const s_push_t *push = arg;
+    s_build_part(c, i, c->sh[i].parts - 1, rq, push->p);
+}
+
+/* Part k of the push in progress to shard i, sent without awaiting its
+ * reply (RECEIVED, which proves the shard alive and nothing more). */
+static int s_send_part(dp_ps_client_t *c, int i, uint32_t k, char *err)
+{
+    dp_ps_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    dp_wire_env_init(&rq.env, DOWNPOUR__MSG_TYPE__PUSH, 0, c->worker_id, c->m->fingerprint);
+    s_build_part(c, i, k, &rq, c->push);
+    if (dp_ps_send_only(c, i, &rq, err) != 0) return -1;
+    if (k + 1 == c->sh[i].parts) c->sh[i].early_req = rq.env.request_id; /* the one awaited */
+    return 0;
+}
+
+static void s_plan_parts(dp_ps_client_t *c, int i, int stream);
+
+/* The exchange's "before" for shard i: the parts before the last that
+ * have not gone yet, or all of them again after a new HELLO (the shard
+ * dropped what it had of this push: server/shard_parts.h). The last is
+ * the exchange's own request (or went already: early_req). */
+static int s_send_parts(dp_ps_client_t *c, int i, int again, void *arg, char *err)
+{
+    (void)arg;
+    dp_ps_shard_t *s = &c->sh[i];
+    if (again) s_plan_parts(c, i, s->stream); /* its WELCOME may bring another range */
+    for (; s->parts_sent + 1 < s->parts; s->parts_sent++)
+        if (s_send_part(c, i, s->parts_sent, err) != 0) return -1;
+    return 0;
+}
+
+/* Bucket: a part leaves once at least this many bytes of a shard's slice
+ * are final and unsent, cut where a layer begins. 256 KiB is a few
+ * hundred microseconds of the shard's copy and check, so a part is worth
+ * its message; the default model's fc1 (6.4 MB, 97 % of its bytes) then
+ * leaves in one part as soon as its backward is done, while the
+ * convolutions' backward still runs, and the small layers go together. */
+#define S_BUCKET_FLOATS (DP_PS_PUSH_BUCKET_BYTES / sizeof(float))
+
+/* Shard i's parts for a push in parts: walking the layers as the backward
+ * finishes them (the last first), a cut where a layer begins once a
+ * bucket is pending above it; at most the shard's bound of parts (the
+ * rest in the last). One part when the shard takes none (an older one),
+ * when the push is compressed (this version streams dense pushes only), or
+ * when nothing is streamed. */
+static void s_plan_parts(dp_ps_client_t *c, int i, int stream)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    s->parts = 1;
+    s->parts_sent = 0;
+    s->early_req = 0;
+    s->part_at[0] = s->hi;
+    s->part_at[1] = s->lo;
+    /* a compressed push is encoded whole at push_end */
+    s->stream = stream && c->compress.kind == DP_COMPRESS_NONE;
+    uint32_t max = s->push_parts < DP_WIRE_MAX_PUSH_PARTS ? s->push_parts : DP_WIRE_MAX_PUSH_PARTS;
+    if (!s->stream || max < 2) return; /* whole, but still as soon as the slice is final */
+    uint32_t k = 0;
+    uint64_t top = s->hi;
+    for (int l = c->m->n_layers - 1; l >= 0 && k + 2 <= max; l--) {
+        size_t a, b;
+        if (!dp_model_layer_span(c->m, l, &a, &b) || b <= s->lo || a >= top) continue;
+        if (a > s->lo && top - a >= S_BUCKET_FLOATS) s->part_at[++k] = top = a;
+    }
+    s->part_at[++k] = s->lo;
+    s->parts = k;
 }
 
 /* Each shard's slice encoded once per push, before the exchange (a repeat
@@ -322,6 +403,16 @@ static int s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     if (env->type != DOWNPOUR__MSG_TYPE__ACK)
         return dp_err(err, "%s: answered PUSH with %s", s->endpoint, dp_wire_type_name(env->type));
     const Downpour__Ack *a = env->ack;
+    if (a->status == DOWNPOUR__ACK_STATUS__RECEIVED) {
+        /* the last part of a push in parts, and the shard still lacks some
+         * before it (lost with a dropped connection): the exchange says
+         * HELLO, which discards them there, and sends every part again */
+        dp_log_warn("%s: %s; the push goes again", s->endpoint,
+                    a->reason && a->reason[0] ? a->reason : "a part is missing");
+        s->restarted = 1;
+        s->done = 0;
+        return 0;
+    }
     switch (a->status) {
     case DOWNPOUR__ACK_STATUS__APPLIED: r->applied++; break;
     case DOWNPOUR__ACK_STATUS__DROPPED: r->dropped++; break;
@@ -372,17 +463,71 @@ static void s_after_stamped(dp_ps_client_t *c, const uint64_t *used, const uint6
     }
 }
 
-int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t *res, char *err)
+/* The start of a push: checks, and each shard's parts (stream: as many as
+ * its plan makes, else one). */
+static int s_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, int stream, char *err)
 {
-    dp_push_result_t local;
-    if (!res) res = &local;
-    memset(res, 0, sizeof *res);
     c->code = DP_PS_ERR_OTHER; /* until the exchange says otherwise */
+    c->push = NULL;
+    c->streaming = 0;
     for (int i = 0; i < c->n; i++)
         if (!c->sh[i].pulled)
             return dp_err(err, "push before the first pull (the gradient needs a version)");
     if (p->stamp && p->stamp->n != c->n)
         return dp_err(err, "push stamped for %d shard(s) on a client of %d", p->stamp->n, c->n);
+    for (int i = 0; i < c->n; i++) {
+        s_plan_parts(c, i, stream);
+        c->streaming |= c->sh[i].stream;
+    }
+    c->push = p;
+    c->ready_lo = c->m->n_floats;
+    c->code = DP_PS_OK;
+    return 0;
+}
+
+int dp_ps_client_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, char *err)
+{
+    return s_push_begin(c, p, 1, err);
+}
+
+void dp_ps_client_push_part(dp_ps_client_t *c, size_t off, size_t n)
+{
+    if (!c->streaming) return;
+    if (off + n != c->ready_lo) {
+        if (off >= c->ready_lo) return; /* final already */
+        /* not the run below what is final: the rest goes with push_end */
+        dp_log_debug("push in parts: floats [%zu, %zu) final before [%zu, %zu); the rest of the "
+                     "push waits for its end", off, off + n, off + n, c->ready_lo);
+        c->streaming = 0;
+        return;
+    }
+    c->ready_lo = off;
+    for (int i = 0; i < c->n; i++) {
+        dp_ps_shard_t *s = &c->sh[i];
+        if (!s->stream || s->restarted || !s->sock) continue; /* push_end: rejoined first */
+        while (s->parts_sent < s->parts && c->ready_lo <= s->part_at[s->parts_sent + 1]) {
+            char e2[DP_ERR_LEN];
+            if (s_send_part(c, i, s->parts_sent, e2) != 0) {
+                /* push_end sends it again, and fails there if it must */
+                dp_log_debug("push in parts: %s", e2);
+                break;
+            }
+            s->parts_sent++;
+        }
+    }
+}
+
+int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err)
+{
+    dp_push_result_t local;
+    if (!res) res = &local;
+    memset(res, 0, sizeof *res);
+    const dp_ps_push_t *p = c->push;
+    if (!p) {
+        c->code = DP_PS_ERR_OTHER;
+        return dp_err(err, "push_end without a push_begin");
+    }
+    c->streaming = 0;
     uint64_t used[DP_ZSOCK_MAX_SHARDS], inc[DP_ZSOCK_MAX_SHARDS];
     for (int i = 0; p->stamp && i < c->n; i++) {
         used[i] = s_stamp_of(c, p, i);
@@ -390,9 +535,14 @@ int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t
     }
     res->bytes = s_encode(c, p->grads);
     c->bytes_pushed += res->bytes;
+    for (int i = 0; i < c->n; i++) {
+        res->parts += (int)c->sh[i].parts;
+        res->parts_early += (int)c->sh[i].parts_sent;
+    }
     s_push_t push = {p, res, 0};
     dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__PUSH, .n_shards = c->n,
-                         .build = s_build_push, .on_reply = s_on_ack, .arg = &push};
+                         .before = s_send_parts, .build = s_build_push, .on_reply = s_on_ack,
+                         .arg = &push};
     int rc = dp_ps_exchange(c, &plan, err);
     char e2[DP_ERR_LEN];
     if (s_wait_released(c, e2) != 0) {
@@ -401,7 +551,15 @@ int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t
     }
     if (p->stamp) s_after_stamped(c, used, inc);
     if (rc == 0) res->staleness_mean = push.staleness_sum / c->n;
+    c->push = NULL;
     return rc;
+}
+
+int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t *res, char *err)
+{
+    if (res) memset(res, 0, sizeof *res);
+    if (s_push_begin(c, p, 0, err) != 0) return -1;
+    return dp_ps_client_push_end(c, res, err);
 }
 
 uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c)

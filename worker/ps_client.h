@@ -64,6 +64,9 @@ typedef struct {
     uint64_t bytes;                  /* the gradient's bytes this push moved, all shards: dense
                                       * 4 (bf16 frames: 2) a float, or the compressed encoding
                                       * (proto/compress.h); once, however often it was repeated */
+    int parts;                       /* messages the push took, all shards (the shards' count:
+                                      * one each when whole), once however often repeated */
+    int parts_early;                 /* of them, those push_part sent during the backward */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */
@@ -212,6 +215,31 @@ typedef struct {
  * reply) counts in res->rejected with the reason and is not a failure of
  * the call. res may be NULL. */
 int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t *res, char *err);
+
+/* A push in parts: the gradient streamed as the backward pass produces it
+ * (worker/net.h's on_grads hook), on the caller's thread, no thread of its
+ * own. push_begin(p) starts it (the checks of a push; p and p->grads are
+ * the caller's until push_end returns, and p is read again there: its loss
+ * may be set after the backward); each push_part(off, n) says floats
+ * [off, off + n) of p->grads are final, and sends, without awaiting any
+ * reply, each shard's parts that are then complete; push_end sends what is
+ * left and awaits every shard's reply as dp_ps_client_push does (the same
+ * timeouts, heartbeats and repeats: after a restart or a lost reply, all
+ * the parts to that shard go again). Each shard's parts are planned at
+ * push_begin from the model's layers, the last layer first (the order the
+ * backward finishes them): a cut where a layer begins once at least
+ * DP_PS_PUSH_BUCKET_BYTES of the slice are pending above it. The floats
+ * must become final from the end of the vector down, one run after the
+ * other; a run out of that order makes the rest wait for push_end (still
+ * correct, only later). Through shared memory a part is written to its
+ * place in the gradient segment and its message says so. A compressed push
+ * (--compress) and a shard that takes no parts (an older one, its WELCOME
+ * says) get the push whole at push_end. dp_ps_client_push is the same
+ * push with one part per shard. push_part outside a push does nothing. */
+#define DP_PS_PUSH_BUCKET_BYTES (256 * 1024)
+int dp_ps_client_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, char *err);
+void dp_ps_client_push_part(dp_ps_client_t *c, size_t off, size_t n);
+int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
 
 /* The bytes of every push so far (dp_push_result_t.bytes summed). */
 uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);

@@ -120,7 +120,7 @@ int dp_ps_refused(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char 
     return dp_err(err, "%s: %s", c->sh[i].endpoint, env->error->message);
 }
 
-static int s_send(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
+int dp_ps_send_only(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
     rq->env.request_id = ++c->next_req;
@@ -131,6 +131,13 @@ static int s_send(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
     if (dp_wire_send(s->sock, NULL, &rq->env, rq->n_payloads ? rq->payload : NULL, rq->n_payloads,
                      e2) != 0)
         return dp_err(err, "%s: %s (is downpour-ps running?)", s->endpoint, e2);
+    return 0;
+}
+
+static int s_send(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    if (dp_ps_send_only(c, i, rq, err) != 0) return -1;
     s->want_req = rq->env.request_id;
     s->done = 0;
     s->sent_at = s->last_heard = s->last_hb = dp_now();
@@ -291,11 +298,14 @@ static int s_rejoin(dp_ps_client_t *c, int i, char *err)
     return 0;
 }
 
-/* Repeat the plan's request to shard i after a new HELLO. */
+/* Repeat the plan's request to shard i after a new HELLO (with all that
+ * precedes it: a push's every part). */
 static int s_repeat(dp_ps_client_t *c, int i, const dp_ps_plan_t *plan, char *err)
 {
     int repeats = c->sh[i].repeats + 1;
-    if (s_rejoin(c, i, err) != 0 || s_send_plan(c, i, plan, err) != 0) return -1;
+    if (s_rejoin(c, i, err) != 0 || (plan->before && plan->before(c, i, 1, plan->arg, err) != 0) ||
+        s_send_plan(c, i, plan, err) != 0)
+        return -1;
     c->sh[i].repeats = repeats;
     return 0;
 }
@@ -352,10 +362,13 @@ static void s_name_silent(const dp_ps_client_t *c, char *err)
 
 int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 {
+    uint64_t early[DP_ZSOCK_MAX_SHARDS]; /* this exchange's only: taken and cleared */
     for (int i = 0; i < c->n; i++) {
         c->sh[i].want_req = 0;
         c->sh[i].done = 0;
         c->sh[i].repeats = 0;
+        early[i] = c->sh[i].early_req;
+        c->sh[i].early_req = 0;
     }
     c->code = DP_PS_OK;
     int rc = 0;
@@ -363,9 +376,18 @@ int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
         /* A socket a failed reset could not reopen gets another try; a
          * shard seen restarting since the last exchange is greeted first. */
         if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;
-        if (c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO &&
-            (rc = s_rejoin(c, i, err)) != 0)
+        int again = c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO;
+        if (again && (rc = s_rejoin(c, i, err)) != 0) break;
+        if (plan->before && (rc = plan->before(c, i, again, plan->arg, err)) != 0) {
+            c->sh[i].want_req = UINT64_MAX; /* parts may be queued: its socket is reset too */
             break;
+        }
+        if (early[i] && !again) { /* sent already: awaited from now on */
+            dp_ps_shard_t *s = &c->sh[i];
+            s->want_req = early[i];
+            s->sent_at = s->last_heard = s->last_hb = dp_now();
+            continue;
+        }
         rc = s_send_plan(c, i, plan, err);
     }
     /* ZeroMQ holds the HELLO until a server is up (and redials): a worker
@@ -493,6 +515,7 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     s->lo = w->range_lo;
     s->hi = w->range_hi;
     s->run_token = w->run_token;
+    s->push_parts = w->push_parts;
     s_welcome_recovery(c, s, env);
     return s_welcome_shm(c, i, w, err);
 }

@@ -14,6 +14,10 @@
  * each reply; the exchange owns the liveness rules, the stop flag and the
  * clean-up after a failure.
  *
+ * A request may go out before its exchange (a push's parts, sent while the
+ * backward runs): the plan's "before" sends those ahead of the awaited one,
+ * and a shard's early_req names an awaited one that went already.
+ *
  * Invariants: a shard's range [lo, hi) comes from its WELCOME and the ranges
  * tile [0, n_floats); push frames point into the caller's gradient and
  * c->inflight counts those ZeroMQ still holds, so push returns only once it
@@ -58,6 +62,16 @@ typedef struct {
     uint16_t *push16;       /* --wire bf16: this shard's gradient slice in bfloat16 (frames only) */
     dp_compressor_t *z;     /* --compress: this slice's encoder and error feedback (made on
                              * the first push); its last encoding is what the push sends */
+    uint32_t push_parts;    /* from its WELCOME: the most parts it assembles a push from (0:
+                             * an older shard, whole pushes only) */
+    /* the push in progress (push_begin .. push_end): its parts to this shard */
+    uint32_t parts;         /* 1: whole; part k is floats [part_at[k + 1], part_at[k]) */
+    uint32_t parts_sent;    /* the first ones sent, by push_part or push_end's exchange */
+    int stream;             /* push_part may send them (a dense push streamed) */
+    uint64_t early_req;     /* the request the next exchange awaits from it went out already
+                             * (a push's last part, from push_part): its id, 0 none; the
+                             * exchange awaits it instead of sending it (but after a rejoin) */
+    uint64_t part_at[DP_WIRE_MAX_PUSH_PARTS + 1]; /* part_at[0] = hi > ... > part_at[parts] = lo */
 } dp_ps_shard_t;
 
 struct dp_ps_client {
@@ -82,6 +96,9 @@ struct dp_ps_client {
     dp_ps_err_t code;       /* the kind of the last failure (dp_ps_client_error) */
     float *landing;         /* m->n_floats, made on first use: a sink's tensors that cannot
                              * be lent as received (bfloat16, misaligned, shared memory) */
+    const dp_ps_push_t *push; /* push_begin's, until push_end; NULL between pushes */
+    int streaming;          /* push_part sends the parts it makes ready */
+    size_t ready_lo;        /* the push in progress: floats [ready_lo, n_floats) are final */
 };
 
 /* Storage one request points into until it is sent. */
@@ -108,10 +125,16 @@ typedef void (*dp_ps_build_fn)(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *
 typedef int (*dp_ps_reply_fn)(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                               const dp_wire_frame_t *frames, int n_frames, void *arg, char *err);
 
+/* Sends what must precede shard i's request (a push's parts before its
+ * last) with dp_ps_send_only; again: the shard was said HELLO again (it
+ * restarted or lost a reply), so all of it goes again. 0 or -1 with err. */
+typedef int (*dp_ps_before_fn)(dp_ps_client_t *c, int i, int again, void *arg, char *err);
+
 /* One exchange: the same request type to shards [0, n_shards). */
 typedef struct {
     int type;             /* DOWNPOUR__MSG_TYPE__* of every request */
     int n_shards;         /* c->n, or 1 to ask shard 0 only */
+    dp_ps_before_fn before; /* NULL: the request goes alone */
     dp_ps_build_fn build; /* NULL: the request has no body */
     dp_ps_reply_fn on_reply; /* takes each shard's reply */
     void *arg;            /* handed to build and on_reply */
@@ -122,6 +145,11 @@ typedef struct {
  * nothing of this exchange is left queued or awaited; c->code says what
  * kind of failure it was. */
 int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err);
+
+/* Send rq to shard i (its request id and session set here) without
+ * awaiting a reply: a part of a push ahead of the one the exchange awaits.
+ * Its reply, when it comes, only proves the shard alive. */
+int dp_ps_send_only(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err);
 
 /* Shard i answered with an ERROR: its message into err, c->code REFUSED; -1. */
 int dp_ps_refused(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char *err);

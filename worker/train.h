@@ -67,6 +67,9 @@ typedef struct {
                                   * (ps_client; the lab engine the same way) */
     int overlap;               /* pull and push on a thread while computing: 1 on, 0 off,
                                 * -1 by mode (on in async; off in ssp, off always in sync) */
+    int stream_push;           /* --stream-push: the gradient leaves in parts as the backward
+                                * produces it (plain loop on the CPU only): 1 on, 0 off, -1
+                                * the default (on where it can) */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);

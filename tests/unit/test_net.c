@@ -276,6 +276,73 @@ static void test_train_step_device_copies_grads(void)
     dp_backend_destroy(&be);
 }
 
+/* The on_grads hook (the push in parts): what it hands over is final (the
+ * floats then are those after the step), every float of the vector once;
+ * a chain's runs come from the end of the vector down, one after the other
+ * (a ResNet's too: its layers' parameters lie in the order of its layers). */
+typedef struct {
+    const dp_net_t *net;
+    float *copy;          /* each run's floats when handed over */
+    unsigned char *seen;  /* times each float was handed over */
+    size_t next;          /* where a run must end to follow the one before */
+    int in_order, calls;
+} s_hook_t;
+
+static void s_hook(void *arg, size_t off, size_t n)
+{
+    s_hook_t *h = arg;
+    memcpy(h->copy + off, h->net->d_grads + off, n * sizeof(float));
+    for (size_t i = off; i < off + n; i++) h->seen[i]++;
+    h->in_order &= off + n == h->next;
+    h->next = off;
+    h->calls++;
+}
+
+static void s_hook_case(const char *spec, int c, int hw)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, c, hw, hw, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net;
+    int B = 4;
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    dp_rng_t r;
+    dp_rng_seed(&r, 3);
+    size_t in = (size_t)B * c * hw * hw, nf = m.n_floats;
+    float *params = dp_malloc(nf * sizeof(float)), *x = dp_malloc(in * sizeof(float));
+    int y[4] = {0, 1, 2, 1};
+    s_random(x, in, &r, 1.0f);
+    dp_model_init_params(&m, params, 6);
+    dp_net_set_params(&net, params);
+    s_hook_t h = {&net, dp_calloc(nf, sizeof(float)), dp_calloc(nf, 1), nf, 1, 0};
+    net.on_grads = s_hook;
+    net.on_grads_arg = &h;
+    for (size_t i = 0; i < nf; i++) net.d_grads[i] = NAN; /* a run handed over early shows */
+    dp_net_train_step(&net, x, y, B);
+    int once = 1;
+    for (size_t i = 0; i < nf; i++) once &= h.seen[i] == 1;
+    CHECK(once);
+    CHECK(memcmp(h.copy, net.d_grads, nf * sizeof(float)) == 0);
+    CHECK(h.in_order && h.next == 0);
+    CHECK(h.calls > 1);
+    /* evaluation runs no backward: no call */
+    int ok = 0, calls = h.calls;
+    dp_net_evaluate(&net, x, y, B, &ok);
+    CHECK_EQ(h.calls, calls);
+    free(h.copy), free(h.seen), free(params), free(x);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+}
+
+static void test_on_grads_hook(void)
+{
+    s_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8);
+    s_hook_case("conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
+                "res:b( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax", 3, 8);
+}
+
 /* Residual networks: every trainable gradient against central differences
  * of the training loss (batch statistics: dp_net_train_step's own loss,
  * the running statistics it moves reset by each dp_net_set_params), and
@@ -538,4 +605,4 @@ DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
          T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
-         T(test_augment))
+         T(test_augment), T(test_on_grads_hook))

@@ -1,0 +1,450 @@
+/* test_ps_parts: pushes in parts (Push.part / Push.parts, server/shard_parts.h)
+ * against a real server (tests/ps_harness.h) over loopback:
+ *  - from the hostile side, a raw DEALER speaking the wire with the
+ *    project's codec (worker 1): overlapping parts, a part outside the
+ *    shard's range, parts 0 with a part index, parts above the bound, parts
+ *    that change within a step, more parts than it said, parts leaving a
+ *    gap, a NaN in the last part, a part said to be in shared memory the
+ *    shard never granted — each refused with one line naming it, the
+ *    version and every weight unchanged, and the worker's next step still
+ *    applies; a repeated part of an applied step is acknowledged as a
+ *    repeat and applied once; parts of two steps interleaved apply the
+ *    newer one only;
+ *  - parts in any order give the weights a whole push of the same gradient
+ *    gives, bit for bit;
+ *  - the worker's client (dp_ps_client_push_begin / push_part / push_end)
+ *    on two shards, in frames and in bfloat16: the servers hold exactly
+ *    what whole pushes of the same gradients give, the parts that leave
+ *    before push_end are those whose floats were final (all, some, none
+ *    when out of order), and a shard restarted mid-push gets every part
+ *    again. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "common/model.h"
+#include "common/util.h"
+#include "server/ps.h"
+#include "tests/ps_harness.h"
+#include "tests/test.h"
+#include "worker/ps_client.h"
+
+#define TMO 5.0
+
+static dp_model_t s_m;
+
+static void s_setup(void)
+{
+    if (!s_m.n_floats) srv_small_model(&s_m);
+}
+
+typedef struct {
+    int type;
+    int status;
+    uint64_t version;
+    char text[DP_ERR_LEN + 200];
+} s_reply_t;
+
+/* One part from worker 1: floats [off, off + cnt) of g, step st on version
+ * v, part k of K; shm: said to be in shared memory (no frame). */
+static s_reply_t s_part(void *sock, uint64_t st, uint64_t v, uint32_t k, uint32_t K, const float *g,
+                        size_t off, size_t cnt, int shm)
+{
+    static uint64_t req = 100;
+    s_reply_t r = {-1, 0, 0, ""};
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, ++req, 1, s_m.fingerprint);
+    Downpour__Push p = DOWNPOUR__PUSH__INIT;
+    p.version = v;
+    p.step = st;
+    p.batch = 1;
+    p.part = k;
+    p.parts = K;
+    env.push = &p;
+    env.shm = shm;
+    Downpour__TensorDesc d, *dv[1] = {&d};
+    int64_t shape[1];
+    dp_wire_desc_fill(&d, shape, "params", g + off, cnt, off, 0, 0);
+    env.n_tensors = 1;
+    env.tensors = dv;
+    dp_wire_payload_t pl = {g + off, cnt * sizeof(float), NULL, NULL};
+    char err[DP_ERR_LEN];
+    if (dp_wire_send(sock, NULL, &env, shm ? NULL : &pl, shm ? 0 : 1, err) != 0) return r;
+    dp_wire_rx_t rx;
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return r;
+    Downpour__Envelope *e = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    if (e) {
+        r.type = e->type;
+        if (e->ack) r.status = e->ack->status, r.version = e->ack->version;
+        snprintf(r.text, sizeof r.text, "%s",
+                 e->error ? e->error->message : e->ack && e->ack->reason ? e->ack->reason : "");
+    }
+    dp_wire_destroy(&e);
+    dp_wire_rx_fini(&rx);
+    return r;
+}
+
+static uint64_t s_weights(dp_ps_client_t *c, float *w)
+{
+    char err[DP_ERR_LEN];
+    if (dp_ps_client_pull(c, w, err) != 0) fprintf(stderr, "  pull: %s\n", err);
+    return dp_ps_client_version(c);
+}
+
+#define RECEIVED(r) ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__RECEIVED)
+#define APPLIED(r) ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__APPLIED)
+
+/* A refusal: one line with want in it, the version and weights as before. */
+#define CHECK_REFUSED(r, want, c, ver, w0, w)                                    \
+    do {                                                                         \
+        CHECK((r).type == DOWNPOUR__MSG_TYPE__ERROR ||                           \
+              ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__REJECTED)); \
+        CHECK(strstr((r).text, want) != NULL);                                   \
+        CHECK(strchr((r).text, '\n') == NULL);                                   \
+        if (!strstr((r).text, want)) fprintf(stderr, "  got: %s\n", (r).text);   \
+        CHECK_EQ(s_weights(c, w), (ver));                                        \
+        CHECK(memcmp(w, w0, s_m.n_floats * sizeof(float)) == 0);                 \
+    } while (0)
+
+/* The next step of worker 1 goes in two good parts and applies: ver + 1,
+ * and w0 becomes the new weights. */
+static void s_next_applies(void *sock, dp_ps_client_t *c, uint64_t *step, uint64_t *ver, float *g,
+                           float *w0)
+{
+    size_t n = s_m.n_floats, h = n / 2;
+    ++*step;
+    s_reply_t r = s_part(sock, *step, *ver, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, *step, *ver, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    if (!APPLIED(r)) fprintf(stderr, "  next step: %s\n", r.text);
+    ++*ver;
+    CHECK_EQ(s_weights(c, w0), *ver);
+}
+
+static void test_hostile_parts(void)
+{
+    s_setup();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 2);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN];
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    size_t n = s_m.n_floats, h = n / 2;
+    float *w0 = malloc(n * sizeof *w0), *w = malloc(n * sizeof *w), *g = malloc(n * sizeof *g);
+    srv_fill(g, n, 3);
+    uint64_t ver = 0, step = 0;
+    CHECK_EQ(s_weights(c, w0), ver);
+    void *ctx = zmq_ctx_new();
+    void *sock = raw_dealer(ctx, s.endpoint, (int)(TMO * 1000));
+    Downpour__Envelope he;
+    Downpour__Hello hl;
+    raw_hello_init(&he, &hl, &s_m, 1, 1);
+    CHECK_EQ(raw_request(sock, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    s_reply_t r;
+
+    /* overlapping parts */
+    r = s_part(sock, ++step, ver, 0, 2, g, 0, h + 4, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step, ver, 1, 2, g, h, n - h, 0);
+    CHECK_REFUSED(r, "overlaps a part already in", c, ver, w0, w);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* a part outside the shard's range */
+    r = s_part(sock, ++step, ver, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    float *big = calloc(n + 8, sizeof *big);
+    r = s_part(sock, step, ver, 1, 2, big, n - 4, 8, 0);
+    CHECK_REFUSED(r, "not inside this shard's", c, ver, w0, w);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* parts 0 with a part index; parts above the bound (malformed: ERROR) */
+    r = s_part(sock, step + 1, ver, 1, 0, g, 0, h, 0);
+    CHECK_REFUSED(r, "PUSH part 1 of 1 (parts 0: a whole push)", c, ver, w0, w);
+    r = s_part(sock, step + 1, ver, 0, DP_WIRE_MAX_PUSH_PARTS + 1, g, 0, h, 0);
+    CHECK_REFUSED(r, "PUSH in 65 parts (limit 64)", c, ver, w0, w);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* the parts change within a step */
+    r = s_part(sock, ++step, ver, 0, 3, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step, ver, 1, 2, g, 0, h, 0);
+    CHECK_REFUSED(r, "says 2 parts, its first part said 3", c, ver, w0, w);
+    /* and the step's later parts are refused too, naming the first reason */
+    r = s_part(sock, step, ver, 2, 3, g, 0, h, 0);
+    CHECK_REFUSED(r, "rejected at an earlier part", c, ver, w0, w);
+    CHECK(strstr(r.text, "says 2 parts") != NULL);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* more parts than it said (a part index twice) */
+    r = s_part(sock, ++step, ver, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step, ver, 0, 2, g, 0, h, 0);
+    CHECK_REFUSED(r, "came twice (more parts than 2)", c, ver, w0, w);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* parts that leave a gap */
+    r = s_part(sock, ++step, ver, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step, ver, 1, 2, g, 0, h - 4, 0);
+    CHECK_REFUSED(r, "cover", c, ver, w0, w);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* a NaN in the last part of a step */
+    float *bad = malloc(n * sizeof *bad);
+    memcpy(bad, g, n * sizeof *bad);
+    bad[3] = NAN;
+    r = s_part(sock, ++step, ver, 0, 2, bad, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step, ver, 1, 2, bad, 0, h, 0);
+    CHECK_REFUSED(r, "non-finite gradient", c, ver, w0, w);
+    CHECK(strstr(r.text, "part 1 of 2") != NULL);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* shared memory this shard never granted */
+    r = s_part(sock, ++step, ver, 0, 2, g, h, n - h, 1);
+    CHECK_REFUSED(r, "has not granted", c, ver, w0, w);
+    s_next_applies(sock, c, &step, &ver, g, w0);
+
+    /* a repeated part of an applied step: a repeat, applied once */
+    r = s_part(sock, step, ver - 1, 0, 2, g, h, n - h, 0);
+    CHECK(APPLIED(r));
+    CHECK(strstr(r.text, "repeat:") != NULL);
+    r = s_part(sock, step, ver - 1, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    CHECK_EQ(s_weights(c, w), ver);
+    CHECK(memcmp(w, w0, n * sizeof(float)) == 0);
+
+    /* two steps interleaved: the newer one gives the older up */
+    float *g2 = malloc(n * sizeof *g2);
+    srv_fill(g2, n, 11);
+    r = s_part(sock, step + 1, ver, 0, 2, g2, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step + 2, ver, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, step + 1, ver, 1, 2, g2, 0, h, 0);
+    CHECK_REFUSED(r, "comes too late", c, ver, w0, w);
+    r = s_part(sock, step + 2, ver, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    step += 2;
+    CHECK_EQ(s_weights(c, w), ver + 1);
+    ver++;
+    { /* one SGD step (lr 0.1) by g, not by g2 (which differs by about 0.1) */
+        float *w1 = malloc(n * sizeof *w1);
+        for (size_t i = 0; i < n; i++) w1[i] = w0[i] - 0.1f * g[i];
+        CHECK_CLOSE("the newer step, once", w, w1, n, 1e-6, 1e-5);
+        free(w1);
+    }
+
+    free(g2);
+    free(bad);
+    free(big);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    dp_ps_client_destroy(&c);
+    free(w0);
+    free(w);
+    free(g);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+/* Parts in any order hold the weights a whole push holds, bit for bit. */
+static void test_parts_equal_whole(void)
+{
+    s_setup();
+    srv_t a, b;
+    srv_init(&a, DP_MODE_ASYNC, 2);
+    srv_init(&b, DP_MODE_ASYNC, 2);
+    a.cfg.optim.kind = b.cfg.optim.kind = DP_OPT_ADAM;
+    a.cfg.optim.lr = b.cfg.optim.lr = 0.01f;
+    CHECK_EQ(srv_start(&a), 0);
+    CHECK_EQ(srv_start(&b), 0);
+    char err[DP_ERR_LEN];
+    dp_ps_client_t *ca = NULL, *cb = NULL;
+    CHECK_EQ(dp_ps_client_new(&ca, a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cb, b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    size_t n = s_m.n_floats;
+    float *g = malloc(n * sizeof *g), *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
+    void *ctx = zmq_ctx_new();
+    void *sock = raw_dealer(ctx, a.endpoint, (int)(TMO * 1000));
+    Downpour__Envelope he;
+    Downpour__Hello hl;
+    raw_hello_init(&he, &hl, &s_m, 1, 1);
+    CHECK_EQ(raw_request(sock, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    size_t cut[4] = {0, 17, 90, n}; /* three parts, sent middle, last, first */
+    uint32_t order[3] = {1, 2, 0};
+    for (uint64_t st = 1; st <= 3; st++) {
+        srv_fill(g, n, 40 + st);
+        CHECK_EQ(s_weights(cb, wb), st - 1);
+        CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(st, g, 1.0f, 1), NULL, err), 0);
+        for (int j = 0; j < 3; j++) {
+            uint32_t k = order[j];
+            s_reply_t r = s_part(sock, st, st - 1, k, 3, g, cut[k], cut[k + 1] - cut[k], 0);
+            CHECK(j < 2 ? RECEIVED(r) : APPLIED(r));
+        }
+    }
+    CHECK_EQ(s_weights(ca, wa), 3);
+    CHECK_EQ(s_weights(cb, wb), 3);
+    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    dp_ps_client_destroy(&ca);
+    dp_ps_client_destroy(&cb);
+    free(g);
+    free(wa);
+    free(wb);
+    CHECK_EQ(srv_stop(&a), 0);
+    CHECK_EQ(srv_stop(&b), 0);
+}
+
+/* The worker's client streaming to two shards (each slice cut into parts
+ * by a bucket smaller than the model, so the parts are many) against the
+ * same client pushing whole to two other shards: the same weights, bit
+ * for bit; the streamed pushes took more messages. */
+/* How the case declares the gradient final: every layer from the last
+ * (the backward's order), only the last two (push_end sends the rest), or
+ * the first layer first (out of order: nothing streams, all at the end). */
+enum { S_ALL, S_TOP_TWO, S_DISORDER };
+
+static void s_client_case(dp_ps_wire_t wire, int how, int want_early)
+{
+    s_setup();
+    /* a model whose big layers each pass the bucket (64 K floats), so each
+     * shard's slice goes in two parts, the first during the "backward" */
+    dp_model_t m;
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_model_parse(&m, "fc:600 relu fc:600 relu fc:600 relu fc:10 softmax", 1, 16, 16,
+                            err), 0);
+    srv_t s[4];
+    char eps[2][600];
+    for (int k = 0; k < 4; k++) {
+        srv_init(&s[k], DP_MODE_ASYNC, 1);
+        snprintf(s[k].cfg.model_spec, sizeof s[k].cfg.model_spec, "%s", m.spec);
+        s[k].cfg.in_h = s[k].cfg.in_w = 16;
+        s[k].cfg.shard_index = k % 2;
+        s[k].cfg.shard_count = 2;
+        s[k].cfg.optim.kind = DP_OPT_ADAM;
+        s[k].cfg.optim.lr = 0.01f;
+        CHECK_EQ(srv_start(&s[k]), 0);
+    }
+    snprintf(eps[0], sizeof eps[0], "%s,%s", s[0].endpoint, s[1].endpoint);
+    snprintf(eps[1], sizeof eps[1], "%s,%s", s[2].endpoint, s[3].endpoint);
+    dp_ps_client_opts_t o = {.timeout_s = TMO, .wire = wire, .transport = DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *cs = NULL, *cw = NULL;
+    CHECK_EQ(dp_ps_client_new(&cs, eps[0], &m, 0, &o, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cw, eps[1], &m, 0, &o, NULL, err), 0);
+    size_t n = m.n_floats;
+    float *g = malloc(n * sizeof *g), *ws = malloc(n * sizeof *ws), *ww = malloc(n * sizeof *ww);
+    for (uint64_t st = 1; cs && cw && st <= 3; st++) {
+        srv_fill(g, n, 70 + st);
+        CHECK_EQ(dp_ps_client_pull(cs, ws, err), 0);
+        CHECK_EQ(dp_ps_client_pull(cw, ww, err), 0);
+        dp_ps_push_t p = {.grads = g, .batch = 1, .step = st};
+        CHECK_EQ(dp_ps_client_push_begin(cs, &p, err), 0);
+        size_t lo, hi;
+        if (how == S_DISORDER && dp_model_layer_span(&m, 0, &lo, &hi))
+            dp_ps_client_push_part(cs, lo, hi - lo);
+        for (int l = m.n_layers - 1, seen = 0; l >= 0; l--) /* as the backward makes them */
+            if (dp_model_layer_span(&m, l, &lo, &hi) && (how != S_TOP_TWO || seen++ < 2))
+                dp_ps_client_push_part(cs, lo, hi - lo);
+        p.loss = 1.0f;
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_push_end(cs, &r, err), 0);
+        CHECK_EQ(r.applied, 2);
+        CHECK_EQ(r.parts, 4);
+        CHECK_EQ(r.parts_early, want_early);
+        CHECK_EQ(dp_ps_client_push(cw, &p, NULL, err), 0);
+    }
+    CHECK_EQ(dp_ps_client_pull(cs, ws, err), 0);
+    CHECK_EQ(dp_ps_client_pull(cw, ww, err), 0);
+    CHECK_EQ(dp_ps_client_version(cs), 6);
+    CHECK(memcmp(ws, ww, n * sizeof(float)) == 0);
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(cs, &st, err), 0);
+    CHECK_EQ(st.applied, 3); /* one push a step, however many parts */
+    dp_ps_client_destroy(&cs);
+    dp_ps_client_destroy(&cw);
+    free(g);
+    free(ws);
+    free(ww);
+    for (int k = 0; k < 4; k++) CHECK_EQ(srv_stop(&s[k]), 0);
+}
+
+/* A shard restarts (no checkpoint: it comes back at version 0, which the
+ * worker had pulled) after the first part of a push went to it: push_end's
+ * last part meets the new shard, which does not know the worker, and the
+ * client says HELLO and sends every part again; the weights are those of
+ * the same push whole on a shard that never restarted. */
+static void test_client_parts_shard_restart(void)
+{
+    s_setup();
+    dp_model_t m;
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_model_parse(&m, "fc:600 relu fc:600 relu fc:600 relu fc:10 softmax", 1, 16, 16,
+                            err), 0);
+    srv_t s1, s2, ref;
+    srv_t *all[3] = {&s1, &s2, &ref};
+    for (int k = 0; k < 3; k++) {
+        srv_init(all[k], DP_MODE_ASYNC, 1);
+        snprintf(all[k]->cfg.model_spec, sizeof all[k]->cfg.model_spec, "%s", m.spec);
+        all[k]->cfg.in_h = all[k]->cfg.in_w = 16;
+    }
+    CHECK_EQ(srv_start(&s1), 0);
+    CHECK_EQ(srv_start(&ref), 0);
+    dp_ps_client_opts_t o = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *c = NULL, *cr = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s1.endpoint, &m, 0, &o, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cr, ref.endpoint, &m, 0, &o, NULL, err), 0);
+    size_t n = m.n_floats;
+    float *g = malloc(n * sizeof *g), *w = malloc(n * sizeof *w), *wr = malloc(n * sizeof *wr);
+    srv_fill(g, n, 99);
+    dp_push_result_t r = {0};
+    if (c && cr) {
+        CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+        CHECK_EQ(dp_ps_client_pull(cr, wr, err), 0);
+        dp_ps_push_t p = {.grads = g, .batch = 1, .step = 1};
+        CHECK_EQ(dp_ps_client_push_begin(c, &p, err), 0);
+        for (int l = m.n_layers - 1, seen = 0; l >= 0 && seen < 2; l--) {
+            size_t lo, hi;
+            if (dp_model_layer_span(&m, l, &lo, &hi)) {
+                dp_ps_client_push_part(c, lo, hi - lo);
+                seen++;
+            }
+        }
+        CHECK_EQ(srv_stop(&s1), 0); /* its first part went there */
+        snprintf(s2.cfg.bind, sizeof s2.cfg.bind, "%s", s1.endpoint);
+        CHECK_EQ(srv_start(&s2), 0);
+        CHECK_EQ(dp_ps_client_push_end(c, &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(r.parts, 3);
+        CHECK_EQ(r.parts_early, 1);
+        CHECK_EQ(dp_ps_client_push(cr, &p, NULL, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+        CHECK_EQ(dp_ps_client_pull(cr, wr, err), 0);
+        CHECK_EQ(dp_ps_client_version(c), 1);
+        CHECK(memcmp(w, wr, n * sizeof(float)) == 0);
+    }
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&cr);
+    free(g);
+    free(w);
+    free(wr);
+    CHECK_EQ(srv_stop(&s2), 0);
+    CHECK_EQ(srv_stop(&ref), 0);
+}
+
+/* all four parts before push_end (each shard's last too: its slice was
+ * final); with the top two layers only, shard 1's first part; out of
+ * order, none */
+static void test_client_parts(void) { s_client_case(DP_PS_WIRE_FP32, S_ALL, 4); }
+static void test_client_parts_bf16(void) { s_client_case(DP_PS_WIRE_BF16, S_ALL, 4); }
+static void test_client_parts_rest_at_end(void) { s_client_case(DP_PS_WIRE_FP32, S_TOP_TWO, 1); }
+static void test_client_parts_disorder(void) { s_client_case(DP_PS_WIRE_FP32, S_DISORDER, 0); }
+
+DP_TESTS(T(test_hostile_parts), T(test_parts_equal_whole), T(test_client_parts),
+         T(test_client_parts_bf16), T(test_client_parts_rest_at_end), T(test_client_parts_disorder),
+         T(test_client_parts_shard_restart))
