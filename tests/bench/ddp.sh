@@ -3,6 +3,7 @@
 # instead, PyTorch's DistributedDataParallel over gloo. Side by side in one
 # run, round by round (load from other users falls on every column alike):
 #   ddp     tests/bench/torch_ddp.py: 2 processes, all-reduce under backward
+#           (NCHW and channels_last each round, the faster counts)
 #   sync    downpour local --workers 2 --mode sync  (1 shard)
 #   async   downpour local --workers 2 --mode async (1 shard)
 # the same network (the default spec), batch 64 per worker, 1 thread per
@@ -63,14 +64,19 @@ s_cluster() { # NAME MODE
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "== ddp: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $LOAD0; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 echo "commands (each round, in this order):"
-echo "  env ${TORCH_ENV[*]} $PY tests/bench/torch_ddp.py --workers 2 --batch 64 --threads 1 --steps $STEPS --optimizer adam --lr 0.001"
+echo "  env ${TORCH_ENV[*]} $PY tests/bench/torch_ddp.py --workers 2 --batch 64 --threads 1 --steps $STEPS --optimizer adam --lr 0.001 --layout nchw|nhwc"
 echo "  $BUILD/downpour local --mode sync ${common[*]} --out DIR"
 echo "  $BUILD/downpour local --mode async ${common[*]} --out DIR"
 for r in $(seq "$ROUNDS"); do
-    env "${TORCH_ENV[@]}" "$PY" tests/bench/torch_ddp.py --workers 2 --batch 64 --threads 1 \
-        --steps "$STEPS" --optimizer adam --lr 0.001 >"$OUT/ddp-$r.json" 2>"$OUT/ddp-$r.err" ||
-        { echo "ddp.sh: torch_ddp.py failed:" >&2; tail -5 "$OUT/ddp-$r.err" >&2; exit 1; }
-    echo "ddp $("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["images_per_s"])' "$OUT/ddp-$r.json") - -" >>"$RAW"
+    best=0
+    for layout in nchw nhwc; do # the faster memory format counts, as in run.sh's PyTorch rows
+        f=$OUT/ddp-$layout-$r
+        env "${TORCH_ENV[@]}" "$PY" tests/bench/torch_ddp.py --workers 2 --batch 64 --threads 1 \
+            --steps "$STEPS" --optimizer adam --lr 0.001 --layout "$layout" >"$f.json" 2>"$f.err" ||
+            { echo "ddp.sh: torch_ddp.py failed:" >&2; tail -5 "$f.err" >&2; exit 1; }
+        best=$("$PY" -c 'import json, sys; print(max(float(sys.argv[2]), json.load(open(sys.argv[1]))["images_per_s"]))' "$f.json" "$best")
+    done
+    echo "ddp $best - -" >>"$RAW"
     s_cluster sync sync
     s_cluster async async
     echo "round $r/$ROUNDS: $(tail -3 "$RAW" | awk '{ printf "%s %.0f  ", $1, $2 }')(load $(cut -d' ' -f1 /proc/loadavg))"

@@ -33,13 +33,18 @@ def run(rank, args, port):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     torch.manual_seed(1)  # the same initial weights on every rank, as DDP expects
-    net = torch.nn.parallel.DistributedDataParallel(build_module(DEFAULT_SPEC, (1, 28, 28)))
+    module = build_module(DEFAULT_SPEC, (1, 28, 28))
+    if args.layout == "nhwc":
+        module = module.to(memory_format=torch.channels_last)
+    net = torch.nn.parallel.DistributedDataParallel(module)
     if args.optimizer == "adam":
         opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     else:
         opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     g = torch.Generator().manual_seed(100 + rank)
     xs = [torch.rand(args.batch, 1, 28, 28, generator=g) for _ in range(4)]
+    if args.layout == "nhwc":
+        xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
     ys = [torch.randint(0, 10, (args.batch,), generator=g) for _ in range(4)]
 
     def step(i):
@@ -60,7 +65,7 @@ def run(rank, args, port):
     if rank == 0:
         print(json.dumps({
             "workers": args.workers, "batch": args.batch, "threads": args.threads,
-            "steps": args.steps, "optimizer": args.optimizer,
+            "steps": args.steps, "optimizer": args.optimizer, "layout": args.layout,
             "images_per_s": round(args.workers * args.batch * args.steps / dt, 1),
             "step_ms": round(1000 * dt / args.steps, 3), "torch": torch.__version__,
         }), flush=True)
@@ -77,6 +82,8 @@ def main():
     ap.add_argument("--optimizer", choices=("adam", "momentum"), default="adam")
     ap.add_argument("--lr", type=float, default=0.001)
     ap.add_argument("--port", type=int, default=0, help="rendezvous port (0: a free one)")
+    ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
+                    help="memory format (which is faster depends on the machine: torch_train.py)")
     args = ap.parse_args()
     import socket
 
