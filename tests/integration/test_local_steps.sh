@@ -5,7 +5,7 @@
 #    weights to those the worker reached, so the run equals the standalone
 #    trainer with the worker's (inner) optimizer and schedule, to float
 #    rounding (w0 - (w0 - wH) is wH within an ulp of w0): SGD and Adam
-#  - the push is one per round: H = 4 over 40 steps makes 10 versions,
+#  - the push is one per round: H = 4 over 20 steps makes 5 versions,
 #    its metrics line names each round's last data step
 #  - async, 2 workers, outer Nesterov (DiLoCo's lr 0.7, momentum 0.9,
 #    delayed to one momentum move per 2 pushes): trains, staleness counted
@@ -24,16 +24,22 @@ compare() { "$TORCH_PY" tests/integration/compare_st.py "$@" >"$TMP/compare.log"
 
 # ---- one worker, outer averaging: the standalone trainer ------------------
 sgd=(--optimizer sgd --lr 0.05 --lr-schedule constant)
-"$BIN/downpour-worker" --standalone --steps 40 --batch 32 --seed 5 "${sgd[@]}" --no-progress \
+# 20 steps, 5 rounds, --threads 1 on both sides: the outer step's
+# w0 - (w0 - wH) misses wH by an ulp now and then, and a ReLU or a max-pool
+# tie that such an ulp flips makes that jump: on this seed the runs agree
+# to 1e-7 after 20 steps on every ISA path and differ by 1e-4 to 1e-3 after
+# 40 (a flip between). A GEMM split over another thread count would add
+# its own rounding.
+"$BIN/downpour-worker" --standalone --steps 20 --batch 32 --seed 5 "${sgd[@]}" --threads 1 --no-progress \
     --save "$TMP/sa.safetensors" >"$TMP/sa.log" 2>&1
-check "standalone SGD, 40 steps" test $? = 0
-"$L" local --workers 1 --mode async --local-steps 4 --batch 32 --steps 40 --seed 5 "${sgd[@]}" \
+check "standalone SGD, 20 steps" test $? = 0
+"$L" local --workers 1 --mode async --local-steps 4 --batch 32 --steps 20 --seed 5 "${sgd[@]}" \
     --threads 1 --no-progress --out "$TMP/h4" >"$TMP/h4.log" 2>&1
 check "local, 1 worker, --local-steps 4" test $? = 0 || cat "$TMP/h4.log"
 check "H=4 with outer SGD lr 1 == standalone SGD (to rounding)" \
     compare "$TMP/h4/model.safetensors" "$TMP/sa.safetensors" --rtol 1e-4 --atol 1e-6
 v=$(json "$TMP/h4/summary.json" version 2>/dev/null || echo -1)
-check "40 steps in rounds of 4: 10 versions (got $v)" test "$v" = 10
+check "20 steps in rounds of 4: 5 versions (got $v)" test "$v" = 5
 h=$(json "$TMP/h4/summary.json" local_steps 2>/dev/null || echo -1)
 o=$(json "$TMP/h4/summary.json" outer_optimizer 2>/dev/null || echo none)
 olr=$(json "$TMP/h4/summary.json" outer_lr 2>/dev/null || echo -1)
@@ -42,13 +48,13 @@ steps=$("$TORCH_PY" -c '
 import json, sys
 print(",".join(str(l["step"]) for l in map(json.loads, open(sys.argv[1])) if "status" in l))' \
     "$TMP/h4/metrics/worker-0.jsonl")
-check "a push per round, after data steps 3, 7, ..., 39 (got $steps)" test "$steps" = 3,7,11,15,19,23,27,31,35,39
+check "a push per round, after data steps 3, 7, ..., 19 (got $steps)" test "$steps" = 3,7,11,15,19
 check "the worker says it runs local steps" grep -q "local steps: a push of the pseudo-gradient" "$TMP/h4/logs/worker-0.log"
 
 # The same with Adam, its state kept from round to round as standalone keeps
 # it. Adam divides by the root of its second moment, so the ulps by which
 # w0 - (w0 - wH) misses wH grow to a few 1e-6 over 24 steps: atol 1e-5.
-"$BIN/downpour-worker" --standalone --steps 24 --batch 32 --seed 5 --optimizer adam --lr-schedule constant \
+"$BIN/downpour-worker" --standalone --steps 24 --batch 32 --seed 5 --optimizer adam --lr-schedule constant --threads 1 \
     --no-progress --save "$TMP/sa_adam.safetensors" >"$TMP/sa_adam.log" 2>&1
 "$L" local --workers 1 --mode async --local-steps 8 --batch 32 --steps 24 --seed 5 --optimizer adam \
     --lr-schedule constant --threads 1 --no-progress --out "$TMP/h8adam" >"$TMP/h8adam.log" 2>&1
