@@ -238,4 +238,41 @@ static inline int raw_request(void *sock, const Downpour__Envelope *env, Downpou
     return type;
 }
 
+/* One reply as a raw peer's cases look at it: its type (-1: none came or
+ * it did not decode), an ACK's status and version, and the text of an
+ * ERROR or an ACK's reason. */
+typedef struct {
+    int type;
+    int status;
+    uint64_t version;
+    char text[DP_ERR_LEN + 200];
+} raw_reply_t;
+
+/* Receive and decode the next reply on sock (RCVTIMEO bounds the wait). */
+static inline raw_reply_t raw_reply(void *sock)
+{
+    raw_reply_t r = {-1, 0, 0, ""};
+    dp_wire_rx_t rx;
+    char err[DP_ERR_LEN];
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return r;
+    Downpour__Envelope *e = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    if (e) {
+        r.type = e->type;
+        if (e->ack) r.status = e->ack->status, r.version = e->ack->version;
+        snprintf(r.text, sizeof r.text, "%s",
+                 e->error ? e->error->message : e->ack && e->ack->reason ? e->ack->reason : "");
+    }
+    dp_wire_destroy(&e);
+    dp_wire_rx_fini(&rx);
+    return r;
+}
+
+/* The server's weights (into w) and version, through a client. */
+static inline uint64_t srv_weights(dp_ps_client_t *c, float *w)
+{
+    char err[DP_ERR_LEN];
+    if (dp_ps_client_pull(c, w, err) != 0) fprintf(stderr, "  pull: %s\n", err);
+    return dp_ps_client_version(c);
+}
+
 #endif

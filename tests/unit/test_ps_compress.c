@@ -50,17 +50,13 @@ typedef struct {
     uint64_t offset;
 } s_frame_t;
 
-typedef struct {
-    int type;
-    int status;
-    char text[DP_ERR_LEN + 200];
-} s_reply_t;
+typedef raw_reply_t s_reply_t;
 
 static s_reply_t s_raw_push(void *sock, int compression, float scale, int shm, const s_frame_t *f,
                             int nd)
 {
     static uint64_t req = 100;
-    s_reply_t r = {-1, 0, ""};
+    s_reply_t r = {-1, 0, 0, ""};
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, ++req, 1, s_m.fingerprint);
     Downpour__Push p = DOWNPOUR__PUSH__INIT;
@@ -83,27 +79,9 @@ static s_reply_t s_raw_push(void *sock, int compression, float scale, int shm, c
     for (int i = 0; i < nd; i++) pl[i] = (dp_wire_payload_t){f[i].data, f[i].len, NULL, NULL};
     char err[DP_ERR_LEN];
     if (dp_wire_send(sock, NULL, &env, shm ? NULL : pl, shm ? 0 : nd, err) != 0) return r;
-    dp_wire_rx_t rx;
-    if (dp_wire_recv(sock, &rx, 0, err) != 0) return r;
-    Downpour__Envelope *e = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
-    if (e) {
-        r.type = e->type;
-        if (e->ack) r.status = e->ack->status;
-        snprintf(r.text, sizeof r.text, "%s",
-                 e->error ? e->error->message : e->ack && e->ack->reason ? e->ack->reason : "");
-    }
-    dp_wire_destroy(&e);
-    dp_wire_rx_fini(&rx);
-    return r;
+    return raw_reply(sock);
 }
 
-/* The server's weights and version, through the dense client. */
-static uint64_t s_weights(dp_ps_client_t *c, float *w)
-{
-    char err[DP_ERR_LEN];
-    if (dp_ps_client_pull(c, w, err) != 0) fprintf(stderr, "  pull: %s\n", err);
-    return dp_ps_client_version(c);
-}
 
 /* A refusal: one line with want in it, nothing applied. */
 #define CHECK_REFUSED(r, want, c, w0, w)                                         \
@@ -113,7 +91,7 @@ static uint64_t s_weights(dp_ps_client_t *c, float *w)
         CHECK(strstr((r).text, want) != NULL);                                   \
         CHECK(strchr((r).text, '\n') == NULL);                                   \
         if (!strstr((r).text, want)) fprintf(stderr, "  got: %s\n", (r).text);   \
-        CHECK_EQ(s_weights(c, w), 0);                                            \
+        CHECK_EQ(srv_weights(c, w), 0);                                            \
         CHECK(memcmp(w, w0, s_m.n_floats * sizeof(float)) == 0);                 \
     } while (0)
 
@@ -128,7 +106,7 @@ static void test_hostile_frames(void)
     CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
     size_t n = s_m.n_floats;
     float *w0 = malloc(n * sizeof *w0), *w = malloc(n * sizeof *w);
-    CHECK_EQ(s_weights(c, w0), 0);
+    CHECK_EQ(srv_weights(c, w0), 0);
     void *ctx = zmq_ctx_new();
     void *sock = raw_dealer(ctx, s.endpoint, (int)(TMO * 1000));
     Downpour__Envelope he;
@@ -232,7 +210,7 @@ static void test_hostile_frames(void)
         r = s_raw_push(sock, TOPK, 0, 0, f, 2);
         CHECK_EQ(r.type, DOWNPOUR__MSG_TYPE__ACK);
         CHECK_EQ(r.status, DOWNPOUR__ACK_STATUS__APPLIED);
-        CHECK_EQ(s_weights(c, w), 1);
+        CHECK_EQ(srv_weights(c, w), 1);
         float *want = malloc(n * sizeof *want);
         memcpy(want, w0, n * sizeof *want);
         for (int j = 0; j < 3; j++) want[good[j]] = w0[good[j]] - 0.1f * gv[j];
@@ -247,7 +225,7 @@ static void test_hostile_frames(void)
         s_frame_t fs[1] = {{BIT, "signs", n, bits, (n + 7) / 8, 0}};
         r = s_raw_push(sock, SIGN, 0.5f, 0, fs, 1);
         CHECK_EQ(r.status, DOWNPOUR__ACK_STATUS__APPLIED);
-        CHECK_EQ(s_weights(c, w), 2);
+        CHECK_EQ(srv_weights(c, w), 2);
         for (size_t i = 0; i < n; i++) want[i] = w0[i] - 0.1f * (i % 3 == 0 ? -0.5f : 0.5f);
         CHECK_CLOSE("sign applied", w, want, n, 1e-7, 1e-6);
         free(want);

@@ -41,12 +41,7 @@ static void s_setup(void)
     if (!s_m.n_floats) srv_small_model(&s_m);
 }
 
-typedef struct {
-    int type;
-    int status;
-    uint64_t version;
-    char text[DP_ERR_LEN + 200];
-} s_reply_t;
+typedef raw_reply_t s_reply_t;
 
 /* One part from worker 1: floats [off, off + cnt) of g, step st on version
  * v, part k of K; shm: said to be in shared memory (no frame). */
@@ -73,26 +68,9 @@ static s_reply_t s_part(void *sock, uint64_t st, uint64_t v, uint32_t k, uint32_
     dp_wire_payload_t pl = {g + off, cnt * sizeof(float), NULL, NULL};
     char err[DP_ERR_LEN];
     if (dp_wire_send(sock, NULL, &env, shm ? NULL : &pl, shm ? 0 : 1, err) != 0) return r;
-    dp_wire_rx_t rx;
-    if (dp_wire_recv(sock, &rx, 0, err) != 0) return r;
-    Downpour__Envelope *e = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
-    if (e) {
-        r.type = e->type;
-        if (e->ack) r.status = e->ack->status, r.version = e->ack->version;
-        snprintf(r.text, sizeof r.text, "%s",
-                 e->error ? e->error->message : e->ack && e->ack->reason ? e->ack->reason : "");
-    }
-    dp_wire_destroy(&e);
-    dp_wire_rx_fini(&rx);
-    return r;
+    return raw_reply(sock);
 }
 
-static uint64_t s_weights(dp_ps_client_t *c, float *w)
-{
-    char err[DP_ERR_LEN];
-    if (dp_ps_client_pull(c, w, err) != 0) fprintf(stderr, "  pull: %s\n", err);
-    return dp_ps_client_version(c);
-}
 
 #define RECEIVED(r) ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__RECEIVED)
 #define APPLIED(r) ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__APPLIED)
@@ -105,7 +83,7 @@ static uint64_t s_weights(dp_ps_client_t *c, float *w)
         CHECK(strstr((r).text, want) != NULL);                                   \
         CHECK(strchr((r).text, '\n') == NULL);                                   \
         if (!strstr((r).text, want)) fprintf(stderr, "  got: %s\n", (r).text);   \
-        CHECK_EQ(s_weights(c, w), (ver));                                        \
+        CHECK_EQ(srv_weights(c, w), (ver));                                        \
         CHECK(memcmp(w, w0, s_m.n_floats * sizeof(float)) == 0);                 \
     } while (0)
 
@@ -122,7 +100,7 @@ static void s_next_applies(void *sock, dp_ps_client_t *c, uint64_t *step, uint64
     CHECK(APPLIED(r));
     if (!APPLIED(r)) fprintf(stderr, "  next step: %s\n", r.text);
     ++*ver;
-    CHECK_EQ(s_weights(c, w0), *ver);
+    CHECK_EQ(srv_weights(c, w0), *ver);
 }
 
 static void test_hostile_parts(void)
@@ -138,7 +116,7 @@ static void test_hostile_parts(void)
     float *w0 = malloc(n * sizeof *w0), *w = malloc(n * sizeof *w), *g = malloc(n * sizeof *g);
     srv_fill(g, n, 3);
     uint64_t ver = 0, step = 0;
-    CHECK_EQ(s_weights(c, w0), ver);
+    CHECK_EQ(srv_weights(c, w0), ver);
     void *ctx = zmq_ctx_new();
     void *sock = raw_dealer(ctx, s.endpoint, (int)(TMO * 1000));
     Downpour__Envelope he;
@@ -216,7 +194,7 @@ static void test_hostile_parts(void)
     CHECK(strstr(r.text, "repeat:") != NULL);
     r = s_part(sock, step, ver - 1, 1, 2, g, 0, h, 0);
     CHECK(APPLIED(r));
-    CHECK_EQ(s_weights(c, w), ver);
+    CHECK_EQ(srv_weights(c, w), ver);
     CHECK(memcmp(w, w0, n * sizeof(float)) == 0);
 
     /* two steps interleaved: the newer one gives the older up */
@@ -231,7 +209,7 @@ static void test_hostile_parts(void)
     r = s_part(sock, step + 2, ver, 1, 2, g, 0, h, 0);
     CHECK(APPLIED(r));
     step += 2;
-    CHECK_EQ(s_weights(c, w), ver + 1);
+    CHECK_EQ(srv_weights(c, w), ver + 1);
     ver++;
     { /* one SGD step (lr 0.1) by g, not by g2 (which differs by about 0.1) */
         float *w1 = malloc(n * sizeof *w1);
@@ -279,7 +257,7 @@ static void test_parts_equal_whole(void)
     uint32_t order[3] = {1, 2, 0};
     for (uint64_t st = 1; st <= 3; st++) {
         srv_fill(g, n, 40 + st);
-        CHECK_EQ(s_weights(cb, wb), st - 1);
+        CHECK_EQ(srv_weights(cb, wb), st - 1);
         CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(st, g, 1.0f, 1), NULL, err), 0);
         for (int j = 0; j < 3; j++) {
             uint32_t k = order[j];
@@ -287,8 +265,8 @@ static void test_parts_equal_whole(void)
             CHECK(j < 2 ? RECEIVED(r) : APPLIED(r));
         }
     }
-    CHECK_EQ(s_weights(ca, wa), 3);
-    CHECK_EQ(s_weights(cb, wb), 3);
+    CHECK_EQ(srv_weights(ca, wa), 3);
+    CHECK_EQ(srv_weights(cb, wb), 3);
     CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
     zmq_close(sock);
     zmq_ctx_term(ctx);
