@@ -194,6 +194,15 @@ void dp_policy_for_mode(dp_mode_t mode, dp_policy_conf_t *pc, dp_optim_conf_t *o
     }
 }
 
+int dp_policy_early_lr(const dp_policy_t *p, uint64_t version, float *lr)
+{
+    const dp_shard_t *s = p->shard;
+    if ((p->ops != &dp_policy_async && p->ops != &dp_policy_ssp) || s->dc || version > s->version)
+        return -1;
+    *lr = dp_policy_delay_lr(p, s->version - version, dp_shard_lr(s));
+    return 0;
+}
+
 int dp_policy_delay_skip(dp_policy_t *p, uint64_t tau, char *why, size_t n)
 {
     if (p->conf.delay_lr != DP_DELAY_THRESHOLD) return 0;

@@ -25,7 +25,9 @@
  *    DP_SHARD_RETIRED + 2 (live, bfloat16) + DP_PS_PARAMS_PER_WORKER per
  *    worker, whatever a peer sends (dp_snap_alive, "snapshots" in the
  *    metrics); a worker that pushes in parts adds one buffer of the range
- *    (its assembly, server/shard_parts.h), allocated once.
+ *    (its assembly, server/shard_parts.h), allocated once, and the early
+ *    step (async, ssp: one push at a time stepped as its parts come) one
+ *    buffer and one copy of the optimizer state (server/shard.h).
  *  - A push's step is plausible (dp_shard_step_check) before it can count
  *    as a repeat or be recorded as applied: one message cannot push a
  *    worker's step high-water mark (and its checkpoint) out of reach.
@@ -337,6 +339,7 @@ static void s_metrics_line(s_ps_t *ps)
     cJSON_AddNumberToObject(line, "staleness_max", (double)c->staleness_max);
     cJSON_AddNumberToObject(line, "net_errors", (double)ps->net_errors);
     cJSON_AddNumberToObject(line, "repeats", (double)c->repeats);
+    cJSON_AddNumberToObject(line, "steps_early", (double)c->steps_early);
     cJSON_AddNumberToObject(line, "auth_refused", (double)ps->auth.refused);
     cJSON_AddNumberToObject(line, "curve_refused", ps->zap ? (double)dp_zap_refused(ps->zap) : 0.0);
     cJSON_AddNumberToObject(line, "snapshots", dp_snap_alive());
@@ -583,6 +586,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.worker_step = s_welcome_step(ps, env->worker_id);
     dp_ps_shm_revoke(ps->shm, env->worker_id); /* a grant holds for the HELLO that got it */
     dp_shard_parts_drop(&ps->parts, env->worker_id); /* it repeats a push whole, every part */
+    if (ps->shard.early.active && ps->shard.early.owner == env->worker_id) dp_shard_early_drop(&ps->shard);
     if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
@@ -667,6 +671,8 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     s_test_kill_at_version(ps, env);
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
+    /* this push's early step, not committed (a threshold skip): given up */
+    if (dp_shard_early_of(&ps->shard, wid, env->push->step)) dp_shard_early_drop(&ps->shard);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
                    ps->shard.version, &ps->members);
     /* before a due checkpoint, so the file holds the step with its update */
@@ -674,6 +680,27 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     if (o.stepped) s_version_moved(ps);
     s_reply_ack(ps, id, env->request_id, wid, &o);
     if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
+}
+
+/* The part just taken (checked, in the worker's assembly) stepped at once
+ * into the next version (server/shard.h, dp_shard_early_t): at a push's
+ * first part an early step begins when none is in progress and the policy
+ * can name the lr now (async, ssp); each part of that push is then stepped
+ * as it comes, under the worker's backward. One push at a time: another
+ * worker's parts are assembled as before, and its push, once whole, steps
+ * the shard as ever (dropping the early one, which that push's own commit
+ * then cannot match). */
+static void s_early_part(s_ps_t *ps, int wid, const Downpour__Envelope *env)
+{
+    const dp_parts_worker_t *w = &ps->parts.w[wid];
+    dp_shard_t *s = &ps->shard;
+    uint64_t step = env->push->step;
+    float lr;
+    if (w->got == 1 && (!s->early.active || s->early.owner == wid) &&
+        dp_policy_early_lr(ps->policy, env->push->version, &lr) == 0)
+        dp_shard_early_begin(s, wid, step, w->buf, lr);
+    if (dp_shard_early_of(s, wid, step))
+        dp_shard_early_part(s, w->lo[w->got - 1] - s->lo, w->hi[w->got - 1] - s->lo);
 }
 
 /* A part of a push in parts (Push.parts > 1): the same step checks as a
@@ -695,7 +722,13 @@ static void s_on_push_part(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *
     dp_grad_slice_t g;
     int first = ps->parts.w[wid].rejected_step != env->push->step; /* counted once a push */
     const float *shm = env->shm ? dp_ps_shm_grad_floats(ps->shm, wid) : NULL;
-    switch (dp_shard_parts_add(&ps->parts, wid, env, frames, n_frames, shm, &g, msg)) {
+    dp_parts_result_t res = dp_shard_parts_add(&ps->parts, wid, env, frames, n_frames, shm, &g, msg);
+    if (res == DP_PARTS_REJECTED) {
+        if (dp_shard_early_of(&ps->shard, wid, env->push->step)) dp_shard_early_drop(&ps->shard);
+    } else {
+        s_early_part(ps, wid, env);
+    }
+    switch (res) {
     case DP_PARTS_RECEIVED: {
         dp_push_outcome_t o = {.status = DP_PUSH_RECEIVED};
         snprintf(o.reason, sizeof o.reason, "%s", msg);
@@ -804,6 +837,7 @@ static void s_on_stats(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     s.staleness_max = c->staleness_max;
     s.staleness_mean = c->applied ? (double)c->staleness_sum / (double)c->applied : 0.0;
     s.malformed = c->malformed;
+    s.steps_early = c->steps_early;
     dp_members_counts(&ps->members, &s.workers_joined, &s.workers_finished, &s.workers_gone);
     s.num_workers = ps->members.n;
     uint64_t hist[DP_STATS_HIST_BINS];

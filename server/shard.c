@@ -79,6 +79,11 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
 
 void dp_shard_fini(dp_shard_t *s)
 {
+    dp_shard_early_drop(s);
+    if (s->spare) dp_snap_unref(NULL, s->spare);
+    s->spare = NULL;
+    free(s->state_next);
+    s->state_next = NULL;
     if (s->snap) dp_snap_unref(NULL, s->snap);
     if (s->snap16) dp_snap_unref(NULL, s->snap16);
     s->snap16 = NULL;
@@ -194,12 +199,15 @@ dp_snap_t *dp_snap_new(size_t n)
     return b;
 }
 
-/* One step's work: dst = step(src) by g, or in place when dst == src. A
- * sync step's g is acc, the sum of R gradients: each block of it is made
- * the mean (times scale) just before it is stepped and cleared for the
- * next version just after, while it is in cache and on every thread of the
- * sweep, instead of two more passes over the range on the loop's thread
- * alone (the same float operations per element: the same bits). */
+/* One step's work over floats [lo, hi) of the range: dst = step(src) by g,
+ * or in place when dst == src. A sync step's g is acc, the sum of R
+ * gradients: each block of it is made the mean (times scale) just before
+ * it is stepped and cleared for the next version just after, while it is
+ * in cache and on every thread of the sweep, instead of two more passes
+ * over the range on the loop's thread alone (the same float operations per
+ * element: the same bits). An early step steps state, a copy of
+ * state_from made block by block on the way (state_next from the live
+ * state), so the live state is not touched. */
 typedef struct {
     dp_shard_t *s;
     float *dst;
@@ -208,15 +216,24 @@ typedef struct {
     float scale;           /* acc's 1 / R */
     float lr;
     long t;
+    float *state;          /* the optimizer state stepped */
+    const float *state_from; /* copied into state first (an early step), else NULL */
+    size_t lo, hi;
 } s_step_job_t;
+
+/* Part k of nk of [lo, hi), cut at multiples of 16 floats from lo. */
+static int s_subpart(size_t lo, size_t hi, int k, int nk, size_t *a, size_t *b)
+{
+    size_t n16 = (hi - lo + 15) / 16;
+    *a = lo + n16 * (size_t)k / (size_t)nk * 16;
+    *b = lo + n16 * (size_t)(k + 1) / (size_t)nk * 16;
+    if (*b > hi) *b = hi;
+    return *a < *b;
+}
 
 int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi)
 {
-    size_t n16 = (s->n + 15) / 16;
-    *lo = n16 * (size_t)k / (size_t)nk * 16;
-    *hi = n16 * (size_t)(k + 1) / (size_t)nk * 16;
-    if (*hi > s->n) *hi = s->n;
-    return *lo < *hi;
+    return s_subpart(0, s->n, k, nk, lo, hi);
 }
 
 /* Part k of nk of a step, in blocks. */
@@ -225,13 +242,16 @@ static void s_step_part(void *arg, int k, int nk)
     const s_step_job_t *j = arg;
     dp_shard_t *s = j->s;
     size_t lo, hi;
-    if (!dp_shard_part(s, k, nk, &lo, &hi)) return;
+    if (!s_subpart(j->lo, j->hi, k, nk, &lo, &hi)) return;
     for (size_t at = lo; at < hi; at += S_BLOCK) {
         size_t end = hi - at < S_BLOCK ? hi : at + S_BLOCK;
         if (j->acc)
             for (size_t i = at; i < end; i++) j->acc[i] *= j->scale;
         if (j->dst != j->src) memcpy(j->dst + at, j->src + at, (end - at) * sizeof(float));
-        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, s->state, s->n, at, end, j->t);
+        for (int v = 0; j->state_from && v < s->state_per; v++)
+            memcpy(j->state + (size_t)v * s->n + at, j->state_from + (size_t)v * s->n + at,
+                   (end - at) * sizeof(float));
+        dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, j->state, s->n, at, end, j->t);
         /* state that is not a gradient takes the pushed value (the mean in
          * sync) instead of the step: the one rule every optimizer step follows */
         dp_model_copy_state(&s->model, s->lo, s->lo + at, s->lo + end, j->dst, j->g);
@@ -244,6 +264,11 @@ static void s_step_part(void *arg, int k, int nk)
  * (the oldest retired is then let go). */
 static dp_snap_t *s_take_buffer(dp_shard_t *s)
 {
+    if (s->spare) { /* a dropped early step's */
+        dp_snap_t *b = s->spare;
+        s->spare = NULL;
+        return b;
+    }
     if (s->take_buffer) {
         dp_snap_t *b = s->take_buffer(s->take_buffer_arg);
         if (b) return b;
@@ -359,11 +384,23 @@ int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, 
     return -1;
 }
 
+/* The step's new buffer becomes the live one, at the next version. */
+static void s_publish(dp_shard_t *s, dp_snap_t *old, int in_place)
+{
+    s->w = s->snap->data;
+    s->version++;
+    s->snap->version = s->version;
+    s->snap->crc_ok = 0;
+    if (!in_place) s_retire(s, old);
+    if (s->on_step) s->on_step(s->on_step_arg, s->snap);
+}
+
 /* A step by g at lr; acc (sync: g is acc) is made the mean by scale and
  * cleared on the way (s_step_job_t). */
 static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, float lr)
 {
-    s_step_job_t j = {s, s->w, s->w, g, acc, scale, lr, (long)s->version + 1};
+    dp_shard_early_drop(s); /* it stepped from this version: this step comes first */
+    s_step_job_t j = {s, s->w, s->w, g, acc, scale, lr, (long)s->version + 1, s->state, NULL, 0, s->n};
     /* in place only while no reply holds the live buffer and no other
      * process reads it (shm) */
     int in_place = atomic_load(&s->snap->refs) == 1 && s->snap->slot < 0 && !s->take_buffer;
@@ -373,16 +410,34 @@ static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, fl
         j.dst = s->snap->data;
     }
     s_run(s->pool, s_step_part, &j);
-    s->w = s->snap->data;
-    s->version++;
-    s->snap->version = s->version;
-    s->snap->crc_ok = 0;
-    if (!in_place) s_retire(s, old);
-    if (s->on_step) s->on_step(s->on_step_arg, s->snap);
+    s_publish(s, old, in_place);
+}
+
+/* Is g at lr the early step in progress, complete, from this version? */
+static int s_early_is(const dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
+{
+    const dp_shard_early_t *e = &s->early;
+    return e->active && e->done == s->n && e->version == s->version && n == 1 &&
+           g[0].data == e->g && g[0].len == s->n * sizeof(float) && g[0].offset == s->lo &&
+           memcmp(&e->lr, &lr, sizeof lr) == 0;
 }
 
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
 {
+    if (s_early_is(s, g, n, lr)) { /* the commit: its buffer and state become the live ones */
+        dp_snap_t *old = s->snap;
+        s->snap = s->early.buf;
+        s->early.buf = NULL;
+        s->early.active = 0;
+        if (s->state_per) {
+            float *st = s->state;
+            s->state = s->state_next;
+            s->state_next = st;
+        }
+        s->counts.steps_early++;
+        s_publish(s, old, 0);
+        return;
+    }
     /* From the slice itself when it is the whole range and float-aligned
      * (ZeroMQ's zero-copy receive may hand us any byte offset), else
      * gathered into scratch. */
@@ -392,6 +447,38 @@ void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
     }
     for (int f = 0; f < n; f++) memcpy(s->scratch + (g[f].offset - s->lo), g[f].data, g[f].len);
     s_step_by(s, s->scratch, NULL, 1.0f, lr);
+}
+
+void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr)
+{
+    dp_shard_early_drop(s);
+    if (!s->state_next && s->state_per)
+        s->state_next = dp_aligned_alloc((s->n * (size_t)s->state_per + 1) * sizeof(float));
+    s->early = (dp_shard_early_t){.active = 1, .owner = owner, .step = step, .version = s->version,
+                                  .g = g, .lr = lr, .buf = s_take_buffer(s)};
+}
+
+void dp_shard_early_part(dp_shard_t *s, size_t lo, size_t hi)
+{
+    dp_shard_early_t *e = &s->early;
+    if (!e->active || lo >= hi || hi > s->n) return;
+    s_step_job_t j = {s, e->buf->data, s->w, e->g, NULL, 1.0f, e->lr, (long)e->version + 1,
+                      s->state_per ? s->state_next : s->state, s->state_per ? s->state : NULL, lo, hi};
+    s_run(s->pool, s_step_part, &j);
+    e->done += hi - lo;
+}
+
+void dp_shard_early_drop(dp_shard_t *s)
+{
+    if (!s->early.active) return;
+    if (s->spare) dp_snap_unref(NULL, s->spare); /* not reached: begin takes the spare */
+    s->spare = s->early.buf;
+    s->early = (dp_shard_early_t){0};
+}
+
+int dp_shard_early_of(const dp_shard_t *s, int owner, uint64_t step)
+{
+    return s->early.active && s->early.owner == owner && s->early.step == step;
 }
 
 /* acc[off, off + cnt) += x[0, cnt), split over the sweep's threads. */

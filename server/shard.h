@@ -56,6 +56,7 @@ typedef struct {
     uint64_t staleness_sum; /* async / ssp: over applied gradients */
     uint64_t staleness_max;
     uint64_t repeats;       /* pushes of a (worker, step) already applied: acknowledged, not applied */
+    uint64_t steps_early;   /* steps made early (dp_shard_early_t) and committed */
 } dp_shard_counts_t;
 
 /* A buffer of the shard's n parameters: the live one (dp_shard_t.snap), or
@@ -74,6 +75,29 @@ typedef struct {
 } dp_snap_t;
 
 #define DP_SHARD_RETIRED 2 /* old buffers kept for the next out-of-place step */
+
+/* An early step: a push in parts stepped part by part as its parts arrive
+ * (async, ssp), under the worker's backward, instead of all at once when
+ * the push is whole (ARCHITECTURE.md, "A push in parts"). The next version
+ * is written into a buffer of its own and the optimizer state of each
+ * stepped range into state_next, so the live weights and state (what
+ * pulls, checkpoints and every other step read) stay as they are until the
+ * commit: the dp_shard_step that the policy takes once the push is whole,
+ * with the very gradient buffer and lr the early step used, on the version
+ * it stepped from, every float stepped. Anything else that steps the shard
+ * first drops it (dp_shard_early_drop), and so does a bad part, so a step
+ * is applied whole or not at all, with the bits a whole step has (the same
+ * float operations per element). */
+typedef struct {
+    int active;
+    int owner;             /* the worker whose push it steps */
+    uint64_t step;         /* that push's Push.step */
+    uint64_t version;      /* the live version it steps from */
+    const float *g;        /* the gradient of the shard's range it steps by (the assembly) */
+    float lr;
+    size_t done;           /* floats stepped */
+    dp_snap_t *buf;        /* the next version (our reference) */
+} dp_shard_early_t;
 
 typedef struct dp_pool dp_pool_t;
 typedef struct dp_shard_dc dp_shard_dc_t;
@@ -121,6 +145,10 @@ typedef struct {
                                   stepping them */
     int n_state_ranges;
     dp_shard_dc_t *dc;     /* delay compensation (server/shard_dc.h), NULL when off */
+    dp_shard_early_t early; /* an early step in progress (inactive: none) */
+    float *state_next;     /* n * state_per floats: the early step's optimizer state (allocated
+                              at the first early step) */
+    dp_snap_t *spare;      /* a dropped early step's buffer, kept for the next (our reference) */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -197,8 +225,24 @@ int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, 
  * at multiples of 16 floats): [*lo, *hi); 0 when the part is empty. */
 int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi);
 
-/* One optimizer step of the whole range by gradient g (n slices) at lr. */
+/* One optimizer step of the whole range by gradient g (n slices) at lr:
+ * the commit of an early step when it is that step (see dp_shard_early_t),
+ * else computed now (an early step of something else dropped first). */
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
+
+/* Begin an early step of worker owner's push step, by g (the shard's n
+ * floats, filled part by part; it must stay where it is until the commit
+ * or the drop) at lr from the current version; one that was in progress
+ * is dropped. */
+void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr);
+/* Step floats [lo, hi) of the range (local to the shard; g's floats there
+ * are final and checked) into the next version. No-op when inactive. */
+void dp_shard_early_part(dp_shard_t *s, size_t lo, size_t hi);
+/* Give up the early step in progress (no-op when none): nothing of it was
+ * ever visible; its buffer is kept for the next. */
+void dp_shard_early_drop(dp_shard_t *s);
+/* Is an early step of this worker's push step in progress? */
+int dp_shard_early_of(const dp_shard_t *s, int owner, uint64_t step);
 
 /* Sync: add g to acc (acc_count + 1). */
 void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n);

@@ -618,6 +618,7 @@ static int s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
         a->num_workers = s->num_workers;
     }
     a->st.version += s->version;
+    a->st.steps_early += s->steps_early;
     return 0;
 }
 

@@ -77,6 +77,7 @@ typedef struct {
     uint64_t staleness_max;              /* shard 0's */
     uint64_t staleness_hist[DP_STATS_HIST_BINS]; /* shard 0's counts per staleness (last bin: or more) */
     size_t staleness_bins;               /* bins in use */
+    uint64_t steps_early;                /* sum over shards: steps made as a push's parts came */
 } dp_ps_stats_t;
 
 typedef struct dp_ps_client dp_ps_client_t;

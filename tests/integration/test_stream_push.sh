@@ -7,7 +7,10 @@
 #    ZeroMQ frames, in bfloat16 frames, and with 2 shards; sync, 2 workers:
 #    the final model files are identical, byte for byte, and the on runs'
 #    metrics show parts that left during the backward (push_parts_early),
-#    the off runs' none
+#    the off runs' none; in async the shard stepped each streamed push part
+#    by part as its parts came (steps_early: every step with one shard, some
+#    with two, where a shard's slice may come whole), in sync none (a step
+#    waits for R gradients), with --stream-push off none
 #  - --overlap and --local-steps push whole, and a worker asked for
 #    --stream-push on with them says it is ignored
 source "$(dirname "$0")/lib.sh"
@@ -29,9 +32,20 @@ print(sum(l["push_parts_early"] > 0 for l in lines), len(lines))
 EOF
 }
 
-# pair NAME FLAGS...: the run with the default (on) and with off; the same bytes
+# stepped DIR: the shards' steps made as a push's parts came, and all of them
+stepped() {
+    "$TORCH_PY" - "$1" <<'EOF'
+import glob, json, sys
+last = [json.loads([l for l in open(f) if '"steps_early"' in l][-1])
+        for f in glob.glob(sys.argv[1] + "/metrics/ps-*.jsonl")]
+print(sum(l["steps_early"] for l in last), sum(l["version"] for l in last))
+EOF
+}
+
+# pair NAME WANT FLAGS...: the run with the default (on) and with off; the
+# same bytes. WANT: the on run's shards stepped early "all", "some" or "none"
 pair() {
-    local name=$1; shift
+    local name=$1 want=$2; shift 2
     "$L" local "$@" "${common[@]}" --out "$TMP/$name-on" >"$TMP/$name-on.log" 2>&1
     check "$name: streamed run" test $? = 0
     "$L" local "$@" "${common[@]}" --stream-push off --out "$TMP/$name-off" >"$TMP/$name-off.log" 2>&1
@@ -42,15 +56,23 @@ pair() {
     check "$name: every push streamed parts during the backward ($e of $n)" test "$e" = "$n" -a "$n" -gt 0
     read -r e n < <(early "$TMP/$name-off")
     check "$name: --stream-push off: none did ($e of $n)" test "$e" = 0 -a "$n" -gt 0
+    read -r e n < <(stepped "$TMP/$name-on")
+    case $want in
+    all) check "$name: every step made as its parts came ($e of $n)" test "$e" = "$n" -a "$n" -gt 0 ;;
+    some) check "$name: steps made as their parts came ($e of $n)" test "$e" -gt 0 ;;
+    none) check "$name: no step made before its push was whole ($e of $n)" test "$e" = 0 -a "$n" -gt 0 ;;
+    esac
+    read -r e n < <(stepped "$TMP/$name-off")
+    check "$name: --stream-push off: every step whole ($e of $n)" test "$e" = 0 -a "$n" -gt 0
 }
 
-pair async-shm --workers 1 --mode async --transport shm # shared memory or fail
+pair async-shm all --workers 1 --mode async --transport shm # shared memory or fail
 check "async-shm: the worker says it pushes in parts" \
     grep -q "the push in parts as the backward makes them" "$TMP/async-shm-on/logs/worker-0.log"
-pair async-zmq --workers 1 --mode async --transport zmq
-pair async-bf16 --workers 1 --mode async --transport zmq --wire bf16
-pair async-2shards --workers 1 --mode async --ps-shards 2
-pair sync --workers 2 --mode sync
+pair async-zmq all --workers 1 --mode async --transport zmq
+pair async-bf16 all --workers 1 --mode async --transport zmq --wire bf16
+pair async-2shards some --workers 1 --mode async --ps-shards 2
+pair sync none --workers 2 --mode sync
 
 "$L" local --workers 1 --mode async --overlap on --stream-push on "${common[@]}" --out "$TMP/ov" >"$TMP/ov.log" 2>&1
 check "--overlap on with --stream-push on runs" test $? = 0

@@ -44,7 +44,8 @@ static void s_setup(void)
 typedef raw_reply_t s_reply_t;
 
 /* One part from worker 1: floats [off, off + cnt) of g, step st on version
- * v, part k of K; shm: said to be in shared memory (no frame). */
+ * v, part k of K (K 0: a whole push); shm: said to be in shared memory (no
+ * frame). */
 static s_reply_t s_part(void *sock, uint64_t st, uint64_t v, uint32_t k, uint32_t K, const float *g,
                         size_t off, size_t cnt, int shm)
 {
@@ -279,6 +280,102 @@ static void test_parts_equal_whole(void)
     CHECK_EQ(srv_stop(&b), 0);
 }
 
+/* The early step (server/shard.h, dp_shard_early_t: an async shard steps
+ * a push's parts as they come) from the hostile side, against a shard that
+ * gets the same gradients whole (Adam, whose moments would show any state
+ * the early step leaked): worker 1's steps in two parts, with a NaN in the
+ * second part of one (after its first part was stepped early), and one
+ * whose parts are split by another worker's whole push (which steps the
+ * shard between them). The rejected step leaves no trace, the split one is
+ * applied after the other worker's, on its staleness, and the weights equal
+ * those of the whole pushes bit for bit; only the two clean streamed steps
+ * count as made early. */
+static void test_early_step_dropped(void)
+{
+    s_setup();
+    srv_t a, b;
+    srv_init(&a, DP_MODE_ASYNC, 2);
+    srv_init(&b, DP_MODE_ASYNC, 2);
+    a.cfg.optim.kind = b.cfg.optim.kind = DP_OPT_ADAM;
+    a.cfg.optim.lr = b.cfg.optim.lr = 0.01f;
+    CHECK_EQ(srv_start(&a), 0);
+    CHECK_EQ(srv_start(&b), 0);
+    char err[DP_ERR_LEN];
+    dp_ps_client_t *ca = NULL, *cb = NULL;
+    CHECK_EQ(dp_ps_client_new(&ca, a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cb, b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    size_t n = s_m.n_floats, h = n / 2;
+    float *g = malloc(n * sizeof *g), *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
+    void *ctx = zmq_ctx_new();
+    void *sa = raw_dealer(ctx, a.endpoint, (int)(TMO * 1000));
+    void *sb = raw_dealer(ctx, b.endpoint, (int)(TMO * 1000));
+    Downpour__Envelope he;
+    Downpour__Hello hl;
+    raw_hello_init(&he, &hl, &s_m, 1, 1);
+    CHECK_EQ(raw_request(sa, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK_EQ(raw_request(sb, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    s_reply_t r;
+    /* step 1: streamed (last half first, as a backward sends it) / whole */
+    srv_fill(g, n, 51);
+    r = s_part(sa, 1, 0, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sa, 1, 0, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    r = s_part(sb, 1, 0, 0, 0, g, 0, n, 0);
+    CHECK(APPLIED(r));
+    /* step 2 on a: its first part stepped early, a NaN in its second */
+    CHECK_EQ(srv_weights(ca, wb), 1); /* what a must still hold after it */
+    srv_fill(g, n, 52);
+    r = s_part(sa, 2, 1, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    g[h / 2] = NAN;
+    r = s_part(sa, 2, 1, 1, 2, g, 0, h, 0);
+    CHECK_REFUSED(r, "non-finite gradient", ca, 1, wb, wa);
+    /* step 3 on a (step 2 on b): streamed / whole */
+    srv_fill(g, n, 53);
+    r = s_part(sa, 3, 1, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sa, 3, 1, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    r = s_part(sb, 2, 1, 0, 0, g, 0, n, 0);
+    CHECK(APPLIED(r));
+    /* step 4 of worker 1 on version 2, split by worker 0's whole push on
+     * version 2: worker 0's applies first, then worker 1's (staleness 1) */
+    srv_fill(g, n, 54);
+    r = s_part(sa, 4, 2, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    float *g0 = malloc(n * sizeof *g0);
+    srv_fill(g0, n, 60);
+    CHECK_EQ(srv_weights(ca, wa), 2); /* worker 0 pushes on the version it pulled */
+    CHECK_EQ(srv_weights(cb, wb), 2);
+    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
+    r = s_part(sa, 4, 2, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    r = s_part(sb, 3, 2, 0, 0, g, 0, n, 0);
+    CHECK(APPLIED(r));
+    CHECK_EQ(srv_weights(ca, wa), 4);
+    CHECK_EQ(srv_weights(cb, wb), 4);
+    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(ca, &st, err), 0);
+    CHECK_EQ(st.steps_early, 2);
+    CHECK_EQ(st.staleness_max, 1);
+    CHECK_EQ(dp_ps_client_stats(cb, &st, err), 0);
+    CHECK_EQ(st.steps_early, 0);
+    zmq_close(sa);
+    zmq_close(sb);
+    zmq_ctx_term(ctx);
+    dp_ps_client_destroy(&ca);
+    dp_ps_client_destroy(&cb);
+    free(g);
+    free(g0);
+    free(wa);
+    free(wb);
+    CHECK_EQ(srv_stop(&a), 0);
+    CHECK_EQ(srv_stop(&b), 0);
+}
+
 /* The worker's client streaming to two shards (each slice cut into parts
  * by a bucket smaller than the model, so the parts are many) against the
  * same client pushing whole to two other shards: the same weights, bit
@@ -423,6 +520,6 @@ static void test_client_parts_bf16(void) { s_client_case(DP_PS_WIRE_BF16, S_ALL,
 static void test_client_parts_rest_at_end(void) { s_client_case(DP_PS_WIRE_FP32, S_TOP_TWO, 1); }
 static void test_client_parts_disorder(void) { s_client_case(DP_PS_WIRE_FP32, S_DISORDER, 0); }
 
-DP_TESTS(T(test_hostile_parts), T(test_parts_equal_whole), T(test_client_parts),
+DP_TESTS(T(test_hostile_parts), T(test_parts_equal_whole), T(test_early_step_dropped), T(test_client_parts),
          T(test_client_parts_bf16), T(test_client_parts_rest_at_end), T(test_client_parts_disorder),
          T(test_client_parts_shard_restart))
