@@ -163,14 +163,21 @@ void dp_policy_measure(dp_policy_t *p);
  * into out when measuring; and the same for sync's mean of acc. */
 void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, dp_push_outcome_t *out);
 void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out);
-/* The lr at which a push computed on version would be stepped if it were
- * whole now, for an early step (server/shard.h): 0 with *lr in async and
- * ssp without delay compensation; -1 where the step is not the gradient's
- * alone (sync's mean of R, compensation's transform) or the version is
- * one the shard has not reached. Changes nothing: the commit compares it
- * with the lr the policy takes when the push is whole (a threshold skip or
- * a version moved in between only drops the early step). */
-int dp_policy_early_lr(const dp_policy_t *p, uint64_t version, float *lr);
+/* How a push of worker computed on version would be stepped if it were
+ * whole now, for an early step (server/shard.h): 0 with *lr and *count
+ * (dp_shard_early_begin's) when that is known before it is whole: async
+ * and ssp without delay compensation (count 0: by the gradient, at the
+ * delay rule's lr for the present staleness); sync when it would complete
+ * the step (of the current version, not a duplicate, the gradient that
+ * makes the step's count: count = acc_count + 1). -1 otherwise (sync's
+ * earlier pushes, compensation's transform, a version the shard has not
+ * reached). Changes nothing: the commit checks it against what the policy
+ * does once the push is whole (a threshold skip, a version moved, a
+ * worker that joined in between only drop the early step). */
+int dp_policy_early(const dp_policy_t *p, int worker, uint64_t version, float *lr, int *count);
+/* Sync: the gradients the current version's step needs, min(R, workers
+ * live or that contributed to it), at least 1. */
+int dp_policy_sync_need(const dp_policy_t *p);
 /* For async / ssp: should a gradient of delay tau be skipped (threshold)?
  * 1 with why (n bytes); judges it either way (the running mean). */
 int dp_policy_delay_skip(dp_policy_t *p, uint64_t tau, char *why, size_t n);

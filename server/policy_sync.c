@@ -11,16 +11,21 @@
 
 /* Step if enough gradients of this version are in; 1 when it stepped.
  * out (NULL from a membership change) gets what the step did. */
-static int s_maybe_step_out(dp_policy_t *p, dp_push_outcome_t *out)
+int dp_policy_sync_need(const dp_policy_t *p)
 {
-    dp_shard_t *s = p->shard;
-    if (s->acc_count == 0) return 0;
+    const dp_shard_t *s = p->shard;
     int counting = 0;
     for (int i = 0; i < p->members->n; i++)
         if (dp_members_live(p->members, i) || p->contributed[i] == s->version + 1) counting++;
     int need = p->conf.replicas < counting ? p->conf.replicas : counting;
-    if (need < 1) need = 1;
-    if (s->acc_count < need) return 0;
+    return need < 1 ? 1 : need;
+}
+
+static int s_maybe_step_out(dp_policy_t *p, dp_push_outcome_t *out)
+{
+    dp_shard_t *s = p->shard;
+    if (s->acc_count == 0) return 0;
+    if (s->acc_count < dp_policy_sync_need(p)) return 0;
     dp_policy_step_mean(p, out);
     return 1;
 }

@@ -26,7 +26,7 @@
  *    worker, whatever a peer sends (dp_snap_alive, "snapshots" in the
  *    metrics); a worker that pushes in parts adds one buffer of the range
  *    (its assembly, server/shard_parts.h), allocated once, and the early
- *    step (async, ssp: one push at a time stepped as its parts come) one
+ *    step (one push at a time stepped as its parts come) one
  *    buffer and one copy of the optimizer state (server/shard.h).
  *  - A push's step is plausible (dp_shard_step_check) before it can count
  *    as a repeat or be recorded as applied: one message cannot push a
@@ -660,6 +660,45 @@ static void s_test_kill_at_version(const s_ps_t *ps, const Downpour__Envelope *e
     raise(SIGKILL);
 }
 
+/* An early step (server/shard.h, dp_shard_early_t) for worker wid's
+ * assembly, when none is in progress and the policy can say now how the
+ * whole push would be stepped (async, ssp; in sync the push that completes
+ * the step): the parts in so far are stepped at once, the rest as they
+ * come. One push at a time, the first that qualifies; the others are
+ * assembled and stepped whole, as a push that once whole steps the shard
+ * drops the early step it overtook. */
+static void s_early_try(s_ps_t *ps, int wid)
+{
+    const dp_parts_worker_t *w = &ps->parts.w[wid];
+    dp_shard_t *s = &ps->shard;
+    float lr;
+    int count;
+    if (!w->active || s->early.active || dp_policy_early(ps->policy, wid, w->version, &lr, &count) != 0)
+        return;
+    dp_shard_early_begin(s, wid, w->step, w->buf, lr, count);
+    for (uint32_t j = 0; j < w->got; j++) dp_shard_early_part(s, w->lo[j] - s->lo, w->hi[j] - s->lo);
+}
+
+/* The part just taken (checked, in the worker's assembly): stepped into
+ * the early step of its push, or the push's early step begun (a push
+ * complete already is stepped whole: the same work). */
+static void s_early_part(s_ps_t *ps, int wid, const Downpour__Envelope *env)
+{
+    const dp_parts_worker_t *w = &ps->parts.w[wid];
+    dp_shard_t *s = &ps->shard;
+    if (dp_shard_early_of(s, wid, env->push->step))
+        dp_shard_early_part(s, w->lo[w->got - 1] - s->lo, w->hi[w->got - 1] - s->lo);
+    else
+        s_early_try(ps, wid);
+}
+
+/* After a push: an assembly that can now be stepped early begins (sync:
+ * one that now completes the step; async: one the last step overtook). */
+static void s_early_next(s_ps_t *ps)
+{
+    for (int i = 0; i < ps->parts.n_workers && !ps->shard.early.active; i++) s_early_try(ps, i);
+}
+
 /* A gradient that passed every check (g: n slices tiling the range, all
  * finite), whole or assembled from its parts: the repeat check, the policy,
  * the record, the reply. */
@@ -673,6 +712,7 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
     /* this push's early step, not committed (a threshold skip): given up */
     if (dp_shard_early_of(&ps->shard, wid, env->push->step)) dp_shard_early_drop(&ps->shard);
+    s_early_next(ps);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
                    ps->shard.version, &ps->members);
     /* before a due checkpoint, so the file holds the step with its update */
@@ -680,27 +720,6 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     if (o.stepped) s_version_moved(ps);
     s_reply_ack(ps, id, env->request_id, wid, &o);
     if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
-}
-
-/* The part just taken (checked, in the worker's assembly) stepped at once
- * into the next version (server/shard.h, dp_shard_early_t): at a push's
- * first part an early step begins when none is in progress and the policy
- * can name the lr now (async, ssp); each part of that push is then stepped
- * as it comes, under the worker's backward. One push at a time: another
- * worker's parts are assembled as before, and its push, once whole, steps
- * the shard as ever (dropping the early one, which that push's own commit
- * then cannot match). */
-static void s_early_part(s_ps_t *ps, int wid, const Downpour__Envelope *env)
-{
-    const dp_parts_worker_t *w = &ps->parts.w[wid];
-    dp_shard_t *s = &ps->shard;
-    uint64_t step = env->push->step;
-    float lr;
-    if (w->got == 1 && (!s->early.active || s->early.owner == wid) &&
-        dp_policy_early_lr(ps->policy, env->push->version, &lr) == 0)
-        dp_shard_early_begin(s, wid, step, w->buf, lr);
-    if (dp_shard_early_of(s, wid, step))
-        dp_shard_early_part(s, w->lo[w->got - 1] - s->lo, w->hi[w->got - 1] - s->lo);
 }
 
 /* A part of a push in parts (Push.parts > 1): the same step checks as a

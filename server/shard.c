@@ -207,7 +207,9 @@ dp_snap_t *dp_snap_new(size_t n)
  * over the range on the loop's thread alone (the same float operations per
  * element: the same bits). An early step steps state, a copy of
  * state_from made block by block on the way (state_next from the live
- * state), so the live state is not touched. */
+ * state), so the live state is not touched; in sync it steps each block by
+ * (acc + g) x scale made in a block of its own, the float operations of
+ * accumulating g and scaling, with acc untouched. */
 typedef struct {
     dp_shard_t *s;
     float *dst;
@@ -218,6 +220,7 @@ typedef struct {
     long t;
     float *state;          /* the optimizer state stepped */
     const float *state_from; /* copied into state first (an early step), else NULL */
+    const float *acc_add;  /* an early sync step: acc, g is added to (into a block of its own) */
     size_t lo, hi;
 } s_step_job_t;
 
@@ -251,6 +254,15 @@ static void s_step_part(void *arg, int k, int nk)
         for (int v = 0; j->state_from && v < s->state_per; v++)
             memcpy(j->state + (size_t)v * s->n + at, j->state_from + (size_t)v * s->n + at,
                    (end - at) * sizeof(float));
+        if (j->acc_add) {
+            float mean[S_BLOCK];
+            for (size_t i = at; i < end; i++) mean[i - at] = (j->acc_add[i] + j->g[i]) * j->scale;
+            /* the block's arrays from at: state's vectors keep their stride n */
+            dp_optim_step_range(&s->optim, j->lr, j->dst + at, mean, j->state + at, s->n, 0,
+                                end - at, j->t);
+            dp_model_copy_state(&s->model, s->lo + at, s->lo + at, s->lo + end, j->dst + at, mean);
+            continue;
+        }
         dp_optim_step_range(&s->optim, j->lr, j->dst, j->g, j->state, s->n, at, end, j->t);
         /* state that is not a gradient takes the pushed value (the mean in
          * sync) instead of the step: the one rule every optimizer step follows */
@@ -400,7 +412,8 @@ static void s_publish(dp_shard_t *s, dp_snap_t *old, int in_place)
 static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, float lr)
 {
     dp_shard_early_drop(s); /* it stepped from this version: this step comes first */
-    s_step_job_t j = {s, s->w, s->w, g, acc, scale, lr, (long)s->version + 1, s->state, NULL, 0, s->n};
+    s_step_job_t j = {s, s->w, s->w, g, acc, scale, lr, (long)s->version + 1, s->state, NULL, NULL,
+                      0, s->n};
     /* in place only while no reply holds the live buffer and no other
      * process reads it (shm) */
     int in_place = atomic_load(&s->snap->refs) == 1 && s->snap->slot < 0 && !s->take_buffer;
@@ -413,29 +426,34 @@ static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, fl
     s_publish(s, old, in_place);
 }
 
-/* Is g at lr the early step in progress, complete, from this version? */
-static int s_early_is(const dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
+/* Is the early step in progress complete, from this version, at lr? */
+static int s_early_done(const dp_shard_t *s, float lr)
 {
     const dp_shard_early_t *e = &s->early;
-    return e->active && e->done == s->n && e->version == s->version && n == 1 &&
-           g[0].data == e->g && g[0].len == s->n * sizeof(float) && g[0].offset == s->lo &&
+    return e->active && e->done == s->n && e->version == s->version &&
            memcmp(&e->lr, &lr, sizeof lr) == 0;
+}
+
+/* The commit: the early step's buffer and state become the live ones. */
+static void s_early_commit(dp_shard_t *s)
+{
+    dp_snap_t *old = s->snap;
+    s->snap = s->early.buf;
+    s->early = (dp_shard_early_t){0};
+    if (s->state_per) {
+        float *st = s->state;
+        s->state = s->state_next;
+        s->state_next = st;
+    }
+    s->counts.steps_early++;
+    s_publish(s, old, 0);
 }
 
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
 {
-    if (s_early_is(s, g, n, lr)) { /* the commit: its buffer and state become the live ones */
-        dp_snap_t *old = s->snap;
-        s->snap = s->early.buf;
-        s->early.buf = NULL;
-        s->early.active = 0;
-        if (s->state_per) {
-            float *st = s->state;
-            s->state = s->state_next;
-            s->state_next = st;
-        }
-        s->counts.steps_early++;
-        s_publish(s, old, 0);
+    if (s_early_done(s, lr) && s->early.count == 0 && n == 1 && g[0].data == s->early.g &&
+        g[0].len == s->n * sizeof(float) && g[0].offset == s->lo) {
+        s_early_commit(s);
         return;
     }
     /* From the slice itself when it is the whole range and float-aligned
@@ -449,21 +467,23 @@ void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
     s_step_by(s, s->scratch, NULL, 1.0f, lr);
 }
 
-void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr)
+void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr,
+                          int count)
 {
     dp_shard_early_drop(s);
     if (!s->state_next && s->state_per)
         s->state_next = dp_aligned_alloc((s->n * (size_t)s->state_per + 1) * sizeof(float));
     s->early = (dp_shard_early_t){.active = 1, .owner = owner, .step = step, .version = s->version,
-                                  .g = g, .lr = lr, .buf = s_take_buffer(s)};
+                                  .g = g, .lr = lr, .count = count, .buf = s_take_buffer(s)};
 }
 
 void dp_shard_early_part(dp_shard_t *s, size_t lo, size_t hi)
 {
     dp_shard_early_t *e = &s->early;
     if (!e->active || lo >= hi || hi > s->n) return;
-    s_step_job_t j = {s, e->buf->data, s->w, e->g, NULL, 1.0f, e->lr, (long)e->version + 1,
-                      s->state_per ? s->state_next : s->state, s->state_per ? s->state : NULL, lo, hi};
+    s_step_job_t j = {s, e->buf->data, s->w, e->g, NULL, e->count ? 1.0f / (float)e->count : 1.0f,
+                      e->lr, (long)e->version + 1, s->state_per ? s->state_next : s->state,
+                      s->state_per ? s->state : NULL, e->count ? s->acc : NULL, lo, hi};
     s_run(s->pool, s_step_part, &j);
     e->done += hi - lo;
 }
@@ -497,6 +517,7 @@ static void s_add_part(void *arg, int k, int nk)
 
 void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n)
 {
+    s->acc_last = n == 1 ? g[0].data : NULL;
     for (int f = 0; f < n; f++) {
         s_add_job_t j = {s->acc + (g[f].offset - s->lo), g[f].data, g[f].len / 4};
         if (((uintptr_t)g[f].data & 3) != 0) { /* realign first */
@@ -511,6 +532,13 @@ void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n)
 void dp_shard_step_mean(dp_shard_t *s)
 {
     if (s->acc_count == 0) return;
+    if (s_early_done(s, dp_shard_lr(s)) && s->early.count == s->acc_count &&
+        s->acc_last == s->early.g) { /* acc: the count - 1 it averaged with g, then g */
+        memset(s->acc, 0, s->n * sizeof(float));
+        s->acc_count = 0;
+        s_early_commit(s);
+        return;
+    }
     s_step_by(s, s->acc, s->acc, 1.0f / (float)s->acc_count, dp_shard_lr(s));
     s->acc_count = 0;
 }

@@ -76,18 +76,21 @@ typedef struct {
 
 #define DP_SHARD_RETIRED 2 /* old buffers kept for the next out-of-place step */
 
-/* An early step: a push in parts stepped part by part as its parts arrive
- * (async, ssp), under the worker's backward, instead of all at once when
- * the push is whole (ARCHITECTURE.md, "A push in parts"). The next version
- * is written into a buffer of its own and the optimizer state of each
- * stepped range into state_next, so the live weights and state (what
- * pulls, checkpoints and every other step read) stay as they are until the
- * commit: the dp_shard_step that the policy takes once the push is whole,
- * with the very gradient buffer and lr the early step used, on the version
- * it stepped from, every float stepped. Anything else that steps the shard
- * first drops it (dp_shard_early_drop), and so does a bad part, so a step
- * is applied whole or not at all, with the bits a whole step has (the same
- * float operations per element). */
+/* An early step: a push in parts stepped part by part as its parts arrive,
+ * under the worker's backward, instead of all at once when the push is
+ * whole (ARCHITECTURE.md, "A push in parts"): in async and ssp by the
+ * gradient itself; in sync, for the push that completes a step, by the
+ * mean of acc and it ((acc + g) x 1/count, acc untouched). The next
+ * version is written into a buffer of its own and the optimizer state of
+ * each stepped range into state_next, so the live weights, state and acc
+ * (what pulls, checkpoints and every other push read) stay as they are
+ * until the commit: the dp_shard_step (dp_shard_step_mean in sync: acc
+ * holding count gradients, this one last) that the policy takes once the
+ * push is whole, with the very gradient buffer and lr the early step used,
+ * on the version it stepped from, every float stepped. Anything else that
+ * steps the shard first drops it (dp_shard_early_drop), and so does a bad
+ * part, so a step is applied whole or not at all, with the bits a whole
+ * step has (the same float operations per element). */
 typedef struct {
     int active;
     int owner;             /* the worker whose push it steps */
@@ -95,6 +98,7 @@ typedef struct {
     uint64_t version;      /* the live version it steps from */
     const float *g;        /* the gradient of the shard's range it steps by (the assembly) */
     float lr;
+    int count;             /* sync: the gradients the step averages, acc's and g; 0: async */
     size_t done;           /* floats stepped */
     dp_snap_t *buf;        /* the next version (our reference) */
 } dp_shard_early_t;
@@ -149,6 +153,7 @@ typedef struct {
     float *state_next;     /* n * state_per floats: the early step's optimizer state (allocated
                               at the first early step) */
     dp_snap_t *spare;      /* a dropped early step's buffer, kept for the next (our reference) */
+    const void *acc_last;  /* sync: the data of the gradient added to acc last (one slice), or NULL */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -232,9 +237,11 @@ void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
 
 /* Begin an early step of worker owner's push step, by g (the shard's n
  * floats, filled part by part; it must stay where it is until the commit
- * or the drop) at lr from the current version; one that was in progress
- * is dropped. */
-void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr);
+ * or the drop) at lr from the current version; count 0: g itself (async),
+ * else the mean of acc's acc_count = count - 1 gradients and g (sync). One
+ * that was in progress is dropped. */
+void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr,
+                          int count);
 /* Step floats [lo, hi) of the range (local to the shard; g's floats there
  * are final and checked) into the next version. No-op when inactive. */
 void dp_shard_early_part(dp_shard_t *s, size_t lo, size_t hi);

@@ -286,9 +286,10 @@ static void test_parts_equal_whole(void)
  * the early step leaked): worker 1's steps in two parts, with a NaN in the
  * second part of one (after its first part was stepped early), and one
  * whose parts are split by another worker's whole push (which steps the
- * shard between them). The rejected step leaves no trace, the split one is
+ * shard between them, dropping the early step, which begins again from the
+ * new version). The rejected step leaves no trace, the split one is
  * applied after the other worker's, on its staleness, and the weights equal
- * those of the whole pushes bit for bit; only the two clean streamed steps
+ * those of the whole pushes bit for bit; the three clean streamed steps
  * count as made early. */
 static void test_early_step_dropped(void)
 {
@@ -359,8 +360,113 @@ static void test_early_step_dropped(void)
     CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
     dp_ps_stats_t st;
     CHECK_EQ(dp_ps_client_stats(ca, &st, err), 0);
-    CHECK_EQ(st.steps_early, 2);
+    CHECK_EQ(st.steps_early, 3);
     CHECK_EQ(st.staleness_max, 1);
+    CHECK_EQ(dp_ps_client_stats(cb, &st, err), 0);
+    CHECK_EQ(st.steps_early, 0);
+    zmq_close(sa);
+    zmq_close(sb);
+    zmq_ctx_term(ctx);
+    dp_ps_client_destroy(&ca);
+    dp_ps_client_destroy(&cb);
+    free(g);
+    free(g0);
+    free(wa);
+    free(wb);
+    CHECK_EQ(srv_stop(&a), 0);
+    CHECK_EQ(srv_stop(&b), 0);
+}
+
+/* The early step in sync (R = 2; worker 0 whole through the client, worker
+ * 1 in two parts from the hostile side) against a shard that gets every
+ * gradient whole in the same order: the push that completes a step is
+ * stepped part by part by the mean of acc and its parts — begun when the
+ * other worker's push made it the completing one (its first part then
+ * caught up), or at its first part when it already was; a NaN in its
+ * second part leaves acc, the weights and Adam's moments as they were and
+ * a clean repeat completes the step; a push that does not complete the
+ * step is not stepped early. Bit for bit the whole pushes' weights. */
+static void test_early_step_sync(void)
+{
+    s_setup();
+    srv_t a, b;
+    srv_init(&a, DP_MODE_SYNC, 2);
+    srv_init(&b, DP_MODE_SYNC, 2);
+    a.cfg.optim.kind = b.cfg.optim.kind = DP_OPT_ADAM;
+    a.cfg.optim.lr = b.cfg.optim.lr = 0.01f;
+    CHECK_EQ(srv_start(&a), 0);
+    CHECK_EQ(srv_start(&b), 0);
+    char err[DP_ERR_LEN];
+    dp_ps_client_t *ca = NULL, *cb = NULL;
+    CHECK_EQ(dp_ps_client_new(&ca, a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cb, b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    size_t n = s_m.n_floats, h = n / 2;
+    float *g = malloc(n * sizeof *g), *g0 = malloc(n * sizeof *g0);
+    float *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
+    void *ctx = zmq_ctx_new();
+    void *sa = raw_dealer(ctx, a.endpoint, (int)(TMO * 1000));
+    void *sb = raw_dealer(ctx, b.endpoint, (int)(TMO * 1000));
+    Downpour__Envelope he;
+    Downpour__Hello hl;
+    raw_hello_init(&he, &hl, &s_m, 1, 1);
+    CHECK_EQ(raw_request(sa, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK_EQ(raw_request(sb, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    s_reply_t r;
+    /* version 0: worker 1's first part, then worker 0's push makes worker
+     * 1's the completing one (early from there), then its second part */
+    srv_fill(g, n, 71);
+    srv_fill(g0, n, 81);
+    r = s_part(sa, 1, 0, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    CHECK_EQ(srv_weights(ca, wa), 0);
+    CHECK_EQ(srv_weights(cb, wb), 0);
+    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
+    r = s_part(sa, 1, 0, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    r = s_part(sb, 1, 0, 0, 0, g, 0, n, 0);
+    CHECK(APPLIED(r));
+    /* version 1: worker 0 first; worker 1's push is early from its first
+     * part, with a NaN in its second; then its next step, clean */
+    srv_fill(g0, n, 82);
+    CHECK_EQ(srv_weights(ca, wa), 1);
+    CHECK_EQ(srv_weights(cb, wb), 1);
+    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(2, g0, 1.0f, 1), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(2, g0, 1.0f, 1), NULL, err), 0);
+    srv_fill(g, n, 72);
+    r = s_part(sa, 2, 1, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    g[3] = NAN;
+    r = s_part(sa, 2, 1, 1, 2, g, 0, h, 0);
+    CHECK(r.type == DOWNPOUR__MSG_TYPE__ACK && r.status == DOWNPOUR__ACK_STATUS__REJECTED);
+    CHECK(strstr(r.text, "non-finite gradient") != NULL);
+    srv_fill(g, n, 73);
+    r = s_part(sa, 3, 1, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sa, 3, 1, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    r = s_part(sb, 2, 1, 0, 0, g, 0, n, 0);
+    CHECK(APPLIED(r));
+    /* version 2: worker 1 whole in parts first (not the completing one:
+     * no early step), then worker 0 */
+    srv_fill(g, n, 74);
+    r = s_part(sa, 4, 2, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sa, 4, 2, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+    r = s_part(sb, 3, 2, 0, 0, g, 0, n, 0);
+    CHECK(APPLIED(r));
+    srv_fill(g0, n, 83);
+    CHECK_EQ(srv_weights(ca, wa), 2);
+    CHECK_EQ(srv_weights(cb, wb), 2);
+    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(3, g0, 1.0f, 1), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(3, g0, 1.0f, 1), NULL, err), 0);
+    CHECK_EQ(srv_weights(ca, wa), 3);
+    CHECK_EQ(srv_weights(cb, wb), 3);
+    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(ca, &st, err), 0);
+    CHECK_EQ(st.steps_early, 2);
     CHECK_EQ(dp_ps_client_stats(cb, &st, err), 0);
     CHECK_EQ(st.steps_early, 0);
     zmq_close(sa);
@@ -520,6 +626,7 @@ static void test_client_parts_bf16(void) { s_client_case(DP_PS_WIRE_BF16, S_ALL,
 static void test_client_parts_rest_at_end(void) { s_client_case(DP_PS_WIRE_FP32, S_TOP_TWO, 1); }
 static void test_client_parts_disorder(void) { s_client_case(DP_PS_WIRE_FP32, S_DISORDER, 0); }
 
-DP_TESTS(T(test_hostile_parts), T(test_parts_equal_whole), T(test_early_step_dropped), T(test_client_parts),
+DP_TESTS(T(test_hostile_parts), T(test_parts_equal_whole), T(test_early_step_dropped),
+         T(test_early_step_sync), T(test_client_parts),
          T(test_client_parts_bf16), T(test_client_parts_rest_at_end), T(test_client_parts_disorder),
          T(test_client_parts_shard_restart))
