@@ -712,7 +712,6 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
     /* this push's early step, not committed (a threshold skip): given up */
     if (dp_shard_early_of(&ps->shard, wid, env->push->step)) dp_shard_early_drop(&ps->shard);
-    s_early_next(ps);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
                    ps->shard.version, &ps->members);
     /* before a due checkpoint, so the file holds the step with its update */
@@ -720,6 +719,7 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     if (o.stepped) s_version_moved(ps);
     s_reply_ack(ps, id, env->request_id, wid, &o);
     if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
+    s_early_next(ps); /* after the replies: its catch-up should not delay them */
 }
 
 /* A part of a push in parts (Push.parts > 1): the same step checks as a
