@@ -231,255 +231,230 @@ static void test_hostile_parts(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
+/* Two shards of the small model (the mode, 2 workers, Adam lr 0.01, whose
+ * moments would show any optimizer state a wrong step leaked): a, which
+ * gets pushes in parts, and b, the reference that gets the same gradients
+ * whole; on each, worker 0's client and worker 1's raw socket (HELLO
+ * said); g, wa, wb: a gradient and the two shards' weights. */
+typedef struct {
+    srv_t a, b;
+    dp_ps_client_t *ca, *cb;
+    void *ctx, *sa, *sb;
+    float *g, *wa, *wb;
+} s_pair_t;
+
+static void s_pair_open(s_pair_t *p, dp_mode_t mode)
+{
+    s_setup();
+    memset(p, 0, sizeof *p);
+    srv_init(&p->a, mode, 2);
+    srv_init(&p->b, mode, 2);
+    p->a.cfg.optim.kind = p->b.cfg.optim.kind = DP_OPT_ADAM;
+    p->a.cfg.optim.lr = p->b.cfg.optim.lr = 0.01f;
+    CHECK_EQ(srv_start(&p->a), 0);
+    CHECK_EQ(srv_start(&p->b), 0);
+    char err[DP_ERR_LEN];
+    CHECK_EQ(dp_ps_client_new(&p->ca, p->a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&p->cb, p->b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    size_t n = s_m.n_floats;
+    p->g = malloc(n * sizeof *p->g);
+    p->wa = malloc(n * sizeof *p->wa);
+    p->wb = malloc(n * sizeof *p->wb);
+    p->ctx = zmq_ctx_new();
+    p->sa = raw_dealer(p->ctx, p->a.endpoint, (int)(TMO * 1000));
+    p->sb = raw_dealer(p->ctx, p->b.endpoint, (int)(TMO * 1000));
+    Downpour__Envelope he;
+    Downpour__Hello hl;
+    raw_hello_init(&he, &hl, &s_m, 1, 1);
+    CHECK_EQ(raw_request(p->sa, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK_EQ(raw_request(p->sb, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+}
+
+/* Both shards at version ver hold the same weights, bit for bit. */
+static void s_pair_same(s_pair_t *p, uint64_t ver)
+{
+    CHECK_EQ(srv_weights(p->ca, p->wa), ver);
+    CHECK_EQ(srv_weights(p->cb, p->wb), ver);
+    CHECK(memcmp(p->wa, p->wb, s_m.n_floats * sizeof(float)) == 0);
+}
+
+/* Worker 0's whole push of g0 as step st to both, each on the version it
+ * pulls first (ver). */
+static void s_pair_push0(s_pair_t *p, uint64_t st, const float *g0, uint64_t ver)
+{
+    char err[DP_ERR_LEN];
+    CHECK_EQ(srv_weights(p->ca, p->wa), ver);
+    CHECK_EQ(srv_weights(p->cb, p->wb), ver);
+    CHECK_EQ(dp_ps_client_push(p->ca, PS_PUSH_STEP(st, g0, 1.0f, 1), NULL, err), 0);
+    CHECK_EQ(dp_ps_client_push(p->cb, PS_PUSH_STEP(st, g0, 1.0f, 1), NULL, err), 0);
+}
+
+/* steps_early of shard a and of b. */
+static void s_pair_early(s_pair_t *p, uint64_t want_a)
+{
+    char err[DP_ERR_LEN];
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(p->ca, &st, err), 0);
+    CHECK_EQ(st.steps_early, want_a);
+    CHECK_EQ(dp_ps_client_stats(p->cb, &st, err), 0);
+    CHECK_EQ(st.steps_early, 0);
+}
+
+static void s_pair_close(s_pair_t *p)
+{
+    zmq_close(p->sa);
+    zmq_close(p->sb);
+    zmq_ctx_term(p->ctx);
+    dp_ps_client_destroy(&p->ca);
+    dp_ps_client_destroy(&p->cb);
+    free(p->g);
+    free(p->wa);
+    free(p->wb);
+    CHECK_EQ(srv_stop(&p->a), 0);
+    CHECK_EQ(srv_stop(&p->b), 0);
+}
+
+/* Worker 1's step st on version v through sock: g in two parts (the upper
+ * half first, as a backward sends it), applied; or whole, applied. */
+static void s_two_parts(void *sock, uint64_t st, uint64_t v, const float *g)
+{
+    size_t n = s_m.n_floats, h = n / 2;
+    s_reply_t r = s_part(sock, st, v, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    r = s_part(sock, st, v, 1, 2, g, 0, h, 0);
+    CHECK(APPLIED(r));
+}
+
+static void s_whole(void *sock, uint64_t st, uint64_t v, const float *g)
+{
+    s_reply_t r = s_part(sock, st, v, 0, 0, g, 0, s_m.n_floats, 0);
+    CHECK(APPLIED(r));
+}
+
 /* Parts in any order hold the weights a whole push holds, bit for bit. */
 static void test_parts_equal_whole(void)
 {
-    s_setup();
-    srv_t a, b;
-    srv_init(&a, DP_MODE_ASYNC, 2);
-    srv_init(&b, DP_MODE_ASYNC, 2);
-    a.cfg.optim.kind = b.cfg.optim.kind = DP_OPT_ADAM;
-    a.cfg.optim.lr = b.cfg.optim.lr = 0.01f;
-    CHECK_EQ(srv_start(&a), 0);
-    CHECK_EQ(srv_start(&b), 0);
-    char err[DP_ERR_LEN];
-    dp_ps_client_t *ca = NULL, *cb = NULL;
-    CHECK_EQ(dp_ps_client_new(&ca, a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_new(&cb, b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    s_pair_t p;
+    s_pair_open(&p, DP_MODE_ASYNC);
     size_t n = s_m.n_floats;
-    float *g = malloc(n * sizeof *g), *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
-    void *ctx = zmq_ctx_new();
-    void *sock = raw_dealer(ctx, a.endpoint, (int)(TMO * 1000));
-    Downpour__Envelope he;
-    Downpour__Hello hl;
-    raw_hello_init(&he, &hl, &s_m, 1, 1);
-    CHECK_EQ(raw_request(sock, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
     size_t cut[4] = {0, 17, 90, n}; /* three parts, sent middle, last, first */
     uint32_t order[3] = {1, 2, 0};
     for (uint64_t st = 1; st <= 3; st++) {
-        srv_fill(g, n, 40 + st);
-        CHECK_EQ(srv_weights(cb, wb), st - 1);
-        CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(st, g, 1.0f, 1), NULL, err), 0);
+        srv_fill(p.g, n, 40 + st);
+        s_whole(p.sb, st, st - 1, p.g);
         for (int j = 0; j < 3; j++) {
             uint32_t k = order[j];
-            s_reply_t r = s_part(sock, st, st - 1, k, 3, g, cut[k], cut[k + 1] - cut[k], 0);
+            s_reply_t r = s_part(p.sa, st, st - 1, k, 3, p.g, cut[k], cut[k + 1] - cut[k], 0);
             CHECK(j < 2 ? RECEIVED(r) : APPLIED(r));
         }
     }
-    CHECK_EQ(srv_weights(ca, wa), 3);
-    CHECK_EQ(srv_weights(cb, wb), 3);
-    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    dp_ps_client_destroy(&ca);
-    dp_ps_client_destroy(&cb);
-    free(g);
-    free(wa);
-    free(wb);
-    CHECK_EQ(srv_stop(&a), 0);
-    CHECK_EQ(srv_stop(&b), 0);
+    s_pair_same(&p, 3);
+    s_pair_close(&p);
 }
 
-/* The early step (server/shard.h, dp_shard_early_t: an async shard steps
- * a push's parts as they come) from the hostile side, against a shard that
- * gets the same gradients whole (Adam, whose moments would show any state
- * the early step leaked): worker 1's steps in two parts, with a NaN in the
- * second part of one (after its first part was stepped early), and one
- * whose parts are split by another worker's whole push (which steps the
- * shard between them, dropping the early step, which begins again from the
- * new version). The rejected step leaves no trace, the split one is
- * applied after the other worker's, on its staleness, and the weights equal
- * those of the whole pushes bit for bit; the three clean streamed steps
- * count as made early. */
+/* The early step (server/shard.h, dp_shard_early_t: a shard steps a push's
+ * parts as they come) from the hostile side, in async: worker 1's steps in
+ * two parts, with a NaN in the second part of one (after its first part
+ * was stepped early), and one whose parts are split by worker 0's whole
+ * push (which steps the shard between them, dropping the early step, which
+ * begins again from the new version). The rejected step leaves no trace,
+ * the split one is applied after worker 0's, on its staleness, and the
+ * weights equal the whole pushes' bit for bit; the three clean streamed
+ * steps count as made early. */
 static void test_early_step_dropped(void)
 {
-    s_setup();
-    srv_t a, b;
-    srv_init(&a, DP_MODE_ASYNC, 2);
-    srv_init(&b, DP_MODE_ASYNC, 2);
-    a.cfg.optim.kind = b.cfg.optim.kind = DP_OPT_ADAM;
-    a.cfg.optim.lr = b.cfg.optim.lr = 0.01f;
-    CHECK_EQ(srv_start(&a), 0);
-    CHECK_EQ(srv_start(&b), 0);
-    char err[DP_ERR_LEN];
-    dp_ps_client_t *ca = NULL, *cb = NULL;
-    CHECK_EQ(dp_ps_client_new(&ca, a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_new(&cb, b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    s_pair_t p;
+    s_pair_open(&p, DP_MODE_ASYNC);
     size_t n = s_m.n_floats, h = n / 2;
-    float *g = malloc(n * sizeof *g), *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
-    void *ctx = zmq_ctx_new();
-    void *sa = raw_dealer(ctx, a.endpoint, (int)(TMO * 1000));
-    void *sb = raw_dealer(ctx, b.endpoint, (int)(TMO * 1000));
-    Downpour__Envelope he;
-    Downpour__Hello hl;
-    raw_hello_init(&he, &hl, &s_m, 1, 1);
-    CHECK_EQ(raw_request(sa, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
-    CHECK_EQ(raw_request(sb, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    float *g = p.g, *g0 = malloc(n * sizeof *g0);
     s_reply_t r;
-    /* step 1: streamed (last half first, as a backward sends it) / whole */
+    /* step 1: streamed / whole */
     srv_fill(g, n, 51);
-    r = s_part(sa, 1, 0, 0, 2, g, h, n - h, 0);
-    CHECK(RECEIVED(r));
-    r = s_part(sa, 1, 0, 1, 2, g, 0, h, 0);
-    CHECK(APPLIED(r));
-    r = s_part(sb, 1, 0, 0, 0, g, 0, n, 0);
-    CHECK(APPLIED(r));
+    s_two_parts(p.sa, 1, 0, g);
+    s_whole(p.sb, 1, 0, g);
     /* step 2 on a: its first part stepped early, a NaN in its second */
-    CHECK_EQ(srv_weights(ca, wb), 1); /* what a must still hold after it */
+    CHECK_EQ(srv_weights(p.ca, p.wb), 1); /* what a must still hold after it */
     srv_fill(g, n, 52);
-    r = s_part(sa, 2, 1, 0, 2, g, h, n - h, 0);
+    r = s_part(p.sa, 2, 1, 0, 2, g, h, n - h, 0);
     CHECK(RECEIVED(r));
     g[h / 2] = NAN;
-    r = s_part(sa, 2, 1, 1, 2, g, 0, h, 0);
-    CHECK_REFUSED(r, "non-finite gradient", ca, 1, wb, wa);
+    r = s_part(p.sa, 2, 1, 1, 2, g, 0, h, 0);
+    CHECK_REFUSED(r, "non-finite gradient", p.ca, 1, p.wb, p.wa);
     /* step 3 on a (step 2 on b): streamed / whole */
     srv_fill(g, n, 53);
-    r = s_part(sa, 3, 1, 0, 2, g, h, n - h, 0);
-    CHECK(RECEIVED(r));
-    r = s_part(sa, 3, 1, 1, 2, g, 0, h, 0);
-    CHECK(APPLIED(r));
-    r = s_part(sb, 2, 1, 0, 0, g, 0, n, 0);
-    CHECK(APPLIED(r));
+    s_two_parts(p.sa, 3, 1, g);
+    s_whole(p.sb, 2, 1, g);
     /* step 4 of worker 1 on version 2, split by worker 0's whole push on
      * version 2: worker 0's applies first, then worker 1's (staleness 1) */
     srv_fill(g, n, 54);
-    r = s_part(sa, 4, 2, 0, 2, g, h, n - h, 0);
+    r = s_part(p.sa, 4, 2, 0, 2, g, h, n - h, 0);
     CHECK(RECEIVED(r));
-    float *g0 = malloc(n * sizeof *g0);
     srv_fill(g0, n, 60);
-    CHECK_EQ(srv_weights(ca, wa), 2); /* worker 0 pushes on the version it pulled */
-    CHECK_EQ(srv_weights(cb, wb), 2);
-    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
-    r = s_part(sa, 4, 2, 1, 2, g, 0, h, 0);
+    s_pair_push0(&p, 1, g0, 2);
+    r = s_part(p.sa, 4, 2, 1, 2, g, 0, h, 0);
     CHECK(APPLIED(r));
-    r = s_part(sb, 3, 2, 0, 0, g, 0, n, 0);
-    CHECK(APPLIED(r));
-    CHECK_EQ(srv_weights(ca, wa), 4);
-    CHECK_EQ(srv_weights(cb, wb), 4);
-    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    s_whole(p.sb, 3, 2, g);
+    s_pair_same(&p, 4);
+    s_pair_early(&p, 3);
+    char err[DP_ERR_LEN];
     dp_ps_stats_t st;
-    CHECK_EQ(dp_ps_client_stats(ca, &st, err), 0);
-    CHECK_EQ(st.steps_early, 3);
+    CHECK_EQ(dp_ps_client_stats(p.ca, &st, err), 0);
     CHECK_EQ(st.staleness_max, 1);
-    CHECK_EQ(dp_ps_client_stats(cb, &st, err), 0);
-    CHECK_EQ(st.steps_early, 0);
-    zmq_close(sa);
-    zmq_close(sb);
-    zmq_ctx_term(ctx);
-    dp_ps_client_destroy(&ca);
-    dp_ps_client_destroy(&cb);
-    free(g);
     free(g0);
-    free(wa);
-    free(wb);
-    CHECK_EQ(srv_stop(&a), 0);
-    CHECK_EQ(srv_stop(&b), 0);
+    s_pair_close(&p);
 }
 
 /* The early step in sync (R = 2; worker 0 whole through the client, worker
- * 1 in two parts from the hostile side) against a shard that gets every
- * gradient whole in the same order: the push that completes a step is
- * stepped part by part by the mean of acc and its parts — begun when the
- * other worker's push made it the completing one (its first part then
- * caught up), or at its first part when it already was; a NaN in its
- * second part leaves acc, the weights and Adam's moments as they were and
- * a clean repeat completes the step; a push that does not complete the
- * step is not stepped early. Bit for bit the whole pushes' weights. */
+ * 1 in two parts from the hostile side) against the whole pushes in the
+ * same order: the push that completes a step is stepped part by part by
+ * the mean of acc and its parts — begun when the other worker's push made
+ * it the completing one (its first part then caught up), or at its first
+ * part when it already was; a NaN in its second part leaves acc, the
+ * weights and Adam's moments as they were, and a clean push of its next
+ * step completes the version; a push that does not complete the step is
+ * not stepped early. Bit for bit the whole pushes' weights. */
 static void test_early_step_sync(void)
 {
-    s_setup();
-    srv_t a, b;
-    srv_init(&a, DP_MODE_SYNC, 2);
-    srv_init(&b, DP_MODE_SYNC, 2);
-    a.cfg.optim.kind = b.cfg.optim.kind = DP_OPT_ADAM;
-    a.cfg.optim.lr = b.cfg.optim.lr = 0.01f;
-    CHECK_EQ(srv_start(&a), 0);
-    CHECK_EQ(srv_start(&b), 0);
-    char err[DP_ERR_LEN];
-    dp_ps_client_t *ca = NULL, *cb = NULL;
-    CHECK_EQ(dp_ps_client_new(&ca, a.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_new(&cb, b.endpoint, &s_m, 0, PS_OPTS(TMO), NULL, err), 0);
+    s_pair_t p;
+    s_pair_open(&p, DP_MODE_SYNC);
     size_t n = s_m.n_floats, h = n / 2;
-    float *g = malloc(n * sizeof *g), *g0 = malloc(n * sizeof *g0);
-    float *wa = malloc(n * sizeof *wa), *wb = malloc(n * sizeof *wb);
-    void *ctx = zmq_ctx_new();
-    void *sa = raw_dealer(ctx, a.endpoint, (int)(TMO * 1000));
-    void *sb = raw_dealer(ctx, b.endpoint, (int)(TMO * 1000));
-    Downpour__Envelope he;
-    Downpour__Hello hl;
-    raw_hello_init(&he, &hl, &s_m, 1, 1);
-    CHECK_EQ(raw_request(sa, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
-    CHECK_EQ(raw_request(sb, &he, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    float *g = p.g, *g0 = malloc(n * sizeof *g0);
     s_reply_t r;
     /* version 0: worker 1's first part, then worker 0's push makes worker
      * 1's the completing one (early from there), then its second part */
     srv_fill(g, n, 71);
     srv_fill(g0, n, 81);
-    r = s_part(sa, 1, 0, 0, 2, g, h, n - h, 0);
+    r = s_part(p.sa, 1, 0, 0, 2, g, h, n - h, 0);
     CHECK(RECEIVED(r));
-    CHECK_EQ(srv_weights(ca, wa), 0);
-    CHECK_EQ(srv_weights(cb, wb), 0);
-    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(1, g0, 1.0f, 1), NULL, err), 0);
-    r = s_part(sa, 1, 0, 1, 2, g, 0, h, 0);
+    s_pair_push0(&p, 1, g0, 0);
+    r = s_part(p.sa, 1, 0, 1, 2, g, 0, h, 0);
     CHECK(APPLIED(r));
-    r = s_part(sb, 1, 0, 0, 0, g, 0, n, 0);
-    CHECK(APPLIED(r));
+    s_whole(p.sb, 1, 0, g);
     /* version 1: worker 0 first; worker 1's push is early from its first
      * part, with a NaN in its second; then its next step, clean */
     srv_fill(g0, n, 82);
-    CHECK_EQ(srv_weights(ca, wa), 1);
-    CHECK_EQ(srv_weights(cb, wb), 1);
-    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(2, g0, 1.0f, 1), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(2, g0, 1.0f, 1), NULL, err), 0);
+    s_pair_push0(&p, 2, g0, 1);
     srv_fill(g, n, 72);
-    r = s_part(sa, 2, 1, 0, 2, g, h, n - h, 0);
+    r = s_part(p.sa, 2, 1, 0, 2, g, h, n - h, 0);
     CHECK(RECEIVED(r));
     g[3] = NAN;
-    r = s_part(sa, 2, 1, 1, 2, g, 0, h, 0);
+    r = s_part(p.sa, 2, 1, 1, 2, g, 0, h, 0);
     CHECK(r.type == DOWNPOUR__MSG_TYPE__ACK && r.status == DOWNPOUR__ACK_STATUS__REJECTED);
     CHECK(strstr(r.text, "non-finite gradient") != NULL);
     srv_fill(g, n, 73);
-    r = s_part(sa, 3, 1, 0, 2, g, h, n - h, 0);
-    CHECK(RECEIVED(r));
-    r = s_part(sa, 3, 1, 1, 2, g, 0, h, 0);
-    CHECK(APPLIED(r));
-    r = s_part(sb, 2, 1, 0, 0, g, 0, n, 0);
-    CHECK(APPLIED(r));
-    /* version 2: worker 1 whole in parts first (not the completing one:
-     * no early step), then worker 0 */
+    s_two_parts(p.sa, 3, 1, g);
+    s_whole(p.sb, 2, 1, g);
+    /* version 2: worker 1 in parts first (not the completing one: no early
+     * step), then worker 0 */
     srv_fill(g, n, 74);
-    r = s_part(sa, 4, 2, 0, 2, g, h, n - h, 0);
-    CHECK(RECEIVED(r));
-    r = s_part(sa, 4, 2, 1, 2, g, 0, h, 0);
-    CHECK(APPLIED(r));
-    r = s_part(sb, 3, 2, 0, 0, g, 0, n, 0);
-    CHECK(APPLIED(r));
+    s_two_parts(p.sa, 4, 2, g);
+    s_whole(p.sb, 3, 2, g);
     srv_fill(g0, n, 83);
-    CHECK_EQ(srv_weights(ca, wa), 2);
-    CHECK_EQ(srv_weights(cb, wb), 2);
-    CHECK_EQ(dp_ps_client_push(ca, PS_PUSH_STEP(3, g0, 1.0f, 1), NULL, err), 0);
-    CHECK_EQ(dp_ps_client_push(cb, PS_PUSH_STEP(3, g0, 1.0f, 1), NULL, err), 0);
-    CHECK_EQ(srv_weights(ca, wa), 3);
-    CHECK_EQ(srv_weights(cb, wb), 3);
-    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
-    dp_ps_stats_t st;
-    CHECK_EQ(dp_ps_client_stats(ca, &st, err), 0);
-    CHECK_EQ(st.steps_early, 2);
-    CHECK_EQ(dp_ps_client_stats(cb, &st, err), 0);
-    CHECK_EQ(st.steps_early, 0);
-    zmq_close(sa);
-    zmq_close(sb);
-    zmq_ctx_term(ctx);
-    dp_ps_client_destroy(&ca);
-    dp_ps_client_destroy(&cb);
-    free(g);
+    s_pair_push0(&p, 3, g0, 2);
+    s_pair_same(&p, 3);
+    s_pair_early(&p, 2);
     free(g0);
-    free(wa);
-    free(wb);
-    CHECK_EQ(srv_stop(&a), 0);
-    CHECK_EQ(srv_stop(&b), 0);
+    s_pair_close(&p);
 }
 
 /* The worker's client streaming to two shards (each slice cut into parts
