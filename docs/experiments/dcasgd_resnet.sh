@@ -20,6 +20,7 @@
 # the seeds, the mean staleness, the pushes compensated.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. docs/experiments/lib.sh
 OUT=${1:-runs/dcasgd_resnet}
 MODEL=${MODEL:-resnet8}
 SEEDS=${SEEDS:-1 2 3}
@@ -38,31 +39,14 @@ for cfg in "1 off" "4 off" "4 adaptive:$LAMBDA0"; do
 done
 one() {
     read -r M dc s <<<"$1"
-    local name=w$M-${dc%%:*}-s$s
-    [ -s "$OUT/$name.json" ] && return 0   # done before: resumable
-    build/downpour sim --workers "$M" --delay-compensation "$dc" --seed "$s" "${common[@]}" \
-        --out "$OUT/$name" >"$OUT/$name.out" 2>"$OUT/$name.err"
-    tail -1 "$OUT/$name.out" >"$OUT/$name.json"
+    exp_sim "w$M-${dc%%:*}-s$s" --workers "$M" --delay-compensation "$dc" --seed "$s" "${common[@]}"
 }
-running=0
-for r in "${runs[@]}"; do
-    one "$r" &
-    running=$((running + 1))
-    if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
-done
-wait
-/usr/bin/python3 - "$OUT" "$MODEL" "$SAMPLES" <<'PY'
-import glob, json, os, statistics, sys
-out, model, samples = sys.argv[1:4]
-rows = {}
-for p in sorted(glob.glob(os.path.join(out, "*.json"))):
-    w, dc, s = os.path.basename(p)[:-5].split("-")
-    rows.setdefault((int(w[1:]), dc), []).append(json.load(open(p)))
-print(f"{model} on Fashion-MNIST, {samples} training samples per run (downpour sim)")
+exp_parallel one "${runs[@]}"
+exp_table <<'PY'
 print("| configuration | seeds | test error | staleness mean | compensated |")
 print("|---|---|---|---|---|")
-names = {(1, "off"): "sequential SGD (1 worker)", (4, "off"): "ASGD, 4 workers",
-         (4, "adaptive"): "DC-ASGD-a, 4 workers"}
+names = {"w1-off": "sequential SGD (1 worker)", "w4-off": "ASGD, 4 workers",
+         "w4-adaptive": "DC-ASGD-a, 4 workers"}
 for key, name in names.items():
     rs = rows.get(key, [])
     if not rs:
@@ -71,7 +55,8 @@ for key, name in names.items():
     sd = statistics.stdev(err) if len(err) > 1 else 0.0
     comp = sum(r.get("dc_compensated", 0) for r in rs)
     pushes = sum(r["pushes"] for r in rs)
+    off = key.endswith("-off")
     print(f"| {name} | {len(rs)} | {100 * statistics.mean(err):.2f} % ± {100 * sd:.2f} | "
           f"{statistics.mean(r['staleness_mean'] for r in rs):.2f} | "
-          f"{comp if key[1] != 'off' else '—'}{f' of {pushes}' if key[1] != 'off' else ''} |")
+          f"{comp if not off else '—'}{f' of {pushes}' if not off else ''} |")
 PY

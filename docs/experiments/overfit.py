@@ -17,7 +17,6 @@ import statistics as st
 import subprocess
 import sys
 
-D = sys.argv[1] if len(sys.argv) > 1 else "build/downpour"
 BASE = ["sim", "--compute", "exp:10", "--model", "fc:256 relu fc:256 relu fc:10 softmax",
         "--optimizer", "sgd", "--lr-schedule", "constant", "--batch", "64", "--epochs", "5",
         "--json", "--eval-every", "0"]
@@ -25,24 +24,36 @@ CELLS = [("async", 1, [0.05, 0.1]), ("sync", 4, [0.1, 0.3]), ("async", 4, [0.02,
          ("sync", 16, [0.3, 1.0]), ("async", 16, [0.01, 0.02])]
 
 
-def run(mode, workers, lr, seed):
-    args = [D, *BASE, "--mode", mode, "--workers", str(workers), "--lr", str(lr), "--seed", str(seed)]
+def run(downpour, base, mode, workers, lr, seed):
+    """One `downpour sim` run, the flags base and this cell's: its summary, None where it failed."""
+    args = [downpour, *base, "--mode", mode, "--workers", str(workers), "--lr", str(lr), "--seed", str(seed)]
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
         return None
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-for mode, workers, lrs in CELLS:
-    for lr in lrs:
-        rs = [run(mode, workers, lr, s) for s in (1, 2, 3, 4, 5)]
-        row = {"mode": "standalone" if workers == 1 else mode, "workers": workers, "lr": lr}
-        ok = [r for r in rs if r is not None]
-        row["diverged"] = len(rs) - len(ok)
-        if len(ok) >= 2:
-            for k in ("test_accuracy", "test_loss", "train_loss"):
-                v = [r[k] for r in ok]
-                row[k] = [round(st.mean(v), 4), round(st.stdev(v), 4)]
-            gap = [r["test_loss"] - r["train_loss"] for r in ok]
-            row["gap"] = [round(st.mean(gap), 4), round(st.stdev(gap), 4)]
-        print(json.dumps(row), flush=True)
+def cell_row(mode, workers, lr, rs, **extra):
+    """A cell's JSON line from its seeds' runs rs (None: failed) and the runs that finished.
+
+    mode, workers, lr and extra's keys first, then how many diverged and,
+    where two runs or more finished, the mean and sd of their test accuracy,
+    test loss, train loss and gap (test loss - train loss)."""
+    row = {"mode": "standalone" if workers == 1 else mode, "workers": workers, "lr": lr, **extra}
+    ok = [r for r in rs if r is not None]
+    row["diverged"] = len(rs) - len(ok)
+    if len(ok) >= 2:
+        for k in ("test_accuracy", "test_loss", "train_loss"):
+            v = [r[k] for r in ok]
+            row[k] = [round(st.mean(v), 4), round(st.stdev(v), 4)]
+        gap = [r["test_loss"] - r["train_loss"] for r in ok]
+        row["gap"] = [round(st.mean(gap), 4), round(st.stdev(gap), 4)]
+    return row, ok
+
+
+if __name__ == "__main__":
+    D = sys.argv[1] if len(sys.argv) > 1 else "build/downpour"
+    for mode, workers, lrs in CELLS:
+        for lr in lrs:
+            rs = [run(D, BASE, mode, workers, lr, s) for s in (1, 2, 3, 4, 5)]
+            print(json.dumps(cell_row(mode, workers, lr, rs)[0]), flush=True)

@@ -17,9 +17,10 @@ usage: docs/experiments/overfit_subset.py [DOWNPOUR] [SAMPLES] [EPOCHS]
 """
 import json
 import statistics as st
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+
+from overfit import cell_row, run  # a run and a cell's figures, as in overfit.py's table
 
 D = sys.argv[1] if len(sys.argv) > 1 else "build/downpour"
 SAMPLES = sys.argv[2] if len(sys.argv) > 2 else "6000"
@@ -33,31 +34,14 @@ CELLS = [("async", 1, [0.1, 0.2]), ("async", 4, [0.05, 0.1]), ("async", 16, [0.0
 SEEDS = (1, 2, 3, 4, 5)
 
 
-def run(job):
-    mode, workers, lr, seed = job
-    args = [D, *BASE, "--mode", mode, "--workers", str(workers), "--lr", str(lr), "--seed", str(seed)]
-    p = subprocess.run(args, capture_output=True, text=True)
-    if p.returncode != 0:
-        return None
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 jobs = [(m, w, lr, s) for m, w, lrs in CELLS for lr in lrs for s in SEEDS]
 with ThreadPoolExecutor(max_workers=2) as pool:
-    results = dict(zip(jobs, pool.map(run, jobs)))
+    results = dict(zip(jobs, pool.map(lambda job: run(D, BASE, *job), jobs)))
 for mode, workers, lrs in CELLS:
     for lr in lrs:
         rs = [results[(mode, workers, lr, s)] for s in SEEDS]
-        row = {"mode": "standalone" if workers == 1 else mode, "workers": workers, "lr": lr,
-               "train_samples": int(SAMPLES), "epochs": int(EPOCHS)}
-        ok = [r for r in rs if r is not None]
-        row["diverged"] = len(rs) - len(ok)
+        row, ok = cell_row(mode, workers, lr, rs, train_samples=int(SAMPLES), epochs=int(EPOCHS))
         if len(ok) >= 2:
-            for k in ("test_accuracy", "test_loss", "train_loss"):
-                v = [r[k] for r in ok]
-                row[k] = [round(st.mean(v), 4), round(st.stdev(v), 4)]
-            gap = [r["test_loss"] - r["train_loss"] for r in ok]
-            row["gap"] = [round(st.mean(gap), 4), round(st.stdev(gap), 4)]
             row["staleness_mean"] = round(st.mean(r["staleness_mean"] for r in ok), 2)
             row["updates"] = ok[0]["updates"]
         print(json.dumps(row), flush=True)

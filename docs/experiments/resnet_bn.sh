@@ -19,6 +19,7 @@
 # the servers' updates, the mean staleness.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. docs/experiments/lib.sh
 OUT=${1:-runs/resnet_bn}
 MODEL=${MODEL:-resnet8}
 SEEDS=${SEEDS:-1 2 3}
@@ -38,32 +39,14 @@ for cfg in "async 1" "sync 4" "sync 8" "async 4" "async 8"; do
 done
 one() {
     read -r mode M updates s <<<"$1"
-    local name=$mode-$M-s$s
-    [ -s "$OUT/$name.json" ] && return 0   # done before: resumable
-    build/downpour sim --mode "$mode" --workers "$M" --updates "$updates" --seed "$s" "${common[@]}" \
-        --out "$OUT/$name" >"$OUT/$name.out" 2>"$OUT/$name.err"
-    tail -1 "$OUT/$name.out" >"$OUT/$name.json"
+    exp_sim "$mode-$M-s$s" --mode "$mode" --workers "$M" --updates "$updates" --seed "$s" "${common[@]}"
 }
-running=0
-for r in "${runs[@]}"; do
-    one "$r" &
-    running=$((running + 1))
-    if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
-done
-wait
-/usr/bin/python3 - "$OUT" "$MODEL" "$SAMPLES" <<'PY'
-import glob, json, os, statistics, sys
-out, model, samples = sys.argv[1:4]
-rows = {}
-for p in sorted(glob.glob(os.path.join(out, "*.json"))):
-    mode, m, s = os.path.basename(p)[:-5].split("-")
-    r = json.load(open(p))
-    rows.setdefault((mode, int(m)), []).append(r)
-print(f"{model} on Fashion-MNIST, {samples} training samples per run (downpour sim)")
+exp_parallel one "${runs[@]}"
+exp_table <<'PY'
 print("| configuration | seeds | test accuracy | updates | staleness mean |")
 print("|---|---|---|---|---|")
 for (mode, m) in [("async", 1), ("sync", 4), ("sync", 8), ("async", 4), ("async", 8)]:
-    rs = rows.get((mode, m), [])
+    rs = rows.get(f"{mode}-{m}", [])
     if not rs:
         continue
     acc = [r["test_accuracy"] for r in rs]

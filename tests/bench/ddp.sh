@@ -21,23 +21,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+. tests/bench/lib.sh
+BENCH_NAME=ddp.sh
+
 BUILD=${BUILD:-build}
 OUT=${BENCH_OUT:-$BUILD/bench}/ddp
 ROUNDS=${BENCH_DDP_ROUNDS:-3}
 STEPS=${BENCH_DDP_STEPS:-200}
 PY=${PY:-/usr/bin/python3}
-[ -x "$BUILD/downpour" ] || { echo "ddp.sh: $BUILD/downpour is missing; run 'make' first" >&2; exit 1; }
+bench_require "'make' first" "$BUILD/downpour"
 "$PY" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null ||
     { echo "ddp.sh: $PY has no torch.distributed with gloo (python3-torch): skipped"; exit 0; }
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo; then
-    export OPENBLAS_CORETYPE=SkylakeX
-fi
+bench_openblas
 TORCH_ENV=(OPENBLAS_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=33554432
            MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=268435456)
 rm -rf "$OUT"
-mkdir -p "$OUT"
-RAW=$OUT/samples.txt
-: >"$RAW"
+bench_samples "$OUT"
 common=(--workers 2 --steps "$STEPS" --batch 64 --threads 1 --optimizer adam --lr 0.001
         --no-progress)
 s_split() { # metrics dir -> "compute_ms wait_ms" medians over both workers' pushes
@@ -53,16 +52,13 @@ PYEOF
 }
 s_cluster() { # NAME MODE
     local dir=$OUT/$1-$r
-    if ! "$BUILD/downpour" local --mode "$2" "${common[@]}" --out "$dir" >"$dir.log" 2>&1; then
-        echo "ddp.sh: $1 failed:" >&2; tail -5 "$dir.log" >&2; exit 1
-    fi
+    bench_run "$1" "$dir.log" "$BUILD/downpour" local --mode "$2" "${common[@]}" --out "$dir"
     local ips
     ips=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["images_per_s"])' "$dir/summary.json")
     echo "$1 $ips $(s_split "$dir/metrics")" >>"$RAW"
 }
 
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "== ddp: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $LOAD0; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+bench_start ddp
 echo "commands (each round, in this order):"
 echo "  env ${TORCH_ENV[*]} $PY tests/bench/torch_ddp.py --workers 2 --batch 64 --threads 1 --steps $STEPS --optimizer adam --lr 0.001 --layout nchw|nhwc"
 echo "  $BUILD/downpour local --mode sync ${common[*]} --out DIR"
@@ -79,30 +75,20 @@ for r in $(seq "$ROUNDS"); do
     echo "ddp $best - -" >>"$RAW"
     s_cluster sync sync
     s_cluster async async
-    echo "round $r/$ROUNDS: $(tail -3 "$RAW" | awk '{ printf "%s %.0f  ", $1, $2 }')(load $(cut -d' ' -f1 /proc/loadavg))"
+    bench_round 3
 done
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-awk -v load0="$LOAD0" -v load1="$LOAD1" -v steps="$STEPS" '
-    function median(a, n,   i, j, t) {
-        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+bench_table -v steps="$STEPS" '
+    { c[k, n[k]] = $3; w[k, n[k]] = $4 }
+    function row(k,   j, cm, wm) {
+        for (j = 1; j <= n[k]; j++) { cc[j] = c[k, j]; ww[j] = w[k, j] }
+        cm = k == "ddp" ? "-" : sprintf("%.1f", median(cc, n[k])); wm = k == "ddp" ? "-" : sprintf("%.1f", median(ww, n[k]))
+        printf "%-40s %10.0f %7.0f-%-7.0f %8.2fx %11s %9s\n", label[k], median(a, n[k]), lo, hi, median(rr, n[k]), cm, wm
     }
-    { k = $1; n[k]++; v[k, n[k]] = $2; c[k, n[k]] = $3; w[k, n[k]] = $4 }
     END {
         printf "\n%-40s %10s %15s %9s %11s %9s\n", "2 workers, 1 thread, batch 64, " steps " steps", "images/s", "(min-max)", "vs DDP", "compute_ms", "wait_ms"
-        split("ddp sync async", order, " ")
         label["ddp"] = "PyTorch DDP, gloo, 2 processes"
         label["sync"] = "downpour local --mode sync"
         label["async"] = "downpour local --mode async"
-        for (i = 1; i <= 3; i++) {
-            k = order[i]; if (!n[k]) continue
-            lo = hi = v[k, 1]
-            for (j = 1; j <= n[k]; j++) { a[j] = v[k, j]; if (v[k, j] < lo) lo = v[k, j]; if (v[k, j] > hi) hi = v[k, j]
-                                          rr[j] = v[k, j] / v["ddp", j]; cc[j] = c[k, j]; ww[j] = w[k, j] }
-            cm = k == "ddp" ? "-" : sprintf("%.1f", median(cc, n[k])); wm = k == "ddp" ? "-" : sprintf("%.1f", median(ww, n[k]))
-            printf "%-40s %10.0f %7.0f-%-7.0f %8.2fx %11s %9s\n", label[k], median(a, n[k]), lo, hi, median(rr, n[k]), cm, wm
-        }
-        printf "vs DDP = median over the rounds of (that run / the same round'"'"'s DDP run); %d rounds.\n", n["ddp"]
-        printf "load average (1, 5, 15 min) before: %s; after: %s\n", load0, load1
-    }' "$RAW"
-echo "(samples: $RAW)"
+        rows("ddp sync async", "ddp")
+        footer("vs DDP", "ddp", "DDP")
+    }'

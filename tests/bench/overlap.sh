@@ -24,21 +24,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+. tests/bench/lib.sh
+BENCH_NAME=overlap.sh
+
 BUILD=${BUILD:-build}
 OUT=${BENCH_OUT:-$BUILD/bench}/overlap
 ROUNDS=${BENCH_OVERLAP_ROUNDS:-3}
 STEPS=${BENCH_OVERLAP_STEPS:-200}
 H=${BENCH_OVERLAP_H:-8}
-for f in "$BUILD/downpour-worker" "$BUILD/downpour" "$BUILD/downpour-ps"; do
-    [ -x "$f" ] || { echo "overlap.sh: $f is missing; run 'make' first" >&2; exit 1; }
-done
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo; then
-    export OPENBLAS_CORETYPE=SkylakeX
-fi
+bench_require "'make' first" "$BUILD/downpour-worker" "$BUILD/downpour" "$BUILD/downpour-ps"
+bench_openblas
 rm -rf "$OUT"
-mkdir -p "$OUT"
-RAW=$OUT/samples.txt
-: >"$RAW"
+bench_samples "$OUT"
 common=(--steps "$STEPS" --batch 64 --threads 1 --no-progress)
 read -r -a ps_args <<<"${BENCH_OVERLAP_PS_ARGS:-}"
 s_num() { # FILE KEY: a number from a summary.json
@@ -46,16 +43,13 @@ s_num() { # FILE KEY: a number from a summary.json
 }
 s_one() { # NAME CMD...: one run; "NAME images_per_s accuracy staleness_mean" into RAW
     local name=$1 dir=$OUT/$1-$r; shift
-    if ! "$@" >"$dir.log" 2>&1; then
-        echo "overlap.sh: $name failed:" >&2; tail -5 "$dir.log" >&2; exit 1
-    fi
+    bench_run "$name" "$dir.log" "$@"
     local sum=$dir/summary.json
     [ -f "$sum" ] || sum=$dir.json
     echo "$name $(s_num "$sum" images_per_s) $(s_num "$sum" test_accuracy) $(s_num "$sum" staleness_mean)" >>"$RAW"
 }
 
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "== overlap: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $LOAD0; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+bench_start overlap
 echo "commands (each round, in this order):"
 echo "  $BUILD/downpour-worker --standalone ${common[*]} --summary DIR.json"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap on ${common[*]} ${ps_args[*]} --out DIR"
@@ -66,31 +60,20 @@ for r in $(seq "$ROUNDS"); do
     s_one on "$BUILD/downpour" local --workers 1 --mode async --overlap on "${common[@]}" "${ps_args[@]}" --out "$OUT/on-$r"
     s_one off "$BUILD/downpour" local --workers 1 --mode async --overlap off "${common[@]}" "${ps_args[@]}" --out "$OUT/off-$r"
     s_one local "$BUILD/downpour" local --workers 1 --mode async --local-steps "$H" "${common[@]}" "${ps_args[@]}" --out "$OUT/local-$r"
-    echo "round $r/$ROUNDS: $(tail -4 "$RAW" | awk '{ printf "%s %.0f  ", $1, $2 }')(load $(cut -d' ' -f1 /proc/loadavg))"
+    bench_round 4
 done
-LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
-awk -v load0="$LOAD0" -v load1="$LOAD1" -v steps="$STEPS" -v h="$H" '
-    function median(a, n,   i, j, t) {
-        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+bench_table -v steps="$STEPS" -v h="$H" '
+    { acc[k] = $3; st[k] = $4 }
+    function row(k,   m, ratio) {
+        m = median(a, n[k]); ratio = median(rr, n[k])
+        printf "%-34s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f\n", label[k], m, lo, hi, ratio, acc[k], k == "standalone" ? 0 : st[k]
     }
-    { k = $1; n[k]++; v[k, n[k]] = $2; acc[k] = $3; st[k] = $4 }
     END {
         printf "\n%-34s %10s %15s %9s %9s %10s\n", "1 thread, batch 64, " steps " steps", "images/s", "(min-max)", "ratio", "accuracy", "staleness"
-        split("standalone on off local", order, " ")
         label["standalone"] = "standalone trainer"
         label["on"] = "1 PS + 1 worker, async, overlap on"
         label["off"] = "1 PS + 1 worker, async, overlap off"
         label["local"] = "1 PS + 1 worker, --local-steps " h
-        for (i = 1; i <= 4; i++) {
-            k = order[i]; if (!n[k]) continue
-            lo = hi = v[k, 1]
-            for (j = 1; j <= n[k]; j++) { a[j] = v[k, j]; if (v[k, j] < lo) lo = v[k, j]; if (v[k, j] > hi) hi = v[k, j]
-                                          rr[j] = v[k, j] / v["standalone", j] }
-            m = median(a, n[k]); ratio = median(rr, n[k])
-            printf "%-34s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f\n", label[k], m, lo, hi, ratio, acc[k], k == "standalone" ? 0 : st[k]
-        }
-        printf "ratio = median over the rounds of (that run / the same round'"'"'s standalone run); %d rounds.\n", n["standalone"]
-        printf "load average (1, 5, 15 min) before: %s; after: %s\n", load0, load1
-    }' "$RAW"
-echo "(samples: $RAW)"
+        rows("standalone on off local", "standalone")
+        footer("ratio", "standalone", "standalone")
+    }'

@@ -56,6 +56,8 @@
 # ("1x28x28 3x32x32"), BENCH_RESNET_PATHS (the paths above).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/bench/lib.sh
+BENCH_NAME=bench
 
 BUILD=${BUILD:-build}
 OUT=${BENCH_OUT:-$BUILD/bench}
@@ -191,15 +193,8 @@ if [ -n "${BENCH_REPORT:-}" ]; then
 fi
 
 # ---- measuring ------------------------------------------------------------
-for f in "$BENCH" "$BUILD/downpour-worker" "$BUILD/downpour"; do
-    if [ ! -x "$f" ]; then
-        echo "bench: $f is missing; run 'make bench' (it builds everything first)" >&2
-        exit 1
-    fi
-done
-mkdir -p "$OUT"
-RAW=$OUT/samples.txt
-: >"$RAW"
+bench_require "'make bench' (it builds everything first)" "$BENCH" "$BUILD/downpour-worker" "$BUILD/downpour"
+bench_samples "$OUT"
 : >"$OUT/torch.log"
 
 # Busy cores over one second, from /proc/stat (everything but idle and iowait).
@@ -320,13 +315,11 @@ if [ "$E2E_STEPS" -gt 0 ]; then
     DIST_CMD=("$BUILD/downpour" local --workers 2 --mode async --steps "$E2E_STEPS" --batch 64
               --threads 1 --no-progress --out "$OUT/local")
     echo "end to end: env $(s_env "$p" | tr '\n' ' ')${E2E_CMD[*]}"
-    s_run "$p" downpour "${E2E_CMD[@]}" >"$OUT/standalone.log" 2>&1 \
-        || { echo "bench: downpour-worker --standalone failed:" >&2; tail -5 "$OUT/standalone.log" >&2; exit 1; }
+    bench_run "downpour-worker --standalone" "$OUT/standalone.log" s_run "$p" downpour "${E2E_CMD[@]}"
     echo "$p e2e standalone $(s_ips "$OUT/standalone.json")" >>"$RAW"
     rm -rf "$OUT/local"
     echo "end to end: env $(s_env "$p" | tr '\n' ' ')${DIST_CMD[*]}"
-    s_run "$p" downpour "${DIST_CMD[@]}" >"$OUT/local.log" 2>&1 \
-        || { echo "bench: downpour local failed:" >&2; tail -5 "$OUT/local.log" >&2; exit 1; }
+    bench_run "downpour local" "$OUT/local.log" s_run "$p" downpour "${DIST_CMD[@]}"
     echo "$p e2e local $(s_ips "$OUT/local/summary.json")" >>"$RAW"
 fi
 # resnet20, both sides, interleaved as above; then its per-layer clock.

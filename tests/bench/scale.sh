@@ -36,6 +36,8 @@
 # measured span of a point; 2x from 30 M parameters), SCALE_REPORT=FILE.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/bench/lib.sh
+BENCH_NAME=bench-scale
 
 BUILD=${BUILD:-build}
 OUT=${SCALE_OUT:-$BUILD/bench/scale}
@@ -69,17 +71,9 @@ if [ -n "${SCALE_REPORT:-}" ]; then
     exit 0
 fi
 
-for f in "$DP" "$BUILD/downpour-ps" "$BUILD/tests/bench_optim"; do
-    if [ ! -x "$f" ]; then
-        echo "bench-scale: $f is missing; run 'make bench-scale' (it builds everything first)" >&2
-        exit 1
-    fi
-done
-mkdir -p "$OUT"
-RAW=$OUT/samples.txt
-: >"$RAW"
+bench_require "'make bench-scale' (it builds everything first)" "$DP" "$BUILD/downpour-ps" "$BUILD/tests/bench_optim"
+bench_samples "$OUT"
 
-s_load() { cut -d' ' -f1-3 /proc/loadavg; }
 s_avail_mb() { awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo; }
 
 # s_point KIND ROUND WORKERS SHARDS PARAMS|- : one run, its JSON line into
@@ -124,11 +118,11 @@ CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
     echo "meta cores $CORES"
     echo "meta mem_gib $(free -g | awk '/^Mem:/ {print $2}')"
     echo "meta commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    echo "meta load0 $(s_load)"
+    echo "meta load0 $(bench_load)"
     echo "meta rounds $ROUNDS"
     echo "meta seconds $SECS"
 } >>"$RAW"
-echo "== bench-scale: $(date -u '+%Y-%m-%d %H:%M UTC'), $CPU, $CORES cores; load average $(s_load)"
+echo "== bench-scale: $(date -u '+%Y-%m-%d %H:%M UTC'), $CPU, $CORES cores; load average $(bench_load)"
 echo "each point: $DP bench scale --workers W --shards K [--params P] --seconds S --warmup 1 --windows 10 --json"
 
 # The server's parts, measured in the same run: apply alone (in cache and
@@ -139,7 +133,7 @@ echo "each point: $DP bench scale --workers W --shards K [--params P] --seconds 
 
 t0=$(date +%s)
 for r in $(seq "$ROUNDS"); do
-    echo "round $r/$ROUNDS (load average $(s_load))"
+    echo "round $r/$ROUNDS (load average $(bench_load))"
     for w in $WORKERS; do
         for k in $SHARDS; do s_point workers "$r" "$w" "$k" -; done
     done
@@ -149,7 +143,7 @@ for r in $(seq "$ROUNDS"); do
     for w in $PWORKERS; do s_point pull "$r" "$w" 1 -; done
 done
 {
-    echo "meta load1 $(s_load)"
+    echo "meta load1 $(bench_load)"
     echo "meta took $(( $(date +%s) - t0 ))"
 } >>"$RAW"
 echo

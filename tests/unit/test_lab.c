@@ -128,6 +128,105 @@ static int s_same_file(const char *a, const char *b)
     return same;
 }
 
+static const char *s_str(const cJSON *o, const char *k)
+{
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
+/* One replay case: a simulation of 3 workers (s_conf, exp:10) that records
+ * TAG<i>.rec and saves TAG<i>.safetensors under s_dir, and the replay of
+ * that record into TAG<i>-replay/. A case sets what it tests in c, then
+ * s_case_sim and s_case_replay. */
+typedef struct {
+    char rec[300];      /* the simulation's record */
+    char model[300];    /* the simulation's model */
+    char out[300];      /* the replay's directory */
+    char replayed[340]; /* the replay's model */
+    dp_sim_conf_t c;    /* the simulation */
+    double slow[16];    /* c's per-worker slowness */
+} s_case_t;
+
+static void s_case_init(s_case_t *k, const char *tag, int i, uint64_t updates)
+{
+    snprintf(k->rec, sizeof k->rec, "%s/%s%d.rec", s_dir, tag, i);
+    snprintf(k->model, sizeof k->model, "%s/%s%d.safetensors", s_dir, tag, i);
+    snprintf(k->out, sizeof k->out, "%s/%s%d-replay", s_dir, tag, i);
+    snprintf(k->replayed, sizeof k->replayed, "%s/model.safetensors", k->out);
+    s_conf(&k->c, k->slow, 3, "exp:10", updates);
+    k->c.lab.record = k->rec;
+    k->c.lab.train.save = k->model;
+}
+
+/* The simulation: its result (the caller's to delete), NULL where it failed. */
+static cJSON *s_case_sim(s_case_t *k)
+{
+    cJSON *r = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_sim_run(&k->c, &r, err), 0);
+    if (!r) fprintf(stderr, "  %s\n", err);
+    return r;
+}
+
+/* The record replayed: the simulation's model to the bit. */
+static void s_case_replay(s_case_t *k)
+{
+    char *av[] = {"replay", k->rec, "--out", k->out, NULL};
+    CHECK_EQ(dp_replay_main(4, av), 0);
+    CHECK(s_same_file(k->model, k->replayed));
+}
+
+/* Whether cases i and j of TAG saved the same model. */
+static int s_case_same(const char *tag, int i, int j)
+{
+    char a[300], b[300];
+    snprintf(a, sizeof a, "%s/%s%d.safetensors", s_dir, tag, i);
+    snprintf(b, sizeof b, "%s/%s%d.safetensors", s_dir, tag, j);
+    return s_same_file(a, b);
+}
+
+/* Pushes compressed by COMPRESS, error feedback EF. */
+static void s_compress(dp_sim_conf_t *c, const char *compress, const char *ef)
+{
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_compress_parse(compress, &c->lab.train.compress, err), 0);
+    CHECK_EQ(dp_compress_ef_parse(ef, &c->lab.train.compress.error_feedback, err), 0);
+}
+
+/* TINY's floats on Fashion-MNIST's 1x28x28 (and a check that it parses). */
+static size_t s_tiny_floats(void)
+{
+    dp_model_t m;
+    memset(&m, 0, sizeof m);
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, TINY, 1, 28, 28, err), 0);
+    return m.n_floats;
+}
+
+/* The bytes of one push of N floats in c's encoding (top-k 0.05 or sign). */
+static double s_push_bytes(const dp_sim_conf_t *c, size_t n)
+{
+    return c->lab.train.compress.kind == DP_COMPRESS_TOPK ? (double)dp_compress_topk_k(0.05, n) * 8
+                                                          : (double)((n + 7) / 8 + 4);
+}
+
+/* H = 4 local steps in MODE: the inner optimizer INNER (NULL: s_conf's
+ * SGD), the servers' outer one OUTER (NULL: their default, averaging at
+ * lr 1). */
+static void s_local_steps(dp_sim_conf_t *c, dp_mode_t mode, const char *inner, const char *outer)
+{
+    char err[DP_ERR_LEN] = "";
+    c->lab.mode = mode;
+    c->lab.local_steps = 4;
+    if (inner) CHECK_EQ(dp_optim_parse_kind(&c->lab.optim, inner, err), 0);
+    c->lab.inner = c->lab.optim;
+    dp_ps_config_t ps;
+    dp_ps_config_default(&ps);
+    if (outer) snprintf(ps.outer_optimizer, sizeof ps.outer_optimizer, "%s", outer);
+    ps.mode = mode;
+    ps.num_workers = c->lab.workers;
+    CHECK_EQ(dp_ps_outer_optim(&ps, &c->lab.optim, err), 0);
+}
+
 /* A simulation with --record, twice, and its replays: every model the same
  * bits; another schedule (constant compute times) another model. */
 static void test_record_replay(void)
@@ -184,30 +283,16 @@ static void test_record_replay_bn(void)
     if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
     static const dp_mode_t modes[] = {DP_MODE_ASYNC, DP_MODE_SYNC};
     for (int i = 0; i < 2; i++) {
-        char rec[300], m1[300], m2[340], out[300];
-        snprintf(rec, sizeof rec, "%s/bn%d.rec", s_dir, i);
-        snprintf(m1, sizeof m1, "%s/bn%d.safetensors", s_dir, i);
-        snprintf(out, sizeof out, "%s/bn%d-replay", s_dir, i);
-        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
-        dp_sim_conf_t c;
-        double slow[16];
-        s_conf(&c, slow, 3, "exp:10", 30);
-        c.lab.train.model = "conv3x3:2 bn relu maxpool2 res( conv3x3:2 bn relu conv3x3:4:s2 bn ) relu "
-                            "gap fc:8 bn relu dropout:0.25 fc:10 softmax";
-        c.lab.mode = modes[i];
-        c.lab.optim.kind = DP_OPT_MOMENTUM;
-        c.lab.optim.momentum = 0.9f;
-        c.lab.optim.lr = 0.05f;
-        c.lab.record = rec;
-        c.lab.train.save = m1;
-        cJSON *r = NULL;
-        char err[DP_ERR_LEN] = "";
-        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
-        if (!r) fprintf(stderr, "  %s\n", err);
-        cJSON_Delete(r);
-        char *av[] = {"replay", rec, "--out", out, NULL};
-        CHECK_EQ(dp_replay_main(4, av), 0);
-        CHECK(s_same_file(m1, m2));
+        s_case_t k;
+        s_case_init(&k, "bn", i, 30);
+        k.c.lab.train.model = "conv3x3:2 bn relu maxpool2 res( conv3x3:2 bn relu conv3x3:4:s2 bn ) relu "
+                              "gap fc:8 bn relu dropout:0.25 fc:10 softmax";
+        k.c.lab.mode = modes[i];
+        k.c.lab.optim.kind = DP_OPT_MOMENTUM;
+        k.c.lab.optim.momentum = 0.9f;
+        k.c.lab.optim.lr = 0.05f;
+        cJSON_Delete(s_case_sim(&k));
+        s_case_replay(&k);
     }
 }
 
@@ -217,28 +302,16 @@ static void test_record_replay_bn(void)
 static void test_record_replay_rmsprop(void)
 {
     if (!s_have_data()) SKIP(DP_FASHION_MNIST_DIR " not installed (dataset-fashion-mnist)");
-    char rec[300], m1[300], m2[300], out[300];
-    snprintf(rec, sizeof rec, "%s/rms.rec", s_dir);
-    snprintf(m1, sizeof m1, "%s/rms.safetensors", s_dir);
-    snprintf(out, sizeof out, "%s/rms-replay", s_dir);
-    snprintf(m2, sizeof m2, "%s/rms-replay/model.safetensors", s_dir);
-    dp_sim_conf_t c;
-    double slow[16];
-    s_conf(&c, slow, 3, "exp:10", 200);
-    c.lab.optim.kind = DP_OPT_RMSPROP;
-    c.lab.optim.lr = 0.001f;
-    c.lab.optim.alpha = 0.9f;
-    c.lab.optim.eps = 0.1f;
-    c.lab.record = rec;
-    c.lab.train.save = m1;
-    cJSON *r = NULL;
-    char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_sim_run(&c, &r, err), 0);
-    if (r) CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "optimizer")), "rmsprop");
+    s_case_t k;
+    s_case_init(&k, "rms", 0, 200);
+    k.c.lab.optim.kind = DP_OPT_RMSPROP;
+    k.c.lab.optim.lr = 0.001f;
+    k.c.lab.optim.alpha = 0.9f;
+    k.c.lab.optim.eps = 0.1f;
+    cJSON *r = s_case_sim(&k);
+    if (r) CHECK_STR(s_str(r, "optimizer"), "rmsprop");
     cJSON_Delete(r);
-    char *av[] = {"replay", rec, "--out", out, NULL};
-    CHECK_EQ(dp_replay_main(4, av), 0);
-    CHECK(s_same_file(m1, m2));
+    s_case_replay(&k);
 }
 
 /* Each delay rule and compensation, recorded by the simulator and
@@ -253,42 +326,33 @@ static void test_record_replay_delay(void)
         {"adaptive", "off"}, {"threshold:1.5", "off"}, {"none", "const:0.5"}, {"adaptive", "adaptive:0.2"},
     };
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-        char rec[300], m1[300], m2[340], out[300], sum[340];
-        snprintf(rec, sizeof rec, "%s/delay%d.rec", s_dir, i);
-        snprintf(m1, sizeof m1, "%s/delay%d.safetensors", s_dir, i);
-        snprintf(out, sizeof out, "%s/delay%d-replay", s_dir, i);
-        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
-        snprintf(sum, sizeof sum, "%s/summary.json", out);
-        dp_sim_conf_t c;
-        double slow[16];
-        s_conf(&c, slow, 3, "exp:10", 200);
+        s_case_t k;
+        s_case_init(&k, "delay", i, 200);
+        dp_sim_conf_t *c = &k.c;
         char err[DP_ERR_LEN] = "";
-        CHECK_EQ(dp_delay_lr_parse(cases[i].rule, &c.lab.policy.delay_lr, &c.lab.policy.delay_k, err), 0);
-        CHECK_EQ(dp_optim_parse_dc(&c.lab.optim, cases[i].dc, err), 0);
-        c.lab.record = rec;
-        c.lab.train.save = m1;
-        cJSON *r = NULL;
-        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        CHECK_EQ(dp_delay_lr_parse(cases[i].rule, &c->lab.policy.delay_lr, &c->lab.policy.delay_k, err), 0);
+        CHECK_EQ(dp_optim_parse_dc(&c->lab.optim, cases[i].dc, err), 0);
+        cJSON *r = s_case_sim(&k);
         if (!r) continue;
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "delay_lr")), cases[i].rule);
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "delay_compensation")), cases[i].dc);
-        if (c.lab.policy.delay_lr == DP_DELAY_THRESHOLD) CHECK(s_num(r, "updates_dropped") > 0);
-        if (c.lab.optim.dc != DP_DC_OFF) CHECK(s_num(r, "dc_compensated") > 100);
+        CHECK_STR(s_str(r, "delay_lr"), cases[i].rule);
+        CHECK_STR(s_str(r, "delay_compensation"), cases[i].dc);
+        if (c->lab.policy.delay_lr == DP_DELAY_THRESHOLD) CHECK(s_num(r, "updates_dropped") > 0);
+        if (c->lab.optim.dc != DP_DC_OFF) CHECK(s_num(r, "dc_compensated") > 100);
         cJSON_Delete(r);
         dp_rec_t a;
         int scaled = 0, marked = 0;
-        if (dp_rec_load(&a, rec, err) == 0) {
+        if (dp_rec_load(&a, k.rec, err) == 0) {
             for (size_t j = 0; j < a.n; j++) {
                 scaled += a.ev[j].kind == DP_REC_PUSH && a.ev[j].status == DP_PUSH_APPLIED && a.ev[j].lr < 0.01f;
                 marked += a.ev[j].dc == 1;
             }
             dp_rec_fini(&a);
         }
-        CHECK(c.lab.policy.delay_lr != DP_DELAY_ADAPTIVE || scaled > 0); /* tau > 3 happened */
-        CHECK(c.lab.optim.dc == DP_DC_OFF || marked > 100);
-        char *av[] = {"replay", rec, "--out", out, NULL};
-        CHECK_EQ(dp_replay_main(4, av), 0);
-        CHECK(s_same_file(m1, m2));
+        CHECK(c->lab.policy.delay_lr != DP_DELAY_ADAPTIVE || scaled > 0); /* tau > 3 happened */
+        CHECK(c->lab.optim.dc == DP_DC_OFF || marked > 100);
+        s_case_replay(&k);
+        char sum[340];
+        snprintf(sum, sizeof sum, "%s/summary.json", k.out);
         uint8_t *text = NULL;
         size_t len = 0;
         if (dp_read_file(sum, &text, &len, err) == 0) {
@@ -296,11 +360,7 @@ static void test_record_replay_delay(void)
             free(text);
         }
     }
-    /* the compensation moved the weights: case 3 is case 0 with it */
-    char a0[300], a3[300];
-    snprintf(a0, sizeof a0, "%s/delay0.safetensors", s_dir);
-    snprintf(a3, sizeof a3, "%s/delay3.safetensors", s_dir);
-    CHECK(!s_same_file(a0, a3));
+    CHECK(!s_case_same("delay", 0, 3)); /* the compensation moved the weights: case 3 is case 0 with it */
 }
 
 /* Top-k and sign, each with and without error feedback, recorded by the
@@ -314,45 +374,22 @@ static void test_record_replay_compress(void)
     static const struct {
         const char *compress, *ef;
     } cases[] = {{"topk:0.05", "on"}, {"topk:0.05", "off"}, {"sign", "on"}, {"sign", "off"}};
-    dp_model_t m;
-    char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_model_parse(&m, TINY, 1, 28, 28, err), 0);
-    size_t n = m.n_floats;
+    size_t n = s_tiny_floats();
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-        char rec[300], m1[300], m2[340], out[300];
-        snprintf(rec, sizeof rec, "%s/compress%d.rec", s_dir, i);
-        snprintf(m1, sizeof m1, "%s/compress%d.safetensors", s_dir, i);
-        snprintf(out, sizeof out, "%s/compress%d-replay", s_dir, i);
-        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
-        dp_sim_conf_t c;
-        double slow[16];
-        s_conf(&c, slow, 3, "exp:10", 150);
-        CHECK_EQ(dp_compress_parse(cases[i].compress, &c.lab.train.compress, err), 0);
-        CHECK_EQ(dp_compress_ef_parse(cases[i].ef, &c.lab.train.compress.error_feedback, err), 0);
-        c.lab.record = rec;
-        c.lab.train.save = m1;
-        cJSON *r = NULL;
-        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        s_case_t k;
+        s_case_init(&k, "compress", i, 150);
+        s_compress(&k.c, cases[i].compress, cases[i].ef);
+        cJSON *r = s_case_sim(&k);
         if (!r) continue;
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "compress")), cases[i].compress);
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "error_feedback")), cases[i].ef);
-        double per_push = c.lab.train.compress.kind == DP_COMPRESS_TOPK
-                              ? (double)dp_compress_topk_k(0.05, n) * 8
-                              : (double)((n + 7) / 8 + 4);
+        CHECK_STR(s_str(r, "compress"), cases[i].compress);
+        CHECK_STR(s_str(r, "error_feedback"), cases[i].ef);
         /* worker 0's pushes, each the encoding's exact size */
-        double bytes = s_num(r, "bytes_pushed"), pushes = bytes / per_push;
+        double pushes = s_num(r, "bytes_pushed") / s_push_bytes(&k.c, n);
         CHECK(pushes >= 10 && pushes == floor(pushes));
         cJSON_Delete(r);
-        char *av[] = {"replay", rec, "--out", out, NULL};
-        CHECK_EQ(dp_replay_main(4, av), 0);
-        CHECK(s_same_file(m1, m2));
+        s_case_replay(&k);
     }
-    for (int i = 0; i < 4; i += 2) { /* error feedback on against off */
-        char on[300], off[300];
-        snprintf(on, sizeof on, "%s/compress%d.safetensors", s_dir, i);
-        snprintf(off, sizeof off, "%s/compress%d.safetensors", s_dir, i + 1);
-        CHECK(!s_same_file(on, off));
-    }
+    for (int i = 0; i < 4; i += 2) CHECK(!s_case_same("compress", i, i + 1)); /* error feedback on against off */
 }
 
 /* Local steps in the simulator, recorded and replayed to the same bits:
@@ -368,47 +405,21 @@ static void test_record_replay_local_steps(void)
     } cases[] = {{"sgd", "sgd", DP_MODE_ASYNC}, {"nesterov", "momentum", DP_MODE_ASYNC},
                  {"nesterov", "adam", DP_MODE_SYNC}};
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-        char rec[300], m1[300], m2[340], out[300];
-        snprintf(rec, sizeof rec, "%s/local%d.rec", s_dir, i);
-        snprintf(m1, sizeof m1, "%s/local%d.safetensors", s_dir, i);
-        snprintf(out, sizeof out, "%s/local%d-replay", s_dir, i);
-        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
-        dp_sim_conf_t c;
-        double slow[16];
-        s_conf(&c, slow, 3, "exp:10", 30);
-        char err[DP_ERR_LEN] = "";
-        c.lab.mode = cases[i].mode;
-        c.lab.local_steps = 4;
-        CHECK_EQ(dp_optim_parse_kind(&c.lab.optim, cases[i].inner, err), 0);
-        c.lab.inner = c.lab.optim;
-        dp_ps_config_t ps;
-        dp_ps_config_default(&ps);
-        snprintf(ps.outer_optimizer, sizeof ps.outer_optimizer, "%s", cases[i].outer);
-        ps.mode = c.lab.mode;
-        ps.num_workers = 3;
-        CHECK_EQ(dp_ps_outer_optim(&ps, &c.lab.optim, err), 0);
-        CHECK_EQ(c.lab.optim.period, cases[i].mode == DP_MODE_ASYNC && i == 1 ? 3 : 0);
-        c.lab.record = rec;
-        c.lab.train.save = m1;
-        cJSON *r = NULL;
-        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
+        s_case_t k;
+        s_case_init(&k, "local", i, 30);
+        s_local_steps(&k.c, cases[i].mode, cases[i].inner, cases[i].outer);
+        CHECK_EQ(k.c.lab.optim.period, cases[i].mode == DP_MODE_ASYNC && i == 1 ? 3 : 0);
+        cJSON *r = s_case_sim(&k);
         if (!r) continue;
         CHECK_EQ(s_num(r, "local_steps"), 4);
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "outer_optimizer")),
-                  cases[i].outer);
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "optimizer")),
-                  cases[i].inner);
+        CHECK_STR(s_str(r, "outer_optimizer"), cases[i].outer);
+        CHECK_STR(s_str(r, "optimizer"), cases[i].inner);
         CHECK(i != 1 || s_num(r, "outer_momentum_every") == 3);
         cJSON_Delete(r);
-        char *av[] = {"replay", rec, "--out", out, NULL};
-        CHECK_EQ(dp_replay_main(4, av), 0);
-        CHECK(s_same_file(m1, m2));
+        s_case_replay(&k);
     }
     /* a round is H steps: H = 4 moved the weights otherwise than H = 1 */
-    char a0[300], a1[300];
-    snprintf(a0, sizeof a0, "%s/local0.safetensors", s_dir);
-    snprintf(a1, sizeof a1, "%s/local1.safetensors", s_dir);
-    CHECK(!s_same_file(a0, a1));
+    CHECK(!s_case_same("local", 0, 1));
 }
 
 /* Local steps with compression in the simulator: each push is a round's
@@ -426,57 +437,24 @@ static void test_record_replay_local_compress(void)
                  {"topk:0.05", "off", DP_MODE_ASYNC},
                  {"sign", "on", DP_MODE_SYNC},
                  {"sign", "off", DP_MODE_SYNC}};
-    dp_model_t m;
-    char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_model_parse(&m, TINY, 1, 28, 28, err), 0);
-    size_t n = m.n_floats;
+    size_t n = s_tiny_floats();
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-        char rec[300], m1[300], m2[340], out[300];
-        snprintf(rec, sizeof rec, "%s/lz%d.rec", s_dir, i);
-        snprintf(m1, sizeof m1, "%s/lz%d.safetensors", s_dir, i);
-        snprintf(out, sizeof out, "%s/lz%d-replay", s_dir, i);
-        snprintf(m2, sizeof m2, "%s/model.safetensors", out);
-        dp_sim_conf_t c;
-        double slow[16];
-        s_conf(&c, slow, 3, "exp:10", 30);
-        c.lab.mode = cases[i].mode;
-        c.lab.local_steps = 4;
-        c.lab.inner = c.lab.optim; /* inner SGD; the servers' outer averaging at lr 1 */
-        dp_ps_config_t ps;
-        dp_ps_config_default(&ps);
-        ps.mode = c.lab.mode;
-        ps.num_workers = 3;
-        CHECK_EQ(dp_ps_outer_optim(&ps, &c.lab.optim, err), 0);
-        CHECK_EQ(dp_compress_parse(cases[i].compress, &c.lab.train.compress, err), 0);
-        CHECK_EQ(dp_compress_ef_parse(cases[i].ef, &c.lab.train.compress.error_feedback, err), 0);
-        c.lab.record = rec;
-        c.lab.train.save = m1;
-        cJSON *r = NULL;
-        CHECK_EQ(dp_sim_run(&c, &r, err), 0);
-        if (!r) {
-            fprintf(stderr, "  %s\n", err);
-            continue;
-        }
+        s_case_t k;
+        s_case_init(&k, "lz", i, 30);
+        s_local_steps(&k.c, cases[i].mode, NULL, NULL); /* inner SGD; the servers' outer averaging at lr 1 */
+        s_compress(&k.c, cases[i].compress, cases[i].ef);
+        cJSON *r = s_case_sim(&k);
+        if (!r) continue;
         CHECK_EQ(s_num(r, "local_steps"), 4);
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "compress")), cases[i].compress);
-        CHECK_STR(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "error_feedback")), cases[i].ef);
-        double per_push = c.lab.train.compress.kind == DP_COMPRESS_TOPK
-                              ? (double)dp_compress_topk_k(0.05, n) * 8
-                              : (double)((n + 7) / 8 + 4);
-        double pushes = s_num(r, "bytes_pushed") / per_push; /* worker 0's rounds */
+        CHECK_STR(s_str(r, "compress"), cases[i].compress);
+        CHECK_STR(s_str(r, "error_feedback"), cases[i].ef);
+        double pushes = s_num(r, "bytes_pushed") / s_push_bytes(&k.c, n); /* worker 0's rounds */
         if (cases[i].mode == DP_MODE_SYNC) CHECK_EQ(pushes, 30); /* one a round, not one a step */
         else CHECK(pushes >= 5 && pushes == floor(pushes));
         cJSON_Delete(r);
-        char *av[] = {"replay", rec, "--out", out, NULL};
-        CHECK_EQ(dp_replay_main(4, av), 0);
-        CHECK(s_same_file(m1, m2));
+        s_case_replay(&k);
     }
-    for (int i = 0; i < 4; i += 2) { /* error feedback on against off */
-        char on[300], off[300];
-        snprintf(on, sizeof on, "%s/lz%d.safetensors", s_dir, i);
-        snprintf(off, sizeof off, "%s/lz%d.safetensors", s_dir, i + 1);
-        CHECK(!s_same_file(on, off));
-    }
+    for (int i = 0; i < 4; i += 2) CHECK(!s_case_same("lz", i, i + 1)); /* error feedback on against off */
 }
 
 /* One worker (no staleness): the update autocorrelation recovers the
