@@ -4,7 +4,13 @@
 # falls on every column alike):
 #   standalone   downpour-worker --standalone, 1 thread
 #   overlap on   downpour local --workers 1 --mode async --threads 1 --overlap on
-#   overlap off  the same with --overlap off (pull, compute, push in turn)
+#   overlap off  the same with --overlap off (pull, compute, push in turn;
+#                the push in parts, each part stepped by the shard as it
+#                comes: --stream-push on, the CPU default)
+#   whole push   overlap off with --stream-push off (the push whole, then
+#                the step)
+#   sync         --mode sync, 1 worker, overlap off (the push in parts);
+#   sync whole   the same with --stream-push off
 #   local steps  the same with --local-steps 8 (a push every 8 steps of the
 #                worker's own optimizer; BENCH_OVERLAP_H changes 8)
 # each at batch 64 for the same steps on Fashion-MNIST. The worker computes
@@ -13,8 +19,9 @@
 # "--ps-threads 1", changes it). The figure is each
 # run's summary.json images_per_s (the training loop only: no start-up, no
 # evaluation); the table gives medians over the rounds, the median of the
-# per-round ratios to standalone, and the test accuracy of each column (the
-# same every round: the runs are deterministic). OpenBLAS gets
+# per-round ratios to standalone, the test accuracy of each column (the
+# same every round: the runs are deterministic) and the worker's median
+# wait_ms per step (its metrics: the time it waits for the servers). OpenBLAS gets
 # OPENBLAS_CORETYPE=SkylakeX on an AVX-512 x86 (0.3.21 misdetects some such
 # CPUs; tests/bench/run.sh says more), unless the environment sets one.
 #
@@ -41,12 +48,19 @@ read -r -a ps_args <<<"${BENCH_OVERLAP_PS_ARGS:-}"
 s_num() { # FILE KEY: a number from a summary.json
     python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }
-s_one() { # NAME CMD...: one run; "NAME images_per_s accuracy staleness_mean" into RAW
+s_wait() { # DIR: the worker's median wait_ms per step, or 0 (standalone)
+    python3 - "$1/metrics/worker-0.jsonl" <<'PYEOF2'
+import json, os, statistics, sys
+w = [json.loads(l)["wait_ms"] for l in open(sys.argv[1]) if '"wait_ms"' in l] if os.path.exists(sys.argv[1]) else []
+print(statistics.median(w) if w else 0)
+PYEOF2
+}
+s_one() { # NAME CMD...: one run; "NAME images_per_s accuracy staleness_mean wait_ms" into RAW
     local name=$1 dir=$OUT/$1-$r; shift
     bench_run "$name" "$dir.log" "$@"
     local sum=$dir/summary.json
     [ -f "$sum" ] || sum=$dir.json
-    echo "$name $(s_num "$sum" images_per_s) $(s_num "$sum" test_accuracy) $(s_num "$sum" staleness_mean)" >>"$RAW"
+    echo "$name $(s_num "$sum" images_per_s) $(s_num "$sum" test_accuracy) $(s_num "$sum" staleness_mean) $(s_wait "$dir")" >>"$RAW"
 }
 
 bench_start overlap
@@ -55,25 +69,37 @@ echo "  $BUILD/downpour-worker --standalone ${common[*]} --summary DIR.json"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap on ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap off ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode async --local-steps $H ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode async --overlap off --stream-push off ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode sync ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode sync --stream-push off ${common[*]} ${ps_args[*]} --out DIR"
 for r in $(seq "$ROUNDS"); do
     s_one standalone "$BUILD/downpour-worker" --standalone "${common[@]}" --summary "$OUT/standalone-$r.json"
     s_one on "$BUILD/downpour" local --workers 1 --mode async --overlap on "${common[@]}" "${ps_args[@]}" --out "$OUT/on-$r"
     s_one off "$BUILD/downpour" local --workers 1 --mode async --overlap off "${common[@]}" "${ps_args[@]}" --out "$OUT/off-$r"
     s_one local "$BUILD/downpour" local --workers 1 --mode async --local-steps "$H" "${common[@]}" "${ps_args[@]}" --out "$OUT/local-$r"
-    bench_round 4
+    s_one whole "$BUILD/downpour" local --workers 1 --mode async --overlap off --stream-push off "${common[@]}" "${ps_args[@]}" --out "$OUT/whole-$r"
+    s_one sync "$BUILD/downpour" local --workers 1 --mode sync "${common[@]}" "${ps_args[@]}" --out "$OUT/sync-$r"
+    s_one syncwhole "$BUILD/downpour" local --workers 1 --mode sync --stream-push off "${common[@]}" "${ps_args[@]}" --out "$OUT/syncwhole-$r"
+    bench_round 7
 done
 bench_table -v steps="$STEPS" -v h="$H" '
-    { acc[k] = $3; st[k] = $4 }
-    function row(k,   m, ratio) {
+    { acc[k] = $3; st[k] = $4; wt[k, n[k]] = $5 }
+    function row(k,   m, ratio, j, ww) {
         m = median(a, n[k]); ratio = median(rr, n[k])
-        printf "%-34s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f\n", label[k], m, lo, hi, ratio, acc[k], k == "standalone" ? 0 : st[k]
+        for (j = 1; j <= n[k]; j++) ww[j] = wt[k, j]
+        printf "%-40s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f %8.2f\n", label[k], m, lo, hi, ratio, acc[k],
+               k == "standalone" ? 0 : st[k], median(ww, n[k])
     }
     END {
-        printf "\n%-34s %10s %15s %9s %9s %10s\n", "1 thread, batch 64, " steps " steps", "images/s", "(min-max)", "ratio", "accuracy", "staleness"
+        printf "\n%-40s %10s %15s %9s %9s %10s %8s\n", "1 thread, batch 64, " steps " steps", "images/s", "(min-max)", "ratio",
+               "accuracy", "staleness", "wait_ms"
         label["standalone"] = "standalone trainer"
         label["on"] = "1 PS + 1 worker, async, overlap on"
         label["off"] = "1 PS + 1 worker, async, overlap off"
         label["local"] = "1 PS + 1 worker, --local-steps " h
-        rows("standalone on off local", "standalone")
+        label["whole"] = "... async, overlap off, --stream-push off"
+        label["sync"] = "1 PS + 1 worker, sync"
+        label["syncwhole"] = "... sync, --stream-push off"
+        rows("standalone on off whole sync syncwhole local", "standalone")
         footer("ratio", "standalone", "standalone")
     }'
