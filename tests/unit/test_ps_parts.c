@@ -73,8 +73,13 @@ static s_reply_t s_part(void *sock, uint64_t st, uint64_t v, uint32_t k, uint32_
 }
 
 
-#define RECEIVED(r) ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__RECEIVED)
-#define APPLIED(r) ((r).type == DOWNPOUR__MSG_TYPE__ACK && (r).status == DOWNPOUR__ACK_STATUS__APPLIED)
+/* Functions, not macros: an argument that sends a part is evaluated once. */
+static int s_acked(s_reply_t r, int status)
+{
+    return r.type == DOWNPOUR__MSG_TYPE__ACK && r.status == status;
+}
+#define RECEIVED(r) s_acked((r), DOWNPOUR__ACK_STATUS__RECEIVED)
+#define APPLIED(r) s_acked((r), DOWNPOUR__ACK_STATUS__APPLIED)
 
 /* A refusal: one line with want in it, the version and weights as before. */
 #define CHECK_REFUSED(r, want, c, ver, w0, w)                                    \
