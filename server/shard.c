@@ -493,6 +493,7 @@ void dp_shard_early_drop(dp_shard_t *s)
     if (!s->early.active) return;
     if (s->spare) dp_snap_unref(NULL, s->spare); /* not reached: begin takes the spare */
     s->spare = s->early.buf;
+    s->counts.early_dropped++;
     s->early = (dp_shard_early_t){0};
 }
 

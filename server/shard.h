@@ -57,6 +57,7 @@ typedef struct {
     uint64_t staleness_max;
     uint64_t repeats;       /* pushes of a (worker, step) already applied: acknowledged, not applied */
     uint64_t steps_early;   /* steps made early (dp_shard_early_t) and committed */
+    uint64_t early_dropped; /* early steps given up (their work wasted) */
 } dp_shard_counts_t;
 
 /* A buffer of the shard's n parameters: the live one (dp_shard_t.snap), or
