@@ -41,6 +41,7 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->checkpoint_every = 0;
     c->metrics_every = 5.0;
     c->heartbeat_timeout = 5.0; /* workers beat every second (worker/ps_beat.h) */
+    c->early_step = 1;
 }
 
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
@@ -186,6 +187,11 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
                      "async/ssp: DC-ASGD, g + lambda g*g*(w - w_pulled) before the\n"
                      "optimizer: off (default), const:LAMBDA, adaptive:LAMBDA0\n"
                      "(lambda0 / sqrt(mean g*g)); keeps n floats per worker"),
+        DP_FLAG_CHOICE("early-step", "off|on", &c->early_step, P,
+                       "step a push in parts as its parts come, under the worker's\n"
+                       "backward (the same bits as a whole step; it needs a core the\n"
+                       "workers leave free: downpour local turns it off when the\n"
+                       "workers' threads take every core; default on)"),
         DP_FLAG_BUF("model", "SPEC", c->model_spec, P, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
         DP_FLAG_CALL("input", "CxHxW", s_set_input, c, 0, "input shape (default 1x28x28)"),
         DP_FLAG_BUF("init", "FILE", c->init_path, 0,

@@ -674,7 +674,8 @@ static void s_early_try(s_ps_t *ps, int wid)
     dp_shard_t *s = &ps->shard;
     float lr;
     int count;
-    if (!w->active || s->early.active || dp_policy_early(ps->policy, wid, w->version, &lr, &count) != 0)
+    if (!ps->cfg->early_step || !w->active || s->early.active ||
+        dp_policy_early(ps->policy, wid, w->version, &lr, &count) != 0)
         return;
     /* async: not while another worker streams too, whose push may well
      * step the shard first and so waste the early work (measured, 4

@@ -83,6 +83,8 @@ typedef struct {
     double startup_timeout;     /* seconds for every worker to say HELLO; 0 = wait forever */
     char record[DP_PS_PATH_LEN];         /* "" or --record FILE: the schedule (server/record.h) */
     int threads;                /* optimizer sweep threads; 0 = dp_ps_config_threads decides */
+    int early_step;             /* --early-step off|on (0, 1): a push in parts stepped as its parts
+                                 * come (server/shard.h, dp_shard_early_t); default on */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;

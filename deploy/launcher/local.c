@@ -658,6 +658,13 @@ static int s_start_servers(dp_local_t *L, char *err)
         av[n++] = "--input"; av[n++] = L->input;
         av[n++] = "--metrics"; av[n++] = c->metrics;
         av[n++] = "--threads"; av[n++] = threads;
+        /* The early step moves the shard's optimizer pass under a worker's
+         * backward; with every core taken by the workers' threads it only
+         * competes with them (2 workers x 1 thread on 2 cores: 7-10 %
+         * slower, BENCHMARKS.md), so it is off then (a user's flag wins). */
+        if ((long)L->workers * s_worker_threads(L) >= sysconf(_SC_NPROCESSORS_ONLN)) {
+            av[n++] = "--early-step"; av[n++] = "off";
+        }
         if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
         char record[PATH_MAX];
         if (L->record) {

@@ -13,6 +13,10 @@
 #    may come whole), with --stream-push off none
 #  - --overlap and --local-steps push whole, and a worker asked for
 #    --stream-push on with them says it is ignored
+#  - `downpour local` turns the early step off when the workers' threads
+#    take every core (--early-step off to the shards; a user's flag wins):
+#    no step early (sync), the same model file as with it on
+# (The pairs give --early-step on, so they hold whatever the core count.)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -20,7 +24,7 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     finish; exit
 fi
 L=$BIN/downpour
-common=(--seed 5 --steps 12 --batch 32 --threads 1 --no-progress)
+common=(--seed 5 --steps 12 --batch 32 --threads 1 --no-progress --early-step on)
 
 # early DIR: the pushes with parts sent during the backward, and all of them
 early() {
@@ -73,6 +77,18 @@ pair async-bf16 all --workers 1 --mode async --transport zmq --wire bf16
 pair async-2shards some --workers 1 --mode async --ps-shards 2
 pair sync all --workers 2 --mode sync
 
+# every core taken: 2 workers of $(nproc) threads each
+full=(--seed 5 --steps 12 --batch 32 --threads "$(nproc)" --no-progress --workers 2 --mode sync)
+"$L" local "${full[@]}" --out "$TMP/full" >"$TMP/full.log" 2>&1
+check "workers on every core: runs" test $? = 0
+read -r e n < <(stepped "$TMP/full")
+check "... the shards were told --early-step off, no step early ($e of $n)" test "$e" = 0 -a "$n" -gt 0
+"$L" local "${full[@]}" --early-step on --out "$TMP/full-on" >"$TMP/full-on.log" 2>&1
+check "... --early-step on given: runs" test $? = 0
+read -r e n < <(stepped "$TMP/full-on")
+check "... and the user's flag wins ($e of $n early)" test "$e" = "$n" -a "$n" -gt 0
+check "... the same model file either way, byte for byte" \
+    cmp -s "$TMP/full/model.safetensors" "$TMP/full-on/model.safetensors"
 "$L" local --workers 1 --mode async --overlap on --stream-push on "${common[@]}" --out "$TMP/ov" >"$TMP/ov.log" 2>&1
 check "--overlap on with --stream-push on runs" test $? = 0
 check "... and says the streaming is ignored" grep -q "stream-push on: ignored with --overlap" "$TMP/ov/logs/worker-0.log"
