@@ -16,6 +16,7 @@
 # at which each side's mean reaches 0.93.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. docs/experiments/lib.sh
 OUT=${1:-runs/resnet_recipe}
 MODEL=${MODEL:-resnet20}
 EPOCHS=${EPOCHS:-10}
@@ -24,29 +25,25 @@ THREADS=${THREADS:-1}
 JOBS=${JOBS:-2}
 mkdir -p "$OUT"
 steps=$((60000 / 128))
-one() {
-    local side=$1 s=$2 name=$1-s$2
+one() { # "SIDE SEED": one run, skipped when its output is complete
+    local side s
+    read -r side s <<<"$1"
+    local name=$side-s$s
     if [ "$side" = downpour ]; then
-        [ "$(grep -c '"event":"eval"' "$OUT/$name.jsonl" 2>/dev/null)" = "$EPOCHS" ] && return 0
+        [ -f "$OUT/$name.jsonl" ] && [ "$(grep -c '"event":"eval"' "$OUT/$name.jsonl")" = "$EPOCHS" ] && return 0
         build/downpour-worker --standalone --model "$MODEL" --batch 128 --optimizer momentum \
             --momentum 0.9 --lr 0.1 --lr-schedule cosine:$((steps * EPOCHS)) --weight-decay 5e-4 \
             --augment --normalize train --epochs "$EPOCHS" --eval-every "$steps" --seed "$s" \
             --threads "$THREADS" --metrics "$OUT/$name.jsonl" >"$OUT/$name.out" 2>&1
     else
-        [ "$(wc -l <"$OUT/$name.jsonl" 2>/dev/null)" = "$EPOCHS" ] && return 0
+        [ -f "$OUT/$name.jsonl" ] && [ "$(wc -l <"$OUT/$name.jsonl")" = "$EPOCHS" ] && return 0
         /usr/bin/python3 docs/experiments/torch_recipe.py --model "$MODEL" --epochs "$EPOCHS" \
             --seed "$s" --threads "$THREADS" >"$OUT/$name.jsonl" 2>"$OUT/$name.out"
     fi
 }
-running=0
-for s in $SEEDS; do
-    for side in downpour torch; do
-        one "$side" "$s" &
-        running=$((running + 1))
-        if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
-    done
-done
-wait
+runs=()
+for s in $SEEDS; do runs+=("downpour $s" "torch $s"); done
+exp_parallel one "${runs[@]}"
 /usr/bin/python3 - "$OUT" "$EPOCHS" "$steps" <<'PY'
 import glob, json, os, statistics, sys
 out, epochs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -67,7 +64,6 @@ for e in range(1, epochs + 1):
     for k in m:
         if m[k] >= 0.93 and k not in first:
             first[k] = e
-    n = len(acc["downpour"].get(e, []))
     print(f"| {e} | {m['downpour']:.4f} | {m['torch']:.4f} | {m['downpour'] - m['torch']:+.4f} |")
 for k in ("downpour", "torch"):
     print(f"{k}: first epoch at >= 0.93: {first.get(k, 'not reached')}")
