@@ -700,6 +700,15 @@ static void s_early_part(s_ps_t *ps, int wid, const Downpour__Envelope *env)
         s_early_try(ps, wid);
 }
 
+/* A push (or part) of a newer step of wid: the worker gave up the push
+ * its early step was for, which can then never commit; dropped, so that
+ * it does not hold off the next early step until the shard steps. */
+static void s_early_moved_on(s_ps_t *ps, int wid, uint64_t step)
+{
+    const dp_shard_early_t *e = &ps->shard.early;
+    if (e->active && e->owner == wid && step > e->step) dp_shard_early_drop(&ps->shard);
+}
+
 /* After a push: an assembly that can now be stepped early begins (sync:
  * one that now completes the step; async: one the last step overtook). */
 static void s_early_next(s_ps_t *ps)
@@ -746,6 +755,7 @@ static void s_on_push_part(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *
     }
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
     if (s_push_repeated(ps, id, env)) return;
+    s_early_moved_on(ps, wid, env->push->step);
     dp_grad_slice_t g;
     int first = ps->parts.w[wid].rejected_step != env->push->step; /* counted once a push */
     const float *shm = env->shm ? dp_ps_shm_grad_floats(ps->shm, wid) : NULL;
@@ -801,6 +811,7 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     /* Handled whatever becomes of it (dropped, refused as non-finite): the
      * worker's next step follows this one. */
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
+    s_early_moved_on(ps, wid, env->push->step);
     if (dp_shard_parts_whole(&ps->parts, wid, env->push->step, msg) != 0) {
         s_reply_rejected(ps, id, env->request_id, wid, msg);
         return;

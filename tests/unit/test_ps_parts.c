@@ -364,8 +364,9 @@ static void test_parts_equal_whole(void)
  * push (which steps the shard between them, dropping the early step, which
  * begins again from the new version). The rejected step leaves no trace,
  * the split one is applied after worker 0's, on its staleness, and the
- * weights equal the whole pushes' bit for bit; the three clean streamed
- * steps count as made early. */
+ * weights equal the whole pushes' bit for bit; a half-sent push the
+ * worker gives up for a newer step does not keep that step from going
+ * early; the four clean streamed steps count as made early. */
 static void test_early_step_dropped(void)
 {
     s_pair_t p;
@@ -400,7 +401,17 @@ static void test_early_step_dropped(void)
     CHECK(APPLIED(r));
     s_whole(p.sb, 3, 2, g);
     s_pair_same(&p, 4);
-    s_pair_early(&p, 3);
+    /* step 5's first part (early from there), then worker 1 moves on to
+     * step 6 (as after giving up step 5): step 5's early step is dropped
+     * with its assembly and step 6's is early in turn */
+    srv_fill(g, n, 55);
+    r = s_part(p.sa, 5, 4, 0, 2, g, h, n - h, 0);
+    CHECK(RECEIVED(r));
+    srv_fill(g, n, 56);
+    s_two_parts(p.sa, 6, 4, g);
+    s_whole(p.sb, 4, 4, g);
+    s_pair_same(&p, 5);
+    s_pair_early(&p, 4);
     char err[DP_ERR_LEN];
     dp_ps_stats_t st;
     CHECK_EQ(dp_ps_client_stats(p.ca, &st, err), 0);
