@@ -196,19 +196,7 @@ void dp_policy_for_mode(dp_mode_t mode, dp_policy_conf_t *pc, dp_optim_conf_t *o
 
 int dp_policy_early(const dp_policy_t *p, int worker, uint64_t version, float *lr, int *count)
 {
-    const dp_shard_t *s = p->shard;
-    if (p->ops == &dp_policy_sync) {
-        if (version != s->version || p->contributed[worker] == s->version + 1 ||
-            s->acc_count + 1 < dp_policy_sync_need(p))
-            return -1;
-        *lr = dp_shard_lr(s);
-        *count = s->acc_count + 1;
-        return 0;
-    }
-    if (s->dc || version > s->version) return -1;
-    *lr = dp_policy_delay_lr(p, s->version - version, dp_shard_lr(s));
-    *count = 0;
-    return 0;
+    return p->ops->early(p, worker, version, lr, count);
 }
 
 int dp_policy_delay_skip(dp_policy_t *p, uint64_t tau, char *why, size_t n)

@@ -129,6 +129,7 @@ typedef struct {
                  dp_push_outcome_t *out);
     int (*pull_ready)(const dp_policy_t *p, int worker, uint64_t min_version);
     int (*members_changed)(dp_policy_t *p);
+    int (*early)(const dp_policy_t *p, int worker, uint64_t version, float *lr, int *count);
 } dp_policy_ops_t;
 
 extern const dp_policy_ops_t dp_policy_sync, dp_policy_async, dp_policy_ssp;
@@ -175,9 +176,6 @@ void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out);
  * does once the push is whole (a threshold skip, a version moved, a
  * worker that joined in between only drop the early step). */
 int dp_policy_early(const dp_policy_t *p, int worker, uint64_t version, float *lr, int *count);
-/* Sync: the gradients the current version's step needs, min(R, workers
- * live or that contributed to it), at least 1. */
-int dp_policy_sync_need(const dp_policy_t *p);
 /* For async / ssp: should a gradient of delay tau be skipped (threshold)?
  * 1 with why (n bytes); judges it either way (the running mean). */
 int dp_policy_delay_skip(dp_policy_t *p, uint64_t tau, char *why, size_t n);

@@ -57,7 +57,19 @@ static int s_members_changed(dp_policy_t *p)
     return 0;
 }
 
-const dp_policy_ops_t dp_policy_async = {
-    .push = s_push, .pull_ready = s_async_pull_ready, .members_changed = s_members_changed};
-const dp_policy_ops_t dp_policy_ssp = {
-    .push = s_push, .pull_ready = s_ssp_pull_ready, .members_changed = s_members_changed};
+/* The push by its gradient at the delay rule's lr for the present
+ * staleness; not with delay compensation (dp_policy_early). */
+static int s_early(const dp_policy_t *p, int worker, uint64_t v, float *lr, int *count)
+{
+    (void)worker;
+    const dp_shard_t *s = p->shard;
+    if (s->dc || v > s->version) return -1;
+    *lr = dp_policy_delay_lr(p, s->version - v, dp_shard_lr(s));
+    *count = 0;
+    return 0;
+}
+
+const dp_policy_ops_t dp_policy_async = {.push = s_push, .pull_ready = s_async_pull_ready,
+                                         .members_changed = s_members_changed, .early = s_early};
+const dp_policy_ops_t dp_policy_ssp = {.push = s_push, .pull_ready = s_ssp_pull_ready,
+                                       .members_changed = s_members_changed, .early = s_early};

@@ -11,7 +11,9 @@
 
 /* Step if enough gradients of this version are in; 1 when it stepped.
  * out (NULL from a membership change) gets what the step did. */
-int dp_policy_sync_need(const dp_policy_t *p)
+/* The gradients the current version's step needs: min(R, workers live or
+ * that contributed to it), at least 1. */
+static int s_need(const dp_policy_t *p)
 {
     const dp_shard_t *s = p->shard;
     int counting = 0;
@@ -25,7 +27,7 @@ static int s_maybe_step_out(dp_policy_t *p, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     if (s->acc_count == 0) return 0;
-    if (s->acc_count < dp_policy_sync_need(p)) return 0;
+    if (s->acc_count < s_need(p)) return 0;
     dp_policy_step_mean(p, out);
     return 1;
 }
@@ -74,5 +76,17 @@ static int s_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
     return v >= min_version || min_version > v + 1;
 }
 
+/* An early step only for the push that completes the step: of the current
+ * version, not a duplicate, the one that makes the count (dp_policy_early). */
+static int s_early(const dp_policy_t *p, int worker, uint64_t v, float *lr, int *count)
+{
+    const dp_shard_t *s = p->shard;
+    if (v != s->version || p->contributed[worker] == s->version + 1 || s->acc_count + 1 < s_need(p))
+        return -1;
+    *lr = dp_shard_lr(s);
+    *count = s->acc_count + 1;
+    return 0;
+}
+
 const dp_policy_ops_t dp_policy_sync = {
-    .push = s_push, .pull_ready = s_pull_ready, .members_changed = s_maybe_step};
+    .push = s_push, .pull_ready = s_pull_ready, .members_changed = s_maybe_step, .early = s_early};
