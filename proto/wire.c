@@ -154,6 +154,24 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
             return dp_err(err, "malformed: a PUSH in parts is dense (part %u of %u is compressed)",
                           env->push->part, k);
     }
+    if (env->pull) {
+        if (env->pull->n_cuts >= DP_WIRE_MAX_PUSH_PARTS)
+            return dp_err(err, "malformed: PULL cut in %zu places (at most %d parts)",
+                          env->pull->n_cuts, DP_WIRE_MAX_PUSH_PARTS);
+        for (size_t k = 1; k < env->pull->n_cuts; k++)
+            if (env->pull->cuts[k] <= env->pull->cuts[k - 1])
+                return dp_err(err, "malformed: PULL cuts not strictly ascending (cut %zu: %llu after %llu)",
+                              k, (unsigned long long)env->pull->cuts[k],
+                              (unsigned long long)env->pull->cuts[k - 1]);
+    }
+    if (env->params) {
+        uint32_t k = dp_wire_params_parts(env->params);
+        if (k > DP_WIRE_MAX_PUSH_PARTS)
+            return dp_err(err, "malformed: PARAMS in %u parts (limit %d)", k, DP_WIRE_MAX_PUSH_PARTS);
+        if (env->params->part >= k)
+            return dp_err(err, "malformed: PARAMS part %u of %u (parts count from 0)",
+                          env->params->part, k);
+    }
     if (!env->shm && (size_t)n_frames != env->n_tensors)
         return dp_err(err, "malformed: %s has %zu tensor descriptors but %d tensor frames",
                       dp_wire_type_name(env->type), env->n_tensors, n_frames);
@@ -255,6 +273,11 @@ int dp_wire_check_run(const Downpour__Envelope *env, uint64_t lo, uint64_t hi, u
 }
 
 uint32_t dp_wire_push_parts(const Downpour__Push *p)
+{
+    return p->parts ? p->parts : 1;
+}
+
+uint32_t dp_wire_params_parts(const Downpour__Params *p)
 {
     return p->parts ? p->parts : 1;
 }

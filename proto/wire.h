@@ -19,7 +19,9 @@
  * NO_CHECKSUM (a sender whose transport already protects the bytes: loopback,
  * ipc, CURVE); offset + count does not overflow; a PUSH's part is below
  * its parts (0 read as 1), which are at most DP_WIRE_MAX_PUSH_PARTS, and a
- * push of more than one part is dense (not compressed). A message with env->shm
+ * push of more than one part is dense (not compressed); a PULL's cuts are
+ * strictly ascending and fewer than DP_WIRE_MAX_PUSH_PARTS, a PARAMS's part
+ * below its parts (0 read as 1, at most as many). A message with env->shm
  * has no tensor frames at all: its descriptors name bytes in shared memory
  * (proto/shm.h), which the receiver bounds-checks against its segment. Nothing here asserts on network input: every failure is a
  * message in err, starting with "malformed: ". */
@@ -42,7 +44,8 @@
 /* Parts (Push.parts) one push to one shard may come in: a worker streams
  * its gradient in parts of at least a bucket (worker/ps_client.h), one per
  * layer or run of small layers, so a few tens even for a deep model; the
- * bound caps what a shard tracks per worker (server/shard_parts.h). */
+ * bound caps what a shard tracks per worker (server/shard_parts.h). A pull
+ * in parts (Pull.cuts, Params.parts) has the same bound. */
 #define DP_WIRE_MAX_PUSH_PARTS 64
 
 /* Consistency policy of the parameter server. */
@@ -82,6 +85,8 @@ int dp_wire_check_run(const Downpour__Envelope *env, uint64_t lo, uint64_t hi, u
 
 /* Push.parts as a count: an older sender's 0 is 1 (a whole push). */
 uint32_t dp_wire_push_parts(const Downpour__Push *p);
+/* Params.parts as a count: 0 is 1 (a whole reply). */
+uint32_t dp_wire_params_parts(const Downpour__Params *p);
 
 /* Every float of the frames is finite (no NaN, no Inf). Bit tests through
  * memcpy'd words, so any frame alignment works; vectorised (memory speed). */

@@ -82,26 +82,36 @@
  * park in ZeroMQ's queue. */
 #define S_RCVHWM 8
 
-/* A PARAMS frame lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
- * id, so the buffers a peer that does not read pins are bounded. */
+/* A PARAMS reply lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
+ * id, so the buffers a peer that does not read pins are bounded. A reply in
+ * parts is one loan: every part's frame points into the same buffer. */
 typedef struct {
     dp_snap_t *snap;       /* the buffer sent (its reference), while busy */
-    atomic_int busy;       /* 1 from the send until ZeroMQ's free callback (I/O thread) */
+    atomic_int frames;     /* its frames ZeroMQ still holds (set before the first is sent) */
+    atomic_int busy;       /* 1 from the send until ZeroMQ's free callback of its last frame
+                            * (I/O thread) */
 } s_lent_t;
+
+/* How a PARAMS reply carries the tensor (the PULL asked). */
+#define S_PARAMS_CRC 0     /* a frame with its CRC-32 */
+#define S_PARAMS_NO_CRC 1  /* a frame without one (Pull.no_checksum) */
+#define S_PARAMS_SHM 2     /* the live slot of the shared segment (Envelope.shm), else as NO_CRC */
+
+/* What a PULL asked of its reply. */
+typedef struct {
+    int how;               /* S_PARAMS_* */
+    int bf16;              /* bfloat16 frames (Pull.dtype) */
+    uint32_t n_cuts;       /* a reply in n_cuts + 1 parts (Pull.cuts; 0: whole) */
+    uint64_t cuts[DP_WIRE_MAX_PUSH_PARTS - 1];
+} s_params_ask_t;
 
 typedef struct {
     zmq_msg_t identity;    /* ROUTER identity to answer */
     uint64_t request_id;
     int worker;
     uint64_t min_version;  /* sync: answer once the version is >= this */
-    int how;               /* S_PARAMS_* : how the PARAMS reply travels */
-    int bf16;              /* the PULL asked for bfloat16 (Pull.dtype) */
+    s_params_ask_t ask;
 } s_pending_t;
-
-/* How a PARAMS reply carries the tensor (the PULL asked). */
-#define S_PARAMS_CRC 0     /* a frame with its CRC-32 */
-#define S_PARAMS_NO_CRC 1  /* a frame without one (Pull.no_checksum) */
-#define S_PARAMS_SHM 2     /* the live slot of the shared segment (Envelope.shm), else as NO_CRC */
 
 typedef struct {
     const dp_ps_config_t *cfg;
@@ -188,6 +198,7 @@ static void s_lent_release(void *data, void *hint)
 {
     (void)data;
     s_lent_t *l = hint;
+    if (atomic_fetch_sub_explicit(&l->frames, 1, memory_order_acq_rel) != 1) return;
     dp_snap_t *snap = l->snap;
     l->snap = NULL;
     dp_snap_unref(NULL, snap);
@@ -210,14 +221,17 @@ static s_lent_t *s_lend(s_ps_t *ps, int worker)
 /* PARAMS: the live buffer goes to ZeroMQ as it is (its reference with it);
  * the shard writes the next version elsewhere while ZeroMQ holds it. In
  * bfloat16 (--wire bf16) the version is converted once and sent as is. A
- * shared-memory reader is told the slot instead of getting a frame. A
- * worker whose earlier PARAMS frames all still wait in ZeroMQ is answered
- * "busy" instead (s_lend). */
-static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, int how, int bf16)
+ * reply in parts (Pull.cuts) is one message per run between the cuts, in
+ * order, every frame pointing into the same buffer: one version, one loan.
+ * A shared-memory reader is told the slot instead of getting a frame (the
+ * slot whole: its cuts do not apply). A worker whose earlier PARAMS replies
+ * all still wait in ZeroMQ is answered "busy" instead (s_lend). */
+static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                           const s_params_ask_t *ask)
 {
-    bf16 = bf16 && how != S_PARAMS_SHM;
+    int bf16 = ask->bf16 && ask->how != S_PARAMS_SHM;
     dp_snap_t *s = bf16 ? dp_shard_snapshot_bf16(&ps->shard) : dp_shard_snapshot(&ps->shard);
-    size_t n = ps->shard.n; /* floats of the shard (s->n counts bfloat16 pairs) */
+    uint64_t lo = ps->shard.lo, hi = lo + ps->shard.n; /* s->n counts bfloat16 pairs */
     Downpour__Envelope env;
     s_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
     Downpour__Params p = DOWNPOUR__PARAMS__INIT;
@@ -226,14 +240,12 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
     Downpour__TensorDesc d;
     Downpour__TensorDesc *dv[1] = {&d};
     int64_t shape[1];
-    int crc = how == S_PARAMS_CRC;
-    dp_wire_desc_fill(&d, shape, "params", bf16 ? NULL : s->data, n, ps->shard.lo, 1,
-                      crc && !bf16 ? dp_snap_crc(s) : 0);
-    if (bf16) dp_wire_desc_bf16(&d, (const uint16_t *)s->data, crc);
-    else if (!crc) dp_wire_desc_no_checksum(&d);
+    int crc = ask->how == S_PARAMS_CRC;
     env.n_tensors = 1;
     env.tensors = dv;
-    if (how == S_PARAMS_SHM && ps->shm && dp_ps_shm_params(ps->shm, &p.shm_slot, &p.shm_seq)) {
+    if (ask->how == S_PARAMS_SHM && ps->shm && dp_ps_shm_params(ps->shm, &p.shm_slot, &p.shm_seq)) {
+        dp_wire_desc_fill(&d, shape, "params", NULL, hi - lo, lo, 1, 0);
+        dp_wire_desc_no_checksum(&d);
         env.shm = 1; /* the reader copies the slot itself */
         dp_shard_dc_pulled(&ps->shard, worker);
         s_send(ps, id, &env, NULL, 0);
@@ -251,10 +263,24 @@ static void s_reply_params(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker, 
         s_reply_error(ps, id, req, worker, msg);
         return;
     }
+    uint32_t parts = ask->n_cuts + 1;
     l->snap = s;
+    atomic_store_explicit(&l->frames, (int)parts, memory_order_relaxed);
     dp_shard_dc_pulled(&ps->shard, worker); /* the weights its next push was computed on */
-    dp_wire_payload_t pl = {s->data, n * (bf16 ? 2 : sizeof(float)), s_lent_release, l};
-    s_send(ps, id, &env, &pl, 1);
+    p.parts = parts > 1 ? parts : 0;
+    size_t esize = bf16 ? 2 : sizeof(float);
+    for (uint32_t k = 0; k < parts; k++) {
+        uint64_t a = k ? ask->cuts[k - 1] : lo, b = k < ask->n_cuts ? ask->cuts[k] : hi;
+        const char *at = (const char *)s->data + (a - lo) * esize;
+        /* a whole reply's CRC is the snapshot's, computed once for every pull of it */
+        dp_wire_desc_fill(&d, shape, "params", bf16 ? NULL : (const float *)at, b - a, a,
+                          parts == 1 || !crc || bf16, crc && !bf16 && parts == 1 ? dp_snap_crc(s) : 0);
+        if (bf16) dp_wire_desc_bf16(&d, (const uint16_t *)at, crc);
+        else if (!crc) dp_wire_desc_no_checksum(&d);
+        p.part = k;
+        dp_wire_payload_t pl = {(void *)at, (b - a) * esize, s_lent_release, l};
+        s_send(ps, id, &env, &pl, 1);
+    }
 }
 
 static void s_reply_ack(s_ps_t *ps, zmq_msg_t *id, uint64_t req, int worker,
@@ -373,7 +399,7 @@ static void s_release_pending(s_ps_t *ps)
     for (int i = 0; i < ps->n_pending; i++) {
         s_pending_t *p = &ps->pending[i];
         if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version)) {
-            s_reply_params(ps, &p->identity, p->request_id, p->worker, p->how, p->bf16);
+            s_reply_params(ps, &p->identity, p->request_id, p->worker, &p->ask);
             dp_wire_msg_close(&p->identity);
             ps->held[p->worker]--;
             continue;
@@ -594,13 +620,40 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     s_members_changed(ps); /* it may have been finished before */
 }
 
+/* What a PULL asks of its reply; -1 with why (its cuts outside the
+ * range). dp_wire_check has seen them ascending and fewer than the limit. */
+static int s_params_ask(const s_ps_t *ps, const Downpour__Envelope *env, s_params_ask_t *ask,
+                        char *why)
+{
+    const Downpour__Pull *p = env->pull;
+    ask->how = env->shm ? S_PARAMS_SHM : p->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
+    ask->bf16 = p->dtype == DOWNPOUR__DTYPE__BFLOAT16;
+    ask->n_cuts = 0;
+    if (ask->how == S_PARAMS_SHM) return 0; /* the slot goes whole */
+    uint64_t lo = ps->shard.lo, hi = lo + ps->shard.n;
+    for (size_t k = 0; k < p->n_cuts; k++) {
+        if (p->cuts[k] <= lo || p->cuts[k] >= hi)
+            return dp_err(why, "bad PULL: cut %zu at %llu is not inside this shard's floats (%llu, %llu)",
+                          k, (unsigned long long)p->cuts[k], (unsigned long long)lo,
+                          (unsigned long long)hi);
+        ask->cuts[k] = p->cuts[k];
+    }
+    ask->n_cuts = (uint32_t)p->n_cuts;
+    return 0;
+}
+
 static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     int wid = env->worker_id;
-    int how = env->shm ? S_PARAMS_SHM : env->pull->no_checksum ? S_PARAMS_NO_CRC : S_PARAMS_CRC;
-    int bf16 = env->pull->dtype == DOWNPOUR__DTYPE__BFLOAT16;
+    s_params_ask_t ask;
+    char why[DP_ERR_LEN];
+    if (s_params_ask(ps, env, &ask, why) != 0) {
+        dp_log_warn("shard %d: worker %d: %s", ps->cfg->shard_index, wid, why);
+        s_reply_error(ps, id, env->request_id, wid, why);
+        return;
+    }
     if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version)) {
-        s_reply_params(ps, id, env->request_id, wid, how, bf16);
+        s_reply_params(ps, id, env->request_id, wid, &ask);
         return;
     }
     /* Per worker, so one that floods pulls is refused and the others wait
@@ -624,8 +677,7 @@ static void s_on_pull(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     p->request_id = env->request_id;
     p->worker = wid;
     p->min_version = env->pull->min_version;
-    p->how = how;
-    p->bf16 = bf16;
+    p->ask = ask;
     ps->n_pending++;
     ps->held[wid]++;
 }

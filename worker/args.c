@@ -147,6 +147,13 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                        "once all its parts are in and checked (default on; CPU\n"
                        "workers without --overlap or --local-steps only: a GPU\n"
                        "worker pushes whole)"),
+        DP_FLAG_CHOICE("stream-pull", "off|on", &c->stream_pull, P,
+                       "pull each layer's weights in the order the forward needs them\n"
+                       "(each shard's reply cut where a layer begins), so the forward\n"
+                       "starts on the first layers while the later ones travel; the\n"
+                       "weights are the same snapshot as a whole pull's (default on;\n"
+                       "the CPU workers of the plain loop over ZeroMQ frames only:\n"
+                       "shared memory is read whole)"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
         DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,

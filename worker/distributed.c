@@ -40,7 +40,7 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
  * made of it, and the updates lost so far to shard restarts. */
 static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uint64_t version,
                            const dp_push_result_t *r, int applied, uint64_t lost,
-                           double compute_s, double wait_s)
+                           double compute_s, double wait_s, uint32_t pull_parts)
 {
     cJSON *line = dp_metrics_line(s->metrics);
     if (!line) return;
@@ -58,6 +58,8 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     /* its messages, all shards, and those that left during the backward (--stream-push) */
     cJSON_AddNumberToObject(line, "push_parts", r->parts);
     cJSON_AddNumberToObject(line, "push_parts_early", r->parts_early);
+    /* the plain loop: the PARAMS messages its pull took, all shards (--stream-pull) */
+    if (pull_parts) cJSON_AddNumberToObject(line, "pull_parts", pull_parts);
     /* where the step's time went: computing, or blocked on the servers */
     cJSON_AddNumberToObject(line, "compute_ms", dp_metrics_round(compute_s * 1e3, 3));
     cJSON_AddNumberToObject(line, "wait_ms", dp_metrics_round(wait_s * 1e3, 3));
@@ -188,6 +190,13 @@ typedef struct {
     double step_compute_s, step_wait_s; /* the last step's, for its metrics line */
     dp_staleness_t hist;       /* this worker's applied pushes (the largest over shards) */
     int stream;                /* plain loop: the push leaves in parts during the backward */
+    int stream_pull;           /* plain loop: the weights arrive in parts during the forward */
+    /* the step in progress, plain loop, for the net's hooks */
+    dp_ps_push_t *push;        /* begun by the hook at the forward's end (a pull in parts) */
+    double pull_wait_s;        /* the forward's time blocked on the pull */
+    int step_failed;           /* a hook failed: step_err says why, the step is given up */
+    char step_err[DP_ERR_LEN];
+    uint32_t step_pull_parts;  /* its pull's PARAMS messages */
 } s_loop_t;
 
 /* What a push's result does to the counters, the metrics, the progress line. */
@@ -205,7 +214,7 @@ static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
     if (isfinite(loss))
         L->loss_avg = L->done == L->first + 1 ? loss : 0.98 * L->loss_avg + 0.02 * loss;
     s_metrics_push(s, step, L->spe, loss, version, r, status_applied, lost, L->step_compute_s,
-                   L->step_wait_s);
+                   L->step_wait_s, L->step_pull_parts);
     dp_session_log_step(s, step, loss);
     if (L->info->mode != DP_MODE_SYNC)
         dp_tb_scalar(s->tb, "train/staleness", step, (float)r->staleness_mean);
@@ -225,9 +234,32 @@ static void s_grads_ready(void *arg, size_t off, size_t n)
     dp_ps_client_push_part(arg, off, n);
 }
 
+/* The net's hook (worker/net.h): the forward waits for the floats it reads
+ * next. At its end every float is in, the pull is complete, and a push in
+ * parts begins before the backward makes its first part (its stamp is that
+ * pull's versions). A failure is kept for the loop, which gives the step
+ * up once the net returns. */
+static int s_params_needed(void *arg, size_t end)
+{
+    s_loop_t *L = arg;
+    if (L->step_failed) return 0;
+    int last = end >= L->s->model.n_floats;
+    double t0 = dp_now();
+    int rc = last ? dp_ps_client_pull_end(L->ps, L->step_err)
+                  : dp_ps_client_pull_until(L->ps, end, L->step_err);
+    L->pull_wait_s += dp_now() - t0;
+    if (rc == 1) return 1; /* torn: the forward starts again */
+    if (rc == 0 && last && L->stream && dp_ps_client_push_begin(L->ps, L->push, L->step_err) != 0)
+        rc = -1;
+    L->step_failed = rc != 0;
+    return 0;
+}
+
 /* Pull, compute, push, in turn; with L->stream the push starts before the
  * backward and its parts leave as it makes them (the CPU's gradient is the
- * net's own, host memory, so the push's buffer is known before). */
+ * net's own, host memory, so the push's buffer is known before); with
+ * L->stream_pull the pull is only begun before the forward, which waits
+ * for each layer's weights as it reaches the layer. */
 static int s_loop_plain(s_loop_t *L, char *err)
 {
     dp_session_t *s = L->s;
@@ -235,25 +267,38 @@ static int s_loop_plain(s_loop_t *L, char *err)
     long step;
     while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
         if (L->stop && *L->stop) return dp_err(err, "interrupted at step %ld", step);
+        dp_ps_push_t push = {.grads = s->net.d_grads, .batch = s->conf.batch,
+                             .step = (uint64_t)step + 1};
+        L->push = &push;
+        L->pull_wait_s = 0;
+        L->step_failed = 0;
         double t0 = dp_now();
-        if (s_pull_into_net(s, L->ps, err) != 0) return -1;
+        if ((L->stream_pull ? dp_ps_client_pull_begin(L->ps, s->net.d_params, err)
+                            : s_pull_into_net(s, L->ps, err)) != 0)
+            return -1;
         double t1 = dp_now();
-        uint64_t version = dp_ps_client_version(L->ps);
         /* between the pull and the first byte of the push (streamed, that
          * leaves during the backward): a slow worker's push arrives late */
         s_inject_delay(&s->conf, &L->delay_rng);
         double tc = dp_now();
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
-        dp_ps_push_t push = {.grads = s->net.d_grads, .batch = s->conf.batch,
-                             .step = (uint64_t)step + 1};
+        if (L->stream && !L->stream_pull && dp_ps_client_push_begin(L->ps, &push, err) != 0)
+            return -1;
         if (L->stream) {
-            if (dp_ps_client_push_begin(L->ps, &push, err) != 0) return -1;
             s->net.on_grads = s_grads_ready;
             s->net.on_grads_arg = L->ps;
         }
+        if (L->stream_pull) {
+            s->net.on_params = s_params_needed;
+            s->net.on_params_arg = L;
+        }
         float loss = s_step_for_push(s, &batch, &grads);
         s->net.on_grads = NULL;
+        s->net.on_params = NULL;
+        if (L->step_failed) return dp_err(err, "%s", L->step_err);
+        uint64_t version = dp_ps_client_version(L->ps);
+        L->step_pull_parts = dp_ps_client_pull_parts(L->ps);
         double t2 = dp_now(); /* the push's wait counts from here: the end of the backward */
         dp_push_result_t r;
         push.grads = grads;
@@ -261,8 +306,8 @@ static int s_loop_plain(s_loop_t *L, char *err)
         if ((L->stream ? dp_ps_client_push_end(L->ps, &r, err)
                        : dp_ps_client_push(L->ps, &push, &r, err)) != 0)
             return -1;
-        L->step_compute_s = t2 - tc;
-        L->step_wait_s = (t1 - t0) + (dp_now() - t2);
+        L->step_compute_s = t2 - tc - L->pull_wait_s;
+        L->step_wait_s = (t1 - t0) + L->pull_wait_s + (dp_now() - t2);
         L->wait_s += L->step_wait_s;
         s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps));
     }
@@ -449,11 +494,12 @@ static int s_overlap(int flag, dp_mode_t mode, const char *device)
  * overlapped loop pushes from a thread, local steps push a pseudo-gradient
  * made after the round, and a device's gradient reaches the host whole
  * (the GPU path keeps the whole push). */
-static int s_stream(int flag, int overlap, long local_steps, const dp_backend_t *be)
+static int s_stream(const char *name, int flag, int overlap, long local_steps,
+                    const dp_backend_t *be)
 {
     const char *why = overlap ? "--overlap" : local_steps > 1 ? "--local-steps"
                       : !be->host_memory ? "a device worker" : NULL;
-    if (flag == 1 && why) dp_log_info("--stream-push on: ignored with %s (it pushes whole)", why);
+    if (flag == 1 && why) dp_log_info("%s on: ignored with %s (it moves the tensors whole)", name, why);
     return flag != 0 && !why;
 }
 
@@ -500,13 +546,16 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
                            L.first, L.total, c->augment, err) != 0)
         goto done;
     int overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info.mode, c->device);
-    L.stream = s_stream(c->stream_push, overlap, c->local_steps, s.be);
+    L.stream = s_stream("--stream-push", c->stream_push, overlap, c->local_steps, s.be);
+    L.stream_pull = s_stream("--stream-pull", c->stream_pull, overlap, c->local_steps, s.be);
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",
                 c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards, c->batch,
                 L.total, c->device,
                 c->local_steps > 1 ? "local steps: a push of the pseudo-gradient every --local-steps"
                 : overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
+                : L.stream && L.stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them, the push in parts as the backward makes them"
                 : L.stream ? "overlap off: pull, compute, push in turn, the push in parts as the backward makes them"
+                : L.stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them"
                           : "overlap off: pull, compute, push in turn");
     dp_session_log_start(&s, c->task_index, L.total, L.spe);
     dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);

@@ -179,15 +179,28 @@ static void s_bn_state_to_grads(dp_net_t *net, const dp_layer_t *l)
                        (z->offset + z->count - a->offset) * sizeof(float));
 }
 
+/* The caller's hook before the forward reads floats [0, end) of the
+ * parameters (a training step on the host): 1 when the forward must start
+ * again. */
+static int s_params_needed(dp_net_t *net, size_t end, int train)
+{
+    if (!train || !net->on_params || !net->be->host_memory) return 0;
+    return net->on_params(net->on_params_arg, end) == 1;
+}
+
 /* Queue every layer forward on the batch d_x, d_y; the mean loss goes to
  * d_loss on the device. train: batch norm by the batch's statistics (and
- * its running statistics updated), dropout on; else evaluation. */
-static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, int train)
+ * its running statistics updated), dropout on; else evaluation. 0 when
+ * the hook said to start again. */
+static int s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int B, int train)
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
+    size_t asked = 0; /* the end the hook was last called with */
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
+        size_t lo, hi;
+        if (dp_model_layer_span(m, i, &lo, &hi) && s_params_needed(net, asked = hi, train)) return 0;
         const float *in = s_act(net, d_x, l->in0);
         float *out = net->d_act[i + 1];
         float *P = net->d_params;
@@ -220,6 +233,15 @@ static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, in
             break;
         }
         if (net->t_layer) net->t_layer[i] += dp_now() - t0;
+    }
+    return asked == m->n_floats || !s_params_needed(net, m->n_floats, train);
+}
+
+/* The forward, started again as long as the hook says so (a torn pull:
+ * the weights read so far were replaced, and the repeated reply is in). */
+static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, int train)
+{
+    while (!s_forward_layers(net, d_x, d_y, B, train)) {
     }
 }
 

@@ -64,6 +64,19 @@ typedef struct {
      * never calls it (its gradient reaches the host as h_grads, whole). */
     void (*on_grads)(void *arg, size_t off, size_t n);
     void *on_grads_arg;
+    /* Set by a caller that pulls the weights as the forward needs them
+     * (the worker's pull in parts), else NULL: called in a training step's
+     * forward before each layer that has parameters, with the end of that
+     * layer's floats, and after the last layer with n_floats if no layer's
+     * floats ended the vector: once per pass with n_floats, before the
+     * backward. It returns 0 once floats [0, end) of d_params are in
+     * place, or 1 when the floats the forward read so far were replaced (a
+     * pull torn by a shard's restart), and the forward starts again from
+     * the first layer. The parameters lie in model order, so what the hook
+     * waits for grows upward from the start of the vector. Only on a
+     * backend whose memory is the host's (the CPU). */
+    int (*on_params)(void *arg, size_t end);
+    void *on_params_arg;
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);

@@ -24,13 +24,16 @@ static void s_sleep(double s)
 static void s_build_pull(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
 {
     (void)arg;
+    dp_ps_shard_t *s = &c->sh[i];
     Downpour__Pull *p = &rq->body.pull;
     *p = (Downpour__Pull)DOWNPOUR__PULL__INIT;
-    p->min_version = c->info.mode == DP_MODE_SYNC ? c->sh[i].min_version : 0;
-    p->no_checksum = !c->sh[i].crc;
+    p->min_version = c->info.mode == DP_MODE_SYNC ? s->min_version : 0;
+    p->no_checksum = !s->crc;
+    p->n_cuts = s->pull_cuts;
+    p->cuts = s->pull_cut;
     rq->env.pull = p;
-    rq->env.shm = c->sh[i].shm;
-    if (c->bf16 && !c->sh[i].shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    rq->env.shm = s->shm;
+    if (c->bf16 && !s->shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
 }
 
 /* Where a pull's weights go: into params, or each tensor lent to a sink. */
@@ -38,7 +41,48 @@ typedef struct {
     float *params;               /* NULL: to the sink */
     dp_ps_params_sink_fn sink;
     void *sink_arg;
+    int cut;                     /* a pull in parts: each reply cut where layers begin */
+    size_t until;                /* ... and a wait ends once floats [0, until) are in */
 } s_pull_dest_t;
+
+/* Bucket of a pull in parts: a cut where a layer begins once at least a
+ * bucket lies below it in the shard's slice. Small, since the forward
+ * needs the first layers first: the default model's convolutions (200 KB)
+ * come in one part and its fc1 (6.4 MB) in the next, so the convolutions'
+ * forward runs while fc1 travels. */
+#define S_PULL_BUCKET_FLOATS (DP_PS_PULL_BUCKET_BYTES / sizeof(float))
+
+/* Shard i's cuts (Pull.cuts), walking the layers in forward order; none
+ * for a whole pull. At most the wire's bound of parts (the rest in the
+ * last). */
+static void s_plan_cuts(dp_ps_client_t *c, int i, int cut)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    s->pull_cuts = 0;
+    uint64_t from = s->lo;
+    for (int l = 0; cut && l < c->m->n_layers && s->pull_cuts + 1 < DP_WIRE_MAX_PUSH_PARTS; l++) {
+        size_t a, b;
+        if (!dp_model_layer_span(c->m, l, &a, &b) || a <= from || a >= s->hi) continue;
+        if (a - from >= S_PULL_BUCKET_FLOATS) s->pull_cut[s->pull_cuts++] = from = a;
+    }
+}
+
+/* The exchange's "before" for a pull: shard i's reply starts from its
+ * first part. again: the shard was said HELLO anew (its WELCOME may bring
+ * another range, so the cuts are planned again), and if floats of it had
+ * been handed to the caller already, what the caller read of them may be
+ * of another version than the repeated reply: the pull is torn. */
+static int s_pull_before(dp_ps_client_t *c, int i, int again, void *arg, char *err)
+{
+    (void)err;
+    const s_pull_dest_t *to = arg;
+    dp_ps_shard_t *s = &c->sh[i];
+    if (again && c->pull_handed > s->lo) c->pull_torn = 1;
+    s_plan_cuts(c, i, to->cut);
+    s->pull_part = 0;
+    s->pull_got = s->lo;
+    return 0;
+}
 
 /* The floats [off, off + n) of the vector at src, to the pull's destination:
  * src is params itself, the client's landing buffer, or a received frame. */
@@ -105,6 +149,39 @@ static void s_params_from_frame(dp_ps_client_t *c, const Downpour__TensorDesc *d
     s_deliver(to, d->offset, dst, n);
 }
 
+/* A PARAMS in frames is the one due: whole, its tensors the shard's whole
+ * range (an older shard ignores the cuts); or the part due next, holding
+ * the run between its two cuts, of the version of the first part (one
+ * snapshot). Sets how far the shard's floats are in. */
+static int s_params_due(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char *err)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    const Downpour__Params *p = env->params;
+    uint32_t k = p->part, parts = dp_wire_params_parts(p);
+    char e2[DP_ERR_LEN];
+    if (parts > 1 && parts != s->pull_cuts + 1)
+        return dp_err(err, "%s: bad PARAMS: in %u parts, %u asked for", s->endpoint, parts,
+                      s->pull_cuts + 1);
+    if (k != s->pull_part)
+        return dp_err(err, "%s: bad PARAMS: part %u where part %u was due", s->endpoint, k,
+                      s->pull_part);
+    if (k > 0 && p->version != s->version)
+        return dp_err(err, "%s: bad PARAMS: part %u is of version %llu, part 0 of %llu (a pull is one version)",
+                      s->endpoint, k, (unsigned long long)p->version,
+                      (unsigned long long)s->version);
+    uint64_t a, b;
+    if (dp_wire_check_run(env, s->lo, s->hi, &a, &b, e2) != 0)
+        return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
+    uint64_t want_a = k ? s->pull_cut[k - 1] : s->lo;
+    uint64_t want_b = parts > 1 && k < s->pull_cuts ? s->pull_cut[k] : s->hi;
+    if (a != want_a || b != want_b)
+        return dp_err(err, "%s: bad PARAMS: part %u of %u holds floats [%llu, %llu), not [%llu, %llu)",
+                      s->endpoint, k, parts, (unsigned long long)a, (unsigned long long)b,
+                      (unsigned long long)want_a, (unsigned long long)want_b);
+    s->pull_got = b;
+    return 0;
+}
+
 static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                        const dp_wire_frame_t *frames, int nf, void *arg, char *err)
 {
@@ -114,20 +191,43 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
     if (env->type != DOWNPOUR__MSG_TYPE__PARAMS)
         return dp_err(err, "%s: answered PULL with %s", s->endpoint, dp_wire_type_name(env->type));
-    if (dp_wire_check_range(env, s->lo, s->hi, e2) != 0)
-        return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
     if (env->shm) {
+        if (dp_wire_check_range(env, s->lo, s->hi, e2) != 0)
+            return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
         if (!s->shm || env->params->shm_slot >= DP_SHM_PARAM_SLOTS)
             return dp_err(err, "%s: PARAMS through shared memory we do not have (slot %u)",
                           s->endpoint, env->params->shm_slot);
         s_params_from_shm(c, i, env, to);
         if (s->torn) return 0;
-    }
+        s->pull_got = s->hi;
+    } else if (s_params_due(c, i, env, err) != 0)
+        return -1;
     for (int f = 0; f < nf; f++) s_params_from_frame(c, env->tensors[f], &frames[f], to);
     s->version = env->params->version;
     dp_ps_seen(s, s->version);
     s->pulled = 1;
+    c->pulls_parts++;
+    if (!env->shm && ++s->pull_part < dp_wire_params_parts(env->params))
+        s->done = 0; /* the next part follows */
     return 0;
+}
+
+/* The enough of a pull in parts: every shard's floats below to->until are in. */
+static int s_pulled_until(const dp_ps_client_t *c, void *arg)
+{
+    const s_pull_dest_t *to = arg;
+    for (int i = 0; i < c->n; i++) {
+        const dp_ps_shard_t *s = &c->sh[i];
+        if (s->lo < to->until && s->pull_got < (to->until < s->hi ? to->until : s->hi)) return 0;
+    }
+    return 1;
+}
+
+static dp_ps_plan_t s_pull_plan(dp_ps_client_t *c, s_pull_dest_t *to)
+{
+    return (dp_ps_plan_t){.type = DOWNPOUR__MSG_TYPE__PULL, .n_shards = c->n,
+                          .before = s_pull_before, .build = s_build_pull, .on_reply = s_on_params,
+                          .enough = to->cut ? s_pulled_until : NULL, .arg = to};
 }
 
 /* A shared-memory copy is torn only when two steps land during it; a few
@@ -136,8 +236,8 @@ static int s_on_params(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
 
 static int s_pull(dp_ps_client_t *c, s_pull_dest_t *to, char *err)
 {
-    dp_ps_plan_t pull = {.type = DOWNPOUR__MSG_TYPE__PULL, .n_shards = c->n,
-                     .build = s_build_pull, .on_reply = s_on_params, .arg = to};
+    dp_ps_plan_t pull = s_pull_plan(c, to);
+    c->pulls_parts = 0;
     for (int t = 0; t < S_TORN_TRIES; t++) {
         int torn = 0;
         for (int i = 0; i < c->n; i++) c->sh[i].torn = 0;
@@ -151,15 +251,75 @@ static int s_pull(dp_ps_client_t *c, s_pull_dest_t *to, char *err)
 
 int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err)
 {
+    c->pull_params = NULL; /* a pull in parts left unfinished is abandoned */
     s_pull_dest_t to = {.params = params};
     return s_pull(c, &to, err);
 }
 
 int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err)
 {
+    c->pull_params = NULL;
     if (!c->landing) c->landing = dp_aligned_alloc(c->m->n_floats * sizeof(float));
     s_pull_dest_t to = {.sink = sink, .sink_arg = arg};
     return s_pull(c, &to, err);
+}
+
+int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err)
+{
+    c->pull_params = NULL;
+    c->pull_handed = 0;
+    c->pull_torn = 0;
+    if (dp_ps_client_shm_shards(c) > 0) return dp_ps_client_pull(c, params, err); /* whole, now */
+    s_pull_dest_t to = {.params = params, .cut = 1};
+    dp_ps_plan_t pull = s_pull_plan(c, &to);
+    c->pulls_parts = 0;
+    if (dp_ps_exchange_send(c, &pull, err) != 0) return -1;
+    c->pull_params = params;
+    return 0;
+}
+
+/* The pull in parts waited out until floats [0, until) are in; a torn one
+ * (1) is first waited out whole. */
+static int s_pull_wait(dp_ps_client_t *c, size_t until, char *err)
+{
+    if (!c->pull_params) return 0; /* pulled whole at pull_begin, or none in progress */
+    s_pull_dest_t to = {.params = c->pull_params, .cut = 1, .until = until};
+    dp_ps_plan_t pull = s_pull_plan(c, &to);
+    int rc = dp_ps_exchange_wait(c, &pull, err);
+    if (rc == 0 && c->pull_torn) {
+        pull.enough = NULL;
+        rc = dp_ps_exchange_wait(c, &pull, err);
+        if (rc == 0) {
+            dp_log_warn("pull in parts: a shard was asked again after the forward read part of its "
+                        "reply; the forward starts again on the repeated reply");
+            c->pull_torn = 0;
+            c->pull_handed = 0;
+            return 1;
+        }
+    }
+    if (rc != 0) {
+        c->pull_params = NULL;
+        return -1;
+    }
+    if (until > c->pull_handed) c->pull_handed = until;
+    return 0;
+}
+
+int dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err)
+{
+    return s_pull_wait(c, end, err);
+}
+
+int dp_ps_client_pull_end(dp_ps_client_t *c, char *err)
+{
+    int rc = s_pull_wait(c, c->m->n_floats, err);
+    if (rc == 0) c->pull_params = NULL;
+    return rc;
+}
+
+uint32_t dp_ps_client_pull_parts(const dp_ps_client_t *c)
+{
+    return c->pulls_parts;
 }
 
 /* ---- push ------------------------------------------------------------- */

@@ -189,6 +189,37 @@ typedef void (*dp_ps_params_sink_fn)(void *arg, size_t off, const float *data, s
  * pull went again). */
 int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
 
+/* A pull in parts: the weights arrive in the order the forward needs them
+ * (worker/net.h's on_params hook), on the caller's thread, no thread of
+ * its own. pull_begin asks every shard for its floats into params, each
+ * reply cut where a layer begins once DP_PS_PULL_BUCKET_BYTES of the
+ * shard's slice lie below the cut (the first layers first; every part of
+ * a shard's reply from one snapshot, so of one version), and returns
+ * without awaiting any reply; pull_until(end) returns once floats
+ * [0, end) of params are in place, pull_end once all are. They block,
+ * time out, heartbeat and repeat as dp_ps_client_pull does, and return 0,
+ * -1 with err, or 1: a shard restarted or lost the pull after floats of
+ * it had been handed out (a pull_until returned), so what the caller read
+ * of them may be of another version than the rest. The repeated reply has
+ * then been taken whole, every float is in place (one version per shard),
+ * and the caller starts its forward again; 1 comes at most once per
+ * repeat, which the client bounds. pull_end may also return 1 and is
+ * called again after the forward started over. A client with a shard
+ * through shared memory pulls whole at pull_begin (a copy spread over the
+ * forward would let the slot be rewritten under it); pull_until and
+ * pull_end then return 0 at once. A shard that takes no cuts (an older
+ * one) answers whole, which is as good. Between pull_begin and the
+ * pull_end that returns 0 the client takes no other request (a pull
+ * abandons the unfinished one). dp_ps_client_pull is one pull, whole. */
+#define DP_PS_PULL_BUCKET_BYTES (16 * 1024)
+int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err);
+int dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err);
+int dp_ps_client_pull_end(dp_ps_client_t *c, char *err);
+
+/* The last pull's PARAMS messages, over every shard (one a shard when
+ * whole; a repeated reply counts again). */
+uint32_t dp_ps_client_pull_parts(const dp_ps_client_t *c);
+
 /* The versions a push is stamped with, one per shard: those a pull got. A
  * worker that pulls the next weights before it pushes the current gradient
  * keeps the stamp of the pull that gradient was computed on. */

@@ -213,7 +213,8 @@ static int s_shows_restart(const dp_ps_shard_t *s, const Downpour__Envelope *env
 }
 
 /* One message from shard i: validated, then handed to fn if it is the
- * awaited reply. */
+ * awaited reply (which fn may say is not the last: it clears s->done when
+ * more replies to the same request follow, a pull's parts). */
 static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, dp_ps_reply_fn fn, void *arg, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
@@ -310,13 +311,19 @@ static int s_repeat(dp_ps_client_t *c, int i, const dp_ps_plan_t *plan, char *er
     return 0;
 }
 
-/* Collect the replies of every shard with want_req set; a shard that
- * restarted or lost the request is asked again (s_check_alive). */
+/* Collect the replies of every shard with want_req set, or until the
+ * plan has enough; a shard that restarted or lost the request is asked
+ * again (s_check_alive). What came while the caller was away (a wait
+ * resumed) is taken before the liveness rules look at the clock. */
 static int s_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 {
     double t0 = dp_now();
     zmq_pollitem_t items[DP_ZSOCK_MAX_SHARDS];
     int idx[DP_ZSOCK_MAX_SHARDS];
+    for (int i = 0; i < c->n; i++)
+        if (c->sh[i].want_req && !c->sh[i].done && c->sh[i].sock &&
+            s_drain(c, i, plan->on_reply, plan->arg, err) != 0)
+            return -1;
     for (;;) {
         int n = 0;
         for (int i = 0; i < c->n; i++)
@@ -324,7 +331,7 @@ static int s_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
                 items[n] = (zmq_pollitem_t){c->sh[i].sock, 0, ZMQ_POLLIN, 0};
                 idx[n++] = i;
             }
-        if (n == 0) return 0;
+        if (n == 0 || (plan->enough && plan->enough(c, plan->arg))) return 0;
         if (c->stop && *c->stop) return s_interrupted(c, err);
         double now = dp_now();
         for (int k = 0; k < n; k++) {
@@ -360,7 +367,17 @@ static void s_name_silent(const dp_ps_client_t *c, char *err)
     dp_err(err, "start-up: no reply in %.0f s (is downpour-ps running?) from %s", c->timeout_s, list);
 }
 
-int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
+/* The end of a failed exchange: its kind, the silent shards named (a
+ * HELLO), and fresh sockets for the shards that did not answer. */
+static int s_failed(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
+{
+    if (c->code == DP_PS_OK) c->code = DP_PS_ERR_OTHER;
+    if (plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
+    s_reset_unanswered(c);
+    return -1;
+}
+
+int dp_ps_exchange_send(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 {
     uint64_t early[DP_ZSOCK_MAX_SHARDS]; /* this exchange's only: taken and cleared */
     for (int i = 0; i < c->n; i++) {
@@ -390,16 +407,25 @@ int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
         }
         rc = s_send_plan(c, i, plan, err);
     }
+    if (rc != 0) return s_failed(c, plan, err);
     /* ZeroMQ holds the HELLO until a server is up (and redials): a worker
      * may start first. This line tells a test (DP_LOG=debug) it has. */
-    if (rc == 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO)
+    if (plan->type == DOWNPOUR__MSG_TYPE__HELLO)
         dp_log_debug("worker %d: HELLO sent to %d shard(s); waiting up to %.0f s for every WELCOME",
                      c->worker_id, plan->n_shards, c->timeout_s);
-    if (rc == 0) rc = s_wait(c, plan, err);
-    if (rc != 0 && c->code == DP_PS_OK) c->code = DP_PS_ERR_OTHER;
-    if (rc != 0 && plan->type == DOWNPOUR__MSG_TYPE__HELLO) s_name_silent(c, err);
-    if (rc != 0) s_reset_unanswered(c);
-    return rc;
+    return 0;
+}
+
+int dp_ps_exchange_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
+{
+    c->code = DP_PS_OK;
+    return s_wait(c, plan, err) != 0 ? s_failed(c, plan, err) : 0;
+}
+
+int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
+{
+    if (dp_ps_exchange_send(c, plan, err) != 0) return -1;
+    return dp_ps_exchange_wait(c, plan, err);
 }
 
 /* ---- shared memory ----------------------------------------------------- */

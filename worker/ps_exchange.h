@@ -16,7 +16,11 @@
  *
  * A request may go out before its exchange (a push's parts, sent while the
  * backward runs): the plan's "before" sends those ahead of the awaited one,
- * and a shard's early_req names an awaited one that went already.
+ * and a shard's early_req names an awaited one that went already. A reply
+ * may come in parts (a pull's, cut where layers begin) and an exchange may
+ * be waited out in steps (dp_ps_exchange_send, then dp_ps_exchange_wait
+ * until plan->enough): the forward runs on the first layers while the
+ * rest arrives.
  *
  * Invariants: a shard's range [lo, hi) comes from its WELCOME and the ranges
  * tile [0, n_floats); push frames point into the caller's gradient and
@@ -72,6 +76,11 @@ typedef struct {
                              * (a push's last part, from push_part): its id, 0 none; the
                              * exchange awaits it instead of sending it (but after a rejoin) */
     uint64_t part_at[DP_WIRE_MAX_PUSH_PARTS + 1]; /* part_at[0] = hi > ... > part_at[parts] = lo */
+    /* the pull in progress: its reply in pull_cuts + 1 parts (0: whole) */
+    uint32_t pull_cuts;
+    uint64_t pull_cut[DP_WIRE_MAX_PUSH_PARTS - 1]; /* lo < pull_cut[0] < ... < hi (Pull.cuts) */
+    uint32_t pull_part;     /* the part awaited next */
+    uint64_t pull_got;      /* floats [lo, pull_got) are in */
 } dp_ps_shard_t;
 
 struct dp_ps_client {
@@ -99,6 +108,11 @@ struct dp_ps_client {
     const dp_ps_push_t *push; /* push_begin's, until push_end; NULL between pushes */
     int streaming;          /* push_part sends the parts it makes ready */
     size_t ready_lo;        /* the push in progress: floats [ready_lo, n_floats) are final */
+    /* a pull in parts (pull_begin .. pull_end) */
+    float *pull_params;     /* where it lands; NULL: none in progress */
+    size_t pull_handed;     /* floats [0, pull_handed) the caller was told are in */
+    int pull_torn;          /* a shard was asked again after some of its floats were handed */
+    uint32_t pulls_parts;   /* the last pull's PARAMS messages, all shards */
 };
 
 /* Storage one request points into until it is sent. */
@@ -121,7 +135,9 @@ typedef struct {
  * type; the builder sets the body (and payload) it needs. */
 typedef void (*dp_ps_build_fn)(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg);
 
-/* Called for each matched reply; returns 0 or -1 with err (ends the wait). */
+/* Called for each matched reply; returns 0 or -1 with err (ends the wait).
+ * It clears c->sh[i].done when the request's reply is not complete yet
+ * (a pull in parts: more PARAMS follow). */
 typedef int (*dp_ps_reply_fn)(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                               const dp_wire_frame_t *frames, int n_frames, void *arg, char *err);
 
@@ -130,6 +146,10 @@ typedef int (*dp_ps_reply_fn)(dp_ps_client_t *c, int i, const Downpour__Envelope
  * restarted or lost a reply), so all of it goes again. 0 or -1 with err. */
 typedef int (*dp_ps_before_fn)(dp_ps_client_t *c, int i, int again, void *arg, char *err);
 
+/* Has the wait what the caller needs for now (a pull in parts: the floats
+ * the forward reads next)? The other replies are awaited by a later wait. */
+typedef int (*dp_ps_enough_fn)(const dp_ps_client_t *c, void *arg);
+
 /* One exchange: the same request type to shards [0, n_shards). */
 typedef struct {
     int type;             /* DOWNPOUR__MSG_TYPE__* of every request */
@@ -137,7 +157,8 @@ typedef struct {
     dp_ps_before_fn before; /* NULL: the request goes alone */
     dp_ps_build_fn build; /* NULL: the request has no body */
     dp_ps_reply_fn on_reply; /* takes each shard's reply */
-    void *arg;            /* handed to build and on_reply */
+    dp_ps_enough_fn enough; /* NULL: the wait ends with every reply */
+    void *arg;            /* handed to build, on_reply and enough */
 } dp_ps_plan_t;
 
 /* Send the plan's request to each of its shards, then wait for every reply.
@@ -145,6 +166,16 @@ typedef struct {
  * nothing of this exchange is left queued or awaited; c->code says what
  * kind of failure it was. */
 int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err);
+
+/* The same exchange in halves, so the caller can work between them: send
+ * puts every request out, wait takes replies until each is in or
+ * plan->enough says so; wait may be called again (with the same plan, or
+ * one whose enough asks for more) until every reply is in. A failure in
+ * either ends the exchange as dp_ps_exchange's does. A new exchange
+ * abandons one not waited out: its later replies only prove the shards
+ * alive. */
+int dp_ps_exchange_send(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err);
+int dp_ps_exchange_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err);
 
 /* Send rq to shard i (its request id and session set here) without
  * awaiting a reply: a part of a push ahead of the one the exchange awaits.

@@ -29,6 +29,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->timeout_s = 60;
     c->overlap = -1;
     c->stream_push = -1;
+    c->stream_pull = -1;
 }
 
 /* --normalize on both splits: the training set's figures or the given ones. */

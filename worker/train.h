@@ -70,6 +70,8 @@ typedef struct {
     int stream_push;           /* --stream-push: the gradient leaves in parts as the backward
                                 * produces it (plain loop on the CPU only): 1 on, 0 off, -1
                                 * the default (on where it can) */
+    int stream_pull;           /* --stream-pull: the weights arrive in parts as the forward
+                                * needs them (the same cases): 1 on, 0 off, -1 the default */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);

@@ -336,6 +336,93 @@ static void s_hook_case(const char *spec, int c, int hw)
     dp_backend_destroy(&be);
 }
 
+/* The on_params hook (the pull in parts): called before each layer with
+ * parameters with where its floats end, in ascending order, n_floats once
+ * a pass; it delivers the floats as a pull would, and the step equals a
+ * step on the whole vector set before, bit for bit (loss, gradient, a bn's
+ * running statistics). torn_at: the hook delivers a stale snapshot's
+ * floats until that call, then writes the whole vector anew and says 1
+ * (a torn pull), and the forward starts over; the step is still the exact
+ * one. */
+typedef struct {
+    dp_net_t *net;
+    const float *params, *stale;
+    size_t had;           /* floats delivered so far */
+    int calls, in_order, torn_at, finals;
+} s_pull_hook_t;
+
+static int s_pull_hook(void *arg, size_t end)
+{
+    s_pull_hook_t *h = arg;
+    size_t nf = h->net->m->n_floats;
+    h->calls++;
+    if (h->calls == h->torn_at) {
+        memcpy(h->net->d_params, h->params, nf * sizeof(float));
+        h->had = nf;
+        h->stale = h->params; /* from now on the right snapshot */
+        return 1;
+    }
+    h->in_order &= end >= h->had || h->had == nf;
+    if (end > h->had) {
+        memcpy(h->net->d_params + h->had, h->stale + h->had, (end - h->had) * sizeof(float));
+        h->had = end;
+    }
+    h->finals += end == nf;
+    return 0;
+}
+
+static void s_pull_hook_case(const char *spec, int c, int hw, int torn_at)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, c, hw, hw, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net, ref;
+    int B = 4;
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    CHECK_EQ(dp_net_init(&ref, &m, be, B, err), 0);
+    dp_rng_t r;
+    dp_rng_seed(&r, 4);
+    size_t in = (size_t)B * c * hw * hw, nf = m.n_floats;
+    float *params = dp_malloc(nf * sizeof(float)), *stale = dp_malloc(nf * sizeof(float));
+    float *x = dp_malloc(in * sizeof(float));
+    int y[4] = {2, 0, 1, 1};
+    s_random(x, in, &r, 1.0f);
+    dp_model_init_params(&m, params, 8);
+    for (size_t i = 0; i < nf; i++) stale[i] = torn_at ? params[i] * 0.5f + 0.25f : params[i];
+    dp_net_set_params(&ref, params);
+    float want = dp_net_train_step(&ref, x, y, B);
+    for (size_t i = 0; i < nf; i++) net.d_params[i] = NAN; /* a layer run before its floats shows */
+    s_pull_hook_t h = {&net, params, stale, 0, 0, 1, torn_at, 0};
+    net.on_params = s_pull_hook;
+    net.on_params_arg = &h;
+    float got = dp_net_train_step(&net, x, y, B);
+    CHECK(memcmp(&got, &want, sizeof got) == 0);
+    CHECK(memcmp(net.d_grads, ref.d_grads, nf * sizeof(float)) == 0);
+    CHECK(memcmp(net.d_params, ref.d_params, nf * sizeof(float)) == 0);
+    CHECK(h.in_order);
+    CHECK_EQ(h.finals, 1);
+    CHECK(h.calls > 2);
+    int ok = 0, calls = h.calls;
+    dp_net_evaluate(&net, x, y, B, &ok); /* evaluation pulls nothing */
+    CHECK_EQ(h.calls, calls);
+    free(params), free(stale), free(x);
+    dp_net_fini(&net);
+    dp_net_fini(&ref);
+    dp_backend_destroy(&be);
+}
+
+static void test_on_params_hook(void)
+{
+    const char *resnet = "conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
+                         "res:b( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax";
+    s_pull_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 0);
+    s_pull_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 3);
+    s_pull_hook_case(resnet, 3, 8, 0);
+    s_pull_hook_case(resnet, 3, 8, 5); /* after bn layers stepped their statistics */
+}
+
 static void test_on_grads_hook(void)
 {
     s_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8);
@@ -605,4 +692,4 @@ DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
          T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
-         T(test_augment), T(test_on_grads_hook))
+         T(test_augment), T(test_on_grads_hook), T(test_on_params_hook))

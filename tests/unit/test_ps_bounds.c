@@ -7,6 +7,12 @@
  *  - a peer that floods pulls which must be held holds at most
  *    DP_PS_HELD_PER_WORKER, the rest refused, and another worker's pull
  *    still waits and is answered;
+ *  - a pull in parts (Pull.cuts) is answered with one PARAMS per run, in
+ *    order, of one version, each with its own CRC-32 (or in bfloat16),
+ *    whose floats are the whole pull's bit for bit; cuts outside the
+ *    shard's range, not ascending or too many are refused with one line,
+ *    and the shard serves on unchanged; a peer pulling in parts that never
+ *    reads pins one buffer a pull, as whole pulls do;
  *  - a push claiming step 2^62 is refused with the reason, changes nothing,
  *    and the worker's real steps (and the checkpoint's worker_steps) go on;
  *    after a restart the first push may skip --checkpoint-every steps.
@@ -116,15 +122,34 @@ static int s_push(void *sock, const dp_model_t *m, int wid, uint64_t req, uint64
     return s_send(sock, &env, g, n * sizeof(float));
 }
 
-static int s_pull(void *sock, const dp_model_t *m, int wid, uint64_t req, uint64_t min_version)
+/* PULL as worker wid; with n_cuts > 0, in parts cut at cuts (Pull.cuts);
+ * crc: the reply carries CRC-32s; bf16: in bfloat16. */
+typedef struct {
+    size_t n_cuts;
+    uint64_t *cuts;
+    int crc, bf16;
+} pull_ask_t;
+
+static int s_pull_ask(void *sock, const dp_model_t *m, int wid, uint64_t req,
+                      uint64_t min_version, const pull_ask_t *a)
 {
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PULL, req, wid, m->fingerprint);
     Downpour__Pull p = DOWNPOUR__PULL__INIT;
     p.min_version = min_version;
-    p.no_checksum = 1;
+    p.no_checksum = !(a && a->crc);
+    if (a && a->bf16) p.dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    if (a) {
+        p.n_cuts = a->n_cuts;
+        p.cuts = a->cuts;
+    }
     env.pull = &p;
     return s_send(sock, &env, NULL, 0);
+}
+
+static int s_pull(void *sock, const dp_model_t *m, int wid, uint64_t req, uint64_t min_version)
+{
+    return s_pull_ask(sock, m, wid, req, min_version, NULL);
 }
 
 static int s_heartbeat(void *sock, int wid, uint64_t req)
@@ -163,9 +188,12 @@ static void test_unread_params_bounded(void)
     CHECK_EQ(s_hello(bad, &m, 1), DOWNPOUR__MSG_TYPE__WELCOME);
     const int pairs = 64;
     int sent = 0;
+    /* every other pull in parts: one loan of one buffer however many frames */
+    uint64_t cuts[3] = {1000, 100000, 200000};
+    pull_ask_t in_parts = {3, cuts, 0, 0};
     for (int i = 0; i < pairs; i++) {
         if (s_push(bad, &m, 1, 100 + 2 * (uint64_t)i, 0, 0, g, n) != 0 ||
-            s_pull(bad, &m, 1, 101 + 2 * (uint64_t)i, 0) != 0)
+            s_pull_ask(bad, &m, 1, 101 + 2 * (uint64_t)i, 0, i % 2 ? &in_parts : NULL) != 0)
             break;
         sent++;
     }
@@ -214,6 +242,115 @@ static void test_unread_params_bounded(void)
     CHECK_EQ(srv_stop(&s), 0);
     CHECK_EQ(dp_snap_alive(), base);
     free(g), free(p);
+}
+
+/* The PARAMS of one pull (req), in parts or whole, checked as a worker
+ * checks a message (dp_wire_check: shapes, CRC-32s) and gathered into w
+ * (float32, bfloat16 widened); returns how many messages, -1 on anything
+ * out of order: a part not the next, a run not the one between its cuts,
+ * another version than the first part's. */
+static int s_recv_params(void *sock, uint64_t req, const pull_ask_t *a, size_t n, float *w,
+                         uint64_t *version)
+{
+    uint32_t want_parts = (uint32_t)(a ? a->n_cuts : 0) + 1, got = 0;
+    for (;;) {
+        dp_wire_rx_t rx;
+        char err[DP_ERR_LEN];
+        if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
+        Downpour__Envelope *env = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+        dp_wire_frame_t fr[DP_WIRE_MAX_TENSORS];
+        int nf = rx.n_parts - 1;
+        for (int f = 0; f < nf && f < DP_WIRE_MAX_TENSORS; f++) {
+            fr[f].data = zmq_msg_data(&rx.parts[1 + f]);
+            fr[f].len = zmq_msg_size(&rx.parts[1 + f]);
+        }
+        int bad = !env || dp_wire_check(env, fr, nf, err) != 0 || env->type != DOWNPOUR__MSG_TYPE__PARAMS ||
+                  env->request_id != req || nf != 1;
+        if (!bad) {
+            const Downpour__Params *p = env->params;
+            const Downpour__TensorDesc *d = env->tensors[0];
+            uint64_t from = got ? a->cuts[got - 1] : 0, to = got + 1 < want_parts ? a->cuts[got] : n;
+            bad = dp_wire_params_parts(p) != want_parts || p->part != got ||
+                  (got && p->version != *version) || d->offset != from ||
+                  dp_wire_desc_count(d) != to - from ||
+                  (a && a->crc && d->checksum == DOWNPOUR__CHECKSUM__NO_CHECKSUM);
+            if (!bad) {
+                *version = p->version;
+                if (d->dtype == DOWNPOUR__DTYPE__BFLOAT16) dp_wire_from_bf16(w + from, fr[0].data, to - from);
+                else memcpy(w + from, fr[0].data, fr[0].len);
+            }
+        }
+        if (bad) fprintf(stderr, "  PARAMS %u: out of order or malformed (%s)\n", got, env ? "" : err);
+        dp_wire_destroy(&env);
+        dp_wire_rx_fini(&rx);
+        if (bad) return -1;
+        if (++got == want_parts) return (int)got;
+    }
+}
+
+/* A pull in parts against the whole pull of the same version, in float32
+ * with CRC-32s and in bfloat16; then cuts a shard must refuse. */
+static void test_pull_in_parts(void)
+{
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    snprintf(s.cfg.model_spec, sizeof s.cfg.model_spec, "fc:4096 fc:4 softmax");
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, s.cfg.model_spec, 1, 8, 8, err), 0);
+    CHECK_EQ(srv_start(&s), 0);
+    size_t n = m.n_floats;
+    float *whole = dp_malloc(n * sizeof *whole), *parts = dp_malloc(n * sizeof *parts);
+    void *ctx = zmq_ctx_new();
+    void *sock = s_raw_socket(ctx, s.endpoint, 0, 0);
+    CHECK_EQ(s_hello(sock, &m, 0), DOWNPOUR__MSG_TYPE__WELCOME);
+    uint64_t cuts[4] = {1, 4096, 65536, n - 1}, vw = 1, vp = 2;
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        pull_ask_t a_whole = {0, NULL, 1, bf16}, a_parts = {4, cuts, 1, bf16};
+        memset(whole, 0xff, n * sizeof *whole);
+        memset(parts, 0xff, n * sizeof *parts);
+        CHECK_EQ(s_pull_ask(sock, &m, 0, 10 + 2 * (uint64_t)bf16, 0, &a_whole), 0);
+        CHECK_EQ(s_recv_params(sock, 10 + 2 * (uint64_t)bf16, &a_whole, n, whole, &vw), 1);
+        CHECK_EQ(s_pull_ask(sock, &m, 0, 11 + 2 * (uint64_t)bf16, 0, &a_parts), 0);
+        CHECK_EQ(s_recv_params(sock, 11 + 2 * (uint64_t)bf16, &a_parts, n, parts, &vp), 5);
+        CHECK_EQ(vp, vw);
+        CHECK(memcmp(whole, parts, n * sizeof *whole) == 0); /* every float, bit for bit */
+    }
+    /* Cuts a shard refuses: one line each, and it serves on. */
+    struct {
+        size_t n_cuts;
+        uint64_t cuts[DP_WIRE_MAX_PUSH_PARTS];
+        const char *says;
+    } bad[] = {
+        {1, {0}, "bad PULL: cut 0 at 0 is not inside this shard's floats"},
+        {2, {5, n}, "bad PULL: cut 1 at"},
+        {2, {7, 7}, "malformed: PULL cuts not strictly ascending"},
+        {2, {9, 3}, "malformed: PULL cuts not strictly ascending"},
+        {DP_WIRE_MAX_PUSH_PARTS, {0}, "malformed: PULL cut in 64 places"},
+    };
+    for (uint64_t k = 0; k < DP_WIRE_MAX_PUSH_PARTS; k++) bad[4].cuts[k] = 1 + k;
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        pull_ask_t a = {bad[b].n_cuts, bad[b].cuts, 0, 0};
+        reply_t r;
+        CHECK_EQ(s_pull_ask(sock, &m, 0, 100 + b, 0, &a), 0);
+        CHECK_EQ(s_recv(sock, &r, 0), DOWNPOUR__MSG_TYPE__ERROR);
+        CHECK(strstr(r.text, bad[b].says) != NULL);
+        if (b == 0) printf("  a shard asked for a cut at its first float answers: %s\n", r.text);
+        if (!strstr(r.text, bad[b].says)) printf("  case %zu heard: %s\n", b, r.text);
+    }
+    /* nothing moved the model: the same version, a pull in parts still served */
+    pull_ask_t a_whole = {0, NULL, 0, 0}, a_parts = {4, cuts, 0, 0};
+    CHECK_EQ(s_pull_ask(sock, &m, 0, 200, 0, &a_whole), 0);
+    CHECK_EQ(s_recv_params(sock, 200, &a_whole, n, whole, &vw), 1);
+    CHECK_EQ(s_pull_ask(sock, &m, 0, 201, 0, &a_parts), 0);
+    CHECK_EQ(s_recv_params(sock, 201, &a_parts, n, parts, &vp), 5);
+    CHECK_EQ(vp, vw);
+    CHECK_EQ(vw, 0);
+    CHECK(memcmp(whole, parts, n * sizeof *whole) == 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    CHECK_EQ(srv_stop(&s), 0);
+    free(whole), free(parts);
 }
 
 /* Sync, R = 2 of 2: worker 0 pushed on version 0, so pulls for version 1
@@ -438,4 +575,4 @@ static void test_step_bounded(void)
 }
 
 DP_TESTS(T(test_step_check_rules), T(test_step_bounded), T(test_held_pulls_per_worker),
-         T(test_unread_params_bounded))
+         T(test_unread_params_bounded), T(test_pull_in_parts))

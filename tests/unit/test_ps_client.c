@@ -4,8 +4,11 @@
  * exchange can be provoked: every shard asked at once, STATS to shard 0
  * only while waiting for the others, a shard that defers but answers
  * heartbeats, a silent shard (and recovery once it answers again), a late
- * reply to an abandoned request, the stop flag, bad endpoint lists. Every
- * case is bounded in time by short client timeouts. */
+ * reply to an abandoned request, the stop flag, bad endpoint lists; a pull
+ * in parts (the forward reads the first part while the rest is held back,
+ * a shard that lies about its parts' order, runs or versions, one that
+ * restarts after the caller read a part). Every case is bounded in time
+ * by short client timeouts. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -28,23 +31,34 @@
 
 /* ---- a fake shard ------------------------------------------------------ */
 
+typedef struct fake fake_t;
+static int seen(fake_t *f, int type);
+
 /* What the fake does with a PULL. */
 enum { F_ANSWER, F_DEFER /* never answers, answers heartbeats */, F_SILENT /* answers nothing */,
-       F_LATE_FIRST /* a reply with another request id, then the real one */ };
+       F_LATE_FIRST /* a reply with another request id, then the real one */,
+       /* a pull in parts (Pull.cuts), part 0 first; the rest once go is set: */
+       F_PARTS /* as asked */, F_PARTS_SWAP /* parts 1 and 0 swapped */,
+       F_PARTS_MIXED /* part 1 of a newer version */, F_PARTS_SHORT /* part 0 a float short */,
+       F_PARTS_RESTART /* restarted (a new incarnation) before part 1; the repeat as asked */ };
 
-typedef struct {
+struct fake {
     int index, count;         /* shard index of count */
     uint64_t lo, hi, n_floats;
     float *values;            /* [hi - lo], what PARAMS carries */
     atomic_int pull_mode;     /* F_* */
     atomic_int seen[DOWNPOUR__MSG_TYPE__ERROR + 1]; /* requests received, by type */
     atomic_int finished;      /* a BARRIER finished arrived */
+    atomic_int go;            /* F_PARTS*: the parts after the first may go */
+    atomic_ullong incarnation; /* on every reply (0: none) */
     atomic_int stop;
     int started;              /* the thread runs */
     void *ctx, *sock;
     pthread_t th;
     char endpoint[256];
-} fake_t;
+};
+
+static int seen(fake_t *f, int type) { return atomic_load(&f->seen[type]); }
 
 static void fake_send(fake_t *f, zmq_msg_t *id, const Downpour__Envelope *env,
                       const dp_wire_payload_t *pl, int n_pl)
@@ -59,24 +73,77 @@ static void fake_free(void *data, void *hint)
     free(data);
 }
 
-/* PARAMS for request_id, values + add; the copy is ZeroMQ's to free. */
-static void fake_params(fake_t *f, zmq_msg_t *id, uint64_t request_id, float add)
+/* One PARAMS message of request_id: floats [a, b) of values + add, as part
+ * `part` of `parts` (0: whole), of version; the copy is ZeroMQ's to free. */
+typedef struct {
+    uint64_t a, b;
+    uint32_t part, parts;
+    uint64_t version;
+} fake_run_t;
+
+static void fake_params_run(fake_t *f, zmq_msg_t *id, uint64_t request_id, float add,
+                            const fake_run_t *r)
 {
-    size_t cnt = (size_t)(f->hi - f->lo);
+    size_t cnt = (size_t)(r->b - r->a);
     float *v = dp_malloc(cnt * sizeof *v);
-    for (size_t k = 0; k < cnt; k++) v[k] = f->values[k] + add;
+    for (size_t k = 0; k < cnt; k++) v[k] = f->values[r->a - f->lo + k] + add;
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PARAMS, request_id, -1, 0);
+    env.incarnation = atomic_load(&f->incarnation);
     Downpour__Params p = DOWNPOUR__PARAMS__INIT;
+    p.part = r->part;
+    p.parts = r->parts;
+    p.version = r->version;
     env.params = &p;
     Downpour__TensorDesc d;
     Downpour__TensorDesc *dv[1] = {&d};
     int64_t shape[1];
-    dp_wire_desc_fill(&d, shape, "params", v, cnt, f->lo, 0, 0);
+    dp_wire_desc_fill(&d, shape, "params", v, cnt, r->a, 0, 0);
     env.n_tensors = 1;
     env.tensors = dv;
     dp_wire_payload_t pl = {v, cnt * sizeof *v, fake_free, NULL};
     fake_send(f, id, &env, &pl, 1);
+}
+
+/* PARAMS for request_id, whole: values + add. */
+static void fake_params(fake_t *f, zmq_msg_t *id, uint64_t request_id, float add)
+{
+    fake_run_t r = {f->lo, f->hi, 0, 0, 0};
+    fake_params_run(f, id, request_id, add, &r);
+}
+
+/* Wait (at most 5 s) until the case lets the later parts go. */
+static void fake_wait_go(fake_t *f)
+{
+    for (int t = 0; t < 5000 && !atomic_load(&f->go) && !atomic_load(&f->stop); t++) usleep(1000);
+}
+
+/* A pull in parts, the way mode scripts it: values + add (+ 10 from the
+ * second pull on, another snapshot), version 7 (part 1 of F_PARTS_MIXED:
+ * 8). */
+static void fake_params_parts(fake_t *f, zmq_msg_t *id, const Downpour__Envelope *req, int mode)
+{
+    const Downpour__Pull *p = req->pull;
+    uint32_t parts = (uint32_t)p->n_cuts + 1;
+    float add = seen(f, DOWNPOUR__MSG_TYPE__PULL) > 1 ? 10.0f : 0.0f;
+    fake_run_t run[DP_WIRE_MAX_PUSH_PARTS];
+    for (uint32_t k = 0; k < parts; k++)
+        run[k] = (fake_run_t){k ? p->cuts[k - 1] : f->lo, k + 1 < parts ? p->cuts[k] : f->hi, k,
+                              parts, 7};
+    if (add == 0.0f && mode == F_PARTS_SHORT) run[0].b--;
+    if (add == 0.0f && mode == F_PARTS_MIXED && parts > 1) run[1].version = 8;
+    if (add == 0.0f && mode == F_PARTS_SWAP && parts > 1) {
+        fake_run_t t = run[0];
+        run[0] = run[1];
+        run[1] = t;
+    }
+    for (uint32_t k = 0; k < parts; k++) {
+        if (k == 1 && add == 0.0f) {
+            fake_wait_go(f);
+            if (mode == F_PARTS_RESTART) atomic_fetch_add(&f->incarnation, 1);
+        }
+        fake_params_run(f, id, req->request_id, add, &run[k]);
+    }
 }
 
 /* Answer one request the way f is scripted to. */
@@ -86,6 +153,7 @@ static void fake_answer(fake_t *f, zmq_msg_t *id, const Downpour__Envelope *req)
     atomic_fetch_add(&f->seen[type], 1);
     Downpour__Envelope env;
     dp_wire_env_init(&env, type, req->request_id, -1, 0);
+    env.incarnation = atomic_load(&f->incarnation);
     Downpour__Welcome w = DOWNPOUR__WELCOME__INIT;
     Downpour__Ack a = DOWNPOUR__ACK__INIT;
     Downpour__Barrier b = DOWNPOUR__BARRIER__INIT;
@@ -104,6 +172,10 @@ static void fake_answer(fake_t *f, zmq_msg_t *id, const Downpour__Envelope *req)
         break;
     case DOWNPOUR__MSG_TYPE__PULL:
         if (mode == F_DEFER || mode == F_SILENT) return;
+        if (mode >= F_PARTS) {
+            fake_params_parts(f, id, req, mode);
+            return;
+        }
         if (mode == F_LATE_FIRST) fake_params(f, id, req->request_id - 1, 100.0f);
         fake_params(f, id, req->request_id, 0.0f);
         return;
@@ -154,6 +226,7 @@ static void *fake_main(void *arg)
 static int fake_start(fake_t *f, const dp_model_t *m, int index, int count)
 {
     memset(f, 0, sizeof *f);
+    atomic_store(&f->incarnation, 1); /* F_PARTS_RESTART moves it on */
     f->index = index;
     f->count = count;
     f->n_floats = m->n_floats;
@@ -181,7 +254,6 @@ static void fake_stop(fake_t *f)
     free(f->values);
 }
 
-static int seen(fake_t *f, int type) { return atomic_load(&f->seen[type]); }
 
 static dp_model_t s_small;
 static void s_small_model(void)
@@ -201,21 +273,27 @@ static int s_params_ok(const float *p, size_t n, float add)
     return 1;
 }
 
-/* n fake shards of the small model, and a client connected to them. */
-static int s_cluster(fake_t *f, int n, const dp_ps_client_opts_t *o, dp_ps_client_t **c,
-                     dp_ps_info_t *info,
-                     char *err)
+/* n fake shards of model m, and a client connected to them. */
+static int s_cluster_of(fake_t *f, int n, const dp_model_t *m, const dp_ps_client_opts_t *o,
+                        dp_ps_client_t **c, dp_ps_info_t *info, char *err)
 {
-    s_small_model();
     char eps[1024] = "";
     int rc = 0;
     for (int i = 0; i < n; i++) {
-        rc |= fake_start(&f[i], &s_small, i, n);
+        rc |= fake_start(&f[i], m, i, n);
         size_t at = strlen(eps);
         snprintf(eps + at, sizeof eps - at, "%s%s", i ? "," : "", f[i].endpoint);
     }
     if (rc != 0) return dp_err(err, "cannot start the fake shards");
-    return dp_ps_client_new(c, eps, &s_small, 0, o, info, err);
+    return dp_ps_client_new(c, eps, m, 0, o, info, err);
+}
+
+/* n fake shards of the small model, and a client connected to them. */
+static int s_cluster(fake_t *f, int n, const dp_ps_client_opts_t *o, dp_ps_client_t **c,
+                     dp_ps_info_t *info, char *err)
+{
+    s_small_model();
+    return s_cluster_of(f, n, &s_small, o, c, info, err);
 }
 
 static void s_cluster_end(fake_t *f, int n, dp_ps_client_t **c)
@@ -405,5 +483,124 @@ static void test_bad_endpoints(void)
     CHECK(strstr(err, "entry 2 is empty") != NULL);
 }
 
+/* ---- a pull in parts ---------------------------------------------------- */
+
+/* Three layers of 0.27, 4.2 and 0.02 MB: the client cuts each reply where
+ * the second and the third begin (DP_PS_PULL_BUCKET_BYTES). */
+#define PARTS_SPEC "fc:1024 fc:1024 fc:4 softmax"
+
+static void s_parts_model(dp_model_t *m)
+{
+    char err[DP_ERR_LEN];
+    if (dp_model_parse(m, PARTS_SPEC, 1, 8, 8, err) != 0) {
+        fprintf(stderr, "model: %s\n", err);
+        exit(1);
+    }
+}
+
+/* pull_until returns once the first layer's part is in, while the shard
+ * holds the rest back (the forward could run on it); pull_end once all
+ * are, three messages of one version. */
+static void test_pull_in_parts(void)
+{
+    dp_model_t m;
+    s_parts_model(&m);
+    fake_t f;
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(s_cluster_of(&f, 1, &m, TMO(5.0), &c, NULL, err), 0);
+    if (c) {
+        size_t n = m.n_floats, lo, hi;
+        float *p = dp_malloc(n * sizeof *p);
+        for (size_t k = 0; k < n; k++) p[k] = -1.0f;
+        CHECK(dp_model_layer_span(&m, 0, &lo, &hi));
+        atomic_store(&f.pull_mode, F_PARTS);
+        CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), 0);
+        CHECK(s_params_ok(p, hi, 0.0f));
+        CHECK(p[hi] == -1.0f); /* the rest still held by the shard */
+        atomic_store(&f.go, 1);
+        CHECK_EQ(dp_ps_client_pull_end(c, err), 0);
+        CHECK(s_params_ok(p, n, 0.0f));
+        CHECK_EQ(dp_ps_client_pull_parts(c), 3);
+        CHECK_EQ(dp_ps_client_version(c), 7);
+        /* a whole pull asks for no cuts, and gets one message */
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK(s_params_ok(p, n, 10.0f));
+        CHECK_EQ(dp_ps_client_pull_parts(c), 1);
+        free(p);
+    }
+    s_cluster_end(&f, 1, &c);
+}
+
+/* A shard that lies about its parts (their order, a run, the version)
+ * fails the pull with one line naming it; the client pulls on. */
+static void test_pull_parts_lies(void)
+{
+    struct {
+        int mode;
+        const char *says;
+    } lie[] = {
+        {F_PARTS_SWAP, "bad PARAMS: part 1 where part 0 was due"},
+        {F_PARTS_MIXED, "bad PARAMS: part 1 is of version 8, part 0 of 7 (a pull is one version)"},
+        {F_PARTS_SHORT, "bad PARAMS: part 0 of 3 holds floats [0, 66559), not [0, 66560)"},
+    };
+    dp_model_t m;
+    s_parts_model(&m);
+    for (size_t k = 0; k < sizeof lie / sizeof lie[0]; k++) {
+        fake_t f;
+        char err[DP_ERR_LEN] = "";
+        dp_ps_client_t *c = NULL;
+        CHECK_EQ(s_cluster_of(&f, 1, &m, TMO(5.0), &c, NULL, err), 0);
+        if (!c) {
+            s_cluster_end(&f, 1, &c);
+            continue;
+        }
+        float *p = dp_calloc(m.n_floats, sizeof *p);
+        atomic_store(&f.pull_mode, lie[k].mode);
+        atomic_store(&f.go, 1);
+        CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_pull_end(c, err), -1);
+        CHECK(strstr(err, lie[k].says) != NULL);
+        CHECK(strstr(err, f.endpoint) != NULL);
+        fprintf(stderr, "  (expected) %s\n", err);
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0); /* the next pull, whole and honest */
+        CHECK(s_params_ok(p, m.n_floats, 10.0f));
+        free(p);
+        s_cluster_end(&f, 1, &c);
+    }
+}
+
+/* The shard restarts after the caller read the first part: the client
+ * says HELLO again, takes the repeated reply whole, and says so (1): the
+ * forward starts again on weights all of the new snapshot. */
+static void test_pull_parts_torn(void)
+{
+    dp_model_t m;
+    s_parts_model(&m);
+    fake_t f;
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(s_cluster_of(&f, 1, &m, TMO(5.0), &c, NULL, err), 0);
+    if (c) {
+        size_t n = m.n_floats, lo, hi;
+        float *p = dp_calloc(n, sizeof *p);
+        CHECK(dp_model_layer_span(&m, 0, &lo, &hi));
+        atomic_store(&f.pull_mode, F_PARTS_RESTART);
+        CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), 0);
+        CHECK(s_params_ok(p, hi, 0.0f));
+        atomic_store(&f.go, 1);
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), 1);
+        CHECK(s_params_ok(p, n, 10.0f)); /* every float of the repeated reply */
+        CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__HELLO), 2);
+        CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__PULL), 2);
+        CHECK_EQ(dp_ps_client_pull_end(c, err), 0); /* the forward's second pass: all in */
+        free(p);
+    }
+    s_cluster_end(&f, 1, &c);
+}
+
 DP_TESTS(T(test_every_shard_asked), T(test_deferred_then_gives_up), T(test_silent_shard),
-         T(test_late_reply_ignored), T(test_stop_flag), T(test_bad_endpoints))
+         T(test_late_reply_ignored), T(test_stop_flag), T(test_bad_endpoints),
+         T(test_pull_in_parts), T(test_pull_parts_lies), T(test_pull_parts_torn))

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# test_stream_pull: the pull in parts (--stream-pull, on by default for a
+# CPU worker over ZeroMQ frames: each shard's reply cut where a layer
+# begins, the forward waiting for each layer's weights as it reaches the
+# layer) through the real binaries, against the same runs with
+# --stream-pull off (the whole pull):
+#  - async over frames, in bfloat16 frames,
+#    with 2 shards, sync with 2 workers: the final model files are
+#    identical, byte for byte (the same weights reach every layer, so no
+#    staleness is added), the on runs' pulls took more PARAMS messages than
+#    shards at every step (pull_parts), the off runs' one a shard
+#  - through shared memory the pull stays whole (one message a shard)
+#  - --overlap pulls whole, and a worker asked for --stream-pull on with it
+#    says it is ignored
+source "$(dirname "$0")/lib.sh"
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip stream-pull "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+L=$BIN/downpour
+common=(--seed 5 --steps 12 --batch 32 --threads 1 --no-progress)
+
+# parts DIR SHARDS: the steps whose pull took more messages than shards,
+# those that took one a shard, and all steps
+parts() {
+    "$TORCH_PY" - "$1" "$2" <<'PY'
+import glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/metrics/worker-*.jsonl") for l in open(f)
+         if '"status"' in l]
+k = int(sys.argv[2])
+print(sum(l.get("pull_parts", 0) > k for l in lines), sum(l.get("pull_parts", 0) == k for l in lines),
+      len(lines))
+PY
+}
+
+# pair NAME SHARDS FLAGS...: the run with the default (on) and with off;
+# the same bytes
+pair() {
+    local name=$1 shards=$2; shift 2
+    "$L" local "$@" "${common[@]}" --out "$TMP/$name-on" >"$TMP/$name-on.log" 2>&1
+    check "$name: run pulling in parts" test $? = 0
+    "$L" local "$@" "${common[@]}" --stream-pull off --out "$TMP/$name-off" >"$TMP/$name-off.log" 2>&1
+    check "$name: whole-pull run" test $? = 0
+    check "$name: the same model file either way, byte for byte" \
+        cmp -s "$TMP/$name-on/model.safetensors" "$TMP/$name-off/model.safetensors"
+    read -r more one n < <(parts "$TMP/$name-on" "$shards")
+    check "$name: every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+    read -r more one n < <(parts "$TMP/$name-off" "$shards")
+    check "$name: --stream-pull off: every pull whole ($one of $n)" test "$one" = "$n" -a "$n" -gt 0
+}
+
+pair async-zmq 1 --workers 1 --mode async --transport zmq
+check "async-zmq: the worker says it pulls in parts" \
+    grep -q "the pull in parts as the forward needs them" "$TMP/async-zmq-on/logs/worker-0.log"
+pair async-bf16 1 --workers 1 --mode async --transport zmq --wire bf16
+pair async-2shards 2 --workers 1 --mode async --ps-shards 2 --transport zmq
+pair sync 1 --workers 2 --mode sync --transport zmq
+
+"$L" local --workers 1 --mode async --transport shm "${common[@]}" --out "$TMP/shm" >"$TMP/shm.log" 2>&1
+check "shared memory: runs" test $? = 0
+read -r more one n < <(parts "$TMP/shm" 1)
+check "... and pulls whole ($one of $n)" test "$one" = "$n" -a "$n" -gt 0
+"$L" local --workers 1 --mode async --overlap on --stream-pull on "${common[@]}" --out "$TMP/ov" >"$TMP/ov.log" 2>&1
+check "--overlap on with --stream-pull on runs" test $? = 0
+check "... and says the pull in parts is ignored" grep -q "stream-pull on: ignored with --overlap" "$TMP/ov/logs/worker-0.log"
+finish
