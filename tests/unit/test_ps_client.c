@@ -489,13 +489,14 @@ static void test_bad_endpoints(void)
  * the second and the third begin (DP_PS_PULL_BUCKET_BYTES). */
 #define PARTS_SPEC "fc:1024 fc:1024 fc:4 softmax"
 
-static void s_parts_model(dp_model_t *m)
+/* One fake shard of PARTS_SPEC (into m), and a client connected to it. */
+static int s_parts_cluster(dp_model_t *m, fake_t *f, dp_ps_client_t **c, char *err)
 {
-    char err[DP_ERR_LEN];
     if (dp_model_parse(m, PARTS_SPEC, 1, 8, 8, err) != 0) {
         fprintf(stderr, "model: %s\n", err);
         exit(1);
     }
+    return s_cluster_of(f, 1, m, TMO(5.0), c, NULL, err);
 }
 
 /* pull_until returns once the first layer's part is in, while the shard
@@ -504,11 +505,10 @@ static void s_parts_model(dp_model_t *m)
 static void test_pull_in_parts(void)
 {
     dp_model_t m;
-    s_parts_model(&m);
     fake_t f;
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster_of(&f, 1, &m, TMO(5.0), &c, NULL, err), 0);
+    CHECK_EQ(s_parts_cluster(&m, &f, &c, err), 0);
     if (c) {
         size_t n = m.n_floats, lo, hi;
         float *p = dp_malloc(n * sizeof *p);
@@ -545,13 +545,12 @@ static void test_pull_parts_lies(void)
         {F_PARTS_MIXED, "bad PARAMS: part 1 is of version 8, part 0 of 7 (a pull is one version)"},
         {F_PARTS_SHORT, "bad PARAMS: part 0 of 3 holds floats [0, 66559), not [0, 66560)"},
     };
-    dp_model_t m;
-    s_parts_model(&m);
     for (size_t k = 0; k < sizeof lie / sizeof lie[0]; k++) {
+        dp_model_t m;
         fake_t f;
         char err[DP_ERR_LEN] = "";
         dp_ps_client_t *c = NULL;
-        CHECK_EQ(s_cluster_of(&f, 1, &m, TMO(5.0), &c, NULL, err), 0);
+        CHECK_EQ(s_parts_cluster(&m, &f, &c, err), 0);
         if (!c) {
             s_cluster_end(&f, 1, &c);
             continue;
@@ -577,11 +576,10 @@ static void test_pull_parts_lies(void)
 static void test_pull_parts_torn(void)
 {
     dp_model_t m;
-    s_parts_model(&m);
     fake_t f;
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster_of(&f, 1, &m, TMO(5.0), &c, NULL, err), 0);
+    CHECK_EQ(s_parts_cluster(&m, &f, &c, err), 0);
     if (c) {
         size_t n = m.n_floats, lo, hi;
         float *p = dp_calloc(n, sizeof *p);

@@ -556,8 +556,46 @@ static void test_bf16_descriptor(void)
     }
 }
 
+/* A PARAMS reply in parts: its part below its parts, at most
+ * DP_WIRE_MAX_PUSH_PARTS of them (a reader tracks no more). */
+static void test_params_parts(void)
+{
+    struct {
+        uint32_t part, parts;
+        const char *want; /* NULL: valid */
+    } cases[] = {
+        {0, 0, NULL}, {2, 3, NULL}, {63, 64, NULL},
+        {3, 3, "malformed: PARAMS part 3 of 3"},
+        {1, 0, "malformed: PARAMS part 1 of 1"},
+        {0, 65, "malformed: PARAMS in 65 parts (limit 64)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Downpour__Envelope env;
+        dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PARAMS, 1, 0, 0);
+        Downpour__Params p = DOWNPOUR__PARAMS__INIT;
+        p.part = cases[k].part;
+        p.parts = cases[k].parts;
+        env.params = &p;
+        Downpour__TensorDesc d;
+        Downpour__TensorDesc *dv[1] = {&d};
+        int64_t shape[1];
+        dp_wire_desc_fill(&d, shape, "params", s_data, N, 0, 0, 0);
+        env.n_tensors = 1;
+        env.tensors = dv;
+        dp_wire_frame_t fr = {s_data, N * 4};
+        char err[DP_ERR_LEN] = "";
+        int rc = dp_wire_check(&env, &fr, 1, err);
+        CHECK_EQ(rc, cases[k].want ? -1 : 0);
+        if (cases[k].want && !strstr(err, cases[k].want)) {
+            fprintf(stderr, "  part %u of %u: error '%s' lacks '%s'\n", cases[k].part,
+                    cases[k].parts, err, cases[k].want);
+            CHECK(0);
+        }
+    }
+}
+
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
          T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
          T(test_frame_count_and_garbage), T(test_range), T(test_finite),
          T(test_finite_vector), T(test_checksum_kinds), T(test_bf16), T(test_bf16_descriptor),
-         T(test_local_endpoint), T(test_split))
+         T(test_local_endpoint), T(test_split), T(test_params_parts))
