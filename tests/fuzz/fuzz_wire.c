@@ -78,6 +78,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 dp_wire_crc32(frames[i].data, frames[i].len) != d->crc32)
                 s_violation("accepted a bad checksum");
         }
+        if (env->pull) {
+            if (env->pull->n_cuts >= DP_WIRE_MAX_PUSH_PARTS) s_violation("accepted too many PULL cuts");
+            for (size_t c = 1; c < env->pull->n_cuts; c++)
+                if (env->pull->cuts[c] <= env->pull->cuts[c - 1])
+                    s_violation("accepted PULL cuts not strictly ascending");
+        }
+        if (env->params && (dp_wire_params_parts(env->params) > DP_WIRE_MAX_PUSH_PARTS ||
+                            env->params->part >= dp_wire_params_parts(env->params)))
+            s_violation("accepted a PARAMS part outside its parts");
         /* What a receiver does next must be safe on anything check accepted. */
         dp_wire_check_range(env, 0, 1u << 20, err);
         dp_wire_check_range(env, 100, 50, err); /* nonsense range: must not misbehave */
@@ -135,6 +144,11 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
     case 2:
         env.type = DOWNPOUR__MSG_TYPE__PULL;
         pull.min_version = 3;
+        if (which >= 4) { /* a pull in parts */
+            static uint64_t cuts[3] = {10, 200, 4000};
+            pull.n_cuts = 3;
+            pull.cuts = cuts;
+        }
         env.pull = &pull;
         break;
     default:
