@@ -50,9 +50,13 @@ ps() {
     PS_PID=$!
 }
 # worker DIR PORT I: worker I, its log DIR/wI.log (appended), metrics DIR/wI.jsonl.
+# Worker 0 reaches the shard through shared memory, worker 1 over ZeroMQ
+# frames, where it pulls in parts (--stream-pull): a restart then tears
+# pulls in parts too.
 worker() {
     local extra=()
     [ "$3" = 0 ] && extra=(--summary "$1/summary.json")
+    [ "$3" = 1 ] && extra=(--transport zmq)
     bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$2" --task-index "$3" --model "$MODEL" --seed 3 \
         --steps $STEPS --batch 32 --delay-ms 15 --timeout "$TIMEOUT" --threads 1 --no-progress \
         --metrics "$1/w$3.jsonl" "${extra[@]}" >>"$1/w$3.log" 2>&1

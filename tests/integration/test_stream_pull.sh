@@ -12,6 +12,9 @@
 #  - through shared memory the pull stays whole (one message a shard)
 #  - --overlap pulls whole, and a worker asked for --stream-pull on with it
 #    says it is ignored
+#  - over frames a record of a run pulling in parts (2 shards, 2 workers)
+#    replays to the run's model file byte for byte, and CURVE carries the
+#    parts (the same model file as the plain whole pull's)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -64,4 +67,24 @@ check "... and pulls whole ($one of $n)" test "$one" = "$n" -a "$n" -gt 0
 "$L" local --workers 1 --mode async --overlap on --stream-pull on "${common[@]}" --out "$TMP/ov" >"$TMP/ov.log" 2>&1
 check "--overlap on with --stream-pull on runs" test $? = 0
 check "... and says the pull in parts is ignored" grep -q "stream-pull on: ignored with --overlap" "$TMP/ov/logs/worker-0.log"
+
+# Everywhere a run goes, over frames: a record replays bit for bit (2
+# shards, 2 workers), and CURVE carries the parts
+"$L" local --workers 2 --ps-shards 2 --mode async --transport zmq "${common[@]}" \
+    --record "$TMP/rec.rec" --out "$TMP/rec" >"$TMP/rec.log" 2>&1
+check "record: runs" test $? = 0
+read -r more one n < <(parts "$TMP/rec" 2)
+check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+"$L" replay "$TMP/rec.rec" --out "$TMP/rep" --json >"$TMP/rep.out" 2>"$TMP/rep.err"
+check "... its replay runs" test $? = 0
+check "... and gives the run's model file, byte for byte" \
+    cmp -s "$TMP/rec/model.safetensors" "$TMP/rep/model.safetensors"
+"$L" local --workers 1 --mode sync --transport zmq --stream-pull off "${common[@]}" --out "$TMP/sync1-off" >"$TMP/sync1-off.log" 2>&1
+check "sync, 1 worker, whole pull, no CURVE: runs" test $? = 0
+"$L" local --workers 1 --mode sync --secure --transport zmq "${common[@]}" --out "$TMP/sec" >"$TMP/sec.log" 2>&1
+check "CURVE: runs" test $? = 0
+read -r more one n < <(parts "$TMP/sec" 1)
+check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+check "... the same model file as without CURVE, byte for byte" \
+    cmp -s "$TMP/sec/model.safetensors" "$TMP/sync1-off/model.safetensors"
 finish
