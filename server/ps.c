@@ -752,6 +752,13 @@ static void s_early_part(s_ps_t *ps, int wid, const Downpour__Envelope *env)
         s_early_try(ps, wid);
 }
 
+/* The early step of wid's push of this step, if one is in progress, given
+ * up (the push was rejected, or stepped otherwise). */
+static void s_early_give_up(s_ps_t *ps, int wid, uint64_t step)
+{
+    if (dp_shard_early_of(&ps->shard, wid, step)) dp_shard_early_drop(&ps->shard);
+}
+
 /* A push (or part) of a newer step of wid: the worker gave up the push
  * its early step was for, which can then never commit; dropped, so that
  * it does not hold off the next early step until the shard steps. */
@@ -780,7 +787,7 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     dp_push_outcome_t o;
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
     /* this push's early step, not committed (a threshold skip): given up */
-    if (dp_shard_early_of(&ps->shard, wid, env->push->step)) dp_shard_early_drop(&ps->shard);
+    s_early_give_up(ps, wid, env->push->step);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
                    ps->shard.version, &ps->members);
     /* before a due checkpoint, so the file holds the step with its update */
@@ -812,11 +819,8 @@ static void s_on_push_part(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *
     int first = ps->parts.w[wid].rejected_step != env->push->step; /* counted once a push */
     const float *shm = env->shm ? dp_ps_shm_grad_floats(ps->shm, wid) : NULL;
     dp_parts_result_t res = dp_shard_parts_add(&ps->parts, wid, env, frames, n_frames, shm, &g, msg);
-    if (res == DP_PARTS_REJECTED) {
-        if (dp_shard_early_of(&ps->shard, wid, env->push->step)) dp_shard_early_drop(&ps->shard);
-    } else {
-        s_early_part(ps, wid, env);
-    }
+    if (res == DP_PARTS_REJECTED) s_early_give_up(ps, wid, env->push->step);
+    else s_early_part(ps, wid, env);
     switch (res) {
     case DP_PARTS_RECEIVED: {
         dp_push_outcome_t o = {.status = DP_PUSH_RECEIVED};

@@ -1,7 +1,9 @@
 /* ps_client: the worker's side of the wire — one DEALER per parameter-server
- * shard, pull (parameters from every shard, in parallel) and push (each
- * shard's gradient slice, stamped with the version it was computed on), and
- * the end of a run (finish, wait for the others, stats, shutdown).
+ * shard, pull (parameters from every shard, in parallel; whole, or in parts
+ * as the forward needs them) and push (each shard's gradient slice, stamped
+ * with the version it was computed on; whole, or in parts as the backward
+ * makes them), and the end of a run (finish, wait for the others, stats,
+ * shutdown).
  *
  * Every call sends its request to all the shards it concerns before waiting
  * for any reply. Invariants: every call is bounded in time. A shard that
