@@ -155,9 +155,9 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
                           env->push->part, k);
     }
     if (env->pull) {
-        if (env->pull->n_cuts >= DP_WIRE_MAX_PUSH_PARTS)
+        if (env->pull->n_cuts >= DP_WIRE_MAX_PULL_PARTS)
             return dp_err(err, "malformed: PULL cut in %zu places (at most %d parts)",
-                          env->pull->n_cuts, DP_WIRE_MAX_PUSH_PARTS);
+                          env->pull->n_cuts, DP_WIRE_MAX_PULL_PARTS);
         for (size_t k = 1; k < env->pull->n_cuts; k++)
             if (env->pull->cuts[k] <= env->pull->cuts[k - 1])
                 return dp_err(err, "malformed: PULL cuts not strictly ascending (cut %zu: %llu after %llu)",
@@ -166,8 +166,8 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
     }
     if (env->params) {
         uint32_t k = dp_wire_params_parts(env->params);
-        if (k > DP_WIRE_MAX_PUSH_PARTS)
-            return dp_err(err, "malformed: PARAMS in %u parts (limit %d)", k, DP_WIRE_MAX_PUSH_PARTS);
+        if (k > DP_WIRE_MAX_PULL_PARTS)
+            return dp_err(err, "malformed: PARAMS in %u parts (limit %d)", k, DP_WIRE_MAX_PULL_PARTS);
         if (env->params->part >= k)
             return dp_err(err, "malformed: PARAMS part %u of %u (parts count from 0)",
                           env->params->part, k);

@@ -20,7 +20,7 @@
  * ipc, CURVE); offset + count does not overflow; a PUSH's part is below
  * its parts (0 read as 1), which are at most DP_WIRE_MAX_PUSH_PARTS, and a
  * push of more than one part is dense (not compressed); a PULL's cuts are
- * strictly ascending and fewer than DP_WIRE_MAX_PUSH_PARTS, a PARAMS's part
+ * strictly ascending and fewer than DP_WIRE_MAX_PULL_PARTS, a PARAMS's part
  * below its parts (0 read as 1, at most as many). A message with env->shm
  * has no tensor frames at all: its descriptors name bytes in shared memory
  * (proto/shm.h), which the receiver bounds-checks against its segment. Nothing here asserts on network input: every failure is a
@@ -45,8 +45,14 @@
  * its gradient in parts of at least a bucket (worker/ps_client.h), one per
  * layer or run of small layers, so a few tens even for a deep model; the
  * bound caps what a shard tracks per worker (server/shard_parts.h). A pull
- * in parts (Pull.cuts, Params.parts) has the same bound. */
+ * in parts (Pull.cuts, Params.parts) has a bound of its own. */
 #define DP_WIRE_MAX_PUSH_PARTS 64
+/* Parts (Params.parts) one PARAMS reply may come in (a pull in parts:
+ * Pull.cuts, at most one fewer). A shard queues a reply's parts at once,
+ * so they must fit well inside the replies its ROUTER queues per peer
+ * (server/ps.c's S_SNDHWM, 16, past which ZeroMQ drops them); the first
+ * layers are what the forward needs early, so a few parts are enough. */
+#define DP_WIRE_MAX_PULL_PARTS 8
 
 /* Consistency policy of the parameter server. */
 typedef enum { DP_MODE_SYNC = 1, DP_MODE_ASYNC = 2, DP_MODE_SSP = 3 } dp_mode_t;

@@ -102,8 +102,10 @@ typedef struct {
     int how;               /* S_PARAMS_* */
     int bf16;              /* bfloat16 frames (Pull.dtype) */
     uint32_t n_cuts;       /* a reply in n_cuts + 1 parts (Pull.cuts; 0: whole) */
-    uint64_t cuts[DP_WIRE_MAX_PUSH_PARTS - 1];
+    uint64_t cuts[DP_WIRE_MAX_PULL_PARTS - 1];
 } s_params_ask_t;
+_Static_assert(DP_WIRE_MAX_PULL_PARTS <= S_SNDHWM / 2,
+               "a reply in parts fits the per-peer send queue with room for other replies");
 
 typedef struct {
     zmq_msg_t identity;    /* ROUTER identity to answer */

@@ -45,11 +45,12 @@ typedef struct {
     size_t until;                /* ... and a wait ends once floats [0, until) are in */
 } s_pull_dest_t;
 
-/* Bucket of a pull in parts: a cut where a layer begins once at least a
- * bucket lies below it in the shard's slice. Small, since the forward
- * needs the first layers first: the default model's convolutions (200 KB)
- * come in one part and its fc1 (6.4 MB) in the next, so the convolutions'
- * forward runs while fc1 travels. */
+/* The first bucket of a pull in parts: a cut where a layer begins once at
+ * least a bucket lies below it in the shard's slice, the bucket doubling
+ * after each cut. Small at first, since the forward needs the first
+ * layers first and the later parts travel under it: the default model's
+ * convolutions (200 KB) come in one part and its fc1 (6.4 MB) in the
+ * next; a ResNet's 1 MB in parts of 16, 32, 64 ... KiB. */
 #define S_PULL_BUCKET_FLOATS (DP_PS_PULL_BUCKET_BYTES / sizeof(float))
 
 /* Shard i's cuts (Pull.cuts), walking the layers in forward order; none
@@ -59,11 +60,14 @@ static void s_plan_cuts(dp_ps_client_t *c, int i, int cut)
 {
     dp_ps_shard_t *s = &c->sh[i];
     s->pull_cuts = 0;
-    uint64_t from = s->lo;
-    for (int l = 0; cut && l < c->m->n_layers && s->pull_cuts + 1 < DP_WIRE_MAX_PUSH_PARTS; l++) {
+    uint64_t from = s->lo, bucket = S_PULL_BUCKET_FLOATS;
+    for (int l = 0; cut && l < c->m->n_layers && s->pull_cuts + 1 < DP_WIRE_MAX_PULL_PARTS; l++) {
         size_t a, b;
         if (!dp_model_layer_span(c->m, l, &a, &b) || a <= from || a >= s->hi) continue;
-        if (a - from >= S_PULL_BUCKET_FLOATS) s->pull_cut[s->pull_cuts++] = from = a;
+        if (a - from >= bucket) {
+            s->pull_cut[s->pull_cuts++] = from = a;
+            bucket *= 2;
+        }
     }
 }
 

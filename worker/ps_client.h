@@ -195,7 +195,8 @@ int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg
  * (worker/net.h's on_params hook), on the caller's thread, no thread of
  * its own. pull_begin asks every shard for its floats into params, each
  * reply cut where a layer begins once DP_PS_PULL_BUCKET_BYTES of the
- * shard's slice lie below the cut (the first layers first; every part of
+ * shard's slice lie below the cut, twice that below the next, and so on,
+ * at most DP_WIRE_MAX_PULL_PARTS parts (the first layers first; every part of
  * a shard's reply from one snapshot, so of one version), and returns
  * without awaiting any reply; pull_until(end) returns once floats
  * [0, end) of params are in place, pull_end once all are. They block,

@@ -78,7 +78,7 @@ typedef struct {
     uint64_t part_at[DP_WIRE_MAX_PUSH_PARTS + 1]; /* part_at[0] = hi > ... > part_at[parts] = lo */
     /* the pull in progress: its reply in pull_cuts + 1 parts (0: whole) */
     uint32_t pull_cuts;
-    uint64_t pull_cut[DP_WIRE_MAX_PUSH_PARTS - 1]; /* lo < pull_cut[0] < ... < hi (Pull.cuts) */
+    uint64_t pull_cut[DP_WIRE_MAX_PULL_PARTS - 1]; /* lo < pull_cut[0] < ... < hi (Pull.cuts) */
     uint32_t pull_part;     /* the part awaited next */
     uint64_t pull_got;      /* floats [lo, pull_got) are in */
 } dp_ps_shard_t;

@@ -79,12 +79,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 s_violation("accepted a bad checksum");
         }
         if (env->pull) {
-            if (env->pull->n_cuts >= DP_WIRE_MAX_PUSH_PARTS) s_violation("accepted too many PULL cuts");
+            if (env->pull->n_cuts >= DP_WIRE_MAX_PULL_PARTS) s_violation("accepted too many PULL cuts");
             for (size_t c = 1; c < env->pull->n_cuts; c++)
                 if (env->pull->cuts[c] <= env->pull->cuts[c - 1])
                     s_violation("accepted PULL cuts not strictly ascending");
         }
-        if (env->params && (dp_wire_params_parts(env->params) > DP_WIRE_MAX_PUSH_PARTS ||
+        if (env->params && (dp_wire_params_parts(env->params) > DP_WIRE_MAX_PULL_PARTS ||
                             env->params->part >= dp_wire_params_parts(env->params)))
             s_violation("accepted a PARAMS part outside its parts");
         /* What a receiver does next must be safe on anything check accepted. */

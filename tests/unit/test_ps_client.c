@@ -126,7 +126,7 @@ static void fake_params_parts(fake_t *f, zmq_msg_t *id, const Downpour__Envelope
     const Downpour__Pull *p = req->pull;
     uint32_t parts = (uint32_t)p->n_cuts + 1;
     float add = seen(f, DOWNPOUR__MSG_TYPE__PULL) > 1 ? 10.0f : 0.0f;
-    fake_run_t run[DP_WIRE_MAX_PUSH_PARTS];
+    fake_run_t run[DP_WIRE_MAX_PULL_PARTS];
     for (uint32_t k = 0; k < parts; k++)
         run[k] = (fake_run_t){k ? p->cuts[k - 1] : f->lo, k + 1 < parts ? p->cuts[k] : f->hi, k,
                               parts, 7};

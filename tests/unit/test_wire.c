@@ -557,17 +557,17 @@ static void test_bf16_descriptor(void)
 }
 
 /* A PARAMS reply in parts: its part below its parts, at most
- * DP_WIRE_MAX_PUSH_PARTS of them (a reader tracks no more). */
+ * DP_WIRE_MAX_PULL_PARTS of them (a shard queues them at once). */
 static void test_params_parts(void)
 {
     struct {
         uint32_t part, parts;
         const char *want; /* NULL: valid */
     } cases[] = {
-        {0, 0, NULL}, {2, 3, NULL}, {63, 64, NULL},
+        {0, 0, NULL}, {2, 3, NULL}, {7, 8, NULL},
         {3, 3, "malformed: PARAMS part 3 of 3"},
         {1, 0, "malformed: PARAMS part 1 of 1"},
-        {0, 65, "malformed: PARAMS in 65 parts (limit 64)"},
+        {0, 9, "malformed: PARAMS in 9 parts (limit 8)"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         Downpour__Envelope env;
