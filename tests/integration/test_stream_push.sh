@@ -17,6 +17,11 @@
 #    take every core (--early-step off to the shards; a user's flag wins):
 #    no step early (sync), the same model file as with it on
 # (The pairs give --early-step on, so they hold whatever the core count.)
+# Under SANITIZE=1 this script is skipped: every sanitized `downpour local`
+# run of the other tests pushes in parts (the CPU default), and
+# test_ps_parts runs the shard's checks of the parts and the early step
+# sanitized.
+# dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
