@@ -13,13 +13,14 @@ int dp_backend_new(dp_backend_t **out, const char *device, char *err)
 {
     *out = NULL;
     if (strcmp(device, "cpu") == 0) return dp_backend_cpu_new(out, err);
+    if (strcmp(device, "cpu:staged") == 0) return dp_backend_cpu_staged_new(out, err);
     if (strncmp(device, "cuda", 4) == 0) {
         long k = 0;
         if (device[4] == ':') {
             if (dp_opts_parse_long("--device", device + 5, 0, 1024, &k, NULL) != 0)
                 return dp_err(err, "--device %s: expected cuda:K with K a device number", device);
         } else if (device[4]) {
-            return dp_err(err, "--device %s: expected cpu or cuda:K", device);
+            return dp_err(err, "--device %s: expected cpu, cpu:staged or cuda:K", device);
         }
 #ifdef DP_HAVE_CUDA
         return dp_backend_cuda_new(out, (int)k, err);
@@ -28,7 +29,7 @@ int dp_backend_new(dp_backend_t **out, const char *device, char *err)
         return dp_err(err, "--device %s: this build has no CUDA backend (rebuild with nvcc and cuDNN installed, without CUDA=0)", device);
 #endif
     }
-    return dp_err(err, "--device %s: unknown device (expected cpu or cuda:K)", device);
+    return dp_err(err, "--device %s: unknown device (expected cpu, cpu:staged or cuda:K)", device);
 }
 
 void dp_conv_dims_of(dp_conv_dims_t *d, const dp_layer_t *l, int B)

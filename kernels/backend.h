@@ -7,7 +7,8 @@
  * compute stream); download() synchronises. Beside the compute stream, two
  * copy paths let transfers overlap compute: stage_upload (the next batch,
  * from the prefetch thread) and download_async / download_wait (gradients
- * to the push buffer while the backward pass goes on). Layer ops take the layer
+ * to the push buffer while the backward pass goes on); upload_async queues
+ * weights in order with the ops (a pull in parts, layer by layer). Layer ops take the layer
  * (its shapes are fixed by the model) and the batch B <= the max_batch given
  * to prepare(), so a backend may plan per layer once (cuDNN descriptors,
  * algorithms, workspace) and allocate nothing in the training loop. */
@@ -48,6 +49,16 @@ typedef struct {
      * ops overlap the copy. dst is complete after download_wait(). */
     void (*download_async)(dp_backend_t *be, void *dst, const void *d_src, size_t bytes);
     void (*download_wait)(dp_backend_t *be);
+    /* Wait for the first n copies download_async queued since the last
+     * download_wait, and no more: the host hands each layer's gradient on
+     * (a push in parts) while the later copies and the backward run on. */
+    void (*download_wait_first)(dp_backend_t *be, unsigned n);
+    /* Queue a copy of host src (from host_alloc) to d_dst on the compute
+     * stream, after every op queued so far and before every op queued
+     * after; returns at once. src must keep its bytes until the stream has
+     * drained (download, synchronize): the weights of a pull in parts go up
+     * layer by layer while the forward runs on those already there. */
+    void (*upload_async)(dp_backend_t *be, void *d_dst, const void *src, size_t bytes);
 
     void (*conv_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                          const float *d_in, const float *d_w, const float *d_b);
@@ -137,14 +148,20 @@ void dp_shortcut_dims_of(dp_shortcut_dims_t *d, const dp_layer_t *l, int B);
  * a backend supports only when it fills the ops above. */
 int dp_layer_is_resnet_kind(const dp_layer_t *l);
 
-/* "cpu" or "cuda:K" (K counts the devices CUDA_VISIBLE_DEVICES leaves).
+/* "cpu", "cpu:staged" or "cuda:K" (K counts the devices
+ * CUDA_VISIBLE_DEVICES leaves). "cpu:staged" is the CPU's kernels behind a
+ * device's memory model (host_memory 0: every transfer goes through the
+ * copy ops, download_async's copies deferred to their wait), so the
+ * device paths of the executor and the worker run, and are tested, on a
+ * machine without one; its results are the plain cpu's, bit for bit.
  * Fails with one line when CUDA was not built in or the device is absent. */
 int dp_backend_new(dp_backend_t **out, const char *device, char *err);
 /* Frees everything the backend holds; sets *be_p to NULL; safe twice. */
 void dp_backend_destroy(dp_backend_t **be_p);
 
-/* The two factories behind dp_backend_new, same shape: 0, or -1 with err. */
+/* The factories behind dp_backend_new, same shape: 0, or -1 with err. */
 int dp_backend_cpu_new(dp_backend_t **out, char *err);
+int dp_backend_cpu_staged_new(dp_backend_t **out, char *err); /* "cpu:staged" */
 /* Defined in kernels/cuda when built with CUDA. */
 int dp_backend_cuda_new(dp_backend_t **out, int device, char *err);
 

@@ -77,7 +77,9 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
         DP_FLAG_STR("normalize", "train|M,../S,..", &c->normalize, P,
                     "per-channel (x - mean) / std: the training set's figures, or\n"
                     "these (e.g. 0.4914,0.4822,0.4465/0.2470,0.2435,0.2616)"),
-        DP_FLAG_STR("device", "DEV", &c->device, P, "cpu (default) or cuda:K"),
+        DP_FLAG_STR("device", "DEV", &c->device, P,
+                    "cpu (default), cuda:K, or cpu:staged (the CPU through a\n"
+                    "device's copies: for testing the device paths)"),
         DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 1024, P,
                     "CPU kernel threads (default: all cores)"),
         DP_FLAG_TITLE("training:"),
@@ -144,16 +146,17 @@ void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a)
                        "push each layer's gradient as soon as the backward pass has\n"
                        "made it (in parts of at least 256 KiB), so the push travels\n"
                        "under the rest of the backward; the servers apply the step\n"
-                       "once all its parts are in and checked (default on; CPU\n"
-                       "workers without --overlap or --local-steps only: a GPU\n"
-                       "worker pushes whole)"),
+                       "once all its parts are in and checked (default on for a\n"
+                       "CPU worker, off for a GPU's, whose parts are its per-layer\n"
+                       "copies; not with --overlap or --local-steps)"),
         DP_FLAG_CHOICE("stream-pull", "off|on", &c->stream_pull, P,
                        "pull each layer's weights in the order the forward needs them\n"
                        "(each shard's reply cut where a layer begins), so the forward\n"
                        "starts on the first layers while the later ones travel; the\n"
-                       "weights are the same snapshot as a whole pull's (default on;\n"
-                       "the CPU workers of the plain loop over ZeroMQ frames only:\n"
-                       "shared memory is read whole)"),
+                       "weights are the same snapshot as a whole pull's (default on\n"
+                       "for a CPU worker, off for a GPU's, which uploads each layer\n"
+                       "as it comes; not with --overlap or --local-steps; over\n"
+                       "ZeroMQ frames only: shared memory is read whole)"),
         DP_FLAG_NUM("timeout", DP_OPTS_DOUBLE, "S", &c->timeout_s, 0.1, 1e6, P,
                     "seconds to wait for a server reply (default 60)"),
         DP_FLAG_STR("curve-secret", "FILE", &c->curve_secret, 0,

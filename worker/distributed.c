@@ -256,24 +256,28 @@ static int s_params_needed(void *arg, size_t end)
 }
 
 /* Pull, compute, push, in turn; with L->stream the push starts before the
- * backward and its parts leave as it makes them (the CPU's gradient is the
- * net's own, host memory, so the push's buffer is known before); with
+ * backward and its parts leave as it makes them (from the CPU's own
+ * gradient, host memory; a device's lands in the pinned h_grads layer by
+ * layer, so either way the push's buffer is known before); with
  * L->stream_pull the pull is only begun before the forward, which waits
- * for each layer's weights as it reaches the layer. */
+ * for each layer's weights as it reaches the layer (a device's into the
+ * pinned h_params, each layer's sent up as it comes). */
 static int s_loop_plain(s_loop_t *L, char *err)
 {
     dp_session_t *s = L->s;
+    int host = s->be->host_memory;
+    s->net.h_pull = host ? NULL : s->h_params;
     dp_batch_t batch;
     long step;
     while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
         if (L->stop && *L->stop) return dp_err(err, "interrupted at step %ld", step);
-        dp_ps_push_t push = {.grads = s->net.d_grads, .batch = s->conf.batch,
-                             .step = (uint64_t)step + 1};
+        dp_ps_push_t push = {.grads = host ? s->net.d_grads : s->h_grads,
+                             .batch = s->conf.batch, .step = (uint64_t)step + 1};
         L->push = &push;
         L->pull_wait_s = 0;
         L->step_failed = 0;
         double t0 = dp_now();
-        if ((L->stream_pull ? dp_ps_client_pull_begin(L->ps, s->net.d_params, err)
+        if ((L->stream_pull ? dp_ps_client_pull_begin(L->ps, host ? s->net.d_params : s->h_params, err)
                             : s_pull_into_net(s, L->ps, err)) != 0)
             return -1;
         double t1 = dp_now();
@@ -489,18 +493,18 @@ static int s_overlap(int flag, dp_mode_t mode, const char *device)
     return mode == DP_MODE_ASYNC && device && strncmp(device, "cuda", 4) == 0;
 }
 
-/* --stream-push as given (on by default) where the plain loop runs on a
- * backend whose backward is done layer by layer on the host (the CPU): the
- * overlapped loop pushes from a thread, local steps push a pseudo-gradient
- * made after the round, and a device's gradient reaches the host whole
- * (the GPU path keeps the whole push). */
+/* --stream-push / --stream-pull where the plain loop runs: the overlapped
+ * loop moves the tensors from a thread, and local steps push a
+ * pseudo-gradient made after the round and pull once a round. On by
+ * default on the CPU (measured: BENCHMARKS.md); on a device only when
+ * asked for, until the GPU rows measure it (a device's per-layer copies
+ * are the parts: worker/net.h). */
 static int s_stream(const char *name, int flag, int overlap, long local_steps,
                     const dp_backend_t *be)
 {
-    const char *why = overlap ? "--overlap" : local_steps > 1 ? "--local-steps"
-                      : !be->host_memory ? "a device worker" : NULL;
+    const char *why = overlap ? "--overlap" : local_steps > 1 ? "--local-steps" : NULL;
     if (flag == 1 && why) dp_log_info("%s on: ignored with %s (it moves the tensors whole)", name, why);
-    return flag != 0 && !why;
+    return !why && (flag == 1 || (flag < 0 && be->host_memory));
 }
 
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)

@@ -151,7 +151,7 @@ void dp_net_optim_step(dp_net_t *net, const dp_optim_conf_t *c, float lr, float 
         dp_model_copy_state(m, 0, 0, m->n_floats, net->d_params, net->d_grads);
         return;
     }
-    for (int i = 0; i < m->n_params; i++) /* no backend without host memory runs bn yet */
+    for (int i = 0; i < m->n_params; i++) /* on the device, one run of state at a time */
         if (!m->params[i].trainable)
             be->ops->copy(be, net->d_params + m->params[i].offset,
                           net->d_grads + m->params[i].offset, m->params[i].count * sizeof(float));
@@ -180,12 +180,18 @@ static void s_bn_state_to_grads(dp_net_t *net, const dp_layer_t *l)
 }
 
 /* The caller's hook before the forward reads floats [0, end) of the
- * parameters (a training step on the host): 1 when the forward must start
- * again. */
-static int s_params_needed(dp_net_t *net, size_t end, int train)
+ * parameters (a training step): 1 when the forward must start again. On a
+ * device the floats the hook added since *up go up behind the ops queued. */
+static int s_params_needed(dp_net_t *net, size_t end, int train, size_t *up)
 {
-    if (!train || !net->on_params || !net->be->host_memory) return 0;
-    return net->on_params(net->on_params_arg, end) == 1;
+    dp_backend_t *be = net->be;
+    if (!train || !net->on_params || (!be->host_memory && !net->h_pull)) return 0;
+    if (net->on_params(net->on_params_arg, end) == 1) return 1;
+    if (!be->host_memory && end > *up) {
+        be->ops->upload_async(be, net->d_params + *up, net->h_pull + *up, (end - *up) * sizeof(float));
+        *up = end;
+    }
+    return 0;
 }
 
 /* Queue every layer forward on the batch d_x, d_y; the mean loss goes to
@@ -196,11 +202,12 @@ static int s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
-    size_t asked = 0; /* the end the hook was last called with */
+    size_t asked = 0, up = 0; /* the end the hook was last called with; uploaded */
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
         size_t lo, hi;
-        if (dp_model_layer_span(m, i, &lo, &hi) && s_params_needed(net, asked = hi, train)) return 0;
+        if (dp_model_layer_span(m, i, &lo, &hi) && s_params_needed(net, asked = hi, train, &up))
+            return 0;
         const float *in = s_act(net, d_x, l->in0);
         float *out = net->d_act[i + 1];
         float *P = net->d_params;
@@ -234,7 +241,7 @@ static int s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int
         }
         if (net->t_layer) net->t_layer[i] += dp_now() - t0;
     }
-    return asked == m->n_floats || !s_params_needed(net, m->n_floats, train);
+    return asked == m->n_floats || !s_params_needed(net, m->n_floats, train, &up);
 }
 
 /* The forward, started again as long as the hook says so (a torn pull:
@@ -281,6 +288,22 @@ static void s_grads_ready(dp_net_t *net, int i)
     size_t lo, hi;
     if (net->on_grads && net->be->host_memory && dp_model_layer_span(net->m, i, &lo, &hi))
         net->on_grads(net->on_grads_arg, lo, hi - lo);
+}
+
+/* A device's backward is queued whole; then the host takes the layers'
+ * copies to h_grads in the order they were queued (the last layer first)
+ * and hands each to the hook as soon as it is complete, while the device
+ * still runs the layers below. */
+static void s_copies_ready(dp_net_t *net)
+{
+    const dp_model_t *m = net->m;
+    unsigned k = 0;
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        size_t lo, hi;
+        if (!dp_model_layer_span(m, i, &lo, &hi)) continue;
+        net->be->ops->download_wait_first(net->be, ++k);
+        net->on_grads(net->on_grads_arg, lo, hi - lo);
+    }
 }
 
 /* The backward of layer i: its boundaries' gradients get their buffers
@@ -352,6 +375,7 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
         if (h_grads) s_copy_layer_grads(net, i, h_grads);
         s_grads_ready(net, i);
     }
+    if (h_grads && net->on_grads && !be->host_memory) s_copies_ready(net);
     float loss = 0;
     be->ops->download(be, &loss, net->d_loss, sizeof loss); /* waits for the whole step */
     if (h_grads) be->ops->download_wait(be);

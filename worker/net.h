@@ -59,9 +59,11 @@ typedef struct {
      * parameter gradients, floats [off, off + n) of d_grads (one run: the
      * parameters lie in model order), are written and final. The backward
      * runs from the last layer to the first, so the floats handed over grow
-     * downward from the end of the vector. Only on a backend whose ops are
-     * done when they return (host memory: the CPU); a device's backward
-     * never calls it (its gradient reaches the host as h_grads, whole). */
+     * downward from the end of the vector. On a backend whose memory is
+     * not the host's, the floats are those of the step's h_grads instead,
+     * called once each layer's copy there is complete: the whole backward
+     * is queued first, then the host waits for the copies in turn while
+     * the device runs on (without h_grads the hook is not called). */
     void (*on_grads)(void *arg, size_t off, size_t n);
     void *on_grads_arg;
     /* Set by a caller that pulls the weights as the forward needs them
@@ -73,10 +75,14 @@ typedef struct {
      * place, or 1 when the floats the forward read so far were replaced (a
      * pull torn by a shard's restart), and the forward starts again from
      * the first layer. The parameters lie in model order, so what the hook
-     * waits for grows upward from the start of the vector. Only on a
-     * backend whose memory is the host's (the CPU). */
+     * waits for grows upward from the start of the vector. On a backend
+     * whose memory is not the host's, the hook fills h_pull instead, and
+     * each run it returns is queued for d_params on the compute stream
+     * (upload_async), so the device computes the first layers while the
+     * host waits for the next (without h_pull the hook is not called). */
     int (*on_params)(void *arg, size_t end);
     void *on_params_arg;
+    float *h_pull;                        /* m->n_floats, host (host_alloc): see on_params */
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);

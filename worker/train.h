@@ -68,8 +68,8 @@ typedef struct {
     int overlap;               /* pull and push on a thread while computing: 1 on, 0 off,
                                 * -1 by mode (on in async; off in ssp, off always in sync) */
     int stream_push;           /* --stream-push: the gradient leaves in parts as the backward
-                                * produces it (plain loop on the CPU only): 1 on, 0 off, -1
-                                * the default (on where it can) */
+                                * produces it (plain loop only): 1 on, 0 off, -1 the
+                                * default (on for a CPU worker, off on a device) */
     int stream_pull;           /* --stream-pull: the weights arrive in parts as the forward
                                 * needs them (the same cases): 1 on, 0 off, -1 the default */
 } dp_train_conf_t;

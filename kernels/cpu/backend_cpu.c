@@ -2,7 +2,15 @@
  * layer op calls the fast kernels in ops.h. prepare() grows the kernels'
  * scratch for the largest layer at max_batch, so that the training loop
  * allocates nothing (the scratch belongs to the thread that calls the ops;
- * prepare from the same thread that trains, or the first step grows it). */
+ * prepare from the same thread that trains, or the first step grows it).
+ *
+ * "cpu:staged" is the same ops with host_memory 0, so callers take a
+ * device's paths: every transfer through the copy ops. Its download_async
+ * only notes the copy, made at the wait that covers it, so a caller that
+ * reads its buffer before waiting reads stale bytes here as it would on a
+ * device (where the bytes arrive later); the copy's source is never
+ * written in between by the executor (a layer's gradient is final when it
+ * is queued). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,10 +87,43 @@ static void s_synchronize(dp_backend_t *be)
     (void)be;
 }
 
-/* Ops have finished when they return: every copy is a plain memcpy. */
+/* cpu:staged's noted copies (impl), in order. */
+typedef struct {
+    struct { void *dst; const void *src; size_t bytes; } *copy;
+    unsigned n, done, cap;
+} s_staged_t;
+
+/* cpu: a plain memcpy; cpu:staged: noted for its wait. */
+static void s_download_async(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
+{
+    s_staged_t *st = be->impl;
+    if (!st) {
+        s_download(be, dst, d_src, bytes);
+        return;
+    }
+    if (st->n == st->cap) {
+        st->cap = st->cap ? 2 * st->cap : 16;
+        st->copy = dp_realloc(st->copy, st->cap * sizeof *st->copy);
+    }
+    st->copy[st->n].dst = dst;
+    st->copy[st->n].src = d_src;
+    st->copy[st->n++].bytes = bytes;
+}
+
+static void s_download_wait_first(dp_backend_t *be, unsigned n)
+{
+    s_staged_t *st = be->impl;
+    if (!st) return; /* cpu: every copy was made when asked */
+    for (; st->done < n && st->done < st->n; st->done++)
+        s_download(be, st->copy[st->done].dst, st->copy[st->done].src, st->copy[st->done].bytes);
+}
+
 static void s_download_wait(dp_backend_t *be)
 {
-    (void)be;
+    s_staged_t *st = be->impl;
+    if (!st) return;
+    s_download_wait_first(be, st->n);
+    st->n = st->done = 0;
 }
 
 static void s_conv_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
@@ -291,6 +332,9 @@ static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, f
 
 static void s_destroy(dp_backend_t *be)
 {
+    s_staged_t *st = be->impl;
+    if (st) free(st->copy);
+    free(st);
     free(be);
 }
 
@@ -304,8 +348,10 @@ static const dp_backend_ops_t s_cpu_ops = {
     .host_release = s_host_release,
     .synchronize = s_synchronize,
     .stage_upload = s_upload,
-    .download_async = s_download,
+    .download_async = s_download_async,
     .download_wait = s_download_wait,
+    .download_wait_first = s_download_wait_first,
+    .upload_async = s_upload, /* ops are done when they return: so is the copy */
     .conv_forward = s_conv_forward,
     .conv_backward = s_conv_backward,
     .relu_forward = s_relu_forward,
@@ -339,5 +385,14 @@ int dp_backend_cpu_new(dp_backend_t **out, char *err)
     be->impl = NULL;
     be->host_memory = 1;
     *out = be;
+    return 0;
+}
+
+int dp_backend_cpu_staged_new(dp_backend_t **out, char *err)
+{
+    if (dp_backend_cpu_new(out, err) != 0) return -1;
+    (*out)->name = "cpu:staged";
+    (*out)->impl = dp_calloc(1, sizeof(s_staged_t));
+    (*out)->host_memory = 0;
     return 0;
 }

@@ -12,7 +12,9 @@
  *   the next batch crosses while this one computes), cx->down carries
  *   download_async's gradient copies, each ordered after the ops queued
  *   before it by an event, so layer L's gradient travels while the layers
- *   below it run backward.
+ *   below it run backward; a mark after each copy lets the host wait for
+ *   the first n (download_wait_first) and send them on. upload_async
+ *   queues on the compute stream itself, in order with the ops.
  * - prepare() plans each conv layer once for max_batch: filter and
  *   convolution descriptors, tensor descriptors for the batch, algorithms
  *   within a workspace limit, and ONE workspace sized for the largest need.
@@ -102,6 +104,11 @@ typedef struct {
     s_conv_plan_t plan[S_PLANS];               /* conv: per batch size */
 } s_layer_t;
 
+/* Marks of download_async's copies, a ring: waiting on a mark taken again
+ * by a later copy waits for that one too (the copies run in order), so a
+ * step of more layers than marks is still right, only less overlapped. */
+#define S_COPY_MARKS 64
+
 typedef struct {
     int dev;                                   /* CUDA device number */
     char name[16];                             /* "cuda:K" */
@@ -112,6 +119,9 @@ typedef struct {
     cudaStream_t up;                           /* stage_upload's copies */
     cudaStream_t down;                         /* download_async's copies */
     cudaEvent_t queued;                        /* marks the compute stream for down */
+    cudaEvent_t copied[S_COPY_MARKS];          /* down: the end of download_async's copy k,
+                                                * at k % S_COPY_MARKS */
+    unsigned n_copies;                         /* download_async's since download_wait */
     cudnnHandle_t cudnn;                       /* bound to stream */
     cublasHandle_t cublas;                     /* bound to stream */
     int n_layers;                              /* layers planned by prepare */
@@ -626,12 +636,29 @@ static void s_download_async(dp_backend_t *be, void *dst, const void *d_src, siz
     DP_CUDA_CHECK(cudaEventRecord(cx->queued, cx->stream));
     DP_CUDA_CHECK(cudaStreamWaitEvent(cx->down, cx->queued, 0));
     DP_CUDA_CHECK(cudaMemcpyAsync(dst, d_src, bytes, cudaMemcpyDeviceToHost, cx->down));
+    DP_CUDA_CHECK(cudaEventRecord(cx->copied[cx->n_copies++ % S_COPY_MARKS], cx->down));
 }
 
 static void s_download_wait(dp_backend_t *be)
 {
     s_cuda_t *cx = s_enter(be);
     DP_CUDA_CHECK(cudaStreamSynchronize(cx->down));
+    cx->n_copies = 0;
+}
+
+static void s_download_wait_first(dp_backend_t *be, unsigned n)
+{
+    s_cuda_t *cx = s_enter(be);
+    if (n > cx->n_copies) n = cx->n_copies;
+    if (n) DP_CUDA_CHECK(cudaEventSynchronize(cx->copied[(n - 1) % S_COPY_MARKS]));
+}
+
+/* In order with the ops on the compute stream; the DMA engine reads the
+ * pinned src later, so it must hold still until the stream drains. */
+static void s_upload_async(dp_backend_t *be, void *d_dst, const void *src, size_t bytes)
+{
+    s_cuda_t *cx = s_enter(be);
+    if (bytes) DP_CUDA_CHECK(cudaMemcpyAsync(d_dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
 }
 
 static void *s_host_alloc(dp_backend_t *be, size_t bytes)
@@ -907,6 +934,8 @@ static void s_destroy(dp_backend_t *be)
         if (cx->cublas) cublasDestroy(cx->cublas);
         if (cx->cudnn) cudnnDestroy(cx->cudnn);
         if (cx->queued) cudaEventDestroy(cx->queued);
+        for (int k = 0; k < S_COPY_MARKS; k++)
+            if (cx->copied[k]) cudaEventDestroy(cx->copied[k]);
         if (cx->down) cudaStreamDestroy(cx->down);
         if (cx->up) cudaStreamDestroy(cx->up);
         if (cx->stream) cudaStreamDestroy(cx->stream);
@@ -927,6 +956,8 @@ static const dp_backend_ops_t s_cuda_ops = {
     .synchronize = s_synchronize,
     .stage_upload = s_stage_upload,
     .download_async = s_download_async,
+    .download_wait_first = s_download_wait_first,
+    .upload_async = s_upload_async,
     .download_wait = s_download_wait,
     .conv_forward = s_conv_forward,
     .conv_backward = s_conv_backward,
@@ -1015,6 +1046,8 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->up, cudaStreamNonBlocking));
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->down, cudaStreamNonBlocking));
     DP_CUDA_TRY(cudaEventCreateWithFlags(&cx->queued, cudaEventDisableTiming));
+    for (int k = 0; k < S_COPY_MARKS; k++)
+        DP_CUDA_TRY(cudaEventCreateWithFlags(&cx->copied[k], cudaEventDisableTiming));
 
     dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms (%s)", cx->name,
                 prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20, cudnn_ver,

@@ -17,7 +17,8 @@
 #             worker; summary.json's test_accuracy must exceed 0.7
 #   tboard    the cluster's TensorBoard event files read by TensorBoard itself
 #             (where python3 has it: the GPU machine does, Debian does not)
-#   psbench   1 PS + 1 GPU worker (async; overlap and shm on, then each off)
+#   psbench   1 PS + 1 GPU worker (async; overlap and shm on, then each off;
+#             the pull and push in parts; sync whole and in parts)
 #             against the same GPU standalone at batch 64 and 256: images/s,
 #             ratio, per-step compute and wait (psbench.txt)
 #   bench     steady-state images/s of the standalone worker at batch 64 and
@@ -472,17 +473,23 @@ PYEOF
 }
 for B in ${DP_PSBENCH_BATCHES:-64 256}; do
     [ $psb_ok = 1 ] || break
-    steps=$([ "$B" -ge 256 ] && echo 1200 || echo 2400)
+    steps=$([ "$B" -ge 256 ] && echo 600 || echo 1200)
     common=(--batch "$B" --steps "$steps" --seed 1 --optimizer momentum --lr 0.01 --momentum 0.9
             --lr-schedule constant --no-progress "${DATA_ARGS[@]}")
     tmo 120 "$W" --standalone --device cuda:0 "${common[@]}" --metrics "$WORK/psb_sa_$B.jsonl" \
         >"$WORK/psb_sa_$B.log" 2>&1
     sa=$(steady_rate "$WORK/psb_sa_$B.jsonl" "$B") || { show "$WORK/psb_sa_$B.log" 10; sa=-; psb_ok=0; }
-    for cfg in default:: overlap-off:--overlap:off zmq:--transport:zmq; do
-        IFS=: read -r name f1 f2 <<<"$cfg"
-        extra=(); [ -n "$f1" ] && extra=("$f1" "$f2")
+    # name:flags (comma-separated); parts: the pull and the push in parts
+    # (issue 24: each layer's weights uploaded as they come, each layer's
+    # gradient copy sent as it lands), against overlap-off, the whole ones
+    parts=--overlap,off,--transport,zmq,--stream-pull,on,--stream-push,on
+    for cfg in default:--mode,async overlap-off:--mode,async,--overlap,off \
+               zmq:--mode,async,--transport,zmq parts:--mode,async,$parts \
+               sync:--mode,sync sync-parts:--mode,sync,$parts; do
+        name=${cfg%%:*}
+        IFS=, read -r -a extra <<<"${cfg#*:}"
         d=$WORK/psb_${name}_$B
-        tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 --mode async "${common[@]}" "${extra[@]}" \
+        tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 "${common[@]}" "${extra[@]}" \
             --out "$d" >"$d.log" 2>&1
         rate=$(steady_rate "$d/metrics/worker-0.jsonl" "$B") || { show "$d.log" 10; rate=-; psb_ok=0; }
         split=$(step_split "$d/metrics/worker-0.jsonl" 2>/dev/null || echo "- -")

@@ -753,6 +753,102 @@ static void test_gpu_copies(void)
     free(x), s_be->ops->host_release(s_be, h), s_free(d_in), s_free(d_out);
 }
 
+/* The copies of a step in parts: upload_async in order with the ops
+ * (the ReLU reads what it queued, not the poison before), and
+ * download_wait_first(k) waits for the first k copies: each third of the
+ * result is complete when its wait returns. */
+static void test_gpu_copies_in_parts(void)
+{
+    size_t n = (size_t)48 << 20, t = n / 3;
+    float *x = s_rand(n, 1), *h = s_be->ops->host_alloc(s_be, n * 4);
+    float *up = s_be->ops->host_alloc(s_be, n * 4);
+    float *d_in = s_be->ops->alloc(s_be, n * 4), *d_out = s_be->ops->alloc(s_be, n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    s_be->ops->upload(s_be, d_in, h, n * 4); /* poison */
+    memcpy(up, x, n * 4);
+    s_be->ops->upload_async(s_be, d_in, up, n * 4);
+    s_be->ops->relu_forward(s_be, n, d_out, d_in);
+    for (int k = 0; k < 3; k++) s_be->ops->download_async(s_be, h + k * t, d_out + k * t, t * 4);
+    for (int k = 0; k < 3; k++) {
+        s_be->ops->download_wait_first(s_be, (unsigned)k + 1);
+        size_t bad = 0;
+        for (size_t i = k * t; i < (k + 1) * t; i++) bad += h[i] != (x[i] > 0 ? x[i] : 0.0f);
+        if (bad) fprintf(stderr, "  third %d: %zu of %zu elements wrong after its wait\n", k, bad, t);
+        CHECK_EQ(bad, 0);
+    }
+    s_be->ops->download_wait(s_be);
+    free(x), s_be->ops->host_release(s_be, h), s_be->ops->host_release(s_be, up);
+    s_free(d_in), s_free(d_out);
+}
+
+/* The executor's hooks on a device (the pull and the push in parts of a
+ * GPU worker): the forward's weights go up layer by layer from h_pull as
+ * the hook hands them over, each layer's gradient is handed on once its
+ * copy is in; the step equals the whole one on the same device. */
+typedef struct {
+    float *h_pull, *h_grads, *copy;
+    const float *params;
+    size_t had, nf;
+    int pulls, pushes;
+} s_gpu_hooks_t;
+
+static int s_gpu_pull(void *arg, size_t end)
+{
+    s_gpu_hooks_t *k = arg;
+    if (end > k->had) memcpy(k->h_pull + k->had, k->params + k->had, (end - k->had) * 4);
+    if (end > k->had) k->had = end;
+    k->pulls++;
+    return 0;
+}
+
+static void s_gpu_push(void *arg, size_t off, size_t n)
+{
+    s_gpu_hooks_t *k = arg;
+    memcpy(k->copy + off, k->h_grads + off, n * 4);
+    k->pushes++;
+}
+
+static void test_gpu_net_step_in_parts(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    const int B = 64;
+    CHECK_EQ(dp_model_parse(&m, DP_MODEL_DEFAULT_SPEC, 1, 28, 28, err), 0);
+    dp_net_t net;
+    CHECK_EQ(dp_net_init(&net, &m, s_be, B, err), 0);
+    size_t nf = m.n_floats, in = (size_t)B * 28 * 28;
+    float *params = dp_malloc(nf * 4), *whole = dp_malloc(nf * 4), *nan = dp_malloc(nf * 4);
+    float *x = s_rand(in, 0.5f);
+    int *y = s_labels(B, m.classes);
+    float *d_x = s_be->ops->alloc(s_be, in * 4);
+    int *d_y = s_be->ops->alloc(s_be, (size_t)B * sizeof(int));
+    s_be->ops->upload(s_be, d_x, x, in * 4);
+    s_be->ops->upload(s_be, d_y, y, (size_t)B * sizeof(int));
+    s_gpu_hooks_t k = {s_be->ops->host_alloc(s_be, nf * 4), s_be->ops->host_alloc(s_be, nf * 4),
+                       dp_malloc(nf * 4), params, 0, nf, 0, 0};
+    dp_model_init_params(&m, params, 3);
+    for (size_t i = 0; i < nf; i++) nan[i] = NAN;
+    dp_net_set_params(&net, params);
+    float lw = dp_net_train_step_device(&net, d_x, d_y, B, k.h_grads);
+    memcpy(whole, k.h_grads, nf * 4);
+    dp_net_set_params(&net, nan); /* a layer run before its upload shows */
+    memcpy(k.h_pull, nan, nf * 4);
+    for (size_t i = 0; i < nf; i++) k.h_grads[i] = k.copy[i] = NAN;
+    net.h_pull = k.h_pull;
+    net.on_params = s_gpu_pull, net.on_params_arg = &k;
+    net.on_grads = s_gpu_push, net.on_grads_arg = &k;
+    float lp = dp_net_train_step_device(&net, d_x, d_y, B, k.h_grads);
+    CHECK(k.pulls > 2 && k.pushes > 2);
+    CHECK_NEAR(lp, lw, (s_loose ? 1e-3 : 1e-6) * fabsf(lw) + 1e-7);
+    GPU_CLOSE("the step in parts' gradient", k.h_grads, whole, nf, 1e-6, 1e-6);
+    /* each run handed on was complete then: the copies equal the final */
+    CHECK(memcmp(k.copy, k.h_grads, nf * 4) == 0);
+    free(params), free(whole), free(nan), free(x), free(y), free(k.copy);
+    s_be->ops->host_release(s_be, k.h_pull), s_be->ops->host_release(s_be, k.h_grads);
+    s_free(d_x), s_free(d_y);
+    dp_net_fini(&net);
+}
+
 /* A whole training step of the default network through the executor on the
  * GPU (staged batch, gradients copied to the host layer by layer as the
  * backward pass goes) against the same step on the cpu backend. */
@@ -898,6 +994,7 @@ int main(int argc, char **argv)
         T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_softmax_xent),
         T(test_gpu_optim_step),  T(test_gpu_copies),       T(test_gpu_default_model_b64),
         T(test_gpu_net_step),    T(test_gpu_resnet_ops),   T(test_gpu_resnet_step),
+        T(test_gpu_copies_in_parts), T(test_gpu_net_step_in_parts),
     };
     static const t_test_t none[] = {T(test_gpu_device)};
     dp_log_init("test_gpu_ops");

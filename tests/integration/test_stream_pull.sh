@@ -15,6 +15,12 @@
 #  - over frames a record of a run pulling in parts (2 shards, 2 workers)
 #    replays to the run's model file byte for byte, and CURVE carries the
 #    parts (sync, 2 workers: the same model file as the plain whole pull's)
+#  - a device's paths, on the CPU (--device cpu:staged: every transfer
+#    through the copy ops, each layer's weights uploaded as they come, the
+#    gradient's copies handed to the push as each is waited for): the
+#    streams are off by default there and on when asked for, and the
+#    model file is the cpu runs' (async: the pull in parts, the push
+#    whole; sync, 2 workers: both in parts)
 # Under SANITIZE=1 this script is skipped: the pull in parts runs
 # sanitized in test_recovery_cluster (its worker 1 is over frames) and in
 # the unit tests (test_ps_client, test_ps_bounds, test_net).
@@ -88,4 +94,32 @@ read -r more one n < <(parts "$TMP/sec" 1)
 check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
 check "... the same model file as the plain whole pull's, byte for byte" \
     cmp -s "$TMP/sec/model.safetensors" "$TMP/sync-off/model.safetensors"
+
+# push_parts DIR SHARDS: the steps whose push took more messages than shards, and all steps
+push_parts() {
+    "$TORCH_PY" - "$1" "$2" <<'PY'
+import glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/metrics/worker-*.jsonl") for l in open(f)
+         if '"status"' in l]
+print(sum(l["push_parts"] > int(sys.argv[2]) for l in lines), len(lines))
+PY
+}
+"$L" local --workers 1 --mode async --transport zmq --device cpu:staged --stream-pull on "${common[@]}" \
+    --out "$TMP/staged-async" >"$TMP/staged-async.log" 2>&1
+check "cpu:staged, async, --stream-pull on: runs" test $? = 0
+read -r more one n < <(parts "$TMP/staged-async" 1)
+check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+read -r more n < <(push_parts "$TMP/staged-async" 1)
+check "... every push whole, a device's default ($more of $n in parts)" test "$more" = 0 -a "$n" -gt 0
+check "... the cpu run's model file, byte for byte" \
+    cmp -s "$TMP/staged-async/model.safetensors" "$TMP/async-zmq-on/model.safetensors"
+"$L" local --workers 2 --mode sync --transport zmq --device cpu:staged --stream-pull on \
+    --stream-push on "${common[@]}" --out "$TMP/staged-sync" >"$TMP/staged-sync.log" 2>&1
+check "cpu:staged, sync, both streams on: runs" test $? = 0
+read -r more one n < <(parts "$TMP/staged-sync" 1)
+check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+read -r more n < <(push_parts "$TMP/staged-sync" 1)
+check "... every push in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+check "... the cpu run's model file, byte for byte" \
+    cmp -s "$TMP/staged-sync/model.safetensors" "$TMP/sync-on/model.safetensors"
 finish

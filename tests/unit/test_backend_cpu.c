@@ -221,5 +221,42 @@ static void test_copies(void)
     dp_backend_destroy(&be);
 }
 
+/* cpu:staged: a device's memory model on the CPU's ops. Its download_async
+ * copies are made at the wait that covers them, in order, the first n at
+ * download_wait_first(n); download_wait makes the rest and starts the
+ * count again; upload_async is done when it returns (as the ops are). */
+static void test_staged_copies(void)
+{
+    dp_backend_t *be = NULL;
+    char err[DP_ERR_LEN] = "";
+    CHECK(dp_backend_new(&be, "cpu:staged", err) == 0);
+    CHECK(be && !be->host_memory && strcmp(be->name, "cpu:staged") == 0);
+    if (!be) return;
+    enum { N = 3, K = 17 };
+    float *d = be->ops->alloc(be, N * K * sizeof(float));
+    float *h = be->ops->host_alloc(be, N * K * sizeof(float));
+    float src[N * K];
+    s_fill(src, N * K);
+    be->ops->upload_async(be, d, src, sizeof src);
+    for (int r = 0; r < 2; r++) { /* twice: the count starts again after download_wait */
+        memset(h, 0, N * K * sizeof(float));
+        for (int k = 0; k < N; k++) be->ops->download_async(be, h + k * K, d + k * K, K * sizeof(float));
+        CHECK(h[0] == 0 && h[K] == 0); /* noted, not made */
+        be->ops->download_wait_first(be, 1);
+        CHECK_CLOSE("first copy", h, src, K, 0, 0);
+        CHECK(h[K] == 0 && h[2 * K] == 0);
+        be->ops->download_wait_first(be, 2);
+        CHECK_CLOSE("second copy", h + K, src + K, K, 0, 0);
+        CHECK(h[2 * K] == 0);
+        be->ops->download_wait_first(be, 1); /* already made: nothing again */
+        be->ops->download_wait(be);
+        CHECK_CLOSE("all copies", h, src, N * K, 0, 0);
+    }
+    be->ops->download_wait_first(be, 5); /* none queued: no copy, no crash */
+    be->ops->host_release(be, h), be->ops->release(be, d);
+    dp_backend_destroy(&be);
+    CHECK(dp_backend_new(&be, "cpu:stage", err) != 0 && strstr(err, "cpu:staged"));
+}
+
 DP_TESTS(T(test_memory), T(test_prepare_bad), T(test_ops_match_kernels),
-         T(test_optim_step), T(test_copies))
+         T(test_optim_step), T(test_copies), T(test_staged_copies))

@@ -279,9 +279,12 @@ static void test_train_step_device_copies_grads(void)
 /* The on_grads hook (the push in parts): what it hands over is final (the
  * floats then are those after the step), every float of the vector once;
  * a chain's runs come from the end of the vector down, one after the other
- * (a ResNet's too: its layers' parameters lie in the order of its layers). */
+ * (a ResNet's too: its layers' parameters lie in the order of its layers).
+ * On cpu:staged (a device's paths) the runs are those of the step's host
+ * copy, whose copies are made only when waited for: a run handed over
+ * before its wait would show as NaN there. */
 typedef struct {
-    const dp_net_t *net;
+    const float *from;    /* where the runs handed over lie: d_grads, or h_grads */
     float *copy;          /* each run's floats when handed over */
     unsigned char *seen;  /* times each float was handed over */
     size_t next;          /* where a run must end to follow the one before */
@@ -291,47 +294,59 @@ typedef struct {
 static void s_hook(void *arg, size_t off, size_t n)
 {
     s_hook_t *h = arg;
-    memcpy(h->copy + off, h->net->d_grads + off, n * sizeof(float));
+    memcpy(h->copy + off, h->from + off, n * sizeof(float));
     for (size_t i = off; i < off + n; i++) h->seen[i]++;
     h->in_order &= off + n == h->next;
     h->next = off;
     h->calls++;
 }
 
-static void s_hook_case(const char *spec, int c, int hw)
+static void s_hook_case(const char *dev, const char *spec, int c, int hw)
 {
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, spec, c, hw, hw, err), 0);
     dp_backend_t *be = NULL;
-    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    CHECK_EQ(dp_backend_new(&be, dev, err), 0);
     dp_net_t net;
-    int B = 4;
+    int B = 4, host = be->host_memory;
     CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
     dp_rng_t r;
     dp_rng_seed(&r, 3);
     size_t in = (size_t)B * c * hw * hw, nf = m.n_floats;
     float *params = dp_malloc(nf * sizeof(float)), *x = dp_malloc(in * sizeof(float));
-    int y[4] = {0, 1, 2, 1};
+    float *grads = dp_malloc(nf * sizeof(float)), *h_grads = be->ops->host_alloc(be, nf * sizeof(float));
+    float *d_x = be->ops->alloc(be, in * sizeof(float));
+    int y[4] = {0, 1, 2, 1}, *d_y = be->ops->alloc(be, sizeof y);
     s_random(x, in, &r, 1.0f);
+    be->ops->upload(be, d_x, x, in * sizeof(float));
+    be->ops->upload(be, d_y, y, sizeof y);
     dp_model_init_params(&m, params, 6);
     dp_net_set_params(&net, params);
-    s_hook_t h = {&net, dp_calloc(nf, sizeof(float)), dp_calloc(nf, 1), nf, 1, 0};
+    s_hook_t h = {host ? net.d_grads : h_grads, dp_calloc(nf, sizeof(float)), dp_calloc(nf, 1),
+                  nf, 1, 0};
     net.on_grads = s_hook;
     net.on_grads_arg = &h;
-    for (size_t i = 0; i < nf; i++) net.d_grads[i] = NAN; /* a run handed over early shows */
-    dp_net_train_step(&net, x, y, B);
+    for (size_t i = 0; i < nf; i++) h_grads[i] = NAN; /* a run handed over early shows */
+    be->ops->upload(be, net.d_grads, h_grads, nf * sizeof(float));
+    dp_net_train_step_device(&net, d_x, d_y, B, host ? NULL : h_grads);
+    dp_net_get_grads(&net, grads);
     int once = 1;
     for (size_t i = 0; i < nf; i++) once &= h.seen[i] == 1;
     CHECK(once);
-    CHECK(memcmp(h.copy, net.d_grads, nf * sizeof(float)) == 0);
+    CHECK(memcmp(h.copy, grads, nf * sizeof(float)) == 0);
     CHECK(h.in_order && h.next == 0);
     CHECK(h.calls > 1);
     /* evaluation runs no backward: no call */
     int ok = 0, calls = h.calls;
     dp_net_evaluate(&net, x, y, B, &ok);
     CHECK_EQ(h.calls, calls);
-    free(h.copy), free(h.seen), free(params), free(x);
+    if (!host) { /* a device's step without a host copy hands nothing over */
+        dp_net_train_step_device(&net, d_x, d_y, B, NULL);
+        CHECK_EQ(h.calls, calls);
+    }
+    be->ops->release(be, d_x), be->ops->release(be, d_y), be->ops->host_release(be, h_grads);
+    free(h.copy), free(h.seen), free(params), free(x), free(grads);
     dp_net_fini(&net);
     dp_backend_destroy(&be);
 }
@@ -346,6 +361,7 @@ static void s_hook_case(const char *spec, int c, int hw)
  * one. */
 typedef struct {
     dp_net_t *net;
+    float *to;            /* where the pull lands: d_params, or a device's h_pull */
     const float *params, *stale;
     size_t had;           /* floats delivered so far */
     int calls, in_order, torn_at, finals;
@@ -357,27 +373,27 @@ static int s_pull_hook(void *arg, size_t end)
     size_t nf = h->net->m->n_floats;
     h->calls++;
     if (h->calls == h->torn_at) {
-        memcpy(h->net->d_params, h->params, nf * sizeof(float));
+        memcpy(h->to, h->params, nf * sizeof(float));
         h->had = nf;
         h->stale = h->params; /* from now on the right snapshot */
         return 1;
     }
     h->in_order &= end >= h->had || h->had == nf;
     if (end > h->had) {
-        memcpy(h->net->d_params + h->had, h->stale + h->had, (end - h->had) * sizeof(float));
+        memcpy(h->to + h->had, h->stale + h->had, (end - h->had) * sizeof(float));
         h->had = end;
     }
     h->finals += end == nf;
     return 0;
 }
 
-static void s_pull_hook_case(const char *spec, int c, int hw, int torn_at)
+static void s_pull_hook_case(const char *dev, const char *spec, int c, int hw, int torn_at)
 {
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&m, spec, c, hw, hw, err), 0);
     dp_backend_t *be = NULL;
-    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    CHECK_EQ(dp_backend_new(&be, dev, err), 0);
     dp_net_t net, ref;
     int B = 4;
     CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
@@ -393,21 +409,38 @@ static void s_pull_hook_case(const char *spec, int c, int hw, int torn_at)
     for (size_t i = 0; i < nf; i++) stale[i] = torn_at ? params[i] * 0.5f + 0.25f : params[i];
     dp_net_set_params(&ref, params);
     float want = dp_net_train_step(&ref, x, y, B);
-    for (size_t i = 0; i < nf; i++) net.d_params[i] = NAN; /* a layer run before its floats shows */
-    s_pull_hook_t h = {&net, params, stale, 0, 0, 1, torn_at, 0};
+    /* a layer run before its floats shows (on a device: one run before its upload) */
+    float *nan = dp_malloc(nf * sizeof(float)), *got_g = dp_malloc(nf * sizeof(float));
+    float *want_g = dp_malloc(nf * sizeof(float)), *got_p = dp_malloc(nf * sizeof(float));
+    float *want_p = dp_malloc(nf * sizeof(float));
+    for (size_t i = 0; i < nf; i++) nan[i] = NAN;
+    dp_net_set_params(&net, nan);
+    float *h_pull = be->host_memory ? NULL : be->ops->host_alloc(be, nf * sizeof(float));
+    if (h_pull) memcpy(h_pull, nan, nf * sizeof(float));
+    net.h_pull = h_pull;
+    s_pull_hook_t h = {&net, h_pull ? h_pull : net.d_params, params, stale, 0, 0, 1, torn_at, 0};
     net.on_params = s_pull_hook;
     net.on_params_arg = &h;
     float got = dp_net_train_step(&net, x, y, B);
     CHECK(memcmp(&got, &want, sizeof got) == 0);
-    CHECK(memcmp(net.d_grads, ref.d_grads, nf * sizeof(float)) == 0);
-    CHECK(memcmp(net.d_params, ref.d_params, nf * sizeof(float)) == 0);
+    dp_net_get_grads(&net, got_g), dp_net_get_grads(&ref, want_g);
+    dp_net_get_params(&net, got_p), dp_net_get_params(&ref, want_p);
+    CHECK(memcmp(got_g, want_g, nf * sizeof(float)) == 0);
+    CHECK(memcmp(got_p, want_p, nf * sizeof(float)) == 0);
     CHECK(h.in_order);
     CHECK_EQ(h.finals, 1);
     CHECK(h.calls > 2);
     int ok = 0, calls = h.calls;
     dp_net_evaluate(&net, x, y, B, &ok); /* evaluation pulls nothing */
     CHECK_EQ(h.calls, calls);
-    free(params), free(stale), free(x);
+    if (h_pull) { /* a device's net without h_pull calls no hook */
+        net.h_pull = NULL;
+        dp_net_train_step(&net, x, y, B);
+        CHECK_EQ(h.calls, calls);
+        be->ops->host_release(be, h_pull);
+    }
+    free(params), free(stale), free(x), free(nan), free(got_g), free(want_g), free(got_p),
+        free(want_p);
     dp_net_fini(&net);
     dp_net_fini(&ref);
     dp_backend_destroy(&be);
@@ -417,17 +450,24 @@ static void test_on_params_hook(void)
 {
     const char *resnet = "conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
                          "res:b( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax";
-    s_pull_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 0);
-    s_pull_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 3);
-    s_pull_hook_case(resnet, 3, 8, 0);
-    s_pull_hook_case(resnet, 3, 8, 5); /* after bn layers stepped their statistics */
+    /* cpu, and cpu:staged: a device's paths (each run uploaded as the hook returns it) */
+    for (int k = 0; k < 2; k++) {
+        const char *dev = k ? "cpu:staged" : "cpu";
+        s_pull_hook_case(dev, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 0);
+        s_pull_hook_case(dev, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 3);
+        s_pull_hook_case(dev, resnet, 3, 8, 0);
+        s_pull_hook_case(dev, resnet, 3, 8, 5); /* after bn layers stepped their statistics */
+    }
 }
 
 static void test_on_grads_hook(void)
 {
-    s_hook_case("conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8);
-    s_hook_case("conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
-                "res:b( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax", 3, 8);
+    for (int k = 0; k < 2; k++) {
+        const char *dev = k ? "cpu:staged" : "cpu";
+        s_hook_case(dev, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8);
+        s_hook_case(dev, "conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
+                    "res:b( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax", 3, 8);
+    }
 }
 
 /* Residual networks: every trainable gradient against central differences
