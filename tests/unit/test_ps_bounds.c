@@ -159,6 +159,21 @@ static int s_heartbeat(void *sock, int wid, uint64_t req)
     return s_send(sock, &env, NULL, 0);
 }
 
+/* An async shard of a 1.1 MB model (m) for `workers` workers, started;
+ * returns the snapshots alive before it, for the count its buffers must
+ * return to. */
+static int s_big_shard(srv_t *s, dp_model_t *m, int workers)
+{
+    srv_init(s, DP_MODE_ASYNC, workers);
+    snprintf(s->cfg.model_spec, sizeof s->cfg.model_spec, "fc:4096 fc:4 softmax");
+    s->cfg.optim.lr = 0.001f;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(m, s->cfg.model_spec, 1, 8, 8, err), 0);
+    int base = dp_snap_alive();
+    CHECK_EQ(srv_start(s), 0);
+    return base;
+}
+
 /* ---- cases ------------------------------------------------------------- */
 
 /* A joined peer alternates PUSH and PULL 64 times and reads nothing, on a
@@ -171,14 +186,9 @@ static int s_heartbeat(void *sock, int wid, uint64_t req)
 static void test_unread_params_bounded(void)
 {
     srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 2);
-    snprintf(s.cfg.model_spec, sizeof s.cfg.model_spec, "fc:4096 fc:4 softmax");
-    s.cfg.optim.lr = 0.001f;
     dp_model_t m;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_model_parse(&m, s.cfg.model_spec, 1, 8, 8, err), 0);
-    int base = dp_snap_alive();
-    CHECK_EQ(srv_start(&s), 0);
+    int base = s_big_shard(&s, &m, 2);
     size_t n = m.n_floats;
     float *g = dp_calloc(n, sizeof *g), *p = dp_malloc(n * sizeof *p);
     for (size_t i = 0; i < n; i++) g[i] = 1e-3f * (float)(i % 3);
@@ -290,13 +300,8 @@ static int s_recv_params(void *sock, uint64_t req, const pull_ask_t *a, size_t n
 static void test_pull_in_parts(void)
 {
     srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 1);
-    snprintf(s.cfg.model_spec, sizeof s.cfg.model_spec, "fc:4096 fc:4 softmax");
     dp_model_t m;
-    char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_model_parse(&m, s.cfg.model_spec, 1, 8, 8, err), 0);
-    int base = dp_snap_alive();
-    CHECK_EQ(srv_start(&s), 0);
+    int base = s_big_shard(&s, &m, 1);
     size_t n = m.n_floats;
     float *whole = dp_malloc(n * sizeof *whole), *parts = dp_malloc(n * sizeof *parts);
     void *ctx = zmq_ctx_new();
