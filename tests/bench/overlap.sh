@@ -5,14 +5,17 @@
 #   standalone   downpour-worker --standalone, 1 thread
 #   overlap on   downpour local --workers 1 --mode async --threads 1 --overlap on
 #   overlap off  the same with --overlap off (pull, compute, push in turn;
-#                the pull in parts as the forward needs them, the push in
-#                parts, each part stepped by the shard as it comes:
-#                --stream-pull on --stream-push on, the CPU defaults)
-#   whole pull   overlap off with --stream-pull off (the push in parts)
-#   whole push   overlap off with --stream-push off (the pull in parts)
-#   sync         --mode sync, 1 worker, overlap off (both in parts);
-#   sync whole pull, sync whole push: the same with --stream-pull off,
-#                --stream-push off
+#                the push in parts, each part stepped by the shard as it
+#                comes, --stream-push on, the CPU default; the pull through
+#                shared memory, `downpour local`'s transport, which is read
+#                whole)
+#   frames       overlap off over ZeroMQ frames (--transport zmq), where the
+#                pull comes in parts as the forward needs them too
+#                (--stream-pull on, the CPU default)
+#   frames, whole pull: the same with --stream-pull off
+#   whole push   overlap off with --stream-push off
+#   sync         --mode sync, 1 worker, overlap off (the push in parts);
+#   sync frames, sync frames whole pull, sync whole push: as in async
 #   local steps  the same with --local-steps 8 (a push every 8 steps of the
 #                worker's own optimizer; BENCH_OVERLAP_H changes 8)
 # each at batch 64 for the same steps on Fashion-MNIST. The worker computes
@@ -71,22 +74,26 @@ echo "  $BUILD/downpour-worker --standalone ${common[*]} --summary DIR.json"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap on ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap off ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode async --local-steps $H ${common[*]} ${ps_args[*]} --out DIR"
-echo "  $BUILD/downpour local --workers 1 --mode async --overlap off --stream-pull off ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode async --overlap off --transport zmq ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode async --overlap off --transport zmq --stream-pull off ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode async --overlap off --stream-push off ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode sync ${common[*]} ${ps_args[*]} --out DIR"
-echo "  $BUILD/downpour local --workers 1 --mode sync --stream-pull off ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode sync --transport zmq ${common[*]} ${ps_args[*]} --out DIR"
+echo "  $BUILD/downpour local --workers 1 --mode sync --transport zmq --stream-pull off ${common[*]} ${ps_args[*]} --out DIR"
 echo "  $BUILD/downpour local --workers 1 --mode sync --stream-push off ${common[*]} ${ps_args[*]} --out DIR"
 for r in $(seq "$ROUNDS"); do
     s_one standalone "$BUILD/downpour-worker" --standalone "${common[@]}" --summary "$OUT/standalone-$r.json"
     s_one on "$BUILD/downpour" local --workers 1 --mode async --overlap on "${common[@]}" "${ps_args[@]}" --out "$OUT/on-$r"
     s_one off "$BUILD/downpour" local --workers 1 --mode async --overlap off "${common[@]}" "${ps_args[@]}" --out "$OUT/off-$r"
     s_one local "$BUILD/downpour" local --workers 1 --mode async --local-steps "$H" "${common[@]}" "${ps_args[@]}" --out "$OUT/local-$r"
-    s_one pullwhole "$BUILD/downpour" local --workers 1 --mode async --overlap off --stream-pull off "${common[@]}" "${ps_args[@]}" --out "$OUT/pullwhole-$r"
+    s_one frames "$BUILD/downpour" local --workers 1 --mode async --overlap off --transport zmq "${common[@]}" "${ps_args[@]}" --out "$OUT/frames-$r"
+    s_one framespullwhole "$BUILD/downpour" local --workers 1 --mode async --overlap off --transport zmq --stream-pull off "${common[@]}" "${ps_args[@]}" --out "$OUT/framespullwhole-$r"
     s_one whole "$BUILD/downpour" local --workers 1 --mode async --overlap off --stream-push off "${common[@]}" "${ps_args[@]}" --out "$OUT/whole-$r"
     s_one sync "$BUILD/downpour" local --workers 1 --mode sync "${common[@]}" "${ps_args[@]}" --out "$OUT/sync-$r"
-    s_one syncpullwhole "$BUILD/downpour" local --workers 1 --mode sync --stream-pull off "${common[@]}" "${ps_args[@]}" --out "$OUT/syncpullwhole-$r"
+    s_one syncframes "$BUILD/downpour" local --workers 1 --mode sync --transport zmq "${common[@]}" "${ps_args[@]}" --out "$OUT/syncframes-$r"
+    s_one syncframespullwhole "$BUILD/downpour" local --workers 1 --mode sync --transport zmq --stream-pull off "${common[@]}" "${ps_args[@]}" --out "$OUT/syncframespullwhole-$r"
     s_one syncwhole "$BUILD/downpour" local --workers 1 --mode sync --stream-push off "${common[@]}" "${ps_args[@]}" --out "$OUT/syncwhole-$r"
-    bench_round 9
+    bench_round 11
 done
 bench_table -v steps="$STEPS" -v h="$H" '
     { acc[k] = $3; st[k] = $4; wt[k, n[k]] = $5 }
@@ -103,11 +110,13 @@ bench_table -v steps="$STEPS" -v h="$H" '
         label["on"] = "1 PS + 1 worker, async, overlap on"
         label["off"] = "1 PS + 1 worker, async, overlap off"
         label["local"] = "1 PS + 1 worker, --local-steps " h
-        label["pullwhole"] = "... async, overlap off, --stream-pull off"
+        label["frames"] = "... async, overlap off, frames"
+        label["framespullwhole"] = "... async, frames, --stream-pull off"
         label["whole"] = "... async, overlap off, --stream-push off"
         label["sync"] = "1 PS + 1 worker, sync"
-        label["syncpullwhole"] = "... sync, --stream-pull off"
+        label["syncframes"] = "... sync, frames"
+        label["syncframespullwhole"] = "... sync, frames, --stream-pull off"
         label["syncwhole"] = "... sync, --stream-push off"
-        rows("standalone on off pullwhole whole sync syncpullwhole syncwhole local", "standalone")
+        rows("standalone on off frames framespullwhole whole sync syncframes syncframespullwhole syncwhole local", "standalone")
         footer("ratio", "standalone", "standalone")
     }'
