@@ -6,6 +6,9 @@
 #           (NCHW and channels_last each round, the faster counts)
 #   sync    downpour local --workers 2 --mode sync  (1 shard)
 #   async   downpour local --workers 2 --mode async (1 shard)
+#   sync, async frames: the same over ZeroMQ frames (--transport zmq), where
+#           the pull comes in parts too (through shared memory, the
+#           default, it is read whole)
 # the same network (the default spec), batch 64 per worker, 1 thread per
 # process, Adam lr 0.001, the same steps per worker. Figures: images/s of
 # the whole cluster (summary.json's images_per_s: the training loop only;
@@ -50,12 +53,12 @@ for f in glob.glob(sys.argv[1] + "/worker-*.jsonl"):
 print("%.1f %.1f" % (st.median(c), st.median(w)) if c else "- -")
 PYEOF
 }
-s_cluster() { # NAME MODE
-    local dir=$OUT/$1-$r
-    bench_run "$1" "$dir.log" "$BUILD/downpour" local --mode "$2" "${common[@]}" --out "$dir"
+s_cluster() { # NAME MODE [FLAGS...]
+    local name=$1 mode=$2 dir=$OUT/$1-$r; shift 2
+    bench_run "$name" "$dir.log" "$BUILD/downpour" local --mode "$mode" "${common[@]}" "$@" --out "$dir"
     local ips
     ips=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["images_per_s"])' "$dir/summary.json")
-    echo "$1 $ips $(s_split "$dir/metrics")" >>"$RAW"
+    echo "$name $ips $(s_split "$dir/metrics")" >>"$RAW"
 }
 
 bench_start ddp
@@ -63,6 +66,8 @@ echo "commands (each round, in this order):"
 echo "  env ${TORCH_ENV[*]} $PY tests/bench/torch_ddp.py --workers 2 --batch 64 --threads 1 --steps $STEPS --optimizer adam --lr 0.001 --layout nchw|nhwc"
 echo "  $BUILD/downpour local --mode sync ${common[*]} --out DIR"
 echo "  $BUILD/downpour local --mode async ${common[*]} --out DIR"
+echo "  $BUILD/downpour local --mode sync ${common[*]} --transport zmq --out DIR"
+echo "  $BUILD/downpour local --mode async ${common[*]} --transport zmq --out DIR"
 for r in $(seq "$ROUNDS"); do
     best=0
     for layout in nchw nhwc; do # the faster memory format counts, as in run.sh's PyTorch rows
@@ -75,7 +80,9 @@ for r in $(seq "$ROUNDS"); do
     echo "ddp $best - -" >>"$RAW"
     s_cluster sync sync
     s_cluster async async
-    bench_round 3
+    s_cluster syncframes sync --transport zmq
+    s_cluster asyncframes async --transport zmq
+    bench_round 5
 done
 bench_table -v steps="$STEPS" '
     { c[k, n[k]] = $3; w[k, n[k]] = $4 }
@@ -89,6 +96,8 @@ bench_table -v steps="$STEPS" '
         label["ddp"] = "PyTorch DDP, gloo, 2 processes"
         label["sync"] = "downpour local --mode sync"
         label["async"] = "downpour local --mode async"
-        rows("ddp sync async", "ddp")
+        label["syncframes"] = "... --mode sync --transport zmq"
+        label["asyncframes"] = "... --mode async --transport zmq"
+        rows("ddp sync async syncframes asyncframes", "ddp")
         footer("vs DDP", "ddp", "DDP")
     }'
