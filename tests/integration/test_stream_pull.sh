@@ -34,16 +34,16 @@ fi
 L=$BIN/downpour
 common=(--seed 5 --steps 12 --batch 32 --threads 1 --no-progress)
 
-# parts DIR SHARDS: the steps whose pull took more messages than shards,
-# those that took one a shard, and all steps
+# parts DIR SHARDS [FIELD]: the steps whose pull (or FIELD: push_parts,
+# the push) took more messages than shards, those that took one a shard,
+# and all steps
 parts() {
-    "$TORCH_PY" - "$1" "$2" <<'PY'
+    "$TORCH_PY" - "$1" "$2" "${3:-pull_parts}" <<'PY'
 import glob, json, sys
 lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/metrics/worker-*.jsonl") for l in open(f)
          if '"status"' in l]
-k = int(sys.argv[2])
-print(sum(l.get("pull_parts", 0) > k for l in lines), sum(l.get("pull_parts", 0) == k for l in lines),
-      len(lines))
+k, field = int(sys.argv[2]), sys.argv[3]
+print(sum(l.get(field, 0) > k for l in lines), sum(l.get(field, 0) == k for l in lines), len(lines))
 PY
 }
 
@@ -95,22 +95,13 @@ check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -
 check "... the same model file as the plain whole pull's, byte for byte" \
     cmp -s "$TMP/sec/model.safetensors" "$TMP/sync-off/model.safetensors"
 
-# push_parts DIR SHARDS: the steps whose push took more messages than shards, and all steps
-push_parts() {
-    "$TORCH_PY" - "$1" "$2" <<'PY'
-import glob, json, sys
-lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/metrics/worker-*.jsonl") for l in open(f)
-         if '"status"' in l]
-print(sum(l["push_parts"] > int(sys.argv[2]) for l in lines), len(lines))
-PY
-}
 "$L" local --workers 1 --mode async --transport zmq --device cpu:staged --stream-pull on "${common[@]}" \
     --out "$TMP/staged-async" >"$TMP/staged-async.log" 2>&1
 check "cpu:staged, async, --stream-pull on: runs" test $? = 0
 read -r more one n < <(parts "$TMP/staged-async" 1)
 check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
-read -r more n < <(push_parts "$TMP/staged-async" 1)
-check "... every push whole, a device's default ($more of $n in parts)" test "$more" = 0 -a "$n" -gt 0
+read -r more one n < <(parts "$TMP/staged-async" 1 push_parts)
+check "... every push whole, a device's default ($one of $n)" test "$one" = "$n" -a "$n" -gt 0
 check "... the cpu run's model file, byte for byte" \
     cmp -s "$TMP/staged-async/model.safetensors" "$TMP/async-zmq-on/model.safetensors"
 "$L" local --workers 2 --mode sync --transport zmq --device cpu:staged --stream-pull on \
@@ -118,7 +109,7 @@ check "... the cpu run's model file, byte for byte" \
 check "cpu:staged, sync, both streams on: runs" test $? = 0
 read -r more one n < <(parts "$TMP/staged-sync" 1)
 check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
-read -r more n < <(push_parts "$TMP/staged-sync" 1)
+read -r more one n < <(parts "$TMP/staged-sync" 1 push_parts)
 check "... every push in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
 check "... the cpu run's model file, byte for byte" \
     cmp -s "$TMP/staged-sync/model.safetensors" "$TMP/sync-on/model.safetensors"
