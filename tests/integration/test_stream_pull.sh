@@ -95,22 +95,25 @@ check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -
 check "... the same model file as the plain whole pull's, byte for byte" \
     cmp -s "$TMP/sec/model.safetensors" "$TMP/sync-off/model.safetensors"
 
-"$L" local --workers 1 --mode async --transport zmq --device cpu:staged --stream-pull on "${common[@]}" \
-    --out "$TMP/staged-async" >"$TMP/staged-async.log" 2>&1
-check "cpu:staged, async, --stream-pull on: runs" test $? = 0
-read -r more one n < <(parts "$TMP/staged-async" 1)
-check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
-read -r more one n < <(parts "$TMP/staged-async" 1 push_parts)
-check "... every push whole, a device's default ($one of $n)" test "$one" = "$n" -a "$n" -gt 0
-check "... the cpu run's model file, byte for byte" \
-    cmp -s "$TMP/staged-async/model.safetensors" "$TMP/async-zmq-on/model.safetensors"
-"$L" local --workers 2 --mode sync --transport zmq --device cpu:staged --stream-pull on \
-    --stream-push on "${common[@]}" --out "$TMP/staged-sync" >"$TMP/staged-sync.log" 2>&1
-check "cpu:staged, sync, both streams on: runs" test $? = 0
-read -r more one n < <(parts "$TMP/staged-sync" 1)
-check "... every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
-read -r more one n < <(parts "$TMP/staged-sync" 1 push_parts)
-check "... every push in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
-check "... the cpu run's model file, byte for byte" \
-    cmp -s "$TMP/staged-sync/model.safetensors" "$TMP/sync-on/model.safetensors"
+# staged NAME CPU_RUN PUSH FLAGS...: a run on cpu:staged with --stream-pull on
+# and FLAGS: every pull in parts, every push whole or in parts (PUSH), and
+# the model file of the cpu run CPU_RUN
+staged() {
+    local name=$1 cpu=$2 push=$3; shift 3
+    "$L" local --transport zmq --device cpu:staged --stream-pull on "$@" "${common[@]}" \
+        --out "$TMP/$name" >"$TMP/$name.log" 2>&1
+    check "$name: runs" test $? = 0
+    read -r more one n < <(parts "$TMP/$name" 1)
+    check "$name: every pull came in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+    read -r more one n < <(parts "$TMP/$name" 1 push_parts)
+    if [ "$push" = whole ]; then
+        check "$name: every push whole, a device's default ($one of $n)" test "$one" = "$n" -a "$n" -gt 0
+    else
+        check "$name: every push in parts ($more of $n)" test "$more" = "$n" -a "$n" -gt 0
+    fi
+    check "$name: the cpu run's model file, byte for byte" \
+        cmp -s "$TMP/$name/model.safetensors" "$TMP/$cpu/model.safetensors"
+}
+staged staged-async async-zmq-on whole --workers 1 --mode async
+staged staged-sync sync-on parts --workers 2 --mode sync --stream-push on
 finish
