@@ -244,8 +244,8 @@ typedef struct {
     s_list_t ps, worker; /* worker includes the chief first */
 } s_tf_t;
 
-static int s_parse_tf_config(s_tf_t *tf, const char *text, char (*ps)[DP_HOST_LEN],
-                             char (*workers)[DP_HOST_LEN], char *err)
+/* tf before any TF_CONFIG: no task, empty lists that fill ps[] and workers[]. */
+static void s_tf_init(s_tf_t *tf, char (*ps)[DP_HOST_LEN], char (*workers)[DP_HOST_LEN])
 {
     memset(tf, 0, sizeof *tf);
     tf->index = -1;
@@ -253,97 +253,116 @@ static int s_parse_tf_config(s_tf_t *tf, const char *text, char (*ps)[DP_HOST_LE
     tf->worker.hosts = workers;
     snprintf(tf->ps.src, sizeof tf->ps.src, "TF_CONFIG: cluster.ps");
     snprintf(tf->worker.src, sizeof tf->worker.src, "TF_CONFIG: cluster.worker");
+}
+
+/* text as a JSON document, or NULL with err saying where it stops being one. */
+static cJSON *s_tf_json(const char *text, char *err)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (root) return root;
+    size_t off = end ? (size_t)(end - text) : 0;
+    if (!end || !*end) {
+        dp_err(err, "TF_CONFIG: not valid JSON: it ends early (byte %zu)", off);
+        return NULL;
+    }
+    s_quoted_t q;
+    dp_err(err, "TF_CONFIG: not valid JSON at byte %zu: \"%s\"", off, s_quote(&q, end, strlen(end), 20));
+    return NULL;
+}
+
+/* cluster: the ps list, then the chief and the workers into one worker
+ * list, the chief first (it is worker 0). */
+static int s_tf_cluster(s_tf_t *tf, const cJSON *cluster, char *err)
+{
+    if (cluster && !cJSON_IsNull(cluster) && !cJSON_IsObject(cluster))
+        return dp_err(err, "TF_CONFIG: cluster must be an object of job name -> [\"host:port\", ...]");
+    if (s_list_from_json(&tf->ps, cluster, "ps", err) != 0) return -1;
+    if (s_list_from_json(&tf->worker, cluster, "chief", err) != 0) return -1;
+    tf->n_chief = tf->worker.n;
+    if (tf->n_chief > 1)
+        return dp_err(err, "TF_CONFIG: cluster.chief has %d hosts; there is at most one chief",
+                      tf->n_chief);
+    /* Room for the chief is kept at the front of workers[]. */
+    s_list_t w = {.n = 0, .cap = DP_CLUSTER_MAX_HOSTS - tf->n_chief,
+                  .hosts = tf->worker.hosts + tf->n_chief};
+    if (s_list_from_json(&w, cluster, "worker", err) != 0) return -1;
+    tf->worker.n = tf->n_chief + w.n;
+    return 0;
+}
+
+/* task.index: absent or null is 0 (TensorFlow's default), else an integer
+ * in [0, 1e6]. */
+static int s_tf_index(s_tf_t *tf, const cJSON *index, char *err)
+{
+    if (!index || cJSON_IsNull(index)) {
+        tf->index = 0;
+        return 0;
+    }
+    double v = cJSON_IsNumber(index) ? index->valuedouble : -1;
+    if (!cJSON_IsNumber(index) || v < 0 || v != floor(v) || v > 1e6)
+        return dp_err(err, "TF_CONFIG: task.index must be an integer >= 0");
+    tf->index = (int)v;
+    return 0;
+}
+
+/* task.index within its job's list, in TF_CONFIG's own numbering, so the
+ * message names the numbers the user wrote: TF_CONFIG must be consistent
+ * on its own even when flags replace some of it. A job without a list here
+ * is checked after merging, in folded numbering. */
+static int s_tf_index_in_range(const s_tf_t *tf, char *err)
+{
+    const char *t = tf->type;
+    int n = strcmp(t, "ps") == 0       ? tf->ps.n
+            : strcmp(t, "chief") == 0  ? tf->n_chief
+                                       : tf->worker.n - tf->n_chief;
+    if (n > 0 && tf->index >= n)
+        return dp_err(err, "TF_CONFIG: task.index %d out of range: cluster.%s has %d host%s",
+                      tf->index, t, n, n == 1 ? "" : "s");
+    if (strcmp(t, "chief") == 0 && tf->n_chief == 0)
+        return dp_err(err, "TF_CONFIG: task.type is \"chief\" but cluster.chief is missing");
+    return 0;
+}
+
+/* task (absent or null: none): its type, ps, worker or chief, and index. */
+static int s_tf_task(s_tf_t *tf, const cJSON *task, char *err)
+{
+    if (!task || cJSON_IsNull(task)) return 0;
+    if (!cJSON_IsObject(task))
+        return dp_err(err, "TF_CONFIG: task must be an object {\"type\": ..., \"index\": ...}");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(task, "type");
+    if (!cJSON_IsString(type) || !type->valuestring)
+        return dp_err(err, "TF_CONFIG: task.type must be a string: \"ps\", \"worker\" or \"chief\"");
+    const char *t = type->valuestring;
+    if (strcmp(t, "ps") != 0 && strcmp(t, "worker") != 0 && strcmp(t, "chief") != 0) {
+        s_quoted_t q;
+        return dp_err(err, "TF_CONFIG: task.type \"%s\" is not supported: ps, worker or chief",
+                      s_quote(&q, t, strlen(t), 32));
+    }
+    snprintf(tf->type, sizeof tf->type, "%s", t);
+    if (s_tf_index(tf, cJSON_GetObjectItemCaseSensitive(task, "index"), err) != 0) return -1;
+    return s_tf_index_in_range(tf, err);
+}
+
+/* TF_CONFIG's text (NULL, empty or blank: none) into tf, its lists into
+ * ps[] and workers[]. */
+static int s_parse_tf_config(s_tf_t *tf, const char *text, char (*ps)[DP_HOST_LEN],
+                             char (*workers)[DP_HOST_LEN], char *err)
+{
+    s_tf_init(tf, ps, workers);
     if (!text) return 0;
     const char *p = text;
     while (isspace((unsigned char)*p)) p++;
     if (*p == '\0') return 0; /* TF_CONFIG="" is the same as unset */
     tf->present = 1;
-
+    cJSON *root = s_tf_json(text, err);
+    if (!root) return -1;
     int rc = -1;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
-    if (!root) {
-        size_t off = end ? (size_t)(end - text) : 0;
-        if (!end || !*end)
-            return dp_err(err, "TF_CONFIG: not valid JSON: it ends early (byte %zu)", off);
-        s_quoted_t q;
-        return dp_err(err, "TF_CONFIG: not valid JSON at byte %zu: \"%s\"", off, s_quote(&q, end, strlen(end), 20));
-    }
-    if (!cJSON_IsObject(root)) {
+    if (!cJSON_IsObject(root))
         dp_err(err, "TF_CONFIG: must be a JSON object with \"cluster\" and \"task\"");
-        goto done;
-    }
-    const cJSON *cluster = cJSON_GetObjectItemCaseSensitive(root, "cluster");
-    if (cluster && !cJSON_IsNull(cluster) && !cJSON_IsObject(cluster)) {
-        dp_err(err, "TF_CONFIG: cluster must be an object of job name -> [\"host:port\", ...]");
-        goto done;
-    }
-    if (s_list_from_json(&tf->ps, cluster, "ps", err) != 0) goto done;
-    /* The chief goes first into the worker list: it is worker 0. */
-    if (s_list_from_json(&tf->worker, cluster, "chief", err) != 0) goto done;
-    tf->n_chief = tf->worker.n;
-    if (tf->n_chief > 1) {
-        dp_err(err, "TF_CONFIG: cluster.chief has %d hosts; there is at most one chief",
-               tf->n_chief);
-        goto done;
-    }
-    {
-        /* Room for the chief is kept at the front of workers[]. */
-        s_list_t w = {.n = 0, .cap = DP_CLUSTER_MAX_HOSTS - tf->n_chief,
-                      .hosts = workers + tf->n_chief};
-        if (s_list_from_json(&w, cluster, "worker", err) != 0) goto done;
-        tf->worker.n = tf->n_chief + w.n;
-    }
-
-    const cJSON *task = cJSON_GetObjectItemCaseSensitive(root, "task");
-    if (task && !cJSON_IsNull(task)) {
-        if (!cJSON_IsObject(task)) {
-            dp_err(err, "TF_CONFIG: task must be an object {\"type\": ..., \"index\": ...}");
-            goto done;
-        }
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(task, "type");
-        const cJSON *index = cJSON_GetObjectItemCaseSensitive(task, "index");
-        if (!cJSON_IsString(type) || !type->valuestring) {
-            dp_err(err, "TF_CONFIG: task.type must be a string: \"ps\", \"worker\" or \"chief\"");
-            goto done;
-        }
-        const char *t = type->valuestring;
-        if (strcmp(t, "ps") != 0 && strcmp(t, "worker") != 0 && strcmp(t, "chief") != 0) {
-            s_quoted_t q;
-            dp_err(err, "TF_CONFIG: task.type \"%s\" is not supported: ps, worker or chief",
-                   s_quote(&q, t, strlen(t), 32));
-            goto done;
-        }
-        snprintf(tf->type, sizeof tf->type, "%s", t);
-        if (!index || cJSON_IsNull(index)) {
-            tf->index = 0; /* TensorFlow's default */
-        } else {
-            double v = cJSON_IsNumber(index) ? index->valuedouble : -1;
-            if (!cJSON_IsNumber(index) || v < 0 || v != floor(v) || v > 1e6) {
-                dp_err(err, "TF_CONFIG: task.index must be an integer >= 0");
-                goto done;
-            }
-            tf->index = (int)v;
-        }
-        /* Range check in TF_CONFIG's own numbering, so the message names
-         * the numbers the user wrote: TF_CONFIG must be consistent on its
-         * own even when flags replace some of it. A job without a list
-         * here is checked after merging, in folded numbering. */
-        int n = strcmp(t, "ps") == 0       ? tf->ps.n
-                : strcmp(t, "chief") == 0  ? tf->n_chief
-                                           : tf->worker.n - tf->n_chief;
-        if (n > 0 && tf->index >= n) {
-            dp_err(err, "TF_CONFIG: task.index %d out of range: cluster.%s has %d host%s",
-                   tf->index, t, n, n == 1 ? "" : "s");
-            goto done;
-        }
-        if (strcmp(t, "chief") == 0 && tf->n_chief == 0) {
-            dp_err(err, "TF_CONFIG: task.type is \"chief\" but cluster.chief is missing");
-            goto done;
-        }
-    }
-    rc = 0;
-done:
+    else if (s_tf_cluster(tf, cJSON_GetObjectItemCaseSensitive(root, "cluster"), err) == 0 &&
+             s_tf_task(tf, cJSON_GetObjectItemCaseSensitive(root, "task"), err) == 0)
+        rc = 0;
     cJSON_Delete(root);
     return rc;
 }

@@ -35,6 +35,17 @@ void dp_opts_add(dp_opts_t *o, const dp_opts_flag_t *entries, int n)
     o->n += n;
 }
 
+void dp_opts_add_at(dp_opts_t *o, void *base, const dp_opts_entry_t *entries, int n)
+{
+    for (int i = 0; i < n; i++) {
+        dp_opts_flag_t f = entries[i].flag;
+        void *p = (char *)base + entries[i].at;
+        if (f.kind == DP_OPTS_CALL) f.arg = p;
+        else if (f.kind != DP_OPTS_HEADING) f.target = p;
+        dp_opts_add(o, &f, 1);
+    }
+}
+
 dp_opts_flag_t *dp_opts_find(dp_opts_t *o, const char *name)
 {
     for (int i = 0; i < o->n; i++)

@@ -86,6 +86,17 @@ typedef struct {
 void dp_opts_init(dp_opts_t *o, const char *program, const char *synopsis, const char *epilog);
 /* Append n entries (aborts past DP_OPTS_MAX: a programming error). */
 void dp_opts_add(dp_opts_t *o, const dp_opts_flag_t *entries, int n);
+/* A table kept as data: a static const array whose entries name where
+ * each value lands as an offset (offsetof) into the struct the flags fill,
+ * and dp_opts_add_at points them into one such struct. */
+typedef struct {
+    dp_opts_flag_t flag; /* the entry, target and arg left NULL */
+    size_t at;           /* offset of the value (a CALL: of set's argument); unused for a heading */
+} dp_opts_entry_t;
+
+/* Append n entries of such a table, each pointing at base + at (the
+ * target, or a CALL's arg). */
+void dp_opts_add_at(dp_opts_t *o, void *base, const dp_opts_entry_t *entries, int n);
 /* The entry named name (without "--"), or NULL. */
 dp_opts_flag_t *dp_opts_find(dp_opts_t *o, const char *name);
 

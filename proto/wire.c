@@ -6,6 +6,8 @@
 #include "proto/wire.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,29 +82,207 @@ void dp_wire_destroy(Downpour__Envelope **env_p)
     }
 }
 
-static int s_text_ok(const char *s, size_t limit)
+static bool s_text_ok(const char *s, size_t limit)
 {
     return s == NULL || strnlen(s, limit + 1) <= limit;
 }
 
-/* Which sub-message a type needs (NULL-checkable), and whether it carries tensors. */
-static int s_body_present(const Downpour__Envelope *e, int *tensors_allowed, const char **what)
+/* A compressed PUSH (Push.compression): its own dtypes, frames only; its
+ * layout is checked against the shard's range by proto/compress.h. */
+static bool s_compressed(const Downpour__Envelope *e)
 {
-    *tensors_allowed = 0;
-    switch (e->type) {
-    case DOWNPOUR__MSG_TYPE__HELLO: *what = "hello"; return e->hello != NULL;
-    case DOWNPOUR__MSG_TYPE__WELCOME: *what = "welcome"; return e->welcome != NULL;
-    case DOWNPOUR__MSG_TYPE__PULL: *what = "pull"; return e->pull != NULL;
-    case DOWNPOUR__MSG_TYPE__PARAMS: *what = "params"; *tensors_allowed = 1; return e->params != NULL;
-    case DOWNPOUR__MSG_TYPE__PUSH: *what = "push"; *tensors_allowed = 1; return e->push != NULL;
-    case DOWNPOUR__MSG_TYPE__ACK: *what = "ack"; return e->ack != NULL;
-    case DOWNPOUR__MSG_TYPE__BARRIER: *what = "barrier"; return e->barrier != NULL;
-    case DOWNPOUR__MSG_TYPE__ERROR: *what = "error"; return e->error != NULL;
-    case DOWNPOUR__MSG_TYPE__HEARTBEAT:
-    case DOWNPOUR__MSG_TYPE__STATS: /* request has no body; reply has stats (checked by the client) */
-    case DOWNPOUR__MSG_TYPE__SHUTDOWN: *what = ""; return 1;
-    default: *what = ""; return 0;
+    return e->push && e->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
+}
+
+/* ---- what each message may carry ---------------------------------------
+ * A row per message type: the body it needs, whether it takes tensors, the
+ * body's text field and the check of its structure. An envelope may carry
+ * bodies besides its type's own: each one present is held to its row's
+ * rules, texts first, then (after the envelope's tensors) structures, in
+ * the rows' order. */
+
+static int s_push_check(const Downpour__Envelope *e, char *err)
+{
+    const Downpour__Push *p = e->push;
+    if ((int)p->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE &&
+        p->compression != DOWNPOUR__COMPRESSION__TOPK && p->compression != DOWNPOUR__COMPRESSION__SIGN)
+        return dp_err(err, "malformed: PUSH with unknown compression %d (NONE, TOPK or SIGN)",
+                      (int)p->compression);
+    if (s_compressed(e) && e->shm)
+        return dp_err(err, "malformed: a compressed PUSH travels in frames, not in shared memory");
+    uint32_t k = dp_wire_push_parts(p);
+    if (k > DP_WIRE_MAX_PUSH_PARTS)
+        return dp_err(err, "malformed: PUSH in %u parts (limit %d)", k, DP_WIRE_MAX_PUSH_PARTS);
+    if (p->part >= k)
+        return dp_err(err, "malformed: PUSH part %u of %u%s (parts count from 0)", p->part, k,
+                      p->parts ? "" : " (parts 0: a whole push)");
+    if (k > 1 && s_compressed(e))
+        return dp_err(err, "malformed: a PUSH in parts is dense (part %u of %u is compressed)",
+                      p->part, k);
+    return 0;
+}
+
+static int s_pull_check(const Downpour__Envelope *e, char *err)
+{
+    const Downpour__Pull *p = e->pull;
+    if (p->n_cuts >= DP_WIRE_MAX_PULL_PARTS)
+        return dp_err(err, "malformed: PULL cut in %zu places (at most %d parts)", p->n_cuts,
+                      DP_WIRE_MAX_PULL_PARTS);
+    for (size_t k = 1; k < p->n_cuts; k++)
+        if (p->cuts[k] <= p->cuts[k - 1])
+            return dp_err(err, "malformed: PULL cuts not strictly ascending (cut %zu: %llu after %llu)",
+                          k, (unsigned long long)p->cuts[k], (unsigned long long)p->cuts[k - 1]);
+    return 0;
+}
+
+static int s_params_check(const Downpour__Envelope *e, char *err)
+{
+    uint32_t k = dp_wire_params_parts(e->params);
+    if (k > DP_WIRE_MAX_PULL_PARTS)
+        return dp_err(err, "malformed: PARAMS in %u parts (limit %d)", k, DP_WIRE_MAX_PULL_PARTS);
+    if (e->params->part >= k)
+        return dp_err(err, "malformed: PARAMS part %u of %u (parts count from 0)", e->params->part,
+                      k);
+    return 0;
+}
+
+typedef struct {
+    Downpour__MsgType type;
+    const char *body; /* the sub-message's name; NULL: the type needs none */
+    size_t at;        /* where the envelope points to it */
+    bool tensors;     /* may carry tensor descriptors */
+    const char *text; /* the body's text field, as an error names it; NULL: none */
+    size_t text_at;   /* where the body points to it (at most DP_WIRE_MAX_TEXT bytes) */
+    int (*check)(const Downpour__Envelope *e, char *err); /* the body's structure; NULL: none */
+} s_msg_rule_t;
+
+#define S_BODY(name) #name, offsetof(Downpour__Envelope, name)
+#define S_TEXT(what, type, field) what, offsetof(type, field)
+
+static const s_msg_rule_t s_rules[] = {
+    {DOWNPOUR__MSG_TYPE__HELLO, S_BODY(hello), false, S_TEXT("model spec", Downpour__Hello, model_spec), NULL},
+    {DOWNPOUR__MSG_TYPE__ERROR, S_BODY(error), false, S_TEXT("error text", Downpour__Error, message), NULL},
+    {DOWNPOUR__MSG_TYPE__ACK, S_BODY(ack), false, S_TEXT("ack reason", Downpour__Ack, reason), NULL},
+    {DOWNPOUR__MSG_TYPE__PUSH, S_BODY(push), true, NULL, 0, s_push_check},
+    {DOWNPOUR__MSG_TYPE__PULL, S_BODY(pull), false, NULL, 0, s_pull_check},
+    {DOWNPOUR__MSG_TYPE__PARAMS, S_BODY(params), true, NULL, 0, s_params_check},
+    {DOWNPOUR__MSG_TYPE__WELCOME, S_BODY(welcome), false, NULL, 0, NULL},
+    {DOWNPOUR__MSG_TYPE__BARRIER, S_BODY(barrier), false, NULL, 0, NULL},
+    /* the request has no body; the reply's stats are checked by the client */
+    {DOWNPOUR__MSG_TYPE__HEARTBEAT, NULL, 0, false, NULL, 0, NULL},
+    {DOWNPOUR__MSG_TYPE__STATS, NULL, 0, false, NULL, 0, NULL},
+    {DOWNPOUR__MSG_TYPE__SHUTDOWN, NULL, 0, false, NULL, 0, NULL},
+};
+#define S_N_RULES (sizeof s_rules / sizeof s_rules[0])
+_Static_assert(S_N_RULES == DOWNPOUR__MSG_TYPE__ERROR, "a row for every message type");
+
+/* The row of a known type. */
+static const s_msg_rule_t *s_rule(int type)
+{
+    for (size_t r = 0; r < S_N_RULES; r++)
+        if ((int)s_rules[r].type == type) return &s_rules[r];
+    return NULL;
+}
+
+/* The pointer at offset at of p (a body in an envelope, a text in a body). */
+static const void *s_field(const void *p, size_t at)
+{
+    const void *f;
+    memcpy(&f, (const char *)p + at, sizeof f);
+    return f;
+}
+
+/* The row's body in e, or NULL (absent, or a type without one). */
+static const void *s_body(const Downpour__Envelope *e, const s_msg_rule_t *r)
+{
+    return r->body ? s_field(e, r->at) : NULL;
+}
+
+/* Each present body's text within DP_WIRE_MAX_TEXT bytes. */
+static int s_texts_check(const Downpour__Envelope *e, char *err)
+{
+    for (size_t r = 0; r < S_N_RULES; r++) {
+        const void *b = s_body(e, &s_rules[r]);
+        if (b && s_rules[r].text && !s_text_ok(s_field(b, s_rules[r].text_at), DP_WIRE_MAX_TEXT))
+            return dp_err(err, "malformed: %s longer than %d bytes", s_rules[r].text,
+                          DP_WIRE_MAX_TEXT);
     }
+    return 0;
+}
+
+/* Each present body's structure. */
+static int s_bodies_check(const Downpour__Envelope *e, char *err)
+{
+    for (size_t r = 0; r < S_N_RULES; r++)
+        if (s_rules[r].check && s_body(e, &s_rules[r]) && s_rules[r].check(e, err) != 0) return -1;
+    return 0;
+}
+
+/* What every message's tensors must agree with, before any body. */
+static int s_tensors_check(const Downpour__Envelope *e, const s_msg_rule_t *r, int n_frames,
+                           char *err)
+{
+    if (e->n_tensors && !r->tensors)
+        return dp_err(err, "malformed: %s carries %zu tensor descriptors (it takes none)",
+                      dp_wire_type_name(e->type), e->n_tensors);
+    if (e->n_tensors > DP_WIRE_MAX_TENSORS)
+        return dp_err(err, "malformed: %zu tensor descriptors (limit %d)", e->n_tensors,
+                      DP_WIRE_MAX_TENSORS);
+    if (e->shm && n_frames != 0)
+        return dp_err(err, "malformed: %s says its tensors are in shared memory but has %d frames",
+                      dp_wire_type_name(e->type), n_frames);
+    return 0;
+}
+
+/* Descriptor i: its key, dtype, shape and byte length, and (in frames) its
+ * frame's length and checksum. */
+static int s_desc_check(const Downpour__Envelope *e, const dp_wire_frame_t *frames, size_t i,
+                        char *err)
+{
+    const Downpour__TensorDesc *d = e->tensors[i];
+    if (!d) return dp_err(err, "malformed: tensor %zu: missing descriptor", i);
+    if (!d->key || !d->key[0] || !s_text_ok(d->key, DP_WIRE_MAX_KEY))
+        return dp_err(err, "malformed: tensor %zu: empty or over-long key", i);
+    bool coded = d->dtype == DOWNPOUR__DTYPE__UINT32 || d->dtype == DOWNPOUR__DTYPE__BIT;
+    if (coded ? !s_compressed(e)
+              : d->dtype != DOWNPOUR__DTYPE__FLOAT32 && (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || e->shm))
+        return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
+                           "BFLOAT16 in frames, or UINT32 and BIT in a compressed PUSH)",
+                      i, d->key, (int)d->dtype);
+    if (d->n_shape < 1 || d->n_shape > 8)
+        return dp_err(err, "malformed: tensor %zu (%s): %zu dimensions (1 to 8 allowed)", i, d->key,
+                      d->n_shape);
+    uint64_t count = 1;
+    for (size_t k = 0; k < d->n_shape; k++) {
+        if (d->shape[k] < 0 || d->shape[k] > (int64_t)1 << 40)
+            return dp_err(err, "malformed: tensor %zu (%s): dimension %zu is %lld", i, d->key, k,
+                          (long long)d->shape[k]);
+        count *= (uint64_t)d->shape[k];
+        if (count > (uint64_t)1 << 40)
+            return dp_err(err, "malformed: tensor %zu (%s): shape too large", i, d->key);
+    }
+    uint64_t bytes = d->dtype == DOWNPOUR__DTYPE__BIT ? (count + 7) / 8
+                                                     : count * dp_wire_dtype_size(d->dtype);
+    if (bytes != d->byte_length)
+        return dp_err(err, "malformed: tensor %zu (%s): shape holds %llu elements = %llu bytes but byte_length is %llu",
+                      i, d->key, (unsigned long long)count, (unsigned long long)bytes,
+                      (unsigned long long)d->byte_length);
+    if (d->offset > (uint64_t)1 << 40)
+        return dp_err(err, "malformed: tensor %zu (%s): offset %llu out of range", i, d->key,
+                      (unsigned long long)d->offset);
+    if (e->shm) return 0; /* no frame: the bytes are in shared memory */
+    if (frames[i].len != d->byte_length)
+        return dp_err(err, "malformed: tensor %zu (%s): frame has %zu bytes, descriptor says %llu",
+                      i, d->key, frames[i].len, (unsigned long long)d->byte_length);
+    if (d->checksum == DOWNPOUR__CHECKSUM__NO_CHECKSUM) return 0;
+    if (d->checksum != DOWNPOUR__CHECKSUM__CRC32)
+        return dp_err(err, "malformed: tensor %zu (%s): unknown checksum kind %d", i, d->key,
+                      (int)d->checksum);
+    uint32_t crc = dp_wire_crc32(frames[i].data, frames[i].len);
+    if (crc != d->crc32)
+        return dp_err(err, "malformed: tensor %zu (%s): checksum %08x, descriptor says %08x", i,
+                      d->key, crc, d->crc32);
+    return 0;
 }
 
 int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, int n_frames,
@@ -112,115 +292,19 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
     if (env->protocol_version != DP_PROTOCOL_VERSION)
         return dp_err(err, "malformed: protocol version %u (this build speaks %d)",
                       env->protocol_version, DP_PROTOCOL_VERSION);
-    if ((int)env->type <= DOWNPOUR__MSG_TYPE__MSG_NONE || (int)env->type > DOWNPOUR__MSG_TYPE__ERROR)
-        return dp_err(err, "malformed: unknown message type %d", (int)env->type);
-    int tensors_allowed = 0;
-    const char *what = "";
-    if (!s_body_present(env, &tensors_allowed, &what))
-        return dp_err(err, "malformed: %s without its '%s' body", dp_wire_type_name(env->type), what);
-    if (env->hello && (!s_text_ok(env->hello->model_spec, DP_WIRE_MAX_TEXT)))
-        return dp_err(err, "malformed: model spec longer than %d bytes", DP_WIRE_MAX_TEXT);
-    if (env->error && !s_text_ok(env->error->message, DP_WIRE_MAX_TEXT))
-        return dp_err(err, "malformed: error text longer than %d bytes", DP_WIRE_MAX_TEXT);
-    if (env->ack && !s_text_ok(env->ack->reason, DP_WIRE_MAX_TEXT))
-        return dp_err(err, "malformed: ack reason longer than %d bytes", DP_WIRE_MAX_TEXT);
-    if (env->n_tensors && !tensors_allowed)
-        return dp_err(err, "malformed: %s carries %zu tensor descriptors (it takes none)",
-                      dp_wire_type_name(env->type), env->n_tensors);
-    if (env->n_tensors > DP_WIRE_MAX_TENSORS)
-        return dp_err(err, "malformed: %zu tensor descriptors (limit %d)", env->n_tensors,
-                      DP_WIRE_MAX_TENSORS);
-    if (env->shm && n_frames != 0)
-        return dp_err(err, "malformed: %s says its tensors are in shared memory but has %d frames",
-                      dp_wire_type_name(env->type), n_frames);
-    /* a compressed PUSH (Push.compression): its own dtypes, frames only;
-     * its layout is checked against the shard's range by proto/compress.h */
-    int compressed = env->push && env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
-    if (env->push && (int)env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE &&
-        env->push->compression != DOWNPOUR__COMPRESSION__TOPK &&
-        env->push->compression != DOWNPOUR__COMPRESSION__SIGN)
-        return dp_err(err, "malformed: PUSH with unknown compression %d (NONE, TOPK or SIGN)",
-                      (int)env->push->compression);
-    if (compressed && env->shm)
-        return dp_err(err, "malformed: a compressed PUSH travels in frames, not in shared memory");
-    if (env->push) {
-        uint32_t k = dp_wire_push_parts(env->push);
-        if (k > DP_WIRE_MAX_PUSH_PARTS)
-            return dp_err(err, "malformed: PUSH in %u parts (limit %d)", k, DP_WIRE_MAX_PUSH_PARTS);
-        if (env->push->part >= k)
-            return dp_err(err, "malformed: PUSH part %u of %u%s (parts count from 0)",
-                          env->push->part, k, env->push->parts ? "" : " (parts 0: a whole push)");
-        if (k > 1 && compressed)
-            return dp_err(err, "malformed: a PUSH in parts is dense (part %u of %u is compressed)",
-                          env->push->part, k);
-    }
-    if (env->pull) {
-        if (env->pull->n_cuts >= DP_WIRE_MAX_PULL_PARTS)
-            return dp_err(err, "malformed: PULL cut in %zu places (at most %d parts)",
-                          env->pull->n_cuts, DP_WIRE_MAX_PULL_PARTS);
-        for (size_t k = 1; k < env->pull->n_cuts; k++)
-            if (env->pull->cuts[k] <= env->pull->cuts[k - 1])
-                return dp_err(err, "malformed: PULL cuts not strictly ascending (cut %zu: %llu after %llu)",
-                              k, (unsigned long long)env->pull->cuts[k],
-                              (unsigned long long)env->pull->cuts[k - 1]);
-    }
-    if (env->params) {
-        uint32_t k = dp_wire_params_parts(env->params);
-        if (k > DP_WIRE_MAX_PULL_PARTS)
-            return dp_err(err, "malformed: PARAMS in %u parts (limit %d)", k, DP_WIRE_MAX_PULL_PARTS);
-        if (env->params->part >= k)
-            return dp_err(err, "malformed: PARAMS part %u of %u (parts count from 0)",
-                          env->params->part, k);
-    }
+    const s_msg_rule_t *rule = s_rule((int)env->type);
+    if (!rule) return dp_err(err, "malformed: unknown message type %d", (int)env->type);
+    if (rule->body && !s_body(env, rule))
+        return dp_err(err, "malformed: %s without its '%s' body", dp_wire_type_name(env->type),
+                      rule->body);
+    if (s_texts_check(env, err) != 0) return -1;
+    if (s_tensors_check(env, rule, n_frames, err) != 0) return -1;
+    if (s_bodies_check(env, err) != 0) return -1;
     if (!env->shm && (size_t)n_frames != env->n_tensors)
         return dp_err(err, "malformed: %s has %zu tensor descriptors but %d tensor frames",
                       dp_wire_type_name(env->type), env->n_tensors, n_frames);
-    for (size_t i = 0; i < env->n_tensors; i++) {
-        const Downpour__TensorDesc *d = env->tensors[i];
-        if (!d) return dp_err(err, "malformed: tensor %zu: missing descriptor", i);
-        if (!d->key || !d->key[0] || !s_text_ok(d->key, DP_WIRE_MAX_KEY))
-            return dp_err(err, "malformed: tensor %zu: empty or over-long key", i);
-        int coded = d->dtype == DOWNPOUR__DTYPE__UINT32 || d->dtype == DOWNPOUR__DTYPE__BIT;
-        if (coded ? !compressed
-                  : d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
-                        (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || env->shm))
-            return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
-                               "BFLOAT16 in frames, or UINT32 and BIT in a compressed PUSH)",
-                          i, d->key, (int)d->dtype);
-        if (d->n_shape < 1 || d->n_shape > 8)
-            return dp_err(err, "malformed: tensor %zu (%s): %zu dimensions (1 to 8 allowed)", i,
-                          d->key, d->n_shape);
-        uint64_t count = 1;
-        for (size_t k = 0; k < d->n_shape; k++) {
-            if (d->shape[k] < 0 || d->shape[k] > (int64_t)1 << 40)
-                return dp_err(err, "malformed: tensor %zu (%s): dimension %zu is %lld", i, d->key, k,
-                              (long long)d->shape[k]);
-            count *= (uint64_t)d->shape[k];
-            if (count > (uint64_t)1 << 40)
-                return dp_err(err, "malformed: tensor %zu (%s): shape too large", i, d->key);
-        }
-        uint64_t bytes = d->dtype == DOWNPOUR__DTYPE__BIT ? (count + 7) / 8
-                                                         : count * dp_wire_dtype_size(d->dtype);
-        if (bytes != d->byte_length)
-            return dp_err(err, "malformed: tensor %zu (%s): shape holds %llu elements = %llu bytes but byte_length is %llu",
-                          i, d->key, (unsigned long long)count, (unsigned long long)bytes,
-                          (unsigned long long)d->byte_length);
-        if (d->offset > (uint64_t)1 << 40)
-            return dp_err(err, "malformed: tensor %zu (%s): offset %llu out of range", i, d->key,
-                          (unsigned long long)d->offset);
-        if (env->shm) continue; /* no frame: the bytes are in shared memory */
-        if (frames[i].len != d->byte_length)
-            return dp_err(err, "malformed: tensor %zu (%s): frame has %zu bytes, descriptor says %llu",
-                          i, d->key, frames[i].len, (unsigned long long)d->byte_length);
-        if (d->checksum == DOWNPOUR__CHECKSUM__NO_CHECKSUM) continue;
-        if (d->checksum != DOWNPOUR__CHECKSUM__CRC32)
-            return dp_err(err, "malformed: tensor %zu (%s): unknown checksum kind %d", i, d->key,
-                          (int)d->checksum);
-        uint32_t crc = dp_wire_crc32(frames[i].data, frames[i].len);
-        if (crc != d->crc32)
-            return dp_err(err, "malformed: tensor %zu (%s): checksum %08x, descriptor says %08x", i,
-                          d->key, crc, d->crc32);
-    }
+    for (size_t i = 0; i < env->n_tensors; i++)
+        if (s_desc_check(env, frames, i, err) != 0) return -1;
     return 0;
 }
 

@@ -3,7 +3,8 @@
  * value forms, unknown flag, missing value, stray argument, the one-line
  * messages), --help listing every flag of the real tables, and the seed
  * reaching downpour-ps and downpour-worker as the same uint64; environment
- * variables through the same parsers. */
+ * variables through the same parsers; every flag of downpour-worker's
+ * table landing in its own field. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +271,74 @@ static void test_seed_agrees_across_daemons(void)
     CHECK_REFUSED(dp_worker_parse_args(&wa, 4, bad, s_err), "--batch '6x4'");
 }
 
+/* Every flag of downpour-worker's table lands in its own field: one
+ * command line gives each a value no other flag's default has. */
+static void test_worker_flags_land(void)
+{
+    static dp_worker_args_t wa;
+    static dp_opts_t o;
+    dp_worker_args_default(&wa);
+    dp_worker_options(&o, &wa);
+    char *av[] = {"downpour-worker", "--data", "mnist:D", "--train-samples", "7", "--model", "M",
+                  "--augment", "--normalize", "train", "--device", "cpu:staged", "--threads", "3",
+                  "--standalone", "--batch", "5", "--epochs", "6", "--steps", "8", "--seed", "9",
+                  "--bn-ghost-batch", "2", "--optimizer", "rmsprop", "--lr", "0.25",
+                  "--momentum", "0.5", "--rms-alpha", "0.75", "--eps", "0.125",
+                  "--weight-decay", "0.0625", "--lr-schedule", "step:10:0.5", "--ps", "tcp://h:1",
+                  "--task-index", "4", "--job-name", "worker", "--ps-hosts", "p:1",
+                  "--worker-hosts", "w:2", "--local-steps", "11", "--delay-ms", "1.5",
+                  "--delay-dist", "exp", "--transport", "zmq", "--wire", "bf16", "--compress",
+                  "topk:0.25", "--error-feedback", "off", "--overlap", "on", "--stream-push", "on",
+                  "--stream-pull", "on", "--timeout", "12", "--curve-secret", "S",
+                  "--curve-server", "P.pub", "--save", "m.st", "--summary", "s.json", "--metrics",
+                  "m.jsonl", "--tensorboard", "tb", "--eval-every", "13", "--eval-limit", "14",
+                  "--no-progress"};
+    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), 0);
+    const dp_train_conf_t *c = &wa.conf;
+    CHECK_STR(c->data, "mnist:D");
+    CHECK_EQ(c->train_samples, 7);
+    CHECK_STR(c->model, "M");
+    CHECK_EQ(c->augment, 1);
+    CHECK_STR(c->normalize, "train");
+    CHECK_STR(c->device, "cpu:staged");
+    CHECK_EQ(c->threads, 3);
+    CHECK_EQ(wa.standalone, 1);
+    CHECK_EQ(c->batch, 5);
+    CHECK_EQ(c->epochs, 6);
+    CHECK_EQ(c->steps, 8);
+    CHECK(c->seed == 9);
+    CHECK_EQ(c->bn_ghost_batch, 2);
+    CHECK_EQ(c->optim.kind, DP_OPT_RMSPROP);
+    CHECK(c->optim.lr == 0.25f && c->optim.momentum == 0.5f && c->optim.alpha == 0.75f);
+    CHECK(c->optim.eps == 0.125f && c->optim.weight_decay == 0.0625f);
+    CHECK(c->schedule_given == 1 && c->optim.schedule == DP_LR_STEP && c->optim.step_size == 10);
+    CHECK_STR(c->ps, "tcp://h:1");
+    CHECK_EQ(wa.cluster.flag_task_index, 4);
+    CHECK_STR(wa.cluster.flag_job_name, "worker");
+    CHECK_STR(wa.cluster.flag_ps_hosts, "p:1");
+    CHECK_STR(wa.cluster.flag_worker_hosts, "w:2");
+    CHECK_EQ(c->local_steps, 11);
+    CHECK(c->delay_ms == 1.5 && c->delay_exp == 1);
+    CHECK_EQ(c->transport, DP_PS_TRANSPORT_ZMQ);
+    CHECK_EQ(c->wire, DP_PS_WIRE_BF16);
+    CHECK(c->compress.kind == DP_COMPRESS_TOPK && c->compress.fraction == 0.25);
+    CHECK_EQ(c->compress.error_feedback, 0);
+    CHECK(c->overlap == 1 && c->stream_push == 1 && c->stream_pull == 1);
+    CHECK(c->timeout_s == 12);
+    CHECK_STR(c->curve_secret, "S");
+    CHECK_STR(c->curve_server, "P.pub");
+    CHECK_STR(c->save, "m.st");
+    CHECK_STR(c->summary, "s.json");
+    CHECK_STR(c->metrics, "m.jsonl");
+    CHECK_STR(c->tensorboard, "tb");
+    CHECK_EQ(c->eval_every, 13);
+    CHECK_EQ(c->eval_limit, 14);
+    CHECK_EQ(c->progress, DP_PROGRESS_OFF);
+    char *on[] = {"downpour-worker", "--progress"};
+    CHECK_EQ(dp_opts_parse(&o, 2, on, s_err), 0);
+    CHECK_EQ(c->progress, DP_PROGRESS_ON);
+}
+
 /* Environment variables go through the same parsers: unset and empty keep
  * the default, a bad value is one line naming the variable. */
 static void test_env(void)
@@ -309,4 +378,4 @@ static void test_env(void)
 
 DP_TESTS(T(test_env), T(test_parse_long), T(test_parse_double), T(test_seed_u64), T(test_parse_tuple),
          T(test_driver_every_kind), T(test_driver_refusals), T(test_help_lists_every_flag),
-         T(test_passed_flags_agree), T(test_seed_agrees_across_daemons))
+         T(test_passed_flags_agree), T(test_seed_agrees_across_daemons), T(test_worker_flags_land))

@@ -594,8 +594,74 @@ static void test_params_parts(void)
     }
 }
 
+/* Each message type's row: its body's text limit (DP_WIRE_MAX_TEXT bytes
+ * accepted, one more refused), held wherever that body travels, and the
+ * order of the checks (texts before the envelope's tensors, structures
+ * after them) that picks which fault a message with two is refused for. */
+static void test_body_rules(void)
+{
+    static char text[DP_WIRE_MAX_TEXT + 2];
+    memset(text, 'x', DP_WIRE_MAX_TEXT + 1);
+    Downpour__Hello hello = DOWNPOUR__HELLO__INIT;
+    Downpour__Error error = DOWNPOUR__ERROR__INIT;
+    Downpour__Ack ack = DOWNPOUR__ACK__INIT;
+    Downpour__Pull pull = DOWNPOUR__PULL__INIT;
+    Downpour__Push push = DOWNPOUR__PUSH__INIT;
+    hello.model_spec = error.message = ack.reason = text;
+    struct {
+        int type;
+        int over;      /* the text is DP_WIRE_MAX_TEXT + 1 bytes, else DP_WIRE_MAX_TEXT */
+        int bad_push;  /* a push body in 3 parts, part 5, rides along */
+        int tensors;   /* one descriptor (and frame) */
+        const char *want; /* NULL: valid */
+    } cases[] = {
+        {DOWNPOUR__MSG_TYPE__HELLO, 0, 0, 0, NULL},
+        {DOWNPOUR__MSG_TYPE__HELLO, 1, 0, 0, "malformed: model spec longer than 4096 bytes"},
+        {DOWNPOUR__MSG_TYPE__ERROR, 0, 0, 0, NULL},
+        {DOWNPOUR__MSG_TYPE__ERROR, 1, 0, 0, "malformed: error text longer than 4096 bytes"},
+        {DOWNPOUR__MSG_TYPE__ACK, 0, 0, 0, NULL},
+        {DOWNPOUR__MSG_TYPE__ACK, 1, 0, 0, "malformed: ack reason longer than 4096 bytes"},
+        /* a body besides the type's own is held to its rules too */
+        {DOWNPOUR__MSG_TYPE__PULL, 1, 0, 0, "malformed: model spec longer than 4096 bytes"},
+        {DOWNPOUR__MSG_TYPE__PULL, 0, 1, 0, "malformed: PUSH part 5 of 3"},
+        /* two faults: a text before the tensors, the tensors before a structure */
+        {DOWNPOUR__MSG_TYPE__HELLO, 1, 0, 1, "malformed: model spec longer than 4096 bytes"},
+        {DOWNPOUR__MSG_TYPE__PULL, 0, 1, 1, "malformed: PULL carries 1 tensor descriptors"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        text[DP_WIRE_MAX_TEXT] = cases[k].over ? 'x' : '\0';
+        Downpour__Envelope env;
+        int t = cases[k].type;
+        dp_wire_env_init(&env, t, 1, 0, 0);
+        /* a PULL carries a hello body only to have its text refused */
+        env.hello = t == DOWNPOUR__MSG_TYPE__HELLO || (t == DOWNPOUR__MSG_TYPE__PULL && cases[k].over)
+                        ? &hello
+                        : NULL;
+        env.error = t == DOWNPOUR__MSG_TYPE__ERROR ? &error : NULL;
+        env.ack = t == DOWNPOUR__MSG_TYPE__ACK ? &ack : NULL;
+        env.pull = &pull;
+        push.part = 5;
+        push.parts = 3;
+        env.push = cases[k].bad_push ? &push : NULL;
+        Downpour__TensorDesc d;
+        Downpour__TensorDesc *dv[1] = {&d};
+        int64_t shape[1];
+        dp_wire_desc_fill(&d, shape, "w", s_data, N, 0, 0, 0);
+        env.n_tensors = (size_t)cases[k].tensors;
+        env.tensors = dv;
+        dp_wire_frame_t fr = {s_data, N * 4};
+        char err[DP_ERR_LEN] = "";
+        int rc = dp_wire_check(&env, &fr, cases[k].tensors, err);
+        CHECK_EQ(rc, cases[k].want ? -1 : 0);
+        if (cases[k].want && !strstr(err, cases[k].want)) {
+            fprintf(stderr, "  case %zu: error '%s' lacks '%s'\n", k, err, cases[k].want);
+            CHECK(0);
+        }
+    }
+}
+
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
          T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
          T(test_frame_count_and_garbage), T(test_range), T(test_finite),
          T(test_finite_vector), T(test_checksum_kinds), T(test_bf16), T(test_bf16_descriptor),
-         T(test_local_endpoint), T(test_split), T(test_params_parts))
+         T(test_local_endpoint), T(test_split), T(test_params_parts), T(test_body_rules))
