@@ -172,36 +172,39 @@ $(BUILD)/lib/%.a:
 	@rm -f $@
 	ar rcs $@ $^
 
+# ---- linking: one recipe for every program --------------------------------
+# A program links its prerequisites ($^: its main object, then the archives,
+# users before what they use), then LINK_LIBS (the CUDA runtime, for the
+# programs whose compute library may hold CUDA code), then what every program
+# needs.
+LINK_LIBS = $(COMPUTE_LDLIBS)
+define link
+@mkdir -p $(dir $@)
+$(CC) -o $@ $^ $(LINK_LIBS) $(LDLIBS_ALL)
+endef
+
 RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
+# The server never links CUDA.
+$(BUILD)/downpour-ps: LINK_LIBS :=
 $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
-	$(CC) -o $@ $^ $(LDLIBS_ALL)
-
 $(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-
 $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-$(BUILD)/tests/bench_%: $(BUILD)/obj/tests/bench/bench_%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-$(BUILD)/tests/test_gpu_%: $(BUILD)/obj/tests/gpu/test_gpu_%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
+# The test programs: tests/DIR/NAME.c (unit, fuzz, bench, gpu) becomes
+# $(BUILD)/tests/NAME, its object linked with every library.
+TEST_PROG_SRC := $(TEST_SRC) $(FUZZ_SRC) $(BENCH_SRC) $(GPU_SRC)
+TEST_PROGS    := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_PROG_SRC)))
+$(foreach s,$(TEST_PROG_SRC),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(ALL_LIBS)))
 
 # tests/netns' slow-link helper (a netfilter-queue delay, for kernels
 # without tc netem): built when Debian's libnetfilter-queue-dev is there.
 NFQ_LIBS := $(shell pkg-config --libs libnetfilter_queue 2>/dev/null)
 NFQ_BIN  := $(if $(NFQ_LIBS),$(BUILD)/tests/nfq_delay)
+$(BUILD)/tests/nfq_delay: LINK_LIBS = $(NFQ_LIBS)
 $(BUILD)/tests/nfq_delay: $(BUILD)/obj/tests/netns/nfq_delay.o $(LIB_COMMON)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(NFQ_LIBS) $(LDLIBS_ALL)
+
+$(BINS) $(TEST_PROGS) $(BUILD)/tests/nfq_delay:
+	$(link)
 
 # ---- libdownpour.so, downpour.h and the Python package `downpour` ----------
 # The client library (worker/lib/downpour.h) is the C worker's own client:
