@@ -165,9 +165,9 @@ uint64_t dp_ps_session(void);
  * their ranges tile [0, m->n_floats). A model mismatch fails with
  * DP_PS_ERR_MODEL_MISMATCH and the server's line "model mismatch: this shard
  * serves another model than the worker's ..." (the server's model is in its
- * own log only); a server that
- * does not admit our CURVE key never answers (the usual "no reply"
- * timeout). info (may be NULL) gets the policy. m must outlive the client. */
+ * own log only); a server that does not admit our CURVE key never answers
+ * (the usual "no reply" timeout). info (may be NULL) gets the policy. m
+ * must outlive the client. */
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, const dp_ps_client_opts_t *opts, dp_ps_info_t *info,
                      char *err);

@@ -205,7 +205,7 @@ typedef enum {
 
 /* One run, unless complete. */
 static s_next_t s_one(const dp_sweep_grid_t *g, dp_sweep_config_t *c, int s, const char *bin_dir,
-                 int force, dp_progress_t *pr, s_tally_t *tl, char *err)
+                      int force, dp_progress_t *pr, s_tally_t *tl, char *err)
 {
     dp_sweep_seed_run_t *r = &c->run[s];
     dp_sweep_cmd_t *cmd = dp_malloc(sizeof *cmd);
@@ -241,8 +241,8 @@ static s_next_t s_one(const dp_sweep_grid_t *g, dp_sweep_config_t *c, int s, con
     return S_GO_ON;
 }
 
-static s_next_t s_run_all(const dp_sweep_grid_t *g, dp_sweep_config_t *cfg, int n, const char *bin_dir,
-                     const s_flags_t *f, s_tally_t *tl, char *err)
+static s_next_t s_run_all(const dp_sweep_grid_t *g, dp_sweep_config_t *cfg, int n,
+                          const char *bin_dir, const s_flags_t *f, s_tally_t *tl, char *err)
 {
     dp_progress_t pr;
     dp_progress_init(&pr, f->progress);
