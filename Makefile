@@ -6,6 +6,8 @@
 #   make bench      training throughput, side by side with PyTorch when present
 #   make bench-scale  pushes/s the servers sustain as workers, shards and the model grow (plots)
 #   make deps       install the Debian packages the build, tests and data need
+#   make install    the binaries, man pages, units, library (installs help2man)
+#   make deb        the same as a Debian package (installs dpkg-dev)
 #   make CUDA=0     CPU-only build (always works); CUDA is detected, never required
 #   make test SANITIZE=1   the same tests built with ASan + UBSan (under build-san/)
 #   make fuzz       the fuzzers (wire, safetensors, model, record, tfconfig) under
@@ -120,7 +122,8 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/tests/%,$(BENCH_SRC))
 GPU_SRC   := $(wildcard tests/gpu/test_*.c)
 GPU_BINS  := $(if $(HAVE_CUDA),$(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(GPU_SRC)))
 
-.PHONY: all cuda-status deps deps-test deps-bench run test tests bench bench-scale fuzz clean
+.PHONY: all cuda-status deps deps-test deps-bench deps-install deps-deb run test tests bench bench-scale \
+        fuzz clean
 all: cuda-status $(BINS)
 
 cuda-status:
@@ -172,36 +175,39 @@ $(BUILD)/lib/%.a:
 	@rm -f $@
 	ar rcs $@ $^
 
+# ---- linking: one recipe for every program --------------------------------
+# A program links its prerequisites ($^: its main object, then the archives,
+# users before what they use), then LINK_LIBS (the CUDA runtime, for the
+# programs whose compute library may hold CUDA code), then what every program
+# needs.
+LINK_LIBS = $(COMPUTE_LDLIBS)
+define link
+@mkdir -p $(dir $@)
+$(CC) -o $@ $^ $(LINK_LIBS) $(LDLIBS_ALL)
+endef
+
 RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
+# The server never links CUDA.
+$(BUILD)/downpour-ps: LINK_LIBS :=
 $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
-	$(CC) -o $@ $^ $(LDLIBS_ALL)
-
 $(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-
 $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-$(BUILD)/tests/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-$(BUILD)/tests/bench_%: $(BUILD)/obj/tests/bench/bench_%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
-$(BUILD)/tests/test_gpu_%: $(BUILD)/obj/tests/gpu/test_gpu_%.o $(ALL_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(COMPUTE_LDLIBS) $(LDLIBS_ALL)
+# The test programs: tests/DIR/NAME.c (unit, fuzz, bench, gpu) becomes
+# $(BUILD)/tests/NAME, its object linked with every library.
+TEST_PROG_SRC := $(TEST_SRC) $(FUZZ_SRC) $(BENCH_SRC) $(GPU_SRC)
+TEST_PROGS    := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_PROG_SRC)))
+$(foreach s,$(TEST_PROG_SRC),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(ALL_LIBS)))
 
 # tests/netns' slow-link helper (a netfilter-queue delay, for kernels
 # without tc netem): built when Debian's libnetfilter-queue-dev is there.
 NFQ_LIBS := $(shell pkg-config --libs libnetfilter_queue 2>/dev/null)
 NFQ_BIN  := $(if $(NFQ_LIBS),$(BUILD)/tests/nfq_delay)
+$(BUILD)/tests/nfq_delay: LINK_LIBS = $(NFQ_LIBS)
 $(BUILD)/tests/nfq_delay: $(BUILD)/obj/tests/netns/nfq_delay.o $(LIB_COMMON)
-	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(NFQ_LIBS) $(LDLIBS_ALL)
+
+$(BINS) $(TEST_PROGS) $(BUILD)/tests/nfq_delay:
+	$(link)
 
 # ---- libdownpour.so, downpour.h and the Python package `downpour` ----------
 # The client library (worker/lib/downpour.h) is the C worker's own client:
@@ -249,21 +255,36 @@ $(BUILD)/python/downpour/$(DPLIB_SONAME): $(DPLIB_SO)
 tests: all $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(GPU_BINS) $(NFQ_BIN)
 
 # ---- installing what the build, the tests and `make run` need ----------
+# Each package list once; a target installs its own (install_missing).
 DEB_BUILD := gcc make pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
              libopenblas-dev zlib1g-dev libcjson-dev libisal-dev dataset-fashion-mnist
-# Only the tests: PyTorch checks that our checkpoints load into torch; protoc
-# decodes our TensorBoard events independently.
-# clang builds the libFuzzer targets (make fuzz); libFuzzer and the
-# sanitizers' runtimes are libclang-rt-dev, only a Recommends of clang.
-DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang libclang-rt-dev
-# A live SLURM (tests/integration/test_slurm.sh) and hosts in network
-# namespaces with a slow, lossy link (test_netns.sh: iptables, the nfq helper).
-DEB_TEST  += slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev
+# make install: help2man writes a man page for each binary from its --help.
+DEB_INSTALL := help2man
+# make deb, beyond make install: dpkg-dev's dpkg-shlibdeps finds Depends
+# (and dpkg-architecture the multiarch directory); binutils' strip.
+DEB_DEB := dpkg-dev binutils
 # Only the benchmarks: gnuplot draws make bench-scale's PNGs.
 DEB_BENCH := gnuplot-nox
-# gnuplot draws `downpour sweep`'s plots (test_sweep checks them).
-DEB_TEST  += gnuplot-nox
+# Only the tests:
+#  - PyTorch checks that our checkpoints load into torch; protoc decodes our
+#    TensorBoard events independently;
+#  - clang builds the libFuzzer targets (make fuzz); libFuzzer and the
+#    sanitizers' runtimes are libclang-rt-dev, only a Recommends of clang;
+#  - a live SLURM (tests/integration/test_slurm.sh) and hosts in network
+#    namespaces with a slow, lossy link (test_netns.sh: iptables, the nfq
+#    helper; test_k8s.sh: the pods' namespaces), iproute2 for both;
+#  - test_deb and test_systemd run make install and make deb; test_systemd
+#    verifies the units with systemd's systemd-analyze (nothing is started);
+#    test_k8s reads the manifests with python3-yaml; pgrep is procps';
+#  - gnuplot draws `downpour sweep`'s plots (test_sweep checks them).
+DEB_TEST  := python3 python3-torch python3-numpy protobuf-compiler clang libclang-rt-dev \
+             slurmctld slurmd slurm-client munge iproute2 util-linux iptables libnetfilter-queue-dev \
+             $(DEB_INSTALL) $(DEB_DEB) systemd python3-yaml procps $(DEB_BENCH)
+# $(1): the Debian packages a target needs. Those missing are installed as
+# root (apt-get, logged to $(BUILD)/deps.log); for anyone else the target
+# stops and prints the apt-get line to run.
 define install_missing
+	@mkdir -p $(BUILD)
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
 	    grep -q 'install ok installed' || echo $$p; done | tr '\n' ' '); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -276,12 +297,15 @@ define install_missing
 	fi
 endef
 deps:
-	@mkdir -p $(BUILD)
 	$(call install_missing,$(DEB_BUILD))
 deps-test: deps
 	$(call install_missing,$(DEB_TEST))
 deps-bench: deps-test
 	$(call install_missing,$(DEB_BENCH))
+deps-install:
+	$(call install_missing,$(DEB_INSTALL))
+deps-deb: deps-install
+	$(call install_missing,$(DEB_DEB))
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -406,17 +430,13 @@ DEB_DIR  := $(BUILD)/deb
 DEB_FILE := $(BUILD)/downpour_$(DP_VERSION)_$(DEB_ARCH).deb
 DEB_CUDA_NOTE := $() This build has the CUDA backend: it needs the CUDA runtime, cuBLAS and cuDNN from NVIDIA.
 MAN_PAGES := $(patsubst $(BUILD)/%,$(BUILD)/man/%.1.gz,$(BINS))
-# What install and deb need, and their tests: test_deb (dpkg-dev, help2man),
-# test_systemd (systemd's systemd-analyze; nothing is started), test_k8s
-# (python3-yaml; iproute2 for the pods' network namespace); pgrep (procps).
-DEB_TEST += python3-yaml help2man dpkg-dev systemd iproute2 procps
 
 man_name_downpour-ps     := Downpour parameter-server shard
 man_name_downpour-worker := Downpour worker: trains against the parameter servers, or alone
 # The launcher's NAME line comes from its command table (downpour --summary),
 # as its usage does, so the man page names every command.
-$(BUILD)/man/%.1.gz: $(BUILD)/%
-	@command -v help2man >/dev/null || { echo "install: help2man not found: apt-get install help2man"; exit 1; }
+# install and deb install their own tools (deps-install, deps-deb) as run does.
+$(BUILD)/man/%.1.gz: $(BUILD)/% | deps-install
 	@mkdir -p $(dir $@)
 	help2man -N --no-discard-stderr --version-string=$(DP_VERSION) -n "$(or $(man_name_$*),$$($< --summary))" -o $@.tmp $< \
 	    && gzip -9n <$@.tmp >$@.gz.tmp && mv $@.gz.tmp $@ && rm -f $@.tmp
@@ -449,8 +469,7 @@ install: all $(MAN_PAGES)
 	install -m 644 docs/LIBRARY.md $(DESTDIR)$(DOCDIR)/docs/
 	install -m 644 examples/torch_fashion_mnist.py $(DESTDIR)$(DOCDIR)/examples/
 
-deb: all
-	@command -v dpkg-shlibdeps >/dev/null || { echo "deb: dpkg-shlibdeps not found: apt-get install dpkg-dev"; exit 1; }
+deb: all | deps-deb
 	rm -rf $(DEB_DIR) $(BUILD)/downpour_*.deb && mkdir -p $(DEB_DIR)/root/DEBIAN $(DEB_DIR)/debian
 	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system \
 	    LIBDIR=/usr/lib/$(DEB_MULTIARCH)

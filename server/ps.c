@@ -589,7 +589,8 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
                      "on both sides (the shard's log names its own)",
                      spec, h->in_c, h->in_h, h->in_w, env->model_fingerprint);
         s_log_mismatch(ps, env);
-        s_reply_error(ps, id, env->request_id, env->worker_id, msg);
+        s_reply_error_code(ps, id, env->request_id, env->worker_id,
+                           DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH, msg);
         return;
     }
     if (!s_claim(ps, id, env)) return;
@@ -982,6 +983,7 @@ static int s_admit(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     int request = admin || type == DOWNPOUR__MSG_TYPE__HELLO || type == DOWNPOUR__MSG_TYPE__PULL ||
                   type == DOWNPOUR__MSG_TYPE__PUSH || type == DOWNPOUR__MSG_TYPE__BARRIER;
     msg[0] = 0;
+    int code = DOWNPOUR__ERROR_CODE__ERR_NONE;
     if (!request)
         snprintf(msg, sizeof msg, "malformed: %s is a reply, not a request", dp_wire_type_name(type));
     /* Tools may ask STATS / HEARTBEAT / SHUTDOWN with fingerprint 0; HELLO
@@ -991,13 +993,14 @@ static int s_admit(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
         snprintf(msg, sizeof msg,
                  "model mismatch: fingerprint %016" PRIx64 " is not this shard's model (the "
                  "shard's log names its own)", env->model_fingerprint);
+        code = DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH;
         s_log_mismatch(ps, env);
     }
     else if (!admin && (wid < 0 || wid >= ps->members.n))
         snprintf(msg, sizeof msg, "worker id %d out of range: this cluster has %d workers (--workers)",
                  wid, ps->members.n);
     if (msg[0]) {
-        s_reply_error(ps, id, env->request_id, wid, msg);
+        s_reply_error_code(ps, id, env->request_id, wid, code, msg);
         return 0;
     }
     if (!s_authorized(ps, id, env)) return 0;

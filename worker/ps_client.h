@@ -124,6 +124,7 @@ typedef enum {
     DP_PS_ERR_INTERRUPTED,   /* the stop flag was raised */
     DP_PS_ERR_REFUSED,       /* a shard answered with an ERROR (its message in err) */
     DP_PS_ERR_OTHER,         /* anything else: sockets, a malformed or unexpected reply */
+    DP_PS_ERR_MODEL_MISMATCH, /* a shard serves another model (ERROR ERR_MODEL_MISMATCH) */
 } dp_ps_err_t;
 
 /* Everything a client is made with; a zeroed struct is the defaults. */
@@ -161,11 +162,12 @@ uint64_t dp_ps_session(void);
  * at most DP_ZSOCK_MAX_SHARDS): one DEALER per shard, made with opts (NULL:
  * the defaults); HELLO to each (waiting up to timeout_s for a server that
  * is not up yet); checks that every shard runs the same policy and that
- * their ranges tile [0, m->n_floats). A model mismatch fails with the
- * server's line "model mismatch: this shard serves another model than the
- * worker's ..." (the server's model is in its own log only); a server that
- * does not admit our CURVE key never answers (the usual "no reply"
- * timeout). info (may be NULL) gets the policy. m must outlive the client. */
+ * their ranges tile [0, m->n_floats). A model mismatch fails with
+ * DP_PS_ERR_MODEL_MISMATCH and the server's line "model mismatch: this shard
+ * serves another model than the worker's ..." (the server's model is in its
+ * own log only); a server that does not admit our CURVE key never answers
+ * (the usual "no reply" timeout). info (may be NULL) gets the policy. m
+ * must outlive the client. */
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, const dp_ps_client_opts_t *opts, dp_ps_info_t *info,
                      char *err);

@@ -116,7 +116,8 @@ static int s_interrupted(dp_ps_client_t *c, char *err)
 
 int dp_ps_refused(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char *err)
 {
-    c->code = DP_PS_ERR_REFUSED;
+    c->code = env->error->code == DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH ? DP_PS_ERR_MODEL_MISMATCH
+                                                                           : DP_PS_ERR_REFUSED;
     return dp_err(err, "%s: %s", c->sh[i].endpoint, env->error->message);
 }
 

@@ -42,9 +42,10 @@ Client(table, ps=None, task_index=0, **options)
   chief), .close(); a context manager (close on exit).
 
 Errors: every failure raises downpour.Error (its .code: "timeout",
-"deferred", "interrupted", "refused", "args", "other"); ModelMismatch when
-the servers hold another model, ShapeError for an array of the wrong shape,
-Rejected for a refused push; each names the tensor when one is at fault.
+"deferred", "interrupted", "refused", "args", "other", "model_mismatch");
+ModelMismatch when the servers hold another model (.code "model_mismatch"),
+ShapeError for an array of the wrong shape, Rejected for a refused push;
+each names the tensor when one is at fault.
 """
 import collections
 import ctypes
@@ -58,7 +59,7 @@ __all__ = ["Client", "Error", "ModelMismatch", "ShapeError", "Rejected", "Tensor
            "PushResult", "safetensors", "library_path"]
 
 _CODES = {0: "ok", 1: "timeout", 2: "deferred", 3: "interrupted", 4: "refused", 5: "args",
-          6: "other"}
+          6: "other", 7: "model_mismatch"}
 
 
 class Error(Exception):
@@ -97,7 +98,7 @@ def library_path():
 def _raise_last(lib, prefix=""):
     msg = lib.downpour_last_error().decode("utf-8", "replace")
     code = _CODES.get(lib.downpour_last_error_code(), "other")
-    cls = ModelMismatch if "model mismatch" in msg else Error
+    cls = ModelMismatch if code == "model_mismatch" else Error
     raise cls(prefix + msg, code)
 
 

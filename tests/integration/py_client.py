@@ -175,7 +175,7 @@ def cmd_errors(a):
                downpour.ModelMismatch,
                lambda: downpour.torch.Worker(other, ps=eps, task_index=0, timeout=5),
                "model mismatch", "init=")
-    check("... of kind refused", e is not None and e.code == "refused")
+    check("... of kind model_mismatch", e is not None and e.code == "model_mismatch")
     renamed = nn.Sequential()
     for name, mod in zip(["c", "bn", "r", "f", "fc"], bn_net()):
         renamed.add_module(name, mod)

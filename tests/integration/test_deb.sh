@@ -2,6 +2,9 @@
 # test_deb: `make install` and `make deb` from the tests' build.
 #  - make install with PREFIX and DESTDIR: everything lands under
 #    DESTDIR/PREFIX, and the units name PREFIX's binaries (not DESTDIR's);
+#  - install and deb install their tools as run does (help2man; dpkg-dev):
+#    as root by apt-get, otherwise stopping with the apt-get line (a package
+#    list naming a missing package, a stand-in id and apt-get);
 #  - make deb: the control fields; Depends is exactly the packages that own
 #    the libraries the binaries link directly (readelf NEEDED, dpkg -S) or
 #    dlopen (OpenBLAS, kernels/cpu/blas.h), CUDA ones left out; apt-get
@@ -79,6 +82,34 @@ import downpour, downpour._install as i, downpour._lib as l
 print(i.LIBDIR, l.load().downpour_version().decode())' 2>&1)
 check "... which records LIBDIR /opt/dp/lib for the library it loads ($out)" \
     test "$out" = "/opt/dp/lib 1.0.0"
+
+# ---- install and deb install their own tools, as run does -----------------------
+# The Makefile's install_missing, for real but for a package list naming one
+# that is not installed, and with stand-ins on PATH: id (root or not) and
+# apt-get (records what it is asked, installs nothing).
+check "make install here: its tools are installed, nothing to say" test -z "$(grep '^deps:' "$TMP/install.log")"
+F=$TMP/fake
+mkdir -p "$F"
+printf '#!/bin/sh\necho "$FAKE_UID"\n' >"$F/id"
+printf '#!/bin/sh\necho "$*" >>"%s"\n' "$TMP/apt.log" >"$F/apt-get"
+chmod +x "$F/id" "$F/apt-get"
+absent=downpour-test-absent
+as() { local uid=$1; shift; PATH=$F:$PATH FAKE_UID=$uid mk "$@"; }
+out=$(as 1000 install DESTDIR="$TMP/d1" DEB_INSTALL="$absent help2man" 2>&1)
+check "make install, not root, help2man's package missing: stops" test $? != 0 -a ! -e "$TMP/d1"
+check "... printing the apt-get line for it only" grep -qx "deps: missing packages; run: sudo apt-get install $absent *" <<<"$out"
+out=$(as 0 install DESTDIR="$TMP/d2" DEB_INSTALL="$absent help2man" 2>&1)
+check "make install as root: installs it, then installs" test $? = 0 -a -x "$TMP/d2/usr/local/bin/downpour-ps"
+check "... by apt-get" test "$(cat "$TMP/apt.log" 2>/dev/null)" = "update -qq
+install -y -qq $absent"
+check "... saying so" grep -qx "deps: installing $absent *" <<<"$out"
+out=$(as 1000 deb DEB_DEB="$absent dpkg-dev" 2>&1)
+check "make deb, not root, dpkg-dev's package missing: stops before it starts" \
+    test $? != 0 -a -z "$(grep -F 'rm -rf' <<<"$out")"
+check "... printing the apt-get line for it" grep -qx "deps: missing packages; run: sudo apt-get install $absent *" <<<"$out"
+out=$(as 1000 deb DEB_INSTALL="$absent" 2>&1)
+check "make deb needs what make install needs, before it starts" \
+    test -z "$(grep -F 'rm -rf' <<<"$out")" -a -n "$(grep -x "deps: missing packages; run: sudo apt-get install $absent *" <<<"$out")"
 
 # ---- make deb --------------------------------------------------------------------
 mk deb >"$TMP/deb.log" 2>&1

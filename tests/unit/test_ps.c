@@ -392,9 +392,12 @@ static void test_fingerprint_mismatch(void)
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(&other, "conv3x3:3 relu maxpool2 fc:4 softmax", 1, 8, 8, err), 0);
     dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, PS_OPTS(TMO), NULL, err), -1);
+    dp_ps_err_t kind = DP_PS_OK;
+    dp_ps_client_opts_t o = {.timeout_s = TMO, .new_error = &kind};
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, &o, NULL, err), -1);
     CHECK(c == NULL);
     CHECK(strstr(err, "model mismatch: this shard serves another model than the worker's 'conv3x3:3") != NULL);
+    CHECK_EQ(kind, DP_PS_ERR_MODEL_MISMATCH); /* the kind, not the text */
     /* Not the server's spec nor its fingerprint: all a HELLO needs (issue 19, hole 8). */
     char fp[32];
     snprintf(fp, sizeof fp, "%016" PRIx64, s_small.fingerprint);
@@ -468,6 +471,9 @@ typedef struct {
 } frame_t;
 
 /* Send frames on a raw DEALER; the reply's type and error text. */
+/* The Error.code of s_raw's last ERROR reply (-1: another reply). */
+static int s_raw_code = -1;
+
 static int s_raw(void *sock, const frame_t *f, int n, char *text, size_t text_n)
 {
     for (int i = 0; i < n; i++)
@@ -480,6 +486,7 @@ static int s_raw(void *sock, const frame_t *f, int n, char *text, size_t text_n)
     if (env) {
         type = env->type;
         snprintf(text, text_n, "%s", env->error && env->error->message ? env->error->message : "");
+        s_raw_code = env->error ? (int)env->error->code : -1;
     }
     dp_wire_destroy(&env);
     dp_wire_rx_fini(&rx);
@@ -585,6 +592,7 @@ static void test_malformed_envelopes(void)
     frame_t ff[2] = {{b0, len}, {g, n * 4}};
     CHECK_EQ(s_raw(sock, ff, 2, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
     CHECK(strstr(text, "model mismatch") != NULL);
+    CHECK_EQ(s_raw_code, DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH);
     char fps[32]; /* the reply names neither the shard's spec nor its fingerprint */
     snprintf(fps, sizeof fps, "%016" PRIx64, fp);
     CHECK(strstr(text, fps) == NULL);

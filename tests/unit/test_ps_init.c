@@ -203,9 +203,12 @@ static void test_server_async(void)
                              {"bn.running_mean", 1, b, 1}, {"bn.num_batches_tracked", 0, NULL, 0}};
     dp_model_t other;
     CHECK_EQ(dp_model_from_table(&other, t, 4, err), 0);
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0, PS_OPTS(5), NULL, err), -1);
+    dp_ps_err_t kind = DP_PS_OK;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &other, 0,
+                              &(dp_ps_client_opts_t){.timeout_s = 5, .new_error = &kind}, NULL, err), -1);
     CHECK(strstr(err, "model mismatch: this shard serves another model than the worker's "
                       "tensor table of 19 floats") != NULL);
+    CHECK_EQ(kind, DP_PS_ERR_MODEL_MISMATCH);
     CHECK_EQ(srv_stop(&s), 0);
     /* the record keeps the schedule; replay says why it cannot recompute it */
     dp_rec_t rec;

@@ -60,6 +60,7 @@ static downpour_err_t s_kind(dp_ps_err_t k)
     case DP_PS_ERR_DEFERRED: return DOWNPOUR_ERR_DEFERRED;
     case DP_PS_ERR_INTERRUPTED: return DOWNPOUR_ERR_INTERRUPTED;
     case DP_PS_ERR_REFUSED: return DOWNPOUR_ERR_REFUSED;
+    case DP_PS_ERR_MODEL_MISMATCH: return DOWNPOUR_ERR_MODEL_MISMATCH;
     default: return DOWNPOUR_ERR_OTHER;
     }
 }

@@ -81,10 +81,12 @@ typedef enum {
     DOWNPOUR_ERR_TIMEOUT = 1,     /* a shard owing a reply was silent past the timeout */
     DOWNPOUR_ERR_DEFERRED = 2,    /* a shard answered heartbeats but held the reply too long */
     DOWNPOUR_ERR_INTERRUPTED = 3, /* downpour_interrupt was called */
-    DOWNPOUR_ERR_REFUSED = 4,     /* a shard answered with an error: a model mismatch, STATS
-                                   * refused to a worker that is not the chief, ... */
+    DOWNPOUR_ERR_REFUSED = 4,     /* a shard answered with an error: STATS refused to a
+                                   * worker that is not the chief, a bad push, ... */
     DOWNPOUR_ERR_ARGS = 5,        /* bad arguments: a table, an option, a missing key file */
     DOWNPOUR_ERR_OTHER = 6,       /* anything else */
+    DOWNPOUR_ERR_MODEL_MISMATCH = 7, /* a shard serves another model (table or spec) than
+                                      * this client's: connecting again will not help */
 } downpour_err_t;
 
 /* The calling thread's last failure: one line ("" when none), valid until
@@ -123,7 +125,7 @@ typedef struct {
  * order of the flat vector) and say HELLO to each (waiting up to the
  * timeout for a server that is not up yet). The servers must hold the same
  * table (names, shapes, order, trainable flags): a server holding another
- * model answers "model mismatch: ..." (DOWNPOUR_ERR_REFUSED). *out is NULL
+ * model answers "model mismatch: ..." (DOWNPOUR_ERR_MODEL_MISMATCH). *out is NULL
  * after a failure. */
 int downpour_connect_table(downpour_t **out, const downpour_tensor_t *t, int n,
                            const downpour_opts_t *o);

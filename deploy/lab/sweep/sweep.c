@@ -196,10 +196,16 @@ typedef struct {
     double run_s;                    /* seconds of the runs made so far */
 } s_tally_t;
 
-/* One run, unless complete; -1 (with err) stops the sweep: a signal, or a
- * run refusing its flags (exit 2: every run would). */
-static int s_one(const dp_sweep_grid_t *g, dp_sweep_config_t *c, int s, const char *bin_dir,
-                 int force, dp_progress_t *pr, s_tally_t *tl, char *err)
+/* What a run (s_one) and the loop over them (s_run_all) leave the sweep to do. */
+typedef enum {
+    S_GO_ON,    /* the next run: this one was made, skipped as complete, or failed (counted) */
+    S_STOP,     /* stop (err says why): a signal, or a run that could not be started */
+    S_BAD_GRID, /* stop (err names it): a run refused its flags (exit 2: every run would) */
+} s_next_t;
+
+/* One run, unless complete. */
+static s_next_t s_one(const dp_sweep_grid_t *g, dp_sweep_config_t *c, int s, const char *bin_dir,
+                      int force, dp_progress_t *pr, s_tally_t *tl, char *err)
 {
     dp_sweep_seed_run_t *r = &c->run[s];
     dp_sweep_cmd_t *cmd = dp_malloc(sizeof *cmd);
@@ -208,7 +214,7 @@ static int s_one(const dp_sweep_grid_t *g, dp_sweep_config_t *c, int s, const ch
         r->status = 0;
         tl->skipped++;
         free(cmd);
-        return 0;
+        return S_GO_ON;
     }
     char prefix[700];
     int made = tl->done - tl->skipped, left = tl->total - tl->done;
@@ -220,32 +226,34 @@ static int s_one(const dp_sweep_grid_t *g, dp_sweep_config_t *c, int s, const ch
     if (rc == 0) rc = dp_sweep_run_exec(cmd, r->dir, pr, prefix, &s_stop, &r->status, err);
     free(cmd);
     tl->run_s += dp_now() - t0;
-    if (rc != 0) return -1;
-    if (r->status == 0) return 0;
+    if (rc != 0) return S_STOP;
+    if (r->status == 0) return S_GO_ON;
     char last[512];
     dp_sweep_run_last_line(r->dir, last, sizeof last);
-    if (r->status == 2)
-        return dp_err(err, "run %s seed %s refused its flags: %s", c->id, r->seed, last);
+    if (r->status == 2) {
+        dp_err(err, "run %s seed %s refused its flags: %s", c->id, r->seed, last);
+        return S_BAD_GRID;
+    }
     dp_progress_done(pr);
     fprintf(stderr, "downpour sweep: run %s seed %s failed (exit status %d): %s\n", c->id, r->seed,
             r->status, last);
     tl->failed++;
-    return 0;
+    return S_GO_ON;
 }
 
-static int s_run_all(const dp_sweep_grid_t *g, dp_sweep_config_t *cfg, int n, const char *bin_dir,
-                     const s_flags_t *f, s_tally_t *tl, char *err)
+static s_next_t s_run_all(const dp_sweep_grid_t *g, dp_sweep_config_t *cfg, int n,
+                          const char *bin_dir, const s_flags_t *f, s_tally_t *tl, char *err)
 {
     dp_progress_t pr;
     dp_progress_init(&pr, f->progress);
-    int rc = 0;
-    for (int i = 0; i < n && rc == 0; i++)
-        for (int s = 0; s < cfg[i].n_run && rc == 0; s++) {
-            rc = s_one(g, &cfg[i], s, bin_dir, f->force, &pr, tl, err);
+    s_next_t next = S_GO_ON;
+    for (int i = 0; i < n && next == S_GO_ON; i++)
+        for (int s = 0; s < cfg[i].n_run && next == S_GO_ON; s++) {
+            next = s_one(g, &cfg[i], s, bin_dir, f->force, &pr, tl, err);
             tl->done++;
         }
     dp_progress_done(&pr);
-    return rc;
+    return next;
 }
 
 /* Reads every complete run, writes the report, says where it is. */
@@ -289,11 +297,12 @@ int dp_sweep_main(int argc, char **argv)
     dp_signals_install(&s_stop, 1);
     s_tally_t tl = {.total = n * dp_sweep_grid_seeds(&g)};
     char stop_err[DP_ERR_LEN] = "";
-    int stopped = s_run_all(&g, cfg, n, bin_dir, &f, &tl, stop_err);
+    s_next_t next = s_run_all(&g, cfg, n, bin_dir, &f, &tl, stop_err);
+    int stopped = next != S_GO_ON;
     if (stopped) fprintf(stderr, "downpour sweep: %s\n", stop_err);
     /* A run that refused its flags is a bad grid: status 2, as for a bad
      * file, and no report. Otherwise the report holds what is complete. */
-    if (stopped && strstr(stop_err, "refused its flags")) {
+    if (next == S_BAD_GRID) {
         rc = 2;
         goto done;
     }
