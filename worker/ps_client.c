@@ -282,11 +282,11 @@ int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err)
     return 0;
 }
 
-/* The pull in parts waited out until floats [0, until) are in; a torn one
- * (1) is first waited out whole. */
-static int s_pull_wait(dp_ps_client_t *c, size_t until, char *err)
+/* The pull in parts waited out until floats [0, until) are in (all of
+ * them: the pull is over); a torn one is first waited out whole. */
+dp_pull_status_t dp_ps_client_pull_until(dp_ps_client_t *c, size_t until, char *err)
 {
-    if (!c->pull_params) return 0; /* pulled whole at pull_begin, or none in progress */
+    if (!c->pull_params) return DP_PULL_OK; /* pulled whole at pull_begin, or none in progress */
     s_pull_dest_t to = {.params = c->pull_params, .cut = 1, .until = until};
     dp_ps_plan_t pull = s_pull_plan(c, &to);
     int rc = dp_ps_exchange_wait(c, &pull, err);
@@ -298,27 +298,15 @@ static int s_pull_wait(dp_ps_client_t *c, size_t until, char *err)
                         "reply; the forward starts again on the repeated reply");
             c->pull_torn = 0;
             c->pull_handed = 0;
-            return 1;
+            return DP_PULL_TORN;
         }
     }
-    if (rc != 0) {
+    if (rc != 0 || until >= c->m->n_floats) {
         c->pull_params = NULL;
-        return -1;
+        return rc != 0 ? DP_PULL_FAILED : DP_PULL_OK;
     }
     if (until > c->pull_handed) c->pull_handed = until;
-    return 0;
-}
-
-int dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err)
-{
-    return s_pull_wait(c, end, err);
-}
-
-int dp_ps_client_pull_end(dp_ps_client_t *c, char *err)
-{
-    int rc = s_pull_wait(c, c->m->n_floats, err);
-    if (rc == 0) c->pull_params = NULL;
-    return rc;
+    return DP_PULL_OK;
 }
 
 uint32_t dp_ps_client_pull_parts(const dp_ps_client_t *c)

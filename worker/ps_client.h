@@ -45,6 +45,7 @@
 #include "proto/curve.h"
 #include "proto/wire.h" /* dp_mode_t */
 #include "proto/zsock.h" /* DP_ZSOCK_MAX_SHARDS */
+#include "worker/pull.h"
 
 /* The servers' policy, from their WELCOMEs (every shard agrees). */
 typedef struct {
@@ -196,28 +197,25 @@ int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg
  * its own. pull_begin asks every shard for its floats into params, each
  * reply cut where a layer begins once DP_PS_PULL_BUCKET_BYTES of the
  * shard's slice lie below the cut, twice that below the next, and so on,
- * at most DP_WIRE_MAX_PULL_PARTS parts (the first layers first; every part of
- * a shard's reply from one snapshot, so of one version), and returns
- * without awaiting any reply; pull_until(end) returns once floats
- * [0, end) of params are in place, pull_end once all are. They block,
- * time out, heartbeat and repeat as dp_ps_client_pull does, and return 0,
- * -1 with err, or 1: a shard restarted or lost the pull after floats of
- * it had been handed out (a pull_until returned), so what the caller read
- * of them may be of another version than the rest. The repeated reply has
- * then been taken whole, every float is in place (one version per shard),
- * and the caller starts its forward again; 1 comes at most once per
- * repeat, which the client bounds. pull_end may also return 1 and is
- * called again after the forward started over. A client with a shard
- * through shared memory pulls whole at pull_begin (a copy spread over the
- * forward would let the slot be rewritten under it); pull_until and
- * pull_end then return 0 at once. A shard that takes no cuts (an older
- * one) answers whole, which is as good. Between pull_begin and the
- * pull_end that returns 0 the client takes no other request (a pull
- * abandons the unfinished one). dp_ps_client_pull is one pull, whole. */
+ * at most DP_WIRE_MAX_PULL_PARTS parts (the first layers first; every part
+ * of a shard's reply from one snapshot, so of one version), and returns
+ * without awaiting any reply. pull_until(end) returns once floats [0, end)
+ * of params are in place (end >= m->n_floats: all, and the pull is over):
+ * DP_PULL_OK; DP_PULL_FAILED with err; or DP_PULL_TORN: a shard restarted
+ * or lost the pull after floats of it had been handed out, so what the
+ * caller read may be of another version than the rest. The repeated reply
+ * has then been taken whole, every float is in place (one version per
+ * shard), and the caller starts its forward again; TORN comes at most once
+ * per repeat, which the client bounds. It blocks, times out, heartbeats
+ * and repeats as dp_ps_client_pull does. A client with a shard through
+ * shared memory pulls whole at pull_begin (a copy spread over the forward
+ * would let the slot be rewritten under it); pull_until then says OK at
+ * once. A shard that takes no cuts (an older one) answers whole, which is
+ * as good. Until the pull is over the client takes no other request (a
+ * pull abandons the unfinished one). dp_ps_client_pull is one pull, whole. */
 #define DP_PS_PULL_BUCKET_BYTES (16 * 1024)
 int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err);
-int dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err);
-int dp_ps_client_pull_end(dp_ps_client_t *c, char *err);
+dp_pull_status_t dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err);
 
 /* The last pull's PARAMS messages, over every shard (one a shard when
  * whole; a repeated reply counts again). */

@@ -500,8 +500,8 @@ static int s_parts_cluster(dp_model_t *m, fake_t *f, dp_ps_client_t **c, char *e
 }
 
 /* pull_until returns once the first layer's part is in, while the shard
- * holds the rest back (the forward could run on it); pull_end once all
- * are, three messages of one version. */
+ * holds the rest back (the forward could run on it); pull_until(n_floats)
+ * once all are, three messages of one version. */
 static void test_pull_in_parts(void)
 {
     dp_model_t m;
@@ -516,11 +516,11 @@ static void test_pull_in_parts(void)
         CHECK(dp_model_layer_span(&m, 0, &lo, &hi));
         atomic_store(&f.pull_mode, F_PARTS);
         CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), DP_PULL_OK);
         CHECK(s_params_ok(p, hi, 0.0f));
         CHECK(p[hi] == -1.0f); /* the rest still held by the shard */
         atomic_store(&f.go, 1);
-        CHECK_EQ(dp_ps_client_pull_end(c, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), DP_PULL_OK);
         CHECK(s_params_ok(p, n, 0.0f));
         CHECK_EQ(dp_ps_client_pull_parts(c), 3);
         CHECK_EQ(dp_ps_client_version(c), 7);
@@ -559,7 +559,7 @@ static void test_pull_parts_lies(void)
         atomic_store(&f.pull_mode, lie[k].mode);
         atomic_store(&f.go, 1);
         CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_pull_end(c, err), -1);
+        CHECK_EQ(dp_ps_client_pull_until(c, m.n_floats, err), DP_PULL_FAILED);
         CHECK(strstr(err, lie[k].says) != NULL);
         CHECK(strstr(err, f.endpoint) != NULL);
         fprintf(stderr, "  (expected) %s\n", err);
@@ -571,7 +571,7 @@ static void test_pull_parts_lies(void)
 }
 
 /* The shard restarts after the caller read the first part: the client
- * says HELLO again, takes the repeated reply whole, and says so (1): the
+ * says HELLO again, takes the repeated reply whole, and says so (TORN): the
  * forward starts again on weights all of the new snapshot. */
 static void test_pull_parts_torn(void)
 {
@@ -586,14 +586,14 @@ static void test_pull_parts_torn(void)
         CHECK(dp_model_layer_span(&m, 0, &lo, &hi));
         atomic_store(&f.pull_mode, F_PARTS_RESTART);
         CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), DP_PULL_OK);
         CHECK(s_params_ok(p, hi, 0.0f));
         atomic_store(&f.go, 1);
-        CHECK_EQ(dp_ps_client_pull_until(c, n, err), 1);
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), DP_PULL_TORN);
         CHECK(s_params_ok(p, n, 10.0f)); /* every float of the repeated reply */
         CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__HELLO), 2);
         CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__PULL), 2);
-        CHECK_EQ(dp_ps_client_pull_end(c, err), 0); /* the forward's second pass: all in */
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), DP_PULL_OK); /* the forward's second pass: all in */
         free(p);
     }
     s_cluster_end(&f, 1, &c);
