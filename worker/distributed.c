@@ -194,8 +194,7 @@ typedef struct {
     /* the step in progress, plain loop, for the net's hooks */
     dp_ps_push_t *push;        /* begun by the hook at the forward's end (a pull in parts) */
     double pull_wait_s;        /* the forward's time blocked on the pull */
-    int step_failed;           /* a hook failed: step_err says why, the step is given up */
-    char step_err[DP_ERR_LEN];
+    char step_err[DP_ERR_LEN]; /* why the net's hook failed the step (net.pull_status) */
     uint32_t step_pull_parts;  /* its pull's PARAMS messages */
 } s_loop_t;
 
@@ -237,22 +236,17 @@ static void s_grads_ready(void *arg, size_t off, size_t n)
 /* The net's hook (worker/net.h): the forward waits for the floats it reads
  * next. At its end every float is in, the pull is complete, and a push in
  * parts begins before the backward makes its first part (its stamp is that
- * pull's versions). A failure is kept for the loop, which gives the step
- * up once the net returns. */
-static int s_params_needed(void *arg, size_t end)
+ * pull's versions). A failure stops the step (step_err says why). */
+static dp_pull_status_t s_params_needed(void *arg, size_t end)
 {
     s_loop_t *L = arg;
-    if (L->step_failed) return 0;
-    int last = end >= L->s->model.n_floats;
     double t0 = dp_now();
-    int rc = last ? dp_ps_client_pull_end(L->ps, L->step_err)
-                  : dp_ps_client_pull_until(L->ps, end, L->step_err);
+    dp_pull_status_t st = dp_ps_client_pull_until(L->ps, end, L->step_err);
     L->pull_wait_s += dp_now() - t0;
-    if (rc == 1) return 1; /* torn: the forward starts again */
-    if (rc == 0 && last && L->stream && dp_ps_client_push_begin(L->ps, L->push, L->step_err) != 0)
-        rc = -1;
-    L->step_failed = rc != 0;
-    return 0;
+    if (st == DP_PULL_OK && end >= L->s->model.n_floats && L->stream &&
+        dp_ps_client_push_begin(L->ps, L->push, L->step_err) != 0)
+        return DP_PULL_FAILED;
+    return st;
 }
 
 /* Pull, compute, push, in turn; with L->stream the push starts before the
@@ -275,7 +269,6 @@ static int s_loop_plain(s_loop_t *L, char *err)
                              .batch = s->conf.batch, .step = (uint64_t)step + 1};
         L->push = &push;
         L->pull_wait_s = 0;
-        L->step_failed = 0;
         double t0 = dp_now();
         if ((L->stream_pull ? dp_ps_client_pull_begin(L->ps, host ? s->net.d_params : s->h_params, err)
                             : s_pull_into_net(s, L->ps, err)) != 0)
@@ -300,7 +293,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
         float loss = s_step_for_push(s, &batch, &grads);
         s->net.on_grads = NULL;
         s->net.on_params = NULL;
-        if (L->step_failed) return dp_err(err, "%s", L->step_err);
+        if (s->net.pull_status == DP_PULL_FAILED) return dp_err(err, "%s", L->step_err);
         uint64_t version = dp_ps_client_version(L->ps);
         L->step_pull_parts = dp_ps_client_pull_parts(L->ps);
         double t2 = dp_now(); /* the push's wait counts from here: the end of the backward */

@@ -1,6 +1,7 @@
 /* net: forward / backward of the layer list through the backend. */
 #include "worker/net.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,25 +181,28 @@ static void s_bn_state_to_grads(dp_net_t *net, const dp_layer_t *l)
 }
 
 /* The caller's hook before the forward reads floats [0, end) of the
- * parameters (a training step): 1 when the forward must start again. On a
- * device the floats the hook added since *up go up behind the ops queued. */
-static int s_params_needed(dp_net_t *net, size_t end, int train, size_t *up)
+ * parameters (a training step): its status (worker/pull.h). On a device
+ * the floats the hook added since *up go up behind the ops queued. */
+static dp_pull_status_t s_params_needed(dp_net_t *net, size_t end, int train, size_t *up)
 {
     dp_backend_t *be = net->be;
-    if (!train || !net->on_params || (!be->host_memory && !net->h_pull)) return 0;
-    if (net->on_params(net->on_params_arg, end) == 1) return 1;
+    if (!train || !net->on_params || (!be->host_memory && !net->h_pull)) return DP_PULL_OK;
+    dp_pull_status_t st = net->on_params(net->on_params_arg, end);
+    if (st != DP_PULL_OK) return st;
     if (!be->host_memory && end > *up) {
         be->ops->upload_async(be, net->d_params + *up, net->h_pull + *up, (end - *up) * sizeof(float));
         *up = end;
     }
-    return 0;
+    return DP_PULL_OK;
 }
 
 /* Queue every layer forward on the batch d_x, d_y; the mean loss goes to
  * d_loss on the device. train: batch norm by the batch's statistics (and
- * its running statistics updated), dropout on; else evaluation. 0 when
- * the hook said to start again. */
-static int s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int B, int train)
+ * its running statistics updated), dropout on; else evaluation. Returns
+ * the hook's first status other than DP_PULL_OK, where the forward stops
+ * (TORN: start again; FAILED: give the step up), else DP_PULL_OK. */
+static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int B,
+                                         int train)
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
@@ -206,8 +210,10 @@ static int s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
         size_t lo, hi;
-        if (dp_model_layer_span(m, i, &lo, &hi) && s_params_needed(net, asked = hi, train, &up))
-            return 0;
+        dp_pull_status_t st = DP_PULL_OK;
+        if (dp_model_layer_span(m, i, &lo, &hi) &&
+            (st = s_params_needed(net, asked = hi, train, &up)) != DP_PULL_OK)
+            return st;
         const float *in = s_act(net, d_x, l->in0);
         float *out = net->d_act[i + 1];
         float *P = net->d_params;
@@ -241,15 +247,19 @@ static int s_forward_layers(dp_net_t *net, const float *d_x, const int *d_y, int
         }
         if (net->t_layer) net->t_layer[i] += dp_now() - t0;
     }
-    return asked == m->n_floats || !s_params_needed(net, m->n_floats, train, &up);
+    return asked == m->n_floats ? DP_PULL_OK : s_params_needed(net, m->n_floats, train, &up);
 }
 
 /* The forward, started again as long as the hook says so (a torn pull:
- * the weights read so far were replaced, and the repeated reply is in). */
-static void s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B, int train)
+ * the weights read so far were replaced, and the repeated reply is in):
+ * DP_PULL_OK, or DP_PULL_FAILED where it stopped. */
+static dp_pull_status_t s_forward(dp_net_t *net, const float *d_x, const int *d_y, int B,
+                                  int train)
 {
-    while (!s_forward_layers(net, d_x, d_y, B, train)) {
+    dp_pull_status_t st;
+    while ((st = s_forward_layers(net, d_x, d_y, B, train)) == DP_PULL_TORN) {
     }
+    return st;
 }
 
 /* Where a layer writes the gradient of boundary b: NULL for the batch; its
@@ -362,7 +372,8 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
 {
     const dp_model_t *m = net->m;
     dp_backend_t *be = net->be;
-    s_forward(net, d_x, d_y, B, 1);
+    net->pull_status = s_forward(net, d_x, d_y, B, 1);
+    if (net->pull_status == DP_PULL_FAILED) return NAN; /* no backward: the step is given up */
     memset(net->written, 0, (size_t)m->n_layers + 1);
     for (int b = 0; b <= m->n_layers; b++) net->d_dact[b] = NULL;
     for (int i = m->n_layers - 1; i >= 0; i--) {

@@ -27,6 +27,7 @@
 #include "common/dataset.h"
 #include "common/model.h"
 #include "kernels/backend.h"
+#include "worker/pull.h"
 
 typedef struct {
     const dp_model_t *m;                  /* not owned */
@@ -71,18 +72,23 @@ typedef struct {
      * forward before each layer that has parameters, with the end of that
      * layer's floats, and after the last layer with n_floats if no layer's
      * floats ended the vector: once per pass with n_floats, before the
-     * backward. It returns 0 once floats [0, end) of d_params are in
-     * place, or 1 when the floats the forward read so far were replaced (a
-     * pull torn by a shard's restart), and the forward starts again from
-     * the first layer. The parameters lie in model order, so what the hook
+     * backward. It returns DP_PULL_OK once floats [0, end) of d_params
+     * are in place; DP_PULL_TORN when the floats the forward read so far
+     * were replaced (a pull torn by a shard's restart), and the forward
+     * starts again from the first layer; DP_PULL_FAILED, and the step stops
+     * at once: no later layer's forward, no backward, no on_grads (the step
+     * says so in pull_status). The parameters lie in model order, so what the hook
      * waits for grows upward from the start of the vector. On a backend
      * whose memory is not the host's, the hook fills h_pull instead, and
      * each run it returns is queued for d_params on the compute stream
      * (upload_async), so the device computes the first layers while the
      * host waits for the next (without h_pull the hook is not called). */
-    int (*on_params)(void *arg, size_t end);
+    dp_pull_status_t (*on_params)(void *arg, size_t end);
     void *on_params_arg;
     float *h_pull;                        /* m->n_floats, host (host_alloc): see on_params */
+    /* Set by a training step: DP_PULL_FAILED when on_params failed and the
+     * step stopped (its loss NAN, d_grads not this step's), else DP_PULL_OK. */
+    dp_pull_status_t pull_status;
 } dp_net_t;
 
 int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_batch, char *err);
@@ -105,7 +111,8 @@ void dp_net_optim_step(dp_net_t *net, const dp_optim_conf_t *c, float lr, float 
                        long t);
 
 /* Forward and backward on x[B, C, H, W] (host), labels y[B]; the gradient of
- * the batch's mean loss lands in d_grads. Returns the mean loss. */
+ * the batch's mean loss lands in d_grads. Returns the mean loss (NAN when
+ * on_params failed: see pull_status). */
 float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B);
 
 /* The same on a batch already in device memory (the batcher's staged d_x,

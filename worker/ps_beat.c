@@ -14,6 +14,7 @@
 #include "proto/wire.h"
 #include "proto/zsock.h"
 #include "worker/ps_client.h"
+#include "worker/ps_socket.h"
 
 struct dp_ps_beat {
     void *ctx;             /* ZeroMQ context of the thread's sockets */

@@ -29,10 +29,12 @@
  * was. Push hands ZeroMQ the caller's gradient without a copy and returns
  * only once ZeroMQ has released it. Everything a client is made with comes
  * in its options (dp_ps_client_opts_t): nothing is set per process but the
- * session (dp_ps_session). Not thread-safe: one client per thread.
+ * session (ps_socket.h). Not thread-safe: one client per thread.
  *
- * The requests live in ps_client.c, the machinery under them (sockets, the
- * exchange, liveness, rejoin) in ps_exchange.c. */
+ * A pull is ps_pull.c's, a push ps_push.c's, the small requests (stats,
+ * finish, shutdown) ps_client.c's; the machinery under them (the
+ * exchange, liveness, rejoin, new and destroy) is ps_exchange.c's, the
+ * sockets' making ps_socket.h's. */
 #ifndef DP_PS_CLIENT_H
 #define DP_PS_CLIENT_H
 
@@ -45,6 +47,7 @@
 #include "proto/curve.h"
 #include "proto/wire.h" /* dp_mode_t */
 #include "proto/zsock.h" /* DP_ZSOCK_MAX_SHARDS */
+#include "worker/pull.h"
 
 /* The servers' policy, from their WELCOMEs (every shard agrees). */
 typedef struct {
@@ -150,14 +153,6 @@ typedef struct {
 /* Shards this client reaches through shared memory. */
 int dp_ps_client_shm_shards(const dp_ps_client_t *c);
 
-/* This process's session: a random non-zero number drawn once (the first
- * call), carried by every request of its clients and heartbeat threads
- * (Envelope.session). A server ties a worker id to the session of the HELLO
- * that claimed it, so the heartbeats of this process count for that id
- * whichever connection they come on, and nobody else's do (server/auth.h).
- * Thread-safe. */
-uint64_t dp_ps_session(void);
-
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order (no empty entry,
  * at most DP_ZSOCK_MAX_SHARDS): one DEALER per shard, made with opts (NULL:
  * the defaults); HELLO to each (waiting up to timeout_s for a server that
@@ -176,50 +171,22 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
  * fail). */
 dp_ps_err_t dp_ps_client_error(const dp_ps_client_t *c);
 
-/* Whole parameter vector into params (host, m->n_floats), requests to all
- * shards in parallel; blocks while the servers defer the reply (sync /
- * ssp); remembers each shard's version for the next push. */
+/* A pull: the whole parameter vector (m->n_floats) from every shard in
+ * parallel, blocking while the servers defer it (sync / ssp); each shard's
+ * version is kept for the next push. pull lands it in params (host);
+ * pull_to lends each tensor to sink where it lies (else from a buffer of
+ * the client's), every float once (again if the pull went again). */
 int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err);
-
-/* Receives the [off, off + n) floats of the parameter vector; data is valid
- * only during the call. */
 typedef void (*dp_ps_params_sink_fn)(void *arg, size_t off, const float *data, size_t n);
-
-/* The same pull without the copy into a caller's buffer: each received
- * tensor is lent to sink where it lies in ZeroMQ's receive buffer (float32
- * frames at an aligned address), else first widened or copied into a
- * buffer of the client's own. Every float of the vector reaches the sink
- * once per pull (more often when a shared-memory copy raced a step and the
- * pull went again). */
 int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
 
-/* A pull in parts: the weights arrive in the order the forward needs them
- * (worker/net.h's on_params hook), on the caller's thread, no thread of
- * its own. pull_begin asks every shard for its floats into params, each
- * reply cut where a layer begins once DP_PS_PULL_BUCKET_BYTES of the
- * shard's slice lie below the cut, twice that below the next, and so on,
- * at most DP_WIRE_MAX_PULL_PARTS parts (the first layers first; every part of
- * a shard's reply from one snapshot, so of one version), and returns
- * without awaiting any reply; pull_until(end) returns once floats
- * [0, end) of params are in place, pull_end once all are. They block,
- * time out, heartbeat and repeat as dp_ps_client_pull does, and return 0,
- * -1 with err, or 1: a shard restarted or lost the pull after floats of
- * it had been handed out (a pull_until returned), so what the caller read
- * of them may be of another version than the rest. The repeated reply has
- * then been taken whole, every float is in place (one version per shard),
- * and the caller starts its forward again; 1 comes at most once per
- * repeat, which the client bounds. pull_end may also return 1 and is
- * called again after the forward started over. A client with a shard
- * through shared memory pulls whole at pull_begin (a copy spread over the
- * forward would let the slot be rewritten under it); pull_until and
- * pull_end then return 0 at once. A shard that takes no cuts (an older
- * one) answers whole, which is as good. Between pull_begin and the
- * pull_end that returns 0 the client takes no other request (a pull
- * abandons the unfinished one). dp_ps_client_pull is one pull, whole. */
-#define DP_PS_PULL_BUCKET_BYTES (16 * 1024)
+/* A pull in parts, as the forward needs them (net.h's on_params): pull_begin
+ * asks and returns; pull_until(end) once floats [0, end) of params are in:
+ * DP_PULL_OK, DP_PULL_FAILED with err, or DP_PULL_TORN (worker/pull.h: a
+ * shard was asked again after floats of it were handed out; all are in now,
+ * the forward starts again). end >= n_floats ends it. Details: ps_pull.c. */
 int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err);
-int dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err);
-int dp_ps_client_pull_end(dp_ps_client_t *c, char *err);
+dp_pull_status_t dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err);
 
 /* The last pull's PARAMS messages, over every shard (one a shard when
  * whole; a repeated reply counts again). */
@@ -253,27 +220,12 @@ typedef struct {
  * the call. res may be NULL. */
 int dp_ps_client_push(dp_ps_client_t *c, const dp_ps_push_t *p, dp_push_result_t *res, char *err);
 
-/* A push in parts: the gradient streamed as the backward pass produces it
- * (worker/net.h's on_grads hook), on the caller's thread, no thread of its
- * own. push_begin(p) starts it (the checks of a push; p and p->grads are
- * the caller's until push_end returns, and p is read again there: its loss
- * may be set after the backward); each push_part(off, n) says floats
- * [off, off + n) of p->grads are final, and sends, without awaiting any
- * reply, each shard's parts that are then complete; push_end sends what is
- * left and awaits every shard's reply as dp_ps_client_push does (the same
- * timeouts, heartbeats and repeats: after a restart or a lost reply, all
- * the parts to that shard go again). Each shard's parts are planned at
- * push_begin from the model's layers, the last layer first (the order the
- * backward finishes them): a cut where a layer begins once at least
- * DP_PS_PUSH_BUCKET_BYTES of the slice are pending above it. The floats
- * must become final from the end of the vector down, one run after the
- * other; a run out of that order makes the rest wait for push_end (still
- * correct, only later). Through shared memory a part is written to its
- * place in the gradient segment and its message says so. A compressed push
- * (--compress) and a shard that takes no parts (an older one, its WELCOME
- * says) get the push whole at push_end. dp_ps_client_push is the same
- * push with one part per shard. push_part outside a push does nothing. */
-#define DP_PS_PUSH_BUCKET_BYTES (256 * 1024)
+/* A push in parts, as the backward makes the gradient (net.h's on_grads):
+ * push_begin(p) checks it (p is the caller's until push_end, which reads
+ * its loss again); push_part(off, n): floats [off, off + n) of p->grads
+ * are final (from the end down), and the shards' parts then complete leave
+ * unawaited; push_end sends the rest and awaits every ACK as push does.
+ * push is the same with one part a shard. Details: ps_push.c. */
 int dp_ps_client_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, char *err);
 void dp_ps_client_push_part(dp_ps_client_t *c, size_t off, size_t n);
 int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
@@ -288,28 +240,6 @@ uint64_t dp_ps_client_resume_step(const dp_ps_client_t *c);
 /* Updates the shards lost by restarting from a checkpoint, as this client
  * saw them: the versions each had reported minus the one it restarted at. */
 uint64_t dp_ps_client_updates_lost(const dp_ps_client_t *c);
-
-/* The CURVE keys of one socket to a shard: ours and that shard's. */
-typedef struct {
-    const dp_curve_key_t *secret, *pub, *server;
-} dp_ps_sock_keys_t;
-
-/* A DEALER connected to endpoint with the client's options (linger 0, send
- * timeout, ZMTP heartbeats, CURVE when keys is not NULL); every socket to a
- * shard is made here, the heartbeat thread's too. */
-int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
-                        const dp_ps_sock_keys_t *keys, void **out, char *err);
-
-/* The endpoint list into endpoints[DP_ZSOCK_MAX_SHARDS], as the client
- * reads it (the heartbeat thread too): returns how many, or -1 with
- * "bad ps endpoints '...': entry 2 is empty (...)". */
-int dp_ps_endpoints_parse(const char *list, char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN], char *err);
-
-/* The CURVE keys for n_shards shards, read from curve's files: our pair and
- * each shard's server key (curve->servers: one file for every shard, or one
- * per shard in endpoint order) into server[0..n_shards). */
-int dp_ps_curve_load(const dp_ps_curve_t *curve, int n_shards, dp_curve_key_t *secret,
-                     dp_curve_key_t *pub, dp_curve_key_t *server, char *err);
 
 /* Sum of shard versions of the last pull. */
 uint64_t dp_ps_client_version(const dp_ps_client_t *c);

@@ -4,12 +4,10 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <unistd.h>
+#include <time.h>
 
 #include "common/util.h"
 #include "proto/curve.h"
@@ -28,40 +26,6 @@ static void s_close(dp_ps_shard_t *s)
     s->sock = NULL;
 }
 
-int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
-                        const dp_ps_sock_keys_t *keys, void **out, char *err)
-{
-    void *sock = zmq_socket(ctx, ZMQ_DEALER);
-    *out = NULL;
-    if (!sock) return dp_err(err, "%s: cannot create socket: %s", endpoint, zmq_strerror(errno));
-    int zero = 0;
-    int sndtimeo = (int)(timeout_s * 1000);
-    char e2[DP_ERR_LEN];
-    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) != 0) {
-        dp_err(err, "%s: cannot set socket options: %s", endpoint, zmq_strerror(errno));
-        zmq_close(sock);
-        return -1;
-    }
-    /* TTL too: the server drops a connection of ours silent for as long */
-    if (dp_zsock_heartbeats(sock, 1, e2) != 0) {
-        dp_err(err, "%s: %s", endpoint, e2);
-        zmq_close(sock);
-        return -1;
-    }
-    if (keys && dp_curve_connect_as(sock, keys->server, keys->secret, keys->pub, err) != 0) {
-        zmq_close(sock);
-        return -1;
-    }
-    if (zmq_connect(sock, endpoint) != 0) {
-        dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", endpoint, zmq_strerror(errno));
-        zmq_close(sock);
-        return -1;
-    }
-    *out = sock;
-    return 0;
-}
-
 static int s_open(dp_ps_client_t *c, int i, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
@@ -75,35 +39,12 @@ static int s_open(dp_ps_client_t *c, int i, char *err)
 static void s_reset_unanswered(dp_ps_client_t *c)
 {
     for (int i = 0; i < c->n; i++) {
-        dp_ps_shard_t *s = &c->sh[i];
-        if (!s->want_req || s->done) continue;
-        s_close(s);
+        if (!c->aw[i].want_req || c->aw[i].done) continue;
+        s_close(&c->sh[i]);
         char e2[DP_ERR_LEN];
         if (s_open(c, i, e2) != 0) dp_log_warn("%s", e2);
-        s->want_req = 0;
+        c->aw[i].want_req = 0;
     }
-}
-
-/* ---- the session ------------------------------------------------------- */
-
-static uint64_t s_session;
-static pthread_once_t s_session_once = PTHREAD_ONCE_INIT;
-
-static void s_draw_session(void)
-{
-    /* Without the kernel's random source (it does not fail on Linux past
-     * early boot) the clock still makes one process's session unlike
-     * another's; it is a proof of "same process", not a key. */
-    while (s_session == 0)
-        if (getrandom(&s_session, sizeof s_session, 0) != (ssize_t)sizeof s_session &&
-            errno != EINTR)
-            s_session = (uint64_t)(dp_now() * 1e9) ^ ((uint64_t)getpid() << 32);
-}
-
-uint64_t dp_ps_session(void)
-{
-    pthread_once(&s_session_once, s_draw_session);
-    return s_session;
 }
 
 /* ---- one exchange ------------------------------------------------------ */
@@ -135,14 +76,30 @@ int dp_ps_send_only(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
     return 0;
 }
 
+/* Shard i's awaited request is req, sent now. */
+static void s_awaiting(dp_ps_client_t *c, int i, uint64_t req)
+{
+    c->aw[i].want_req = req;
+    c->aw[i].done = false;
+    c->aw[i].sent_at = c->sh[i].last_heard = c->sh[i].last_hb = dp_now();
+}
+
 static int s_send(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
 {
-    dp_ps_shard_t *s = &c->sh[i];
     if (dp_ps_send_only(c, i, rq, err) != 0) return -1;
-    s->want_req = rq->env.request_id;
-    s->done = 0;
-    s->sent_at = s->last_heard = s->last_hb = dp_now();
+    s_awaiting(c, i, rq->env.request_id);
     return 0;
+}
+
+void dp_ps_await_sent(dp_ps_client_t *c, int i, uint64_t req)
+{
+    c->aw[i].early_req = req;
+}
+
+void dp_ps_sleep(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
 }
 
 /* The plan's request to shard i, built and sent. */
@@ -168,54 +125,65 @@ static void s_heartbeat(dp_ps_client_t *c, int i)
     c->sh[i].last_hb = dp_now();
 }
 
+/* What the liveness rules say of a shard owing a reply. */
+typedef enum {
+    S_WAIT_ON, /* it may still answer */
+    S_REPEAT,  /* say HELLO again and repeat the request */
+    S_GIVE_UP, /* the exchange fails (err says why) */
+} s_alive_t;
+
 /* The liveness rules for shard i, which owes a reply to a request of this
  * type. A shard that restarted (a new incarnation, or ERR_UNKNOWN_WORKER)
- * is said HELLO again and asked again (1). Only a request the shard may
+ * is said HELLO again and asked again. Only a request the shard may
  * hold (a pull) lives on heartbeat answers; any other reply is
  * due within timeout_s of sending, whatever else the shard says, and a lost
- * one is asked again once (1) before it is a failure. An exchange past
+ * one is asked again once before it is a failure. An exchange past
  * S_DEFER_LIMIT timeouts fails too (a shard that answers heartbeats but
  * defers for ever); silent for hb_every, the shard gets a HEARTBEAT (whose
- * answer also shows its incarnation). 0: wait on; -1 with err. */
-static int s_check_alive(dp_ps_client_t *c, int i, int type, double t0, double now, char *err)
+ * answer also shows its incarnation). */
+static s_alive_t s_check_alive(dp_ps_client_t *c, int i, int type, double t0, double now, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
+    const dp_ps_await_t *aw = &c->aw[i];
     double hb_every = c->timeout_s / 4 < S_HB_MAX_S ? c->timeout_s / 4 : S_HB_MAX_S;
     if (s->restarted) {
-        if (s->repeats < S_MAX_REPEATS) return 1;
-        return dp_err(err, "%s: the shard restarted %d times during one request", s->endpoint,
-                      s->repeats + 1);
+        if (aw->repeats < S_MAX_REPEATS) return S_REPEAT;
+        dp_err(err, "%s: the shard restarted %d times during one request", s->endpoint,
+               aw->repeats + 1);
+        return S_GIVE_UP;
     }
-    int held = type == DOWNPOUR__MSG_TYPE__PULL;
-    if (now - (held ? s->last_heard : s->sent_at) > c->timeout_s) {
-        if (type != DOWNPOUR__MSG_TYPE__HELLO && s->repeats == 0) return 1;
+    bool held = type == DOWNPOUR__MSG_TYPE__PULL;
+    if (now - (held ? s->last_heard : aw->sent_at) > c->timeout_s) {
+        if (type != DOWNPOUR__MSG_TYPE__HELLO && aw->repeats == 0) return S_REPEAT;
         c->code = DP_PS_ERR_TIMEOUT;
-        return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
-                      c->timeout_s);
+        dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint, c->timeout_s);
+        return S_GIVE_UP;
     }
     if (now - t0 > S_DEFER_LIMIT * c->timeout_s) {
         c->code = DP_PS_ERR_DEFERRED;
-        return dp_err(err, "%s: request still deferred after %.0f s", s->endpoint, now - t0);
+        dp_err(err, "%s: request still deferred after %.0f s", s->endpoint, now - t0);
+        return S_GIVE_UP;
     }
     if (now - s->last_hb >= hb_every && now - s->last_heard >= hb_every) s_heartbeat(c, i);
-    return 0;
+    return S_WAIT_ON;
 }
 
 /* Does this message say shard s restarted: another incarnation than its
  * WELCOME's (0 on either side: a server that sends none), or "say HELLO
  * again" (ERR_UNKNOWN_WORKER)? A WELCOME brings the new incarnation itself. */
-static int s_shows_restart(const dp_ps_shard_t *s, const Downpour__Envelope *env)
+static bool s_shows_restart(const dp_ps_shard_t *s, uint64_t want_req,
+                            const Downpour__Envelope *env)
 {
-    if (env->type == DOWNPOUR__MSG_TYPE__ERROR && env->request_id == s->want_req &&
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR && env->request_id == want_req &&
         env->error->code == DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER)
-        return 1;
+        return true;
     return env->type != DOWNPOUR__MSG_TYPE__WELCOME && env->incarnation && s->incarnation &&
            env->incarnation != s->incarnation;
 }
 
 /* One message from shard i: validated, then handed to fn if it is the
- * awaited reply (which fn may say is not the last: it clears s->done when
- * more replies to the same request follow, a pull's parts). */
+ * awaited reply, whose outcome fn returns: done, more to come (a pull's
+ * parts), again (after a new HELLO), or failed. */
 static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, dp_ps_reply_fn fn, void *arg, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
@@ -230,15 +198,18 @@ static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, dp_ps_reply_fn fn,
         frames[f].len = zmq_msg_size(&rx->parts[1 + f]);
     }
     int rc = 0;
+    dp_ps_await_t *aw = &c->aw[i];
     if (!env || dp_wire_check(env, frames, nf, e2) != 0) {
         rc = dp_err(err, "%s: bad reply: %s", s->endpoint, e2);
     } else {
         s->last_heard = dp_now();
-        if (s_shows_restart(s, env)) {
-            s->restarted = 1; /* the exchange says HELLO again and repeats */
-        } else if (env->request_id == s->want_req) { /* else a heartbeat answer or a late reply */
-            s->done = 1;
-            rc = fn(c, i, env, frames, nf, arg, err);
+        if (s_shows_restart(s, aw->want_req, env)) {
+            s->restarted = true; /* the exchange says HELLO again and repeats */
+        } else if (env->request_id == aw->want_req) { /* else a heartbeat answer or a late reply */
+            dp_ps_reply_t r = fn(c, i, env, frames, nf, arg, err);
+            aw->done = r == DP_PS_REPLY_DONE || r == DP_PS_REPLY_FAILED;
+            if (r == DP_PS_REPLY_AGAIN) s->restarted = true;
+            rc = r == DP_PS_REPLY_FAILED ? -1 : 0;
         }
     }
     dp_wire_destroy(&env);
@@ -249,7 +220,7 @@ static int s_take(dp_ps_client_t *c, int i, dp_wire_rx_t *rx, dp_ps_reply_fn fn,
 static int s_drain(dp_ps_client_t *c, int i, dp_ps_reply_fn fn, void *arg, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
-    while (!s->done) {
+    while (!c->aw[i].done) {
         dp_wire_rx_t rx;
         char e2[DP_ERR_LEN];
         if (dp_wire_recv(s->sock, &rx, ZMQ_DONTWAIT, e2) != 0) {
@@ -265,8 +236,8 @@ static int s_drain(dp_ps_client_t *c, int i, dp_ps_reply_fn fn, void *arg, char 
 
 static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg);
 static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err);
-static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
-                        const dp_wire_frame_t *frames, int nf, void *arg, char *err);
+static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                                  const dp_wire_frame_t *frames, int nf, void *arg, char *err);
 
 /* Shard i restarted or lost our request: HELLO again and take its WELCOME —
  * its incarnation, and the version it restarted at (s_on_welcome counts the
@@ -284,9 +255,9 @@ static int s_rejoin(dp_ps_client_t *c, int i, char *err)
     dp_ps_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .build = s_build_hello,
                       .on_reply = s_on_welcome};
     if (s_send_plan(c, i, &hello, err) != 0) return -1;
-    while (!s->done) {
+    while (!c->aw[i].done) {
         if (c->stop && *c->stop) return s_interrupted(c, err);
-        if (dp_now() - s->sent_at > c->timeout_s) {
+        if (dp_now() - c->aw[i].sent_at > c->timeout_s) {
             c->code = DP_PS_ERR_TIMEOUT;
             return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
                           c->timeout_s);
@@ -304,11 +275,12 @@ static int s_rejoin(dp_ps_client_t *c, int i, char *err)
  * precedes it: a push's every part). */
 static int s_repeat(dp_ps_client_t *c, int i, const dp_ps_plan_t *plan, char *err)
 {
-    int repeats = c->sh[i].repeats + 1;
-    if (s_rejoin(c, i, err) != 0 || (plan->before && plan->before(c, i, 1, plan->arg, err) != 0) ||
+    int repeats = c->aw[i].repeats + 1;
+    if (s_rejoin(c, i, err) != 0 ||
+        (plan->before && plan->before(c, i, true, plan->arg, err) != 0) ||
         s_send_plan(c, i, plan, err) != 0)
         return -1;
-    c->sh[i].repeats = repeats;
+    c->aw[i].repeats = repeats;
     return 0;
 }
 
@@ -322,13 +294,13 @@ static int s_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
     zmq_pollitem_t items[DP_ZSOCK_MAX_SHARDS];
     int idx[DP_ZSOCK_MAX_SHARDS];
     for (int i = 0; i < c->n; i++)
-        if (c->sh[i].want_req && !c->sh[i].done && c->sh[i].sock &&
+        if (c->aw[i].want_req && !c->aw[i].done && c->sh[i].sock &&
             s_drain(c, i, plan->on_reply, plan->arg, err) != 0)
             return -1;
     for (;;) {
         int n = 0;
         for (int i = 0; i < c->n; i++)
-            if (c->sh[i].want_req && !c->sh[i].done) {
+            if (c->aw[i].want_req && !c->aw[i].done) {
                 items[n] = (zmq_pollitem_t){c->sh[i].sock, 0, ZMQ_POLLIN, 0};
                 idx[n++] = i;
             }
@@ -336,8 +308,9 @@ static int s_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
         if (c->stop && *c->stop) return s_interrupted(c, err);
         double now = dp_now();
         for (int k = 0; k < n; k++) {
-            int a = s_check_alive(c, idx[k], plan->type, t0, now, err);
-            if (a < 0 || (a == 1 && s_repeat(c, idx[k], plan, err) != 0)) return -1;
+            s_alive_t a = s_check_alive(c, idx[k], plan->type, t0, now, err);
+            if (a == S_GIVE_UP || (a == S_REPEAT && s_repeat(c, idx[k], plan, err) != 0))
+                return -1;
         }
         int r = zmq_poll(items, n, 100);
         if (r < 0) {
@@ -360,7 +333,7 @@ static void s_name_silent(const dp_ps_client_t *c, char *err)
     size_t used = 0;
     for (int i = 0; i < c->n && used + 8 < sizeof list; i++) {
         const dp_ps_shard_t *s = &c->sh[i];
-        if (!s->want_req || s->done) continue;
+        if (!c->aw[i].want_req || c->aw[i].done) continue;
         used += (size_t)snprintf(list + used, sizeof list - used, "%sps shard %d at %s",
                                  used ? ", " : "", i, s->endpoint);
     }
@@ -382,11 +355,8 @@ int dp_ps_exchange_send(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 {
     uint64_t early[DP_ZSOCK_MAX_SHARDS]; /* this exchange's only: taken and cleared */
     for (int i = 0; i < c->n; i++) {
-        c->sh[i].want_req = 0;
-        c->sh[i].done = 0;
-        c->sh[i].repeats = 0;
-        early[i] = c->sh[i].early_req;
-        c->sh[i].early_req = 0;
+        early[i] = c->aw[i].early_req;
+        c->aw[i] = (dp_ps_await_t){0};
     }
     c->code = DP_PS_OK;
     int rc = 0;
@@ -394,16 +364,14 @@ int dp_ps_exchange_send(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
         /* A socket a failed reset could not reopen gets another try; a
          * shard seen restarting since the last exchange is greeted first. */
         if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;
-        int again = c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO;
+        bool again = c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO;
         if (again && (rc = s_rejoin(c, i, err)) != 0) break;
         if (plan->before && (rc = plan->before(c, i, again, plan->arg, err)) != 0) {
-            c->sh[i].want_req = UINT64_MAX; /* parts may be queued: its socket is reset too */
+            c->aw[i].want_req = UINT64_MAX; /* parts may be queued: its socket is reset too */
             break;
         }
         if (early[i] && !again) { /* sent already: awaited from now on */
-            dp_ps_shard_t *s = &c->sh[i];
-            s->want_req = early[i];
-            s->sent_at = s->last_heard = s->last_hb = dp_now();
+            s_awaiting(c, i, early[i]);
             continue;
         }
         rc = s_send_plan(c, i, plan, err);
@@ -433,7 +401,7 @@ int dp_ps_exchange(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 
 /* Ask shard i for shared memory: forced, or (auto) its endpoint is on this
  * host. */
-static int s_wants_shm(const dp_ps_client_t *c, int i)
+static bool s_wants_shm(const dp_ps_client_t *c, int i)
 {
     return c->transport == DP_PS_TRANSPORT_SHM ||
            (c->transport == DP_PS_TRANSPORT_AUTO && dp_zsock_local_endpoint(c->sh[i].endpoint));
@@ -443,7 +411,7 @@ static void s_shm_close(dp_ps_shard_t *s)
 {
     dp_shm_close(&s->shm_params);
     dp_shm_close(&s->shm_grad);
-    s->shm = 0;
+    s->shm = false;
 }
 
 /* What a WELCOME says of shared memory: map the segments it names (each
@@ -455,14 +423,14 @@ static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, c
     dp_ps_shard_t *s = &c->sh[i];
     s_shm_close(s); /* a restarted shard has new segments */
     if (!s_wants_shm(c, i)) return 0;
-    int forced = c->transport == DP_PS_TRANSPORT_SHM;
+    bool forced = c->transport == DP_PS_TRANSPORT_SHM;
     char e2[DP_ERR_LEN];
     size_t n = (size_t)(s->hi - s->lo);
     if (!w->shm_name || !w->shm_name[0] || !w->shm_grad_name || !w->shm_grad_name[0])
         snprintf(e2, sizeof e2, "the shard did not grant shared memory (see its log)");
     else if (n > 0 && dp_shm_open(&s->shm_params, w->shm_name, n, DP_SHM_PARAM_SLOTS, DP_SHM_READ_ONLY, e2) == 0 &&
              dp_shm_open(&s->shm_grad, w->shm_grad_name, n, 1, DP_SHM_WRITABLE, e2) == 0) {
-        s->shm = 1;
+        s->shm = true;
         return 0;
     } else if (n == 0)
         snprintf(e2, sizeof e2, "an empty range");
@@ -515,12 +483,12 @@ static void s_welcome_recovery(dp_ps_client_t *c, dp_ps_shard_t *s, const Downpo
     if (!s->pulled || w->version < s->version) s->version = w->version;
     dp_ps_seen(s, w->version);
     s->incarnation = env->incarnation;
-    s->restarted = 0;
+    s->restarted = false;
     s->worker_step = w->worker_step;
 }
 
-static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
-                        const dp_wire_frame_t *frames, int nf, void *arg, char *err)
+static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                                  const dp_wire_frame_t *frames, int nf, void *arg, char *err)
 {
     (void)frames, (void)nf, (void)arg;
     dp_ps_shard_t *s = &c->sh[i];
@@ -544,22 +512,11 @@ static int s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
     s->run_token = w->run_token;
     s->push_parts = w->push_parts;
     s_welcome_recovery(c, s, env);
-    return s_welcome_shm(c, i, w, err);
+    return s_welcome_shm(c, i, w, err) != 0 ? DP_PS_REPLY_FAILED : DP_PS_REPLY_DONE;
 }
 
 
 /* ---- connect ---------------------------------------------------------- */
-
-int dp_ps_endpoints_parse(const char *list, char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN], char *err)
-{
-    char e2[DP_ERR_LEN];
-    int n = dp_zsock_split(list, endpoints[0], DP_ZSOCK_ENDPOINT_LEN, DP_ZSOCK_MAX_SHARDS, e2);
-    if (n < 0)
-        return dp_err(err, "bad ps endpoints '%s': %s (expected tcp://h:p[,tcp://h2:p2...])", list,
-                      e2);
-    if (n == 0) return dp_err(err, "no ps endpoints (give tcp://HOST:PORT)");
-    return n;
-}
 
 /* After the WELCOMEs: every shard runs the same policy, and the ranges, in
  * endpoint order, tile the model's floats. */
@@ -592,30 +549,6 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
     return 0;
 }
 
-int dp_ps_curve_load(const dp_ps_curve_t *curve, int n_shards, dp_curve_key_t *secret,
-                     dp_curve_key_t *pub, dp_curve_key_t *server, char *err)
-{
-    if (dp_curve_read_secret(curve->secret, secret, pub, err) != 0) return -1;
-    char (*paths)[1024] = dp_malloc((size_t)DP_ZSOCK_MAX_SHARDS * sizeof *paths);
-    char e2[DP_ERR_LEN];
-    int n = dp_zsock_split(curve->servers ? curve->servers : "", paths[0], sizeof paths[0],
-                           DP_ZSOCK_MAX_SHARDS, e2);
-    int rc = 0;
-    if (n < 0)
-        rc = dp_err(err, "--curve-server '%s': %s (expected one public key file, or one per "
-                         "server (%d) in --ps order)",
-                    curve->servers, e2, n_shards);
-    else if (n != 1 && n != n_shards)
-        rc = dp_err(err, "--curve-server names %d keys but there are %d servers (give one key for "
-                         "all, or one per server in --ps order)",
-                    n, n_shards);
-    /* one file stands for every shard when it is the only one */
-    for (int i = 0; rc == 0 && i < n_shards; i++)
-        if (dp_curve_read_public(paths[n == 1 ? 0 : i], &server[i], err) != 0) rc = -1;
-    free(paths);
-    return rc;
-}
-
 /* CURVE keys from their files: ours, and each shard's server key. */
 static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
 {
@@ -632,12 +565,12 @@ static int s_load_keys(dp_ps_client_t *c, const dp_ps_curve_t *curve, char *err)
  * under CURVE (every message carries a MAC). It costs ~0.2 ms per 6.6 MB
  * on each side of each transfer, more than the whole margin to a plain
  * ZeroMQ round trip. */
-static int s_default_crc(const dp_ps_client_t *c, int i)
+static bool s_default_crc(const dp_ps_client_t *c, int i)
 {
     return !c->curve && !dp_zsock_local_endpoint(c->sh[i].endpoint);
 }
 
-static int s_crc(const dp_ps_client_t *c, dp_ps_crc_t crc, int i)
+static bool s_crc(const dp_ps_client_t *c, dp_ps_crc_t crc, int i)
 {
     return crc == DP_PS_CRC_AUTO ? s_default_crc(c, i) : crc == DP_PS_CRC_ON;
 }
@@ -661,6 +594,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->compress = opts->compress;
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->sh);
+    c->aw = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->aw);
     char (*eps)[DP_ZSOCK_ENDPOINT_LEN] = dp_malloc(DP_ZSOCK_MAX_SHARDS * sizeof *eps);
     c->n = dp_ps_endpoints_parse(endpoints ? endpoints : "", eps, err);
     for (int i = 0; i < c->n; i++) memcpy(c->sh[i].endpoint, eps[i], sizeof eps[i]);
@@ -711,7 +645,10 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     }
     dp_zsock_ctx_term(&c->ctx, "ps client");
     free(c->sh);
+    free(c->aw);
     free(c->landing);
+    free(c->pull_room);
+    free(c->push_room);
     free(c);
     *c_p = NULL;
 }

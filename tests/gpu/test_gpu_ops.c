@@ -792,13 +792,13 @@ typedef struct {
     int pulls, pushes;
 } s_gpu_hooks_t;
 
-static int s_gpu_pull(void *arg, size_t end)
+static dp_pull_status_t s_gpu_pull(void *arg, size_t end)
 {
     s_gpu_hooks_t *k = arg;
     if (end > k->had) memcpy(k->h_pull + k->had, k->params + k->had, (end - k->had) * 4);
     if (end > k->had) k->had = end;
     k->pulls++;
-    return 0;
+    return DP_PULL_OK;
 }
 
 static void s_gpu_push(void *arg, size_t off, size_t n)

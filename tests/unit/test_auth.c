@@ -21,6 +21,7 @@
 #include "tests/test.h"
 #include "worker/ps_beat.h"
 #include "worker/ps_client.h"
+#include "worker/ps_socket.h"
 
 /* The live table: which of the connections "A".."D" are still open. */
 static int s_open[4];

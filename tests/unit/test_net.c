@@ -367,7 +367,7 @@ typedef struct {
     int calls, in_order, torn_at, finals;
 } s_pull_hook_t;
 
-static int s_pull_hook(void *arg, size_t end)
+static dp_pull_status_t s_pull_hook(void *arg, size_t end)
 {
     s_pull_hook_t *h = arg;
     size_t nf = h->net->m->n_floats;
@@ -376,7 +376,7 @@ static int s_pull_hook(void *arg, size_t end)
         memcpy(h->to, h->params, nf * sizeof(float));
         h->had = nf;
         h->stale = h->params; /* from now on the right snapshot */
-        return 1;
+        return DP_PULL_TORN;
     }
     h->in_order &= end >= h->had || h->had == nf;
     if (end > h->had) {
@@ -384,7 +384,7 @@ static int s_pull_hook(void *arg, size_t end)
         h->had = end;
     }
     h->finals += end == nf;
-    return 0;
+    return DP_PULL_OK;
 }
 
 static void s_pull_hook_case(const char *dev, const char *spec, int c, int hw, int torn_at)
@@ -428,6 +428,7 @@ static void s_pull_hook_case(const char *dev, const char *spec, int c, int hw, i
     CHECK(memcmp(got_g, want_g, nf * sizeof(float)) == 0);
     CHECK(memcmp(got_p, want_p, nf * sizeof(float)) == 0);
     CHECK(h.in_order);
+    CHECK_EQ(net.pull_status, DP_PULL_OK);
     CHECK_EQ(h.finals, 1);
     CHECK(h.calls > 2);
     int ok = 0, calls = h.calls;
@@ -457,6 +458,87 @@ static void test_on_params_hook(void)
         s_pull_hook_case(dev, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 3);
         s_pull_hook_case(dev, resnet, 3, 8, 0);
         s_pull_hook_case(dev, resnet, 3, 8, 5); /* after bn layers stepped their statistics */
+    }
+}
+
+/* A hook that fails the pull (DP_PULL_FAILED) at its call fail_at stops the
+ * step there: the hook is not called again, no later layer's forward runs
+ * (the softmax's output keeps what it held), no backward (no on_grads, the
+ * gradient keeps what it held), and the step says so. */
+typedef struct {
+    int calls, fail_at, grads;
+} s_fail_hook_t;
+
+static dp_pull_status_t s_fail_hook(void *arg, size_t end)
+{
+    (void)end;
+    s_fail_hook_t *h = arg;
+    return ++h->calls == h->fail_at ? DP_PULL_FAILED : DP_PULL_OK;
+}
+
+static void s_fail_grads(void *arg, size_t off, size_t n)
+{
+    (void)off, (void)n;
+    ((s_fail_hook_t *)arg)->grads++;
+}
+
+static void s_pull_fail_case(const char *dev, int fail_at)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "conv3x3:4 relu maxpool2 fc:16 relu fc:3 softmax", 2, 8, 8, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, dev, err), 0);
+    dp_net_t net;
+    int B = 4, y[4] = {2, 0, 1, 1};
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    size_t nf = m.n_floats, in = (size_t)B * 2 * 8 * 8, out = (size_t)B * m.classes;
+    float *params = dp_malloc(nf * sizeof(float)), *x = dp_calloc(in, sizeof(float));
+    float *mark = dp_malloc(nf * sizeof(float)), *got = dp_malloc(nf * sizeof(float));
+    for (size_t i = 0; i < nf; i++) mark[i] = 7.0f;
+    dp_model_init_params(&m, params, 8);
+    dp_net_set_params(&net, params);
+    be->ops->upload(be, net.d_grads, mark, nf * sizeof(float));
+    be->ops->upload(be, net.d_act[m.n_layers], mark, out * sizeof(float));
+    float *h_pull = be->host_memory ? NULL : be->ops->host_alloc(be, nf * sizeof(float));
+    if (h_pull) memcpy(h_pull, params, nf * sizeof(float));
+    float *h_grads = be->host_memory ? NULL : be->ops->host_alloc(be, nf * sizeof(float));
+    net.h_pull = h_pull;
+    s_fail_hook_t h = {0, fail_at, 0};
+    net.on_params = s_fail_hook;
+    net.on_params_arg = &h;
+    net.on_grads = s_fail_grads;
+    net.on_grads_arg = &h;
+    float loss = dp_net_train_step_device(&net, net.d_act[0], net.d_labels, B, h_grads);
+    CHECK_EQ(net.pull_status, DP_PULL_FAILED);
+    CHECK(isnan(loss));
+    CHECK_EQ(h.calls, fail_at); /* not called again: no later layer asked for its floats */
+    CHECK_EQ(h.grads, 0);       /* no backward */
+    be->ops->download(be, got, net.d_act[m.n_layers], out * sizeof(float));
+    for (size_t i = 0; i < out; i++) CHECK(got[i] == 7.0f); /* the softmax did not run */
+    dp_net_get_grads(&net, got);
+    for (size_t i = 0; i < nf; i++) CHECK(got[i] == 7.0f);
+    /* the next step, with a hook that does not fail, is a whole one */
+    h = (s_fail_hook_t){0, 0, 0};
+    be->ops->upload(be, net.d_labels, y, sizeof y);
+    loss = dp_net_train_step_device(&net, net.d_act[0], net.d_labels, B, h_grads);
+    CHECK_EQ(net.pull_status, DP_PULL_OK);
+    CHECK(isfinite(loss));
+    CHECK(h.grads > 0);
+    if (h_pull) be->ops->host_release(be, h_pull);
+    if (h_grads) be->ops->host_release(be, h_grads);
+    free(params), free(x), free(mark), free(got);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+}
+
+static void test_on_params_fails(void)
+{
+    for (int k = 0; k < 2; k++) {
+        const char *dev = k ? "cpu:staged" : "cpu";
+        s_pull_fail_case(dev, 1); /* the first layer's floats */
+        s_pull_fail_case(dev, 2); /* fc:16's, after the convolution ran */
+        s_pull_fail_case(dev, 3); /* fc:3's, the end of the vector: the forward's last call */
     }
 }
 
@@ -732,4 +814,5 @@ DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
          T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
-         T(test_augment), T(test_on_grads_hook), T(test_on_params_hook))
+         T(test_augment), T(test_on_grads_hook), T(test_on_params_hook),
+         T(test_on_params_fails))

@@ -50,6 +50,7 @@ struct fake {
     atomic_int seen[DOWNPOUR__MSG_TYPE__ERROR + 1]; /* requests received, by type */
     atomic_int finished;      /* a BARRIER finished arrived */
     atomic_int go;            /* F_PARTS*: the parts after the first may go */
+    atomic_int lacking;       /* the next PUSH is answered RECEIVED (its earlier parts lost), once */
     atomic_ullong incarnation; /* on every reply (0: none) */
     atomic_int stop;
     int started;              /* the thread runs */
@@ -184,7 +185,8 @@ static void fake_answer(fake_t *f, zmq_msg_t *id, const Downpour__Envelope *req)
         break;
     case DOWNPOUR__MSG_TYPE__PUSH:
         env.type = DOWNPOUR__MSG_TYPE__ACK;
-        a.status = DOWNPOUR__ACK_STATUS__APPLIED;
+        a.status = atomic_exchange(&f->lacking, 0) ? DOWNPOUR__ACK_STATUS__RECEIVED
+                                                   : DOWNPOUR__ACK_STATUS__APPLIED;
         a.version = 1;
         env.ack = &a;
         break;
@@ -499,9 +501,35 @@ static int s_parts_cluster(dp_model_t *m, fake_t *f, dp_ps_client_t **c, char *e
     return s_cluster_of(f, 1, m, TMO(5.0), c, NULL, err);
 }
 
+/* The last part of a push answered RECEIVED (the shard lacks the parts
+ * before it, lost with a dropped connection): the reply says "again", so
+ * the client says HELLO at once, which discards them there, and pushes
+ * again; the second ACK is the push's. */
+static void test_push_again_when_parts_lost(void)
+{
+    fake_t f;
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(s_cluster(&f, 1, TMO(5.0), &c, NULL, err), 0);
+    if (c) {
+        float *p = dp_calloc(s_small.n_floats, sizeof *p);
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        atomic_store(&f.lacking, 1);
+        dp_push_result_t r;
+        double t0 = dp_now();
+        CHECK_EQ(dp_ps_client_push(c, PUSH(p), &r, err), 0);
+        CHECK(dp_now() - t0 < 2.0); /* at once, not after the 5 s timeout's repeat */
+        CHECK_EQ(r.applied, 1);
+        CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__HELLO), 2);
+        CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__PUSH), 2);
+        free(p);
+    }
+    s_cluster_end(&f, 1, &c);
+}
+
 /* pull_until returns once the first layer's part is in, while the shard
- * holds the rest back (the forward could run on it); pull_end once all
- * are, three messages of one version. */
+ * holds the rest back (the forward could run on it); pull_until(n_floats)
+ * once all are, three messages of one version. */
 static void test_pull_in_parts(void)
 {
     dp_model_t m;
@@ -516,11 +544,11 @@ static void test_pull_in_parts(void)
         CHECK(dp_model_layer_span(&m, 0, &lo, &hi));
         atomic_store(&f.pull_mode, F_PARTS);
         CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), DP_PULL_OK);
         CHECK(s_params_ok(p, hi, 0.0f));
         CHECK(p[hi] == -1.0f); /* the rest still held by the shard */
         atomic_store(&f.go, 1);
-        CHECK_EQ(dp_ps_client_pull_end(c, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), DP_PULL_OK);
         CHECK(s_params_ok(p, n, 0.0f));
         CHECK_EQ(dp_ps_client_pull_parts(c), 3);
         CHECK_EQ(dp_ps_client_version(c), 7);
@@ -559,7 +587,7 @@ static void test_pull_parts_lies(void)
         atomic_store(&f.pull_mode, lie[k].mode);
         atomic_store(&f.go, 1);
         CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_pull_end(c, err), -1);
+        CHECK_EQ(dp_ps_client_pull_until(c, m.n_floats, err), DP_PULL_FAILED);
         CHECK(strstr(err, lie[k].says) != NULL);
         CHECK(strstr(err, f.endpoint) != NULL);
         fprintf(stderr, "  (expected) %s\n", err);
@@ -571,7 +599,7 @@ static void test_pull_parts_lies(void)
 }
 
 /* The shard restarts after the caller read the first part: the client
- * says HELLO again, takes the repeated reply whole, and says so (1): the
+ * says HELLO again, takes the repeated reply whole, and says so (TORN): the
  * forward starts again on weights all of the new snapshot. */
 static void test_pull_parts_torn(void)
 {
@@ -586,14 +614,14 @@ static void test_pull_parts_torn(void)
         CHECK(dp_model_layer_span(&m, 0, &lo, &hi));
         atomic_store(&f.pull_mode, F_PARTS_RESTART);
         CHECK_EQ(dp_ps_client_pull_begin(c, p, err), 0);
-        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), 0);
+        CHECK_EQ(dp_ps_client_pull_until(c, hi, err), DP_PULL_OK);
         CHECK(s_params_ok(p, hi, 0.0f));
         atomic_store(&f.go, 1);
-        CHECK_EQ(dp_ps_client_pull_until(c, n, err), 1);
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), DP_PULL_TORN);
         CHECK(s_params_ok(p, n, 10.0f)); /* every float of the repeated reply */
         CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__HELLO), 2);
         CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__PULL), 2);
-        CHECK_EQ(dp_ps_client_pull_end(c, err), 0); /* the forward's second pass: all in */
+        CHECK_EQ(dp_ps_client_pull_until(c, n, err), DP_PULL_OK); /* the forward's second pass: all in */
         free(p);
     }
     s_cluster_end(&f, 1, &c);
@@ -601,4 +629,5 @@ static void test_pull_parts_torn(void)
 
 DP_TESTS(T(test_every_shard_asked), T(test_deferred_then_gives_up), T(test_silent_shard),
          T(test_late_reply_ignored), T(test_stop_flag), T(test_bad_endpoints),
-         T(test_pull_in_parts), T(test_pull_parts_lies), T(test_pull_parts_torn))
+         T(test_pull_in_parts), T(test_pull_parts_lies), T(test_pull_parts_torn),
+         T(test_push_again_when_parts_lost))

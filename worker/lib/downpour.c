@@ -20,6 +20,7 @@
 #include "common/util.h"
 #include "worker/ps_beat.h"
 #include "worker/ps_client.h"
+#include "worker/ps_socket.h"
 
 struct downpour {
     dp_model_t *model;             /* the table or spec; the client points at it */

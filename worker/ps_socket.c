@@ -1,0 +1,103 @@
+/* ps_socket: the sockets to the shards and what they are made from — the
+ * endpoint list, the CURVE keys, this process's session — shared by the
+ * client (ps_exchange.c) and the heartbeat thread (ps_beat.c); see
+ * ps_socket.h. */
+#include "worker/ps_socket.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "proto/zsock.h"
+
+int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
+                        const dp_ps_sock_keys_t *keys, void **out, char *err)
+{
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    *out = NULL;
+    if (!sock) return dp_err(err, "%s: cannot create socket: %s", endpoint, zmq_strerror(errno));
+    int zero = 0;
+    int sndtimeo = (int)(timeout_s * 1000);
+    char e2[DP_ERR_LEN];
+    if (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) != 0) {
+        dp_err(err, "%s: cannot set socket options: %s", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
+    /* TTL too: the server drops a connection of ours silent for as long */
+    if (dp_zsock_heartbeats(sock, 1, e2) != 0) {
+        dp_err(err, "%s: %s", endpoint, e2);
+        zmq_close(sock);
+        return -1;
+    }
+    if (keys && dp_curve_connect_as(sock, keys->server, keys->secret, keys->pub, err) != 0) {
+        zmq_close(sock);
+        return -1;
+    }
+    if (zmq_connect(sock, endpoint) != 0) {
+        dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
+    *out = sock;
+    return 0;
+}
+
+static uint64_t s_session;
+static pthread_once_t s_session_once = PTHREAD_ONCE_INIT;
+
+static void s_draw_session(void)
+{
+    /* Without the kernel's random source (it does not fail on Linux past
+     * early boot) the clock still makes one process's session unlike
+     * another's; it is a proof of "same process", not a key. */
+    while (s_session == 0)
+        if (getrandom(&s_session, sizeof s_session, 0) != (ssize_t)sizeof s_session &&
+            errno != EINTR)
+            s_session = (uint64_t)(dp_now() * 1e9) ^ ((uint64_t)getpid() << 32);
+}
+
+uint64_t dp_ps_session(void)
+{
+    pthread_once(&s_session_once, s_draw_session);
+    return s_session;
+}
+
+int dp_ps_endpoints_parse(const char *list, char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN], char *err)
+{
+    char e2[DP_ERR_LEN];
+    int n = dp_zsock_split(list, endpoints[0], DP_ZSOCK_ENDPOINT_LEN, DP_ZSOCK_MAX_SHARDS, e2);
+    if (n < 0)
+        return dp_err(err, "bad ps endpoints '%s': %s (expected tcp://h:p[,tcp://h2:p2...])", list,
+                      e2);
+    if (n == 0) return dp_err(err, "no ps endpoints (give tcp://HOST:PORT)");
+    return n;
+}
+
+int dp_ps_curve_load(const dp_ps_curve_t *curve, int n_shards, dp_curve_key_t *secret,
+                     dp_curve_key_t *pub, dp_curve_key_t *server, char *err)
+{
+    if (dp_curve_read_secret(curve->secret, secret, pub, err) != 0) return -1;
+    char (*paths)[1024] = dp_malloc((size_t)DP_ZSOCK_MAX_SHARDS * sizeof *paths);
+    char e2[DP_ERR_LEN];
+    int n = dp_zsock_split(curve->servers ? curve->servers : "", paths[0], sizeof paths[0],
+                           DP_ZSOCK_MAX_SHARDS, e2);
+    int rc = 0;
+    if (n < 0)
+        rc = dp_err(err, "--curve-server '%s': %s (expected one public key file, or one per "
+                         "server (%d) in --ps order)",
+                    curve->servers, e2, n_shards);
+    else if (n != 1 && n != n_shards)
+        rc = dp_err(err, "--curve-server names %d keys but there are %d servers (give one key for "
+                         "all, or one per server in --ps order)",
+                    n, n_shards);
+    /* one file stands for every shard when it is the only one */
+    for (int i = 0; rc == 0 && i < n_shards; i++)
+        if (dp_curve_read_public(paths[n == 1 ? 0 : i], &server[i], err) != 0) rc = -1;
+    free(paths);
+    return rc;
+}
