@@ -8,6 +8,7 @@
  * marked DP_OPTS_PASS are the ones `downpour local` passes on to its shards. */
 #include <inttypes.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,119 +157,139 @@ static int s_set_dc(void *arg, const char *v, char *err)
     return dp_optim_parse_dc(&((dp_ps_config_t *)arg)->optim, v, err);
 }
 
-void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
-{
-    const int P = DP_OPTS_PASS;
-    const dp_opts_flag_t t[] = {
-        DP_FLAG_BUF("bind", "tcp://*:PORT", c->bind, 0, "endpoint to bind (default tcp://*:5555)"),
-        DP_FLAG_STR("job-name", "ps", &cl->flag_job_name, 0,
+/* The table in --help order; each value lands at an offset into its
+ * struct (dp_opts_add_at): the cluster's flags into dp_cluster_t, the
+ * others into dp_ps_config_t (a CALL's argument: the config itself). */
+#define S_AT(field) offsetof(dp_ps_config_t, field)
+#define S_CL(field) offsetof(dp_cluster_t, field)
+#define S_BUF(n, m, field, pass_, h)                                                       \
+    {{.name = (n), .kind = DP_OPTS_BUF, .size = sizeof(((dp_ps_config_t *)0)->field),       \
+      .meta = (m), .pass = (pass_), .help = (h)},                                            \
+     S_AT(field)}
+
+static const dp_opts_entry_t s_config_head[] = {
+    S_BUF("bind", "tcp://*:PORT", bind, 0, "endpoint to bind (default tcp://*:5555)"),
+};
+
+static const dp_opts_entry_t s_cluster[] = {
+    {DP_FLAG_STR("job-name", "ps", NULL, 0,
                     "TensorFlow-style cluster (or the TF_CONFIG variable): binds this\n"
-                    "task's port, shard I of K ps hosts"),
-        DP_FLAG_NUM("task-index", DP_OPTS_INT, "I", &cl->flag_task_index, 0, 1 << 20, 0,
-                    "this task's index in the ps hosts"),
-        DP_FLAG_STR("ps-hosts", "H:P,...", &cl->flag_ps_hosts, 0, "the ps job's tasks"),
-        DP_FLAG_STR("worker-hosts", "H:P,...", &cl->flag_worker_hosts, 0,
-                    "the worker job's tasks (their number is --workers)"),
-        DP_FLAG_CALL("shard", "I/K", s_set_shard, c, 0,
-                     "this shard's index and the shard count (default 0/1)"),
-        DP_FLAG_NUM("workers", DP_OPTS_INT, "N", &c->num_workers, 1, 100000, 0,
-                    "workers expected (default 1, or the worker hosts)"),
-        DP_FLAG_CALL("mode", "sync|async|ssp", s_set_mode, c, P, "consistency (default sync)"),
-        DP_FLAG_NUM("replicas-to-aggregate", DP_OPTS_INT, "R", &c->replicas, 1, 100000, P,
-                    "sync: gradients per step (default: all workers)"),
-        DP_FLAG_NUM("staleness", DP_OPTS_INT, "S", &c->staleness, 0, 1000000, P,
-                    "ssp: max pushes a worker may be ahead (default 0)"),
-        DP_FLAG_CALL("delay-lr", "RULE", s_set_delay_lr, c, P,
+                    "task's port, shard I of K ps hosts"), S_CL(flag_job_name)},
+    {DP_FLAG_NUM("task-index", DP_OPTS_INT, "I", NULL, 0, 1 << 20, 0,
+                    "this task's index in the ps hosts"), S_CL(flag_task_index)},
+    {DP_FLAG_STR("ps-hosts", "H:P,...", NULL, 0, "the ps job's tasks"), S_CL(flag_ps_hosts)},
+    {DP_FLAG_STR("worker-hosts", "H:P,...", NULL, 0,
+                    "the worker job's tasks (their number is --workers)"), S_CL(flag_worker_hosts)},
+};
+
+static const dp_opts_entry_t s_config[] = {
+    {DP_FLAG_CALL("shard", "I/K", s_set_shard, NULL, 0,
+                     "this shard's index and the shard count (default 0/1)"), 0},
+    {DP_FLAG_NUM("workers", DP_OPTS_INT, "N", NULL, 1, 100000, 0,
+                    "workers expected (default 1, or the worker hosts)"), S_AT(num_workers)},
+    {DP_FLAG_CALL("mode", "sync|async|ssp", s_set_mode, NULL, DP_OPTS_PASS, "consistency (default sync)"), 0},
+    {DP_FLAG_NUM("replicas-to-aggregate", DP_OPTS_INT, "R", NULL, 1, 100000, DP_OPTS_PASS,
+                    "sync: gradients per step (default: all workers)"), S_AT(replicas)},
+    {DP_FLAG_NUM("staleness", DP_OPTS_INT, "S", NULL, 0, 1000000, DP_OPTS_PASS,
+                    "ssp: max pushes a worker may be ahead (default 0)"), S_AT(staleness)},
+    {DP_FLAG_CALL("delay-lr", "RULE", s_set_delay_lr, NULL, DP_OPTS_PASS,
                      "async/ssp: the lr of a gradient of delay tau: none (default),\n"
                      "inverse (lr / tau), adaptive (lr x min(1, workers / tau)),\n"
-                     "threshold[:K] (skip it when tau > K x the mean delay; K 2)"),
-        DP_FLAG_SET("lr-staleness", &c->delay_lr, DP_DELAY_INVERSE, P, "the same as --delay-lr inverse"),
-        DP_FLAG_CALL("delay-compensation", "DC", s_set_dc, c, P,
+                     "threshold[:K] (skip it when tau > K x the mean delay; K 2)"), 0},
+    {DP_FLAG_SET("lr-staleness", NULL, DP_DELAY_INVERSE, DP_OPTS_PASS, "the same as --delay-lr inverse"), S_AT(delay_lr)},
+    {DP_FLAG_CALL("delay-compensation", "DC", s_set_dc, NULL, DP_OPTS_PASS,
                      "async/ssp: DC-ASGD, g + lambda g*g*(w - w_pulled) before the\n"
                      "optimizer: off (default), const:LAMBDA, adaptive:LAMBDA0\n"
-                     "(lambda0 / sqrt(mean g*g)); keeps n floats per worker"),
-        DP_FLAG_CHOICE("early-step", "off|on", &c->early_step, P,
+                     "(lambda0 / sqrt(mean g*g)); keeps n floats per worker"), 0},
+    {DP_FLAG_CHOICE("early-step", "off|on", NULL, DP_OPTS_PASS,
                        "step a push in parts as its parts come, under the worker's\n"
                        "backward (the same bits as a whole step; it needs a core the\n"
                        "workers leave free: downpour local turns it off when the\n"
-                       "workers' threads take every core; default on)"),
-        DP_FLAG_BUF("model", "SPEC", c->model_spec, P, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
-        DP_FLAG_CALL("input", "CxHxW", s_set_input, c, 0, "input shape (default 1x28x28)"),
-        DP_FLAG_BUF("init", "FILE", c->init_path, 0,
+                       "workers' threads take every core; default on)"), S_AT(early_step)},
+    S_BUF("model", "SPEC", model_spec, DP_OPTS_PASS, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
+    {DP_FLAG_CALL("input", "CxHxW", s_set_input, NULL, 0, "input shape (default 1x28x28)"), 0},
+    S_BUF("init", "FILE", init_path, 0,
                     "instead of --model: any model, as the tensors of a safetensors\n"
                     "file (names, shapes, float32 initial values; e.g. written by\n"
                     "downpour.torch.save_init); those its metadata '" DP_ST_STATE_KEY "'\n"
                     "names are state (batch norm's statistics), not gradients"),
-        DP_FLAG_BUF("state-tensors", "NAME,...", c->state_tensors, 0,
+    S_BUF("state-tensors", "NAME,...", state_tensors, 0,
                     "with --init: more tensors that are state, not gradients"),
-        DP_FLAG_SEED("seed", &c->seed, P, "initialisation seed (default 1)"),
-        DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, c, P,
-                     "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"),
-        DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", &c->optim.lr, 1e-12, 1e6, P,
-                    "learning rate (default: adam 0.0015, adagrad and rmsprop 0.01, others 0.05)"),
-        DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", &c->optim.momentum, 0, 1, P, "momentum (default 0.9)"),
-        DP_FLAG_NUM("rms-alpha", DP_OPTS_FLOAT, "X", &c->optim.alpha, 0, 1, P,
-                    "rmsprop: square average's smoothing (default 0.99)"),
-        DP_FLAG_NUM("eps", DP_OPTS_FLOAT, "X", &c->optim.eps, 1e-30, 1e3, P,
+    {DP_FLAG_SEED("seed", NULL, DP_OPTS_PASS, "initialisation seed (default 1)"), S_AT(seed)},
+    {DP_FLAG_CALL("optimizer", "NAME", s_set_optimizer, NULL, DP_OPTS_PASS,
+                     "sgd|momentum|nesterov|adam|adagrad|rmsprop (default adam)"), 0},
+    {DP_FLAG_NUM("lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
+                    "learning rate (default: adam 0.0015, adagrad and rmsprop 0.01, others 0.05)"), S_AT(optim.lr)},
+    {DP_FLAG_NUM("momentum", DP_OPTS_FLOAT, "X", NULL, 0, 1, DP_OPTS_PASS, "momentum (default 0.9)"), S_AT(optim.momentum)},
+    {DP_FLAG_NUM("rms-alpha", DP_OPTS_FLOAT, "X", NULL, 0, 1, DP_OPTS_PASS,
+                    "rmsprop: square average's smoothing (default 0.99)"), S_AT(optim.alpha)},
+    {DP_FLAG_NUM("eps", DP_OPTS_FLOAT, "X", NULL, 1e-30, 1e3, DP_OPTS_PASS,
                     "adam, adagrad, rmsprop: added to the root of the square\n"
-                    "average (default 1e-8; A3C's shared RMSProp: 0.1)"),
-        DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", &c->optim.weight_decay, 0, 1e3, P,
-                    "L2 weight decay (default 0)"),
-        DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, c, P,
-                     "constant | step:STEPS:GAMMA | cosine:TOTAL (by version)"),
-        DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", &c->local_steps, 1, 1000000, P,
+                    "average (default 1e-8; A3C's shared RMSProp: 0.1)"), S_AT(optim.eps)},
+    {DP_FLAG_NUM("weight-decay", DP_OPTS_FLOAT, "X", NULL, 0, 1e3, DP_OPTS_PASS,
+                    "L2 weight decay (default 0)"), S_AT(optim.weight_decay)},
+    {DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, NULL, DP_OPTS_PASS,
+                     "constant | step:STEPS:GAMMA | cosine:TOTAL (by version)"), 0},
+    {DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", NULL, 1, 1000000, DP_OPTS_PASS,
                     "workers take H steps of their own optimizer (--optimizer) and\n"
                     "push the pseudo-gradient (the weights pulled minus those reached);\n"
-                    "this server then steps by the outer optimizer (default 1: off)"),
-        DP_FLAG_BUF("outer-optimizer", "sgd|nesterov", c->outer_optimizer, P,
+                    "this server then steps by the outer optimizer (default 1: off)"), S_AT(local_steps)},
+    S_BUF("outer-optimizer", "sgd|nesterov", outer_optimizer, DP_OPTS_PASS,
                     "with --local-steps: sgd (averaging, lr 1) or nesterov (DiLoCo:\n"
                     "lr 0.7, momentum 0.9) (default sgd)"),
-        DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", &c->outer_lr, 1e-12, 1e6, P,
-                    "with --local-steps: the outer lr (default: sgd 1, nesterov 0.7)"),
-        DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", &c->outer_momentum, 0, 1, P,
-                    "with --local-steps and nesterov: the outer momentum (default 0.9)"),
-        DP_FLAG_BUF("checkpoint-dir", "DIR", c->checkpoint_dir, P,
+    {DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
+                    "with --local-steps: the outer lr (default: sgd 1, nesterov 0.7)"), S_AT(outer_lr)},
+    {DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", NULL, 0, 1, DP_OPTS_PASS,
+                    "with --local-steps and nesterov: the outer momentum (default 0.9)"), S_AT(outer_momentum)},
+    S_BUF("checkpoint-dir", "DIR", checkpoint_dir, DP_OPTS_PASS,
                     "DIR/ps-shard-I-of-K.safetensors: restored at start,\n"
                     "written every --checkpoint-every versions and at exit"),
-        DP_FLAG_BUF("run-id", "ID", c->run_id, P,
+    S_BUF("run-id", "ID", run_id, DP_OPTS_PASS,
                     "this run's name in its checkpoints (default: a hash of the\n"
                     "flags that define the run; downpour local: a new one per launch);\n"
                     "another run's checkpoint is refused"),
-        DP_FLAG_SET("resume", &c->resume, 1, P,
+    {DP_FLAG_SET("resume", NULL, 1, DP_OPTS_PASS,
                     "continue the run in --checkpoint-dir (another or a finished\n"
-                    "one), its version and lr schedule where they stopped"),
-        DP_FLAG_NUM("startup-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->startup_timeout, 0, 1e7, P,
+                    "one), its version and lr schedule where they stopped"), S_AT(resume)},
+    {DP_FLAG_NUM("startup-timeout", DP_OPTS_DOUBLE, "SECONDS", NULL, 0, 1e7, DP_OPTS_PASS,
                     "fail naming the workers that did not say HELLO by then\n"
-                    "(default 0: wait forever)"),
-        /* not passed on by `downpour local`: there --threads is the
+                    "(default 0: wait forever)"), S_AT(startup_timeout)},
+    /* not passed on by `downpour local`: there --threads is the
          * workers' and --ps-threads the shards' */
-        DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &c->threads, 1, 256, 0,
+    {DP_FLAG_NUM("threads", DP_OPTS_INT, "N", NULL, 1, 256, 0,
                     "threads of the optimizer sweep over the shard (default:\n"
-                    "one per core, at most 4; 1 for a small shard)"),
-        DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", &c->checkpoint_every, 0, 1L << 40, P,
-                    "versions between checkpoints (default 0: at exit only)"),
-        DP_FLAG_BUF("metrics", "FILE", c->metrics_path, 0, "JSON lines of counters (appended)"),
-        DP_FLAG_BUF("record", "FILE", c->record, 0,
+                    "one per core, at most 4; 1 for a small shard)"), S_AT(threads)},
+    {DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", NULL, 0, 1L << 40, DP_OPTS_PASS,
+                    "versions between checkpoints (default 0: at exit only)"), S_AT(checkpoint_every)},
+    S_BUF("metrics", "FILE", metrics_path, 0, "JSON lines of counters (appended)"),
+    S_BUF("record", "FILE", record, 0,
                     "write the schedule (which worker's step, computed on which\n"
                     "version, applied in which order) for downpour replay"),
-        DP_FLAG_NUM("metrics-every", DP_OPTS_DOUBLE, "SECONDS", &c->metrics_every, 0.01, 1e6, 0,
-                    "between metrics lines (default 5)"),
-        DP_FLAG_NUM("heartbeat-timeout", DP_OPTS_DOUBLE, "SECONDS", &c->heartbeat_timeout, 0, 1e7, P,
-                    "silence before a worker stops counting (default 5, 0 = never)"),
-        DP_FLAG_BUF("ready-file", "FILE", c->ready_file, 0,
+    {DP_FLAG_NUM("metrics-every", DP_OPTS_DOUBLE, "SECONDS", NULL, 0.01, 1e6, 0,
+                    "between metrics lines (default 5)"), S_AT(metrics_every)},
+    {DP_FLAG_NUM("heartbeat-timeout", DP_OPTS_DOUBLE, "SECONDS", NULL, 0, 1e7, DP_OPTS_PASS,
+                    "silence before a worker stops counting (default 5, 0 = never)"), S_AT(heartbeat_timeout)},
+    S_BUF("ready-file", "FILE", ready_file, 0,
                     "write the bound endpoint to FILE once listening"),
-        DP_FLAG_BUF("curve-secret", "FILE", c->curve_secret, 0,
+    S_BUF("curve-secret", "FILE", curve_secret, 0,
                     "CURVE: this server's secret key (downpour keygen FILE);\n"
                     "encrypts the traffic and admits only --curve-allow keys"),
-        DP_FLAG_BUF("curve-allow", "DIR|FILE,...", c->curve_allow, 0,
+    S_BUF("curve-allow", "DIR|FILE,...", curve_allow, 0,
                     "CURVE: the workers' public keys allowed in (DIR/*.pub or a list);\n"
                     "a file named worker-I.pub or chief-0.pub is that worker only (I + 1\n"
                     "with a chief-0.pub), the list must name the chief (worker 0), and\n"
                     "a key under another name may take only an id none of those owns,\n"
                     "never 0"),
-    };
+};
+
+#define S_ADD(o, base, table) dp_opts_add_at(o, base, table, (int)(sizeof table / sizeof table[0]))
+
+void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl)
+{
     dp_opts_init(o, "downpour-ps", s_synopsis, s_epilog);
-    dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
+    S_ADD(o, c, s_config_head);
+    S_ADD(o, cl, s_cluster);
+    S_ADD(o, c, s_config);
 }
 
 int dp_ps_check_delay_flags(dp_opts_t *o, int delay_lr, char *err)

@@ -376,6 +376,67 @@ static void test_env(void)
     unsetenv("DP_TEST_OPTS_ENV");
 }
 
+/* Every downpour-ps flag lands in its own field (the table's offsets). */
+static void test_ps_flags_land(void)
+{
+    static dp_ps_config_t pc;
+    static dp_cluster_t cl;
+    static dp_opts_t o;
+    dp_ps_config_default(&pc);
+    dp_ps_options(&o, &pc, &cl);
+    char *av[] = {"downpour-ps", "--bind", "tcp://*:7", "--job-name", "ps", "--task-index", "2",
+                  "--ps-hosts", "p:1", "--worker-hosts", "w:2", "--shard", "1/3", "--workers", "4",
+                  "--mode", "ssp", "--replicas-to-aggregate", "3", "--staleness", "5",
+                  "--delay-lr", "threshold:3", "--early-step", "off", "--model", "M",
+                  "--input", "3x8x9", "--init", "I", "--state-tensors", "a,b", "--seed", "6",
+                  "--optimizer", "rmsprop", "--lr", "0.25", "--momentum", "0.5",
+                  "--rms-alpha", "0.75", "--eps", "0.125", "--weight-decay", "0.0625",
+                  "--lr-schedule", "step:10:0.5", "--local-steps", "7",
+                  "--outer-optimizer", "nesterov", "--outer-lr", "0.375", "--outer-momentum", "0.625",
+                  "--checkpoint-dir", "D", "--run-id", "R", "--resume", "--startup-timeout", "8",
+                  "--threads", "2", "--checkpoint-every", "9", "--metrics", "m.jsonl",
+                  "--record", "r.rec", "--metrics-every", "1.5", "--heartbeat-timeout", "2.5",
+                  "--ready-file", "rf", "--curve-secret", "S", "--curve-allow", "K"};
+    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), 0);
+    CHECK_STR(pc.bind, "tcp://*:7");
+    CHECK_STR(cl.flag_job_name, "ps");
+    CHECK_EQ(cl.flag_task_index, 2);
+    CHECK_STR(cl.flag_ps_hosts, "p:1");
+    CHECK_STR(cl.flag_worker_hosts, "w:2");
+    CHECK(pc.shard_index == 1 && pc.shard_count == 3);
+    CHECK_EQ(pc.num_workers, 4);
+    CHECK_EQ(pc.mode, DP_MODE_SSP);
+    CHECK_EQ(pc.replicas, 3);
+    CHECK_EQ(pc.staleness, 5);
+    CHECK(pc.delay_k == 3.0f);
+    CHECK_EQ(pc.early_step, 0);
+    CHECK_STR(pc.model_spec, "M");
+    CHECK(pc.in_c == 3 && pc.in_h == 8 && pc.in_w == 9);
+    CHECK_STR(pc.init_path, "I");
+    CHECK_STR(pc.state_tensors, "a,b");
+    CHECK(pc.seed == 6);
+    CHECK_EQ(pc.optim.kind, DP_OPT_RMSPROP);
+    CHECK(pc.optim.lr == 0.25f && pc.optim.momentum == 0.5f && pc.optim.alpha == 0.75f);
+    CHECK(pc.optim.eps == 0.125f && pc.optim.weight_decay == 0.0625f);
+    CHECK(pc.optim.schedule == DP_LR_STEP && pc.optim.step_size == 10);
+    CHECK_EQ(pc.local_steps, 7);
+    CHECK_STR(pc.outer_optimizer, "nesterov");
+    CHECK(pc.outer_lr == 0.375f && pc.outer_momentum == 0.625f);
+    CHECK_STR(pc.checkpoint_dir, "D");
+    CHECK_STR(pc.run_id, "R");
+    CHECK_EQ(pc.resume, 1);
+    CHECK(pc.startup_timeout == 8.0);
+    CHECK_EQ(pc.threads, 2);
+    CHECK_EQ(pc.checkpoint_every, 9);
+    CHECK_STR(pc.metrics_path, "m.jsonl");
+    CHECK_STR(pc.record, "r.rec");
+    CHECK(pc.metrics_every == 1.5 && pc.heartbeat_timeout == 2.5);
+    CHECK_STR(pc.ready_file, "rf");
+    CHECK_STR(pc.curve_secret, "S");
+    CHECK_STR(pc.curve_allow, "K");
+}
+
 DP_TESTS(T(test_env), T(test_parse_long), T(test_parse_double), T(test_seed_u64), T(test_parse_tuple),
          T(test_driver_every_kind), T(test_driver_refusals), T(test_help_lists_every_flag),
-         T(test_passed_flags_agree), T(test_seed_agrees_across_daemons), T(test_worker_flags_land))
+         T(test_passed_flags_agree), T(test_seed_agrees_across_daemons), T(test_worker_flags_land),
+         T(test_ps_flags_land))
