@@ -211,8 +211,8 @@ $(BINS) $(TEST_PROGS) $(BUILD)/tests/nfq_delay:
 
 # ---- libdownpour.so, downpour.h and the Python package `downpour` ----------
 # The client library (worker/lib/downpour.h) is the C worker's own client:
-# the same sources (ps_client, ps_exchange, ps_beat, proto/, the parts of
-# common/ they use) built a second time as position-independent code under
+# the same sources (ps_client, ps_pull, ps_push, ps_exchange, ps_socket,
+# ps_beat, proto/, the parts of common/ they use) built a second time as position-independent code under
 # $(BUILD)/obj/pic, linked with a soname and exporting downpour_* only
 # (worker/lib/downpour.map). Never with the sanitizers: a Python process
 # cannot load an ASan-instrumented library, and the same code runs under
@@ -449,9 +449,9 @@ install: all $(MAN_PAGES)
 	for u in downpour-ps@.service downpour-worker@.service; do \
 	    sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/downpour/|$(DOCDIR)/|g' \
 	        deploy/systemd/$$u >$(DESTDIR)$(UNITDIR)/$$u && chmod 644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; done
-	install -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -m 644 README.md ARCHITECTURE.md BENCHMARKS.md $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(DOCDIR)/docs
-	install -m 644 docs/OPERATIONS.md docs/LAB.md docs/SECURITY.md $(DESTDIR)$(DOCDIR)/docs/
+	install -m 644 docs/OPERATIONS.md docs/LAB.md docs/SECURITY.md docs/STREAMS.md docs/NETWORK.md $(DESTDIR)$(DOCDIR)/docs/
 	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.deploy.md
 	install -m 644 deploy/systemd/cluster.env.example deploy/systemd/curve-ps.conf.example \
 	    deploy/systemd/curve-worker.conf.example $(DESTDIR)$(DOCDIR)/examples/
