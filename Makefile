@@ -342,7 +342,7 @@ fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(patsubst $(BUILD)/%,%,$(1)))
 FUZZ_OBJS_wire        := $(call fuzz_obj,proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c)
 FUZZ_OBJS_safetensors := $(call fuzz_obj,common/safetensors.c common/model.c common/util.c common/rng.c)
 FUZZ_OBJS_model       := $(call fuzz_obj,common/model.c common/util.c common/rng.c)
-FUZZ_OBJS_record      := $(call fuzz_obj,server/record.c server/policy.c server/shard.c server/shard_dc.c server/pool.c \
+FUZZ_OBJS_record      := $(call fuzz_obj,server/record.c server/policy.c server/shard.c server/shard_early.c server/shard_dc.c server/pool.c \
                            kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
                            common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN))
 FUZZ_OBJS_tfconfig    := $(call fuzz_obj,common/cluster.c common/util.c)

@@ -10,6 +10,7 @@
 
 #include "common/opts.h"
 #include "common/util.h"
+#include "server/shard_early.h"
 
 int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
                   dp_shard_t *shard, const dp_members_t *members, char *err)
@@ -47,7 +48,7 @@ void dp_policy_destroy(dp_policy_t **p_p)
 }
 
 void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
-                    dp_push_outcome_t *out)
+                    bool early, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     out->staleness = 0;
@@ -64,7 +65,7 @@ void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_
                  version, s->version);
         return;
     }
-    p->ops->push(p, worker, version, g, n, out);
+    p->ops->push(p, worker, version, g, n, early, out);
 }
 
 int dp_policy_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version)
@@ -107,12 +108,38 @@ static double s_moved(const dp_policy_t *p)
     return sqrt(sum);
 }
 
-void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, dp_push_outcome_t *out)
+void dp_policy_early_steps(dp_policy_t *p, dp_shard_early_t *e)
+{
+    p->early = e;
+}
+
+/* The step by g at lr: the early step's commit when it is that step, else
+ * the early step overtaken and the step computed now. */
+static void s_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, bool early)
+{
+    if (early && dp_shard_early_commit(p->early, lr, 0) == DP_EARLY_COMMITTED) return;
+    dp_shard_early_overtaken(p->early);
+    dp_shard_step(p->shard, g, n, lr);
+}
+
+/* Sync's step by the mean of acc, the same way (nothing when acc is empty). */
+static void s_step_mean(dp_policy_t *p, bool early)
+{
+    dp_shard_t *s = p->shard;
+    if (s->acc_count == 0) return;
+    if (early && dp_shard_early_commit(p->early, dp_shard_lr(s), s->acc_count) == DP_EARLY_COMMITTED)
+        return;
+    dp_shard_early_overtaken(p->early);
+    dp_shard_step_mean(s);
+}
+
+void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, bool early,
+                    dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     out->lr = lr;
     if (!p->before) {
-        dp_shard_step(s, g, n, lr);
+        s_step(p, g, n, lr, early);
         return;
     }
     double sq = 0;
@@ -121,22 +148,22 @@ void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, d
         sq += x * x;
     }
     memcpy(p->before, s->w, s->n * sizeof(float));
-    dp_shard_step(s, g, n, lr);
+    s_step(p, g, n, lr, early);
     out->grad_norm = sqrt(sq);
     out->update_norm = s_moved(p);
 }
 
-void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out)
+void dp_policy_step_mean(dp_policy_t *p, bool early, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     if (out) out->lr = dp_shard_lr(s);
     if (!p->before || !out) {
-        dp_shard_step_mean(s);
+        s_step_mean(p, early);
         return;
     }
     out->grad_norm = s_norm_bytes(s->acc, s->n) / (s->acc_count ? s->acc_count : 1);
     memcpy(p->before, s->w, s->n * sizeof(float));
-    dp_shard_step_mean(s);
+    s_step_mean(p, early);
     out->update_norm = s_moved(p);
 }
 

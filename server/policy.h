@@ -38,13 +38,18 @@
  *  1. dp_policy_new(ops, conf, shard, members): shard and members outlive the
  *     policy. conf is checked (R in 1..members->n).
  *  2. Any number of, in any order:
- *     - dp_policy_push(worker, version, g, n): only for a worker id in
- *       [0, members->n) that joined, with g valid (slices tiling the shard's
- *       range, every float finite). Decides: reject (computed on a version
- *       the shard has not reached), drop as late or duplicate, accumulate,
- *       apply now. May change the shard's parameters, optimizer state,
- *       version, acc and counters, and the policy's per-worker clocks;
- *       nothing else. out->stepped says whether the version moved.
+ *     - dp_policy_push(worker, version, g, n, early): only for a worker id
+ *       in [0, members->n) that joined, with g valid (slices tiling the
+ *       shard's range, every float finite). Decides: reject (computed on a
+ *       version the shard has not reached), drop as late or duplicate,
+ *       accumulate, apply now. May change the shard's parameters,
+ *       optimizer state, version, acc and counters, and the policy's
+ *       per-worker clocks; nothing else. out->stepped says whether the
+ *       version moved. early: the push is the one the early step in
+ *       progress is for (dp_shard_early_of, server/shard_early.h), which
+ *       the policy then commits in place of its own step where that step
+ *       is the one made early (dp_shard_early_commit); every other step of
+ *       the shard drops it first (dp_shard_early_overtaken).
  *     - dp_policy_pull_ready(worker, min_version): may this pull be answered
  *       now? Changes nothing. A pull that is not ready is held by the caller.
  *     - dp_policy_members_changed(): after the caller changed the member
@@ -61,6 +66,7 @@
 #ifndef DP_POLICY_H
 #define DP_POLICY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -122,11 +128,12 @@ void dp_delay_lr_name(int kind, float k, char *out, size_t n);
 void dp_policy_for_mode(dp_mode_t mode, dp_policy_conf_t *pc, dp_optim_conf_t *o, const char *who);
 
 typedef struct dp_policy dp_policy_t;
+struct dp_shard_early;
 
 /* One policy's behaviour; see the contract above for each call. */
 typedef struct {
     void (*push)(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
-                 dp_push_outcome_t *out);
+                 bool early, dp_push_outcome_t *out);
     int (*pull_ready)(const dp_policy_t *p, int worker, uint64_t min_version);
     int (*members_changed)(dp_policy_t *p);
     int (*early)(const dp_policy_t *p, int worker, uint64_t version, float *lr, int *count);
@@ -145,6 +152,8 @@ struct dp_policy {
     dp_staleness_t staleness; /* every used gradient's staleness (sync: 0 each) */
     float *before;         /* measuring: the range before a step (dp_policy_measure), else NULL */
     uint64_t delay_sum, delay_count; /* threshold: the delays of the pushes judged */
+    struct dp_shard_early *early; /* the early step it commits or drops (dp_policy_early_steps),
+                                     or NULL: none */
 };
 
 int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
@@ -152,7 +161,7 @@ int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy
 void dp_policy_destroy(dp_policy_t **p_p);
 
 void dp_policy_push(dp_policy_t *p, int worker, uint64_t version, const dp_grad_slice_t *g, int n,
-                    dp_push_outcome_t *out);
+                    bool early, dp_push_outcome_t *out);
 int dp_policy_pull_ready(const dp_policy_t *p, int worker, uint64_t min_version);
 int dp_policy_members_changed(dp_policy_t *p);
 
@@ -160,13 +169,19 @@ int dp_policy_members_changed(dp_policy_t *p);
  * more pass over the range and n floats of memory, so only the lab and
  * --record turn it on. */
 void dp_policy_measure(dp_policy_t *p);
-/* For the ops: one step of the shard by g at lr (dp_shard_step), measured
- * into out when measuring; and the same for sync's mean of acc. */
-void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, dp_push_outcome_t *out);
-void dp_policy_step_mean(dp_policy_t *p, dp_push_outcome_t *out);
+/* The early steps (server/shard_early.h) the policy commits or drops from
+ * now on; NULL (the default): none, every push stepped whole. */
+void dp_policy_early_steps(dp_policy_t *p, struct dp_shard_early *e);
+/* For the ops: one step of the shard by g at lr (dp_shard_step; the early
+ * step's commit when early and that is the step made early), measured into
+ * out when measuring; and the same for sync's mean of acc (out NULL: not
+ * measured). */
+void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, bool early,
+                    dp_push_outcome_t *out);
+void dp_policy_step_mean(dp_policy_t *p, bool early, dp_push_outcome_t *out);
 /* How a push of worker computed on version would be stepped if it were
- * whole now, for an early step (server/shard.h): 0 with *lr and *count
- * (dp_shard_early_begin's) when that is known before it is whole: async
+ * whole now, for an early step (server/shard_early.h): 0 with *lr and
+ * *count (dp_shard_early_commit's) when that is known before it is whole: async
  * and ssp without delay compensation (count 0: by the gradient, at the
  * delay rule's lr for the present staleness); sync when it would complete
  * the step (of the current version, not a duplicate, the gradient that

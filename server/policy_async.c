@@ -5,7 +5,7 @@
 #include "server/shard_dc.h"
 
 static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t *g, int n,
-                   dp_push_outcome_t *out)
+                   bool early, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     uint64_t staleness = s->version - v;
@@ -24,7 +24,7 @@ static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t
             n = 1;
         }
     }
-    dp_policy_step(p, g, n, lr, out);
+    dp_policy_step(p, g, n, lr, early, out); /* early never with compensation: s_early */
     dp_staleness_add(&p->staleness, staleness);
     p->clock[worker]++;
     s->counts.applied++;

@@ -23,22 +23,22 @@ static int s_need(const dp_policy_t *p)
     return need < 1 ? 1 : need;
 }
 
-static int s_maybe_step_out(dp_policy_t *p, dp_push_outcome_t *out)
+static int s_maybe_step_out(dp_policy_t *p, bool early, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     if (s->acc_count == 0) return 0;
     if (s->acc_count < s_need(p)) return 0;
-    dp_policy_step_mean(p, out);
+    dp_policy_step_mean(p, early, out);
     return 1;
 }
 
 static int s_maybe_step(dp_policy_t *p)
 {
-    return s_maybe_step_out(p, NULL);
+    return s_maybe_step_out(p, false, NULL);
 }
 
 static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t *g, int n,
-                   dp_push_outcome_t *out)
+                   bool early, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     if (v < s->version) {
@@ -62,7 +62,7 @@ static void s_push(dp_policy_t *p, int worker, uint64_t v, const dp_grad_slice_t
     s->counts.applied++;
     dp_staleness_add(&p->staleness, 0);
     out->status = DP_PUSH_APPLIED;
-    out->stepped = s_maybe_step_out(p, out);
+    out->stepped = s_maybe_step_out(p, early, out); /* this push last: acc holds its gradient */
 }
 
 /* Answer once the version is past the one the worker pushed on. A

@@ -27,7 +27,7 @@
  *    metrics); a worker that pushes in parts adds one buffer of the range
  *    (its assembly, server/shard_parts.h), allocated once, and the early
  *    step (one push at a time stepped as its parts come) one
- *    buffer and one copy of the optimizer state (server/shard.h).
+ *    buffer and one copy of the optimizer state (server/shard_early.h).
  *  - A push's step is plausible (dp_shard_step_check) before it can count
  *    as a repeat or be recorded as applied: one message cannot push a
  *    worker's step high-water mark (and its checkpoint) out of reach.
@@ -65,6 +65,7 @@
 #include "server/shard.h"
 #include "server/shard_checkpoint.h"
 #include "server/shard_dc.h"
+#include "server/shard_early.h"
 #include "server/shard_parts.h"
 
 /* Replies ZeroMQ may queue per peer before the ROUTER drops further ones to
@@ -146,6 +147,7 @@ typedef struct {
     dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
     uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
     dp_shard_parts_t parts; /* pushes in parts being assembled, one per worker at most */
+    dp_shard_early_t early; /* the early step of one of them (server/shard_early.h) */
 } s_ps_t;
 
 /* ---- replies ---------------------------------------------------------- */
@@ -616,7 +618,7 @@ static void s_on_hello(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     wl.worker_step = s_welcome_step(ps, env->worker_id);
     dp_ps_shm_revoke(ps->shm, env->worker_id); /* a grant holds for the HELLO that got it */
     dp_shard_parts_drop(&ps->parts, env->worker_id); /* it repeats a push whole, every part */
-    if (ps->shard.early.active && ps->shard.early.owner == env->worker_id) dp_shard_early_drop(&ps->shard);
+    dp_shard_early_hello(&ps->early, env->worker_id);
     if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
     rep.welcome = &wl;
     s_send(ps, id, &rep, NULL, 0);
@@ -716,68 +718,6 @@ static void s_test_kill_at_version(const s_ps_t *ps, const Downpour__Envelope *e
     raise(SIGKILL);
 }
 
-/* An early step (server/shard.h, dp_shard_early_t) for worker wid's
- * assembly, when none is in progress and the policy can say now how the
- * whole push would be stepped (async, ssp; in sync the push that completes
- * the step): the parts in so far are stepped at once, the rest as they
- * come. One push at a time, the first that qualifies; the others are
- * assembled and stepped whole, as a push that once whole steps the shard
- * drops the early step it overtook. */
-static void s_early_try(s_ps_t *ps, int wid)
-{
-    const dp_parts_worker_t *w = &ps->parts.w[wid];
-    dp_shard_t *s = &ps->shard;
-    float lr;
-    int count;
-    if (!ps->cfg->early_step || !w->active || s->early.active ||
-        dp_policy_early(ps->policy, wid, w->version, &lr, &count) != 0)
-        return;
-    /* async: not while another worker streams too, whose push may well
-     * step the shard first and so waste the early work (measured, 4
-     * workers on 2 cores, 240 steps: 44 early steps dropped without this
-     * rule, 18 with it; early_dropped in the metrics) */
-    for (int i = 0; count == 0 && i < ps->parts.n_workers; i++)
-        if (i != wid && ps->parts.w[i].active) return;
-    dp_shard_early_begin(s, wid, w->step, w->buf, lr, count);
-    for (uint32_t j = 0; j < w->got; j++) dp_shard_early_part(s, w->lo[j] - s->lo, w->hi[j] - s->lo);
-}
-
-/* The part just taken (checked, in the worker's assembly): stepped into
- * the early step of its push, or the push's early step begun (a push
- * complete already is stepped whole: the same work). */
-static void s_early_part(s_ps_t *ps, int wid, const Downpour__Envelope *env)
-{
-    const dp_parts_worker_t *w = &ps->parts.w[wid];
-    dp_shard_t *s = &ps->shard;
-    if (dp_shard_early_of(s, wid, env->push->step))
-        dp_shard_early_part(s, w->lo[w->got - 1] - s->lo, w->hi[w->got - 1] - s->lo);
-    else
-        s_early_try(ps, wid);
-}
-
-/* The early step of wid's push of this step, if one is in progress, given
- * up (the push was rejected, or stepped otherwise). */
-static void s_early_give_up(s_ps_t *ps, int wid, uint64_t step)
-{
-    if (dp_shard_early_of(&ps->shard, wid, step)) dp_shard_early_drop(&ps->shard);
-}
-
-/* A push (or part) of a newer step of wid: the worker gave up the push
- * its early step was for, which can then never commit; dropped, so that
- * it does not hold off the next early step until the shard steps. */
-static void s_early_moved_on(s_ps_t *ps, int wid, uint64_t step)
-{
-    const dp_shard_early_t *e = &ps->shard.early;
-    if (e->active && e->owner == wid && step > e->step) dp_shard_early_drop(&ps->shard);
-}
-
-/* After a push: an assembly that can now be stepped early begins (sync:
- * one that now completes the step; async: one the last step overtook). */
-static void s_early_next(s_ps_t *ps)
-{
-    for (int i = 0; i < ps->parts.n_workers && !ps->shard.early.active; i++) s_early_try(ps, i);
-}
-
 /* A gradient that passed every check (g: n slices tiling the range, all
  * finite), whole or assembled from its parts: the repeat check, the policy,
  * the record, the reply. */
@@ -788,9 +728,8 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     if (s_push_repeated(ps, id, env)) return;
     s_test_kill_at_version(ps, env);
     dp_push_outcome_t o;
-    dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, &o);
-    /* this push's early step, not committed (a threshold skip): given up */
-    s_early_give_up(ps, wid, env->push->step);
+    bool early = dp_shard_early_of(&ps->early, wid, env->push->step); /* the policy may commit it */
+    dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, early, &o);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
                    ps->shard.version, &ps->members);
     /* before a due checkpoint, so the file holds the step with its update */
@@ -798,7 +737,8 @@ static void s_push_apply(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
     if (o.stepped) s_version_moved(ps);
     s_reply_ack(ps, id, env->request_id, wid, &o);
     if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
-    s_early_next(ps); /* after the replies: its catch-up should not delay them */
+    /* after the replies: the next early step's catch-up should not delay them */
+    dp_shard_early_pushed(&ps->early, wid, env->push->step);
 }
 
 /* A part of a push in parts (Push.parts > 1): the same step checks as a
@@ -817,13 +757,11 @@ static void s_on_push_part(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *
     }
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
     if (s_push_repeated(ps, id, env)) return;
-    s_early_moved_on(ps, wid, env->push->step);
     dp_grad_slice_t g;
     int first = ps->parts.w[wid].rejected_step != env->push->step; /* counted once a push */
     const float *shm = env->shm ? dp_ps_shm_grad_floats(ps->shm, wid) : NULL;
     dp_parts_result_t res = dp_shard_parts_add(&ps->parts, wid, env, frames, n_frames, shm, &g, msg);
-    if (res == DP_PARTS_REJECTED) s_early_give_up(ps, wid, env->push->step);
-    else s_early_part(ps, wid, env);
+    dp_shard_early_part(&ps->early, wid, env->push->step, res);
     switch (res) {
     case DP_PARTS_RECEIVED: {
         dp_push_outcome_t o = {.status = DP_PUSH_RECEIVED};
@@ -870,7 +808,7 @@ static void s_on_push(s_ps_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
     /* Handled whatever becomes of it (dropped, refused as non-finite): the
      * worker's next step follows this one. */
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
-    s_early_moved_on(ps, wid, env->push->step);
+    dp_shard_early_whole(&ps->early, wid, env->push->step);
     if (dp_shard_parts_whole(&ps->parts, wid, env->push->step, msg) != 0) {
         s_reply_rejected(ps, id, env->request_id, wid, msg);
         return;
@@ -1222,6 +1160,8 @@ static int s_setup_state(s_ps_t *ps, char *err)
     ps->held = dp_calloc((size_t)cfg->num_workers, sizeof *ps->held);
     ps->lent = dp_calloc((size_t)cfg->num_workers * DP_PS_PARAMS_PER_WORKER, sizeof *ps->lent);
     dp_shard_parts_init(&ps->parts, ps->shard.lo, ps->shard.hi, cfg->num_workers);
+    dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy, cfg->early_step);
+    dp_policy_early_steps(ps->policy, &ps->early);
     return s_restore(ps, err);
 }
 
@@ -1288,6 +1228,7 @@ static void s_teardown(s_ps_t *ps)
     }
     ps->n_pending = 0;
     s_close_socket(ps);
+    dp_shard_early_fini(&ps->early); /* its buffer may be a slot: none is kept past the unmap */
     dp_ps_shm_destroy(&ps->shm); /* ZeroMQ holds no buffer now */
     dp_metrics_destroy(&ps->metrics);
     dp_record_abandon(&ps->rec);

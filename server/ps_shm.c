@@ -88,7 +88,6 @@ void dp_ps_shm_destroy(dp_ps_shm_t **x_p)
     if (s->take_buffer_arg == x) {
         s->take_buffer = NULL;
         s->on_step = NULL;
-        dp_shard_early_drop(s); /* its buffer may be a slot: none is kept past the unmap */
         if (s->spare && s->spare->slot >= 0) {
             dp_snap_unref(NULL, s->spare);
             s->spare = NULL;

@@ -79,11 +79,8 @@ int dp_shard_init(dp_shard_t *s, const dp_model_t *m, int index, int count, uint
 
 void dp_shard_fini(dp_shard_t *s)
 {
-    dp_shard_early_drop(s);
     if (s->spare) dp_snap_unref(NULL, s->spare);
     s->spare = NULL;
-    free(s->state_next);
-    s->state_next = NULL;
     if (s->snap) dp_snap_unref(NULL, s->snap);
     if (s->snap16) dp_snap_unref(NULL, s->snap16);
     s->snap16 = NULL;
@@ -206,7 +203,7 @@ dp_snap_t *dp_snap_new(size_t n)
  * in cache and on every thread of the sweep, instead of two more passes
  * over the range on the loop's thread alone (the same float operations per
  * element: the same bits). An early step steps state, a copy of
- * state_from made block by block on the way (state_next from the live
+ * state_from made block by block on the way (its own state from the live
  * state), so the live state is not touched; in sync it steps each block by
  * (acc + g) x scale made in a block of its own, the float operations of
  * accumulating g and scaling, with acc untouched. */
@@ -271,10 +268,10 @@ static void s_step_part(void *arg, int k, int nk)
     }
 }
 
-/* A buffer for the next version when the live one is held elsewhere: the
- * owner's (shm slots), a retired one nobody holds any more, or a new one
- * (the oldest retired is then let go). */
-static dp_snap_t *s_take_buffer(dp_shard_t *s)
+/* A buffer for the next version when the live one is held elsewhere (or
+ * for an early step): the spare, the owner's (shm slots), a retired one
+ * nobody holds any more, or a new one (the oldest retired is then let go). */
+dp_snap_t *dp_shard_take_buffer(dp_shard_t *s)
 {
     if (s->spare) { /* a dropped early step's */
         dp_snap_t *b = s->spare;
@@ -411,7 +408,6 @@ static void s_publish(dp_shard_t *s, dp_snap_t *old, int in_place)
  * cleared on the way (s_step_job_t). */
 static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, float lr)
 {
-    dp_shard_early_drop(s); /* it stepped from this version: this step comes first */
     s_step_job_t j = {s, s->w, s->w, g, acc, scale, lr, (long)s->version + 1, s->state, NULL, NULL,
                       0, s->n};
     /* in place only while no reply holds the live buffer and no other
@@ -419,43 +415,15 @@ static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, fl
     int in_place = atomic_load(&s->snap->refs) == 1 && s->snap->slot < 0 && !s->take_buffer;
     dp_snap_t *old = s->snap;
     if (!in_place) {
-        s->snap = s_take_buffer(s);
+        s->snap = dp_shard_take_buffer(s);
         j.dst = s->snap->data;
     }
     s_run(s->pool, s_step_part, &j);
     s_publish(s, old, in_place);
 }
 
-/* Is the early step in progress complete, from this version, at lr? */
-static int s_early_done(const dp_shard_t *s, float lr)
-{
-    const dp_shard_early_t *e = &s->early;
-    return e->active && e->done == s->n && e->version == s->version &&
-           memcmp(&e->lr, &lr, sizeof lr) == 0;
-}
-
-/* The commit: the early step's buffer and state become the live ones. */
-static void s_early_commit(dp_shard_t *s)
-{
-    dp_snap_t *old = s->snap;
-    s->snap = s->early.buf;
-    s->early = (dp_shard_early_t){0};
-    if (s->state_per) {
-        float *st = s->state;
-        s->state = s->state_next;
-        s->state_next = st;
-    }
-    s->counts.steps_early++;
-    s_publish(s, old, 0);
-}
-
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
 {
-    if (s_early_done(s, lr) && s->early.count == 0 && n == 1 && g[0].data == s->early.g &&
-        g[0].len == s->n * sizeof(float) && g[0].offset == s->lo) {
-        s_early_commit(s);
-        return;
-    }
     /* From the slice itself when it is the whole range and float-aligned
      * (ZeroMQ's zero-copy receive may hand us any byte offset), else
      * gathered into scratch. */
@@ -467,39 +435,35 @@ void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr)
     s_step_by(s, s->scratch, NULL, 1.0f, lr);
 }
 
-void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr,
-                          int count)
+void dp_shard_keep_spare(dp_shard_t *s, dp_snap_t *b)
 {
-    dp_shard_early_drop(s);
-    if (!s->state_next && s->state_per)
-        s->state_next = dp_aligned_alloc((s->n * (size_t)s->state_per + 1) * sizeof(float));
-    s->early = (dp_shard_early_t){.active = 1, .owner = owner, .step = step, .version = s->version,
-                                  .g = g, .lr = lr, .count = count, .buf = s_take_buffer(s)};
+    if (s->spare) dp_snap_unref(NULL, s->spare); /* not reached: an early step takes the spare */
+    s->spare = b;
 }
 
-void dp_shard_early_part(dp_shard_t *s, size_t lo, size_t hi)
+void dp_shard_step_ahead(dp_shard_t *s, float *next, float *state, const float *g, int count,
+                         float lr, uint64_t version, size_t lo, size_t hi)
 {
-    dp_shard_early_t *e = &s->early;
-    if (!e->active || lo >= hi || hi > s->n) return;
-    s_step_job_t j = {s, e->buf->data, s->w, e->g, NULL, e->count ? 1.0f / (float)e->count : 1.0f,
-                      e->lr, (long)e->version + 1, s->state_per ? s->state_next : s->state,
-                      s->state_per ? s->state : NULL, e->count ? s->acc : NULL, lo, hi};
+    s_step_job_t j = {s, next, s->w, g, NULL, count ? 1.0f / (float)count : 1.0f, lr,
+                      (long)version + 1, s->state_per ? state : s->state,
+                      s->state_per ? s->state : NULL, count ? s->acc : NULL, lo, hi};
     s_run(s->pool, s_step_part, &j);
-    e->done += hi - lo;
 }
 
-void dp_shard_early_drop(dp_shard_t *s)
+void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, bool of_acc)
 {
-    if (!s->early.active) return;
-    if (s->spare) dp_snap_unref(NULL, s->spare); /* not reached: begin takes the spare */
-    s->spare = s->early.buf;
-    s->counts.early_dropped++;
-    s->early = (dp_shard_early_t){0};
-}
-
-int dp_shard_early_of(const dp_shard_t *s, int owner, uint64_t step)
-{
-    return s->early.active && s->early.owner == owner && s->early.step == step;
+    if (of_acc) { /* it averaged acc's gradients with its own */
+        memset(s->acc, 0, s->n * sizeof(float));
+        s->acc_count = 0;
+    }
+    dp_snap_t *old = s->snap;
+    s->snap = next;
+    if (s->state_per) {
+        float *st = s->state;
+        s->state = *state;
+        *state = st;
+    }
+    s_publish(s, old, 0);
 }
 
 /* acc[off, off + cnt) += x[0, cnt), split over the sweep's threads. */
@@ -518,7 +482,6 @@ static void s_add_part(void *arg, int k, int nk)
 
 void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n)
 {
-    s->acc_last = n == 1 ? g[0].data : NULL;
     for (int f = 0; f < n; f++) {
         s_add_job_t j = {s->acc + (g[f].offset - s->lo), g[f].data, g[f].len / 4};
         if (((uintptr_t)g[f].data & 3) != 0) { /* realign first */
@@ -533,13 +496,6 @@ void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n)
 void dp_shard_step_mean(dp_shard_t *s)
 {
     if (s->acc_count == 0) return;
-    if (s_early_done(s, dp_shard_lr(s)) && s->early.count == s->acc_count &&
-        s->acc_last == s->early.g) { /* acc: the count - 1 it averaged with g, then g */
-        memset(s->acc, 0, s->n * sizeof(float));
-        s->acc_count = 0;
-        s_early_commit(s);
-        return;
-    }
     s_step_by(s, s->acc, s->acc, 1.0f / (float)s->acc_count, dp_shard_lr(s));
     s->acc_count = 0;
 }

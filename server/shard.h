@@ -12,8 +12,9 @@
  *  - version counts optimizer steps of this shard; a step with lr scheduled
  *    at the version before it makes Adam's t the version after it.
  *  - w, state and version change only in dp_shard_step / dp_shard_step_mean
- *    (and a checkpoint restore, server/shard_checkpoint.h); acc only in
- *    dp_shard_step_mean and dp_shard_accumulate.
+ *    and dp_shard_adopt (an early step's commit, server/shard_early.h), and
+ *    a checkpoint restore (server/shard_checkpoint.h); acc only in
+ *    dp_shard_step_mean, dp_shard_accumulate and a sync dp_shard_adopt.
  *  - w is the data of snap, the current version's buffer, which PARAMS
  *    replies hand to ZeroMQ as they are (no copy). A step writes w in place
  *    only while nobody else holds snap; otherwise it writes the new version
@@ -33,6 +34,7 @@
 #define DP_SHARD_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,7 +58,7 @@ typedef struct {
     uint64_t staleness_sum; /* async / ssp: over applied gradients */
     uint64_t staleness_max;
     uint64_t repeats;       /* pushes of a (worker, step) already applied: acknowledged, not applied */
-    uint64_t steps_early;   /* steps made early (dp_shard_early_t) and committed */
+    uint64_t steps_early;   /* steps made early (server/shard_early.h) and committed */
     uint64_t early_dropped; /* early steps given up (their work wasted) */
 } dp_shard_counts_t;
 
@@ -76,33 +78,6 @@ typedef struct {
 } dp_snap_t;
 
 #define DP_SHARD_RETIRED 2 /* old buffers kept for the next out-of-place step */
-
-/* An early step: a push in parts stepped part by part as its parts arrive,
- * under the worker's backward, instead of all at once when the push is
- * whole (ARCHITECTURE.md, "A push in parts"): in async and ssp by the
- * gradient itself; in sync, for the push that completes a step, by the
- * mean of acc and it ((acc + g) x 1/count, acc untouched). The next
- * version is written into a buffer of its own and the optimizer state of
- * each stepped range into state_next, so the live weights, state and acc
- * (what pulls, checkpoints and every other push read) stay as they are
- * until the commit: the dp_shard_step (dp_shard_step_mean in sync: acc
- * holding count gradients, this one last) that the policy takes once the
- * push is whole, with the very gradient buffer and lr the early step used,
- * on the version it stepped from, every float stepped. Anything else that
- * steps the shard first drops it (dp_shard_early_drop), and so does a bad
- * part, so a step is applied whole or not at all, with the bits a whole
- * step has (the same float operations per element). */
-typedef struct {
-    int active;
-    int owner;             /* the worker whose push it steps */
-    uint64_t step;         /* that push's Push.step */
-    uint64_t version;      /* the live version it steps from */
-    const float *g;        /* the gradient of the shard's range it steps by (the assembly) */
-    float lr;
-    int count;             /* sync: the gradients the step averages, acc's and g; 0: async */
-    size_t done;           /* floats stepped */
-    dp_snap_t *buf;        /* the next version (our reference) */
-} dp_shard_early_t;
 
 typedef struct dp_pool dp_pool_t;
 typedef struct dp_shard_dc dp_shard_dc_t;
@@ -150,11 +125,8 @@ typedef struct {
                                   stepping them */
     int n_state_ranges;
     dp_shard_dc_t *dc;     /* delay compensation (server/shard_dc.h), NULL when off */
-    dp_shard_early_t early; /* an early step in progress (inactive: none) */
-    float *state_next;     /* n * state_per floats: the early step's optimizer state (allocated
-                              at the first early step) */
-    dp_snap_t *spare;      /* a dropped early step's buffer, kept for the next (our reference) */
-    const void *acc_last;  /* sync: the data of the gradient added to acc last (one slice), or NULL */
+    dp_snap_t *spare;      /* a buffer handed back (a dropped early step's), which the next
+                              step that needs one takes first (our reference), or NULL */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -231,26 +203,31 @@ int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, 
  * at multiples of 16 floats): [*lo, *hi); 0 when the part is empty. */
 int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi);
 
-/* One optimizer step of the whole range by gradient g (n slices) at lr:
- * the commit of an early step when it is that step (see dp_shard_early_t),
- * else computed now (an early step of something else dropped first). */
+/* One optimizer step of the whole range by gradient g (n slices) at lr. */
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);
 
-/* Begin an early step of worker owner's push step, by g (the shard's n
- * floats, filled part by part; it must stay where it is until the commit
- * or the drop) at lr from the current version; count 0: g itself (async),
- * else the mean of acc's acc_count = count - 1 gradients and g (sync). One
- * that was in progress is dropped. */
-void dp_shard_early_begin(dp_shard_t *s, int owner, uint64_t step, const float *g, float lr,
-                          int count);
-/* Step floats [lo, hi) of the range (local to the shard; g's floats there
- * are final and checked) into the next version. No-op when inactive. */
-void dp_shard_early_part(dp_shard_t *s, size_t lo, size_t hi);
-/* Give up the early step in progress (no-op when none): nothing of it was
- * ever visible; its buffer is kept for the next. */
-void dp_shard_early_drop(dp_shard_t *s);
-/* Is an early step of this worker's push step in progress? */
-int dp_shard_early_of(const dp_shard_t *s, int owner, uint64_t step);
+/* For the early step (server/shard_early.h), which steps a push before it
+ * is whole into a version of its own: */
+/* A buffer of n floats for a next version (ours: the reference goes to the
+ * caller): the spare, the owner's (shm slots), a retired one nobody holds,
+ * or a new one. */
+dp_snap_t *dp_shard_take_buffer(dp_shard_t *s);
+/* Hand b (one of dp_shard_take_buffer's, unused) back as the spare. */
+void dp_shard_keep_spare(dp_shard_t *s, dp_snap_t *b);
+/* Floats [lo, hi) of the range (local to the shard) stepped from the live
+ * weights into next (n floats) as step version + 1 at lr: by g (the
+ * shard's n floats) when count is 0, else by the mean of acc's count - 1
+ * gradients and g ((acc + g) x 1/count, acc untouched); the optimizer
+ * state of those floats copied from the live state into state (n *
+ * state_per floats) and stepped there. The live weights, state and acc
+ * are only read. */
+void dp_shard_step_ahead(dp_shard_t *s, float *next, float *state, const float *g, int count,
+                         float lr, uint64_t version, size_t lo, size_t hi);
+/* next (every float stepped by dp_shard_step_ahead from this version;
+ * ours: its reference) becomes the live buffer at the next version and
+ * *state the live optimizer state, *state getting the old one; of_acc:
+ * the step was sync's mean of acc, which is cleared. */
+void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, bool of_acc);
 
 /* Sync: add g to acc (acc_count + 1). */
 void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n);

@@ -255,7 +255,6 @@ int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *
         }
     if (ms && s_dc_read(s, path, ms, err) != 0) goto done;
     if (s_steps_restore(s, path, err) != 0) goto done; /* the last check: changes s only on success */
-    dp_shard_early_drop(s); /* it stepped from what this replaces */
     memcpy(s->w, w, s->n * sizeof(float));
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
     if (ms) memcpy(s->dc->ms, ms, s->n * sizeof(float));

@@ -328,7 +328,7 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
         g.data = s->scratch;
     }
     if (worker == 0) L->bytes_chief += bytes;
-    dp_policy_push(L->policy[k], worker, version, &g, 1, o);
+    dp_policy_push(L->policy[k], worker, version, &g, 1, false, o);
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
     dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k]);

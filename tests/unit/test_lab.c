@@ -696,11 +696,11 @@ static void test_measured_step(void)
     for (size_t i = 0; i < s.n; i++) g[i] = (i % 2) ? 3.0f : -4.0f;
     dp_grad_slice_t gs = {g, s.n * sizeof(float), 0};
     dp_push_outcome_t out;
-    dp_policy_push(p, 0, 0, &gs, 1, &out);
+    dp_policy_push(p, 0, 0, &gs, 1, false, &out);
     CHECK_NEAR(out.grad_norm, -1, 0); /* not measuring yet */
     dp_policy_measure(p);
-    dp_policy_push(p, 1, 0, &gs, 1, &out); /* staleness 1 */
-    dp_policy_push(p, 0, 0, &gs, 1, &out); /* staleness 2: lr / 2 */
+    dp_policy_push(p, 1, 0, &gs, 1, false, &out); /* staleness 1 */
+    dp_policy_push(p, 0, 0, &gs, 1, false, &out); /* staleness 2: lr / 2 */
     CHECK_EQ(out.staleness, 2);
     CHECK_NEAR(out.lr, 0.25, 1e-7);
     double gn = sqrt((double)(s.n / 2) * 9 + (double)(s.n - s.n / 2) * 16);

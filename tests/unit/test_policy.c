@@ -75,7 +75,7 @@ static void fx_fini(fx_t *f)
 static dp_push_status_t fx_push(fx_t *f, int w, uint64_t v, dp_push_outcome_t *o)
 {
     dp_grad_slice_t s = {f->g[w], f->shard.n * sizeof(float), f->shard.lo};
-    dp_policy_push(f->policy, w, v, &s, 1, o);
+    dp_policy_push(f->policy, w, v, &s, 1, false, o);
     return o->status;
 }
 

@@ -357,7 +357,7 @@ static void test_parts_equal_whole(void)
     s_pair_close(&p);
 }
 
-/* The early step (server/shard.h, dp_shard_early_t: a shard steps a push's
+/* The early step (server/shard_early.h: a shard steps a push's
  * parts as they come) from the hostile side, in async: worker 1's steps in
  * two parts, with a NaN in the second part of one (after its first part
  * was stepped early), and one whose parts are split by worker 0's whole

@@ -1,0 +1,289 @@
+/* test_shard_early: the early step (server/shard_early.h) driven as the
+ * event loop drives it — assemblies (server/shard_parts.h), a policy
+ * (server/policy.h) and a shard with Adam's state, no sockets — event by
+ * event: what each returns, that the policy commits only the push it is
+ * told is the early step's and only the step made early, and that a
+ * committed step has the bits of the same push stepped whole. The loop's
+ * side (hostile parts, a push between two parts, sync's completing push)
+ * is test_ps_parts'. */
+#include <math.h>
+#include <string.h>
+
+#include "common/model.h"
+#include "common/util.h"
+#include "server/members.h"
+#include "server/policy.h"
+#include "server/shard.h"
+#include "server/shard_early.h"
+#include "server/shard_parts.h"
+#include "tests/test.h"
+
+#define SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+
+typedef struct {
+    dp_model_t model;
+    dp_shard_t shard;
+    dp_members_t members;
+    dp_policy_t *policy;
+    dp_shard_parts_t parts;
+    dp_shard_early_t early;
+    float *g[2];           /* one gradient per worker */
+} fx_t;
+
+/* An Adam shard (lr 0.01) of 2 joined workers under ops with R = 2;
+ * early steps as enabled says (the policy committing them). */
+static int fx_init(fx_t *f, const dp_policy_ops_t *ops, bool enabled)
+{
+    char err[DP_ERR_LEN] = "";
+    memset(f, 0, sizeof *f);
+    dp_optim_conf_t o;
+    dp_optim_conf_default(&o);
+    o.kind = DP_OPT_ADAM;
+    o.lr = 0.01f;
+    dp_policy_conf_t pc = {2, 0, 0, 0};
+    if (dp_model_parse(&f->model, SPEC, 1, 8, 8, err) != 0 ||
+        dp_shard_init(&f->shard, &f->model, 0, 1, 7, &o, err) != 0)
+        goto fail;
+    dp_members_init(&f->members, 2, 0, 0.0);
+    for (int i = 0; i < 2; i++) dp_members_join(&f->members, i);
+    if (dp_policy_new(&f->policy, ops, &pc, &f->shard, &f->members, err) != 0) goto fail;
+    dp_shard_parts_init(&f->parts, f->shard.lo, f->shard.hi, 2);
+    dp_shard_early_init(&f->early, &f->shard, &f->parts, f->policy, enabled);
+    dp_policy_early_steps(f->policy, &f->early);
+    for (int k = 0; k < 2; k++) {
+        f->g[k] = dp_malloc(f->shard.n * sizeof(float));
+        for (size_t i = 0; i < f->shard.n; i++) f->g[k][i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
+    }
+    return 0;
+fail:
+    fprintf(stderr, "  %s\n", err);
+    return -1;
+}
+
+static void fx_fini(fx_t *f)
+{
+    dp_shard_early_fini(&f->early);
+    dp_shard_early_fini(&f->early); /* safe twice */
+    dp_shard_parts_fini(&f->parts);
+    dp_policy_destroy(&f->policy);
+    dp_members_fini(&f->members);
+    dp_shard_fini(&f->shard);
+    for (int k = 0; k < 2; k++) free(f->g[k]);
+}
+
+/* Worker wid's part k of K of step st on version v: floats [off, off +
+ * cnt) of the range from its gradient, taken by the assembly (out: the
+ * whole push once COMPLETE). */
+static dp_parts_result_t fx_add(fx_t *f, int wid, uint64_t st, uint64_t v, uint32_t k, uint32_t K,
+                                size_t off, size_t cnt, dp_grad_slice_t *out)
+{
+    Downpour__Envelope env;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 1, wid, f->model.fingerprint);
+    Downpour__Push p = DOWNPOUR__PUSH__INIT;
+    p.version = v;
+    p.step = st;
+    p.batch = 1;
+    p.part = k;
+    p.parts = K;
+    env.push = &p;
+    Downpour__TensorDesc d, *dv[1] = {&d};
+    int64_t shape[1];
+    const float *g = f->g[wid] + off;
+    dp_wire_desc_fill(&d, shape, "params", g, cnt, f->shard.lo + off, 0, 0);
+    env.n_tensors = 1;
+    env.tensors = dv;
+    dp_wire_frame_t fr = {g, cnt * sizeof(float)};
+    char why[DP_ERR_LEN];
+    return dp_shard_parts_add(&f->parts, wid, &env, &fr, 1, NULL, out, why);
+}
+
+/* The part's event after the assembly took it. */
+static dp_early_result_t fx_part(fx_t *f, int wid, uint64_t st, uint64_t v, uint32_t k, uint32_t K,
+                                 size_t off, size_t cnt, dp_grad_slice_t *out)
+{
+    return dp_shard_early_part(&f->early, wid, st, fx_add(f, wid, st, v, k, K, off, cnt, out));
+}
+
+/* Worker wid's push g (n slices) of step st on version v through the
+ * policy (early: the loop's dp_shard_early_of), then the event after it. */
+static dp_push_status_t fx_push(fx_t *f, int wid, uint64_t st, uint64_t v, const dp_grad_slice_t *g,
+                                bool early)
+{
+    dp_push_outcome_t o;
+    dp_policy_push(f->policy, wid, v, g, 1, early, &o);
+    dp_shard_early_pushed(&f->early, wid, st);
+    return o.status;
+}
+
+/* Worker wid's gradient whole. */
+static dp_grad_slice_t fx_whole(const fx_t *f, int wid)
+{
+    return (dp_grad_slice_t){f->g[wid], f->shard.n * sizeof(float), f->shard.lo};
+}
+
+/* Weights, Adam's state and version the same bits in a and b. */
+static int fx_same(const fx_t *a, const fx_t *b)
+{
+    size_t n = a->shard.n, ns = n * (size_t)a->shard.state_per;
+    return a->shard.version == b->shard.version &&
+           memcmp(a->shard.w, b->shard.w, n * sizeof(float)) == 0 &&
+           memcmp(a->shard.state, b->shard.state, ns * sizeof(float)) == 0;
+}
+
+/* Async: worker 1's push in two parts is begun at its first part, its
+ * second stepped in, and committed by the policy: the bits of the same
+ * push stepped whole (twice, Adam's moments swapped back and forth); the
+ * push's event then has nothing left to drop. */
+static void test_async_commit(void)
+{
+    fx_t f, r;
+    if (fx_init(&f, &dp_policy_async, true) != 0 || fx_init(&r, &dp_policy_async, false) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n, h = n / 2;
+    for (uint64_t st = 1; st <= 2; st++) {
+        dp_grad_slice_t g;
+        CHECK_EQ(fx_part(&f, 1, st, st - 1, 1, 2, h, n - h, &g), DP_EARLY_BEGUN);
+        CHECK(dp_shard_early_of(&f.early, 1, st));
+        CHECK(!dp_shard_early_of(&f.early, 0, st) && !dp_shard_early_of(&f.early, 1, st + 1));
+        CHECK_EQ(fx_part(&f, 1, st, st - 1, 0, 2, 0, h, &g), DP_EARLY_STEPPED);
+        CHECK_EQ(f.shard.version, st - 1); /* nothing of it is live before the commit */
+        dp_push_outcome_t o;
+        dp_policy_push(f.policy, 1, st - 1, &g, 1, dp_shard_early_of(&f.early, 1, st), &o);
+        CHECK_EQ(o.status, DP_PUSH_APPLIED);
+        CHECK_EQ(dp_shard_early_pushed(&f.early, 1, st), DP_EARLY_NONE); /* committed */
+        dp_grad_slice_t w = fx_whole(&r, 1);
+        CHECK_EQ(fx_push(&r, 1, st, st - 1, &w, false), DP_PUSH_APPLIED);
+        CHECK(fx_same(&f, &r));
+    }
+    CHECK_EQ(f.shard.counts.steps_early, 2);
+    CHECK_EQ(f.shard.counts.early_dropped, 0);
+    fx_fini(&f);
+    fx_fini(&r);
+}
+
+/* The policy commits only when told the push is the early step's: worker
+ * 1's early step complete (all its floats in one of its two parts), worker
+ * 0's push (not it) overtakes and drops it, and it begins again from the
+ * new version. And a commit asked for a step other than the one made
+ * early (another lr, another count, the version moved under it) is
+ * refused. */
+static void test_commit_only_its_step(void)
+{
+    fx_t f, r;
+    if (fx_init(&f, &dp_policy_async, true) != 0 || fx_init(&r, &dp_policy_async, false) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n;
+    dp_grad_slice_t g, g0 = fx_whole(&f, 0), r0 = fx_whole(&r, 0);
+    CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, n, &g), DP_EARLY_BEGUN);
+    CHECK_EQ(fx_push(&f, 0, 1, 0, &g0, false), DP_PUSH_APPLIED);
+    CHECK_EQ(f.shard.counts.steps_early, 0);
+    CHECK_EQ(f.shard.counts.early_dropped, 1);
+    CHECK(dp_shard_early_of(&f.early, 1, 1)); /* again, from version 1 */
+    CHECK_EQ(f.early.version, 1);
+    CHECK_EQ(fx_push(&r, 0, 1, 0, &r0, false), DP_PUSH_APPLIED);
+    CHECK(fx_same(&f, &r));
+    float lr = dp_shard_lr(&f.shard);
+    CHECK_EQ(dp_shard_early_commit(&f.early, lr * 0.5f, 0), DP_EARLY_NONE);
+    CHECK_EQ(dp_shard_early_commit(&f.early, lr, 2), DP_EARLY_NONE);
+    CHECK_EQ(dp_shard_early_commit(NULL, lr, 0), DP_EARLY_NONE);
+    dp_shard_step(&f.shard, &g0, 1, lr); /* not through the policy: nothing overtaken */
+    CHECK_EQ(dp_shard_early_commit(&f.early, dp_shard_lr(&f.shard), 0), DP_EARLY_NONE);
+    CHECK(dp_shard_early_of(&f.early, 1, 1)); /* refused, not dropped */
+    CHECK_EQ(dp_shard_early_overtaken(&f.early), DP_EARLY_DROPPED);
+    CHECK_EQ(dp_shard_early_overtaken(&f.early), DP_EARLY_NONE);
+    CHECK_EQ(dp_shard_early_overtaken(NULL), DP_EARLY_NONE);
+    CHECK_EQ(f.shard.counts.steps_early, 0);
+    dp_shard_step(&r.shard, &r0, 1, lr);
+    CHECK(fx_same(&f, &r));
+    fx_fini(&f);
+    fx_fini(&r);
+}
+
+/* Sync, R = 2: worker 1's push is the completing one after worker 0's, so
+ * it goes early from its first part and the policy commits it with acc's
+ * mean; told it is not the early step's push, the policy steps the mean
+ * whole (the same bits) and drops it. */
+static void test_sync_commit(void)
+{
+    for (int told = 0; told < 2; told++) {
+        fx_t f, r;
+        if (fx_init(&f, &dp_policy_sync, true) != 0 || fx_init(&r, &dp_policy_sync, false) != 0) {
+            CHECK(0);
+            return;
+        }
+        size_t n = f.shard.n, h = n / 2;
+        dp_grad_slice_t g, g0 = fx_whole(&f, 0), r0 = fx_whole(&r, 0), r1 = fx_whole(&r, 1);
+        CHECK_EQ(fx_push(&f, 0, 1, 0, &g0, false), DP_PUSH_APPLIED);
+        CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
+        CHECK_EQ(fx_part(&f, 1, 1, 0, 1, 2, h, n - h, &g), DP_EARLY_STEPPED);
+        CHECK_EQ(f.shard.acc_count, 1); /* acc untouched so far */
+        CHECK_EQ(fx_push(&f, 1, 1, 0, &g, told && dp_shard_early_of(&f.early, 1, 1)),
+                 DP_PUSH_APPLIED);
+        CHECK_EQ(f.shard.acc_count, 0);
+        CHECK_EQ(f.shard.counts.steps_early, (uint64_t)told);
+        CHECK_EQ(f.shard.counts.early_dropped, (uint64_t)!told);
+        CHECK_EQ(fx_push(&r, 0, 1, 0, &r0, false), DP_PUSH_APPLIED);
+        CHECK_EQ(fx_push(&r, 1, 1, 0, &r1, false), DP_PUSH_APPLIED);
+        CHECK(fx_same(&f, &r));
+        fx_fini(&f);
+        fx_fini(&r);
+    }
+}
+
+/* What drops an early step, and what keeps one from beginning: a bad part
+ * (its push rejected), a newer step of the same worker (part or whole), a
+ * HELLO of its worker (not another's); off, in sync a push that does not
+ * complete the step, in async another worker streaming too. */
+static void test_drops(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_async, true) != 0) {
+        CHECK(0);
+        return;
+    }
+    size_t n = f.shard.n, h = n / 2;
+    dp_grad_slice_t g;
+    CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
+    f.g[1][h + 1] = NAN;
+    CHECK_EQ(fx_part(&f, 1, 1, 0, 1, 2, h, n - h, &g), DP_EARLY_DROPPED);
+    CHECK(!dp_shard_early_of(&f.early, 1, 1));
+    f.g[1][h + 1] = 1.0f;
+    CHECK_EQ(fx_part(&f, 1, 2, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
+    CHECK_EQ(fx_part(&f, 1, 3, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN); /* step 2's dropped first */
+    CHECK(!dp_shard_early_of(&f.early, 1, 2) && dp_shard_early_of(&f.early, 1, 3));
+    CHECK_EQ(dp_shard_early_whole(&f.early, 1, 3), DP_EARLY_NONE); /* not newer */
+    CHECK_EQ(dp_shard_early_whole(&f.early, 0, 4), DP_EARLY_NONE); /* another worker */
+    CHECK_EQ(dp_shard_early_whole(&f.early, 1, 4), DP_EARLY_DROPPED);
+    dp_shard_parts_drop(&f.parts, 1);
+    CHECK_EQ(fx_part(&f, 1, 5, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
+    CHECK_EQ(dp_shard_early_hello(&f.early, 0), DP_EARLY_NONE);
+    CHECK_EQ(dp_shard_early_hello(&f.early, 1), DP_EARLY_DROPPED);
+    CHECK_EQ(dp_shard_early_hello(&f.early, 1), DP_EARLY_NONE);
+    CHECK_EQ(f.shard.counts.early_dropped, 4);
+    /* async: worker 0 streams (assembling) while worker 1's part comes */
+    dp_shard_parts_drop(&f.parts, 1);
+    CHECK_EQ(fx_part(&f, 0, 1, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
+    CHECK_EQ(dp_shard_early_hello(&f.early, 0), DP_EARLY_DROPPED);
+    CHECK_EQ(fx_part(&f, 1, 6, 0, 0, 2, 0, h, &g), DP_EARLY_NONE);
+    fx_fini(&f);
+    /* off: nothing begins */
+    if (fx_init(&f, &dp_policy_async, false) != 0) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, h, &g), DP_EARLY_NONE);
+    fx_fini(&f);
+    /* sync: the first push of two does not complete the step */
+    if (fx_init(&f, &dp_policy_sync, true) != 0) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, h, &g), DP_EARLY_NONE);
+    fx_fini(&f);
+}
+
+DP_TESTS(T(test_async_commit), T(test_commit_only_its_step), T(test_sync_commit), T(test_drops))
