@@ -1,0 +1,178 @@
+/* ps_loop: the state of downpour-ps's event loop and what the files of
+ * the loop share. server/ps.h is the loop's interface and server/ps.c says
+ * its invariants; the loop is four files, one job each:
+ *   server/ps.c        receiving under the limits, dispatch, held pulls,
+ *                      pushes (whole and in parts), BARRIER, setup, the loop
+ *   server/ps_admit.c  who and what may reach a handler: the model checks
+ *                      (a HELLO's model, every other request's fingerprint;
+ *                      refused with ERR_MODEL_MISMATCH), the worker id's
+ *                      claim at HELLO and its authority after, the WELCOME
+ *   server/ps_reply.c  the replies: ERROR, PARAMS (the live buffer lent to
+ *                      ZeroMQ), ACK
+ *   server/ps_admin.c  the shard's account: checkpoints (when due, at start,
+ *                      at the end), metrics lines, STATS, SHUTDOWN
+ * Nothing else includes this header. */
+#ifndef DP_PS_LOOP_H
+#define DP_PS_LOOP_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/metrics.h"
+#include "proto/curve.h"
+#include "proto/wire.h"
+#include "server/auth.h"
+#include "server/members.h"
+#include "server/policy.h"
+#include "server/ps.h"
+#include "server/ps_shm.h"
+#include "server/record.h"
+#include "server/shard.h"
+#include "server/shard_checkpoint.h"
+#include "server/shard_early.h"
+#include "server/shard_parts.h"
+
+/* Replies ZeroMQ may queue per peer before the ROUTER drops further ones to
+ * it (ZMQ_ROUTER_MANDATORY is off: a peer that does not read loses replies,
+ * the shard never blocks on it). A worker reads every reply: it has one
+ * request per shard in flight and its heartbeat answers, so a queue this
+ * long only fills behind a peer that stopped reading. */
+#define DP_PS_SNDHWM 16
+
+/* A PARAMS reply lent to ZeroMQ: DP_PS_PARAMS_PER_WORKER of them per worker
+ * id, so the buffers a peer that does not read pins are bounded. A reply in
+ * parts is one loan: every part's frame points into the same buffer. */
+typedef struct {
+    dp_snap_t *snap;       /* the buffer sent (its reference), while busy */
+    atomic_int frames;     /* its frames ZeroMQ still holds (set before the first is sent) */
+    atomic_int busy;       /* 1 from the send until ZeroMQ's free callback of its last frame
+                            * (I/O thread) */
+} dp_ps_lent_t;
+
+/* How a PARAMS reply carries the tensor (the PULL asked). */
+typedef enum {
+    DP_PS_PARAMS_CRC,      /* a frame with its CRC-32 */
+    DP_PS_PARAMS_NO_CRC,   /* a frame without one (Pull.no_checksum) */
+    DP_PS_PARAMS_SHM,      /* the live slot of the shared segment (Envelope.shm), else as NO_CRC */
+} dp_ps_params_how_t;
+
+/* What a PULL asked of its reply. */
+typedef struct {
+    dp_ps_params_how_t how;
+    int bf16;              /* bfloat16 frames (Pull.dtype) */
+    uint32_t n_cuts;       /* a reply in n_cuts + 1 parts (Pull.cuts; 0: whole) */
+    uint64_t cuts[DP_WIRE_MAX_PULL_PARTS - 1];
+} dp_ps_params_ask_t;
+_Static_assert(DP_WIRE_MAX_PULL_PARTS <= DP_PS_SNDHWM / 2,
+               "a reply in parts fits the per-peer send queue with room for other replies");
+
+typedef struct {
+    zmq_msg_t identity;    /* ROUTER identity to answer */
+    uint64_t request_id;
+    int worker;
+    uint64_t min_version;  /* sync: answer once the version is >= this */
+    dp_ps_params_ask_t ask;
+} dp_ps_pending_t;
+
+/* The loop's state, one per dp_ps_run. */
+typedef struct {
+    const dp_ps_config_t *cfg;
+    dp_shard_t shard;
+    dp_members_t members;
+    dp_policy_t *policy;
+    dp_ps_pending_t *pending;  /* held pulls, in arrival order: DP_PS_HELD_PER_WORKER per worker */
+    int n_pending;
+    int *held;             /* per worker: its pulls in pending */
+    dp_ps_lent_t *lent;        /* per worker DP_PS_PARAMS_PER_WORKER: PARAMS frames ZeroMQ holds */
+    void *ctx, *sock;
+    size_t max_msg;        /* bytes of the largest message accepted, all parts */
+    uint64_t net_errors;   /* ZeroMQ calls that failed inside the loop */
+    char endpoint[256];
+    char ckpt_path[DP_PS_PATH_LEN + 64];
+    uint64_t ckpt_version; /* version last written (UINT64_MAX: none) */
+    uint64_t ckpt_failures; /* checkpoint writes that failed (metrics, stop line) */
+    dp_ckpt_run_t run;     /* the run the checkpoints belong to; .finished as last written */
+    dp_metrics_t *metrics; /* JSON lines; a no-op without --metrics */
+    dp_record_t *rec;      /* --record: the schedule, or NULL */
+    double next_metrics;
+    int quit;              /* SHUTDOWN received */
+    dp_auth_t auth;        /* worker ids bound to connections / keys, the chief's token */
+    dp_zap_t *zap;         /* CURVE: the gate (NULL without --curve-secret) */
+    const char *peer_key;  /* CURVE: User-Id of the message being handled, else NULL */
+    const char *peer_addr; /* its Peer-Address (ZeroMQ's; NULL when it has none) */
+    double startup_deadline; /* dp_now() by which every worker must have said HELLO; 0 = none */
+    uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
+    uint64_t start_version; /* the version this start restored (0 fresh): Welcome.start_version */
+    dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
+    uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
+    dp_shard_parts_t parts; /* pushes in parts being assembled, one per worker at most */
+    dp_shard_early_t early; /* the early step of one of them (server/shard_early.h) */
+} dp_ps_loop_t;
+
+/* ---- server/ps.c ---------------------------------------------------- */
+
+/* The member table changed: the record and the policy told (a checkpoint
+ * when the version moved and one is due), the held pulls asked again. */
+void dp_ps_members_changed(dp_ps_loop_t *ps);
+
+/* ---- server/ps_reply.c ---------------------------------------------- */
+
+/* Send a reply (its payload frames after the envelope); a failure is
+ * logged and counted in net_errors. */
+void dp_ps_send(dp_ps_loop_t *ps, zmq_msg_t *id, Downpour__Envelope *env,
+                const dp_wire_payload_t *pl, int n_pl);
+/* An envelope of this shard: type, request id, worker, the model's
+ * fingerprint and this start's incarnation. */
+void dp_ps_env(const dp_ps_loop_t *ps, Downpour__Envelope *env, int type, uint64_t req, int worker);
+/* ERROR with Error.code (DOWNPOUR__ERROR_CODE__*), not counted. */
+void dp_ps_send_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                      const char *msg);
+/* ERROR with Error.code, counted as malformed (and rejected). */
+void dp_ps_reply_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                            const char *msg);
+/* The same with code ERR_NONE. */
+void dp_ps_reply_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg);
+/* PARAMS as the PULL asked (ask), or "busy" when the worker's loans are
+ * all out. */
+void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                        const dp_ps_params_ask_t *ask);
+/* ACK with the policy's decision o and the shard's version. */
+void dp_ps_reply_ack(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                     const dp_push_outcome_t *o);
+/* ACK REJECTED for a push refused before the policy saw it (counted). */
+void dp_ps_reply_rejected(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                          const char *why);
+/* A reply of this type with no body (HEARTBEAT, SHUTDOWN). */
+void dp_ps_reply_bare(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env, int type);
+
+/* ---- server/ps_admit.c ---------------------------------------------- */
+
+/* May this valid envelope reach its handler? true: yes (its worker heard
+ * from: liveness); false: it was answered instead, nothing else changed. */
+bool dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
+/* HELLO: the model checked, the worker id claimed, the worker joined,
+ * answered with the WELCOME. */
+void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
+
+/* ---- server/ps_admin.c ---------------------------------------------- */
+
+/* Write the shard unless there is no --checkpoint-dir or this version is
+ * on disk already, finished as asked (the chief's SHUTDOWN). -1 with err
+ * (logged loud and counted in ckpt_failures). */
+int dp_ps_checkpoint(dp_ps_loop_t *ps, int finished, char *err);
+/* The version moved: a checkpoint when --checkpoint-every says so. */
+void dp_ps_version_moved(dp_ps_loop_t *ps);
+/* At start: the run's id, and the checkpoint restored when the directory
+ * holds one this run may take (else a fresh start's first checkpoint). */
+int dp_ps_restore(dp_ps_loop_t *ps, char *err);
+/* A metrics line of the counters (a no-op without --metrics). */
+void dp_ps_metrics_line(dp_ps_loop_t *ps);
+/* The start line that begins each start's lines. */
+void dp_ps_metrics_start(dp_ps_loop_t *ps);
+/* STATS: the counters, the members, the staleness histogram. */
+void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
+/* SHUTDOWN: the final checkpoint, then the reply; the loop ends. */
+void dp_ps_on_shutdown(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
+
+#endif
