@@ -245,7 +245,7 @@ static int s_refuse(const dp_opts_t *o, int c, char **argv, char *err)
     return dp_err(err, "unknown flag '%.*s' (see %s --help)", eq, arg, o->program);
 }
 
-int dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err)
+dp_opts_result_t dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err)
 {
     struct option lo[DP_OPTS_MAX + 2];
     s_long_options(o, lo);
@@ -256,19 +256,24 @@ int dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err)
     while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
         if (c == 'h') {
             dp_opts_help(o, stdout);
-            return 1;
+            return DP_OPTS_HELP_SHOWN;
         }
-        if (c == '?' || c == ':') return s_refuse(o, c, argv, err);
-        if (s_apply(&o->opt[c - S_VAL_BASE], optarg, err) != 0) return -1;
+        if (c == '?' || c == ':') {
+            s_refuse(o, c, argv, err);
+            return DP_OPTS_BAD;
+        }
+        if (s_apply(&o->opt[c - S_VAL_BASE], optarg, err) != 0) return DP_OPTS_BAD;
     }
-    if (optind < argc)
-        return dp_err(err, "unexpected argument '%s' (see %s --help)", argv[optind], o->program);
-    return 0;
+    if (optind < argc) {
+        dp_err(err, "unexpected argument '%s' (see %s --help)", argv[optind], o->program);
+        return DP_OPTS_BAD;
+    }
+    return DP_OPTS_PARSED;
 }
 
-int dp_opts_exit_status(const char *program, int rc, const char *err)
+int dp_opts_exit_status(const char *program, dp_opts_result_t rc, const char *err)
 {
-    if (rc == 1) return 0;
+    if (rc == DP_OPTS_HELP_SHOWN) return 0;
     fprintf(stderr, "%s: %s\n", program, err);
     return 2;
 }

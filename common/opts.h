@@ -100,16 +100,23 @@ void dp_opts_add_at(dp_opts_t *o, void *base, const dp_opts_entry_t *entries, in
 /* The entry named name (without "--"), or NULL. */
 dp_opts_flag_t *dp_opts_find(dp_opts_t *o, const char *name);
 
-/* Parse argv[1..argc) (--flag VALUE, --flag=VALUE, a unique prefix of a
- * flag; -h and --help print the help to stdout). Returns 0, 1 when the help
- * was printed, or -1 with one line in err: an unknown flag, a missing
- * value, a value out of range or malformed, a stray argument. */
-int dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err);
+/* How a command line parsed. BAD is -1 so that a check after the parse
+ * may return dp_err's result as one. */
+typedef enum {
+    DP_OPTS_BAD = -1,       /* one line in err */
+    DP_OPTS_PARSED = 0,     /* every flag landed: go on */
+    DP_OPTS_HELP_SHOWN = 1, /* -h / --help printed the help: exit 0 */
+} dp_opts_result_t;
 
-/* The exit status for a dp_opts_parse result other than 0: 0 after the
- * help (rc 1), else 2 after "program: err" on stderr — the one place that
- * says how a bad command line ends. */
-int dp_opts_exit_status(const char *program, int rc, const char *err);
+/* Parse argv[1..argc) (--flag VALUE, --flag=VALUE, a unique prefix of a
+ * flag; -h and --help print the help to stdout). BAD on an unknown flag, a
+ * missing value, a value out of range or malformed, a stray argument. */
+dp_opts_result_t dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err);
+
+/* The exit status for a result other than PARSED: 0 after the help, else 2
+ * after "program: err" on stderr — the one place that says how a bad
+ * command line ends. */
+int dp_opts_exit_status(const char *program, dp_opts_result_t rc, const char *err);
 
 /* --help: synopsis, one line per flag ("--name META  help"), epilog. */
 void dp_opts_help(const dp_opts_t *o, FILE *f);

@@ -371,21 +371,21 @@ static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
     return 0;
 }
 
-int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
+dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
 {
     dp_opts_t o;
     dp_cluster_t *cl = dp_malloc(sizeof *cl); /* 128 KiB of host names: not on the stack */
     dp_cluster_init(cl);
     dp_ps_options(&o, c, cl);
-    int rc = dp_opts_parse(&o, argc, argv, err);
-    if (rc == 0) rc = s_apply_cluster(c, cl, &o, err);
-    if (rc == 0 && !c->curve_secret[0] != !c->curve_allow[0])
+    dp_opts_result_t rc = dp_opts_parse(&o, argc, argv, err);
+    if (rc == DP_OPTS_PARSED) rc = s_apply_cluster(c, cl, &o, err);
+    if (rc == DP_OPTS_PARSED && !c->curve_secret[0] != !c->curve_allow[0])
         rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
                          "secret key and the public keys allowed in) or neither");
-    if (rc == 0) rc = s_check_init(c, &o, err);
-    if (rc == 0) rc = dp_ps_resolve_local_steps(c, &o, err);
-    if (rc == 0) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
-    if (rc == 0 && c->replicas > c->num_workers)
+    if (rc == DP_OPTS_PARSED) rc = s_check_init(c, &o, err);
+    if (rc == DP_OPTS_PARSED) rc = dp_ps_resolve_local_steps(c, &o, err);
+    if (rc == DP_OPTS_PARSED) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
+    if (rc == DP_OPTS_PARSED && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,
                     c->num_workers);
     free(cl);

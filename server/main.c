@@ -25,8 +25,8 @@ int main(int argc, char **argv)
     }
     dp_ps_config_t cfg;
     dp_ps_config_default(&cfg);
-    int r = dp_ps_parse_args(&cfg, argc, argv, err);
-    if (r != 0) return dp_opts_exit_status("downpour-ps", r, err);
+    dp_opts_result_t r = dp_ps_parse_args(&cfg, argc, argv, err);
+    if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour-ps", r, err);
     dp_signals_install(&s_stop, 0);
     if (dp_ps_run(&cfg, &s_stop, err) != 0) {
         fprintf(stderr, "downpour-ps: %s\n", err);

@@ -96,9 +96,8 @@ typedef struct {
 void dp_ps_config_default(dp_ps_config_t *c);
 
 /* Parse downpour-ps's flags (and TF_CONFIG through common/cluster.h) into c.
- * Returns 0, 1 when --help was printed to stdout, or -1 with one line in
- * err naming the flag. */
-int dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
+ * BAD with one line in err naming the flag. */
+dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err);
 /* downpour-ps's option table, writing into c and cl's flag fields; `downpour
  * local` reads it to check and pass on the flags marked DP_OPTS_PASS. */
 void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);

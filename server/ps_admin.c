@@ -66,12 +66,12 @@ int dp_ps_restore(dp_ps_loop_t *ps, char *err)
     if (stale > 0)
         dp_log_info("shard %d: removed %d temporary file%s an interrupted checkpoint left in %s",
                     cfg->shard_index, stale, stale > 1 ? "s" : "", cfg->checkpoint_dir);
-    int r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, &ps->run, err);
-    if (r < 0) return -1;
-    if (r == 0 && cfg->resume)
+    dp_ckpt_restore_t r = dp_shard_checkpoint_restore(&ps->shard, ps->ckpt_path, &ps->run, err);
+    if (r == DP_CKPT_BAD) return -1;
+    if (r == DP_CKPT_NONE && cfg->resume)
         return dp_err(err, "--resume: %s has no checkpoint of shard %d/%d to continue",
                       cfg->checkpoint_dir, cfg->shard_index, cfg->shard_count);
-    if (r == 1) {
+    if (r == DP_CKPT_RESTORED) {
         ps->ckpt_version = ps->shard.version;
         dp_log_info("shard %d: restored version %" PRIu64 " of run %s from %s", cfg->shard_index,
                     ps->shard.version, ps->run.id, ps->ckpt_path);

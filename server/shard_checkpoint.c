@@ -232,16 +232,18 @@ static int s_dc_read(const dp_shard_t *s, const char *path, float *ms, char *err
     return s_check_crc(path, "dc_ms_crc32", ms, s->n, err);
 }
 
-int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run, char *err)
+dp_ckpt_restore_t dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run,
+                                              char *err)
 {
-    if (access(path, F_OK) != 0) return 0;
+    if (access(path, F_OK) != 0) return DP_CKPT_NONE;
     uint64_t ver = 0;
-    if (s_check_meta(s, path, &ver, err) != 0 || s_check_run(path, run, err) != 0) return -1;
+    if (s_check_meta(s, path, &ver, err) != 0 || s_check_run(path, run, err) != 0)
+        return DP_CKPT_BAD;
     size_t n_state = s->n * (size_t)s->state_per;
     float *w = dp_malloc(s->n * sizeof(float) + 1);
     float *st = dp_calloc(n_state + 1, sizeof(float));
     float *ms = s->dc && s->dc->ms ? dp_calloc(s->n + 1, sizeof(float)) : NULL;
-    int rc = -1;
+    dp_ckpt_restore_t rc = DP_CKPT_BAD;
     if (dp_safetensors_read_tensor(path, "params", w, s->n, err) != 0) goto done;
     if (s->state_per && dp_safetensors_read_tensor(path, "optim.state", st, n_state, err) != 0)
         goto done;
@@ -259,7 +261,7 @@ int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
     if (ms) memcpy(s->dc->ms, ms, s->n * sizeof(float));
     s->version = ver;
-    rc = 1;
+    rc = DP_CKPT_RESTORED;
 done:
     free(w);
     free(st);

@@ -23,6 +23,7 @@
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "server/shard.h"
@@ -32,8 +33,8 @@
 /* Which run a checkpoint belongs to. */
 typedef struct {
     char id[DP_RUN_ID_LEN]; /* this run's id (--run-id, or the flags' fingerprint) */
-    int resume;             /* restore: continue the file's run, whatever its id */
-    int finished;           /* write: the run ended (the chief's SHUTDOWN) */
+    bool resume;            /* restore: continue the file's run, whatever its id */
+    bool finished;          /* write: the run ended (the chief's SHUTDOWN) */
 } dp_ckpt_run_t;
 
 /* DIR/ps-shard-I-of-K.safetensors into out (n bytes). */
@@ -44,11 +45,17 @@ void dp_shard_checkpoint_path(char *out, size_t n, const char *dir, int i, int k
 int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ckpt_run_t *run,
                               char *err);
 
-/* Restore s (parameters, optimizer state, version) from path: 1 when
- * restored, 0 when there is no file, -1 with err when the file does not
- * match s, does not read, fails its CRC, or belongs to another or a
- * finished run without run->resume (s is then unchanged). run may be NULL
- * (any run); with resume, run->id becomes the file's. */
-int dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run, char *err);
+/* What a restore found. */
+typedef enum {
+    DP_CKPT_BAD = -1,     /* err says why; s is unchanged */
+    DP_CKPT_NONE = 0,     /* no file: a fresh start */
+    DP_CKPT_RESTORED = 1, /* s holds the file's state */
+} dp_ckpt_restore_t;
+
+/* Restore s (parameters, optimizer state, version) from path. BAD when the
+ * file does not match s, does not read, fails its CRC, or belongs to
+ * another or a finished run without run->resume. run may be NULL (any
+ * run); with resume, run->id becomes the file's. */
+dp_ckpt_restore_t dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, dp_ckpt_run_t *run, char *err);
 
 #endif

@@ -217,22 +217,22 @@ static int s_from_cluster(dp_worker_args_t *a, char *err)
     return 0;
 }
 
-int dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err)
+dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err)
 {
     dp_opts_t o;
     dp_worker_options(&o, a);
-    int rc = dp_opts_parse(&o, argc, argv, err);
-    if (rc != 0) return rc;
+    dp_opts_result_t rc = dp_opts_parse(&o, argc, argv, err);
+    if (rc != DP_OPTS_PARSED) return rc;
     if (a->standalone) {
         if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
-        return 0;
+        return DP_OPTS_PARSED;
     }
     if (!a->conf.curve_secret != !a->conf.curve_server)
         return dp_err(err, "--curve-secret and --curve-server go together: give both (this "
                            "worker's secret key and the servers' public keys) or neither");
     if (a->conf.ps) {
         a->conf.task_index = a->cluster.flag_task_index < 0 ? 0 : a->cluster.flag_task_index;
-        return 0;
+        return DP_OPTS_PARSED;
     }
     return s_from_cluster(a, err);
 }

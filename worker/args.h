@@ -22,8 +22,8 @@ void dp_worker_args_default(dp_worker_args_t *a);
 void dp_worker_options(dp_opts_t *o, dp_worker_args_t *a);
 
 /* Parse the flags, then find the servers: --ps, else the cluster flags or
- * TF_CONFIG (whose task index becomes conf.task_index). Returns 0, 1 when
- * --help was printed to stdout, or -1 with one line in err. */
-int dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err);
+ * TF_CONFIG (whose task index becomes conf.task_index). BAD with one line
+ * in err. */
+dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err);
 
 #endif

@@ -26,10 +26,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "downpour-worker: %s\n", err);
         return 2;
     }
-    int r = dp_worker_parse_args(&a, argc, argv, err);
-    if (r != 0) return dp_opts_exit_status("downpour-worker", r, err);
+    dp_opts_result_t parsed = dp_worker_parse_args(&a, argc, argv, err);
+    if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour-worker", parsed, err);
     dp_signals_install(&s_stop, 0);
-    r = a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
+    int r = a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
                      : dp_train_distributed(&a.conf, &s_stop, err);
     if (s_stop) {
         if (r != 0) dp_log_warn("%s", err);

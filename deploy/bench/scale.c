@@ -77,7 +77,7 @@ static const char s_synopsis[] =
     "machine's CPU as much as the servers: compare the load line it prints.\n"
     "\n";
 
-static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
+static dp_opts_result_t s_parse(s_conf_t *c, int argc, char **argv, char *err)
 {
     const dp_opts_flag_t t[] = {
         DP_FLAG_NUM("workers", DP_OPTS_INT, "N", &c->workers, 1, S_MAX_WORKERS, 0,
@@ -107,10 +107,10 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
     dp_opts_t o;
     dp_opts_init(&o, "downpour bench scale", s_synopsis, NULL);
     dp_opts_add(&o, t, (int)(sizeof t / sizeof t[0]));
-    int r = dp_opts_parse(&o, argc, argv, err);
-    if (r == 0 && c->params && c->model)
+    dp_opts_result_t r = dp_opts_parse(&o, argc, argv, err);
+    if (r == DP_OPTS_PARSED && c->params && c->model)
         r = dp_err(err, "--params and --model: give one of them");
-    if (r == 0) {
+    if (r == DP_OPTS_PARSED) {
         dp_optim_conf_t oc;
         r = dp_optim_parse_kind(&oc, c->optimizer, err);
     }
@@ -607,9 +607,9 @@ int dp_bench_scale_main(int argc, char **argv)
     char err[DP_ERR_LEN] = "";
     dp_model_t m;
     char input[48];
-    int r = s_parse(&c, argc - 1, argv + 1, err);
-    if (r == 0) r = dp_bench_model(&m, c.model, c.params, input, sizeof input, err);
-    if (r != 0) return dp_opts_exit_status("downpour bench scale", r, err);
+    dp_opts_result_t r = s_parse(&c, argc - 1, argv + 1, err);
+    if (r == DP_OPTS_PARSED) r = dp_bench_model(&m, c.model, c.params, input, sizeof input, err);
+    if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour bench scale", r, err);
     if (s_run(&c, &m, input, argv[0], err) != 0) {
         fprintf(stderr, "downpour bench scale: %s\n", err);
         return 1;

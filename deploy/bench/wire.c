@@ -74,7 +74,7 @@ static int s_set_compress(void *arg, const char *v, char *err)
     return dp_compress_parse(v, &((s_conf_t *)arg)->compress, err);
 }
 
-static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
+static dp_opts_result_t s_parse(s_conf_t *c, int argc, char **argv, char *err)
 {
     const dp_opts_flag_t t[] = {
         DP_FLAG_NUM("bytes", DP_OPTS_LONG, "N", &c->bytes, 64, 4L << 30, 0,
@@ -106,10 +106,10 @@ static int s_parse(s_conf_t *c, int argc, char **argv, char *err)
     dp_opts_t o;
     dp_opts_init(&o, "downpour bench wire", s_synopsis, NULL);
     dp_opts_add(&o, t, (int)(sizeof t / sizeof t[0]));
-    int r = dp_opts_parse(&o, argc, argv, err);
-    if (r == 0 && c->bytes && c->model)
+    dp_opts_result_t r = dp_opts_parse(&o, argc, argv, err);
+    if (r == DP_OPTS_PARSED && c->bytes && c->model)
         r = dp_err(err, "--bytes and --model: give one of them");
-    if (r == 0) {
+    if (r == DP_OPTS_PARSED) {
         dp_optim_conf_t oc;
         r = dp_optim_parse_kind(&oc, c->optimizer, err);
     }
@@ -406,8 +406,8 @@ int dp_bench_wire_main(int argc, char **argv)
     }
     s_conf_t c = {.shards = 1, .optimizer = "sgd", .rounds = 20, .warmup = 3};
     char err[DP_ERR_LEN] = "";
-    int r = s_parse(&c, argc - 1, argv + 1, err);
-    if (r != 0) return dp_opts_exit_status("downpour bench wire", r, err);
+    dp_opts_result_t r = s_parse(&c, argc - 1, argv + 1, err);
+    if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour bench wire", r, err);
     if (s_run(&c, argv[0], err) != 0) {
         fprintf(stderr, "downpour bench wire: %s\n", err);
         return 1;

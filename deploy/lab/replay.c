@@ -280,7 +280,7 @@ typedef struct {
     char save[4096], summary[4096];
 } s_args_t;
 
-static int s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv, char *err)
+static dp_opts_result_t s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv, char *err)
 {
     const dp_opts_flag_t t[] = {
         DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/model.safetensors and DIR/summary.json (required)"),
@@ -373,10 +373,10 @@ int dp_replay_main(int argc, char **argv)
     dp_opts_t o;
     char err[DP_ERR_LEN] = "";
     const char *file = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
-    int rc = file ? s_parse(&a, &o, argc - 1, argv + 1, err) : s_parse(&a, &o, argc, argv, err);
-    if (rc == 0 && !file) rc = dp_err(err, "which record? downpour replay FILE --out DIR");
-    if (rc == 0 && !a.out) rc = dp_err(err, "--out DIR is required (see downpour replay --help)");
-    if (rc != 0) return dp_opts_exit_status("downpour replay", rc, err);
+    dp_opts_result_t rc = file ? s_parse(&a, &o, argc - 1, argv + 1, err) : s_parse(&a, &o, argc, argv, err);
+    if (rc == DP_OPTS_PARSED && !file) rc = dp_err(err, "which record? downpour replay FILE --out DIR");
+    if (rc == DP_OPTS_PARSED && !a.out) rc = dp_err(err, "--out DIR is required (see downpour replay --help)");
+    if (rc != DP_OPTS_PARSED) return dp_opts_exit_status("downpour replay", rc, err);
     if (dp_mkdirs(a.out, 0755, err) != 0) {
         fprintf(stderr, "downpour replay: %s\n", err);
         return 1;

@@ -257,9 +257,9 @@ int dp_sim_main(int argc, char **argv)
     dp_opts_t o;
     s_options(&o, &a);
     char err[DP_ERR_LEN] = "";
-    int rc = dp_opts_parse(&o, argc, argv, err);
-    if (rc == 0) rc = s_resolve(&a, &o, err);
-    if (rc != 0) return dp_opts_exit_status("downpour sim", rc, err);
+    dp_opts_result_t rc = dp_opts_parse(&o, argc, argv, err);
+    if (rc == DP_OPTS_PARSED) rc = s_resolve(&a, &o, err);
+    if (rc != DP_OPTS_PARSED) return dp_opts_exit_status("downpour sim", rc, err);
     if ((a.epochs && s_epochs_updates(&a, err) != 0) || (a.out && dp_mkdirs(a.out, 0755, err) != 0)) {
         fprintf(stderr, "downpour sim: %s\n", err);
         return 1;

@@ -38,9 +38,9 @@ int dp_eval_main(int argc, char **argv)
     dp_opts_init(&o, "downpour eval", s_synopsis, NULL);
     dp_opts_add(&o, t, (int)(sizeof t / sizeof t[0]));
     char err[DP_ERR_LEN] = "";
-    int r = dp_opts_parse(&o, argc, argv, err);
-    if (r == 0 && !ckpt) r = dp_err(err, "--checkpoint FILE is required (see downpour eval --help)");
-    if (r != 0) return dp_opts_exit_status("downpour eval", r, err);
+    dp_opts_result_t r = dp_opts_parse(&o, argc, argv, err);
+    if (r == DP_OPTS_PARSED && !ckpt) r = dp_err(err, "--checkpoint FILE is required (see downpour eval --help)");
+    if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour eval", r, err);
     dp_dataset_t test = {0};
     dp_model_t m;
     dp_backend_t *be = NULL;

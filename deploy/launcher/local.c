@@ -350,14 +350,14 @@ static void s_collect_passed(dp_local_t *L)
     }
 }
 
-/* Parse the command line; 1 when --help was printed. */
-static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
+/* Parse the command line. */
+static dp_opts_result_t s_parse(dp_local_t *L, int argc, char **argv, char *err)
 {
     s_options(L);
-    int rc = dp_opts_parse(&L->opts, argc, argv, err);
-    if (rc != 0) return rc;
+    dp_opts_result_t rc = dp_opts_parse(&L->opts, argc, argv, err);
+    if (rc != DP_OPTS_PARSED) return rc;
     s_collect_passed(L);
-    if (dp_ps_check_delay_flags(&L->opts, L->ps.delay_lr, err) != 0) return -1;
+    if (dp_ps_check_delay_flags(&L->opts, L->ps.delay_lr, err) != 0) return DP_OPTS_BAD;
     if (L->gpus) {
         int n = 1;
         for (const char *p = L->gpus; *p; p++) n += *p == ',';
@@ -368,7 +368,7 @@ static int s_parse(dp_local_t *L, int argc, char **argv, char *err)
     for (int i = L->workers; i < DP_LOCAL_MAX; i++)
         if (L->delay_ms[i][0])
             return dp_err(err, "--straggler %d: there are only %d workers", i, L->workers);
-    return 0;
+    return DP_OPTS_PARSED;
 }
 
 /* Steps each worker runs (the worker's own rule: --steps, else epochs over
@@ -438,9 +438,8 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
     return rc;
 }
 
-/* Defaults, flags, the output directory's name and where the daemons are.
- * Returns 0, 1 when --help was printed, -1 with err on a bad flag. */
-static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
+/* Defaults, flags, the output directory's name and where the daemons are. */
+static dp_opts_result_t s_setup(dp_local_t *L, int argc, char **argv, char *err)
 {
     memset(L, 0, sizeof *L);
     L->workers = 2;
@@ -448,8 +447,8 @@ static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
     L->progress = DP_PROGRESS_AUTO;
     dp_ps_config_default(&L->ps);
     dp_worker_args_default(&L->wk);
-    int rc = s_parse(L, argc, argv, err);
-    if (rc != 0) return rc;
+    dp_opts_result_t rc = s_parse(L, argc, argv, err);
+    if (rc != DP_OPTS_PARSED) return rc;
     if (!L->out) {
         time_t now = time(NULL);
         strftime(L->out_default, sizeof L->out_default, "runs/local-%Y%m%d-%H%M%S", localtime(&now));
@@ -458,7 +457,7 @@ static int s_setup(dp_local_t *L, int argc, char **argv, char *err)
     }
     dp_spawn_bin_dir(L->bin_dir, sizeof L->bin_dir, argv[0]);
     snprintf(L->summary, sizeof L->summary, "%s/summary.json", L->out);
-    return 0;
+    return DP_OPTS_PARSED;
 }
 
 /* An earlier run's TensorBoard event files (the workers add new ones; old
@@ -844,8 +843,8 @@ int dp_local_main(int argc, char **argv)
 {
     static dp_local_t L; /* large: keep it off the stack */
     char err[DP_ERR_LEN] = "";
-    int rc = s_setup(&L, argc, argv, err);
-    if (rc != 0) return dp_opts_exit_status("downpour local", rc, err);
+    dp_opts_result_t parsed = s_setup(&L, argc, argv, err);
+    if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour local", parsed, err);
     if (s_prepare(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;

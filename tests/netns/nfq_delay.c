@@ -163,9 +163,9 @@ int main(int argc, char **argv)
     dp_opts_init(&o, "nfq_delay", s_synopsis, NULL);
     dp_opts_add(&o, t, (int)(sizeof t / sizeof t[0]));
     char err[DP_ERR_LEN] = "";
-    int r = dp_opts_parse(&o, argc, argv, err);
-    if (r == 0 && qnum < 0) r = dp_err(err, "--queue Q is required (see --help)");
-    if (r != 0) return dp_opts_exit_status("nfq_delay", r, err);
+    dp_opts_result_t r = dp_opts_parse(&o, argc, argv, err);
+    if (r == DP_OPTS_PARSED && qnum < 0) r = dp_err(err, "--queue Q is required (see --help)");
+    if (r != DP_OPTS_PARSED) return dp_opts_exit_status("nfq_delay", r, err);
 
     /* A helper must not outlive the test that started it. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);

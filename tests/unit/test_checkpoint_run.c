@@ -92,7 +92,7 @@ static void test_same_run_restores(void)
     a.version = 42;
     dp_ckpt_run_t run = s_run("run-a", 0, 0);
     CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), DP_CKPT_RESTORED);
     CHECK_EQ(b.version, 42);
     CHECK_CLOSE("params", b.w, a.w, a.n, 0, 0);
     CHECK_CLOSE("state", b.state, a.state, a.n * (size_t)a.state_per, 0, 0);
@@ -123,10 +123,10 @@ static void test_rmsprop_state_restores(void)
         if (t == 4) { /* the restart, after 3 steps */
             dp_ckpt_run_t run = s_run("run-rms", 0, 0);
             CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
-            CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+            CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), DP_CKPT_RESTORED);
             CHECK_EQ(b.version, 3);
             CHECK_CLOSE("square average", b.state, a.state, a.n, 0, 0);
-            CHECK_EQ(dp_shard_checkpoint_restore(&c, s_path, &run, err), -1);
+            CHECK_EQ(dp_shard_checkpoint_restore(&c, s_path, &run, err), DP_CKPT_BAD);
             fprintf(stderr, "  (expected) %s\n", err);
             CHECK(strstr(err, "checkpoint has optimizer 'rmsprop', this shard has 'adagrad'") != NULL);
         }
@@ -184,7 +184,7 @@ static void test_dc_mean_square_restores(void)
             }
             if (t == 4) { /* the restart, after 3 rounds */
                 CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &run, err), 0);
-                CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+                CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), DP_CKPT_RESTORED);
                 CHECK_EQ(b.version, 6);
                 CHECK_CLOSE("mean square", b.dc->ms, a.dc->ms, a.n, 0, 0);
             }
@@ -206,7 +206,7 @@ static void test_dc_mean_square_restores(void)
         o.dc = DP_DC_OFF;
         CHECK_EQ(dp_shard_init(&plain, &m, 0, 1, 1, &o, err), 0);
         CHECK_EQ(dp_shard_checkpoint_write(&plain, s_path, &run, err), 0);
-        CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+        CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), DP_CKPT_RESTORED);
         int zero = 1;
         for (size_t i = 0; i < b.n; i++) zero &= b.dc->ms[i] == 0;
         CHECK(zero);
@@ -233,18 +233,18 @@ static void test_other_or_finished_run_refused(void)
     dp_ckpt_run_t first = s_run("run-a", 0, 1);
     CHECK_EQ(dp_shard_checkpoint_write(&a, s_path, &first, err), 0);
     dp_ckpt_run_t other = s_run("run-b", 0, 0);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &other, err), -1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &other, err), DP_CKPT_BAD);
     fprintf(stderr, "  (expected) %s\n", err);
     CHECK(strstr(err, s_dir) != NULL && strstr(err, "run-a") && strstr(err, "--resume"));
     CHECK(strchr(err, '\n') == NULL);
     CHECK_EQ(b.version, 0);
     dp_ckpt_run_t same = s_run("run-a", 0, 0);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &same, err), -1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &same, err), DP_CKPT_BAD);
     fprintf(stderr, "  (expected) %s\n", err);
     CHECK(strstr(err, "holds the finished run run-a") != NULL);
     CHECK_EQ(b.version, 0);
     dp_ckpt_run_t resume = s_run("run-c", 1, 0);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &resume, err), 1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &resume, err), DP_CKPT_RESTORED);
     CHECK_EQ(b.version, 7);
     CHECK_STR(resume.id, "run-a");
     CHECK_CLOSE("resumed params", b.w, a.w, a.n, 0, 0);
@@ -271,7 +271,7 @@ static void test_crc_catches_corruption(void)
         CHECK_EQ(dp_write_file_atomic(s_path, bytes, len, err), 0);
     }
     free(bytes);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), -1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), DP_CKPT_BAD);
     fprintf(stderr, "  (expected) %s\n", err);
     CHECK(strstr(err, "crc32") != NULL);
     CHECK_EQ(b.version, 0);
@@ -319,7 +319,7 @@ static void test_other_shard_refused(void)
         float *w0 = dp_malloc(b.n * sizeof(float));
         memcpy(w0, b.w, b.n * sizeof(float));
         err[0] = 0;
-        CHECK_EQ(dp_shard_checkpoint_restore(&b, cases[k].file, &run, err), -1);
+        CHECK_EQ(dp_shard_checkpoint_restore(&b, cases[k].file, &run, err), DP_CKPT_BAD);
         fprintf(stderr, "  (expected, %s) %s\n", cases[k].what, err);
         CHECK(strstr(err, cases[k].want) != NULL);
         CHECK(strstr(err, cases[k].file) != NULL && strstr(err, "remove the file or fix the flags") != NULL);
@@ -357,7 +357,7 @@ static void test_crash_before_rename_keeps_previous(void)
     int status = 0;
     CHECK_EQ(waitpid(pid, &status, 0), pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 3);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), 1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, s_path, &run, err), DP_CKPT_RESTORED);
     CHECK_EQ(b.version, 5);
     CHECK_CLOSE("previous params", b.w, a.w, a.n, 0, 0);
     dp_shard_fini(&a);

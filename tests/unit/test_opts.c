@@ -5,9 +5,11 @@
  * reaching downpour-ps and downpour-worker as the same uint64; environment
  * variables through the same parsers; every flag of downpour-worker's
  * table landing in its own field. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/opts.h"
 #include "common/util.h"
@@ -130,7 +132,7 @@ static void test_driver_every_kind(void)
     char *av[] = {"prog", "--flag", "--n=3", "--big", "1099511627776", "--x", "0.25", "--f=0.5",
                   "--seed", "18446744073709551557", "--str", "hello", "--buf", "1234567",
                   "--pick", "bb", "--call", "good", "--n", "4"};
-    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), 0);
+    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), DP_OPTS_PARSED);
     CHECK_EQ(c.flag, 7);
     CHECK_EQ(c.n, 4); /* the last one wins */
     CHECK_EQ(c.big, 1L << 40);
@@ -146,7 +148,7 @@ static void test_driver_every_kind(void)
     CHECK(dp_opts_find(&o, "nope") == NULL);
     /* A second parse starts afresh (getopt_long restarted, given cleared). */
     char *av2[] = {"prog", "--x", "1"};
-    CHECK_EQ(dp_opts_parse(&o, 3, av2, s_err), 0);
+    CHECK_EQ(dp_opts_parse(&o, 3, av2, s_err), DP_OPTS_PARSED);
     CHECK(dp_opts_find(&o, "n")->given == NULL);
     CHECK_NEAR(c.x, 1, 0);
 }
@@ -159,6 +161,33 @@ static int s_parse2(const char *a, const char *b)
     s_table(&o, &c);
     char *av[] = {"prog", (char *)a, (char *)b, NULL};
     return dp_opts_parse(&o, b ? 3 : 2, av, s_err);
+}
+
+/* -h and --help print the help and say so, for the driver and for each
+ * daemon's parser above it (which must pass HELP_SHOWN up, not go on to
+ * check the flags); the exit status is 0 then and 2 after a bad line. */
+static void test_driver_help(void)
+{
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO), null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    CHECK_EQ(s_parse2("-h", NULL), DP_OPTS_HELP_SHOWN);
+    CHECK_EQ(s_parse2("--help", NULL), DP_OPTS_HELP_SHOWN);
+    CHECK_EQ(s_parse2("--x", "1"), DP_OPTS_PARSED);
+    static dp_ps_config_t pc;
+    dp_ps_config_default(&pc);
+    char *ps_av[] = {"downpour-ps", "--help"};
+    CHECK_EQ(dp_ps_parse_args(&pc, 2, ps_av, s_err), DP_OPTS_HELP_SHOWN);
+    static dp_worker_args_t wa;
+    dp_worker_args_default(&wa);
+    char *wk_av[] = {"downpour-worker", "--ps", "tcp://h:1", "--help"};
+    CHECK_EQ(dp_worker_parse_args(&wa, 4, wk_av, s_err), DP_OPTS_HELP_SHOWN);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(null);
+    CHECK_EQ(dp_opts_exit_status("prog", DP_OPTS_HELP_SHOWN, ""), 0);
+    CHECK_EQ(dp_opts_exit_status("prog", DP_OPTS_BAD, "a bad line (expected here)"), 2);
 }
 
 static void test_driver_refusals(void)
@@ -263,8 +292,8 @@ static void test_seed_agrees_across_daemons(void)
     dp_worker_args_default(&wa);
     char *ps_av[] = {"downpour-ps", "--seed", "9007199254740993"};
     char *wk_av[] = {"downpour-worker", "--standalone", "--seed", "9007199254740993"};
-    CHECK_EQ(dp_ps_parse_args(&pc, 3, ps_av, s_err), 0);
-    CHECK_EQ(dp_worker_parse_args(&wa, 4, wk_av, s_err), 0);
+    CHECK_EQ(dp_ps_parse_args(&pc, 3, ps_av, s_err), DP_OPTS_PARSED);
+    CHECK_EQ(dp_worker_parse_args(&wa, 4, wk_av, s_err), DP_OPTS_PARSED);
     CHECK(pc.seed == 9007199254740993ULL);
     CHECK(wa.conf.seed == pc.seed);
     char *bad[] = {"downpour-worker", "--standalone", "--batch", "6x4"};
@@ -293,7 +322,7 @@ static void test_worker_flags_land(void)
                   "--curve-server", "P.pub", "--save", "m.st", "--summary", "s.json", "--metrics",
                   "m.jsonl", "--tensorboard", "tb", "--eval-every", "13", "--eval-limit", "14",
                   "--no-progress"};
-    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), 0);
+    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), DP_OPTS_PARSED);
     const dp_train_conf_t *c = &wa.conf;
     CHECK_STR(c->data, "mnist:D");
     CHECK_EQ(c->train_samples, 7);
@@ -335,7 +364,7 @@ static void test_worker_flags_land(void)
     CHECK_EQ(c->eval_limit, 14);
     CHECK_EQ(c->progress, DP_PROGRESS_OFF);
     char *on[] = {"downpour-worker", "--progress"};
-    CHECK_EQ(dp_opts_parse(&o, 2, on, s_err), 0);
+    CHECK_EQ(dp_opts_parse(&o, 2, on, s_err), DP_OPTS_PARSED);
     CHECK_EQ(c->progress, DP_PROGRESS_ON);
 }
 
@@ -397,7 +426,7 @@ static void test_ps_flags_land(void)
                   "--threads", "2", "--checkpoint-every", "9", "--metrics", "m.jsonl",
                   "--record", "r.rec", "--metrics-every", "1.5", "--heartbeat-timeout", "2.5",
                   "--ready-file", "rf", "--curve-secret", "S", "--curve-allow", "K"};
-    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), 0);
+    CHECK_EQ(dp_opts_parse(&o, (int)(sizeof av / sizeof av[0]), av, s_err), DP_OPTS_PARSED);
     CHECK_STR(pc.bind, "tcp://*:7");
     CHECK_STR(cl.flag_job_name, "ps");
     CHECK_EQ(cl.flag_task_index, 2);
@@ -437,6 +466,6 @@ static void test_ps_flags_land(void)
 }
 
 DP_TESTS(T(test_env), T(test_parse_long), T(test_parse_double), T(test_seed_u64), T(test_parse_tuple),
-         T(test_driver_every_kind), T(test_driver_refusals), T(test_help_lists_every_flag),
+         T(test_driver_every_kind), T(test_driver_help), T(test_driver_refusals), T(test_help_lists_every_flag),
          T(test_passed_flags_agree), T(test_seed_agrees_across_daemons), T(test_worker_flags_land),
          T(test_ps_flags_land))

@@ -904,16 +904,16 @@ static void test_parse_args(void)
     CHECK_NEAR(c.optim.lr, 0.01, 1e-9);
     dp_ps_config_default(&c);
     char *a2[] = {"downpour-ps", "--shard", "2/2"};
-    CHECK_EQ(dp_ps_parse_args(&c, 3, a2, err), -1);
+    CHECK_EQ(dp_ps_parse_args(&c, 3, a2, err), DP_OPTS_BAD);
     CHECK(strstr(err, "--shard") != NULL);
     char *a3[] = {"downpour-ps", "--workers", "2", "--replicas-to-aggregate", "3"};
-    CHECK_EQ(dp_ps_parse_args(&c, 5, a3, err), -1);
+    CHECK_EQ(dp_ps_parse_args(&c, 5, a3, err), DP_OPTS_BAD);
     CHECK(strstr(err, "--replicas-to-aggregate") != NULL);
     char *a4[] = {"downpour-ps", "--mode", "fast"};
-    CHECK_EQ(dp_ps_parse_args(&c, 3, a4, err), -1);
+    CHECK_EQ(dp_ps_parse_args(&c, 3, a4, err), DP_OPTS_BAD);
     CHECK(strstr(err, "--mode") != NULL);
     char *a5[] = {"downpour-ps", "--optimizer", "adam", "--input", "3x32x32", "--bogus"};
-    CHECK_EQ(dp_ps_parse_args(&c, 6, a5, err), -1);
+    CHECK_EQ(dp_ps_parse_args(&c, 6, a5, err), DP_OPTS_BAD);
     CHECK(strstr(err, "--bogus") != NULL);
     CHECK_EQ(c.in_c, 3);
 }

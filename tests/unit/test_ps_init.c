@@ -324,15 +324,15 @@ static void test_flags(void)
     dp_ps_config_t c;
     dp_ps_config_default(&c);
     char *a1[] = {"downpour-ps", "--init", "m.safetensors", "--model", "fc:10 softmax", NULL};
-    CHECK_EQ(dp_ps_parse_args(&c, 5, a1, err), -1);
+    CHECK_EQ(dp_ps_parse_args(&c, 5, a1, err), DP_OPTS_BAD);
     CHECK_STR(err, "--init m.safetensors gives the model: drop --model and --input");
     dp_ps_config_default(&c);
     char *a3[] = {"downpour-ps", "--state-tensors", "bn.running_mean", NULL};
-    CHECK_EQ(dp_ps_parse_args(&c, 3, a3, err), -1);
+    CHECK_EQ(dp_ps_parse_args(&c, 3, a3, err), DP_OPTS_BAD);
     CHECK(strstr(err, "give --init too") != NULL);
     dp_ps_config_default(&c);
     char *a4[] = {"downpour-ps", "--init", "m.safetensors", NULL};
-    CHECK_EQ(dp_ps_parse_args(&c, 3, a4, err), 0);
+    CHECK_EQ(dp_ps_parse_args(&c, 3, a4, err), DP_OPTS_PARSED);
     CHECK_STR(c.init_path, "m.safetensors");
     /* the run id follows the file, not the (unused) spec */
     char id1[80], id2[80];

@@ -105,18 +105,18 @@ static void test_checkpoint_worker_steps(void)
     CHECK_EQ(dp_shard_checkpoint_write(&a, path, NULL, err), 0);
     CHECK_EQ(dp_shard_init(&b, &s_small, 0, 1, 1, &o, err), 0);
     dp_shard_track_steps(&b, 3);
-    CHECK_EQ(dp_shard_checkpoint_restore(&b, path, NULL, err), 1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&b, path, NULL, err), DP_CKPT_RESTORED);
     CHECK_EQ(b.version, 9);
     CHECK_EQ(b.worker_step[0], 7);
     CHECK_EQ(b.worker_step[1], 0);
     CHECK_EQ(b.worker_step[2], 12345678901ULL);
     CHECK_EQ(dp_shard_init(&c, &s_small, 0, 1, 1, &o, err), 0);
     dp_shard_track_steps(&c, 2);
-    CHECK_EQ(dp_shard_checkpoint_restore(&c, path, NULL, err), -1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&c, path, NULL, err), DP_CKPT_BAD);
     CHECK(strstr(err, "worker_steps") != NULL);
     CHECK_EQ(c.version, 0); /* unchanged */
     CHECK_EQ(dp_shard_init(&d, &s_small, 0, 1, 1, &o, err), 0);
-    CHECK_EQ(dp_shard_checkpoint_restore(&d, path, NULL, err), 1);
+    CHECK_EQ(dp_shard_checkpoint_restore(&d, path, NULL, err), DP_CKPT_RESTORED);
     CHECK_EQ(d.version, 9);
     dp_shard_fini(&a), dp_shard_fini(&b), dp_shard_fini(&c), dp_shard_fini(&d);
     unlink(path);

@@ -60,7 +60,7 @@ typedef struct {
     dp_progress_mode_t progress;
 } s_flags_t;
 
-static int s_parse(s_flags_t *f, int argc, char **argv, char *err)
+static dp_opts_result_t s_parse(s_flags_t *f, int argc, char **argv, char *err)
 {
     const dp_opts_flag_t t[] = {
         DP_FLAG_STR("grid", "FILE", &f->grid, 0, "the grid file (key = v1, v2, ... lines)"),
@@ -277,8 +277,8 @@ int dp_sweep_main(int argc, char **argv)
 {
     s_flags_t f = {.out = "runs/sweep", .progress = DP_PROGRESS_AUTO};
     char err[DP_ERR_LEN] = "", bin_dir[PATH_MAX], runs[PATH_MAX + 8];
-    int r = s_parse(&f, argc, argv, err);
-    if (r != 0) return dp_opts_exit_status("downpour sweep", r, err);
+    dp_opts_result_t r = s_parse(&f, argc, argv, err);
+    if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour sweep", r, err);
     dp_sweep_grid_t g;
     dp_sweep_grid_init(&g);
     dp_sweep_config_t *cfg = NULL;
