@@ -17,8 +17,9 @@
  * bounded, so a broken server fails a case instead of hanging the program.
  *
  * A raw peer speaks the wire by hand, as a hostile or buggy one would:
- * raw_dealer() opens its socket, raw_hello_init() fills a HELLO, and
- * raw_request() sends one envelope and decodes the reply. */
+ * raw_dealer() opens its socket, raw_hello_init() fills a HELLO,
+ * raw_push_init() a PUSH or a part of one, and raw_request() sends one
+ * envelope and decodes the reply. */
 #ifndef DP_TESTS_PS_HARNESS_H
 #define DP_TESTS_PS_HARNESS_H
 
@@ -213,6 +214,36 @@ static inline void raw_hello_init(Downpour__Envelope *env, Downpour__Hello *h, c
     h->in_c = m->in_c, h->in_h = m->in_h, h->in_w = m->in_w;
     h->n_floats = m->n_floats;
     env->hello = h;
+}
+
+/* A PUSH of one tensor, "params": the envelope and what it points at,
+ * the caller's (not to be copied: env points into it). */
+typedef struct {
+    Downpour__Envelope env;
+    Downpour__Push push;
+    Downpour__TensorDesc desc, *descs[1];
+    int64_t shape[1];
+} raw_push_t;
+
+/* r as request req_id of model m: worker wid's part k of K (K 0: a whole
+ * push) of step st on version v, batch 1, carrying cnt floats g that start
+ * at float lo of the model. */
+static inline void raw_push_init(raw_push_t *r, const dp_model_t *m, int wid, uint64_t req_id,
+                                 uint64_t st, uint64_t v, uint32_t k, uint32_t K, const float *g,
+                                 size_t cnt, size_t lo)
+{
+    dp_wire_env_init(&r->env, DOWNPOUR__MSG_TYPE__PUSH, req_id, wid, m->fingerprint);
+    r->push = (Downpour__Push)DOWNPOUR__PUSH__INIT;
+    r->push.version = v;
+    r->push.step = st;
+    r->push.batch = 1;
+    r->push.part = k;
+    r->push.parts = K;
+    r->env.push = &r->push;
+    dp_wire_desc_fill(&r->desc, r->shape, "params", g, cnt, lo, 0, 0);
+    r->descs[0] = &r->desc;
+    r->env.n_tensors = 1;
+    r->env.tensors = r->descs;
 }
 
 /* Send env alone on sock and wait for the reply (RCVTIMEO bounds it): its

@@ -7,53 +7,27 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/members.h"
-#include "server/policy.h"
-#include "server/shard.h"
 #include "server/shard_dc.h"
+#include "tests/policy_fixture.h"
 #include "tests/test.h"
 
-#define SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
+#define SPEC POLICY_FX_SPEC
 
-typedef struct {
-    dp_model_t model;
-    dp_shard_t shard;
-    dp_members_t members;
-    dp_policy_t *policy;
-    float *g[3];           /* one gradient per worker */
-} fx_t;
+typedef policy_fx_t fx_t;
 
 /* A plain-SGD (lr 0.1) single shard, n workers all joined, policy ops,
  * the delay rule delay_lr (K k) and the compensation dc (lambda). */
 static int fx_init_delay(fx_t *f, const dp_policy_ops_t *ops, int workers, int replicas, int staleness,
                          int delay_lr, float k, dp_dc_kind_t dc, float lambda)
 {
-    char err[DP_ERR_LEN] = "";
-    memset(f, 0, sizeof *f);
     dp_optim_conf_t o;
     dp_optim_conf_default(&o);
     o.kind = DP_OPT_SGD;
     o.lr = 0.1f;
     o.dc = dc;
     o.dc_lambda = lambda;
-    if (dp_model_parse(&f->model, SPEC, 1, 8, 8, err) != 0 ||
-        dp_shard_init(&f->shard, &f->model, 0, 1, 7, &o, err) != 0) {
-        fprintf(stderr, "  %s\n", err);
-        return -1;
-    }
-    dp_members_init(&f->members, workers, 0, 0.0);
-    for (int i = 0; i < workers; i++) dp_members_join(&f->members, i);
-    dp_shard_dc_init(&f->shard, workers);
     dp_policy_conf_t pc = {replicas, staleness, delay_lr, k};
-    if (dp_policy_new(&f->policy, ops, &pc, &f->shard, &f->members, err) != 0) {
-        fprintf(stderr, "  %s\n", err);
-        return -1;
-    }
-    for (int k = 0; k < 3; k++) {
-        f->g[k] = dp_malloc(f->shard.n * sizeof(float));
-        for (size_t i = 0; i < f->shard.n; i++) f->g[k][i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
-    }
-    return 0;
+    return policy_fx_init(f, ops, &o, workers, &pc);
 }
 
 static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replicas, int staleness,
@@ -64,11 +38,8 @@ static int fx_init(fx_t *f, const dp_policy_ops_t *ops, int workers, int replica
 
 static void fx_fini(fx_t *f)
 {
-    dp_policy_destroy(&f->policy);
-    dp_policy_destroy(&f->policy); /* safe twice */
-    dp_members_fini(&f->members);
-    dp_shard_fini(&f->shard);
-    for (int k = 0; k < 3; k++) free(f->g[k]);
+    dp_policy_destroy(&f->policy); /* safe twice: policy_fx_fini destroys it again */
+    policy_fx_fini(f);
 }
 
 /* Worker w pushes its gradient, computed on version v, as one slice. */

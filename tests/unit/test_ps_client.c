@@ -304,6 +304,24 @@ static void s_cluster_end(fake_t *f, int n, dp_ps_client_t **c)
     for (int i = 0; i < n; i++) fake_stop(&f[i]);
 }
 
+/* One fake shard and a client with options o on it; body runs with a
+ * buffer of the small model's floats once both are up. */
+typedef void (*s_one_body_t)(fake_t *f, dp_ps_client_t *c, float *p, char *err);
+
+static void s_with_one_shard(const dp_ps_client_opts_t *o, s_one_body_t body)
+{
+    fake_t f;
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(s_cluster(&f, 1, o, &c, NULL, err), 0);
+    if (c) {
+        float *p = dp_calloc(s_small.n_floats, sizeof *p);
+        body(&f, c, p, err);
+        free(p);
+    }
+    s_cluster_end(&f, 1, &c);
+}
+
 /* ---- cases ------------------------------------------------------------- */
 
 /* Each operation reaches every shard once; waiting for the other workers
@@ -347,30 +365,26 @@ static void test_every_shard_asked(void)
 
 /* A shard that defers a pull but answers heartbeats is waited for past the
  * timeout, up to 20 timeouts; then the client asks again on a fresh socket. */
+static void test_deferred_then_gives_up_body(fake_t *f, dp_ps_client_t *c, float *p, char *err)
+{
+    atomic_store(&f->pull_mode, F_DEFER);
+    double t0 = dp_now();
+    CHECK_EQ(dp_ps_client_pull(c, p, err), -1);
+    double dt = dp_now() - t0;
+    CHECK(dt >= 10.0 && dt < 20.0);
+    CHECK(strstr(err, "request still deferred after 10 s") != NULL);
+    CHECK_EQ(dp_ps_client_error(c), DP_PS_ERR_DEFERRED);
+    CHECK(strstr(err, f->endpoint) != NULL);
+    CHECK(seen(f, DOWNPOUR__MSG_TYPE__HEARTBEAT) >= 20);
+    fprintf(stderr, "  (expected) %s\n", err);
+    atomic_store(&f->pull_mode, F_ANSWER);
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    CHECK(s_params_ok(p, s_small.n_floats, 0.0f));
+}
+
 static void test_deferred_then_gives_up(void)
 {
-    fake_t f;
-    char err[DP_ERR_LEN] = "";
-    dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(&f, 1, TMO(0.5), &c, NULL, err), 0);
-    if (c) {
-        float *p = dp_calloc(s_small.n_floats, sizeof *p);
-        atomic_store(&f.pull_mode, F_DEFER);
-        double t0 = dp_now();
-        CHECK_EQ(dp_ps_client_pull(c, p, err), -1);
-        double dt = dp_now() - t0;
-        CHECK(dt >= 10.0 && dt < 20.0);
-        CHECK(strstr(err, "request still deferred after 10 s") != NULL);
-        CHECK_EQ(dp_ps_client_error(c), DP_PS_ERR_DEFERRED);
-        CHECK(strstr(err, f.endpoint) != NULL);
-        CHECK(seen(&f, DOWNPOUR__MSG_TYPE__HEARTBEAT) >= 20);
-        fprintf(stderr, "  (expected) %s\n", err);
-        atomic_store(&f.pull_mode, F_ANSWER);
-        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK(s_params_ok(p, s_small.n_floats, 0.0f));
-        free(p);
-    }
-    s_cluster_end(&f, 1, &c);
+    s_with_one_shard(TMO(0.5), test_deferred_then_gives_up_body);
 }
 
 /* One silent shard of two fails pull and push with its endpoint named; once
@@ -407,20 +421,16 @@ static void test_silent_shard(void)
 
 /* A reply carrying another request id (a late answer to an abandoned
  * request) only proves the shard alive; the pull takes the real one. */
+static void test_late_reply_ignored_body(fake_t *f, dp_ps_client_t *c, float *p, char *err)
+{
+    atomic_store(&f->pull_mode, F_LATE_FIRST);
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    CHECK(s_params_ok(p, s_small.n_floats, 0.0f));
+}
+
 static void test_late_reply_ignored(void)
 {
-    fake_t f;
-    char err[DP_ERR_LEN] = "";
-    dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(&f, 1, TMO(5.0), &c, NULL, err), 0);
-    if (c) {
-        float *p = dp_calloc(s_small.n_floats, sizeof *p);
-        atomic_store(&f.pull_mode, F_LATE_FIRST);
-        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        CHECK(s_params_ok(p, s_small.n_floats, 0.0f));
-        free(p);
-    }
-    s_cluster_end(&f, 1, &c);
+    s_with_one_shard(TMO(5.0), test_late_reply_ignored_body);
 }
 
 typedef struct {
@@ -505,26 +515,44 @@ static int s_parts_cluster(dp_model_t *m, fake_t *f, dp_ps_client_t **c, char *e
  * before it, lost with a dropped connection): the reply says "again", so
  * the client says HELLO at once, which discards them there, and pushes
  * again; the second ACK is the push's. */
+static void test_push_again_when_parts_lost_body(fake_t *f, dp_ps_client_t *c, float *p, char *err)
+{
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    atomic_store(&f->lacking, 1);
+    dp_push_result_t r;
+    double t0 = dp_now();
+    CHECK_EQ(dp_ps_client_push(c, PUSH(p), &r, err), 0);
+    CHECK(dp_now() - t0 < 2.0); /* at once, not after the 5 s timeout's repeat */
+    CHECK_EQ(r.applied, 1);
+    CHECK_EQ(seen(f, DOWNPOUR__MSG_TYPE__HELLO), 2);
+    CHECK_EQ(seen(f, DOWNPOUR__MSG_TYPE__PUSH), 2);
+}
+
 static void test_push_again_when_parts_lost(void)
 {
-    fake_t f;
-    char err[DP_ERR_LEN] = "";
-    dp_ps_client_t *c = NULL;
-    CHECK_EQ(s_cluster(&f, 1, TMO(5.0), &c, NULL, err), 0);
-    if (c) {
-        float *p = dp_calloc(s_small.n_floats, sizeof *p);
-        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        atomic_store(&f.lacking, 1);
-        dp_push_result_t r;
-        double t0 = dp_now();
-        CHECK_EQ(dp_ps_client_push(c, PUSH(p), &r, err), 0);
-        CHECK(dp_now() - t0 < 2.0); /* at once, not after the 5 s timeout's repeat */
-        CHECK_EQ(r.applied, 1);
-        CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__HELLO), 2);
-        CHECK_EQ(seen(&f, DOWNPOUR__MSG_TYPE__PUSH), 2);
-        free(p);
-    }
-    s_cluster_end(&f, 1, &c);
+    s_with_one_shard(TMO(5.0), test_push_again_when_parts_lost_body);
+}
+
+/* A push whose slice is final before push_end leaves then, once: push_end
+ * awaits that request's ACK and sends nothing again (the shard sees one
+ * PUSH; the fake takes no parts, so the push is one part, sent early). */
+static void test_push_part_sent_once_body(fake_t *f, dp_ps_client_t *c, float *p, char *err)
+{
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    dp_ps_push_t pp = {.grads = p, .loss = 1.0f, .batch = 8, .step = 1};
+    CHECK_EQ(dp_ps_client_push_begin(c, &pp, err), 0);
+    dp_ps_client_push_part(c, 0, s_small.n_floats);
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_push_end(c, &r, err), 0);
+    CHECK_EQ(r.applied, 1);
+    CHECK_EQ(r.parts, 1);
+    CHECK_EQ(r.parts_early, 1);
+    CHECK_EQ(seen(f, DOWNPOUR__MSG_TYPE__PUSH), 1);
+}
+
+static void test_push_part_sent_once(void)
+{
+    s_with_one_shard(TMO(5.0), test_push_part_sent_once_body);
 }
 
 /* pull_until returns once the first layer's part is in, while the shard
@@ -630,4 +658,4 @@ static void test_pull_parts_torn(void)
 DP_TESTS(T(test_every_shard_asked), T(test_deferred_then_gives_up), T(test_silent_shard),
          T(test_late_reply_ignored), T(test_stop_flag), T(test_bad_endpoints),
          T(test_pull_in_parts), T(test_pull_parts_lies), T(test_pull_parts_torn),
-         T(test_push_again_when_parts_lost))
+         T(test_push_again_when_parts_lost), T(test_push_part_sent_once))

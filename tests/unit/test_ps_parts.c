@@ -51,24 +51,12 @@ static s_reply_t s_part(void *sock, uint64_t st, uint64_t v, uint32_t k, uint32_
 {
     static uint64_t req = 100;
     s_reply_t r = {-1, 0, 0, ""};
-    Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, ++req, 1, s_m.fingerprint);
-    Downpour__Push p = DOWNPOUR__PUSH__INIT;
-    p.version = v;
-    p.step = st;
-    p.batch = 1;
-    p.part = k;
-    p.parts = K;
-    env.push = &p;
-    env.shm = shm;
-    Downpour__TensorDesc d, *dv[1] = {&d};
-    int64_t shape[1];
-    dp_wire_desc_fill(&d, shape, "params", g + off, cnt, off, 0, 0);
-    env.n_tensors = 1;
-    env.tensors = dv;
+    raw_push_t rp;
+    raw_push_init(&rp, &s_m, 1, ++req, st, v, k, K, g + off, cnt, off);
+    rp.env.shm = shm;
     dp_wire_payload_t pl = {g + off, cnt * sizeof(float), NULL, NULL};
     char err[DP_ERR_LEN];
-    if (dp_wire_send(sock, NULL, &env, shm ? NULL : &pl, shm ? 0 : 1, err) != 0) return r;
+    if (dp_wire_send(sock, NULL, &rp.env, shm ? NULL : &pl, shm ? 0 : 1, err) != 0) return r;
     return raw_reply(sock);
 }
 

@@ -11,53 +11,33 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/members.h"
-#include "server/policy.h"
-#include "server/shard.h"
 #include "server/shard_early.h"
 #include "server/shard_parts.h"
+#include "tests/policy_fixture.h"
+#include "tests/ps_harness.h"
 #include "tests/test.h"
 
-#define SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
-
 typedef struct {
-    dp_model_t model;
-    dp_shard_t shard;
-    dp_members_t members;
-    dp_policy_t *policy;
+    policy_fx_t p; /* the shard, its 2 workers and the policy */
     dp_shard_parts_t parts;
     dp_shard_early_t early;
-    float *g[2];           /* one gradient per worker */
 } fx_t;
 
 /* An Adam shard (lr 0.01) of 2 joined workers under ops with R = 2;
  * early steps as enabled says (the policy committing them). */
 static int fx_init(fx_t *f, const dp_policy_ops_t *ops, bool enabled)
 {
-    char err[DP_ERR_LEN] = "";
     memset(f, 0, sizeof *f);
     dp_optim_conf_t o;
     dp_optim_conf_default(&o);
     o.kind = DP_OPT_ADAM;
     o.lr = 0.01f;
     dp_policy_conf_t pc = {2, 0, 0, 0};
-    if (dp_model_parse(&f->model, SPEC, 1, 8, 8, err) != 0 ||
-        dp_shard_init(&f->shard, &f->model, 0, 1, 7, &o, err) != 0)
-        goto fail;
-    dp_members_init(&f->members, 2, 0, 0.0);
-    for (int i = 0; i < 2; i++) dp_members_join(&f->members, i);
-    if (dp_policy_new(&f->policy, ops, &pc, &f->shard, &f->members, err) != 0) goto fail;
-    dp_shard_parts_init(&f->parts, f->shard.lo, f->shard.hi, 2);
-    dp_shard_early_init(&f->early, &f->shard, &f->parts, f->policy, enabled);
-    dp_policy_early_steps(f->policy, &f->early);
-    for (int k = 0; k < 2; k++) {
-        f->g[k] = dp_malloc(f->shard.n * sizeof(float));
-        for (size_t i = 0; i < f->shard.n; i++) f->g[k][i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
-    }
+    if (policy_fx_init(&f->p, ops, &o, 2, &pc) != 0) return -1;
+    dp_shard_parts_init(&f->parts, f->p.shard.lo, f->p.shard.hi, 2);
+    dp_shard_early_init(&f->early, &f->p.shard, &f->parts, f->p.policy, enabled);
+    dp_policy_early_steps(f->p.policy, &f->early);
     return 0;
-fail:
-    fprintf(stderr, "  %s\n", err);
-    return -1;
 }
 
 static void fx_fini(fx_t *f)
@@ -65,10 +45,7 @@ static void fx_fini(fx_t *f)
     dp_shard_early_fini(&f->early);
     dp_shard_early_fini(&f->early); /* safe twice */
     dp_shard_parts_fini(&f->parts);
-    dp_policy_destroy(&f->policy);
-    dp_members_fini(&f->members);
-    dp_shard_fini(&f->shard);
-    for (int k = 0; k < 2; k++) free(f->g[k]);
+    policy_fx_fini(&f->p);
 }
 
 /* Worker wid's part k of K of step st on version v: floats [off, off +
@@ -77,24 +54,12 @@ static void fx_fini(fx_t *f)
 static dp_parts_result_t fx_add(fx_t *f, int wid, uint64_t st, uint64_t v, uint32_t k, uint32_t K,
                                 size_t off, size_t cnt, dp_grad_slice_t *out)
 {
-    Downpour__Envelope env;
-    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__PUSH, 1, wid, f->model.fingerprint);
-    Downpour__Push p = DOWNPOUR__PUSH__INIT;
-    p.version = v;
-    p.step = st;
-    p.batch = 1;
-    p.part = k;
-    p.parts = K;
-    env.push = &p;
-    Downpour__TensorDesc d, *dv[1] = {&d};
-    int64_t shape[1];
-    const float *g = f->g[wid] + off;
-    dp_wire_desc_fill(&d, shape, "params", g, cnt, f->shard.lo + off, 0, 0);
-    env.n_tensors = 1;
-    env.tensors = dv;
+    const float *g = f->p.g[wid] + off;
+    raw_push_t rp;
+    raw_push_init(&rp, &f->p.model, wid, 1, st, v, k, K, g, cnt, f->p.shard.lo + off);
     dp_wire_frame_t fr = {g, cnt * sizeof(float)};
     char why[DP_ERR_LEN];
-    return dp_shard_parts_add(&f->parts, wid, &env, &fr, 1, NULL, out, why);
+    return dp_shard_parts_add(&f->parts, wid, &rp.env, &fr, 1, NULL, out, why);
 }
 
 /* The part's event after the assembly took it. */
@@ -110,7 +75,7 @@ static dp_push_status_t fx_push(fx_t *f, int wid, uint64_t st, uint64_t v, const
                                 bool early)
 {
     dp_push_outcome_t o;
-    dp_policy_push(f->policy, wid, v, g, 1, early, &o);
+    dp_policy_push(f->p.policy, wid, v, g, 1, early, &o);
     dp_shard_early_pushed(&f->early, wid, st);
     return o.status;
 }
@@ -118,16 +83,16 @@ static dp_push_status_t fx_push(fx_t *f, int wid, uint64_t st, uint64_t v, const
 /* Worker wid's gradient whole. */
 static dp_grad_slice_t fx_whole(const fx_t *f, int wid)
 {
-    return (dp_grad_slice_t){f->g[wid], f->shard.n * sizeof(float), f->shard.lo};
+    return (dp_grad_slice_t){f->p.g[wid], f->p.shard.n * sizeof(float), f->p.shard.lo};
 }
 
 /* Weights, Adam's state and version the same bits in a and b. */
 static int fx_same(const fx_t *a, const fx_t *b)
 {
-    size_t n = a->shard.n, ns = n * (size_t)a->shard.state_per;
-    return a->shard.version == b->shard.version &&
-           memcmp(a->shard.w, b->shard.w, n * sizeof(float)) == 0 &&
-           memcmp(a->shard.state, b->shard.state, ns * sizeof(float)) == 0;
+    size_t n = a->p.shard.n, ns = n * (size_t)a->p.shard.state_per;
+    return a->p.shard.version == b->p.shard.version &&
+           memcmp(a->p.shard.w, b->p.shard.w, n * sizeof(float)) == 0 &&
+           memcmp(a->p.shard.state, b->p.shard.state, ns * sizeof(float)) == 0;
 }
 
 /* Async: worker 1's push in two parts is begun at its first part, its
@@ -141,24 +106,24 @@ static void test_async_commit(void)
         CHECK(0);
         return;
     }
-    size_t n = f.shard.n, h = n / 2;
+    size_t n = f.p.shard.n, h = n / 2;
     for (uint64_t st = 1; st <= 2; st++) {
         dp_grad_slice_t g;
         CHECK_EQ(fx_part(&f, 1, st, st - 1, 1, 2, h, n - h, &g), DP_EARLY_BEGUN);
         CHECK(dp_shard_early_of(&f.early, 1, st));
         CHECK(!dp_shard_early_of(&f.early, 0, st) && !dp_shard_early_of(&f.early, 1, st + 1));
         CHECK_EQ(fx_part(&f, 1, st, st - 1, 0, 2, 0, h, &g), DP_EARLY_STEPPED);
-        CHECK_EQ(f.shard.version, st - 1); /* nothing of it is live before the commit */
+        CHECK_EQ(f.p.shard.version, st - 1); /* nothing of it is live before the commit */
         dp_push_outcome_t o;
-        dp_policy_push(f.policy, 1, st - 1, &g, 1, dp_shard_early_of(&f.early, 1, st), &o);
+        dp_policy_push(f.p.policy, 1, st - 1, &g, 1, dp_shard_early_of(&f.early, 1, st), &o);
         CHECK_EQ(o.status, DP_PUSH_APPLIED);
         CHECK_EQ(dp_shard_early_pushed(&f.early, 1, st), DP_EARLY_NONE); /* committed */
         dp_grad_slice_t w = fx_whole(&r, 1);
         CHECK_EQ(fx_push(&r, 1, st, st - 1, &w, false), DP_PUSH_APPLIED);
         CHECK(fx_same(&f, &r));
     }
-    CHECK_EQ(f.shard.counts.steps_early, 2);
-    CHECK_EQ(f.shard.counts.early_dropped, 0);
+    CHECK_EQ(f.p.shard.counts.steps_early, 2);
+    CHECK_EQ(f.p.shard.counts.early_dropped, 0);
     fx_fini(&f);
     fx_fini(&r);
 }
@@ -176,28 +141,28 @@ static void test_commit_only_its_step(void)
         CHECK(0);
         return;
     }
-    size_t n = f.shard.n;
+    size_t n = f.p.shard.n;
     dp_grad_slice_t g, g0 = fx_whole(&f, 0), r0 = fx_whole(&r, 0);
     CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, n, &g), DP_EARLY_BEGUN);
     CHECK_EQ(fx_push(&f, 0, 1, 0, &g0, false), DP_PUSH_APPLIED);
-    CHECK_EQ(f.shard.counts.steps_early, 0);
-    CHECK_EQ(f.shard.counts.early_dropped, 1);
+    CHECK_EQ(f.p.shard.counts.steps_early, 0);
+    CHECK_EQ(f.p.shard.counts.early_dropped, 1);
     CHECK(dp_shard_early_of(&f.early, 1, 1)); /* again, from version 1 */
     CHECK_EQ(f.early.version, 1);
     CHECK_EQ(fx_push(&r, 0, 1, 0, &r0, false), DP_PUSH_APPLIED);
     CHECK(fx_same(&f, &r));
-    float lr = dp_shard_lr(&f.shard);
+    float lr = dp_shard_lr(&f.p.shard);
     CHECK_EQ(dp_shard_early_commit(&f.early, lr * 0.5f, 0), DP_EARLY_NONE);
     CHECK_EQ(dp_shard_early_commit(&f.early, lr, 2), DP_EARLY_NONE);
     CHECK_EQ(dp_shard_early_commit(NULL, lr, 0), DP_EARLY_NONE);
-    dp_shard_step(&f.shard, &g0, 1, lr); /* not through the policy: nothing overtaken */
-    CHECK_EQ(dp_shard_early_commit(&f.early, dp_shard_lr(&f.shard), 0), DP_EARLY_NONE);
+    dp_shard_step(&f.p.shard, &g0, 1, lr); /* not through the policy: nothing overtaken */
+    CHECK_EQ(dp_shard_early_commit(&f.early, dp_shard_lr(&f.p.shard), 0), DP_EARLY_NONE);
     CHECK(dp_shard_early_of(&f.early, 1, 1)); /* refused, not dropped */
     CHECK_EQ(dp_shard_early_overtaken(&f.early), DP_EARLY_DROPPED);
     CHECK_EQ(dp_shard_early_overtaken(&f.early), DP_EARLY_NONE);
     CHECK_EQ(dp_shard_early_overtaken(NULL), DP_EARLY_NONE);
-    CHECK_EQ(f.shard.counts.steps_early, 0);
-    dp_shard_step(&r.shard, &r0, 1, lr);
+    CHECK_EQ(f.p.shard.counts.steps_early, 0);
+    dp_shard_step(&r.p.shard, &r0, 1, lr);
     CHECK(fx_same(&f, &r));
     fx_fini(&f);
     fx_fini(&r);
@@ -215,17 +180,17 @@ static void test_sync_commit(void)
             CHECK(0);
             return;
         }
-        size_t n = f.shard.n, h = n / 2;
+        size_t n = f.p.shard.n, h = n / 2;
         dp_grad_slice_t g, g0 = fx_whole(&f, 0), r0 = fx_whole(&r, 0), r1 = fx_whole(&r, 1);
         CHECK_EQ(fx_push(&f, 0, 1, 0, &g0, false), DP_PUSH_APPLIED);
         CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
         CHECK_EQ(fx_part(&f, 1, 1, 0, 1, 2, h, n - h, &g), DP_EARLY_STEPPED);
-        CHECK_EQ(f.shard.acc_count, 1); /* acc untouched so far */
+        CHECK_EQ(f.p.shard.acc_count, 1); /* acc untouched so far */
         CHECK_EQ(fx_push(&f, 1, 1, 0, &g, told && dp_shard_early_of(&f.early, 1, 1)),
                  DP_PUSH_APPLIED);
-        CHECK_EQ(f.shard.acc_count, 0);
-        CHECK_EQ(f.shard.counts.steps_early, (uint64_t)told);
-        CHECK_EQ(f.shard.counts.early_dropped, (uint64_t)!told);
+        CHECK_EQ(f.p.shard.acc_count, 0);
+        CHECK_EQ(f.p.shard.counts.steps_early, (uint64_t)told);
+        CHECK_EQ(f.p.shard.counts.early_dropped, (uint64_t)!told);
         CHECK_EQ(fx_push(&r, 0, 1, 0, &r0, false), DP_PUSH_APPLIED);
         CHECK_EQ(fx_push(&r, 1, 1, 0, &r1, false), DP_PUSH_APPLIED);
         CHECK(fx_same(&f, &r));
@@ -245,13 +210,13 @@ static void test_drops(void)
         CHECK(0);
         return;
     }
-    size_t n = f.shard.n, h = n / 2;
+    size_t n = f.p.shard.n, h = n / 2;
     dp_grad_slice_t g;
     CHECK_EQ(fx_part(&f, 1, 1, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
-    f.g[1][h + 1] = NAN;
+    f.p.g[1][h + 1] = NAN;
     CHECK_EQ(fx_part(&f, 1, 1, 0, 1, 2, h, n - h, &g), DP_EARLY_DROPPED);
     CHECK(!dp_shard_early_of(&f.early, 1, 1));
-    f.g[1][h + 1] = 1.0f;
+    f.p.g[1][h + 1] = 1.0f;
     CHECK_EQ(fx_part(&f, 1, 2, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
     CHECK_EQ(fx_part(&f, 1, 3, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN); /* step 2's dropped first */
     CHECK(!dp_shard_early_of(&f.early, 1, 2) && dp_shard_early_of(&f.early, 1, 3));
@@ -263,7 +228,7 @@ static void test_drops(void)
     CHECK_EQ(dp_shard_early_hello(&f.early, 0), DP_EARLY_NONE);
     CHECK_EQ(dp_shard_early_hello(&f.early, 1), DP_EARLY_DROPPED);
     CHECK_EQ(dp_shard_early_hello(&f.early, 1), DP_EARLY_NONE);
-    CHECK_EQ(f.shard.counts.early_dropped, 4);
+    CHECK_EQ(f.p.shard.counts.early_dropped, 4);
     /* async: worker 0 streams (assembling) while worker 1's part comes */
     dp_shard_parts_drop(&f.parts, 1);
     CHECK_EQ(fx_part(&f, 0, 1, 0, 0, 2, 0, h, &g), DP_EARLY_BEGUN);
