@@ -395,14 +395,12 @@ int dp_model_is_table(const dp_model_t *m)
 
 /* A preset's grammar text (malloc'd), or NULL when name is no preset: resnetN,
  * N = 6n + 2 (He et al.'s CIFAR ResNets). */
-static char *s_preset(const char *name, char *err, int *bad)
+static char *s_preset(const char *name, char *err)
 {
-    *bad = 0;
     if (strncmp(name, "resnet", 6) != 0) return NULL;
     const char *p = name + 6;
     int depth = 0;
     if (s_int(&p, 8, 1202, &depth) != 0 || *p || (depth - 2) % 6 != 0) {
-        *bad = 1;
         dp_err(err, "model spec: unknown preset '%s' (resnetN with N = 6n + 2: resnet20, "
                "resnet32, resnet44, resnet56, resnet110)", name);
         return NULL;
@@ -617,6 +615,33 @@ static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
     return 0;
 }
 
+/* The layers of text (the grammar: no preset) into m, whose input shape is
+ * set; with canon, its canonical text (single spaces) into canon, of
+ * DP_MODEL_SPEC_LEN bytes. A preset's text passes no canon: its canonical
+ * spec is its name, however long the text it stands for. */
+static int s_parse_grammar(dp_model_t *m, const char *text, char *canon, char *err)
+{
+    char *buf = NULL;
+    int ntok = 0;
+    char **tok = s_tokens(text, &buf, &ntok);
+    int rc = s_parse_tokens(m, tok, ntok, err);
+    size_t len = 0;
+    for (int i = 0; canon && rc == 0 && i < ntok; i++) {
+        len += (size_t)snprintf(canon + len, DP_MODEL_SPEC_LEN - len, "%s%s", i ? " " : "", tok[i]);
+        if (len >= DP_MODEL_SPEC_LEN)
+            rc = dp_err(err, "model spec: too long (over %d bytes written out; a preset's name "
+                        "stands for its whole text)", DP_MODEL_SPEC_LEN - 1);
+    }
+    free(tok);
+    free(buf);
+    if (rc != 0) return -1;
+    if (m->n_layers == 0) return dp_err(err, "model spec: empty");
+    if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
+        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax'");
+    if (m->classes < 2) return dp_err(err, "model spec: the last fc layer needs at least 2 outputs");
+    return 0;
+}
+
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err)
 {
     memset(m, 0, sizeof *m);
@@ -632,33 +657,15 @@ int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w
         char tail[2];
         if (sscanf(spec, " %*s %1s", tail) == 1)
             return dp_err(err, "model spec: the preset '%s' stands alone", one);
-        int bad = 0;
-        char *text = s_preset(one, err, &bad);
+        char *text = s_preset(one, err);
         if (!text) return -1;
-        int rc = dp_model_parse(m, text, in_c, in_h, in_w, err);
+        int rc = s_parse_grammar(m, text, NULL, err);
         free(text);
         if (rc != 0) return -1;
         snprintf(m->spec, sizeof m->spec, "%s", one);
-        m->fingerprint = s_fingerprint(m);
-        return 0;
+    } else if (s_parse_grammar(m, spec, m->spec, err) != 0) {
+        return -1;
     }
-    char *buf = NULL;
-    int ntok = 0;
-    char **tok = s_tokens(spec, &buf, &ntok);
-    int rc = s_parse_tokens(m, tok, ntok, err);
-    size_t spec_len = 0;
-    for (int i = 0; rc == 0 && i < ntok; i++) {
-        spec_len += (size_t)snprintf(m->spec + spec_len, sizeof m->spec - spec_len, "%s%s",
-                                     i ? " " : "", tok[i]);
-        if (spec_len >= sizeof m->spec) rc = dp_err(err, "model spec: too long");
-    }
-    free(tok);
-    free(buf);
-    if (rc != 0) return -1;
-    if (m->n_layers == 0) return dp_err(err, "model spec: empty");
-    if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
-        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax'");
-    if (m->classes < 2) return dp_err(err, "model spec: the last fc layer needs at least 2 outputs");
     m->fingerprint = s_fingerprint(m);
     return 0;
 }

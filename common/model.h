@@ -61,6 +61,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The longest canonical spec text, its NUL included (a preset counts as its
+ * name). */
+#define DP_MODEL_SPEC_LEN 512
 /* Layers of a spec: a block is about 8 (ResNet-110 has 438). */
 #define DP_MAX_LAYERS 1024
 /* Tensors of a model: a spec's weights and biases, or a tensor table's
@@ -147,8 +150,8 @@ typedef struct {
 } dp_param_t;
 
 typedef struct {
-    char spec[512];        /* canonical spec text (single spaces); DP_MODEL_TABLE_SPEC for a
-                            * tensor table */
+    char spec[DP_MODEL_SPEC_LEN]; /* canonical spec text (single spaces), a preset's name for
+                            * a preset; DP_MODEL_TABLE_SPEC for a tensor table */
     int in_c, in_h, in_w;  /* input image shape */
     int classes;           /* outputs of the last fc layer */
     int n_layers;

@@ -58,7 +58,7 @@ typedef struct {
     int staleness;              /* S for ssp */
     int delay_lr;               /* --delay-lr, dp_delay_lr_t (server/policy.h); 1 = --lr-staleness */
     float delay_k;              /* --delay-lr threshold:K */
-    char model_spec[512];
+    char model_spec[DP_MODEL_SPEC_LEN];
     int in_c, in_h, in_w;
     char init_path[DP_PS_PATH_LEN];      /* --init FILE: the tensor table and its initial
                                           * values from a safetensors file ("": the spec's) */

@@ -23,6 +23,11 @@
 #    with --augment --normalize train, sync with 2 workers == standalone
 #    with ghost batches; the file records 3 means and 3 stds; downpour eval
 #    of it gives the chief's figures (it normalises the test set as trained)
+#  - every preset README names (resnet32, resnet44, resnet56, resnet110
+#    beside resnet20 above) trains a step standalone and in a sync cluster
+#    of 2 workers with the same bits, and its saved file reloads in
+#    downpour eval with the chief's figures (the canonical spec is the
+#    preset's name, however long its text)
 # dp-test: unsanitized
 # (Under SANITIZE=1 its training would add minutes to CI for no new code:
 # the layers run under ASan in test_kernels, test_net and test_torch_parity,
@@ -162,4 +167,33 @@ print("same" if same else f"{a} vs {s['test_accuracy']} {s['test_loss']}")
 PY
 )
 check "... with the chief's accuracy and loss: the test set normalised as trained ($ev)" test "$ev" = same
+
+# Every preset, everywhere a model goes: a step standalone (ghost batches
+# of the cluster's), the same step in a sync cluster, and the file read
+# back by downpour eval.
+for n in 32 44 56 110; do
+    pre=(--data "cifar10:$TMP/cifar" --model resnet$n --seed 3 --optimizer momentum --lr 0.05 --no-progress
+         --threads 1)
+    "$BIN/downpour-worker" --standalone --steps 1 --batch 4 --bn-ghost-batch 2 "${pre[@]}" \
+        --save "$TMP/r$n-sa.safetensors" --summary "$TMP/r$n-sa.json" >"$TMP/r$n-sa.log" 2>&1
+    check "resnet$n: a step standalone at batch 4 (ghost 2)" test $? = 0
+    "$L" local --workers 2 --mode sync --batch 2 --steps 1 "${pre[@]}" --out "$TMP/r$n-sync" \
+        >"$TMP/r$n-sync.log" 2>&1
+    check "resnet$n: a step in a sync cluster of 2 workers at batch 2" test $? = 0
+    check "... == standalone(4, ghost 2)" \
+        compare "$TMP/r$n-sync/model.safetensors" "$TMP/r$n-sa.safetensors" --rtol 2e-3 --atol 1e-4
+    "$L" eval --checkpoint "$TMP/r$n-sa.safetensors" --data "cifar10:$TMP/cifar" >"$TMP/r$n-eval.json" \
+        2>"$TMP/r$n-eval.err"
+    ev=$("$TORCH_PY" - "$TMP/r$n-eval.json" "$TMP/r$n-sa.json" "$TMP/r$n-sa.safetensors" resnet$n <<'PY' 2>&1
+import json, struct, sys
+a, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+b = open(sys.argv[3], "rb").read()
+spec = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"].get("spec")
+same = a["test_accuracy"] == round(s["test_accuracy"], 4) and abs(a["test_loss"] - s["test_loss"]) < 1e-3
+print("same" if same and spec == sys.argv[4] else f"{a} vs {s['test_accuracy']} {s['test_loss']}, spec {spec}")
+PY
+)
+    check "resnet$n: its file (spec resnet$n by name) reloads in downpour eval with the chief's figures ($ev)" \
+        test "$ev" = same
+done
 finish

@@ -59,7 +59,8 @@ static void test_error_messages(void)
     } cases[] = {
         {"fc:10 softmax", 0, "model spec: bad input shape 0x28x28"},
         {huge, 1, "model spec: too long"},
-        {long_fc, 1, "model spec: too long"},
+        {long_fc, 1, "model spec: too long (over 511 bytes written out; a preset's name stands for "
+                     "its whole text)"},
         {many, 1, "model spec: more than 1024 layers"},
         {"fc:10 softmax relu", 1, "model spec: 'relu' after softmax (softmax must be last)"},
         {"conv5x4:8 fc:10 softmax", 1,
@@ -255,6 +256,54 @@ static void test_table(void)
     CHECK_EQ(dp_model_from_table(&m2, t, 0, err), -1);
 }
 
+/* Every preset README names parses on CIFAR's input with its name as its
+ * canonical spec (the text it stands for is several times
+ * DP_MODEL_SPEC_LEN: resnet32 was refused as "too long" when the text's
+ * canonical form was written out): 6n + 2 layers with weights (the 1x1
+ * projections of the downsampling blocks aside), the three stages, more
+ * floats with every depth, a fingerprint of its own. A name outside the
+ * family, or a preset with anything after it, is one clear error. */
+static void test_presets(void)
+{
+    static const int depth[] = {20, 32, 44, 56, 110};
+    uint64_t fp[5];
+    size_t last = 0;
+    for (int k = 0; k < 5; k++) {
+        static dp_model_t m;
+        char err[DP_ERR_LEN] = "", name[16];
+        snprintf(name, sizeof name, "resnet%d", depth[k]);
+        CHECK_EQ(dp_model_parse(&m, name, 3, 32, 32, err), 0);
+        CHECK_STR(m.spec, name);
+        int conv3 = 0, adds = 0, fc = 0;
+        for (int i = 0; i < m.n_layers; i++) {
+            const dp_layer_t *l = &m.layers[i];
+            conv3 += l->kind == DP_LAYER_CONV && l->k == 3;
+            adds += l->kind == DP_LAYER_ADD;
+            fc += l->kind == DP_LAYER_FC;
+        }
+        CHECK_EQ(conv3 + fc, depth[k]);
+        CHECK_EQ(adds, (depth[k] - 2) / 2); /* 3 stages of (N - 2) / 6 blocks */
+        CHECK_EQ(m.classes, 10);
+        CHECK(m.n_floats > last);
+        last = m.n_floats;
+        fp[k] = m.fingerprint;
+        for (int j = 0; j < k; j++) CHECK(fp[j] != fp[k]);
+    }
+    static const struct {
+        const char *spec, *err;
+    } bad[] = {
+        {"resnet21", "model spec: unknown preset 'resnet21' (resnetN with N = 6n + 2: resnet20, "
+                     "resnet32, resnet44, resnet56, resnet110)"},
+        {"resnet56 relu", "model spec: the preset 'resnet56' stands alone"},
+    };
+    for (int i = 0; i < 2; i++) {
+        static dp_model_t m;
+        char err[DP_ERR_LEN] = "";
+        CHECK_EQ(dp_model_parse(&m, bad[i].spec, 3, 32, 32, err), -1);
+        CHECK_STR(err, bad[i].err);
+    }
+}
+
 /* A spec of nothing but parentheses: each becomes " ( " when tokenised,
  * three bytes of one (the fuzzer found the buffer sized for two). */
 static void test_parentheses_only(void)
@@ -267,6 +316,6 @@ static void test_parentheses_only(void)
     CHECK(err[0] != 0);
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_table), T(test_parentheses_only), T(test_bad_specs), T(test_error_messages),
+DP_TESTS(T(test_default_spec_shapes), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages),
          T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint), T(test_sizes_are_bounded))
