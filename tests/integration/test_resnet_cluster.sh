@@ -25,9 +25,10 @@
 #    of it gives the chief's figures (it normalises the test set as trained)
 #  - every preset README names (resnet32, resnet44, resnet56, resnet110
 #    beside resnet20 above) trains a step standalone and in a sync cluster
-#    of 2 workers with the same bits, and its saved file reloads in
-#    downpour eval with the chief's figures (the canonical spec is the
-#    preset's name, however long its text)
+#    of 2 workers with the same weights, and its saved file reloads in
+#    downpour eval with the chief's figures and in PyTorch strictly with
+#    the same ones (the canonical spec is the preset's name, however long
+#    its text)
 # dp-test: unsanitized
 # (Under SANITIZE=1 its training would add minutes to CI for no new code:
 # the layers run under ASan in test_kernels, test_net and test_torch_parity,
@@ -195,5 +196,15 @@ PY
 )
     check "resnet$n: its file (spec resnet$n by name) reloads in downpour eval with the chief's figures ($ev)" \
         test "$ev" = same
+    "$TORCH_PY" tests/integration/torch_load.py "$TMP/r$n-sa.safetensors" --data "$TMP/cifar" \
+        >"$TMP/r$n-torch.json" 2>"$TMP/r$n-torch.err"
+    pt=$("$TORCH_PY" - "$TMP/r$n-torch.json" "$TMP/r$n-eval.json" <<'PY' 2>&1
+import json, sys
+t, e = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+same = t["test_accuracy"] == e["test_accuracy"] and abs(t["test_loss"] - e["test_loss"]) < 1e-3
+print("same" if same else f"torch {t} vs eval {e}")
+PY
+)
+    check "resnet$n: PyTorch loads it strictly and scores it as downpour eval does ($pt)" test "$pt" = same
 done
 finish
