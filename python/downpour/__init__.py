@@ -39,7 +39,14 @@ Client(table, ps=None, task_index=0, **options)
                   version, reason). A push the servers refuse raises Rejected
                   naming the tensor with a non-finite value.
   .stats() (the chief), .finish(), .wait_all(timeout), .shutdown() (the
-  chief), .close(); a context manager (close on exit).
+  chief), .close(); a context manager (close on exit; after Ctrl-C, .leave():
+  finish, then close).
+
+Ctrl-C: a SIGINT during any blocking call (a sync pull the servers hold,
+wait_all, ...) raises KeyboardInterrupt within about 0.1 s, however long the
+call's timeout (downpour._sigint says how); `with Client(...)` or
+`with downpour.torch.Worker(...)` then finishes this worker at the servers,
+so sync and ssp go on without it, and closes.
 
 Errors: every failure raises downpour.Error (its .code: "timeout",
 "deferred", "interrupted", "refused", "args", "other", "model_mismatch");
@@ -53,6 +60,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from . import _sigint
 from . import safetensors
 
 __all__ = ["Client", "Error", "ModelMismatch", "ShapeError", "Rejected", "TensorInfo", "Info",
@@ -170,6 +178,8 @@ class Client:
         self._res = _lib.PushResult()
         self._flat_push = None  # made on the first push of a dict: one gather buffer
         self.finished = False   # finish (or wait_all, shutdown) done
+        self._sigint = False    # a SIGINT interrupted h (downpour._sigint): clear it after
+        _sigint.register(self)
 
     @classmethod
     def from_init(cls, path, ps=None, task_index=0, **options):
@@ -191,17 +201,39 @@ class Client:
             raise Error("the client is closed", "args")
         return self._h
 
+    def _call(self, fn, *args):
+        """fn(h, *args): a blocking call, which a SIGINT interrupts (the
+        interpreter then raises KeyboardInterrupt as it returns); a SIGINT's
+        interrupt that found no call under way is dropped first."""
+        h = self._handle()
+        self._clear_sigint()
+        try:
+            return fn(h, *args)
+        finally:
+            self._clear_sigint()
+
+    def _interrupt_now(self):
+        """The SIGINT watcher's: interrupt the call under way (under its lock)."""
+        if self._h is not None:
+            self._sigint = True
+            self._lib.downpour_interrupt(self._h)
+
+    def _clear_sigint(self):
+        with _sigint._lock:
+            if self._sigint and self._h is not None:
+                self._lib.downpour_interrupt_clear(self._h)
+            self._sigint = False
+
     def pull(self, out=None):
         """The servers' weights: a new dict of arrays, out's arrays filled in
         place (a dict name -> C-contiguous float32 array), or a flat out."""
-        h = self._handle()
         if isinstance(out, np.ndarray):
             self._flat_ok(out, "pull: out")
-            self._check(self._lib.downpour_pull(h, out.ctypes.data))
+            self._check(self._call(self._lib.downpour_pull, out.ctypes.data))
             return out
         if out is None:
             flat = np.empty(self.num_floats, dtype=np.float32)
-            self._check(self._lib.downpour_pull(h, flat.ctypes.data))
+            self._check(self._call(self._lib.downpour_pull, flat.ctypes.data))
             return {t.name: flat[t.offset:t.offset + t.count].reshape(t.shape)
                     for t in self.tensors}
         ptrs = (ctypes.c_void_p * len(self.tensors))()
@@ -209,16 +241,16 @@ class Client:
             i = self._tensor_index(name)
             self._array_ok(a, self.tensors[i], "pull")
             ptrs[i] = a.ctypes.data
-        self._check(self._lib.downpour_pull_tensors(h, ptrs))
+        self._check(self._call(self._lib.downpour_pull_tensors, ptrs))
         return out
 
     def _pull_ptrs(self, ptrs):
         """pull_tensors into a prepared (c_void_p * n) array (downpour.torch)."""
-        self._check(self._lib.downpour_pull_tensors(self._handle(), ptrs))
+        self._check(self._call(self._lib.downpour_pull_tensors, ptrs))
 
     def push(self, grads, loss=0.0, batch=0, step=None):
         """One push (see the module's help); returns a PushResult."""
-        h = self._handle()
+        self._handle()  # closed: said before any work
         if isinstance(grads, np.ndarray):
             self._flat_ok(grads, "push: grads")
             flat = grads
@@ -240,8 +272,8 @@ class Client:
         tensor of a refusal)."""
         step = self.step + 1 if step is None else int(step)
         r = self._res
-        self._check(self._lib.downpour_push(self._handle(), ptr, float(loss), int(batch), step,
-                                            ctypes.byref(r)))
+        self._check(self._call(self._lib.downpour_push, ptr, float(loss), int(batch), step,
+                               ctypes.byref(r)))
         self.step = step
         res = PushResult(r.applied, r.dropped, r.rejected, r.staleness_mean, r.staleness_max,
                          r.version, r.reason.decode("utf-8", "replace"))
@@ -272,7 +304,7 @@ class Client:
     def stats(self):
         """The servers' counters (the chief only), as a dict."""
         st = _lib.Stats()
-        self._check(self._lib.downpour_stats(self._handle(), ctypes.byref(st)))
+        self._check(self._call(self._lib.downpour_stats, ctypes.byref(st)))
         return {"applied": st.applied, "dropped": st.dropped, "rejected": st.rejected,
                 "version": st.version, "staleness_mean": st.staleness_mean,
                 "staleness_max": st.staleness_max,
@@ -280,17 +312,17 @@ class Client:
 
     def finish(self):
         """This worker is done (the servers stop counting it)."""
-        self._check(self._lib.downpour_finish(self._handle()))
+        self._check(self._call(self._lib.downpour_finish))
         self.finished = True
 
     def wait_all(self, timeout=300.0):
         """The chief: wait until every worker has finished."""
-        self._check(self._lib.downpour_wait_all(self._handle(), float(timeout)))
+        self._check(self._call(self._lib.downpour_wait_all, float(timeout)))
         self.finished = True
 
     def shutdown(self):
         """The chief: stop the servers (each writes its final checkpoint first)."""
-        self._check(self._lib.downpour_shutdown(self._handle()))
+        self._check(self._call(self._lib.downpour_shutdown))
         self.finished = True
 
     def interrupt(self):
@@ -299,13 +331,31 @@ class Client:
 
     def close(self):
         if self._h is not None:
-            self._lib.downpour_close(self._h)
-            self._h = None
+            _sigint.unregister(self, self._close_handle)
+
+    def _close_handle(self):
+        self._lib.downpour_close(self._h)
+        self._h = None
+
+    def leave(self):
+        """Ctrl-C's way out: finish if not done (the servers stop waiting for
+        this worker: sync and ssp go on without it), then close; a failure to
+        reach the servers is no error here (they count a silent worker gone
+        after their heartbeat timeout)."""
+        try:
+            if self._h is not None and not self.finished:
+                self.finish()
+        except Error:
+            pass
+        finally:
+            self.close()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *rest):
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.leave()
         self.close()
 
     def __del__(self):

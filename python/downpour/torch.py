@@ -38,7 +38,8 @@ as downpour.Client's: timeout, curve_secret, curve_server, wire, transport.
            Returns downpour.PushResult; a refused push raises
            downpour.Rejected naming the tensor with the non-finite value.
   stats(), finish(), wait_all(timeout), shutdown(), close(); .client (the
-  downpour.Client), .info, .step; a context manager (finish, close).
+  downpour.Client), .info, .step; a context manager (finish, close; on
+  Ctrl-C, which interrupts a blocked pull or push at once, the same).
 """
 import ctypes
 
@@ -235,6 +236,9 @@ class Worker:
         return self
 
     def __exit__(self, exc_type, *rest):
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.client.leave()  # Ctrl-C: the servers stop waiting for this worker
+            return
         try:
             if exc_type is None and not self.client.finished:
                 self.client.finish()

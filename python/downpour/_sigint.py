@@ -1,0 +1,68 @@
+"""_sigint: Ctrl-C reaches a call blocked inside libdownpour.
+
+CPython runs a signal's Python handler (for SIGINT, the default one raises
+KeyboardInterrupt) only in the main thread and only between bytecodes, so
+a SIGINT that arrives while the main thread waits inside the library (a
+sync pull the servers hold until the other workers push, wait_all) would
+wait with it, up to the call's timeout. CPython's C-level handler does run
+at once, and writes the signal's number to the wakeup fd
+(signal.set_wakeup_fd). A watcher thread reads that fd and calls
+downpour_interrupt on every open client: the blocked call returns within
+the client's 100 ms poll slice (DOWNPOUR_ERR_INTERRUPTED), and the
+interpreter, back from the foreign call, runs the pending handler, which
+raises KeyboardInterrupt there. A SIGINT between calls is Python's own
+business, as always.
+
+The watcher starts with the first client made in the main thread (the fd
+can only be set from there). A wakeup fd set before it (asyncio's, say) is
+kept: every byte read is passed on to it. One set after it replaces it, and
+Ctrl-C then waits for the call as before.
+"""
+import os
+import signal
+import threading
+import weakref
+
+_lock = threading.Lock()     # the watcher's interrupt against a client's close
+_clients = weakref.WeakSet()  # the open clients (downpour.Client)
+_started = False
+
+
+def register(client):
+    """client is open: a SIGINT from now on interrupts its blocked call."""
+    global _started
+    with _lock:
+        _clients.add(client)
+        if _started or threading.current_thread() is not threading.main_thread():
+            return
+        _started = True
+    r, w = os.pipe()
+    os.set_blocking(w, False)  # set_wakeup_fd's requirement: a full pipe drops, never blocks
+    try:
+        previous = signal.set_wakeup_fd(w)
+    except ValueError:  # not the main interpreter's main thread after all
+        os.close(r), os.close(w)
+        return
+    threading.Thread(target=_watch, args=(r, previous), name="downpour-sigint",
+                     daemon=True).start()
+
+
+def unregister(client, close):
+    """close() the client's handle with no interrupt of it under way."""
+    with _lock:
+        _clients.discard(client)
+        close()
+
+
+def _watch(r, previous):
+    while True:
+        got = os.read(r, 64)
+        if previous >= 0:
+            try:
+                os.write(previous, got)
+            except OSError:
+                pass  # its reader's business, as a full pipe is
+        if signal.SIGINT in got:
+            with _lock:
+                for c in list(_clients):
+                    c._interrupt_now()
