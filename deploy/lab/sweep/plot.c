@@ -118,14 +118,14 @@ static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg
     }
 }
 
-/* gnuplot plots.gp in out; 0, or 1 with why. */
-static int s_run_gnuplot(const char *out, char *why)
+/* gnuplot plots.gp in out: WHOLE, or NO_PLOTS with why. */
+static dp_sweep_report_t s_run_gnuplot(const char *out, char *why)
 {
     char gp[PATH_MAX], cd[PATH_MAX + 16], log[PATH_MAX + 16], e[DP_ERR_LEN];
     if (!dp_sweep_find_gnuplot(gp, sizeof gp)) {
         snprintf(why, DP_ERR_LEN, "gnuplot not found on PATH: no plots drawn (Debian: apt-get install "
                                   "gnuplot-nox; then cd %.120s && gnuplot plots.gp)", out);
-        return 1;
+        return DP_SWEEP_REPORT_NO_PLOTS;
     }
     /* gnuplot's single-quoted strings double a quote. */
     size_t k = (size_t)snprintf(cd, sizeof cd, "cd '");
@@ -140,23 +140,25 @@ static int s_run_gnuplot(const char *out, char *why)
     int st = 0;
     if (dp_spawn(&pid, argv, log, e) != 0) {
         snprintf(why, DP_ERR_LEN, "gnuplot: %.200s", e);
-        return 1;
+        return DP_SWEEP_REPORT_NO_PLOTS;
     }
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         snprintf(why, DP_ERR_LEN, "gnuplot failed (see %.180s): no plots drawn", log);
-        return 1;
+        return DP_SWEEP_REPORT_NO_PLOTS;
     }
-    return 0;
+    return DP_SWEEP_REPORT_WHOLE;
 }
 
-int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int simulated, int draw,
-                  char *why, char *err)
+dp_sweep_report_t dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out,
+                                int simulated, int draw, char *why, char *err)
 {
     char data[PATH_MAX + 16];
     snprintf(data, sizeof data, "%s/data", out);
-    if (mkdir(data, 0755) != 0 && errno != EEXIST)
-        return dp_err(err, "%s: cannot create: %s", data, strerror(errno));
+    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
+        dp_err(err, "%s: cannot create: %s", data, strerror(errno));
+        return DP_SWEEP_REPORT_BAD;
+    }
     int *curve = dp_calloc((size_t)n_cfg + 1, sizeof(int));
     int *hist = dp_calloc((size_t)n_cfg + 1, sizeof(int));
     int rc = 0;
@@ -168,6 +170,6 @@ int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int 
     }
     free(curve);
     free(hist);
-    if (rc != 0) return -1;
-    return draw ? s_run_gnuplot(out, why) : 0;
+    if (rc != 0) return DP_SWEEP_REPORT_BAD;
+    return draw ? s_run_gnuplot(out, why) : DP_SWEEP_REPORT_WHOLE;
 }

@@ -13,11 +13,11 @@
 /* The full path of gnuplot on PATH into path (1), or 0 when there is none. */
 int dp_sweep_find_gnuplot(char *path, size_t n);
 
-/* Writes out/data/ and out/plots.gp (-1 with err when it cannot); then,
- * when draw is set, runs gnuplot: 1 with one line in why when it is
- * missing or fails (the report stands without the plots), else 0.
- * simulated: the seconds are a simulated clock's. */
-int dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int simulated, int draw,
+/* Writes out/data/ and out/plots.gp (BAD with err when it cannot); then,
+ * when draw is set, runs gnuplot: NO_PLOTS with one line in why when it
+ * is missing or fails (the report stands without the plots). simulated:
+ * the seconds are a simulated clock's. */
+dp_sweep_report_t dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const char *out, int simulated, int draw,
                   char *why, char *err);
 
 #endif

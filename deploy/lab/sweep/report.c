@@ -196,8 +196,9 @@ static int s_json(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg, int n_
     return dp_sweep_text_save(&t, out, "results.json", err);
 }
 
-int dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg, int n_cfg,
-                          const char *out, int plots, char *why, char *err)
+dp_sweep_report_t dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg,
+                                        int n_cfg, const char *out, int plots, char *why,
+                                        char *err)
 {
     why[0] = 0;
     s_stats_t *st = dp_calloc((size_t)n_cfg + 1, sizeof *st);
@@ -209,14 +210,15 @@ int dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg
         snprintf(path, sizeof path, "%s/%s", out, png[i]);
         unlink(path);
     }
-    int drawn = dp_sweep_plot(cfg, n_cfg, out, strcmp(g->cluster, "sim") == 0, plots, why, err);
-    int rc = drawn < 0 ? -1 : 0;
+    dp_sweep_report_t drawn =
+        dp_sweep_plot(cfg, n_cfg, out, strcmp(g->cluster, "sim") == 0, plots, why, err);
+    int rc = drawn == DP_SWEEP_REPORT_BAD ? -1 : 0;
     dp_sweep_text_t t = {0};
     if (rc == 0) {
-        s_markdown(&t, g, cfg, n_cfg, st, plots && drawn == 0);
+        s_markdown(&t, g, cfg, n_cfg, st, plots && drawn == DP_SWEEP_REPORT_WHOLE);
         rc = dp_sweep_text_save(&t, out, "report.md", err);
     }
     if (rc == 0) rc = s_json(g, cfg, n_cfg, st, out, err);
     free(st);
-    return rc != 0 ? -1 : drawn;
+    return rc != 0 ? DP_SWEEP_REPORT_BAD : drawn;
 }

@@ -27,10 +27,15 @@ typedef struct {
     int n_run;
 } dp_sweep_config_t;
 
-/* Writes the report into out; plots: 1 to draw the PNGs. Returns 0, 1 when
- * the table is written but the plots are not (gnuplot missing or failing:
- * *why says so in one line), -1 with err when the report cannot be written. */
-int dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg, int n_cfg,
+/* How far a report (or its plots) got. */
+typedef enum {
+    DP_SWEEP_REPORT_BAD = -1,     /* not written: err says why */
+    DP_SWEEP_REPORT_WHOLE = 0,    /* written, with the plots asked for */
+    DP_SWEEP_REPORT_NO_PLOTS = 1, /* written, but gnuplot is missing or failed: why says so */
+} dp_sweep_report_t;
+
+/* Writes the report into out; plots: 1 to draw the PNGs. */
+dp_sweep_report_t dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg, int n_cfg,
                           const char *out, int plots, char *why, char *err);
 
 #endif

@@ -265,12 +265,12 @@ static int s_report(const dp_sweep_grid_t *g, dp_sweep_config_t *cfg, int n, con
         for (int s = 0; s < cfg[i].n_run; s++)
             if (cfg[i].run[s].status == 0 && dp_sweep_read(&cfg[i].run[s].res, cfg[i].run[s].dir, e) != 0)
                 fprintf(stderr, "downpour sweep: %s\n", e);
-    int rc = dp_sweep_report_write(g, cfg, n, out, !f->no_plots, why, err);
-    if (rc < 0) return -1;
-    if (rc > 0) fprintf(stderr, "downpour sweep: %s\n", why);
+    dp_sweep_report_t rc = dp_sweep_report_write(g, cfg, n, out, !f->no_plots, why, err);
+    if (rc == DP_SWEEP_REPORT_BAD) return -1;
+    if (rc == DP_SWEEP_REPORT_NO_PLOTS) fprintf(stderr, "downpour sweep: %s\n", why);
     printf("downpour sweep: %d run(s): %d made, %d already complete, %d failed; report in %s/report.md\n",
            tl->total, tl->done - tl->skipped, tl->skipped, tl->failed, out);
-    return rc > 0 || tl->failed ? 1 : 0;
+    return rc == DP_SWEEP_REPORT_NO_PLOTS || tl->failed ? 1 : 0;
 }
 
 int dp_sweep_main(int argc, char **argv)
