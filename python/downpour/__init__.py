@@ -56,6 +56,7 @@ each names the tensor when one is at fault.
 """
 import collections
 import ctypes
+import sys
 
 import numpy as np
 
@@ -219,6 +220,7 @@ class Client:
             self._lib.downpour_interrupt(self._h)
 
     def _clear_sigint(self):
+        _sigint.settle()
         with _sigint._lock:
             if self._sigint and self._h is not None:
                 self._lib.downpour_interrupt_clear(self._h)
@@ -345,8 +347,8 @@ class Client:
         try:
             if self._h is not None and not self.finished:
                 self.finish()
-        except Error:
-            pass
+        except Error as e:
+            print(f"downpour: leaving without a finish: {e}", file=sys.stderr)
         finally:
             self.close()
 

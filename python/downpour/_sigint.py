@@ -13,19 +13,33 @@ interpreter, back from the foreign call, runs the pending handler, which
 raises KeyboardInterrupt there. A SIGINT between calls is Python's own
 business, as always.
 
+The watcher may come late: the call can return for its own reasons while
+the watcher waits for the interpreter's lock, and its interrupt would then
+hit the next call (the finish a with-block makes on its way out). So the
+Python handler is wrapped to count the SIGINTs the main thread has taken,
+the watcher counts those it has handled, and settle() (before and after
+every call) waits until the watcher has caught up; a client's stale
+interrupt is cleared then.
+
 The watcher starts with the first client made in the main thread (the fd
 can only be set from there). A wakeup fd set before it (asyncio's, say) is
-kept: every byte read is passed on to it. One set after it replaces it, and
-Ctrl-C then waits for the call as before.
+kept: every byte read is passed on to it. One set after it, or a SIGINT
+handler set after it, replaces ours, and Ctrl-C then waits for the call
+(or its settling) as before.
 """
 import os
 import signal
 import threading
 import weakref
 
-_lock = threading.Lock()     # the watcher's interrupt against a client's close
+_lock = threading.Lock()      # the watcher's interrupt against a client's clear and close
 _clients = weakref.WeakSet()  # the open clients (downpour.Client)
 _started = False
+_caught_up = threading.Condition()
+_taken = 0    # SIGINTs the main thread's handler ran for
+_handled = 0  # SIGINTs the watcher interrupted the clients for
+_gate = threading.Event()  # open; a test closes it to make the watcher late on purpose
+_gate.set()
 
 
 def register(client):
@@ -43,6 +57,16 @@ def register(client):
     except ValueError:  # not the main interpreter's main thread after all
         os.close(r), os.close(w)
         return
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):  # SIG_IGN: no SIGINT comes; SIG_DFL: it ends the process
+
+        def counted(signum, frame):
+            global _taken
+            with _caught_up:
+                _taken += 1
+            return handler(signum, frame)
+
+        signal.signal(signal.SIGINT, counted)
     threading.Thread(target=_watch, args=(r, previous), name="downpour-sigint",
                      daemon=True).start()
 
@@ -54,7 +78,15 @@ def unregister(client, close):
         close()
 
 
+def settle(timeout=2.0):
+    """Wait (at most timeout s) until the watcher has handled every SIGINT
+    the main thread has taken."""
+    with _caught_up:
+        _caught_up.wait_for(lambda: _handled >= _taken, timeout)
+
+
 def _watch(r, previous):
+    global _handled
     while True:
         got = os.read(r, 64)
         if previous >= 0:
@@ -62,7 +94,12 @@ def _watch(r, previous):
                 os.write(previous, got)
             except OSError:
                 pass  # its reader's business, as a full pipe is
-        if signal.SIGINT in got:
+        n = got.count(signal.SIGINT)
+        if n:
+            _gate.wait()
             with _lock:
                 for c in list(_clients):
                     c._interrupt_now()
+            with _caught_up:
+                _handled += n
+                _caught_up.notify_all()

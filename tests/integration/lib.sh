@@ -72,6 +72,24 @@ near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d
 
 has_torch() { "$TORCH_PY" -c 'import torch' 2>/dev/null; }
 
+# use_py_package COUNT NAME [data]: the Python package of this build for
+# the rest of the script (PYTHONPATH, no DOWNPOUR_LIB from outside); or,
+# when python3-torch (with "data": or Debian's Fashion-MNIST) is missing,
+# COUNT checks skipped and the script ended.
+use_py_package() {
+    local why=""
+    has_torch || why="python3-torch is not installed under $TORCH_PY"
+    if [ -z "$why" ] && [ "${3:-}" = data ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
+        why="dataset-fashion-mnist is not installed"
+    fi
+    if [ -n "$why" ]; then
+        skip_checks "$1" "$2" "$why (make deps-test)"
+        finish; exit
+    fi
+    export PYTHONPATH=$PWD/$BUILD/python
+    unset DOWNPOUR_LIB
+}
+
 finish() {
     if [ "$T_SKIPPED" != 0 ]; then
         echo "$T_PASSED passed, $T_FAILED failed, $T_SKIPPED skipped"

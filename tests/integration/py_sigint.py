@@ -10,6 +10,13 @@
     py_sigint.py chief EP          worker 0: two steps; the second one the
         servers may only answer once worker 1 is counted gone; prints the
         seconds that took, then shuts the servers down.
+    py_sigint.py late EP           worker 0 of 2: a SIGINT the main thread
+        takes while the watcher is held back (its test gate closed), as
+        when a call returns by itself just as the signal comes; the gate
+        opens 0.3 s into the next call, wait_all, which must not be
+        interrupted by it: it returns once worker 1 finishes, and prints
+        "wait_all ok".
+    py_sigint.py finisher EP       worker 1: pull, then finish 1.5 s later.
 """
 import sys
 import time
@@ -58,8 +65,32 @@ def chief(ep):
         c.shutdown()
 
 
+def late(ep):
+    import os
+    import signal
+    import threading
+    from downpour import _sigint
+    with downpour.Client.from_spec(SPEC, ps=ep, task_index=0, timeout=60) as c:
+        c.pull()
+        _sigint._gate.clear()  # the watcher waits here
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises at once; never slept out
+            print("no KeyboardInterrupt", flush=True)
+        except KeyboardInterrupt:
+            pass
+        threading.Timer(0.3, _sigint._gate.set).start()
+        c.wait_all(timeout=20)
+        print("wait_all ok", flush=True)
+
+
+def finisher(ep):
+    with downpour.Client.from_spec(SPEC, ps=ep, task_index=1, timeout=60) as c:
+        c.pull()
+        time.sleep(1.5)
+        c.finish()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "subject":
-        subject(sys.argv[2], sys.argv[3])
-    else:
-        chief(sys.argv[2])
+    {"subject": lambda: subject(sys.argv[2], sys.argv[3]), "chief": lambda: chief(sys.argv[2]),
+     "late": lambda: late(sys.argv[2]), "finisher": lambda: finisher(sys.argv[2])}[sys.argv[1]]()

@@ -16,12 +16,7 @@
 #  (d) the library lookup: DOWNPOUR_LIB overrides, a missing file is one line
 source "$(dirname "$0")/lib.sh"
 
-if ! has_torch; then
-    skip_checks 43 py_client "python3-torch is not installed under $TORCH_PY (make deps-test)"
-    finish; exit
-fi
-export PYTHONPATH=$PWD/$BUILD/python
-unset DOWNPOUR_LIB
+use_py_package 43 py_client
 PY=tests/integration/py_client.py
 SPEC="fc:32 relu fc:10 softmax"
 

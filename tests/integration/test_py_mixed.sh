@@ -10,11 +10,7 @@
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
 
-if ! has_torch || [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip_checks 6 py_mixed "python3-torch or dataset-fashion-mnist is not installed (make deps-test)"
-    finish; exit
-fi
-export PYTHONPATH=$PWD/$BUILD/python
+use_py_package 6 py_mixed data
 SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
 SPEC="conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax"
 STEPS=150

@@ -11,11 +11,7 @@
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
 
-if ! has_torch || [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip_checks 7 py_recovery "python3-torch or dataset-fashion-mnist is not installed (make deps-test)"
-    finish; exit
-fi
-export PYTHONPATH=$PWD/$BUILD/python
+use_py_package 7 py_recovery data
 SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
 W=tests/integration/py_worker.py
 STEPS=150

@@ -10,11 +10,7 @@
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
 
-if ! has_torch || [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip_checks 9 py_train "python3-torch or dataset-fashion-mnist is not installed (make deps-test)"
-    finish; exit
-fi
-export PYTHONPATH=$PWD/$BUILD/python
+use_py_package 9 py_train data
 SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
 W=tests/integration/py_worker.py
 INIT=$TMP/cnn.safetensors
