@@ -40,6 +40,7 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
+#include "deploy/launcher/crew.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/spawn.h"
 #include "server/policy.h"
@@ -47,19 +48,10 @@
 #include "server/record.h"
 #include "worker/args.h"
 
-#define DP_LOCAL_MAX 64     /* processes of each kind */
+#define DP_LOCAL_MAX DP_CREW_MAX
 /* argv entries per child: what the launcher sets, plus each flag of a
  * table passed on at most once (flag and value). */
 #define DP_LOCAL_ARGS (32 + 2 * DP_OPTS_MAX)
-
-typedef struct {
-    char name[32];               /* "ps-0", "worker-1" */
-    char log[PATH_MAX];          /* its stdout + stderr */
-    char metrics[PATH_MAX];
-    pid_t pid;                   /* 0 once reaped */
-    int status;                  /* wait status once reaped */
-    int is_worker;
-} dp_child_t;
 
 typedef struct {
     int workers, shards;
@@ -88,8 +80,7 @@ typedef struct {
     int n_ps_args;
     const char *worker_args[DP_LOCAL_ARGS];
     int n_worker_args;
-    dp_child_t kids[2 * DP_LOCAL_MAX];
-    int n_kids;
+    dp_crew_t crew;              /* the shards first, then the workers */
     int secure;                  /* --secure: every daemon on CURVE keys from DIR/keys */
     int ps_threads;              /* --ps-threads: each shard's optimizer threads; 0 = the
                                   * daemon's rule (dp_ps_config_threads_on) on cores / K */
@@ -115,34 +106,11 @@ DP_MODEL_SPEC_HELP;
 /* --out's folder and those above it (`--out runs/sync` in a fresh directory). */
 static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
 
-/* The last non-empty line of a file, into out. */
-static void s_last_line(const char *path, char *out, size_t n)
-{
-    out[0] = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char buf[8192];
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    long from = size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0;
-    fseek(f, from, SEEK_SET);
-    size_t got = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[got] = 0;
-    while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == '\r')) buf[--got] = 0;
-    char *start = strrchr(buf, '\n');
-    start = start ? start + 1 : buf;
-    /* A live "\r" line: keep its last state. */
-    char *cr = strrchr(start, '\r');
-    if (cr) start = cr + 1;
-    snprintf(out, n, "%s", start);
-}
-
 /* Parse the last complete JSON line of a metrics file, or NULL. */
 static cJSON *s_last_metrics(const char *path)
 {
     char line[8192];
-    s_last_line(path, line, sizeof line);
+    dp_last_line(path, line, sizeof line);
     return line[0] == '{' ? cJSON_Parse(line) : NULL;
 }
 
@@ -181,8 +149,8 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, lo
     long steps_min = -1, steps_sum = 0;
     double loss = 0, stale = 0;
     int n = 0;
-    for (int i = 0; i < L->n_kids; i++) {
-        dp_child_t *c = &L->kids[i];
+    for (int i = 0; i < L->crew.n; i++) {
+        dp_child_t *c = &L->crew.kids[i];
         if (!c->is_worker) continue;
         if (*total == 0) *total = s_total_steps(c->metrics, spe, batch);
         cJSON *o = s_last_metrics(c->metrics);
@@ -207,41 +175,6 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, lo
     fprintf(stderr, "%sepoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f%s",
             live ? "\r\033[K" : "", epoch, epochs, steps_min, *total,
             steps_sum * (double)*batch / (dt > 0 ? dt : 1), loss / n, stale / n, live ? "" : "\n");
-}
-
-/* SIGTERM every live child, then SIGKILL what is left after grace_s. */
-static void s_stop_all(dp_local_t *L, double grace_s)
-{
-    for (int i = 0; i < L->n_kids; i++)
-        if (L->kids[i].pid > 0) kill(L->kids[i].pid, SIGTERM);
-    double until = dp_now() + grace_s;
-    for (;;) {
-        int alive = 0;
-        for (int i = 0; i < L->n_kids; i++) {
-            dp_child_t *c = &L->kids[i];
-            if (c->pid <= 0) continue;
-            if (waitpid(c->pid, &c->status, WNOHANG) == c->pid) c->pid = 0;
-            else alive++;
-        }
-        if (!alive) return;
-        if (dp_now() > until) break;
-        usleep(50 * 1000);
-    }
-    for (int i = 0; i < L->n_kids; i++) {
-        dp_child_t *c = &L->kids[i];
-        if (c->pid <= 0) continue;
-        kill(-c->pid, SIGKILL);
-        kill(c->pid, SIGKILL);
-        waitpid(c->pid, &c->status, 0);
-        c->pid = 0;
-    }
-}
-
-static void s_describe_exit(const dp_child_t *c, char *out, size_t n)
-{
-    if (WIFEXITED(c->status)) snprintf(out, n, "exited with status %d", WEXITSTATUS(c->status));
-    else if (WIFSIGNALED(c->status)) snprintf(out, n, "killed by signal %d", WTERMSIG(c->status));
-    else snprintf(out, n, "ended");
 }
 
 /* "--straggler I:MS[:exp]": worker I sleeps MS ms before each push (fixed,
@@ -560,23 +493,6 @@ static int s_prepare(dp_local_t *L, char *err)
     return 0;
 }
 
-/* A child's names: "ps-0", DIR/logs/ps-0.log, DIR/metrics/ps-0.jsonl. */
-static dp_child_t *s_child(dp_local_t *L, const char *kind, int i)
-{
-    dp_child_t *c = &L->kids[L->n_kids++];
-    c->is_worker = strcmp(kind, "worker") == 0;
-    snprintf(c->name, sizeof c->name, "%s-%d", kind, i);
-    snprintf(c->log, sizeof c->log, "%s/logs/%s-%d.log", L->out, kind, i);
-    snprintf(c->metrics, sizeof c->metrics, "%s/metrics/%s-%d.jsonl", L->out, kind, i);
-    return c;
-}
-
-/* DIR/logs/ps-I.endpoint: where shard I writes the endpoint it bound. */
-static void s_ready_path(const dp_local_t *L, int i, char *out, size_t n)
-{
-    snprintf(out, n, "%s/logs/ps-%d.endpoint", L->out, i);
-}
-
 /* DIR/logs/ps-I.record: shard I's --record, merged into --record FILE. */
 static void s_record_part(const dp_local_t *L, int i, char *out, size_t n)
 {
@@ -643,9 +559,9 @@ static int s_start_servers(dp_local_t *L, char *err)
     snprintf(ps_bin, sizeof ps_bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
-        s_ready_path(L, i, ready, sizeof ready);
+        dp_crew_ready_path(L->out, i, ready, sizeof ready);
         unlink(ready);
-        dp_child_t *c = s_child(L, "ps", i);
+        dp_child_t *c = dp_crew_add(&L->crew, L->out, "ps", i);
         unlink(c->metrics);
         const char *av[DP_LOCAL_ARGS];
         int n = 0;
@@ -677,47 +593,6 @@ static int s_start_servers(dp_local_t *L, char *err)
     return 0;
 }
 
-/* Shard i's endpoint from its ready file into L->endpoints: 1 when there,
- * 0 while not yet, -1 with err when the shard died first. */
-static int s_read_endpoint(dp_local_t *L, int i, char *err)
-{
-    dp_child_t *c = &L->kids[i];
-    char ready[PATH_MAX];
-    s_ready_path(L, i, ready, sizeof ready);
-    char ep[256];
-    if (dp_spawn_read_ready(ready, ep, sizeof ep)) {
-        size_t used = strlen(L->endpoints);
-        snprintf(L->endpoints + used, sizeof L->endpoints - used, "%s%s", i ? "," : "", ep);
-        return 1;
-    }
-    if (waitpid(c->pid, &c->status, WNOHANG) != c->pid) return 0;
-    c->pid = 0;
-    char how[64], last[512];
-    s_describe_exit(c, how, sizeof how);
-    s_last_line(c->log, last, sizeof last);
-    return dp_err(err, "%s %s before listening; last log line: %s", c->name, how,
-                  last[0] ? last : "(empty)");
-}
-
-/* Wait for every shard's ready file, in shard order (the workers' --ps). */
-static int s_await_servers(dp_local_t *L, char *err)
-{
-    const double limit_s = 60;
-    double until = dp_now() + limit_s;
-    for (int i = 0; i < L->shards; i++) {
-        int r;
-        while ((r = s_read_endpoint(L, i, err)) == 0) {
-            if (s_signal) return dp_err(err, "stopped by signal %d while starting", (int)s_signal);
-            if (dp_now() > until)
-                return dp_err(err, "%s (downpour-ps) did not report its endpoint in %s/logs within %.0f s",
-                              L->kids[i].name, L->out, limit_s);
-            usleep(20 * 1000);
-        }
-        if (r < 0) return -1;
-    }
-    return 0;
-}
-
 /* The workers; task 0 is the chief and writes the results. */
 static int s_start_workers(dp_local_t *L, char *err)
 {
@@ -729,7 +604,7 @@ static int s_start_workers(dp_local_t *L, char *err)
     snprintf(tensorboard, sizeof tensorboard, "%s/tensorboard", L->out);
     const char *gpu = L->gpus;
     for (int i = 0; i < L->workers; i++) {
-        dp_child_t *c = s_child(L, "worker", i);
+        dp_child_t *c = dp_crew_add(&L->crew, L->out, "worker", i);
         unlink(c->metrics);
         snprintf(task, sizeof task, "%d", i);
         const char *av[DP_LOCAL_ARGS];
@@ -775,18 +650,8 @@ static const dp_child_t *s_watch(dp_local_t *L)
     long total = 0, spe = 0, batch = 0;
     const dp_child_t *failed = NULL;
     while (!s_signal) {
-        int workers_left = 0, alive = 0;
-        for (int i = 0; i < L->n_kids; i++) {
-            dp_child_t *c = &L->kids[i];
-            if (c->pid > 0 && waitpid(c->pid, &c->status, WNOHANG) == c->pid) {
-                c->pid = 0;
-                if (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0) failed = failed ? failed : c;
-            }
-            if (c->pid > 0) {
-                alive++;
-                workers_left += c->is_worker;
-            }
-        }
+        int workers_left, alive;
+        failed = dp_crew_reap(&L->crew, &alive, &workers_left);
         if (failed || alive == 0) break;
         if (workers_left == 0) {
             if (workers_done_at == 0) workers_done_at = dp_now();
@@ -807,7 +672,7 @@ static const dp_child_t *s_watch(dp_local_t *L)
 static int s_finish(dp_local_t *L, const dp_child_t *failed)
 {
     int interrupted = s_signal != 0;
-    s_stop_all(L, 10.0);
+    dp_crew_stop_all(&L->crew, 10.0);
     if (interrupted) {
         fprintf(stderr, "downpour local: stopped by signal %d; every process ended; logs in %s/logs\n",
                 (int)s_signal, L->out);
@@ -815,8 +680,8 @@ static int s_finish(dp_local_t *L, const dp_child_t *failed)
     }
     if (failed) {
         char how[64], last[512];
-        s_describe_exit(failed, how, sizeof how);
-        s_last_line(failed->log, last, sizeof last);
+        dp_child_describe_exit(failed, how, sizeof how);
+        dp_last_line(failed->log, last, sizeof last);
         fprintf(stderr, "downpour local: %s %s; last log line: %s\n(full log: %s)\n", failed->name,
                 how, last[0] ? last : "(empty)", failed->log);
         return 1;
@@ -850,10 +715,10 @@ int dp_local_main(int argc, char **argv)
         return 1;
     }
     dp_signals_install(&s_signal, 1);
-    if (s_start_servers(&L, err) != 0 || s_await_servers(&L, err) != 0 ||
+    if (s_start_servers(&L, err) != 0 || dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal, err) != 0 ||
         s_start_workers(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
-        s_stop_all(&L, 5.0);
+        dp_crew_stop_all(&L.crew, 5.0);
         return 1;
     }
     fprintf(stderr, "downpour local: %d ps shard(s) at %s, %d worker(s), %s mode; results in %s\n",

@@ -31,6 +31,12 @@ void dp_spawn_bin_dir(char *out, size_t n, const char *argv0)
 
 int dp_spawn(pid_t *pid_out, const char *const *argv, const char *log, char *err)
 {
+    return dp_spawn_env(pid_out, argv, NULL, log, err);
+}
+
+int dp_spawn_env(pid_t *pid_out, const char *const *argv, const char *const *env, const char *log,
+                 char *err)
+{
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return dp_err(err, "%s: cannot create: %s", log, strerror(errno));
     pid_t parent = getpid();
@@ -55,7 +61,8 @@ int dp_spawn(pid_t *pid_out, const char *const *argv, const char *log, char *err
          * long at each barrier steal them from each other (a 2-thread step
          * measured 10x slower). A short spin costs nothing on a quiet machine. */
         setenv("GOMP_SPINCOUNT", "10000", 0);
-        execv(argv[0], (char *const *)argv);
+        for (int i = 0; env && env[i]; i++) putenv((char *)env[i]); /* the child's own copy */
+        execvp(argv[0], (char *const *)argv);
         fprintf(stderr, "%s: cannot execute: %s\n", argv[0], strerror(errno));
         _exit(127);
     }

@@ -1,7 +1,8 @@
 /* spawn: the launcher's children — downpour-ps and downpour-worker processes
  * started beside the running binary, each in its own process group with its
  * output in a log file, killed when the launcher dies. Used by `downpour
- * local` and `downpour bench wire`. */
+ * local`, `downpour launch` (whose workers are any command) and `downpour
+ * bench wire`. */
 #ifndef DP_SPAWN_H
 #define DP_SPAWN_H
 
@@ -15,6 +16,12 @@ void dp_spawn_bin_dir(char *out, size_t n, const char *argv0);
 /* Starts argv (argv[0] a path) with stdout and stderr in log, in a process
  * group of its own, SIGTERM'd if this process dies; *pid on success. */
 int dp_spawn(pid_t *pid, const char *const *argv, const char *log, char *err);
+
+/* The same for any command: argv[0] without a slash is looked for on PATH,
+ * and env ("NAME=VALUE" strings, NULL-terminated; NULL: none) is added to
+ * the environment the child inherits. */
+int dp_spawn_env(pid_t *pid, const char *const *argv, const char *const *env, const char *log,
+                 char *err);
 
 /* A server's --ready-file, once it is there: the endpoint it bound into
  * out and 1; 0 while there is none yet. */
