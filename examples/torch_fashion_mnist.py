@@ -1,9 +1,15 @@
 #!/usr/bin/python3
 """An ordinary PyTorch training loop on Fashion-MNIST, made a Downpour worker
-by the lines marked "Downpour". Run the servers from the model's --init file
-and N of these (README.md, "Bring your own model"):
+by the lines marked "Downpour". Write the model's --init file, then start the
+servers and N of these with one command (README.md, "Bring your own model"):
 
     PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --write-init model.safetensors
+    PYTHONPATH=build/python build/downpour launch --workers 2 --init model.safetensors --mode async \
+        -- python3 examples/torch_fashion_mnist.py
+
+downpour launch gives each copy TF_CONFIG (the servers, its task) and
+WORLD_SIZE, which the defaults below read. By hand, the same run is:
+
     build/downpour-ps --init model.safetensors --workers 2 --mode async --bind tcp://*:5555 &
     PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --ps tcp://127.0.0.1:5555 --task 1 --workers 2 &
     PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --ps tcp://127.0.0.1:5555 --task 0 --workers 2
@@ -47,11 +53,13 @@ def make_model():
 def main():
     ap = argparse.ArgumentParser(description="Fashion-MNIST with PyTorch, as a Downpour worker")
     ap.add_argument("--write-init", metavar="FILE", help="write the servers' --init file and exit")
-    ap.add_argument("--ps", default="tcp://127.0.0.1:5555", help="the shards, comma-separated")
-    ap.add_argument("--task", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--ps", help="the shards, comma-separated (default: TF_CONFIG's)")
+    ap.add_argument("--task", type=int, help="this worker's index (default: TF_CONFIG's, else 0)")
+    ap.add_argument("--workers", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+                    help="how many share the data (default: $WORLD_SIZE, else 1)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: the epochs)")
     a = ap.parse_args()
     torch.manual_seed(0)
     model = make_model()
@@ -60,18 +68,24 @@ def main():
         return
     x, y = load("train")
     loss_fn = nn.CrossEntropyLoss()
-    with downpour.torch.Worker(model, ps=a.ps.split(","), task_index=a.task) as w:  # Downpour
+    ps = a.ps.split(",") if a.ps else None
+    with downpour.torch.Worker(model, ps=ps, task_index=a.task) as w:  # Downpour
+        task = w.info.task_index
+        steps = 0
         for epoch in range(a.epochs):
             perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
-            mine = perm[a.task::a.workers]  # this worker's share of the epoch
+            mine = perm[task::a.workers]  # this worker's share of the epoch
             for i in range(0, len(mine) - a.batch + 1, a.batch):
+                if a.steps and steps == a.steps:
+                    break
+                steps += 1
                 idx = mine[i:i + a.batch]
                 w.pull()                                  # Downpour: the current weights
                 loss = loss_fn(model(x[idx]), y[idx])
                 loss.backward()
                 w.push(loss=loss, batch=len(idx))         # Downpour: instead of opt.step()
                 model.zero_grad()
-        if a.task == 0:
+        if task == 0:
             w.wait_all()                                  # Downpour: every worker is done
             w.pull()
             xt, yt = load("t10k")

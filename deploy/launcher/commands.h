@@ -8,6 +8,9 @@
 /* downpour local: a whole cluster (ps shards + workers) on this machine
  * (deploy/launcher/local.c). */
 int dp_local_main(int argc, char **argv);
+/* downpour launch: the shards, then N copies of any command as the workers
+ * (deploy/launcher/launch.c). */
+int dp_launch_main(int argc, char **argv);
 /* downpour eval: test accuracy of a checkpoint (deploy/launcher/eval.c). */
 int dp_eval_main(int argc, char **argv);
 /* `downpour keygen FILE`: a CURVE key pair (deploy/launcher/keygen.c). */

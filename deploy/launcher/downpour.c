@@ -1,6 +1,7 @@
 /* downpour: the launcher, one binary for every command a user runs on one
  * machine:
  *   local        a whole cluster (ps shards + workers) here
+ *   launch       the shards and N copies of any command as the workers
  *   eval         a checkpoint's test accuracy
  *   keygen       a CURVE key pair
  *   bench wire   the wire against plain ZeroMQ, shared memory against memcpy
@@ -33,6 +34,9 @@ static const s_command_t s_commands[] = {
     {"local", dp_local_main,
      "--workers N [--ps-shards K] [--gpus 0,1] [--mode sync|async|ssp]\n"
      "[--out DIR] [any downpour-ps / downpour-worker flag]"},
+    {"launch", dp_launch_main,
+     "--workers N [--ps-shards K] [--init FILE | --model SPEC]\n"
+     "[downpour-ps flags] -- COMMAND [ARGS...]"},
     {"eval", dp_eval_main, "--checkpoint FILE [--data SPEC] [--device DEV]"},
     {"keygen", dp_keygen_main, "FILE"},
     {"bench wire", dp_bench_wire_main, "[--bytes N | --model SPEC] [--shards K] [--json]"},

@@ -15,14 +15,16 @@ the bf16 wire behave as for downpour-worker. PyTorch: downpour.torch.
             print(r.staleness, r.version)
         c.finish()
 
-Client(table, ps=None, task_index=0, **options)
+Client(table, ps=None, task_index=None, **options)
     table: a list of (name, shape, trainable) in the servers' order (the
     order of an --init file: downpour.safetensors.table(path) reads it);
     Client.from_init(path, ...) and Client.from_spec(spec, input, ...) make
     one for servers started with --init FILE or --model SPEC. ps: the
     endpoints in shard order ("tcp://h:p" strings, or one comma string);
-    None: TF_CONFIG's ps job and task. Options: timeout (s, 30),
-    curve_secret and curve_server (key files), wire ("fp32" | "bf16"),
+    None: TF_CONFIG's ps job (what `downpour launch` sets). task_index:
+    None takes TF_CONFIG's task, or 0 with ps given. Options: timeout (s, 30),
+    curve_secret and curve_server (key files; default $DOWNPOUR_CURVE_SECRET
+    and $DOWNPOUR_CURVE_SERVER, as downpour launch --curve sets them), wire ("fp32" | "bf16"),
     transport ("auto" | "shm" | "zmq").
   .tensors        [TensorInfo(name, shape, offset, count, trainable)]
   .info           Info(mode, workers, replicas, staleness, shards, task_index, resume_step,
@@ -56,6 +58,7 @@ each names the tensor when one is at fault.
 """
 import collections
 import ctypes
+import os
 import sys
 
 import numpy as np
@@ -130,8 +133,9 @@ def _opts(lib, ps, task_index, timeout=30.0, curve_secret=None, curve_server=Non
     o.endpoints = _b(_endpoints(ps))
     o.task_index = -1 if task_index is None else int(task_index)
     o.timeout_s = float(timeout)
-    o.curve_secret = _b(curve_secret)
-    o.curve_server = _b(curve_server)
+    # downpour launch --curve hands each worker its keys this way
+    o.curve_secret = _b(curve_secret or os.environ.get("DOWNPOUR_CURVE_SECRET"))
+    o.curve_server = _b(curve_server or os.environ.get("DOWNPOUR_CURVE_SERVER"))
     o.wire = _b(wire)
     o.transport = _b(transport)
     return o
@@ -140,7 +144,7 @@ def _opts(lib, ps, task_index, timeout=30.0, curve_secret=None, curve_server=Non
 class Client:
     """One worker of the servers, on NumPy arrays (see the module's help)."""
 
-    def __init__(self, table, ps=None, task_index=0, *, _spec=None, **options):
+    def __init__(self, table, ps=None, task_index=None, *, _spec=None, **options):
         self._lib = lib = _lib.load()
         self._h = None
         o = _opts(lib, ps, task_index, **options)
@@ -183,12 +187,12 @@ class Client:
         _sigint.register(self)
 
     @classmethod
-    def from_init(cls, path, ps=None, task_index=0, **options):
+    def from_init(cls, path, ps=None, task_index=None, **options):
         """A client of servers started with `downpour-ps --init path`."""
         return cls(safetensors.table(path), ps, task_index, **options)
 
     @classmethod
-    def from_spec(cls, spec, input=(1, 28, 28), ps=None, task_index=0, **options):
+    def from_spec(cls, spec, input=(1, 28, 28), ps=None, task_index=None, **options):
         """A client of servers started with `downpour-ps --model spec --input CxHxW`."""
         return cls(None, ps, task_index, _spec=(spec, tuple(int(x) for x in input)), **options)
 

@@ -16,8 +16,9 @@ save_init(module, path) writes module.state_dict() in its order as float32
 gradients and take the buffers' values (sync: their mean over a step's
 pushes; async / ssp: the value pushed).
 
-Worker(module, ps=None, task_index=0, *, spec=None, input=(1, 28, 28),
-init=None, **options): the module's state_dict as the servers' table
+Worker(module, ps=None, task_index=None, *, spec=None, input=(1, 28, 28),
+init=None, **options): ps and task_index as downpour.Client's (None, None:
+TF_CONFIG's, as `downpour launch` sets it); the module's state_dict as the servers' table
 (names, shapes, order; parameters trainable, buffers state). spec: the
 servers run `--model SPEC --input CxHxW` instead (the module's names and
 shapes must be the spec's: tests/torch_net.py builds such a module). init:
@@ -105,7 +106,7 @@ def _check_against(table, expected, where):
 class Worker:
     """A PyTorch module as worker task_index of the servers (see the module's help)."""
 
-    def __init__(self, module, ps=None, task_index=0, *, spec=None, input=(1, 28, 28), init=None,
+    def __init__(self, module, ps=None, task_index=None, *, spec=None, input=(1, 28, 28), init=None,
                  **options):
         self.module = module
         table = table_of(module)

@@ -1,0 +1,430 @@
+/* launch: `downpour launch` — torchrun for a parameter server. Starts K
+ * downpour-ps shards on free loopback ports (every flag before "--" that
+ * is not the launcher's own goes to them, checked first by downpour-ps's
+ * own parser), then N copies of any command as the workers, each with the
+ * variables a TensorFlow or torchrun program looks for:
+ *
+ *   TF_CONFIG   {"cluster": {"ps": [the shards], "worker": [N placeholders]},
+ *                "task": {"type": "worker", "index": I}}
+ *   RANK=I LOCAL_RANK=I WORLD_SIZE=N LOCAL_WORLD_SIZE=N GROUP_RANK=0
+ *   DOWNPOUR_PS=tcp://...,tcp://...   (the shards, in shard order)
+ *   DOWNPOUR_CURVE_SECRET, DOWNPOUR_CURVE_SERVER   (with --curve)
+ *
+ * downpour.Client() and downpour.torch.Worker() with no ps= read TF_CONFIG,
+ * and the CURVE variables stand for their curve_secret / curve_server. The
+ * worker job's hosts in TF_CONFIG are placeholders (127.0.0.1:1+I): no
+ * process listens there; TF_CONFIG's grammar needs them to say how many
+ * workers there are.
+ *
+ * It shows one progress line from the shards' metrics, keeps every
+ * process's output in DIR/logs, and ends the run when the workers have
+ * ended (then the shards get SIGTERM), when a worker fails (its name and
+ * last log lines; the others are stopped), or on Ctrl-C / SIGTERM (SIGTERM
+ * to everything it started, SIGKILL after --grace). The exit status is the
+ * chief's (worker 0): the command's own, or 128 + the signal; 1 when another
+ * worker or a shard failed first. DIR/summary.json
+ * holds the run as the shards saw it and every worker's exit. As
+ * `downpour local`, no child outlives it (process groups, PR_SET_PDEATHSIG). */
+#include "deploy/launcher/commands.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/opts.h"
+#include "common/signals.h"
+#include "common/util.h"
+#include "deploy/launcher/crew.h"
+#include "deploy/launcher/local_keys.h"
+#include "deploy/launcher/spawn.h"
+#include "server/ps.h"
+
+#define S_MAX_ARGS 256 /* server flags and their values, the command's words */
+
+typedef struct {
+    int workers, shards;
+    double grace_s;
+    int progress; /* 0: no progress line */
+    int curve;
+    const char *out;
+    const char *ps_args[S_MAX_ARGS]; /* the shards' flags, as given */
+    int n_ps_args;
+    char **cmd; /* the workers' command, NULL-terminated (argv's own) */
+    dp_ps_config_t ps; /* what the shards will make of their flags */
+    dp_crew_t crew;    /* the shards first, then the workers */
+    dp_local_keys_t keys;
+    char endpoints[DP_CREW_MAX * 48];
+    char bin_dir[PATH_MAX];
+    char out_default[64];
+    double t0;
+} s_launch_t;
+
+static volatile sig_atomic_t s_signal;
+
+static const char s_usage[] =
+    "usage: downpour launch --workers N [--ps-shards K] [--init FILE | --model SPEC]\n"
+    "                       [--out DIR] [--curve] [--grace S] [--no-progress]\n"
+    "                       [downpour-ps flags...] -- COMMAND [ARGS...]\n"
+    "Starts K downpour-ps shards, then N copies of COMMAND as workers 0..N-1 (0 the chief),\n"
+    "each with TF_CONFIG, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and DOWNPOUR_PS set\n"
+    "(downpour.torch.Worker() with no ps= finds the servers from them). Ctrl-C or SIGTERM\n"
+    "stops everything; a failed worker stops the run; the exit status is the chief's.\n\n"
+    "  --workers N        worker processes (1..64)\n"
+    "  --ps-shards K      parameter-server shards (1..64, default 1)\n"
+    "  --out DIR          logs/ (every process's output), metrics/, summary.json\n"
+    "                     (default runs/launch-YYYYmmdd-HHMMSS)\n"
+    "  --curve            CURVE keys for every shard and worker in DIR/keys; the workers\n"
+    "                     get DOWNPOUR_CURVE_SECRET and DOWNPOUR_CURVE_SERVER\n"
+    "  --grace S          seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
+    "  --no-progress      no progress line\n"
+    "Any other flag before \"--\" is downpour-ps's (see downpour-ps --help): --init FILE or\n"
+    "--model SPEC [--input CxHxW] says the model, --mode, --optimizer, --lr, ...\n";
+
+/* "--name V" or "--name=V" at argv[*i] for one of the launcher's flags with a
+ * value: the value (and *i past it), or NULL. */
+static const char *s_value(int argc, char **argv, int *i, const char *name)
+{
+    size_t len = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, len) != 0) return NULL;
+    if (a[len] == '=') return a + len + 1;
+    if (a[len] || *i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
+
+static int s_count(const char *flag, const char *v, int *out, char *err)
+{
+    long n;
+    if (dp_opts_parse_long(flag, v, 1, DP_CREW_MAX, &n, err) != 0) return -1;
+    *out = (int)n;
+    return 0;
+}
+
+/* One word of the command line before "--" at argv[*i] (and its value):
+ * a launcher flag, or a server flag kept for the shards. 0, or -1 with err. */
+static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
+{
+    const char *v;
+    if ((v = s_value(argc, argv, i, "--workers"))) return s_count("--workers", v, &L->workers, err);
+    if ((v = s_value(argc, argv, i, "--ps-shards"))) return s_count("--ps-shards", v, &L->shards, err);
+    if ((v = s_value(argc, argv, i, "--grace")))
+        return dp_opts_parse_double("--grace", v, 0, 3600, &L->grace_s, err);
+    if ((v = s_value(argc, argv, i, "--out"))) {
+        L->out = v;
+        return 0;
+    }
+    if (strcmp(argv[*i], "--no-progress") == 0) {
+        L->progress = 0;
+        return 0;
+    }
+    if (strcmp(argv[*i], "--curve") == 0) {
+        L->curve = 1;
+        return 0;
+    }
+    if (strncmp(argv[*i], "--", 2) != 0)
+        return dp_err(err, "unexpected argument '%s' before \"--\" (see downpour launch --help)",
+                      argv[*i]);
+    if (L->n_ps_args + 2 > S_MAX_ARGS) return dp_err(err, "more than %d server flags", S_MAX_ARGS);
+    L->ps_args[L->n_ps_args++] = argv[*i];
+    /* a flag's value follows it unless given with '=' or another flag comes */
+    if (!strchr(argv[*i], '=') && *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0)
+        L->ps_args[L->n_ps_args++] = argv[++*i];
+    return 0;
+}
+
+/* The server flags as shard 0 gets them, through downpour-ps's parser. */
+static int s_check_ps_flags(s_launch_t *L, char *err)
+{
+    const char *av[S_MAX_ARGS + 8];
+    char nw[16];
+    int n = 0;
+    snprintf(nw, sizeof nw, "%d", L->workers);
+    av[n++] = "downpour-ps";
+    for (int i = 0; i < L->n_ps_args; i++) av[n++] = L->ps_args[i];
+    av[n++] = "--workers";
+    av[n++] = nw;
+    dp_ps_config_default(&L->ps);
+    char e2[DP_ERR_LEN];
+    if (dp_ps_parse_args(&L->ps, n, (char **)av, e2) != DP_OPTS_PARSED)
+        return dp_err(err, "server flags: %s", e2);
+    return 0;
+}
+
+static dp_opts_result_t s_parse(s_launch_t *L, int argc, char **argv, char *err)
+{
+    L->shards = 1;
+    L->grace_s = 10;
+    L->progress = 1;
+    int i = 1;
+    for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(s_usage, stdout);
+            return DP_OPTS_HELP_SHOWN;
+        }
+        if (s_word(L, argc, argv, &i, err) != 0) return DP_OPTS_BAD;
+    }
+    if (i + 1 >= argc) {
+        dp_err(err, "no command: downpour launch [flags] -- COMMAND [ARGS...]");
+        return DP_OPTS_BAD;
+    }
+    L->cmd = argv + i + 1;
+    if (!L->workers) {
+        dp_err(err, "--workers N is required (see downpour launch --help)");
+        return DP_OPTS_BAD;
+    }
+    return s_check_ps_flags(L, err) == 0 ? DP_OPTS_PARSED : DP_OPTS_BAD;
+}
+
+/* DIR and its logs/ and metrics/; the keys with --curve. */
+static int s_prepare(s_launch_t *L, char *err)
+{
+    if (!L->out) {
+        time_t now = time(NULL);
+        strftime(L->out_default, sizeof L->out_default, "runs/launch-%Y%m%d-%H%M%S", localtime(&now));
+        L->out = L->out_default;
+    }
+    char path[PATH_MAX];
+    if (dp_mkdirs(L->out, 0755, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/logs", L->out);
+    if (dp_mkdirs(path, 0755, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/metrics", L->out);
+    if (dp_mkdirs(path, 0755, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/summary.json", L->out);
+    unlink(path);
+    if (L->curve && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
+    return 0;
+}
+
+static int s_start_shards(s_launch_t *L, const char *argv0, char *err)
+{
+    char bin[PATH_MAX + 16], shard[24], nw[16], ready[PATH_MAX];
+    dp_spawn_bin_dir(L->bin_dir, sizeof L->bin_dir, argv0);
+    snprintf(bin, sizeof bin, "%s/downpour-ps", L->bin_dir);
+    snprintf(nw, sizeof nw, "%d", L->workers);
+    for (int i = 0; i < L->shards; i++) {
+        dp_child_t *c = dp_crew_add(&L->crew, L->out, "ps", i);
+        snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
+        dp_crew_ready_path(L->out, i, ready, sizeof ready);
+        unlink(ready);
+        unlink(c->metrics);
+        const char *av[S_MAX_ARGS + 24];
+        int n = 0;
+        av[n++] = bin;
+        av[n++] = "--bind"; av[n++] = "tcp://127.0.0.1:*";
+        av[n++] = "--ready-file"; av[n++] = ready;
+        av[n++] = "--shard"; av[n++] = shard;
+        av[n++] = "--workers"; av[n++] = nw;
+        av[n++] = "--metrics"; av[n++] = c->metrics;
+        if (L->curve) dp_local_keys_ps_args(&L->keys, i, av, &n);
+        for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
+        av[n] = NULL;
+        if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Worker i's TF_CONFIG into out. */
+static void s_tf_config(const s_launch_t *L, int i, char *out, size_t n)
+{
+    cJSON *root = cJSON_CreateObject(), *cluster = cJSON_AddObjectToObject(root, "cluster");
+    cJSON *ps = cJSON_AddArrayToObject(cluster, "ps"), *wk = cJSON_AddArrayToObject(cluster, "worker");
+    for (const char *p = L->endpoints; *p;) {
+        size_t len = strcspn(p, ",");
+        char hp[256];
+        const char *h = strncmp(p, "tcp://", 6) == 0 ? p + 6 : p;
+        snprintf(hp, sizeof hp, "%.*s", (int)(len - (size_t)(h - p)), h);
+        cJSON_AddItemToArray(ps, cJSON_CreateString(hp));
+        p += len + (p[len] == ',');
+    }
+    for (int k = 0; k < L->workers; k++) {
+        char hp[32];
+        snprintf(hp, sizeof hp, "127.0.0.1:%d", 1 + k); /* placeholders: see the top */
+        cJSON_AddItemToArray(wk, cJSON_CreateString(hp));
+    }
+    cJSON *task = cJSON_AddObjectToObject(root, "task");
+    cJSON_AddStringToObject(task, "type", "worker");
+    cJSON_AddNumberToObject(task, "index", i);
+    char *text = cJSON_PrintUnformatted(root);
+    snprintf(out, n, "TF_CONFIG=%s", text);
+    cJSON_free(text);
+    cJSON_Delete(root);
+}
+
+static int s_start_workers(s_launch_t *L, char *err)
+{
+    static char tf[16384], ps[sizeof L->endpoints + 16], secret[PATH_MAX + 32], server[PATH_MAX + 32];
+    char rank[32], local[32], world[32], lworld[32];
+    snprintf(ps, sizeof ps, "DOWNPOUR_PS=%s", L->endpoints);
+    snprintf(world, sizeof world, "WORLD_SIZE=%d", L->workers);
+    snprintf(lworld, sizeof lworld, "LOCAL_WORLD_SIZE=%d", L->workers);
+    for (int i = 0; i < L->workers; i++) {
+        dp_child_t *c = dp_crew_add(&L->crew, L->out, "worker", i);
+        s_tf_config(L, i, tf, sizeof tf);
+        snprintf(rank, sizeof rank, "RANK=%d", i);
+        snprintf(local, sizeof local, "LOCAL_RANK=%d", i);
+        const char *env[12] = {tf, rank, local, world, lworld, "GROUP_RANK=0", ps};
+        int n = 7;
+        if (L->curve) {
+            const char *av[8];
+            int k = 0;
+            dp_local_keys_worker_args(&L->keys, i, av, &k); /* --curve-secret F --curve-server LIST */
+            snprintf(secret, sizeof secret, "DOWNPOUR_CURVE_SECRET=%s", av[1]);
+            snprintf(server, sizeof server, "DOWNPOUR_CURVE_SERVER=%s", av[3]);
+            env[n++] = secret;
+            env[n++] = server;
+        }
+        env[n] = NULL;
+        /* putenv keeps the pointers: the child's copy of these buffers is
+         * made by fork before the next worker's are written */
+        if (dp_spawn_env(&c->pid, (const char *const *)L->cmd, env, c->log, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The shards' last metrics lines: the run as shard 0 saw it, the version
+ * summed; NULL before any. */
+static cJSON *s_shards_state(const s_launch_t *L, double *version)
+{
+    cJSON *first = NULL;
+    *version = 0;
+    for (int i = 0; i < L->shards; i++) {
+        char line[8192];
+        dp_last_line(L->crew.kids[i].metrics, line, sizeof line);
+        cJSON *o = line[0] == '{' ? cJSON_Parse(line) : NULL;
+        if (!o) continue;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "version");
+        if (cJSON_IsNumber(v)) *version += v->valuedouble;
+        if (!first) first = o;
+        else cJSON_Delete(o);
+    }
+    return first;
+}
+
+static double s_num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+static void s_show_progress(const s_launch_t *L, int live)
+{
+    double version;
+    cJSON *o = s_shards_state(L, &version);
+    double dt = dp_now() - L->t0;
+    if (!o) {
+        fprintf(stderr, "%s%d worker(s) starting...%s", live ? "\r\033[K" : "", L->workers,
+                live ? "" : "\n");
+        return;
+    }
+    fprintf(stderr, "%sversion %.0f  %.0f pushes applied (%.1f/s)  staleness %.2f  %d worker(s)  %.0f s%s",
+            live ? "\r\033[K" : "", version, s_num(o, "applied"), s_num(o, "applied") / (dt > 0 ? dt : 1),
+            s_num(o, "staleness_mean"), L->workers, dt, live ? "" : "\n");
+    cJSON_Delete(o);
+}
+
+/* Until a signal, a failed worker (returned), or every worker's end. */
+static const dp_child_t *s_watch(s_launch_t *L)
+{
+    int live = L->progress && isatty(2);
+    double last = 0;
+    for (;;) {
+        int alive, workers_alive;
+        const dp_child_t *bad = dp_crew_reap(&L->crew, &alive, &workers_alive);
+        if (s_signal || workers_alive == 0) return bad && bad->is_worker ? bad : NULL;
+        if (bad) return bad; /* a worker, or a shard that died under the workers */
+        if (L->progress && dp_now() - last >= (live ? 0.5 : 15.0)) {
+            s_show_progress(L, live);
+            last = dp_now();
+        }
+        usleep(100 * 1000);
+    }
+}
+
+/* Every worker's exit and the shards' last view into DIR/summary.json. */
+static void s_summary(const s_launch_t *L)
+{
+    double version;
+    cJSON *st = s_shards_state(L, &version), *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "mode", dp_mode_name(L->ps.mode));
+    cJSON_AddNumberToObject(root, "workers", L->workers);
+    cJSON_AddNumberToObject(root, "ps_shards", L->shards);
+    cJSON_AddNumberToObject(root, "wall_s", dp_now() - L->t0);
+    cJSON_AddNumberToObject(root, "version", version);
+    static const char *keys[] = {"applied", "dropped", "rejected", "staleness_mean", "staleness_max"};
+    static const char *names[] = {"updates_applied", "updates_dropped", "updates_rejected",
+                                  "staleness_mean", "staleness_max"};
+    for (int k = 0; st && k < 5; k++) cJSON_AddNumberToObject(root, names[k], s_num(st, keys[k]));
+    cJSON *cmd = cJSON_AddArrayToObject(root, "command");
+    for (char **p = L->cmd; *p; p++) cJSON_AddItemToArray(cmd, cJSON_CreateString(*p));
+    cJSON *ex = cJSON_AddArrayToObject(root, "worker_exit");
+    for (int i = L->shards; i < L->crew.n; i++) {
+        const dp_child_t *c = &L->crew.kids[i];
+        int s = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
+        cJSON_AddItemToArray(ex, cJSON_CreateNumber(s));
+    }
+    char path[PATH_MAX], *text = cJSON_Print(root), err[DP_ERR_LEN];
+    snprintf(path, sizeof path, "%s/summary.json", L->out);
+    if (dp_write_file_atomic(path, text, strlen(text), err) != 0)
+        fprintf(stderr, "downpour launch: %s\n", err);
+    cJSON_free(text);
+    cJSON_Delete(root);
+    cJSON_Delete(st);
+}
+
+/* Stop what is left and say how the run ended; the exit status. */
+static int s_finish(s_launch_t *L, const dp_child_t *failed)
+{
+    int sig = (int)s_signal;
+    dp_crew_stop_all(&L->crew, L->grace_s);
+    if (L->progress && isatty(2)) fputc('\n', stderr);
+    s_summary(L);
+    const dp_child_t *chief = &L->crew.kids[L->shards];
+    if (sig) {
+        fprintf(stderr, "downpour launch: stopped by signal %d; every process ended; logs in %s/logs\n",
+                sig, L->out);
+        return 128 + sig;
+    }
+    if (failed) {
+        char how[64], last[512];
+        dp_child_describe_exit(failed, how, sizeof how);
+        dp_last_line(failed->log, last, sizeof last);
+        fprintf(stderr, "downpour launch: %s %s; last log line: %s\n(full log: %s)\n", failed->name,
+                how, last[0] ? last : "(empty)", failed->log);
+        return failed == chief && WIFEXITED(chief->status) ? WEXITSTATUS(chief->status) : 1;
+    }
+    printf("%s/summary.json\n", L->out);
+    return WIFEXITED(chief->status) ? WEXITSTATUS(chief->status) : 128 + WTERMSIG(chief->status);
+}
+
+int dp_launch_main(int argc, char **argv)
+{
+    static s_launch_t L; /* large: keep it off the stack */
+    char err[DP_ERR_LEN] = "";
+    dp_opts_result_t parsed = s_parse(&L, argc, argv, err);
+    if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour launch", parsed, err);
+    if (s_prepare(&L, err) != 0) {
+        fprintf(stderr, "downpour launch: %s\n", err);
+        return 1;
+    }
+    dp_signals_install(&s_signal, 1);
+    L.t0 = dp_now();
+    if (s_start_shards(&L, argv[0], err) != 0 ||
+        dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal,
+                             err) != 0 ||
+        s_start_workers(&L, err) != 0) {
+        fprintf(stderr, "downpour launch: %s\n", err);
+        dp_crew_stop_all(&L.crew, 5.0);
+        return s_signal ? 128 + (int)s_signal : 1;
+    }
+    fprintf(stderr, "downpour launch: %d ps shard(s) at %s, %d worker(s) of `%s`, %s mode; logs in %s/logs\n",
+            L.shards, L.endpoints, L.workers, L.cmd[0], dp_mode_name(L.ps.mode), L.out);
+    int rc = s_finish(&L, s_watch(&L));
+    dp_local_keys_fini(&L.keys);
+    return rc;
+}
