@@ -41,6 +41,29 @@ as downpour.Client's: timeout, curve_secret, curve_server, wire, transport.
   stats(), finish(), wait_all(timeout), shutdown(), close(); .client (the
   downpour.Client), .info, .step; a context manager (finish, close; on
   Ctrl-C, which interrupts a blocked pull or push at once, the same).
+
+Local steps (DiLoCo, local SGD): when the servers run --local-steps H, the
+Worker reads H (.local_steps) and the loop keeps its own optimizer:
+
+    opt = torch.optim.AdamW(model.parameters())     # the inner optimizer
+    for x, y in batches:
+        w.pull()
+        loss_fn(model(x), y).backward()
+        opt.step()                                  # as usual
+        w.push(loss=loss, batch=len(x))             # counts a step of the round
+        opt.zero_grad()
+
+  pull() at a round's start fetches the weights (and keeps them as the
+  round's start); inside a round, and right after a round's push (which
+  pulls itself), it does nothing: the weights are this worker's own.
+  push() counts the round's steps; at the H-th it pushes the
+  pseudo-gradient (the weights the round started from minus those reached;
+  the buffers as values, the loss the round's mean) as one step, pulls the
+  servers' new weights and returns the PushResult; before that it returns
+  None. finish(), wait_all() and a with-block's end push a round cut short
+  first; after them pull() fetches the servers' weights again (the chief's
+  final score). The servers' outer optimizer (--outer-optimizer sgd|nesterov)
+  steps by the pseudo-gradients.
 """
 import ctypes
 
@@ -132,6 +155,14 @@ class Worker:
                     f"differs (servers: {e})", e.code) from None
         self.info = self.client.info
         self._bind()
+        self.local_steps = max(1, int(self.info.local_steps))  # H, the servers' --local-steps
+        self._round = 0         # data steps of the round under way
+        self._round_loss = 0.0
+        self._round_batch = 0
+        self._fresh = False     # a round's push pulled the weights: the next pull() has them
+        self._w0 = None         # the round's start (flat, trainable tensors' places)
+        self._pseudo = None     # the pseudo-gradient pushed (flat)
+        self._rounds_over = False  # finish() / wait_all(): pull() fetches again
 
     # ---- where each tensor lives -------------------------------------------
     def _bind(self):
@@ -183,6 +214,13 @@ class Worker:
 
     def pull(self):
         """The servers' weights into the module (see the module's help)."""
+        if self.local_steps > 1 and not self._rounds_over and (self._round or self._fresh):
+            return  # local steps: the weights are this worker's own until the round's push
+        self._pull_now()
+        if self.local_steps > 1:
+            self._keep_round_start()
+
+    def _pull_now(self):
         for data, ptr in self._direct:
             if data.data_ptr() != ptr:  # the module was moved or reallocated
                 self._bind()
@@ -194,7 +232,12 @@ class Worker:
                     data.copy_(stage)
 
     def push(self, loss=0.0, batch=0):
-        """The gradients (and the buffers' values) as the next step."""
+        """The gradients (and the buffers' values) as the next step; with
+        local steps, one step of the round (see the module's help)."""
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.detach())
+        if self.local_steps > 1:
+            return self._local_step(loss, batch)
         with torch.no_grad():
             for p, g, t in self._grads:
                 pg = p.grad
@@ -210,9 +253,46 @@ class Worker:
                         p.grad = g  # the next backward accumulates into the flat buffer
             for data, v, _ in self._state:
                 v.copy_(data)
-        if isinstance(loss, torch.Tensor):
-            loss = float(loss.detach())
         return self.client._push_flat(self._flat.data_ptr(), self._flat_np, loss, batch, None)
+
+    # ---- local steps --------------------------------------------------------
+    def _keep_round_start(self):
+        if self._w0 is None:
+            self._w0 = torch.zeros(self.client.num_floats, dtype=torch.float32)
+            self._pseudo = torch.zeros(self.client.num_floats, dtype=torch.float32)
+            self._pseudo_np = self._pseudo.numpy()
+        with torch.no_grad():
+            for p, _, t in self._grads:
+                self._w0[t.offset:t.offset + t.count].copy_(p.detach().reshape(-1))
+
+    def _local_step(self, loss, batch):
+        if self._w0 is None:  # no pull() came first: the round starts from the servers' weights
+            self.pull()
+        self._fresh = False
+        self._round += 1
+        self._round_loss += loss
+        self._round_batch = batch
+        return self._end_round() if self._round == self.local_steps else None
+
+    def _end_round(self):
+        """Push the round's pseudo-gradient (one step), then pull; None when
+        no step was taken since the last round."""
+        if self.local_steps == 1 or self._round == 0:
+            return None
+        with torch.no_grad():
+            for p, _, t in self._grads:
+                sl = slice(t.offset, t.offset + t.count)
+                torch.sub(self._w0[sl], p.detach().reshape(-1), out=self._pseudo[sl])
+            for data, _, t in self._state:
+                self._pseudo[t.offset:t.offset + t.count].copy_(data.reshape(-1))
+        loss = self._round_loss / self._round
+        self._round, self._round_loss = 0, 0.0
+        r = self.client._push_flat(self._pseudo.data_ptr(), self._pseudo_np, loss,
+                                   self._round_batch, None)
+        self._pull_now()
+        self._keep_round_start()
+        self._fresh = True
+        return r
 
     @property
     def step(self):
@@ -222,9 +302,13 @@ class Worker:
         return self.client.stats()
 
     def finish(self):
+        self._end_round()
+        self._rounds_over = True
         self.client.finish()
 
     def wait_all(self, timeout=300.0):
+        self._end_round()
+        self._rounds_over = True
         self.client.wait_all(timeout)
 
     def shutdown(self):
@@ -242,6 +326,6 @@ class Worker:
             return
         try:
             if exc_type is None and not self.client.finished:
-                self.client.finish()
+                self.finish()
         finally:
             self.client.close()

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# test_py_local: local steps from PyTorch (downpour.torch.Worker when the
+# servers run --local-steps H), the user's loop keeping its own optimizer:
+#  - exactness: H = 4, inner SGD lr 0.1 in the loop, outer SGD lr 1 on the
+#    servers: 20 steps through the Worker end on the weights of the same 20
+#    steps alone, to float rounding, with one push per round (5; each
+#    returned at a round's end, None between) and pull() inside a round
+#    leaving the module alone; 22 steps: the round finish() cuts short is
+#    pushed too (6) — tests/integration/py_local.py
+#  - DiLoCo: examples/torch_diloco.py under downpour launch, 2 workers in
+#    sync, inner AdamW, outer Nesterov (lr 0.7, momentum 0.9), H = 8: one
+#    epoch reaches >= 0.85 test accuracy, each worker pushing once per 8
+#    steps (58 rounds of its 468 steps, and its short last round: the
+#    servers apply 2 x 59)
+# dp-test: unsanitized
+source "$(dirname "$0")/lib.sh"
+use_py_package 15 py_local data
+PY=tests/integration/py_local.py
+
+"$TORCH_PY" "$PY" init "$TMP/small.safetensors"
+for case in "20 5" "22 6"; do
+    set -- $case
+    rm -f "$TMP/ps.ready"
+    bg "$BIN/downpour-ps" --init "$TMP/small.safetensors" --workers 1 --mode async --local-steps 4 \
+        --outer-optimizer sgd --outer-lr 1 --bind tcp://127.0.0.1:0 --ready-file "$TMP/ps.ready" \
+        >"$TMP/ps-$1.log" 2>&1
+    t=0; until [ -s "$TMP/ps.ready" ] || [ $t -ge 100 ]; do sleep 0.1; t=$((t + 1)); done
+    "$TORCH_PY" "$PY" exact "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" "$2" >"$TMP/exact-$1.out" 2>&1
+    rc=$?
+    sed -n 's/^\(ok  \|FAIL\)/\1/p' "$TMP/exact-$1.out"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$TMP/exact-$1.out" | tail -1)
+    if [ -z "$line" ]; then
+        fail "exact $1" "py_local.py ended without its count (exit $rc): $(tail -3 "$TMP/exact-$1.out")"
+    else
+        T_PASSED=$((T_PASSED + ${line%% passed*}))
+        f=${line#* passed, }; T_FAILED=$((T_FAILED + ${f%% failed}))
+    fi
+done
+
+"$TORCH_PY" examples/torch_fashion_mnist.py --write-init "$TMP/fm.safetensors" >/dev/null 2>&1
+OMP_NUM_THREADS=1 "$BIN/downpour" launch --workers 2 --init "$TMP/fm.safetensors" --mode sync --local-steps 8 \
+    --outer-optimizer nesterov --no-progress --out "$TMP/diloco" -- "$TORCH_PY" examples/torch_diloco.py \
+    >"$TMP/diloco.log" 2>&1
+rc=$?
+check "DiLoCo: downpour launch of examples/torch_diloco.py exits 0 (got $rc)" test $rc = 0
+acc=$(sed -n 's/^test accuracy \(0\.[0-9]*\);.*/\1/p' "$TMP/diloco/logs/worker-0.log")
+check "DiLoCo: one epoch reaches ${acc:-?} >= 0.85 test accuracy" ge "${acc:-0}" 0.85
+for i in 0 1; do
+    check "DiLoCo: worker $i pushed once per 8 steps (58 rounds)" \
+        grep -q "^worker $i: 58 pushes of rounds of 8 steps" "$TMP/diloco/logs/worker-$i.log"
+done
+check "DiLoCo: the servers applied 2 x 59 pushes (the short last rounds too)" \
+    grep -q 'the servers applied 118 pushes' "$TMP/diloco/logs/worker-0.log"
+finish
