@@ -81,14 +81,30 @@ def _buffer_names(module):
 
 def table_of(module):
     """The servers' table for module: [(name, shape, trainable)] in
-    state_dict order, buffers as state."""
+    state_dict order, buffers as state. Tied tensors (two names, one
+    storage: a weight shared by two layers) are refused, naming both: the
+    servers would hold and step two copies that drift apart."""
     buffers = _buffer_names(module)
+    seen = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        if t.numel() == 0:
+            continue
+        st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()  # 1.13: storage()
+        key = (t.device, st.data_ptr())
+        if key in seen:
+            raise downpour.ModelMismatch(
+                f"tensors {seen[key]} and {name} share their storage (tied parameters): the "
+                f"servers hold each name as its own tensor, so the two would drift apart; untie "
+                f"them (give {name} its own nn.Parameter) or share it in forward() instead",
+                "args", name)
+        seen[key] = name
     return [(name, tuple(t.shape), name not in buffers)
             for name, t in module.state_dict().items()]
 
 
 def save_init(module, path):
     """Write the --init file of module (see the module's help)."""
+    table_of(module)  # tied tensors refused before anything is written
     buffers = _buffer_names(module)
     tensors, state = [], []
     for name, t in module.state_dict().items():

@@ -183,6 +183,19 @@ def cmd_errors(a):
            downpour.ModelMismatch,
            lambda: downpour.torch.Worker(renamed, ps=eps, task_index=0, timeout=5, init=a.init),
            "c.weight", "0.weight")
+    # Tied parameters (one storage under two names) are refused, naming both,
+    # by the Worker and by save_init, before anything is sent or written.
+    tied = bn_net()
+    tied[4].weight = nn.Parameter(torch.zeros(3, 144))
+    extra = nn.Linear(144, 3)
+    extra.weight = tied[4].weight
+    tied.add_module("5", extra)
+    expect("tied parameters: the Worker refuses them, naming both tensors", downpour.ModelMismatch,
+           lambda: downpour.torch.Worker(tied, ps=eps, task_index=0, timeout=5),
+           "4.weight", "5.weight", "tied")
+    expect("... and so does save_init", downpour.ModelMismatch,
+           lambda: downpour.torch.save_init(tied, a.init + ".tied"), "4.weight", "5.weight")
+    check("... which wrote nothing", not os.path.exists(a.init + ".tied"))
     # The file the servers read is what save_init wrote: it loads back strictly.
     tensors, meta = downpour.safetensors.read(a.init)
     fresh = bn_net()

@@ -125,6 +125,7 @@ helps "downpour-worker --help" "--eval-limit K" "$WK" --help
 helps "downpour-worker -h" "--standalone" "$WK" -h
 helps "downpour local --help lists what it passes on" "passed on to downpour-worker:" "$L" local --help
 helps "downpour eval --help" "--checkpoint FILE" "$L" eval --help
+helps "downpour launch --help" "-- COMMAND [ARGS...]" "$L" launch --help
 helps "downpour --help" "downpour local" "$L" --help
 helps "downpour-ps --help lists rmsprop" "adagrad|rmsprop" "$PS" --help
 helps "downpour-worker --help lists rmsprop" "adagrad, rmsprop" "$WK" --help
@@ -159,7 +160,7 @@ check "downpour --summary names every command of downpour --help" bash -c '
         n=$((n + 1)); grep -qE "[:,] $name(,|\$)" "$1" || { echo "missing: $name"; exit 1; }
     done < <(awk "/^(usage:)? +downpour /{s=\"\"; for (i = 1; i <= NF; i++) if (\$i == \"downpour\") break;
                  for (i++; i <= NF && \$i ~ /^[a-z]+\$/; i++) s = s (s == \"\" ? \"\" : \" \") \$i; print s}" "$2")
-    [ $n = 8 ]' _ "$TMP/summary" "$TMP/usage"
+    [ $n = 9 ]' _ "$TMP/summary" "$TMP/usage"
 
 # Seeds above 2^53 are taken whole, by the worker and by the servers: 2^53
 # and 2^53 + 1 (one double apart from nothing) draw different weights, and a

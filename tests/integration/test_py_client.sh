@@ -16,7 +16,7 @@
 #  (d) the library lookup: DOWNPOUR_LIB overrides, a missing file is one line
 source "$(dirname "$0")/lib.sh"
 
-use_py_package 43 py_client
+use_py_package 48 py_client
 PY=tests/integration/py_client.py
 SPEC="fc:32 relu fc:10 softmax"
 
