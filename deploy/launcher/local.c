@@ -715,7 +715,9 @@ int dp_local_main(int argc, char **argv)
         return 1;
     }
     dp_signals_install(&s_signal, 1);
-    if (s_start_servers(&L, err) != 0 || dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal, err) != 0 ||
+    if (s_start_servers(&L, err) != 0 ||
+        dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal,
+                             err) != 0 ||
         s_start_workers(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         dp_crew_stop_all(&L.crew, 5.0);
