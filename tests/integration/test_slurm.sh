@@ -4,7 +4,8 @@
 # them as root in a directory of the test's own, no systemd, nothing in /etc).
 #  - one node: `sbatch --wait` runs a server and two workers; the job
 #    completes, the chief's summary.json, model and metrics are there, and
-#    the servers stopped on the chief's SHUTDOWN
+#    the servers stopped on the chief's SHUTDOWN; `srun downpour launch`
+#    (a job step) runs the PyTorch example as 2 workers of its own shard
 #  - three nodes, each slurmd in a network namespace of its own (a host with
 #    its own address, tests/netns/lib.sh): with DP_PS_NODES=1 the server runs
 #    on the first host and a worker on each of the others, in sync mode, so
@@ -25,7 +26,7 @@ trap 'exit 129' HUP
 
 # The checks of each half; a skip counts them (section_end keeps the
 # figures true where they run).
-ONE=6 THREE=9
+ONE=8 THREE=9
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     skip_checks $((ONE + THREE)) slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
@@ -97,6 +98,21 @@ if sl_start; then
     st=$(job_state "" "$(cat "$TMP/one.id")")
     check "one node: slurmctld says the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
     check "one node: the server stopped on the chief's SHUTDOWN" grep -q 'SHUTDOWN from worker 0' "$TMP/one/logs/ps-0.log"
+    # downpour launch as a job step (one launch per node: its own shards and
+    # workers), the PyTorch example as the command.
+    if has_torch; then
+        export PYTHONPATH=$PWD/$BUILD/python
+        "$TORCH_PY" examples/torch_fashion_mnist.py --write-init "$TMP/fm.safetensors" >/dev/null 2>&1
+        sl_run "" timeout -k 5 $((120 * scale)) srun --nodes=1 --ntasks=1 --time=$((2 * scale)) \
+            "$BIN/downpour" launch --workers 2 --init "$TMP/fm.safetensors" --mode async --no-progress \
+            --out "$TMP/slaunch" -- "$TORCH_PY" examples/torch_fashion_mnist.py --steps 20 \
+            >"$TMP/slaunch.log" 2>&1
+        rc=$?
+        check "srun downpour launch -- python3 (a job step): exit 0 (got $rc)" test $rc = 0
+        check "... its chief scored the run" grep -q '^test accuracy' "$TMP/slaunch/logs/worker-0.log"
+    else
+        skip_checks 2 "slurm launch" "python3-torch is not installed under $TORCH_PY (make deps-test)"
+    fi
 else
     fail "start the one-node cluster" "$SL_WHY"
 fi
