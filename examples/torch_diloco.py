@@ -6,9 +6,8 @@ momentum (the outer optimizer, lr 0.7, momentum 0.9) and hand out the new
 weights. The loop is an ordinary PyTorch one; the Worker learns H from the
 servers and makes push() a round's step (downpour.torch's help):
 
-    PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --write-init model.safetensors
-    PYTHONPATH=build/python build/downpour launch --workers 2 --init model.safetensors --mode async \\
-        --local-steps 8 --outer-optimizer nesterov -- python3 examples/torch_diloco.py
+    PYTHONPATH=build/python build/downpour launch --workers 2 --mode sync --local-steps 8 \\
+        --outer-optimizer nesterov -- python3 examples/torch_diloco.py
 
 The model and data are examples/torch_fashion_mnist.py's.
 """

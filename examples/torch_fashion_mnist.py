@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """An ordinary PyTorch training loop on Fashion-MNIST, made a Downpour worker
-by the lines marked "Downpour". Write the model's --init file, then start the
-servers and N of these with one command (README.md, "Bring your own model"):
+by the lines marked "Downpour". The servers and N of these, with one command
+(README.md, "Bring your own model"):
 
-    PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --write-init model.safetensors
-    PYTHONPATH=build/python build/downpour launch --workers 2 --init model.safetensors --mode async \
+    PYTHONPATH=build/python build/downpour launch --workers 2 --mode async \
         -- python3 examples/torch_fashion_mnist.py
 
 downpour launch gives each copy TF_CONFIG (the servers, its task) and
-WORLD_SIZE, which the defaults below read. By hand, the same run is:
+WORLD_SIZE, which the defaults below read; the chief's Worker(model) writes
+the servers' model first (--init FILE to launch gives it instead). By hand,
+the same run is:
 
+    PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --write-init model.safetensors
     build/downpour-ps --init model.safetensors --workers 2 --mode async --bind tcp://*:5555 &
     PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --ps tcp://127.0.0.1:5555 --task 1 --workers 2 &
     PYTHONPATH=build/python python3 examples/torch_fashion_mnist.py --ps tcp://127.0.0.1:5555 --task 0 --workers 2

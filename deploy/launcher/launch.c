@@ -11,7 +11,16 @@
  *   DOWNPOUR_CURVE_SECRET, DOWNPOUR_CURVE_SERVER   (with --curve)
  *
  * downpour.Client() and downpour.torch.Worker() with no ps= read TF_CONFIG,
- * and the CURVE variables stand for their curve_secret / curve_server. The
+ * and the CURVE variables stand for their curve_secret / curve_server.
+ *
+ * The model: --init FILE or --model SPEC among the server flags; with
+ * neither, the chief's module. Worker 0 then starts first, alone, with
+ * DOWNPOUR_LAUNCH_INIT=DIR/init.safetensors and DOWNPOUR_LAUNCH_PS=
+ * DIR/logs/ps.endpoints in place of TF_CONFIG: its first call,
+ * downpour.torch.Worker(model), writes the init file (renamed into place
+ * whole) and waits; the shards start from that file, the launcher writes
+ * their endpoints there (atomically), the chief connects, and the other
+ * workers start with TF_CONFIG as above. The
  * worker job's hosts in TF_CONFIG are placeholders (127.0.0.1:1+I): no
  * process listens there; TF_CONFIG's grammar needs them to say how many
  * workers there are.
@@ -60,6 +69,10 @@ typedef struct {
     dp_crew_t crew;    /* the shards first, then the workers */
     dp_local_keys_t keys;
     char endpoints[DP_CREW_MAX * 48];
+    int init_from_cmd;          /* no --init or --model: the chief's module is the model */
+    char init_path[PATH_MAX];   /* DIR/init.safetensors, which the chief writes */
+    char ps_file[PATH_MAX];     /* DIR/logs/ps.endpoints, where it then reads the shards */
+    dp_child_t chief;           /* worker 0 while it is started alone */
     char bin_dir[PATH_MAX];
     char out_default[64];
     double t0;
@@ -84,7 +97,9 @@ static const char s_usage[] =
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
     "  --no-progress      no progress line\n"
     "Any other flag before \"--\" is downpour-ps's (see downpour-ps --help): --init FILE or\n"
-    "--model SPEC [--input CxHxW] says the model, --mode, --optimizer, --lr, ...\n";
+    "--model SPEC [--input CxHxW] says the model, --mode, --optimizer, --lr, ...; with\n"
+    "neither, the chief's downpour.torch.Worker(model) writes DIR/init.safetensors first\n"
+    "and the servers start from it.\n";
 
 /* "--name V" or "--name=V" at argv[*i] for one of the launcher's flags with a
  * value: the value (and *i past it), or NULL. */
@@ -130,7 +145,7 @@ static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
     if (strncmp(argv[*i], "--", 2) != 0)
         return dp_err(err, "unexpected argument '%s' before \"--\" (see downpour launch --help)",
                       argv[*i]);
-    if (L->n_ps_args + 2 > S_MAX_ARGS) return dp_err(err, "more than %d server flags", S_MAX_ARGS);
+    if (L->n_ps_args + 4 > S_MAX_ARGS) return dp_err(err, "more than %d server flags", S_MAX_ARGS);
     L->ps_args[L->n_ps_args++] = argv[*i];
     /* a flag's value follows it unless given with '=' or another flag comes */
     if (!strchr(argv[*i], '=') && *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0)
@@ -198,6 +213,14 @@ static int s_prepare(s_launch_t *L, char *err)
     snprintf(path, sizeof path, "%s/summary.json", L->out);
     unlink(path);
     if (L->curve && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
+    for (int i = 0; i < L->n_ps_args; i++)
+        if (strncmp(L->ps_args[i], "--init", 6) == 0 || strncmp(L->ps_args[i], "--model", 7) == 0)
+            return 0;
+    L->init_from_cmd = 1;
+    snprintf(L->init_path, sizeof L->init_path, "%s/init.safetensors", L->out);
+    snprintf(L->ps_file, sizeof L->ps_file, "%s/logs/ps.endpoints", L->out);
+    unlink(L->init_path);
+    unlink(L->ps_file);
     return 0;
 }
 
@@ -256,34 +279,91 @@ static void s_tf_config(const s_launch_t *L, int i, char *out, size_t n)
     cJSON_Delete(root);
 }
 
-static int s_start_workers(s_launch_t *L, char *err)
+/* Worker i into c: the command with its variables; before the shards are
+ * up (the chief writing the init file) with DOWNPOUR_LAUNCH_INIT and
+ * DOWNPOUR_LAUNCH_PS in place of TF_CONFIG and DOWNPOUR_PS. */
+static int s_start_worker(s_launch_t *L, int i, dp_child_t *c, char *err)
 {
     static char tf[16384], ps[sizeof L->endpoints + 16], secret[PATH_MAX + 32], server[PATH_MAX + 32];
+    static char init[PATH_MAX + 32], ps_file[PATH_MAX + 32];
     char rank[32], local[32], world[32], lworld[32];
-    snprintf(ps, sizeof ps, "DOWNPOUR_PS=%s", L->endpoints);
     snprintf(world, sizeof world, "WORLD_SIZE=%d", L->workers);
     snprintf(lworld, sizeof lworld, "LOCAL_WORLD_SIZE=%d", L->workers);
-    for (int i = 0; i < L->workers; i++) {
-        dp_child_t *c = dp_crew_add(&L->crew, L->out, "worker", i);
+    snprintf(rank, sizeof rank, "RANK=%d", i);
+    snprintf(local, sizeof local, "LOCAL_RANK=%d", i);
+    const char *env[12] = {rank, local, world, lworld, "GROUP_RANK=0"};
+    int n = 5;
+    if (L->endpoints[0]) {
         s_tf_config(L, i, tf, sizeof tf);
-        snprintf(rank, sizeof rank, "RANK=%d", i);
-        snprintf(local, sizeof local, "LOCAL_RANK=%d", i);
-        const char *env[12] = {tf, rank, local, world, lworld, "GROUP_RANK=0", ps};
-        int n = 7;
-        if (L->curve) {
-            const char *av[8];
-            int k = 0;
-            dp_local_keys_worker_args(&L->keys, i, av, &k); /* --curve-secret F --curve-server LIST */
-            snprintf(secret, sizeof secret, "DOWNPOUR_CURVE_SECRET=%s", av[1]);
-            snprintf(server, sizeof server, "DOWNPOUR_CURVE_SERVER=%s", av[3]);
-            env[n++] = secret;
-            env[n++] = server;
-        }
-        env[n] = NULL;
-        /* putenv keeps the pointers: the child's copy of these buffers is
-         * made by fork before the next worker's are written */
-        if (dp_spawn_env(&c->pid, (const char *const *)L->cmd, env, c->log, err) != 0) return -1;
+        snprintf(ps, sizeof ps, "DOWNPOUR_PS=%s", L->endpoints);
+        env[n++] = tf;
+        env[n++] = ps;
+    } else {
+        snprintf(init, sizeof init, "DOWNPOUR_LAUNCH_INIT=%s", L->init_path);
+        snprintf(ps_file, sizeof ps_file, "DOWNPOUR_LAUNCH_PS=%s", L->ps_file);
+        env[n++] = init;
+        env[n++] = ps_file;
     }
+    if (L->curve) {
+        const char *av[8];
+        int k = 0;
+        dp_local_keys_worker_args(&L->keys, i, av, &k); /* --curve-secret F --curve-server LIST */
+        snprintf(secret, sizeof secret, "DOWNPOUR_CURVE_SECRET=%s", av[1]);
+        snprintf(server, sizeof server, "DOWNPOUR_CURVE_SERVER=%s", av[3]);
+        env[n++] = secret;
+        env[n++] = server;
+    }
+    env[n] = NULL;
+    /* putenv keeps the pointers: the child's copy of these buffers is made
+     * by fork before the next worker's are written */
+    return dp_spawn_env(&c->pid, (const char *const *)L->cmd, env, c->log, err);
+}
+
+/* The chief first, alone, until its first call (downpour.torch.Worker)
+ * wrote the servers' init file from its module: the run's model. */
+static int s_start_chief_for_init(s_launch_t *L, char *err)
+{
+    dp_child_t *c = &L->chief;
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "worker-0");
+    snprintf(c->log, sizeof c->log, "%s/logs/worker-0.log", L->out);
+    c->is_worker = 1;
+    if (s_start_worker(L, 0, c, err) != 0) return -1;
+    double until = dp_now() + 600;
+    while (access(L->init_path, F_OK) != 0) {
+        int st;
+        if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
+            c->pid = 0;
+            c->status = st;
+            char how[64], last[512];
+            dp_child_describe_exit(c, how, sizeof how);
+            dp_last_line(c->log, last, sizeof last);
+            return dp_err(err, "worker-0 %s before writing the model (downpour.torch.Worker(model) "
+                          "does, or give --init FILE / --model SPEC); last log line: %s", how,
+                          last[0] ? last : "(empty)");
+        }
+        if (s_signal) return dp_err(err, "stopped by signal %d while starting", (int)s_signal);
+        if (dp_now() > until) return dp_err(err, "worker-0 wrote no %s in 600 s", L->init_path);
+        usleep(20 * 1000);
+    }
+    L->ps_args[L->n_ps_args++] = "--init";
+    L->ps_args[L->n_ps_args++] = L->init_path;
+    return 0;
+}
+
+/* The workers not yet running, once the shards listen (the chief, started
+ * for the init file, told where they are). */
+static int s_start_workers(s_launch_t *L, char *err)
+{
+    int first = 0;
+    if (L->chief.pid > 0) {
+        *dp_crew_add(&L->crew, L->out, "worker", 0) = L->chief;
+        L->chief.pid = 0; /* the crew's now */
+        if (dp_write_file_atomic(L->ps_file, L->endpoints, strlen(L->endpoints), err) != 0) return -1;
+        first = 1;
+    }
+    for (int i = first; i < L->workers; i++)
+        if (s_start_worker(L, i, dp_crew_add(&L->crew, L->out, "worker", i), err) != 0) return -1;
     return 0;
 }
 
@@ -414,11 +494,13 @@ int dp_launch_main(int argc, char **argv)
     }
     dp_signals_install(&s_signal, 1);
     L.t0 = dp_now();
-    if (s_start_shards(&L, argv[0], err) != 0 ||
+    if ((L.init_from_cmd && s_start_chief_for_init(&L, err) != 0) ||
+        s_start_shards(&L, argv[0], err) != 0 ||
         dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal,
                              err) != 0 ||
         s_start_workers(&L, err) != 0) {
         fprintf(stderr, "downpour launch: %s\n", err);
+        if (L.chief.pid > 0) *dp_crew_add(&L.crew, L.out, "worker", 0) = L.chief; /* stopped too */
         dp_crew_stop_all(&L.crew, 5.0);
         return s_signal ? 128 + (int)s_signal : 1;
     }

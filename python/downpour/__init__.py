@@ -147,6 +147,10 @@ class Client:
     def __init__(self, table, ps=None, task_index=None, *, _spec=None, **options):
         self._lib = lib = _lib.load()
         self._h = None
+        if ps is None and "DOWNPOUR_LAUNCH_INIT" in os.environ and "TF_CONFIG" not in os.environ:
+            raise Error("downpour launch started this worker to write the model, which "
+                        "downpour.torch.Worker(module) does; with a NumPy client give downpour "
+                        "launch --init FILE or --model SPEC", "args")
         o = _opts(lib, ps, task_index, **options)
         h = ctypes.c_void_p()
         if _spec is not None:

@@ -18,7 +18,10 @@ pushes; async / ssp: the value pushed).
 
 Worker(module, ps=None, task_index=None, *, spec=None, input=(1, 28, 28),
 init=None, **options): ps and task_index as downpour.Client's (None, None:
-TF_CONFIG's, as `downpour launch` sets it); the module's state_dict as the servers' table
+TF_CONFIG's, as `downpour launch` sets it; under `downpour launch` with
+neither --init nor --model, this first call in the chief writes the
+servers' --init file from the module, and the servers start from it); the
+module's state_dict as the servers' table
 (names, shapes, order; parameters trainable, buffers state). spec: the
 servers run `--model SPEC --input CxHxW` instead (the module's names and
 shapes must be the spec's: tests/torch_net.py builds such a module). init:
@@ -66,6 +69,8 @@ Worker reads H (.local_steps) and the loop keeps its own optimizer:
   steps by the pseudo-gradients.
 """
 import ctypes
+import os
+import time
 
 import torch
 
@@ -142,6 +147,24 @@ def _check_against(table, expected, where):
                 f"tensor {n}: {what(t)} in the module, {what(et)} in {where}", "args", n)
 
 
+def _launch_servers(module, timeout):
+    """Under `downpour launch` with neither --init nor --model, the chief is
+    started before the servers (DOWNPOUR_LAUNCH_INIT set, no TF_CONFIG): it
+    writes their --init file from its module, then waits for the launcher
+    to write where the shards listen (DOWNPOUR_LAUNCH_PS). Their endpoints."""
+    init, ps_file = os.environ["DOWNPOUR_LAUNCH_INIT"], os.environ["DOWNPOUR_LAUNCH_PS"]
+    save_init(module, init + ".tmp")
+    os.replace(init + ".tmp", init)  # whole or not there: the launcher waits for the name
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(ps_file):
+        if time.monotonic() > deadline:
+            raise downpour.Error(f"downpour launch did not start the servers within {timeout:.0f} s "
+                                 f"({ps_file} missing)", "timeout")
+        time.sleep(0.02)
+    with open(ps_file) as f:
+        return f.read().strip()
+
+
 class Worker:
     """A PyTorch module as worker task_index of the servers (see the module's help)."""
 
@@ -149,6 +172,9 @@ class Worker:
                  **options):
         self.module = module
         table = table_of(module)
+        if ps is None and spec is None and "DOWNPOUR_LAUNCH_INIT" in os.environ \
+                and "TF_CONFIG" not in os.environ:
+            ps = _launch_servers(module, max(60.0, float(options.get("timeout", 30.0))))
         if init is not None:
             _check_against(table, _st.table(init), init)
         if spec is not None:

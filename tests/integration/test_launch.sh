@@ -13,11 +13,14 @@
 #  - SIGINT to the launcher mid-run: it exits 130 and leaves no process and
 #    no shared-memory segment behind
 #  - --curve: the workers reach CURVE shards with the keys handed over
+#  - with neither --init nor --model, the chief's downpour.torch.Worker(model)
+#    writes the servers' init file and the run goes on from it (README's
+#    one command); a chief that never makes a Worker is named, nothing left
 #  - bad input is one line before anything starts: a bad server flag, no
 #    command, no --workers
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
-use_py_package 30 launch data
+use_py_package 35 launch data
 L=$BIN/downpour
 cp examples/torch_fashion_mnist.py "$TMP/train.py"
 "$TORCH_PY" "$TMP/train.py" --write-init "$TMP/model.safetensors" >"$TMP/init.log" 2>&1
@@ -39,6 +42,24 @@ for mode in async sync; do
         bash -c "\"$TORCH_PY\" -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"worker_exit\"] != [0, 0])' '$out/summary.json'"
     check "$mode: no process of the run is left" left
 done
+
+# The model from the chief's module: no --init, no --model.
+out=$TMP/from-cmd
+"$L" launch --workers 2 --mode async --optimizer momentum --lr 0.01 --no-progress --out "$out" -- \
+    "$TORCH_PY" "$TMP/train.py" --steps 40 >"$TMP/from-cmd.log" 2>&1
+rc=$?
+check "no --init: the chief's module is the model, the run exits 0 (got $rc)" test $rc = 0
+floats=$("$TORCH_PY" -c 'import sys, downpour.safetensors as s; print(sum(t.size for _, t in s.read(sys.argv[1])[0]))' \
+    "$out/init.safetensors" 2>/dev/null)
+check "... the servers hold the model of the file its Worker wrote (${floats:-no} floats)" \
+    grep -q "of ${floats:-none}, async" "$out/logs/ps-0.log"
+acc=$(sed -n 's/^test accuracy \(0\.[0-9]*\);.*/\1/p' "$out/logs/worker-0.log")
+check "... and trained it (accuracy ${acc:-?} > 0.5)" ge "${acc:-0}" 0.5
+"$L" launch --workers 2 --no-progress --out "$TMP/no-model" -- true >"$TMP/no-model.log" 2>&1
+rc=$?
+check "no --init and a chief that makes no Worker: status 1, named (got $rc)" \
+    bash -c "[ $rc = 1 ] && grep -q 'worker-0 exited with status 0 before writing the model' '$TMP/no-model.log'"
+check "... nothing left" left
 
 # The variables each copy gets.
 "$L" launch --workers 2 --model "fc:10 softmax" --no-progress --out "$TMP/env" -- \
