@@ -50,6 +50,8 @@
 # default model from Python, downpour.torch and NumPy, against the C client),
 # BENCH_DDP=0 to leave out tests/bench/ddp.sh (2 workers, sync and async,
 # against PyTorch DDP over gloo; its knobs are in that file),
+# BENCH_TORCH_LOCAL=0 to leave out tests/bench/torch_local.sh (2 PyTorch
+# workers with --local-steps 8 against the loop alone, launch's start-up),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
 # standalone, --overlap on and off; its own knobs are in that file),
 # BENCH_RESNET=0 to leave out the resnet20 rows, BENCH_RESNET_SHAPES
@@ -391,4 +393,11 @@ fi
 if [ "${BENCH_DDP:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
     echo
     BUILD=$BUILD BENCH_OUT=$OUT PY=$PY tests/bench/ddp.sh
+fi
+
+# PyTorch workers with local steps against the loop alone, and downpour
+# launch's start-up against the same processes started by hand.
+if [ "${BENCH_TORCH_LOCAL:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
+    echo
+    BUILD=$BUILD tests/bench/torch_local.sh
 fi

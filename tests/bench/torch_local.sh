@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# torch_local.sh: what local steps and downpour launch cost a PyTorch user,
+# round by round on this machine (tests/bench/torch_local.py, the example's
+# network, AdamW, batch 64, 1 thread a process):
+#   alone       the loop alone, one process (x2: the ideal for 2 workers)
+#   local 8     2 workers under `downpour launch --local-steps 8` (async,
+#               outer Nesterov): their images/s summed
+#   every step  the same 2 workers with a pull and a push every step (no
+#               --local-steps, async): the communication local steps remove
+#   start-up    from `downpour launch` starting to the chief's first step,
+#               against the same shard and workers started by hand
+# Knobs: BENCH_TL_ROUNDS (3), BENCH_TL_STEPS (200).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/bench/lib.sh
+BENCH_NAME=torch_local.sh
+ROUNDS=${BENCH_TL_ROUNDS:-3}
+STEPS=${BENCH_TL_STEPS:-200}
+BUILD=${BUILD:-build}
+PY=/usr/bin/python3
+export PYTHONPATH=$PWD/$BUILD/python
+bench_require make "$BUILD/downpour" "$BUILD/downpour-ps"
+bench_openblas
+out=$(mktemp -d)
+bench_samples "$out"
+bench_start "PyTorch workers with local steps, and downpour launch's start-up"
+"$PY" examples/torch_fashion_mnist.py --write-init "$out/m.safetensors"
+ips() { sed -n 's/^images_per_s //p' "$@" | awk '{ s += $1 } END { printf "%.0f", s }'; }
+first() { sed -n 's/^first_step_at //p' "$1"; }
+for ((r = 1; r <= ROUNDS; r++)); do
+    "$PY" tests/bench/torch_local.py alone "$STEPS" >"$out/alone.log"
+    echo "alone $(ips "$out/alone.log")" >>"$RAW"
+    for how in "local8 --mode async --local-steps 8 --outer-optimizer nesterov" "every --mode async"; do
+        set -- $how
+        name=$1; shift
+        t0=$(date +%s.%N)
+        "$BUILD/downpour" launch --workers 2 --init "$out/m.safetensors" "$@" --no-progress --out "$out/$name" \
+            -- "$PY" tests/bench/torch_local.py worker "$STEPS" >"$out/$name.log" 2>&1
+        echo "$name $(ips "$out/$name"/logs/worker-*.log)" >>"$RAW"
+        [ "$name" = every ] && echo "startup-launch $(awk -v a="$t0" -v b="$(first "$out/$name/logs/worker-0.log")" 'BEGIN { printf "%.3f", b - a }')" >>"$RAW"
+    done
+    # by hand: the shard, then the two workers, as README's manual recipe
+    t0=$(date +%s.%N)
+    rm -f "$out/ready"
+    "$BUILD/downpour-ps" --init "$out/m.safetensors" --workers 2 --mode async --bind tcp://127.0.0.1:0 \
+        --ready-file "$out/ready" >"$out/hand-ps.log" 2>&1 &
+    ps=$!
+    until [ -s "$out/ready" ]; do sleep 0.01; done
+    ep=$(cat "$out/ready")
+    RANK=1 "$PY" tests/bench/torch_local.py worker "$STEPS" "$ep" >"$out/hand-1.log" 2>&1 &
+    w1=$!
+    "$PY" tests/bench/torch_local.py worker "$STEPS" "$ep" >"$out/hand-0.log" 2>&1 || true
+    wait $w1 $ps || true
+    echo "startup-hand $(awk -v a="$t0" -v b="$(first "$out/hand-0.log")" 'BEGIN { printf "%.3f", b - a }')" >>"$RAW"
+    bench_round 5
+done
+awk '{ v[$1] = v[$1] " " $2 }
+     function median(list,    a, k, i, j, t) { k = split(list, a, " ");
+         for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+         return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }
+     END { printf "%-16s %s  median %s\n", "alone", v["alone"], median(v["alone"]);
+           printf "%-16s %s  median %s  = %.2fx of 2 x alone\n", "2 x local 8", v["local8"], median(v["local8"]), median(v["local8"]) / (2 * median(v["alone"]));
+           printf "%-16s %s  median %s  = %.2fx of 2 x alone\n", "2 x every step", v["every"], median(v["every"]), median(v["every"]) / (2 * median(v["alone"]));
+           printf "%-16s %s  median %s s\n", "start-up launch", v["startup-launch"], median(v["startup-launch"]);
+           printf "%-16s %s  median %s s\n", "start-up by hand", v["startup-hand"], median(v["startup-hand"]) }' "$RAW"
+echo "samples: $RAW"
