@@ -45,11 +45,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
     one b-sync "$2" sync
     bench_round 5
 done
-awk '{ v[$1] = v[$1] " " $2; n[$1]++; if ($1 ~ /standalone/) base[substr($1, 1, 1), n[$1]] = $2;
-       else ratio[$1] = ratio[$1] " " $2 / base[substr($1, 1, 1), n[$1]] }
-     function median(list,    a, k, i, j, t) { k = split(list, a, " ");
-         for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-         return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }
-     END { for (c in v) printf "%-14s images/s%s  median %.0f%s\n", c, v[c], median(v[c]),
-               c in ratio ? sprintf("  vs standalone (median of rounds) %.3fx", median(ratio[c])) : "" }' "$RAW" | sort
-echo "samples: $RAW"
+bench_table '
+    function row(k) { printf "%-14s median %5.0f  (%.0f-%.0f)  vs its standalone %.3fx\n", k, median(a, n[k]), lo, hi,
+                             median(rr, n[k]) }
+    END { rows("a-standalone a-async", "a-standalone"); rows("b-standalone b-async b-sync", "b-standalone")
+          footer("vs its standalone", "a-standalone", "standalone of the same build") }'

@@ -54,13 +54,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
     echo "startup-hand $(awk -v a="$t0" -v b="$(first "$out/hand-0.log")" 'BEGIN { printf "%.3f", b - a }')" >>"$RAW"
     bench_round 5
 done
-awk '{ v[$1] = v[$1] " " $2 }
-     function median(list,    a, k, i, j, t) { k = split(list, a, " ");
-         for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-         return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }
-     END { printf "%-16s %s  median %s\n", "alone", v["alone"], median(v["alone"]);
-           printf "%-16s %s  median %s  = %.2fx of 2 x alone\n", "2 x local 8", v["local8"], median(v["local8"]), median(v["local8"]) / (2 * median(v["alone"]));
-           printf "%-16s %s  median %s  = %.2fx of 2 x alone\n", "2 x every step", v["every"], median(v["every"]), median(v["every"]) / (2 * median(v["alone"]));
-           printf "%-16s %s  median %s s\n", "start-up launch", v["startup-launch"], median(v["startup-launch"]);
-           printf "%-16s %s  median %s s\n", "start-up by hand", v["startup-hand"], median(v["startup-hand"]) }' "$RAW"
-echo "samples: $RAW"
+bench_table '
+    function row(k,   m) { m = median(a, n[k]); if (k == "alone") alone = m
+                             printf "%-16s median %7.3f  (%.3f-%.3f)%s\n", k, m, lo, hi,
+                                    k ~ /^(local8|every)$/ ? sprintf("  = %.2fx of 2 x alone (of the medians)", m / (2 * alone)) : "" }
+    END { rows("alone local8 every", "alone"); rows("startup-launch startup-hand", "startup-launch")
+          printf "load average (1, 5, 15 min) before: %s; after: %s\n", load0, load1 }'
