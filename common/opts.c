@@ -87,6 +87,29 @@ int dp_opts_parse_double(const char *flag, const char *text, double lo, double h
     return 0;
 }
 
+int dp_opts_parse_crew(const char *flag, const char *text, int hi, int *min, int *max, char *err)
+{
+    const char *colon = strchr(text, ':');
+    long lo_v = 0, hi_v = 0;
+    if (!colon) {
+        if (dp_opts_parse_long(flag, text, 1, hi, &hi_v, err) != 0) return -1;
+        *min = 0;
+        *max = (int)hi_v;
+        return 0;
+    }
+    char head[32] = "";
+    size_t n = (size_t)(colon - text);
+    if (n < sizeof head) memcpy(head, text, n);
+    if (n >= sizeof head || dp_opts_parse_long(flag, head, 1, hi, &lo_v, NULL) != 0 ||
+        dp_opts_parse_long(flag, colon + 1, 1, hi, &hi_v, NULL) != 0)
+        return dp_err(err, "%s '%s': expected N or MIN:MAX (integers in [1, %d])", flag, text, hi);
+    if (lo_v > hi_v)
+        return dp_err(err, "%s '%s': MIN %ld is above MAX %ld", flag, text, lo_v, hi_v);
+    *min = (int)lo_v;
+    *max = (int)hi_v;
+    return 0;
+}
+
 int dp_opts_parse_u64(const char *flag, const char *text, uint64_t *out, char *err)
 {
     char *end = NULL;

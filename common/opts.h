@@ -128,6 +128,10 @@ int dp_opts_parse_long(const char *flag, const char *text, long lo, long hi, lon
 int dp_opts_parse_double(const char *flag, const char *text, double lo, double hi, double *out,
                          char *err);
 int dp_opts_parse_u64(const char *flag, const char *text, uint64_t *out, char *err);
+/* A crew: "N" (a fixed crew of N: *min 0, *max N) or "MIN:MAX" (elastic:
+ * any of MAX task indexes may join, the run goes on with MIN live), with
+ * 1 <= MIN <= MAX <= hi. */
+int dp_opts_parse_crew(const char *flag, const char *text, int hi, int *min, int *max, char *err);
 /* Environment variables (the table in ARCHITECTURE.md, "Environment"),
  * read by each program's main before it does anything, through the same
  * parsers: the variable's name stands where a flag's would ("DP_LOG 'x':

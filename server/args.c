@@ -58,6 +58,8 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
                        dp_optim_base_lr(o), o->momentum, o->beta1, o->beta2, o->eps,
                        o->weight_decay, (int)o->schedule, o->step_size, o->gamma, o->total_steps,
                        c->shard_index, c->shard_count, o->alpha);
+    if (c->replicas_frac > 0 && len > 0 && (size_t)len < sizeof text)
+        len += snprintf(text + len, sizeof text - (size_t)len, "|F%.9g", (double)c->replicas_frac);
     /* Only when set, so the runs before these rules keep their ids. */
     if (len >= 0 && len < (int)sizeof text && (c->delay_lr > DP_DELAY_INVERSE || o->dc != DP_DC_OFF)) {
         char rule[48], dc[48];
@@ -146,6 +148,18 @@ static int s_set_schedule(void *arg, const char *v, char *err)
     return dp_optim_parse_schedule(&((dp_ps_config_t *)arg)->optim, v, err);
 }
 
+static int s_set_workers(void *arg, const char *v, char *err)
+{
+    dp_ps_config_t *c = arg;
+    return dp_opts_parse_crew("--workers", v, 100000, &c->min_workers, &c->num_workers, err);
+}
+
+static int s_set_replicas(void *arg, const char *v, char *err)
+{
+    dp_ps_config_t *c = arg;
+    return dp_policy_replicas_parse("--replicas-to-aggregate", v, &c->replicas, &c->replicas_frac, err);
+}
+
 static int s_set_delay_lr(void *arg, const char *v, char *err)
 {
     dp_ps_config_t *c = arg;
@@ -185,11 +199,14 @@ static const dp_opts_entry_t s_cluster[] = {
 static const dp_opts_entry_t s_config[] = {
     {DP_FLAG_CALL("shard", "I/K", s_set_shard, NULL, 0,
                      "this shard's index and the shard count (default 0/1)"), 0},
-    {DP_FLAG_NUM("workers", DP_OPTS_INT, "N", NULL, 1, 100000, 0,
-                    "workers expected (default 1, or the worker hosts)"), S_AT(num_workers)},
+    {DP_FLAG_CALL("workers", "N|MIN:MAX", s_set_workers, NULL, 0,
+                     "workers expected (default 1, or the worker hosts); MIN:MAX:\n"
+                     "elastic, task indexes below MAX join and leave at any time,\n"
+                     "sync steps while at least MIN are live"), 0},
     {DP_FLAG_CALL("mode", "sync|async|ssp", s_set_mode, NULL, DP_OPTS_PASS, "consistency (default sync)"), 0},
-    {DP_FLAG_NUM("replicas-to-aggregate", DP_OPTS_INT, "R", NULL, 1, 100000, DP_OPTS_PASS,
-                    "sync: gradients per step (default: all workers)"), S_AT(replicas)},
+    {DP_FLAG_CALL("replicas-to-aggregate", "R|F", s_set_replicas, NULL, DP_OPTS_PASS,
+                     "sync: gradients per step, a count R or a fraction F in (0, 1)\n"
+                     "of the live workers (default: all workers)"), 0},
     {DP_FLAG_NUM("staleness", DP_OPTS_INT, "S", NULL, 0, 1000000, DP_OPTS_PASS,
                     "ssp: max pushes a worker may be ahead (default 0)"), S_AT(staleness)},
     {DP_FLAG_CALL("delay-lr", "RULE", s_set_delay_lr, NULL, DP_OPTS_PASS,
@@ -385,6 +402,10 @@ dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char
     if (rc == DP_OPTS_PARSED) rc = s_check_init(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = dp_ps_resolve_local_steps(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
+    if (rc == DP_OPTS_PARSED && cl->n_workers > 0 && c->min_workers > 0 && cl->n_workers != c->num_workers)
+        rc = dp_err(err, "--workers %d:%d names %d task indexes, the cluster's worker hosts %d: "
+                    "give MAX as many hosts", c->min_workers, c->num_workers, c->num_workers,
+                    cl->n_workers);
     if (rc == DP_OPTS_PARSED && c->replicas > c->num_workers)
         rc = dp_err(err, "--replicas-to-aggregate %d exceeds --workers %d", c->replicas,
                     c->num_workers);

@@ -32,6 +32,7 @@ int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy
     p->members = members;
     p->clock = dp_calloc((size_t)members->n, sizeof *p->clock);
     p->contributed = dp_calloc((size_t)members->n, sizeof *p->contributed);
+    p->was_live = dp_calloc((size_t)members->n, 1);
     *out = p;
     return 0;
 }
@@ -41,6 +42,7 @@ void dp_policy_destroy(dp_policy_t **p_p)
     if (!p_p || !*p_p) return;
     free((*p_p)->clock);
     free((*p_p)->contributed);
+    free((*p_p)->was_live);
     free((*p_p)->before);
     dp_staleness_fini(&(*p_p)->staleness);
     free(*p_p);
@@ -165,6 +167,26 @@ void dp_policy_step_mean(dp_policy_t *p, bool early, dp_push_outcome_t *out)
     memcpy(p->before, s->w, s->n * sizeof(float));
     s_step_mean(p, early);
     out->update_norm = s_moved(p);
+}
+
+int dp_policy_replicas_parse(const char *flag, const char *text, int *r, float *frac, char *err)
+{
+    if (strchr(text, '.')) {
+        double f = 0;
+        if (dp_opts_parse_double(flag, text, 1e-9, 1, &f, NULL) != 0)
+            return dp_err(err, "%s '%s': expected a count R (an integer in [1, 100000]) or a "
+                          "fraction F in (0, 1] of the live workers", flag, text);
+        *r = 0;
+        *frac = (float)f;
+        return 0;
+    }
+    long n = 0;
+    if (dp_opts_parse_long(flag, text, 1, 100000, &n, NULL) != 0)
+        return dp_err(err, "%s '%s': expected a count R (an integer in [1, 100000]) or a "
+                      "fraction F in (0, 1] of the live workers (with a point: 0.5)", flag, text);
+    *r = (int)n;
+    *frac = 0;
+    return 0;
 }
 
 int dp_delay_lr_parse(const char *text, int *kind, float *k, char *err)

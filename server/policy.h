@@ -9,9 +9,14 @@
  * The policies:
  *   sync   gradients of the current version are summed; once min(R, workers
  *          that are live or already contributed) are in, one step with their
- *          mean. Older versions are dropped as late (backup workers), a second
+ *          mean (R a count, or ceil(F x those workers) for a fraction F).
+ *          Older versions are dropped as late (backup workers), a second
  *          gradient of a worker for one version as a duplicate. A pull waits
- *          for the version after the one the worker pushed on.
+ *          for the version after the one the worker pushed on. An elastic
+ *          crew (--workers MIN:MAX) steps only while at least MIN workers
+ *          are live, until the first of them is done with its steps (the
+ *          run's end: the rest finish on what is left); below MIN the step
+ *          waits, with one line.
  *   async  every gradient is applied on arrival, its lr by the delay rule
  *          (below); pulls are answered at once.
  *   ssp    async, but a pull from a worker more than S pushes ahead of the
@@ -115,7 +120,12 @@ typedef struct {
     int staleness;         /* ssp: S, pushes a worker may be ahead */
     int delay_lr;          /* dp_delay_lr_t: async / ssp: the lr of a delayed gradient */
     float delay_k;         /* DP_DELAY_THRESHOLD: K (0: DP_DELAY_K_DEFAULT) */
+    float replicas_frac;   /* sync: F in (0, 1]: ceil(F x the live workers) per step; 0: R */
 } dp_policy_conf_t;
+
+/* --replicas-to-aggregate: a count ("3": *r, *frac 0) or a fraction of the
+ * live workers ("0.75", with a point: *frac in (0, 1], *r 0). */
+int dp_policy_replicas_parse(const char *flag, const char *text, int *r, float *frac, char *err);
 
 /* "none", "inverse", "adaptive", "threshold" or "threshold:K" (K a number
  * in [1, 1e6]) into *kind and *k. */
@@ -152,6 +162,8 @@ struct dp_policy {
     dp_staleness_t staleness; /* every used gradient's staleness (sync: 0 each) */
     float *before;         /* measuring: the range before a step (dp_policy_measure), else NULL */
     uint64_t delay_sum, delay_count; /* threshold: the delays of the pushes judged */
+    unsigned char *was_live; /* ssp, per worker: live at the last members_changed */
+    int below_min;         /* sync: said that the step waits for MIN live workers */
     struct dp_shard_early *early; /* the early step it commits or drops (dp_policy_early_steps),
                                      or NULL: none */
 };

@@ -1,6 +1,7 @@
 /* policy_async: async and ssp (see policy.h). Both apply every gradient on
  * arrival; ssp also holds the pull of a worker more than S pushes ahead of
- * the slowest live worker. */
+ * the slowest live worker. Neither waits for a crew of MIN: async and ssp
+ * go on with whoever is live. */
 #include "server/policy.h"
 #include "server/shard_dc.h"
 
@@ -57,6 +58,24 @@ static int s_members_changed(dp_policy_t *p)
     return 0;
 }
 
+/* ssp: a worker that joins (or comes back) starts at the slowest clock of
+ * the workers already live, so the bound holds over the live crew and
+ * nobody waits for a newcomer to catch up from 0. */
+static int s_ssp_members_changed(dp_policy_t *p)
+{
+    const dp_members_t *m = p->members;
+    uint64_t min_clock = UINT64_MAX;
+    for (int i = 0; i < m->n; i++)
+        if (p->was_live[i] && dp_members_live(m, i) && p->clock[i] < min_clock) min_clock = p->clock[i];
+    for (int i = 0; i < m->n; i++) {
+        int live = dp_members_live(m, i);
+        if (live && !p->was_live[i] && min_clock != UINT64_MAX && p->clock[i] < min_clock)
+            p->clock[i] = min_clock;
+        p->was_live[i] = (unsigned char)live;
+    }
+    return 0;
+}
+
 /* The push by its gradient at the delay rule's lr for the present
  * staleness; not with delay compensation (dp_policy_early). */
 static int s_early(const dp_policy_t *p, int worker, uint64_t v, float *lr, int *count)
@@ -72,4 +91,4 @@ static int s_early(const dp_policy_t *p, int worker, uint64_t v, float *lr, int 
 const dp_policy_ops_t dp_policy_async = {.push = s_push, .pull_ready = s_async_pull_ready,
                                          .members_changed = s_members_changed, .early = s_early};
 const dp_policy_ops_t dp_policy_ssp = {.push = s_push, .pull_ready = s_ssp_pull_ready,
-                                       .members_changed = s_members_changed, .early = s_early};
+                                       .members_changed = s_ssp_members_changed, .early = s_early};

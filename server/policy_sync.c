@@ -5,29 +5,55 @@
  * finished or went silent no longer hold it back and the last steps never
  * hang; a worker that comes back counts again from the next check. */
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "server/policy.h"
 
-/* Step if enough gradients of this version are in; 1 when it stepped.
- * out (NULL from a membership change) gets what the step did. */
+/* An elastic crew below MIN live workers, while nobody is done with its
+ * steps yet: the step waits. */
+static int s_below_min(const dp_policy_t *p)
+{
+    const dp_members_t *m = p->members;
+    return m->min > 0 && dp_members_active_count(m) < m->min && dp_members_completed(m) == 0;
+}
+
 /* The gradients the current version's step needs: min(R, workers live or
- * that contributed to it), at least 1. */
+ * that contributed to it) (R: ceil(F x them) for a fraction), at least 1;
+ * INT_MAX below MIN. */
 static int s_need(const dp_policy_t *p)
 {
+    if (s_below_min(p)) return INT_MAX;
     const dp_shard_t *s = p->shard;
     int counting = 0;
     for (int i = 0; i < p->members->n; i++)
         if (dp_members_live(p->members, i) || p->contributed[i] == s->version + 1) counting++;
-    int need = p->conf.replicas < counting ? p->conf.replicas : counting;
+    int r = p->conf.replicas_frac > 0 ? (int)ceil((double)p->conf.replicas_frac * counting)
+                                      : p->conf.replicas;
+    int need = r < counting ? r : counting;
     return need < 1 ? 1 : need;
 }
 
+/* Step if enough gradients of this version are in; 1 when it stepped.
+ * out (NULL from a membership change) gets what the step did. */
 static int s_maybe_step_out(dp_policy_t *p, bool early, dp_push_outcome_t *out)
 {
     dp_shard_t *s = p->shard;
     if (s->acc_count == 0) return 0;
-    if (s->acc_count < s_need(p)) return 0;
+    int need = s_need(p);
+    if (need == INT_MAX && !p->below_min) {
+        p->below_min = 1;
+        dp_log_warn("shard %d: sync waits at version %" PRIu64 ": %d of at least %d workers live "
+                    "(--workers %d:%d)", p->members->shard, s->version,
+                    dp_members_active_count(p->members), p->members->min, p->members->min,
+                    p->members->n);
+    }
+    if (s->acc_count < need) return 0;
+    if (p->below_min)
+        dp_log_info("shard %d: sync steps again: %d workers live", p->members->shard,
+                    dp_members_active_count(p->members));
+    p->below_min = 0;
     dp_policy_step_mean(p, early, out);
     return 1;
 }

@@ -107,6 +107,8 @@ static void s_release_pending(dp_ps_loop_t *ps)
 void dp_ps_members_changed(dp_ps_loop_t *ps)
 {
     dp_record_members(ps->rec, ps->cfg->shard_index, &ps->members);
+    int news = dp_membership_note(&ps->membership, &ps->members, ps->shard.version);
+    dp_ps_metrics_members(ps, news);
     if (dp_policy_members_changed(ps->policy)) dp_ps_version_moved(ps);
     s_release_pending(ps);
 }
@@ -121,15 +123,23 @@ static void s_sweep(dp_ps_loop_t *ps, double now)
 
 /* ---- start-up --------------------------------------------------------- */
 
-/* --startup-timeout: every worker said HELLO by the deadline, or the shard
- * fails naming those that did not (their ids: their --task-index). */
+/* --startup-timeout: every worker said HELLO by the deadline (elastic: MIN
+ * of them), or the shard fails naming those that did not (their ids: their
+ * --task-index). */
 static int s_check_startup(dp_ps_loop_t *ps, double now, char *err)
 {
     if (ps->startup_deadline <= 0) return 0;
     char ids[120];
     int missing = dp_members_missing(&ps->members, ids, sizeof ids);
-    if (missing == 0) ps->startup_deadline = 0; /* checked once: later silence is liveness */
-    if (missing == 0 || now < ps->startup_deadline) return 0;
+    int min = ps->members.min;
+    int ok = min > 0 ? ps->members.n - missing >= min : missing == 0;
+    if (ok) ps->startup_deadline = 0; /* checked once: later silence is liveness */
+    if (ok || now < ps->startup_deadline) return 0;
+    if (min > 0)
+        return dp_err(err, "start-up: %d of at least %d workers said HELLO within %g s "
+                      "(--startup-timeout, --workers %d:%d); are they running with this shard "
+                      "(%s) in --ps?", ps->members.n - missing, min, ps->cfg->startup_timeout,
+                      min, ps->members.n, ps->endpoint);
     return dp_err(err, "start-up: %d of %d workers never said HELLO within %g s (--startup-timeout): "
                   "worker id(s) %s; are they running with this shard (%s) in --ps?",
                   missing, ps->members.n, ps->cfg->startup_timeout, ids, ps->endpoint);
@@ -358,7 +368,7 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
 
 static void s_on_barrier(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
-    if (env->barrier->finished) dp_members_finish(&ps->members, env->worker_id);
+    if (env->barrier->finished) dp_members_finish(&ps->members, env->worker_id, env->barrier->leave);
     Downpour__Envelope rep;
     dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__BARRIER, env->request_id, env->worker_id);
     Downpour__Barrier b = DOWNPOUR__BARRIER__INIT;
@@ -529,7 +539,7 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     float *values = NULL;
     if (dp_ps_config_model(cfg, &m, &values, err) != 0) return -1;
     dp_policy_conf_t pc = {cfg->replicas ? cfg->replicas : cfg->num_workers, cfg->staleness,
-                           cfg->delay_lr, cfg->delay_k};
+                           cfg->delay_lr, cfg->delay_k, cfg->replicas_frac};
     dp_optim_conf_t optim = cfg->optim;
     char who[32];
     snprintf(who, sizeof who, "shard %d", cfg->shard_index);
@@ -542,7 +552,8 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     if (rc != 0 ||
         dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0)
         return -1;
-    dp_members_init(&ps->members, cfg->num_workers, cfg->shard_index, dp_now());
+    dp_members_init(&ps->members, cfg->num_workers, cfg->min_workers, cfg->shard_index, dp_now());
+    dp_membership_init(&ps->membership, cfg->num_workers);
     dp_shard_track_steps(&ps->shard, cfg->num_workers);
     dp_shard_dc_init(&ps->shard, cfg->num_workers); /* --delay-compensation's slots and MS */
     /* A restore loses fewer than --checkpoint-every versions, and a worker
@@ -629,6 +640,7 @@ static void s_teardown(dp_ps_loop_t *ps)
     dp_record_abandon(&ps->rec);
     dp_policy_destroy(&ps->policy);
     dp_members_fini(&ps->members);
+    dp_membership_fini(&ps->membership);
     dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
     dp_shard_parts_fini(&ps->parts);

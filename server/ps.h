@@ -52,9 +52,11 @@ typedef struct {
     char bind[256];             /* e.g. "tcp://0.0.0.0:5555"; port "*" picks a free one */
     int shard_index;            /* i of K */
     int shard_count;            /* K */
-    int num_workers;            /* N workers expected */
+    int num_workers;            /* N workers expected (elastic: MAX, worker ids 0 .. MAX - 1) */
+    int min_workers;            /* --workers MIN:MAX: MIN; 0: a fixed crew of num_workers */
     dp_mode_t mode;
     int replicas;               /* R for sync; 0 = num_workers */
+    float replicas_frac;        /* --replicas-to-aggregate F in (0, 1): R = ceil(F x live); 0: R */
     int staleness;              /* S for ssp */
     int delay_lr;               /* --delay-lr, dp_delay_lr_t (server/policy.h); 1 = --lr-staleness */
     float delay_k;              /* --delay-lr threshold:K */

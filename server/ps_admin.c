@@ -3,6 +3,7 @@
  * start, the last at SHUTDOWN or the stop; a restore at start), the
  * metrics lines, the STATS reply, SHUTDOWN. */
 #include <inttypes.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -111,11 +112,29 @@ void dp_ps_metrics_line(dp_ps_loop_t *ps)
     cJSON_AddNumberToObject(line, "snapshots", dp_snap_alive());
     cJSON_AddNumberToObject(line, "held_pulls", ps->n_pending);
     cJSON_AddNumberToObject(line, "checkpoint_failures", (double)ps->ckpt_failures);
+    cJSON_AddNumberToObject(line, "workers", dp_members_active_count(&ps->members));
     if (ps->shard.dc) {
         cJSON_AddNumberToObject(line, "dc_compensated", (double)ps->shard.dc->compensated);
         cJSON_AddNumberToObject(line, "dc_fallback", (double)ps->shard.dc->fallback);
     }
     dp_metrics_write(ps->metrics, &line);
+}
+
+void dp_ps_metrics_members(dp_ps_loop_t *ps, int news)
+{
+    const dp_membership_t *h = &ps->membership;
+    for (size_t k = h->n_ev - (size_t)news; k < h->n_ev; k++) {
+        cJSON *line = dp_metrics_line(ps->metrics);
+        if (!line) return;
+        const dp_member_event_t *e = dp_membership_at(h, k);
+        cJSON_AddStringToObject(line, "event", dp_member_joins(e->why) ? "join" : "leave");
+        cJSON_AddNumberToObject(line, "task", e->task);
+        cJSON_AddNumberToObject(line, "version", (double)e->version);
+        cJSON_AddNumberToObject(line, "live", e->live);
+        cJSON_AddStringToObject(line, "why", dp_member_why_name(e->why));
+        cJSON_AddNumberToObject(line, "shard", ps->cfg->shard_index);
+        dp_metrics_write(ps->metrics, &line);
+    }
 }
 
 /* The first line of each start: a metrics file is appended to, so this
@@ -148,11 +167,31 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     s.steps_early = c->steps_early;
     dp_members_counts(&ps->members, &s.workers_joined, &s.workers_finished, &s.workers_gone);
     s.num_workers = ps->members.n;
+    s.workers_live = dp_members_active_count(&ps->members);
+    s.live_min = ps->membership.live_min > 0 ? ps->membership.live_min : 0;
+    s.live_max = ps->membership.live_max > 0 ? ps->membership.live_max : 0;
+    const dp_membership_t *h = &ps->membership;
+    Downpour__MemberEvent *ev = dp_calloc(h->n_ev ? h->n_ev : 1, sizeof *ev);
+    Downpour__MemberEvent **evp = dp_calloc(h->n_ev ? h->n_ev : 1, sizeof *evp);
+    for (size_t k = 0; k < h->n_ev; k++) {
+        const dp_member_event_t *e = dp_membership_at(h, k);
+        downpour__member_event__init(&ev[k]);
+        ev[k].join = dp_member_joins(e->why);
+        ev[k].task = e->task;
+        ev[k].version = e->version;
+        ev[k].live = e->live;
+        ev[k].why = (char *)dp_member_why_name(e->why);
+        evp[k] = &ev[k];
+    }
+    s.n_membership = h->n_ev;
+    s.membership = evp;
     uint64_t hist[DP_STATS_HIST_BINS];
     s.n_staleness_hist = dp_staleness_fold(&ps->policy->staleness, hist, DP_STATS_HIST_BINS);
     s.staleness_hist = hist;
     rep.stats = &s;
     dp_ps_send(ps, id, &rep, NULL, 0);
+    free(evp);
+    free(ev);
 }
 
 void dp_ps_on_shutdown(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)

@@ -202,6 +202,7 @@ void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     Downpour__Welcome wl = DOWNPOUR__WELCOME__INIT;
     wl.mode = (Downpour__Mode)ps->cfg->mode;
     wl.num_workers = ps->members.n;
+    wl.min_workers = ps->members.min;
     wl.replicas = ps->policy->conf.replicas;
     wl.staleness = ps->cfg->staleness;
     wl.shard_index = ps->cfg->shard_index;

@@ -24,6 +24,7 @@
 #include "proto/wire.h"
 #include "server/auth.h"
 #include "server/members.h"
+#include "server/membership.h"
 #include "server/policy.h"
 #include "server/ps.h"
 #include "server/ps_shm.h"
@@ -80,6 +81,7 @@ typedef struct {
     const dp_ps_config_t *cfg;
     dp_shard_t shard;
     dp_members_t members;
+    dp_membership_t membership; /* the crew's joins and leaves (metrics, STATS) */
     dp_policy_t *policy;
     dp_ps_pending_t *pending;  /* held pulls, in arrival order: DP_PS_HELD_PER_WORKER per worker */
     int n_pending;
@@ -168,6 +170,9 @@ void dp_ps_version_moved(dp_ps_loop_t *ps);
 int dp_ps_restore(dp_ps_loop_t *ps, char *err);
 /* A metrics line of the counters (a no-op without --metrics). */
 void dp_ps_metrics_line(dp_ps_loop_t *ps);
+/* The last news events of the membership as metrics lines ({"event":
+ * "join"|"leave", "task", "version", "live", "why"}). */
+void dp_ps_metrics_members(dp_ps_loop_t *ps, int news);
 /* The start line that begins each start's lines. */
 void dp_ps_metrics_start(dp_ps_loop_t *ps);
 /* STATS: the counters, the members, the staleness histogram. */

@@ -124,7 +124,7 @@ static void s_members(dp_record_t *r, int shard, const dp_members_t *m, int call
     char state[sizeof r->last];
     int n = m->n < (int)sizeof state - 1 ? m->n : (int)sizeof state - 1;
     for (int i = 0; i < n; i++)
-        state[i] = m->w[i].finished ? 'F' : m->w[i].gone ? 'G' : 'L';
+        state[i] = m->w[i].finished ? (m->w[i].left ? 'X' : 'F') : m->w[i].gone ? 'G' : 'L';
     state[n] = 0;
     if (!call && strcmp(state, r->last) == 0) return;
     snprintf(r->last, sizeof r->last, "%s", state);
@@ -207,6 +207,7 @@ int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t 
     cJSON_AddNumberToObject(h, "shard", cfg->shard_index);
     cJSON_AddStringToObject(h, "mode", dp_mode_name(cfg->mode));
     cJSON_AddNumberToObject(h, "replicas", policy->conf.replicas);
+    dp_record_crew_json(h, cfg->min_workers, policy->conf.replicas_frac);
     cJSON_AddNumberToObject(h, "staleness", cfg->staleness);
     dp_record_delay_json(h, policy->conf.delay_lr, policy->conf.delay_k);
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&policy->shard->optim));
@@ -218,6 +219,12 @@ int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t 
     cJSON_Delete(h);
     if (rc == 0) dp_policy_measure(policy);
     return rc;
+}
+
+void dp_record_crew_json(cJSON *h, int min_workers, float replicas_frac)
+{
+    if (min_workers > 0) cJSON_AddNumberToObject(h, "min_workers", min_workers);
+    if (replicas_frac > 0) cJSON_AddNumberToObject(h, "replicas_frac", replicas_frac);
 }
 
 /* ---- reading ---- */
@@ -276,7 +283,7 @@ static int s_parse_event(const cJSON *o, dp_rec_event_t *e)
     const char *m = dp_record_str(o, "m");
     if (s_count(o, "s", &shard) || s_count(o, "call", &call) || !m || shard > 1 << 20) return -1;
     for (const char *c = m; *c; c++)
-        if (*c != 'L' && *c != 'F' && *c != 'G') return -1;
+        if (*c != 'L' && *c != 'F' && *c != 'G' && *c != 'X') return -1;
     e->kind = DP_REC_MEMBERS;
     e->shard = (int)shard;
     e->call = call != 0;

@@ -14,7 +14,8 @@
  *            {"e":"members","s":SHARD,"m":"LLFG","call":0|1}
  *   last     {"end":"downpour_record","events":N,"fnv1a":"16 hex digits"}
  * STEP is the push's 1-based step (Push.step): the worker's data step + 1.
- * "members" gives every worker's state (L live, F finished, G gone) when it
+ * "members" gives every worker's state (L live, F finished, X left before
+ * its last step, G gone or, elastic, absent) when it
  * changed; "call":1 when the loop then asked the policy
  * (dp_policy_members_changed), so a replay repeats that call.
  * "dc" (only with --delay-compensation): 1 when the push was compensated,
@@ -110,6 +111,9 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err);
  * for older readers, "lr_staleness" 0 / 1; back from either (a record
  * without "delay_lr" is older: its lr_staleness). */
 void dp_record_delay_json(cJSON *h, int delay_lr, float delay_k);
+/* An elastic crew's MIN ("min_workers") and a fraction of live workers as
+ * R ("replicas_frac"), each only when set; absent: a fixed crew, R a count. */
+void dp_record_crew_json(cJSON *h, int min_workers, float replicas_frac);
 int dp_record_delay_parse(const cJSON *h, int *delay_lr, float *delay_k, char *err);
 /* A header string / number field; NULL / dflt when absent. */
 const char *dp_record_str(const cJSON *h, const char *key);

@@ -48,7 +48,7 @@ static inline int policy_fx_init(policy_fx_t *f, const dp_policy_ops_t *ops,
     if (dp_model_parse(&f->model, POLICY_FX_SPEC, 1, 8, 8, err) != 0 ||
         dp_shard_init(&f->shard, &f->model, 0, 1, 7, o, err) != 0)
         goto fail;
-    dp_members_init(&f->members, workers, 0, 0.0);
+    dp_members_init(&f->members, workers, 0, 0, 0.0);
     for (int i = 0; i < workers; i++) dp_members_join(&f->members, i);
     dp_shard_dc_init(&f->shard, workers);
     if (dp_policy_new(&f->policy, ops, pc, &f->shard, &f->members, err) != 0) goto fail;

@@ -140,6 +140,13 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
     dp_staleness_init(&hist);
     for (size_t b = 0; b < st.staleness_bins; b++) dp_staleness_add_n(&hist, b, st.staleness_hist[b]);
     long spe = dp_data_steps_per_epoch(s->train.n, s->conf.batch, info->num_workers);
+    dp_ps_membership_t crew = {0};
+    if (dp_ps_client_membership(ps, &crew, err) != 0) {
+        dp_staleness_fini(&hist);
+        return -1;
+    }
+    dp_log_info("chief: %zu join(s) and leave(s) over the run, %d to %d workers live", crew.n,
+                crew.live_min, crew.live_max);
     /* The chief's own throughput; the summary multiplies it by the workers
      * for the cluster's rate. */
     dp_run_summary_t r = {
@@ -152,8 +159,10 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
         .staleness_hist = &hist, .bytes_pushed = dp_ps_client_bytes_pushed(ps),
+        .membership = &crew, .min_workers = info->min_workers,
     };
     int rc = dp_session_summary(s, &r, err);
+    dp_ps_membership_fini(&crew);
     dp_staleness_fini(&hist);
     return rc;
 }
@@ -500,6 +509,15 @@ static int s_stream(const char *name, int flag, int overlap, long local_steps,
     return !why && (flag == 1 || (flag < 0 && be->host_memory));
 }
 
+/* An elastic crew's worker stopped by a signal: it says it leaves. */
+static int s_leave(dp_ps_client_t *ps, int task, long done, volatile sig_atomic_t *stop, char *err)
+{
+    if (dp_ps_client_leave(ps, err) != 0) return -1;
+    dp_log_info("worker %d: left after step %ld on signal %d; the servers go on without it%s", task,
+                done, (int)*stop, task == 0 ? " (a chief that comes back takes its role again)" : "");
+    return DP_TRAIN_LEFT;
+}
+
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
     /* Beats before anything slow (data, device), so a starting worker is
@@ -556,7 +574,12 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
                           : "overlap off: pull, compute, push in turn");
     dp_session_log_start(&s, c->task_index, L.total, L.spe);
     dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
-    if (s_train_loop(&L, overlap, err) != 0) goto done;
+    /* Elastic: a signal ends the loop at a step's end, never inside one */
+    if (info.min_workers > 0) dp_ps_client_set_stop(ps, NULL);
+    if (s_train_loop(&L, overlap, err) != 0) {
+        if (info.min_workers > 0 && stop && *stop) rc = s_leave(ps, c->task_index, L.done, stop, err);
+        goto done;
+    }
     double train_s = dp_now() - L.t0;
     if (dp_ps_client_finish(ps, err) != 0) goto done;
     if (c->task_index == 0) {

@@ -31,6 +31,7 @@ int main(int argc, char **argv)
     dp_signals_install(&s_stop, 0);
     int r = a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
                      : dp_train_distributed(&a.conf, &s_stop, err);
+    if (r == DP_TRAIN_LEFT) return 0; /* an elastic crew's leave: asked for, done */
     if (s_stop) {
         if (r != 0) dp_log_warn("%s", err);
         if (!a.standalone)

@@ -91,6 +91,48 @@ int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err)
     return 0;
 }
 
+static dp_ps_reply_t s_on_membership(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                                     const dp_wire_frame_t *frames, int nf, void *arg, char *err)
+{
+    (void)frames, (void)nf;
+    dp_ps_membership_t *m = arg;
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
+    if (env->type != DOWNPOUR__MSG_TYPE__STATS || !env->stats)
+        return dp_err(err, "%s: answered STATS with %s", c->sh[i].endpoint,
+                      dp_wire_type_name(env->type));
+    const Downpour__Stats *s = env->stats;
+    dp_ps_membership_fini(m); /* a repeated request: the last reply's */
+    m->ev = dp_calloc(s->n_membership ? s->n_membership : 1, sizeof *m->ev);
+    for (size_t k = 0; k < s->n_membership; k++) {
+        const Downpour__MemberEvent *e = s->membership[k];
+        m->ev[k] = (dp_ps_member_event_t){.join = e->join, .task = e->task, .version = e->version,
+                                          .live = e->live};
+        snprintf(m->ev[k].why, sizeof m->ev[k].why, "%s", e->why ? e->why : "");
+    }
+    m->n = s->n_membership;
+    m->live_min = s->live_min;
+    m->live_max = s->live_max;
+    m->live = s->workers_live;
+    return DP_PS_REPLY_DONE;
+}
+
+int dp_ps_client_membership(dp_ps_client_t *c, dp_ps_membership_t *out, char *err)
+{
+    memset(out, 0, sizeof *out);
+    dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__STATS, .n_shards = 1,
+                         .on_reply = s_on_membership, .arg = out};
+    if (dp_ps_exchange(c, &plan, err) == 0) return 0;
+    dp_ps_membership_fini(out);
+    return -1;
+}
+
+void dp_ps_membership_fini(dp_ps_membership_t *m)
+{
+    free(m->ev);
+    m->ev = NULL;
+    m->n = 0;
+}
+
 /* A reply without a body of interest: the request's own type, or ERROR. */
 static dp_ps_reply_t s_on_bare(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                                const dp_wire_frame_t *frames, int nf, void *arg, char *err)
@@ -113,14 +155,36 @@ static void s_build_finished(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *ar
     rq->env.barrier = b;
 }
 
-int dp_ps_client_finish(dp_ps_client_t *c, char *err)
+static void s_build_leave(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+{
+    s_build_finished(c, i, rq, arg);
+    rq->body.barrier.leave = 1;
+}
+
+static int s_finish(dp_ps_client_t *c, bool leave, char *err)
 {
     int want = DOWNPOUR__MSG_TYPE__BARRIER; /* the reply's type */
     dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__BARRIER, .n_shards = c->n,
-                     .build = s_build_finished, .on_reply = s_on_bare, .arg = &want};
+                         .build = leave ? s_build_leave : s_build_finished, .on_reply = s_on_bare,
+                         .arg = &want};
     if (dp_ps_exchange(c, &plan, err) != 0) return -1;
     c->finished = true;
     return 0;
+}
+
+int dp_ps_client_finish(dp_ps_client_t *c, char *err)
+{
+    return s_finish(c, false, err);
+}
+
+int dp_ps_client_leave(dp_ps_client_t *c, char *err)
+{
+    return s_finish(c, true, err);
+}
+
+void dp_ps_client_set_stop(dp_ps_client_t *c, volatile sig_atomic_t *stop)
+{
+    c->stop = stop;
 }
 
 int dp_ps_client_wait_all_finished(dp_ps_client_t *c, double timeout_s, char *err)

@@ -57,6 +57,7 @@ typedef struct {
     int staleness;         /* S: ssp bound */
     int num_shards;
     long local_steps;      /* H of --local-steps (1: off) */
+    int min_workers;       /* --workers MIN:MAX: MIN (num_workers is MAX); 0: a fixed crew */
 } dp_ps_info_t;
 
 /* What the shards said of one push. */
@@ -84,6 +85,22 @@ typedef struct {
     size_t staleness_bins;               /* bins in use */
     uint64_t steps_early;                /* sum over shards: steps made as a push's parts came */
 } dp_ps_stats_t;
+
+/* The crew's history as shard 0 keeps it (server/membership.h). */
+typedef struct {
+    int join;                            /* joined (or came back); else left */
+    int task;
+    uint64_t version;                    /* shard 0's version then */
+    int live;                            /* workers live after it */
+    char why[12];                        /* hello, back, finished, leave, gone */
+} dp_ps_member_event_t;
+
+typedef struct dp_ps_membership {
+    dp_ps_member_event_t *ev;            /* n events, oldest first (owned) */
+    size_t n;
+    int live_min, live_max;              /* from the first join to the first worker done */
+    int live;                            /* now */
+} dp_ps_membership_t;
 
 typedef struct dp_ps_client dp_ps_client_t;
 
@@ -251,9 +268,22 @@ uint64_t dp_ps_client_version(const dp_ps_client_t *c);
  * dp_ps_client_wait_all_finished and dp_ps_client_shutdown_servers. */
 int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err);
 
+/* STATS of shard 0: its membership events and live range into out (the
+ * chief only, as STATS). Free with dp_ps_membership_fini. */
+int dp_ps_client_membership(dp_ps_client_t *c, dp_ps_membership_t *out, char *err);
+/* Safe on a zeroed or finished one. */
+void dp_ps_membership_fini(dp_ps_membership_t *m);
+
 /* BARRIER to every shard: this worker is done (the servers stop counting it
  * in sync / ssp). */
 int dp_ps_client_finish(dp_ps_client_t *c, char *err);
+/* The same for a worker that leaves before its last step (its SIGTERM, an
+ * elastic crew): BARRIER{finished, leave}, so the servers log a leave and
+ * an elastic sync crew still waits for MIN live workers. */
+int dp_ps_client_leave(dp_ps_client_t *c, char *err);
+/* What blocked calls watch from now on (dp_ps_client_opts_t.stop; NULL:
+ * nothing, each ends by its reply or its timeout). */
+void dp_ps_client_set_stop(dp_ps_client_t *c, volatile sig_atomic_t *stop);
 
 /* Wait until every worker has finished (or gone silent past the servers'
  * heartbeat timeout), as shard 0 counts them (asked every 0.1 s), or

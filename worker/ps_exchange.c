@@ -506,7 +506,8 @@ static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Enve
         return dp_err(err, "%s: unknown mode %d", s->endpoint, (int)w->mode);
     /* Replies come in any order: compared across shards once all are in. */
     s->info = (dp_ps_info_t){(dp_mode_t)w->mode, w->num_workers, w->replicas, w->staleness,
-                             w->shard_count, w->local_steps > 1 ? (long)w->local_steps : 1};
+                             w->shard_count, w->local_steps > 1 ? (long)w->local_steps : 1,
+                             w->min_workers};
     s->lo = w->range_lo;
     s->hi = w->range_hi;
     s->run_token = w->run_token;
@@ -529,7 +530,7 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
             return dp_err(err, "%s: runs --local-steps %ld but %s runs --local-steps %ld",
                           c->sh[i].endpoint, a->local_steps, c->sh[0].endpoint, b->local_steps);
         if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||
-            a->staleness != b->staleness)
+            a->staleness != b->staleness || a->min_workers != b->min_workers)
             return dp_err(err, "%s: runs %s with %d workers, R=%d, S=%d but %s runs %s with %d workers, R=%d, S=%d",
                           c->sh[i].endpoint, dp_mode_name(a->mode), a->num_workers, a->replicas,
                           a->staleness, c->sh[0].endpoint, dp_mode_name(b->mode), b->num_workers,

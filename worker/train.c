@@ -11,6 +11,7 @@
 #include "common/util.h"
 #include "kernels/ops.h"
 #include "worker/data.h"
+#include "worker/ps_client.h"
 
 void dp_train_conf_default(dp_train_conf_t *c)
 {
@@ -143,6 +144,25 @@ void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
         cJSON_AddNumberToObject(o, "outer_momentum_every", (double)outer->period);
 }
 
+/* "membership" (the joins and leaves, as the servers' metrics lines give
+ * them), "live_min", "live_max": names other tools read. */
+static void s_summary_membership(cJSON *o, const dp_ps_membership_t *m)
+{
+    cJSON *list = cJSON_AddArrayToObject(o, "membership");
+    for (size_t k = 0; k < m->n; k++) {
+        const dp_ps_member_event_t *e = &m->ev[k];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "event", e->join ? "join" : "leave");
+        cJSON_AddNumberToObject(j, "task", e->task);
+        cJSON_AddNumberToObject(j, "version", (double)e->version);
+        cJSON_AddNumberToObject(j, "live", e->live);
+        cJSON_AddStringToObject(j, "why", e->why);
+        cJSON_AddItemToArray(list, j);
+    }
+    cJSON_AddNumberToObject(o, "live_min", m->live_min);
+    cJSON_AddNumberToObject(o, "live_max", m->live_max);
+}
+
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
 {
     if (!s->conf.summary) return 0;
@@ -152,6 +172,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "mode", r->mode);
     cJSON_AddNumberToObject(o, "workers", r->workers);
+    if (r->min_workers > 0) cJSON_AddNumberToObject(o, "min_workers", r->min_workers);
     cJSON_AddNumberToObject(o, "ps_shards", r->ps_shards);
     if (cluster) cJSON_AddNumberToObject(o, "replicas_to_aggregate", r->replicas);
     if (cluster) cJSON_AddNumberToObject(o, "local_steps", (double)s->conf.local_steps);
@@ -177,6 +198,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
         cJSON_AddNumberToObject(o, "staleness_geometric_p",
                                 dp_metrics_round(dp_staleness_geometric_p(r->staleness_hist), 6));
     }
+    if (r->membership) s_summary_membership(o, r->membership);
     if (r->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));

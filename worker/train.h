@@ -132,6 +132,9 @@ typedef struct {
     const dp_optim_conf_t *outer; /* local steps: the servers' outer optimizer (optim is then
                                    * the workers' inner one); NULL: none */
     uint64_t bytes_pushed;     /* distributed: this worker's pushes' bytes (dp_push_result_t.bytes) */
+    const struct dp_ps_membership *membership; /* distributed: shard 0's joins and leaves and
+                                                * live range (worker/ps_client.h); NULL: none */
+    int min_workers;           /* distributed: an elastic crew's MIN (workers is MAX); 0: fixed */
 } dp_run_summary_t;
 
 /* Write conf.summary (if set) from r and the session: the one place where
@@ -157,6 +160,12 @@ void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double los
  * current step, saves the model to conf.save if given, writes no summary
  * and returns 0 (the caller exits 128 + signal). stop may be NULL. */
 int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+/* Train against the servers: 0 when done, -1 with err. In an elastic crew
+ * (--workers MIN:MAX on the servers) a signal is a leave: the step in
+ * flight ends whole (its pull and push are not interrupted, so every shard
+ * has its gradient or none has), the servers hear BARRIER{leave}, and it
+ * returns DP_TRAIN_LEFT (the caller exits 0). */
+#define DP_TRAIN_LEFT 1
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 
 #endif

@@ -50,6 +50,7 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddNumberToObject(h, "shards", c->shards);
     cJSON_AddStringToObject(h, "mode", dp_mode_name(c->mode));
     cJSON_AddNumberToObject(h, "replicas", c->policy.replicas);
+    dp_record_crew_json(h, c->min_workers, c->policy.replicas_frac);
     cJSON_AddNumberToObject(h, "staleness", c->policy.staleness);
     dp_record_delay_json(h, c->policy.delay_lr, c->policy.delay_k);
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&c->optim));
@@ -84,6 +85,17 @@ static int s_int_field(const cJSON *h, const char *key, int lo, int hi, int *out
     return 0;
 }
 
+/* h's fraction at key, when present: a number in (0, 1]. */
+static int s_frac_field(const cJSON *h, const char *key, float *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
+    if (!v) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d > 0 && d <= 1)) return dp_err(err, "record header: '%s' is not a number in (0, 1]", key);
+    *out = (float)d;
+    return 0;
+}
+
 int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
 {
     const char *model = dp_record_str(h, "model"), *data = dp_record_str(h, "data");
@@ -110,6 +122,8 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
         s_int_field(h, "workers", 1, 100000, &c->workers, err) != 0 ||
         s_int_field(h, "shards", 1, 1024, &c->shards, err) != 0 ||
         s_int_field(h, "replicas", 0, 100000, &c->policy.replicas, err) != 0 ||
+        s_int_field(h, "min_workers", 0, 100000, &c->min_workers, err) != 0 ||
+        s_frac_field(h, "replicas_frac", &c->policy.replicas_frac, err) != 0 ||
         s_int_field(h, "staleness", 0, 1000000, &c->policy.staleness, err) != 0 ||
         dp_record_delay_parse(h, &c->policy.delay_lr, &c->policy.delay_k, err) != 0)
         return -1;
@@ -159,7 +173,7 @@ static int s_servers(dp_lab_t *L, char *err)
         if (dp_shard_init(&L->shard[k], &L->s.model, k, c->shards, c->init_seed, &optim, err) != 0)
             return -1;
         dp_shard_dc_init(&L->shard[k], c->workers);
-        dp_members_init(&L->members[k], c->workers, k, 0.0);
+        dp_members_init(&L->members[k], c->workers, c->min_workers, k, 0.0);
         /* joined without dp_members_join's log line per worker (64 of them) */
         for (int w = 0; w < c->workers; w++) L->members[k].w[w].joined = 1;
         if (dp_policy_new(&L->policy[k], s_ops(c->mode), &pc, &L->shard[k], &L->members[k], err) != 0)
@@ -338,7 +352,8 @@ int dp_lab_members(dp_lab_t *L, int k, const char *state, int call)
 {
     dp_members_t *m = &L->members[k];
     for (int i = 0; i < m->n && state[i]; i++) {
-        m->w[i].finished = state[i] == 'F';
+        m->w[i].finished = state[i] == 'F' || state[i] == 'X';
+        m->w[i].left = state[i] == 'X';
         m->w[i].gone = state[i] == 'G';
     }
     if (!call) return 0;

@@ -32,6 +32,7 @@ typedef struct {
     dp_train_conf_t train;     /* data, model, batch, data seed, threads, save / summary / metrics */
     uint64_t init_seed;        /* the servers' --seed (initial weights) */
     int workers, shards;
+    int min_workers;           /* an elastic crew's MIN (a replayed record's), 0: fixed */
     dp_mode_t mode;
     dp_policy_conf_t policy;   /* R, S, the delay rule */
     dp_optim_conf_t optim;     /* the servers' optimizer and lr schedule (the outer one with

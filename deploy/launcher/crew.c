@@ -14,9 +14,36 @@ dp_child_t *dp_crew_add(dp_crew_t *w, const char *dir, const char *kind, int i)
     dp_child_t *c = &w->kids[w->n++];
     memset(c, 0, sizeof *c);
     c->is_worker = strcmp(kind, "worker") == 0;
+    c->task = i;
+    c->lives = 1;
     snprintf(c->name, sizeof c->name, "%s-%d", kind, i);
     snprintf(c->log, sizeof c->log, "%s/logs/%s-%d.log", dir, kind, i);
     snprintf(c->metrics, sizeof c->metrics, "%s/metrics/%s-%d.jsonl", dir, kind, i);
+    return c;
+}
+
+static dp_child_t *s_worker(dp_crew_t *w, int i)
+{
+    for (int k = 0; k < w->n; k++)
+        if (w->kids[k].is_worker && w->kids[k].task == i) return &w->kids[k];
+    return NULL;
+}
+
+dp_child_t *dp_crew_running_worker(dp_crew_t *w, int i)
+{
+    dp_child_t *c = s_worker(w, i);
+    return c && c->pid > 0 ? c : NULL;
+}
+
+dp_child_t *dp_crew_worker_life(dp_crew_t *w, const char *dir, int i)
+{
+    dp_child_t *c = s_worker(w, i);
+    if (!c) return w->n < (int)(sizeof w->kids / sizeof w->kids[0]) ? dp_crew_add(w, dir, "worker", i) : NULL;
+    if (c->pid > 0) return NULL;
+    c->lives++;
+    c->stopping = 0;
+    c->status = 0;
+    snprintf(c->log, sizeof c->log, "%s/logs/worker-%d.%d.log", dir, i, c->lives);
     return c;
 }
 

@@ -21,6 +21,9 @@ typedef struct {
     pid_t pid;          /* 0 once reaped */
     int status;         /* wait status once reaped */
     int is_worker;
+    int task;           /* its index (worker I: --task-index) */
+    int lives;          /* starts under this record: 1, then 2, ... (an elastic crew's restarts) */
+    int stopping;       /* the launcher asked it to leave (SIGTERM) or killed it (--chaos) */
 } dp_child_t;
 
 typedef struct {
@@ -30,6 +33,13 @@ typedef struct {
 
 /* The next child's record: kind-i, its log and metrics paths under dir. */
 dp_child_t *dp_crew_add(dp_crew_t *w, const char *dir, const char *kind, int i);
+
+/* Worker i's record for a start: its earlier record once that child has
+ * ended (its next life, logging to DIR/logs/worker-I.L.log), else a new
+ * one; NULL when it is running or the crew is full. */
+dp_child_t *dp_crew_worker_life(dp_crew_t *w, const char *dir, int i);
+/* The running child of worker i, or NULL. */
+dp_child_t *dp_crew_running_worker(dp_crew_t *w, int i);
 
 /* DIR/logs/ps-I.endpoint: where shard I writes the endpoint it bound. */
 void dp_crew_ready_path(const char *dir, int i, char *out, size_t n);

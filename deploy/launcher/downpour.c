@@ -2,6 +2,7 @@
  * machine:
  *   local        a whole cluster (ps shards + workers) here
  *   launch       the shards and N copies of any command as the workers
+ *   scale        a running `downpour local`'s live worker count (elastic)
  *   eval         a checkpoint's test accuracy
  *   keygen       a CURVE key pair
  *   bench wire   the wire against plain ZeroMQ, shared memory against memcpy
@@ -37,6 +38,7 @@ static const s_command_t s_commands[] = {
     {"launch", dp_launch_main,
      "--workers N [--ps-shards K] [--init FILE | --model SPEC]\n"
      "[downpour-ps flags] -- COMMAND [ARGS...]"},
+    {"scale", dp_scale_main, "DIR N"},
     {"eval", dp_eval_main, "--checkpoint FILE [--data SPEC] [--device DEV]"},
     {"keygen", dp_keygen_main, "FILE"},
     {"bench wire", dp_bench_wire_main, "[--bytes N | --model SPEC] [--shards K] [--json]"},

@@ -41,6 +41,7 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "deploy/launcher/crew.h"
+#include "deploy/launcher/local_elastic.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/spawn.h"
 #include "server/policy.h"
@@ -54,7 +55,12 @@
 #define DP_LOCAL_ARGS (32 + 2 * DP_OPTS_MAX)
 
 typedef struct {
-    int workers, shards;
+    int workers, shards;         /* workers: started at the start (elastic: MIN) */
+    int min_workers, max_workers; /* --workers MIN:MAX (min 0: a fixed crew of max = workers) */
+    const char *workers_text;    /* --workers as given, for the shards */
+    const char *chaos;           /* --chaos kill:SECONDS, or NULL */
+    double chaos_s;
+    dp_elastic_t elastic;        /* an elastic crew's changes (deploy/launcher/local_elastic.h) */
     const char *gpus;            /* "0,1" or NULL */
     const char *out;
     char delay_ms[DP_LOCAL_MAX][24]; /* --straggler I:MS: worker I's injected delay, "" none */
@@ -207,6 +213,17 @@ bad:
                   v, DP_LOCAL_MAX - 1);
 }
 
+/* --workers N | MIN:MAX. */
+static int s_set_workers(void *arg, const char *v, char *err)
+{
+    dp_local_t *L = arg;
+    if (dp_opts_parse_crew("--workers", v, DP_LOCAL_MAX, &L->min_workers, &L->max_workers, err) != 0)
+        return -1;
+    L->workers = L->min_workers > 0 ? L->min_workers : L->max_workers;
+    L->workers_text = v;
+    return 0;
+}
+
 /* Is name in table o, marked to be passed on? */
 static int s_passes(dp_opts_t *o, const char *name)
 {
@@ -235,8 +252,13 @@ static void s_add_passed(dp_local_t *L, const char *title, int in_ps, int in_wor
 static void s_options(dp_local_t *L)
 {
     const dp_opts_flag_t own[] = {
-        DP_FLAG_NUM("workers", DP_OPTS_INT, "N", &L->workers, 1, DP_LOCAL_MAX, 0,
-                    "worker processes (default 2; with --gpus, one per listed GPU)"),
+        DP_FLAG_CALL("workers", "N|MIN:MAX", s_set_workers, L, 0,
+                     "worker processes (default 2; with --gpus, one per listed GPU);\n"
+                     "MIN:MAX: elastic, MIN start, `downpour scale DIR N` sets the\n"
+                     "live count (task indexes below MAX)"),
+        DP_FLAG_STR("chaos", "kill:SECONDS", &L->chaos, 0,
+                    "elastic: SIGKILL a random worker but the chief every SECONDS\n"
+                    "and start another under a task index not in use"),
         DP_FLAG_NUM("ps-shards", DP_OPTS_INT, "K", &L->shards, 1, DP_LOCAL_MAX, 0,
                     "parameter-server processes, each owning a slice (default 1)"),
         DP_FLAG_NUM("ps-threads", DP_OPTS_INT, "N", &L->ps_threads, 1, 256, 0,
@@ -291,16 +313,21 @@ static dp_opts_result_t s_parse(dp_local_t *L, int argc, char **argv, char *err)
     if (rc != DP_OPTS_PARSED) return rc;
     s_collect_passed(L);
     if (dp_ps_check_delay_flags(&L->opts, L->ps.delay_lr, err) != 0) return DP_OPTS_BAD;
+    if (L->chaos && (dp_elastic_parse_chaos(L->chaos, &L->chaos_s, err) != 0 ||
+                     (L->min_workers == 0 && dp_err(err, "--chaos needs an elastic crew: --workers MIN:MAX") != 0)))
+        return DP_OPTS_BAD;
+    if (L->gpus && L->min_workers > 0)
+        return dp_err(err, "--gpus gives one worker per GPU: not with --workers MIN:MAX");
     if (L->gpus) {
         int n = 1;
         for (const char *p = L->gpus; *p; p++) n += *p == ',';
         if (n > DP_LOCAL_MAX)
             return dp_err(err, "--gpus '%s': more than %d GPUs", L->gpus, DP_LOCAL_MAX);
-        L->workers = n;
+        L->workers = L->max_workers = n;
     }
-    for (int i = L->workers; i < DP_LOCAL_MAX; i++)
+    for (int i = L->max_workers; i < DP_LOCAL_MAX; i++)
         if (L->delay_ms[i][0])
-            return dp_err(err, "--straggler %d: there are only %d workers", i, L->workers);
+            return dp_err(err, "--straggler %d: there are only %d workers", i, L->max_workers);
     return DP_OPTS_PARSED;
 }
 
@@ -310,7 +337,7 @@ static long s_run_steps(const dp_local_t *L, int n)
 {
     const dp_train_conf_t *c = &L->wk.conf;
     if (c->steps > 0) return c->steps;
-    return (long)c->epochs * (n / ((long)c->batch * L->workers));
+    return (long)c->epochs * (n / ((long)c->batch * L->max_workers));
 }
 
 static void s_print_summary(const char *path)
@@ -353,7 +380,7 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(&L->ps.optim));
         dp_optim_conf_t outer;
         dp_ps_config_t ps = L->ps; /* the shards got --workers from the launcher */
-        ps.num_workers = L->workers;
+        ps.num_workers = L->max_workers;
         if (L->ps.local_steps > 1 && dp_ps_outer_optim(&ps, &outer, err) == 0)
             dp_summary_outer_json(o, &outer);
         /* the delay rule and compensation as the servers ran them (sync
@@ -375,7 +402,7 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
 static dp_opts_result_t s_setup(dp_local_t *L, int argc, char **argv, char *err)
 {
     memset(L, 0, sizeof *L);
-    L->workers = 2;
+    L->workers = L->max_workers = 2;
     L->shards = 1;
     L->progress = DP_PROGRESS_AUTO;
     dp_ps_config_default(&L->ps);
@@ -398,7 +425,7 @@ static dp_opts_result_t s_setup(dp_local_t *L, int argc, char **argv, char *err)
 static int s_is_events(const char *name) { return strncmp(name, "events.out.tfevents.", 20) == 0; }
 
 /* A file the launcher names after a child: ps-I or worker-I, then .jsonl
- * (metrics), .log or .endpoint (logs). An earlier run with more shards or
+ * (metrics), .log, .L.log (a later life) or .endpoint (logs). An earlier run with more shards or
  * workers leaves some this run does not overwrite; other files stay. */
 static int s_is_child_file(const char *name)
 {
@@ -407,6 +434,10 @@ static int s_is_child_file(const char *name)
     else if (strncmp(name, "worker-", 7) == 0) p = name + 7;
     if (!p || !isdigit((unsigned char)*p)) return 0;
     while (isdigit((unsigned char)*p)) p++;
+    if (*p == '.' && isdigit((unsigned char)p[1])) { /* an elastic crew's later life: .L.log */
+        for (p++; isdigit((unsigned char)*p); p++) {}
+        return strcmp(p, ".log") == 0;
+    }
     return strcmp(p, ".jsonl") == 0 || strcmp(p, ".log") == 0 || strcmp(p, ".endpoint") == 0;
 }
 
@@ -461,7 +492,7 @@ static int s_prepare(dp_local_t *L, char *err)
          * noisy point of a constant-lr walk. The servers count one version
          * per sync step, one per push otherwise. */
         long per_worker = s_run_steps(L, probe.n);
-        long updates = L->ps.mode == DP_MODE_SYNC ? per_worker : per_worker * L->workers;
+        long updates = L->ps.mode == DP_MODE_SYNC ? per_worker : per_worker * L->max_workers;
         if (L->ps.local_steps > 1 && per_worker > 0) {
             /* local steps: the workers' inner optimizer anneals over their
              * data steps; the outer lr stays constant (DiLoCo's) */
@@ -485,7 +516,7 @@ static int s_prepare(dp_local_t *L, char *err)
     unlink(L->summary);
     snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
-    if (L->secure && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
+    if (L->secure && dp_local_keys_make(&L->keys, L->out, L->shards, L->max_workers, err) != 0) return -1;
     s_clear(L, "tensorboard", s_is_events);
     s_clear(L, "metrics", s_is_child_file);
     s_clear(L, "logs", s_is_child_file);
@@ -548,7 +579,8 @@ static int s_record_merge(const dp_local_t *L, char *err)
 static int s_start_servers(dp_local_t *L, char *err)
 {
     char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
-    snprintf(nworkers, sizeof nworkers, "%d", L->workers);
+    snprintf(nworkers, sizeof nworkers, "%s", L->min_workers > 0 ? L->workers_text : "");
+    if (L->min_workers == 0) snprintf(nworkers, sizeof nworkers, "%d", L->max_workers);
     /* the shards share the host's cores for their optimizer sweeps: each
      * gets the daemon's own rule on its share of them */
     dp_ps_config_t share = L->ps;
@@ -593,8 +625,10 @@ static int s_start_servers(dp_local_t *L, char *err)
     return 0;
 }
 
-/* The workers; task 0 is the chief and writes the results. */
-static int s_start_workers(dp_local_t *L, char *err)
+/* Worker i (task 0 is the chief and writes the results); its first life
+ * starts with a fresh metrics file, a later one (an elastic crew's
+ * restart) appends to it. */
+static int s_start_worker(dp_local_t *L, int i, char *err)
 {
     char task[12], device[24], threads[24], worker_bin[PATH_MAX + 16];
     char save[PATH_MAX], tensorboard[PATH_MAX];
@@ -602,41 +636,56 @@ static int s_start_workers(dp_local_t *L, char *err)
     snprintf(worker_bin, sizeof worker_bin, "%s/downpour-worker", L->bin_dir);
     snprintf(save, sizeof save, "%s/model.safetensors", L->out);
     snprintf(tensorboard, sizeof tensorboard, "%s/tensorboard", L->out);
-    const char *gpu = L->gpus;
-    for (int i = 0; i < L->workers; i++) {
-        dp_child_t *c = dp_crew_add(&L->crew, L->out, "worker", i);
-        unlink(c->metrics);
-        snprintf(task, sizeof task, "%d", i);
-        const char *av[DP_LOCAL_ARGS];
-        int n = 0;
-        av[n++] = worker_bin;
-        av[n++] = "--ps"; av[n++] = L->endpoints;
-        av[n++] = "--task-index"; av[n++] = task;
-        av[n++] = "--metrics"; av[n++] = c->metrics;
-        av[n++] = "--tensorboard"; av[n++] = tensorboard;
-        av[n++] = "--no-progress";
-        if (gpu) {
-            int len = (int)strcspn(gpu, ",");
-            snprintf(device, sizeof device, "cuda:%.*s", len, gpu);
-            gpu = gpu[len] ? gpu + len + 1 : gpu + len;
-            av[n++] = "--device"; av[n++] = device;
-        } else {
-            av[n++] = "--threads"; av[n++] = threads;
-        }
-        if (L->delay_ms[i][0]) {
-            av[n++] = "--delay-ms"; av[n++] = L->delay_ms[i];
-            if (L->delay_exp[i]) { av[n++] = "--delay-dist"; av[n++] = "exp"; }
-        }
-        if (i == 0) {
-            av[n++] = "--save"; av[n++] = save;
-            av[n++] = "--summary"; av[n++] = L->summary;
-        }
-        if (L->secure) dp_local_keys_worker_args(&L->keys, i, av, &n);
-        /* User flags last, so an explicit --threads or --device wins. */
-        for (int k = 0; k < L->n_worker_args; k++) av[n++] = L->worker_args[k];
-        av[n] = NULL;
-        if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
+    dp_child_t *c = dp_crew_worker_life(&L->crew, L->out, i);
+    if (!c) return dp_err(err, "worker %d: running already, or more than %d children", i, 2 * DP_CREW_MAX);
+    if (c->lives == 1) unlink(c->metrics);
+    snprintf(task, sizeof task, "%d", i);
+    const char *av[DP_LOCAL_ARGS];
+    int n = 0;
+    av[n++] = worker_bin;
+    av[n++] = "--ps"; av[n++] = L->endpoints;
+    av[n++] = "--task-index"; av[n++] = task;
+    av[n++] = "--metrics"; av[n++] = c->metrics;
+    av[n++] = "--tensorboard"; av[n++] = tensorboard;
+    av[n++] = "--no-progress";
+    if (L->gpus) { /* the i-th listed GPU */
+        const char *gpu = L->gpus;
+        for (int k = 0; k < i; k++) gpu += strcspn(gpu, ",") + 1;
+        int len = (int)strcspn(gpu, ",");
+        snprintf(device, sizeof device, "cuda:%.*s", len, gpu);
+        av[n++] = "--device"; av[n++] = device;
+    } else {
+        av[n++] = "--threads"; av[n++] = threads;
     }
+    if (L->delay_ms[i][0]) {
+        av[n++] = "--delay-ms"; av[n++] = L->delay_ms[i];
+        if (L->delay_exp[i]) { av[n++] = "--delay-dist"; av[n++] = "exp"; }
+    }
+    if (i == 0) {
+        av[n++] = "--save"; av[n++] = save;
+        av[n++] = "--summary"; av[n++] = L->summary;
+    }
+    if (L->secure) dp_local_keys_worker_args(&L->keys, i, av, &n);
+    /* User flags last, so an explicit --threads or --device wins. */
+    for (int k = 0; k < L->n_worker_args; k++) av[n++] = L->worker_args[k];
+    av[n] = NULL;
+    if (dp_spawn(&c->pid, av, c->log, err) != 0) return -1;
+    return 0;
+}
+
+static int s_start_elastic(void *arg, int task, char *err)
+{
+    return s_start_worker(arg, task, err);
+}
+
+/* The workers of the start: N, or an elastic crew's MIN (tasks 0 .. MIN - 1). */
+static int s_start_workers(dp_local_t *L, char *err)
+{
+    for (int i = 0; i < L->workers; i++)
+        if (s_start_worker(L, i, err) != 0) return -1;
+    if (L->min_workers > 0)
+        dp_elastic_init(&L->elastic, L->min_workers, L->max_workers, L->chaos_s, L->ps.seed, L->out,
+                        &L->crew, s_start_elastic, L, dp_now());
     return 0;
 }
 
@@ -651,9 +700,18 @@ static const dp_child_t *s_watch(dp_local_t *L)
     const dp_child_t *failed = NULL;
     while (!s_signal) {
         int workers_left, alive;
+        char err[DP_ERR_LEN];
         failed = dp_crew_reap(&L->crew, &alive, &workers_left);
+        if (failed && dp_elastic_survives(&L->elastic, failed)) failed = NULL;
         if (failed || alive == 0) break;
-        if (workers_left == 0) {
+        if (dp_elastic_tick(&L->elastic, dp_now(), err) != 0) {
+            fprintf(stderr, "downpour local: %s\n", err);
+            break;
+        }
+        /* the end: every worker done, or the chief (it stopped the servers;
+         * an elastic crew's latecomer would wait on them in vain) */
+        const dp_child_t *chief = dp_crew_running_worker(&L->crew, 0) ? NULL : &L->crew.kids[L->shards];
+        if (workers_left == 0 || (chief && WIFEXITED(chief->status) && WEXITSTATUS(chief->status) == 0)) {
             if (workers_done_at == 0) workers_done_at = dp_now();
             if (dp_now() - workers_done_at > 10) break;
         }

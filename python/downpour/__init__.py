@@ -348,13 +348,15 @@ class Client:
         self._h = None
 
     def leave(self):
-        """Ctrl-C's way out: finish if not done (the servers stop waiting for
-        this worker: sync and ssp go on without it), then close; a failure to
+        """Ctrl-C's way out: leave if not finished (the servers log a leave
+        and stop waiting for this worker: sync and ssp go on without it, an
+        elastic sync crew while MIN are live), then close; a failure to
         reach the servers is no error here (they count a silent worker gone
         after their heartbeat timeout)."""
         try:
             if self._h is not None and not self.finished:
-                self.finish()
+                self._check(self._call(self._lib.downpour_leave))
+                self.finished = True
         except Error as e:
             print(f"downpour: leaving without a finish: {e}", file=sys.stderr)
         finally:

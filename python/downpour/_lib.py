@@ -102,6 +102,7 @@ def _declare(lib):
         "downpour_updates_lost": (ctypes.c_uint64, [h]),
         "downpour_stats": (ctypes.c_int, [h, ctypes.POINTER(Stats)]),
         "downpour_finish": (ctypes.c_int, [h]),
+        "downpour_leave": (ctypes.c_int, [h]),
         "downpour_wait_all": (ctypes.c_int, [h, ctypes.c_double]),
         "downpour_shutdown": (ctypes.c_int, [h]),
         "downpour_interrupt": (None, [h]),

@@ -136,7 +136,7 @@ static int s_write_seeds(const char *dir)
     if (dp_record_new(&w, path, h, err) != 0) goto fail;
     cJSON_Delete(h);
     dp_members_t m;
-    dp_members_init(&m, 2, 0, 0.0);
+    dp_members_init(&m, 2, 0, 0, 0.0);
     dp_record_members(w, 0, &m);
     for (int i = 0; i < 4; i++) {
         dp_push_outcome_t o = {.status = i == 3 ? DP_PUSH_DROPPED : DP_PUSH_APPLIED, .staleness = (uint64_t)(i % 2),

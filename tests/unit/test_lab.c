@@ -689,8 +689,8 @@ static void test_measured_step(void)
     o.lr = 0.5f;
     CHECK_EQ(dp_model_parse(&m, TINY, 1, 4, 4, err), 0);
     CHECK_EQ(dp_shard_init(&s, &m, 0, 1, 3, &o, err), 0);
-    dp_members_init(&mem, 2, 0, 0.0);
-    dp_policy_conf_t pc = {1, 0, DP_DELAY_INVERSE, 0};
+    dp_members_init(&mem, 2, 0, 0, 0.0);
+    dp_policy_conf_t pc = {.replicas = 1, .staleness = 0, .delay_lr = DP_DELAY_INVERSE, .delay_k = 0};
     CHECK_EQ(dp_policy_new(&p, &dp_policy_async, &pc, &s, &mem, err), 0);
     float *g = dp_malloc(s.n * sizeof(float));
     for (size_t i = 0; i < s.n; i++) g[i] = (i % 2) ? 3.0f : -4.0f;

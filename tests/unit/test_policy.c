@@ -7,6 +7,8 @@
 
 #include "common/model.h"
 #include "common/util.h"
+#include "common/opts.h"
+#include "server/membership.h"
 #include "server/shard_dc.h"
 #include "tests/policy_fixture.h"
 #include "tests/test.h"
@@ -26,7 +28,7 @@ static int fx_init_delay(fx_t *f, const dp_policy_ops_t *ops, int workers, int r
     o.lr = 0.1f;
     o.dc = dc;
     o.dc_lambda = lambda;
-    dp_policy_conf_t pc = {replicas, staleness, delay_lr, k};
+    dp_policy_conf_t pc = {.replicas = replicas, .staleness = staleness, .delay_lr = delay_lr, .delay_k = k};
     return policy_fx_init(f, ops, &o, workers, &pc);
 }
 
@@ -109,8 +111,8 @@ static void test_sync_members(void)
     CHECK_EQ(dp_members_heard(&f.members, 1, 11.0), 1); /* back */
     CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED);
     CHECK_EQ(o.stepped, 0); /* waits for worker 1 again */
-    CHECK_EQ(dp_members_finish(&f.members, 1), 1);
-    CHECK_EQ(dp_members_finish(&f.members, 1), 0);
+    CHECK_EQ(dp_members_finish(&f.members, 1, 0), 1);
+    CHECK_EQ(dp_members_finish(&f.members, 1, 0), 0);
     CHECK_EQ(dp_policy_members_changed(f.policy), 1);
     CHECK_EQ(f.shard.version, 2);
     int joined, finished, gone;
@@ -186,12 +188,12 @@ static void test_bad_conf(void)
     CHECK(strstr(err, "--shard") != NULL);
     dp_shard_fini(&s); /* safe after a failed init */
     CHECK_EQ(dp_shard_init(&s, &model, 0, 1, 1, &o, err), 0);
-    dp_members_init(&m, 2, 0, 0.0);
+    dp_members_init(&m, 2, 0, 0, 0.0);
     dp_policy_t *p = NULL;
-    dp_policy_conf_t pc = {3, 0, 0, 0};
+    dp_policy_conf_t pc = {.replicas = 3, .staleness = 0, .delay_lr = 0, .delay_k = 0};
     CHECK_EQ(dp_policy_new(&p, &dp_policy_sync, &pc, &s, &m, err), -1);
     CHECK(p == NULL && strstr(err, "--replicas-to-aggregate 3") != NULL);
-    pc = (dp_policy_conf_t){1, -1, 0, 0};
+    pc = (dp_policy_conf_t){.replicas = 1, .staleness = -1, .delay_lr = 0, .delay_k = 0};
     CHECK_EQ(dp_policy_new(&p, &dp_policy_ssp, &pc, &s, &m, err), -1);
     CHECK(strstr(err, "--staleness") != NULL);
     dp_members_fini(&m);
@@ -346,7 +348,7 @@ static void test_async_compensation(void)
  * compensation off (async keeps them); the rule names read back. */
 static void test_delay_conf(void)
 {
-    dp_policy_conf_t pc = {1, 0, DP_DELAY_ADAPTIVE, 0};
+    dp_policy_conf_t pc = {.replicas = 1, .staleness = 0, .delay_lr = DP_DELAY_ADAPTIVE, .delay_k = 0};
     dp_optim_conf_t o;
     dp_optim_conf_default(&o);
     char err[DP_ERR_LEN] = "", name[48];
@@ -377,6 +379,190 @@ static void test_delay_conf(void)
     CHECK(strstr(err, "adaptive:LAMBDA0") != NULL);
 }
 
+/* The fixture's members made an elastic crew of MIN min over its workers:
+ * every slot absent until its HELLO (dp_members_join). */
+static void fx_elastic(fx_t *f, int min)
+{
+    int n = f->members.n;
+    dp_members_fini(&f->members);
+    dp_members_init(&f->members, n, min, 0, 0.0);
+    dp_policy_members_changed(f->policy);
+}
+
+/* An elastic crew's table: absent until HELLO (a HEARTBEAT alone does not
+ * count a slot in), a leave is finished and left, a new HELLO is a join
+ * again; the membership events and the live range follow. */
+static void test_elastic_members(void)
+{
+    dp_members_t m;
+    dp_members_init(&m, 4, 2, 0, 0.0);
+    dp_membership_t h;
+    dp_membership_init(&h, 4);
+    CHECK_EQ(dp_members_active_count(&m), 0);
+    CHECK_EQ(dp_members_live(&m, 3), 0);
+    CHECK_EQ(dp_members_heard(&m, 3, 1.0), 0); /* its beat, before its HELLO */
+    CHECK_EQ(dp_members_live(&m, 3), 0);
+    CHECK_EQ(dp_membership_note(&h, &m, 0), 0);
+    CHECK_EQ(h.live_max, -1); /* nobody joined yet: no range */
+    dp_members_join(&m, 0);
+    dp_members_join(&m, 2);
+    CHECK_EQ(dp_membership_note(&h, &m, 3), 2);
+    const dp_member_event_t *e = dp_membership_at(&h, 1);
+    CHECK(e->why == DP_JOIN_HELLO && e->task == 2 && e->version == 3 && e->live == 2);
+    CHECK_EQ(dp_members_finish(&m, 2, 1), 1); /* its SIGTERM */
+    CHECK_EQ(dp_members_completed(&m), 0);
+    CHECK_EQ(dp_members_sweep(&m, 10.0, 5.0), 1); /* worker 0 silent since 0 */
+    CHECK_EQ(dp_membership_note(&h, &m, 9), 2);
+    e = dp_membership_at(&h, 2); /* in worker order */
+    CHECK(e->why == DP_LEAVE_GONE && e->task == 0 && e->live == 1);
+    e = dp_membership_at(&h, 3);
+    CHECK(e->why == DP_LEAVE_LEFT && e->task == 2 && e->live == 0);
+    CHECK_EQ(h.live_min, 0);
+    CHECK_EQ(dp_members_heard(&m, 0, 11.0), 1); /* back */
+    dp_members_join(&m, 2);                     /* a new HELLO: in again */
+    CHECK_EQ(dp_membership_note(&h, &m, 9), 2);
+    CHECK(dp_membership_at(&h, 4)->why == DP_JOIN_BACK);
+    CHECK_EQ(dp_members_active_count(&m), 2);
+    CHECK_EQ(dp_members_finish(&m, 0, 0), 1); /* done with its steps: the range is closed */
+    CHECK_EQ(dp_members_completed(&m), 1);
+    dp_membership_note(&h, &m, 20);
+    dp_members_finish(&m, 2, 0);
+    dp_membership_note(&h, &m, 21);
+    CHECK_EQ(h.live_min, 0);
+    CHECK_EQ(h.live_max, 2);
+    CHECK_EQ((int)h.total, 8);
+    CHECK_STR(dp_member_why_name(dp_membership_at(&h, 6)->why), "finished");
+    dp_membership_fini(&h);
+    dp_membership_fini(&h); /* safe twice */
+    dp_members_fini(&m);
+}
+
+/* Sync, elastic MIN 2 of 3: below MIN the step waits (a push alone does
+ * not step, nor does a member change); at MIN it steps on what is in; once
+ * a worker is done with its steps the rest step without MIN. The mean is
+ * over the gradients aggregated. */
+static void test_sync_elastic(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_sync, 3, 3, 0, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    fx_elastic(&f, 2);
+    size_t n = f.shard.n;
+    float *w0 = dp_malloc(n * sizeof(float));
+    memcpy(w0, f.shard.w, n * sizeof(float));
+    dp_push_outcome_t o;
+    dp_members_join(&f.members, 0);
+    dp_policy_members_changed(f.policy);
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 0); /* 1 of at least 2 live: waits */
+    CHECK_EQ(f.policy->below_min, 1);
+    dp_members_join(&f.members, 2);
+    CHECK_EQ(dp_policy_members_changed(f.policy), 0); /* 2 live: wait for the newcomer's */
+    CHECK_EQ(fx_push(&f, 2, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 1);
+    CHECK_EQ(f.policy->below_min, 0);
+    int exact = 1;
+    for (size_t i = 0; i < n; i++)
+        exact &= f.shard.w[i] == w0[i] - 0.1f * ((f.g[0][i] + f.g[2][i]) * 0.5f);
+    CHECK(exact);
+    dp_members_finish(&f.members, 2, 1); /* leaves: 1 live, below MIN */
+    dp_policy_members_changed(f.policy);
+    CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 0);
+    CHECK_EQ(fx_push(&f, 2, 1, &o), DP_PUSH_APPLIED); /* a leaver's push in flight still counts */
+    CHECK_EQ(o.stepped, 0);
+    CHECK_EQ(f.shard.version, 1);
+    dp_members_join(&f.members, 1);
+    CHECK_EQ(dp_policy_members_changed(f.policy), 0); /* MIN again: waits for the newcomer's */
+    CHECK_EQ(fx_push(&f, 1, 1, &o), DP_PUSH_APPLIED); /* 0, 1 live and 2's: all in */
+    CHECK_EQ(o.stepped, 1);
+    CHECK_EQ(fx_push(&f, 0, 2, &o), DP_PUSH_APPLIED);
+    dp_members_finish(&f.members, 1, 0); /* done with its steps: the run ends, no MIN */
+    CHECK_EQ(dp_policy_members_changed(f.policy), 1);
+    CHECK_EQ(f.shard.version, 3);
+    free(w0);
+    fx_fini(&f);
+}
+
+/* Sync, R a fraction: ceil(F x the workers counted). */
+static void test_sync_fraction(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_sync, 3, 3, 0, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    f.policy->conf.replicas_frac = 0.5f; /* ceil(1.5) = 2 of 3 */
+    dp_push_outcome_t o;
+    CHECK_EQ(fx_push(&f, 0, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 0);
+    CHECK_EQ(fx_push(&f, 1, 0, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 1);
+    dp_members_finish(&f.members, 2, 1); /* 2 counted: ceil(1) = 1 */
+    dp_policy_members_changed(f.policy);
+    CHECK_EQ(fx_push(&f, 0, 1, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(o.stepped, 1);
+    char err[DP_ERR_LEN];
+    int r = 0;
+    float frac = 0;
+    CHECK_EQ(dp_policy_replicas_parse("--r", "0.75", &r, &frac, err), 0);
+    CHECK(r == 0 && frac == 0.75f);
+    CHECK_EQ(dp_policy_replicas_parse("--r", "3", &r, &frac, err), 0);
+    CHECK(r == 3 && frac == 0);
+    CHECK_EQ(dp_policy_replicas_parse("--r", "1.5", &r, &frac, err), -1);
+    CHECK(strstr(err, "fraction F in (0, 1]") != NULL);
+    CHECK_EQ(dp_policy_replicas_parse("--r", "0", &r, &frac, err), -1);
+    fx_fini(&f);
+}
+
+/* SSP, S = 0, elastic: a newcomer starts at the slowest live clock, so
+ * nobody waits for it to catch up from 0, and the bound holds over the
+ * live workers. */
+static void test_ssp_newcomer(void)
+{
+    fx_t f;
+    if (fx_init(&f, &dp_policy_ssp, 3, 3, 0, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    fx_elastic(&f, 1);
+    dp_push_outcome_t o;
+    dp_members_join(&f.members, 0);
+    dp_policy_members_changed(f.policy);
+    for (uint64_t v = 0; v < 5; v++) CHECK_EQ(fx_push(&f, 0, v, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 0), 1); /* alone: the slowest itself */
+    dp_members_join(&f.members, 1);
+    dp_policy_members_changed(f.policy);
+    CHECK_EQ(f.policy->clock[1], 5);                   /* starts at the slowest live clock */
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 0), 1); /* so worker 0 does not wait */
+    CHECK_EQ(fx_push(&f, 0, 5, &o), DP_PUSH_APPLIED);
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 0, 0), 0); /* one ahead, S 0: waits for worker 1 */
+    CHECK_EQ(dp_policy_pull_ready(f.policy, 1, 0), 1);
+    fx_fini(&f);
+}
+
+/* --workers N | MIN:MAX. */
+static void test_crew_parse(void)
+{
+    char err[DP_ERR_LEN];
+    int min = -1, max = -1;
+    CHECK_EQ(dp_opts_parse_crew("--workers", "3", 100, &min, &max, err), 0);
+    CHECK(min == 0 && max == 3);
+    CHECK_EQ(dp_opts_parse_crew("--workers", "1:4", 100, &min, &max, err), 0);
+    CHECK(min == 1 && max == 4);
+    CHECK_EQ(dp_opts_parse_crew("--workers", "4:2", 100, &min, &max, err), -1);
+    CHECK(strstr(err, "MIN 4 is above MAX 2") != NULL);
+    CHECK_EQ(dp_opts_parse_crew("--workers", "0:2", 100, &min, &max, err), -1);
+    CHECK(strstr(err, "N or MIN:MAX") != NULL);
+    CHECK_EQ(dp_opts_parse_crew("--workers", "1:", 100, &min, &max, err), -1);
+    CHECK_EQ(dp_opts_parse_crew("--workers", "1:2:3", 100, &min, &max, err), -1);
+    CHECK_EQ(dp_opts_parse_crew("--workers", "2:101", 100, &min, &max, err), -1);
+    CHECK(min == 1 && max == 4); /* untouched by a refusal */
+}
+
 DP_TESTS(T(test_sync_decisions), T(test_sync_members), T(test_ssp_bound), T(test_async_staleness),
          T(test_async_adaptive), T(test_async_threshold), T(test_async_compensation), T(test_delay_conf),
-         T(test_bad_conf))
+         T(test_bad_conf), T(test_elastic_members), T(test_sync_elastic), T(test_sync_fraction),
+         T(test_ssp_newcomer), T(test_crew_parse))

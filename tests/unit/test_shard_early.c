@@ -32,7 +32,7 @@ static int fx_init(fx_t *f, const dp_policy_ops_t *ops, bool enabled)
     dp_optim_conf_default(&o);
     o.kind = DP_OPT_ADAM;
     o.lr = 0.01f;
-    dp_policy_conf_t pc = {2, 0, 0, 0};
+    dp_policy_conf_t pc = {.replicas = 2, .staleness = 0, .delay_lr = 0, .delay_k = 0};
     if (policy_fx_init(&f->p, ops, &o, 2, &pc) != 0) return -1;
     dp_shard_parts_init(&f->parts, f->p.shard.lo, f->p.shard.hi, 2);
     dp_shard_early_init(&f->early, &f->p.shard, &f->parts, f->p.policy, enabled);

@@ -374,6 +374,13 @@ int downpour_finish(downpour_t *h)
     return 0;
 }
 
+int downpour_leave(downpour_t *h)
+{
+    s_ok();
+    if (dp_ps_client_leave(h->ps, s_err) != 0) return s_client_failed(h);
+    return 0;
+}
+
 int downpour_wait_all(downpour_t *h, double timeout_s)
 {
     s_ok();

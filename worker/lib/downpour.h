@@ -224,6 +224,10 @@ int downpour_stats(downpour_t *h, downpour_stats_t *out);
 
 /* This worker is done: the servers stop counting it (sync, ssp). */
 int downpour_finish(downpour_t *h);
+/* The same for a client that leaves before its last step (Ctrl-C, SIGTERM):
+ * the servers log a leave, and an elastic sync crew (--workers MIN:MAX)
+ * still waits for MIN live workers. */
+int downpour_leave(downpour_t *h);
 
 /* The chief: wait until every worker has finished (or gone silent past the
  * servers' heartbeat timeout), at most timeout_s; finishes this one first. */

@@ -1,0 +1,90 @@
+/* scale: `downpour scale DIR N` and its request file (see scale.h). */
+#include "deploy/launcher/scale.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/opts.h"
+#include "common/util.h"
+#include "deploy/launcher/commands.h"
+#include "deploy/launcher/crew.h"
+
+/* How long the command waits for a launcher to take its request. */
+#define S_WAIT_S 10.0
+
+void dp_scale_request_path(const char *dir, char *out, size_t n)
+{
+    snprintf(out, n, "%s/scale.request", dir);
+}
+
+int dp_scale_take(const char *dir, int *n, char *err)
+{
+    char path[PATH_MAX];
+    dp_scale_request_path(dir, path, sizeof path);
+    uint8_t *text = NULL;
+    size_t len = 0;
+    if (dp_read_file(path, &text, &len, NULL) != 0) return 0; /* none (or not yet whole: renamed) */
+    unlink(path);
+    char line[32] = "";
+    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), (char *)text);
+    free(text);
+    line[strcspn(line, "\n")] = 0;
+    long v = 0;
+    if (dp_opts_parse_long("scale", line, 1, DP_CREW_MAX, &v, err) != 0) return -1;
+    *n = (int)v;
+    return 1;
+}
+
+static const char s_usage[] =
+    "usage: downpour scale DIR N\n"
+    "Asks the `downpour local --workers MIN:MAX --out DIR` running on DIR to keep N\n"
+    "workers live: the lowest free task indexes below MAX start, the highest ones\n"
+    "other than the chief (task 0) leave by SIGTERM (each ends its step in flight,\n"
+    "says so to the servers and exits 0). Waits until the launcher took the request\n"
+    "(exit 0), or fails after 10 s when none did. The launcher's log says what it did.\n";
+
+int dp_scale_main(int argc, char **argv)
+{
+    if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        fputs(s_usage, stdout);
+        return 0;
+    }
+    char err[DP_ERR_LEN];
+    long n = 0;
+    if (argc != 3) {
+        fputs(s_usage, stderr);
+        return 2;
+    }
+    if (dp_opts_parse_long("N", argv[2], 1, DP_CREW_MAX, &n, err) != 0) {
+        fprintf(stderr, "downpour scale: %s\n", err);
+        return 2;
+    }
+    char path[PATH_MAX], text[32];
+    dp_scale_request_path(argv[1], path, sizeof path);
+    int len = snprintf(text, sizeof text, "%ld\n", n);
+    struct stat st;
+    if (stat(argv[1], &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "downpour scale: %s: no such directory (the --out of a downpour local)\n",
+                argv[1]);
+        return 1;
+    }
+    if (dp_write_file_atomic(path, text, (size_t)len, err) != 0) {
+        fprintf(stderr, "downpour scale: %s\n", err);
+        return 1;
+    }
+    for (double until = dp_now() + S_WAIT_S; access(path, F_OK) == 0;) {
+        if (dp_now() > until) {
+            unlink(path);
+            fprintf(stderr, "downpour scale: no downpour local took the request in %s within %.0f s "
+                    "(is one running there with --workers MIN:MAX?)\n", argv[1], S_WAIT_S);
+            return 1;
+        }
+        usleep(50 * 1000);
+    }
+    printf("downpour scale: %s: %ld worker(s) asked for\n", argv[1], n);
+    return 0;
+}
