@@ -64,6 +64,7 @@ void dp_members_join(dp_members_t *m, int i)
 {
     dp_member_t *w = &m->w[i];
     int news = !dp_members_active(m, i);
+    w->hellos++;
     w->joined = 1;
     w->finished = w->left = 0;
     w->gone = 0;

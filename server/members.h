@@ -26,6 +26,7 @@ typedef struct {
     int left;              /* with finished: it left before its last step (BARRIER.leave) */
     int gone;              /* silent past the heartbeat timeout; cleared by any message */
     int back;              /* counted again by a message after it went gone (not a HELLO's join) */
+    unsigned hellos;       /* HELLOs taken: one more while live is a new process under its id */
     double last_seen;      /* dp_now() of its last valid message (start time if none) */
 } dp_member_t;
 

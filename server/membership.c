@@ -8,6 +8,7 @@
 void dp_membership_init(dp_membership_t *h, int n)
 {
     h->active = dp_calloc((size_t)n, 1);
+    h->hellos = dp_calloc((size_t)n, sizeof *h->hellos);
     h->n = n;
     h->n_ev = h->next = 0;
     h->total = 0;
@@ -18,7 +19,9 @@ void dp_membership_init(dp_membership_t *h, int n)
 void dp_membership_fini(dp_membership_t *h)
 {
     free(h->active);
+    free(h->hellos);
     h->active = NULL;
+    h->hellos = NULL;
     h->n = 0;
 }
 
@@ -43,6 +46,14 @@ int dp_membership_note(dp_membership_t *h, const dp_members_t *m, uint64_t versi
     for (int i = 0; i < h->n; i++) live += h->active[i];
     /* joins first, so that a swap within one note never shows fewer live;
      * each event's count is the crew's after it */
+    for (int i = 0; i < h->n && i < m->n; i++) { /* a process replaced under a live id */
+        if (h->active[i] && dp_members_active(m, i) && m->w[i].hellos != h->hellos[i]) {
+            s_add(h, (dp_member_event_t){DP_LEAVE_REPLACED, i, version, live - 1});
+            s_add(h, (dp_member_event_t){DP_JOIN_HELLO, i, version, live});
+            added += 2;
+        }
+        h->hellos[i] = m->w[i].hellos;
+    }
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < h->n && i < m->n; i++) {
             int a = dp_members_active(m, i);
@@ -78,6 +89,7 @@ const char *dp_member_why_name(dp_member_why_t why)
     case DP_LEAVE_FINISHED: return "finished";
     case DP_LEAVE_LEFT: return "leave";
     case DP_LEAVE_GONE: return "gone";
+    case DP_LEAVE_REPLACED: return "replaced";
     }
     return "?";
 }

@@ -27,6 +27,8 @@ typedef enum {
     DP_LEAVE_FINISHED,     /* done with its steps */
     DP_LEAVE_LEFT,         /* left before its last step (its SIGTERM) */
     DP_LEAVE_GONE,         /* silent past the heartbeat timeout */
+    DP_LEAVE_REPLACED,     /* a new process said HELLO under its id while it counted as live
+                            * (restarted within the heartbeat timeout): it left, the new one joins */
 } dp_member_why_t;
 
 typedef struct {
@@ -38,6 +40,7 @@ typedef struct {
 
 typedef struct {
     unsigned char *active; /* per worker, at the last note */
+    unsigned *hellos;      /* per worker, its HELLOs at the last note */
     int n;
     dp_member_event_t ev[DP_MEMBERSHIP_MAX]; /* a ring: the last n_ev, oldest at (next - n_ev) */
     size_t n_ev, next;

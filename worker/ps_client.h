@@ -92,7 +92,7 @@ typedef struct {
     int task;
     uint64_t version;                    /* shard 0's version then */
     int live;                            /* workers live after it */
-    char why[12];                        /* hello, back, finished, leave, gone */
+    char why[12];                        /* hello, back, finished, leave, gone, replaced */
 } dp_ps_member_event_t;
 
 typedef struct dp_ps_membership {

@@ -423,6 +423,10 @@ static void test_elastic_members(void)
     CHECK_EQ(dp_membership_note(&h, &m, 9), 2);
     CHECK(dp_membership_at(&h, 4)->why == DP_JOIN_BACK);
     CHECK_EQ(dp_members_active_count(&m), 2);
+    dp_members_join(&m, 2); /* a new process under a live id */
+    CHECK_EQ(dp_membership_note(&h, &m, 9), 2);
+    CHECK(dp_membership_at(&h, 6)->why == DP_LEAVE_REPLACED && dp_membership_at(&h, 6)->live == 1);
+    CHECK(dp_membership_at(&h, 7)->why == DP_JOIN_HELLO && dp_membership_at(&h, 7)->live == 2);
     CHECK_EQ(dp_members_finish(&m, 0, 0), 1); /* done with its steps: the range is closed */
     CHECK_EQ(dp_members_completed(&m), 1);
     dp_membership_note(&h, &m, 20);
@@ -430,8 +434,8 @@ static void test_elastic_members(void)
     dp_membership_note(&h, &m, 21);
     CHECK_EQ(h.live_min, 0);
     CHECK_EQ(h.live_max, 2);
-    CHECK_EQ((int)h.total, 8);
-    CHECK_STR(dp_member_why_name(dp_membership_at(&h, 6)->why), "finished");
+    CHECK_EQ((int)h.total, 10);
+    CHECK_STR(dp_member_why_name(dp_membership_at(&h, 8)->why), "finished");
     dp_membership_fini(&h);
     dp_membership_fini(&h); /* safe twice */
     dp_members_fini(&m);

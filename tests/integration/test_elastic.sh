@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# test_elastic: a crew that changes while it trains (--workers MIN:MAX),
+# under `downpour local` and by hand. Every change is driven at a version
+# the chief reached (its metrics lines), and every check is on what the run
+# wrote (record, summary, logs), never on timing:
+#  (a) sync 1:4: one worker starts, `downpour scale` adds two, one of them
+#      is killed by SIGKILL (the launcher starts it again: it resumes), then
+#      scale 1 sends SIGTERM to the two highest (each leaves after a whole
+#      step and exits 0); the record replays with every step's norms
+#      matched (each step's mean over exactly the gradients it aggregated,
+#      recomputed by a shard fed the same gradients); no worker pushed a
+#      gradient computed on a version older than the one it joined at;
+#      summary.json's membership, live_min / live_max and the metrics
+#      events agree with what was done
+#  (b) async and (c) ssp 1:4: a crew growing 1 -> 4 -> 1; ssp's staleness
+#      bound over the live workers holds in the record; each replays
+#  (d) --chaos kill:SECONDS: workers killed and replaced, the run finishes
+#  (e) by hand: an elastic worker's SIGTERM is a leave (exit 0, "left" in
+#      the shard's log); a fixed crew's is still a stop (143)
+#  (f) refusals: MIN above MAX, a task index at or above MAX, --chaos on a
+#      fixed crew, a scale above MAX (ignored with a line), scale with no
+#      launcher listening, a scale request that is not a number
+source "$(dirname "$0")/lib.sh"
+
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    skip elastic "Debian's dataset-fashion-mnist is not installed (make deps)"
+    finish; exit
+fi
+SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
+MODEL="fc:64 relu fc:10 softmax"
+COMMON=(--model "$MODEL" --batch 32 --threads 1 --no-progress)
+
+# version DIR: the chief's last version_after (0 before its first step).
+version() {
+    { grep -o '"version_after":[0-9]*' "$1/metrics/worker-0.jsonl" 2>/dev/null || echo ':0'; } |
+        tail -1 | cut -d: -f2
+}
+# at_version DIR V: wait (at most 120 s) until the chief reached V; 1 if never.
+at_version() {
+    local t=0
+    until [ "$(version "$1")" -ge "$2" ]; do
+        t=$((t + 1)); [ $t -ge $((1200 * SCALE)) ] && return 1
+        sleep 0.1
+    done
+}
+scale() { "$BIN/downpour" scale "$1" "$2" >/dev/null; }
+# record_check FILE MODE S: the record's invariants (python below), one
+# line "ok ..." or the first violation.
+record_check() {
+    "$TORCH_PY" - "$@" <<'EOF'
+import json, sys
+path, mode, S = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lines = [json.loads(l) for l in open(path)]
+ev = [e for e in lines if "e" in e]
+version, joined_at, state, bad, pushes, stale_max, live_max = 0, {}, "", [], 0, 0, 0
+for e in ev:
+    if e["e"] == "members":
+        for w, c in enumerate(e["m"]):
+            was = state[w] if w < len(state) else "G"
+            if c == "L" and was != "L":
+                joined_at[w] = version
+        state = e["m"]
+        live_max = max(live_max, state.count("L"))
+    elif e["e"] == "push":
+        pushes += 1
+        w = e["w"]
+        if e["v"] < joined_at.get(w, 0):
+            bad.append(f"worker {w} pushed on version {e['v']}, older than its join at {joined_at[w]}")
+        if e["st"] == "applied":
+            stale_max = max(stale_max, e["stale"])
+        version = max(version, e["after"])
+if mode == "ssp" and stale_max > (live_max - 1) * (2 * S + 1):
+    bad.append(f"ssp staleness {stale_max} over the bound {(live_max - 1) * (2 * S + 1)} of {live_max} live")
+print(bad[0] if bad else f"ok {pushes} pushes, {live_max} live at most, staleness max {stale_max}")
+EOF
+}
+# summary_crew DIR: "JOINS LEAVES WHYS LIVE_MIN LIVE_MAX" from summary.json.
+summary_crew() {
+    "$TORCH_PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+m = s["membership"]
+j = sum(e["event"] == "join" for e in m); l = sum(e["event"] == "leave" for e in m)
+print(j, l, ",".join(sorted({e["why"] for e in m})), s["live_min"], s["live_max"])' "$1"
+}
+
+# ---- (a) sync 1:4 under downpour local ------------------------------------
+A=$TMP/sync
+bg "$BIN/downpour" local --workers 1:4 --mode sync "${COMMON[@]}" --steps 400 --delay-ms 25 \
+    --seed 5 --out "$A" --record "$A/rec.jsonl" >"$TMP/a.out" 2>"$TMP/a.err"
+LOCAL=$!
+at_version "$A" 40 && scale "$A" 3
+check "sync: scale 3 taken" grep -q "scale to 3 worker(s)" "$TMP/a.err"
+scale "$A" 5
+printf 'many\n' >"$A/scale.request.tmp" && mv "$A/scale.request.tmp" "$A/scale.request"
+for _ in $(seq 100); do [ -e "$A/scale.request" ] || break; sleep 0.1; done
+at_version "$A" 100
+W2=$(pgrep -f -- "--metrics $A/metrics/worker-2.jsonl" | head -1)
+[ -n "$W2" ] && kill -KILL "$W2"
+at_version "$A" 180 && scale "$A" 1
+wait_for $LOCAL $((120 * SCALE)); rc=$?
+check "sync: the run finished (exit 0)" test "$rc" = 0
+check "sync: the launcher survived the SIGKILL and started worker 2 again" \
+    bash -c "grep -q 'worker 2 killed by signal 9; the run goes on' '$TMP/a.err' &&
+             test \$(grep -c 'worker 2 started' '$TMP/a.err') -ge 2"
+check "sync: worker 2 resumed after the steps the servers held" grep -q "rejoining" "$A/logs/worker-2.2.log"
+check "sync: scale 1 sent SIGTERM to workers 2 and 1, the highest" \
+    bash -c "grep -q 'worker 2 asked to leave' '$TMP/a.err' && grep -q 'worker 1 asked to leave' '$TMP/a.err'"
+check "sync: the leavers left after a whole step and exited 0" \
+    bash -c "grep -q 'worker 1: left after step' '$A/logs/worker-1.log' &&
+             grep -q 'worker 1 left before its last step' '$A/logs/ps-0.log'"
+read -r J L WHY LMIN LMAX <<<"$(summary_crew "$A")"
+# worker 2's restart is a leave (gone after the heartbeat timeout, or
+# replaced when its new process says HELLO first) and a join
+check "sync: summary membership: 4 joins and 4 leaves, by leave, gone or replaced, finished ($J $L $WHY)" \
+    bash -c "[ $J = 4 ] && [ $L = 4 ] && [[ $WHY == *leave* ]] && [[ $WHY == *hello* ]] && [[ $WHY == *finished* ]] &&
+             [[ $WHY =~ gone|replaced ]]"
+check "sync: live_min 1, live_max 3 ($LMIN $LMAX)" test "$LMIN $LMAX" = "1 3"
+check "sync: the shard's metrics hold the same events" \
+    bash -c "test \$(grep -c '\"event\":\"join\"' '$A/metrics/ps-0.jsonl') = $J"
+OUT=$(record_check "$A/rec.jsonl" sync 0)
+check "sync record: no newcomer pushed on weights older than its join ($OUT)" test "${OUT:0:2}" = ok
+"$BIN/downpour" replay "$A/rec.jsonl" --out "$TMP/a-replay" >"$TMP/a-replay.log" 2>&1
+check "sync: the replay matches every recorded step" grep -q "every recorded norm matched" "$TMP/a-replay.log"
+
+# ---- (b, c) async and ssp 1:4: 1 -> 4 -> 1 --------------------------------
+for mode in async ssp; do
+    D=$TMP/$mode
+    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 300 \
+        --delay-ms 20 --seed 6 --out "$D" --record "$D/rec.jsonl" >"$TMP/$mode.out" 2>"$TMP/$mode.err"
+    LOCAL=$!
+    at_version "$D" 30 && scale "$D" 4
+    at_version "$D" 300 && scale "$D" 1
+    wait_for $LOCAL $((120 * SCALE)); rc=$?
+    check "$mode: 1 -> 4 -> 1 finished (exit 0)" test "$rc" = 0
+    read -r J L WHY LMIN LMAX <<<"$(summary_crew "$D")"
+    check "$mode: 4 joins, 3 left before their last step ($J $WHY, live max $LMAX)" \
+        bash -c "[ $J -ge 4 ] && [ \$(grep -c 'left before its last step' '$D/logs/ps-0.log') = 3 ] && [ $LMAX = 4 ]"
+    OUT=$(record_check "$D/rec.jsonl" $mode 1)
+    check "$mode record: ${mode/ssp/the staleness bound over the live workers holds, }joins ($OUT)" \
+        test "${OUT:0:2}" = ok
+    "$BIN/downpour" replay "$D/rec.jsonl" --out "$TMP/$mode-replay" >"$TMP/$mode-replay.log" 2>&1
+    check "$mode: the replay matches every recorded step" grep -q "every recorded norm matched" "$TMP/$mode-replay.log"
+done
+
+# ---- (d) --chaos -----------------------------------------------------------
+D=$TMP/chaos
+"$BIN/downpour" local --workers 3:3 --mode async "${COMMON[@]}" --steps 250 --delay-ms 20 \
+    --chaos kill:1.5 --heartbeat-timeout 2 --out "$D" >"$TMP/chaos.out" 2>"$TMP/chaos.err"
+rc=$?
+check "chaos: the run finished (exit 0)" test "$rc" = 0
+check "chaos: workers killed and replaced" \
+    bash -c "grep -q -- '--chaos: worker [12] killed' '$TMP/chaos.err' && grep -q 'worker [12] started' '$TMP/chaos.err'"
+check "chaos: never the chief" bash -c "! grep -q -- '--chaos: worker 0 killed' '$TMP/chaos.err'"
+
+# ---- (e) by hand: SIGTERM is a leave in an elastic crew, a stop in a fixed one
+PORT=$("$TORCH_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+for crew in 1:2 2; do
+    bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$PORT" --workers $crew --mode async --model "$MODEL" \
+        >"$TMP/hand-ps.log" 2>&1
+    PS=$!
+    bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 1 "${COMMON[@]}" --steps 100000 \
+        --delay-ms 5 --metrics "$TMP/hand-w1.jsonl" >"$TMP/hand-w1.log" 2>&1
+    W=$!
+    for _ in $(seq 300); do grep -q '"step":20,' "$TMP/hand-w1.jsonl" 2>/dev/null && break; sleep 0.1; done
+    kill -TERM $W
+    wait_for $W 30; rc=$?
+    if [ $crew = 2 ]; then
+        check "fixed crew: a worker's SIGTERM is a stop (143)" test "$rc" = 143
+    else
+        check "elastic: a worker's SIGTERM is a leave (exit 0)" test "$rc" = 0
+        check "elastic: the shard logged it" grep -q "worker 1 left before its last step" "$TMP/hand-ps.log"
+        "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 2 "${COMMON[@]}" --steps 1 \
+            --timeout 5 >"$TMP/hand-w2.log" 2>&1
+        check "elastic: task index 2 of MAX 2 refused" grep -q "out of range" "$TMP/hand-w2.log"
+    fi
+    kill -TERM $PS; wait_for $PS 10 >/dev/null
+done
+
+# ---- (f) refusals ------------------------------------------------------------
+"$BIN/downpour-ps" --workers 3:2 >"$TMP/r1.log" 2>&1; rc=$?
+check "MIN above MAX: one line, exit 2" bash -c "[ $rc = 2 ] && grep -q 'MIN 3 is above MAX 2' '$TMP/r1.log' && [ \$(wc -l <'$TMP/r1.log') = 1 ]"
+"$BIN/downpour" local --workers 2 --chaos kill:5 >"$TMP/r2.log" 2>&1; rc=$?
+check "--chaos on a fixed crew: refused (exit 2)" bash -c "[ $rc = 2 ] && grep -q 'needs an elastic crew' '$TMP/r2.log'"
+check "scale above MAX: ignored, with a line" grep -q "scale 5 ignored: above --workers 1:4's MAX" "$TMP/a.err"
+check "a scale request that is not a count: ignored, with a line" \
+    grep -q "scale request ignored: scale 'many'" "$TMP/a.err"
+mkdir -p "$TMP/nobody"
+"$BIN/downpour" scale "$TMP/nobody" 2 >"$TMP/r3.log" 2>&1; rc=$?
+check "scale with no launcher: fails after its wait, the request removed" \
+    bash -c "[ $rc = 1 ] && grep -q 'no downpour local took the request' '$TMP/r3.log' && [ ! -e '$TMP/nobody/scale.request' ]"
+"$BIN/downpour" scale "$TMP/missing" 2 >"$TMP/r4.log" 2>&1; rc=$?
+check "scale of a missing directory: one line" bash -c "[ $rc = 1 ] && grep -q 'no such directory' '$TMP/r4.log'"
+"$BIN/downpour" scale "$TMP/nobody" 0 >"$TMP/r5.log" 2>&1; rc=$?
+check "scale 0: refused (exit 2)" test "$rc" = 2
+finish
