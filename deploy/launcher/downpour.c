@@ -33,8 +33,8 @@ typedef struct {
 
 static const s_command_t s_commands[] = {
     {"local", dp_local_main,
-     "--workers N [--ps-shards K] [--gpus 0,1] [--mode sync|async|ssp]\n"
-     "[--out DIR] [any downpour-ps / downpour-worker flag]"},
+     "--workers N|MIN:MAX [--ps-shards K] [--gpus 0,1] [--mode sync|async|ssp]\n"
+     "[--chaos kill:SECONDS] [--out DIR] [any downpour-ps / downpour-worker flag]"},
     {"launch", dp_launch_main,
      "--workers N [--ps-shards K] [--init FILE | --model SPEC]\n"
      "[downpour-ps flags] -- COMMAND [ARGS...]"},

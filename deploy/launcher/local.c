@@ -97,7 +97,7 @@ typedef struct {
 static volatile sig_atomic_t s_signal;
 
 static const char s_synopsis[] =
-"usage: downpour local --workers N [--ps-shards K] [--gpus 0,1,...] [--mode sync|async|ssp]\n"
+"usage: downpour local --workers N|MIN:MAX [--ps-shards K] [--gpus 0,1,...] [--mode sync|async|ssp]\n"
 "                      [--out DIR] [flags for downpour-ps and downpour-worker]\n"
 "\n"
 "Runs K parameter-server shards and N workers on this machine (loopback ports),\n"

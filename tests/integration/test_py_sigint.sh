@@ -7,7 +7,7 @@
 #    has not pushed); SIGINT, sent once its main thread is blocked in the
 #    library's poll, raises KeyboardInterrupt within 1 s, through the NumPy
 #    Client and through downpour.torch.Worker
-#  - the context manager then leaves: the servers log worker 1 finished,
+#  - the context manager then leaves: the servers log worker 1 left (before its last step),
 #    the process is gone, and worker 0 takes its two steps at once, not
 #    after the 60 s timeout
 #  - a watcher that comes late (held back by its test gate while the main
@@ -56,8 +56,8 @@ for kind in pull torch; do
     wait_for $sub 10
     rc=$?
     check "$kind: worker 1 exits by the KeyboardInterrupt (status $rc: 130, as Python's SIGINT death)" test $rc = 130
-    check "$kind: ... having left: the servers count it finished" grep -q 'worker 1 finished' "$TMP/ps-$kind.log"
-    grep -q 'worker 1 finished' "$TMP/ps-$kind.log" || tail -5 "$TMP/subject-$kind.out" "$TMP/ps-$kind.log"
+    check "$kind: ... having left: the servers count it left" grep -q 'worker 1 left before its last step' "$TMP/ps-$kind.log"
+    grep -q 'worker 1 left before its last step' "$TMP/ps-$kind.log" || tail -n 5 "$TMP/subject-$kind.out" "$TMP/ps-$kind.log"
     "$TORCH_PY" "$PY" chief "$ep" >"$TMP/chief-$kind.out" 2>&1
     secs=$(sed -n 's/^two steps in \([0-9.]*\) s$/\1/p' "$TMP/chief-$kind.out")
     check "$kind: worker 0 then steps without it (${secs:-?} s, not the 60 s timeout)" \
