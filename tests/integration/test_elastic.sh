@@ -16,7 +16,9 @@
 #      bound over the live workers holds in the record; each replays
 #  (d) --chaos kill:SECONDS: workers killed and replaced, the run finishes
 #  (e) by hand: an elastic worker's SIGTERM is a leave (exit 0, "left" in
-#      the shard's log); a fixed crew's is still a stop (143)
+#      the shard's log); a fixed crew's is still a stop (143); the chief's
+#      too is a leave, the run goes on, and a chief that comes back resumes
+#      and ends the run
 #  (f) refusals: MIN above MAX, a task index at or above MAX, --chaos on a
 #      fixed crew, a scale above MAX (ignored with a line), scale with no
 #      launcher listening, a scale request that is not a number
@@ -94,10 +96,13 @@ check "sync: scale 3 taken" grep -q "scale to 3 worker(s)" "$TMP/a.err"
 scale "$A" 5
 printf 'many\n' >"$A/scale.request.tmp" && mv "$A/scale.request.tmp" "$A/scale.request"
 for _ in $(seq 100); do [ -e "$A/scale.request" ] || break; sleep 0.1; done
-at_version "$A" 100
+# worker 2 has had steps applied (its 6th push answered) before it dies
+for _ in $(seq $((1200 * SCALE))); do grep -q '"step":5,' "$A/metrics/worker-2.jsonl" 2>/dev/null && break; sleep 0.1; done
 W2=$(pgrep -f -- "--metrics $A/metrics/worker-2.jsonl" | head -1)
 [ -n "$W2" ] && kill -KILL "$W2"
-at_version "$A" 180 && scale "$A" 1
+# its next life said HELLO before the crew shrinks
+for _ in $(seq $((1200 * SCALE))); do grep -q 'rejoining' "$A/logs/worker-2.2.log" 2>/dev/null && break; sleep 0.1; done
+at_version "$A" $(( $(version "$A") + 20 )) && scale "$A" 1
 wait_for $LOCAL $((120 * SCALE)); rc=$?
 check "sync: the run finished (exit 0)" test "$rc" = 0
 check "sync: the launcher survived the SIGKILL and started worker 2 again" \
@@ -126,11 +131,15 @@ check "sync: the replay matches every recorded step" grep -q "every recorded nor
 # ---- (b, c) async and ssp 1:4: 1 -> 4 -> 1 --------------------------------
 for mode in async ssp; do
     D=$TMP/$mode
-    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 300 \
+    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 400 \
         --delay-ms 20 --seed 6 --out "$D" --record "$D/rec.jsonl" >"$TMP/$mode.out" 2>"$TMP/$mode.err"
     LOCAL=$!
     at_version "$D" 30 && scale "$D" 4
-    at_version "$D" 300 && scale "$D" 1
+    # every newcomer pushed before the crew shrinks
+    for w in 1 2 3; do
+        for _ in $(seq $((1200 * SCALE))); do grep -q '"step":2,' "$D/metrics/worker-$w.jsonl" 2>/dev/null && break; sleep 0.1; done
+    done
+    scale "$D" 1
     wait_for $LOCAL $((120 * SCALE)); rc=$?
     check "$mode: 1 -> 4 -> 1 finished (exit 0)" test "$rc" = 0
     read -r J L WHY LMIN LMAX <<<"$(summary_crew "$D")"
@@ -176,6 +185,29 @@ for crew in 1:2 2; do
     fi
     kill -TERM $PS; wait_for $PS 10 >/dev/null
 done
+
+# ---- (e2) the chief leaves and comes back -----------------------------------
+bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$PORT" --workers 1:2 --mode async --model "$MODEL" \
+    >"$TMP/chief-ps.log" 2>&1
+PS=$!
+bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 1 "${COMMON[@]}" --steps 400 \
+    --delay-ms 10 >"$TMP/chief-w1.log" 2>&1
+W1=$!
+bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 0 "${COMMON[@]}" --steps 200 \
+    --delay-ms 10 --metrics "$TMP/chief.jsonl" >"$TMP/chief-a.log" 2>&1
+C=$!
+for _ in $(seq 300); do grep -q '"step":20,' "$TMP/chief.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $C
+wait_for $C 30; rc=$?
+check "the chief's SIGTERM is a leave too (exit 0), and the run goes on" \
+    bash -c "[ $rc = 0 ] && grep -q 'worker 0 left before its last step (1 live)' '$TMP/chief-ps.log' && kill -0 $W1"
+"$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 0 "${COMMON[@]}" --steps 200 \
+    --delay-ms 10 --summary "$TMP/chief-summary.json" >"$TMP/chief-b.log" 2>&1
+rc=$?
+wait_for $PS 30; ps_rc=$?
+check "a chief that comes back resumes, ends the run and stops the servers" \
+    bash -c "[ $rc = 0 ] && [ $ps_rc = 0 ] && grep -q 'rejoining: the servers hold its steps' '$TMP/chief-b.log' &&
+             test -s '$TMP/chief-summary.json'"
 
 # ---- (f) refusals ------------------------------------------------------------
 "$BIN/downpour-ps" --workers 3:2 >"$TMP/r1.log" 2>&1; rc=$?
