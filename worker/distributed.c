@@ -54,6 +54,7 @@ static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uin
     cJSON_AddNumberToObject(line, "staleness_max", (double)r->staleness_max);
     cJSON_AddStringToObject(line, "status", applied ? "applied" : r->rejected ? "rejected" : "dropped");
     cJSON_AddNumberToObject(line, "updates_lost", (double)lost);
+    if (r->workers_live > 0) cJSON_AddNumberToObject(line, "workers", r->workers_live);
     cJSON_AddNumberToObject(line, "bytes_pushed", (double)r->bytes); /* this push's gradient bytes */
     /* its messages, all shards, and those that left during the backward (--stream-push) */
     cJSON_AddNumberToObject(line, "push_parts", r->parts);
@@ -205,6 +206,7 @@ typedef struct {
     double pull_wait_s;        /* the forward's time blocked on the pull */
     char step_err[DP_ERR_LEN]; /* why the net's hook failed the step (net.pull_status) */
     uint32_t step_pull_parts;  /* its pull's PARAMS messages */
+    int workers_live;          /* the crew's size at the last push (its ACKs), 0: not yet */
 } s_loop_t;
 
 /* What a push's result does to the counters, the metrics, the progress line. */
@@ -226,6 +228,13 @@ static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
     dp_session_log_step(s, step, loss);
     if (L->info->mode != DP_MODE_SYNC)
         dp_tb_scalar(s->tb, "train/staleness", step, (float)r->staleness_mean);
+    if (r->workers_live > 0 && r->workers_live != L->workers_live) { /* the crew changed */
+        if (L->workers_live > 0 && task == 0)
+            dp_log_info("chief: %d workers live at step %ld (were %d)", r->workers_live, step,
+                        L->workers_live);
+        dp_tb_scalar(s->tb, "workers", step, (float)r->workers_live);
+        L->workers_live = r->workers_live;
+    }
     if (r->rejected && r->reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r->reason);
     s_maybe_eval(s, L->done, L->total);
     double dt = dp_now() - L->t0;

@@ -66,6 +66,7 @@ typedef struct {
     uint64_t staleness_max;          /* over shards */
     double staleness_mean;           /* over shards */
     uint64_t version;                /* sum over shards of the version after this push */
+    int workers_live;                /* the most workers live any shard's ACK counted */
     char reason[160];                /* first non-applied (or repeat) reason, "" if none */
     uint64_t bytes;                  /* the gradient's bytes this push moved, all shards: dense
                                       * 4 (bf16 frames: 2) a float, or the compressed encoding

@@ -316,6 +316,7 @@ static dp_ps_reply_t s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope
     if (a->staleness > r->staleness_max) r->staleness_max = a->staleness;
     push->staleness_sum += (double)a->staleness;
     r->version += a->version;
+    if (a->workers_live > r->workers_live) r->workers_live = a->workers_live;
     dp_ps_seen(s, a->version);
     return DP_PS_REPLY_DONE;
 }

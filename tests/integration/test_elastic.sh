@@ -123,6 +123,9 @@ check "sync: summary membership: 4 joins and 4 leaves, by leave, gone or replace
 check "sync: live_min 1, live_max 3 ($LMIN $LMAX)" test "$LMIN $LMAX" = "1 3"
 check "sync: the shard's metrics hold the same events" \
     bash -c "test \$(grep -c '\"event\":\"join\"' '$A/metrics/ps-0.jsonl') = $J"
+check "sync: the chief logged the crew's changes, its metrics and TensorBoard carry workers" \
+    bash -c "grep -q 'chief: 3 workers live at step' '$A/logs/worker-0.log' &&
+             grep -q '\"workers\":3' '$A/metrics/worker-0.jsonl' && grep -qa workers '$A'/tensorboard/*"
 OUT=$(record_check "$A/rec.jsonl" sync 0)
 check "sync record: no newcomer pushed on weights older than its join ($OUT)" test "${OUT:0:2}" = ok
 "$BIN/downpour" replay "$A/rec.jsonl" --out "$TMP/a-replay" >"$TMP/a-replay.log" 2>&1
