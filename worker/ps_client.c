@@ -46,16 +46,26 @@ typedef struct {
     int finished, gone, num_workers; /* shard 0's worker counts */
 } s_stats_acc_t;
 
+/* A STATS reply's body, or NULL with what the reply was in *no (a refusal,
+ * or another type). */
+static const Downpour__Stats *s_stats_body(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                                           dp_ps_reply_t *no, char *err)
+{
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) *no = dp_ps_refused(c, i, env, err);
+    else if (env->type != DOWNPOUR__MSG_TYPE__STATS || !env->stats)
+        *no = dp_err(err, "%s: answered STATS with %s", c->sh[i].endpoint, dp_wire_type_name(env->type));
+    else return env->stats;
+    return NULL;
+}
+
 static dp_ps_reply_t s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
                                 const dp_wire_frame_t *frames, int nf, void *arg, char *err)
 {
     (void)frames, (void)nf;
     s_stats_acc_t *a = arg;
-    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
-    if (env->type != DOWNPOUR__MSG_TYPE__STATS || !env->stats)
-        return dp_err(err, "%s: answered STATS with %s", c->sh[i].endpoint,
-                      dp_wire_type_name(env->type));
-    const Downpour__Stats *s = env->stats;
+    dp_ps_reply_t no;
+    const Downpour__Stats *s = s_stats_body(c, i, env, &no, err);
+    if (!s) return no;
     if (i == 0) {
         a->st.applied = s->applied;
         a->st.dropped = s->dropped;
@@ -96,11 +106,9 @@ static dp_ps_reply_t s_on_membership(dp_ps_client_t *c, int i, const Downpour__E
 {
     (void)frames, (void)nf;
     dp_ps_membership_t *m = arg;
-    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
-    if (env->type != DOWNPOUR__MSG_TYPE__STATS || !env->stats)
-        return dp_err(err, "%s: answered STATS with %s", c->sh[i].endpoint,
-                      dp_wire_type_name(env->type));
-    const Downpour__Stats *s = env->stats;
+    dp_ps_reply_t no;
+    const Downpour__Stats *s = s_stats_body(c, i, env, &no, err);
+    if (!s) return no;
     dp_ps_membership_fini(m); /* a repeated request: the last reply's */
     m->ev = dp_calloc(s->n_membership ? s->n_membership : 1, sizeof *m->ev);
     for (size_t k = 0; k < s->n_membership; k++) {

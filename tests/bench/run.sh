@@ -52,6 +52,8 @@
 # against PyTorch DDP over gloo; its knobs are in that file),
 # BENCH_TORCH_LOCAL=0 to leave out tests/bench/torch_local.sh (2 PyTorch
 # workers with --local-steps 8 against the loop alone, launch's start-up),
+# BENCH_ELASTIC=0 to leave out tests/bench/elastic.sh (--chaos kills against
+# none, async and sync),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
 # standalone, --overlap on and off; its own knobs are in that file),
 # BENCH_RESNET=0 to leave out the resnet20 rows, BENCH_RESNET_SHAPES
@@ -400,4 +402,11 @@ fi
 if [ "${BENCH_TORCH_LOCAL:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
     echo
     BUILD=$BUILD tests/bench/torch_local.sh
+fi
+
+# Churn: 2 workers over 2 epochs, async and sync, with --chaos kills
+# against none (tests/bench/elastic.sh; its knobs are in that file).
+if [ "${BENCH_ELASTIC:-1}" = 1 ]; then
+    echo
+    BUILD=$BUILD tests/bench/elastic.sh
 fi

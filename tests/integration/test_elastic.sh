@@ -167,14 +167,24 @@ check "chaos: never the chief" bash -c "! grep -q -- '--chaos: worker 0 killed' 
 
 # ---- (e) by hand: SIGTERM is a leave in an elastic crew, a stop in a fixed one
 PORT=$("$TORCH_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-for crew in 1:2 2; do
-    bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$PORT" --workers $crew --mode async --model "$MODEL" \
-        >"$TMP/hand-ps.log" 2>&1
+# hand_ps CREW LOG: an async shard on PORT in the background (PS its pid).
+hand_ps() {
+    bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$PORT" --workers "$1" --mode async --model "$MODEL" >"$2" 2>&1
     PS=$!
-    bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 1 "${COMMON[@]}" --steps 100000 \
-        --delay-ms 5 --metrics "$TMP/hand-w1.jsonl" >"$TMP/hand-w1.log" 2>&1
+}
+# hand_worker TASK STEPS LOG [FLAG...]: a worker of that shard in the background (W its pid).
+hand_worker() {
+    local task=$1 steps=$2 log=$3; shift 3
+    bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index "$task" "${COMMON[@]}" \
+        --steps "$steps" --delay-ms 10 "$@" >"$log" 2>&1
     W=$!
-    for _ in $(seq 300); do grep -q '"step":20,' "$TMP/hand-w1.jsonl" 2>/dev/null && break; sleep 0.1; done
+}
+# at_step METRICS S: wait (at most 30 s) for step S in a worker's metrics file.
+at_step() { for _ in $(seq $((300 * SCALE))); do grep -q "\"step\":$2," "$1" 2>/dev/null && return; sleep 0.1; done; }
+for crew in 1:2 2; do
+    hand_ps $crew "$TMP/hand-ps.log"
+    hand_worker 1 100000 "$TMP/hand-w1.log" --metrics "$TMP/hand-w1.jsonl"
+    at_step "$TMP/hand-w1.jsonl" 20
     kill -TERM $W
     wait_for $W 30; rc=$?
     if [ $crew = 2 ]; then
@@ -190,16 +200,12 @@ for crew in 1:2 2; do
 done
 
 # ---- (e2) the chief leaves and comes back -----------------------------------
-bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$PORT" --workers 1:2 --mode async --model "$MODEL" \
-    >"$TMP/chief-ps.log" 2>&1
-PS=$!
-bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 1 "${COMMON[@]}" --steps 400 \
-    --delay-ms 10 >"$TMP/chief-w1.log" 2>&1
-W1=$!
-bg "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 0 "${COMMON[@]}" --steps 200 \
-    --delay-ms 10 --metrics "$TMP/chief.jsonl" >"$TMP/chief-a.log" 2>&1
-C=$!
-for _ in $(seq 300); do grep -q '"step":20,' "$TMP/chief.jsonl" 2>/dev/null && break; sleep 0.1; done
+hand_ps 1:2 "$TMP/chief-ps.log"
+hand_worker 1 400 "$TMP/chief-w1.log"
+W1=$W
+hand_worker 0 200 "$TMP/chief-a.log" --metrics "$TMP/chief.jsonl"
+C=$W
+at_step "$TMP/chief.jsonl" 20
 kill -TERM $C
 wait_for $C 30; rc=$?
 check "the chief's SIGTERM is a leave too (exit 0), and the run goes on" \
