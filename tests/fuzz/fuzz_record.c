@@ -48,8 +48,8 @@ static void s_check(const dp_rec_t *rec, long want_events)
             s_want(e->members != NULL, "a members event without members");
             if (e->members)
                 for (const char *c = e->members; *c; c++)
-                    if (*c != 'L' && *c != 'F' && *c != 'G') {
-                        s_want(0, "a member state other than L, F, G");
+                    if (*c != 'L' && *c != 'F' && *c != 'G' && *c != 'X') {
+                        s_want(0, "a member state other than L, F, G, X");
                         break;
                     }
             s_want(e->call == 0 || e->call == 1, "a members event's call not 0 or 1");
