@@ -12,6 +12,7 @@ void dp_membership_init(dp_membership_t *h, int n)
     h->n = n;
     h->n_ev = h->next = 0;
     h->total = 0;
+    h->live = 0;
     h->live_min = h->live_max = -1;
     h->closed = 0;
 }
@@ -42,8 +43,7 @@ static void s_add(dp_membership_t *h, dp_member_event_t e)
 
 int dp_membership_note(dp_membership_t *h, const dp_members_t *m, uint64_t version)
 {
-    int live = 0, added = 0;
-    for (int i = 0; i < h->n; i++) live += h->active[i];
+    int live = h->live, added = 0;
     /* joins first, so that a swap within one note never shows fewer live;
      * each event's count is the crew's after it */
     for (int i = 0; i < h->n && i < m->n; i++) { /* a process replaced under a live id */
@@ -63,6 +63,7 @@ int dp_membership_note(dp_membership_t *h, const dp_members_t *m, uint64_t versi
             s_add(h, (dp_member_event_t){s_why(&m->w[i], a), i, version, live});
             added++;
         }
+    h->live = live;
     if (!h->closed && dp_members_completed(m) > 0) h->closed = 1;
     if (!h->closed && (live > 0 || h->live_max >= 0)) {
         if (h->live_min < 0 || live < h->live_min) h->live_min = live;

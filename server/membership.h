@@ -45,6 +45,7 @@ typedef struct {
     dp_member_event_t ev[DP_MEMBERSHIP_MAX]; /* a ring: the last n_ev, oldest at (next - n_ev) */
     size_t n_ev, next;
     uint64_t total;        /* events ever (total - n_ev dropped) */
+    int live;              /* active workers at the last note (the count the events end on) */
     int live_min, live_max; /* -1 until the first join */
     int closed;            /* a worker finished its steps: the range is final */
 } dp_membership_t;

@@ -112,7 +112,7 @@ void dp_ps_metrics_line(dp_ps_loop_t *ps)
     cJSON_AddNumberToObject(line, "snapshots", dp_snap_alive());
     cJSON_AddNumberToObject(line, "held_pulls", ps->n_pending);
     cJSON_AddNumberToObject(line, "checkpoint_failures", (double)ps->ckpt_failures);
-    cJSON_AddNumberToObject(line, "workers", dp_members_active_count(&ps->members));
+    cJSON_AddNumberToObject(line, "workers", ps->membership.live);
     if (ps->shard.dc) {
         cJSON_AddNumberToObject(line, "dc_compensated", (double)ps->shard.dc->compensated);
         cJSON_AddNumberToObject(line, "dc_fallback", (double)ps->shard.dc->fallback);
@@ -167,7 +167,7 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     s.steps_early = c->steps_early;
     dp_members_counts(&ps->members, &s.workers_joined, &s.workers_finished, &s.workers_gone);
     s.num_workers = ps->members.n;
-    s.workers_live = dp_members_active_count(&ps->members);
+    s.workers_live = ps->membership.live;
     s.live_min = ps->membership.live_min > 0 ? ps->membership.live_min : 0;
     s.live_max = ps->membership.live_max > 0 ? ps->membership.live_max : 0;
     const dp_membership_t *h = &ps->membership;

@@ -156,7 +156,7 @@ void dp_ps_reply_ack(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
     a.reason = (char *)o->reason;
     a.staleness = o->staleness;
     a.version = ps->shard.version;
-    a.workers_live = dp_members_active_count(&ps->members);
+    a.workers_live = ps->membership.live; /* noted at every change: no count per push */
     env.ack = &a;
     dp_ps_send(ps, id, &env, NULL, 0);
 }

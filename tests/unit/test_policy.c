@@ -434,6 +434,7 @@ static void test_elastic_members(void)
     dp_membership_note(&h, &m, 21);
     CHECK_EQ(h.live_min, 0);
     CHECK_EQ(h.live_max, 2);
+    CHECK_EQ(h.live, dp_members_active_count(&m)); /* the count kept equals the count taken */
     CHECK_EQ((int)h.total, 10);
     CHECK_STR(dp_member_why_name(dp_membership_at(&h, 8)->why), "finished");
     dp_membership_fini(&h);
