@@ -22,7 +22,7 @@ dp_child_t *dp_crew_add(dp_crew_t *w, const char *dir, const char *kind, int i)
     return c;
 }
 
-static dp_child_t *s_worker(dp_crew_t *w, int i)
+dp_child_t *dp_crew_worker(dp_crew_t *w, int i)
 {
     for (int k = 0; k < w->n; k++)
         if (w->kids[k].is_worker && w->kids[k].task == i) return &w->kids[k];
@@ -31,13 +31,13 @@ static dp_child_t *s_worker(dp_crew_t *w, int i)
 
 dp_child_t *dp_crew_running_worker(dp_crew_t *w, int i)
 {
-    dp_child_t *c = s_worker(w, i);
+    dp_child_t *c = dp_crew_worker(w, i);
     return c && c->pid > 0 ? c : NULL;
 }
 
 dp_child_t *dp_crew_worker_life(dp_crew_t *w, const char *dir, int i)
 {
-    dp_child_t *c = s_worker(w, i);
+    dp_child_t *c = dp_crew_worker(w, i);
     if (!c) return w->n < (int)(sizeof w->kids / sizeof w->kids[0]) ? dp_crew_add(w, dir, "worker", i) : NULL;
     if (c->pid > 0) return NULL;
     c->lives++;

@@ -38,6 +38,8 @@ dp_child_t *dp_crew_add(dp_crew_t *w, const char *dir, const char *kind, int i);
  * ended (its next life, logging to DIR/logs/worker-I.L.log), else a new
  * one; NULL when it is running or the crew is full. */
 dp_child_t *dp_crew_worker_life(dp_crew_t *w, const char *dir, int i);
+/* Worker i's record (running or ended), or NULL when it never started. */
+dp_child_t *dp_crew_worker(dp_crew_t *w, int i);
 /* The running child of worker i, or NULL. */
 dp_child_t *dp_crew_running_worker(dp_crew_t *w, int i);
 

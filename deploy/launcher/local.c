@@ -57,7 +57,6 @@
 typedef struct {
     int workers, shards;         /* workers: started at the start (elastic: MIN) */
     int min_workers, max_workers; /* --workers MIN:MAX (min 0: a fixed crew of max = workers) */
-    const char *workers_text;    /* --workers as given, for the shards */
     const char *chaos;           /* --chaos kill:SECONDS, or NULL */
     double chaos_s;
     dp_elastic_t elastic;        /* an elastic crew's changes (deploy/launcher/local_elastic.h) */
@@ -220,7 +219,6 @@ static int s_set_workers(void *arg, const char *v, char *err)
     if (dp_opts_parse_crew("--workers", v, DP_LOCAL_MAX, &L->min_workers, &L->max_workers, err) != 0)
         return -1;
     L->workers = L->min_workers > 0 ? L->min_workers : L->max_workers;
-    L->workers_text = v;
     return 0;
 }
 
@@ -313,9 +311,9 @@ static dp_opts_result_t s_parse(dp_local_t *L, int argc, char **argv, char *err)
     if (rc != DP_OPTS_PARSED) return rc;
     s_collect_passed(L);
     if (dp_ps_check_delay_flags(&L->opts, L->ps.delay_lr, err) != 0) return DP_OPTS_BAD;
-    if (L->chaos && (dp_elastic_parse_chaos(L->chaos, &L->chaos_s, err) != 0 ||
-                     (L->min_workers == 0 && dp_err(err, "--chaos needs an elastic crew: --workers MIN:MAX") != 0)))
-        return DP_OPTS_BAD;
+    if (L->chaos && L->min_workers == 0)
+        return dp_err(err, "--chaos needs an elastic crew: --workers MIN:MAX");
+    if (L->chaos && dp_elastic_parse_chaos(L->chaos, &L->chaos_s, err) != 0) return DP_OPTS_BAD;
     if (L->gpus && L->min_workers > 0)
         return dp_err(err, "--gpus gives one worker per GPU: not with --workers MIN:MAX");
     if (L->gpus) {
@@ -579,8 +577,8 @@ static int s_record_merge(const dp_local_t *L, char *err)
 static int s_start_servers(dp_local_t *L, char *err)
 {
     char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
-    snprintf(nworkers, sizeof nworkers, "%s", L->min_workers > 0 ? L->workers_text : "");
-    if (L->min_workers == 0) snprintf(nworkers, sizeof nworkers, "%d", L->max_workers);
+    if (L->min_workers > 0) snprintf(nworkers, sizeof nworkers, "%d:%d", L->min_workers, L->max_workers);
+    else snprintf(nworkers, sizeof nworkers, "%d", L->max_workers);
     /* the shards share the host's cores for their optimizer sweeps: each
      * gets the daemon's own rule on its share of them */
     dp_ps_config_t share = L->ps;
@@ -710,8 +708,9 @@ static const dp_child_t *s_watch(dp_local_t *L)
         }
         /* the end: every worker done, or the chief (it stopped the servers;
          * an elastic crew's latecomer would wait on them in vain) */
-        const dp_child_t *chief = dp_crew_running_worker(&L->crew, 0) ? NULL : &L->crew.kids[L->shards];
-        if (workers_left == 0 || (chief && WIFEXITED(chief->status) && WEXITSTATUS(chief->status) == 0)) {
+        const dp_child_t *chief = dp_crew_worker(&L->crew, 0);
+        if (workers_left == 0 || (chief && chief->pid == 0 && WIFEXITED(chief->status) &&
+                                  WEXITSTATUS(chief->status) == 0)) {
             if (workers_done_at == 0) workers_done_at = dp_now();
             if (dp_now() - workers_done_at > 10) break;
         }
