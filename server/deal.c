@@ -59,7 +59,7 @@ int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs
         if (samples == d->samples && batch == d->batch && total == d->total) return 0;
         snprintf(why, n, "data plan mismatch: the servers deal %" PRIu64 " batches of %u from %"
                  PRIu64 " samples; this worker's is %" PRIu64 " of %u from %" PRIu64 " (give every "
-                 "worker the same data, --batch-size and --epochs or --steps)", d->total, d->batch,
+                 "worker the same data, --batch and --epochs or --steps)", d->total, d->batch,
                  d->samples, total, batch, samples);
         return -1;
     }
@@ -150,7 +150,8 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
     } else if (d->next < d->total) {
         s.b = s_batch(d, d->next++);
     } else {
-        return dp_deal_in_flight(d) > 0 ? DP_DEAL_WAIT : DP_DEAL_END;
+        /* only another's batch may come back for it: its own are in its pushes */
+        return dp_deal_in_flight(d) - d->n_flight[worker] > 0 ? DP_DEAL_WAIT : DP_DEAL_END;
     }
     mine[d->n_flight[worker]++] = s;
     *out = s.b;

@@ -28,7 +28,8 @@
  * the batch after all (a zombie) trained it: if it is still in the pool
  * it leaves it, counted once. When nothing is left to deal, the answer
  * is "wait" while other workers hold batches in flight (one may come
- * back), else "end": the run's data is done.
+ * back), else "end": the run's data is done (the asker's own batches in
+ * flight are in pushes it sends after this pull, so they do not count).
  *
  * Trust: any admitted worker may push any gradient (ARCHITECTURE.md,
  * "Trust"); a push of a (worker, step) that was never dealt a batch is

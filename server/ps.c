@@ -71,16 +71,78 @@
  * park in ZeroMQ's queue. */
 #define S_RCVHWM 8
 
+/* ---- the batches shard 0 deals (an elastic crew) ------------------------ */
+
+/* Answer a pull the policy allows: PARAMS, with the batch of its push step
+ * when it asks for one (deal_step) — the batch, or the end — or an ERROR
+ * when the dealer refuses. 0: not answered, the dealer says wait (hold it). */
+static int s_answer_pull(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                         const dp_ps_params_ask_t *ask, uint64_t deal_step)
+{
+    if (!deal_step) {
+        dp_ps_reply_params(ps, id, req, worker, ask, NULL);
+        return 1;
+    }
+    char why[DP_ERR_LEN];
+    dp_deal_batch_t b = {0, 0};
+    dp_deal_answer_t a = dp_deal_ask(&ps->deal, worker, deal_step, &b, why, sizeof why);
+    if (a == DP_DEAL_WAIT) return 0;
+    if (a == DP_DEAL_REFUSED) {
+        dp_log_warn("shard %d: worker %d: no batch dealt: %s", ps->cfg->shard_index, worker, why);
+        dp_ps_reply_error(ps, id, req, worker, why);
+        return 1;
+    }
+    Downpour__Deal d = DOWNPOUR__DEAL__INIT;
+    d.end = a == DP_DEAL_END;
+    d.epoch = b.epoch;
+    d.index = b.index;
+    dp_ps_reply_params(ps, id, req, worker, ask, &d);
+    return 1;
+}
+
+/* A push's fate to the dealer: the batch it carried into *b (returned),
+ * or NULL when it names none dealt to it (said once per worker). */
+static const dp_deal_batch_t *s_deal_pushed(dp_ps_loop_t *ps, int worker, uint64_t step, int used,
+                                            dp_deal_batch_t *b)
+{
+    if (!ps->dealing || !dp_deal_planned(&ps->deal)) return NULL;
+    if (dp_deal_pushed(&ps->deal, worker, step, used, b)) return b;
+    if (!ps->foreign_said[worker]++)
+        dp_log_warn("shard %d: worker %d pushed step %" PRIu64 ", for which it was dealt no batch: "
+                    "applied as the policy says, not counted in the epochs' samples (said once a "
+                    "worker)", ps->cfg->shard_index, worker, step);
+    return NULL;
+}
+
+/* The crew's news to the dealer: a leaver's batches in flight go back to
+ * the pool, a dead worker's counted as trained by it once dealt again. */
+static void s_deal_members(dp_ps_loop_t *ps, int news)
+{
+    const dp_membership_t *h = &ps->membership;
+    if (!ps->dealing || (size_t)news > h->n_ev) return;
+    for (size_t k = h->n_ev - (size_t)news; k < h->n_ev; k++) {
+        const dp_member_event_t *e = dp_membership_at(h, k);
+        if (dp_member_joins(e->why)) continue;
+        int died = e->why == DP_LEAVE_GONE || e->why == DP_LEAVE_REPLACED;
+        int n = dp_deal_release(&ps->deal, e->task, died);
+        if (n > 0)
+            dp_log_info("shard %d: worker %d %s with %d batch%s in flight: back to the pool%s",
+                        ps->cfg->shard_index, e->task, dp_member_why_name(e->why), n,
+                        n > 1 ? "es" : "", died ? " (counted as trained once by it when dealt again)" : "");
+    }
+}
+
 /* ---- held pulls, members ---------------------------------------------- */
 
-/* Answer every held pull the policy now allows, in arrival order. */
+/* Answer every held pull the policy (and the dealer) now allows, in
+ * arrival order. */
 static void s_release_pending(dp_ps_loop_t *ps)
 {
     int j = 0;
     for (int i = 0; i < ps->n_pending; i++) {
         dp_ps_pending_t *p = &ps->pending[i];
-        if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version)) {
-            dp_ps_reply_params(ps, &p->identity, p->request_id, p->worker, &p->ask);
+        if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version) &&
+            s_answer_pull(ps, &p->identity, p->request_id, p->worker, &p->ask, p->deal_step)) {
             dp_wire_msg_close(&p->identity);
             ps->held[p->worker]--;
             continue;
@@ -109,6 +171,7 @@ void dp_ps_members_changed(dp_ps_loop_t *ps)
     dp_record_members(ps->rec, ps->cfg->shard_index, &ps->members);
     int news = dp_membership_note(&ps->membership, &ps->members, ps->shard.version);
     dp_ps_metrics_members(ps, news);
+    s_deal_members(ps, news);
     if (dp_policy_members_changed(ps->policy)) dp_ps_version_moved(ps);
     s_release_pending(ps);
 }
@@ -179,10 +242,10 @@ static void s_on_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
         dp_ps_reply_error(ps, id, env->request_id, wid, why);
         return;
     }
-    if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version)) {
-        dp_ps_reply_params(ps, id, env->request_id, wid, &ask);
+    uint64_t deal_step = ps->dealing ? env->pull->deal_step : 0; /* only shard 0 deals */
+    if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version) &&
+        s_answer_pull(ps, id, env->request_id, wid, &ask, deal_step))
         return;
-    }
     /* Per worker, so one that floods pulls is refused and the others wait
      * as ever. A worker holds one pull per shard, two or three after it
      * repeated one (a restart, a lost reply). */
@@ -205,6 +268,7 @@ static void s_on_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     p->worker = wid;
     p->min_version = env->pull->min_version;
     p->ask = ask;
+    p->deal_step = deal_step;
     ps->n_pending++;
     ps->held[wid]++;
 }
@@ -252,15 +316,29 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     dp_push_outcome_t o;
     bool early = dp_shard_early_of(&ps->early, wid, env->push->step); /* the policy may commit it */
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, early, &o);
+    dp_deal_batch_t batch;
+    const dp_deal_batch_t *carried =
+        s_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
-                   ps->shard.version, &ps->members);
+                   ps->shard.version, &ps->members, carried);
     /* before a due checkpoint, so the file holds the step with its update */
     if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
     if (o.stepped) dp_ps_version_moved(ps);
     dp_ps_reply_ack(ps, id, env->request_id, wid, &o);
-    if (o.status == DP_PUSH_APPLIED) s_release_pending(ps);
+    /* the dealer changed too: a batch done, or back in the pool */
+    if (o.status == DP_PUSH_APPLIED || carried) s_release_pending(ps);
     /* after the replies: the next early step's catch-up should not delay them */
     dp_shard_early_pushed(&ps->early, wid, env->push->step);
+}
+
+/* A push refused before the policy saw it: REJECTED, and its batch (if
+ * shard 0 dealt it one) back to the pool. */
+static void s_push_refused(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                           const char *why)
+{
+    dp_ps_reply_rejected(ps, id, env->request_id, env->worker_id, why);
+    dp_deal_batch_t b;
+    if (s_deal_pushed(ps, env->worker_id, env->push->step, 0, &b)) s_release_pending(ps);
 }
 
 /* A part of a push in parts (Push.parts > 1): the same step checks as a
@@ -293,7 +371,10 @@ static void s_on_push_part(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Enve
     }
     case DP_PARTS_REJECTED: {
         dp_log_debug("shard %d: worker %d: %s", ps->cfg->shard_index, wid, msg);
-        if (first) ps->shard.counts.rejected++;
+        if (first) {
+            s_push_refused(ps, id, env, msg); /* counted there */
+            return;
+        }
         dp_push_outcome_t o = {.status = DP_PUSH_REJECTED};
         snprintf(o.reason, sizeof o.reason, "%s", msg);
         dp_ps_reply_ack(ps, id, env->request_id, wid, &o);
@@ -332,7 +413,7 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
     dp_shard_early_whole(&ps->early, wid, env->push->step);
     if (dp_shard_parts_whole(&ps->parts, wid, env->push->step, msg) != 0) {
-        dp_ps_reply_rejected(ps, id, env->request_id, wid, msg);
+        s_push_refused(ps, id, env, msg);
         return;
     }
     dp_grad_slice_t g[DP_WIRE_MAX_TENSORS];
@@ -349,7 +430,7 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     }
     int rejected = 0;
     if (env->shm && (!ps->shm || dp_ps_shm_gradient(ps->shm, wid, env, &g[0], &rejected, msg) != 0)) {
-        if (rejected) dp_ps_reply_rejected(ps, id, env->request_id, wid, msg);
+        if (rejected) s_push_refused(ps, id, env, msg);
         else dp_ps_reply_error(ps, id, env->request_id, wid,
                                ps->shm ? msg : "malformed: PUSH through shared memory, which this "
                                                "shard has not granted");
@@ -360,7 +441,7 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
         dp_wire_frame_t fw[DP_WIRE_MAX_TENSORS];
         for (int f = 0; f < n_frames; f++) fw[f] = (dp_wire_frame_t){g[f].data, g[f].len};
         dp_wire_check_finite(fw, n_frames, msg); /* names the element */
-        dp_ps_reply_rejected(ps, id, env->request_id, wid, msg);
+        s_push_refused(ps, id, env, msg);
         return;
     }
     s_push_apply(ps, id, env, g, n_frames);
@@ -568,6 +649,11 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     dp_shard_parts_init(&ps->parts, ps->shard.lo, ps->shard.hi, cfg->num_workers);
     dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy, cfg->early_step);
     dp_policy_early_steps(ps->policy, &ps->early);
+    if (cfg->min_workers > 0 && cfg->shard_index == 0) { /* shard 0 deals an elastic crew's batches */
+        dp_deal_init(&ps->deal, cfg->num_workers);
+        ps->dealing = true;
+        ps->foreign_said = dp_calloc((size_t)cfg->num_workers, 1);
+    }
     return dp_ps_restore(ps, err);
 }
 
@@ -644,6 +730,8 @@ static void s_teardown(dp_ps_loop_t *ps)
     dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
     dp_shard_parts_fini(&ps->parts);
+    dp_deal_fini(&ps->deal);
+    free(ps->foreign_said);
     free(ps->pending);
     free(ps->held);
     free(ps->lent); /* the context ended: ZeroMQ released every frame */

@@ -188,8 +188,31 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     uint64_t hist[DP_STATS_HIST_BINS];
     s.n_staleness_hist = dp_staleness_fold(&ps->policy->staleness, hist, DP_STATS_HIST_BINS);
     s.staleness_hist = hist;
+    /* the dealt epochs, the last DP_PS_STATS_EPOCHS of them */
+    size_t n_ep = ps->dealing ? dp_deal_epochs(&ps->deal, NULL, 0) : 0;
+    size_t skip = n_ep > DP_PS_STATS_EPOCHS ? n_ep - DP_PS_STATS_EPOCHS : 0;
+    dp_deal_epoch_t *de = dp_calloc(n_ep ? n_ep : 1, sizeof *de);
+    Downpour__EpochSamples *es = dp_calloc(n_ep ? n_ep : 1, sizeof *es);
+    Downpour__EpochSamples **esp = dp_calloc(n_ep ? n_ep : 1, sizeof *esp);
+    dp_deal_epochs(&ps->deal, de, n_ep);
+    for (size_t k = skip; k < n_ep; k++) {
+        Downpour__EpochSamples *o = &es[k - skip];
+        downpour__epoch_samples__init(o);
+        o->epoch = de[k].epoch;
+        o->trained = de[k].trained;
+        o->repeated = de[k].repeated;
+        o->retrained_after_death = de[k].retrained_after_death;
+        o->batches = de[k].batches;
+        esp[k - skip] = o;
+    }
+    s.n_epoch_samples = n_ep - skip;
+    s.epoch_samples = esp;
+    s.deal_foreign = ps->deal.foreign;
     rep.stats = &s;
     dp_ps_send(ps, id, &rep, NULL, 0);
+    free(esp);
+    free(es);
+    free(de);
     free(evp);
     free(ev);
 }

@@ -196,6 +196,17 @@ void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
         return;
     }
     if (!s_claim(ps, id, env)) return;
+    const Downpour__DealPlan *plan = env->hello->deal;
+    char why[DP_ERR_LEN];
+    if (ps->dealing && plan &&
+        dp_deal_plan(&ps->deal, plan->samples, plan->batch, plan->epochs, plan->steps, why,
+                     sizeof why) != 0) {
+        dp_log_warn("shard %d: HELLO of worker %d refused: %s", ps->cfg->shard_index,
+                    env->worker_id, why);
+        dp_ps_reply_error_code(ps, id, env->request_id, env->worker_id,
+                               DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH, why);
+        return;
+    }
     dp_members_join(&ps->members, env->worker_id);
     Downpour__Envelope rep;
     dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__WELCOME, env->request_id, env->worker_id);

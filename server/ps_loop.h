@@ -23,6 +23,7 @@
 #include "proto/curve.h"
 #include "proto/wire.h"
 #include "server/auth.h"
+#include "server/deal.h"
 #include "server/members.h"
 #include "server/membership.h"
 #include "server/policy.h"
@@ -68,12 +69,17 @@ typedef struct {
 _Static_assert(DP_WIRE_MAX_PULL_PARTS <= DP_PS_SNDHWM / 2,
                "a reply in parts fits the per-peer send queue with room for other replies");
 
+/* Epochs a STATS reply accounts for (the last ones): some 25 bytes each,
+ * well inside an envelope (DP_WIRE_MAX_ENVELOPE). */
+#define DP_PS_STATS_EPOCHS 4096
+
 typedef struct {
     zmq_msg_t identity;    /* ROUTER identity to answer */
     uint64_t request_id;
     int worker;
     uint64_t min_version;  /* sync: answer once the version is >= this */
     dp_ps_params_ask_t ask;
+    uint64_t deal_step;    /* the dealer's batch for this push step goes with it (0: none) */
 } dp_ps_pending_t;
 
 /* The loop's state, one per dp_ps_run. */
@@ -110,6 +116,9 @@ typedef struct {
     uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
     dp_shard_parts_t parts; /* pushes in parts being assembled, one per worker at most */
     dp_shard_early_t early; /* the early step of one of them (server/shard_early.h) */
+    dp_deal_t deal;        /* shard 0 of an elastic crew: the epoch's batches (server/deal.h) */
+    bool dealing;          /* ... this shard deals them */
+    unsigned char *foreign_said; /* per worker: its push of no dealt batch was logged */
 } dp_ps_loop_t;
 
 /* ---- server/ps.c ---------------------------------------------------- */
@@ -136,9 +145,9 @@ void dp_ps_reply_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int w
 /* The same with code ERR_NONE. */
 void dp_ps_reply_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg);
 /* PARAMS as the PULL asked (ask), or "busy" when the worker's loans are
- * all out. */
+ * all out; deal (NULL: none) goes with the first part. */
 void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
-                        const dp_ps_params_ask_t *ask);
+                        const dp_ps_params_ask_t *ask, const Downpour__Deal *deal);
 /* ACK with the policy's decision o and the shard's version. */
 void dp_ps_reply_ack(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
                      const dp_push_outcome_t *o);

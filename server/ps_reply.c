@@ -90,7 +90,7 @@ static dp_ps_lent_t *s_lend(dp_ps_loop_t *ps, int worker)
  * slot whole: its cuts do not apply). A worker whose earlier PARAMS replies
  * all still wait in ZeroMQ is answered "busy" instead (s_lend). */
 void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
-                        const dp_ps_params_ask_t *ask)
+                        const dp_ps_params_ask_t *ask, const Downpour__Deal *deal)
 {
     int bf16 = ask->bf16 && ask->how != DP_PS_PARAMS_SHM;
     dp_snap_t *s = bf16 ? dp_shard_snapshot_bf16(&ps->shard) : dp_shard_snapshot(&ps->shard);
@@ -99,6 +99,7 @@ void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worke
     dp_ps_env(ps, &env, DOWNPOUR__MSG_TYPE__PARAMS, req, worker);
     Downpour__Params p = DOWNPOUR__PARAMS__INIT;
     p.version = s->version;
+    p.deal = (Downpour__Deal *)deal;
     env.params = &p;
     Downpour__TensorDesc d;
     Downpour__TensorDesc *dv[1] = {&d};
@@ -141,6 +142,7 @@ void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worke
         if (bf16) dp_wire_desc_bf16(&d, (const uint16_t *)at, crc);
         else if (!crc) dp_wire_desc_no_checksum(&d);
         p.part = k;
+        if (k == 1) p.deal = NULL; /* with the first part only */
         dp_wire_payload_t pl = {(void *)at, (b - a) * esize, s_lent_release, l};
         dp_ps_send(ps, id, &env, &pl, 1);
     }

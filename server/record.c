@@ -106,6 +106,10 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
         s_exact(o, "gn", e->grad_norm);
         s_exact(o, "un", e->update_norm);
         if (e->dc >= 0) cJSON_AddNumberToObject(o, "dc", e->dc);
+        if (e->dealt) {
+            cJSON_AddNumberToObject(o, "be", (double)e->batch.epoch);
+            cJSON_AddNumberToObject(o, "bi", (double)e->batch.index);
+        }
     } else {
         cJSON_AddStringToObject(o, "e", "members");
         cJSON_AddNumberToObject(o, "s", e->shard);
@@ -133,7 +137,8 @@ static void s_members(dp_record_t *r, int shard, const dp_members_t *m, int call
 }
 
 void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
-                    const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m)
+                    const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m,
+                    const dp_deal_batch_t *batch)
 {
     if (!r) return;
     if (m) s_members(r, shard, m, 0);
@@ -141,6 +146,7 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
         .kind = DP_REC_PUSH, .shard = shard, .worker = worker, .step = step, .version = version,
         .status = o->status, .staleness = o->staleness, .after = after, .lr = o->lr,
         .grad_norm = o->grad_norm, .update_norm = o->update_norm, .dc = o->compensated,
+        .dealt = batch != NULL, .batch = batch ? *batch : (dp_deal_batch_t){0, 0},
     };
     dp_record_event(r, &e);
 }
@@ -269,6 +275,10 @@ static int s_parse_push(const cJSON *o, dp_rec_event_t *e)
     double dc = dp_record_num(o, "dc", -1);
     if (dc != -1 && dc != 0 && dc != 1) return -1;
     e->dc = (int)dc;
+    if (cJSON_GetObjectItemCaseSensitive(o, "be")) {
+        if (s_count(o, "be", &e->batch.epoch) || s_count(o, "bi", &e->batch.index)) return -1;
+        e->dealt = 1;
+    }
     return e->status ? 0 : -1;
 }
 

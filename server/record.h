@@ -10,7 +10,7 @@
  *   line 1   {"downpour_record":1, ...header...}
  *   events   {"e":"push","s":SHARD,"w":WORKER,"step":STEP,"v":VERSION,
  *             "st":"applied"|"dropped"|"rejected","stale":N,"after":V,
- *             "lr":X,"gn":X,"un":X[,"dc":0|1]}
+ *             "lr":X,"gn":X,"un":X[,"dc":0|1][,"be":E,"bi":I]}
  *            {"e":"members","s":SHARD,"m":"LLFG","call":0|1}
  *   last     {"end":"downpour_record","events":N,"fnv1a":"16 hex digits"}
  * STEP is the push's 1-based step (Push.step): the worker's data step + 1.
@@ -21,6 +21,9 @@
  * "dc" (only with --delay-compensation): 1 when the push was compensated,
  * 0 when it fell back (the shard held no weights of its version), which a
  * replay repeats rather than re-derives.
+ * "be"/"bi" (shard 0 of an elastic crew, server/deal.h): the batch the push
+ * carried, batch "bi" of epoch "be", which a replay trains instead of the
+ * batch of (worker, step).
  * The footer's hash is FNV-1a over every byte before the footer line.
  *
  * Safety: the lines go to a fresh temporary file beside PATH
@@ -38,6 +41,7 @@
 #include <cjson/cJSON.h>
 
 #include "kernels/optim.h"
+#include "server/deal.h"
 #include "server/members.h"
 #include "server/policy.h"
 #include "server/ps.h"
@@ -58,6 +62,8 @@ typedef struct {
     uint64_t after;        /* the shard's version after the push */
     double lr, grad_norm, update_norm;
     int dc;                /* delay compensation: 1 done, 0 fell back, -1 off (absent) */
+    int dealt;             /* shard 0 dealt the batch it carried: */
+    dp_deal_batch_t batch; /* ... this one */
     /* members */
     char *members;         /* one of L / F / G per worker (owned) */
     int call;              /* dp_policy_members_changed followed */
@@ -71,9 +77,11 @@ typedef struct dp_record dp_record_t;
 int dp_record_new(dp_record_t **out, const char *path, const cJSON *header, char *err);
 void dp_record_event(dp_record_t *r, const dp_rec_event_t *e);
 /* A push the policy decided (o), from worker's step computed on version,
- * after the member state m (written first when it changed). */
+ * after the member state m (written first when it changed), carrying the
+ * dealt batch (NULL: the batch of its (worker, step)). */
 void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
-                    const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m);
+                    const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m,
+                    const dp_deal_batch_t *batch);
 /* The member table changed and the policy is about to be asked. */
 void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m);
 /* Footer, fsync, rename; frees r. -1 with err when any write failed (the

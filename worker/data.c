@@ -1,6 +1,7 @@
 /* data: global-batch sample order and a double-buffered prefetch thread. */
 #include "worker/data.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,26 @@ void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long 
     free(perm);
 }
 
+/* Is (epoch, index) a batch of n samples at batch? */
+static int s_dealt_check(int n, int batch, uint64_t epoch, uint64_t index, char *err)
+{
+    if (batch >= 1 && index < (uint64_t)(n / batch) && epoch <= (uint64_t)LONG_MAX) return 0;
+    return dp_err(err, "dealt batch %llu of epoch %llu is not one of this data's %d batches of %d",
+                  (unsigned long long)index, (unsigned long long)epoch, batch > 0 ? n / batch : 0,
+                  batch);
+}
+
+int dp_data_dealt_indices(int n, int batch, unsigned long long seed, uint64_t epoch,
+                          uint64_t index, int *idx, char *err)
+{
+    if (s_dealt_check(n, batch, epoch, index, err) != 0) return -1;
+    int *perm = dp_malloc((size_t)n * sizeof(int));
+    s_permutation(perm, n, seed, (long)epoch);
+    memcpy(idx, perm + index * (uint64_t)batch, (size_t)batch * sizeof(int));
+    free(perm);
+    return 0;
+}
+
 /* splitmix64's finaliser: a well-mixed 64-bit function of z. */
 static uint64_t s_mix(uint64_t z)
 {
@@ -76,6 +97,25 @@ void dp_data_augment(const dp_dataset_t *ds, float *x, int B, unsigned long long
     }
 }
 
+/* The samples idx of step into slot: gathered, augmented, staged. */
+static void s_fill(dp_batcher_t *bt, int slot, const int *idx, long step)
+{
+    dp_dataset_gather(bt->ds, idx, bt->batch, bt->x[slot], bt->y[slot]);
+    if (bt->augment)
+        dp_data_augment(bt->ds, bt->x[slot], bt->batch, bt->seed, step,
+                        (unsigned long long)bt->rank * (unsigned long long)bt->batch, bt->aug_tmp);
+    bt->be->ops->stage_upload(bt->be, bt->d_x[slot], bt->x[slot], bt->x_bytes);
+    bt->be->ops->stage_upload(bt->be, bt->d_y[slot], bt->y[slot], bt->y_bytes);
+}
+
+/* Epoch's permutation into bt->perm, unless it is there. */
+static void s_epoch(dp_batcher_t *bt, long epoch)
+{
+    if (epoch == bt->perm_epoch) return;
+    s_permutation(bt->perm, bt->ds->n, bt->seed, epoch);
+    bt->perm_epoch = epoch;
+}
+
 static void *s_producer(void *arg)
 {
     dp_batcher_t *bt = arg;
@@ -88,18 +128,9 @@ static void *s_producer(void *arg)
         int stop = bt->stop;
         pthread_mutex_unlock(&bt->mu);
         if (stop) break;
-        long epoch = step / bt->steps_per_epoch;
-        if (epoch != bt->perm_epoch) {
-            s_permutation(bt->perm, bt->ds->n, bt->seed, epoch);
-            bt->perm_epoch = epoch;
-        }
+        s_epoch(bt, step / bt->steps_per_epoch);
         s_slice(bt->perm, bt->steps_per_epoch, bt->batch, bt->rank, bt->world, step, idx);
-        dp_dataset_gather(bt->ds, idx, bt->batch, bt->x[slot], bt->y[slot]);
-        if (bt->augment)
-            dp_data_augment(bt->ds, bt->x[slot], bt->batch, bt->seed, step,
-                            (unsigned long long)bt->rank * (unsigned long long)bt->batch, bt->aug_tmp);
-        bt->be->ops->stage_upload(bt->be, bt->d_x[slot], bt->x[slot], bt->x_bytes);
-        bt->be->ops->stage_upload(bt->be, bt->d_y[slot], bt->y[slot], bt->y_bytes);
+        s_fill(bt, slot, idx, step);
         pthread_mutex_lock(&bt->mu);
         bt->full[slot] = 1;
         bt->slot_step[slot] = step;
@@ -117,17 +148,10 @@ int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, 
     return dp_batcher_init_at(bt, ds, be, batch, rank, world, seed, 0, total_steps, 0, err);
 }
 
-int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
-                       int rank, int world, unsigned long long seed, long first_step,
-                       long total_steps, int augment, char *err)
+/* Buffers and settings of either kind of batcher; no thread yet. */
+static void s_init_buffers(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                           int rank, int world, unsigned long long seed, int augment)
 {
-    memset(bt, 0, sizeof *bt);
-    if (rank < 0 || rank >= world)
-        return dp_err(err, "worker index %d out of range for %d workers", rank, world);
-    bt->steps_per_epoch = dp_data_steps_per_epoch(ds->n, batch, world);
-    if (bt->steps_per_epoch < 1)
-        return dp_err(err, "%s: %d samples are fewer than one global batch (%d workers x batch %d)",
-                      ds->name, ds->n, world, batch);
     bt->ds = ds;
     bt->be = be;
     bt->batch = batch;
@@ -136,8 +160,6 @@ int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *b
     bt->seed = seed;
     bt->augment = augment;
     if (augment) bt->aug_tmp = dp_malloc((size_t)dp_dataset_sample_size(ds) * sizeof(float));
-    bt->first_step = first_step < total_steps ? first_step : total_steps;
-    bt->total_steps = total_steps - bt->first_step;
     bt->perm = dp_malloc((size_t)ds->n * sizeof(int));
     bt->perm_epoch = -1;
     bt->held = -1;
@@ -151,6 +173,22 @@ int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *b
     }
     pthread_mutex_init(&bt->mu, NULL);
     pthread_cond_init(&bt->cv, NULL);
+}
+
+int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                       int rank, int world, unsigned long long seed, long first_step,
+                       long total_steps, int augment, char *err)
+{
+    memset(bt, 0, sizeof *bt);
+    if (rank < 0 || rank >= world)
+        return dp_err(err, "worker index %d out of range for %d workers", rank, world);
+    bt->steps_per_epoch = dp_data_steps_per_epoch(ds->n, batch, world);
+    if (bt->steps_per_epoch < 1)
+        return dp_err(err, "%s: %d samples are fewer than one global batch (%d workers x batch %d)",
+                      ds->name, ds->n, world, batch);
+    s_init_buffers(bt, ds, be, batch, rank, world, seed, augment);
+    bt->first_step = first_step < total_steps ? first_step : total_steps;
+    bt->total_steps = total_steps - bt->first_step;
     if (pthread_create(&bt->thread, NULL, s_producer, bt) != 0) {
         dp_batcher_fini(bt);
         return dp_err(err, "cannot start the data thread");
@@ -182,6 +220,32 @@ long dp_batcher_next(dp_batcher_t *bt, dp_batch_t *b)
     b->d_x = bt->d_x[slot];
     b->d_y = bt->d_y[slot];
     return step;
+}
+
+int dp_batcher_init_dealt(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                          int rank, unsigned long long seed, int augment, char *err)
+{
+    memset(bt, 0, sizeof *bt);
+    if (batch < 1 || ds->n < batch)
+        return dp_err(err, "%s: %d samples are fewer than one batch of %d", ds->name, ds->n, batch);
+    s_init_buffers(bt, ds, be, batch, rank, 1, seed, augment);
+    bt->steps_per_epoch = ds->n / batch;
+    bt->dealt = 1;
+    return 0;
+}
+
+int dp_batcher_take(dp_batcher_t *bt, uint64_t epoch, uint64_t index, long step, dp_batch_t *b,
+                    char *err)
+{
+    if (s_dealt_check(bt->ds->n, bt->batch, epoch, index, err) != 0) return -1;
+    int slot = (int)(bt->consumed++ & 1);
+    s_epoch(bt, (long)epoch);
+    s_fill(bt, slot, bt->perm + index * (uint64_t)bt->batch, step);
+    b->x = bt->x[slot];
+    b->y = bt->y[slot];
+    b->d_x = bt->d_x[slot];
+    b->d_y = bt->d_y[slot];
+    return 0;
 }
 
 void dp_batcher_fini(dp_batcher_t *bt)

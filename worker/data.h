@@ -25,6 +25,7 @@
 #define DP_DATA_H
 
 #include <pthread.h>
+#include <stdint.h>
 
 #include "common/dataset.h"
 #include "kernels/backend.h"
@@ -52,6 +53,7 @@ typedef struct {
     int held;                 /* slot the consumer holds, -1 none */
     int stop;
     int started;
+    int dealt;                /* no thread: dp_batcher_take gathers the batches shard 0 deals */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
@@ -65,6 +67,13 @@ long dp_data_steps_per_epoch(int n, int batch, int world);
  * across epochs), into idx[batch]. The thread uses the same rule. */
 void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long long seed,
                            long step, int *idx);
+
+/* A batch shard 0 dealt an elastic crew (server/deal.h): the positions
+ * [index*batch, (index+1)*batch) of epoch's permutation (the one the
+ * global-batch order draws), into idx[batch]. -1 with err when index is
+ * not one of the n / batch batches of an epoch. */
+int dp_data_dealt_indices(int n, int batch, unsigned long long seed, uint64_t epoch,
+                          uint64_t index, int *idx, char *err);
 
 #define DP_DATA_CROP_PAD 4
 
@@ -82,12 +91,23 @@ int dp_batcher_init(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, 
 int dp_batcher_init_at(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
                        int rank, int world, unsigned long long seed, long first_step,
                        long total_steps, int augment, char *err);
+/* An elastic crew's batcher: no thread, no order of its own; each batch is
+ * gathered (augmented by step, and this worker's rank, as the thread does)
+ * and staged when the pull that dealt it is in, by dp_batcher_take: the
+ * deal comes with the weights, so there is nothing to prefetch. A batch
+ * stays valid until the call after next (two slots, as the thread's). */
+int dp_batcher_init_dealt(dp_batcher_t *bt, const dp_dataset_t *ds, dp_backend_t *be, int batch,
+                          int rank, unsigned long long seed, int augment, char *err);
+typedef struct dp_batch dp_batch_t;
+int dp_batcher_take(dp_batcher_t *bt, uint64_t epoch, uint64_t index, long step, dp_batch_t *b,
+                    char *err);
+
 /* One batch: x [batch*c*h*w] as gathered (and augmented), y [batch], in host memory and
  * staged in device memory (d_x, d_y: the backend's). */
-typedef struct {
+struct dp_batch {
     const float *x, *d_x;
     const int *y, *d_y;
-} dp_batch_t;
+};
 
 /* The next batch into *b; it stays valid until the next call, which hands
  * its buffers back to the thread: ops that read d_x / d_y must have finished

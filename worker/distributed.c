@@ -11,6 +11,7 @@
  * weights without step k's gradient (one step older), the gradients
  * alternate between two push buffers, and each push is stamped with the
  * versions its own weights came with. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,15 +39,17 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
 
 /* The line per push: what was computed on which version, what the shards
  * made of it, and the updates lost so far to shard restarts. */
-static void s_metrics_push(dp_session_t *s, long step, long spe, float loss, uint64_t version,
-                           const dp_push_result_t *r, int applied, uint64_t lost,
+static void s_metrics_push(dp_session_t *s, long step, long epoch, long dealt_index, float loss,
+                           uint64_t version, const dp_push_result_t *r, int applied, uint64_t lost,
                            double compute_s, double wait_s, uint32_t pull_parts)
 {
     cJSON *line = dp_metrics_line(s->metrics);
     if (!line) return;
     cJSON_AddNumberToObject(line, "worker", s->conf.task_index);
     cJSON_AddNumberToObject(line, "step", step);
-    cJSON_AddNumberToObject(line, "epoch", step / spe);
+    cJSON_AddNumberToObject(line, "epoch", epoch);
+    /* an elastic crew: the batch of the epoch shard 0 dealt (worker/data.h) */
+    if (dealt_index >= 0) cJSON_AddNumberToObject(line, "batch", dealt_index);
     cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
     cJSON_AddNumberToObject(line, "version", (double)version);
     cJSON_AddNumberToObject(line, "version_after", (double)r->version);
@@ -122,7 +125,7 @@ static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, const float *
 
 /* The chief's end of the run. */
 static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
-                          long steps, double train_s, double images, char *err)
+                          long steps, double epochs, double train_s, double images, char *err)
 {
     if (dp_ps_client_wait_all_finished(ps, s->conf.timeout_s * 10, err) != 0)
         dp_log_warn("not every worker finished: %s", err);
@@ -140,7 +143,6 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
     dp_staleness_t hist; /* the servers' (shard 0's) counts per staleness */
     dp_staleness_init(&hist);
     for (size_t b = 0; b < st.staleness_bins; b++) dp_staleness_add_n(&hist, b, st.staleness_hist[b]);
-    long spe = dp_data_steps_per_epoch(s->train.n, s->conf.batch, info->num_workers);
     dp_ps_membership_t crew = {0};
     if (dp_ps_client_membership(ps, &crew, err) != 0) {
         dp_staleness_fini(&hist);
@@ -154,7 +156,7 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .mode = dp_mode_name(info->mode), .workers = info->num_workers,
         .ps_shards = info->num_shards, .replicas = info->replicas,
         .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
-        .steps = steps, .epochs = (double)steps / spe, .test_accuracy = acc, .test_loss = loss,
+        .steps = steps, .epochs = epochs, .test_accuracy = acc, .test_loss = loss,
         .images_per_s_per_worker = images / (train_s > 0 ? train_s : 1e-9), .train_s = train_s,
         .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
@@ -207,6 +209,11 @@ typedef struct {
     char step_err[DP_ERR_LEN]; /* why the net's hook failed the step (net.pull_status) */
     uint32_t step_pull_parts;  /* its pull's PARAMS messages */
     int workers_live;          /* the crew's size at the last push (its ACKs), 0: not yet */
+    /* an elastic crew: shard 0 deals the batches (bt is dp_batcher_init_dealt's) */
+    int dealt;
+    long epochs;               /* the plan's epochs (rounded up), for the progress line */
+    dp_ps_dealt_t pulled;      /* the batch the last pull brought */
+    dp_ps_dealt_t batch[4];    /* step k's at k % 4 (the overlap records k - 1 while k computes) */
 } s_loop_t;
 
 /* What a push's result does to the counters, the metrics, the progress line. */
@@ -223,8 +230,10 @@ static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
     L->done = step + 1;
     if (isfinite(loss))
         L->loss_avg = L->done == L->first + 1 ? loss : 0.98 * L->loss_avg + 0.02 * loss;
-    s_metrics_push(s, step, L->spe, loss, version, r, status_applied, lost, L->step_compute_s,
-                   L->step_wait_s, L->step_pull_parts);
+    const dp_ps_dealt_t *dealt = &L->batch[step & 3];
+    long epoch = L->dealt ? (long)dealt->epoch : step / L->spe;
+    s_metrics_push(s, step, epoch, L->dealt ? (long)dealt->index : -1, loss, version, r,
+                   status_applied, lost, L->step_compute_s, L->step_wait_s, L->step_pull_parts);
     dp_session_log_step(s, step, loss);
     if (L->info->mode != DP_MODE_SYNC)
         dp_tb_scalar(s->tb, "train/staleness", step, (float)r->staleness_mean);
@@ -239,10 +248,16 @@ static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
     s_maybe_eval(s, L->done, L->total);
     double dt = dp_now() - L->t0;
     long n = L->done - L->first;
-    dp_progress_update(&s->progress, L->done == L->total,
-                       "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
-                       task, step / L->spe + 1, (L->total + L->spe - 1) / L->spe, L->done, L->total,
-                       n * s->conf.batch / (dt > 0 ? dt : 1e-9), L->loss_avg, L->stale_sum / n);
+    double rate = n * s->conf.batch / (dt > 0 ? dt : 1e-9);
+    if (L->dealt) /* its steps end when the epochs' batches do: no total of its own */
+        dp_progress_update(&s->progress, 0,
+                           "worker %d  epoch %ld/%ld  step %ld  %.0f img/s  loss %.4f  staleness %.2f",
+                           task, epoch + 1, L->epochs, L->done, rate, L->loss_avg, L->stale_sum / n);
+    else
+        dp_progress_update(&s->progress, L->done == L->total,
+                           "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
+                           task, epoch + 1, (L->total + L->spe - 1) / L->spe, L->done, L->total,
+                           rate, L->loss_avg, L->stale_sum / n);
 }
 
 /* The net's hook (worker/net.h): layer by layer, the push's parts leave. */
@@ -267,26 +282,60 @@ static dp_pull_status_t s_params_needed(void *arg, size_t end)
     return st;
 }
 
+/* The batch the last pull dealt, as step's, gathered into *b. */
+static int s_take_batch(s_loop_t *L, long step, dp_batch_t *b, char *err)
+{
+    dp_ps_dealt_t *d = &L->batch[step & 3];
+    *d = L->pulled;
+    return dp_batcher_take(L->bt, d->epoch, d->index, step, b, err);
+}
+
+/* An elastic crew's batch of step, dealt with the pull just begun or
+ * made: gathered into *b. 1: there it is; 0: the end (the run's batches
+ * are done); -1 with err. A pull in parts first waits for shard 0's first
+ * part, which carries the deal (its wait counted as the pull's). */
+static int s_dealt_batch(s_loop_t *L, long step, dp_batch_t *b, char *err)
+{
+    if (L->stream_pull) {
+        double t0 = dp_now();
+        if (dp_ps_client_pull_until(L->ps, 1, err) == DP_PULL_FAILED) return -1;
+        L->pull_wait_s += dp_now() - t0;
+    }
+    if (dp_ps_client_dealt(L->ps, &L->pulled) != 0)
+        return dp_err(err, "shard 0 dealt no batch with the weights");
+    if (L->pulled.end) {
+        /* the rest of a pull in parts, so that the client is free again */
+        if (L->stream_pull &&
+            dp_ps_client_pull_until(L->ps, L->s->model.n_floats, err) == DP_PULL_FAILED)
+            return -1;
+        return 0;
+    }
+    return s_take_batch(L, step, b, err) == 0 ? 1 : -1;
+}
+
 /* Pull, compute, push, in turn; with L->stream the push starts before the
  * backward and its parts leave as it makes them (from the CPU's own
  * gradient, host memory; a device's lands in the pinned h_grads layer by
  * layer, so either way the push's buffer is known before); with
  * L->stream_pull the pull is only begun before the forward, which waits
  * for each layer's weights as it reaches the layer (a device's into the
- * pinned h_params, each layer's sent up as it comes). */
+ * pinned h_params, each layer's sent up as it comes). An elastic crew's
+ * batch comes with the pull (s_dealt_batch) instead of from the thread. */
 static int s_loop_plain(s_loop_t *L, char *err)
 {
     dp_session_t *s = L->s;
     int host = s->be->host_memory;
     s->net.h_pull = host ? NULL : s->h_params;
     dp_batch_t batch;
-    long step;
-    while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
+    for (;;) {
+        long step = L->dealt ? L->done : dp_batcher_next(L->bt, &batch);
+        if (step < 0) break;
         if (L->stop && *L->stop) return dp_err(err, "interrupted at step %ld", step);
         dp_ps_push_t push = {.grads = host ? s->net.d_grads : s->h_grads,
                              .batch = s->conf.batch, .step = (uint64_t)step + 1};
         L->push = &push;
         L->pull_wait_s = 0;
+        if (L->dealt) dp_ps_client_deal_step(L->ps, push.step);
         double t0 = dp_now();
         if ((L->stream_pull ? dp_ps_client_pull_begin(L->ps, host ? s->net.d_params : s->h_params, err)
                             : s_pull_into_net(s, L->ps, err)) != 0)
@@ -296,6 +345,10 @@ static int s_loop_plain(s_loop_t *L, char *err)
          * leaves during the backward): a slow worker's push arrives late */
         s_inject_delay(&s->conf, &L->delay_rng);
         double tc = dp_now();
+        if (L->dealt) {
+            int got = s_dealt_batch(L, step, &batch, err);
+            if (got <= 0) return got;
+        }
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
         if (L->stream && !L->stream_pull && dp_ps_client_push_begin(L->ps, &push, err) != 0)
@@ -408,6 +461,7 @@ static int s_take(s_loop_t *L, dp_pipeline_t *pl, dp_ps_stamp_t *stamp, char *er
         }
         if (j.op == DP_PIPE_PULL) {
             *stamp = j.stamp;
+            L->pulled = j.dealt;
             break;
         }
         s_record(L, (long)j.step - 1, j.loss, dp_ps_stamp_sum(&j.stamp), &j.res, j.updates_lost);
@@ -417,8 +471,17 @@ static int s_take(s_loop_t *L, dp_pipeline_t *pl, dp_ps_stamp_t *stamp, char *er
     return rc;
 }
 
+/* The step after step: the thread's next batch, or (an elastic crew)
+ * step + 1, whose batch the last pull dealt. */
+static long s_overlap_next(s_loop_t *L, long step, dp_batch_t *b)
+{
+    return L->dealt ? step + 1 : dp_batcher_next(L->bt, b);
+}
+
 /* While step k computes, the thread pushes step k-1 and pulls for k+1
- * (posted in that order: the pull then sees step k-1's gradient applied). */
+ * (posted in that order: the pull then sees step k-1's gradient applied).
+ * An elastic crew's pull for k+1 brings k+1's batch: the loop ends when it
+ * brings the end, once the pushes still queued are in. */
 static int s_loop_overlap(s_loop_t *L, char *err)
 {
     dp_session_t *s = L->s;
@@ -429,18 +492,24 @@ static int s_loop_overlap(s_loop_t *L, char *err)
     float *grads[2] = {s->h_grads, L->grads2};
     int rc = -1;
     dp_batch_t batch;
-    long step = dp_batcher_next(L->bt, &batch);
-    job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params};
+    long step = L->dealt ? L->first : dp_batcher_next(L->bt, &batch);
+    job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params,
+                          .deal_step = L->dealt ? (uint64_t)step + 1 : 0};
     if (step >= 0) dp_pipeline_post(pl, &job);
     if (s_take(L, pl, &stamp, err) != 0) goto out;
-    for (; step >= 0; step = dp_batcher_next(L->bt, &batch)) {
+    for (; step >= 0; step = s_overlap_next(L, step, &batch)) {
         if (L->stop && *L->stop) {
             dp_err(err, "interrupted at step %ld", step);
             goto out;
         }
+        if (L->dealt) {
+            if (L->pulled.end) break;
+            if (s_take_batch(L, step, &batch, err) != 0) goto out;
+        }
         dp_net_set_params(&s->net, s->h_params); /* h_params is free for the next pull */
-        job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params};
-        if (step + 1 < L->total) dp_pipeline_post(pl, &job);
+        job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params,
+                              .deal_step = L->dealt ? (uint64_t)step + 2 : 0};
+        if (L->dealt || step + 1 < L->total) dp_pipeline_post(pl, &job);
         float *g = grads[step & 1]; /* the push of step - 2 from it ended before that pull */
         double tc = dp_now();
         s->net.step = (unsigned long long)step;
@@ -452,6 +521,7 @@ static int s_loop_overlap(s_loop_t *L, char *err)
         dp_pipeline_post(pl, &job);
         if (s_take(L, pl, &stamp, err) != 0) goto out;
     }
+    if (L->dealt && s_take(L, pl, &stamp, err) != 0) goto out; /* the last push */
     rc = 0;
 out:
     dp_pipeline_destroy(&pl); /* after the jobs queued: the client is ours again */
@@ -549,6 +619,12 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_batcher_t bt = {0};
     s_loop_t L = {0};
     int rc = -1;
+    /* what shard 0 of an elastic crew deals from (a fixed crew's ignore it);
+     * local steps take H batches a pull and keep the order of their own */
+    if (c->local_steps <= 1)
+        opts.deal = (dp_ps_deal_plan_t){.samples = (uint64_t)s.train.n, .batch = (uint32_t)c->batch,
+                                        .epochs = c->steps > 0 ? 0 : (uint64_t)c->epochs,
+                                        .steps = c->steps > 0 ? (uint64_t)c->steps : 0};
     if (dp_ps_client_new(&ps, c->ps, &s.model, c->task_index, &opts, &info, err) != 0) goto done;
     if (c->task_index >= info.num_workers) {
         dp_err(err, "--task-index %d out of range: the servers expect %d workers", c->task_index,
@@ -563,25 +639,35 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     }
     L = (s_loop_t){.s = &s, .ps = ps, .info = &info, .bt = &bt, .stop = stop};
     dp_staleness_init(&L.hist);
-    L.total = dp_session_total_steps(&s, info.num_workers);
+    L.dealt = info.min_workers > 0 && opts.deal.batch > 0;
+    L.total = L.dealt ? LONG_MAX : dp_session_total_steps(&s, info.num_workers);
     L.spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
     L.first = s_first_step(ps, c->task_index, L.total, c->local_steps > 1 ? c->local_steps : 1);
-    if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers, c->seed,
-                           L.first, L.total, c->augment, err) != 0)
+    /* the epochs shard 0 deals: the plan's, or --steps a worker x MAX */
+    long per_epoch = s.train.n / c->batch;
+    L.epochs = c->steps <= 0 ? c->epochs
+               : per_epoch > 0 ? (c->steps * info.num_workers + per_epoch - 1) / per_epoch : 0;
+    if (L.dealt ? dp_batcher_init_dealt(&bt, &s.train, s.be, c->batch, c->task_index, c->seed,
+                                        c->augment, err)
+                : dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers,
+                                     c->seed, L.first, L.total, c->augment, err))
         goto done;
     int overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info.mode, c->device);
     L.stream = s_stream("--stream-push", c->stream_push, overlap, c->local_steps, s.be);
     L.stream_pull = s_stream("--stream-pull", c->stream_pull, overlap, c->local_steps, s.be);
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %ld steps on %s; %s",
+    char steps[64];
+    if (L.dealt) snprintf(steps, sizeof steps, "the batches shard 0 deals for %ld epoch(s)", L.epochs);
+    else snprintf(steps, sizeof steps, "%ld steps", L.total);
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %s on %s; %s",
                 c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards, c->batch,
-                L.total, c->device,
+                steps, c->device,
                 c->local_steps > 1 ? "local steps: a push of the pseudo-gradient every --local-steps"
                 : overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
                 : L.stream && L.stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them, the push in parts as the backward makes them"
                 : L.stream ? "overlap off: pull, compute, push in turn, the push in parts as the backward makes them"
                 : L.stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them"
                           : "overlap off: pull, compute, push in turn");
-    dp_session_log_start(&s, c->task_index, L.total, L.spe);
+    dp_session_log_start(&s, c->task_index, L.dealt ? -L.epochs : L.total, L.spe);
     dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     /* Elastic: a signal ends the loop at a step's end, never inside one */
     if (info.min_workers > 0) dp_ps_client_set_stop(ps, NULL);
@@ -592,8 +678,9 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     double train_s = dp_now() - L.t0;
     if (dp_ps_client_finish(ps, err) != 0) goto done;
     if (c->task_index == 0) {
-        if (s_finish_chief(&s, ps, &info, L.done, train_s, (double)(L.done - L.first) * c->batch,
-                           err) != 0)
+        double epochs = L.dealt ? (double)L.epochs : (double)L.done / L.spe;
+        if (s_finish_chief(&s, ps, &info, L.done, epochs, train_s,
+                           (double)(L.done - L.first) * c->batch, err) != 0)
             goto done;
         if (dp_ps_client_shutdown_servers(ps, err) != 0) goto done;
     }

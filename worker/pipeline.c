@@ -36,8 +36,11 @@ static void s_run(dp_pipeline_t *p, dp_pipe_job_t *j)
         return;
     }
     if (j->op == DP_PIPE_PULL) {
+        dp_ps_client_deal_step(p->ps, j->deal_step);
         j->rc = dp_ps_client_pull(p->ps, j->params, j->err);
         if (j->rc == 0) dp_ps_client_stamp(p->ps, &j->stamp);
+        if (j->rc == 0 && j->deal_step && dp_ps_client_dealt(p->ps, &j->dealt) != 0)
+            j->rc = dp_err(j->err, "shard 0 dealt no batch with the weights");
     } else {
         dp_ps_push_t push = {.grads = j->grads, .loss = j->loss, .batch = j->batch,
                              .step = j->step, .stamp = &j->stamp};

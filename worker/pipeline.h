@@ -41,6 +41,8 @@ typedef struct {
     float loss;              /* PUSH: the batch's mean loss */
     int batch;               /* PUSH: its size */
     dp_ps_stamp_t stamp;     /* PUSH: the pull computed on (in); PULL: what it got (out) */
+    uint64_t deal_step;      /* PULL: ask shard 0 for the batch of this push step (0: none) */
+    dp_ps_dealt_t dealt;     /* PULL, with deal_step: the batch dealt (out) */
     /* out */
     dp_push_result_t res;    /* PUSH: what the shards said */
     uint64_t updates_lost;   /* dp_ps_client_updates_lost after the job */

@@ -118,6 +118,14 @@ static dp_ps_reply_t s_on_membership(dp_ps_client_t *c, int i, const Downpour__E
         snprintf(m->ev[k].why, sizeof m->ev[k].why, "%s", e->why ? e->why : "");
     }
     m->n = s->n_membership;
+    m->epochs = dp_calloc(s->n_epoch_samples ? s->n_epoch_samples : 1, sizeof *m->epochs);
+    for (size_t k = 0; k < s->n_epoch_samples; k++) {
+        const Downpour__EpochSamples *e = s->epoch_samples[k];
+        m->epochs[k] = (dp_ps_epoch_samples_t){e->epoch, e->trained, e->repeated,
+                                               e->retrained_after_death, e->batches};
+    }
+    m->n_epochs = s->n_epoch_samples;
+    m->deal_foreign = s->deal_foreign;
     m->live_min = s->live_min;
     m->live_max = s->live_max;
     m->live = s->workers_live;
@@ -137,8 +145,10 @@ int dp_ps_client_membership(dp_ps_client_t *c, dp_ps_membership_t *out, char *er
 void dp_ps_membership_fini(dp_ps_membership_t *m)
 {
     free(m->ev);
+    free(m->epochs);
     m->ev = NULL;
-    m->n = 0;
+    m->epochs = NULL;
+    m->n = m->n_epochs = 0;
 }
 
 /* A reply without a body of interest: the request's own type, or ERROR. */

@@ -39,6 +39,7 @@
 #define DP_PS_CLIENT_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/model.h"
@@ -96,9 +97,18 @@ typedef struct {
     char why[12];                        /* hello, back, finished, leave, gone, replaced */
 } dp_ps_member_event_t;
 
+/* One epoch of an elastic crew's batches, as shard 0 dealt them
+ * (server/deal.h), in samples. */
+typedef struct {
+    uint64_t epoch, trained, repeated, retrained_after_death, batches;
+} dp_ps_epoch_samples_t;
+
 typedef struct dp_ps_membership {
     dp_ps_member_event_t *ev;            /* n events, oldest first (owned) */
     size_t n;
+    dp_ps_epoch_samples_t *epochs;       /* n_epochs dealt (owned); none for a fixed crew */
+    size_t n_epochs;
+    uint64_t deal_foreign;               /* pushes that named no batch dealt to them */
     int live_min, live_max;              /* from the first join to the first worker done */
     int live;                            /* now */
 } dp_ps_membership_t;
@@ -148,6 +158,21 @@ typedef enum {
     DP_PS_ERR_MODEL_MISMATCH, /* a shard serves another model (ERROR ERR_MODEL_MISMATCH) */
 } dp_ps_err_t;
 
+/* What this worker trains on, for the shard that deals an elastic crew's
+ * batches (server/deal.h): batches of batch from samples, for epochs or
+ * (epochs 0) steps a worker. batch 0: none (the worker's own order). */
+typedef struct {
+    uint64_t samples;
+    uint32_t batch;
+    uint64_t epochs, steps;
+} dp_ps_deal_plan_t;
+
+/* A batch shard 0 dealt: batch index of epoch (worker/data.h), or end. */
+typedef struct {
+    bool end;
+    uint64_t epoch, index;
+} dp_ps_dealt_t;
+
 /* Everything a client is made with; a zeroed struct is the defaults. */
 typedef struct {
     double timeout_s;              /* silence allowed to a shard owing a reply; not > 0: 30 */
@@ -165,6 +190,7 @@ typedef struct {
                                     * signal handler's flag); NULL: never */
     dp_ps_err_t *new_error;        /* a failed dp_ps_client_new leaves its kind here (there is
                                     * no client to ask: a library reports it); NULL: nowhere */
+    dp_ps_deal_plan_t deal;        /* told in every HELLO; zeroed: none */
 } dp_ps_client_opts_t;
 
 
@@ -205,6 +231,16 @@ int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg
  * the forward starts again). end >= n_floats ends it. Details: ps_pull.c. */
 int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err);
 dp_pull_status_t dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *err);
+
+/* An elastic crew's batches, dealt by shard 0 with the weights: every pull
+ * from now on asks for the batch of push step `step` (0: none asked; the
+ * same step asked again, a repeated pull, gets the same batch), and
+ * dp_ps_client_dealt says what the last pull got: 0 with *out, or -1 when
+ * it brought none (none asked, or a pull in parts whose shard 0 part has
+ * not come: dp_ps_client_pull_until(c, 1) waits for it). A shard 0 that
+ * answers such a pull without a batch fails the pull. */
+void dp_ps_client_deal_step(dp_ps_client_t *c, uint64_t step);
+int dp_ps_client_dealt(const dp_ps_client_t *c, dp_ps_dealt_t *out);
 
 /* The last pull's PARAMS messages, over every shard (one a shard when
  * whole; a repeated reply counts again). */
@@ -269,8 +305,8 @@ uint64_t dp_ps_client_version(const dp_ps_client_t *c);
  * dp_ps_client_wait_all_finished and dp_ps_client_shutdown_servers. */
 int dp_ps_client_stats(dp_ps_client_t *c, dp_ps_stats_t *out, char *err);
 
-/* STATS of shard 0: its membership events and live range into out (the
- * chief only, as STATS). Free with dp_ps_membership_fini. */
+/* STATS of shard 0: its membership events, live range and dealt epochs
+ * into out (the chief only, as STATS). Free with dp_ps_membership_fini. */
 int dp_ps_client_membership(dp_ps_client_t *c, dp_ps_membership_t *out, char *err);
 /* Safe on a zeroed or finished one. */
 void dp_ps_membership_fini(dp_ps_membership_t *m);

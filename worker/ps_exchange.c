@@ -451,6 +451,7 @@ static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     h->in_w = c->m->in_w;
     h->n_floats = c->m->n_floats;
     h->shm = s_wants_shm(c, i);
+    if (c->has_plan) h->deal = &c->deal_plan;
     rq->env.hello = h;
 }
 
@@ -593,6 +594,14 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->transport = opts->transport;
     c->bf16 = opts->wire == DP_PS_WIRE_BF16;
     c->compress = opts->compress;
+    if (opts->deal.batch) {
+        c->has_plan = true;
+        downpour__deal_plan__init(&c->deal_plan);
+        c->deal_plan.samples = opts->deal.samples;
+        c->deal_plan.batch = opts->deal.batch;
+        c->deal_plan.epochs = opts->deal.epochs;
+        c->deal_plan.steps = opts->deal.steps;
+    }
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->sh);
     c->aw = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->aw);

@@ -118,6 +118,11 @@ struct dp_ps_client {
     dp_ps_push_req_t *pushing; /* the push in progress (push_begin's), NULL: none */
     dp_ps_push_req_t *push_room; /* where it lies, made on the first push */
     uint32_t pulls_parts;   /* the last pull's PARAMS messages, all shards */
+    Downpour__DealPlan deal_plan; /* opts.deal, in every HELLO when has_plan */
+    bool has_plan;
+    uint64_t deal_step;     /* pulls ask shard 0 for the batch of this push step (0: none) */
+    dp_ps_dealt_t dealt;    /* what the last pull's shard 0 dealt, */
+    bool dealt_got;         /* ... if it has */
 };
 
 /* Storage one request points into until it is sent. */

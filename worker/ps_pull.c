@@ -73,6 +73,22 @@ static void s_build_pull(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     rq->env.pull = p;
     rq->env.shm = s->shm;
     if (c->bf16 && !s->shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    if (i == 0) p->deal_step = c->deal_step; /* shard 0 deals */
+}
+
+/* Shard 0's first part of a pull that asked for a batch: the batch. */
+static int s_take_deal(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char *err)
+{
+    if (i != 0 || !c->deal_step || env->params->part != 0) return 0;
+    const Downpour__Deal *d = env->params->deal;
+    if (!d) {
+        c->code = DP_PS_ERR_OTHER;
+        return dp_err(err, "%s: PARAMS without the batch asked for (is this shard 0 of an "
+                      "elastic crew, --workers MIN:MAX?)", c->sh[i].endpoint);
+    }
+    c->dealt = (dp_ps_dealt_t){.end = d->end, .epoch = d->epoch, .index = d->index};
+    c->dealt_got = true;
+    return 0;
 }
 
 /* The first bucket of a pull in parts: a cut where a layer begins once at
@@ -230,6 +246,7 @@ static dp_ps_reply_t s_on_params(dp_ps_client_t *c, int i, const Downpour__Envel
     if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
     if (env->type != DOWNPOUR__MSG_TYPE__PARAMS)
         return dp_err(err, "%s: answered PULL with %s", s->endpoint, dp_wire_type_name(env->type));
+    if (s_take_deal(c, i, env, err) != 0) return DP_PS_REPLY_FAILED;
     if (env->shm) {
         if (dp_wire_check_range(env, s->lo, s->hi, e2) != 0)
             return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
@@ -279,6 +296,7 @@ static int s_pull(dp_ps_client_t *c, dp_ps_pull_req_t *to, char *err)
     c->pulling = NULL;
     dp_ps_plan_t pull = s_pull_plan(c, to);
     c->pulls_parts = 0;
+    c->dealt_got = false;
     for (int t = 0; t < S_TORN_TRIES; t++) {
         bool torn = false;
         for (int i = 0; i < c->n; i++) to->sh[i].torn = false;
@@ -312,6 +330,7 @@ int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err)
     *to = (dp_ps_pull_req_t){.params = params, .cut = true};
     dp_ps_plan_t pull = s_pull_plan(c, to);
     c->pulls_parts = 0;
+    c->dealt_got = false;
     if (dp_ps_exchange_send(c, &pull, err) != 0) return -1;
     c->pulling = to;
     return 0;
@@ -343,6 +362,18 @@ dp_pull_status_t dp_ps_client_pull_until(dp_ps_client_t *c, size_t until, char *
     }
     if (until > to->handed) to->handed = until;
     return DP_PULL_OK;
+}
+
+void dp_ps_client_deal_step(dp_ps_client_t *c, uint64_t step)
+{
+    c->deal_step = step;
+}
+
+int dp_ps_client_dealt(const dp_ps_client_t *c, dp_ps_dealt_t *out)
+{
+    if (!c->dealt_got) return -1;
+    *out = c->dealt;
+    return 0;
 }
 
 uint32_t dp_ps_client_pull_parts(const dp_ps_client_t *c)

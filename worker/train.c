@@ -161,6 +161,20 @@ static void s_summary_membership(cJSON *o, const dp_ps_membership_t *m)
     }
     cJSON_AddNumberToObject(o, "live_min", m->live_min);
     cJSON_AddNumberToObject(o, "live_max", m->live_max);
+    if (m->n_epochs == 0) return; /* a fixed crew: each worker's own order */
+    /* "epoch_samples": the batches shard 0 dealt, epoch by epoch */
+    cJSON *ep = cJSON_AddArrayToObject(o, "epoch_samples");
+    for (size_t k = 0; k < m->n_epochs; k++) {
+        const dp_ps_epoch_samples_t *e = &m->epochs[k];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "epoch", (double)e->epoch);
+        cJSON_AddNumberToObject(j, "trained", (double)e->trained);
+        cJSON_AddNumberToObject(j, "repeated", (double)e->repeated);
+        cJSON_AddNumberToObject(j, "retrained_after_death", (double)e->retrained_after_death);
+        cJSON_AddNumberToObject(j, "batches", (double)e->batches);
+        cJSON_AddItemToArray(ep, j);
+    }
+    cJSON_AddNumberToObject(o, "pushes_of_no_dealt_batch", (double)m->deal_foreign);
 }
 
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
@@ -237,7 +251,8 @@ void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long st
     if (!line) return;
     cJSON_AddStringToObject(line, "event", "start");
     cJSON_AddNumberToObject(line, "worker", worker);
-    cJSON_AddNumberToObject(line, "total_steps", total_steps);
+    if (total_steps > 0) cJSON_AddNumberToObject(line, "total_steps", total_steps);
+    else cJSON_AddNumberToObject(line, "epochs", -total_steps); /* dealt: no steps of its own */
     cJSON_AddNumberToObject(line, "steps_per_epoch", steps_per_epoch);
     cJSON_AddNumberToObject(line, "batch", s->conf.batch);
     dp_metrics_write(s->metrics, &line);

@@ -147,7 +147,8 @@ void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer);
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err);
 
 /* A run's first metrics line: the steps it will run, for `downpour local`'s
- * progress line. */
+ * progress line; total_steps -E (an elastic crew's worker, whose batches
+ * shard 0 deals until they are done): "epochs": E instead. */
 void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long steps_per_epoch);
 
 /* One training step's record: a metrics line is written by the caller;

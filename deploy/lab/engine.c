@@ -268,11 +268,20 @@ void dp_lab_pulled(dp_lab_t *L, int worker)
     for (int k = 0; k < L->conf.shards; k++) dp_shard_dc_pulled(&L->shard[k], worker);
 }
 
-/* One training step of worker at its data step on the net's parameters. */
-static float s_train_step(dp_lab_t *L, int worker, long step)
+/* One training step of worker at its data step (on the batch dealt, if
+ * any) on the net's parameters. */
+static float s_train_step(dp_lab_t *L, int worker, long step, const dp_deal_batch_t *dealt)
 {
     int B = L->conf.train.batch;
-    dp_data_batch_indices(L->s.train.n, B, worker, L->conf.workers, L->conf.train.seed, step, L->idx);
+    char err[DP_ERR_LEN];
+    if (!dealt)
+        dp_data_batch_indices(L->s.train.n, B, worker, L->conf.workers, L->conf.train.seed, step, L->idx);
+    else if (dp_data_dealt_indices(L->s.train.n, B, L->conf.train.seed, dealt->epoch, dealt->index,
+                                   L->idx, err) != 0)
+    {
+        dp_log_warn("lab: %s", err); /* a misuse: the caller checks it (engine.h) */
+        abort();
+    }
     dp_dataset_gather(&L->s.train, L->idx, B, L->x, L->y);
     /* dropout's mask as the worker daemon draws it (worker/train.c): by
      * its data step and its slice's place in the global batch */
@@ -305,7 +314,7 @@ static float s_local_round(dp_lab_t *L, const float *params, int worker, long ro
     dp_net_set_params(&L->s.net, params);
     float loss = 0;
     for (long step = first; step < end; step++) {
-        loss += s_train_step(L, worker, step) / (float)c->local_steps;
+        loss += s_train_step(L, worker, step, NULL) / (float)c->local_steps;
         dp_net_optim_step(&L->s.net, &c->inner, dp_optim_lr_at(&c->inner, step),
                           L->inner_state[worker], step + 1);
     }
@@ -314,11 +323,12 @@ static float s_local_round(dp_lab_t *L, const float *params, int worker, long ro
     return loss;
 }
 
-float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad)
+float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
+                      const dp_deal_batch_t *dealt, float *grad)
 {
     if (L->conf.local_steps > 1) return s_local_round(L, params, worker, step, grad);
     dp_net_set_params(&L->s.net, params);
-    float loss = s_train_step(L, worker, step);
+    float loss = s_train_step(L, worker, step, dealt);
     dp_net_get_grads(&L->s.net, grad);
     return loss;
 }
@@ -345,7 +355,8 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
     dp_policy_push(L->policy[k], worker, version, &g, 1, false, o);
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
-    dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k]);
+    dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k],
+                   NULL);
 }
 
 int dp_lab_members(dp_lab_t *L, int k, const char *state, int call)

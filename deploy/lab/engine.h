@@ -87,8 +87,12 @@ void dp_lab_pulled(dp_lab_t *L, int worker);
  * round's pseudo-gradient (the worker daemon's s_loop_local: H steps of
  * conf.inner over data steps round*H ..., capped at conf.train.steps when
  * that is set, state carried from round to round per worker); the mean
- * loss of its steps is returned. A worker's rounds must come in order. */
-float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step, float *grad);
+ * loss of its steps is returned. A worker's rounds must come in order.
+ * dealt (not with local steps; NULL: none): the batch shard 0 of an
+ * elastic crew dealt the push (worker/data.h), trained instead of the
+ * batch of (worker, step); its index is below the data's batches an epoch. */
+float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
+                      const dp_deal_batch_t *dealt, float *grad);
 /* Data steps worker's push number `step` (0-based) stands for: 1, or with
  * local steps the round's H (fewer in a last round cut at conf.train.steps). */
 long dp_lab_push_steps(const dp_lab_t *L, long step);

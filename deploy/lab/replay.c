@@ -34,6 +34,8 @@ typedef struct {
     uint64_t *version;     /* [K]: the version it was computed on, per shard */
     int shards_seen, captured, applied;
     float *params, *grad;
+    int dealt;             /* shard 0 (an elastic crew) dealt it: */
+    dp_deal_batch_t batch; /* ... this batch */
 } s_job_t;
 
 typedef struct {
@@ -117,7 +119,23 @@ static int s_index(s_replay_t *R, const char *path, char *err)
         job->version[e->shard] = e->version;
         job->shards_seen++;
         R->ev_job[i] = j;
+        if (!e->dealt) continue;
+        long per_epoch = R->L.s.train.n / R->L.conf.train.batch;
+        if (e->batch.index >= (uint64_t)per_epoch || e->batch.epoch > (uint64_t)LONG_MAX)
+            return dp_err(err, "%s: event %zu: batch %" PRIu64 " of epoch %" PRIu64 " is not one of "
+                          "the data's %ld batches", path, i + 1, e->batch.index, e->batch.epoch,
+                          per_epoch);
+        job->dealt = 1;
+        job->batch = e->batch;
     }
+    /* a dealt run's every gradient is recomputed from its batch */
+    int dealt = 0;
+    for (int j = 0; j < R->n_jobs; j++) dealt += R->jobs[j].dealt;
+    for (int j = 0; dealt && j < R->n_jobs; j++)
+        if (!R->jobs[j].dealt)
+            return dp_err(err, "%s: worker %d's step %" PRIu64 " carried no batch shard 0 dealt, in a "
+                          "run whose batches it dealt: its gradient cannot be recomputed", path,
+                          R->jobs[j].worker, R->jobs[j].step);
     return 0;
 }
 
@@ -175,7 +193,8 @@ static int s_push(s_replay_t *R, size_t i, char *err)
     if (job->captured < R->K) return 0;
     if (!job->grad) {
         job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
-        dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1, job->grad);
+        dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1,
+                        job->dealt ? &job->batch : NULL, job->grad);
         if (!R->L.shard[0].dc) { /* compensation needs them until the last shard's push */
             free(job->params);
             job->params = NULL;

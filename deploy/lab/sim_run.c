@@ -174,7 +174,7 @@ static void s_start(s_sim_t *S, int w)
     dp_lab_params(&S->L, -1, S->params);
     k->version = S->L.shard[0].version;
     dp_lab_pulled(&S->L, w);
-    k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, k->grad);
+    k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, NULL, k->grad);
     if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
     k->busy = 1;
     /* a round of local steps computes H gradients: H draws */
@@ -313,7 +313,7 @@ static void s_diag(s_sim_t *S, int w, uint64_t version, uint64_t staleness)
 {
     s_worker_t *k = &S->w[w];
     memcpy(S->params, S->L.policy[0]->before, S->n * sizeof(float));
-    dp_lab_gradient(&S->L, S->params, w, k->step, S->fresh);
+    dp_lab_gradient(&S->L, S->params, w, k->step, NULL, S->fresh);
     double gg = s_dot(k->grad, k->grad, S->n), ff = s_dot(S->fresh, S->fresh, S->n);
     double cosine = gg > 0 && ff > 0 ? s_dot(k->grad, S->fresh, S->n) / sqrt(gg * ff) : 0;
     double moved = 0;

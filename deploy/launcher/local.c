@@ -126,7 +126,8 @@ static double s_num(const cJSON *o, const char *key, double dflt)
 }
 
 /* Total steps per worker, read once from the worker's first metrics line
- * (with its steps per epoch and batch). */
+ * (with its steps per epoch and batch); an elastic crew's worker, whose
+ * batches shard 0 deals, has none: -epochs. */
 static long s_total_steps(const char *path, long *steps_per_epoch, long *batch)
 {
     FILE *f = fopen(path, "r");
@@ -136,7 +137,7 @@ static long s_total_steps(const char *path, long *steps_per_epoch, long *batch)
     if (fgets(line, sizeof line, f)) {
         cJSON *o = cJSON_Parse(line);
         if (o) {
-            total = (long)s_num(o, "total_steps", 0);
+            total = (long)s_num(o, "total_steps", -s_num(o, "epochs", 0));
             *steps_per_epoch = (long)s_num(o, "steps_per_epoch", 0);
             *batch = (long)s_num(o, "batch", 0);
             cJSON_Delete(o);
@@ -151,7 +152,7 @@ static long s_total_steps(const char *path, long *steps_per_epoch, long *batch)
 static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, long *batch,
                             int live)
 {
-    long steps_min = -1, steps_sum = 0;
+    long steps_min = -1, steps_sum = 0, epoch_min = -1;
     double loss = 0, stale = 0;
     int n = 0;
     for (int i = 0; i < L->crew.n; i++) {
@@ -162,6 +163,8 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, lo
         if (!o) continue;
         long step = (long)s_num(o, "step", -1) + 1;
         if (steps_min < 0 || step < steps_min) steps_min = step;
+        long e = (long)s_num(o, "epoch", 0) + 1;
+        if (epoch_min < 0 || e < epoch_min) epoch_min = e;
         steps_sum += step;
         loss += s_num(o, "loss", 0);
         stale += s_num(o, "staleness", 0);
@@ -174,12 +177,19 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, lo
         return;
     }
     double dt = dp_now() - t0;
+    double rate = steps_sum * (double)*batch / (dt > 0 ? dt : 1);
+    if (*total < 0) { /* dealt batches: the epochs are shard 0's, the steps each worker's */
+        fprintf(stderr, "%sepoch %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f%s",
+                live ? "\r\033[K" : "", epoch_min, -*total, rate, loss / n, stale / n,
+                live ? "" : "\n");
+        return;
+    }
     long epoch = *spe > 0 ? steps_min / *spe + 1 : 1;
     long epochs = *spe > 0 && *total > 0 ? (*total + *spe - 1) / *spe : 1;
     if (epoch > epochs) epoch = epochs;
     fprintf(stderr, "%sepoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f%s",
             live ? "\r\033[K" : "", epoch, epochs, steps_min, *total,
-            steps_sum * (double)*batch / (dt > 0 ? dt : 1), loss / n, stale / n, live ? "" : "\n");
+            rate, loss / n, stale / n, live ? "" : "\n");
 }
 
 /* "--straggler I:MS[:exp]": worker I sleeps MS ms before each push (fixed,

@@ -44,6 +44,8 @@ static void s_check(const dp_rec_t *rec, long want_events)
                    "a push with an unknown status");
             s_want(e->worker >= 0 && e->worker <= 1 << 20, "a push's worker out of range");
             s_want(e->members == NULL, "a push with members");
+            s_want(!e->dealt || (e->batch.epoch <= (1ull << 53) && e->batch.index <= (1ull << 53)),
+                   "a dealt batch (be, bi) past what a record's number holds");
         } else if (e->kind == DP_REC_MEMBERS) {
             s_want(e->members != NULL, "a members event without members");
             if (e->members)
@@ -141,10 +143,10 @@ static int s_write_seeds(const char *dir)
     for (int i = 0; i < 4; i++) {
         dp_push_outcome_t o = {.status = i == 3 ? DP_PUSH_DROPPED : DP_PUSH_APPLIED, .staleness = (uint64_t)(i % 2),
                                .lr = 0.0015, .grad_norm = 1.25 + i, .update_norm = 0.01 * i};
-        dp_record_push(w, 0, i % 2, (uint64_t)i / 2 + 1, (uint64_t)i, &o, (uint64_t)i + 1, &m);
+        dp_record_push(w, 0, i % 2, (uint64_t)i / 2 + 1, (uint64_t)i, &o, (uint64_t)i + 1, &m, NULL);
     }
     m.w[1].finished = 1;
-    dp_record_push(w, 0, 0, 3, 4, &(dp_push_outcome_t){.status = DP_PUSH_REJECTED}, 4, &m);
+    dp_record_push(w, 0, 0, 3, 4, &(dp_push_outcome_t){.status = DP_PUSH_REJECTED}, 4, &m, NULL);
     if (dp_record_close(&w, err) != 0) goto fail;
     uint8_t *buf = NULL;
     size_t len = 0;

@@ -22,6 +22,12 @@
 #  (f) refusals: MIN above MAX, a task index at or above MAX, --chaos on a
 #      fixed crew, a scale above MAX (ignored with a line), scale with no
 #      launcher listening, a scale request that is not a number
+#  (g) every sample once, in every mode: an epoch with joins, a SIGKILL and
+#      SIGTERM leaves trains each batch of shard 0's deal exactly once (the
+#      record's applied pushes), the killed worker's batch in flight again
+#      and counted in summary.json's epoch_samples (as many as shard 0's
+#      log says it held); the replay trains the dealt batches bit for bit;
+#      a worker with another data plan is refused with one line
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -88,7 +94,7 @@ print(j, l, ",".join(sorted({e["why"] for e in m})), s["live_min"], s["live_max"
 
 # ---- (a) sync 1:4 under downpour local ------------------------------------
 A=$TMP/sync
-bg "$BIN/downpour" local --workers 1:4 --mode sync "${COMMON[@]}" --steps 400 --delay-ms 25 \
+bg "$BIN/downpour" local --workers 1:4 --mode sync "${COMMON[@]}" --steps 150 --delay-ms 25 \
     --seed 5 --out "$A" --record "$A/rec.jsonl" >"$TMP/a.out" 2>"$TMP/a.err"
 LOCAL=$!
 at_version "$A" 40 && scale "$A" 3
@@ -134,7 +140,7 @@ check "sync: the replay matches every recorded step" grep -q "every recorded nor
 # ---- (b, c) async and ssp 1:4: 1 -> 4 -> 1 --------------------------------
 for mode in async ssp; do
     D=$TMP/$mode
-    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 400 \
+    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 120 \
         --delay-ms 20 --seed 6 --out "$D" --record "$D/rec.jsonl" >"$TMP/$mode.out" 2>"$TMP/$mode.err"
     LOCAL=$!
     at_version "$D" 30 && scale "$D" 4
@@ -201,16 +207,16 @@ done
 
 # ---- (e2) the chief leaves and comes back -----------------------------------
 hand_ps 1:2 "$TMP/chief-ps.log"
-hand_worker 1 400 "$TMP/chief-w1.log"
+hand_worker 1 300 "$TMP/chief-w1.log"
 W1=$W
-hand_worker 0 200 "$TMP/chief-a.log" --metrics "$TMP/chief.jsonl"
+hand_worker 0 300 "$TMP/chief-a.log" --metrics "$TMP/chief.jsonl"
 C=$W
 at_step "$TMP/chief.jsonl" 20
 kill -TERM $C
 wait_for $C 30; rc=$?
 check "the chief's SIGTERM is a leave too (exit 0), and the run goes on" \
     bash -c "[ $rc = 0 ] && grep -q 'worker 0 left before its last step (1 live)' '$TMP/chief-ps.log' && kill -0 $W1"
-"$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 0 "${COMMON[@]}" --steps 200 \
+"$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 0 "${COMMON[@]}" --steps 300 \
     --delay-ms 10 --summary "$TMP/chief-summary.json" >"$TMP/chief-b.log" 2>&1
 rc=$?
 wait_for $PS 30; ps_rc=$?
@@ -234,4 +240,76 @@ check "scale with no launcher: fails after its wait, the request removed" \
 check "scale of a missing directory: one line" bash -c "[ $rc = 1 ] && grep -q 'no such directory' '$TMP/r4.log'"
 "$BIN/downpour" scale "$TMP/nobody" 0 >"$TMP/r5.log" 2>&1; rc=$?
 check "scale 0: refused (exit 2)" test "$rc" = 2
+
+# ---- (g) every sample once, whoever trains it --------------------------------
+# samples_check REC EPOCHS BATCHES: shard 0's applied pushes in the record
+# name each (epoch, batch) of the run exactly once: one line "ok ..." or
+# the first violation.
+samples_check() {
+    "$TORCH_PY" - "$@" <<'EOF'
+import collections, json, sys
+path, epochs, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seen = collections.Counter()
+for l in open(path):
+    e = json.loads(l)
+    if e.get("e") == "push" and e["s"] == 0 and e["st"] == "applied":
+        seen[(e["be"], e["bi"])] += 1
+want = {(ep, b) for ep in range(epochs) for b in range(batches)}
+bad = [f"batch {k} applied {n} times" for k, n in sorted(seen.items()) if n != 1 or k not in want]
+bad += [f"batch {k} never applied" for k in sorted(want - set(seen))]
+print(bad[0] if bad else f"ok {len(seen)} batches applied once each")
+EOF
+}
+# epoch_samples DIR: "TRAINED REPEATED RETRAINED" of each epoch, from summary.json.
+epoch_samples() {
+    "$TORCH_PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+print(" ".join("%d:%d:%d" % (e["trained"], e["repeated"], e["retrained_after_death"])
+               for e in s["epoch_samples"]))' "$1"
+}
+# 2 epochs of 200 batches of 32; worker 1 and 2 join, worker 2 is killed
+# (the launcher starts it again), then both leave by SIGTERM.
+for mode in sync async ssp; do
+    D=$TMP/once-$mode
+    bg "$BIN/downpour" local --workers 1:3 --mode $mode --staleness 1 "${COMMON[@]}" --epochs 2 \
+        --train-samples 6400 --delay-ms 40 --heartbeat-timeout 2 --seed 7 --out "$D" \
+        --record "$D/rec.jsonl" >"$TMP/once-$mode.out" 2>"$TMP/once-$mode.err"
+    LOCAL=$!
+    at_version "$D" 10 && scale "$D" 3
+    for _ in $(seq $((1200 * SCALE))); do grep -q '"step":5,' "$D/metrics/worker-2.jsonl" 2>/dev/null && break; sleep 0.1; done
+    W2=$(pgrep -f -- "--metrics $D/metrics/worker-2.jsonl" | head -1)
+    [ -n "$W2" ] && kill -KILL "$W2"
+    for _ in $(seq $((1200 * SCALE))); do grep -q 'worker 2 started' <(grep -A1000 'killed by signal 9' "$TMP/once-$mode.err") && break; sleep 0.1; done
+    for _ in $(seq $((1200 * SCALE))); do grep -q '"step":8,' "$D/metrics/worker-1.jsonl" 2>/dev/null && break; sleep 0.1; done
+    scale "$D" 1
+    wait_for $LOCAL $((120 * SCALE)); rc=$?
+    check "$mode once: joins, a SIGKILL and SIGTERM leaves, the run finished (exit 0)" \
+        bash -c "[ $rc = 0 ] && grep -q 'worker 2 killed by signal 9' '$TMP/once-$mode.err' &&
+                 grep -q 'worker 1: left after step' '$D/logs/worker-1.log'"
+    OUT=$(samples_check "$D/rec.jsonl" 2 200)
+    check "$mode once: every batch of both epochs applied exactly once ($OUT)" test "${OUT:0:2}" = ok
+    # the killed worker's batch in flight: back to the pool, dealt again, counted
+    LOST=$(grep -o 'worker 2 \(gone\|replaced\) with [0-9]* batch' "$D/logs/ps-0.log" | grep -o '[0-9]* batch' |
+           awk '{ n += $1 } END { print n + 0 }')
+    read -r E0 E1 <<<"$(epoch_samples "$D")"
+    R=$((LOST * 32))
+    check "$mode once: epoch_samples: 6400 trained a epoch, $R repeated, all after a death ($E0 $E1; $LOST lost batch)" \
+        bash -c "[ $LOST -le 1 ] && { [ '$E0 $E1' = '6400:$R:$R 6400:0:0' ] || [ '$E0 $E1' = '6400:0:0 6400:$R:$R' ]; }"
+    "$BIN/downpour" replay "$D/rec.jsonl" --out "$TMP/once-$mode-replay" >"$TMP/once-$mode-replay.log" 2>&1
+    ACC=$("$TORCH_PY" -c 'import json, sys; print("%.4f" % json.load(open(sys.argv[1]))["test_accuracy"])' "$D/summary.json")
+    check "$mode once: the replay trains the dealt batches bit for bit (accuracy $ACC)" \
+        bash -c "grep -q 'every recorded norm matched' '$TMP/once-$mode-replay.log' &&
+                 grep -q 'test accuracy $ACC' '$TMP/once-$mode-replay.log'"
+done
+# A worker whose data plan differs from the crew's is refused with one line.
+hand_ps 1:2 "$TMP/plan-ps.log"
+hand_worker 0 2000 "$TMP/plan-w0.log" --metrics "$TMP/plan-w0.jsonl"
+at_step "$TMP/plan-w0.jsonl" 2
+"$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 1 "${COMMON[@]}" --steps 60 \
+    --timeout 5 >"$TMP/plan-w1.log" 2>&1; rc=$?
+check "a worker with another data plan: refused, one line naming both" \
+    bash -c "[ $rc != 0 ] && grep -q 'data plan mismatch: the servers deal 4000 batches of 32' '$TMP/plan-w1.log' &&
+             grep -q 'this worker.s is 120 of 32' '$TMP/plan-w1.log'"
+kill -TERM $W $PS; wait_for $W 30 >/dev/null; wait_for $PS 30 >/dev/null
 finish

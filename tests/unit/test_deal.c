@@ -107,6 +107,7 @@ static void test_returned_first(void)
     CHECK_EQ(ask(&d, 1, 3, &b), DP_DEAL_WAIT);  /* 0 and 2 hold the rest */
     CHECK_EQ(dp_deal_pushed(&d, 0, 1, 1, &b), 1);
     CHECK_EQ(ask(&d, 1, 3, &b), DP_DEAL_WAIT);
+    CHECK_EQ(ask(&d, 2, 5, &b), DP_DEAL_END);   /* its own pull ahead: its batch is its push */
     CHECK_EQ(dp_deal_pushed(&d, 2, 4, 1, &b), 1);
     CHECK_EQ(ask(&d, 1, 3, &b), DP_DEAL_END);
     dp_deal_epoch_t e;

@@ -493,12 +493,19 @@ static void test_record_damaged(void)
     CHECK(stat(path, &st) != 0); /* nothing at PATH until closed */
     dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .staleness = 2, .lr = 0.1f, .grad_norm = 1.0 / 3,
                            .update_norm = -1};
-    for (int i = 0; i < 5; i++) dp_record_push(w, 0, i % 2, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL);
+    dp_deal_batch_t dealt = {3, 7}; /* the last push carries a batch shard 0 dealt */
+    for (int i = 0; i < 5; i++)
+        dp_record_push(w, 0, i % 2, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL,
+                       i == 4 ? &dealt : NULL);
     CHECK_EQ(dp_record_close(&w, err), 0);
     dp_rec_t r;
     CHECK_EQ(dp_rec_load(&r, path, err), 0);
     CHECK_EQ(r.n, 5);
     if (r.n == 5) {
+        CHECK_EQ(r.ev[3].dealt, 0);
+        CHECK_EQ(r.ev[4].dealt, 1);
+        CHECK_EQ(r.ev[4].batch.epoch, 3);
+        CHECK_EQ(r.ev[4].batch.index, 7);
         CHECK(r.ev[4].grad_norm == 1.0 / 3); /* exact through the text */
         CHECK_EQ(r.ev[3].worker, 1);
         CHECK_EQ(r.ev[3].step, 4);
@@ -535,7 +542,7 @@ static void test_record_tmp_is_safe(void)
     dp_record_t *w = NULL;
     CHECK_EQ(dp_record_new(&w, path, h, err), 0);
     dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .lr = 0.1f, .grad_norm = 1, .update_norm = 1};
-    for (int i = 0; i < 3; i++) dp_record_push(w, 0, 0, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL);
+    for (int i = 0; i < 3; i++) dp_record_push(w, 0, 0, (uint64_t)i + 1, (uint64_t)i, &o, (uint64_t)i + 1, NULL, NULL);
     CHECK_EQ(dp_record_close(&w, err), 0);
     uint8_t *text = NULL;
     size_t len = 0;
@@ -555,7 +562,7 @@ static void test_record_tmp_is_safe(void)
     snprintf(path2, sizeof path2, "%s/full.rec", s_dir);
     setenv("DP_TEST_WRITE_FAIL", "full.rec", 1);
     CHECK_EQ(dp_record_new(&w, path2, h, err), 0);
-    dp_record_push(w, 0, 0, 1, 0, &o, 1, NULL);
+    dp_record_push(w, 0, 0, 1, 0, &o, 1, NULL, NULL);
     CHECK_EQ(dp_record_close(&w, err), -1);
     unsetenv("DP_TEST_WRITE_FAIL");
     fprintf(stderr, "  (expected) %s\n", err);
