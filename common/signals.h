@@ -12,4 +12,8 @@
  * in *flag. One flag per process: a second call replaces the first. */
 void dp_signals_install(volatile sig_atomic_t *flag, int hup);
 
+/* SIGHUP stores 1 in *flag instead (a daemon's "read your files again":
+ * downpour-ps's allow list); the loop clears it. */
+void dp_signals_reload(volatile sig_atomic_t *flag);
+
 #endif

@@ -38,8 +38,12 @@ struct dp_zap {
     void *rep;              /* ZAP requests from libzmq */
     void *monitor;          /* the watched server socket's events, or NULL */
     char monitor_ep[64];
-    s_allowed_t *allowed;
+    s_allowed_t *allowed;   /* the list in force: the gate's thread reads it under mu */
     int n_allowed;
+    s_allowed_t *previous;  /* the one before the last reload (dp_zap_rollback) */
+    int n_previous;
+    pthread_mutex_t mu;     /* the lists, between the gate's thread and a reload */
+    char *allow;            /* --curve-allow as given, read again by dp_zap_reload */
     atomic_uint_fast64_t refused;
     atomic_int stop;
     pthread_t thread;
@@ -239,8 +243,7 @@ static void s_answer_zap(dp_zap_t *z)
     if (n == 7 && zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
         zmq_msg_size(&f[6]) == 32) {
         zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
-        for (int i = 0; i < z->n_allowed; i++)
-            if (strcmp(z->allowed[i].key.z85, user) == 0) status = "200", text = "OK";
+        if (dp_zap_allows(z, user)) status = "200", text = "OK";
         snprintf(who, sizeof who, "key %s from %.*s", user, (int)zmq_msg_size(&f[3]),
                  (const char *)zmq_msg_data(&f[3]));
     }
@@ -310,6 +313,8 @@ int dp_zap_new(dp_zap_t **out, void *ctx, void *server_sock, const char *allow, 
     *out = NULL;
     dp_zap_t *z = dp_calloc(1, sizeof *z);
     z->ctx = ctx;
+    pthread_mutex_init(&z->mu, NULL);
+    z->allow = dp_strdup(allow);
     if (s_allow_load(z, allow, err) != 0) goto fail;
     z->rep = zmq_socket(ctx, ZMQ_REP);
     if (!z->rep) {
@@ -351,8 +356,49 @@ void dp_zap_destroy(dp_zap_t **zap_p)
         zmq_close(z->monitor);
     }
     free(z->allowed);
+    free(z->previous);
+    free(z->allow);
+    pthread_mutex_destroy(&z->mu);
     free(z);
     *zap_p = NULL;
+}
+
+int dp_zap_reload(dp_zap_t *z, char *err)
+{
+    dp_zap_t fresh = {0}; /* s_allow_load fills its list only */
+    if (s_allow_load(&fresh, z->allow, err) != 0) {
+        free(fresh.allowed);
+        return -1;
+    }
+    pthread_mutex_lock(&z->mu);
+    free(z->previous);
+    z->previous = z->allowed;
+    z->n_previous = z->n_allowed;
+    z->allowed = fresh.allowed;
+    z->n_allowed = fresh.n_allowed;
+    pthread_mutex_unlock(&z->mu);
+    return 0;
+}
+
+void dp_zap_rollback(dp_zap_t *z)
+{
+    if (!z->previous) return;
+    pthread_mutex_lock(&z->mu);
+    free(z->allowed);
+    z->allowed = z->previous;
+    z->n_allowed = z->n_previous;
+    z->previous = NULL;
+    z->n_previous = 0;
+    pthread_mutex_unlock(&z->mu);
+}
+
+int dp_zap_allows(dp_zap_t *z, const char *z85)
+{
+    int yes = 0;
+    pthread_mutex_lock(&z->mu);
+    for (int i = 0; i < z->n_allowed && !yes; i++) yes = strcmp(z->allowed[i].key.z85, z85) == 0;
+    pthread_mutex_unlock(&z->mu);
+    return yes;
 }
 
 int dp_zap_allowed(const dp_zap_t *zap)

@@ -62,7 +62,17 @@ int dp_zap_new(dp_zap_t **out, void *ctx, void *server_sock, const char *allow, 
  * context is terminated. */
 void dp_zap_destroy(dp_zap_t **zap_p);
 
-/* Keys in the allow list. */
+/* SIGHUP: the allow list read again from the --curve-allow it was made
+ * with, in force from the next handshake (the gate's thread takes it under
+ * a lock). -1 with err when it cannot be read or names no key: the old
+ * list stays. dp_zap_rollback puts the list before the last reload back
+ * (the server found the new one wrong for its workers). */
+int dp_zap_reload(dp_zap_t *zap, char *err);
+void dp_zap_rollback(dp_zap_t *zap);
+/* Is this Z85 key in the list in force? (Any thread.) */
+int dp_zap_allows(dp_zap_t *zap, const char *z85);
+
+/* Keys in the allow list (the thread that reloads it reads these). */
 int dp_zap_allowed(const dp_zap_t *zap);
 
 /* Key i (0 <= i < dp_zap_allowed) of the allow list; *file is the name of

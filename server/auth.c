@@ -58,6 +58,39 @@ static const dp_auth_named_t *s_named(const dp_auth_t *a, const char *key)
     return NULL;
 }
 
+int dp_auth_rekey(dp_auth_t *a, const dp_auth_key_t *keys, int n, unsigned char *dropped,
+                  char *err)
+{
+    dp_auth_t b;
+    if (dp_auth_init(&b, a->n, a->curve, err) != 0) return -1;
+    if (dp_auth_name_keys(&b, keys, n, err) != 0) {
+        dp_auth_fini(&b);
+        return -1;
+    }
+    for (int i = 0; i < a->n; i++) {
+        const dp_auth_slot_t *s = &a->w[i];
+        dp_auth_slot_t *t = &b.w[i];
+        dropped[i] = 0;
+        if (s->conn_len == 0) continue; /* never bound: nothing held */
+        int listed = 0;
+        for (int k = 0; k < n && !listed; k++) listed = strcmp(keys[k].key, s->key) == 0;
+        /* a key that stays, and (if the id is named now) is the one named */
+        if (listed && (!t->named || strcmp(t->key, s->key) == 0)) {
+            memcpy(t->conn, s->conn, s->conn_len);
+            t->conn_len = s->conn_len;
+            t->session = s->session;
+            snprintf(t->key, sizeof t->key, "%s", s->key);
+        } else {
+            dropped[i] = 1;
+        }
+    }
+    b.run_token = a->run_token; /* the chief keeps its token, the counts go on */
+    b.refused = a->refused;
+    dp_auth_fini(a);
+    *a = b;
+    return 0;
+}
+
 int dp_auth_name_keys(dp_auth_t *a, const dp_auth_key_t *keys, int n, char *err)
 {
     int has_chief = 0, chief;

@@ -110,6 +110,14 @@ void dp_auth_fini(dp_auth_t *a); /* safe on a zeroed or finished a */
  * 0, or no key named for the chief (worker 0). */
 int dp_auth_name_keys(dp_auth_t *a, const dp_auth_key_t *keys, int n, char *err);
 
+/* SIGHUP: the allow list's keys (n) anew, checked as dp_auth_name_keys
+ * checks them (-1 with err: a changes nothing). Each id bound to a key
+ * that is still listed (and, if its id is named now, is the key named)
+ * stays bound; any other bound id is dropped (dropped[i] = 1, the id free
+ * again) and its key can claim nothing. The run token stays. */
+int dp_auth_rekey(dp_auth_t *a, const dp_auth_key_t *keys, int n, unsigned char *dropped,
+                  char *err);
+
 /* HELLO of worker wid (in range) from p. 0: bound to p; -1: refused, msg
  * says why (ERR_ID_TAKEN). live(arg, ...) is asked about the connection the
  * id is bound to, only when that is another one. */

@@ -12,7 +12,7 @@
 #include "common/util.h"
 #include "server/ps.h"
 
-static volatile sig_atomic_t s_stop;
+static volatile sig_atomic_t s_stop, s_reload;
 
 int main(int argc, char **argv)
 {
@@ -28,6 +28,8 @@ int main(int argc, char **argv)
     dp_opts_result_t r = dp_ps_parse_args(&cfg, argc, argv, err);
     if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour-ps", r, err);
     dp_signals_install(&s_stop, 0);
+    dp_signals_reload(&s_reload); /* SIGHUP: --curve-allow read again */
+    cfg.reload = &s_reload;
     if (dp_ps_run(&cfg, &s_stop, err) != 0) {
         fprintf(stderr, "downpour-ps: %s\n", err);
         return 1;

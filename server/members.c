@@ -99,6 +99,13 @@ int dp_members_sweep(dp_members_t *m, double now, double timeout)
     return went;
 }
 
+int dp_members_drop(dp_members_t *m, int i)
+{
+    if (!dp_members_live(m, i)) return 0;
+    m->w[i].gone = 1;
+    return 1;
+}
+
 void dp_members_counts(const dp_members_t *m, int *joined, int *finished, int *gone)
 {
     *joined = *finished = *gone = 0;

@@ -63,6 +63,11 @@ int dp_members_finish(dp_members_t *m, int i, int leave);
  * when timeout <= 0). Returns how many went gone now. */
 int dp_members_sweep(dp_members_t *m, double now, double timeout);
 
+/* Worker i no longer counted now, as if silent (its key was removed from
+ * the allow list): 1 when it was live. A message heard from it later
+ * counts it again, so the caller refuses them first. */
+int dp_members_drop(dp_members_t *m, int i);
+
 /* Workers that joined, that finished, that are gone (and not finished). */
 void dp_members_counts(const dp_members_t *m, int *joined, int *finished, int *gone);
 

@@ -184,6 +184,49 @@ static void s_sweep(dp_ps_loop_t *ps, double now)
         dp_ps_members_changed(ps);
 }
 
+/* SIGHUP under CURVE: the allow list read again. A key added is let in
+ * from its next handshake; a key removed is refused from the next message
+ * of any connection it holds (dp_ps_admit), and the worker id it held is
+ * free and no longer counted. An allow list that cannot be read, names no
+ * key or names keys wrongly for the workers (server/auth.h) leaves the
+ * old one in force, with one line. */
+static void s_reload_allow(dp_ps_loop_t *ps)
+{
+    char err[DP_ERR_LEN];
+    int shard = ps->cfg->shard_index;
+    if (!ps->zap) {
+        dp_log_info("shard %d: SIGHUP: no allow list to read (no --curve-secret)", shard);
+        return;
+    }
+    if (dp_zap_reload(ps->zap, err) != 0) {
+        dp_log_warn("shard %d: SIGHUP: the allow list stays as it was: %s", shard, err);
+        return;
+    }
+    int n = dp_zap_allowed(ps->zap);
+    dp_auth_key_t *keys = dp_calloc((size_t)n, sizeof *keys);
+    for (int i = 0; i < n; i++) keys[i].key = dp_zap_key(ps->zap, i, &keys[i].file)->z85;
+    unsigned char *dropped = dp_calloc((size_t)ps->members.n, 1);
+    int rc = dp_auth_rekey(&ps->auth, keys, n, dropped, err);
+    free(keys);
+    if (rc != 0) {
+        dp_zap_rollback(ps->zap);
+        dp_log_warn("shard %d: SIGHUP: the allow list stays as it was: %s", shard, err);
+        free(dropped);
+        return;
+    }
+    int changed = 0;
+    for (int i = 0; i < ps->members.n; i++) {
+        if (!dropped[i]) continue;
+        dp_log_warn("shard %d: SIGHUP: worker %d's key is no longer allowed: its connection is "
+                    "refused from now on", shard, i);
+        changed |= dp_members_drop(&ps->members, i);
+    }
+    free(dropped);
+    dp_log_info("shard %d: SIGHUP: allow list read again: %d keys, %d named after their task", shard,
+                n, ps->auth.n_named);
+    if (changed) dp_ps_members_changed(ps);
+}
+
 /* ---- start-up --------------------------------------------------------- */
 
 /* --startup-timeout: every worker said HELLO by the deadline (elastic: MIN
@@ -797,6 +840,10 @@ int dp_ps_run(const dp_ps_config_t *cfg, volatile sig_atomic_t *stop_flag, char 
         double now = dp_now();
         if (s_check_startup(&ps, now, err) != 0) goto done;
         s_sweep(&ps, now);
+        if (cfg->reload && *cfg->reload) {
+            *cfg->reload = 0;
+            s_reload_allow(&ps);
+        }
         if (ps.metrics && now >= ps.next_metrics) {
             dp_ps_metrics_line(&ps);
             ps.next_metrics = now + cfg->metrics_every;

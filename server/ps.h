@@ -90,6 +90,9 @@ typedef struct {
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;
+    /* non-zero (SIGHUP's flag, cleared by the loop): read --curve-allow
+     * again; NULL: never */
+    volatile sig_atomic_t *reload;
 } dp_ps_config_t;
 
 /* Defaults: bind all interfaces on port 5555, shard 0/1, 1 worker, sync, R = all, S = 0, default

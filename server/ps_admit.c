@@ -47,8 +47,16 @@ static bool s_claim(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
  * SHUTDOWN only from the chief. Answers when not; nothing else changes. */
 static bool s_authorized(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
-    if (env->type == DOWNPOUR__MSG_TYPE__HELLO) return true; /* s_claim, once the model matched */
     char msg[DP_ERR_LEN];
+    /* a key removed from the allow list (SIGHUP) on a connection it made before */
+    if (ps->zap && ps->peer_key && !dp_zap_allows(ps->zap, ps->peer_key)) {
+        ps->auth.refused++;
+        snprintf(msg, sizeof msg, "refused: this connection's key is no longer in the allow list");
+        dp_ps_send_error(ps, id, env->request_id, env->worker_id,
+                         DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
+        return false;
+    }
+    if (env->type == DOWNPOUR__MSG_TYPE__HELLO) return true; /* s_claim, once the model matched */
     int code;
     dp_auth_peer_t p = s_peer(ps, id, env);
     if (dp_auth_check(&ps->auth, env->type, env->worker_id, env->run_token, &p, &code, msg,

@@ -15,6 +15,10 @@
 #    clear line on both sides, while the first two train on
 #  - binding beyond loopback without CURVE warns once; half the CURVE flags
 #    is one clear error
+#  - SIGHUP, an elastic crew: a key added to the allow list is admitted
+#    without a restart; a key removed is refused from the next message of
+#    its open connection (its worker stops with one line, the shard counts
+#    it no more); an allow list that cannot be read keeps the old one
 # (STATS / SHUTDOWN from anyone but the chief, which no daemon sends, are
 # tests/unit/test_auth.c's.)
 source "$(dirname "$0")/lib.sh"
@@ -98,6 +102,56 @@ check "... the restarted shard stopped on its SHUTDOWN" test $? = 0
 mkdir -p "$K/unnamed" && cp "$K/worker-0.pub" "$K/unnamed/w0.pub" && cp "$K/worker-1.pub" "$K/unnamed/w1.pub"
 timeout $((10 * scale)) "$PS" --bind 'tcp://127.0.0.1:*' --curve-secret "$K/srv" --curve-allow "$K/unnamed" >"$TMP/unnamed.log" 2>&1
 check "an allow list naming no chief: status 1, one line" test $? = 1 -a "$(grep -c "no key is named for the chief" "$TMP/unnamed.log")" = 1
+
+# ---- SIGHUP: the allow list read again, an elastic crew --------------------------
+"$L" keygen "$K/worker-2" >/dev/null
+mkdir -p "$K/hup" && cp "$K/worker-0.pub" "$K/worker-1.pub" "$K/hup/"
+bg "$PS" --bind 'tcp://127.0.0.1:*' --ready-file "$TMP/hup.ready" --workers 1:3 --mode async \
+    --curve-secret "$K/srv" --curve-allow "$K/hup" >"$TMP/hup.log" 2>&1
+HUP_PID=$!
+for _ in $(seq $((100 * scale))); do [ -s "$TMP/hup.ready" ] && break; sleep 0.1; done
+EP=$(cat "$TMP/hup.ready")
+long=(--steps 300 --batch 16 --threads 1 --no-progress --delay-ms 20)
+bg "$WK" --ps "$EP" --task-index 0 "${long[@]}" --curve-secret "$K/worker-0" "${curve[@]}" >"$TMP/hup-w0.log" 2>&1
+H0=$!
+wait_log "$TMP/hup.log" "worker 0 joined"
+"$WK" --ps "$EP" --task-index 2 "${long[@]}" --timeout 2 --curve-secret "$K/worker-2" "${curve[@]}" \
+    >"$TMP/hup-w2a.log" 2>&1
+check "SIGHUP: a key not in the allow list yet gets no reply" refused_quietly $? "$TMP/hup-w2a.log"
+cp "$K/worker-2.pub" "$K/hup/"
+kill -HUP "$HUP_PID"
+wait_log "$TMP/hup.log" "allow list read again: 3 keys"
+check "SIGHUP: the shard read the allow list again (3 keys), still running" kill -0 "$HUP_PID"
+bg "$WK" --ps "$EP" --task-index 2 "${long[@]}" --curve-secret "$K/worker-2" "${curve[@]}" \
+    --metrics "$TMP/hup-w2.jsonl" >"$TMP/hup-w2.log" 2>&1
+H2=$!
+for _ in $(seq $((300 * scale))); do grep -q '"step":3,' "$TMP/hup-w2.jsonl" 2>/dev/null && break; sleep 0.1; done
+check "SIGHUP: the key added is admitted without a restart, its worker trains" \
+    bash -c "grep -q 'worker 2 joined' '$TMP/hup.log' && grep -q '\"step\":3,' '$TMP/hup-w2.jsonl'"
+rm "$K/hup/worker-2.pub"
+kill -HUP "$HUP_PID"
+wait_for "$H2" $((30 * scale)); rc=$?
+check "SIGHUP: the key removed is refused from its next message, its worker stops with one line" \
+    bash -c "[ $rc = 1 ] && grep -q \"worker 2's key is no longer allowed\" '$TMP/hup.log' &&
+             grep -q 'no longer in the allow list' '$TMP/hup-w2.log'"
+echo "not a key" >"$K/hup/broken.pub"
+kill -HUP "$HUP_PID"
+wait_log "$TMP/hup.log" "SIGHUP: the allow list stays as it was"
+check "SIGHUP: an unreadable allow list keeps the old one (one line)" \
+    test "$(grep -c 'the allow list stays as it was' "$TMP/hup.log")" = 1
+bg "$WK" --ps "$EP" --task-index 1 "${long[@]}" --curve-secret "$K/worker-1" "${curve[@]}" \
+    --metrics "$TMP/hup-w1.jsonl" >"$TMP/hup-w1.log" 2>&1
+H1=$!
+for _ in $(seq $((300 * scale))); do grep -q '"step":3,' "$TMP/hup-w1.jsonl" 2>/dev/null && break; sleep 0.1; done
+check "... worker 1's key, in the old list, is still admitted and trains" grep -q '"step":3,' "$TMP/hup-w1.jsonl"
+"$WK" --ps "$EP" --task-index 2 "${long[@]}" --timeout 2 --curve-secret "$K/worker-2" "${curve[@]}" \
+    >"$TMP/hup-w2b.log" 2>&1
+check "... worker 2's removed key still gets no reply" refused_quietly $? "$TMP/hup-w2b.log"
+wait_for "$H1" $((120 * scale)); rc1=$?
+wait_for "$H0" $((120 * scale)); rc=$?
+wait_for "$HUP_PID" $((10 * scale)); ps_rc=$?
+check "SIGHUP: the chief and worker 1 trained through every reload and ended the run" \
+    test "$rc $rc1 $ps_rc" = "0 0 0"
 
 # ---- downpour local --secure -------------------------------------------------
 "$L" local --secure --workers 2 "${wk[@]}" --out "$TMP/sec" >"$TMP/sec.log" 2>&1

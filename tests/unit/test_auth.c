@@ -320,6 +320,41 @@ static void test_curve_names(void)
     }
 }
 
+/* SIGHUP's new allow list: a bound id whose key stays keeps its binding
+ * (and the chief its token); one whose key is gone, or whose id is now
+ * named for another key, is dropped; a list named wrongly changes nothing. */
+static void test_curve_rekey(void)
+{
+    dp_auth_t a;
+    char err[DP_ERR_LEN];
+    const dp_auth_key_t first[] = {{"k-w0", "worker-0.pub"}, {"k-w1", "worker-1.pub"}, {"k-x", "x.pub"}};
+    CHECK_EQ(dp_auth_init(&a, 3, 1, err), 0);
+    CHECK_EQ(dp_auth_name_keys(&a, first, 3, err), 0);
+    CHECK_EQ(s_claim(&a, 0, "A", "k-w0"), 0);
+    CHECK_EQ(s_claim(&a, 1, "B", "k-w1"), 0);
+    CHECK_EQ(s_claim(&a, 2, "C", "k-x"), 0); /* an unnamed key: first come */
+    uint64_t token = a.run_token;
+    unsigned char dropped[3];
+    const dp_auth_key_t wrong[] = {{"k-w1", "worker-1.pub"}}; /* no chief */
+    CHECK_EQ(dp_auth_rekey(&a, wrong, 1, dropped, err), -1);
+    CHECK(strstr(err, "no key is named for the chief") != NULL);
+    CHECK_EQ(a.w[1].conn_len, 1); /* unchanged */
+    /* worker 1's key removed, a new one named for worker 2 */
+    const dp_auth_key_t next[] = {{"k-w0", "worker-0.pub"}, {"k-x", "x.pub"}, {"k-w2", "worker-2.pub"}};
+    CHECK_EQ(dp_auth_rekey(&a, next, 3, dropped, err), 0);
+    CHECK_EQ(dropped[0], 0);
+    CHECK_EQ(dropped[1], 1);
+    CHECK_EQ(dropped[2], 1); /* its id is worker-2.pub's now */
+    CHECK_EQ(a.run_token, token);
+    int code;
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PULL, 0, 0, "A", "k-w0", &code), 0);
+    CHECK_EQ(a.w[1].conn_len, 0); /* free: B's requests as worker 1 are refused */
+    CHECK(s_check(&a, DOWNPOUR__MSG_TYPE__PULL, 1, 0, "B", "k-w1", &code) != 0);
+    CHECK(s_claim(&a, 2, "C", "k-x") != 0);   /* named for k-w2 */
+    CHECK_EQ(s_claim(&a, 2, "D", "k-w2"), 0);
+    dp_auth_fini(&a);
+}
+
 /* ---- through a server ------------------------------------------------ */
 
 /* An async server for 2 workers of the small model on a free port; CURVE
@@ -666,5 +701,6 @@ static void test_beat_session(void)
 }
 
 DP_TESTS(T(test_binding), T(test_claims), T(test_chief_token), T(test_heartbeat_holder),
+         T(test_curve_rekey),
          T(test_curve_keys), T(test_curve_names), T(test_server_plain), T(test_server_curve),
          T(test_server_chief_key), T(test_server_spoofed_beats), T(test_beat_session))

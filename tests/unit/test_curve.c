@@ -176,6 +176,44 @@ static void test_allow_list(void)
     CHECK_EQ(dp_zap_new(&zap, ctx, NULL, empty, err), -1);
     CHECK(strstr(err, "no public keys") != NULL);
     CHECK_EQ(dp_zap_new(&zap, ctx, NULL, "/nonexistent.pub", err), -1);
+    /* SIGHUP's reload: a key added is in, one removed is out; a list that
+     * cannot be read or names none leaves the old one; rollback restores
+     * the list before the last reload. */
+    char extra[512], key[512], pub[520];
+    s_path(extra, sizeof extra, "reload");
+    mkdir(extra, 0755);
+    s_path(key, sizeof key, "reload/worker-0");
+    CHECK_EQ(dp_curve_keygen(key, err), 0);
+    snprintf(pub, sizeof pub, "%s.pub", key);
+    dp_curve_key_t k0, k1;
+    CHECK_EQ(dp_curve_read_public(pub, &k0, err), 0);
+    CHECK_EQ(dp_zap_new(&zap, ctx, NULL, extra, err), 0);
+    CHECK(dp_zap_allows(zap, k0.z85));
+    s_path(key, sizeof key, "reload/worker-1");
+    CHECK_EQ(dp_curve_keygen(key, err), 0);
+    snprintf(pub, sizeof pub, "%s.pub", key);
+    CHECK_EQ(dp_curve_read_public(pub, &k1, err), 0);
+    CHECK(!dp_zap_allows(zap, k1.z85)); /* not until the list is read again */
+    CHECK_EQ(dp_zap_reload(zap, err), 0);
+    CHECK(dp_zap_allows(zap, k1.z85));
+    CHECK_EQ(dp_zap_allowed(zap), 2);
+    dp_zap_rollback(zap);
+    CHECK(!dp_zap_allows(zap, k1.z85));
+    CHECK(dp_zap_allows(zap, k0.z85));
+    CHECK_EQ(dp_zap_reload(zap, err), 0);
+    CHECK_EQ(unlink(pub), 0); /* removed: out at the next reload */
+    CHECK_EQ(dp_zap_reload(zap, err), 0);
+    CHECK(!dp_zap_allows(zap, k1.z85));
+    FILE *f = fopen(pub, "w"); /* a key file that is not a key */
+    if (f) {
+        fputs("not a key\n", f);
+        fclose(f);
+    }
+    CHECK_EQ(dp_zap_reload(zap, err), -1);
+    CHECK(strstr(err, "worker-1.pub") != NULL);
+    CHECK(dp_zap_allows(zap, k0.z85)); /* the old list stays */
+    CHECK_EQ(dp_zap_allowed(zap), 1);
+    dp_zap_destroy(&zap);
     zmq_ctx_term(ctx);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", s_dir);
