@@ -107,6 +107,16 @@ def check_pod_spec(ck, where, spec, role, extra_volumes=(), need_port=None):
     return c
 
 
+def replicas_agree(value, replicas, elastic_ok):
+    """DP_*_REPLICAS against the set's replicas: equal, or for the workers
+    an elastic range MIN:MAX holding them (downpour-pod)."""
+    if value == str(replicas):
+        return True
+    lo, sep, hi = (value or "").partition(":")
+    return (elastic_ok and sep == ":" and lo.isdigit() and hi.isdigit()
+            and isinstance(replicas, int) and int(lo) <= replicas <= int(hi))
+
+
 def check_tfjob(ck, where, d, claims):
     ck.need(d.get("apiVersion") == "kubeflow.org/v1", where, "apiVersion is not kubeflow.org/v1")
     specs = d.get("spec", {}).get("tfReplicaSpecs", {})
@@ -165,7 +175,8 @@ def check_statefulsets(ck, f, docs):
             continue
         for var, other in (("DP_PS_REPLICAS", "downpour-ps"), ("DP_WORKER_REPLICAS", "downpour-worker")):
             want = sets.get(other, {}).get("spec", {}).get("replicas")
-            ck.need(env_value(c, var) == str(want), w, f"{var} is not {other}'s replicas ({want})")
+            ck.need(replicas_agree(env_value(c, var), want, var == "DP_WORKER_REPLICAS"), w,
+                    f"{var} is not {other}'s replicas ({want})")
         ck.need(env_value(c, "DP_IDLE_AFTER_SUCCESS") == "1", w,
                 "DP_IDLE_AFTER_SUCCESS=1 missing (a finished daemon would be restarted)")
 

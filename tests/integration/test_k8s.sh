@@ -11,6 +11,10 @@
 #    StatefulSets with the cluster built from each pod's ordinal, on CURVE.
 #    Each run: every daemon logs the task it took itself for (role, index,
 #    endpoint), the chief's summary counts every worker's pushes, all exit 0;
+#  - the StatefulSets elastic (DP_WORKER_REPLICAS=1:4), the worker set
+#    scaled 2 -> 4 -> 1 while it trains as the controller does it: the new
+#    ordinals join, each removed pod leaves on its SIGTERM (exit 0, no
+#    idling), worker 0 ends the run with each sample trained once;
 #  - SIGTERM during training (the StatefulSets' pods, both workers pushing)
 #    reaches each daemon through downpour-pod: exit 143; the ps's checkpoint
 #    holds every version the workers saw, unfinished; no summary or model;
@@ -25,7 +29,7 @@ K8S=$PWD/deploy/k8s
 PODS=$PWD/tests/integration/k8s_pods.py
 # The checks of each half: the manifests (here), the pods (in a namespace
 # of their own); a skip counts them (section_end keeps the figures true).
-N_MANIFESTS=7 N_PODS=31
+N_MANIFESTS=7 N_PODS=41
 if ! "$PY" -c 'import yaml' 2>/dev/null; then
     skip_checks $((N_MANIFESTS + N_PODS)) k8s "Debian's python3-yaml is not installed (make deps-test)"
     finish; exit
@@ -206,6 +210,63 @@ check "StatefulSets: worker 0's volume has the summary (2 x 4 pushes)" \
 check "StatefulSets: the ps's volume has its checkpoint" test -s "$R/pod/downpour-ps-0/out/checkpoints/ps-shard-0-of-1.safetensors"
 for name in downpour-ps-0 downpour-worker-0 downpour-worker-1; do kill -TERM "${PIDS[$name]}"; done
 check "StatefulSets: an idle pod stops on SIGTERM with exit 0" settle "$R" downpour-ps-0 downpour-worker-0 downpour-worker-1
+
+# ---- StatefulSets, elastic: the worker set scaled 2 -> 4 -> 1 while it trains ----------------
+# DP_WORKER_REPLICAS=1:4 in both sets (the manifest's comment says how);
+# `kubectl scale` is played as the StatefulSet controller plays it: a new
+# ordinal's pod starts, and a scale-down SIGTERMs the highest ordinal and
+# waits for it to end before the next. Every step is driven by the pushes
+# the pods' metrics show, never by time.
+R=$TMP/elastic && mkdir -p "$R"
+keys "$R" ps-0 worker-0 worker-1 worker-2 worker-3
+EL="--epochs 1 --train-samples 12800 --batch 32 --threads 1 --delay-ms 25"
+epush() { grep -c '"status":"applied"' "$R/pod/downpour-worker-$1/out/metrics/downpour-worker-$1.jsonl" 2>/dev/null; }
+# until_pushes N K...: each worker pod K has N pushes applied (bounded).
+until_pushes() {
+    local n=$1 k; shift
+    for k in "$@"; do
+        for _ in $(seq $((600 * scale))); do [ "$(epush "$k")" -ge "$n" ] 2>/dev/null && break; sleep 0.1; done
+        [ "$(epush "$k")" -ge "$n" ] 2>/dev/null || { echo "worker pod $k: $(epush "$k") pushes applied"; return 1; }
+    done
+}
+epod() { POD_APPEND=$EL pod "$R" statefulset.yaml "$1" "$2" --env DP_WORKER_REPLICAS=1:4; PIDS[$2]=$!; }
+epod downpour-ps downpour-ps-0
+epod downpour-worker downpour-worker-0
+epod downpour-worker downpour-worker-1
+check "elastic StatefulSets: 2 workers training" until_pushes 2 0 1
+epod downpour-worker downpour-worker-2
+epod downpour-worker downpour-worker-3
+check "elastic: scaled to 4, the new ordinals 2 and 3 join and train" until_pushes 2 2 3
+# scaled to 1: ordinals 3, 2, 1 in turn, each gone before the next
+leave_pod() {
+    kill -TERM "${PIDS[downpour-worker-$1]}"
+    wait_for "${PIDS[downpour-worker-$1]}" $((30 * scale)); local rc=$?
+    [ $rc = 0 ] && grep -q "worker $1: left after step" "$R/downpour-worker-$1.log" &&
+        ! grep -q "idle until" "$R/downpour-worker-$1.log" ||
+        { echo "worker pod $1: exit $rc"; tail -3 "$R/downpour-worker-$1.log"; return 1; }
+}
+for k in 3 2 1; do check "elastic: scaled down, worker pod $k leaves on its SIGTERM (exit 0, no idling)" leave_pod $k; done
+idle_pod() {
+    for _ in $(seq $((1200 * scale))); do grep -q "idle until" "$R/$1.log" && break; sleep 0.1; done
+    grep -q "finished (exit 0); idle until" "$R/$1.log" || { echo "$1:"; tail -5 "$R/$1.log"; return 1; }
+}
+check "elastic: worker 0 trains what is left and its pod idles" idle_pod downpour-worker-0
+check "elastic: so does the ps pod" idle_pod downpour-ps-0
+check "elastic: the ps took the range (--workers 1:4, 4 worker hosts)" grep -q \
+    -- "--worker-hosts downpour-worker-0.downpour-worker:2222,.*downpour-worker-3.downpour-worker:2222 --workers 1:4" \
+    "$R/downpour-ps-0.log"
+# summary.json: each sample once, and the crew as it changed.
+crew=$("$PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+ev = ["%s%d" % (e["event"][0], e["task"]) for e in s["membership"]]
+ev = sorted(ev[:2]) + sorted(ev[2:4]) + ev[4:]  # the pods of one scale-up start together
+es = s["epoch_samples"][0]
+print(" ".join(ev), "|", es["trained"], es["repeated"], s["live_max"])' "$R/pod/downpour-worker-0/out/summary.json" 2>&1)
+check "elastic: summary.json: joins and leaves in order (worker 0's at the end), 12800 samples once, 4 live at most ($crew)" \
+    test "$crew" = "j0 j1 j2 j3 l3 l2 l1 l0 | 12800 0 4"
+for name in downpour-ps-0 downpour-worker-0; do kill -TERM "${PIDS[$name]}"; done
+check "elastic: the idle pods stop on SIGTERM" settle "$R" downpour-ps-0 downpour-worker-0
 
 # ---- SIGTERM during training reaches the daemons ------------------------------------------
 # The StatefulSets' three pods, the workers given more steps than they will
