@@ -11,6 +11,10 @@
 #  - CURVE by the drop-ins (curve-*.conf.example): verify passes the
 #    instances with them; the secret keys reach the daemons as systemd
 #    credentials (LoadCredential=, %d), and ps@0 serves worker@0..2 on CURVE;
+#  - elastic (DOWNPOUR_PS_ARGS=--workers 1:4, 4 worker hosts): worker@2 and
+#    @3 started while ps@0, worker@0 and @1 train join; stopped, each leaves
+#    after a whole step with exit 0 (no restart); the epoch's samples are
+#    trained once and summary.json's membership says who came and went;
 #  - a ps stopped by SIGTERM exits with a status SuccessExitStatus= lists,
 #    after its checkpoint; a bad cluster.env is exit status 2, which
 #    RestartPreventExitStatus= keeps from restarting.
@@ -119,6 +123,60 @@ check "CURVE: ps@0 serves worker@0..2; all exit 0" served
 check "CURVE: the summary counts 3 x 4 pushes" \
     test "$(json "$ST/downpour/worker-0/summary.json" updates_applied 2>/dev/null)" = 12
 rm -r "$U/downpour-ps@.service.d" "$U/downpour-worker@.service.d"
+
+# ---- elastic: worker@2 and @3 started and stopped while the run trains ---------------
+# cluster.env as its comment says: 4 worker hosts, the servers' range 1:4.
+# `systemctl start` is the unit's command started, `systemctl stop` its
+# SIGTERM; each change waits for the pushes the metrics show, never a time.
+ST=$TMP/state-el LG=$TMP/logs-el
+sed -e "s|^DOWNPOUR_PS_HOSTS=.*|DOWNPOUR_PS_HOSTS=127.0.0.1:$port|" \
+    -e "s|^DOWNPOUR_WORKER_HOSTS=.*|DOWNPOUR_WORKER_HOSTS=127.0.0.1:$((port + 1)),127.0.0.2:$((port + 1)),127.0.0.2:$((port + 2)),127.0.0.3:$((port + 1))|" \
+    -e "s|^DOWNPOUR_BATCH=.*|DOWNPOUR_BATCH=32|" -e "s|^DOWNPOUR_EPOCHS=.*|DOWNPOUR_EPOCHS=1|" \
+    -e "s|^# DOWNPOUR_PS_ARGS=--workers|DOWNPOUR_PS_ARGS=--workers|" \
+    -e "s|^# DOWNPOUR_WORKER_ARGS=.*|DOWNPOUR_WORKER_ARGS=--train-samples 9600 --threads 1 --delay-ms 25|" \
+    deploy/systemd/cluster.env.example >"$ETC/downpour/cluster.env"
+applied() { grep -c '"status":"applied"' "$LG/downpour/worker-$1.jsonl" 2>/dev/null; }
+until_applied() { # N I...: each worker@I has N pushes applied (bounded)
+    local n=$1 i; shift
+    for i in "$@"; do
+        for _ in $(seq $((600 * scale))); do [ "$(applied "$i")" -ge "$n" ] 2>/dev/null && break; sleep 0.1; done
+        [ "$(applied "$i")" -ge "$n" ] 2>/dev/null || { echo "worker@$i: $(applied "$i") pushes applied"; return 1; }
+    done
+}
+unit downpour-ps 0; ps_pid=$!
+for _ in $(seq $((100 * scale))); do grep -q "shard 0/1 on" "$TMP/downpour-ps-0.log" && break; sleep 0.1; done
+declare -A wpid
+for i in 0 1; do unit downpour-worker $i; wpid[$i]=$!; done
+check "elastic: ps@0 with --workers 1:4 serves worker@0 and @1" until_applied 2 0 1
+for i in 2 3; do unit downpour-worker $i; wpid[$i]=$!; done
+check "elastic: systemctl start worker@2 worker@3: they join and train" until_applied 2 2 3
+stopped() { # I: worker@I's SIGTERM is a leave, exit 0 (Restart=on-failure leaves it stopped)
+    kill -TERM "${wpid[$1]}"
+    wait_for "${wpid[$1]}" $((30 * scale)); local rc=$?
+    [ $rc = 0 ] && grep -q "worker $1: left after step" "$TMP/downpour-worker-$1.log" ||
+        { echo "worker@$1: exit $rc"; tail -3 "$TMP/downpour-worker-$1.log"; return 1; }
+}
+for i in 3 2; do check "elastic: systemctl stop worker@$i: it leaves after a whole step, exit 0" stopped $i; done
+finished() {
+    local i rc ok=0
+    for i in 0 1; do
+        wait_for "${wpid[$i]}" $((120 * scale)); rc=$?
+        [ $rc = 0 ] || { echo "worker@$i: exit $rc"; tail -3 "$TMP/downpour-worker-$i.log"; ok=1; }
+    done
+    wait_for "$ps_pid" $((30 * scale)); rc=$?
+    [ $rc = 0 ] || { echo "ps@0: exit $rc"; tail -3 "$TMP/downpour-ps-0.log"; ok=1; }
+    return $ok
+}
+check "elastic: worker@0 and @1 train what is left, the ps stops on the chief's SHUTDOWN; all exit 0" finished
+crew=$("$TORCH_PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+ev = ["%s%d" % (e["event"][0], e["task"]) for e in s["membership"]]
+ev = sorted(ev[:2]) + sorted(ev[2:4]) + ev[4:6] + sorted(ev[6:])  # started together, finished together
+es = s["epoch_samples"][0]
+print(" ".join(ev), "|", es["trained"], es["repeated"], s["live_max"])' "$ST/downpour/worker-0/summary.json" 2>&1)
+check "elastic: summary.json: the crew as it changed, 9600 samples once ($crew)" \
+    test "$crew" = "j0 j1 j2 j3 l3 l2 l0 l1 | 9600 0 4"
 
 # ---- stop and refuse as the unit expects ------------------------------------------
 ST=$TMP/state2
