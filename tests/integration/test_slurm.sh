@@ -5,7 +5,11 @@
 #  - one node: `sbatch --wait` runs a server and two workers; the job
 #    completes, the chief's summary.json, model and metrics are there, and
 #    the servers stopped on the chief's SHUTDOWN; `srun downpour launch`
-#    (a job step) runs the PyTorch example as 2 workers of its own shard
+#    (a job step) runs the PyTorch example as 2 workers of its own shard;
+#    an elastic job (DP_WORKERS=1:4, sync): deploy/slurm/join.sh adds a
+#    worker as a step of the running job, `scancel --signal=TERM` of that
+#    step makes it leave (exit 0), the job completes with each sample of
+#    the epoch trained once; join.sh refuses a fixed crew's job
 #  - three nodes, each slurmd in a network namespace of its own (a host with
 #    its own address, tests/netns/lib.sh): with DP_PS_NODES=1 the server runs
 #    on the first host and a worker on each of the others, in sync mode, so
@@ -26,7 +30,7 @@ trap 'exit 129' HUP
 
 # The checks of each half; a skip counts them (section_end keeps the
 # figures true where they run).
-ONE=8 THREE=9
+ONE=13 THREE=9
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     skip_checks $((ONE + THREE)) slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
@@ -113,6 +117,46 @@ if sl_start; then
     else
         skip_checks 2 "slurm launch" "python3-torch is not installed under $TORCH_PY (make deps-test)"
     fi
+    # An elastic job (DP_WORKERS=1:4, sync): deploy/slurm/join.sh adds a
+    # step while it trains, `scancel --signal=TERM` of that step takes it
+    # out; each change waits for the pushes the metrics show.
+    "$PWD/deploy/slurm/join.sh" "$TMP/one" >"$TMP/join-fixed.log" 2>&1; rc=$?
+    check "join.sh on a fixed crew's job: refused, one line (exit $rc)" \
+        bash -c "[ $rc = 2 ] && grep -q 'has a fixed crew' '$TMP/join-fixed.log'"
+    E=$TMP/elastic port=$((20000 + RANDOM % 20000))
+    sl_run "" env DP_OUT="$E" DP_PS_PORT=$port DP_WORKER_PORT=$((port + 100)) \
+        DP_WORKER_ARGS="--train-samples 9600 --threads 1 --delay-ms 40 --timeout $((30 * scale))" \
+        sbatch --parsable --time=$((3 * scale)) --nodes=1 --output="$TMP/elastic.out" \
+        --export=ALL,DP_WORKERS=1:4,DP_WORKERS_PER_NODE=2,DP_MODE=sync,DP_BATCH=32 \
+        deploy/slurm/downpour.sbatch >"$TMP/elastic.id" 2>&1
+    EJ=$(cat "$TMP/elastic.id")
+    applied() { grep -c '"status":"applied"' "$E/metrics/worker-$1.jsonl" 2>/dev/null; }
+    until_applied() { # N I: bounded
+        for _ in $(seq $((900 * scale))); do [ "$(applied "$2")" -ge "$1" ] 2>/dev/null && return 0; sleep 0.1; done
+        echo "worker $2: $(applied "$2") pushes applied"; cat "$TMP/elastic.out" 2>/dev/null | tail -3; return 1
+    }
+    until_applied 3 0 >/dev/null
+    bg sl_run "" timeout -k 5 $((120 * scale)) "$PWD/deploy/slurm/join.sh" "$E" >"$TMP/join.log" 2>&1
+    JOIN=$!
+    check "elastic job $EJ: join.sh takes the lowest free index, 2, whose step trains" \
+        bash -c "$(declare -f applied until_applied); E=$E TMP=$TMP scale=$scale; until_applied 3 2 &&
+                 grep -q 'job $EJ: worker 2 joins' '$TMP/join.log'"
+    step=$(sl_run "" squeue -h -s -j "$EJ" -o '%i %j' | awk '$2 == "worker-2" { print $1 }')
+    sl_run "" scancel --signal=TERM "${step:-$EJ.none}"
+    wait_for $JOIN $((60 * scale)); rc=$?
+    check "scancel --signal=TERM $step: worker 2 leaves after a whole step, its srun exits 0 (got $rc)" \
+        bash -c "[ $rc = 0 ] && grep -q 'worker 2: left after step' $E/logs/worker-2.*.log"
+    for _ in $(seq $((1200 * scale))); do [ -z "$(sl_run "" squeue -h -j "$EJ" 2>/dev/null)" ] && break; sleep 0.1; done
+    st=$(job_state "" "$EJ")
+    check "elastic: the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
+    crew=$("$TORCH_PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+ev = ["%s%d" % (e["event"][0], e["task"]) for e in s["membership"]]
+es = s["epoch_samples"][0]
+print(" ".join(sorted(ev[:2]) + ev[2:4]), "|", es["trained"], es["repeated"], s["live_max"])' "$E/summary.json" 2>&1)
+    check "elastic: summary.json: 0 and 1 start, 2 joins and leaves, 9600 samples once ($crew)" \
+        test "$crew" = "j0 j1 j2 l2 | 9600 0 3"
 else
     fail "start the one-node cluster" "$SL_WHY"
 fi
