@@ -334,7 +334,7 @@ float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
 }
 
 void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
-                 dp_push_outcome_t *o)
+                 const dp_deal_batch_t *dealt, dp_push_outcome_t *o)
 {
     dp_shard_t *s = &L->shard[k];
     dp_grad_slice_t g = {grad + s->lo, s->n * sizeof(float), s->lo};
@@ -356,7 +356,7 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
     dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k],
-                   NULL);
+                   dealt);
 }
 
 int dp_lab_members(dp_lab_t *L, int k, const char *state, int call)
@@ -372,6 +372,28 @@ int dp_lab_members(dp_lab_t *L, int k, const char *state, int call)
     return dp_policy_members_changed(L->policy[k]);
 }
 
+int dp_lab_crew(dp_lab_t *L, int worker, dp_lab_crew_t what)
+{
+    int moved = 0;
+    for (int k = 0; k < L->conf.shards; k++) {
+        dp_member_t *w = &L->members[k].w[worker];
+        switch (what) {
+        case DP_LAB_JOIN: /* dp_members_join without its log line (a simulation has many) */
+            w->joined = 1;
+            w->finished = w->left = w->gone = 0;
+            w->hellos++;
+            break;
+        case DP_LAB_LEAVE: w->finished = w->left = 1; break;
+        case DP_LAB_FINISH: w->finished = 1; break;
+        case DP_LAB_DIE: w->gone = 1; break;
+        }
+        dp_record_members(L->rec, k, &L->members[k]);
+        int m = dp_policy_members_changed(L->policy[k]);
+        if (k == 0) moved = m;
+    }
+    return moved;
+}
+
 void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all)
 {
     *c = L->shard[0].counts;
@@ -379,8 +401,8 @@ void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all)
     dp_staleness_merge(all, &L->policy[0]->staleness);
 }
 
-int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accuracy, double *loss,
-                  char *err)
+int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp_ps_membership *crew,
+                  double *accuracy, double *loss, char *err)
 {
     const dp_lab_conf_t *c = &L->conf;
     float *params = L->s.h_params;
@@ -411,6 +433,7 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accurac
         .optim = c->local_steps > 1 ? &c->inner : &c->optim,
         .outer = c->local_steps > 1 ? &c->optim : NULL,
         .delay_lr = rule, .delay_compensation = dc, .bytes_pushed = L->bytes_chief,
+        .membership = crew, .min_workers = c->min_workers,
     };
     /* The chief's STATS view: the versions summed over the shards. */
     uint64_t versions = 0;

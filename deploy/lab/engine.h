@@ -97,21 +97,31 @@ float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
  * local steps the round's H (fewer in a last round cut at conf.train.steps). */
 long dp_lab_push_steps(const dp_lab_t *L, long step);
 /* Shard k gets grad's slice from worker's data step, computed on version:
- * the policy decides (o); counted per worker and recorded. */
+ * the policy decides (o); counted per worker and recorded, with the batch
+ * shard 0 dealt it (dealt; NULL: the batch of its (worker, step)). */
 void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
-                 dp_push_outcome_t *o);
+                 const dp_deal_batch_t *dealt, dp_push_outcome_t *o);
 /* The member state of shard k from a record ("LFG..."), and with call the
  * policy's members_changed. Returns 1 when the version moved. */
 int dp_lab_members(dp_lab_t *L, int k, const char *state, int call);
+
+/* A change of the crew at every shard, as the daemons' loops see it: a
+ * worker joins (its HELLO), leaves (its SIGTERM, after its last push),
+ * finishes (no data left) or dies (the heartbeat timeout); recorded, and
+ * the policies told. Returns 1 when shard 0's version moved (a sync step
+ * no longer waiting for it). */
+typedef enum { DP_LAB_JOIN, DP_LAB_LEAVE, DP_LAB_FINISH, DP_LAB_DIE } dp_lab_crew_t;
+int dp_lab_crew(dp_lab_t *L, int worker, dp_lab_crew_t what);
 
 /* Every shard's counters and staleness summed (the chief's STATS view:
  * applied etc. from shard 0, staleness merged over shards). */
 void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all);
 
 /* The chief's end: evaluate the current weights, save conf.train.save,
- * write conf.train.summary with the run's figures; close the record.
- * accuracy / loss out (may be NULL). */
-int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, double *accuracy, double *loss,
-                  char *err);
+ * write conf.train.summary with the run's figures (and crew: the
+ * membership and dealt epochs of an elastic run, or NULL); close the
+ * record. accuracy / loss out (may be NULL). */
+int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp_ps_membership *crew,
+                  double *accuracy, double *loss, char *err);
 
 #endif

@@ -205,7 +205,8 @@ static int s_push(s_replay_t *R, size_t i, char *err)
     if (s->dc && e->dc == 1) dp_shard_dc_hold(s, e->worker, e->version, job->params + s->lo);
     else if (s->dc) dp_shard_dc_forget(s, e->worker); /* the recorded push fell back */
     dp_push_outcome_t o;
-    dp_lab_push(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad, &o);
+    dp_lab_push(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad,
+                job->dealt ? &job->batch : NULL, &o);
     if ((int)o.status != e->status || o.staleness != e->staleness || R->L.shard[e->shard].version != e->after ||
         (s->dc && o.status == DP_PUSH_APPLIED && o.compensated != e->dc))
         return dp_err(err, "replay diverged at event %zu (shard %d, worker %d, step %" PRIu64 "): the "
@@ -379,7 +380,7 @@ static int s_replay(const dp_rec_t *rec, const char *file, s_args_t *a, dp_opts_
     }
     if (rc == 0) rc = s_plan(&R, file, err);
     if (rc == 0) rc = s_run(&R, err);
-    if (rc == 0) rc = dp_lab_finish(&R.L, R.chief_steps, dp_now() - t0, &acc, NULL, err);
+    if (rc == 0) rc = dp_lab_finish(&R.L, R.chief_steps, dp_now() - t0, NULL, &acc, NULL, err);
     if (rc == 0) s_report(&R, a, acc, dp_now() - t0);
     s_free(&R);
     return rc;

@@ -17,6 +17,7 @@
 static const char s_synopsis[] =
     "usage: downpour sim --workers M --compute DIST [--straggler I:FACTOR] --updates N\n"
     "                    [--mode async|sync|ssp] [--model SPEC] [--json] [...]\n"
+    "       downpour sim --workers MIN:MAX --churn leave:S|kill:S --updates N [...]\n"
     "A simulated cluster in one process: M virtual workers on a simulated clock,\n"
     "real gradients on real data, the parameter server's own update code.\n"
     "DIST: const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (exp(MU + SIGMA z) ms).\n"
@@ -65,6 +66,17 @@ bad:
                   v, DP_SIM_MAX_WORKERS - 1);
 }
 
+static int s_set_workers(void *arg, const char *v, char *err)
+{
+    dp_lab_conf_t *l = &((s_args_t *)arg)->c.lab;
+    return dp_opts_parse_crew("--workers", v, DP_SIM_MAX_WORKERS, &l->min_workers, &l->workers, err);
+}
+
+static int s_set_churn(void *arg, const char *v, char *err)
+{
+    return dp_churn_parse(&((s_args_t *)arg)->c.churn, v, err);
+}
+
 static int s_set_mode(void *arg, const char *v, char *err)
 {
     return dp_mode_parse(v, &((s_args_t *)arg)->c.lab.mode, err);
@@ -106,8 +118,13 @@ static void s_options(dp_opts_t *o, s_args_t *a)
     dp_sim_conf_t *c = &a->c;
     dp_train_conf_t *t = &c->lab.train;
     const dp_opts_flag_t tab[] = {
-        DP_FLAG_NUM("workers", DP_OPTS_INT, "M", &c->lab.workers, 1, DP_SIM_MAX_WORKERS, 0,
-                    "virtual workers (default 4)"),
+        DP_FLAG_CALL("workers", "M|MIN:MAX", s_set_workers, a, 0,
+                     "virtual workers (default 4); MIN:MAX: an elastic crew, MIN live at the\n"
+                     "start, the batches dealt by shard 0 (each sample of an epoch once)"),
+        DP_FLAG_CALL("churn", "leave:S|kill:S", s_set_churn, a, 0,
+                     "an elastic crew changes every S simulated seconds on average (seeded):\n"
+                     "a join, or a random worker but the chief leaves after its push (leave)\n"
+                     "or dies with it (kill, its batch trained again)"),
         DP_FLAG_CALL("compute", "DIST", s_set_compute, a, 0, "compute time per gradient (default exp:100)"),
         DP_FLAG_CALL("straggler", "I:FACTOR", s_set_straggler, a, 0,
                      "worker I's compute times x FACTOR (may repeat)"),
@@ -205,6 +222,14 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
     for (int w = M; w < DP_SIM_MAX_WORKERS; w++)
         if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
     c->lab.init_seed = c->lab.train.seed;
+    int elastic = c->lab.min_workers > 0;
+    if (c->churn.kind != DP_CHURN_NONE && (!elastic || c->lab.min_workers >= M))
+        return dp_err(err, "--churn needs an elastic crew with room to change: --workers MIN:MAX, MIN < MAX");
+    if (elastic && a->epochs)
+        return dp_err(err, "--epochs with --workers MIN:MAX: give --updates (how many updates an epoch "
+                           "makes depends on who is live)");
+    if (elastic && c->lab.local_steps > 1)
+        return dp_err(err, "--local-steps keeps each worker's own data order: not with --workers MIN:MAX");
     if (dp_ps_check_delay_flags(o, c->lab.policy.delay_lr, err) != 0) return -1;
     if (s_local_steps(a, o, err) != 0) return -1;
     if (a->backup) {

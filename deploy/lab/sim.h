@@ -8,8 +8,10 @@
  * slowest), computes its gradient at once on the weights it pulled, and
  * pushes it when its compute time — drawn from DIST, times FACTOR for a
  * straggler — has passed on the simulated clock. Events at the same time go
- * in the order they were queued. The whole run is a function of the flags:
- * the same command gives the same bits. */
+ * in the order they were queued. An elastic crew (--workers MIN:MAX) has
+ * its batches dealt by shard 0's dealer, and --churn changes it on the
+ * same clock (sim_run.c says how). The whole run is a function of the
+ * flags: the same command gives the same bits. */
 #ifndef DP_SIM_H
 #define DP_SIM_H
 
@@ -27,8 +29,19 @@ typedef struct {
     double a, b;               /* const: ms; exp: mean ms; lognormal: mu, sigma (of ms) */
 } dp_dist_t;
 
+/* --churn KIND:MEAN_S: a change of an elastic crew every exp(MEAN_S)
+ * simulated seconds; a leaver goes after its push in flight (leave) or
+ * dies with it (kill). */
+typedef enum { DP_CHURN_NONE, DP_CHURN_LEAVE, DP_CHURN_KILL } dp_churn_kind_t;
+
 typedef struct {
-    dp_lab_conf_t lab;
+    dp_churn_kind_t kind;
+    double mean_s;
+} dp_churn_t;
+
+typedef struct {
+    dp_lab_conf_t lab;         /* lab.workers: MAX, lab.min_workers: MIN of an elastic crew */
+    dp_churn_t churn;
     dp_dist_t compute;
     double *slow;              /* [workers] compute-time factor (--straggler), 1 by default */
     uint64_t updates;          /* stop at this server version */
@@ -40,6 +53,8 @@ typedef struct {
 
 /* "const:MS", "exp:MEAN_MS", "lognormal:MU:SIGMA". */
 int dp_dist_parse(dp_dist_t *d, const char *text, char *err);
+/* "leave:MEAN_S", "kill:MEAN_S". */
+int dp_churn_parse(dp_churn_t *c, const char *text, char *err);
 
 /* Run it; *result gets the result object (the caller prints and frees
  * it). The lab writes conf.lab.train.save / summary / metrics if set. */

@@ -23,7 +23,16 @@
  * explicit momentum with independent batch noise it recovers mu; the
  * implicit momentum acts on the expected update only, so for async SGD
  * it stays near the share of the update that is signal rather than noise
- * — the two figures together separate what momentum the noise carries. */
+ * — the two figures together separate what momentum the noise carries.
+ *
+ * An elastic crew (--workers MIN:MAX) starts with MIN live, and shard 0's
+ * dealer (server/deal.h) hands out the batches as it does for the daemons.
+ * --churn changes the crew every exp(MEAN) simulated seconds: a join (the
+ * lowest index not live) or a leave, a fair coin between MIN and MAX live;
+ * the leaver is a random live worker but the chief, and it leaves after
+ * its push in flight (leave:) or dies with it (kill:, its batch back to
+ * the pool and counted when dealt again). The draws have a stream of their
+ * own, so a schedule is a function of --seed. */
 #include "deploy/lab/sim.h"
 
 #include <math.h>
@@ -35,8 +44,11 @@
 #include "common/opts.h"
 #include "common/rng.h"
 #include "common/util.h"
+#include "server/deal.h"
+#include "server/membership.h"
 #include "server/shard_dc.h"
 #include "worker/data.h"
+#include "worker/ps_client.h"
 
 typedef struct {
     double t;
@@ -45,6 +57,8 @@ typedef struct {
 } s_event_t;
 
 typedef struct {
+    int live;              /* in the crew (a fixed crew: always) */
+    int leaving;           /* --churn leave: goes after its push in flight */
     int busy;              /* computing: its finish is queued */
     uint64_t version;      /* the version it pulled */
     uint64_t min_version;  /* sync: its next pull waits for this version */
@@ -52,6 +66,7 @@ typedef struct {
     float *grad;           /* the gradient in flight */
     float *pulled;         /* diagnostics: the weights it pulled */
     float loss;
+    dp_deal_batch_t batch; /* an elastic crew: the batch shard 0 dealt it */
     dp_rng_t rng;          /* its compute times */
 } s_worker_t;
 
@@ -76,6 +91,14 @@ typedef struct {
     double cos_sum, moved_sum, var_sum, var_rel_sum;
     long diags;
     cJSON *evals;          /* [{updates, sim_s, test_accuracy}] */
+    /* an elastic crew */
+    int dealing;           /* shard 0 deals the batches (--workers MIN:MAX) */
+    dp_deal_t deal;
+    dp_membership_t crew;  /* its joins and leaves */
+    dp_rng_t churn_rng;
+    double next_churn;     /* simulated s of the next change (--churn) */
+    int *finishing;        /* told the data is done, to finish after the event at hand */
+    int n_finishing;
 } s_sim_t;
 
 /* ---- the compute-time law ---- */
@@ -109,6 +132,18 @@ bad:
                        "lognormal: exp(MU + SIGMA z) ms, SIGMA in [0, 10])", text);
 }
 
+int dp_churn_parse(dp_churn_t *c, const char *text, char *err)
+{
+    const char *colon = strchr(text, ':');
+    int leave = colon && colon - text == 5 && strncmp(text, "leave", 5) == 0;
+    int kill = colon && colon - text == 4 && strncmp(text, "kill", 4) == 0;
+    if ((!leave && !kill) || dp_opts_parse_double("--churn", colon + 1, 1e-6, 1e9, &c->mean_s, NULL) != 0)
+        return dp_err(err, "'%s' is not leave:MEAN_S or kill:MEAN_S (a change of the crew every "
+                           "MEAN_S simulated seconds on average, MEAN_S > 0)", text);
+    c->kind = leave ? DP_CHURN_LEAVE : DP_CHURN_KILL;
+    return 0;
+}
+
 /* Uniform in (0, 1) from 53 random bits. */
 static double s_uniform(dp_rng_t *r)
 {
@@ -135,10 +170,8 @@ static int s_before(const s_event_t *a, const s_event_t *b)
     return a->t < b->t || (a->t == b->t && a->seq < b->seq);
 }
 
-static void s_heap_push(s_sim_t *S, double t, int w)
+static void s_sift_up(s_sim_t *S, int i)
 {
-    int i = S->n_heap++;
-    S->heap[i] = (s_event_t){t, S->seq++, w};
     while (i > 0 && s_before(&S->heap[i], &S->heap[(i - 1) / 2])) {
         s_event_t tmp = S->heap[i];
         S->heap[i] = S->heap[(i - 1) / 2];
@@ -147,11 +180,9 @@ static void s_heap_push(s_sim_t *S, double t, int w)
     }
 }
 
-static s_event_t s_heap_pop(s_sim_t *S)
+static void s_sift_down(s_sim_t *S, int i)
 {
-    s_event_t top = S->heap[0];
-    S->heap[0] = S->heap[--S->n_heap];
-    for (int i = 0;;) {
+    for (;;) {
         int l = 2 * i + 1, r = l + 1, m = i;
         if (l < S->n_heap && s_before(&S->heap[l], &S->heap[m])) m = l;
         if (r < S->n_heap && s_before(&S->heap[r], &S->heap[m])) m = r;
@@ -161,20 +192,61 @@ static s_event_t s_heap_pop(s_sim_t *S)
         S->heap[m] = tmp;
         i = m;
     }
-    return top;
+}
+
+static void s_heap_push(s_sim_t *S, double t, int w)
+{
+    int i = S->n_heap++;
+    S->heap[i] = (s_event_t){t, S->seq++, w};
+    s_sift_up(S, i);
+}
+
+/* The event at i out of the heap. */
+static s_event_t s_heap_take(s_sim_t *S, int i)
+{
+    s_event_t e = S->heap[i];
+    S->heap[i] = S->heap[--S->n_heap];
+    if (i < S->n_heap) {
+        s_sift_down(S, i);
+        s_sift_up(S, i);
+    }
+    return e;
+}
+
+static s_event_t s_heap_pop(s_sim_t *S)
+{
+    return s_heap_take(S, 0);
 }
 
 /* ---- workers ---- */
 
+/* The batch dealt with w's pull (an elastic crew), else NULL: its own. */
+static const dp_deal_batch_t *s_dealt(const s_sim_t *S, int w)
+{
+    return S->dealing ? &S->w[w].batch : NULL;
+}
+
 /* w's pull is answered: it takes the weights and version, computes its
- * gradient and will push when its compute time has passed. */
-static void s_start(s_sim_t *S, int w)
+ * gradient and will push when its compute time has passed. 0 when the
+ * dealer has no batch for it yet (the pull waits); a worker told the
+ * data is done finishes. */
+static int s_start(s_sim_t *S, int w)
 {
     s_worker_t *k = &S->w[w];
+    if (S->dealing) {
+        char why[DP_ERR_LEN];
+        dp_deal_answer_t a = dp_deal_ask(&S->deal, w, (uint64_t)k->step + 1, &k->batch, why, sizeof why);
+        if (a == DP_DEAL_WAIT) return 0;
+        if (a != DP_DEAL_DEALT) { /* the end (one batch in flight a worker: never refused) */
+            k->live = 0; /* it finishes once the event at hand is done (s_loop) */
+            S->finishing[S->n_finishing++] = w;
+            return 1;
+        }
+    }
     dp_lab_params(&S->L, -1, S->params);
     k->version = S->L.shard[0].version;
     dp_lab_pulled(&S->L, w);
-    k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, NULL, k->grad);
+    k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, s_dealt(S, w), k->grad);
     if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
     k->busy = 1;
     /* a round of local steps computes H gradients: H draws */
@@ -182,25 +254,124 @@ static void s_start(s_sim_t *S, int w)
     for (long h = 0; h < (S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1); h++)
         ms += s_draw_ms(&S->c->compute, &k->rng);
     s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w);
+    return 1;
 }
 
 /* w asks for the weights: answered now or held, as the daemon would. */
 static void s_pull(s_sim_t *S, int w)
 {
-    if (dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version)) s_start(S, w);
-    else S->held[S->n_held++] = w;
+    if (!S->w[w].live) return;
+    if (!dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version) || !s_start(S, w))
+        S->held[S->n_held++] = w;
 }
 
-/* After a push: the held pulls now ready are answered, in arrival order. */
+/* After a push or a change of the crew: the held pulls now ready are
+ * answered, in arrival order. */
 static void s_reask_held(s_sim_t *S)
 {
     int kept = 0;
     for (int i = 0; i < S->n_held; i++) {
         int w = S->held[i];
-        if (dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version)) s_start(S, w);
-        else S->held[kept++] = w;
+        if (!dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version) || !s_start(S, w))
+            S->held[kept++] = w;
     }
     S->n_held = kept;
+}
+
+/* ---- the crew ---- */
+
+static void s_emit(s_sim_t *S, cJSON *line_fields);
+
+/* w out of the held pulls and the clock (it stops before its push). */
+static void s_forget(s_sim_t *S, int w)
+{
+    int kept = 0;
+    for (int i = 0; i < S->n_held; i++)
+        if (S->held[i] != w) S->held[kept++] = S->held[i];
+    S->n_held = kept;
+    for (int i = 0; i < S->n_heap; i++)
+        if (S->heap[i].w == w) {
+            s_heap_take(S, i);
+            break;
+        }
+    S->w[w].busy = 0;
+}
+
+/* w joins, leaves, finishes or dies now: every shard's member table and
+ * policy, the dealer (not yet the history: s_crew_note). */
+static void s_crew_change(s_sim_t *S, int w, dp_lab_crew_t what)
+{
+    s_worker_t *k = &S->w[w];
+    k->leaving = 0;
+    k->live = what == DP_LAB_JOIN;
+    if (!k->live) {
+        s_forget(S, w);
+        if (S->dealing) dp_deal_release(&S->deal, w, what == DP_LAB_DIE);
+    }
+    dp_lab_crew(&S->L, w, what);
+}
+
+/* The crew's history after changes: an event (and a metrics line) each. */
+static void s_crew_note(s_sim_t *S)
+{
+    uint64_t v = S->L.shard[0].version;
+    int news = dp_membership_note(&S->crew, &S->L.members[0], v);
+    for (int i = news; i > 0; i--) {
+        const dp_member_event_t *e = dp_membership_at(&S->crew, S->crew.n_ev - (size_t)i);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "event", dp_member_joins(e->why) ? "join" : "leave");
+        cJSON_AddNumberToObject(o, "task", e->task);
+        cJSON_AddNumberToObject(o, "version", (double)e->version);
+        cJSON_AddNumberToObject(o, "live", e->live);
+        cJSON_AddStringToObject(o, "why", dp_member_why_name(e->why));
+        cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
+        s_emit(S, o);
+    }
+}
+
+/* One change now, noted; a newcomer pulls, held pulls are asked again (a
+ * sync step may have fired without a leaver, its batch come back). */
+static void s_crew(s_sim_t *S, int w, dp_lab_crew_t what)
+{
+    s_crew_change(S, w, what);
+    s_crew_note(S);
+    s_pull(S, w);
+    s_reask_held(S);
+}
+
+/* Live workers, and those of them that may leave (not the chief, not
+ * already leaving): the r-th of them into *pick. */
+static int s_live(const s_sim_t *S, int *leavers, uint32_t r, int *pick)
+{
+    int live = 0, n = 0;
+    for (int w = 0; w < S->c->lab.workers; w++) {
+        if (!S->w[w].live || S->w[w].leaving) continue;
+        live++;
+        if (w > 0 && n++ == (int)r) *pick = w;
+    }
+    *leavers = n;
+    return live;
+}
+
+/* One change of --churn, and the time of the next. */
+static void s_churn(s_sim_t *S)
+{
+    const dp_sim_conf_t *c = S->c;
+    int leavers, pick = -1;
+    int live = s_live(S, &leavers, UINT32_MAX, &pick);
+    int join = live < c->lab.workers &&
+               (live <= c->lab.min_workers || leavers == 0 || (dp_rng_next(&S->churn_rng) >> 63));
+    if (join) {
+        int w = 0;
+        while (S->w[w].live) w++; /* the lowest index not live (a leaving one is still live) */
+        s_crew(S, w, DP_LAB_JOIN);
+    } else if (leavers > 0) {
+        s_live(S, &leavers, dp_rng_below(&S->churn_rng, (uint32_t)leavers), &pick);
+        if (c->churn.kind == DP_CHURN_KILL) s_crew(S, pick, DP_LAB_DIE);
+        else if (S->w[pick].busy) S->w[pick].leaving = 1; /* after its push */
+        else s_crew(S, pick, DP_LAB_LEAVE);
+    }
+    S->next_churn = S->now - c->churn.mean_s * log(s_uniform(&S->churn_rng));
 }
 
 /* ---- evaluation and diagnostics ---- */
@@ -313,7 +484,7 @@ static void s_diag(s_sim_t *S, int w, uint64_t version, uint64_t staleness)
 {
     s_worker_t *k = &S->w[w];
     memcpy(S->params, S->L.policy[0]->before, S->n * sizeof(float));
-    dp_lab_gradient(&S->L, S->params, w, k->step, NULL, S->fresh);
+    dp_lab_gradient(&S->L, S->params, w, k->step, s_dealt(S, w), S->fresh);
     double gg = s_dot(k->grad, k->grad, S->n), ff = s_dot(S->fresh, S->fresh, S->n);
     double cosine = gg > 0 && ff > 0 ? s_dot(k->grad, S->fresh, S->n) / sqrt(gg * ff) : 0;
     double moved = 0;
@@ -369,6 +540,20 @@ static int s_setup(s_sim_t *S, const dp_sim_conf_t *c, char *err)
         dp_rng_seed(&S->w[w].rng, c->lab.train.seed * 0x9E3779B97F4A7C15ULL + 7919u * (uint64_t)w + 1);
     }
     S->evals = cJSON_CreateArray();
+    S->finishing = dp_calloc((size_t)M, sizeof *S->finishing);
+    S->dealing = c->lab.min_workers > 0;
+    dp_membership_init(&S->crew, M);
+    if (S->dealing) {
+        /* the budget is the servers' version: a batch for every push that
+         * could take (updates x MAX, sync's most), so the data never runs out
+         * first; each epoch's batches are dealt once */
+        char why[DP_ERR_LEN];
+        dp_deal_init(&S->deal, M);
+        if (dp_deal_plan(&S->deal, (uint64_t)S->L.s.train.n, (uint32_t)c->lab.train.batch, 0,
+                         c->updates, why, sizeof why) != 0)
+            return dp_err(err, "elastic crew: %s", why);
+    }
+    dp_rng_seed(&S->churn_rng, c->lab.train.seed * 0xD1B54A32D192ED03ULL + 0x5EED);
     return 0;
 }
 
@@ -386,6 +571,9 @@ static void s_teardown(s_sim_t *S)
     free(S->prev_update);
     free(S->mean);
     cJSON_Delete(S->evals);
+    free(S->finishing);
+    dp_deal_fini(&S->deal);
+    dp_membership_fini(&S->crew);
     dp_lab_fini(&S->L);
 }
 
@@ -395,8 +583,10 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     s_worker_t *k = &S->w[w];
     const dp_sim_conf_t *c = S->c;
     dp_push_outcome_t o;
-    dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, &o);
+    dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, s_dealt(S, w), &o);
     if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
+    dp_deal_batch_t done;
+    if (S->dealing) dp_deal_pushed(&S->deal, w, (uint64_t)k->step + 1, o.status == DP_PUSH_APPLIED, &done);
     S->pushes++;
     if (w == 0) S->chief_steps += dp_lab_push_steps(&S->L, k->step);
     if (!isfinite(k->loss))
@@ -413,19 +603,48 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     k->step++;
     if (o.stepped && c->eval_every > 0 && v % (uint64_t)c->eval_every == 0 && v < c->updates)
         s_eval_line(S, v);
-    if (o.status == DP_PUSH_APPLIED) s_reask_held(S);
-    s_pull(S, w);
+    /* a batch back in the pool (a push not used) may be dealt to a held pull */
+    if (o.status == DP_PUSH_APPLIED || S->dealing) s_reask_held(S);
+    if (k->leaving) s_crew(S, w, DP_LAB_LEAVE);
+    else s_pull(S, w);
     return 0;
+}
+
+/* The dealer has dealt every batch and none is out or back in the pool. */
+static int s_data_done(const s_sim_t *S)
+{
+    return S->dealing && S->deal.next >= S->deal.total && S->deal.n_pool == 0 &&
+           dp_deal_in_flight(&S->deal) == 0;
 }
 
 static int s_loop(s_sim_t *S, char *err)
 {
-    for (int w = 0; w < S->c->lab.workers; w++) s_pull(S, w);
-    while (S->L.shard[0].version < S->c->updates) {
-        if (S->n_heap == 0) return dp_err(err, "simulation: every worker waits (a policy that never steps?)");
-        s_event_t e = s_heap_pop(S);
-        S->now = e.t;
-        if (s_finish_one(S, e.w, err) != 0) return -1;
+    const dp_sim_conf_t *c = S->c;
+    if (S->dealing) { /* MIN at once */
+        for (int w = 0; w < c->lab.min_workers; w++) s_crew_change(S, w, DP_LAB_JOIN);
+        s_crew_note(S);
+        for (int w = 0; w < c->lab.min_workers; w++) s_pull(S, w);
+    } else {
+        for (int w = 0; w < c->lab.workers; w++) S->w[w].live = 1;
+        for (int w = 0; w < c->lab.workers; w++) s_pull(S, w);
+    }
+    S->next_churn = c->churn.kind == DP_CHURN_NONE ? INFINITY
+                                                   : -c->churn.mean_s * log(s_uniform(&S->churn_rng));
+    uint64_t pushes_seen = 0;
+    long idle_changes = 0; /* changes of the crew since the last push */
+    while (S->L.shard[0].version < c->updates && !s_data_done(S)) {
+        if (S->pushes != pushes_seen) pushes_seen = S->pushes, idle_changes = 0;
+        if (S->n_heap > 0 && S->heap[0].t < S->next_churn) {
+            s_event_t e = s_heap_pop(S);
+            S->now = e.t;
+            if (s_finish_one(S, e.w, err) != 0) return -1;
+        } else if (S->next_churn < INFINITY && ++idle_changes <= 100000) {
+            S->now = S->next_churn;
+            s_churn(S);
+        } else {
+            return dp_err(err, "simulation: every worker waits (a policy that never steps?)");
+        }
+        while (S->n_finishing > 0) s_crew(S, S->finishing[--S->n_finishing], DP_LAB_FINISH);
     }
     return 0;
 }
@@ -521,6 +740,57 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     return o;
 }
 
+/* An elastic crew's history as the chief's summary has it from shard 0's
+ * STATS: the joins and leaves, the live range, the dealt epochs. */
+static void s_crew_summary(const s_sim_t *S, dp_ps_membership_t *m)
+{
+    memset(m, 0, sizeof *m);
+    const dp_membership_t *h = &S->crew;
+    m->ev = dp_calloc(h->n_ev ? h->n_ev : 1, sizeof *m->ev);
+    for (size_t k = 0; k < h->n_ev; k++) {
+        const dp_member_event_t *e = dp_membership_at(h, k);
+        m->ev[k] = (dp_ps_member_event_t){.join = dp_member_joins(e->why), .task = e->task,
+                                          .version = e->version, .live = e->live};
+        snprintf(m->ev[k].why, sizeof m->ev[k].why, "%s", dp_member_why_name(e->why));
+    }
+    m->n = h->n_ev;
+    size_t n_ep = dp_deal_epochs(&S->deal, NULL, 0);
+    dp_deal_epoch_t *de = dp_calloc(n_ep ? n_ep : 1, sizeof *de);
+    dp_deal_epochs(&S->deal, de, n_ep);
+    m->epochs = dp_calloc(n_ep ? n_ep : 1, sizeof *m->epochs);
+    for (size_t k = 0; k < n_ep; k++)
+        m->epochs[k] = (dp_ps_epoch_samples_t){de[k].epoch, de[k].trained, de[k].repeated,
+                                               de[k].retrained_after_death, de[k].batches};
+    free(de);
+    m->n_epochs = n_ep;
+    m->deal_foreign = S->deal.foreign;
+    m->live_min = h->live_min;
+    m->live_max = h->live_max;
+    m->live = h->live;
+}
+
+/* The result's view of it: counts, the range and the epochs. */
+static void s_crew_result(cJSON *o, const s_sim_t *S, const dp_ps_membership_t *m)
+{
+    int joins = 0, leaves = 0;
+    for (size_t k = 0; k < m->n; k++) m->ev[k].join ? joins++ : leaves++;
+    cJSON_AddNumberToObject(o, "min_workers", S->c->lab.min_workers);
+    cJSON_AddNumberToObject(o, "joins", joins);
+    cJSON_AddNumberToObject(o, "leaves", leaves);
+    cJSON_AddNumberToObject(o, "live_min", m->live_min);
+    cJSON_AddNumberToObject(o, "live_max", m->live_max);
+    cJSON *ep = cJSON_AddArrayToObject(o, "epoch_samples");
+    for (size_t k = 0; k < m->n_epochs; k++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "epoch", (double)m->epochs[k].epoch);
+        cJSON_AddNumberToObject(e, "trained", (double)m->epochs[k].trained);
+        cJSON_AddNumberToObject(e, "repeated", (double)m->epochs[k].repeated);
+        cJSON_AddNumberToObject(e, "retrained_after_death", (double)m->epochs[k].retrained_after_death);
+        cJSON_AddNumberToObject(e, "batches", (double)m->epochs[k].batches);
+        cJSON_AddItemToArray(ep, e);
+    }
+}
+
 int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
 {
     *result = NULL;
@@ -529,11 +799,16 @@ int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
     int rc = s_setup(S, c, err);
     if (rc == 0) rc = s_loop(S, err);
     double acc = 0, loss = 0;
-    if (rc == 0) rc = dp_lab_finish(&S->L, S->chief_steps, dp_now() - t0, &acc, &loss, err);
+    dp_ps_membership_t crew = {0};
+    if (rc == 0 && S->dealing) s_crew_summary(S, &crew);
+    if (rc == 0)
+        rc = dp_lab_finish(&S->L, S->chief_steps, dp_now() - t0, S->dealing ? &crew : NULL, &acc, &loss, err);
     if (rc == 0) {
         s_eval_emit(S, S->L.shard[0].version, acc, loss); /* the last point of the curve: all of the test set */
         *result = s_result(S, acc, loss, dp_now() - t0);
+        if (S->dealing) s_crew_result(*result, S, &crew);
     }
+    dp_ps_membership_fini(&crew);
     s_teardown(S);
     free(S);
     return rc;

@@ -28,6 +28,11 @@
 #      and counted in summary.json's epoch_samples (as many as shard 0's
 #      log says it held); the replay trains the dealt batches bit for bit;
 #      a worker with another data plan is refused with one line
+#  (h) downpour sim --churn: a simulated elastic crew changing on the
+#      simulated clock, by leaves (after the push in flight) and by deaths
+#      (the push lost): every batch of the record applied once, none
+#      repeated but a dead worker's, counted; the same flags give the same
+#      bits, and the record replays them; the refusals
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -312,4 +317,65 @@ check "a worker with another data plan: refused, one line naming both" \
     bash -c "[ $rc != 0 ] && grep -q 'data plan mismatch: the servers deal 4000 batches of 32' '$TMP/plan-w1.log' &&
              grep -q 'this worker.s is 120 of 32' '$TMP/plan-w1.log'"
 kill -TERM $W $PS; wait_for $W 30 >/dev/null; wait_for $PS 30 >/dev/null
+
+# ---- (h) downpour sim --churn ------------------------------------------------------
+# once_check REC RESULT: the record's applied pushes name each batch at most
+# once, every batch of each epoch before the last; the result's epoch_samples
+# agree: "ok DEATHS REPEATED RETRAINED" or the first violation.
+once_check() {
+    "$TORCH_PY" - "$@" <<'EOF'
+import collections, json, sys
+seen = collections.Counter()
+for l in open(sys.argv[1]):
+    e = json.loads(l)
+    if e.get("e") == "push" and e["st"] == "applied":
+        seen[(e["be"], e["bi"])] += 1
+r = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+eps = r["epoch_samples"]
+bad = [f"batch {k} applied {n} times" for k, n in sorted(seen.items()) if n != 1]
+for e in eps[:-1]:
+    got = sum(1 for (ep, _) in seen if ep == e["epoch"])
+    if got != e["batches"] or e["trained"] != 6400:
+        bad.append(f"epoch {e['epoch']}: {got} of {e['batches']} batches applied, {e['trained']} trained")
+rep = sum(e["repeated"] for e in eps)
+ret = sum(e["retrained_after_death"] for e in eps)
+gone = sum(1 for l in open(sys.argv[2]) if '"why":"gone"' in l)
+if not r["joins"] or not r["leaves"] or not (2 <= r["live_min"] <= r["live_max"] <= 5):
+    bad.append(f"joins {r['joins']} leaves {r['leaves']} live {r['live_min']}..{r['live_max']}")
+print(bad[0] if bad else f"ok {gone} {rep} {ret}")
+EOF
+}
+SIMF=(--model "$MODEL" --batch 32 --train-samples 6400 --compute exp:50 --updates 500 --json)
+"$BIN/downpour" sim --workers 2:5 --churn leave:0.4 --mode async "${SIMF[@]}" --record "$TMP/sl.jsonl" \
+    >"$TMP/sl.out" 2>"$TMP/sl.err"; rc=$?
+OUT=$(once_check "$TMP/sl.jsonl" "$TMP/sl.out" 2>&1)
+check "sim --churn leave: exit $rc; each batch applied once, nothing repeated ($OUT)" \
+    bash -c "[ $rc = 0 ] && [ '$OUT' = 'ok 0 0 0' ]"
+"$BIN/downpour" sim --workers 2:5 --churn kill:0.4 --mode sync "${SIMF[@]}" --record "$TMP/sk.jsonl" \
+    --out "$TMP/sk" >"$TMP/sk.out" 2>"$TMP/sk.err"; rc=$?
+read -r OK GONE REP RET <<<"$(once_check "$TMP/sk.jsonl" "$TMP/sk.out" 2>&1)"
+check "sim --churn kill (sync): each batch applied once; the dead workers' retrained, counted ($OK, $GONE deaths, $REP repeated)" \
+    bash -c "[ $rc = 0 ] && [ '$OK' = ok ] && [ '$REP' = '$RET' ] && [ '$REP' -gt 0 ] && [ '$REP' -le $((${GONE:-0} * 32)) ]"
+check "... summary.json has the same epoch_samples and membership" "$TORCH_PY" -c '
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read().splitlines()[-1])
+assert [e["repeated"] for e in s["epoch_samples"]] == [e["repeated"] for e in r["epoch_samples"]]
+assert sum(1 for e in s["membership"] if e["event"] == "join") == r["joins"]' "$TMP/sk/summary.json" "$TMP/sk.out"
+"$BIN/downpour" sim --workers 2:5 --churn kill:0.4 --mode sync "${SIMF[@]}" >"$TMP/sk2.out" 2>&1
+same() { cmp <(tail -1 "$1" | sed 's/"wall_s":[^,}]*//') <(tail -1 "$2" | sed 's/"wall_s":[^,}]*//'); }
+check "sim --churn: the same flags, the same crew and bits" same "$TMP/sk.out" "$TMP/sk2.out"
+"$BIN/downpour" replay "$TMP/sk.jsonl" --out "$TMP/sk-replay" >"$TMP/sk-replay.log" 2>&1
+ACC=$("$TORCH_PY" -c 'import json, sys; print("%.4f" % json.load(open(sys.argv[1]))["test_accuracy"])' "$TMP/sk/summary.json")
+check "sim --churn's record replays bit for bit (accuracy $ACC)" \
+    bash -c "grep -q 'every recorded norm matched' '$TMP/sk-replay.log' && grep -q 'test accuracy $ACC' '$TMP/sk-replay.log'"
+sim_refuses() { # WANT ARGS...: one line, exit 2
+    local want=$1; shift
+    "$BIN/downpour" sim "$@" --updates 10 >"$TMP/sr.log" 2>&1
+    local rc=$?
+    [ $rc = 2 ] && grep -q -- "$want" "$TMP/sr.log" && [ "$(wc -l <"$TMP/sr.log")" = 1 ] || { echo "rc $rc"; cat "$TMP/sr.log"; return 1; }
+}
+check "sim --churn on a fixed crew: refused" sim_refuses "--churn needs an elastic crew" --workers 4 --churn leave:1
+check "sim --churn with MIN = MAX: refused" sim_refuses "--churn needs an elastic crew" --workers 3:3 --churn kill:1
+check "sim --churn bogus:1: refused" sim_refuses "'bogus:1' is not leave:MEAN_S or kill:MEAN_S" --workers 1:3 --churn bogus:1
+check "sim --workers 1:3 --epochs: refused" sim_refuses "give --updates" --workers 1:3 --epochs 1
 finish
