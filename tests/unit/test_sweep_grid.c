@@ -318,5 +318,47 @@ static void test_model_axis(void)
     s_refused("mode = sync\nmodel = conv3x3:8 frob fc:10 softmax\n", "frob", 2);
 }
 
-DP_TESTS(T(test_defaults), T(test_model_axis), T(test_spellings), T(test_empty_values), T(test_duplicates),
+/* Churn is an axis of the simulator's: an elastic crew (workers MIN:MAX)
+ * changing by leave:S or kill:S, each run's command carrying --churn;
+ * cluster = local refuses it with a line naming --chaos; bad values are
+ * refused at load. */
+static int s_has(const dp_sweep_cmd_t *c, const char *flag, const char *value)
+{
+    for (int i = 0; i + 1 < c->argc; i++)
+        if (strcmp(c->argv[i], flag) == 0 && strcmp(c->argv[i + 1], value) == 0) return 1;
+    return 0;
+}
+
+static void test_churn_axis(void)
+{
+    dp_sweep_grid_t g;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_load(&g, "cluster = sim\nworkers = 2:8\nchurn = none, kill:2\n", err), 0);
+    if (err[0]) fprintf(stderr, "    %s\n", err);
+    CHECK_EQ(dp_sweep_grid_configs(&g), 2);
+    int pick[DP_SWEEP_N_AXES];
+    CHECK_EQ(dp_sweep_grid_pick(&g, 1, pick), 1);
+    char label[256];
+    dp_sweep_grid_label(&g, pick, label, sizeof label);
+    CHECK_STR(label, "churn=kill:2");
+    dp_sweep_cmd_t cmd;
+    CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
+    CHECK(s_has(&cmd, "--churn", "kill:2") && s_has(&cmd, "--workers", "2:8"));
+    CHECK_EQ(dp_sweep_grid_pick(&g, 0, pick), 1);
+    CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
+    int any = 0;
+    for (int i = 0; i < cmd.argc; i++) any |= strcmp(cmd.argv[i], "--churn") == 0;
+    CHECK(!any); /* none: no flag */
+    snprintf(g.cluster, sizeof g.cluster, "local");
+    CHECK_EQ(dp_sweep_grid_pick(&g, 1, pick), 1);
+    CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), -1);
+    CHECK(strstr(err, "churn: a simulated crew's changes need cluster = sim") != NULL);
+    dp_sweep_grid_fini(&g);
+    s_set_refused("churn", "kill", "churn 'kill': expected none, leave:SECONDS or kill:SECONDS");
+    s_set_refused("churn", "leave:0", "churn 'leave:0'");
+    s_set_refused("churn", "stay:1", "churn 'stay:1'");
+    s_set_refused("workers", "3:2", "workers");
+}
+
+DP_TESTS(T(test_defaults), T(test_model_axis), T(test_churn_axis), T(test_spellings), T(test_empty_values), T(test_duplicates),
          T(test_bad_keys_and_values), T(test_huge))

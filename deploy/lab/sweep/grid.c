@@ -21,7 +21,7 @@
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
     "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
-    "compress", "error-feedback", "model", "seed",
+    "compress", "error-feedback", "model", "churn", "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -31,7 +31,7 @@ static int s_server_axis(int a)
            a == DP_SWEEP_DELAY_LR || a == DP_SWEEP_DELAY_COMPENSATION ||
            a == DP_SWEEP_LOCAL_STEPS || a == DP_SWEEP_OUTER_OPTIMIZER ||
            a == DP_SWEEP_REPLICAS || a == DP_SWEEP_STRAGGLER || a == DP_SWEEP_COMPUTE ||
-           a == DP_SWEEP_COMPRESS || a == DP_SWEEP_ERROR_FEEDBACK;
+           a == DP_SWEEP_COMPRESS || a == DP_SWEEP_ERROR_FEEDBACK || a == DP_SWEEP_CHURN;
 }
 
 const char *dp_sweep_axis_name(int axis)
@@ -127,6 +127,19 @@ static int s_check_compute(const char *flag, const char *v, char *err)
     return dp_err(err, "%s '%s': expected const:MS, exp:MEAN_MS or lognormal:MU:SIGMA", flag, v);
 }
 
+/* none, leave:S or kill:S (downpour sim --churn). */
+static int s_check_churn(const char *flag, const char *v, char *err)
+{
+    const char *colon = strchr(v, ':');
+    size_t k = colon ? (size_t)(colon - v) : 0;
+    double s;
+    if (strcmp(v, "none") == 0) return 0;
+    if (colon && ((k == 5 && strncmp(v, "leave", 5) == 0) || (k == 4 && strncmp(v, "kill", 4) == 0)) &&
+        dp_opts_parse_double(flag, colon + 1, 1e-6, 1e9, &s, NULL) == 0)
+        return 0;
+    return dp_err(err, "%s '%s': expected none, leave:SECONDS or kill:SECONDS", flag, v);
+}
+
 /* One value of axis a. */
 static int s_check_value(int a, const char *v, char *err)
 {
@@ -139,7 +152,10 @@ static int s_check_value(int a, const char *v, char *err)
     case DP_SWEEP_MODE:
         return s_is_one_of(v, "sync|async|ssp|standalone")
                    ? 0 : dp_err(err, "mode '%s': expected sync, async, ssp or standalone", v);
-    case DP_SWEEP_WORKERS: return dp_opts_parse_long(flag, v, 1, 64, &l, err);
+    case DP_SWEEP_WORKERS: { /* N, or MIN:MAX an elastic crew */
+        int lo, hi;
+        return dp_opts_parse_crew(flag, v, 64, &lo, &hi, err);
+    }
     case DP_SWEEP_STALENESS: return dp_opts_parse_long(flag, v, 0, 1000000, &l, err);
     case DP_SWEEP_REPLICAS: return dp_opts_parse_long(flag, v, 1, 64, &l, err);
     case DP_SWEEP_LR:
@@ -171,6 +187,7 @@ static int s_check_value(int a, const char *v, char *err)
                    ? 0 : dp_err(err, "lr-policy '%s': expected fixed or staleness", v);
     case DP_SWEEP_STRAGGLER: return s_check_straggler(flag, v, err);
     case DP_SWEEP_COMPUTE: return s_check_compute(flag, v, err);
+    case DP_SWEEP_CHURN: return s_check_churn(flag, v, err);
     case DP_SWEEP_COMPRESS: {
         dp_compress_conf_t z = {0};
         return dp_compress_parse(v, &z, err);

@@ -1,7 +1,7 @@
 /* sweep/grid: what `downpour sweep` runs — a grid of axes (mode, workers,
  * staleness bound, lr, lr policy, delay rule, delay compensation, momentum,
  * optimizer, replicas, straggler,
- * simulated compute time, seed), each a list of values, read from a small
+ * simulated compute time, simulated churn, seed), each a list of values, read from a small
  * text file and/or flags. A configuration is one value of every axis but the seed;
  * a run is a configuration with a seed.
  *
@@ -14,6 +14,7 @@
  *   optimizer = adam, rmsprop
  *   replicas = 3                            straggler = none, 3:50
  *   compute = exp:10                        seed = 1, 2, 3
+ *   workers = 2:8 (elastic)                 churn = none, kill:2 (sim)
  *   cluster = local | sim                   args = --epochs 1 --batch 64
  *   eval-every = 50                         eval-limit = 2000
  *   targets = 0.80, 0.85, 0.88
@@ -45,6 +46,7 @@ typedef enum {
     DP_SWEEP_COMPRESS,    /* the workers' --compress: none | topk:F | sign */
     DP_SWEEP_ERROR_FEEDBACK, /* --error-feedback: on | off */
     DP_SWEEP_MODEL,       /* --model: a spec or a preset (resnet20) */
+    DP_SWEEP_CHURN,       /* sim: none | leave:S | kill:S (with workers = MIN:MAX) */
     DP_SWEEP_SEED,
     DP_SWEEP_N_AXES
 } dp_sweep_axis_t;

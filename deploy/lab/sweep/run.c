@@ -135,6 +135,10 @@ static int s_build_local(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
         return -1;
     if (dp_sweep_grid_value(g, pick, DP_SWEEP_COMPUTE))
         return dp_err(err, "compute: simulated compute times need cluster = sim");
+    const char *churn = dp_sweep_grid_value(g, pick, DP_SWEEP_CHURN);
+    if (churn && strcmp(churn, "none") != 0)
+        return dp_err(err, "churn: a simulated crew's changes need cluster = sim (downpour local "
+                           "has --chaos kill:SECONDS: give it in args)");
     return s_push_common(c, g, pick, seed, err) || s_push_args(c, g->args, err) ? -1 : 0;
 }
 
@@ -150,7 +154,8 @@ static int s_build_sim(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *p
     snprintf(path, sizeof path, "%s/metrics/sim.jsonl", dir);
     if (s_push_opt(c, "--metrics", path, err) || s_push_server(c, g, pick, err) ||
         s_push_opt(c, "--straggler", dp_sweep_grid_value(g, pick, DP_SWEEP_STRAGGLER), err) ||
-        s_push_opt(c, "--compute", dp_sweep_grid_value(g, pick, DP_SWEEP_COMPUTE), err))
+        s_push_opt(c, "--compute", dp_sweep_grid_value(g, pick, DP_SWEEP_COMPUTE), err) ||
+        s_push_opt(c, "--churn", dp_sweep_grid_value(g, pick, DP_SWEEP_CHURN), err))
         return -1;
     return s_push_common(c, g, pick, seed, err) || s_push_args(c, g->args, err) ? -1 : 0;
 }
