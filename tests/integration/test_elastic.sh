@@ -232,6 +232,15 @@ check "a chief that comes back resumes, ends the run and stops the servers" \
 # ---- (f) refusals ------------------------------------------------------------
 "$BIN/downpour-ps" --workers 3:2 >"$TMP/r1.log" 2>&1; rc=$?
 check "MIN above MAX: one line, exit 2" bash -c "[ $rc = 2 ] && grep -q 'MIN 3 is above MAX 2' '$TMP/r1.log' && [ \$(wc -l <'$TMP/r1.log') = 1 ]"
+# Shards that disagree on the crew: the worker names both ranges.
+P2=$("$TORCH_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$PORT" --shard 0/2 --workers 1:4 --mode async --model "$MODEL" >"$TMP/m0.log" 2>&1; M0=$!
+bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:$P2" --shard 1/2 --workers 4 --mode async --model "$MODEL" >"$TMP/m1.log" 2>&1; M1=$!
+"$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT,tcp://127.0.0.1:$P2" --task-index 0 "${COMMON[@]}" --steps 2 \
+    --timeout 10 >"$TMP/mw.log" 2>&1; rc=$?
+check "shards with different crews: the worker stops with one line naming both (1:4 and 4)" \
+    bash -c "[ $rc != 0 ] && grep -q 'runs async with 4 workers, R=.* runs async with 1:4 workers' '$TMP/mw.log'"
+kill -TERM $M0 $M1; wait_for $M0 30 >/dev/null; wait_for $M1 30 >/dev/null
 "$BIN/downpour" local --workers 2 --chaos kill:5 >"$TMP/r2.log" 2>&1; rc=$?
 check "--chaos on a fixed crew: refused (exit 2)" bash -c "[ $rc = 2 ] && grep -q 'needs an elastic crew' '$TMP/r2.log'"
 check "scale above MAX: ignored, with a line" grep -q "scale 5 ignored: above --workers 1:4's MAX" "$TMP/a.err"
