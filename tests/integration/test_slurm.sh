@@ -6,10 +6,12 @@
 #    completes, the chief's summary.json, model and metrics are there, and
 #    the servers stopped on the chief's SHUTDOWN; `srun downpour launch`
 #    (a job step) runs the PyTorch example as 2 workers of its own shard;
-#    an elastic job (DP_WORKERS=1:4, sync): deploy/slurm/join.sh adds a
-#    worker as a step of the running job, `scancel --signal=TERM` of that
-#    step makes it leave (exit 0), the job completes with each sample of
-#    the epoch trained once; join.sh refuses a fixed crew's job
+#    an elastic job (DP_WORKERS=1:4, sync) of workers 0 and 1:
+#    deploy/slurm/join.sh adds 2 and 3 as steps of the running job, then
+#    3 (`scancel --signal=TERM` of its step), 2 and 1 (deploy/slurm/leave.sh;
+#    1 is a task of the job's own step) leave after a whole step (exit 0),
+#    and the job completes with each sample of the epoch trained once;
+#    join.sh refuses a fixed crew's job, leave.sh a worker not running
 #  - three nodes, each slurmd in a network namespace of its own (a host with
 #    its own address, tests/netns/lib.sh): with DP_PS_NODES=1 the server runs
 #    on the first host and a worker on each of the others, in sync mode, so
@@ -30,7 +32,7 @@ trap 'exit 129' HUP
 
 # The checks of each half; a skip counts them (section_end keeps the
 # figures true where they run).
-ONE=13 THREE=9
+ONE=17 THREE=9
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     skip_checks $((ONE + THREE)) slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
@@ -117,15 +119,17 @@ if sl_start; then
     else
         skip_checks 2 "slurm launch" "python3-torch is not installed under $TORCH_PY (make deps-test)"
     fi
-    # An elastic job (DP_WORKERS=1:4, sync): deploy/slurm/join.sh adds a
-    # step while it trains, `scancel --signal=TERM` of that step takes it
-    # out; each change waits for the pushes the metrics show.
+    # An elastic job (DP_WORKERS=1:4, sync) started with workers 0 and 1:
+    # deploy/slurm/join.sh adds 2 and 3 while it trains, then three leave:
+    # 3 by `scancel --signal=TERM` of its step, 2 and 1 (a task of the job's
+    # own step) by deploy/slurm/leave.sh. Each change waits for the pushes
+    # the metrics show.
     "$PWD/deploy/slurm/join.sh" "$TMP/one" >"$TMP/join-fixed.log" 2>&1; rc=$?
     check "join.sh on a fixed crew's job: refused, one line (exit $rc)" \
         bash -c "[ $rc = 2 ] && grep -q 'has a fixed crew' '$TMP/join-fixed.log'"
     E=$TMP/elastic port=$((20000 + RANDOM % 20000))
     sl_run "" env DP_OUT="$E" DP_PS_PORT=$port DP_WORKER_PORT=$((port + 100)) \
-        DP_WORKER_ARGS="--train-samples 9600 --threads 1 --delay-ms 40 --timeout $((30 * scale))" \
+        DP_WORKER_ARGS="--train-samples 19200 --threads 1 --delay-ms 40 --timeout $((30 * scale))" \
         sbatch --parsable --time=$((3 * scale)) --nodes=1 --output="$TMP/elastic.out" \
         --export=ALL,DP_WORKERS=1:4,DP_WORKERS_PER_NODE=2,DP_MODE=sync,DP_BATCH=32 \
         deploy/slurm/downpour.sbatch >"$TMP/elastic.id" 2>&1
@@ -133,19 +137,34 @@ if sl_start; then
     applied() { grep -c '"status":"applied"' "$E/metrics/worker-$1.jsonl" 2>/dev/null; }
     until_applied() { # N I: bounded
         for _ in $(seq $((900 * scale))); do [ "$(applied "$2")" -ge "$1" ] 2>/dev/null && return 0; sleep 0.1; done
-        echo "worker $2: $(applied "$2") pushes applied"; cat "$TMP/elastic.out" 2>/dev/null | tail -3; return 1
+        echo "worker $2: $(applied "$2") pushes applied"; tail -3 "$TMP/elastic.out" 2>/dev/null; return 1
+    }
+    joined() { # I JOIN-LOG: join.sh took index I and that worker trains
+        until_applied 3 "$1" && grep -q "job $EJ: worker $1 joins" "$2"
     }
     until_applied 3 0 >/dev/null
-    bg sl_run "" timeout -k 5 $((120 * scale)) "$PWD/deploy/slurm/join.sh" "$E" >"$TMP/join.log" 2>&1
-    JOIN=$!
-    check "elastic job $EJ: join.sh takes the lowest free index, 2, whose step trains" \
-        bash -c "$(declare -f applied until_applied); E=$E TMP=$TMP scale=$scale; until_applied 3 2 &&
-                 grep -q 'job $EJ: worker 2 joins' '$TMP/join.log'"
-    step=$(sl_run "" squeue -h -s -j "$EJ" -o '%i %j' | awk '$2 == "worker-2" { print $1 }')
+    bg sl_run "" timeout -k 5 $((150 * scale)) "$PWD/deploy/slurm/join.sh" "$E" >"$TMP/join2.log" 2>&1
+    JOIN2=$!
+    check "elastic job $EJ: join.sh takes the lowest free index, 2, whose step trains" joined 2 "$TMP/join2.log"
+    bg sl_run "" timeout -k 5 $((150 * scale)) "$PWD/deploy/slurm/join.sh" "$E" >"$TMP/join3.log" 2>&1
+    JOIN3=$!
+    check "... a second join.sh takes 3" joined 3 "$TMP/join3.log"
+    step=$(sl_run "" squeue -h -s -j "$EJ" -o '%i %j' | awk '$2 == "worker-3" { print $1 }')
     sl_run "" scancel --signal=TERM "${step:-$EJ.none}"
-    wait_for $JOIN $((60 * scale)); rc=$?
-    check "scancel --signal=TERM $step: worker 2 leaves after a whole step, its srun exits 0 (got $rc)" \
-        bash -c "[ $rc = 0 ] && grep -q 'worker 2: left after step' $E/logs/worker-2.*.log"
+    wait_for $JOIN3 $((60 * scale)); rc=$?
+    check "scancel --signal=TERM $step: worker 3 leaves after a whole step, its srun exits 0 (got $rc)" \
+        bash -c "[ $rc = 0 ] && grep -q 'worker 3: left after step' $E/logs/worker-3.*.log"
+    sl_run "" "$PWD/deploy/slurm/leave.sh" "$E" 2 >"$TMP/leave2.log" 2>&1; rc=$?
+    wait_for $JOIN2 $((60 * scale)); rc2=$?
+    check "leave.sh 2: worker 2 leaves after a whole step, its srun exits 0 ($rc, $rc2)" \
+        bash -c "[ $rc = 0 ] && [ $rc2 = 0 ] && grep -q 'worker 2: left after step' $E/logs/worker-2.*.log"
+    sl_run "" "$PWD/deploy/slurm/leave.sh" "$E" 1 >"$TMP/leave1.log" 2>&1; rc=$?
+    left1() { for _ in $(seq $((300 * scale))); do grep -q 'worker 1: left after step' "$E/logs/worker-1.log" && return 0; sleep 0.1; done; return 1; }
+    check "leave.sh 1: worker 1, a task of the job's own step, leaves alone (exit $rc)" \
+        bash -c "[ $rc = 0 ] && $(declare -f left1); E=$E scale=$scale; left1"
+    sl_run "" "$PWD/deploy/slurm/leave.sh" "$E" 3 >"$TMP/leave3.log" 2>&1; rc=$?
+    check "leave.sh 3 when no worker 3 runs: exit 1, one line" \
+        bash -c "[ $rc = 1 ] && grep -q 'no worker 3 is running' '$TMP/leave3.log'"
     for _ in $(seq $((1200 * scale))); do [ -z "$(sl_run "" squeue -h -j "$EJ" 2>/dev/null)" ] && break; sleep 0.1; done
     st=$(job_state "" "$EJ")
     check "elastic: the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
@@ -154,9 +173,9 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 ev = ["%s%d" % (e["event"][0], e["task"]) for e in s["membership"]]
 es = s["epoch_samples"][0]
-print(" ".join(sorted(ev[:2]) + ev[2:4]), "|", es["trained"], es["repeated"], s["live_max"])' "$E/summary.json" 2>&1)
-    check "elastic: summary.json: 0 and 1 start, 2 joins and leaves, 9600 samples once ($crew)" \
-        test "$crew" = "j0 j1 j2 l2 | 9600 0 3"
+print(" ".join(sorted(ev[:2]) + ev[2:]), "|", es["trained"], es["repeated"], s["live_max"])' "$E/summary.json" 2>&1)
+    check "elastic: summary.json: 0 and 1 start, 2 and 3 join, 3, 2, 1 leave, 19200 samples once ($crew)" \
+        test "$crew" = "j0 j1 j2 j3 l3 l2 l1 l0 | 19200 0 4"
 else
     fail "start the one-node cluster" "$SL_WHY"
 fi
