@@ -205,6 +205,17 @@ void dp_ps_client_set_stop(dp_ps_client_t *c, volatile sig_atomic_t *stop)
     c->stop = stop;
 }
 
+void dp_ps_client_set_compress(dp_ps_client_t *c, const dp_compress_conf_t *z)
+{
+    c->compress = *z;
+    for (int i = 0; i < c->n; i++)
+        if (c->sh[i].z) {
+            dp_compressor_fini(c->sh[i].z);
+            free(c->sh[i].z);
+            c->sh[i].z = NULL;
+        }
+}
+
 int dp_ps_client_wait_all_finished(dp_ps_client_t *c, double timeout_s, char *err)
 {
     if (!c->finished && dp_ps_client_finish(c, err) != 0) return -1;

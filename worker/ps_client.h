@@ -321,6 +321,10 @@ int dp_ps_client_leave(dp_ps_client_t *c, char *err);
 /* What blocked calls watch from now on (dp_ps_client_opts_t.stop; NULL:
  * nothing, each ends by its reply or its timeout). */
 void dp_ps_client_set_stop(dp_ps_client_t *c, volatile sig_atomic_t *stop);
+/* Pushes compressed as z says from the next one on (opts.compress, set
+ * later: the library's downpour_set_compress); each shard's compressor,
+ * and its residual, starts afresh. */
+void dp_ps_client_set_compress(dp_ps_client_t *c, const dp_compress_conf_t *z);
 
 /* Wait until every worker has finished (or gone silent past the servers'
  * heartbeat timeout), as shard 0 counts them (asked every 0.1 s), or

@@ -25,7 +25,9 @@ Client(table, ps=None, task_index=None, **options)
     None takes TF_CONFIG's task, or 0 with ps given. Options: timeout (s, 30),
     curve_secret and curve_server (key files; default $DOWNPOUR_CURVE_SECRET
     and $DOWNPOUR_CURVE_SERVER, as downpour launch --curve sets them), wire ("fp32" | "bf16"),
-    transport ("auto" | "shm" | "zmq").
+    transport ("auto" | "shm" | "zmq"), compress ("none" | "topk:F" | "sign") and
+    error_feedback ("on" | "off"), as downpour-worker's --compress and --error-feedback
+    (with the servers' --local-steps, the pseudo-gradient is what is compressed).
   .tensors        [TensorInfo(name, shape, offset, count, trainable)]
   .info           Info(mode, workers, replicas, staleness, shards, task_index, resume_step,
                   local_steps)
@@ -151,6 +153,7 @@ class Client:
             raise Error("downpour launch started this worker to write the model, which "
                         "downpour.torch.Worker(module) does; with a NumPy client give downpour "
                         "launch --init FILE or --model SPEC", "args")
+        compress = options.pop("compress", None), options.pop("error_feedback", None)
         o = _opts(lib, ps, task_index, **options)
         h = ctypes.c_void_p()
         if _spec is not None:
@@ -170,6 +173,12 @@ class Client:
         if rc != 0:
             _raise_last(lib)
         self._h = h
+        if compress != (None, None) and lib.downpour_set_compress(h, _b(compress[0]), _b(compress[1])) != 0:
+            try:
+                _raise_last(lib)
+            finally:  # not registered yet: closed here
+                lib.downpour_close(h)
+                self._h = None
         self.tensors = []
         ti = _lib.TensorInfo()
         for i in range(lib.downpour_num_tensors(h)):

@@ -100,6 +100,7 @@ def _declare(lib):
         "downpour_push": (ctypes.c_int, [h, ctypes.c_void_p, ctypes.c_float, ctypes.c_int,
                                          ctypes.c_uint64, ctypes.POINTER(PushResult)]),
         "downpour_updates_lost": (ctypes.c_uint64, [h]),
+        "downpour_set_compress": (ctypes.c_int, [h, ctypes.c_char_p, ctypes.c_char_p]),
         "downpour_stats": (ctypes.c_int, [h, ctypes.POINTER(Stats)]),
         "downpour_finish": (ctypes.c_int, [h]),
         "downpour_leave": (ctypes.c_int, [h]),

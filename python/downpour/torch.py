@@ -27,7 +27,8 @@ servers run `--model SPEC --input CxHxW` instead (the module's names and
 shapes must be the spec's: tests/torch_net.py builds such a module). init:
 the --init file the servers were started from, so that a module that
 differs from it is refused before connecting, naming the tensor. Options
-as downpour.Client's: timeout, curve_secret, curve_server, wire, transport.
+as downpour.Client's: timeout, curve_secret, curve_server, wire, transport,
+compress, error_feedback.
 
   pull()   the weights into the module's parameters and buffers in place:
            one copy from what arrived, no allocation (the pointers are
@@ -66,7 +67,9 @@ Worker reads H (.local_steps) and the loop keeps its own optimizer:
   None. finish(), wait_all() and a with-block's end push a round cut short
   first; after them pull() fetches the servers' weights again (the chief's
   final score). The servers' outer optimizer (--outer-optimizer sgd|nesterov)
-  steps by the pseudo-gradients.
+  steps by the pseudo-gradients. With compress= (topk:F, sign) the
+  pseudo-gradient is what is compressed, error feedback carrying what a
+  round did not send into the next round's push, as for downpour-worker.
 """
 import ctypes
 import os

@@ -9,8 +9,14 @@
         a round leaves the module alone; 5 pushes, each returned at a
         round's end and None between; a round cut short by finish() is
         pushed too (22 steps: 6 pushes).
+    py_local.py compressed EP STEPS   the same servers, the Worker with
+        compress="topk:0.25": the servers end on the rounds' top-k
+        compressed pseudo-gradients with error feedback (proto/compress.c's
+        selection, redone here), not on those without it; a bad compress
+        value is one line.
 Prints "ok  ..." / "FAIL ..." lines and a closing count.
 """
+import math
 import sys
 
 import torch
@@ -82,10 +88,88 @@ def exact(ep, steps, pushes_wanted, name):
           worst < 1e-5)
 
 
+def flat_of(m):
+    return torch.cat([t.detach().reshape(-1) for t in m.state_dict().values()])
+
+
+def set_flat(m, v):
+    at = 0
+    with torch.no_grad():
+        for t in m.state_dict().values():
+            t.copy_(v[at:at + t.numel()].reshape(t.shape))
+            at += t.numel()
+
+
+def topk(v, frac):
+    """proto/compress.c's top-k: the k = ceil(frac n) (at most n / 2)
+    entries of largest magnitude, ties to the lower index; the rest 0."""
+    n = v.numel()
+    k = min(max(math.ceil(frac * n), 1), n // 2)
+    keep = sorted(range(n), key=lambda i: (-abs(v[i].item()), i))[:k]
+    out = torch.zeros_like(v)
+    out[keep] = v[keep]
+    return out
+
+
+def compressed_alone(steps, frac, feedback):
+    """The rounds as the servers see them: each starts from the servers'
+    weights, its pseudo-gradient (plus what earlier rounds did not send)
+    top-k compressed, and the outer SGD lr 1 steps by what was sent."""
+    m = make()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    server, resid = flat_of(m), torch.zeros_like(flat_of(m))
+    bs = batches(steps)
+    for r in range(0, steps, H):
+        set_flat(m, server)
+        for x, y in bs[r:r + H]:
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        v = (server - flat_of(m)) + (resid if feedback else 0)
+        sent = topk(v, frac)
+        resid = v - sent
+        server = server - sent
+    return server
+
+
+def compressed(ep, steps, name):
+    """compress="topk:0.25" with error feedback: the servers end on
+    compressed_alone's weights; without the feedback they would not."""
+    m = make()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with dt.Worker(m, ps=ep, task_index=0, compress="topk:0.25") as w:
+        for x, y in batches(steps):
+            w.pull()
+            loss = nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            w.push(loss=loss, batch=len(x))
+            opt.zero_grad()
+        w.finish()
+        flat = w.client.pull()
+    got = torch.cat([torch.from_numpy(flat[n]).reshape(-1) for n in m.state_dict()])
+    ref = compressed_alone(steps, 0.25, True)
+    worst = (got - ref).abs().max().item()
+    check(f"{name}: the servers' weights are the rounds' top-k pseudo-gradients with error feedback "
+          f"(max |diff| {worst:.2e})", worst < 1e-6)
+    off = (got - compressed_alone(steps, 0.25, False)).abs().max().item()
+    check(f"{name}: ... and not those without the feedback (max |diff| {off:.2e})", off > 1e-4)
+    bad = None
+    try:
+        dt.Worker(make(), ps=ep, task_index=0, compress="topk:2")
+    except downpour.Error as e:
+        bad = str(e)
+    check(f"{name}: compress=\"topk:2\" is refused with one line ({bad})",
+          bad is not None and "compress:" in bad and "\n" not in bad)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "init":
         dt.save_init(make(), sys.argv[2])
         sys.exit(0)
-    exact(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), f"{sys.argv[3]} steps")
+    if sys.argv[1] == "compressed":
+        compressed(sys.argv[2], int(sys.argv[3]), f"{sys.argv[3]} steps, topk:0.25")
+    else:
+        exact(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), f"{sys.argv[3]} steps")
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

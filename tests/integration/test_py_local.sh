@@ -7,6 +7,9 @@
 #    returned at a round's end, None between) and pull() inside a round
 #    leaving the module alone; 22 steps: the round finish() cuts short is
 #    pushed too (6) — tests/integration/py_local.py
+#  - compressed: the same with compress="topk:0.25": the servers end on the
+#    rounds' top-k pseudo-gradients with error feedback, redone in Python
+#    (and not on those without it); a bad value is one line
 #  - DiLoCo: examples/torch_diloco.py under downpour launch, 2 workers in
 #    sync, inner AdamW, outer Nesterov (lr 0.7, momentum 0.9), H = 8: one
 #    epoch reaches >= 0.85 test accuracy, each worker pushing once per 8
@@ -14,18 +17,22 @@
 #    servers apply 2 x 59)
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
-use_py_package 15 py_local data
+use_py_package 18 py_local data
 PY=tests/integration/py_local.py
 
 "$TORCH_PY" "$PY" init "$TMP/small.safetensors"
-for case in "20 5" "22 6"; do
+for case in "20 5" "22 6" "20 compressed"; do
     set -- $case
     rm -f "$TMP/ps.ready"
     bg "$BIN/downpour-ps" --init "$TMP/small.safetensors" --workers 1 --mode async --local-steps 4 \
         --outer-optimizer sgd --outer-lr 1 --bind tcp://127.0.0.1:0 --ready-file "$TMP/ps.ready" \
         >"$TMP/ps-$1.log" 2>&1
     t=0; until [ -s "$TMP/ps.ready" ] || [ $t -ge 100 ]; do sleep 0.1; t=$((t + 1)); done
-    "$TORCH_PY" "$PY" exact "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" "$2" >"$TMP/exact-$1.out" 2>&1
+    if [ "$2" = compressed ]; then
+        "$TORCH_PY" "$PY" compressed "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" >"$TMP/exact-$1.out" 2>&1
+    else
+        "$TORCH_PY" "$PY" exact "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" "$2" >"$TMP/exact-$1.out" 2>&1
+    fi
     rc=$?
     sed -n 's/^\(ok  \|FAIL\)/\1/p' "$TMP/exact-$1.out"
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$TMP/exact-$1.out" | tail -1)

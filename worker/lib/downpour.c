@@ -326,6 +326,19 @@ uint64_t downpour_version_pulled(const downpour_t *h)
     return dp_ps_client_version(h->ps);
 }
 
+int downpour_set_compress(downpour_t *h, const char *compress, const char *error_feedback)
+{
+    s_ok();
+    char err[DP_ERR_LEN];
+    dp_compress_conf_t z = {.kind = DP_COMPRESS_NONE, .error_feedback = 1};
+    if (compress && dp_compress_parse(compress, &z, err) != 0)
+        return s_fail(DOWNPOUR_ERR_ARGS, "compress: %s", err);
+    if (error_feedback && dp_compress_ef_parse(error_feedback, &z.error_feedback, err) != 0)
+        return s_fail(DOWNPOUR_ERR_ARGS, "error_feedback: %s", err);
+    dp_ps_client_set_compress(h->ps, &z);
+    return 0;
+}
+
 int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint64_t step,
                   downpour_push_result_t *res)
 {

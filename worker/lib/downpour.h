@@ -206,6 +206,14 @@ typedef struct {
 int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint64_t step,
                   downpour_push_result_t *res);
 
+/* Pushes from the next on compressed, as downpour-worker's --compress and
+ * --error-feedback: compress "none" (or NULL), "topk:F" (the fraction F of
+ * each shard's slice with the largest magnitudes) or "sign" (1 bit a float
+ * and a scale); error_feedback "on" (or NULL: what was not sent is added
+ * to the next push) or "off". With the servers' --local-steps it is the
+ * pseudo-gradient that is compressed. -1 for a value it does not know. */
+int downpour_set_compress(downpour_t *h, const char *compress, const char *error_feedback);
+
 /* Updates lost when a shard restarted from an older checkpoint. */
 uint64_t downpour_updates_lost(const downpour_t *h);
 
