@@ -15,7 +15,9 @@
 #  - three nodes, each slurmd in a network namespace of its own (a host with
 #    its own address, tests/netns/lib.sh): with DP_PS_NODES=1 the server runs
 #    on the first host and a worker on each of the others, in sync mode, so
-#    every gradient crosses the bridge; each slurmd launched its own step
+#    every gradient crosses the bridge; each slurmd launched its own step;
+#    the PyTorch example as each worker task (DP_COMMAND, TF_CONFIG set
+#    there), the server started from its --init file
 #  - nothing is left behind: no daemon, step daemon or task, no namespace
 # Every sbatch is bounded by `timeout`, by --time, and by the tasks'
 # --kill-on-bad-exit (SLURM_KILL_BAD_EXIT); the daemons are stopped by their
@@ -32,7 +34,7 @@ trap 'exit 129' HUP
 
 # The checks of each half; a skip counts them (section_end keeps the
 # figures true where they run).
-ONE=17 THREE=9
+ONE=17 THREE=11
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     skip_checks $((ONE + THREE)) slurm "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
@@ -208,6 +210,20 @@ case $? in
             bash -c "$(declare -f launched); id=$id TMP=$TMP; launched n2 1 && launched n3 1 && ! launched n2 0"
         st=$(job_state "$(nn_netns 0)" "$id")
         check "3 hosts: the job COMPLETED 0:0 (got '$st')" test "$st" = "COMPLETED 0:0"
+        # The PyTorch example as each worker task (DP_COMMAND), the server
+        # on host 1 started from its --init file, a worker on hosts 2 and 3.
+        if has_torch; then
+            export PYTHONPATH=$PWD/$BUILD/python
+            [ -s "$TMP/fm.safetensors" ] ||
+                "$TORCH_PY" examples/torch_fashion_mnist.py --write-init "$TMP/fm.safetensors" >/dev/null 2>&1
+            submit "$(nn_netns 0)" torch3 --nodes=3 \
+                --export="ALL,DP_PS_NODES=1,DP_WORKERS_PER_NODE=1,DP_MODE=async,DP_MODEL=,DP_PS_ARGS=--init $TMP/fm.safetensors,DP_COMMAND=$TORCH_PY examples/torch_fashion_mnist.py --steps 20"
+            check "3 hosts, DP_COMMAND: 2 PyTorch workers across the bridge, exit 0" test "$JOB_RC" = 0
+            check "... the chief (host 2) scored the run: 2 x 20 pushes applied" \
+                grep -q '^test accuracy .*the servers applied 40 pushes' "$TMP/torch3/logs/worker-0.log"
+        else
+            skip_checks 2 "slurm DP_COMMAND" "python3-torch is not installed under $TORCH_PY (make deps-test)"
+        fi
     else
         fail "start the 3-host cluster" "$SL_WHY"
     fi
