@@ -75,7 +75,7 @@ KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_CSRC   := $(wildcard kernels/cuda/*.c)
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
-WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c))
+WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c worker/env/*.c))
 # deploy/'s rooms: launcher/ (the downpour command and its children), bench/,
 # lab/ (engine, sim, replay) and lab/sweep/.
 DEPLOY_SRC  := $(filter-out deploy/launcher/downpour.c,$(wildcard deploy/*/*.c deploy/*/*/*.c))
