@@ -79,17 +79,18 @@ check "ps@0 starts as ps task 0 of its cluster.env" grep -q "cluster: ps task 0 
 check "... with \$DOWNPOUR_PS_ARGS (empty) as no argument" grep -q "\[--metrics\] \[$LG/downpour/ps-0.jsonl\]$" "$TMP/downpour-ps-0.log"
 pids=()
 for i in 0 1 2; do unit downpour-worker $i; pids+=($!); done
-served() {
-    local i rc ok=0
-    for i in 0 1 2; do
-        wait_for "${pids[$i]}" $((120 * scale)); rc=$?
+served() { # PID...: worker@0's, worker@1's, ... and then ps@0 exit 0
+    local i=0 pid rc ok=0
+    for pid in "$@"; do
+        wait_for "$pid" $((120 * scale)); rc=$?
         [ $rc = 0 ] || { echo "worker@$i: exit $rc"; tail -3 "$TMP/downpour-worker-$i.log"; ok=1; }
+        i=$((i + 1))
     done
     wait_for "$ps_pid" $((30 * scale)); rc=$?
     [ $rc = 0 ] || { echo "ps@0: exit $rc"; tail -3 "$TMP/downpour-ps-0.log"; ok=1; }
     return $ok
 }
-check "ps@0 serves worker@0..2; all exit 0" served
+check "ps@0 serves worker@0..2; all exit 0" served "${pids[@]}"
 check "worker@2 is worker task 2, on its worker-2.env device" \
     grep -q "worker 2/3: async mode, 1 shard(s), batch 32, 4 steps on cpu" "$TMP/downpour-worker-2.log"
 check "\$DOWNPOUR_WORKER_ARGS split into words" grep -q "\[--steps\] \[4\] \[--threads\] \[1\]" "$TMP/downpour-worker-1.log"
@@ -120,7 +121,7 @@ check "CURVE: ps@0 runs on its credential, allowing the 3 workers' keys" \
     grep -q "CURVE: public key .*, 3 client keys allowed" "$TMP/downpour-ps-0.log"
 pids=()
 for i in 0 1 2; do unit downpour-worker $i; pids+=($!); done
-check "CURVE: ps@0 serves worker@0..2; all exit 0" served
+check "CURVE: ps@0 serves worker@0..2; all exit 0" served "${pids[@]}"
 check "CURVE: the summary counts 3 x 4 pushes" \
     test "$(json "$ST/downpour/worker-0/summary.json" updates_applied 2>/dev/null)" = 12
 rm -r "$U/downpour-ps@.service.d" "$U/downpour-worker@.service.d"
@@ -158,17 +159,7 @@ stopped() { # I: worker@I's SIGTERM is a leave, exit 0 (Restart=on-failure leave
         { echo "worker@$1: exit $rc"; tail -3 "$TMP/downpour-worker-$1.log"; return 1; }
 }
 for i in 3 2 1; do check "elastic: systemctl stop worker@$i: it leaves after a whole step, exit 0" stopped $i; done
-finished() {
-    local i rc ok=0
-    for i in 0; do
-        wait_for "${wpid[$i]}" $((120 * scale)); rc=$?
-        [ $rc = 0 ] || { echo "worker@$i: exit $rc"; tail -3 "$TMP/downpour-worker-$i.log"; ok=1; }
-    done
-    wait_for "$ps_pid" $((30 * scale)); rc=$?
-    [ $rc = 0 ] || { echo "ps@0: exit $rc"; tail -3 "$TMP/downpour-ps-0.log"; ok=1; }
-    return $ok
-}
-check "elastic: worker@0 trains what is left, the ps stops on the chief's SHUTDOWN; both exit 0" finished
+check "elastic: worker@0 trains what is left, the ps stops on the chief's SHUTDOWN; both exit 0" served "${wpid[0]}"
 crew=$("$TORCH_PY" -c '
 import json, sys
 s = json.load(open(sys.argv[1]))

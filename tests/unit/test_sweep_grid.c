@@ -293,26 +293,39 @@ static void test_huge(void)
 /* The model is an axis: presets and specs (no commas in either), each
  * run's command carrying it as one --model argument; a spec the grammar
  * refuses is refused at load, naming the token. */
+static int s_has(const dp_sweep_cmd_t *c, const char *flag, const char *value)
+{
+    for (int i = 0; i + 1 < c->argc; i++)
+        if (strcmp(c->argv[i], flag) == 0 && strcmp(c->argv[i + 1], value) == 0) return 1;
+    return 0;
+}
+
+/* A grid of two configurations from text; config 1 picked, its label
+ * checked. */
+static void s_two_configs(dp_sweep_grid_t *g, const char *text, const char *label1, int *pick)
+{
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(s_load(g, text, err), 0);
+    if (err[0]) fprintf(stderr, "    %s\n", err);
+    CHECK_EQ(dp_sweep_grid_configs(g), 2);
+    CHECK_EQ(dp_sweep_grid_pick(g, 1, pick), 1);
+    char label[256];
+    dp_sweep_grid_label(g, pick, label, sizeof label);
+    CHECK_STR(label, label1);
+}
+
 static void test_model_axis(void)
 {
     dp_sweep_grid_t g;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(s_load(&g, "cluster = sim\nmodel = resnet20, fc:128 relu fc:10 softmax\n", err), 0);
-    if (err[0]) fprintf(stderr, "    %s\n", err);
-    CHECK_EQ(g.n[DP_SWEEP_MODEL], 2);
-    CHECK_EQ(dp_sweep_grid_configs(&g), 2);
     int pick[DP_SWEEP_N_AXES];
-    CHECK_EQ(dp_sweep_grid_pick(&g, 1, pick), 1);
-    char label[256];
-    dp_sweep_grid_label(&g, pick, label, sizeof label);
-    CHECK_STR(label, "model=fc:128 relu fc:10 softmax");
+    s_two_configs(&g, "cluster = sim\nmodel = resnet20, fc:128 relu fc:10 softmax\n",
+                  "model=fc:128 relu fc:10 softmax", pick);
+    CHECK_EQ(g.n[DP_SWEEP_MODEL], 2);
     CHECK_EQ(dp_sweep_grid_pick(&g, 0, pick), 1);
     dp_sweep_cmd_t cmd;
     CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
-    int found = 0;
-    for (int i = 0; i + 1 < cmd.argc; i++)
-        found |= strcmp(cmd.argv[i], "--model") == 0 && strcmp(cmd.argv[i + 1], "resnet20") == 0;
-    CHECK(found);
+    CHECK(s_has(&cmd, "--model", "resnet20"));
     dp_sweep_grid_fini(&g);
     s_refused("model = resnet20, resnet21\n", "model 'resnet21'", 1);
     s_refused("mode = sync\nmodel = conv3x3:8 frob fc:10 softmax\n", "frob", 2);
@@ -322,25 +335,12 @@ static void test_model_axis(void)
  * changing by leave:S or kill:S, each run's command carrying --churn;
  * cluster = local refuses it with a line naming --chaos; bad values are
  * refused at load. */
-static int s_has(const dp_sweep_cmd_t *c, const char *flag, const char *value)
-{
-    for (int i = 0; i + 1 < c->argc; i++)
-        if (strcmp(c->argv[i], flag) == 0 && strcmp(c->argv[i + 1], value) == 0) return 1;
-    return 0;
-}
-
 static void test_churn_axis(void)
 {
     dp_sweep_grid_t g;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(s_load(&g, "cluster = sim\nworkers = 2:8\nchurn = none, kill:2\n", err), 0);
-    if (err[0]) fprintf(stderr, "    %s\n", err);
-    CHECK_EQ(dp_sweep_grid_configs(&g), 2);
     int pick[DP_SWEEP_N_AXES];
-    CHECK_EQ(dp_sweep_grid_pick(&g, 1, pick), 1);
-    char label[256];
-    dp_sweep_grid_label(&g, pick, label, sizeof label);
-    CHECK_STR(label, "churn=kill:2");
+    s_two_configs(&g, "cluster = sim\nworkers = 2:8\nchurn = none, kill:2\n", "churn=kill:2", pick);
     dp_sweep_cmd_t cmd;
     CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
     CHECK(s_has(&cmd, "--churn", "kill:2") && s_has(&cmd, "--workers", "2:8"));
