@@ -80,6 +80,29 @@ float dp_softmax_xent_forward(float *probs, const float *logits, const int *labe
 void dp_softmax_xent_backward(float *dlogits, const float *probs, const int *labels, int B,
                               int classes);
 
+/* The actor-critic loss (A3C, A2C) of a batch: logits[B,A] a softmax policy
+ * pi, value[B] the critic's estimate, action[B] the actions taken, ret[B]
+ * their n-step returns; the batch mean of
+ *     -(ret - value) log pi(action) + vcoef (ret - value)^2 - beta H(pi)
+ * with the advantage ret - value held constant in the policy term (the
+ * policy-gradient estimator; Stable-Baselines3's A2C loss with vf_coef =
+ * vcoef, ent_coef = beta). probs[B,A] gets pi, parts (may be NULL) the
+ * three batch means unweighted; returns the total. A <= DP_AC_MAX_ACTIONS. */
+#define DP_AC_MAX_ACTIONS 64
+typedef struct {
+    double policy, value, entropy;
+} dp_ac_parts_t;
+float dp_ac_loss_forward(float *probs, const float *logits, const float *value, const int *action,
+                         const float *ret, int B, int A, float beta, float vcoef, dp_ac_parts_t *parts);
+/* Its gradient: dlogits[B,A], dvalue[B] (from the logits again: log pi
+ * stays finite where pi underflows). */
+void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, const float *value,
+                         const int *action, const float *ret, int B, int A, float beta, float vcoef);
+/* Global-norm clipping, as torch.nn.utils.clip_grad_norm_: g scaled by
+ * max_norm / (norm + 1e-6) when its L2 norm is above max_norm (> 0).
+ * Returns the norm before. */
+double dp_clip_global_norm(float *g, size_t n, double max_norm);
+
 /* Batch normalization of x[B,C,HW] per channel c (PyTorch's BatchNorm1d /
  * BatchNorm2d): out = w[c] (x - mean[c]) / sqrt(var[c] + eps) + b[c].
  * Training: mean and var are the batch's (var biased: divided by B*HW), and

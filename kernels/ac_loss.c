@@ -1,0 +1,70 @@
+/* ac_loss: the actor-critic loss of A3C / A2C and global-norm clipping
+ * (kernels/ops.h). Small next to the network's layers (B x A floats), so
+ * one plain version serves as the reference and the CPU engine alike. */
+#include <math.h>
+
+#include "kernels/ops.h"
+
+/* log pi[0..A) of one row of logits, and pi, in double (stable: the max
+ * taken out); returns the row's entropy. */
+static double s_log_softmax(const float *z, int A, double *logp, double *p)
+{
+    double mx = z[0], sum = 0, h = 0;
+    for (int k = 1; k < A; k++)
+        if (z[k] > mx) mx = z[k];
+    for (int k = 0; k < A; k++) sum += exp((double)z[k] - mx);
+    double lse = log(sum);
+    for (int k = 0; k < A; k++) {
+        logp[k] = (double)z[k] - mx - lse;
+        p[k] = exp(logp[k]);
+        h -= p[k] * logp[k];
+    }
+    return h;
+}
+
+float dp_ac_loss_forward(float *probs, const float *logits, const float *value, const int *action,
+                         const float *ret, int B, int A, float beta, float vcoef, dp_ac_parts_t *parts)
+{
+    double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
+    double pol = 0, val = 0, ent = 0;
+    for (int n = 0; n < B; n++) {
+        double h = s_log_softmax(logits + (size_t)n * A, A, lp, p);
+        for (int k = 0; k < A; k++) probs[(size_t)n * A + k] = (float)p[k];
+        double adv = (double)ret[n] - value[n];
+        pol += -adv * lp[action[n]];
+        val += adv * adv;
+        ent += h;
+    }
+    pol /= B, val /= B, ent /= B;
+    if (parts) *parts = (dp_ac_parts_t){pol, val, ent};
+    return (float)(pol + vcoef * val - beta * ent);
+}
+
+void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, const float *value,
+                         const int *action, const float *ret, int B, int A, float beta, float vcoef)
+{
+    double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
+    for (int n = 0; n < B; n++) {
+        double h = s_log_softmax(logits + (size_t)n * A, A, lp, p);
+        double adv = (double)ret[n] - value[n];
+        for (int k = 0; k < A; k++) {
+            /* -adv d log pi(a) / dz_k  -  beta dH / dz_k, dH / dz_k = -pi_k (log pi_k + H) */
+            double g = -adv * ((k == action[n]) - p[k]) + beta * p[k] * (lp[k] + h);
+            dlogits[(size_t)n * A + k] = (float)(g / B);
+        }
+        dvalue[n] = (float)(2.0 * vcoef * ((double)value[n] - ret[n]) / B);
+    }
+}
+
+double dp_clip_global_norm(float *g, size_t n, double max_norm)
+{
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    double norm = sqrt(ss);
+    if (max_norm > 0 && norm > max_norm) {
+        /* PyTorch's clip_grad_norm_: times max / (norm + 1e-6) */
+        float scale = (float)(max_norm / (norm + 1e-6));
+        for (size_t i = 0; i < n; i++) g[i] *= scale;
+    }
+    return norm;
+}
