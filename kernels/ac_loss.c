@@ -56,6 +56,18 @@ void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, con
     }
 }
 
+void dp_ac_returns(float *ret, const float *reward, const unsigned char *end, const float *cut_value,
+                   int T, float gamma, float bootstrap)
+{
+    double next = bootstrap;
+    for (int t = T - 1; t >= 0; t--) {
+        if (end[t] == DP_AC_TERMINATED) next = 0;
+        else if (end[t] == DP_AC_TRUNCATED) next = cut_value[t];
+        next = (double)reward[t] + (double)gamma * next;
+        ret[t] = (float)next;
+    }
+}
+
 double dp_clip_global_norm(float *g, size_t n, double max_norm)
 {
     double ss = 0;

@@ -98,6 +98,17 @@ float dp_ac_loss_forward(float *probs, const float *logits, const float *value, 
  * stays finite where pi underflows). */
 void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, const float *value,
                          const int *action, const float *ret, int B, int A, float beta, float vcoef);
+/* The n-step returns of one environment's segment of T steps (A3C's
+ * targets): ret[t] = reward[t] + gamma * next, next being ret[t + 1], or at
+ * a step that ended its episode (end[t]): 0 when it terminated
+ * (DP_AC_TERMINATED), the critic's value of the state it was cut in,
+ * cut_value[t], when the time limit truncated it (DP_AC_TRUNCATED: the
+ * state is not terminal, so its future is estimated, not zero); after the
+ * last step, bootstrap (the critic's value of the state the segment stopped
+ * in; 0 if that step ended its episode). Summed in double, backwards. */
+enum { DP_AC_GOES_ON = 0, DP_AC_TERMINATED = 1, DP_AC_TRUNCATED = 2 };
+void dp_ac_returns(float *ret, const float *reward, const unsigned char *end, const float *cut_value,
+                   int T, float gamma, float bootstrap);
 /* Global-norm clipping, as torch.nn.utils.clip_grad_norm_: g scaled by
  * max_norm / (norm + 1e-6) when its L2 norm is above max_norm (> 0).
  * Returns the norm before. */

@@ -8,7 +8,9 @@
  *    a batch of 1, 3 actions, logits far apart so a probability underflows);
  *  - against PyTorch (tests/torch_ac.py: the same loss by autograd with the
  *    advantage detached, Categorical's entropy, clip_grad_norm_);
- *  - clipping: below the bound untouched, above it scaled to the bound. */
+ *  - clipping: below the bound untouched, above it scaled to the bound;
+ *  - n-step returns by hand: bootstrapped, cut by a termination, by a
+ *    truncation (its future the critic's), a terminated last step. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +134,31 @@ static void test_clip(void)
     CHECK_NEAR(g[0] / g[1], 0.75, 1e-6);
 }
 
+/* n-step returns by hand: gamma 0.5, four rewards of 1, bootstrap 8. */
+static void test_returns(void)
+{
+    const float r[4] = {1, 1, 1, 1}, cut[4] = {0, 6, 0, 0};
+    float ret[4];
+    unsigned char end[4] = {0, 0, 0, 0};
+    dp_ac_returns(ret, r, end, cut, 4, 0.5f, 8);
+    const float on[4] = {2.375f, 2.75f, 3.5f, 5};
+    for (int t = 0; t < 4; t++) CHECK_NEAR(ret[t], on[t], 0);
+    end[1] = DP_AC_TERMINATED; /* nothing after step 1 counts for steps 0 and 1 */
+    dp_ac_returns(ret, r, end, cut, 4, 0.5f, 8);
+    const float term[4] = {1.5f, 1, 3.5f, 5};
+    for (int t = 0; t < 4; t++) CHECK_NEAR(ret[t], term[t], 0);
+    end[1] = DP_AC_TRUNCATED; /* cut at step 1: its future is the critic's 6 */
+    dp_ac_returns(ret, r, end, cut, 4, 0.5f, 8);
+    const float trunc[4] = {3, 4, 3.5f, 5};
+    for (int t = 0; t < 4; t++) CHECK_NEAR(ret[t], trunc[t], 0);
+    end[1] = DP_AC_GOES_ON, end[3] = DP_AC_TERMINATED; /* the bootstrap of a terminated last step is 0 */
+    dp_ac_returns(ret, r, end, cut, 4, 0.5f, 8);
+    const float last[4] = {1.875f, 1.75f, 1.5f, 1};
+    for (int t = 0; t < 4; t++) CHECK_NEAR(ret[t], last[t], 0);
+    dp_ac_returns(ret, r, end, cut, 1, 0.99f, 100); /* T = 1, not ended: r + gamma V */
+    CHECK_NEAR(ret[0], 1 + 0.99 * 100, 1e-5);
+}
+
 static const char *s_py(void)
 {
     const char *p = getenv("TORCH_PY");
@@ -171,4 +198,5 @@ static void test_matches_pytorch(void)
     s_free(&c);
 }
 
-DP_TESTS(T(test_finite_differences), T(test_entropy_direction), T(test_clip), T(test_matches_pytorch))
+DP_TESTS(T(test_finite_differences), T(test_entropy_direction), T(test_clip), T(test_returns),
+         T(test_matches_pytorch))
