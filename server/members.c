@@ -69,7 +69,8 @@ void dp_members_join(dp_members_t *m, int i)
     w->finished = w->left = 0;
     w->gone = 0;
     if (news) w->back = 0;
-    if (news) dp_log_info("shard %d: worker %d joined (%d live)", m->shard, i, dp_members_active_count(m));
+    if (news && !m->quiet)
+        dp_log_info("shard %d: worker %d joined (%d live)", m->shard, i, dp_members_active_count(m));
 }
 
 int dp_members_finish(dp_members_t *m, int i, int leave)
@@ -78,8 +79,9 @@ int dp_members_finish(dp_members_t *m, int i, int leave)
     if (w->finished) return 0;
     w->finished = 1;
     w->left = leave;
-    dp_log_info("shard %d: worker %d %s (%d live)", m->shard, i,
-                leave ? "left before its last step" : "finished", dp_members_active_count(m));
+    if (!m->quiet)
+        dp_log_info("shard %d: worker %d %s (%d live)", m->shard, i,
+                    leave ? "left before its last step" : "finished", dp_members_active_count(m));
     return 1;
 }
 

@@ -35,6 +35,8 @@ typedef struct {
     int n;                 /* MAX: worker ids are 0 .. n - 1 */
     int min;               /* elastic: MIN (sync steps with at least MIN live); 0: a fixed crew */
     int shard;             /* shard index, for log lines */
+    int quiet;             /* no log lines (the lab's tables: a simulation changes its crew
+                            * thousands of times) */
 } dp_members_t;
 
 /* n workers, none joined, all last seen at now; min 0: a fixed crew of n,

@@ -174,7 +174,8 @@ static int s_servers(dp_lab_t *L, char *err)
             return -1;
         dp_shard_dc_init(&L->shard[k], c->workers);
         dp_members_init(&L->members[k], c->workers, c->min_workers, k, 0.0);
-        /* joined without dp_members_join's log line per worker (64 of them) */
+        L->members[k].quiet = 1;
+        /* joined, as their HELLOs would (their live state: the record's or the crew's) */
         for (int w = 0; w < c->workers; w++) L->members[k].w[w].joined = 1;
         if (dp_policy_new(&L->policy[k], s_ops(c->mode), &pc, &L->shard[k], &L->members[k], err) != 0)
             return -1;
@@ -376,20 +377,16 @@ int dp_lab_crew(dp_lab_t *L, int worker, dp_lab_crew_t what)
 {
     int moved = 0;
     for (int k = 0; k < L->conf.shards; k++) {
-        dp_member_t *w = &L->members[k].w[worker];
+        dp_members_t *m = &L->members[k];
         switch (what) {
-        case DP_LAB_JOIN: /* dp_members_join without its log line (a simulation has many) */
-            w->joined = 1;
-            w->finished = w->left = w->gone = 0;
-            w->hellos++;
-            break;
-        case DP_LAB_LEAVE: w->finished = w->left = 1; break;
-        case DP_LAB_FINISH: w->finished = 1; break;
-        case DP_LAB_DIE: w->gone = 1; break;
+        case DP_LAB_JOIN: dp_members_join(m, worker); break;
+        case DP_LAB_LEAVE: dp_members_finish(m, worker, 1); break;
+        case DP_LAB_FINISH: dp_members_finish(m, worker, 0); break;
+        case DP_LAB_DIE: dp_members_drop(m, worker); break;
         }
-        dp_record_members(L->rec, k, &L->members[k]);
-        int m = dp_policy_members_changed(L->policy[k]);
-        if (k == 0) moved = m;
+        dp_record_members(L->rec, k, m);
+        int v = dp_policy_members_changed(L->policy[k]);
+        if (k == 0) moved = v;
     }
     return moved;
 }
