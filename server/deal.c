@@ -222,6 +222,11 @@ int dp_deal_in_flight(const dp_deal_t *d)
     return n;
 }
 
+int dp_deal_done(const dp_deal_t *d)
+{
+    return d->next >= d->total && d->n_pool == 0 && dp_deal_in_flight(d) == 0;
+}
+
 size_t dp_deal_epochs(const dp_deal_t *d, dp_deal_epoch_t *out, size_t max)
 {
     if (!d->batch || d->next == 0) return 0;

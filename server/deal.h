@@ -117,6 +117,9 @@ int dp_deal_release(dp_deal_t *d, int worker, int died);
 
 /* Batches in flight at every worker. */
 int dp_deal_in_flight(const dp_deal_t *d);
+/* The plan's batches are all trained: none left to deal, none back in the
+ * pool, none in flight. */
+int dp_deal_done(const dp_deal_t *d);
 
 /* The account of epochs [0, last dealt]: up to max into out. Returns how
  * many epochs there are (0 without a plan). */

@@ -610,13 +610,6 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     return 0;
 }
 
-/* The dealer has dealt every batch and none is out or back in the pool. */
-static int s_data_done(const s_sim_t *S)
-{
-    return S->dealing && S->deal.next >= S->deal.total && S->deal.n_pool == 0 &&
-           dp_deal_in_flight(&S->deal) == 0;
-}
-
 static int s_loop(s_sim_t *S, char *err)
 {
     const dp_sim_conf_t *c = S->c;
@@ -632,7 +625,7 @@ static int s_loop(s_sim_t *S, char *err)
                                                    : -c->churn.mean_s * log(s_uniform(&S->churn_rng));
     uint64_t pushes_seen = 0;
     long idle_changes = 0; /* changes of the crew since the last push */
-    while (S->L.shard[0].version < c->updates && !s_data_done(S)) {
+    while (S->L.shard[0].version < c->updates && !(S->dealing && dp_deal_done(&S->deal))) {
         if (S->pushes != pushes_seen) pushes_seen = S->pushes, idle_changes = 0;
         if (S->n_heap > 0 && S->heap[0].t < S->next_churn) {
             s_event_t e = s_heap_pop(S);

@@ -58,10 +58,12 @@ static void test_every_batch_once(void)
             CHECK_EQ(again.epoch * 4 + again.index, b.epoch * 4 + b.index);
             seen[b.epoch * 4 + b.index]++;
             CHECK_EQ(dp_deal_in_flight(&d), 1);
+            CHECK(!dp_deal_done(&d));
             CHECK_EQ(dp_deal_pushed(&d, w, s, 1, &again), 1);
             CHECK_EQ(again.index, b.index);
         }
     for (int g = 0; g < 8; g++) CHECK_EQ(seen[g], 1);
+    CHECK(dp_deal_done(&d)); /* the last push was the last batch */
     CHECK_EQ(ask(&d, 0, 5, &b), DP_DEAL_END);
     dp_deal_epoch_t e[4];
     CHECK_EQ(dp_deal_epochs(&d, e, 4), 2);
@@ -129,6 +131,7 @@ static void test_death(void)
     dp_deal_batch_t b, k, z;
     CHECK_EQ(ask(&d, 1, 7, &k), DP_DEAL_DEALT);
     CHECK_EQ(dp_deal_release(&d, 1, 1), 1);  /* gone */
+    CHECK(!dp_deal_done(&d)); /* batches left: its own back in the pool, two never dealt */
     CHECK_EQ(ask(&d, 0, 1, &b), DP_DEAL_DEALT);
     CHECK_EQ(b.index, k.index);
     CHECK_EQ(dp_deal_pushed(&d, 0, 1, 1, &b), 1);
