@@ -162,7 +162,12 @@ static void s_summary_membership(cJSON *o, const dp_ps_membership_t *m)
     cJSON_AddNumberToObject(o, "live_min", m->live_min);
     cJSON_AddNumberToObject(o, "live_max", m->live_max);
     if (m->n_epochs == 0) return; /* a fixed crew: each worker's own order */
-    /* "epoch_samples": the batches shard 0 dealt, epoch by epoch */
+    dp_summary_epoch_samples_json(o, m);
+    cJSON_AddNumberToObject(o, "pushes_of_no_dealt_batch", (double)m->deal_foreign);
+}
+
+void dp_summary_epoch_samples_json(cJSON *o, const dp_ps_membership_t *m)
+{
     cJSON *ep = cJSON_AddArrayToObject(o, "epoch_samples");
     for (size_t k = 0; k < m->n_epochs; k++) {
         const dp_ps_epoch_samples_t *e = &m->epochs[k];
@@ -174,7 +179,6 @@ static void s_summary_membership(cJSON *o, const dp_ps_membership_t *m)
         cJSON_AddNumberToObject(j, "batches", (double)e->batches);
         cJSON_AddItemToArray(ep, j);
     }
-    cJSON_AddNumberToObject(o, "pushes_of_no_dealt_batch", (double)m->deal_foreign);
 }
 
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)

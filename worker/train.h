@@ -144,6 +144,10 @@ typedef struct {
  * dp_session_summary, the simulator's result and `downpour local`, which
  * adds the servers' to the chief's summary. */
 void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer);
+/* "epoch_samples" (one object per dealt epoch: epoch, trained, repeated,
+ * retrained_after_death, batches), as summary.json has it; the simulator's
+ * result too. */
+void dp_summary_epoch_samples_json(cJSON *o, const struct dp_ps_membership *m);
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err);
 
 /* A run's first metrics line: the steps it will run, for `downpour local`'s

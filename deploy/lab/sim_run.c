@@ -772,16 +772,7 @@ static void s_crew_result(cJSON *o, const s_sim_t *S, const dp_ps_membership_t *
     cJSON_AddNumberToObject(o, "leaves", leaves);
     cJSON_AddNumberToObject(o, "live_min", m->live_min);
     cJSON_AddNumberToObject(o, "live_max", m->live_max);
-    cJSON *ep = cJSON_AddArrayToObject(o, "epoch_samples");
-    for (size_t k = 0; k < m->n_epochs; k++) {
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "epoch", (double)m->epochs[k].epoch);
-        cJSON_AddNumberToObject(e, "trained", (double)m->epochs[k].trained);
-        cJSON_AddNumberToObject(e, "repeated", (double)m->epochs[k].repeated);
-        cJSON_AddNumberToObject(e, "retrained_after_death", (double)m->epochs[k].retrained_after_death);
-        cJSON_AddNumberToObject(e, "batches", (double)m->epochs[k].batches);
-        cJSON_AddItemToArray(ep, e);
-    }
+    dp_summary_epoch_samples_json(o, m);
 }
 
 int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
