@@ -224,7 +224,7 @@ DPLIB_VERSION := 1.0.0
 DPLIB_SONAME  := libdownpour.so.$(DPLIB_API)
 DPLIB_SO      := $(BUILD)/lib/libdownpour.so.$(DPLIB_VERSION)
 DPLIB_SRC := worker/lib/downpour.c worker/ps_client.c worker/ps_exchange.c worker/ps_pull.c worker/ps_push.c worker/ps_socket.c worker/ps_beat.c \
-             $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c \
+             $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c common/opts.c \
              common/checksum.c common/staleness.c
 DPLIB_OBJS := $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(DPLIB_SRC)) $(BUILD)/obj/pic/gen/proto/downpour.pb-c.o
 DPLIB_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c libcjson libisal 2>/dev/null) -lm -lpthread

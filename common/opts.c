@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,6 +109,12 @@ int dp_opts_parse_crew(const char *flag, const char *text, int hi, int *min, int
     *min = (int)lo_v;
     *max = (int)hi_v;
     return 0;
+}
+
+void dp_opts_crew_name(int min, int max, char *out, size_t n)
+{
+    if (min > 0) snprintf(out, n, "%d:%d", min, max);
+    else snprintf(out, n, "%d", max);
 }
 
 int dp_opts_parse_u64(const char *flag, const char *text, uint64_t *out, char *err)

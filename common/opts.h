@@ -132,6 +132,8 @@ int dp_opts_parse_u64(const char *flag, const char *text, uint64_t *out, char *e
  * any of MAX task indexes may join, the run goes on with MIN live), with
  * 1 <= MIN <= MAX <= hi. */
 int dp_opts_parse_crew(const char *flag, const char *text, int hi, int *min, int *max, char *err);
+/* The text dp_opts_parse_crew reads back: "MAX" (min 0: a fixed crew) or "MIN:MAX". */
+void dp_opts_crew_name(int min, int max, char *out, size_t n);
 /* Environment variables (the table in ARCHITECTURE.md, "Environment"),
  * read by each program's main before it does anything, through the same
  * parsers: the variable's name stands where a flag's would ("DP_LOG 'x':

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/opts.h"
 #include "common/util.h"
 #include "proto/curve.h"
 #include "proto/zsock.h"
@@ -520,13 +521,6 @@ static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Enve
 
 /* ---- connect ---------------------------------------------------------- */
 
-/* "4", or "1:4" for an elastic crew. */
-static void s_crew_name(const dp_ps_info_t *in, char *out, size_t n)
-{
-    if (in->min_workers > 0) snprintf(out, n, "%d:%d", in->min_workers, in->num_workers);
-    else snprintf(out, n, "%d", in->num_workers);
-}
-
 /* After the WELCOMEs: every shard runs the same policy, and the ranges, in
  * endpoint order, tile the model's floats. */
 static int s_check_shards(dp_ps_client_t *c, char *err)
@@ -540,8 +534,8 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
         if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||
             a->staleness != b->staleness || a->min_workers != b->min_workers) {
             char ca[32], cb[32];
-            s_crew_name(a, ca, sizeof ca);
-            s_crew_name(b, cb, sizeof cb);
+            dp_opts_crew_name(a->min_workers, a->num_workers, ca, sizeof ca);
+            dp_opts_crew_name(b->min_workers, b->num_workers, cb, sizeof cb);
             return dp_err(err, "%s: runs %s with %s workers, R=%d, S=%d but %s runs %s with %s workers, R=%d, S=%d",
                           c->sh[i].endpoint, dp_mode_name(a->mode), ca, a->replicas, a->staleness,
                           c->sh[0].endpoint, dp_mode_name(b->mode), cb, b->replicas, b->staleness);

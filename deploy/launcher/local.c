@@ -587,8 +587,7 @@ static int s_record_merge(const dp_local_t *L, char *err)
 static int s_start_servers(dp_local_t *L, char *err)
 {
     char shard[24], nworkers[16], ps_bin[PATH_MAX + 16], ready[PATH_MAX], threads[24];
-    if (L->min_workers > 0) snprintf(nworkers, sizeof nworkers, "%d:%d", L->min_workers, L->max_workers);
-    else snprintf(nworkers, sizeof nworkers, "%d", L->max_workers);
+    dp_opts_crew_name(L->min_workers, L->max_workers, nworkers, sizeof nworkers);
     /* the shards share the host's cores for their optimizer sweeps: each
      * gets the daemon's own rule on its share of them */
     dp_ps_config_t share = L->ps;

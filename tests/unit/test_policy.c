@@ -548,7 +548,7 @@ static void test_ssp_newcomer(void)
     fx_fini(&f);
 }
 
-/* --workers N | MIN:MAX. */
+/* --workers N | MIN:MAX, and its text. */
 static void test_crew_parse(void)
 {
     char err[DP_ERR_LEN];
@@ -565,6 +565,11 @@ static void test_crew_parse(void)
     CHECK_EQ(dp_opts_parse_crew("--workers", "1:2:3", 100, &min, &max, err), -1);
     CHECK_EQ(dp_opts_parse_crew("--workers", "2:101", 100, &min, &max, err), -1);
     CHECK(min == 1 && max == 4); /* untouched by a refusal */
+    char name[16]; /* and back to the text that parses to the same crew */
+    dp_opts_crew_name(1, 4, name, sizeof name);
+    CHECK_STR(name, "1:4");
+    dp_opts_crew_name(0, 3, name, sizeof name);
+    CHECK_STR(name, "3");
 }
 
 DP_TESTS(T(test_sync_decisions), T(test_sync_members), T(test_ssp_bound), T(test_async_staleness),
