@@ -31,8 +31,9 @@ if [ "${1:-}" = --task-index ]; then
 fi
 # shellcheck source=/dev/null
 source "$out/job.env"
-[ -n "$DP_SBATCH_CREW" ] && [ "$DP_JOB_CREW_MAX" -gt 0 ] ||
+[ -n "$DP_SBATCH_CREW" ] ||
     die "job $DP_JOB_ID has a fixed crew (submit with DP_WORKERS=MIN:MAX to let workers join)"
+max=${DP_SBATCH_CREW#*:}
 
 # held: the task indexes the job's running steps hold, one per line.
 held() {
@@ -49,13 +50,13 @@ state=$(squeue -h -j "$DP_JOB_ID" -o '%T' 2>/dev/null || true)
 [ "$state" = RUNNING ] || die "job $DP_JOB_ID is not running (squeue: ${state:-no such job})"
 if [ -z "$index" ]; then
     taken=" $(held | tr '\n' ' ') "
-    for ((i = 0; i < DP_JOB_CREW_MAX; i++)); do
+    for ((i = 0; i < max; i++)); do
         case $taken in *" $i "*) ;; *) index=$i; break ;; esac
     done
-    [ -n "$index" ] || die "job $DP_JOB_ID: all $DP_JOB_CREW_MAX task indexes are held (MAX of DP_WORKERS=$DP_SBATCH_CREW)"
+    [ -n "$index" ] || die "job $DP_JOB_ID: all $max task indexes are held (MAX of DP_WORKERS=$DP_SBATCH_CREW)"
 fi
 case $index in '' | *[!0-9]*) die "--task-index $index: expected a number" ;; esac
-[ "$index" -lt "$DP_JOB_CREW_MAX" ] || die "--task-index $index: the crew's task indexes are below $DP_JOB_CREW_MAX"
+[ "$index" -lt "$max" ] || die "--task-index $index: the crew's task indexes are below $max"
 
 echo "$me: job $DP_JOB_ID: worker $index joins (log: $out/logs/worker-$index.<step>.log)"
 # The job's settings reach the task through srun's environment.

@@ -23,7 +23,8 @@ case $index in '' | *[!0-9]*) die "task index '$index': expected a number" ;; es
 # shellcheck source=/dev/null
 source "$out/job.env"
 [ -n "$DP_SBATCH_CREW" ] || die "job $DP_JOB_ID has a fixed crew: a worker of it cannot leave alone"
-[ "$index" -lt "$DP_JOB_CREW_MAX" ] || die "task index $index: the crew's are below $DP_JOB_CREW_MAX"
+max=${DP_SBATCH_CREW#*:}
+[ "$index" -lt "$max" ] || die "task index $index: the crew's are below $max"
 # The worker's --metrics argument, as a pattern (its regex characters escaped).
 mark=$(printf '%s' "--metrics $DP_SBATCH_OUT/metrics/worker-$index.jsonl" | sed 's/[][\.*^$+?(){}|]/\\&/g')
 # One task per node of the job; each says whether it found the worker.
