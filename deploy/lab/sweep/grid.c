@@ -14,6 +14,7 @@
 #include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
+#include "deploy/lab/sim.h"
 #include "kernels/optim.h"
 #include "proto/compress.h"
 #include "server/policy.h"
@@ -127,16 +128,11 @@ static int s_check_compute(const char *flag, const char *v, char *err)
     return dp_err(err, "%s '%s': expected const:MS, exp:MEAN_MS or lognormal:MU:SIGMA", flag, v);
 }
 
-/* none, leave:S or kill:S (downpour sim --churn). */
+/* none, or what downpour sim --churn takes (its own parser). */
 static int s_check_churn(const char *flag, const char *v, char *err)
 {
-    const char *colon = strchr(v, ':');
-    size_t k = colon ? (size_t)(colon - v) : 0;
-    double s;
-    if (strcmp(v, "none") == 0) return 0;
-    if (colon && ((k == 5 && strncmp(v, "leave", 5) == 0) || (k == 4 && strncmp(v, "kill", 4) == 0)) &&
-        dp_opts_parse_double(flag, colon + 1, 1e-6, 1e9, &s, NULL) == 0)
-        return 0;
+    dp_churn_t c;
+    if (strcmp(v, "none") == 0 || dp_churn_parse(&c, v, NULL) == 0) return 0;
     return dp_err(err, "%s '%s': expected none, leave:SECONDS or kill:SECONDS", flag, v);
 }
 
