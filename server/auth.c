@@ -2,6 +2,7 @@
 #include "server/auth.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,7 +198,11 @@ int dp_auth_claim(dp_auth_t *a, int wid, const dp_auth_peer_t *p, dp_auth_live_f
         s->session = p->session;
         return 0;
     }
-    if (s->conn_len && live(arg, s->conn, s->conn_len))
+    /* The holder's own client on a new connection (it reset its socket after
+     * an interrupted or timed-out request): the old one is taken over even
+     * while this server still sees it open, which it may for a while. */
+    bool own = s->conn_len && s->session != 0 && p->session == s->session;
+    if (s->conn_len && !own && live(arg, s->conn, s->conn_len))
         return s_refuse(a, msg, msg_len,
                         "worker id %d is taken: another live connection said HELLO as worker %d "
                         "(two workers started without --task-index, or the same --task-index twice?)",

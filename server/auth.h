@@ -9,8 +9,11 @@
  *    bound to that id; otherwise it is refused (ERR_UNKNOWN_WORKER: "say
  *    HELLO on this connection") and changes nothing;
  *  - a HELLO for an id bound to another connection is refused with
- *    ERR_ID_TAKEN while that connection is LIVE; a dead one (the worker was
- *    killed and restarted) is replaced. "Live" is asked of the caller's
+ *    ERR_ID_TAKEN while that connection is LIVE, unless it carries the
+ *    session (below) of the HELLO that bound it: that is the same worker's
+ *    client on a new connection (after an interrupted or timed-out request
+ *    it resets its socket), and the id moves to the new connection; a dead
+ *    one (the worker was killed and restarted) is replaced. "Live" is asked of the caller's
  *    probe (server/ps.c: the ROUTER still has a peer with that routing id,
  *    i.e. its TCP connection has not closed; a crashed host is noticed only
  *    when the connection drops, by TCP or ZMTP heartbeats). A HELLO again on
@@ -35,7 +38,7 @@
  * worker's heartbeat thread, worker/ps_beat.h) but counts for its id only
  * from whoever holds that id: under CURVE from a key that may be that id;
  * without CURVE on the bound connection, or carrying the session
- * (Envelope.session, random per worker process) of the HELLO that bound
+ * (Envelope.session, random per worker: its client and heartbeat thread) of the HELLO that bound
  * it. An id nobody has bound yet (a worker starting) takes the heartbeats
  * of anyone who could say HELLO as it. Anything else is refused
  * (ERR_UNKNOWN_WORKER), so a dead worker's id cannot be kept alive by

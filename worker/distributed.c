@@ -606,8 +606,8 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     dp_ps_client_opts_t opts = {.timeout_s = c->timeout_s,
                                 .curve = {c->curve_secret, c->curve_server},
                                 .transport = c->transport, .wire = c->wire, .compress = c->compress,
-                                .stop = stop};
-    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, &opts.curve, err) != 0)
+                                .stop = stop, .session = dp_ps_session_new()};
+    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, opts.session, &opts.curve, err) != 0)
         return -1;
     dp_session_t s;
     if (dp_session_init(&s, c, err) != 0) {

@@ -21,6 +21,7 @@ struct dp_ps_beat {
     int n;                 /* shards */
     char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN]; /* [n] */
     int worker_id;
+    uint64_t session;      /* the client's (dp_ps_beat_new) */
     int curve;             /* CURVE: our key pair and each shard's key */
     dp_curve_key_t secret, pub, *server; /* server: [n] */
     atomic_int stop;       /* set by dp_ps_beat_destroy */
@@ -33,7 +34,7 @@ static void s_beat(dp_ps_beat_t *b, void *sock, uint64_t req)
 {
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, req, b->worker_id, 0);
-    env.session = dp_ps_session(); /* what ties these beats to our HELLO's connection */
+    env.session = b->session; /* what ties these beats to our HELLO's connection */
     char err[DP_ERR_LEN];
     if (dp_wire_send(sock, NULL, &env, NULL, 0, err) != 0) dp_log_debug("heartbeat: %s", err);
     dp_wire_rx_t rx;
@@ -71,12 +72,13 @@ static void *s_run(void *arg)
     return NULL;
 }
 
-int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
+int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id, uint64_t session,
                    const dp_ps_curve_t *curve, char *err)
 {
     *out = NULL;
     dp_ps_beat_t *b = dp_calloc(1, sizeof *b);
     b->worker_id = worker_id;
+    b->session = session;
     atomic_init(&b->stop, 0);
     b->endpoints = dp_malloc(DP_ZSOCK_MAX_SHARDS * sizeof *b->endpoints);
     char e2[DP_ERR_LEN];

@@ -10,7 +10,8 @@
  * is the timeout plus one beat: 6 s with the defaults.
  *
  * The beats carry the worker id, fingerprint 0 (servers accept that on
- * HEARTBEAT) and this process's session (dp_ps_session): a server counts
+ * HEARTBEAT) and the worker's session (dp_ps_session_new, the one its
+ * client's requests carry: dp_ps_client_opts_t.session): a server counts
  * them for the id only when its HELLO came from the same session (or,
  * under CURVE, when they come with the id's key, which the beats go with),
  * so nobody else's beats keep a dead worker counted (server/auth.h).
@@ -26,10 +27,10 @@
 typedef struct dp_ps_beat dp_ps_beat_t;
 
 /* Start beating to endpoints ("tcp://h:p[,tcp://h2:p2...]", read as the
- * client reads them: dp_ps_endpoints_parse) as worker_id, with CURVE when
+ * client reads them: dp_ps_endpoints_parse) as worker_id of session, with CURVE when
  * curve names a secret key (the keys loaded as the client loads them:
  * dp_ps_curve_load). 0, or -1 with err (no thread left behind). */
-int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id,
+int dp_ps_beat_new(dp_ps_beat_t **out, const char *endpoints, int worker_id, uint64_t session,
                    const dp_ps_curve_t *curve, char *err);
 
 /* Stop the thread (within 0.1 s) and free; safe twice. */

@@ -24,12 +24,13 @@
  * the updates in between: they are counted (dp_ps_client_updates_lost) and
  * the repeated push is stamped with the restored version.
  *
- * After a failed call the shards that did not answer get fresh sockets, so
- * the client stays usable; dp_ps_client_error says what kind of failure it
- * was. Push hands ZeroMQ the caller's gradient without a copy and returns
+ * After a failed call (a timeout, an interrupt) the shards that did not
+ * answer get fresh sockets, so the client stays usable; its next request
+ * comes on a new connection, which says HELLO again with the same session
+ * (the server rebinds the id to it: server/auth.h). dp_ps_client_error says
+ * what kind of failure it was. Push hands ZeroMQ the caller's gradient without a copy and returns
  * only once ZeroMQ has released it. Everything a client is made with comes
- * in its options (dp_ps_client_opts_t): nothing is set per process but the
- * session (ps_socket.h). Not thread-safe: one client per thread.
+ * in its options (dp_ps_client_opts_t): nothing is set per process. Not thread-safe: one client per thread.
  *
  * A pull is ps_pull.c's, a push ps_push.c's, the small requests (stats,
  * finish, shutdown) ps_client.c's; the machinery under them (the
@@ -191,7 +192,19 @@ typedef struct {
     dp_ps_err_t *new_error;        /* a failed dp_ps_client_new leaves its kind here (there is
                                     * no client to ask: a library reports it); NULL: nowhere */
     dp_ps_deal_plan_t deal;        /* told in every HELLO; zeroed: none */
+    uint64_t session;              /* carried by every request (dp_ps_session_new), the
+                                    * heartbeat thread's too; 0: the client draws its own */
 } dp_ps_client_opts_t;
+
+/* A new worker session: a random non-zero number, drawn once per worker
+ * (downpour-worker, a library handle) and carried by every request of its
+ * client and its heartbeat thread (Envelope.session). A server ties a
+ * worker id to the session of the HELLO that claimed it, so the worker's
+ * heartbeats count for that id whichever connection they come on, a new
+ * connection of its own client (one that reset its socket) may say HELLO
+ * as it again, and nobody else's do either (server/auth.h). Two clients in
+ * one process are two workers. Thread-safe (made in ps_socket.c). */
+uint64_t dp_ps_session_new(void);
 
 
 /* Shards this client reaches through shared memory. */

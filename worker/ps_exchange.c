@@ -44,6 +44,7 @@ static void s_reset_unanswered(dp_ps_client_t *c)
         s_close(&c->sh[i]);
         char e2[DP_ERR_LEN];
         if (s_open(c, i, e2) != 0) dp_log_warn("%s", e2);
+        c->sh[i].reconnected = true;
         c->aw[i].want_req = 0;
     }
 }
@@ -67,7 +68,7 @@ int dp_ps_send_only(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
     rq->env.request_id = ++c->next_req;
-    rq->env.session = dp_ps_session();
+    rq->env.session = c->session;
     if (rq->env.type == DOWNPOUR__MSG_TYPE__STATS || rq->env.type == DOWNPOUR__MSG_TYPE__SHUTDOWN)
         rq->env.run_token = s->run_token; /* the chief's proof; 0 for anyone else */
     char e2[DP_ERR_LEN];
@@ -118,7 +119,7 @@ static void s_heartbeat(dp_ps_client_t *c, int i)
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, ++c->next_req, c->worker_id,
                      c->m->fingerprint);
-    env.session = dp_ps_session();
+    env.session = c->session;
     char e2[DP_ERR_LEN];
     /* Best effort: a heartbeat that cannot go shows up as silence. */
     if (dp_wire_send(c->sh[i].sock, NULL, &env, NULL, 0, e2) != 0)
@@ -251,8 +252,12 @@ static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Enve
 static int s_rejoin(dp_ps_client_t *c, int i, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
-    dp_log_warn("%s: %s; saying HELLO again and repeating the request", s->endpoint,
-                s->restarted ? "the shard restarted" : "no reply in time");
+    if (s->restarted || !s->reconnected)
+        dp_log_warn("%s: %s; saying HELLO again and repeating the request", s->endpoint,
+                    s->restarted ? "the shard restarted" : "no reply in time");
+    else
+        dp_log_info("%s: a new connection after a request that did not complete; saying HELLO "
+                    "on it first", s->endpoint);
     dp_ps_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .build = s_build_hello,
                       .on_reply = s_on_welcome};
     if (s_send_plan(c, i, &hello, err) != 0) return -1;
@@ -365,7 +370,8 @@ int dp_ps_exchange_send(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
         /* A socket a failed reset could not reopen gets another try; a
          * shard seen restarting since the last exchange is greeted first. */
         if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;
-        bool again = c->sh[i].restarted && plan->type != DOWNPOUR__MSG_TYPE__HELLO;
+        bool again = (c->sh[i].restarted || c->sh[i].reconnected) &&
+                     plan->type != DOWNPOUR__MSG_TYPE__HELLO;
         if (again && (rc = s_rejoin(c, i, err)) != 0) break;
         if (plan->before && (rc = plan->before(c, i, again, plan->arg, err)) != 0) {
             c->aw[i].want_req = UINT64_MAX; /* parts may be queued: its socket is reset too */
@@ -486,6 +492,7 @@ static void s_welcome_recovery(dp_ps_client_t *c, dp_ps_shard_t *s, const Downpo
     dp_ps_seen(s, w->version);
     s->incarnation = env->incarnation;
     s->restarted = false;
+    s->reconnected = false;
     s->worker_step = w->worker_step;
 }
 
@@ -593,6 +600,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     dp_ps_client_t *c = dp_calloc(1, sizeof *c);
     c->m = m;
     c->worker_id = worker_id;
+    c->session = opts->session ? opts->session : dp_ps_session_new();
     c->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 30;
     c->stop = opts->stop;
     c->transport = opts->transport;

@@ -62,6 +62,9 @@ typedef struct {
     bool restarted;         /* a reply showed another incarnation, or ERR_UNKNOWN_WORKER, or a
                              * reply said "again" (DP_PS_REPLY_AGAIN): HELLO before the next
                              * request */
+    bool reconnected;       /* its socket was replaced after a request that did not complete
+                             * (a timeout, an interrupt): HELLO on the new connection before
+                             * the next request (the server moves our id to it by session) */
     uint64_t seen_version;  /* highest version it reported (WELCOME, PARAMS, ACK) */
     uint64_t worker_step;   /* from its WELCOME: our last step it applied */
     bool crc;               /* tensors to and from it carry a CRC-32 (opts.crc) */
@@ -97,6 +100,8 @@ struct dp_ps_client {
     dp_ps_await_t *aw;      /* [DP_ZSOCK_MAX_SHARDS]: the exchange's, shard by shard */
     const dp_model_t *m;    /* the caller's, outlives the client */
     int worker_id;
+    uint64_t session;       /* in every request: what ties a new connection and the
+                             * heartbeats to our HELLO (opts.session) */
     double timeout_s;       /* silence allowed to a shard owing a reply */
     uint64_t next_req;      /* last request id used */
     dp_ps_info_t info;      /* shard 0's WELCOME (every shard agrees) */

@@ -395,7 +395,8 @@ void dp_ps_client_push_part(dp_ps_client_t *c, size_t off, size_t n)
     for (int i = 0; i < c->n; i++) {
         const dp_ps_shard_t *s = &c->sh[i];
         s_push_shard_t *ps = &pr->sh[i];
-        if (!ps->stream || s->restarted || !s->sock) continue; /* push_end: rejoined first */
+        if (!ps->stream || s->restarted || s->reconnected || !s->sock)
+            continue; /* push_end: rejoined first */
         while (ps->parts_sent < ps->parts && pr->ready_lo <= ps->part_at[ps->parts_sent + 1]) {
             char e2[DP_ERR_LEN];
             if (s_send_part(c, pr, i, ps->parts_sent, e2) != 0) {

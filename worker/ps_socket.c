@@ -1,11 +1,11 @@
 /* ps_socket: the sockets to the shards and what they are made from — the
- * endpoint list, the CURVE keys, this process's session — shared by the
+ * endpoint list, the CURVE keys, a worker's session — shared by the
  * client (ps_exchange.c) and the heartbeat thread (ps_beat.c); see
  * ps_socket.h. */
 #include "worker/ps_socket.h"
 
 #include <errno.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -47,24 +47,18 @@ int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
     return 0;
 }
 
-static uint64_t s_session;
-static pthread_once_t s_session_once = PTHREAD_ONCE_INIT;
-
-static void s_draw_session(void)
+uint64_t dp_ps_session_new(void)
 {
     /* Without the kernel's random source (it does not fail on Linux past
-     * early boot) the clock still makes one process's session unlike
-     * another's; it is a proof of "same process", not a key. */
-    while (s_session == 0)
-        if (getrandom(&s_session, sizeof s_session, 0) != (ssize_t)sizeof s_session &&
-            errno != EINTR)
-            s_session = (uint64_t)(dp_now() * 1e9) ^ ((uint64_t)getpid() << 32);
-}
-
-uint64_t dp_ps_session(void)
-{
-    pthread_once(&s_session_once, s_draw_session);
-    return s_session;
+     * early boot) the clock and a counter still make one worker's session
+     * unlike another's; it is a proof of "the same worker", not a key. */
+    static atomic_uint_fast64_t drawn;
+    uint64_t s = 0;
+    while (s == 0)
+        if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s && errno != EINTR)
+            s = (uint64_t)(dp_now() * 1e9) ^ ((uint64_t)getpid() << 32) ^
+                (atomic_fetch_add(&drawn, 1) * 0x9e3779b97f4a7c15ULL);
+    return s;
 }
 
 int dp_ps_endpoints_parse(const char *list, char (*endpoints)[DP_ZSOCK_ENDPOINT_LEN], char *err)

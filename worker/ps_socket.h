@@ -1,6 +1,7 @@
 /* ps_socket: what a socket to a shard is made from, for the client
  * (ps_exchange.c) and the heartbeat thread (ps_beat.c): the endpoint list,
- * the CURVE keys, the DEALER itself, and this process's session. */
+ * the CURVE keys, the DEALER itself, and a worker's session (drawn here,
+ * dp_ps_session_new in ps_client.h). */
 #ifndef DP_PS_SOCKET_H
 #define DP_PS_SOCKET_H
 
@@ -9,14 +10,6 @@
 #include "proto/curve.h"
 #include "proto/zsock.h" /* DP_ZSOCK_ENDPOINT_LEN */
 #include "worker/ps_client.h" /* dp_ps_curve_t */
-
-/* This process's session: a random non-zero number drawn once (the first
- * call), carried by every request of its clients and heartbeat threads
- * (Envelope.session). A server ties a worker id to the session of the HELLO
- * that claimed it, so the heartbeats of this process count for that id
- * whichever connection they come on, and nobody else's do (server/auth.h).
- * Thread-safe. */
-uint64_t dp_ps_session(void);
 
 /* The CURVE keys of one socket to a shard: ours and that shard's. */
 typedef struct {

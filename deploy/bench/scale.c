@@ -211,9 +211,9 @@ static void s_worker_main(const s_conf_t *c, const dp_model_t *m, const char *di
     /* Small, finite and not all equal: the servers validate every value and
      * the weights must stay finite over millions of pushes. */
     for (size_t i = 0; i < m->n_floats; i++) grads[i] = 1e-7f * (float)((int)((i + id) % 7) - 3);
-    dp_ps_client_opts_t opts = {.timeout_s = c->timeout};
+    dp_ps_client_opts_t opts = {.timeout_s = c->timeout, .session = dp_ps_session_new()};
     if (dp_ps_client_new(&pc, endpoints, m, id, &opts, NULL, rd.err) != 0 ||
-        dp_ps_beat_new(&beat, endpoints, id, NULL, rd.err) != 0 ||
+        dp_ps_beat_new(&beat, endpoints, id, opts.session, NULL, rd.err) != 0 ||
         dp_ps_client_pull(pc, params, rd.err) != 0)
         rd.ok = 0;
     if (!c->pull) {

@@ -146,6 +146,39 @@ static void test_claims(void)
     dp_auth_fini(&a);
 }
 
+/* A worker's own client on a new connection (it reset its socket after an
+ * interrupted request) says HELLO with the session of the HELLO that bound
+ * the id: the id moves to the new connection although the old one still
+ * looks open (its close may reach the server after the new HELLO: the
+ * flake test_py_sigint met under the sanitizers). A peer that lies about the
+ * id without that session, or with none, is still refused, and the moved
+ * id's old connection speaks for nobody. */
+static void test_claim_own_reconnect(void)
+{
+    s_reset_live();
+    dp_auth_t a;
+    char err[DP_ERR_LEN];
+    const uint64_t S = 0x1234567890abcdefULL;
+    CHECK_EQ(dp_auth_init(&a, 2, 0, err), 0);
+    CHECK_EQ(s_claim_in(&a, 1, "A", NULL, S), 0);
+    s_open[0] = 1; /* A is still open at the server */
+    CHECK_EQ(s_claim_in(&a, 1, "B", NULL, S + 1), -1); /* another worker: taken */
+    CHECK(strstr(s_msg, "worker id 1 is taken") != NULL);
+    CHECK_EQ(s_claim_in(&a, 1, "B", NULL, 0), -1);
+    int code;
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PULL, 1, 0, "A", NULL, &code), 0); /* unchanged */
+    CHECK_EQ(s_claim_in(&a, 1, "C", NULL, S), 0); /* its own client, re-dialled */
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PULL, 1, 0, "C", NULL, &code), 0);
+    CHECK_EQ(s_check(&a, DOWNPOUR__MSG_TYPE__PULL, 1, 0, "A", NULL, &code), -1);
+    CHECK_EQ(code, DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER);
+    CHECK_EQ(s_beat(&a, 1, "D", NULL, S), 0); /* its beats still count */
+    /* A session binds its own id only: worker 0's HELLO with it is a claim
+     * like any other (0 is free: granted). */
+    CHECK_EQ(s_claim_in(&a, 0, "C", NULL, S), 0);
+    CHECK_EQ(a.refused, 3);
+    dp_auth_fini(&a);
+}
+
 /* Without CURVE, STATS / SHUTDOWN need the token worker 0 got. */
 static void test_chief_token(void)
 {
@@ -609,8 +642,10 @@ static void test_server_spoofed_beats(void)
     CHECK_EQ(srv_start(&s), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_t *c0 = NULL, *c1 = NULL;
+    const uint64_t S1 = dp_ps_session_new(); /* worker 1's */
     CHECK_EQ(s_client(&c0, &s, 0, NULL, 1, err), 0);
-    CHECK_EQ(s_client(&c1, &s, 1, NULL, 1, err), 0);
+    dp_ps_client_opts_t o1 = {.timeout_s = 1, .session = S1};
+    CHECK_EQ(dp_ps_client_new(&c1, s.endpoint, &s_model, 1, &o1, NULL, err), 0);
     dp_ps_client_destroy(&c1); /* worker 1 dies */
     spoofer_t sp = {.endpoint = s.endpoint};
     atomic_init(&sp.stop, 0);
@@ -642,7 +677,7 @@ static void test_server_spoofed_beats(void)
     CHECK(sp.refused > 0);
     CHECK_EQ(sp.accepted, 0);
     CHECK_EQ(sp.other, 0);
-    /* Worker 1's own process (this one: the same session) still counts. */
+    /* Worker 1's own session (its heartbeat thread's) still counts. */
     void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0, tmo = 5000;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -650,7 +685,7 @@ static void test_server_spoofed_beats(void)
     zmq_connect(sock, s.endpoint);
     Downpour__Envelope env;
     dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__HEARTBEAT, 7, 1, 0);
-    env.session = dp_ps_session();
+    env.session = S1;
     dp_wire_rx_t rx;
     CHECK_EQ(dp_wire_send(sock, NULL, &env, NULL, 0, err), 0);
     CHECK_EQ(dp_wire_recv(sock, &rx, 0, err), 0);
@@ -665,9 +700,92 @@ static void test_server_spoofed_beats(void)
     s_rmkeys();
 }
 
-/* The heartbeat thread's beats carry its worker id and this process's
- * session, the one its clients' HELLOs carry (what ties them together at
- * the server): read by a ROUTER standing in for a shard. */
+/* test_claim_own_reconnect through a server: worker 1's first connection
+ * (a raw DEALER, left open) said HELLO with session S; a HELLO as 1 on a
+ * second connection with another session is refused (ERR_ID_TAKEN), with S
+ * welcomed, after which the first connection speaks for nobody. Then the
+ * story that needs it, in sync with 2 workers: worker 1's client is
+ * interrupted in a pull the server holds (its stop flag), resets its socket
+ * and leaves on the new connection; the server counts it gone, so worker
+ * 0's next pull is answered at once, not after the 60 s timeout. */
+static void test_server_own_reconnect(void)
+{
+    s_keys();
+    srv_t s;
+    srv_init(&s, DP_MODE_SYNC, 2);
+    s.cfg.heartbeat_timeout = 60;
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    void *ctx = zmq_ctx_new();
+    void *a = raw_dealer(ctx, s.endpoint, 5000), *b = raw_dealer(ctx, s.endpoint, 5000);
+    const uint64_t S = dp_ps_session_new();
+    Downpour__Envelope env;
+    Downpour__Hello h;
+    raw_hello_init(&env, &h, &s_model, 1, 1);
+    env.session = S;
+    CHECK_EQ(raw_request(a, &env, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    Downpour__Envelope *rep = NULL;
+    env.session = S ^ 1;
+    CHECK_EQ(raw_request(b, &env, &rep), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(rep && rep->error->code == DOWNPOUR__ERROR_CODE__ERR_ID_TAKEN);
+    dp_wire_destroy(&rep);
+    /* the server asked the ROUTER whether a is live by sending it a HEARTBEAT */
+    CHECK_EQ(raw_reply(a).type, DOWNPOUR__MSG_TYPE__HEARTBEAT);
+    env.session = S;
+    CHECK_EQ(raw_request(b, &env, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    Downpour__Envelope fin;
+    dp_wire_env_init(&fin, DOWNPOUR__MSG_TYPE__BARRIER, 2, 1, s_model.fingerprint);
+    Downpour__Barrier bar = DOWNPOUR__BARRIER__INIT;
+    bar.finished = 1;
+    fin.barrier = &bar;
+    CHECK_EQ(raw_request(a, &fin, &rep), DOWNPOUR__MSG_TYPE__ERROR); /* the old one: nobody */
+    CHECK(rep && rep->error->code == DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER);
+    dp_wire_destroy(&rep);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    CHECK_EQ(srv_stop(&s), 0);
+
+    srv_init(&s, DP_MODE_SYNC, 2);
+    s.cfg.heartbeat_timeout = 60;
+    CHECK_EQ(srv_start(&s), 0);
+    volatile sig_atomic_t stop1 = 0;
+    dp_ps_client_t *c0 = NULL, *c1 = NULL;
+    dp_ps_client_opts_t o1 = {.timeout_s = 60, .stop = &stop1};
+    CHECK_EQ(s_client(&c0, &s, 0, NULL, 60, err), 0);
+    CHECK_EQ(dp_ps_client_new(&c1, s.endpoint, &s_model, 1, &o1, NULL, err), 0);
+    size_t n = s_model.n_floats;
+    float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    srv_fill(g, n, 5);
+    if (c0 && c1) {
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_pull(c1, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c1, PS_PUSH(g, 1, 8), &r, err), 0);
+        stop1 = 1; /* the held pull gives up at once */
+        CHECK_EQ(dp_ps_client_pull(c1, p, err), -1);
+        CHECK_EQ(dp_ps_client_error(c1), DP_PS_ERR_INTERRUPTED);
+        stop1 = 0;
+        err[0] = 0;
+        CHECK_EQ(dp_ps_client_leave(c1, err), 0); /* on its new connection */
+        if (err[0]) fprintf(stderr, "  leave: %s\n", err);
+        double t0 = dp_now();
+        CHECK_EQ(dp_ps_client_pull(c0, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c0, PS_PUSH(g, 1, 8), &r, err), 0);
+        CHECK_EQ(dp_ps_client_pull(c0, p, err), 0); /* version 1: without worker 1 */
+        CHECK_EQ(dp_ps_client_version(c0), 1);
+        CHECK(dp_now() - t0 < 30);
+    }
+    free(p), free(g);
+    dp_ps_client_destroy(&c0);
+    dp_ps_client_destroy(&c1);
+    CHECK_EQ(srv_stop(&s), 0);
+    s_rmkeys();
+}
+
+/* The heartbeat thread's beats carry its worker id and the session it was
+ * given, the one its client's HELLOs carry (what ties them together at
+ * the server): read by a ROUTER standing in for a shard. Sessions drawn
+ * twice differ (two clients in one process are two workers). */
 static void test_beat_session(void)
 {
     void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
@@ -680,7 +798,10 @@ static void test_beat_session(void)
     CHECK_EQ(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
     char err[DP_ERR_LEN] = "";
     dp_ps_beat_t *b = NULL;
-    CHECK_EQ(dp_ps_beat_new(&b, ep, 1, NULL, err), 0);
+    const uint64_t S = dp_ps_session_new();
+    CHECK(S != 0);
+    CHECK(dp_ps_session_new() != S);
+    CHECK_EQ(dp_ps_beat_new(&b, ep, 1, S, NULL, err), 0);
     dp_wire_rx_t rx;
     CHECK_EQ(dp_wire_recv(router, &rx, 0, err), 0); /* [identity] [envelope] */
     Downpour__Envelope *env = rx.n_parts == 2 ? dp_wire_decode(zmq_msg_data(&rx.parts[1]),
@@ -691,7 +812,7 @@ static void test_beat_session(void)
         CHECK_EQ(env->type, DOWNPOUR__MSG_TYPE__HEARTBEAT);
         CHECK_EQ(env->worker_id, 1);
         CHECK(env->session != 0);
-        CHECK(env->session == dp_ps_session());
+        CHECK(env->session == S);
     }
     dp_wire_destroy(&env);
     dp_wire_rx_fini(&rx);
@@ -700,7 +821,7 @@ static void test_beat_session(void)
     zmq_ctx_term(ctx);
 }
 
-DP_TESTS(T(test_binding), T(test_claims), T(test_chief_token), T(test_heartbeat_holder),
+DP_TESTS(T(test_binding), T(test_claims), T(test_claim_own_reconnect), T(test_chief_token), T(test_heartbeat_holder),
          T(test_curve_rekey),
          T(test_curve_keys), T(test_curve_names), T(test_server_plain), T(test_server_curve),
-         T(test_server_chief_key), T(test_server_spoofed_beats), T(test_beat_session))
+         T(test_server_chief_key), T(test_server_spoofed_beats), T(test_server_own_reconnect), T(test_beat_session))

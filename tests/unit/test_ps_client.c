@@ -488,10 +488,10 @@ static void test_bad_endpoints(void)
     /* The heartbeat thread reads the list as the client does: an empty
      * entry is a typo named, not a shard skipped. */
     dp_ps_beat_t *b = NULL;
-    CHECK_EQ(dp_ps_beat_new(&b, "tcp://127.0.0.1:1,,tcp://127.0.0.1:2", 0, NULL, err), -1);
+    CHECK_EQ(dp_ps_beat_new(&b, "tcp://127.0.0.1:1,,tcp://127.0.0.1:2", 0, 1, NULL, err), -1);
     CHECK(strstr(err, "bad ps endpoints") != NULL && strstr(err, "entry 2 is empty") != NULL);
     CHECK(b == NULL);
-    CHECK_EQ(dp_ps_beat_new(&b, "tcp://127.0.0.1:1,", 0, NULL, err), -1);
+    CHECK_EQ(dp_ps_beat_new(&b, "tcp://127.0.0.1:1,", 0, 1, NULL, err), -1);
     CHECK(strstr(err, "entry 2 is empty") != NULL);
 }
 

@@ -147,7 +147,8 @@ static int s_cluster(downpour_t *h, const downpour_opts_t *o)
 static int s_connect(downpour_t *h, const downpour_opts_t *o)
 {
     char err[DP_ERR_LEN];
-    dp_ps_client_opts_t co = {.timeout_s = o->timeout_s, .stop = &h->stop};
+    dp_ps_client_opts_t co = {.timeout_s = o->timeout_s, .stop = &h->stop,
+                              .session = dp_ps_session_new()};
     if (!o->curve_secret != !o->curve_server)
         return s_fail(DOWNPOUR_ERR_ARGS, "curve_secret and curve_server go together: give both "
                                          "(this worker's secret key and the servers' public "
@@ -164,7 +165,7 @@ static int s_connect(downpour_t *h, const downpour_opts_t *o)
     if (n_eps < 0) return s_fail(DOWNPOUR_ERR_ARGS, "%s", err);
     /* Beats first, so a worker that computes long between calls (or before
      * its first pull) is never taken for a dead one, as downpour-worker. */
-    if (dp_ps_beat_new(&h->beat, h->endpoints, h->task_index, &co.curve, err) != 0)
+    if (dp_ps_beat_new(&h->beat, h->endpoints, h->task_index, co.session, &co.curve, err) != 0)
         return s_fail(DOWNPOUR_ERR_ARGS, "%s", err);
     dp_ps_err_t kind = DP_PS_OK;
     co.new_error = &kind;
