@@ -270,6 +270,10 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         s_same_shape(l, DP_LAYER_RELU, "relu");
         return 0;
     }
+    if (strcmp(tok, "tanh") == 0) {
+        s_same_shape(l, DP_LAYER_TANH, "tanh");
+        return 0;
+    }
     if (strcmp(tok, "bn") == 0) return s_layer_bn(m, l, tok, n, err);
     if (strcmp(tok, "gap") == 0) {
         if (n->fc > 0) return dp_err(err, "model spec: 'gap' after a fully connected layer");
@@ -298,8 +302,8 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         m->classes = l->in_c;
         return 0;
     }
-    return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, bn, "
-                  "gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax)", tok);
+    return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, tanh, "
+                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A)", tok);
 }
 
 /* Hash of what makes two models interchangeable on the wire: the canonical
@@ -481,6 +485,94 @@ static void s_track_act(dp_model_t *m, const dp_layer_t *l)
     if (dp_layer_out_size(l) > m->max_act) m->max_act = dp_layer_out_size(l);
 }
 
+/* One fc layer of the actor-critic head, reading boundary in, named name
+ * (its tensors name.weight, name.bias). */
+static int s_head_fc(dp_model_t *m, int in, int out, const char *name, s_count_t *n, char *err)
+{
+    dp_layer_t *l = s_new_layer(m, in, err);
+    if (!l) return -1;
+    char tok[32];
+    snprintf(tok, sizeof tok, "fc:%d", out);
+    if (s_layer_fc(m, l, tok, n, err) != 0) return -1;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    snprintf(m->params[l->weight].name, sizeof m->params[l->weight].name, "%s.weight", name);
+    snprintf(m->params[l->bias].name, sizeof m->params[l->bias].name, "%s.bias", name);
+    s_track_act(m, l);
+    m->n_layers++;
+    return 0;
+}
+
+/* ac:A after the trunk (the layers so far; none: the input itself): the
+ * policy fc:A and the value fc:1 both read the trunk's output, the loss
+ * layer reads both. */
+static int s_ac_head(dp_model_t *m, const char *tok, s_count_t *n, char *err)
+{
+    const char *p = tok + 2;
+    int A = 0;
+    if (*p == 0)
+        return dp_err(err, "model spec: 'ac' needs its number of actions: write ac:A, or give "
+                      "--env, which fills in its own");
+    if (*p++ != ':' || s_int(&p, 2, DP_MODEL_MAX_ACTIONS, &A) != 0 || *p)
+        return dp_err(err, "model spec: bad actor-critic head '%s' (expected ac:A, A in 2..%d "
+                      "actions)", tok, DP_MODEL_MAX_ACTIONS);
+    if (n->in_block) return dp_err(err, "model spec: '%s' inside a res block", tok);
+    int trunk = m->n_layers;
+    if (s_head_fc(m, trunk, A, "policy", n, err) != 0 || s_head_fc(m, trunk, 1, "value", n, err) != 0)
+        return -1;
+    dp_layer_t *l = s_new_layer(m, trunk + 1, err);
+    if (!l) return -1;
+    l->kind = DP_LAYER_AC;
+    snprintf(l->name, sizeof l->name, "ac");
+    l->in1 = trunk + 2;
+    l->src_c = 1, l->src_h = l->src_w = 1;
+    l->out_c = A;
+    l->out_h = l->out_w = 1;
+    m->classes = A;
+    s_track_act(m, l);
+    m->n_layers++;
+    return 0;
+}
+
+int dp_model_is_ac(const dp_model_t *m)
+{
+    return m->n_layers > 0 && m->layers[m->n_layers - 1].kind == DP_LAYER_AC;
+}
+
+int dp_model_spec_actions(const char *spec, int A, char *out, size_t n, char *err)
+{
+    size_t len = 0;
+    int heads = 0;
+    const char *s = spec;
+    out[0] = 0;
+    for (;;) {
+        s += strspn(s, " \t\n");
+        if (!*s) break;
+        size_t tl = strcspn(s, " \t\n");
+        int w;
+        if (tl == 2 && strncmp(s, "ac", 2) == 0) {
+            w = snprintf(out + len, n - len, "%sac:%d", len ? " " : "", A);
+            heads++;
+        } else {
+            const char *p = s + 3;
+            int k = 0;
+            if (tl > 3 && strncmp(s, "ac:", 3) == 0) {
+                heads++;
+                if (s_int(&p, 0, INT32_MAX, &k) == 0 && p == s + tl && k != A)
+                    return dp_err(err, "model spec: '%.*s' but the environment has %d actions "
+                                  "(write ac, and it takes the environment's)", (int)tl, s, A);
+            }
+            w = snprintf(out + len, n - len, "%s%.*s", len ? " " : "", (int)tl, s);
+        }
+        if (w < 0 || (size_t)w >= n - len) return dp_err(err, "model spec: too long");
+        len += (size_t)w;
+        s += tl;
+    }
+    if (heads == 0)
+        return dp_err(err, "model spec: '%s' has no actor-critic head, which an environment needs: "
+                      "end it with ac (e.g. 'fc:64 tanh fc:64 tanh ac')", spec);
+    return 0;
+}
+
 /* A block's state while its body is parsed. */
 typedef struct {
     int in;                 /* boundary of the block's input */
@@ -582,8 +674,9 @@ static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
     for (int i = 0; i < ntok; i++) {
         const char *t = tok[i];
         const dp_layer_t *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
-        if (prev && prev->kind == DP_LAYER_SOFTMAX)
-            return dp_err(err, "model spec: '%s' after softmax (softmax must be last)", t);
+        if (prev && (prev->kind == DP_LAYER_SOFTMAX || prev->kind == DP_LAYER_AC))
+            return dp_err(err, "model spec: '%s' after %s (it must be last)", t,
+                          prev->kind == DP_LAYER_AC ? "the actor-critic head" : "softmax");
         if (strcmp(t, "res") == 0 || strcmp(t, "res:b") == 0) {
             if (i + 1 >= ntok || strcmp(tok[i + 1], "(") != 0)
                 return dp_err(err, "model spec: '%s' without '(' (write %s( LAYERS ))", t, t);
@@ -602,6 +695,10 @@ static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
         if (strcmp(t, ")") == 0) {
             if (!count.in_block) return dp_err(err, "model spec: ')' without a res block open");
             if (s_close_block(m, &bk, &count, err) != 0) return -1;
+            continue;
+        }
+        if (strncmp(t, "ac", 2) == 0 && (t[2] == 0 || t[2] == ':')) {
+            if (s_ac_head(m, t, &count, err) != 0) return -1;
             continue;
         }
         dp_layer_t *l = s_new_layer(m, m->n_layers, err);
@@ -636,8 +733,10 @@ static int s_parse_grammar(dp_model_t *m, const char *text, char *canon, char *e
     free(buf);
     if (rc != 0) return -1;
     if (m->n_layers == 0) return dp_err(err, "model spec: empty");
+    if (dp_model_is_ac(m)) return 0;
     if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
-        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax'");
+        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax' (or an actor-critic "
+                      "head, ac)");
     if (m->classes < 2) return dp_err(err, "model spec: the last fc layer needs at least 2 outputs");
     return 0;
 }

@@ -30,7 +30,17 @@
  *                                a 1x1 convolution (stride S, no bias) and a
  *                                bn, named downsample.0 and downsample.1
  *   fc:OUT                       fully connected; flattens C,H,W first
+ *   tanh                         elementwise tanh
  *   softmax                      last layer: softmax + cross-entropy loss
+ *   ac:A                         last layer, instead of softmax: an actor-critic
+ *                                head of A actions on the trunk before it (any
+ *                                layers): a policy fc:A (softmax over the
+ *                                actions) and a value fc:1, both reading the
+ *                                trunk's output, named policy and value, and the
+ *                                loss of kernels/ops.h (dp_ac_loss_forward).
+ *                                A bare "ac" takes A from the environment
+ *                                (dp_model_spec_actions); the canonical spec
+ *                                has it written out
  * Blocks do not nest. Presets, usable wherever a spec is: resnetN for
  * N = 6n + 2 (resnet20, resnet32, resnet44, resnet56, resnet110): He et
  * al.'s CIFAR family, "conv3x3:16 bn relu", 3 stages of n blocks
@@ -75,14 +85,17 @@
 /* 2^32 floats (16 GiB of float32): far above any model this trains
  * (ResNet-110 has 1.7 M parameters, VGG-16 138 M), far below a wrap. */
 #define DP_MODEL_MAX_FLOATS ((size_t)1 << 32)
+/* Actions of an actor-critic head (ac:A): 2 .. this. */
+#define DP_MODEL_MAX_ACTIONS 64
 #define DP_MODEL_DEFAULT_SPEC                                                  \
     "conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax"
 /* The grammar above in one paragraph, for the --help of every program that
  * takes --model (downpour-worker, downpour local, downpour sim): kept here,
  * next to the grammar it sums up, so that there is one text to keep true. */
 #define DP_MODEL_SPEC_HELP                                                            \
-    "--model SPEC: layers separated by blanks, the last softmax: convKxK:OUT[:sS][:pP],\n" \
-    "maxpoolK, relu, bn (batch norm), gap (global average pool), dropout:P, fc:OUT;\n"    \
+    "--model SPEC: layers separated by blanks, the last softmax (or ac, an actor-critic\n" \
+    "head, with --env): convKxK:OUT[:sS][:pP], maxpoolK, relu, tanh, bn (batch norm),\n"  \
+    "gap (global average pool), dropout:P, fc:OUT;\n"                                       \
     "res( LAYERS ) is a residual block (identity shortcut, or option A where the shape\n"  \
     "changes; res:b( ... ) a 1x1 conv + bn projection). Presets: resnet20, resnet32,\n"    \
     "resnet44, resnet56, resnet110 (He et al.'s CIFAR ResNets). Example:\n"                \
@@ -99,6 +112,9 @@ typedef enum {
     DP_LAYER_GAP,
     DP_LAYER_DROPOUT,
     DP_LAYER_ADD,      /* end of a residual block: input + shortcut(block input) */
+    DP_LAYER_TANH,
+    DP_LAYER_AC,       /* actor-critic loss: reads the policy's logits (in0) and the value
+                        * (in1); its output is the policy (A floats a sample) */
 } dp_layer_kind_t;
 
 #define DP_LAYER_NAME_LEN 48 /* "layer3.17.downsample.0" */
@@ -186,6 +202,16 @@ int dp_model_from_table(dp_model_t *m, const dp_table_entry_t *t, int n, char *e
 
 /* 1 when m is a tensor table (no layers to run), else 0. */
 int dp_model_is_table(const dp_model_t *m);
+
+/* spec with a bare "ac" token made "ac:A" (an environment's A actions) into
+ * out (n bytes); an "ac:K" with K != A is refused (-1, err naming both), a
+ * spec without an actor-critic head is refused too: an environment needs
+ * one. */
+int dp_model_spec_actions(const char *spec, int A, char *out, size_t n, char *err);
+
+/* 1 when m ends in an actor-critic head (ac:A); its policy layer, value
+ * layer and loss layer are the last three. */
+int dp_model_is_ac(const dp_model_t *m);
 
 /* Parse spec for inputs of in_c x in_h x in_w. On error fills err with one
  * line naming the offending token and returns -1. */

@@ -3,7 +3,10 @@
  * one plain version serves as the reference and the CPU engine alike. */
 #include <math.h>
 
+#include "common/model.h"
 #include "kernels/ops.h"
+
+_Static_assert(DP_AC_MAX_ACTIONS >= DP_MODEL_MAX_ACTIONS, "every ac:A head fits the loss");
 
 /* log pi[0..A) of one row of logits, and pi, in double (stable: the max
  * taken out); returns the row's entropy. */
@@ -38,6 +41,15 @@ float dp_ac_loss_forward(float *probs, const float *logits, const float *value, 
     pol /= B, val /= B, ent /= B;
     if (parts) *parts = (dp_ac_parts_t){pol, val, ent};
     return (float)(pol + vcoef * val - beta * ent);
+}
+
+void dp_ac_policy(float *probs, const float *logits, int B, int A)
+{
+    double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
+    for (int n = 0; n < B; n++) {
+        s_log_softmax(logits + (size_t)n * A, A, lp, p);
+        for (int k = 0; k < A; k++) probs[(size_t)n * A + k] = (float)p[k];
+    }
 }
 
 void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, const float *value,

@@ -69,6 +69,9 @@ typedef struct {
     void (*relu_forward)(dp_backend_t *be, size_t n, float *d_out, const float *d_in);
     void (*relu_backward)(dp_backend_t *be, size_t n, float *d_din, const float *d_dout,
                           const float *d_out);
+    void (*tanh_forward)(dp_backend_t *be, size_t n, float *d_out, const float *d_in);
+    void (*tanh_backward)(dp_backend_t *be, size_t n, float *d_din, const float *d_dout,
+                          const float *d_out);
     void (*maxpool_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                             const float *d_in);
     void (*maxpool_backward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
@@ -84,6 +87,17 @@ typedef struct {
                                  float *d_loss, const float *d_logits, const int *d_labels);
     void (*softmax_xent_backward)(dp_backend_t *be, int B, int classes, float *d_dlogits,
                                   const float *d_probs, const int *d_labels);
+    /* The actor-critic head (kernels/ops.h, dp_ac_loss_forward): the policy
+     * d_probs[B,A] of d_logits and, with d_action, the batch's loss into the
+     * device float d_loss given the critic's d_value[B] and the returns
+     * d_ret[B]; without (NULL: acting, evaluation) the policy alone. The
+     * backward writes d_dlogits[B,A] and d_dvalue[B]. */
+    void (*ac_loss_forward)(dp_backend_t *be, int B, int A, float beta, float vcoef,
+                            float *d_probs, float *d_loss, const float *d_logits,
+                            const float *d_value, const int *d_action, const float *d_ret);
+    void (*ac_loss_backward)(dp_backend_t *be, int B, int A, float beta, float vcoef,
+                             float *d_dlogits, float *d_dvalue, const float *d_logits,
+                             const float *d_value, const int *d_action, const float *d_ret);
     /* The layers of residual networks (kernels/ops.h). A backend without
      * them leaves these NULL and refuses such a model in prepare.
      *

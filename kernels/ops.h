@@ -60,6 +60,12 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
 void dp_relu_forward(float *out, const float *in, size_t n);
 void dp_relu_backward(float *din, const float *dout, const float *out, size_t n);
 
+/* out = tanh(in); din = dout (1 - out^2). In place allowed. One version:
+ * libm's tanhf is the reference (the tests check it in double and by
+ * finite differences). */
+void dp_tanh_forward(float *out, const float *in, size_t n);
+void dp_tanh_backward(float *din, const float *dout, const float *out, size_t n);
+
 /* Max over each window; the gradient goes to the first maximum in row-major
  * scan order of the window. din[B,C,H,W] is fully written (zeros elsewhere). */
 void dp_maxpool_forward(float *out, const float *in, const dp_pool_dims_t *d);
@@ -89,11 +95,15 @@ void dp_softmax_xent_backward(float *dlogits, const float *probs, const int *lab
  * vcoef, ent_coef = beta). probs[B,A] gets pi, parts (may be NULL) the
  * three batch means unweighted; returns the total. A <= DP_AC_MAX_ACTIONS. */
 #define DP_AC_MAX_ACTIONS 64
+#define DP_AC_ENTROPY_DEFAULT 0.01f /* beta: --entropy's default */
+#define DP_AC_VALUE_COEF 0.5f       /* vcoef, as A3C's and Stable-Baselines3's A2C */
 typedef struct {
     double policy, value, entropy;
 } dp_ac_parts_t;
 float dp_ac_loss_forward(float *probs, const float *logits, const float *value, const int *action,
                          const float *ret, int B, int A, float beta, float vcoef, dp_ac_parts_t *parts);
+/* The policy alone (acting, evaluation): probs[B,A] = softmax(logits). */
+void dp_ac_policy(float *probs, const float *logits, int B, int A);
 /* Its gradient: dlogits[B,A], dvalue[B] (from the logits again: log pi
  * stays finite where pi underflows). */
 void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, const float *value,

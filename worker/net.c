@@ -17,7 +17,7 @@ static size_t s_boundary_size(const dp_model_t *m, int i)
 static void s_reads(const dp_layer_t *l, int *a, int *b)
 {
     *a = l->in0;
-    *b = l->kind == DP_LAYER_ADD ? l->in1 : -1;
+    *b = l->kind == DP_LAYER_ADD || l->kind == DP_LAYER_AC ? l->in1 : -1;
 }
 
 /* The gradient buffers: boundary b's lives from the backward of its last
@@ -91,6 +91,11 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
             net->d_save[i] = be->ops->alloc(be, (size_t)2 * m->layers[i].in_c * max_batch * sizeof(float));
     net->d_labels = be->ops->alloc(be, (size_t)max_batch * sizeof(int));
     net->d_loss = be->ops->alloc(be, sizeof(float));
+    if (dp_model_is_ac(m)) {
+        net->d_ret = be->ops->alloc(be, (size_t)max_batch * sizeof(float));
+        net->ac_entropy = DP_AC_ENTROPY_DEFAULT;
+        net->ac_value_coef = DP_AC_VALUE_COEF;
+    }
     net->h_probs = dp_malloc((size_t)max_batch * m->classes * sizeof(float));
     return 0;
 }
@@ -109,6 +114,7 @@ void dp_net_fini(dp_net_t *net)
     be->ops->release(be, net->d_tmp);
     be->ops->release(be, net->d_labels);
     be->ops->release(be, net->d_loss);
+    if (net->d_ret) be->ops->release(be, net->d_ret);
     free(net->d_act);
     free(net->d_dact);
     free(net->d_save);
@@ -223,6 +229,7 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
         switch (l->kind) {
         case DP_LAYER_CONV: be->ops->conv_forward(be, l, B, out, in, w, b); break;
         case DP_LAYER_RELU: be->ops->relu_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
+        case DP_LAYER_TANH: be->ops->tanh_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
         case DP_LAYER_MAXPOOL: be->ops->maxpool_forward(be, l, B, out, in); break;
         case DP_LAYER_FC: be->ops->fc_forward(be, l, B, out, in, w, b); break;
         case DP_LAYER_BN:
@@ -243,6 +250,11 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
             break;
         case DP_LAYER_SOFTMAX:
             be->ops->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
+            break;
+        case DP_LAYER_AC: /* without actions (acting): the policy alone */
+            be->ops->ac_loss_forward(be, B, m->classes, net->ac_entropy, net->ac_value_coef, out,
+                                     net->d_loss, in, s_act(net, d_x, l->in1), d_y,
+                                     d_y ? net->d_ret : NULL);
             break;
         }
         if (net->t_layer) net->t_layer[i] += dp_now() - t0;
@@ -336,6 +348,9 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
     case DP_LAYER_RELU:
         if (din) be->ops->relu_backward(be, n_out, din, dout, out);
         break;
+    case DP_LAYER_TANH:
+        if (din) be->ops->tanh_backward(be, n_out, din, dout, out);
+        break;
     case DP_LAYER_MAXPOOL:
         if (din) be->ops->maxpool_backward(be, l, B, din, dout, in, out);
         break;
@@ -363,6 +378,14 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
     case DP_LAYER_SOFTMAX:
         if (din) be->ops->softmax_xent_backward(be, B, m->classes, din, out, d_y);
         break;
+    case DP_LAYER_AC: { /* the policy's and the value's gradients, both first here */
+        float *dv = s_din(net, l->in1);
+        be->ops->ac_loss_backward(be, B, m->classes, net->ac_entropy, net->ac_value_coef, din, dv,
+                                  in, s_act(net, d_x, l->in1), d_y, net->d_ret);
+        s_din_done(net, l->in0, din, B);
+        s_din_done(net, l->in1, dv, B);
+        return;
+    }
     }
     s_din_done(net, l->in0, din, B);
 }
@@ -405,6 +428,25 @@ float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B)
 {
     s_upload_batch(net, x, y, B);
     return dp_net_train_step_device(net, net->d_act[0], net->d_labels, B, NULL);
+}
+
+float dp_net_train_step_ac(dp_net_t *net, const float *x, const int *actions, const float *ret,
+                           int B)
+{
+    s_upload_batch(net, x, actions, B);
+    net->be->ops->upload(net->be, net->d_ret, ret, (size_t)B * sizeof(float));
+    return dp_net_train_step_device(net, net->d_act[0], net->d_labels, B, NULL);
+}
+
+void dp_net_act(dp_net_t *net, const float *x, int B, float *probs, float *value)
+{
+    const dp_model_t *m = net->m;
+    dp_backend_t *be = net->be;
+    be->ops->upload(be, net->d_act[0], x, (size_t)B * s_boundary_size(m, 0) * sizeof(float));
+    s_forward(net, net->d_act[0], NULL, B, 0);
+    const dp_layer_t *head = &m->layers[m->n_layers - 1];
+    be->ops->download(be, probs, net->d_act[m->n_layers], (size_t)B * m->classes * sizeof(float));
+    if (value) be->ops->download(be, value, net->d_act[head->in1], (size_t)B * sizeof(float));
 }
 
 float dp_net_evaluate(dp_net_t *net, const float *x, const int *y, int B, int *correct)

@@ -44,13 +44,18 @@ typedef struct {
     int *pool_of;                         /* [n_layers + 1]: boundary i's buffer while it lives */
     unsigned char *written;               /* [n_layers + 1]: gradient started this backward */
     float *d_tmp;                         /* a second reader's gradient, before it is added */
-    int *d_labels;                        /* [max_batch] */
+    int *d_labels;                        /* [max_batch]; an actor-critic model's actions */
+    float *d_ret;                         /* an actor-critic model's returns [max_batch], else NULL */
     float *d_loss;                        /* the batch's mean loss (one float) */
     float *h_probs;                       /* [max_batch * classes], host copy for accuracy */
     /* Set by the caller before a training step (0 by default): */
     int ghost;                            /* bn statistics per ghost batch of this many (0: all) */
     unsigned long long seed, step;        /* dropout's mask (kernels/ops.h) ... */
     unsigned long long sample0;           /* ... and the batch's first sample in the global batch */
+    /* An actor-critic model's loss weights (kernels/ops.h), set by dp_net_init
+     * to the defaults; a caller may change them before a step: */
+    float ac_entropy;                     /* beta, the entropy bonus (--entropy) */
+    float ac_value_coef;                  /* the value loss's weight */
     /* Set by a profiler (tests/bench/bench_train -l), else NULL: [2 * n_layers],
      * seconds added per layer, forward at i, backward at n_layers + i. Only
      * meaningful on a backend whose ops finish before they return (the CPU). */
@@ -123,6 +128,17 @@ float dp_net_train_step(dp_net_t *net, const float *x, const int *y, int B);
  * Returns the mean loss once all of it, copies included, is done. */
 float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, int B,
                                float *h_grads);
+
+/* An actor-critic model (dp_model_is_ac): one training step on the
+ * observations x[B, obs], the actions taken actions[B] and their n-step
+ * returns ret[B]; the gradient of the batch's loss lands in d_grads, the
+ * loss is returned. */
+float dp_net_train_step_ac(dp_net_t *net, const float *x, const int *actions, const float *ret,
+                           int B);
+/* An actor-critic model's forward for acting (evaluation mode): the policy
+ * probs[B, A] and, when value is not NULL, the critic's value[B] of the
+ * observations x[B, obs]. */
+void dp_net_act(dp_net_t *net, const float *x, int B, float *probs, float *value);
 
 /* Forward only; returns the mean loss, and the number of correct argmax
  * predictions in *correct. */

@@ -158,6 +158,19 @@ static void s_relu_backward(dp_backend_t *be, size_t n, float *d_din, const floa
     dp_relu_backward(d_din, d_dout, d_out, n);
 }
 
+static void s_tanh_forward(dp_backend_t *be, size_t n, float *d_out, const float *d_in)
+{
+    (void)be;
+    dp_tanh_forward(d_out, d_in, n);
+}
+
+static void s_tanh_backward(dp_backend_t *be, size_t n, float *d_din, const float *d_dout,
+                            const float *d_out)
+{
+    (void)be;
+    dp_tanh_backward(d_din, d_dout, d_out, n);
+}
+
 static void s_maxpool_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                               const float *d_in)
 {
@@ -204,6 +217,28 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
 {
     (void)be;
     dp_softmax_xent_backward(d_dlogits, d_probs, d_labels, B, classes);
+}
+
+static void s_ac_loss_forward(dp_backend_t *be, int B, int A, float beta, float vcoef,
+                              float *d_probs, float *d_loss, const float *d_logits,
+                              const float *d_value, const int *d_action, const float *d_ret)
+{
+    (void)be;
+    if (!d_action) {
+        dp_ac_policy(d_probs, d_logits, B, A);
+        return;
+    }
+    *d_loss = dp_ac_loss_forward(d_probs, d_logits, d_value, d_action, d_ret, B, A, beta, vcoef,
+                                 NULL);
+}
+
+static void s_ac_loss_backward(dp_backend_t *be, int B, int A, float beta, float vcoef,
+                               float *d_dlogits, float *d_dvalue, const float *d_logits,
+                               const float *d_value, const int *d_action, const float *d_ret)
+{
+    (void)be;
+    dp_ac_loss_backward(d_dlogits, d_dvalue, d_logits, d_value, d_action, d_ret, B, A, beta,
+                        vcoef);
 }
 
 /* Ghost batch g of a batch of B in groups of G: its first sample and size. */
@@ -356,12 +391,16 @@ static const dp_backend_ops_t s_cpu_ops = {
     .conv_backward = s_conv_backward,
     .relu_forward = s_relu_forward,
     .relu_backward = s_relu_backward,
+    .tanh_forward = s_tanh_forward,
+    .tanh_backward = s_tanh_backward,
     .maxpool_forward = s_maxpool_forward,
     .maxpool_backward = s_maxpool_backward,
     .fc_forward = s_fc_forward,
     .fc_backward = s_fc_backward,
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
+    .ac_loss_forward = s_ac_loss_forward,
+    .ac_loss_backward = s_ac_loss_backward,
     .bn_forward = s_bn_forward,
     .bn_backward = s_bn_backward,
     .shortcut_forward = s_shortcut_forward,

@@ -1,4 +1,4 @@
-/* ops_fast: the fast CPU versions of the light ops — relu, max-pool, fully
+/* ops_fast: the fast CPU versions of the light ops — relu, tanh, max-pool, fully
  * connected (sgemm), softmax + cross-entropy. Same results as the references
  * in ref.c up to float rounding; max-pool picks the same element (the first
  * maximum in row-major window order) so its gradient lands in the same
@@ -17,6 +17,20 @@ DP_HOT void dp_relu_forward(float *out, const float *in, size_t n)
     int nt = dp_cpu_team((double)n / 4);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+DP_HOT void dp_tanh_forward(float *out, const float *in, size_t n)
+{
+    int nt = dp_cpu_team((double)n);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = tanhf(in[i]);
+}
+
+DP_HOT void dp_tanh_backward(float *din, const float *dout, const float *out, size_t n)
+{
+    int nt = dp_cpu_team((double)n / 4);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) din[i] = dout[i] * (1.0f - out[i] * out[i]);
 }
 
 DP_HOT void dp_relu_backward(float *din, const float *dout, const float *out, size_t n)

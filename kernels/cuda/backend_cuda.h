@@ -58,6 +58,11 @@ void dp_relu_forward_gpu(float *d_out, const float *d_in, size_t n, cudaStream_t
 void dp_relu_backward_gpu(float *d_din, const float *d_dout, const float *d_out, size_t n,
                           cudaStream_t st);
 
+/* d_out = tanh(d_in); d_din = d_dout (1 - d_out^2). */
+void dp_tanh_forward_gpu(float *d_out, const float *d_in, size_t n, cudaStream_t st);
+void dp_tanh_backward_gpu(float *d_din, const float *d_dout, const float *d_out, size_t n,
+                          cudaStream_t st);
+
 /* Max over each K x K window moved by stride; no padding. */
 void dp_maxpool_forward_gpu(float *d_out, const float *d_in, const dp_pool_dims_t *d,
                             cudaStream_t st);
@@ -83,6 +88,17 @@ void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_l
 /* d_dlogits = (d_probs - onehot(d_labels)) / B. */
 void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const int *d_labels,
                                   int B, int classes, cudaStream_t st);
+
+/* The actor-critic head (kernels/ops.h dp_ac_loss_forward, backward), in
+ * double per row as there; the loss summed in a fixed order. d_action
+ * NULL: the policy alone, *d_loss untouched. An action out of range makes
+ * the loss NaN rather than read out of bounds. */
+void dp_ac_loss_forward_gpu(float *d_probs, float *d_loss, const float *d_logits,
+                            const float *d_value, const int *d_action, const float *d_ret, int B,
+                            int A, float beta, float vcoef, cudaStream_t st);
+void dp_ac_loss_backward_gpu(float *d_dlogits, float *d_dvalue, const float *d_logits,
+                             const float *d_value, const int *d_action, const float *d_ret, int B,
+                             int A, float beta, float vcoef, cudaStream_t st);
 
 /* dp_optim_step (kernels/optim.h) on device memory, for every optimizer. */
 void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const float *d_g,

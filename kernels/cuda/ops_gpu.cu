@@ -1,5 +1,6 @@
-// ops_gpu: the CUDA kernels of our own — ReLU, max-pool, bias broadcast and
-// bias gradient, softmax + cross-entropy and the optimizers' update. The
+// ops_gpu: the CUDA kernels of our own — ReLU, tanh, max-pool, bias broadcast
+// and bias gradient, softmax + cross-entropy, the actor-critic loss and the
+// optimizers' update. The
 // convolutions (cuDNN) and the fully connected GEMMs (cuBLAS) are driven from
 // backend_cuda.c.
 //
@@ -37,6 +38,84 @@ __global__ void k_relu_backward(float *din, const float *dout, const float *out,
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+__global__ void k_tanh_forward(float *out, const float *in, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = tanhf(in[i]);
+}
+
+__global__ void k_tanh_backward(float *din, const float *dout, const float *out, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        din[i] = dout[i] * (1.0f - out[i] * out[i]);
+}
+
+// The actor-critic head, as kernels/ac_loss.c computes it: each row's log
+// softmax in double (the max taken out), its entropy returned.
+__device__ double s_ac_log_softmax(const float *z, int A, double *logp, double *p)
+{
+    double mx = z[0], sum = 0, h = 0;
+    for (int k = 1; k < A; k++) mx = z[k] > mx ? z[k] : mx;
+    for (int k = 0; k < A; k++) sum += exp((double)z[k] - mx);
+    double lse = log(sum);
+    for (int k = 0; k < A; k++) {
+        logp[k] = (double)z[k] - mx - lse;
+        p[k] = exp(logp[k]);
+        h -= p[k] * logp[k];
+    }
+    return h;
+}
+
+constexpr int kAcThreads = 256;  // one block: the head's batch is a few segments
+
+// One block; thread t takes rows t, t + 256, ...; thread 0 adds the
+// threads' three sums in thread order: the same loss on every run.
+// action NULL: the policy alone.
+__global__ void k_ac_loss_forward(float *probs, float *loss, const float *logits,
+                                  const float *value, const int *action, const float *ret, int B,
+                                  int A, float beta, float vcoef)
+{
+    __shared__ double sum[3][kAcThreads];
+    double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
+    double pol = 0, val = 0, ent = 0;
+    for (int n = threadIdx.x; n < B; n += blockDim.x) {
+        double h = s_ac_log_softmax(logits + (size_t)n * A, A, lp, p);
+        for (int k = 0; k < A; k++) probs[(size_t)n * A + k] = (float)p[k];
+        if (!action) continue;
+        int a = action[n];
+        double adv = (double)ret[n] - value[n];
+        pol += (a >= 0 && a < A) ? -adv * lp[a] : (double)__int_as_float(0x7fc00000);
+        val += adv * adv;
+        ent += h;
+    }
+    if (!action) return;
+    sum[0][threadIdx.x] = pol, sum[1][threadIdx.x] = val, sum[2][threadIdx.x] = ent;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double P = 0, V = 0, E = 0;
+        for (int t = 0; t < (int)blockDim.x; t++) P += sum[0][t], V += sum[1][t], E += sum[2][t];
+        *loss = (float)(P / B + vcoef * (V / B) - beta * (E / B));
+    }
+}
+
+__global__ void k_ac_loss_backward(float *dlogits, float *dvalue, const float *logits,
+                                   const float *value, const int *action, const float *ret, int B,
+                                   int A, float beta, float vcoef)
+{
+    double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
+    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < B; n += gridDim.x * blockDim.x) {
+        double h = s_ac_log_softmax(logits + (size_t)n * A, A, lp, p);
+        double adv = (double)ret[n] - value[n];
+        for (int k = 0; k < A; k++) {
+            double g = -adv * ((k == action[n]) - p[k]) + beta * p[k] * (lp[k] + h);
+            dlogits[(size_t)n * A + k] = (float)(g / B);
+        }
+        dvalue[n] = (float)(2.0 * vcoef * ((double)value[n] - ret[n]) / B);
+    }
 }
 
 // One thread per output element (b, c, oy, ox).
@@ -259,6 +338,42 @@ void dp_relu_backward_gpu(float *d_din, const float *d_dout, const float *d_out,
 {
     if (n == 0) return;
     k_relu_backward<<<s_blocks(n), kThreads, 0, st>>>(d_din, d_dout, d_out, n);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_tanh_forward_gpu(float *d_out, const float *d_in, size_t n, cudaStream_t st)
+{
+    if (n == 0) return;
+    k_tanh_forward<<<s_blocks(n), kThreads, 0, st>>>(d_out, d_in, n);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_tanh_backward_gpu(float *d_din, const float *d_dout, const float *d_out, size_t n,
+                          cudaStream_t st)
+{
+    if (n == 0) return;
+    k_tanh_backward<<<s_blocks(n), kThreads, 0, st>>>(d_din, d_dout, d_out, n);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_ac_loss_forward_gpu(float *d_probs, float *d_loss, const float *d_logits,
+                            const float *d_value, const int *d_action, const float *d_ret, int B,
+                            int A, float beta, float vcoef, cudaStream_t st)
+{
+    if (B < 1) return;
+    k_ac_loss_forward<<<1, kAcThreads, 0, st>>>(d_probs, d_loss, d_logits, d_value, d_action,
+                                                d_ret, B, A, beta, vcoef);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_ac_loss_backward_gpu(float *d_dlogits, float *d_dvalue, const float *d_logits,
+                             const float *d_value, const int *d_action, const float *d_ret, int B,
+                             int A, float beta, float vcoef, cudaStream_t st)
+{
+    if (B < 1) return;
+    k_ac_loss_backward<<<s_blocks((size_t)B), kThreads, 0, st>>>(d_dlogits, d_dvalue, d_logits,
+                                                                d_value, d_action, d_ret, B, A,
+                                                                beta, vcoef);
     DP_CUDA_LAUNCHED();
 }
 

@@ -69,6 +69,7 @@ static void s_kind(const dp_layer_t *l, char *out, size_t n)
         [DP_LAYER_CONV] = "conv",   [DP_LAYER_RELU] = "relu", [DP_LAYER_MAXPOOL] = "maxpool",
         [DP_LAYER_FC] = "fc",       [DP_LAYER_SOFTMAX] = "softmax", [DP_LAYER_BN] = "bn",
         [DP_LAYER_GAP] = "gap",     [DP_LAYER_DROPOUT] = "dropout", [DP_LAYER_ADD] = "add",
+        [DP_LAYER_TANH] = "tanh",   [DP_LAYER_AC] = "ac",
     };
     if (l->kind == DP_LAYER_CONV) snprintf(out, n, "conv%dx%d:s%d", l->k, l->k, l->stride);
     else snprintf(out, n, "%s", names[l->kind]);

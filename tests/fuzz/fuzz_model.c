@@ -61,7 +61,15 @@ static void s_check(const dp_model_t *m, const char *spec_in, int c0, int h0, in
     if (m->n_layers < 1 || m->n_layers > DP_MAX_LAYERS || m->n_params < 0 || m->n_params > DP_MAX_PARAMS)
         return;
     s_want(m->in_c == c0 && m->in_h == h0 && m->in_w == w0, "input shape not the one given");
-    s_want(m->layers[m->n_layers - 1].kind == DP_LAYER_SOFTMAX, "the last layer is not softmax");
+    s_want(m->layers[m->n_layers - 1].kind == DP_LAYER_SOFTMAX || dp_model_is_ac(m),
+           "the last layer is neither softmax nor an actor-critic head");
+    if (dp_model_is_ac(m)) { /* policy fc:A and value fc:1 on one trunk, then the loss */
+        const dp_layer_t *p = &m->layers[m->n_layers - 3], *v = &m->layers[m->n_layers - 2];
+        s_want(m->n_layers >= 3 && p->kind == DP_LAYER_FC && v->kind == DP_LAYER_FC &&
+                   p->in0 == v->in0 && p->out_c == m->classes && v->out_c == 1 &&
+                   m->classes >= 2 && m->layers[m->n_layers - 1].in1 == m->n_layers - 1,
+               "an actor-critic head is not policy fc:A + value fc:1 on one trunk");
+    }
     s_want(strlen(m->spec) < sizeof m->spec && strlen(m->spec) <= strlen(spec_in),
            "canonical spec longer than the spec");
     /* The activation chain, in exact arithmetic, for a chain of the seed

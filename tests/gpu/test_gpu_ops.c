@@ -691,6 +691,83 @@ static void test_gpu_relu(void)
     s_check_relu(1000003);
 }
 
+/* tanh against the CPU's (tanhf on both sides: within an ulp or two),
+ * the backward the same float expression. */
+static void s_check_tanh(size_t n)
+{
+    float *in = s_rand(n, 4), *dout = s_rand(n, 1);
+    float *out = dp_malloc(n * 4), *din = dp_malloc(n * 4);
+    float *d_in = s_up(in, n * 4), *d_dout = s_up(dout, n * 4), *d_out = s_be->ops->alloc(s_be, n * 4);
+    float *d_din = s_be->ops->alloc(s_be, n * 4);
+    dp_tanh_forward(out, in, n);
+    s_be->ops->tanh_forward(s_be, n, d_out, d_in);
+    float *g = s_down(d_out, n);
+    GPU_CLOSE("tanh out", g, out, n, 1e-7, 1e-6);
+    free(g);
+    s_be->ops->upload(s_be, d_out, out, n * 4); /* the same outputs on both sides */
+    dp_tanh_backward(din, dout, out, n);
+    s_be->ops->tanh_backward(s_be, n, d_din, d_dout, d_out);
+    g = s_down(d_din, n);
+    GPU_CLOSE("tanh din", g, din, n, 0, 0);
+    free(g);
+    free(in), free(dout), free(out), free(din);
+    s_free(d_in), s_free(d_dout), s_free(d_out), s_free(d_din);
+}
+
+/* The actor-critic loss against kernels/ac_loss.c: the policy, the loss,
+ * both gradients; and the policy alone (no actions). */
+static void s_check_ac(int B, int A, float beta)
+{
+    size_t n = (size_t)B * A;
+    float *z = s_rand(n, 3), *v = s_rand((size_t)B, 2), *ret = s_rand((size_t)B, 5);
+    int *act = s_labels(B, A);
+    float *probs = dp_malloc(n * 4), *dz = dp_malloc(n * 4), *dv = dp_malloc((size_t)B * 4);
+    float *d_z = s_up(z, n * 4), *d_v = s_up(v, (size_t)B * 4), *d_ret = s_up(ret, (size_t)B * 4);
+    int *d_act = s_up(act, (size_t)B * sizeof(int));
+    float *d_probs = s_be->ops->alloc(s_be, n * 4), *d_dz = s_be->ops->alloc(s_be, n * 4);
+    float *d_dv = s_be->ops->alloc(s_be, (size_t)B * 4), *d_loss = s_be->ops->alloc(s_be, 4);
+    char what[64];
+    float loss = dp_ac_loss_forward(probs, z, v, act, ret, B, A, beta, DP_AC_VALUE_COEF, NULL), gl = 0;
+    s_be->ops->ac_loss_forward(s_be, B, A, beta, DP_AC_VALUE_COEF, d_probs, d_loss, d_z, d_v, d_act,
+                               d_ret);
+    s_be->ops->download(s_be, &gl, d_loss, sizeof gl);
+    CHECK_NEAR(gl, loss, 1e-6 + 1e-6 * fabsf(loss));
+    float *g = s_down(d_probs, n);
+    snprintf(what, sizeof what, "ac B%d A%d probs", B, A);
+    GPU_CLOSE(what, g, probs, n, 1e-7, 1e-6);
+    free(g);
+    dp_ac_loss_backward(dz, dv, z, v, act, ret, B, A, beta, DP_AC_VALUE_COEF);
+    s_be->ops->ac_loss_backward(s_be, B, A, beta, DP_AC_VALUE_COEF, d_dz, d_dv, d_z, d_v, d_act,
+                                d_ret);
+    g = s_down(d_dz, n);
+    snprintf(what, sizeof what, "ac B%d A%d dlogits", B, A);
+    GPU_CLOSE(what, g, dz, n, 1e-7, 1e-5);
+    free(g);
+    g = s_down(d_dv, (size_t)B);
+    snprintf(what, sizeof what, "ac B%d A%d dvalue", B, A);
+    GPU_CLOSE(what, g, dv, (size_t)B, 1e-7, 1e-5);
+    free(g);
+    s_be->ops->upload(s_be, d_probs, dz, n * 4); /* junk, to be overwritten */
+    s_be->ops->ac_loss_forward(s_be, B, A, beta, DP_AC_VALUE_COEF, d_probs, d_loss, d_z, NULL, NULL,
+                               NULL);
+    g = s_down(d_probs, n);
+    GPU_CLOSE("ac policy alone", g, probs, n, 1e-7, 1e-6);
+    free(g);
+    free(z), free(v), free(ret), free(act), free(probs), free(dz), free(dv);
+    s_free(d_z), s_free(d_v), s_free(d_ret), s_free(d_act), s_free(d_probs), s_free(d_dz);
+    s_free(d_dv), s_free(d_loss);
+}
+
+static void test_gpu_tanh_ac(void)
+{
+    s_check_tanh(3 * 5 * 13 * 11);
+    s_check_tanh(1);
+    s_check_tanh(1000003);
+    s_check_ac(5, 2, 0.01f);
+    s_check_ac(80, 3, 0.5f);
+    s_check_ac(1000, 64, 0.01f); /* more rows than the block's threads, the most actions */
+}
+
 static void test_gpu_softmax_xent(void)
 {
     s_check_xent(3, 10);
@@ -991,7 +1068,7 @@ int main(int argc, char **argv)
     if (t_env() != 0) return 2;
     static const t_test_t all[] = {
         T(test_gpu_device),      T(test_gpu_conv),         T(test_gpu_maxpool),
-        T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_softmax_xent),
+        T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_tanh_ac), T(test_gpu_softmax_xent),
         T(test_gpu_optim_step),  T(test_gpu_copies),       T(test_gpu_default_model_b64),
         T(test_gpu_net_step),    T(test_gpu_resnet_ops),   T(test_gpu_resnet_step),
         T(test_gpu_copies_in_parts), T(test_gpu_net_step_in_parts),

@@ -484,6 +484,40 @@ static void test_fc(void)
     dp_cpu_set_threads(0);
 }
 
+/* ---- tanh -------------------------------------------------------------- */
+
+/* Against tanh in double (within float rounding), the backward against
+ * finite differences of it, both in place too, on an odd size above the
+ * threading threshold and large inputs (saturation: 1 - out^2 -> 0). */
+static void test_tanh(void)
+{
+    size_t n = 100003;
+    float *in = s_rand(n, -4, 4), *dout = s_rand(n, -1, 1);
+    in[1] = 30.0f, in[2] = -30.0f, in[3] = 0.0f;
+    float *got = s_nan(n), *dg = s_nan(n);
+    dp_tanh_forward(got, in, n);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += fabs(got[i] - tanh((double)in[i])) > 2e-7;
+    CHECK_EQ(bad, 0);
+    CHECK(got[1] == 1.0f && got[2] == -1.0f && got[3] == 0.0f);
+    dp_tanh_backward(dg, dout, got, n);
+    bad = 0;
+    for (size_t i = 0; i < n; i += 97) {
+        double h = 1e-4, x = in[i];
+        double fd = (tanh(x + h) - tanh(x - h)) / (2 * h) * dout[i];
+        bad += fabs(fd - dg[i]) > 1e-5 + 1e-4 * fabs(fd);
+    }
+    CHECK_EQ(bad, 0);
+    CHECK(dg[1] == 0.0f);
+    float *inplace = s_rand(n, -4, 4);
+    memcpy(inplace, in, n * sizeof(float));
+    dp_tanh_forward(inplace, inplace, n);
+    CHECK_CLOSE("tanh in place", inplace, got, n, 0, 0);
+    dp_tanh_backward(inplace, dout, inplace, n);
+    CHECK_CLOSE("tanh backward in place", inplace, dg, n, 0, 0);
+    free(in), free(dout), free(got), free(dg), free(inplace);
+}
+
 /* ---- relu -------------------------------------------------------------- */
 
 static void test_relu(void)
@@ -882,7 +916,7 @@ static void test_threads(void)
 DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_dense),
          T(test_conv_backward_sparse), T(test_conv_default_shape),
          T(test_conv_paths_bitwise_equal), T(test_isa_choose), T(test_isa_refused_before_main),
-         T(test_fc), T(test_relu),
+         T(test_fc), T(test_relu), T(test_tanh),
          T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads),
          T(test_batchnorm), T(test_shortcut), T(test_gap), T(test_dropout),
          T(test_conv_no_bias), T(test_vec_add))

@@ -62,7 +62,7 @@ static void test_error_messages(void)
         {long_fc, 1, "model spec: too long (over 511 bytes written out; a preset's name stands for "
                      "its whole text)"},
         {many, 1, "model spec: more than 1024 layers"},
-        {"fc:10 softmax relu", 1, "model spec: 'relu' after softmax (softmax must be last)"},
+        {"fc:10 softmax relu", 1, "model spec: 'relu' after softmax (it must be last)"},
         {"conv5x4:8 fc:10 softmax", 1,
          "model spec: bad convolution 'conv5x4:8' (expected convKxK:OUT, e.g. conv5x5:32)"},
         {"conv4x4:8 fc:10 softmax", 1,
@@ -81,10 +81,10 @@ static void test_error_messages(void)
          "model spec: bad fully connected layer 'fc:0' (expected fc:OUT, e.g. fc:512)"},
         {"relu softmax", 1, "model spec: softmax must follow a fully connected layer"},
         {"banana fc:10 softmax", 1,
-         "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, bn, gap, "
-         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax)"},
+         "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, tanh, bn, gap, "
+         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A)"},
         {" \t\n", 1, "model spec: empty"},
-        {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax'"},
+        {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax' (or an actor-critic head, ac)"},
         {"fc:1 softmax", 1, "model spec: the last fc layer needs at least 2 outputs"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -306,6 +306,85 @@ static void test_presets(void)
 
 /* A spec of nothing but parentheses: each becomes " ( " when tokenised,
  * three bytes of one (the fuzzer found the buffer sized for two). */
+/* The actor-critic head: ac:A after any trunk (the input itself too), its
+ * policy and value fc layers named as such and both reading the trunk, the
+ * loss layer last; tanh; a bare ac filled in from an environment's actions
+ * (dp_model_spec_actions); and the ways a head is written wrong. */
+static void test_ac_head(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "", spec[DP_MODEL_SPEC_LEN];
+    CHECK_EQ(dp_model_spec_actions("fc:64  tanh fc:64 tanh ac", 2, spec, sizeof spec, err), 0);
+    CHECK_STR(spec, "fc:64 tanh fc:64 tanh ac:2");
+    CHECK_EQ(dp_model_parse(&m, spec, 4, 1, 1, err), 0);
+    CHECK_STR(m.spec, "fc:64 tanh fc:64 tanh ac:2");
+    CHECK(dp_model_is_ac(&m));
+    CHECK_EQ(m.classes, 2);
+    CHECK_EQ(m.n_layers, 7);
+    CHECK_EQ(m.layers[1].kind, DP_LAYER_TANH);
+    const dp_layer_t *pol = &m.layers[4], *val = &m.layers[5], *ac = &m.layers[6];
+    CHECK_STR(pol->name, "policy");
+    CHECK_STR(val->name, "value");
+    CHECK_EQ(pol->kind, DP_LAYER_FC);
+    CHECK_EQ(val->kind, DP_LAYER_FC);
+    CHECK_EQ(pol->in0, 4); /* both read the trunk's output (boundary 4: after the 2nd tanh) */
+    CHECK_EQ(val->in0, 4);
+    CHECK_EQ(pol->in_c, 64);
+    CHECK_EQ(val->in_c, 64);
+    CHECK_EQ(pol->out_c, 2);
+    CHECK_EQ(val->out_c, 1);
+    CHECK_EQ(ac->kind, DP_LAYER_AC);
+    CHECK_EQ(ac->in0, 5);
+    CHECK_EQ(ac->in1, 6);
+    CHECK_EQ(m.n_params, 8);
+    CHECK_STR(m.params[4].name, "policy.weight");
+    CHECK_EQ(m.params[4].shape[0], 2);
+    CHECK_EQ(m.params[4].shape[1], 64);
+    CHECK_STR(m.params[5].name, "policy.bias");
+    CHECK_STR(m.params[6].name, "value.weight");
+    CHECK_EQ(m.params[6].shape[0], 1);
+    CHECK_STR(m.params[7].name, "value.bias");
+    CHECK_EQ(m.n_floats, (size_t)(64 * 4 + 64 + 64 * 64 + 64 + 2 * 64 + 2 + 64 + 1));
+    /* no trunk: a linear policy and critic of the observation; a conv trunk */
+    CHECK_EQ(dp_model_parse(&m, "ac:3", 6, 1, 1, err), 0);
+    CHECK_EQ(m.n_layers, 3);
+    CHECK_EQ(m.layers[0].in0, 0);
+    CHECK_EQ(m.layers[1].in0, 0);
+    CHECK_EQ(dp_model_parse(&m, "conv3x3:4 tanh ac:2", 2, 5, 5, err), 0);
+    CHECK_EQ(m.layers[2].in_c, 4 * 5 * 5);
+    /* a spec of an ordinary classifier does not become one */
+    CHECK_EQ(dp_model_parse(&m, "fc:8 softmax", 4, 1, 1, err), 0);
+    CHECK(!dp_model_is_ac(&m));
+    /* written wrong: one clear line each */
+    static const struct { const char *spec, *why; } bad[] = {
+        {"fc:8 tanh ac", "'ac' needs its number of actions"},
+        {"fc:8 ac:1", "bad actor-critic head 'ac:1'"},
+        {"fc:8 ac:65", "bad actor-critic head 'ac:65'"},
+        {"fc:8 ac:2x", "bad actor-critic head"},
+        {"fc:8 ac:2 fc:3", "'fc:3' after the actor-critic head"},
+        {"fc:8 ac:2 ac:2", "after the actor-critic head"},
+        {"fc:8 softmax ac:2", "after softmax"},
+        {"conv3x3:4 res( conv3x3:4 ac:2 )", "inside a res block"},
+        {"fc:8 tanh", "must end with"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        CHECK_EQ(dp_model_parse(&m, bad[i].spec, 4, 5, 5, err), -1);
+        if (!strstr(err, bad[i].why)) fprintf(stderr, "  '%s': %s\n", bad[i].spec, err);
+        CHECK(strstr(err, bad[i].why) != NULL);
+    }
+    CHECK_EQ(dp_model_spec_actions("fc:8 ac:3", 2, spec, sizeof spec, err), -1);
+    CHECK(strstr(err, "'ac:3' but the environment has 2 actions") != NULL);
+    CHECK_EQ(dp_model_spec_actions("fc:8 ac:2", 2, spec, sizeof spec, err), 0);
+    CHECK_STR(spec, "fc:8 ac:2");
+    CHECK_EQ(dp_model_spec_actions("fc:8 softmax", 2, spec, sizeof spec, err), -1);
+    CHECK(strstr(err, "no actor-critic head") != NULL);
+    CHECK_EQ(dp_model_spec_actions("resnet20", 2, spec, sizeof spec, err), -1);
+    char tiny[8];
+    CHECK_EQ(dp_model_spec_actions("fc:64 tanh ac", 2, tiny, sizeof tiny, err), -1);
+    CHECK(strstr(err, "too long") != NULL);
+}
+
 static void test_parentheses_only(void)
 {
     dp_model_t m;
@@ -316,6 +395,6 @@ static void test_parentheses_only(void)
     CHECK(err[0] != 0);
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages),
+DP_TESTS(T(test_default_spec_shapes), T(test_ac_head), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages),
          T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint), T(test_sizes_are_bounded))

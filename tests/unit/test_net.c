@@ -107,6 +107,140 @@ static void test_network_gradient_matches_finite_differences(void)
     t_each_cpu_path(s_network_gradients);
 }
 
+/* The actor-critic surrogate whose true gradient A3C's is: the loss of
+ * kernels/ops.h with the advantage frozen at adv0 in the policy term (the
+ * estimator holds it constant), from the policy and value dp_net_act gives. */
+static double s_ac_surrogate(dp_net_t *net, const float *x, const int *act, const float *ret,
+                             const double *adv0, int B, double beta)
+{
+    int A = net->m->classes;
+    float probs[64 * 8], value[8];
+    dp_net_act(net, x, B, probs, value);
+    double L = 0;
+    for (int n = 0; n < B; n++) {
+        double h = 0, a = (double)ret[n] - value[n];
+        for (int k = 0; k < A; k++) h -= probs[n * A + k] * log(probs[n * A + k]);
+        L += -adv0[n] * log(probs[n * A + act[n]]) + DP_AC_VALUE_COEF * a * a - beta * h;
+    }
+    return L / B;
+}
+
+/* An actor-critic network (ac:A): every parameter's gradient of a training
+ * step, entropy and value terms in, against central differences of the
+ * surrogate above; returns how many differ. The policy and value heads both
+ * read the trunk, so its gradient is the sum of both. */
+static int s_ac_gradient_check(const char *spec, int c, int h, int w, float beta)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, c, h, w, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net;
+    enum { B = 5 };
+    CHECK_EQ(dp_net_init(&net, &m, be, B, err), 0);
+    net.ac_entropy = beta;
+    dp_rng_t r;
+    dp_rng_seed(&r, 12);
+    float *params = dp_malloc(m.n_floats * sizeof(float));
+    float *grads = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, params, 6);
+    size_t in = (size_t)B * c * h * w;
+    float *x = dp_malloc(in * sizeof(float));
+    s_random(x, in, &r, 1.0f);
+    int act[B];
+    float ret[B];
+    for (int b = 0; b < B; b++) act[b] = (int)dp_rng_below(&r, (uint64_t)m.classes);
+    s_random(ret, B, &r, 2.0f);
+    dp_net_set_params(&net, params);
+    float loss = dp_net_train_step_ac(&net, x, act, ret, B);
+    CHECK(isfinite(loss));
+    dp_net_get_grads(&net, grads);
+    double adv0[B];
+    float probs[64 * B], value[B];
+    dp_net_act(&net, x, B, probs, value);
+    for (int b = 0; b < B; b++) adv0[b] = (double)ret[b] - value[b];
+    int bad = 0;
+    double worst = 0;
+    const float eps = 1e-3f;
+    for (size_t i = 0; i < m.n_floats; i++) {
+        float keep = params[i];
+        params[i] = keep + eps;
+        dp_net_set_params(&net, params);
+        double up = s_ac_surrogate(&net, x, act, ret, adv0, B, beta);
+        params[i] = keep - eps;
+        dp_net_set_params(&net, params);
+        double down = s_ac_surrogate(&net, x, act, ret, adv0, B, beta);
+        params[i] = keep;
+        double fd = (up - down) / (2 * eps), d = fabs(fd - grads[i]);
+        if (d > 1e-3 + 2e-2 * fabs(fd)) { /* smooth layers only: every one must agree */
+            if (bad < 5) fprintf(stderr, "  param %zu: backprop %.6g finite diff %.6g\n", i, grads[i], fd);
+            bad++;
+        }
+        if (d > worst) worst = d;
+    }
+    fprintf(stderr, "  %s (beta %g): %d of %zu gradients off, worst |diff| %.3g\n", spec, beta,
+            bad, m.n_floats, worst);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+    free(params), free(grads), free(x);
+    return bad;
+}
+
+static void s_ac_gradients(void)
+{
+    dp_cpu_set_threads(1);
+    CHECK_EQ(s_ac_gradient_check("fc:6 tanh fc:5 tanh ac:3", 4, 1, 1, 0.01f), 0);
+    CHECK_EQ(s_ac_gradient_check("fc:6 tanh fc:5 tanh ac:3", 4, 1, 1, 0.5f), 0); /* entropy weighs */
+    CHECK_EQ(s_ac_gradient_check("conv3x3:3 tanh fc:4 tanh ac:2", 2, 5, 4, 0.01f), 0);
+    CHECK_EQ(s_ac_gradient_check("ac:4", 6, 1, 1, 0.01f), 0); /* no trunk: the input's boundary */
+    dp_cpu_set_threads(0);
+}
+
+static void test_ac_gradients_match_finite_differences(void)
+{
+    t_each_cpu_path(s_ac_gradients);
+}
+
+/* Acting (dp_net_act) on a head with no trunk, by hand: pi = softmax(Wp x
+ * + bp), V = Wv x + bv; and the probabilities a training step leaves are
+ * those. */
+static void test_ac_act(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "ac:3", 4, 1, 1, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net;
+    CHECK_EQ(dp_net_init(&net, &m, be, 2, err), 0);
+    float *p = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, p, 3);
+    dp_net_set_params(&net, p);
+    const float x[8] = {0.5f, -1, 2, 0.25f, -0.3f, 0.1f, 0, 1};
+    float probs[6], value[2];
+    dp_net_act(&net, x, 2, probs, value);
+    const float *Wp = p + dp_model_find_param(&m, "policy.weight")->offset;
+    const float *bp = p + dp_model_find_param(&m, "policy.bias")->offset;
+    const float *Wv = p + dp_model_find_param(&m, "value.weight")->offset;
+    const float *bv = p + dp_model_find_param(&m, "value.bias")->offset;
+    for (int b = 0; b < 2; b++) {
+        double z[3], mx = -1e30, s = 0, v = bv[0];
+        for (int k = 0; k < 3; k++) {
+            z[k] = bp[k];
+            for (int j = 0; j < 4; j++) z[k] += (double)Wp[k * 4 + j] * x[b * 4 + j];
+            if (z[k] > mx) mx = z[k];
+        }
+        for (int k = 0; k < 3; k++) s += exp(z[k] - mx);
+        for (int k = 0; k < 3; k++) CHECK_NEAR(probs[b * 3 + k], exp(z[k] - mx) / s, 1e-6);
+        for (int j = 0; j < 4; j++) v += (double)Wv[j] * x[b * 4 + j];
+        CHECK_NEAR(value[b], v, 1e-6);
+    }
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+    free(p);
+}
+
 /* A separable synthetic problem: the class is the brightest quadrant. */
 static void s_quadrant_batch(dp_rng_t *r, float *x, int *y, int B)
 {
@@ -811,6 +945,7 @@ static void test_augment(void)
 }
 
 DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_under_sgd),
+         T(test_ac_gradients_match_finite_differences), T(test_ac_act),
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
          T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
