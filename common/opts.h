@@ -72,7 +72,7 @@ typedef struct {
     {.name = (n), .kind = DP_OPTS_CALL, .set = (fn), .arg = (a), .meta = (m), .pass = (pass_), \
      .help = (h)}
 
-#define DP_OPTS_MAX 64
+#define DP_OPTS_MAX 96
 
 /* One binary's command line: its table and the text around it in --help. */
 typedef struct {

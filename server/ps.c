@@ -44,6 +44,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -347,6 +348,34 @@ static void s_test_kill_at_version(const dp_ps_loop_t *ps, const Downpour__Envel
     raise(SIGKILL);
 }
 
+/* An actor-critic push's segment into the run's account (Push.env_steps,
+ * episode_returns, episode_ends): its steps, then its episodes at their
+ * steps. What a peer could lie with is checked first (counts that agree,
+ * ends in order within the segment, finite returns and threshold, a
+ * segment no longer than DP_PS_MAX_SEGMENT_STEPS): a push failing that
+ * adds nothing here (its gradient is the policy's business), one warning. */
+#define DP_PS_MAX_SEGMENT_STEPS ((uint64_t)1 << 32)
+static void s_count_episodes(dp_ps_loop_t *ps, const Downpour__Push *p, int wid)
+{
+    if (p->env_steps == 0 && p->n_episode_returns == 0 && p->n_episode_ends == 0) return;
+    bool ok = p->env_steps <= DP_PS_MAX_SEGMENT_STEPS && p->n_episode_returns == p->n_episode_ends &&
+              p->n_episode_returns <= p->env_steps && isfinite(p->solved_threshold);
+    for (size_t k = 0; ok && k < p->n_episode_ends; k++)
+        ok = isfinite(p->episode_returns[k]) && p->episode_ends[k] >= 1 &&
+             p->episode_ends[k] <= p->env_steps && (k == 0 || p->episode_ends[k] >= p->episode_ends[k - 1]);
+    if (!ok) {
+        dp_log_warn("shard %d: worker %d: a push's episodes do not add up (env steps %" PRIu64
+                    ", %zu returns, %zu ends); not counted", ps->cfg->shard_index, wid,
+                    p->env_steps, p->n_episode_returns, p->n_episode_ends);
+        return;
+    }
+    dp_episodes_t *e = &ps->episodes;
+    if (isnan(e->threshold)) e->threshold = p->solved_threshold;
+    for (size_t k = 0; k < p->n_episode_ends; k++)
+        dp_episodes_add(e, p->episode_returns[k], e->env_steps + p->episode_ends[k]);
+    e->env_steps += p->env_steps;
+}
+
 /* A gradient that passed every check (g: n slices tiling the range, all
  * finite), whole or assembled from its parts: the repeat check, the policy,
  * the record, the reply. */
@@ -359,6 +388,7 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     dp_push_outcome_t o;
     bool early = dp_shard_early_of(&ps->early, wid, env->push->step); /* the policy may commit it */
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, early, &o);
+    s_count_episodes(ps, env->push, wid);
     dp_deal_batch_t batch;
     const dp_deal_batch_t *carried =
         s_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
@@ -678,6 +708,7 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->min_workers, cfg->shard_index, dp_now());
     dp_membership_init(&ps->membership, cfg->num_workers);
+    dp_episodes_init(&ps->episodes, NAN); /* the threshold comes with the first push of one */
     dp_shard_track_steps(&ps->shard, cfg->num_workers);
     dp_shard_dc_init(&ps->shard, cfg->num_workers); /* --delay-compensation's slots and MS */
     /* A restore loses fewer than --checkpoint-every versions, and a worker

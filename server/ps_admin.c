@@ -208,6 +208,11 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     s.n_epoch_samples = n_ep - skip;
     s.epoch_samples = esp;
     s.deal_foreign = ps->deal.foreign;
+    s.env_steps = ps->episodes.env_steps;
+    s.episodes = ps->episodes.episodes;
+    s.return_mean_100 = dp_episodes_mean(&ps->episodes);
+    s.solved = ps->episodes.solved_at >= 0;
+    s.solved_at_env_steps = s.solved ? (uint64_t)ps->episodes.solved_at : 0;
     rep.stats = &s;
     dp_ps_send(ps, id, &rep, NULL, 0);
     free(esp);

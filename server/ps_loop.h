@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/episodes.h"
 #include "common/metrics.h"
 #include "proto/curve.h"
 #include "proto/wire.h"
@@ -119,6 +120,7 @@ typedef struct {
     dp_deal_t deal;        /* shard 0 of an elastic crew: the epoch's batches (server/deal.h) */
     bool dealing;          /* ... this shard deals them */
     unsigned char *foreign_said; /* per worker: its push of no dealt batch was logged */
+    dp_episodes_t episodes; /* an actor-critic run's env steps and episodes (Push.env_steps) */
 } dp_ps_loop_t;
 
 /* ---- server/ps.c ---------------------------------------------------- */

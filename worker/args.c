@@ -11,6 +11,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
+#include "worker/a3c.h"
 #include "worker/ps_client.h"
 
 static const char s_synopsis[] =
@@ -117,6 +118,25 @@ static const dp_opts_entry_t s_table[] = {
     {DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, NULL, DP_OPTS_PASS,
         "constant | step:N:G | cosine:N, by data step (standalone default:\n"
         "cosine over the run; --local-steps: constant)"), S_AT(conf)},
+    {DP_FLAG_TITLE("reinforcement learning (A3C; async is A3C, sync A2C):"), 0},
+    {DP_FLAG_STR("env", "NAME", NULL, DP_OPTS_PASS,
+        "act in an environment instead of training on --data: cartpole-v1\n"
+        "or acrobot-v1 (the model: --model ending in ac, default\n"
+        "\"" DP_A3C_DEFAULT_SPEC "\")"), S_AT(conf.a3c.env)},
+    {DP_FLAG_NUM("envs", DP_OPTS_INT, "K", NULL, 1, DP_A3C_MAX_ENVS, DP_OPTS_PASS,
+        "environments each worker acts in (default 1)"), S_AT(conf.a3c.envs)},
+    {DP_FLAG_NUM("t-max", DP_OPTS_INT, "T", NULL, 1, DP_A3C_MAX_T, DP_OPTS_PASS,
+        "steps of each environment per push (default 5)"), S_AT(conf.a3c.t_max)},
+    {DP_FLAG_NUM("entropy", DP_OPTS_FLOAT, "B", NULL, 0, 100, DP_OPTS_PASS,
+        "weight of the entropy bonus (default 0.01)"), S_AT(conf.a3c.entropy)},
+    {DP_FLAG_NUM("gamma", DP_OPTS_FLOAT, "G", NULL, 0, 1, DP_OPTS_PASS,
+        "discount (default 0.99)"), S_AT(conf.a3c.gamma)},
+    {DP_FLAG_NUM("clip-norm", DP_OPTS_FLOAT, "N", NULL, 0, 1e9, DP_OPTS_PASS,
+        "clip each gradient to this global L2 norm (default 40, as A3C;\n0: off)"),
+     S_AT(conf.a3c.clip_norm)},
+    {DP_FLAG_NUM("env-steps", DP_OPTS_LONG, "N", NULL, 1, 1000000000000L, DP_OPTS_PASS,
+        "the run's budget in environment steps, all workers together\n(default 500000)"),
+     S_AT(conf.a3c.env_steps)},
     {DP_FLAG_TITLE("distributed:"), 0},
     {DP_FLAG_STR("ps", "LIST", NULL, 0, "parameter-server shards, tcp://host:port,..."),
      S_AT(conf.ps)},
@@ -223,6 +243,7 @@ dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv
     dp_worker_options(&o, a);
     dp_opts_result_t rc = dp_opts_parse(&o, argc, argv, err);
     if (rc != DP_OPTS_PARSED) return rc;
+    if (a->conf.a3c.env && !dp_opts_find(&o, "model")->given) a->conf.model = NULL; /* the RL default */
     if (a->standalone) {
         if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
         return DP_OPTS_PARSED;

@@ -11,6 +11,7 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "kernels/env.h"
+#include "worker/a3c_train.h"
 #include "worker/args.h"
 
 static volatile sig_atomic_t s_stop;
@@ -29,8 +30,10 @@ int main(int argc, char **argv)
     dp_opts_result_t parsed = dp_worker_parse_args(&a, argc, argv, err);
     if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour-worker", parsed, err);
     dp_signals_install(&s_stop, 0);
-    int r = a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
-                     : dp_train_distributed(&a.conf, &s_stop, err);
+    int r = a.conf.a3c.env ? (a.standalone ? dp_a3c_standalone(&a.conf, &s_stop, err)
+                                           : dp_a3c_distributed(&a.conf, &s_stop, err))
+            : a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
+                           : dp_train_distributed(&a.conf, &s_stop, err);
     if (r == DP_TRAIN_LEFT) return 0; /* an elastic crew's leave: asked for, done */
     if (s_stop) {
         if (r != 0) dp_log_warn("%s", err);

@@ -78,6 +78,10 @@ static dp_ps_reply_t s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelo
         a->finished = s->workers_finished;
         a->gone = s->workers_gone;
         a->num_workers = s->num_workers;
+        a->st.env_steps = s->env_steps;
+        a->st.episodes = s->episodes;
+        a->st.return_mean_100 = s->return_mean_100;
+        a->st.solved_at_env_steps = s->solved ? (int64_t)s->solved_at_env_steps : -1;
     }
     a->st.version += s->version;
     a->st.steps_early += s->steps_early;

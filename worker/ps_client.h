@@ -76,6 +76,8 @@ typedef struct {
     int parts;                       /* messages the push took, all shards (the shards' count:
                                       * one each when whole), once however often repeated */
     int parts_early;                 /* of them, those push_part sent during the backward */
+    uint64_t env_steps;              /* an actor-critic run: its env steps after this push (the
+                                      * servers' count, all workers: Ack.env_steps) */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */
@@ -87,6 +89,10 @@ typedef struct {
     uint64_t staleness_hist[DP_STATS_HIST_BINS]; /* shard 0's counts per staleness (last bin: or more) */
     size_t staleness_bins;               /* bins in use */
     uint64_t steps_early;                /* sum over shards: steps made as a push's parts came */
+    /* an actor-critic run's episodes, shard 0's account (common/episodes.h) */
+    uint64_t env_steps, episodes;
+    double return_mean_100;
+    int64_t solved_at_env_steps;         /* -1: not solved */
 } dp_ps_stats_t;
 
 /* The crew's history as shard 0 keeps it (server/membership.h). */
@@ -277,7 +283,20 @@ typedef struct {
                                   * is acknowledged as applied ("repeat: ..." in the reason)
                                   * without being applied again; 0: none */
     const dp_ps_stamp_t *stamp;  /* the versions to stamp it with; NULL: the last pull's */
+    const struct dp_ps_segment *segment; /* an actor-critic segment's account; NULL: none */
 } dp_ps_push_t;
+
+/* What an actor-critic push reports of its segment (Push.env_steps ...):
+ * the environment steps it took, the n episodes that ended in it (their
+ * returns, and the steps into the segment at which each ended, 1 ..
+ * env_steps, in order) and the environment's solved threshold. */
+typedef struct dp_ps_segment {
+    uint64_t env_steps;
+    size_t n;
+    const double *returns;
+    const uint32_t *ends;
+    double threshold;
+} dp_ps_segment_t;
 
 /* Each shard's slice of p->grads, stamped with p->stamp (or the versions of
  * the last pull); waits for all ACKs. A shard that restarted below a

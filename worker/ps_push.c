@@ -124,6 +124,14 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
         p->part = k;
         p->parts = ps->parts;
     }
+    if (pp->segment && k + 1 == ps->parts) { /* with the part that completes the push */
+        const dp_ps_segment_t *sg = pp->segment;
+        p->env_steps = sg->env_steps;
+        p->n_episode_returns = p->n_episode_ends = sg->n;
+        p->episode_returns = (double *)sg->returns;
+        p->episode_ends = (uint32_t *)sg->ends;
+        p->solved_threshold = sg->threshold;
+    }
     rq->env.push = p;
     rq->env.tensors = rq->descs;
     if (s->z && s->z->kind != DP_COMPRESS_NONE) {
@@ -317,6 +325,7 @@ static dp_ps_reply_t s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope
     push->staleness_sum += (double)a->staleness;
     r->version += a->version;
     if (a->workers_live > r->workers_live) r->workers_live = a->workers_live;
+    if (a->env_steps > r->env_steps) r->env_steps = a->env_steps;
     dp_ps_seen(s, a->version);
     return DP_PS_REPLY_DONE;
 }

@@ -31,6 +31,7 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->overlap = -1;
     c->stream_push = -1;
     c->stream_pull = -1;
+    dp_a3c_conf_default(&c->a3c);
 }
 
 /* --normalize on both splits: the training set's figures or the given ones. */

@@ -21,6 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/optim.h"
 #include "proto/compress.h"
+#include "worker/a3c.h"
 #include "worker/net.h"
 #include "worker/progress.h"
 #include "worker/ps_client.h"
@@ -72,6 +73,7 @@ typedef struct {
                                 * default (on for a CPU worker, off on a device) */
     int stream_pull;           /* --stream-pull: the weights arrive in parts as the forward
                                 * needs them (the same cases): 1 on, 0 off, -1 the default */
+    dp_a3c_conf_t a3c;         /* --env and the RL flags: an actor-critic run (a3c.env set) */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);

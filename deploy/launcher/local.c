@@ -47,6 +47,7 @@
 #include "server/policy.h"
 #include "server/ps.h"
 #include "server/record.h"
+#include "worker/a3c.h"
 #include "worker/args.h"
 
 #define DP_LOCAL_MAX DP_CREW_MAX
@@ -75,6 +76,7 @@ typedef struct {
     char bin_dir[PATH_MAX];
     char out_default[64];
     char input[48];              /* CxHxW of the data, for the shards */
+    char env_model[DP_MODEL_SPEC_LEN]; /* --env: the model with its actions, for every daemon */
     char schedule[64];           /* the default lr schedule, for the shards (with
                                   * --local-steps: for the workers' inner optimizer) */
     long worker_steps;           /* each worker's data steps (s_run_steps) */
@@ -147,11 +149,40 @@ static long s_total_steps(const char *path, long *steps_per_epoch, long *batch)
     return total;
 }
 
+/* --env's progress line from the workers' metrics: the run's env steps
+ * (the servers' count, the latest any worker's ACK said), the episodes
+ * the workers' own counts add to, the mean of their last-100 means. */
+static void s_show_env_progress(dp_local_t *L, double t0, int live)
+{
+    double run = 0, episodes = 0, ret = 0;
+    int n = 0;
+    for (int i = 0; i < L->crew.n; i++) {
+        dp_child_t *c = &L->crew.kids[i];
+        if (!c->is_worker) continue;
+        cJSON *o = s_last_metrics(c->metrics);
+        if (!o) continue;
+        double r = s_num(o, "run_env_steps", s_num(o, "env_steps", 0));
+        if (r > run) run = r;
+        episodes += s_num(o, "episodes", 0);
+        ret += s_num(o, "return_mean_100", 0);
+        n++;
+        cJSON_Delete(o);
+    }
+    double dt = dp_now() - t0;
+    fprintf(stderr, "%s%s  env steps %.0f/%ld  episodes %.0f  return(100) %.1f  %.0f env steps/s%s",
+            live ? "\r\033[K" : "", L->wk.conf.a3c.env, run, L->wk.conf.a3c.env_steps, episodes,
+            n ? ret / n : 0.0, run / (dt > 0 ? dt : 1), live ? "" : "\n");
+}
+
 /* One progress line: rewritten in place on a terminal (live), else a plain
  * line of its own. */
 static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, long *batch,
                             int live)
 {
+    if (L->wk.conf.a3c.env) {
+        s_show_env_progress(L, t0, live);
+        return;
+    }
     long steps_min = -1, steps_sum = 0, epoch_min = -1;
     double loss = 0, stale = 0;
     int n = 0;
@@ -300,6 +331,8 @@ static void s_collect_passed(dp_local_t *L)
     for (int i = 0; i < L->opts.n; i++) {
         const dp_opts_flag_t *e = &L->opts.opt[i];
         if (!e->pass || !e->given) continue;
+        /* --env: the daemons get the model with the environment's actions (s_prepare_env) */
+        if (L->wk.conf.a3c.env && strcmp(e->name, "model") == 0) continue;
         snprintf(L->flag_names[i], sizeof L->flag_names[i], "--%s", e->name);
         int has_value = e->kind != DP_OPTS_FLAG;
         if (s_passes(&L->ps_opts, e->name)) {
@@ -357,6 +390,22 @@ static void s_print_summary(const char *path)
     free(text);
     if (!o) return;
     const char *mode = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "mode"));
+    const char *env = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "env"));
+    const cJSON *solved = cJSON_GetObjectItemCaseSensitive(o, "solved_at_env_steps");
+    if (env) {
+        char at[48] = "not solved";
+        if (cJSON_IsNumber(solved)) snprintf(at, sizeof at, "solved at env step %.0f", solved->valuedouble);
+        fprintf(stderr,
+                "done: %s, %s, %g worker(s), %g shard(s): %g env steps, %g episodes, return of "
+                "the last 100 %.1f (%s), greedy test return %.1f, %.1f s; staleness mean %.2f, "
+                "max %g\n",
+                env, mode ? mode : "?", s_num(o, "workers", 0), s_num(o, "ps_shards", 0),
+                s_num(o, "env_steps", 0), s_num(o, "episodes", 0), s_num(o, "return_mean_100", 0),
+                at, s_num(o, "test_return", 0), s_num(o, "wall_s", 0),
+                s_num(o, "staleness_mean", 0), s_num(o, "staleness_max", 0));
+        cJSON_Delete(o);
+        return;
+    }
     fprintf(stderr,
             "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, %.1f s;"
             " updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
@@ -481,11 +530,37 @@ static void s_add_run_id(dp_local_t *L)
     L->ps_args[L->n_ps_args++] = L->run_id;
 }
 
+static int s_prepare_dirs(dp_local_t *L, char *err);
+
+/* --env: what the servers need from the environment instead of the data:
+ * the model with its actions (written out: ac:A) and the observation's
+ * shape; the lr stays constant. */
+static int s_prepare_env(dp_local_t *L, char *err)
+{
+    const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
+    dp_model_t m;
+    const char *spec = dp_opts_find(&L->opts, "model")->given ? L->wk.conf.model : NULL;
+    if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
+    snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
+    snprintf(L->input, sizeof L->input, "%dx1x1", kind->obs_dim);
+    L->ps.in_c = kind->obs_dim;
+    L->ps.in_h = L->ps.in_w = 1;
+    L->ps_args[L->n_ps_args++] = "--model";
+    L->ps_args[L->n_ps_args++] = L->env_model;
+    L->worker_args[L->n_worker_args++] = "--model";
+    L->worker_args[L->n_worker_args++] = L->env_model;
+    return 0;
+}
+
 /* What the servers need from the data (the input shape, and for the
  * default schedule the run's length), then DIR and its subdirectories,
  * without the results of an earlier run in the same DIR. */
 static int s_prepare(dp_local_t *L, char *err)
 {
+    if (L->wk.conf.a3c.env) {
+        if (s_prepare_env(L, err) != 0) return -1;
+        return s_prepare_dirs(L, err);
+    }
     dp_dataset_t probe = {0};
     if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
     dp_dataset_limit(&probe, L->wk.conf.train_samples); /* --epochs count the subset's */
@@ -514,7 +589,12 @@ static int s_prepare(dp_local_t *L, char *err)
         }
     }
     dp_dataset_fini(&probe);
+    return s_prepare_dirs(L, err);
+}
 
+/* DIR and its subdirectories, without the results of an earlier run. */
+static int s_prepare_dirs(dp_local_t *L, char *err)
+{
     char path[PATH_MAX];
     if (s_mkdir(L->out, err) != 0) return -1;
     snprintf(path, sizeof path, "%s/metrics", L->out);

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/episodes.h"
 #include "common/rng.h"
 #include "kernels/ops.h"
 #include "tests/test.h"
@@ -198,5 +199,33 @@ static void test_matches_pytorch(void)
     s_free(&c);
 }
 
-DP_TESTS(T(test_finite_differences), T(test_entropy_direction), T(test_clip), T(test_returns),
+/* The run's account of its episodes (common/episodes.h): the mean of the
+ * last 100 (of fewer before 100), and solved only with a full window whose
+ * mean reaches the threshold, at the env step of the episode that made it. */
+static void test_episodes(void)
+{
+    dp_episodes_t e;
+    dp_episodes_init(&e, 475);
+    CHECK_EQ(dp_episodes_mean(&e), 0);
+    for (int i = 0; i < 99; i++) dp_episodes_add(&e, 500, (uint64_t)(i + 1) * 500);
+    CHECK_NEAR(dp_episodes_mean(&e), 500, 0);
+    CHECK_EQ(e.solved_at, -1); /* 99 episodes: no full window yet */
+    dp_episodes_add(&e, 500, 50000);
+    CHECK_EQ(e.solved_at, 50000);
+    dp_episodes_add(&e, 0, 50010); /* the first ring slot replaced: mean 495 */
+    CHECK_NEAR(dp_episodes_mean(&e), 495, 1e-9);
+    CHECK_EQ(e.solved_at, 50000); /* the first time stays */
+    dp_episodes_init(&e, -100); /* acrobot: returns are negative */
+    for (int i = 0; i < 100; i++) dp_episodes_add(&e, i < 50 ? -500 : -60, (uint64_t)i + 1);
+    CHECK_EQ(e.solved_at, -1); /* mean -280 */
+    for (int i = 0; i < 50; i++) dp_episodes_add(&e, -60, (uint64_t)i + 101);
+    /* the 141st: 9 of -500 and 91 of -60 left, mean -99.6 (the 140th: -104) */
+    CHECK_EQ(e.solved_at, 141);
+    dp_episodes_init(&e, NAN); /* the threshold not known yet: counts, never solves */
+    for (int i = 0; i < 200; i++) dp_episodes_add(&e, 1e9, 1);
+    CHECK_EQ(e.episodes, 200);
+    CHECK_EQ(e.solved_at, -1);
+}
+
+DP_TESTS(T(test_episodes), T(test_finite_differences), T(test_entropy_direction), T(test_clip), T(test_returns),
          T(test_matches_pytorch))

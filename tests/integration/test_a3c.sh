@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# test_a3c: the actor-critic worker (--env, worker/a3c.h) end to end —
+#  - standalone on CartPole-v1: summary.json's RL fields; the same seed twice
+#    gives the same run (rollouts a pure function of the seeds and weights);
+#  - bad models and environments: one clear line each;
+#  - `downpour local --env cartpole-v1 --workers 2 --mode async` (A3C): the
+#    servers count every worker's env steps, so the run stops at the budget
+#    (a segment past it at most per worker) and its episodes are the two
+#    workers' together; it learns (the mean return of the last 100 episodes
+#    far above a random policy's ~22: the full solve, 475 within 500 k, is
+#    the experiment's, docs/EXPERIMENTS.md); the model file loads into a
+#    PyTorch module strictly, its policy and value heads as fc layers;
+#  - sync (A2C): the same accounting, no staleness.
+source "$(dirname "$0")/lib.sh"
+
+W=$BIN/downpour-worker
+out=$TMP/a3c
+mkdir -p "$out"
+
+# -- standalone, twice ---------------------------------------------------------
+for k in 1 2; do
+    "$W" --standalone --env cartpole-v1 --env-steps 20000 --seed 3 --no-progress \
+        --summary "$out/s$k.json" --metrics "$out/m$k.jsonl" --save "$out/s$k.safetensors" \
+        >"$out/s$k.log" 2>&1
+    check "standalone run $k exits 0" test $? = 0
+done
+for f in env env_steps episodes return_mean_100 solved_at_env_steps test_return; do
+    "$TORCH_PY" -c 'import json,sys; assert sys.argv[2] in json.load(open(sys.argv[1]))' \
+        "$out/s1.json" "$f" 2>/dev/null || fail "summary has $f" "missing"
+done
+pass "summary.json has env, env_steps, episodes, return_mean_100, solved_at_env_steps, test_return"
+e=$(json "$out/s1.json" env 2>/dev/null); n=$(json "$out/s1.json" env_steps 2>/dev/null)
+check "standalone: env $e, $n env steps (cartpole-v1, 20000)" test "$e $n" = "cartpole-v1 20000"
+same=$("$TORCH_PY" - "$out/s1.json" "$out/s2.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+keys = ["episodes", "return_mean_100", "solved_at_env_steps", "test_return"]
+print("same" if all(a[k] == b[k] for k in keys) else f"{[a[k] for k in keys]} vs {[b[k] for k in keys]}")
+EOF
+)
+check "the same seed twice: the same episodes, returns and test return ($same)" test "$same" = same
+check "... and the same weights" cmp -s "$out/s1.safetensors" "$out/s2.safetensors"
+check "metrics lines carry env_steps, episodes and return_mean_100" \
+    bash -c "tail -n 1 '$out/m1.jsonl' | grep -q '\"env_steps\":20000' && grep -q return_mean_100 '$out/m1.jsonl'"
+
+# -- one line for what is wrong --------------------------------------------------
+bad() { # what, expected text, args...
+    local what=$1 want=$2
+    shift 2
+    "$W" --standalone --no-progress "$@" >"$out/bad.log" 2>&1
+    local rc=$?
+    check "$what: refused (status $rc) with one line naming it" \
+        bash -c "[ $rc != 0 ] && grep -q \"$want\" '$out/bad.log' && [ \$(grep -c . '$out/bad.log') -le 2 ]"
+}
+bad "an unknown environment" "no such environment (there are: cartpole-v1, acrobot-v1)" --env pong
+bad "a classifier's model" "no actor-critic head" --env cartpole-v1 --model "fc:8 softmax"
+bad "a head of other actions" "'ac:3' but the environment has 2 actions" --env cartpole-v1 --model "fc:8 ac:3"
+bad "batch norm" "has batch norm" --env cartpole-v1 --model "fc:8 bn tanh ac"
+
+# -- A3C: 2 async workers through downpour local ---------------------------------
+"$BIN/downpour" local --env cartpole-v1 --workers 2 --mode async --env-steps 200000 --seed 2 \
+    --out "$out/async" --no-progress >"$out/async.log" 2>&1
+check "downpour local --env cartpole-v1 --workers 2 --mode async exits 0" test $? = 0
+S=$out/async/summary.json
+steps=$(json "$S" env_steps 2>/dev/null || echo 0)
+check "the run stops at its budget: $steps env steps in [200000, 200010)" \
+    bash -c "[ $steps -ge 200000 ] && [ $steps -lt 200010 ]"
+mine=$(sed -n 's/.*worker [01]: \([0-9]*\) of the run.s.*/\1/p' "$out"/async/logs/worker-*.log | paste -sd+ | bc)
+check "... the two workers' own env steps add up to it ($mine)" test "${mine:-0}" = "$steps"
+ret=$(json "$S" return_mean_100 2>/dev/null || echo 0)
+eps=$(json "$S" episodes 2>/dev/null || echo 0)
+check "A3C learns: return of the last 100 episodes $ret >= 150 (random: ~22), $eps episodes" \
+    bash -c "awk -v r=$ret 'BEGIN { exit !(r >= 150) }' && [ $eps -ge 100 ]"
+check "async: the pushes were stale (staleness mean $(json "$S" staleness_mean))" \
+    ge "$(json "$S" staleness_mean)" 0.01
+if has_torch; then
+    t=$(PYTHONPATH=$PWD/python "$TORCH_PY" - "$out/async/model.safetensors" <<'EOF' 2>&1
+import sys, torch
+from downpour import safetensors
+class AC(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.fc1, s.fc2 = torch.nn.Linear(4, 64), torch.nn.Linear(64, 64)
+        s.policy, s.value = torch.nn.Linear(64, 2), torch.nn.Linear(64, 1)
+    def forward(s, x):
+        h = torch.tanh(s.fc2(torch.tanh(s.fc1(x))))
+        return torch.softmax(s.policy(h), -1), s.value(h)
+m = AC()
+tensors, _ = safetensors.read(sys.argv[1])
+m.load_state_dict({k: torch.from_numpy(a) for k, a in tensors}, strict=True)
+p, v = m(torch.zeros(1, 4))
+print("ok" if abs(float(p.sum()) - 1) < 1e-5 and v.shape == (1, 1) else "bad")
+EOF
+)
+    check "model.safetensors loads strictly into fc1, fc2, policy, value ($t)" test "$t" = ok
+else
+    skip torch "python3-torch is not installed"
+fi
+
+# -- A2C: sync ----------------------------------------------------------------------
+"$BIN/downpour" local --env cartpole-v1 --workers 2 --mode sync --env-steps 30000 \
+    --out "$out/sync" --no-progress >"$out/sync.log" 2>&1
+check "downpour local --env ... --mode sync exits 0" test $? = 0
+S=$out/sync/summary.json
+steps=$(json "$S" env_steps 2>/dev/null || echo 0)
+smax=$(json "$S" staleness_max 2>/dev/null || echo -1)
+check "sync: $steps env steps in [30000, 30010), staleness max $smax (0)" \
+    bash -c "[ $steps -ge 30000 ] && [ $steps -lt 30010 ] && [ '$smax' = 0 ]"
+grep -q '^done: cartpole-v1, sync' "$out/sync.log"
+check "downpour local's last line names the environment and the return" test $? = 0
+finish
