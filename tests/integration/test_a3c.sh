@@ -58,19 +58,27 @@ bad "a head of other actions" "'ac:3' but the environment has 2 actions" --env c
 bad "batch norm" "has batch norm" --env cartpole-v1 --model "fc:8 bn tanh ac"
 
 # -- A3C: 2 async workers through downpour local ---------------------------------
-"$BIN/downpour" local --env cartpole-v1 --workers 2 --mode async --env-steps 200000 --seed 2 \
+# Under the sanitizers (some 5x slower) the same run, a tenth as long,
+# without the learning check.
+budget=200000
+[ "${DP_SANITIZED:-0}" = 1 ] && budget=20000
+"$BIN/downpour" local --env cartpole-v1 --workers 2 --mode async --env-steps $budget --seed 2 \
     --out "$out/async" --no-progress >"$out/async.log" 2>&1
 check "downpour local --env cartpole-v1 --workers 2 --mode async exits 0" test $? = 0
 S=$out/async/summary.json
 steps=$(json "$S" env_steps 2>/dev/null || echo 0)
-check "the run stops at its budget: $steps env steps in [200000, 200010)" \
-    bash -c "[ $steps -ge 200000 ] && [ $steps -lt 200010 ]"
+check "the run stops at its budget: $steps env steps in [$budget, $budget + 10)" \
+    bash -c "[ $steps -ge $budget ] && [ $steps -lt $((budget + 10)) ]"
 mine=$(sed -n 's/.*worker [01]: \([0-9]*\) of the run.s.*/\1/p' "$out"/async/logs/worker-*.log | paste -sd+ | bc)
 check "... the two workers' own env steps add up to it ($mine)" test "${mine:-0}" = "$steps"
 ret=$(json "$S" return_mean_100 2>/dev/null || echo 0)
 eps=$(json "$S" episodes 2>/dev/null || echo 0)
-check "A3C learns: return of the last 100 episodes $ret >= 150 (random: ~22), $eps episodes" \
-    bash -c "awk -v r=$ret 'BEGIN { exit !(r >= 150) }' && [ $eps -ge 100 ]"
+if [ $budget = 200000 ]; then
+    check "A3C learns: return of the last 100 episodes $ret >= 150 (random: ~22), $eps episodes" \
+        bash -c "awk -v r=$ret 'BEGIN { exit !(r >= 150) }' && [ $eps -ge 100 ]"
+else
+    skip learning "a run of $budget env steps under the sanitizers"
+fi
 check "async: the pushes were stale (staleness mean $(json "$S" staleness_mean))" \
     ge "$(json "$S" staleness_mean)" 0.01
 if has_torch; then
