@@ -4,26 +4,10 @@
 #include <math.h>
 
 #include "common/model.h"
+#include "kernels/ac_row.h"
 #include "kernels/ops.h"
 
 _Static_assert(DP_AC_MAX_ACTIONS >= DP_MODEL_MAX_ACTIONS, "every ac:A head fits the loss");
-
-/* log pi[0..A) of one row of logits, and pi, in double (stable: the max
- * taken out); returns the row's entropy. */
-static double s_log_softmax(const float *z, int A, double *logp, double *p)
-{
-    double mx = z[0], sum = 0, h = 0;
-    for (int k = 1; k < A; k++)
-        if (z[k] > mx) mx = z[k];
-    for (int k = 0; k < A; k++) sum += exp((double)z[k] - mx);
-    double lse = log(sum);
-    for (int k = 0; k < A; k++) {
-        logp[k] = (double)z[k] - mx - lse;
-        p[k] = exp(logp[k]);
-        h -= p[k] * logp[k];
-    }
-    return h;
-}
 
 float dp_ac_loss_forward(float *probs, const float *logits, const float *value, const int *action,
                          const float *ret, int B, int A, float beta, float vcoef, dp_ac_parts_t *parts)
@@ -31,7 +15,7 @@ float dp_ac_loss_forward(float *probs, const float *logits, const float *value, 
     double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
     double pol = 0, val = 0, ent = 0;
     for (int n = 0; n < B; n++) {
-        double h = s_log_softmax(logits + (size_t)n * A, A, lp, p);
+        double h = dp_ac_row_log_softmax(logits + (size_t)n * A, A, lp, p);
         for (int k = 0; k < A; k++) probs[(size_t)n * A + k] = (float)p[k];
         double adv = (double)ret[n] - value[n];
         pol += -adv * lp[action[n]];
@@ -47,7 +31,7 @@ void dp_ac_policy(float *probs, const float *logits, int B, int A)
 {
     double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
     for (int n = 0; n < B; n++) {
-        s_log_softmax(logits + (size_t)n * A, A, lp, p);
+        dp_ac_row_log_softmax(logits + (size_t)n * A, A, lp, p);
         for (int k = 0; k < A; k++) probs[(size_t)n * A + k] = (float)p[k];
     }
 }
@@ -57,14 +41,9 @@ void dp_ac_loss_backward(float *dlogits, float *dvalue, const float *logits, con
 {
     double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
     for (int n = 0; n < B; n++) {
-        double h = s_log_softmax(logits + (size_t)n * A, A, lp, p);
-        double adv = (double)ret[n] - value[n];
-        for (int k = 0; k < A; k++) {
-            /* -adv d log pi(a) / dz_k  -  beta dH / dz_k, dH / dz_k = -pi_k (log pi_k + H) */
-            double g = -adv * ((k == action[n]) - p[k]) + beta * p[k] * (lp[k] + h);
-            dlogits[(size_t)n * A + k] = (float)(g / B);
-        }
-        dvalue[n] = (float)(2.0 * vcoef * ((double)value[n] - ret[n]) / B);
+        double h = dp_ac_row_log_softmax(logits + (size_t)n * A, A, lp, p);
+        dp_ac_row_grad(dlogits + (size_t)n * A, dvalue + n, lp, p, h, value[n], action[n], ret[n],
+                       B, A, beta, vcoef);
     }
 }
 

@@ -15,6 +15,7 @@
 // tie rule exactly.
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/grid.cuh"
+#include "kernels/ac_row.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -54,22 +55,7 @@ __global__ void k_tanh_backward(float *din, const float *dout, const float *out,
         din[i] = dout[i] * (1.0f - out[i] * out[i]);
 }
 
-// The actor-critic head, as kernels/ac_loss.c computes it: each row's log
-// softmax in double (the max taken out), its entropy returned.
-__device__ double s_ac_log_softmax(const float *z, int A, double *logp, double *p)
-{
-    double mx = z[0], sum = 0, h = 0;
-    for (int k = 1; k < A; k++) mx = z[k] > mx ? z[k] : mx;
-    for (int k = 0; k < A; k++) sum += exp((double)z[k] - mx);
-    double lse = log(sum);
-    for (int k = 0; k < A; k++) {
-        logp[k] = (double)z[k] - mx - lse;
-        p[k] = exp(logp[k]);
-        h -= p[k] * logp[k];
-    }
-    return h;
-}
-
+// The actor-critic head: its rows as kernels/ac_loss.c computes them (kernels/ac_row.h).
 constexpr int kAcThreads = 256;  // one block: the head's batch is a few segments
 
 // One block; thread t takes rows t, t + 256, ...; thread 0 adds the
@@ -83,7 +69,7 @@ __global__ void k_ac_loss_forward(float *probs, float *loss, const float *logits
     double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
     double pol = 0, val = 0, ent = 0;
     for (int n = threadIdx.x; n < B; n += blockDim.x) {
-        double h = s_ac_log_softmax(logits + (size_t)n * A, A, lp, p);
+        double h = dp_ac_row_log_softmax(logits + (size_t)n * A, A, lp, p);
         for (int k = 0; k < A; k++) probs[(size_t)n * A + k] = (float)p[k];
         if (!action) continue;
         int a = action[n];
@@ -108,13 +94,9 @@ __global__ void k_ac_loss_backward(float *dlogits, float *dvalue, const float *l
 {
     double lp[DP_AC_MAX_ACTIONS], p[DP_AC_MAX_ACTIONS];
     for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < B; n += gridDim.x * blockDim.x) {
-        double h = s_ac_log_softmax(logits + (size_t)n * A, A, lp, p);
-        double adv = (double)ret[n] - value[n];
-        for (int k = 0; k < A; k++) {
-            double g = -adv * ((k == action[n]) - p[k]) + beta * p[k] * (lp[k] + h);
-            dlogits[(size_t)n * A + k] = (float)(g / B);
-        }
-        dvalue[n] = (float)(2.0 * vcoef * ((double)value[n] - ret[n]) / B);
+        double h = dp_ac_row_log_softmax(logits + (size_t)n * A, A, lp, p);
+        dp_ac_row_grad(dlogits + (size_t)n * A, dvalue + n, lp, p, h, value[n], action[n], ret[n],
+                       B, A, beta, vcoef);
     }
 }
 
