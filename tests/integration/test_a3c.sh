@@ -116,4 +116,20 @@ check "sync: $steps env steps in [30000, 30010), staleness max $smax (0)" \
     bash -c "[ $steps -ge 30000 ] && [ $steps -lt 30010 ] && [ '$smax' = 0 ]"
 grep -q '^done: cartpole-v1, sync' "$out/sync.log"
 check "downpour local's last line names the environment and the return" test $? = 0
+
+# -- the PyTorch example, through downpour launch ------------------------------------
+# A short run: that the module is the spec's (its tensors the servers'), that
+# both copies push and the chief ends the run.
+if has_torch; then
+    PYTHONPATH=$PWD/$BUILD/python "$BIN/downpour" launch --workers 2 --mode async \
+        --model "fc:64 tanh fc:64 tanh ac:2" --input 4x1x1 --out "$out/torch" \
+        -- "$TORCH_PY" examples/torch_a3c.py --env-steps 4000 >"$out/torch.log" 2>&1
+    rc=$?
+    check "examples/torch_a3c.py under downpour launch exits 0 (status $rc)" test $rc = 0
+    applied=$(sed -n 's/.*the servers applied \([0-9]*\) pushes.*/\1/p' "$out"/torch/logs/worker-0.log)
+    check "... both workers' segments reached the servers (${applied:-none} pushes of 800)" \
+        test "${applied:-0}" = 800
+else
+    skip torch-example "python3-torch is not installed"
+fi
 finish
