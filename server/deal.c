@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/util.h"
 
 #define K DP_DEAL_IN_FLIGHT
@@ -110,7 +112,7 @@ static int s_find(const dp_deal_slot_t *list, int n, uint64_t step)
 static long s_pool_lost(const dp_deal_t *d, int worker, uint64_t step)
 {
     for (size_t k = 0; k < d->n_pool; k++)
-        if (d->pool[k].died && d->pool[k].worker == worker && d->pool[k].step == step) return (long)k;
+        if (d->pool[k].why != DP_DEAL_RETURNED && d->pool[k].worker == worker && d->pool[k].step == step) return (long)k;
     return -1;
 }
 
@@ -145,7 +147,7 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
         s.b = p->b;
         /* the dead holder may have pushed part of it: it counts as trained */
         unsigned char *c = &d->count[s_number(d, p->b)];
-        if (p->died) *c = (unsigned char)(((*c & S_COUNT) < S_COUNT ? *c + 1 : *c) | S_DIED);
+        if (p->why == DP_DEAL_DIED) *c = (unsigned char)(((*c & S_COUNT) < S_COUNT ? *c + 1 : *c) | S_DIED);
         s_pool_remove(d, 0);
     } else if (d->next < d->total) {
         s.b = s_batch(d, d->next++);
@@ -164,9 +166,9 @@ static void s_count(dp_deal_t *d, dp_deal_batch_t b)
     if ((*c & S_COUNT) < S_COUNT) (*c)++;
 }
 
-static void s_pool_add(dp_deal_t *d, dp_deal_slot_t s, int died)
+static void s_pool_add(dp_deal_t *d, dp_deal_slot_t s, dp_deal_why_t why)
 {
-    s.died = died;
+    s.why = why;
     if (d->n_pool < d->cap_pool) d->pool[d->n_pool++] = s; /* always: the bound above */
 }
 
@@ -180,23 +182,41 @@ int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_ba
         s_remove(mine, &d->n_flight[worker], k);
         *b = s.b;
         if (used) s_count(d, s.b);
-        else s_pool_add(d, s, 0); /* not trained: someone else takes it */
+        else s_pool_add(d, s, DP_DEAL_RETURNED); /* not trained: someone else takes it */
         return 1;
     }
     dp_deal_slot_t *lost = d->lost + (size_t)worker * K;
     k = s_find(lost, d->n_lost[worker], step);
-    if (k >= 0) { /* a zombie: taken for dead, it trained the batch after all */
+    if (k >= 0) { /* a zombie (taken for dead) or a restored shard's holder: it trained it */
+        dp_deal_why_t why = lost[k].why;
         *b = lost[k].b;
         s_remove(lost, &d->n_lost[worker], k);
         long p = s_pool_lost(d, worker, step);
         if (used && p >= 0) { /* nobody else was dealt it: trained once, here */
             s_pool_remove(d, (size_t)p);
             s_count(d, *b);
+        } else if (used && why == DP_DEAL_RESTORED) {
+            s_count(d, *b); /* another trained it too, and no death counted this one */
         }
-        return 1; /* dealt to another already: its death counted this training */
+        return 1; /* a death's: dealt to another already, the death counted this training */
     }
     d->foreign++;
     return 0;
+}
+
+int dp_deal_holds(const dp_deal_t *d, int worker, uint64_t step)
+{
+    return d->batch && (s_find(d->flight + (size_t)worker * K, d->n_flight[worker], step) >= 0 ||
+                        s_find(d->lost + (size_t)worker * K, d->n_lost[worker], step) >= 0);
+}
+
+/* A holder's batch remembered for its late push. */
+static void s_lost_add(dp_deal_t *d, dp_deal_slot_t s, dp_deal_why_t why)
+{
+    dp_deal_slot_t *lost = d->lost + (size_t)s.worker * K;
+    if (d->n_lost[s.worker] == K) s_remove(lost, &d->n_lost[s.worker], 0); /* its oldest */
+    s.why = why;
+    lost[d->n_lost[s.worker]++] = s;
 }
 
 int dp_deal_release(dp_deal_t *d, int worker, int died)
@@ -205,11 +225,8 @@ int dp_deal_release(dp_deal_t *d, int worker, int died)
     dp_deal_slot_t *mine = d->flight + (size_t)worker * K;
     int n = d->n_flight[worker];
     for (int k = 0; k < n; k++) {
-        s_pool_add(d, mine[k], died);
-        if (!died) continue;
-        dp_deal_slot_t *lost = d->lost + (size_t)worker * K;
-        if (d->n_lost[worker] == K) s_remove(lost, &d->n_lost[worker], 0); /* its oldest */
-        lost[d->n_lost[worker]++] = mine[k];
+        s_pool_add(d, mine[k], died ? DP_DEAL_DIED : DP_DEAL_RETURNED);
+        if (died) s_lost_add(d, mine[k], DP_DEAL_DIED);
     }
     d->n_flight[worker] = 0;
     return n;
@@ -247,4 +264,179 @@ size_t dp_deal_epochs(const dp_deal_t *d, dp_deal_epoch_t *out, size_t max)
         o->retrained_after_death *= d->batch;
     }
     return (size_t)epochs;
+}
+
+/* ---- a checkpoint's dealer ------------------------------------------------
+ * The text: {"workers", "samples", "batch", "total", "next", "foreign",
+ * "pool": [[batch number, worker, step, why]...], "flight": [[batch number,
+ * worker, step]...], "lost": [[batch number, worker, step, why]...]}; the
+ * counts travel apart (the checkpoint's "deal.count" tensor). */
+
+static cJSON *s_slots_json(const dp_deal_t *d, const dp_deal_slot_t *s, size_t n, int with_why)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t k = 0; k < n; k++) {
+        double v[4] = {(double)s_number(d, s[k].b), s[k].worker, (double)s[k].step, s[k].why};
+        cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, with_why ? 4 : 3));
+    }
+    return a;
+}
+
+char *dp_deal_save(const dp_deal_t *d)
+{
+    if (!d->batch) return NULL;
+    cJSON *o = cJSON_CreateObject(), *flight = cJSON_CreateArray(), *lost = cJSON_CreateArray();
+    cJSON_AddNumberToObject(o, "workers", d->workers);
+    cJSON_AddNumberToObject(o, "samples", (double)d->samples);
+    cJSON_AddNumberToObject(o, "batch", d->batch);
+    cJSON_AddNumberToObject(o, "total", (double)d->total);
+    cJSON_AddNumberToObject(o, "next", (double)d->next);
+    cJSON_AddNumberToObject(o, "foreign", (double)d->foreign);
+    cJSON_AddItemToObject(o, "pool", s_slots_json(d, d->pool, d->n_pool, 1));
+    for (int w = 0; w < d->workers; w++) {
+        cJSON *f = s_slots_json(d, d->flight + (size_t)w * K, (size_t)d->n_flight[w], 0);
+        cJSON *l = s_slots_json(d, d->lost + (size_t)w * K, (size_t)d->n_lost[w], 1);
+        cJSON *e;
+        while ((e = cJSON_DetachItemFromArray(f, 0)) != NULL) cJSON_AddItemToArray(flight, e);
+        while ((e = cJSON_DetachItemFromArray(l, 0)) != NULL) cJSON_AddItemToArray(lost, e);
+        cJSON_Delete(f);
+        cJSON_Delete(l);
+    }
+    cJSON_AddItemToObject(o, "flight", flight);
+    cJSON_AddItemToObject(o, "lost", lost);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!text) { /* cJSON fails only when out of memory: abort, as dp_malloc does */
+        dp_log_error("deal: out of memory writing the dealer's state");
+        abort();
+    }
+    return text;
+}
+
+#define S_EXACT 9007199254740992.0 /* 2^53: every integer below it is exact in a JSON number */
+
+/* o's field key as an integer in [lo, hi]. */
+static int s_field(const cJSON *o, const char *key, double lo, double hi, uint64_t *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(uint64_t)v->valuedouble ||
+        v->valuedouble < lo || v->valuedouble > hi)
+        return dp_err(err, "deal: '%s' is not a whole number in [%.0f, %.0f]", key, lo, hi);
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+/* Entry k of list key: [batch number < next, worker < workers, step, (why)]. */
+static int s_slot(const dp_deal_t *d, const cJSON *e, const char *key, int with_why,
+                  dp_deal_slot_t *out, char *err)
+{
+    int n = with_why ? 4 : 3;
+    double hi[4] = {(double)d->next - 1, d->workers - 1, S_EXACT, DP_DEAL_RESTORED};
+    uint64_t v[4] = {0, 0, 0, 0};
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != n)
+        return dp_err(err, "deal: an entry of '%s' is not %d numbers", key, n);
+    for (int i = 0; i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(e, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > hi[i] ||
+            x->valuedouble != (double)(uint64_t)x->valuedouble)
+            return dp_err(err, "deal: an entry of '%s' is out of range", key);
+        v[i] = (uint64_t)x->valuedouble;
+    }
+    *out = (dp_deal_slot_t){.b = s_batch(d, v[0]), .worker = (int)v[1], .step = v[2],
+                            .why = (dp_deal_why_t)v[3]};
+    return 0;
+}
+
+/* The plan's fields of o into the zeroed-plan d (no counts yet). */
+static int s_plan_fields(dp_deal_t *d, const cJSON *o, char *err)
+{
+    uint64_t workers, samples, batch, total, next, foreign;
+    if (s_field(o, "workers", 1, 1 << 20, &workers, err) || s_field(o, "batch", 1, UINT32_MAX, &batch, err) ||
+        s_field(o, "samples", (double)batch, S_EXACT, &samples, err) ||
+        s_field(o, "total", 1, DP_DEAL_MAX_BATCHES, &total, err) ||
+        s_field(o, "next", 0, (double)total, &next, err) || s_field(o, "foreign", 0, S_EXACT, &foreign, err))
+        return -1;
+    if ((int)workers != d->workers)
+        return dp_err(err, "deal: the checkpoint's crew has %" PRIu64 " task indexes, this one %d "
+                      "(was --workers changed?)", workers, d->workers);
+    d->samples = samples;
+    d->batch = (uint32_t)batch;
+    d->per_epoch = samples / batch;
+    d->total = total;
+    d->next = next;
+    d->foreign = foreign;
+    return 0;
+}
+
+int dp_deal_saved_total(const char *text, uint64_t *total, char *err)
+{
+    cJSON *o = cJSON_Parse(text);
+    int rc = o ? s_field(o, "total", 1, DP_DEAL_MAX_BATCHES, total, err)
+               : dp_err(err, "deal: the dealer's state is not JSON");
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* Every list of o into t (a dealer of d's crew with t's plan set). */
+static int s_lists(dp_deal_t *t, const cJSON *o, char *err)
+{
+    static const char *keys[3] = {"pool", "flight", "lost"};
+    size_t cap = (size_t)t->workers * K;
+    for (int l = 0; l < 3; l++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, keys[l]), *e;
+        if (!cJSON_IsArray(a)) return dp_err(err, "deal: no list '%s'", keys[l]);
+        cJSON_ArrayForEach(e, a) {
+            dp_deal_slot_t s;
+            if (s_slot(t, e, keys[l], l != 1, &s, err) != 0) return -1;
+            int *n = l == 1 ? &t->n_flight[s.worker] : &t->n_lost[s.worker];
+            if ((l == 0 && t->n_pool >= cap) || (l != 0 && *n >= K))
+                return dp_err(err, "deal: '%s' holds more batches than a crew of %d may", keys[l],
+                              t->workers);
+            if (l == 0) t->pool[t->n_pool++] = s;
+            else (l == 1 ? t->flight : t->lost)[(size_t)s.worker * K + (size_t)(*n)++] = s;
+        }
+    }
+    if (t->n_pool + (size_t)dp_deal_in_flight(t) > cap)
+        return dp_err(err, "deal: more batches back and in flight than a crew of %d may hold", t->workers);
+    return 0;
+}
+
+int dp_deal_restore(dp_deal_t *d, const char *text, const unsigned char *count, uint64_t total,
+                    char *err)
+{
+    cJSON *o = cJSON_Parse(text);
+    if (!o) return dp_err(err, "deal: the dealer's state is not JSON");
+    dp_deal_t t;
+    dp_deal_init(&t, d->workers);
+    int rc = -1;
+    if (s_plan_fields(&t, o, err) != 0 || s_lists(&t, o, err) != 0) goto done;
+    if (t.total != total) {
+        dp_err(err, "deal: %" PRIu64 " counts for a plan of %" PRIu64 " batches", total, t.total);
+        goto done;
+    }
+    for (uint64_t g = 0; g < total; g++)
+        if (g >= t.next && count[g]) {
+            dp_err(err, "deal: batch %" PRIu64 " counted though never dealt", g);
+            goto done;
+        }
+    t.count = dp_malloc(total);
+    memcpy(t.count, count, total);
+    /* in flight at the checkpoint: what the holder trained since was lost
+     * with the shard's updates, so the batch is dealt again; the holder's
+     * own late push of it still counts once (s_lost_add) */
+    for (int w = 0; w < t.workers; w++) {
+        for (int k = 0; k < t.n_flight[w]; k++) {
+            dp_deal_slot_t s = t.flight[(size_t)w * K + k];
+            s_pool_add(&t, s, DP_DEAL_RESTORED);
+            s_lost_add(&t, s, DP_DEAL_RESTORED);
+        }
+        t.n_flight[w] = 0;
+    }
+    dp_deal_fini(d);
+    *d = t;
+    rc = 0;
+done:
+    if (rc != 0) dp_deal_fini(&t);
+    cJSON_Delete(o);
+    return rc;
 }

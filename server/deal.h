@@ -31,6 +31,15 @@
  * back), else "end": the run's data is done (the asker's own batches in
  * flight are in pushes it sends after this pull, so they do not count).
  *
+ * A checkpoint of shard 0 holds the dealer (dp_deal_save / restore),
+ * so that the batches it dealt match the weights it restored: what was
+ * trained after the checkpoint was lost with its updates and is dealt
+ * again, not counted. The batches in flight at the checkpoint go back to
+ * the pool at a restore, remembered per holder like a dead worker's: the
+ * holder's push of one after the restart (its request repeated) takes it
+ * out of the pool, counted once; if another was dealt it first, that push
+ * makes it repeated. Neither is a death.
+ *
  * Trust: any admitted worker may push any gradient (ARCHITECTURE.md,
  * "Trust"); a push of a (worker, step) that was never dealt a batch is
  * applied as the policy says, counted in foreign, and changes nothing
@@ -56,13 +65,20 @@ typedef enum {
     DP_DEAL_REFUSED,   /* why says (no plan, too many in flight) */
 } dp_deal_answer_t;
 
+/* Why a batch is back in the pool (or in a holder's lost list). */
+typedef enum {
+    DP_DEAL_RETURNED = 0, /* given back untrained (a leave, a push not used) */
+    DP_DEAL_DIED,         /* its holder died with it: counted as trained once when dealt to another */
+    DP_DEAL_RESTORED,     /* in flight at the checkpoint a restarted shard restored */
+} dp_deal_why_t;
+
 /* A batch out of the store: who holds it (in flight) or last held it (the
  * pool), for which of its steps. */
 typedef struct {
     dp_deal_batch_t b;
     int worker;
     uint64_t step;
-    int died;          /* pool: its holder died with it (counted when dealt to another) */
+    dp_deal_why_t why; /* pool and lost: how it came back */
 } dp_deal_slot_t;
 
 /* One epoch's account, in samples (dp_deal_epochs). */
@@ -111,6 +127,10 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
  * into *b (1), or 0 when it names no batch dealt to it (foreign). */
 int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_batch_t *b);
 
+/* Worker's push of step names a batch dealt to it: in flight, or kept for
+ * its late push (a death, a restore). */
+int dp_deal_holds(const dp_deal_t *d, int worker, uint64_t step);
+
 /* Worker left (died 0: SIGTERM, finished) or died (gone, replaced): its
  * batches in flight go back to the pool. Returns how many. */
 int dp_deal_release(dp_deal_t *d, int worker, int died);
@@ -120,6 +140,22 @@ int dp_deal_in_flight(const dp_deal_t *d);
 /* The plan's batches are all trained: none left to deal, none back in the
  * pool, none in flight. */
 int dp_deal_done(const dp_deal_t *d);
+
+/* The dealer's state as text for a checkpoint's metadata (malloc'd; NULL
+ * without a plan) and the times each batch was trained, count[total]
+ * (the counts, a died bit 0x80), which the checkpoint keeps as a tensor
+ * of its own: d->count. */
+char *dp_deal_save(const dp_deal_t *d);
+/* d (initialised for the same workers, no plan yet) from the text and the
+ * counts (total bytes, as dp_deal_save's d->count) of a checkpoint: the
+ * batches then in flight go back to the pool (DP_DEAL_RESTORED). The file
+ * is not trusted: -1 with err (and d unchanged) unless every field is in
+ * range and the whole agrees with itself. */
+int dp_deal_restore(dp_deal_t *d, const char *text, const unsigned char *count, uint64_t total,
+                    char *err);
+/* The total number of batches the text's plan holds, to size the counts
+ * before dp_deal_restore; -1 with err when the text does not read. */
+int dp_deal_saved_total(const char *text, uint64_t *total, char *err);
 
 /* The account of epochs [0, last dealt]: up to max into out. Returns how
  * many epochs there are (0 without a plan). */

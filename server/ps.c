@@ -115,6 +115,22 @@ static const dp_deal_batch_t *s_deal_pushed(dp_ps_loop_t *ps, int worker, uint64
     return NULL;
 }
 
+/* A push of a worker that trains dealt batches (its HELLO carried the
+ * plan) naming none dealt to it: a batch dealt before shard 0 restarted
+ * from its checkpoint, its request repeated. The restored dealer deals
+ * that batch again, so applying the push would train it twice. */
+static int s_deal_unknown(dp_ps_loop_t *ps, int worker, uint64_t step)
+{
+    if (!ps->dealing || !ps->planned[worker] || !dp_deal_planned(&ps->deal) ||
+        dp_deal_holds(&ps->deal, worker, step))
+        return 0;
+    if (!ps->foreign_said[worker]++)
+        dp_log_warn("shard %d: worker %d pushed step %" PRIu64 ", whose batch was dealt before this "
+                    "shard restarted: not applied, the batch is dealt again (said once a worker)",
+                    ps->cfg->shard_index, worker, step);
+    return 1;
+}
+
 /* The crew's news to the dealer: a leaver's batches in flight go back to
  * the pool, a dead worker's counted as trained by it once dealt again. */
 static void s_deal_members(dp_ps_loop_t *ps, int news)
@@ -385,6 +401,11 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     int wid = env->worker_id;
     if (s_push_repeated(ps, id, env)) return;
     s_test_kill_at_version(ps, env);
+    if (s_deal_unknown(ps, wid, env->push->step)) {
+        dp_ps_reply_rejected(ps, id, env->request_id, wid,
+                             "its batch was dealt before shard 0 restarted: dealt again");
+        return;
+    }
     dp_push_outcome_t o;
     bool early = dp_shard_early_of(&ps->early, wid, env->push->step); /* the policy may commit it */
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, early, &o);
@@ -727,6 +748,7 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         dp_deal_init(&ps->deal, cfg->num_workers);
         ps->dealing = true;
         ps->foreign_said = dp_calloc((size_t)cfg->num_workers, 1);
+        ps->planned = dp_calloc((size_t)cfg->num_workers, 1);
     }
     return dp_ps_restore(ps, err);
 }
@@ -806,6 +828,7 @@ static void s_teardown(dp_ps_loop_t *ps)
     dp_shard_parts_fini(&ps->parts);
     dp_deal_fini(&ps->deal);
     free(ps->foreign_said);
+    free(ps->planned);
     free(ps->pending);
     free(ps->held);
     free(ps->lent); /* the context ended: ZeroMQ released every frame */

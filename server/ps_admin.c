@@ -55,6 +55,7 @@ int dp_ps_restore(dp_ps_loop_t *ps, char *err)
     if (cfg->run_id[0]) snprintf(ps->run.id, sizeof ps->run.id, "%s", cfg->run_id);
     else dp_ps_config_run_id(cfg, ps->run.id, sizeof ps->run.id);
     ps->run.resume = cfg->resume;
+    ps->run.deal = ps->dealing ? &ps->deal : NULL; /* shard 0's batches go with its weights */
     if (!cfg->checkpoint_dir[0]) return 0;
     char mk[DP_ERR_LEN];
     if (dp_mkdirs(cfg->checkpoint_dir, 0755, mk) != 0)
@@ -76,6 +77,10 @@ int dp_ps_restore(dp_ps_loop_t *ps, char *err)
         ps->ckpt_version = ps->shard.version;
         dp_log_info("shard %d: restored version %" PRIu64 " of run %s from %s", cfg->shard_index,
                     ps->shard.version, ps->run.id, ps->ckpt_path);
+        if (ps->dealing && dp_deal_planned(&ps->deal))
+            dp_log_info("shard %d: restored the deal: %" PRIu64 " of %" PRIu64 " batches dealt, %zu "
+                        "back in the pool (those in flight at the checkpoint among them)",
+                        cfg->shard_index, ps->deal.next, ps->deal.total, ps->deal.n_pool);
         return 0;
     }
     /* A fresh start writes its version 0 at once: from then on the

@@ -215,6 +215,7 @@ void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
                                DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH, why);
         return;
     }
+    if (ps->dealing) ps->planned[env->worker_id] = plan != NULL;
     dp_members_join(&ps->members, env->worker_id);
     Downpour__Envelope rep;
     dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__WELCOME, env->request_id, env->worker_id);

@@ -120,6 +120,7 @@ typedef struct {
     dp_deal_t deal;        /* shard 0 of an elastic crew: the epoch's batches (server/deal.h) */
     bool dealing;          /* ... this shard deals them */
     unsigned char *foreign_said; /* per worker: its push of no dealt batch was logged */
+    unsigned char *planned;      /* per worker: its HELLO carried the data plan (it trains dealt batches) */
     dp_episodes_t episodes; /* an actor-critic run's env steps and episodes (Push.env_steps) */
 } dp_ps_loop_t;
 

@@ -73,6 +73,45 @@ static int s_steps_restore(dp_shard_t *s, const char *path, char *err)
     return 0;
 }
 
+/* ---- shard 0's dealer: metadata "deal" (its text) and tensor
+ * "deal.count" (the times each batch was trained, as floats) ------------ */
+
+static float *s_deal_counts(const dp_deal_t *d)
+{
+    float *c = dp_malloc((size_t)d->total * sizeof *c);
+    for (uint64_t g = 0; g < d->total; g++) c[g] = d->count[g];
+    return c;
+}
+
+/* The file's dealer into d; a file without one (a fresh start's version 0
+ * before any HELLO, or written by a fixed crew) leaves d as it is. */
+static int s_deal_restore(dp_deal_t *d, const char *path, char *err)
+{
+    char e2[DP_ERR_LEN] = "";
+    char *text = dp_safetensors_read_meta(path, "deal", e2);
+    if (!text) return e2[0] ? dp_err(err, "%s", e2) : 0;
+    uint64_t total = 0;
+    float *c = NULL;
+    unsigned char *count = NULL;
+    int rc = dp_deal_saved_total(text, &total, e2);
+    if (rc == 0) {
+        c = dp_malloc((size_t)total * sizeof *c);
+        count = dp_malloc((size_t)total);
+        rc = dp_safetensors_read_tensor(path, "deal.count", c, (size_t)total, e2);
+    }
+    for (uint64_t g = 0; rc == 0 && g < total; g++) {
+        if (!(c[g] >= 0 && c[g] <= 255 && c[g] == (float)(int)c[g]))
+            rc = dp_err(e2, "deal.count[%" PRIu64 "] is not a count", g);
+        else count[g] = (unsigned char)c[g];
+    }
+    if (rc == 0) rc = dp_deal_restore(d, text, count, total, e2);
+    if (rc != 0) dp_err(err, "%s: corrupt shard checkpoint: %s", path, e2);
+    free(text);
+    free(c);
+    free(count);
+    return rc;
+}
+
 /* CRC-32 of n floats as 8 hex digits. */
 static void s_crc_hex(char out[16], const float *x, size_t n)
 {
@@ -84,10 +123,14 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
 {
     int64_t pshape[1] = {(int64_t)s->n};
     int64_t sshape[2] = {s->state_per, (int64_t)s->n};
-    dp_st_tensor_t t[3] = {{"params", s->w, 1, pshape}, {"optim.state", s->state, 2, sshape}};
+    dp_st_tensor_t t[4] = {{"params", s->w, 1, pshape}, {"optim.state", s->state, 2, sshape}};
     int n_t = s->state_per ? 2 : 1;
     const float *ms = s->dc ? s->dc->ms : NULL; /* DC-ASGD-a's mean square */
     if (ms) t[n_t++] = (dp_st_tensor_t){"dc.ms", (float *)ms, 1, pshape};
+    char *deal = run && run->deal ? dp_deal_save(run->deal) : NULL;
+    int64_t dshape[1] = {deal ? (int64_t)run->deal->total : 0};
+    float *counts = deal ? s_deal_counts(run->deal) : NULL;
+    if (deal) t[n_t++] = (dp_st_tensor_t){"deal.count", counts, 1, dshape};
     char ver[32], lo[32], hi[32], nf[32], fp[32], shard[32], input[48], pcrc[16], scrc[16], mcrc[16];
     snprintf(ver, sizeof ver, "%" PRIu64, s->version);
     snprintf(lo, sizeof lo, "%zu", s->lo);
@@ -104,9 +147,13 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
                           "version", ver, "step", ver, "params_crc32", pcrc,
                           "state_crc32", scrc, "run_id", run ? run->id : "",
                           "finished", run && run->finished ? "1" : "0", NULL, NULL, NULL, NULL,
-                          NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL, NULL};
     char *steps = s_steps_meta(s, s->worker_step), *seen = s_steps_meta(s, s->worker_seen);
-    size_t k = sizeof meta / sizeof meta[0] - 7; /* the six spare slots before the final NULL */
+    size_t k = sizeof meta / sizeof meta[0] - 9; /* the eight spare slots before the final NULL */
+    if (deal) {
+        meta[k++] = "deal";
+        meta[k++] = deal;
+    }
     if (ms) {
         s_crc_hex(mcrc, ms, s->n);
         meta[k++] = "dc_ms_crc32";
@@ -121,6 +168,8 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
     int rc = dp_safetensors_write(path, t, n_t, meta, err);
     free(steps);
     free(seen);
+    free(deal);
+    free(counts);
     return rc;
 }
 
@@ -256,6 +305,7 @@ dp_ckpt_restore_t dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, d
             goto done;
         }
     if (ms && s_dc_read(s, path, ms, err) != 0) goto done;
+    if (run && run->deal && s_deal_restore(run->deal, path, err) != 0) goto done;
     if (s_steps_restore(s, path, err) != 0) goto done; /* the last check: changes s only on success */
     memcpy(s->w, w, s->n * sizeof(float));
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));

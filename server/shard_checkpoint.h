@@ -19,13 +19,16 @@
  * still applies a (worker, step) once and tells a restarted worker where to
  * resume) and "worker_steps_seen" (the highest step handled per worker,
  * applied or not: how far a worker's next step may be, dp_shard_step_check;
- * a file without it takes "worker_steps"). */
+ * a file without it takes "worker_steps"). Shard 0 of an elastic crew
+ * keeps its dealer beside them (server/deal.h: the batches trained match
+ * the weights restored). */
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "server/deal.h"
 #include "server/shard.h"
 
 #define DP_RUN_ID_LEN 80
@@ -35,6 +38,9 @@ typedef struct {
     char id[DP_RUN_ID_LEN]; /* this run's id (--run-id, or the flags' fingerprint) */
     bool resume;            /* restore: continue the file's run, whatever its id */
     bool finished;          /* write: the run ended (the chief's SHUTDOWN) */
+    dp_deal_t *deal;        /* shard 0 of an elastic crew: its dealer, written with the shard
+                             * (metadata "deal", tensor "deal.count") and restored with it;
+                             * NULL: none */
 } dp_ckpt_run_t;
 
 /* DIR/ps-shard-I-of-K.safetensors into out (n bytes). */

@@ -176,5 +176,144 @@ static void test_flight_bound(void)
     dp_deal_fini(&d);
 }
 
+/* The batch number of b in d. */
+static uint64_t num(const dp_deal_t *d, dp_deal_batch_t b)
+{
+    return b.epoch * d->per_epoch + b.index;
+}
+
+/* A dealer with something of everything: 3 workers, 2 epochs of 8;
+ * worker 1 died holding batch 1, which worker 0 trained again (a death's
+ * count, worker 1's lost list), worker 2 holds batches 2 and 3 in flight,
+ * one push named no batch. */
+static void s_busy(dp_deal_t *d)
+{
+    char why[200];
+    dp_deal_batch_t b;
+    dp_deal_init(d, 3);
+    CHECK_EQ(dp_deal_plan(d, 16, 2, 2, 0, why, sizeof why), 0); /* 8 a epoch, 16 in all */
+    CHECK_EQ(ask(d, 0, 1, &b), DP_DEAL_DEALT);                  /* batch 0 */
+    CHECK_EQ(dp_deal_pushed(d, 0, 1, 1, &b), 1);
+    CHECK_EQ(ask(d, 1, 1, &b), DP_DEAL_DEALT);                  /* batch 1: dies with it */
+    CHECK_EQ(ask(d, 2, 1, &b), DP_DEAL_DEALT);                  /* batch 2 */
+    CHECK_EQ(ask(d, 2, 2, &b), DP_DEAL_DEALT);                  /* batch 3 */
+    CHECK_EQ(dp_deal_release(d, 1, 1), 1);
+    CHECK_EQ(ask(d, 0, 2, &b), DP_DEAL_DEALT);                  /* batch 1 again: counted */
+    CHECK_EQ(num(d, b), 1);
+    CHECK_EQ(dp_deal_pushed(d, 0, 2, 1, &b), 1);
+    CHECK_EQ(dp_deal_pushed(d, 1, 7, 1, &b), 0);                /* foreign */
+}
+
+/* A checkpoint's dealer back: plan, counts, pool and lost lists alike; the
+ * batches in flight back in the pool, the holder's late push counted
+ * once, a second trainer's push making it repeated, never a death. */
+static void test_restore(void)
+{
+    dp_deal_t a, r;
+    char err[DP_ERR_LEN] = "";
+    s_busy(&a);
+    char *text = dp_deal_save(&a);
+    CHECK(text != NULL);
+    uint64_t total = 0;
+    CHECK_EQ(dp_deal_saved_total(text, &total, err), 0);
+    CHECK_EQ(total, 16);
+    dp_deal_init(&r, 3);
+    CHECK_EQ(dp_deal_restore(&r, text, a.count, a.total, err), 0);
+    CHECK_STR(err, "");
+    CHECK_EQ(r.next, a.next);
+    CHECK_EQ(r.total, 16);
+    CHECK_EQ(r.per_epoch, 8);
+    CHECK_EQ(r.foreign, 1);
+    CHECK(memcmp(r.count, a.count, 16) == 0);
+    CHECK_EQ(dp_deal_in_flight(&r), 0);
+    CHECK_EQ(r.n_pool, a.n_pool + 2);      /* worker 2's two batches */
+    CHECK_EQ(r.n_lost[1], a.n_lost[1]);    /* the dead worker's */
+    CHECK_EQ(r.n_lost[2], 2);
+    CHECK_EQ(r.lost[2 * DP_DEAL_IN_FLIGHT].why, DP_DEAL_RESTORED);
+    /* worker 2 repeats its push of step 1 (batch 2): trained once, out of the pool */
+    dp_deal_batch_t b;
+    CHECK_EQ(dp_deal_pushed(&r, 2, 1, 1, &b), 1);
+    CHECK_EQ(num(&r, b), 2);
+    CHECK_EQ(r.count[2], 1);
+    CHECK_EQ(r.n_pool, a.n_pool + 1);
+    /* batch 3 (worker 2's step 2) is dealt to worker 0 first, uncounted ... */
+    CHECK_EQ(ask(&r, 0, 3, &b), DP_DEAL_DEALT);
+    CHECK_EQ(num(&r, b), 3);
+    CHECK_EQ(r.count[3], 0);
+    CHECK_EQ(dp_deal_pushed(&r, 0, 3, 1, &b), 1);
+    /* ... and worker 2's late push of it makes it repeated, not a death's */
+    CHECK_EQ(dp_deal_pushed(&r, 2, 2, 1, &b), 1);
+    CHECK_EQ(r.count[3], 2);
+    /* the rest of the run: every batch, each once but batch 1 (a death) and 3 */
+    uint64_t step = 10;
+    while (ask(&r, 0, step, &b) == DP_DEAL_DEALT) CHECK_EQ(dp_deal_pushed(&r, 0, step++, 1, &b), 1);
+    CHECK(dp_deal_done(&r));
+    dp_deal_epoch_t e[2];
+    CHECK_EQ(dp_deal_epochs(&r, e, 2), 2);
+    CHECK_EQ(e[0].trained, 16);
+    CHECK_EQ(e[0].repeated, 4);              /* batches 1 and 3 */
+    CHECK_EQ(e[0].retrained_after_death, 2); /* batch 1 only */
+    CHECK_EQ(e[1].trained, 16);
+    CHECK_EQ(e[1].repeated, 0);
+    free(text);
+    dp_deal_fini(&r);
+    dp_deal_fini(&a);
+}
+
+/* A crafted checkpoint: each lie is one line, and the dealer stays as it
+ * was (no plan). */
+static void test_restore_refused(void)
+{
+    dp_deal_t a;
+    s_busy(&a);
+    unsigned char counted[16] = {1, 1};
+    counted[9] = 1; /* batch 9 was never dealt */
+    struct {
+        const char *text, *want;
+        const unsigned char *count;
+    } cases[] = {
+        {"not json", "not JSON", a.count},
+        {"{\"workers\":4,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[],\"flight\":[],\"lost\":[]}", "crew has 4 task indexes, this one 3", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":17,\"foreign\":0,"
+         "\"pool\":[],\"flight\":[],\"lost\":[]}", "'next' is not a whole number", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0.5,"
+         "\"pool\":[],\"flight\":[],\"lost\":[]}", "'foreign' is not a whole number", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[[4,0,1,0]],\"flight\":[],\"lost\":[]}", "an entry of 'pool' is out of range", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[],\"flight\":[[1,3,1]],\"lost\":[]}", "an entry of 'flight' is out of range", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[[1,0,1,3]],\"flight\":[],\"lost\":[]}", "an entry of 'pool' is out of range", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[],\"flight\":[[1,0,1],[1,0,2],[1,0,3],[1,0,4],[1,0,5]],\"lost\":[]}",
+         "'flight' holds more batches than a crew of 3 may", a.count},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[],\"flight\":[],\"lost\":[]}", "batch 9 counted though never dealt", counted},
+        {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
+         "\"pool\":[],\"lost\":[]}", "no list 'flight'", a.count},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dp_deal_t r;
+        char err[DP_ERR_LEN] = "";
+        dp_deal_init(&r, 3);
+        CHECK_EQ(dp_deal_restore(&r, cases[k].text, cases[k].count, 16, err), -1);
+        if (!strstr(err, cases[k].want)) printf("  case %zu: '%s'\n", k, err);
+        CHECK(strstr(err, cases[k].want) != NULL);
+        CHECK(!dp_deal_planned(&r));
+        CHECK_EQ(r.n_pool, 0);
+        dp_deal_fini(&r);
+    }
+    /* counts that do not match the plan's total */
+    char *text = dp_deal_save(&a), err[DP_ERR_LEN] = "";
+    dp_deal_t r;
+    dp_deal_init(&r, 3);
+    CHECK_EQ(dp_deal_restore(&r, text, a.count, 15, err), -1);
+    CHECK(strstr(err, "15 counts for a plan of 16 batches") != NULL);
+    free(text);
+    dp_deal_fini(&r);
+    dp_deal_fini(&a);
+}
+
 DP_TESTS(T(test_plan), T(test_every_batch_once), T(test_returned_first), T(test_death),
-         T(test_flight_bound))
+         T(test_flight_bound), T(test_restore), T(test_restore_refused))
