@@ -74,6 +74,20 @@ static long push(dp_rows_t *t, uint64_t v, const uint64_t *keys, size_t n, const
     return r;
 }
 
+/* dp_rows_row, with an absent row read as a row of zeros and no steps,
+ * so a check after a failed lookup fails instead of crashing. */
+static int get_row(const dp_rows_t *t, uint64_t key, dp_rows_view_t *v)
+{
+    static const float zeros[3 * DP_ROWS_MAX_WIDTH];
+    if (dp_rows_row(t, key, v) == 0) return 0;
+    v->w = zeros;
+    v->state = zeros + DP_ROWS_MAX_WIDTH;
+    v->steps = 0;
+    v->touched = 0;
+    v->slot = UINT32_MAX;
+    return -1;
+}
+
 static long pull(const dp_rows_t *t, const uint64_t *keys, size_t n, float *out)
 {
     char err[DP_ERR_LEN] = "";
@@ -108,7 +122,7 @@ static void check_optim(dp_rows_conf_t *c)
         int in[NK] = {0}, n = 0;
         for (int k = 0; k < NK; k++) {
             dp_rows_view_t v;
-            if (dp_rows_row(t, s_keys[k], &v) == 0) memcpy(before[k], v.w, sizeof before[k]);
+            if (get_row(t, s_keys[k], &v) == 0) memcpy(before[k], v.w, sizeof before[k]);
             if ((p + k) % 3 == 0) continue;
             in[k] = 1;
             keys[n] = s_keys[k];
@@ -121,10 +135,10 @@ static void check_optim(dp_rows_conf_t *c)
         for (int k = 0; k < NK; k++) {
             dp_rows_view_t v;
             if (ref[k].t == 0) {
-                CHECK_EQ(dp_rows_row(t, s_keys[k], &v), -1);
+                CHECK_EQ(get_row(t, s_keys[k], &v), -1);
                 continue;
             }
-            CHECK_EQ(dp_rows_row(t, s_keys[k], &v), 0);
+            CHECK_EQ(get_row(t, s_keys[k], &v), 0);
             CHECK_EQ(v.steps, ref[k].t);
             CHECK_EQ(v.touched, touched[k]);
             if (!in[k]) {
@@ -181,7 +195,7 @@ static void test_ftrl(void)
     float g[RD] = {1, 0.5f, -0.25f, 0, 2};
     CHECK_EQ(push(t, 1, &k, 1, g), 1);
     dp_rows_view_t v;
-    CHECK_EQ(dp_rows_row(t, k, &v), 0);
+    CHECK_EQ(get_row(t, k, &v), 0);
     /* z = g (w was 0), n = g^2: |z| <= 0.6 -> 0, else -(z - 0.6) / ((1 + |g|) / 0.5 + 0.25) */
     CHECK_NEAR(v.w[0], -(1 - 0.6) / ((1 + 1) / 0.5 + 0.25), 1e-7);
     CHECK(v.w[1] == 0 && v.w[2] == 0 && v.w[3] == 0);
@@ -240,7 +254,7 @@ static void test_init_seeded(void)
     float g[7] = {1, -1, 2, -2, 0.5f, 0, 3};
     CHECK_EQ(push(a, 1, k, 1, g), 1);
     dp_rows_view_t v;
-    CHECK_EQ(dp_rows_row(a, 5, &v), 0);
+    CHECK_EQ(get_row(a, 5, &v), 0);
     float want[7];
     for (int i = 0; i < 7; i++) want[i] = ia[i] - 0.5f * g[i];
     CHECK_CLOSE("seeded start", v.w, want, 7, 0, 0);
@@ -316,13 +330,13 @@ static void test_admission(void)
     for (uint64_t s = 1; s <= 2; s++) { /* K - 1 sightings */
         CHECK_EQ(push(t, s, &k, 1, g1), 0);
         CHECK_EQ(dp_rows_pending(t, k), s);
-        CHECK_EQ(dp_rows_row(t, k, &v), -1);
+        CHECK_EQ(get_row(t, k, &v), -1);
         CHECK_EQ(pull(t, &k, 1, out), 0);
         CHECK(out[0] == 0 && out[1] == 0);
     }
     CHECK_EQ(push(t, 3, &k, 1, g3), 1); /* the K-th */
     CHECK_EQ(dp_rows_pending(t, k), 0);
-    CHECK_EQ(dp_rows_row(t, k, &v), 0);
+    CHECK_EQ(get_row(t, k, &v), 0);
     CHECK_EQ(v.steps, 1);
     CHECK(v.w[0] == -4 && v.w[1] == 8);
     CHECK_EQ(pull(t, &k, 1, out), 1);
@@ -338,7 +352,7 @@ static void test_admission(void)
         t = mk(&c);
         if (!t) return;
         CHECK_EQ(push(t, 1, &k, 1, g1), 1);
-        CHECK_EQ(dp_rows_row(t, k, &v), 0);
+        CHECK_EQ(get_row(t, k, &v), 0);
         dp_rows_stats(t, &st);
         CHECK_EQ(st.admitted, 0);
         dp_rows_destroy(&t);
@@ -401,13 +415,13 @@ static void test_eviction(void)
     CHECK_EQ(push(t, 2, &a, 1, g), 1); /* a: 2 steps, last at 2 */
     CHECK_EQ(push(t, 3, &b, 1, g), 1); /* b: last at 3 */
     dp_rows_view_t va, vb;
-    CHECK_EQ(dp_rows_row(t, a, &va), 0);
+    CHECK_EQ(get_row(t, a, &va), 0);
     uint32_t slot_a = va.slot;
     CHECK_EQ(dp_rows_sweep(t, 5, 100), 0); /* a idle exactly T */
-    CHECK_EQ(dp_rows_row(t, a, &va), 0);
+    CHECK_EQ(get_row(t, a, &va), 0);
     CHECK_EQ(dp_rows_sweep(t, 6, 100), 1); /* a idle T + 1, b exactly T */
-    CHECK_EQ(dp_rows_row(t, a, &va), -1);
-    CHECK_EQ(dp_rows_row(t, b, &vb), 0);
+    CHECK_EQ(get_row(t, a, &va), -1);
+    CHECK_EQ(get_row(t, b, &vb), 0);
     CHECK_EQ(pull(t, &a, 1, out), 0);
     CHECK(out[0] == 0 && out[1] == 0);
     dp_rows_stats_t st;
@@ -416,14 +430,14 @@ static void test_eviction(void)
     CHECK_EQ(st.rows, 1);
     CHECK_EQ(push(t, 6, &n, 1, g), 1); /* reuses a's slot, fresh */
     dp_rows_view_t vn;
-    CHECK_EQ(dp_rows_row(t, n, &vn), 0);
+    CHECK_EQ(get_row(t, n, &vn), 0);
     CHECK_EQ(vn.slot, slot_a);
     CHECK_EQ(vn.steps, 1);
     CHECK(vn.state[0] == 1 && vn.state[1] == 1); /* adagrad's s = g^2 of one step */
     CHECK_EQ(push(t, 7, &a, 1, g), 1); /* a again: a new row from zero */
-    CHECK_EQ(dp_rows_row(t, a, &va), 0);
+    CHECK_EQ(get_row(t, a, &va), 0);
     CHECK_EQ(va.steps, 1);
-    CHECK_EQ(dp_rows_row(t, b, &vb), -1); /* idle 4 at 7: the push's own sweep took it */
+    CHECK_EQ(get_row(t, b, &vb), -1); /* idle 4 at 7: the push's own sweep took it */
     /* a bounded sweep: one slot a call (b's free slot among the three) */
     CHECK_EQ(dp_rows_sweep(t, 100, 1) + dp_rows_sweep(t, 100, 1) + dp_rows_sweep(t, 100, 1), 2);
     dp_rows_stats(t, &st);
@@ -474,7 +488,7 @@ static void test_growth(void)
     int found = 1;
     for (uint32_t i = 0; i < N; i++) {
         dp_rows_view_t v;
-        found &= dp_rows_row(t, growth_key(i), &v) == 0 && v.w[0] == -(float)i &&
+        found &= get_row(t, growth_key(i), &v) == 0 && v.w[0] == -(float)i &&
                  v.w[2] == -((float)i + 0.5f);
     }
     CHECK(found);
@@ -494,7 +508,7 @@ static void test_growth(void)
     found = 1;
     for (uint32_t i = 0; i < N; i++) {
         dp_rows_view_t v;
-        int has = dp_rows_row(t, growth_key(i), &v) == 0;
+        int has = get_row(t, growth_key(i), &v) == 0;
         found &= (i % 2) ? has && v.w[0] == -(float)i - 1 && v.steps == 2 : !has;
     }
     CHECK(found);
