@@ -36,8 +36,9 @@
  * sweep that finds V - u > T (counted in evicted); its slot is reused by
  * the next row created. Each push sweeps sweep_per_push slots and as many
  * pending entries from where the last sweep stopped (dp_rows_sweep does it
- * on demand), so the cost per call is bounded and a stale row is gone
- * within T + ceil(slots / sweep_per_push) pushes.
+ * on demand), so the cost per call is bounded; a row that has become
+ * idle is gone within ceil(slots / sweep_per_push) pushes after that
+ * (slots: the arena's slots in use or free).
  *
  * Memory (SECURITY.md, "Limits"). A row is one slot of a slab arena
  * (chunks of chunk_rows rows, never moved: a slot index is stable, and no
