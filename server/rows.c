@@ -1,0 +1,538 @@
+/* rows: the sparse row table (rows.h has the contract and the memory
+ * model). Three structures:
+ *   - the arena: chunks of chunk_rows slots, each slot a row's D weights
+ *     and S x D state (vals) and its bookkeeping (meta); chunks are never
+ *     moved or freed before the table, so a slot index and a row's
+ *     pointers stay valid while the row lives; evicted slots go on a free
+ *     list (LIFO, threaded through meta.link) and are reused first;
+ *   - the key map: open addressing with linear probing from the key
+ *     hash's low bits, keys stored exactly, removal by backward shift (no
+ *     tombstones, so probe runs stay short after evictions); grown by
+ *     doubling past 3/4 load;
+ *   - the pending table: the same map with each key's sightings and the
+ *     version it was last seen at.
+ * Invariants: a slot is live iff its meta.touched != S_FREE, and then
+ * the map holds its key with that slot; map.count == live rows. */
+#include "server/rows.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+#define S_EMPTY UINT32_MAX  /* a map entry's val when the entry is free */
+#define S_FREE UINT64_MAX   /* meta.touched of a free slot */
+#define S_NONE UINT32_MAX   /* the free list's end */
+
+typedef struct {
+    uint64_t key;      /* the row's key */
+    uint64_t touched;  /* the version of its last push; S_FREE: a free slot */
+    uint32_t steps;    /* optimizer steps (adam's bias correction) */
+    uint32_t link;     /* free slot: the next free one */
+} s_meta_t;
+
+typedef struct {
+    float *vals;       /* chunk_rows x stride floats */
+    s_meta_t *meta;    /* chunk_rows */
+} s_chunk_t;
+
+typedef struct {
+    uint64_t *keys;    /* cap */
+    uint32_t *vals;    /* cap: slot (rows) or sightings (pending); S_EMPTY: free */
+    uint64_t *seen;    /* cap, pending only: the version of the last sighting; else NULL */
+    size_t cap;        /* a power of two */
+    size_t count;      /* entries in use */
+} s_map_t;
+
+struct dp_rows {
+    dp_rows_conf_t c;           /* with every default filled in */
+    int s;                      /* state floats per element */
+    size_t stride;              /* floats per slot: D (1 + s) */
+    int chunk_shift;            /* log2(chunk_rows) */
+    s_chunk_t *chunks;          /* nchunks in use, chunks_cap allocated */
+    size_t nchunks, chunks_cap;
+    uint32_t hwm;               /* slots ever handed out: [0, hwm) */
+    uint32_t free_head;         /* the free list; S_NONE: empty */
+    s_map_t map;                /* key -> slot */
+    s_map_t pend;               /* key -> sightings, seen */
+    uint32_t row_cursor;        /* the sweep's next slot */
+    size_t pend_cursor;         /* the sweep's next pending entry */
+    uint64_t *dkeys;            /* the duplicate check: dcap keys */
+    uint32_t *dstamp;           /* dcap stamps; == stamp: in this push */
+    size_t dcap;
+    uint32_t stamp;             /* this push's stamp */
+    dp_rows_stats_t st;         /* counters (rows, pending, bytes derived) */
+};
+
+/* ---- the map ------------------------------------------------------------ */
+
+static void s_map_alloc(s_map_t *m, size_t cap, int with_seen)
+{
+    m->cap = cap;
+    m->count = 0;
+    m->keys = dp_malloc(cap * sizeof *m->keys);
+    m->vals = dp_malloc(cap * sizeof *m->vals);
+    m->seen = with_seen ? dp_malloc(cap * sizeof *m->seen) : NULL;
+    for (size_t i = 0; i < cap; i++) m->vals[i] = S_EMPTY;
+}
+
+static void s_map_free(s_map_t *m)
+{
+    free(m->keys);
+    free(m->vals);
+    free(m->seen);
+    memset(m, 0, sizeof *m);
+}
+
+static size_t s_map_bytes(const s_map_t *m)
+{
+    return m->cap * (sizeof *m->keys + sizeof *m->vals + (m->seen ? sizeof *m->seen : 0));
+}
+
+/* key's entry, or SIZE_MAX. */
+static size_t s_map_find(const s_map_t *m, uint64_t key)
+{
+    size_t mask = m->cap - 1;
+    for (size_t i = dp_rows_hash(key) & mask;; i = (i + 1) & mask) {
+        if (m->vals[i] == S_EMPTY) return SIZE_MAX;
+        if (m->keys[i] == key) return i;
+    }
+}
+
+/* Place an absent key; no growth. */
+static size_t s_map_place(s_map_t *m, uint64_t key, uint32_t val, uint64_t seen)
+{
+    size_t mask = m->cap - 1, i = dp_rows_hash(key) & mask;
+    while (m->vals[i] != S_EMPTY) i = (i + 1) & mask;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    if (m->seen) m->seen[i] = seen;
+    m->count++;
+    return i;
+}
+
+/* Insert an absent key, doubling the map first past 3/4 load. The old
+ * entries are placed again in index order: deterministic. */
+static size_t s_map_insert(s_map_t *m, uint64_t key, uint32_t val, uint64_t seen)
+{
+    if ((m->count + 1) * 4 > m->cap * 3) {
+        s_map_t old = *m;
+        s_map_alloc(m, old.cap * 2, old.seen != NULL);
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.vals[i] != S_EMPTY)
+                s_map_place(m, old.keys[i], old.vals[i], old.seen ? old.seen[i] : 0);
+        s_map_free(&old);
+    }
+    return s_map_place(m, key, val, seen);
+}
+
+/* Remove entry i by backward shift: each later entry of the run moves back
+ * into the hole when its home is at or before the hole (cyclically), so
+ * every key stays reachable from its home without tombstones. */
+static void s_map_remove_at(s_map_t *m, size_t i)
+{
+    size_t mask = m->cap - 1;
+    m->vals[i] = S_EMPTY;
+    m->count--;
+    for (size_t j = (i + 1) & mask; m->vals[j] != S_EMPTY; j = (j + 1) & mask) {
+        size_t home = dp_rows_hash(m->keys[j]) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            if (m->seen) m->seen[i] = m->seen[j];
+            m->vals[j] = S_EMPTY;
+            i = j;
+        }
+    }
+}
+
+/* ---- the arena ---------------------------------------------------------- */
+
+static inline s_meta_t *s_meta(const dp_rows_t *t, uint32_t slot)
+{
+    return &t->chunks[slot >> t->chunk_shift].meta[slot & (t->c.chunk_rows - 1)];
+}
+
+static inline float *s_vals(const dp_rows_t *t, uint32_t slot)
+{
+    return t->chunks[slot >> t->chunk_shift].vals + (size_t)(slot & (t->c.chunk_rows - 1)) * t->stride;
+}
+
+/* A slot for a new row: the last freed one, else the next never used
+ * (a new chunk when the last is full). */
+static uint32_t s_slot_take(dp_rows_t *t)
+{
+    if (t->free_head != S_NONE) {
+        uint32_t s = t->free_head;
+        t->free_head = s_meta(t, s)->link;
+        return s;
+    }
+    if (((size_t)t->hwm >> t->chunk_shift) == t->nchunks) {
+        if (t->nchunks == t->chunks_cap) {
+            t->chunks_cap = t->chunks_cap ? t->chunks_cap * 2 : 16;
+            t->chunks = dp_realloc(t->chunks, t->chunks_cap * sizeof *t->chunks);
+        }
+        s_chunk_t *ch = &t->chunks[t->nchunks++];
+        ch->vals = dp_aligned_alloc((size_t)t->c.chunk_rows * t->stride * sizeof(float));
+        ch->meta = dp_malloc((size_t)t->c.chunk_rows * sizeof *ch->meta);
+    }
+    return t->hwm++;
+}
+
+/* The initial value of key's row: zeros, or uniform in [-scale, scale)
+ * from splitmix64 over (seed, key, element): the top 24 bits of each hash
+ * as a float in [0, 1), exact, so the value is the same on every machine. */
+static void s_init_row(const dp_rows_conf_t *c, uint64_t key, float *w)
+{
+    if (c->init == DP_ROWS_INIT_ZERO) {
+        memset(w, 0, (size_t)c->width * sizeof *w);
+        return;
+    }
+    uint64_t base = dp_rows_hash(c->seed ^ dp_rows_hash(key));
+    for (int j = 0; j < c->width; j++) {
+        uint64_t h = dp_rows_hash(base + (uint64_t)j);
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f);
+        w[j] = (2.0f * u - 1.0f) * c->init_scale;
+    }
+}
+
+/* A new row for key at version: its slot, initial weights, zero state. */
+static uint32_t s_row_new(dp_rows_t *t, uint64_t key, uint64_t version)
+{
+    uint32_t slot = s_slot_take(t);
+    s_meta_t *m = s_meta(t, slot);
+    m->key = key;
+    m->touched = version;
+    m->steps = 0;
+    m->link = S_NONE;
+    float *v = s_vals(t, slot);
+    s_init_row(&t->c, key, v);
+    memset(v + t->c.width, 0, (t->stride - (size_t)t->c.width) * sizeof *v);
+    s_map_insert(&t->map, key, slot, 0);
+    t->st.created++;
+    return slot;
+}
+
+static void s_row_evict(dp_rows_t *t, uint32_t slot)
+{
+    s_meta_t *m = s_meta(t, slot);
+    size_t i = s_map_find(&t->map, m->key);
+    if (i != SIZE_MAX) s_map_remove_at(&t->map, i);
+    m->touched = S_FREE;
+    m->link = t->free_head;
+    t->free_head = slot;
+    t->st.evicted++;
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+void dp_rows_conf_default(dp_rows_conf_t *c, int d, dp_row_optim_kind_t kind)
+{
+    memset(c, 0, sizeof *c);
+    c->width = d;
+    dp_row_optim_conf_default(&c->optim, kind);
+    c->init = DP_ROWS_INIT_ZERO;
+    c->init_scale = 0.01f;
+}
+
+static int s_conf_check(dp_rows_conf_t *c, char *err)
+{
+    if (c->width < 1 || c->width > DP_ROWS_MAX_WIDTH)
+        return dp_err(err, "row table width %d: 1 .. %d", c->width, DP_ROWS_MAX_WIDTH);
+    if (dp_row_optim_check(&c->optim, err) != 0) return -1;
+    if (c->init != DP_ROWS_INIT_ZERO && c->init != DP_ROWS_INIT_UNIFORM)
+        return dp_err(err, "row table init %d: zero or uniform", (int)c->init);
+    if (c->init == DP_ROWS_INIT_UNIFORM && !(isfinite(c->init_scale) && c->init_scale > 0))
+        return dp_err(err, "row table init scale %g: a finite number > 0", (double)c->init_scale);
+    if (c->init == DP_ROWS_INIT_UNIFORM && c->optim.kind == DP_ROW_FTRL)
+        return dp_err(err, "row table: ftrl rows start at zero (their weights are a "
+                           "function of z and n); use the zero init");
+    if (c->max_keys == 0) c->max_keys = DP_ROWS_DEFAULT_KEYS;
+    if (c->max_keys > DP_ROWS_MAX_KEYS)
+        return dp_err(err, "row table max keys %u: at most %u", c->max_keys, DP_ROWS_MAX_KEYS);
+    if (c->max_rows == 0) c->max_rows = DP_ROWS_MAX_ROWS;
+    if (c->max_rows > DP_ROWS_MAX_ROWS)
+        return dp_err(err, "row table max rows %llu: at most %llu",
+                      (unsigned long long)c->max_rows, (unsigned long long)DP_ROWS_MAX_ROWS);
+    if (c->admit_after > DP_ROWS_MAX_ADMIT)
+        return dp_err(err, "row table admission after %u sightings: at most %u", c->admit_after,
+                      DP_ROWS_MAX_ADMIT);
+    if (c->admit_max == 0) c->admit_max = DP_ROWS_DEFAULT_PENDING;
+    if (c->admit_max > DP_ROWS_MAX_PENDING)
+        return dp_err(err, "row table admission table of %u keys: at most %u", c->admit_max,
+                      DP_ROWS_MAX_PENDING);
+    if (c->sweep_per_push == 0) c->sweep_per_push = DP_ROWS_DEFAULT_SWEEP;
+    if (c->chunk_rows == 0) c->chunk_rows = DP_ROWS_DEFAULT_CHUNK;
+    if (c->chunk_rows & (c->chunk_rows - 1) || c->chunk_rows > (1u << 24))
+        return dp_err(err, "row table chunk of %u rows: a power of two, at most 2^24",
+                      c->chunk_rows);
+    return 0;
+}
+
+dp_rows_t *dp_rows_new(const dp_rows_conf_t *conf, char *err)
+{
+    dp_rows_conf_t c = *conf;
+    if (s_conf_check(&c, err) != 0) return NULL;
+    dp_rows_t *t = dp_calloc(1, sizeof *t);
+    t->c = c;
+    t->s = dp_row_optim_state_per_elem(c.optim.kind);
+    t->stride = (size_t)c.width * (size_t)(1 + t->s);
+    while ((1u << t->chunk_shift) < c.chunk_rows) t->chunk_shift++;
+    t->free_head = S_NONE;
+    s_map_alloc(&t->map, 16, 0);
+    s_map_alloc(&t->pend, 16, 1);
+    t->dcap = 16;
+    while (t->dcap < 2 * (size_t)c.max_keys) t->dcap *= 2;
+    t->dkeys = dp_malloc(t->dcap * sizeof *t->dkeys);
+    t->dstamp = dp_calloc(t->dcap, sizeof *t->dstamp);
+    return t;
+}
+
+void dp_rows_destroy(dp_rows_t **tp)
+{
+    dp_rows_t *t = tp ? *tp : NULL;
+    if (!t) return;
+    for (size_t i = 0; i < t->nchunks; i++) {
+        free(t->chunks[i].vals);
+        free(t->chunks[i].meta);
+    }
+    free(t->chunks);
+    s_map_free(&t->map);
+    s_map_free(&t->pend);
+    free(t->dkeys);
+    free(t->dstamp);
+    free(t);
+    *tp = NULL;
+}
+
+int dp_rows_width(const dp_rows_t *t)
+{
+    return t->c.width;
+}
+
+size_t dp_rows_bytes_per_row(int d, dp_row_optim_kind_t kind)
+{
+    /* weights and state; meta; a 12-byte map entry at 3/8 load at worst */
+    return (size_t)d * 4 * (size_t)(1 + dp_row_optim_state_per_elem(kind)) + sizeof(s_meta_t) +
+           32;
+}
+
+long dp_rows_pull(const dp_rows_t *t, const uint64_t *keys, size_t n, int d, float *out,
+                  char *err)
+{
+    if (d != t->c.width)
+        return dp_err(err, "pull of rows of width %d: this table's rows have %d floats", d,
+                      t->c.width);
+    if (n > t->c.max_keys)
+        return dp_err(err, "pull of %zu keys: at most %u a request", n, t->c.max_keys);
+    long present = 0;
+    for (size_t i = 0; i < n; i++) {
+        float *o = out + i * (size_t)d;
+        size_t e = s_map_find(&t->map, keys[i]);
+        if (e == SIZE_MAX) {
+            s_init_row(&t->c, keys[i], o);
+            continue;
+        }
+        memcpy(o, s_vals(t, t->map.vals[e]), (size_t)d * sizeof *o);
+        present++;
+    }
+    return present;
+}
+
+/* 0 if no key of keys[0..n) appears twice, else -1 with *dup the key.
+ * An open-addressing set over the preallocated scratch, emptied in O(1)
+ * by moving to a new stamp (cleared only when the stamp wraps). */
+static int s_unique(dp_rows_t *t, const uint64_t *keys, size_t n, uint64_t *dup)
+{
+    if (++t->stamp == 0) {
+        memset(t->dstamp, 0, t->dcap * sizeof *t->dstamp);
+        t->stamp = 1;
+    }
+    size_t mask = t->dcap - 1;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = dp_rows_hash(keys[k]) & mask;
+        for (; t->dstamp[i] == t->stamp; i = (i + 1) & mask)
+            if (t->dkeys[i] == keys[k]) {
+                *dup = keys[k];
+                return -1;
+            }
+        t->dstamp[i] = t->stamp;
+        t->dkeys[i] = keys[k];
+    }
+    return 0;
+}
+
+/* The whole push checked before anything changes (rows.h). */
+static int s_push_check(dp_rows_t *t, uint64_t version, const uint64_t *keys, size_t n, int d,
+                        const float *grads, char *err)
+{
+    if (d != t->c.width)
+        return dp_err(err, "push of rows of width %d: this table's rows have %d floats", d,
+                      t->c.width);
+    if (n > t->c.max_keys)
+        return dp_err(err, "push of %zu keys: at most %u a request", n, t->c.max_keys);
+    if (version == S_FREE || version < t->st.version)
+        return dp_err(err, "push at version %llu: the row table is at version %llu",
+                      (unsigned long long)version, (unsigned long long)t->st.version);
+    for (size_t i = 0; i < n * (size_t)d; i++)
+        if (!isfinite(grads[i]))
+            return dp_err(err, "push: the gradient of key %llu (row %zu) holds %g at %zu: "
+                               "nothing applied", (unsigned long long)keys[i / (size_t)d],
+                          i / (size_t)d, (double)grads[i], i % (size_t)d);
+    uint64_t dup;
+    if (s_unique(t, keys, n, &dup) != 0)
+        return dp_err(err, "push: key %llu appears twice: nothing applied",
+                      (unsigned long long)dup);
+    return 0;
+}
+
+/* A push of a key with no row: count its sighting; 1 when it is now
+ * admitted (its row is to be made), 0 when it stays pending. */
+static int s_sighting(dp_rows_t *t, uint64_t key, uint64_t version)
+{
+    if (t->c.admit_after <= 1) return 1;
+    size_t e = s_map_find(&t->pend, key);
+    if (e == SIZE_MAX) {
+        if (t->pend.count >= t->c.admit_max) {
+            t->st.dropped_pending_full++;
+            return 0;
+        }
+        s_map_insert(&t->pend, key, 1, version);
+        return 0;
+    }
+    t->pend.seen[e] = version;
+    if (t->pend.vals[e] + 1 < t->c.admit_after) {
+        t->pend.vals[e]++;
+        return 0;
+    }
+    /* the K-th sighting; it stays pending at K - 1 if no row can be made */
+    if (t->map.count >= t->c.max_rows) return 1;
+    s_map_remove_at(&t->pend, e);
+    t->st.admitted++;
+    return 1;
+}
+
+long dp_rows_push(dp_rows_t *t, uint64_t version, const uint64_t *keys, size_t n, int d,
+                  const float *grads, char *err)
+{
+    if (s_push_check(t, version, keys, n, d, grads, err) != 0) {
+        t->st.rejected++;
+        return -1;
+    }
+    t->st.version = version;
+    long stepped = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t e = s_map_find(&t->map, keys[i]);
+        uint32_t slot;
+        if (e != SIZE_MAX) {
+            slot = t->map.vals[e];
+        } else {
+            if (!s_sighting(t, keys[i], version)) continue;
+            if (t->map.count >= t->c.max_rows) {
+                t->st.dropped_full++;
+                continue;
+            }
+            slot = s_row_new(t, keys[i], version);
+        }
+        s_meta_t *m = s_meta(t, slot);
+        if (m->steps < UINT32_MAX) m->steps++;
+        m->touched = version;
+        float *v = s_vals(t, slot);
+        dp_row_optim_step(&t->c.optim, v, v + d, grads + i * (size_t)d, d, m->steps);
+        stepped++;
+    }
+    t->st.pushes++;
+    t->st.row_steps += (uint64_t)stepped;
+    dp_rows_sweep(t, version, t->c.sweep_per_push);
+    return stepped;
+}
+
+/* Idle: last touched more than T versions before v. */
+static inline int s_idle(const dp_rows_t *t, uint64_t touched, uint64_t v)
+{
+    return t->c.evict_after > 0 && v > touched && v - touched > t->c.evict_after;
+}
+
+uint64_t dp_rows_sweep(dp_rows_t *t, uint64_t version, size_t budget)
+{
+    if (version > t->st.version && version != S_FREE) t->st.version = version;
+    uint64_t v = t->st.version, before = t->st.evicted;
+    if (t->c.evict_after == 0) return 0;
+    for (size_t k = 0; k < budget && t->hwm > 0; k++) {
+        if (t->row_cursor >= t->hwm) t->row_cursor = 0;
+        uint32_t slot = t->row_cursor++;
+        s_meta_t *m = s_meta(t, slot);
+        if (m->touched != S_FREE && s_idle(t, m->touched, v)) s_row_evict(t, slot);
+    }
+    /* pending entries: a removal shifts a later entry into this index, so
+     * the cursor stays to look at it again */
+    for (size_t k = 0; k < budget && t->pend.count > 0; k++) {
+        if (t->pend_cursor >= t->pend.cap) t->pend_cursor = 0;
+        size_t i = t->pend_cursor;
+        if (t->pend.vals[i] != S_EMPTY && s_idle(t, t->pend.seen[i], v)) {
+            s_map_remove_at(&t->pend, i);
+            t->st.pending_expired++;
+        } else {
+            t->pend_cursor++;
+        }
+    }
+    return t->st.evicted - before;
+}
+
+int dp_rows_row(const dp_rows_t *t, uint64_t key, dp_rows_view_t *v)
+{
+    size_t e = s_map_find(&t->map, key);
+    if (e == SIZE_MAX) return -1;
+    uint32_t slot = t->map.vals[e];
+    const s_meta_t *m = s_meta(t, slot);
+    const float *vals = s_vals(t, slot);
+    v->w = vals;
+    v->state = t->s ? vals + t->c.width : NULL;
+    v->steps = m->steps;
+    v->touched = m->touched;
+    v->slot = slot;
+    return 0;
+}
+
+uint32_t dp_rows_pending(const dp_rows_t *t, uint64_t key)
+{
+    size_t e = s_map_find(&t->pend, key);
+    return e == SIZE_MAX ? 0 : t->pend.vals[e];
+}
+
+void dp_rows_stats(const dp_rows_t *t, dp_rows_stats_t *out)
+{
+    *out = t->st;
+    out->rows = t->map.count;
+    out->pending = t->pend.count;
+    size_t chunk = (size_t)t->c.chunk_rows * (t->stride * sizeof(float) + sizeof(s_meta_t));
+    out->bytes = sizeof *t + t->chunks_cap * sizeof *t->chunks + t->nchunks * chunk +
+                 s_map_bytes(&t->map) + s_map_bytes(&t->pend) +
+                 t->dcap * (sizeof *t->dkeys + sizeof *t->dstamp);
+}
+
+uint64_t dp_rows_digest(const dp_rows_t *t)
+{
+    uint64_t h = dp_fnv1a(DP_FNV_SEED, &t->st.version, sizeof t->st.version);
+    h = dp_fnv1a(h, &t->hwm, sizeof t->hwm);
+    h = dp_fnv1a(h, &t->free_head, sizeof t->free_head);
+    h = dp_fnv1a(h, &t->row_cursor, sizeof t->row_cursor);
+    h = dp_fnv1a(h, &t->pend_cursor, sizeof t->pend_cursor);
+    for (uint32_t s = 0; s < t->hwm; s++) {
+        const s_meta_t *m = s_meta(t, s);
+        if (m->touched == S_FREE) {
+            h = dp_fnv1a(h, &m->link, sizeof m->link);
+            continue;
+        }
+        h = dp_fnv1a(h, m, sizeof *m);
+        h = dp_fnv1a(h, s_vals(t, s), t->stride * sizeof(float));
+    }
+    for (size_t i = 0; i < t->pend.cap; i++)
+        if (t->pend.vals[i] != S_EMPTY) {
+            h = dp_fnv1a(h, &t->pend.keys[i], sizeof t->pend.keys[i]);
+            h = dp_fnv1a(h, &t->pend.vals[i], sizeof t->pend.vals[i]);
+            h = dp_fnv1a(h, &t->pend.seen[i], sizeof t->pend.seen[i]);
+        }
+    return h;
+}
