@@ -238,6 +238,14 @@ static int s_init_rl(dp_lab_t *L, char *err)
     if (c->local_steps > 1 || c->min_workers > 0)
         return dp_err(err, "--env: an actor-critic run pushes every segment from a fixed crew "
                       "(not with --local-steps or --workers MIN:MAX)");
+    /* Every worker's rollout buffers live at once: a bound on them all (a
+     * record's header is untrusted; its workers, envs and t_max each pass
+     * their own range and still could ask for terabytes together). */
+    double rows = (double)c->workers * c->train.a3c.envs * c->train.a3c.t_max;
+    if (rows > (double)(1 << 24))
+        return dp_err(err, "--env: %d workers x %d environments x %d steps are %.0f rows of rollouts, "
+                      "more than %d in one process", c->workers, c->train.a3c.envs, c->train.a3c.t_max,
+                      rows, 1 << 24);
     if (dp_lab_rl_session(&L->s, &L->conf.train, err) != 0) return -1;
     L->rl = dp_malloc(sizeof *L->rl);
     if (dp_lab_rl_init(L->rl, &c->train, c->workers, err) != 0) {

@@ -784,6 +784,48 @@ static void test_record_account(void)
     cJSON_Delete(h);
 }
 
+/* An actor-critic record's header is untrusted too: workers, envs and
+ * t_max each in range but together terabytes of rollouts, or an unknown
+ * environment, are refused with one line before anything is allocated. */
+static void test_replay_refuses_absurd_rl_header(void)
+{
+    char rec[300], out[300], errp[300], err[DP_ERR_LEN] = "";
+    snprintf(rec, sizeof rec, "%s/absurd-rl.rec", s_dir);
+    snprintf(out, sizeof out, "%s/absurd-rl-out", s_dir);
+    snprintf(errp, sizeof errp, "%s/absurd-rl.err", s_dir);
+    static const struct {
+        const char *env;
+        double workers;
+        const char *want;
+    } cases[] = {
+        {"cartpole-v1", 100000, "downpour replay: --env: 100000 workers x 1024 environments x 10000 steps"},
+        {"pong", 1, "downpour replay: --env 'pong': no such environment"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "model", "fc:8 tanh ac:2");
+        cJSON_AddStringToObject(h, "seed", "1");
+        cJSON_AddStringToObject(h, "mode", "async");
+        cJSON_AddNumberToObject(h, "workers", cases[i].workers);
+        cJSON_AddStringToObject(h, "env", cases[i].env);
+        cJSON_AddNumberToObject(h, "envs", 1024);
+        cJSON_AddNumberToObject(h, "t_max", 10000);
+        dp_record_t *w = NULL;
+        CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
+        cJSON_Delete(h);
+        CHECK_EQ(dp_record_close(&w, err), 0);
+        char *text = NULL;
+        int rc = s_replay_child(rec, out, errp, &text);
+        fprintf(stderr, "  (expected) status %d: %s", rc, text);
+        CHECK_EQ(rc, 1);
+        int lines = 0;
+        for (const char *c = text; *c; c++) lines += *c == '\n';
+        CHECK_EQ(lines, 1);
+        CHECK(strstr(text, cases[i].want) != NULL);
+        free(text);
+    }
+}
+
 static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st, (void)flag, (void)ftw;
@@ -808,4 +850,5 @@ DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
          T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
-         T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range), T(test_record_account))
+         T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range), T(test_record_account),
+         T(test_replay_refuses_absurd_rl_header))
