@@ -387,9 +387,13 @@ static void s_count_episodes(dp_ps_loop_t *ps, const Downpour__Push *p, int wid)
     }
     dp_episodes_t *e = &ps->episodes;
     if (isnan(e->threshold)) e->threshold = p->solved_threshold;
-    for (size_t k = 0; k < p->n_episode_ends; k++)
+    double sum = 0; /* for the record: a replay checks the segment it recomputes against it */
+    for (size_t k = 0; k < p->n_episode_ends; k++) {
         dp_episodes_add(e, p->episode_returns[k], e->env_steps + p->episode_ends[k]);
+        sum += p->episode_returns[k];
+    }
     e->env_steps += p->env_steps;
+    dp_record_account(ps->rec, p->env_steps, p->n_episode_returns, sum);
 }
 
 /* A gradient that passed every check (g: n slices tiling the range, all

@@ -21,6 +21,9 @@ struct dp_record {
     uint64_t events;
     char failed[DP_ERR_LEN]; /* the first write that failed ("" none): close reports it */
     char last[4096];       /* the member state last written ("" none); one shard per writer */
+    int account;           /* the next push carries this account (dp_record_account): */
+    uint64_t env_steps, episodes;
+    double returns;
 };
 
 static void s_flush(dp_record_t *r)
@@ -110,6 +113,11 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
             cJSON_AddNumberToObject(o, "be", (double)e->batch.epoch);
             cJSON_AddNumberToObject(o, "bi", (double)e->batch.index);
         }
+        if (e->account) {
+            cJSON_AddNumberToObject(o, "es", (double)e->env_steps);
+            cJSON_AddNumberToObject(o, "ne", (double)e->episodes);
+            s_exact(o, "er", e->returns);
+        }
     } else {
         cJSON_AddStringToObject(o, "e", "members");
         cJSON_AddNumberToObject(o, "s", e->shard);
@@ -147,8 +155,20 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
         .status = o->status, .staleness = o->staleness, .after = after, .lr = o->lr,
         .grad_norm = o->grad_norm, .update_norm = o->update_norm, .dc = o->compensated,
         .dealt = batch != NULL, .batch = batch ? *batch : (dp_deal_batch_t){0, 0},
+        .account = r->account, .env_steps = r->env_steps, .episodes = r->episodes,
+        .returns = r->returns,
     };
+    r->account = 0;
     dp_record_event(r, &e);
+}
+
+void dp_record_account(dp_record_t *r, uint64_t env_steps, uint64_t episodes, double returns)
+{
+    if (!r) return;
+    r->account = 1;
+    r->env_steps = env_steps;
+    r->episodes = episodes;
+    r->returns = returns;
 }
 
 void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m)
@@ -278,6 +298,13 @@ static int s_parse_push(const cJSON *o, dp_rec_event_t *e)
     if (cJSON_GetObjectItemCaseSensitive(o, "be")) {
         if (s_count(o, "be", &e->batch.epoch) || s_count(o, "bi", &e->batch.index)) return -1;
         e->dealt = 1;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(o, "es")) {
+        const cJSON *er = cJSON_GetObjectItemCaseSensitive(o, "er");
+        if (s_count(o, "es", &e->env_steps) || s_count(o, "ne", &e->episodes) || !cJSON_IsNumber(er))
+            return -1;
+        e->returns = er->valuedouble;
+        e->account = 1;
     }
     return e->status ? 0 : -1;
 }

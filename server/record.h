@@ -10,7 +10,8 @@
  *   line 1   {"downpour_record":1, ...header...}
  *   events   {"e":"push","s":SHARD,"w":WORKER,"step":STEP,"v":VERSION,
  *             "st":"applied"|"dropped"|"rejected","stale":N,"after":V,
- *             "lr":X,"gn":X,"un":X[,"dc":0|1][,"be":E,"bi":I]}
+ *             "lr":X,"gn":X,"un":X[,"dc":0|1][,"be":E,"bi":I]
+ *             [,"es":N,"ne":N,"er":X]}
  *            {"e":"members","s":SHARD,"m":"LLFG","call":0|1}
  *   last     {"end":"downpour_record","events":N,"fnv1a":"16 hex digits"}
  * STEP is the push's 1-based step (Push.step): the worker's data step + 1.
@@ -24,6 +25,10 @@
  * "be"/"bi" (shard 0 of an elastic crew, server/deal.h): the batch the push
  * carried, batch "bi" of epoch "be", which a replay trains instead of the
  * batch of (worker, step).
+ * "es"/"ne"/"er" (an actor-critic push, --env): the segment's account the
+ * shard counted — its env steps, the episodes that ended in it and the sum
+ * of their returns (17 digits) — which a replay, recomputing the segment,
+ * checks.
  * The footer's hash is FNV-1a over every byte before the footer line.
  *
  * Safety: the lines go to a fresh temporary file beside PATH
@@ -64,6 +69,9 @@ typedef struct {
     int dc;                /* delay compensation: 1 done, 0 fell back, -1 off (absent) */
     int dealt;             /* shard 0 dealt the batch it carried: */
     dp_deal_batch_t batch; /* ... this one */
+    int account;           /* an actor-critic push's account (es, ne, er) is there: */
+    uint64_t env_steps, episodes; /* ... its segment's env steps and episodes ended */
+    double returns;        /* ... and the sum of their returns */
     /* members */
     char *members;         /* one of L / F / G per worker (owned) */
     int call;              /* dp_policy_members_changed followed */
@@ -82,6 +90,10 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e);
 void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
                     const dp_push_outcome_t *o, uint64_t after, const dp_members_t *m,
                     const dp_deal_batch_t *batch);
+/* The next push written carries an actor-critic segment's account: its
+ * env steps, episodes ended and the sum of their returns (what the shard
+ * counted of Push.env_steps and episode_returns). */
+void dp_record_account(dp_record_t *r, uint64_t env_steps, uint64_t episodes, double returns);
 /* The member table changed and the policy is about to be asked. */
 void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m);
 /* Footer, fsync, rename; frees r. -1 with err when any write failed (the

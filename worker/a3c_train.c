@@ -20,8 +20,6 @@
 #include "worker/ps_beat.h"
 #include "worker/ps_client.h"
 
-#define S_TEST_EPISODES 100 /* test_return: the greedy policy over this many */
-
 /* What a run of either kind holds. */
 typedef struct {
     const dp_train_conf_t *c;
@@ -128,43 +126,27 @@ static void s_log(s_run_t *r, float loss, int final, uint64_t run_steps)
                        dp_episodes_mean(&r->returns), r->env_steps / (dt > 0 ? dt : 1e-9));
 }
 
-/* What summary.json says of an actor-critic run (the names fixed by the
- * RL tools that read it: env, env_steps, episodes, return_mean_100,
- * solved_at_env_steps, test_return). */
-typedef struct {
-    const char *mode;
-    int workers, ps_shards;
-    uint64_t env_steps, episodes;
-    double return_mean_100, test_return;
-    int64_t solved_at;
-    double train_s;
-    const dp_optim_conf_t *optim; /* standalone's; NULL in a cluster (downpour local adds it) */
-    uint64_t version, applied, dropped, rejected, staleness_max;
-    double staleness_mean;
-} s_summary_t;
-
-static int s_write_summary(const s_run_t *r, const s_summary_t *s, char *err)
+int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, char *err)
 {
-    const dp_train_conf_t *c = r->c;
     if (!c->summary) return 0;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "mode", s->mode);
     cJSON_AddNumberToObject(o, "workers", s->workers);
     cJSON_AddNumberToObject(o, "ps_shards", s->ps_shards);
-    cJSON_AddStringToObject(o, "env", r->kind->name);
+    cJSON_AddStringToObject(o, "env", s->kind->name);
     cJSON_AddNumberToObject(o, "env_steps", (double)s->env_steps);
     cJSON_AddNumberToObject(o, "episodes", (double)s->episodes);
     cJSON_AddNumberToObject(o, "return_mean_100", dp_metrics_round(s->return_mean_100, 4));
     if (s->solved_at >= 0) cJSON_AddNumberToObject(o, "solved_at_env_steps", (double)s->solved_at);
     else cJSON_AddNullToObject(o, "solved_at_env_steps");
-    cJSON_AddNumberToObject(o, "solved_threshold", r->kind->solved);
+    cJSON_AddNumberToObject(o, "solved_threshold", s->kind->solved);
     cJSON_AddNumberToObject(o, "test_return", dp_metrics_round(s->test_return, 4));
-    cJSON_AddNumberToObject(o, "test_episodes", S_TEST_EPISODES);
-    cJSON_AddNumberToObject(o, "steps", (double)r->segments);
+    cJSON_AddNumberToObject(o, "test_episodes", DP_A3C_TEST_EPISODES);
+    cJSON_AddNumberToObject(o, "steps", (double)s->steps);
     cJSON_AddNumberToObject(o, "env_steps_per_s",
                             dp_metrics_round(s->env_steps / (s->train_s > 0 ? s->train_s : 1e-9), 1));
     cJSON_AddNumberToObject(o, "train_s", s->train_s);
-    cJSON_AddNumberToObject(o, "wall_s", dp_now() - r->t0);
+    cJSON_AddNumberToObject(o, "wall_s", s->wall_s);
     if (s->ps_shards > 0) cJSON_AddNumberToObject(o, "version", (double)s->version);
     cJSON_AddNumberToObject(o, "updates_applied", (double)s->applied);
     cJSON_AddNumberToObject(o, "updates_dropped", (double)s->dropped);
@@ -181,7 +163,7 @@ static int s_write_summary(const s_run_t *r, const s_summary_t *s, char *err)
     cJSON_AddNumberToObject(o, "gamma", dp_metrics_round(c->a3c.gamma, 6));
     cJSON_AddNumberToObject(o, "clip_norm", dp_metrics_round(c->a3c.clip_norm, 6));
     cJSON_AddStringToObject(o, "device", c->device);
-    cJSON_AddStringToObject(o, "model", r->model.spec);
+    cJSON_AddStringToObject(o, "model", s->model);
     char seed[24];
     snprintf(seed, sizeof seed, "%" PRIu64, c->seed);
     cJSON_AddRawToObject(o, "seed", seed);
@@ -191,10 +173,13 @@ static int s_write_summary(const s_run_t *r, const s_summary_t *s, char *err)
 }
 
 /* The chief's end: test_return, the model file, the summary. */
-static int s_finish(s_run_t *r, s_summary_t *s, char *err)
+static int s_finish(s_run_t *r, dp_a3c_summary_t *s, char *err)
 {
     dp_progress_done(&r->progress);
-    s->test_return = dp_a3c_test_return(r->kind, &r->net, r->c->seed, r->a.worker, S_TEST_EPISODES);
+    s->kind = r->kind;
+    s->model = r->model.spec;
+    s->steps = r->segments;
+    s->test_return = dp_a3c_test_return(r->kind, &r->net, r->c->seed, r->a.worker, DP_A3C_TEST_EPISODES);
     char solved[48] = "not solved";
     if (s->solved_at >= 0) snprintf(solved, sizeof solved, "solved at env step %" PRId64, s->solved_at);
     dp_log_info("%s: %" PRIu64 " env steps, %" PRIu64 " episodes in %.1f s; return over the last "
@@ -206,7 +191,8 @@ static int s_finish(s_run_t *r, s_summary_t *s, char *err)
                                NULL, err) != 0)
             return -1;
     }
-    return s_write_summary(r, s, err);
+    s->wall_s = dp_now() - r->t0;
+    return dp_a3c_summary_write(r->c, s, err);
 }
 
 int dp_a3c_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
@@ -243,7 +229,7 @@ int dp_a3c_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, cha
             rc = dp_checkpoint_save(c->save, &r.model, r.h_params, r.segments, r.segments, NULL, err);
         }
     } else if (rc == 0) {
-        s_summary_t s = {.mode = "standalone", .workers = 1, .env_steps = r.env_steps,
+        dp_a3c_summary_t s = {.mode = "standalone", .workers = 1, .env_steps = r.env_steps,
                          .episodes = r.returns.episodes,
                          .return_mean_100 = dp_episodes_mean(&r.returns),
                          .solved_at = r.returns.solved_at, .train_s = train_s, .optim = opt,
@@ -265,7 +251,7 @@ static int s_finish_chief(s_run_t *r, dp_ps_client_t *ps, const dp_ps_info_t *in
     dp_net_set_params(&r->net, r->h_params);
     dp_ps_stats_t st;
     if (dp_ps_client_stats(ps, &st, err) != 0) return -1;
-    s_summary_t s = {.mode = dp_mode_name(info->mode), .workers = info->num_workers,
+    dp_a3c_summary_t s = {.mode = dp_mode_name(info->mode), .workers = info->num_workers,
                      .ps_shards = info->num_shards, .env_steps = st.env_steps,
                      .episodes = st.episodes, .return_mean_100 = st.return_mean_100,
                      .solved_at = st.solved_at_env_steps, .train_s = train_s,

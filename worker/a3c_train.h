@@ -11,6 +11,31 @@
 
 #include "worker/train.h"
 
+/* What summary.json says of an actor-critic run (the names fixed by the
+ * RL tools that read it: env, env_steps, episodes, return_mean_100,
+ * solved_at_env_steps, test_return), the worker's and the lab's alike
+ * (deploy/lab/engine.c: a simulated or replayed run's chief). */
+typedef struct {
+    const char *mode;
+    int workers, ps_shards;
+    const dp_env_kind_t *kind;
+    const char *model;         /* the spec as parsed */
+    long steps;                /* the chief's segments */
+    uint64_t env_steps, episodes;
+    double return_mean_100, test_return;
+    int64_t solved_at;
+    double train_s, wall_s;
+    const dp_optim_conf_t *optim; /* standalone's or the lab's servers'; NULL in a cluster
+                                   * (downpour local adds it) */
+    uint64_t version, applied, dropped, rejected, staleness_max;
+    double staleness_mean;
+} dp_a3c_summary_t;
+
+#define DP_A3C_TEST_EPISODES 100 /* test_return: the greedy policy over this many */
+
+/* c->summary (if set) from s and c's RL flags. */
+int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, char *err);
+
 /* 0 when done (or stopped by *stop: the model saved, no summary), -1 with err. */
 int dp_a3c_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 int dp_a3c_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);

@@ -11,9 +11,11 @@
 #include "common/dataset.h"
 #include "common/metrics.h"
 #include "common/opts.h"
+#include "common/safetensors.h"
 #include "common/util.h"
 #include "kernels/ops.h"
 #include "server/shard_dc.h"
+#include "worker/a3c_train.h"
 #include "worker/data.h"
 
 void dp_lab_conf_default(dp_lab_conf_t *c)
@@ -63,6 +65,7 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     dp_compress_name(&c->train.compress, compress, sizeof compress);
     cJSON_AddStringToObject(h, "compress", compress);
     cJSON_AddStringToObject(h, "error_feedback", c->train.compress.error_feedback ? "on" : "off");
+    if (c->train.a3c.env) dp_lab_rl_header(h, &c->train.a3c);
     return h;
 }
 
@@ -93,6 +96,37 @@ static int s_frac_field(const cJSON *h, const char *key, float *out, char *err)
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d > 0 && d <= 1)) return dp_err(err, "record header: '%s' is not a number in (0, 1]", key);
     *out = (float)d;
+    return 0;
+}
+
+/* h's number at key, when present, into *out: a number in [lo, hi]. */
+static int s_num_field(const cJSON *h, const char *key, double lo, double hi, float *out, char *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, key);
+    if (!v) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo && d <= hi)) return dp_err(err, "record header: '%s' is not a number in [%g, %g]", key, lo, hi);
+    *out = (float)d;
+    return 0;
+}
+
+/* An actor-critic run's RL flags (absent "env": a classifier's record). */
+static int s_a3c_from_header(dp_a3c_conf_t *a, const cJSON *h, char *err)
+{
+    const cJSON *env = cJSON_GetObjectItemCaseSensitive(h, "env");
+    if (!env) return 0;
+    if (!cJSON_IsString(env)) return dp_err(err, "record header: 'env' is not a string");
+    a->env = env->valuestring;
+    double steps = dp_record_num(h, "env_steps", (double)a->env_steps);
+    if (!(steps >= 1 && steps <= 1e12) || steps != floor(steps))
+        return dp_err(err, "record header: 'env_steps' is not a whole number in 1..1e12");
+    a->env_steps = (long)steps;
+    if (s_int_field(h, "envs", 1, DP_A3C_MAX_ENVS, &a->envs, err) != 0 ||
+        s_int_field(h, "t_max", 1, DP_A3C_MAX_T, &a->t_max, err) != 0 ||
+        s_num_field(h, "entropy", 0, 100, &a->entropy, err) != 0 ||
+        s_num_field(h, "gamma", 0, 1, &a->gamma, err) != 0 ||
+        s_num_field(h, "clip_norm", 0, 1e9, &a->clip_norm, err) != 0)
+        return -1;
     return 0;
 }
 
@@ -150,7 +184,7 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
     if (c->workers < 1 || c->workers > 100000 || c->shards < 1 || c->shards > 1024 ||
         c->train.batch < 1 || c->train.threads < 1)
         return dp_err(err, "record header: workers, shards, batch or threads out of range");
-    return 0;
+    return s_a3c_from_header(&c->train.a3c, h, err);
 }
 
 static const dp_policy_ops_t *s_ops(dp_mode_t m)
@@ -184,11 +218,59 @@ static int s_servers(dp_lab_t *L, char *err)
     return 0;
 }
 
+/* The record, its header from the conf (an actor-critic lab's with the
+ * model as parsed: its ac head with the actions written out). */
+static int s_record_open(dp_lab_t *L, char *err)
+{
+    dp_lab_conf_t hc = L->conf;
+    if (L->rl) hc.train.model = L->s.model.spec;
+    cJSON *h = dp_lab_conf_header(&hc);
+    int rc = dp_record_new(&L->rec, L->conf.record, h, err);
+    cJSON_Delete(h);
+    return rc;
+}
+
+/* An actor-critic lab: no data, the workers' environments instead. What
+ * the simulator and replay do not do for an RL run is refused here. */
+static int s_init_rl(dp_lab_t *L, char *err)
+{
+    const dp_lab_conf_t *c = &L->conf;
+    if (c->local_steps > 1 || c->min_workers > 0)
+        return dp_err(err, "--env: an actor-critic run pushes every segment from a fixed crew "
+                      "(not with --local-steps or --workers MIN:MAX)");
+    /* Every worker's rollout buffers live at once: a bound on them all (a
+     * record's header is untrusted; its workers, envs and t_max each pass
+     * their own range and still could ask for terabytes together). */
+    double rows = (double)c->workers * c->train.a3c.envs * c->train.a3c.t_max;
+    if (rows > (double)(1 << 24))
+        return dp_err(err, "--env: %d workers x %d environments x %d steps are %.0f rows of rollouts, "
+                      "more than %d in one process", c->workers, c->train.a3c.envs, c->train.a3c.t_max,
+                      rows, 1 << 24);
+    if (dp_lab_rl_session(&L->s, &L->conf.train, err) != 0) return -1;
+    L->rl = dp_malloc(sizeof *L->rl);
+    if (dp_lab_rl_init(L->rl, &c->train, c->workers, err) != 0) {
+        free(L->rl);
+        L->rl = NULL;
+        return -1;
+    }
+    L->per_worker = dp_calloc((size_t)c->workers, sizeof *L->per_worker);
+    if (c->train.compress.kind != DP_COMPRESS_NONE)
+        L->z = dp_calloc((size_t)c->workers * (size_t)c->shards, sizeof *L->z);
+    return s_servers(L, err);
+}
+
 int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
 {
     memset(L, 0, sizeof *L);
     L->conf = *c;
     L->conf.train.local_steps = c->local_steps; /* its summary names them */
+    if (c->train.a3c.env) {
+        if (s_init_rl(L, err) != 0 || (c->record && s_record_open(L, err) != 0)) {
+            dp_lab_fini(L);
+            return -1;
+        }
+        return 0;
+    }
     if (dp_session_init(&L->s, &L->conf.train, err) != 0) return -1;
     if (s_servers(L, err) != 0) goto fail;
     int B = c->train.batch;
@@ -251,6 +333,10 @@ void dp_lab_fini(dp_lab_t *L)
     free(L->x);
     free(L->y);
     free(L->aug_tmp);
+    if (L->rl) {
+        dp_lab_rl_fini(L->rl);
+        free(L->rl);
+    }
     dp_session_fini(&L->s);
     memset(L, 0, sizeof *L);
 }
@@ -327,6 +413,7 @@ static float s_local_round(dp_lab_t *L, const float *params, int worker, long ro
 float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
                       const dp_deal_batch_t *dealt, float *grad)
 {
+    if (L->rl) return dp_lab_rl_gradient(L->rl, &L->s, &L->conf.train.a3c, params, worker, step, grad);
     if (L->conf.local_steps > 1) return s_local_round(L, params, worker, step, grad);
     dp_net_set_params(&L->s.net, params);
     float loss = s_train_step(L, worker, step, dealt);
@@ -358,6 +445,14 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
     dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k],
                    dealt);
+}
+
+void dp_lab_push_rl(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
+                    const dp_lab_seg_t *g, dp_push_outcome_t *o)
+{
+    dp_record_account(L->rec, g->env_steps, (uint64_t)g->n, dp_lab_seg_returns(g));
+    dp_lab_push(L, k, worker, step, version, grad, NULL, o);
+    if (k == 0) dp_lab_rl_count(L->rl, g);
 }
 
 int dp_lab_members(dp_lab_t *L, int k, const char *state, int call)
@@ -398,9 +493,49 @@ void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all)
     dp_staleness_merge(all, &L->policy[0]->staleness);
 }
 
+/* An actor-critic run's end, as the worker's chief ends it
+ * (worker/a3c_train.c): the greedy test return on the final weights, the
+ * model file, summary.json with the run's account. */
+static int s_finish_rl(dp_lab_t *L, long chief_steps, double train_s, char *err)
+{
+    const dp_lab_conf_t *c = &L->conf;
+    dp_lab_rl_t *r = L->rl;
+    float *params = L->s.h_params;
+    dp_lab_params(L, -1, params);
+    dp_net_set_params(&L->s.net, params);
+    r->test_return = dp_a3c_test_return(r->kind, &L->s.net, c->train.seed, 0, DP_A3C_TEST_EPISODES);
+    dp_shard_counts_t cnt;
+    dp_staleness_t hist;
+    dp_lab_counts(L, &cnt, &hist);
+    uint64_t versions = 0; /* the chief's STATS view: summed over the shards */
+    for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
+    dp_a3c_summary_t s = {
+        .mode = dp_mode_name(c->mode), .workers = c->workers, .ps_shards = c->shards,
+        .kind = r->kind, .model = L->s.model.spec, .steps = chief_steps,
+        .env_steps = r->run.env_steps, .episodes = r->run.episodes,
+        .return_mean_100 = dp_episodes_mean(&r->run), .test_return = r->test_return,
+        .solved_at = r->run.solved_at, .train_s = train_s, .wall_s = dp_now() - L->s.t_start,
+        .optim = &L->shard[0].optim, .version = versions, .applied = cnt.applied,
+        .dropped = cnt.dropped, .rejected = cnt.rejected, .staleness_max = hist.max,
+        .staleness_mean = dp_staleness_mean(&hist),
+    };
+    int rc = 0;
+    if (c->train.save)
+        rc = dp_checkpoint_save(c->train.save, &L->s.model, params, chief_steps, (long)versions, NULL, err);
+    if (rc == 0) rc = dp_a3c_summary_write(&c->train, &s, err);
+    if (rc == 0) rc = dp_record_close(&L->rec, err);
+    dp_staleness_fini(&hist);
+    return rc;
+}
+
 int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp_ps_membership *crew,
                   double *accuracy, double *loss, char *err)
 {
+    if (L->rl) {
+        if (accuracy) *accuracy = 0;
+        if (loss) *loss = 0;
+        return s_finish_rl(L, chief_steps, train_s, err);
+    }
     const dp_lab_conf_t *c = &L->conf;
     float *params = L->s.h_params;
     dp_lab_params(L, -1, params);

@@ -12,6 +12,11 @@
  * clock gives; replay does the same in the order a record file gives.
  * Both may record (server/record.h) what the policies decided.
  *
+ * An actor-critic lab (conf.train.a3c.env set, deploy/lab/rl.h) has no
+ * data: a worker's gradient is its next segment of rollouts on the weights
+ * given, its push carries the segment's account (dp_lab_push_rl), and the
+ * chief's end is the worker's (test_return, summary.json's RL fields).
+ *
  * Determinism: on the CPU backend a gradient is a function of (params,
  * batch, kernel threads); the engine sets the threads from its conf (1 by
  * default) and OpenBLAS always runs single-threaded (kernels/cpu/threads.c). */
@@ -21,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/staleness.h"
+#include "deploy/lab/rl.h"
 #include "proto/wire.h"
 #include "server/members.h"
 #include "server/policy.h"
@@ -63,6 +69,8 @@ typedef struct {
                                 * error feedback) per shard slice, made on its first push;
                                 * NULL without compression */
     uint64_t bytes_chief;      /* worker 0's pushes' bytes (summary.json bytes_pushed) */
+    dp_lab_rl_t *rl;           /* --env: the workers' rollouts and the run's account; NULL for
+                                * a classifier */
 } dp_lab_t;
 
 /* The defaults a cluster launched by `downpour local` would have: async,
@@ -101,6 +109,11 @@ long dp_lab_push_steps(const dp_lab_t *L, long step);
  * shard 0 dealt it (dealt; NULL: the batch of its (worker, step)). */
 void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
                  const dp_deal_batch_t *dealt, dp_push_outcome_t *o);
+/* An actor-critic push (L->rl): dp_lab_push carrying the segment's account
+ * g, which the record writes with the push and, on shard 0, the run's
+ * account takes (as every shard counts Push.env_steps and the episodes). */
+void dp_lab_push_rl(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
+                    const dp_lab_seg_t *g, dp_push_outcome_t *o);
 /* The member state of shard k from a record ("LFG..."), and with call the
  * policy's members_changed. Returns 1 when the version moved. */
 int dp_lab_members(dp_lab_t *L, int k, const char *state, int call);
@@ -117,7 +130,8 @@ int dp_lab_crew(dp_lab_t *L, int worker, dp_lab_crew_t what);
  * applied etc. from shard 0, staleness merged over shards). */
 void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all);
 
-/* The chief's end: evaluate the current weights, save conf.train.save,
+/* The chief's end: evaluate the current weights (an actor-critic run: the
+ * greedy test return, in rl->test_return, and the worker's summary.json), save conf.train.save,
  * write conf.train.summary with the run's figures (and crew: the
  * membership and dealt epochs of an elastic run, or NULL); close the
  * record. accuracy / loss out (may be NULL). */

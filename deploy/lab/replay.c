@@ -13,7 +13,17 @@
  * is computed, at the first push that needs it, and freed after the last.
  * Shards advance in turn, each in its own recorded order, as far as their
  * gradients allow; a record the real run could not have made stalls that
- * and is refused. */
+ * and is refused.
+ *
+ * An actor-critic run's record (header "env", deploy/lab/rl.h): a job is a
+ * worker's segment, recomputed from the worker's seed and its own earlier
+ * segments, so each worker's segments must come 1, 2, 3, ... on every
+ * shard (as a worker pushes them: the next only after every shard took
+ * the last), which is checked before anything runs; a shard then reaches
+ * a worker's segment only after its earlier ones, so they are computed in
+ * order. The account each push carried (env steps, episodes, the sum of
+ * their returns) is checked against the recomputed segment's, and the
+ * run's account is kept from shard 0's pushes, as the servers keep it. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -36,6 +46,8 @@ typedef struct {
     float *params, *grad;
     int dealt;             /* shard 0 (an elastic crew) dealt it: */
     dp_deal_batch_t batch; /* ... this batch */
+    dp_lab_seg_t seg;      /* an actor-critic segment's account, from its computation to its
+                            * last push */
 } s_job_t;
 
 typedef struct {
@@ -61,6 +73,8 @@ typedef struct {
     long chief_steps;
     uint64_t mismatches;   /* pushes whose norms differ from the record's */
     size_t first_mismatch;
+    uint64_t account_mismatches; /* actor-critic pushes whose account differs from the record's */
+    size_t first_account_mismatch;
 } s_replay_t;
 
 /* ---- the jobs ---- */
@@ -139,6 +153,27 @@ static int s_index(s_replay_t *R, const char *path, char *err)
     return 0;
 }
 
+/* An actor-critic record: on every shard each worker's segments come 1, 2,
+ * 3, ... (the order its rollouts can be recomputed in). */
+static int s_check_segments(const s_replay_t *R, const char *path, char *err)
+{
+    int W = R->L.conf.workers;
+    uint64_t *last = dp_calloc((size_t)R->K * (size_t)W, sizeof *last);
+    int rc = 0;
+    for (size_t i = 0; i < R->rec->n && rc == 0; i++) {
+        const dp_rec_event_t *e = &R->rec->ev[i];
+        if (e->kind != DP_REC_PUSH) continue;
+        uint64_t *l = &last[(size_t)e->shard * (size_t)W + (size_t)e->worker];
+        if (e->step != *l + 1)
+            rc = dp_err(err, "%s: event %zu: shard %d took worker %d's segment %" PRIu64 " after its "
+                        "segment %" PRIu64 ": its rollouts cannot be recomputed", path, i + 1, e->shard,
+                        e->worker, e->step, *l);
+        *l = e->step;
+    }
+    free(last);
+    return rc;
+}
+
 /* Every job reached every shard once; the capture lists by version. */
 static int s_plan(s_replay_t *R, const char *path, char *err)
 {
@@ -195,6 +230,10 @@ static int s_push(s_replay_t *R, size_t i, char *err)
         job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
         dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1,
                         job->dealt ? &job->batch : NULL, job->grad);
+        if (R->L.rl) {
+            dp_lab_seg_alloc(&job->seg, R->L.rl->rows);
+            dp_lab_seg_copy(&job->seg, &R->L.rl->seg[job->worker]);
+        }
         if (!R->L.shard[0].dc) { /* compensation needs them until the last shard's push */
             free(job->params);
             job->params = NULL;
@@ -205,8 +244,16 @@ static int s_push(s_replay_t *R, size_t i, char *err)
     if (s->dc && e->dc == 1) dp_shard_dc_hold(s, e->worker, e->version, job->params + s->lo);
     else if (s->dc) dp_shard_dc_forget(s, e->worker); /* the recorded push fell back */
     dp_push_outcome_t o;
-    dp_lab_push(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad,
-                job->dealt ? &job->batch : NULL, &o);
+    if (R->L.rl) {
+        dp_lab_push_rl(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad, &job->seg, &o);
+        if (e->account && (e->env_steps != job->seg.env_steps || e->episodes != (uint64_t)job->seg.n ||
+                           e->returns != dp_lab_seg_returns(&job->seg)) &&
+            R->account_mismatches++ == 0)
+            R->first_account_mismatch = i + 1;
+    } else {
+        dp_lab_push(&R->L, e->shard, e->worker, (long)e->step - 1, e->version, job->grad,
+                    job->dealt ? &job->batch : NULL, &o);
+    }
     if ((int)o.status != e->status || o.staleness != e->staleness || R->L.shard[e->shard].version != e->after ||
         (s->dc && o.status == DP_PUSH_APPLIED && o.compensated != e->dc))
         return dp_err(err, "replay diverged at event %zu (shard %d, worker %d, step %" PRIu64 "): the "
@@ -218,6 +265,7 @@ static int s_push(s_replay_t *R, size_t i, char *err)
         free(job->grad);
         free(job->params);
         job->grad = job->params = NULL;
+        dp_lab_seg_free(&job->seg);
     }
     return 1;
 }
@@ -265,6 +313,7 @@ static void s_free(s_replay_t *R)
     for (int j = 0; R->jobs && j < R->n_jobs; j++) {
         free(R->jobs[j].params);
         free(R->jobs[j].grad);
+        dp_lab_seg_free(&R->jobs[j].seg);
     }
     for (int k = 0; k < R->K; k++) {
         if (R->by_shard) free(R->by_shard[k]);
@@ -341,13 +390,26 @@ static void s_report(const s_replay_t *R, const s_args_t *a, double acc, double 
     cJSON_AddNumberToObject(o, "events", (double)R->rec->n);
     cJSON_AddNumberToObject(o, "gradients", R->n_jobs);
     cJSON_AddNumberToObject(o, "version", (double)R->L.shard[0].version);
-    cJSON_AddBoolToObject(o, "matches_record", R->mismatches == 0);
+    cJSON_AddBoolToObject(o, "matches_record", R->mismatches == 0 && R->account_mismatches == 0);
     cJSON_AddNumberToObject(o, "norm_mismatches", (double)R->mismatches);
-    cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
+    if (R->L.rl) {
+        cJSON_AddNumberToObject(o, "account_mismatches", (double)R->account_mismatches);
+        dp_lab_rl_json(R->L.rl, &R->L.conf.train.a3c, o);
+    } else {
+        cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
+    }
     cJSON_AddNumberToObject(o, "wall_s", dp_metrics_round(wall_s, 4));
     cJSON_AddStringToObject(o, "out", a->out);
     char *text = cJSON_PrintUnformatted(o);
+    const dp_lab_rl_t *rl = R->L.rl;
     if (a->json) printf("%s\n", text);
+    else if (rl)
+        fprintf(stderr, "replay: %zu events, %d segments, version %" PRIu64 ": %s, %" PRIu64 " env steps, %"
+                PRIu64 " episodes, return of the last 100 %.1f, greedy test return %.1f; %s\n", R->rec->n,
+                R->n_jobs, R->L.shard[0].version, rl->kind->name, rl->run.env_steps, rl->run.episodes,
+                dp_episodes_mean(&rl->run), rl->test_return,
+                R->mismatches || R->account_mismatches ? "DIFFERS from the record (see the warning)"
+                                                       : "every recorded norm and account matched");
     else fprintf(stderr, "replay: %zu events, %d gradients, version %" PRIu64 ": test accuracy %.4f; %s\n",
                  R->rec->n, R->n_jobs, R->L.shard[0].version, acc,
                  R->mismatches ? "DIFFERS from the record (see the warning)" : "every recorded norm matched");
@@ -357,6 +419,10 @@ static void s_report(const s_replay_t *R, const s_args_t *a, double acc, double 
         dp_log_warn("replay: %" PRIu64 " push(es) differ from the record in their gradient or update norm, "
                     "the first at event %zu: the recorded workers ran other kernels (threads, ISA, device)?",
                     R->mismatches, R->first_mismatch);
+    if (R->account_mismatches)
+        dp_log_warn("replay: %" PRIu64 " push(es) carried another segment's account (env steps, episodes, "
+                    "returns) than the one recomputed, the first at event %zu", R->account_mismatches,
+                    R->first_account_mismatch);
 }
 
 static int s_replay(const dp_rec_t *rec, const char *file, s_args_t *a, dp_opts_t *o, char *err)
@@ -378,6 +444,7 @@ static int s_replay(const dp_rec_t *rec, const char *file, s_args_t *a, dp_opts_
         R.n_floats = R.L.s.model.n_floats;
         rc = s_index(&R, file, err);
     }
+    if (rc == 0 && R.L.rl) rc = s_check_segments(&R, file, err);
     if (rc == 0) rc = s_plan(&R, file, err);
     if (rc == 0) rc = s_run(&R, err);
     if (rc == 0) rc = dp_lab_finish(&R.L, R.chief_steps, dp_now() - t0, NULL, &acc, NULL, err);

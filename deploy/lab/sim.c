@@ -18,6 +18,7 @@ static const char s_synopsis[] =
     "usage: downpour sim --workers M --compute DIST [--straggler I:FACTOR] --updates N\n"
     "                    [--mode async|sync|ssp] [--model SPEC] [--json] [...]\n"
     "       downpour sim --workers MIN:MAX --churn leave:S|kill:S --updates N [...]\n"
+    "       downpour sim --env cartpole-v1|acrobot-v1 --workers M [--env-steps N] [...]\n"
     "A simulated cluster in one process: M virtual workers on a simulated clock,\n"
     "real gradients on real data, the parameter server's own update code.\n"
     "DIST: const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (exp(MU + SIGMA z) ms).\n"
@@ -188,6 +189,23 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_STR("metrics", "FILE", &t->metrics, 0, "JSON lines of evaluations and diagnostics"),
         DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/summary.json and DIR/model.safetensors"),
         DP_FLAG_STR("record", "FILE", &c->lab.record, 0, "the schedule, for downpour replay"),
+        DP_FLAG_STR("env", "NAME", &t->a3c.env, 0,
+                    "A3C / A2C: M actor-critic workers act in cartpole-v1 or acrobot-v1\n"
+                    "instead of training on --data, until --env-steps (as downpour-worker\n"
+                    "--help says; the model: --model ending in ac, default\n"
+                    "\"" DP_A3C_DEFAULT_SPEC "\"; the lr constant unless --lr-schedule)"),
+        DP_FLAG_NUM("envs", DP_OPTS_INT, "K", &t->a3c.envs, 1, DP_A3C_MAX_ENVS, 0,
+                    "--env: environments each worker acts in (default 1)"),
+        DP_FLAG_NUM("t-max", DP_OPTS_INT, "T", &t->a3c.t_max, 1, DP_A3C_MAX_T, 0,
+                    "--env: steps of each environment per push (default 5)"),
+        DP_FLAG_NUM("entropy", DP_OPTS_FLOAT, "B", &t->a3c.entropy, 0, 100, 0,
+                    "--env: weight of the entropy bonus (default 0.01)"),
+        DP_FLAG_NUM("gamma", DP_OPTS_FLOAT, "G", &t->a3c.gamma, 0, 1, 0, "--env: discount (default 0.99)"),
+        DP_FLAG_NUM("clip-norm", DP_OPTS_FLOAT, "N", &t->a3c.clip_norm, 0, 1e9, 0,
+                    "--env: clip each gradient to this global L2 norm (default 40; 0: off)"),
+        DP_FLAG_NUM("env-steps", DP_OPTS_LONG, "N", &t->a3c.env_steps, 1, 1000000000000L, 0,
+                    "--env: the run's budget in environment steps, all workers together\n"
+                    "(default 500000)"),
     };
     dp_opts_init(o, "downpour sim", s_synopsis, s_epilog);
     dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
@@ -213,6 +231,28 @@ static int s_local_steps(s_args_t *a, dp_opts_t *o, char *err)
     return 0;
 }
 
+/* --env: the flags of a classifier's run refused with it, the RL flags
+ * without it; the model's default the RL one. */
+static int s_env_flags(s_args_t *a, dp_opts_t *o, char *err)
+{
+    static const char *const classifier[] = {"updates", "epochs", "eval-every", "eval-limit", "diag-every",
+                                             "data", "train-samples", "augment", "normalize", "batch",
+                                             "local-steps", "churn"};
+    static const char *const rl[] = {"envs", "t-max", "entropy", "gamma", "clip-norm", "env-steps"};
+    int env = a->c.lab.train.a3c.env != NULL;
+    for (size_t i = 0; env && i < sizeof classifier / sizeof classifier[0]; i++)
+        if (dp_opts_find(o, classifier[i])->given)
+            return dp_err(err, "--%s: not with --env (an actor-critic run has no data set; it "
+                          "stops at --env-steps)", classifier[i]);
+    for (size_t i = 0; !env && i < sizeof rl / sizeof rl[0]; i++)
+        if (dp_opts_find(o, rl[i])->given)
+            return dp_err(err, "--%s is an actor-critic flag: give --env NAME with it", rl[i]);
+    if (env && !dp_opts_find(o, "model")->given) a->c.lab.train.model = NULL; /* the RL default */
+    if (env && a->c.lab.min_workers > 0)
+        return dp_err(err, "--workers MIN:MAX: an --env run has a fixed crew (give --workers M)");
+    return 0;
+}
+
 /* What the flags leave open: R from --backup, N from --epochs, the lr
  * schedule, the output files. */
 static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
@@ -222,6 +262,7 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
     for (int w = M; w < DP_SIM_MAX_WORKERS; w++)
         if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
     c->lab.init_seed = c->lab.train.seed;
+    if (s_env_flags(a, o, err) != 0) return -1;
     int elastic = c->lab.min_workers > 0;
     if (c->churn.kind != DP_CHURN_NONE && (!elastic || c->lab.min_workers >= M))
         return dp_err(err, "--churn needs an elastic crew with room to change: --workers MIN:MAX, MIN < MAX");
@@ -241,7 +282,7 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
     if (a->epochs) {
         if (dp_opts_find(o, "updates")->given) return dp_err(err, "give --updates or --epochs, not both");
         c->updates = 0; /* set once the data is known (s_epochs_updates) */
-    } else if (!c->updates)
+    } else if (!c->updates && !c->lab.train.a3c.env)
         return dp_err(err, "--updates N (or --epochs E) is required");
     if (a->out) {
         snprintf(a->save, sizeof a->save, "%s/model.safetensors", a->out);
@@ -289,7 +330,7 @@ int dp_sim_main(int argc, char **argv)
         fprintf(stderr, "downpour sim: %s\n", err);
         return 1;
     }
-    if (!dp_opts_find(&o, "lr-schedule")->given) {
+    if (!dp_opts_find(&o, "lr-schedule")->given && !a.c.lab.train.a3c.env) {
         a.c.lab.optim.schedule = DP_LR_COSINE;
         a.c.lab.optim.total_steps = (long)a.c.updates;
     }
@@ -302,6 +343,17 @@ int dp_sim_main(int argc, char **argv)
         char *text = cJSON_PrintUnformatted(result);
         printf("%s\n", text);
         cJSON_free(text);
+    } else if (a.c.lab.train.a3c.env) {
+        fprintf(stderr, "sim: %s, %s, %d workers, %g env steps, %g episodes in %g simulated s: return of "
+                "the last 100 %.1f, greedy test return %.1f; staleness mean %.2f max %g\n",
+                a.c.lab.train.a3c.env, dp_mode_name(a.c.lab.mode), a.c.lab.workers,
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "env_steps")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "episodes")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "return_mean_100")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_return")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_mean")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_max")));
     } else {
         fprintf(stderr, "sim: %s, %d workers, %g updates in %g simulated s: test accuracy %.4f; "
                 "fresh %.3f, staleness mean %.2f max %g\n",

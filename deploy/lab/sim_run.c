@@ -583,7 +583,8 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     s_worker_t *k = &S->w[w];
     const dp_sim_conf_t *c = S->c;
     dp_push_outcome_t o;
-    dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, s_dealt(S, w), &o);
+    if (S->L.rl) dp_lab_push_rl(&S->L, 0, w, k->step, k->version, k->grad, &S->L.rl->seg[w], &o);
+    else dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, s_dealt(S, w), &o);
     if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
     dp_deal_batch_t done;
     if (S->dealing) dp_deal_pushed(&S->deal, w, (uint64_t)k->step + 1, o.status == DP_PUSH_APPLIED, &done);
@@ -605,9 +606,30 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
         s_eval_line(S, v);
     /* a batch back in the pool (a push not used) may be dealt to a held pull */
     if (o.status == DP_PUSH_APPLIED || S->dealing) s_reask_held(S);
-    if (k->leaving) s_crew(S, w, DP_LAB_LEAVE);
-    else s_pull(S, w);
+    if (k->leaving) {
+        s_crew(S, w, DP_LAB_LEAVE);
+    } else if (S->L.rl && S->L.rl->run.env_steps >= (uint64_t)c->lab.train.a3c.env_steps) {
+        /* the ACK says the run's budget is spent: the worker stops and
+         * finishes, as the actor-critic worker does (worker/a3c_train.c) */
+        k->live = 0;
+        S->finishing[S->n_finishing++] = w;
+    } else {
+        s_pull(S, w);
+    }
     return 0;
+}
+
+/* Not done yet: an actor-critic run until every worker has finished (the
+ * budget spent), any other until the servers' version reaches --updates
+ * (or a dealt run's data is done). */
+static int s_going(const s_sim_t *S)
+{
+    if (S->L.rl) {
+        for (int w = 0; w < S->c->lab.workers; w++)
+            if (S->w[w].live || S->w[w].busy) return 1;
+        return 0;
+    }
+    return S->L.shard[0].version < S->c->updates && !(S->dealing && dp_deal_done(&S->deal));
 }
 
 static int s_loop(s_sim_t *S, char *err)
@@ -625,7 +647,7 @@ static int s_loop(s_sim_t *S, char *err)
                                                    : -c->churn.mean_s * log(s_uniform(&S->churn_rng));
     uint64_t pushes_seen = 0;
     long idle_changes = 0; /* changes of the crew since the last push */
-    while (S->L.shard[0].version < c->updates && !(S->dealing && dp_deal_done(&S->deal))) {
+    while (s_going(S)) {
         if (S->pushes != pushes_seen) pushes_seen = S->pushes, idle_changes = 0;
         if (S->n_heap > 0 && S->heap[0].t < S->next_churn) {
             s_event_t e = s_heap_pop(S);
@@ -672,7 +694,8 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON_AddNumberToObject(o, "pushes", (double)S->pushes);
     cJSON_AddNumberToObject(o, "updates_applied", (double)cnt.applied);
     cJSON_AddNumberToObject(o, "updates_dropped", (double)cnt.dropped);
-    cJSON_AddNumberToObject(o, "epochs", dp_metrics_round((double)S->pushes * c->lab.train.batch / S->L.s.train.n, 5));
+    if (!S->L.rl) /* an actor-critic run has no data: its account instead (below) */
+        cJSON_AddNumberToObject(o, "epochs", dp_metrics_round((double)S->pushes * c->lab.train.batch / S->L.s.train.n, 5));
     cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
     cJSON_AddNumberToObject(o, "fresh_fraction", dp_metrics_round(dp_staleness_fresh(&all), 6));
     cJSON_AddNumberToObject(o, "staleness_mean", dp_metrics_round(dp_staleness_mean(&all), 6));
@@ -682,8 +705,12 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON *pw = cJSON_AddArrayToObject(o, "staleness_mean_per_worker");
     for (int w = 0; w < M; w++)
         cJSON_AddItemToArray(pw, cJSON_CreateNumber(dp_metrics_round(dp_staleness_mean(&S->L.per_worker[w]), 5)));
-    cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
-    cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
+    if (S->L.rl) {
+        dp_lab_rl_json(S->L.rl, &c->lab.train.a3c, o);
+    } else {
+        cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
+        cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
+    }
     cJSON_AddNumberToObject(o, "train_loss", dp_metrics_round(S->loss_avg, 5));
     int local = c->lab.local_steps > 1; /* the optimizer typed is then the workers' */
     const dp_optim_conf_t *op = local ? &c->lab.inner : &c->lab.optim;
@@ -724,10 +751,12 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
         cJSON_AddNumberToObject(o, "grad_variance_mean", dp_metrics_round(S->var_sum / d, 6));
         cJSON_AddNumberToObject(o, "grad_variance_rel_mean", dp_metrics_round(S->var_rel_sum / d, 6));
     }
-    cJSON_AddItemToObject(o, "evals", S->evals);
-    S->evals = NULL;
+    if (!S->L.rl) {
+        cJSON_AddItemToObject(o, "evals", S->evals);
+        S->evals = NULL;
+    }
     cJSON_AddStringToObject(o, "model", S->L.s.model.spec);
-    cJSON_AddNumberToObject(o, "batch", c->lab.train.batch);
+    if (!S->L.rl) cJSON_AddNumberToObject(o, "batch", c->lab.train.batch);
     cJSON_AddNumberToObject(o, "wall_s", dp_metrics_round(wall_s, 4));
     dp_staleness_fini(&all);
     return o;
@@ -788,7 +817,8 @@ int dp_sim_run(const dp_sim_conf_t *c, cJSON **result, char *err)
     if (rc == 0)
         rc = dp_lab_finish(&S->L, S->chief_steps, dp_now() - t0, S->dealing ? &crew : NULL, &acc, &loss, err);
     if (rc == 0) {
-        s_eval_emit(S, S->L.shard[0].version, acc, loss); /* the last point of the curve: all of the test set */
+        if (!S->L.rl) /* the last point of the curve: all of the test set */
+            s_eval_emit(S, S->L.shard[0].version, acc, loss);
         *result = s_result(S, acc, loss, dp_now() - t0);
         if (S->dealing) s_crew_result(*result, S, &crew);
     }

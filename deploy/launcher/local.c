@@ -40,6 +40,7 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
+#include "deploy/lab/rl.h"
 #include "deploy/launcher/crew.h"
 #include "deploy/launcher/local_elastic.h"
 #include "deploy/launcher/local_keys.h"
@@ -654,6 +655,7 @@ static int s_record_merge(const dp_local_t *L, char *err)
         cJSON_AddItemToObject(extra, "inner", dp_record_optim_json(&inner));
         cJSON_AddNumberToObject(extra, "steps", (double)L->worker_steps);
     }
+    if (L->wk.conf.a3c.env) dp_lab_rl_header(extra, &L->wk.conf.a3c); /* replay recomputes the rollouts */
     char compress[48]; /* the workers' --compress: replay compresses the same way */
     dp_compress_name(&L->wk.conf.compress, compress, sizeof compress);
     cJSON_AddStringToObject(extra, "compress", compress);

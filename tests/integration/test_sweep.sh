@@ -4,8 +4,43 @@
 # leaves a report whose table agrees with the runs' own summary.json, with
 # the three PNGs; the same on the simulated cluster (`downpour sim`, in every
 # build: never skipped); run again it makes nothing (resumed); a bad grid
-# file or a flag its runs refuse is one line and status 2.
+# file or a flag its runs refuse is one line and status 2. An actor-critic
+# sweep (env and the RL flags as axes; no data, so never skipped): each
+# run gets its flags, and the report's table has the runs' returns.
 source "$(dirname "$0")/lib.sh"
+
+# -- actor-critic axes ----------------------------------------------------------------
+"$BIN/downpour" sweep --cluster sim --env cartpole-v1,acrobot-v1 --workers 2 --t-max 4 --gamma 0.95 \
+    --env-steps 2000 --seeds 1,2 --no-progress --no-plots --out "$TMP/rl" >"$TMP/rl.out" 2>"$TMP/rl.err"
+rc=$?
+check "a sweep over env = cartpole-v1, acrobot-v1 exits 0 (status $rc: $(tail -1 "$TMP/rl.err"))" test $rc = 0
+"$TORCH_PY" - "$TMP/rl" >"$TMP/rltable.log" 2>&1 <<'EOF'
+import json, sys, statistics
+out = sys.argv[1]
+res = json.load(open(out + "/results.json"))
+report = open(out + "/report.md").read()
+assert "| config | seeds | return of the last 100 | greedy test return |" in report, "no RL table"
+for c, env in zip(res["configs"], ["cartpole-v1", "acrobot-v1"]):
+    assert c["axes"]["env"] == env, c["axes"]
+    s = [json.load(open(r["dir"] + "/summary.json")) for r in c["runs"]]
+    assert len(s) == 2 and all(x["env"] == env and x["t_max"] == 4 and x["gamma"] == 0.95 and
+                               x["env_steps"] >= 2000 and x["workers"] == 2 for x in s), s
+    ret = [x["return_mean_100"] for x in s]
+    tr = [x["test_return"] for x in s]
+    assert abs(c["return_mean_100_mean"] - statistics.mean(ret)) < 1e-9, (c, ret)
+    assert abs(c["test_return_std"] - statistics.stdev(tr)) < 1e-9, (c, tr)
+    row = "| %s env=%s | 2 | %.1f ± %.1f | %.1f ± %.1f |" % (c["id"], env, statistics.mean(ret),
+                                                           statistics.stdev(ret), statistics.mean(tr),
+                                                           statistics.stdev(tr))
+    assert row in report, (row, report)
+print("rl table ok")
+EOF
+check "... each run ran its env with the RL flags; the table's returns are its runs' ($(tail -1 "$TMP/rltable.log"))" \
+    grep -q "rl table ok" "$TMP/rltable.log"
+"$BIN/downpour" sweep --cluster sim --env cartpole-v1,pong --out "$TMP/rlbad" --no-progress >"$TMP/rlbad.out" 2>"$TMP/rlbad.err"
+rc=$?
+check "env = pong: refused before anything runs (status $rc), one line" \
+    bash -c "[ $rc = 2 ] && [ \$(wc -l <'$TMP/rlbad.err') = 1 ] && grep -q \"env 'pong'\" '$TMP/rlbad.err' && [ ! -e '$TMP/rlbad/runs' ]"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     skip sweep "Debian's dataset-fashion-mnist is not installed (make deps)"

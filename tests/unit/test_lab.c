@@ -721,6 +721,111 @@ static void test_measured_step(void)
     dp_shard_fini(&s);
 }
 
+/* An actor-critic push's account (dp_record_account): written with the
+ * next push only, read back exact (the returns' sum to the bit); a push
+ * without one reads back without. The RL flags of a header read back, and
+ * one out of its flag's range is refused with its name. */
+static void test_record_account(void)
+{
+    char path[300], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/acct.rec", s_dir);
+    dp_lab_conf_t c;
+    dp_lab_conf_default(&c);
+    dp_a3c_conf_default(&c.train.a3c);
+    c.train.a3c.env = "acrobot-v1";
+    c.train.a3c.envs = 3;
+    c.train.a3c.t_max = 7;
+    c.train.a3c.gamma = 0.97f;
+    c.train.a3c.entropy = 0.03f;
+    c.train.a3c.clip_norm = 0.5f;
+    c.train.a3c.env_steps = 123457;
+    c.train.model = TINY;
+    cJSON *h = dp_lab_conf_header(&c);
+    dp_record_t *w = NULL;
+    CHECK_EQ(dp_record_new(&w, path, h, err), 0);
+    dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .lr = 0.1f, .grad_norm = 1, .update_norm = 1};
+    double sum = 0.1 + 0.2 + 1.0 / 3;
+    dp_record_account(w, 21, 3, sum);
+    dp_record_push(w, 0, 0, 1, 0, &o, 1, NULL, NULL);
+    dp_record_push(w, 0, 1, 1, 1, &o, 2, NULL, NULL); /* no account given: none written */
+    CHECK_EQ(dp_record_close(&w, err), 0);
+    dp_rec_t r;
+    CHECK_EQ(dp_rec_load(&r, path, err), 0);
+    CHECK_EQ(r.n, 2);
+    if (r.n == 2) {
+        CHECK_EQ(r.ev[0].account, 1);
+        CHECK_EQ(r.ev[0].env_steps, 21);
+        CHECK_EQ(r.ev[0].episodes, 3);
+        CHECK(r.ev[0].returns == sum);
+        CHECK_EQ(r.ev[1].account, 0);
+    }
+    dp_lab_conf_t back;
+    dp_lab_conf_default(&back);
+    CHECK_EQ(dp_lab_conf_from_header(&back, r.header, err), 0);
+    CHECK(back.train.a3c.env && strcmp(back.train.a3c.env, "acrobot-v1") == 0);
+    CHECK_EQ(back.train.a3c.envs, 3);
+    CHECK_EQ(back.train.a3c.t_max, 7);
+    CHECK(back.train.a3c.gamma == 0.97f && back.train.a3c.entropy == 0.03f && back.train.a3c.clip_norm == 0.5f);
+    CHECK_EQ(back.train.a3c.env_steps, 123457);
+    static const struct {
+        const char *key, *value, *want;
+    } bad[] = {{"t_max", "0", "'t_max'"}, {"envs", "1e9", "'envs'"}, {"gamma", "2", "'gamma'"},
+               {"env", "7", "'env'"}, {"env_steps", "0.5", "'env_steps'"}, {"entropy", "\"x\"", "'entropy'"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *hb = cJSON_Duplicate(r.header, 1);
+        cJSON_ReplaceItemInObjectCaseSensitive(hb, bad[i].key, cJSON_Parse(bad[i].value));
+        dp_lab_conf_default(&back);
+        err[0] = 0;
+        CHECK_EQ(dp_lab_conf_from_header(&back, hb, err), -1);
+        CHECK(strstr(err, bad[i].want) != NULL);
+        cJSON_Delete(hb);
+    }
+    dp_rec_fini(&r);
+    cJSON_Delete(h);
+}
+
+/* An actor-critic record's header is untrusted too: workers, envs and
+ * t_max each in range but together terabytes of rollouts, or an unknown
+ * environment, are refused with one line before anything is allocated. */
+static void test_replay_refuses_absurd_rl_header(void)
+{
+    char rec[300], out[300], errp[300], err[DP_ERR_LEN] = "";
+    snprintf(rec, sizeof rec, "%s/absurd-rl.rec", s_dir);
+    snprintf(out, sizeof out, "%s/absurd-rl-out", s_dir);
+    snprintf(errp, sizeof errp, "%s/absurd-rl.err", s_dir);
+    static const struct {
+        const char *env;
+        double workers;
+        const char *want;
+    } cases[] = {
+        {"cartpole-v1", 100000, "downpour replay: --env: 100000 workers x 1024 environments x 10000 steps"},
+        {"pong", 1, "downpour replay: --env 'pong': no such environment"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "model", "fc:8 tanh ac:2");
+        cJSON_AddStringToObject(h, "seed", "1");
+        cJSON_AddStringToObject(h, "mode", "async");
+        cJSON_AddNumberToObject(h, "workers", cases[i].workers);
+        cJSON_AddStringToObject(h, "env", cases[i].env);
+        cJSON_AddNumberToObject(h, "envs", 1024);
+        cJSON_AddNumberToObject(h, "t_max", 10000);
+        dp_record_t *w = NULL;
+        CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
+        cJSON_Delete(h);
+        CHECK_EQ(dp_record_close(&w, err), 0);
+        char *text = NULL;
+        int rc = s_replay_child(rec, out, errp, &text);
+        fprintf(stderr, "  (expected) status %d: %s", rc, text);
+        CHECK_EQ(rc, 1);
+        int lines = 0;
+        for (const char *c = text; *c; c++) lines += *c == '\n';
+        CHECK_EQ(lines, 1);
+        CHECK(strstr(text, cases[i].want) != NULL);
+        free(text);
+    }
+}
+
 static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st, (void)flag, (void)ftw;
@@ -745,4 +850,5 @@ DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
          T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged),
          T(test_measured_step), T(test_record_tmp_is_safe),
-         T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range))
+         T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range), T(test_record_account),
+         T(test_replay_refuses_absurd_rl_header))

@@ -360,5 +360,47 @@ static void test_churn_axis(void)
     s_set_refused("workers", "3:2", "workers");
 }
 
-DP_TESTS(T(test_defaults), T(test_model_axis), T(test_churn_axis), T(test_spellings), T(test_empty_values), T(test_duplicates),
+/* An actor-critic run's environment and RL flags are axes (env, envs,
+ * t-max, entropy, gamma, clip-norm, env-steps; grid keys with '_' too):
+ * each run's command carries them, on every kind of cluster and
+ * standalone, and no curve flags (an RL run has no test set: the
+ * simulator refuses --eval-every with --env); bad values are refused with
+ * the key's name. */
+static void test_rl_axes(void)
+{
+    dp_sweep_grid_t g;
+    char err[DP_ERR_LEN] = "";
+    int pick[DP_SWEEP_N_AXES];
+    s_two_configs(&g,
+                  "cluster = sim\nenv = cartpole-v1, acrobot-v1\nenvs = 4\nt_max = 20\nentropy = 0.001\n"
+                  "gamma = 0.95\nclip-norm = 0\nenv-steps = 3000\n",
+                  "env=acrobot-v1", pick);
+    dp_sweep_cmd_t cmd;
+    CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
+    CHECK(s_has(&cmd, "--env", "acrobot-v1") && s_has(&cmd, "--envs", "4") && s_has(&cmd, "--t-max", "20"));
+    CHECK(s_has(&cmd, "--entropy", "0.001") && s_has(&cmd, "--gamma", "0.95") &&
+          s_has(&cmd, "--clip-norm", "0") && s_has(&cmd, "--env-steps", "3000"));
+    int eval = 0;
+    for (int i = 0; i < cmd.argc; i++) eval |= strncmp(cmd.argv[i], "--eval", 6) == 0;
+    CHECK(!eval);
+    for (int k = 0; k < 2; k++) { /* local, then standalone: the same flags */
+        snprintf(g.cluster, sizeof g.cluster, "local");
+        if (k) dp_sweep_grid_set(&g, "mode", "standalone", err);
+        CHECK_EQ(dp_sweep_grid_pick(&g, 0, pick), 1);
+        CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
+        CHECK(s_has(&cmd, "--env", "cartpole-v1") && s_has(&cmd, "--t-max", "20"));
+        CHECK(k == 0 || s_has(&cmd, "--standalone", "--no-progress"));
+    }
+    dp_sweep_grid_fini(&g);
+    s_set_refused("env", "cartpole-v1, pong", "env 'pong': no such environment");
+    s_set_refused("envs", "0", "envs");
+    s_set_refused("t-max", "10001", "t-max");
+    s_set_refused("gamma", "1.5", "gamma");
+    s_set_refused("entropy", "-1", "entropy");
+    s_set_refused("clip_norm", "x", "clip-norm");
+    s_set_refused("env-steps", "0", "env-steps");
+    s_refused("env = cartpole-v1\nenv_steps = 10\nenv-steps = 20\n", "'env-steps' is given twice", 3);
+}
+
+DP_TESTS(T(test_defaults), T(test_model_axis), T(test_churn_axis), T(test_rl_axes), T(test_spellings), T(test_empty_values), T(test_duplicates),
          T(test_bad_keys_and_values), T(test_huge))

@@ -18,11 +18,14 @@
 #include "kernels/optim.h"
 #include "proto/compress.h"
 #include "server/policy.h"
+#include "worker/a3c.h"
+#include "worker/env/env.h"
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
     "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
-    "compress", "error-feedback", "model", "churn", "seed",
+    "compress", "error-feedback", "model", "churn", "env", "envs", "t-max", "entropy", "gamma",
+    "clip-norm", "env-steps", "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -202,6 +205,16 @@ static int s_check_value(int a, const char *v, char *err)
         free(m);
         return rc == 0 ? 0 : dp_err(err, "model '%s': %s", v, e);
     }
+    case DP_SWEEP_ENV: { /* the environments downpour-worker --env knows */
+        char e[DP_ERR_LEN];
+        return dp_env_find(v, e) ? 0 : dp_err(err, "env '%s': %s", v, e);
+    }
+    case DP_SWEEP_ENVS: return dp_opts_parse_long(flag, v, 1, DP_A3C_MAX_ENVS, &l, err);
+    case DP_SWEEP_T_MAX: return dp_opts_parse_long(flag, v, 1, DP_A3C_MAX_T, &l, err);
+    case DP_SWEEP_ENTROPY: return dp_opts_parse_double(flag, v, 0, 100, &d, err);
+    case DP_SWEEP_GAMMA: return dp_opts_parse_double(flag, v, 0, 1, &d, err);
+    case DP_SWEEP_CLIP_NORM: return dp_opts_parse_double(flag, v, 0, 1e9, &d, err);
+    case DP_SWEEP_ENV_STEPS: return dp_opts_parse_long(flag, v, 1, 1000000000000L, &l, err);
     case DP_SWEEP_SEED: return dp_opts_parse_u64(flag, v, &u, err);
     }
     return dp_err(err, "no axis %d", a);
@@ -315,7 +328,7 @@ int dp_sweep_grid_set(dp_sweep_grid_t *g, const char *key_in, const char *list, 
     }
     int rc = s_set_setting(g, key, list, err);
     if (rc <= 0) return rc;
-    char keys[400] = ""; /* the axes, from their one table, then the settings */
+    char keys[600] = ""; /* the axes, from their one table, then the settings */
     size_t at = 0;
     for (int a = 0; a < DP_SWEEP_N_AXES && at < sizeof keys; a++)
         at += (size_t)snprintf(keys + at, sizeof keys - at, "%s, ", s_axis[a]);
@@ -324,7 +337,7 @@ int dp_sweep_grid_set(dp_sweep_grid_t *g, const char *key_in, const char *list, 
 }
 
 typedef struct {
-    char key[24][32];  /* the keys a file has set so far */
+    char key[DP_SWEEP_N_AXES + 8][32]; /* the keys a file has set so far (axes and settings) */
     int n;
 } s_seen_t;
 
@@ -353,7 +366,7 @@ static int s_load_line(dp_sweep_grid_t *g, char *line, s_seen_t *seen, char *err
     for (int i = 0; i < seen->n; i++)
         if (strcmp(seen->key[i], key) == 0) return dp_err(err, "'%s' is given twice", p);
     if (dp_sweep_grid_set(g, p, v, err) != 0) return -1;
-    if (seen->n < 24) snprintf(seen->key[seen->n++], sizeof seen->key[0], "%s", key);
+    if (seen->n < (int)(sizeof seen->key / sizeof seen->key[0])) snprintf(seen->key[seen->n++], sizeof seen->key[0], "%s", key);
     return 0;
 }
 

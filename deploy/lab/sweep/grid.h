@@ -1,7 +1,8 @@
 /* sweep/grid: what `downpour sweep` runs — a grid of axes (mode, workers,
  * staleness bound, lr, lr policy, delay rule, delay compensation, momentum,
  * optimizer, replicas, straggler,
- * simulated compute time, simulated churn, seed), each a list of values, read from a small
+ * simulated compute time, simulated churn, an actor-critic run's
+ * environment and RL flags, seed), each a list of values, read from a small
  * text file and/or flags. A configuration is one value of every axis but the seed;
  * a run is a configuration with a seed.
  *
@@ -15,6 +16,10 @@
  *   replicas = 3                            straggler = none, 3:50
  *   compute = exp:10                        seed = 1, 2, 3
  *   workers = 2:8 (elastic)                 churn = none, kill:2 (sim)
+ *   env = cartpole-v1, acrobot-v1           envs = 1, 4
+ *   t-max = 5, 20                           entropy = 0.01, 0.001
+ *   gamma = 0.99                            clip-norm = 0, 40
+ *   env-steps = 100000
  *   cluster = local | sim                   args = --epochs 1 --batch 64
  *   eval-every = 50                         eval-limit = 2000
  *   targets = 0.80, 0.85, 0.88
@@ -47,6 +52,13 @@ typedef enum {
     DP_SWEEP_ERROR_FEEDBACK, /* --error-feedback: on | off */
     DP_SWEEP_MODEL,       /* --model: a spec or a preset (resnet20) */
     DP_SWEEP_CHURN,       /* sim: none | leave:S | kill:S (with workers = MIN:MAX) */
+    DP_SWEEP_ENV,         /* --env: an actor-critic run (cartpole-v1 | acrobot-v1) */
+    DP_SWEEP_ENVS,        /* --envs K */
+    DP_SWEEP_T_MAX,       /* --t-max T */
+    DP_SWEEP_ENTROPY,     /* --entropy */
+    DP_SWEEP_GAMMA,       /* --gamma */
+    DP_SWEEP_CLIP_NORM,   /* --clip-norm (0: off) */
+    DP_SWEEP_ENV_STEPS,   /* --env-steps: the run's budget */
     DP_SWEEP_SEED,
     DP_SWEEP_N_AXES
 } dp_sweep_axis_t;

@@ -32,11 +32,17 @@ static int s_read_summary(dp_sweep_result_t *r, const char *dir, char *err)
     if (dp_read_file(path, &buf, &len, err) != 0) return -1;
     cJSON *o = cJSON_Parse((const char *)buf);
     free(buf);
-    if (!o || !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "test_accuracy"))) {
+    r->rl = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "env"));
+    if (!o || (!r->rl && !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "test_accuracy"))) ||
+        (r->rl && !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "return_mean_100")))) {
         cJSON_Delete(o);
-        return dp_err(err, "%s: not a run summary (no test_accuracy)", path);
+        return dp_err(err, "%s: not a run summary (no test_accuracy or return_mean_100)", path);
     }
     r->test_accuracy = s_num(o, "test_accuracy", 0);
+    r->return_mean_100 = s_num(o, "return_mean_100", 0);
+    r->test_return = s_num(o, "test_return", 0);
+    r->env_steps = s_num(o, "env_steps", 0);
+    r->solved_at = s_num(o, "solved_at_env_steps", -1);
     /* Updates are optimizer steps: the final version (a sync step applies
      * several pushes at once); standalone has none, one update per step. */
     r->updates = s_num(o, "version", s_num(o, "updates_applied", 0));
@@ -227,8 +233,8 @@ int dp_sweep_read(dp_sweep_result_t *r, const char *dir, char *err)
     if (s_read_summary(r, dir, err) != 0) return -1;
     double last_push_t = 0;
     s_read_hist(r, dir, &last_push_t);
-    if (!s_read_sim(r, dir)) s_read_curve(r, dir, last_push_t);
-    if (r->n_curve == 0) s_curve_add(r, r->updates, r->wall_s, r->test_accuracy);
+    if (!r->rl && !s_read_sim(r, dir)) s_read_curve(r, dir, last_push_t);
+    if (!r->rl && r->n_curve == 0) s_curve_add(r, r->updates, r->wall_s, r->test_accuracy);
     r->ok = 1;
     return 0;
 }

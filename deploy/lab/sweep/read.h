@@ -5,7 +5,8 @@
  * seconds since the chief started); the staleness histogram from the
  * summary (the servers' counts) or else every worker's push lines. A
  * simulated run (`downpour sim`, DIR/metrics/sim.jsonl) counts simulated
- * seconds. */
+ * seconds. An actor-critic run's summary (its "env") gives its return
+ * figures instead of an accuracy, and no curve. */
 #ifndef DP_SWEEP_READ_H
 #define DP_SWEEP_READ_H
 
@@ -17,6 +18,12 @@ typedef struct {
 
 typedef struct {
     int ok;                  /* read: summary.json was there and whole */
+    int rl;                  /* an actor-critic run (summary.json's "env"): the figures below
+                              * instead of test_accuracy and the curve */
+    double return_mean_100;  /* summary.json: the run's last 100 episodes */
+    double test_return;      /* the greedy policy's at the end */
+    double env_steps;
+    double solved_at;        /* solved_at_env_steps; -1: not solved */
     double test_accuracy;    /* summary.json: final, the whole test set */
     double updates;          /* summary.json version (optimizer steps), else updates_applied */
     double wall_s;           /* summary.json wall_s */

@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,40 @@ typedef struct {
     int reached[DP_SWEEP_TARGETS];     /* seeds that reached target t */
     double t_mean[DP_SWEEP_TARGETS];   /* over those seeds */
     double u_mean[DP_SWEEP_TARGETS];
+    int rl;                            /* actor-critic runs: their return figures */
+    double ret_mean, ret_std;          /* return_mean_100 over the seeds */
+    double test_mean, test_std;        /* test_return */
+    int solved;                        /* seeds that solved the environment */
+    double solved_mean;                /* solved_at_env_steps over those */
 } s_stats_t;
+
+/* Mean and sample std (n - 1; 0 for one) of field over the runs read. */
+static void s_mean_std(const dp_sweep_config_t *c, size_t field, double *mean, double *std)
+{
+    double sum = 0, sq = 0;
+    int n = 0;
+    for (int s = 0; s < c->n_run; s++)
+        if (c->run[s].res.ok) sum += *(const double *)((const char *)&c->run[s].res + field), n++;
+    *mean = n ? sum / n : 0;
+    for (int s = 0; s < c->n_run; s++)
+        if (c->run[s].res.ok) sq += pow(*(const double *)((const char *)&c->run[s].res + field) - *mean, 2);
+    *std = n > 1 ? sqrt(sq / (n - 1)) : 0;
+}
+
+/* An actor-critic configuration's figures. */
+static void s_stats_rl(const dp_sweep_config_t *c, s_stats_t *st)
+{
+    s_mean_std(c, offsetof(dp_sweep_result_t, return_mean_100), &st->ret_mean, &st->ret_std);
+    s_mean_std(c, offsetof(dp_sweep_result_t, test_return), &st->test_mean, &st->test_std);
+    for (int s = 0; s < c->n_run; s++) {
+        const dp_sweep_result_t *r = &c->run[s].res;
+        st->rl |= r->ok && r->rl;
+        if (!r->ok || r->solved_at < 0) continue;
+        st->solved++;
+        st->solved_mean += r->solved_at;
+    }
+    if (st->solved) st->solved_mean /= st->solved;
+}
 
 static void s_stats(const dp_sweep_grid_t *g, const dp_sweep_config_t *c, s_stats_t *st)
 {
@@ -54,6 +88,7 @@ static void s_stats(const dp_sweep_grid_t *g, const dp_sweep_config_t *c, s_stat
     for (int s = 0; s < c->n_run; s++)
         if (c->run[s].res.ok) sq += pow(c->run[s].res.test_accuracy - st->acc_mean, 2);
     st->acc_std = st->n_ok > 1 ? sqrt(sq / (st->n_ok - 1)) : 0;
+    s_stats_rl(c, st);
     for (int t = 0; t < g->n_target; t++) {
         if (!st->reached[t]) continue;
         st->t_mean[t] /= st->reached[t];
@@ -74,9 +109,44 @@ static void s_cell(dp_sweep_text_t *t, const s_stats_t *st, int target, int secs
     dp_sweep_text_add(t, " |");
 }
 
+/* The runs' seeds column: how many were read, failed, not run. */
+static void s_seeds_cell(dp_sweep_text_t *t, const dp_sweep_config_t *c, const s_stats_t *s)
+{
+    dp_sweep_text_add(t, "| %s %s | %d", c->id, c->label, s->n_ok);
+    if (s->n_failed) dp_sweep_text_add(t, " (%d failed)", s->n_failed);
+    if (s->n_ok + s->n_failed < c->n_run) dp_sweep_text_add(t, " (%d not run)", c->n_run - s->n_ok - s->n_failed);
+}
+
+/* An actor-critic sweep's table: returns instead of accuracy and targets. */
+static void s_table_rl(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg, const s_stats_t *st)
+{
+    dp_sweep_text_add(t, "| config | seeds | return of the last 100 | greedy test return | solved | "
+                         "env steps to solve | staleness mean | staleness max |\n"
+                         "|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n_cfg; i++) {
+        const s_stats_t *s = &st[i];
+        s_seeds_cell(t, &cfg[i], s);
+        if (s->n_ok == 0) {
+            dp_sweep_text_add(t, " | - | - | - | - | - | - |\n");
+            continue;
+        }
+        dp_sweep_text_add(t, " | %.1f ± %.1f | %.1f ± %.1f | %d/%d |", s->ret_mean, s->ret_std, s->test_mean,
+                          s->test_std, s->solved, s->n_ok);
+        if (s->solved) dp_sweep_text_add(t, " %.0f |", s->solved_mean);
+        else dp_sweep_text_add(t, " - |");
+        dp_sweep_text_add(t, " %.2f | %.0f |\n", s->stale_mean, s->stale_max);
+    }
+}
+
 static void s_table(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg,
                     int n_cfg, const s_stats_t *st)
 {
+    int rl = 0;
+    for (int i = 0; i < n_cfg; i++) rl |= st[i].rl;
+    if (rl) {
+        s_table_rl(t, cfg, n_cfg, st);
+        return;
+    }
     dp_sweep_text_add(t, "| config | seeds | final test accuracy |");
     for (int k = 0; k < g->n_target; k++) dp_sweep_text_add(t, " s to %.0f%% |", g->target[k] * 100);
     for (int k = 0; k < g->n_target; k++) dp_sweep_text_add(t, " updates to %.0f%% |", g->target[k] * 100);
@@ -85,10 +155,7 @@ static void s_table(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sweep
     dp_sweep_text_add(t, "---|---|\n");
     for (int i = 0; i < n_cfg; i++) {
         const s_stats_t *s = &st[i];
-        dp_sweep_text_add(t, "| %s %s | %d", cfg[i].id, cfg[i].label, s->n_ok);
-        if (s->n_failed) dp_sweep_text_add(t, " (%d failed)", s->n_failed);
-        if (s->n_ok + s->n_failed < cfg[i].n_run)
-            dp_sweep_text_add(t, " (%d not run)", cfg[i].n_run - s->n_ok - s->n_failed);
+        s_seeds_cell(t, &cfg[i], s);
         if (s->n_ok == 0) {
             dp_sweep_text_add(t, " | - |");
             for (int k = 0; k < 2 * g->n_target + 2; k++) dp_sweep_text_add(t, " - |");
@@ -113,7 +180,17 @@ static void s_markdown(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sw
             dp_sweep_text_add(t, "%s%s=%s", fixed++ ? " " : "; every run with ", dp_sweep_axis_name(a),
                               g->value[a][0]);
     if (g->args) dp_sweep_text_add(t, "%s`%s`", fixed ? " " : "; every run with ", g->args);
-    dp_sweep_text_add(t, ".\n\nFinal test accuracy: the final weights on the whole test set, mean ± "
+    int rl = 0;
+    for (int i = 0; i < n_cfg; i++) rl |= st[i].rl;
+    if (rl)
+        dp_sweep_text_add(t, ".\n\nActor-critic runs (env): the return of the last 100 episodes (the run's, "
+                             "all workers') and the greedy policy's test return over 100 fresh "
+                             "episodes, mean ± sample standard deviation over the seeds; the seeds "
+                             "whose mean of the last 100 reached the environment's threshold, and the "
+                             "env step at which it first did, averaged over them. Staleness: the runs' "
+                             "summary.json, mean of the means and max of the maxima.\n\n");
+    else
+        dp_sweep_text_add(t, ".\n\nFinal test accuracy: the final weights on the whole test set, mean ± "
                          "sample standard deviation over the seeds. Seconds and updates to a target: "
                          "the first evaluation at or above it (every %ld chief steps, or updates when "
                          "simulated, on the first %d test samples; seconds from the chief's start, "
@@ -131,7 +208,10 @@ static void s_markdown(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sw
         for (int s = 0; s < cfg[i].n_run; s++) {
             const dp_sweep_seed_run_t *r = &cfg[i].run[s];
             dp_sweep_text_add(t, "- %s seed %s: `%s`", cfg[i].id, r->seed, r->dir);
-            if (r->res.ok) dp_sweep_text_add(t, " test accuracy %.4f\n", r->res.test_accuracy);
+            if (r->res.ok && r->res.rl)
+                dp_sweep_text_add(t, " return of the last 100 %.1f, test return %.1f\n", r->res.return_mean_100,
+                                  r->res.test_return);
+            else if (r->res.ok) dp_sweep_text_add(t, " test accuracy %.4f\n", r->res.test_accuracy);
             else if (r->status > 0) dp_sweep_text_add(t, " failed (exit status %d; see its run.log)\n", r->status);
             else dp_sweep_text_add(t, " not run\n");
         }
@@ -151,6 +231,14 @@ static cJSON *s_config_json(const dp_sweep_grid_t *g, const dp_sweep_config_t *c
     cJSON_AddNumberToObject(o, "final_accuracy_std", s->acc_std);
     cJSON_AddNumberToObject(o, "staleness_mean", s->stale_mean);
     cJSON_AddNumberToObject(o, "staleness_max", s->stale_max);
+    if (s->rl) {
+        cJSON_AddNumberToObject(o, "return_mean_100_mean", s->ret_mean);
+        cJSON_AddNumberToObject(o, "return_mean_100_std", s->ret_std);
+        cJSON_AddNumberToObject(o, "test_return_mean", s->test_mean);
+        cJSON_AddNumberToObject(o, "test_return_std", s->test_std);
+        cJSON_AddNumberToObject(o, "solved", s->solved);
+        if (s->solved) cJSON_AddNumberToObject(o, "solved_at_env_steps_mean", s->solved_mean);
+    }
     cJSON *targets = cJSON_AddArrayToObject(o, "targets");
     for (int t = 0; t < g->n_target; t++) {
         cJSON *x = cJSON_CreateObject();
@@ -175,6 +263,12 @@ static cJSON *s_config_json(const dp_sweep_grid_t *g, const dp_sweep_config_t *c
             cJSON_AddNumberToObject(x, "wall_s", r->res.wall_s);
             cJSON_AddNumberToObject(x, "staleness_mean", r->res.staleness_mean);
             cJSON_AddNumberToObject(x, "staleness_max", r->res.staleness_max);
+            if (r->res.rl) {
+                cJSON_AddNumberToObject(x, "env_steps", r->res.env_steps);
+                cJSON_AddNumberToObject(x, "return_mean_100", r->res.return_mean_100);
+                cJSON_AddNumberToObject(x, "test_return", r->res.test_return);
+                if (r->res.solved_at >= 0) cJSON_AddNumberToObject(x, "solved_at_env_steps", r->res.solved_at);
+            }
         }
         cJSON_AddItemToArray(runs, x);
     }

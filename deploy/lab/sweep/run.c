@@ -67,9 +67,26 @@ static int s_push_args(dp_sweep_cmd_t *c, const char *args, char *err)
     return rc;
 }
 
+/* An actor-critic run's environment and RL flags (the standalone worker,
+ * downpour local and the simulator take them alike). */
+static int s_push_rl(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pick, char *err)
+{
+    static const struct {
+        int axis;
+        const char *flag;
+    } rl[] = {{DP_SWEEP_ENV, "--env"},         {DP_SWEEP_ENVS, "--envs"},
+              {DP_SWEEP_T_MAX, "--t-max"},     {DP_SWEEP_ENTROPY, "--entropy"},
+              {DP_SWEEP_GAMMA, "--gamma"},     {DP_SWEEP_CLIP_NORM, "--clip-norm"},
+              {DP_SWEEP_ENV_STEPS, "--env-steps"}};
+    for (size_t i = 0; i < sizeof rl / sizeof rl[0]; i++)
+        if (s_push_opt(c, rl[i].flag, dp_sweep_grid_value(g, pick, rl[i].axis), err) != 0) return -1;
+    return 0;
+}
+
 /* The flags every kind of run shares: lr, momentum, optimizer, seed, the
- * curve (the standalone trainer, the servers and the simulator all take
- * --optimizer). */
+ * RL flags, the curve (the standalone trainer, the servers and the
+ * simulator all take --optimizer); an actor-critic run has no test set to
+ * evaluate, so no curve flags. */
 static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pick,
                          const char *seed, char *err)
 {
@@ -80,9 +97,9 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
         s_push_opt(c, "--momentum", dp_sweep_grid_value(g, pick, DP_SWEEP_MOMENTUM), err) ||
         s_push_opt(c, "--optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OPTIMIZER), err) ||
         s_push_opt(c, "--model", dp_sweep_grid_value(g, pick, DP_SWEEP_MODEL), err) ||
-        s_push_opt(c, "--seed", seed, err))
+        s_push_opt(c, "--seed", seed, err) || s_push_rl(c, g, pick, err))
         return -1;
-    if (g->eval_every > 0 &&
+    if (g->eval_every > 0 && !dp_sweep_grid_value(g, pick, DP_SWEEP_ENV) &&
         (s_push_opt(c, "--eval-every", every, err) || s_push_opt(c, "--eval-limit", limit, err)))
         return -1;
     return 0;

@@ -42,10 +42,12 @@ static const char s_synopsis[] =
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
 "delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
-"straggler, compute, compress, error-feedback, model, seed, cluster, args, eval-every,\n"
-"eval-limit, targets). Flags given on the command line replace the file's line. A\n"
-"model value is a spec or a preset (model = resnet20, fc:128 relu fc:10 softmax); a\n"
-"--model in args overrides it.\n"
+"straggler, compute, compress, error-feedback, model, churn, env, envs, t-max, entropy,\n"
+"gamma, clip-norm, env-steps, seed, cluster, args, eval-every, eval-limit, targets).\n"
+"Flags given on the command line replace the file's line. A model value is a spec or\n"
+"a preset (model = resnet20, fc:128 relu fc:10 softmax); a --model in args overrides\n"
+"it. With env (an actor-critic run, A3C / A2C) the table has the runs' returns\n"
+"instead of test accuracy: the last 100 episodes', the greedy test return, solved.\n"
 "\n";
 
 static const char s_epilog[] =
@@ -98,6 +100,16 @@ static dp_opts_result_t s_parse(s_flags_t *f, int argc, char **argv, char *err)
                     "model specs or presets (resnet20, 'fc:128 relu fc:10 softmax')"),
         DP_FLAG_STR("churn", "LIST", &f->axis[DP_SWEEP_CHURN], 0,
                     "sim: none, leave:S, kill:S (--churn, with workers MIN:MAX)"),
+        DP_FLAG_STR("env", "LIST", &f->axis[DP_SWEEP_ENV], 0,
+                    "actor-critic runs in cartpole-v1, acrobot-v1 (--env; no --data)"),
+        DP_FLAG_STR("envs", "LIST", &f->axis[DP_SWEEP_ENVS], 0, "with env: environments a worker (--envs)"),
+        DP_FLAG_STR("t-max", "LIST", &f->axis[DP_SWEEP_T_MAX], 0, "with env: steps a segment (--t-max)"),
+        DP_FLAG_STR("entropy", "LIST", &f->axis[DP_SWEEP_ENTROPY], 0, "with env: entropy weights (--entropy)"),
+        DP_FLAG_STR("gamma", "LIST", &f->axis[DP_SWEEP_GAMMA], 0, "with env: discounts (--gamma)"),
+        DP_FLAG_STR("clip-norm", "LIST", &f->axis[DP_SWEEP_CLIP_NORM], 0,
+                    "with env: global-norm clipping, 0 off (--clip-norm)"),
+        DP_FLAG_STR("env-steps", "LIST", &f->axis[DP_SWEEP_ENV_STEPS], 0,
+                    "with env: the run's budget in env steps (--env-steps)"),
         DP_FLAG_STR("seeds", "LIST", &f->axis[DP_SWEEP_SEED], 0, "seeds (default 1)"),
         DP_FLAG_STR("args", "FLAGS", &f->args, 0, "more flags for every run, blank-separated ('--steps 200')"),
         DP_FLAG_STR("eval-every", "N", &f->every, 0, "the chief's test evaluation every N steps (default 50; 0: end only)"),

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# test_a3c_lab: the lab with an actor-critic run (--env; deploy/lab/rl.h) —
+#  - `downpour sim --env ... --workers 1` is `downpour-worker --standalone
+#    --env ...` bit for bit: the weights, and summary.json's env account and
+#    greedy test return (the RL flags given to both reach both);
+#  - `downpour local --env ... --record` (A3C: async, 3 workers, 2 shards;
+#    and A2C: sync) replays bit for bit: every recorded norm and every
+#    push's account (env steps, episodes, their returns) matched, the same
+#    weights, the same env account and test return in summary.json;
+#    `downpour sim --env --record` replays too;
+#  - a record whose account was changed is said to differ (and where); one
+#    whose worker's segments come out of order is refused with one line,
+#    as are the simulator's flags that do not go with --env.
+source "$(dirname "$0")/lib.sh"
+
+D=$BIN/downpour
+out=$TMP/a3c-lab
+mkdir -p "$out"
+
+# The figures of two summary.json files that must agree ("same" or the two lists).
+same_account() {
+    "$TORCH_PY" - "$1" "$2" <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+keys = ["env", "env_steps", "episodes", "return_mean_100", "solved_at_env_steps", "test_return"]
+print("same" if all(k in a and a[k] == b.get(k) for k in keys) else f"{[a.get(k) for k in keys]} vs {[b.get(k) for k in keys]}")
+EOF
+}
+
+# -- sim --workers 1 is standalone -----------------------------------------------
+rl=(--envs 2 --t-max 4 --entropy 0.02 --gamma 0.95 --clip-norm 1 --env-steps 4000 --seed 5 --threads 1)
+"$BIN/downpour-worker" --standalone --env acrobot-v1 "${rl[@]}" --no-progress --summary "$out/sa.json" \
+    --save "$out/sa.safetensors" >"$out/sa.log" 2>&1
+check "standalone --env acrobot-v1 exits 0" test $? = 0
+"$D" sim --env acrobot-v1 --workers 1 "${rl[@]}" --out "$out/sim1" --json >"$out/sim1.out" 2>&1
+check "downpour sim --env acrobot-v1 --workers 1 exits 0" test $? = 0
+check "... its weights are standalone's bit for bit" cmp "$out/sa.safetensors" "$out/sim1/model.safetensors"
+s=$(same_account "$out/sa.json" "$out/sim1/summary.json")
+check "... and so are its env steps, episodes, returns and test return ($s)" test "$s" = same
+r=$(tail -1 "$out/sim1.out" | "$TORCH_PY" -c 'import json,sys; o=json.load(sys.stdin); print(o["env"], o["env_steps"], o["t_max"], "solved_at_env_steps" in o)' 2>&1)
+check "... its result line has the env account and the RL flags ($r)" test "$r" = "acrobot-v1 4000 4 True"
+
+# -- record and replay: A3C and A2C through downpour local -------------------------------
+for mode in async sync; do
+    "$D" local --env cartpole-v1 --workers 3 --ps-shards 2 --mode $mode --envs 2 --t-max 4 --env-steps 6000 \
+        --seed 4 --out "$out/$mode" --record "$out/$mode.rec" --no-progress >"$out/$mode.log" 2>&1
+    check "local --env cartpole-v1 --mode $mode --record exits 0" test $? = 0 || tail -3 "$out/$mode.log"
+    check "... each push in the record carries its segment's account" \
+        bash -c "! grep '\"e\":\"push\"' '$out/$mode.rec' | grep -vq '\"es\":8,'"
+    "$D" replay "$out/$mode.rec" --out "$out/r-$mode" --json >"$out/r-$mode.out" 2>"$out/r-$mode.err"
+    check "... replay exits 0" test $? = 0 || tail -2 "$out/r-$mode.err"
+    check "... replay: bit-identical weights" cmp "$out/$mode/model.safetensors" "$out/r-$mode/model.safetensors"
+    check "... replay: every norm and account matched" \
+        bash -c "grep -q '\"matches_record\":true' '$out/r-$mode.out' && grep -q '\"account_mismatches\":0' '$out/r-$mode.out'"
+    s=$(same_account "$out/$mode/summary.json" "$out/r-$mode/summary.json")
+    check "... replay: the run's env account and test return ($s)" test "$s" = same
+done
+
+"$D" sim --env cartpole-v1 --workers 4 --compute exp:10 --env-steps 3000 --seed 6 --out "$out/sim4" \
+    --record "$out/sim4.rec" >"$out/sim4.log" 2>&1
+check "sim --env --workers 4 --record exits 0" test $? = 0
+"$D" replay "$out/sim4.rec" --out "$out/r-sim4" --json >"$out/r-sim4.out" 2>&1
+check "... its replay is bit for bit, every norm and account matched" \
+    bash -c "cmp '$out/sim4/model.safetensors' '$out/r-sim4/model.safetensors' && grep -q '\"matches_record\":true' '$out/r-sim4.out'"
+s=$(same_account "$out/sim4/summary.json" "$out/r-sim4/summary.json")
+check "... and its summary's env account ($s)" test "$s" = same
+
+# -- records changed, bad flags ------------------------------------------------------
+# rewrite(IN OUT PYTHON-EXPR-ON-EVENT-LINES): the events changed, the footer's hash made right again
+rewrite() {
+    "$TORCH_PY" - "$@" <<'EOF'
+import json, sys
+src, dst, what = sys.argv[1:]
+lines = open(src, "rb").read().split(b"\n")[:-2]
+def fnv(data, h=0xcbf29ce484222325):
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+pushes = [i for i, l in enumerate(lines) if b'"e":"push"' in l]
+if what == "account":  # the fifth push says it ended one more episode
+    o = json.loads(lines[pushes[4]]); o["ne"] += 1; lines[pushes[4]] = json.dumps(o, separators=(",", ":")).encode()
+else:  # two of a worker's segments swapped on shard 0
+    w = [i for i in pushes if b'"s":0,' in lines[i] and b'"w":1,' in lines[i]]
+    lines[w[0]], lines[w[1]] = lines[w[1]], lines[w[0]]
+body = b"".join(l + b"\n" for l in lines)
+foot = json.dumps({"end": "downpour_record", "events": len(lines) - 1, "fnv1a": "%016x" % fnv(body)}, separators=(",", ":"))
+open(dst, "wb").write(body + foot.encode() + b"\n")
+EOF
+}
+rewrite "$out/async.rec" "$out/acct.rec" account
+"$D" replay "$out/acct.rec" --out "$out/r-acct" --json >"$out/r-acct.out" 2>"$out/r-acct.err"
+check "a record whose push claims another account: replayed, said to differ" \
+    bash -c "grep -q '\"matches_record\":false' '$out/r-acct.out' && grep -q '\"account_mismatches\":1,' '$out/r-acct.out' && grep -q 'another segment.s account' '$out/r-acct.err'"
+rewrite "$out/async.rec" "$out/order.rec" order
+"$D" replay "$out/order.rec" --out "$out/r-order" >"$out/r-order.log" 2>&1
+rc=$?
+check "a record with a worker's segments out of order: refused (status $rc) with one line" \
+    bash -c "[ $rc = 1 ] && grep -q 'rollouts cannot be recomputed' '$out/r-order.log' && [ \$(grep -c . '$out/r-order.log') = 1 ]"
+check "... and nothing written" test ! -e "$out/r-order/model.safetensors"
+
+bad() { # what, expected text, args...
+    local what=$1 want=$2
+    shift 2
+    "$D" sim "$@" >"$out/bad.log" 2>&1
+    local rc=$?
+    check "$what: refused (status $rc) with one line naming it" \
+        bash -c "[ $rc != 0 ] && grep -q -- \"$want\" '$out/bad.log' && [ \$(grep -c . '$out/bad.log') = 1 ]"
+}
+bad "sim --env with --updates" "--updates: not with --env" --env cartpole-v1 --updates 10
+bad "sim --envs without --env" "--envs is an actor-critic flag" --envs 2 --updates 10
+bad "sim --env with an elastic crew" "an --env run has a fixed crew" --env cartpole-v1 --workers 2:4
+bad "sim --env pong" "no such environment" --env pong
+finish
