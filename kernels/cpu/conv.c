@@ -191,12 +191,16 @@ static int s_is_pointwise(const dp_conv_dims_t *d)
  * most DP_SPARSE_MAX, CKK >= 64 and a SIMD path runs. */
 #define DP_SPARSE_MAX 0.4
 static double s_sparse_max = DP_SPARSE_MAX;
+/* The direct ways (below) on or off: DP_CONV_DIRECT. */
+static long s_direct = 1;
 
-/* DP_CONV_SPARSE_MAX (a fraction in [0, 1]; 0: never sparse) replaces it,
- * read by dp_kernels_env from main. */
+/* DP_CONV_SPARSE_MAX (a fraction in [0, 1]; 0: never sparse) replaces it;
+ * DP_CONV_DIRECT=0 turns the direct ways off (the ways before them, for
+ * measuring); both read by dp_kernels_env from main. */
 int dp_conv_env(char *err)
 {
-    return dp_opts_env_double("DP_CONV_SPARSE_MAX", 0, 1, &s_sparse_max, err);
+    if (dp_opts_env_double("DP_CONV_SPARSE_MAX", 0, 1, &s_sparse_max, err) != 0) return -1;
+    return dp_opts_env_long("DP_CONV_DIRECT", 0, 1, &s_direct, err);
 }
 
 /* colT rows are in "patch order" r' = (ky, kx, c), not the (c, ky, kx) of w:
@@ -232,6 +236,16 @@ static void s_unpad_hwc(float *din, const float *pin, const dp_conv_dims_t *d)
             const float *src = pin + ((size_t)(y + p) * Wp + p) * C + c;
             for (int x = 0; x < W; x++) dst[x] = src[(size_t)x * C];
         }
+}
+
+/* The geometry under which a transposed column matrix colT[P, CKK] reads
+ * like a padded HWC image to the SIMD forward: every patch one "pixel" of
+ * CKK channels, a 1x1 kernel, no pad, stride 1. */
+static dp_conv_dims_t s_colT_dims(const dp_conv_dims_t *d)
+{
+    dp_conv_dims_t t = {.B = d->B, .C = d->C * d->K * d->K, .H = d->OH, .W = d->OW,
+                        .OC = d->OC, .K = 1, .pad = 0, .stride = 1, .OH = d->OH, .OW = d->OW};
+    return t;
 }
 
 /* wp[oc, r'] = w[oc, r] (patch order), for OC rows. */
@@ -288,12 +302,59 @@ static int s_nz_build(s_nz_t *z, const float *g, int OC, int P, int by_pos)
     return k;
 }
 
+/* ---- direct backward (3x3) ------------------------------------------------
+ * A dense dout of a 3x3 convolution (resnet's body and its stride-2 ones)
+ * on a SIMD path takes no column matrix:
+ *   dw: dwq[oc, r'] += sum_p g[oc, p] X[p, r'] read in place from the padded
+ *       HWC image (conv_simd.h's dw: a tile of channels x patch columns held
+ *       in registers over all positions; the per-image GEMM had M = OC = 16
+ *       rows, too few for OpenBLAS, and wrote the CKK x P column matrix);
+ *   din, stride 1, C in the forward's channel multiple, pad <= K - 1: a
+ *       stride-1 convolution's transpose is a convolution, so din =
+ *       conv(dout padded by K - 1 - pad, wf), wf[c, oc, ky, kx] =
+ *       w[oc, c, K-1-ky, K-1-kx], through our forward kernel on a padded HWC
+ *       copy of dout (no dcol = w^T dout GEMM with inner dimension OC, no
+ *       col2im). Otherwise din is the GEMM + col2im as before.
+ * Only K = 3 takes them, so the seed CNN (5x5) keeps its bits. */
+static int s_direct_dw(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
+{
+    return s_direct && k && d->K == 3;
+}
+
+static int s_direct_din(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
+{
+    return s_direct_dw(d, k) && d->stride == 1 && d->pad <= d->K - 1 &&
+           d->C % k->oc_multiple == 0;
+}
+
+/* dout's geometry as the input of din's convolution (OH = H, OW = W). */
+static dp_conv_dims_t s_din_dims(const dp_conv_dims_t *d)
+{
+    dp_conv_dims_t t = {.B = d->B, .C = d->OC, .H = d->OH, .W = d->OW, .OC = d->C, .K = d->K,
+                        .pad = d->K - 1 - d->pad, .stride = 1, .OH = d->H, .OW = d->W};
+    return t;
+}
+
+/* wf[r'', c] = w[oc, c, K-1-ky, K-1-kx], r'' = (ky, kx, oc) the patch order
+ * of s_din_dims: the forward kernel's wt for din. */
+static void s_pack_flipped(float *wf, const float *w, const dp_conv_dims_t *d)
+{
+    int C = d->C, K = d->K, OC = d->OC;
+    for (int oc = 0; oc < OC; oc++)
+        for (int c = 0; c < C; c++)
+            for (int ky = 0; ky < K; ky++)
+                for (int kx = 0; kx < K; kx++)
+                    wf[s_patch_index(oc, ky, kx, OC, K) * C + c] =
+                        w[(((size_t)oc * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)];
+}
+
 /* Scratch floats one thread needs for the backward. */
 typedef struct {
-    size_t col, dcol, dw, db, pad, nz, total;
-} s_bw_layout_t; /* per thread: col | dcol | dw (std order) | dw (patch order) | db | pad | nz */
+    size_t col, dcol, dw, db, pad, nz, gpad, total;
+} s_bw_layout_t; /* per thread: col | dcol | dw (std order) | dw (patch order) | db | pad | nz | gpad */
 
-static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int point)
+static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int point,
+                        int ddin)
 {
     size_t CKK = (size_t)d->C * d->K * d->K, P = (size_t)d->OH * d->OW, OC = d->OC;
     L->col = point ? 0 : CKK * P;              /* col (dense) or colT (sparse) */
@@ -302,7 +363,8 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
     L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
     L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     L->nz = 2 * OC + 2 * OC * P + 2 * P + 2 * OC * P; /* s_nz_t arrays (int = float size) */
-    L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + 15) / 16 * 16;
+    L->gpad = ddin ? OC * (d->H + d->K - 1) * (d->W + d->K - 1) : 0; /* padded HWC dout */
+    L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + L->gpad + 15) / 16 * 16;
 }
 
 /* What every image of one backward call shares. */
@@ -310,9 +372,12 @@ typedef struct {
     const dp_conv_dims_t *d;
     const s_bw_layout_t *L;
     const float *w, *wp;     /* weights, in (c, ky, kx) and in patch order (sparse din) */
+    const float *wf;         /* flipped transposed weights (direct din) */
     const dp_conv_simd_t *k; /* our SIMD kernels; NULL on the generic path */
+    dp_conv_dims_t dt;       /* din's convolution (direct din) */
     int point;               /* 1x1 unpadded stride 1: no im2col */
     int sparse;              /* the sparse backward may run (SIMD kernels, CKK >= 64) */
+    int ddw, ddin;           /* the direct dw, din run (dense images) */
 } s_bw_t;
 
 /* More than `limit` non-zeros in g[0, n)? Counted in blocks, stopping as
@@ -388,8 +453,24 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
         dbp[oc] += (s0 + s1) + (s2 + s3);
     }
     if (c->sparse && s_sparse_image(c, din_b, dwq, g, src, sc)) return;
+    if (c->ddw) {
+        s_pad_hwc(pin, src, d);
+        c->k->dw(dwq, g, pin, d);
+    }
+    if (c->ddin && din_b) {
+        float *gpad = pin + c->L->pad + c->L->nz;
+        s_pad_hwc(gpad, g, &c->dt);
+        c->k->fwd(din_b, gpad, &c->dt, c->wf, NULL);
+        return;
+    }
+    if (c->ddw && !din_b) return;
     /* dense: GEMMs over the whole image */
     const float *cm = src;
+    if (c->ddw) { /* dw done: din by the GEMM + col2im */
+        dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, dcol, P);
+        s_col2im_any(din_b, dcol, P, pin, d, c->k);
+        return;
+    }
     if (!c->point) {
         s_im2col_any(col, P, pin, src, d, c->k);
         cm = col;
@@ -410,19 +491,23 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
     int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
     size_t HW = (size_t)d->H * d->W;
     int point = s_is_pointwise(d);
+    const dp_conv_simd_t *k = s_simd();
+    int ddin = din && s_direct_din(d, k);
     s_bw_layout_t L;
-    s_bw_layout(&L, d, din != NULL, point);
+    s_bw_layout(&L, d, din != NULL, point, ddin);
     int nt = dp_cpu_team((double)d->B * OC * CKK * P * (din ? 2 : 1));
     if (nt > d->B) nt = d->B;
-    /* per-thread slices, then w in patch order shared by the team */
-    float *scratch = dp_cpu_scratch(L.total * nt + (size_t)OC * CKK);
-    float *wp = scratch + L.total * nt;
+    /* per-thread slices, then w in patch order and flipped, shared by the team */
+    float *scratch = dp_cpu_scratch(L.total * nt + 2 * (size_t)OC * CKK);
+    float *wp = scratch + L.total * nt, *wf = wp + (size_t)OC * CKK;
     /* sparse needs our SIMD kernels, and a patch long enough that the
      * gathers beat the GEMM (conv1 of the default model, CKK = 25, is faster
      * dense) */
-    s_bw_t c = {.d = d, .L = &L, .w = w, .wp = wp, .k = s_simd(), .point = point};
+    s_bw_t c = {.d = d, .L = &L, .w = w, .wp = wp, .wf = wf, .k = k, .point = point,
+                .ddw = s_direct_dw(d, k), .ddin = ddin, .dt = s_din_dims(d)};
     c.sparse = c.k && !point && CKK >= 64;
     if (din && c.sparse) s_pack_patch_rows(wp, w, d);
+    if (ddin) s_pack_flipped(wf, w, d);
     int C = d->C, K = d->K;
 
 #pragma omp parallel num_threads(nt)
@@ -469,7 +554,8 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
      * pay for the transposed stores (conv1 of the default model, CKK = 25, is
      * faster through OpenBLAS) */
     const dp_conv_simd_t *k = s_simd();
-    int own = k && OC % k->oc_multiple == 0 && CKK >= 64;
+    int own = k && OC % (s_direct ? k->oc_multiple : k->oc_block) == 0 && CKK >= 64;
+    dp_conv_dims_t dc = s_colT_dims(d);
     size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     size_t nwt = own ? (size_t)CKK * OC : 0;
     size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad;
@@ -494,9 +580,15 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
             const float *src = in + (size_t)n * d->C * d->H * d->W;
             float *dst = out + (size_t)n * OC * P;
             if (own) {
+                /* the patches read in place (DP_CONV_DIRECT=0: copied into colT
+                 * first, as before: the same FMAs in the same order) */
                 s_pad_hwc(pin, src, d);
-                k->im2colT(col, pin, d);
-                k->fwd(dst, col, wt, b, P, CKK, OC);
+                if (s_direct) {
+                    k->fwd(dst, pin, d, wt, b);
+                } else {
+                    k->im2colT(col, pin, d);
+                    k->fwd(dst, col, &dc, wt, b);
+                }
                 continue;
             }
             const float *cm = src;

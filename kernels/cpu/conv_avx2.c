@@ -39,6 +39,9 @@ static const int s_tail[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0,
 #define FWD_BIG_TP 6
 #define FWD_SMALL_NV 1
 #define FWD_SMALL_TP 12
+#define FWD_ONE_TP 12
+#define DW_TO 4
+#define DW_NV 3
 #define SP_NV 4
 #define SP_NR 2
 

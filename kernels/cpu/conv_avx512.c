@@ -30,6 +30,9 @@
 #define FWD_BIG_TP 6
 #define FWD_SMALL_NV 2
 #define FWD_SMALL_TP 12
+#define FWD_ONE_TP 12
+#define DW_TO 8
+#define DW_NV 3
 #define SP_NV 2
 #define SP_NR 4
 
