@@ -160,16 +160,16 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
  * registers for the whole CKK sum: per r', NV vectors of wt and TP
  * broadcasts feed TP*NV FMAs (24 of 32 zmm registers for AVX-512, 12 of 16
  * ymm for AVX2). The tile is stored transposed (lane l of a vector to
- * out[(oc + l) * P + p]) straight into NCHW. */
+ * out[(oc + l) * ldo + p]) straight into NCHW rows ldo floats apart. */
 #define DP_FWD_GEMM(NAME, NV, TP)                                                                \
-    __attribute__((optimize("O3"))) static void NAME(float *out, const float *pin,              \
+    __attribute__((optimize("O3"))) static void NAME(float *out, size_t ldo, const float *pin,  \
                                                      const dp_conv_dims_t *d, const float *wt,   \
                                                      const float *b, int oc0)                    \
     {                                                                                            \
         int P = d->OH * d->OW, OW = d->OW, OC = d->OC, C = d->C, K = d->K, st = d->stride;       \
         int run = K * C;                                                                         \
         size_t Wp = (size_t)d->W + 2 * d->pad, rstep = Wp * C;                                  \
-        V_SCATTER_DECL(P);                                                                       \
+        V_SCATTER_DECL(ldo);                                                                     \
         V bias[NV];                                                                              \
         for (int v = 0; v < NV; v++) bias[v] = b ? V_LOAD(b + oc0 + VW * v) : V_ZERO();         \
         for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
@@ -199,7 +199,7 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
             }                                                                                    \
             for (int j = 0; j < np; j++)                                                         \
                 for (int v = 0; v < NV; v++)                                                     \
-                    V_SCATTER(out + (size_t)(oc0 + VW * v) * P + p0 + j, acc[j][v]);             \
+                    V_SCATTER(out + (size_t)(oc0 + VW * v) * ldo + p0 + j, acc[j][v]);           \
         }                                                                                        \
     }
 DP_FWD_GEMM(S(s_fwd_big), FWD_BIG_NV, FWD_BIG_TP)
@@ -212,15 +212,15 @@ DP_FWD_GEMM(S(s_fwd_one), 1, FWD_ONE_TP)
 /* out (one image) = conv via our GEMM: big channel blocks, then small ones,
  * then one-vector ones (OC a multiple of VW). Each output is one FMA chain
  * over r' whatever block it falls in, so the blocking changes no bit. */
-static void S(s_fwd)(float *out, const float *pin, const dp_conv_dims_t *d, const float *wt,
-                     const float *b)
+static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dims_t *d,
+                     const float *wt, const float *b)
 {
     int oc0 = 0, OC = d->OC;
     for (; oc0 + FWD_BIG_NV * VW <= OC; oc0 += FWD_BIG_NV * VW)
-        S(s_fwd_big)(out, pin, d, wt, b, oc0);
+        S(s_fwd_big)(out, ldo, pin, d, wt, b, oc0);
     for (; oc0 + FWD_SMALL_NV * VW <= OC; oc0 += FWD_SMALL_NV * VW)
-        S(s_fwd_small)(out, pin, d, wt, b, oc0);
-    for (; oc0 < OC; oc0 += VW) S(s_fwd_one)(out, pin, d, wt, b, oc0);
+        S(s_fwd_small)(out, ldo, pin, d, wt, b, oc0);
+    for (; oc0 < OC; oc0 += VW) S(s_fwd_one)(out, ldo, pin, d, wt, b, oc0);
 }
 
 /* ---- direct dw ------------------------------------------------------------

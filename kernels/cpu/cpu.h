@@ -33,11 +33,11 @@ void dp_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, cons
 typedef struct {
     int oc_multiple; /* fwd takes OC in multiples of this (one vector) */
     int oc_block;    /* the multiple before the one-vector block (DP_CONV_DIRECT=0) */
-    /* out (one image, NCHW) = b + w X, X the patches read in place from the
-     * padded HWC image pin of geometry d (or a colT: conv.c's s_colT_dims);
-     * wt[r', oc] in patch order */
-    void (*fwd)(float *out, const float *pin, const dp_conv_dims_t *d, const float *wt,
-                const float *b);
+    /* out (one image, NCHW, rows ldo floats apart) = b + w X, X the patches
+     * read in place from the padded HWC image pin of geometry d (or a colT:
+     * conv.c's s_colT_dims); wt[r', oc] in patch order */
+    void (*fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dims_t *d,
+                const float *wt, const float *b);
     /* dwq[oc, r'] (patch order) += sum_p g[oc, p] X[p, r'], X as for fwd */
     void (*dw)(float *dwq, const float *g, const float *pin, const dp_conv_dims_t *d);
     /* Y[i, 0:n) (+)= sum over j in [start[i], start[i] + count[i]) of

@@ -3,7 +3,9 @@
  * (1), interleaved rep by rep so that load on a shared machine falls on both
  * alike; prints the medians and their ratios. For choosing between designs
  * (kernels/cpu/conv.c), not a benchmark of record: pin it to one core
- * (taskset -c 1) and read the ratios, not the milliseconds.
+ * (taskset -c 1) and read the ratios, not the milliseconds. Times are the
+ * process's CPU time (one thread), so the waits for the core are left out,
+ * though not the caches other work on the machine takes.
  *
  *   bench_conv [-b B] [-c C] [-s H] [-o OC] [-k K] [-p PAD] [-S STRIDE] [-r REPS] */
 #include <stdio.h>
@@ -21,7 +23,7 @@
 static double s_now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); /* CPU time: a shared machine's waits left out */
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
@@ -109,7 +111,7 @@ int main(int argc, char **argv)
         }
     double m[6];
     for (int i = 0; i < 6; i++) m[i] = s_median(t + (size_t)i * reps, reps);
-    printf("B %d C %d %dx%d OC %d K %d pad %d stride %d, 1 thread, median of %d (ms):\n", d.B,
+    printf("B %d C %d %dx%d OC %d K %d pad %d stride %d, 1 thread, median of %d (CPU ms):\n", d.B,
            d.C, d.H, d.W, d.OC, d.K, d.pad, d.stride, reps);
     const char *pass[3] = {"forward", "backward", "dw, db only"};
     for (int i = 0; i < 3; i++)
