@@ -2,26 +2,36 @@
  * each thread works on whole images with its own slice of the scratch and
  * calls only single-threaded code (OpenBLAS is set to one thread, cpu.h).
  *
- * Per image b (CKK = C*K*K, P = OH*OW), four ways, picked per call or image:
- *   forward, OC in the path's channel blocks, CKK >= 64, a SIMD path:
- *     colT[P,CKK] = im2col^T(in_b) with patches in (ky, kx, c) order from a
- *     channel-last padded copy, then our own register-tiled GEMM writes out_b;
+ * Per image b (CKK = C*K*K, P = OH*OW), these ways, picked per call or image:
+ *   forward, OC a multiple of the path's vector, CKK >= 64, a SIMD path: our
+ *     own register-tiled GEMM reads the patches in place from a channel-last
+ *     padded copy of in_b (patch order (ky, kx, c): K runs of K*C floats per
+ *     patch, no column matrix) and writes out_b;
  *   forward otherwise: col[CKK,P] = im2col(in_b); out_b = w[OC,CKK] col + b
  *     (OpenBLAS sgemm);
- *   backward, dense dout: dw += dout_b col^T; dcol = w^T dout_b; din_b =
- *     col2im(dcol) (OpenBLAS);
  *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, a SIMD path:
- *     only the non-zeros are visited (see "sparse backward" below).
+ *     only the non-zeros are visited (see "sparse backward" below);
+ *   backward, dense dout, K = 3, a SIMD path (resnet's convolutions): dw
+ *     straight from the channel-last padded image, and at stride 1 (C a
+ *     multiple of the vector) din as the forward kernel run on dout with the
+ *     flipped, transposed filters (see "direct backward" below);
+ *   backward otherwise: dw += dout_b col^T; dcol = w^T dout_b; din_b =
+ *     col2im(dcol) (OpenBLAS).
  * The SIMD kernels (conv_simd.h: AVX-512 or AVX2 + FMA) are the ones isa.h
  * picked once at start; on the generic path (no AVX2, not x86, or
  * DP_CPU_ISA=generic) only the OpenBLAS ways run, with plain C around them.
- * dw and db are summed per thread, then across threads; din rows of every
- * image are overwritten. Stride-1 im2col goes through a zero-padded copy of
- * the image so rows are plain copies. Scratch grows once (dp_cpu_scratch).
+ * dw and db are summed per thread (each element one chain in image order),
+ * then across threads in thread order: the bits depend on the path and the
+ * thread count, never on scheduling. din rows of every image are
+ * overwritten. Stride-1 im2col goes through a zero-padded copy of the image
+ * so rows are plain copies. Scratch grows once (dp_cpu_scratch).
  *
  * DP_CONV_SPARSE_MAX (environment, default 0.4): the largest non-zero
  * fraction of an image's dout that takes the sparse backward; 0 turns it
- * off (for measuring). */
+ * off (for measuring). DP_CONV_DIRECT (default 1): 0 takes the ways before
+ * the direct ones (the forward through a colT copy, the 16-channel block
+ * off on avx512, the 3x3 backward through OpenBLAS), with their bits, for
+ * measuring (tests/bench/bench_conv). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
