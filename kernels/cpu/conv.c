@@ -11,7 +11,7 @@
  *     (OpenBLAS sgemm);
  *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, a SIMD path:
  *     only the non-zeros are visited (see "sparse backward" below);
- *   backward, dense dout, K = 3, a SIMD path (resnet's convolutions): dw
+ *   backward, dense dout, K = 3, CKK >= 64, a SIMD path (resnet's body): dw
  *     straight from the channel-last padded image, and at stride 1 (C a
  *     multiple of the vector) din as the forward kernel run on dout with the
  *     flipped, transposed filters (see "direct backward" below);
@@ -349,10 +349,13 @@ static int s_nz_build(s_nz_t *z, const float *g, int OC, int P, int by_pos)
  *       w[oc, c, K-1-ky, K-1-kx], through our forward kernel on a padded HWC
  *       copy of dout (no dcol = w^T dout GEMM with inner dimension OC, no
  *       col2im). Otherwise din is the GEMM + col2im as before.
- * Only K = 3 takes them, so the seed CNN (5x5) keeps its bits. */
+ * Only K = 3 takes them, so the seed CNN (5x5) keeps its bits, and only
+ * CKK >= 64: below, the patch rows (K*C = 3 or 9 floats for resnet's first
+ * convolution) fill a fraction of a vector and the GEMM was faster (0.7-0.8x
+ * its time direct, tests/bench/bench_conv). */
 static int s_direct_dw(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
 {
-    return s_direct && k && d->K == 3;
+    return s_direct && k && d->K == 3 && d->C * d->K * d->K >= 64;
 }
 
 static int s_direct_din(const dp_conv_dims_t *d, const dp_conv_simd_t *k)

@@ -230,8 +230,11 @@ static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dim
  * registers over all P positions: per position, NV loads of X and DW_TO
  * broadcasts of g feed DW_TO * NV FMAs. Columns go per patch row ky (K*C
  * contiguous floats), in blocks of DW_NV vectors, then single vectors, the
- * last one masked. Each dwq element is one FMA chain over p in order on top
- * of what it held, whatever the tile, so both widths give the same bits. */
+ * last one masked. Each dwq element gains one FMA chain over p in order,
+ * started from zero and added once per image (one chain over the whole
+ * batch, B * P terms, drifted far enough from the per-image GEMM's sums to
+ * fail test_resnet_cluster's sync == standalone comparison), whatever the
+ * tile, so both widths give the same bits. */
 #define DP_DW_TILE(NAME, NV, MASKED)                                                             \
     __attribute__((optimize("O3"))) static void NAME(float *y, size_t ldy, const float *g,      \
                                                      int nrows, const float *x0,                 \
@@ -250,8 +253,7 @@ static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dim
         }                                                                                        \
         V acc[DW_TO][NV];                                                                        \
         for (int i = 0; i < DW_TO; i++)                                                          \
-            for (int v = 0; v < NV; v++)                                                         \
-                acc[i][v] = MASKED ? V_MLOAD(m, yr[i] + v * VW) : V_LOAD(yr[i] + v * VW);        \
+            for (int v = 0; v < NV; v++) acc[i][v] = V_ZERO();                                   \
         int p = 0;                                                                               \
         for (int oy = 0; oy < d->OH; oy++) {                                                     \
             const float *x = x0 + oy * xrow;                                                     \
@@ -270,9 +272,9 @@ static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dim
         for (int i = 0; i < nrows; i++)                                                          \
             for (int v = 0; v < NV; v++) {                                                       \
                 if (MASKED)                                                                      \
-                    V_MSTORE(m, yr[i] + v * VW, acc[i][v]);                                      \
+                    V_MSTORE(m, yr[i] + v * VW, V_ADD(V_MLOAD(m, yr[i] + v * VW), acc[i][v]));   \
                 else                                                                             \
-                    V_STORE(yr[i] + v * VW, acc[i][v]);                                          \
+                    V_STORE(yr[i] + v * VW, V_ADD(V_LOAD(yr[i] + v * VW), acc[i][v]));          \
             }                                                                                    \
     }
 DP_DW_TILE(S(s_dw_block), DW_NV, 0)

@@ -185,8 +185,9 @@ static const s_conv_case_t s_conv_cases[] = {
     /* the direct 3x3 backward (conv.c): dw with patch rows of K*C = 51 and 9
      * floats (masked tails), 17 output channels (spare rows in its tiles);
      * din by the forward on dout with 24 and 16 input channels, dout of 17
-     * channels, pad 2 = K - 1 (dout unpadded); stride 2 (dw only); 512
-     * positions (the forward's outputs through its row buffer, conv.c) */
+     * channels, pad 2 = K - 1 (dout unpadded); stride 2 (dw only); 3 input
+     * channels (CKK = 27: the ways before); 512 positions (the forward's
+     * outputs through its row buffer, conv.c) */
     {5, 17, 9, 13, 24, 3, 1, 1}, {1, 24, 7, 9, 17, 3, 1, 1}, {5, 3, 13, 7, 16, 3, 1, 2},
     {1, 16, 9, 9, 17, 3, 1, 2}, {5, 24, 13, 13, 24, 3, 1, 1}, {2, 16, 8, 7, 48, 3, 2, 1},
     {1, 8, 16, 32, 24, 3, 1, 1},
@@ -395,17 +396,18 @@ static void s_conv_direct_set(const char *v)
  * forward reading patches in place gives colT's bits (same FMAs, same
  * order); the direct backward (3x3, dense dout) gives other bits on a SIMD
  * path, so it ran, and both are the reference's to the usual tolerance; the
- * seed CNN's conv2 (5x5) keeps every bit. */
+ * seed CNN's conv2 (5x5) and a 3-channel 3x3 (resnet's first) keep every bit. */
 static void s_conv_direct_vs_before(void)
 {
     const s_conv_case_t cs[] = {{3, 16, 9, 7, 32, 3, 1, 1}, {2, 24, 7, 9, 64, 3, 1, 2},
                                 {2, 16, 32, 32, 32, 3, 1, 1}, /* 1024: the row buffer */
-                                {4, 32, 14, 14, 64, 5, 2, 1}};
+                                {4, 32, 14, 14, 64, 5, 2, 1}, {2, 3, 13, 7, 16, 3, 1, 1}};
     int simd = dp_cpu_isa() != DP_CPU_ISA_GENERIC;
-    for (int ci = 0; ci < 4; ci++) {
+    for (int ci = 0; ci < 5; ci++) {
         dp_cpu_set_threads(1 + ci % 2);
         dp_conv_dims_t d = s_dims(&cs[ci]);
-        int new_dw = simd && d.K == 3, new_din = new_dw && d.stride == 1; /* C % 16 == 0 */
+        /* 3x3 with CKK >= 64 (the others have C % 16 == 0) */
+        int new_dw = simd && d.K == 3 && d.C * 9 >= 64, new_din = new_dw && d.stride == 1;
         size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
         size_t nw = (size_t)d.OC * d.C * d.K * d.K, n = nout + nin + nw + d.OC;
         float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -1, 1), *b = s_rand(d.OC, -1, 1);
