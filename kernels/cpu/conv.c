@@ -492,32 +492,26 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
         dbp[oc] += (s0 + s1) + (s2 + s3);
     }
     if (c->sparse && s_sparse_image(c, din_b, dwq, g, src, sc)) return;
+    /* dense dw: direct (3x3), or a GEMM over the whole image */
     if (c->ddw) {
         s_pad_hwc(pin, src, d);
         c->k->dw(dwq, g, pin, d);
+    } else {
+        const float *cm = src;
+        if (!c->point) {
+            s_im2col_any(col, P, pin, src, d, c->k);
+            cm = col;
+        }
+        dp_cpu_blas_sgemm(0, 1, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f, dwp, CKK);
     }
-    if (c->ddin && din_b) {
+    if (!din_b) return;
+    /* dense din: direct (3x3, stride 1), or a GEMM (then col2im) */
+    if (c->ddin) {
         float *gpad = pin + c->L->pad + c->L->nz;
         float *obuf = gpad + (size_t)OC * (d->H + d->K - 1) * (d->W + d->K - 1);
         s_pad_hwc(gpad, g, &c->dt);
         s_fwd_image(c->k, din_b, obuf, gpad, &c->dt, c->wf, NULL);
-        return;
-    }
-    if (c->ddw && !din_b) return;
-    /* dense: GEMMs over the whole image */
-    const float *cm = src;
-    if (c->ddw) { /* dw done: din by the GEMM + col2im */
-        dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, dcol, P);
-        s_col2im_any(din_b, dcol, P, pin, d, c->k);
-        return;
-    }
-    if (!c->point) {
-        s_im2col_any(col, P, pin, src, d, c->k);
-        cm = col;
-    }
-    dp_cpu_blas_sgemm(0, 1, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f, dwp, CKK);
-    if (!din_b) return;
-    if (c->point) {
+    } else if (c->point) {
         dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, din_b, P);
     } else {
         dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, dcol, P);
