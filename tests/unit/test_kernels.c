@@ -422,6 +422,12 @@ static void s_conv_direct_vs_before(void)
             CHECK_CLOSE(k ? "direct vs ref" : "before vs ref", r, ref, n, 1e-4, 1e-4);
         }
         CHECK(memcmp(res[0], res[1], nout * sizeof(float)) == 0);
+        /* the direct ways again: the same bits (no scheduling in the sums) */
+        float *again = s_nan(n);
+        dp_conv2d_forward(again, in, w, b, &d);
+        dp_conv2d_backward(again + nout, again + nout + nin, again + nout + nin + nw, g, in, w, &d);
+        CHECK(memcmp(again, res[1], n * sizeof(float)) == 0);
+        free(again);
         int same_dw = memcmp(res[0] + nout + nin, res[1] + nout + nin, nw * sizeof(float)) == 0;
         CHECK_EQ(same_dw, !new_dw);
         /* din direct only at stride 1; at stride 2 the GEMM + col2im as before */
