@@ -4,6 +4,7 @@
  *   DP_CPU_ISA            avx512|avx2|generic: force a CPU path (kernels/cpu/isa.h)
  *   DP_CONV_SPARSE_MAX    [0, 1]: the sparse convolution backward's non-zero
  *                         fraction (kernels/cpu/conv.c; default 0.4)
+ *   DP_CONV_DIRECT        0|1: the convolution's direct ways (default 1)
  * then loads OpenBLAS with the chosen path's core (kernels/cpu/blas.h: sets
  * OPENBLAS_CORETYPE for the load and puts the user's back).
  *   DP_CUDA_TF32, DP_CUDA_FIND, DP_CUDA_ALGOS, DP_CUDA_WORKSPACE_MB
@@ -18,7 +19,7 @@
 /* All of the above; -1 with err at the first bad one. */
 int dp_kernels_env(char *err);
 
-/* DP_CONV_SPARSE_MAX into the convolution (kernels/cpu/conv.c). */
+/* DP_CONV_SPARSE_MAX and DP_CONV_DIRECT into the convolution (kernels/cpu/conv.c). */
 int dp_conv_env(char *err);
 
 /* The CUDA backend's knobs, all off by default so results match the CPU

@@ -2,26 +2,36 @@
  * each thread works on whole images with its own slice of the scratch and
  * calls only single-threaded code (OpenBLAS is set to one thread, cpu.h).
  *
- * Per image b (CKK = C*K*K, P = OH*OW), four ways, picked per call or image:
- *   forward, OC in the path's channel blocks, CKK >= 64, a SIMD path:
- *     colT[P,CKK] = im2col^T(in_b) with patches in (ky, kx, c) order from a
- *     channel-last padded copy, then our own register-tiled GEMM writes out_b;
+ * Per image b (CKK = C*K*K, P = OH*OW), these ways, picked per call or image:
+ *   forward, OC a multiple of the path's vector, CKK >= 64, a SIMD path: our
+ *     own register-tiled GEMM reads the patches in place from a channel-last
+ *     padded copy of in_b (patch order (ky, kx, c): K runs of K*C floats per
+ *     patch, no column matrix) and writes out_b;
  *   forward otherwise: col[CKK,P] = im2col(in_b); out_b = w[OC,CKK] col + b
  *     (OpenBLAS sgemm);
- *   backward, dense dout: dw += dout_b col^T; dcol = w^T dout_b; din_b =
- *     col2im(dcol) (OpenBLAS);
  *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, a SIMD path:
- *     only the non-zeros are visited (see "sparse backward" below).
+ *     only the non-zeros are visited (see "sparse backward" below);
+ *   backward, dense dout, K = 3, CKK >= 64, a SIMD path (resnet's body): dw
+ *     straight from the channel-last padded image, and at stride 1 (C a
+ *     multiple of the vector) din as the forward kernel run on dout with the
+ *     flipped, transposed filters (see "direct backward" below);
+ *   backward otherwise: dw += dout_b col^T; dcol = w^T dout_b; din_b =
+ *     col2im(dcol) (OpenBLAS).
  * The SIMD kernels (conv_simd.h: AVX-512 or AVX2 + FMA) are the ones isa.h
  * picked once at start; on the generic path (no AVX2, not x86, or
  * DP_CPU_ISA=generic) only the OpenBLAS ways run, with plain C around them.
- * dw and db are summed per thread, then across threads; din rows of every
- * image are overwritten. Stride-1 im2col goes through a zero-padded copy of
- * the image so rows are plain copies. Scratch grows once (dp_cpu_scratch).
+ * dw and db are summed per thread (each element one chain in image order),
+ * then across threads in thread order: the bits depend on the path and the
+ * thread count, never on scheduling. din rows of every image are
+ * overwritten. Stride-1 im2col goes through a zero-padded copy of the image
+ * so rows are plain copies. Scratch grows once (dp_cpu_scratch).
  *
  * DP_CONV_SPARSE_MAX (environment, default 0.4): the largest non-zero
  * fraction of an image's dout that takes the sparse backward; 0 turns it
- * off (for measuring). */
+ * off (for measuring). DP_CONV_DIRECT (default 1): 0 takes the ways before
+ * the direct ones (the forward through a colT copy, the 16-channel block
+ * off on avx512, the 3x3 backward through OpenBLAS), with their bits, for
+ * measuring (tests/bench/bench_conv). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,12 +201,16 @@ static int s_is_pointwise(const dp_conv_dims_t *d)
  * most DP_SPARSE_MAX, CKK >= 64 and a SIMD path runs. */
 #define DP_SPARSE_MAX 0.4
 static double s_sparse_max = DP_SPARSE_MAX;
+/* The direct ways (below) on or off: DP_CONV_DIRECT. */
+static long s_direct = 1;
 
-/* DP_CONV_SPARSE_MAX (a fraction in [0, 1]; 0: never sparse) replaces it,
- * read by dp_kernels_env from main. */
+/* DP_CONV_SPARSE_MAX (a fraction in [0, 1]; 0: never sparse) replaces it;
+ * DP_CONV_DIRECT=0 turns the direct ways off (the ways before them, for
+ * measuring); both read by dp_kernels_env from main. */
 int dp_conv_env(char *err)
 {
-    return dp_opts_env_double("DP_CONV_SPARSE_MAX", 0, 1, &s_sparse_max, err);
+    if (dp_opts_env_double("DP_CONV_SPARSE_MAX", 0, 1, &s_sparse_max, err) != 0) return -1;
+    return dp_opts_env_long("DP_CONV_DIRECT", 0, 1, &s_direct, err);
 }
 
 /* colT rows are in "patch order" r' = (ky, kx, c), not the (c, ky, kx) of w:
@@ -232,6 +246,40 @@ static void s_unpad_hwc(float *din, const float *pin, const dp_conv_dims_t *d)
             const float *src = pin + ((size_t)(y + p) * Wp + p) * C + c;
             for (int x = 0; x < W; x++) dst[x] = src[(size_t)x * C];
         }
+}
+
+/* The geometry under which a transposed column matrix colT[P, CKK] reads
+ * like a padded HWC image to the SIMD forward: every patch one "pixel" of
+ * CKK channels, a 1x1 kernel, no pad, stride 1. */
+static dp_conv_dims_t s_colT_dims(const dp_conv_dims_t *d)
+{
+    dp_conv_dims_t t = {.B = d->B, .C = d->C * d->K * d->K, .H = d->OH, .W = d->OW,
+                        .OC = d->OC, .K = 1, .pad = 0, .stride = 1, .OH = d->OH, .OW = d->OW};
+    return t;
+}
+
+/* Output rows a multiple of 2 KB apart put the forward kernel's transposed
+ * stores (one float into each of OC rows per position) into the same few L1
+ * sets: at 32x32 (P = 1024, 4 KB) it ran 1.7x slower than at 31x31. Such
+ * images go through a buffer whose rows are 16 floats longer, copied out. */
+static size_t s_out_ld(int P)
+{
+    return P % 512 == 0 ? (size_t)P + 16 : (size_t)P;
+}
+
+/* The SIMD forward of one image into out (NCHW), through buf (OC *
+ * s_out_ld(P) floats) where s_out_ld says so. */
+static void s_fwd_image(const dp_conv_simd_t *k, float *out, float *buf, const float *pin,
+                        const dp_conv_dims_t *d, const float *wt, const float *b)
+{
+    size_t P = (size_t)d->OH * d->OW, ld = s_out_ld((int)P);
+    if (ld == P) {
+        k->fwd(out, P, pin, d, wt, b);
+        return;
+    }
+    k->fwd(buf, ld, pin, d, wt, b);
+    for (int oc = 0; oc < d->OC; oc++)
+        memcpy(out + oc * P, buf + oc * ld, P * sizeof(float));
 }
 
 /* wp[oc, r'] = w[oc, r] (patch order), for OC rows. */
@@ -288,12 +336,62 @@ static int s_nz_build(s_nz_t *z, const float *g, int OC, int P, int by_pos)
     return k;
 }
 
+/* ---- direct backward (3x3) ------------------------------------------------
+ * A dense dout of a 3x3 convolution (resnet's body and its stride-2 ones)
+ * on a SIMD path takes no column matrix:
+ *   dw: dwq[oc, r'] += sum_p g[oc, p] X[p, r'] read in place from the padded
+ *       HWC image (conv_simd.h's dw: a tile of channels x patch columns held
+ *       in registers over all positions; the per-image GEMM had M = OC = 16
+ *       rows, too few for OpenBLAS, and wrote the CKK x P column matrix);
+ *   din, stride 1, C in the forward's channel multiple, pad <= K - 1: a
+ *       stride-1 convolution's transpose is a convolution, so din =
+ *       conv(dout padded by K - 1 - pad, wf), wf[c, oc, ky, kx] =
+ *       w[oc, c, K-1-ky, K-1-kx], through our forward kernel on a padded HWC
+ *       copy of dout (no dcol = w^T dout GEMM with inner dimension OC, no
+ *       col2im). Otherwise din is the GEMM + col2im as before.
+ * Only K = 3 takes them, so the seed CNN (5x5) keeps its bits, and only
+ * CKK >= 64: below, the patch rows (K*C = 3 or 9 floats for resnet's first
+ * convolution) fill a fraction of a vector and the GEMM was faster (0.7-0.8x
+ * its time direct, tests/bench/bench_conv). */
+static int s_direct_dw(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
+{
+    return s_direct && k && d->K == 3 && d->C * d->K * d->K >= 64;
+}
+
+static int s_direct_din(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
+{
+    return s_direct_dw(d, k) && d->stride == 1 && d->pad <= d->K - 1 &&
+           d->C % k->oc_multiple == 0;
+}
+
+/* dout's geometry as the input of din's convolution (OH = H, OW = W). */
+static dp_conv_dims_t s_din_dims(const dp_conv_dims_t *d)
+{
+    dp_conv_dims_t t = {.B = d->B, .C = d->OC, .H = d->OH, .W = d->OW, .OC = d->C, .K = d->K,
+                        .pad = d->K - 1 - d->pad, .stride = 1, .OH = d->H, .OW = d->W};
+    return t;
+}
+
+/* wf[r'', c] = w[oc, c, K-1-ky, K-1-kx], r'' = (ky, kx, oc) the patch order
+ * of s_din_dims: the forward kernel's wt for din. */
+static void s_pack_flipped(float *wf, const float *w, const dp_conv_dims_t *d)
+{
+    int C = d->C, K = d->K, OC = d->OC;
+    for (int oc = 0; oc < OC; oc++)
+        for (int c = 0; c < C; c++)
+            for (int ky = 0; ky < K; ky++)
+                for (int kx = 0; kx < K; kx++)
+                    wf[s_patch_index(oc, ky, kx, OC, K) * C + c] =
+                        w[(((size_t)oc * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)];
+}
+
 /* Scratch floats one thread needs for the backward. */
 typedef struct {
-    size_t col, dcol, dw, db, pad, nz, total;
-} s_bw_layout_t; /* per thread: col | dcol | dw (std order) | dw (patch order) | db | pad | nz */
+    size_t col, dcol, dw, db, pad, nz, gpad, total;
+} s_bw_layout_t; /* per thread: col | dcol | dw (std order) | dw (patch order) | db | pad | nz | gpad */
 
-static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int point)
+static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int point,
+                        int ddin)
 {
     size_t CKK = (size_t)d->C * d->K * d->K, P = (size_t)d->OH * d->OW, OC = d->OC;
     L->col = point ? 0 : CKK * P;              /* col (dense) or colT (sparse) */
@@ -302,7 +400,10 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
     L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
     L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     L->nz = 2 * OC + 2 * OC * P + 2 * P + 2 * OC * P; /* s_nz_t arrays (int = float size) */
-    L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + 15) / 16 * 16;
+    /* padded HWC dout, then the forward's row buffer for din */
+    L->gpad = ddin ? OC * (d->H + d->K - 1) * (d->W + d->K - 1) +
+                         (size_t)d->C * s_out_ld(d->H * d->W) : 0;
+    L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + L->gpad + 15) / 16 * 16;
 }
 
 /* What every image of one backward call shares. */
@@ -310,9 +411,12 @@ typedef struct {
     const dp_conv_dims_t *d;
     const s_bw_layout_t *L;
     const float *w, *wp;     /* weights, in (c, ky, kx) and in patch order (sparse din) */
+    const float *wf;         /* flipped transposed weights (direct din) */
     const dp_conv_simd_t *k; /* our SIMD kernels; NULL on the generic path */
+    dp_conv_dims_t dt;       /* din's convolution (direct din) */
     int point;               /* 1x1 unpadded stride 1: no im2col */
     int sparse;              /* the sparse backward may run (SIMD kernels, CKK >= 64) */
+    int ddw, ddin;           /* the direct dw, din run (dense images) */
 } s_bw_t;
 
 /* More than `limit` non-zeros in g[0, n)? Counted in blocks, stopping as
@@ -388,15 +492,26 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
         dbp[oc] += (s0 + s1) + (s2 + s3);
     }
     if (c->sparse && s_sparse_image(c, din_b, dwq, g, src, sc)) return;
-    /* dense: GEMMs over the whole image */
-    const float *cm = src;
-    if (!c->point) {
-        s_im2col_any(col, P, pin, src, d, c->k);
-        cm = col;
+    /* dense dw: direct (3x3), or a GEMM over the whole image */
+    if (c->ddw) {
+        s_pad_hwc(pin, src, d);
+        c->k->dw(dwq, g, pin, d);
+    } else {
+        const float *cm = src;
+        if (!c->point) {
+            s_im2col_any(col, P, pin, src, d, c->k);
+            cm = col;
+        }
+        dp_cpu_blas_sgemm(0, 1, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f, dwp, CKK);
     }
-    dp_cpu_blas_sgemm(0, 1, OC, CKK, P, 1.0f, g, P, cm, P, 1.0f, dwp, CKK);
     if (!din_b) return;
-    if (c->point) {
+    /* dense din: direct (3x3, stride 1), or a GEMM (then col2im) */
+    if (c->ddin) {
+        float *gpad = pin + c->L->pad + c->L->nz;
+        float *obuf = gpad + (size_t)OC * (d->H + d->K - 1) * (d->W + d->K - 1);
+        s_pad_hwc(gpad, g, &c->dt);
+        s_fwd_image(c->k, din_b, obuf, gpad, &c->dt, c->wf, NULL);
+    } else if (c->point) {
         dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, din_b, P);
     } else {
         dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, dcol, P);
@@ -410,19 +525,23 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
     int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
     size_t HW = (size_t)d->H * d->W;
     int point = s_is_pointwise(d);
+    const dp_conv_simd_t *k = s_simd();
+    int ddin = din && s_direct_din(d, k);
     s_bw_layout_t L;
-    s_bw_layout(&L, d, din != NULL, point);
+    s_bw_layout(&L, d, din != NULL, point, ddin);
     int nt = dp_cpu_team((double)d->B * OC * CKK * P * (din ? 2 : 1));
     if (nt > d->B) nt = d->B;
-    /* per-thread slices, then w in patch order shared by the team */
-    float *scratch = dp_cpu_scratch(L.total * nt + (size_t)OC * CKK);
-    float *wp = scratch + L.total * nt;
+    /* per-thread slices, then w in patch order and flipped, shared by the team */
+    float *scratch = dp_cpu_scratch(L.total * nt + 2 * (size_t)OC * CKK);
+    float *wp = scratch + L.total * nt, *wf = wp + (size_t)OC * CKK;
     /* sparse needs our SIMD kernels, and a patch long enough that the
      * gathers beat the GEMM (conv1 of the default model, CKK = 25, is faster
      * dense) */
-    s_bw_t c = {.d = d, .L = &L, .w = w, .wp = wp, .k = s_simd(), .point = point};
+    s_bw_t c = {.d = d, .L = &L, .w = w, .wp = wp, .wf = wf, .k = k, .point = point,
+                .ddw = s_direct_dw(d, k), .ddin = ddin, .dt = s_din_dims(d)};
     c.sparse = c.k && !point && CKK >= 64;
     if (din && c.sparse) s_pack_patch_rows(wp, w, d);
+    if (ddin) s_pack_flipped(wf, w, d);
     int C = d->C, K = d->K;
 
 #pragma omp parallel num_threads(nt)
@@ -469,10 +588,12 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
      * pay for the transposed stores (conv1 of the default model, CKK = 25, is
      * faster through OpenBLAS) */
     const dp_conv_simd_t *k = s_simd();
-    int own = k && OC % k->oc_multiple == 0 && CKK >= 64;
+    int own = k && OC % (s_direct ? k->oc_multiple : k->oc_block) == 0 && CKK >= 64;
+    dp_conv_dims_t dc = s_colT_dims(d);
     size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     size_t nwt = own ? (size_t)CKK * OC : 0;
-    size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad;
+    size_t nbuf = own ? (size_t)OC * s_out_ld(P) : 0; /* s_fwd_image's */
+    size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad + nbuf;
     int nt = dp_cpu_team((double)d->B * OC * CKK * P);
     if (nt > d->B) nt = d->B;
     float *scratch = per || nwt ? dp_cpu_scratch(per * nt + nwt) : NULL;
@@ -488,15 +609,21 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
     {
         int t = omp_get_thread_num();
         float *col = per ? scratch + per * t : NULL;
-        float *pin = per ? col + (size_t)CKK * P : NULL;
+        float *pin = per ? col + (size_t)CKK * P : NULL, *obuf = per ? pin + npad : NULL;
 #pragma omp for schedule(static)
         for (int n = 0; n < d->B; n++) {
             const float *src = in + (size_t)n * d->C * d->H * d->W;
             float *dst = out + (size_t)n * OC * P;
             if (own) {
+                /* the patches read in place (DP_CONV_DIRECT=0: copied into colT
+                 * first, as before: the same FMAs in the same order) */
                 s_pad_hwc(pin, src, d);
-                k->im2colT(col, pin, d);
-                k->fwd(dst, col, wt, b, P, CKK, OC);
+                if (s_direct) {
+                    s_fwd_image(k, dst, obuf, pin, d, wt, b);
+                } else {
+                    k->im2colT(col, pin, d);
+                    k->fwd(dst, P, col, &dc, wt, b);
+                }
                 continue;
             }
             const float *cm = src;

@@ -1,7 +1,9 @@
 /* conv_avx2: the convolution's SIMD kernels (conv_simd.h) in AVX2 + FMA,
  * 8 floats a vector, for x86 CPUs without AVX-512 (Zen 1-3, Haswell to
  * Alder Lake). With 16 ymm registers the forward GEMM tiles are 6 positions
- * x 16 channels (12 accumulators, 2 weight vectors, 1 broadcast) and 12 x 8.
+ * x 16 channels (12 accumulators, 2 weight vectors, 1 broadcast) and 12 x 8;
+ * the direct dw's 4 channels x 24 patch floats (12 accumulators, 3 loads, 1
+ * broadcast).
  * Compiled on x86 only; conv.c calls it only where the CPU has AVX2 and FMA
  * (isa.h). */
 #if defined(__x86_64__) || defined(__i386__)
@@ -39,6 +41,9 @@ static const int s_tail[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0,
 #define FWD_BIG_TP 6
 #define FWD_SMALL_NV 1
 #define FWD_SMALL_TP 12
+#define FWD_ONE_TP 12
+#define DW_TO 4
+#define DW_NV 3
 #define SP_NV 4
 #define SP_NR 2
 

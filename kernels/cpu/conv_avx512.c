@@ -1,6 +1,8 @@
 /* conv_avx512: the convolution's SIMD kernels (conv_simd.h) in AVX-512F,
- * 16 floats a vector; the forward GEMM tiles are 6 positions x 64 channels
- * and 12 x 32. Compiled on x86 only; conv.c calls it only where the CPU has
+ * 16 floats a vector; the forward GEMM tiles are 6 positions x 64 channels,
+ * 12 x 32 and 12 x 16 (resnet's 16-channel stage: the AVX2 path's 12 x 8
+ * tile, the same macro at one vector); the direct dw's 8 channels x 48
+ * patch floats (24 accumulators). Compiled on x86 only; conv.c calls it only where the CPU has
  * AVX-512F (isa.h). */
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx512f")
@@ -30,6 +32,9 @@
 #define FWD_BIG_TP 6
 #define FWD_SMALL_NV 2
 #define FWD_SMALL_TP 12
+#define FWD_ONE_TP 12
+#define DW_TO 8
+#define DW_NV 3
 #define SP_NV 2
 #define SP_NR 4
 

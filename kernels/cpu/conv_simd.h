@@ -11,6 +11,8 @@
  *   V_SCATTER_DECL(P), V_SCATTER(base, v)  store lane l at base[l * P]
  *   S(name)             the path's name for a kernel (name ## _avx2 ...)
  *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
+ *   FWD_ONE_TP          positions of the one-vector forward tile
+ *   DW_TO, DW_NV        the direct dw's tile: DW_TO channels x DW_NV vectors
  *   SP_NV, SP_NR        the sparse products' tile: SP_NV * VW = 32 floats,
  *                       SP_NR * SP_NV = 8 FMA chains
  *
@@ -147,61 +149,157 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
     }
 }
 
-/* Forward GEMM of our own:  out[oc, p] = b[oc] + sum_r wt[r, oc] colT[p, r]
- * for channels [oc0, oc0 + NV*VW). A tile of TP positions x NV channel
- * vectors lives in registers for the whole CKK sum: per r, NV vectors of wt
- * and TP broadcasts of colT feed TP*NV FMAs (24 of 32 zmm registers for
- * AVX-512, 12 of 16 ymm for AVX2). The tile is stored transposed (lane l of a
- * vector to out[(oc + l) * P + p]) straight into NCHW. */
+/* Forward GEMM of our own, read in place from a padded HWC image (no
+ * im2col):  out[oc, p] = b[oc] + sum_r' wt[r', oc] X[p, r'] for channels
+ * [oc0, oc0 + NV*VW), X[p, r'] the patch of position p in patch order
+ * r' = (ky, kx, c): row ky of it is the K*C contiguous floats of pin at
+ * ((oy*S + ky) * Wp + ox*S) * C. A transposed column matrix colT[P, CKK] is
+ * the same thing for the geometry C = CKK, K = 1, W = OW, no pad, stride 1
+ * (conv.c's s_colT_dims), so the kernel serves both, with the same FMAs in
+ * the same order. A tile of TP positions x NV channel vectors lives in
+ * registers for the whole CKK sum: per r', NV vectors of wt and TP
+ * broadcasts feed TP*NV FMAs (24 of 32 zmm registers for AVX-512, 12 of 16
+ * ymm for AVX2). The tile is stored transposed (lane l of a vector to
+ * out[(oc + l) * ldo + p]) straight into NCHW rows ldo floats apart. */
 #define DP_FWD_GEMM(NAME, NV, TP)                                                                \
-    __attribute__((optimize("O3"))) static void NAME(float *out, const float *colT,             \
-                                                     const float *wt, const float *b, int P,     \
-                                                     int CKK, int OC, int oc0)                   \
+    __attribute__((optimize("O3"))) static void NAME(float *out, size_t ldo, const float *pin,  \
+                                                     const dp_conv_dims_t *d, const float *wt,   \
+                                                     const float *b, int oc0)                    \
     {                                                                                            \
-        V_SCATTER_DECL(P);                                                                       \
+        int P = d->OH * d->OW, OW = d->OW, OC = d->OC, C = d->C, K = d->K, st = d->stride;       \
+        int run = K * C;                                                                         \
+        size_t Wp = (size_t)d->W + 2 * d->pad, rstep = Wp * C;                                  \
+        V_SCATTER_DECL(ldo);                                                                     \
         V bias[NV];                                                                              \
         for (int v = 0; v < NV; v++) bias[v] = b ? V_LOAD(b + oc0 + VW * v) : V_ZERO();         \
         for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
             int np = P - p0 < TP ? P - p0 : TP;                                                  \
             const float *row[TP];                                                                \
-            for (int j = 0; j < TP; j++) /* spare rows of a short tile repeat the last */        \
-                row[j] = colT + (size_t)(p0 + (j < np ? j : np - 1)) * CKK;                      \
+            for (int j = 0; j < TP; j++) { /* spare rows of a short tile repeat the last */      \
+                int p = p0 + (j < np ? j : np - 1), oy = p / OW, ox = p % OW;                    \
+                row[j] = pin + ((size_t)oy * st * Wp + (size_t)ox * st) * C;                     \
+            }                                                                                    \
             V acc[TP][NV];                                                                       \
             _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                                \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[j][v] = bias[v];       \
             const float *wr = wt + oc0;                                                          \
-            for (int r = 0; r < CKK; r++, wr += OC) {                                            \
-                V wv[NV];                                                                        \
-                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) wv[v] = V_LOAD(wr + VW * v); \
-                _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                            \
-                {                                                                                \
-                    V x = V_SET1(row[j][r]);                                                     \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                         \
-                        acc[j][v] = V_FMA(x, wv[v], acc[j][v]);                                  \
+            for (int ky = 0; ky < K; ky++) {                                                     \
+                for (int r = 0; r < run; r++, wr += OC) {                                        \
+                    V wv[NV];                                                                    \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) wv[v] =                 \
+                        V_LOAD(wr + VW * v);                                                     \
+                    _Pragma("GCC unroll 12") for (int j = 0; j < TP; j++)                        \
+                    {                                                                            \
+                        V x = V_SET1(row[j][r]);                                                 \
+                        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                     \
+                            acc[j][v] = V_FMA(x, wv[v], acc[j][v]);                              \
+                    }                                                                            \
                 }                                                                                \
+                for (int j = 0; j < TP; j++) row[j] += rstep;                                    \
             }                                                                                    \
             for (int j = 0; j < np; j++)                                                         \
                 for (int v = 0; v < NV; v++)                                                     \
-                    V_SCATTER(out + (size_t)(oc0 + VW * v) * P + p0 + j, acc[j][v]);             \
+                    V_SCATTER(out + (size_t)(oc0 + VW * v) * ldo + p0 + j, acc[j][v]);           \
         }                                                                                        \
     }
 DP_FWD_GEMM(S(s_fwd_big), FWD_BIG_NV, FWD_BIG_TP)
 DP_FWD_GEMM(S(s_fwd_small), FWD_SMALL_NV, FWD_SMALL_TP)
+/* one vector of channels (16 on AVX-512, where the small block is 32: resnet's
+ * 16-channel stage); on AVX2 the small block is already one vector and this
+ * instance, the same macro at NV = 1, is never reached */
+DP_FWD_GEMM(S(s_fwd_one), 1, FWD_ONE_TP)
 
-/* out (one image) = conv via our GEMM: big channel blocks, then one small
- * block if left (OC is a multiple of the small block, the big one twice it). */
-static void S(s_fwd)(float *out, const float *colT, const float *wt, const float *b, int P,
-                     int CKK, int OC)
+/* out (one image) = conv via our GEMM: big channel blocks, then small ones,
+ * then one-vector ones (OC a multiple of VW). Each output is one FMA chain
+ * over r' whatever block it falls in, so the blocking changes no bit. */
+static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dims_t *d,
+                     const float *wt, const float *b)
 {
-    int oc0 = 0;
+    int oc0 = 0, OC = d->OC;
     for (; oc0 + FWD_BIG_NV * VW <= OC; oc0 += FWD_BIG_NV * VW)
-        S(s_fwd_big)(out, colT, wt, b, P, CKK, OC, oc0);
-    if (oc0 < OC) S(s_fwd_small)(out, colT, wt, b, P, CKK, OC, oc0);
+        S(s_fwd_big)(out, ldo, pin, d, wt, b, oc0);
+    for (; oc0 + FWD_SMALL_NV * VW <= OC; oc0 += FWD_SMALL_NV * VW)
+        S(s_fwd_small)(out, ldo, pin, d, wt, b, oc0);
+    for (; oc0 < OC; oc0 += VW) S(s_fwd_one)(out, ldo, pin, d, wt, b, oc0);
+}
+
+/* ---- direct dw ------------------------------------------------------------
+ * dwq[oc, r'] (patch order, OC x CKK) += sum_p g[oc, p] X[p, r'] for one
+ * image, X read in place from the padded HWC image as in the forward (no
+ * im2col, any stride). A tile of DW_TO channels x NV column vectors stays in
+ * registers over all P positions: per position, NV loads of X and DW_TO
+ * broadcasts of g feed DW_TO * NV FMAs. Columns go per patch row ky (K*C
+ * contiguous floats), in blocks of DW_NV vectors, then single vectors, the
+ * last one masked. Each dwq element gains one FMA chain over p in order,
+ * started from zero and added once per image (one chain over the whole
+ * batch, B * P terms, drifted far enough from the per-image GEMM's sums to
+ * fail test_resnet_cluster's sync == standalone comparison), whatever the
+ * tile, so both widths give the same bits. */
+#define DP_DW_TILE(NAME, NV, MASKED)                                                             \
+    __attribute__((optimize("O3"))) static void NAME(float *y, size_t ldy, const float *g,      \
+                                                     int nrows, const float *x0,                 \
+                                                     const dp_conv_dims_t *d, int w)             \
+    {                                                                                            \
+        int P = d->OH * d->OW, st = d->stride;                                                   \
+        size_t xrow = ((size_t)d->W + 2 * d->pad) * st * d->C, xcol = (size_t)st * d->C;         \
+        VM m = V_MASK(w < VW ? w : VW);                                                          \
+        (void)m;                                                                                 \
+        const float *gr[DW_TO];                                                                  \
+        float *yr[DW_TO];                                                                        \
+        for (int i = 0; i < DW_TO; i++) { /* spare rows repeat the last, never stored */         \
+            int k = i < nrows ? i : nrows - 1;                                                   \
+            gr[i] = g + (size_t)k * P;                                                           \
+            yr[i] = y + (size_t)k * ldy;                                                         \
+        }                                                                                        \
+        V acc[DW_TO][NV];                                                                        \
+        for (int i = 0; i < DW_TO; i++)                                                          \
+            for (int v = 0; v < NV; v++) acc[i][v] = V_ZERO();                                   \
+        int p = 0;                                                                               \
+        for (int oy = 0; oy < d->OH; oy++) {                                                     \
+            const float *x = x0 + oy * xrow;                                                     \
+            for (int ox = 0; ox < d->OW; ox++, p++, x += xcol) {                                 \
+                V xv[NV];                                                                        \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) xv[v] =                     \
+                    MASKED ? V_MLOAD(m, x + v * VW) : V_LOAD(x + v * VW);                        \
+                _Pragma("GCC unroll 8") for (int i = 0; i < DW_TO; i++)                          \
+                {                                                                                \
+                    V gv = V_SET1(gr[i][p]);                                                     \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                         \
+                        acc[i][v] = V_FMA(gv, xv[v], acc[i][v]);                                 \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int i = 0; i < nrows; i++)                                                          \
+            for (int v = 0; v < NV; v++) {                                                       \
+                if (MASKED)                                                                      \
+                    V_MSTORE(m, yr[i] + v * VW, V_ADD(V_MLOAD(m, yr[i] + v * VW), acc[i][v]));   \
+                else                                                                             \
+                    V_STORE(yr[i] + v * VW, V_ADD(V_LOAD(yr[i] + v * VW), acc[i][v]));          \
+            }                                                                                    \
+    }
+DP_DW_TILE(S(s_dw_block), DW_NV, 0)
+DP_DW_TILE(S(s_dw_vec), 1, 1)
+
+static void S(s_dw)(float *dwq, const float *g, const float *pin, const dp_conv_dims_t *d)
+{
+    int C = d->C, K = d->K, OC = d->OC, run = K * C;
+    size_t CKK = (size_t)run * K, rstep = ((size_t)d->W + 2 * d->pad) * C;
+    for (int ky = 0; ky < K; ky++)
+        for (int o0 = 0; o0 < OC; o0 += DW_TO) {
+            int nrows = OC - o0 < DW_TO ? OC - o0 : DW_TO, c0 = 0;
+            float *y = dwq + (size_t)o0 * CKK + (size_t)ky * run;
+            const float *g0 = g + (size_t)o0 * d->OH * d->OW, *x0 = pin + ky * rstep;
+            for (; c0 + DW_NV * VW <= run; c0 += DW_NV * VW)
+                S(s_dw_block)(y + c0, CKK, g0, nrows, x0 + c0, d, DW_NV * VW);
+            for (; c0 < run; c0 += VW) S(s_dw_vec)(y + c0, CKK, g0, nrows, x0 + c0, d, run - c0);
+        }
 }
 
 const dp_conv_simd_t S(dp_conv_simd) = {
-    .oc_multiple = FWD_SMALL_NV * VW,
+    .oc_multiple = VW,
+    .oc_block = FWD_SMALL_NV * VW,
     .fwd = S(s_fwd),
+    .dw = S(s_dw),
     .spmm = S(s_spmm),
     .im2colT = S(s_im2colT),
     .col2imT_row = S(s_col2imT_row),

@@ -31,10 +31,15 @@ void dp_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, cons
 /* The convolution's SIMD kernels for one instruction-set path (written once
  * in conv_simd.h, compiled per path; conv.c picks the set from isa.h). */
 typedef struct {
-    int oc_multiple; /* fwd takes OC in multiples of this */
-    /* out (one image, NCHW) = b + w colT, wt[r', oc] in patch order */
-    void (*fwd)(float *out, const float *colT, const float *wt, const float *b, int P, int CKK,
-                int OC);
+    int oc_multiple; /* fwd takes OC in multiples of this (one vector) */
+    int oc_block;    /* the multiple before the one-vector block (DP_CONV_DIRECT=0) */
+    /* out (one image, NCHW, rows ldo floats apart) = b + w X, X the patches
+     * read in place from the padded HWC image pin of geometry d (or a colT:
+     * conv.c's s_colT_dims); wt[r', oc] in patch order */
+    void (*fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dims_t *d,
+                const float *wt, const float *b);
+    /* dwq[oc, r'] (patch order) += sum_p g[oc, p] X[p, r'], X as for fwd */
+    void (*dw)(float *dwq, const float *g, const float *pin, const dp_conv_dims_t *d);
     /* Y[i, 0:n) (+)= sum over j in [start[i], start[i] + count[i]) of
      * coef[j] X[idx[j], 0:n), for rows i in [0, rows); overwritten when !accumulate */
     void (*spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,

@@ -23,6 +23,7 @@
 
 #include "common/rng.h"
 #include "common/util.h"
+#include "kernels/env.h"
 #include "kernels/ops.h"
 #include "tests/test.h"
 #include "tests/cpu_paths.h"
@@ -181,6 +182,15 @@ static const s_conv_case_t s_conv_cases[] = {
     /* din by the forward kernel on dout (stride 1, C in the channel blocks):
      * resnet20's 3x3 body convolution, unpadded, and K = 5 with pad 1 */
     {2, 16, 14, 14, 16, 3, 1, 1}, {1, 16, 9, 7, 24, 3, 0, 1}, {1, 16, 9, 7, 16, 5, 1, 1},
+    /* the direct 3x3 backward (conv.c): dw with patch rows of K*C = 51 and 9
+     * floats (masked tails), 17 output channels (spare rows in its tiles);
+     * din by the forward on dout with 24 and 16 input channels, dout of 17
+     * channels, pad 2 = K - 1 (dout unpadded); stride 2 (dw only); 3 input
+     * channels (CKK = 27: the ways before); 512 positions (the forward's
+     * outputs through its row buffer, conv.c) */
+    {5, 17, 9, 13, 24, 3, 1, 1}, {1, 24, 7, 9, 17, 3, 1, 1}, {5, 3, 13, 7, 16, 3, 1, 2},
+    {1, 16, 9, 9, 17, 3, 1, 2}, {5, 24, 13, 13, 24, 3, 1, 1}, {2, 16, 8, 7, 48, 3, 2, 1},
+    {1, 8, 16, 32, 24, 3, 1, 1},
 };
 #define N_CONV (int)(sizeof s_conv_cases / sizeof s_conv_cases[0])
 
@@ -349,10 +359,11 @@ static void test_conv_paths_bitwise_equal(void)
 {
     unsigned both = (1u << DP_CPU_ISA_AVX2) | (1u << DP_CPU_ISA_AVX512);
     if ((dp_cpu_isa_supported() & both) != both) SKIP("this CPU has no AVX-512: one SIMD path");
-    s_conv_case_t cs[] = {{8, 32, 14, 14, 64, 5, 2, 1}, {3, 3, 13, 11, 32, 5, 2, 1}};
+    s_conv_case_t cs[] = {{8, 32, 14, 14, 64, 5, 2, 1}, {3, 3, 13, 11, 32, 5, 2, 1},
+                          {4, 16, 14, 14, 16, 3, 1, 1}}; /* the direct 3x3 backward */
     dp_cpu_isa_t keep = dp_cpu_isa();
     dp_cpu_set_threads(2);
-    for (int ci = 0; ci < 2; ci++) {
+    for (int ci = 0; ci < 3; ci++) {
         dp_conv_dims_t d = s_dims(&cs[ci]);
         size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
         size_t nw = (size_t)d.OC * d.C * d.K * d.K, n = nout + nin + nw + d.OC;
@@ -370,6 +381,66 @@ static void test_conv_paths_bitwise_equal(void)
     }
     dp_cpu_isa_set(keep);
     dp_cpu_set_threads(0);
+}
+
+/* DP_CONV_DIRECT=0|1 through the kernels' env reader. */
+static void s_conv_direct_set(const char *v)
+{
+    char err[DP_ERR_LEN] = "";
+    setenv("DP_CONV_DIRECT", v, 1);
+    CHECK_EQ(dp_conv_env(err), 0);
+    unsetenv("DP_CONV_DIRECT");
+}
+
+/* The direct ways against the ones before them (DP_CONV_DIRECT=0): the
+ * forward reading patches in place gives colT's bits (same FMAs, same
+ * order); the direct backward (3x3, dense dout) gives other bits on a SIMD
+ * path, so it ran, and both are the reference's to the usual tolerance; the
+ * seed CNN's conv2 (5x5) and a 3-channel 3x3 (resnet's first) keep every bit. */
+static void s_conv_direct_vs_before(void)
+{
+    const s_conv_case_t cs[] = {{3, 16, 9, 7, 32, 3, 1, 1}, {2, 24, 7, 9, 64, 3, 1, 2},
+                                {2, 16, 32, 32, 32, 3, 1, 1}, /* 1024: the row buffer */
+                                {4, 32, 14, 14, 64, 5, 2, 1}, {2, 3, 13, 7, 16, 3, 1, 1}};
+    int simd = dp_cpu_isa() != DP_CPU_ISA_GENERIC;
+    for (int ci = 0; ci < 5; ci++) {
+        dp_cpu_set_threads(1 + ci % 2);
+        dp_conv_dims_t d = s_dims(&cs[ci]);
+        /* 3x3 with CKK >= 64 (the others have C % 16 == 0) */
+        int new_dw = simd && d.K == 3 && d.C * 9 >= 64, new_din = new_dw && d.stride == 1;
+        size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
+        size_t nw = (size_t)d.OC * d.C * d.K * d.K, n = nout + nin + nw + d.OC;
+        float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -1, 1), *b = s_rand(d.OC, -1, 1);
+        float *g = s_rand(nout, -1, 1), *ref = s_nan(n), *res[2];
+        dp_conv2d_forward_ref(ref, in, w, b, &d);
+        dp_conv2d_backward_ref(ref + nout, ref + nout + nin, ref + nout + nin + nw, g, in, w, &d);
+        for (int k = 0; k < 2; k++) {
+            s_conv_direct_set(k ? "1" : "0");
+            float *r = res[k] = s_nan(n);
+            dp_conv2d_forward(r, in, w, b, &d);
+            dp_conv2d_backward(r + nout, r + nout + nin, r + nout + nin + nw, g, in, w, &d);
+            CHECK_CLOSE(k ? "direct vs ref" : "before vs ref", r, ref, n, 1e-4, 1e-4);
+        }
+        CHECK(memcmp(res[0], res[1], nout * sizeof(float)) == 0);
+        /* the direct ways again: the same bits (no scheduling in the sums) */
+        float *again = s_nan(n);
+        dp_conv2d_forward(again, in, w, b, &d);
+        dp_conv2d_backward(again + nout, again + nout + nin, again + nout + nin + nw, g, in, w, &d);
+        CHECK(memcmp(again, res[1], n * sizeof(float)) == 0);
+        free(again);
+        int same_dw = memcmp(res[0] + nout + nin, res[1] + nout + nin, nw * sizeof(float)) == 0;
+        CHECK_EQ(same_dw, !new_dw);
+        /* din direct only at stride 1; at stride 2 the GEMM + col2im as before */
+        int same_din = memcmp(res[0] + nout, res[1] + nout, nin * sizeof(float)) == 0;
+        CHECK_EQ(same_din, !new_din);
+        free(in), free(w), free(b), free(g), free(ref), free(res[0]), free(res[1]);
+    }
+    dp_cpu_set_threads(0);
+}
+
+static void test_conv_direct_vs_before(void)
+{
+    t_each_cpu_path(s_conv_direct_vs_before);
 }
 
 /* DP_CPU_ISA: empty picks the best path the CPU has; a known path the CPU
@@ -915,7 +986,7 @@ static void test_threads(void)
 
 DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_dense),
          T(test_conv_backward_sparse), T(test_conv_default_shape),
-         T(test_conv_paths_bitwise_equal), T(test_isa_choose), T(test_isa_refused_before_main),
+         T(test_conv_paths_bitwise_equal), T(test_conv_direct_vs_before), T(test_isa_choose), T(test_isa_refused_before_main),
          T(test_fc), T(test_relu), T(test_tanh),
          T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads),
          T(test_batchnorm), T(test_shortcut), T(test_gap), T(test_dropout),
