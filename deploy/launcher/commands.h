@@ -29,5 +29,8 @@ int dp_sim_main(int argc, char **argv);
 int dp_replay_main(int argc, char **argv);
 /* `downpour sweep`: a grid of runs and its report (deploy/lab/sweep/sweep.c). */
 int dp_sweep_main(int argc, char **argv);
+/* `downpour gen-libsvm`: sparse data of known truth, libsvm text
+ * (deploy/lab/gen_libsvm.c). */
+int dp_gen_libsvm_main(int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@
  *   sim          virtual workers on a simulated clock (the lab)
  *   replay       a recorded schedule run again (the lab)
  *   sweep        a grid of runs and its report (the lab)
+ *   gen-libsvm   sparse data of known truth, as libsvm text (the lab)
  * The daemons themselves are downpour-ps and downpour-worker (see
  * deploy/README.md for many machines).
  *
@@ -47,6 +48,9 @@ static const s_command_t s_commands[] = {
     {"sim", dp_sim_main, "--workers M --compute DIST --updates N [--json]"},
     {"replay", dp_replay_main, "FILE --out DIR"},
     {"sweep", dp_sweep_main, "[--grid FILE] [--mode LIST] [--lr LIST] ... [--out DIR]"},
+    {"gen-libsvm", dp_gen_libsvm_main,
+     "--out-train FILE --out-test FILE [--samples N] [--keys K]\n"
+     "[--nnz M] [--zipf S] [--seed N] [--truth FILE]"},
 };
 #define S_NCOMMANDS (sizeof s_commands / sizeof s_commands[0])
 

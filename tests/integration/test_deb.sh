@@ -46,8 +46,8 @@ check "... a man page each" test -s "$D/opt/dp/share/man/man1/downpour-ps.1.gz" 
     -a -s "$D/opt/dp/share/man/man1/downpour-worker.1.gz" -a -s "$D/opt/dp/share/man/man1/downpour.1.gz"
 # downpour(1)'s NAME line is written from the launcher's command table
 # (downpour --summary), as its usage is: every command, the lab's included.
-check "... downpour(1) names every command, sweep and replay too" \
-    sh -c "zcat '$D/opt/dp/share/man/man1/downpour.1.gz' | sed -n '/^\.SH NAME/,/^\.SH/p' | grep -q 'bench scale, sim, replay, sweep'"
+check "... downpour(1) names every command, sweep, replay and gen-libsvm too" \
+    sh -c "zcat '$D/opt/dp/share/man/man1/downpour.1.gz' | sed -n '/^\.SH NAME/,/^\.SH/p' | grep -q 'bench scale, sim, replay, sweep, gen-libsvm'"
 check "... the units, naming PREFIX's binaries" \
     grep -q '^ExecStart=/opt/dp/bin/downpour-worker ' "$D/opt/dp/lib/systemd/system/downpour-worker@.service"
 check "... nothing outside DESTDIR/PREFIX" test "$(ls "$D")" = opt -a "$(ls "$D/opt")" = dp
