@@ -411,6 +411,48 @@ static void test_sort(void)
     }
 }
 
+/* A file from outside (tests/integration/test_libsvm.sh, on what
+ * `downpour gen-libsvm` wrote): DP_TEST_LIBSVM names it,
+ * DP_TEST_LIBSVM_SAMPLES and DP_TEST_LIBSVM_NNZ say what it must hold. Read
+ * whole with batches of 100, then counted: the same samples, each with
+ * exactly NNZ features, keys strictly ascending, labels 0/1. */
+static void test_file_from_env(void)
+{
+    const char *path = getenv("DP_TEST_LIBSVM"), *samples = getenv("DP_TEST_LIBSVM_SAMPLES"),
+               *nnz = getenv("DP_TEST_LIBSVM_NNZ");
+    if (!path || !samples || !nnz) SKIP("DP_TEST_LIBSVM, _SAMPLES and _NNZ unset (test_libsvm.sh sets them)");
+    char err[DP_ERR_LEN] = "";
+    long want_n = atol(samples), want_nnz = atol(nnz);
+    dp_libsvm_t *r;
+    CHECK_EQ(dp_libsvm_open(&r, path, (size_t)want_nnz, 0, err), 0);
+    if (!r) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    dp_libsvm_batch_t *b = dp_libsvm_batch_new(100, 100 * (size_t)want_nnz);
+    long n = 0, got, positives = 0;
+    int shape = 1;
+    while ((got = dp_libsvm_next_batch(r, b, err)) > 0) {
+        for (size_t i = 0; i < b->n; i++, n++) {
+            shape &= (long)(b->offsets[i + 1] - b->offsets[i]) == want_nnz;
+            shape &= b->labels[i] == 0 || b->labels[i] == 1;
+            positives += b->labels[i] == 1;
+            for (size_t k = b->offsets[i] + 1; k < b->offsets[i + 1]; k++) shape &= b->keys[k] > b->keys[k - 1];
+        }
+    }
+    CHECK_STR(err, "");
+    CHECK_EQ(got, 0);
+    CHECK_EQ(n, want_n);
+    CHECK(shape);
+    CHECK(positives > 0 && positives < n);
+    uint64_t count, total;
+    CHECK_EQ(dp_libsvm_count(r, &count, &total, err), 0);
+    CHECK_EQ(count, want_n);
+    CHECK_EQ(total, (uint64_t)want_n * (uint64_t)want_nnz);
+    dp_libsvm_batch_destroy(&b);
+    dp_libsvm_close(&r);
+}
+
 DP_TESTS(T(test_token_forms), T(test_labels_both_conventions), T(test_crlf), T(test_gzip),
          T(test_batch_boundaries), T(test_rewind_and_count), T(test_errors), T(test_truncated_gzip),
-         T(test_key_range), T(test_bounded_memory), T(test_sort))
+         T(test_key_range), T(test_bounded_memory), T(test_sort), T(test_file_from_env))
