@@ -10,7 +10,7 @@
 #   make deb        the same as a Debian package (installs dpkg-dev)
 #   make CUDA=0     CPU-only build (always works); CUDA is detected, never required
 #   make test SANITIZE=1   the same tests built with ASan + UBSan (under build-san/)
-#   make fuzz       the fuzzers (wire, safetensors, model, record, tfconfig) under
+#   make fuzz       the fuzzers (wire, safetensors, model, record, tfconfig, libsvm) under
 #                   libFuzzer + ASan, FUZZ_SECONDS (60) each; FUZZ_TARGETS="wire
 #                   tfconfig" runs those only
 #
@@ -322,10 +322,11 @@ test: deps-test
 #   model        the model spec parser (common/model.c)
 #   record       the record loader `downpour replay` uses (server/record.c)
 #   tfconfig     TF_CONFIG merged with the cluster flags (common/cluster.c)
+#   libsvm       the svmlight / libsvm reader, plain and gzip (common/libsvm.c)
 # clang instruments each target's parser and what it calls (FUZZ_OBJS_NAME:
 # the real sources, compiled under $(FUZZ_DIR)/obj) for coverage and ASan +
 # UBSan. `make fuzz` runs every target in FUZZ_TARGETS one after the other,
-# each for FUZZ_SECONDS (per target: 60 s x 5 targets by default), from its
+# each for FUZZ_SECONDS (per target: 60 s x 6 targets by default), from its
 # committed seed corpus tests/fuzz/corpus/NAME/ (wire's seeds are written by
 # the gcc-built fuzz_wire) plus what earlier runs found ($(FUZZ_DIR)/NAME/
 # corpus), with tests/fuzz/NAME.dict when there is one. Findings (crash-*,
@@ -334,7 +335,7 @@ test: deps-test
 # `$(FUZZ_DIR)/fuzz_NAME_lf FILE`.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= wire safetensors model record tfconfig
+FUZZ_TARGETS ?= wire safetensors model record tfconfig libsvm
 FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_CFLAGS  := -std=c11 -g -O1 -D_GNU_SOURCE -DDP_LIBFUZZER -fsanitize=fuzzer-no-link,address,undefined \
                 -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP -I. -I$(BUILD)/gen $(PKG_CFLAGS)
@@ -346,11 +347,13 @@ FUZZ_OBJS_record      := $(call fuzz_obj,server/record.c server/policy.c server/
                            kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
                            common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN))
 FUZZ_OBJS_tfconfig    := $(call fuzz_obj,common/cluster.c common/util.c)
+FUZZ_OBJS_libsvm      := $(call fuzz_obj,common/libsvm.c common/util.c)
 FUZZ_MAXLEN_wire := 4096
 FUZZ_MAXLEN_safetensors := 16384
 FUZZ_MAXLEN_model := 1030
 FUZZ_MAXLEN_record := 16384
 FUZZ_MAXLEN_tfconfig := 4096
+FUZZ_MAXLEN_libsvm := 4096
 
 $(FUZZ_DIR)/obj/%.o: %.c | $(BUILD)/gen/proto/downpour.pb-c.h $(BUILD)/gen/common/tb_event.pb-c.h
 	@mkdir -p $(dir $@)
