@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_libsvm: `downpour gen-libsvm` (sparse data of known truth) and the
+# test_gen_libsvm: `downpour gen-libsvm` (sparse data of known truth) and the
 # reader (common/libsvm.h) on what it writes:
 #  - the files hold --samples and --test-samples lines, and the reader
 #    (test_libsvm -t test_file_from_env) reads each back whole: that many

@@ -411,7 +411,7 @@ static void test_sort(void)
     }
 }
 
-/* A file from outside (tests/integration/test_libsvm.sh, on what
+/* A file from outside (tests/integration/test_gen_libsvm.sh, on what
  * `downpour gen-libsvm` wrote): DP_TEST_LIBSVM names it,
  * DP_TEST_LIBSVM_SAMPLES and DP_TEST_LIBSVM_NNZ say what it must hold. Read
  * whole with batches of 100, then counted: the same samples, each with
@@ -420,7 +420,7 @@ static void test_file_from_env(void)
 {
     const char *path = getenv("DP_TEST_LIBSVM"), *samples = getenv("DP_TEST_LIBSVM_SAMPLES"),
                *nnz = getenv("DP_TEST_LIBSVM_NNZ");
-    if (!path || !samples || !nnz) SKIP("DP_TEST_LIBSVM, _SAMPLES and _NNZ unset (test_libsvm.sh sets them)");
+    if (!path || !samples || !nnz) SKIP("DP_TEST_LIBSVM, _SAMPLES and _NNZ unset (test_gen_libsvm.sh sets them)");
     char err[DP_ERR_LEN] = "";
     long want_n = atol(samples), want_nnz = atol(nnz);
     dp_libsvm_t *r;
