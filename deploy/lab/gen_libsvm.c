@@ -8,8 +8,8 @@
  * the test file's logits and labels are kept (8 bytes a test sample) for
  * the exact AUC. Deterministic: the same flags write the same bytes (a
  * .gz name writes gzip, whose header zlib leaves without a time stamp).
- * Each file is written through common/util.h's atomic writer: a failure
- * leaves no partial file behind. */
+ * Each file is written through common/util.h's atomic writer, and all are
+ * put in place only once all are written: a failure leaves none behind. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,15 +78,12 @@ static int s_out_write(s_out_t *o, const char *data, size_t len, char *err)
     return dp_err(err, "%s: cannot write: %s", o->a.path, gzerror(o->gz, &errnum));
 }
 
-static int s_out_commit(s_out_t *o, char *err)
+/* The zlib stream ended (gzip's trailer written); the file not yet in place. */
+static int s_out_finish(s_out_t *o, char *err)
 {
     int rc = gzclose(o->gz);
     o->gz = NULL;
-    if (rc != Z_OK) {
-        dp_atomic_abort(&o->a);
-        return dp_err(err, "%s: cannot write (zlib error %d)", o->a.path, rc);
-    }
-    return dp_atomic_commit(&o->a, err);
+    return rc == Z_OK ? 0 : dp_err(err, "%s: cannot write (zlib error %d)", o->a.path, rc);
 }
 
 static void s_out_abort(s_out_t *o)
@@ -125,13 +122,11 @@ static size_t s_format(char *line, int label, const uint64_t *keys, const float 
     return (size_t)(p - line);
 }
 
-/* One file of n samples from rng. logit / label (may be NULL): each
- * sample's, for the AUC. *positives: labels 1 written. */
-static int s_write(dp_planted_t *p, dp_rng_t *rng, const char *path, long n, float *logit,
-                   float *label, long *positives, char *err)
+/* One file's n samples from rng into o (finished, not committed). logit /
+ * label (may be NULL): each sample's, for the AUC. *positives: labels 1. */
+static int s_write(dp_planted_t *p, dp_rng_t *rng, s_out_t *o, long n, float *logit, float *label,
+                   long *positives, char *err)
 {
-    s_out_t o;
-    if (s_out_open(&o, path, err) != 0) return -1;
     uint64_t *keys = dp_malloc((size_t)p->nnz * sizeof *keys);
     float *values = dp_malloc((size_t)p->nnz * sizeof *values);
     char *line = dp_malloc((size_t)p->nnz * 48 + 8);
@@ -142,19 +137,18 @@ static int s_write(dp_planted_t *p, dp_rng_t *rng, const char *path, long n, flo
         int y;
         if (dp_planted_sample(p, rng, keys, values, &z, &y, err) != 0) goto done;
         size_t len = s_format(line, y, keys, values, p->nnz, p->gauss);
-        if (s_out_write(&o, line, len, err) != 0) goto done;
+        if (s_out_write(o, line, len, err) != 0) goto done;
         *positives += y;
         if (logit) logit[i] = (float)z, label[i] = (float)y;
     }
-    rc = s_out_commit(&o, err);
+    rc = s_out_finish(o, err);
 done:
-    if (rc != 0) s_out_abort(&o);
     free(keys), free(values), free(line);
     return rc;
 }
 
-static int s_write_truth(const s_args_t *a, const dp_planted_t *p, int have_auc, double auc,
-                         long pos_train, long pos_test, char *err)
+static int s_write_truth(dp_atomic_t *out, const s_args_t *a, const dp_planted_t *p, int have_auc,
+                         double auc, long pos_train, long pos_test, char *err)
 {
     cJSON *j = cJSON_CreateObject();
     if (have_auc) cJSON_AddNumberToObject(j, "planted_test_auc", auc);
@@ -180,7 +174,7 @@ static int s_write_truth(const s_args_t *a, const dp_planted_t *p, int have_auc,
     size_t len = strlen(text);
     text = dp_realloc(text, len + 2);
     text[len] = '\n', text[len + 1] = '\0';
-    int rc = dp_write_file_atomic(a->truth, text, len + 1, err);
+    int rc = dp_atomic_write(out, text, len + 1, err);
     free(text);
     return rc;
 }
@@ -237,24 +231,35 @@ int dp_gen_libsvm_main(int argc, char **argv)
     dp_rng_t train_rng, test_rng;
     dp_rng_seed(&train_rng, dp_planted_mix(a.seed ^ 0x7472616900000004ULL));
     dp_rng_seed(&test_rng, dp_planted_mix(a.seed ^ 0x7465737400000005ULL));
+    /* Every file opened first (a bad path fails at once) and put in place
+     * only once all are written: a failure leaves none of them behind. */
+    s_out_t out[2] = {{.a = {.fd = -1}}, {.a = {.fd = -1}}};
+    dp_atomic_t truth = {.fd = -1};
     float *logit = dp_malloc((size_t)a.test_samples * sizeof *logit);
     float *label = dp_malloc((size_t)a.test_samples * sizeof *label);
     long pos_train = 0, pos_test = 0;
     double auc = 0;
     int rc = 1, have_auc = 0;
-    if (s_write(&p, &train_rng, a.train, a.samples, NULL, NULL, &pos_train, err) != 0 ||
-        s_write(&p, &test_rng, a.test, a.test_samples, logit, label, &pos_test, err) != 0)
+    if (s_out_open(&out[0], a.train, err) != 0 || s_out_open(&out[1], a.test, err) != 0 ||
+        (a.truth && dp_atomic_open(&truth, a.truth, 0644, err) != 0))
+        goto done;
+    if (s_write(&p, &train_rng, &out[0], a.samples, NULL, NULL, &pos_train, err) != 0 ||
+        s_write(&p, &test_rng, &out[1], a.test_samples, logit, label, &pos_test, err) != 0)
         goto done;
     char why[DP_ERR_LEN];
     have_auc = dp_auc(logit, label, (size_t)a.test_samples, &auc, why) == 0;
+    if (a.truth && s_write_truth(&truth, &a, &p, have_auc, auc, pos_train, pos_test, err) != 0) goto done;
+    if (dp_atomic_commit(&out[0].a, err) != 0 || dp_atomic_commit(&out[1].a, err) != 0 ||
+        (a.truth && dp_atomic_commit(&truth, err) != 0))
+        goto done;
     printf("wrote %s (%ld samples, %ld positive) and %s (%ld samples, %ld positive)\n", a.train,
            a.samples, pos_train, a.test, a.test_samples, pos_test);
     if (have_auc) printf("planted test AUC %.6f\n", auc);
     else printf("planted test AUC undefined: the test file has one class only\n");
-    if (a.truth && s_write_truth(&a, &p, have_auc, auc, pos_train, pos_test, err) != 0) goto done;
     rc = 0;
 done:
     if (rc != 0) fprintf(stderr, "downpour gen-libsvm: %s\n", err);
+    s_out_abort(&out[0]), s_out_abort(&out[1]), dp_atomic_abort(&truth); /* none after a commit */
     free(logit), free(label);
     dp_planted_fini(&p);
     return rc;

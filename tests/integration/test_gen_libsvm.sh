@@ -108,11 +108,24 @@ refused "no --out-test" "--out-train FILE and --out-test FILE are required" --ou
 refused "the same file twice" "name the same file 'x.svm'" --out-train x.svm --out-test x.svm
 refused "a stray argument" "" "${o[@]}" extra
 
-# A file that cannot be written: one line, exit 1, nothing left behind.
+# A file that cannot be written: one line, exit 1, and none of the files
+# left behind (they are put in place only once all are written).
 mkdir ro && chmod 555 ro
 if [ "$(id -u)" = 0 ]; then d=/proc/self; else d=ro; fi
+rm -f x.svm x-test.svm x.json
 $G --out-train "$d/x.svm" --out-test x-test.svm >out 2>err
 rc=$?
 check "an unwritable --out-train: exit 1, one line ($(head -c 200 err))" \
     bash -c "[ $rc = 1 ] && [ \$(wc -l <err) = 1 ] && grep -qF '$d/x.svm' err && [ ! -e x-test.svm ]"
+$G --out-train x.svm --out-test x-test.svm --truth "$d/x.json" >out 2>err
+rc=$?
+check "an unwritable --truth: exit 1, one line, no data file left ($(head -c 200 err))" \
+    bash -c "[ $rc = 1 ] && [ \$(wc -l <err) = 1 ] && grep -qF '$d/x.json' err && [ ! -e x.svm ] && [ ! -e x-test.svm ]"
+# The truth's write failing (a full disk, by util.h's hook) after both
+# data files were written: none of the three is put in place.
+DP_TEST_WRITE_FAIL=x.json $G --out-train x.svm --out-test x-test.svm --truth x.json >out 2>err
+rc=$?
+check "a write failing last: exit 1, one line, no file in place ($(head -c 200 err))" \
+    bash -c "[ $rc = 1 ] && [ \$(wc -l <err) = 1 ] && [ ! -e x.svm ] && [ ! -e x-test.svm ] && [ ! -e x.json ]"
+check "... nor a temporary file" bash -c '! ls | grep -q "\.tmp\."'
 finish
