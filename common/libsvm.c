@@ -256,9 +256,9 @@ static int s_parse_line(dp_libsvm_t *r, char *line, char *err)
     char *save = NULL;
     char *tok = strtok_r(line, s_blanks, &save);
     if (!tok) return 0;
-    char *end;
+    char *end = tok;
     double label = s_decimal(tok) ? strtod(tok, &end) : 2;
-    if (!s_decimal(tok) || *end || (label != 0 && label != 1 && label != -1)) {
+    if (*end || (label != 0 && label != 1 && label != -1)) {
         dp_err(why, "label \"%.64s\" is not 0/1 or -1/+1", tok);
         goto bad;
     }
