@@ -104,6 +104,8 @@ refused "DP_CONV_DIRECT=2: worker" "DP_CONV_DIRECT '2': expected an integer in [
 refused "DP_LOG=verbose: downpour-ps" "DP_LOG 'verbose': expected one of info|debug" \
     env DP_LOG=verbose "$PS" --bogus --ready-file "$TMP/never"
 refused "DP_LOG=verbose: downpour sim" "DP_LOG 'verbose'" env DP_LOG=verbose "$L" sim --bogus --out "$TMP/never"
+refused "DP_LOG=verbose: downpour gen-libsvm" "DP_LOG 'verbose'" \
+    env DP_LOG=verbose "$L" gen-libsvm --bogus --out-train "$TMP/never" --out-test "$TMP/never.test"
 refused "DP_CPU_ISA=bogus: downpour eval" "DP_CPU_ISA=bogus: unknown path" \
     env DP_CPU_ISA=bogus "$L" eval --bogus --checkpoint "$TMP/never"
 # The CUDA backend's knobs are checked in every build (a CPU-only one too).
@@ -137,6 +139,7 @@ helps "downpour-ps --help has --delay-lr" "threshold[:K] (skip it when tau > K x
 helps "downpour local --help passes --delay-compensation on" "--delay-compensation DC" "$L" local --help
 helps "downpour sim --help has both" "const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)" "$L" sim --help
 helps "downpour sweep --help has the delay axes" "--delay-compensation LIST" "$L" sweep --help
+helps "downpour gen-libsvm --help" "--out-train FILE" "$L" gen-libsvm --help
 # The grammar's paragraph (DP_MODEL_SPEC_HELP): the same text in the three
 # programs that take --model, and its example runs.
 grammar() { "$@" --help 2>&1 | sed -n '/^--model SPEC: /,$p'; }

@@ -108,6 +108,9 @@ refused "no --out-test" "--out-train FILE and --out-test FILE are required" --ou
 refused "the same file twice" "name the same file 'x.svm'" --out-train x.svm --out-test x.svm
 refused "a stray argument" "" "${o[@]}" extra
 
+$G --help >out 2>err
+check "--help: exit 0, the flags on stdout" bash -c "[ $? = 0 ] && grep -qF -- '--zipf S' out && [ ! -s err ]"
+
 # A file that cannot be written: one line, exit 1, and none of the files
 # left behind (they are put in place only once all are written).
 mkdir ro && chmod 555 ro
