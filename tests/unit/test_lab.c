@@ -595,6 +595,27 @@ static int s_replay_child(const char *rec, const char *out, const char *errpath,
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* A record of header h alone (taken) at rec: `downpour replay` refuses
+ * it with status 1 and one line holding want. */
+static void s_replay_refuses(const char *rec, const char *out, const char *errp, cJSON *h,
+                             const char *want)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_record_t *w = NULL;
+    CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
+    cJSON_Delete(h);
+    CHECK_EQ(dp_record_close(&w, err), 0);
+    char *text = NULL;
+    int rc = s_replay_child(rec, out, errp, &text);
+    fprintf(stderr, "  (expected) status %d: %s", rc, text);
+    CHECK_EQ(rc, 1);
+    int lines = 0;
+    for (const char *c = text; *c; c++) lines += *c == '\n';
+    CHECK_EQ(lines, 1);
+    CHECK(strstr(text, want) != NULL);
+    free(text);
+}
+
 /* A record's header is untrusted: replay takes the model and the sizes
  * from it. A model of 2^62 floats (its n_floats * 4 wraps to 0) and a
  * batch of 2^40 are one line and exit status 1. */
@@ -629,19 +650,7 @@ static void test_replay_refuses_absurd_header(void)
         cJSON_AddStringToObject(h, "seed", "1");
         cJSON_AddStringToObject(h, "mode", "async");
         cJSON_AddNumberToObject(h, "batch", cases[i].batch);
-        dp_record_t *w = NULL;
-        CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
-        cJSON_Delete(h);
-        CHECK_EQ(dp_record_close(&w, err), 0);
-        char *text = NULL;
-        int rc = s_replay_child(rec, out, errp, &text);
-        fprintf(stderr, "  (expected) status %d: %s", rc, text);
-        CHECK_EQ(rc, 1);
-        int lines = 0;
-        for (const char *c = text; *c; c++) lines += *c == '\n';
-        CHECK_EQ(lines, 1);
-        CHECK(strstr(text, cases[i].want) != NULL);
-        free(text);
+        s_replay_refuses(rec, out, errp, h, cases[i].want);
     }
 }
 
@@ -789,7 +798,7 @@ static void test_record_account(void)
  * environment, are refused with one line before anything is allocated. */
 static void test_replay_refuses_absurd_rl_header(void)
 {
-    char rec[300], out[300], errp[300], err[DP_ERR_LEN] = "";
+    char rec[300], out[300], errp[300];
     snprintf(rec, sizeof rec, "%s/absurd-rl.rec", s_dir);
     snprintf(out, sizeof out, "%s/absurd-rl-out", s_dir);
     snprintf(errp, sizeof errp, "%s/absurd-rl.err", s_dir);
@@ -810,19 +819,7 @@ static void test_replay_refuses_absurd_rl_header(void)
         cJSON_AddStringToObject(h, "env", cases[i].env);
         cJSON_AddNumberToObject(h, "envs", 1024);
         cJSON_AddNumberToObject(h, "t_max", 10000);
-        dp_record_t *w = NULL;
-        CHECK_EQ(dp_record_new(&w, rec, h, err), 0);
-        cJSON_Delete(h);
-        CHECK_EQ(dp_record_close(&w, err), 0);
-        char *text = NULL;
-        int rc = s_replay_child(rec, out, errp, &text);
-        fprintf(stderr, "  (expected) status %d: %s", rc, text);
-        CHECK_EQ(rc, 1);
-        int lines = 0;
-        for (const char *c = text; *c; c++) lines += *c == '\n';
-        CHECK_EQ(lines, 1);
-        CHECK(strstr(text, cases[i].want) != NULL);
-        free(text);
+        s_replay_refuses(rec, out, errp, h, cases[i].want);
     }
 }
 
