@@ -5,8 +5,8 @@
 #    worker's metrics end with its own
 #  - downpour replay of that record: model.safetensors bit-identical to the
 #    run's, twice; summary.json written; every recorded norm matched
-#  - a run under another schedule (a straggler) records another schedule and
-#    ends with other weights
+#  - a run with a straggler replays bit for bit too (that its schedule
+#    differs is the processes' timing, not asserted)
 #  - sync with a backup worker replays bit for bit too, and so does async
 #    with --optimizer rmsprop (its --rms-alpha and --eps from the header),
 #    and async with each --delay-lr rule and --delay-compensation (the
@@ -77,12 +77,16 @@ check "replay --data-seed 99: runs (status $rc), matches_record false" \
 check "... and warns that all $pushes pushes differ, the first at event $first" \
     grep -q "replay: $pushes push(es) differ from the record in their gradient or update norm, the first at event $first:" "$TMP/rd.err"
 
+# A straggler's schedule (worker 1 sleeping 30 ms a step) replays as
+# faithfully. (Whether it differs from the schedule above is the
+# processes' timing: under load both can come out serialized alike, so
+# that is not asserted.)
 "$D" local --workers 3 --ps-shards 2 --mode async --steps 40 "${tiny[@]}" --straggler 1:30 --out "$TMP/b" \
     --record "$TMP/b.rec" >"$TMP/b.log" 2>&1
 check "local with a straggler --record exits 0" test $? = 0
-sched() { grep '"e":"push","s":0' "$1" | "$TORCH_PY" -c 'import sys,json; print([(e["w"],e["v"]) for e in map(json.loads,sys.stdin)])'; }
-check "another schedule is recorded" bash -c "[ \"\$1\" != \"\$2\" ]" _ "$(sched "$TMP/a.rec")" "$(sched "$TMP/b.rec")"
-check "... and ends with other weights" bash -c "! cmp -s '$TMP/a/model.safetensors' '$TMP/b/model.safetensors'"
+"$D" replay "$TMP/b.rec" --out "$TMP/rb" --json >"$TMP/rb.out" 2>"$TMP/rb.err"
+check "the straggler's record replays: the same weights, every norm matched" \
+    bash -c "cmp -s '$TMP/b/model.safetensors' '$TMP/rb/model.safetensors' && grep -q '\"matches_record\":true' '$TMP/rb.out'"
 
 "$D" local --workers 3 --mode sync --replicas-to-aggregate 2 --steps 30 "${tiny[@]}" --out "$TMP/s" \
     --record "$TMP/s.rec" >"$TMP/s.log" 2>&1
