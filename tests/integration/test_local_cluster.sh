@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# dp-test: unsanitized
 # test_local_cluster: real downpour-ps and downpour-worker daemons on loopback,
 # started by `downpour local` or by hand.
 #  - sync with 2 workers at batch b == standalone at batch 2b (same samples,
@@ -14,6 +15,9 @@
 #  - a straggler (--straggler) pushes the stalest gradients
 #  - a worker with another model is refused with a clear error
 #  - the launcher leaves no process behind (success, a failed child, SIGINT)
+# Not under the sanitizers (the longest of their pass): the same daemons'
+# sync, async and ssp paths run under them in test_elastic, test_lab_cluster,
+# test_compress_cluster and test_recovery_cluster.
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
