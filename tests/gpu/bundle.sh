@@ -5,7 +5,7 @@
 # Fashion-MNIST, and no package registry to fetch them from. So this script
 # builds everything with CUDA into $BUILD (default build-gpu) and packs what
 # tests/gpu/run.sh needs into build-gpu-bundle/bundle.tar.gz:
-#   build/                 the three binaries and every test program
+#   build/                 the three binaries and tests/test_gpu_ops
 #   lib/                   shared libraries they load beyond glibc, libstdc++
 #                          and CUDA's own (the GPU machine brings those)
 #   data/fashion-mnist/    the default data set
@@ -29,10 +29,12 @@ fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/tests" "$stage/lib" "$stage/data"
+# Only what run.sh runs (the three daemons and test_gpu_ops), without their
+# debug sections: every test program with symbols is over 50 MiB, and the
+# bundle must travel inside the working tree's 64 MiB.
 cp "$BUILD/downpour" "$BUILD/downpour-ps" "$BUILD/downpour-worker" "$stage/build/"
-for t in "$BUILD"/tests/*; do
-    [ -f "$t" ] && [ -x "$t" ] && cp "$t" "$stage/build/tests/"
-done
+cp "$BUILD/tests/test_gpu_ops" "$stage/build/tests/"
+strip --strip-debug "$stage"/build/downpour* "$stage"/build/tests/*
 
 # Libraries: everything ldd resolves except the C runtime, the compiler's
 # runtime (a newer system has newer ones; an older copy would shadow them)
@@ -41,7 +43,9 @@ skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so
 # OpenBLAS is not linked but loaded by the kernels at start (dlopen of
 # kernels/cpu/blas.h's DP_CPU_BLAS_SONAME, its core pinned per ISA path), so
 # ldd does not see it: it goes along by name, with what it links.
-blas=$(ldconfig -p | awk '$1 == "libopenblas.so.0" && /x86-64/ {print $NF; exit}')
+# (awk reads to the end: an early exit would kill ldconfig with SIGPIPE,
+# which pipefail turns into this script's failure)
+blas=$(ldconfig -p | awk '$1 == "libopenblas.so.0" && /x86-64/ && !seen {print $NF; seen = 1}')
 if [ -n "$blas" ]; then
     cp -L "$blas" "$stage/lib/libopenblas.so.0"
 else

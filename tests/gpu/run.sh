@@ -15,6 +15,8 @@
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
 #             worker; summary.json's test_accuracy must exceed 0.7
+#   a3c       `downpour local --env cartpole-v1 --gpus 0,0 --env-steps 200000`:
+#             A3C with the actor-critic head on cuda:0, beside the same on cpu
 #   tboard    the cluster's TensorBoard event files read by TensorBoard itself
 #             (where python3 has it: the GPU machine does, Debian does not)
 #   psbench   1 PS + 1 GPU worker (async; overlap and shm on, then each off;
@@ -30,7 +32,7 @@
 # loss_cpu.jsonl, cluster_summary.json, bench.txt (and test_gpu_ops.fastest.log,
 # test_gpu_ops.sanitizer.log when an op test failed). Exit status non-zero when
 # any section failed. DP_GPU_BUILD=1 builds even when a bundle is there;
-# DP_GPU_SECTIONS="gpu-ops curves cluster tboard psbench bench" picks sections.
+# DP_GPU_SECTIONS="gpu-ops curves cluster a3c tboard psbench bench" picks sections.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -318,6 +320,39 @@ fi
 fi
 
 fi  # cluster
+
+# ---- a3c -------------------------------------------------------------------
+# The actor-critic head's whole path on the GPU backend (the ops alone are in
+# gpu-ops): A3C, 2 workers on cuda:0, against the same run on the CPU. On the
+# CPU 200k env steps give a last-100 mean return of 337-455 over seeds 1-5
+# (a random policy: about 22); the GPU run must learn too (> 100).
+if want a3c; then
+section a3c "downpour local --env cartpole-v1 --workers 2 --gpus 0,0 --env-steps 200000"
+if [ -n "$NODEV" ]; then
+    verdict a3c FAIL "$NODEV"
+else
+    a3c_line=
+    for dev in cuda cpu; do
+        devargs=(--workers 2); [ $dev = cuda ] && devargs=(--gpus 0,0)
+        rm -rf "$WORK/a3c-$dev"
+        t=$SECONDS
+        tmo 120 "$BIN/downpour" local --env cartpole-v1 "${devargs[@]}" --mode async \
+            --env-steps 200000 --out "$WORK/a3c-$dev" >"$WORK/a3c-$dev.log" 2>&1
+        rc=$?
+        ret=$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["return_mean_100"], d["episodes"], d["device"])' \
+            "$WORK/a3c-$dev/summary.json" 2>/dev/null || echo "-1 0 none")
+        echo "  $dev: exit $rc, $((SECONDS - t))s; return(100), episodes, device: $ret"
+        [ $dev = cuda ] && a3c_line="exit $rc; $ret"
+    done
+    set -- $a3c_line
+    if [ "$2" = "0;" ] && [ "$5" = cuda ] && "$PY" -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 100 else 1)' "$3"; then
+        verdict a3c PASS "cuda return(100) $3 over $4 episodes"
+    else
+        show "$WORK/a3c-cuda.log" 15
+        verdict a3c FAIL "cuda: $a3c_line (needs exit 0, device cuda, return(100) > 100)"
+    fi
+fi
+fi  # a3c
 
 # ---- tensorboard -----------------------------------------------------------
 if want tboard; then  # (not indented: the heredocs below end at column 0)
