@@ -292,8 +292,11 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         return 0;
     }
     if (strcmp(tok, "softmax") == 0) {
-        if (l->index == 0 || m->layers[l->index - 1].kind != DP_LAYER_FC)
-            return dp_err(err, "model spec: softmax must follow a fully connected layer");
+        /* right after an embedding its D outputs are the logits */
+        int after_embed = l->index == 0 && m->embed_dim > 0;
+        if (!after_embed && (l->index == 0 || m->layers[l->index - 1].kind != DP_LAYER_FC))
+            return dp_err(err, "model spec: softmax must follow a fully connected layer (or "
+                          "embed:D, as in 'embed:2 softmax')");
         if (n->in_block) return dp_err(err, "model spec: softmax inside a res block");
         l->kind = DP_LAYER_SOFTMAX;
         snprintf(l->name, sizeof l->name, "softmax");
@@ -303,7 +306,7 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         return 0;
     }
     return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, tanh, "
-                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A)", tok);
+                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A, embed:D first)", tok);
 }
 
 /* Hash of what makes two models interchangeable on the wire: the canonical
@@ -661,6 +664,37 @@ static int s_close_block(dp_model_t *m, s_block_t *bk, s_count_t *n, char *err)
     return 0;
 }
 
+/* "embed:D" as the spec's first token: the layers after it read the
+ * embedding's D x 1 x 1 output, whatever input shape the caller gave. */
+static int s_embed(dp_model_t *m, const char *tok, int first, char *err)
+{
+    const char *p = tok + 5;
+    int d = 0;
+    if (*p++ != ':' || s_int(&p, 1, DP_MODEL_MAX_EMBED, &d) != 0 || *p)
+        return dp_err(err, "model spec: bad embedding '%s' (expected embed:D, D in 1..%d floats "
+                      "a row)", tok, DP_MODEL_MAX_EMBED);
+    if (!first)
+        return dp_err(err, "model spec: '%s' must be the first token (the embedding turns the "
+                      "sample's sparse features into the input of the layers after it)", tok);
+    m->embed_dim = d;
+    m->in_c = d;
+    m->in_h = m->in_w = 1;
+    return 0;
+}
+
+/* What may follow an embedding: layers of D features (no image layers,
+ * no blocks, no actor-critic head: its data are libsvm samples). */
+static int s_dense_only(const dp_model_t *m, const char *t, char *err)
+{
+    static const char *image[] = {"conv", "maxpool", "gap", "res", "(", ")", "ac"};
+    for (size_t k = 0; m->embed_dim > 0 && k < sizeof image / sizeof image[0]; k++)
+        if (strncmp(t, image[k], strlen(image[k])) == 0)
+            return dp_err(err, "model spec: '%s' after embed:%d (the embedding gives %d features: "
+                          "fc, relu, tanh, bn, dropout and softmax may follow it)", t,
+                          m->embed_dim, m->embed_dim);
+    return 0;
+}
+
 static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
 {
     s_count_t count;
@@ -673,6 +707,11 @@ static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
     memset(&bk, 0, sizeof bk);
     for (int i = 0; i < ntok; i++) {
         const char *t = tok[i];
+        if (strncmp(t, "embed", 5) == 0 && (t[5] == 0 || t[5] == ':')) {
+            if (s_embed(m, t, i == 0, err) != 0) return -1;
+            continue;
+        }
+        if (s_dense_only(m, t, err) != 0) return -1;
         const dp_layer_t *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
         if (prev && (prev->kind == DP_LAYER_SOFTMAX || prev->kind == DP_LAYER_AC))
             return dp_err(err, "model spec: '%s' after %s (it must be last)", t,
@@ -732,12 +771,17 @@ static int s_parse_grammar(dp_model_t *m, const char *text, char *canon, char *e
     free(tok);
     free(buf);
     if (rc != 0) return -1;
+    if (m->n_layers == 0 && m->embed_dim > 0)
+        return dp_err(err, "model spec: embed:%d needs layers after it, ending in softmax (e.g. "
+                      "'embed:2 softmax')", m->embed_dim);
     if (m->n_layers == 0) return dp_err(err, "model spec: empty");
     if (dp_model_is_ac(m)) return 0;
     if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
         return dp_err(err, "model spec: must end with 'fc:CLASSES softmax' (or an actor-critic "
                       "head, ac)");
-    if (m->classes < 2) return dp_err(err, "model spec: the last fc layer needs at least 2 outputs");
+    if (m->classes < 2)
+        return dp_err(err, "model spec: the last fc layer (or embed:D before softmax) needs at "
+                      "least 2 outputs");
     return 0;
 }
 

@@ -32,6 +32,18 @@
  *   fc:OUT                       fully connected; flattens C,H,W first
  *   tanh                         elementwise tanh
  *   softmax                      last layer: softmax + cross-entropy loss
+ *   embed:D                      first token only: a sparse model's embedding
+ *                                (kernels/embed.h): the sample's feature keys
+ *                                looked up in a row table of width D, weighted
+ *                                by the features' values and summed (PyTorch's
+ *                                EmbeddingBag, mode sum, per_sample_weights).
+ *                                No dense parameters (the rows live in the
+ *                                table, not in the flat vector): the layers
+ *                                after it see an input of D x 1 x 1, whatever
+ *                                shape dp_model_parse is given, and may be fc,
+ *                                relu, tanh, bn, dropout and softmax (which may
+ *                                follow it directly: "embed:2 softmax" is
+ *                                logistic regression, the D outputs its logits)
  *   ac:A                         last layer, instead of softmax: an actor-critic
  *                                head of A actions on the trunk before it (any
  *                                layers): a policy fc:A (softmax over the
@@ -85,6 +97,9 @@
 /* 2^32 floats (16 GiB of float32): far above any model this trains
  * (ResNet-110 has 1.7 M parameters, VGG-16 138 M), far below a wrap. */
 #define DP_MODEL_MAX_FLOATS ((size_t)1 << 32)
+/* The widest embedding (embed:D): D at most, the row table's own bound
+ * (server/rows.h's DP_ROWS_MAX_WIDTH, kernels/embed.h's DP_EMBED_MAX_DIM). */
+#define DP_MODEL_MAX_EMBED 4096
 /* Actions of an actor-critic head (ac:A): 2 .. this. */
 #define DP_MODEL_MAX_ACTIONS 64
 #define DP_MODEL_DEFAULT_SPEC                                                  \
@@ -95,7 +110,9 @@
 #define DP_MODEL_SPEC_HELP                                                            \
     "--model SPEC: layers separated by blanks, the last softmax (or ac, an actor-critic\n" \
     "head, with --env): convKxK:OUT[:sS][:pP], maxpoolK, relu, tanh, bn (batch norm),\n"  \
-    "gap (global average pool), dropout:P, fc:OUT;\n"                                       \
+    "gap (global average pool), dropout:P, fc:OUT; embed:D first: a sparse model's\n"       \
+    "embedding of its libsvm features (--data libsvm:, e.g. 'embed:16 relu fc:32 relu\n"     \
+    "fc:2 softmax'; 'embed:2 softmax' is logistic regression);\n"                             \
     "res( LAYERS ) is a residual block (identity shortcut, or option A where the shape\n"  \
     "changes; res:b( ... ) a 1x1 conv + bn projection). Presets: resnet20, resnet32,\n"    \
     "resnet44, resnet56, resnet110 (He et al.'s CIFAR ResNets). Example:\n"                \
@@ -168,7 +185,9 @@ typedef struct {
 typedef struct {
     char spec[DP_MODEL_SPEC_LEN]; /* canonical spec text (single spaces), a preset's name for
                             * a preset; DP_MODEL_TABLE_SPEC for a tensor table */
-    int in_c, in_h, in_w;  /* input image shape */
+    int in_c, in_h, in_w;  /* input image shape; with an embedding, D x 1 x 1 */
+    int embed_dim;         /* embed:D: D, the rows' width (the net's input is the embedding's
+                            * output, kernels/embed.h); 0: no embedding */
     int classes;           /* outputs of the last fc layer */
     int n_layers;
     dp_layer_t layers[DP_MAX_LAYERS];
@@ -213,8 +232,9 @@ int dp_model_spec_actions(const char *spec, int A, char *out, size_t n, char *er
  * layer and loss layer are the last three. */
 int dp_model_is_ac(const dp_model_t *m);
 
-/* Parse spec for inputs of in_c x in_h x in_w. On error fills err with one
- * line naming the offending token and returns -1. */
+/* Parse spec for inputs of in_c x in_h x in_w (a spec starting with
+ * embed:D takes D x 1 x 1 instead). On error fills err with one line naming
+ * the offending token and returns -1. */
 int dp_model_parse(dp_model_t *m, const char *spec, int in_c, int in_h, int in_w, char *err);
 
 /* PyTorch's default initialisation (kaiming-uniform with a = sqrt(5) for

@@ -79,19 +79,94 @@ static void test_error_messages(void)
         {"maxpool64 fc:10 softmax", 1, "model spec: 'maxpool64' leaves no output on a 28x28 input"},
         {"fc:0 softmax", 1,
          "model spec: bad fully connected layer 'fc:0' (expected fc:OUT, e.g. fc:512)"},
-        {"relu softmax", 1, "model spec: softmax must follow a fully connected layer"},
+        {"relu softmax", 1, "model spec: softmax must follow a fully connected layer (or embed:D, "
+                            "as in 'embed:2 softmax')"},
         {"banana fc:10 softmax", 1,
          "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, tanh, bn, gap, "
-         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A)"},
+         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A, embed:D first)"},
         {" \t\n", 1, "model spec: empty"},
         {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax' (or an actor-critic head, ac)"},
-        {"fc:1 softmax", 1, "model spec: the last fc layer needs at least 2 outputs"},
+        {"fc:1 softmax", 1,
+         "model spec: the last fc layer (or embed:D before softmax) needs at least 2 outputs"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dp_model_t m;
         char err[DP_ERR_LEN] = "";
         CHECK_EQ(dp_model_parse(&m, cases[i].spec, cases[i].in_c, 28, 28, err), -1);
         CHECK_STR(err, cases[i].err);
+    }
+}
+
+/* embed:D (a sparse model's embedding): first token only, no dense
+ * parameters of its own, the layers after it on D x 1 x 1 whatever input
+ * shape is given, the canonical spec keeps it and the fingerprint tells it
+ * from the same layers without it. */
+static void test_embed(void)
+{
+    dp_model_t m, plain;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "embed:2 softmax", 1, 28, 28, err), 0); /* logistic regression */
+    CHECK_EQ(m.embed_dim, 2);
+    CHECK_EQ(m.n_layers, 1);
+    CHECK_EQ(m.layers[0].kind, DP_LAYER_SOFTMAX);
+    CHECK_EQ(m.layers[0].in_c, 2);
+    CHECK_EQ(m.classes, 2);
+    CHECK_EQ(m.n_params, 0);
+    CHECK_EQ(m.n_floats, 0);
+    CHECK_STR(m.spec, "embed:2 softmax");
+    CHECK_EQ(dp_model_parse(&m, "  embed:16 relu   fc:64 relu fc:2 softmax ", 3, 32, 32, err), 0);
+    CHECK_STR(m.spec, "embed:16 relu fc:64 relu fc:2 softmax");
+    CHECK_EQ(m.embed_dim, 16);
+    CHECK(m.in_c == 16 && m.in_h == 1 && m.in_w == 1);
+    CHECK_EQ(m.n_layers, 5);
+    CHECK_EQ(m.layers[0].kind, DP_LAYER_RELU);
+    CHECK_EQ(m.layers[0].in_c, 16);
+    CHECK_STR(m.params[0].name, "fc1.weight");
+    CHECK_EQ(m.params[0].shape[1], 16);
+    CHECK_EQ(m.n_floats, (size_t)64 * 16 + 64 + 2 * 64 + 2);
+    /* the same layers on a 16 x 1 x 1 input without the embedding: the
+     * same parameters, another model */
+    CHECK_EQ(dp_model_parse(&plain, "relu fc:64 relu fc:2 softmax", 16, 1, 1, err), 0);
+    CHECK_EQ(plain.embed_dim, 0);
+    CHECK_EQ(plain.n_floats, m.n_floats);
+    CHECK(plain.fingerprint != m.fingerprint);
+    dp_model_t again;
+    CHECK_EQ(dp_model_parse(&again, m.spec, 1, 28, 28, err), 0); /* any input shape: the same */
+    CHECK(again.fingerprint == m.fingerprint);
+    CHECK_EQ(dp_model_parse(&m, "embed:4 bn dropout:0.5 tanh fc:2 softmax", 1, 1, 1, err), 0);
+    CHECK_EQ(dp_model_parse(&m, "embed:4096 fc:2 softmax", 1, 1, 1, err), 0);
+    static const struct {
+        const char *spec;
+        const char *err;
+    } bad[] = {
+        {"fc:8 embed:8 fc:2 softmax", "model spec: 'embed:8' must be the first token (the "
+         "embedding turns the sample's sparse features into the input of the layers after it)"},
+        {"embed:2 embed:2 softmax", "model spec: 'embed:2' must be the first token (the "
+         "embedding turns the sample's sparse features into the input of the layers after it)"},
+        {"embed:0 softmax", "model spec: bad embedding 'embed:0' (expected embed:D, D in 1..4096 "
+         "floats a row)"},
+        {"embed:4097 fc:2 softmax", "model spec: bad embedding 'embed:4097' (expected embed:D, D "
+         "in 1..4096 floats a row)"},
+        {"embed fc:2 softmax", "model spec: bad embedding 'embed' (expected embed:D, D in 1..4096 "
+         "floats a row)"},
+        {"embed:8x fc:2 softmax", "model spec: bad embedding 'embed:8x' (expected embed:D, D in "
+         "1..4096 floats a row)"},
+        {"embed:8", "model spec: embed:8 needs layers after it, ending in softmax (e.g. 'embed:2 "
+         "softmax')"},
+        {"embed:1 softmax", "model spec: the last fc layer (or embed:D before softmax) needs at "
+         "least 2 outputs"},
+        {"embed:8 conv3x3:4 fc:2 softmax", "model spec: 'conv3x3:4' after embed:8 (the embedding "
+         "gives 8 features: fc, relu, tanh, bn, dropout and softmax may follow it)"},
+        {"embed:8 res( fc:8 ) fc:2 softmax", "model spec: 'res' after embed:8 (the embedding "
+         "gives 8 features: fc, relu, tanh, bn, dropout and softmax may follow it)"},
+        {"embed:8 ac:2", "model spec: 'ac:2' after embed:8 (the embedding gives 8 features: fc, "
+         "relu, tanh, bn, dropout and softmax may follow it)"},
+        {"embed:8 relu softmax", "model spec: softmax must follow a fully connected layer (or "
+         "embed:D, as in 'embed:2 softmax')"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_EQ(dp_model_parse(&m, bad[i].spec, 1, 28, 28, err), -1);
+        CHECK_STR(err, bad[i].err);
     }
 }
 
@@ -395,6 +470,6 @@ static void test_parentheses_only(void)
     CHECK(err[0] != 0);
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_ac_head), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages),
+DP_TESTS(T(test_default_spec_shapes), T(test_ac_head), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages), T(test_embed),
          T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint), T(test_sizes_are_bounded))
