@@ -9,7 +9,8 @@
  * consistent: each layer's input is the previous layer's output, every
  * parameter's count is the product of its shape, the parameters lie end to
  * end without a gap and their total (in bytes too) is computable without
- * wrapping, the largest activation bounds every layer's, and the canonical
+ * wrapping, the largest activation bounds every layer's (after an
+ * embed:D, whose output is the layers' input, from D x 1 x 1), and the canonical
  * spec parses again to the same model. The sizes are recomputed here in
  * 128-bit arithmetic, so a parser whose own arithmetic wraps disagrees.
  * Small models are then initialised into a buffer of exactly n_floats.
@@ -60,6 +61,15 @@ static void s_check(const dp_model_t *m, const char *spec_in, int c0, int h0, in
     s_want(m->n_params >= 0 && m->n_params <= DP_MAX_PARAMS, "parameter count out of range");
     if (m->n_layers < 1 || m->n_layers > DP_MAX_LAYERS || m->n_params < 0 || m->n_params > DP_MAX_PARAMS)
         return;
+    if (m->embed_dim != 0) { /* embed:D: the layers read its D x 1 x 1, whatever was given */
+        s_want(m->embed_dim >= 1 && m->embed_dim <= DP_MODEL_MAX_EMBED, "embed:D out of range");
+        s_want(strncmp(m->spec, "embed:", 6) == 0, "an embedding not first in the canonical spec");
+        for (int i = 0; i < m->n_layers; i++)
+            s_want(m->layers[i].kind != DP_LAYER_CONV && m->layers[i].kind != DP_LAYER_MAXPOOL &&
+                       m->layers[i].kind != DP_LAYER_ADD && m->layers[i].kind != DP_LAYER_AC,
+                   "an image layer after an embedding");
+        c0 = m->embed_dim, h0 = w0 = 1;
+    }
     s_want(m->in_c == c0 && m->in_h == h0 && m->in_w == w0, "input shape not the one given");
     s_want(m->layers[m->n_layers - 1].kind == DP_LAYER_SOFTMAX || dp_model_is_ac(m),
            "the last layer is neither softmax nor an actor-critic head");
