@@ -86,6 +86,8 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     for (int k = 0; k < net->n_pool; k++)
         net->d_pool[k] = be->ops->alloc(be, (size_t)max_batch * max_b * sizeof(float));
     net->d_tmp = be->ops->alloc(be, (size_t)max_batch * max_b * sizeof(float));
+    if (m->embed_dim > 0) /* its batch's gradient goes back to the rows */
+        net->d_dx = be->ops->alloc(be, (size_t)max_batch * s_boundary_size(m, 0) * sizeof(float));
     for (int i = 0; i < m->n_layers; i++)
         if (m->layers[i].kind == DP_LAYER_BN) /* 2 C floats per ghost batch, at most max_batch */
             net->d_save[i] = be->ops->alloc(be, (size_t)2 * m->layers[i].in_c * max_batch * sizeof(float));
@@ -112,6 +114,7 @@ void dp_net_fini(dp_net_t *net)
     }
     for (int k = 0; k < net->n_pool; k++) be->ops->release(be, net->d_pool[k]);
     be->ops->release(be, net->d_tmp);
+    if (net->d_dx) be->ops->release(be, net->d_dx);
     be->ops->release(be, net->d_labels);
     be->ops->release(be, net->d_loss);
     if (net->d_ret) be->ops->release(be, net->d_ret);
@@ -134,6 +137,12 @@ void dp_net_set_params(dp_net_t *net, const float *params)
 void dp_net_get_params(dp_net_t *net, float *params)
 {
     net->be->ops->download(net->be, params, net->d_params, net->m->n_floats * sizeof(float));
+}
+
+void dp_net_get_input_grad(dp_net_t *net, float *dx, int B)
+{
+    net->be->ops->download(net->be, dx, net->d_dx,
+                           (size_t)B * s_boundary_size(net->m, 0) * sizeof(float));
 }
 
 void dp_net_get_grads(dp_net_t *net, float *grads)
@@ -274,12 +283,13 @@ static dp_pull_status_t s_forward(dp_net_t *net, const float *d_x, const int *d_
     return st;
 }
 
-/* Where a layer writes the gradient of boundary b: NULL for the batch; its
- * buffer when this is the first gradient it gets (written, not added: the
- * kernels overwrite), else d_tmp, added in by s_din_done. */
+/* Where a layer writes the gradient of boundary b: NULL for the batch
+ * unless its gradient is wanted (d_dx); its buffer when this is the first
+ * gradient it gets (written, not added: the kernels overwrite), else
+ * d_tmp, added in by s_din_done. */
 static float *s_din(dp_net_t *net, int b)
 {
-    if (b == 0) return NULL;
+    if (b == 0 && !net->d_dx) return NULL;
     if (!net->written[b]) {
         net->written[b] = 1;
         return net->d_dact[b];
@@ -399,6 +409,7 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
     if (net->pull_status == DP_PULL_FAILED) return NAN; /* no backward: the step is given up */
     memset(net->written, 0, (size_t)m->n_layers + 1);
     for (int b = 0; b <= m->n_layers; b++) net->d_dact[b] = NULL;
+    net->d_dact[0] = net->d_dx; /* the batch's gradient: NULL but for an embedding's model */
     for (int i = m->n_layers - 1; i >= 0; i--) {
         /* the boundaries whose last reader this is start their gradient here */
         for (int b = 1; b <= m->n_layers; b++)

@@ -20,7 +20,14 @@
  * step updates them in d_params, and writes their new values into d_grads
  * at the same offsets, which is what a push carries there
  * (ARCHITECTURE.md, "State that is not a gradient"); dp_net_optim_step
- * keeps them out of the optimizer's step. */
+ * keeps them out of the optimizer's step.
+ *
+ * A model with an embedding (embed:D, common/model.h) is run here from its
+ * first dense layer on: its batch is the embedding's output (B x D, the
+ * embedding stage is the caller's, kernels/embed.h), and a training step
+ * also writes the gradient of the loss wrt that batch into d_dx, which
+ * the caller takes (dp_net_get_input_grad) back to the rows. Without an
+ * embedding nothing wants the batch's gradient and it is not computed. */
 #ifndef DP_NET_H
 #define DP_NET_H
 
@@ -44,6 +51,9 @@ typedef struct {
     int *pool_of;                         /* [n_layers + 1]: boundary i's buffer while it lives */
     unsigned char *written;               /* [n_layers + 1]: gradient started this backward */
     float *d_tmp;                         /* a second reader's gradient, before it is added */
+    float *d_dx;                          /* an embedding's model: the gradient wrt the batch
+                                           * [max_batch * input size], written by a training
+                                           * step; NULL otherwise */
     int *d_labels;                        /* [max_batch]; an actor-critic model's actions */
     float *d_ret;                         /* an actor-critic model's returns [max_batch], else NULL */
     float *d_loss;                        /* the batch's mean loss (one float) */
@@ -103,6 +113,9 @@ void dp_net_fini(dp_net_t *net);
 void dp_net_set_params(dp_net_t *net, const float *params);
 void dp_net_get_params(dp_net_t *net, float *params);
 void dp_net_get_grads(dp_net_t *net, float *grads);
+/* The last training step's gradient wrt its batch of B samples (a model
+ * with an embedding: d_dx) into host memory dx[B * input size]. */
+void dp_net_get_input_grad(dp_net_t *net, float *dx, int B);
 
 /* A round of local steps' push (host vectors of the model's floats): the
  * weights w0 it pulled minus the weights w it reached, and at state that is

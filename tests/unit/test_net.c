@@ -107,6 +107,77 @@ static void test_network_gradient_matches_finite_differences(void)
     t_each_cpu_path(s_network_gradients);
 }
 
+/* A model with an embedding: the training step's gradient wrt its batch
+ * (the embedding's output, dp_net_get_input_grad) against central
+ * differences of the training step's loss (batch norm by the batch's
+ * statistics) in each input float, on dev; returns how many differ. */
+static int s_input_gradient_check(const char *dev, const char *spec)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, 1, 28, 28, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, dev, err), 0);
+    dp_net_t net;
+    int B = 4, D = m.embed_dim;
+    CHECK_EQ(dp_net_init(&net, &m, be, B + 2, err), 0); /* a batch below max_batch */
+    CHECK(net.d_dx != NULL);
+    dp_rng_t r;
+    dp_rng_seed(&r, 3);
+    float *params = dp_malloc((m.n_floats + 1) * sizeof(float));
+    dp_model_init_params(&m, params, 9);
+    dp_net_set_params(&net, params);
+    float x[4 * 8], dx[4 * 8];
+    s_random(x, (size_t)B * D, &r, 1.0f);
+    int y[4] = {1, 0, 0, 1};
+    dp_net_train_step(&net, x, y, B);
+    dp_net_get_input_grad(&net, dx, B);
+    int bad = 0;
+    double worst = 0;
+    for (int i = 0; i < B * D; i++) {
+        const float eps = 1e-3f, keep = x[i];
+        x[i] = keep + eps;
+        double up = dp_net_train_step(&net, x, y, B);
+        x[i] = keep - eps;
+        double down = dp_net_train_step(&net, x, y, B);
+        x[i] = keep;
+        double fd = (up - down) / (2 * eps), d = fabs(fd - dx[i]);
+        if (d > 2e-3 + 5e-2 * fabs(fd)) {
+            if (bad < 5) fprintf(stderr, "  %s x[%d]: backprop %.6g finite diff %.6g\n", spec, i, dx[i], fd);
+            bad++;
+        }
+        if (d > worst) worst = d;
+    }
+    fprintf(stderr, "  %s on %s: %d of %d input gradients off, worst |diff| %.3g\n", spec, dev, bad,
+            B * D, worst);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+    free(params);
+    return bad;
+}
+
+static void test_input_gradient(void)
+{
+    static const char *devs[2] = {"cpu", "cpu:staged"};
+    for (int k = 0; k < 2; k++) {
+        /* softmax first: logistic regression, no dense parameters at all */
+        CHECK_EQ(s_input_gradient_check(devs[k], "embed:2 softmax"), 0);
+        CHECK_EQ(s_input_gradient_check(devs[k], "embed:5 fc:4 tanh fc:3 softmax"), 0);
+        CHECK_EQ(s_input_gradient_check(devs[k], "embed:8 tanh fc:6 bn tanh fc:2 softmax"), 0);
+    }
+    /* without an embedding nothing asks for the batch's gradient */
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "fc:4 tanh fc:2 softmax", 5, 1, 1, err), 0);
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    dp_net_t net;
+    CHECK_EQ(dp_net_init(&net, &m, be, 2, err), 0);
+    CHECK(net.d_dx == NULL);
+    dp_net_fini(&net);
+    dp_backend_destroy(&be);
+}
+
 /* The actor-critic surrogate whose true gradient A3C's is: the loss of
  * kernels/ops.h with the advantage frozen at adv0 in the policy term (the
  * estimator holds it constant), from the policy and value dp_net_act gives. */
@@ -950,4 +1021,4 @@ DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
          T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
          T(test_augment), T(test_on_grads_hook), T(test_on_params_hook),
-         T(test_on_params_fails))
+         T(test_on_params_fails), T(test_input_gradient))
