@@ -190,7 +190,9 @@ RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
 # The server never links CUDA.
 $(BUILD)/downpour-ps: LINK_LIBS :=
 $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
-$(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
+# The worker links the server's library for its row table (server/rows.h): a
+# model with an embedding keeps its rows in-process when it trains standalone.
+$(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_SERVER) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
 $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
 
 # The test programs: tests/DIR/NAME.c (unit, fuzz, bench, gpu) becomes

@@ -33,6 +33,11 @@ static int s_set_optimizer(void *arg, const char *v, char *err)
     return dp_optim_parse_kind(&((dp_train_conf_t *)arg)->optim, v, err);
 }
 
+static int s_set_row_optimizer(void *arg, const char *v, char *err)
+{
+    return dp_row_optim_parse_kind(v, &((dp_train_conf_t *)arg)->row_optim, err);
+}
+
 static int s_set_schedule(void *arg, const char *v, char *err)
 {
     dp_train_conf_t *c = arg;
@@ -67,7 +72,9 @@ static int s_set_error_feedback(void *arg, const char *v, char *err)
 static const dp_opts_entry_t s_table[] = {
     {DP_FLAG_TITLE("data and model:"), 0},
     {DP_FLAG_STR("data", "SPEC", NULL, DP_OPTS_PASS,
-        "fashion-mnist[:DIR] (default: Debian's), mnist:DIR, cifar10:DIR,\nidx:IMAGES,LABELS"),
+        "fashion-mnist[:DIR] (default: Debian's), mnist:DIR, cifar10:DIR,\nidx:IMAGES,LABELS; "
+        "libsvm:TRAIN[:TEST] (sparse svmlight files, plain or\ngzip, for a model that starts with "
+        "embed:D; --standalone only)"),
      S_AT(conf.data)},
     {DP_FLAG_NUM("train-samples", DP_OPTS_INT, "N", NULL, 0, 1 << 30, DP_OPTS_PASS,
         "train on the first N samples of the training split only (default 0:\nall; the test split stays whole)"),
@@ -118,6 +125,16 @@ static const dp_opts_entry_t s_table[] = {
     {DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, NULL, DP_OPTS_PASS,
         "constant | step:N:G | cosine:N, by data step (standalone default:\n"
         "cosine over the run; --local-steps: constant)"), S_AT(conf)},
+    {DP_FLAG_TITLE("sparse models (embed:D on --data libsvm:):"), 0},
+    {DP_FLAG_CALL("row-optimizer", "NAME", s_set_row_optimizer, NULL, 0,
+        "the embedding rows' optimizer, each row stepped when its key is\n"
+        "in a batch: adagrad (default), sgd, adam, ftrl"), S_AT(conf)},
+    {DP_FLAG_NUM("row-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, 0,
+        "the rows' lr (ftrl: alpha), constant (default: the dense layers'\n--lr)"),
+     S_AT(conf.row_lr)},
+    {DP_FLAG_NUM("row-init", DP_OPTS_FLOAT, "X", NULL, 0, 1e3, 0,
+        "a new row starts uniform in [-X, X) by seed and key; 0: zeros\n"
+        "(default 0.01; ftrl: 0, the only start it allows)"), S_AT(conf.row_init)},
     {DP_FLAG_TITLE("reinforcement learning (A3C; async is A3C, sync A2C):"), 0},
     {DP_FLAG_STR("env", "NAME", NULL, DP_OPTS_PASS,
         "act in an environment instead of training on --data: cartpole-v1\n"

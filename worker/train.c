@@ -32,6 +32,8 @@ void dp_train_conf_default(dp_train_conf_t *c)
     c->stream_push = -1;
     c->stream_pull = -1;
     dp_a3c_conf_default(&c->a3c);
+    c->row_optim = DP_ROW_ADAGRAD;
+    c->row_init = -1; /* the default: worker/embed_train.h */
 }
 
 /* --normalize on both splits: the training set's figures or the given ones. */
@@ -59,6 +61,11 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     if (dp_dataset_init(&s->test, c->data, DP_SPLIT_TEST, err) != 0) goto fail;
     if (c->normalize && s_normalize(s, c->normalize, err) != 0) goto fail;
     if (dp_model_parse(&s->model, c->model, s->train.c, s->train.h, s->train.w, err) != 0) goto fail;
+    if (s->model.embed_dim > 0) {
+        dp_err(err, "model spec '%s' starts with an embedding: it trains on sparse data (--data "
+               "libsvm:TRAIN[:TEST], --standalone), not on %s", s->model.spec, s->train.name);
+        goto fail;
+    }
     if (s->model.classes != s->train.classes) {
         dp_err(err, "model spec ends with fc:%d but %s has %d classes", s->model.classes,
                s->train.name, s->train.classes);
@@ -84,15 +91,22 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     s->h_grads = s->be->ops->host_alloc(s->be, bytes);
     s->eval_x = s->be->ops->host_alloc(s->be, (size_t)c->batch * dp_dataset_sample_size(&s->test) * sizeof(float));
     s->eval_y = s->be->ops->host_alloc(s->be, (size_t)c->batch * sizeof(int));
-    if (dp_metrics_new(&s->metrics, c->metrics, err) != 0) goto fail;
-    char suffix[32];
-    snprintf(suffix, sizeof suffix, "worker-%d", c->task_index);
-    if (dp_tb_new(&s->tb, c->tensorboard, suffix, err) != 0) goto fail;
-    dp_progress_init(&s->progress, c->progress);
+    if (dp_session_init_outputs(s, err) != 0) goto fail;
     return 0;
 fail:
     dp_session_fini(s);
     return -1;
+}
+
+int dp_session_init_outputs(dp_session_t *s, char *err)
+{
+    const dp_train_conf_t *c = &s->conf;
+    if (dp_metrics_new(&s->metrics, c->metrics, err) != 0) return -1;
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, "worker-%d", c->task_index);
+    if (dp_tb_new(&s->tb, c->tensorboard, suffix, err) != 0) return -1;
+    dp_progress_init(&s->progress, c->progress);
+    return 0;
 }
 
 void dp_session_fini(dp_session_t *s)
@@ -167,6 +181,21 @@ static void s_summary_membership(cJSON *o, const dp_ps_membership_t *m)
     cJSON_AddNumberToObject(o, "pushes_of_no_dealt_batch", (double)m->deal_foreign);
 }
 
+/* A model with an embedding's rows: "rows" (one number per table), their
+ * digest (equal runs, equal tables) and optimizer. */
+static void s_summary_sparse(cJSON *o, const dp_sparse_summary_t *sp)
+{
+    cJSON *rows = cJSON_AddArrayToObject(o, "rows");
+    for (int k = 0; k < sp->tables; k++)
+        cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)sp->rows[k]));
+    char digest[20];
+    snprintf(digest, sizeof digest, "%016" PRIx64, sp->rows_digest);
+    cJSON_AddStringToObject(o, "rows_digest", digest);
+    cJSON_AddStringToObject(o, "row_optimizer", dp_row_optim_kind_name(sp->row_optim->kind));
+    cJSON_AddNumberToObject(o, "row_lr", dp_metrics_round(sp->row_optim->lr, 6));
+    cJSON_AddNumberToObject(o, "row_init", dp_metrics_round(sp->row_init, 6));
+}
+
 void dp_summary_epoch_samples_json(cJSON *o, const dp_ps_membership_t *m)
 {
     cJSON *ep = cJSON_AddArrayToObject(o, "epoch_samples");
@@ -200,6 +229,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON_AddNumberToObject(o, "steps", r->steps);
     cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
     cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
+    if (r->sparse) cJSON_AddNumberToObject(o, "test_auc", r->sparse->test_auc);
     if (!cluster) cJSON_AddNumberToObject(o, "train_loss", r->train_loss);
     cJSON_AddNumberToObject(o, "images_per_s", r->images_per_s_per_worker * r->workers);
     if (cluster) cJSON_AddNumberToObject(o, "images_per_s_per_worker", r->images_per_s_per_worker);
@@ -218,6 +248,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
                                 dp_metrics_round(dp_staleness_geometric_p(r->staleness_hist), 6));
     }
     if (r->membership) s_summary_membership(o, r->membership);
+    if (r->sparse) s_summary_sparse(o, r->sparse);
     if (r->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));
@@ -270,16 +301,23 @@ void dp_session_log_step(dp_session_t *s, long step, float loss)
 
 void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss)
 {
+    dp_session_log_eval_auc(s, step, accuracy, loss, NAN);
+}
+
+void dp_session_log_eval_auc(dp_session_t *s, long step, double accuracy, double loss, double auc)
+{
     cJSON *line = dp_metrics_line(s->metrics);
     if (line) {
         cJSON_AddStringToObject(line, "event", "eval");
         cJSON_AddNumberToObject(line, "step", step);
         cJSON_AddNumberToObject(line, "test_accuracy", dp_metrics_round(accuracy, 5));
         cJSON_AddNumberToObject(line, "test_loss", dp_metrics_round(loss, 5));
+        if (!isnan(auc)) cJSON_AddNumberToObject(line, "test_auc", dp_metrics_round(auc, 6));
         dp_metrics_write(s->metrics, &line);
     }
     dp_tb_scalar(s->tb, "test/accuracy", step, (float)accuracy);
     dp_tb_scalar(s->tb, "test/loss", step, (float)loss);
+    if (!isnan(auc)) dp_tb_scalar(s->tb, "test/auc", step, (float)auc);
 }
 
 /* The standalone trainer's line per step. */

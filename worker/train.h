@@ -20,6 +20,7 @@
 #include "common/tbevents.h"
 #include "kernels/backend.h"
 #include "kernels/optim.h"
+#include "kernels/row_optim.h"
 #include "proto/compress.h"
 #include "worker/a3c.h"
 #include "worker/net.h"
@@ -74,6 +75,11 @@ typedef struct {
     int stream_pull;           /* --stream-pull: the weights arrive in parts as the forward
                                 * needs them (the same cases): 1 on, 0 off, -1 the default */
     dp_a3c_conf_t a3c;         /* --env and the RL flags: an actor-critic run (a3c.env set) */
+    /* a model with an embedding (embed:D) on --data libsvm: (worker/embed_train.h) */
+    dp_row_optim_kind_t row_optim; /* --row-optimizer: the rows' optimizer (adagrad) */
+    float row_lr;              /* --row-lr; 0: the dense layers' lr (dp_optim_base_lr) */
+    float row_init;            /* --row-init: rows start uniform in [-X, X) by (seed, key), 0
+                                * zeros; < 0: the default (DP_EMBED_ROW_INIT, ftrl 0) */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);
@@ -96,6 +102,10 @@ typedef struct {
 
 /* Load data and model, open the backend, allocate everything. */
 int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err);
+/* The outputs of a session (metrics, TensorBoard, the progress line) from
+ * s->conf: dp_session_init's last part, for a run that fills the rest of
+ * its session itself (worker/embed_train.c). */
+int dp_session_init_outputs(dp_session_t *s, char *err);
 void dp_session_fini(dp_session_t *s);
 
 /* Accuracy and mean loss of the net's current parameters on the first
@@ -107,6 +117,16 @@ long dp_session_total_steps(const dp_session_t *s, int world);
 
 /* Write conf.save (if set) from the net's parameters. */
 int dp_session_save(dp_session_t *s, long step, long version, char *err);
+
+/* What a run of a model with an embedding adds to summary.json. */
+typedef struct {
+    double test_auc;           /* on the test file (two classes); NAN: none */
+    const uint64_t *rows;      /* rows held, one number per table (standalone: its one) */
+    int tables;
+    uint64_t rows_digest;      /* dp_rows_digest of the table (server/rows.h) */
+    const dp_row_optim_conf_t *row_optim; /* the rows' optimizer */
+    double row_init;           /* the rows' initial bound (0: zeros) */
+} dp_sparse_summary_t;
 
 /* What a run reports in summary.json, standalone or distributed. */
 typedef struct {
@@ -137,6 +157,8 @@ typedef struct {
     const struct dp_ps_membership *membership; /* distributed: shard 0's joins and leaves and
                                                 * live range (worker/ps_client.h); NULL: none */
     int min_workers;           /* distributed: an elastic crew's MIN (workers is MAX); 0: fixed */
+    const dp_sparse_summary_t *sparse; /* a model with an embedding: its rows and test AUC;
+                                        * NULL: none */
 } dp_run_summary_t;
 
 /* Write conf.summary (if set) from r and the session: the one place where
@@ -162,6 +184,8 @@ void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long st
 void dp_session_log_step(dp_session_t *s, long step, float loss);
 /* An evaluation's record: a metrics line and TensorBoard scalars. */
 void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss);
+/* The same with the test AUC (a two-class sparse model's), NAN: none. */
+void dp_session_log_eval_auc(dp_session_t *s, long step, double accuracy, double loss, double auc);
 
 /* Train alone. When *stop becomes non-zero (a signal) it stops after the
  * current step, saves the model to conf.save if given, writes no summary

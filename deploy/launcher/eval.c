@@ -70,6 +70,11 @@ int dp_eval_main(int argc, char **argv)
         goto done;
     }
     if (dp_model_parse(&m, spec, test.c, test.h, test.w, err) != 0) goto done;
+    if (m.embed_dim > 0) { /* its rows are not in the file: nothing here could score it */
+        dp_err(err, "%s: '%s' starts with an embedding, whose rows the file does not hold: its "
+               "test AUC is in its run's summary.json", ckpt, m.spec);
+        goto done;
+    }
     params = dp_malloc(m.n_floats * sizeof(float));
     if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;
     if (dp_backend_new(&be, device, err) != 0) goto done;

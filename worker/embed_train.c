@@ -1,0 +1,327 @@
+/* embed_train: a model with an embedding trained standalone on libsvm data
+ * (see embed_train.h): the session's dense net behind the embedding stage,
+ * the rows in a table of this process. */
+#include "worker/embed_train.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/auc.h"
+#include "common/safetensors.h"
+#include "common/util.h"
+#include "kernels/embed.h"
+#include "kernels/ops.h"
+#include "server/rows.h"
+#include "worker/sparse_data.h"
+
+_Static_assert(DP_MODEL_MAX_EMBED == DP_ROWS_MAX_WIDTH && DP_MODEL_MAX_EMBED == DP_EMBED_MAX_DIM,
+               "every embed:D has a table and a stage of its width");
+
+/* A run: the dense half is a session without image data (its model, its
+ * backend and net, its outputs); the sparse half is the rest. */
+typedef struct {
+    dp_session_t s;
+    dp_sparse_data_t data;
+    dp_embed_t stage;
+    dp_rows_t *rows;
+    dp_row_optim_conf_t row_optim; /* the table's optimizer, lr resolved */
+    float row_init;                /* the table's initial bound, resolved */
+    float *x, *dx;                 /* the net's input and its gradient: [B * D] */
+    int *y;                        /* [B] */
+    float *row_w, *row_g;          /* a batch's rows and their gradients: [batch nnz * D] */
+    float *scores, *labels;        /* the test file's: probability of class 1, label */
+    float *d_state;                /* the dense optimizer's state (on the backend) */
+} s_run_t;
+
+static void s_fini(s_run_t *r)
+{
+    if (r->d_state) r->s.be->ops->release(r->s.be, r->d_state);
+    dp_session_fini(&r->s);
+    dp_sparse_data_close(&r->data);
+    dp_embed_fini(&r->stage);
+    dp_rows_destroy(&r->rows);
+    free(r->x), free(r->dx), free(r->y), free(r->row_w), free(r->row_g);
+    free(r->scores), free(r->labels);
+}
+
+/* The flags an image run takes that mean nothing here, the model, the
+ * device: one line each. */
+static int s_check_conf(const dp_train_conf_t *c, const dp_model_t *m, char *err)
+{
+    if (c->train_samples > 0 || c->augment || c->normalize)
+        return dp_err(err, "--train-samples, --augment and --normalize are for image data, not "
+                      "--data libsvm: (cut the file with head -n N to train on fewer samples)");
+    if (strncmp(c->device, "cuda", 4) == 0)
+        return dp_err(err, "--device %s: a model with an embedding trains on the CPU only for now "
+                      "(--device cpu)", c->device);
+    if (m->embed_dim == 0)
+        return dp_err(err, "--data libsvm: needs a model that starts with embed:D (e.g. --model "
+                      "'embed:2 softmax', logistic regression); '%s' has none", m->spec);
+    if (m->classes != 2)
+        return dp_err(err, "model spec '%s' ends in %d classes but libsvm labels are 0 and 1: end "
+                      "it in 2 (fc:2 softmax, or embed:2 softmax)", m->spec, m->classes);
+    return 0;
+}
+
+/* The table: width D, the row optimizer of --row-optimizer and --row-lr
+ * (default: the dense layers' lr), rows from --row-init. */
+static int s_table(s_run_t *r, const dp_train_conf_t *c, int D, size_t max_keys, char *err)
+{
+    dp_row_optim_conf_default(&r->row_optim, c->row_optim);
+    r->row_optim.lr = c->row_lr > 0 ? c->row_lr : dp_optim_base_lr(&c->optim);
+    r->row_init = c->row_init >= 0 ? c->row_init : c->row_optim == DP_ROW_FTRL ? 0 : DP_EMBED_ROW_INIT;
+    dp_rows_conf_t rc;
+    dp_rows_conf_default(&rc, D, c->row_optim);
+    rc.optim = r->row_optim;
+    rc.max_keys = (uint32_t)max_keys;
+    if (r->row_init > 0) {
+        rc.init = DP_ROWS_INIT_UNIFORM;
+        rc.init_scale = r->row_init;
+        rc.seed = c->seed;
+    }
+    char why[DP_ERR_LEN];
+    if ((r->rows = dp_rows_new(&rc, why))) return 0;
+    return dp_err(err, "--row-optimizer %s, --row-lr %g, --row-init %g: %s",
+                  dp_row_optim_kind_name(c->row_optim), (double)r->row_optim.lr,
+                  (double)r->row_init, why);
+}
+
+static int s_init(s_run_t *r, const dp_train_conf_t *c, char *err)
+{
+    memset(r, 0, sizeof *r);
+    dp_session_t *s = &r->s;
+    s->conf = *c;
+    s->t_start = dp_now();
+    snprintf(s->train.name, sizeof s->train.name, "libsvm");
+    if (c->threads > 0) dp_cpu_set_threads(c->threads);
+    /* the input shape is the embedding's, whatever is given */
+    if (dp_model_parse(&s->model, c->model, 1, 1, 1, err) != 0 ||
+        s_check_conf(c, &s->model, err) != 0 ||
+        dp_sparse_data_open(&r->data, c->data, c->batch, err) != 0)
+        return -1;
+    int D = s->model.embed_dim, B = c->batch;
+    size_t nnz = dp_sparse_batch_nnz(B);
+    if (s_table(r, c, D, nnz, err) != 0 || dp_embed_init(&r->stage, D, nnz, err) != 0 ||
+        dp_backend_new(&s->be, c->device, err) != 0 || dp_net_init(&s->net, &s->model, s->be, B, err) != 0)
+        return -1;
+    s->net.seed = c->seed; /* dropout's mask */
+    size_t bytes = s->model.n_floats * sizeof(float);
+    s->h_params = s->be->ops->host_alloc(s->be, bytes);
+    s->h_grads = s->be->ops->host_alloc(s->be, bytes);
+    r->x = dp_malloc((size_t)B * D * sizeof(float));
+    r->dx = dp_malloc((size_t)B * D * sizeof(float));
+    r->y = dp_malloc((size_t)B * sizeof(int));
+    r->row_w = dp_malloc(nnz * D * sizeof(float));
+    r->row_g = dp_malloc(nnz * D * sizeof(float));
+    r->scores = dp_malloc((r->data.test_samples + 1) * sizeof(float));
+    r->labels = dp_malloc((r->data.test_samples + 1) * sizeof(float));
+    size_t n_state = s->model.n_floats * (size_t)dp_optim_state_per_param(c->optim.kind);
+    if (n_state) r->d_state = s->be->ops->alloc(s->be, n_state * sizeof(float));
+    return dp_session_init_outputs(s, err);
+}
+
+/* The batch in data.batch through the stage's forward into x (and its
+ * labels into y), its rows pulled from the table: the distinct keys' count,
+ * or -1 with err. */
+static long s_embed(s_run_t *r, char *err)
+{
+    const dp_libsvm_batch_t *b = r->data.batch;
+    size_t U = dp_embed_plan(&r->stage, b);
+    if (dp_rows_pull(r->rows, r->stage.keys, U, r->stage.dim, r->row_w, err) < 0) return -1;
+    dp_embed_forward(&r->stage, r->x, b, r->row_w);
+    for (size_t i = 0; i < b->n; i++) r->y[i] = (int)b->labels[i];
+    return (long)U;
+}
+
+/* One training step on data.batch, its loss into *loss; -1 with err on a
+ * failure of the table. */
+static int s_step(s_run_t *r, const dp_optim_conf_t *opt, long step, float *loss, char *err)
+{
+    dp_session_t *s = &r->s;
+    int n = (int)r->data.batch->n;
+    long U = s_embed(r, err);
+    if (U < 0) return -1;
+    s->net.step = (unsigned long long)step; /* dropout's mask */
+    *loss = dp_net_train_step(&s->net, r->x, r->y, n);
+    dp_net_get_input_grad(&s->net, r->dx, n);
+    dp_embed_backward(&r->stage, r->row_g, r->data.batch, r->dx);
+    if (dp_rows_push(r->rows, (uint64_t)step + 1, r->stage.keys, (size_t)U, r->stage.dim, r->row_g,
+                     err) < 0)
+        return -1;
+    dp_net_optim_step(&s->net, opt, dp_optim_lr_at(opt, step), r->d_state, step + 1);
+    return 0;
+}
+
+/* The test file's accuracy, mean loss and AUC (NAN where there is no test
+ * file, or one class is missing from it). -1 with err on a read failure. */
+static int s_evaluate(s_run_t *r, double *acc, double *loss, double *auc, char *err)
+{
+    *acc = *loss = *auc = NAN;
+    if (!r->data.test) return 0;
+    if (dp_sparse_data_rewind_test(&r->data, err) != 0) return -1;
+    size_t n = 0;
+    long k, correct = 0;
+    double loss_sum = 0;
+    while ((k = dp_sparse_data_next_test(&r->data, err)) > 0) {
+        if (s_embed(r, err) < 0) return -1;
+        int ok = 0;
+        loss_sum += (double)dp_net_evaluate(&r->s.net, r->x, r->y, (int)k, &ok) * k;
+        correct += ok;
+        for (long i = 0; i < k && n + (size_t)i < r->data.test_samples; i++) {
+            r->scores[n + i] = r->s.net.h_probs[2 * i + 1];
+            r->labels[n + i] = r->data.batch->labels[i];
+        }
+        n += (size_t)k;
+    }
+    if (k < 0) return -1;
+    if (n != r->data.test_samples)
+        return dp_err(err, "%s: %zu samples now, %" PRIu64 " when opened (did the file change?)",
+                      r->data.test_path, n, r->data.test_samples);
+    *acc = (double)correct / (double)n;
+    *loss = loss_sum / (double)n;
+    char why[DP_ERR_LEN];
+    if (dp_auc(r->scores, r->labels, n, auc, why) != 0) {
+        dp_log_warn("%s: no test AUC: %s", r->data.test_path, why);
+        *auc = NAN;
+    }
+    return 0;
+}
+
+static void s_metrics_step(s_run_t *r, long step, float loss, float lr)
+{
+    cJSON *line = dp_metrics_line(r->s.metrics);
+    if (!line) return;
+    dp_rows_stats_t st;
+    dp_rows_stats(r->rows, &st);
+    cJSON_AddNumberToObject(line, "step", step);
+    cJSON_AddNumberToObject(line, "epoch", step / r->data.steps_per_epoch);
+    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
+    cJSON_AddNumberToObject(line, "lr", dp_metrics_round(lr, 6));
+    cJSON_AddNumberToObject(line, "rows", (double)st.rows);
+    dp_metrics_write(r->s.metrics, &line);
+}
+
+/* The dense layers to --save, the table's row count and digest in the
+ * metadata (the rows themselves are not in the file). */
+static int s_save(s_run_t *r, long step, char *err)
+{
+    dp_session_t *s = &r->s;
+    if (!s->conf.save) return 0;
+    dp_net_get_params(&s->net, s->h_params);
+    dp_rows_stats_t st;
+    dp_rows_stats(r->rows, &st);
+    char rows[24], digest[20];
+    snprintf(rows, sizeof rows, "%" PRIu64, st.rows);
+    snprintf(digest, sizeof digest, "%016" PRIx64, dp_rows_digest(r->rows));
+    const char *kv[] = {"embed_rows", rows, "embed_rows_digest", digest, NULL};
+    return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, step, kv, err);
+}
+
+/* The training loop: steps until total, a failure (-1 with err: a bad
+ * read, a diverged loss) or *stop; the steps done. */
+static long s_loop(s_run_t *r, const dp_optim_conf_t *opt, long total, volatile sig_atomic_t *stop,
+                   double *loss_avg, char *err)
+{
+    const dp_train_conf_t *c = &r->s.conf;
+    long spe = r->data.steps_per_epoch, done = 0;
+    double t0 = dp_now(), samples = 0;
+    while (!(stop && *stop) && done < total) {
+        long step = done, k = dp_sparse_data_next(&r->data, err);
+        if (k < 0) return -1;
+        float loss = 0;
+        if (s_step(r, opt, step, &loss, err) != 0) return -1;
+        if (!isfinite(loss))
+            return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr or --row-lr)",
+                          loss, step);
+        done = step + 1;
+        samples += (double)k;
+        *loss_avg = done == 1 ? loss : 0.98 * *loss_avg + 0.02 * loss;
+        s_metrics_step(r, step, loss, dp_optim_lr_at(opt, step));
+        dp_session_log_step(&r->s, step, loss);
+        dp_rows_stats_t st;
+        dp_rows_stats(r->rows, &st);
+        double dt = dp_now() - t0;
+        dp_progress_update(&r->s.progress, done == total,
+                           "epoch %ld/%ld  step %ld/%ld  %.0f samples/s  loss %.4f  rows %" PRIu64,
+                           step / spe + 1, (total + spe - 1) / spe, done, total,
+                           samples / (dt > 0 ? dt : 1e-9), *loss_avg, st.rows);
+        if (c->eval_every > 0 && done % c->eval_every == 0 && done < total) {
+            double acc, test_loss, auc;
+            if (s_evaluate(r, &acc, &test_loss, &auc, err) != 0) return -1;
+            dp_session_log_eval_auc(&r->s, done, acc, test_loss, auc);
+        }
+    }
+    return done;
+}
+
+/* The end of a whole run: evaluation, --save, summary.json. */
+static int s_finish(s_run_t *r, const dp_optim_conf_t *opt, long done, double train_s,
+                    double loss_avg, char *err)
+{
+    const dp_train_conf_t *c = &r->s.conf;
+    double acc, test_loss, auc;
+    if (s_evaluate(r, &acc, &test_loss, &auc, err) != 0) return -1;
+    dp_session_log_eval_auc(&r->s, done, acc, test_loss, auc);
+    dp_rows_stats_t st;
+    dp_rows_stats(r->rows, &st);
+    double sps = (double)done * c->batch / (train_s > 0 ? train_s : 1e-9);
+    dp_log_info("standalone: %ld steps in %.1f s; %" PRIu64 " rows; test accuracy %.4f, loss "
+                "%.4f, AUC %.4f", done, train_s, st.rows, acc, test_loss, auc);
+    if (s_save(r, done, err) != 0) return -1;
+    uint64_t rows = st.rows;
+    dp_sparse_summary_t sp = {
+        .test_auc = auc, .rows = &rows, .tables = 1, .rows_digest = dp_rows_digest(r->rows),
+        .row_optim = &r->row_optim, .row_init = r->row_init,
+    };
+    dp_run_summary_t sum = {
+        .mode = "standalone", .workers = 1, .ps_shards = 0, .staleness = -1,
+        .steps = done, .epochs = (double)done / r->data.steps_per_epoch,
+        .test_accuracy = acc, .test_loss = test_loss, .train_loss = loss_avg,
+        .images_per_s_per_worker = sps, .train_s = train_s,
+        .applied = (uint64_t)done, .optim = opt, .sparse = &sp,
+    };
+    return dp_session_summary(&r->s, &sum, err);
+}
+
+int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
+{
+    s_run_t r;
+    if (s_init(&r, c, err) != 0) {
+        s_fini(&r);
+        return -1;
+    }
+    dp_session_t *s = &r.s;
+    dp_model_init_params(&s->model, s->h_params, c->seed);
+    dp_net_set_params(&s->net, s->h_params);
+    long spe = r.data.steps_per_epoch;
+    long total = c->steps > 0 ? c->steps : c->epochs * spe;
+    dp_optim_conf_t optim = c->optim;
+    if (!c->schedule_given) { /* anneal the dense layers over the run, as standalone does */
+        optim.schedule = DP_LR_COSINE;
+        optim.total_steps = total;
+    }
+    dp_log_info("standalone: %s on %s, %" PRIu64 " train / %" PRIu64 " test samples, batch %d, "
+                "%ld steps (%ld per epoch); rows: %s, lr %g", s->model.spec, c->device,
+                r.data.train_samples, r.data.test_samples, c->batch, total, spe,
+                dp_row_optim_kind_name(r.row_optim.kind), (double)r.row_optim.lr);
+    dp_session_log_start(s, 0, total, spe);
+    double t0 = dp_now(), loss_avg = 0;
+    long done = s_loop(&r, &optim, total, stop, &loss_avg, err);
+    double train_s = dp_now() - t0;
+    dp_progress_done(&s->progress);
+    int rc = done < 0 ? -1 : 0;
+    if (rc == 0 && stop && *stop) {
+        rc = s_save(&r, done, err);
+        if (rc == 0)
+            dp_log_info("standalone: stopped by signal %d at step %ld; %s%s", (int)*stop, done,
+                        c->save ? "dense layers saved to " : "nothing saved (no --save)",
+                        c->save ? c->save : "");
+    } else if (rc == 0) {
+        rc = s_finish(&r, &optim, done, train_s, loss_avg, err);
+    }
+    s_fini(&r);
+    return rc;
+}

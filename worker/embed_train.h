@@ -1,0 +1,46 @@
+/* embed_train: `downpour-worker --standalone --data libsvm:TRAIN[:TEST]`,
+ * a model with an embedding (embed:D, common/model.h) trained in one
+ * process. Three parts, each of its own module:
+ *   the data     worker/sparse_data.h: the libsvm files in batches
+ *   the stage    kernels/embed.h: a batch's distinct keys, the bag sums
+ *                and their row gradients; it is handed rows and hands
+ *                back gradients, owning none
+ *   the rows     server/rows.h's dp_rows_t, here in this process (the
+ *                servers will hold it once the wire carries rows), stepped
+ *                by its row optimizer (--row-optimizer, --row-lr, a
+ *                constant lr), rows made on their first push
+ * and the dense layers after the embedding, which are the session's net
+ * (worker/train.h) on inputs of D x 1 x 1 with their own --optimizer and
+ * schedule, as any standalone run.
+ *
+ * A step: the batch's distinct keys are pulled from the table (a key with
+ * no row reads as its initial value), summed into the net's input, the net
+ * steps and returns the gradient wrt that input, the stage turns it into
+ * one gradient per distinct key, and the table takes them as one push at
+ * version step + 1. Deterministic: the same flags give the same bits
+ * (the table's state is a function of its pushes; the net's kernels of
+ * their thread count).
+ *
+ * The end: the test file's accuracy, loss and AUC (two classes: the
+ * probability of class 1 as the score, common/auc.h; 8 bytes a test
+ * sample are held for it), --save (the dense layers, with the table's row
+ * count and digest in the metadata: the rows themselves are not in the
+ * file yet), summary.json (worker/train.h's fields and test_auc, rows,
+ * rows_digest, row_optimizer, row_lr, row_init). */
+#ifndef DP_EMBED_TRAIN_H
+#define DP_EMBED_TRAIN_H
+
+#include <signal.h>
+
+#include "worker/train.h"
+
+/* --row-init's default: rows start uniform in [-0.01, 0.01) (ftrl: zeros,
+ * the only start its closed form allows). Not zeros for all: an
+ * embedding followed by relu would never move from zero rows. */
+#define DP_EMBED_ROW_INIT 0.01f
+
+/* 0 when done (or stopped by *stop: the dense layers saved to --save, no
+ * summary), -1 with err. */
+int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+
+#endif
