@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# test_embed_standalone: a model with an embedding (embed:D) trained by
+# downpour-worker --standalone on libsvm data from `downpour gen-libsvm`:
+#  - logistic regression (embed:2 softmax) reaches the planted model's test
+#    AUC within 0.02; summary.json has test_auc, rows (one number: the rows
+#    held), the row optimizer and the usual fields; the progress line shows
+#    the rows
+#  - a small CTR model (embed:16 relu fc:32 relu fc:2 softmax) trains too
+#    (test AUC well above 0.5), and the same seed twice gives the same
+#    summary (but its clock) and the same model file, whose metadata holds
+#    the rows' digest
+#  - a bad libsvm line is one error line with its file and line number;
+#    an embedding without libsvm data, libsvm data without an embedding,
+#    three classes, CUDA, a cluster and downpour eval of its file are one
+#    line each
+source "$(dirname "$0")/lib.sh"
+
+W=$BIN/downpour-worker
+cd "$TMP"
+"$BIN/downpour" gen-libsvm --out-train train.svm --out-test test.svm.gz --samples 100000 \
+    --test-samples 10000 --keys 1000 --nnz 16 --seed 3 --truth truth.json >gen.out 2>&1
+check "gen-libsvm writes the planted data set" test $? = 0
+planted=$(json truth.json planted_test_auc)
+D="libsvm:train.svm:test.svm.gz"
+
+# Logistic regression: adagrad rows at lr 0.1, 2 epochs.
+"$W" --standalone --model 'embed:2 softmax' --data "$D" --row-lr 0.1 --epochs 2 --batch 128 \
+    --seed 5 --summary lr.json --metrics lr.jsonl --progress >lr.log 2>&1
+check "logistic regression exits 0 ($(tail -1 lr.log | tr '\r' ' ' | tail -c 200))" test $? = 0
+auc=$(json lr.json test_auc 2>/dev/null || echo 0)
+check "its test AUC $auc is within 0.02 of the planted model's $planted" near "$auc" "$planted" 0.02
+check "... and the eval line's AUC is the summary's" \
+    "$TORCH_PY" -c 'import json, sys; e = [json.loads(l) for l in open("lr.jsonl") if "eval" in l][-1]
+s = json.load(open("lr.json")); assert abs(e["test_auc"] - s["test_auc"]) < 1e-6, (e, s["test_auc"])'
+check "summary.json: rows is one number, the rows held (at most the 1000 keys)" \
+    "$TORCH_PY" -c 'import json; s = json.load(open("lr.json")); r = s["rows"]
+assert isinstance(r, list) and len(r) == 1 and 500 < r[0] <= 1000, r'
+for k in mode workers ps_shards epochs steps test_accuracy test_loss test_auc train_loss images_per_s \
+         wall_s updates_applied rows rows_digest row_optimizer row_lr row_init model data batch seed; do
+    json lr.json "$k" >/dev/null 2>&1 || fail "summary has $k" "missing"
+done
+pass "summary.json has the usual fields and the embedding's"
+check "... the rows' optimizer is adagrad at lr 0.1 ($(json lr.json row_optimizer) $(json lr.json row_lr))" \
+    test "$(json lr.json row_optimizer)/$(json lr.json row_lr)/$(json lr.json model)" = "adagrad/0.1/embed:2 softmax"
+rows=$("$TORCH_PY" -c 'import json; print(json.load(open("lr.json"))["rows"][0])')
+check "the progress line shows the rows ($rows)" bash -c "tr '\r' '\n' <lr.log | grep -q 'step 1564/1564 .* rows $rows\$'"
+
+# The CTR model, twice with one seed.
+ctr() { "$W" --standalone --model 'embed:16 relu fc:32 relu fc:2 softmax' --data "$D" --row-lr 0.05 \
+        --epochs 1 --batch 128 --seed 9 --threads 1 --no-progress --save "$1.safetensors" \
+        --summary "$1.json" >"$1.log" 2>&1; }
+ctr a
+check "the CTR model exits 0 ($(tail -1 a.log))" test $? = 0
+auc=$(json a.json test_auc 2>/dev/null || echo 0)
+check "its test AUC $auc is well above 0.5" ge "$auc" 0.8
+ctr b
+clockless() { "$TORCH_PY" -c 'import json, sys; s = json.load(open(sys.argv[1]))
+for k in ("wall_s", "train_s", "images_per_s"): s.pop(k)
+print(json.dumps(s, sort_keys=True))' "$1"; }
+check "the same seed twice: the same summary but its clock" cmp -s <(clockless a.json) <(clockless b.json)
+check "... and the same model file" cmp -s a.safetensors b.safetensors
+check "... whose metadata holds the rows' digest" \
+    grep -qa "\"embed_rows_digest\":\"$(json a.json rows_digest)\"" a.safetensors
+"$W" --standalone --model 'embed:16 relu fc:32 relu fc:2 softmax' --data "$D" --row-lr 0.05 \
+    --steps 50 --batch 128 --seed 10 --threads 1 --no-progress --summary c.json >c.log 2>&1
+check "another seed, other rows" test "$(json a.json rows_digest)" != "$(json c.json rows_digest)"
+
+# refused NAME WANT ARGS...: exit status 1, stderr one line containing WANT.
+refused() {
+    local name=$1 want=$2; shift 2
+    "$W" "$@" --no-progress >bad.out 2>bad.err
+    local rc=$?
+    if [ $rc != 1 ]; then fail "$name" "exit status $rc"; return; fi
+    if [ "$(wc -l <bad.err)" != 1 ] || ! grep -qF -- "$want" bad.err; then
+        fail "$name" "not one line with '$want': $(head -3 bad.err)"; return
+    fi
+    pass "$name"
+}
+{ head -7 train.svm; echo "1 5:1 7:oops"; head -3 train.svm; } >bad.svm
+refused "a bad libsvm line: one line with its file and line number" \
+    'bad.svm:8: value "oops" of key 7 is not a number' \
+    --standalone --model 'embed:2 softmax' --data libsvm:bad.svm
+refused "... in the test file too" 'bad.svm:8: value "oops"' \
+    --standalone --model 'embed:2 softmax' --data libsvm:train.svm:bad.svm
+refused "libsvm data without an embedding" "needs a model that starts with embed:D" \
+    --standalone --model 'fc:2 softmax' --data "$D"
+refused "three classes on 0/1 labels" "ends in 3 classes but libsvm labels are 0 and 1" \
+    --standalone --model 'embed:4 fc:3 softmax' --data "$D"
+refused "an embedding on CUDA" "trains on the CPU only for now" \
+    --standalone --model 'embed:2 softmax' --data "$D" --device cuda:0
+refused "libsvm data in a cluster" "standalone only for now" \
+    --ps tcp://127.0.0.1:1 --model 'embed:2 softmax' --data "$D"
+refused "ftrl rows with a random start" "ftrl rows start at zero" \
+    --standalone --model 'embed:2 softmax' --data "$D" --row-optimizer ftrl --row-init 0.1
+refused "a missing file" "nope.svm: cannot open" \
+    --standalone --model 'embed:2 softmax' --data libsvm:nope.svm
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+    refused "an embedding on image data" "starts with an embedding: it trains on sparse data" \
+        --standalone --model 'embed:2 softmax' --steps 1
+else
+    skip "an embedding on image data" "Debian's dataset-fashion-mnist is not installed"
+fi
+if [ -d /usr/share/datasets/fashion-mnist ]; then # eval reads its --data first
+    "$BIN/downpour" eval --checkpoint a.safetensors >eval.out 2>eval.err
+    rc=$?
+    check "downpour eval refuses an embedding's file (status $rc), one line" \
+        bash -c "test $rc != 0 && [ \$(wc -l <eval.err) = 1 ] && grep -q 'whose rows the file does not hold' eval.err"
+else
+    skip "downpour eval of an embedding's file" "Debian's dataset-fashion-mnist is not installed"
+fi
+check "--help names the row flags" bash -c "'$W' --help | grep -q -- '--row-optimizer NAME' && '$W' --help | grep -q 'libsvm:TRAIN'"
+finish
