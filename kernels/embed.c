@@ -91,39 +91,38 @@ size_t dp_embed_plan(dp_embed_t *e, const dp_libsvm_batch_t *b)
     return U;
 }
 
+/* dst[0, D) = the sum over k in [lo, hi) of value_j * src[row_of[j], :],
+ * j = feat[k] (feat NULL: j = k), in that order: one bag of the forward (a
+ * sample's features) or one key's gradient in the backward (its
+ * occurrences). */
+static inline void s_bag(float *dst, int D, const float *src, const uint32_t *row_of,
+                         const float *values, const uint32_t *feat, size_t lo, size_t hi)
+{
+    memset(dst, 0, (size_t)D * sizeof *dst);
+    for (size_t k = lo; k < hi; k++) {
+        size_t j = feat ? feat[k] : k;
+        const float v = values[j], *r = src + (size_t)row_of[j] * D;
+        for (int d = 0; d < D; d++) dst[d] += v * r[d];
+    }
+}
+
 void dp_embed_forward(const dp_embed_t *e, float *out, const dp_libsvm_batch_t *b,
                       const float *rows)
 {
-    const int D = e->dim;
-    const long B = (long)b->n;
-    int nt = dp_cpu_team((double)b->offsets[b->n] * D);
+    const int D = e->dim, nt = dp_cpu_team((double)b->offsets[b->n] * D);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (long s = 0; s < B; s++) {
-        float *o = out + (size_t)s * D;
-        memset(o, 0, (size_t)D * sizeof *o);
-        for (size_t j = b->offsets[s]; j < b->offsets[s + 1]; j++) {
-            const float v = b->values[j], *r = rows + (size_t)e->slot[j] * D;
-            for (int d = 0; d < D; d++) o[d] += v * r[d];
-        }
-    }
+    for (long s = 0; s < (long)b->n; s++)
+        s_bag(out + (size_t)s * D, D, rows, e->slot, b->values, NULL, b->offsets[s], b->offsets[s + 1]);
 }
 
 void dp_embed_backward(const dp_embed_t *e, float *row_grads, const dp_libsvm_batch_t *b,
                        const float *dout)
 {
-    const int D = e->dim;
-    const long U = (long)e->n_keys;
-    int nt = dp_cpu_team((double)b->offsets[b->n] * D);
+    const int D = e->dim, nt = dp_cpu_team((double)b->offsets[b->n] * D);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (long u = 0; u < U; u++) {
-        float *g = row_grads + (size_t)u * D;
-        memset(g, 0, (size_t)D * sizeof *g);
-        for (uint32_t k = e->occ_start[u]; k < e->occ_start[u + 1]; k++) {
-            uint32_t j = e->occ[k];
-            const float v = b->values[j], *d_out = dout + (size_t)e->occ_sample[j] * D;
-            for (int d = 0; d < D; d++) g[d] += v * d_out[d];
-        }
-    }
+    for (long u = 0; u < (long)e->n_keys; u++)
+        s_bag(row_grads + (size_t)u * D, D, dout, e->occ_sample, b->values, e->occ,
+              e->occ_start[u], e->occ_start[u + 1]);
 }
 
 size_t dp_embed_unique_ref(uint64_t *ukeys, uint32_t *slot, const uint64_t *keys, size_t nnz)

@@ -150,6 +150,18 @@ static inline int t_main(int argc, char **argv, const t_test_t *tests, int n)
     return failed ? 1 : 0;
 }
 
+/* The Python that runs the PyTorch parity scripts: $TORCH_PY, default
+ * Debian's /usr/bin/python3 (python3-torch); NULL when torch does not
+ * import there (the caller skips, saying so). */
+static inline const char *t_torch_py(void)
+{
+    const char *p = getenv("TORCH_PY");
+    p = p && p[0] ? p : "/usr/bin/python3";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' 2>/dev/null", p);
+    return system(cmd) == 0 ? p : NULL;
+}
+
 /* The environment's knobs, read first as each program's main does
  * (kernels/env.h): a bad one is one line, and the caller exits 2 before any
  * test runs. */
