@@ -4,7 +4,7 @@
 #  - logistic regression (embed:2 softmax) reaches the planted model's test
 #    AUC within 0.02; summary.json has test_auc, rows (one number: the rows
 #    held), the row optimizer and the usual fields; the progress line shows
-#    the rows
+#    the rows; labels -1/+1 train as 0/1 do
 #  - a small CTR model (embed:16 relu fc:32 relu fc:2 softmax) trains too
 #    (test AUC well above 0.5), and the same seed twice gives the same
 #    summary (but its clock) and the same model file, whose metadata holds
@@ -64,6 +64,14 @@ check "... whose metadata holds the rows' digest" \
 "$W" --standalone --model 'embed:16 relu fc:32 relu fc:2 softmax' --data "$D" --row-lr 0.05 \
     --steps 50 --batch 128 --seed 10 --threads 1 --no-progress --summary c.json >c.log 2>&1
 check "another seed, other rows" test "$(json a.json rows_digest)" != "$(json c.json rows_digest)"
+
+# Labels -1/+1 are 0/1 to the reader: the same run, the same table.
+sed -E 's/^0 /-1 /; s/^1 /+1 /' train.svm >pm.svm
+pm() { "$W" --standalone --model 'embed:2 softmax' --data "libsvm:$1" --row-lr 0.1 --steps 200 \
+       --batch 128 --seed 5 --no-progress --summary "$2" >/dev/null 2>&1; }
+pm train.svm zo.json && pm pm.svm pm.json
+check "labels -1/+1 train as 0/1 do: the same rows ($(json pm.json rows_digest 2>/dev/null))" \
+    test "$(json zo.json rows_digest)" = "$(json pm.json rows_digest)"
 
 # refused NAME WANT ARGS...: exit status 1, stderr one line containing WANT.
 refused() {
