@@ -43,6 +43,7 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->metrics_every = 5.0;
     c->heartbeat_timeout = 5.0; /* workers beat every second (worker/ps_beat.h) */
     c->early_step = 1;
+    dp_rows_conf_default(&c->rows, 1, DP_ROW_ADAGRAD); /* its width: the model's, at setup */
 }
 
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
