@@ -760,7 +760,9 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         ps->planned = dp_calloc((size_t)cfg->num_workers, 1);
     }
     dp_mode_t rows_mode = cfg->rows_mode ? cfg->rows_mode : cfg->mode;
-    if (dp_ps_rows_init(&ps->rows, cfg->rows_width, &cfg->rows, rows_mode, cfg->mode,
+    dp_rows_conf_t rows = cfg->rows;
+    if (cfg->row_lr > 0) rows.optim.lr = cfg->row_lr;
+    if (dp_ps_rows_init(&ps->rows, cfg->rows_width, &rows, rows_mode, cfg->mode,
                         (uint32_t)cfg->shard_index, (uint32_t)cfg->shard_count, cfg->num_workers,
                         err) != 0)
         return -1;

@@ -92,6 +92,7 @@ typedef struct {
     dp_rows_conf_t rows;        /* the table: --row-optimizer, --row-lr, --row-admit, --row-evict,
                                  * --row-max (its width is rows_width) */
     dp_mode_t rows_mode;        /* --rows-mode: when row pushes apply (server/ps_rows.h); 0: --mode */
+    float row_lr;               /* --row-lr: rows.optim.lr when set (0: the row optimizer's own) */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;
