@@ -213,7 +213,7 @@ $(BINS) $(TEST_PROGS) $(BUILD)/tests/nfq_delay:
 
 # ---- libdownpour.so, downpour.h and the Python package `downpour` ----------
 # The client library (worker/lib/downpour.h) is the C worker's own client:
-# the same sources (ps_client, ps_pull, ps_push, ps_exchange, ps_socket,
+# the same sources (ps_client, ps_pull, ps_push, ps_rows, ps_exchange, ps_socket,
 # ps_beat, proto/, the parts of common/ they use) built a second time as position-independent code under
 # $(BUILD)/obj/pic, linked with a soname and exporting downpour_* only
 # (worker/lib/downpour.map). Never with the sanitizers: a Python process
@@ -225,7 +225,7 @@ DPLIB_API     := 1
 DPLIB_VERSION := 1.0.0
 DPLIB_SONAME  := libdownpour.so.$(DPLIB_API)
 DPLIB_SO      := $(BUILD)/lib/libdownpour.so.$(DPLIB_VERSION)
-DPLIB_SRC := worker/lib/downpour.c worker/ps_client.c worker/ps_exchange.c worker/ps_pull.c worker/ps_push.c worker/ps_socket.c worker/ps_beat.c \
+DPLIB_SRC := worker/lib/downpour.c worker/ps_client.c worker/ps_exchange.c worker/ps_pull.c worker/ps_push.c worker/ps_rows.c worker/ps_socket.c worker/ps_beat.c \
              $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c common/opts.c \
              common/checksum.c common/staleness.c
 DPLIB_OBJS := $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(DPLIB_SRC)) $(BUILD)/obj/pic/gen/proto/downpour.pb-c.o

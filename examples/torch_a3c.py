@@ -20,6 +20,7 @@ servers.
 import argparse
 import math
 import os
+import time
 
 import numpy as np
 import torch
@@ -96,6 +97,7 @@ def main():
         obs = [e.s.astype(np.float32) for e in envs]
         returns, taken = [], 0
         budget = a.env_steps // a.workers + (task < a.env_steps % a.workers)
+        t0 = time.monotonic()
         while taken < budget:
             w.pull()                                           # Downpour: the current weights
             xs, acts, rews, ends, cuts = [], [], [], [], []
@@ -141,8 +143,9 @@ def main():
                 nn.utils.clip_grad_norm_(net.parameters(), a.clip_norm)
             w.push(loss=loss, batch=a.envs * a.t_max)         # Downpour: instead of opt.step()
         last = returns[-100:]
+        rate = taken / (time.monotonic() - t0)
         print(f"worker {task}: {taken} env steps, {len(returns)} episodes, mean of the last "
-              f"{len(last)} {np.mean(last) if last else 0:.1f}", flush=True)
+              f"{len(last)} {np.mean(last) if last else 0:.1f}, {rate:.0f} env steps/s", flush=True)
         if task == 0:
             w.wait_all()                                       # Downpour: every worker is done
             w.pull()

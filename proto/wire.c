@@ -44,8 +44,9 @@ int dp_mode_parse(const char *s, dp_mode_t *out, char *err)
 
 const char *dp_wire_type_name(int type)
 {
-    static const char *names[] = {"NONE",   "HELLO", "WELCOME",   "PULL",  "PARAMS",   "PUSH",
-                                  "ACK",    "BARRIER", "HEARTBEAT", "STATS", "SHUTDOWN", "ERROR"};
+    static const char *names[] = {"NONE",   "HELLO",   "WELCOME",   "PULL",  "PARAMS",   "PUSH",
+                                  "ACK",    "BARRIER", "HEARTBEAT", "STATS", "SHUTDOWN", "ERROR",
+                                  "ROWS_PULL", "ROWS", "ROWS_PUSH"};
     static _Thread_local char buf[32];
     if (type >= 0 && type < (int)(sizeof names / sizeof names[0])) return names[type];
     snprintf(buf, sizeof buf, "type %d", type);
@@ -89,6 +90,13 @@ static bool s_text_ok(const char *s, size_t limit)
 
 /* A compressed PUSH (Push.compression): its own dtypes, frames only; its
  * layout is checked against the shard's range by proto/compress.h. */
+/* ROWS_PULL, ROWS or ROWS_PUSH: tensors addressed by key, not by range. */
+static bool s_row_message(const Downpour__Envelope *e)
+{
+    return e->type == DOWNPOUR__MSG_TYPE__ROWS_PULL || e->type == DOWNPOUR__MSG_TYPE__ROWS ||
+           e->type == DOWNPOUR__MSG_TYPE__ROWS_PUSH;
+}
+
 static bool s_compressed(const Downpour__Envelope *e)
 {
     return e->push && e->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
@@ -146,6 +154,63 @@ static int s_params_check(const Downpour__Envelope *e, char *err)
     return 0;
 }
 
+/* Is tensor i of e named key, of dtype, with dims dimensions, at offset 0? */
+static bool s_row_tensor(const Downpour__Envelope *e, size_t i, const char *key, int dtype,
+                         size_t dims)
+{
+    const Downpour__TensorDesc *d = e->tensors[i];
+    return d && d->key && strcmp(d->key, key) == 0 && (int)d->dtype == dtype &&
+           d->n_shape == dims && d->offset == 0;
+}
+
+/* The row messages: their tensors by name and layout (the sizes agree with
+ * the bytes by s_desc_check), never through shared memory. */
+static int s_rows_layout(const Downpour__Envelope *e, size_t n, const char *want, char *err)
+{
+    if (e->shm)
+        return dp_err(err, "malformed: %s travels in frames, not in shared memory",
+                      dp_wire_type_name(e->type));
+    if (e->n_tensors != n)
+        return dp_err(err, "malformed: %s carries %zu tensors (it takes %s)",
+                      dp_wire_type_name(e->type), e->n_tensors, want);
+    return 0;
+}
+
+static int s_rows_pull_check(const Downpour__Envelope *e, char *err)
+{
+    if (s_rows_layout(e, 1, "one: keys, UINT64 [n]", err) != 0) return -1;
+    if (!s_row_tensor(e, 0, "keys", DOWNPOUR__DTYPE__UINT64, 1))
+        return dp_err(err, "malformed: ROWS_PULL's tensor is not keys, UINT64 [n] at offset 0");
+    if (e->rows_pull->width < 1 || e->rows_pull->width > DP_WIRE_MAX_ROW_WIDTH)
+        return dp_err(err, "malformed: ROWS_PULL width %u (1 to %d)", e->rows_pull->width,
+                      DP_WIRE_MAX_ROW_WIDTH);
+    return 0;
+}
+
+static int s_rows_check(const Downpour__Envelope *e, char *err)
+{
+    if (s_rows_layout(e, 1, "one: rows, FLOAT32 [n, D]", err) != 0) return -1;
+    if (!s_row_tensor(e, 0, "rows", DOWNPOUR__DTYPE__FLOAT32, 2))
+        return dp_err(err, "malformed: ROWS' tensor is not rows, FLOAT32 [n, D] at offset 0");
+    return 0;
+}
+
+static int s_rows_push_check(const Downpour__Envelope *e, char *err)
+{
+    if (s_rows_layout(e, 2, "two: keys, UINT64 [n], and grads, FLOAT32 [n, D]", err) != 0)
+        return -1;
+    if (!s_row_tensor(e, 0, "keys", DOWNPOUR__DTYPE__UINT64, 1) ||
+        !s_row_tensor(e, 1, "grads", DOWNPOUR__DTYPE__FLOAT32, 2))
+        return dp_err(err, "malformed: ROWS_PUSH's tensors are not keys, UINT64 [n], then grads, "
+                           "FLOAT32 [n, D], at offset 0");
+    const Downpour__TensorDesc *k = e->tensors[0], *g = e->tensors[1];
+    if (g->shape[0] != k->shape[0] || g->shape[1] != (int64_t)e->rows_push->width)
+        return dp_err(err, "malformed: ROWS_PUSH of %lld keys and width %u has grads [%lld, %lld]",
+                      (long long)k->shape[0], e->rows_push->width, (long long)g->shape[0],
+                      (long long)g->shape[1]);
+    return 0;
+}
+
 typedef struct {
     Downpour__MsgType type;
     const char *body; /* the sub-message's name; NULL: the type needs none */
@@ -172,9 +237,12 @@ static const s_msg_rule_t s_rules[] = {
     {DOWNPOUR__MSG_TYPE__HEARTBEAT, NULL, 0, false, NULL, 0, NULL},
     {DOWNPOUR__MSG_TYPE__STATS, NULL, 0, false, NULL, 0, NULL},
     {DOWNPOUR__MSG_TYPE__SHUTDOWN, NULL, 0, false, NULL, 0, NULL},
+    {DOWNPOUR__MSG_TYPE__ROWS_PULL, S_BODY(rows_pull), true, NULL, 0, s_rows_pull_check},
+    {DOWNPOUR__MSG_TYPE__ROWS, S_BODY(rows), true, NULL, 0, s_rows_check},
+    {DOWNPOUR__MSG_TYPE__ROWS_PUSH, S_BODY(rows_push), true, NULL, 0, s_rows_push_check},
 };
 #define S_N_RULES (sizeof s_rules / sizeof s_rules[0])
-_Static_assert(S_N_RULES == DOWNPOUR__MSG_TYPE__ERROR, "a row for every message type");
+_Static_assert(S_N_RULES == DOWNPOUR__MSG_TYPE__ROWS_PUSH, "a row for every message type");
 
 /* The row of a known type. */
 static const s_msg_rule_t *s_rule(int type)
@@ -244,10 +312,14 @@ static int s_desc_check(const Downpour__Envelope *e, const dp_wire_frame_t *fram
     if (!d->key || !d->key[0] || !s_text_ok(d->key, DP_WIRE_MAX_KEY))
         return dp_err(err, "malformed: tensor %zu: empty or over-long key", i);
     bool coded = d->dtype == DOWNPOUR__DTYPE__UINT32 || d->dtype == DOWNPOUR__DTYPE__BIT;
-    if (coded ? !s_compressed(e)
-              : d->dtype != DOWNPOUR__DTYPE__FLOAT32 && (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || e->shm))
+    bool keys = d->dtype == DOWNPOUR__DTYPE__UINT64;
+    if (keys ? !s_row_message(e)
+             : coded ? !s_compressed(e)
+                     : d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
+                           (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || e->shm || s_row_message(e)))
         return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
-                           "BFLOAT16 in frames, or UINT32 and BIT in a compressed PUSH)",
+                           "BFLOAT16 in frames, or UINT32 and BIT in a compressed PUSH, or "
+                           "UINT64 keys in a row message)",
                       i, d->key, (int)d->dtype);
     if (d->n_shape < 1 || d->n_shape > 8)
         return dp_err(err, "malformed: tensor %zu (%s): %zu dimensions (1 to 8 allowed)", i, d->key,
@@ -632,9 +704,23 @@ void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key,
     d->crc32 = crc_known ? crc : dp_wire_crc32(data, count * 4);
 }
 
+void dp_wire_desc_keyed(Downpour__TensorDesc *d, int64_t *shape, const char *key, int dtype,
+                        const void *data, size_t n, size_t width)
+{
+    downpour__tensor_desc__init(d);
+    d->key = (char *)key;
+    d->dtype = (Downpour__DType)dtype;
+    shape[0] = (int64_t)n;
+    shape[1] = (int64_t)width;
+    d->n_shape = width ? 2 : 1;
+    d->shape = shape;
+    d->byte_length = (uint64_t)n * (width ? width : 1) * dp_wire_dtype_size(dtype);
+    d->crc32 = dp_wire_crc32(data, d->byte_length);
+}
+
 unsigned dp_wire_dtype_size(int dtype)
 {
-    return dtype == DOWNPOUR__DTYPE__BFLOAT16 ? 2 : 4;
+    return dtype == DOWNPOUR__DTYPE__BFLOAT16 ? 2 : dtype == DOWNPOUR__DTYPE__UINT64 ? 8 : 4;
 }
 
 uint64_t dp_wire_desc_count(const Downpour__TensorDesc *d)

@@ -9,7 +9,10 @@
  *
  * Invariants after dp_wire_check() returned 0: protocol_version is
  * DP_PROTOCOL_VERSION; type is a known MsgType; the sub-message the type needs
- * is present; tensors appear only on PUSH and PARAMS, at most
+ * is present; tensors appear only on PUSH, PARAMS and the row messages
+ * (ROWS_PULL: "keys" UINT64 [n]; ROWS: "rows" FLOAT32 [n, D]; ROWS_PUSH:
+ * "keys" then "grads" FLOAT32 [n, width], all at offset 0, in frames, D at
+ * most DP_WIRE_MAX_ROW_WIDTH; UINT64 nowhere else), at most
  * DP_WIRE_MAX_TENSORS; there is exactly one frame per descriptor; each
  * descriptor is FLOAT32 (or BFLOAT16 in frames: 2 bytes an element where
  * 4 is said here; or UINT32 and BIT in a compressed PUSH, Push.compression
@@ -53,6 +56,8 @@
  * (server/ps.c's S_SNDHWM, 16, past which ZeroMQ drops them); the first
  * layers are what the forward needs early, so a few parts are enough. */
 #define DP_WIRE_MAX_PULL_PARTS 8
+/* Floats per row of a row table (server/rows.h's DP_ROWS_MAX_WIDTH is this). */
+#define DP_WIRE_MAX_ROW_WIDTH 4096
 
 /* Consistency policy of the parameter server. */
 typedef enum { DP_MODE_SYNC = 1, DP_MODE_ASYNC = 2, DP_MODE_SSP = 3 } dp_mode_t;
@@ -168,7 +173,13 @@ int dp_wire_send(void *sock, zmq_msg_t *identity, const Downpour__Envelope *env,
 void dp_wire_desc_fill(Downpour__TensorDesc *d, int64_t *shape, const char *key, const float *data,
                        size_t count, uint64_t offset, int crc_known, uint32_t crc);
 
-/* Bytes per element of a dtype: 2 for BFLOAT16, else 4. */
+/* A row message's tensor (offset 0, with its CRC-32): n elements of dtype
+ * when width is 0 (keys: UINT64 [n]), else n x width (rows: FLOAT32
+ * [n, width]); shape has room for 2. */
+void dp_wire_desc_keyed(Downpour__TensorDesc *d, int64_t *shape, const char *key, int dtype,
+                        const void *data, size_t n, size_t width);
+
+/* Bytes per element of a dtype: 2 for BFLOAT16, 8 for UINT64, else 4. */
 unsigned dp_wire_dtype_size(int dtype);
 /* Elements a (checked) descriptor describes: byte_length / the dtype's size
  * (BIT: its shape[0] bits). */

@@ -6,6 +6,7 @@
  * and, with --worker-hosts, the worker count; explicit --bind / --shard /
  * --workers win. Every error is one line naming the flag. The entries
  * marked DP_OPTS_PASS are the ones `downpour local` passes on to its shards. */
+#include <errno.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stddef.h>
@@ -43,6 +44,7 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->metrics_every = 5.0;
     c->heartbeat_timeout = 5.0; /* workers beat every second (worker/ps_beat.h) */
     c->early_step = 1;
+    dp_rows_conf_default(&c->rows, 1, DP_ROW_ADAGRAD); /* its width: the model's, at setup */
 }
 
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
@@ -138,6 +140,49 @@ static int s_set_mode(void *arg, const char *v, char *err)
     return dp_mode_parse(v, &((dp_ps_config_t *)arg)->mode, err);
 }
 
+static int s_set_rows_mode(void *arg, const char *v, char *err)
+{
+    return dp_mode_parse(v, &((dp_ps_config_t *)arg)->rows_mode, err);
+}
+
+static int s_set_row_optimizer(void *arg, const char *v, char *err)
+{
+    dp_row_optim_kind_t k;
+    if (dp_row_optim_parse_kind(v, &k, err) != 0) return -1;
+    dp_row_optim_conf_default(&((dp_ps_config_t *)arg)->rows.optim, k); /* --row-lr after parsing */
+    return 0;
+}
+
+/* A count of at most hi into *out (the flag's name comes first in err). */
+static int s_count(const char *v, uint64_t hi, uint64_t *out, char *err)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!v[0] || *end || errno || v[0] == '-' || x > hi)
+        return dp_err(err, "'%s': a whole number from 0 to %llu", v, (unsigned long long)hi);
+    *out = x;
+    return 0;
+}
+
+static int s_set_row_admit(void *arg, const char *v, char *err)
+{
+    uint64_t x;
+    if (s_count(v, DP_ROWS_MAX_ADMIT, &x, err) != 0) return -1;
+    ((dp_ps_config_t *)arg)->rows.admit_after = (uint32_t)x;
+    return 0;
+}
+
+static int s_set_row_evict(void *arg, const char *v, char *err)
+{
+    return s_count(v, UINT64_MAX >> 1, &((dp_ps_config_t *)arg)->rows.evict_after, err);
+}
+
+static int s_set_row_max(void *arg, const char *v, char *err)
+{
+    return s_count(v, DP_ROWS_MAX_ROWS, &((dp_ps_config_t *)arg)->rows.max_rows, err);
+}
+
 static int s_set_optimizer(void *arg, const char *v, char *err)
 {
     return dp_optim_parse_kind(&((dp_ps_config_t *)arg)->optim, v, err);
@@ -223,6 +268,27 @@ static const dp_opts_entry_t s_config[] = {
                        "backward (the same bits as a whole step; it needs a core the\n"
                        "workers leave free: downpour local turns it off when the\n"
                        "workers' threads take every core; default on)"), S_AT(early_step)},
+    {DP_FLAG_CALL("rows-mode", "sync|async|ssp", s_set_rows_mode, NULL, DP_OPTS_PASS,
+                     "a model with embed:D: when its row pushes apply (default\n"
+                     "--mode's; sync needs --mode sync; --mode sync --rows-mode async:\n"
+                     "the rows at once, the dense layers by step)"), 0},
+    {DP_FLAG_CALL("row-optimizer", "NAME", s_set_row_optimizer, NULL, DP_OPTS_PASS,
+                     "the rows' optimizer: sgd, adagrad (default), adam, ftrl; each row\n"
+                     "steps only when a push carries it (its own step count)"), 0},
+    {DP_FLAG_NUM("row-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
+                    "the rows' lr (ftrl: alpha; default: the row optimizer's own)"), S_AT(row_lr)},
+    {DP_FLAG_NUM("row-l1", DP_OPTS_FLOAT, "X", NULL, 0, 1e6, DP_OPTS_PASS,
+                    "ftrl: the L1 strength (default 0)"), S_AT(rows.optim.l1)},
+    {DP_FLAG_NUM("row-l2", DP_OPTS_FLOAT, "X", NULL, 0, 1e6, DP_OPTS_PASS,
+                    "ftrl: the L2 strength (default 0)"), S_AT(rows.optim.l2)},
+    {DP_FLAG_CALL("row-admit", "K", s_set_row_admit, NULL, DP_OPTS_PASS,
+                     "a key gets a row at its K-th push (reads as zeros before;\n"
+                     "default 1: the first)"), 0},
+    {DP_FLAG_CALL("row-evict", "T", s_set_row_evict, NULL, DP_OPTS_PASS,
+                     "rows no push touched for T versions are dropped (default 0: never)"), 0},
+    {DP_FLAG_CALL("row-max", "N", s_set_row_max, NULL, DP_OPTS_PASS,
+                     "rows a shard holds at most (default 2^31); a new key's gradient\n"
+                     "beyond them is dropped and counted"), 0},
     S_BUF("model", "SPEC", model_spec, DP_OPTS_PASS, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
     {DP_FLAG_CALL("input", "CxHxW", s_set_input, NULL, 0, "input shape (default 1x28x28)"), 0},
     S_BUF("init", "FILE", init_path, 0,

@@ -413,6 +413,9 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     dp_push_outcome_t o;
     bool early = dp_shard_early_of(&ps->early, wid, env->push->step); /* the policy may commit it */
     dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, early, &o);
+    if (o.status == DP_PUSH_APPLIED) /* sync rows: this worker's rows go with the step */
+        dp_ps_rows_dense_taken(&ps->rows, wid, env->push->version);
+    if (o.stepped) dp_ps_rows_stepped(&ps->rows, ps->shard.version);
     s_count_episodes(ps, env->push, wid);
     dp_deal_batch_t batch;
     const dp_deal_batch_t *carried =
@@ -595,6 +598,8 @@ static void s_dispatch(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope
         dp_ps_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__HEARTBEAT);
         break;
     case DOWNPOUR__MSG_TYPE__SHUTDOWN: dp_ps_on_shutdown(ps, id, env); break;
+    case DOWNPOUR__MSG_TYPE__ROWS_PULL: dp_ps_on_rows_pull(ps, id, env, frames); break;
+    case DOWNPOUR__MSG_TYPE__ROWS_PUSH: dp_ps_on_rows_push(ps, id, env, frames); break;
     default: break; /* dp_ps_admit let only requests through */
     }
 }
@@ -754,6 +759,13 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         ps->foreign_said = dp_calloc((size_t)cfg->num_workers, 1);
         ps->planned = dp_calloc((size_t)cfg->num_workers, 1);
     }
+    dp_mode_t rows_mode = cfg->rows_mode ? cfg->rows_mode : cfg->mode;
+    dp_rows_conf_t rows = cfg->rows;
+    if (cfg->row_lr > 0) rows.optim.lr = cfg->row_lr;
+    if (dp_ps_rows_init(&ps->rows, cfg->rows_width, &rows, rows_mode, cfg->mode,
+                        (uint32_t)cfg->shard_index, (uint32_t)cfg->shard_count, cfg->num_workers,
+                        err) != 0)
+        return -1;
     return dp_ps_restore(ps, err);
 }
 
@@ -831,6 +843,7 @@ static void s_teardown(dp_ps_loop_t *ps)
     dp_shard_fini(&ps->shard);
     dp_shard_parts_fini(&ps->parts);
     dp_deal_fini(&ps->deal);
+    dp_ps_rows_fini(&ps->rows);
     free(ps->foreign_said);
     free(ps->planned);
     free(ps->pending);

@@ -37,6 +37,7 @@
 #include "common/opts.h"
 #include "kernels/optim.h"
 #include "proto/wire.h"
+#include "server/rows.h"
 
 #define DP_PS_PATH_LEN 512
 
@@ -87,6 +88,11 @@ typedef struct {
     int threads;                /* optimizer sweep threads; 0 = dp_ps_config_threads decides */
     int early_step;             /* --early-step off|on (0, 1): a push in parts stepped as its parts
                                  * come (server/shard.h, dp_shard_early_t); default on */
+    int rows_width;             /* D of the model's row table (its embed:D layer); 0: none */
+    dp_rows_conf_t rows;        /* the table: --row-optimizer, --row-lr, --row-admit, --row-evict,
+                                 * --row-max (its width is rows_width) */
+    dp_mode_t rows_mode;        /* --rows-mode: when row pushes apply (server/ps_rows.h); 0: --mode */
+    float row_lr;               /* --row-lr: rows.optim.lr when set (0: the row optimizer's own) */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;

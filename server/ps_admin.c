@@ -218,6 +218,16 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     s.return_mean_100 = dp_episodes_mean(&ps->episodes);
     s.solved = ps->episodes.solved_at >= 0;
     s.solved_at_env_steps = s.solved ? (uint64_t)ps->episodes.solved_at : 0;
+    dp_ps_rows_stats_t rs;
+    dp_ps_rows_stats(&ps->rows, &rs);
+    s.rows = rs.rows;
+    s.rows_created = rs.created;
+    s.rows_evicted = rs.evicted;
+    s.row_pushes = rs.pushes;
+    s.row_pushes_rejected = rs.rejected;
+    s.row_staleness_sum = rs.staleness_sum;
+    s.row_staleness_max = rs.staleness_max;
+    s.rows_bytes = rs.bytes;
     rep.stats = &s;
     dp_ps_send(ps, id, &rep, NULL, 0);
     free(esp);

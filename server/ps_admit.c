@@ -108,8 +108,11 @@ bool dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     int type = env->type, wid = env->worker_id;
     int admin = type == DOWNPOUR__MSG_TYPE__STATS || type == DOWNPOUR__MSG_TYPE__HEARTBEAT ||
                 type == DOWNPOUR__MSG_TYPE__SHUTDOWN;
-    int request = admin || type == DOWNPOUR__MSG_TYPE__HELLO || type == DOWNPOUR__MSG_TYPE__PULL ||
-                  type == DOWNPOUR__MSG_TYPE__PUSH || type == DOWNPOUR__MSG_TYPE__BARRIER;
+    /* what only a worker that said HELLO may ask */
+    int worker_request = type == DOWNPOUR__MSG_TYPE__PULL || type == DOWNPOUR__MSG_TYPE__PUSH ||
+                         type == DOWNPOUR__MSG_TYPE__BARRIER ||
+                         type == DOWNPOUR__MSG_TYPE__ROWS_PULL || type == DOWNPOUR__MSG_TYPE__ROWS_PUSH;
+    int request = admin || worker_request || type == DOWNPOUR__MSG_TYPE__HELLO;
     msg[0] = 0;
     int code = DOWNPOUR__ERROR_CODE__ERR_NONE;
     if (!request)
@@ -134,9 +137,7 @@ bool dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
     if (!s_authorized(ps, id, env)) return false;
     if (wid < 0 || wid >= ps->members.n) return true; /* a tool */
     if (dp_members_heard(&ps->members, wid, dp_now())) dp_ps_members_changed(ps);
-    if (type != DOWNPOUR__MSG_TYPE__PULL && type != DOWNPOUR__MSG_TYPE__PUSH &&
-        type != DOWNPOUR__MSG_TYPE__BARRIER)
-        return true;
+    if (!worker_request) return true;
     if (ps->members.w[wid].joined) return true;
     /* e.g. this shard restarted: the client says HELLO again and repeats */
     snprintf(msg, sizeof msg, "worker %d has not said HELLO to this shard", wid);

@@ -1,6 +1,6 @@
 /* ps_loop: the state of downpour-ps's event loop and what the files of
  * the loop share. server/ps.h is the loop's interface and server/ps.c says
- * its invariants; the loop is four files, one job each:
+ * its invariants; the loop is five files, one job each:
  *   server/ps.c        receiving under the limits, dispatch, held pulls,
  *                      pushes (whole and in parts), BARRIER, setup, the loop
  *   server/ps_admit.c  who and what may reach a handler: the model checks
@@ -11,6 +11,8 @@
  *                      ZeroMQ), ACK
  *   server/ps_admin.c  the shard's account: checkpoints (when due, at start,
  *                      at the end), metrics lines, STATS, SHUTDOWN
+ *   server/ps_rows.c   the row table's requests (ROWS_PULL, ROWS_PUSH) and
+ *                      its share of a sync step
  * Nothing else includes this header. */
 #ifndef DP_PS_LOOP_H
 #define DP_PS_LOOP_H
@@ -29,6 +31,7 @@
 #include "server/membership.h"
 #include "server/policy.h"
 #include "server/ps.h"
+#include "server/ps_rows.h"
 #include "server/ps_shm.h"
 #include "server/record.h"
 #include "server/shard.h"
@@ -122,6 +125,7 @@ typedef struct {
     unsigned char *foreign_said; /* per worker: its push of no dealt batch was logged */
     unsigned char *planned;      /* per worker: its HELLO carried the data plan (it trains dealt batches) */
     dp_episodes_t episodes; /* an actor-critic run's env steps and episodes (Push.env_steps) */
+    dp_ps_rows_t rows;     /* the model's row table (embed:D), empty without one */
 } dp_ps_loop_t;
 
 /* ---- server/ps.c ---------------------------------------------------- */
@@ -168,6 +172,20 @@ bool dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 /* HELLO: the model checked, the worker id claimed, the worker joined,
  * answered with the WELCOME. */
 void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
+
+/* ---- server/ps_rows.c ----------------------------------------------- */
+
+/* ROWS_PULL: the rows of the keys asked, or an ERROR naming the bad key. */
+void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames);
+/* ROWS_PUSH: applied, waiting for the sync step, a repeat, or REJECTED. */
+void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames);
+/* Sync rows: the dense step at version took this worker's gradient. */
+void dp_ps_rows_dense_taken(dp_ps_rows_t *r, int worker, uint64_t version);
+/* Sync rows: the dense step fired, the shard is at version now: the rows
+ * of the workers it took applied once, the others' dropped. */
+void dp_ps_rows_stepped(dp_ps_rows_t *r, uint64_t version);
 
 /* ---- server/ps_admin.c ---------------------------------------------- */
 

@@ -74,8 +74,9 @@
 #include <stdint.h>
 
 #include "kernels/row_optim.h"
+#include "proto/wire.h" /* DP_WIRE_MAX_ROW_WIDTH */
 
-#define DP_ROWS_MAX_WIDTH 4096            /* D at most */
+#define DP_ROWS_MAX_WIDTH DP_WIRE_MAX_ROW_WIDTH /* D at most (the wire's bound) */
 #define DP_ROWS_MAX_KEYS (1u << 20)       /* keys per request at most (max_keys' ceiling) */
 #define DP_ROWS_DEFAULT_KEYS (1u << 16)   /* max_keys when 0 */
 #define DP_ROWS_MAX_ROWS (1ull << 31)     /* max_rows' ceiling: slots are 32-bit */

@@ -19,6 +19,11 @@ uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c)
     return c->bytes_pushed;
 }
 
+uint64_t dp_ps_client_bytes_pulled(const dp_ps_client_t *c)
+{
+    return c->bytes_pulled;
+}
+
 uint64_t dp_ps_client_resume_step(const dp_ps_client_t *c)
 {
     uint64_t step = UINT64_MAX;
@@ -85,6 +90,14 @@ static dp_ps_reply_t s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelo
     }
     a->st.version += s->version;
     a->st.steps_early += s->steps_early;
+    a->st.rows[i] = s->rows;
+    if (i + 1 > a->st.rows_shards) a->st.rows_shards = i + 1;
+    a->st.rows_evicted += s->rows_evicted;
+    a->st.row_pushes += s->row_pushes;
+    a->st.row_pushes_rejected += s->row_pushes_rejected;
+    a->st.row_staleness_sum += s->row_staleness_sum;
+    if (s->row_staleness_max > a->st.row_staleness_max) a->st.row_staleness_max = s->row_staleness_max;
+    a->st.rows_bytes += s->rows_bytes;
     return DP_PS_REPLY_DONE;
 }
 

@@ -93,6 +93,11 @@ typedef struct {
     uint64_t env_steps, episodes;
     double return_mean_100;
     int64_t solved_at_env_steps;         /* -1: not solved */
+    /* the row table (a model with embed:D): rows held per shard, and sums */
+    uint64_t rows[DP_ZSOCK_MAX_SHARDS];
+    int rows_shards;                     /* entries of rows (the shards that answered) */
+    uint64_t rows_evicted, row_pushes, row_pushes_rejected;
+    uint64_t row_staleness_sum, row_staleness_max, rows_bytes;
 } dp_ps_stats_t;
 
 /* The crew's history as shard 0 keeps it (server/membership.h). */
@@ -318,6 +323,24 @@ int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
 
 /* The bytes of every push so far (dp_push_result_t.bytes summed). */
 uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);
+/* Bytes of rows received by dp_ps_client_rows_pull, all calls. */
+uint64_t dp_ps_client_bytes_pulled(const dp_ps_client_t *c);
+
+/* ---- row tables (a model whose first layer is embed:D; server/ps_rows.h) --
+ * The rows of keys[0..n) (no key twice) of width d into rows (n x d, the
+ * keys' order), each from the shard that holds it (dp_rows_shard_of), all
+ * shards in parallel; a key without a row reads as a new row would start.
+ * *held (may be NULL): the keys that had a row. 0, or -1 with err (a
+ * refusal names the bad key). */
+int dp_ps_client_rows_pull(dp_ps_client_t *c, const uint64_t *keys, size_t n, int d, float *rows,
+                           uint64_t *held, char *err);
+/* Their gradients grads (n x d, keys[0..n) of the last rows_pull or fewer)
+ * to the shards that hold them, stamped with the versions that pull read;
+ * step (1, 2, ...): applied once per (worker, step), 0: no repeat check.
+ * res as for a push (applied, dropped, rejected and reason per shard;
+ * bytes: keys and rows moved). 0, or -1 with err. */
+int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, int d,
+                           const float *grads, uint64_t step, dp_push_result_t *res, char *err);
 
 /* The last step of this worker every shard has applied (from their
  * WELCOMEs): a restarted worker resumes after it. 0 for a new worker. */

@@ -462,6 +462,26 @@ static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     rq->env.hello = h;
 }
 
+void dp_ps_frame_released(void *data, void *hint)
+{
+    (void)data;
+    atomic_fetch_sub((atomic_int *)hint, 1);
+}
+
+int dp_ps_wait_released(dp_ps_client_t *c, char *err)
+{
+    double t0 = dp_now();
+    while (atomic_load(&c->inflight) > 0) {
+        if (dp_now() - t0 > c->timeout_s) {
+            c->code = DP_PS_ERR_OTHER;
+            return dp_err(err, "ZeroMQ still holds %d request frames after %.0f s",
+                          atomic_load(&c->inflight), c->timeout_s);
+        }
+        dp_ps_sleep(50e-6);
+    }
+    return 0;
+}
+
 void dp_ps_seen(dp_ps_shard_t *s, uint64_t version)
 {
     if (version > s->seen_version) s->seen_version = version;
@@ -671,6 +691,7 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     free(c->landing);
     free(c->pull_room);
     free(c->push_room);
+    dp_ps_rows_req_free(c->rows);
     free(c);
     *c_p = NULL;
 }

@@ -92,6 +92,7 @@ typedef struct {
 
 typedef struct dp_ps_pull_req dp_ps_pull_req_t; /* ps_pull.c */
 typedef struct dp_ps_push_req dp_ps_push_req_t; /* ps_push.c */
+typedef struct dp_ps_rows_req dp_ps_rows_req_t; /* ps_rows.c */
 
 struct dp_ps_client {
     void *ctx;              /* ZeroMQ context, owned */
@@ -128,6 +129,8 @@ struct dp_ps_client {
     uint64_t deal_step;     /* pulls ask shard 0 for the batch of this push step (0: none) */
     dp_ps_dealt_t dealt;    /* what the last pull's shard 0 dealt, */
     bool dealt_got;         /* ... if it has */
+    dp_ps_rows_req_t *rows; /* the row requests' buffers (ps_rows.c), made on first use */
+    uint64_t bytes_pulled;  /* every pull's tensor bytes received (rows; dense: see pull) */
 };
 
 /* Storage one request points into until it is sent. */
@@ -138,10 +141,13 @@ typedef struct {
         Downpour__Pull pull;
         Downpour__Push push;
         Downpour__Barrier barrier;
+        Downpour__RowsPull rows_pull;
+        Downpour__RowsPush rows_push;
     } body;                         /* the sub-message env points at, if any */
     Downpour__TensorDesc desc[2];   /* PUSH: the gradient slice (top-k: indices, values) */
     Downpour__TensorDesc *descs[2]; /* env.tensors */
     int64_t shape[2];               /* desc[i].shape */
+    int64_t row_shape[2][2];        /* desc[i].shape of a row message (2-D rows) */
     dp_wire_payload_t payload[2];   /* PUSH: the slice's bytes */
     int n_payloads;                 /* 0 to 2 */
 } dp_ps_req_t;
@@ -210,6 +216,16 @@ int dp_ps_send_only(dp_ps_client_t *c, int i, dp_ps_req_t *rq, char *err);
  * awaits it instead of sending its own, unless the shard is said HELLO
  * first. */
 void dp_ps_await_sent(dp_ps_client_t *c, int i, uint64_t req);
+
+/* A request frame's free callback (hint: &c->inflight, counted up by the
+ * builder before the send): the caller's bytes, handed to ZeroMQ without a
+ * copy, are its own again once every one came back. */
+void dp_ps_frame_released(void *data, void *hint);
+/* Wait (bounded by timeout_s) until ZeroMQ has let go of every such frame;
+ * -1 with err when it has not. */
+int dp_ps_wait_released(dp_ps_client_t *c, char *err);
+/* The row requests' buffers (ps_rows.c), freed with the client. */
+void dp_ps_rows_req_free(dp_ps_rows_req_t *r);
 
 /* Sleep s seconds. */
 void dp_ps_sleep(double s);

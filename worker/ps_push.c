@@ -62,12 +62,6 @@ static uint64_t s_stamp_of(const dp_ps_client_t *c, const dp_ps_push_t *p, int i
     return p->stamp && p->stamp->v[i] < v ? p->stamp->v[i] : v;
 }
 
-static void s_push_release(void *data, void *hint)
-{
-    (void)data;
-    atomic_fetch_sub((atomic_int *)hint, 1);
-}
-
 /* The frames of a compressed slice (proto/downpour.proto, Compression):
  * indices and values, or the sign bits and Push.scale; from the
  * compressor's buffers, which stay put until push returns. */
@@ -82,8 +76,8 @@ static void s_build_compressed(dp_ps_client_t *c, const dp_ps_shard_t *s, dp_ps_
         rq->desc[0].dtype = DOWNPOUR__DTYPE__UINT32;
         rq->desc[0].crc32 = s->crc ? dp_wire_crc32(z->idx, z->k * 4) : 0;
         dp_wire_desc_fill(&rq->desc[1], &rq->shape[1], "values", z->val, z->k, s->lo, !s->crc, 0);
-        rq->payload[0] = (dp_wire_payload_t){z->idx, z->k * 4, s_push_release, &c->inflight};
-        rq->payload[1] = (dp_wire_payload_t){z->val, z->k * 4, s_push_release, &c->inflight};
+        rq->payload[0] = (dp_wire_payload_t){z->idx, z->k * 4, dp_ps_frame_released, &c->inflight};
+        rq->payload[1] = (dp_wire_payload_t){z->val, z->k * 4, dp_ps_frame_released, &c->inflight};
         nd = 2;
     } else {
         p->compression = DOWNPOUR__COMPRESSION__SIGN;
@@ -93,7 +87,7 @@ static void s_build_compressed(dp_ps_client_t *c, const dp_ps_shard_t *s, dp_ps_
         rq->desc[0].dtype = DOWNPOUR__DTYPE__BIT;
         rq->desc[0].byte_length = nb;
         rq->desc[0].crc32 = s->crc ? dp_wire_crc32(z->bits, nb) : 0;
-        rq->payload[0] = (dp_wire_payload_t){z->bits, nb, s_push_release, &c->inflight};
+        rq->payload[0] = (dp_wire_payload_t){z->bits, nb, dp_ps_frame_released, &c->inflight};
         nd = 1;
     }
     for (int d = 0; d < nd; d++) {
@@ -162,9 +156,9 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
         uint16_t *h = sw->push16 + (a - s->lo);
         dp_wire_to_bf16(h, slice, cnt);
         dp_wire_desc_bf16(&rq->desc[0], h, s->crc);
-        rq->payload[0] = (dp_wire_payload_t){h, cnt * 2, s_push_release, &c->inflight};
+        rq->payload[0] = (dp_wire_payload_t){h, cnt * 2, dp_ps_frame_released, &c->inflight};
     } else
-        rq->payload[0] = (dp_wire_payload_t){slice, cnt * sizeof(float), s_push_release,
+        rq->payload[0] = (dp_wire_payload_t){slice, cnt * sizeof(float), dp_ps_frame_released,
                                              &c->inflight};
     rq->n_payloads = 1;
 }
@@ -330,20 +324,6 @@ static dp_ps_reply_t s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope
     return DP_PS_REPLY_DONE;
 }
 
-/* Wait (bounded) until ZeroMQ has let go of every push frame. */
-static int s_wait_released(dp_ps_client_t *c, char *err)
-{
-    double t0 = dp_now();
-    while (atomic_load(&c->inflight) > 0) {
-        if (dp_now() - t0 > c->timeout_s) {
-            c->code = DP_PS_ERR_OTHER;
-            return dp_err(err, "ZeroMQ still holds %d gradient frames after %.0f s",
-                          atomic_load(&c->inflight), c->timeout_s);
-        }
-        dp_ps_sleep(50e-6);
-    }
-    return 0;
-}
 
 /* After a push with a stamp: a shard that restarted during it (another
  * incarnation, or its version went back below the stamp) keeps the lower of
@@ -448,7 +428,7 @@ int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err)
                          .arg = pr};
     int rc = dp_ps_exchange(c, &plan, err);
     char e2[DP_ERR_LEN];
-    if (s_wait_released(c, e2) != 0) {
+    if (dp_ps_wait_released(c, e2) != 0) {
         if (rc == 0) rc = dp_err(err, "%s", e2);
         dp_log_error("%s", e2);
     }

@@ -52,6 +52,8 @@
 # against PyTorch DDP over gloo; its knobs are in that file),
 # BENCH_TORCH_LOCAL=0 to leave out tests/bench/torch_local.sh (2 PyTorch
 # workers with --local-steps 8 against the loop alone, launch's start-up),
+# BENCH_A3C=0 to leave out tests/bench/a3c.sh (A3C's env steps per second,
+# the C worker against the PyTorch example, 1 and 2 workers),
 # BENCH_ELASTIC=0 to leave out tests/bench/elastic.sh (--chaos kills against
 # none, async and sync),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
@@ -402,6 +404,13 @@ fi
 if [ "${BENCH_TORCH_LOCAL:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
     echo
     BUILD=$BUILD tests/bench/torch_local.sh
+fi
+
+# A3C: env steps per second of the C worker alone, through one shard with 1
+# and 2 workers, beside the PyTorch example (tests/bench/a3c.sh).
+if [ "${BENCH_A3C:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
+    echo
+    BUILD=$BUILD tests/bench/a3c.sh
 fi
 
 # Churn: 2 workers over 2 epochs, async and sync, with --chaos kills

@@ -1,0 +1,358 @@
+/* ps_rows: ROWS_PULL and ROWS_PUSH over the shard's row table; see
+ * server/ps_rows.h for the rules and server/ps_loop.h for the loop. */
+#include "server/ps_rows.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "server/ps_loop.h"
+
+_Static_assert(DP_ROWS_MAX_WIDTH == DP_WIRE_MAX_ROW_WIDTH, "one bound on a row's width");
+
+int dp_ps_rows_init(dp_ps_rows_t *r, int d, const dp_rows_conf_t *c, dp_mode_t mode,
+                    dp_mode_t dense_mode, uint32_t shard, uint32_t shards, int workers, char *err)
+{
+    memset(r, 0, sizeof *r);
+    if (d <= 0) return 0;
+    if (mode == DP_MODE_SYNC && dense_mode != DP_MODE_SYNC)
+        return dp_err(err, "--rows-mode sync needs --mode sync (the rows are applied with the "
+                           "dense step); with --mode %s the rows take async or ssp",
+                      dp_mode_name(dense_mode));
+    dp_rows_conf_t conf = *c;
+    conf.width = d;
+    char why[DP_ERR_LEN];
+    r->table = dp_rows_new(&conf, why);
+    if (!r->table) return dp_err(err, "the row table: %s", why);
+    r->width = d;
+    r->mode = mode;
+    r->shard = shard;
+    r->shards = shards;
+    r->workers = workers;
+    r->max_keys = conf.max_keys ? conf.max_keys : DP_ROWS_DEFAULT_KEYS;
+    r->last_step = dp_calloc((size_t)workers, sizeof *r->last_step);
+    r->pulled = dp_calloc((size_t)workers, sizeof *r->pulled);
+    r->n_pulled = dp_calloc((size_t)workers, sizeof *r->n_pulled);
+    if (mode == DP_MODE_SYNC) {
+        r->waiting = dp_calloc((size_t)workers, sizeof *r->waiting);
+        for (int w = 0; w < workers; w++) r->waiting[w].version = UINT64_MAX;
+    }
+    return 0;
+}
+
+void dp_ps_rows_fini(dp_ps_rows_t *r)
+{
+    if (!r->table) return;
+    for (int w = 0; w < r->workers; w++) {
+        free(r->pulled[w]);
+        if (r->waiting) free(r->waiting[w].keys), free(r->waiting[w].grads);
+    }
+    free(r->pulled), free(r->n_pulled), free(r->last_step), free(r->waiting);
+    free(r->sum_keys), free(r->sum_grads), free(r->order);
+    dp_rows_destroy(&r->table);
+    memset(r, 0, sizeof *r);
+}
+
+void dp_ps_rows_stats(const dp_ps_rows_t *r, dp_ps_rows_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!r->table) return;
+    dp_rows_stats_t s;
+    dp_rows_stats(r->table, &s);
+    *out = (dp_ps_rows_stats_t){.rows = s.rows, .created = s.created, .evicted = s.evicted,
+                                .pushes = r->pushes, .rejected = r->rejected,
+                                .staleness_sum = r->staleness_sum,
+                                .staleness_max = r->staleness_max, .bytes = s.bytes};
+}
+
+static int s_cmp_key(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The keys of a row message (tensor 0; wire-checked UINT64 [n]) copied
+ * into out (8-byte aligned: a frame need not be), each of this shard and
+ * at most max_keys of them; -1 with err. */
+static long s_keys(const dp_ps_rows_t *r, const Downpour__Envelope *env,
+                   const dp_wire_frame_t *frames, uint64_t *out, char *err)
+{
+    uint64_t n = (uint64_t)env->tensors[0]->shape[0];
+    if (n > r->max_keys)
+        return dp_err(err, "%" PRIu64 " keys in one request (this shard takes at most %u)", n,
+                      r->max_keys);
+    memcpy(out, frames[0].data, n * sizeof *out);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t owner = dp_rows_shard_of(out[i], r->shards);
+        if (owner != r->shard)
+            return dp_err(err, "key %" PRIu64 " is held by shard %u, not this one (%u of %u)",
+                          out[i], owner, r->shard, r->shards);
+    }
+    return (long)n;
+}
+
+/* Is key in the worker's last pulled set? */
+static bool s_pulled(const dp_ps_rows_t *r, int w, uint64_t key)
+{
+    return r->pulled[w] &&
+           bsearch(&key, r->pulled[w], r->n_pulled[w], sizeof key, s_cmp_key) != NULL;
+}
+
+/* ZeroMQ's free callback of a ROWS frame. */
+static void s_free_frame(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+/* ROWS: rows (malloc'd, n x D) handed to ZeroMQ, freed once sent. */
+static void s_reply_rows(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                         float *rows, size_t n, uint64_t held)
+{
+    Downpour__Envelope rep;
+    dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__ROWS, env->request_id, env->worker_id);
+    Downpour__Rows body = DOWNPOUR__ROWS__INIT;
+    body.version = ps->shard.version;
+    body.held = held;
+    rep.rows = &body;
+    Downpour__TensorDesc d;
+    Downpour__TensorDesc *dv[1] = {&d};
+    int64_t shape[2];
+    dp_wire_desc_keyed(&d, shape, "rows", DOWNPOUR__DTYPE__FLOAT32, rows, n, (size_t)ps->rows.width);
+    rep.n_tensors = 1;
+    rep.tensors = dv;
+    dp_wire_payload_t pl = {rows, d.byte_length, s_free_frame, NULL};
+    dp_ps_send(ps, id, &rep, &pl, 1);
+}
+
+void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames)
+{
+    dp_ps_rows_t *r = &ps->rows;
+    char msg[DP_ERR_LEN + 16], why[DP_ERR_LEN];
+    int w = env->worker_id;
+    if (!r->table) {
+        dp_ps_reply_error(ps, id, env->request_id, w,
+                          "ROWS_PULL: this shard's model has no row table (no embed:D layer)");
+        return;
+    }
+    if ((int)env->rows_pull->width != r->width) {
+        snprintf(msg, sizeof msg, "ROWS_PULL: rows of width %u asked; this shard's are %d wide",
+                 env->rows_pull->width, r->width);
+        dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        return;
+    }
+    if (!r->pulled[w]) r->pulled[w] = dp_malloc((size_t)r->max_keys * sizeof(uint64_t));
+    uint64_t *keys = r->pulled[w];
+    long n = s_keys(r, env, frames, keys, why);
+    if (n >= 0) {
+        qsort(keys, (size_t)n, sizeof *keys, s_cmp_key);
+        for (long i = 1; i < n; i++)
+            if (keys[i] == keys[i - 1]) {
+                snprintf(why, sizeof why, "key %" PRIu64 " asked twice", keys[i]);
+                n = -1;
+                break;
+            }
+    }
+    if (n < 0) {
+        r->n_pulled[w] = 0; /* nothing pulled: no push may follow */
+        snprintf(msg, sizeof msg, "ROWS_PULL: %s", why);
+        dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        return;
+    }
+    r->n_pulled[w] = (size_t)n;
+    /* the rows in the order asked: keys again from the frame (sorted above) */
+    uint64_t *asked = dp_malloc((size_t)(n ? n : 1) * sizeof *asked);
+    memcpy(asked, frames[0].data, (size_t)n * sizeof *asked);
+    float *rows = dp_malloc((size_t)(n ? n : 1) * (size_t)r->width * sizeof(float));
+    long held = dp_rows_pull(r->table, asked, (size_t)n, r->width, rows, why);
+    free(asked);
+    if (held < 0) { /* checked above: width and bounds */
+        free(rows);
+        snprintf(msg, sizeof msg, "ROWS_PULL: %s", why);
+        dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        return;
+    }
+    s_reply_rows(ps, id, env, rows, (size_t)n, (uint64_t)held); /* rows go with it */
+}
+
+/* The push's rows checked whole (keys pulled, no key twice, finite); its
+ * keys into keys (max_keys). The key count, or -1 with err. */
+static long s_push_check(const dp_ps_rows_t *r, int w, const Downpour__Envelope *env,
+                         const dp_wire_frame_t *frames, uint64_t *keys, char *err)
+{
+    if ((int)env->rows_push->width != r->width)
+        return dp_err(err, "rows of width %u pushed; this shard's are %d wide",
+                      env->rows_push->width, r->width);
+    long n = s_keys(r, env, frames, keys, err);
+    if (n < 0) return -1;
+    for (long i = 0; i < n; i++)
+        if (!s_pulled(r, w, keys[i]))
+            return dp_err(err, "key %" PRIu64 " was not in this worker's last ROWS_PULL", keys[i]);
+    const float *g = frames[1].data;
+    size_t nf = (size_t)n * (size_t)r->width;
+    for (size_t i = 0; i < nf; i++) {
+        float v;
+        memcpy(&v, g + i, sizeof v); /* a frame need not be aligned */
+        if (!isfinite(v))
+            return dp_err(err, "non-finite gradient of key %" PRIu64 " (element %zu)",
+                          keys[i / (size_t)r->width], i % (size_t)r->width);
+    }
+    return n;
+}
+
+static void s_ack(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env, int status,
+                  uint64_t staleness, const char *why)
+{
+    dp_push_outcome_t o = {.status = status, .staleness = staleness};
+    snprintf(o.reason, sizeof o.reason, "%s", why);
+    dp_ps_reply_ack(ps, id, env->request_id, env->worker_id, &o);
+}
+
+static void s_rejected(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                       const char *why)
+{
+    ps->rows.rejected++;
+    dp_log_debug("shard %d: worker %d: ROWS_PUSH rejected: %s", ps->cfg->shard_index,
+                 env->worker_id, why);
+    s_ack(ps, id, env, DP_PUSH_REJECTED, 0, why);
+}
+
+void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames)
+{
+    dp_ps_rows_t *r = &ps->rows;
+    const Downpour__RowsPush *p = env->rows_push;
+    int w = env->worker_id;
+    char why[DP_ERR_LEN];
+    if (!r->table) {
+        dp_ps_reply_error(ps, id, env->request_id, w,
+                          "ROWS_PUSH: this shard's model has no row table (no embed:D layer)");
+        return;
+    }
+    if (p->step && p->step <= r->last_step[w]) {
+        r->repeats++;
+        s_ack(ps, id, env, DP_PUSH_APPLIED, 0, "repeat: this step's rows are applied already");
+        return;
+    }
+    if (p->version > ps->shard.version) {
+        snprintf(why, sizeof why, "computed at version %" PRIu64 ", ahead of this shard's %" PRIu64,
+                 p->version, ps->shard.version);
+        s_rejected(ps, id, env, why);
+        return;
+    }
+    uint64_t *keys = dp_malloc((size_t)r->max_keys * sizeof *keys);
+    long n = s_push_check(r, w, env, frames, keys, why);
+    if (n < 0) {
+        free(keys);
+        s_rejected(ps, id, env, why);
+        return;
+    }
+    size_t nf = (size_t)n * (size_t)r->width;
+    if (r->mode != DP_MODE_SYNC) {
+        float *g = dp_malloc((nf ? nf : 1) * sizeof *g);
+        memcpy(g, frames[1].data, nf * sizeof *g);
+        long stepped = dp_rows_push(r->table, ps->shard.version, keys, (size_t)n, r->width, g, why);
+        free(g), free(keys);
+        if (stepped < 0) { /* checked above; a key twice is the table's to find */
+            s_rejected(ps, id, env, why);
+            return;
+        }
+        uint64_t stale = ps->shard.version - p->version;
+        r->pushes++;
+        r->staleness_sum += stale;
+        if (stale > r->staleness_max) r->staleness_max = stale;
+        if (p->step) r->last_step[w] = p->step;
+        s_ack(ps, id, env, DP_PUSH_APPLIED, stale, "");
+        return;
+    }
+    if (p->version < ps->shard.version) { /* its step fired without it */
+        free(keys);
+        r->dropped++;
+        if (p->step) r->last_step[w] = p->step;
+        s_ack(ps, id, env, DP_PUSH_DROPPED, ps->shard.version - p->version,
+              "stale: its step was taken without it");
+        return;
+    }
+    dp_ps_rows_wait_t *wt = &r->waiting[w];
+    if (!wt->keys) {
+        wt->keys = dp_malloc((size_t)r->max_keys * sizeof *wt->keys);
+        wt->grads = dp_malloc((size_t)r->max_keys * (size_t)r->width * sizeof *wt->grads);
+    }
+    memcpy(wt->keys, keys, (size_t)n * sizeof *keys);
+    memcpy(wt->grads, frames[1].data, nf * sizeof *wt->grads);
+    free(keys);
+    wt->n = (size_t)n;
+    wt->version = p->version;
+    wt->taken = false;
+    if (p->step) r->last_step[w] = p->step;
+    s_ack(ps, id, env, DP_PUSH_APPLIED, 0, "");
+}
+
+void dp_ps_rows_dense_taken(dp_ps_rows_t *r, int worker, uint64_t version)
+{
+    if (!r->waiting) return;
+    if (r->waiting[worker].version == version) r->waiting[worker].taken = true;
+}
+
+/* qsort_r's order of positions into the keys (arg): by key, then by
+ * position (stable: worker order, then the push's own order). */
+static int s_cmp_order(const void *a, const void *b, void *arg)
+{
+    const uint64_t *keys = arg;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int c = s_cmp_key(&keys[x], &keys[y]);
+    return c ? c : (x > y) - (x < y);
+}
+
+void dp_ps_rows_stepped(dp_ps_rows_t *r, uint64_t version)
+{
+    if (!r->waiting) return;
+    /* the step that fired was version - 1: its taken pushes, in worker order */
+    size_t total = 0;
+    uint32_t pushes = 0;
+    for (int w = 0; w < r->workers; w++) {
+        dp_ps_rows_wait_t *wt = &r->waiting[w];
+        if (wt->version == version - 1 && wt->taken) total += wt->n, pushes++;
+        else if (wt->version < version) r->dropped++; /* not taken, or an older step's */
+    }
+    if (pushes) {
+        size_t d = (size_t)r->width;
+        uint64_t *all = dp_malloc((total ? total : 1) * sizeof *all);
+        float *g = dp_malloc((total ? total : 1) * d * sizeof *g);
+        size_t at = 0;
+        for (int w = 0; w < r->workers; w++) {
+            dp_ps_rows_wait_t *wt = &r->waiting[w];
+            if (wt->version != version - 1 || !wt->taken) continue;
+            memcpy(all + at, wt->keys, wt->n * sizeof *all);
+            memcpy(g + at * d, wt->grads, wt->n * d * sizeof *g);
+            at += wt->n;
+        }
+        /* sum each key's rows in a fixed order (worker, then position), then
+         * divide by the pushes: the same bits for the same pushes */
+        size_t *order = dp_malloc((total ? total : 1) * sizeof *order);
+        for (size_t i = 0; i < total; i++) order[i] = i;
+        qsort_r(order, total, sizeof *order, s_cmp_order, all);
+        uint64_t *keys = dp_malloc((total ? total : 1) * sizeof *keys);
+        float *sum = dp_calloc((total ? total : 1) * d, sizeof *sum);
+        size_t n = 0;
+        for (size_t i = 0; i < total; i++) {
+            size_t k = order[i];
+            if (n == 0 || keys[n - 1] != all[k]) keys[n++] = all[k];
+            float *row = sum + (n - 1) * d;
+            for (size_t j = 0; j < d; j++) row[j] += g[k * d + j];
+        }
+        float inv = 1.0f / (float)pushes;
+        for (size_t i = 0; i < n * d; i++) sum[i] *= inv;
+        char why[DP_ERR_LEN];
+        if (dp_rows_push(r->table, version, keys, n, r->width, sum, why) < 0)
+            dp_log_warn("the step's rows were not applied: %s", why); /* checked per push */
+        else r->pushes += pushes;
+        free(all), free(g), free(order), free(keys), free(sum);
+    }
+    for (int w = 0; w < r->workers; w++)
+        if (r->waiting[w].version < version) r->waiting[w].version = UINT64_MAX;
+}

@@ -1,0 +1,82 @@
+/* ps_rows: a shard's row table on the wire (issue 35) — ROWS_PULL and
+ * ROWS_PUSH (proto/downpour.proto) over server/rows.h's table, for a model
+ * whose first layer is embed:D.
+ *
+ * Which shard: a key is held by dp_rows_shard_of(key, K) alone; a request
+ * naming a key of another shard is refused whole.
+ *
+ * Pull: the rows of the keys asked (no key twice), at the shard's version
+ * now (Rows.version), without waiting: in sync the worker asks after its
+ * dense pull answered, and the rows of that step were applied with it.
+ * The shard keeps each worker's last pulled key set (sorted; at most
+ * max_keys keys, 8 bytes each: the memory bound per worker); a push may
+ * name only keys of that set ("a push for rows the worker did not pull").
+ *
+ * Push: (worker, step) applied once (a repeat is acknowledged, not applied
+ * again); checked whole (width, keys pulled, finite, no key twice) before
+ * anything moves, so a bad push is one REJECTED ACK and changes nothing.
+ * When it applies (--rows-mode, default --mode):
+ *   async, ssp  at once, stamped with the shard's version; its staleness is
+ *               the version now minus the one it was pulled at (ssp's bound
+ *               is the dense pulls', which every step makes)
+ *   sync        (only with --mode sync) with the dense step: the push waits
+ *               in the step's buffer, and when the dense step fires the rows
+ *               of exactly the workers whose dense gradient it aggregated
+ *               are summed per key and applied once, divided by their count
+ *               (the dense mean's divisor); the others' are dropped, as
+ *               their dense gradients are. The buffer holds at most one
+ *               push per worker (max_keys rows of D floats each).
+ * The table's version is the shard's dense version, so eviction's T counts
+ * the shard's steps. */
+#ifndef DP_PS_ROWS_H
+#define DP_PS_ROWS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "proto/wire.h"
+#include "server/rows.h"
+
+/* One worker's row push waiting for the dense step (sync). */
+typedef struct {
+    uint64_t version;      /* the step it was computed at; UINT64_MAX: none waiting */
+    uint64_t *keys;        /* n keys, grads n x D (owned, max_keys capacity) */
+    float *grads;
+    size_t n;
+    bool taken;            /* the dense step took this worker's gradient */
+} dp_ps_rows_wait_t;
+
+typedef struct {
+    dp_rows_t *table;      /* NULL: the model has no row table */
+    int width;             /* D */
+    dp_mode_t mode;        /* when pushes apply (above) */
+    uint32_t shard, shards;
+    int workers;
+    uint32_t max_keys;
+    uint64_t *last_step;   /* per worker: the last push step applied (0: none) */
+    uint64_t **pulled;     /* per worker: its last pull's keys, sorted (owned, max_keys) */
+    size_t *n_pulled;
+    dp_ps_rows_wait_t *waiting; /* sync: per worker */
+    uint64_t *sum_keys;    /* sync: the step's keys and summed rows (owned) */
+    float *sum_grads;
+    size_t *order;         /* sync: the merge's scratch */
+    uint64_t pushes, rejected, repeats, dropped;
+    uint64_t staleness_sum, staleness_max;
+} dp_ps_rows_t;
+
+/* The table for a model of row width d (0: none, r stays empty), its rows
+ * conf c (c->width is set to d here), applied as mode says; workers: the
+ * crew's most. -1 with err for a bad conf or a sync rows mode under another
+ * --mode. */
+int dp_ps_rows_init(dp_ps_rows_t *r, int d, const dp_rows_conf_t *c, dp_mode_t mode,
+                    dp_mode_t dense_mode, uint32_t shard, uint32_t shards, int workers, char *err);
+void dp_ps_rows_fini(dp_ps_rows_t *r);
+
+/* The counters a STATS reply and the metrics carry. */
+typedef struct {
+    uint64_t rows, created, evicted, pushes, rejected, staleness_sum, staleness_max, bytes;
+} dp_ps_rows_stats_t;
+void dp_ps_rows_stats(const dp_ps_rows_t *r, dp_ps_rows_stats_t *out);
+
+#endif

@@ -1,0 +1,372 @@
+/* test_ps_rows: a row table on the wire (server/ps_rows.h, the client's
+ * dp_ps_client_rows_pull / rows_push) against real shards over ZeroMQ:
+ *  - async over 2 shards: every pull equals a reference table in this
+ *    process fed the same pushes (one table for every key: the per-row
+ *    optimizer makes sharding invisible), bit for bit, over several steps
+ *    that touch new and old keys; each key lives on the shard the hash
+ *    names; the bytes moved are the rows touched, not the table;
+ *  - bad input, each one refusal and nothing changed: a key of another
+ *    shard, a key twice, a push of a key not pulled, a NaN, the wrong width,
+ *    too many keys, a model without a row table; a repeated step applied
+ *    once;
+ *  - sync rows (--rows-mode sync with --mode sync): the step's rows are the
+ *    mean of exactly the workers whose dense gradient the step took, applied
+ *    when it fires, invisible before; with a backup worker (R = 1 of 2) the
+ *    other's rows are dropped with its dense gradient;
+ *  - hybrid (--mode sync --rows-mode async): a row push is visible to the
+ *    other worker at once, before the dense step fires;
+ *  - STATS counts rows per shard. */
+#include <inttypes.h>
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "server/rows.h"
+#include "tests/ps_harness.h"
+#include "tests/test.h"
+#include "worker/ps_client.h"
+
+#define TMO 5.0
+#define D 3 /* an awkward width */
+
+typedef struct {
+    srv_t s[2];
+    int k;
+    char eps[600];
+} shards_t;
+
+/* k shards of the small model with a row table of width D (sgd at lr 1
+ * unless the case changes cfg after), mode and rows mode, workers. */
+static void s_shards_init(shards_t *sh, int k, dp_mode_t mode, dp_mode_t rows_mode, int workers)
+{
+    memset(sh, 0, sizeof *sh);
+    sh->k = k;
+    for (int i = 0; i < k; i++) {
+        srv_init(&sh->s[i], mode, workers);
+        sh->s[i].cfg.shard_index = i;
+        sh->s[i].cfg.shard_count = k;
+        sh->s[i].cfg.rows_width = D;
+        dp_rows_conf_default(&sh->s[i].cfg.rows, D, DP_ROW_SGD);
+        sh->s[i].cfg.rows.optim.lr = 1.0f;
+        sh->s[i].cfg.rows_mode = rows_mode;
+    }
+}
+
+static int s_shards_start(shards_t *sh)
+{
+    sh->eps[0] = 0;
+    for (int i = 0; i < sh->k; i++) {
+        if (srv_start(&sh->s[i]) != 0) {
+            fprintf(stderr, "  shard %d: %s\n", i, sh->s[i].err);
+            return -1;
+        }
+        snprintf(sh->eps + strlen(sh->eps), sizeof sh->eps - strlen(sh->eps), "%s%s",
+                 i ? "," : "", sh->s[i].endpoint);
+    }
+    return 0;
+}
+
+static void s_shards_stop(shards_t *sh)
+{
+    for (int i = 0; i < sh->k; i++) CHECK_EQ(srv_stop(&sh->s[i]), 0);
+}
+
+static dp_ps_client_t *s_client(const shards_t *sh, const dp_model_t *m, int worker)
+{
+    dp_ps_client_t *c = NULL;
+    char err[DP_ERR_LEN] = "";
+    if (dp_ps_client_new(&c, sh->eps, m, worker, PS_OPTS(TMO), NULL, err) != 0)
+        fprintf(stderr, "  client %d: %s\n", worker, err);
+    return c;
+}
+
+static void s_grads(float *g, size_t n, uint64_t seed)
+{
+    dp_rng_t r;
+    dp_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) g[i] = dp_rng_uniform(&r) * 2 - 1;
+}
+
+/* ---- async against the reference ---------------------------------------- */
+
+static void test_async_reference(void)
+{
+    shards_t sh;
+    s_shards_init(&sh, 2, DP_MODE_ASYNC, 0, 1);
+    for (int i = 0; i < 2; i++) {
+        dp_rows_conf_default(&sh.s[i].cfg.rows, D, DP_ROW_ADAGRAD);
+        sh.s[i].cfg.rows.optim.lr = 0.3f;
+    }
+    CHECK_EQ(s_shards_start(&sh), 0);
+    dp_model_t m;
+    srv_small_model(&m);
+    dp_ps_client_t *c = s_client(&sh, &m, 0);
+    CHECK(c != NULL);
+    char err[DP_ERR_LEN] = "";
+    dp_rows_conf_t rc;
+    dp_rows_conf_default(&rc, D, DP_ROW_ADAGRAD);
+    rc.optim.lr = 0.3f;
+    dp_rows_t *ref = dp_rows_new(&rc, err);
+    enum { N = 40 };
+    uint64_t keys[N];
+    float rows[N * D], want[N * D], g[N * D];
+    int on[2] = {0, 0};
+    uint64_t pulled_bytes = 0;
+    for (int step = 1; step <= 6 && c; step++) {
+        /* half the keys new each step, half seen before; the whole 64-bit range */
+        for (int j = 0; j < N; j++)
+            keys[j] = j % 2 ? (uint64_t)(j + step) * 0x9E3779B97F4A7C15ull : (uint64_t)j * 7919u;
+        uint64_t held = 0;
+        CHECK_EQ(dp_ps_client_rows_pull(c, keys, N, D, rows, &held, err), 0);
+        long want_held = dp_rows_pull(ref, keys, N, D, want, err);
+        CHECK_EQ((long)held, want_held);
+        CHECK_EQ(memcmp(rows, want, sizeof rows), 0);
+        s_grads(g, N * D, (uint64_t)step);
+        dp_push_result_t res;
+        CHECK_EQ(dp_ps_client_rows_push(c, keys, N, D, g, (uint64_t)step, &res, err), 0);
+        CHECK_EQ(res.applied, 2);
+        CHECK_EQ(res.bytes, (uint64_t)N * (8 + D * 4));
+        CHECK(dp_rows_push(ref, 0, keys, N, D, g, err) >= 0);
+        for (int j = 0; j < N; j++) on[dp_rows_shard_of(keys[j], 2)]++;
+    }
+    pulled_bytes = dp_ps_client_bytes_pulled(c);
+    CHECK_EQ(pulled_bytes, (uint64_t)6 * N * D * 4); /* the rows touched, nothing more */
+    CHECK(on[0] > 0 && on[1] > 0);                     /* both shards hold keys */
+    /* the last state: one more pull */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, N, D, rows, NULL, err), 0);
+    dp_rows_pull(ref, keys, N, D, want, err);
+    CHECK_EQ(memcmp(rows, want, sizeof rows), 0);
+    /* STATS: the rows each shard holds add up to the reference's */
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+    dp_rows_stats_t rs;
+    dp_rows_stats(ref, &rs);
+    CHECK_EQ(st.rows_shards, 2);
+    CHECK_EQ(st.rows[0] + st.rows[1], rs.rows);
+    CHECK(st.rows[0] > 0 && st.rows[1] > 0);
+    CHECK_EQ(st.row_pushes, 12); /* 6 steps x 2 shards */
+    if (err[0] && !c) fprintf(stderr, "  %s\n", err);
+    dp_rows_destroy(&ref);
+    dp_ps_client_destroy(&c);
+    s_shards_stop(&sh);
+}
+
+/* ---- bad input ----------------------------------------------------------- */
+
+/* A key shard i holds (of k). */
+static uint64_t s_key_of(int i, int k, uint64_t from)
+{
+    while (dp_rows_shard_of(from, (uint32_t)k) != (uint32_t)i) from++;
+    return from;
+}
+
+static void test_bad_input(void)
+{
+    shards_t sh;
+    s_shards_init(&sh, 1, DP_MODE_ASYNC, 0, 1);
+    sh.s[0].cfg.rows.max_keys = 8;
+    CHECK_EQ(s_shards_start(&sh), 0);
+    dp_model_t m;
+    srv_small_model(&m);
+    dp_ps_client_t *c = s_client(&sh, &m, 0);
+    char err[DP_ERR_LEN] = "";
+    uint64_t keys[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    float rows[9 * D], before[9 * D], g[9 * D];
+    s_grads(g, 9 * D, 3);
+    dp_push_result_t res;
+    /* the first pull and push, good */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 4, D, rows, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_rows_push(c, keys, 4, D, g, 1, &res, err), 0);
+    CHECK_EQ(res.applied, 1);
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 4, D, before, NULL, err), 0);
+    CHECK(before[0] != 0);
+    /* too many keys: one refusal */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 9, D, rows, NULL, err), -1);
+    CHECK(strstr(err, "9 keys in one request") != NULL);
+    /* a key twice */
+    uint64_t twice[2] = {5, 5};
+    CHECK_EQ(dp_ps_client_rows_pull(c, twice, 2, D, rows, NULL, err), -1);
+    CHECK(strstr(err, "key 5 asked twice") != NULL);
+    /* the wrong width */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 4, D + 1, rows, NULL, err), -1);
+    CHECK(strstr(err, "width 4") != NULL);
+    /* a push of a key not pulled: pull 1..4, push 1..3 and 6 */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 4, D, rows, NULL, err), 0);
+    uint64_t other[4] = {1, 2, 3, 6};
+    CHECK_EQ(dp_ps_client_rows_push(c, other, 4, D, g, 2, &res, err), 0);
+    CHECK_EQ(res.rejected, 1);
+    CHECK(strstr(res.reason, "key 6 was not in this worker's last ROWS_PULL") != NULL);
+    /* a NaN */
+    float bad[4 * D];
+    memcpy(bad, g, sizeof bad);
+    bad[2 * D + 1] = NAN;
+    CHECK_EQ(dp_ps_client_rows_push(c, keys, 4, D, bad, 3, &res, err), 0);
+    CHECK_EQ(res.rejected, 1);
+    CHECK(strstr(res.reason, "non-finite gradient of key 3 (element 1)") != NULL);
+    /* a repeat of step 1: acknowledged, not applied again */
+    CHECK_EQ(dp_ps_client_rows_push(c, keys, 4, D, g, 1, &res, err), 0);
+    CHECK_EQ(res.applied, 1);
+    CHECK(strstr(res.reason, "") != NULL);
+    /* nothing above changed a row */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 4, D, rows, NULL, err), 0);
+    CHECK_EQ(memcmp(rows, before, sizeof(float) * 4 * D), 0);
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+    CHECK_EQ(st.row_pushes, 1);
+    CHECK_EQ(st.row_pushes_rejected, 2);
+    dp_ps_client_destroy(&c);
+    s_shards_stop(&sh);
+
+    /* a key of another shard: a client that thinks there is one shard
+     * talks to shard 0 of 2 */
+    s_shards_init(&sh, 2, DP_MODE_ASYNC, 0, 1);
+    CHECK_EQ(s_shards_start(&sh), 0);
+    shards_t one = sh;
+    dp_model_t m2;
+    srv_small_model(&m2);
+    /* a raw peer: ROWS_PULL of shard 1's key to shard 0 */
+    void *ctx = zmq_ctx_new();
+    void *raw = raw_dealer(ctx, sh.s[0].endpoint, 3000);
+    Downpour__Envelope env;
+    Downpour__Hello h;
+    raw_hello_init(&env, &h, &m2, 0, 1);
+    CHECK_EQ(raw_request(raw, &env, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    uint64_t k1 = s_key_of(1, 2, 100);
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__ROWS_PULL, 2, 0, m2.fingerprint);
+    Downpour__RowsPull rp = DOWNPOUR__ROWS_PULL__INIT;
+    rp.width = D;
+    env.rows_pull = &rp;
+    Downpour__TensorDesc kd;
+    Downpour__TensorDesc *kdv[1] = {&kd};
+    int64_t shape[2];
+    dp_wire_desc_keyed(&kd, shape, "keys", DOWNPOUR__DTYPE__UINT64, &k1, 1, 0);
+    env.n_tensors = 1;
+    env.tensors = kdv;
+    dp_wire_payload_t pl = {&k1, 8, NULL, NULL};
+    CHECK_EQ(dp_wire_send(raw, NULL, &env, &pl, 1, err), 0);
+    raw_reply_t r = raw_reply(raw);
+    CHECK_EQ(r.type, DOWNPOUR__MSG_TYPE__ERROR);
+    char want[160];
+    snprintf(want, sizeof want, "key %" PRIu64 " is held by shard 1, not this one (0 of 2)", k1);
+    CHECK(strstr(r.text, want) != NULL);
+    /* a ROWS_PULL carrying floats instead of keys: malformed */
+    dp_wire_desc_keyed(&kd, shape, "keys", DOWNPOUR__DTYPE__FLOAT32, &k1, 2, 0);
+    CHECK_EQ(dp_wire_send(raw, NULL, &env, &pl, 1, err), 0);
+    r = raw_reply(raw);
+    CHECK_EQ(r.type, DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(r.text, "not keys, UINT64") != NULL);
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    s_shards_stop(&sh);
+
+    /* a model without a row table */
+    srv_t plain;
+    srv_init(&plain, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&plain), 0);
+    snprintf(one.eps, sizeof one.eps, "%s", plain.endpoint);
+    c = s_client(&one, &m2, 0);
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, 2, D, rows, NULL, err), -1);
+    CHECK(strstr(err, "no row table") != NULL);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&plain), 0);
+}
+
+/* ---- sync and hybrid ------------------------------------------------------ */
+
+/* Worker w's dense push of zeros (the dense part is not what is tested). */
+static void s_dense_push(dp_ps_client_t *c, const dp_model_t *m, uint64_t step, dp_push_result_t *res)
+{
+    char err[DP_ERR_LEN] = "";
+    float *z = dp_calloc(m->n_floats, sizeof *z);
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(step, z, 0.5f, 1), res, err), 0);
+    free(z);
+}
+
+static void s_dense_pull(dp_ps_client_t *c, const dp_model_t *m)
+{
+    char err[DP_ERR_LEN] = "";
+    float *p = dp_malloc(m->n_floats * sizeof *p);
+    CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+    free(p);
+}
+
+static void test_sync_rows(void)
+{
+    for (int backup = 0; backup <= 1; backup++) {
+        shards_t sh;
+        s_shards_init(&sh, 1, DP_MODE_SYNC, DP_MODE_SYNC, 2);
+        if (backup) sh.s[0].cfg.replicas = 1;
+        CHECK_EQ(s_shards_start(&sh), 0);
+        dp_model_t m;
+        srv_small_model(&m);
+        dp_ps_client_t *a = s_client(&sh, &m, 0), *b = s_client(&sh, &m, 1);
+        char err[DP_ERR_LEN] = "";
+        uint64_t ka[2] = {10, 20}, kb[2] = {20, 30}, all[3] = {10, 20, 30};
+        float ga[2 * D], gb[2 * D], rows[3 * D];
+        s_grads(ga, 2 * D, 1);
+        s_grads(gb, 2 * D, 2);
+        dp_push_result_t res;
+        s_dense_pull(a, &m);
+        s_dense_pull(b, &m);
+        CHECK_EQ(dp_ps_client_rows_pull(a, ka, 2, D, rows, NULL, err), 0);
+        CHECK_EQ(dp_ps_client_rows_pull(b, kb, 2, D, rows, NULL, err), 0);
+        CHECK_EQ(dp_ps_client_rows_push(a, ka, 2, D, ga, 1, &res, err), 0);
+        CHECK_EQ(dp_ps_client_rows_push(b, kb, 2, D, gb, 1, &res, err), 0);
+        /* not applied before the dense step fires */
+        CHECK_EQ(dp_ps_client_rows_pull(a, all, 3, D, rows, NULL, err), 0);
+        for (int i = 0; i < 3 * D; i++) CHECK(rows[i] == 0);
+        /* with R = 1, b's dense push fires the step alone; else both */
+        s_dense_push(b, &m, 1, &res);
+        if (!backup) s_dense_push(a, &m, 1, &res);
+        CHECK_EQ(dp_ps_client_rows_pull(a, all, 3, D, rows, NULL, err), 0);
+        for (int j = 0; j < D; j++) {
+            /* sgd at lr 1: w = -(sum of the taken rows) / (their count) */
+            float w10 = backup ? 0 : -(ga[j] * 0.5f);
+            float w20 = backup ? -gb[j] : -((ga[D + j] + gb[j]) * 0.5f);
+            float w30 = backup ? -gb[D + j] : -(gb[D + j] * 0.5f);
+            CHECK(fabsf(rows[j] - w10) < 1e-6f);
+            CHECK(fabsf(rows[D + j] - w20) < 1e-6f);
+            CHECK(fabsf(rows[2 * D + j] - w30) < 1e-6f);
+        }
+        if (backup) { /* a's dense push comes late: dropped, as its rows were */
+            s_dense_push(a, &m, 1, &res);
+            CHECK_EQ(res.dropped, 1);
+        }
+        dp_ps_client_destroy(&a);
+        dp_ps_client_destroy(&b);
+        s_shards_stop(&sh);
+    }
+}
+
+static void test_hybrid(void)
+{
+    shards_t sh;
+    s_shards_init(&sh, 1, DP_MODE_SYNC, DP_MODE_ASYNC, 2);
+    CHECK_EQ(s_shards_start(&sh), 0);
+    dp_model_t m;
+    srv_small_model(&m);
+    dp_ps_client_t *a = s_client(&sh, &m, 0), *b = s_client(&sh, &m, 1);
+    char err[DP_ERR_LEN] = "";
+    uint64_t k[1] = {42};
+    float g[D] = {1, -2, 0.5f}, rows[D];
+    dp_push_result_t res;
+    s_dense_pull(a, &m);
+    CHECK_EQ(dp_ps_client_rows_pull(a, k, 1, D, rows, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_rows_push(a, k, 1, D, g, 1, &res, err), 0);
+    CHECK_EQ(res.applied, 1);
+    /* b sees a's row at once: the dense step has not fired */
+    CHECK_EQ(dp_ps_client_rows_pull(b, k, 1, D, rows, NULL, err), 0);
+    for (int j = 0; j < D; j++) CHECK(rows[j] == -g[j]);
+    dp_ps_client_destroy(&a);
+    dp_ps_client_destroy(&b);
+    s_shards_stop(&sh);
+    /* --rows-mode sync needs --mode sync */
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    s.cfg.rows_width = D;
+    s.cfg.rows_mode = DP_MODE_SYNC;
+    CHECK_EQ(srv_start(&s), -1);
+    CHECK(strstr(s.err, "--rows-mode sync needs --mode sync") != NULL);
+    srv_stop(&s);
+}
+
+DP_TESTS(T(test_async_reference), T(test_bad_input), T(test_sync_rows), T(test_hybrid))

@@ -1,0 +1,198 @@
+/* ps_rows: the client's row requests (ROWS_PULL, ROWS_PUSH; issue 35) — a
+ * batch's keys split by the shard that holds each (dp_rows_shard_of), one
+ * request per shard, all in parallel through dp_ps_exchange; see
+ * ps_client.h for the calls and server/ps_rows.h for the shard's rules. */
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "server/rows.h" /* dp_rows_shard_of: where a key lives */
+#include "worker/ps_client.h"
+#include "worker/ps_exchange.h"
+
+/* The keys of one call grouped by shard: shard i's are keys[at[i] ..
+ * at[i + 1]), and pos[j] is where keys[j] stands in the caller's order. */
+struct dp_ps_rows_req {
+    size_t cap;            /* keys the buffers hold */
+    uint64_t *keys;
+    size_t *pos;
+    float *buf;            /* cap x d: rows to push, grouped as keys (or the landing of a pull) */
+    int d;
+    size_t at[DP_ZSOCK_MAX_SHARDS + 1];
+    uint64_t version[DP_ZSOCK_MAX_SHARDS]; /* each shard's Rows.version of the last pull */
+    /* the call in progress */
+    const uint64_t *caller_keys;
+    float *out;            /* pull: n x d in the caller's order */
+    uint64_t step;
+    uint64_t held;
+    dp_push_result_t *res; /* push */
+};
+
+void dp_ps_rows_req_free(dp_ps_rows_req_t *r)
+{
+    if (!r) return;
+    free(r->keys), free(r->pos), free(r->buf);
+    free(r);
+}
+
+/* The call's buffers for n keys of width d, and the keys grouped by shard
+ * (a counting sort: stable, so each shard's keys keep the caller's order). */
+static dp_ps_rows_req_t *s_group(dp_ps_client_t *c, const uint64_t *keys, size_t n, int d)
+{
+    if (!c->rows) c->rows = dp_calloc(1, sizeof *c->rows);
+    dp_ps_rows_req_t *r = c->rows;
+    if (n > r->cap || d != r->d) {
+        size_t cap = n > r->cap ? n : r->cap;
+        free(r->keys), free(r->pos), free(r->buf);
+        r->keys = dp_malloc((cap ? cap : 1) * sizeof *r->keys);
+        r->pos = dp_malloc((cap ? cap : 1) * sizeof *r->pos);
+        r->buf = dp_malloc((cap ? cap : 1) * (size_t)d * sizeof *r->buf);
+        r->cap = cap;
+        r->d = d;
+    }
+    size_t count[DP_ZSOCK_MAX_SHARDS] = {0};
+    for (size_t j = 0; j < n; j++) count[dp_rows_shard_of(keys[j], (uint32_t)c->n)]++;
+    r->at[0] = 0;
+    for (int i = 0; i < c->n; i++) r->at[i + 1] = r->at[i] + count[i];
+    size_t fill[DP_ZSOCK_MAX_SHARDS];
+    memcpy(fill, r->at, sizeof(size_t) * (size_t)c->n);
+    for (size_t j = 0; j < n; j++) {
+        size_t k = fill[dp_rows_shard_of(keys[j], (uint32_t)c->n)]++;
+        r->keys[k] = keys[j];
+        r->pos[k] = j;
+    }
+    r->caller_keys = keys;
+    return r;
+}
+
+/* Tensor t of rq: a row message's frame at data, handed to ZeroMQ without a
+ * copy (the call waits until ZeroMQ lets go: c->inflight). */
+static void s_frame(dp_ps_client_t *c, dp_ps_req_t *rq, int t, const char *key, int dtype,
+                    const void *data, size_t n, size_t width)
+{
+    dp_wire_desc_keyed(&rq->desc[t], rq->row_shape[t], key, dtype, data, n, width);
+    rq->descs[t] = &rq->desc[t];
+    rq->payload[t] = (dp_wire_payload_t){data, rq->desc[t].byte_length, dp_ps_frame_released, &c->inflight};
+    atomic_fetch_add(&c->inflight, 1); /* dp_wire_send releases it, sent or not */
+    rq->env.n_tensors = (size_t)t + 1;
+    rq->env.tensors = rq->descs;
+    rq->n_payloads = t + 1;
+}
+
+/* ---- pull --------------------------------------------------------------- */
+
+static void s_build_pull(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+{
+    dp_ps_rows_req_t *r = arg;
+    Downpour__RowsPull *p = &rq->body.rows_pull;
+    *p = (Downpour__RowsPull)DOWNPOUR__ROWS_PULL__INIT;
+    p->width = (uint32_t)r->d;
+    rq->env.rows_pull = p;
+    s_frame(c, rq, 0, "keys", DOWNPOUR__DTYPE__UINT64, r->keys + r->at[i], r->at[i + 1] - r->at[i], 0);
+}
+
+static dp_ps_reply_t s_on_rows(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                               const dp_wire_frame_t *frames, int nf, void *arg, char *err)
+{
+    dp_ps_rows_req_t *r = arg;
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
+    size_t n = r->at[i + 1] - r->at[i];
+    if (env->type != DOWNPOUR__MSG_TYPE__ROWS || !env->rows || nf != 1 ||
+        env->tensors[0]->shape[0] != (int64_t)n || env->tensors[0]->shape[1] != r->d)
+        return dp_err(err, "%s: answered ROWS_PULL of %zu keys with %s (not %zu rows of %d)",
+                      c->sh[i].endpoint, n, dp_wire_type_name(env->type), n, r->d);
+    const char *rows = frames[0].data;
+    size_t row_bytes = (size_t)r->d * sizeof(float);
+    for (size_t k = 0; k < n; k++) /* back into the caller's order */
+        memcpy(r->out + r->pos[r->at[i] + k] * (size_t)r->d, rows + k * row_bytes, row_bytes);
+    r->version[i] = env->rows->version;
+    r->held += env->rows->held;
+    c->bytes_pulled += frames[0].len;
+    dp_ps_seen(&c->sh[i], env->rows->version);
+    return DP_PS_REPLY_DONE;
+}
+
+int dp_ps_client_rows_pull(dp_ps_client_t *c, const uint64_t *keys, size_t n, int d, float *rows,
+                           uint64_t *held, char *err)
+{
+    if (d < 1 || d > DP_ROWS_MAX_WIDTH) return dp_err(err, "rows pull: width %d (1 to %d)", d, DP_ROWS_MAX_WIDTH);
+    dp_ps_rows_req_t *r = s_group(c, keys, n, d);
+    r->out = rows;
+    r->held = 0;
+    dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__ROWS_PULL, .n_shards = c->n,
+                         .build = s_build_pull, .on_reply = s_on_rows, .arg = r};
+    int rc = dp_ps_exchange(c, &plan, err);
+    char e2[DP_ERR_LEN];
+    if (dp_ps_wait_released(c, e2) != 0 && rc == 0) rc = dp_err(err, "%s", e2);
+    if (rc == 0 && held) *held = r->held;
+    return rc;
+}
+
+/* ---- push --------------------------------------------------------------- */
+
+static void s_build_push(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+{
+    dp_ps_rows_req_t *r = arg;
+    Downpour__RowsPush *p = &rq->body.rows_push;
+    *p = (Downpour__RowsPush)DOWNPOUR__ROWS_PUSH__INIT;
+    p->version = r->version[i];
+    p->step = r->step;
+    p->width = (uint32_t)r->d;
+    rq->env.rows_push = p;
+    size_t n = r->at[i + 1] - r->at[i];
+    s_frame(c, rq, 0, "keys", DOWNPOUR__DTYPE__UINT64, r->keys + r->at[i], n, 0);
+    s_frame(c, rq, 1, "grads", DOWNPOUR__DTYPE__FLOAT32, r->buf + r->at[i] * (size_t)r->d, n,
+            (size_t)r->d);
+}
+
+static dp_ps_reply_t s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                              const dp_wire_frame_t *frames, int nf, void *arg, char *err)
+{
+    (void)frames, (void)nf;
+    dp_ps_rows_req_t *r = arg;
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
+    if (env->type != DOWNPOUR__MSG_TYPE__ACK || !env->ack)
+        return dp_err(err, "%s: answered ROWS_PUSH with %s", c->sh[i].endpoint,
+                      dp_wire_type_name(env->type));
+    const Downpour__Ack *a = env->ack;
+    dp_push_result_t *res = r->res;
+    switch (a->status) {
+    case DOWNPOUR__ACK_STATUS__APPLIED: res->applied++; break;
+    case DOWNPOUR__ACK_STATUS__DROPPED: res->dropped++; break;
+    default: res->rejected++; break;
+    }
+    if (a->status != DOWNPOUR__ACK_STATUS__APPLIED && !res->reason[0] && a->reason)
+        snprintf(res->reason, sizeof res->reason, "%s", a->reason);
+    if (a->staleness > res->staleness_max) res->staleness_max = a->staleness;
+    res->staleness_mean += (double)a->staleness / c->n;
+    res->version += a->version;
+    dp_ps_seen(&c->sh[i], a->version);
+    return DP_PS_REPLY_DONE;
+}
+
+int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, int d,
+                           const float *grads, uint64_t step, dp_push_result_t *res, char *err)
+{
+    if (d < 1 || d > DP_ROWS_MAX_WIDTH) return dp_err(err, "rows push: width %d (1 to %d)", d, DP_ROWS_MAX_WIDTH);
+    if (!c->rows) return dp_err(err, "rows push before any rows pull");
+    uint64_t version[DP_ZSOCK_MAX_SHARDS];
+    memcpy(version, c->rows->version, sizeof version); /* the last pull's, kept by s_group */
+    dp_ps_rows_req_t *r = s_group(c, keys, n, d);
+    memcpy(r->version, version, sizeof version);
+    for (size_t k = 0; k < n; k++) /* each shard's rows together, as its keys */
+        memcpy(r->buf + k * (size_t)d, grads + r->pos[k] * (size_t)d, (size_t)d * sizeof *grads);
+    memset(res, 0, sizeof *res);
+    r->res = res;
+    r->step = step;
+    dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__ROWS_PUSH, .n_shards = c->n,
+                         .build = s_build_push, .on_reply = s_on_ack, .arg = r};
+    int rc = dp_ps_exchange(c, &plan, err);
+    char e2[DP_ERR_LEN];
+    if (dp_ps_wait_released(c, e2) != 0 && rc == 0) rc = dp_err(err, "%s", e2);
+    res->bytes = n * (sizeof(uint64_t) + (size_t)d * sizeof(float));
+    if (rc == 0) c->bytes_pushed += res->bytes;
+    return rc;
+}
