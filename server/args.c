@@ -45,6 +45,7 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->heartbeat_timeout = 5.0; /* workers beat every second (worker/ps_beat.h) */
     c->early_step = 1;
     dp_rows_conf_default(&c->rows, 1, DP_ROW_ADAGRAD); /* its width: the model's, at setup */
+    c->row_init = -1;
 }
 
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
@@ -276,7 +277,10 @@ static const dp_opts_entry_t s_config[] = {
                      "the rows' optimizer: sgd, adagrad (default), adam, ftrl; each row\n"
                      "steps only when a push carries it (its own step count)"), 0},
     {DP_FLAG_NUM("row-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
-                    "the rows' lr (ftrl: alpha; default: the row optimizer's own)"), S_AT(row_lr)},
+                    "the rows' lr (ftrl: alpha; default: --lr's)"), S_AT(row_lr)},
+    {DP_FLAG_NUM("row-init", DP_OPTS_FLOAT, "X", NULL, 0, 1e3, DP_OPTS_PASS,
+                    "a new row starts uniform in [-X, X) by --seed and key; 0: zeros\n"
+                    "(default 0.01; ftrl: 0, the only start it allows)"), S_AT(row_init)},
     {DP_FLAG_NUM("row-l1", DP_OPTS_FLOAT, "X", NULL, 0, 1e6, DP_OPTS_PASS,
                     "ftrl: the L1 strength (default 0)"), S_AT(rows.optim.l1)},
     {DP_FLAG_NUM("row-l2", DP_OPTS_FLOAT, "X", NULL, 0, 1e6, DP_OPTS_PASS,

@@ -761,8 +761,14 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     }
     dp_mode_t rows_mode = cfg->rows_mode ? cfg->rows_mode : cfg->mode;
     dp_rows_conf_t rows = cfg->rows;
-    if (cfg->row_lr > 0) rows.optim.lr = cfg->row_lr;
-    if (dp_ps_rows_init(&ps->rows, cfg->rows_width, &rows, rows_mode, cfg->mode,
+    rows.optim.lr = cfg->row_lr > 0 ? cfg->row_lr : dp_optim_base_lr(&cfg->optim);
+    float init = cfg->row_init >= 0 ? cfg->row_init : dp_rows_init_default(rows.optim.kind);
+    if (init > 0) {
+        rows.init = DP_ROWS_INIT_UNIFORM;
+        rows.init_scale = init;
+        rows.seed = cfg->seed;
+    }
+    if (dp_ps_rows_init(&ps->rows, m.embed_dim, &rows, rows_mode, cfg->mode,
                         (uint32_t)cfg->shard_index, (uint32_t)cfg->shard_count, cfg->num_workers,
                         err) != 0)
         return -1;

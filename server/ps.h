@@ -88,11 +88,13 @@ typedef struct {
     int threads;                /* optimizer sweep threads; 0 = dp_ps_config_threads decides */
     int early_step;             /* --early-step off|on (0, 1): a push in parts stepped as its parts
                                  * come (server/shard.h, dp_shard_early_t); default on */
-    int rows_width;             /* D of the model's row table (its embed:D layer); 0: none */
-    dp_rows_conf_t rows;        /* the table: --row-optimizer, --row-lr, --row-admit, --row-evict,
-                                 * --row-max (its width is rows_width) */
+    dp_rows_conf_t rows;        /* a model with embed:D: its row table (--row-optimizer,
+                                 * --row-admit, --row-evict, --row-max; its width is D) */
     dp_mode_t rows_mode;        /* --rows-mode: when row pushes apply (server/ps_rows.h); 0: --mode */
-    float row_lr;               /* --row-lr: rows.optim.lr when set (0: the row optimizer's own) */
+    float row_lr;               /* --row-lr: rows.optim.lr when set (0: --lr's base, as a worker's
+                                 * own table takes it) */
+    float row_init;             /* --row-init: new rows uniform in [-X, X) by (seed, key); 0:
+                                 * zeros; < 0: dp_rows_init_default */
     /* Called once bound (tests: learn the port of "tcp://127.0.0.1:*"). */
     void (*on_ready)(const char *endpoint, void *arg);
     void *on_ready_arg;

@@ -133,6 +133,16 @@ typedef struct {
 
 typedef struct dp_rows dp_rows_t;
 
+/* A new row's start unless told (--row-init): uniform in [-0.01, 0.01) by
+ * (seed, key), for ftrl zeros (the only start its closed form allows). Not
+ * zeros for all: an embedding followed by relu would never move from zero
+ * rows. The worker's own table and the servers' resolve it alike. */
+#define DP_ROWS_DEFAULT_INIT 0.01f
+static inline float dp_rows_init_default(dp_row_optim_kind_t k)
+{
+    return k == DP_ROW_FTRL ? 0.0f : DP_ROWS_DEFAULT_INIT;
+}
+
 /* The conf's defaults: width d, optimizer kind's defaults, zero init, no
  * admission, no eviction, the DEFAULT bounds above. */
 void dp_rows_conf_default(dp_rows_conf_t *c, int d, dp_row_optim_kind_t kind);

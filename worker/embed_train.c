@@ -72,7 +72,7 @@ static int s_table(s_run_t *r, const dp_train_conf_t *c, int D, size_t max_keys,
 {
     dp_row_optim_conf_default(&r->row_optim, c->row_optim);
     r->row_optim.lr = c->row_lr > 0 ? c->row_lr : dp_optim_base_lr(&c->optim);
-    r->row_init = c->row_init >= 0 ? c->row_init : c->row_optim == DP_ROW_FTRL ? 0 : DP_EMBED_ROW_INIT;
+    r->row_init = c->row_init >= 0 ? c->row_init : dp_rows_init_default(c->row_optim);
     dp_rows_conf_t rc;
     dp_rows_conf_default(&rc, D, c->row_optim);
     rc.optim = r->row_optim;

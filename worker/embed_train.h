@@ -34,11 +34,6 @@
 
 #include "worker/train.h"
 
-/* --row-init's default: rows start uniform in [-0.01, 0.01) (ftrl: zeros,
- * the only start its closed form allows). Not zeros for all: an
- * embedding followed by relu would never move from zero rows. */
-#define DP_EMBED_ROW_INIT 0.01f
-
 /* 0 when done (or stopped by *stop: the dense layers saved to --save, no
  * summary), -1 with err. */
 int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);

@@ -79,7 +79,7 @@ typedef struct {
     dp_row_optim_kind_t row_optim; /* --row-optimizer: the rows' optimizer (adagrad) */
     float row_lr;              /* --row-lr; 0: the dense layers' lr (dp_optim_base_lr) */
     float row_init;            /* --row-init: rows start uniform in [-X, X) by (seed, key), 0
-                                * zeros; < 0: the default (DP_EMBED_ROW_INIT, ftrl 0) */
+                                * zeros; < 0: the default (dp_rows_init_default) */
 } dp_train_conf_t;
 
 void dp_train_conf_default(dp_train_conf_t *c);

@@ -27,6 +27,14 @@
 
 #define TMO 5.0
 #define D 3 /* an awkward width */
+#define SPEC "embed:3 fc:2 softmax" /* logistic regression on a 3-wide embedding */
+
+/* The clients' model: the shards parse the same spec. */
+static void s_model(dp_model_t *m)
+{
+    char err[DP_ERR_LEN];
+    if (dp_model_parse(m, SPEC, 1, 1, 1, err) != 0) fprintf(stderr, "  %s\n", err);
+}
 
 typedef struct {
     srv_t s[2];
@@ -34,8 +42,8 @@ typedef struct {
     char eps[600];
 } shards_t;
 
-/* k shards of the small model with a row table of width D (sgd at lr 1
- * unless the case changes cfg after), mode and rows mode, workers. */
+/* k shards of SPEC, its row table of width D with sgd at lr 1 from zeros
+ * (unless the case changes cfg after), mode and rows mode, workers. */
 static void s_shards_init(shards_t *sh, int k, dp_mode_t mode, dp_mode_t rows_mode, int workers)
 {
     memset(sh, 0, sizeof *sh);
@@ -44,9 +52,10 @@ static void s_shards_init(shards_t *sh, int k, dp_mode_t mode, dp_mode_t rows_mo
         srv_init(&sh->s[i], mode, workers);
         sh->s[i].cfg.shard_index = i;
         sh->s[i].cfg.shard_count = k;
-        sh->s[i].cfg.rows_width = D;
+        snprintf(sh->s[i].cfg.model_spec, sizeof sh->s[i].cfg.model_spec, "%s", SPEC);
         dp_rows_conf_default(&sh->s[i].cfg.rows, D, DP_ROW_SGD);
-        sh->s[i].cfg.rows.optim.lr = 1.0f;
+        sh->s[i].cfg.row_lr = 1.0f;
+        sh->s[i].cfg.row_init = 0;
         sh->s[i].cfg.rows_mode = rows_mode;
     }
 }
@@ -92,19 +101,23 @@ static void test_async_reference(void)
 {
     shards_t sh;
     s_shards_init(&sh, 2, DP_MODE_ASYNC, 0, 1);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++) { /* adagrad at lr 0.3 from the default start: seeded */
         dp_rows_conf_default(&sh.s[i].cfg.rows, D, DP_ROW_ADAGRAD);
-        sh.s[i].cfg.rows.optim.lr = 0.3f;
+        sh.s[i].cfg.row_lr = 0.3f;
+        sh.s[i].cfg.row_init = -1;
     }
     CHECK_EQ(s_shards_start(&sh), 0);
     dp_model_t m;
-    srv_small_model(&m);
+    s_model(&m);
     dp_ps_client_t *c = s_client(&sh, &m, 0);
     CHECK(c != NULL);
     char err[DP_ERR_LEN] = "";
     dp_rows_conf_t rc;
     dp_rows_conf_default(&rc, D, DP_ROW_ADAGRAD);
     rc.optim.lr = 0.3f;
+    rc.init = DP_ROWS_INIT_UNIFORM; /* the shards' default start, by their --seed (7) */
+    rc.init_scale = dp_rows_init_default(DP_ROW_ADAGRAD);
+    rc.seed = 7;
     dp_rows_t *ref = dp_rows_new(&rc, err);
     enum { N = 40 };
     uint64_t keys[N];
@@ -166,7 +179,7 @@ static void test_bad_input(void)
     sh.s[0].cfg.rows.max_keys = 8;
     CHECK_EQ(s_shards_start(&sh), 0);
     dp_model_t m;
-    srv_small_model(&m);
+    s_model(&m);
     dp_ps_client_t *c = s_client(&sh, &m, 0);
     char err[DP_ERR_LEN] = "";
     uint64_t keys[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -222,7 +235,7 @@ static void test_bad_input(void)
     CHECK_EQ(s_shards_start(&sh), 0);
     shards_t one = sh;
     dp_model_t m2;
-    srv_small_model(&m2);
+    s_model(&m2);
     /* a raw peer: ROWS_PULL of shard 1's key to shard 0 */
     void *ctx = zmq_ctx_new();
     void *raw = raw_dealer(ctx, sh.s[0].endpoint, 3000);
@@ -263,7 +276,9 @@ static void test_bad_input(void)
     srv_init(&plain, DP_MODE_ASYNC, 1);
     CHECK_EQ(srv_start(&plain), 0);
     snprintf(one.eps, sizeof one.eps, "%s", plain.endpoint);
-    c = s_client(&one, &m2, 0);
+    dp_model_t conv;
+    srv_small_model(&conv);
+    c = s_client(&one, &conv, 0);
     CHECK_EQ(dp_ps_client_rows_pull(c, keys, 2, D, rows, NULL, err), -1);
     CHECK(strstr(err, "no row table") != NULL);
     dp_ps_client_destroy(&c);
@@ -297,7 +312,7 @@ static void test_sync_rows(void)
         if (backup) sh.s[0].cfg.replicas = 1;
         CHECK_EQ(s_shards_start(&sh), 0);
         dp_model_t m;
-        srv_small_model(&m);
+        s_model(&m);
         dp_ps_client_t *a = s_client(&sh, &m, 0), *b = s_client(&sh, &m, 1);
         char err[DP_ERR_LEN] = "";
         uint64_t ka[2] = {10, 20}, kb[2] = {20, 30}, all[3] = {10, 20, 30};
@@ -343,7 +358,7 @@ static void test_hybrid(void)
     s_shards_init(&sh, 1, DP_MODE_SYNC, DP_MODE_ASYNC, 2);
     CHECK_EQ(s_shards_start(&sh), 0);
     dp_model_t m;
-    srv_small_model(&m);
+    s_model(&m);
     dp_ps_client_t *a = s_client(&sh, &m, 0), *b = s_client(&sh, &m, 1);
     char err[DP_ERR_LEN] = "";
     uint64_t k[1] = {42};
@@ -362,7 +377,7 @@ static void test_hybrid(void)
     /* --rows-mode sync needs --mode sync */
     srv_t s;
     srv_init(&s, DP_MODE_ASYNC, 1);
-    s.cfg.rows_width = D;
+    snprintf(s.cfg.model_spec, sizeof s.cfg.model_spec, "%s", SPEC);
     s.cfg.rows_mode = DP_MODE_SYNC;
     CHECK_EQ(srv_start(&s), -1);
     CHECK(strstr(s.err, "--rows-mode sync needs --mode sync") != NULL);
