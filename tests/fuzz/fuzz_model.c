@@ -157,7 +157,9 @@ static void s_check(const dp_model_t *m, const char *spec_in, int c0, int h0, in
         }
         case DP_LAYER_SOFTMAX:
             s_want(i == m->n_layers - 1, "softmax not last");
-            s_want(i > 0 && m->layers[i - 1].kind == DP_LAYER_FC, "softmax not after a fully connected layer");
+            /* first after embed:D, the embedding's D outputs are the logits */
+            s_want(i > 0 ? m->layers[i - 1].kind == DP_LAYER_FC : m->embed_dim > 0,
+                   "softmax not after a fully connected layer or an embedding");
             s_want((s_u128)(unsigned)l->out_c == c && h == 1 && w == 1 && l->out_h == 1 && l->out_w == 1,
                    "softmax changes the shape");
             s_want((s_u128)(unsigned)m->classes == c && m->classes >= 2, "classes is not the last fc's outputs");
