@@ -357,7 +357,7 @@ int dp_dataset_init(dp_dataset_t *ds, const char *spec, dp_split_t split, char *
     } else if (kind_len == 6 && strncmp(spec, "libsvm", 6) == 0) {
         /* sparse samples are no images: worker/sparse_data.h reads them */
         return dp_err(err, "dataset '%s': libsvm data trains a model that starts with embed:D, "
-                      "in downpour-worker --standalone only for now", spec);
+                      "in downpour-worker and downpour local only for now", spec);
     } else {
         return dp_err(err, "unknown dataset '%s' (expected fashion-mnist[:DIR], mnist:DIR, "
                       "cifar10:DIR or idx:IMAGES,LABELS)", spec);

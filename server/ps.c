@@ -760,19 +760,26 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         ps->planned = dp_calloc((size_t)cfg->num_workers, 1);
     }
     dp_mode_t rows_mode = cfg->rows_mode ? cfg->rows_mode : cfg->mode;
-    dp_rows_conf_t rows = cfg->rows;
-    rows.optim.lr = cfg->row_lr > 0 ? cfg->row_lr : dp_optim_base_lr(&cfg->optim);
-    float init = cfg->row_init >= 0 ? cfg->row_init : dp_rows_init_default(rows.optim.kind);
-    if (init > 0) {
-        rows.init = DP_ROWS_INIT_UNIFORM;
-        rows.init_scale = init;
-        rows.seed = cfg->seed;
-    }
+    dp_rows_conf_t rows;
+    float init;
+    dp_ps_rows_conf(cfg, &rows, &init);
     if (dp_ps_rows_init(&ps->rows, m.embed_dim, &rows, rows_mode, cfg->mode,
                         (uint32_t)cfg->shard_index, (uint32_t)cfg->shard_count, cfg->num_workers,
                         err) != 0)
         return -1;
     return dp_ps_restore(ps, err);
+}
+
+void dp_ps_rows_conf(const dp_ps_config_t *cfg, dp_rows_conf_t *out, float *init)
+{
+    *out = cfg->rows;
+    out->optim.lr = cfg->row_lr > 0 ? cfg->row_lr : dp_optim_base_lr(&cfg->optim);
+    *init = cfg->row_init >= 0 ? cfg->row_init : dp_rows_init_default(out->optim.kind);
+    if (*init > 0) {
+        out->init = DP_ROWS_INIT_UNIFORM;
+        out->init_scale = *init;
+        out->seed = cfg->seed;
+    }
 }
 
 /* A random, non-zero id for this start of the shard. */

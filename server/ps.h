@@ -125,6 +125,11 @@ int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, c
  * --outer-momentum (dp_optim_outer), and in async and ssp a nesterov one
  * delayed to one momentum step per --workers pushes (Liu et al. 2024). */
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
+
+/* The row table's conf as the shards run it: c->rows with --row-lr (else
+ * --lr's base) and --row-init (else dp_rows_init_default) resolved; the
+ * initial bound into *init (0: zeros). */
+void dp_ps_rows_conf(const dp_ps_config_t *c, dp_rows_conf_t *out, float *init);
 /* --local-steps and the outer flags, once parsed into c by o's table (the
  * daemon's, or the simulator's, which names them alike): with H > 1,
  * c->optim becomes the outer optimizer, at a constant lr (the inner one is

@@ -74,7 +74,7 @@ static const dp_opts_entry_t s_table[] = {
     {DP_FLAG_STR("data", "SPEC", NULL, DP_OPTS_PASS,
         "fashion-mnist[:DIR] (default: Debian's), mnist:DIR, cifar10:DIR,\nidx:IMAGES,LABELS; "
         "libsvm:TRAIN[:TEST] (sparse svmlight files, plain or\ngzip, for a model that starts with "
-        "embed:D; --standalone only)"),
+        "embed:D)"),
      S_AT(conf.data)},
     {DP_FLAG_NUM("train-samples", DP_OPTS_INT, "N", NULL, 0, 1 << 30, DP_OPTS_PASS,
         "train on the first N samples of the training split only (default 0:\nall; the test split stays whole)"),

@@ -162,6 +162,7 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
         .staleness_hist = &hist, .bytes_pushed = dp_ps_client_bytes_pushed(ps),
+        .bytes_pulled = dp_ps_client_bytes_pulled(ps),
         .membership = &crew, .min_workers = info->min_workers,
     };
     int rc = dp_session_summary(s, &r, err);

@@ -15,6 +15,8 @@
 #include "kernels/embed.h"
 #include "kernels/ops.h"
 #include "server/rows.h"
+#include "worker/ps_beat.h"
+#include "worker/ps_client.h"
 #include "worker/sparse_data.h"
 
 _Static_assert(DP_MODEL_MAX_EMBED == DP_ROWS_MAX_WIDTH && DP_MODEL_MAX_EMBED == DP_EMBED_MAX_DIM,
@@ -26,7 +28,8 @@ typedef struct {
     dp_session_t s;
     dp_sparse_data_t data;
     dp_embed_t stage;
-    dp_rows_t *rows;
+    dp_rows_t *rows;               /* standalone: the table; NULL in a cluster */
+    dp_ps_client_t *ps;            /* a cluster: the servers, which hold the table */
     dp_row_optim_conf_t row_optim; /* the table's optimizer, lr resolved */
     float row_init;                /* the table's initial bound, resolved */
     float *x, *dx;                 /* the net's input and its gradient: [B * D] */
@@ -89,7 +92,9 @@ static int s_table(s_run_t *r, const dp_train_conf_t *c, int D, size_t max_keys,
                   (double)r->row_init, why);
 }
 
-static int s_init(s_run_t *r, const dp_train_conf_t *c, char *err)
+/* local_table: standalone's rows in this process (a cluster's are the
+ * servers'). */
+static int s_init(s_run_t *r, const dp_train_conf_t *c, int local_table, char *err)
 {
     memset(r, 0, sizeof *r);
     dp_session_t *s = &r->s;
@@ -104,7 +109,7 @@ static int s_init(s_run_t *r, const dp_train_conf_t *c, char *err)
         return -1;
     int D = s->model.embed_dim, B = c->batch;
     size_t nnz = dp_sparse_batch_nnz(B);
-    if (s_table(r, c, D, nnz, err) != 0 || dp_embed_init(&r->stage, D, nnz, err) != 0 ||
+    if ((local_table && s_table(r, c, D, nnz, err) != 0) || dp_embed_init(&r->stage, D, nnz, err) != 0 ||
         dp_backend_new(&s->be, c->device, err) != 0 || dp_net_init(&s->net, &s->model, s->be, B, err) != 0)
         return -1;
     s->net.seed = c->seed; /* dropout's mask */
@@ -130,7 +135,9 @@ static long s_embed(s_run_t *r, char *err)
 {
     const dp_libsvm_batch_t *b = r->data.batch;
     size_t U = dp_embed_plan(&r->stage, b);
-    if (dp_rows_pull(r->rows, r->stage.keys, U, r->stage.dim, r->row_w, err) < 0) return -1;
+    if (r->ps ? dp_ps_client_rows_pull(r->ps, r->stage.keys, U, r->stage.dim, r->row_w, NULL, err) != 0
+              : dp_rows_pull(r->rows, r->stage.keys, U, r->stage.dim, r->row_w, err) < 0)
+        return -1;
     dp_embed_forward(&r->stage, r->x, b, r->row_w);
     for (size_t i = 0; i < b->n; i++) r->y[i] = (int)b->labels[i];
     return (long)U;
@@ -289,7 +296,7 @@ static int s_finish(s_run_t *r, const dp_optim_conf_t *opt, long done, double tr
 int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
 {
     s_run_t r;
-    if (s_init(&r, c, err) != 0) {
+    if (s_init(&r, c, 1, err) != 0) {
         s_fini(&r);
         return -1;
     }
@@ -323,5 +330,226 @@ int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
         rc = s_finish(&r, &optim, done, train_s, loss_avg, err);
     }
     s_fini(&r);
+    return rc;
+}
+
+/* ---- in a cluster: the table on the servers ------------------------------
+ * Worker i of N trains the training file's batches i, i + N, i + 2N, ...
+ * (one sequence over the epochs, so each epoch's every batch is trained
+ * once by the crew); a step pulls the dense weights, then the rows of its
+ * batch's keys, computes, and pushes the rows' gradients, then the dense
+ * gradient (in sync the rows wait in the shard for the dense step that
+ * takes this worker's gradient, so they go first). */
+
+/* What a cluster takes that this worker does not do yet, and the flags that
+ * are the servers' there: one line each. */
+static int s_check_cluster_conf(const dp_train_conf_t *c, char *err)
+{
+    if (c->row_lr > 0 || c->row_init >= 0 || c->row_optim != DP_ROW_ADAGRAD)
+        return dp_err(err, "--row-optimizer, --row-lr and --row-init are the servers' in a cluster "
+                      "(give them to downpour-ps; downpour local passes them on)");
+    if (c->local_steps > 1)
+        return dp_err(err, "--local-steps with --data libsvm: the rows are pushed every step, so "
+                      "a model with an embedding trains without local steps");
+    return 0;
+}
+
+static int s_check_cluster(const dp_train_conf_t *c, const dp_ps_info_t *info, char *err)
+{
+    if (c->task_index >= info->num_workers)
+        return dp_err(err, "--task-index %d out of range: the servers expect %d workers",
+                      c->task_index, info->num_workers);
+    if (info->min_workers > 0)
+        return dp_err(err, "--data libsvm: trains a fixed crew: the servers run --workers %d:%d "
+                      "(give them --workers N)", info->min_workers, info->num_workers);
+    if (info->local_steps > 1)
+        return dp_err(err, "the servers run --local-steps %ld, which a model with an embedding "
+                      "does not (its rows are pushed every step)", info->local_steps);
+    return 0;
+}
+
+/* One step on data.batch (n samples) against the servers: the push's
+ * result into *res, the loss into *loss, the batch's distinct keys into
+ * *keys. 0, or -1 with err. */
+static int s_step_cluster(s_run_t *r, long step, int n, float *loss, size_t *keys,
+                          dp_push_result_t *res, char *err)
+{
+    dp_session_t *s = &r->s;
+    if (s->be->host_memory ? dp_ps_client_pull(r->ps, s->net.d_params, err)
+                           : dp_ps_client_pull(r->ps, s->h_params, err))
+        return -1;
+    if (!s->be->host_memory) dp_net_set_params(&s->net, s->h_params);
+    long U = s_embed(r, err);
+    if (U < 0) return -1;
+    *keys = (size_t)U;
+    s->net.step = (unsigned long long)step; /* dropout's mask */
+    *loss = dp_net_train_step(&s->net, r->x, r->y, n);
+    dp_net_get_input_grad(&s->net, r->dx, n);
+    dp_embed_backward(&r->stage, r->row_g, r->data.batch, r->dx);
+    dp_push_result_t rows_res;
+    if (dp_ps_client_rows_push(r->ps, r->stage.keys, (size_t)U, r->stage.dim, r->row_g,
+                               (uint64_t)step + 1, &rows_res, err) != 0)
+        return -1;
+    if (rows_res.rejected && rows_res.reason[0])
+        dp_log_warn("step %ld: row push rejected: %s", step, rows_res.reason);
+    const float *grads = s->be->host_memory ? s->net.d_grads : s->h_grads;
+    if (!s->be->host_memory) dp_net_get_grads(&s->net, s->h_grads);
+    dp_ps_push_t p = {.grads = grads, .loss = *loss, .batch = n, .step = (uint64_t)step + 1};
+    return dp_ps_client_push(r->ps, &p, res, err);
+}
+
+static void s_metrics_push(s_run_t *r, long step, long epoch, float loss, size_t keys,
+                           const dp_push_result_t *res)
+{
+    cJSON *line = dp_metrics_line(r->s.metrics);
+    if (!line) return;
+    cJSON_AddNumberToObject(line, "step", step);
+    cJSON_AddNumberToObject(line, "epoch", epoch);
+    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
+    cJSON_AddNumberToObject(line, "version", (double)dp_ps_client_version(r->ps));
+    cJSON_AddNumberToObject(line, "staleness", dp_metrics_round(res->staleness_mean, 3));
+    cJSON_AddBoolToObject(line, "applied", res->applied > 0);
+    cJSON_AddNumberToObject(line, "keys", (double)keys);
+    cJSON_AddNumberToObject(line, "bytes_pushed", (double)dp_ps_client_bytes_pushed(r->ps));
+    cJSON_AddNumberToObject(line, "bytes_pulled", (double)dp_ps_client_bytes_pulled(r->ps));
+    if (res->workers_live > 0) cJSON_AddNumberToObject(line, "workers", res->workers_live);
+    dp_metrics_write(r->s.metrics, &line);
+}
+
+/* The chief's end: every worker finished, the servers' weights and rows
+ * evaluated on the test file, the table's rows per shard from STATS. */
+static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, long spe,
+                          double train_s, double samples, char *err)
+{
+    dp_session_t *s = &r->s;
+    if (dp_ps_client_wait_all_finished(r->ps, s->conf.timeout_s * 10, err) != 0)
+        dp_log_warn("not every worker finished: %s", err);
+    if (dp_ps_client_pull(r->ps, s->h_params, err) != 0) return -1;
+    dp_net_set_params(&s->net, s->h_params);
+    double acc, test_loss, auc;
+    if (s_evaluate(r, &acc, &test_loss, &auc, err) != 0) return -1;
+    dp_session_log_eval_auc(s, done, acc, test_loss, auc);
+    dp_ps_stats_t st;
+    if (dp_ps_client_stats(r->ps, &st, err) != 0) return -1;
+    uint64_t held = 0;
+    for (int k = 0; k < st.rows_shards; k++) held += st.rows[k];
+    dp_log_info("chief: test accuracy %.4f, loss %.4f, AUC %.4f; %" PRIu64 " rows on %d shard(s), "
+                "%" PRIu64 " evicted; row pushes %" PRIu64 " (%" PRIu64 " rejected)", acc, test_loss,
+                auc, held, st.rows_shards, st.rows_evicted, st.row_pushes, st.row_pushes_rejected);
+    if (s->conf.save) {
+        /* the dense layers (the rows stay on the servers, in their checkpoints) */
+        char rows[24];
+        snprintf(rows, sizeof rows, "%" PRIu64, held);
+        const char *kv[] = {"embed_rows", rows, NULL};
+        if (dp_checkpoint_save(s->conf.save, &s->model, s->h_params, done, (long)st.version, kv, err) != 0)
+            return -1;
+    }
+    dp_sparse_summary_t sp = {.test_auc = auc, .rows = st.rows, .tables = st.rows_shards};
+    dp_run_summary_t sum = {
+        .mode = dp_mode_name(info->mode), .workers = info->num_workers,
+        .ps_shards = info->num_shards, .replicas = info->replicas,
+        .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
+        .steps = done, .epochs = (double)done / (spe > 0 ? spe : 1), .test_accuracy = acc,
+        .test_loss = test_loss, .images_per_s_per_worker = samples / (train_s > 0 ? train_s : 1e-9),
+        .train_s = train_s, .version = st.version, .applied = st.applied, .dropped = st.dropped,
+        .rejected = st.rejected, .staleness_mean = st.staleness_mean,
+        .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(r->ps),
+        .bytes_pushed = dp_ps_client_bytes_pushed(r->ps),
+        .bytes_pulled = dp_ps_client_bytes_pulled(r->ps), .sparse = &sp,
+    };
+    return dp_session_summary(s, &sum, err);
+}
+
+/* This worker's steps: --steps, or its share of --epochs' batches (batch
+ * g is worker g mod N's). */
+static long s_cluster_steps(const dp_train_conf_t *c, long spe, int N)
+{
+    if (c->steps > 0) return c->steps;
+    long all = c->epochs * spe;
+    return all > c->task_index ? (all - c->task_index + N - 1) / N : 0;
+}
+
+static long s_loop_cluster(s_run_t *r, const dp_ps_info_t *info, long first, long total,
+                           volatile sig_atomic_t *stop, double *samples, char *err)
+{
+    dp_session_t *s = &r->s;
+    int N = info->num_workers, task = s->conf.task_index;
+    long spe = r->data.steps_per_epoch, done = first;
+    double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
+    while (done < total) {
+        if (stop && *stop) return dp_err(err, "interrupted at step %ld", done);
+        long step = done, g = step * N + task;
+        long k = dp_sparse_data_seek(&r->data, g, err) == 0 ? dp_sparse_data_next(&r->data, err) : -1;
+        if (k < 0) return -1;
+        float loss = 0;
+        size_t keys = 0;
+        dp_push_result_t res;
+        if (s_step_cluster(r, step, (int)k, &loss, &keys, &res, err) != 0) return -1;
+        if (!isfinite(loss))
+            return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr or --row-lr)",
+                          loss, step);
+        if (res.rejected && res.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, res.reason);
+        done = step + 1;
+        *samples += (double)k;
+        loss_avg = done == first + 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
+        stale_sum += res.staleness_mean;
+        s_metrics_push(r, step, g / spe, loss, keys, &res);
+        dp_session_log_step(s, step, loss);
+        if (info->mode != DP_MODE_SYNC) dp_tb_scalar(s->tb, "train/staleness", step, (float)res.staleness_mean);
+        double dt = dp_now() - t0;
+        dp_progress_update(&s->progress, done == total,
+                           "worker %d  epoch %ld  step %ld/%ld  %.0f samples/s  loss %.4f  keys %zu  "
+                           "staleness %.2f", task, g / spe + 1, done, total,
+                           *samples / (dt > 0 ? dt : 1e-9), loss_avg, keys, stale_sum / (done - first));
+    }
+    return done;
+}
+
+int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
+{
+    if (s_check_cluster_conf(c, err) != 0) return -1;
+    dp_ps_client_opts_t opts = {.timeout_s = c->timeout_s,
+                                .curve = {c->curve_secret, c->curve_server},
+                                .transport = c->transport, .wire = c->wire, .compress = c->compress,
+                                .stop = stop, .session = dp_ps_session_new()};
+    dp_ps_beat_t *beat = NULL;
+    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, opts.session, &opts.curve, err) != 0)
+        return -1;
+    s_run_t r;
+    dp_ps_info_t info;
+    int rc = -1;
+    if (s_init(&r, c, 0, err) != 0 ||
+        dp_ps_client_new(&r.ps, c->ps, &r.s.model, c->task_index, &opts, &info, err) != 0 ||
+        s_check_cluster(c, &info, err) != 0)
+        goto done;
+    dp_session_t *s = &r.s;
+    long spe = r.data.steps_per_epoch, total = s_cluster_steps(c, spe, info.num_workers);
+    /* a restarted worker takes up after its last step every shard applied */
+    uint64_t held = dp_ps_client_resume_step(r.ps);
+    long first = held < (uint64_t)total ? (long)held : total;
+    if (first > 0)
+        dp_log_info("worker %d: rejoining: the servers hold its steps 1..%ld; resuming at step %ld "
+                    "of %ld", c->task_index, first, first + 1, total);
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s on %" PRIu64 " train samples, batch %d, "
+                "%ld steps (batches %d, %d + %d, ...)", c->task_index, info.num_workers,
+                dp_mode_name(info.mode), info.num_shards, s->model.spec, r.data.train_samples,
+                c->batch, total, c->task_index, c->task_index, info.num_workers);
+    dp_session_log_start(s, c->task_index, total, spe);
+    double t0 = dp_now(), samples = 0;
+    long done = s_loop_cluster(&r, &info, first, total, stop, &samples, err);
+    double train_s = dp_now() - t0;
+    dp_progress_done(&s->progress);
+    if (done < 0 || dp_ps_client_finish(r.ps, err) != 0) goto done;
+    if (c->task_index == 0) {
+        if (s_finish_chief(&r, &info, done, (spe + info.num_workers - 1) / info.num_workers, train_s,
+                           samples, err) != 0 ||
+            dp_ps_client_shutdown_servers(r.ps, err) != 0)
+            goto done;
+    }
+    rc = 0;
+done:
+    dp_ps_client_destroy(&r.ps);
+    s_fini(&r);
+    dp_ps_beat_destroy(&beat);
     return rc;
 }

@@ -1,14 +1,14 @@
-/* embed_train: `downpour-worker --standalone --data libsvm:TRAIN[:TEST]`,
- * a model with an embedding (embed:D, common/model.h) trained in one
- * process. Three parts, each of its own module:
+/* embed_train: `downpour-worker --data libsvm:TRAIN[:TEST]`, a model with
+ * an embedding (embed:D, common/model.h) trained standalone in one process
+ * or against the servers. Three parts, each of its own module:
  *   the data     worker/sparse_data.h: the libsvm files in batches
  *   the stage    kernels/embed.h: a batch's distinct keys, the bag sums
  *                and their row gradients; it is handed rows and hands
  *                back gradients, owning none
- *   the rows     server/rows.h's dp_rows_t, here in this process (the
- *                servers will hold it once the wire carries rows), stepped
- *                by its row optimizer (--row-optimizer, --row-lr, a
- *                constant lr), rows made on their first push
+ *   the rows     standalone: server/rows.h's dp_rows_t in this process,
+ *                stepped by its row optimizer (--row-optimizer, --row-lr,
+ *                a constant lr), rows made on their first push; in a
+ *                cluster: the servers' (below)
  * and the dense layers after the embedding, which are the session's net
  * (worker/train.h) on inputs of D x 1 x 1 with their own --optimizer and
  * schedule, as any standalone run.
@@ -37,5 +37,15 @@
 /* 0 when done (or stopped by *stop: the dense layers saved to --save, no
  * summary), -1 with err. */
 int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+
+/* The same model against parameter servers (--ps or the cluster flags),
+ * which hold the table (server/ps_rows.h) and the dense layers: worker i
+ * of a fixed crew of N trains the training file's batches i, i + N, ...,
+ * each step pulling the dense weights and its batch's rows and pushing
+ * the rows' gradients, then the dense gradient. The chief (task 0) ends the
+ * run: the servers' model on the test file (test_auc), the rows per shard
+ * from STATS, bytes_pushed and bytes_pulled, --save (the dense layers), and
+ * summary.json. 0, or -1 with err. */
+int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 
 #endif

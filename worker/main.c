@@ -1,7 +1,7 @@
 /* downpour-worker: one per GPU or CPU slot. With --standalone it trains
  * alone (the baseline); otherwise it joins parameter servers given by --ps
  * or by the TensorFlow-style cluster flags / TF_CONFIG (worker/args.h).
- * With --data libsvm: it trains a model with an embedding, standalone only
+ * With --data libsvm: it trains a model with an embedding
  * (worker/embed_train.h).
  * Exit status 0 on success, 2 on a bad flag or cluster spec, 1 when the run
  * fails, 128 + the signal (130, 143) when SIGINT / SIGTERM stopped it: the
@@ -36,8 +36,10 @@ int main(int argc, char **argv)
     dp_signals_install(&s_stop, 0);
     int r = a.conf.a3c.env ? (a.standalone ? dp_a3c_standalone(&a.conf, &s_stop, err)
                                            : dp_a3c_distributed(&a.conf, &s_stop, err))
-            : a.standalone ? (dp_sparse_data_is(a.conf.data) ? dp_embed_standalone(&a.conf, &s_stop, err)
-                                                              : dp_train_standalone(&a.conf, &s_stop, err))
+            : dp_sparse_data_is(a.conf.data)
+                ? (a.standalone ? dp_embed_standalone(&a.conf, &s_stop, err)
+                                : dp_embed_distributed(&a.conf, &s_stop, err))
+            : a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
                            : dp_train_distributed(&a.conf, &s_stop, err);
     if (r == DP_TRAIN_LEFT) return 0; /* an elastic crew's leave: asked for, done */
     if (s_stop) {

@@ -130,7 +130,8 @@ struct dp_ps_client {
     dp_ps_dealt_t dealt;    /* what the last pull's shard 0 dealt, */
     bool dealt_got;         /* ... if it has */
     dp_ps_rows_req_t *rows; /* the row requests' buffers (ps_rows.c), made on first use */
-    uint64_t bytes_pulled;  /* every pull's tensor bytes received (rows; dense: see pull) */
+    uint64_t bytes_pulled;  /* every pull's tensor bytes received: PARAMS (frames or
+                             * shared memory, a torn read not counted) and ROWS */
 };
 
 /* Storage one request points into until it is sent. */

@@ -256,9 +256,13 @@ static dp_ps_reply_t s_on_params(dp_ps_client_t *c, int i, const Downpour__Envel
         s_params_from_shm(c, i, env, to);
         if (ps->torn) return DP_PS_REPLY_DONE; /* s_pull asks again */
         ps->got = s->hi;
+        for (size_t f = 0; f < env->n_tensors; f++) c->bytes_pulled += env->tensors[f]->byte_length;
     } else if (s_params_due(c, i, env, ps, err) != 0)
         return DP_PS_REPLY_FAILED;
-    for (int f = 0; f < nf; f++) s_params_from_frame(c, env->tensors[f], &frames[f], to);
+    for (int f = 0; f < nf; f++) {
+        s_params_from_frame(c, env->tensors[f], &frames[f], to);
+        c->bytes_pulled += frames[f].len;
+    }
     s->version = env->params->version;
     dp_ps_seen(s, s->version);
     s->pulled = true;

@@ -97,6 +97,25 @@ long dp_sparse_data_next(dp_sparse_data_t *d, char *err)
     return k;
 }
 
+int dp_sparse_data_seek(dp_sparse_data_t *d, long g, char *err)
+{
+    if (g < 0) return dp_err(err, "batch %ld: no such batch", g);
+    long spe = d->steps_per_epoch, at = d->steps % spe, want = g % spe;
+    /* behind us in this epoch, or the last epoch read to its end: from the top */
+    if (want < at || (at == 0 && d->steps > 0)) {
+        if (dp_libsvm_rewind(d->train, err) != 0) return -1;
+        at = 0;
+    }
+    for (; at < want; at++) {
+        long k = dp_libsvm_next_batch(d->train, d->batch, err);
+        if (k < 0) return -1;
+        if (k == 0)
+            return dp_err(err, "%s: shorter than when opened (did the file change?)", d->train_path);
+    }
+    d->steps = g;
+    return 0;
+}
+
 int dp_sparse_data_rewind_test(dp_sparse_data_t *d, char *err)
 {
     if (!d->test) return dp_err(err, "no test file (--data libsvm:TRAIN:TEST)");

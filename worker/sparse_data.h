@@ -51,6 +51,12 @@ void dp_sparse_data_close(dp_sparse_data_t *d);
  * last): its samples, or -1 with err. */
 long dp_sparse_data_next(dp_sparse_data_t *d, char *err);
 
+/* Position the training file so that the next dp_sparse_data_next hands
+ * out batch g (0, 1, ...: across epochs, g / steps_per_epoch the epoch):
+ * the batches between are read and passed over (a worker of N trains
+ * every N-th). 0, or -1 with err. */
+int dp_sparse_data_seek(dp_sparse_data_t *d, long g, char *err);
+
 /* The test file from its first line: dp_sparse_data_next_test then fills
  * d->batch with its batches in turn, returning 0 at its end (-1 with err). */
 int dp_sparse_data_rewind_test(dp_sparse_data_t *d, char *err);

@@ -63,7 +63,7 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
     if (dp_model_parse(&s->model, c->model, s->train.c, s->train.h, s->train.w, err) != 0) goto fail;
     if (s->model.embed_dim > 0) {
         dp_err(err, "model spec '%s' starts with an embedding: it trains on sparse data (--data "
-               "libsvm:TRAIN[:TEST], --standalone), not on %s", s->model.spec, s->train.name);
+               "libsvm:TRAIN[:TEST]), not on %s", s->model.spec, s->train.name);
         goto fail;
     }
     if (s->model.classes != s->train.classes) {
@@ -188,6 +188,7 @@ static void s_summary_sparse(cJSON *o, const dp_sparse_summary_t *sp)
     cJSON *rows = cJSON_AddArrayToObject(o, "rows");
     for (int k = 0; k < sp->tables; k++)
         cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)sp->rows[k]));
+    if (!sp->row_optim) return; /* a cluster's: the servers' (downpour local adds them) */
     char digest[20];
     snprintf(digest, sizeof digest, "%016" PRIx64, sp->rows_digest);
     cJSON_AddStringToObject(o, "rows_digest", digest);
@@ -259,12 +260,14 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     if (cluster) {
         /* the workers' --compress; bytes_pushed: the chief's pushes, each
          * counted once (a repeat after a lost reply is not), the gradient's
-         * bytes only (dp_compress_bytes: not the envelope or the framing) */
+         * bytes only (dp_compress_bytes: not the envelope or the framing);
+         * bytes_pulled: the tensor bytes the chief's pulls received */
         char name[48];
         dp_compress_name(&s->conf.compress, name, sizeof name);
         cJSON_AddStringToObject(o, "compress", name);
         cJSON_AddStringToObject(o, "error_feedback", s->conf.compress.error_feedback ? "on" : "off");
         cJSON_AddNumberToObject(o, "bytes_pushed", (double)r->bytes_pushed);
+        cJSON_AddNumberToObject(o, "bytes_pulled", (double)r->bytes_pulled);
     }
     cJSON_AddStringToObject(o, "device", s->conf.device);
     cJSON_AddStringToObject(o, "data", s->train.name);

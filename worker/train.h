@@ -121,8 +121,11 @@ int dp_session_save(dp_session_t *s, long step, long version, char *err);
 /* What a run of a model with an embedding adds to summary.json. */
 typedef struct {
     double test_auc;           /* on the test file (two classes); NAN: none */
-    const uint64_t *rows;      /* rows held, one number per table (standalone: its one) */
+    const uint64_t *rows;      /* rows held, one number per table (standalone: its one; a
+                                * cluster: one per shard) */
     int tables;
+    /* standalone: the table's digest and optimizer; a cluster's are the
+     * servers' (row_optim NULL: these three and row_init not written) */
     uint64_t rows_digest;      /* dp_rows_digest of the table (server/rows.h) */
     const dp_row_optim_conf_t *row_optim; /* the rows' optimizer */
     double row_init;           /* the rows' initial bound (0: zeros) */
@@ -154,6 +157,7 @@ typedef struct {
     const dp_optim_conf_t *outer; /* local steps: the servers' outer optimizer (optim is then
                                    * the workers' inner one); NULL: none */
     uint64_t bytes_pushed;     /* distributed: this worker's pushes' bytes (dp_push_result_t.bytes) */
+    uint64_t bytes_pulled;     /* distributed: its pulls' tensor bytes (dp_ps_client_bytes_pulled) */
     const struct dp_ps_membership *membership; /* distributed: shard 0's joins and leaves and
                                                 * live range (worker/ps_client.h); NULL: none */
     int min_workers;           /* distributed: an elastic crew's MIN (workers is MAX); 0: fixed */

@@ -49,6 +49,7 @@
 #include "server/ps.h"
 #include "server/record.h"
 #include "worker/a3c.h"
+#include "worker/sparse_data.h"
 #include "worker/args.h"
 
 #define DP_LOCAL_MAX DP_CREW_MAX
@@ -421,7 +422,9 @@ static void s_print_summary(const char *path)
 
 /* The chief worker's summary leaves the optimizer out in a cluster (it is
  * the servers'); the launcher parsed the servers' flags, so it adds their
- * optimizer and base lr, the fields standalone and sim summaries have.
+ * optimizer and base lr, the fields standalone and sim summaries have (and
+ * for a model with an embedding the row table's optimizer, lr, initial
+ * bound and rows mode).
  * With --local-steps those are the workers' inner optimizer's, and the
  * outer one's are added beside them. */
 static int s_summary_add_optimizer(const dp_local_t *L, char *err)
@@ -450,6 +453,15 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
         else dp_optim_dc_name(&L->ps.optim, dc, sizeof dc);
         cJSON_AddStringToObject(o, "delay_lr", rule);
         cJSON_AddStringToObject(o, "delay_compensation", dc);
+        if (cJSON_GetObjectItemCaseSensitive(o, "rows")) { /* a model with embed:D: its table's */
+            dp_rows_conf_t rows;
+            float init;
+            dp_ps_rows_conf(&L->ps, &rows, &init);
+            cJSON_AddStringToObject(o, "row_optimizer", dp_row_optim_kind_name(rows.optim.kind));
+            cJSON_AddNumberToObject(o, "row_lr", dp_metrics_round(rows.optim.lr, 6));
+            cJSON_AddNumberToObject(o, "row_init", dp_metrics_round(init, 6));
+            cJSON_AddStringToObject(o, "rows_mode", dp_mode_name(L->ps.rows_mode ? L->ps.rows_mode : L->ps.mode));
+        }
         rc = dp_summary_write(L->summary, o, err);
     }
     cJSON_Delete(o);
@@ -553,6 +565,9 @@ static int s_prepare_env(dp_local_t *L, char *err)
     return 0;
 }
 
+static void s_default_schedule(dp_local_t *L);
+static int s_prepare_sparse(dp_local_t *L, char *err);
+
 /* What the servers need from the data (the input shape, and for the
  * default schedule the run's length), then DIR and its subdirectories,
  * without the results of an earlier run in the same DIR. */
@@ -560,6 +575,10 @@ static int s_prepare(dp_local_t *L, char *err)
 {
     if (L->wk.conf.a3c.env) {
         if (s_prepare_env(L, err) != 0) return -1;
+        return s_prepare_dirs(L, err);
+    }
+    if (dp_sparse_data_is(L->wk.conf.data)) {
+        if (s_prepare_sparse(L, err) != 0) return -1;
         return s_prepare_dirs(L, err);
     }
     dp_dataset_t probe = {0};
@@ -570,12 +589,19 @@ static int s_prepare(dp_local_t *L, char *err)
     L->ps.in_h = probe.h;
     L->ps.in_w = probe.w;
     L->worker_steps = s_run_steps(L, probe.n);
+    dp_dataset_fini(&probe);
+    s_default_schedule(L);
+    return s_prepare_dirs(L, err);
+}
+
+/* --lr-schedule unless given: anneal the lr to zero over the run (cosine),
+ * as the standalone trainer does by default: the final weights are then
+ * not just one noisy point of a constant-lr walk. The servers count one
+ * version per sync step, one per push otherwise. */
+static void s_default_schedule(dp_local_t *L)
+{
     if (!dp_opts_find(&L->opts, "lr-schedule")->given) {
-        /* Anneal the lr to zero over the run (cosine), as the standalone
-         * trainer does by default: the final weights are then not just one
-         * noisy point of a constant-lr walk. The servers count one version
-         * per sync step, one per push otherwise. */
-        long per_worker = s_run_steps(L, probe.n);
+        long per_worker = L->worker_steps;
         long updates = L->ps.mode == DP_MODE_SYNC ? per_worker : per_worker * L->max_workers;
         if (L->ps.local_steps > 1 && per_worker > 0) {
             /* local steps: the workers' inner optimizer anneals over their
@@ -589,8 +615,27 @@ static int s_prepare(dp_local_t *L, char *err)
             L->ps_args[L->n_ps_args++] = L->schedule;
         }
     }
-    dp_dataset_fini(&probe);
-    return s_prepare_dirs(L, err);
+}
+
+/* --data libsvm: (a model with embed:D): the files checked and counted as
+ * the workers will (worker/sparse_data.h), the shards' input 1x1x1 (the
+ * embedding reads no image), each worker's steps its share of the
+ * batches (worker/embed_train.h: batch g is worker g mod N's). */
+static int s_prepare_sparse(dp_local_t *L, char *err)
+{
+    const dp_train_conf_t *c = &L->wk.conf;
+    if (L->min_workers > 0)
+        return dp_err(err, "--data libsvm: trains a fixed crew: --workers N, not %d:%d",
+                      L->min_workers, L->max_workers);
+    dp_sparse_data_t d;
+    if (dp_sparse_data_open(&d, c->data, c->batch, err) != 0) return -1;
+    long all = (long)c->epochs * d.steps_per_epoch;
+    dp_sparse_data_close(&d);
+    snprintf(L->input, sizeof L->input, "1x1x1");
+    L->ps.in_c = L->ps.in_h = L->ps.in_w = 1;
+    L->worker_steps = c->steps > 0 ? c->steps : (all + L->max_workers - 1) / L->max_workers;
+    s_default_schedule(L);
+    return 0;
 }
 
 /* DIR and its subdirectories, without the results of an earlier run. */
