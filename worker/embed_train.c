@@ -398,13 +398,16 @@ static int s_step_cluster(s_run_t *r, long step, int n, float *loss, size_t *key
     return dp_ps_client_push(r->ps, &p, res, err);
 }
 
-static void s_metrics_push(s_run_t *r, long step, long epoch, float loss, size_t keys,
+/* The line per push; batch: the training file's batch g it trained (the
+ * epoch's g mod steps_per_epoch). */
+static void s_metrics_push(s_run_t *r, long step, long g, float loss, size_t keys,
                            const dp_push_result_t *res)
 {
     cJSON *line = dp_metrics_line(r->s.metrics);
     if (!line) return;
     cJSON_AddNumberToObject(line, "step", step);
-    cJSON_AddNumberToObject(line, "epoch", epoch);
+    cJSON_AddNumberToObject(line, "epoch", g / r->data.steps_per_epoch);
+    cJSON_AddNumberToObject(line, "batch", g);
     cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
     cJSON_AddNumberToObject(line, "version", (double)dp_ps_client_version(r->ps));
     cJSON_AddNumberToObject(line, "staleness", dp_metrics_round(res->staleness_mean, 3));
@@ -493,7 +496,7 @@ static long s_loop_cluster(s_run_t *r, const dp_ps_info_t *info, long first, lon
         *samples += (double)k;
         loss_avg = done == first + 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
         stale_sum += res.staleness_mean;
-        s_metrics_push(r, step, g / spe, loss, keys, &res);
+        s_metrics_push(r, step, g, loss, keys, &res);
         dp_session_log_step(s, step, loss);
         if (info->mode != DP_MODE_SYNC) dp_tb_scalar(s->tb, "train/staleness", step, (float)res.staleness_mean);
         double dt = dp_now() - t0;

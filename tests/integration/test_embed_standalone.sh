@@ -11,8 +11,8 @@
 #    the rows' digest
 #  - a bad libsvm line is one error line with its file and line number;
 #    an embedding without libsvm data, libsvm data without an embedding,
-#    three classes, CUDA, a cluster and downpour eval of its file are one
-#    line each
+#    three classes, CUDA, a cluster worker's own row flags and downpour
+#    eval of its file are one line each
 source "$(dirname "$0")/lib.sh"
 
 W=$BIN/downpour-worker
@@ -96,8 +96,8 @@ refused "three classes on 0/1 labels" "ends in 3 classes but libsvm labels are 0
     --standalone --model 'embed:4 fc:3 softmax' --data "$D"
 refused "an embedding on CUDA" "trains on the CPU only for now" \
     --standalone --model 'embed:2 softmax' --data "$D" --device cuda:0
-refused "libsvm data in a cluster" "standalone only for now" \
-    --ps tcp://127.0.0.1:1 --model 'embed:2 softmax' --data "$D"
+refused "a cluster worker's own row flags (the servers' there)" "are the servers' in a cluster" \
+    --ps tcp://127.0.0.1:1 --model 'embed:2 softmax' --data "$D" --row-lr 0.1
 refused "ftrl rows with a random start" "ftrl rows start at zero" \
     --standalone --model 'embed:2 softmax' --data "$D" --row-optimizer ftrl --row-init 0.1
 refused "a missing file" "nope.svm: cannot open" \

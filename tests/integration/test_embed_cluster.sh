@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# test_embed_cluster: a model with an embedding (embed:D) trained against
+# real downpour-ps shards on loopback, its row table on the servers
+# (server/ps_rows.h), through `downpour local --data libsvm:`:
+#  - 2 async workers over 2 shards train the planted logistic model of
+#    `downpour gen-libsvm` to its test AUC within 0.02; summary.json has
+#    rows with one number per shard, the servers' row optimizer and rows
+#    mode, bytes_pulled; the two workers' steps are the epoch's batches, once
+#  - the bytes a step pulls are the dense weights plus the rows of the
+#    batch's distinct keys, exactly (4 (dense + keys x D) from one metrics
+#    line to the next): proportional to the rows touched, not the table
+#  - one worker in sync over 2 shards gives the standalone trainer's result
+#    bit for bit (the same test loss and AUC), Adam dense, Adagrad rows
+#  - hybrid (--mode sync --rows-mode async) and sync with 2 workers train
+#    the CTR model; sync's staleness is 0
+#  - an elastic crew with libsvm data is one line
+source "$(dirname "$0")/lib.sh"
+
+L=$BIN/downpour
+cd "$TMP"
+"$L" gen-libsvm --out-train train.svm --out-test test.svm.gz --samples 100000 \
+    --test-samples 10000 --keys 1000 --nnz 16 --seed 3 --truth truth.json >gen.out 2>&1
+check "gen-libsvm writes the planted data set" test $? = 0
+planted=$(json truth.json planted_test_auc)
+D="libsvm:train.svm:test.svm.gz"
+CTR='embed:16 relu fc:32 relu fc:2 softmax'
+# the CTR model's dense floats: fc 16 -> 32 and fc 32 -> 2, weights and biases
+CTR_DENSE=$((16 * 32 + 32 + 32 * 2 + 2))
+
+# Logistic regression, 2 async workers, 2 shards, 2 epochs.
+"$L" local --workers 2 --ps-shards 2 --mode async --model 'embed:2 softmax' --data "$D" --lr 0.1 \
+    --epochs 2 --batch 128 --seed 5 --threads 1 --out lr >lr.log 2>&1
+check "2 async workers over 2 shards exit 0 ($(tail -1 lr.log))" test $? = 0
+auc=$(json lr/summary.json test_auc 2>/dev/null || echo 0)
+check "their test AUC $auc is within 0.02 of the planted model's $planted" near "$auc" "$planted" 0.02
+check "rows: one number per shard, together the keys seen (at most 1000)" "$TORCH_PY" -c '
+import json; s = json.load(open("lr/summary.json")); r = s["rows"]
+assert isinstance(r, list) and len(r) == 2 and min(r) > 0 and 500 < sum(r) <= 1000, r'
+check "summary.json: the servers' row optimizer, lr and rows mode; bytes_pulled" "$TORCH_PY" -c '
+import json; s = json.load(open("lr/summary.json"))
+assert (s["row_optimizer"], s["row_lr"], s["rows_mode"]) == ("adagrad", 0.1, "async"), s
+assert s["bytes_pulled"] > 0 and s["bytes_pushed"] > 0, s'
+spe=$(grep -c '' train.svm) spe=$(((spe + 127) / 128))
+check "the two workers trained the 2 epochs' $((2 * spe)) batches, each once" "$TORCH_PY" -c '
+import json, sys
+lines = [json.loads(l) for i in (0, 1) for l in open("lr/metrics/worker-%d.jsonl" % i)]
+batches = sorted(m["batch"] for m in lines if "keys" in m)
+assert batches == list(range(2 * int(sys.argv[1]))), (len(batches), batches[:8])' "$spe"
+
+# One worker, sync, 2 shards against the standalone trainer: the same bits.
+common=(--model "$CTR" --data "$D" --optimizer adam --lr 0.01 --lr-schedule constant
+        --row-optimizer adagrad --row-lr 0.05 --epochs 1 --batch 128 --seed 5 --threads 1)
+"$BIN/downpour-worker" --standalone "${common[@]}" --no-progress --summary sa.json >sa.log 2>&1
+check "the standalone CTR run exits 0" test $? = 0
+"$L" local --workers 1 --ps-shards 2 --mode sync "${common[@]}" --out one >one.log 2>&1
+check "one sync worker over 2 shards exits 0 ($(tail -1 one.log))" test $? = 0
+check "... with the standalone trainer's test loss and AUC, bit for bit" "$TORCH_PY" -c '
+import json; a = json.load(open("sa.json")); b = json.load(open("one/summary.json"))
+for k in ("test_loss", "test_auc", "test_accuracy", "steps"): assert a[k] == b[k], (k, a[k], b[k])
+assert sum(b["rows"]) == a["rows"][0], (a["rows"], b["rows"])'
+check "each step pulled the dense weights and its keys' rows, no more: 4 ($CTR_DENSE + keys x 16) bytes" \
+    "$TORCH_PY" -c '
+import json, sys
+dense = int(sys.argv[1]); prev = 0; n = 0; most = 0
+for l in open("one/metrics/worker-0.jsonl"):
+    m = json.loads(l)
+    if "keys" not in m: continue
+    want = 4 * (dense + m["keys"] * 16)
+    assert m["bytes_pulled"] - prev == want, (m["step"], m["bytes_pulled"] - prev, want)
+    prev = m["bytes_pulled"]; n += 1; most = max(most, m["keys"])
+assert n > 700 and 0 < most < 1000, (n, most)' "$CTR_DENSE"
+
+# Hybrid and sync, 2 workers.
+for arm in "sync async" "sync sync"; do
+    set -- $arm
+    "$L" local --workers 2 --ps-shards 2 --mode "$1" --rows-mode "$2" --model "$CTR" --data "$D" \
+        --lr 0.01 --row-lr 0.05 --epochs 1 --batch 128 --seed 7 --threads 1 --out "h-$2" >"h-$2.log" 2>&1
+    check "--mode $1 --rows-mode $2: 2 workers exit 0 ($(tail -1 "h-$2.log"))" test $? = 0
+    check "... the rows mode in summary.json, staleness 0, test AUC above 0.85" "$TORCH_PY" -c '
+import json, sys; s = json.load(open("h-%s/summary.json" % sys.argv[1]))
+assert s["rows_mode"] == sys.argv[1] and s["mode"] == "sync" and s["staleness_max"] == 0, s
+assert s["test_auc"] > 0.85, s["test_auc"]' "$2"
+done
+
+"$L" local --workers 1:2 --model 'embed:2 softmax' --data "$D" --out el >el.out 2>el.err
+rc=$?
+check "an elastic crew with libsvm data: refused (status $rc), one line" \
+    bash -c "test $rc != 0 && [ \$(wc -l <el.err) = 1 ] && grep -q 'trains a fixed crew' el.err"
+finish
