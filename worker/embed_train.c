@@ -1,6 +1,6 @@
-/* embed_train: a model with an embedding trained standalone on libsvm data
- * (see embed_train.h): the session's dense net behind the embedding stage,
- * the rows in a table of this process. */
+/* embed_train: a model with an embedding trained on libsvm data (see
+ * embed_train.h): the session's dense net behind the embedding stage, the
+ * rows in a table of this process (standalone) or on the servers. */
 #include "worker/embed_train.h"
 
 #include <inttypes.h>
