@@ -536,3 +536,155 @@ uint64_t dp_rows_digest(const dp_rows_t *t)
         }
     return h;
 }
+
+/* ---- save and load: the whole state as bytes ----------------------------- */
+
+#define S_MAGIC "DPROWS01"
+
+/* The fixed part of the bytes, before the slots. */
+typedef struct {
+    char magic[8];
+    uint32_t width, kind, chunk_rows, hwm, free_head, row_cursor;
+    uint64_t pend_cursor, map_cap, pend_cap;
+    dp_rows_stats_t st;
+} s_saved_t;
+
+/* A slot's bookkeeping as saved (s_meta_t without its padding). */
+#define S_SLOT_META 24
+
+static size_t s_saved_len(size_t stride, uint64_t hwm, uint64_t pend_cap)
+{
+    return sizeof(s_saved_t) + hwm * (S_SLOT_META + stride * sizeof(float)) +
+           pend_cap * (sizeof(uint64_t) + sizeof(uint32_t) + sizeof(uint64_t));
+}
+
+uint8_t *dp_rows_save(const dp_rows_t *t, size_t *len)
+{
+    *len = s_saved_len(t->stride, t->hwm, t->pend.cap);
+    uint8_t *buf = dp_calloc(1, *len), *p = buf;
+    s_saved_t h = {.width = (uint32_t)t->c.width, .kind = (uint32_t)t->c.optim.kind,
+                   .chunk_rows = t->c.chunk_rows, .hwm = t->hwm, .free_head = t->free_head,
+                   .row_cursor = t->row_cursor, .pend_cursor = t->pend_cursor,
+                   .map_cap = t->map.cap, .pend_cap = t->pend.cap, .st = t->st};
+    memcpy(h.magic, S_MAGIC, sizeof h.magic);
+    memcpy(p, &h, sizeof h);
+    p += sizeof h;
+    for (uint32_t s = 0; s < t->hwm; s++) {
+        const s_meta_t *m = s_meta(t, s);
+        memcpy(p, &m->key, 8), memcpy(p + 8, &m->touched, 8);
+        memcpy(p + 16, &m->steps, 4), memcpy(p + 20, &m->link, 4);
+        p += S_SLOT_META;
+        if (m->touched != S_FREE) memcpy(p, s_vals(t, s), t->stride * sizeof(float));
+        p += t->stride * sizeof(float);
+    }
+    memcpy(p, t->pend.keys, t->pend.cap * sizeof *t->pend.keys);
+    p += t->pend.cap * sizeof *t->pend.keys;
+    memcpy(p, t->pend.vals, t->pend.cap * sizeof *t->pend.vals);
+    p += t->pend.cap * sizeof *t->pend.vals;
+    memcpy(p, t->pend.seen, t->pend.cap * sizeof *t->pend.seen);
+    return buf;
+}
+
+static int s_pow2_cap(uint64_t cap)
+{
+    return cap >= 16 && cap <= ((uint64_t)1 << 40) && !(cap & (cap - 1));
+}
+
+/* The saved header against t's conf and the bytes' length. */
+static int s_load_check(const dp_rows_t *t, const s_saved_t *h, size_t len, char *err)
+{
+    if (memcmp(h->magic, S_MAGIC, sizeof h->magic) != 0) return dp_err(err, "not a saved row table");
+    if (h->width != (uint32_t)t->c.width || h->kind != (uint32_t)t->c.optim.kind ||
+        h->chunk_rows != t->c.chunk_rows)
+        return dp_err(err, "a row table of width %u, %s rows, chunks of %u; this one: %d, %s, %u",
+                      h->width, h->kind <= DP_ROW_FTRL ? dp_row_optim_kind_name(h->kind) : "?",
+                      h->chunk_rows, t->c.width, dp_row_optim_kind_name(t->c.optim.kind),
+                      t->c.chunk_rows);
+    /* the key map is rebuilt, not read: its size at most the growth rule's
+     * for hwm rows (doubled past 3/4 load) */
+    uint64_t map_most = 4 * ((uint64_t)h->hwm > 16 ? (uint64_t)h->hwm : 16);
+    if ((uint64_t)h->hwm > t->c.max_rows + (uint64_t)t->c.chunk_rows || !s_pow2_cap(h->map_cap) ||
+        h->map_cap > map_most ||
+        !s_pow2_cap(h->pend_cap) || h->pend_cursor > h->pend_cap || h->row_cursor > h->hwm ||
+        (h->free_head != S_NONE && h->free_head >= h->hwm))
+        return dp_err(err, "a saved row table's counts out of range (%u slots)", h->hwm);
+    if (len != s_saved_len(t->stride, h->hwm, h->pend_cap))
+        return dp_err(err, "a saved row table of %zu bytes; its counts say %zu", len,
+                      s_saved_len(t->stride, h->hwm, h->pend_cap));
+    return 0;
+}
+
+/* The saved slots into a new arena of t's shape, the key map rebuilt at
+ * its saved size: n (the live rows) checked against the map's load, keys
+ * unique, values finite, the free list a chain of free slots. */
+static int s_load_slots(dp_rows_t *n, const s_saved_t *h, const uint8_t *p, char *err)
+{
+    size_t live = 0, fbytes = n->stride * sizeof(float);
+    s_map_free(&n->map);
+    s_map_alloc(&n->map, (size_t)h->map_cap, 0);
+    for (uint32_t s = 0; s < h->hwm; s++, p += S_SLOT_META + fbytes) {
+        uint32_t got = s_slot_take(n);
+        s_meta_t *m = s_meta(n, got);
+        memcpy(&m->key, p, 8), memcpy(&m->touched, p + 8, 8);
+        memcpy(&m->steps, p + 16, 4), memcpy(&m->link, p + 20, 4);
+        float *v = s_vals(n, got);
+        memcpy(v, p + S_SLOT_META, fbytes);
+        if (m->touched == S_FREE) {
+            if (m->link != S_NONE && m->link >= h->hwm)
+                return dp_err(err, "a saved row table's free slot %u links to %u", s, m->link);
+            continue;
+        }
+        for (size_t j = 0; j < n->stride; j++)
+            if (!isfinite(v[j])) return dp_err(err, "a saved row of key %llu is not finite",
+                                               (unsigned long long)m->key);
+        if ((++live + 1) * 4 > n->map.cap * 3)
+            return dp_err(err, "a saved row table of more rows than its map holds");
+        if (s_map_find(&n->map, m->key) != SIZE_MAX)
+            return dp_err(err, "a saved row table holds key %llu twice", (unsigned long long)m->key);
+        s_map_place(&n->map, m->key, got, 0);
+    }
+    /* the free list: free slots only, no cycle (at most hwm links) */
+    uint32_t f = h->free_head;
+    for (uint32_t k = 0; f != S_NONE; k++, f = s_meta(n, f)->link)
+        if (k > h->hwm || s_meta(n, f)->touched != S_FREE)
+            return dp_err(err, "a saved row table's free list is broken at slot %u", f);
+    return 0;
+}
+
+int dp_rows_load(dp_rows_t *t, const uint8_t *buf, size_t len, char *err)
+{
+    s_saved_t h;
+    if (len < sizeof h) return dp_err(err, "a saved row table of %zu bytes: too short", len);
+    memcpy(&h, buf, sizeof h);
+    if (s_load_check(t, &h, len, err) != 0) return -1;
+    /* into a new table, swapped in whole once every check passed */
+    char why[DP_ERR_LEN];
+    dp_rows_t *n = dp_rows_new(&t->c, why);
+    if (!n) return dp_err(err, "%s", why);
+    const uint8_t *p = buf + sizeof h;
+    if (s_load_slots(n, &h, p, err) != 0) {
+        dp_rows_destroy(&n);
+        return -1;
+    }
+    p += (size_t)h.hwm * (S_SLOT_META + n->stride * sizeof(float));
+    s_map_free(&n->pend);
+    s_map_alloc(&n->pend, (size_t)h.pend_cap, 1);
+    memcpy(n->pend.keys, p, n->pend.cap * sizeof *n->pend.keys);
+    p += n->pend.cap * sizeof *n->pend.keys;
+    memcpy(n->pend.vals, p, n->pend.cap * sizeof *n->pend.vals);
+    p += n->pend.cap * sizeof *n->pend.vals;
+    memcpy(n->pend.seen, p, n->pend.cap * sizeof *n->pend.seen);
+    for (size_t i = 0; i < n->pend.cap; i++) n->pend.count += n->pend.vals[i] != S_EMPTY;
+    if (n->pend.count * 4 > n->pend.cap * 3) {
+        dp_rows_destroy(&n);
+        return dp_err(err, "a saved row table's pending keys overfill their map");
+    }
+    n->hwm = h.hwm, n->free_head = h.free_head, n->row_cursor = h.row_cursor;
+    n->pend_cursor = (size_t)h.pend_cursor;
+    n->st = h.st;
+    dp_rows_t tmp = *t;
+    *t = *n;
+    *n = tmp;
+    dp_rows_destroy(&n);
+    return 0;
+}

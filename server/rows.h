@@ -176,6 +176,21 @@ int dp_rows_width(const dp_rows_t *t);
  * the pending keys and the sweep cursors. Equal digests: the same table. */
 uint64_t dp_rows_digest(const dp_rows_t *t);
 
+/* The table's whole state as bytes (a shard's checkpoint, ps_rows.h):
+ * the conf's shape (width, optimizer, chunk), the counters, every slot
+ * [0, hwm) (key, version, steps, link and weights and state; a free slot's
+ * floats as zeros), the free list, the key map's size, the pending table
+ * as laid out and the sweep cursors: what dp_rows_digest covers, so a
+ * table loaded from them has the digest of the one saved. Host byte
+ * order (a checkpoint is read back by the same build). *len its bytes;
+ * the caller frees. O(rows): 24 + 4 D (1 + S) bytes a slot. */
+uint8_t *dp_rows_save(const dp_rows_t *t, size_t *len);
+/* Replace t's state (t from dp_rows_new with the conf of the saved table)
+ * with the saved one. -1 with err (one line: not such bytes, another
+ * width, optimizer or chunk, a count or link out of range, a key twice, a
+ * value not finite) and t unchanged. */
+int dp_rows_load(dp_rows_t *t, const uint8_t *buf, size_t len, char *err);
+
 /* Worst-case bytes per row (weights, state, bookkeeping, map entry). */
 size_t dp_rows_bytes_per_row(int d, dp_row_optim_kind_t kind);
 

@@ -12,6 +12,8 @@
 #include "tests/test.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* ---- the references, in double ------------------------------------------- */
 
@@ -310,6 +312,128 @@ static void test_replay(void)
     dp_rows_destroy(&a);
     dp_rows_destroy(&b);
     dp_rows_destroy(&odd);
+}
+
+/* ---- save and load ------------------------------------------------------- */
+
+/* One version's random push of up to 20 of 60 keys (width 4), as
+ * test_replay's. */
+static void random_push(dp_rng_t *rng, dp_rows_t *const *t, int nt, uint64_t v)
+{
+    uint64_t keys[20];
+    float g[80];
+    size_t n = 0;
+    for (int i = 0; i < 20; i++) {
+        uint64_t key = dp_rng_below(rng, 60);
+        int dup = 0;
+        for (size_t j = 0; j < n; j++) dup |= keys[j] == key;
+        if (!dup) keys[n++] = key;
+    }
+    for (size_t i = 0; i < n * 4; i++) g[i] = dp_rng_uniform(rng) - 0.5f;
+    for (int k = 0; k < nt; k++) CHECK(push(t[k], v, keys, n, g) >= 0);
+}
+
+#define SAVED_HEADER 160 /* the saved bytes before the slots (checked below) */
+#define SLOT_BYTES(stride) (24 + 4 * (stride))
+
+/* A table mid-run (admission, eviction, free slots, pending keys) saved
+ * and loaded into a fresh one has its digest, and the two stay equal
+ * through 30 more versions of pushes; an empty table too. */
+static void test_save_load(void)
+{
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, 4, DP_ROW_ADAM);
+    c.admit_after = 2;
+    c.evict_after = 3;
+    c.chunk_rows = 16;
+    c.sweep_per_push = 5;
+    dp_rows_t *a = mk(&c), *b = mk(&c);
+    if (!a || !b) return;
+    size_t len;
+    uint8_t *buf = dp_rows_save(a, &len);
+    CHECK_EQ(len, SAVED_HEADER + 16 * 20); /* empty: the header and the 16-entry pending map */
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_rows_load(b, buf, len, err), 0);
+    CHECK_EQ(dp_rows_digest(b), dp_rows_digest(a));
+    free(buf);
+    dp_rng_t rng;
+    dp_rng_seed(&rng, 7);
+    for (uint64_t v = 1; v <= 30; v++) random_push(&rng, &a, 1, v);
+    dp_rows_stats_t st;
+    dp_rows_stats(a, &st);
+    CHECK(st.evicted > 0 && st.pending > 0); /* free slots and pending keys to carry */
+    buf = dp_rows_save(a, &len);
+    CHECK_EQ(dp_rows_load(b, buf, len, err), 0);
+    CHECK_EQ(dp_rows_digest(b), dp_rows_digest(a));
+    dp_rows_stats_t sb;
+    dp_rows_stats(b, &sb);
+    CHECK_EQ(sb.rows, st.rows);
+    CHECK_EQ(sb.bytes, st.bytes); /* the same arena and map sizes */
+    CHECK_EQ(sb.evicted, st.evicted);
+    int same = 1;
+    dp_rows_t *both[2] = {a, b};
+    for (uint64_t v = 31; v <= 60; v++) {
+        random_push(&rng, both, 2, v);
+        same &= dp_rows_digest(a) == dp_rows_digest(b);
+    }
+    CHECK(same);
+    free(buf);
+    dp_rows_destroy(&a);
+    dp_rows_destroy(&b);
+}
+
+/* Saved bytes that lie: each refused with one line, the table unchanged. */
+static void test_load_bad(void)
+{
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, 2, DP_ROW_ADAGRAD);
+    c.evict_after = 2;
+    dp_rows_t *a = mk(&c), *t = mk(&c);
+    if (!a || !t) return;
+    uint64_t keys[3] = {5, 6, 7};
+    float g[6] = {1, 2, 3, 4, 5, 6};
+    CHECK_EQ(push(a, 1, keys, 3, g), 3);
+    CHECK_EQ(push(a, 5, keys, 2, g), 2); /* 7 evicted: slot 2 free, slots 0 and 1 live */
+    size_t len, stride = 2 * 2, slot = SLOT_BYTES(stride);
+    uint8_t *good = dp_rows_save(a, &len), *buf = dp_malloc(len);
+    CHECK_EQ(push(t, 1, keys + 2, 1, g), 1);
+    uint64_t before = dp_rows_digest(t);
+    struct {
+        const char *what, *want;
+        size_t at;       /* byte offset to overwrite (SIZE_MAX: truncate by one) */
+        uint64_t value;
+        int bytes;
+    } cases[] = {
+        {"truncated", "bytes", SIZE_MAX, 0, 0},
+        {"magic", "not a saved row table", 0, 0x5858585858585858ull, 8},
+        {"width", "width 3", 8, 3, 4},
+        {"optimizer", "sgd rows", 12, DP_ROW_SGD, 4},
+        {"hwm", "counts", 20, 1000, 4},
+        {"a key twice", "key 5 twice", SAVED_HEADER + slot, 5, 8},
+        {"a free link out of range", "links to", SAVED_HEADER + 2 * slot + 20, 99, 4},
+        {"a free list cycle", "free list is broken", SAVED_HEADER + 2 * slot + 20, 2, 4},
+        {"a free list into a live slot", "free list is broken", SAVED_HEADER + 2 * slot + 20, 0, 4},
+        {"a value not finite", "not finite", SAVED_HEADER + 24, 0x7fc00000u, 4},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        memcpy(buf, good, len);
+        size_t n = len;
+        if (cases[k].at == SIZE_MAX) n--;
+        else memcpy(buf + cases[k].at, &cases[k].value, (size_t)cases[k].bytes);
+        char err[DP_ERR_LEN] = "";
+        CHECK_EQ(dp_rows_load(t, buf, n, err), -1);
+        if (!strstr(err, cases[k].want) || strchr(err, '\n'))
+            printf("  %s: '%s' (want '%s')\n", cases[k].what, err, cases[k].want);
+        CHECK(strstr(err, cases[k].want) != NULL);
+        CHECK_EQ(dp_rows_digest(t), before);
+    }
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_rows_load(t, good, len, err), 0); /* the bytes themselves load */
+    CHECK_EQ(dp_rows_digest(t), dp_rows_digest(a));
+    free(good);
+    free(buf);
+    dp_rows_destroy(&a);
+    dp_rows_destroy(&t);
 }
 
 /* ---- admission ---------------------------------------------------------- */
@@ -758,6 +882,7 @@ static void test_shard_balance(void)
 }
 
 DP_TESTS(T(test_sgd), T(test_adagrad), T(test_adam), T(test_ftrl), T(test_pull_absent),
+         T(test_save_load), T(test_load_bad),
          T(test_init_seeded), T(test_replay), T(test_admission), T(test_admission_bound),
          T(test_eviction), T(test_growth), T(test_max_rows), T(test_bad_push), T(test_bad_conf),
          T(test_shard_balance))
