@@ -56,6 +56,7 @@ int dp_ps_restore(dp_ps_loop_t *ps, char *err)
     else dp_ps_config_run_id(cfg, ps->run.id, sizeof ps->run.id);
     ps->run.resume = cfg->resume;
     ps->run.deal = ps->dealing ? &ps->deal : NULL; /* shard 0's batches go with its weights */
+    ps->run.rows = ps->rows.table ? &ps->rows : NULL; /* and a row table's rows */
     if (!cfg->checkpoint_dir[0]) return 0;
     char mk[DP_ERR_LEN];
     if (dp_mkdirs(cfg->checkpoint_dir, 0755, mk) != 0)

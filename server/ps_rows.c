@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checksum.h"
 #include "common/util.h"
 #include "server/ps_loop.h"
 
@@ -66,6 +67,59 @@ void dp_ps_rows_stats(const dp_ps_rows_t *r, dp_ps_rows_stats_t *out)
                                 .pushes = r->pushes, .rejected = r->rejected,
                                 .staleness_sum = r->staleness_sum,
                                 .staleness_max = r->staleness_max, .bytes = s.bytes};
+}
+
+/* ---- a checkpoint's rows -------------------------------------------------- */
+
+#define S_MAGIC "DPPSROW1"
+
+typedef struct {
+    char magic[8];
+    uint32_t workers, width;
+    uint64_t pushes, rejected, repeats, dropped, staleness_sum, staleness_max;
+} s_saved_t;
+
+uint8_t *dp_ps_rows_save(const dp_ps_rows_t *r, size_t *len)
+{
+    if (!r->table) return NULL;
+    size_t tlen, steps = (size_t)r->workers * sizeof *r->last_step;
+    uint8_t *table = dp_rows_save(r->table, &tlen);
+    *len = sizeof(s_saved_t) + steps + tlen + sizeof(uint32_t);
+    uint8_t *buf = dp_malloc(*len), *p = buf;
+    s_saved_t h = {.workers = (uint32_t)r->workers, .width = (uint32_t)r->width,
+                   .pushes = r->pushes, .rejected = r->rejected, .repeats = r->repeats,
+                   .dropped = r->dropped, .staleness_sum = r->staleness_sum,
+                   .staleness_max = r->staleness_max};
+    memcpy(h.magic, S_MAGIC, sizeof h.magic);
+    memcpy(p, &h, sizeof h), p += sizeof h;
+    memcpy(p, r->last_step, steps), p += steps;
+    memcpy(p, table, tlen), p += tlen;
+    uint32_t crc = dp_crc32(0, buf, (size_t)(p - buf));
+    memcpy(p, &crc, sizeof crc);
+    free(table);
+    return buf;
+}
+
+int dp_ps_rows_load(dp_ps_rows_t *r, const uint8_t *buf, size_t len, char *err)
+{
+    if (!r->table) return dp_err(err, "rows for a model without a row table (embed:D)");
+    s_saved_t h;
+    size_t steps = (size_t)r->workers * sizeof *r->last_step;
+    if (len < sizeof h + steps + sizeof(uint32_t)) return dp_err(err, "rows of %zu bytes: too short", len);
+    uint32_t crc;
+    memcpy(&crc, buf + len - sizeof crc, sizeof crc);
+    if (dp_crc32(0, buf, len - sizeof crc) != crc) return dp_err(err, "rows corrupt: CRC-32 mismatch");
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, S_MAGIC, sizeof h.magic) != 0) return dp_err(err, "not a shard's rows");
+    if (h.workers != (uint32_t)r->workers || h.width != (uint32_t)r->width)
+        return dp_err(err, "rows of %u workers, width %u; this shard: %d workers, width %d",
+                      h.workers, h.width, r->workers, r->width);
+    if (dp_rows_load(r->table, buf + sizeof h + steps, len - sizeof h - steps - sizeof crc, err) != 0)
+        return -1;
+    memcpy(r->last_step, buf + sizeof h, steps);
+    r->pushes = h.pushes, r->rejected = h.rejected, r->repeats = h.repeats;
+    r->dropped = h.dropped, r->staleness_sum = h.staleness_sum, r->staleness_max = h.staleness_max;
+    return 0;
 }
 
 static int s_cmp_key(const void *a, const void *b)

@@ -73,6 +73,19 @@ int dp_ps_rows_init(dp_ps_rows_t *r, int d, const dp_rows_conf_t *c, dp_mode_t m
                     dp_mode_t dense_mode, uint32_t shard, uint32_t shards, int workers, char *err);
 void dp_ps_rows_fini(dp_ps_rows_t *r);
 
+/* A shard's checkpoint of its rows (server/shard_checkpoint.h): the
+ * per-worker last row step (a restarted shard still applies a (worker,
+ * step) once), the counters, and the table (dp_rows_save), closed by a
+ * CRC-32 of the whole. Not saved: the keys each worker last pulled (a push
+ * after the restart names keys pulled before it and is refused, as a push
+ * for keys not pulled; the worker's next step pulls again) and sync's
+ * waiting pushes (lost with the dense step's gradients in flight).
+ * dp_ps_rows_save: the bytes (the caller frees), NULL when r has no table.
+ * dp_ps_rows_load: r's rows from them; -1 with err (one line) and r
+ * unchanged. */
+uint8_t *dp_ps_rows_save(const dp_ps_rows_t *r, size_t *len);
+int dp_ps_rows_load(dp_ps_rows_t *r, const uint8_t *buf, size_t len, char *err);
+
 /* The counters a STATS reply and the metrics carry. */
 typedef struct {
     uint64_t rows, created, evicted, pushes, rejected, staleness_sum, staleness_max, bytes;

@@ -1,7 +1,9 @@
 /* shard_checkpoint: write / restore a shard (see shard_checkpoint.h). */
 #include "server/shard_checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -112,6 +114,89 @@ static int s_deal_restore(dp_deal_t *d, const char *path, char *err)
     return rc;
 }
 
+/* ---- the rows' file ------------------------------------------------------ */
+
+/* path's name without ".safetensors" (the shard's file, for its rows files'
+ * names): its length in path. */
+static size_t s_stem(const char *path)
+{
+    size_t n = strlen(path), ext = strlen(".safetensors");
+    return n > ext && strcmp(path + n - ext, ".safetensors") == 0 ? n - ext : n;
+}
+
+/* The rows file of version v beside the shard file path. */
+static void s_rows_path(char *out, size_t n, const char *path, uint64_t v)
+{
+    snprintf(out, n, "%.*s.rows-%" PRIu64, (int)s_stem(path), path, v);
+}
+
+/* Remove the rows files beside path but keep (a name without directory;
+ * NULL: all of them). */
+static void s_rows_prune(const char *path, const char *keep)
+{
+    char dir[PATH_MAX], prefix[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    const char *base = slash ? slash + 1 : path;
+    snprintf(prefix, sizeof prefix, "%.*s.rows-", (int)(s_stem(base)), base);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && (!keep || strcmp(e->d_name, keep) != 0)) {
+            char full[PATH_MAX * 2];
+            snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+            unlink(full);
+        }
+    closedir(d);
+}
+
+/* The shard's rows to their file of version v; its name (no directory)
+ * into name. 0, or -1 with err. */
+static int s_rows_write(const dp_ps_rows_t *r, const char *path, uint64_t v, char *name,
+                        size_t n, char *err)
+{
+    size_t len;
+    uint8_t *buf = dp_ps_rows_save(r, &len);
+    char full[PATH_MAX];
+    s_rows_path(full, sizeof full, path, v);
+    const char *slash = strrchr(full, '/');
+    snprintf(name, n, "%s", slash ? slash + 1 : full);
+    int rc = dp_write_file_atomic(full, buf, len, err);
+    free(buf);
+    return rc;
+}
+
+/* The rows the file's metadata names, into r. A file without rows (written
+ * before the table had any, or by an older build) leaves r empty, said. */
+static int s_rows_restore(dp_ps_rows_t *r, const dp_shard_t *s, const char *path, char *err)
+{
+    char e2[DP_ERR_LEN] = "";
+    char *name = dp_safetensors_read_meta(path, "rows_file", e2);
+    if (!name) {
+        if (e2[0]) return dp_err(err, "%s", e2);
+        dp_log_info("shard %d: %s holds no rows: the row table starts empty", s->index, path);
+        return 0;
+    }
+    char full[PATH_MAX * 2];
+    const char *slash = strrchr(path, '/');
+    snprintf(full, sizeof full, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, name);
+    int rc = -1;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (strchr(name, '/') || !name[0])
+        dp_err(err, "%s: corrupt shard checkpoint: rows_file '%.80s'", path, name);
+    else if (dp_read_file(full, &buf, &len, e2) != 0)
+        dp_err(err, "%s: its rows: %s", path, e2);
+    else if (dp_ps_rows_load(r, buf, len, e2) != 0)
+        dp_err(err, "%s: %s", full, e2);
+    else
+        rc = 0;
+    free(buf);
+    free(name);
+    return rc;
+}
+
 /* CRC-32 of n floats as 8 hex digits. */
 static void s_crc_hex(char out[16], const float *x, size_t n)
 {
@@ -147,9 +232,18 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
                           "version", ver, "step", ver, "params_crc32", pcrc,
                           "state_crc32", scrc, "run_id", run ? run->id : "",
                           "finished", run && run->finished ? "1" : "0", NULL, NULL, NULL, NULL,
-                          NULL, NULL, NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     char *steps = s_steps_meta(s, s->worker_step), *seen = s_steps_meta(s, s->worker_seen);
-    size_t k = sizeof meta / sizeof meta[0] - 9; /* the eight spare slots before the final NULL */
+    size_t k = sizeof meta / sizeof meta[0] - 11; /* the ten spare slots before the final NULL */
+    char rows[PATH_MAX] = "";
+    if (run && run->rows && run->rows->table) {
+        if (s_rows_write(run->rows, path, s->version, rows, sizeof rows, err) != 0) {
+            free(steps), free(seen), free(deal), free(counts);
+            return -1;
+        }
+        meta[k++] = "rows_file";
+        meta[k++] = rows;
+    }
     if (deal) {
         meta[k++] = "deal";
         meta[k++] = deal;
@@ -166,6 +260,7 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
         meta[k + 3] = seen;
     }
     int rc = dp_safetensors_write(path, t, n_t, meta, err);
+    if (rc == 0 && rows[0]) s_rows_prune(path, rows); /* the older versions' */
     free(steps);
     free(seen);
     free(deal);
@@ -306,7 +401,9 @@ dp_ckpt_restore_t dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, d
         }
     if (ms && s_dc_read(s, path, ms, err) != 0) goto done;
     if (run && run->deal && s_deal_restore(run->deal, path, err) != 0) goto done;
-    if (s_steps_restore(s, path, err) != 0) goto done; /* the last check: changes s only on success */
+    if (s_steps_restore(s, path, err) != 0) goto done; /* changes s only on success */
+    if (run && run->rows && run->rows->table && s_rows_restore(run->rows, s, path, err) != 0)
+        goto done; /* the last: changes the rows only on success */
     memcpy(s->w, w, s->n * sizeof(float));
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
     if (ms) memcpy(s->dc->ms, ms, s->n * sizeof(float));

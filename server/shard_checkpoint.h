@@ -21,7 +21,15 @@
  * applied or not: how far a worker's next step may be, dp_shard_step_check;
  * a file without it takes "worker_steps"). Shard 0 of an elastic crew
  * keeps its dealer beside them (server/deal.h: the batches trained match
- * the weights restored). */
+ * the weights restored).
+ *
+ * A shard of a model with a row table writes its rows (server/ps_rows.h)
+ * to a file of their own beside it, named after the version
+ * (DIR/ps-shard-I-of-K.rows-V: safetensors holds floats, the rows' keys
+ * are 64-bit), before the shard's file, whose metadata names it
+ * ("rows_file"); the older rows files go once the new shard file is in
+ * place. So the pair on disk is always one version's, whenever a kill
+ * comes. The whole table each time: its cost is O(rows held). */
 #ifndef DP_SHARD_CHECKPOINT_H
 #define DP_SHARD_CHECKPOINT_H
 
@@ -29,6 +37,7 @@
 #include <stddef.h>
 
 #include "server/deal.h"
+#include "server/ps_rows.h"
 #include "server/shard.h"
 
 #define DP_RUN_ID_LEN 80
@@ -41,6 +50,8 @@ typedef struct {
     dp_deal_t *deal;        /* shard 0 of an elastic crew: its dealer, written with the shard
                              * (metadata "deal", tensor "deal.count") and restored with it;
                              * NULL: none */
+    dp_ps_rows_t *rows;     /* a model with embed:D: the shard's rows (dp_ps_rows_save), in a
+                             * file of their own (below); NULL or no table: none */
 } dp_ckpt_run_t;
 
 /* DIR/ps-shard-I-of-K.safetensors into out (n bytes). */
