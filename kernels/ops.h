@@ -55,6 +55,10 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
                        const dp_conv_dims_t *d);
 void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, const float *in,
                         const float *w, const dp_conv_dims_t *d);
+/* Which ways dp_conv2d_backward takes for d on the current instruction
+ * set and DP_CONV_DIRECT (conv.c): *dw, *din 1 for the direct ones, 0 for
+ * the GEMM's (the tests ask, instead of inferring it from the bits). */
+void dp_conv2d_backward_ways(const dp_conv_dims_t *d, int *dw, int *din);
 
 /* out = max(0, in); din = dout where out > 0, else 0. In place allowed. */
 void dp_relu_forward(float *out, const float *in, size_t n);

@@ -364,6 +364,13 @@ static int s_direct_din(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
            d->C % k->oc_multiple == 0;
 }
 
+void dp_conv2d_backward_ways(const dp_conv_dims_t *d, int *dw, int *din)
+{
+    const dp_conv_simd_t *k = s_simd();
+    *dw = s_direct_dw(d, k);
+    *din = s_direct_din(d, k);
+}
+
 /* dout's geometry as the input of din's convolution (OH = H, OW = W). */
 static dp_conv_dims_t s_din_dims(const dp_conv_dims_t *d)
 {
