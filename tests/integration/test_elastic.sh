@@ -145,7 +145,10 @@ check "sync: the replay matches every recorded step" grep -q "every recorded nor
 # ---- (b, c) async and ssp 1:4: 1 -> 4 -> 1 --------------------------------
 for mode in async ssp; do
     D=$TMP/$mode
-    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 120 \
+    # 300 steps a worker: a newcomer is far from its last when the crew
+    # shrinks (with 120, a machine slowed by other work let all three
+    # finish first: no leave to count)
+    bg "$BIN/downpour" local --workers 1:4 --mode $mode --staleness 1 "${COMMON[@]}" --steps 300 \
         --delay-ms 20 --seed 6 --out "$D" --record "$D/rec.jsonl" >"$TMP/$mode.out" 2>"$TMP/$mode.err"
     LOCAL=$!
     at_version "$D" 30 && scale "$D" 4
