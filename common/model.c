@@ -326,7 +326,8 @@ static uint64_t s_fingerprint(const dp_model_t *m)
     return fp;
 }
 
-/* A table's fingerprint: every name, rank, shape and trainable flag. */
+/* A table's fingerprint: every name, rank, shape and trainable flag, and
+ * its row table's width. */
 static uint64_t s_table_fingerprint(const dp_model_t *m)
 {
     uint64_t fp = dp_fnv1a(DP_FNV_SEED, m->spec, strlen(m->spec));
@@ -337,6 +338,8 @@ static uint64_t s_table_fingerprint(const dp_model_t *m)
         fp = dp_fnv1a(fp, head, sizeof head);
         fp = dp_fnv1a(fp, p->shape, (size_t)p->ndim * sizeof p->shape[0]);
     }
+    /* a row table beside it (a table without one keeps its fingerprint) */
+    if (m->embed_dim) fp = dp_fnv1a(fp, &m->embed_dim, sizeof m->embed_dim);
     return fp;
 }
 
@@ -391,6 +394,16 @@ int dp_model_from_table(dp_model_t *m, const dp_table_entry_t *t, int n, char *e
         m->n_floats = total;
         m->n_params++;
     }
+    m->fingerprint = s_table_fingerprint(m);
+    return 0;
+}
+
+int dp_model_table_rows(dp_model_t *m, int d, char *err)
+{
+    if (!dp_model_is_table(m)) return dp_err(err, "a row table beside a spec's model: use embed:D");
+    if (d < 1 || d > DP_MODEL_MAX_EMBED)
+        return dp_err(err, "tensor table: a row table of width %d (1..%d)", d, DP_MODEL_MAX_EMBED);
+    m->embed_dim = d;
     m->fingerprint = s_table_fingerprint(m);
     return 0;
 }

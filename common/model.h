@@ -222,6 +222,12 @@ int dp_model_from_table(dp_model_t *m, const dp_table_entry_t *t, int n, char *e
 /* 1 when m is a tensor table (no layers to run), else 0. */
 int dp_model_is_table(const dp_model_t *m);
 
+/* A tensor table's row table of width d beside its tensors (a PyTorch
+ * module's sparse embedding: downpour.torch; the servers' --init file says
+ * so in its metadata, DP_ST_ROWS_KEY): m->embed_dim = d, in the
+ * fingerprint. -1 with err for a spec's model or a width out of range. */
+int dp_model_table_rows(dp_model_t *m, int d, char *err);
+
 /* spec with a bare "ac" token made "ac:A" (an environment's A actions) into
  * out (n bytes); an "ac:K" with K != A is refused (-1, err naming both), a
  * spec without an actor-critic head is refused too: an environment needs

@@ -483,6 +483,20 @@ int dp_safetensors_read_table(const char *path, const char *extra_state, dp_mode
         dp_err(err, "%s: %s", path, e2);
         goto out;
     }
+    const char *rows = s_meta(&sf, DP_ST_ROWS_KEY);
+    if (rows) { /* a row table beside the tensors: its width */
+        char *end = NULL;
+        long d = strtol(rows, &end, 10);
+        if (end == rows || *end || d < 1 || d > DP_MODEL_MAX_EMBED) {
+            dp_err(err, "%s: metadata '" DP_ST_ROWS_KEY "' is '%.40s', not a row width (1..%d)",
+                   path, rows, DP_MODEL_MAX_EMBED);
+            goto out;
+        }
+        if (dp_model_table_rows(tm, (int)d, e2) != 0) {
+            dp_err(err, "%s: %s", path, e2);
+            goto out;
+        }
+    }
     if (values && s_table_values(&sf, tm, es, values, err) != 0) goto out;
     *m = *tm;
     rc = 0;

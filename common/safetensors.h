@@ -62,6 +62,11 @@ char *dp_safetensors_read_meta(const char *path, const char *key, char *err);
  * that are state, not trained by gradients (dp_param_t.trainable = 0). */
 #define DP_ST_STATE_KEY "downpour.state"
 
+/* The metadata key giving, as a decimal D, the width of a row table the
+ * servers hold beside a --init file's tensors (dp_model_table_rows: a
+ * PyTorch module's sparse embedding, whose weight is not in the file). */
+#define DP_ST_ROWS_KEY "downpour.rows"
+
 /* A tensor table from the safetensors file at path (downpour-ps --init):
  * every tensor, in the order its data lies in the file (ties, which only
  * empty tensors make, in header order), each F32 of at most

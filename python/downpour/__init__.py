@@ -154,6 +154,7 @@ class Client:
                         "downpour.torch.Worker(module) does; with a NumPy client give downpour "
                         "launch --init FILE or --model SPEC", "args")
         compress = options.pop("compress", None), options.pop("error_feedback", None)
+        rows = int(options.pop("rows", 0))  # a row table's width beside the table
         o = _opts(lib, ps, task_index, **options)
         h = ctypes.c_void_p()
         if _spec is not None:
@@ -169,7 +170,8 @@ class Client:
                 arr[i] = _lib.Tensor(name.encode(), len(shape),
                                      ctypes.cast(sh, ctypes.POINTER(ctypes.c_int64)),
                                      1 if trainable else 0)
-            rc = lib.downpour_connect_table(ctypes.byref(h), arr, len(table), ctypes.byref(o))
+            rc = lib.downpour_connect_table_rows(ctypes.byref(h), arr, len(table), rows,
+                                                 ctypes.byref(o))
         if rc != 0:
             _raise_last(lib)
         self._h = h
@@ -187,6 +189,7 @@ class Client:
                                            ti.offset, ti.count, bool(ti.trainable)))
         self.index = {t.name: i for i, t in enumerate(self.tensors)}
         self.num_floats = lib.downpour_num_floats(h)
+        self.rows_width = lib.downpour_rows_width(h)  # D of the row table; 0: none
         inf = _lib.Info()
         lib.downpour_info(h, ctypes.byref(inf))
         self.info = Info(lib.downpour_mode_name(inf.mode).decode(), inf.num_workers,
@@ -201,7 +204,9 @@ class Client:
 
     @classmethod
     def from_init(cls, path, ps=None, task_index=None, **options):
-        """A client of servers started with `downpour-ps --init path`."""
+        """A client of servers started with `downpour-ps --init path` (and
+        its row table, when the file's metadata names one)."""
+        options.setdefault("rows", safetensors.rows_width(path))
         return cls(safetensors.table(path), ps, task_index, **options)
 
     @classmethod
@@ -298,6 +303,44 @@ class Client:
                          r.version, r.reason.decode("utf-8", "replace"))
         if r.rejected:
             raise self._rejected(res, flat)
+        return res
+
+    # ---- the row table (a sparse embedding) --------------------------------
+    def _keys(self, keys, what):
+        """keys as a C-contiguous uint64 array of distinct keys."""
+        if self.rows_width <= 0:
+            raise Error(f"{what}: the servers' model has no row table", "args")
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        if np.unique(k).size != k.size:
+            raise ValueError(f"{what}: a key appears twice (give each key once)")
+        return k
+
+    def rows_pull(self, keys):
+        """The rows of keys (distinct) as a new float32 array [len(keys), D]:
+        after pull() in a step, in sync the rows of that step."""
+        k = self._keys(keys, "rows_pull")
+        out = np.empty((k.size, self.rows_width), dtype=np.float32)
+        self._check(self._call(self._lib.downpour_rows_pull, k.ctypes.data, k.size, out.ctypes.data))
+        return out
+
+    def rows_push(self, keys, grads, step=None):
+        """The gradients grads [len(keys), D] of the rows of keys (of the
+        last rows_pull, or fewer) as step `step` (default: the next push's,
+        .step + 1; push the rows before the dense gradient of the same
+        step). Returns a PushResult; a refused push raises Rejected."""
+        k = self._keys(keys, "rows_push")
+        g = np.ascontiguousarray(grads, dtype=np.float32)
+        if g.shape != (k.size, self.rows_width):
+            raise ShapeError(f"rows_push: grads of shape {list(g.shape)}, want "
+                             f"[{k.size}, {self.rows_width}]", "args")
+        step = self.step + 1 if step is None else int(step)
+        r = _lib.PushResult()
+        self._check(self._call(self._lib.downpour_rows_push, k.ctypes.data, k.size, g.ctypes.data,
+                               step, ctypes.byref(r)))
+        res = PushResult(r.applied, r.dropped, r.rejected, r.staleness_mean, r.staleness_max,
+                         r.version, r.reason.decode("utf-8", "replace"))
+        if r.rejected:
+            raise Rejected(f"row push of step {step} refused: {res.reason}", "refused")
         return res
 
     def _rejected(self, res, flat):

@@ -16,6 +16,7 @@ import struct
 import numpy as np
 
 STATE_KEY = "downpour.state"
+ROWS_KEY = "downpour.rows"  # the width D of a row table beside the tensors (common/safetensors.h)
 
 _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": None, "I64": "<i8", "I32": "<i4",
            "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
@@ -83,3 +84,10 @@ def table(path):
     tensors, meta = read(path)
     state = set(s for s in meta.get(STATE_KEY, "").split(",") if s)
     return [(name, tuple(a.shape), name not in state) for name, a in tensors]
+
+
+def rows_width(path):
+    """The width of the row table an --init file names beside its tensors
+    (a sparse embedding's; 0: none)."""
+    _, meta = read(path)
+    return int(meta.get(ROWS_KEY, 0) or 0)

@@ -46,6 +46,21 @@ compress, error_feedback.
   downpour.Client), .info, .step; a context manager (finish, close; on
   Ctrl-C, which interrupts a blocked pull or push at once, the same).
 
+A sparse embedding (one nn.Embedding or nn.EmbeddingBag built with
+sparse=True) is a row table on the servers, not a tensor of the table:
+save_init leaves its weight out of the file and names its width D in the
+metadata ("downpour.rows"), the servers hold a row per key (the input
+indices, 64-bit) made on its first push, with their --row-optimizer, and
+the Worker moves only the rows a batch touches:
+
+  pull(keys)  the dense weights, then the rows of the distinct keys in keys
+           (the indices the next batch looks up) into those rows of the
+           embedding's weight (the others keep what they held: they are not
+           this batch's);
+  push()   the embedding's sparse .grad summed per key (coalesced) as the
+           rows' gradients, then the dense push, as one step. The keys
+           pushed must be among those pulled (the servers refuse the rest).
+
 Local steps (DiLoCo, local SGD): when the servers run --local-steps H, the
 Worker reads H (.local_steps) and the loop keeps its own optimizer:
 
@@ -80,18 +95,38 @@ import torch
 import downpour
 from downpour import safetensors as _st
 
-__all__ = ["save_init", "Worker", "table_of"]
+__all__ = ["save_init", "Worker", "table_of", "rows_of"]
 
 
 def _buffer_names(module):
     return set(name for name, _ in module.named_buffers())
 
 
+def rows_of(module):
+    """The module's sparse embedding: (weight's state_dict name, the
+    embedding module, D), or None. Two of them are refused (the servers hold
+    one row table)."""
+    found = [(name, m) for name, m in module.named_modules()
+             if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+    if len(found) > 1:
+        raise downpour.ModelMismatch(
+            f"sparse embeddings {found[0][0]} and {found[1][0]}: the servers hold one row table; "
+            f"build one of them with sparse=False (a dense tensor) or merge their keys", "args",
+            found[1][0])
+    if not found:
+        return None
+    name, m = found[0]
+    return (f"{name}.weight" if name else "weight", m, int(m.embedding_dim))
+
+
 def table_of(module):
     """The servers' table for module: [(name, shape, trainable)] in
-    state_dict order, buffers as state. Tied tensors (two names, one
+    state_dict order, buffers as state, a sparse embedding's weight left out
+    (rows_of: the servers' row table). Tied tensors (two names, one
     storage: a weight shared by two layers) are refused, naming both: the
     servers would hold and step two copies that drift apart."""
+    rows = rows_of(module)
+    skip = rows[0] if rows else None
     buffers = _buffer_names(module)
     seen = {}
     for name, t in module.state_dict(keep_vars=True).items():
@@ -107,21 +142,26 @@ def table_of(module):
                 "args", name)
         seen[key] = name
     return [(name, tuple(t.shape), name not in buffers)
-            for name, t in module.state_dict().items()]
+            for name, t in module.state_dict().items() if name != skip]
 
 
 def save_init(module, path):
     """Write the --init file of module (see the module's help)."""
-    table_of(module)  # tied tensors refused before anything is written
+    keep = set(name for name, _, _ in table_of(module))  # tied tensors refused first
+    rows = rows_of(module)
     buffers = _buffer_names(module)
     tensors, state = [], []
     for name, t in module.state_dict().items():
+        if name not in keep:
+            continue  # the sparse embedding: rows on the servers
         tensors.append((name, t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()))
         if name in buffers:
             state.append(name)
     meta = {"format": "pt"}
     if state:
         meta[_st.STATE_KEY] = ",".join(state)
+    if rows:
+        meta[_st.ROWS_KEY] = str(rows[2])
     _st.write(path, tensors, meta)
 
 
@@ -178,8 +218,17 @@ class Worker:
         if ps is None and spec is None and "DOWNPOUR_LAUNCH_INIT" in os.environ \
                 and "TF_CONFIG" not in os.environ:
             ps = _launch_servers(module, max(60.0, float(options.get("timeout", 30.0))))
+        self._rows = rows_of(module)  # (name, embedding, D) or None
+        width = self._rows[2] if self._rows else 0
         if init is not None:
             _check_against(table, _st.table(init), init)
+            if _st.rows_width(init) != width:
+                raise downpour.ModelMismatch(
+                    f"{init} names a row table of width {_st.rows_width(init)}, the module's "
+                    f"sparse embedding is {width} wide", "args", self._rows[0] if self._rows else None)
+        if spec is not None and self._rows:
+            raise downpour.Error("a module with a sparse embedding trains from a table (no spec=: "
+                                 "save_init writes the servers' --init file)", "args")
         if spec is not None:
             self.client = downpour.Client.from_spec(spec, input, ps, task_index, **options)
             spec_table = [(t.name, t.shape, t.trainable) for t in self.client.tensors]
@@ -190,7 +239,7 @@ class Worker:
                 raise
         else:
             try:
-                self.client = downpour.Client(table, ps, task_index, **options)
+                self.client = downpour.Client(table, ps, task_index, rows=width, **options)
             except downpour.ModelMismatch as e:
                 first = table[0]
                 raise downpour.ModelMismatch(
@@ -201,6 +250,11 @@ class Worker:
         self.info = self.client.info
         self._bind()
         self.local_steps = max(1, int(self.info.local_steps))  # H, the servers' --local-steps
+        if self._rows and self.local_steps > 1:
+            self.client.close()
+            raise downpour.Error("a sparse embedding's rows are pushed every step: the servers' "
+                                 "--local-steps is for modules without one", "args")
+        self._keys = None       # the distinct keys of the last pull(keys), as a LongTensor
         self._round = 0         # data steps of the round under way
         self._round_loss = 0.0
         self._round_batch = 0
@@ -257,13 +311,48 @@ class Worker:
             else:
                 self._state.append((v, view.view(t.shape), t))
 
-    def pull(self):
-        """The servers' weights into the module (see the module's help)."""
+    def pull(self, keys=None):
+        """The servers' weights into the module, and with a sparse embedding
+        the rows of keys (see the module's help)."""
         if self.local_steps > 1 and not self._rounds_over and (self._round or self._fresh):
             return  # local steps: the weights are this worker's own until the round's push
+        if self._rows and keys is None:
+            raise downpour.Error(f"pull(keys): the indices the next batch looks up in "
+                                 f"{self._rows[0]}, a row table on the servers", "args")
         self._pull_now()
+        if self._rows:
+            self._pull_rows(keys)
         if self.local_steps > 1:
             self._keep_round_start()
+
+    def _pull_rows(self, keys):
+        """The rows of keys' distinct values into the embedding's weight."""
+        k = torch.as_tensor(keys).reshape(-1).to(dtype=torch.int64, device="cpu")
+        k = torch.unique(k)  # sorted, distinct
+        if k.numel() and int(k[0]) < 0:
+            raise ValueError(f"pull(keys): key {int(k[0])} is negative")
+        self._keys = k
+        if not k.numel():
+            return
+        rows = self.client.rows_pull(k.numpy().astype("uint64"))
+        weight = self._rows[1].weight
+        with torch.no_grad():
+            weight.index_copy_(0, k.to(weight.device), torch.from_numpy(rows).to(weight))
+
+    def _push_rows(self):
+        """The embedding's sparse .grad, summed per key, as the rows' push
+        of the coming step; nothing when it has none."""
+        weight = self._rows[1].weight
+        g = weight.grad
+        if g is None:
+            return
+        if not g.is_sparse:
+            g = g.to_sparse()
+        g = g.coalesce()
+        idx = g.indices()[0].to(dtype=torch.int64, device="cpu")
+        vals = g.values().detach().to(dtype=torch.float32, device="cpu").contiguous()
+        if idx.numel():
+            self.client.rows_push(idx.numpy().astype("uint64"), vals.numpy())
 
     def _pull_now(self):
         for data, ptr in self._direct:
@@ -283,6 +372,8 @@ class Worker:
             loss = float(loss.detach())
         if self.local_steps > 1:
             return self._local_step(loss, batch)
+        if self._rows:
+            self._push_rows()  # before the dense push: in sync the step takes them with it
         with torch.no_grad():
             for p, g, t in self._grads:
                 pg = p.grad

@@ -211,6 +211,12 @@ static int s_check_opts(downpour_t **out, const downpour_opts_t *o)
 int downpour_connect_table(downpour_t **out, const downpour_tensor_t *t, int n,
                            const downpour_opts_t *o)
 {
+    return downpour_connect_table_rows(out, t, n, 0, o);
+}
+
+int downpour_connect_table_rows(downpour_t **out, const downpour_tensor_t *t, int n,
+                                int rows_width, const downpour_opts_t *o)
+{
     char err[DP_ERR_LEN];
     if (s_check_opts(out, o) != 0) return -1;
     if (n < 1 || n > DP_MAX_PARAMS || !t)
@@ -222,6 +228,7 @@ int downpour_connect_table(downpour_t **out, const downpour_tensor_t *t, int n,
         e[i] = (dp_table_entry_t){t[i].name, t[i].ndim, t[i].shape, t[i].trainable};
     downpour_t *h = s_new();
     int rc = dp_model_from_table(h->model, e, n, err);
+    if (rc == 0 && rows_width) rc = dp_model_table_rows(h->model, rows_width, err);
     free(e);
     if (rc != 0) {
         downpour_close(h);
@@ -327,6 +334,51 @@ uint64_t downpour_version_pulled(const downpour_t *h)
     return dp_ps_client_version(h->ps);
 }
 
+/* A push's result as the API says it. */
+static void s_push_result(downpour_push_result_t *res, const dp_push_result_t *r)
+{
+    *res = (downpour_push_result_t){
+        .applied = r->applied, .dropped = r->dropped, .rejected = r->rejected,
+        .staleness_max = r->staleness_max, .staleness_mean = r->staleness_mean,
+        .version = r->version,
+    };
+    snprintf(res->reason, sizeof res->reason, "%s", r->reason);
+}
+
+int downpour_rows_width(const downpour_t *h)
+{
+    return h->model->embed_dim;
+}
+
+/* The model has a row table; -1 and the error otherwise. */
+static int s_has_rows(const downpour_t *h)
+{
+    if (h->model->embed_dim > 0) return 0;
+    return s_fail(DOWNPOUR_ERR_ARGS, "rows: the model has no row table (a spec's embed:D, or "
+                                     "downpour_connect_table_rows)");
+}
+
+int downpour_rows_pull(downpour_t *h, const uint64_t *keys, size_t n, float *rows)
+{
+    s_ok();
+    if (s_has_rows(h) != 0) return -1;
+    if (dp_ps_client_rows_pull(h->ps, keys, n, h->model->embed_dim, rows, NULL, s_err) != 0)
+        return s_client_failed(h);
+    return 0;
+}
+
+int downpour_rows_push(downpour_t *h, const uint64_t *keys, size_t n, const float *grads,
+                       uint64_t step, downpour_push_result_t *res)
+{
+    s_ok();
+    if (s_has_rows(h) != 0) return -1;
+    dp_push_result_t r;
+    if (dp_ps_client_rows_push(h->ps, keys, n, h->model->embed_dim, grads, step, &r, s_err) != 0)
+        return s_client_failed(h);
+    if (res) s_push_result(res, &r);
+    return 0;
+}
+
 int downpour_set_compress(downpour_t *h, const char *compress, const char *error_feedback)
 {
     s_ok();
@@ -347,14 +399,7 @@ int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint
     dp_push_result_t r;
     dp_ps_push_t p = {.grads = grads, .loss = loss, .batch = batch, .step = step};
     if (dp_ps_client_push(h->ps, &p, &r, s_err) != 0) return s_client_failed(h);
-    if (res) {
-        *res = (downpour_push_result_t){
-            .applied = r.applied, .dropped = r.dropped, .rejected = r.rejected,
-            .staleness_max = r.staleness_max, .staleness_mean = r.staleness_mean,
-            .version = r.version,
-        };
-        snprintf(res->reason, sizeof res->reason, "%s", r.reason);
-    }
+    if (res) s_push_result(res, &r);
     return 0;
 }
 

@@ -130,6 +130,14 @@ typedef struct {
 int downpour_connect_table(downpour_t **out, const downpour_tensor_t *t, int n,
                            const downpour_opts_t *o);
 
+/* The same table with a row table of width rows_width beside it (a sparse
+ * embedding: rows addressed by 64-bit keys, held by the servers and pulled
+ * and pushed by key, downpour_rows_pull / downpour_rows_push). The servers'
+ * --init file says the same width in its metadata ("downpour.rows": D);
+ * rows_width 0 is downpour_connect_table. */
+int downpour_connect_table_rows(downpour_t **out, const downpour_tensor_t *t, int n,
+                                int rows_width, const downpour_opts_t *o);
+
 /* The same for servers running a Downpour model spec (`downpour-ps --model
  * SPEC --input CxHxW`): its tensors are the spec's (conv1.weight, ...). */
 int downpour_connect_spec(downpour_t **out, const char *spec, int in_c, int in_h, int in_w,
@@ -189,6 +197,7 @@ int downpour_pull_tensors(downpour_t *h, float *const *dst);
  * push is stamped with. */
 uint64_t downpour_version_pulled(const downpour_t *h);
 
+
 /* What the shards said of one push. */
 typedef struct {
     int applied, dropped, rejected; /* shard replies, summed over shards */
@@ -205,6 +214,20 @@ typedef struct {
  * and batch size. A refusal is in res (may be NULL), not a failure. */
 int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint64_t step,
                   downpour_push_result_t *res);
+
+/* The row table's width D (a spec's embed:D or downpour_connect_table_rows'
+ * rows_width; 0: the model has none). */
+int downpour_rows_width(const downpour_t *h);
+/* The rows of keys[0..n) (distinct) into rows[n * D], from the shards that
+ * hold them, in parallel; a key without a row reads as its initial value.
+ * In sync, after this step's downpour_pull. */
+int downpour_rows_pull(downpour_t *h, const uint64_t *keys, size_t n, float *rows);
+/* The gradients grads[n * D] of rows of keys[0..n) (keys of the last
+ * downpour_rows_pull, or fewer) as step `step` (1, 2, ...: applied once;
+ * before this step's downpour_push, which in sync applies them with it). A
+ * refusal is in res (may be NULL), not a failure. */
+int downpour_rows_push(downpour_t *h, const uint64_t *keys, size_t n, const float *grads,
+                       uint64_t step, downpour_push_result_t *res);
 
 /* Pushes from the next on compressed, as downpour-worker's --compress and
  * --error-feedback: compress "none" (or NULL), "topk:F" (the fraction F of
