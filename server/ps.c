@@ -676,10 +676,16 @@ static int s_open_socket(dp_ps_loop_t *ps, char *err)
     if (!(ps->ctx = zmq_ctx_new())) return dp_err(err, "ZeroMQ context: %s", zmq_strerror(errno));
     if (!(ps->sock = zmq_socket(ps->ctx, ZMQ_ROUTER)))
         return dp_err(err, "ZeroMQ socket: %s", zmq_strerror(errno));
-    /* The largest legitimate message is a PUSH of this shard's range: its
-     * floats, an envelope and the identity. One frame may not be larger
+    /* The largest legitimate message is a PUSH of this shard's range (its
+     * floats) or, with a row table, a ROWS_PUSH of max_keys keys and rows;
+     * an envelope and the identity besides. One frame may not be larger
      * either (ZeroMQ drops a peer that sends one). */
-    ps->max_msg = ps->shard.n * sizeof(float) + DP_WIRE_MAX_ENVELOPE + DP_WIRE_MAX_IDENTITY;
+    ps->max_msg = ps->shard.n * sizeof(float);
+    if (ps->shard.model.embed_dim > 0) {
+        size_t rows = dp_ps_rows_max_bytes(cfg, ps->shard.model.embed_dim);
+        if (rows > ps->max_msg) ps->max_msg = rows;
+    }
+    ps->max_msg += DP_WIRE_MAX_ENVELOPE + DP_WIRE_MAX_IDENTITY;
     int64_t maxmsg = (int64_t)ps->max_msg;
     int zero = 0, sndhwm = DP_PS_SNDHWM, rcvhwm = S_RCVHWM;
     if (s_setopt(ps->sock, ZMQ_LINGER, &zero, sizeof zero, "ZMQ_LINGER", err) != 0 ||
@@ -768,6 +774,15 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
                         err) != 0)
         return -1;
     return dp_ps_restore(ps, err);
+}
+
+size_t dp_ps_rows_max_bytes(const dp_ps_config_t *cfg, int d)
+{
+    dp_rows_conf_t rows;
+    float init;
+    dp_ps_rows_conf(cfg, &rows, &init);
+    size_t keys = rows.max_keys ? rows.max_keys : DP_ROWS_DEFAULT_KEYS;
+    return keys * (sizeof(uint64_t) + (size_t)d * sizeof(float));
 }
 
 void dp_ps_rows_conf(const dp_ps_config_t *cfg, dp_rows_conf_t *out, float *init)

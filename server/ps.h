@@ -130,6 +130,10 @@ int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
  * --lr's base) and --row-init (else dp_rows_init_default) resolved; the
  * initial bound into *init (0: zeros). */
 void dp_ps_rows_conf(const dp_ps_config_t *c, dp_rows_conf_t *out, float *init);
+/* The bytes of a ROWS_PUSH of the most keys a request may carry, for rows
+ * of width d (its keys and rows; no envelope): part of the largest
+ * message a shard takes. */
+size_t dp_ps_rows_max_bytes(const dp_ps_config_t *c, int d);
 /* --local-steps and the outer flags, once parsed into c by o's table (the
  * daemon's, or the simulator's, which names them alike): with H > 1,
  * c->optim becomes the outer optimizer, at a constant lr (the inner one is

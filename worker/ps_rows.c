@@ -82,6 +82,18 @@ static void s_frame(dp_ps_client_t *c, dp_ps_req_t *rq, int t, const char *key, 
     rq->n_payloads = t + 1;
 }
 
+/* Each shard's part of r within what a shard takes in one request (more
+ * would be a message over its limit, which ZeroMQ drops unanswered). */
+static int s_bounded(const dp_ps_client_t *c, const dp_ps_rows_req_t *r, const char *what, char *err)
+{
+    for (int i = 0; i < c->n; i++)
+        if (r->at[i + 1] - r->at[i] > DP_ROWS_DEFAULT_KEYS)
+            return dp_err(err, "%s: %zu keys for shard %d: a request takes at most %u keys a "
+                          "shard (split the keys)", what, r->at[i + 1] - r->at[i], i,
+                          DP_ROWS_DEFAULT_KEYS);
+    return 0;
+}
+
 /* ---- pull --------------------------------------------------------------- */
 
 static void s_build_pull(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
@@ -120,6 +132,7 @@ int dp_ps_client_rows_pull(dp_ps_client_t *c, const uint64_t *keys, size_t n, in
 {
     if (d < 1 || d > DP_ROWS_MAX_WIDTH) return dp_err(err, "rows pull: width %d (1 to %d)", d, DP_ROWS_MAX_WIDTH);
     dp_ps_rows_req_t *r = s_group(c, keys, n, d);
+    if (s_bounded(c, r, "rows pull", err) != 0) return -1;
     r->out = rows;
     r->held = 0;
     dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__ROWS_PULL, .n_shards = c->n,
@@ -182,6 +195,7 @@ int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, in
     memcpy(version, c->rows->version, sizeof version); /* the last pull's, kept by s_group */
     dp_ps_rows_req_t *r = s_group(c, keys, n, d);
     memcpy(r->version, version, sizeof version);
+    if (s_bounded(c, r, "rows push", err) != 0) return -1;
     for (size_t k = 0; k < n; k++) /* each shard's rows together, as its keys */
         memcpy(r->buf + k * (size_t)d, grads + r->pos[k] * (size_t)d, (size_t)d * sizeof *grads);
     memset(res, 0, sizeof *res);

@@ -20,6 +20,9 @@ int dp_bench_wire_main(int argc, char **argv);
 /* `downpour bench scale`: pushes/s the servers sustain as workers grow
  * (deploy/bench/scale.c). */
 int dp_bench_scale_main(int argc, char **argv);
+/* `downpour bench rows`: rows pulled and pushed by key per second against
+ * memcpy (deploy/bench/rows.c). */
+int dp_bench_rows_main(int argc, char **argv);
 /* `downpour scale DIR N`: a running downpour local's live worker count
  * (deploy/launcher/scale.c). */
 int dp_scale_main(int argc, char **argv);

@@ -7,6 +7,7 @@
  *   keygen       a CURVE key pair
  *   bench wire   the wire against plain ZeroMQ, shared memory against memcpy
  *   bench scale  pushes/s the servers sustain as workers and shards grow
+ *   bench rows   rows pulled and pushed by key per second, against memcpy
  *   sim          virtual workers on a simulated clock (the lab)
  *   replay       a recorded schedule run again (the lab)
  *   sweep        a grid of runs and its report (the lab)
@@ -43,6 +44,7 @@ static const s_command_t s_commands[] = {
     {"eval", dp_eval_main, "--checkpoint FILE [--data SPEC] [--device DEV]"},
     {"keygen", dp_keygen_main, "FILE"},
     {"bench wire", dp_bench_wire_main, "[--bytes N | --model SPEC] [--shards K] [--json]"},
+    {"bench rows", dp_bench_rows_main, "[--dim D] [--keys N] [--table R] [--shards K] [--json]"},
     {"bench scale", dp_bench_scale_main,
      "[--workers N] [--shards K] [--params P | --model SPEC] [--json]"},
     {"sim", dp_sim_main, "--workers M --compute DIST --updates N [--json]"},

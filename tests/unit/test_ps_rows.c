@@ -384,6 +384,42 @@ static void test_hybrid(void)
     srv_stop(&s);
 }
 
+/* ---- the largest requests ------------------------------------------------ */
+
+/* A shard of a small dense model takes a row request of the most keys a
+ * request holds (its message limit counts the rows, not just the dense
+ * floats: 60000 keys of width 3 are 1.2 MB, which a 4-float model's limit
+ * once dropped unanswered); one key more than the most is refused by the
+ * client with a line, before anything is sent. */
+static void test_large_request(void)
+{
+    shards_t sh;
+    s_shards_init(&sh, 1, DP_MODE_ASYNC, 0, 1);
+    CHECK_EQ(s_shards_start(&sh), 0);
+    dp_model_t m;
+    s_model(&m);
+    dp_ps_client_t *c = s_client(&sh, &m, 0);
+    if (!c) return;
+    enum { N = 60000, MOST = DP_ROWS_DEFAULT_KEYS };
+    uint64_t *keys = dp_malloc((MOST + 1) * sizeof *keys);
+    float *rows = dp_malloc((size_t)(MOST + 1) * D * sizeof *rows);
+    for (uint64_t i = 0; i <= MOST; i++) keys[i] = i * 7 + 1;
+    char err[DP_ERR_LEN] = "";
+    dp_push_result_t res;
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, N, D, rows, NULL, err), 0);
+    s_grads(rows, (size_t)N * D, 5);
+    CHECK_EQ(dp_ps_client_rows_push(c, keys, N, D, rows, 1, &res, err), 0);
+    CHECK_EQ(res.applied, 1);
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+    CHECK_EQ(st.rows[0], N);
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, MOST + 1, D, rows, NULL, err), -1);
+    CHECK(strstr(err, "at most 65536 keys a shard") != NULL);
+    free(keys), free(rows);
+    dp_ps_client_destroy(&c);
+    s_shards_stop(&sh);
+}
+
 /* ---- a shard restarted from its checkpoint ------------------------------ */
 
 /* shards of s_shards_init (2, async, adam rows with admission and
@@ -507,4 +543,4 @@ static void test_restart_rows(void)
 }
 
 DP_TESTS(T(test_async_reference), T(test_bad_input), T(test_sync_rows), T(test_hybrid),
-         T(test_restart_rows))
+         T(test_large_request), T(test_restart_rows))
