@@ -123,6 +123,15 @@ void dp_ps_metrics_line(dp_ps_loop_t *ps)
         cJSON_AddNumberToObject(line, "dc_compensated", (double)ps->shard.dc->compensated);
         cJSON_AddNumberToObject(line, "dc_fallback", (double)ps->shard.dc->fallback);
     }
+    if (ps->rows.table) { /* a row table: what STATS says of it */
+        dp_ps_rows_stats_t rs;
+        dp_ps_rows_stats(&ps->rows, &rs);
+        cJSON_AddNumberToObject(line, "rows", (double)rs.rows);
+        cJSON_AddNumberToObject(line, "rows_evicted", (double)rs.evicted);
+        cJSON_AddNumberToObject(line, "rows_bytes", (double)rs.bytes);
+        cJSON_AddNumberToObject(line, "row_pushes", (double)rs.pushes);
+        cJSON_AddNumberToObject(line, "row_pushes_rejected", (double)rs.rejected);
+    }
     dp_metrics_write(ps->metrics, &line);
 }
 

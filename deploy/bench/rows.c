@@ -12,6 +12,7 @@
  * same table would move R x D x 4. With --json the last line is one JSON
  * object. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,9 +174,9 @@ static void s_report(const s_conf_t *c, s_times_t *t)
     cJSON_AddNumberToObject(o, "pull_ms", dp_metrics_round(pull, 4));
     cJSON_AddNumberToObject(o, "push_ms", dp_metrics_round(push, 4));
     cJSON_AddNumberToObject(o, "memcpy_ms", dp_metrics_round(cp, 5));
-    cJSON_AddNumberToObject(o, "pull_rows_per_s", dp_metrics_round(N / pull * 1e3, 0));
-    cJSON_AddNumberToObject(o, "push_rows_per_s", dp_metrics_round(N / push * 1e3, 0));
-    cJSON_AddNumberToObject(o, "memcpy_rows_per_s", dp_metrics_round(N / cp * 1e3, 0));
+    cJSON_AddNumberToObject(o, "pull_rows_per_s", round(N / pull * 1e3));
+    cJSON_AddNumberToObject(o, "push_rows_per_s", round(N / push * 1e3));
+    cJSON_AddNumberToObject(o, "memcpy_rows_per_s", round(N / cp * 1e3));
     cJSON_AddNumberToObject(o, "pull_bytes", (double)t->pull_bytes);
     cJSON_AddNumberToObject(o, "push_bytes", (double)t->push_bytes);
     cJSON_AddNumberToObject(o, "dense_bytes", dense);

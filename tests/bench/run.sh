@@ -54,6 +54,8 @@
 # workers with --local-steps 8 against the loop alone, launch's start-up),
 # BENCH_A3C=0 to leave out tests/bench/a3c.sh (A3C's env steps per second,
 # the C worker against the PyTorch example, 1 and 2 workers),
+# BENCH_ROWS=0 to leave out tests/bench/rows.sh (rows by key per shard
+# against memcpy, D = 16 and 64; the planted CTR model, 2 async workers),
 # BENCH_ELASTIC=0 to leave out tests/bench/elastic.sh (--chaos kills against
 # none, async and sync),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
@@ -411,6 +413,13 @@ fi
 if [ "${BENCH_A3C:-1}" = 1 ] && [ "$HAVE_TORCH" = 1 ]; then
     echo
     BUILD=$BUILD tests/bench/a3c.sh
+fi
+
+# Sparse rows: by key per shard against memcpy, and the planted CTR model
+# by 2 async workers over 2 shards (tests/bench/rows.sh; its knobs there).
+if [ "${BENCH_ROWS:-1}" = 1 ]; then
+    echo
+    BUILD=$BUILD tests/bench/rows.sh
 fi
 
 # Churn: 2 workers over 2 epochs, async and sync, with --chaos kills

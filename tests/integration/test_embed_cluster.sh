@@ -4,8 +4,9 @@
 # (server/ps_rows.h), through `downpour local --data libsvm:`:
 #  - 2 async workers over 2 shards train the planted logistic model of
 #    `downpour gen-libsvm` to its test AUC within 0.02; summary.json has
-#    rows with one number per shard, the servers' row optimizer and rows
-#    mode, bytes_pulled; the two workers' steps are the epoch's batches, once
+#    rows with one number per shard (each shard's metrics say the same), the
+#    servers' row optimizer and rows mode, bytes_pulled; the two workers'
+#    steps are the epoch's batches, once
 #  - the bytes a step pulls are the dense weights plus the rows of the
 #    batch's distinct keys, exactly (4 (dense + keys x D) from one metrics
 #    line to the next): proportional to the rows touched, not the table
@@ -13,6 +14,7 @@
 #    bit for bit (the same test loss and AUC), Adam dense, Adagrad rows
 #  - hybrid (--mode sync --rows-mode async) and sync with 2 workers train
 #    the CTR model; sync's staleness is 0
+#  - over CURVE (downpour local --secure) the same training
 #  - an elastic crew with libsvm data is one line
 source "$(dirname "$0")/lib.sh"
 
@@ -36,6 +38,11 @@ check "their test AUC $auc is within 0.02 of the planted model's $planted" near 
 check "rows: one number per shard, together the keys seen (at most 1000)" "$TORCH_PY" -c '
 import json; s = json.load(open("lr/summary.json")); r = s["rows"]
 assert isinstance(r, list) and len(r) == 2 and min(r) > 0 and 500 < sum(r) <= 1000, r'
+check "each shard's last metrics line holds its rows, as summary.json does" "$TORCH_PY" -c '
+import json; s = json.load(open("lr/summary.json"))
+for k in (0, 1):
+    last = [json.loads(l) for l in open("lr/metrics/ps-%d.jsonl" % k) if "\"rows\"" in l][-1]
+    assert last["rows"] == s["rows"][k] and last["rows_bytes"] > 0, (k, last, s["rows"])'
 check "summary.json: the servers' row optimizer, lr and rows mode; bytes_pulled" "$TORCH_PY" -c '
 import json; s = json.load(open("lr/summary.json"))
 assert (s["row_optimizer"], s["row_lr"], s["rows_mode"]) == ("adagrad", 0.1, "async"), s
@@ -81,6 +88,15 @@ import json, sys; s = json.load(open("h-%s/summary.json" % sys.argv[1]))
 assert s["rows_mode"] == sys.argv[1] and s["mode"] == "sync" and s["staleness_max"] == 0, s
 assert s["test_auc"] > 0.85, s["test_auc"]' "$2"
 done
+
+# Over CURVE (keys downpour local makes): the rows' requests are sealed as
+# the dense ones are.
+"$L" local --workers 2 --ps-shards 2 --mode async --secure --model 'embed:2 softmax' --data "$D" \
+    --lr 0.1 --epochs 1 --batch 128 --seed 5 --threads 1 --out sec >sec.log 2>&1
+check "--secure: 2 workers over 2 CURVE shards exit 0 ($(tail -1 sec.log))" test $? = 0
+check "... and train (test AUC above 0.85, rows on both shards)" "$TORCH_PY" -c '
+import json; s = json.load(open("sec/summary.json"))
+assert s["test_auc"] > 0.85 and len(s["rows"]) == 2 and min(s["rows"]) > 0, s'
 
 "$L" local --workers 1:2 --model 'embed:2 softmax' --data "$D" --out el >el.out 2>el.err
 rc=$?
