@@ -67,18 +67,6 @@ static dp_opts_result_t s_parse(s_conf_t *c, int argc, char **argv, char *err)
     return r;
 }
 
-static int s_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double s_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, s_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Key i of the table: spread over the 64-bit range, as feature ids are. */
 static uint64_t s_key(long i)
 {
@@ -153,8 +141,8 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, s_times_t *t, char *
 
 static void s_report(const s_conf_t *c, s_times_t *t)
 {
-    double pull = s_median(t->pull, t->n), push = s_median(t->push, t->n);
-    double cp = s_median(t->copy, t->n), N = (double)c->keys;
+    double pull = dp_bench_median(t->pull, t->n), push = dp_bench_median(t->push, t->n);
+    double cp = dp_bench_median(t->copy, t->n), N = (double)c->keys;
     double dense = (double)c->table * c->dim * 4;
     printf("rows: %ld of a table of %ld rows x %d, %d shard%s; medians of %d rounds\n", c->keys,
            c->table, c->dim, c->shards, c->shards > 1 ? "s" : "", t->n);

@@ -84,3 +84,15 @@ void dp_bench_shards_fini(dp_bench_shards_t *b)
     if (system(cmd) != 0) dp_log_warn("could not remove %s", b->dir);
     b->dir[0] = '\0';
 }
+
+static int s_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double dp_bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, s_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}

@@ -36,6 +36,9 @@ typedef struct {
  * gets the --input string the servers take. */
 int dp_bench_model(dp_model_t *m, const char *spec, long params, char *input, size_t n, char *err);
 
+/* The median of v[0..n) (n > 0), sorting v: what every bench reports. */
+double dp_bench_median(double *v, int n);
+
 /* The scratch directory /tmp/downpour-NAME-XXXXXX and the server binary
  * beside argv0. */
 int dp_bench_shards_init(dp_bench_shards_t *b, const char *name, const char *argv0, char *err);

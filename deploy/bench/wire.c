@@ -184,18 +184,6 @@ static double s_echo_once(void *sock, const void *data, size_t len)
 
 /* ---- measuring ---------------------------------------------------------- */
 
-static int s_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double s_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, s_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The lent pull's sink: counts what arrives (the whole vector, checked
  * after each pull) and touches nothing, as ZeroMQ's raw receive does not. */
 static void s_count_sink(void *arg, size_t off, const float *data, size_t n)
@@ -279,11 +267,11 @@ static void s_report(const s_conf_t *c, const dp_model_t *m, s_times_t *t)
     /* pull + push per round first: the medians below sort the arrays. */
     double *sum = dp_malloc(sizeof(double) * (size_t)(t->n > 0 ? t->n : 1));
     for (int i = 0; i < t->n; i++) sum[i] = t->pull[i] + t->push[i];
-    double rt = s_median(sum, t->n), raw = s_median(t->raw, t->n), cp = s_median(t->copy, t->n);
-    double pull = s_median(t->pull, t->n), push = s_median(t->push, t->n);
+    double rt = dp_bench_median(sum, t->n), raw = dp_bench_median(t->raw, t->n), cp = dp_bench_median(t->copy, t->n);
+    double pull = dp_bench_median(t->pull, t->n), push = dp_bench_median(t->push, t->n);
     for (int i = 0; i < t->n; i++) sum[i] = t->pull_copy[i] + t->push[i];
-    double rt_copy = s_median(sum, t->n), pull_copy = s_median(t->pull_copy, t->n);
-    double enc = s_median(t->enc, t->n), dec = s_median(t->dec, t->n);
+    double rt_copy = dp_bench_median(sum, t->n), pull_copy = dp_bench_median(t->pull_copy, t->n);
+    double enc = dp_bench_median(t->enc, t->n), dec = dp_bench_median(t->dec, t->n);
     free(sum);
     char zname[48];
     dp_compress_name(&c->compress, zname, sizeof zname);

@@ -48,6 +48,20 @@ check "--shards 0 refused with status 2 (got $rc)" test $rc = 2
 check "... in one line" test "$(wc -l <"$TMP/bad.log")" = 1
 "$L" bench wire --optimizer sgdd >"$TMP/bad2.log" 2>&1
 check "an unknown optimizer is refused (status 2)" test $? = 2
+# downpour bench rows: rows by key through 2 real shards; the bytes are the
+# keys' and rows' (500 keys of width 16: 500 x (8 + 64) each way)
+"$L" bench rows --dim 16 --keys 500 --table 5000 --shards 2 --rounds 3 --warmup 1 --json \
+    >"$TMP/rows.log" 2>&1
+check "bench rows, 2 shards, exits 0 ($(tail -1 "$TMP/rows.log" | cut -c1-120))" test $? = 0
+check "... its JSON: rows/s for pull, push and memcpy; a request's bytes exactly the keys' and rows'" \
+    "$TORCH_PY" -c 'import json, sys; o = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+assert o["pull_rows_per_s"] > 0 and o["push_rows_per_s"] > 0 and o["memcpy_rows_per_s"] > 0, o
+assert o["pull_bytes"] == o["push_bytes"] == 500 * 72 and o["dense_bytes"] == 5000 * 64, o' "$TMP/rows.log"
+"$L" bench rows --keys 6000 --table 5000 >"$TMP/bad3.log" 2>&1
+rc=$?
+check "bench rows: more keys than the table's rows refused (status $rc), one line" \
+    bash -c "test $rc = 2 && [ \$(wc -l <'$TMP/bad3.log') = 1 ]"
+check "no bench rows scratch directory left behind" bash -c "! ls -d /tmp/downpour-bench-rows-* 2>/dev/null | grep -q ."
 # (the bench's shards are the ones with a ready file in its scratch directory;
 # other clusters may run on a shared machine)
 check "no downpour-ps left behind" bash -c "! pgrep -f 'downpour-p[s] --bind .* --ready-file /tmp/downpour-bench-wir[e]-' >/dev/null"
