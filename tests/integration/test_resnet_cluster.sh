@@ -143,15 +143,23 @@ for i in range(1, 6):
 write("test_batch.bin", 40)
 PY
 cif=(--data "cifar10:$TMP/cifar" --model resnet20 --seed 2 --optimizer momentum --lr 0.05 --no-progress --threads 1 "${aug[@]}")
-"$BIN/downpour-worker" --standalone --steps 3 --batch 8 --bn-ghost-batch 4 "${cif[@]}" \
+# The convolutions' GEMM ways (DP_CONV_DIRECT=0) for this pair: the direct
+# 3x3 backward sums a batch of 8 in another order than two of 4, and ghost
+# batch norms of 4 samples of these nearly flat planes grow that rounding
+# (about 1e-5 a step) to 4e-4 in three steps on the AVX-512 path, where the
+# GEMM ways agree to 3e-8 (the direct ways are held against the reference
+# by test_kernels, and sync == standalone with them by the 1x28x28 runs
+# above).
+DP_CONV_DIRECT=0 "$BIN/downpour-worker" --standalone --steps 3 --batch 8 --bn-ghost-batch 4 "${cif[@]}" \
     --save "$TMP/cifar-sa.safetensors" --summary "$TMP/cifar-sa.json" >"$TMP/cifar-sa.log" 2>&1
 check "cifar10 (generated): resnet20 standalone, 3 steps at batch 8 (ghost 4)" test $? = 0
-"$L" local --workers 2 --mode sync --batch 4 --steps 3 "${cif[@]}" --out "$TMP/cifar-sync" >"$TMP/cifar-sync.log" 2>&1
+DP_CONV_DIRECT=0 "$L" local --workers 2 --mode sync --batch 4 --steps 3 "${cif[@]}" --out "$TMP/cifar-sync" \
+    >"$TMP/cifar-sync.log" 2>&1
 check "cifar10: resnet20, local sync with 2 workers at batch 4" test $? = 0
-# (atol 1e-4: 20 layers of float sums in another order, the two gradients
-# of 4 averaged against one of 8; weights are ~0.05, an error 1e-3 of them)
+# (atol 1e-5: the two gradients of 4 averaged against one of 8, 20 layers
+# of float sums in another order; weights are ~0.05)
 check "... == standalone(8, ghost 4), 3x32x32 crops and flips included" \
-    compare "$TMP/cifar-sync/model.safetensors" "$TMP/cifar-sa.safetensors" --rtol 2e-3 --atol 1e-4
+    compare "$TMP/cifar-sync/model.safetensors" "$TMP/cifar-sa.safetensors" --rtol 2e-4 --atol 1e-5
 meta=$("$TORCH_PY" -c '
 import json, struct, sys
 b = open(sys.argv[1], "rb").read(); m = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]
