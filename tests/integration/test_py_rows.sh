@@ -11,6 +11,9 @@
 #    sparse embedding and Adam (every key in every batch: the rows' step
 #    counts are Adam's one count), to float rounding —
 #    tests/integration/py_rows.py
+# (the wire's row code runs under the sanitizers in test_ps_rows and
+# test_embed_cluster; this is the Python side)
+# dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
 use_py_package 21 py_rows
 PY=tests/integration/py_rows.py
