@@ -125,7 +125,7 @@ static const dp_opts_entry_t s_table[] = {
     {DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, NULL, DP_OPTS_PASS,
         "constant | step:N:G | cosine:N, by data step (standalone default:\n"
         "cosine over the run; --local-steps: constant)"), S_AT(conf)},
-    {DP_FLAG_TITLE("sparse models (embed:D on --data libsvm:):"), 0},
+    {DP_FLAG_TITLE("sparse models, standalone (in a cluster, downpour-ps's flags):"), 0},
     {DP_FLAG_CALL("row-optimizer", "NAME", s_set_row_optimizer, NULL, 0,
         "the embedding rows' optimizer, each row stepped when its key is\n"
         "in a batch: adagrad (default), sgd, adam, ftrl"), S_AT(conf)},
