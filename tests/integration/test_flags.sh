@@ -165,7 +165,7 @@ check "downpour --summary names every command of downpour --help" bash -c '
         n=$((n + 1)); grep -qE "[:,] $name(,|\$)" "$1" || { echo "missing: $name"; exit 1; }
     done < <(awk "/^(usage:)? +downpour /{s=\"\"; for (i = 1; i <= NF; i++) if (\$i == \"downpour\") break;
                  for (i++; i <= NF && \$i ~ /^[a-z][a-z-]*\$/; i++) s = s (s == \"\" ? \"\" : \" \") \$i; print s}" "$2")
-    [ $n = 11 ]' _ "$TMP/summary" "$TMP/usage"
+    [ $n = 12 ]' _ "$TMP/summary" "$TMP/usage"
 
 # Seeds above 2^53 are taken whole, by the worker and by the servers: 2^53
 # and 2^53 + 1 (one double apart from nothing) draw different weights, and a
