@@ -43,6 +43,7 @@
 #include "deploy/lab/rl.h"
 #include "deploy/launcher/crew.h"
 #include "deploy/launcher/local_elastic.h"
+#include "deploy/launcher/scale.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/spawn.h"
 #include "server/policy.h"
@@ -815,6 +816,9 @@ static int s_start_elastic(void *arg, int task, char *err)
 /* The workers of the start: N, or an elastic crew's MIN (tasks 0 .. MIN - 1). */
 static int s_start_workers(dp_local_t *L, char *err)
 {
+    /* `downpour scale` tells from this lock that someone listens (held
+     * until this process ends: the fd is never closed) */
+    if (L->min_workers > 0 && dp_scale_listen(L->out, err) < 0) return -1;
     for (int i = 0; i < L->workers; i++)
         if (s_start_worker(L, i, err) != 0) return -1;
     if (L->min_workers > 0)

@@ -1,10 +1,13 @@
 /* scale: `downpour scale DIR N` and its request file (see scale.h). */
 #include "deploy/launcher/scale.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +22,38 @@
 void dp_scale_request_path(const char *dir, char *out, size_t n)
 {
     snprintf(out, n, "%s/scale.request", dir);
+}
+
+static void s_lock_path(const char *dir, char *out, size_t n)
+{
+    snprintf(out, n, "%s/scale.lock", dir);
+}
+
+int dp_scale_listen(const char *dir, char *err)
+{
+    char path[PATH_MAX];
+    s_lock_path(dir, path, sizeof path);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return dp_err(err, "%s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_err(err, "%s: %s", path,
+                      e == EWOULDBLOCK ? "another downpour local --workers MIN:MAX runs on this --out"
+                                       : strerror(e));
+    }
+    return fd;
+}
+
+int dp_scale_listening(const char *dir)
+{
+    char path[PATH_MAX];
+    s_lock_path(dir, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    int held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd); /* drops a shared lock taken just now */
+    return held;
 }
 
 int dp_scale_take(const char *dir, int *n, char *err)
@@ -45,7 +80,8 @@ static const char s_usage[] =
     "workers live: the lowest free task indexes below MAX start, the highest ones\n"
     "other than the chief (task 0) leave by SIGTERM (each ends its step in flight,\n"
     "says so to the servers and exits 0). Waits until the launcher took the request\n"
-    "(exit 0), or fails after 10 s when none did. The launcher's log says what it did.\n";
+    "(exit 0); fails at once when no launcher runs on DIR, or after 10 s when the one\n"
+    "that runs did not take it. The launcher's log says what it did.\n";
 
 int dp_scale_main(int argc, char **argv)
 {
@@ -70,6 +106,11 @@ int dp_scale_main(int argc, char **argv)
     if (stat(argv[1], &st) != 0 || !S_ISDIR(st.st_mode)) {
         fprintf(stderr, "downpour scale: %s: no such directory (the --out of a downpour local)\n",
                 argv[1]);
+        return 1;
+    }
+    if (!dp_scale_listening(argv[1])) {
+        fprintf(stderr, "downpour scale: no downpour local --workers MIN:MAX runs on %s (its "
+                "scale.lock is not held)\n", argv[1]);
         return 1;
     }
     if (dp_write_file_atomic(path, text, (size_t)len, err) != 0) {
