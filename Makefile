@@ -102,15 +102,17 @@ else
   LIB_KERNELS_RUN := $(LIB_KERNELS)
 endif
 
-ifeq ($(HAVE_CUDA),1)
-  COMPUTE_LIBS := $(LIB_KERNELS) $(LIB_CUDA)
-  COMPUTE_LDLIBS := $(CUDA_LIBS)
-else
-  COMPUTE_LIBS := $(LIB_KERNELS)
-  COMPUTE_LDLIBS :=
-endif
+# The CUDA backend is a module of its own (kernels/backend.h says why and
+# where it is looked for): the programs link none of NVIDIA's libraries and
+# export their symbols (-rdynamic) for the few dp_ helpers the module
+# calls; -Bsymbolic keeps the module's own calls inside it. Only the GPU
+# tests (tests/gpu), which call its kernels directly, link it in whole.
+CUDA_MODULE := $(if $(HAVE_CUDA),$(BUILD)/lib/downpour-cuda.so)
+COMPUTE_LIBS := $(LIB_KERNELS)
+COMPUTE_LDLIBS := $(if $(HAVE_CUDA),-rdynamic)
 # Link order: users before what they use.
 ALL_LIBS := $(LIB_DEPLOY) $(LIB_SERVER) $(LIB_WORKER) $(LIB_PROTO) $(COMPUTE_LIBS) $(LIB_COMMON)
+GPU_LIBS := $(LIB_DEPLOY) $(LIB_SERVER) $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_CUDA) $(LIB_COMMON)
 
 BINS := $(BUILD)/downpour-ps $(BUILD)/downpour-worker $(BUILD)/downpour
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
@@ -124,7 +126,7 @@ GPU_BINS  := $(if $(HAVE_CUDA),$(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(GPU_S
 
 .PHONY: all cuda-status deps deps-test deps-bench deps-install deps-deb run test tests bench bench-scale \
         fuzz clean
-all: cuda-status $(BINS)
+all: cuda-status $(BINS) $(CUDA_MODULE)
 
 cuda-status:
 	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "CUDA: found ($(NVCC), $(CUDNN_H)): building the cuda backend"; \
@@ -166,7 +168,8 @@ $(LIB_COMMON):  $(call obj,$(COMMON_SRC)) $(BUILD)/obj/gen/common/tb_event.pb-c.
 $(LIB_PROTO):   $(call obj,$(PROTO_SRC)) $(BUILD)/obj/gen/proto/downpour.pb-c.o
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC))
 $(BUILD)/lib/libdpkernels-plain.a: $(patsubst %.c,$(BUILD)/obj/plain/%.o,$(KERNELS_SRC))
-$(LIB_CUDA):    $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC)) $(call obj,$(CUDA_CSRC))
+CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC)) $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(CUDA_CSRC))
+$(LIB_CUDA):    $(CUDA_OBJS)
 $(LIB_SERVER):  $(call obj,$(SERVER_SRC))
 $(LIB_WORKER):  $(call obj,$(WORKER_SRC))
 $(LIB_DEPLOY):  $(call obj,$(DEPLOY_SRC))
@@ -177,9 +180,9 @@ $(BUILD)/lib/%.a:
 
 # ---- linking: one recipe for every program --------------------------------
 # A program links its prerequisites ($^: its main object, then the archives,
-# users before what they use), then LINK_LIBS (the CUDA runtime, for the
-# programs whose compute library may hold CUDA code), then what every program
-# needs.
+# users before what they use), then LINK_LIBS (-rdynamic for the programs
+# that may load the CUDA module, the CUDA libraries for the GPU tests), then
+# what every program needs.
 LINK_LIBS = $(COMPUTE_LDLIBS)
 define link
 @mkdir -p $(dir $@)
@@ -187,7 +190,7 @@ $(CC) -o $@ $^ $(LINK_LIBS) $(LDLIBS_ALL)
 endef
 
 RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
-# The server never links CUDA.
+# The server never loads CUDA.
 $(BUILD)/downpour-ps: LINK_LIBS :=
 $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
 # The worker links the server's library for its row table (server/rows.h): a
@@ -199,7 +202,13 @@ $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_
 # $(BUILD)/tests/NAME, its object linked with every library.
 TEST_PROG_SRC := $(TEST_SRC) $(FUZZ_SRC) $(BENCH_SRC) $(GPU_SRC)
 TEST_PROGS    := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_PROG_SRC)))
-$(foreach s,$(TEST_PROG_SRC),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(ALL_LIBS)))
+$(foreach s,$(filter-out $(GPU_SRC),$(TEST_PROG_SRC)),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(ALL_LIBS)))
+$(foreach s,$(GPU_SRC),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(if $(HAVE_CUDA),$(GPU_LIBS),$(ALL_LIBS))))
+$(GPU_BINS): LINK_LIBS = -rdynamic $(CUDA_LIBS)
+
+$(CUDA_MODULE): $(CUDA_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -Wl,-Bsymbolic -o $@ $^ $(CUDA_LIBS)
 
 # tests/netns' slow-link helper (a netfilter-queue delay, for kernels
 # without tc netem): built when Debian's libnetfilter-queue-dev is there.
@@ -420,6 +429,8 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 # where Debian's python3 looks (/usr/lib/python3/dist-packages under /usr,
 # PREFIX/lib/python3.X/dist-packages elsewhere: /usr/local's is on its path).
 LIBDIR  ?= $(PREFIX)/lib
+# The CUDA backend module (kernels/backend.h): found from BINDIR as ../lib/downpour.
+MODULEDIR ?= $(PREFIX)/lib/downpour
 INCDIR  ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 PY3_VER := $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
@@ -473,13 +484,16 @@ install: all $(MAN_PAGES)
 	echo 'LIBDIR = "$(LIBDIR)"  # written by make install' >$(DESTDIR)$(PYDIR)/downpour/_install.py
 	install -m 644 docs/LIBRARY.md $(DESTDIR)$(DOCDIR)/docs/
 	install -m 644 examples/torch_fashion_mnist.py $(DESTDIR)$(DOCDIR)/examples/
+	@# the CUDA backend, where the programs look for it: BINDIR/../lib/downpour
+	$(if $(CUDA_MODULE),install -d $(DESTDIR)$(MODULEDIR) && install -m 644 $(CUDA_MODULE) $(DESTDIR)$(MODULEDIR)/)
 
 deb: all | deps-deb
 	rm -rf $(DEB_DIR) $(BUILD)/downpour_*.deb && mkdir -p $(DEB_DIR)/root/DEBIAN $(DEB_DIR)/debian
 	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr UNITDIR=/lib/systemd/system \
 	    LIBDIR=/usr/lib/$(DEB_MULTIARCH)
 	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DEB_DIR)/root/usr/bin/* \
-	    $(DEB_DIR)/root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO))
+	    $(DEB_DIR)/root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO)) \
+	    $(if $(CUDA_MODULE),$(DEB_DIR)/root/usr/lib/downpour/$(notdir $(CUDA_MODULE)))
 	@# the library's soname for dpkg-shlibdeps of other packages, and ldconfig run on install
 	echo 'libdownpour $(DPLIB_API) downpour (>= $(DP_VERSION))' >$(DEB_DIR)/root/DEBIAN/shlibs
 	echo 'activate-noawait ldconfig' >$(DEB_DIR)/root/DEBIAN/triggers
@@ -490,6 +504,7 @@ deb: all | deps-deb
 	printf 'Source: downpour\n\nPackage: downpour\nArchitecture: any\n' >$(DEB_DIR)/debian/control
 	cd $(DEB_DIR) && dpkg-shlibdeps $(if $(HAVE_CUDA),--ignore-missing-info) -O root/usr/bin/* \
 	    root/usr/lib/$(DEB_MULTIARCH)/$(notdir $(DPLIB_SO)) \
+	    $(if $(CUDA_MODULE),root/usr/lib/downpour/$(notdir $(CUDA_MODULE))) \
 	    | sed -n 's/^shlibs:Depends=\(.*\)/\1, $(DEB_DLOPEN)/p' | tr ',' '\n' | sed 's/^ *//' \
 	    | grep -Ev '^(libcudnn|libcublas|libcudart|cuda-|libnvidia|nvidia)' | paste -sd, | sed 's/,/, /g' >depends
 	@test -s $(DEB_DIR)/depends || { echo "deb: dpkg-shlibdeps found no dependencies"; exit 1; }

@@ -1,13 +1,58 @@
-/* backend: picks a backend by device name. CUDA is linked in only when the
- * build found nvcc and cuDNN (DP_HAVE_CUDA); without it "cuda:K" fails with
- * a line that says how to get it. */
+/* backend: picks a backend by device name. CUDA is built only when the
+ * build found nvcc and cuDNN (DP_HAVE_CUDA), as a module loaded on the
+ * first "cuda:K" (backend.h says where it is looked for and why); without
+ * it "cuda:K" fails with a line that says how to get it. */
 #include "kernels/backend.h"
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/opts.h"
 #include "common/util.h"
+
+#ifdef DP_HAVE_CUDA
+typedef int (*s_cuda_new_fn)(dp_backend_t **out, int device, char *err);
+
+/* The module's dp_backend_cuda_new; NULL with err when it is not found or
+ * does not load. Never closed: the CUDA libraries are not made to unload. */
+static s_cuda_new_fn s_cuda_module(char *err)
+{
+    char exe[PATH_MAX], path[PATH_MAX + 64], looked[3 * (PATH_MAX + 64)] = "";
+    const char *env = getenv("DOWNPOUR_CUDA_MODULE");
+    void *h = NULL;
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) { dp_err(err, "DOWNPOUR_CUDA_MODULE=%s: %s", env, dlerror()); return NULL; }
+    } else {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n > 0 ? n : 0] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        static const char *const under[] = {"lib", "../lib", "../lib/downpour"};
+        for (size_t i = 0; i < sizeof under / sizeof *under && !h; i++) {
+            snprintf(path, sizeof path, "%s/%s/" DP_CUDA_MODULE_NAME, exe, under[i]);
+            size_t used = strlen(looked);
+            snprintf(looked + used, sizeof looked - used, "%s%s", used ? ", " : "", path);
+            if (access(path, F_OK) != 0) continue;
+            h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (!h) { dp_err(err, "%s: %s", path, dlerror()); return NULL; }
+        }
+        if (!h) {
+            dp_err(err, "this build's CUDA backend (" DP_CUDA_MODULE_NAME ") is not where it "
+                   "belongs (%s): reinstall, or set DOWNPOUR_CUDA_MODULE to its path", looked);
+            return NULL;
+        }
+    }
+    s_cuda_new_fn fn = (s_cuda_new_fn)dlsym(h, "dp_backend_cuda_new");
+    if (!fn) dp_err(err, "%s: no dp_backend_cuda_new in it (%s)", path, dlerror());
+    return fn;
+}
+#endif
 
 int dp_backend_new(dp_backend_t **out, const char *device, char *err)
 {
@@ -23,7 +68,10 @@ int dp_backend_new(dp_backend_t **out, const char *device, char *err)
             return dp_err(err, "--device %s: expected cpu, cpu:staged or cuda:K", device);
         }
 #ifdef DP_HAVE_CUDA
-        return dp_backend_cuda_new(out, (int)k, err);
+        char why[DP_ERR_LEN];
+        s_cuda_new_fn cuda_new = s_cuda_module(why);
+        if (!cuda_new) return dp_err(err, "--device %s: %s", device, why);
+        return cuda_new(out, (int)k, err);
 #else
         (void)k;
         return dp_err(err, "--device %s: this build has no CUDA backend (rebuild with nvcc and cuDNN installed, without CUDA=0)", device);

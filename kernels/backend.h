@@ -176,7 +176,18 @@ void dp_backend_destroy(dp_backend_t **be_p);
 /* The factories behind dp_backend_new, same shape: 0, or -1 with err. */
 int dp_backend_cpu_new(dp_backend_t **out, char *err);
 int dp_backend_cpu_staged_new(dp_backend_t **out, char *err); /* "cpu:staged" */
-/* Defined in kernels/cuda when built with CUDA. */
+/* Defined in kernels/cuda when built with CUDA, which the build links into
+ * a module of its own, downpour-cuda.so, with cuDNN, cuBLAS and the CUDA
+ * runtime: dp_backend_new loads it on the first "cuda:K" (dlopen), so a
+ * process on the CPU never maps those libraries (linked in, they cost
+ * every CPU worker and every `downpour` command 0.35 s and 220 MB before
+ * main). Where it looks, in order: $DOWNPOUR_CUDA_MODULE (only there when
+ * set); then, from the program's own directory, lib/ (the build tree's
+ * daemons), ../lib/ (the build tree's tests) and ../lib/downpour/ (make
+ * install's LIBDIR/downpour beside BINDIR). The module resolves the few
+ * dp_ helpers it calls (dp_err, dp_calloc, ...) from the program, which
+ * exports them (-rdynamic). */
+#define DP_CUDA_MODULE_NAME "downpour-cuda.so"
 int dp_backend_cuda_new(dp_backend_t **out, int device, char *err);
 
 #endif

@@ -5,7 +5,8 @@
 # Fashion-MNIST, and no package registry to fetch them from. So this script
 # builds everything with CUDA into $BUILD (default build-gpu) and packs what
 # tests/gpu/run.sh needs into build-gpu-bundle/bundle.tar.gz:
-#   build/                 the three binaries and tests/test_gpu_ops
+#   build/                 the three binaries, lib/downpour-cuda.so (the CUDA
+#                          backend they load) and tests/test_gpu_ops
 #   lib/                   shared libraries they load beyond glibc, libstdc++
 #                          and CUDA's own (the GPU machine brings those)
 #   data/fashion-mnist/    the default data set
@@ -32,9 +33,13 @@ mkdir -p "$stage/build/tests" "$stage/lib" "$stage/data"
 # Only what run.sh runs (the three daemons and test_gpu_ops), without their
 # debug sections: every test program with symbols is over 50 MiB, and the
 # bundle must travel inside the working tree's 64 MiB.
+# The CUDA backend is a module the programs load from their lib/
+# (kernels/backend.h): it goes along in the same place.
+mkdir -p "$stage/build/lib"
 cp "$BUILD/downpour" "$BUILD/downpour-ps" "$BUILD/downpour-worker" "$stage/build/"
+cp "$BUILD/lib/downpour-cuda.so" "$stage/build/lib/"
 cp "$BUILD/tests/test_gpu_ops" "$stage/build/tests/"
-strip --strip-debug "$stage"/build/downpour* "$stage"/build/tests/*
+strip --strip-debug "$stage"/build/downpour* "$stage"/build/lib/* "$stage"/build/tests/*
 
 # Libraries: everything ldd resolves except the C runtime, the compiler's
 # runtime (a newer system has newer ones; an older copy would shadow them)
@@ -51,7 +56,7 @@ if [ -n "$blas" ]; then
 else
     echo "bundle: warning: no libopenblas.so.0 here: every binary will refuse to start there" >&2
 fi
-ldd "$stage"/build/downpour* "$stage"/build/tests/* ${blas:+"$stage/lib/libopenblas.so.0"} 2>/dev/null |
+ldd "$stage"/build/downpour* "$stage"/build/lib/* "$stage"/build/tests/* ${blas:+"$stage/lib/libopenblas.so.0"} 2>/dev/null |
     awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
     while read -r name path; do
         if echo "$name" | grep -Eq "$skip"; then continue; fi

@@ -147,8 +147,9 @@ for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9; do
     fi
 done
 if [ -n "$BIN" ]; then
-    for b in "$BIN/downpour-worker" "$BIN/downpour" "$BIN/downpour-ps" "$BIN/tests/test_gpu_ops"; do
-        if [ ! -x "$b" ]; then
+    for b in "$BIN/downpour-worker" "$BIN/downpour" "$BIN/downpour-ps" "$BIN/lib/downpour-cuda.so" \
+             "$BIN/tests/test_gpu_ops"; do
+        if [ ! -e "$b" ]; then
             setup_ok=0 setup_note="${setup_note:+$setup_note; }missing $b"
             continue
         fi

@@ -31,9 +31,9 @@ for t in dpkg-deb dpkg-shlibdeps help2man; do
     fi
 done
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
-# The same build as the tests': CPU-only unless the binaries link CUDA.
+# The same build as the tests': CPU-only unless it made the CUDA module.
 cuda=CUDA=0
-ldd "$BIN/downpour-worker" | grep -q libcudart && cuda=
+[ -e "$BUILD/lib/downpour-cuda.so" ] && cuda=
 mk() { make --no-print-directory BUILD="$BUILD" $cuda "$@"; }
 
 # ---- make install, PREFIX and DESTDIR ---------------------------------------------
@@ -51,6 +51,14 @@ check "... downpour(1) names every command, sweep, replay and gen-libsvm too" \
 check "... the units, naming PREFIX's binaries" \
     grep -q '^ExecStart=/opt/dp/bin/downpour-worker ' "$D/opt/dp/lib/systemd/system/downpour-worker@.service"
 check "... nothing outside DESTDIR/PREFIX" test "$(ls "$D")" = opt -a "$(ls "$D/opt")" = dp
+if [ -z "$cuda" ]; then
+    # the installed worker finds the CUDA module from its own place: its
+    # error on a machine without a GPU is the backend's, not the loader's
+    "$D/opt/dp/bin/downpour-worker" --standalone --device cuda:0 --steps 1 --no-progress \
+        >"$TMP/cuda.log" 2>&1
+    check "... the CUDA backend in PREFIX/lib/downpour, loaded from there ($(tail -1 "$TMP/cuda.log"))" \
+        bash -c "test -f '$D/opt/dp/lib/downpour/downpour-cuda.so' && ! grep -q 'not where it belongs' '$TMP/cuda.log'"
+fi
 L=$D/opt/dp/lib
 check "... libdownpour.so.1 (its soname) and the links" \
     test -f "$L/libdownpour.so.1.0.0" -a "$(readlink "$L/libdownpour.so.1")" = libdownpour.so.1.0.0 \
@@ -135,9 +143,10 @@ owner() {
         done
     done
 }
-# What the binaries link directly, and who owns it.
-needed=()
-for b in downpour downpour-ps downpour-worker; do
+# What the binaries (and the CUDA module, when built) link directly, and who owns it.
+needed=() linked=(downpour downpour-ps downpour-worker)
+[ -z "$cuda" ] && linked+=(lib/downpour-cuda.so)
+for b in "${linked[@]}"; do
     for so in $(readelf -d "$BIN/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
         path=$(ldd "$BIN/$b" | awk -v so="$so" '$1 == so { print $3 }')
         pkg=$(owner "$path")

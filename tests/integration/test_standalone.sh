@@ -72,5 +72,20 @@ done
 head -c 1000000 "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz" | zcat 2>/dev/null >"$out/trunc/train-images-idx3-ubyte"
 bad "truncated data file" "truncated" --data "fashion-mnist:$out/trunc"
 bad "bad device" "cuda" --device cuda:7
+# The CUDA backend is a module loaded on the first cuda:K (kernels/backend.h):
+# no program maps NVIDIA's libraries to run on the CPU.
+check "no program links a CUDA library (the backend is a module)" \
+    bash -c "! ldd '$BIN/downpour-worker' '$BIN/downpour' '$BIN/downpour-ps' | grep -qE 'libcudart|libcudnn|libcublas'"
+if [ -e "$BIN/lib/downpour-cuda.so" ]; then
+    # loaded from beside the program: what fails then is the device (none
+    # here) or nothing (on a GPU), never the loading
+    "$W" --standalone --steps 1 --no-progress --device cuda:0 >"$out/cuda.log" 2>&1
+    check "cuda:0 loads the CUDA module from the build ($(tail -1 "$out/cuda.log"))" \
+        bash -c "! grep -qE 'not where it belongs|undefined symbol|DOWNPOUR_CUDA_MODULE' '$out/cuda.log'"
+    DOWNPOUR_CUDA_MODULE=/nonexistent "$W" --standalone --steps 1 --no-progress --device cuda:0 \
+        >"$out/cuda.log" 2>&1
+    check "DOWNPOUR_CUDA_MODULE naming no file: one line naming it" \
+        bash -c "grep -q 'DOWNPOUR_CUDA_MODULE=/nonexistent' '$out/cuda.log' && [ \$(wc -l <'$out/cuda.log') = 1 ]"
+fi
 bad "bad flag value" "batch" --batch zero
 finish

@@ -29,9 +29,9 @@ if ! command -v systemd-analyze >/dev/null || ! command -v help2man >/dev/null; 
 fi
 scale=${DP_TEST_TIMEOUT_SCALE:-1}
 EXEC=$PWD/tests/integration/systemd_exec.py
-# The same build as the tests': CPU-only unless the binaries link CUDA.
+# The same build as the tests': CPU-only unless it made the CUDA module.
 cuda=CUDA=0
-ldd "$BIN/downpour-worker" | grep -q libcudart && cuda=
+[ -e "$BUILD/lib/downpour-cuda.so" ] && cuda=
 
 # ---- make install and systemd-analyze verify -----------------------------------
 P=$TMP/prefix
