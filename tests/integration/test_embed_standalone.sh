@@ -12,7 +12,9 @@
 #    and `downpour eval --data libsvm:TEST` of it gives the summary's
 #    test_accuracy, test_loss and test_auc exactly, also where test keys
 #    have no row (their initial value, named in the metadata); a crafted
-#    file with its keys out of order is one error line
+#    file with its keys out of order is one error line; PyTorch's
+#    nn.EmbeddingBag from the file's keys and rows (tests/integration/
+#    torch_rows.py) with its fc layers scores the same test AUC
 #  - a bad libsvm line is one error line with its file and line number;
 #    an embedding without libsvm data, libsvm data without an embedding,
 #    three classes, CUDA, a cluster worker's own row flags and downpour
@@ -89,6 +91,9 @@ kd, ks, kb, _, _ = tensor("a.safetensors", "embed.keys"); wd, ws, _, _, _ = tens
 k = np.frombuffer(kb, dtype="<u8")
 assert kd == "U64" and wd == "F32" and ks == [s["rows"][0]] and ws == [s["rows"][0], 16], (kd, ks, wd, ws)
 assert (np.diff(k) > 0).all()'
+pt=$("$TORCH_PY" "$BIN/../tests/integration/torch_rows.py" a.safetensors test.svm.gz 2>&1 | tail -1)
+check "... PyTorch's nn.EmbeddingBag of its keys and rows and its fc layers: eval's test AUC ($pt)" \
+    near "$pt" "$(json ev.json test_auc)" 1e-6
 # a short run on a wide key space: test keys without a row read as their start
 "$BIN/downpour" gen-libsvm --out-train wtrain.svm --out-test wtest.svm --samples 2000 \
     --test-samples 2000 --keys 200000 --nnz 8 --seed 4 >/dev/null 2>&1
