@@ -3,6 +3,7 @@
  * rows in a table of this process (standalone) or on the servers. */
 #include "worker/embed_train.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -394,16 +395,26 @@ int dp_embed_eval_file(const char *path, const char *test, int batch, int thread
     float *w = NULL;
     char *spec = NULL, *data = NULL;
     int rc = -1;
-    double init = -1, seed = 1, b = 256;
+    double init = -1, b = 256;
+    unsigned long long seed = 1;
     if (!(spec = dp_safetensors_read_meta(path, "spec", err))) {
         if (!err[0]) dp_err(err, "%s: no model spec in the metadata (not a Downpour model file?)", path);
         goto done;
     }
-    /* the seed is an integer below 2^53 as written (a double holds it) */
     if (s_meta_num(path, DP_ST_ROWS_INIT, 0, 1e30, &init, err) != 0 ||
-        s_meta_num(path, DP_ST_ROWS_SEED, 0, 9007199254740992.0, &seed, err) != 0 ||
         s_meta_num(path, "batch", 1, 1 << 16, &b, err) != 0)
         goto done;
+    char *sv = dp_safetensors_read_meta(path, DP_ST_ROWS_SEED, err); /* any 64-bit seed */
+    if (!sv && err[0]) goto done;
+    if (sv) {
+        char *end = NULL;
+        errno = 0;
+        seed = strtoull(sv, &end, 10);
+        int bad = end == sv || *end || errno || sv[0] == '-';
+        if (bad) dp_err(err, "%s: metadata '%s' is '%.32s', not a 64-bit seed", path, DP_ST_ROWS_SEED, sv);
+        free(sv);
+        if (bad) goto done;
+    }
     dp_train_conf_t c;
     dp_train_conf_default(&c);
     /* the test file as both halves of the spec: nothing is trained */
