@@ -110,9 +110,10 @@ endif
 CUDA_MODULE := $(if $(HAVE_CUDA),$(BUILD)/lib/downpour-cuda.so)
 COMPUTE_LIBS := $(LIB_KERNELS)
 COMPUTE_LDLIBS := $(if $(HAVE_CUDA),-rdynamic)
-# Link order: users before what they use.
-ALL_LIBS := $(LIB_DEPLOY) $(LIB_SERVER) $(LIB_WORKER) $(LIB_PROTO) $(COMPUTE_LIBS) $(LIB_COMMON)
-GPU_LIBS := $(LIB_DEPLOY) $(LIB_SERVER) $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_CUDA) $(LIB_COMMON)
+# Link order: users before what they use (the worker uses server/rows: a
+# standalone table, and a model file's rows read back).
+ALL_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_PROTO) $(COMPUTE_LIBS) $(LIB_COMMON)
+GPU_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_CUDA) $(LIB_COMMON)
 
 BINS := $(BUILD)/downpour-ps $(BUILD)/downpour-worker $(BUILD)/downpour
 TEST_SRC  := $(wildcard tests/unit/test_*.c)

@@ -509,6 +509,96 @@ out:
     return rc;
 }
 
+/* Tensor name's entry: its dtype must be want, its shape [n] (d == 0) or
+ * [n, d]; *n and its byte range filled. */
+static int s_find_rows_part(const s_file_t *sf, const char *name, const char *want, int d,
+                            uint64_t *n, s_range_t *r, char *err)
+{
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(sf->root, name);
+    if (!e)
+        return dp_err(err, "%s: no tensor '%s': the file holds no row table (a sparse model's "
+                      "file names its keys %s and its rows %s)", sf->path, name, DP_ST_ROWS_KEYS,
+                      DP_ST_ROWS_WEIGHT);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype"), *x;
+    if (strcmp(dt->valuestring, want) != 0)
+        return dp_err(err, "%s: tensor '%s' has dtype %s, expected %s", sf->path, name,
+                      dt->valuestring, want);
+    uint64_t dims[2] = {0, 0};
+    int nd = 0;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(e, "shape"))
+    {
+        if (nd < 2) s_json_uint(x, &dims[nd]); /* validated by s_open */
+        nd++;
+    }
+    if (nd != (d ? 2 : 1) || (d && dims[1] != (uint64_t)d)) {
+        if (d)
+            return dp_err(err, "%s: tensor '%s' is not [n, %d] (rows of the model's width)",
+                          sf->path, name, d);
+        return dp_err(err, "%s: tensor '%s' is not [n] (one key a row)", sf->path, name);
+    }
+    *n = dims[0];
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    s_json_uint(off->child, &r->begin);
+    s_json_uint(off->child->next, &r->end);
+    return 0;
+}
+
+int dp_safetensors_read_rows(const char *path, int d, uint64_t **keys, float **rows, size_t *n,
+                             char *err)
+{
+    if (d < 1) return dp_err(err, "%s: rows of width %d asked", path, d);
+    s_file_t sf;
+    if (s_open(&sf, path, err) != 0) return -1;
+    uint64_t nk = 0, nr = 0;
+    s_range_t rk, rr;
+    uint64_t *k = NULL;
+    float *w = NULL;
+    int rc = -1;
+    if (s_find_rows_part(&sf, DP_ST_ROWS_KEYS, "U64", 0, &nk, &rk, err) != 0 ||
+        s_find_rows_part(&sf, DP_ST_ROWS_WEIGHT, "F32", d, &nr, &rr, err) != 0)
+        goto out;
+    if (nk != nr) {
+        dp_err(err, "%s: %" PRIu64 " keys (%s) but %" PRIu64 " rows (%s)", path, nk,
+               DP_ST_ROWS_KEYS, nr, DP_ST_ROWS_WEIGHT);
+        goto out;
+    }
+    /* the header's byte counts match these shapes and lie inside the file
+     * (s_open), so nk x 8 and nk x d x 4 bytes are the file's own */
+    size_t count = (size_t)nk, rb = count * (size_t)d * sizeof(float);
+    k = dp_malloc((count ? count : 1) * sizeof *k);
+    w = dp_malloc(rb ? rb : 1);
+    if (s_read_range(&sf, &rk, k, count * sizeof *k, err) != 0 || s_read_range(&sf, &rr, w, rb, err) != 0)
+        goto out;
+    for (size_t i = 1; i < count; i++)
+        if (k[i] <= k[i - 1]) {
+            if (k[i] == k[i - 1])
+                dp_err(err, "%s: key %" PRIu64 " twice in %s (at %zu and %zu): each key has one "
+                       "row", path, k[i], DP_ST_ROWS_KEYS, i - 1, i);
+            else
+                dp_err(err, "%s: %s not in ascending order: key %" PRIu64 " at %zu after %" PRIu64,
+                       path, DP_ST_ROWS_KEYS, k[i], i, k[i - 1]);
+            goto out;
+        }
+    for (size_t i = 0; i < count * (size_t)d; i++)
+        if (!isfinite(w[i])) {
+            dp_err(err, "%s: the row of key %" PRIu64 " (%s) holds a value that is not finite",
+                   path, k[i / (size_t)d], DP_ST_ROWS_WEIGHT);
+            goto out;
+        }
+    if (count == 0) { /* nothing to hand over */
+        free(k), free(w);
+        k = NULL, w = NULL;
+    }
+    *keys = k, *rows = w, *n = count;
+    k = NULL, w = NULL;
+    rc = 0;
+out:
+    free(k);
+    free(w);
+    s_close(&sf);
+    return rc;
+}
+
 int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
                          const char *const *meta_kv, char *err)
 {
@@ -550,7 +640,8 @@ int dp_safetensors_write_typed(const char *path, const dp_st_tensor_t *t, const 
         }
         uint64_t count = 1;
         cJSON *e = cJSON_AddObjectToObject(root, name);
-        cJSON_AddStringToObject(e, "dtype", i64 && i64[i] ? "I64" : "F32");
+        int type = i64 ? i64[i] : DP_ST_F32, wide = type != DP_ST_F32; /* 8 bytes an element */
+        cJSON_AddStringToObject(e, "dtype", type == DP_ST_U64 ? "U64" : wide ? "I64" : "F32");
         cJSON *sh = cJSON_AddArrayToObject(e, "shape");
         for (int d = 0; d < t[i].ndim; d++) {
             if (t[i].shape[d] < 0) {
@@ -562,7 +653,7 @@ int dp_safetensors_write_typed(const char *path, const dp_st_tensor_t *t, const 
         }
         cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)total));
-        total += count * (i64 && i64[i] ? sizeof(int64_t) : sizeof(float));
+        total += count * (wide ? sizeof(int64_t) : sizeof(float));
         /* cJSON prints integers below 1e15 without an exponent. */
         if (total >= (uint64_t)1e15) {
             dp_err(err, "%s: tensors too large", path);
@@ -584,7 +675,12 @@ int dp_safetensors_write_typed(const char *path, const dp_st_tensor_t *t, const 
     for (int i = 0; i < n; i++) {
         size_t count = 1;
         for (int d = 0; d < t[i].ndim; d++) count *= (size_t)t[i].shape[d];
-        if (i64 && i64[i]) {
+        if (i64 && i64[i] == DP_ST_U64) {
+            if (count) memcpy(p, t[i].data, count * sizeof(uint64_t));
+            p += count * sizeof(uint64_t);
+            continue;
+        }
+        if (i64 && i64[i] == DP_ST_I64) {
             for (size_t k = 0; k < count; k++, p += sizeof(int64_t)) {
                 int64_t v = (int64_t)llrintf(t[i].data[k]);
                 memcpy(p, &v, sizeof v);
@@ -602,9 +698,11 @@ out:
     return rc;
 }
 
-int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *params, long step,
-                          long version, const dp_st_tensor_t *extra, int n_extra,
-                          const char *const *extra_kv, char *err)
+/* dp_checkpoint_save_ex with extra tensor i of dtype extra_types[i]
+ * (extra_types NULL: all F32). */
+static int s_checkpoint_write(const char *path, const dp_model_t *m, const float *params, long step,
+                              long version, const dp_st_tensor_t *extra, const int *extra_types,
+                              int n_extra, const char *const *extra_kv, char *err)
 {
     int n = m->n_params + n_extra;
     dp_st_tensor_t *t = dp_malloc((size_t)(n ? n : 1) * sizeof *t);
@@ -614,9 +712,12 @@ int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *pa
         const dp_param_t *p = &m->params[i];
         for (int d = 0; d < p->ndim; d++) shapes[i][d] = p->shape[d];
         t[i] = (dp_st_tensor_t){p->name, params + p->offset, p->ndim, shapes[i]};
-        i64[i] = p->counter;
+        i64[i] = p->counter ? DP_ST_I64 : DP_ST_F32;
     }
-    for (int i = 0; i < n_extra; i++) t[m->n_params + i] = extra[i];
+    for (int i = 0; i < n_extra; i++) {
+        t[m->n_params + i] = extra[i];
+        i64[m->n_params + i] = extra_types ? extra_types[i] : DP_ST_F32;
+    }
 
     char input[48], classes[16], fp[24], st[24], ver[24];
     snprintf(input, sizeof input, "%dx%dx%d", m->in_c, m->in_h, m->in_w);
@@ -637,6 +738,24 @@ int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *pa
     free(i64);
     free(t);
     return rc;
+}
+
+int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *params, long step,
+                          long version, const dp_st_tensor_t *extra, int n_extra,
+                          const char *const *extra_kv, char *err)
+{
+    return s_checkpoint_write(path, m, params, step, version, extra, NULL, n_extra, extra_kv, err);
+}
+
+int dp_checkpoint_save_rows(const char *path, const dp_model_t *m, const float *params, long step,
+                            long version, const uint64_t *keys, const float *rows, size_t n,
+                            const char *const *extra_kv, char *err)
+{
+    int64_t ks[1] = {(int64_t)n}, rs[2] = {(int64_t)n, m->embed_dim};
+    const dp_st_tensor_t t[2] = {{DP_ST_ROWS_KEYS, (const float *)(const void *)keys, 1, ks},
+                                 {DP_ST_ROWS_WEIGHT, rows, 2, rs}};
+    const int types[2] = {DP_ST_U64, DP_ST_F32};
+    return s_checkpoint_write(path, m, params, step, version, t, types, 2, extra_kv, err);
 }
 
 int dp_checkpoint_save(const char *path, const dp_model_t *m, const float *params, long step,

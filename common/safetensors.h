@@ -7,8 +7,9 @@
  * "shape", "data_offsets": [begin, end]} (offsets relative to the data
  * start) and may hold "__metadata__", a map of string to string.
  *
- * This module writes F32 tensors, and I64 for counters (batch norm's
- * num_batches_tracked, which PyTorch saves as int64); it reads files
+ * This module writes F32 tensors, I64 for counters (batch norm's
+ * num_batches_tracked, which PyTorch saves as int64) and U64 for a row
+ * table's keys (below); it reads files
  * holding any dtype (validating every entry) but returns F32 tensors only,
  * and a model's counters from I64 or F32. Writes are atomic
  * (temp file, fsync, rename): a crash never leaves a partial file at the
@@ -43,9 +44,13 @@ typedef struct {
 int dp_safetensors_write(const char *path, const dp_st_tensor_t *t, int n,
                          const char *const *meta_kv, char *err);
 
-/* As dp_safetensors_write, with tensor i written as I64 where i64[i] is 1
- * (each float, an integer count, rounded to the nearest integer); i64 may
- * be NULL (all F32). */
+/* As dp_safetensors_write, tensor i of the dtype i64[i] says (i64 may be
+ * NULL: all F32): DP_ST_F32; DP_ST_I64, each float an integer count,
+ * rounded to the nearest integer; DP_ST_U64, data then points at uint64_t
+ * values (a row table's keys), written as they are. */
+#define DP_ST_F32 0
+#define DP_ST_I64 1
+#define DP_ST_U64 2
 int dp_safetensors_write_typed(const char *path, const dp_st_tensor_t *t, const int *i64, int n,
                                const char *const *meta_kv, char *err);
 
@@ -78,6 +83,29 @@ char *dp_safetensors_read_meta(const char *path, const char *key, char *err);
 int dp_safetensors_read_table(const char *path, const char *extra_state, dp_model_t *m,
                               float **values, char *err);
 
+/* A sparse model's row table in its file (embed:D, common/model.h): two
+ * tensors named after the embedding, as a PyTorch module holding an
+ * nn.EmbeddingBag named "embed" would name its weight:
+ *   DP_ST_ROWS_KEYS    U64 [n], the keys, strictly ascending
+ *   DP_ST_ROWS_WEIGHT  F32 [n, D], row i is key i's
+ * (no optimizer state: a model file, not a checkpoint to resume). A key
+ * not in the file reads as the table's initial value, which the metadata
+ * names (DP_ST_ROWS_INIT: the bound of the uniform start, 0 for zeros;
+ * DP_ST_ROWS_SEED: its seed), so the file scores as the table did. */
+#define DP_ST_ROWS_KEYS "embed.keys"
+#define DP_ST_ROWS_WEIGHT "embed.weight"
+#define DP_ST_ROWS_INIT "embed_row_init"
+#define DP_ST_ROWS_SEED "embed_row_seed"
+
+/* The row table of the file at path, rows d wide: *keys (n) and *rows
+ * (n x d) malloc'd (the caller frees both; NULL when n is 0). Refused with
+ * one line "PATH: ..." and nothing returned: either tensor missing, a
+ * dtype other than U64 / F32, a shape other than [n] / [n, d], keys not
+ * strictly ascending (a key twice, or out of order), a value not finite.
+ * Memory: what the file's bytes say, each checked against its length. */
+int dp_safetensors_read_rows(const char *path, int d, uint64_t **keys, float **rows, size_t *n,
+                             char *err);
+
 /* Model checkpoint: one tensor per m->params entry (PyTorch names, layouts
  * and dtypes: counters, dp_param_t.counter, as I64) and metadata "format": "downpour", "spec": m->spec, "input":
  * "CxHxW", "classes", "fingerprint" (16 hex digits), "step", "version", then
@@ -91,6 +119,13 @@ int dp_checkpoint_save(const char *path, const dp_model_t *m, const float *param
 int dp_checkpoint_save_ex(const char *path, const dp_model_t *m, const float *params, long step,
                           long version, const dp_st_tensor_t *extra, int n_extra,
                           const char *const *extra_kv, char *err);
+
+/* As dp_checkpoint_save, plus a sparse model's row table: n keys
+ * (strictly ascending) as DP_ST_ROWS_KEYS and their rows (n x D, D =
+ * m->embed_dim) as DP_ST_ROWS_WEIGHT, after the model's tensors. */
+int dp_checkpoint_save_rows(const char *path, const dp_model_t *m, const float *params, long step,
+                            long version, const uint64_t *keys, const float *rows, size_t n,
+                            const char *const *extra_kv, char *err);
 
 /* Load a checkpoint into params[0..m->n_floats). Every tensor of m must be
  * present as F32 with m's shape (a counter: I64 or F32, each value an

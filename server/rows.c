@@ -15,6 +15,7 @@
  * the map holds its key with that slot; map.count == live rows. */
 #include "server/rows.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -686,5 +687,72 @@ int dp_rows_load(dp_rows_t *t, const uint8_t *buf, size_t len, char *err)
     *t = *n;
     *n = tmp;
     dp_rows_destroy(&n);
+    return 0;
+}
+
+/* ---- the whole table, in key order (a model file's rows) ----------------- */
+
+/* Sift keys[i] down the max-heap keys[0..n). */
+static void s_heap_down(uint64_t *keys, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, m = i;
+        if (l < n && keys[l] > keys[m]) m = l;
+        if (l + 1 < n && keys[l + 1] > keys[m]) m = l + 1;
+        if (m == i) return;
+        uint64_t k = keys[i];
+        keys[i] = keys[m], keys[m] = k;
+        i = m;
+    }
+}
+
+size_t dp_rows_keys_from(const dp_rows_t *t, uint64_t from, size_t max, uint64_t *keys)
+{
+    /* the max smallest keys >= from: a max-heap of them in keys itself,
+     * whose top is the one to drop when a smaller key turns up */
+    size_t n = 0;
+    for (uint32_t s = 0; s < t->hwm && max > 0; s++) {
+        const s_meta_t *m = s_meta(t, s);
+        if (m->touched == S_FREE || m->key < from) continue;
+        if (n < max) {
+            size_t i = n++;
+            keys[i] = m->key;
+            while (i > 0 && keys[(i - 1) / 2] < keys[i]) { /* sift up */
+                uint64_t k = keys[i];
+                keys[i] = keys[(i - 1) / 2], keys[(i - 1) / 2] = k;
+                i = (i - 1) / 2;
+            }
+        } else if (m->key < keys[0]) {
+            keys[0] = m->key;
+            s_heap_down(keys, n, 0);
+        }
+    }
+    for (size_t end = n; end > 1; end--) { /* heap sort: ascending */
+        uint64_t k = keys[0];
+        keys[0] = keys[end - 1], keys[end - 1] = k;
+        s_heap_down(keys, end - 1, 0);
+    }
+    return n;
+}
+
+int dp_rows_put(dp_rows_t *t, const uint64_t *keys, size_t n, int d, const float *w, char *err)
+{
+    if (d != t->c.width)
+        return dp_err(err, "rows of width %d: this table's rows have %d floats", d, t->c.width);
+    size_t fresh = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (int j = 0; j < d; j++)
+            if (!isfinite(w[i * (size_t)d + (size_t)j]))
+                return dp_err(err, "key %" PRIu64 "'s row: element %d is not finite", keys[i], j);
+        fresh += s_map_find(&t->map, keys[i]) == SIZE_MAX;
+    }
+    if (t->map.count + fresh > t->c.max_rows)
+        return dp_err(err, "%zu new rows: the table holds at most %" PRIu64 " (%" PRIu64 " now)",
+                      fresh, t->c.max_rows, (uint64_t)t->map.count);
+    for (size_t i = 0; i < n; i++) {
+        size_t e = s_map_find(&t->map, keys[i]);
+        uint32_t slot = e == SIZE_MAX ? s_row_new(t, keys[i], t->st.version) : t->map.vals[e];
+        memcpy(s_vals(t, slot), w + i * (size_t)d, (size_t)d * sizeof *w);
+    }
     return 0;
 }

@@ -191,6 +191,20 @@ uint8_t *dp_rows_save(const dp_rows_t *t, size_t *len);
  * value not finite) and t unchanged. */
 int dp_rows_load(dp_rows_t *t, const uint8_t *buf, size_t len, char *err);
 
+/* The keys of the rows held that are >= from, ascending, at most max of
+ * them into keys[0..max); their count (fewer than max: no more). A model
+ * file's rows page by page (from = the last key + 1): one scan of the
+ * slots per call, O(slots log max), no allocation. Pending keys have no
+ * row and are not listed. */
+size_t dp_rows_keys_from(const dp_rows_t *t, uint64_t from, size_t max, uint64_t *keys);
+
+/* Rows given, not learned (a model file read back: downpour eval, --init):
+ * key i's weights become w[i*D .. (i+1)*D), a row made for a key without
+ * one (zero optimizer state, no steps, at the table's version), an
+ * existing row's state kept. d must be the width; every value finite;
+ * the new rows within max_rows. -1 with err and nothing changed. */
+int dp_rows_put(dp_rows_t *t, const uint64_t *keys, size_t n, int d, const float *w, char *err);
+
 /* Worst-case bytes per row (weights, state, bookkeeping, map entry). */
 size_t dp_rows_bytes_per_row(int d, dp_row_optim_kind_t kind);
 

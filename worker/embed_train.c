@@ -3,6 +3,7 @@
  * rows in a table of this process (standalone) or on the servers. */
 #include "worker/embed_train.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -211,20 +212,55 @@ static void s_metrics_step(s_run_t *r, long step, float loss, float lr)
     dp_metrics_write(r->s.metrics, &line);
 }
 
-/* The dense layers to --save, the table's row count and digest in the
- * metadata (the rows themselves are not in the file). */
+/* Every row of t in key order, pulled a page of max_keys at a time:
+ * *keys (n) and *rows (n x D) malloc'd, the caller frees; n returned. */
+static size_t s_table_rows(const dp_rows_t *t, uint64_t **keys, float **rows)
+{
+    dp_rows_stats_t st;
+    dp_rows_stats(t, &st);
+    int D = dp_rows_width(t);
+    size_t n = (size_t)st.rows, got = 0, page = DP_ROWS_DEFAULT_KEYS;
+    uint64_t *k = dp_malloc((n ? n : 1) * sizeof *k);
+    float *w = dp_malloc((n ? n : 1) * (size_t)D * sizeof *w);
+    uint64_t from = 0;
+    char err[DP_ERR_LEN];
+    while (got < n) {
+        size_t m = dp_rows_keys_from(t, from, n - got < page ? n - got : page, k + got);
+        /* keys it holds, at most max_keys, its width: the pull cannot fail */
+        if (m == 0 || dp_rows_pull(t, k + got, m, D, w + got * (size_t)D, err) < 0) break;
+        got += m;
+        if (k[got - 1] == UINT64_MAX) break;
+        from = k[got - 1] + 1;
+    }
+    *keys = k, *rows = w;
+    return got;
+}
+
+/* --save: the dense layers and the table's rows (dp_checkpoint_save_rows;
+ * no optimizer state), the metadata naming what an absent key reads as
+ * (the table's init and seed), the batch the test file was scored in
+ * (downpour eval scores it the same way), the row count and digest. */
 static int s_save(s_run_t *r, long step, char *err)
 {
     dp_session_t *s = &r->s;
     if (!s->conf.save) return 0;
     dp_net_get_params(&s->net, s->h_params);
-    dp_rows_stats_t st;
-    dp_rows_stats(r->rows, &st);
-    char rows[24], digest[20];
-    snprintf(rows, sizeof rows, "%" PRIu64, st.rows);
+    uint64_t *keys;
+    float *w;
+    size_t n = s_table_rows(r->rows, &keys, &w);
+    char rows[24], digest[20], init[32], seed[24], batch[16];
+    snprintf(rows, sizeof rows, "%zu", n);
     snprintf(digest, sizeof digest, "%016" PRIx64, dp_rows_digest(r->rows));
-    const char *kv[] = {"embed_rows", rows, "embed_rows_digest", digest, NULL};
-    return dp_checkpoint_save(s->conf.save, &s->model, s->h_params, step, step, kv, err);
+    snprintf(init, sizeof init, "%.9g", (double)r->row_init);
+    snprintf(seed, sizeof seed, "%" PRIu64, s->conf.seed);
+    snprintf(batch, sizeof batch, "%d", s->conf.batch);
+    const char *kv[] = {"embed_rows", rows, "embed_rows_digest", digest, DP_ST_ROWS_INIT, init,
+                        DP_ST_ROWS_SEED, seed, "batch", batch, NULL};
+    int rc = dp_checkpoint_save_rows(s->conf.save, &s->model, s->h_params, step, step, keys, w, n,
+                                     kv, err);
+    free(keys);
+    free(w);
+    return rc;
 }
 
 /* The training loop: steps until total, a failure (-1 with err: a bad
@@ -330,6 +366,87 @@ int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
         rc = s_finish(&r, &optim, done, train_s, loss_avg, err);
     }
     s_fini(&r);
+    return rc;
+}
+
+/* ---- a model file scored: downpour eval ---------------------------------- */
+
+/* Metadata key of path as a number in [lo, hi] into *v; absent: *v kept.
+ * -1 with err for a bad file or value. */
+static int s_meta_num(const char *path, const char *key, double lo, double hi, double *v, char *err)
+{
+    char *s = dp_safetensors_read_meta(path, key, err);
+    if (!s) return err[0] ? -1 : 0;
+    char *end = NULL;
+    double x = strtod(s, &end);
+    int bad = end == s || *end || !(x >= lo && x <= hi);
+    if (bad) dp_err(err, "%s: metadata '%s' is '%.32s', not a number in [%g, %g]", path, key, s, lo, hi);
+    else *v = x;
+    free(s);
+    return bad ? -1 : 0;
+}
+
+int dp_embed_eval_file(const char *path, const char *test, int batch, int threads,
+                       dp_embed_eval_t *out, char *err)
+{
+    s_run_t r;
+    memset(&r, 0, sizeof r);
+    uint64_t *keys = NULL;
+    float *w = NULL;
+    char *spec = NULL, *data = NULL;
+    int rc = -1;
+    double init = -1, b = 256;
+    unsigned long long seed = 1;
+    if (!(spec = dp_safetensors_read_meta(path, "spec", err))) {
+        if (!err[0]) dp_err(err, "%s: no model spec in the metadata (not a Downpour model file?)", path);
+        goto done;
+    }
+    if (s_meta_num(path, DP_ST_ROWS_INIT, 0, 1e30, &init, err) != 0 ||
+        s_meta_num(path, "batch", 1, 1 << 16, &b, err) != 0)
+        goto done;
+    char *sv = dp_safetensors_read_meta(path, DP_ST_ROWS_SEED, err); /* any 64-bit seed */
+    if (!sv && err[0]) goto done;
+    if (sv) {
+        char *end = NULL;
+        errno = 0;
+        seed = strtoull(sv, &end, 10);
+        int bad = end == sv || *end || errno || sv[0] == '-';
+        if (bad) dp_err(err, "%s: metadata '%s' is '%.32s', not a 64-bit seed", path, DP_ST_ROWS_SEED, sv);
+        free(sv);
+        if (bad) goto done;
+    }
+    dp_train_conf_t c;
+    dp_train_conf_default(&c);
+    /* the test file as both halves of the spec: nothing is trained */
+    size_t len = strlen(test) * 2 + 16;
+    data = dp_malloc(len);
+    snprintf(data, len, "libsvm:%s:%s", test, test);
+    c.model = spec, c.data = data, c.threads = threads, c.progress = DP_PROGRESS_OFF;
+    c.batch = batch > 0 ? batch : (int)b;
+    c.seed = (uint64_t)seed;
+    c.row_init = init >= 0 ? (float)init : 0; /* a file without it: absent keys read zeros */
+    if (s_init(&r, &c, 1, err) != 0) goto done;
+    size_t n = 0;
+    if (dp_checkpoint_load(path, &r.s.model, r.s.h_params, NULL, NULL, err) != 0 ||
+        dp_safetensors_read_rows(path, r.s.model.embed_dim, &keys, &w, &n, err) != 0)
+        goto done;
+    char why[DP_ERR_LEN];
+    if (dp_rows_put(r.rows, keys, n, r.s.model.embed_dim, w, why) != 0) {
+        dp_err(err, "%s: its rows: %s", path, why);
+        goto done;
+    }
+    dp_net_set_params(&r.s.net, r.s.h_params);
+    if (s_evaluate(&r, &out->accuracy, &out->loss, &out->auc, err) != 0) goto done;
+    out->samples = r.data.test_samples;
+    out->rows = n;
+    out->batch = c.batch;
+    rc = 0;
+done:
+    s_fini(&r);
+    free(keys);
+    free(w);
+    free(spec);
+    free(data);
     return rc;
 }
 

@@ -23,9 +23,9 @@
  *
  * The end: the test file's accuracy, loss and AUC (two classes: the
  * probability of class 1 as the score, common/auc.h; 8 bytes a test
- * sample are held for it), --save (the dense layers, with the table's row
- * count and digest in the metadata: the rows themselves are not in the
- * file yet), summary.json (worker/train.h's fields and test_auc, rows,
+ * sample are held for it), --save (the dense layers and the table's rows,
+ * common/safetensors.h's DP_ST_ROWS_KEYS and DP_ST_ROWS_WEIGHT, with the
+ * row count, digest, init and seed in the metadata), summary.json (worker/train.h's fields and test_auc, rows,
  * rows_digest, row_optimizer, row_lr, row_init). */
 #ifndef DP_EMBED_TRAIN_H
 #define DP_EMBED_TRAIN_H
@@ -47,5 +47,24 @@ int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
  * from STATS, bytes_pushed and bytes_pulled, --save (the dense layers), and
  * summary.json. 0, or -1 with err. */
 int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+
+/* What dp_embed_eval_file measured. */
+typedef struct {
+    double accuracy, loss, auc; /* the test file's (auc NAN with one class only) */
+    uint64_t samples;           /* in the test file */
+    uint64_t rows;              /* rows the model file held */
+    int batch;                  /* the batches it was scored in */
+} dp_embed_eval_t;
+
+/* `downpour eval` of a sparse model's file (what --save wrote): its dense
+ * layers and its rows (dp_safetensors_read_rows) in a table of this
+ * process, scored on the libsvm file test by the code that scores a run
+ * (the same batches: batch 0 takes the file's own "batch", so the numbers
+ * are its summary's bit for bit at the same --threads). A key not in the
+ * file reads as the table's initial value, which the file's metadata names
+ * (DP_ST_ROWS_INIT, DP_ST_ROWS_SEED; zeros when absent). 0, or -1 with err
+ * (one line: not such a file, a bad row table, a bad test file). */
+int dp_embed_eval_file(const char *path, const char *test, int batch, int threads,
+                       dp_embed_eval_t *out, char *err);
 
 #endif

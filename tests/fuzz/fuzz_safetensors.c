@@ -14,7 +14,10 @@
  *     left as it was;
  *   - dp_checkpoint_load into a small fixed model either fills every
  *     parameter with its tensor's bytes or fails leaving the parameters,
- *     step and version untouched.
+ *     step and version untouched;
+ *   - dp_safetensors_read_rows (a sparse model's row table, D = 2) either
+ *     returns keys strictly ascending and finite rows of a header it
+ *     accepted, or fails naming the file with its outputs untouched.
  *
  * `make fuzz` builds it with libFuzzer (see tests/fuzz/fuzz.h); built with
  * gcc, main() replays tests/fuzz/corpus/safetensors/ and mutations of it,
@@ -22,6 +25,7 @@
  * project's own writer. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 
 #include "common/safetensors.h"
 #include "tests/fuzz/fuzz.h"
@@ -192,6 +196,27 @@ static void s_check_load(const char *path, int header_ok)
     }
 }
 
+/* Read as a row table of width 2: all or nothing, keys ascending. */
+static void s_check_rows(const char *path, int header_ok)
+{
+    char err[DP_ERR_LEN];
+    uint64_t sentinel_k, *keys = &sentinel_k;
+    float sentinel_w, *rows = &sentinel_w;
+    size_t n = 7;
+    if (dp_safetensors_read_rows(path, 2, &keys, &rows, &n, err) != 0) {
+        s_want(keys == &sentinel_k && rows == &sentinel_w && n == 7,
+               "a refused row table changed its outputs");
+        s_want(strncmp(err, path, strlen(path)) == 0, "a row table error that does not name the file");
+        return;
+    }
+    s_want(header_ok, "a row table read from a file whose header was refused");
+    s_want(n == 0 ? !keys && !rows : keys && rows, "a row table's buffers disagree with its count");
+    for (size_t i = 1; i < n; i++) s_want(keys[i] > keys[i - 1], "a row table's keys not ascending");
+    for (size_t i = 0; i < 2 * n; i++) s_want(isfinite(rows[i]), "a row table's value not finite");
+    free(keys);
+    free(rows);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *path = fz_file(data, size);
@@ -206,6 +231,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     free(spec);
     s_check_load(path, header_ok);
+    s_check_rows(path, header_ok);
     return 0;
 }
 
@@ -229,6 +255,13 @@ static int s_write_seeds(const char *dir)
     const char *meta[] = {"format", "downpour", "version", "5", NULL};
     snprintf(path, sizeof path, "%s/ok-metadata", dir);
     if (dp_safetensors_write(path, NULL, 0, meta, err) != 0) goto fail;
+    dp_model_t em; /* a sparse model's file: its dense layer and its rows */
+    if (dp_model_parse(&em, "embed:2 fc:2 softmax", 1, 1, 1, err) != 0) goto fail;
+    float ep[8] = {0.5f, -1, 2, 0.25f, 0, 1}, rows[6] = {1, -1, 0.5f, 0.25f, -2, 3};
+    uint64_t keys[3] = {3, 17, 1ull << 63};
+    snprintf(path, sizeof path, "%s/ok-rows", dir);
+    if (em.n_floats > 8 || dp_checkpoint_save_rows(path, &em, ep, 1, 1, keys, rows, 3, NULL, err) != 0)
+        goto fail;
     return 0;
 fail:
     fprintf(stderr, "%s: %s\n", S_NAME, err);

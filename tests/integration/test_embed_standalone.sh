@@ -8,11 +8,17 @@
 #  - a small CTR model (embed:16 relu fc:32 relu fc:2 softmax) trains too
 #    (test AUC well above 0.5), and the same seed twice gives the same
 #    summary (but its clock) and the same model file, whose metadata holds
-#    the rows' digest
+#    the rows' digest; the file holds the rows (embed.keys, embed.weight)
+#    and `downpour eval --data libsvm:TEST` of it gives the summary's
+#    test_accuracy, test_loss and test_auc exactly, also where test keys
+#    have no row (their initial value, named in the metadata); a crafted
+#    file with its keys out of order is one error line; PyTorch's
+#    nn.EmbeddingBag from the file's keys and rows (tests/integration/
+#    torch_rows.py) with its fc layers scores the same test AUC
 #  - a bad libsvm line is one error line with its file and line number;
 #    an embedding without libsvm data, libsvm data without an embedding,
 #    three classes, CUDA, a cluster worker's own row flags and downpour
-#    eval of its file are one line each
+#    eval of its file on image data are one line each
 source "$(dirname "$0")/lib.sh"
 
 W=$BIN/downpour-worker
@@ -61,6 +67,48 @@ check "the same seed twice: the same summary but its clock" cmp -s <(clockless a
 check "... and the same model file" cmp -s a.safetensors b.safetensors
 check "... whose metadata holds the rows' digest" \
     grep -qa "\"embed_rows_digest\":\"$(json a.json rows_digest)\"" a.safetensors
+
+# downpour eval of the file: the summary's numbers, bit for bit.
+# same_eval SUMMARY EVAL_LINE: test_accuracy, test_loss and test_auc equal.
+same_eval() { "$TORCH_PY" -c 'import json, sys; s = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))
+bad = [(k, s[k], e[k]) for k in ("test_accuracy", "test_loss", "test_auc") if s[k] != e[k]]
+assert not bad and e["rows"] == s["rows"][0], (bad, e["rows"], s["rows"])' "$1" "$2"; }
+"$BIN/downpour" eval --checkpoint a.safetensors --data libsvm:test.svm.gz >ev.json 2>ev.err
+check "downpour eval of the CTR model's file exits 0 ($(head -c 200 ev.err))" test $? = 0
+check "... its test_accuracy, test_loss and test_auc are the summary's exactly ($(head -c 120 ev.json))" \
+    same_eval a.json ev.json
+# st_tensor FILE NAME: the tensor's dtype, shape and bytes, read as the
+# format says (8-byte header length, JSON header, data) with no library
+st_py='import json, struct, sys
+def tensor(path, name):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    e = h[name]; s, t = e["data_offsets"]; return e["dtype"], e["shape"], b[8 + n + s:8 + n + t], b, 8 + n + s
+'
+check "... the file holds the rows: embed.keys U64 [n] ascending, embed.weight F32 [n, 16], n = the rows" \
+    "$TORCH_PY" -c "$st_py"'
+import numpy as np; s = json.load(open("a.json"))
+kd, ks, kb, _, _ = tensor("a.safetensors", "embed.keys"); wd, ws, _, _, _ = tensor("a.safetensors", "embed.weight")
+k = np.frombuffer(kb, dtype="<u8")
+assert kd == "U64" and wd == "F32" and ks == [s["rows"][0]] and ws == [s["rows"][0], 16], (kd, ks, wd, ws)
+assert (np.diff(k) > 0).all()'
+pt=$("$TORCH_PY" "$BIN/../tests/integration/torch_rows.py" a.safetensors test.svm.gz 2>&1 | tail -1)
+check "... PyTorch's nn.EmbeddingBag of its keys and rows and its fc layers: eval's test AUC ($pt)" \
+    near "$pt" "$(json ev.json test_auc)" 1e-6
+# a short run on a wide key space: test keys without a row read as their start
+"$BIN/downpour" gen-libsvm --out-train wtrain.svm --out-test wtest.svm --samples 2000 \
+    --test-samples 2000 --keys 200000 --nnz 8 --seed 4 >/dev/null 2>&1
+"$W" --standalone --model 'embed:4 relu fc:2 softmax' --data libsvm:wtrain.svm:wtest.svm --steps 3 \
+    --batch 64 --seed 12 --no-progress --save w.safetensors --summary w.json >w.log 2>&1
+check "a short run on 200000 keys saves ($(tail -1 w.log))" test $? = 0
+"$BIN/downpour" eval --checkpoint w.safetensors --data libsvm:wtest.svm >wev.json 2>wev.err
+check "... eval, most test keys without a row, gives its summary's numbers exactly" same_eval w.json wev.json
+"$TORCH_PY" -c "$st_py"'
+_, _, kb, b, at = tensor("a.safetensors", "embed.keys")  # keys 3 and 4 swapped
+b = bytearray(b); b[at + 24:at + 40] = kb[32:40] + kb[24:32]; open("unsorted.safetensors", "wb").write(b)'
+"$BIN/downpour" eval --checkpoint unsorted.safetensors --data libsvm:test.svm.gz >/dev/null 2>bad.err
+rc=$?
+check "a crafted file, its keys out of order: refused (status $rc), one line" \
+    bash -c "test $rc = 1 && [ \$(wc -l <bad.err) = 1 ] && grep -q 'unsorted.safetensors: embed.keys not in ascending order' bad.err"
 "$W" --standalone --model 'embed:16 relu fc:32 relu fc:2 softmax' --data "$D" --row-lr 0.05 \
     --steps 50 --batch 128 --seed 10 --threads 1 --no-progress --summary c.json >c.log 2>&1
 check "another seed, other rows" test "$(json a.json rows_digest)" != "$(json c.json rows_digest)"
@@ -111,8 +159,8 @@ fi
 if [ -d /usr/share/datasets/fashion-mnist ]; then # eval reads its --data first
     "$BIN/downpour" eval --checkpoint a.safetensors >eval.out 2>eval.err
     rc=$?
-    check "downpour eval refuses an embedding's file (status $rc), one line" \
-        bash -c "test $rc != 0 && [ \$(wc -l <eval.err) = 1 ] && grep -q 'whose rows the file does not hold' eval.err"
+    check "downpour eval of an embedding's file on image data: refused (status $rc), one line" \
+        bash -c "test $rc != 0 && [ \$(wc -l <eval.err) = 1 ] && grep -q 'score it on libsvm data' eval.err"
 else
     skip "downpour eval of an embedding's file" "Debian's dataset-fashion-mnist is not installed"
 fi

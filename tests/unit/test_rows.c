@@ -881,8 +881,84 @@ static void test_shard_balance(void)
     free(keys);
 }
 
+/* The table in key order, page by page (a model file's rows): every row
+ * once, ascending, whatever the slots' order, evicted and pending keys
+ * not listed; then put back into a fresh table, which pulls the same
+ * rows, and put's refusals. */
+static void test_keys_from_put(void)
+{
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, 4, DP_ROW_ADAGRAD);
+    c.admit_after = 2;
+    c.evict_after = 3;
+    c.chunk_rows = 16;
+    c.sweep_per_push = 5;
+    dp_rows_t *a = mk(&c);
+    if (!a) return;
+    dp_rng_t rng;
+    dp_rng_seed(&rng, 11);
+    for (uint64_t v = 1; v <= 30; v++) random_push(&rng, &a, 1, v);
+    dp_rows_stats_t st;
+    dp_rows_stats(a, &st);
+    CHECK(st.evicted > 0 && st.pending > 0 && st.rows > 7);
+    uint64_t all[64], page[7];
+    size_t n = 0, got;
+    uint64_t from = 0;
+    do { /* pages of 7 */
+        got = dp_rows_keys_from(a, from, 7, page);
+        for (size_t i = 0; i < got && n < 64; i++) all[n++] = page[i];
+        if (got) from = page[got - 1] + 1;
+    } while (got == 7);
+    CHECK_EQ(n, st.rows);
+    int ascending = 1, held = 1;
+    dp_rows_view_t v;
+    for (size_t i = 0; i < n; i++) {
+        if (i) ascending &= all[i] > all[i - 1];
+        held &= dp_rows_row(a, all[i], &v) == 0;
+    }
+    CHECK(ascending);
+    CHECK(held);
+    CHECK_EQ(dp_rows_keys_from(a, UINT64_MAX, 7, page), 0);
+    CHECK_EQ(dp_rows_keys_from(a, 0, 0, page), 0);
+    /* put back: the same rows read, absent keys as before */
+    float w[64 * 4], w2[64 * 4];
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_rows_pull(a, all, n, 4, w, err), (long)n);
+    dp_rows_conf_t cb;
+    dp_rows_conf_default(&cb, 4, DP_ROW_ADAGRAD);
+    dp_rows_t *b = mk(&cb);
+    if (!b) return;
+    CHECK_EQ(dp_rows_put(b, all, n, 4, w, err), 0);
+    CHECK_EQ(dp_rows_pull(b, all, n, 4, w2, err), (long)n);
+    CHECK(memcmp(w, w2, n * 4 * sizeof(float)) == 0);
+    dp_rows_stats_t sb;
+    dp_rows_stats(b, &sb);
+    CHECK_EQ(sb.rows, n);
+    /* refusals, nothing changed */
+    CHECK_EQ(dp_rows_put(b, all, 1, 3, w, err), -1);
+    CHECK(strstr(err, "width 3") != NULL);
+    float bad[4] = {0, 1, NAN, 2};
+    uint64_t k = 999;
+    CHECK_EQ(dp_rows_put(b, &k, 1, 4, bad, err), -1);
+    CHECK(strstr(err, "not finite") != NULL);
+    CHECK_EQ(dp_rows_row(b, 999, &v), -1);
+    dp_rows_conf_t cc;
+    dp_rows_conf_default(&cc, 4, DP_ROW_SGD);
+    cc.max_rows = 2;
+    dp_rows_t *small = mk(&cc);
+    if (small) {
+        CHECK_EQ(dp_rows_put(small, all, 3, 4, w, err), -1);
+        CHECK(strstr(err, "at most 2") != NULL);
+        dp_rows_stats(small, &sb);
+        CHECK_EQ(sb.rows, 0);
+    }
+    dp_rows_destroy(&small);
+    dp_rows_destroy(&a);
+    dp_rows_destroy(&b);
+}
+
 DP_TESTS(T(test_sgd), T(test_adagrad), T(test_adam), T(test_ftrl), T(test_pull_absent),
-         T(test_save_load), T(test_load_bad),
+         T(test_save_load), T(test_load_bad), T(test_keys_from_put),
          T(test_init_seeded), T(test_replay), T(test_admission), T(test_admission_bound),
          T(test_eviction), T(test_growth), T(test_max_rows), T(test_bad_push), T(test_bad_conf),
          T(test_shard_balance))

@@ -540,6 +540,100 @@ static void test_eval_refuses_overflowing_spec(void)
     s_cleanup();
 }
 
+/* A file holding rows (DP_ST_ROWS_KEYS / _WEIGHT, which a sparse model's
+ * --save writes) refused as one line naming the path and the fault. */
+static void s_rows_reject(const char *path, int d, const char *want)
+{
+    char err[DP_ERR_LEN] = "";
+    uint64_t *k = (uint64_t *)&s_dir; /* a sentinel: must stay */
+    float *w = (float *)&s_dir;
+    size_t n = 77;
+    CHECK_EQ(dp_safetensors_read_rows(path, d, &k, &w, &n, err), -1);
+    if (!strstr(err, want) || !strstr(err, path) || strchr(err, '\n'))
+        fprintf(stderr, "  got: %s\n  want: %s\n", err, want);
+    CHECK(strstr(err, want) != NULL);
+    CHECK(strstr(err, path) != NULL);
+    CHECK(k == (uint64_t *)&s_dir && w == (float *)&s_dir && n == 77);
+}
+
+/* The rows tensors: written as U64 [n] and F32 [n, D] beside a sparse
+ * model's dense layers, read back bit for bit (the dense layers still load
+ * as a checkpoint); a table of no rows; and every crafted fault refused:
+ * missing, wrong dtype, wrong width, counts that differ, keys unsorted or
+ * twice, a value not finite. */
+static void test_rows_tensors(void)
+{
+    s_tmpdir();
+    char err[DP_ERR_LEN] = "";
+    dp_model_t m;
+    CHECK_EQ(dp_model_parse(&m, "embed:3 relu fc:2 softmax", 1, 1, 1, err), 0);
+    float *p = dp_malloc(m.n_floats * sizeof(float));
+    dp_model_init_params(&m, p, 4);
+    uint64_t keys[4] = {0, 7, 1ull << 40, UINT64_MAX};
+    float rows[12];
+    for (int i = 0; i < 12; i++) rows[i] = 0.25f * (float)i - 1.0f;
+    CHECK_EQ(dp_checkpoint_save_rows(s_path("rows.st"), &m, p, 5, 5, keys, rows, 4, NULL, err), 0);
+    uint64_t *k = NULL;
+    float *w = NULL;
+    size_t n = 0;
+    CHECK_EQ(dp_safetensors_read_rows(s_path("rows.st"), 3, &k, &w, &n, err), 0);
+    CHECK_EQ(n, 4);
+    CHECK(k && memcmp(k, keys, sizeof keys) == 0);
+    CHECK(w && memcmp(w, rows, sizeof rows) == 0);
+    free(k), free(w);
+    float *back = dp_calloc(m.n_floats, sizeof(float));
+    CHECK_EQ(dp_checkpoint_load(s_path("rows.st"), &m, back, NULL, NULL, err), 0);
+    CHECK(memcmp(back, p, m.n_floats * sizeof(float)) == 0);
+    char *dt = NULL;
+    uint8_t *raw = NULL;
+    size_t len = 0;
+    CHECK_EQ(dp_read_file(s_path("rows.st"), &raw, &len, err), 0);
+    dt = raw ? strstr((char *)raw + 8, "\"embed.keys\":{\"dtype\":\"U64\"") : NULL;
+    CHECK(dt != NULL);
+    free(raw);
+    /* no rows: n 0, no buffers */
+    CHECK_EQ(dp_checkpoint_save_rows(s_path("empty.st"), &m, p, 5, 5, keys, rows, 0, NULL, err), 0);
+    k = (uint64_t *)&s_dir;
+    CHECK_EQ(dp_safetensors_read_rows(s_path("empty.st"), 3, &k, &w, &n, err), 0);
+    CHECK(n == 0 && k == NULL && w == NULL);
+
+    /* missing: a dense-only file */
+    CHECK_EQ(dp_checkpoint_save(s_path("dense.st"), &m, p, 5, 5, NULL, err), 0);
+    s_rows_reject(s_path("dense.st"), 3, "no tensor 'embed.keys': the file holds no row table");
+    /* the model's width is not the file's */
+    s_rows_reject(s_path("rows.st"), 4, "'embed.weight' is not [n, 4]");
+    /* keys of the wrong dtype (I64, F32) */
+    s_write_raw(s_path("i64.st"), "{\"embed.keys\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]},"
+                "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[1,3],\"data_offsets\":[8,20]}}", 0, rows, 20);
+    s_rows_reject(s_path("i64.st"), 3, "'embed.keys' has dtype I64, expected U64");
+    s_write_raw(s_path("f32k.st"), "{\"embed.keys\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[8,32]}}", 0, rows, 32);
+    s_rows_reject(s_path("f32k.st"), 3, "'embed.keys' has dtype F32, expected U64");
+    /* keys of two dimensions */
+    s_write_raw(s_path("k2d.st"), "{\"embed.keys\":{\"dtype\":\"U64\",\"shape\":[1,1],\"data_offsets\":[0,8]},"
+                "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[1,3],\"data_offsets\":[8,20]}}", 0, rows, 20);
+    s_rows_reject(s_path("k2d.st"), 3, "'embed.keys' is not [n]");
+    /* counts that differ */
+    uint8_t buf[64] = {0};
+    s_write_raw(s_path("count.st"), "{\"embed.keys\":{\"dtype\":\"U64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+                "\"embed.weight\":{\"dtype\":\"F32\",\"shape\":[1,3],\"data_offsets\":[16,28]}}", 0, buf, 28);
+    s_rows_reject(s_path("count.st"), 3, "2 keys (embed.keys) but 1 rows");
+    /* keys out of order, a key twice */
+    uint64_t bad[4] = {0, 9, 8, 10};
+    CHECK_EQ(dp_checkpoint_save_rows(s_path("unsorted.st"), &m, p, 5, 5, bad, rows, 4, NULL, err), 0);
+    s_rows_reject(s_path("unsorted.st"), 3, "not in ascending order: key 8 at 2 after 9");
+    bad[2] = 9;
+    CHECK_EQ(dp_checkpoint_save_rows(s_path("twice.st"), &m, p, 5, 5, bad, rows, 4, NULL, err), 0);
+    s_rows_reject(s_path("twice.st"), 3, "key 9 twice in embed.keys (at 1 and 2)");
+    /* a value not finite */
+    rows[7] = NAN;
+    CHECK_EQ(dp_checkpoint_save_rows(s_path("nan.st"), &m, p, 5, 5, keys, rows, 4, NULL, err), 0);
+    s_rows_reject(s_path("nan.st"), 3, "the row of key 1099511627776 (embed.weight) holds a value that is not finite");
+    free(back);
+    free(p);
+    s_cleanup();
+}
+
 DP_TESTS(T(test_checkpoint_round_trip), T(test_generic_write), T(test_rejects_bad_files),
          T(test_atomic_write), T(test_eval_refuses_overflowing_spec),
-         T(test_overlap_any_earlier_range), T(test_many_tensors))
+         T(test_overlap_any_earlier_range), T(test_many_tensors), T(test_rows_tensors))
