@@ -16,6 +16,7 @@ void dp_row_optim_conf_default(dp_row_optim_conf_t *c, dp_row_optim_kind_t kind)
     case DP_ROW_ADAGRAD: c->lr = 0.01f; break;
     case DP_ROW_ADAM: c->lr = 0.001f; break;
     case DP_ROW_FTRL: c->lr = 0.05f; break;
+    case DP_ROW_SPARSE_ADAM: c->lr = 0.001f; break;
     }
     c->eps = 1e-8f;
     c->beta1 = 0.9f;
@@ -23,7 +24,8 @@ void dp_row_optim_conf_default(dp_row_optim_conf_t *c, dp_row_optim_kind_t kind)
     c->ftrl_beta = 1.0f;
 }
 
-static const char *const s_names[DP_ROW_OPTIM_KINDS] = {"sgd", "adagrad", "adam", "ftrl"};
+static const char *const s_names[DP_ROW_OPTIM_KINDS] = {"sgd", "adagrad", "adam", "ftrl",
+                                                               "sparse_adam"};
 
 const char *dp_row_optim_kind_name(dp_row_optim_kind_t k)
 {
@@ -37,7 +39,7 @@ int dp_row_optim_parse_kind(const char *name, dp_row_optim_kind_t *out, char *er
             *out = (dp_row_optim_kind_t)k;
             return 0;
         }
-    return dp_err(err, "row optimizer '%s': sgd, adagrad, adam or ftrl", name ? name : "");
+    return dp_err(err, "row optimizer '%s': sgd, adagrad, adam, sparse_adam or ftrl", name ? name : "");
 }
 
 int dp_row_optim_state_per_elem(dp_row_optim_kind_t k)
@@ -46,15 +48,21 @@ int dp_row_optim_state_per_elem(dp_row_optim_kind_t k)
     case DP_ROW_SGD: return 0;
     case DP_ROW_ADAGRAD: return 1;
     case DP_ROW_ADAM:
+    case DP_ROW_SPARSE_ADAM:
     case DP_ROW_FTRL: return 2;
     }
     return 0;
 }
 
+int dp_row_optim_table_steps(dp_row_optim_kind_t k)
+{
+    return k == DP_ROW_SPARSE_ADAM;
+}
+
 int dp_row_optim_check(const dp_row_optim_conf_t *c, char *err)
 {
     if ((unsigned)c->kind >= DP_ROW_OPTIM_KINDS)
-        return dp_err(err, "row optimizer kind %d: sgd, adagrad, adam or ftrl", (int)c->kind);
+        return dp_err(err, "row optimizer kind %d: sgd, adagrad, adam, sparse_adam or ftrl", (int)c->kind);
     if (!isfinite(c->lr) || c->lr <= 0)
         return dp_err(err, "row optimizer lr %g: a finite number > 0", (double)c->lr);
     if (!isfinite(c->eps) || c->eps < 0)
@@ -109,6 +117,24 @@ void dp_row_optim_step(const dp_row_optim_conf_t *c, float *w, float *state, con
             m[i] = mi;
             v[i] = vi;
             w[i] -= step_size * (mi / (sqrtf(vi) / bc2_sqrt + c->eps));
+        }
+        break;
+    }
+    case DP_ROW_SPARSE_ADAM: {
+        /* torch.optim.SparseAdam (PyTorch 1.13's sparse_adam): its scalars
+         * in double as Python computes them, then float as the tensors */
+        if (t < 1) t = 1;
+        const double b1 = c->beta1, b2 = c->beta2;
+        const float c1 = (float)(1.0 - b1), c2 = (float)(1.0 - b2);
+        const double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
+        const float step = (float)-((double)lr * sqrt(bc2) / bc1);
+        float *m = state, *v = state + d;
+        for (int i = 0; i < d; i++) {
+            float u = (g[i] - m[i]) * c1, q = (g[i] * g[i] - v[i]) * c2;
+            float numer = u + m[i], denom = sqrtf(q + v[i]) + c->eps;
+            m[i] += u;
+            v[i] += q;
+            w[i] += step * (numer / denom);
         }
         break;
     }

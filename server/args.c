@@ -274,8 +274,9 @@ static const dp_opts_entry_t s_config[] = {
                      "--mode's; sync needs --mode sync; --mode sync --rows-mode async:\n"
                      "the rows at once, the dense layers by step)"), 0},
     {DP_FLAG_CALL("row-optimizer", "NAME", s_set_row_optimizer, NULL, DP_OPTS_PASS,
-                     "the rows' optimizer: sgd, adagrad (default), adam, ftrl; each row\n"
-                     "steps only when a push carries it (its own step count)"), 0},
+                     "the rows' optimizer: sgd, adagrad (default), adam, ftrl, sparse_adam;\n"
+                     "each row steps only when a push carries it (adam: by its own step\n"
+                     "count; sparse_adam: torch.optim.SparseAdam's, by the table's pushes)"), 0},
     {DP_FLAG_NUM("row-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
                     "the rows' lr (ftrl: alpha; default: --lr's)"), S_AT(row_lr)},
     {DP_FLAG_NUM("row-init", DP_OPTS_FLOAT, "X", NULL, 0, 1e3, DP_OPTS_PASS,

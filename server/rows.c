@@ -423,6 +423,9 @@ long dp_rows_push(dp_rows_t *t, uint64_t version, const uint64_t *keys, size_t n
     }
     t->st.version = version;
     long stepped = 0;
+    /* sparse_adam's count: this push's place among the table's pushes */
+    const int table_steps = dp_row_optim_table_steps(t->c.optim.kind);
+    const uint32_t table_t = t->st.pushes < UINT32_MAX ? (uint32_t)t->st.pushes + 1 : UINT32_MAX;
     for (size_t i = 0; i < n; i++) {
         size_t e = s_map_find(&t->map, keys[i]);
         uint32_t slot;
@@ -440,7 +443,7 @@ long dp_rows_push(dp_rows_t *t, uint64_t version, const uint64_t *keys, size_t n
         if (m->steps < UINT32_MAX) m->steps++;
         m->touched = version;
         float *v = s_vals(t, slot);
-        dp_row_optim_step(&t->c.optim, v, v + d, grads + i * (size_t)d, d, m->steps);
+        dp_row_optim_step(&t->c.optim, v, v + d, grads + i * (size_t)d, d, table_steps ? table_t : m->steps);
         stepped++;
     }
     t->st.pushes++;
@@ -598,7 +601,7 @@ static int s_load_check(const dp_rows_t *t, const s_saved_t *h, size_t len, char
     if (h->width != (uint32_t)t->c.width || h->kind != (uint32_t)t->c.optim.kind ||
         h->chunk_rows != t->c.chunk_rows)
         return dp_err(err, "a row table of width %u, %s rows, chunks of %u; this one: %d, %s, %u",
-                      h->width, h->kind <= DP_ROW_FTRL ? dp_row_optim_kind_name(h->kind) : "?",
+                      h->width, dp_row_optim_kind_name((dp_row_optim_kind_t)h->kind),
                       h->chunk_rows, t->c.width, dp_row_optim_kind_name(t->c.optim.kind),
                       t->c.chunk_rows);
     /* the key map is rebuilt, not read: its size at most the growth rule's

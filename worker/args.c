@@ -128,7 +128,8 @@ static const dp_opts_entry_t s_table[] = {
     {DP_FLAG_TITLE("sparse models, standalone (in a cluster, downpour-ps's flags):"), 0},
     {DP_FLAG_CALL("row-optimizer", "NAME", s_set_row_optimizer, NULL, 0,
         "the embedding rows' optimizer, each row stepped when its key is\n"
-        "in a batch: adagrad (default), sgd, adam, ftrl"), S_AT(conf)},
+        "in a batch: adagrad (default), sgd, adam, ftrl, sparse_adam\n"
+        "(torch.optim.SparseAdam's: bias corrected by the table's steps)"), S_AT(conf)},
     {DP_FLAG_NUM("row-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, 0,
         "the rows' lr (ftrl: alpha), constant (default: the dense layers'\n--lr)"),
      S_AT(conf.row_lr)},

@@ -7,10 +7,11 @@
         refusals (two sparse embeddings, pull() without keys)
     py_rows.py train EP OPT V STEPS one worker against servers running the
         dense layer with SGD lr 0.1 and the rows with OPT (sgd, adagrad,
-        adam) at lr 0.1 from zeros: STEPS steps through the Worker end on
+        adam, sparse_adam) at lr 0.1 from zeros: STEPS steps through the Worker end on
         the weights of the same steps in one process with torch's SGD on the
-        dense layer and SGD / Adagrad (sparse gradients) / Adam on the
-        embedding, to float rounding (adam: every key in every batch, so
+        dense layer and SGD / Adagrad / SparseAdam (sparse gradients, a few
+        keys a batch; the rows' sparse_adam) / Adam on the embedding, to
+        float rounding (adam: every key in every batch, so
         that the rows' own step counts are torch's one count, on a dense
         gradient: the rows' adam is torch.optim.Adam's, with eps outside the
         bias correction, where SparseAdam puts it inside, 1e-4 apart after
@@ -69,7 +70,8 @@ def alone(V, opt, data):
         m.emb.sparse = False  # torch.optim.Adam: a dense gradient, every row in it
     rows = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1),
             "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, eps=1e-8),
-            "adam": lambda p: torch.optim.Adam(p, lr=0.1, eps=1e-8)}[opt](m.emb.parameters())
+            "adam": lambda p: torch.optim.Adam(p, lr=0.1, eps=1e-8),
+            "sparse_adam": lambda p: torch.optim.SparseAdam(p, lr=0.1, eps=1e-8)}[opt](m.emb.parameters())
     for keys, offsets, y in data:
         nn.functional.cross_entropy(m(keys, offsets), y).backward()
         dense.step(), rows.step()

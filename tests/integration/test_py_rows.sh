@@ -6,16 +6,17 @@
 #    names its width; two sparse embeddings and pull() without keys are
 #    refused with a line
 #  - one worker over 2 shards, the dense layer by the servers' SGD and the
-#    rows by their sgd, adagrad and adam (from zeros), ends on the weights
-#    of the same steps in one process with torch.optim.SGD / Adagrad on the
-#    sparse embedding and Adam (every key in every batch: the rows' step
-#    counts are Adam's one count), to float rounding —
+#    rows by their sgd, adagrad, adam and sparse_adam (from zeros), ends on the weights
+#    of the same steps in one process with torch.optim.SGD / Adagrad /
+#    SparseAdam (the rows' sparse_adam) on the sparse embedding and Adam
+#    (every key in every batch: the rows' step counts are Adam's one
+#    count), to float rounding —
 #    tests/integration/py_rows.py
 # (the wire's row code runs under the sanitizers in test_ps_rows and
 # test_embed_cluster; this is the Python side)
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
-use_py_package 21 py_rows
+use_py_package 28 py_rows
 PY=tests/integration/py_rows.py
 
 run_py() { # NAME ARGS...: py_rows.py's checks into this script's count
@@ -33,7 +34,7 @@ run_py() { # NAME ARGS...: py_rows.py's checks into this script's count
     fi
 }
 
-for case in "sgd 40" "adagrad 40" "adam 12"; do
+for case in "sgd 40" "adagrad 40" "adam 12" "sparse_adam 40"; do
     set -- $case
     run_py "init-$1" init "$TMP/$1.safetensors" "$2"
     for i in 0 1; do rm -f "$TMP/ps$i.ready"; done

@@ -24,7 +24,8 @@ typedef struct {
     uint32_t t;                 /* steps */
 } ref_row_t;
 
-static void ref_step(const dp_row_optim_conf_t *c, ref_row_t *r, const float *g)
+/* table_t: the table's push count including this one (sparse_adam's t) */
+static void ref_step(const dp_row_optim_conf_t *c, ref_row_t *r, const float *g, uint32_t table_t)
 {
     r->t++;
     double lr = c->lr;
@@ -42,6 +43,14 @@ static void ref_step(const dp_row_optim_conf_t *c, ref_row_t *r, const float *g)
             r->b[i] = b2 * r->b[i] + (1 - b2) * gi * gi;
             double mh = r->a[i] / (1 - pow(b1, r->t)), vh = r->b[i] / (1 - pow(b2, r->t));
             r->w[i] -= lr * mh / (sqrt(vh) + c->eps);
+            break;
+        }
+        case DP_ROW_SPARSE_ADAM: { /* torch.optim.SparseAdam, the table's count */
+            double b1 = c->beta1, b2 = c->beta2;
+            r->a[i] += (gi - r->a[i]) * (1 - b1);
+            r->b[i] += (gi * gi - r->b[i]) * (1 - b2);
+            double size = lr * sqrt(1 - pow(b2, table_t)) / (1 - pow(b1, table_t));
+            r->w[i] -= size * r->a[i] / (sqrt(r->b[i]) + c->eps);
             break;
         }
         case DP_ROW_FTRL: {
@@ -129,7 +138,7 @@ static void check_optim(dp_rows_conf_t *c)
             in[k] = 1;
             keys[n] = s_keys[k];
             for (int i = 0; i < RD; i++) g[n * RD + i] = 2.0f * dp_rng_uniform(&rng) - 1.0f;
-            ref_step(&c->optim, &ref[k], g + n * RD);
+            ref_step(&c->optim, &ref[k], g + n * RD, (uint32_t)p + 1);
             touched[k] = versions[p];
             n++;
         }
@@ -176,6 +185,16 @@ static void test_adam(void)
 {
     dp_rows_conf_t c;
     dp_rows_conf_default(&c, RD, DP_ROW_ADAM);
+    c.optim.lr = 0.01f;
+    check_optim(&c);
+}
+
+/* SparseAdam: a row untouched by some pushes still counts them (the
+ * reference's t is the push's number, not the row's steps). */
+static void test_sparse_adam(void)
+{
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, RD, DP_ROW_SPARSE_ADAM);
     c.optim.lr = 0.01f;
     check_optim(&c);
 }
@@ -807,7 +826,7 @@ static void test_bad_conf(void)
     CHECK_EQ(dp_row_optim_parse_kind("ftrl", &k, err), 0);
     CHECK_EQ(k, DP_ROW_FTRL);
     CHECK_EQ(dp_row_optim_parse_kind("lamb", &k, err), -1);
-    CHECK(strstr(err, "row optimizer 'lamb': sgd, adagrad, adam or ftrl") != NULL);
+    CHECK(strstr(err, "row optimizer 'lamb': sgd, adagrad, adam, sparse_adam or ftrl") != NULL);
 }
 
 /* ---- sharding ----------------------------------------------------------------- */
@@ -957,7 +976,7 @@ static void test_keys_from_put(void)
     dp_rows_destroy(&b);
 }
 
-DP_TESTS(T(test_sgd), T(test_adagrad), T(test_adam), T(test_ftrl), T(test_pull_absent),
+DP_TESTS(T(test_sgd), T(test_adagrad), T(test_adam), T(test_sparse_adam), T(test_ftrl), T(test_pull_absent),
          T(test_save_load), T(test_load_bad), T(test_keys_from_put),
          T(test_init_seeded), T(test_replay), T(test_admission), T(test_admission_bound),
          T(test_eviction), T(test_growth), T(test_max_rows), T(test_bad_push), T(test_bad_conf),
