@@ -589,12 +589,11 @@ static int s_stream(const char *name, int flag, int overlap, long local_steps,
     return !why && (flag == 1 || (flag < 0 && be->host_memory));
 }
 
-/* An elastic crew's worker stopped by a signal: it says it leaves. */
-static int s_leave(dp_ps_client_t *ps, int task, long done, volatile sig_atomic_t *stop, char *err)
+int dp_train_leave(dp_ps_client_t *ps, int task, long done, int signal, char *err)
 {
     if (dp_ps_client_leave(ps, err) != 0) return -1;
     dp_log_info("worker %d: left after step %ld on signal %d; the servers go on without it%s", task,
-                done, (int)*stop, task == 0 ? " (a chief that comes back takes its role again)" : "");
+                done, signal, task == 0 ? " (a chief that comes back takes its role again)" : "");
     return DP_TRAIN_LEFT;
 }
 
@@ -673,7 +672,7 @@ int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     /* Elastic: a signal ends the loop at a step's end, never inside one */
     if (info.min_workers > 0) dp_ps_client_set_stop(ps, NULL);
     if (s_train_loop(&L, overlap, err) != 0) {
-        if (info.min_workers > 0 && stop && *stop) rc = s_leave(ps, c->task_index, L.done, stop, err);
+        if (info.min_workers > 0 && stop && *stop) rc = dp_train_leave(ps, c->task_index, L.done, (int)*stop, err);
         goto done;
     }
     double train_s = dp_now() - L.t0;

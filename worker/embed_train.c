@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -476,26 +477,31 @@ static int s_check_cluster(const dp_train_conf_t *c, const dp_ps_info_t *info, c
     if (c->task_index >= info->num_workers)
         return dp_err(err, "--task-index %d out of range: the servers expect %d workers",
                       c->task_index, info->num_workers);
-    if (info->min_workers > 0)
-        return dp_err(err, "--data libsvm: trains a fixed crew: the servers run --workers %d:%d "
-                      "(give them --workers N)", info->min_workers, info->num_workers);
     if (info->local_steps > 1)
         return dp_err(err, "the servers run --local-steps %ld, which a model with an embedding "
                       "does not (its rows are pushed every step)", info->local_steps);
     return 0;
 }
 
-/* One step on data.batch (n samples) against the servers: the push's
- * result into *res, the loss into *loss, the batch's distinct keys into
- * *keys. 0, or -1 with err. */
-static int s_step_cluster(s_run_t *r, long step, int n, float *loss, size_t *keys,
-                          dp_push_result_t *res, char *err)
+/* The dense weights from the servers into the net (an elastic crew's pull
+ * also brings shard 0's deal: dp_ps_client_dealt). 0, or -1 with err. */
+static int s_pull_dense(s_run_t *r, char *err)
 {
     dp_session_t *s = &r->s;
     if (s->be->host_memory ? dp_ps_client_pull(r->ps, s->net.d_params, err)
                            : dp_ps_client_pull(r->ps, s->h_params, err))
         return -1;
     if (!s->be->host_memory) dp_net_set_params(&s->net, s->h_params);
+    return 0;
+}
+
+/* One step on data.batch (n samples), the dense weights pulled: the rows
+ * pulled, the push's result into *res, the loss into *loss, the batch's
+ * distinct keys into *keys. 0, or -1 with err. */
+static int s_step_cluster(s_run_t *r, long step, int n, float *loss, size_t *keys,
+                          dp_push_result_t *res, char *err)
+{
+    dp_session_t *s = &r->s;
     long U = s_embed(r, err);
     if (U < 0) return -1;
     *keys = (size_t)U;
@@ -538,7 +544,7 @@ static void s_metrics_push(s_run_t *r, long step, long g, float loss, size_t key
 
 /* The chief's end: every worker finished, the servers' weights and rows
  * evaluated on the test file, the table's rows per shard from STATS. */
-static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, long spe,
+static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, double epochs,
                           double train_s, double samples, char *err)
 {
     dp_session_t *s = &r->s;
@@ -564,20 +570,25 @@ static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, long 
         if (dp_checkpoint_save(s->conf.save, &s->model, s->h_params, done, (long)st.version, kv, err) != 0)
             return -1;
     }
+    dp_ps_membership_t crew = {0}; /* joins and leaves: an elastic crew's story */
+    if (dp_ps_client_membership(r->ps, &crew, err) != 0) return -1;
     dp_sparse_summary_t sp = {.test_auc = auc, .rows = st.rows, .tables = st.rows_shards};
     dp_run_summary_t sum = {
         .mode = dp_mode_name(info->mode), .workers = info->num_workers,
         .ps_shards = info->num_shards, .replicas = info->replicas,
         .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
-        .steps = done, .epochs = (double)done / (spe > 0 ? spe : 1), .test_accuracy = acc,
+        .steps = done, .epochs = epochs, .test_accuracy = acc,
         .test_loss = test_loss, .images_per_s_per_worker = samples / (train_s > 0 ? train_s : 1e-9),
         .train_s = train_s, .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(r->ps),
         .bytes_pushed = dp_ps_client_bytes_pushed(r->ps),
         .bytes_pulled = dp_ps_client_bytes_pulled(r->ps), .sparse = &sp,
+        .membership = &crew, .min_workers = info->min_workers,
     };
-    return dp_session_summary(s, &sum, err);
+    int rc = dp_session_summary(s, &sum, err);
+    dp_ps_membership_fini(&crew);
+    return rc;
 }
 
 /* This worker's steps: --steps, or its share of --epochs' batches (batch
@@ -589,18 +600,48 @@ static long s_cluster_steps(const dp_train_conf_t *c, long spe, int N)
     return all > c->task_index ? (all - c->task_index + N - 1) / N : 0;
 }
 
+/* The next batch of step into data.batch, after its dense pull (which,
+ * in an elastic crew, brought shard 0's deal): its samples, 0 at the end
+ * (the crew's batches are done), or -1 with err; *g the training file's
+ * batch it is (epoch * steps_per_epoch + index). A fixed crew's worker i of
+ * N takes batch step * N + i. */
+static long s_batch_of(s_run_t *r, const dp_ps_info_t *info, long step, long *g, char *err)
+{
+    if (info->min_workers > 0) {
+        dp_ps_dealt_t d;
+        if (dp_ps_client_dealt(r->ps, &d) != 0) return dp_err(err, "shard 0 dealt no batch with the weights");
+        if (d.end) return 0;
+        *g = (long)(d.epoch * (uint64_t)r->data.steps_per_epoch + d.index);
+    } else {
+        *g = step * info->num_workers + r->s.conf.task_index;
+    }
+    if (dp_sparse_data_seek(&r->data, *g, err) != 0) return -1;
+    long k = dp_sparse_data_next(&r->data, err);
+    return k == 0 ? dp_err(err, "%s: no batch %ld (did the file change?)", r->data.train_path, *g) : k;
+}
+
+/* Steps from first until total (a fixed crew) or until shard 0 deals no
+ * more (an elastic one: total is LONG_MAX); a signal ends a fixed crew's
+ * run as an error, an elastic crew's after the whole step in flight (the
+ * caller then leaves). The steps done, or -1 with err. */
 static long s_loop_cluster(s_run_t *r, const dp_ps_info_t *info, long first, long total,
                            volatile sig_atomic_t *stop, double *samples, char *err)
 {
     dp_session_t *s = &r->s;
-    int N = info->num_workers, task = s->conf.task_index;
+    int task = s->conf.task_index, elastic = info->min_workers > 0;
     long spe = r->data.steps_per_epoch, done = first;
     double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
     while (done < total) {
-        if (stop && *stop) return dp_err(err, "interrupted at step %ld", done);
-        long step = done, g = step * N + task;
-        long k = dp_sparse_data_seek(&r->data, g, err) == 0 ? dp_sparse_data_next(&r->data, err) : -1;
+        if (stop && *stop) {
+            if (elastic) break;
+            return dp_err(err, "interrupted at step %ld", done);
+        }
+        long step = done, g = 0;
+        if (elastic) dp_ps_client_deal_step(r->ps, (uint64_t)step + 1);
+        if (s_pull_dense(r, err) != 0) return -1;
+        long k = s_batch_of(r, info, step, &g, err);
         if (k < 0) return -1;
+        if (k == 0) break; /* dealt out */
         float loss = 0;
         size_t keys = 0;
         dp_push_result_t res;
@@ -617,9 +658,11 @@ static long s_loop_cluster(s_run_t *r, const dp_ps_info_t *info, long first, lon
         dp_session_log_step(s, step, loss);
         if (info->mode != DP_MODE_SYNC) dp_tb_scalar(s->tb, "train/staleness", step, (float)res.staleness_mean);
         double dt = dp_now() - t0;
+        char of[32] = "";
+        if (!elastic) snprintf(of, sizeof of, "/%ld", total);
         dp_progress_update(&s->progress, done == total,
-                           "worker %d  epoch %ld  step %ld/%ld  %.0f samples/s  loss %.4f  keys %zu  "
-                           "staleness %.2f", task, g / spe + 1, done, total,
+                           "worker %d  epoch %ld  step %ld%s  %.0f samples/s  loss %.4f  keys %zu  "
+                           "staleness %.2f", task, g / spe + 1, done, of,
                            *samples / (dt > 0 ? dt : 1e-9), loss_avg, keys, stale_sum / (done - first));
     }
     return done;
@@ -638,31 +681,52 @@ int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, 
     s_run_t r;
     dp_ps_info_t info;
     int rc = -1;
-    if (s_init(&r, c, 0, err) != 0 ||
-        dp_ps_client_new(&r.ps, c->ps, &r.s.model, c->task_index, &opts, &info, err) != 0 ||
+    if (s_init(&r, c, 0, err) != 0) goto done;
+    /* What shard 0 of an elastic crew deals from (a fixed crew's ignore
+     * it): the file's batches, as "samples" of spe x batch, so that its
+     * per_epoch (samples / batch) is this file's count of batches, a short
+     * last one or ones cut at the features' bound included. */
+    long spe = r.data.steps_per_epoch;
+    opts.deal = (dp_ps_deal_plan_t){.samples = (uint64_t)spe * (uint64_t)c->batch,
+                                    .batch = (uint32_t)c->batch,
+                                    .epochs = c->steps > 0 ? 0 : (uint64_t)c->epochs,
+                                    .steps = c->steps > 0 ? (uint64_t)c->steps : 0};
+    if (dp_ps_client_new(&r.ps, c->ps, &r.s.model, c->task_index, &opts, &info, err) != 0 ||
         s_check_cluster(c, &info, err) != 0)
         goto done;
     dp_session_t *s = &r.s;
-    long spe = r.data.steps_per_epoch, total = s_cluster_steps(c, spe, info.num_workers);
+    int elastic = info.min_workers > 0;
+    long total = elastic ? LONG_MAX : s_cluster_steps(c, spe, info.num_workers);
     /* a restarted worker takes up after its last step every shard applied */
     uint64_t held = dp_ps_client_resume_step(r.ps);
     long first = held < (uint64_t)total ? (long)held : total;
     if (first > 0)
         dp_log_info("worker %d: rejoining: the servers hold its steps 1..%ld; resuming at step %ld "
                     "of %ld", c->task_index, first, first + 1, total);
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s on %" PRIu64 " train samples, batch %d, "
-                "%ld steps (batches %d, %d + %d, ...)", c->task_index, info.num_workers,
-                dp_mode_name(info.mode), info.num_shards, s->model.spec, r.data.train_samples,
-                c->batch, total, c->task_index, c->task_index, info.num_workers);
-    dp_session_log_start(s, c->task_index, total, spe);
+    /* the epochs shard 0 deals: the plan's, or --steps a worker x MAX */
+    long epochs = c->steps <= 0 ? c->epochs : (c->steps * info.num_workers + spe - 1) / spe;
+    char plan[96];
+    if (elastic) snprintf(plan, sizeof plan, "the batches shard 0 deals for %ld epoch(s)", epochs);
+    else snprintf(plan, sizeof plan, "%ld steps (batches %d, %d + %d, ...)", total, c->task_index,
+                  c->task_index, info.num_workers);
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s on %" PRIu64 " train samples, batch %d, %s",
+                c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards,
+                s->model.spec, r.data.train_samples, c->batch, plan);
+    dp_session_log_start(s, c->task_index, elastic ? -epochs : total, spe);
+    /* Elastic: a signal ends the loop at a step's end, never inside one */
+    if (elastic) dp_ps_client_set_stop(r.ps, NULL);
     double t0 = dp_now(), samples = 0;
     long done = s_loop_cluster(&r, &info, first, total, stop, &samples, err);
     double train_s = dp_now() - t0;
     dp_progress_done(&s->progress);
+    if (done >= 0 && elastic && stop && *stop) {
+        rc = dp_train_leave(r.ps, c->task_index, done, (int)*stop, err);
+        goto done;
+    }
     if (done < 0 || dp_ps_client_finish(r.ps, err) != 0) goto done;
     if (c->task_index == 0) {
-        if (s_finish_chief(&r, &info, done, (spe + info.num_workers - 1) / info.num_workers, train_s,
-                           samples, err) != 0 ||
+        if (s_finish_chief(&r, &info, done, elastic ? (double)epochs : (double)done * info.num_workers / spe,
+                           train_s, samples, err) != 0 ||
             dp_ps_client_shutdown_servers(r.ps, err) != 0)
             goto done;
     }

@@ -202,5 +202,10 @@ int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
  * returns DP_TRAIN_LEFT (the caller exits 0). */
 #define DP_TRAIN_LEFT 1
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+/* An elastic crew's worker stopped by a signal after step done: it tells
+ * the servers it leaves (one line in its log). DP_TRAIN_LEFT, or -1 with
+ * err. Every worker kind's loop ends this way. */
+struct dp_ps_client;
+int dp_train_leave(struct dp_ps_client *ps, int task, long done, int signal, char *err);
 
 #endif

@@ -621,13 +621,11 @@ static void s_default_schedule(dp_local_t *L)
 /* --data libsvm: (a model with embed:D): the files checked and counted as
  * the workers will (worker/sparse_data.h), the shards' input 1x1x1 (the
  * embedding reads no image), each worker's steps its share of the
- * batches (worker/embed_train.h: batch g is worker g mod N's). */
+ * batches (worker/embed_train.h: batch g is worker g mod N's; an elastic
+ * crew's are dealt by shard 0, this the share of MAX workers). */
 static int s_prepare_sparse(dp_local_t *L, char *err)
 {
     const dp_train_conf_t *c = &L->wk.conf;
-    if (L->min_workers > 0)
-        return dp_err(err, "--data libsvm: trains a fixed crew: --workers N, not %d:%d",
-                      L->min_workers, L->max_workers);
     dp_sparse_data_t d;
     if (dp_sparse_data_open(&d, c->data, c->batch, err) != 0) return -1;
     long all = (long)c->epochs * d.steps_per_epoch;

@@ -15,7 +15,9 @@
 #  - hybrid (--mode sync --rows-mode async) and sync with 2 workers train
 #    the CTR model; sync's staleness is 0
 #  - over CURVE (downpour local --secure) the same training
-#  - an elastic crew with libsvm data is one line
+#  - an elastic crew (1 -> 3 -> 1) on libsvm data: shard 0 deals the
+#    file's batches, the leavers leave after a whole step, every batch of
+#    every epoch is trained once
 source "$(dirname "$0")/lib.sh"
 
 L=$BIN/downpour
@@ -98,8 +100,42 @@ check "... and train (test AUC above 0.85, rows on both shards)" "$TORCH_PY" -c 
 import json; s = json.load(open("sec/summary.json"))
 assert s["test_auc"] > 0.85 and len(s["rows"]) == 2 and min(s["rows"]) > 0, s'
 
-"$L" local --workers 1:2 --model 'embed:2 softmax' --data "$D" --out el >el.out 2>el.err
-rc=$?
-check "an elastic crew with libsvm data: refused (status $rc), one line" \
-    bash -c "test $rc != 0 && [ \$(wc -l <el.err) = 1 ] && grep -q 'trains a fixed crew' el.err"
+# An elastic crew (--workers 1:3): shard 0 deals the file's batches. The
+# chief is held (SIGSTOP) while two workers join, they are held once each
+# pushed 5 steps, the crew is scaled back to 1 (their SIGTERM waits for
+# SIGCONT: each leaves after a whole step), then everyone goes on: the run
+# ends when the deal does, every batch of both epochs trained once.
+E=$TMP/el
+bg "$L" local --workers 1:3 --ps-shards 2 --mode async --model 'embed:2 softmax' --data "$D" --lr 0.1 \
+    --epochs 2 --batch 128 --seed 5 --threads 1 --heartbeat-timeout 60 --out "$E" >el.out 2>el.err
+LOCAL=$!
+# at_step W S: wait (at most 60 s) for step S in worker W's metrics
+at_step() { for _ in $(seq 600); do grep -q "\"step\":$2," "$E/metrics/worker-$1.jsonl" 2>/dev/null && return; sleep 0.1; done; }
+pid_of() { pgrep -f -- "--metrics $E/metrics/worker-$1.jsonl" | head -1; }
+at_step 0 20
+C=$(pid_of 0)
+kill -STOP $C
+"$L" scale "$E" 3 >/dev/null
+at_step 1 5; at_step 2 5
+HELD="$(pid_of 1) $(pid_of 2)"
+kill -STOP $HELD
+"$L" scale "$E" 1 >/dev/null
+for _ in $(seq 600); do [ "$(grep -c 'asked to leave' el.err)" = 2 ] && break; sleep 0.1; done
+kill -CONT $HELD $C
+wait_for $LOCAL 300; rc=$?
+check "elastic 1 -> 3 -> 1 on libsvm data: exit 0, workers 1 and 2 left after a whole step ($(tail -1 el.out))" \
+    bash -c "[ $rc = 0 ] && grep -q 'worker 1: left after step' '$E/logs/worker-1.log' &&
+             grep -q 'worker 2: left after step' '$E/logs/worker-2.log'"
+check "... every batch of both epochs trained once, by whoever was dealt it" "$TORCH_PY" -c '
+import glob, json, sys
+seen = sorted(json.loads(l)["batch"] for f in glob.glob(sys.argv[1] + "/metrics/worker-*.jsonl")
+              for l in open(f) if "\"keys\"" in l)
+want = list(range(2 * int(sys.argv[2])))
+assert seen == want, (len(seen), len(want), [b for b in seen if seen.count(b) > 1][:5])
+assert len({f for f in glob.glob(sys.argv[1] + "/metrics/worker-*.jsonl")}) == 3' "$E" "$spe"
+check "... summary.json: 3 joins, live 1 to 3, test AUC within 0.02 of the planted model's" "$TORCH_PY" -c '
+import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
+assert s["live_min"] == 1 and s["live_max"] == 3, s
+assert sum(1 for e in s["membership"] if e["event"] == "join") >= 3, s["membership"]
+assert abs(s["test_auc"] - float(sys.argv[2])) <= 0.02, (s["test_auc"], sys.argv[2])' "$E" "$planted"
 finish
