@@ -90,6 +90,25 @@ use_py_package() {
     unset DOWNPOUR_LIB
 }
 
+# run_counted NAME CMD...: a program that prints its own "ok ..." / "FAIL ..."
+# lines and a closing "N passed, N failed" (the Python test drivers): its
+# lines shown, its count folded into this script's, its output in
+# $TMP/NAME.out; no count, or a failing exit with none failed, is a failure.
+run_counted() {
+    local name=$1; shift
+    "$@" >"$TMP/$name.out" 2>&1
+    local rc=$? line
+    sed -n 's/^\(ok  \|FAIL\)/\1/p' "$TMP/$name.out"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$TMP/$name.out" | tail -1)
+    if [ -z "$line" ]; then
+        fail "$name" "ended without its count (exit $rc): $(tail -3 "$TMP/$name.out")"
+        return
+    fi
+    T_PASSED=$((T_PASSED + ${line%% passed*}))
+    local f=${line#* passed, }; T_FAILED=$((T_FAILED + ${f%% failed}))
+    [ "$rc" = 0 ] || [ "${f%% failed}" != 0 ] || fail "$name" "exit status $rc"
+}
+
 finish() {
     if [ "$T_SKIPPED" != 0 ]; then
         echo "$T_PASSED passed, $T_FAILED failed, $T_SKIPPED skipped"

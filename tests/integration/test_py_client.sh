@@ -31,20 +31,7 @@ ps() {
     EP=$(cat "$TMP/$name.ready" 2>/dev/null)
 }
 # run NAME ARGS...: a py_client.py command, its lines counted into ours.
-run() {
-    local name=$1; shift
-    "$TORCH_PY" "$PY" "$@" >"$TMP/$name.out" 2>&1
-    local rc=$? line
-    sed -n 's/^\(ok  \|FAIL\)/  \1/p' "$TMP/$name.out"
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$TMP/$name.out" | tail -1)
-    if [ -z "$line" ]; then
-        fail "$name" "py_client.py $1 ended without its count (exit $rc): $(tail -3 "$TMP/$name.out")"
-        return
-    fi
-    T_PASSED=$((T_PASSED + ${line%% passed*}))
-    local f=${line#* passed, }; T_FAILED=$((T_FAILED + ${f%% failed}))
-    [ "$rc" = 0 ] || [ "${f%% failed}" != 0 ] || fail "$name" "exit status $rc"
-}
+run() { local name=$1; shift; run_counted "$name" "$TORCH_PY" "$PY" "$@"; }
 
 INIT=$TMP/bn.safetensors
 check "save_init writes the --init file" "$TORCH_PY" "$PY" init --init "$INIT"

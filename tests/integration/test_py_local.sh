@@ -29,18 +29,9 @@ for case in "20 5" "22 6" "20 compressed"; do
         >"$TMP/ps-$1.log" 2>&1
     t=0; until [ -s "$TMP/ps.ready" ] || [ $t -ge 100 ]; do sleep 0.1; t=$((t + 1)); done
     if [ "$2" = compressed ]; then
-        "$TORCH_PY" "$PY" compressed "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" >"$TMP/exact-$1.out" 2>&1
+        run_counted "exact-$1" "$TORCH_PY" "$PY" compressed "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1"
     else
-        "$TORCH_PY" "$PY" exact "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" "$2" >"$TMP/exact-$1.out" 2>&1
-    fi
-    rc=$?
-    sed -n 's/^\(ok  \|FAIL\)/\1/p' "$TMP/exact-$1.out"
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$TMP/exact-$1.out" | tail -1)
-    if [ -z "$line" ]; then
-        fail "exact $1" "py_local.py ended without its count (exit $rc): $(tail -3 "$TMP/exact-$1.out")"
-    else
-        T_PASSED=$((T_PASSED + ${line%% passed*}))
-        f=${line#* passed, }; T_FAILED=$((T_FAILED + ${f%% failed}))
+        run_counted "exact-$1" "$TORCH_PY" "$PY" exact "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" "$2"
     fi
 done
 

@@ -19,20 +19,7 @@ source "$(dirname "$0")/lib.sh"
 use_py_package 28 py_rows
 PY=tests/integration/py_rows.py
 
-run_py() { # NAME ARGS...: py_rows.py's checks into this script's count
-    local name=$1; shift
-    "$TORCH_PY" "$PY" "$@" >"$TMP/$name.out" 2>&1
-    local rc=$?
-    sed -n 's/^\(ok  \|FAIL\)/\1/p' "$TMP/$name.out"
-    local line
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$TMP/$name.out" | tail -1)
-    if [ -z "$line" ]; then
-        fail "$name" "py_rows.py ended without its count (exit $rc): $(tail -3 "$TMP/$name.out")"
-    else
-        T_PASSED=$((T_PASSED + ${line%% passed*}))
-        local f=${line#* passed, }; T_FAILED=$((T_FAILED + ${f%% failed}))
-    fi
-}
+run_py() { local name=$1; shift; run_counted "$name" "$TORCH_PY" "$PY" "$@"; }
 
 for case in "sgd 40" "adagrad 40" "adam 12" "sparse_adam 40"; do
     set -- $case
