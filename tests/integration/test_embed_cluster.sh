@@ -14,6 +14,8 @@
 #    bit for bit (the same test loss and AUC), Adam dense, Adagrad rows
 #  - hybrid (--mode sync --rows-mode async) and sync with 2 workers train
 #    the CTR model; sync's staleness is 0
+#  - --resume from the shards' checkpoints (rows included) continues a
+#    sync run to the uninterrupted run's bits
 #  - over CURVE (downpour local --secure) the same training
 #  - an elastic crew (1 -> 3 -> 1) on libsvm data: shard 0 deals the
 #    file's batches, the leavers leave after a whole step, every batch of
@@ -90,6 +92,20 @@ import json, sys; s = json.load(open("h-%s/summary.json" % sys.argv[1]))
 assert s["rows_mode"] == sys.argv[1] and s["mode"] == "sync" and s["staleness_max"] == 0, s
 assert s["test_auc"] > 0.85, s["test_auc"]' "$2"
 done
+
+# --resume: one sync worker's run stopped after epoch 1 (its shards'
+# checkpoints, rows included) and resumed to epoch 2 ends on the bits of
+# the uninterrupted 2 epochs (constant lr: the schedule does not depend on
+# the run's length).
+F=(--workers 1 --ps-shards 2 --mode sync --model 'embed:4 relu fc:4 relu fc:2 softmax' --data "$D"
+   --lr 0.01 --lr-schedule constant --row-lr 0.05 --batch 128 --seed 5 --threads 1)
+"$L" local "${F[@]}" --epochs 2 --out rs-full >rs-full.log 2>&1 &&
+    "$L" local "${F[@]}" --epochs 1 --checkpoint-dir rs-ck --out rs-1 >rs-1.log 2>&1 &&
+    "$L" local "${F[@]}" --epochs 2 --checkpoint-dir rs-ck --resume --out rs-2 >rs-2.log 2>&1
+check "--resume of a sparse run: 2 epochs in two launches end on the one launch's bits ($(tail -1 rs-2.log))" "$TORCH_PY" -c '
+import json
+a, b = (json.load(open(d + "/summary.json")) for d in ("rs-full", "rs-2"))
+assert [a[k] for k in ("test_loss", "test_auc", "rows", "steps")] == [b[k] for k in ("test_loss", "test_auc", "rows", "steps")], (a, b)'
 
 # Over CURVE (keys downpour local makes): the rows' requests are sealed as
 # the dense ones are.
