@@ -11,6 +11,7 @@
 #include "common/checksum.h"
 #include "common/util.h"
 #include "server/ps_loop.h"
+#include "server/record.h"
 
 _Static_assert(DP_ROWS_MAX_WIDTH == DP_WIRE_MAX_ROW_WIDTH, "one bound on a row's width");
 
@@ -230,6 +231,9 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
         dp_ps_reply_error(ps, id, env->request_id, w, msg);
         return;
     }
+    /* in async, row pushes land between dense versions: a replay gives the
+     * worker the table as of this point in the shard's stream */
+    dp_record_rows_pull(ps->rec, (int)r->shard, w, ps->shard.version, (uint64_t)n);
     s_reply_rows(ps, id, env, rows, (size_t)n, (uint64_t)held); /* rows go with it */
 }
 
@@ -272,6 +276,10 @@ static void s_rejected(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope
     ps->rows.rejected++;
     dp_log_debug("shard %d: worker %d: ROWS_PUSH rejected: %s", ps->cfg->shard_index,
                  env->worker_id, why);
+    dp_push_outcome_t o = {.status = DP_PUSH_REJECTED};
+    uint64_t n = env->n_tensors > 0 ? (uint64_t)env->tensors[0]->shape[0] : 0;
+    dp_record_rows_push(ps->rec, (int)ps->rows.shard, env->worker_id, env->rows_push->step,
+                        env->rows_push->version, &o, n, NULL, 0);
     s_ack(ps, id, env, DP_PUSH_REJECTED, 0, why);
 }
 
@@ -316,6 +324,9 @@ void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
             return;
         }
         uint64_t stale = ps->shard.version - p->version;
+        dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .staleness = stale};
+        dp_record_rows_push(ps->rec, (int)r->shard, w, p->step, p->version, &o, (uint64_t)n,
+                            frames[1].data, r->width);
         r->pushes++;
         r->staleness_sum += stale;
         if (stale > r->staleness_max) r->staleness_max = stale;
@@ -327,6 +338,9 @@ void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
         free(keys);
         r->dropped++;
         if (p->step) r->last_step[w] = p->step;
+        dp_push_outcome_t o = {.status = DP_PUSH_DROPPED, .staleness = ps->shard.version - p->version};
+        dp_record_rows_push(ps->rec, (int)r->shard, w, p->step, p->version, &o, (uint64_t)n,
+                            frames[1].data, r->width);
         s_ack(ps, id, env, DP_PUSH_DROPPED, ps->shard.version - p->version,
               "stale: its step was taken without it");
         return;
@@ -343,6 +357,9 @@ void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
     wt->version = p->version;
     wt->taken = false;
     if (p->step) r->last_step[w] = p->step;
+    dp_push_outcome_t o = {.status = DP_PUSH_APPLIED};
+    dp_record_rows_push(ps->rec, (int)r->shard, w, p->step, p->version, &o, (uint64_t)n, wt->grads,
+                        r->width);
     s_ack(ps, id, env, DP_PUSH_APPLIED, 0, "");
 }
 
