@@ -259,9 +259,21 @@ static int s_init_rl(dp_lab_t *L, char *err)
     return s_servers(L, err);
 }
 
+int dp_lab_check_dense(const dp_lab_conf_t *c, char *err)
+{
+    const char *m = c->train.model ? c->train.model : "";
+    while (*m == ' ' || *m == '\t') m++;
+    if (strncmp(m, "embed:", 6) == 0 || (c->train.data && strncmp(c->train.data, "libsvm:", 7) == 0))
+        return dp_err(err, "a model with embed:D (a row table on the servers) is not in the lab yet: "
+                      "downpour sim and downpour replay run dense models only; downpour local "
+                      "--data libsvm: trains it (its --record keeps the row pulls and pushes)");
+    return 0;
+}
+
 int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
 {
     memset(L, 0, sizeof *L);
+    if (dp_lab_check_dense(c, err) != 0) return -1;
     L->conf = *c;
     L->conf.train.local_steps = c->local_steps; /* its summary names them */
     if (c->train.a3c.env) {

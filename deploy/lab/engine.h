@@ -80,6 +80,12 @@ void dp_lab_conf_default(dp_lab_conf_t *c);
 cJSON *dp_lab_conf_header(const dp_lab_conf_t *c);
 int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err);
 
+/* -1 with one line in err for a model with embed:D (or libsvm data, which
+ * only such a model trains): its rows live in the shards' row tables
+ * (server/ps_rows.h), which the engine does not hold yet, so its gradients
+ * cannot be recomputed. dp_lab_init checks it first; sim checks it before
+ * it reads the data. */
+int dp_lab_check_dense(const dp_lab_conf_t *c, char *err);
 int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err);
 void dp_lab_fini(dp_lab_t *L);
 
