@@ -90,6 +90,16 @@ long dp_ps_rows_pull(dp_ps_rows_t *r, int w, const uint64_t *keys, size_t n, flo
 int dp_ps_rows_push(dp_ps_rows_t *r, int w, uint64_t step, uint64_t pulled_at, uint64_t version,
                     int width, const uint64_t *keys, size_t n, const void *grads, dp_push_outcome_t *o);
 
+/* The hooks of the dense step (server/ps.c calls them after each dense
+ * push the policy handled; a replay does the same):
+ * dp_ps_rows_dense_taken: sync rows: the dense step at version took this
+ * worker's gradient.
+ * dp_ps_rows_stepped: sync rows: the dense step fired, the shard is at
+ * version now: the rows of the workers it took applied once, the others'
+ * dropped. Both do nothing in async and ssp. */
+void dp_ps_rows_dense_taken(dp_ps_rows_t *r, int worker, uint64_t version);
+void dp_ps_rows_stepped(dp_ps_rows_t *r, uint64_t version);
+
 /* A shard's checkpoint of its rows (server/shard_checkpoint.h): the
  * per-worker last row step (a restarted shard still applies a (worker,
  * step) once), the counters, and the table (dp_rows_save), closed by a
