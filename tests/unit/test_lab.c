@@ -599,6 +599,51 @@ static void test_record_rows(void)
     }
 }
 
+/* A sparse run is told by its model as parsed (embed:D first, whatever the
+ * spacing) or its data (libsvm:), not by text: only a sparse conf without
+ * row tables (downpour sim's) is refused, in one line; a lab header
+ * carries the rows conf to a replay and back. */
+static void test_lab_sparse_conf(void)
+{
+    const struct {
+        const char *model, *data;
+        int sparse;
+    } cases[] = {
+        {"embed:4 fc:2 softmax", NULL, 1},   {"  embed:4   softmax", NULL, 1},
+        {"fc:2 softmax", NULL, 0},           {"fc:2 softmax", "libsvm:a.svm", 1},
+        {"fc:16 relu fc:10 softmax", "fashion-mnist", 0},
+        {"embed:0 softmax", NULL, 0}, /* not a model: the session says why */
+    };
+    char err[DP_ERR_LEN];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dp_lab_conf_t c;
+        dp_lab_conf_default(&c);
+        c.train.model = cases[i].model;
+        c.train.data = cases[i].data;
+        CHECK_EQ(dp_lab_is_sparse(&c), cases[i].sparse);
+        err[0] = 0;
+        CHECK_EQ(dp_lab_check_dense(&c, err), cases[i].sparse ? -1 : 0);
+        if (cases[i].sparse) CHECK(strstr(err, "embed:D") && !strchr(err, '\n'));
+        c.has_rows = 1; /* a record's: replay runs it */
+        CHECK_EQ(dp_lab_check_dense(&c, err), 0);
+    }
+    dp_lab_conf_t c, back;
+    dp_lab_conf_default(&c);
+    c.train.model = "embed:4 fc:2 softmax";
+    c.mode = DP_MODE_SYNC;
+    c.has_rows = 1;
+    dp_rows_conf_default(&c.rows, 4, DP_ROW_ADAGRAD);
+    c.rows.optim.lr = 0.25f;
+    c.rows_mode = DP_MODE_ASYNC;
+    cJSON *h = dp_lab_conf_header(&c);
+    dp_lab_conf_default(&back);
+    CHECK_EQ(dp_lab_conf_from_header(&back, h, err), 0);
+    CHECK(back.has_rows && back.rows.width == 4 && back.rows.optim.lr == 0.25f);
+    CHECK_EQ(back.rows_mode, DP_MODE_ASYNC);
+    CHECK_EQ(back.mode, DP_MODE_SYNC);
+    cJSON_Delete(h);
+}
+
 /* A record is written through a fresh O_EXCL temporary file: a symlink
  * planted at the name the writer used to take (PATH.tmp) is not followed,
  * so the file it points to is not overwritten. A failing write (a full
@@ -920,6 +965,7 @@ DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(
          T(test_record_replay_bn),
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
          T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged), T(test_record_rows),
+         T(test_lab_sparse_conf),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range), T(test_record_account),
          T(test_replay_refuses_absurd_rl_header))
