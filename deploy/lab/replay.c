@@ -515,6 +515,10 @@ static int s_conf(dp_lab_conf_t *c, const s_args_t *a, dp_opts_t *o, const cJSON
     if (a->batch) c->train.batch = a->batch;
     if (a->threads) c->train.threads = a->threads;
     if (dp_opts_find(o, "data-seed")->given) c->train.seed = a->data_seed;
+    if (dp_lab_is_sparse(c) && !c->has_rows)
+        return dp_err(err, "record header: a model with embed:D but no \"rows\" (the row tables' conf): "
+                      "a record from before its row pulls and pushes were recorded, which cannot be "
+                      "replayed (record the run again)");
     if (dp_record_num(h, "start_version", 0) != 0)
         return dp_err(err, "the recorded shards started from a checkpoint (version %g): the weights it "
                       "held are not in the record", dp_record_num(h, "start_version", 0));

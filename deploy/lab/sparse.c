@@ -4,6 +4,7 @@
  * worker/embed_train.h's evaluation. */
 #include "deploy/lab/engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,8 @@ int dp_lab_batch_load(dp_lab_t *L, int worker, long step, dp_lab_batch_t *j, cha
     dp_lab_sparse_t *sp = L->sp;
     dp_sparse_data_t *d = &sp->data[worker];
     /* dp_embed_distributed's order: worker i of N trains batches i, i + N, ... */
+    if (step < 0 || step > (LONG_MAX - worker) / L->conf.workers)
+        return dp_err(err, "worker %d's step %ld: past the batches a run can count", worker, step);
     long g = step * L->conf.workers + worker;
     if (dp_sparse_data_seek(d, g, err) != 0 || dp_sparse_data_next(d, err) < 0) return -1;
     dp_lab_batch_free(j);

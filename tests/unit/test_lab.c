@@ -773,6 +773,48 @@ static void test_replay_refuses_absurd_header(void)
     }
 }
 
+/* A sparse run's header is untrusted too: without the row tables' conf
+ * (a record from before row events), rows of another width than the
+ * model's embedding, a model of other than 2 classes, or data that is not
+ * there: one line each, status 1. */
+static void test_replay_refuses_sparse_header(void)
+{
+    char rec[300], out[300], errp[300], train[300], data[700], err[DP_ERR_LEN] = "";
+    snprintf(rec, sizeof rec, "%s/sparse.rec", s_dir);
+    snprintf(out, sizeof out, "%s/sparse-out", s_dir);
+    snprintf(errp, sizeof errp, "%s/sparse.err", s_dir);
+    snprintf(train, sizeof train, "%s/sparse-train.svm", s_dir);
+    const char svm[] = "1 3:1 7:0.5\n0 2:1\n1 7:2\n0 3:1 9:1\n";
+    CHECK_EQ(dp_write_file_atomic(train, svm, strlen(svm), err), 0);
+    snprintf(data, sizeof data, "libsvm:%s", train);
+    static const struct {
+        const char *model, *data; /* data NULL: the file above */
+        int width;                /* the rows conf's; 0: none in the header */
+        const char *want;
+    } cases[] = {
+        {"embed:4 fc:2 softmax", NULL, 0, "a model with embed:D but no \"rows\""},
+        {"embed:4 fc:2 softmax", NULL, 8, "embeds in 4 floats but the row tables' rows are 8 wide"},
+        {"embed:4 fc:3 softmax", NULL, 4, "ends in 3 classes"},
+        {"embed:4 fc:2 softmax", "libsvm:/nonexistent/t.svm", 4, "/nonexistent/t.svm"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "model", cases[i].model);
+        cJSON_AddStringToObject(h, "data", cases[i].data ? cases[i].data : data);
+        cJSON_AddStringToObject(h, "seed", "1");
+        cJSON_AddStringToObject(h, "mode", "async");
+        cJSON_AddNumberToObject(h, "workers", 2);
+        cJSON_AddNumberToObject(h, "shards", 2);
+        cJSON_AddNumberToObject(h, "batch", 2);
+        if (cases[i].width) {
+            dp_rows_conf_t rc;
+            dp_rows_conf_default(&rc, cases[i].width, DP_ROW_ADAGRAD);
+            cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&rc, DP_MODE_ASYNC));
+        }
+        s_replay_refuses(rec, out, errp, h, cases[i].want);
+    }
+}
+
 /* The header's optimizer: what the writer wrote reads back exact; a number
  * its field cannot hold (1e300 as a long step count, beyond FLT_MAX as a
  * float) is refused with the field's name, never cast (undefined behaviour;
@@ -965,7 +1007,7 @@ DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(
          T(test_record_replay_bn),
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
          T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged), T(test_record_rows),
-         T(test_lab_sparse_conf),
+         T(test_lab_sparse_conf), T(test_replay_refuses_sparse_header),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range), T(test_record_account),
          T(test_replay_refuses_absurd_rl_header))
