@@ -634,7 +634,19 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp
     uint64_t versions = 0;
     for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
     r.version = versions;
-    int rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
+    int rc;
+    if (held) { /* the chief's file (worker/embed_train.c): the dense layers, the rows held */
+        uint64_t all = 0;
+        for (int k = 0; k < c->shards; k++) all += held[k];
+        char rows[24];
+        snprintf(rows, sizeof rows, "%" PRIu64, all);
+        const char *kv[] = {"embed_rows", rows, NULL};
+        rc = c->train.save ? dp_checkpoint_save(c->train.save, &L->s.model, params, chief_steps,
+                                                (long)versions, kv, err)
+                           : 0;
+    } else {
+        rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
+    }
     if (rc == 0) rc = dp_session_summary(&L->s, &r, err);
     if (rc == 0) rc = dp_record_close(&L->rec, err);
     dp_staleness_fini(&hist);

@@ -14,7 +14,7 @@
 #  - downpour replay of the async, the hybrid and the sync-rows record:
 #    every recorded norm (dense and rows) matched, and the chief's
 #    test_loss, test_auc and test_accuracy bit for bit those of the run's
-#    summary.json
+#    summary.json, and its model.safetensors byte for byte the run's
 #  - a record with one row push's "gn" edited (footer hashed again): the
 #    replay reports the mismatch, naming the event
 #  - downpour sim of such a model: refused, one line (the simulator does
@@ -111,6 +111,7 @@ for run in async:a hybrid:hybrid sync:sync; do
     check "replay of the $rec record: every recorded norm matched ($(tail -1 r-$rec.log))" \
         grep -q 'every recorded norm matched' r-$rec.log
     check "... its test_loss, test_auc and test_accuracy: the run's summary.json's" same_figures $dir r-$rec
+    check "... its model.safetensors: the run's, byte for byte" cmp $dir/model.safetensors r-$rec/model.safetensors
 done
 
 # One row push's norm edited: the replay says its rows differ, and where.
