@@ -145,9 +145,11 @@ float dp_lab_sparse_gradient(dp_lab_t *L, const float *params, int worker, long 
                              float *grad);
 size_t dp_lab_rows_push(dp_lab_t *L, int k, int worker, uint64_t step, uint64_t pulled_at,
                         const dp_lab_batch_t *j, dp_push_outcome_t *o, double *norm, int *repeat);
-/* The engine's part of a sparse lab: init (after the conf is in L->conf;
- * the session, the shards, the row tables), fini, and the chief's test
- * figures on the shards' current weights and rows. */
+/* A sparse lab's own part (deploy/lab/sparse.c): init (from L->conf: the
+ * session without image data, each worker's reader, the stage, a row
+ * table per shard; the shards themselves are dp_lab_init's), fini (safe
+ * on a part made half), and the chief's test figures (accuracy, loss,
+ * AUC) on the shards' current weights and rows. */
 int dp_lab_sparse_init(dp_lab_t *L, char *err);
 void dp_lab_sparse_fini(dp_lab_t *L);
 int dp_lab_sparse_evaluate(dp_lab_t *L, double *acc, double *loss, double *auc, char *err);

@@ -38,7 +38,7 @@ static dp_libsvm_batch_t *s_batch_copy(const dp_libsvm_batch_t *b)
 int dp_lab_batch_load(dp_lab_t *L, int worker, long step, dp_lab_batch_t *j, char *err)
 {
     dp_lab_sparse_t *sp = L->sp;
-    dp_sparse_data_t *d = &sp->data[worker];
+    dp_sparse_data_t *d = &sp->data[worker % sp->readers];
     /* dp_embed_distributed's order: worker i of N trains batches i, i + N, ... */
     if (step < 0 || step > (LONG_MAX - worker) / L->conf.workers)
         return dp_err(err, "worker %d's step %ld: past the batches a run can count", worker, step);
@@ -143,12 +143,18 @@ int dp_lab_sparse_init(dp_lab_t *L, char *err)
     if (c->local_steps > 1 || c->min_workers > 0 || c->train.compress.kind != DP_COMPRESS_NONE)
         return dp_err(err, "a model with embed:D trains a fixed crew, every step pushed, uncompressed "
                       "(not --local-steps, --workers MIN:MAX or --compress)");
+    /* the header is untrusted: every shard keeps a worker's pulled keys
+     * and its push (dp_ps_rows_init), so their product is bounded first */
+    if ((double)W * c->shards > (double)(1 << 20))
+        return dp_err(err, "a model with embed:D: %d workers x %d shards are more row tables' worker "
+                      "slots than %d in one process", W, c->shards, 1 << 20);
     dp_lab_sparse_t *sp = L->sp = dp_calloc(1, sizeof *L->sp);
     sp->dim = D;
     sp->max_nnz = dp_sparse_batch_nnz(B);
-    sp->data = dp_calloc((size_t)W, sizeof *sp->data);
-    for (int w = 0; w < W; w++) /* each worker's reader, as each daemon opens its own */
-        if (dp_sparse_data_open(&sp->data[w], c->train.data, B, err) != 0) return -1;
+    sp->readers = W < DP_LAB_SPARSE_READERS ? W : DP_LAB_SPARSE_READERS;
+    sp->data = dp_calloc((size_t)sp->readers, sizeof *sp->data);
+    for (int i = 0; i < sp->readers; i++)
+        if (dp_sparse_data_open(&sp->data[i], c->train.data, B, err) != 0) return -1;
     if (dp_embed_init(&sp->stage, D, sp->max_nnz, err) != 0 ||
         dp_backend_new(&s->be, c->train.device, err) != 0 ||
         dp_net_init(&s->net, &s->model, s->be, B, err) != 0)
@@ -178,7 +184,7 @@ void dp_lab_sparse_fini(dp_lab_t *L)
 {
     dp_lab_sparse_t *sp = L->sp;
     if (!sp) return;
-    for (int w = 0; sp->data && w < L->conf.workers; w++) dp_sparse_data_close(&sp->data[w]);
+    for (int i = 0; sp->data && i < sp->readers; i++) dp_sparse_data_close(&sp->data[i]);
     for (int k = 0; sp->rows && k < L->conf.shards; k++) dp_ps_rows_fini(&sp->rows[k]);
     dp_embed_fini(&sp->stage);
     free(sp->data), free(sp->rows), free(sp->x), free(sp->dx), free(sp->y);

@@ -4,7 +4,7 @@
  * (server/ps_rows.h: dp_ps_rows_pull / dp_ps_rows_push and the dense
  * step's hooks, the code downpour-ps runs), the workers' libsvm batches
  * as dp_embed_distributed takes them (worker i of N: batches i, i + N,
- * ..., each worker its own reader, as each daemon has), the stage
+ * ...; DP_LAB_SPARSE_READERS readers at most), the stage
  * (kernels/embed.h) in front of the session's dense net, and the chief's
  * evaluation (worker/embed_train.h's dp_embed_evaluate) on the shards'
  * tables.
@@ -28,8 +28,15 @@
 #include "server/ps_rows.h"
 #include "worker/sparse_data.h"
 
+/* Readers at most: worker w reads through reader w mod this (a worker's
+ * steps come in order, so its own reader only moves forward; workers
+ * sharing one cost rewinds, not memory: each reader holds a line buffer
+ * of 1 MiB and a batch). */
+#define DP_LAB_SPARSE_READERS 8
+
 typedef struct {
-    dp_sparse_data_t *data;    /* [workers]: each worker's reader */
+    dp_sparse_data_t *data;    /* [readers]: the workers' libsvm readers (above) */
+    int readers;
     dp_embed_t stage;          /* the plan, forward and backward of one batch at a time */
     dp_ps_rows_t *rows;        /* [shards]: each shard's table and row rules */
     int dim;                   /* D */
