@@ -23,7 +23,17 @@
  * a worker's segment only after its earlier ones, so they are computed in
  * order. The account each push carried (env steps, episodes, the sum of
  * their returns) is checked against the recomputed segment's, and the
- * run's account is kept from shard 0's pushes, as the servers keep it. */
+ * run's account is kept from shard 0's pushes, as the servers keep it.
+ *
+ * A sparse model's record (embed:D, deploy/lab/sparse.h): a job also
+ * needs the rows its worker read from each shard. Each "rpull" is given
+ * the job of the "rows" push that follows it on its shard and reads the
+ * shard's table when the replay reaches it (in async, between dense
+ * versions); the gradient waits for all K slices and all K row parts;
+ * each "rows" event pushes the shard's part and checks its norm ("gn").
+ * The chief's final pulls (worker 0's "rpull"s after its last "rows" on
+ * that shard: its test batches) are skipped; dp_lab_finish's evaluation
+ * makes them again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -476,7 +486,8 @@ static const char s_synopsis[] =
     "`downpour sim --record` again in one process and leaves DIR/model.safetensors\n"
     "and DIR/summary.json; on the CPU, with the recorded kernel threads, the weights\n"
     "are bit-identical to the recorded run's. The flags fill in what a record from\n"
-    "downpour-ps alone lacks (the workers' side) and override the record.\n"
+    "downpour-ps alone lacks (the workers' side) and override the record. A sparse\n"
+    "model's record (embed:D on libsvm data) replays with its shards' row tables.\n"
     "\n";
 
 typedef struct {
