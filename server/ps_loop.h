@@ -181,11 +181,6 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
 /* ROWS_PUSH: applied, waiting for the sync step, a repeat, or REJECTED. */
 void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                         const dp_wire_frame_t *frames);
-/* Sync rows: the dense step at version took this worker's gradient. */
-void dp_ps_rows_dense_taken(dp_ps_rows_t *r, int worker, uint64_t version);
-/* Sync rows: the dense step fired, the shard is at version now: the rows
- * of the workers it took applied once, the others' dropped. */
-void dp_ps_rows_stepped(dp_ps_rows_t *r, uint64_t version);
 
 /* ---- server/ps_admin.c ---------------------------------------------- */
 

@@ -11,6 +11,7 @@
 #include "common/checksum.h"
 #include "common/util.h"
 #include "server/ps_loop.h"
+#include "server/record.h"
 
 _Static_assert(DP_ROWS_MAX_WIDTH == DP_WIRE_MAX_ROW_WIDTH, "one bound on a row's width");
 
@@ -128,24 +129,29 @@ static int s_cmp_key(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The keys of a row message (tensor 0; wire-checked UINT64 [n]) copied
- * into out (8-byte aligned: a frame need not be), each of this shard and
- * at most max_keys of them; -1 with err. */
-static long s_keys(const dp_ps_rows_t *r, const Downpour__Envelope *env,
-                   const dp_wire_frame_t *frames, uint64_t *out, char *err)
+/* The n keys of a request (aligned, caller's) each of this shard and at
+ * most max_keys of them; -1 with err. */
+static int s_keys_ours(const dp_ps_rows_t *r, const uint64_t *keys, size_t n, char *err)
 {
-    uint64_t n = (uint64_t)env->tensors[0]->shape[0];
     if (n > r->max_keys)
-        return dp_err(err, "%" PRIu64 " keys in one request (this shard takes at most %u)", n,
-                      r->max_keys);
-    memcpy(out, frames[0].data, n * sizeof *out);
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t owner = dp_rows_shard_of(out[i], r->shards);
+        return dp_err(err, "%zu keys in one request (this shard takes at most %u)", n, r->max_keys);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t owner = dp_rows_shard_of(keys[i], r->shards);
         if (owner != r->shard)
             return dp_err(err, "key %" PRIu64 " is held by shard %u, not this one (%u of %u)",
-                          out[i], owner, r->shard, r->shards);
+                          keys[i], owner, r->shard, r->shards);
     }
-    return (long)n;
+    return 0;
+}
+
+/* A row message's keys (tensor 0; wire-checked UINT64 [n]) copied out of
+ * its frame (8-byte aligned: a frame need not be): malloc'd, *n set. */
+static uint64_t *s_frame_keys(const Downpour__Envelope *env, const dp_wire_frame_t *frames, size_t *n)
+{
+    *n = (size_t)env->tensors[0]->shape[0];
+    uint64_t *keys = dp_malloc((*n ? *n : 1) * sizeof *keys);
+    memcpy(keys, frames[0].data, *n * sizeof *keys);
+    return keys;
 }
 
 /* Is key in the worker's last pulled set? */
@@ -153,6 +159,21 @@ static bool s_pulled(const dp_ps_rows_t *r, int w, uint64_t key)
 {
     return r->pulled[w] &&
            bsearch(&key, r->pulled[w], r->n_pulled[w], sizeof key, s_cmp_key) != NULL;
+}
+
+long dp_ps_rows_pull(dp_ps_rows_t *r, int w, const uint64_t *keys, size_t n, float *rows, char *err)
+{
+    if (!r->pulled[w]) r->pulled[w] = dp_malloc((size_t)r->max_keys * sizeof(uint64_t));
+    r->n_pulled[w] = 0; /* until the pull is whole: no push may follow a refused one */
+    if (s_keys_ours(r, keys, n, err) != 0) return -1;
+    uint64_t *set = r->pulled[w];
+    memcpy(set, keys, n * sizeof *set);
+    qsort(set, n, sizeof *set, s_cmp_key);
+    for (size_t i = 1; i < n; i++)
+        if (set[i] == set[i - 1]) return dp_err(err, "key %" PRIu64 " asked twice", set[i]);
+    long held = dp_rows_pull(r->table, keys, n, r->width, rows, err);
+    if (held >= 0) r->n_pulled[w] = n;
+    return held;
 }
 
 /* ZeroMQ's free callback of a ROWS frame. */
@@ -199,80 +220,104 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
         dp_ps_reply_error(ps, id, env->request_id, w, msg);
         return;
     }
-    if (!r->pulled[w]) r->pulled[w] = dp_malloc((size_t)r->max_keys * sizeof(uint64_t));
-    uint64_t *keys = r->pulled[w];
-    long n = s_keys(r, env, frames, keys, why);
-    if (n >= 0) {
-        qsort(keys, (size_t)n, sizeof *keys, s_cmp_key);
-        for (long i = 1; i < n; i++)
-            if (keys[i] == keys[i - 1]) {
-                snprintf(why, sizeof why, "key %" PRIu64 " asked twice", keys[i]);
-                n = -1;
-                break;
-            }
-    }
-    if (n < 0) {
-        r->n_pulled[w] = 0; /* nothing pulled: no push may follow */
-        snprintf(msg, sizeof msg, "ROWS_PULL: %s", why);
-        dp_ps_reply_error(ps, id, env->request_id, w, msg);
-        return;
-    }
-    r->n_pulled[w] = (size_t)n;
-    /* the rows in the order asked: keys again from the frame (sorted above) */
-    uint64_t *asked = dp_malloc((size_t)(n ? n : 1) * sizeof *asked);
-    memcpy(asked, frames[0].data, (size_t)n * sizeof *asked);
-    float *rows = dp_malloc((size_t)(n ? n : 1) * (size_t)r->width * sizeof(float));
-    long held = dp_rows_pull(r->table, asked, (size_t)n, r->width, rows, why);
-    free(asked);
-    if (held < 0) { /* checked above: width and bounds */
+    size_t n;
+    uint64_t *keys = s_frame_keys(env, frames, &n);
+    float *rows = dp_malloc((n ? n : 1) * (size_t)r->width * sizeof(float));
+    long held = dp_ps_rows_pull(r, w, keys, n, rows, why);
+    free(keys);
+    if (held < 0) {
         free(rows);
         snprintf(msg, sizeof msg, "ROWS_PULL: %s", why);
         dp_ps_reply_error(ps, id, env->request_id, w, msg);
         return;
     }
-    s_reply_rows(ps, id, env, rows, (size_t)n, (uint64_t)held); /* rows go with it */
+    /* in async, row pushes land between dense versions: a replay gives the
+     * worker the table as of this point in the shard's stream */
+    dp_record_rows_pull(ps->rec, (int)r->shard, w, ps->shard.version, (uint64_t)n);
+    s_reply_rows(ps, id, env, rows, n, (uint64_t)held); /* rows go with it */
 }
 
-/* The push's rows checked whole (keys pulled, no key twice, finite); its
- * keys into keys (max_keys). The key count, or -1 with err. */
-static long s_push_check(const dp_ps_rows_t *r, int w, const Downpour__Envelope *env,
-                         const dp_wire_frame_t *frames, uint64_t *keys, char *err)
+/* The push's rows checked whole (this shard's keys, pulled, finite). */
+static int s_push_check(const dp_ps_rows_t *r, int w, const uint64_t *keys, size_t n,
+                        const void *grads, char *err)
 {
-    if ((int)env->rows_push->width != r->width)
-        return dp_err(err, "rows of width %u pushed; this shard's are %d wide",
-                      env->rows_push->width, r->width);
-    long n = s_keys(r, env, frames, keys, err);
-    if (n < 0) return -1;
-    for (long i = 0; i < n; i++)
+    if (s_keys_ours(r, keys, n, err) != 0) return -1;
+    for (size_t i = 0; i < n; i++)
         if (!s_pulled(r, w, keys[i]))
             return dp_err(err, "key %" PRIu64 " was not in this worker's last ROWS_PULL", keys[i]);
-    const float *g = frames[1].data;
-    size_t nf = (size_t)n * (size_t)r->width;
+    size_t nf = n * (size_t)r->width;
     for (size_t i = 0; i < nf; i++) {
         float v;
-        memcpy(&v, g + i, sizeof v); /* a frame need not be aligned */
+        memcpy(&v, (const char *)grads + i * sizeof v, sizeof v); /* a frame need not be aligned */
         if (!isfinite(v))
             return dp_err(err, "non-finite gradient of key %" PRIu64 " (element %zu)",
                           keys[i / (size_t)r->width], i % (size_t)r->width);
     }
-    return n;
+    return 0;
 }
 
-static void s_ack(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env, int status,
-                  uint64_t staleness, const char *why)
+static void s_outcome(dp_push_outcome_t *o, int status, uint64_t staleness, const char *why)
 {
-    dp_push_outcome_t o = {.status = status, .staleness = staleness};
-    snprintf(o.reason, sizeof o.reason, "%s", why);
-    dp_ps_reply_ack(ps, id, env->request_id, env->worker_id, &o);
+    *o = (dp_push_outcome_t){.status = status, .staleness = staleness};
+    snprintf(o->reason, sizeof o->reason, "%s", why);
 }
 
-static void s_rejected(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                       const char *why)
+int dp_ps_rows_push(dp_ps_rows_t *r, int w, uint64_t step, uint64_t pulled_at, uint64_t version,
+                    int width, const uint64_t *keys, size_t n, const void *grads, dp_push_outcome_t *o)
 {
-    ps->rows.rejected++;
-    dp_log_debug("shard %d: worker %d: ROWS_PUSH rejected: %s", ps->cfg->shard_index,
-                 env->worker_id, why);
-    s_ack(ps, id, env, DP_PUSH_REJECTED, 0, why);
+    char why[DP_ERR_LEN];
+    if (step && step <= r->last_step[w]) {
+        r->repeats++;
+        s_outcome(o, DP_PUSH_APPLIED, 0, "repeat: this step's rows are applied already");
+        return 1;
+    }
+    if (pulled_at > version) {
+        snprintf(why, sizeof why, "computed at version %" PRIu64 ", ahead of this shard's %" PRIu64,
+                 pulled_at, version);
+        goto rejected;
+    }
+    if (width != r->width) {
+        snprintf(why, sizeof why, "rows of width %d pushed; this shard's are %d wide", width, r->width);
+        goto rejected;
+    }
+    if (s_push_check(r, w, keys, n, grads, why) != 0) goto rejected;
+    size_t nf = n * (size_t)r->width;
+    if (r->mode != DP_MODE_SYNC) {
+        float *g = dp_malloc((nf ? nf : 1) * sizeof *g);
+        memcpy(g, grads, nf * sizeof *g);
+        long stepped = dp_rows_push(r->table, version, keys, n, r->width, g, why);
+        free(g);
+        if (stepped < 0) goto rejected; /* checked above; a key twice is the table's to find */
+        uint64_t stale = version - pulled_at;
+        r->pushes++;
+        r->staleness_sum += stale;
+        if (stale > r->staleness_max) r->staleness_max = stale;
+        if (step) r->last_step[w] = step;
+        s_outcome(o, DP_PUSH_APPLIED, stale, "");
+        return 0;
+    }
+    if (step) r->last_step[w] = step;
+    if (pulled_at < version) { /* its step fired without it */
+        r->dropped++;
+        s_outcome(o, DP_PUSH_DROPPED, version - pulled_at, "stale: its step was taken without it");
+        return 0;
+    }
+    dp_ps_rows_wait_t *wt = &r->waiting[w];
+    if (!wt->keys) {
+        wt->keys = dp_malloc((size_t)r->max_keys * sizeof *wt->keys);
+        wt->grads = dp_malloc((size_t)r->max_keys * (size_t)r->width * sizeof *wt->grads);
+    }
+    memcpy(wt->keys, keys, n * sizeof *keys);
+    memcpy(wt->grads, grads, nf * sizeof *wt->grads);
+    wt->n = n;
+    wt->version = pulled_at;
+    wt->taken = false;
+    s_outcome(o, DP_PUSH_APPLIED, 0, "");
+    return 0;
+rejected:
+    r->rejected++;
+    s_outcome(o, DP_PUSH_REJECTED, 0, why);
+    return 0;
 }
 
 void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
@@ -281,69 +326,23 @@ void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
     dp_ps_rows_t *r = &ps->rows;
     const Downpour__RowsPush *p = env->rows_push;
     int w = env->worker_id;
-    char why[DP_ERR_LEN];
     if (!r->table) {
         dp_ps_reply_error(ps, id, env->request_id, w,
                           "ROWS_PUSH: this shard's model has no row table (no embed:D layer)");
         return;
     }
-    if (p->step && p->step <= r->last_step[w]) {
-        r->repeats++;
-        s_ack(ps, id, env, DP_PUSH_APPLIED, 0, "repeat: this step's rows are applied already");
-        return;
-    }
-    if (p->version > ps->shard.version) {
-        snprintf(why, sizeof why, "computed at version %" PRIu64 ", ahead of this shard's %" PRIu64,
-                 p->version, ps->shard.version);
-        s_rejected(ps, id, env, why);
-        return;
-    }
-    uint64_t *keys = dp_malloc((size_t)r->max_keys * sizeof *keys);
-    long n = s_push_check(r, w, env, frames, keys, why);
-    if (n < 0) {
-        free(keys);
-        s_rejected(ps, id, env, why);
-        return;
-    }
-    size_t nf = (size_t)n * (size_t)r->width;
-    if (r->mode != DP_MODE_SYNC) {
-        float *g = dp_malloc((nf ? nf : 1) * sizeof *g);
-        memcpy(g, frames[1].data, nf * sizeof *g);
-        long stepped = dp_rows_push(r->table, ps->shard.version, keys, (size_t)n, r->width, g, why);
-        free(g), free(keys);
-        if (stepped < 0) { /* checked above; a key twice is the table's to find */
-            s_rejected(ps, id, env, why);
-            return;
-        }
-        uint64_t stale = ps->shard.version - p->version;
-        r->pushes++;
-        r->staleness_sum += stale;
-        if (stale > r->staleness_max) r->staleness_max = stale;
-        if (p->step) r->last_step[w] = p->step;
-        s_ack(ps, id, env, DP_PUSH_APPLIED, stale, "");
-        return;
-    }
-    if (p->version < ps->shard.version) { /* its step fired without it */
-        free(keys);
-        r->dropped++;
-        if (p->step) r->last_step[w] = p->step;
-        s_ack(ps, id, env, DP_PUSH_DROPPED, ps->shard.version - p->version,
-              "stale: its step was taken without it");
-        return;
-    }
-    dp_ps_rows_wait_t *wt = &r->waiting[w];
-    if (!wt->keys) {
-        wt->keys = dp_malloc((size_t)r->max_keys * sizeof *wt->keys);
-        wt->grads = dp_malloc((size_t)r->max_keys * (size_t)r->width * sizeof *wt->grads);
-    }
-    memcpy(wt->keys, keys, (size_t)n * sizeof *keys);
-    memcpy(wt->grads, frames[1].data, nf * sizeof *wt->grads);
+    dp_push_outcome_t o;
+    size_t n;
+    uint64_t *keys = s_frame_keys(env, frames, &n);
+    int repeat = dp_ps_rows_push(r, w, p->step, p->version, ps->shard.version, (int)p->width, keys, n,
+                                 frames[1].data, &o);
     free(keys);
-    wt->n = (size_t)n;
-    wt->version = p->version;
-    wt->taken = false;
-    if (p->step) r->last_step[w] = p->step;
-    s_ack(ps, id, env, DP_PUSH_APPLIED, 0, "");
+    if (o.status == DP_PUSH_REJECTED)
+        dp_log_debug("shard %d: worker %d: ROWS_PUSH rejected: %s", ps->cfg->shard_index, w, o.reason);
+    if (!repeat) /* a repeat changes nothing: not an event */
+        dp_record_rows_push(ps->rec, (int)r->shard, w, p->step, p->version, &o, n,
+                            o.status == DP_PUSH_REJECTED ? NULL : frames[1].data, r->width);
+    dp_ps_reply_ack(ps, id, env->request_id, w, &o);
 }
 
 void dp_ps_rows_dense_taken(dp_ps_rows_t *r, int worker, uint64_t version)

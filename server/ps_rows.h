@@ -36,6 +36,7 @@
 #include <zmq.h>
 
 #include "proto/wire.h"
+#include "server/policy.h"
 #include "server/rows.h"
 
 /* One worker's row push waiting for the dense step (sync). */
@@ -72,6 +73,32 @@ typedef struct {
 int dp_ps_rows_init(dp_ps_rows_t *r, int d, const dp_rows_conf_t *c, dp_mode_t mode,
                     dp_mode_t dense_mode, uint32_t shard, uint32_t shards, int workers, char *err);
 void dp_ps_rows_fini(dp_ps_rows_t *r);
+
+/* The rules above without the wire, as the loop (server/ps_rows.c's
+ * handlers) and a replay call them.
+ * dp_ps_rows_pull: worker w reads the n keys (aligned; each of this shard,
+ * none twice, at most max_keys) as the table holds them now into rows
+ * (n x D, in the order asked); its key set is kept for its push. The keys
+ * that had a row, or -1 with err (then nothing counts as pulled).
+ * dp_ps_rows_push: worker w's step (0: none given) of n rows of width
+ * `width` (grads, n x width floats at any alignment) pulled at version
+ * pulled_at, handled at the shard's version: o says applied (async: done;
+ * sync: waiting for the dense step), dropped or rejected (o->reason) and
+ * the staleness. Returns 1 for a repeat (acknowledged, nothing changed),
+ * else 0. */
+long dp_ps_rows_pull(dp_ps_rows_t *r, int w, const uint64_t *keys, size_t n, float *rows, char *err);
+int dp_ps_rows_push(dp_ps_rows_t *r, int w, uint64_t step, uint64_t pulled_at, uint64_t version,
+                    int width, const uint64_t *keys, size_t n, const void *grads, dp_push_outcome_t *o);
+
+/* The hooks of the dense step (server/ps.c calls them after each dense
+ * push the policy handled; a replay does the same):
+ * dp_ps_rows_dense_taken: sync rows: the dense step at version took this
+ * worker's gradient.
+ * dp_ps_rows_stepped: sync rows: the dense step fired, the shard is at
+ * version now: the rows of the workers it took applied once, the others'
+ * dropped. Both do nothing in async and ssp. */
+void dp_ps_rows_dense_taken(dp_ps_rows_t *r, int worker, uint64_t version);
+void dp_ps_rows_stepped(dp_ps_rows_t *r, uint64_t version);
 
 /* A shard's checkpoint of its rows (server/shard_checkpoint.h): the
  * per-worker last row step (a restarted shard still applies a (worker,

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/opts.h"
 #include "common/util.h"
 
 #define S_BUF (64 * 1024) /* lines are written in chunks of this size */
@@ -118,6 +119,22 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
             cJSON_AddNumberToObject(o, "ne", (double)e->episodes);
             s_exact(o, "er", e->returns);
         }
+    } else if (e->kind == DP_REC_ROWS_PULL) {
+        cJSON_AddStringToObject(o, "e", "rpull");
+        cJSON_AddNumberToObject(o, "s", e->shard);
+        cJSON_AddNumberToObject(o, "w", e->worker);
+        cJSON_AddNumberToObject(o, "v", (double)e->version);
+        cJSON_AddNumberToObject(o, "n", (double)e->keys);
+    } else if (e->kind == DP_REC_ROWS) {
+        cJSON_AddStringToObject(o, "e", "rows");
+        cJSON_AddNumberToObject(o, "s", e->shard);
+        cJSON_AddNumberToObject(o, "w", e->worker);
+        cJSON_AddNumberToObject(o, "step", (double)e->step);
+        cJSON_AddNumberToObject(o, "v", (double)e->version);
+        cJSON_AddStringToObject(o, "st", s_status_name(e->status));
+        cJSON_AddNumberToObject(o, "stale", (double)e->staleness);
+        cJSON_AddNumberToObject(o, "n", (double)e->keys);
+        if (e->grad_norm >= 0) s_exact(o, "gn", e->grad_norm);
     } else {
         cJSON_AddStringToObject(o, "e", "members");
         cJSON_AddNumberToObject(o, "s", e->shard);
@@ -159,6 +176,35 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
         .returns = r->returns,
     };
     r->account = 0;
+    dp_record_event(r, &e);
+}
+
+void dp_record_rows_pull(dp_record_t *r, int shard, int worker, uint64_t version, uint64_t n)
+{
+    if (!r) return;
+    dp_rec_event_t e = {.kind = DP_REC_ROWS_PULL, .shard = shard, .worker = worker,
+                        .version = version, .keys = n};
+    dp_record_event(r, &e);
+}
+
+double dp_record_rows_norm(const void *g, size_t n)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, (const char *)g + i * sizeof v, sizeof v); /* a wire frame need not be aligned */
+        sum += (double)v * (double)v;
+    }
+    return sqrt(sum);
+}
+
+void dp_record_rows_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
+                         const dp_push_outcome_t *o, uint64_t n, const void *g, int width)
+{
+    if (!r) return;
+    dp_rec_event_t e = {.kind = DP_REC_ROWS, .shard = shard, .worker = worker, .step = step,
+                        .version = version, .status = o->status, .staleness = o->staleness,
+                        .keys = n, .grad_norm = g ? dp_record_rows_norm(g, n * (size_t)width) : -1};
     dp_record_event(r, &e);
 }
 
@@ -216,7 +262,8 @@ void dp_record_abandon(dp_record_t **r_p)
     *r_p = NULL;
 }
 
-int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err)
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, int row_width,
+                      char *err)
 {
     cJSON *h = cJSON_CreateObject();
     char seed[24], input[48];
@@ -238,6 +285,13 @@ int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t 
     dp_record_delay_json(h, policy->conf.delay_lr, policy->conf.delay_k);
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&policy->shard->optim));
     cJSON_AddNumberToObject(h, "start_version", (double)policy->shard->version);
+    if (row_width > 0) { /* the table as the shard runs it: --row-lr and --row-init resolved */
+        dp_rows_conf_t rows;
+        float init;
+        dp_ps_rows_conf(cfg, &rows, &init);
+        rows.width = row_width;
+        cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&rows, cfg->rows_mode ? cfg->rows_mode : cfg->mode));
+    }
     if (policy->shard->version != 0)
         dp_log_warn("shard %d: --record: restored at version %" PRIu64 "; a replay needs a run "
                     "from version 0 and will refuse this record", cfg->shard_index, policy->shard->version);
@@ -309,12 +363,50 @@ static int s_parse_push(const cJSON *o, dp_rec_event_t *e)
     return e->status ? 0 : -1;
 }
 
+/* "gn" absent (-1), or a finite number >= 0. */
+static int s_norm(const cJSON *o, const char *key, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = -1;
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)) return -1;
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* "rpull" (rows 0) or "rows" (rows 1): every field there, in range. */
+static int s_parse_rows(const cJSON *o, dp_rec_event_t *e, int rows)
+{
+    uint64_t shard, worker;
+    if (s_count(o, "s", &shard) || s_count(o, "w", &worker) || s_count(o, "v", &e->version) ||
+        s_count(o, "n", &e->keys) || shard > 1 << 20 || worker > 1 << 20)
+        return -1;
+    e->shard = (int)shard;
+    e->worker = (int)worker;
+    e->grad_norm = -1;
+    if (!rows) {
+        e->kind = DP_REC_ROWS_PULL;
+        return 0;
+    }
+    e->kind = DP_REC_ROWS;
+    const char *st = dp_record_str(o, "st");
+    if (!st || s_count(o, "step", &e->step) || s_count(o, "stale", &e->staleness) ||
+        s_norm(o, "gn", &e->grad_norm))
+        return -1;
+    e->status = strcmp(st, "applied") == 0   ? DP_PUSH_APPLIED
+                : strcmp(st, "dropped") == 0 ? DP_PUSH_DROPPED
+                : strcmp(st, "rejected") == 0 ? DP_PUSH_REJECTED : 0;
+    return e->status ? 0 : -1;
+}
+
 static int s_parse_event(const cJSON *o, dp_rec_event_t *e)
 {
     memset(e, 0, sizeof *e);
     const char *kind = dp_record_str(o, "e");
     if (!kind) return -1;
     if (strcmp(kind, "push") == 0) return s_parse_push(o, e);
+    if (strcmp(kind, "rpull") == 0) return s_parse_rows(o, e, 0);
+    if (strcmp(kind, "rows") == 0) return s_parse_rows(o, e, 1);
     if (strcmp(kind, "members") != 0) return -1;
     uint64_t shard, call;
     const char *m = dp_record_str(o, "m");
@@ -457,17 +549,17 @@ cJSON *dp_record_optim_json(const dp_optim_conf_t *o)
     return j;
 }
 
-/* optim.KEY into *v when present (absent: *v is left): a number in
+/* OBJ.KEY (optim, rows) into *v when present (absent: *v is left): a number in
  * [lo, hi], whole when whole is set. A value its field cannot hold (1e300
  * for a long, more than FLT_MAX for a float) is refused rather than cast,
  * which would be undefined behaviour and, in practice, train with garbage. */
-static int s_optim_num(const cJSON *j, const char *key, double lo, double hi, int whole, double *v, char *err)
+static int s_num(const cJSON *j, const char *obj, const char *key, double lo, double hi, int whole, double *v, char *err)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
     if (!x) return 0;
     if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
         (whole && x->valuedouble != floor(x->valuedouble)))
-        return dp_err(err, "record header: optim.%s is not %s in [%g, %g]", key, whole ? "a whole number" : "a number",
+        return dp_err(err, "record header: %s.%s is not %s in [%g, %g]", obj, key, whole ? "a whole number" : "a number",
                       lo, hi);
     *v = x->valuedouble;
     return 0;
@@ -485,13 +577,13 @@ int dp_record_optim_parse(const cJSON *j, dp_optim_conf_t *o, char *err)
     double lr = 0, mom = o->momentum, b1 = o->beta1, b2 = o->beta2, eps = o->eps, wd = 0;
     double alpha = o->alpha; /* absent (a record older than rmsprop): the default */
     double sched = DP_LR_CONSTANT, step_size = 0, gamma = 0, total = 0, period = 0;
-    if (s_optim_num(j, "lr", -F, F, 0, &lr, err) || s_optim_num(j, "momentum", -F, F, 0, &mom, err) ||
-        s_optim_num(j, "beta1", -F, F, 0, &b1, err) || s_optim_num(j, "beta2", -F, F, 0, &b2, err) ||
-        s_optim_num(j, "eps", -F, F, 0, &eps, err) || s_optim_num(j, "alpha", -F, F, 0, &alpha, err) ||
-        s_optim_num(j, "weight_decay", -F, F, 0, &wd, err) ||
-        s_optim_num(j, "schedule", 0, 2, 1, &sched, err) || s_optim_num(j, "step_size", 0, L, 1, &step_size, err) ||
-        s_optim_num(j, "gamma", -F, F, 0, &gamma, err) || s_optim_num(j, "total_steps", 0, L, 1, &total, err) ||
-        s_optim_num(j, "period", 0, 100000, 1, &period, err))
+    if (s_num(j, "optim", "lr", -F, F, 0, &lr, err) || s_num(j, "optim", "momentum", -F, F, 0, &mom, err) ||
+        s_num(j, "optim", "beta1", -F, F, 0, &b1, err) || s_num(j, "optim", "beta2", -F, F, 0, &b2, err) ||
+        s_num(j, "optim", "eps", -F, F, 0, &eps, err) || s_num(j, "optim", "alpha", -F, F, 0, &alpha, err) ||
+        s_num(j, "optim", "weight_decay", -F, F, 0, &wd, err) ||
+        s_num(j, "optim", "schedule", 0, 2, 1, &sched, err) || s_num(j, "optim", "step_size", 0, L, 1, &step_size, err) ||
+        s_num(j, "optim", "gamma", -F, F, 0, &gamma, err) || s_num(j, "optim", "total_steps", 0, L, 1, &total, err) ||
+        s_num(j, "optim", "period", 0, 100000, 1, &period, err))
         return -1;
     if (sched != DP_LR_CONSTANT && sched != DP_LR_STEP && sched != DP_LR_COSINE)
         return dp_err(err, "record header: bad lr schedule");
@@ -533,5 +625,77 @@ int dp_record_delay_parse(const cJSON *h, int *delay_lr, float *delay_k, char *e
     }
     if (!cJSON_IsString(v) || dp_delay_lr_parse(v->valuestring, delay_lr, delay_k, err) != 0)
         return dp_err(err, "record header: 'delay_lr' is not none, inverse, adaptive or threshold[:K]");
+    return 0;
+}
+
+/* ---- the row table in the header ---- */
+
+cJSON *dp_record_rows_json(const dp_rows_conf_t *c, dp_mode_t mode)
+{
+    cJSON *j = cJSON_CreateObject();
+    char seed[24];
+    cJSON_AddStringToObject(j, "mode", dp_mode_name(mode));
+    cJSON_AddNumberToObject(j, "width", c->width);
+    cJSON_AddStringToObject(j, "optim", dp_row_optim_kind_name(c->optim.kind));
+    cJSON_AddNumberToObject(j, "lr", c->optim.lr);
+    cJSON_AddNumberToObject(j, "eps", c->optim.eps);
+    cJSON_AddNumberToObject(j, "beta1", c->optim.beta1);
+    cJSON_AddNumberToObject(j, "beta2", c->optim.beta2);
+    cJSON_AddNumberToObject(j, "ftrl_beta", c->optim.ftrl_beta);
+    cJSON_AddNumberToObject(j, "l1", c->optim.l1);
+    cJSON_AddNumberToObject(j, "l2", c->optim.l2);
+    cJSON_AddNumberToObject(j, "init_scale", c->init == DP_ROWS_INIT_UNIFORM ? c->init_scale : 0);
+    snprintf(seed, sizeof seed, "%" PRIu64, c->seed); /* a string: 64 bits do not fit a double */
+    cJSON_AddStringToObject(j, "seed", seed);
+    cJSON_AddNumberToObject(j, "max_keys", c->max_keys);
+    cJSON_AddNumberToObject(j, "max_rows", (double)c->max_rows);
+    cJSON_AddNumberToObject(j, "admit_after", c->admit_after);
+    cJSON_AddNumberToObject(j, "admit_max", c->admit_max);
+    cJSON_AddNumberToObject(j, "evict_after", (double)c->evict_after);
+    cJSON_AddNumberToObject(j, "sweep_per_push", c->sweep_per_push);
+    cJSON_AddNumberToObject(j, "chunk_rows", c->chunk_rows);
+    return j;
+}
+
+int dp_record_rows_parse(const cJSON *j, dp_rows_conf_t *c, dp_mode_t *mode, char *err)
+{
+    const char *m = dp_record_str(j, "mode"), *kind = dp_record_str(j, "optim"), *seed = dp_record_str(j, "seed");
+    dp_row_optim_kind_t k;
+    char why[DP_ERR_LEN];
+    double width = dp_record_num(j, "width", 0);
+    if (!m || dp_mode_parse(m, mode, why) != 0) return dp_err(err, "record header: rows.mode is not sync, async or ssp");
+    if (!kind || dp_row_optim_parse_kind(kind, &k, why) != 0)
+        return dp_err(err, "record header: rows.optim is not sgd, adagrad, adam or ftrl");
+    if (!(width >= 1 && width <= DP_ROWS_MAX_WIDTH) || width != floor(width))
+        return dp_err(err, "record header: rows.width is not in [1, %d]", DP_ROWS_MAX_WIDTH);
+    dp_rows_conf_default(c, (int)width, k);
+    const double F = FLT_MAX, L = 9007199254740992.0;
+    double lr = 0, eps = c->optim.eps, b1 = c->optim.beta1, b2 = c->optim.beta2, fb = c->optim.ftrl_beta;
+    double l1 = 0, l2 = 0, scale = 0, max_keys = 0, max_rows = 0, admit = 0, admit_max = 0, evict = 0;
+    double sweep = 0, chunk = 0;
+    if (s_num(j, "rows", "lr", -F, F, 0, &lr, err) || s_num(j, "rows", "eps", -F, F, 0, &eps, err) ||
+        s_num(j, "rows", "beta1", -F, F, 0, &b1, err) || s_num(j, "rows", "beta2", -F, F, 0, &b2, err) ||
+        s_num(j, "rows", "ftrl_beta", -F, F, 0, &fb, err) || s_num(j, "rows", "l1", -F, F, 0, &l1, err) ||
+        s_num(j, "rows", "l2", -F, F, 0, &l2, err) || s_num(j, "rows", "init_scale", 0, F, 0, &scale, err) ||
+        s_num(j, "rows", "max_keys", 0, UINT32_MAX, 1, &max_keys, err) ||
+        s_num(j, "rows", "max_rows", 0, L, 1, &max_rows, err) ||
+        s_num(j, "rows", "admit_after", 0, UINT32_MAX, 1, &admit, err) ||
+        s_num(j, "rows", "admit_max", 0, UINT32_MAX, 1, &admit_max, err) ||
+        s_num(j, "rows", "evict_after", 0, L, 1, &evict, err) ||
+        s_num(j, "rows", "sweep_per_push", 0, UINT32_MAX, 1, &sweep, err) ||
+        s_num(j, "rows", "chunk_rows", 0, UINT32_MAX, 1, &chunk, err))
+        return -1;
+    c->optim.lr = (float)lr, c->optim.eps = (float)eps, c->optim.beta1 = (float)b1;
+    c->optim.beta2 = (float)b2, c->optim.ftrl_beta = (float)fb, c->optim.l1 = (float)l1;
+    c->optim.l2 = (float)l2;
+    if (scale > 0) {
+        c->init = DP_ROWS_INIT_UNIFORM;
+        c->init_scale = (float)scale;
+        if (!seed || dp_opts_parse_u64("rows.seed", seed, &c->seed, why) != 0)
+            return dp_err(err, "record header: rows.seed is not a 64-bit number in a string");
+    }
+    c->max_keys = (uint32_t)max_keys, c->max_rows = (uint64_t)max_rows;
+    c->admit_after = (uint32_t)admit, c->admit_max = (uint32_t)admit_max;
+    c->evict_after = (uint64_t)evict, c->sweep_per_push = (uint32_t)sweep, c->chunk_rows = (uint32_t)chunk;
     return 0;
 }

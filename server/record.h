@@ -13,6 +13,9 @@
  *             "lr":X,"gn":X,"un":X[,"dc":0|1][,"be":E,"bi":I]
  *             [,"es":N,"ne":N,"er":X]}
  *            {"e":"members","s":SHARD,"m":"LLFG","call":0|1}
+ *            {"e":"rpull","s":SHARD,"w":WORKER,"v":VERSION,"n":KEYS}
+ *            {"e":"rows","s":SHARD,"w":WORKER,"step":STEP,"v":VERSION,
+ *             "st":"applied"|"dropped"|"rejected","stale":N,"n":KEYS[,"gn":X]}
  *   last     {"end":"downpour_record","events":N,"fnv1a":"16 hex digits"}
  * STEP is the push's 1-based step (Push.step): the worker's data step + 1.
  * "members" gives every worker's state (L live, F finished, X left before
@@ -29,6 +32,20 @@
  * shard counted — its env steps, the episodes that ended in it and the sum
  * of their returns (17 digits) — which a replay, recomputing the segment,
  * checks.
+ * "rpull" / "rows" (a model with embed:D, server/ps_rows.h): the shard
+ * answered worker's ROWS_PULL of KEYS keys at its version V, or handled its
+ * ROWS_PUSH of KEYS rows pulled at version V as "st" says (sync rows:
+ * "applied" when taken into the step's buffer, as the ACK says; the dense
+ * step then applies or drops it, which a replay running the same code
+ * repeats). A row push applies between dense versions in async, so the
+ * rows a worker read are not a function of the dense version: they are
+ * the table as it stood at the worker's "rpull", which is why pulls are
+ * events, in the same stream and order as the pushes. "gn" is the L2 norm
+ * of the rows pushed (in the order the worker sent them; absent when
+ * rejected), which a replay recomputing them checks. A repeated ROWS_PUSH
+ * (already applied) and a refused ROWS_PULL change nothing and are not
+ * written. The header's "rows" object (dp_record_rows_json) holds the
+ * table's conf as the shards ran it.
  * The footer's hash is FNV-1a over every byte before the footer line.
  *
  * Safety: the lines go to a fresh temporary file beside PATH
@@ -53,7 +70,12 @@
 
 #define DP_RECORD_VERSION 1
 
-typedef enum { DP_REC_PUSH = 1, DP_REC_MEMBERS = 2 } dp_rec_kind_t;
+typedef enum {
+    DP_REC_PUSH = 1,
+    DP_REC_MEMBERS = 2,
+    DP_REC_ROWS_PULL = 3, /* "rpull": worker, version, keys */
+    DP_REC_ROWS = 4,      /* "rows": worker, step, version, status, staleness, keys, grad_norm */
+} dp_rec_kind_t;
 
 typedef struct {
     dp_rec_kind_t kind;
@@ -72,6 +94,7 @@ typedef struct {
     int account;           /* an actor-critic push's account (es, ne, er) is there: */
     uint64_t env_steps, episodes; /* ... its segment's env steps and episodes ended */
     double returns;        /* ... and the sum of their returns */
+    uint64_t keys;         /* rows, rpull: the keys of this shard */
     /* members */
     char *members;         /* one of L / F / G per worker (owned) */
     int call;              /* dp_policy_members_changed followed */
@@ -96,6 +119,16 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
 void dp_record_account(dp_record_t *r, uint64_t env_steps, uint64_t episodes, double returns);
 /* The member table changed and the policy is about to be asked. */
 void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m);
+/* A ROWS_PULL of n keys answered at version (server/ps_rows.c). */
+void dp_record_rows_pull(dp_record_t *r, int shard, int worker, uint64_t version, uint64_t n);
+/* A ROWS_PUSH handled: step, the version it was pulled at, n keys and their
+ * rows g (n x width; NULL when rejected: no norm), the outcome o (status,
+ * staleness). */
+void dp_record_rows_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64_t version,
+                         const dp_push_outcome_t *o, uint64_t n, const void *g, int width);
+/* The L2 norm of the n floats at g (any alignment) summed in order in
+ * double: what "gn" holds for a row push, so a replay computes it alike. */
+double dp_record_rows_norm(const void *g, size_t n);
 /* Footer, fsync, rename; frees r. -1 with err when any write failed (the
  * temporary file is removed). Safe on NULL. */
 int dp_record_close(dp_record_t **r_p, char *err);
@@ -104,8 +137,10 @@ void dp_record_abandon(dp_record_t **r_p);
 
 /* downpour-ps --record: the record with this shard's header (model, input,
  * seed, optimizer, mode, workers, R, S, shard I/K, the version it starts
- * at) and a measuring policy. */
-int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, char *err);
+ * at; with row_width > 0, a model with embed:D, the row table's conf as
+ * "rows") and a measuring policy. */
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, int row_width,
+                      char *err);
 
 /* ---- reading ---- */
 typedef struct {
@@ -123,6 +158,11 @@ void dp_rec_fini(dp_rec_t *rec);
  * order): the first part's header with extra's fields added (the workers'
  * side: data, batch, data_seed, threads), then every part's events. */
 int dp_record_merge(const char *path, const char *const *parts, int n, const cJSON *extra, char *err);
+
+/* The row table's conf (server/rows.h) and when its pushes apply, as the
+ * header's "rows" object, and back (-1 with err naming the field). */
+cJSON *dp_record_rows_json(const dp_rows_conf_t *c, dp_mode_t mode);
+int dp_record_rows_parse(const cJSON *j, dp_rows_conf_t *c, dp_mode_t *mode, char *err);
 
 /* Header helpers: the optimizer as a JSON object and back. */
 cJSON *dp_record_optim_json(const dp_optim_conf_t *o);

@@ -131,18 +131,37 @@ static int s_init(s_run_t *r, const dp_train_conf_t *c, int local_table, char *e
 }
 
 /* The batch in data.batch through the stage's forward into x (and its
- * labels into y), its rows pulled from the table: the distinct keys' count,
- * or -1 with err. */
+ * labels into y), its rows from e's source: the distinct keys' count, or
+ * -1 with err. */
+static long s_embed_batch(const dp_embed_eval_t *e, char *err)
+{
+    const dp_libsvm_batch_t *b = e->data->batch;
+    size_t U = dp_embed_plan(e->stage, b);
+    if (e->rows(e->arg, e->stage->keys, U, e->stage->dim, e->row_w, err) != 0) return -1;
+    dp_embed_forward(e->stage, e->x, b, e->row_w);
+    for (size_t i = 0; i < b->n; i++) e->y[i] = (int)b->labels[i];
+    return (long)U;
+}
+
+/* A run's rows: the servers' or the table of this process. */
+static int s_rows_of(void *arg, const uint64_t *keys, size_t n, int d, float *rows, char *err)
+{
+    s_run_t *r = arg;
+    if (r->ps) return dp_ps_client_rows_pull(r->ps, keys, n, d, rows, NULL, err);
+    return dp_rows_pull(r->rows, keys, n, d, rows, err) < 0 ? -1 : 0;
+}
+
+static dp_embed_eval_t s_eval_of(s_run_t *r)
+{
+    return (dp_embed_eval_t){.net = &r->s.net, .data = &r->data, .stage = &r->stage, .rows = s_rows_of,
+                             .arg = r, .x = r->x, .row_w = r->row_w, .scores = r->scores,
+                             .labels = r->labels, .y = r->y};
+}
+
 static long s_embed(s_run_t *r, char *err)
 {
-    const dp_libsvm_batch_t *b = r->data.batch;
-    size_t U = dp_embed_plan(&r->stage, b);
-    if (r->ps ? dp_ps_client_rows_pull(r->ps, r->stage.keys, U, r->stage.dim, r->row_w, NULL, err) != 0
-              : dp_rows_pull(r->rows, r->stage.keys, U, r->stage.dim, r->row_w, err) < 0)
-        return -1;
-    dp_embed_forward(&r->stage, r->x, b, r->row_w);
-    for (size_t i = 0; i < b->n; i++) r->y[i] = (int)b->labels[i];
-    return (long)U;
+    dp_embed_eval_t e = s_eval_of(r);
+    return s_embed_batch(&e, err);
 }
 
 /* One training step on data.batch, its loss into *loss; -1 with err on a
@@ -164,39 +183,44 @@ static int s_step(s_run_t *r, const dp_optim_conf_t *opt, long step, float *loss
     return 0;
 }
 
-/* The test file's accuracy, mean loss and AUC (NAN where there is no test
- * file, or one class is missing from it). -1 with err on a read failure. */
-static int s_evaluate(s_run_t *r, double *acc, double *loss, double *auc, char *err)
+int dp_embed_evaluate(const dp_embed_eval_t *e, double *acc, double *loss, double *auc, char *err)
 {
+    dp_sparse_data_t *d = e->data;
     *acc = *loss = *auc = NAN;
-    if (!r->data.test) return 0;
-    if (dp_sparse_data_rewind_test(&r->data, err) != 0) return -1;
+    if (!d->test) return 0;
+    if (dp_sparse_data_rewind_test(d, err) != 0) return -1;
     size_t n = 0;
     long k, correct = 0;
     double loss_sum = 0;
-    while ((k = dp_sparse_data_next_test(&r->data, err)) > 0) {
-        if (s_embed(r, err) < 0) return -1;
+    while ((k = dp_sparse_data_next_test(d, err)) > 0) {
+        if (s_embed_batch(e, err) < 0) return -1;
         int ok = 0;
-        loss_sum += (double)dp_net_evaluate(&r->s.net, r->x, r->y, (int)k, &ok) * k;
+        loss_sum += (double)dp_net_evaluate(e->net, e->x, e->y, (int)k, &ok) * k;
         correct += ok;
-        for (long i = 0; i < k && n + (size_t)i < r->data.test_samples; i++) {
-            r->scores[n + i] = r->s.net.h_probs[2 * i + 1];
-            r->labels[n + i] = r->data.batch->labels[i];
+        for (long i = 0; i < k && n + (size_t)i < d->test_samples; i++) {
+            e->scores[n + i] = e->net->h_probs[2 * i + 1];
+            e->labels[n + i] = d->batch->labels[i];
         }
         n += (size_t)k;
     }
     if (k < 0) return -1;
-    if (n != r->data.test_samples)
+    if (n != d->test_samples)
         return dp_err(err, "%s: %zu samples now, %" PRIu64 " when opened (did the file change?)",
-                      r->data.test_path, n, r->data.test_samples);
+                      d->test_path, n, d->test_samples);
     *acc = (double)correct / (double)n;
     *loss = loss_sum / (double)n;
     char why[DP_ERR_LEN];
-    if (dp_auc(r->scores, r->labels, n, auc, why) != 0) {
-        dp_log_warn("%s: no test AUC: %s", r->data.test_path, why);
+    if (dp_auc(e->scores, e->labels, n, auc, why) != 0) {
+        dp_log_warn("%s: no test AUC: %s", d->test_path, why);
         *auc = NAN;
     }
     return 0;
+}
+
+static int s_evaluate(s_run_t *r, double *acc, double *loss, double *auc, char *err)
+{
+    dp_embed_eval_t e = s_eval_of(r);
+    return dp_embed_evaluate(&e, acc, loss, auc, err);
 }
 
 static void s_metrics_step(s_run_t *r, long step, float loss, float lr)
@@ -388,7 +412,7 @@ static int s_meta_num(const char *path, const char *key, double lo, double hi, d
 }
 
 int dp_embed_eval_file(const char *path, const char *test, int batch, int threads,
-                       dp_embed_eval_t *out, char *err)
+                       dp_embed_scores_t *out, char *err)
 {
     s_run_t r;
     memset(&r, 0, sizeof r);

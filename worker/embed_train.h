@@ -32,6 +32,8 @@
 
 #include <signal.h>
 
+#include "kernels/embed.h"
+#include "worker/sparse_data.h"
 #include "worker/train.h"
 
 /* 0 when done (or stopped by *stop: the dense layers saved to --save, no
@@ -48,13 +50,40 @@ int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
  * summary.json. 0, or -1 with err. */
 int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 
+/* The rows of n distinct keys (n x d into rows, in the order asked),
+ * however they are held (a table here, the servers, a replay's shards). */
+typedef int (*dp_embed_rows_fn)(void *arg, const uint64_t *keys, size_t n, int d, float *rows,
+                                char *err);
+
+/* What an evaluation of a sparse model reads and writes: the net (the
+ * dense layers, their weights set), the data's test file, the stage, the
+ * rows' source, and the buffers of one batch (x: B x D, y: B, row_w:
+ * max_nnz x D) and of the test file (scores, labels: test_samples each). */
+typedef struct {
+    dp_net_t *net;
+    dp_sparse_data_t *data;
+    dp_embed_t *stage;
+    dp_embed_rows_fn rows;
+    void *arg;
+    float *x, *row_w, *scores, *labels;
+    int *y;
+} dp_embed_eval_t;
+
+/* The test file's accuracy, mean loss and AUC as a run ends it (NAN where
+ * there is no test file, or one class is missing from it; the rows of
+ * each test batch read once, in the file's order). -1 with err on a read
+ * failure or a failure of the rows' source. The worker's chief and
+ * `downpour replay` (deploy/lab/engine.h) share it, so a replay's figures
+ * are the run's. */
+int dp_embed_evaluate(const dp_embed_eval_t *e, double *acc, double *loss, double *auc, char *err);
+
 /* What dp_embed_eval_file measured. */
 typedef struct {
     double accuracy, loss, auc; /* the test file's (auc NAN with one class only) */
     uint64_t samples;           /* in the test file */
     uint64_t rows;              /* rows the model file held */
     int batch;                  /* the batches it was scored in */
-} dp_embed_eval_t;
+} dp_embed_scores_t;
 
 /* `downpour eval` of a sparse model's file (what --save wrote): its dense
  * layers and its rows (dp_safetensors_read_rows) in a table of this
@@ -65,6 +94,6 @@ typedef struct {
  * (DP_ST_ROWS_INIT, DP_ST_ROWS_SEED; zeros when absent). 0, or -1 with err
  * (one line: not such a file, a bad row table, a bad test file). */
 int dp_embed_eval_file(const char *path, const char *test, int batch, int threads,
-                       dp_embed_eval_t *out, char *err);
+                       dp_embed_scores_t *out, char *err);
 
 #endif

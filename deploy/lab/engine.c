@@ -17,6 +17,7 @@
 #include "server/shard_dc.h"
 #include "worker/a3c_train.h"
 #include "worker/data.h"
+#include "worker/sparse_data.h"
 
 void dp_lab_conf_default(dp_lab_conf_t *c)
 {
@@ -66,6 +67,7 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddStringToObject(h, "compress", compress);
     cJSON_AddStringToObject(h, "error_feedback", c->train.compress.error_feedback ? "on" : "off");
     if (c->train.a3c.env) dp_lab_rl_header(h, &c->train.a3c);
+    if (c->has_rows) cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&c->rows, c->rows_mode));
     return h;
 }
 
@@ -184,6 +186,12 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
     if (c->workers < 1 || c->workers > 100000 || c->shards < 1 || c->shards > 1024 ||
         c->train.batch < 1 || c->train.threads < 1)
         return dp_err(err, "record header: workers, shards, batch or threads out of range");
+    /* a model with embed:D: the row tables as the shards ran them */
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(h, "rows");
+    if (rows) {
+        if (dp_record_rows_parse(rows, &c->rows, &c->rows_mode, err) != 0) return -1;
+        c->has_rows = 1;
+    }
     return s_a3c_from_header(&c->train.a3c, h, err);
 }
 
@@ -259,11 +267,48 @@ static int s_init_rl(dp_lab_t *L, char *err)
     return s_servers(L, err);
 }
 
+int dp_lab_is_sparse(const dp_lab_conf_t *c)
+{
+    if (c->train.data && dp_sparse_data_is(c->train.data)) return 1;
+    /* the model as the worker parses it (its input the embedding's); a
+     * model that does not parse so is no sparse one: the session says why */
+    dp_model_t m;
+    char why[DP_ERR_LEN];
+    return c->train.model && dp_model_parse(&m, c->train.model, 1, 1, 1, why) == 0 && m.embed_dim > 0;
+}
+
+int dp_lab_check_dense(const dp_lab_conf_t *c, char *err)
+{
+    if (dp_lab_is_sparse(c) && !c->has_rows)
+        return dp_err(err, "a model with embed:D (a row table on the servers) is not in the simulator "
+                      "yet: downpour sim runs dense models only; downpour local --data libsvm: trains "
+                      "it, and downpour replay runs its --record again");
+    return 0;
+}
+
+/* A sparse lab (deploy/lab/sparse.h): its session, data and row tables,
+ * then the shards as any lab's. */
+static int s_init_sparse(dp_lab_t *L, char *err)
+{
+    if (dp_lab_sparse_init(L, err) != 0 || s_servers(L, err) != 0) return -1;
+    L->per_worker = dp_calloc((size_t)L->conf.workers, sizeof *L->per_worker);
+    return L->conf.record ? s_record_open(L, err) : 0;
+}
+
 int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
 {
     memset(L, 0, sizeof *L);
+    if (dp_lab_check_dense(c, err) != 0) return -1;
     L->conf = *c;
     L->conf.train.local_steps = c->local_steps; /* its summary names them */
+    L->test_auc = NAN;
+    if (dp_lab_is_sparse(c)) {
+        if (s_init_sparse(L, err) != 0) {
+            dp_lab_fini(L);
+            return -1;
+        }
+        return 0;
+    }
     if (c->train.a3c.env) {
         if (s_init_rl(L, err) != 0 || (c->record && s_record_open(L, err) != 0)) {
             dp_lab_fini(L);
@@ -337,6 +382,7 @@ void dp_lab_fini(dp_lab_t *L)
         dp_lab_rl_fini(L->rl);
         free(L->rl);
     }
+    dp_lab_sparse_fini(L);
     dp_session_fini(&L->s);
     memset(L, 0, sizeof *L);
 }
@@ -441,6 +487,10 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
     }
     if (worker == 0) L->bytes_chief += bytes;
     dp_policy_push(L->policy[k], worker, version, &g, 1, false, o);
+    if (L->sp) { /* the dense step's row hooks, where downpour-ps calls them (server/ps.c) */
+        if (o->status == DP_PUSH_APPLIED) dp_ps_rows_dense_taken(&L->sp->rows[k], worker, version);
+        if (o->stepped) dp_ps_rows_stepped(&L->sp->rows[k], s->version);
+    }
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
     dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k],
@@ -541,13 +591,26 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp
     dp_lab_params(L, -1, params);
     dp_net_set_params(&L->s.net, params);
     double acc = 0, test_loss = 0;
-    dp_session_evaluate(&L->s, 0, &acc, &test_loss);
+    if (L->sp) {
+        if (dp_lab_sparse_evaluate(L, &acc, &test_loss, &L->test_auc, err) != 0) return -1;
+    } else {
+        dp_session_evaluate(&L->s, 0, &acc, &test_loss);
+    }
     if (accuracy) *accuracy = acc;
     if (loss) *loss = test_loss;
     dp_shard_counts_t cnt;
     dp_staleness_t hist;
     dp_lab_counts(L, &cnt, &hist);
-    long spe = dp_data_steps_per_epoch(L->s.train.n, c->train.batch, c->workers);
+    /* an epoch in the chief's steps (a sparse run: the file's batches shared by the crew) */
+    long spe = L->sp ? (L->sp->data[0].steps_per_epoch + c->workers - 1) / c->workers
+                     : dp_data_steps_per_epoch(L->s.train.n, c->train.batch, c->workers);
+    uint64_t *held = L->sp ? dp_calloc((size_t)c->shards, sizeof *held) : NULL;
+    for (int k = 0; held && k < c->shards; k++) {
+        dp_ps_rows_stats_t st;
+        dp_ps_rows_stats(&L->sp->rows[k], &st);
+        held[k] = st.rows;
+    }
+    dp_sparse_summary_t sparse = {.test_auc = L->test_auc, .rows = held, .tables = c->shards};
     char rule[48], dc[48]; /* as the servers ran them: sync turned them off */
     dp_delay_lr_name(L->policy[0]->conf.delay_lr, L->policy[0]->conf.delay_k, rule, sizeof rule);
     dp_optim_dc_name(&L->shard[0].optim, dc, sizeof dc);
@@ -565,15 +628,28 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp
         .optim = c->local_steps > 1 ? &c->inner : &c->optim,
         .outer = c->local_steps > 1 ? &c->optim : NULL,
         .delay_lr = rule, .delay_compensation = dc, .bytes_pushed = L->bytes_chief,
-        .membership = crew, .min_workers = c->min_workers,
+        .membership = crew, .min_workers = c->min_workers, .sparse = L->sp ? &sparse : NULL,
     };
     /* The chief's STATS view: the versions summed over the shards. */
     uint64_t versions = 0;
     for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
     r.version = versions;
-    int rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
+    int rc;
+    if (held) { /* the chief's file (worker/embed_train.c): the dense layers, the rows held */
+        uint64_t all = 0;
+        for (int k = 0; k < c->shards; k++) all += held[k];
+        char rows[24];
+        snprintf(rows, sizeof rows, "%" PRIu64, all);
+        const char *kv[] = {"embed_rows", rows, NULL};
+        rc = c->train.save ? dp_checkpoint_save(c->train.save, &L->s.model, params, chief_steps,
+                                                (long)versions, kv, err)
+                           : 0;
+    } else {
+        rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
+    }
     if (rc == 0) rc = dp_session_summary(&L->s, &r, err);
     if (rc == 0) rc = dp_record_close(&L->rec, err);
     dp_staleness_fini(&hist);
+    free(held);
     return rc;
 }

@@ -12,6 +12,13 @@
  * clock gives; replay does the same in the order a record file gives.
  * Both may record (server/record.h) what the policies decided.
  *
+ * A sparse lab (a model with embed:D, deploy/lab/sparse.h): the shards
+ * also hold row tables behind their row rules; a worker's step pulls its
+ * batch's rows from each (dp_lab_rows_pull), computes
+ * (dp_lab_sparse_gradient) and pushes the rows' gradients
+ * (dp_lab_rows_push) before its dense push; dp_lab_push runs the dense
+ * step's row hooks as downpour-ps does. Replay only, for now.
+ *
  * An actor-critic lab (conf.train.a3c.env set, deploy/lab/rl.h) has no
  * data: a worker's gradient is its next segment of rollouts on the weights
  * given, its push carries the segment's account (dp_lab_push_rl), and the
@@ -27,6 +34,7 @@
 
 #include "common/staleness.h"
 #include "deploy/lab/rl.h"
+#include "deploy/lab/sparse.h"
 #include "proto/wire.h"
 #include "server/members.h"
 #include "server/policy.h"
@@ -48,6 +56,9 @@ typedef struct {
     dp_optim_conf_t inner;     /* the workers' optimizer under local steps */
     int measure;               /* norms of every step (dp_policy_measure) */
     const char *record;        /* write the schedule here, or NULL */
+    int has_rows;              /* a model with embed:D: the shards' row tables are known, */
+    dp_rows_conf_t rows;       /* ... of this conf (a record's header "rows"), */
+    dp_mode_t rows_mode;       /* ... their pushes applied as this mode says (server/ps_rows.h) */
 } dp_lab_conf_t;
 
 typedef struct {
@@ -71,6 +82,8 @@ typedef struct {
     uint64_t bytes_chief;      /* worker 0's pushes' bytes (summary.json bytes_pushed) */
     dp_lab_rl_t *rl;           /* --env: the workers' rollouts and the run's account; NULL for
                                 * a classifier */
+    dp_lab_sparse_t *sp;       /* a model with embed:D (deploy/lab/sparse.h); NULL: dense */
+    double test_auc;           /* dp_lab_finish's, of a sparse model (NAN: none) */
 } dp_lab_t;
 
 /* The defaults a cluster launched by `downpour local` would have: async,
@@ -80,6 +93,16 @@ void dp_lab_conf_default(dp_lab_conf_t *c);
 cJSON *dp_lab_conf_header(const dp_lab_conf_t *c);
 int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err);
 
+/* 1 when c is a sparse run (its model starts with embed:D, or its data
+ * is libsvm:, which only such a model trains), else 0: the model parsed,
+ * not its text. */
+int dp_lab_is_sparse(const dp_lab_conf_t *c);
+/* -1 with one line in err for a sparse run (dp_lab_is_sparse) whose row
+ * tables' conf is not known (c->has_rows: a record's header gives it):
+ * `downpour sim` of such a model, which the engine does not run yet (its
+ * schedule would need the workers' row pulls and pushes simulated).
+ * dp_lab_init checks it first; sim checks it before it reads the data. */
+int dp_lab_check_dense(const dp_lab_conf_t *c, char *err);
 int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err);
 void dp_lab_fini(dp_lab_t *L);
 
@@ -101,6 +124,36 @@ void dp_lab_pulled(dp_lab_t *L, int worker);
  * batch of (worker, step); its index is below the data's batches an epoch. */
 float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
                       const dp_deal_batch_t *dealt, float *grad);
+/* A sparse model's step (L->sp, deploy/lab/sparse.h), as the worker
+ * daemon takes it (worker/embed_train.c):
+ * dp_lab_batch_load: worker's batch at its 0-based data step into j (its
+ * distinct keys planned; rows and gradients to come): 0, or -1 with err.
+ * dp_lab_rows_pull: shard k answers worker's pull of j's keys of shard k,
+ * as the daemon's ROWS_PULL (dp_ps_rows_pull: the table as it stands
+ * now), into their places in j->rows; the keys of shard k, or -1 with err.
+ * dp_lab_sparse_gradient: the dense gradient worker computes on params and
+ * j's rows at its data step, into grad, and the rows' gradients into
+ * j->grads; the batch's loss.
+ * dp_lab_rows_push: shard k takes worker's ROWS_PUSH of j's gradients of
+ * shard k (Push.step step, pulled at version pulled_at), as the daemon
+ * does (dp_ps_rows_push at the shard's version): o the outcome, *norm the
+ * L2 norm of the rows pushed (dp_record_rows_norm: the record's "gn"), the
+ * keys of shard k returned (*repeat: 1 when the shard took it as a repeat). */
+int dp_lab_batch_load(dp_lab_t *L, int worker, long step, dp_lab_batch_t *j, char *err);
+long dp_lab_rows_pull(dp_lab_t *L, int k, int worker, dp_lab_batch_t *j, char *err);
+float dp_lab_sparse_gradient(dp_lab_t *L, const float *params, int worker, long step, dp_lab_batch_t *j,
+                             float *grad);
+size_t dp_lab_rows_push(dp_lab_t *L, int k, int worker, uint64_t step, uint64_t pulled_at,
+                        const dp_lab_batch_t *j, dp_push_outcome_t *o, double *norm, int *repeat);
+/* A sparse lab's own part (deploy/lab/sparse.c): init (from L->conf: the
+ * session without image data, each worker's reader, the stage, a row
+ * table per shard; the shards themselves are dp_lab_init's), fini (safe
+ * on a part made half), and the chief's test figures (accuracy, loss,
+ * AUC) on the shards' current weights and rows. */
+int dp_lab_sparse_init(dp_lab_t *L, char *err);
+void dp_lab_sparse_fini(dp_lab_t *L);
+int dp_lab_sparse_evaluate(dp_lab_t *L, double *acc, double *loss, double *auc, char *err);
+
 /* Data steps worker's push number `step` (0-based) stands for: 1, or with
  * local steps the round's H (fewer in a last round cut at conf.train.steps). */
 long dp_lab_push_steps(const dp_lab_t *L, long step);

@@ -23,7 +23,17 @@
  * a worker's segment only after its earlier ones, so they are computed in
  * order. The account each push carried (env steps, episodes, the sum of
  * their returns) is checked against the recomputed segment's, and the
- * run's account is kept from shard 0's pushes, as the servers keep it. */
+ * run's account is kept from shard 0's pushes, as the servers keep it.
+ *
+ * A sparse model's record (embed:D, deploy/lab/sparse.h): a job also
+ * needs the rows its worker read from each shard. Each "rpull" is given
+ * the job of the "rows" push that follows it on its shard and reads the
+ * shard's table when the replay reaches it (in async, between dense
+ * versions); the gradient waits for all K slices and all K row parts;
+ * each "rows" event pushes the shard's part and checks its norm ("gn").
+ * The chief's final pulls (worker 0's "rpull"s after its last "rows" on
+ * that shard: its test batches) are skipped; dp_lab_finish's evaluation
+ * makes them again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -48,6 +58,9 @@ typedef struct {
     dp_deal_batch_t batch; /* ... this batch */
     dp_lab_seg_t seg;      /* an actor-critic segment's account, from its computation to its
                             * last push */
+    int rows_seen;         /* a sparse model: its row pushes ("rows") in the record, */
+    int rows_pulled;       /* ... its row pulls replayed so far (one a shard), */
+    dp_lab_batch_t sb;     /* ... its batch, keys, the rows read and their gradients */
 } s_job_t;
 
 typedef struct {
@@ -75,6 +88,10 @@ typedef struct {
     size_t first_mismatch;
     uint64_t account_mismatches; /* actor-critic pushes whose account differs from the record's */
     size_t first_account_mismatch;
+    uint64_t rows_mismatches;    /* a sparse model's row pushes whose norm differs from the record's */
+    size_t first_rows_mismatch;
+    uint64_t eval_pulls;   /* the chief's final row pulls (its evaluation's, not training) */
+    double test_loss;
 } s_replay_t;
 
 /* ---- the jobs ---- */
@@ -121,6 +138,17 @@ static int s_index(s_replay_t *R, const char *path, char *err)
         if (e->shard >= K) return dp_err(err, "%s: event %zu names shard %d of %d", path, i + 1, e->shard, K);
         R->by_shard[e->shard][R->n_by_shard[e->shard]++] = i;
         R->ev_job[i] = -1;
+        if ((e->kind == DP_REC_ROWS || e->kind == DP_REC_ROWS_PULL) && !R->L.sp)
+            return dp_err(err, "%s: event %zu is a row event, in the record of a model without embed:D",
+                          path, i + 1);
+        if (e->kind == DP_REC_ROWS) {
+            if (e->worker >= R->L.conf.workers || e->step == 0)
+                return dp_err(err, "%s: event %zu: worker %d step %" PRIu64 " cannot be recomputed", path,
+                              i + 1, e->worker, e->step);
+            R->ev_job[i] = s_job(R, e->worker, e->step);
+            R->jobs[R->ev_job[i]].rows_seen++;
+            continue;
+        }
         if (e->kind != DP_REC_PUSH) continue;
         if (e->worker >= R->L.conf.workers || e->step == 0)
             return dp_err(err, "%s: event %zu: worker %d step %" PRIu64 " cannot be recomputed", path,
@@ -151,6 +179,58 @@ static int s_index(s_replay_t *R, const char *path, char *err)
                           "run whose batches it dealt: its gradient cannot be recomputed", path,
                           R->jobs[j].worker, R->jobs[j].step);
     return 0;
+}
+
+/* A sparse record's row pulls, each given the step whose row push follows
+ * it on its shard (walking back: a pull takes the push after it). A pull
+ * no push follows is the chief's final evaluation's (worker 0, after its
+ * last push on that shard: its test batches' rows), which the replay's
+ * own evaluation repeats at the end, so it is no training step's; any
+ * other pull without a push, or a push without a pull, is no run's. */
+static int s_index_pulls(s_replay_t *R, const char *path, char *err)
+{
+    int W = R->L.conf.workers;
+    size_t n = (size_t)R->K * (size_t)W;
+    long *next = dp_malloc(n * sizeof *next); /* (shard, worker): the event of the push ahead, -1 none */
+    int *pushed = dp_calloc(n, sizeof *pushed); /* (shard, worker): a push seen ahead of here */
+    for (size_t i = 0; i < n; i++) next[i] = -1;
+    int rc = 0;
+    for (size_t i = R->rec->n; i-- > 0 && rc == 0;) {
+        const dp_rec_event_t *e = &R->rec->ev[i];
+        if (e->kind != DP_REC_ROWS && e->kind != DP_REC_ROWS_PULL) continue;
+        if (e->worker < 0 || e->worker >= W) {
+            rc = dp_err(err, "%s: event %zu names worker %d of %d", path, i + 1, e->worker, W);
+            break;
+        }
+        size_t at = (size_t)e->shard * (size_t)W + (size_t)e->worker;
+        if (e->kind == DP_REC_ROWS) {
+            if (next[at] >= 0)
+                rc = dp_err(err, "%s: event %zu: worker %d's row push on shard %d follows no row pull of "
+                            "its own", path, (size_t)next[at] + 1, e->worker, e->shard);
+            next[at] = (long)i;
+            pushed[at] = 1;
+        } else if (next[at] >= 0) {
+            const dp_rec_event_t *p = &R->rec->ev[next[at]];
+            if (p->version != e->version)
+                rc = dp_err(err, "%s: event %zu: a row push pulled at version %" PRIu64 " after a row "
+                            "pull answered at %" PRIu64, path, (size_t)next[at] + 1, p->version, e->version);
+            R->ev_job[i] = R->ev_job[next[at]];
+            next[at] = -1;
+        } else if (e->worker == 0 && !pushed[at]) {
+            R->eval_pulls++; /* ev_job stays -1: skipped */
+        } else {
+            rc = dp_err(err, "%s: event %zu: worker %d's row pull on shard %d is followed by no row push "
+                        "(not the chief's evaluation: a step the record does not hold)", path, i + 1,
+                        e->worker, e->shard);
+        }
+    }
+    for (size_t at = 0; at < n && rc == 0; at++)
+        if (next[at] >= 0)
+            rc = dp_err(err, "%s: event %zu: a row push with no row pull before it", path,
+                        (size_t)next[at] + 1);
+    free(next);
+    free(pushed);
+    return rc;
 }
 
 /* An actor-critic record: on every shard each worker's segments come 1, 2,
@@ -185,6 +265,11 @@ static int s_plan(s_replay_t *R, const char *path, char *err)
             return dp_err(err, "%s: worker %d's step %" PRIu64 " reached %d of %d shards: its gradient's "
                           "versions are not all known", path, R->jobs[j].worker, R->jobs[j].step,
                           R->jobs[j].shards_seen, K);
+    for (int j = 0; R->L.sp && j < R->n_jobs; j++)
+        if (R->jobs[j].rows_seen != K)
+            return dp_err(err, "%s: worker %d's step %" PRIu64 " pushed rows to %d of %d shards: its rows "
+                          "are not all known", path, R->jobs[j].worker, R->jobs[j].step,
+                          R->jobs[j].rows_seen, K);
     for (int k = 0; k < K; k++) {
         R->need[k] = dp_calloc((size_t)R->n_jobs + 1, sizeof **R->need);
         for (int j = 0; j < R->n_jobs; j++) R->need[k][j] = (s_need_t){R->jobs[j].version[k], j};
@@ -219,27 +304,91 @@ static void s_check_norms(s_replay_t *R, size_t i, const dp_rec_event_t *e, cons
     if (differ && R->mismatches++ == 0) R->first_mismatch = i + 1;
 }
 
+/* The job's gradient, computed once when all it needs is there (each
+ * shard's weights at its version; a sparse model's rows from each shard):
+ * 1, or 0 not yet. */
+static int s_gradient(s_replay_t *R, s_job_t *job)
+{
+    if (job->captured < R->K || (R->L.sp && job->rows_pulled < R->K)) return 0;
+    if (job->grad) return 1;
+    job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
+    if (R->L.sp)
+        dp_lab_sparse_gradient(&R->L, job->params, job->worker, (long)job->step - 1, &job->sb, job->grad);
+    else
+        dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1,
+                        job->dealt ? &job->batch : NULL, job->grad);
+    if (R->L.rl) {
+        dp_lab_seg_alloc(&job->seg, R->L.rl->rows);
+        dp_lab_seg_copy(&job->seg, &R->L.rl->seg[job->worker]);
+    }
+    if (!R->L.shard[0].dc) { /* compensation needs them until the last shard's push */
+        free(job->params);
+        job->params = NULL;
+    }
+    if (job->worker == 0) R->chief_steps += dp_lab_push_steps(&R->L, (long)job->step - 1);
+    return 1;
+}
+
+/* A job's event done: after its last (a push on every shard, and a row
+ * push on every shard for a sparse model) it is freed. */
+static void s_used(s_replay_t *R, s_job_t *job)
+{
+    if (++job->applied < R->K * (R->L.sp ? 2 : 1)) return;
+    free(job->grad);
+    free(job->params);
+    job->grad = job->params = NULL;
+    dp_lab_seg_free(&job->seg);
+    dp_lab_batch_free(&job->sb);
+}
+
+/* Row pull event i: the worker's step reads its keys of the shard now, or
+ * (the chief's evaluation) nothing. -1 with err when the replay differs. */
+static int s_rows_pull(s_replay_t *R, size_t i, char *err)
+{
+    const dp_rec_event_t *e = &R->rec->ev[i];
+    if (R->ev_job[i] < 0) return 0;
+    s_job_t *job = &R->jobs[R->ev_job[i]];
+    if (!job->sb.batch && dp_lab_batch_load(&R->L, job->worker, (long)job->step - 1, &job->sb, err) != 0)
+        return -1;
+    uint64_t version = R->L.shard[e->shard].version;
+    long n = dp_lab_rows_pull(&R->L, e->shard, job->worker, &job->sb, err);
+    if (n < 0) return -1;
+    if ((uint64_t)n != e->keys || version != e->version)
+        return dp_err(err, "replay diverged at event %zu (shard %d, worker %d, step %" PRIu64 "): its row "
+                      "pull asked %ld keys at version %" PRIu64 ", the record says %" PRIu64 " at %" PRIu64,
+                      i + 1, e->shard, e->worker, job->step, n, version, e->keys, e->version);
+    job->rows_pulled++;
+    return 0;
+}
+
+/* Row push event i if its gradient can be had: 1 done, 0 not yet, -1 with
+ * err when the shard's decision differs from the record's. */
+static int s_rows_push(s_replay_t *R, size_t i, char *err)
+{
+    const dp_rec_event_t *e = &R->rec->ev[i];
+    s_job_t *job = &R->jobs[R->ev_job[i]];
+    if (!s_gradient(R, job)) return 0;
+    dp_push_outcome_t o;
+    double norm;
+    int repeat;
+    size_t n = dp_lab_rows_push(&R->L, e->shard, e->worker, e->step, e->version, &job->sb, &o, &norm, &repeat);
+    if (repeat || (int)o.status != e->status || o.staleness != e->staleness || n != e->keys)
+        return dp_err(err, "replay diverged at event %zu (shard %d, worker %d, step %" PRIu64 "): the "
+                      "shard took its row push of %zu keys as %s%d staleness %" PRIu64 ", the record says "
+                      "%" PRIu64 " keys %d %" PRIu64, i + 1, e->shard, e->worker, e->step, n,
+                      repeat ? "a repeat, " : "", (int)o.status, o.staleness, e->keys, e->status, e->staleness);
+    if (e->grad_norm >= 0 && norm != e->grad_norm && R->rows_mismatches++ == 0) R->first_rows_mismatch = i + 1;
+    s_used(R, job);
+    return 1;
+}
+
 /* Push event i on shard k if its gradient can be had: 1 done, 0 not yet,
  * -1 with err when the replay's decision differs from the record's. */
 static int s_push(s_replay_t *R, size_t i, char *err)
 {
     const dp_rec_event_t *e = &R->rec->ev[i];
     s_job_t *job = &R->jobs[R->ev_job[i]];
-    if (job->captured < R->K) return 0;
-    if (!job->grad) {
-        job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
-        dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1,
-                        job->dealt ? &job->batch : NULL, job->grad);
-        if (R->L.rl) {
-            dp_lab_seg_alloc(&job->seg, R->L.rl->rows);
-            dp_lab_seg_copy(&job->seg, &R->L.rl->seg[job->worker]);
-        }
-        if (!R->L.shard[0].dc) { /* compensation needs them until the last shard's push */
-            free(job->params);
-            job->params = NULL;
-        }
-        if (job->worker == 0) R->chief_steps += dp_lab_push_steps(&R->L, (long)job->step - 1);
-    }
+    if (!s_gradient(R, job)) return 0;
     dp_shard_t *s = &R->L.shard[e->shard];
     if (s->dc && e->dc == 1) dp_shard_dc_hold(s, e->worker, e->version, job->params + s->lo);
     else if (s->dc) dp_shard_dc_forget(s, e->worker); /* the recorded push fell back */
@@ -261,12 +410,7 @@ static int s_push(s_replay_t *R, size_t i, char *err)
                       PRIu64 " %" PRIu64, i + 1, e->shard, e->worker, e->step, (int)o.status,
                       o.staleness, R->L.shard[e->shard].version, e->status, e->staleness, e->after);
     s_check_norms(R, i, e, &o);
-    if (++job->applied == R->K) {
-        free(job->grad);
-        free(job->params);
-        job->grad = job->params = NULL;
-        dp_lab_seg_free(&job->seg);
-    }
+    s_used(R, job);
     return 1;
 }
 
@@ -279,8 +423,10 @@ static int s_advance(s_replay_t *R, int k, char *err)
         const dp_rec_event_t *e = &R->rec->ev[i];
         if (e->kind == DP_REC_MEMBERS) {
             dp_lab_members(&R->L, k, e->members, e->call);
+        } else if (e->kind == DP_REC_ROWS_PULL) {
+            if (s_rows_pull(R, i, err) != 0) return -1;
         } else {
-            int r = s_push(R, i, err);
+            int r = e->kind == DP_REC_ROWS ? s_rows_push(R, i, err) : s_push(R, i, err);
             if (r < 0) return -1;
             if (r == 0) break;
         }
@@ -314,6 +460,7 @@ static void s_free(s_replay_t *R)
         free(R->jobs[j].params);
         free(R->jobs[j].grad);
         dp_lab_seg_free(&R->jobs[j].seg);
+        dp_lab_batch_free(&R->jobs[j].sb);
     }
     for (int k = 0; k < R->K; k++) {
         if (R->by_shard) free(R->by_shard[k]);
@@ -339,7 +486,8 @@ static const char s_synopsis[] =
     "`downpour sim --record` again in one process and leaves DIR/model.safetensors\n"
     "and DIR/summary.json; on the CPU, with the recorded kernel threads, the weights\n"
     "are bit-identical to the recorded run's. The flags fill in what a record from\n"
-    "downpour-ps alone lacks (the workers' side) and override the record.\n"
+    "downpour-ps alone lacks (the workers' side) and override the record. A sparse\n"
+    "model's record (embed:D on libsvm data) replays with its shards' row tables.\n"
     "\n";
 
 typedef struct {
@@ -378,6 +526,10 @@ static int s_conf(dp_lab_conf_t *c, const s_args_t *a, dp_opts_t *o, const cJSON
     if (a->batch) c->train.batch = a->batch;
     if (a->threads) c->train.threads = a->threads;
     if (dp_opts_find(o, "data-seed")->given) c->train.seed = a->data_seed;
+    if (dp_lab_is_sparse(c) && !c->has_rows)
+        return dp_err(err, "record header: a model with embed:D but no \"rows\" (the row tables' conf): "
+                      "a record from before its row pulls and pushes were recorded, which cannot be "
+                      "replayed (record the run again)");
     if (dp_record_num(h, "start_version", 0) != 0)
         return dp_err(err, "the recorded shards started from a checkpoint (version %g): the weights it "
                       "held are not in the record", dp_record_num(h, "start_version", 0));
@@ -390,8 +542,15 @@ static void s_report(const s_replay_t *R, const s_args_t *a, double acc, double 
     cJSON_AddNumberToObject(o, "events", (double)R->rec->n);
     cJSON_AddNumberToObject(o, "gradients", R->n_jobs);
     cJSON_AddNumberToObject(o, "version", (double)R->L.shard[0].version);
-    cJSON_AddBoolToObject(o, "matches_record", R->mismatches == 0 && R->account_mismatches == 0);
+    int differs = R->mismatches || R->account_mismatches || R->rows_mismatches;
+    cJSON_AddBoolToObject(o, "matches_record", !differs);
     cJSON_AddNumberToObject(o, "norm_mismatches", (double)R->mismatches);
+    if (R->L.sp) {
+        cJSON_AddNumberToObject(o, "rows_norm_mismatches", (double)R->rows_mismatches);
+        cJSON_AddNumberToObject(o, "eval_row_pulls", (double)R->eval_pulls); /* skipped: the chief's test */
+        cJSON_AddNumberToObject(o, "test_loss", R->test_loss);
+        cJSON_AddNumberToObject(o, "test_auc", R->L.test_auc);
+    }
     if (R->L.rl) {
         cJSON_AddNumberToObject(o, "account_mismatches", (double)R->account_mismatches);
         dp_lab_rl_json(R->L.rl, &R->L.conf.train.a3c, o);
@@ -408,17 +567,24 @@ static void s_report(const s_replay_t *R, const s_args_t *a, double acc, double 
                 PRIu64 " episodes, return of the last 100 %.1f, greedy test return %.1f; %s\n", R->rec->n,
                 R->n_jobs, R->L.shard[0].version, rl->kind->name, rl->run.env_steps, rl->run.episodes,
                 dp_episodes_mean(&rl->run), rl->test_return,
-                R->mismatches || R->account_mismatches ? "DIFFERS from the record (see the warning)"
-                                                       : "every recorded norm and account matched");
+                differs ? "DIFFERS from the record (see the warning)" : "every recorded norm and account matched");
+    else if (R->L.sp)
+        fprintf(stderr, "replay: %zu events, %d gradients, version %" PRIu64 ": test accuracy %.4f, loss "
+                "%.17g, AUC %.17g; %s\n", R->rec->n, R->n_jobs, R->L.shard[0].version, acc, R->test_loss,
+                R->L.test_auc, differs ? "DIFFERS from the record (see the warning)" : "every recorded norm matched");
     else fprintf(stderr, "replay: %zu events, %d gradients, version %" PRIu64 ": test accuracy %.4f; %s\n",
                  R->rec->n, R->n_jobs, R->L.shard[0].version, acc,
-                 R->mismatches ? "DIFFERS from the record (see the warning)" : "every recorded norm matched");
+                 differs ? "DIFFERS from the record (see the warning)" : "every recorded norm matched");
     cJSON_free(text);
     cJSON_Delete(o);
     if (R->mismatches)
         dp_log_warn("replay: %" PRIu64 " push(es) differ from the record in their gradient or update norm, "
                     "the first at event %zu: the recorded workers ran other kernels (threads, ISA, device)?",
                     R->mismatches, R->first_mismatch);
+    if (R->rows_mismatches)
+        dp_log_warn("replay: %" PRIu64 " row push(es) differ from the record in their rows' norm, the first "
+                    "at event %zu: the recorded workers ran other kernels (threads, ISA, device)?",
+                    R->rows_mismatches, R->first_rows_mismatch);
     if (R->account_mismatches)
         dp_log_warn("replay: %" PRIu64 " push(es) carried another segment's account (env steps, episodes, "
                     "returns) than the one recomputed, the first at event %zu", R->account_mismatches,
@@ -445,9 +611,10 @@ static int s_replay(const dp_rec_t *rec, const char *file, s_args_t *a, dp_opts_
         rc = s_index(&R, file, err);
     }
     if (rc == 0 && R.L.rl) rc = s_check_segments(&R, file, err);
+    if (rc == 0 && R.L.sp) rc = s_index_pulls(&R, file, err);
     if (rc == 0) rc = s_plan(&R, file, err);
     if (rc == 0) rc = s_run(&R, err);
-    if (rc == 0) rc = dp_lab_finish(&R.L, R.chief_steps, dp_now() - t0, NULL, &acc, NULL, err);
+    if (rc == 0) rc = dp_lab_finish(&R.L, R.chief_steps, dp_now() - t0, NULL, &acc, &R.test_loss, err);
     if (rc == 0) s_report(&R, a, acc, dp_now() - t0);
     s_free(&R);
     return rc;

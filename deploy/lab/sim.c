@@ -298,6 +298,7 @@ static int s_epochs_updates(s_args_t *a, char *err)
 {
     dp_sim_conf_t *c = &a->c;
     dp_dataset_t probe = {0};
+    if (dp_lab_check_dense(&c->lab, err) != 0) return -1;
     if (dp_dataset_init(&probe, c->lab.train.data, DP_SPLIT_TRAIN, err) != 0) return -1;
     dp_dataset_limit(&probe, c->lab.train.train_samples);
     long spe = dp_data_steps_per_epoch(probe.n, c->lab.train.batch, c->lab.workers);

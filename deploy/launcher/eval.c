@@ -36,7 +36,7 @@ static int s_eval_sparse(const char *ckpt, const char *spec, int batch, int limi
 {
     char err[DP_ERR_LEN] = "";
     const char *test = strrchr(spec, ':') + 1; /* dp_sparse_data_is: "libsvm:" at least */
-    dp_embed_eval_t e;
+    dp_embed_scores_t e;
     if (limit > 0) dp_err(err, "--limit is for image data: cut the libsvm file (head -n N) instead");
     else if (!test[0]) dp_err(err, "--data %s: name the test file (libsvm:TEST)", spec);
     if (err[0] || dp_embed_eval_file(ckpt, test, batch, threads, &e, err) != 0) {

@@ -20,6 +20,7 @@
  * `fuzz_record --write-seeds DIR` writes that corpus with the project's own
  * record writer. */
 #include <inttypes.h>
+#include <math.h>
 
 #include "server/record.h"
 #include "tests/fuzz/fuzz.h"
@@ -55,9 +56,30 @@ static void s_check(const dp_rec_t *rec, long want_events)
                         break;
                     }
             s_want(e->call == 0 || e->call == 1, "a members event's call not 0 or 1");
+        } else if (e->kind == DP_REC_ROWS || e->kind == DP_REC_ROWS_PULL) {
+            s_want(e->worker >= 0 && e->worker <= 1 << 20, "a row event's worker out of range");
+            s_want(e->members == NULL, "a row event with members");
+            s_want(e->keys <= (1ull << 53) && e->version <= (1ull << 53), "a row event's n or v past 2^53");
+            s_want(e->grad_norm == -1 || (e->grad_norm >= 0 && isfinite(e->grad_norm)),
+                   "a row push's norm neither absent nor finite and >= 0");
+            s_want(e->kind == DP_REC_ROWS_PULL || e->status == DP_PUSH_APPLIED ||
+                   e->status == DP_PUSH_DROPPED || e->status == DP_PUSH_REJECTED,
+                   "a row push with an unknown status");
         } else {
             s_want(0, "an event of unknown kind");
         }
+    }
+    /* The row table's conf, refused with a 'record header: ' line or whole. */
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(rec->header, "rows");
+    if (rows) {
+        dp_rows_conf_t rc;
+        dp_mode_t mode;
+        char err[DP_ERR_LEN] = "";
+        if (dp_record_rows_parse(rows, &rc, &mode, err) == 0)
+            s_want(rc.width >= 1 && rc.width <= DP_ROWS_MAX_WIDTH && rc.optim.kind < DP_ROW_OPTIM_KINDS,
+                   "a row conf of bad width or optimizer");
+        else
+            s_want(strncmp(err, "record header: ", 15) == 0, "a rows error that is not 'record header: '");
     }
     /* What replay reads next: the optimizer, refused or whole. */
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(rec->header, "optim");
@@ -113,8 +135,68 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef DP_LIBFUZZER
+/* PATH's record as seeds DIR/NAME-whole (mode 0) and, without its footer,
+ * DIR/NAME-footerless (mode 1); PATH removed. */
+static int s_seed_pair(const char *dir, const char *path, const char *name, char *err)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char out[1024];
+    if (dp_read_file(path, &buf, &len, err) != 0) return -1;
+    unlink(path);
+    uint8_t *seed = dp_malloc(len + 1);
+    memcpy(seed + 1, buf, len);
+    seed[0] = 0;
+    snprintf(out, sizeof out, "%s/%s-whole", dir, name);
+    int rc = dp_write_file_atomic(out, seed, len + 1, err);
+    size_t body = len - 1; /* the footer is the last line */
+    while (body > 0 && buf[body - 1] != '\n') body--;
+    seed[0] = 1;
+    snprintf(out, sizeof out, "%s/%s-footerless", dir, name);
+    if (rc == 0) rc = dp_write_file_atomic(out, seed, body + 1, err);
+    free(seed);
+    free(buf);
+    return rc;
+}
+
+/* A sparse model's record: the header's "rows", row pulls and pushes
+ * (applied, dropped, rejected) between the dense pushes. */
+static int s_write_rows_seeds(const char *dir, char *err)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/record.tmp-rows", dir);
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "model", "embed:4 fc:2 softmax");
+    cJSON_AddStringToObject(h, "input", "1x1x1");
+    cJSON_AddNumberToObject(h, "workers", 2);
+    cJSON_AddNumberToObject(h, "shards", 1);
+    cJSON_AddStringToObject(h, "mode", "sync");
+    dp_rows_conf_t rc;
+    dp_rows_conf_default(&rc, 4, DP_ROW_ADAGRAD);
+    rc.init = DP_ROWS_INIT_UNIFORM;
+    rc.init_scale = 0.01f;
+    rc.seed = 18446744073709551615ull;
+    cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&rc, DP_MODE_ASYNC));
+    dp_record_t *w = NULL;
+    int rc2 = dp_record_new(&w, path, h, err);
+    cJSON_Delete(h);
+    if (rc2 != 0) return -1;
+    float g[8] = {0.5f, -0.25f, 1, 2, 0, 0, 3, -1};
+    for (int i = 0; i < 4; i++) {
+        int wk = i % 2;
+        dp_record_rows_pull(w, 0, wk, (uint64_t)i / 2, 2);
+        dp_push_outcome_t ro = {.status = i == 3 ? DP_PUSH_DROPPED : DP_PUSH_APPLIED, .staleness = (uint64_t)wk};
+        dp_record_rows_push(w, 0, wk, (uint64_t)i / 2 + 1, (uint64_t)i / 2, &ro, 2, g, 4);
+        dp_push_outcome_t o = {.status = DP_PUSH_APPLIED, .lr = 0.0015, .grad_norm = 1.5, .update_norm = 0.5};
+        dp_record_push(w, 0, wk, (uint64_t)i / 2 + 1, (uint64_t)i / 2, &o, (uint64_t)i / 2 + 1, NULL, NULL);
+    }
+    dp_record_rows_push(w, 0, 1, 3, 9, &(dp_push_outcome_t){.status = DP_PUSH_REJECTED}, 1, NULL, 4);
+    if (dp_record_close(&w, err) != 0) return -1;
+    return s_seed_pair(dir, path, "rows", err);
+}
+
 /* The corpus: a record from the project's writer, whole (mode 0) and
- * without its footer (mode 1). */
+ * without its footer (mode 1); a sparse model's the same way. */
 static int s_write_seeds(const char *dir)
 {
     char path[1024], err[DP_ERR_LEN];
@@ -165,6 +247,7 @@ static int s_write_seeds(const char *dir)
     free(seed);
     free(buf);
     dp_members_fini(&m);
+    if (s_write_rows_seeds(dir, err) != 0) goto fail;
     return 0;
 fail:
     fprintf(stderr, "%s: %s\n", S_NAME, err);

@@ -11,6 +11,7 @@
  * has sd sqrt(p(1-p)/n) and the mean staleness sd sqrt((1-p)/p^2/n); the
  * checks allow 5 of each (and the runs are deterministic: a seed that
  * passes passes always). */
+#include <inttypes.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -525,6 +526,124 @@ static void test_record_damaged(void)
     free(text);
 }
 
+/* A sparse model's row events (server/record.h: "rpull", "rows") and the
+ * header's row table read back as written; a bad row event or row conf is
+ * one line. */
+static void test_record_rows(void)
+{
+    char path[300], bad[300], err[DP_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/rows.rec", s_dir);
+    snprintf(bad, sizeof bad, "%s/rows-bad.rec", s_dir);
+    dp_rows_conf_t rc, back;
+    dp_rows_conf_default(&rc, 8, DP_ROW_FTRL);
+    rc.optim.lr = 0.125f, rc.optim.l1 = 0.5f, rc.admit_after = 3, rc.evict_after = 1000;
+    rc.init = DP_ROWS_INIT_UNIFORM, rc.init_scale = 0.01f, rc.seed = 18446744073709551615ull;
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "model", "embed:8 fc:2 softmax");
+    cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&rc, DP_MODE_ASYNC));
+    dp_record_t *w = NULL;
+    CHECK_EQ(dp_record_new(&w, path, h, err), 0);
+    cJSON_Delete(h);
+    float g[16] = {0.1f, 0.2f, 0.3f, -0.4f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    dp_record_rows_pull(w, 1, 3, 7, 2);
+    dp_record_rows_push(w, 1, 3, 4, 7, &(dp_push_outcome_t){.status = DP_PUSH_APPLIED, .staleness = 2}, 2,
+                        (const char *)g, 8);
+    dp_record_rows_push(w, 1, 3, 5, 9, &(dp_push_outcome_t){.status = DP_PUSH_REJECTED}, 1, NULL, 8);
+    CHECK_EQ(dp_record_close(&w, err), 0);
+    dp_rec_t r;
+    CHECK_EQ(dp_rec_load(&r, path, err), 0);
+    CHECK_EQ(r.n, 3);
+    if (r.n == 3) {
+        CHECK_EQ(r.ev[0].kind, DP_REC_ROWS_PULL);
+        CHECK(r.ev[0].shard == 1 && r.ev[0].worker == 3 && r.ev[0].version == 7 && r.ev[0].keys == 2);
+        CHECK_EQ(r.ev[1].kind, DP_REC_ROWS);
+        CHECK(r.ev[1].step == 4 && r.ev[1].version == 7 && r.ev[1].staleness == 2 && r.ev[1].keys == 2);
+        CHECK_EQ(r.ev[1].status, DP_PUSH_APPLIED);
+        CHECK(r.ev[1].grad_norm == dp_record_rows_norm(g, 16)); /* 17 digits: exact */
+        CHECK_EQ(r.ev[2].status, DP_PUSH_REJECTED);
+        CHECK(r.ev[2].grad_norm == -1); /* a rejected push has no norm */
+    }
+    dp_mode_t mode = DP_MODE_SYNC;
+    CHECK_EQ(dp_record_rows_parse(cJSON_GetObjectItemCaseSensitive(r.header, "rows"), &back, &mode, err), 0);
+    CHECK_EQ(mode, DP_MODE_ASYNC);
+    CHECK(back.width == 8 && back.optim.kind == DP_ROW_FTRL && back.optim.lr == 0.125f && back.optim.l1 == 0.5f);
+    CHECK(back.admit_after == 3 && back.evict_after == 1000 && back.init == DP_ROWS_INIT_UNIFORM);
+    CHECK(back.init_scale == 0.01f && back.seed == 18446744073709551615ull);
+    cJSON *rows = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(r.header, "rows"), 1);
+    cJSON_ReplaceItemInObjectCaseSensitive(rows, "width", cJSON_CreateNumber(0));
+    CHECK_EQ(dp_record_rows_parse(rows, &back, &mode, err), -1);
+    CHECK(strstr(err, "rows.width") && !strchr(err, '\n'));
+    cJSON_ReplaceItemInObjectCaseSensitive(rows, "width", cJSON_CreateNumber(8));
+    cJSON_ReplaceItemInObjectCaseSensitive(rows, "max_keys", cJSON_CreateNumber(-1));
+    CHECK_EQ(dp_record_rows_parse(rows, &back, &mode, err), -1);
+    CHECK(strstr(err, "rows.max_keys") != NULL);
+    cJSON_Delete(rows);
+    dp_rec_fini(&r);
+    /* each line broken in one way, the footer re-hashed: refused, one line */
+    const char *lines[] = {
+        "{\"e\":\"rpull\",\"s\":0,\"w\":0,\"v\":1}",                 /* no n */
+        "{\"e\":\"rows\",\"s\":0,\"w\":0,\"step\":1,\"v\":0,\"st\":\"applied\",\"stale\":0}", /* no n */
+        "{\"e\":\"rows\",\"s\":0,\"w\":0,\"step\":1,\"v\":0,\"st\":\"kept\",\"stale\":0,\"n\":1}",
+        "{\"e\":\"rows\",\"s\":0,\"w\":0,\"step\":1,\"v\":0,\"st\":\"applied\",\"stale\":0,\"n\":1,\"gn\":-1}",
+        "{\"e\":\"rows\",\"s\":0,\"w\":0,\"step\":1,\"v\":-2,\"st\":\"applied\",\"stale\":0,\"n\":1}",
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        char text[512];
+        int n = snprintf(text, sizeof text, "{\"downpour_record\":1}\n%s\n", lines[i]);
+        uint64_t hash = dp_fnv1a(DP_FNV_SEED, text, (size_t)n);
+        snprintf(text + n, sizeof text - (size_t)n,
+                 "{\"end\":\"downpour_record\",\"events\":1,\"fnv1a\":\"%016" PRIx64 "\"}\n", hash);
+        CHECK_EQ(dp_write_file_atomic(bad, text, strlen(text), err), 0);
+        CHECK_EQ(dp_rec_load(&r, bad, err), -1);
+        CHECK(strstr(err, "line 2 is not a record event") && !strchr(err, '\n'));
+    }
+}
+
+/* A sparse run is told by its model as parsed (embed:D first, whatever the
+ * spacing) or its data (libsvm:), not by text: only a sparse conf without
+ * row tables (downpour sim's) is refused, in one line; a lab header
+ * carries the rows conf to a replay and back. */
+static void test_lab_sparse_conf(void)
+{
+    const struct {
+        const char *model, *data;
+        int sparse;
+    } cases[] = {
+        {"embed:4 fc:2 softmax", NULL, 1},   {"  embed:4   softmax", NULL, 1},
+        {"fc:2 softmax", NULL, 0},           {"fc:2 softmax", "libsvm:a.svm", 1},
+        {"fc:16 relu fc:10 softmax", "fashion-mnist", 0},
+        {"embed:0 softmax", NULL, 0}, /* not a model: the session says why */
+    };
+    char err[DP_ERR_LEN];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dp_lab_conf_t c;
+        dp_lab_conf_default(&c);
+        c.train.model = cases[i].model;
+        c.train.data = cases[i].data;
+        CHECK_EQ(dp_lab_is_sparse(&c), cases[i].sparse);
+        err[0] = 0;
+        CHECK_EQ(dp_lab_check_dense(&c, err), cases[i].sparse ? -1 : 0);
+        if (cases[i].sparse) CHECK(strstr(err, "embed:D") && !strchr(err, '\n'));
+        c.has_rows = 1; /* a record's: replay runs it */
+        CHECK_EQ(dp_lab_check_dense(&c, err), 0);
+    }
+    dp_lab_conf_t c, back;
+    dp_lab_conf_default(&c);
+    c.train.model = "embed:4 fc:2 softmax";
+    c.mode = DP_MODE_SYNC;
+    c.has_rows = 1;
+    dp_rows_conf_default(&c.rows, 4, DP_ROW_ADAGRAD);
+    c.rows.optim.lr = 0.25f;
+    c.rows_mode = DP_MODE_ASYNC;
+    cJSON *h = dp_lab_conf_header(&c);
+    dp_lab_conf_default(&back);
+    CHECK_EQ(dp_lab_conf_from_header(&back, h, err), 0);
+    CHECK(back.has_rows && back.rows.width == 4 && back.rows.optim.lr == 0.25f);
+    CHECK_EQ(back.rows_mode, DP_MODE_ASYNC);
+    CHECK_EQ(back.mode, DP_MODE_SYNC);
+    cJSON_Delete(h);
+}
+
 /* A record is written through a fresh O_EXCL temporary file: a symlink
  * planted at the name the writer used to take (PATH.tmp) is not followed,
  * so the file it points to is not overwritten. A failing write (a full
@@ -650,6 +769,48 @@ static void test_replay_refuses_absurd_header(void)
         cJSON_AddStringToObject(h, "seed", "1");
         cJSON_AddStringToObject(h, "mode", "async");
         cJSON_AddNumberToObject(h, "batch", cases[i].batch);
+        s_replay_refuses(rec, out, errp, h, cases[i].want);
+    }
+}
+
+/* A sparse run's header is untrusted too: without the row tables' conf
+ * (a record from before row events), rows of another width than the
+ * model's embedding, a model of other than 2 classes, or data that is not
+ * there: one line each, status 1. */
+static void test_replay_refuses_sparse_header(void)
+{
+    char rec[300], out[300], errp[300], train[300], data[700], err[DP_ERR_LEN] = "";
+    snprintf(rec, sizeof rec, "%s/sparse.rec", s_dir);
+    snprintf(out, sizeof out, "%s/sparse-out", s_dir);
+    snprintf(errp, sizeof errp, "%s/sparse.err", s_dir);
+    snprintf(train, sizeof train, "%s/sparse-train.svm", s_dir);
+    const char svm[] = "1 3:1 7:0.5\n0 2:1\n1 7:2\n0 3:1 9:1\n";
+    CHECK_EQ(dp_write_file_atomic(train, svm, strlen(svm), err), 0);
+    snprintf(data, sizeof data, "libsvm:%s", train);
+    static const struct {
+        const char *model, *data; /* data NULL: the file above */
+        int width;                /* the rows conf's; 0: none in the header */
+        const char *want;
+    } cases[] = {
+        {"embed:4 fc:2 softmax", NULL, 0, "a model with embed:D but no \"rows\""},
+        {"embed:4 fc:2 softmax", NULL, 8, "embeds in 4 floats but the row tables' rows are 8 wide"},
+        {"embed:4 fc:3 softmax", NULL, 4, "ends in 3 classes"},
+        {"embed:4 fc:2 softmax", "libsvm:/nonexistent/t.svm", 4, "/nonexistent/t.svm"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *h = cJSON_CreateObject();
+        cJSON_AddStringToObject(h, "model", cases[i].model);
+        cJSON_AddStringToObject(h, "data", cases[i].data ? cases[i].data : data);
+        cJSON_AddStringToObject(h, "seed", "1");
+        cJSON_AddStringToObject(h, "mode", "async");
+        cJSON_AddNumberToObject(h, "workers", 2);
+        cJSON_AddNumberToObject(h, "shards", 2);
+        cJSON_AddNumberToObject(h, "batch", 2);
+        if (cases[i].width) {
+            dp_rows_conf_t rc;
+            dp_rows_conf_default(&rc, cases[i].width, DP_ROW_ADAGRAD);
+            cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&rc, DP_MODE_ASYNC));
+        }
         s_replay_refuses(rec, out, errp, h, cases[i].want);
     }
 }
@@ -845,7 +1006,8 @@ static void s_setup(void)
 DP_TESTS(T(test_sim_exponential), T(test_sim_constant), T(test_sim_momentum), T(test_record_replay),
          T(test_record_replay_bn),
          T(test_record_replay_rmsprop), T(test_record_replay_delay), T(test_record_replay_compress),
-         T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged),
+         T(test_record_replay_local_steps), T(test_record_replay_local_compress), T(test_record_damaged), T(test_record_rows),
+         T(test_lab_sparse_conf), T(test_replay_refuses_sparse_header),
          T(test_measured_step), T(test_record_tmp_is_safe),
          T(test_replay_refuses_absurd_header), T(test_record_optim_out_of_range), T(test_record_account),
          T(test_replay_refuses_absurd_rl_header))

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/rng.h"
+#include "server/ps_loop.h"
 #include "server/rows.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
@@ -542,5 +543,49 @@ static void test_restart_rows(void)
     CHECK_EQ(system(cmd), 0);
 }
 
-DP_TESTS(T(test_async_reference), T(test_bad_input), T(test_sync_rows), T(test_hybrid),
+/* The rules without the wire (dp_ps_rows_pull / dp_ps_rows_push), as a
+ * replay calls them: async applies at once with the staleness of its
+ * pull, a repeat says so and changes nothing, a key not pulled or the
+ * wrong width is rejected; sync waits for the dense step that takes it,
+ * then applies the mean, and a push whose step fired without it drops. */
+static void test_rules_without_wire(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_rows_conf_t rc;
+    dp_rows_conf_default(&rc, D, DP_ROW_SGD);
+    rc.optim.lr = 1;
+    dp_ps_rows_t r;
+    CHECK_EQ(dp_ps_rows_init(&r, D, &rc, DP_MODE_ASYNC, DP_MODE_ASYNC, 0, 1, 2, err), 0);
+    uint64_t keys[2] = {9, 4}, other = 5;
+    float rows[2 * D], g[2 * D] = {1, 2, 3, 4, 5, 6};
+    CHECK_EQ(dp_ps_rows_pull(&r, 1, keys, 2, rows, err), 0); /* no row held yet */
+    dp_push_outcome_t o;
+    CHECK_EQ(dp_ps_rows_push(&r, 1, 1, 3, 5, D, keys, 2, g, &o), 0);
+    CHECK(o.status == DP_PUSH_APPLIED && o.staleness == 2);
+    CHECK_EQ(dp_ps_rows_pull(&r, 1, keys, 2, rows, err), 2);
+    CHECK(rows[0] == -1 && rows[D] == -4); /* sgd at lr 1 from zeros, in the order asked */
+    CHECK_EQ(dp_ps_rows_push(&r, 1, 1, 5, 5, D, keys, 2, g, &o), 1); /* step 1 again */
+    CHECK_EQ(dp_ps_rows_push(&r, 1, 2, 5, 5, D, &other, 1, g, &o), 0);
+    CHECK(o.status == DP_PUSH_REJECTED && strstr(o.reason, "not in this worker's last ROWS_PULL"));
+    CHECK_EQ(dp_ps_rows_push(&r, 1, 2, 5, 5, D + 1, keys, 1, g, &o), 0);
+    CHECK(o.status == DP_PUSH_REJECTED && strstr(o.reason, "width"));
+    CHECK_EQ(r.pushes, 1);
+    CHECK_EQ(r.rejected, 2);
+    dp_ps_rows_fini(&r);
+    CHECK_EQ(dp_ps_rows_init(&r, D, &rc, DP_MODE_SYNC, DP_MODE_SYNC, 0, 1, 2, err), 0);
+    for (int w = 0; w < 2; w++) CHECK_EQ(dp_ps_rows_pull(&r, w, keys, 2, rows, err), 0);
+    CHECK_EQ(dp_ps_rows_push(&r, 0, 1, 0, 0, D, keys, 2, g, &o), 0);
+    CHECK(o.status == DP_PUSH_APPLIED);
+    CHECK_EQ(dp_ps_rows_push(&r, 1, 1, 0, 0, D, keys, 1, g, &o), 0);
+    dp_ps_rows_dense_taken(&r, 0, 0);
+    dp_ps_rows_dense_taken(&r, 1, 0);
+    dp_ps_rows_stepped(&r, 1); /* both taken: key 9 twice, key 4 once, over 2 */
+    CHECK_EQ(dp_ps_rows_pull(&r, 0, keys, 2, rows, err), 2);
+    CHECK(rows[0] == -1 && rows[D] == -2);
+    CHECK_EQ(dp_ps_rows_push(&r, 1, 2, 0, 1, D, keys, 2, g, &o), 0); /* pulled at 0, the step fired */
+    CHECK(o.status == DP_PUSH_DROPPED && o.staleness == 1);
+    dp_ps_rows_fini(&r);
+}
+
+DP_TESTS(T(test_rules_without_wire), T(test_async_reference), T(test_bad_input), T(test_sync_rows), T(test_hybrid),
          T(test_large_request), T(test_restart_rows))
