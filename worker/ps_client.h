@@ -323,8 +323,9 @@ int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
 
 /* The bytes of every push so far (dp_push_result_t.bytes summed). */
 uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);
-/* The tensor bytes every pull received: the dense weights (PARAMS) and
- * the rows of dp_ps_client_rows_pull, all calls. */
+/* The tensor bytes every pull received: the dense weights (PARAMS), the
+ * rows of dp_ps_client_rows_pull and the keys and rows of
+ * dp_ps_client_rows_all, all calls. */
 uint64_t dp_ps_client_bytes_pulled(const dp_ps_client_t *c);
 
 /* ---- row tables (a model whose first layer is embed:D; server/ps_rows.h) --

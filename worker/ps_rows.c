@@ -1,7 +1,9 @@
 /* ps_rows: the client's row requests (ROWS_PULL, ROWS_PUSH; issue 35) — a
  * batch's keys split by the shard that holds each (dp_rows_shard_of), one
- * request per shard, all in parallel through dp_ps_exchange; see
- * ps_client.h for the calls and server/ps_rows.h for the shard's rules. */
+ * request per shard, all in parallel through dp_ps_exchange; and the scan
+ * of every shard's whole table, page by page, merged by key (the chief's
+ * --save); see ps_client.h for the calls and server/ps_rows.h for the
+ * shard's rules. */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -211,7 +213,10 @@ int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, in
     return rc;
 }
 
-/* ---- a scan: every row of every shard ----------------------------------- */
+/* ---- a scan: every row of every shard -----------------------------------
+ * The cursor of each shard is the whole state of its read (the shard keeps
+ * none), so an exchange repeated after a restart or a lost reply asks for
+ * the same page again. */
 
 /* The scan in progress: each shard's cursor and the rows read so far. */
 typedef struct {
@@ -303,6 +308,26 @@ void dp_ps_table_free(dp_ps_table_t *t)
     memset(t, 0, sizeof *t);
 }
 
+/* The shards' rows merged by key into t: each shard's ascending, and no
+ * key on two shards (s_on_page checked both), so the smallest head of k
+ * lists is the next key. */
+static void s_merge(const s_scan_t *s, int k, dp_ps_table_t *t)
+{
+    size_t total = 0, at[DP_ZSOCK_MAX_SHARDS] = {0}, d = (size_t)s->d;
+    for (int i = 0; i < k; i++) total += s->n[i];
+    t->keys = dp_malloc((total ? total : 1) * sizeof *t->keys);
+    t->rows = dp_malloc((total ? total : 1) * d * sizeof *t->rows);
+    for (size_t j = 0; j < total; j++) {
+        int best = -1;
+        for (int i = 0; i < k; i++)
+            if (at[i] < s->n[i] && (best < 0 || s->keys[i][at[i]] < s->keys[best][at[best]])) best = i;
+        t->keys[j] = s->keys[best][at[best]];
+        memcpy(t->rows + j * d, s->rows[best] + at[best] * d, d * sizeof *t->rows);
+        at[best]++;
+    }
+    t->n = total;
+}
+
 int dp_ps_client_rows_all(dp_ps_client_t *c, int d, uint32_t page, dp_ps_table_t *t, char *err)
 {
     memset(t, 0, sizeof *t);
@@ -325,20 +350,7 @@ int dp_ps_client_rows_all(dp_ps_client_t *c, int d, uint32_t page, dp_ps_table_t
         if (all) break;
         if (dp_ps_exchange(c, &plan, err) != 0) goto done;
     }
-    /* merged by key: each shard's ascending, no key on two shards */
-    size_t total = 0, at[DP_ZSOCK_MAX_SHARDS] = {0};
-    for (int i = 0; i < c->n; i++) total += s->n[i];
-    t->keys = dp_malloc((total ? total : 1) * sizeof *t->keys);
-    t->rows = dp_malloc((total ? total : 1) * (size_t)d * sizeof *t->rows);
-    for (size_t j = 0; j < total; j++) {
-        int best = -1;
-        for (int i = 0; i < c->n; i++)
-            if (at[i] < s->n[i] && (best < 0 || s->keys[i][at[i]] < s->keys[best][at[best]])) best = i;
-        t->keys[j] = s->keys[best][at[best]];
-        memcpy(t->rows + j * (size_t)d, s->rows[best] + at[best] * (size_t)d, (size_t)d * sizeof *t->rows);
-        at[best]++;
-    }
-    t->n = total;
+    s_merge(s, c->n, t);
     t->init = s->init;
     t->seed = s->seed;
     t->pages = s->pages;
