@@ -470,8 +470,9 @@ static int s_raw_scan(void *sock, const dp_model_t *m, uint64_t from, uint32_t m
  * than asked (its bound: max_keys D / (D + 2)); a cursor past the last
  * key gives an empty page that says no more follow, one at the last key
  * that key alone; a scan of 0 keys or more than the wire's bound, one that
- * carries keys or asks the wrong width is refused with one line; a model
- * without a row table has nothing to scan. */
+ * carries keys or asks the wrong width is refused with one line, and so
+ * is one from a connection that said no HELLO; a model without a row
+ * table has nothing to scan. */
 static void test_scan(void)
 {
     shards_t sh;
@@ -546,11 +547,14 @@ static void test_scan(void)
     void *raw = raw_dealer(ctx, sh.s[s].endpoint, 3000);
     Downpour__Envelope env;
     Downpour__Hello h;
-    raw_hello_init(&env, &h, &m, 0, 1);
-    CHECK_EQ(raw_request(raw, &env, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
     size_t n;
     int more;
     char text[DP_ERR_LEN + 64];
+    /* a connection that said no HELLO reads nothing, like any request */
+    CHECK_EQ(s_raw_scan(raw, &m, 0, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "worker 0 has not said HELLO to this shard") != NULL);
+    raw_hello_init(&env, &h, &m, 0, 1);
+    CHECK_EQ(raw_request(raw, &env, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
     CHECK_EQ(s_raw_scan(raw, &m, last, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ROWS);
     CHECK(n == 1 && !more); /* the last key alone */
     CHECK_EQ(s_raw_scan(raw, &m, last + 1, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ROWS);
