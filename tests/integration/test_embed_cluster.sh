@@ -19,7 +19,8 @@
 #    embed.keys ascending, as many as summary.json's rows add up to, and
 #    `downpour eval --data libsvm:TEST` of it gives the summary's
 #    test_accuracy, test_loss and test_auc exactly (logistic regression
-#    over 2 async workers, the CTR model of one sync worker, and a short run
+#    over 2 async workers, the CTR model of one sync worker, hybrid, sync
+#    rows, over CURVE, and a short run
 #    on a wide key space whose test keys mostly have no row: they read as
 #    the servers' start, which the file's metadata names)
 #  - an elastic crew with libsvm data is one line
@@ -128,6 +129,7 @@ for arm in "sync async" "sync sync"; do
 import json, sys; s = json.load(open("h-%s/summary.json" % sys.argv[1]))
 assert s["rows_mode"] == sys.argv[1] and s["mode"] == "sync" and s["staleness_max"] == 0, s
 assert s["test_auc"] > 0.85, s["test_auc"]' "$2"
+    chief_file "h-$2"
 done
 
 # Over CURVE (keys downpour local makes): the rows' requests are sealed as
@@ -139,6 +141,7 @@ check "--secure: 2 workers over 2 CURVE shards exit 0 ($(tail -1 sec.log))" test
 check "... and train (test AUC above 0.85, rows on both shards)" "$TORCH_PY" -c '
 import json; s = json.load(open("sec/summary.json"))
 assert s["test_auc"] > 0.85 and len(s["rows"]) == 2 and min(s["rows"]) > 0, s'
+chief_file sec
 
 "$L" local --workers 1:2 --model 'embed:2 softmax' --data "$D" --out el >el.out 2>el.err
 rc=$?
