@@ -178,20 +178,48 @@ static int s_rows_layout(const Downpour__Envelope *e, size_t n, const char *want
 
 static int s_rows_pull_check(const Downpour__Envelope *e, char *err)
 {
-    if (s_rows_layout(e, 1, "one: keys, UINT64 [n]", err) != 0) return -1;
-    if (!s_row_tensor(e, 0, "keys", DOWNPOUR__DTYPE__UINT64, 1))
-        return dp_err(err, "malformed: ROWS_PULL's tensor is not keys, UINT64 [n] at offset 0");
+    const Downpour__RowsScan *scan = e->rows_pull->scan;
+    if (scan) { /* a page of the shard's own rows: no keys asked */
+        if (s_rows_layout(e, 0, "none: a scan names no keys", err) != 0) return -1;
+        if (scan->max_keys < 1 || scan->max_keys > DP_WIRE_MAX_ROW_KEYS)
+            return dp_err(err, "malformed: ROWS_PULL scan of %u keys a page (1 to %u)",
+                          scan->max_keys, DP_WIRE_MAX_ROW_KEYS);
+    } else {
+        if (s_rows_layout(e, 1, "one: keys, UINT64 [n]", err) != 0) return -1;
+        if (!s_row_tensor(e, 0, "keys", DOWNPOUR__DTYPE__UINT64, 1))
+            return dp_err(err, "malformed: ROWS_PULL's tensor is not keys, UINT64 [n] at offset 0");
+    }
     if (e->rows_pull->width < 1 || e->rows_pull->width > DP_WIRE_MAX_ROW_WIDTH)
         return dp_err(err, "malformed: ROWS_PULL width %u (1 to %d)", e->rows_pull->width,
                       DP_WIRE_MAX_ROW_WIDTH);
     return 0;
 }
 
+/* A pull's rows, or a scan's page: its keys, then their rows (as many),
+ * and only a page that lists a key may say more follow (else a client
+ * would ask again from the same key for ever). */
 static int s_rows_check(const Downpour__Envelope *e, char *err)
 {
+    if (e->n_tensors == 2) {
+        if (s_rows_layout(e, 2, "a scan's page: keys, UINT64 [n], and rows, FLOAT32 [n, D]", err) != 0)
+            return -1;
+        if (!s_row_tensor(e, 0, "keys", DOWNPOUR__DTYPE__UINT64, 1) ||
+            !s_row_tensor(e, 1, "rows", DOWNPOUR__DTYPE__FLOAT32, 2))
+            return dp_err(err, "malformed: a scan's ROWS tensors are not keys, UINT64 [n], then "
+                               "rows, FLOAT32 [n, D], at offset 0");
+        const Downpour__TensorDesc *k = e->tensors[0], *w = e->tensors[1];
+        if (w->shape[0] != k->shape[0] || w->shape[1] < 1 || w->shape[1] > DP_WIRE_MAX_ROW_WIDTH)
+            return dp_err(err, "malformed: a scan's ROWS of %lld keys has rows [%lld, %lld]",
+                          (long long)k->shape[0], (long long)w->shape[0], (long long)w->shape[1]);
+        if (e->rows->more && k->shape[0] == 0)
+            return dp_err(err, "malformed: a scan's ROWS says more follow but lists no key");
+        return 0;
+    }
     if (s_rows_layout(e, 1, "one: rows, FLOAT32 [n, D]", err) != 0) return -1;
     if (!s_row_tensor(e, 0, "rows", DOWNPOUR__DTYPE__FLOAT32, 2))
         return dp_err(err, "malformed: ROWS' tensor is not rows, FLOAT32 [n, D] at offset 0");
+    if (e->rows->more)
+        return dp_err(err, "malformed: ROWS without keys says more follow (only a scan's page may)");
     return 0;
 }
 

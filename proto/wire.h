@@ -10,9 +10,12 @@
  * Invariants after dp_wire_check() returned 0: protocol_version is
  * DP_PROTOCOL_VERSION; type is a known MsgType; the sub-message the type needs
  * is present; tensors appear only on PUSH, PARAMS and the row messages
- * (ROWS_PULL: "keys" UINT64 [n]; ROWS: "rows" FLOAT32 [n, D]; ROWS_PUSH:
- * "keys" then "grads" FLOAT32 [n, width], all at offset 0, in frames, D at
- * most DP_WIRE_MAX_ROW_WIDTH; UINT64 nowhere else), at most
+ * (ROWS_PULL: "keys" UINT64 [n], or none with a scan whose max_keys is 1
+ * to DP_WIRE_MAX_ROW_KEYS; ROWS: "rows" FLOAT32 [n, D], or "keys" UINT64
+ * [n] then "rows" [n, D], a scan's page, the only ROWS whose `more` may be
+ * set, and then with n >= 1; ROWS_PUSH: "keys" then "grads" FLOAT32 [n,
+ * width], all at offset 0, in frames, D at most DP_WIRE_MAX_ROW_WIDTH;
+ * UINT64 nowhere else), at most
  * DP_WIRE_MAX_TENSORS; there is exactly one frame per descriptor; each
  * descriptor is FLOAT32 (or BFLOAT16 in frames: 2 bytes an element where
  * 4 is said here; or UINT32 and BIT in a compressed PUSH, Push.compression
@@ -58,6 +61,10 @@
 #define DP_WIRE_MAX_PULL_PARTS 8
 /* Floats per row of a row table (server/rows.h's DP_ROWS_MAX_WIDTH is this). */
 #define DP_WIRE_MAX_ROW_WIDTH 4096
+/* Keys one row request may name or a scan page ask for (RowsScan.max_keys;
+ * server/rows.h's DP_ROWS_MAX_KEYS, the ceiling of a shard's max_keys, is
+ * this). */
+#define DP_WIRE_MAX_ROW_KEYS (1u << 20)
 
 /* Consistency policy of the parameter server. */
 typedef enum { DP_MODE_SYNC = 1, DP_MODE_ASYNC = 2, DP_MODE_SSP = 3 } dp_mode_t;

@@ -14,6 +14,7 @@
 #include "server/record.h"
 
 _Static_assert(DP_ROWS_MAX_WIDTH == DP_WIRE_MAX_ROW_WIDTH, "one bound on a row's width");
+_Static_assert(DP_ROWS_MAX_KEYS == DP_WIRE_MAX_ROW_KEYS, "one bound on a request's keys");
 
 int dp_ps_rows_init(dp_ps_rows_t *r, int d, const dp_rows_conf_t *c, dp_mode_t mode,
                     dp_mode_t dense_mode, uint32_t shard, uint32_t shards, int workers, char *err)
@@ -35,6 +36,8 @@ int dp_ps_rows_init(dp_ps_rows_t *r, int d, const dp_rows_conf_t *c, dp_mode_t m
     r->shards = shards;
     r->workers = workers;
     r->max_keys = conf.max_keys ? conf.max_keys : DP_ROWS_DEFAULT_KEYS;
+    r->init = conf.init == DP_ROWS_INIT_UNIFORM ? conf.init_scale : 0;
+    r->seed = conf.init == DP_ROWS_INIT_UNIFORM ? conf.seed : 0;
     r->last_step = dp_calloc((size_t)workers, sizeof *r->last_step);
     r->pulled = dp_calloc((size_t)workers, sizeof *r->pulled);
     r->n_pulled = dp_calloc((size_t)workers, sizeof *r->n_pulled);
@@ -203,6 +206,57 @@ static void s_reply_rows(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     dp_ps_send(ps, id, &rep, &pl, 1);
 }
 
+uint32_t dp_ps_rows_page(const dp_ps_rows_t *r)
+{
+    uint64_t d = (uint64_t)(r->width > 0 ? r->width : 1);
+    uint64_t page = (uint64_t)r->max_keys * d / (d + 2);
+    return page ? (uint32_t)page : 1;
+}
+
+/* A scan's page: the keys >= from the table holds, at most the page's
+ * bound, their rows, and whether more follow (one key past the page
+ * asked of the table says so). Keys and rows go to ZeroMQ, freed once
+ * sent. */
+static void s_on_rows_scan(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+{
+    dp_ps_rows_t *r = &ps->rows;
+    const Downpour__RowsScan *scan = env->rows_pull->scan;
+    uint32_t bound = dp_ps_rows_page(r);
+    size_t page = scan->max_keys < bound ? scan->max_keys : bound; /* wire: >= 1 */
+    uint64_t *keys = dp_malloc((page + 1) * sizeof *keys);
+    size_t n = dp_rows_keys_from(r->table, scan->from, page + 1, keys);
+    bool more = n > page;
+    if (more) n = page;
+    float *rows = dp_malloc((n ? n : 1) * (size_t)r->width * sizeof *rows);
+    char why[DP_ERR_LEN];
+    if (dp_rows_pull(r->table, keys, n, r->width, rows, why) < 0) { /* held keys, n <= max_keys */
+        free(keys), free(rows);
+        char msg[DP_ERR_LEN + 16];
+        snprintf(msg, sizeof msg, "ROWS_PULL scan: %s", why);
+        dp_ps_reply_error(ps, id, env->request_id, env->worker_id, msg);
+        return;
+    }
+    Downpour__Envelope rep;
+    dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__ROWS, env->request_id, env->worker_id);
+    Downpour__Rows body = DOWNPOUR__ROWS__INIT;
+    body.version = ps->shard.version;
+    body.held = n;
+    body.more = more;
+    body.init = r->init;
+    body.seed = r->seed;
+    rep.rows = &body;
+    Downpour__TensorDesc d[2];
+    Downpour__TensorDesc *dv[2] = {&d[0], &d[1]};
+    int64_t shape[2][2];
+    dp_wire_desc_keyed(&d[0], shape[0], "keys", DOWNPOUR__DTYPE__UINT64, keys, n, 0);
+    dp_wire_desc_keyed(&d[1], shape[1], "rows", DOWNPOUR__DTYPE__FLOAT32, rows, n, (size_t)r->width);
+    rep.n_tensors = 2;
+    rep.tensors = dv;
+    dp_wire_payload_t pl[2] = {{keys, d[0].byte_length, s_free_frame, NULL},
+                               {rows, d[1].byte_length, s_free_frame, NULL}};
+    dp_ps_send(ps, id, &rep, pl, 2);
+}
+
 void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                         const dp_wire_frame_t *frames)
 {
@@ -218,6 +272,10 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
         snprintf(msg, sizeof msg, "ROWS_PULL: rows of width %u asked; this shard's are %d wide",
                  env->rows_pull->width, r->width);
         dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        return;
+    }
+    if (env->rows_pull->scan) {
+        s_on_rows_scan(ps, id, env);
         return;
     }
     size_t n;

@@ -12,6 +12,16 @@
  * max_keys keys, 8 bytes each: the memory bound per worker); a push may
  * name only keys of that set ("a push for rows the worker did not pull").
  *
+ * Scan (RowsPull.scan): a page of the rows the shard holds, the keys
+ * >= from ascending (dp_rows_keys_from), with the keys themselves, whether
+ * more follow and what a key without a row reads as (init, seed): how the
+ * chief reads every shard's table into its --save. A page holds at most
+ * dp_ps_rows_page(r) keys, so its keys and rows are no larger than the
+ * ROWS reply of a pull of max_keys keys; it reads, changing nothing (the
+ * worker's pulled key set included). Each page scans the table's slots
+ * once (rows.h), so a table of n rows read in pages of p costs n / p
+ * scans: the run's end, not its steps.
+ *
  * Push: (worker, step) applied once (a repeat is acknowledged, not applied
  * again); checked whole (width, keys pulled, finite, no key twice) before
  * anything moves, so a bad push is one REJECTED ACK and changes nothing.
@@ -55,6 +65,8 @@ typedef struct {
     uint32_t shard, shards;
     int workers;
     uint32_t max_keys;
+    float init;            /* a key without a row reads uniform in [-init, init) by (seed, key); */
+    uint64_t seed;         /* init 0: zeros (a scan's reply says so) */
     uint64_t *last_step;   /* per worker: the last push step applied (0: none) */
     uint64_t **pulled;     /* per worker: its last pull's keys, sorted (owned, max_keys) */
     size_t *n_pulled;
@@ -112,6 +124,10 @@ void dp_ps_rows_stepped(dp_ps_rows_t *r, uint64_t version);
  * unchanged. */
 uint8_t *dp_ps_rows_save(const dp_ps_rows_t *r, size_t *len);
 int dp_ps_rows_load(dp_ps_rows_t *r, const uint8_t *buf, size_t len, char *err);
+
+/* The most keys a scan's page lists: max_keys D / (D + 2), at least 1
+ * (a page's 8 + 4 D bytes a key within a pull's 4 D a key of max_keys). */
+uint32_t dp_ps_rows_page(const dp_ps_rows_t *r);
 
 /* The counters a STATS reply and the metrics carry. */
 typedef struct {

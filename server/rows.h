@@ -77,7 +77,7 @@
 #include "proto/wire.h" /* DP_WIRE_MAX_ROW_WIDTH */
 
 #define DP_ROWS_MAX_WIDTH DP_WIRE_MAX_ROW_WIDTH /* D at most (the wire's bound) */
-#define DP_ROWS_MAX_KEYS (1u << 20)       /* keys per request at most (max_keys' ceiling) */
+#define DP_ROWS_MAX_KEYS DP_WIRE_MAX_ROW_KEYS /* keys per request at most (max_keys' ceiling) */
 #define DP_ROWS_DEFAULT_KEYS (1u << 16)   /* max_keys when 0 */
 #define DP_ROWS_MAX_ROWS (1ull << 31)     /* max_rows' ceiling: slots are 32-bit */
 #define DP_ROWS_MAX_ADMIT 1000000u        /* admit_after at most */

@@ -566,6 +566,37 @@ static void s_metrics_push(s_run_t *r, long step, long g, float loss, size_t key
     dp_metrics_write(r->s.metrics, &line);
 }
 
+/* The chief's --save: the dense layers it evaluated and every shard's rows
+ * (read page by page and merged by key: dp_ps_client_rows_all), with a
+ * standalone file's metadata (what a key without a row reads as: the
+ * servers' init and seed, which their scan replies say; the batch the test
+ * file was scored in), so downpour eval scores it as the chief did. held:
+ * the rows STATS counted, which a table no worker pushes to any more
+ * still holds. */
+static int s_save_cluster(s_run_t *r, long done, uint64_t version, uint64_t held, char *err)
+{
+    dp_session_t *s = &r->s;
+    if (!s->conf.save) return 0;
+    dp_ps_table_t t;
+    if (dp_ps_client_rows_all(r->ps, s->model.embed_dim, 0, &t, err) != 0) return -1;
+    if (t.n != held)
+        dp_log_warn("--save: %zu rows read from the servers, %" PRIu64 " counted by their STATS "
+                    "(was a worker still pushing?)", t.n, held);
+    char rows[24], init[32], seed[24], batch[16];
+    snprintf(rows, sizeof rows, "%zu", t.n);
+    snprintf(init, sizeof init, "%.9g", (double)t.init);
+    snprintf(seed, sizeof seed, "%" PRIu64, t.seed);
+    snprintf(batch, sizeof batch, "%d", s->conf.batch);
+    const char *kv[] = {"embed_rows", rows, DP_ST_ROWS_INIT, init, DP_ST_ROWS_SEED, seed,
+                        "batch", batch, NULL};
+    dp_log_info("chief: --save %s: the dense layers and %zu rows (%" PRIu64 " pages)",
+                s->conf.save, t.n, t.pages);
+    int rc = dp_checkpoint_save_rows(s->conf.save, &s->model, s->h_params, done, (long)version,
+                                     t.keys, t.rows, t.n, kv, err);
+    dp_ps_table_free(&t);
+    return rc;
+}
+
 /* The chief's end: every worker finished, the servers' weights and rows
  * evaluated on the test file, the table's rows per shard from STATS. */
 static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, double epochs,
@@ -586,14 +617,7 @@ static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, doubl
     dp_log_info("chief: test accuracy %.4f, loss %.4f, AUC %.4f; %" PRIu64 " rows on %d shard(s), "
                 "%" PRIu64 " evicted; row pushes %" PRIu64 " (%" PRIu64 " rejected)", acc, test_loss,
                 auc, held, st.rows_shards, st.rows_evicted, st.row_pushes, st.row_pushes_rejected);
-    if (s->conf.save) {
-        /* the dense layers (the rows stay on the servers, in their checkpoints) */
-        char rows[24];
-        snprintf(rows, sizeof rows, "%" PRIu64, held);
-        const char *kv[] = {"embed_rows", rows, NULL};
-        if (dp_checkpoint_save(s->conf.save, &s->model, s->h_params, done, (long)st.version, kv, err) != 0)
-            return -1;
-    }
+    if (s_save_cluster(r, done, st.version, held, err) != 0) return -1;
     dp_ps_membership_t crew = {0}; /* joins and leaves: an elastic crew's story */
     if (dp_ps_client_membership(r->ps, &crew, err) != 0) return -1;
     dp_sparse_summary_t sp = {.test_auc = auc, .rows = st.rows, .tables = st.rows_shards};

@@ -46,8 +46,10 @@ int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
  * each step pulling the dense weights and its batch's rows and pushing
  * the rows' gradients, then the dense gradient. The chief (task 0) ends the
  * run: the servers' model on the test file (test_auc), the rows per shard
- * from STATS, bytes_pushed and bytes_pulled, --save (the dense layers), and
- * summary.json. 0, or -1 with err. */
+ * from STATS, bytes_pushed and bytes_pulled, --save (the dense layers and
+ * every shard's rows, read by scans: dp_ps_client_rows_all; the servers'
+ * init and seed in the metadata, no digest), and summary.json. 0, or -1
+ * with err. */
 int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 
 /* The rows of n distinct keys (n x d into rows, in the order asked),

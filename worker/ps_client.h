@@ -323,8 +323,9 @@ int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
 
 /* The bytes of every push so far (dp_push_result_t.bytes summed). */
 uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);
-/* The tensor bytes every pull received: the dense weights (PARAMS) and
- * the rows of dp_ps_client_rows_pull, all calls. */
+/* The tensor bytes every pull received: the dense weights (PARAMS), the
+ * rows of dp_ps_client_rows_pull and the keys and rows of
+ * dp_ps_client_rows_all, all calls. */
 uint64_t dp_ps_client_bytes_pulled(const dp_ps_client_t *c);
 
 /* ---- row tables (a model whose first layer is embed:D; server/ps_rows.h) --
@@ -342,6 +343,26 @@ int dp_ps_client_rows_pull(dp_ps_client_t *c, const uint64_t *keys, size_t n, in
  * bytes: keys and rows moved). 0, or -1 with err. */
 int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, int d,
                            const float *grads, uint64_t step, dp_push_result_t *res, char *err);
+
+/* Every row the shards hold, in key order (the chief's --save at the end
+ * of a run, when no worker pushes any more): each shard's table read by
+ * scans (ROWS_PULL with RowsPull.scan, server/ps_rows.h) of at most page
+ * keys a reply (0: DP_ROWS_DEFAULT_KEYS; a shard may list fewer), the
+ * shards still reading asked in parallel, a page after the other; each
+ * key checked to be its shard's and past the page before, each shard's
+ * init and seed to be the first's; merged by key (a key lives on one
+ * shard). t->keys and t->rows malloc'd (dp_ps_table_free). 0, or -1 with
+ * err and t empty. */
+typedef struct {
+    uint64_t *keys;        /* n, ascending */
+    float *rows;           /* n x d, the keys' order */
+    size_t n;
+    float init;            /* a key without a row reads uniform in [-init, init) by */
+    uint64_t seed;         /* (seed, key), server/rows.h; init 0: zeros */
+    uint64_t pages;        /* the pages read, every shard */
+} dp_ps_table_t;
+int dp_ps_client_rows_all(dp_ps_client_t *c, int d, uint32_t page, dp_ps_table_t *t, char *err);
+void dp_ps_table_free(dp_ps_table_t *t);
 
 /* The last step of this worker every shard has applied (from their
  * WELCOMEs): a restarted worker resumes after it. 0 for a new worker. */

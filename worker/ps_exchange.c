@@ -367,6 +367,7 @@ int dp_ps_exchange_send(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
     c->code = DP_PS_OK;
     int rc = 0;
     for (int i = 0; i < plan->n_shards && rc == 0; i++) {
+        if (plan->skip && plan->skip(c, i, plan->arg)) continue; /* want_req 0: not awaited */
         /* A socket a failed reset could not reopen gets another try; a
          * shard seen restarting since the last exchange is greeted first. */
         if (!c->sh[i].sock && (rc = s_open(c, i, err)) != 0) break;

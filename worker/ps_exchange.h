@@ -180,10 +180,14 @@ typedef int (*dp_ps_before_fn)(dp_ps_client_t *c, int i, bool again, void *arg, 
  * the forward reads next)? The other replies are awaited by a later wait. */
 typedef bool (*dp_ps_enough_fn)(const dp_ps_client_t *c, void *arg);
 
+/* Is shard i left out of this exchange (nothing sent, nothing awaited)? */
+typedef bool (*dp_ps_skip_fn)(const dp_ps_client_t *c, int i, void *arg);
+
 /* One exchange: the same request type to shards [0, n_shards). */
 typedef struct {
     int type;             /* DOWNPOUR__MSG_TYPE__* of every request */
     int n_shards;         /* c->n, or 1 to ask shard 0 only */
+    dp_ps_skip_fn skip;   /* NULL: each of them is asked (a scan: the shards read to the end are not) */
     dp_ps_before_fn before; /* NULL: the request goes alone */
     dp_ps_build_fn build; /* NULL: the request has no body */
     dp_ps_reply_fn on_reply; /* takes each shard's reply */

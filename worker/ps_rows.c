@@ -1,7 +1,9 @@
 /* ps_rows: the client's row requests (ROWS_PULL, ROWS_PUSH; issue 35) — a
  * batch's keys split by the shard that holds each (dp_rows_shard_of), one
- * request per shard, all in parallel through dp_ps_exchange; see
- * ps_client.h for the calls and server/ps_rows.h for the shard's rules. */
+ * request per shard, all in parallel through dp_ps_exchange; and the scan
+ * of every shard's whole table, page by page, merged by key (the chief's
+ * --save); see ps_client.h for the calls and server/ps_rows.h for the
+ * shard's rules. */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -208,5 +210,154 @@ int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, in
     if (dp_ps_wait_released(c, e2) != 0 && rc == 0) rc = dp_err(err, "%s", e2);
     res->bytes = n * (sizeof(uint64_t) + (size_t)d * sizeof(float));
     if (rc == 0) c->bytes_pushed += res->bytes;
+    return rc;
+}
+
+/* ---- a scan: every row of every shard -----------------------------------
+ * The cursor of each shard is the whole state of its read (the shard keeps
+ * none), so an exchange repeated after a restart or a lost reply asks for
+ * the same page again. */
+
+/* The scan in progress: each shard's cursor and the rows read so far. */
+typedef struct {
+    int d;
+    uint32_t page;                              /* keys a page asks for */
+    Downpour__RowsScan ask[DP_ZSOCK_MAX_SHARDS]; /* each shard's request body */
+    bool done[DP_ZSOCK_MAX_SHARDS];              /* read to its end */
+    uint64_t *keys[DP_ZSOCK_MAX_SHARDS];         /* each shard's keys, ascending, and rows */
+    float *rows[DP_ZSOCK_MAX_SHARDS];
+    size_t n[DP_ZSOCK_MAX_SHARDS], cap[DP_ZSOCK_MAX_SHARDS];
+    bool have_init;                              /* init and seed: the first page's */
+    float init;
+    uint64_t seed;
+    uint64_t pages;
+} s_scan_t;
+
+static bool s_scan_done(const dp_ps_client_t *c, int i, void *arg)
+{
+    (void)c;
+    return ((const s_scan_t *)arg)->done[i];
+}
+
+static void s_build_scan(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
+{
+    (void)c;
+    s_scan_t *s = arg;
+    Downpour__RowsPull *p = &rq->body.rows_pull;
+    *p = (Downpour__RowsPull)DOWNPOUR__ROWS_PULL__INIT;
+    p->width = (uint32_t)s->d;
+    p->scan = &s->ask[i];
+    rq->env.rows_pull = p;
+}
+
+/* Shard i's page: its keys its own, ascending, from the cursor on, no more
+ * than asked; appended, and the cursor moved past them. */
+static dp_ps_reply_t s_on_page(dp_ps_client_t *c, int i, const Downpour__Envelope *env,
+                               const dp_wire_frame_t *frames, int nf, void *arg, char *err)
+{
+    s_scan_t *s = arg;
+    const char *ep = c->sh[i].endpoint;
+    if (env->type == DOWNPOUR__MSG_TYPE__ERROR) return dp_ps_refused(c, i, env, err);
+    /* the wire checked the layout: keys [n] then rows [n, D], more only with a key */
+    if (env->type != DOWNPOUR__MSG_TYPE__ROWS || !env->rows || nf != 2 ||
+        env->tensors[1]->shape[1] != s->d)
+        return dp_err(err, "%s: answered a scan of its rows with %s (not a page of keys and rows "
+                      "of width %d)", ep, dp_wire_type_name(env->type), s->d);
+    const Downpour__Rows *b = env->rows;
+    size_t n = (size_t)env->tensors[0]->shape[0];
+    if (n > s->page)
+        return dp_err(err, "%s: a scan's page of %zu keys (%u asked)", ep, n, s->page);
+    if (!s->have_init) s->init = b->init, s->seed = b->seed, s->have_init = true;
+    else if (memcmp(&s->init, &b->init, sizeof b->init) != 0 || s->seed != b->seed)
+        return dp_err(err, "%s: its rows start at init %g, seed %" PRIu64 "; another shard's at "
+                      "%g, %" PRIu64 " (are the servers' --row-init and --seed the same?)", ep,
+                      (double)b->init, b->seed, (double)s->init, s->seed);
+    if (s->n[i] + n > s->cap[i]) {
+        size_t cap = s->cap[i] ? s->cap[i] : 1;
+        while (cap < s->n[i] + n) cap *= 2;
+        s->keys[i] = dp_realloc(s->keys[i], cap * sizeof *s->keys[i]);
+        s->rows[i] = dp_realloc(s->rows[i], cap * (size_t)s->d * sizeof *s->rows[i]);
+        s->cap[i] = cap;
+    }
+    uint64_t *k = s->keys[i] + s->n[i];
+    memcpy(k, frames[0].data, n * sizeof *k); /* a frame need not be aligned */
+    for (size_t j = 0; j < n; j++) {
+        uint64_t lo = j ? k[j - 1] : s->ask[i].from;
+        if (k[j] < lo || (j && k[j] == lo))
+            return dp_err(err, "%s: a scan's page from key %" PRIu64 " lists key %" PRIu64 " after "
+                          "%" PRIu64 " (keys ascend from the cursor)", ep, s->ask[i].from, k[j], lo);
+        if (dp_rows_shard_of(k[j], (uint32_t)c->n) != (uint32_t)i)
+            return dp_err(err, "%s: a scan lists key %" PRIu64 ", which shard %u holds", ep, k[j],
+                          dp_rows_shard_of(k[j], (uint32_t)c->n));
+    }
+    memcpy(s->rows[i] + s->n[i] * (size_t)s->d, frames[1].data, frames[1].len);
+    s->n[i] += n;
+    s->pages++;
+    c->bytes_pulled += frames[0].len + frames[1].len;
+    dp_ps_seen(&c->sh[i], b->version);
+    if (!b->more) s->done[i] = true;
+    else if (k[n - 1] == UINT64_MAX) /* n >= 1: the wire's rule */
+        return dp_err(err, "%s: a scan says more rows follow key 2^64 - 1", ep);
+    else s->ask[i].from = k[n - 1] + 1;
+    return DP_PS_REPLY_DONE;
+}
+
+void dp_ps_table_free(dp_ps_table_t *t)
+{
+    free(t->keys), free(t->rows);
+    memset(t, 0, sizeof *t);
+}
+
+/* The shards' rows merged by key into t: each shard's ascending, and no
+ * key on two shards (s_on_page checked both), so the smallest head of k
+ * lists is the next key. */
+static void s_merge(const s_scan_t *s, int k, dp_ps_table_t *t)
+{
+    size_t total = 0, at[DP_ZSOCK_MAX_SHARDS] = {0}, d = (size_t)s->d;
+    for (int i = 0; i < k; i++) total += s->n[i];
+    t->keys = dp_malloc((total ? total : 1) * sizeof *t->keys);
+    t->rows = dp_malloc((total ? total : 1) * d * sizeof *t->rows);
+    for (size_t j = 0; j < total; j++) {
+        int best = -1;
+        for (int i = 0; i < k; i++)
+            if (at[i] < s->n[i] && (best < 0 || s->keys[i][at[i]] < s->keys[best][at[best]])) best = i;
+        t->keys[j] = s->keys[best][at[best]];
+        memcpy(t->rows + j * d, s->rows[best] + at[best] * d, d * sizeof *t->rows);
+        at[best]++;
+    }
+    t->n = total;
+}
+
+int dp_ps_client_rows_all(dp_ps_client_t *c, int d, uint32_t page, dp_ps_table_t *t, char *err)
+{
+    memset(t, 0, sizeof *t);
+    if (d < 1 || d > DP_ROWS_MAX_WIDTH) return dp_err(err, "rows scan: width %d (1 to %d)", d, DP_ROWS_MAX_WIDTH);
+    if (page > DP_WIRE_MAX_ROW_KEYS) return dp_err(err, "rows scan: pages of %u keys (at most %u)", page, DP_WIRE_MAX_ROW_KEYS);
+    s_scan_t *s = dp_calloc(1, sizeof *s);
+    s->d = d;
+    s->page = page ? page : DP_ROWS_DEFAULT_KEYS;
+    for (int i = 0; i < c->n; i++) {
+        s->ask[i] = (Downpour__RowsScan)DOWNPOUR__ROWS_SCAN__INIT;
+        s->ask[i].max_keys = s->page;
+    }
+    int rc = -1;
+    dp_ps_plan_t plan = {.type = DOWNPOUR__MSG_TYPE__ROWS_PULL, .n_shards = c->n,
+                         .skip = s_scan_done, .build = s_build_scan, .on_reply = s_on_page,
+                         .arg = s};
+    for (;;) {
+        bool all = true;
+        for (int i = 0; i < c->n; i++) all = all && s->done[i];
+        if (all) break;
+        if (dp_ps_exchange(c, &plan, err) != 0) goto done;
+    }
+    s_merge(s, c->n, t);
+    t->init = s->init;
+    t->seed = s->seed;
+    t->pages = s->pages;
+    rc = 0;
+done:
+    for (int i = 0; i < c->n; i++) free(s->keys[i]), free(s->rows[i]);
+    free(s);
+    if (rc != 0) dp_ps_table_free(t);
     return rc;
 }

@@ -12,6 +12,7 @@
  * this program writes (`fuzz_wire --write-seeds DIR`: the valid messages below).
  * Built by the normal Makefile with gcc, main() runs a few thousand random and
  * mutated inputs (seeded, reproducible) and prints "N passed, N failed". */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -61,16 +62,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dp_wire_check(env, frames, k, err) == 0) {
         s_accepted++;
         if (env->protocol_version != DP_PROTOCOL_VERSION) s_violation("accepted a wrong version");
-        if ((int)env->type < 1 || (int)env->type > 11) s_violation("accepted an unknown type");
+        if ((int)env->type < 1 || (int)env->type > DOWNPOUR__MSG_TYPE__ROWS_PUSH)
+            s_violation("accepted an unknown type");
+        bool rows_msg = env->type == DOWNPOUR__MSG_TYPE__ROWS_PULL ||
+                        env->type == DOWNPOUR__MSG_TYPE__ROWS || env->type == DOWNPOUR__MSG_TYPE__ROWS_PUSH;
+        bool compressed = env->push && env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
         /* tensors in shared memory: no frames at all; else one per descriptor */
         if (env->shm ? k != 0 : env->n_tensors != (size_t)k)
             s_violation("accepted a frame count mismatch");
         for (size_t i = 0; i < env->n_tensors && i < (size_t)k; i++) {
             const Downpour__TensorDesc *d = env->tensors[i];
             if (d->byte_length != frames[i].len) s_violation("accepted a byte length mismatch");
-            if (d->dtype != DOWNPOUR__DTYPE__FLOAT32 && d->dtype != DOWNPOUR__DTYPE__BFLOAT16)
+            bool keys = d->dtype == DOWNPOUR__DTYPE__UINT64;
+            bool coded = d->dtype == DOWNPOUR__DTYPE__UINT32 || d->dtype == DOWNPOUR__DTYPE__BIT;
+            if (keys ? !rows_msg
+                     : coded ? !compressed
+                             : d->dtype != DOWNPOUR__DTYPE__FLOAT32 && d->dtype != DOWNPOUR__DTYPE__BFLOAT16)
                 s_violation("accepted a bad dtype");
-            if (dp_wire_desc_count(d) * dp_wire_dtype_size(d->dtype) != d->byte_length)
+            if (d->dtype != DOWNPOUR__DTYPE__BIT &&
+                dp_wire_desc_count(d) * dp_wire_dtype_size(d->dtype) != d->byte_length)
                 s_violation("accepted a byte length that is not whole elements");
             if (d->checksum != DOWNPOUR__CHECKSUM__CRC32 && d->checksum != DOWNPOUR__CHECKSUM__NO_CHECKSUM)
                 s_violation("accepted an unknown checksum kind");
@@ -84,6 +94,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (env->pull->cuts[c] <= env->pull->cuts[c - 1])
                     s_violation("accepted PULL cuts not strictly ascending");
         }
+        /* a scan names no keys and a bounded page; a page's keys and rows agree */
+        if (env->rows_pull && env->rows_pull->scan &&
+            (env->n_tensors != 0 || env->rows_pull->scan->max_keys < 1 ||
+             env->rows_pull->scan->max_keys > DP_WIRE_MAX_ROW_KEYS))
+            s_violation("accepted a scan with keys or an unbounded page");
+        if (env->rows && env->n_tensors == 2 && env->tensors[0]->shape[0] != env->tensors[1]->shape[0])
+            s_violation("accepted a page whose keys and rows differ in number");
+        if (env->rows && env->rows->more && (env->n_tensors != 2 || env->tensors[0]->shape[0] < 1))
+            s_violation("accepted a page that says more follow without a key");
         if (env->params && (dp_wire_params_parts(env->params) > DP_WIRE_MAX_PULL_PARTS ||
                             env->params->part >= dp_wire_params_parts(env->params)))
             s_violation("accepted a PARAMS part outside its parts");
@@ -109,7 +128,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef DP_LIBFUZZER
-/* Valid messages to mutate: a PUSH with k frames, a HELLO, a PULL, an ERROR. */
+/* Valid messages to mutate: a PUSH with k frames, a HELLO, a PULL, an
+ * ERROR, a ROWS_PULL scan (the chief's read of a shard's table) and its
+ * page (ROWS: 16 keys, then their rows of width 2, 128 bytes each). */
+#define S_KINDS 6
 static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
 {
     static float t[64];
@@ -120,17 +142,20 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
     Downpour__Hello hello = DOWNPOUR__HELLO__INIT;
     Downpour__Pull pull = DOWNPOUR__PULL__INIT;
     Downpour__Error error = DOWNPOUR__ERROR__INIT;
+    Downpour__RowsPull rows_pull = DOWNPOUR__ROWS_PULL__INIT;
+    Downpour__RowsScan scan = DOWNPOUR__ROWS_SCAN__INIT;
+    Downpour__Rows rows = DOWNPOUR__ROWS__INIT;
     Downpour__TensorDesc d[2];
     Downpour__TensorDesc *dv[2] = {&d[0], &d[1]};
-    int64_t sh[2][1];
+    int64_t sh[2][2];
     int k = 0;
-    switch (which % 4) {
+    switch (which % S_KINDS) {
     case 0:
         k = 1 + (int)dp_rng_below(r, 2);
         env.push = &push;
         dp_wire_desc_fill(&d[0], sh[0], "params", t, 32, 0, 0, 0);
         dp_wire_desc_fill(&d[1], sh[1], "params", t + 32, 32, 32, 0, 0);
-        if (which >= 4) dp_wire_desc_no_checksum(&d[1]); /* a sender on this host */
+        if (which >= S_KINDS) dp_wire_desc_no_checksum(&d[1]); /* a sender on this host */
         env.n_tensors = (size_t)k;
         env.tensors = dv;
         break;
@@ -144,17 +169,39 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
     case 2:
         env.type = DOWNPOUR__MSG_TYPE__PULL;
         pull.min_version = 3;
-        if (which >= 4) { /* a pull in parts */
+        if (which >= S_KINDS) { /* a pull in parts */
             static uint64_t cuts[3] = {10, 200, 4000};
             pull.n_cuts = 3;
             pull.cuts = cuts;
         }
         env.pull = &pull;
         break;
-    default:
+    case 3:
         env.type = DOWNPOUR__MSG_TYPE__ERROR;
         error.message = "model mismatch";
         env.error = &error;
+        break;
+    case 4:
+        env.type = DOWNPOUR__MSG_TYPE__ROWS_PULL;
+        rows_pull.width = 2;
+        scan.from = which >= S_KINDS ? 0x9E3779B97F4A7C15ull : 0;
+        scan.max_keys = which >= S_KINDS ? 65536 : 7;
+        rows_pull.scan = &scan;
+        env.rows_pull = &rows_pull;
+        break;
+    default:
+        k = 2;
+        env.type = DOWNPOUR__MSG_TYPE__ROWS;
+        rows.version = 5;
+        rows.held = 16;
+        rows.more = which < S_KINDS;
+        rows.init = 0.01f;
+        rows.seed = 7;
+        env.rows = &rows;
+        dp_wire_desc_keyed(&d[0], sh[0], "keys", DOWNPOUR__DTYPE__UINT64, t, 16, 0);
+        dp_wire_desc_keyed(&d[1], sh[1], "rows", DOWNPOUR__DTYPE__FLOAT32, t + 32, 16, 2);
+        env.n_tensors = 2;
+        env.tensors = dv;
         break;
     }
     size_t len = downpour__envelope__get_packed_size(&env);
@@ -174,7 +221,7 @@ static int s_write_seeds(const char *dir)
     dp_rng_seed(&r, 12345);
     static uint8_t buf[8192];
     char path[4096], err[DP_ERR_LEN];
-    for (int w = 0; w < 8; w++) {
+    for (int w = 0; w < 2 * S_KINDS; w++) {
         size_t n = s_seed(buf, sizeof buf, w, &r);
         snprintf(path, sizeof path, "%s/seed-%d", dir, w);
         if (dp_write_file_atomic(path, buf, n, err) != 0) {
@@ -196,15 +243,15 @@ int main(int argc, char **argv)
      * invariant (each input is not a test of its own). */
     int passed = 0, failed = 0, seeds_ok = 0, bad_inputs = 0;
     /* Unmutated seeds must all be accepted: the fuzzer starts from valid input. */
-    for (int w = 0; w < 8; w++) {
+    for (int w = 0; w < 2 * S_KINDS; w++) {
         size_t n = s_seed(buf, sizeof buf, w, &r);
         int before = s_accepted;
         LLVMFuzzerTestOneInput(buf, n);
         if (s_accepted == before + 1) seeds_ok++;
     }
-    if (seeds_ok == 8) passed++;
+    if (seeds_ok == 2 * S_KINDS) passed++;
     else {
-        fprintf(stderr, "fuzz_wire: only %d of 8 valid seeds accepted\n", seeds_ok);
+        fprintf(stderr, "fuzz_wire: only %d of %d valid seeds accepted\n", seeds_ok, 2 * S_KINDS);
         failed++;
     }
     for (int it = 0; it < iters; it++) {
@@ -213,7 +260,7 @@ int main(int argc, char **argv)
             n = 3 + dp_rng_below(&r, 600);
             for (size_t i = 0; i < n; i++) buf[i] = (uint8_t)dp_rng_next(&r);
         } else { /* a valid message with a few mutations */
-            n = s_seed(buf, sizeof buf, (int)dp_rng_below(&r, 4), &r);
+            n = s_seed(buf, sizeof buf, (int)dp_rng_below(&r, S_KINDS), &r);
             int muts = 1 + (int)dp_rng_below(&r, 4);
             for (int m = 0; m < muts && n > 3; m++) {
                 size_t at = 3 + dp_rng_below(&r, (uint32_t)(n - 3));

@@ -17,6 +17,14 @@
 #  - --resume from the shards' checkpoints (rows included) continues a
 #    sync run to the uninterrupted run's bits
 #  - over CURVE (downpour local --secure) the same training
+#  - the chief's --save (OUT/model.safetensors) holds every shard's rows:
+#    embed.keys ascending, as many as summary.json's rows add up to, and
+#    `downpour eval --data libsvm:TEST` of it gives the summary's
+#    test_accuracy, test_loss and test_auc exactly (logistic regression
+#    over 2 async workers, the CTR model of one sync worker, hybrid, sync
+#    rows, over CURVE, and a short run
+#    on a wide key space whose test keys mostly have no row: they read as
+#    the servers' start, which the file's metadata names)
 #  - an elastic crew (1 -> 3 -> 1) on libsvm data: shard 0 deals the
 #    file's batches, the leavers leave after a whole step, every batch of
 #    every epoch is trained once
@@ -36,7 +44,8 @@ CTR_DENSE=$((16 * 32 + 32 + 32 * 2 + 2))
 # Logistic regression, 2 async workers, 2 shards, 2 epochs.
 "$L" local --workers 2 --ps-shards 2 --mode async --model 'embed:2 softmax' --data "$D" --lr 0.1 \
     --epochs 2 --batch 128 --seed 5 --threads 1 --out lr >lr.log 2>&1
-check "2 async workers over 2 shards exit 0 ($(tail -1 lr.log))" test $? = 0
+rc=$?
+check "2 async workers over 2 shards exit 0 ($(tail -1 lr.log))" test $rc = 0
 auc=$(json lr/summary.json test_auc 2>/dev/null || echo 0)
 check "their test AUC $auc is within 0.02 of the planted model's $planted" near "$auc" "$planted" 0.02
 check "rows: one number per shard, together the keys seen (at most 1000)" "$TORCH_PY" -c '
@@ -51,6 +60,29 @@ check "summary.json: the servers' row optimizer, lr and rows mode; bytes_pulled"
 import json; s = json.load(open("lr/summary.json"))
 assert (s["row_optimizer"], s["row_lr"], s["rows_mode"]) == ("adagrad", 0.1, "async"), s
 assert s["bytes_pulled"] > 0 and s["bytes_pushed"] > 0, s'
+# chief_file RUN [TEST]: the chief's file holds sum(rows) rows, keys
+# ascending, and downpour eval of it on TEST (test.svm.gz) gives the
+# summary's numbers, bit for bit.
+chief_file() {
+    "$BIN/downpour" eval --checkpoint "$1/model.safetensors" --data "libsvm:${2:-test.svm.gz}" --threads 1 \
+        >"$1-ev.json" 2>"$1-ev.err"
+    rc=$?
+    check "downpour eval of $1's chief file exits 0 ($(head -c 200 "$1-ev.err"))" test $rc = 0
+    check "... the file holds every shard's rows (embed.keys ascending, sum(rows) of them) and eval \
+gives the summary's test_accuracy, test_loss and test_auc exactly ($(head -c 160 "$1-ev.json"))" \
+        "$TORCH_PY" -c '
+import json, struct, sys
+import numpy as np
+s = json.load(open(sys.argv[1] + "/summary.json")); e = json.load(open(sys.argv[1] + "-ev.json"))
+b = open(sys.argv[1] + "/model.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); k0, k1 = h["embed.keys"]["data_offsets"]
+k = np.frombuffer(b[8 + n + k0:8 + n + k1], dtype="<u8")
+assert h["embed.keys"]["dtype"] == "U64" and len(k) == sum(s["rows"]) and (np.diff(k) > 0).all(), (len(k), s["rows"])
+assert h["embed.weight"]["shape"][0] == len(k), h["embed.weight"]
+bad = [(x, s[x], e[x]) for x in ("test_accuracy", "test_loss", "test_auc") if s[x] != e[x]]
+assert not bad and e["rows"] == sum(s["rows"]), (bad, e["rows"], s["rows"])' "$1"
+}
+chief_file lr
 spe=$(grep -c '' train.svm) spe=$(((spe + 127) / 128))
 check "the two workers trained the 2 epochs' $((2 * spe)) batches, each once" "$TORCH_PY" -c '
 import json, sys
@@ -64,11 +96,20 @@ common=(--model "$CTR" --data "$D" --optimizer adam --lr 0.01 --lr-schedule cons
 "$BIN/downpour-worker" --standalone "${common[@]}" --no-progress --summary sa.json >sa.log 2>&1
 check "the standalone CTR run exits 0" test $? = 0
 "$L" local --workers 1 --ps-shards 2 --mode sync "${common[@]}" --out one >one.log 2>&1
-check "one sync worker over 2 shards exits 0 ($(tail -1 one.log))" test $? = 0
+rc=$?
+check "one sync worker over 2 shards exits 0 ($(tail -1 one.log))" test $rc = 0
 check "... with the standalone trainer's test loss and AUC, bit for bit" "$TORCH_PY" -c '
 import json; a = json.load(open("sa.json")); b = json.load(open("one/summary.json"))
 for k in ("test_loss", "test_auc", "test_accuracy", "steps"): assert a[k] == b[k], (k, a[k], b[k])
 assert sum(b["rows"]) == a["rows"][0], (a["rows"], b["rows"])'
+chief_file one
+"$L" gen-libsvm --out-train wtrain.svm --out-test wtest.svm --samples 2000 --test-samples 2000 \
+    --keys 200000 --nnz 8 --seed 4 >/dev/null 2>&1
+"$L" local --workers 1 --ps-shards 2 --mode async --model 'embed:4 relu fc:2 softmax' \
+    --data libsvm:wtrain.svm:wtest.svm --steps 3 --batch 64 --seed 12 --threads 1 --out wide >wide.log 2>&1
+rc=$?
+check "a short run on 200000 keys over 2 shards exits 0 ($(tail -1 wide.log))" test $rc = 0
+chief_file wide wtest.svm
 check "each step pulled the dense weights and its keys' rows, no more: 4 ($CTR_DENSE + keys x 16) bytes" \
     "$TORCH_PY" -c '
 import json, sys
@@ -86,11 +127,13 @@ for arm in "sync async" "sync sync"; do
     set -- $arm
     "$L" local --workers 2 --ps-shards 2 --mode "$1" --rows-mode "$2" --model "$CTR" --data "$D" \
         --lr 0.01 --row-lr 0.05 --epochs 1 --batch 128 --seed 7 --threads 1 --out "h-$2" >"h-$2.log" 2>&1
-    check "--mode $1 --rows-mode $2: 2 workers exit 0 ($(tail -1 "h-$2.log"))" test $? = 0
+    rc=$?
+    check "--mode $1 --rows-mode $2: 2 workers exit 0 ($(tail -1 "h-$2.log"))" test $rc = 0
     check "... the rows mode in summary.json, staleness 0, test AUC above 0.85" "$TORCH_PY" -c '
 import json, sys; s = json.load(open("h-%s/summary.json" % sys.argv[1]))
 assert s["rows_mode"] == sys.argv[1] and s["mode"] == "sync" and s["staleness_max"] == 0, s
 assert s["test_auc"] > 0.85, s["test_auc"]' "$2"
+    chief_file "h-$2"
 done
 
 # --resume: one sync worker's run stopped after epoch 1 (its shards'
@@ -111,10 +154,12 @@ assert [a[k] for k in ("test_loss", "test_auc", "rows", "steps")] == [b[k] for k
 # the dense ones are.
 "$L" local --workers 2 --ps-shards 2 --mode async --secure --model 'embed:2 softmax' --data "$D" \
     --lr 0.1 --epochs 1 --batch 128 --seed 5 --threads 1 --out sec >sec.log 2>&1
-check "--secure: 2 workers over 2 CURVE shards exit 0 ($(tail -1 sec.log))" test $? = 0
+rc=$?
+check "--secure: 2 workers over 2 CURVE shards exit 0 ($(tail -1 sec.log))" test $rc = 0
 check "... and train (test AUC above 0.85, rows on both shards)" "$TORCH_PY" -c '
 import json; s = json.load(open("sec/summary.json"))
 assert s["test_auc"] > 0.85 and len(s["rows"]) == 2 and min(s["rows"]) > 0, s'
+chief_file sec
 
 # An elastic crew (--workers 1:3): shard 0 deals the file's batches. The
 # chief is held (SIGSTOP) while two workers join, they are held once each

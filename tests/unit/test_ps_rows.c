@@ -15,7 +15,10 @@
  *    other's rows are dropped with its dense gradient;
  *  - hybrid (--mode sync --rows-mode async): a row push is visible to the
  *    other worker at once, before the dense step fires;
- *  - STATS counts rows per shard. */
+ *  - STATS counts rows per shard;
+ *  - a scan (dp_ps_client_rows_all, the chief's --save) reads every row of
+ *    every shard once, ascending, in pages of a bound, the bits of a pull;
+ *    its cursor past the end, its page bound, its refusals. */
 #include <inttypes.h>
 #include <stdint.h>
 
@@ -421,6 +424,191 @@ static void test_large_request(void)
     s_shards_stop(&sh);
 }
 
+/* ---- a scan: every row, page by page -------------------------------------- */
+
+/* A raw scan of shard at ep (worker 0 said HELLO on sock): from, max_keys
+ * and width as given; the reply's type, and for a page its keys' count
+ * and more; an ERROR's text into text. */
+static int s_raw_scan(void *sock, const dp_model_t *m, uint64_t from, uint32_t max_keys,
+                      uint32_t width, int keys_tensor, size_t *n, int *more, char *text, size_t cap)
+{
+    Downpour__Envelope env, *rep = NULL;
+    dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__ROWS_PULL, 9, 0, m->fingerprint);
+    Downpour__RowsPull rp = DOWNPOUR__ROWS_PULL__INIT;
+    Downpour__RowsScan scan = DOWNPOUR__ROWS_SCAN__INIT;
+    scan.from = from;
+    scan.max_keys = max_keys;
+    rp.width = width;
+    rp.scan = &scan;
+    env.rows_pull = &rp;
+    uint64_t k = 1;
+    Downpour__TensorDesc kd;
+    Downpour__TensorDesc *kdv[1] = {&kd};
+    int64_t shape[2];
+    dp_wire_desc_keyed(&kd, shape, "keys", DOWNPOUR__DTYPE__UINT64, &k, 1, 0);
+    env.n_tensors = keys_tensor ? 1 : 0;
+    env.tensors = kdv;
+    char err[DP_ERR_LEN];
+    dp_wire_payload_t pl = {&k, 8, NULL, NULL};
+    if (dp_wire_send(sock, NULL, &env, &pl, keys_tensor ? 1 : 0, err) != 0) return -1;
+    dp_wire_rx_t rx;
+    if (dp_wire_recv(sock, &rx, 0, err) != 0) return -1;
+    rep = dp_wire_decode(zmq_msg_data(&rx.parts[0]), zmq_msg_size(&rx.parts[0]), err);
+    int type = rep ? (int)rep->type : -1;
+    *n = 0, *more = 0, text[0] = 0;
+    if (rep && rep->rows && rep->n_tensors == 2) *n = (size_t)rep->tensors[0]->shape[0], *more = rep->rows->more;
+    if (rep && rep->error) snprintf(text, cap, "%s", rep->error->message);
+    dp_wire_destroy(&rep);
+    dp_wire_rx_fini(&rx);
+    return type;
+}
+
+/* Two shards' tables read whole in pages of 7 keys: every row once, in
+ * ascending key order, the same bits as a pull of those keys, the count
+ * STATS gives, init and seed the shards' own; the scan leaves the
+ * worker's pulled key set as it was (a push of the keys of its last pull
+ * still applies). A shard whose max_keys is lower lists fewer keys a page
+ * than asked (its bound: max_keys D / (D + 2)); a cursor past the last
+ * key gives an empty page that says no more follow, one at the last key
+ * that key alone; a scan of 0 keys or more than the wire's bound, one that
+ * carries keys or asks the wrong width is refused with one line, and so
+ * is one from a connection that said no HELLO; a model without a row
+ * table has nothing to scan. */
+static void test_scan(void)
+{
+    shards_t sh;
+    s_shards_init(&sh, 2, DP_MODE_ASYNC, 0, 1);
+    for (int i = 0; i < 2; i++) { /* the default start: uniform by (seed, key) */
+        dp_rows_conf_default(&sh.s[i].cfg.rows, D, DP_ROW_ADAGRAD);
+        sh.s[i].cfg.row_lr = 0.3f;
+        sh.s[i].cfg.row_init = -1;
+    }
+    CHECK_EQ(s_shards_start(&sh), 0);
+    dp_model_t m;
+    s_model(&m);
+    dp_ps_client_t *c = s_client(&sh, &m, 0);
+    if (!c) return;
+    char err[DP_ERR_LEN] = "";
+    enum { N = 60, STEPS = 4 };
+    uint64_t keys[N], last = 0;
+    float g[N * D], rows[N * D];
+    dp_push_result_t res;
+    for (int step = 1; step <= STEPS; step++) { /* 150 distinct keys over the 64-bit range */
+        for (int j = 0; j < N; j++) keys[j] = (uint64_t)(j + step * 30) * 0x9E3779B97F4A7C15ull;
+        CHECK_EQ(dp_ps_client_rows_pull(c, keys, N, D, rows, NULL, err), 0);
+        s_grads(g, N * D, (uint64_t)step);
+        CHECK_EQ(dp_ps_client_rows_push(c, keys, N, D, g, (uint64_t)step, &res, err), 0);
+        CHECK_EQ(res.applied, 2);
+    }
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, N, D, rows, NULL, err), 0); /* the pulled set */
+    dp_ps_stats_t st;
+    CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
+    dp_ps_table_t t;
+    CHECK_EQ(dp_ps_client_rows_all(c, D, 7, &t, err), 0);
+    if (err[0]) fprintf(stderr, "  %s\n", err);
+    CHECK_EQ((uint64_t)t.n, st.rows[0] + st.rows[1]);
+    CHECK_EQ(t.n, (size_t)(N + (STEPS - 1) * 30));
+    CHECK(t.pages >= (st.rows[0] + 6) / 7 + (st.rows[1] + 6) / 7);
+    CHECK(t.init == DP_ROWS_DEFAULT_INIT);
+    CHECK_EQ(t.seed, sh.s[0].cfg.seed);
+    int ascending = 1, found = 0;
+    for (size_t i = 1; i < t.n; i++) ascending &= t.keys[i] > t.keys[i - 1];
+    CHECK(ascending);
+    for (int j = 0; j < N + (STEPS - 1) * 30; j++) { /* every key pushed is there */
+        uint64_t k = (uint64_t)(j + 30) * 0x9E3779B97F4A7C15ull;
+        for (size_t i = 0; i < t.n; i++) found += t.keys[i] == k;
+    }
+    CHECK_EQ(found, N + (STEPS - 1) * 30);
+    /* the bits of a pull of the same keys, in pulls of at most 60 */
+    int same = 1;
+    float *pulled = dp_malloc((t.n ? t.n : 1) * D * sizeof *pulled);
+    for (size_t at = 0; at < t.n; at += 60) {
+        size_t n = t.n - at < 60 ? t.n - at : 60;
+        CHECK_EQ(dp_ps_client_rows_pull(c, t.keys + at, n, D, pulled + at * D, NULL, err), 0);
+    }
+    same = t.n > 0 && memcmp(pulled, t.rows, t.n * D * sizeof *pulled) == 0;
+    CHECK(same);
+    free(pulled);
+    /* the last pulls were of the table's keys; another pull, a scan, then its push applies */
+    CHECK_EQ(dp_ps_client_rows_pull(c, keys, N, D, rows, NULL, err), 0);
+    dp_ps_table_t t2;
+    CHECK_EQ(dp_ps_client_rows_all(c, D, 0, &t2, err), 0);
+    CHECK_EQ(t2.n, t.n);
+    CHECK_EQ(t2.pages, 2); /* one page a shard at the default bound */
+    CHECK_EQ(dp_ps_client_rows_push(c, keys, N, D, g, STEPS + 1, &res, err), 0);
+    CHECK_EQ(res.applied, 2);
+    last = t.n ? t.keys[t.n - 1] : 0;
+    dp_ps_table_free(&t);
+    dp_ps_table_free(&t2);
+    dp_ps_client_destroy(&c);
+
+    /* raw scans of shard of the last key: bounds, cursors and refusals */
+    int s = (int)dp_rows_shard_of(last, 2);
+    void *ctx = zmq_ctx_new();
+    void *raw = raw_dealer(ctx, sh.s[s].endpoint, 3000);
+    Downpour__Envelope env;
+    Downpour__Hello h;
+    size_t n;
+    int more;
+    char text[DP_ERR_LEN + 64];
+    /* a connection that said no HELLO reads nothing, like any request */
+    CHECK_EQ(s_raw_scan(raw, &m, 0, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "worker 0 has not said HELLO to this shard") != NULL);
+    raw_hello_init(&env, &h, &m, 0, 1);
+    CHECK_EQ(raw_request(raw, &env, NULL), DOWNPOUR__MSG_TYPE__WELCOME);
+    CHECK_EQ(s_raw_scan(raw, &m, last, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ROWS);
+    CHECK(n == 1 && !more); /* the last key alone */
+    CHECK_EQ(s_raw_scan(raw, &m, last + 1, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ROWS);
+    CHECK(n == 0 && !more); /* past the end */
+    CHECK_EQ(s_raw_scan(raw, &m, 0, 5, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ROWS);
+    CHECK(n == 5 && more);
+    CHECK_EQ(s_raw_scan(raw, &m, 0, 0, D, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "malformed: ROWS_PULL scan of 0 keys a page (1 to 1048576)") != NULL);
+    CHECK_EQ(s_raw_scan(raw, &m, 0, DP_WIRE_MAX_ROW_KEYS + 1, D, 0, &n, &more, text, sizeof text),
+             DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "scan of 1048577 keys a page") != NULL);
+    CHECK_EQ(s_raw_scan(raw, &m, 0, 5, D, 1, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "malformed: ROWS_PULL carries 1 tensors (it takes none: a scan names no keys)") != NULL);
+    CHECK_EQ(s_raw_scan(raw, &m, 0, 5, D + 1, 0, &n, &more, text, sizeof text), DOWNPOUR__MSG_TYPE__ERROR);
+    CHECK(strstr(text, "rows of width 4 asked; this shard's are 3 wide") != NULL);
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    s_shards_stop(&sh);
+
+    /* a shard of max_keys 8 lists 8 x 3 / 5 = 4 keys a page, whatever is asked */
+    s_shards_init(&sh, 1, DP_MODE_ASYNC, 0, 1);
+    sh.s[0].cfg.rows.max_keys = 8;
+    CHECK_EQ(s_shards_start(&sh), 0);
+    c = s_client(&sh, &m, 0);
+    if (!c) return;
+    uint64_t few[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+    CHECK_EQ(dp_ps_client_rows_pull(c, few, 8, D, rows, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_rows_push(c, few, 8, D, g, 1, &res, err), 0);
+    CHECK_EQ(dp_ps_client_rows_all(c, D, 100, &t, err), 0);
+    CHECK_EQ(t.n, 8);
+    CHECK_EQ(t.pages, 2);
+    CHECK(t.n == 8 && t.keys[0] == 11 && t.keys[7] == 18);
+    dp_ps_table_free(&t);
+    dp_ps_client_destroy(&c);
+    s_shards_stop(&sh);
+
+    /* nothing to scan: a model without a row table */
+    srv_t plain;
+    srv_init(&plain, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&plain), 0);
+    shards_t one;
+    memset(&one, 0, sizeof one);
+    snprintf(one.eps, sizeof one.eps, "%s", plain.endpoint);
+    dp_model_t conv;
+    srv_small_model(&conv);
+    c = s_client(&one, &conv, 0);
+    CHECK_EQ(dp_ps_client_rows_all(c, D, 0, &t, err), -1);
+    CHECK(strstr(err, "no row table") != NULL);
+    CHECK(t.n == 0 && t.keys == NULL);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&plain), 0);
+}
+
 /* ---- a shard restarted from its checkpoint ------------------------------ */
 
 /* shards of s_shards_init (2, async, adam rows with admission and
@@ -588,4 +776,4 @@ static void test_rules_without_wire(void)
 }
 
 DP_TESTS(T(test_rules_without_wire), T(test_async_reference), T(test_bad_input), T(test_sync_rows), T(test_hybrid),
-         T(test_large_request), T(test_restart_rows))
+         T(test_large_request), T(test_scan), T(test_restart_rows))

@@ -660,8 +660,86 @@ static void test_body_rules(void)
     }
 }
 
+/* A scan (RowsPull.scan) and its page (ROWS with keys): a page's size
+ * within 1 .. DP_WIRE_MAX_ROW_KEYS, no keys asked; a page's keys and rows
+ * as many, and only a page listing a key says more follow. */
+static void test_rows_scan(void)
+{
+    static uint64_t keys[4] = {3, 5, 8, 13};
+    static float rows[4 * 2];
+    struct {
+        int reply;       /* a ROWS page, else a ROWS_PULL scan */
+        uint32_t max;    /* the scan's max_keys */
+        int tensors;     /* the scan's keys tensor; the page's tensors (1: rows alone) */
+        int n_rows;      /* the page's rows */
+        int keys_n;      /* the page's keys */
+        int more;
+        const char *want; /* NULL: valid */
+    } cases[] = {
+        {0, 1, 0, 0, 0, 0, NULL},
+        {0, DP_WIRE_MAX_ROW_KEYS, 0, 0, 0, 0, NULL},
+        {0, 0, 0, 0, 0, 0, "malformed: ROWS_PULL scan of 0 keys a page (1 to 1048576)"},
+        {0, DP_WIRE_MAX_ROW_KEYS + 1, 0, 0, 0, 0, "malformed: ROWS_PULL scan of 1048577 keys a page"},
+        {0, 4, 1, 0, 0, 0, "malformed: ROWS_PULL carries 1 tensors (it takes none: a scan names no keys)"},
+        {1, 0, 2, 4, 4, 1, NULL},
+        {1, 0, 2, 0, 0, 0, NULL},  /* the empty page past the end */
+        {1, 0, 2, 3, 4, 0, "malformed: a scan's ROWS of 4 keys has rows [3, 2]"},
+        {1, 0, 2, 0, 0, 1, "malformed: a scan's ROWS says more follow but lists no key"},
+        {1, 0, 1, 4, 0, 0, NULL},  /* a keyed pull's reply */
+        {1, 0, 1, 4, 0, 1, "malformed: ROWS without keys says more follow"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Downpour__Envelope env;
+        Downpour__RowsPull rp = DOWNPOUR__ROWS_PULL__INIT;
+        Downpour__RowsScan scan = DOWNPOUR__ROWS_SCAN__INIT;
+        Downpour__Rows body = DOWNPOUR__ROWS__INIT;
+        Downpour__TensorDesc d[2];
+        Downpour__TensorDesc *dv[2] = {&d[0], &d[1]};
+        int64_t shape[2][2];
+        dp_wire_frame_t fr[2];
+        int nf = 0;
+        if (cases[k].reply) {
+            dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__ROWS, 1, 0, 0);
+            body.more = cases[k].more;
+            env.rows = &body;
+            if (cases[k].tensors == 2) {
+                dp_wire_desc_keyed(&d[nf], shape[nf], "keys", DOWNPOUR__DTYPE__UINT64, keys,
+                                   (size_t)cases[k].keys_n, 0);
+                fr[nf] = (dp_wire_frame_t){keys, (size_t)cases[k].keys_n * 8};
+                nf++;
+            }
+            dp_wire_desc_keyed(&d[nf], shape[nf], "rows", DOWNPOUR__DTYPE__FLOAT32, rows,
+                               (size_t)cases[k].n_rows, 2);
+            fr[nf] = (dp_wire_frame_t){rows, (size_t)cases[k].n_rows * 8};
+            nf++;
+        } else {
+            dp_wire_env_init(&env, DOWNPOUR__MSG_TYPE__ROWS_PULL, 1, 0, 0);
+            scan.max_keys = cases[k].max;
+            rp.width = 2;
+            rp.scan = &scan;
+            env.rows_pull = &rp;
+            if (cases[k].tensors) {
+                dp_wire_desc_keyed(&d[0], shape[0], "keys", DOWNPOUR__DTYPE__UINT64, keys, 1, 0);
+                fr[0] = (dp_wire_frame_t){keys, 8};
+                nf = 1;
+            }
+        }
+        env.n_tensors = (size_t)nf;
+        env.tensors = dv;
+        char err[DP_ERR_LEN] = "";
+        int rc = dp_wire_check(&env, fr, nf, err);
+        CHECK_EQ(rc, cases[k].want ? -1 : 0);
+        if (cases[k].want ? !strstr(err, cases[k].want) : rc != 0) {
+            fprintf(stderr, "  case %zu: error '%s', want '%s'\n", k, err,
+                    cases[k].want ? cases[k].want : "none");
+            CHECK(0);
+        }
+    }
+}
+
 DP_TESTS(T(test_roundtrip_envelope), T(test_mode_and_names), T(test_roundtrip_sockets),
          T(test_recv_too_many_frames), T(test_recv_byte_limit), T(test_validation_failures),
          T(test_frame_count_and_garbage), T(test_range), T(test_finite),
          T(test_finite_vector), T(test_checksum_kinds), T(test_bf16), T(test_bf16_descriptor),
-         T(test_local_endpoint), T(test_split), T(test_params_parts), T(test_body_rules))
+         T(test_local_endpoint), T(test_split), T(test_params_parts), T(test_body_rules),
+         T(test_rows_scan))
