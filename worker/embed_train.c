@@ -237,16 +237,12 @@ static void s_metrics_step(s_run_t *r, long step, float loss, float lr)
     dp_metrics_write(r->s.metrics, &line);
 }
 
-/* Every row of t in key order, pulled a page of max_keys at a time:
- * *keys (n) and *rows (n x D) malloc'd, the caller frees; n returned. */
-static size_t s_table_rows(const dp_rows_t *t, uint64_t **keys, float **rows)
+/* Every row of t in key order, pulled a page of max_keys at a time, from
+ * k[0] and w[0] on; n returned. */
+static size_t s_table_rows_into(const dp_rows_t *t, size_t n, uint64_t *k, float *w)
 {
-    dp_rows_stats_t st;
-    dp_rows_stats(t, &st);
     int D = dp_rows_width(t);
-    size_t n = (size_t)st.rows, got = 0, page = DP_ROWS_DEFAULT_KEYS;
-    uint64_t *k = dp_malloc((n ? n : 1) * sizeof *k);
-    float *w = dp_malloc((n ? n : 1) * (size_t)D * sizeof *w);
+    size_t got = 0, page = DP_ROWS_DEFAULT_KEYS;
     uint64_t from = 0;
     char err[DP_ERR_LEN];
     while (got < n) {
@@ -257,14 +253,65 @@ static size_t s_table_rows(const dp_rows_t *t, uint64_t **keys, float **rows)
         if (k[got - 1] == UINT64_MAX) break;
         from = k[got - 1] + 1;
     }
-    *keys = k, *rows = w;
     return got;
 }
 
-/* --save: the dense layers and the table's rows (dp_checkpoint_save_rows;
- * no optimizer state), the metadata naming what an absent key reads as
- * (the table's init and seed), the batch the test file was scored in
- * (downpour eval scores it the same way), the row count and digest. */
+static int s_cmp_at(const void *a, const void *b, void *keys)
+{
+    uint64_t x = ((const uint64_t *)keys)[*(const size_t *)a], y = ((const uint64_t *)keys)[*(const size_t *)b];
+    return (x > y) - (x < y);
+}
+
+size_t dp_embed_rows_of(dp_rows_t *const *tables, int k, uint64_t **keys, float **rows)
+{
+    size_t n = 0;
+    for (int i = 0; i < k; i++) {
+        dp_rows_stats_t st;
+        dp_rows_stats(tables[i], &st);
+        n += (size_t)st.rows;
+    }
+    int D = k > 0 ? dp_rows_width(tables[0]) : 1;
+    uint64_t *kk = dp_malloc((n ? n : 1) * sizeof *kk);
+    float *ww = dp_malloc((n ? n : 1) * (size_t)D * sizeof *ww);
+    size_t got = 0;
+    for (int i = 0; i < k; i++) {
+        dp_rows_stats_t st;
+        dp_rows_stats(tables[i], &st);
+        got += s_table_rows_into(tables[i], (size_t)st.rows, kk + got, ww + got * (size_t)D);
+    }
+    if (k > 1) { /* each table's keys ascend and no key is in two: one sort of the whole */
+        size_t *at = dp_malloc((got ? got : 1) * sizeof *at);
+        for (size_t i = 0; i < got; i++) at[i] = i;
+        qsort_r(at, got, sizeof *at, s_cmp_at, kk);
+        uint64_t *k2 = dp_malloc((got ? got : 1) * sizeof *k2);
+        float *w2 = dp_malloc((got ? got : 1) * (size_t)D * sizeof *w2);
+        for (size_t i = 0; i < got; i++) {
+            k2[i] = kk[at[i]];
+            memcpy(w2 + i * (size_t)D, ww + at[i] * (size_t)D, (size_t)D * sizeof *w2);
+        }
+        free(at), free(kk), free(ww);
+        kk = k2, ww = w2;
+    }
+    *keys = kk, *rows = ww;
+    return got;
+}
+
+int dp_embed_save_file(const char *path, const dp_model_t *m, const float *params, long step,
+                       long version, const uint64_t *keys, const float *rows, size_t n, float init,
+                       uint64_t seed, int batch, const char *digest, char *err)
+{
+    char nrows[24], sinit[32], sseed[24], sbatch[16];
+    snprintf(nrows, sizeof nrows, "%zu", n);
+    snprintf(sinit, sizeof sinit, "%.9g", (double)init);
+    snprintf(sseed, sizeof sseed, "%" PRIu64, seed);
+    snprintf(sbatch, sizeof sbatch, "%d", batch);
+    const char *kv[] = {"embed_rows", nrows, DP_ST_ROWS_INIT, sinit, DP_ST_ROWS_SEED, sseed,
+                        "batch", sbatch, digest ? "embed_rows_digest" : NULL, digest, NULL};
+    return dp_checkpoint_save_rows(path, m, params, step, version, keys, rows, n, kv, err);
+}
+
+/* --save: the dense layers and the table's rows (dp_embed_save_file), with
+ * the table's digest. */
 static int s_save(s_run_t *r, long step, char *err)
 {
     dp_session_t *s = &r->s;
@@ -272,17 +319,11 @@ static int s_save(s_run_t *r, long step, char *err)
     dp_net_get_params(&s->net, s->h_params);
     uint64_t *keys;
     float *w;
-    size_t n = s_table_rows(r->rows, &keys, &w);
-    char rows[24], digest[20], init[32], seed[24], batch[16];
-    snprintf(rows, sizeof rows, "%zu", n);
+    size_t n = dp_embed_rows_of(&r->rows, 1, &keys, &w);
+    char digest[20];
     snprintf(digest, sizeof digest, "%016" PRIx64, dp_rows_digest(r->rows));
-    snprintf(init, sizeof init, "%.9g", (double)r->row_init);
-    snprintf(seed, sizeof seed, "%" PRIu64, s->conf.seed);
-    snprintf(batch, sizeof batch, "%d", s->conf.batch);
-    const char *kv[] = {"embed_rows", rows, "embed_rows_digest", digest, DP_ST_ROWS_INIT, init,
-                        DP_ST_ROWS_SEED, seed, "batch", batch, NULL};
-    int rc = dp_checkpoint_save_rows(s->conf.save, &s->model, s->h_params, step, step, keys, w, n,
-                                     kv, err);
+    int rc = dp_embed_save_file(s->conf.save, &s->model, s->h_params, step, step, keys, w, n,
+                                r->row_init, s->conf.seed, s->conf.batch, digest, err);
     free(keys);
     free(w);
     return rc;
@@ -582,17 +623,10 @@ static int s_save_cluster(s_run_t *r, long done, uint64_t version, uint64_t held
     if (t.n != held)
         dp_log_warn("--save: %zu rows read from the servers, %" PRIu64 " counted by their STATS "
                     "(was a worker still pushing?)", t.n, held);
-    char rows[24], init[32], seed[24], batch[16];
-    snprintf(rows, sizeof rows, "%zu", t.n);
-    snprintf(init, sizeof init, "%.9g", (double)t.init);
-    snprintf(seed, sizeof seed, "%" PRIu64, t.seed);
-    snprintf(batch, sizeof batch, "%d", s->conf.batch);
-    const char *kv[] = {"embed_rows", rows, DP_ST_ROWS_INIT, init, DP_ST_ROWS_SEED, seed,
-                        "batch", batch, NULL};
     dp_log_info("chief: --save %s: the dense layers and %zu rows (%" PRIu64 " pages)",
                 s->conf.save, t.n, t.pages);
-    int rc = dp_checkpoint_save_rows(s->conf.save, &s->model, s->h_params, done, (long)version,
-                                     t.keys, t.rows, t.n, kv, err);
+    int rc = dp_embed_save_file(s->conf.save, &s->model, s->h_params, done, (long)version, t.keys,
+                                t.rows, t.n, t.init, t.seed, s->conf.batch, NULL, err);
     dp_ps_table_free(&t);
     return rc;
 }

@@ -79,6 +79,21 @@ typedef struct {
  * are the run's. */
 int dp_embed_evaluate(const dp_embed_eval_t *e, double *acc, double *loss, double *auc, char *err);
 
+/* Every row of k tables (keys in no two of them) in key order: *keys (n)
+ * and *rows (n x D) malloc'd, the caller frees; n returned. */
+struct dp_rows;
+size_t dp_embed_rows_of(struct dp_rows *const *tables, int k, uint64_t **keys, float **rows);
+
+/* A sparse model's file (what --save writes, standalone, the chief or a
+ * replay): the dense layers and n rows, keys ascending
+ * (dp_checkpoint_save_rows: no optimizer state), with the metadata
+ * `downpour eval` reads: the row count, what an absent key reads as (the
+ * table's init and seed), the batch the test file was scored in; the
+ * table's digest when given (a standalone run's one table). */
+int dp_embed_save_file(const char *path, const dp_model_t *m, const float *params, long step,
+                       long version, const uint64_t *keys, const float *rows, size_t n, float init,
+                       uint64_t seed, int batch, const char *digest, char *err);
+
 /* What dp_embed_eval_file measured. */
 typedef struct {
     double accuracy, loss, auc; /* the test file's (auc NAN with one class only) */

@@ -17,6 +17,7 @@
 #include "server/shard_dc.h"
 #include "worker/a3c_train.h"
 #include "worker/data.h"
+#include "worker/embed_train.h"
 #include "worker/sparse_data.h"
 
 void dp_lab_conf_default(dp_lab_conf_t *c)
@@ -578,6 +579,23 @@ static int s_finish_rl(dp_lab_t *L, long chief_steps, double train_s, char *err)
     return rc;
 }
 
+/* A sparse run's --save as its chief writes it: the dense layers and the
+ * shards' rows in key order, with the servers' init and seed. */
+static int s_save_sparse(dp_lab_t *L, const float *params, long steps, long version, char *err)
+{
+    const dp_lab_conf_t *c = &L->conf;
+    dp_rows_t **tables = dp_calloc((size_t)c->shards, sizeof *tables);
+    for (int k = 0; k < c->shards; k++) tables[k] = L->sp->rows[k].table;
+    uint64_t *keys;
+    float *rows;
+    size_t n = dp_embed_rows_of(tables, c->shards, &keys, &rows);
+    const dp_ps_rows_t *r0 = &L->sp->rows[0];
+    int rc = dp_embed_save_file(c->train.save, &L->s.model, params, steps, version, keys, rows, n,
+                                r0->init, r0->seed, c->train.batch, NULL, err);
+    free(tables), free(keys), free(rows);
+    return rc;
+}
+
 int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp_ps_membership *crew,
                   double *accuracy, double *loss, char *err)
 {
@@ -635,15 +653,8 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp
     for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
     r.version = versions;
     int rc;
-    if (held) { /* the chief's file (worker/embed_train.c): the dense layers, the rows held */
-        uint64_t all = 0;
-        for (int k = 0; k < c->shards; k++) all += held[k];
-        char rows[24];
-        snprintf(rows, sizeof rows, "%" PRIu64, all);
-        const char *kv[] = {"embed_rows", rows, NULL};
-        rc = c->train.save ? dp_checkpoint_save(c->train.save, &L->s.model, params, chief_steps,
-                                                (long)versions, kv, err)
-                           : 0;
+    if (held) { /* the chief's file (worker/embed_train.h): the dense layers, every shard's rows */
+        rc = c->train.save ? s_save_sparse(L, params, chief_steps, (long)versions, err) : 0;
     } else {
         rc = dp_session_save(&L->s, chief_steps, (long)versions, err);
     }
