@@ -52,7 +52,8 @@ check "an unknown optimizer is refused (status 2)" test $? = 2
 # keys' and rows' (500 keys of width 16: 500 x (8 + 64) each way)
 "$L" bench rows --dim 16 --keys 500 --table 5000 --shards 2 --rounds 3 --warmup 1 --json \
     >"$TMP/rows.log" 2>&1
-check "bench rows, 2 shards, exits 0 ($(tail -1 "$TMP/rows.log" | cut -c1-120))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "bench rows, 2 shards, exits 0 ($(tail -1 "$TMP/rows.log" | cut -c1-120))" test "$rc" = 0
 check "... its JSON: rows/s for pull, push and memcpy; a request's bytes exactly the keys' and rows'" \
     "$TORCH_PY" -c 'import json, sys; o = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 assert o["pull_rows_per_s"] > 0 and o["push_rows_per_s"] > 0 and o["memcpy_rows_per_s"] > 0, o

@@ -58,13 +58,15 @@ EOF
 }
 
 "$L" local --workers 2 --ps-shards 2 --mode async "${common[@]}" --record async.rec --out a >a.log 2>&1
-check "a recorded async run of 2 workers over 2 shards exits 0 ($(tail -1 a.log))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "a recorded async run of 2 workers over 2 shards exits 0 ($(tail -1 a.log))" test "$rc" = 0
 check "... its record: the row table's conf, each row push after its worker's row pull" rows_ok async.rec async async
 for rm in async sync; do # hybrid.rec, sync.rec
     name=sync; [ $rm = async ] && name=hybrid
     "$L" local --workers 2 --ps-shards 2 --mode sync --rows-mode $rm "${common[@]}" --record $name.rec \
         --out $name >$name.log 2>&1
-    check "--mode sync --rows-mode $rm, recorded: exits 0 ($(tail -1 $name.log))" test $? = 0
+    rc=$?  # before the message's $(...) resets it
+    check "--mode sync --rows-mode $rm, recorded: exits 0 ($(tail -1 $name.log))" test "$rc" = 0
     check "... its record's rows mode and row events" rows_ok $name.rec sync $rm
 done
 

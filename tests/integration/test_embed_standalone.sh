@@ -32,7 +32,8 @@ D="libsvm:train.svm:test.svm.gz"
 # Logistic regression: adagrad rows at lr 0.1, 2 epochs.
 "$W" --standalone --model 'embed:2 softmax' --data "$D" --row-lr 0.1 --epochs 2 --batch 128 \
     --seed 5 --summary lr.json --metrics lr.jsonl --progress >lr.log 2>&1
-check "logistic regression exits 0 ($(tail -1 lr.log | tr '\r' ' ' | tail -c 200))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "logistic regression exits 0 ($(tail -1 lr.log | tr '\r' ' ' | tail -c 200))" test "$rc" = 0
 auc=$(json lr.json test_auc 2>/dev/null || echo 0)
 check "its test AUC $auc is within 0.02 of the planted model's $planted" near "$auc" "$planted" 0.02
 check "... and the eval line's AUC is the summary's" \
@@ -56,7 +57,8 @@ ctr() { "$W" --standalone --model 'embed:16 relu fc:32 relu fc:2 softmax' --data
         --epochs 1 --batch 128 --seed 9 --threads 1 --no-progress --save "$1.safetensors" \
         --summary "$1.json" >"$1.log" 2>&1; }
 ctr a
-check "the CTR model exits 0 ($(tail -1 a.log))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "the CTR model exits 0 ($(tail -1 a.log))" test "$rc" = 0
 auc=$(json a.json test_auc 2>/dev/null || echo 0)
 check "its test AUC $auc is well above 0.5" ge "$auc" 0.8
 ctr b
@@ -74,7 +76,8 @@ same_eval() { "$TORCH_PY" -c 'import json, sys; s = json.load(open(sys.argv[1]))
 bad = [(k, s[k], e[k]) for k in ("test_accuracy", "test_loss", "test_auc") if s[k] != e[k]]
 assert not bad and e["rows"] == s["rows"][0], (bad, e["rows"], s["rows"])' "$1" "$2"; }
 "$BIN/downpour" eval --checkpoint a.safetensors --data libsvm:test.svm.gz >ev.json 2>ev.err
-check "downpour eval of the CTR model's file exits 0 ($(head -c 200 ev.err))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "downpour eval of the CTR model's file exits 0 ($(head -c 200 ev.err))" test "$rc" = 0
 check "... its test_accuracy, test_loss and test_auc are the summary's exactly ($(head -c 120 ev.json))" \
     same_eval a.json ev.json
 # st_tensor FILE NAME: the tensor's dtype, shape and bytes, read as the
@@ -99,7 +102,8 @@ check "... PyTorch's nn.EmbeddingBag of its keys and rows and its fc layers: eva
     --test-samples 2000 --keys 200000 --nnz 8 --seed 4 >/dev/null 2>&1
 "$W" --standalone --model 'embed:4 relu fc:2 softmax' --data libsvm:wtrain.svm:wtest.svm --steps 3 \
     --batch 64 --seed 12 --no-progress --save w.safetensors --summary w.json >w.log 2>&1
-check "a short run on 200000 keys saves ($(tail -1 w.log))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "a short run on 200000 keys saves ($(tail -1 w.log))" test "$rc" = 0
 "$BIN/downpour" eval --checkpoint w.safetensors --data libsvm:wtest.svm >wev.json 2>wev.err
 check "... eval, most test keys without a row, gives its summary's numbers exactly" same_eval w.json wev.json
 "$TORCH_PY" -c "$st_py"'

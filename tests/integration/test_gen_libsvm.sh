@@ -17,7 +17,8 @@ cd "$TMP"
 gen() { $G --samples 3000 --test-samples 2000 --keys 100000 --nnz 8 "$@"; }
 
 gen --out-train a.svm --out-test a-test.svm --seed 5 --truth a.json >a.out 2>a.err
-check "gen-libsvm exits 0 ($(head -c 200 a.err))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "gen-libsvm exits 0 ($(head -c 200 a.err))" test "$rc" = 0
 check "the training file has --samples lines" test "$(wc -l <a.svm)" = 3000
 check "the test file has --test-samples lines" test "$(wc -l <a-test.svm)" = 2000
 # read_back FILE N: the reader takes FILE whole, N samples of 8 features.

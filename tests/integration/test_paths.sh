@@ -28,7 +28,8 @@ check "local --record rec/a/sync.rec" test -s rec/a/sync.rec
 
 "$WK" --standalone --steps 2 "${tiny[@]}" --save w/a/model.safetensors --summary w/b/summary.json \
     --metrics w/c/metrics.jsonl --tensorboard w/d/tb >"$TMP/worker.log" 2>&1
-check "worker exits 0 ($(tail -1 "$TMP/worker.log"))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "worker exits 0 ($(tail -1 "$TMP/worker.log"))" test "$rc" = 0
 check "worker --save w/a/model.safetensors" test -s w/a/model.safetensors
 check "worker --summary w/b/summary.json" test -s w/b/summary.json
 check "worker --metrics w/c/metrics.jsonl" test -s w/c/metrics.jsonl
