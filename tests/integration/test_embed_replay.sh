@@ -17,8 +17,8 @@
 #    summary.json, and its model.safetensors byte for byte the run's
 #  - a record with one row push's "gn" edited (footer hashed again): the
 #    replay reports the mismatch, naming the event
-#  - downpour sim of such a model (2 workers over 2 shards, async, 150
-#    updates): its test AUC within 0.03 of the planted model's own
+#  - downpour sim of such a model (2 workers over 2 shards, async, 151
+#    updates, worker 1's step in flight at the end): its test AUC within 0.03 of the planted model's own
 #    (gen-libsvm --truth); the same flags twice: the same summary.json
 #    but for the wall times, the same record and model file, byte for
 #    byte; its record: the rows conf and a row push after each row pull,
@@ -136,7 +136,10 @@ check "a row pull of worker 1 that no push follows: refused (status $rc), one li
 
 # downpour sim of the planted model: the workers' row pulls and pushes on
 # the simulated clock, its record replayable as a daemon's.
-simflags=(--workers 2 --ps-shards 2 --compute exp:100 --updates 150 --model 'embed:4 fc:2 softmax'
+# 151 updates: the version is reached while worker 1's step is in flight
+# (its row pull made; the sim pushes it, or the replay would refuse a pull
+# no push follows), which 150 does not show (worker 0's is in flight)
+simflags=(--workers 2 --ps-shards 2 --compute exp:100 --updates 151 --model 'embed:4 fc:2 softmax'
           --data libsvm:train.svm:test.svm --lr 0.05 --batch 128 --seed 5 --threads 1)
 "$L" sim "${simflags[@]}" --record sim.rec --out sim >sim.log 2>&1
 check "sim of the sparse model, async, 2 workers over 2 shards: exits 0 ($(tail -1 sim.log))" test $? = 0
