@@ -32,7 +32,14 @@
  * the leaver is a random live worker but the chief, and it leaves after
  * its push in flight (leave:) or dies with it (kill:, its batch back to
  * the pool and counted when dealt again). The draws have a stream of their
- * own, so a schedule is a function of --seed. */
+ * own, so a schedule is a function of --seed.
+ *
+ * A model with embed:D: a worker's pull is the dense weights, then its
+ * batch's rows from each shard (s_rows_pull); its push the rows'
+ * gradients to each shard, then the dense one to each (s_rows_push,
+ * s_finish_one). Once the servers reach --updates no step starts, and
+ * the steps in flight are pushed (s_loop): each pulled rows, which the
+ * record holds, so each needs its push for a replay. */
 #include "deploy/lab/sim.h"
 
 #include <math.h>
