@@ -281,9 +281,9 @@ int dp_lab_is_sparse(const dp_lab_conf_t *c)
 int dp_lab_check_dense(const dp_lab_conf_t *c, char *err)
 {
     if (dp_lab_is_sparse(c) && !c->has_rows)
-        return dp_err(err, "a model with embed:D (a row table on the servers) is not in the simulator "
-                      "yet: downpour sim runs dense models only; downpour local --data libsvm: trains "
-                      "it, and downpour replay runs its --record again");
+        return dp_err(err, "a model with embed:D (a row table on the servers) needs the row tables' "
+                      "conf: a record header's \"rows\" (downpour replay) or the servers' row flags "
+                      "(downpour sim: --rows-mode, --row-optimizer, --row-lr, --row-init)");
     return 0;
 }
 

@@ -17,7 +17,8 @@
  * batch's rows from each (dp_lab_rows_pull), computes
  * (dp_lab_sparse_gradient) and pushes the rows' gradients
  * (dp_lab_rows_push) before its dense push; dp_lab_push runs the dense
- * step's row hooks as downpour-ps does. Replay only, for now.
+ * step's row hooks as downpour-ps does. Replay in a record's order, sim
+ * at each worker's simulated pull and push (deploy/lab/sim_run.c).
  *
  * An actor-critic lab (conf.train.a3c.env set, deploy/lab/rl.h) has no
  * data: a worker's gradient is its next segment of rollouts on the weights
@@ -98,10 +99,9 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err);
  * not its text. */
 int dp_lab_is_sparse(const dp_lab_conf_t *c);
 /* -1 with one line in err for a sparse run (dp_lab_is_sparse) whose row
- * tables' conf is not known (c->has_rows: a record's header gives it):
- * `downpour sim` of such a model, which the engine does not run yet (its
- * schedule would need the workers' row pulls and pushes simulated).
- * dp_lab_init checks it first; sim checks it before it reads the data. */
+ * tables' conf is not known (c->has_rows: a record's header gives it, or
+ * downpour sim's row flags, resolved by downpour-ps's rule).
+ * dp_lab_init checks it first. */
 int dp_lab_check_dense(const dp_lab_conf_t *c, char *err);
 int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err);
 void dp_lab_fini(dp_lab_t *L);

@@ -19,6 +19,8 @@ static const char s_synopsis[] =
     "                    [--mode async|sync|ssp] [--model SPEC] [--json] [...]\n"
     "       downpour sim --workers MIN:MAX --churn leave:S|kill:S --updates N [...]\n"
     "       downpour sim --env cartpole-v1|acrobot-v1 --workers M [--env-steps N] [...]\n"
+    "       downpour sim --model 'embed:D ...' --data libsvm:TRAIN[:TEST] [--ps-shards K]\n"
+    "                    [--rows-mode M] [--row-optimizer NAME] [--row-lr X] [--row-init X] [...]\n"
     "A simulated cluster in one process: M virtual workers on a simulated clock,\n"
     "real gradients on real data, the parameter server's own update code.\n"
     "DIST: const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (exp(MU + SIGMA z) ms).\n"
@@ -40,6 +42,8 @@ typedef struct {
     float outer_lr, outer_momentum;
     double slow[DP_SIM_MAX_WORKERS];
     char save[4096], summary[4096];
+    dp_ps_config_t ps;         /* a model with embed:D: the servers' row flags, resolved by
+                                * downpour-ps's own rule (dp_ps_rows_conf) */
 } s_args_t;
 
 static int s_set_compute(void *arg, const char *v, char *err)
@@ -104,6 +108,19 @@ static int s_set_dc(void *arg, const char *v, char *err)
     return dp_optim_parse_dc(&((s_args_t *)arg)->c.lab.optim, v, err);
 }
 
+static int s_set_rows_mode(void *arg, const char *v, char *err)
+{
+    return dp_mode_parse(v, &((s_args_t *)arg)->ps.rows_mode, err);
+}
+
+static int s_set_row_optimizer(void *arg, const char *v, char *err)
+{
+    dp_row_optim_kind_t k;
+    if (dp_row_optim_parse_kind(v, &k, err) != 0) return -1;
+    dp_row_optim_conf_default(&((s_args_t *)arg)->ps.rows.optim, k); /* --row-lr after parsing */
+    return 0;
+}
+
 static int s_set_compress(void *arg, const char *v, char *err)
 {
     return dp_compress_parse(v, &((s_args_t *)arg)->c.lab.train.compress, err);
@@ -161,6 +178,20 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                      "each worker compresses its pushes (as downpour-worker --help says)"),
         DP_FLAG_CALL("error-feedback", "on|off", s_set_error_feedback, a, 0,
                      "with --compress: each worker keeps what it did not send (default on)"),
+        DP_FLAG_NUM("ps-shards", DP_OPTS_INT, "K", &c->lab.shards, 1, 1024, 0,
+                    "parameter-server shards, each a slice of the weights and its part\n"
+                    "of a model's rows (default 1)"),
+        DP_FLAG_CALL("rows-mode", "sync|async|ssp", s_set_rows_mode, a, 0,
+                     "a model with embed:D: when its row pushes apply (as downpour-ps\n"
+                     "--help says; default --mode's)"),
+        DP_FLAG_CALL("row-optimizer", "NAME", s_set_row_optimizer, a, 0,
+                     "a model with embed:D: the rows' optimizer (as downpour-ps --help\n"
+                     "says; default adagrad)"),
+        DP_FLAG_NUM("row-lr", DP_OPTS_FLOAT, "X", &a->ps.row_lr, 1e-12, 1e6, 0,
+                    "a model with embed:D: the rows' lr (default: --lr's)"),
+        DP_FLAG_NUM("row-init", DP_OPTS_FLOAT, "X", &a->ps.row_init, 0, 1e3, 0,
+                    "a model with embed:D: a new row uniform in [-X, X) by --seed and\n"
+                    "key; 0: zeros (default 0.01; ftrl: 0)"),
         DP_FLAG_STR("model", "SPEC", &t->model, 0, "network (default the project's)"),
         DP_FLAG_STR("data", "SPEC", &t->data, 0, "dataset (default fashion-mnist)"),
         DP_FLAG_NUM("train-samples", DP_OPTS_INT, "N", &t->train_samples, 0, 1 << 30, 0,
@@ -253,6 +284,47 @@ static int s_env_flags(s_args_t *a, dp_opts_t *o, char *err)
     return 0;
 }
 
+/* A model with embed:D (dp_lab_is_sparse): a fixed crew, worker i of M
+ * training batches i, i + M, ... as dp_embed_distributed does, and the
+ * row tables' conf from the row flags by downpour-ps's own rule
+ * (dp_ps_rows_conf: --row-lr defaults to --lr's, --row-init to the
+ * optimizer's start, seeded by --seed). Periodic evaluations and
+ * diagnostics are refused: the chief's evaluation pulls rows, which a
+ * record holds only at the end (downpour replay skips them there). The
+ * row flags without such a model are refused too. */
+static int s_sparse_flags(s_args_t *a, dp_opts_t *o, char *err)
+{
+    static const char *const rows[] = {"rows-mode", "row-optimizer", "row-lr", "row-init"};
+    dp_lab_conf_t *l = &a->c.lab;
+    if (!dp_lab_is_sparse(l)) {
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            if (dp_opts_find(o, rows[i])->given)
+                return dp_err(err, "--%s is a flag of a model with embed:D (its rows on the servers): "
+                              "give --model 'embed:D ...' --data libsvm:TRAIN[:TEST]", rows[i]);
+        return 0;
+    }
+    if (l->min_workers > 0 || a->c.churn.kind != DP_CHURN_NONE)
+        return dp_err(err, "a model with embed:D trains a fixed crew in the simulator (worker i of M: "
+                      "batches i, i + M, ...): not with --workers MIN:MAX or --churn");
+    if (a->epochs)
+        return dp_err(err, "--epochs with a model with embed:D: give --updates N");
+    if (a->c.eval_every > 0 || a->c.diag_every > 0)
+        return dp_err(err, "--eval-every / --diag-every: not with a model with embed:D (its evaluation is "
+                      "the chief's at the end, whose row pulls a record holds only there)");
+    dp_model_t m;
+    if (!l->train.model || dp_model_parse(&m, l->train.model, 1, 1, 1, err) != 0 || m.embed_dim < 1)
+        return dp_err(err, "--data %s: libsvm data trains a model whose first layer is embed:D "
+                      "(--model 'embed:D ...')", l->train.data ? l->train.data : "");
+    a->ps.optim = l->optim;
+    a->ps.seed = l->init_seed;
+    float init;
+    dp_ps_rows_conf(&a->ps, &l->rows, &init);
+    l->rows.width = m.embed_dim;
+    l->rows_mode = a->ps.rows_mode ? a->ps.rows_mode : l->mode;
+    l->has_rows = 1;
+    return 0;
+}
+
 /* What the flags leave open: R from --backup, N from --epochs, the lr
  * schedule, the output files. */
 static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
@@ -263,6 +335,12 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
         if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
     c->lab.init_seed = c->lab.train.seed;
     if (s_env_flags(a, o, err) != 0) return -1;
+    if (c->lab.shards > 1 && c->diag_every > 0)
+        return dp_err(err, "--diag-every measures one shard's whole vector: not with --ps-shards %d",
+                      c->lab.shards);
+    /* before the crew's checks: a sparse model's own line for --churn */
+    if (dp_lab_is_sparse(&c->lab) && (c->lab.min_workers > 0 || c->churn.kind != DP_CHURN_NONE))
+        return s_sparse_flags(a, o, err);
     int elastic = c->lab.min_workers > 0;
     if (c->churn.kind != DP_CHURN_NONE && (!elastic || c->lab.min_workers >= M))
         return dp_err(err, "--churn needs an elastic crew with room to change: --workers MIN:MAX, MIN < MAX");
@@ -272,7 +350,7 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
     if (elastic && c->lab.local_steps > 1)
         return dp_err(err, "--local-steps keeps each worker's own data order: not with --workers MIN:MAX");
     if (dp_ps_check_delay_flags(o, c->lab.policy.delay_lr, err) != 0) return -1;
-    if (s_local_steps(a, o, err) != 0) return -1;
+    if (s_local_steps(a, o, err) != 0 || s_sparse_flags(a, o, err) != 0) return -1;
     if (a->backup) {
         if (a->backup >= M) return dp_err(err, "--backup %d: needs fewer than --workers %d", a->backup, M);
         c->lab.policy.replicas = M - a->backup;
@@ -317,6 +395,7 @@ int dp_sim_main(int argc, char **argv)
     static s_args_t a; /* the straggler table: off the stack */
     memset(&a, 0, sizeof a);
     dp_lab_conf_default(&a.c.lab);
+    dp_ps_config_default(&a.ps);
     a.c.lab.workers = 4;
     dp_dist_parse(&a.c.compute, "exp:100", NULL);
     for (int i = 0; i < DP_SIM_MAX_WORKERS; i++) a.slow[i] = 1.0;

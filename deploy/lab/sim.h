@@ -10,8 +10,12 @@
  * straggler — has passed on the simulated clock. Events at the same time go
  * in the order they were queued. An elastic crew (--workers MIN:MAX) has
  * its batches dealt by shard 0's dealer, and --churn changes it on the
- * same clock (sim_run.c says how). The whole run is a function of the
- * flags: the same command gives the same bits. */
+ * same clock (sim_run.c says how). A model with embed:D (--data
+ * libsvm:, deploy/lab/sparse.h) also pulls its batch's rows from each
+ * shard at its pull and pushes their gradients before its dense push;
+ * its crew is fixed, and the steps in flight at --updates are pushed.
+ * The whole run is a function of the flags: the same command gives the
+ * same bits. */
 #ifndef DP_SIM_H
 #define DP_SIM_H
 

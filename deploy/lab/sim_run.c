@@ -32,7 +32,14 @@
  * the leaver is a random live worker but the chief, and it leaves after
  * its push in flight (leave:) or dies with it (kill:, its batch back to
  * the pool and counted when dealt again). The draws have a stream of their
- * own, so a schedule is a function of --seed. */
+ * own, so a schedule is a function of --seed.
+ *
+ * A model with embed:D: a worker's pull is the dense weights, then its
+ * batch's rows from each shard (s_rows_pull); its push the rows'
+ * gradients to each shard, then the dense one to each (s_rows_push,
+ * s_finish_one). Once the servers reach --updates no step starts, and
+ * the steps in flight are pushed (s_loop): each pulled rows, which the
+ * record holds, so each needs its push for a replay. */
 #include "deploy/lab/sim.h"
 
 #include <math.h>
@@ -67,6 +74,8 @@ typedef struct {
     float *pulled;         /* diagnostics: the weights it pulled */
     float loss;
     dp_deal_batch_t batch; /* an elastic crew: the batch shard 0 dealt it */
+    dp_lab_batch_t sb;     /* a model with embed:D: its step's batch, keys, the rows it pulled
+                            * and their gradients, from its pull to its push */
     dp_rng_t rng;          /* its compute times */
 } s_worker_t;
 
@@ -99,6 +108,8 @@ typedef struct {
     double next_churn;     /* simulated s of the next change (--churn) */
     int *finishing;        /* told the data is done, to finish after the event at hand */
     int n_finishing;
+    int failed;            /* a step could not start (a sparse model's batch or row pull): */
+    char err[DP_ERR_LEN];  /* ... why; the loop stops with it */
 } s_sim_t;
 
 /* ---- the compute-time law ---- */
@@ -220,6 +231,40 @@ static s_event_t s_heap_pop(s_sim_t *S)
 
 /* ---- workers ---- */
 
+static int s_going(const s_sim_t *S);
+
+/* A sparse model's step at w's pull (deploy/lab/sparse.h): its batch, then
+ * its keys' rows from each shard as they stand now, as the embed worker
+ * pulls them after the dense weights (worker/embed_train.c). -1 with
+ * S->err. */
+static int s_rows_pull(s_sim_t *S, int w)
+{
+    s_worker_t *k = &S->w[w];
+    if (dp_lab_batch_load(&S->L, w, k->step, &k->sb, S->err) != 0) return -1;
+    for (int s = 0; s < S->L.conf.shards; s++)
+        if (dp_lab_rows_pull(&S->L, s, w, &k->sb, S->err) < 0) return -1;
+    return 0;
+}
+
+/* At w's push: its rows' gradients to each shard, before its dense push
+ * (so a row push lands between dense versions, as in the daemons), each
+ * pulled at the version its dense pull had (every shard's: they take the
+ * same pushes in the same order). */
+static int s_rows_push(s_sim_t *S, int w, char *err)
+{
+    s_worker_t *k = &S->w[w];
+    for (int s = 0; s < S->L.conf.shards; s++) {
+        dp_push_outcome_t o;
+        double norm;
+        int repeat;
+        dp_lab_rows_push(&S->L, s, w, (uint64_t)k->step + 1, k->version, &k->sb, &o, &norm, &repeat);
+        if (repeat || o.status == DP_PUSH_REJECTED)
+            return dp_err(err, "simulation: shard %d %s worker %d's row push: %s", s,
+                          repeat ? "took as a repeat" : "rejected", w, repeat ? "(a step twice)" : o.reason);
+    }
+    return 0;
+}
+
 /* The batch dealt with w's pull (an elastic crew), else NULL: its own. */
 static const dp_deal_batch_t *s_dealt(const s_sim_t *S, int w)
 {
@@ -243,10 +288,18 @@ static int s_start(s_sim_t *S, int w)
             return 1;
         }
     }
+    /* a sparse run's end: no step starts once the servers reached
+     * --updates, since its row pulls would be a step no push follows */
+    if (S->L.sp && (S->failed || !s_going(S))) return 1;
     dp_lab_params(&S->L, -1, S->params);
     k->version = S->L.shard[0].version;
     dp_lab_pulled(&S->L, w);
-    k->loss = dp_lab_gradient(&S->L, S->params, w, k->step, s_dealt(S, w), k->grad);
+    if (S->L.sp && s_rows_pull(S, w) != 0) {
+        S->failed = 1; /* s_loop stops with S->err */
+        return 1;
+    }
+    k->loss = S->L.sp ? dp_lab_sparse_gradient(&S->L, S->params, w, k->step, &k->sb, k->grad)
+                      : dp_lab_gradient(&S->L, S->params, w, k->step, s_dealt(S, w), k->grad);
     if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
     k->busy = 1;
     /* a round of local steps computes H gradients: H draws */
@@ -393,6 +446,14 @@ static void s_emit(s_sim_t *S, cJSON *line_fields)
     cJSON_Delete(line_fields);
 }
 
+/* Epochs of data the pushes so far stand for (a sparse model's epoch: the
+ * file's batches, as dp_embed_distributed deals them to the crew). */
+static double s_epochs(const s_sim_t *S)
+{
+    if (S->L.sp) return (double)S->pushes / (double)S->L.sp->data[0].steps_per_epoch;
+    return (double)S->pushes * S->c->lab.train.batch / S->L.s.train.n;
+}
+
 static void s_evaluate(s_sim_t *S, int limit, double *acc, double *loss)
 {
     dp_lab_params(&S->L, -1, S->params);
@@ -408,7 +469,7 @@ static void s_eval_emit(s_sim_t *S, uint64_t version, double acc, double loss)
     cJSON_AddNumberToObject(o, "updates", (double)version);
     cJSON_AddNumberToObject(o, "pushes", (double)S->pushes);
     cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
-    cJSON_AddNumberToObject(o, "epoch", dp_metrics_round((double)S->pushes * S->c->lab.train.batch / S->L.s.train.n, 5));
+    cJSON_AddNumberToObject(o, "epoch", dp_metrics_round(s_epochs(S), 5));
     cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
     cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
     cJSON_AddNumberToObject(o, "train_loss", dp_metrics_round(S->loss_avg, 5));
@@ -562,6 +623,7 @@ static void s_teardown(s_sim_t *S)
     for (int w = 0; S->w && w < S->c->lab.workers; w++) {
         free(S->w[w].grad);
         free(S->w[w].pulled);
+        dp_lab_batch_free(&S->w[w].sb);
     }
     free(S->w);
     free(S->heap);
@@ -583,8 +645,15 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     s_worker_t *k = &S->w[w];
     const dp_sim_conf_t *c = S->c;
     dp_push_outcome_t o;
-    if (S->L.rl) dp_lab_push_rl(&S->L, 0, w, k->step, k->version, k->grad, &S->L.rl->seg[w], &o);
-    else dp_lab_push(&S->L, 0, w, k->step, k->version, k->grad, s_dealt(S, w), &o);
+    if (S->L.sp && s_rows_push(S, w, err) != 0) return -1;
+    /* every shard its slice, in order; shard 0's outcome decides (all
+     * shards take the same pushes, so they step together) */
+    for (int s = 0; s < S->L.conf.shards; s++) {
+        dp_push_outcome_t os;
+        if (S->L.rl) dp_lab_push_rl(&S->L, s, w, k->step, k->version, k->grad, &S->L.rl->seg[w], &os);
+        else dp_lab_push(&S->L, s, w, k->step, k->version, k->grad, s_dealt(S, w), &os);
+        if (s == 0) o = os;
+    }
     if (o.status == DP_PUSH_REJECTED) return dp_err(err, "simulation: push rejected: %s", o.reason);
     dp_deal_batch_t done;
     if (S->dealing) dp_deal_pushed(&S->deal, w, (uint64_t)k->step + 1, o.status == DP_PUSH_APPLIED, &done);
@@ -660,7 +729,18 @@ static int s_loop(s_sim_t *S, char *err)
             return dp_err(err, "simulation: every worker waits (a policy that never steps?)");
         }
         while (S->n_finishing > 0) s_crew(S, S->finishing[--S->n_finishing], DP_LAB_FINISH);
+        if (S->failed) return dp_err(err, "%s", S->err);
     }
+    /* A sparse run's steps in flight are pushed: each pulled its rows, and
+     * a record's row pull that no push follows is no run's (downpour
+     * replay refuses it); no new step starts (s_start), so the version
+     * ends past --updates by at most the pushes in flight. */
+    while (S->L.sp && S->n_heap > 0) {
+        s_event_t e = s_heap_pop(S);
+        S->now = e.t;
+        if (s_finish_one(S, e.w, err) != 0) return -1;
+    }
+    if (S->failed) return dp_err(err, "%s", S->err);
     return 0;
 }
 
@@ -695,7 +775,7 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON_AddNumberToObject(o, "updates_applied", (double)cnt.applied);
     cJSON_AddNumberToObject(o, "updates_dropped", (double)cnt.dropped);
     if (!S->L.rl) /* an actor-critic run has no data: its account instead (below) */
-        cJSON_AddNumberToObject(o, "epochs", dp_metrics_round((double)S->pushes * c->lab.train.batch / S->L.s.train.n, 5));
+        cJSON_AddNumberToObject(o, "epochs", dp_metrics_round(s_epochs(S), 5));
     cJSON_AddNumberToObject(o, "sim_s", dp_metrics_round(S->now, 6));
     cJSON_AddNumberToObject(o, "fresh_fraction", dp_metrics_round(dp_staleness_fresh(&all), 6));
     cJSON_AddNumberToObject(o, "staleness_mean", dp_metrics_round(dp_staleness_mean(&all), 6));
@@ -710,7 +790,9 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     } else {
         cJSON_AddNumberToObject(o, "test_accuracy", dp_metrics_round(acc, 5));
         cJSON_AddNumberToObject(o, "test_loss", dp_metrics_round(loss, 5));
+        if (S->L.sp) cJSON_AddNumberToObject(o, "test_auc", dp_metrics_round(S->L.test_auc, 6));
     }
+    cJSON_AddNumberToObject(o, "ps_shards", c->lab.shards);
     cJSON_AddNumberToObject(o, "train_loss", dp_metrics_round(S->loss_avg, 5));
     int local = c->lab.local_steps > 1; /* the optimizer typed is then the workers' */
     const dp_optim_conf_t *op = local ? &c->lab.inner : &c->lab.optim;

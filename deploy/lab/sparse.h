@@ -1,5 +1,6 @@
 /* lab/sparse: the engine's side of a model whose first layer is embed:D
- * (deploy/lab/engine.h), for `downpour replay` of a sparse run's record:
+ * (deploy/lab/engine.h), for `downpour replay` of a sparse run's record
+ * and `downpour sim` of such a model:
  * each shard's row table behind the shard's own row rules
  * (server/ps_rows.h: dp_ps_rows_pull / dp_ps_rows_push and the dense
  * step's hooks, the code downpour-ps runs), the workers' libsvm batches

@@ -17,14 +17,21 @@
 #    summary.json, and its model.safetensors byte for byte the run's
 #  - a record with one row push's "gn" edited (footer hashed again): the
 #    replay reports the mismatch, naming the event
-#  - downpour sim of such a model: refused, one line (the simulator does
-#    not run row tables yet)
+#  - downpour sim of such a model (2 workers over 2 shards, async, 151
+#    updates, worker 1's step in flight at the end): its test AUC within 0.03 of the planted model's own
+#    (gen-libsvm --truth); the same flags twice: the same summary.json
+#    but for the wall times, the same record and model file, byte for
+#    byte; its record: the rows conf and a row push after each row pull,
+#    replayed with every norm matched and the sim's test figures and
+#    model file; hybrid (--mode sync --rows-mode async) and sync rows:
+#    their header's rows mode, replayed likewise; --churn: refused, one
+#    line
 source "$(dirname "$0")/lib.sh"
 
 L=$BIN/downpour
 cd "$TMP"
 "$L" gen-libsvm --out-train train.svm --out-test test.svm --samples 20000 --test-samples 2000 \
-    --keys 1000 --nnz 16 --seed 3 >gen.out 2>&1
+    --keys 1000 --nnz 16 --seed 3 --truth truth.json >gen.out 2>&1
 check "gen-libsvm writes the data" test $? = 0
 common=(--model 'embed:4 fc:2 softmax' --data libsvm:train.svm:test.svm --lr 0.05 --epochs 1
         --batch 128 --seed 5 --threads 1)
@@ -129,8 +136,70 @@ rc=$?
 check "a row pull of worker 1 that no push follows: refused (status $rc), one line naming event $ev" \
     bash -c "[ $rc = 1 ] && [ \$(grep -c . r-pull.log) = 1 ] && grep -q 'event $ev: worker 1.s row pull on shard [01] is followed by no row push' r-pull.log"
 
-"$L" sim --workers 2 "${common[@]}" --out sim >sim.log 2>&1
+# downpour sim of the planted model: the workers' row pulls and pushes on
+# the simulated clock, its record replayable as a daemon's.
+# 151 updates: the version is reached while worker 1's step is in flight
+# (its row pull made; the sim pushes it, or the replay would refuse a pull
+# no push follows), which 150 does not show (worker 0's is in flight)
+simflags=(--workers 2 --ps-shards 2 --compute exp:100 --updates 151 --model 'embed:4 fc:2 softmax'
+          --data libsvm:train.svm:test.svm --lr 0.05 --batch 128 --seed 5 --threads 1)
+"$L" sim "${simflags[@]}" --record sim.rec --out sim >sim.log 2>&1
+check "sim of the sparse model, async, 2 workers over 2 shards: exits 0 ($(tail -1 sim.log))" test $? = 0
+check "... its test AUC within 0.03 of the planted model's own, rows on both shards" "$TORCH_PY" -c "
+import json
+s, planted = json.load(open('sim/summary.json')), json.load(open('truth.json'))['planted_test_auc']
+assert s['test_auc'] > planted - 0.03, (s['test_auc'], planted)
+assert len(s['rows']) == 2 and min(s['rows']) > 0, s['rows']"
+"$L" sim "${simflags[@]}" --record sim2.rec --out sim2 >sim2.log 2>&1
+# the summary but for its wall times
+figures() { grep -v '"\(wall_s\|train_s\|images_per_s\|images_per_s_per_worker\)"' "$1"; }
+check "... the same flags again: the same summary.json but for wall times, record and model file" \
+    bash -c "$(declare -f figures); diff <(figures sim/summary.json) <(figures sim2/summary.json) &&
+             cmp sim.rec sim2.rec && cmp sim/model.safetensors sim2/model.safetensors"
+# sim_rows_ok(RECORD MODE ROWS_MODE): the header's rows conf, a row push
+# with every dense push, each after its worker's row pull at the version
+# it names; the only pulls left, the chief's evaluation's
+sim_rows_ok() {
+    "$TORCH_PY" - "$@" <<'EOF'
+import json, sys
+path, mode, rows_mode = sys.argv[1:]
+lines = [json.loads(l) for l in open(path)]
+h, ev = lines[0], lines[1:-1]
+assert h["mode"] == mode and h["shards"] == 2 and h["rows"]["mode"] == rows_mode, h
+assert h["rows"]["width"] == 4 and h["rows"]["optim"] == "adagrad", h["rows"]
+last_pull, pushes, rows = {}, 0, 0
+for e in ev:
+    if e["e"] == "rpull":
+        last_pull[(e["s"], e["w"])] = e
+    elif e["e"] == "rows":
+        p = last_pull.pop((e["s"], e["w"]), None)
+        assert p and p["v"] == e["v"] and p["n"] == e["n"], (e, p)
+        rows += 1
+    elif e["e"] == "push":
+        pushes += 1
+assert rows == pushes > 0, (rows, pushes)
+assert all(w == 0 for (s, w) in last_pull), last_pull
+EOF
+}
+check "... its record: the rows conf, a row push after each row pull" sim_rows_ok sim.rec async async
+"$L" replay sim.rec --out r-sim >r-sim.log 2>&1
+check "... replayed: every recorded norm matched ($(tail -1 r-sim.log))" grep -q 'every recorded norm matched' r-sim.log
+check "... the replay's test figures and rows: the sim's summary.json's" same_figures sim r-sim
+check "... its model.safetensors: the sim's, byte for byte" cmp sim/model.safetensors r-sim/model.safetensors
+for rm in async sync; do # sim-hybrid, sim-sync
+    name=sim-sync; [ $rm = async ] && name=sim-hybrid
+    "$L" sim "${simflags[@]}" --updates 40 --mode sync --rows-mode $rm --record $name.rec --out $name \
+        >$name.log 2>&1
+    check "sim --mode sync --rows-mode $rm: exits 0 ($(tail -1 $name.log))" test $? = 0
+    check "... its record's rows mode and row events" sim_rows_ok $name.rec sync $rm
+    "$L" replay $name.rec --out r-$name >r-$name.log 2>&1
+    check "... replayed: every recorded norm matched ($(tail -1 r-$name.log))" \
+        grep -q 'every recorded norm matched' r-$name.log
+    check "... the replay's test figures and rows: the sim's" same_figures $name r-$name
+done
+
+"$L" sim --workers 1:3 --churn leave:1 "${simflags[@]:2}" --out churn >churn.log 2>&1
 rc=$?
-check "sim of a sparse model: refused (status $rc), one line" \
-    bash -c "[ $rc = 1 ] && [ \$(grep -c . sim.log) = 1 ] && grep -q 'embed:D .* not in the simulator yet' sim.log"
+check "sim of a sparse model with --churn: refused (status $rc), one line" \
+    bash -c "[ $rc != 0 ] && [ \$(grep -c . churn.log) = 1 ] && grep -q 'embed:D trains a fixed crew .*--churn' churn.log"
 finish

@@ -601,8 +601,8 @@ static void test_record_rows(void)
 
 /* A sparse run is told by its model as parsed (embed:D first, whatever the
  * spacing) or its data (libsvm:), not by text: only a sparse conf without
- * row tables (downpour sim's) is refused, in one line; a lab header
- * carries the rows conf to a replay and back. */
+ * row tables (one neither a record nor sim's row flags gave) is refused,
+ * in one line; a lab header carries the rows conf to a replay and back. */
 static void test_lab_sparse_conf(void)
 {
     const struct {
