@@ -144,7 +144,8 @@ check "a row pull of worker 1 that no push follows: refused (status $rc), one li
 simflags=(--workers 2 --ps-shards 2 --compute exp:100 --updates 151 --model 'embed:4 fc:2 softmax'
           --data libsvm:train.svm:test.svm --lr 0.05 --batch 128 --seed 5 --threads 1)
 "$L" sim "${simflags[@]}" --record sim.rec --out sim >sim.log 2>&1
-check "sim of the sparse model, async, 2 workers over 2 shards: exits 0 ($(tail -1 sim.log))" test $? = 0
+rc=$?  # before the message's $(...) resets it
+check "sim of the sparse model, async, 2 workers over 2 shards: exits 0 ($(tail -1 sim.log))" test "$rc" = 0
 check "... its test AUC within 0.03 of the planted model's own, rows on both shards" "$TORCH_PY" -c "
 import json
 s, planted = json.load(open('sim/summary.json')), json.load(open('truth.json'))['planted_test_auc']
@@ -190,7 +191,8 @@ for rm in async sync; do # sim-hybrid, sim-sync
     name=sim-sync; [ $rm = async ] && name=sim-hybrid
     "$L" sim "${simflags[@]}" --updates 40 --mode sync --rows-mode $rm --record $name.rec --out $name \
         >$name.log 2>&1
-    check "sim --mode sync --rows-mode $rm: exits 0 ($(tail -1 $name.log))" test $? = 0
+    rc=$?  # before the message's $(...) resets it
+    check "sim --mode sync --rows-mode $rm: exits 0 ($(tail -1 $name.log))" test "$rc" = 0
     check "... its record's rows mode and row events" sim_rows_ok $name.rec sync $rm
     "$L" replay $name.rec --out r-$name >r-$name.log 2>&1
     check "... replayed: every recorded norm matched ($(tail -1 r-$name.log))" \
