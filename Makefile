@@ -356,7 +356,7 @@ FUZZ_OBJS_wire        := $(call fuzz_obj,proto/wire.c $(PROTO_GEN) common/util.c
 FUZZ_OBJS_safetensors := $(call fuzz_obj,common/safetensors.c common/model.c common/util.c common/rng.c)
 FUZZ_OBJS_model       := $(call fuzz_obj,common/model.c common/util.c common/rng.c)
 FUZZ_OBJS_record      := $(call fuzz_obj,server/record.c server/policy.c server/shard.c server/shard_early.c server/shard_dc.c server/pool.c \
-                           kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
+                           server/rows.c kernels/row_optim.c kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
                            common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN))
 FUZZ_OBJS_tfconfig    := $(call fuzz_obj,common/cluster.c common/util.c)
 FUZZ_OBJS_libsvm      := $(call fuzz_obj,common/libsvm.c common/util.c)

@@ -807,6 +807,16 @@ static int s_draw_incarnation(dp_ps_loop_t *ps, char *err)
     return 0;
 }
 
+/* --record: its header holds the row table's conf (width set) when there is one. */
+static int s_open_record(dp_ps_loop_t *ps, char *err)
+{
+    dp_rows_conf_t rows;
+    float init;
+    dp_ps_rows_conf(ps->cfg, &rows, &init);
+    rows.width = ps->rows.width;
+    return dp_record_ps_open(&ps->rec, ps->cfg, ps->policy, ps->rows.width > 0 ? &rows : NULL, err);
+}
+
 static int s_setup(dp_ps_loop_t *ps, const dp_ps_config_t *cfg, char *err)
 {
     ps->cfg = cfg;
@@ -816,7 +826,7 @@ static int s_setup(dp_ps_loop_t *ps, const dp_ps_config_t *cfg, char *err)
     ps->start_version = ps->shard.version;
     if (dp_auth_init(&ps->auth, cfg->num_workers, cfg->curve_secret[0] != 0, err) != 0) return -1;
     if (dp_metrics_new(&ps->metrics, cfg->metrics_path, err) != 0) return -1;
-    if (cfg->record[0] && dp_record_ps_open(&ps->rec, cfg, ps->policy, ps->rows.width, err) != 0) return -1;
+    if (cfg->record[0] && s_open_record(ps, err) != 0) return -1;
     if (s_open_socket(ps, err) != 0) return -1;
     if (cfg->ready_file[0] &&
         dp_write_file_atomic(cfg->ready_file, ps->endpoint, strlen(ps->endpoint), err) != 0)

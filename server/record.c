@@ -262,8 +262,8 @@ void dp_record_abandon(dp_record_t **r_p)
     *r_p = NULL;
 }
 
-int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, int row_width,
-                      char *err)
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy,
+                      const dp_rows_conf_t *rows, char *err)
 {
     cJSON *h = cJSON_CreateObject();
     char seed[24], input[48];
@@ -285,13 +285,8 @@ int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t 
     dp_record_delay_json(h, policy->conf.delay_lr, policy->conf.delay_k);
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&policy->shard->optim));
     cJSON_AddNumberToObject(h, "start_version", (double)policy->shard->version);
-    if (row_width > 0) { /* the table as the shard runs it: --row-lr and --row-init resolved */
-        dp_rows_conf_t rows;
-        float init;
-        dp_ps_rows_conf(cfg, &rows, &init);
-        rows.width = row_width;
-        cJSON_AddItemToObject(h, "rows", dp_record_rows_json(&rows, cfg->rows_mode ? cfg->rows_mode : cfg->mode));
-    }
+    if (rows) /* the table as the shard runs it: --row-lr and --row-init resolved */
+        cJSON_AddItemToObject(h, "rows", dp_record_rows_json(rows, cfg->rows_mode ? cfg->rows_mode : cfg->mode));
     if (policy->shard->version != 0)
         dp_log_warn("shard %d: --record: restored at version %" PRIu64 "; a replay needs a run "
                     "from version 0 and will refuse this record", cfg->shard_index, policy->shard->version);

@@ -137,10 +137,10 @@ void dp_record_abandon(dp_record_t **r_p);
 
 /* downpour-ps --record: the record with this shard's header (model, input,
  * seed, optimizer, mode, workers, R, S, shard I/K, the version it starts
- * at; with row_width > 0, a model with embed:D, the row table's conf as
- * "rows") and a measuring policy. */
-int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy, int row_width,
-                      char *err);
+ * at; with rows, a model with embed:D, the row table's conf as the shard
+ * runs it, as "rows") and a measuring policy. */
+int dp_record_ps_open(dp_record_t **out, const dp_ps_config_t *cfg, dp_policy_t *policy,
+                      const dp_rows_conf_t *rows, char *err);
 
 /* ---- reading ---- */
 typedef struct {
