@@ -200,10 +200,11 @@ $(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_SERVER) 
 $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
 
 # The test programs: tests/DIR/NAME.c (unit, fuzz, bench, gpu) becomes
-# $(BUILD)/tests/NAME, its object linked with every library.
+# $(BUILD)/tests/NAME, its object linked with every library (a fuzz
+# target with its own sources only: see FUZZ_SRCS_NAME below).
 TEST_PROG_SRC := $(TEST_SRC) $(FUZZ_SRC) $(BENCH_SRC) $(GPU_SRC)
 TEST_PROGS    := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_PROG_SRC)))
-$(foreach s,$(filter-out $(GPU_SRC),$(TEST_PROG_SRC)),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(ALL_LIBS)))
+$(foreach s,$(filter-out $(GPU_SRC) $(FUZZ_SRC),$(TEST_PROG_SRC)),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(ALL_LIBS)))
 $(foreach s,$(GPU_SRC),$(eval $(BUILD)/tests/$(basename $(notdir $(s))): $(call obj,$(s)) $(if $(HAVE_CUDA),$(GPU_LIBS),$(ALL_LIBS))))
 $(GPU_BINS): LINK_LIBS = -rdynamic $(CUDA_LIBS)
 
@@ -335,7 +336,7 @@ test: deps-test
 #   record       the record loader `downpour replay` uses (server/record.c)
 #   tfconfig     TF_CONFIG merged with the cluster flags (common/cluster.c)
 #   libsvm       the svmlight / libsvm reader, plain and gzip (common/libsvm.c)
-# clang instruments each target's parser and what it calls (FUZZ_OBJS_NAME:
+# clang instruments each target's parser and what it calls (FUZZ_SRCS_NAME:
 # the real sources, compiled under $(FUZZ_DIR)/obj) for coverage and ASan +
 # UBSan. `make fuzz` runs every target in FUZZ_TARGETS one after the other,
 # each for FUZZ_SECONDS (per target: 60 s x 6 targets by default), from its
@@ -352,14 +353,14 @@ FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_CFLAGS  := -std=c11 -g -O1 -D_GNU_SOURCE -DDP_LIBFUZZER -fsanitize=fuzzer-no-link,address,undefined \
                 -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP -I. -I$(BUILD)/gen $(PKG_CFLAGS)
 fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(patsubst $(BUILD)/%,%,$(1)))
-FUZZ_OBJS_wire        := $(call fuzz_obj,proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c)
-FUZZ_OBJS_safetensors := $(call fuzz_obj,common/safetensors.c common/model.c common/util.c common/rng.c)
-FUZZ_OBJS_model       := $(call fuzz_obj,common/model.c common/util.c common/rng.c)
-FUZZ_OBJS_record      := $(call fuzz_obj,server/record.c server/policy.c server/shard.c server/shard_early.c server/shard_dc.c server/pool.c \
+FUZZ_SRCS_wire        := proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c
+FUZZ_SRCS_safetensors := common/safetensors.c common/model.c common/util.c common/rng.c
+FUZZ_SRCS_model       := common/model.c common/util.c common/rng.c
+FUZZ_SRCS_record      := server/record.c server/policy.c server/shard.c server/shard_early.c server/shard_dc.c server/pool.c \
                            server/rows.c kernels/row_optim.c kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
-                           common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN))
-FUZZ_OBJS_tfconfig    := $(call fuzz_obj,common/cluster.c common/util.c)
-FUZZ_OBJS_libsvm      := $(call fuzz_obj,common/libsvm.c common/util.c)
+                           common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN)
+FUZZ_SRCS_tfconfig    := common/cluster.c common/util.c
+FUZZ_SRCS_libsvm      := common/libsvm.c common/util.c
 FUZZ_MAXLEN_wire := 4096
 FUZZ_MAXLEN_safetensors := 16384
 FUZZ_MAXLEN_model := 1030
@@ -374,7 +375,15 @@ $(FUZZ_DIR)/obj/gen/%.o: $(BUILD)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 FUZZ_KNOWN := $(patsubst tests/fuzz/fuzz_%.c,%,$(FUZZ_SRC))
-$(foreach t,$(FUZZ_KNOWN),$(eval $(FUZZ_DIR)/fuzz_$(t)_lf: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_$(t).o $(FUZZ_OBJS_$(t))))
+$(foreach t,$(FUZZ_KNOWN),$(eval $(FUZZ_DIR)/fuzz_$(t)_lf: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_$(t).o $(call fuzz_obj,$(FUZZ_SRCS_$(t)))))
+# The gcc-built twin ($(BUILD)/tests/fuzz_NAME, run on the corpora by make
+# test) links the same sources and nothing more, so a target whose list
+# misses a source fails `make tests` already, not only `make fuzz`; plus
+# what its own driver uses: common/rng.c for the mutations (tests/fuzz/fuzz.h)
+# and FUZZ_DRIVER_SRCS_NAME for --write-seeds.
+FUZZ_DRIVER_SRCS_record := server/members.c
+$(foreach t,$(FUZZ_KNOWN),$(eval $(BUILD)/tests/fuzz_$(t): $(call obj,tests/fuzz/fuzz_$(t).c common/rng.c \
+    $(FUZZ_DRIVER_SRCS_$(t)) $(patsubst $(BUILD)/%,%,$(FUZZ_SRCS_$(t))))))
 $(FUZZ_DIR)/fuzz_%_lf:
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $^ -o $@ $(PKG_LIBS) -lm -lpthread
 
