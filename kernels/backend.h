@@ -116,6 +116,20 @@ typedef struct {
     void (*bn_backward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
                         float *d_dw, float *d_db, const float *d_dout, const float *d_in,
                         const float *d_w, const float *d_save);
+    /* Batch norm of layer l and the ReLU after it as one op (kernels/ops.h,
+     * dp_bn_relu_forward_train): as bn_forward, but d_out is the ReLU's
+     * output, bn's own never stored; the backward takes d_dout wrt that
+     * output and the output d_out itself (the ReLU's mask), and gives
+     * bn_backward's results for the ReLU's gradient. Bits: those of the
+     * two ops in turn. Optional: a backend leaves them NULL and the
+     * executor runs bn and relu apart (the CUDA backend does: cuDNN's
+     * batch norm has its own fused activation, not wired in). */
+    void (*bn_relu_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                            float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                            float *d_rm, float *d_rv, float *d_nbt, float *d_save);
+    void (*bn_relu_backward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                             float *d_dw, float *d_db, const float *d_dout, const float *d_out,
+                             const float *d_in, const float *d_w, const float *d_save);
     /* The end of a residual block: d_out = d_a + shortcut(d_src), d_out may be d_a. */
     void (*shortcut_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                              const float *d_a, const float *d_src);

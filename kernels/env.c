@@ -18,10 +18,23 @@ int dp_cuda_knobs(dp_cuda_knobs_t *k, char *err)
     return 0;
 }
 
+static long s_fuse = 1;
+
+int dp_fuse_env(char *err)
+{
+    return dp_opts_env_long("DP_FUSE", 0, 1, &s_fuse, err);
+}
+
+int dp_fuse_on(void)
+{
+    return (int)s_fuse;
+}
+
 int dp_kernels_env(char *err)
 {
     dp_cuda_knobs_t cuda;
-    if (dp_cpu_isa_init(err) != 0 || dp_conv_env(err) != 0 || dp_cuda_knobs(&cuda, err) != 0)
+    if (dp_cpu_isa_init(err) != 0 || dp_conv_env(err) != 0 || dp_fuse_env(err) != 0 ||
+        dp_cuda_knobs(&cuda, err) != 0)
         return -1;
     /* after the path is chosen: it decides OpenBLAS's core (kernels/cpu/blas.h) */
     if (dp_cpu_blas_init(dp_cpu_isa(), err) != 0) return -1;

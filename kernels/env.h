@@ -5,6 +5,8 @@
  *   DP_CONV_SPARSE_MAX    [0, 1]: the sparse convolution backward's non-zero
  *                         fraction (kernels/cpu/conv.c; default 0.4)
  *   DP_CONV_DIRECT        0|1: the convolution's direct ways (default 1)
+ *   DP_FUSE               0|1: batch norm and the ReLU after it as one op
+ *                         where the backend has it (worker/net.c; default 1)
  * then loads OpenBLAS with the chosen path's core (kernels/cpu/blas.h: sets
  * OPENBLAS_CORETYPE for the load and puts the user's back).
  *   DP_CUDA_TF32, DP_CUDA_FIND, DP_CUDA_ALGOS, DP_CUDA_WORKSPACE_MB
@@ -21,6 +23,11 @@ int dp_kernels_env(char *err);
 
 /* DP_CONV_SPARSE_MAX and DP_CONV_DIRECT into the convolution (kernels/cpu/conv.c). */
 int dp_conv_env(char *err);
+
+/* DP_FUSE (default 1; 0 runs batch norm and relu apart, for measuring and
+ * for the tests that compare the two), and its value read. */
+int dp_fuse_env(char *err);
+int dp_fuse_on(void);
 
 /* The CUDA backend's knobs, all off by default so results match the CPU
  * reference to float rounding (README.md, "GPUs"). */

@@ -142,6 +142,20 @@ void dp_bn_backward(float *din, float *dw, float *db, const float *dout, const f
                     const float *w, const float *mean, const float *var, int B, int C, int HW,
                     float eps);
 
+/* Batch norm and the ReLU after it in one pass (a residual block's bn,
+ * relu), the bits of the two ops in turn: out = max(0, bn(x)), so bn's own
+ * output is never stored. The backward takes dout, the gradient wrt the
+ * ReLU's output out (its mask out > 0), and gives what dp_relu_backward
+ * then dp_bn_backward give. */
+void dp_bn_relu_forward_train(float *out, float *mean, float *var, const float *in,
+                              const float *w, const float *b, int B, int C, int HW, float eps);
+void dp_bn_relu_forward_eval(float *out, const float *in, const float *w, const float *b,
+                             const float *rmean, const float *rvar, int B, int C, int HW,
+                             float eps);
+void dp_bn_relu_backward(float *din, float *dw, float *db, const float *dout, const float *out,
+                         const float *in, const float *w, const float *mean, const float *var,
+                         int B, int C, int HW, float eps);
+
 /* The running statistics after a training batch split in `groups` ghost
  * batches, group g's mean and biased variance at save + 2 C g (mean, then
  * var) over n values a channel (n_last for the last group): each group's PyTorch update

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "kernels/env.h"
 
 static size_t s_boundary_size(const dp_model_t *m, int i)
 {
@@ -20,9 +21,39 @@ static void s_reads(const dp_layer_t *l, int *a, int *b)
     *b = l->kind == DP_LAYER_ADD || l->kind == DP_LAYER_AC ? l->in1 : -1;
 }
 
+/* Which bn layers run with the relu after them as one op (the backend's
+ * bn_relu ops, unless DP_FUSE=0): relu i + 1 reads bn i's output and
+ * nothing else does, so that boundary is never stored nor its gradient
+ * made. A residual block's bn, relu pairs are all such. */
+static void s_plan_fuse(dp_net_t *net)
+{
+    const dp_model_t *m = net->m;
+    if (!net->be->ops->bn_relu_forward || !dp_fuse_on()) return;
+    for (int i = 0; i + 1 < m->n_layers; i++) {
+        const dp_layer_t *r = &m->layers[i + 1];
+        if (m->layers[i].kind != DP_LAYER_BN || r->kind != DP_LAYER_RELU || r->in0 != i + 1)
+            continue;
+        int readers = 0;
+        for (int j = 0; j < m->n_layers; j++) {
+            int a, c;
+            s_reads(&m->layers[j], &a, &c);
+            readers += (a == i + 1) + (c == i + 1);
+        }
+        net->fuse[i] = readers == 1;
+    }
+}
+
+/* Layer i is the relu of a fused pair: its work is done by bn i - 1. */
+static int s_fused_away(const dp_net_t *net, int i)
+{
+    return i > 0 && net->fuse[i - 1];
+}
+
 /* The gradient buffers: boundary b's lives from the backward of its last
  * reader (it is started there) to that of its writer, layer b-1; buffers
- * are assigned in backward order, first free first. Returns the count. */
+ * are assigned in backward order, first free first. A fused pair (bn i,
+ * relu i + 1) is one layer here: boundary i + 1 gets no buffer, and
+ * i + 2's lives on to bn i's backward, which reads it. Returns the count. */
 static int s_plan_pool(dp_net_t *net)
 {
     const dp_model_t *m = net->m;
@@ -37,15 +68,17 @@ static int s_plan_pool(dp_net_t *net)
     int *busy = dp_calloc((size_t)nb, sizeof(int)); /* buffer k holds a live boundary */
     for (int i = m->n_layers - 1; i >= 0; i--) {
         for (int b = 1; b < nb; b++) {
-            if (net->last_reader[b] != i) continue;
+            if (net->last_reader[b] != i || net->fuse[b - 1]) continue;
             int k = 0;
             while (k < n_pool && busy[k]) k++;
             if (k == n_pool) n_pool++;
             busy[k] = 1;
             net->pool_of[b] = k;
         }
-        /* layer i wrote boundary i + 1: its gradient dies with this backward */
-        if (net->pool_of[i + 1] >= 0) busy[net->pool_of[i + 1]] = 0;
+        /* layer i wrote boundary i + 1 (a fused bn, through its relu, i + 2):
+         * that gradient dies with this backward */
+        int w = net->fuse[i] ? i + 2 : s_fused_away(net, i) ? -1 : i + 1;
+        if (w > 0 && net->pool_of[w] >= 0) busy[net->pool_of[w]] = 0;
     }
     free(busy);
     return n_pool;
@@ -73,6 +106,7 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     net->last_reader = dp_calloc((size_t)nb, sizeof(int));
     net->pool_of = dp_calloc((size_t)nb, sizeof(int));
     net->written = dp_calloc((size_t)nb, 1);
+    net->fuse = dp_calloc((size_t)m->n_layers, 1);
     net->d_params = be->ops->alloc(be, m->n_floats * sizeof(float));
     net->d_grads = be->ops->alloc(be, m->n_floats * sizeof(float));
     size_t max_b = 0;
@@ -81,6 +115,7 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
         if (sz > max_b) max_b = sz;
         net->d_act[i] = be->ops->alloc(be, (size_t)max_batch * sz * sizeof(float));
     }
+    s_plan_fuse(net);
     net->n_pool = s_plan_pool(net);
     net->d_pool = dp_calloc((size_t)net->n_pool + 1, sizeof(float *));
     for (int k = 0; k < net->n_pool; k++)
@@ -125,6 +160,7 @@ void dp_net_fini(dp_net_t *net)
     free(net->last_reader);
     free(net->pool_of);
     free(net->written);
+    free(net->fuse);
     free(net->h_probs);
     memset(net, 0, sizeof *net);
 }
@@ -237,14 +273,20 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
         const float *b = s_param(net, P, l->bias);
         switch (l->kind) {
         case DP_LAYER_CONV: be->ops->conv_forward(be, l, B, out, in, w, b); break;
-        case DP_LAYER_RELU: be->ops->relu_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
+        case DP_LAYER_RELU:
+            if (!s_fused_away(net, i))
+                be->ops->relu_forward(be, (size_t)B * dp_layer_out_size(l), out, in);
+            break;
         case DP_LAYER_TANH: be->ops->tanh_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
         case DP_LAYER_MAXPOOL: be->ops->maxpool_forward(be, l, B, out, in); break;
         case DP_LAYER_FC: be->ops->fc_forward(be, l, B, out, in, w, b); break;
         case DP_LAYER_BN:
-            be->ops->bn_forward(be, l, B, net->ghost > 0 ? net->ghost : B, train, out, in, w, b,
-                                s_param(net, P, l->running_mean), s_param(net, P, l->running_var),
-                                s_param(net, P, l->num_batches_tracked), net->d_save[i]);
+            /* fused: the relu's output, and the relu is done */
+            (net->fuse[i] ? be->ops->bn_relu_forward : be->ops->bn_forward)(
+                be, l, B, net->ghost > 0 ? net->ghost : B, train,
+                net->fuse[i] ? net->d_act[i + 2] : out, in, w, b,
+                s_param(net, P, l->running_mean), s_param(net, P, l->running_var),
+                s_param(net, P, l->num_batches_tracked), net->d_save[i]);
             if (train) s_bn_state_to_grads(net, l);
             break;
         case DP_LAYER_GAP: be->ops->gap_forward(be, l, B, out, in); break;
@@ -352,6 +394,7 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
     float *dw = s_param(net, net->d_grads, l->weight);
     float *db = s_param(net, net->d_grads, l->bias);
     size_t n_out = (size_t)B * dp_layer_out_size(l);
+    if (s_fused_away(net, i)) return; /* its bn's backward does it */
     float *din = s_din(net, l->in0);
     switch (l->kind) {
     case DP_LAYER_CONV: be->ops->conv_backward(be, l, B, din, dw, db, dout, in, w); break;
@@ -366,8 +409,13 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
         break;
     case DP_LAYER_FC: be->ops->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
     case DP_LAYER_BN:
-        be->ops->bn_backward(be, l, B, net->ghost > 0 ? net->ghost : B, din, dw, db, dout, in, w,
-                             net->d_save[i]);
+        if (net->fuse[i]) /* the gradient wrt the relu's output, and its mask */
+            be->ops->bn_relu_backward(be, l, B, net->ghost > 0 ? net->ghost : B, din, dw, db,
+                                      net->d_dact[i + 2], net->d_act[i + 2], in, w,
+                                      net->d_save[i]);
+        else
+            be->ops->bn_backward(be, l, B, net->ghost > 0 ? net->ghost : B, din, dw, db, dout,
+                                 in, w, net->d_save[i]);
         break;
     case DP_LAYER_GAP:
         if (din) be->ops->gap_backward(be, l, B, din, dout);
@@ -413,7 +461,8 @@ float dp_net_train_step_device(dp_net_t *net, const float *d_x, const int *d_y, 
     for (int i = m->n_layers - 1; i >= 0; i--) {
         /* the boundaries whose last reader this is start their gradient here */
         for (int b = 1; b <= m->n_layers; b++)
-            if (net->last_reader[b] == i) net->d_dact[b] = net->d_pool[net->pool_of[b]];
+            if (net->last_reader[b] == i && net->pool_of[b] >= 0)
+                net->d_dact[b] = net->d_pool[net->pool_of[b]];
         double t0 = net->t_layer ? dp_now() : 0;
         s_backward_layer(net, d_x, d_y, B, i);
         if (net->t_layer) net->t_layer[m->n_layers + i] += dp_now() - t0;

@@ -16,6 +16,12 @@
  * gradient buffers are handed out by that interval (a chain needs two,
  * a ResNet four). The softmax layer's output act[n] holds the probabilities.
  *
+ * A bn whose output only the relu after it reads runs with that relu as
+ * one op where the backend has it (bn_relu_forward: the CPU's; DP_FUSE=0
+ * turns it off): the pair writes the relu's output and takes its gradient,
+ * so bn's own output is never stored nor its gradient made; the bits are
+ * the same either way (tests/unit/test_net.c).
+ *
  * Batch norm's running statistics are parameters (trainable 0): a training
  * step updates them in d_params, and writes their new values into d_grads
  * at the same offsets, which is what a push carries there
@@ -50,6 +56,7 @@ typedef struct {
     int *last_reader;                     /* [n_layers + 1]: the last layer reading boundary i, -1 */
     int *pool_of;                         /* [n_layers + 1]: boundary i's buffer while it lives */
     unsigned char *written;               /* [n_layers + 1]: gradient started this backward */
+    unsigned char *fuse;                  /* [n_layers]: bn i and relu i + 1 run as one op */
     float *d_tmp;                         /* a second reader's gradient, before it is added */
     float *d_dx;                          /* an embedding's model: the gradient wrt the batch
                                            * [max_batch * input size], written by a training

@@ -248,14 +248,15 @@ static int s_group(int B, int G, int g, int *n0)
     return B - *n0 < G ? B - *n0 : G;
 }
 
-static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
-                         float *d_out, const float *d_in, const float *d_w, const float *d_b,
-                         float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+/* bn_forward, and with relu bn_relu_forward (the relu's output in d_out). */
+static void s_bn_forward_as(const dp_layer_t *l, int B, int G, int train, int relu, float *d_out,
+                            const float *d_in, const float *d_w, const float *d_b, float *d_rm,
+                            float *d_rv, float *d_nbt, float *d_save)
 {
-    (void)be;
     int C = l->in_c, HW = l->in_h * l->in_w;
     if (!train) {
-        dp_bn_forward_eval(d_out, d_in, d_w, d_b, d_rm, d_rv, B, C, HW, l->eps);
+        (relu ? dp_bn_relu_forward_eval : dp_bn_forward_eval)(d_out, d_in, d_w, d_b, d_rm, d_rv,
+                                                             B, C, HW, l->eps);
         return;
     }
     if (G < 1 || G > B) G = B;
@@ -264,18 +265,35 @@ static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, in
         int n0, nb = s_group(B, G, g, &n0);
         size_t at = (size_t)n0 * C * HW;
         float *sv = d_save + (size_t)2 * C * g;
-        dp_bn_forward_train(d_out + at, sv, sv + C, d_in + at, d_w, d_b, nb, C, HW, l->eps);
+        (relu ? dp_bn_relu_forward_train : dp_bn_forward_train)(d_out + at, sv, sv + C, d_in + at,
+                                                               d_w, d_b, nb, C, HW, l->eps);
     }
     int n0, last = s_group(B, G, groups - 1, &n0);
     dp_bn_running_update(d_rm, d_rv, d_nbt, d_save, (long)G * HW, (long)last * HW, groups, C,
                          l->momentum);
 }
 
-static void s_bn_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
-                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
-                          const float *d_w, const float *d_save)
+static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                         float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                         float *d_rm, float *d_rv, float *d_nbt, float *d_save)
 {
     (void)be;
+    s_bn_forward_as(l, B, G, train, 0, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+}
+
+static void s_bn_relu_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                              float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                              float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+{
+    (void)be;
+    s_bn_forward_as(l, B, G, train, 1, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+}
+
+/* bn_backward, and with d_y (the fused relu's output) bn_relu_backward. */
+static void s_bn_backward_as(const dp_layer_t *l, int B, int G, float *d_din, float *d_dw,
+                             float *d_db, const float *d_dout, const float *d_y,
+                             const float *d_in, const float *d_w, const float *d_save)
+{
     int C = l->in_c, HW = l->in_h * l->in_w;
     if (G < 1 || G > B) G = B;
     int groups = (B + G - 1) / G;
@@ -285,15 +303,35 @@ static void s_bn_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, f
         int n0, nb = s_group(B, G, g, &n0);
         size_t at = (size_t)n0 * C * HW;
         const float *sv = d_save + (size_t)2 * C * g;
-        float *dw = g ? part : d_dw, *db = g ? part + C : d_db;
-        dp_bn_backward(d_din ? d_din + at : NULL, dw, db, d_dout + at, d_in + at, d_w, sv,
-                       sv + C, nb, C, HW, l->eps);
+        float *dw = g ? part : d_dw, *db = g ? part + C : d_db, *din = d_din ? d_din + at : NULL;
+        if (d_y)
+            dp_bn_relu_backward(din, dw, db, d_dout + at, d_y + at, d_in + at, d_w, sv, sv + C,
+                                nb, C, HW, l->eps);
+        else
+            dp_bn_backward(din, dw, db, d_dout + at, d_in + at, d_w, sv, sv + C, nb, C, HW,
+                           l->eps);
         if (g)
             for (int c = 0; c < C; c++) {
                 d_dw[c] += part[c];
                 d_db[c] += part[C + c];
             }
     }
+}
+
+static void s_bn_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                          float *d_dw, float *d_db, const float *d_dout, const float *d_in,
+                          const float *d_w, const float *d_save)
+{
+    (void)be;
+    s_bn_backward_as(l, B, G, d_din, d_dw, d_db, d_dout, NULL, d_in, d_w, d_save);
+}
+
+static void s_bn_relu_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                               float *d_dw, float *d_db, const float *d_dout, const float *d_out,
+                               const float *d_in, const float *d_w, const float *d_save)
+{
+    (void)be;
+    s_bn_backward_as(l, B, G, d_din, d_dw, d_db, d_dout, d_out, d_in, d_w, d_save);
 }
 
 static void s_shortcut_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
@@ -403,6 +441,8 @@ static const dp_backend_ops_t s_cpu_ops = {
     .ac_loss_backward = s_ac_loss_backward,
     .bn_forward = s_bn_forward,
     .bn_backward = s_bn_backward,
+    .bn_relu_forward = s_bn_relu_forward,
+    .bn_relu_backward = s_bn_relu_backward,
     .shortcut_forward = s_shortcut_forward,
     .shortcut_backward = s_shortcut_backward,
     .gap_forward = s_gap_forward,

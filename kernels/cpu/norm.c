@@ -5,7 +5,11 @@
  * into vector adds on every ISA path: the code is the same on each, so the
  * avx2 and avx512 paths give the same bits), and channels or planes split
  * over our threads when the work pays for waking them. A channel's sums
- * never cross threads, so the result does not depend on the thread count. */
+ * never cross threads, so the result does not depend on the thread count.
+ * Batch norm also runs with the relu after it as one op (dp_bn_relu_*):
+ * the same loops with relu's rule applied on the way out (forward) or in
+ * (backward), so the bits are those of the two ops in turn, and a pass
+ * over bn's output and one over its gradient are saved. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -48,42 +52,81 @@ static inline float s_sumsq(const float *x, int n, float m)
     return acc[0];
 }
 
-/* sum of g and of g (x - m) over [0, n) */
+/* sum of g and of g (x - m) over [0, n), g read by LOAD(i) */
+#define S_SUM2(LOAD)                                                                      \
+    float a[DP_LANES] = {0}, q[DP_LANES] = {0};                                           \
+    int i = 0;                                                                            \
+    for (; i + DP_LANES <= n; i += DP_LANES)                                              \
+        for (int l = 0; l < DP_LANES; l++) {                                              \
+            float gi = LOAD(i + l);                                                       \
+            a[l] += gi;                                                                   \
+            q[l] += gi * (x[i + l] - m);                                                  \
+        }                                                                                 \
+    for (; i < n; i++) {                                                                  \
+        float gi = LOAD(i);                                                               \
+        a[i % DP_LANES] += gi;                                                            \
+        q[i % DP_LANES] += gi * (x[i] - m);                                               \
+    }                                                                                     \
+    for (int w = DP_LANES / 2; w > 0; w /= 2)                                             \
+        for (int l = 0; l < w; l++) {                                                     \
+            a[l] += a[l + w];                                                             \
+            q[l] += q[l + w];                                                             \
+        }                                                                                 \
+    *sg = a[0];                                                                           \
+    *sgx = q[0];
+#define S_PLAIN(j) g[j]
+
 static inline void s_sum2(const float *g, const float *x, int n, float m, float *sg, float *sgx)
 {
-    float a[DP_LANES] = {0}, q[DP_LANES] = {0};
-    int i = 0;
-    for (; i + DP_LANES <= n; i += DP_LANES)
-        for (int l = 0; l < DP_LANES; l++) {
-            a[l] += g[i + l];
-            q[l] += g[i + l] * (x[i + l] - m);
-        }
-    for (; i < n; i++) {
-        a[i % DP_LANES] += g[i];
-        q[i % DP_LANES] += g[i] * (x[i] - m);
-    }
-    for (int w = DP_LANES / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; l++) {
-            a[l] += a[l + w];
-            q[l] += q[l + w];
-        }
-    *sg = a[0];
-    *sgx = q[0];
+    S_SUM2(S_PLAIN)
 }
 
-/* out = x * k + s over one channel's B runs of HW */
+/* a fused relu's mask: the bits dp_relu_backward gives, both values
+ * loaded before the choice, so it is a blend (a conditional load of g,
+ * y > 0 ? g[j] : 0, is not vectorized: 6x slower) */
+static inline float s_relu_mask(float g, float y)
+{
+    return y > 0.0f ? g : 0.0f;
+}
+/* g masked by y, and kept in gm (the din pass then reads gm and x, two
+ * runs, as without the relu: three per channel outgrow a core's L2) */
+#define S_RELU(j) s_relu_mask(g[j], y[j])
+#define S_RELU_KEEP(j) (gm[j] = s_relu_mask(g[j], y[j]))
+
+static inline void s_sum2_relu(const float *g, const float *y, const float *x, int n, float m,
+                               float *sg, float *sgx)
+{
+    S_SUM2(S_RELU)
+}
+
+static inline void s_sum2_relu_keep(float *gm, const float *g, const float *y, const float *x,
+                                    int n, float m, float *sg, float *sgx)
+{
+    S_SUM2(S_RELU_KEEP)
+}
+
+/* out = x * k + s over one channel's B runs of HW; relu: then max(0, .),
+ * the bits dp_relu_forward gives (-0 and NaN to 0 alike) */
 static inline void s_affine(float *out, const float *in, int B, int C, int HW, int c, float k,
-                            float s)
+                            float s, int relu)
 {
     for (int n = 0; n < B; n++) {
         const float *x = in + ((size_t)n * C + c) * HW;
         float *o = out + ((size_t)n * C + c) * HW;
-        for (int i = 0; i < HW; i++) o[i] = x[i] * k + s;
+        if (relu)
+            for (int i = 0; i < HW; i++) {
+                float v = x[i] * k + s;
+                o[i] = v > 0.0f ? v : 0.0f;
+            }
+        else
+            for (int i = 0; i < HW; i++) o[i] = x[i] * k + s;
     }
 }
 
-DP_HOT void dp_bn_forward_train(float *out, float *mean, float *var, const float *in,
-                                const float *w, const float *b, int B, int C, int HW, float eps)
+/* The training forward, then relu when asked (dp_bn_relu_forward_train). */
+static DP_HOT void s_bn_forward_train(float *out, float *mean, float *var, const float *in,
+                                      const float *w, const float *b, int B, int C, int HW,
+                                      float eps, int relu)
 {
     float n = (float)B * (float)HW;
     int nt = dp_cpu_team((double)B * C * HW);
@@ -96,25 +139,53 @@ DP_HOT void dp_bn_forward_train(float *out, float *mean, float *var, const float
         float v = q / n, kk = w[c] / sqrtf(v + eps);
         mean[c] = mu;
         var[c] = v;
-        s_affine(out, in, B, C, HW, c, kk, b[c] - mu * kk);
+        s_affine(out, in, B, C, HW, c, kk, b[c] - mu * kk, relu);
     }
 }
 
-DP_HOT void dp_bn_forward_eval(float *out, const float *in, const float *w, const float *b,
-                               const float *rmean, const float *rvar, int B, int C, int HW,
-                               float eps)
+void dp_bn_forward_train(float *out, float *mean, float *var, const float *in, const float *w,
+                         const float *b, int B, int C, int HW, float eps)
+{
+    s_bn_forward_train(out, mean, var, in, w, b, B, C, HW, eps, 0);
+}
+
+void dp_bn_relu_forward_train(float *out, float *mean, float *var, const float *in,
+                              const float *w, const float *b, int B, int C, int HW, float eps)
+{
+    s_bn_forward_train(out, mean, var, in, w, b, B, C, HW, eps, 1);
+}
+
+static DP_HOT void s_bn_forward_eval(float *out, const float *in, const float *w, const float *b,
+                                     const float *rmean, const float *rvar, int B, int C, int HW,
+                                     float eps, int relu)
 {
     int nt = dp_cpu_team((double)B * C * HW / 4);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int c = 0; c < C; c++) {
         float kk = w[c] / sqrtf(rvar[c] + eps);
-        s_affine(out, in, B, C, HW, c, kk, b[c] - rmean[c] * kk);
+        s_affine(out, in, B, C, HW, c, kk, b[c] - rmean[c] * kk, relu);
     }
 }
 
-DP_HOT void dp_bn_backward(float *din, float *dw, float *db, const float *dout, const float *in,
-                           const float *w, const float *mean, const float *var, int B, int C,
-                           int HW, float eps)
+void dp_bn_forward_eval(float *out, const float *in, const float *w, const float *b,
+                        const float *rmean, const float *rvar, int B, int C, int HW, float eps)
+{
+    s_bn_forward_eval(out, in, w, b, rmean, rvar, B, C, HW, eps, 0);
+}
+
+void dp_bn_relu_forward_eval(float *out, const float *in, const float *w, const float *b,
+                             const float *rmean, const float *rvar, int B, int C, int HW,
+                             float eps)
+{
+    s_bn_forward_eval(out, in, w, b, rmean, rvar, B, C, HW, eps, 1);
+}
+
+/* The backward; y not NULL: a fused relu's output, dout the gradient wrt
+ * it (masked here as dp_relu_backward would, before the sums). */
+static DP_HOT void s_bn_backward(float *din, float *dw, float *db, const float *dout,
+                                 const float *y, const float *in, const float *w,
+                                 const float *mean, const float *var, int B, int C, int HW,
+                                 float eps)
 {
     float n = (float)B * (float)HW;
     int nt = dp_cpu_team((double)B * C * HW * 2);
@@ -124,7 +195,14 @@ DP_HOT void dp_bn_backward(float *din, float *dw, float *db, const float *dout, 
         for (int k = 0; k < B; k++) {
             float a, q;
             size_t at = ((size_t)k * C + c) * HW;
-            s_sum2(dout + at, in + at, HW, m, &a, &q);
+            /* with the relu and a din, the relu's gradient goes to din,
+             * read back below where dout is */
+            if (y && din)
+                s_sum2_relu_keep(din + at, dout + at, y + at, in + at, HW, m, &a, &q);
+            else if (y)
+                s_sum2_relu(dout + at, y + at, in + at, HW, m, &a, &q);
+            else
+                s_sum2(dout + at, in + at, HW, m, &a, &q);
             sg += a;
             sgx += q;
         }
@@ -138,9 +216,27 @@ DP_HOT void dp_bn_backward(float *din, float *dw, float *db, const float *dout, 
             size_t at = ((size_t)k * C + c) * HW;
             const float *g = dout + at, *x = in + at;
             float *o = din + at;
-            for (int i = 0; i < HW; i++) o[i] = g[i] * k1 + x[i] * k2 + k3;
+            if (y) /* in place: o holds the relu's gradient (a loop of its own:
+                    * o == g would fail the vectorizer's overlap check) */
+                for (int i = 0; i < HW; i++) o[i] = o[i] * k1 + x[i] * k2 + k3;
+            else
+                for (int i = 0; i < HW; i++) o[i] = g[i] * k1 + x[i] * k2 + k3;
         }
     }
+}
+
+void dp_bn_backward(float *din, float *dw, float *db, const float *dout, const float *in,
+                    const float *w, const float *mean, const float *var, int B, int C, int HW,
+                    float eps)
+{
+    s_bn_backward(din, dw, db, dout, NULL, in, w, mean, var, B, C, HW, eps);
+}
+
+void dp_bn_relu_backward(float *din, float *dw, float *db, const float *dout, const float *out,
+                         const float *in, const float *w, const float *mean, const float *var,
+                         int B, int C, int HW, float eps)
+{
+    s_bn_backward(din, dw, db, dout, out, in, w, mean, var, B, C, HW, eps);
 }
 
 DP_HOT void dp_shortcut_add_forward(float *out, const float *a, const float *in,

@@ -10,6 +10,7 @@
  *   mostly-zero ones (the sparse path the conv takes behind a max-pool);
  * - softmax-xent loss and gradient, relu / max-pool backward and ties,
  *   din == NULL, 1 to 3 threads (uneven splits of the batch);
+ * - batch norm and relu as one op (dp_bn_relu_*): the bits of the two in turn;
  * - the conv tests once per kernel path this CPU supports (avx512, avx2,
  *   generic: kernels/cpu/isa.h), the avx2 and avx512 paths bit for bit
  *   equal, and DP_CPU_ISA's choice and refusals;
@@ -842,6 +843,57 @@ static void test_batchnorm(void)
     dp_cpu_set_threads(0);
 }
 
+/* bn then relu as one op (dp_bn_relu_*) against the two ops in turn, bit
+ * for bit, on awkward shapes and 1 to 3 threads: the training forward and
+ * its statistics, the evaluation forward, and the backward (dout wrt the
+ * relu's output) with din and without. Values a bn output of exactly 0
+ * (w 0 in a channel) and ties to the mask's rule included. */
+static void test_bn_relu_fused(void)
+{
+    static const int cases[][3] = {{3, 5, 143}, {1, 3, 7}, {4, 6, 1}, {2, 16, 64}, {7, 2, 17}};
+    for (int ci = 0; ci < 5; ci++) {
+        dp_cpu_set_threads(1 + ci % 3);
+        int B = cases[ci][0], C = cases[ci][1], HW = cases[ci][2];
+        size_t n = (size_t)B * C * HW;
+        float *in = s_rand(n, -2, 3), *w = s_rand(C, -1.5f, 1.5f), *b = s_rand(C, -1, 1);
+        float *r = s_rand(n, -1, 1), *rm = s_rand(C, -1, 1), *rv = s_rand(C, 0.5f, 2);
+        w[0] = 0.0f, b[0] = 0.0f; /* channel 0's bn output is all 0: relu's mask is off */
+        float *bn = s_nan(n), *want = s_nan(n), *got = s_nan(n);
+        float *m1 = s_nan(C), *v1 = s_nan(C), *m2 = s_nan(C), *v2 = s_nan(C);
+        dp_bn_forward_train(bn, m1, v1, in, w, b, B, C, HW, 1e-5f);
+        dp_relu_forward(want, bn, n);
+        dp_bn_relu_forward_train(got, m2, v2, in, w, b, B, C, HW, 1e-5f);
+        CHECK(memcmp(got, want, n * sizeof(float)) == 0);
+        CHECK(memcmp(m2, m1, C * sizeof(float)) == 0 && memcmp(v2, v1, C * sizeof(float)) == 0);
+        s_poison(got, n);
+        dp_bn_forward_eval(bn, in, w, b, rm, rv, B, C, HW, 1e-5f);
+        dp_relu_forward(bn, bn, n);
+        dp_bn_relu_forward_eval(got, in, w, b, rm, rv, B, C, HW, 1e-5f);
+        CHECK(memcmp(got, bn, n * sizeof(float)) == 0);
+        /* the backward, dout wrt the training forward's relu output `want` */
+        float *g = s_nan(n), *din = s_nan(n), *dw = s_nan(C), *db = s_nan(C);
+        float *din_f = s_nan(n), *dw_f = s_nan(C), *db_f = s_nan(C);
+        dp_relu_backward(g, r, want, n);
+        dp_bn_backward(din, dw, db, g, in, w, m1, v1, B, C, HW, 1e-5f);
+        dp_bn_relu_backward(din_f, dw_f, db_f, r, want, in, w, m1, v1, B, C, HW, 1e-5f);
+        CHECK(memcmp(din_f, din, n * sizeof(float)) == 0);
+        CHECK(memcmp(dw_f, dw, C * sizeof(float)) == 0 && memcmp(db_f, db, C * sizeof(float)) == 0);
+        s_poison(dw_f, C), s_poison(db_f, C);
+        dp_bn_relu_backward(NULL, dw_f, db_f, r, want, in, w, m1, v1, B, C, HW, 1e-5f);
+        CHECK(memcmp(dw_f, dw, C * sizeof(float)) == 0 && memcmp(db_f, db, C * sizeof(float)) == 0);
+        /* and the pair against the references, as the unfused ops are */
+        float *din_r = s_nan(n), *dw_r = s_nan(C), *db_r = s_nan(C);
+        dp_relu_backward_ref(g, r, want, n);
+        dp_bn_backward_ref(din_r, dw_r, db_r, g, in, w, m1, v1, B, C, HW, 1e-5f);
+        CHECK_CLOSE("bn relu din fused vs ref", din_f, din_r, n, 1e-4, 1e-3);
+        CHECK_CLOSE("bn relu dw fused vs ref", dw_f, dw_r, C, 1e-4, 1e-4);
+        free(in), free(w), free(b), free(r), free(rm), free(rv), free(bn), free(want), free(got);
+        free(m1), free(v1), free(m2), free(v2), free(g), free(din), free(dw), free(db);
+        free(din_f), free(dw_f), free(db_f), free(din_r), free(dw_r), free(db_r);
+    }
+    dp_cpu_set_threads(0);
+}
+
 /* sum((a + shortcut(in)) * r) in double, for the finite differences */
 static double s_short_loss(const double *in, const float *a, const float *r,
                            const dp_shortcut_dims_t *d)
@@ -996,5 +1048,5 @@ DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_de
          T(test_conv_paths_bitwise_equal), T(test_conv_direct_vs_before), T(test_isa_choose), T(test_isa_refused_before_main),
          T(test_fc), T(test_relu), T(test_tanh),
          T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads),
-         T(test_batchnorm), T(test_shortcut), T(test_gap), T(test_dropout),
+         T(test_batchnorm), T(test_bn_relu_fused), T(test_shortcut), T(test_gap), T(test_dropout),
          T(test_conv_no_bias), T(test_vec_add))

@@ -849,6 +849,75 @@ static void test_resnet_gradients_match_finite_differences(void)
     t_each_cpu_path(s_resnet_gradients);
 }
 
+/* One net on the plain cpu backend, one on a copy of its ops without the
+ * fused bn + relu: a few SGD steps (ghost batches of 2 in a batch of 5),
+ * then an evaluation, must give the same bits; `fused` pairs must have
+ * been fused in the first (a count the spec fixes). */
+static void s_fused_case(const char *spec, int fused)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, 2, 9, 7, err), 0);
+    dp_backend_t *be = NULL, *apart = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    CHECK_EQ(dp_backend_new(&apart, "cpu", err), 0);
+    dp_backend_ops_t ops = *apart->ops;
+    ops.bn_relu_forward = NULL, ops.bn_relu_backward = NULL;
+    apart->ops = &ops;
+    enum { B = 5 };
+    dp_net_t net[2];
+    CHECK_EQ(dp_net_init(&net[0], &m, be, B, err), 0);
+    CHECK_EQ(dp_net_init(&net[1], &m, apart, B, err), 0);
+    int pairs = 0, none = 0;
+    for (int i = 0; i < m.n_layers; i++) pairs += net[0].fuse[i], none += net[1].fuse[i];
+    CHECK_EQ(pairs, fused);
+    CHECK_EQ(none, 0);
+    CHECK(net[0].n_pool <= net[1].n_pool);
+    size_t n = m.n_floats, in = (size_t)B * 2 * 9 * 7;
+    float *w[2], *g[2], *x = dp_malloc(in * sizeof(float));
+    dp_rng_t r;
+    dp_rng_seed(&r, 6);
+    s_random(x, in, &r, 1.0f);
+    int y[B] = {0, 2, 1, 1, 2}, ok[2];
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        w[k] = dp_malloc(n * sizeof(float)), g[k] = dp_malloc(n * sizeof(float));
+        dp_model_init_params(&m, w[k], 3);
+        net[k].ghost = 2;
+        for (int step = 0; step < 3; step++) {
+            dp_net_set_params(&net[k], w[k]);
+            loss[k] = dp_net_train_step(&net[k], x, y, B);
+            dp_net_get_grads(&net[k], g[k]);
+            dp_net_get_params(&net[k], w[k]); /* the running statistics */
+            for (size_t j = 0; j < n; j++) w[k][j] -= 0.1f * g[k][j];
+        }
+    }
+    CHECK(memcmp(&loss[0], &loss[1], sizeof(float)) == 0);
+    CHECK(memcmp(g[0], g[1], n * sizeof(float)) == 0);
+    CHECK(memcmp(w[0], w[1], n * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++) {
+        dp_net_set_params(&net[k], w[k]);
+        loss[k] = dp_net_evaluate(&net[k], x, y, B, &ok[k]);
+    }
+    CHECK(memcmp(&loss[0], &loss[1], sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++) dp_net_fini(&net[k]), free(w[k]), free(g[k]);
+    dp_backend_destroy(&be);
+    dp_backend_destroy(&apart);
+    free(x);
+}
+
+/* Batch norm and the relu after it as one op (the cpu backend's bn_relu
+ * ops, worker/net.c's plan): the same bits as the two apart, in a
+ * residual network, with bn first (no input gradient), and not fused
+ * where bn's output has a second reader (the shortcut). */
+static void test_bn_relu_fused(void)
+{
+    s_fused_case("conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
+                 "res:b( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu gap fc:3 softmax", 3);
+    s_fused_case("bn relu conv3x3:4 bn relu gap fc:3 softmax", 2);
+    s_fused_case("conv3x3:4 bn res( relu conv3x3:4 bn relu ) gap fc:3 softmax", 1);
+}
+
 /* Ghost batches: one step at batch 2G with --bn-ghost-batch G is the mean
  * of two nets' steps at batch G (the gradient and the running statistics
  * as the sync servers average two workers' pushes). */
@@ -1015,6 +1084,6 @@ DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_
          T(test_ac_gradients_match_finite_differences), T(test_ac_act),
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
-         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats),
+         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats), T(test_bn_relu_fused),
          T(test_augment), T(test_on_grads_hook), T(test_on_params_hook),
          T(test_on_params_fails), T(test_input_gradient))
