@@ -5,12 +5,13 @@
 # Debian's python3-torch imports under /usr/bin/python3, once per CPU kernel
 # path this machine supports (kernels/cpu/isa.h: avx512, avx2, generic); then
 # end-to-end rows from the real binaries (standalone worker, and 1 PS + 2
-# async workers) on the default path. Then resnet20 (He et al.'s CIFAR
-# ResNet, batch norm in training mode) at batch 128 on 1x28x28 and 3x32x32
-# inputs, 1 and 2 threads, each path, beside PyTorch's CifarResNet
-# (tests/torch_net.py) under the same limits and the faster of its layouts,
-# interleaved the same way; and where its step's time goes, by layer kind
-# (bench_train -l: the executor's per-layer clock, 2 threads, first path).
+# async workers) on the default path. Then resnet20 and resnet56 (He et
+# al.'s CIFAR ResNets, batch norm in training mode) at batch 128 on 1x28x28
+# and 3x32x32 inputs, 1 and 2 threads, each path, beside PyTorch's
+# CifarResNet (tests/torch_net.py) under the same limits and the faster of
+# its layouts, interleaved the same way; and where resnet20's step's time
+# goes, by layer kind (bench_train -l: the executor's per-layer clock, 2
+# threads, first path).
 #
 # Measures: tests/bench/bench_train (the worker's training step over worker/net
 # on a fixed synthetic batch) and tests/bench/torch_train.py. Every figure is a
@@ -60,8 +61,9 @@
 # none, async and sync),
 # BENCH_OVERLAP=0 to leave out tests/bench/overlap.sh (1 PS + 1 worker against
 # standalone, --overlap on and off; its own knobs are in that file),
-# BENCH_RESNET=0 to leave out the resnet20 rows, BENCH_RESNET_SHAPES
-# ("1x28x28 3x32x32"), BENCH_RESNET_PATHS (the paths above).
+# BENCH_RESNET=0 to leave out the ResNet rows, BENCH_RESNET_MODELS
+# ("resnet20 resnet56": any presets; the per-layer clock is the first's),
+# BENCH_RESNET_SHAPES ("1x28x28 3x32x32"), BENCH_RESNET_PATHS (the paths above).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/bench/lib.sh
@@ -162,8 +164,8 @@ s_report() {
             printf "  %-70s %6.0f images/s\n", "downpour local --workers 2 --mode async, batch 64 (1 PS + 2 x 1 thread)", e2e["local"]
         }
         if (norder["rv"]) {
-            printf "\nresnet20 training throughput, images/s, batch %d (bench_train -m resnet20 -i SHAPE vs torch_train.py --model resnet20; medians)\n", rbatch
-            printf "%-7s %-8s %7s %9s %9s %-6s %7s\n", "path", "input", "threads", "Downpour", "PyTorch", "layout", "ratio"
+            printf "\nResNet training throughput, images/s, batch %d (bench_train -m NET -i SHAPE vs torch_train.py --model NET --input SHAPE; medians)\n", rbatch
+            printf "%-7s %-17s %7s %9s %9s %-6s %7s\n", "path", "network/input", "threads", "Downpour", "PyTorch", "layout", "ratio"
             for (vi = 1; vi <= norder["rv"]; vi++) for (si = 1; si <= norder["rs"]; si++) for (ti = 1; ti <= norder["rt"]; ti++) {
                 v = order["rv", vi]; S = order["rs", si]; T = order["rt", ti]
                 kd = v SUBSEP S SUBSEP "downpour" SUBSEP T
@@ -173,13 +175,13 @@ s_report() {
                     L = li == 1 ? "nhwc" : "nchw"; kt = v SUBSEP S SUBSEP "torch-" L SUBSEP T
                     if (cnt[kt] && median(kt) > t) { t = median(kt); lay = L }
                 }
-                if (t > 0) printf "%-7s %-8s %7d %9.0f %9.0f %-6s %6.2fx\n", v, S, T, d, t, lay, d / t
-                else printf "%-7s %-8s %7d %9.0f %9s %-6s %7s\n", v, S, T, d, "-", "-", "-"
+                if (t > 0) printf "%-7s %-17s %7d %9.0f %9.0f %-6s %6.2fx\n", v, S, T, d, t, lay, d / t
+                else printf "%-7s %-17s %7d %9.0f %9s %-6s %7s\n", v, S, T, d, "-", "-", "-"
             }
             printf "%d samples per cell; ratio = Downpour / PyTorch (>1: Downpour faster).\n", cnt[kd]
         }
         if (norder["rk"]) {
-            printf "\nresnet20: where Downpour'"'"'s step goes (ms per step, batch %d, %s threads, %s path; bench_train -l)\n", rbatch, rkt, rkpath
+            printf "\n%s: where Downpour'"'"'s step goes (ms per step, batch %d, %s threads, %s path; bench_train -l)\n", meta["rknet"], rbatch, rkt, rkpath
             printf "%-12s", "kind"
             for (si = 1; si <= norder["rks"]; si++) printf " %24s", order["rks", si] " fwd/bwd/share"
             printf "\n"
@@ -330,36 +332,41 @@ if [ "$E2E_STEPS" -gt 0 ]; then
     bench_run "downpour local" "$OUT/local.log" s_run "$p" downpour "${DIST_CMD[@]}"
     echo "$p e2e local $(s_ips "$OUT/local/summary.json")" >>"$RAW"
 fi
-# resnet20, both sides, interleaved as above; then its per-layer clock.
+# The ResNets, both sides, interleaved as above; then the first's per-layer clock.
 if [ "${BENCH_RESNET:-1}" != 0 ]; then
+    RNETS=${BENCH_RESNET_MODELS:-resnet20 resnet56}
     RSHAPES=${BENCH_RESNET_SHAPES:-1x28x28 3x32x32}
     RPATHS=${BENCH_RESNET_PATHS:-$PATHS}
-    echo "resnet20, each round, for T in $THREADS, SHAPE in $RSHAPES and each path P:"
-    echo "  env DP_CPU_ISA=P OPENBLAS_CORETYPE=... $BENCH -m resnet20 -i SHAPE -b 128 -t T -s $SECS -r $SAMPLES -w 2"
-    [ "$HAVE_TORCH" = 1 ] && echo "  env ... $PY tests/bench/torch_train.py --model resnet20 --input SHAPE --threads T --batches 128 --seconds $SECS --samples $SAMPLES --warmup 2"
+    echo "ResNets, each round, for NET in $RNETS, T in $THREADS, SHAPE in $RSHAPES and each path P:"
+    echo "  env DP_CPU_ISA=P OPENBLAS_CORETYPE=... $BENCH -m NET -i SHAPE -b 128 -t T -s $SECS -r $SAMPLES -w 2"
+    [ "$HAVE_TORCH" = 1 ] && echo "  env ... $PY tests/bench/torch_train.py --model NET --input SHAPE --threads T --batches 128 --seconds $SECS --samples $SAMPLES --warmup 2"
     for r in $(seq "$ROUNDS"); do
-        echo "resnet20 round $r/$ROUNDS ..."
-        for S in $RSHAPES; do
-            for T in $THREADS; do
-                for p in $RPATHS; do
-                    s_run "$p" downpour "$BENCH" -m resnet20 -i "$S" -b 128 -t "$T" -s "$SECS" -r "$SAMPLES" -w 2 \
-                        | sed -n "s/^sample /$p rsample $S /p" >>"$RAW"
-                    if [ "$HAVE_TORCH" = 1 ]; then
-                        s_run "$p" torch "$PY" tests/bench/torch_train.py --model resnet20 --input "$S" --threads "$T" \
-                            --batches 128 --seconds "$SECS" --samples "$SAMPLES" --warmup 2 2>>"$OUT/torch.log" \
-                            | sed -n "s/^sample /$p rsample $S /p" >>"$RAW" \
-                            || echo "bench: torch_train.py resnet20 failed ($S, $T threads, path $p); see $OUT/torch.log" >&2
-                    fi
+        echo "ResNet round $r/$ROUNDS ..."
+        for N in $RNETS; do
+            for S in $RSHAPES; do
+                for T in $THREADS; do
+                    for p in $RPATHS; do
+                        s_run "$p" downpour "$BENCH" -m "$N" -i "$S" -b 128 -t "$T" -s "$SECS" -r "$SAMPLES" -w 2 \
+                            | sed -n "s|^sample |$p rsample $N/$S |p" >>"$RAW"
+                        if [ "$HAVE_TORCH" = 1 ]; then
+                            s_run "$p" torch "$PY" tests/bench/torch_train.py --model "$N" --input "$S" --threads "$T" \
+                                --batches 128 --seconds "$SECS" --samples "$SAMPLES" --warmup 2 2>>"$OUT/torch.log" \
+                                | sed -n "s|^sample |$p rsample $N/$S |p" >>"$RAW" \
+                                || echo "bench: torch_train.py $N failed ($S, $T threads, path $p); see $OUT/torch.log" >&2
+                        fi
+                    done
                 done
             done
         done
     done
     p=${RPATHS%% *}
     T=${THREADS##* }
+    N=${RNETS%% *}
     for S in $RSHAPES; do
-        s_run "$p" downpour "$BENCH" -m resnet20 -i "$S" -b 128 -t "$T" -s "$SECS" -r 1 -w 2 -l >"$OUT/resnet20-layers-$S.txt"
-        sed -n "s/^# kind /$p rkind $S $T /p" "$OUT/resnet20-layers-$S.txt" >>"$RAW"
+        s_run "$p" downpour "$BENCH" -m "$N" -i "$S" -b 128 -t "$T" -s "$SECS" -r 1 -w 2 -l >"$OUT/$N-layers-$S.txt"
+        sed -n "s/^# kind /$p rkind $S $T /p" "$OUT/$N-layers-$S.txt" >>"$RAW"
     done
+    echo "meta rknet $N" >>"$RAW"
 fi
 {
     echo "meta busy1 $(s_busy)"
