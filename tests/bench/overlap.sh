@@ -26,9 +26,10 @@
 # evaluation); the table gives medians over the rounds, the median of the
 # per-round ratios to standalone, the test accuracy of each column (the
 # same every round: the runs are deterministic), and where a step goes:
-# the worker's median wait_ms per step (its metrics: the time it waits for
-# the servers), the step's time (step_ms, from the median images/s), the
-# worker's median compute_ms and the rest by difference. OpenBLAS gets
+# the worker's wait_ms per step (its metrics: the time it waits for the
+# servers), the step's time (step_ms, from the median images/s), the
+# worker's compute_ms (both the mean of a run's steps, the median over the
+# rounds) and the rest by difference. OpenBLAS gets
 # OPENBLAS_CORETYPE=SkylakeX on an AVX-512 x86 (0.3.21 misdetects some such
 # CPUs; tests/bench/run.sh says more), unless the environment sets one.
 #
@@ -55,13 +56,13 @@ read -r -a ps_args <<<"${BENCH_OVERLAP_PS_ARGS:-}"
 s_num() { # FILE KEY: a number from a summary.json
     python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }
-s_wait() { # DIR: the worker's median wait_ms and compute_ms per step, or 0 0 (standalone)
+s_wait() { # DIR: the worker's mean wait_ms and compute_ms per push, or 0 0 (standalone)
     python3 - "$1/metrics/worker-0.jsonl" <<'PYEOF2'
 import json, os, statistics, sys
 p = sys.argv[1]
 rows = [json.loads(l) for l in open(p) if '"wait_ms"' in l] if os.path.exists(p) else []
-med = lambda key: statistics.median(r[key] for r in rows) if rows else 0
-print(med("wait_ms"), med("compute_ms"))
+mean = lambda key: statistics.fmean(r[key] for r in rows) if rows else 0
+print(mean("wait_ms"), mean("compute_ms"))
 PYEOF2
 }
 s_one() { # NAME CMD...: one run; "NAME images_per_s accuracy staleness_mean wait_ms compute_ms" into RAW
@@ -102,17 +103,23 @@ done
 bench_table -v steps="$STEPS" -v h="$H" '
     { acc[k] = $3; st[k] = $4; wt[k, n[k]] = $5; cm[k, n[k]] = $6 }
     # where a step goes: step_ms from the median images/s (batch 64), the
-    # worker'"'"'s median compute_ms (forward and backward, with the pull'"'"'s
-    # and push'"'"'s work done in their hooks) and wait_ms (blocked on the
-    # servers), the rest (the batch, the metrics line, the step'"'"'s
-    # bookkeeping) by difference; the standalone trainer'"'"'s whole step is
-    # its compute (its optimizer step in it)
+    # worker'"'"'s compute_ms (forward and backward, with the pull'"'"'s and
+    # push'"'"'s work done in their hooks) and wait_ms (blocked on the
+    # servers), each the mean of a run'"'"'s steps (so that they add up) and
+    # the median over the rounds; the rest (the batch, the metrics line,
+    # the start and end of the loop) by difference. The standalone
+    # trainer'"'"'s whole step is its compute (its optimizer step in it);
+    # --local-steps pushes once a round, so its compute is a round'"'"'s
     function row(k,   m, ratio, j, ww, cc, step, w, c) {
         m = median(a, n[k]); ratio = median(rr, n[k])
         for (j = 1; j <= n[k]; j++) { ww[j] = wt[k, j]; cc[j] = cm[k, j] }
         step = 64000 / m; w = median(ww, n[k]); c = k == "standalone" ? step : median(cc, n[k])
-        printf "%-40s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f %8.2f %8.2f %10.2f %8.2f\n", label[k], m, lo, hi, ratio, acc[k],
-               k == "standalone" ? 0 : st[k], w, step, c, step - c - w
+        if (k == "local")
+            printf "%-40s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f %8s %8.2f %10s %8s\n", label[k], m, lo, hi, ratio, acc[k],
+                   st[k], "-", step, "-", "-"
+        else
+            printf "%-40s %10.0f %7.0f-%-7.0f %8.2fx %9.4f %10.2f %8.2f %8.2f %10.2f %8.2f\n", label[k], m, lo, hi, ratio, acc[k],
+                   k == "standalone" ? 0 : st[k], w, step, c, step - c - w
     }
     END {
         printf "\n%-40s %10s %15s %9s %9s %10s %8s %8s %10s %8s\n", "1 thread, batch 64, " steps " steps", "images/s", "(min-max)", "ratio",
