@@ -258,30 +258,6 @@ static dp_conv_dims_t s_colT_dims(const dp_conv_dims_t *d)
     return t;
 }
 
-/* Output rows a multiple of 2 KB apart put the forward kernel's transposed
- * stores (one float into each of OC rows per position) into the same few L1
- * sets: at 32x32 (P = 1024, 4 KB) it ran 1.7x slower than at 31x31. Such
- * images go through a buffer whose rows are 16 floats longer, copied out. */
-static size_t s_out_ld(int P)
-{
-    return P % 512 == 0 ? (size_t)P + 16 : (size_t)P;
-}
-
-/* The SIMD forward of one image into out (NCHW), through buf (OC *
- * s_out_ld(P) floats) where s_out_ld says so. */
-static void s_fwd_image(const dp_conv_simd_t *k, float *out, float *buf, const float *pin,
-                        const dp_conv_dims_t *d, const float *wt, const float *b)
-{
-    size_t P = (size_t)d->OH * d->OW, ld = s_out_ld((int)P);
-    if (ld == P) {
-        k->fwd(out, P, pin, d, wt, b);
-        return;
-    }
-    k->fwd(buf, ld, pin, d, wt, b);
-    for (int oc = 0; oc < d->OC; oc++)
-        memcpy(out + oc * P, buf + oc * ld, P * sizeof(float));
-}
-
 /* wp[oc, r'] = w[oc, r] (patch order), for OC rows. */
 static void s_pack_patch_rows(float *wp, const float *w, const dp_conv_dims_t *d)
 {
@@ -407,9 +383,7 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
     L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
     L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     L->nz = 2 * OC + 2 * OC * P + 2 * P + 2 * OC * P; /* s_nz_t arrays (int = float size) */
-    /* padded HWC dout, then the forward's row buffer for din */
-    L->gpad = ddin ? OC * (d->H + d->K - 1) * (d->W + d->K - 1) +
-                         (size_t)d->C * s_out_ld(d->H * d->W) : 0;
+    L->gpad = ddin ? OC * (d->H + d->K - 1) * (d->W + d->K - 1) : 0; /* padded HWC dout */
     L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + L->gpad + 15) / 16 * 16;
 }
 
@@ -515,9 +489,8 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
     /* dense din: direct (3x3, stride 1), or a GEMM (then col2im) */
     if (c->ddin) {
         float *gpad = pin + c->L->pad + c->L->nz;
-        float *obuf = gpad + (size_t)OC * (d->H + d->K - 1) * (d->W + d->K - 1);
         s_pad_hwc(gpad, g, &c->dt);
-        s_fwd_image(c->k, din_b, obuf, gpad, &c->dt, c->wf, NULL);
+        c->k->fwd(din_b, (size_t)d->H * d->W, gpad, &c->dt, c->wf, NULL);
     } else if (c->point) {
         dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, din_b, P);
     } else {
@@ -599,8 +572,7 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
     dp_conv_dims_t dc = s_colT_dims(d);
     size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     size_t nwt = own ? (size_t)CKK * OC : 0;
-    size_t nbuf = own ? (size_t)OC * s_out_ld(P) : 0; /* s_fwd_image's */
-    size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad + nbuf;
+    size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad;
     int nt = dp_cpu_team((double)d->B * OC * CKK * P);
     if (nt > d->B) nt = d->B;
     float *scratch = per || nwt ? dp_cpu_scratch(per * nt + nwt) : NULL;
@@ -616,7 +588,7 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
     {
         int t = omp_get_thread_num();
         float *col = per ? scratch + per * t : NULL;
-        float *pin = per ? col + (size_t)CKK * P : NULL, *obuf = per ? pin + npad : NULL;
+        float *pin = per ? col + (size_t)CKK * P : NULL;
 #pragma omp for schedule(static)
         for (int n = 0; n < d->B; n++) {
             const float *src = in + (size_t)n * d->C * d->H * d->W;
@@ -626,7 +598,7 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
                  * first, as before: the same FMAs in the same order) */
                 s_pad_hwc(pin, src, d);
                 if (s_direct) {
-                    s_fwd_image(k, dst, obuf, pin, d, wt, b);
+                    k->fwd(dst, P, pin, d, wt, b);
                 } else {
                     k->im2colT(col, pin, d);
                     k->fwd(dst, P, col, &dc, wt, b);

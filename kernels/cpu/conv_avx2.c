@@ -27,15 +27,6 @@ static const int s_tail[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0,
 #define V_MASK(n) _mm256_loadu_si256((const __m256i *)(s_tail + 8 - ((n) < 8 ? (n) : 8)))
 #define V_MLOAD(m, p) _mm256_maskload_ps(p, m)
 #define V_MSTORE(m, p, v) _mm256_maskstore_ps(p, m, v)
-/* no scatter in AVX2: through a stack copy, 8 scalar stores per 8 x CKK FMAs */
-#define V_SCATTER_DECL(P) const size_t sstride = (size_t)(P)
-#define V_SCATTER(base, v)                                                                   \
-    do {                                                                                     \
-        float t_lanes[8];                                                                    \
-        float *t_base = (base);                                                              \
-        _mm256_storeu_ps(t_lanes, v);                                                        \
-        for (int t_l = 0; t_l < 8; t_l++) t_base[t_l * sstride] = t_lanes[t_l];              \
-    } while (0)
 #define S(name) name##_avx2
 #define FWD_BIG_NV 2
 #define FWD_BIG_TP 6

@@ -22,11 +22,6 @@
 #define V_MASK(n) ((n) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n)) - 1))
 #define V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
 #define V_MSTORE(m, p, v) _mm512_mask_storeu_ps(p, m, v)
-#define V_SCATTER_DECL(P)                                                                    \
-    __m512i sidx = _mm512_mullo_epi32(                                                       \
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),             \
-        _mm512_set1_epi32(P))
-#define V_SCATTER(base, v) _mm512_i32scatter_ps(base, sidx, v, 4)
 #define S(name) name##_avx512
 #define FWD_BIG_NV 4
 #define FWD_BIG_TP 6

@@ -8,7 +8,6 @@
  *   V_ZERO(), V_SET1(x), V_FMA(a, b, c) = a * b + c (fused), V_ADD(a, b)
  *   VM, V_MASK(n)       a mask for the first n lanes (1 <= n <= VW)
  *   V_MLOAD(m, p), V_MSTORE(m, p, v)  masked load (others 0) / store
- *   V_SCATTER_DECL(P), V_SCATTER(base, v)  store lane l at base[l * P]
  *   S(name)             the path's name for a kernel (name ## _avx2 ...)
  *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
  *   FWD_ONE_TP          positions of the one-vector forward tile
@@ -159,8 +158,11 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
  * the same order. A tile of TP positions x NV channel vectors lives in
  * registers for the whole CKK sum: per r', NV vectors of wt and TP
  * broadcasts feed TP*NV FMAs (24 of 32 zmm registers for AVX-512, 12 of 16
- * ymm for AVX2). The tile is stored transposed (lane l of a vector to
- * out[(oc + l) * ldo + p]) straight into NCHW rows ldo floats apart. */
+ * ymm for AVX2). The tile goes out transposed into NCHW rows ldo floats
+ * apart through a stack copy: its vectors stored whole, then each
+ * channel's run of positions copied to its row (a scatter of each vector,
+ * lane l to out[(oc + l) * ldo + p], took 4-12 % longer on the AVX-512
+ * path: AMD's vscatterdps is slow, and the rows got one float each). */
 #define DP_FWD_GEMM(NAME, NV, TP)                                                                \
     __attribute__((optimize("O3"))) static void NAME(float *out, size_t ldo, const float *pin,  \
                                                      const dp_conv_dims_t *d, const float *wt,   \
@@ -169,7 +171,6 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
         int P = d->OH * d->OW, OW = d->OW, OC = d->OC, C = d->C, K = d->K, st = d->stride;       \
         int run = K * C;                                                                         \
         size_t Wp = (size_t)d->W + 2 * d->pad, rstep = Wp * C;                                  \
-        V_SCATTER_DECL(ldo);                                                                     \
         V bias[NV];                                                                              \
         for (int v = 0; v < NV; v++) bias[v] = b ? V_LOAD(b + oc0 + VW * v) : V_ZERO();         \
         for (int p0 = 0; p0 < P; p0 += TP) {                                                     \
@@ -197,9 +198,13 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
                 }                                                                                \
                 for (int j = 0; j < TP; j++) row[j] += rstep;                                    \
             }                                                                                    \
-            for (int j = 0; j < np; j++)                                                         \
-                for (int v = 0; v < NV; v++)                                                     \
-                    V_SCATTER(out + (size_t)(oc0 + VW * v) * ldo + p0 + j, acc[j][v]);           \
+            float tile[TP][NV * VW];                                                             \
+            for (int j = 0; j < TP; j++)                                                         \
+                for (int v = 0; v < NV; v++) V_STORE(tile[j] + VW * v, acc[j][v]);              \
+            for (int c = 0; c < NV * VW; c++) {                                                  \
+                float *o = out + (size_t)(oc0 + c) * ldo + p0;                                   \
+                for (int j = 0; j < np; j++) o[j] = tile[j][c];                                  \
+            }                                                                                    \
         }                                                                                        \
     }
 DP_FWD_GEMM(S(s_fwd_big), FWD_BIG_NV, FWD_BIG_TP)
