@@ -27,6 +27,26 @@ static const int s_tail[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0,
 #define V_MASK(n) _mm256_loadu_si256((const __m256i *)(s_tail + 8 - ((n) < 8 ? (n) : 8)))
 #define V_MLOAD(m, p) _mm256_maskload_ps(p, m)
 #define V_MSTORE(m, p, v) _mm256_maskstore_ps(p, m, v)
+/* r[0..7] transposed in place: r[c] lane j = r[j] lane c before (unpack,
+ * shuffle, then the 128-bit halves: 24 shuffles). */
+#define V_TRANSPOSE(r)                                                                       \
+    do {                                                                                     \
+        __m256 t_[8], u_[8];                                                                 \
+        for (int i_ = 0; i_ < 4; i_++) {                                                     \
+            t_[2 * i_] = _mm256_unpacklo_ps(r[2 * i_], r[2 * i_ + 1]);                       \
+            t_[2 * i_ + 1] = _mm256_unpackhi_ps(r[2 * i_], r[2 * i_ + 1]);                   \
+        }                                                                                    \
+        for (int i_ = 0; i_ < 2; i_++)                                                       \
+            for (int h_ = 0; h_ < 2; h_++) {                                                 \
+                u_[4 * i_ + 2 * h_] = _mm256_shuffle_ps(t_[4 * i_ + h_], t_[4 * i_ + h_ + 2], 0x44); \
+                u_[4 * i_ + 2 * h_ + 1] =                                                    \
+                    _mm256_shuffle_ps(t_[4 * i_ + h_], t_[4 * i_ + h_ + 2], 0xEE);           \
+            }                                                                                \
+        for (int k_ = 0; k_ < 4; k_++) {                                                     \
+            r[k_] = _mm256_permute2f128_ps(u_[k_], u_[4 + k_], 0x20);                        \
+            r[4 + k_] = _mm256_permute2f128_ps(u_[k_], u_[4 + k_], 0x31);                    \
+        }                                                                                    \
+    } while (0)
 #define S(name) name##_avx2
 #define FWD_BIG_NV 2
 #define FWD_BIG_TP 6

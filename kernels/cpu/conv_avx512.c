@@ -22,6 +22,35 @@
 #define V_MASK(n) ((n) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n)) - 1))
 #define V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
 #define V_MSTORE(m, p, v) _mm512_mask_storeu_ps(p, m, v)
+/* r[0..15] transposed in place: r[c] lane j = r[j] lane c before. 4 x 4
+ * blocks within each 128-bit lane (unpack ps, then pd), then the lanes
+ * (shuffle_f32x4 twice): 64 shuffles. */
+#define V_TRANSPOSE(r)                                                                       \
+    do {                                                                                     \
+        __m512 t_[16];                                                                       \
+        for (int i_ = 0; i_ < 8; i_++) {                                                     \
+            t_[2 * i_] = _mm512_unpacklo_ps(r[2 * i_], r[2 * i_ + 1]);                       \
+            t_[2 * i_ + 1] = _mm512_unpackhi_ps(r[2 * i_], r[2 * i_ + 1]);                   \
+        }                                                                                    \
+        for (int i_ = 0; i_ < 4; i_++)                                                       \
+            for (int h_ = 0; h_ < 2; h_++) {                                                 \
+                __m512d x_ = _mm512_castps_pd(t_[4 * i_ + h_]);                              \
+                __m512d y_ = _mm512_castps_pd(t_[4 * i_ + h_ + 2]);                          \
+                r[4 * i_ + 2 * h_] = _mm512_castpd_ps(_mm512_unpacklo_pd(x_, y_));           \
+                r[4 * i_ + 2 * h_ + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x_, y_));       \
+            }                                                                                \
+        for (int k_ = 0; k_ < 4; k_++) {                                                     \
+            __m512 ablo = _mm512_shuffle_f32x4(r[k_], r[4 + k_], 0x44);                      \
+            __m512 abhi = _mm512_shuffle_f32x4(r[k_], r[4 + k_], 0xEE);                      \
+            __m512 cdlo = _mm512_shuffle_f32x4(r[8 + k_], r[12 + k_], 0x44);                 \
+            __m512 cdhi = _mm512_shuffle_f32x4(r[8 + k_], r[12 + k_], 0xEE);                 \
+            t_[k_] = _mm512_shuffle_f32x4(ablo, cdlo, 0x88);                                 \
+            t_[4 + k_] = _mm512_shuffle_f32x4(ablo, cdlo, 0xDD);                             \
+            t_[8 + k_] = _mm512_shuffle_f32x4(abhi, cdhi, 0x88);                             \
+            t_[12 + k_] = _mm512_shuffle_f32x4(abhi, cdhi, 0xDD);                            \
+        }                                                                                    \
+        for (int i_ = 0; i_ < 16; i_++) r[i_] = t_[i_];                                      \
+    } while (0)
 #define S(name) name##_avx512
 #define FWD_BIG_NV 4
 #define FWD_BIG_TP 6

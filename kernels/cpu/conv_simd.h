@@ -8,6 +8,7 @@
  *   V_ZERO(), V_SET1(x), V_FMA(a, b, c) = a * b + c (fused), V_ADD(a, b)
  *   VM, V_MASK(n)       a mask for the first n lanes (1 <= n <= VW)
  *   V_MLOAD(m, p), V_MSTORE(m, p, v)  masked load (others 0) / store
+ *   V_TRANSPOSE(r)      r[0..VW) (an array of V) transposed in place
  *   S(name)             the path's name for a kernel (name ## _avx2 ...)
  *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
  *   FWD_ONE_TP          positions of the one-vector forward tile
@@ -158,11 +159,12 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
  * the same order. A tile of TP positions x NV channel vectors lives in
  * registers for the whole CKK sum: per r', NV vectors of wt and TP
  * broadcasts feed TP*NV FMAs (24 of 32 zmm registers for AVX-512, 12 of 16
- * ymm for AVX2). The tile goes out transposed into NCHW rows ldo floats
- * apart through a stack copy: its vectors stored whole, then each
- * channel's run of positions copied to its row (a scatter of each vector,
- * lane l to out[(oc + l) * ldo + p], took 4-12 % longer on the AVX-512
- * path: AMD's vscatterdps is slow, and the rows got one float each). */
+ * ymm for AVX2). The tile goes out into NCHW rows ldo floats apart by
+ * VW x VW transposes in registers, each channel's run of positions stored
+ * whole (masked past the tile's end): a scatter of each vector (lane l to
+ * out[(oc + l) * ldo + p]) took 4-25 % longer on the AVX-512 path (AMD's
+ * vscatterdps is slow, and each row got one float at a time), a copy
+ * through the stack, float by float, about 10 % of the tile's time. */
 #define DP_FWD_GEMM(NAME, NV, TP)                                                                \
     __attribute__((optimize("O3"))) static void NAME(float *out, size_t ldo, const float *pin,  \
                                                      const dp_conv_dims_t *d, const float *wt,   \
@@ -198,13 +200,19 @@ static void S(s_spmm)(float *Y, size_t ldy, int rows, int n, const float *X, siz
                 }                                                                                \
                 for (int j = 0; j < TP; j++) row[j] += rstep;                                    \
             }                                                                                    \
-            float tile[TP][NV * VW];                                                             \
-            for (int j = 0; j < TP; j++)                                                         \
-                for (int v = 0; v < NV; v++) V_STORE(tile[j] + VW * v, acc[j][v]);              \
-            for (int c = 0; c < NV * VW; c++) {                                                  \
-                float *o = out + (size_t)(oc0 + c) * ldo + p0;                                   \
-                for (int j = 0; j < np; j++) o[j] = tile[j][c];                                  \
-            }                                                                                    \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                 \
+                _Pragma("GCC unroll 2") for (int j0 = 0; j0 < TP; j0 += VW)                     \
+                {                                                                                \
+                    if (j0 >= np) break;                                                         \
+                    V r[VW];                                                                     \
+                    _Pragma("GCC unroll 16") for (int j = 0; j < VW; j++) r[j] =                 \
+                        j0 + j < TP ? acc[j0 + j][v] : V_ZERO();                                 \
+                    V_TRANSPOSE(r);                                                              \
+                    VM m = V_MASK(np - j0 < VW ? np - j0 : VW);                                  \
+                    float *o = out + (size_t)(oc0 + VW * v) * ldo + p0 + j0;                     \
+                    _Pragma("GCC unroll 16") for (int c = 0; c < VW; c++)                        \
+                        V_MSTORE(m, o + (size_t)c * ldo, r[c]);                                  \
+                }                                                                                \
         }                                                                                        \
     }
 DP_FWD_GEMM(S(s_fwd_big), FWD_BIG_NV, FWD_BIG_TP)
