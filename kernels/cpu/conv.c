@@ -223,20 +223,8 @@ static size_t s_patch_index(int c, int ky, int kx, int C, int K)
     return ((size_t)ky * K + kx) * C + c;
 }
 
-/* HWC copy of one image with `pad` zeros around: pin[(y * Wp + x) * C + c]. */
-static void s_pad_hwc(float *pin, const float *in, const dp_conv_dims_t *d)
-{
-    int C = d->C, H = d->H, W = d->W, p = d->pad, Wp = W + 2 * p;
-    memset(pin, 0, (size_t)C * (H + 2 * p) * Wp * sizeof(float));
-    for (int c = 0; c < C; c++)
-        for (int y = 0; y < H; y++) {
-            const float *src = in + ((size_t)c * H + y) * W;
-            float *dst = pin + ((size_t)(y + p) * Wp + p) * C + c;
-            for (int x = 0; x < W; x++) dst[(size_t)x * C] = src[x];
-        }
-}
-
-/* din (CHW, overwritten) = the inside of the padded HWC gradient. */
+/* din (CHW, overwritten) = the inside of a padded HWC gradient, the
+ * layout the kernels' pad_hwc makes: pin[(y * Wp + x) * C + c]. */
 static void s_unpad_hwc(float *din, const float *pin, const dp_conv_dims_t *d)
 {
     int C = d->C, H = d->H, W = d->W, p = d->pad, Wp = W + 2 * p;
@@ -438,7 +426,7 @@ static int s_sparse_image(const s_bw_t *c, float *din_b, float *dwq, const float
     z.pg = (float *)(z.poc + (size_t)OC * P);
     int nnz = s_nz_build(&z, g, OC, P, din_b != NULL);
     if (nnz > s_sparse_max * OC * P) return 0;
-    s_pad_hwc(pin, src, d);
+    c->k->pad_hwc(pin, src, d);
     c->k->im2colT(col, pin, d);
     c->k->spmm(dwq, CKK, OC, CKK, col, CKK, z.ocs, z.ocn, z.ocp, z.ocg, 1);
     if (!din_b) return 1;
@@ -475,7 +463,7 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
     if (c->sparse && s_sparse_image(c, din_b, dwq, g, src, sc)) return;
     /* dense dw: direct (3x3), or a GEMM over the whole image */
     if (c->ddw) {
-        s_pad_hwc(pin, src, d);
+        c->k->pad_hwc(pin, src, d);
         c->k->dw(dwq, g, pin, d);
     } else {
         const float *cm = src;
@@ -489,7 +477,7 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
     /* dense din: direct (3x3, stride 1), or a GEMM (then col2im) */
     if (c->ddin) {
         float *gpad = pin + c->L->pad + c->L->nz;
-        s_pad_hwc(gpad, g, &c->dt);
+        c->k->pad_hwc(gpad, g, &c->dt);
         c->k->fwd(din_b, (size_t)d->H * d->W, gpad, &c->dt, c->wf, NULL);
     } else if (c->point) {
         dp_cpu_blas_sgemm(1, 0, CKK, P, OC, 1.0f, c->w, CKK, g, P, 0.0f, din_b, P);
@@ -596,7 +584,7 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
             if (own) {
                 /* the patches read in place (DP_CONV_DIRECT=0: copied into colT
                  * first, as before: the same FMAs in the same order) */
-                s_pad_hwc(pin, src, d);
+                k->pad_hwc(pin, src, d);
                 if (s_direct) {
                     k->fwd(dst, P, pin, d, wt, b);
                 } else {

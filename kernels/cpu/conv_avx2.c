@@ -10,6 +10,8 @@
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 
+#include <string.h>
+
 #include "kernels/cpu/cpu.h"
 
 /* V_MASK(n): lanes [0, n) on, from a window into this table */

@@ -8,6 +8,8 @@
 #pragma GCC target("avx512f")
 #include <immintrin.h>
 
+#include <string.h>
+
 #include "kernels/cpu/cpu.h"
 
 #define V __m512

@@ -45,6 +45,8 @@ typedef struct {
     void (*spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,
                  const int *start, const int *count, const int *idx, const float *coef,
                  int accumulate);
+    /* the padded HWC image pin (zero border of d->pad) of one CHW image */
+    void (*pad_hwc)(float *pin, const float *in, const dp_conv_dims_t *d);
     /* colT[p, r'] from the padded HWC image; dpin += one dcolT row */
     void (*im2colT)(float *colT, const float *pin, const dp_conv_dims_t *d);
     void (*col2imT_row)(float *dpin, const float *row, int p, const dp_conv_dims_t *d);
