@@ -337,7 +337,10 @@ at_step "$TMP/plan-w0.jsonl" 2
 check "a worker with another data plan: refused, one line naming both" \
     bash -c "[ $rc != 0 ] && grep -q 'data plan mismatch: the servers deal 4000 batches of 32' '$TMP/plan-w1.log' &&
              grep -q 'this worker.s is 120 of 32' '$TMP/plan-w1.log'"
-kill -TERM $W $PS; wait_for $W 30 >/dev/null; wait_for $PS 30 >/dev/null
+# the worker leaves before its server stops: a server gone first leaves its
+# leave unanswered, and wait_for then waited out its 30 s
+kill -TERM $W; wait_for $W 30 >/dev/null
+kill -TERM $PS; wait_for $PS 30 >/dev/null
 
 # ---- (h) downpour sim --churn ------------------------------------------------------
 # once_check REC RESULT: the record's applied pushes name each batch at most
