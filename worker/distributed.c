@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/rng.h"
 #include "common/util.h"
@@ -35,6 +36,31 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
     if (c->delay_exp) ms = -c->delay_ms * log(1.0 - dp_rng_uniform(rng));
     struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
     nanosleep(&ts, NULL);
+}
+
+/* Test hook, read here only: DP_TEST_HOLD_DIR=DIR holds worker T with
+ * step S's batch in hand, before it computes and pushes it (S as its
+ * metrics lines count), while the file DIR/hold-T-S exists. It writes its
+ * pid to DIR/held-T-S first (removed when it goes on); its heartbeats go
+ * on, so the servers keep it live however long the hold. A test thus puts
+ * a crew in a known state, acts on it (a scale, a kill) and lets it go by
+ * removing the file; SIGTERM or SIGINT lets it go too, so a worker asked
+ * to leave while held ends that step whole first. The plain and the
+ * overlapped loops hold; --local-steps' does not. */
+static void s_test_hold(int task, long step, volatile sig_atomic_t *stop)
+{
+    const char *dir = getenv("DP_TEST_HOLD_DIR");
+    if (!dir || !dir[0]) return;
+    char hold[PATH_MAX], held[PATH_MAX], pid[32], err[DP_ERR_LEN];
+    snprintf(hold, sizeof hold, "%s/hold-%d-%ld", dir, task, step);
+    if (access(hold, F_OK) != 0) return;
+    snprintf(held, sizeof held, "%s/held-%d-%ld", dir, task, step);
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (dp_write_file_atomic(held, pid, (size_t)n, err) != 0) dp_log_warn("DP_TEST_HOLD_DIR: %s", err);
+    dp_log_info("DP_TEST_HOLD_DIR: worker %d holds before step %ld while %s exists", task, step, hold);
+    while (access(hold, F_OK) == 0 && !(stop && *stop))
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    unlink(held);
 }
 
 /* The line per push: what was computed on which version, what the shards
@@ -350,6 +376,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
             int got = s_dealt_batch(L, step, &batch, err);
             if (got <= 0) return got;
         }
+        s_test_hold(s->conf.task_index, step, L->stop);
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
         if (L->stream && !L->stream_pull && dp_ps_client_push_begin(L->ps, &push, err) != 0)
@@ -507,6 +534,7 @@ static int s_loop_overlap(s_loop_t *L, char *err)
             if (L->pulled.end) break;
             if (s_take_batch(L, step, &batch, err) != 0) goto out;
         }
+        s_test_hold(s->conf.task_index, step, L->stop);
         dp_net_set_params(&s->net, s->h_params); /* h_params is free for the next pull */
         job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params,
                               .deal_step = L->dealt ? (uint64_t)step + 2 : 0};
