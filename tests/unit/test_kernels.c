@@ -794,15 +794,17 @@ static double s_bn_loss(const double *in, const double *w, const double *b, cons
     return loss;
 }
 
+/* The batch norm tests' shapes (B, C, HW): 2-D (HW > 1) and 1-D (HW 1). */
+static const int s_bn_cases[][3] = {{3, 5, 143}, {1, 3, 7}, {4, 6, 1}, {2, 16, 64}, {7, 2, 17}};
+
 /* bn 2-D (HW > 1) and 1-D (HW 1) on awkward shapes, 1 to 3 threads: the
  * training forward and its statistics, the evaluation forward and the
  * backward against the reference, both backwards against finite differences. */
 static void test_batchnorm(void)
 {
-    static const int cases[][3] = {{3, 5, 143}, {1, 3, 7}, {4, 6, 1}, {2, 16, 64}, {7, 2, 17}};
     for (int ci = 0; ci < 5; ci++) {
         dp_cpu_set_threads(1 + ci % 3);
-        int B = cases[ci][0], C = cases[ci][1], HW = cases[ci][2];
+        int B = s_bn_cases[ci][0], C = s_bn_cases[ci][1], HW = s_bn_cases[ci][2];
         size_t n = (size_t)B * C * HW;
         float *in = s_rand(n, -2, 3), *w = s_rand(C, 0.5f, 1.5f), *b = s_rand(C, -1, 1);
         float *r = s_rand(n, -1, 1), *rm = s_rand(C, -1, 1), *rv = s_rand(C, 0.5f, 2);
@@ -850,10 +852,9 @@ static void test_batchnorm(void)
  * (w 0 in a channel) and ties to the mask's rule included. */
 static void test_bn_relu_fused(void)
 {
-    static const int cases[][3] = {{3, 5, 143}, {1, 3, 7}, {4, 6, 1}, {2, 16, 64}, {7, 2, 17}};
     for (int ci = 0; ci < 5; ci++) {
         dp_cpu_set_threads(1 + ci % 3);
-        int B = cases[ci][0], C = cases[ci][1], HW = cases[ci][2];
+        int B = s_bn_cases[ci][0], C = s_bn_cases[ci][1], HW = s_bn_cases[ci][2];
         size_t n = (size_t)B * C * HW;
         float *in = s_rand(n, -2, 3), *w = s_rand(C, -1.5f, 1.5f), *b = s_rand(C, -1, 1);
         float *r = s_rand(n, -1, 1), *rm = s_rand(C, -1, 1), *rv = s_rand(C, 0.5f, 2);
