@@ -201,16 +201,58 @@ static int s_is_pointwise(const dp_conv_dims_t *d)
  * most DP_SPARSE_MAX, CKK >= 64 and a SIMD path runs. */
 #define DP_SPARSE_MAX 0.4
 static double s_sparse_max = DP_SPARSE_MAX;
-/* The direct ways (below) on or off: DP_CONV_DIRECT. */
-static long s_direct = 1;
+/* The direct ways (below): DP_CONV_DIRECT, 2 all of them, 1 all but the
+ * flat forward, 0 none. */
+static long s_direct = 2;
 
 /* DP_CONV_SPARSE_MAX (a fraction in [0, 1]; 0: never sparse) replaces it;
- * DP_CONV_DIRECT=0 turns the direct ways off (the ways before them, for
- * measuring); both read by dp_kernels_env from main. */
+ * DP_CONV_DIRECT=1 leaves the flat forward out, 0 every direct way (the
+ * ways before them, for measuring); both read by dp_kernels_env from main. */
 int dp_conv_env(char *err)
 {
     if (dp_opts_env_double("DP_CONV_SPARSE_MAX", 0, 1, &s_sparse_max, err) != 0) return -1;
-    return dp_opts_env_long("DP_CONV_DIRECT", 0, 1, &s_direct, err);
+    return dp_opts_env_long("DP_CONV_DIRECT", 0, 2, &s_direct, err);
+}
+
+/* The flat forward (conv_simd.h; the AVX-512 path has one) for our forward
+ * kernel's work on a "same" stride-1 3x3 convolution (resnet's body) and
+ * for the direct din of one (the same geometry): the same bits, read in
+ * place from the CHW image, no padded HWC copy, no transposes. Taken where
+ * its tiles' spare lanes are at most a quarter of the positions (the last
+ * tile is cut off mid-plane): 1.1-1.3x the forward on 32x32 to 8x8 and
+ * 28x28, 14x14 (tests/bench/bench_conv -d 1:2), 0.92x on 7x7 (49
+ * positions in 64 lanes); 0.98x on the seed CNN's 5x5 conv2, whose GEMM
+ * tile already runs near the FMA peak. */
+static int s_flat(const dp_conv_dims_t *d, const dp_conv_simd_t *k)
+{
+    int HW = d->H * d->W, nb = k ? k->flat_block : 0;
+    return s_direct >= 2 && k && k->fwd_flat && d->stride == 1 && d->K == 3 && d->pad == 1 &&
+           d->OC % k->flat_oc == 0 && ((HW + nb - 1) / nb * nb - HW) * 4 <= HW;
+}
+
+/* The flat forward's distance between channel planes: the image's own
+ * (H W), but for planes whose size is a multiple of 4 KB (32x32) a copy's,
+ * 64 bytes more: a tap reads the same offset of every plane, and 4 KB apart
+ * those all fall in one set of L1 (a 16-channel 32x32 layer took 25 % longer
+ * read in place than through the copy, tests/bench/bench_conv). */
+static size_t s_flat_ld(const dp_conv_dims_t *d)
+{
+    size_t HW = (size_t)d->H * d->W;
+    return HW % 1024 ? HW : HW + 16;
+}
+
+/* Whether the flat forward reads a copy of the image's planes, spaced out. */
+static int s_flat_copies(const dp_conv_dims_t *d)
+{
+    return s_flat_ld(d) != (size_t)d->H * d->W;
+}
+
+/* The n planes of x copied into buf, s_flat_ld(d) apart; returns buf. */
+static float *s_flat_planes(float *buf, const float *x, int n, const dp_conv_dims_t *d)
+{
+    size_t HW = (size_t)d->H * d->W, ld = s_flat_ld(d);
+    for (int c = 0; c < n; c++) memcpy(buf + c * ld, x + c * HW, HW * sizeof(float));
+    return buf;
 }
 
 /* colT rows are in "patch order" r' = (ky, kx, c), not the (c, ky, kx) of w:
@@ -362,7 +404,7 @@ typedef struct {
 } s_bw_layout_t; /* per thread: col | dcol | dw (std order) | dw (patch order) | db | pad | nz | gpad */
 
 static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int point,
-                        int ddin)
+                        int ddin, size_t fcopy)
 {
     size_t CKK = (size_t)d->C * d->K * d->K, P = (size_t)d->OH * d->OW, OC = d->OC;
     L->col = point ? 0 : CKK * P;              /* col (dense) or colT (sparse) */
@@ -371,7 +413,9 @@ static void s_bw_layout(s_bw_layout_t *L, const dp_conv_dims_t *d, int din, int 
     L->db = (OC + 15) / 16 * 16;               /* this thread's db partial */
     L->pad = point ? 0 : (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     L->nz = 2 * OC + 2 * OC * P + 2 * P + 2 * OC * P; /* s_nz_t arrays (int = float size) */
-    L->gpad = ddin ? OC * (d->H + d->K - 1) * (d->W + d->K - 1) : 0; /* padded HWC dout */
+    /* padded HWC dout; for the flat din, fcopy floats of a copy of its planes */
+    L->gpad = ddin ? OC * (d->H + d->K - 1) * (d->W + d->K - 1) : 0;
+    if (L->gpad < fcopy) L->gpad = fcopy;
     L->total = (L->col + L->dcol + 2 * L->dw + L->db + L->pad + L->nz + L->gpad + 15) / 16 * 16;
 }
 
@@ -386,6 +430,7 @@ typedef struct {
     int point;               /* 1x1 unpadded stride 1: no im2col */
     int sparse;              /* the sparse backward may run (SIMD kernels, CKK >= 64) */
     int ddw, ddin;           /* the direct dw, din run (dense images) */
+    const uint32_t *fmasks;  /* din by the flat forward (its masks for dt); NULL: on gpad */
 } s_bw_t;
 
 /* More than `limit` non-zeros in g[0, n)? Counted in blocks, stopping as
@@ -475,7 +520,11 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
     }
     if (!din_b) return;
     /* dense din: direct (3x3, stride 1), or a GEMM (then col2im) */
-    if (c->ddin) {
+    if (c->fmasks) {
+        float *gl = pin + c->L->pad + c->L->nz; /* the gpad slice: a copy of dout's planes */
+        c->k->fwd_flat(din_b, s_flat_copies(&c->dt) ? s_flat_planes(gl, g, OC, &c->dt) : g,
+                       s_flat_ld(&c->dt), &c->dt, c->wf, NULL, c->fmasks);
+    } else if (c->ddin) {
         float *gpad = pin + c->L->pad + c->L->nz;
         c->k->pad_hwc(gpad, g, &c->dt);
         c->k->fwd(din_b, (size_t)d->H * d->W, gpad, &c->dt, c->wf, NULL);
@@ -495,18 +544,25 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
     int point = s_is_pointwise(d);
     const dp_conv_simd_t *k = s_simd();
     int ddin = din && s_direct_din(d, k);
+    dp_conv_dims_t dt = s_din_dims(d);
+    int fdin = ddin && s_flat(&dt, k);
+    size_t nmask = fdin ? k->flat_mask_count(&dt) : 0;
     s_bw_layout_t L;
-    s_bw_layout(&L, d, din != NULL, point, ddin);
+    s_bw_layout(&L, d, din != NULL, point, ddin,
+                fdin && s_flat_copies(&dt) ? OC * s_flat_ld(&dt) : 0);
     int nt = dp_cpu_team((double)d->B * OC * CKK * P * (din ? 2 : 1));
     if (nt > d->B) nt = d->B;
-    /* per-thread slices, then w in patch order and flipped, shared by the team */
-    float *scratch = dp_cpu_scratch(L.total * nt + 2 * (size_t)OC * CKK);
+    /* per-thread slices, then w in patch order and flipped, and the flat
+     * din's masks, shared by the team */
+    float *scratch = dp_cpu_scratch(L.total * nt + 2 * (size_t)OC * CKK + nmask);
     float *wp = scratch + L.total * nt, *wf = wp + (size_t)OC * CKK;
+    uint32_t *fmasks = fdin ? (uint32_t *)(wf + (size_t)OC * CKK) : NULL;
+    if (fdin) k->flat_masks(fmasks, &dt);
     /* sparse needs our SIMD kernels, and a patch long enough that the
      * gathers beat the GEMM (conv1 of the default model, CKK = 25, is faster
      * dense) */
     s_bw_t c = {.d = d, .L = &L, .w = w, .wp = wp, .wf = wf, .k = k, .point = point,
-                .ddw = s_direct_dw(d, k), .ddin = ddin, .dt = s_din_dims(d)};
+                .ddw = s_direct_dw(d, k), .ddin = ddin, .dt = dt, .fmasks = fmasks};
     c.sparse = c.k && !point && CKK >= 64;
     if (din && c.sparse) s_pack_patch_rows(wp, w, d);
     if (ddin) s_pack_flipped(wf, w, d);
@@ -557,14 +613,20 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
      * faster through OpenBLAS) */
     const dp_conv_simd_t *k = s_simd();
     int own = k && OC % (s_direct ? k->oc_multiple : k->oc_block) == 0 && CKK >= 64;
+    int flat = own && s_flat(d, k);
     dp_conv_dims_t dc = s_colT_dims(d);
     size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
-    size_t nwt = own ? (size_t)CKK * OC : 0;
-    size_t per = s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad;
+    size_t nwt = own ? (size_t)CKK * OC : 0, nmask = flat ? k->flat_mask_count(d) : 0;
+    size_t fld = flat ? s_flat_ld(d) : 0;
+    size_t per = flat ? (s_flat_copies(d) ? d->C * s_flat_ld(d) : 0)
+                      : (s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad);
     int nt = dp_cpu_team((double)d->B * OC * CKK * P);
     if (nt > d->B) nt = d->B;
-    float *scratch = per || nwt ? dp_cpu_scratch(per * nt + nwt) : NULL;
+    /* per thread: col | pin; then wt and the flat forward's masks, shared */
+    float *scratch = per || nwt ? dp_cpu_scratch(per * nt + nwt + nmask) : NULL;
     float *wt = scratch + per * nt;
+    uint32_t *masks = flat ? (uint32_t *)(wt + nwt) : NULL;
+    if (flat) k->flat_masks(masks, d);
     if (own) /* wt[r', oc] = w[oc, r] (r' in patch order), shared by the team */
         for (int oc = 0; oc < OC; oc++)
             for (int c = 0; c < d->C; c++)
@@ -576,11 +638,16 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
     {
         int t = omp_get_thread_num();
         float *col = per ? scratch + per * t : NULL;
-        float *pin = per ? col + (size_t)CKK * P : NULL;
+        float *pin = per ? (flat ? col : col + (size_t)CKK * P) : NULL;
 #pragma omp for schedule(static)
         for (int n = 0; n < d->B; n++) {
             const float *src = in + (size_t)n * d->C * d->H * d->W;
             float *dst = out + (size_t)n * OC * P;
+            if (flat) {
+                k->fwd_flat(dst, pin ? s_flat_planes(pin, src, d->C, d) : src, fld, d, wt, b,
+                            masks);
+                continue;
+            }
             if (own) {
                 /* the patches read in place (DP_CONV_DIRECT=0: copied into colT
                  * first, as before: the same FMAs in the same order) */

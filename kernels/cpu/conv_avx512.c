@@ -24,6 +24,7 @@
 #define V_MASK(n) ((n) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n)) - 1))
 #define V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
 #define V_MSTORE(m, p, v) _mm512_mask_storeu_ps(p, m, v)
+#define V_MASK_BITS(u) ((__mmask16)(u))
 /* r[0..15] transposed in place: r[c] lane j = r[j] lane c before. 4 x 4
  * blocks within each 128-bit lane (unpack ps, then pd), then the lanes
  * (shuffle_f32x4 twice): 64 shuffles. */
@@ -59,6 +60,8 @@
 #define FWD_SMALL_NV 2
 #define FWD_SMALL_TP 12
 #define FWD_ONE_TP 12
+#define FL_OCT 8
+#define FL_NQ 2
 #define DW_TO 8
 #define DW_NV 3
 #define SP_NV 2

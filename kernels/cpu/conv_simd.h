@@ -8,11 +8,14 @@
  *   V_ZERO(), V_SET1(x), V_FMA(a, b, c) = a * b + c (fused), V_ADD(a, b)
  *   VM, V_MASK(n)       a mask for the first n lanes (1 <= n <= VW)
  *   V_MLOAD(m, p), V_MSTORE(m, p, v)  masked load (others 0) / store
+ *   V_MASK_BITS(u)      the lanes whose bits are set in the uint32_t u
  *   V_TRANSPOSE(r)      r[0..VW) (an array of V) transposed in place
  *   S(name)             the path's name for a kernel (name ## _avx2 ...)
  *   FWD_BIG_NV, FWD_BIG_TP, FWD_SMALL_NV, FWD_SMALL_TP  GEMM tiles (below)
  *   FWD_ONE_TP          positions of the one-vector forward tile
  *   DW_TO, DW_NV        the direct dw's tile: DW_TO channels x DW_NV vectors
+ *   FL_OCT, FL_NQ       the flat forward's tile: FL_OCT channels x FL_NQ vectors
+ *                       (a path without them has no flat forward)
  *   SP_NV, SP_NR        the sparse products' tile: SP_NV * VW = 32 floats,
  *                       SP_NR * SP_NV = 8 FMA chains
  *
@@ -236,6 +239,114 @@ static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dim
     for (; oc0 < OC; oc0 += VW) S(s_fwd_one)(out, ldo, pin, d, wt, b, oc0);
 }
 
+#ifdef FL_OCT /* the path has one */
+/* ---- the flat forward -----------------------------------------------------
+ * A "same" stride-1 convolution (2 pad = K - 1, so OH = H and OW = W) read in
+ * place from the CHW image, vectors along the plane: output positions
+ * q .. q + VW - 1 (consecutive in the flattened H x W plane, across row
+ * ends) take tap (ky, kx) of channel c from in[c, q + (ky - pad) W +
+ * (kx - pad) ...], a masked load whose lanes off the image (the border, a
+ * row's wrap, past the plane) read 0 (masks: s_flat_masks' table, one
+ * per vector and tap). A tile of FL_OCT channels x FL_NQ vectors lives in
+ * registers: per (tap, c), FL_NQ loads and FL_OCT broadcasts of wt feed
+ * FL_OCT * FL_NQ FMAs, and the tile is stored as whole runs of positions of
+ * each channel's NCHW plane. So no padded HWC copy of the image is made
+ * and no tile is transposed: the two cost a 16-channel 32x32 layer about
+ * 40 % of s_fwd's time. Each output is the same FMA chain as s_fwd's: the
+ * bias, then r' = (ky, kx, c) in order, the padding's zeros included (as 0
+ * times the weight), so the bits are s_fwd's. OC a multiple of FL_OCT. */
+#define FL_NB (FL_NQ * VW) /* positions in a tile */
+
+/* m[v * K * K + tap]: the lanes of vector v (positions v VW ..) inside the
+ * image at tap (ky, kx), for ceil(HW / FL_NB) * FL_NQ vectors (the spare
+ * ones of the last tile all off). */
+static void S(s_flat_masks)(uint32_t *m, const dp_conv_dims_t *d)
+{
+    int H = d->H, W = d->W, K = d->K, HW = H * W, p = d->pad;
+    int nv = (HW + FL_NB - 1) / FL_NB * FL_NQ;
+    for (int v = 0; v < nv; v++)
+        for (int ky = 0; ky < K; ky++)
+            for (int kx = 0; kx < K; kx++) {
+                uint32_t bits = 0;
+                for (int l = 0; l < VW; l++) {
+                    int q = v * VW + l, y = q / W + ky - p, x = q % W + kx - p;
+                    if (q < HW && y >= 0 && y < H && x >= 0 && x < W) bits |= 1u << l;
+                }
+                m[(size_t)v * K * K + ky * K + kx] = bits;
+            }
+}
+
+static size_t S(s_flat_mask_count)(const dp_conv_dims_t *d)
+{
+    return (size_t)(d->H * d->W + FL_NB - 1) / FL_NB * FL_NQ * d->K * d->K;
+}
+
+/* channels [oc0, oc0 + FL_OCT) x vectors [v0, v0 + FL_NQ) */
+__attribute__((optimize("O3"))) static void S(s_flat_tile)(float *out, const float *in,
+                                                          const dp_conv_dims_t *d,
+                                                          const float *wt, const float *b,
+                                                          const uint32_t *masks, int oc0, int v0,
+                                                          size_t ldi)
+{
+    int W = d->W, K = d->K, C = d->C, OC = d->OC, p = d->pad;
+    ptrdiff_t HW = (ptrdiff_t)d->H * W;
+    V acc[FL_OCT][FL_NQ];
+    _Pragma("GCC unroll 8") for (int i = 0; i < FL_OCT; i++)
+    {
+        V bv = b ? V_SET1(b[oc0 + i]) : V_ZERO();
+        _Pragma("GCC unroll 8") for (int v = 0; v < FL_NQ; v++) acc[i][v] = bv;
+    }
+    const uint32_t *mt = masks + (size_t)v0 * K * K;
+    for (int ky = 0; ky < K; ky++)
+        for (int kx = 0; kx < K; kx++) {
+            int tap = ky * K + kx;
+            VM m[FL_NQ];
+            _Pragma("GCC unroll 8") for (int v = 0; v < FL_NQ; v++) m[v] =
+                V_MASK_BITS(mt[(size_t)v * K * K + tap]);
+            /* the tap's first position, maybe before the plane (lanes off) */
+            ptrdiff_t off = (ptrdiff_t)v0 * VW + (ptrdiff_t)(ky - p) * W + (kx - p);
+            const float *wr = wt + (size_t)tap * C * OC + oc0;
+            for (int c = 0; c < C; c++, wr += OC) {
+                const float *x = in + c * ldi + off;
+                V xv[FL_NQ];
+                _Pragma("GCC unroll 8") for (int v = 0; v < FL_NQ; v++) xv[v] =
+                    V_MLOAD(m[v], x + v * VW);
+                _Pragma("GCC unroll 8") for (int i = 0; i < FL_OCT; i++)
+                {
+                    V wv = V_SET1(wr[i]);
+                    _Pragma("GCC unroll 8") for (int v = 0; v < FL_NQ; v++) acc[i][v] =
+                        V_FMA(wv, xv[v], acc[i][v]);
+                }
+            }
+        }
+    _Pragma("GCC unroll 8") for (int v = 0; v < FL_NQ; v++)
+    {
+        ptrdiff_t q = (ptrdiff_t)(v0 + v) * VW;
+        if (q >= HW) break;
+        _Pragma("GCC unroll 8") for (int i = 0; i < FL_OCT; i++)
+        {
+            float *o = out + (size_t)(oc0 + i) * HW + q;
+            if (q + VW <= HW)
+                V_STORE(o, acc[i][v]);
+            else
+                V_MSTORE(V_MASK((int)(HW - q)), o, acc[i][v]);
+        }
+    }
+}
+
+/* out (one image, NCHW) = conv(in) for a "same" stride-1 d, masks from
+ * s_flat_masks for d. Tiles of positions outermost: a tile's input (C
+ * planes' runs) stays in L1 over all channel blocks. */
+static void S(s_fwd_flat)(float *out, const float *in, size_t ldi, const dp_conv_dims_t *d,
+                          const float *wt, const float *b, const uint32_t *masks)
+{
+    int nv = (d->H * d->W + VW - 1) / VW;
+    for (int v0 = 0; v0 < nv; v0 += FL_NQ)
+        for (int oc0 = 0; oc0 < d->OC; oc0 += FL_OCT)
+            S(s_flat_tile)(out, in, d, wt, b, masks, oc0, v0, ldi);
+}
+#endif
+
 /* pin (the padded HWC image: (H + 2 pad) rows of W + 2 pad pixels of C
  * floats) from in (CHW): the border zeroed, the inside by VW x VW
  * transposes (VW channels x up to VW positions of a row, the last ones
@@ -345,6 +456,13 @@ static void S(s_dw)(float *dwq, const float *g, const float *pin, const dp_conv_
 
 const dp_conv_simd_t S(dp_conv_simd) = {
     .pad_hwc = S(s_pad_hwc),
+#ifdef FL_OCT
+    .flat_oc = FL_OCT,
+    .flat_block = FL_NB,
+    .fwd_flat = S(s_fwd_flat),
+    .flat_masks = S(s_flat_masks),
+    .flat_mask_count = S(s_flat_mask_count),
+#endif
     .oc_multiple = VW,
     .oc_block = FWD_SMALL_NV * VW,
     .fwd = S(s_fwd),

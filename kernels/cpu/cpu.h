@@ -10,6 +10,7 @@
 #define DP_CPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/ops.h"
 
@@ -45,6 +46,15 @@ typedef struct {
     void (*spmm)(float *Y, size_t ldy, int rows, int n, const float *X, size_t ldx,
                  const int *start, const int *count, const int *idx, const float *coef,
                  int accumulate);
+    /* out (one image, NCHW) = b + conv(in) read in place from the CHW image
+     * (planes ldi floats apart), for a "same" stride-1 d (2 pad = K - 1) and
+     * OC a multiple of flat_oc: fwd's bits; masks: flat_masks' table for d,
+     * flat_mask_count(d) long. NULL (flat_oc 0) on a path without it. */
+    int flat_oc, flat_block; /* a tile's channels and positions */
+    void (*fwd_flat)(float *out, const float *in, size_t ldi, const dp_conv_dims_t *d,
+                     const float *wt, const float *b, const uint32_t *masks);
+    void (*flat_masks)(uint32_t *masks, const dp_conv_dims_t *d);
+    size_t (*flat_mask_count)(const dp_conv_dims_t *d);
     /* the padded HWC image pin (zero border of d->pad) of one CHW image */
     void (*pad_hwc)(float *pin, const float *in, const dp_conv_dims_t *d);
     /* colT[p, r'] from the padded HWC image; dpin += one dcolT row */

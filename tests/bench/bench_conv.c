@@ -1,13 +1,13 @@
 /* bench_conv: one convolution layer's forward and backward (din + dw + db)
- * the ways before the direct 3x3 ones (DP_CONV_DIRECT=0) and the direct ways
- * (1), interleaved rep by rep so that load on a shared machine falls on both
+ * two levels of DP_CONV_DIRECT (by default 0, the ways before the direct 3x3
+ * ones, and 2, every direct way; 1 leaves out the flat forward), interleaved rep by rep so that load on a shared machine falls on both
  * alike; prints the medians and their ratios. For choosing between designs
  * (kernels/cpu/conv.c), not a benchmark of record: pin it to one core
  * (taskset -c 1) and read the ratios, not the milliseconds. Times are the
  * process's CPU time (one thread), so the waits for the core are left out,
  * though not the caches other work on the machine takes.
  *
- *   bench_conv [-b B] [-c C] [-s H] [-o OC] [-k K] [-p PAD] [-S STRIDE] [-r REPS] */
+ *   bench_conv [-b B] [-c C] [-s H] [-o OC] [-k K] [-p PAD] [-S STRIDE] [-r REPS] [-d A:B] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +39,11 @@ static double s_median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static void s_direct(int on)
+static void s_direct(int level)
 {
-    char err[DP_ERR_LEN];
-    setenv("DP_CONV_DIRECT", on ? "1" : "0", 1);
+    char err[DP_ERR_LEN], v[8];
+    snprintf(v, sizeof v, "%d", level);
+    setenv("DP_CONV_DIRECT", v, 1);
     if (dp_conv_env(err) != 0) {
         fprintf(stderr, "bench_conv: %s\n", err);
         exit(2);
@@ -58,8 +59,8 @@ int main(int argc, char **argv)
     }
     dp_conv_dims_t d = {.B = 128, .C = 16, .H = 28, .W = 28, .OC = 16, .K = 3, .pad = 1,
                         .stride = 1};
-    int reps = 7, opt;
-    while ((opt = getopt(argc, argv, "b:c:s:o:k:p:S:r:")) != -1) {
+    int reps = 7, opt, level[2] = {0, 2};
+    while ((opt = getopt(argc, argv, "b:c:s:o:k:p:S:r:d:")) != -1) {
         int v = atoi(optarg);
         switch (opt) {
         case 'b': d.B = v; break;
@@ -70,15 +71,20 @@ int main(int argc, char **argv)
         case 'p': d.pad = v; break;
         case 'S': d.stride = v; break;
         case 'r': reps = v; break;
+        case 'd':
+            if (sscanf(optarg, "%d:%d", &level[0], &level[1]) != 2) level[0] = -1;
+            break;
         default:
             fprintf(stderr, "usage: bench_conv [-b B] [-c C] [-s H] [-o OC] [-k K] [-p PAD] "
-                            "[-S STRIDE] [-r REPS]\n");
+                            "[-S STRIDE] [-r REPS] [-d A:B]\n");
             return 2;
         }
     }
     if (d.B < 1 || d.C < 1 || d.H < 1 || d.OC < 1 || d.K < 1 || d.stride < 1 || d.pad < 0 ||
-        d.H + 2 * d.pad < d.K || reps < 1 || reps > 1000) {
-        fprintf(stderr, "bench_conv: bad shape or -r (want positive sizes, K <= H + 2 PAD)\n");
+        d.H + 2 * d.pad < d.K || reps < 1 || reps > 1000 || level[0] < 0 || level[0] > 2 ||
+        level[1] < 0 || level[1] > 2) {
+        fprintf(stderr, "bench_conv: bad shape, -r or -d (want positive sizes, K <= H + 2 PAD, "
+                        "levels 0-2)\n");
         return 2;
     }
     dp_cpu_set_threads(1);
@@ -96,7 +102,7 @@ int main(int argc, char **argv)
     double *t = dp_malloc(sizeof(double) * 6 * (size_t)reps); /* [way][pass][rep] */
     for (int rep = -1; rep < reps; rep++) /* rep -1 warms the scratch up */
         for (int way = 0; way < 2; way++) {
-            s_direct(way);
+            s_direct(level[way]);
             double t0 = s_now();
             dp_conv2d_forward(out, in, w, NULL, &d);
             double t1 = s_now();
@@ -114,9 +120,10 @@ int main(int argc, char **argv)
     printf("B %d C %d %dx%d OC %d K %d pad %d stride %d, 1 thread, median of %d (CPU ms):\n", d.B,
            d.C, d.H, d.W, d.OC, d.K, d.pad, d.stride, reps);
     const char *pass[3] = {"forward", "backward", "dw, db only"};
+    printf("  DP_CONV_DIRECT %d vs %d\n", level[0], level[1]);
     for (int i = 0; i < 3; i++)
-        printf("  %-11s before %8.2f  direct %8.2f  ratio %.2fx\n", pass[i], m[i], m[3 + i],
-               m[i] / m[3 + i]);
+        printf("  %-11s %d: %8.2f  %d: %8.2f  ratio %.2fx\n", pass[i], level[0], m[i], level[1],
+               m[3 + i], m[i] / m[3 + i]);
     free(in), free(din), free(w), free(dw), free(db), free(out), free(g), free(t);
     return 0;
 }

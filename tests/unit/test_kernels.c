@@ -26,6 +26,8 @@
 #include "common/util.h"
 #include "kernels/env.h"
 #include "kernels/ops.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/isa.h"
 #include "tests/test.h"
 #include "tests/cpu_paths.h"
 
@@ -384,10 +386,11 @@ static void test_conv_paths_bitwise_equal(void)
     dp_cpu_set_threads(0);
 }
 
-/* DP_CONV_DIRECT=0|1 through the kernels' env reader. */
-static void s_conv_direct_set(const char *v)
+/* DP_CONV_DIRECT=0|1|2 through the kernels' env reader. */
+static void s_conv_direct_set(int level)
 {
-    char err[DP_ERR_LEN] = "";
+    char err[DP_ERR_LEN] = "", v[8];
+    snprintf(v, sizeof v, "%d", level);
     setenv("DP_CONV_DIRECT", v, 1);
     CHECK_EQ(dp_conv_env(err), 0);
     unsetenv("DP_CONV_DIRECT");
@@ -395,19 +398,26 @@ static void s_conv_direct_set(const char *v)
 
 /* The direct ways against the ones before them (DP_CONV_DIRECT=0): the
  * forward reading patches in place gives colT's bits (same FMAs, same
- * order); the direct backward (3x3, dense dout, a SIMD path) is taken where
- * the rule says (dp_conv2d_backward_ways, asked: its bits may or may not
- * differ from the GEMM's, depending on the BLAS kernel), and both are the
- * reference's to the usual tolerance; where a way is not direct, and for
- * the seed CNN's conv2 (5x5) and a 3-channel 3x3 (resnet's first), every
- * bit is kept. */
+ * order), and so does the flat forward (2; 1 leaves it out) where it runs
+ * ("same" stride-1 convolutions: planes of 63 positions, ending mid-vector;
+ * 1x1; 1024 positions, planes 4 KB apart; 5x5; a 1x1 image); the direct
+ * backward (3x3, dense dout, a SIMD path) is taken where the rule says
+ * (dp_conv2d_backward_ways, asked: its bits may or may not differ from the
+ * GEMM's, depending on the BLAS kernel), and both are the reference's to
+ * the usual tolerance; its din by the flat forward has the bits of its din
+ * by the forward on a padded copy; where a way is not direct, and for the
+ * seed CNN's conv2 (5x5) and a 3-channel 3x3 (resnet's first), every bit is
+ * kept. */
 static void s_conv_direct_vs_before(void)
 {
-    const s_conv_case_t cs[] = {{3, 16, 9, 7, 32, 3, 1, 1}, {2, 24, 7, 9, 64, 3, 1, 2},
-                                {2, 16, 32, 32, 32, 3, 1, 1}, /* 1024 positions: rows 4 KB apart */
-                                {4, 32, 14, 14, 64, 5, 2, 1}, {2, 3, 13, 7, 16, 3, 1, 1}};
+    const s_conv_case_t cs[] = {{3, 16, 9, 7, 32, 3, 1, 1},  {2, 24, 7, 9, 64, 3, 1, 2},
+                                {2, 16, 32, 32, 32, 3, 1, 1}, {4, 32, 14, 14, 64, 5, 2, 1},
+                                {2, 3, 13, 7, 16, 3, 1, 1},   {2, 16, 1, 1, 48, 3, 1, 1},
+                                {2, 64, 5, 3, 16, 1, 0, 1},   {3, 32, 8, 8, 48, 3, 1, 1},
+                                {1, 48, 4, 6, 64, 3, 1, 1}};
+    int ncase = (int)(sizeof cs / sizeof cs[0]);
     int simd = dp_cpu_isa() != DP_CPU_ISA_GENERIC;
-    for (int ci = 0; ci < 5; ci++) {
+    for (int ci = 0; ci < ncase; ci++) {
         dp_cpu_set_threads(1 + ci % 2);
         dp_conv_dims_t d = s_dims(&cs[ci]);
         /* 3x3 with CKK >= 64 (the others have C % 16 == 0) */
@@ -415,11 +425,11 @@ static void s_conv_direct_vs_before(void)
         size_t nin = (size_t)d.B * d.C * d.H * d.W, nout = (size_t)d.B * d.OC * d.OH * d.OW;
         size_t nw = (size_t)d.OC * d.C * d.K * d.K, n = nout + nin + nw + d.OC;
         float *in = s_rand(nin, -1, 1), *w = s_rand(nw, -1, 1), *b = s_rand(d.OC, -1, 1);
-        float *g = s_rand(nout, -1, 1), *ref = s_nan(n), *res[2];
+        float *g = s_rand(nout, -1, 1), *ref = s_nan(n), *res[3];
         dp_conv2d_forward_ref(ref, in, w, b, &d);
         dp_conv2d_backward_ref(ref + nout, ref + nout + nin, ref + nout + nin + nw, g, in, w, &d);
-        for (int k = 0; k < 2; k++) {
-            s_conv_direct_set(k ? "1" : "0");
+        for (int k = 0; k < 3; k++) {
+            s_conv_direct_set(k);
             int ways[2];
             dp_conv2d_backward_ways(&d, &ways[0], &ways[1]);
             CHECK_EQ(ways[0], k && new_dw);
@@ -429,21 +439,58 @@ static void s_conv_direct_vs_before(void)
             dp_conv2d_backward(r + nout, r + nout + nin, r + nout + nin + nw, g, in, w, &d);
             CHECK_CLOSE(k ? "direct vs ref" : "before vs ref", r, ref, n, 1e-4, 1e-4);
         }
-        CHECK(memcmp(res[0], res[1], nout * sizeof(float)) == 0);
+        /* (48 channels: OpenBLAS's bits at 0 on avx512, its block being 32) */
+        if (d.OC % 32 == 0) CHECK(memcmp(res[0], res[1], nout * sizeof(float)) == 0);
+        CHECK(memcmp(res[2], res[1], n * sizeof(float)) == 0); /* the flat forward's bits */
         /* the direct ways again: the same bits (no scheduling in the sums) */
         float *again = s_nan(n);
         dp_conv2d_forward(again, in, w, b, &d);
         dp_conv2d_backward(again + nout, again + nout + nin, again + nout + nin + nw, g, in, w, &d);
-        CHECK(memcmp(again, res[1], n * sizeof(float)) == 0);
+        CHECK(memcmp(again, res[2], n * sizeof(float)) == 0);
         free(again);
         int same_dw = memcmp(res[0] + nout + nin, res[1] + nout + nin, nw * sizeof(float)) == 0;
         if (!new_dw) CHECK(same_dw);
         /* din direct only at stride 1; at stride 2 the GEMM + col2im as before */
         int same_din = memcmp(res[0] + nout, res[1] + nout, nin * sizeof(float)) == 0;
         if (!new_din) CHECK(same_din);
-        free(in), free(w), free(b), free(g), free(ref), free(res[0]), free(res[1]);
+        free(in), free(w), free(b), free(g), free(ref), free(res[0]), free(res[1]), free(res[2]);
     }
     dp_cpu_set_threads(0);
+}
+
+/* The flat forward kernel itself (conv_simd.h), wherever conv.c would take
+ * it or not, against the forward kernel on a padded HWC copy: every bit, on
+ * shapes its tiles and masks find awkward (a 1x1 and a 1-row image, planes
+ * ending mid-vector and mid-tile, 5x5 and 1x1 filters, 17 and 8 input
+ * channels, bias or none, planes spaced out as conv.c's copy does). */
+static void test_conv_flat_kernel(void)
+{
+    if (!(dp_cpu_isa_supported() & (1u << DP_CPU_ISA_AVX512))) SKIP("this CPU has no AVX-512");
+    const dp_conv_simd_t *k = &dp_conv_simd_avx512;
+    /* (OC in 16s: the forward kernel's vectors) */
+    const s_conv_case_t cs[] = {{1, 16, 1, 1, 16, 3, 1, 1}, {1, 16, 1, 9, 32, 3, 1, 1},
+                                {1, 17, 5, 7, 48, 3, 1, 1}, {1, 32, 14, 14, 64, 5, 2, 1},
+                                {1, 64, 3, 5, 16, 1, 0, 1}, {1, 16, 32, 32, 16, 3, 1, 1},
+                                {1, 8, 6, 11, 48, 3, 1, 1}};
+    for (int ci = 0; ci < (int)(sizeof cs / sizeof cs[0]); ci++) {
+        dp_conv_dims_t d = s_dims(&cs[ci]);
+        size_t HW = (size_t)d.H * d.W, CKK = (size_t)d.C * d.K * d.K;
+        size_t nout = (size_t)d.OC * HW, ld = HW + 16 * (ci % 2);
+        float *in = s_rand((size_t)d.C * ld, -1, 1), *wt = s_rand(CKK * d.OC, -1, 1);
+        float *b = s_rand(d.OC, -1, 1), *want = s_nan(nout), *got = s_nan(nout);
+        float *plain = dp_malloc((size_t)d.C * HW * sizeof(float));
+        float *pin = dp_malloc((size_t)d.C * (d.H + 2 * d.pad) * (d.W + 2 * d.pad) * sizeof(float));
+        uint32_t *masks = dp_malloc(k->flat_mask_count(&d) * sizeof(uint32_t));
+        for (int c = 0; c < d.C; c++) memcpy(plain + c * HW, in + c * ld, HW * sizeof(float));
+        k->flat_masks(masks, &d);
+        for (int bias = 0; bias < 2; bias++) {
+            k->pad_hwc(pin, plain, &d);
+            k->fwd(want, HW, pin, &d, wt, bias ? b : NULL);
+            k->fwd_flat(got, in, ld, &d, wt, bias ? b : NULL, masks);
+            CHECK(memcmp(got, want, nout * sizeof(float)) == 0);
+        }
+        free(in), free(wt), free(b), free(want), free(got), free(plain), free(pin), free(masks);
+    }
 }
 
 static void test_conv_direct_vs_before(void)
@@ -1046,7 +1093,7 @@ static void test_threads(void)
 
 DP_TESTS(T(test_conv_dims), T(test_conv_forward_vs_ref), T(test_conv_backward_dense),
          T(test_conv_backward_sparse), T(test_conv_default_shape),
-         T(test_conv_paths_bitwise_equal), T(test_conv_direct_vs_before), T(test_isa_choose), T(test_isa_refused_before_main),
+         T(test_conv_paths_bitwise_equal), T(test_conv_direct_vs_before), T(test_conv_flat_kernel), T(test_isa_choose), T(test_isa_refused_before_main),
          T(test_fc), T(test_relu), T(test_tanh),
          T(test_maxpool), T(test_maxpool_ties), T(test_softmax_xent), T(test_threads),
          T(test_batchnorm), T(test_bn_relu_fused), T(test_shortcut), T(test_gap), T(test_dropout),
