@@ -109,13 +109,15 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     net->fuse = dp_calloc((size_t)m->n_layers, 1);
     net->d_params = be->ops->alloc(be, m->n_floats * sizeof(float));
     net->d_grads = be->ops->alloc(be, m->n_floats * sizeof(float));
+    s_plan_fuse(net);
     size_t max_b = 0;
     for (int i = 0; i < nb; i++) {
         size_t sz = s_boundary_size(m, i);
         if (sz > max_b) max_b = sz;
-        net->d_act[i] = be->ops->alloc(be, (size_t)max_batch * sz * sizeof(float));
+        /* boundary i is a fused bn's own output (bn i - 1): never stored, no buffer */
+        if (!(i > 0 && net->fuse[i - 1]))
+            net->d_act[i] = be->ops->alloc(be, (size_t)max_batch * sz * sizeof(float));
     }
-    s_plan_fuse(net);
     net->n_pool = s_plan_pool(net);
     net->d_pool = dp_calloc((size_t)net->n_pool + 1, sizeof(float *));
     for (int k = 0; k < net->n_pool; k++)
@@ -144,7 +146,7 @@ void dp_net_fini(dp_net_t *net)
     be->ops->release(be, net->d_params);
     be->ops->release(be, net->d_grads);
     for (int i = 0; i <= net->m->n_layers; i++) {
-        be->ops->release(be, net->d_act[i]);
+        if (net->d_act[i]) be->ops->release(be, net->d_act[i]);
         if (net->d_save[i]) be->ops->release(be, net->d_save[i]);
     }
     for (int k = 0; k < net->n_pool; k++) be->ops->release(be, net->d_pool[k]);

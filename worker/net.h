@@ -48,7 +48,7 @@ typedef struct {
     int max_batch;
     float *d_params;                      /* m->n_floats */
     float *d_grads;                       /* m->n_floats, written by train_step */
-    float **d_act;                        /* [n_layers + 1]: [max_batch * size of boundary i] */
+    float **d_act;                        /* [n_layers + 1]: [max_batch * size of boundary i]; NULL for a fused bn's output (never stored) */
     float **d_dact;                       /* gradient of the loss wrt act[i] while it lives */
     float **d_save;                       /* [n_layers]: a bn's batch statistics, else NULL */
     float **d_pool;                       /* the shared gradient buffers, n_pool of them */

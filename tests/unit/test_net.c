@@ -868,10 +868,17 @@ static void s_fused_case(const char *spec, int fused)
     dp_net_t net[2];
     CHECK_EQ(dp_net_init(&net[0], &m, be, B, err), 0);
     CHECK_EQ(dp_net_init(&net[1], &m, apart, B, err), 0);
-    int pairs = 0, none = 0;
+    int pairs = 0, none = 0, unstored = 0;
     for (int i = 0; i < m.n_layers; i++) pairs += net[0].fuse[i], none += net[1].fuse[i];
     CHECK_EQ(pairs, fused);
     CHECK_EQ(none, 0);
+    /* a fused bn's own output has no buffer; every other boundary has one */
+    for (int i = 1; i <= m.n_layers; i++) {
+        unstored += net[0].d_act[i] == NULL;
+        CHECK_EQ(net[0].d_act[i] == NULL, net[0].fuse[i - 1]);
+        CHECK(net[1].d_act[i] != NULL);
+    }
+    CHECK_EQ(unstored, fused);
     CHECK(net[0].n_pool <= net[1].n_pool);
     size_t n = m.n_floats, in = (size_t)B * 2 * 9 * 7;
     float *w[2], *g[2], *x = dp_malloc(in * sizeof(float));
