@@ -6,7 +6,9 @@
  *   forward, OC a multiple of the path's vector, CKK >= 64, a SIMD path: our
  *     own register-tiled GEMM reads the patches in place from a channel-last
  *     padded copy of in_b (patch order (ky, kx, c): K runs of K*C floats per
- *     patch, no column matrix) and writes out_b;
+ *     patch, no column matrix) and writes out_b; for a same stride-1 3x3 on
+ *     AVX-512, the flat forward instead reads in_b itself (s_flat below), the
+ *     same sums;
  *   forward otherwise: col[CKK,P] = im2col(in_b); out_b = w[OC,CKK] col + b
  *     (OpenBLAS sgemm);
  *   backward, mostly-zero dout (behind a max-pool), CKK >= 64, a SIMD path:
@@ -28,10 +30,11 @@
  *
  * DP_CONV_SPARSE_MAX (environment, default 0.4): the largest non-zero
  * fraction of an image's dout that takes the sparse backward; 0 turns it
- * off (for measuring). DP_CONV_DIRECT (default 1): 0 takes the ways before
- * the direct ones (the forward through a colT copy, the 16-channel block
- * off on avx512, the 3x3 backward through OpenBLAS), with their bits, for
- * measuring (tests/bench/bench_conv). */
+ * off (for measuring). DP_CONV_DIRECT (default 2): 1 leaves out the flat
+ * forward (the same bits); 0 takes the ways before the direct ones (the
+ * forward through a colT copy, the 16-channel block off on avx512, the 3x3
+ * backward through OpenBLAS), with their bits, for measuring
+ * (tests/bench/bench_conv -d A:B). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
