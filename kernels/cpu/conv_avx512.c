@@ -64,7 +64,7 @@
 #define FL_NQ 2
 #define DW_TO 8
 #define DW_NV 3
-#define SP_NV 2
+#define SP_NV 4
 #define SP_NR 4
 
 #include "kernels/cpu/conv_simd.h"
