@@ -313,18 +313,21 @@ typedef struct {
     float *pg;             /* values, position order */
 } s_nz_t;
 
-static int s_nz_build(s_nz_t *z, const float *g, int OC, int P, int by_pos)
+static int s_nz_build(s_nz_t *z, const float *g, int OC, int P, int by_pos,
+                      const dp_conv_simd_t *simd)
 {
     int k = 0;
     for (int oc = 0; oc < OC; oc++) {
         z->ocs[oc] = k;
         const float *row = g + (size_t)oc * P;
-        /* branch-free: whether a cell is zero is a coin toss for the predictor */
-        for (int p = 0; p < P; p++) {
-            z->ocp[k] = p;
-            z->ocg[k] = row[p];
-            k += row[p] != 0.0f;
-        }
+        if (simd->nz_list)
+            k += simd->nz_list(z->ocp + k, z->ocg + k, row, P);
+        else /* branch-free: whether a cell is zero is a coin toss for the predictor */
+            for (int p = 0; p < P; p++) {
+                z->ocp[k] = p;
+                z->ocg[k] = row[p];
+                k += row[p] != 0.0f;
+            }
         z->ocn[oc] = k - z->ocs[oc];
     }
     if (!by_pos) return k;
@@ -509,7 +512,7 @@ static int s_sparse_image(const s_bw_t *c, float *din_b, float *dwq, const float
     z.pn = z.ps + P;
     z.poc = z.pn + P;
     z.pg = (float *)(z.poc + (size_t)OC * P);
-    int nnz = s_nz_build(&z, g, OC, P, din_b != NULL);
+    int nnz = s_nz_build(&z, g, OC, P, din_b != NULL, c->k);
     if (nnz > s_sparse_max * OC * P) return 0;
     c->k->pad_hwc(pin, src, d);
     c->k->im2colT(col, pin, d);

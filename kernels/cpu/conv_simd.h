@@ -16,6 +16,7 @@
  *   DW_TO, DW_NV        the direct dw's tile: DW_TO channels x DW_NV vectors
  *   FL_OCT, FL_NQ       the flat forward's tile: FL_OCT channels x FL_NQ vectors
  *                       (a path without them has no flat forward)
+ *   NZ_LIST             (optional) the path's nz_list kernel (cpu.h)
  *   SP_NV, SP_NR        the sparse products' tile: SP_NV * VW floats (64 on
  *                       AVX-512, 32 on AVX2), SP_NR * SP_NV FMA chains (16, 8)
  *
@@ -471,6 +472,9 @@ const dp_conv_simd_t S(dp_conv_simd) = {
     .fwd = S(s_fwd),
     .dw = S(s_dw),
     .spmm = S(s_spmm),
+#ifdef NZ_LIST
+    .nz_list = NZ_LIST,
+#endif
     .im2colT = S(s_im2colT),
     .col2imT_row = S(s_col2imT_row),
     .im2col_s1 = S(s_im2col_s1),

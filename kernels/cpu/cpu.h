@@ -57,6 +57,9 @@ typedef struct {
     size_t (*flat_mask_count)(const dp_conv_dims_t *d);
     /* the padded HWC image pin (zero border of d->pad) of one CHW image */
     void (*pad_hwc)(float *pin, const float *in, const dp_conv_dims_t *d);
+    /* the non-zeros (!= 0) of row[0, n) in order, positions to idx and
+     * values to val; returns their count (NULL: conv.c's scalar loop) */
+    int (*nz_list)(int *idx, float *val, const float *row, int n);
     /* colT[p, r'] from the padded HWC image; dpin += one dcolT row */
     void (*im2colT)(float *colT, const float *pin, const dp_conv_dims_t *d);
     void (*col2imT_row)(float *dpin, const float *row, int p, const dp_conv_dims_t *d);
