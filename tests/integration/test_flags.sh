@@ -99,8 +99,8 @@ refused "DP_CONV_SPARSE_MAX=2: worker" "DP_CONV_SPARSE_MAX '2': expected a numbe
     env DP_CONV_SPARSE_MAX=2 "$WK" --standalone --bogus
 refused "DP_CONV_SPARSE_MAX=0.5x: downpour local" "DP_CONV_SPARSE_MAX '0.5x'" \
     env DP_CONV_SPARSE_MAX=0.5x "$L" local --bogus --out "$TMP/never"
-refused "DP_CONV_DIRECT=2: worker" "DP_CONV_DIRECT '2': expected an integer in [0, 1]" \
-    env DP_CONV_DIRECT=2 "$WK" --standalone --bogus
+refused "DP_CONV_DIRECT=3: worker" "DP_CONV_DIRECT '3': expected an integer in [0, 2]" \
+    env DP_CONV_DIRECT=3 "$WK" --standalone --bogus
 refused "DP_LOG=verbose: downpour-ps" "DP_LOG 'verbose': expected one of info|debug" \
     env DP_LOG=verbose "$PS" --bogus --ready-file "$TMP/never"
 refused "DP_LOG=verbose: downpour sim" "DP_LOG 'verbose'" env DP_LOG=verbose "$L" sim --bogus --out "$TMP/never"
