@@ -244,16 +244,19 @@ static size_t s_flat_ld(const dp_conv_dims_t *d)
     return HW % 1024 ? HW : HW + 16;
 }
 
-/* Whether the flat forward reads a copy of the image's planes, spaced out. */
-static int s_flat_copies(const dp_conv_dims_t *d)
+/* Scratch floats for the flat forward's copy of n planes (0: none made). */
+static size_t s_flat_copy_floats(const dp_conv_dims_t *d, int n)
 {
-    return s_flat_ld(d) != (size_t)d->H * d->W;
+    size_t ld = s_flat_ld(d);
+    return ld == (size_t)d->H * d->W ? 0 : n * ld;
 }
 
-/* The n planes of x copied into buf, s_flat_ld(d) apart; returns buf. */
-static float *s_flat_planes(float *buf, const float *x, int n, const dp_conv_dims_t *d)
+/* What the flat forward reads for the n planes of x: x itself, or their
+ * copy in buf, s_flat_ld(d) apart. */
+static const float *s_flat_input(float *buf, const float *x, int n, const dp_conv_dims_t *d)
 {
     size_t HW = (size_t)d->H * d->W, ld = s_flat_ld(d);
+    if (ld == HW) return x;
     for (int c = 0; c < n; c++) memcpy(buf + c * ld, x + c * HW, HW * sizeof(float));
     return buf;
 }
@@ -553,8 +556,8 @@ static void s_conv_backward_image(const s_bw_t *c, float *din_b, float *dwp, flo
     /* dense din: direct (3x3, stride 1), or a GEMM (then col2im) */
     if (c->fmasks) {
         float *gl = pin + c->L->pad + c->L->nz; /* the gpad slice: a copy of dout's planes */
-        c->k->fwd_flat(din_b, s_flat_copies(&c->dt) ? s_flat_planes(gl, g, OC, &c->dt) : g,
-                       s_flat_ld(&c->dt), &c->dt, c->wf, NULL, c->fmasks);
+        c->k->fwd_flat(din_b, s_flat_input(gl, g, OC, &c->dt), s_flat_ld(&c->dt), &c->dt, c->wf,
+                       NULL, c->fmasks);
     } else if (c->ddin) {
         float *gpad = pin + c->L->pad + c->L->nz;
         c->k->pad_hwc(gpad, g, &c->dt);
@@ -579,8 +582,7 @@ void dp_conv2d_backward(float *din, float *dw, float *db, const float *dout, con
     int fdin = ddin && s_flat(&dt, k);
     size_t nmask = fdin ? k->flat_mask_count(&dt) : 0;
     s_bw_layout_t L;
-    s_bw_layout(&L, d, din != NULL, point, ddin,
-                fdin && s_flat_copies(&dt) ? OC * s_flat_ld(&dt) : 0);
+    s_bw_layout(&L, d, din != NULL, point, ddin, fdin ? s_flat_copy_floats(&dt, OC) : 0);
     int nt = dp_cpu_team((double)d->B * OC * CKK * P * (din ? 2 : 1));
     if (nt > d->B) nt = d->B;
     /* per-thread slices, then w in patch order and flipped, and the flat
@@ -648,12 +650,12 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
     dp_conv_dims_t dc = s_colT_dims(d);
     size_t npad = (size_t)d->C * (d->H + 2 * d->pad) * (d->W + 2 * d->pad);
     size_t nwt = own ? (size_t)CKK * OC : 0, nmask = flat ? k->flat_mask_count(d) : 0;
-    size_t fld = flat ? s_flat_ld(d) : 0;
-    size_t per = flat ? (s_flat_copies(d) ? d->C * s_flat_ld(d) : 0)
+    size_t per = flat ? s_flat_copy_floats(d, d->C)
                       : (s_is_pointwise(d) && !own ? 0 : (size_t)CKK * P + npad);
     int nt = dp_cpu_team((double)d->B * OC * CKK * P);
     if (nt > d->B) nt = d->B;
-    /* per thread: col | pin; then wt and the flat forward's masks, shared */
+    /* per thread: col | pin (the flat forward: its copy of the planes); then
+     * wt and the flat forward's masks, shared */
     float *scratch = per || nwt ? dp_cpu_scratch(per * nt + nwt + nmask) : NULL;
     float *wt = scratch + per * nt;
     uint32_t *masks = flat ? (uint32_t *)(wt + nwt) : NULL;
@@ -669,14 +671,13 @@ void dp_conv2d_forward(float *out, const float *in, const float *w, const float 
     {
         int t = omp_get_thread_num();
         float *col = per ? scratch + per * t : NULL;
-        float *pin = per ? (flat ? col : col + (size_t)CKK * P) : NULL;
+        float *pin = per && !flat ? col + (size_t)CKK * P : NULL;
 #pragma omp for schedule(static)
         for (int n = 0; n < d->B; n++) {
             const float *src = in + (size_t)n * d->C * d->H * d->W;
             float *dst = out + (size_t)n * OC * P;
             if (flat) {
-                k->fwd_flat(dst, pin ? s_flat_planes(pin, src, d->C, d) : src, fld, d, wt, b,
-                            masks);
+                k->fwd_flat(dst, s_flat_input(col, src, d->C, d), s_flat_ld(d), d, wt, b, masks);
                 continue;
             }
             if (own) {

@@ -261,13 +261,18 @@ static void S(s_fwd)(float *out, size_t ldo, const float *pin, const dp_conv_dim
  * times the weight), so the bits are s_fwd's. OC a multiple of FL_OCT. */
 #define FL_NB (FL_NQ * VW) /* positions in a tile */
 
+/* the vectors the tiles cover: whole tiles over the plane */
+static int S(s_flat_vectors)(const dp_conv_dims_t *d)
+{
+    return (d->H * d->W + FL_NB - 1) / FL_NB * FL_NQ;
+}
+
 /* m[v * K * K + tap]: the lanes of vector v (positions v VW ..) inside the
- * image at tap (ky, kx), for ceil(HW / FL_NB) * FL_NQ vectors (the spare
- * ones of the last tile all off). */
+ * image at tap (ky, kx), for every vector the tiles cover (the spare ones
+ * of the last tile all off). */
 static void S(s_flat_masks)(uint32_t *m, const dp_conv_dims_t *d)
 {
-    int H = d->H, W = d->W, K = d->K, HW = H * W, p = d->pad;
-    int nv = (HW + FL_NB - 1) / FL_NB * FL_NQ;
+    int H = d->H, W = d->W, K = d->K, HW = H * W, p = d->pad, nv = S(s_flat_vectors)(d);
     for (int v = 0; v < nv; v++)
         for (int ky = 0; ky < K; ky++)
             for (int kx = 0; kx < K; kx++) {
@@ -282,7 +287,7 @@ static void S(s_flat_masks)(uint32_t *m, const dp_conv_dims_t *d)
 
 static size_t S(s_flat_mask_count)(const dp_conv_dims_t *d)
 {
-    return (size_t)(d->H * d->W + FL_NB - 1) / FL_NB * FL_NQ * d->K * d->K;
+    return (size_t)S(s_flat_vectors)(d) * d->K * d->K;
 }
 
 /* channels [oc0, oc0 + FL_OCT) x vectors [v0, v0 + FL_NQ) */
