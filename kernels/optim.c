@@ -230,21 +230,33 @@ void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g,
     dp_optim_step_range(c, lr, w, g, state, n, 0, n, t);
 }
 
-void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const float *g,
-                         float *state, size_t n_all, size_t lo, size_t hi, long t)
+/* The update rules, once: w and state written from w_from and state_from,
+ * which are either the same vectors (in place) or vectors that overlap
+ * none of the written ones (out of place). Always inlined into the two
+ * callers below, so that each is vectorised for its own aliasing: the
+ * same float operations per element either way (the same bits). Every
+ * state float is written, even one a rule leaves as it was (delayed
+ * Nesterov's v between its turns), so that an out-of-place state is
+ * whole. */
+static inline __attribute__((always_inline)) void
+s_step(const dp_optim_conf_t *c, float lr, float *w, const float *w_from, const float *g,
+       float *state, const float *state_from, size_t n_all, size_t lo, size_t hi, long t)
 {
     const float wd = c->weight_decay;
     /* the slice [lo, hi) of w, g and of each state vector (laid [n_all] then [n_all]) */
     float *state2 = state + n_all + lo;
+    const float *state2_from = state_from + n_all + lo;
     size_t n = hi - lo;
     w += lo;
+    w_from += lo;
     g += lo;
     state += lo;
+    state_from += lo;
     switch (c->kind) {
     case DP_OPT_SGD:
         for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            w[i] -= lr * gi;
+            float gi = g[i] + wd * w_from[i];
+            w[i] = w_from[i] - lr * gi;
         }
         break;
     case DP_OPT_NESTEROV:
@@ -253,16 +265,18 @@ void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const flo
             const float inv_n = 1.0f / (float)c->period;
             const int turn = t > 0 && t % c->period == 0;
             float *v = state, *d = state2;
+            const float *v_from = state_from, *d_from = state2_from;
+            if (!turn && v != v_from) memcpy(v, v_from, n * sizeof *v);
             for (size_t i = 0; i < n; i++) {
-                float gi = g[i] + wd * w[i];
-                float wi = w[i] - part * gi;
+                float gi = g[i] + wd * w_from[i];
+                float wi = w_from[i] - part * gi;
                 if (turn) {
-                    float vi = mu * v[i] + (d[i] + gi) * inv_n;
+                    float vi = mu * v_from[i] + (d_from[i] + gi) * inv_n;
                     v[i] = vi;
                     d[i] = 0.0f;
                     wi -= lr * mu * vi;
                 } else {
-                    d[i] += gi;
+                    d[i] = d_from[i] + gi;
                 }
                 w[i] = wi;
             }
@@ -273,11 +287,12 @@ void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const flo
         const float mu = c->momentum;
         const int nesterov = c->kind == DP_OPT_NESTEROV;
         float *v = state;
+        const float *v_from = state_from;
         for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            float vi = mu * v[i] + gi;
+            float gi = g[i] + wd * w_from[i];
+            float vi = mu * v_from[i] + gi;
             v[i] = vi;
-            w[i] -= lr * (nesterov ? gi + mu * vi : vi);
+            w[i] = w_from[i] - lr * (nesterov ? gi + mu * vi : vi);
         }
         break;
     }
@@ -290,24 +305,26 @@ void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const flo
         const float step_size = (float)(lr / bc1);
         const float bc2_sqrt = (float)sqrt(bc2);
         float *m = state, *s = state2;
+        const float *m_from = state_from, *s_from = state2_from;
         for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            float mi = b1 * m[i] + (1.0f - b1) * gi;
-            float si = b2 * s[i] + (1.0f - b2) * gi * gi;
+            float gi = g[i] + wd * w_from[i];
+            float mi = b1 * m_from[i] + (1.0f - b1) * gi;
+            float si = b2 * s_from[i] + (1.0f - b2) * gi * gi;
             m[i] = mi;
             s[i] = si;
-            w[i] -= step_size * (mi / (sqrtf(si) / bc2_sqrt + eps));
+            w[i] = w_from[i] - step_size * (mi / (sqrtf(si) / bc2_sqrt + eps));
         }
         break;
     }
     case DP_OPT_ADAGRAD: {
         const float eps = c->eps;
         float *s = state;
+        const float *s_from = state_from;
         for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            float si = s[i] + gi * gi;
+            float gi = g[i] + wd * w_from[i];
+            float si = s_from[i] + gi * gi;
             s[i] = si;
-            w[i] -= lr * (gi / (sqrtf(si) + eps));
+            w[i] = w_from[i] - lr * (gi / (sqrtf(si) + eps));
         }
         break;
     }
@@ -316,13 +333,60 @@ void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const flo
          * param.addcdiv_(g, square_avg.sqrt() + eps, -lr). */
         const float alpha = c->alpha, eps = c->eps;
         float *s = state;
+        const float *s_from = state_from;
         for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            float si = alpha * s[i] + (1.0f - alpha) * gi * gi;
+            float gi = g[i] + wd * w_from[i];
+            float si = alpha * s_from[i] + (1.0f - alpha) * gi * gi;
             s[i] = si;
-            w[i] -= lr * (gi / (sqrtf(si) + eps));
+            w[i] = w_from[i] - lr * (gi / (sqrtf(si) + eps));
         }
         break;
     }
     }
+}
+
+void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const float *g,
+                         float *state, size_t n_all, size_t lo, size_t hi, long t)
+{
+    s_step(c, lr, w, w, g, state, state, n_all, lo, hi, t);
+}
+
+/* dp_optim_step_from's three cases apart from the one in place, each with
+ * its vectors restrict (a written vector read where it is written is one
+ * vector), so that each loop is vectorised without checks for overlaps. */
+static void s_step_w_apart(const dp_optim_conf_t *c, float lr, float *restrict w,
+                           const float *restrict w_from, const float *restrict g,
+                           float *restrict state, size_t n_all, size_t lo, size_t hi, long t)
+{
+    s_step(c, lr, w, w_from, g, state, state, n_all, lo, hi, t);
+}
+
+static void s_step_state_apart(const dp_optim_conf_t *c, float lr, float *restrict w,
+                               const float *restrict g, float *restrict state,
+                               const float *restrict state_from, size_t n_all, size_t lo,
+                               size_t hi, long t)
+{
+    s_step(c, lr, w, w, g, state, state_from, n_all, lo, hi, t);
+}
+
+static void s_step_apart(const dp_optim_conf_t *c, float lr, float *restrict w,
+                         const float *restrict w_from, const float *restrict g,
+                         float *restrict state, const float *restrict state_from, size_t n_all,
+                         size_t lo, size_t hi, long t)
+{
+    s_step(c, lr, w, w_from, g, state, state_from, n_all, lo, hi, t);
+}
+
+void dp_optim_step_from(const dp_optim_conf_t *c, float lr, float *w, const float *w_from,
+                        const float *g, float *state, const float *state_from, size_t n_all,
+                        size_t lo, size_t hi, long t)
+{
+    if (w == w_from && state == state_from)
+        dp_optim_step_range(c, lr, w, g, state, n_all, lo, hi, t);
+    else if (state == state_from)
+        s_step_w_apart(c, lr, w, w_from, g, state, n_all, lo, hi, t);
+    else if (w == w_from)
+        s_step_state_apart(c, lr, w, g, state, state_from, n_all, lo, hi, t);
+    else
+        s_step_apart(c, lr, w, w_from, g, state, state_from, n_all, lo, hi, t);
 }

@@ -130,6 +130,17 @@ void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g,
  * (state laid [n_all] then [n_all]): a thread's share of a parallel step. */
 void dp_optim_step_range(const dp_optim_conf_t *c, float lr, float *w, const float *g,
                          float *state, size_t n_all, size_t lo, size_t hi, long t);
+/* The same step from other vectors: w and state (state floats per
+ * parameter vectors of n_all) made from w_from and state_from, which are
+ * left as they were. w_from may be w and state_from state (that one in
+ * place); vectors apart must not overlap any other. The same bits as
+ * copying w_from and state_from in and stepping in place, without the
+ * copies' passes (a parameter server's next version, written beside the
+ * live one: BENCHMARKS.md, "1 PS + 1 worker"). state and state_from are
+ * not read for an optimizer without state (NULL then). */
+void dp_optim_step_from(const dp_optim_conf_t *c, float lr, float *w, const float *w_from,
+                        const float *g, float *state, const float *state_from, size_t n_all,
+                        size_t lo, size_t hi, long t);
 
 /* Delay compensation on elements [lo, hi) of a shard's range (every
  * pointer indexes that range from 0): out = g + lambda g*g*(w - w_bak),

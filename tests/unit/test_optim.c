@@ -410,6 +410,68 @@ static void test_delayed_nesterov(void)
     CHECK(c.kind == DP_OPT_SGD && c.lr == 1.0f);
 }
 
+/* dp_optim_step_from against copying the from-vectors in and stepping in
+ * place, bit for bit: every optimizer (and delayed Nesterov on and off its
+ * turn), each of the four cases (w apart or in place, state apart or in
+ * place), a sub-range [lo, hi) of awkward length, 4 steps; the from-vectors
+ * untouched, and the floats outside [lo, hi) of the written ones too. */
+static void test_step_from_equals_copy_then_step(void)
+{
+    enum { N = 1031, LO = 5, HI = 1028, STEPS = 4 };
+    dp_rng_t rng;
+    for (int k = 0; k <= DP_OPT_KINDS; k++) {
+        dp_optim_conf_t c = s_conf(k < DP_OPT_KINDS ? (dp_optim_kind_t)k : DP_OPT_NESTEROV);
+        if (k == DP_OPT_KINDS) c.period = 3; /* delayed Nesterov: turns at t = 3 */
+        size_t sf = (size_t)dp_optim_state_floats(&c);
+        for (int apart = 0; apart < 4; apart++) {
+            int w_apart = apart & 1, st_apart = apart & 2;
+            float *w_ref = dp_malloc(N * sizeof(float)), *g = dp_malloc(N * sizeof(float));
+            float *st_ref = dp_calloc(2 * N, sizeof(float));
+            float *w_a = dp_malloc(N * sizeof(float)), *w_b = dp_malloc(N * sizeof(float));
+            float *st_a = dp_calloc(2 * N, sizeof(float)), *st_b = dp_calloc(2 * N, sizeof(float));
+            dp_rng_seed(&rng, 7 + (uint64_t)k);
+            for (int i = 0; i < N; i++) w_ref[i] = w_a[i] = dp_rng_uniform(&rng) - 0.5f;
+            for (int t = 1; t <= STEPS; t++) {
+                for (int i = 0; i < N; i++) g[i] = dp_rng_uniform(&rng) - 0.5f;
+                /* from a (or in a), into b (or a): the written vectors
+                 * hold a marker, which only [lo, hi) may lose */
+                for (int i = 0; i < N; i++) w_b[i] = 99.0f;
+                for (size_t i = 0; i < 2 * (size_t)N; i++) st_b[i] = 77.0f;
+                float *w_to = w_apart ? w_b : w_a, *st_to = st_apart ? st_b : st_a;
+                float *w_keep = dp_malloc(N * sizeof(float)), *st_keep = dp_malloc(2 * N * sizeof(float));
+                memcpy(w_keep, w_a, N * sizeof(float));
+                memcpy(st_keep, st_a, 2 * N * sizeof(float));
+                dp_optim_step_from(&c, c.lr, w_to, w_a, g, sf ? st_to : NULL, sf ? st_a : NULL, N,
+                                   LO, HI, t);
+                dp_optim_step_range(&c, c.lr, w_ref, g, st_ref, N, LO, HI, t);
+                CHECK(memcmp(w_to + LO, w_ref + LO, (HI - LO) * sizeof(float)) == 0);
+                for (size_t v = 0; v < sf; v++)
+                    CHECK(memcmp(st_to + v * N + LO, st_ref + v * N + LO, (HI - LO) * sizeof(float)) == 0);
+                if (w_apart) {
+                    CHECK(memcmp(w_a, w_keep, N * sizeof(float)) == 0);
+                    CHECK(w_b[LO - 1] == 99.0f && w_b[HI] == 99.0f);
+                    memcpy(w_a + LO, w_b + LO, (HI - LO) * sizeof(float)); /* the next step's from */
+                }
+                if (st_apart && sf) {
+                    CHECK(memcmp(st_a, st_keep, 2 * N * sizeof(float)) == 0);
+                    CHECK(st_b[LO - 1] == 77.0f && st_b[(sf - 1) * N + HI] == 77.0f);
+                    for (size_t v = 0; v < sf; v++)
+                        memcpy(st_a + v * N + LO, st_b + v * N + LO, (HI - LO) * sizeof(float));
+                }
+                free(w_keep);
+                free(st_keep);
+            }
+            free(w_ref);
+            free(g);
+            free(st_ref);
+            free(w_a);
+            free(w_b);
+            free(st_a);
+            free(st_b);
+        }
+    }
+}
+
 DP_TESTS(T(test_matches_torch), T(test_delayed_nesterov), T(test_matches_double_reference), T(test_hand_values), T(test_delay_compensation),
-         T(test_pieces_equal_whole), T(test_state_sizes), T(test_defaults_and_parsing),
-         T(test_schedules))
+         T(test_pieces_equal_whole), T(test_step_from_equals_copy_then_step), T(test_state_sizes),
+         T(test_defaults_and_parsing), T(test_schedules))
