@@ -341,9 +341,11 @@ static int s_dealt_batch(s_loop_t *L, long step, dp_batch_t *b, char *err)
 }
 
 /* Pull, compute, push, in turn; with L->stream the push starts before the
- * backward and its parts leave as it makes them (from the CPU's own
- * gradient, host memory; a device's lands in the pinned h_grads layer by
- * layer, so either way the push's buffer is known before); with
+ * backward and its parts leave as it makes them (from the CPU's gradient,
+ * host memory, which the network makes in the shard's shared memory when
+ * the whole push goes to one shard on this host, dp_ps_client_push_buffer;
+ * a device's lands in the pinned h_grads layer by layer, so either way the
+ * push's buffer is known before); with
  * L->stream_pull the pull is only begun before the forward, which waits
  * for each layer's weights as it reaches the layer (a device's into the
  * pinned h_params, each layer's sent up as it comes). An elastic crew's
@@ -377,6 +379,10 @@ static int s_loop_plain(s_loop_t *L, char *err)
             if (got <= 0) return got;
         }
         s_test_hold(s->conf.task_index, step, L->stop);
+        if (host) { /* made where it is pushed from, if it can be (one shard on this host) */
+            dp_net_grads_into(&s->net, dp_ps_client_push_buffer(L->ps, s->model.n_floats));
+            push.grads = s->net.d_grads;
+        }
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
         if (L->stream && !L->stream_pull && dp_ps_client_push_begin(L->ps, &push, err) != 0)
@@ -573,6 +579,7 @@ static int s_train_loop(s_loop_t *L, int overlap, char *err)
         L->grads2 = NULL;
     } else {
         rc = s_loop_plain(L, err);
+        dp_net_grads_into(&s->net, NULL); /* the client's buffer goes with the client */
     }
     if (rc != 0) return -1;
     dp_progress_done(&s->progress);

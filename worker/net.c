@@ -108,7 +108,7 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     net->written = dp_calloc((size_t)nb, 1);
     net->fuse = dp_calloc((size_t)m->n_layers, 1);
     net->d_params = be->ops->alloc(be, m->n_floats * sizeof(float));
-    net->d_grads = be->ops->alloc(be, m->n_floats * sizeof(float));
+    net->d_grads = net->own_grads = be->ops->alloc(be, m->n_floats * sizeof(float));
     s_plan_fuse(net);
     size_t max_b = 0;
     for (int i = 0; i < nb; i++) {
@@ -144,7 +144,7 @@ void dp_net_fini(dp_net_t *net)
     if (!net->be) return;
     dp_backend_t *be = net->be;
     be->ops->release(be, net->d_params);
-    be->ops->release(be, net->d_grads);
+    be->ops->release(be, net->own_grads);
     for (int i = 0; i <= net->m->n_layers; i++) {
         if (net->d_act[i]) be->ops->release(be, net->d_act[i]);
         if (net->d_save[i]) be->ops->release(be, net->d_save[i]);
@@ -186,6 +186,11 @@ void dp_net_get_input_grad(dp_net_t *net, float *dx, int B)
 void dp_net_get_grads(dp_net_t *net, float *grads)
 {
     net->be->ops->download(net->be, grads, net->d_grads, net->m->n_floats * sizeof(float));
+}
+
+void dp_net_grads_into(dp_net_t *net, float *buf)
+{
+    net->d_grads = buf ? buf : net->own_grads;
 }
 
 void dp_net_pseudo_gradient(const dp_net_t *net, const float *w0, const float *w, float *push)

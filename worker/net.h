@@ -47,7 +47,9 @@ typedef struct {
     dp_backend_t *be;                     /* not owned */
     int max_batch;
     float *d_params;                      /* m->n_floats */
-    float *d_grads;                       /* m->n_floats, written by train_step */
+    float *d_grads;                       /* m->n_floats, written by train_step: own_grads,
+                                           * or the caller's (dp_net_grads_into) */
+    float *own_grads;                     /* the network's own gradient buffer */
     float **d_act;                        /* [n_layers + 1]: [max_batch * size of boundary i]; NULL for a fused bn's output (never stored) */
     float **d_dact;                       /* gradient of the loss wrt act[i] while it lives */
     float **d_save;                       /* [n_layers]: a bn's batch statistics, else NULL */
@@ -120,6 +122,11 @@ void dp_net_fini(dp_net_t *net);
 void dp_net_set_params(dp_net_t *net, const float *params);
 void dp_net_get_params(dp_net_t *net, float *params);
 void dp_net_get_grads(dp_net_t *net, float *grads);
+/* Where training steps write the gradient from now on: buf (m->n_floats
+ * of the host's memory, on a backend whose memory is the host's; the
+ * worker's push buffer in shared memory, so that the push is made where
+ * it is sent from), or the network's own buffer with NULL. */
+void dp_net_grads_into(dp_net_t *net, float *buf);
 /* The last training step's gradient wrt its batch of B samples (a model
  * with an embedding: d_dx) into host memory dx[B * input size]. */
 void dp_net_get_input_grad(dp_net_t *net, float *dx, int B);

@@ -321,6 +321,17 @@ int dp_ps_client_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, char *err)
 void dp_ps_client_push_part(dp_ps_client_t *c, size_t off, size_t n);
 int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
 
+/* Where the caller may compute its next push's gradient (n_floats, the
+ * whole model) so that no copy of it is made: the gradient slot of the one
+ * shard, when it is on this host (shared memory), serves the whole model
+ * and the push is not compressed; NULL otherwise (push from your own
+ * buffer). The buffer is the caller's to write until the push that
+ * carries it returns (the shard copies each part out when it comes); it
+ * stays mapped until the next call or dp_ps_client_destroy, even if the
+ * shard restarts meanwhile (the push is then copied from it into what the
+ * new WELCOME grants). Each call gives the previous answer up. */
+float *dp_ps_client_push_buffer(dp_ps_client_t *c, size_t n_floats);
+
 /* The bytes of every push so far (dp_push_result_t.bytes summed). */
 uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);
 /* The tensor bytes every pull received: the dense weights (PARAMS), the

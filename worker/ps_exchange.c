@@ -415,11 +415,32 @@ static bool s_wants_shm(const dp_ps_client_t *c, int i)
            (c->transport == DP_PS_TRANSPORT_AUTO && dp_zsock_local_endpoint(c->sh[i].endpoint));
 }
 
-static void s_shm_close(dp_ps_shard_t *s)
+/* Shard i's segments unmapped; but the gradient segment the caller is
+ * computing its push in (dp_ps_client_push_buffer) stays mapped, kept
+ * aside, until the caller gives that buffer up: the push then goes from
+ * there to whatever the new WELCOME grants. */
+static void s_shm_close(dp_ps_client_t *c, dp_ps_shard_t *s)
 {
     dp_shm_close(&s->shm_params);
+    if (s->shm_grad.base && c->grad_lent == dp_shm_slot(&s->shm_grad, 0)) {
+        c->grad_kept = s->shm_grad; /* empty: lent only while it is */
+        memset(&s->shm_grad, 0, sizeof s->shm_grad);
+    }
     dp_shm_close(&s->shm_grad);
     s->shm = false;
+}
+
+float *dp_ps_client_push_buffer(dp_ps_client_t *c, size_t n_floats)
+{
+    c->grad_lent = NULL; /* the last answer is given up */
+    if (atomic_load(&c->inflight) == 0) /* and ZeroMQ holds no frame of it */
+        dp_shm_close(&c->grad_kept);
+    if (c->grad_kept.base) return NULL;
+    const dp_ps_shard_t *s = &c->sh[0];
+    bool one = c->n == 1 && s->shm && s->lo == 0 && s->hi == n_floats &&
+               n_floats == c->m->n_floats && c->compress.kind == DP_COMPRESS_NONE;
+    c->grad_lent = one ? dp_shm_slot(&s->shm_grad, 0) : NULL;
+    return c->grad_lent;
 }
 
 /* What a WELCOME says of shared memory: map the segments it names (each
@@ -429,7 +450,7 @@ static void s_shm_close(dp_ps_shard_t *s)
 static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
-    s_shm_close(s); /* a restarted shard has new segments */
+    s_shm_close(c, s); /* a restarted shard has new segments */
     if (!s_wants_shm(c, i)) return 0;
     bool forced = c->transport == DP_PS_TRANSPORT_SHM;
     char e2[DP_ERR_LEN];
@@ -442,7 +463,7 @@ static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, c
         return 0;
     } else if (n == 0)
         snprintf(e2, sizeof e2, "an empty range");
-    s_shm_close(s);
+    s_shm_close(c, s);
     if (forced) return dp_err(err, "%s: --transport shm: %s", s->endpoint, e2);
     dp_log_info("%s: tensors as ZeroMQ frames, not shared memory: %s", s->endpoint, e2);
     return 0;
@@ -681,12 +702,14 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     dp_ps_client_t *c = *c_p;
     for (int i = 0; i < c->n; i++) {
         s_close(&c->sh[i]);
-        s_shm_close(&c->sh[i]);
+        s_shm_close(c, &c->sh[i]);
         free(c->sh[i].push16);
         if (c->sh[i].z) dp_compressor_fini(c->sh[i].z);
         free(c->sh[i].z);
     }
-    dp_zsock_ctx_term(&c->ctx, "ps client");
+    dp_zsock_ctx_term(&c->ctx, "ps client"); /* before the unmap: no frame points into it */
+    c->grad_lent = NULL;
+    dp_shm_close(&c->grad_kept);
     free(c->sh);
     free(c->aw);
     free(c->landing);

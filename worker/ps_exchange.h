@@ -132,6 +132,9 @@ struct dp_ps_client {
     dp_ps_rows_req_t *rows; /* the row requests' buffers (ps_rows.c), made on first use */
     uint64_t bytes_pulled;  /* every pull's tensor bytes received: PARAMS (frames or
                              * shared memory, a torn read not counted) and ROWS */
+    float *grad_lent;       /* dp_ps_client_push_buffer's last answer (NULL: none) */
+    dp_shm_t grad_kept;     /* the gradient segment it lies in, once a new WELCOME replaced
+                             * it: mapped until that answer is given up */
 };
 
 /* Storage one request points into until it is sent. */

@@ -143,7 +143,9 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
     rq->descs[0] = &rq->desc[0];
     rq->env.n_tensors = 1;
     if (s->shm) { /* our slot, where the floats lie: the shard copies them out first */
-        memcpy(dp_shm_slot(&s->shm_grad, 0) + (a - s->lo), slice, cnt * sizeof(float));
+        float *slot = dp_shm_slot(&s->shm_grad, 0) + (a - s->lo);
+        if (slot != slice) /* computed there: dp_ps_client_push_buffer */
+            memcpy(slot, slice, cnt * sizeof(float));
         dp_wire_desc_no_checksum(&rq->desc[0]);
         rq->env.shm = 1;
         return;

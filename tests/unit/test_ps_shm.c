@@ -373,5 +373,76 @@ static void test_kill9_leaves_nothing(void)
     free(p), free(g);
 }
 
+/* ---- the push made where it is sent from ------------------------------- */
+
+/* dp_ps_client_push_buffer: with the one shard on this host, the worker's
+ * gradient slot itself, and a push made there steps the weights as one
+ * from the worker's own memory; none over frames or for less than the
+ * model. The buffer outlives the shard: lent, then the shard restarts (a
+ * new incarnation, new segments), the push made in it still goes, copied
+ * into the new segment, and steps the new shard's weights; the old
+ * mapping goes at the next call, not before. */
+static void test_push_in_place(void)
+{
+    srv_small_model(&s_small);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 2);
+    CHECK_EQ(srv_start(&s), 0);
+    size_t n = s_small.n_floats;
+    float *p0 = dp_malloc(n * 4), *p = dp_malloc(n * 4), *want = dp_malloc(n * 4);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
+    dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *c = NULL, *cf = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &shm, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&cf, s.endpoint, &s_small, 1, &frames, NULL, err), 0);
+    srv_t s2;
+    int up = 0;
+    if (c && cf) {
+        CHECK(dp_ps_client_push_buffer(cf, n) == NULL);
+        CHECK(dp_ps_client_push_buffer(c, n - 1) == NULL);
+        float *g = dp_ps_client_push_buffer(c, n);
+        CHECK(g != NULL);
+        CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
+        dp_push_result_t r;
+        if (g) {
+            srv_fill(g, n, 41);
+            for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
+            CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
+            CHECK_EQ(r.applied, 1);
+            CHECK_EQ(dp_ps_client_pull(cf, p, err), 0);
+            CHECK_CLOSE("a push made in the slot", p, want, n, 0, 0);
+        }
+        /* lent again, then the shard restarts under it */
+        float *g2 = dp_ps_client_push_buffer(c, n);
+        CHECK(g2 == g); /* the same shard: the same slot */
+        int mapped = s_mapped_segments();
+        CHECK_EQ(srv_stop(&s), 0);
+        srv_init(&s2, DP_MODE_ASYNC, 2); /* seed 7 again: p0 again, version 0 */
+        snprintf(s2.cfg.bind, sizeof s2.cfg.bind, "%s", s.endpoint);
+        up = srv_start(&s2) == 0;
+        CHECK(up);
+        if (g2 && up) {
+            srv_fill(g2, n, 42);
+            for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g2[i];
+            CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g2, 1, 8), &r, err), 0);
+            CHECK_EQ(r.applied, 1);
+            CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+            CHECK_CLOSE("the restarted shard stepped by the lent buffer", p, want, n, 0, 0);
+            /* ours: the old gradient kept and the new segments; the server's
+             * new ones instead of its old */
+            CHECK_EQ(s_mapped_segments(), mapped + 1);
+            float *g3 = dp_ps_client_push_buffer(c, n);
+            CHECK(g3 != NULL && g3 != g2);
+            CHECK_EQ(s_mapped_segments(), mapped);
+        }
+    }
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&cf);
+    if (up) CHECK_EQ(srv_stop(&s2), 0);
+    else srv_stop(&s);
+    free(p0), free(p), free(want);
+}
+
 DP_TESTS(T(test_hostile_writer), T(test_not_local_refused), T(test_grant_per_hello),
-         T(test_kill9_leaves_nothing))
+         T(test_kill9_leaves_nothing), T(test_push_in_place))
