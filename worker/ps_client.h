@@ -325,11 +325,12 @@ int dp_ps_client_push_end(dp_ps_client_t *c, dp_push_result_t *res, char *err);
  * whole model) so that no copy of it is made: the gradient slot of the one
  * shard, when it is on this host (shared memory), serves the whole model
  * and the push is not compressed; NULL otherwise (push from your own
- * buffer). The buffer is the caller's to write until the push that
- * carries it returns (the shard copies each part out when it comes); it
- * stays mapped until the next call or dp_ps_client_destroy, even if the
- * shard restarts meanwhile (the push is then copied from it into what the
- * new WELCOME grants). Each call gives the previous answer up. */
+ * buffer). Each part is to be left alone from when the push is handed it
+ * until the push returns (the shard copies a part out when its notice
+ * comes, and again after a restart); the buffer stays mapped until the
+ * next call or dp_ps_client_destroy, even if the shard restarts meanwhile
+ * (the push is then copied from it into what the new WELCOME grants).
+ * Each call gives the previous answer up. */
 float *dp_ps_client_push_buffer(dp_ps_client_t *c, size_t n_floats);
 
 /* The bytes of every push so far (dp_push_result_t.bytes summed). */
