@@ -437,8 +437,9 @@ float *dp_ps_client_push_buffer(dp_ps_client_t *c, size_t n_floats)
         dp_shm_close(&c->grad_kept);
     if (c->grad_kept.base) return NULL;
     const dp_ps_shard_t *s = &c->sh[0];
-    bool one = c->n == 1 && s->shm && s->lo == 0 && s->hi == n_floats &&
-               n_floats == c->m->n_floats && c->compress.kind == DP_COMPRESS_NONE;
+    /* one shard: its range is the whole model (the ranges tile it) */
+    bool one = c->n == 1 && s->shm && n_floats == c->m->n_floats &&
+               c->compress.kind == DP_COMPRESS_NONE;
     c->grad_lent = one ? dp_shm_slot(&s->shm_grad, 0) : NULL;
     return c->grad_lent;
 }

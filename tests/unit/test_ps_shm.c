@@ -382,6 +382,25 @@ static void test_kill9_leaves_nothing(void)
  * new incarnation, new segments), the push made in it still goes, copied
  * into the new segment, and steps the new shard's weights; the old
  * mapping goes at the next call, not before. */
+/* A gradient filled (seed) in g, c's push buffer, pushed by c; the
+ * weights then pulled by reader: p0 less one SGD step (lr 0.1) by g, bit
+ * for bit. */
+static void s_push_made_in(dp_ps_client_t *c, dp_ps_client_t *reader, float *g, uint64_t seed,
+                           const float *p0, const char *what)
+{
+    size_t n = s_small.n_floats;
+    float *want = dp_malloc(n * 4), *p = dp_malloc(n * 4);
+    char err[DP_ERR_LEN] = "";
+    srv_fill(g, n, seed);
+    for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
+    CHECK_EQ(r.applied, 1);
+    CHECK_EQ(dp_ps_client_pull(reader, p, err), 0);
+    CHECK_CLOSE(what, p, want, n, 0, 0);
+    free(want), free(p);
+}
+
 static void test_push_in_place(void)
 {
     srv_small_model(&s_small);
@@ -389,7 +408,7 @@ static void test_push_in_place(void)
     srv_init(&s, DP_MODE_ASYNC, 2);
     CHECK_EQ(srv_start(&s), 0);
     size_t n = s_small.n_floats;
-    float *p0 = dp_malloc(n * 4), *p = dp_malloc(n * 4), *want = dp_malloc(n * 4);
+    float *p0 = dp_malloc(n * 4);
     char err[DP_ERR_LEN] = "";
     dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
     dp_ps_client_opts_t frames = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
@@ -404,15 +423,7 @@ static void test_push_in_place(void)
         float *g = dp_ps_client_push_buffer(c, n);
         CHECK(g != NULL);
         CHECK_EQ(dp_ps_client_pull(c, p0, err), 0);
-        dp_push_result_t r;
-        if (g) {
-            srv_fill(g, n, 41);
-            for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g[i];
-            CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
-            CHECK_EQ(r.applied, 1);
-            CHECK_EQ(dp_ps_client_pull(cf, p, err), 0);
-            CHECK_CLOSE("a push made in the slot", p, want, n, 0, 0);
-        }
+        if (g) s_push_made_in(c, cf, g, 41, p0, "a push made in the slot");
         /* lent again, then the shard restarts under it */
         float *g2 = dp_ps_client_push_buffer(c, n);
         CHECK(g2 == g); /* the same shard: the same slot */
@@ -423,12 +434,7 @@ static void test_push_in_place(void)
         up = srv_start(&s2) == 0;
         CHECK(up);
         if (g2 && up) {
-            srv_fill(g2, n, 42);
-            for (size_t i = 0; i < n; i++) want[i] = p0[i] - 0.1f * g2[i];
-            CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g2, 1, 8), &r, err), 0);
-            CHECK_EQ(r.applied, 1);
-            CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-            CHECK_CLOSE("the restarted shard stepped by the lent buffer", p, want, n, 0, 0);
+            s_push_made_in(c, c, g2, 42, p0, "the restarted shard stepped by the lent buffer");
             /* ours: the old gradient kept and the new segments; the server's
              * new ones instead of its old */
             CHECK_EQ(s_mapped_segments(), mapped + 1);
@@ -441,7 +447,7 @@ static void test_push_in_place(void)
     dp_ps_client_destroy(&cf);
     if (up) CHECK_EQ(srv_stop(&s2), 0);
     else srv_stop(&s);
-    free(p0), free(p), free(want);
+    free(p0);
 }
 
 DP_TESTS(T(test_hostile_writer), T(test_not_local_refused), T(test_grant_per_hello),
