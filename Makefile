@@ -125,7 +125,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/tests/%,$(BENCH_SRC))
 GPU_SRC   := $(wildcard tests/gpu/test_*.c)
 GPU_BINS  := $(if $(HAVE_CUDA),$(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(GPU_SRC)))
 
-.PHONY: all cuda-status deps deps-test deps-bench deps-install deps-deb run test tests bench bench-scale \
+.PHONY: all cuda-status deps deps-list deps-test deps-bench deps-install deps-deb run test tests bench bench-scale \
         fuzz clean
 all: cuda-status $(BINS) $(CUDA_MODULE)
 
@@ -311,6 +311,10 @@ define install_missing
 endef
 deps:
 	$(call install_missing,$(DEB_BUILD))
+# Every package the lists above name, one line (test_commands checks the
+# test scripts' commands against them).
+deps-list:
+	@echo $(sort $(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH))
 deps-test: deps
 	$(call install_missing,$(DEB_TEST))
 deps-bench: deps-test

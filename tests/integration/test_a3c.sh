@@ -69,7 +69,8 @@ S=$out/async/summary.json
 steps=$(json "$S" env_steps 2>/dev/null || echo 0)
 check "the run stops at its budget: $steps env steps in [$budget, $budget + 10)" \
     bash -c "[ $steps -ge $budget ] && [ $steps -lt $((budget + 10)) ]"
-mine=$(sed -n 's/.*worker [01]: \([0-9]*\) of the run.s.*/\1/p' "$out"/async/logs/worker-*.log | paste -sd+ | bc)
+mine=$(sed -n 's/.*worker [01]: \([0-9]*\) of the run.s.*/\1/p' "$out"/async/logs/worker-*.log |
+    awk '{ s += $1 } END { print s + 0 }')
 check "... the two workers' own env steps add up to it ($mine)" test "${mine:-0}" = "$steps"
 ret=$(json "$S" return_mean_100 2>/dev/null || echo 0)
 eps=$(json "$S" episodes 2>/dev/null || echo 0)
