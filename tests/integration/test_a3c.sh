@@ -43,6 +43,29 @@ check "... and the same weights" cmp -s "$out/s1.safetensors" "$out/s2.safetenso
 check "metrics lines carry env_steps, episodes and return_mean_100" \
     bash -c "tail -n 1 '$out/m1.jsonl' | grep -q '\"env_steps\":20000' && grep -q return_mean_100 '$out/m1.jsonl'"
 
+# -- downpour eval --env: the saved policy's greedy return ------------------------
+# The same 100 fresh episodes (seed 3, worker 0) as the run's own test_return.
+"$BIN/downpour" eval --checkpoint "$out/s1.safetensors" --env cartpole-v1 --seed 3 >"$out/eval.json" 2>"$out/eval.err"
+check "downpour eval --env cartpole-v1 exits 0" test $? = 0
+got=$(json "$out/eval.json" test_return 2>/dev/null) want=$(json "$out/s1.json" test_return 2>/dev/null)
+check "... its test_return is the run's ($got, the run's $want) over $(json "$out/eval.json" episodes 2>/dev/null) episodes" \
+    test "${got:-x}" = "$want"
+"$BIN/downpour" eval --checkpoint "$out/s1.safetensors" --env cartpole-v1 --seed 3 --episodes 5 >"$out/eval5.json" 2>&1
+check "... --episodes 5 plays 5" test "$(json "$out/eval5.json" episodes 2>/dev/null)" = 5
+evalbad() { # what, expected text, args...
+    local what=$1 want=$2
+    shift 2
+    "$BIN/downpour" eval "$@" >"$out/evalbad.log" 2>&1
+    local rc=$?
+    check "eval: $what: exit 2, one line naming the file's kind" \
+        bash -c "[ $rc = 2 ] && grep -q \"$want\" '$out/evalbad.log' && [ \$(grep -c . '$out/evalbad.log') = 1 ]"
+}
+evalbad "a policy without --env" "a policy (an actor-critic head): score it with --env NAME" --checkpoint "$out/s1.safetensors"
+evalbad "a policy on libsvm data" "a policy (an actor-critic head)" --checkpoint "$out/s1.safetensors" --data libsvm:/dev/null
+"$W" --standalone --model "fc:16 relu fc:10 softmax" --steps 2 --train-samples 256 --no-progress \
+    --save "$out/dense.safetensors" >"$out/dense.log" 2>&1
+evalbad "a classifier with --env" "a dense model: score it on its image data" --checkpoint "$out/dense.safetensors" --env cartpole-v1
+
 # -- one line for what is wrong --------------------------------------------------
 bad() { # what, expected text, args...
     local what=$1 want=$2
