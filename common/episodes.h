@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #define DP_EPISODES_WINDOW 100 /* the "last 100 episodes" */
+#define DP_EPISODES_CURVE 64   /* points of the return curve kept */
+#define DP_EPISODES_STRIDE0 1024 /* the curve's first spacing, in env steps */
 
 typedef struct {
     uint64_t episodes;
@@ -20,6 +22,14 @@ typedef struct {
     double threshold;          /* the mean of the window that solves the environment; NAN: unknown */
     int64_t solved_at;         /* the env step the window's mean first reached threshold, with a
                                 * full window; -1: not yet */
+    /* The return curve: the window's mean as the first episode to end in
+     * each stretch of `stride` env steps left it, at most DP_EPISODES_CURVE
+     * points; when full, every other point goes and the stride doubles, so
+     * a run of any length keeps 32 to 64 points spread over all of it. */
+    uint64_t curve_at[DP_EPISODES_CURVE]; /* the env step of each point */
+    double curve_mean[DP_EPISODES_CURVE];
+    int n_curve;
+    uint64_t stride;           /* env steps a point stands for (0: DP_EPISODES_STRIDE0) */
 } dp_episodes_t;
 
 void dp_episodes_init(dp_episodes_t *e, double threshold);

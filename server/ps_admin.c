@@ -228,6 +228,9 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     s.return_mean_100 = dp_episodes_mean(&ps->episodes);
     s.solved = ps->episodes.solved_at >= 0;
     s.solved_at_env_steps = s.solved ? (uint64_t)ps->episodes.solved_at : 0;
+    s.n_return_curve_at = s.n_return_curve_mean = (size_t)ps->episodes.n_curve;
+    s.return_curve_at = ps->episodes.curve_at;
+    s.return_curve_mean = ps->episodes.curve_mean;
     dp_ps_rows_stats_t rs;
     dp_ps_rows_stats(&ps->rows, &rs);
     s.rows = rs.rows;

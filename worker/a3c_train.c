@@ -12,6 +12,7 @@
 #include "common/episodes.h"
 #include "common/metrics.h"
 #include "common/safetensors.h"
+#include "common/staleness.h"
 #include "common/tbevents.h"
 #include "common/util.h"
 #include "kernels/ops.h"
@@ -126,6 +127,22 @@ static void s_log(s_run_t *r, float loss, int final, uint64_t run_steps)
                        dp_episodes_mean(&r->returns), r->env_steps / (dt > 0 ? dt : 1e-9));
 }
 
+static void s_curve_point(cJSON *curve, uint64_t at, double mean)
+{
+    cJSON *pt = cJSON_CreateArray();
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)at));
+    cJSON_AddItemToArray(pt, cJSON_CreateNumber(dp_metrics_round(mean, 4)));
+    cJSON_AddItemToArray(curve, pt);
+}
+
+cJSON *dp_a3c_curve_json(const uint64_t *at, const double *mean, int n, uint64_t end_at, double end_mean)
+{
+    cJSON *curve = cJSON_CreateArray();
+    for (int k = 0; k < n; k++) s_curve_point(curve, at[k], mean[k]);
+    if (n > 0 && end_at > at[n - 1]) s_curve_point(curve, end_at, end_mean);
+    return curve;
+}
+
 int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, char *err)
 {
     if (!c->summary) return 0;
@@ -141,6 +158,8 @@ int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, ch
     else cJSON_AddNullToObject(o, "solved_at_env_steps");
     cJSON_AddNumberToObject(o, "solved_threshold", s->kind->solved);
     cJSON_AddNumberToObject(o, "test_return", dp_metrics_round(s->test_return, 4));
+    cJSON_AddItemToObject(o, "return_curve", dp_a3c_curve_json(s->curve_at, s->curve_mean, s->n_curve,
+                                                              s->env_steps, s->return_mean_100));
     cJSON_AddNumberToObject(o, "test_episodes", DP_A3C_TEST_EPISODES);
     cJSON_AddNumberToObject(o, "steps", (double)s->steps);
     cJSON_AddNumberToObject(o, "env_steps_per_s",
@@ -153,6 +172,8 @@ int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, ch
     cJSON_AddNumberToObject(o, "updates_rejected", (double)s->rejected);
     cJSON_AddNumberToObject(o, "staleness_mean", s->staleness_mean);
     cJSON_AddNumberToObject(o, "staleness_max", (double)s->staleness_max);
+    if (s->staleness_hist)
+        cJSON_AddItemToObject(o, "staleness_histogram", dp_staleness_json(s->staleness_hist));
     if (s->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(s->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(s->optim));
@@ -233,7 +254,9 @@ int dp_a3c_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, cha
                          .episodes = r.returns.episodes,
                          .return_mean_100 = dp_episodes_mean(&r.returns),
                          .solved_at = r.returns.solved_at, .train_s = train_s, .optim = opt,
-                         .version = (uint64_t)r.segments, .applied = (uint64_t)r.segments};
+                         .version = (uint64_t)r.segments, .applied = (uint64_t)r.segments,
+                         .curve_at = r.returns.curve_at, .curve_mean = r.returns.curve_mean,
+                         .n_curve = r.returns.n_curve};
         rc = s_finish(&r, &s, err);
     }
     s_fini(&r);
@@ -257,8 +280,15 @@ static int s_finish_chief(s_run_t *r, dp_ps_client_t *ps, const dp_ps_info_t *in
                      .solved_at = st.solved_at_env_steps, .train_s = train_s,
                      .version = st.version, .applied = st.applied, .dropped = st.dropped,
                      .rejected = st.rejected, .staleness_max = st.staleness_max,
-                     .staleness_mean = st.staleness_mean};
-    return s_finish(r, &s, err);
+                     .staleness_mean = st.staleness_mean, .curve_at = st.curve_at,
+                     .curve_mean = st.curve_mean, .n_curve = st.n_curve};
+    dp_staleness_t hist; /* the servers' (shard 0's) counts per staleness, as a dense run's */
+    dp_staleness_init(&hist);
+    for (size_t b = 0; b < st.staleness_bins; b++) dp_staleness_add_n(&hist, b, st.staleness_hist[b]);
+    s.staleness_hist = &hist;
+    int rc = s_finish(r, &s, err);
+    dp_staleness_fini(&hist);
+    return rc;
 }
 
 /* One segment's push: the clipped gradient with the segment's account. */

@@ -29,9 +29,17 @@ typedef struct {
                                    * (downpour local adds it) */
     uint64_t version, applied, dropped, rejected, staleness_max;
     double staleness_mean;
+    const dp_staleness_t *staleness_hist; /* the servers' counts per staleness, or NULL (standalone) */
+    const uint64_t *curve_at;  /* the run's return curve (common/episodes.h): n_curve points */
+    const double *curve_mean;
+    int n_curve;
 } dp_a3c_summary_t;
 
 #define DP_A3C_TEST_EPISODES 100 /* test_return: the greedy policy over this many */
+
+/* summary.json's "return_curve": [[env step, mean return of the last 100],
+ * ...], the n points of the run's account then its end (end_at, end_mean). */
+cJSON *dp_a3c_curve_json(const uint64_t *at, const double *mean, int n, uint64_t end_at, double end_mean);
 
 /* c->summary (if set) from s and c's RL flags. */
 int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, char *err);

@@ -87,6 +87,12 @@ static dp_ps_reply_t s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelo
         a->st.episodes = s->episodes;
         a->st.return_mean_100 = s->return_mean_100;
         a->st.solved_at_env_steps = s->solved ? (int64_t)s->solved_at_env_steps : -1;
+        size_t nc = s->n_return_curve_at < s->n_return_curve_mean ? s->n_return_curve_at : s->n_return_curve_mean;
+        a->st.n_curve = nc < DP_EPISODES_CURVE ? (int)nc : DP_EPISODES_CURVE;
+        for (int k = 0; k < a->st.n_curve; k++) {
+            a->st.curve_at[k] = s->return_curve_at[k];
+            a->st.curve_mean[k] = s->return_curve_mean[k];
+        }
     }
     a->st.version += s->version;
     a->st.steps_early += s->steps_early;

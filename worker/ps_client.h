@@ -43,6 +43,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/episodes.h"
 #include "common/model.h"
 #include "common/staleness.h"
 #include "proto/compress.h"
@@ -93,6 +94,9 @@ typedef struct {
     uint64_t env_steps, episodes;
     double return_mean_100;
     int64_t solved_at_env_steps;         /* -1: not solved */
+    uint64_t curve_at[DP_EPISODES_CURVE]; /* the run's return curve (common/episodes.h) */
+    double curve_mean[DP_EPISODES_CURVE];
+    int n_curve;
     /* the row table (a model with embed:D): rows held per shard, and sums */
     uint64_t rows[DP_ZSOCK_MAX_SHARDS];
     int rows_shards;                     /* entries of rows (the shards that answered) */

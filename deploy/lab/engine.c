@@ -568,7 +568,8 @@ static int s_finish_rl(dp_lab_t *L, long chief_steps, double train_s, char *err)
         .solved_at = r->run.solved_at, .train_s = train_s, .wall_s = dp_now() - L->s.t_start,
         .optim = &L->shard[0].optim, .version = versions, .applied = cnt.applied,
         .dropped = cnt.dropped, .rejected = cnt.rejected, .staleness_max = hist.max,
-        .staleness_mean = dp_staleness_mean(&hist),
+        .staleness_mean = dp_staleness_mean(&hist), .staleness_hist = &hist,
+        .curve_at = r->run.curve_at, .curve_mean = r->run.curve_mean, .n_curve = r->run.n_curve,
     };
     int rc = 0;
     if (c->train.save)

@@ -8,6 +8,7 @@
 #include "common/metrics.h"
 #include "common/util.h"
 #include "kernels/ops.h"
+#include "worker/a3c_train.h"
 
 int dp_lab_rl_session(dp_session_t *s, const dp_train_conf_t *c, char *err)
 {
@@ -138,6 +139,8 @@ void dp_lab_rl_json(const dp_lab_rl_t *r, const dp_a3c_conf_t *c, cJSON *o)
     if (r->run.solved_at >= 0) cJSON_AddNumberToObject(o, "solved_at_env_steps", (double)r->run.solved_at);
     else cJSON_AddNullToObject(o, "solved_at_env_steps");
     cJSON_AddNumberToObject(o, "test_return", dp_metrics_round(r->test_return, 4));
+    cJSON_AddItemToObject(o, "return_curve", dp_a3c_curve_json(r->run.curve_at, r->run.curve_mean, r->run.n_curve,
+                                                              r->run.env_steps, dp_episodes_mean(&r->run)));
     cJSON_AddNumberToObject(o, "envs", c->envs);
     cJSON_AddNumberToObject(o, "t_max", c->t_max);
     cJSON_AddNumberToObject(o, "entropy", dp_metrics_round(c->entropy, 6));

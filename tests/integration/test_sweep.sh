@@ -37,6 +37,28 @@ print("rl table ok")
 EOF
 check "... each run ran its env with the RL flags; the table's returns are its runs' ($(tail -1 "$TMP/rltable.log"))" \
     grep -q "rl table ok" "$TMP/rltable.log"
+# The same sweep's plots (gnuplot is in make deps-test): the return curve
+# and the staleness histogram from each run's summary.json, which now
+# carries both; report.md links exactly the PNGs drawn (none was there
+# for an RL sweep before, and it linked three that did not exist).
+"$BIN/downpour" sweep --cluster sim --env cartpole-v1 --workers 2 --env-steps 4000 --seeds 1 --no-progress \
+    --out "$TMP/rlplots" >"$TMP/rlplots.out" 2>"$TMP/rlplots.err"
+rc=$?
+check "an RL sweep with plots exits 0 (status $rc: $(tail -1 "$TMP/rlplots.err"))" test $rc = 0
+check "... its summary.json has staleness_histogram and a return_curve ending at its env steps" "$TORCH_PY" -c "
+import json, sys
+s = json.load(open('$TMP/rlplots/runs/c01-s1/summary.json'))
+assert sum(s['staleness_histogram']) == s['updates_applied'], (s['staleness_histogram'], s['updates_applied'])
+c = s['return_curve']
+assert 2 <= len(c) <= 64 and all(a[0] < b[0] for a, b in zip(c, c[1:])), c
+assert c[-1][0] <= s['env_steps'] and abs(c[-1][1] - s['return_mean_100']) < 1e-3, (c[-1], s['return_mean_100'])
+"
+check "... return_vs_env_steps.png and staleness.png drawn" \
+    bash -c "[ -s '$TMP/rlplots/return_vs_env_steps.png' ] && [ -s '$TMP/rlplots/staleness.png' ]"
+links=$(grep -o '([a-z_]*\.png)' "$TMP/rlplots/report.md" | tr -d '()' | sort | tr '\n' ' ')
+missing=$(for f in $links; do [ -e "$TMP/rlplots/$f" ] || echo "$f"; done)
+check "... report.md links the PNGs there ($links) and no other (missing: ${missing:-none})" \
+    bash -c "[ -n '$links' ] && [ -z '$missing' ] && grep -q 'return_vs_env_steps.png' '$TMP/rlplots/report.md'"
 "$BIN/downpour" sweep --cluster sim --env cartpole-v1,pong --out "$TMP/rlbad" --no-progress >"$TMP/rlbad.out" 2>"$TMP/rlbad.err"
 rc=$?
 check "env = pong: refused before anything runs (status $rc), one line" \

@@ -227,5 +227,36 @@ static void test_episodes(void)
     CHECK_EQ(e.solved_at, -1);
 }
 
-DP_TESTS(T(test_episodes), T(test_finite_differences), T(test_entropy_direction), T(test_clip), T(test_returns),
+/* The return curve: a point per stretch of `stride` env steps (the first
+ * episode to end in it), at most DP_EPISODES_CURVE; when full, every other
+ * point goes and the stride doubles, so any run keeps 32..64 points. */
+static void test_episodes_curve(void)
+{
+    dp_episodes_t e;
+    dp_episodes_init(&e, 475);
+    dp_episodes_add(&e, 10, 100);
+    dp_episodes_add(&e, 20, 200); /* the same stretch [0, 1024): no point */
+    dp_episodes_add(&e, 30, 1100);
+    CHECK_EQ(e.n_curve, 2);
+    CHECK_EQ(e.curve_at[0], 100);
+    CHECK_NEAR(e.curve_mean[0], 10, 0);
+    CHECK_EQ(e.curve_at[1], 1100);
+    CHECK_NEAR(e.curve_mean[1], 20, 1e-12); /* the window's mean then: (10 + 20 + 30) / 3 */
+    dp_episodes_init(&e, 475);
+    uint64_t at = 0;
+    for (int i = 0; i < 100000; i++) {
+        at += 37;
+        dp_episodes_add(&e, (double)i, at);
+        CHECK(e.n_curve >= 1 && e.n_curve <= DP_EPISODES_CURVE);
+    }
+    CHECK(e.n_curve >= DP_EPISODES_CURVE / 2);
+    CHECK(e.stride > DP_EPISODES_STRIDE0);
+    int ordered = 1;
+    for (int k = 1; k < e.n_curve; k++) ordered &= e.curve_at[k] > e.curve_at[k - 1];
+    CHECK(ordered);
+    CHECK_EQ(e.curve_at[0], 37); /* the first point stays */
+    CHECK(e.curve_at[e.n_curve - 1] > at - 2 * e.stride); /* ... and the points reach the end */
+}
+
+DP_TESTS(T(test_episodes), T(test_episodes_curve), T(test_finite_differences), T(test_entropy_direction), T(test_clip), T(test_returns),
          T(test_matches_pytorch))

@@ -30,9 +30,29 @@ int dp_sweep_find_gnuplot(char *path, size_t n)
     return found;
 }
 
-/* data/cNN.curve: "updates seconds accuracy", one block per seed;
- * data/cNN.stale: "staleness pushes fraction" over all seeds. Returns
- * whether each has any rows. */
+/* data/cNN.solve (an actor-critic configuration): "index env_steps", the
+ * env step at which each seed's run was solved (its unsolved runs left
+ * out); whether any was. */
+static int s_write_solve(const dp_sweep_config_t *c, int index, const char *data, int *has_solve,
+                         char *err)
+{
+    dp_sweep_text_t t = {0};
+    char name[64];
+    *has_solve = 0;
+    dp_sweep_text_add(&t, "# %s: configuration env_steps_to_solve, one row per solved seed\n", c->label);
+    for (int s = 0; s < c->n_run; s++) {
+        const dp_sweep_result_t *r = &c->run[s].res;
+        if (!r->ok || !r->rl || r->solved_at < 0) continue;
+        dp_sweep_text_add(&t, "%d %.0f\n", index + 1, r->solved_at);
+        *has_solve = 1;
+    }
+    snprintf(name, sizeof name, "%s.solve", c->id);
+    return dp_sweep_text_save(&t, data, name, err);
+}
+
+/* data/cNN.curve: "updates seconds accuracy", one block per seed (an
+ * actor-critic run's: "env_steps 0 return"); data/cNN.stale: "staleness
+ * pushes fraction" over all seeds. Returns whether each has any rows. */
 static int s_write_data(const dp_sweep_config_t *c, const char *data, int *has_curve,
                         int *has_hist, char *err)
 {
@@ -95,13 +115,41 @@ static int s_any(const int *has, int n)
     return 0;
 }
 
+/* An actor-critic sweep's plots: the return curve, with the environment's
+ * "solved" line, and the env steps each seed took to solve. */
+static void s_script_rl(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg, const int *curve,
+                        const int *solve)
+{
+    double threshold = 0;
+    for (int i = 0; i < n_cfg; i++)
+        for (int s = 0; s < cfg[i].n_run; s++)
+            if (cfg[i].run[s].res.ok) threshold = cfg[i].run[s].res.solved_threshold;
+    if (s_any(curve, n_cfg)) {
+        dp_sweep_text_add(t, "set output 'return_vs_env_steps.png'\nset xlabel 'env steps'\n"
+                             "set ylabel 'mean return of the last 100 episodes'\n"
+                             "set arrow 1 from graph 0, first %g to graph 1, first %g nohead dt 2\n"
+                             "set title 'Return against env steps (one line per seed; dashed: solved at %g)'\n",
+                          threshold, threshold, threshold);
+        s_plot_cmd(t, cfg, n_cfg, curve, "curve", "1:3", "with lines");
+        dp_sweep_text_add(t, "unset arrow 1\n");
+    }
+    if (s_any(solve, n_cfg)) {
+        dp_sweep_text_add(t, "set output 'env_steps_to_solve.png'\nset xlabel 'configuration'\n"
+                             "set ylabel 'env steps to solve'\nset xrange [0:%d]\nset xtics 1\nset yrange [0:*]\n"
+                             "set title 'Env steps to solve, one point per solved seed'\n", n_cfg + 1);
+        s_plot_cmd(t, cfg, n_cfg, solve, "solve", "1:2", "with points pt 7 ps 1.2");
+        dp_sweep_text_add(t, "set autoscale x\nset xtics autofreq\nset autoscale y\n");
+    }
+}
+
 static void s_script(dp_sweep_text_t *t, const dp_sweep_config_t *cfg, int n_cfg, const int *curve,
-                     const int *hist, int simulated)
+                     const int *hist, const int *solve, int simulated, int rl)
 {
     dp_sweep_text_add(t, "# Written by downpour sweep; run in this directory: gnuplot plots.gp\n"
                          "set terminal png size 900,640 noenhanced\n"
                          "set grid\nset key below\nset ylabel 'test accuracy'\n");
-    if (s_any(curve, n_cfg)) {
+    if (rl) s_script_rl(t, cfg, n_cfg, curve, solve);
+    else if (s_any(curve, n_cfg)) {
         dp_sweep_text_add(t, "set output 'accuracy_vs_updates.png'\nset xlabel 'server updates'\n"
                              "set title 'Test accuracy against updates (one line per seed)'\n");
         s_plot_cmd(t, cfg, n_cfg, curve, "curve", "1:3", "with linespoints pt 7 ps 0.6");
@@ -161,15 +209,22 @@ dp_sweep_report_t dp_sweep_plot(const dp_sweep_config_t *cfg, int n_cfg, const c
     }
     int *curve = dp_calloc((size_t)n_cfg + 1, sizeof(int));
     int *hist = dp_calloc((size_t)n_cfg + 1, sizeof(int));
-    int rc = 0;
-    for (int i = 0; i < n_cfg && rc == 0; i++) rc = s_write_data(&cfg[i], data, &curve[i], &hist[i], err);
+    int *solve = dp_calloc((size_t)n_cfg + 1, sizeof(int));
+    int rc = 0, rl = 0;
+    for (int i = 0; i < n_cfg; i++)
+        for (int s = 0; s < cfg[i].n_run; s++) rl |= cfg[i].run[s].res.ok && cfg[i].run[s].res.rl;
+    for (int i = 0; i < n_cfg && rc == 0; i++) {
+        rc = s_write_data(&cfg[i], data, &curve[i], &hist[i], err);
+        if (rc == 0 && rl) rc = s_write_solve(&cfg[i], i, data, &solve[i], err);
+    }
     if (rc == 0) {
         dp_sweep_text_t t = {0};
-        s_script(&t, cfg, n_cfg, curve, hist, simulated);
+        s_script(&t, cfg, n_cfg, curve, hist, solve, simulated, rl);
         rc = dp_sweep_text_save(&t, out, "plots.gp", err);
     }
     free(curve);
     free(hist);
+    free(solve);
     if (rc != 0) return DP_SWEEP_REPORT_BAD;
     return draw ? s_run_gnuplot(out, why) : DP_SWEEP_REPORT_WHOLE;
 }

@@ -23,6 +23,14 @@ static double s_num(const cJSON *o, const char *key, double dflt)
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }
 
+static double s_num_at(const cJSON *a, int i)
+{
+    const cJSON *v = cJSON_GetArrayItem(a, i);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+static void s_curve_add(dp_sweep_result_t *r, double updates, double seconds, double acc);
+
 static int s_read_summary(dp_sweep_result_t *r, const char *dir, char *err)
 {
     char path[PATH_MAX + 16];
@@ -43,6 +51,11 @@ static int s_read_summary(dp_sweep_result_t *r, const char *dir, char *err)
     r->test_return = s_num(o, "test_return", 0);
     r->env_steps = s_num(o, "env_steps", 0);
     r->solved_at = s_num(o, "solved_at_env_steps", -1);
+    r->solved_threshold = s_num(o, "solved_threshold", 0);
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(o, "return_curve"), *pt;
+    cJSON_ArrayForEach(pt, rc) /* [[env step, mean return], ...] */
+        if (cJSON_GetArraySize(pt) == 2 && r->n_curve < DP_SWEEP_HIST_MAX)
+            s_curve_add(r, s_num_at(pt, 0), 0, s_num_at(pt, 1));
     /* Updates are optimizer steps: the final version (a sync step applies
      * several pushes at once); standalone has none, one update per step. */
     r->updates = s_num(o, "version", s_num(o, "updates_applied", 0));

@@ -6,7 +6,9 @@
  * summary (the servers' counts) or else every worker's push lines. A
  * simulated run (`downpour sim`, DIR/metrics/sim.jsonl) counts simulated
  * seconds. An actor-critic run's summary (its "env") gives its return
- * figures instead of an accuracy, and no curve. */
+ * figures instead of an accuracy, and its return curve (summary.json's
+ * "return_curve") as the curve: a point's updates are then env steps and
+ * its accuracy the mean return of the last 100 episodes. */
 #ifndef DP_SWEEP_READ_H
 #define DP_SWEEP_READ_H
 
@@ -24,6 +26,7 @@ typedef struct {
     double test_return;      /* the greedy policy's at the end */
     double env_steps;
     double solved_at;        /* solved_at_env_steps; -1: not solved */
+    double solved_threshold; /* the environment's "solved" mean return */
     double test_accuracy;    /* summary.json: final, the whole test set */
     double updates;          /* summary.json version (optimizer steps), else updates_applied */
     double wall_s;           /* summary.json wall_s */

@@ -169,7 +169,18 @@ static void s_table(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sweep
     }
 }
 
-static void s_markdown(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg,
+/* Every plot a sweep may draw (deploy/lab/sweep/plot.c), in the report's order. */
+static const struct {
+    const char *file, *what;
+} s_pngs[] = {
+    {"accuracy_vs_updates.png", "test accuracy against server updates"},
+    {"accuracy_vs_seconds.png", "test accuracy against seconds"},
+    {"return_vs_env_steps.png", "mean return of the last 100 episodes against env steps"},
+    {"env_steps_to_solve.png", "env steps to solve, per configuration"},
+    {"staleness.png", "staleness histogram"},
+};
+
+static void s_markdown(dp_sweep_text_t *t, const char *out, const dp_sweep_grid_t *g, const dp_sweep_config_t *cfg,
                        int n_cfg, const s_stats_t *st, int plots)
 {
     dp_sweep_text_add(t, "# Sweep report\n\n%d configuration(s) x %d seed(s) on the %s cluster",
@@ -199,10 +210,12 @@ static void s_markdown(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sw
                          "Staleness: the runs' summary.json, mean of the means and max of the maxima.\n\n",
                       g->eval_every, g->eval_limit);
     s_table(t, g, cfg, n_cfg, st);
-    if (plots)
-        dp_sweep_text_add(t, "\n![test accuracy against server updates](accuracy_vs_updates.png)\n\n"
-                             "![test accuracy against seconds](accuracy_vs_seconds.png)\n\n"
-                             "![staleness histogram](staleness.png)\n");
+    if (plots) /* the plots gnuplot drew: a sweep's data may give some only */
+        for (size_t i = 0; i < sizeof s_pngs / sizeof s_pngs[0]; i++) {
+            char path[PATH_MAX + 64];
+            snprintf(path, sizeof path, "%s/%s", out, s_pngs[i].file);
+            if (access(path, F_OK) == 0) dp_sweep_text_add(t, "\n![%s](%s)\n", s_pngs[i].what, s_pngs[i].file);
+        }
     dp_sweep_text_add(t, "\n## Runs\n\n");
     for (int i = 0; i < n_cfg; i++)
         for (int s = 0; s < cfg[i].n_run; s++) {
@@ -298,10 +311,9 @@ dp_sweep_report_t dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep
     s_stats_t *st = dp_calloc((size_t)n_cfg + 1, sizeof *st);
     for (int i = 0; i < n_cfg; i++) s_stats(g, &cfg[i], &st[i]);
     /* Plots of an earlier report must not pass for this one's. */
-    const char *png[] = {"accuracy_vs_updates.png", "accuracy_vs_seconds.png", "staleness.png"};
-    for (size_t i = 0; i < sizeof png / sizeof png[0]; i++) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/%s", out, png[i]);
+    for (size_t i = 0; i < sizeof s_pngs / sizeof s_pngs[0]; i++) {
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s", out, s_pngs[i].file);
         unlink(path);
     }
     dp_sweep_report_t drawn =
@@ -309,7 +321,7 @@ dp_sweep_report_t dp_sweep_report_write(const dp_sweep_grid_t *g, const dp_sweep
     int rc = drawn == DP_SWEEP_REPORT_BAD ? -1 : 0;
     dp_sweep_text_t t = {0};
     if (rc == 0) {
-        s_markdown(&t, g, cfg, n_cfg, st, plots && drawn == DP_SWEEP_REPORT_WHOLE);
+        s_markdown(&t, out, g, cfg, n_cfg, st, plots && drawn == DP_SWEEP_REPORT_WHOLE);
         rc = dp_sweep_text_save(&t, out, "report.md", err);
     }
     if (rc == 0) rc = s_json(g, cfg, n_cfg, st, out, err);
