@@ -75,7 +75,10 @@ KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_CSRC   := $(wildcard kernels/cuda/*.c)
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
-WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c worker/env/*.c))
+WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c))
+# The environments (worker/env) are a library of their own: the workers act
+# in them, and the servers bound an actor-critic push's account by them.
+ENV_SRC     := $(wildcard worker/env/*.c)
 # deploy/'s rooms: launcher/ (the downpour command and its children), bench/,
 # lab/ (engine, sim, replay) and lab/sweep/.
 DEPLOY_SRC  := $(filter-out deploy/launcher/downpour.c,$(wildcard deploy/*/*.c deploy/*/*/*.c))
@@ -87,6 +90,7 @@ LIB_KERNELS := $(BUILD)/lib/libdpkernels.a
 LIB_CUDA    := $(BUILD)/lib/libdpcuda.a
 LIB_SERVER  := $(BUILD)/lib/libdpserver.a
 LIB_WORKER  := $(BUILD)/lib/libdpworker.a
+LIB_ENV     := $(BUILD)/lib/libdpenv.a
 LIB_DEPLOY  := $(BUILD)/lib/libdpdeploy.a
 
 # The daemons' kernels. Under SANITIZE=1 they are built a second time
@@ -112,8 +116,8 @@ COMPUTE_LIBS := $(LIB_KERNELS)
 COMPUTE_LDLIBS := $(if $(HAVE_CUDA),-rdynamic)
 # Link order: users before what they use (the worker uses server/rows: a
 # standalone table, and a model file's rows read back).
-ALL_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_PROTO) $(COMPUTE_LIBS) $(LIB_COMMON)
-GPU_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_CUDA) $(LIB_COMMON)
+ALL_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(COMPUTE_LIBS) $(LIB_COMMON)
+GPU_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_CUDA) $(LIB_COMMON)
 
 BINS := $(BUILD)/downpour-ps $(BUILD)/downpour-worker $(BUILD)/downpour
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
@@ -173,6 +177,7 @@ CUDA_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC)) $(patsubst %.c,$(BUIL
 $(LIB_CUDA):    $(CUDA_OBJS)
 $(LIB_SERVER):  $(call obj,$(SERVER_SRC))
 $(LIB_WORKER):  $(call obj,$(WORKER_SRC))
+$(LIB_ENV):     $(call obj,$(ENV_SRC))
 $(LIB_DEPLOY):  $(call obj,$(DEPLOY_SRC))
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
@@ -193,10 +198,10 @@ endef
 RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
 # The server never loads CUDA.
 $(BUILD)/downpour-ps: LINK_LIBS :=
-$(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
+$(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
 # The worker links the server's library for its row table (server/rows.h): a
 # model with an embedding keeps its rows in-process when it trains standalone.
-$(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_SERVER) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
+$(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
 $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
 
 # The test programs: tests/DIR/NAME.c (unit, fuzz, bench, gpu) becomes

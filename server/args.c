@@ -20,6 +20,7 @@
 #include "common/opts.h"
 #include "common/safetensors.h"
 #include "common/util.h"
+#include "server/account.h"
 #include "server/policy.h"
 #include "server/ps.h"
 
@@ -46,6 +47,8 @@ void dp_ps_config_default(dp_ps_config_t *c)
     c->early_step = 1;
     dp_rows_conf_default(&c->rows, 1, DP_ROW_ADAGRAD); /* its width: the model's, at setup */
     c->row_init = -1;
+    c->envs = 1; /* the workers' defaults (worker/a3c.h) */
+    c->t_max = 5;
 }
 
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
@@ -296,6 +299,15 @@ static const dp_opts_entry_t s_config[] = {
                      "beyond them is dropped and counted"), 0},
     S_BUF("model", "SPEC", model_spec, DP_OPTS_PASS, "network (default \"" DP_MODEL_DEFAULT_SPEC "\")"),
     {DP_FLAG_CALL("input", "CxHxW", s_set_input, NULL, 0, "input shape (default 1x28x28)"), 0},
+    S_BUF("env", "NAME", env, 0,
+                    "an actor-critic run's environment (cartpole-v1, acrobot-v1): a\n"
+                    "push's episode returns and the solved threshold are its; without\n"
+                    "it a push carrying env steps is refused (downpour local --env gives it)"),
+    {DP_FLAG_NUM("envs", DP_OPTS_INT, "K", NULL, 1, DP_A3C_MAX_ENVS, 0,
+                    "with --env: the workers' --envs (default 1)"), S_AT(envs)},
+    {DP_FLAG_NUM("t-max", DP_OPTS_INT, "T", NULL, 1, DP_A3C_MAX_T, 0,
+                    "with --env: the workers' --t-max (default 5); a push's segment\n"
+                    "has at most --envs x --t-max env steps"), S_AT(t_max)},
     S_BUF("init", "FILE", init_path, 0,
                     "instead of --model: any model, as the tensors of a safetensors\n"
                     "file (names, shapes, float32 initial values; e.g. written by\n"
@@ -459,6 +471,15 @@ static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
     return 0;
 }
 
+/* --env NAME known, --envs and --t-max only with it (they bound its segments). */
+static int s_check_env(const dp_ps_config_t *c, dp_opts_t *o, char *err)
+{
+    if (!c->env[0] && (dp_opts_find(o, "envs")->given || dp_opts_find(o, "t-max")->given))
+        return dp_err(err, "--envs and --t-max bound an actor-critic run's segments: give --env NAME too");
+    dp_account_bounds_t b;
+    return dp_account_bounds(&b, c->env, c->envs, c->t_max, err);
+}
+
 dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
 {
     dp_opts_t o;
@@ -471,6 +492,7 @@ dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char
         rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
                          "secret key and the public keys allowed in) or neither");
     if (rc == DP_OPTS_PARSED) rc = s_check_init(c, &o, err);
+    if (rc == DP_OPTS_PARSED) rc = s_check_env(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = dp_ps_resolve_local_steps(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
     if (rc == DP_OPTS_PARSED && cl->n_workers > 0 && c->min_workers > 0 && cl->n_workers != c->num_workers)

@@ -364,36 +364,34 @@ static void s_test_kill_at_version(const dp_ps_loop_t *ps, const Downpour__Envel
     raise(SIGKILL);
 }
 
-/* An actor-critic push's segment into the run's account (Push.env_steps,
- * episode_returns, episode_ends): its steps, then its episodes at their
- * steps. What a peer could lie with is checked first (counts that agree,
- * ends in order within the segment, finite returns and threshold, a
- * segment no longer than DP_PS_MAX_SEGMENT_STEPS): a push failing that
- * adds nothing here (its gradient is the policy's business), one warning. */
-#define DP_PS_MAX_SEGMENT_STEPS ((uint64_t)1 << 32)
-static void s_count_episodes(dp_ps_loop_t *ps, const Downpour__Push *p, int wid)
+/* An actor-critic push's segment, within the bounds (s_on_push), into
+ * the run's account and the record (a replay checks each segment it
+ * recomputes against the record's). */
+static void s_count_episodes(dp_ps_loop_t *ps, const Downpour__Push *p)
 {
-    if (p->env_steps == 0 && p->n_episode_returns == 0 && p->n_episode_ends == 0) return;
-    bool ok = p->env_steps <= DP_PS_MAX_SEGMENT_STEPS && p->n_episode_returns == p->n_episode_ends &&
-              p->n_episode_returns <= p->env_steps && isfinite(p->solved_threshold);
-    for (size_t k = 0; ok && k < p->n_episode_ends; k++)
-        ok = isfinite(p->episode_returns[k]) && p->episode_ends[k] >= 1 &&
-             p->episode_ends[k] <= p->env_steps && (k == 0 || p->episode_ends[k] >= p->episode_ends[k - 1]);
-    if (!ok) {
-        dp_log_warn("shard %d: worker %d: a push's episodes do not add up (env steps %" PRIu64
-                    ", %zu returns, %zu ends); not counted", ps->cfg->shard_index, wid,
-                    p->env_steps, p->n_episode_returns, p->n_episode_ends);
-        return;
-    }
-    dp_episodes_t *e = &ps->episodes;
-    if (isnan(e->threshold)) e->threshold = p->solved_threshold;
-    double sum = 0; /* for the record: a replay checks the segment it recomputes against it */
-    for (size_t k = 0; k < p->n_episode_ends; k++) {
-        dp_episodes_add(e, p->episode_returns[k], e->env_steps + p->episode_ends[k]);
-        sum += p->episode_returns[k];
-    }
-    e->env_steps += p->env_steps;
+    if (p->env_steps == 0 && p->n_episode_returns == 0) return;
+    double sum = dp_account_add(&ps->episodes, p);
     dp_record_account(ps->rec, p->env_steps, p->n_episode_returns, sum);
+}
+
+/* A push whose account breaks the shard's bounds (server/account.h):
+ * refused whole before anything of it is taken, ERROR ERR_ACCOUNT (an
+ * actor-critic worker stops on it: its flags are not the shards'), counted;
+ * the worker's half-sent push in parts, if this was a part, discarded with
+ * its early step. One line, the first ten, then one in a thousand. */
+static void s_refuse_account(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                             const char *why)
+{
+    int wid = env->worker_id;
+    if (dp_wire_push_parts(env->push) > 1) {
+        dp_shard_early_hello(&ps->early, wid);
+        dp_shard_parts_drop(&ps->parts, wid);
+    }
+    uint64_t n = ++ps->account_refused;
+    if (n <= 10 || n % 1000 == 0)
+        dp_log_warn("shard %d: worker %d: push of step %" PRIu64 " refused (%" PRIu64 " so far): %s",
+                    ps->cfg->shard_index, wid, env->push->step, n, why);
+    dp_ps_reply_error_code(ps, id, env->request_id, wid, DOWNPOUR__ERROR_CODE__ERR_ACCOUNT, why);
 }
 
 /* A gradient that passed every check (g: n slices tiling the range, all
@@ -416,7 +414,7 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     if (o.status == DP_PUSH_APPLIED) /* sync rows: this worker's rows go with the step */
         dp_ps_rows_dense_taken(&ps->rows, wid, env->push->version);
     if (o.stepped) dp_ps_rows_stepped(&ps->rows, ps->shard.version);
-    s_count_episodes(ps, env->push, wid);
+    s_count_episodes(ps, env->push);
     dp_deal_batch_t batch;
     const dp_deal_batch_t *carried =
         s_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
@@ -490,6 +488,12 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
 {
     char msg[DP_ERR_LEN];
     int wid = env->worker_id;
+    /* First: what it says of its segment is checked like its gradient,
+     * and a lie refuses the whole push, whole or a part. */
+    if (dp_account_check(&ps->account, env->push, msg, sizeof msg) != 0) {
+        s_refuse_account(ps, id, env, msg);
+        return;
+    }
     if (dp_wire_push_parts(env->push) > 1) {
         s_on_push_part(ps, id, env, frames, n_frames);
         return;
@@ -744,7 +748,9 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->min_workers, cfg->shard_index, dp_now());
     dp_membership_init(&ps->membership, cfg->num_workers);
-    dp_episodes_init(&ps->episodes, NAN); /* the threshold comes with the first push of one */
+    /* the threshold is the environment's (--env), never a push's */
+    if (dp_account_bounds(&ps->account, cfg->env, cfg->envs, cfg->t_max, err) != 0) return -1;
+    dp_episodes_init(&ps->episodes, ps->account.env ? ps->account.env->solved : NAN);
     dp_shard_track_steps(&ps->shard, cfg->num_workers);
     dp_shard_dc_init(&ps->shard, cfg->num_workers); /* --delay-compensation's slots and MS */
     /* A restore loses fewer than --checkpoint-every versions, and a worker

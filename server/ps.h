@@ -63,6 +63,9 @@ typedef struct {
     float delay_k;              /* --delay-lr threshold:K */
     char model_spec[DP_MODEL_SPEC_LEN];
     int in_c, in_h, in_w;
+    char env[32];               /* --env NAME: an actor-critic run's environment, which bounds
+                                 * a push's account (server/account.h); "": none told */
+    int envs, t_max;            /* --envs, --t-max: a segment's env steps at most envs x t_max */
     char init_path[DP_PS_PATH_LEN];      /* --init FILE: the tensor table and its initial
                                           * values from a safetensors file ("": the spec's) */
     char state_tensors[4096];            /* --state-tensors: more state tensors of init_path */

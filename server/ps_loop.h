@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/episodes.h"
+#include "server/account.h"
 #include "common/metrics.h"
 #include "proto/curve.h"
 #include "proto/wire.h"
@@ -125,6 +126,8 @@ typedef struct {
     unsigned char *foreign_said; /* per worker: its push of no dealt batch was logged */
     unsigned char *planned;      /* per worker: its HELLO carried the data plan (it trains dealt batches) */
     dp_episodes_t episodes; /* an actor-critic run's env steps and episodes (Push.env_steps) */
+    dp_account_bounds_t account; /* ... the bounds a push's account keeps (--env, --envs, --t-max) */
+    uint64_t account_refused; /* pushes refused for their account (logged: s_refuse_account) */
     dp_ps_rows_t rows;     /* the model's row table (embed:D), empty without one */
 } dp_ps_loop_t;
 

@@ -31,9 +31,6 @@
 #include "worker/env/env.h"
 #include "worker/net.h"
 
-#define DP_A3C_MAX_ENVS 1024
-#define DP_A3C_MAX_T 10000
-
 /* The RL flags, in dp_train_conf_t (the defaults: dp_a3c_conf_default). */
 typedef struct {
     const char *env;           /* --env NAME; NULL: a supervised run */

@@ -303,6 +303,9 @@ static int s_push(s_run_t *r, dp_ps_client_t *ps, float loss, uint32_t *ends, ui
                       .step = (uint64_t)r->segments, .segment = &sg};
     dp_push_result_t res;
     if (dp_ps_client_push(ps, &p, &res, err) != 0) return -1;
+    /* every segment of this worker would be: its flags are not the servers' */
+    if (res.account_refused)
+        return dp_err(err, "the servers refused the segment's account: %s", res.reason);
     *run_steps = res.env_steps;
     return 0;
 }

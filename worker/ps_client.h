@@ -79,6 +79,9 @@ typedef struct {
     int parts_early;                 /* of them, those push_part sent during the backward */
     uint64_t env_steps;              /* an actor-critic run: its env steps after this push (the
                                       * servers' count, all workers: Ack.env_steps) */
+    int account_refused;             /* shards that refused its segment's account (ERROR
+                                      * ERR_ACCOUNT: not the shards' --env, --envs, --t-max),
+                                      * counted in rejected too */
 } dp_push_result_t;
 
 /* Server counters (dp_ps_client_stats). */

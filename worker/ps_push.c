@@ -288,6 +288,7 @@ static dp_ps_reply_t s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope
     s->min_version = 0;
     if (env->type == DOWNPOUR__MSG_TYPE__ERROR) { /* a refusal of this gradient, not a failure */
         r->rejected++;
+        r->account_refused += env->error->code == DOWNPOUR__ERROR_CODE__ERR_ACCOUNT;
         s_set_reason(r, s->endpoint, env->error->message);
         return DP_PS_REPLY_DONE;
     }

@@ -80,6 +80,7 @@ typedef struct {
     char out_default[64];
     char input[48];              /* CxHxW of the data, for the shards */
     char env_model[DP_MODEL_SPEC_LEN]; /* --env: the model with its actions, for every daemon */
+    char env_envs[16], env_t_max[16]; /* --env: the workers' --envs, --t-max, for the shards */
     char schedule[64];           /* the default lr schedule, for the shards (with
                                   * --local-steps: for the workers' inner optimizer) */
     long worker_steps;           /* each worker's data steps (s_run_steps) */
@@ -548,7 +549,8 @@ static int s_prepare_dirs(dp_local_t *L, char *err);
 
 /* --env: what the servers need from the environment instead of the data:
  * the model with its actions (written out: ac:A) and the observation's
- * shape; the lr stays constant. */
+ * shape, the environment and the workers' segment (--env, --envs,
+ * --t-max); the lr stays constant. */
 static int s_prepare_env(dp_local_t *L, char *err)
 {
     const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
@@ -563,6 +565,11 @@ static int s_prepare_env(dp_local_t *L, char *err)
     L->ps_args[L->n_ps_args++] = L->env_model;
     L->worker_args[L->n_worker_args++] = "--model";
     L->worker_args[L->n_worker_args++] = L->env_model;
+    /* the shards bound each push's account by them (server/account.h) */
+    snprintf(L->env_envs, sizeof L->env_envs, "%d", L->wk.conf.a3c.envs);
+    snprintf(L->env_t_max, sizeof L->env_t_max, "%d", L->wk.conf.a3c.t_max);
+    const char *rl[] = {"--env", kind->name, "--envs", L->env_envs, "--t-max", L->env_t_max};
+    for (int i = 0; i < 6; i++) L->ps_args[L->n_ps_args++] = rl[i];
     return 0;
 }
 

@@ -10,7 +10,9 @@
 #    far above a random policy's ~22: the full solve, 475 within 500 k, is
 #    the experiment's, docs/EXPERIMENTS.md); the model file loads into a
 #    PyTorch module strictly, its policy and value heads as fc layers;
-#  - sync (A2C): the same accounting, no staleness.
+#  - sync (A2C): the same accounting, no staleness;
+#  - by hand: servers told another segment (--envs, --t-max) or no --env
+#    stop the worker at its first push with one line; told its own, it runs.
 source "$(dirname "$0")/lib.sh"
 
 W=$BIN/downpour-worker
@@ -140,6 +142,32 @@ check "sync: $steps env steps in [30000, 30010), staleness max $smax (0)" \
     bash -c "[ $steps -ge 30000 ] && [ $steps -lt 30010 ] && [ '$smax' = 0 ]"
 grep -q '^done: cartpole-v1, sync' "$out/sync.log"
 check "downpour local's last line names the environment and the return" test $? = 0
+
+# -- by hand: the servers bound each push's account by their own flags ---------------
+# (--env, --envs, --t-max; server/account.h): servers told a smaller segment
+# than the worker's, or no environment, stop the worker at its first push
+# with one line naming the flags (not a run that never counts a step); told
+# the worker's, the run goes as under downpour local.
+AC="fc:64 tanh fc:64 tanh ac:2"
+by_hand() { # name, expected status (0: exits 0; 1: not 0), text its log has, ps flags...
+    local name=$1 want_rc=$2 want=$3
+    shift 3
+    rm -f "$out/ready"
+    bg "$BIN/downpour-ps" --bind "tcp://127.0.0.1:*" --ready-file "$out/ready" --workers 1 \
+        --mode async --model "$AC" --input 4x1x1 "$@" >"$out/hand-ps.log" 2>&1
+    local ps_pid=$! t=0
+    while [ ! -s "$out/ready" ] && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+    "$W" --ps "$(cat "$out/ready")" --task-index 0 --env cartpole-v1 --model "$AC" --envs 2 \
+        --t-max 5 --env-steps 2000 --no-progress --timeout 10 >"$out/hand.log" 2>&1
+    local rc=$?
+    kill "$ps_pid" 2>/dev/null
+    wait "$ps_pid" 2>/dev/null
+    check "by hand, $name: the worker's status $rc, its log says '$want'" \
+        bash -c "[ \$(( $rc != 0 )) = $want_rc ] && grep -q \"$want\" '$out/hand.log'"
+}
+by_hand "servers told --envs 1 --t-max 5" 1 "over the shard's --envs x --t-max = 5" --env cartpole-v1
+by_hand "servers told no --env" 1 "not told the environment" 
+by_hand "servers told the worker's --envs 2 --t-max 5" 0 "of the run's" --env cartpole-v1 --envs 2 --t-max 5
 
 # -- the PyTorch example, through downpour launch ------------------------------------
 # A short run: that the module is the spec's (its tensors the servers'), that

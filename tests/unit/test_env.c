@@ -178,4 +178,38 @@ static void test_seeding(void)
     }
 }
 
-DP_TESTS(T(test_cartpole), T(test_acrobot), T(test_refusals), T(test_seeding))
+/* The range of an episode's return (what the servers hold a push's
+ * returns to, server/account.h): cartpole-v1 1 .. 500, acrobot-v1
+ * -500 .. 0; and every reward of random episodes within the kind's
+ * reward_lo .. reward_hi, every return within the range. */
+static void test_return_range(void)
+{
+    double lo, hi;
+    dp_env_return_range(&dp_env_cartpole_v1, &lo, &hi);
+    CHECK(lo == 1 && hi == 500);
+    dp_env_return_range(&dp_env_acrobot_v1, &lo, &hi);
+    CHECK(lo == -500 && hi == 0);
+    const dp_env_kind_t *kinds[] = {&dp_env_cartpole_v1, &dp_env_acrobot_v1};
+    char err[DP_ERR_LEN];
+    for (int i = 0; i < 2; i++) {
+        const dp_env_kind_t *k = kinds[i];
+        dp_env_return_range(k, &lo, &hi);
+        dp_rng_t r;
+        dp_rng_seed(&r, 11);
+        int outside = 0, bad_return = 0;
+        for (uint64_t ep = 0; ep < 20; ep++) {
+            dp_env_t e;
+            dp_env_reset(&e, k, 3, 0, ep);
+            int done = 0;
+            double rw;
+            while (!done && dp_env_step(&e, (int)(dp_rng_next(&r) % (uint64_t)k->n_actions), &rw, &done,
+                                        err) == 0)
+                outside += rw < k->reward_lo || rw > k->reward_hi;
+            bad_return += !done || e.ret < lo || e.ret > hi;
+        }
+        CHECK_EQ(outside, 0);
+        CHECK_EQ(bad_return, 0);
+    }
+}
+
+DP_TESTS(T(test_cartpole), T(test_acrobot), T(test_refusals), T(test_seeding), T(test_return_range))

@@ -1229,58 +1229,7 @@ static void test_pull_to_torn(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-/* An actor-critic run's account (Push.env_steps, episode_returns, ...):
- * every shard adds each push's segment, the ACK says the run's env steps,
- * STATS the episodes, the last-100 mean and where it first reached the
- * threshold. A push whose account does not add up (a lying or broken
- * worker: a NaN return, an end past its segment, ends out of order, counts
- * that disagree) adds nothing to it, while its gradient is still the
- * policy's (applied: the model moves as for any push). */
-static void test_episode_account(void)
-{
-    s_small_model();
-    srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 1);
-    CHECK_EQ(srv_start(&s), 0);
-    char err[DP_ERR_LEN] = "";
-    dp_ps_client_t *c = NULL;
-    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, PS_OPTS(TMO), NULL, err), 0);
-    size_t n = s_small.n_floats;
-    float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
-    srv_fill(g, n, 9);
-    const double ret[3] = {5, 7, 9};
-    const uint32_t ends[3] = {3, 10, 10};
-    struct { dp_ps_segment_t sg; uint64_t want_steps; } pushes[] = {
-        {{10, 2, ret, ends, 6.5}, 10},                        /* two episodes, at 3 and 10 */
-        {{4, 1, (const double[]){NAN}, ends, 6.5}, 10},        /* a NaN return */
-        {{4, 1, ret, (const uint32_t[]){5}, 6.5}, 10},         /* an end past its 4 steps */
-        {{12, 2, ret, (const uint32_t[]){9, 2}, 6.5}, 10},     /* ends out of order */
-        {{2, 3, ret, ends, 6.5}, 10},                          /* more episodes than steps */
-        {{4, 1, ret + 2, (const uint32_t[]){4}, INFINITY}, 10}, /* no finite threshold */
-        {{6, 1, ret + 2, (const uint32_t[]){1}, 6.5}, 16},     /* honest again */
-    };
-    uint64_t applied = 0;
-    for (size_t k = 0; c && k < sizeof pushes / sizeof pushes[0]; k++) {
-        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
-        dp_push_result_t r;
-        dp_ps_push_t ps = {.grads = g, .loss = 1, .batch = 1, .step = k + 1, .segment = &pushes[k].sg};
-        CHECK_EQ(dp_ps_client_push(c, &ps, &r, err), 0);
-        applied += (uint64_t)r.applied;
-        CHECK_EQ(r.env_steps, pushes[k].want_steps);
-    }
-    CHECK_EQ(applied, 7); /* every gradient went on */
-    dp_ps_stats_t st;
-    if (c) CHECK_EQ(dp_ps_client_stats(c, &st, err), 0);
-    CHECK_EQ(st.env_steps, 16);
-    CHECK_EQ(st.episodes, 3);
-    CHECK_NEAR(st.return_mean_100, 7.0, 1e-12);
-    CHECK_EQ(st.solved_at_env_steps, -1); /* a mean over fewer than 100 episodes solves nothing */
-    dp_ps_client_destroy(&c);
-    CHECK_EQ(srv_stop(&s), 0);
-    free(p), free(g);
-}
-
-DP_TESTS(T(test_async_sgd_exact), T(test_episode_account), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
+DP_TESTS(T(test_async_sgd_exact), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
          T(test_sync_heartbeat_timeout), T(test_ssp_zero_lockstep), T(test_two_shards_equal_one),
          T(test_fingerprint_mismatch), T(test_nan_rejected), T(test_malformed_envelopes),
          T(test_oversized_refused),

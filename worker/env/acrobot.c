@@ -90,5 +90,5 @@ static void s_observe(const double *s, float *obs)
 
 const dp_env_kind_t dp_env_acrobot_v1 = {
     .name = "acrobot-v1", .state_dim = 4, .obs_dim = 6, .n_actions = 3, .max_steps = 500,
-    .solved = -100, .reset = s_reset, .step = s_step, .observe = s_observe,
+    .solved = -100, .reward_lo = -1, .reward_hi = 0, .reset = s_reset, .step = s_step, .observe = s_observe,
 };

@@ -51,5 +51,5 @@ static void s_observe(const double *s, float *obs)
 
 const dp_env_kind_t dp_env_cartpole_v1 = {
     .name = "cartpole-v1", .state_dim = 4, .obs_dim = 4, .n_actions = 2, .max_steps = 500,
-    .solved = 475, .reset = s_reset, .step = s_step, .observe = s_observe,
+    .solved = 475, .reward_lo = 1, .reward_hi = 1, .reset = s_reset, .step = s_step, .observe = s_observe,
 };

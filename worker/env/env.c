@@ -27,6 +27,14 @@ const dp_env_kind_t *dp_env_find(const char *name, char *err)
     return NULL;
 }
 
+void dp_env_return_range(const dp_env_kind_t *k, double *lo, double *hi)
+{
+    /* the fewest steps give the least of a positive reward, the most of a negative one */
+    double n = (double)k->max_steps;
+    *lo = k->reward_lo < 0 ? n * k->reward_lo : k->reward_lo;
+    *hi = k->reward_hi > 0 ? n * k->reward_hi : k->reward_hi;
+}
+
 double dp_env_uniform(dp_rng_t *r, double lo, double hi)
 {
     return lo + (hi - lo) * ((double)(dp_rng_next(r) >> 11) * (1.0 / 9007199254740992.0));

@@ -11,7 +11,7 @@
  * sees is float).
  *
  * Adding one: a file worker/env/NAME.c with a dp_env_kind_t (its sizes,
- * threshold, reset, step, observe) and a line in env.c's table; its tests
+ * threshold, rewards' range, reset, step, observe) and a line in env.c's table; its tests
  * in tests/unit/test_env.c, against trajectories of an independent
  * reference (tests/env_reference.py). */
 #ifndef DP_ENV_H
@@ -24,6 +24,11 @@
 
 #define DP_ENV_MAX_STATE 8   /* doubles of state, any environment */
 #define DP_ENV_MAX_OBS 8     /* floats of observation */
+/* An actor-critic worker's segment (worker/a3c.h): at most this many
+ * environments (--envs) for this many steps each (--t-max); here so that
+ * the servers, which bound a segment by them, need not know the worker. */
+#define DP_A3C_MAX_ENVS 1024
+#define DP_A3C_MAX_T 10000
 
 typedef struct {
     const char *name;        /* as --env takes it: "cartpole-v1" */
@@ -31,6 +36,7 @@ typedef struct {
     int n_actions;           /* actions 0 .. n_actions - 1 */
     int max_steps;           /* truncation: an episode ends after this many steps */
     double solved;           /* the mean return of 100 episodes that solves it */
+    double reward_lo, reward_hi; /* every step's reward lies in [lo, hi] */
     /* An episode's first state from r (uniform draws only). */
     void (*reset)(double *state, dp_rng_t *r);
     /* state x action -> next, reward, terminated (1: a terminal state). */
@@ -62,6 +68,11 @@ void dp_env_reset(dp_env_t *e, const dp_env_kind_t *k, uint64_t seed, int worker
  * range or a step after the episode ended (nothing changes). */
 int dp_env_step(dp_env_t *e, int action, double *reward, int *done, char *err);
 void dp_env_observe(const dp_env_t *e, float *obs);
+
+/* The range of an episode's return: 1 .. max_steps steps, each rewarded
+ * within [reward_lo, reward_hi] (cartpole-v1 [1, 500], acrobot-v1
+ * [-500, 0]). What the servers hold a push's episode returns to. */
+void dp_env_return_range(const dp_env_kind_t *k, double *lo, double *hi);
 
 /* Uniform in [lo, hi) from 53 random bits: how every reset draws. */
 double dp_env_uniform(dp_rng_t *r, double lo, double hi);
