@@ -43,6 +43,7 @@ void dp_spawn_bin_dir(char *out, size_t n, const char *argv0)
 #define S_GUARD_GRACE_S 10.0
 
 static int s_guard_fd = -1; /* the launcher's end; -1: no guard */
+static pid_t s_guard_pid;   /* the guard, while the launcher has it */
 
 static void s_guard_tell(pid_t pgid)
 {
@@ -75,6 +76,17 @@ static void s_guard_run(int fd)
         for (int i = 0; i < n; i++)
             if (kill(-groups[i], 0) != 0) groups[i--] = groups[--n];
     for (int i = 0; i < n; i++) kill(-groups[i], SIGKILL);
+}
+
+/* At the launcher's exit (atexit): its end closed, the guard reaped, so
+ * that not even the guard outlives a launcher that ended by itself (with
+ * every group stopped, it has nothing to do). */
+static void s_guard_end(void)
+{
+    if (s_guard_fd >= 0) close(s_guard_fd);
+    s_guard_fd = -1;
+    while (s_guard_pid > 0 && waitpid(s_guard_pid, NULL, 0) < 0 && errno == EINTR) {}
+    s_guard_pid = 0;
 }
 
 int dp_spawn_guard(char *err)
@@ -113,6 +125,8 @@ int dp_spawn_guard(char *err)
     }
     close(sv[1]);
     s_guard_fd = sv[0];
+    s_guard_pid = pid;
+    atexit(s_guard_end);
     return 0;
 }
 

@@ -19,8 +19,9 @@ void dp_spawn_bin_dir(char *out, size_t n, const char *argv0);
  * launcher's job spares it, ignoring SIGINT and SIGTERM)
  * learns each child's process group as it starts; when this process ends
  * however it ends (SIGKILL included), the guard sends SIGTERM to every
- * group it was not told is empty, then SIGKILL after 10 s. -1 with err when
- * either cannot be set up. */
+ * group it was not told is empty, then SIGKILL after 10 s; a launcher that
+ * exits by itself reaps the guard first (atexit). -1 with err when either
+ * cannot be set up. */
 int dp_spawn_guard(char *err);
 
 /* Tells the guard that none of group pgid is left (it must not signal it

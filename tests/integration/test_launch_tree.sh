@@ -5,7 +5,7 @@
 #  - Ctrl-C (SIGINT) to the launcher while each worker, a `sh -c` that
 #    started a `sleep` of its own, waits for it: exit 130, and neither the
 #    shells, their sleeps nor the shard are left (each child's process
-#    group is signalled whole)
+#    group is signalled whole), nor the launcher's guard
 #  - SIGKILL to the launcher: its guard stops every group it started, the
 #    sleeps a `sh -c` started included (PR_SET_PDEATHSIG alone reaches only
 #    the direct children)
@@ -58,6 +58,7 @@ rc=$?
 check "Ctrl-C: the launcher exits 130 (got $rc)" test $rc = 130
 check "... saying every process ended" grep -q 'stopped by signal 2; every process ended' "$TMP/int.log"
 check "... and none of its tree is left, the shells' sleeps included (left: $(tree_left))" none_left
+check "... nor its guard (the launcher reaps it as it exits)" bash -c "! pgrep -f -- '--out $TMP/in[t]' >/dev/null"
 kill_leftovers
 
 start_run kill9
