@@ -90,8 +90,12 @@ check "... saying it ignored it, in one line" \
 check "scale.lock is 0600 ($(stat -c %a "$el/scale.lock"))" test "$(stat -c %a "$el/scale.lock")" = 600
 # From the hostile side: another user (nobody), who can reach DIR, cannot
 # open the lock to hold it shared.
-chmod 0711 "$TMP"
-check "... another user cannot take a shared lock on it" \
-    bash -c "! setpriv --reuid=nobody --regid=nogroup --clear-groups flock -n -s '$el/scale.lock' true 2>/dev/null"
-chmod 0700 "$TMP"
+if [ "$(id -u)" = 0 ]; then
+    chmod 0711 "$TMP"
+    check "... another user cannot take a shared lock on it" \
+        bash -c "! setpriv --reuid=nobody --regid=nogroup --clear-groups flock -n -s '$el/scale.lock' true 2>/dev/null"
+    chmod 0700 "$TMP"
+else
+    skip "scale.lock from another user" "acting as nobody needs root"
+fi
 finish
