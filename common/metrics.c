@@ -91,7 +91,8 @@ int dp_metrics_new(dp_metrics_t **out, const char *path, char *err)
         *out = NULL;
         return dp_err(err, "metrics file %s: %s", path, e2);
     }
-    m->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    /* O_NOFOLLOW: a symlink planted as the file is refused, never appended through */
+    m->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (m->fd < 0) {
         int e = errno;
         free(m);

@@ -153,8 +153,10 @@ static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, const float *
 static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
                           long steps, double epochs, double train_s, double images, char *err)
 {
+    double waited = dp_now();
     if (dp_ps_client_wait_all_finished(ps, s->conf.timeout_s * 10, err) != 0)
         dp_log_warn("not every worker finished: %s", err);
+    double crew_s = train_s + (dp_now() - waited); /* the crew trained until its last one ended */
     if (s_pull_into_net(s, ps, err) != 0) return -1;
     double acc = 0, loss = 0;
     dp_session_evaluate(s, 0, &acc, &loss);
@@ -176,14 +178,14 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
     }
     dp_log_info("chief: %zu join(s) and leave(s) over the run, %d to %d workers live", crew.n,
                 crew.live_min, crew.live_max);
-    /* The chief's own throughput; the summary multiplies it by the workers
-     * for the cluster's rate. */
+    /* The chief's own throughput, and the crew's samples over its time */
     dp_run_summary_t r = {
         .mode = dp_mode_name(info->mode), .workers = info->num_workers,
         .ps_shards = info->num_shards, .replicas = info->replicas,
         .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
         .steps = steps, .epochs = epochs, .test_accuracy = acc, .test_loss = loss,
         .images_per_s_per_worker = images / (train_s > 0 ? train_s : 1e-9), .train_s = train_s,
+        .crew_samples = dp_crew_samples(&crew, images, info->num_workers), .crew_s = crew_s,
         .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),

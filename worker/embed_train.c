@@ -637,8 +637,10 @@ static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, doubl
                           double train_s, double samples, char *err)
 {
     dp_session_t *s = &r->s;
+    double waited = dp_now();
     if (dp_ps_client_wait_all_finished(r->ps, s->conf.timeout_s * 10, err) != 0)
         dp_log_warn("not every worker finished: %s", err);
+    double crew_s = train_s + (dp_now() - waited); /* the crew trained until its last one ended */
     if (dp_ps_client_pull(r->ps, s->h_params, err) != 0) return -1;
     dp_net_set_params(&s->net, s->h_params);
     double acc, test_loss, auc;
@@ -661,7 +663,8 @@ static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, doubl
         .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
         .steps = done, .epochs = epochs, .test_accuracy = acc,
         .test_loss = test_loss, .images_per_s_per_worker = samples / (train_s > 0 ? train_s : 1e-9),
-        .train_s = train_s, .version = st.version, .applied = st.applied, .dropped = st.dropped,
+        .train_s = train_s, .crew_samples = dp_crew_samples(&crew, samples, info->num_workers),
+        .crew_s = crew_s, .version = st.version, .applied = st.applied, .dropped = st.dropped,
         .rejected = st.rejected, .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(r->ps),
         .bytes_pushed = dp_ps_client_bytes_pushed(r->ps),

@@ -212,6 +212,14 @@ void dp_summary_epoch_samples_json(cJSON *o, const dp_ps_membership_t *m)
     }
 }
 
+double dp_crew_samples(const dp_ps_membership_t *m, double own_samples, int workers)
+{
+    if (!m || m->n_epochs == 0) return own_samples * workers;
+    double n = 0;
+    for (size_t k = 0; k < m->n_epochs; k++) n += (double)m->epochs[k].trained;
+    return n;
+}
+
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
 {
     if (!s->conf.summary) return 0;
@@ -232,9 +240,14 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
     if (r->sparse) cJSON_AddNumberToObject(o, "test_auc", r->sparse->test_auc);
     if (!cluster) cJSON_AddNumberToObject(o, "train_loss", r->train_loss);
-    cJSON_AddNumberToObject(o, "images_per_s", r->images_per_s_per_worker * r->workers);
+    /* What the crew trained over the time it took, not the chief's rate
+     * times the workers: an elastic crew's are not MAX all along. */
+    double ips = r->crew_s > 0 && r->crew_samples > 0 ? r->crew_samples / r->crew_s
+                                                      : r->images_per_s_per_worker * r->workers;
+    cJSON_AddNumberToObject(o, "images_per_s", ips);
     if (cluster) cJSON_AddNumberToObject(o, "images_per_s_per_worker", r->images_per_s_per_worker);
     cJSON_AddNumberToObject(o, "train_s", r->train_s);
+    if (r->crew_s > 0) cJSON_AddNumberToObject(o, "crew_train_s", r->crew_s);
     cJSON_AddNumberToObject(o, "wall_s", dp_now() - s->t_start);
     if (cluster) cJSON_AddNumberToObject(o, "version", (double)r->version);
     cJSON_AddNumberToObject(o, "updates_applied", (double)r->applied);

@@ -142,7 +142,11 @@ typedef struct {
     double epochs;             /* steps over the steps per epoch */
     double test_accuracy, test_loss;
     double train_loss;         /* standalone: the smoothed training loss */
-    double images_per_s_per_worker; /* this worker's; the cluster's is this x workers */
+    double images_per_s_per_worker; /* this worker's (the chief's) */
+    double crew_samples;       /* distributed: the samples the crew trained (dp_crew_samples) */
+    double crew_s;             /* distributed: the seconds it took (the chief's loop and its wait
+                                * for the last worker); images_per_s is crew_samples / crew_s
+                                * (0: this x workers, standalone and the lab) */
     double train_s;            /* the training loop's seconds */
     uint64_t version;          /* distributed: the servers' version */
     uint64_t applied, dropped, rejected;
@@ -172,6 +176,12 @@ typedef struct {
  * dp_session_summary, the simulator's result and `downpour local`, which
  * adds the servers' to the chief's summary. */
 void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer);
+/* The samples a crew trained, for the summary's images_per_s: an elastic
+ * crew's, from shard 0's deal (every epoch's trained samples); a fixed
+ * crew's, each of the workers as many as the chief (own_samples): the same
+ * plan each. */
+double dp_crew_samples(const dp_ps_membership_t *m, double own_samples, int workers);
+
 /* "epoch_samples" (one object per dealt epoch: epoch, trained, repeated,
  * retrained_after_death, batches), as summary.json has it; the simulator's
  * result too. */

@@ -1,13 +1,79 @@
 /* crew: a launcher's children (see crew.h). */
 #include "deploy/launcher/crew.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/util.h"
 #include "deploy/launcher/spawn.h"
+
+/* path made where missing, then refused unless this user's own and not
+ * writable by others (a group-writable one is the operator's choice). */
+static int s_own_dir(const char *path, char *err)
+{
+    struct stat st;
+    if (dp_mkdirs(path, 0755, err) != 0) return -1;
+    if (stat(path, &st) != 0) return dp_err(err, "%s: %s", path, strerror(errno));
+    if (st.st_uid != geteuid())
+        return dp_err(err, "--out: %s belongs to uid %u, not to this user (uid %u): another user may "
+                      "have made it first; give an --out of your own", path, (unsigned)st.st_uid,
+                      (unsigned)geteuid());
+    if (st.st_mode & S_IWOTH)
+        return dp_err(err, "--out: %s is writable by others (mode %04o): chmod o-w it, or give an "
+                      "--out of your own", path, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+int dp_crew_make_out(const char *dir, char *err)
+{
+    char path[PATH_MAX + 16];
+    if (s_own_dir(dir, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/logs", dir);
+    if (s_own_dir(path, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/metrics", dir);
+    return s_own_dir(path, err);
+}
+
+/* Reap what ended of c's process group without waiting: the child itself
+ * (its status), and the processes of its group this process adopted when
+ * their parent ended. 1 while any of the group is this process's to wait
+ * for, 0 once none is (and the guard is told). Without the subreaper a
+ * group's orphans are not ours: they are then not waited for. */
+static int s_reap_group(dp_child_t *c)
+{
+    if (c->pid > 0) c->pgid = c->pid; /* spawn.h: the child leads a group of its own */
+    if (c->pgid <= 0) return 0;
+    int st;
+    pid_t p;
+    while ((p = waitpid(-c->pgid, &st, WNOHANG)) > 0 || (p < 0 && errno == EINTR))
+        if (p == c->pid) {
+            c->status = st;
+            c->pid = 0;
+        }
+    if (p == 0) return 1;
+    dp_spawn_forget(c->pgid); /* ECHILD: nothing of the group is left to wait for */
+    c->pgid = 0;
+    return 0;
+}
+
+/* SIGKILL what is left of c's group, and wait for all of it. */
+static void s_kill_group(dp_child_t *c)
+{
+    if (!s_reap_group(c)) return;
+    kill(-c->pgid, SIGKILL);
+    int st;
+    pid_t p;
+    while ((p = waitpid(-c->pgid, &st, 0)) > 0 || (p < 0 && errno == EINTR))
+        if (p == c->pid) {
+            c->status = st;
+            c->pid = 0;
+        }
+    s_reap_group(c);
+}
 
 dp_child_t *dp_crew_add(dp_crew_t *w, const char *dir, const char *kind, int i)
 {
@@ -40,6 +106,7 @@ dp_child_t *dp_crew_worker_life(dp_crew_t *w, const char *dir, int i)
     dp_child_t *c = dp_crew_worker(w, i);
     if (!c) return w->n < (int)(sizeof w->kids / sizeof w->kids[0]) ? dp_crew_add(w, dir, "worker", i) : NULL;
     if (c->pid > 0) return NULL;
+    s_kill_group(c); /* what its last life left (the record's group is the next life's) */
     c->lives++;
     c->stopping = 0;
     c->status = 0;
@@ -64,8 +131,8 @@ static int s_read_endpoint(dp_crew_t *w, const char *dir, int i, char *out, size
         snprintf(out + used, n - used, "%s%s", i ? "," : "", ep);
         return 1;
     }
-    if (waitpid(c->pid, &c->status, WNOHANG) != c->pid) return 0;
-    c->pid = 0;
+    s_reap_group(c);
+    if (c->pid > 0) return 0;
     char how[64], last[512];
     dp_child_describe_exit(c, how, sizeof how);
     dp_last_line(c->log, last, sizeof last);
@@ -99,10 +166,11 @@ const dp_child_t *dp_crew_reap(dp_crew_t *w, int *alive, int *workers_alive)
     *alive = *workers_alive = 0;
     for (int i = 0; i < w->n; i++) {
         dp_child_t *c = &w->kids[i];
-        if (c->pid > 0 && waitpid(c->pid, &c->status, WNOHANG) == c->pid) {
-            c->pid = 0;
-            if (!failed && (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0)) failed = c;
-        }
+        int was_running = c->pid > 0;
+        s_reap_group(c);
+        if (was_running && c->pid == 0 && !failed &&
+            (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0))
+            failed = c;
         if (c->pid > 0) {
             (*alive)++;
             *workers_alive += c->is_worker;
@@ -113,29 +181,18 @@ const dp_child_t *dp_crew_reap(dp_crew_t *w, int *alive, int *workers_alive)
 
 void dp_crew_stop_all(dp_crew_t *w, double grace_s)
 {
+    /* The whole group: SIGTERM to the child alone leaves what a `sh -c`
+     * or a wrapper script started running. */
     for (int i = 0; i < w->n; i++)
-        if (w->kids[i].pid > 0) kill(w->kids[i].pid, SIGTERM);
+        if (s_reap_group(&w->kids[i])) kill(-w->kids[i].pgid, SIGTERM);
     double until = dp_now() + grace_s;
     for (;;) {
         int alive = 0;
-        for (int i = 0; i < w->n; i++) {
-            dp_child_t *c = &w->kids[i];
-            if (c->pid <= 0) continue;
-            if (waitpid(c->pid, &c->status, WNOHANG) == c->pid) c->pid = 0;
-            else alive++;
-        }
-        if (!alive) return;
-        if (dp_now() > until) break;
+        for (int i = 0; i < w->n; i++) alive += s_reap_group(&w->kids[i]);
+        if (!alive || dp_now() > until) break;
         usleep(50 * 1000);
     }
-    for (int i = 0; i < w->n; i++) {
-        dp_child_t *c = &w->kids[i];
-        if (c->pid <= 0) continue;
-        kill(-c->pid, SIGKILL);
-        kill(c->pid, SIGKILL);
-        waitpid(c->pid, &c->status, 0);
-        c->pid = 0;
-    }
+    for (int i = 0; i < w->n; i++) s_kill_group(&w->kids[i]);
 }
 
 void dp_child_describe_exit(const dp_child_t *c, char *out, size_t n)

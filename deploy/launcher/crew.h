@@ -19,6 +19,8 @@ typedef struct {
     char log[PATH_MAX]; /* its stdout + stderr: DIR/logs/NAME.log */
     char metrics[PATH_MAX]; /* DIR/metrics/NAME.jsonl */
     pid_t pid;          /* 0 once reaped */
+    pid_t pgid;         /* its process group (its pid), until none of the group is left: what
+                         * a `sh -c` started outlives the child and is stopped with it */
     int status;         /* wait status once reaped */
     int is_worker;
     int task;           /* its index (worker I: --task-index) */
@@ -30,6 +32,13 @@ typedef struct {
     dp_child_t kids[2 * DP_CREW_MAX];
     int n;
 } dp_crew_t;
+
+/* DIR, DIR/logs and DIR/metrics made where missing (and the folders above
+ * DIR), each refused with one line unless it is this user's own and not
+ * writable by others: in a directory another local user made first (a
+ * shared /tmp path), the logs and metrics could be links that user planted
+ * (to a file of this user's, which a run would then write over). */
+int dp_crew_make_out(const char *dir, char *err);
 
 /* The next child's record: kind-i, its log and metrics paths under dir. */
 dp_child_t *dp_crew_add(dp_crew_t *w, const char *dir, const char *kind, int i);
@@ -53,13 +62,15 @@ void dp_crew_ready_path(const char *dir, int i, char *out, size_t n);
 int dp_crew_await_shards(dp_crew_t *w, const char *dir, int k, char *out, size_t n,
                          const volatile sig_atomic_t *stop, char *err);
 
-/* Reap what ended, without waiting: the first child this pass found ended
- * badly (killed, or a status other than 0), or NULL; *alive and
- * *workers_alive count those still running. */
+/* Reap what ended, without waiting (the children, and what their process
+ * groups left that this process adopted): the first child this pass found
+ * ended badly (killed, or a status other than 0), or NULL; *alive and
+ * *workers_alive count the children still running. */
 const dp_child_t *dp_crew_reap(dp_crew_t *w, int *alive, int *workers_alive);
 
-/* SIGTERM every live child, then SIGKILL (its whole group) what is left
- * after grace_s. */
+/* SIGTERM every child's whole process group, then SIGKILL the groups of
+ * which anything is left after grace_s; returns once none is left (the
+ * launcher adopts a group's orphans, dp_spawn_guard, and reaps them). */
 void dp_crew_stop_all(dp_crew_t *w, double grace_s);
 
 /* How c ended: "exited with status N", "killed by signal N". */

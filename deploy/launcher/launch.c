@@ -33,7 +33,9 @@
  * chief's (worker 0): the command's own, or 128 + the signal; 1 when another
  * worker or a shard failed first. DIR/summary.json
  * holds the run as the shards saw it and every worker's exit. As
- * `downpour local`, no child outlives it (process groups, PR_SET_PDEATHSIG). */
+ * `downpour local`, nothing it started outlives it: each child leads a
+ * process group, signalled whole, and a guard stops the groups left when
+ * the launcher is killed (spawn.h, dp_spawn_guard). */
 #include "deploy/launcher/commands.h"
 
 #include <errno.h>
@@ -205,11 +207,7 @@ static int s_prepare(s_launch_t *L, char *err)
         L->out = L->out_default;
     }
     char path[PATH_MAX];
-    if (dp_mkdirs(L->out, 0755, err) != 0) return -1;
-    snprintf(path, sizeof path, "%s/logs", L->out);
-    if (dp_mkdirs(path, 0755, err) != 0) return -1;
-    snprintf(path, sizeof path, "%s/metrics", L->out);
-    if (dp_mkdirs(path, 0755, err) != 0) return -1;
+    if (dp_crew_make_out(L->out, err) != 0) return -1;
     snprintf(path, sizeof path, "%s/summary.json", L->out);
     unlink(path);
     if (L->curve && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
@@ -333,6 +331,7 @@ static int s_start_chief_for_init(s_launch_t *L, char *err)
     while (access(L->init_path, F_OK) != 0) {
         int st;
         if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
+            c->pgid = c->pid; /* what it started is stopped with the crew */
             c->pid = 0;
             c->status = st;
             char how[64], last[512];
@@ -488,7 +487,7 @@ int dp_launch_main(int argc, char **argv)
     char err[DP_ERR_LEN] = "";
     dp_opts_result_t parsed = s_parse(&L, argc, argv, err);
     if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour launch", parsed, err);
-    if (s_prepare(&L, err) != 0) {
+    if (s_prepare(&L, err) != 0 || dp_spawn_guard(err) != 0) {
         fprintf(stderr, "downpour launch: %s\n", err);
         return 1;
     }
@@ -500,7 +499,8 @@ int dp_launch_main(int argc, char **argv)
                              err) != 0 ||
         s_start_workers(&L, err) != 0) {
         fprintf(stderr, "downpour launch: %s\n", err);
-        if (L.chief.pid > 0) *dp_crew_add(&L.crew, L.out, "worker", 0) = L.chief; /* stopped too */
+        if (L.chief.pid > 0 || L.chief.pgid > 0) /* stopped too, with what it started */
+            *dp_crew_add(&L.crew, L.out, "worker", 0) = L.chief;
         dp_crew_stop_all(&L.crew, 5.0);
         return s_signal ? 128 + (int)s_signal : 1;
     }

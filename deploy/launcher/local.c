@@ -14,7 +14,8 @@
  *
  * Invariant: no child outlives the launcher — each runs in its own process
  * group (so a terminal's Ctrl-C reaches the launcher alone, which then stops
- * them in order) with PR_SET_PDEATHSIG, so a killed launcher takes them along. */
+ * them in order, each group whole) with PR_SET_PDEATHSIG, and a guard stops
+ * the groups left when the launcher is killed (spawn.h, dp_spawn_guard). */
 #include "deploy/launcher/commands.h"
 
 #include <ctype.h>
@@ -648,11 +649,7 @@ static int s_prepare_sparse(dp_local_t *L, char *err)
 static int s_prepare_dirs(dp_local_t *L, char *err)
 {
     char path[PATH_MAX];
-    if (s_mkdir(L->out, err) != 0) return -1;
-    snprintf(path, sizeof path, "%s/metrics", L->out);
-    if (s_mkdir(path, err) != 0) return -1;
-    snprintf(path, sizeof path, "%s/logs", L->out);
-    if (s_mkdir(path, err) != 0) return -1;
+    if (dp_crew_make_out(L->out, err) != 0) return -1;
     unlink(L->summary);
     snprintf(path, sizeof path, "%s/model.safetensors", L->out);
     unlink(path);
@@ -912,7 +909,7 @@ int dp_local_main(int argc, char **argv)
     char err[DP_ERR_LEN] = "";
     dp_opts_result_t parsed = s_setup(&L, argc, argv, err);
     if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour local", parsed, err);
-    if (s_prepare(&L, err) != 0) {
+    if (s_prepare(&L, err) != 0 || dp_spawn_guard(err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;
     }

@@ -33,8 +33,16 @@ int dp_scale_listen(const char *dir, char *err)
 {
     char path[PATH_MAX];
     s_lock_path(dir, path, sizeof path);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    /* 0600, and so made again over an earlier run's 0644: a lock another
+     * user can open, they can hold (a shared flock), and no launcher could
+     * then start on this directory */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return dp_err(err, "%s: %s", path, strerror(errno));
+    if (fchmod(fd, 0600) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_err(err, "%s: cannot make it 0600: %s", path, strerror(e));
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         close(fd);
@@ -56,17 +64,33 @@ int dp_scale_listening(const char *dir)
     return held;
 }
 
+/* The request file's text into line (NUL-terminated): 1, 0 when there is
+ * none, -1 with err for one that is no regular file (a FIFO, which a plain
+ * open would block the launcher's loop on; a symlink). */
+static int s_read_request(const char *path, char *line, size_t n, char *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) return 0;
+    if (fd < 0) return dp_err(err, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return dp_err(err, "%s: not a regular file", path);
+    }
+    ssize_t got = read(fd, line, n - 1);
+    close(fd);
+    line[got > 0 ? got : 0] = 0;
+    return 1;
+}
+
 int dp_scale_take(const char *dir, int *n, char *err)
 {
-    char path[PATH_MAX];
+    char path[PATH_MAX], line[32];
     dp_scale_request_path(dir, path, sizeof path);
-    uint8_t *text = NULL;
-    size_t len = 0;
-    if (dp_read_file(path, &text, &len, NULL) != 0) return 0; /* none (or not yet whole: renamed) */
+    int r = s_read_request(path, line, sizeof line, err);
+    if (r == 0) return 0; /* none (or not yet whole: renamed) */
     unlink(path);
-    char line[32] = "";
-    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), (char *)text);
-    free(text);
+    if (r < 0) return -1;
     line[strcspn(line, "\n")] = 0;
     long v = 0;
     if (dp_opts_parse_long("scale", line, 1, DP_CREW_MAX, &v, err) != 0) return -1;

@@ -19,7 +19,7 @@
 /* DIR/scale.request into out. */
 void dp_scale_request_path(const char *dir, char *out, size_t n);
 
-/* The launcher: DIR/scale.lock made and locked (the fd, close-on-exec,
+/* The launcher: DIR/scale.lock made (0600) and locked (the fd, close-on-exec,
  * held until the process ends); -1 with err when it cannot be made or
  * another launcher holds it (two elastic launchers on one DIR). */
 int dp_scale_listen(const char *dir, char *err);
@@ -28,7 +28,8 @@ int dp_scale_listen(const char *dir, char *err);
 int dp_scale_listening(const char *dir);
 
 /* The launcher: a request waiting in dir? 1 with *n (removed), 0 none,
- * -1 with err for a request that is not a count (removed too). */
+ * -1 with err for a request that is not a count, or not a regular file
+ * (removed too; never opened so that it could block). */
 int dp_scale_take(const char *dir, int *n, char *err);
 
 #endif

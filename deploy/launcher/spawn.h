@@ -13,6 +13,21 @@
  * downpour-worker are); argv0 when /proc/self/exe cannot be read. */
 void dp_spawn_bin_dir(char *out, size_t n, const char *argv0);
 
+/* For a launcher, before it starts any child: this process adopts its
+ * children's orphans (PR_SET_CHILD_SUBREAPER), and a guard process (its
+ * first child, in a process group of its own so that a kill of the
+ * launcher's job spares it, ignoring SIGINT and SIGTERM)
+ * learns each child's process group as it starts; when this process ends
+ * however it ends (SIGKILL included), the guard sends SIGTERM to every
+ * group it was not told is empty, then SIGKILL after 10 s; a launcher that
+ * exits by itself reaps the guard first (atexit). -1 with err when either
+ * cannot be set up. */
+int dp_spawn_guard(char *err);
+
+/* Tells the guard that none of group pgid is left (it must not signal it
+ * later: the number may be reused). */
+void dp_spawn_forget(pid_t pgid);
+
 /* Starts argv (argv[0] a path) with stdout and stderr in log, in a process
  * group of its own, SIGTERM'd if this process dies; *pid on success. */
 int dp_spawn(pid_t *pid, const char *const *argv, const char *log, char *err);

@@ -31,6 +31,9 @@
 #      and counted in summary.json's epoch_samples (as many as shard 0's
 #      log says it held); the replay trains the dealt batches bit for bit;
 #      a worker with another data plan is refused with one line
+#  (i) summary.json's images_per_s is what the crew trained over the time
+#      it took (a sync crew of 2 with room for 4), not the chief's rate
+#      times MAX
 #  (h) downpour sim --churn: a simulated elastic crew changing on the
 #      simulated clock, by leaves (after the push in flight) and by deaths
 #      (the push lost): every batch of the record applied once, none
@@ -225,6 +228,27 @@ check "chaos: the run finished (exit 0)" test "$rc" = 0
 check "chaos: workers killed and replaced" \
     bash -c "grep -q -- '--chaos: worker [12] killed' '$TMP/chaos.err' && grep -q 'worker [12] started' '$TMP/chaos.err'"
 check "chaos: never the chief" bash -c "! grep -q -- '--chaos: worker 0 killed' '$TMP/chaos.err'"
+
+# ---- (i) images_per_s: the crew's samples over its time ---------------------
+# A sync crew of 2 with room for 4 (--workers 2:4): the chief trains about
+# half of the epoch, so its own rate times MAX (what summary.json said) is
+# about twice the crew's. The rate is the epoch's samples over crew_train_s
+# (the chief's loop and its wait for the last worker), which lies between
+# the chief's train_s and its wall_s, so the rate lies between the samples
+# over each of those too (0.5 % for the rounding of printed figures).
+D=$TMP/rate
+"$BIN/downpour" local --workers 2:4 --mode sync "${COMMON[@]}" --epochs 1 --train-samples 3200 --seed 5 \
+    --out "$D" >"$TMP/rate.out" 2>"$TMP/rate.err"; rc=$?
+RATE=$("$TORCH_PY" -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+n = sum(e["trained"] for e in s["epoch_samples"])
+lo, hi, r, t = n / s["wall_s"], n / s["train_s"], s["images_per_s"], s.get("crew_train_s", 0)
+ok = n == 3200 and lo * 0.995 <= r <= hi * 1.005 and abs(r * t - n) <= 0.005 * n
+print("%s %.0f images/s: %d samples over %.2f s (chief %.2f, wall %.2f: [%.0f, %.0f])" % (
+      "ok" if ok else "off", r, n, t, s["train_s"], s["wall_s"], lo, hi))' "$D/summary.json" 2>&1)
+check "sync 2:4: images_per_s is the crew's samples over its time (exit $rc; $RATE)" \
+    bash -c "[ $rc = 0 ] && [ '${RATE:0:2}' = ok ]"
 
 # ---- (e) by hand: SIGTERM is a leave in an elastic crew, a stop in a fixed one
 PORT=$("$TORCH_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -7,6 +7,12 @@
 #    are gone; a file of the user's in metrics/ and logs/ stays
 #  - removed first, not at the end: while a third run trains, the second
 #    run's summary.json and model.safetensors are already gone
+#  - an elastic crew (--workers 1:2) whose DIR holds a FIFO as
+#    scale.request (planted by anything that could write there): the
+#    launcher's loop does not block on it, says so in one line, and the run
+#    finishes; scale.lock is 0600 (an earlier run's 0644 one too), so
+#    another user cannot hold a shared lock on it that would keep the next
+#    launcher on DIR from starting
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -66,4 +72,30 @@ check "... and the second run's summary.json and model.safetensors are already g
     test ! -e "$out/summary.json" -a ! -e "$out/model.safetensors"
 kill -TERM "$pid"
 wait_for "$pid" $((20 * S))
+
+# A FIFO as scale.request, an earlier run's scale.lock at 0644.
+el=$TMP/elastic
+mkdir -p "$el"
+mkfifo "$el/scale.request"
+: >"$el/scale.lock"
+chmod 0644 "$el/scale.lock"
+"$L" local --workers 1:2 --epochs 1 --train-samples 320 --mode async --model "fc:10 softmax" --batch 16 \
+    --seed 3 --no-progress --out "$el" >"$TMP/el.log" 2>&1 &
+pid=$!; T_PIDS+=("$pid")
+wait_for "$pid" $((120 * S))
+rc=$?
+check "a FIFO as scale.request: the elastic run is not blocked on it and finishes (status $rc)" test $rc = 0
+check "... saying it ignored it, in one line" \
+    grep -q 'scale request ignored: .*scale.request: not a regular file' "$TMP/el.log"
+check "scale.lock is 0600 ($(stat -c %a "$el/scale.lock"))" test "$(stat -c %a "$el/scale.lock")" = 600
+# From the hostile side: another user (nobody), who can reach DIR, cannot
+# open the lock to hold it shared.
+if [ "$(id -u)" = 0 ]; then
+    chmod 0711 "$TMP"
+    check "... another user cannot take a shared lock on it" \
+        bash -c "! setpriv --reuid=nobody --regid=nogroup --clear-groups flock -n -s '$el/scale.lock' true 2>/dev/null"
+    chmod 0700 "$TMP"
+else
+    skip "scale.lock from another user" "acting as nobody needs root"
+fi
 finish

@@ -2,10 +2,11 @@
 """runstats.py DIR: one JSON line about a finished run, from DIR/summary.json
 (the chief's) and DIR/metrics/worker-*.jsonl (one line per step and worker).
 
-The summary's images_per_s is the chief's rate times the worker count, which
-overstates a cluster with a slow worker; here each worker's rate is its own
-images over its own time, and the cluster's is every worker's images over the
-span from the first start to the last step. Staleness per worker is that of
+The summary's images_per_s is the crew's samples (a fixed crew's: the chief's
+times the worker count) over the chief's loop and its wait for the last
+worker; here each worker's rate is its own images over its own time, and the
+cluster's is every worker's images over the span from the first start to the
+last step. Staleness per worker is that of
 its pushes as the server answered them.
 
   {"mode", "replicas", "workers", "steps", "images_per_s", "applied_images_per_s",
