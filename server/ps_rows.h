@@ -22,7 +22,12 @@
  * once (rows.h), so a table of n rows read in pages of p costs n / p
  * scans: the run's end, not its steps.
  *
- * Push: (worker, step) applied once (a repeat is acknowledged, not applied
+ * Every count is checked against max_keys before anything is sized by it.
+ *
+ * Push: its step plausible by the dense push's rule (dp_shard_step_check,
+ * in the loop's handler: at most one past the worker's highest step the
+ * shard handled, dense or rows; else an ERROR), then (worker, step)
+ * applied once (a repeat is acknowledged, not applied
  * again); checked whole (width, keys pulled, finite, no key twice) before
  * anything moves, so a bad push is one REJECTED ACK and changes nothing.
  * When it applies (--rows-mode, default --mode):
