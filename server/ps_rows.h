@@ -18,9 +18,10 @@
  * chief reads every shard's table into its --save. A page holds at most
  * dp_ps_rows_page(r) keys, so its keys and rows are no larger than the
  * ROWS reply of a pull of max_keys keys; it reads, changing nothing (the
- * worker's pulled key set included). Each page scans the table's slots
- * once (rows.h), so a table of n rows read in pages of p costs n / p
- * scans: the run's end, not its steps.
+ * worker's pulled key set included). A page costs what it lists: a walk
+ * of the table's key tree from the cursor (rows.h), the page's keys and
+ * the path to them, not the table's slots, so back-to-back scans of one
+ * key cost a shard no more than pulls of one key.
  *
  * Every count is checked against max_keys before anything is sized by it.
  *

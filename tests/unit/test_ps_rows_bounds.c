@@ -247,4 +247,184 @@ static void test_push_step_bound(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-DP_TESTS(T(test_pull_count_first), T(test_push_step_bound))
+/* ---- a scan's page: its cost and its rows ------------------------------- */
+
+/* A table of width 1 holding n rows, keys spread over the 64-bit range
+ * (key i: the hash of i + 1, so neither their slots nor their insertion
+ * order is their key order). */
+static dp_rows_t *s_table(size_t n, uint32_t chunk)
+{
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, 1, DP_ROW_SGD);
+    c.chunk_rows = chunk;
+    c.evict_after = 4;
+    c.sweep_per_push = 1;
+    char err[DP_ERR_LEN] = "";
+    dp_rows_t *t = dp_rows_new(&c, err);
+    if (!t) {
+        fprintf(stderr, "  %s\n", err);
+        return NULL;
+    }
+    enum { B = 4096 };
+    uint64_t keys[B];
+    float w[B] = {0};
+    for (size_t at = 0; at < n; at += B) {
+        size_t k = n - at < B ? n - at : B;
+        for (size_t j = 0; j < k; j++) keys[j] = dp_rows_hash(at + j + 1);
+        if (dp_rows_put(t, keys, k, 1, w, err) != 0) fprintf(stderr, "  %s\n", err);
+    }
+    return t;
+}
+
+/* The entries the page of `page` keys from key 2^63 looks at. */
+static uint64_t s_page_cost(const dp_rows_t *t, size_t page)
+{
+    uint64_t keys[64], visited = 0;
+    size_t n = dp_rows_keys_page(t, 1ull << 63, page, keys, &visited);
+    CHECK_EQ(n, page);
+    return visited;
+}
+
+/* A page of 8 keys of a table of 2^18 rows looks at what a page of a table
+ * of 64 does, within the factor its depth allows (log2 of the rows: 18
+ * against 6), and far from the table's size: before, every page looked at
+ * every slot (the 1-key scans that slowed another worker's pull 65-fold
+ * at 3.1 M rows). */
+static void test_scan_cost(void)
+{
+    enum { BIG = 1 << 18, SMALL = 64, PAGE = 8 };
+    dp_rows_t *big = s_table(BIG, 4096), *small = s_table(SMALL, 16);
+    if (!big || !small) return;
+    uint64_t cb = s_page_cost(big, PAGE), cs = s_page_cost(small, PAGE);
+    /* a bound stated from the structure: each of the page's keys (and the
+     * one after it) costs at most a path of the tree, whose depth is
+     * 2 log2 n on the average and, for these keys, under 4 log2 n */
+    CHECK(cb <= (uint64_t)(PAGE + 1) * 4 * 18);
+    CHECK(cs <= (uint64_t)(PAGE + 1) * 4 * 6);
+    CHECK(cb <= 8 * cs);
+    if (cb > (uint64_t)(PAGE + 1) * 4 * 18)
+        fprintf(stderr, "  a page of %d keys looked at %" PRIu64 " entries of %d rows (%" PRIu64
+                        " of %d)\n", PAGE, cb, BIG, cs, SMALL);
+    CHECK_EQ(s_page_cost(big, 1) <= 2 * 4 * 18, 1);
+    dp_rows_destroy(&big);
+    dp_rows_destroy(&small);
+}
+
+/* Pages of 5 list every row once, ascending, with rows made and dropped
+ * between pages: what the cursor promises (ps_rows.h, a page is the keys
+ * >= from held when it is read): a row held throughout is listed once, a
+ * row made behind the cursor is not and one made ahead of it is, a row
+ * dropped before its page is not. */
+static void test_scan_between_pages(void)
+{
+    enum { N = 200, PAGE = 5 };
+    dp_rows_t *t = s_table(N, 16);
+    if (!t) return;
+    char err[DP_ERR_LEN] = "";
+    uint64_t *seen = dp_malloc(2 * N * sizeof *seen), page[PAGE], from = 0, version = 0;
+    size_t n = 0, got, made = 0;
+    uint64_t behind = 0, ahead = 0;
+    float g = 0.5f;
+    do {
+        got = dp_rows_keys_page(t, from, PAGE, page, NULL);
+        for (size_t i = 0; i < got; i++) seen[n++] = page[i];
+        if (got) from = page[got - 1] + 1;
+        /* every fourth page: a row made just behind the cursor, one just
+         * ahead (a push makes it), and the rows made two pages ago pushed
+         * again at a version that leaves the table's first rows idle */
+        if (got && n / PAGE % 4 == 0 && from > 2 && from < UINT64_MAX - 2) {
+            uint64_t two[2] = {from - 2, from + 1};
+            if (dp_rows_row(t, two[0], &(dp_rows_view_t){0}) != 0 &&
+                dp_rows_row(t, two[1], &(dp_rows_view_t){0}) != 0) {
+                float gg[2] = {g, g};
+                CHECK_EQ(dp_rows_push(t, version, two, 2, 1, gg, err), 2);
+                behind = two[0], ahead = two[1], made++;
+                int listed_behind = 0;
+                for (size_t i = 0; i < n; i++) listed_behind |= seen[i] == behind;
+                CHECK(!listed_behind);
+            }
+        }
+    } while (got == PAGE);
+    CHECK(made > 5);
+    int ascending = 1, found_ahead = 0, found_behind = 0;
+    for (size_t i = 1; i < n; i++) ascending &= seen[i] > seen[i - 1];
+    for (size_t i = 0; i < n; i++) found_ahead |= seen[i] == ahead, found_behind |= seen[i] == behind;
+    CHECK(ascending);
+    CHECK(found_ahead);
+    CHECK(!found_behind);
+    /* the first N rows once each: every one was held throughout */
+    size_t once = 0;
+    for (size_t j = 0; j < N; j++) {
+        int k = 0;
+        for (size_t i = 0; i < n; i++) k += seen[i] == dp_rows_hash(j + 1);
+        once += k == 1;
+    }
+    CHECK_EQ(once, N);
+    CHECK_EQ(n, N + made); /* and the rows made ahead, each once */
+    /* dropped: the last row made ahead pushed at a later version, every
+     * other row swept out idle; a scan from 0 lists that row alone */
+    const uint64_t later = 100;
+    CHECK_EQ(dp_rows_push(t, later, &ahead, 1, 1, &g, err), 1);
+    for (int k = 0; k < 2 * N; k++) dp_rows_sweep(t, later, 64);
+    dp_rows_stats_t st;
+    dp_rows_stats(t, &st);
+    CHECK_EQ(st.rows, 1);
+    CHECK_EQ(dp_rows_keys_page(t, 0, PAGE, page, NULL), 1);
+    CHECK_EQ(page[0], ahead);
+    free(seen);
+    dp_rows_destroy(&t);
+}
+
+/* The tree's priority of a key (server/rows.c's s_prio): to choose keys
+ * against it. */
+static uint64_t s_prio(uint64_t key)
+{
+    return dp_rows_hash(key ^ 0xd6e8feb86659fd93ULL);
+}
+
+/* Keys chosen against the tree's hash (an attacker can: it is public and
+ * invertible): of 40000 keys, the longest run whose priorities ascend
+ * with the keys (about 400), which makes the tree a chain that deep, past
+ * the walk's stack of 64. Pages still list every key once, ascending. */
+static void test_scan_deep_tree(void)
+{
+    enum { M = 40000, PAGE = 7 };
+    uint64_t *k = dp_malloc(M * sizeof *k), *tail = dp_malloc(M * sizeof *tail);
+    size_t *at = dp_malloc(M * sizeof *at), *prev = dp_malloc(M * sizeof *prev), len = 0;
+    for (size_t i = 0; i < M; i++) k[i] = (uint64_t)i * 1000003u + 1; /* ascending */
+    for (size_t i = 0; i < M; i++) { /* patience sorting on the priorities */
+        size_t lo = 0, hi = len;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (s_prio(k[at[mid]]) < s_prio(k[i])) lo = mid + 1;
+            else hi = mid;
+        }
+        prev[i] = lo ? at[lo - 1] : SIZE_MAX;
+        at[lo] = i;
+        if (lo == len) len++;
+    }
+    for (size_t i = at[len - 1], j = len; j-- > 0; i = prev[i]) tail[j] = k[i];
+    CHECK(len > 3 * 64);
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, 1, DP_ROW_SGD);
+    char err[DP_ERR_LEN] = "";
+    dp_rows_t *t = dp_rows_new(&c, err);
+    float *w = dp_calloc(len, sizeof *w);
+    CHECK_EQ(dp_rows_put(t, tail, len, 1, w, err), 0);
+    uint64_t page[PAGE], from = 0, visits, most = 0;
+    size_t n = 0, got, same = 0;
+    do {
+        got = dp_rows_keys_page(t, from, PAGE, page, &visits);
+        for (size_t i = 0; i < got; i++, n++) same += n < len && page[i] == tail[n];
+        if (got) from = page[got - 1] + 1;
+        if (visits > most) most = visits;
+    } while (got == PAGE);
+    CHECK_EQ(n, len);
+    CHECK_EQ(same, len);
+    CHECK(most >= len / 2); /* the chain is that deep: the cost is time, bounded by its depth */
+    free(k), free(tail), free(at), free(prev), free(w);
+    dp_rows_destroy(&t);
+}
+
+DP_TESTS(T(test_pull_count_first), T(test_push_step_bound), T(test_scan_cost),
+         T(test_scan_between_pages), T(test_scan_deep_tree))
