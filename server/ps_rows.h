@@ -20,8 +20,9 @@
  * ROWS reply of a pull of max_keys keys; it reads, changing nothing (the
  * worker's pulled key set included). A page costs what it lists: a walk
  * of the table's key tree from the cursor (rows.h), the page's keys and
- * the path to them, not the table's slots, so back-to-back scans of one
- * key cost a shard no more than pulls of one key.
+ * the path to them, not the table's slots, so a scan of one key costs a
+ * path of the tree (2 log2 rows entries on the average), whatever the
+ * table's size.
  *
  * Every count is checked against max_keys before anything is sized by it.
  *
