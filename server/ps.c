@@ -32,7 +32,8 @@
  *    (its assembly, server/shard_parts.h), allocated once, and the early
  *    step (one push at a time stepped as its parts come) one
  *    buffer and one copy of the optimizer state (server/shard_early.h).
- *  - A push's step is plausible (dp_shard_step_check) before it can count
+ *  - A push's step (a row push's too, server/ps_rows.c) is plausible
+ *    (dp_shard_step_check) before it can count
  *    as a repeat or be recorded as applied: one message cannot push a
  *    worker's step high-water mark (and its checkpoint) out of reach.
  *  - A version that moved is checkpointed (when due) before the reply that

@@ -132,12 +132,21 @@ static int s_cmp_key(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* A request of n keys: at most max_keys; -1 with err. Checked before
+ * anything is sized by n (the message limit lets through far more keys
+ * than max_keys: a pull's 8 bytes a key against a push's 8 + 4 D). */
+static int s_count_ok(const dp_ps_rows_t *r, size_t n, char *err)
+{
+    if (n > r->max_keys)
+        return dp_err(err, "%zu keys in one request (this shard takes at most %u)", n, r->max_keys);
+    return 0;
+}
+
 /* The n keys of a request (aligned, caller's) each of this shard and at
  * most max_keys of them; -1 with err. */
 static int s_keys_ours(const dp_ps_rows_t *r, const uint64_t *keys, size_t n, char *err)
 {
-    if (n > r->max_keys)
-        return dp_err(err, "%zu keys in one request (this shard takes at most %u)", n, r->max_keys);
+    if (s_count_ok(r, n, err) != 0) return -1;
     for (size_t i = 0; i < n; i++) {
         uint32_t owner = dp_rows_shard_of(keys[i], r->shards);
         if (owner != r->shard)
@@ -166,9 +175,9 @@ static bool s_pulled(const dp_ps_rows_t *r, int w, uint64_t key)
 
 long dp_ps_rows_pull(dp_ps_rows_t *r, int w, const uint64_t *keys, size_t n, float *rows, char *err)
 {
-    if (!r->pulled[w]) r->pulled[w] = dp_malloc((size_t)r->max_keys * sizeof(uint64_t));
     r->n_pulled[w] = 0; /* until the pull is whole: no push may follow a refused one */
     if (s_keys_ours(r, keys, n, err) != 0) return -1;
+    if (!r->pulled[w]) r->pulled[w] = dp_malloc((size_t)r->max_keys * sizeof(uint64_t));
     uint64_t *set = r->pulled[w];
     memcpy(set, keys, n * sizeof *set);
     qsort(set, n, sizeof *set, s_cmp_key);
@@ -278,7 +287,13 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
         s_on_rows_scan(ps, id, env);
         return;
     }
-    size_t n;
+    size_t n = (size_t)env->tensors[0]->shape[0];
+    if (s_count_ok(r, n, why) != 0) { /* before the keys' copy and the rows are sized by n */
+        r->n_pulled[w] = 0;
+        snprintf(msg, sizeof msg, "ROWS_PULL: %s", why);
+        dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        return;
+    }
     uint64_t *keys = s_frame_keys(env, frames, &n);
     float *rows = dp_malloc((n ? n : 1) * (size_t)r->width * sizeof(float));
     long held = dp_ps_rows_pull(r, w, keys, n, rows, why);
@@ -389,12 +404,27 @@ void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
                           "ROWS_PUSH: this shard's model has no row table (no embed:D layer)");
         return;
     }
+    /* The dense push's step rule, the same call: before the step may count
+     * as a repeat, one message cannot put the worker's row steps out of its
+     * reach (a stranger's step 2^62 made every later push a "repeat"). */
+    char msg[DP_ERR_LEN];
+    if (dp_shard_step_check(&ps->shard, w, p->step, msg, sizeof msg) != 0) {
+        dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        return;
+    }
+    dp_shard_step_handled(&ps->shard, w, p->step);
     dp_push_outcome_t o;
-    size_t n;
-    uint64_t *keys = s_frame_keys(env, frames, &n);
-    int repeat = dp_ps_rows_push(r, w, p->step, p->version, ps->shard.version, (int)p->width, keys, n,
-                                 frames[1].data, &o);
-    free(keys);
+    size_t n = (size_t)env->tensors[0]->shape[0];
+    int repeat = 0;
+    if (s_count_ok(r, n, msg) != 0) { /* before the keys' copy is sized by n */
+        r->rejected++;
+        s_outcome(&o, DP_PUSH_REJECTED, 0, msg);
+    } else {
+        uint64_t *keys = s_frame_keys(env, frames, &n);
+        repeat = dp_ps_rows_push(r, w, p->step, p->version, ps->shard.version, (int)p->width, keys,
+                                 n, frames[1].data, &o);
+        free(keys);
+    }
     if (o.status == DP_PUSH_REJECTED)
         dp_log_debug("shard %d: worker %d: ROWS_PUSH rejected: %s", ps->cfg->shard_index, w, o.reason);
     if (!repeat) /* a repeat changes nothing: not an event */

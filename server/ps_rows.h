@@ -18,11 +18,18 @@
  * chief reads every shard's table into its --save. A page holds at most
  * dp_ps_rows_page(r) keys, so its keys and rows are no larger than the
  * ROWS reply of a pull of max_keys keys; it reads, changing nothing (the
- * worker's pulled key set included). Each page scans the table's slots
- * once (rows.h), so a table of n rows read in pages of p costs n / p
- * scans: the run's end, not its steps.
+ * worker's pulled key set included). A page costs what it lists: a walk
+ * of the table's key tree from the cursor (rows.h), the page's keys and
+ * the path to them, not the table's slots, so a scan of one key costs a
+ * path of the tree (2 log2 rows entries on the average), whatever the
+ * table's size.
  *
- * Push: (worker, step) applied once (a repeat is acknowledged, not applied
+ * Every count is checked against max_keys before anything is sized by it.
+ *
+ * Push: its step plausible by the dense push's rule (dp_shard_step_check,
+ * in the loop's handler: at most one past the worker's highest step the
+ * shard handled, dense or rows; else an ERROR), then (worker, step)
+ * applied once (a repeat is acknowledged, not applied
  * again); checked whole (width, keys pulled, finite, no key twice) before
  * anything moves, so a bad push is one REJECTED ACK and changes nothing.
  * When it applies (--rows-mode, default --mode):

@@ -10,13 +10,23 @@
  *     tombstones, so probe runs stay short after evictions); grown by
  *     doubling past 3/4 load;
  *   - the pending table: the same map with each key's sightings and the
- *     version it was last seen at.
+ *     version it was last seen at;
+ *   - the key tree: the live slots ordered by key (a treap threaded through
+ *     meta.left / right, each key's priority a hash of it), so a scan's
+ *     page (dp_rows_keys_page) walks only the keys it lists and the paths
+ *     to them, not the table. Its shape is a function of the keys held
+ *     alone (priorities are distinct: the hash is a bijection), whatever
+ *     the order of inserts and removals: it is not saved, digested or
+ *     replayed, only rebuilt. Every walk is a loop, never recursion, so a
+ *     deep tree (keys chosen against the hash) costs time, not the stack.
  * Invariants: a slot is live iff its meta.touched != S_FREE, and then
- * the map holds its key with that slot; map.count == live rows. */
+ * the map and the tree hold its key with that slot; map.count == live
+ * rows. */
 #include "server/rows.h"
 
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +41,8 @@ typedef struct {
     uint64_t touched;  /* the version of its last push; S_FREE: a free slot */
     uint32_t steps;    /* optimizer steps (adam's bias correction) */
     uint32_t link;     /* free slot: the next free one */
+    uint32_t left;     /* live slot: the key tree's children (S_NONE: none); */
+    uint32_t right;    /* not saved: the tree is a function of the keys held */
 } s_meta_t;
 
 typedef struct {
@@ -55,6 +67,7 @@ struct dp_rows {
     size_t nchunks, chunks_cap;
     uint32_t hwm;               /* slots ever handed out: [0, hwm) */
     uint32_t free_head;         /* the free list; S_NONE: empty */
+    uint32_t root;              /* the key tree's root slot; S_NONE: no row */
     s_map_t map;                /* key -> slot */
     s_map_t pend;               /* key -> sightings, seen */
     uint32_t row_cursor;        /* the sweep's next slot */
@@ -181,6 +194,58 @@ static uint32_t s_slot_take(dp_rows_t *t)
     return t->hwm++;
 }
 
+/* ---- the key tree --------------------------------------------------------- */
+
+/* A key's place in the heap order (the tree's root has the highest): a
+ * bijective mix other than the map's, so the two orders are unrelated. */
+static inline uint64_t s_prio(uint64_t key)
+{
+    return dp_rows_hash(key ^ 0xd6e8feb86659fd93ULL);
+}
+
+/* Put the live slot into the tree: down to the first node of lower
+ * priority, whose subtree is split around the key into the slot's two
+ * children. */
+static void s_tree_insert(dp_rows_t *t, uint32_t slot)
+{
+    s_meta_t *x = s_meta(t, slot);
+    uint64_t pri = s_prio(x->key);
+    uint32_t *link = &t->root;
+    while (*link != S_NONE) {
+        s_meta_t *m = s_meta(t, *link);
+        if (s_prio(m->key) < pri) break;
+        link = x->key < m->key ? &m->left : &m->right;
+    }
+    uint32_t cur = *link, *l = &x->left, *r = &x->right;
+    while (cur != S_NONE) {
+        s_meta_t *m = s_meta(t, cur);
+        if (m->key < x->key) *l = cur, l = &m->right, cur = m->right;
+        else *r = cur, r = &m->left, cur = m->left;
+    }
+    *l = *r = S_NONE;
+    *link = slot;
+}
+
+/* Take key out of the tree: its children merged in its place (the one of
+ * higher priority on top, all the way down). */
+static void s_tree_remove(dp_rows_t *t, uint64_t key)
+{
+    uint32_t *link = &t->root;
+    while (*link != S_NONE && s_meta(t, *link)->key != key) {
+        s_meta_t *m = s_meta(t, *link);
+        link = key < m->key ? &m->left : &m->right;
+    }
+    if (*link == S_NONE) return;
+    s_meta_t *x = s_meta(t, *link);
+    uint32_t a = x->left, b = x->right; /* every key of a < every key of b */
+    while (a != S_NONE && b != S_NONE) {
+        s_meta_t *ma = s_meta(t, a), *mb = s_meta(t, b);
+        if (s_prio(ma->key) > s_prio(mb->key)) *link = a, link = &ma->right, a = ma->right;
+        else *link = b, link = &mb->left, b = mb->left;
+    }
+    *link = a != S_NONE ? a : b;
+}
+
 /* The initial value of key's row: zeros, or uniform in [-scale, scale)
  * from splitmix64 over (seed, key, element): the top 24 bits of each hash
  * as a float in [0, 1), exact, so the value is the same on every machine. */
@@ -211,6 +276,7 @@ static uint32_t s_row_new(dp_rows_t *t, uint64_t key, uint64_t version)
     s_init_row(&t->c, key, v);
     memset(v + t->c.width, 0, (t->stride - (size_t)t->c.width) * sizeof *v);
     s_map_insert(&t->map, key, slot, 0);
+    s_tree_insert(t, slot);
     t->st.created++;
     return slot;
 }
@@ -220,6 +286,7 @@ static void s_row_evict(dp_rows_t *t, uint32_t slot)
     s_meta_t *m = s_meta(t, slot);
     size_t i = s_map_find(&t->map, m->key);
     if (i != SIZE_MAX) s_map_remove_at(&t->map, i);
+    s_tree_remove(t, m->key);
     m->touched = S_FREE;
     m->link = t->free_head;
     t->free_head = slot;
@@ -281,6 +348,7 @@ dp_rows_t *dp_rows_new(const dp_rows_conf_t *conf, char *err)
     t->stride = (size_t)c.width * (size_t)(1 + t->s);
     while ((1u << t->chunk_shift) < c.chunk_rows) t->chunk_shift++;
     t->free_head = S_NONE;
+    t->root = S_NONE;
     s_map_alloc(&t->map, 16, 0);
     s_map_alloc(&t->pend, 16, 1);
     t->dcap = 16;
@@ -529,7 +597,7 @@ uint64_t dp_rows_digest(const dp_rows_t *t)
             h = dp_fnv1a(h, &m->link, sizeof m->link);
             continue;
         }
-        h = dp_fnv1a(h, m, sizeof *m);
+        h = dp_fnv1a(h, m, offsetof(s_meta_t, left)); /* the tree follows the keys */
         h = dp_fnv1a(h, s_vals(t, s), t->stride * sizeof(float));
     }
     for (size_t i = 0; i < t->pend.cap; i++)
@@ -646,6 +714,7 @@ static int s_load_slots(dp_rows_t *n, const s_saved_t *h, const uint8_t *p, char
         if (s_map_find(&n->map, m->key) != SIZE_MAX)
             return dp_err(err, "a saved row table holds key %llu twice", (unsigned long long)m->key);
         s_map_place(&n->map, m->key, got, 0);
+        s_tree_insert(n, got);
     }
     /* the free list: free slots only, no cycle (at most hwm links) */
     uint32_t f = h->free_head;
@@ -695,46 +764,62 @@ int dp_rows_load(dp_rows_t *t, const uint8_t *buf, size_t len, char *err)
 
 /* ---- the whole table, in key order (a model file's rows) ----------------- */
 
-/* Sift keys[i] down the max-heap keys[0..n). */
-static void s_heap_down(uint64_t *keys, size_t n, size_t i)
+/* The walk's stack: the tree's nodes whose keys come next, the smallest on
+ * top. At most S_WALK of them, the deepest kept: when one falls off the
+ * bottom (a tree deeper than that), the walk descends again from the
+ * root past the last key listed once the stack is empty. */
+#define S_WALK 64
+
+typedef struct {
+    uint32_t s[S_WALK];  /* a ring: the bottom at lo, n entries */
+    unsigned lo, n;
+    int dropped;         /* an entry fell off the bottom */
+} s_walk_t;
+
+static void s_walk_push(s_walk_t *w, uint32_t slot)
 {
-    for (;;) {
-        size_t l = 2 * i + 1, m = i;
-        if (l < n && keys[l] > keys[m]) m = l;
-        if (l + 1 < n && keys[l + 1] > keys[m]) m = l + 1;
-        if (m == i) return;
-        uint64_t k = keys[i];
-        keys[i] = keys[m], keys[m] = k;
-        i = m;
+    if (w->n == S_WALK) w->lo = (w->lo + 1) % S_WALK, w->n--, w->dropped = 1;
+    w->s[(w->lo + w->n++) % S_WALK] = slot;
+}
+
+/* Down from cur: the nodes of keys >= from on its way (each the next
+ * after those below it) pushed; *visits counts the nodes looked at. */
+static void s_walk_down(const dp_rows_t *t, s_walk_t *w, uint32_t cur, uint64_t from,
+                        uint64_t *visits)
+{
+    while (cur != S_NONE) {
+        const s_meta_t *m = s_meta(t, cur);
+        ++*visits;
+        if (m->key >= from) s_walk_push(w, cur), cur = m->left;
+        else cur = m->right;
     }
 }
 
 size_t dp_rows_keys_from(const dp_rows_t *t, uint64_t from, size_t max, uint64_t *keys)
 {
-    /* the max smallest keys >= from: a max-heap of them in keys itself,
-     * whose top is the one to drop when a smaller key turns up */
+    return dp_rows_keys_page(t, from, max, keys, NULL);
+}
+
+size_t dp_rows_keys_page(const dp_rows_t *t, uint64_t from, size_t max, uint64_t *keys,
+                         uint64_t *visited)
+{
+    /* in order from the first key >= from: a node listed, then the left
+     * spine of its right subtree (the keys between it and the next node
+     * on the stack) */
+    uint64_t visits = 0;
     size_t n = 0;
-    for (uint32_t s = 0; s < t->hwm && max > 0; s++) {
-        const s_meta_t *m = s_meta(t, s);
-        if (m->touched == S_FREE || m->key < from) continue;
-        if (n < max) {
-            size_t i = n++;
-            keys[i] = m->key;
-            while (i > 0 && keys[(i - 1) / 2] < keys[i]) { /* sift up */
-                uint64_t k = keys[i];
-                keys[i] = keys[(i - 1) / 2], keys[(i - 1) / 2] = k;
-                i = (i - 1) / 2;
-            }
-        } else if (m->key < keys[0]) {
-            keys[0] = m->key;
-            s_heap_down(keys, n, 0);
+    s_walk_t w = {.n = 0};
+    if (max > 0) s_walk_down(t, &w, t->root, from, &visits);
+    while (n < max && w.n > 0) {
+        const s_meta_t *m = s_meta(t, w.s[(w.lo + --w.n) % S_WALK]);
+        keys[n++] = m->key;
+        s_walk_down(t, &w, m->right, 0, &visits);
+        if (w.n == 0 && w.dropped && m->key < UINT64_MAX) {
+            w.dropped = 0;
+            s_walk_down(t, &w, t->root, m->key + 1, &visits);
         }
     }
-    for (size_t end = n; end > 1; end--) { /* heap sort: ascending */
-        uint64_t k = keys[0];
-        keys[0] = keys[end - 1], keys[end - 1] = k;
-        s_heap_down(keys, end - 1, 0);
-    }
+    if (visited) *visited = visits;
     return n;
 }
 

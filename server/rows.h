@@ -43,13 +43,14 @@
  * Memory (SECURITY.md, "Limits"). A row is one slot of a slab arena
  * (chunks of chunk_rows rows, never moved: a slot index is stable, and no
  * row is ever malloc'd on its own) holding 4 D (1 + S) bytes of weights
- * and state (S = 0 sgd, 1 adagrad, 2 adam and ftrl) and 24 bytes of
- * bookkeeping (key, last version, step count, free-list link), plus its
+ * and state (S = 0 sgd, 1 adagrad, 2 adam and ftrl) and 32 bytes of
+ * bookkeeping (key, last version, step count, free-list link, the key
+ * tree's two children: what makes a scan's page cost its keys), plus its
  * entry in the key map: 12 bytes at a load between 3/8 and 3/4 of the
  * map's size, which follows the peak row count (it doubles, never
  * shrinks), so 16 to 32 bytes per row at the peak. Per row at the peak,
  * at worst (dp_rows_bytes_per_row):
- *   sgd 4 D + 56, adagrad 8 D + 56, adam and ftrl 12 D + 56 bytes,
+ *   sgd 4 D + 64, adagrad 8 D + 64, adam and ftrl 12 D + 64 bytes,
  * and one chunk's slots (arena and map both keep their peak: evicted slots
  * are reused, not returned). The table holds at most max_rows rows (a
  * push for a new key beyond them drops that row's gradient, counted in
@@ -193,10 +194,18 @@ int dp_rows_load(dp_rows_t *t, const uint8_t *buf, size_t len, char *err);
 
 /* The keys of the rows held that are >= from, ascending, at most max of
  * them into keys[0..max); their count (fewer than max: no more). A model
- * file's rows page by page (from = the last key + 1): one scan of the
- * slots per call, O(slots log max), no allocation. Pending keys have no
- * row and are not listed. */
+ * file's rows page by page (from = the last key + 1): a walk of the key
+ * tree from the first key >= from, O(max + its depth) entries looked at
+ * whatever the table's size (the depth is 2 log2 rows on the average;
+ * keys chosen against the public hash can make it deeper, which costs
+ * time, not stack), no allocation. Rows made or dropped between pages:
+ * a page lists the keys >= from held when it is read. Pending keys have
+ * no row and are not listed. */
 size_t dp_rows_keys_from(const dp_rows_t *t, uint64_t from, size_t max, uint64_t *keys);
+/* The same, with *visited (unless NULL) the entries of the table the page
+ * looked at: its cost, which a test holds to the page, not the table. */
+size_t dp_rows_keys_page(const dp_rows_t *t, uint64_t from, size_t max, uint64_t *keys,
+                         uint64_t *visited);
 
 /* Rows given, not learned (a model file read back: downpour eval, --init):
  * key i's weights become w[i*D .. (i+1)*D), a row made for a key without

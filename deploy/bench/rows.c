@@ -73,17 +73,19 @@ static uint64_t s_key(long i)
     return dp_rows_hash((uint64_t)i + 1);
 }
 
-/* Every row of the table made: a pull and a push of each chunk of keys. */
-static int s_fill(const s_conf_t *c, dp_ps_client_t *pc, uint64_t *keys, float *rows, char *err)
+/* Every row of the table made: a pull and a push of each chunk of keys,
+ * at steps 1, 2, ...; *step the next (a shard takes a worker's steps in
+ * order: one past the last it handled at most). */
+static int s_fill(const s_conf_t *c, dp_ps_client_t *pc, uint64_t *keys, float *rows, uint64_t *step,
+                  char *err)
 {
     size_t chunk = DP_ROWS_DEFAULT_KEYS / 2; /* each shard's part well within its max_keys */
-    uint64_t step = 1;
-    for (long at = 0; at < c->table; at += (long)chunk, step++) {
+    for (long at = 0; at < c->table; at += (long)chunk, (*step)++) {
         size_t n = (size_t)(c->table - at) < chunk ? (size_t)(c->table - at) : chunk;
         for (size_t j = 0; j < n; j++) keys[j] = s_key(at + (long)j);
         dp_push_result_t res;
         if (dp_ps_client_rows_pull(pc, keys, n, c->dim, rows, NULL, err) != 0 ||
-            dp_ps_client_rows_push(pc, keys, n, c->dim, rows, step, &res, err) != 0)
+            dp_ps_client_rows_push(pc, keys, n, c->dim, rows, *step, &res, err) != 0)
             return -1;
         if (res.rejected) return dp_err(err, "filling the table: a push refused: %s", res.reason);
     }
@@ -105,10 +107,10 @@ static int s_measure(const s_conf_t *c, dp_ps_client_t *pc, s_times_t *t, char *
     float *copy = dp_aligned_alloc(n * (size_t)c->dim * sizeof(float));
     uint8_t *taken = dp_calloc((size_t)c->table, 1);
     for (size_t i = 0; i < n * (size_t)c->dim; i++) grads[i] = 1e-3f * (float)((int)(i % 7) - 3);
-    int rc = s_fill(c, pc, keys, rows, err);
+    uint64_t step = 1;
+    int rc = s_fill(c, pc, keys, rows, &step, err);
     dp_rng_t rng;
     dp_rng_seed(&rng, 7);
-    uint64_t step = 1u << 20;
     for (int r = 0; r < c->warmup + c->rounds && rc == 0; r++, step++) {
         /* N distinct rows of the table */
         memset(taken, 0, (size_t)c->table);

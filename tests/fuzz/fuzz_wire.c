@@ -103,6 +103,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             s_violation("accepted a page whose keys and rows differ in number");
         if (env->rows && env->rows->more && (env->n_tensors != 2 || env->tensors[0]->shape[0] < 1))
             s_violation("accepted a page that says more follow without a key");
+        /* a row request's key count is what its frame holds: the count a
+         * shard checks against max_keys before it sizes anything by it
+         * (server/ps_rows.c) is bounded by the bytes it received */
+        bool keyed = (env->rows_pull && !env->rows_pull->scan) || env->rows_push;
+        if (keyed && (k < 1 || (uint64_t)env->tensors[0]->shape[0] * 8 != frames[0].len))
+            s_violation("accepted a row request whose key count is not its frame's");
+        if (env->rows_push && (k != 2 || env->tensors[1]->shape[0] != env->tensors[0]->shape[0] ||
+                               env->tensors[1]->shape[1] != (int64_t)env->rows_push->width))
+            s_violation("accepted a row push whose gradients are not its keys' rows");
         if (env->params && (dp_wire_params_parts(env->params) > DP_WIRE_MAX_PULL_PARTS ||
                             env->params->part >= dp_wire_params_parts(env->params)))
             s_violation("accepted a PARAMS part outside its parts");
@@ -130,8 +139,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef DP_LIBFUZZER
 /* Valid messages to mutate: a PUSH with k frames, a HELLO, a PULL, an
  * ERROR, a ROWS_PULL scan (the chief's read of a shard's table) and its
- * page (ROWS: 16 keys, then their rows of width 2, 128 bytes each). */
-#define S_KINDS 6
+ * page (ROWS: 16 keys, then their rows of width 2, 128 bytes each), a
+ * ROWS_PULL of 16 keys (more than a shard of max_keys 8 takes) and a
+ * ROWS_PUSH of their rows (at step 3, and at 2^62: what a shard refuses
+ * past the wire; issue 55). */
+#define S_KINDS 8
 static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
 {
     static float t[64];
@@ -145,6 +157,7 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
     Downpour__RowsPull rows_pull = DOWNPOUR__ROWS_PULL__INIT;
     Downpour__RowsScan scan = DOWNPOUR__ROWS_SCAN__INIT;
     Downpour__Rows rows = DOWNPOUR__ROWS__INIT;
+    Downpour__RowsPush rows_push = DOWNPOUR__ROWS_PUSH__INIT;
     Downpour__TensorDesc d[2];
     Downpour__TensorDesc *dv[2] = {&d[0], &d[1]};
     int64_t sh[2][2];
@@ -188,6 +201,27 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
         scan.max_keys = which >= S_KINDS ? 65536 : 7;
         rows_pull.scan = &scan;
         env.rows_pull = &rows_pull;
+        break;
+    case 6:
+        k = 1;
+        env.type = DOWNPOUR__MSG_TYPE__ROWS_PULL;
+        rows_pull.width = which >= S_KINDS ? 4096 : 2;
+        env.rows_pull = &rows_pull;
+        dp_wire_desc_keyed(&d[0], sh[0], "keys", DOWNPOUR__DTYPE__UINT64, t, 16, 0);
+        env.n_tensors = 1;
+        env.tensors = dv;
+        break;
+    case 7:
+        k = 2;
+        env.type = DOWNPOUR__MSG_TYPE__ROWS_PUSH;
+        rows_push.version = 4;
+        rows_push.step = which >= S_KINDS ? 1ull << 62 : 3;
+        rows_push.width = 2;
+        env.rows_push = &rows_push;
+        dp_wire_desc_keyed(&d[0], sh[0], "keys", DOWNPOUR__DTYPE__UINT64, t, 16, 0);
+        dp_wire_desc_keyed(&d[1], sh[1], "grads", DOWNPOUR__DTYPE__FLOAT32, t + 32, 16, 2);
+        env.n_tensors = 2;
+        env.tensors = dv;
         break;
     default:
         k = 2;
