@@ -54,7 +54,7 @@ static s_kind_t s_spec_kind(const char *spec)
 
 static const char *s_kind_what(s_kind_t k)
 {
-    return k == S_SPARSE ? "a sparse model (embed:D): score it with --data libsvm:TEST"
+    return k == S_SPARSE ? "a sparse model (embed:D): score it on libsvm data (--data libsvm:TEST)"
          : k == S_POLICY ? "a policy (an actor-critic head): score it with --env NAME"
                          : "a dense model: score it on its image data (--data, default fashion-mnist)";
 }
