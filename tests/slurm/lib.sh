@@ -109,28 +109,54 @@ s_sl_wait_file() {
     return 1
 }
 
+# s_sl_logs: the last lines of the daemons' logs, on one line (for SL_WHY).
+s_sl_logs() {
+    local f
+    for f in "$SL_DIR"/munge/munged.log "$SL_DIR"/log/slurmctld.log "$SL_DIR"/log/slurmd-*.log; do
+        [ -s "$f" ] && printf ' [%s: %s]' "${f##*/}" "$(tail -n 3 "$f" | tr '\n' ' ')"
+    done
+}
+
+# s_sl_idle: 0 when every node is idle.
+s_sl_idle() { [ "$(sl_run "$SL_CTLD_NS" sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle')" = "${#SL_NODES[@]}" ]; }
+
 # sl_start [CTLD_NETNS]: munged, slurmctld (-c: no state of an earlier run),
-# a slurmd per node (-N NAME); waits until every node is idle.
+# a slurmd per node (-N NAME); waits until every node is idle. Nothing here
+# needs the host's name to resolve (a fresh chroot's /etc/hosts may not name
+# it, and its resolver may time out; both tried: the cluster came up):
+# munged's origin is the loopback address (no lookup of the name), the
+# controller is reached at its address, and each step waits for the state
+# it needs: slurmctld answering a ping before any slurmd starts, then every
+# node idle, with a reconfigure (every slurmd registers again) when one is
+# not after 10 s and 30 s. When it fails, SL_WHY carries the daemons' last
+# log lines.
 sl_start() {
     SL_CTLD_NS=${1:-}
     local d=$SL_DIR node name naddr ns t
     DP_SLURM_CLUSTER=$d DP_SLURM_OWNER=$$ setpriv --reuid=munge --regid=munge --init-groups munged --socket="$d/munge/munge.socket.2" \
-        --key-file="$d/munge/munge.key" --pid-file="$d/munge/munged.pid" \
+        --origin=127.0.0.1 --key-file="$d/munge/munge.key" --pid-file="$d/munge/munged.pid" \
         --log-file="$d/munge/munged.log" --seed-file="$d/munge/munged.seed" ||
         { SL_WHY="munged did not start: $(tail -1 "$d/munge/munged.log" 2>/dev/null)"; return 1; }
     s_sl_wait_file "$d/munge/munged.pid" 10 || { SL_WHY="munged wrote no pid file"; return 1; }
     DP_SLURM_CLUSTER=$d DP_SLURM_OWNER=$$ sl_in "$SL_CTLD_NS" slurmctld -c -f "$d/slurm.conf" ||
         { SL_WHY="slurmctld did not start: $(tail -2 "$d/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"; return 1; }
+    for ((t = 0; t < 600; t++)); do
+        sl_run "$SL_CTLD_NS" timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP' && break
+        sleep 0.1
+    done
+    [ $t -lt 600 ] || { SL_WHY="slurmctld did not answer scontrol ping in 60 s:$(s_sl_logs)"; return 1; }
     for node in "${SL_NODES[@]}"; do
         read -r name naddr ns <<<"$node"
         DP_SLURM_CLUSTER=$d DP_SLURM_OWNER=$$ sl_in "$ns" slurmd -N "$name" -f "$d/slurm.conf" ||
             { SL_WHY="slurmd $name did not start: $(tail -2 "$d/log/slurmd-$name.log" 2>/dev/null | tr '\n' ' ')"; return 1; }
     done
-    for ((t = 0; t < 300; t++)); do
-        [ "$(sl_run "$SL_CTLD_NS" sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle')" = "${#SL_NODES[@]}" ] && return 0
+    for ((t = 0; t < 600; t++)); do
+        s_sl_idle && return 0
+        # Not idle after 10 s, and again after 30: every slurmd registers anew.
+        [ $t = 100 ] || [ $t = 300 ] && sl_run "$SL_CTLD_NS" timeout 10 scontrol reconfigure >/dev/null 2>&1
         sleep 0.1
     done
-    SL_WHY="the nodes did not come up idle: $(sl_run "$SL_CTLD_NS" sinfo -h -N -o '%N %T %E' 2>&1 | tr '\n' ';')"
+    SL_WHY="the nodes did not come up idle in 60 s: $(sl_run "$SL_CTLD_NS" sinfo -h -N -o '%N %T %E' 2>&1 | tr '\n' ';')$(s_sl_logs)"
     return 1
 }
 
