@@ -47,6 +47,7 @@
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
 #include "server/shard_dc.h"
+#include "worker/progress.h"
 
 typedef struct {
     int worker;
@@ -92,6 +93,7 @@ typedef struct {
     size_t first_rows_mismatch;
     uint64_t eval_pulls;   /* the chief's final row pulls (its evaluation's, not training) */
     double test_loss;
+    dp_progress_t progress; /* the live line: events replayed of the record's */
 } s_replay_t;
 
 /* ---- the jobs ---- */
@@ -437,6 +439,15 @@ static int s_advance(s_replay_t *R, int k, char *err)
     return moved;
 }
 
+/* The progress line: the record's events replayed so far, of all. */
+static void s_progress(s_replay_t *R, int final)
+{
+    size_t done = 0, all = 0;
+    for (int k = 0; k < R->K; k++) done += R->cur[k], all += R->n_by_shard[k];
+    dp_progress_update(&R->progress, final, "replay  events %zu/%zu  pushes that differ %" PRIu64, done, all,
+                       R->mismatches + R->account_mismatches + R->rows_mismatches);
+}
+
 static int s_run(s_replay_t *R, char *err)
 {
     for (int k = 0; k < R->K; k++)
@@ -449,7 +460,11 @@ static int s_run(s_replay_t *R, char *err)
             moved |= r;
             left |= R->cur[k] < R->n_by_shard[k];
         }
-        if (!left) return 0;
+        s_progress(R, !left);
+        if (!left) {
+            dp_progress_done(&R->progress);
+            return 0;
+        }
         if (!moved) return dp_err(err, "the record's shards wait for each other's versions (not a schedule a run could make)");
     }
 }
@@ -493,6 +508,7 @@ static const char s_synopsis[] =
 typedef struct {
     const char *out, *data, *json_line;
     int batch, threads, json;
+    int progress;          /* dp_progress_mode_t (--progress / --no-progress) */
     uint64_t data_seed;
     char save[4096], summary[4096];
 } s_args_t;
@@ -507,6 +523,8 @@ static dp_opts_result_t s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv
                     "CPU kernel threads (default: the record's, else 1); bit-identity\nneeds the recorded workers' count"),
         DP_FLAG_SEED("data-seed", &a->data_seed, 0, "the workers' --seed (default: the record's, else its --seed)"),
         DP_FLAG_SET("json", &a->json, 1, 0, "print the result as one JSON line"),
+        DP_FLAG_SET("progress", &a->progress, DP_PROGRESS_ON, 0, "the progress line (default: on a terminal)"),
+        DP_FLAG_SET("no-progress", &a->progress, DP_PROGRESS_OFF, 0, "no progress line"),
     };
     dp_opts_init(o, "downpour replay", s_synopsis, NULL);
     dp_opts_add(o, t, (int)(sizeof t / sizeof t[0]));
@@ -596,6 +614,7 @@ static int s_replay(const dp_rec_t *rec, const char *file, s_args_t *a, dp_opts_
     static s_replay_t R;
     memset(&R, 0, sizeof R);
     R.rec = rec;
+    dp_progress_init(&R.progress, (dp_progress_mode_t)a->progress);
     dp_lab_conf_t c;
     if (s_conf(&c, a, o, rec->header, err) != 0) return -1;
     snprintf(a->save, sizeof a->save, "%s/model.safetensors", a->out);
@@ -624,6 +643,7 @@ int dp_replay_main(int argc, char **argv)
 {
     s_args_t a;
     memset(&a, 0, sizeof a);
+    a.progress = DP_PROGRESS_AUTO;
     dp_opts_t o;
     char err[DP_ERR_LEN] = "";
     const char *file = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;

@@ -1,5 +1,6 @@
 /* sim: `downpour sim`'s command line and output (the loop is sim_run.c). */
 #include "deploy/lab/sim.h"
+#include "worker/progress.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -217,6 +218,8 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_NUM("diag-every", DP_OPTS_LONG, "N", &c->diag_every, 0, 1L << 40, 0,
                     "diagnostics every N updates (a \"diag\" line; costs a gradient)"),
         DP_FLAG_SET("json", &c->json, 1, 0, "JSON lines on stdout, the result last"),
+        DP_FLAG_SET("progress", &c->progress, DP_PROGRESS_ON, 0, "the progress line (default: on a terminal)"),
+        DP_FLAG_SET("no-progress", &c->progress, DP_PROGRESS_OFF, 0, "no progress line"),
         DP_FLAG_STR("metrics", "FILE", &t->metrics, 0, "JSON lines of evaluations and diagnostics"),
         DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/summary.json and DIR/model.safetensors"),
         DP_FLAG_STR("record", "FILE", &c->lab.record, 0, "the schedule, for downpour replay"),
@@ -397,6 +400,7 @@ int dp_sim_main(int argc, char **argv)
     dp_lab_conf_default(&a.c.lab);
     dp_ps_config_default(&a.ps);
     a.c.lab.workers = 4;
+    a.c.progress = DP_PROGRESS_AUTO;
     dp_dist_parse(&a.c.compute, "exp:100", NULL);
     for (int i = 0; i < DP_SIM_MAX_WORKERS; i++) a.slow[i] = 1.0;
     a.c.slow = a.slow;

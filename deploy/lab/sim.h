@@ -53,6 +53,7 @@ typedef struct {
     int eval_limit;            /* test samples per periodic evaluation (0: all) */
     long diag_every;           /* updates between diagnostics (0: none) */
     int json;                  /* stdout: JSON lines, the result last */
+    int progress;              /* dp_progress_mode_t: the live line on stderr (--no-progress) */
 } dp_sim_conf_t;
 
 /* "const:MS", "exp:MEAN_MS", "lognormal:MU:SIGMA". */

@@ -55,6 +55,7 @@
 #include "server/membership.h"
 #include "server/shard_dc.h"
 #include "worker/data.h"
+#include "worker/progress.h"
 #include "worker/ps_client.h"
 
 typedef struct {
@@ -110,6 +111,7 @@ typedef struct {
     int n_finishing;
     int failed;            /* a step could not start (a sparse model's batch or row pull): */
     char err[DP_ERR_LEN];  /* ... why; the loop stops with it */
+    dp_progress_t progress; /* the live line (a plain one every 10 s off a terminal) */
 } s_sim_t;
 
 /* ---- the compute-time law ---- */
@@ -701,6 +703,22 @@ static int s_going(const s_sim_t *S)
     return S->L.shard[0].version < S->c->updates && !(S->dealing && dp_deal_done(&S->deal));
 }
 
+/* The progress line: where the run is against where it stops. */
+static void s_progress(s_sim_t *S, int final)
+{
+    const dp_sim_conf_t *c = S->c;
+    if (S->L.rl) {
+        const dp_episodes_t *e = &S->L.rl->run;
+        dp_progress_update(&S->progress, final, "sim  env steps %llu/%ld  episodes %llu  return(100) %.1f  "
+                           "sim %.1f s", (unsigned long long)e->env_steps, c->lab.train.a3c.env_steps,
+                           (unsigned long long)e->episodes, dp_episodes_mean(e), S->now);
+        return;
+    }
+    dp_progress_update(&S->progress, final, "sim  updates %llu/%llu  pushes %llu  loss %.4f  sim %.1f s",
+                       (unsigned long long)S->L.shard[0].version, (unsigned long long)c->updates,
+                       (unsigned long long)S->pushes, S->loss_avg, S->now);
+}
+
 static int s_loop(s_sim_t *S, char *err)
 {
     const dp_sim_conf_t *c = S->c;
@@ -716,6 +734,7 @@ static int s_loop(s_sim_t *S, char *err)
                                                    : -c->churn.mean_s * log(s_uniform(&S->churn_rng));
     uint64_t pushes_seen = 0;
     long idle_changes = 0; /* changes of the crew since the last push */
+    dp_progress_init(&S->progress, (dp_progress_mode_t)c->progress);
     while (s_going(S)) {
         if (S->pushes != pushes_seen) pushes_seen = S->pushes, idle_changes = 0;
         if (S->n_heap > 0 && S->heap[0].t < S->next_churn) {
@@ -730,7 +749,10 @@ static int s_loop(s_sim_t *S, char *err)
         }
         while (S->n_finishing > 0) s_crew(S, S->finishing[--S->n_finishing], DP_LAB_FINISH);
         if (S->failed) return dp_err(err, "%s", S->err);
+        s_progress(S, 0);
     }
+    s_progress(S, 1);
+    dp_progress_done(&S->progress);
     /* A sparse run's steps in flight are pushed: each pulled its rows, and
      * a record's row pull that no push follows is no run's (downpour
      * replay refuses it); no new step starts (s_start), so the version

@@ -57,9 +57,15 @@ for mode in async sync; do
 done
 
 "$D" sim --env cartpole-v1 --workers 4 --compute exp:10 --env-steps 3000 --seed 6 --out "$out/sim4" \
-    --record "$out/sim4.rec" >"$out/sim4.log" 2>&1
+    --record "$out/sim4.rec" --progress >"$out/sim4.log" 2>"$out/sim4.err"
 check "sim --env --workers 4 --record exits 0" test $? = 0
-"$D" replay "$out/sim4.rec" --out "$out/r-sim4" --json >"$out/r-sim4.out" 2>&1
+# --progress off a terminal: a plain line now and then, and the last one at the end.
+check "... its last progress line is at the budget: '$(grep '^sim  ' "$out/sim4.err" | tail -n 1)'" \
+    bash -c "grep '^sim  ' '$out/sim4.err' | tail -n 1 | grep -qE '^sim  env steps 30[0-9][0-9]/3000  episodes [1-9]'"
+"$D" replay "$out/sim4.rec" --out "$out/r-sim4" --json --progress >"$out/r-sim4.out" 2>"$out/r-sim4.err"
+n=$(grep -c . "$out/sim4.rec" 2>/dev/null)
+check "... its replay's progress line ends with every event replayed: '$(tail -n 1 "$out/r-sim4.err")'" \
+    bash -c "tail -n 1 '$out/r-sim4.err' | grep -qE '^replay  events ([0-9]+)/\\1  pushes that differ 0$'"
 check "... its replay is bit for bit, every norm and account matched" \
     bash -c "cmp '$out/sim4/model.safetensors' '$out/r-sim4/model.safetensors' && grep -q '\"matches_record\":true' '$out/r-sim4.out'"
 s=$(same_account "$out/sim4/summary.json" "$out/r-sim4/summary.json")

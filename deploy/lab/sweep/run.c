@@ -165,7 +165,7 @@ static int s_build_sim(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *p
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/downpour", bin_dir);
     /* --json: the result is run.log's last line (its simulated seconds). */
-    if (s_push(c, path, err) || s_push(c, "sim", err) || s_push(c, "--json", err) ||
+    if (s_push(c, path, err) || s_push(c, "sim", err) || s_push(c, "--json", err) || s_push(c, "--no-progress", err) ||
         s_push_opt(c, "--out", dir, err))
         return -1;
     snprintf(path, sizeof path, "%s/metrics/sim.jsonl", dir);
