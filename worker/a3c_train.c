@@ -174,6 +174,7 @@ int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, ch
     cJSON_AddNumberToObject(o, "staleness_max", (double)s->staleness_max);
     if (s->staleness_hist)
         cJSON_AddItemToObject(o, "staleness_histogram", dp_staleness_json(s->staleness_hist));
+    if (s->membership) dp_summary_membership_json(o, s->membership);
     if (s->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(s->optim->kind));
         cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(s->optim));
@@ -286,7 +287,13 @@ static int s_finish_chief(s_run_t *r, dp_ps_client_t *ps, const dp_ps_info_t *in
     dp_staleness_init(&hist);
     for (size_t b = 0; b < st.staleness_bins; b++) dp_staleness_add_n(&hist, b, st.staleness_hist[b]);
     s.staleness_hist = &hist;
-    int rc = s_finish(r, &s, err);
+    dp_ps_membership_t crew = {0};
+    int rc = dp_ps_client_membership(ps, &crew, err);
+    if (rc == 0) {
+        s.membership = &crew;
+        rc = s_finish(r, &s, err);
+    }
+    dp_ps_membership_fini(&crew);
     dp_staleness_fini(&hist);
     return rc;
 }
@@ -344,7 +351,11 @@ int dp_a3c_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, ch
      * each ACK says the total, so the workers together stop at it (each
      * takes at most the segment it is in past it). */
     uint64_t run_steps = 0;
+    /* Elastic: a signal ends the loop after a whole segment's push, never
+     * inside one, and the worker leaves (the dense and sparse rule). */
+    if (info.min_workers > 0) dp_ps_client_set_stop(ps, NULL);
     while (!(stop && *stop) && run_steps < (uint64_t)c->a3c.env_steps) {
+        dp_train_test_hold(c->task_index, r.segments + 1, stop);
         if (dp_ps_client_pull(ps, r.h_params, err) != 0) goto done;
         dp_net_set_params(&r.net, r.h_params);
         float loss = s_segment(&r, 0, err);
@@ -358,6 +369,10 @@ int dp_a3c_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, ch
     }
     double train_s = dp_now() - r.t0;
     dp_progress_done(&r.progress);
+    if (stop && *stop && info.min_workers > 0) {
+        rc = dp_train_leave(ps, c->task_index, r.segments, (int)*stop, err);
+        goto done;
+    }
     if (stop && *stop) {
         dp_err(err, "stopped by signal %d after %" PRIu64 " env steps", (int)*stop, r.env_steps);
         goto done;

@@ -30,6 +30,7 @@ typedef struct {
     uint64_t version, applied, dropped, rejected, staleness_max;
     double staleness_mean;
     const dp_staleness_t *staleness_hist; /* the servers' counts per staleness, or NULL (standalone) */
+    const struct dp_ps_membership *membership; /* distributed: the joins and leaves, or NULL */
     const uint64_t *curve_at;  /* the run's return curve (common/episodes.h): n_curve points */
     const double *curve_mean;
     int n_curve;

@@ -46,8 +46,9 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
  * a crew in a known state, acts on it (a scale, a kill) and lets it go by
  * removing the file; SIGTERM or SIGINT lets it go too, so a worker asked
  * to leave while held ends that step whole first. The plain and the
- * overlapped loops hold; --local-steps' does not. */
-static void s_test_hold(int task, long step, volatile sig_atomic_t *stop)
+ * overlapped loops hold, and the actor-critic one before a segment;
+ * --local-steps' does not. */
+void dp_train_test_hold(int task, long step, volatile sig_atomic_t *stop)
 {
     const char *dir = getenv("DP_TEST_HOLD_DIR");
     if (!dir || !dir[0]) return;
@@ -380,7 +381,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
             int got = s_dealt_batch(L, step, &batch, err);
             if (got <= 0) return got;
         }
-        s_test_hold(s->conf.task_index, step, L->stop);
+        dp_train_test_hold(s->conf.task_index, step, L->stop);
         if (host) { /* made where it is pushed from, if it can be (one shard on this host) */
             dp_net_grads_into(&s->net, dp_ps_client_push_buffer(L->ps, s->model.n_floats));
             push.grads = s->net.d_grads;
@@ -542,7 +543,7 @@ static int s_loop_overlap(s_loop_t *L, char *err)
             if (L->pulled.end) break;
             if (s_take_batch(L, step, &batch, err) != 0) goto out;
         }
-        s_test_hold(s->conf.task_index, step, L->stop);
+        dp_train_test_hold(s->conf.task_index, step, L->stop);
         dp_net_set_params(&s->net, s->h_params); /* h_params is free for the next pull */
         job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params,
                               .deal_step = L->dealt ? (uint64_t)step + 2 : 0};

@@ -161,7 +161,7 @@ void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
 
 /* "membership" (the joins and leaves, as the servers' metrics lines give
  * them), "live_min", "live_max": names other tools read. */
-static void s_summary_membership(cJSON *o, const dp_ps_membership_t *m)
+void dp_summary_membership_json(cJSON *o, const dp_ps_membership_t *m)
 {
     cJSON *list = cJSON_AddArrayToObject(o, "membership");
     for (size_t k = 0; k < m->n; k++) {
@@ -261,7 +261,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
         cJSON_AddNumberToObject(o, "staleness_geometric_p",
                                 dp_metrics_round(dp_staleness_geometric_p(r->staleness_hist), 6));
     }
-    if (r->membership) s_summary_membership(o, r->membership);
+    if (r->membership) dp_summary_membership_json(o, r->membership);
     if (r->sparse) s_summary_sparse(o, r->sparse);
     if (r->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));

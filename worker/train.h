@@ -186,6 +186,10 @@ double dp_crew_samples(const dp_ps_membership_t *m, double own_samples, int work
  * retrained_after_death, batches), as summary.json has it; the simulator's
  * result too. */
 void dp_summary_epoch_samples_json(cJSON *o, const struct dp_ps_membership *m);
+/* summary.json's "membership" (the joins and leaves, as the servers'
+ * metrics lines give them), "live_min", "live_max", and an elastic crew's
+ * epoch samples: every kind's distributed summary. */
+void dp_summary_membership_json(cJSON *o, const struct dp_ps_membership *m);
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err);
 
 /* A run's first metrics line: the steps it will run, for `downpour local`'s
@@ -211,6 +215,11 @@ int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, c
  * has its gradient or none has), the servers hear BARRIER{leave}, and it
  * returns DP_TRAIN_LEFT (the caller exits 0). */
 #define DP_TRAIN_LEFT 1
+
+/* Test hook (DP_TEST_HOLD_DIR=DIR): worker task holds before its step
+ * `step` while DIR/hold-TASK-STEP exists, its pid in DIR/held-TASK-STEP,
+ * until the file goes or *stop is set (worker/distributed.c says more). */
+void dp_train_test_hold(int task, long step, volatile sig_atomic_t *stop);
 int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 /* An elastic crew's worker stopped by a signal after step done: it tells
  * the servers it leaves (one line in its log). DP_TRAIN_LEFT, or -1 with
