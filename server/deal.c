@@ -134,7 +134,7 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
                  worker, K, K);
         return DP_DEAL_REFUSED;
     }
-    dp_deal_slot_t s = {.worker = worker, .step = step};
+    dp_deal_slot_t s = {.worker = worker, .step = step, .at = d->clock};
     long back = s_pool_lost(d, worker, step); /* its own, back after it was taken for dead */
     if (back >= 0) {
         s.b = d->pool[back].b;
@@ -181,13 +181,17 @@ int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_ba
         dp_deal_slot_t s = mine[k];
         s_remove(mine, &d->n_flight[worker], k);
         *b = s.b;
-        if (used) s_count(d, s.b);
-        else s_pool_add(d, s, DP_DEAL_RETURNED); /* not trained: someone else takes it */
+        if (used) {
+            s_count(d, s.b);
+            d->turn[d->next_turn] = d->clock - s.at;
+            d->next_turn = (d->next_turn + 1) % DP_DEAL_TURNS;
+            if (d->n_turn < DP_DEAL_TURNS) d->n_turn++;
+        } else s_pool_add(d, s, DP_DEAL_RETURNED); /* not trained: someone else takes it */
         return 1;
     }
     dp_deal_slot_t *lost = d->lost + (size_t)worker * K;
     k = s_find(lost, d->n_lost[worker], step);
-    if (k >= 0) { /* a zombie (taken for dead) or a restored shard's holder: it trained it */
+    if (k >= 0) { /* a zombie (taken for dead), a restored shard's or a lease's holder: it trained it */
         dp_deal_why_t why = lost[k].why;
         *b = lost[k].b;
         s_remove(lost, &d->n_lost[worker], k);
@@ -195,7 +199,7 @@ int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_ba
         if (used && p >= 0) { /* nobody else was dealt it: trained once, here */
             s_pool_remove(d, (size_t)p);
             s_count(d, *b);
-        } else if (used && why == DP_DEAL_RESTORED) {
+        } else if (used && (why == DP_DEAL_RESTORED || why == DP_DEAL_EXPIRED)) {
             s_count(d, *b); /* another trained it too, and no death counted this one */
         }
         return 1; /* a death's: dealt to another already, the death counted this training */
@@ -230,6 +234,46 @@ int dp_deal_release(dp_deal_t *d, int worker, int died)
     }
     d->n_flight[worker] = 0;
     return n;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double dp_deal_lease(const dp_deal_t *d)
+{
+    if (d->n_turn == 0) return 0;
+    double t[DP_DEAL_TURNS];
+    memcpy(t, d->turn, d->n_turn * sizeof *t);
+    qsort(t, d->n_turn, sizeof *t, s_cmp_double);
+    double lease = DP_DEAL_LEASE_TURNS * t[d->n_turn / 2];
+    return lease > DP_DEAL_LEASE_FLOOR ? lease : DP_DEAL_LEASE_FLOOR;
+}
+
+int dp_deal_tick(dp_deal_t *d, double now)
+{
+    if (now > d->clock) d->clock = now;
+    double lease = dp_deal_lease(d);
+    if (!d->batch || lease <= 0) return 0;
+    int taken = 0;
+    for (int w = 0; w < d->workers; w++) {
+        dp_deal_slot_t *mine = d->flight + (size_t)w * K;
+        for (int k = 0; k < d->n_flight[w];) {
+            if (d->clock - mine[k].at <= lease) {
+                k++;
+                continue;
+            }
+            /* its holder's late push still counts (s_lost_add): once, or repeated */
+            s_pool_add(d, mine[k], DP_DEAL_EXPIRED);
+            s_lost_add(d, mine[k], DP_DEAL_EXPIRED);
+            s_remove(mine, &d->n_flight[w], k);
+            taken++;
+        }
+    }
+    d->expired += (uint64_t)taken;
+    return taken;
 }
 
 int dp_deal_in_flight(const dp_deal_t *d)
@@ -331,7 +375,7 @@ static int s_slot(const dp_deal_t *d, const cJSON *e, const char *key, int with_
                   dp_deal_slot_t *out, char *err)
 {
     int n = with_why ? 4 : 3;
-    double hi[4] = {(double)d->next - 1, d->workers - 1, S_EXACT, DP_DEAL_RESTORED};
+    double hi[4] = {(double)d->next - 1, d->workers - 1, S_EXACT, DP_DEAL_EXPIRED};
     uint64_t v[4] = {0, 0, 0, 0};
     if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != n)
         return dp_err(err, "deal: an entry of '%s' is not %d numbers", key, n);

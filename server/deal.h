@@ -52,6 +52,9 @@
 
 #define DP_DEAL_IN_FLIGHT 4        /* batches one worker may hold at once */
 #define DP_DEAL_MAX_BATCHES (1u << 26) /* a plan's T at most: one byte of account each */
+#define DP_DEAL_TURNS 64           /* turnarounds kept for the lease's median */
+#define DP_DEAL_LEASE_TURNS 10     /* a lease: this many median turnarounds ... */
+#define DP_DEAL_LEASE_FLOOR 5.0    /* ... and at least this many seconds (a slow first step) */
 
 /* One batch: epoch and its index in the epoch. */
 typedef struct {
@@ -70,6 +73,7 @@ typedef enum {
     DP_DEAL_RETURNED = 0, /* given back untrained (a leave, a push not used) */
     DP_DEAL_DIED,         /* its holder died with it: counted as trained once when dealt to another */
     DP_DEAL_RESTORED,     /* in flight at the checkpoint a restarted shard restored */
+    DP_DEAL_EXPIRED,      /* held past its lease by a live worker (dp_deal_tick) */
 } dp_deal_why_t;
 
 /* A batch out of the store: who holds it (in flight) or last held it (the
@@ -79,6 +83,7 @@ typedef struct {
     int worker;
     uint64_t step;
     dp_deal_why_t why; /* pool and lost: how it came back */
+    double at;         /* flight: the clock when it was dealt (its lease runs from there) */
 } dp_deal_slot_t;
 
 /* One epoch's account, in samples (dp_deal_epochs). */
@@ -105,6 +110,10 @@ typedef struct {
                                      * batches, for its zombie push */
     int *n_lost;
     uint64_t foreign;               /* pushes naming no batch dealt to their (worker, step) */
+    double clock;                   /* the caller's time at its last dp_deal_tick */
+    double turn[DP_DEAL_TURNS];     /* the last turnarounds (deal to used push), a ring */
+    size_t n_turn, next_turn;
+    uint64_t expired;               /* batches taken back from a live holder past its lease */
 } dp_deal_t;
 
 void dp_deal_init(dp_deal_t *d, int workers);
@@ -134,6 +143,13 @@ int dp_deal_holds(const dp_deal_t *d, int worker, uint64_t step);
 /* Worker left (died 0: SIGTERM, finished) or died (gone, replaced): its
  * batches in flight go back to the pool. Returns how many. */
 int dp_deal_release(dp_deal_t *d, int worker, int died);
+
+/* The clock is now (seconds, any origin, never backwards): what
+ * dp_deal_ask and dp_deal_pushed stamp from here on. Every batch held
+ * past its lease goes back to the pool; returns how many. */
+int dp_deal_tick(dp_deal_t *d, double now);
+/* The lease in seconds now; 0 while no turnaround was measured (none runs out). */
+double dp_deal_lease(const dp_deal_t *d);
 
 /* Batches in flight at every worker. */
 int dp_deal_in_flight(const dp_deal_t *d);

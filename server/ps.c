@@ -194,11 +194,22 @@ void dp_ps_members_changed(dp_ps_loop_t *ps)
 }
 
 /* A held pull proves nothing (its worker may have died waiting): workers
- * send HEARTBEATs while they wait and while they compute (worker/ps_beat.h). */
+ * send HEARTBEATs while they wait and while they compute (worker/ps_beat.h).
+ * Nor does a live worker's heartbeat hold its dealt batches: each is
+ * leased (server/deal.h), and the dealer's clock is this tick's, after
+ * every poll, which stamps the deals and pushes handled before the next. */
 static void s_sweep(dp_ps_loop_t *ps, double now)
 {
     if (dp_members_sweep(&ps->members, now, ps->cfg->heartbeat_timeout) > 0)
         dp_ps_members_changed(ps);
+    int n = ps->dealing ? dp_deal_tick(&ps->deal, now) : 0;
+    if (n > 0) {
+        dp_log_warn("shard %d: %d batch%s held past the lease of %.1f s (%d median turnarounds, at "
+                    "least %.0f s): back to the pool; a late push of one counts it again",
+                    ps->cfg->shard_index, n, n > 1 ? "es" : "", dp_deal_lease(&ps->deal),
+                    DP_DEAL_LEASE_TURNS, DP_DEAL_LEASE_FLOOR);
+        s_release_pending(ps);
+    }
 }
 
 /* SIGHUP under CURVE: the allow list read again. A key added is let in
