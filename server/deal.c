@@ -39,32 +39,54 @@ void dp_deal_fini(dp_deal_t *d)
     memset(d, 0, sizeof *d);
 }
 
-int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs, uint64_t steps,
-                 char *why, size_t n)
+/* The plan's batches per epoch and in all, or -1 with why when it is no plan. */
+static int s_sizes(const dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs,
+                   uint64_t steps, uint64_t *per_epoch, uint64_t *total, char *why, size_t n)
 {
-    if (samples == 0 && batch == 0 && epochs == 0 && steps == 0) return 0;
     if (batch == 0 || samples < batch || (epochs == 0) == (steps == 0)) {
         snprintf(why, n, "bad data plan: %" PRIu64 " samples at batch %u for %" PRIu64
                  " epochs or %" PRIu64 " steps (one of the two)", samples, batch, epochs, steps);
         return -1;
     }
-    uint64_t per_epoch = samples / batch;
-    uint64_t total = epochs ? epochs * per_epoch : steps * (uint64_t)d->workers;
-    if ((epochs && total / epochs != per_epoch) || (steps && total / steps != (uint64_t)d->workers) ||
-        total > DP_DEAL_MAX_BATCHES) {
+    *per_epoch = samples / batch;
+    *total = epochs ? epochs * *per_epoch : steps * (uint64_t)d->workers;
+    if ((epochs && *total / epochs != *per_epoch) || (steps && *total / steps != (uint64_t)d->workers) ||
+        *total > DP_DEAL_MAX_BATCHES) {
         snprintf(why, n, "bad data plan: more than %u batches in the run (%" PRIu64 " samples at "
                  "batch %u, %" PRIu64 " epochs, %" PRIu64 " steps)", DP_DEAL_MAX_BATCHES, samples,
                  batch, epochs, steps);
         return -1;
     }
-    if (d->batch) {
-        if (samples == d->samples && batch == d->batch && total == d->total) return 0;
-        snprintf(why, n, "data plan mismatch: the servers deal %" PRIu64 " batches of %u from %"
-                 PRIu64 " samples; this worker's is %" PRIu64 " of %u from %" PRIu64 " (give every "
-                 "worker the same data, --batch and --epochs or --steps)", d->total, d->batch,
-                 d->samples, total, batch, samples);
+    return 0;
+}
+
+/* A plan of (per_epoch, total) against the one set: 0 when they agree. */
+static int s_agrees(const dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t total,
+                    char *why, size_t n)
+{
+    if (samples == d->samples && batch == d->batch && total == d->total) return 0;
+    snprintf(why, n, "data plan mismatch: the servers deal %" PRIu64 " batches of %u from %"
+             PRIu64 " samples; this worker's is %" PRIu64 " of %u from %" PRIu64 " (give every "
+             "worker the same data, --batch and --epochs or --steps)", d->total, d->batch,
+             d->samples, total, batch, samples);
+    return -1;
+}
+
+int dp_deal_plan_check(const dp_deal_t *d, const dp_deal_terms_t *t, char *why, size_t n)
+{
+    uint64_t per_epoch, total;
+    if (s_sizes(d, t->samples, t->batch, t->epochs, t->steps, &per_epoch, &total, why, n) != 0)
         return -1;
-    }
+    return d->batch ? s_agrees(d, t->samples, t->batch, total, why, n) : 0;
+}
+
+int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs, uint64_t steps,
+                 char *why, size_t n)
+{
+    if (samples == 0 && batch == 0 && epochs == 0 && steps == 0) return 0;
+    uint64_t per_epoch, total;
+    if (s_sizes(d, samples, batch, epochs, steps, &per_epoch, &total, why, n) != 0) return -1;
+    if (d->batch) return s_agrees(d, samples, batch, total, why, n);
     d->samples = samples;
     d->batch = batch;
     d->per_epoch = per_epoch;

@@ -128,6 +128,16 @@ int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs
                  char *why, size_t n);
 int dp_deal_planned(const dp_deal_t *d);
 
+/* A HELLO's plan, as a worker asks it. */
+typedef struct {
+    uint64_t samples, epochs, steps;
+    uint32_t batch; /* 0: no plan (a worker of its own data) */
+} dp_deal_terms_t;
+
+/* t is a plan (as dp_deal_plan checks it) and agrees with the one set, if
+ * any; -1 with why (the same lines) when not. Changes nothing. */
+int dp_deal_plan_check(const dp_deal_t *d, const dp_deal_terms_t *t, char *why, size_t n);
+
 /* The batch for worker's push step (>= 1). */
 dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_batch_t *out,
                              char *why, size_t n);
