@@ -4,8 +4,8 @@
  * (server/ps.c) asks it with a worker's pull, tells it each push's fate
  * and each change of the crew, and answers with what it decides.
  *
- * The batches. The plan (the first worker's HELLO: samples n, batch b, the
- * run's budget) fixes b_e = floor(n / b) batches per epoch and T batches in
+ * The batches. The plan (the chief's HELLO, server/ps_deal.c: samples n,
+ * batch b, the run's budget) fixes b_e = floor(n / b) batches per epoch and T batches in
  * all (epochs x b_e, or the workers' --steps x MAX). Batch j of epoch e
  * is the positions [j*b, (j+1)*b) of epoch e's permutation of the training
  * set, drawn from (seed, e) by the worker (worker/data.h): the servers
@@ -120,7 +120,8 @@ void dp_deal_init(dp_deal_t *d, int workers);
 void dp_deal_fini(dp_deal_t *d); /* safe on a zeroed or finished one */
 
 /* The plan from a HELLO: n samples at batch b for epochs, or (epochs 0)
- * steps per worker x workers. The first sets it; a later one must agree
+ * steps per worker x workers. The first given sets it (the caller decides
+ * whose may: server/ps_deal.c); a later one must agree
  * (the same budget), else -1 with why (and nothing changes). A HELLO
  * without a plan (all 0: a worker of its own data, a library client)
  * changes nothing. */
