@@ -18,6 +18,7 @@ void dp_deal_init(dp_deal_t *d, int workers)
 {
     memset(d, 0, sizeof *d);
     d->workers = workers;
+    d->lease_floor = DP_DEAL_LEASE_FLOOR;
     d->flight = dp_calloc((size_t)workers * K, sizeof *d->flight);
     d->n_flight = dp_calloc((size_t)workers, sizeof *d->n_flight);
     d->lost = dp_calloc((size_t)workers * K, sizeof *d->lost);
@@ -271,7 +272,7 @@ double dp_deal_lease(const dp_deal_t *d)
     memcpy(t, d->turn, d->n_turn * sizeof *t);
     qsort(t, d->n_turn, sizeof *t, s_cmp_double);
     double lease = DP_DEAL_LEASE_TURNS * t[d->n_turn / 2];
-    return lease > DP_DEAL_LEASE_FLOOR ? lease : DP_DEAL_LEASE_FLOOR;
+    return lease > d->lease_floor ? lease : d->lease_floor;
 }
 
 int dp_deal_tick(dp_deal_t *d, double now)
@@ -474,6 +475,7 @@ int dp_deal_restore(dp_deal_t *d, const char *text, const unsigned char *count, 
     if (!o) return dp_err(err, "deal: the dealer's state is not JSON");
     dp_deal_t t;
     dp_deal_init(&t, d->workers);
+    t.lease_floor = d->lease_floor;
     int rc = -1;
     if (s_plan_fields(&t, o, err) != 0 || s_lists(&t, o, err) != 0) goto done;
     if (t.total != total) {

@@ -114,6 +114,7 @@ typedef struct {
     double turn[DP_DEAL_TURNS];     /* the last turnarounds (deal to used push), a ring */
     size_t n_turn, next_turn;
     uint64_t expired;               /* batches taken back from a live holder past its lease */
+    double lease_floor;             /* the lease's floor: DP_DEAL_LEASE_FLOOR (a test may raise it) */
 } dp_deal_t;
 
 void dp_deal_init(dp_deal_t *d, int workers);

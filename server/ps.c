@@ -11,7 +11,7 @@
  *
  * Invariants:
  *  - Nothing touches the shard or a counter other than "rejected" /
- *    "malformed" before the message passed the size limits, dp_wire_check,
+ *    "requests_refused" / "malformed" before the message passed the size limits, dp_wire_check,
  *    the fingerprint, the worker id and (for gradients) the range and the
  *    finite check.
  *  - PARAMS replies hand ZeroMQ the shard's live buffer itself (no copy),

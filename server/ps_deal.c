@@ -25,6 +25,11 @@
 void dp_ps_deal_init(dp_ps_loop_t *ps, int workers)
 {
     dp_deal_init(&ps->deal, workers);
+    /* Test hook, read here only: DP_TEST_LEASE_FLOOR=S raises the leases'
+     * floor, for the tests whose hold hook (DP_TEST_HOLD_DIR) keeps a
+     * batch in a worker's hand for as long as the test acts. */
+    const char *floor = getenv("DP_TEST_LEASE_FLOOR");
+    if (floor && atof(floor) > 0) ps->deal.lease_floor = atof(floor);
     ps->dealing = true;
     ps->foreign_said = dp_calloc((size_t)workers, 1);
     ps->plans = dp_calloc((size_t)workers, sizeof *ps->plans);
@@ -53,6 +58,9 @@ int dp_ps_deal_hello(dp_ps_loop_t *ps, const Downpour__Envelope *env, char *why,
         int rc = wid == 0 ? dp_deal_plan(&ps->deal, t.samples, t.batch, t.epochs, t.steps, why, n)
                           : dp_deal_plan_check(&ps->deal, &t, why, n);
         if (rc != 0) return -1;
+        if (!dp_deal_planned(&ps->deal))
+            dp_log_info("shard %d: worker %d's batches wait for the chief's HELLO: worker 0 sets the "
+                        "data plan", ps->cfg->shard_index, wid);
     }
     ps->plans[wid] = t;
     return 0;
@@ -158,6 +166,6 @@ int dp_ps_deal_tick(dp_ps_loop_t *ps, double now)
         dp_log_warn("shard %d: %d batch%s held past the lease of %.1f s (%d median turnarounds, at "
                     "least %.0f s): back to the pool; a late push of one counts it again",
                     ps->cfg->shard_index, n, n > 1 ? "es" : "", dp_deal_lease(&ps->deal),
-                    DP_DEAL_LEASE_TURNS, DP_DEAL_LEASE_FLOOR);
+                    DP_DEAL_LEASE_TURNS, ps->deal.lease_floor);
     return n;
 }
