@@ -183,6 +183,8 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
     return DP_DEAL_DEALT;
 }
 
+static void s_turn(dp_deal_t *d, double t);
+
 static void s_count(dp_deal_t *d, dp_deal_batch_t b)
 {
     unsigned char *c = &d->count[s_number(d, b)];
@@ -206,9 +208,7 @@ int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_ba
         *b = s.b;
         if (used) {
             s_count(d, s.b);
-            d->turn[d->next_turn] = d->clock - s.at;
-            d->next_turn = (d->next_turn + 1) % DP_DEAL_TURNS;
-            if (d->n_turn < DP_DEAL_TURNS) d->n_turn++;
+            s_turn(d, d->clock - s.at);
         } else s_pool_add(d, s, DP_DEAL_RETURNED); /* not trained: someone else takes it */
         return 1;
     }
@@ -267,12 +267,21 @@ static int s_cmp_double(const void *a, const void *b)
 
 double dp_deal_lease(const dp_deal_t *d)
 {
-    if (d->n_turn == 0) return 0;
-    double t[DP_DEAL_TURNS];
-    memcpy(t, d->turn, d->n_turn * sizeof *t);
-    qsort(t, d->n_turn, sizeof *t, s_cmp_double);
-    double lease = DP_DEAL_LEASE_TURNS * t[d->n_turn / 2];
-    return lease > d->lease_floor ? lease : d->lease_floor;
+    return d->lease;
+}
+
+/* A used push's turnaround into the ring, and the lease from its median
+ * (here, not at every tick: the loop ticks after every poll). */
+static void s_turn(dp_deal_t *d, double t)
+{
+    d->turn[d->next_turn] = t;
+    d->next_turn = (d->next_turn + 1) % DP_DEAL_TURNS;
+    if (d->n_turn < DP_DEAL_TURNS) d->n_turn++;
+    double sorted[DP_DEAL_TURNS];
+    memcpy(sorted, d->turn, d->n_turn * sizeof *sorted);
+    qsort(sorted, d->n_turn, sizeof *sorted, s_cmp_double);
+    double lease = DP_DEAL_LEASE_TURNS * sorted[d->n_turn / 2];
+    d->lease = lease > d->lease_floor ? lease : d->lease_floor;
 }
 
 int dp_deal_tick(dp_deal_t *d, double now)

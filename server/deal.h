@@ -113,6 +113,7 @@ typedef struct {
     double clock;                   /* the caller's time at its last dp_deal_tick */
     double turn[DP_DEAL_TURNS];     /* the last turnarounds (deal to used push), a ring */
     size_t n_turn, next_turn;
+    double lease;                   /* from turn[] at the last used push: 0 till one is measured */
     uint64_t expired;               /* batches taken back from a live holder past its lease */
     double lease_floor;             /* the lease's floor: DP_DEAL_LEASE_FLOOR (a test may raise it) */
 } dp_deal_t;
