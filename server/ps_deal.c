@@ -164,7 +164,7 @@ int dp_ps_deal_tick(dp_ps_loop_t *ps, double now)
     int n = ps->dealing ? dp_deal_tick(&ps->deal, now) : 0;
     if (n > 0)
         dp_log_warn("shard %d: %d batch%s held past the lease of %.1f s (%d median turnarounds, at "
-                    "least %.0f s): back to the pool; a late push of one counts it again",
+                    "least %g s): back to the pool; a late push of one counts it again",
                     ps->cfg->shard_index, n, n > 1 ? "es" : "", dp_deal_lease(&ps->deal),
                     DP_DEAL_LEASE_TURNS, ps->deal.lease_floor);
     return n;

@@ -8,7 +8,13 @@
  *    shard that never restarted: applied and counted apart
  *    (deal_foreign), not refused as "dealt before shard 0 restarted";
  *  - a stranger's PULL without HELLO is a refused request, counted in
- *    requests_refused, not in rejected (which counts pushes). */
+ *    requests_refused, not in rejected (which counts pushes);
+ *  - a hoarder that takes 4 batches and never pushes, beating on (no
+ *    heartbeat timeout here: only a lease can take them back), holds the
+ *    chief's pull only till the lease runs out (its floor 2 s through
+ *    DP_TEST_LEASE_FLOOR, far above the chief's own deal-to-push): the
+ *    chief is dealt them and ends the epoch,
+ *    and the hoarder's late push counts as repeated, not as a death. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +36,7 @@ typedef struct {
     uint64_t epoch, index;
     uint64_t token;            /* a WELCOME's run token */
     uint64_t rejected, refused, foreign; /* a STATS's */
+    uint64_t trained, repeated, after_death; /* a STATS's epoch 0 */
     char text[DP_ERR_LEN + 200];
 } reply_t;
 
@@ -56,6 +63,11 @@ static reply_t s_recv(void *sock)
             r.rejected = e->stats->rejected;
             r.refused = e->stats->requests_refused;
             r.foreign = e->stats->deal_foreign;
+            if (e->stats->n_epoch_samples > 0) {
+                r.trained = e->stats->epoch_samples[0]->trained;
+                r.repeated = e->stats->epoch_samples[0]->repeated;
+                r.after_death = e->stats->epoch_samples[0]->retrained_after_death;
+            }
         }
         snprintf(r.text, sizeof r.text, "%s",
                  e->error ? e->error->message : e->ack && e->ack->reason ? e->ack->reason : "");
@@ -131,6 +143,7 @@ static void s_elastic(srv_t *s, dp_model_t *m)
 {
     srv_init(s, DP_MODE_ASYNC, 3);
     s->cfg.min_workers = 1;
+    s->cfg.heartbeat_timeout = 0; /* nobody goes gone: a death cannot return a batch */
     char err[DP_ERR_LEN] = "";
     CHECK_EQ(dp_model_parse(m, s->cfg.model_spec, 1, 8, 8, err), 0);
     CHECK_EQ(srv_start(s), 0);
@@ -213,4 +226,53 @@ static void test_undealt_push_and_counts(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-DP_TESTS(T(test_stranger_plan_first), T(test_undealt_push_and_counts))
+/* Worker 1 hoards; the chief's held pull is answered once the lease ran
+ * out, with the hoarder's batches, and the epoch ends. */
+static void test_hoarder_lease(void)
+{
+    setenv("DP_TEST_LEASE_FLOOR", "2", 1);
+    srv_t s;
+    dp_model_t m;
+    s_elastic(&s, &m);
+    void *ctx = zmq_ctx_new();
+    /* the chief waits out the lease once: 2 s, or 10 of its turnarounds */
+    void *c = raw_dealer(ctx, s.endpoint, 15000), *x = raw_dealer(ctx, s.endpoint, 5000);
+    reply_t r = s_hello(c, &m, 0, 320, 64); /* 5 batches */
+    uint64_t token = r.token;
+    s_pull(c, &m, 0, 2, 1);
+    CHECK_EQ(s_recv(c).index, 0);
+    CHECK_EQ(s_push(c, &m, 0, 3, 1).status, DOWNPOUR__ACK_STATUS__APPLIED); /* a turnaround */
+    CHECK_EQ(s_hello(x, &m, 1, 320, 64).type, DOWNPOUR__MSG_TYPE__WELCOME);
+    for (uint64_t k = 1; k <= 4; k++) {
+        s_pull(x, &m, 1, 10 + k, k);
+        r = s_recv(x);
+        CHECK(r.dealt && !r.end);
+        CHECK_EQ(r.index, k);
+    }
+    uint64_t req = 20;
+    for (uint64_t step = 2; step <= 5; step++) { /* the first one waits out the lease */
+        s_pull(c, &m, 0, req++, step);
+        r = s_recv(c);
+        CHECK_EQ(r.type, DOWNPOUR__MSG_TYPE__PARAMS);
+        CHECK(r.dealt && !r.end);
+        CHECK_EQ(r.index, step - 1);
+        CHECK_EQ(s_push(c, &m, 0, req++, step).status, DOWNPOUR__ACK_STATUS__APPLIED);
+    }
+    s_pull(c, &m, 0, req++, 6);
+    r = s_recv(c);
+    CHECK(r.dealt && r.end);
+    /* the hoarder's late push of its step 1 (batch 1): applied, trained twice */
+    CHECK_EQ(s_push(x, &m, 1, 30, 1).status, DOWNPOUR__ACK_STATUS__APPLIED);
+    r = s_stats(c, token);
+    CHECK_EQ(r.trained, 320);
+    CHECK_EQ(r.repeated, 64);
+    CHECK_EQ(r.after_death, 0);
+    CHECK_EQ(r.foreign, 0);
+    zmq_close(x);
+    zmq_close(c);
+    zmq_ctx_term(ctx);
+    CHECK_EQ(srv_stop(&s), 0);
+    unsetenv("DP_TEST_LEASE_FLOOR");
+}
+
+DP_TESTS(T(test_stranger_plan_first), T(test_undealt_push_and_counts), T(test_hoarder_lease))
