@@ -18,6 +18,7 @@ void dp_deal_init(dp_deal_t *d, int workers)
 {
     memset(d, 0, sizeof *d);
     d->workers = workers;
+    d->lease_floor = DP_DEAL_LEASE_FLOOR;
     d->flight = dp_calloc((size_t)workers * K, sizeof *d->flight);
     d->n_flight = dp_calloc((size_t)workers, sizeof *d->n_flight);
     d->lost = dp_calloc((size_t)workers * K, sizeof *d->lost);
@@ -39,32 +40,54 @@ void dp_deal_fini(dp_deal_t *d)
     memset(d, 0, sizeof *d);
 }
 
-int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs, uint64_t steps,
-                 char *why, size_t n)
+/* The plan's batches per epoch and in all, or -1 with why when it is no plan. */
+static int s_sizes(const dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs,
+                   uint64_t steps, uint64_t *per_epoch, uint64_t *total, char *why, size_t n)
 {
-    if (samples == 0 && batch == 0 && epochs == 0 && steps == 0) return 0;
     if (batch == 0 || samples < batch || (epochs == 0) == (steps == 0)) {
         snprintf(why, n, "bad data plan: %" PRIu64 " samples at batch %u for %" PRIu64
                  " epochs or %" PRIu64 " steps (one of the two)", samples, batch, epochs, steps);
         return -1;
     }
-    uint64_t per_epoch = samples / batch;
-    uint64_t total = epochs ? epochs * per_epoch : steps * (uint64_t)d->workers;
-    if ((epochs && total / epochs != per_epoch) || (steps && total / steps != (uint64_t)d->workers) ||
-        total > DP_DEAL_MAX_BATCHES) {
+    *per_epoch = samples / batch;
+    *total = epochs ? epochs * *per_epoch : steps * (uint64_t)d->workers;
+    if ((epochs && *total / epochs != *per_epoch) || (steps && *total / steps != (uint64_t)d->workers) ||
+        *total > DP_DEAL_MAX_BATCHES) {
         snprintf(why, n, "bad data plan: more than %u batches in the run (%" PRIu64 " samples at "
                  "batch %u, %" PRIu64 " epochs, %" PRIu64 " steps)", DP_DEAL_MAX_BATCHES, samples,
                  batch, epochs, steps);
         return -1;
     }
-    if (d->batch) {
-        if (samples == d->samples && batch == d->batch && total == d->total) return 0;
-        snprintf(why, n, "data plan mismatch: the servers deal %" PRIu64 " batches of %u from %"
-                 PRIu64 " samples; this worker's is %" PRIu64 " of %u from %" PRIu64 " (give every "
-                 "worker the same data, --batch and --epochs or --steps)", d->total, d->batch,
-                 d->samples, total, batch, samples);
+    return 0;
+}
+
+/* A plan of (per_epoch, total) against the one set: 0 when they agree. */
+static int s_agrees(const dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t total,
+                    char *why, size_t n)
+{
+    if (samples == d->samples && batch == d->batch && total == d->total) return 0;
+    snprintf(why, n, "data plan mismatch: the servers deal %" PRIu64 " batches of %u from %"
+             PRIu64 " samples; this worker's is %" PRIu64 " of %u from %" PRIu64 " (give every "
+             "worker the same data, --batch and --epochs or --steps)", d->total, d->batch,
+             d->samples, total, batch, samples);
+    return -1;
+}
+
+int dp_deal_plan_check(const dp_deal_t *d, const dp_deal_terms_t *t, char *why, size_t n)
+{
+    uint64_t per_epoch, total;
+    if (s_sizes(d, t->samples, t->batch, t->epochs, t->steps, &per_epoch, &total, why, n) != 0)
         return -1;
-    }
+    return d->batch ? s_agrees(d, t->samples, t->batch, total, why, n) : 0;
+}
+
+int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs, uint64_t steps,
+                 char *why, size_t n)
+{
+    if (samples == 0 && batch == 0 && epochs == 0 && steps == 0) return 0;
+    uint64_t per_epoch, total;
+    if (s_sizes(d, samples, batch, epochs, steps, &per_epoch, &total, why, n) != 0) return -1;
+    if (d->batch) return s_agrees(d, samples, batch, total, why, n);
     d->samples = samples;
     d->batch = batch;
     d->per_epoch = per_epoch;
@@ -134,7 +157,7 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
                  worker, K, K);
         return DP_DEAL_REFUSED;
     }
-    dp_deal_slot_t s = {.worker = worker, .step = step};
+    dp_deal_slot_t s = {.worker = worker, .step = step, .at = d->clock};
     long back = s_pool_lost(d, worker, step); /* its own, back after it was taken for dead */
     if (back >= 0) {
         s.b = d->pool[back].b;
@@ -160,6 +183,8 @@ dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_ba
     return DP_DEAL_DEALT;
 }
 
+static void s_turn(dp_deal_t *d, double t);
+
 static void s_count(dp_deal_t *d, dp_deal_batch_t b)
 {
     unsigned char *c = &d->count[s_number(d, b)];
@@ -181,13 +206,15 @@ int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_ba
         dp_deal_slot_t s = mine[k];
         s_remove(mine, &d->n_flight[worker], k);
         *b = s.b;
-        if (used) s_count(d, s.b);
-        else s_pool_add(d, s, DP_DEAL_RETURNED); /* not trained: someone else takes it */
+        if (used) {
+            s_count(d, s.b);
+            s_turn(d, d->clock - s.at);
+        } else s_pool_add(d, s, DP_DEAL_RETURNED); /* not trained: someone else takes it */
         return 1;
     }
     dp_deal_slot_t *lost = d->lost + (size_t)worker * K;
     k = s_find(lost, d->n_lost[worker], step);
-    if (k >= 0) { /* a zombie (taken for dead) or a restored shard's holder: it trained it */
+    if (k >= 0) { /* a zombie (taken for dead), a restored shard's or a lease's holder: it trained it */
         dp_deal_why_t why = lost[k].why;
         *b = lost[k].b;
         s_remove(lost, &d->n_lost[worker], k);
@@ -195,7 +222,7 @@ int dp_deal_pushed(dp_deal_t *d, int worker, uint64_t step, int used, dp_deal_ba
         if (used && p >= 0) { /* nobody else was dealt it: trained once, here */
             s_pool_remove(d, (size_t)p);
             s_count(d, *b);
-        } else if (used && why == DP_DEAL_RESTORED) {
+        } else if (used && (why == DP_DEAL_RESTORED || why == DP_DEAL_EXPIRED)) {
             s_count(d, *b); /* another trained it too, and no death counted this one */
         }
         return 1; /* a death's: dealt to another already, the death counted this training */
@@ -230,6 +257,55 @@ int dp_deal_release(dp_deal_t *d, int worker, int died)
     }
     d->n_flight[worker] = 0;
     return n;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double dp_deal_lease(const dp_deal_t *d)
+{
+    return d->lease;
+}
+
+/* A used push's turnaround into the ring, and the lease from its median
+ * (here, not at every tick: the loop ticks after every poll). */
+static void s_turn(dp_deal_t *d, double t)
+{
+    d->turn[d->next_turn] = t;
+    d->next_turn = (d->next_turn + 1) % DP_DEAL_TURNS;
+    if (d->n_turn < DP_DEAL_TURNS) d->n_turn++;
+    double sorted[DP_DEAL_TURNS];
+    memcpy(sorted, d->turn, d->n_turn * sizeof *sorted);
+    qsort(sorted, d->n_turn, sizeof *sorted, s_cmp_double);
+    double lease = DP_DEAL_LEASE_TURNS * sorted[d->n_turn / 2];
+    d->lease = lease > d->lease_floor ? lease : d->lease_floor;
+}
+
+int dp_deal_tick(dp_deal_t *d, double now)
+{
+    if (now > d->clock) d->clock = now;
+    double lease = dp_deal_lease(d);
+    if (!d->batch || lease <= 0) return 0;
+    int taken = 0;
+    for (int w = 0; w < d->workers; w++) {
+        dp_deal_slot_t *mine = d->flight + (size_t)w * K;
+        for (int k = 0; k < d->n_flight[w];) {
+            if (d->clock - mine[k].at <= lease) {
+                k++;
+                continue;
+            }
+            /* its holder's late push still counts (s_lost_add): once, or repeated */
+            s_pool_add(d, mine[k], DP_DEAL_EXPIRED);
+            s_lost_add(d, mine[k], DP_DEAL_EXPIRED);
+            s_remove(mine, &d->n_flight[w], k);
+            taken++;
+        }
+    }
+    d->expired += (uint64_t)taken;
+    return taken;
 }
 
 int dp_deal_in_flight(const dp_deal_t *d)
@@ -331,7 +407,7 @@ static int s_slot(const dp_deal_t *d, const cJSON *e, const char *key, int with_
                   dp_deal_slot_t *out, char *err)
 {
     int n = with_why ? 4 : 3;
-    double hi[4] = {(double)d->next - 1, d->workers - 1, S_EXACT, DP_DEAL_RESTORED};
+    double hi[4] = {(double)d->next - 1, d->workers - 1, S_EXACT, DP_DEAL_EXPIRED};
     uint64_t v[4] = {0, 0, 0, 0};
     if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != n)
         return dp_err(err, "deal: an entry of '%s' is not %d numbers", key, n);
@@ -408,6 +484,7 @@ int dp_deal_restore(dp_deal_t *d, const char *text, const unsigned char *count, 
     if (!o) return dp_err(err, "deal: the dealer's state is not JSON");
     dp_deal_t t;
     dp_deal_init(&t, d->workers);
+    t.lease_floor = d->lease_floor;
     int rc = -1;
     if (s_plan_fields(&t, o, err) != 0 || s_lists(&t, o, err) != 0) goto done;
     if (t.total != total) {

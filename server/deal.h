@@ -4,8 +4,8 @@
  * (server/ps.c) asks it with a worker's pull, tells it each push's fate
  * and each change of the crew, and answers with what it decides.
  *
- * The batches. The plan (the first worker's HELLO: samples n, batch b, the
- * run's budget) fixes b_e = floor(n / b) batches per epoch and T batches in
+ * The batches. The plan (the chief's HELLO, server/ps_deal.c: samples n,
+ * batch b, the run's budget) fixes b_e = floor(n / b) batches per epoch and T batches in
  * all (epochs x b_e, or the workers' --steps x MAX). Batch j of epoch e
  * is the positions [j*b, (j+1)*b) of epoch e's permutation of the training
  * set, drawn from (seed, e) by the worker (worker/data.h): the servers
@@ -52,6 +52,9 @@
 
 #define DP_DEAL_IN_FLIGHT 4        /* batches one worker may hold at once */
 #define DP_DEAL_MAX_BATCHES (1u << 26) /* a plan's T at most: one byte of account each */
+#define DP_DEAL_TURNS 64           /* turnarounds kept for the lease's median */
+#define DP_DEAL_LEASE_TURNS 10     /* a lease: this many median turnarounds ... */
+#define DP_DEAL_LEASE_FLOOR 5.0    /* ... and at least this many seconds (a slow first step) */
 
 /* One batch: epoch and its index in the epoch. */
 typedef struct {
@@ -70,6 +73,7 @@ typedef enum {
     DP_DEAL_RETURNED = 0, /* given back untrained (a leave, a push not used) */
     DP_DEAL_DIED,         /* its holder died with it: counted as trained once when dealt to another */
     DP_DEAL_RESTORED,     /* in flight at the checkpoint a restarted shard restored */
+    DP_DEAL_EXPIRED,      /* held past its lease by a live worker (dp_deal_tick) */
 } dp_deal_why_t;
 
 /* A batch out of the store: who holds it (in flight) or last held it (the
@@ -79,6 +83,7 @@ typedef struct {
     int worker;
     uint64_t step;
     dp_deal_why_t why; /* pool and lost: how it came back */
+    double at;         /* flight: the clock when it was dealt (its lease runs from there) */
 } dp_deal_slot_t;
 
 /* One epoch's account, in samples (dp_deal_epochs). */
@@ -105,19 +110,36 @@ typedef struct {
                                      * batches, for its zombie push */
     int *n_lost;
     uint64_t foreign;               /* pushes naming no batch dealt to their (worker, step) */
+    double clock;                   /* the caller's time at its last dp_deal_tick */
+    double turn[DP_DEAL_TURNS];     /* the last turnarounds (deal to used push), a ring */
+    size_t n_turn, next_turn;
+    double lease;                   /* from turn[] at the last used push: 0 till one is measured */
+    uint64_t expired;               /* batches taken back from a live holder past its lease */
+    double lease_floor;             /* the lease's floor: DP_DEAL_LEASE_FLOOR (a test may raise it) */
 } dp_deal_t;
 
 void dp_deal_init(dp_deal_t *d, int workers);
 void dp_deal_fini(dp_deal_t *d); /* safe on a zeroed or finished one */
 
 /* The plan from a HELLO: n samples at batch b for epochs, or (epochs 0)
- * steps per worker x workers. The first sets it; a later one must agree
+ * steps per worker x workers. The first given sets it (the caller decides
+ * whose may: server/ps_deal.c); a later one must agree
  * (the same budget), else -1 with why (and nothing changes). A HELLO
  * without a plan (all 0: a worker of its own data, a library client)
  * changes nothing. */
 int dp_deal_plan(dp_deal_t *d, uint64_t samples, uint32_t batch, uint64_t epochs, uint64_t steps,
                  char *why, size_t n);
 int dp_deal_planned(const dp_deal_t *d);
+
+/* A HELLO's plan, as a worker asks it. */
+typedef struct {
+    uint64_t samples, epochs, steps;
+    uint32_t batch; /* 0: no plan (a worker of its own data) */
+} dp_deal_terms_t;
+
+/* t is a plan (as dp_deal_plan checks it) and agrees with the one set, if
+ * any; -1 with why (the same lines) when not. Changes nothing. */
+int dp_deal_plan_check(const dp_deal_t *d, const dp_deal_terms_t *t, char *why, size_t n);
 
 /* The batch for worker's push step (>= 1). */
 dp_deal_answer_t dp_deal_ask(dp_deal_t *d, int worker, uint64_t step, dp_deal_batch_t *out,
@@ -134,6 +156,13 @@ int dp_deal_holds(const dp_deal_t *d, int worker, uint64_t step);
 /* Worker left (died 0: SIGTERM, finished) or died (gone, replaced): its
  * batches in flight go back to the pool. Returns how many. */
 int dp_deal_release(dp_deal_t *d, int worker, int died);
+
+/* The clock is now (seconds, any origin, never backwards): what
+ * dp_deal_ask and dp_deal_pushed stamp from here on. Every batch held
+ * past its lease goes back to the pool; returns how many. */
+int dp_deal_tick(dp_deal_t *d, double now);
+/* The lease in seconds now; 0 while no turnaround was measured (none runs out). */
+double dp_deal_lease(const dp_deal_t *d);
 
 /* Batches in flight at every worker. */
 int dp_deal_in_flight(const dp_deal_t *d);

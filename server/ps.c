@@ -11,7 +11,7 @@
  *
  * Invariants:
  *  - Nothing touches the shard or a counter other than "rejected" /
- *    "malformed" before the message passed the size limits, dp_wire_check,
+ *    "requests_refused" / "malformed" before the message passed the size limits, dp_wire_check,
  *    the fingerprint, the worker id and (for gradients) the range and the
  *    finite check.
  *  - PARAMS replies hand ZeroMQ the shard's live buffer itself (no copy),
@@ -73,83 +73,6 @@
  * park in ZeroMQ's queue. */
 #define S_RCVHWM 8
 
-/* ---- the batches shard 0 deals (an elastic crew) ------------------------ */
-
-/* Answer a pull the policy allows: PARAMS, with the batch of its push step
- * when it asks for one (deal_step) — the batch, or the end — or an ERROR
- * when the dealer refuses. 0: not answered, the dealer says wait (hold it). */
-static int s_answer_pull(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
-                         const dp_ps_params_ask_t *ask, uint64_t deal_step)
-{
-    if (!deal_step) {
-        dp_ps_reply_params(ps, id, req, worker, ask, NULL);
-        return 1;
-    }
-    char why[DP_ERR_LEN];
-    dp_deal_batch_t b = {0, 0};
-    dp_deal_answer_t a = dp_deal_ask(&ps->deal, worker, deal_step, &b, why, sizeof why);
-    if (a == DP_DEAL_WAIT) return 0;
-    if (a == DP_DEAL_REFUSED) {
-        dp_log_warn("shard %d: worker %d: no batch dealt: %s", ps->cfg->shard_index, worker, why);
-        dp_ps_reply_error(ps, id, req, worker, why);
-        return 1;
-    }
-    Downpour__Deal d = DOWNPOUR__DEAL__INIT;
-    d.end = a == DP_DEAL_END;
-    d.epoch = b.epoch;
-    d.index = b.index;
-    dp_ps_reply_params(ps, id, req, worker, ask, &d);
-    return 1;
-}
-
-/* A push's fate to the dealer: the batch it carried into *b (returned),
- * or NULL when it names none dealt to it (said once per worker). */
-static const dp_deal_batch_t *s_deal_pushed(dp_ps_loop_t *ps, int worker, uint64_t step, int used,
-                                            dp_deal_batch_t *b)
-{
-    if (!ps->dealing || !dp_deal_planned(&ps->deal)) return NULL;
-    if (dp_deal_pushed(&ps->deal, worker, step, used, b)) return b;
-    if (!ps->foreign_said[worker]++)
-        dp_log_warn("shard %d: worker %d pushed step %" PRIu64 ", for which it was dealt no batch: "
-                    "applied as the policy says, not counted in the epochs' samples (said once a "
-                    "worker)", ps->cfg->shard_index, worker, step);
-    return NULL;
-}
-
-/* A push of a worker that trains dealt batches (its HELLO carried the
- * plan) naming none dealt to it: a batch dealt before shard 0 restarted
- * from its checkpoint, its request repeated. The restored dealer deals
- * that batch again, so applying the push would train it twice. */
-static int s_deal_unknown(dp_ps_loop_t *ps, int worker, uint64_t step)
-{
-    if (!ps->dealing || !ps->planned[worker] || !dp_deal_planned(&ps->deal) ||
-        dp_deal_holds(&ps->deal, worker, step))
-        return 0;
-    if (!ps->foreign_said[worker]++)
-        dp_log_warn("shard %d: worker %d pushed step %" PRIu64 ", whose batch was dealt before this "
-                    "shard restarted: not applied, the batch is dealt again (said once a worker)",
-                    ps->cfg->shard_index, worker, step);
-    return 1;
-}
-
-/* The crew's news to the dealer: a leaver's batches in flight go back to
- * the pool, a dead worker's counted as trained by it once dealt again. */
-static void s_deal_members(dp_ps_loop_t *ps, int news)
-{
-    const dp_membership_t *h = &ps->membership;
-    if (!ps->dealing || (size_t)news > h->n_ev) return;
-    for (size_t k = h->n_ev - (size_t)news; k < h->n_ev; k++) {
-        const dp_member_event_t *e = dp_membership_at(h, k);
-        if (dp_member_joins(e->why)) continue;
-        int died = e->why == DP_LEAVE_GONE || e->why == DP_LEAVE_REPLACED;
-        int n = dp_deal_release(&ps->deal, e->task, died);
-        if (n > 0)
-            dp_log_info("shard %d: worker %d %s with %d batch%s in flight: back to the pool%s",
-                        ps->cfg->shard_index, e->task, dp_member_why_name(e->why), n,
-                        n > 1 ? "es" : "", died ? " (counted as trained once by it when dealt again)" : "");
-    }
-}
-
 /* ---- held pulls, members ---------------------------------------------- */
 
 /* Answer every held pull the policy (and the dealer) now allows, in
@@ -160,7 +83,7 @@ static void s_release_pending(dp_ps_loop_t *ps)
     for (int i = 0; i < ps->n_pending; i++) {
         dp_ps_pending_t *p = &ps->pending[i];
         if (dp_policy_pull_ready(ps->policy, p->worker, p->min_version) &&
-            s_answer_pull(ps, &p->identity, p->request_id, p->worker, &p->ask, p->deal_step)) {
+            dp_ps_deal_answer_pull(ps, &p->identity, p->request_id, p->worker, &p->ask, p->deal_step)) {
             dp_wire_msg_close(&p->identity);
             ps->held[p->worker]--;
             continue;
@@ -189,17 +112,21 @@ void dp_ps_members_changed(dp_ps_loop_t *ps)
     dp_record_members(ps->rec, ps->cfg->shard_index, &ps->members);
     int news = dp_membership_note(&ps->membership, &ps->members, ps->shard.version);
     dp_ps_metrics_members(ps, news);
-    s_deal_members(ps, news);
+    dp_ps_deal_members(ps, news);
     if (dp_policy_members_changed(ps->policy)) dp_ps_version_moved(ps);
     s_release_pending(ps);
 }
 
 /* A held pull proves nothing (its worker may have died waiting): workers
- * send HEARTBEATs while they wait and while they compute (worker/ps_beat.h). */
+ * send HEARTBEATs while they wait and while they compute (worker/ps_beat.h).
+ * Nor does a live worker's heartbeat hold its dealt batches: each is
+ * leased (server/deal.h), and the dealer's clock is this tick's, after
+ * every poll, which stamps the deals and pushes handled before the next. */
 static void s_sweep(dp_ps_loop_t *ps, double now)
 {
     if (dp_members_sweep(&ps->members, now, ps->cfg->heartbeat_timeout) > 0)
         dp_ps_members_changed(ps);
+    if (dp_ps_deal_tick(ps, now) > 0) s_release_pending(ps);
 }
 
 /* SIGHUP under CURVE: the allow list read again. A key added is let in
@@ -305,7 +232,7 @@ static void s_on_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     }
     uint64_t deal_step = ps->dealing ? env->pull->deal_step : 0; /* only shard 0 deals */
     if (dp_policy_pull_ready(ps->policy, wid, env->pull->min_version) &&
-        s_answer_pull(ps, id, env->request_id, wid, &ask, deal_step))
+        dp_ps_deal_answer_pull(ps, id, env->request_id, wid, &ask, deal_step))
         return;
     /* Per worker, so one that floods pulls is refused and the others wait
      * as ever. A worker holds one pull per shard, two or three after it
@@ -404,7 +331,7 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     int wid = env->worker_id;
     if (s_push_repeated(ps, id, env)) return;
     s_test_kill_at_version(ps, env);
-    if (s_deal_unknown(ps, wid, env->push->step)) {
+    if (dp_ps_deal_unknown(ps, wid, env->push->step)) {
         dp_ps_reply_rejected(ps, id, env->request_id, wid,
                              "its batch was dealt before shard 0 restarted: dealt again");
         return;
@@ -418,7 +345,7 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     s_count_episodes(ps, env->push);
     dp_deal_batch_t batch;
     const dp_deal_batch_t *carried =
-        s_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
+        dp_ps_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
     dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
                    ps->shard.version, &ps->members, carried);
     /* before a due checkpoint, so the file holds the step with its update */
@@ -438,7 +365,7 @@ static void s_push_refused(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Enve
 {
     dp_ps_reply_rejected(ps, id, env->request_id, env->worker_id, why);
     dp_deal_batch_t b;
-    if (s_deal_pushed(ps, env->worker_id, env->push->step, 0, &b)) s_release_pending(ps);
+    if (dp_ps_deal_pushed(ps, env->worker_id, env->push->step, 0, &b)) s_release_pending(ps);
 }
 
 /* A part of a push in parts (Push.parts > 1): the same step checks as a
@@ -452,7 +379,7 @@ static void s_on_push_part(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Enve
     char msg[DP_ERR_LEN];
     int wid = env->worker_id;
     if (dp_shard_step_check(&ps->shard, wid, env->push->step, msg, sizeof msg) != 0) {
-        dp_ps_reply_error(ps, id, env->request_id, wid, msg);
+        dp_ps_reply_push_error(ps, id, env->request_id, wid, msg);
         return;
     }
     dp_shard_step_handled(&ps->shard, wid, env->push->step);
@@ -505,13 +432,13 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     if (compressed ? dp_compress_expand_wire(env, frames, n_frames, ps->shard.lo, ps->shard.hi,
                                              ps->shard.scratch, msg) != 0
                    : dp_wire_check_range(env, ps->shard.lo, ps->shard.hi, msg) != 0) {
-        dp_ps_reply_error(ps, id, env->request_id, wid, msg);
+        dp_ps_reply_push_error(ps, id, env->request_id, wid, msg);
         return;
     }
     /* Before it may count as a repeat or be recorded: a step out of reach
      * would make the worker's real pushes repeats, in the checkpoint too. */
     if (dp_shard_step_check(&ps->shard, wid, env->push->step, msg, sizeof msg) != 0) {
-        dp_ps_reply_error(ps, id, env->request_id, wid, msg);
+        dp_ps_reply_push_error(ps, id, env->request_id, wid, msg);
         return;
     }
     /* Handled whatever becomes of it (dropped, refused as non-finite): the
@@ -537,9 +464,9 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     int rejected = 0;
     if (env->shm && (!ps->shm || dp_ps_shm_gradient(ps->shm, wid, env, &g[0], &rejected, msg) != 0)) {
         if (rejected) s_push_refused(ps, id, env, msg);
-        else dp_ps_reply_error(ps, id, env->request_id, wid,
-                               ps->shm ? msg : "malformed: PUSH through shared memory, which this "
-                                               "shard has not granted");
+        else dp_ps_reply_push_error(ps, id, env->request_id, wid,
+                                    ps->shm ? msg : "malformed: PUSH through shared memory, which "
+                                                    "this shard has not granted");
         return;
     }
     if (env->shm) n_frames = 1; /* the private copy */
@@ -583,7 +510,7 @@ static void s_refuse_oversized(dp_ps_loop_t *ps, dp_wire_rx_t *rx)
         return;
     }
     ps->shard.counts.malformed++;
-    ps->shard.counts.rejected++;
+    ps->shard.counts.requests_refused++;
     dp_log_debug("shard %d: %s", ps->cfg->shard_index, msg);
 }
 
@@ -766,12 +693,8 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     dp_shard_parts_init(&ps->parts, ps->shard.lo, ps->shard.hi, cfg->num_workers);
     dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy, cfg->early_step);
     dp_policy_early_steps(ps->policy, &ps->early);
-    if (cfg->min_workers > 0 && cfg->shard_index == 0) { /* shard 0 deals an elastic crew's batches */
-        dp_deal_init(&ps->deal, cfg->num_workers);
-        ps->dealing = true;
-        ps->foreign_said = dp_calloc((size_t)cfg->num_workers, 1);
-        ps->planned = dp_calloc((size_t)cfg->num_workers, 1);
-    }
+    if (cfg->min_workers > 0 && cfg->shard_index == 0) /* shard 0 deals an elastic crew's batches */
+        dp_ps_deal_init(ps, cfg->num_workers);
     dp_mode_t rows_mode = cfg->rows_mode ? cfg->rows_mode : cfg->mode;
     dp_rows_conf_t rows;
     float init;
@@ -780,7 +703,9 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
                         (uint32_t)cfg->shard_index, (uint32_t)cfg->shard_count, cfg->num_workers,
                         err) != 0)
         return -1;
-    return dp_ps_restore(ps, err);
+    if (dp_ps_restore(ps, err) != 0) return -1;
+    ps->deal_restored = ps->dealing && dp_deal_planned(&ps->deal);
+    return 0;
 }
 
 size_t dp_ps_rows_max_bytes(const dp_ps_config_t *cfg, int d)
@@ -887,10 +812,8 @@ static void s_teardown(dp_ps_loop_t *ps)
     dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
     dp_shard_parts_fini(&ps->parts);
-    dp_deal_fini(&ps->deal);
+    dp_ps_deal_fini(ps);
     dp_ps_rows_fini(&ps->rows);
-    free(ps->foreign_said);
-    free(ps->planned);
     free(ps->pending);
     free(ps->held);
     free(ps->lent); /* the context ended: ZeroMQ released every frame */

@@ -107,6 +107,7 @@ void dp_ps_metrics_line(dp_ps_loop_t *ps)
     cJSON_AddNumberToObject(line, "applied", (double)c->applied);
     cJSON_AddNumberToObject(line, "dropped", (double)c->dropped);
     cJSON_AddNumberToObject(line, "rejected", (double)c->rejected);
+    cJSON_AddNumberToObject(line, "requests_refused", (double)c->requests_refused);
     cJSON_AddNumberToObject(line, "staleness_mean", dp_metrics_round(mean, 4));
     cJSON_AddNumberToObject(line, "staleness_max", (double)c->staleness_max);
     cJSON_AddNumberToObject(line, "net_errors", (double)ps->net_errors);
@@ -174,6 +175,7 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     s.applied = c->applied;
     s.dropped = c->dropped;
     s.rejected = c->rejected;
+    s.requests_refused = c->requests_refused;
     s.version = ps->shard.version;
     s.staleness_sum = c->staleness_sum;
     s.staleness_max = c->staleness_max;

@@ -205,18 +205,14 @@ void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
         return;
     }
     if (!s_claim(ps, id, env)) return;
-    const Downpour__DealPlan *plan = env->hello->deal;
     char why[DP_ERR_LEN];
-    if (ps->dealing && plan &&
-        dp_deal_plan(&ps->deal, plan->samples, plan->batch, plan->epochs, plan->steps, why,
-                     sizeof why) != 0) {
+    if (dp_ps_deal_hello(ps, env, why, sizeof why) != 0) { /* server/ps_deal.c: who sets the plan */
         dp_log_warn("shard %d: HELLO of worker %d refused: %s", ps->cfg->shard_index,
                     env->worker_id, why);
         dp_ps_reply_error_code(ps, id, env->request_id, env->worker_id,
                                DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH, why);
         return;
     }
-    if (ps->dealing) ps->planned[env->worker_id] = plan != NULL;
     dp_members_join(&ps->members, env->worker_id);
     Downpour__Envelope rep;
     dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__WELCOME, env->request_id, env->worker_id);

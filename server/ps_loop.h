@@ -1,6 +1,6 @@
 /* ps_loop: the state of downpour-ps's event loop and what the files of
  * the loop share. server/ps.h is the loop's interface and server/ps.c says
- * its invariants; the loop is five files, one job each:
+ * its invariants; the loop is six files, one job each:
  *   server/ps.c        receiving under the limits, dispatch, held pulls,
  *                      pushes (whole and in parts), BARRIER, setup, the loop
  *   server/ps_admit.c  who and what may reach a handler: the model checks
@@ -13,6 +13,8 @@
  *                      at the end), metrics lines, STATS, SHUTDOWN
  *   server/ps_rows.c   the row table's requests (ROWS_PULL, ROWS_PUSH) and
  *                      its share of a sync step
+ *   server/ps_deal.c   shard 0 dealing an elastic crew's batches: who sets
+ *                      the plan, the batch of a pull, a push's fate, leases
  * Nothing else includes this header. */
 #ifndef DP_PS_LOOP_H
 #define DP_PS_LOOP_H
@@ -124,7 +126,9 @@ typedef struct {
     dp_deal_t deal;        /* shard 0 of an elastic crew: the epoch's batches (server/deal.h) */
     bool dealing;          /* ... this shard deals them */
     unsigned char *foreign_said; /* per worker: its push of no dealt batch was logged */
-    unsigned char *planned;      /* per worker: its HELLO carried the data plan (it trains dealt batches) */
+    dp_deal_terms_t *plans;      /* per worker: its HELLO's data plan (batch 0: none, its own data) */
+    uint64_t *asked_from;        /* per worker: the first step it asked a batch for since this start */
+    bool deal_restored;          /* the dealer came from a checkpoint (this shard restarted) */
     dp_episodes_t episodes; /* an actor-critic run's env steps and episodes (Push.env_steps) */
     dp_account_bounds_t account; /* ... the bounds a push's account keeps (--env, --envs, --t-max) */
     uint64_t account_refused; /* pushes refused for their account (logged: s_refuse_account) */
@@ -149,11 +153,15 @@ void dp_ps_env(const dp_ps_loop_t *ps, Downpour__Envelope *env, int type, uint64
 /* ERROR with Error.code (DOWNPOUR__ERROR_CODE__*), not counted. */
 void dp_ps_send_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
                       const char *msg);
-/* ERROR with Error.code, counted as malformed (and rejected). */
+/* ERROR with Error.code, counted as malformed and in requests_refused. */
 void dp_ps_reply_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
                             const char *msg);
 /* The same with code ERR_NONE. */
 void dp_ps_reply_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg);
+/* ERROR to an admitted worker's PUSH (a bad range, step, slot): counted as
+ * malformed and rejected (a push refused), not as a refused request. */
+void dp_ps_reply_push_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                            const char *msg);
 /* PARAMS as the PULL asked (ask), or "busy" when the worker's loans are
  * all out; deal (NULL: none) goes with the first part. */
 void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
@@ -184,6 +192,32 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
 /* ROWS_PUSH: applied, waiting for the sync step, a repeat, or REJECTED. */
 void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                         const dp_wire_frame_t *frames);
+
+/* ---- server/ps_deal.c ----------------------------------------------- */
+
+void dp_ps_deal_init(dp_ps_loop_t *ps, int workers);
+void dp_ps_deal_fini(dp_ps_loop_t *ps);
+/* A HELLO's data plan: the chief's sets the run's, another's must agree
+ * with it once set; -1 with why (the HELLO refused) when not. */
+int dp_ps_deal_hello(dp_ps_loop_t *ps, const Downpour__Envelope *env, char *why, size_t n);
+/* Answer a pull the policy allows: PARAMS, with the batch of its push step
+ * when it asks for one (deal_step) — the batch, or the end — or an ERROR
+ * when the dealer refuses. 0: not answered (the dealer says wait, or the
+ * chief's plan has not come): hold it. */
+int dp_ps_deal_answer_pull(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                           const dp_ps_params_ask_t *ask, uint64_t deal_step);
+/* A push's fate to the dealer: the batch it carried into *b (returned),
+ * or NULL when it names none dealt to it (said once per worker). */
+const dp_deal_batch_t *dp_ps_deal_pushed(dp_ps_loop_t *ps, int worker, uint64_t step, int used,
+                                         dp_deal_batch_t *b);
+/* 1 when a push is to be refused as one whose batch was dealt before this
+ * shard restarted (the restored dealer deals it again), said once a worker. */
+int dp_ps_deal_unknown(dp_ps_loop_t *ps, int worker, uint64_t step);
+/* The crew's news to the dealer: a leaver's batches in flight go back to
+ * the pool, a dead worker's counted as trained by it once dealt again. */
+void dp_ps_deal_members(dp_ps_loop_t *ps, int news);
+/* The leases' clock: how many batches went back to the pool (logged). */
+int dp_ps_deal_tick(dp_ps_loop_t *ps, double now);
 
 /* ---- server/ps_admin.c ---------------------------------------------- */
 

@@ -41,13 +41,22 @@ void dp_ps_send_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
     dp_ps_send(ps, id, &env, NULL, 0);
 }
 
-/* ERROR with Error.code, counted as malformed. */
+/* ERROR with Error.code, counted as malformed and as a refused request
+ * (not in rejected: that counts pushes, dp_ps_reply_push_error). */
 void dp_ps_reply_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
                             const char *msg)
 {
     ps->shard.counts.malformed++;
-    ps->shard.counts.rejected++;
+    ps->shard.counts.requests_refused++;
     dp_ps_send_error(ps, id, req, worker, code, msg);
+}
+
+void dp_ps_reply_push_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
+                            const char *msg)
+{
+    ps->shard.counts.malformed++;
+    ps->shard.counts.rejected++;
+    dp_ps_send_error(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
 }
 
 void dp_ps_reply_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg)

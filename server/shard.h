@@ -53,8 +53,10 @@ typedef struct {
 typedef struct {
     uint64_t applied;       /* gradients used: applied (async, ssp) or accumulated (sync) */
     uint64_t dropped;       /* valid but not used: stale or duplicate (sync) */
-    uint64_t rejected;      /* refused pushes and malformed messages */
-    uint64_t malformed;     /* messages answered with ERROR */
+    uint64_t rejected;      /* pushes refused: ACK rejected, or an ERROR to a worker's PUSH */
+    uint64_t requests_refused; /* every other request answered with an ERROR (not admitted, no
+                                * HELLO, a bad pull, a refused HELLO, a broken message) */
+    uint64_t malformed;     /* messages answered with ERROR (pushes and requests alike) */
     uint64_t staleness_sum; /* async / ssp: over applied gradients */
     uint64_t staleness_max;
     uint64_t repeats;       /* pushes of a (worker, step) already applied: acknowledged, not applied */

@@ -164,9 +164,9 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
     dp_session_log_eval(s, steps, acc, loss);
     dp_ps_stats_t st;
     if (dp_ps_client_stats(ps, &st, err) != 0) return -1;
-    dp_log_info("chief: test accuracy %.4f, loss %.4f; server applied %llu, dropped %llu, rejected %llu, staleness mean %.2f max %llu",
+    dp_log_info("chief: test accuracy %.4f, loss %.4f; server applied %llu, dropped %llu, rejected %llu (requests refused %llu), staleness mean %.2f max %llu",
                 acc, loss, (unsigned long long)st.applied, (unsigned long long)st.dropped,
-                (unsigned long long)st.rejected, st.staleness_mean,
+                (unsigned long long)st.rejected, (unsigned long long)st.requests_refused, st.staleness_mean,
                 (unsigned long long)st.staleness_max);
     if (dp_session_save(s, steps, (long)st.version, err) != 0) return -1;
     dp_staleness_t hist; /* the servers' (shard 0's) counts per staleness */
@@ -188,7 +188,8 @@ static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_
         .images_per_s_per_worker = images / (train_s > 0 ? train_s : 1e-9), .train_s = train_s,
         .crew_samples = dp_crew_samples(&crew, images, info->num_workers), .crew_s = crew_s,
         .version = st.version, .applied = st.applied, .dropped = st.dropped,
-        .rejected = st.rejected, .staleness_mean = st.staleness_mean,
+        .rejected = st.rejected, .requests_refused = st.requests_refused,
+        .staleness_mean = st.staleness_mean,
         .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
         .staleness_hist = &hist, .bytes_pushed = dp_ps_client_bytes_pushed(ps),
         .bytes_pulled = dp_ps_client_bytes_pulled(ps),

@@ -96,6 +96,7 @@ static dp_ps_reply_t s_on_stats(dp_ps_client_t *c, int i, const Downpour__Envelo
     }
     a->st.version += s->version;
     a->st.steps_early += s->steps_early;
+    a->st.requests_refused += s->requests_refused;
     a->st.rows[i] = s->rows;
     if (i + 1 > a->st.rows_shards) a->st.rows_shards = i + 1;
     a->st.rows_evicted += s->rows_evicted;

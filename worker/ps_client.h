@@ -86,7 +86,8 @@ typedef struct {
 
 /* Server counters (dp_ps_client_stats). */
 typedef struct {
-    uint64_t applied, dropped, rejected; /* shard 0's (rejected counts malformed messages too) */
+    uint64_t applied, dropped, rejected; /* shard 0's (rejected: pushes refused) */
+    uint64_t requests_refused;           /* sum over shards: other requests answered with an ERROR */
     uint64_t version;                    /* sum over shards */
     double staleness_mean;               /* shard 0's, over applied pushes */
     uint64_t staleness_max;              /* shard 0's */

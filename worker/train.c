@@ -254,6 +254,7 @@ int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
     cJSON_AddNumberToObject(o, "updates_dropped", (double)r->dropped);
     if (cluster) cJSON_AddNumberToObject(o, "updates_lost", (double)r->updates_lost);
     cJSON_AddNumberToObject(o, "updates_rejected", (double)r->rejected);
+    if (cluster) cJSON_AddNumberToObject(o, "requests_refused", (double)r->requests_refused);
     cJSON_AddNumberToObject(o, "staleness_mean", r->staleness_mean);
     cJSON_AddNumberToObject(o, "staleness_max", (double)r->staleness_max);
     if (r->staleness_hist) {

@@ -150,6 +150,7 @@ typedef struct {
     double train_s;            /* the training loop's seconds */
     uint64_t version;          /* distributed: the servers' version */
     uint64_t applied, dropped, rejected;
+    uint64_t requests_refused; /* distributed: requests the servers refused (not pushes), all shards */
     double staleness_mean;
     uint64_t staleness_max;
     uint64_t updates_lost;     /* distributed: updates the shards lost by restarting (the chief's view) */

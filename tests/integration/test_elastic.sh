@@ -19,9 +19,11 @@
 #      bound over the live workers holds in the record; each replays
 #  (d) --chaos kill:SECONDS: workers killed and replaced, the run finishes
 #  (e) by hand: an elastic worker's SIGTERM is a leave (exit 0, "left" in
-#      the shard's log); a fixed crew's is still a stop (143); the chief's
+#      the shard's log; the chief, who sets the data plan, beside it); a
+#      fixed crew's is still a stop (143); the chief's
 #      too is a leave, the run goes on, and a chief that comes back resumes
-#      and ends the run
+#      and ends the run; its summary's updates_rejected counts pushes only,
+#      requests_refused beside it
 #  (f) refusals: MIN above MAX, a task index at or above MAX, --chaos on a
 #      fixed crew, a scale above MAX (ignored with a line), scale with no
 #      launcher listening, a scale request that is not a number
@@ -48,6 +50,11 @@ fi
 SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
 MODEL="fc:64 relu fc:10 softmax"
 COMMON=(--model "$MODEL" --batch 32 --threads 1 --no-progress)
+# The holds below keep a dealt batch in a worker's hand for as long as the
+# test acts (seconds on a loaded machine): past shard 0's lease (at least
+# 5 s) it would be dealt again and counted repeated. The leases have their
+# own test (test_deal's test_lease, on a clock it drives).
+export DP_TEST_LEASE_FLOOR=3600
 
 # wait_until CMD...: wait (at most 120 s) until CMD succeeds; 1 if never.
 wait_until() {
@@ -268,6 +275,15 @@ hand_worker() {
 }
 for crew in 1:2 2; do
     hand_ps $crew "$TMP/hand-ps.log"
+    # an elastic crew's data plan is the chief's (server/ps_deal.c): it
+    # joins first and holds at its step 1
+    C=
+    if [ $crew = 1:2 ]; then
+        hold "$HH" 0 1
+        hand_worker 0 100000 "$TMP/hand-w0.log"
+        C=$W
+        held "$HH" 0 1 >/dev/null
+    fi
     # the SIGTERM comes mid-run, while worker 1 holds step 20
     hold "$HH" 1 20
     hand_worker 1 100000 "$TMP/hand-w1.log"
@@ -282,6 +298,7 @@ for crew in 1:2 2; do
         "$BIN/downpour-worker" --ps "tcp://127.0.0.1:$PORT" --task-index 2 "${COMMON[@]}" --steps 1 \
             --timeout 5 >"$TMP/hand-w2.log" 2>&1
         check "elastic: task index 2 of MAX 2 refused" grep -q "out of range" "$TMP/hand-w2.log"
+        kill -TERM $C; wait_for $C 30 >/dev/null
     fi
     kill -TERM $PS; wait_for $PS 10 >/dev/null
 done
@@ -309,6 +326,9 @@ wait_for $PS 30; ps_rc=$?
 check "a chief that comes back resumes, ends the run and stops the servers" \
     bash -c "[ $rc = 0 ] && [ $ps_rc = 0 ] && grep -q 'rejoining: the servers hold its steps' '$TMP/chief-b.log' &&
              test -s '$TMP/chief-summary.json'"
+RJ=$(json "$TMP/chief-summary.json" updates_rejected 2>/dev/null) RR=$(json "$TMP/chief-summary.json" requests_refused 2>/dev/null)
+check "summary.json: updates_rejected counts pushes, refused requests apart (rejected $RJ, requests_refused $RR)" \
+    bash -c "[ '$RJ' = 0 ] && [ -n '$RR' ] && [ '$RR' -ge 0 ]"
 
 # ---- (f) refusals ------------------------------------------------------------
 "$BIN/downpour-ps" --workers 3:2 >"$TMP/r1.log" 2>&1; rc=$?

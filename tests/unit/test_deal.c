@@ -176,6 +176,60 @@ static void test_flight_bound(void)
     dp_deal_fini(&d);
 }
 
+/* A hoarder (the issue's: takes its 4 batches and beats without pushing)
+ * holds them no longer than its lease, driven by the test's clock: they
+ * go back to the pool, another worker is dealt them and the epoch ends;
+ * the hoarder's late push of one counts it again (repeated), and no lease
+ * runs out before a turnaround was measured. */
+static void test_lease(void)
+{
+    dp_deal_t d;
+    char why[200];
+    dp_deal_init(&d, 2);
+    CHECK_EQ(dp_deal_plan(&d, 7, 1, 1, 0, why, sizeof why), 0); /* 7 batches of 1 */
+    dp_deal_batch_t b, h[DP_DEAL_IN_FLIGHT];
+    CHECK_EQ(dp_deal_tick(&d, 100.0), 0);
+    for (uint64_t s = 1; s <= DP_DEAL_IN_FLIGHT; s++) CHECK_EQ(ask(&d, 1, s, &h[s - 1]), DP_DEAL_DEALT);
+    /* the real worker's first batch takes 900 s (a slow start): till it is
+     * measured, no lease runs out */
+    CHECK_EQ(ask(&d, 0, 1, &b), DP_DEAL_DEALT);
+    CHECK_EQ(dp_deal_tick(&d, 1000.0), 0);
+    CHECK_EQ(dp_deal_lease(&d), 0.0);
+    CHECK_EQ(dp_deal_pushed(&d, 0, 1, 1, &b), 1);
+    /* then 0.1 s a batch: the median falls to 0.1 s, the lease to the floor */
+    for (uint64_t s = 2; s <= 3; s++) {
+        CHECK_EQ(ask(&d, 0, s, &b), DP_DEAL_DEALT);
+        CHECK_EQ(dp_deal_tick(&d, 1000.0 + 0.1 * (double)(s - 1)), 0); /* lease 9000 s: not yet */
+        CHECK_EQ(dp_deal_pushed(&d, 0, s, 1, &b), 1);
+    }
+    CHECK_NEAR(dp_deal_lease(&d), DP_DEAL_LEASE_FLOOR, 1e-9); /* 10 x 0.1 s, under the floor */
+    CHECK_EQ(ask(&d, 0, 4, &b), DP_DEAL_WAIT); /* the hoarder holds the rest */
+    CHECK_EQ(dp_deal_tick(&d, 1000.3), DP_DEAL_IN_FLIGHT); /* 900 s past 5 */
+    CHECK_EQ(d.n_flight[1], 0);
+    CHECK_EQ(d.expired, DP_DEAL_IN_FLIGHT);
+    uint64_t step = 4;
+    for (int k = 0; k < DP_DEAL_IN_FLIGHT; k++) {
+        CHECK_EQ(ask(&d, 0, step, &b), DP_DEAL_DEALT);
+        CHECK_EQ(b.index, h[k].index); /* the hoarder's, oldest first */
+        /* a lease just short of the floor holds */
+        CHECK_EQ(dp_deal_tick(&d, d.clock + DP_DEAL_LEASE_FLOOR - 0.01), 0);
+        CHECK_EQ(dp_deal_pushed(&d, 0, step++, 1, &b), 1);
+    }
+    CHECK(dp_deal_done(&d));
+    CHECK_EQ(ask(&d, 0, step, &b), DP_DEAL_END);
+    dp_deal_epoch_t e;
+    CHECK_EQ(dp_deal_epochs(&d, &e, 1), 1);
+    CHECK_EQ(e.trained, 7);
+    CHECK_EQ(e.repeated, 0);
+    CHECK_EQ(dp_deal_pushed(&d, 1, 2, 1, &b), 1); /* the hoarder's late push: a batch it held */
+    CHECK_EQ(b.index, h[1].index);
+    CHECK_EQ(dp_deal_epochs(&d, &e, 1), 1);
+    CHECK_EQ(e.repeated, 1);
+    CHECK_EQ(e.retrained_after_death, 0);
+    CHECK_EQ(d.foreign, 0);
+    dp_deal_fini(&d);
+}
+
 /* The batch number of b in d. */
 static uint64_t num(const dp_deal_t *d, dp_deal_batch_t b)
 {
@@ -284,7 +338,7 @@ static void test_restore_refused(void)
         {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
          "\"pool\":[],\"flight\":[[1,3,1]],\"lost\":[]}", "an entry of 'flight' is out of range", a.count},
         {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
-         "\"pool\":[[1,0,1,3]],\"flight\":[],\"lost\":[]}", "an entry of 'pool' is out of range", a.count},
+         "\"pool\":[[1,0,1,4]],\"flight\":[],\"lost\":[]}", "an entry of 'pool' is out of range", a.count},
         {"{\"workers\":3,\"samples\":16,\"batch\":2,\"total\":16,\"next\":4,\"foreign\":0,"
          "\"pool\":[],\"flight\":[[1,0,1],[1,0,2],[1,0,3],[1,0,4],[1,0,5]],\"lost\":[]}",
          "'flight' holds more batches than a crew of 3 may", a.count},
@@ -316,4 +370,4 @@ static void test_restore_refused(void)
 }
 
 DP_TESTS(T(test_plan), T(test_every_batch_once), T(test_returned_first), T(test_death),
-         T(test_flight_bound), T(test_restore), T(test_restore_refused))
+         T(test_flight_bound), T(test_lease), T(test_restore), T(test_restore_refused))
