@@ -170,6 +170,7 @@ int dp_a3c_summary_write(const dp_train_conf_t *c, const dp_a3c_summary_t *s, ch
     cJSON_AddNumberToObject(o, "updates_applied", (double)s->applied);
     cJSON_AddNumberToObject(o, "updates_dropped", (double)s->dropped);
     cJSON_AddNumberToObject(o, "updates_rejected", (double)s->rejected);
+    if (s->ps_shards > 0) cJSON_AddNumberToObject(o, "requests_refused", (double)s->requests_refused);
     cJSON_AddNumberToObject(o, "staleness_mean", s->staleness_mean);
     cJSON_AddNumberToObject(o, "staleness_max", (double)s->staleness_max);
     if (s->staleness_hist)
@@ -281,7 +282,8 @@ static int s_finish_chief(s_run_t *r, dp_ps_client_t *ps, const dp_ps_info_t *in
                      .solved_at = st.solved_at_env_steps, .train_s = train_s,
                      .version = st.version, .applied = st.applied, .dropped = st.dropped,
                      .rejected = st.rejected, .staleness_max = st.staleness_max,
-                     .staleness_mean = st.staleness_mean, .curve_at = st.curve_at,
+                     .staleness_mean = st.staleness_mean, .requests_refused = st.requests_refused,
+                     .curve_at = st.curve_at,
                      .curve_mean = st.curve_mean, .n_curve = st.n_curve};
     dp_staleness_t hist; /* the servers' (shard 0's) counts per staleness, as a dense run's */
     dp_staleness_init(&hist);

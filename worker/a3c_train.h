@@ -28,6 +28,7 @@ typedef struct {
     const dp_optim_conf_t *optim; /* standalone's or the lab's servers'; NULL in a cluster
                                    * (downpour local adds it) */
     uint64_t version, applied, dropped, rejected, staleness_max;
+    uint64_t requests_refused; /* the servers' other refusals (not pushes) */
     double staleness_mean;
     const dp_staleness_t *staleness_hist; /* the servers' counts per staleness, or NULL (standalone) */
     const struct dp_ps_membership *membership; /* distributed: the joins and leaves, or NULL */

@@ -47,18 +47,24 @@ print(sum(e["event"] == "join" for e in m), sum(e["event"] == "leave" and e["why
 }
 
 # ---- grow and shrink by downpour scale, async (A3C) and sync (A2C) ---------
-# The chief holds before segment 40 while the crew grows to 3; workers 1
-# and 2 hold before their segment 10 (joined, each with 9 pushes made);
-# then scale 1: the two highest get SIGTERM, end that segment whole and
-# leave; the chief goes on alone to the budget.
+# The chief holds before segment 40 while the crew grows to 3 (in sync
+# the hold is lifted once both have said HELLO: no version fires without
+# the chief's push); workers 1 and 2 hold before their segment 10 (joined,
+# each with 9 pushes made); then scale 1: the two highest get SIGTERM, end
+# that segment whole and leave; the chief goes on alone to the budget.
 for mode in async sync; do
     D=$TMP/$mode H=$TMP/$mode-holds budget=4000
     hold "$H" 0 40; hold "$H" 1 10; hold "$H" 2 10
     DP_TEST_HOLD_DIR=$H bg "$BIN/downpour" local "${RL[@]}" --workers 1:3 --mode $mode --env-steps $budget \
         --seed 3 --out "$D" >"$TMP/$mode.out" 2>"$TMP/$mode.err"
     LOCAL=$!
-    if [ $mode = async ]; then held "$H" 0 40; else held "$H" 0 40 || true; fi
+    held "$H" 0 40
     scale "$D" 3
+    if [ $mode = sync ]; then
+        started() { grep -q "worker $1/3: sync mode" "$D/logs/worker-$1.log" 2>/dev/null; }
+        wait_until started 1 && wait_until started 2
+        rm -f "$H/hold-0-40"
+    fi
     held "$H" 1 10 && held "$H" 2 10
     check "$mode: scale 3: workers 1 and 2 joined and pushed" \
         bash -c "[ -s '$H/held-1-10' ] && [ -s '$H/held-2-10' ]"
