@@ -553,7 +553,9 @@ static int s_prepare_env(dp_local_t *L, char *err)
 {
     const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
     dp_model_t m;
-    const char *spec = dp_opts_find(&L->opts, "model")->given ? L->wk.conf.model : NULL;
+    /* the text as given: the launcher's --model entry is downpour-ps's (its
+     * table comes first), so the value lands in L->ps, never in L->wk */
+    const char *spec = dp_opts_find(&L->opts, "model")->given;
     if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
     snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
     snprintf(L->input, sizeof L->input, "%dx1x1", kind->obs_dim);

@@ -11,6 +11,8 @@
 #    the experiment's, docs/EXPERIMENTS.md); the model file loads into a
 #    PyTorch module strictly, its policy and value heads as fc layers;
 #  - sync (A2C): the same accounting, no staleness.
+#  - `downpour local --env` with a --model given, before or after --env:
+#    the daemons train that model, not the classifier's default;
 source "$(dirname "$0")/lib.sh"
 
 W=$BIN/downpour-worker
@@ -116,6 +118,23 @@ check "sync: $steps env steps in [30000, 30010), staleness max $smax (0)" \
     bash -c "[ $steps -ge 30000 ] && [ $steps -lt 30010 ] && [ '$smax' = 0 ]"
 grep -q '^done: cartpole-v1, sync' "$out/sync.log"
 check "downpour local's last line names the environment and the return" test $? = 0
+
+# -- a model given to downpour local --env ------------------------------------------
+# The launcher's --model lands in downpour-ps's slot (its table comes first):
+# the spec given must reach the daemons, not the classifier's default, in
+# either flag order, with the head written out (ac) or given (ac:2).
+given() { # name, environment, expected model in summary.json, args...
+    local name=$1 env=$2 want=$3
+    shift 3
+    "$BIN/downpour" local --workers 2 --env-steps 2000 --out "$out/$name" --no-progress "$@" \
+        >"$out/$name.log" 2>&1
+    local rc=$? got
+    got=$(json "$out/$name/summary.json" model 2>/dev/null)
+    check "local $* exits 0 (status $rc), model '$got'" test "$rc $got" = "0 $want"
+    check "... its done: line names $env" grep -q "^done: $env, " "$out/$name.log"
+}
+given model-first acrobot-v1 "fc:32 tanh ac:3" --model "fc:32 tanh ac" --env acrobot-v1
+given model-last cartpole-v1 "fc:32 tanh ac:2" --env cartpole-v1 --model "fc:32 tanh ac:2"
 
 # -- the PyTorch example, through downpour launch ------------------------------------
 # A short run: that the module is the spec's (its tensors the servers'), that
