@@ -334,7 +334,7 @@ static void s_collect_passed(dp_local_t *L)
     for (int i = 0; i < L->opts.n; i++) {
         const dp_opts_flag_t *e = &L->opts.opt[i];
         if (!e->pass || !e->given) continue;
-        /* --env: the daemons get the model with the environment's actions (s_prepare_env) */
+        /* --env: the daemons get the model with the environment's actions (s_check_model) */
         if (L->wk.conf.a3c.env && strcmp(e->name, "model") == 0) continue;
         snprintf(L->flag_names[i], sizeof L->flag_names[i], "--%s", e->name);
         int has_value = e->kind != DP_OPTS_FLAG;
@@ -544,20 +544,13 @@ static void s_add_run_id(dp_local_t *L)
     L->ps_args[L->n_ps_args++] = L->run_id;
 }
 
-static int s_prepare_dirs(dp_local_t *L, char *err);
-
 /* --env: what the servers need from the environment instead of the data:
- * the model with its actions (written out: ac:A) and the observation's
- * shape; the lr stays constant. */
+ * the observation's shape, and the model with its actions (L->env_model,
+ * which s_check_model writes out: ac:A); the lr stays constant. */
 static int s_prepare_env(dp_local_t *L, char *err)
 {
     const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
-    dp_model_t m;
-    /* the text as given: the launcher's --model entry is downpour-ps's (its
-     * table comes first), so the value lands in L->ps, never in L->wk */
-    const char *spec = dp_opts_find(&L->opts, "model")->given;
-    if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
-    snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
+    if (!kind) return -1;
     snprintf(L->input, sizeof L->input, "%dx1x1", kind->obs_dim);
     L->ps.in_c = kind->obs_dim;
     L->ps.in_h = L->ps.in_w = 1;
@@ -571,19 +564,32 @@ static int s_prepare_env(dp_local_t *L, char *err)
 static void s_default_schedule(dp_local_t *L);
 static int s_prepare_sparse(dp_local_t *L, char *err);
 
-/* What the servers need from the data (the input shape, and for the
- * default schedule the run's length), then DIR and its subdirectories,
- * without the results of an earlier run in the same DIR. */
+/* --model, as given, parsed on the input the data give (L->ps.in_*), so
+ * that a malformed spec is a bad command line (status 2) before any daemon
+ * starts, not a shard's exit. The text is the flag's: the launcher's
+ * --model entry is downpour-ps's (its table comes first), so the value
+ * lands in L->ps, never in L->wk. --env: the model with the environment's
+ * actions written out (ac:A), which the daemons get instead. */
+static int s_check_model(dp_local_t *L, char *err)
+{
+    const char *spec = dp_opts_find(&L->opts, "model")->given;
+    dp_model_t m;
+    if (L->wk.conf.a3c.env) {
+        const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
+        if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
+        snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
+        return 0;
+    }
+    if (!spec) return 0; /* the default, or --init's (which the shards check) */
+    return dp_ps_config_model(&L->ps, &m, NULL, err);
+}
+
+/* What the servers need from the data: the input shape, and for the
+ * default schedule the run's length. */
 static int s_prepare(dp_local_t *L, char *err)
 {
-    if (L->wk.conf.a3c.env) {
-        if (s_prepare_env(L, err) != 0) return -1;
-        return s_prepare_dirs(L, err);
-    }
-    if (dp_sparse_data_is(L->wk.conf.data)) {
-        if (s_prepare_sparse(L, err) != 0) return -1;
-        return s_prepare_dirs(L, err);
-    }
+    if (L->wk.conf.a3c.env) return s_prepare_env(L, err);
+    if (dp_sparse_data_is(L->wk.conf.data)) return s_prepare_sparse(L, err);
     dp_dataset_t probe = {0};
     if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
     dp_dataset_limit(&probe, L->wk.conf.train_samples); /* --epochs count the subset's */
@@ -594,7 +600,7 @@ static int s_prepare(dp_local_t *L, char *err)
     L->worker_steps = s_run_steps(L, probe.n);
     dp_dataset_fini(&probe);
     s_default_schedule(L);
-    return s_prepare_dirs(L, err);
+    return 0;
 }
 
 /* --lr-schedule unless given: anneal the lr to zero over the run (cosine),
@@ -908,6 +914,11 @@ int dp_local_main(int argc, char **argv)
     dp_opts_result_t parsed = s_setup(&L, argc, argv, err);
     if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour local", parsed, err);
     if (s_prepare(&L, err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
+    if (s_check_model(&L, err) != 0) return dp_opts_exit_status("downpour local", DP_OPTS_BAD, err);
+    if (s_prepare_dirs(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;
     }

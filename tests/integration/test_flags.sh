@@ -4,7 +4,8 @@
 #    refused with exit status 2 and ONE line on stderr naming the flag and
 #    what it accepts — downpour-ps, downpour-worker, downpour local, downpour
 #    eval; `downpour local --workers 2abc` no longer runs with 2 workers
-#  - downpour local refuses a bad daemon flag itself, before starting anything
+#  - downpour local refuses a bad daemon flag itself, before starting anything,
+#    and a malformed --model (exit 2, no shard started, no DIR made)
 #  - an environment variable's bad value is refused the same way (one line
 #    naming the variable, exit status 2), before anything starts
 #  - downpour --summary (downpour(1)'s NAME line) names every command of
@@ -58,6 +59,12 @@ refused "downpour local: a server's flag checked by the server's table" \
     "--lr '-1': expected a number in" "$L" local --lr -1 --out "$TMP/never"
 refused "downpour local: a daemon-only flag is not passed on" "unknown flag '--bind'" \
     "$L" local --bind tcp://*:1 --out "$TMP/never"
+# A malformed --model is a bad command line too: the launcher parses it on
+# the data's (or the environment's) input before any shard starts.
+refused "downpour local: a malformed --model" "model spec: unknown layer 'blah'" \
+    "$L" local --model "fc:12 blah" --steps 5 --out "$TMP/never"
+refused "downpour local --env: a model without an actor-critic head" "has no actor-critic head" \
+    "$L" local --env cartpole-v1 --model "fc:12 softmax" --out "$TMP/never"
 check "downpour local: nothing started or created on a bad flag" test ! -e "$TMP/never"
 # The optimizers, rmsprop among them, with its flags: every command that
 # takes --optimizer names them all, and range-checks --rms-alpha and --eps.
