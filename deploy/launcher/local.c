@@ -824,7 +824,7 @@ static int s_start_workers(dp_local_t *L, char *err)
 {
     /* `downpour scale` tells from this lock that someone listens (held
      * until this process ends: the fd is never closed) */
-    if (L->min_workers > 0 && dp_scale_listen(L->out, err) < 0) return -1;
+    if (L->min_workers > 0 && dp_scale_listen(L->out, L->max_workers, err) < 0) return -1;
     for (int i = 0; i < L->workers; i++)
         if (s_start_worker(L, i, err) != 0) return -1;
     if (L->min_workers > 0)
