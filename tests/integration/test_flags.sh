@@ -3,7 +3,8 @@
 #  - a malformed number, an out-of-range one and an unknown flag are each
 #    refused with exit status 2 and ONE line on stderr naming the flag and
 #    what it accepts — downpour-ps, downpour-worker, downpour local, downpour
-#    eval; `downpour local --workers 2abc` no longer runs with 2 workers
+#    eval; `downpour local --workers 2abc` no longer runs with 2 workers;
+#    a flag's prefix (--epoch for --epochs) is an unknown flag
 #  - downpour local refuses a bad daemon flag itself, before starting anything,
 #    and a malformed --model (exit 2, no shard started, no DIR made)
 #  - an environment variable's bad value is refused the same way (one line
@@ -53,6 +54,14 @@ refused "downpour local: --workers 2abc" "--workers '2abc': expected an integer 
 refused "downpour local: out of range" "--ps-shards '0': expected an integer in [1, 64]" \
     "$L" local --ps-shards 0 --out "$TMP/never"
 refused "downpour local: unknown flag" "unknown flag '--bogus'" "$L" local --bogus --out "$TMP/never"
+# A flag is its whole name in every binary (getopt_long's unique prefixes
+# are refused in common/opts.c): "--epoch" is not --epochs.
+refused "downpour local: a flag's prefix" "unknown flag '--epoch' (did you mean --epochs?" \
+    "$L" local --epoch 1 --out "$TMP/never"
+refused "downpour-worker: a flag's prefix" "unknown flag '--epoch' (did you mean --epochs?" \
+    "$WK" --standalone --epoch 1
+refused "downpour-ps: a flag's prefix" "unknown flag '--momentu' (did you mean --momentum?" \
+    "$PS" --momentu 0.5
 refused "downpour local: a worker's flag checked by the worker's table" \
     "--batch '6x4': expected an integer in [1, 65536]" "$L" local --batch 6x4 --out "$TMP/never"
 refused "downpour local: a server's flag checked by the server's table" \
