@@ -117,12 +117,6 @@ DP_MODEL_SPEC_HELP;
 static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
 
 /* Parse the last complete JSON line of a metrics file, or NULL. */
-static cJSON *s_last_metrics(const char *path)
-{
-    char line[8192];
-    dp_last_line(path, line, sizeof line);
-    return line[0] == '{' ? cJSON_Parse(line) : NULL;
-}
 
 static double s_num(const cJSON *o, const char *key, double dflt)
 {
@@ -162,7 +156,7 @@ static void s_show_env_progress(dp_local_t *L, double t0, int live)
     for (int i = 0; i < L->crew.n; i++) {
         dp_child_t *c = &L->crew.kids[i];
         if (!c->is_worker) continue;
-        cJSON *o = s_last_metrics(c->metrics);
+        cJSON *o = dp_metrics_last(c->metrics); /* a step's, not an event's */
         if (!o) continue;
         double r = s_num(o, "run_env_steps", s_num(o, "env_steps", 0));
         if (r > run) run = r;
@@ -193,7 +187,7 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, lo
         dp_child_t *c = &L->crew.kids[i];
         if (!c->is_worker) continue;
         if (*total == 0) *total = s_total_steps(c->metrics, spe, batch);
-        cJSON *o = s_last_metrics(c->metrics);
+        cJSON *o = dp_metrics_last(c->metrics); /* a step's, not an event's */
         if (!o) continue;
         long step = (long)s_num(o, "step", -1) + 1;
         if (steps_min < 0 || step < steps_min) steps_min = step;
@@ -867,6 +861,10 @@ static const dp_child_t *s_watch(dp_local_t *L)
         }
         usleep(100 * 1000);
     }
+    /* the line once more at the end: where the run got to (the workers'
+     * last steps), not where it was up to half a second before */
+    if (!failed && !s_signal && L->progress != DP_PROGRESS_OFF)
+        s_show_progress(L, t0, &total, &spe, &batch, live_tty);
     if (live_tty && L->progress != DP_PROGRESS_OFF) fputc('\n', stderr);
     return failed;
 }
