@@ -378,6 +378,49 @@ static long s_run_steps(const dp_local_t *L, int n)
     return (long)c->epochs * (n / ((long)c->batch * L->max_workers));
 }
 
+/* A sparse run's headline: the test AUC (its accuracy and loss after),
+ * the table's rows on each shard, samples (libsvm rows) a second. */
+static void s_print_sparse(const cJSON *o, const char *mode)
+{
+    char auc[32] = "no test file", rows[128] = "";
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "test_auc");
+    if (cJSON_IsNumber(a)) snprintf(auc, sizeof auc, "%.4f", a->valuedouble);
+    const cJSON *r;
+    int len = 0;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(o, "rows"))
+        if (len < (int)sizeof rows - 24)
+            len += snprintf(rows + len, sizeof rows - (size_t)len, "%s%.0f", len ? ", " : "",
+                            cJSON_IsNumber(r) ? r->valuedouble : 0);
+    fprintf(stderr,
+            "done: %s, %g worker(s), %g shard(s): test AUC %s (accuracy %.4f, loss %.4f), rows [%s], "
+            "%.0f samples/s, %.1f s; updates applied %g, dropped %g, rejected %g; staleness mean "
+            "%.2f, max %g\n",
+            mode, s_num(o, "workers", 0), s_num(o, "ps_shards", 0), auc, s_num(o, "test_accuracy", 0),
+            s_num(o, "test_loss", 0), rows, s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
+            s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
+            s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
+            s_num(o, "staleness_max", 0));
+}
+
+/* An --env run's headline: the return. */
+static void s_print_env(const cJSON *o, const char *mode, const char *env)
+{
+    const cJSON *solved = cJSON_GetObjectItemCaseSensitive(o, "solved_at_env_steps");
+    char at[48] = "not solved";
+    if (cJSON_IsNumber(solved)) snprintf(at, sizeof at, "solved at env step %.0f", solved->valuedouble);
+    fprintf(stderr,
+            "done: %s, %s, %g worker(s), %g shard(s): %g env steps, %g episodes, return of "
+            "the last 100 %.1f (%s), greedy test return %.1f, %.1f s; staleness mean %.2f, "
+            "max %g\n",
+            env, mode, s_num(o, "workers", 0), s_num(o, "ps_shards", 0),
+            s_num(o, "env_steps", 0), s_num(o, "episodes", 0), s_num(o, "return_mean_100", 0),
+            at, s_num(o, "test_return", 0), s_num(o, "wall_s", 0),
+            s_num(o, "staleness_mean", 0), s_num(o, "staleness_max", 0));
+}
+
+/* The run's last line, from summary.json: each kind's headline (a
+ * classifier's test accuracy and images/s, a sparse model's test AUC and
+ * rows, an environment's return). */
 static void s_print_summary(const char *path)
 {
     uint8_t *text = NULL;
@@ -388,30 +431,18 @@ static void s_print_summary(const char *path)
     if (!o) return;
     const char *mode = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "mode"));
     const char *env = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "env"));
-    const cJSON *solved = cJSON_GetObjectItemCaseSensitive(o, "solved_at_env_steps");
-    if (env) {
-        char at[48] = "not solved";
-        if (cJSON_IsNumber(solved)) snprintf(at, sizeof at, "solved at env step %.0f", solved->valuedouble);
+    if (!mode) mode = "?";
+    if (env) s_print_env(o, mode, env);
+    else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "rows"))) s_print_sparse(o, mode);
+    else
         fprintf(stderr,
-                "done: %s, %s, %g worker(s), %g shard(s): %g env steps, %g episodes, return of "
-                "the last 100 %.1f (%s), greedy test return %.1f, %.1f s; staleness mean %.2f, "
-                "max %g\n",
-                env, mode ? mode : "?", s_num(o, "workers", 0), s_num(o, "ps_shards", 0),
-                s_num(o, "env_steps", 0), s_num(o, "episodes", 0), s_num(o, "return_mean_100", 0),
-                at, s_num(o, "test_return", 0), s_num(o, "wall_s", 0),
-                s_num(o, "staleness_mean", 0), s_num(o, "staleness_max", 0));
-        cJSON_Delete(o);
-        return;
-    }
-    fprintf(stderr,
-            "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, %.1f s;"
-            " updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
-            mode ? mode : "?",
-            s_num(o, "workers", 0), s_num(o, "ps_shards", 0), s_num(o, "test_accuracy", 0),
-            s_num(o, "test_loss", 0), s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
-            s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
-            s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
-            s_num(o, "staleness_max", 0));
+                "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, "
+                "%.1f s; updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
+                mode, s_num(o, "workers", 0), s_num(o, "ps_shards", 0), s_num(o, "test_accuracy", 0),
+                s_num(o, "test_loss", 0), s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
+                s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
+                s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
+                s_num(o, "staleness_max", 0));
     cJSON_Delete(o);
 }
 
