@@ -241,3 +241,37 @@ int dp_summary_write(const char *path, const cJSON *obj, char *err)
     free(data);
     return rc;
 }
+
+/* The file's last 64 KiB are read: a step's line is far shorter, and
+ * events (a crew's joins and leaves) come in tens, not thousands, after
+ * the last step. The line that window cuts is passed over. */
+#define S_TAIL_BYTES (64 * 1024)
+
+cJSON *dp_metrics_last(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = dp_malloc(S_TAIL_BYTES + 1);
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    long from = size > S_TAIL_BYTES ? size - S_TAIL_BYTES : 0;
+    size_t got = size >= 0 && fseek(f, from, SEEK_SET) == 0 ? fread(buf, 1, S_TAIL_BYTES, f) : 0;
+    fclose(f);
+    buf[got] = 0;
+    cJSON *found = NULL;
+    for (char *end = buf + got; !found && end > buf;) {
+        *end = 0;
+        char *start = end;
+        while (start > buf && start[-1] != '\n') start--;
+        int whole = start > buf || from == 0; /* not the line the window cut */
+        if (whole && *start == '{') {
+            found = cJSON_ParseWithOpts(start, NULL, 1);
+            if (found && cJSON_GetObjectItemCaseSensitive(found, "event")) {
+                cJSON_Delete(found);
+                found = NULL;
+            }
+        }
+        end = start > buf ? start - 1 : buf;
+    }
+    free(buf);
+    return found;
+}

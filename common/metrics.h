@@ -56,6 +56,12 @@ void dp_metrics_flush(dp_metrics_t *m);
 /* Flush, close, free, set *m_p to NULL; safe twice and on NULL. */
 void dp_metrics_destroy(dp_metrics_t **m_p);
 
+/* The last record of a metrics file: its last line that parses and is
+ * not an event (an "event" field: a start, a join or leave, an eval),
+ * which a reader after the run's state (a progress line) must pass over.
+ * NULL when there is none, or no file; the caller frees it. */
+cJSON *dp_metrics_last(const char *path);
+
 /* The summary file: obj printed (formatted, trailing newline) and written
  * atomically with dp_write_file_atomic, so readers never see half a file.
  * cJSON prints NaN / Inf numbers as null. */

@@ -275,6 +275,22 @@ static int s_refuse(const dp_opts_t *o, int c, char **argv, char *err)
     return dp_err(err, "unknown flag '%.*s' (see %s --help)", eq, arg, o->program);
 }
 
+/* getopt_long takes a unique prefix of a long flag ("--epoch" for
+ * --epochs): a flag must be given whole, so the text getopt matched is
+ * checked against the entry's name. The flag's text is the word before
+ * optind, or the one before that when its value came as the next word. */
+static int s_whole(const struct option *lo, int li, char **argv, const char *program, char *err)
+{
+    if (li < 0) return 0; /* -h */
+    const char *word = argv[optind - 1];
+    if (optarg && optarg == word && optind >= 2) word = argv[optind - 2];
+    if (strncmp(word, "--", 2) != 0) return 0;
+    size_t len = strcspn(word + 2, "=");
+    if (len == strlen(lo[li].name) && strncmp(word + 2, lo[li].name, len) == 0) return 0;
+    return dp_err(err, "unknown flag '%.*s' (did you mean --%s? see %s --help)", (int)len + 2, word,
+                  lo[li].name, program);
+}
+
 dp_opts_result_t dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err)
 {
     struct option lo[DP_OPTS_MAX + 2];
@@ -282,8 +298,10 @@ dp_opts_result_t dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err)
     for (int i = 0; i < o->n; i++) o->opt[i].given = NULL;
     optind = 0;
     opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, ":h", lo, &li)) != -1) {
+        if (c != '?' && c != ':' && s_whole(lo, li, argv, o->program, err) != 0) return DP_OPTS_BAD;
+        li = -1;
         if (c == 'h') {
             dp_opts_help(o, stdout);
             return DP_OPTS_HELP_SHOWN;

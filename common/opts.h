@@ -108,9 +108,10 @@ typedef enum {
     DP_OPTS_HELP_SHOWN = 1, /* -h / --help printed the help: exit 0 */
 } dp_opts_result_t;
 
-/* Parse argv[1..argc) (--flag VALUE, --flag=VALUE, a unique prefix of a
- * flag; -h and --help print the help to stdout). BAD on an unknown flag, a
- * missing value, a value out of range or malformed, a stray argument. */
+/* Parse argv[1..argc) (--flag VALUE, --flag=VALUE, the flag's whole name:
+ * a prefix of it is an unknown flag; -h and --help print the help to
+ * stdout). BAD on an unknown flag, a missing value, a value out of range
+ * or malformed, a stray argument. */
 dp_opts_result_t dp_opts_parse(dp_opts_t *o, int argc, char **argv, char *err);
 
 /* The exit status for a result other than PARSED: 0 after the help, else 2

@@ -50,7 +50,7 @@ static void *s_run(void *arg)
     for (int i = 0; i < b->n; i++) {
         /* a short send timeout: a beat never blocks the next one for long */
         dp_ps_sock_keys_t keys = {&b->secret, &b->pub, b->curve ? &b->server[i] : NULL};
-        if (dp_ps_client_socket(b->ctx, b->endpoints[i], 0.1, b->curve ? &keys : NULL, &socks[n],
+        if (dp_ps_client_socket(b->ctx, b->endpoints[i], 0.1, b->curve ? &keys : NULL, NULL, &socks[n],
                                 err) == 0)
             n++;
         else

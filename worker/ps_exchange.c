@@ -25,14 +25,72 @@ static void s_close(dp_ps_shard_t *s)
     if (s->sock && zmq_close(s->sock) != 0)
         dp_log_warn("%s: closing socket: %s", s->endpoint, zmq_strerror(errno));
     s->sock = NULL;
+    if (s->mon) zmq_close(s->mon);
+    s->mon = NULL;
 }
 
 static int s_open(dp_ps_client_t *c, int i, char *err)
 {
     dp_ps_shard_t *s = &c->sh[i];
     dp_ps_sock_keys_t keys = {&c->secret, &c->pub, &s->server_key};
-    return dp_ps_client_socket(c->ctx, s->endpoint, c->timeout_s, c->curve ? &keys : NULL, &s->sock,
-                               err);
+    s->seen = 0;
+    return dp_ps_client_socket(c->ctx, s->endpoint, c->timeout_s, c->curve ? &keys : NULL, &s->mon,
+                               &s->sock, err);
+}
+
+/* Shard i's socket events so far into its seen bits. */
+static void s_read_events(dp_ps_shard_t *s)
+{
+    while (s->mon) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&f) >= 2) memcpy(&ev, zmq_msg_data(&f), 2);
+        int more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        while (more) { /* the event's second frame: the endpoint */
+            zmq_msg_init(&f);
+            more = zmq_msg_recv(&f, s->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&f);
+            zmq_msg_close(&f);
+        }
+        if (ev == ZMQ_EVENT_CONNECTED) s->seen |= DP_PS_SEEN_CONNECTED;
+        else if (ev == ZMQ_EVENT_CONNECT_RETRIED) s->seen |= DP_PS_SEEN_RETRIED;
+        else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) s->seen |= DP_PS_SEEN_AUTH;
+        else if (ev) s->seen |= DP_PS_SEEN_HANDSHAKE;
+    }
+}
+
+/* Why shard i is silent, as its socket's events tell: a refused CURVE
+ * key, a handshake that failed, or nothing known (is it running?). */
+static const char *s_why_silent(const dp_ps_client_t *c, int i)
+{
+    int seen = c->sh[i].seen;
+    if (seen & DP_PS_SEEN_AUTH)
+        return "the server refused this worker's CURVE key: its public key is not in the server's "
+               "--curve-allow";
+    if ((seen & DP_PS_SEEN_HANDSHAKE) && c->curve)
+        return "the CURVE handshake failed: is --curve-server this server's public key?";
+    if (seen & DP_PS_SEEN_HANDSHAKE)
+        return "the handshake failed: the server likely speaks CURVE; give --curve-secret and "
+               "--curve-server";
+    return "is downpour-ps running?";
+}
+
+/* A HELLO awaited from shard i: its events read, and, once a client, a
+ * line when the server is not there yet (the worker waits for it, quietly
+ * otherwise: ZeroMQ redials). */
+static void s_hello_events(dp_ps_client_t *c, int i)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    s_read_events(s);
+    if (s->told_waiting || !(s->seen & DP_PS_SEEN_RETRIED) || (s->seen & DP_PS_SEEN_CONNECTED)) return;
+    s->told_waiting = true;
+    dp_log_info("worker %d: waiting for ps shard %d at %s: nothing listens there yet (up to %.0f s)",
+                c->worker_id, i, s->endpoint, c->timeout_s);
 }
 
 /* Replace the sockets of shards that did not answer: whatever ZeroMQ queued
@@ -155,10 +213,12 @@ static s_alive_t s_check_alive(dp_ps_client_t *c, int i, int type, double t0, do
         return S_GIVE_UP;
     }
     bool held = type == DOWNPOUR__MSG_TYPE__PULL;
+    if (type == DOWNPOUR__MSG_TYPE__HELLO) s_hello_events(c, i);
     if (now - (held ? s->last_heard : aw->sent_at) > c->timeout_s) {
         if (type != DOWNPOUR__MSG_TYPE__HELLO && aw->repeats == 0) return S_REPEAT;
         c->code = DP_PS_ERR_TIMEOUT;
-        dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint, c->timeout_s);
+        s_read_events(s);
+        dp_err(err, "%s: no reply in %.0f s (%s)", s->endpoint, c->timeout_s, s_why_silent(c, i));
         return S_GIVE_UP;
     }
     if (now - t0 > S_DEFER_LIMIT * c->timeout_s) {
@@ -263,10 +323,11 @@ static int s_rejoin(dp_ps_client_t *c, int i, char *err)
     if (s_send_plan(c, i, &hello, err) != 0) return -1;
     while (!c->aw[i].done) {
         if (c->stop && *c->stop) return s_interrupted(c, err);
+        s_hello_events(c, i);
         if (dp_now() - c->aw[i].sent_at > c->timeout_s) {
             c->code = DP_PS_ERR_TIMEOUT;
-            return dp_err(err, "%s: no reply in %.0f s (is downpour-ps running?)", s->endpoint,
-                          c->timeout_s);
+            return dp_err(err, "%s: no reply in %.0f s (%s)", s->endpoint, c->timeout_s,
+                          s_why_silent(c, i));
         }
         zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
         int r = zmq_poll(&it, 1, 100);
@@ -331,20 +392,30 @@ static int s_wait(dp_ps_client_t *c, const dp_ps_plan_t *plan, char *err)
 }
 
 /* A HELLO that got no reply: name every shard still silent (role and
- * endpoint), not only the first one the wait noticed. */
-static void s_name_silent(const dp_ps_client_t *c, char *err)
+ * endpoint), not only the first one the wait noticed, and why it likely
+ * is (s_why_silent): once when it is the same for all, else each's. */
+static void s_name_silent(dp_ps_client_t *c, char *err)
 {
     if (c->code != DP_PS_ERR_TIMEOUT) return;
+    const char *why = NULL;
+    bool same = true;
+    for (int i = 0; i < c->n; i++) {
+        if (!c->aw[i].want_req || c->aw[i].done) continue;
+        s_read_events(&c->sh[i]);
+        if (why && strcmp(why, s_why_silent(c, i)) != 0) same = false;
+        why = s_why_silent(c, i);
+    }
     char list[DP_ERR_LEN] = "";
     size_t used = 0;
     for (int i = 0; i < c->n && used + 8 < sizeof list; i++) {
-        const dp_ps_shard_t *s = &c->sh[i];
         if (!c->aw[i].want_req || c->aw[i].done) continue;
-        used += (size_t)snprintf(list + used, sizeof list - used, "%sps shard %d at %s",
-                                 used ? ", " : "", i, s->endpoint);
+        used += (size_t)snprintf(list + used, sizeof list - used, "%sps shard %d at %s%s%s%s",
+                                 used ? ", " : "", i, c->sh[i].endpoint, same ? "" : " (",
+                                 same ? "" : s_why_silent(c, i), same ? "" : ")");
     }
     if (used >= sizeof list) snprintf(list + sizeof list - 4, 4, "...");
-    dp_err(err, "start-up: no reply in %.0f s (is downpour-ps running?) from %s", c->timeout_s, list);
+    if (same && why) dp_err(err, "start-up: no reply in %.0f s (%s) from %s", c->timeout_s, why, list);
+    else dp_err(err, "start-up: no reply in %.0f s from %s", c->timeout_s, list);
 }
 
 /* The end of a failed exchange: its kind, the silent shards named (a

@@ -57,6 +57,9 @@ typedef struct {
     dp_ps_info_t info;      /* from its WELCOME */
     uint64_t run_token;     /* from its WELCOME (the chief's only): its STATS / SHUTDOWN carry it */
     dp_curve_key_t server_key; /* CURVE: the shard's public key */
+    void *mon;              /* a PAIR with sock's connect and handshake events, or NULL */
+    int seen;               /* DP_PS_SEEN_* bits of those events since sock was opened */
+    bool told_waiting;      /* "waiting for ps shard I at ..." was logged (once a client) */
     /* recovery */
     uint64_t incarnation;   /* from its WELCOME; 0: unknown (a server that sends none) */
     bool restarted;         /* a reply showed another incarnation, or ERR_UNKNOWN_WORKER, or a
@@ -78,6 +81,15 @@ typedef struct {
     uint32_t push_parts;    /* from its WELCOME: the most parts it assembles a push from (0:
                              * an older shard, whole pushes only) */
 } dp_ps_shard_t;
+
+/* dp_ps_shard_t.seen: what the socket's events said, which names why a
+ * HELLO gets no reply. */
+enum {
+    DP_PS_SEEN_CONNECTED = 1, /* a TCP connection was made */
+    DP_PS_SEEN_RETRIED = 2,   /* a dial failed (nothing listens there) and is retried */
+    DP_PS_SEEN_AUTH = 4,      /* the server's ZAP refused our CURVE key */
+    DP_PS_SEEN_HANDSHAKE = 8, /* the handshake failed otherwise (key or mechanism) */
+};
 
 /* The exchange in progress, one shard's side (ps_exchange.c's only). */
 typedef struct {

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -13,8 +14,29 @@
 #include "common/util.h"
 #include "proto/zsock.h"
 
+/* sock's connect and handshake events into a new PAIR, *mon. */
+static int s_monitor(void *ctx, void *sock, void **mon)
+{
+    static atomic_uint made;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://dp-ps-client-events-%u", atomic_fetch_add(&made, 1));
+    int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    *mon = NULL;
+    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
+    void *pair = zmq_socket(ctx, ZMQ_PAIR);
+    int zero = 0;
+    if (!pair || zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(pair, ep) != 0) {
+        if (pair) zmq_close(pair);
+        zmq_socket_monitor(sock, NULL, 0);
+        return -1;
+    }
+    *mon = pair;
+    return 0;
+}
+
 int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
-                        const dp_ps_sock_keys_t *keys, void **out, char *err)
+                        const dp_ps_sock_keys_t *keys, void **mon, void **out, char *err)
 {
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
     *out = NULL;
@@ -38,9 +60,16 @@ int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
         zmq_close(sock);
         return -1;
     }
+    if (mon && s_monitor(ctx, sock, mon) != 0) {
+        dp_err(err, "%s: cannot watch the socket's events: %s", endpoint, zmq_strerror(errno));
+        zmq_close(sock);
+        return -1;
+    }
     if (zmq_connect(sock, endpoint) != 0) {
         dp_err(err, "%s: bad ps endpoint: %s (expected tcp://HOST:PORT)", endpoint, zmq_strerror(errno));
         zmq_close(sock);
+        if (mon && *mon) zmq_close(*mon);
+        if (mon) *mon = NULL;
         return -1;
     }
     *out = sock;

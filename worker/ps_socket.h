@@ -18,9 +18,12 @@ typedef struct {
 
 /* A DEALER connected to endpoint with the client's options (linger 0, send
  * timeout, ZMTP heartbeats, CURVE when keys is not NULL); every socket to a
- * shard is made here, the heartbeat thread's too. */
+ * shard is made here, the heartbeat thread's too. mon (NULL: none): a PAIR
+ * into *mon that receives the socket's connect and handshake events
+ * (zmq_socket_monitor), connected before the socket dials so that none is
+ * missed; the caller closes it after the socket. */
 int dp_ps_client_socket(void *ctx, const char *endpoint, double timeout_s,
-                        const dp_ps_sock_keys_t *keys, void **out, char *err);
+                        const dp_ps_sock_keys_t *keys, void **mon, void **out, char *err);
 
 /* The endpoint list into endpoints[DP_ZSOCK_MAX_SHARDS], as the client
  * reads it (the heartbeat thread too): returns how many, or -1 with

@@ -48,6 +48,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/metrics.h"
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
@@ -366,16 +367,15 @@ static int s_start_workers(s_launch_t *L, char *err)
     return 0;
 }
 
-/* The shards' last metrics lines: the run as shard 0 saw it, the version
- * summed; NULL before any. */
+/* The shards' last metrics records (not their events: a run's file ends
+ * in the workers' leaves): the run as shard 0 saw it, the version summed;
+ * NULL before any. */
 static cJSON *s_shards_state(const s_launch_t *L, double *version)
 {
     cJSON *first = NULL;
     *version = 0;
     for (int i = 0; i < L->shards; i++) {
-        char line[8192];
-        dp_last_line(L->crew.kids[i].metrics, line, sizeof line);
-        cJSON *o = line[0] == '{' ? cJSON_Parse(line) : NULL;
+        cJSON *o = dp_metrics_last(L->crew.kids[i].metrics);
         if (!o) continue;
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "version");
         if (cJSON_IsNumber(v)) *version += v->valuedouble;
@@ -456,6 +456,25 @@ static void s_summary(const s_launch_t *L)
     cJSON_Delete(st);
 }
 
+/* The run's last line: what the servers applied, as their last records
+ * say, and the chief's result (its exit and its log's last line: the
+ * example's test accuracy). */
+static void s_say_done(const s_launch_t *L, const dp_child_t *chief)
+{
+    double version;
+    cJSON *st = s_shards_state(L, &version);
+    char how[64], last[512];
+    dp_child_describe_exit(chief, how, sizeof how);
+    dp_last_line(chief->log, last, sizeof last);
+    fprintf(stderr,
+            "downpour launch: done: %s, %d worker(s), %d shard(s): %.0f pushes applied (version %.0f), "
+            "dropped %.0f, rejected %.0f; staleness mean %.2f; %.1f s; the chief %s: %s\n",
+            dp_mode_name(L->ps.mode), L->workers, L->shards, s_num(st, "applied"), version,
+            s_num(st, "dropped"), s_num(st, "rejected"), s_num(st, "staleness_mean"), dp_now() - L->t0,
+            how, last[0] ? last : "(its log is empty)");
+    cJSON_Delete(st);
+}
+
 /* Stop what is left and say how the run ended; the exit status. */
 static int s_finish(s_launch_t *L, const dp_child_t *failed)
 {
@@ -477,6 +496,7 @@ static int s_finish(s_launch_t *L, const dp_child_t *failed)
                 how, last[0] ? last : "(empty)", failed->log);
         return failed == chief && WIFEXITED(chief->status) ? WEXITSTATUS(chief->status) : 1;
     }
+    s_say_done(L, chief);
     printf("%s/summary.json\n", L->out);
     return WIFEXITED(chief->status) ? WEXITSTATUS(chief->status) : 128 + WTERMSIG(chief->status);
 }

@@ -119,12 +119,6 @@ DP_MODEL_SPEC_HELP;
 static int s_mkdir(const char *path, char *err) { return dp_mkdirs(path, 0755, err); }
 
 /* Parse the last complete JSON line of a metrics file, or NULL. */
-static cJSON *s_last_metrics(const char *path)
-{
-    char line[8192];
-    dp_last_line(path, line, sizeof line);
-    return line[0] == '{' ? cJSON_Parse(line) : NULL;
-}
 
 static double s_num(const cJSON *o, const char *key, double dflt)
 {
@@ -164,7 +158,7 @@ static void s_show_env_progress(dp_local_t *L, double t0, int live)
     for (int i = 0; i < L->crew.n; i++) {
         dp_child_t *c = &L->crew.kids[i];
         if (!c->is_worker) continue;
-        cJSON *o = s_last_metrics(c->metrics);
+        cJSON *o = dp_metrics_last(c->metrics); /* a step's, not an event's */
         if (!o) continue;
         double r = s_num(o, "run_env_steps", s_num(o, "env_steps", 0));
         if (r > run) run = r;
@@ -195,7 +189,7 @@ static void s_show_progress(dp_local_t *L, double t0, long *total, long *spe, lo
         dp_child_t *c = &L->crew.kids[i];
         if (!c->is_worker) continue;
         if (*total == 0) *total = s_total_steps(c->metrics, spe, batch);
-        cJSON *o = s_last_metrics(c->metrics);
+        cJSON *o = dp_metrics_last(c->metrics); /* a step's, not an event's */
         if (!o) continue;
         long step = (long)s_num(o, "step", -1) + 1;
         if (steps_min < 0 || step < steps_min) steps_min = step;
@@ -336,7 +330,7 @@ static void s_collect_passed(dp_local_t *L)
     for (int i = 0; i < L->opts.n; i++) {
         const dp_opts_flag_t *e = &L->opts.opt[i];
         if (!e->pass || !e->given) continue;
-        /* --env: the daemons get the model with the environment's actions (s_prepare_env) */
+        /* --env: the daemons get the model with the environment's actions (s_check_model) */
         if (L->wk.conf.a3c.env && strcmp(e->name, "model") == 0) continue;
         snprintf(L->flag_names[i], sizeof L->flag_names[i], "--%s", e->name);
         int has_value = e->kind != DP_OPTS_FLAG;
@@ -386,6 +380,49 @@ static long s_run_steps(const dp_local_t *L, int n)
     return (long)c->epochs * (n / ((long)c->batch * L->max_workers));
 }
 
+/* A sparse run's headline: the test AUC (its accuracy and loss after),
+ * the table's rows on each shard, samples (libsvm rows) a second. */
+static void s_print_sparse(const cJSON *o, const char *mode)
+{
+    char auc[32] = "no test file", rows[128] = "";
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "test_auc");
+    if (cJSON_IsNumber(a)) snprintf(auc, sizeof auc, "%.4f", a->valuedouble);
+    const cJSON *r;
+    int len = 0;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(o, "rows"))
+        if (len < (int)sizeof rows - 24)
+            len += snprintf(rows + len, sizeof rows - (size_t)len, "%s%.0f", len ? ", " : "",
+                            cJSON_IsNumber(r) ? r->valuedouble : 0);
+    fprintf(stderr,
+            "done: %s, %g worker(s), %g shard(s): test AUC %s (accuracy %.4f, loss %.4f), rows [%s], "
+            "%.0f samples/s, %.1f s; updates applied %g, dropped %g, rejected %g; staleness mean "
+            "%.2f, max %g\n",
+            mode, s_num(o, "workers", 0), s_num(o, "ps_shards", 0), auc, s_num(o, "test_accuracy", 0),
+            s_num(o, "test_loss", 0), rows, s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
+            s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
+            s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
+            s_num(o, "staleness_max", 0));
+}
+
+/* An --env run's headline: the return. */
+static void s_print_env(const cJSON *o, const char *mode, const char *env)
+{
+    const cJSON *solved = cJSON_GetObjectItemCaseSensitive(o, "solved_at_env_steps");
+    char at[48] = "not solved";
+    if (cJSON_IsNumber(solved)) snprintf(at, sizeof at, "solved at env step %.0f", solved->valuedouble);
+    fprintf(stderr,
+            "done: %s, %s, %g worker(s), %g shard(s): %g env steps, %g episodes, return of "
+            "the last 100 %.1f (%s), greedy test return %.1f, %.1f s; staleness mean %.2f, "
+            "max %g\n",
+            env, mode, s_num(o, "workers", 0), s_num(o, "ps_shards", 0),
+            s_num(o, "env_steps", 0), s_num(o, "episodes", 0), s_num(o, "return_mean_100", 0),
+            at, s_num(o, "test_return", 0), s_num(o, "wall_s", 0),
+            s_num(o, "staleness_mean", 0), s_num(o, "staleness_max", 0));
+}
+
+/* The run's last line, from summary.json: each kind's headline (a
+ * classifier's test accuracy and images/s, a sparse model's test AUC and
+ * rows, an environment's return). */
 static void s_print_summary(const char *path)
 {
     uint8_t *text = NULL;
@@ -396,30 +433,18 @@ static void s_print_summary(const char *path)
     if (!o) return;
     const char *mode = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "mode"));
     const char *env = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "env"));
-    const cJSON *solved = cJSON_GetObjectItemCaseSensitive(o, "solved_at_env_steps");
-    if (env) {
-        char at[48] = "not solved";
-        if (cJSON_IsNumber(solved)) snprintf(at, sizeof at, "solved at env step %.0f", solved->valuedouble);
+    if (!mode) mode = "?";
+    if (env) s_print_env(o, mode, env);
+    else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "rows"))) s_print_sparse(o, mode);
+    else
         fprintf(stderr,
-                "done: %s, %s, %g worker(s), %g shard(s): %g env steps, %g episodes, return of "
-                "the last 100 %.1f (%s), greedy test return %.1f, %.1f s; staleness mean %.2f, "
-                "max %g\n",
-                env, mode ? mode : "?", s_num(o, "workers", 0), s_num(o, "ps_shards", 0),
-                s_num(o, "env_steps", 0), s_num(o, "episodes", 0), s_num(o, "return_mean_100", 0),
-                at, s_num(o, "test_return", 0), s_num(o, "wall_s", 0),
-                s_num(o, "staleness_mean", 0), s_num(o, "staleness_max", 0));
-        cJSON_Delete(o);
-        return;
-    }
-    fprintf(stderr,
-            "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, %.1f s;"
-            " updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
-            mode ? mode : "?",
-            s_num(o, "workers", 0), s_num(o, "ps_shards", 0), s_num(o, "test_accuracy", 0),
-            s_num(o, "test_loss", 0), s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
-            s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
-            s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
-            s_num(o, "staleness_max", 0));
+                "done: %s, %g worker(s), %g shard(s): test accuracy %.4f (loss %.4f), %.0f images/s, "
+                "%.1f s; updates applied %g, dropped %g, rejected %g; staleness mean %.2f, max %g\n",
+                mode, s_num(o, "workers", 0), s_num(o, "ps_shards", 0), s_num(o, "test_accuracy", 0),
+                s_num(o, "test_loss", 0), s_num(o, "images_per_s", 0), s_num(o, "wall_s", 0),
+                s_num(o, "updates_applied", 0), s_num(o, "updates_dropped", 0),
+                s_num(o, "updates_rejected", 0), s_num(o, "staleness_mean", 0),
+                s_num(o, "staleness_max", 0));
     cJSON_Delete(o);
 }
 
@@ -546,19 +571,14 @@ static void s_add_run_id(dp_local_t *L)
     L->ps_args[L->n_ps_args++] = L->run_id;
 }
 
-static int s_prepare_dirs(dp_local_t *L, char *err);
-
 /* --env: what the servers need from the environment instead of the data:
- * the model with its actions (written out: ac:A) and the observation's
- * shape, the environment and the workers' segment (--env, --envs,
- * --t-max); the lr stays constant. */
+ * the observation's shape, the model with its actions (L->env_model,
+ * which s_check_model writes out: ac:A), the environment and the workers'
+ * segment (--env, --envs, --t-max); the lr stays constant. */
 static int s_prepare_env(dp_local_t *L, char *err)
 {
     const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
-    dp_model_t m;
-    const char *spec = dp_opts_find(&L->opts, "model")->given ? L->wk.conf.model : NULL;
-    if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
-    snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
+    if (!kind) return -1;
     snprintf(L->input, sizeof L->input, "%dx1x1", kind->obs_dim);
     L->ps.in_c = kind->obs_dim;
     L->ps.in_h = L->ps.in_w = 1;
@@ -577,19 +597,32 @@ static int s_prepare_env(dp_local_t *L, char *err)
 static void s_default_schedule(dp_local_t *L);
 static int s_prepare_sparse(dp_local_t *L, char *err);
 
-/* What the servers need from the data (the input shape, and for the
- * default schedule the run's length), then DIR and its subdirectories,
- * without the results of an earlier run in the same DIR. */
+/* --model, as given, parsed on the input the data give (L->ps.in_*), so
+ * that a malformed spec is a bad command line (status 2) before any daemon
+ * starts, not a shard's exit. The text is the flag's: the launcher's
+ * --model entry is downpour-ps's (its table comes first), so the value
+ * lands in L->ps, never in L->wk. --env: the model with the environment's
+ * actions written out (ac:A), which the daemons get instead. */
+static int s_check_model(dp_local_t *L, char *err)
+{
+    const char *spec = dp_opts_find(&L->opts, "model")->given;
+    dp_model_t m;
+    if (L->wk.conf.a3c.env) {
+        const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
+        if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
+        snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
+        return 0;
+    }
+    if (!spec) return 0; /* the default, or --init's (which the shards check) */
+    return dp_ps_config_model(&L->ps, &m, NULL, err);
+}
+
+/* What the servers need from the data: the input shape, and for the
+ * default schedule the run's length. */
 static int s_prepare(dp_local_t *L, char *err)
 {
-    if (L->wk.conf.a3c.env) {
-        if (s_prepare_env(L, err) != 0) return -1;
-        return s_prepare_dirs(L, err);
-    }
-    if (dp_sparse_data_is(L->wk.conf.data)) {
-        if (s_prepare_sparse(L, err) != 0) return -1;
-        return s_prepare_dirs(L, err);
-    }
+    if (L->wk.conf.a3c.env) return s_prepare_env(L, err);
+    if (dp_sparse_data_is(L->wk.conf.data)) return s_prepare_sparse(L, err);
     dp_dataset_t probe = {0};
     if (dp_dataset_init(&probe, L->wk.conf.data, DP_SPLIT_TRAIN, err) != 0) return -1;
     dp_dataset_limit(&probe, L->wk.conf.train_samples); /* --epochs count the subset's */
@@ -600,7 +633,7 @@ static int s_prepare(dp_local_t *L, char *err)
     L->worker_steps = s_run_steps(L, probe.n);
     dp_dataset_fini(&probe);
     s_default_schedule(L);
-    return s_prepare_dirs(L, err);
+    return 0;
 }
 
 /* --lr-schedule unless given: anneal the lr to zero over the run (cosine),
@@ -820,7 +853,7 @@ static int s_start_workers(dp_local_t *L, char *err)
 {
     /* `downpour scale` tells from this lock that someone listens (held
      * until this process ends: the fd is never closed) */
-    if (L->min_workers > 0 && dp_scale_listen(L->out, err) < 0) return -1;
+    if (L->min_workers > 0 && dp_scale_listen(L->out, L->max_workers, err) < 0) return -1;
     for (int i = 0; i < L->workers; i++)
         if (s_start_worker(L, i, err) != 0) return -1;
     if (L->min_workers > 0)
@@ -863,6 +896,10 @@ static const dp_child_t *s_watch(dp_local_t *L)
         }
         usleep(100 * 1000);
     }
+    /* the line once more at the end: where the run got to (the workers'
+     * last steps), not where it was up to half a second before */
+    if (!failed && !s_signal && L->progress != DP_PROGRESS_OFF)
+        s_show_progress(L, t0, &total, &spe, &batch, live_tty);
     if (live_tty && L->progress != DP_PROGRESS_OFF) fputc('\n', stderr);
     return failed;
 }
@@ -910,6 +947,11 @@ int dp_local_main(int argc, char **argv)
     dp_opts_result_t parsed = s_setup(&L, argc, argv, err);
     if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour local", parsed, err);
     if (s_prepare(&L, err) != 0 || dp_spawn_guard(err) != 0) {
+        fprintf(stderr, "downpour local: %s\n", err);
+        return 1;
+    }
+    if (s_check_model(&L, err) != 0) return dp_opts_exit_status("downpour local", DP_OPTS_BAD, err);
+    if (s_prepare_dirs(&L, err) != 0) {
         fprintf(stderr, "downpour local: %s\n", err);
         return 1;
     }

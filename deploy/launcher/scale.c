@@ -29,7 +29,7 @@ static void s_lock_path(const char *dir, char *out, size_t n)
     snprintf(out, n, "%s/scale.lock", dir);
 }
 
-int dp_scale_listen(const char *dir, char *err)
+int dp_scale_listen(const char *dir, int max, char *err)
 {
     char path[PATH_MAX];
     s_lock_path(dir, path, sizeof path);
@@ -50,17 +50,33 @@ int dp_scale_listen(const char *dir, char *err)
                       e == EWOULDBLOCK ? "another downpour local --workers MIN:MAX runs on this --out"
                                        : strerror(e));
     }
+    /* the crew's MAX, for the command to refuse a count above it itself */
+    char text[16];
+    int len = snprintf(text, sizeof text, "%d\n", max);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
+        int e = errno;
+        close(fd);
+        return dp_err(err, "%s: %s", path, strerror(e));
+    }
     return fd;
 }
 
-int dp_scale_listening(const char *dir)
+int dp_scale_listening(const char *dir, int *max)
 {
-    char path[PATH_MAX];
+    char path[PATH_MAX], text[16] = "";
+    *max = 0;
     s_lock_path(dir, path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return 0;
     int held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ssize_t got = held ? pread(fd, text, sizeof text - 1, 0) : -1;
     close(fd); /* drops a shared lock taken just now */
+    long v = 0;
+    if (got > 0) {
+        text[got] = 0;
+        text[strcspn(text, "\n")] = 0;
+        if (dp_opts_parse_long("MAX", text, 1, DP_CREW_MAX, &v, NULL) == 0) *max = (int)v;
+    }
     return held;
 }
 
@@ -104,8 +120,9 @@ static const char s_usage[] =
     "workers live: the lowest free task indexes below MAX start, the highest ones\n"
     "other than the chief (task 0) leave by SIGTERM (each ends its step in flight,\n"
     "says so to the servers and exits 0). Waits until the launcher took the request\n"
-    "(exit 0); fails at once when no launcher runs on DIR, or after 10 s when the one\n"
-    "that runs did not take it. The launcher's log says what it did.\n";
+    "(exit 0); refuses N above the crew's MAX (exit 2); fails at once when no\n"
+    "launcher runs on DIR, or after 10 s when the one that runs did not take it.\n"
+    "The launcher's log says what it did.\n";
 
 int dp_scale_main(int argc, char **argv)
 {
@@ -132,10 +149,16 @@ int dp_scale_main(int argc, char **argv)
                 argv[1]);
         return 1;
     }
-    if (!dp_scale_listening(argv[1])) {
+    int max = 0;
+    if (!dp_scale_listening(argv[1], &max)) {
         fprintf(stderr, "downpour scale: no downpour local --workers MIN:MAX runs on %s (its "
                 "scale.lock is not held)\n", argv[1]);
         return 1;
+    }
+    if (max > 0 && n > max) {
+        fprintf(stderr, "downpour scale: N %ld is above the MAX %d of the crew on %s (--workers "
+                "MIN:%d): give 1..%d\n", n, max, argv[1], max, max);
+        return 2;
     }
     if (dp_write_file_atomic(path, text, (size_t)len, err) != 0) {
         fprintf(stderr, "downpour scale: %s\n", err);

@@ -20,12 +20,14 @@
 void dp_scale_request_path(const char *dir, char *out, size_t n);
 
 /* The launcher: DIR/scale.lock made (0600) and locked (the fd, close-on-exec,
- * held until the process ends); -1 with err when it cannot be made or
- * another launcher holds it (two elastic launchers on one DIR). */
-int dp_scale_listen(const char *dir, char *err);
+ * held until the process ends), the crew's MAX written in it ("MAX\n");
+ * -1 with err when it cannot be made or another launcher holds it (two
+ * elastic launchers on one DIR). */
+int dp_scale_listen(const char *dir, int max, char *err);
 
-/* The command: 1 when a launcher holds dir's lock, 0 when none does. */
-int dp_scale_listening(const char *dir);
+/* The command: 1 when a launcher holds dir's lock, 0 when none does; *max
+ * the crew's MAX read from the lock (0 when it says none). */
+int dp_scale_listening(const char *dir, int *max);
 
 /* The launcher: a request waiting in dir? 1 with *n (removed), 0 none,
  * -1 with err for a request that is not a count, or not a regular file

@@ -18,8 +18,12 @@ import numpy as np
 STATE_KEY = "downpour.state"
 ROWS_KEY = "downpour.rows"  # the width D of a row table beside the tensors (common/safetensors.h)
 
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": None, "I64": "<i8", "I32": "<i4",
-           "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+# Every dtype the C reader (common/safetensors.c) takes: a sparse model's
+# file holds its row keys as U64 (embed.keys). BF16 has no NumPy type: its
+# 16 bits are the top half of a float32's, and it reads as float32.
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+           "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1",
+           "BOOL": "?"}
 
 
 def write(path, tensors, metadata=None):
@@ -69,7 +73,11 @@ def read(path):
         b, end = e["data_offsets"]
         if not 0 <= b <= end <= len(data):
             raise ValueError(f"{path}: tensor {name}: data_offsets {b}..{end} outside the data")
+        if (end - b) % np.dtype(dt).itemsize:
+            raise ValueError(f"{path}: tensor {name}: {end - b} bytes are no whole {e['dtype']} values")
         a = np.frombuffer(data[b:end], dtype=dt)
+        if e["dtype"] == "BF16":
+            a = (a.astype("<u4") << 16).view("<f4")
         shape = tuple(int(d) for d in e["shape"])
         if a.size != int(np.prod(shape, dtype=np.int64)):
             raise ValueError(f"{path}: tensor {name}: {end - b} bytes for shape {list(shape)}")

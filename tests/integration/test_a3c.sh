@@ -12,7 +12,9 @@
 #    PyTorch module strictly, its policy and value heads as fc layers;
 #  - sync (A2C): the same accounting, no staleness;
 #  - by hand: servers told another segment (--envs, --t-max) or no --env
-#    stop the worker at its first push with one line; told its own, it runs.
+#    stop the worker at its first push with one line; told its own, it runs;
+#  - `downpour local --env` with a --model given, before or after --env:
+#    the daemons train that model, not the classifier's default.
 source "$(dirname "$0")/lib.sh"
 
 W=$BIN/downpour-worker
@@ -168,6 +170,23 @@ by_hand() { # name, expected status (0: exits 0; 1: not 0), text its log has, ps
 by_hand "servers told --envs 1 --t-max 5" 1 "over the shard's --envs x --t-max = 5" --env cartpole-v1
 by_hand "servers told no --env" 1 "not told the environment" 
 by_hand "servers told the worker's --envs 2 --t-max 5" 0 "of the run's" --env cartpole-v1 --envs 2 --t-max 5
+
+# -- a model given to downpour local --env ------------------------------------------
+# The launcher's --model lands in downpour-ps's slot (its table comes first):
+# the spec given must reach the daemons, not the classifier's default, in
+# either flag order, with the head written out (ac) or given (ac:2).
+given() { # name, environment, expected model in summary.json, args...
+    local name=$1 env=$2 want=$3
+    shift 3
+    "$BIN/downpour" local --workers 2 --env-steps 2000 --out "$out/$name" --no-progress "$@" \
+        >"$out/$name.log" 2>&1
+    local rc=$? got
+    got=$(json "$out/$name/summary.json" model 2>/dev/null)
+    check "local $* exits 0 (status $rc), model '$got'" test "$rc $got" = "0 $want"
+    check "... its done: line names $env" grep -q "^done: $env, " "$out/$name.log"
+}
+given model-first acrobot-v1 "fc:32 tanh ac:3" --model "fc:32 tanh ac" --env acrobot-v1
+given model-last cartpole-v1 "fc:32 tanh ac:2" --env cartpole-v1 --model "fc:32 tanh ac:2"
 
 # -- the PyTorch example, through downpour launch ------------------------------------
 # A short run: that the module is the spec's (its tensors the servers'), that

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_curve_cluster: who may talk to downpour-ps, with the real daemons on loopback.
 #  - CURVE (keys from `downpour keygen`, named after their task): an allowed
-#    worker trains; a worker with an unknown key and a plain worker get no
-#    reply (their timeout line), worker 1's key as --task-index 0 (before
+#    worker trains; a worker with an unknown key, one given another
+#    server's key and a plain worker get no reply (their timeout line names
+#    which: the key not admitted, the server's key, CURVE), worker 1's key as --task-index 0 (before
 #    the chief) is refused with one line naming whose id it is, and the
 #    weights are unchanged (hash of the shard's checkpoint, written at every
 #    version); the refusals are counted in the stop log; the chief ends the
@@ -59,15 +60,21 @@ check "... and its 6 pushes are applied" grep -q "6 applied, 0 dropped, 0 reject
 before=$(ck_hash)
 check "the shard wrote its checkpoint" test -n "$before"
 
-refused_quietly() { # log: the worker failed with its timeout line
+NOT_ADMITTED="the server refused this worker's CURVE key: its public key is not in the server's --curve-allow"
+refused_quietly() { # rc log [why]: the worker failed with its timeout line, naming why (default: not admitted)
     local rc=$1 log=$2
-    [ "$rc" = 1 ] && grep -q "no reply in 2 s (is downpour-ps running?)" "$log" ||
+    [ "$rc" = 1 ] && grep -qF "no reply in 2 s (${3:-$NOT_ADMITTED}) from ps shard 0 at $EP" "$log" ||
         { echo "rc $rc"; tail -3 "$log"; return 1; }
 }
 "$WK" --ps "$EP" --task-index 1 "${wk[@]}" --timeout 2 --curve-secret "$K/evil" "${curve[@]}" >"$TMP/evil.log" 2>&1
-check "an unknown key gets no reply" refused_quietly $? "$TMP/evil.log"
+check "an unknown key gets no reply, and is told its key was not admitted" refused_quietly $? "$TMP/evil.log"
+"$WK" --ps "$EP" --task-index 1 "${wk[@]}" --timeout 2 --curve-secret "$K/worker-1" --curve-server "$K/evil.pub" \
+    >"$TMP/wrongsrv.log" 2>&1
+check "an allowed key given another server's key gets no reply, and is told which key to check" \
+    refused_quietly $? "$TMP/wrongsrv.log" "the CURVE handshake failed: is --curve-server this server's public key?"
 "$WK" --ps "$EP" --task-index 1 "${wk[@]}" --timeout 2 >"$TMP/plain.log" 2>&1
-check "a plain client gets no reply" refused_quietly $? "$TMP/plain.log"
+check "a plain client gets no reply, and is told the server speaks CURVE" refused_quietly $? "$TMP/plain.log" \
+    "the handshake failed: the server likely speaks CURVE; give --curve-secret and --curve-server"
 not_chief() { # rc log: worker 1's key as the chief exits 1, its last line naming whose id 0 is
     [ "$1" = 1 ] && tail -1 "$2" | grep -q "worker id 0 is taken: it belongs to the CURVE key worker-0.pub in --curve-allow; this key is worker-1.pub's, so it may speak only as worker 1" ||
         { echo "rc $1"; tail -3 "$2"; return 1; }

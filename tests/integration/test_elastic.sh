@@ -25,7 +25,8 @@
 #      and ends the run; its summary's updates_rejected counts pushes only,
 #      requests_refused beside it
 #  (f) refusals: MIN above MAX, a task index at or above MAX, --chaos on a
-#      fixed crew, a scale above MAX (ignored with a line), scale with no
+#      fixed crew, a scale above MAX (refused by the command, exit 2; a
+#      request written by hand ignored with a line), scale with no
 #      launcher listening, a scale request that is not a number
 #  (g) every sample once, in every mode: an epoch with joins, a SIGKILL and
 #      SIGTERM leaves trains each batch of shard 0's deal exactly once (the
@@ -134,7 +135,12 @@ DP_TEST_HOLD_DIR=$HA bg "$BIN/downpour" local --workers 1:4 --mode sync "${COMMO
 LOCAL=$!
 held "$HA" 0 40 >/dev/null && scale "$A" 3
 check "sync: scale 3 taken" grep -q "scale to 3 worker(s)" "$TMP/a.err"
-scale "$A" 5
+"$BIN/downpour" scale "$A" 5 >"$TMP/s5.out" 2>"$TMP/s5.err"; rc=$?
+check "scale 5 above MAX 4: the command refuses it (exit $rc), one line naming MAX" \
+    bash -c "[ $rc = 2 ] && [ \$(wc -l <'$TMP/s5.err') = 1 ] && [ ! -s '$TMP/s5.out' ] && grep -q 'above the MAX 4' '$TMP/s5.err'"
+# requests written by hand: the launcher's own checks
+printf '5\n' >"$A/scale.request.tmp" && mv "$A/scale.request.tmp" "$A/scale.request"
+wait_until test ! -e "$A/scale.request"
 printf 'many\n' >"$A/scale.request.tmp" && mv "$A/scale.request.tmp" "$A/scale.request"
 wait_until test ! -e "$A/scale.request"
 # both newcomers said HELLO (the step the chief holds waits for them)

@@ -6,7 +6,8 @@
 #    `downpour gen-libsvm` to its test AUC within 0.02; summary.json has
 #    rows with one number per shard (each shard's metrics say the same), the
 #    servers' row optimizer and rows mode, bytes_pulled; the two workers'
-#    steps are the epoch's batches, once
+#    steps are the epoch's batches, once; downpour local's done: line
+#    gives its headline (test AUC, rows, samples/s), not images/s
 #  - the bytes a step pulls are the dense weights plus the rows of the
 #    batch's distinct keys, exactly (4 (dense + keys x D) from one metrics
 #    line to the next): proportional to the rows touched, not the table
@@ -48,6 +49,8 @@ rc=$?
 check "2 async workers over 2 shards exit 0 ($(tail -1 lr.log))" test $rc = 0
 auc=$(json lr/summary.json test_auc 2>/dev/null || echo 0)
 check "their test AUC $auc is within 0.02 of the planted model's $planted" near "$auc" "$planted" 0.02
+check "downpour local's done: line gives a sparse run's headline: its test AUC, rows, samples/s" \
+    grep -qE "^done: async, 2 worker\(s\), 2 shard\(s\): test AUC $(printf %.4f "$auc") \(accuracy 0\.[0-9]+, loss [0-9.]+\), rows \[[0-9]+, [0-9]+\], [0-9]+ samples/s" lr.log
 check "rows: one number per shard, together the keys seen (at most 1000)" "$TORCH_PY" -c '
 import json; s = json.load(open("lr/summary.json")); r = s["rows"]
 assert isinstance(r, list) and len(r) == 2 and min(r) > 0 and 500 < sum(r) <= 1000, r'

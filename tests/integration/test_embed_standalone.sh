@@ -9,7 +9,8 @@
 #    (test AUC well above 0.5), and the same seed twice gives the same
 #    summary (but its clock) and the same model file, whose metadata holds
 #    the rows' digest; the file holds the rows (embed.keys, embed.weight)
-#    and `downpour eval --data libsvm:TEST` of it gives the summary's
+#    (read by downpour.safetensors too, the keys as uint64) and
+#    `downpour eval --data libsvm:TEST` of it gives the summary's
 #    test_accuracy, test_loss and test_auc exactly, also where test keys
 #    have no row (their initial value, named in the metadata); a crafted
 #    file with its keys out of order is one error line; PyTorch's
@@ -95,6 +96,14 @@ kd, ks, kb, _, _ = tensor("a.safetensors", "embed.keys"); wd, ws, _, _, _ = tens
 k = np.frombuffer(kb, dtype="<u8")
 assert kd == "U64" and wd == "F32" and ks == [s["rows"][0]] and ws == [s["rows"][0], 16], (kd, ks, wd, ws)
 assert (np.diff(k) > 0).all()'
+check "... and the package's own reader (downpour.safetensors.read) reads it: keys as uint64" \
+    env PYTHONPATH="$BIN/python" "$TORCH_PY" -c "$st_py"'
+import numpy as np
+from downpour import safetensors
+t = dict(safetensors.read("a.safetensors")[0])
+k = np.frombuffer(tensor("a.safetensors", "embed.keys")[2], dtype="<u8")
+assert t["embed.keys"].dtype == np.uint64 and (t["embed.keys"] == k).all(), t["embed.keys"][:4]
+assert t["embed.weight"].dtype == np.float32 and t["embed.weight"].shape == (k.size, 16)'
 pt=$("$TORCH_PY" "$BIN/../tests/integration/torch_rows.py" a.safetensors test.svm.gz 2>&1 | tail -1)
 check "... PyTorch's nn.EmbeddingBag of its keys and rows and its fc layers: eval's test AUC ($pt)" \
     near "$pt" "$(json ev.json test_auc)" 1e-6

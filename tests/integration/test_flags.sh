@@ -3,8 +3,10 @@
 #  - a malformed number, an out-of-range one and an unknown flag are each
 #    refused with exit status 2 and ONE line on stderr naming the flag and
 #    what it accepts — downpour-ps, downpour-worker, downpour local, downpour
-#    eval; `downpour local --workers 2abc` no longer runs with 2 workers
-#  - downpour local refuses a bad daemon flag itself, before starting anything
+#    eval; `downpour local --workers 2abc` no longer runs with 2 workers;
+#    a flag's prefix (--epoch for --epochs) is an unknown flag
+#  - downpour local refuses a bad daemon flag itself, before starting anything,
+#    and a malformed --model (exit 2, no shard started, no DIR made)
 #  - an environment variable's bad value is refused the same way (one line
 #    naming the variable, exit status 2), before anything starts
 #  - downpour --summary (downpour(1)'s NAME line) names every command of
@@ -52,12 +54,26 @@ refused "downpour local: --workers 2abc" "--workers '2abc': expected an integer 
 refused "downpour local: out of range" "--ps-shards '0': expected an integer in [1, 64]" \
     "$L" local --ps-shards 0 --out "$TMP/never"
 refused "downpour local: unknown flag" "unknown flag '--bogus'" "$L" local --bogus --out "$TMP/never"
+# A flag is its whole name in every binary (getopt_long's unique prefixes
+# are refused in common/opts.c): "--epoch" is not --epochs.
+refused "downpour local: a flag's prefix" "unknown flag '--epoch' (did you mean --epochs?" \
+    "$L" local --epoch 1 --out "$TMP/never"
+refused "downpour-worker: a flag's prefix" "unknown flag '--epoch' (did you mean --epochs?" \
+    "$WK" --standalone --epoch 1
+refused "downpour-ps: a flag's prefix" "unknown flag '--momentu' (did you mean --momentum?" \
+    "$PS" --momentu 0.5
 refused "downpour local: a worker's flag checked by the worker's table" \
     "--batch '6x4': expected an integer in [1, 65536]" "$L" local --batch 6x4 --out "$TMP/never"
 refused "downpour local: a server's flag checked by the server's table" \
     "--lr '-1': expected a number in" "$L" local --lr -1 --out "$TMP/never"
 refused "downpour local: a daemon-only flag is not passed on" "unknown flag '--bind'" \
     "$L" local --bind tcp://*:1 --out "$TMP/never"
+# A malformed --model is a bad command line too: the launcher parses it on
+# the data's (or the environment's) input before any shard starts.
+refused "downpour local: a malformed --model" "model spec: unknown layer 'blah'" \
+    "$L" local --model "fc:12 blah" --steps 5 --out "$TMP/never"
+refused "downpour local --env: a model without an actor-critic head" "has no actor-critic head" \
+    "$L" local --env cartpole-v1 --model "fc:12 softmax" --out "$TMP/never"
 check "downpour local: nothing started or created on a bad flag" test ! -e "$TMP/never"
 # The optimizers, rmsprop among them, with its flags: every command that
 # takes --optimizer names them all, and range-checks --rms-alpha and --eps.

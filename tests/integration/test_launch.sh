@@ -5,7 +5,9 @@
 # launcher started):
 #  - async and sync with 2 workers: the run finishes, the chief prints its
 #    test accuracy, every push is counted in summary.json, both workers
-#    exit 0, and no process is left
+#    exit 0, and no process is left; the launcher's last line says what the
+#    servers applied (their last record, not the workers' leave events) and
+#    the chief's result
 #  - each worker's environment: TF_CONFIG's task index, RANK, LOCAL_RANK,
 #    WORLD_SIZE, DOWNPOUR_PS (the shards the launcher printed)
 #  - the exit status is the chief's; a worker that raises stops the run,
@@ -20,7 +22,7 @@
 #    command, no --workers
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
-use_py_package 35 launch data
+use_py_package 37 launch data
 L=$BIN/downpour
 cp examples/torch_fashion_mnist.py "$TMP/train.py"
 "$TORCH_PY" "$TMP/train.py" --write-init "$TMP/model.safetensors" >"$TMP/init.log" 2>&1
@@ -41,6 +43,8 @@ for mode in async sync; do
     check "$mode: ... and both workers' exit 0" \
         bash -c "\"$TORCH_PY\" -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"worker_exit\"] != [0, 0])' '$out/summary.json'"
     check "$mode: no process of the run is left" left
+    check "$mode: the last line says what the servers applied (80 pushes) and the chief's result" \
+        grep -q "^downpour launch: done: $mode, 2 worker(s), 1 shard(s): 80 pushes applied .*the chief exited with status 0: test accuracy 0\.[0-9]*;" "$TMP/$mode.log"
 done
 
 # The model from the chief's module: no --init, no --model.

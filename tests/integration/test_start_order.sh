@@ -4,7 +4,8 @@
 # redials: once the server is up on that port the worker joins and trains
 # to the end, in sync mode too (the server starts after both workers).
 #  - the workers are up and waiting first: each logged (DP_LOG=debug) that
-#    its HELLO is sent, and nothing listens on the port yet
+#    its HELLO is sent, and nothing listens on the port yet; each says once
+#    (without DP_LOG) that it waits for the server at that address
 #  - then the server: both workers finish with exit 0, every push applied
 #    (2 x steps), the server joined both and stopped on the chief's SHUTDOWN
 # The port is one the kernel had free a moment before (the workers must
@@ -40,6 +41,10 @@ for round in 1 2 3; do
     w1=$!; T_PIDS+=("$w1")
     waiting=1
     for k in 0 1; do wait_file "$TMP/w$k.log" "worker $k: HELLO sent to 1 shard(s)" $((30 * S)) || waiting=0; done
+    told=1
+    for k in 0 1; do
+        wait_file "$TMP/w$k.log" "worker $k: waiting for ps shard 0 at $ep: nothing listens there yet" $((30 * S)) || told=0
+    done
     listening "$port" && waiting=0
     "$BIN/downpour-ps" --bind "$ep" --workers 2 --mode sync "${fc[@]}" 2>"$TMP/ps.log" &
     ps=$!; T_PIDS+=("$ps")
@@ -51,6 +56,8 @@ for round in 1 2 3; do
 done
 check "both workers were up and waiting before the server started (HELLO sent, port $port not listening)" \
     test "$waiting" = 1
+check "each said once, before the server started, that it waits for it at $ep" \
+    bash -c "[ $told = 1 ] && [ \$(grep -c 'waiting for ps shard 0 at' '$TMP/w0.log') = 1 ] && [ \$(grep -c 'waiting for ps shard 0 at' '$TMP/w1.log') = 1 ]"
 check "the server started after them exits 0 on the chief's SHUTDOWN (status $rcps)" \
     bash -c "[ $rcps = 0 ] && grep -q 'SHUTDOWN from worker 0' '$TMP/ps.log'"
 check "... having joined both workers" bash -c "grep -q 'worker 0 joined' '$TMP/ps.log' && grep -q 'worker 1 joined' '$TMP/ps.log'"

@@ -254,6 +254,36 @@ static void test_jsonl_appends(void)
     s_rmtree(dir);
 }
 
+/* The state a progress line shows is the last record, never an event:
+ * a run's files end in events (the worker's staleness and eval, the
+ * shard's leaves), which carry no step or applied count of their own. */
+static void test_metrics_last_passes_events(void)
+{
+    const char *dir = s_tmpdir();
+    char path[300];
+    snprintf(path, sizeof path, "%s/w.jsonl", dir);
+    CHECK(dp_metrics_last(path) == NULL); /* no file */
+    FILE *f = fopen(path, "w");
+    fputs("{\"t\":1,\"event\":\"start\",\"total_steps\":100}\n", f);
+    fclose(f);
+    CHECK(dp_metrics_last(path) == NULL); /* events only */
+    f = fopen(path, "a");
+    for (int i = 0; i < 3000; i++) /* past the 64 KiB read from the end */
+        fprintf(f, "{\"t\":2,\"step\":%d,\"loss\":0.5,\"pad\":\"..............\"}\n", i);
+    fputs("{\"t\":3,\"event\":\"staleness\",\"staleness_histogram\":[30]}\n"
+          "{\"t\":3,\"event\":\"eval\",\"step\":3000,\"test_accuracy\":0.6}\n"
+          "{\"t\":3,\"event\":\"leave\",\"task\":0}\n"
+          "{\"t\":3,\"step\":", f); /* and half a line, as a crash leaves */
+    fclose(f);
+    cJSON *o = dp_metrics_last(path);
+    CHECK(o != NULL);
+    const cJSON *step = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
+    CHECK(cJSON_IsNumber(step) && step->valuedouble == 2999);
+    CHECK(o && !cJSON_GetObjectItemCaseSensitive(o, "event"));
+    cJSON_Delete(o);
+    s_rmtree(dir);
+}
+
 typedef struct {
     dp_metrics_t *m;
     int id;
@@ -690,7 +720,7 @@ static void test_crc32_matches_zlib(void)
 }
 
 DP_TESTS(T(test_jsonl_lines_parse), T(test_metrics_round), T(test_jsonl_disabled_and_bad_path),
-         T(test_jsonl_flushed_within_a_second), T(test_jsonl_appends),
+         T(test_jsonl_flushed_within_a_second), T(test_jsonl_appends), T(test_metrics_last_passes_events),
          T(test_jsonl_threads_and_big_lines),
          T(test_summary_atomic), T(test_crc32c_vectors), T(test_crc32_matches_zlib),
          T(test_tb_roundtrip),

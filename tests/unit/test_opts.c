@@ -208,6 +208,29 @@ static void test_driver_refusals(void)
     CHECK_REFUSED(s_parse2("--call", "bad"), "--call: 'bad' is not good");
 }
 
+/* A flag is its whole name: getopt_long's unique prefix ("--epoch" for
+ * --epochs) is an unknown flag, in every value form and in the daemons'
+ * real tables, the message naming what was given and the whole flag. */
+static void test_driver_whole_names(void)
+{
+    CHECK_REFUSED(s_parse2("--fla", NULL), "unknown flag '--fla' (did you mean --flag?");
+    CHECK_REFUSED(s_parse2("--bi", "3"), "unknown flag '--bi' (did you mean --big?");
+    CHECK_REFUSED(s_parse2("--bi=3", NULL), "unknown flag '--bi' (did you mean --big?");
+    CHECK_REFUSED(s_parse2("--pic", "a"), "unknown flag '--pic'");
+    CHECK_REFUSED(s_parse2("--hel", NULL), "unknown flag '--hel'");
+    CHECK_EQ(s_parse2("--big", "3"), DP_OPTS_PARSED);
+    CHECK_EQ(s_parse2("--big=3", NULL), DP_OPTS_PARSED);
+    CHECK_EQ(s_parse2("--str", "--bi"), DP_OPTS_PARSED); /* a value, not a flag */
+    static dp_worker_args_t wa;
+    dp_worker_args_default(&wa);
+    char *wk_av[] = {"downpour-worker", "--standalone", "--epoch", "1"};
+    CHECK_REFUSED(dp_worker_parse_args(&wa, 4, wk_av, s_err), "unknown flag '--epoch'");
+    static dp_ps_config_t pc;
+    dp_ps_config_default(&pc);
+    char *ps_av[] = {"downpour-ps", "--momentu", "0.5"};
+    CHECK_REFUSED(dp_ps_parse_args(&pc, 3, ps_av, s_err), "unknown flag '--momentu'");
+}
+
 /* --help as text. */
 static char *s_help(const dp_opts_t *o)
 {
@@ -466,6 +489,6 @@ static void test_ps_flags_land(void)
 }
 
 DP_TESTS(T(test_env), T(test_parse_long), T(test_parse_double), T(test_seed_u64), T(test_parse_tuple),
-         T(test_driver_every_kind), T(test_driver_help), T(test_driver_refusals), T(test_help_lists_every_flag),
-         T(test_passed_flags_agree), T(test_seed_agrees_across_daemons), T(test_worker_flags_land),
+         T(test_driver_every_kind), T(test_driver_help), T(test_driver_refusals),
+         T(test_driver_whole_names), T(test_help_lists_every_flag), T(test_passed_flags_agree), T(test_seed_agrees_across_daemons), T(test_worker_flags_land),
          T(test_ps_flags_land))
