@@ -55,6 +55,7 @@
 #include "deploy/launcher/crew.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/spawn.h"
+#include "deploy/launcher/tee.h"
 #include "server/ps.h"
 
 #define S_MAX_ARGS 256 /* server flags and their values, the command's words */
@@ -63,6 +64,8 @@ typedef struct {
     int workers, shards;
     double grace_s;
     int progress; /* 0: no progress line */
+    int tee;      /* --tee: the workers' output on stdout too, "[RANK]: " a line */
+    dp_tee_t tee_read;
     int curve;
     const char *out;
     const char *ps_args[S_MAX_ARGS]; /* the shards' flags, as given */
@@ -85,7 +88,7 @@ static volatile sig_atomic_t s_signal;
 
 static const char s_usage[] =
     "usage: downpour launch --workers N [--ps-shards K] [--init FILE | --model SPEC]\n"
-    "                       [--out DIR] [--curve] [--grace S] [--no-progress]\n"
+    "                       [--out DIR] [--curve] [--grace S] [--tee] [--no-progress]\n"
     "                       [downpour-ps flags...] -- COMMAND [ARGS...]\n"
     "Starts K downpour-ps shards, then N copies of COMMAND as workers 0..N-1 (0 the chief),\n"
     "each with TF_CONFIG, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and DOWNPOUR_PS set\n"
@@ -98,6 +101,8 @@ static const char s_usage[] =
     "  --curve            CURVE keys for every shard and worker in DIR/keys; the workers\n"
     "                     get DOWNPOUR_CURVE_SECRET and DOWNPOUR_CURVE_SERVER\n"
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
+    "  --tee              every worker's output on stdout as well as in its log, each line\n"
+    "                     prefixed with its rank (\"[1]: ...\"; torchrun's --tee)\n"
     "  --no-progress      no progress line\n"
     "Any other flag before \"--\" is downpour-ps's (see downpour-ps --help): --init FILE or\n"
     "--model SPEC [--input CxHxW] says the model, --mode, --optimizer, --lr, ...; with\n"
@@ -143,6 +148,10 @@ static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
     }
     if (strcmp(argv[*i], "--curve") == 0) {
         L->curve = 1;
+        return 0;
+    }
+    if (strcmp(argv[*i], "--tee") == 0) {
+        L->tee = 1;
         return 0;
     }
     if (strncmp(argv[*i], "--", 2) != 0)
@@ -410,9 +419,10 @@ static void s_show_progress(const s_launch_t *L, int live)
 /* Until a signal, a failed worker (returned), or every worker's end. */
 static const dp_child_t *s_watch(s_launch_t *L)
 {
-    int live = L->progress && isatty(2);
+    int live = L->progress && isatty(2) && !L->tee; /* a "\r" line would cut the tee's */
     double last = 0;
     for (;;) {
+        if (L->tee) dp_tee_follow(&L->tee_read, &L->crew, 0);
         int alive, workers_alive;
         const dp_child_t *bad = dp_crew_reap(&L->crew, &alive, &workers_alive);
         if (s_signal || workers_alive == 0) return bad && bad->is_worker ? bad : NULL;
@@ -441,6 +451,12 @@ static void s_summary(const s_launch_t *L)
     for (int k = 0; st && k < 5; k++) cJSON_AddNumberToObject(root, names[k], s_num(st, keys[k]));
     cJSON *cmd = cJSON_AddArrayToObject(root, "command");
     for (char **p = L->cmd; *p; p++) cJSON_AddItemToArray(cmd, cJSON_CreateString(*p));
+    /* the chief's result: its exit and its log's last line (an example's
+     * test accuracy), as the run's last line says it */
+    const dp_child_t *chief = &L->crew.kids[L->shards];
+    char last[512];
+    dp_last_line(chief->log, last, sizeof last);
+    cJSON_AddStringToObject(root, "chief_result", last);
     cJSON *ex = cJSON_AddArrayToObject(root, "worker_exit");
     for (int i = L->shards; i < L->crew.n; i++) {
         const dp_child_t *c = &L->crew.kids[i];
@@ -480,7 +496,8 @@ static int s_finish(s_launch_t *L, const dp_child_t *failed)
 {
     int sig = (int)s_signal;
     dp_crew_stop_all(&L->crew, L->grace_s);
-    if (L->progress && isatty(2)) fputc('\n', stderr);
+    if (L->tee) dp_tee_follow(&L->tee_read, &L->crew, 1);
+    if (L->progress && isatty(2) && !L->tee) fputc('\n', stderr);
     s_summary(L);
     const dp_child_t *chief = &L->crew.kids[L->shards];
     if (sig) {

@@ -103,4 +103,19 @@ ln -s "$TMP/mine.txt" "$TMP/own/logs/ps-0.log"
 rc=$?
 check "a symlink where a log goes: refused (status $rc), the file it points to unchanged" \
     bash -c "[ $rc = 1 ] && grep -q 'ps-0.log: cannot create' '$TMP/own.log' && grep -qx mine '$TMP/mine.txt'"
+# --tee: every worker's lines on stdout, each prefixed with its rank, in
+# its own order, a last line without its newline too; the logs whole; the
+# summary names the chief's result (its log's last line).
+"$L" launch --workers 2 --model "fc:10 softmax" --no-progress --tee --out "$TMP/tee" -- \
+    sh -c 'echo "one of $RANK"; echo "two of $RANK"; printf "last of %s" "$RANK"' >"$TMP/tee.out" 2>"$TMP/tee.err"
+rc=$?
+check "--tee: exit 0 (got $rc)" test $rc = 0
+for r in 0 1; do
+    got=$(grep "^\[$r\]: " "$TMP/tee.out" | tr '\n' '|')
+    check "--tee: worker $r's lines, prefixed [$r]:, in order ($got)" \
+        test "$got" = "[$r]: one of $r|[$r]: two of $r|[$r]: last of $r|"
+done
+check "... its log holds them without the prefix" bash -c "[ \"\$(cat '$TMP/tee/logs/worker-1.log')\" = \"\$(printf 'one of 1\ntwo of 1\nlast of 1')\" ]"
+check "... summary.json's chief_result is the chief's last line" \
+    bash -c "grep -q '\"chief_result\":[[:space:]]*\"last of 0\"' '$TMP/tee/summary.json'"
 finish
