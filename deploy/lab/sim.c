@@ -132,6 +132,31 @@ static int s_set_error_feedback(void *arg, const char *v, char *err)
     return dp_compress_ef_parse(v, &((s_args_t *)arg)->c.lab.train.compress.error_feedback, err);
 }
 
+/* The actor-critic flags (--env and its segment), after the others. */
+static void s_options_rl(dp_opts_t *o, dp_train_conf_t *t)
+{
+    const dp_opts_flag_t tab[] = {
+        DP_FLAG_STR("env", "NAME", &t->a3c.env, 0,
+                    "A3C / A2C: M actor-critic workers act in cartpole-v1 or acrobot-v1\n"
+                    "instead of training on --data, until --env-steps (as downpour-worker\n"
+                    "--help says; the model: --model ending in ac, default\n"
+                    "\"" DP_A3C_DEFAULT_SPEC "\"; the lr constant unless --lr-schedule)"),
+        DP_FLAG_NUM("envs", DP_OPTS_INT, "K", &t->a3c.envs, 1, DP_A3C_MAX_ENVS, 0,
+                    "--env: environments each worker acts in (default 1)"),
+        DP_FLAG_NUM("t-max", DP_OPTS_INT, "T", &t->a3c.t_max, 1, DP_A3C_MAX_T, 0,
+                    "--env: steps of each environment per push (default 5)"),
+        DP_FLAG_NUM("entropy", DP_OPTS_FLOAT, "B", &t->a3c.entropy, 0, 100, 0,
+                    "--env: weight of the entropy bonus (default 0.01)"),
+        DP_FLAG_NUM("gamma", DP_OPTS_FLOAT, "G", &t->a3c.gamma, 0, 1, 0, "--env: discount (default 0.99)"),
+        DP_FLAG_NUM("clip-norm", DP_OPTS_FLOAT, "N", &t->a3c.clip_norm, 0, 1e9, 0,
+                    "--env: clip each gradient to this global L2 norm (default 40; 0: off)"),
+        DP_FLAG_NUM("env-steps", DP_OPTS_LONG, "N", &t->a3c.env_steps, 1, 1000000000000L, 0,
+                    "--env: the run's budget in environment steps, all workers together\n"
+                    "(default 500000)"),
+    };
+    dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
+}
+
 static void s_options(dp_opts_t *o, s_args_t *a)
 {
     dp_sim_conf_t *c = &a->c;
@@ -223,26 +248,10 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_STR("metrics", "FILE", &t->metrics, 0, "JSON lines of evaluations and diagnostics"),
         DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/summary.json and DIR/model.safetensors"),
         DP_FLAG_STR("record", "FILE", &c->lab.record, 0, "the schedule, for downpour replay"),
-        DP_FLAG_STR("env", "NAME", &t->a3c.env, 0,
-                    "A3C / A2C: M actor-critic workers act in cartpole-v1 or acrobot-v1\n"
-                    "instead of training on --data, until --env-steps (as downpour-worker\n"
-                    "--help says; the model: --model ending in ac, default\n"
-                    "\"" DP_A3C_DEFAULT_SPEC "\"; the lr constant unless --lr-schedule)"),
-        DP_FLAG_NUM("envs", DP_OPTS_INT, "K", &t->a3c.envs, 1, DP_A3C_MAX_ENVS, 0,
-                    "--env: environments each worker acts in (default 1)"),
-        DP_FLAG_NUM("t-max", DP_OPTS_INT, "T", &t->a3c.t_max, 1, DP_A3C_MAX_T, 0,
-                    "--env: steps of each environment per push (default 5)"),
-        DP_FLAG_NUM("entropy", DP_OPTS_FLOAT, "B", &t->a3c.entropy, 0, 100, 0,
-                    "--env: weight of the entropy bonus (default 0.01)"),
-        DP_FLAG_NUM("gamma", DP_OPTS_FLOAT, "G", &t->a3c.gamma, 0, 1, 0, "--env: discount (default 0.99)"),
-        DP_FLAG_NUM("clip-norm", DP_OPTS_FLOAT, "N", &t->a3c.clip_norm, 0, 1e9, 0,
-                    "--env: clip each gradient to this global L2 norm (default 40; 0: off)"),
-        DP_FLAG_NUM("env-steps", DP_OPTS_LONG, "N", &t->a3c.env_steps, 1, 1000000000000L, 0,
-                    "--env: the run's budget in environment steps, all workers together\n"
-                    "(default 500000)"),
     };
     dp_opts_init(o, "downpour sim", s_synopsis, s_epilog);
     dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
+    s_options_rl(o, t);
 }
 
 /* --local-steps H > 1: the flags' optimizer is the workers' inner one, the
