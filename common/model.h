@@ -102,6 +102,10 @@
 #define DP_MODEL_MAX_EMBED 4096
 /* Actions of an actor-critic head (ac:A): 2 .. this. */
 #define DP_MODEL_MAX_ACTIONS 64
+/* The actor-critic model an environment gets when none is given (the
+ * workers' and the servers' --env alike); its "ac" takes the environment's
+ * actions (dp_model_spec_actions). */
+#define DP_MODEL_AC_DEFAULT_SPEC "fc:64 tanh fc:64 tanh ac"
 #define DP_MODEL_DEFAULT_SPEC                                                  \
     "conv5x5:32 relu maxpool2 conv5x5:64 relu maxpool2 fc:512 relu fc:10 softmax"
 /* The grammar above in one paragraph, for the --help of every program that

@@ -471,13 +471,27 @@ static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
     return 0;
 }
 
-/* --env NAME known, --envs and --t-max only with it (they bound its segments). */
-static int s_check_env(const dp_ps_config_t *c, dp_opts_t *o, char *err)
+/* --env NAME known, --envs and --t-max only with it (they bound its
+ * segments); with --env, the model is the environment's as a worker's
+ * --env makes it: --model (default DP_MODEL_AC_DEFAULT_SPEC) with a bare
+ * "ac" written out as ac:A, and the input the observation (OBSx1x1)
+ * unless --input says otherwise. */
+static int s_check_env(dp_ps_config_t *c, dp_opts_t *o, char *err)
 {
     if (!c->env[0] && (dp_opts_find(o, "envs")->given || dp_opts_find(o, "t-max")->given))
         return dp_err(err, "--envs and --t-max bound an actor-critic run's segments: give --env NAME too");
     dp_account_bounds_t b;
-    return dp_account_bounds(&b, c->env, c->envs, c->t_max, err);
+    if (dp_account_bounds(&b, c->env, c->envs, c->t_max, err) != 0) return -1;
+    if (!c->env[0] || c->init_path[0]) return 0;
+    char spec[DP_MODEL_SPEC_LEN];
+    const char *given = dp_opts_find(o, "model")->given ? c->model_spec : DP_MODEL_AC_DEFAULT_SPEC;
+    if (dp_model_spec_actions(given, b.env->n_actions, spec, sizeof spec, err) != 0) return -1;
+    snprintf(c->model_spec, sizeof c->model_spec, "%s", spec);
+    if (!dp_opts_find(o, "input")->given) {
+        c->in_c = b.env->obs_dim;
+        c->in_h = c->in_w = 1;
+    }
+    return 0;
 }
 
 dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)

@@ -319,7 +319,7 @@ static void s_refuse_account(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__En
     if (n <= 10 || n % 1000 == 0)
         dp_log_warn("shard %d: worker %d: push of step %" PRIu64 " refused (%" PRIu64 " so far): %s",
                     ps->cfg->shard_index, wid, env->push->step, n, why);
-    dp_ps_reply_error_code(ps, id, env->request_id, wid, DOWNPOUR__ERROR_CODE__ERR_ACCOUNT, why);
+    dp_ps_reply_push_error_code(ps, id, env->request_id, wid, DOWNPOUR__ERROR_CODE__ERR_ACCOUNT, why);
 }
 
 /* A gradient that passed every check (g: n slices tiling the range, all

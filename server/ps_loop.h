@@ -162,6 +162,10 @@ void dp_ps_reply_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker
  * malformed and rejected (a push refused), not as a refused request. */
 void dp_ps_reply_push_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
                             const char *msg);
+/* The same with Error.code (a refused push's reason a worker acts on:
+ * ERR_ACCOUNT), counted as rejected too. */
+void dp_ps_reply_push_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                                 const char *msg);
 /* PARAMS as the PULL asked (ask), or "busy" when the worker's loans are
  * all out; deal (NULL: none) goes with the first part. */
 void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,

@@ -54,9 +54,15 @@ void dp_ps_reply_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int w
 void dp_ps_reply_push_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
                             const char *msg)
 {
+    dp_ps_reply_push_error_code(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
+}
+
+void dp_ps_reply_push_error_code(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, int code,
+                                 const char *msg)
+{
     ps->shard.counts.malformed++;
     ps->shard.counts.rejected++;
-    dp_ps_send_error(ps, id, req, worker, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
+    dp_ps_send_error(ps, id, req, worker, code, msg);
 }
 
 void dp_ps_reply_error(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker, const char *msg)

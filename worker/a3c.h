@@ -87,7 +87,7 @@ double dp_a3c_test_return(const dp_env_kind_t *kind, dp_net_t *net, uint64_t see
  * "fc:64 tanh fc:64 tanh ac") with its ac made ac:A (dp_model_spec_actions),
  * parsed for the observation; refused with one line for a model with state
  * (batch norm), which clipping and rollouts do not handle. */
-#define DP_A3C_DEFAULT_SPEC "fc:64 tanh fc:64 tanh ac"
+#define DP_A3C_DEFAULT_SPEC DP_MODEL_AC_DEFAULT_SPEC
 int dp_a3c_model(dp_model_t *m, const char *spec, const dp_env_kind_t *kind, char *err);
 
 #endif

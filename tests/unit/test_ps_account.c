@@ -277,4 +277,37 @@ static void test_flags(void)
     }
 }
 
-DP_TESTS(T(test_bounds), T(test_threshold), T(test_not_told), T(test_part_lies), T(test_flags))
+/* --env makes the servers' model the environment's, as a worker's --env
+ * does: the default actor-critic spec (or --model's) with its ac written
+ * out, on the observation's input; a classifier's model refused. */
+static void test_env_model(void)
+{
+    struct { const char *args[6]; const char *spec; int in_c; const char *want; } cases[] = {
+        {{"--env", "cartpole-v1"}, "fc:64 tanh fc:64 tanh ac:2", 4, ""},
+        {{"--model", "fc:32 tanh ac", "--env", "acrobot-v1"}, "fc:32 tanh ac:3", 6, ""},
+        {{"--env", "cartpole-v1", "--model", "fc:8 relu ac:2", "--input", "4x1x1"}, "fc:8 relu ac:2", 4, ""},
+        {{"--env", "cartpole-v1", "--model", "fc:8 softmax"}, NULL, 0, "actor-critic head"},
+        {{"--env", "cartpole-v1", "--model", "fc:8 ac:3"}, NULL, 0, "2 actions"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[8] = {"downpour-ps"};
+        int argc = 1;
+        for (int k = 0; k < 6 && cases[i].args[k]; k++) argv[argc++] = (char *)cases[i].args[k];
+        dp_ps_config_t cfg;
+        dp_ps_config_default(&cfg);
+        char err[DP_ERR_LEN] = "";
+        dp_opts_result_t rc = dp_ps_parse_args(&cfg, argc, argv, err);
+        CHECK_EQ(rc == DP_OPTS_PARSED, cases[i].spec != NULL);
+        if (cases[i].spec) {
+            CHECK(strcmp(cfg.model_spec, cases[i].spec) == 0);
+            CHECK_EQ(cfg.in_c, cases[i].in_c);
+            CHECK_EQ(cfg.in_h * cfg.in_w, 1);
+            if (strcmp(cfg.model_spec, cases[i].spec) != 0) fprintf(stderr, "  case %zu: '%s'\n", i, cfg.model_spec);
+        } else {
+            CHECK(strstr(err, cases[i].want) != NULL);
+            if (!strstr(err, cases[i].want)) fprintf(stderr, "  case %zu: %s\n", i, err);
+        }
+    }
+}
+
+DP_TESTS(T(test_bounds), T(test_threshold), T(test_not_told), T(test_part_lies), T(test_flags), T(test_env_model))
