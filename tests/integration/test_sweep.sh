@@ -59,6 +59,33 @@ links=$(grep -o '([a-z_]*\.png)' "$TMP/rlplots/report.md" | tr -d '()' | sort | 
 missing=$(for f in $links; do [ -e "$TMP/rlplots/$f" ] || echo "$f"; done)
 check "... report.md links the PNGs there ($links) and no other (missing: ${missing:-none})" \
     bash -c "[ -n '$links' ] && [ -z '$missing' ] && grep -q 'return_vs_env_steps.png' '$TMP/rlplots/report.md'"
+# A model given as an axis for an actor-critic run: its bare "ac" takes the
+# env's actions (the grid's check refused it before the runs could).
+"$BIN/downpour" sweep --cluster sim --env cartpole-v1 --model "fc:16 tanh ac" --workers 2 --env-steps 1000 \
+    --seeds 1 --no-progress --no-plots --out "$TMP/rlmodel" >"$TMP/rlmodel.out" 2>"$TMP/rlmodel.err"
+rc=$?
+check "an RL sweep with --model 'fc:16 tanh ac': exit 0 (status $rc: $(tail -1 "$TMP/rlmodel.err")), the run's model" \
+    bash -c "[ $rc = 0 ] && grep -q '\"model\":[[:space:]]*\"fc:16 tanh ac:2\"' '$TMP/rlmodel/runs/c01-s1/summary.json'"
+# A sparse model's sweep in the simulator (no periodic evaluation there: it
+# was refused its flags before): the table's headline is the test AUC, the
+# mean of its runs' summaries.
+"$BIN/downpour" gen-libsvm --out-train "$TMP/sv.train" --out-test "$TMP/sv.test" --samples 2000 \
+    --test-samples 500 --keys 3000 --nnz 8 --seed 2 >/dev/null 2>&1
+"$BIN/downpour" sweep --cluster sim --model "embed:8 relu fc:2 softmax" --workers 2 --lr 0.05,0.1 --seeds 1,2 \
+    --args "--data libsvm:$TMP/sv.train:$TMP/sv.test --updates 20" --no-progress --no-plots \
+    --out "$TMP/sparse" >"$TMP/sparse.out" 2>"$TMP/sparse.err"
+rc=$?
+check "a sparse sweep in the simulator: exit 0 (status $rc: $(tail -1 "$TMP/sparse.err"))" test $rc = 0
+check "... its table's first figure is the test AUC, its runs' mean" "$TORCH_PY" -c "
+import json, statistics
+res = json.load(open('$TMP/sparse/results.json'))
+md = open('$TMP/sparse/report.md').read()
+assert '| config | seeds | final test AUC | final test accuracy |' in md, md[:400]
+for c in res['configs']:
+    aucs = [json.load(open(r['dir'] + '/summary.json'))['test_auc'] for r in c['runs']]
+    assert len(aucs) == 2 and abs(statistics.mean(aucs) - c['final_auc_mean']) < 1e-9, (aucs, c['final_auc_mean'])
+    assert ('| %.4f ± ' % c['final_auc_mean']) in md, c['final_auc_mean']
+"
 "$BIN/downpour" sweep --cluster sim --env cartpole-v1,pong --out "$TMP/rlbad" --no-progress >"$TMP/rlbad.out" 2>"$TMP/rlbad.err"
 rc=$?
 check "env = pong: refused before anything runs (status $rc), one line" \

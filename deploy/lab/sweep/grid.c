@@ -200,8 +200,13 @@ static int s_check_value(int a, const char *v, char *err)
          * smaller one (the runs' data may be 1x28x28 or 3x32x32): a typo
          * is refused here, a spec too deep for the data by the run. */
         dp_model_t *m = dp_malloc(sizeof *m);
-        char e[DP_ERR_LEN];
-        int rc = dp_model_parse(m, v, 3, 224, 224, e);
+        char e[DP_ERR_LEN], spec[DP_MODEL_SPEC_LEN];
+        /* A bare "ac" takes its actions from the run's env (the run
+         * refuses a model its env does not fit): any count checks the grammar. */
+        size_t len = strlen(v);
+        int bare_ac = len >= 2 && strcmp(v + len - 2, "ac") == 0 && (len == 2 || v[len - 3] == ' ');
+        snprintf(spec, sizeof spec, "%s%s", v, bare_ac ? ":2" : "");
+        int rc = dp_model_parse(m, spec, 3, 224, 224, e);
         free(m);
         return rc == 0 ? 0 : dp_err(err, "model '%s': %s", v, e);
     }

@@ -47,6 +47,7 @@ static int s_read_summary(dp_sweep_result_t *r, const char *dir, char *err)
         return dp_err(err, "%s: not a run summary (no test_accuracy or return_mean_100)", path);
     }
     r->test_accuracy = s_num(o, "test_accuracy", 0);
+    r->test_auc = s_num(o, "test_auc", -1);
     r->return_mean_100 = s_num(o, "return_mean_100", 0);
     r->test_return = s_num(o, "test_return", 0);
     r->env_steps = s_num(o, "env_steps", 0);

@@ -28,6 +28,7 @@ typedef struct {
     double solved_at;        /* solved_at_env_steps; -1: not solved */
     double solved_threshold; /* the environment's "solved" mean return */
     double test_accuracy;    /* summary.json: final, the whole test set */
+    double test_auc;         /* a sparse model's (embed:D) test AUC; -1: none */
     double updates;          /* summary.json version (optimizer steps), else updates_applied */
     double wall_s;           /* summary.json wall_s */
     double staleness_mean;   /* summary.json */

@@ -30,6 +30,8 @@ typedef struct {
     double test_mean, test_std;        /* test_return */
     int solved;                        /* seeds that solved the environment */
     double solved_mean;                /* solved_at_env_steps over those */
+    int auc;                           /* a sparse model's runs: their test AUC too */
+    double auc_mean, auc_std;
 } s_stats_t;
 
 /* Mean and sample std (n - 1; 0 for one) of field over the runs read. */
@@ -89,6 +91,8 @@ static void s_stats(const dp_sweep_grid_t *g, const dp_sweep_config_t *c, s_stat
         if (c->run[s].res.ok) sq += pow(c->run[s].res.test_accuracy - st->acc_mean, 2);
     st->acc_std = st->n_ok > 1 ? sqrt(sq / (st->n_ok - 1)) : 0;
     s_stats_rl(c, st);
+    for (int s = 0; s < c->n_run; s++) st->auc |= c->run[s].res.ok && c->run[s].res.test_auc >= 0;
+    if (st->auc) s_mean_std(c, offsetof(dp_sweep_result_t, test_auc), &st->auc_mean, &st->auc_std);
     for (int t = 0; t < g->n_target; t++) {
         if (!st->reached[t]) continue;
         st->t_mean[t] /= st->reached[t];
@@ -147,22 +151,27 @@ static void s_table(dp_sweep_text_t *t, const dp_sweep_grid_t *g, const dp_sweep
         s_table_rl(t, cfg, n_cfg, st);
         return;
     }
-    dp_sweep_text_add(t, "| config | seeds | final test accuracy |");
+    int auc = 0; /* a sparse model's runs: the headline is the test AUC, a column first */
+    for (int i = 0; i < n_cfg; i++) auc |= st[i].auc;
+    dp_sweep_text_add(t, "| config | seeds |%s final test accuracy |", auc ? " final test AUC |" : "");
     for (int k = 0; k < g->n_target; k++) dp_sweep_text_add(t, " s to %.0f%% |", g->target[k] * 100);
     for (int k = 0; k < g->n_target; k++) dp_sweep_text_add(t, " updates to %.0f%% |", g->target[k] * 100);
-    dp_sweep_text_add(t, " staleness mean | staleness max |\n|---|---|---|");
+    dp_sweep_text_add(t, " staleness mean | staleness max |\n|---|---|---|%s", auc ? "---|" : "");
     for (int k = 0; k < 2 * g->n_target; k++) dp_sweep_text_add(t, "---|");
     dp_sweep_text_add(t, "---|---|\n");
     for (int i = 0; i < n_cfg; i++) {
         const s_stats_t *s = &st[i];
         s_seeds_cell(t, &cfg[i], s);
         if (s->n_ok == 0) {
-            dp_sweep_text_add(t, " | - |");
+            dp_sweep_text_add(t, " | - |%s", auc ? " - |" : "");
             for (int k = 0; k < 2 * g->n_target + 2; k++) dp_sweep_text_add(t, " - |");
             dp_sweep_text_add(t, "\n");
             continue;
         }
-        dp_sweep_text_add(t, " | %.4f ± %.4f |", s->acc_mean, s->acc_std);
+        dp_sweep_text_add(t, " |");
+        if (auc && s->auc) dp_sweep_text_add(t, " %.4f ± %.4f |", s->auc_mean, s->auc_std);
+        else if (auc) dp_sweep_text_add(t, " - |");
+        dp_sweep_text_add(t, " %.4f ± %.4f |", s->acc_mean, s->acc_std);
         for (int k = 0; k < g->n_target; k++) s_cell(t, s, k, 1);
         for (int k = 0; k < g->n_target; k++) s_cell(t, s, k, 0);
         dp_sweep_text_add(t, " %.2f | %.0f |\n", s->stale_mean, s->stale_max);
@@ -242,6 +251,10 @@ static cJSON *s_config_json(const dp_sweep_grid_t *g, const dp_sweep_config_t *c
     cJSON_AddNumberToObject(o, "seeds_ok", s->n_ok);
     cJSON_AddNumberToObject(o, "final_accuracy_mean", s->acc_mean);
     cJSON_AddNumberToObject(o, "final_accuracy_std", s->acc_std);
+    if (s->auc) {
+        cJSON_AddNumberToObject(o, "final_auc_mean", s->auc_mean);
+        cJSON_AddNumberToObject(o, "final_auc_std", s->auc_std);
+    }
     cJSON_AddNumberToObject(o, "staleness_mean", s->stale_mean);
     cJSON_AddNumberToObject(o, "staleness_max", s->stale_max);
     if (s->rl) {
@@ -272,6 +285,7 @@ static cJSON *s_config_json(const dp_sweep_grid_t *g, const dp_sweep_config_t *c
         cJSON_AddNumberToObject(x, "status", r->status);
         if (r->res.ok) {
             cJSON_AddNumberToObject(x, "test_accuracy", r->res.test_accuracy);
+            if (r->res.test_auc >= 0) cJSON_AddNumberToObject(x, "test_auc", r->res.test_auc);
             cJSON_AddNumberToObject(x, "updates", r->res.updates);
             cJSON_AddNumberToObject(x, "wall_s", r->res.wall_s);
             cJSON_AddNumberToObject(x, "staleness_mean", r->res.staleness_mean);

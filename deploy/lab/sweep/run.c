@@ -99,7 +99,11 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
         s_push_opt(c, "--model", dp_sweep_grid_value(g, pick, DP_SWEEP_MODEL), err) ||
         s_push_opt(c, "--seed", seed, err) || s_push_rl(c, g, pick, err))
         return -1;
-    if (g->eval_every > 0 && !dp_sweep_grid_value(g, pick, DP_SWEEP_ENV) &&
+    /* No curve for an actor-critic run (no test set), nor for a sparse
+     * model in the simulator (its evaluation is the chief's at the end). */
+    const char *model = dp_sweep_grid_value(g, pick, DP_SWEEP_MODEL);
+    int sparse_sim = model && strncmp(model, "embed:", 6) == 0 && strcmp(g->cluster, "sim") == 0;
+    if (g->eval_every > 0 && !dp_sweep_grid_value(g, pick, DP_SWEEP_ENV) && !sparse_sim &&
         (s_push_opt(c, "--eval-every", every, err) || s_push_opt(c, "--eval-limit", limit, err)))
         return -1;
     return 0;
