@@ -75,10 +75,10 @@ KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_CSRC   := $(wildcard kernels/cuda/*.c)
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
-WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c))
-# The environments (worker/env) are a library of their own: the workers act
+WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c worker/client/*.c worker/exec/*.c worker/train/*.c))
+# The environments (worker/exec/env) are a library of their own: the workers act
 # in them, and the servers bound an actor-critic push's account by them.
-ENV_SRC     := $(wildcard worker/env/*.c)
+ENV_SRC     := $(wildcard worker/exec/env/*.c)
 # deploy/'s rooms: launcher/ (the downpour command and its children), bench/,
 # lab/ (engine, sim, replay) and lab/sweep/.
 DEPLOY_SRC  := $(filter-out deploy/launcher/downpour.c,$(wildcard deploy/*/*.c deploy/*/*/*.c))
@@ -241,7 +241,7 @@ DPLIB_API     := 1
 DPLIB_VERSION := 1.0.0
 DPLIB_SONAME  := libdownpour.so.$(DPLIB_API)
 DPLIB_SO      := $(BUILD)/lib/libdownpour.so.$(DPLIB_VERSION)
-DPLIB_SRC := worker/lib/downpour.c worker/ps_client.c worker/ps_exchange.c worker/ps_pull.c worker/ps_push.c worker/ps_rows.c worker/ps_socket.c worker/ps_beat.c \
+DPLIB_SRC := worker/lib/downpour.c worker/client/ps_client.c worker/client/ps_exchange.c worker/client/ps_pull.c worker/client/ps_push.c worker/client/ps_rows.c worker/client/ps_socket.c worker/client/ps_beat.c \
              $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c common/opts.c \
              common/checksum.c common/staleness.c
 DPLIB_OBJS := $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(DPLIB_SRC)) $(BUILD)/obj/pic/gen/proto/downpour.pb-c.o

@@ -355,7 +355,7 @@ int dp_dataset_init(dp_dataset_t *ds, const char *spec, dp_split_t split, char *
         snprintf(ds->name, sizeof ds->name, "idx");
         rc = s_load_idx_pair(ds, arg, err);
     } else if (kind_len == 6 && strncmp(spec, "libsvm", 6) == 0) {
-        /* sparse samples are no images: worker/sparse_data.h reads them */
+        /* sparse samples are no images: worker/exec/sparse_data.h reads them */
         return dp_err(err, "dataset '%s': libsvm data trains a model that starts with embed:D, "
                       "in downpour-worker and downpour local only for now", spec);
     } else {

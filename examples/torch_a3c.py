@@ -11,7 +11,7 @@ sync: A2C). The same defaults as `downpour-worker --env cartpole-v1`
 The module's tensors are named as the spec's (fc1, fc2, policy, value), so
 the servers' model and this module are one; the lines marked "Downpour" are
 all it takes. CartPole-v1 is written out below in NumPy from its public
-equations (Gymnasium's definition, as worker/env/cartpole.c). Each worker
+equations (Gymnasium's definition, as worker/exec/env/cartpole.c). Each worker
 takes its share of --env-steps (the C worker's budget is the servers'
 count of every worker's steps; this loop keeps its own). Task 0 waits for
 the others, plays 100 greedy episodes on the final weights and stops the

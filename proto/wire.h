@@ -48,7 +48,7 @@
 #define DP_WIRE_MAX_KEY 128                 /* bytes of a tensor key */
 #define DP_WIRE_MAX_TEXT 4096               /* bytes of any string field */
 /* Parts (Push.parts) one push to one shard may come in: a worker streams
- * its gradient in parts of at least a bucket (worker/ps_client.h), one per
+ * its gradient in parts of at least a bucket (worker/client/ps_client.h), one per
  * layer or run of small layers, so a few tens even for a deep model; the
  * bound caps what a shard tracks per worker (server/shard_parts.h). A pull
  * in parts (Pull.cuts, Params.parts) has a bound of its own. */

@@ -4,7 +4,7 @@
  *
  * The bounds come from what the shard is told at start, never from a push:
  * the environment (--env NAME: its episodes' return range and its solved
- * threshold, worker/env/env.h) and the workers' segment (--envs K x
+ * threshold, worker/exec/env/env.h) and the workers' segment (--envs K x
  * --t-max T environment steps at most); `downpour local --env` gives its
  * shards all three. A push outside them is refused whole (server/ps.c:
  * ERROR ERR_ACCOUNT, counted, one line), so its gradient changes nothing
@@ -21,7 +21,7 @@
 
 #include "common/episodes.h"
 #include "proto/wire.h"
-#include "worker/env/env.h"
+#include "worker/exec/env/env.h"
 
 typedef struct {
     const dp_env_kind_t *env;  /* --env; NULL: not told, every account refused */

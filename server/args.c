@@ -43,11 +43,11 @@ void dp_ps_config_default(dp_ps_config_t *c)
     dp_optim_conf_default(&c->optim);
     c->checkpoint_every = 0;
     c->metrics_every = 5.0;
-    c->heartbeat_timeout = 5.0; /* workers beat every second (worker/ps_beat.h) */
+    c->heartbeat_timeout = 5.0; /* workers beat every second (worker/client/ps_beat.h) */
     c->early_step = 1;
     dp_rows_conf_default(&c->rows, 1, DP_ROW_ADAGRAD); /* its width: the model's, at setup */
     c->row_init = -1;
-    c->envs = 1; /* the workers' defaults (worker/a3c.h) */
+    c->envs = 1; /* the workers' defaults (worker/exec/a3c.h) */
     c->t_max = 5;
 }
 

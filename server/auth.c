@@ -236,7 +236,7 @@ int dp_auth_check(dp_auth_t *a, int type, int wid, uint64_t token, const dp_auth
 {
     /* A HEARTBEAT only says "worker wid is alive" and binds nothing.
      * Workers send it from a thread with connections of its own
-     * (worker/ps_beat), so it may come on another connection than the
+     * (worker/client/ps_beat), so it may come on another connection than the
      * HELLO's, but only from the same holder (s_beat_ok). A tool's (id -1)
      * speaks for nobody. */
     if (type == DOWNPOUR__MSG_TYPE__HEARTBEAT) {

@@ -35,7 +35,7 @@
  * refused at start.
  *
  * Heartbeats. A HEARTBEAT may come on a connection of its own (the
- * worker's heartbeat thread, worker/ps_beat.h) but counts for its id only
+ * worker's heartbeat thread, worker/client/ps_beat.h) but counts for its id only
  * from whoever holds that id: under CURVE from a key that may be that id;
  * without CURVE on the bound connection, or carrying the session
  * (Envelope.session, random per worker: its client and heartbeat thread) of the HELLO that bound

@@ -8,7 +8,7 @@
  * batch b, the run's budget) fixes b_e = floor(n / b) batches per epoch and T batches in
  * all (epochs x b_e, or the workers' --steps x MAX). Batch j of epoch e
  * is the positions [j*b, (j+1)*b) of epoch e's permutation of the training
- * set, drawn from (seed, e) by the worker (worker/data.h): the servers
+ * set, drawn from (seed, e) by the worker (worker/exec/data.h): the servers
  * deal numbers, never samples. The tail of n that fills no batch is
  * skipped, as in a fixed crew.
  *

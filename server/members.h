@@ -5,7 +5,7 @@
  *
  * A worker is live when it has not finished and was heard from within the
  * heartbeat timeout. Workers send a HEARTBEAT every second from start to
- * exit (worker/ps_beat.h), also while a pull of theirs is held, so a held
+ * exit (worker/client/ps_beat.h), also while a pull of theirs is held, so a held
  * pull proves nothing: a worker that died waiting goes gone like any other.
  *
  * A fixed crew (--workers N) counts every worker from the start: sync waits

@@ -118,7 +118,7 @@ void dp_ps_members_changed(dp_ps_loop_t *ps)
 }
 
 /* A held pull proves nothing (its worker may have died waiting): workers
- * send HEARTBEATs while they wait and while they compute (worker/ps_beat.h).
+ * send HEARTBEATs while they wait and while they compute (worker/client/ps_beat.h).
  * Nor does a live worker's heartbeat hold its dealt batches: each is
  * leased (server/deal.h), and the dealer's clock is this tick's, after
  * every poll, which stamps the deals and pushes handled before the next. */

@@ -37,7 +37,7 @@
 #include "common/util.h"
 #include "proto/wire.h"
 #include "server/ps.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 /* Small enough to move in microseconds, and it has every kind of layer the
  * server shards: conv, fc, biases. Input 1x8x8. */

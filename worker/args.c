@@ -11,8 +11,8 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "worker/a3c.h"
-#include "worker/ps_client.h"
+#include "worker/exec/a3c.h"
+#include "worker/client/ps_client.h"
 
 static const char s_synopsis[] =
 "usage: downpour-worker --standalone [options]          train alone (the baseline)\n"

@@ -6,7 +6,7 @@
 
 #include "common/cluster.h"
 #include "common/opts.h"
-#include "worker/train.h"
+#include "worker/train/train.h"
 
 typedef struct {
     dp_train_conf_t conf;

@@ -2,7 +2,7 @@
  * alone (the baseline); otherwise it joins parameter servers given by --ps
  * or by the TensorFlow-style cluster flags / TF_CONFIG (worker/args.h).
  * With --data libsvm: it trains a model with an embedding
- * (worker/embed_train.h).
+ * (worker/train/embed_train.h).
  * Exit status 0 on success, 2 on a bad flag or cluster spec, 1 when the run
  * fails, 128 + the signal (130, 143) when SIGINT / SIGTERM stopped it: the
  * standalone trainer then saves its model to --save (if given), a cluster
@@ -13,10 +13,10 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "kernels/env.h"
-#include "worker/a3c_train.h"
+#include "worker/train/a3c_train.h"
 #include "worker/args.h"
-#include "worker/embed_train.h"
-#include "worker/sparse_data.h"
+#include "worker/train/embed_train.h"
+#include "worker/exec/sparse_data.h"
 
 static volatile sig_atomic_t s_stop;
 

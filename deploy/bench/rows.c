@@ -27,7 +27,7 @@
 #include "deploy/bench/shards.h"
 #include "deploy/launcher/commands.h"
 #include "server/rows.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 typedef struct {
     int dim, shards, rounds, warmup, json;

@@ -43,8 +43,8 @@
 #include "deploy/launcher/commands.h"
 #include "deploy/launcher/spawn.h"
 #include "kernels/optim.h"
-#include "worker/ps_beat.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_beat.h"
+#include "worker/client/ps_client.h"
 
 #define S_MAX_WORKERS 1024
 #define S_MAX_WINDOWS 1000

@@ -35,7 +35,7 @@
 #include "kernels/optim.h"
 #include "proto/compress.h"
 #include "proto/zsock.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 
 typedef struct {

@@ -15,10 +15,10 @@
 #include "common/util.h"
 #include "kernels/ops.h"
 #include "server/shard_dc.h"
-#include "worker/a3c_train.h"
-#include "worker/data.h"
-#include "worker/embed_train.h"
-#include "worker/sparse_data.h"
+#include "worker/train/a3c_train.h"
+#include "worker/exec/data.h"
+#include "worker/train/embed_train.h"
+#include "worker/exec/sparse_data.h"
 
 void dp_lab_conf_default(dp_lab_conf_t *c)
 {
@@ -417,11 +417,11 @@ static float s_train_step(dp_lab_t *L, int worker, long step, const dp_deal_batc
         abort();
     }
     dp_dataset_gather(&L->s.train, L->idx, B, L->x, L->y);
-    /* dropout's mask as the worker daemon draws it (worker/train.c): by
+    /* dropout's mask as the worker daemon draws it (worker/train/train.c): by
      * its data step and its slice's place in the global batch */
     L->s.net.step = (unsigned long long)step;
     L->s.net.sample0 = (unsigned long long)worker * (unsigned long long)B;
-    if (L->conf.train.augment) /* as the worker's prefetch thread does (worker/data.h) */
+    if (L->conf.train.augment) /* as the worker's prefetch thread does (worker/exec/data.h) */
         dp_data_augment(&L->s.train, L->x, B, L->conf.train.seed, step,
                         (unsigned long long)worker * (unsigned long long)B, L->aug_tmp);
     return dp_net_train_step(&L->s.net, L->x, L->y, B);
@@ -545,7 +545,7 @@ void dp_lab_counts(const dp_lab_t *L, dp_shard_counts_t *c, dp_staleness_t *all)
 }
 
 /* An actor-critic run's end, as the worker's chief ends it
- * (worker/a3c_train.c): the greedy test return on the final weights, the
+ * (worker/train/a3c_train.c): the greedy test return on the final weights, the
  * model file, summary.json with the run's account. */
 static int s_finish_rl(dp_lab_t *L, long chief_steps, double train_s, char *err)
 {
@@ -654,7 +654,7 @@ int dp_lab_finish(dp_lab_t *L, long chief_steps, double train_s, const struct dp
     for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
     r.version = versions;
     int rc;
-    if (held) { /* the chief's file (worker/embed_train.h): the dense layers, every shard's rows */
+    if (held) { /* the chief's file (worker/train/embed_train.h): the dense layers, every shard's rows */
         rc = c->train.save ? s_save_sparse(L, params, chief_steps, (long)versions, err) : 0;
     } else {
         rc = dp_session_save(&L->s, chief_steps, (long)versions, err);

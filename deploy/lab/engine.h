@@ -2,9 +2,9 @@
  * one process: K parameter-server shards (server/shard.h) behind the very
  * policies the daemons run (server/policy.h: the same push, pull_ready and
  * members_changed code, no copy), M virtual workers whose gradients are
- * real (worker/net.h on the training set, each worker's batches exactly
- * those the worker daemon would take: worker/data.h's global-batch order),
- * and the end of a run as the chief does it (worker/train.h: evaluate,
+ * real (worker/exec/net.h on the training set, each worker's batches exactly
+ * those the worker daemon would take: worker/exec/data.h's global-batch order),
+ * and the end of a run as the chief does it (worker/train/train.h: evaluate,
  * model.safetensors, summary.json).
  *
  * Who calls what: the simulator pulls (dp_lab_params), computes
@@ -41,7 +41,7 @@
 #include "server/policy.h"
 #include "server/record.h"
 #include "server/shard.h"
-#include "worker/train.h"
+#include "worker/train/train.h"
 
 typedef struct {
     dp_train_conf_t train;     /* data, model, batch, data seed, threads, save / summary / metrics */
@@ -120,12 +120,12 @@ void dp_lab_pulled(dp_lab_t *L, int worker);
  * that is set, state carried from round to round per worker); the mean
  * loss of its steps is returned. A worker's rounds must come in order.
  * dealt (not with local steps; NULL: none): the batch shard 0 of an
- * elastic crew dealt the push (worker/data.h), trained instead of the
+ * elastic crew dealt the push (worker/exec/data.h), trained instead of the
  * batch of (worker, step); its index is below the data's batches an epoch. */
 float dp_lab_gradient(dp_lab_t *L, const float *params, int worker, long step,
                       const dp_deal_batch_t *dealt, float *grad);
 /* A sparse model's step (L->sp, deploy/lab/sparse.h), as the worker
- * daemon takes it (worker/embed_train.c):
+ * daemon takes it (worker/train/embed_train.c):
  * dp_lab_batch_load: worker's batch at its 0-based data step into j (its
  * distinct keys planned; rows and gradients to come): 0, or -1 with err.
  * dp_lab_rows_pull: shard k answers worker's pull of j's keys of shard k,

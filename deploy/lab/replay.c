@@ -47,7 +47,7 @@
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
 #include "server/shard_dc.h"
-#include "worker/progress.h"
+#include "worker/train/progress.h"
 
 typedef struct {
     int worker;

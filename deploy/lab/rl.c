@@ -8,7 +8,7 @@
 #include "common/metrics.h"
 #include "common/util.h"
 #include "kernels/ops.h"
-#include "worker/a3c_train.h"
+#include "worker/train/a3c_train.h"
 
 int dp_lab_rl_session(dp_session_t *s, const dp_train_conf_t *c, char *err)
 {
@@ -23,7 +23,7 @@ int dp_lab_rl_session(dp_session_t *s, const dp_train_conf_t *c, char *err)
                       c->a3c.envs, c->a3c.t_max, DP_A3C_MAX_ENVS, DP_A3C_MAX_T);
     if (dp_backend_new(&s->be, c->device, err) != 0) goto fail;
     if (dp_net_init(&s->net, &s->model, s->be, c->a3c.envs * c->a3c.t_max, err) != 0) goto fail;
-    s->net.ac_entropy = c->a3c.entropy; /* as worker/a3c_train.c sets it */
+    s->net.ac_entropy = c->a3c.entropy; /* as worker/train/a3c_train.c sets it */
     size_t bytes = s->model.n_floats * sizeof(float);
     s->h_params = s->be->ops->host_alloc(s->be, bytes);
     s->h_grads = s->be->ops->host_alloc(s->be, bytes);

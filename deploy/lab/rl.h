@@ -1,6 +1,6 @@
 /* lab/rl: the actor-critic side of the lab engine (--env, deploy/lab/engine.h)
  * — each virtual worker's rollouts as the worker daemon makes them
- * (worker/a3c.h: its own environments, episode numbers and action stream,
+ * (worker/exec/a3c.h: its own environments, episode numbers and action stream,
  * from (seed, worker) alone) and the run's account of env steps and
  * episodes as shard 0 keeps it (common/episodes.h).
  *
@@ -22,8 +22,8 @@
 #include <stdint.h>
 
 #include "common/episodes.h"
-#include "worker/a3c.h"
-#include "worker/train.h"
+#include "worker/exec/a3c.h"
+#include "worker/train/train.h"
 
 /* What one segment reports with its push (Push.env_steps, episode_returns,
  * episode_ends). */

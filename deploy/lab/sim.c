@@ -1,6 +1,6 @@
 /* sim: `downpour sim`'s command line and output (the loop is sim_run.c). */
 #include "deploy/lab/sim.h"
-#include "worker/progress.h"
+#include "worker/train/progress.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "common/opts.h"
 #include "common/util.h"
 #include "deploy/launcher/commands.h"
-#include "worker/data.h"
+#include "worker/exec/data.h"
 
 static const char s_synopsis[] =
     "usage: downpour sim --workers M --compute DIST [--straggler I:FACTOR] --updates N\n"

@@ -54,9 +54,9 @@
 #include "server/deal.h"
 #include "server/membership.h"
 #include "server/shard_dc.h"
-#include "worker/data.h"
-#include "worker/progress.h"
-#include "worker/ps_client.h"
+#include "worker/exec/data.h"
+#include "worker/train/progress.h"
+#include "worker/client/ps_client.h"
 
 typedef struct {
     double t;
@@ -237,7 +237,7 @@ static int s_going(const s_sim_t *S);
 
 /* A sparse model's step at w's pull (deploy/lab/sparse.h): its batch, then
  * its keys' rows from each shard as they stand now, as the embed worker
- * pulls them after the dense weights (worker/embed_train.c). -1 with
+ * pulls them after the dense weights (worker/train/embed_train.c). -1 with
  * S->err. */
 static int s_rows_pull(s_sim_t *S, int w)
 {
@@ -681,7 +681,7 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
         s_crew(S, w, DP_LAB_LEAVE);
     } else if (S->L.rl && S->L.rl->run.env_steps >= (uint64_t)c->lab.train.a3c.env_steps) {
         /* the ACK says the run's budget is spent: the worker stops and
-         * finishes, as the actor-critic worker does (worker/a3c_train.c) */
+         * finishes, as the actor-critic worker does (worker/train/a3c_train.c) */
         k->live = 0;
         S->finishing[S->n_finishing++] = w;
     } else {

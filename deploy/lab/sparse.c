@@ -1,7 +1,7 @@
 /* lab/sparse: a sparse model's row tables, batches and compute in the lab
  * (see sparse.h), over the daemons' own code: server/ps_rows.h's rules,
- * worker/sparse_data.h's batches, kernels/embed.h's stage and
- * worker/embed_train.h's evaluation. */
+ * worker/exec/sparse_data.h's batches, kernels/embed.h's stage and
+ * worker/train/embed_train.h's evaluation. */
 #include "deploy/lab/engine.h"
 
 #include <limits.h>
@@ -12,7 +12,7 @@
 #include "common/util.h"
 #include "kernels/ops.h"
 #include "server/record.h"
-#include "worker/embed_train.h"
+#include "worker/train/embed_train.h"
 
 void dp_lab_batch_free(dp_lab_batch_t *j)
 {
@@ -56,7 +56,7 @@ int dp_lab_batch_load(dp_lab_t *L, int worker, long step, dp_lab_batch_t *j, cha
 }
 
 /* Shard k's part of keys[0..n) into sp->part_keys, in their order (the
- * client's stable grouping, worker/ps_rows.c), their places in part_pos:
+ * client's stable grouping, worker/client/ps_rows.c), their places in part_pos:
  * the part's count. */
 static size_t s_part(dp_lab_sparse_t *sp, int k, int shards, const uint64_t *keys, size_t n)
 {
@@ -131,7 +131,7 @@ int dp_lab_sparse_init(dp_lab_t *L, char *err)
     s->t_start = dp_now();
     snprintf(s->train.name, sizeof s->train.name, "libsvm");
     if (c->train.threads > 0) dp_cpu_set_threads(c->train.threads);
-    /* as the worker parses it (worker/embed_train.c): the input is the embedding's */
+    /* as the worker parses it (worker/train/embed_train.c): the input is the embedding's */
     if (dp_model_parse(&s->model, c->train.model, 1, 1, 1, err) != 0) return -1;
     int D = s->model.embed_dim, B = c->train.batch, W = c->workers;
     if (D != c->rows.width)

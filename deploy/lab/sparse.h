@@ -7,12 +7,12 @@
  * as dp_embed_distributed takes them (worker i of N: batches i, i + N,
  * ...; DP_LAB_SPARSE_READERS readers at most), the stage
  * (kernels/embed.h) in front of the session's dense net, and the chief's
- * evaluation (worker/embed_train.h's dp_embed_evaluate) on the shards'
+ * evaluation (worker/train/embed_train.h's dp_embed_evaluate) on the shards'
  * tables.
  *
  * A worker's step is a dp_lab_batch_t: its batch and distinct keys (made
  * at its first row pull), the rows each shard answered at its pull (its
- * part of the keys, split as the client splits them: worker/ps_rows.c's
+ * part of the keys, split as the client splits them: worker/client/ps_rows.c's
  * stable grouping by dp_rows_shard_of), then the row gradients its
  * compute gave, each shard pushed its part in the same order. So a
  * replay reads each shard's table where the record says the worker read
@@ -27,7 +27,7 @@
 #include "kernels/embed.h"
 #include "server/policy.h"
 #include "server/ps_rows.h"
-#include "worker/sparse_data.h"
+#include "worker/exec/sparse_data.h"
 
 /* Readers at most: worker w reads through reader w mod this (a worker's
  * steps come in order, so its own reader only moves forward; workers

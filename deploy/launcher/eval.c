@@ -4,7 +4,7 @@
  * come from the checkpoint's own metadata, so any Downpour checkpoint can be
  * evaluated without repeating how it was trained. A sparse model's file
  * (embed:D, its rows in the file) is scored on --data libsvm:TEST by the
- * worker's own evaluation (worker/embed_train.h: dp_embed_eval_file), so
+ * worker's own evaluation (worker/train/embed_train.h: dp_embed_eval_file), so
  * its test_accuracy, test_loss and test_auc are its run's, unrounded. */
 #include "deploy/launcher/commands.h"
 
@@ -18,12 +18,12 @@
 #include "common/safetensors.h"
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "worker/a3c.h"
-#include "worker/a3c_train.h"
-#include "worker/embed_train.h"
-#include "worker/env/env.h"
-#include "worker/net.h"
-#include "worker/sparse_data.h"
+#include "worker/exec/a3c.h"
+#include "worker/train/a3c_train.h"
+#include "worker/train/embed_train.h"
+#include "worker/exec/env/env.h"
+#include "worker/exec/net.h"
+#include "worker/exec/sparse_data.h"
 
 static const char s_synopsis[] =
     "usage: downpour eval --checkpoint FILE.safetensors [--data SPEC] [--device cpu|cuda:K]\n"

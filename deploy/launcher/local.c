@@ -50,8 +50,8 @@
 #include "server/policy.h"
 #include "server/ps.h"
 #include "server/record.h"
-#include "worker/a3c.h"
-#include "worker/sparse_data.h"
+#include "worker/exec/a3c.h"
+#include "worker/exec/sparse_data.h"
 #include "worker/args.h"
 
 #define DP_LOCAL_MAX DP_CREW_MAX
@@ -660,9 +660,9 @@ static void s_default_schedule(dp_local_t *L)
 }
 
 /* --data libsvm: (a model with embed:D): the files checked and counted as
- * the workers will (worker/sparse_data.h), the shards' input 1x1x1 (the
+ * the workers will (worker/exec/sparse_data.h), the shards' input 1x1x1 (the
  * embedding reads no image), each worker's steps its share of the
- * batches (worker/embed_train.h: batch g is worker g mod N's; an elastic
+ * batches (worker/train/embed_train.h: batch g is worker g mod N's; an elastic
  * crew's are dealt by shard 0, this the share of MAX workers). */
 static int s_prepare_sparse(dp_local_t *L, char *err)
 {

@@ -28,7 +28,7 @@ sys.path[:0] = [os.path.join(HERE, "..", "..", "tests"), os.path.join(HERE, ".."
 from py_common import accuracy, load  # noqa: E402
 from torch_net import build_module  # noqa: E402
 
-PAD = 4  # the crop's zero padding, as Downpour's --augment (worker/data.h)
+PAD = 4  # the crop's zero padding, as Downpour's --augment (worker/exec/data.h)
 
 
 def augment(x, gen):

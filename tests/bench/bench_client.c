@@ -1,4 +1,4 @@
-/* bench_client: the C worker's client (worker/ps_client.h, linked as
+/* bench_client: the C worker's client (worker/client/ps_client.h, linked as
  * downpour-worker links it) timing pull + push of the whole parameter
  * vector against running servers, the C side of tests/bench/py_client.py
  * (which runs it between its own Python rounds, so both see the same load).
@@ -15,7 +15,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 int main(int argc, char **argv)
 {

@@ -9,7 +9,7 @@
  * first; OPENBLAS_CORETYPE does not change it.
  * A chain of the seed network's kinds only: residual networks (bn, add,
  * gap, dropout, the graph) are timed per layer by `bench_train -l -m
- * resnet20`, through the real executor (worker/net.h's t_layer). */
+ * resnet20`, through the real executor (worker/exec/net.h's t_layer). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  *
  * -m SPEC the network (default the seed CNN; resnet20 etc.), -i its input
  * shape (default 1x28x28). -l adds, after each batch's samples, where a
- * step's time goes: each layer's forward and backward (worker/net.h's
+ * step's time goes: each layer's forward and backward (worker/exec/net.h's
  * t_layer, over 5 steps) and the same summed by kind, as "#" lines:
  *   # layer NAME KIND FWD_MS BWD_MS
  *   # kind KIND FWD_MS BWD_MS SHARE_PERCENT
@@ -28,7 +28,7 @@
  *   features avx512f avx2 fma
  * The kernels take the path DP_CPU_ISA names (default: the best).
  * Invariant: nothing here changes the model or the kernels; the step is the
- * standalone trainer's (worker/train.c), minus its data thread. */
+ * standalone trainer's (worker/train/train.c), minus its data thread. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -42,7 +42,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/ops.h"
-#include "worker/net.h"
+#include "worker/exec/net.h"
 #include "common/opts.h"
 #include "kernels/env.h"
 

@@ -36,8 +36,8 @@
 #include "kernels/ops.h"
 #include "kernels/optim.h"
 #include "proto/wire.h"
-#include "worker/data.h"
-#include "worker/net.h"
+#include "worker/exec/data.h"
+#include "worker/exec/net.h"
 #include "common/opts.h"
 #include "kernels/env.h"
 

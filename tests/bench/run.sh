@@ -13,7 +13,7 @@
 # goes, by layer kind (bench_train -l: the executor's per-layer clock, 2
 # threads, first path).
 #
-# Measures: tests/bench/bench_train (the worker's training step over worker/net
+# Measures: tests/bench/bench_train (the worker's training step over worker/exec/net
 # on a fixed synthetic batch) and tests/bench/torch_train.py. Every figure is a
 # median of several samples, and the processes are interleaved round by round
 # (Downpour, PyTorch, Downpour, ...) so that load from other users of a shared
@@ -112,7 +112,7 @@ s_report() {
     END {
         mflop = meta["mflop"] + 0 > 0 ? meta["mflop"] + 0 : 73.6
         printf "Training throughput, images/s: forward + backward + momentum SGD, synthetic batch\n"
-        printf "(tests/bench/bench_train over worker/net vs tests/bench/torch_train.py; medians)\n"
+        printf "(tests/bench/bench_train over worker/exec/net vs tests/bench/torch_train.py; medians)\n"
         printf "CPU: %s; features: %s\n\n", meta["cpu"], meta["features"]
         printf "%-7s %7s %5s %9s %9s %-6s %7s %8s   %s\n", "path", "threads", "batch",
                "Downpour", "PyTorch", "layout", "ratio", "ceiling", "best: Downpour PyTorch ratio"

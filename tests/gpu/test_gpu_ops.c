@@ -25,7 +25,7 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "worker/net.h"
+#include "worker/exec/net.h"
 #include "tests/test.h"
 
 static dp_backend_t *s_be;         /* the backend under test (NULL: no device) */

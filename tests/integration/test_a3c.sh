@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_a3c: the actor-critic worker (--env, worker/a3c.h) end to end —
+# test_a3c: the actor-critic worker (--env, worker/exec/a3c.h) end to end —
 #  - standalone on CartPole-v1: summary.json's RL fields; the same seed twice
 #    gives the same run (rollouts a pure function of the seeds and weights);
 #  - bad models and environments: one clear line each;

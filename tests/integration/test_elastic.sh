@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_elastic: a crew that changes while it trains (--workers MIN:MAX),
 # under `downpour local` and by hand. Every change is driven at a step a
-# worker holds (the hook DP_TEST_HOLD_DIR, worker/distributed.c: it waits
+# worker holds (the hook DP_TEST_HOLD_DIR, worker/train/distributed.c: it waits
 # with that step's batch in hand, its heartbeats going on, until the test
 # lets it go), so no run can end, nor any worker get ahead, while the test
 # acts; every check is on what the run wrote (record, summary, logs), never

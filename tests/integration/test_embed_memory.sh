@@ -6,7 +6,7 @@
 # 270,000 samples of keys uniform over 2^30 (over 2^24 = 16.8 million rows,
 # 3 GB of the servers' memory: the table of issue 35's memory test). The
 # model of the worker's memory: its process, net, readers and one batch's
-# keys and rows (worker/sparse_data.h: at most 128 keys a sample on
+# keys and rows (worker/exec/sparse_data.h: at most 128 keys a sample on
 # average, their rows of D floats and gradients), nothing that grows with
 # the table or the file; so its peak RSS (getrusage of the child) may
 # differ between the two runs by at most 16 MB, where a copy of the large

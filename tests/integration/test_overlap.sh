@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_overlap: the worker that pulls and pushes on a thread of its own while
-# it computes (--overlap, worker/pipeline.h), through the real binaries.
+# it computes (--overlap, worker/client/pipeline.h), through the real binaries.
 #  - async, 1 worker, --overlap on (off by default for a CPU worker): every
 #    step but the first computes on
 #    the weights without its previous gradient (metrics "version" = step - 1),

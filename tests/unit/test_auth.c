@@ -1,7 +1,7 @@
 /* test_auth: the worker-id binding and the chief's rules (server/auth.h)
  * first without sockets (connections are byte strings, "live" is a table
  * the test sets, keys are made-up strings), then through a real server in a
- * thread (server/ps.h) and the worker's client (worker/ps_client.h), plain
+ * thread (server/ps.h) and the worker's client (worker/client/ps_client.h), plain
  * and under CURVE. The daemons themselves: tests/integration/test_curve.sh. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,9 +19,9 @@
 #include "server/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/ps_beat.h"
-#include "worker/ps_client.h"
-#include "worker/ps_socket.h"
+#include "worker/client/ps_beat.h"
+#include "worker/client/ps_client.h"
+#include "worker/client/ps_socket.h"
 
 /* The live table: which of the connections "A".."D" are still open. */
 static int s_open[4];

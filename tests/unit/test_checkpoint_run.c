@@ -24,7 +24,7 @@
 #include "server/shard_dc.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 #define SPEC "fc:6 softmax"
 

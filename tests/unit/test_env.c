@@ -1,4 +1,4 @@
-/* test_env: the environments (worker/env) against Gymnasium's own.
+/* test_env: the environments (worker/exec/env) against Gymnasium's own.
  *
  * Every expected state below is Gymnasium's: its CartPoleEnv and
  * AcrobotEnv (gymnasium/envs/classic_control, run once with its numpy
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "tests/test.h"
-#include "worker/env/env.h"
+#include "worker/exec/env/env.h"
 
 typedef struct {
     int step;          /* 1-based: the state after this step */

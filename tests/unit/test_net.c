@@ -10,8 +10,8 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "worker/data.h"
-#include "worker/net.h"
+#include "worker/exec/data.h"
+#include "worker/exec/net.h"
 #include "tests/test.h"
 #include "tests/cpu_paths.h"
 
@@ -914,7 +914,7 @@ static void s_fused_case(const char *spec, int fused)
 }
 
 /* Batch norm and the relu after it as one op (the cpu backend's bn_relu
- * ops, worker/net.c's plan): the same bits as the two apart, in a
+ * ops, worker/exec/net.c's plan): the same bits as the two apart, in a
  * residual network, with bn first (no input gradient), and not fused
  * where bn's output has a second reader (the shortcut). */
 static void test_bn_relu_fused(void)

@@ -1,4 +1,4 @@
-/* test_pipeline: the worker's communication thread (worker/pipeline.h) and
+/* test_pipeline: the worker's communication thread (worker/client/pipeline.h) and
  * the stamped push under it (dp_ps_push_t.stamp), against real
  * servers in threads of this process on loopback (plain SGD, lr 0.1, so
  * every weight is a known sum of the gradients applied).
@@ -21,8 +21,8 @@
 #include "server/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/pipeline.h"
-#include "worker/ps_client.h"
+#include "worker/client/pipeline.h"
+#include "worker/client/ps_client.h"
 
 #define TMO 5.0 /* client timeout in these tests */
 /* A push of g (loss 1, batch 8) as step st, stamped with sp. */
@@ -79,7 +79,7 @@ static void test_push_stamped(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
-/* The worker loop's order (worker/distributed.c, s_loop_overlap) on 2
+/* The worker loop's order (worker/train/distributed.c, s_loop_overlap) on 2
  * shards: pull step 0's weights; then for each step post the next pull,
  * "compute", post the push, and take results up to that pull. */
 static void test_overlapped_order(void)

@@ -1,5 +1,5 @@
 /* test_ps: the parameter server (server/ps.h) and the worker's client
- * (worker/ps_client.h) over real ZeroMQ TCP sockets on 127.0.0.1, each server
+ * (worker/client/ps_client.h) over real ZeroMQ TCP sockets on 127.0.0.1, each server
  * in a thread of this process bound to a free port ("tcp://127.0.0.1:*").
  * Every case is bounded in time: client calls use short timeouts, servers
  * stop within 100 ms of their stop flag. Also reports the pull+push
@@ -23,7 +23,7 @@
 #include "proto/shm.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 #define TMO 5.0 /* client timeout in these tests */
 

@@ -1,4 +1,4 @@
-/* test_ps_client: the worker's client (worker/ps_client.h) on its own,
+/* test_ps_client: the worker's client (worker/client/ps_client.h) on its own,
  * against scripted fake shards — a ROUTER socket in a thread of this process
  * per shard, bound to a free loopback port — so that each rule of an
  * exchange can be provoked: every shard asked at once, STATS to shard 0
@@ -20,8 +20,8 @@
 #include "common/util.h"
 #include "proto/wire.h"
 #include "tests/test.h"
-#include "worker/ps_beat.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_beat.h"
+#include "worker/client/ps_client.h"
 
 #define SMALL_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 /* A client's options: timeout t, the defaults otherwise. */

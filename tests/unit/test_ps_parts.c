@@ -30,7 +30,7 @@
 #include "server/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 #define TMO 5.0
 

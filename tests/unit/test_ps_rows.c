@@ -27,7 +27,7 @@
 #include "server/rows.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 #define TMO 5.0
 #define D 3 /* an awkward width */

@@ -28,7 +28,7 @@
 #include "server/shard_checkpoint.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 #define TMO 5.0 /* client timeout in these tests */
 

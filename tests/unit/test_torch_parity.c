@@ -18,7 +18,7 @@
 #include "common/safetensors.h"
 #include "common/util.h"
 #include "kernels/backend.h"
-#include "worker/net.h"
+#include "worker/exec/net.h"
 #include "tests/test.h"
 
 static const char *s_py(void)

@@ -1,6 +1,6 @@
 /* downpour: libdownpour.so, the public face of the C worker's client
- * (downpour.h). Every request goes through worker/ps_client.h and its
- * heartbeats through worker/ps_beat.h, exactly as downpour-worker makes
+ * (downpour.h). Every request goes through worker/client/ps_client.h and its
+ * heartbeats through worker/client/ps_beat.h, exactly as downpour-worker makes
  * them; what lives here is only the translation: a table or spec into a
  * dp_model_t, options into dp_ps_client_opts_t, TF_CONFIG into endpoints,
  * and a pull's ranges into the caller's per-tensor buffers.
@@ -18,9 +18,9 @@
 #include "common/cluster.h"
 #include "common/model.h"
 #include "common/util.h"
-#include "worker/ps_beat.h"
-#include "worker/ps_client.h"
-#include "worker/ps_socket.h"
+#include "worker/client/ps_beat.h"
+#include "worker/client/ps_client.h"
+#include "worker/client/ps_socket.h"
 
 struct downpour {
     dp_model_t *model;             /* the table or spec; the client points at it */

@@ -2,7 +2,7 @@
  * of your own, in C or through the Python package `downpour`, as a worker
  * of downpour-ps shards.
  *
- * It is the C worker's own client (worker/ps_client.h), not a second one:
+ * It is the C worker's own client (worker/client/ps_client.h), not a second one:
  * the same HELLO and model check, pulls from every shard in parallel,
  * pushes stamped with the versions they were computed on, heartbeats from
  * a thread of its own, CURVE, shared memory on this host, bfloat16 on the

@@ -18,8 +18,8 @@
 #include "kernels/optim.h"
 #include "proto/compress.h"
 #include "server/policy.h"
-#include "worker/a3c.h"
-#include "worker/env/env.h"
+#include "worker/exec/a3c.h"
+#include "worker/exec/env/env.h"
 
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",

@@ -12,7 +12,7 @@
 #include <stddef.h>
 
 #include "deploy/lab/sweep/grid.h"
-#include "worker/progress.h"
+#include "worker/train/progress.h"
 
 #define DP_SWEEP_ARGS 128
 

@@ -25,7 +25,7 @@
 #include "deploy/lab/sweep/grid.h"
 #include "deploy/lab/sweep/report.h"
 #include "deploy/lab/sweep/run.h"
-#include "worker/progress.h"
+#include "worker/train/progress.h"
 
 static volatile sig_atomic_t s_stop;
 
