@@ -59,6 +59,17 @@ static const char *s_kind_what(s_kind_t k)
                          : "a dense model: score it on its image data (--data, default fashion-mnist)";
 }
 
+/* The result line: out with the checkpoint's name last, one JSON line on
+ * stdout (out freed). */
+static void s_print(cJSON *out, const char *ckpt)
+{
+    cJSON_AddStringToObject(out, "checkpoint", ckpt);
+    char *line = cJSON_PrintUnformatted(out);
+    printf("%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(out);
+}
+
 /* The checkpoint's spec (malloc'd), or NULL with err. */
 static char *s_read_spec(const char *ckpt, char *err)
 {
@@ -96,11 +107,7 @@ static int s_eval_policy(const char *ckpt, const char *env, int episodes, uint64
     cJSON_AddNumberToObject(out, "test_return", dp_metrics_round(ret, 4));
     cJSON_AddNumberToObject(out, "episodes", episodes);
     cJSON_AddStringToObject(out, "env", kind->name);
-    cJSON_AddStringToObject(out, "checkpoint", ckpt);
-    char *line = cJSON_PrintUnformatted(out);
-    printf("%s\n", line);
-    cJSON_free(line);
-    cJSON_Delete(out);
+    s_print(out, ckpt);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "downpour eval: %s\n", err);
@@ -138,11 +145,7 @@ static int s_eval_sparse(const char *ckpt, const char *spec, int batch, int limi
     cJSON_AddNumberToObject(out, "n", (double)e.samples);
     cJSON_AddNumberToObject(out, "rows", (double)e.rows);
     cJSON_AddNumberToObject(out, "batch", e.batch);
-    cJSON_AddStringToObject(out, "checkpoint", ckpt);
-    char *line = cJSON_PrintUnformatted(out);
-    printf("%s\n", line);
-    cJSON_free(line);
-    cJSON_Delete(out);
+    s_print(out, ckpt);
     return 0;
 }
 
@@ -222,11 +225,7 @@ int dp_eval_main(int argc, char **argv)
     cJSON_AddNumberToObject(out, "test_accuracy", dp_metrics_round(acc, 5));
     cJSON_AddNumberToObject(out, "test_loss", dp_metrics_round(loss, 5));
     cJSON_AddNumberToObject(out, "n", n);
-    cJSON_AddStringToObject(out, "checkpoint", ckpt);
-    char *line = cJSON_PrintUnformatted(out);
-    printf("%s\n", line);
-    cJSON_free(line);
-    cJSON_Delete(out);
+    s_print(out, ckpt);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "downpour eval: %s\n", err);
