@@ -62,6 +62,7 @@
 #include "proto/zsock.h"
 #include "server/pool.h"
 #include "server/ps_loop.h"
+#include "server/push_apply.h"
 #include "server/shard_dc.h"
 
 /* Messages ZeroMQ may queue per peer before it stops reading that peer's
@@ -338,16 +339,14 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     }
     dp_push_outcome_t o;
     bool early = dp_shard_early_of(&ps->early, wid, env->push->step); /* the policy may commit it */
-    dp_policy_push(ps->policy, wid, env->push->version, g, n_frames, early, &o);
-    if (o.status == DP_PUSH_APPLIED) /* sync rows: this worker's rows go with the step */
-        dp_ps_rows_dense_taken(&ps->rows, wid, env->push->version);
-    if (o.stepped) dp_ps_rows_stepped(&ps->rows, ps->shard.version);
+    const dp_push_apply_t a = {.policy = ps->policy, .rows = &ps->rows, .rec = ps->rec,
+                               .members = &ps->members, .shard = ps->cfg->shard_index};
+    dp_push_apply(&a, wid, env->push->version, g, n_frames, early, &o);
     s_count_episodes(ps, env->push);
     dp_deal_batch_t batch;
     const dp_deal_batch_t *carried =
         dp_ps_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
-    dp_record_push(ps->rec, ps->cfg->shard_index, wid, env->push->step, env->push->version, &o,
-                   ps->shard.version, &ps->members, carried);
+    dp_push_apply_record(&a, wid, env->push->step, env->push->version, &o, ps->shard.version, carried);
     /* before a due checkpoint, so the file holds the step with its update */
     if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
     if (o.stepped) dp_ps_version_moved(ps);

@@ -14,6 +14,7 @@
 #include "common/safetensors.h"
 #include "common/util.h"
 #include "kernels/ops.h"
+#include "server/push_apply.h"
 #include "server/shard_dc.h"
 #include "worker/train/a3c_train.h"
 #include "worker/exec/data.h"
@@ -487,15 +488,13 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
         g.data = s->scratch;
     }
     if (worker == 0) L->bytes_chief += bytes;
-    dp_policy_push(L->policy[k], worker, version, &g, 1, false, o);
-    if (L->sp) { /* the dense step's row hooks, where downpour-ps calls them (server/ps.c) */
-        if (o->status == DP_PUSH_APPLIED) dp_ps_rows_dense_taken(&L->sp->rows[k], worker, version);
-        if (o->stepped) dp_ps_rows_stepped(&L->sp->rows[k], s->version);
-    }
+    /* the daemon's own rules (server/push_apply.h), as downpour-ps applies an admitted push */
+    const dp_push_apply_t a = {.policy = L->policy[k], .rows = L->sp ? &L->sp->rows[k] : NULL,
+                               .rec = L->rec, .members = &L->members[k], .shard = k};
+    dp_push_apply(&a, worker, version, &g, 1, false, o);
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
-    dp_record_push(L->rec, k, worker, (uint64_t)step + 1, version, o, s->version, &L->members[k],
-                   dealt);
+    dp_push_apply_record(&a, worker, (uint64_t)step + 1, version, o, s->version, dealt);
 }
 
 void dp_lab_push_rl(dp_lab_t *L, int k, int worker, long step, uint64_t version, const float *grad,
