@@ -409,7 +409,10 @@ void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
      * reach (a stranger's step 2^62 made every later push a "repeat"). */
     char msg[DP_ERR_LEN];
     if (dp_shard_step_check(&ps->shard, w, p->step, msg, sizeof msg) != 0) {
-        dp_ps_reply_error(ps, id, env->request_id, w, msg);
+        /* a row push refused: counted with the row table's (row_pushes_rejected) */
+        r->rejected++;
+        ps->shard.counts.malformed++;
+        dp_ps_send_error(ps, id, env->request_id, w, DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
         return;
     }
     dp_shard_step_handled(&ps->shard, w, p->step);

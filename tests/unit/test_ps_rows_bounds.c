@@ -123,7 +123,9 @@ static void *s_raw_worker1(void *ctx, const char *ep, const dp_model_t *m)
 }
 
 /* shard 0's count of refused messages (STATS "rejected": malformed ones too). */
-static uint64_t s_rejected(dp_ps_client_t *c)
+/* The servers' count of refused requests (a ROWS_PULL refused is one), or
+ * with rows set of refused row pushes (row_pushes_rejected). */
+static uint64_t s_refused(dp_ps_client_t *c, int rows)
 {
     dp_ps_stats_t st;
     char err[DP_ERR_LEN] = "";
@@ -131,7 +133,7 @@ static uint64_t s_rejected(dp_ps_client_t *c)
         fprintf(stderr, "  stats: %s\n", err);
         return UINT64_MAX;
     }
-    return st.rejected;
+    return rows ? st.row_pushes_rejected : st.requests_refused;
 }
 
 /* ---- a pull of too many keys ---------------------------------------------- */
@@ -172,14 +174,14 @@ static void test_pull_count_first(void)
     void *ctx = zmq_ctx_new();
     void *raw = s_raw_worker1(ctx, s.endpoint, &m);
     CHECK(raw != NULL);
-    uint64_t rejected = s_rejected(c);
+    uint64_t rejected = s_refused(c, 0);
     uint64_t peak = s_vm_peak();
     raw_reply_t r = s_raw_pull(raw, &m, 1, keys, N, WIDE);
     uint64_t grown = s_vm_peak() - peak;
     CHECK_EQ(r.type, DOWNPOUR__MSG_TYPE__ERROR);
     CHECK(strstr(r.text, "131072 keys in one request (this shard takes at most 64)") != NULL);
     if (!strstr(r.text, "131072 keys")) fprintf(stderr, "  reply: %s\n", r.text);
-    CHECK_EQ(s_rejected(c), rejected + 1);
+    CHECK_EQ(s_refused(c, 0), rejected + 1);
     uint64_t bound = 2 * (uint64_t)limit + (64u << 20);
     CHECK(peak > 0 && grown <= bound);
     if (grown > bound) fprintf(stderr, "  the peak grew %" PRIu64 " bytes (bound %" PRIu64 ")\n", grown, bound);
@@ -219,13 +221,13 @@ static void test_push_step_bound(void)
     void *ctx = zmq_ctx_new();
     void *raw = s_raw_worker1(ctx, s.endpoint, &m);
     CHECK(raw != NULL);
-    uint64_t rejected = s_rejected(c0);
+    uint64_t rejected = s_refused(c0, 1);
     CHECK_EQ(s_raw_pull(raw, &m, 1, keys, 8, D).type, DOWNPOUR__MSG_TYPE__ROWS);
     raw_reply_t r = s_raw_push(raw, &m, 1, 1ull << 62, 0, keys, 8, bad, D);
     CHECK_EQ(r.type, DOWNPOUR__MSG_TYPE__ERROR);
     CHECK(strstr(r.text, "implausible step 4611686018427387904 of worker 1: at most 1") != NULL);
     if (r.type != DOWNPOUR__MSG_TYPE__ERROR) fprintf(stderr, "  reply %d: %s\n", r.type, r.text);
-    CHECK_EQ(s_rejected(c0), rejected + 1);
+    CHECK_EQ(s_refused(c0, 1), rejected + 1);
     if (raw) zmq_close(raw);
     int rc;
     SRV_REJOIN(rc, err, s_client(&c1, s.endpoint, &m, 1, err));
