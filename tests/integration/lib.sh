@@ -43,6 +43,16 @@ check() {
     if "$@"; then pass "$name"; else fail "$name" "command failed: $*"; fi
 }
 
+# wait_until CMD...: wait (at most 120 s, scaled by DP_TEST_TIMEOUT_SCALE)
+# until CMD succeeds; 1 if never. A test that defines its own replaces it.
+wait_until() {
+    local t=0
+    until "$@"; do
+        t=$((t + 1)); [ $t -ge $((2400 * ${DP_TEST_TIMEOUT_SCALE:-1})) ] && return 1
+        sleep 0.05
+    done
+}
+
 # bg COMMAND...: start a helper process that is killed when the test ends.
 bg() { "$@" & T_PIDS+=($!); }
 

@@ -12,14 +12,6 @@ source "$(dirname "$0")/lib.sh"
 
 SCALE=${DP_TEST_TIMEOUT_SCALE:-1}
 RL=(--env cartpole-v1 --envs 1 --t-max 5 --threads 1 --no-progress)
-# wait_until CMD...: wait (at most 120 s) until CMD succeeds; 1 if never.
-wait_until() {
-    local t=0
-    until "$@"; do
-        t=$((t + 1)); [ $t -ge $((2400 * SCALE)) ] && return 1
-        sleep 0.05
-    done
-}
 hold() { mkdir -p "$1" && : >"$1/hold-$2-$3"; }
 held() { wait_until test -s "$1/held-$2-$3"; }
 release() { rm -f "$1"/hold-*; }

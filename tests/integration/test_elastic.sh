@@ -57,14 +57,6 @@ COMMON=(--model "$MODEL" --batch 32 --threads 1 --no-progress)
 # own test (test_deal's test_lease, on a clock it drives).
 export DP_TEST_LEASE_FLOOR=3600
 
-# wait_until CMD...: wait (at most 120 s) until CMD succeeds; 1 if never.
-wait_until() {
-    local t=0
-    until "$@"; do
-        t=$((t + 1)); [ $t -ge $((2400 * SCALE)) ] && return 1
-        sleep 0.05
-    done
-}
 # has N PATTERN FILE: FILE has at least N lines matching PATTERN.
 has() { [ "$(grep -c -- "$2" "$3" 2>/dev/null)" -ge "$1" ]; }
 # hold DIR TASK STEP: worker TASK of a run with DP_TEST_HOLD_DIR=DIR holds
