@@ -230,6 +230,32 @@ void dp_optim_step(const dp_optim_conf_t *c, float lr, float *w, const float *g,
     dp_optim_step_range(c, lr, w, g, state, n, 0, n, t);
 }
 
+/* Delayed Nesterov (optim.h), s_step's slice already taken: v = state,
+ * d = state2. Inlined like s_step, for the same reason. */
+static inline __attribute__((always_inline)) void
+s_step_delayed(const dp_optim_conf_t *c, float lr, float *w, const float *w_from, const float *g,
+               float *v, const float *v_from, float *d, const float *d_from, size_t n, long t)
+{
+    const float wd = c->weight_decay;
+    const float mu = c->momentum, part = lr / (float)c->period;
+    const float inv_n = 1.0f / (float)c->period;
+    const int turn = t > 0 && t % c->period == 0;
+    if (!turn && v != v_from) memcpy(v, v_from, n * sizeof *v);
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] + wd * w_from[i];
+        float wi = w_from[i] - part * gi;
+        if (turn) {
+            float vi = mu * v_from[i] + (d_from[i] + gi) * inv_n;
+            v[i] = vi;
+            d[i] = 0.0f;
+            wi -= lr * mu * vi;
+        } else {
+            d[i] = d_from[i] + gi;
+        }
+        w[i] = wi;
+    }
+}
+
 /* The update rules, once: w and state written from w_from and state_from,
  * which are either the same vectors (in place) or vectors that overlap
  * none of the written ones (out of place). Always inlined into the two
@@ -261,25 +287,7 @@ s_step(const dp_optim_conf_t *c, float lr, float *w, const float *w_from, const 
         break;
     case DP_OPT_NESTEROV:
         if (c->period > 1) { /* delayed Nesterov (optim.h): v = state, d = state2 */
-            const float mu = c->momentum, part = lr / (float)c->period;
-            const float inv_n = 1.0f / (float)c->period;
-            const int turn = t > 0 && t % c->period == 0;
-            float *v = state, *d = state2;
-            const float *v_from = state_from, *d_from = state2_from;
-            if (!turn && v != v_from) memcpy(v, v_from, n * sizeof *v);
-            for (size_t i = 0; i < n; i++) {
-                float gi = g[i] + wd * w_from[i];
-                float wi = w_from[i] - part * gi;
-                if (turn) {
-                    float vi = mu * v_from[i] + (d_from[i] + gi) * inv_n;
-                    v[i] = vi;
-                    d[i] = 0.0f;
-                    wi -= lr * mu * vi;
-                } else {
-                    d[i] = d_from[i] + gi;
-                }
-                w[i] = wi;
-            }
+            s_step_delayed(c, lr, w, w_from, g, state, state_from, state2, state2_from, n, t);
             break;
         }
         /* fall through */
