@@ -1,7 +1,7 @@
-/* test_auth: the worker-id binding and the chief's rules (server/auth.h)
+/* test_auth: the worker-id binding and the chief's rules (server/loop/auth.h)
  * first without sockets (connections are byte strings, "live" is a table
  * the test sets, keys are made-up strings), then through a real server in a
- * thread (server/ps.h) and the worker's client (worker/client/ps_client.h), plain
+ * thread (server/loop/ps.h) and the worker's client (worker/client/ps_client.h), plain
  * and under CURVE. The daemons themselves: tests/integration/test_curve.sh. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,8 +15,8 @@
 #include "common/util.h"
 #include "proto/curve.h"
 #include "proto/wire.h"
-#include "server/auth.h"
-#include "server/ps.h"
+#include "server/loop/auth.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_beat.h"
