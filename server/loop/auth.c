@@ -231,15 +231,15 @@ static int s_is_chief(const dp_auth_t *a, uint64_t token, const dp_auth_peer_t *
     return token == a->run_token;
 }
 
-int dp_auth_check(dp_auth_t *a, int type, int wid, uint64_t token, const dp_auth_peer_t *p,
-                  int *code, char *msg, size_t msg_len)
+int dp_auth_check(dp_auth_t *a, dp_auth_who_t who, int type, int wid, uint64_t token,
+                  const dp_auth_peer_t *p, int *code, char *msg, size_t msg_len)
 {
     /* A HEARTBEAT only says "worker wid is alive" and binds nothing.
      * Workers send it from a thread with connections of its own
      * (worker/client/ps_beat), so it may come on another connection than the
      * HELLO's, but only from the same holder (s_beat_ok). A tool's (id -1)
      * speaks for nobody. */
-    if (type == DOWNPOUR__MSG_TYPE__HEARTBEAT) {
+    if (who == DP_AUTH_BEAT) {
         if (wid < 0 || wid >= a->n || s_beat_ok(a, wid, p)) return 0;
         *code = DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER;
         return s_refuse(a, msg, msg_len,
@@ -256,8 +256,7 @@ int dp_auth_check(dp_auth_t *a, int type, int wid, uint64_t token, const dp_auth
                         "as worker %d first)",
                         wid);
     }
-    if ((type == DOWNPOUR__MSG_TYPE__STATS || type == DOWNPOUR__MSG_TYPE__SHUTDOWN) &&
-        !s_is_chief(a, token, p)) {
+    if (who == DP_AUTH_CHIEF && !s_is_chief(a, token, p)) {
         *code = DOWNPOUR__ERROR_CODE__ERR_NOT_CHIEF;
         a->refused++;
         snprintf(msg, msg_len, "%s refused: only the chief (worker 0) may ask it, %s",

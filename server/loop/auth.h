@@ -127,12 +127,34 @@ int dp_auth_rekey(dp_auth_t *a, const dp_auth_key_t *keys, int n, unsigned char 
 int dp_auth_claim(dp_auth_t *a, int wid, const dp_auth_peer_t *p, dp_auth_live_fn live,
                   void *arg, char *msg, size_t msg_len);
 
-/* Any request but HELLO: type (DOWNPOUR__MSG_TYPE__*), its worker id (any
- * value: out of range is left to the caller, except for the chief's
- * requests) and run token. 0: allowed; -1: refused, *code is the
- * Error.code (DOWNPOUR__ERROR_CODE__*) and msg says why. */
-int dp_auth_check(dp_auth_t *a, int type, int wid, uint64_t token, const dp_auth_peer_t *p,
-                  int *code, char *msg, size_t msg_len);
+/* Who may send a request: each request type's row of the shard's message
+ * table (server/loop/ps_msgs.c) names one, and admission
+ * (server/loop/ps_admit.c) and dp_auth_check follow it.
+ *   ANYONE  HELLO: any peer, before it said anything; its handler checks
+ *           the model and dp_auth_claim binds the id. The worker id must
+ *           be in range.
+ *   WORKER  a worker that said HELLO to this shard, on the connection that
+ *           said it (ERR_UNKNOWN_WORKER otherwise); the model's fingerprint.
+ *   BEAT    HEARTBEAT: the id's holder on any of its connections (above);
+ *           a tool's (id out of range, fingerprint 0 allowed) speaks for
+ *           nobody and is answered.
+ *   CHIEF   STATS, SHUTDOWN: the chief (ERR_NOT_CHIEF otherwise), from a
+ *           tool too (id out of range, fingerprint 0 allowed); an id in
+ *           range must be on its own connection, as WORKER's. */
+typedef enum {
+    DP_AUTH_ANYONE,
+    DP_AUTH_WORKER,
+    DP_AUTH_BEAT,
+    DP_AUTH_CHIEF,
+} dp_auth_who_t;
+
+/* Any request but HELLO: who may send it (above), its type
+ * (DOWNPOUR__MSG_TYPE__*, for the message), its worker id (any value: out
+ * of range is left to the caller, except for the chief's requests) and run
+ * token. 0: allowed; -1: refused, *code is the Error.code
+ * (DOWNPOUR__ERROR_CODE__*) and msg says why. */
+int dp_auth_check(dp_auth_t *a, dp_auth_who_t who, int type, int wid, uint64_t token,
+                  const dp_auth_peer_t *p, int *code, char *msg, size_t msg_len);
 
 /* The run token for the WELCOME of worker wid: the token for 0, else 0. */
 uint64_t dp_auth_token_for(const dp_auth_t *a, int wid);

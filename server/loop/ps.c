@@ -221,8 +221,10 @@ static int s_params_ask(const dp_ps_loop_t *ps, const Downpour__Envelope *env,
     return 0;
 }
 
-static void s_on_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+void dp_ps_on_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                   const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)frames, (void)n_frames;
     int wid = env->worker_id;
     dp_ps_params_ask_t ask;
     char why[DP_ERR_LEN];
@@ -293,7 +295,7 @@ static void s_test_kill_at_version(const dp_ps_loop_t *ps, const Downpour__Envel
     raise(SIGKILL);
 }
 
-/* An actor-critic push's segment, within the bounds (s_on_push), into
+/* An actor-critic push's segment, within the bounds (dp_ps_on_push), into
  * the run's account and the record (a replay checks each segment it
  * recomputes against the record's). */
 static void s_count_episodes(dp_ps_loop_t *ps, const Downpour__Push *p)
@@ -410,8 +412,8 @@ static void s_on_push_part(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Enve
     }
 }
 
-static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                      const dp_wire_frame_t *frames, int n_frames)
+void dp_ps_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                   const dp_wire_frame_t *frames, int n_frames)
 {
     char msg[DP_ERR_LEN];
     int wid = env->worker_id;
@@ -479,8 +481,10 @@ static void s_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope 
     s_push_apply(ps, id, env, g, n_frames);
 }
 
-static void s_on_barrier(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+void dp_ps_on_barrier(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                      const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)frames, (void)n_frames;
     if (env->barrier->finished) dp_members_finish(&ps->members, env->worker_id, env->barrier->leave);
     Downpour__Envelope rep;
     dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__BARRIER, env->request_id, env->worker_id);
@@ -513,26 +517,14 @@ static void s_refuse_oversized(dp_ps_loop_t *ps, dp_wire_rx_t *rx)
     dp_log_debug("shard %d: %s", ps->cfg->shard_index, msg);
 }
 
-static void s_dispatch(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                       const dp_wire_frame_t *frames, int n_frames)
+/* An admitted request to its handler, the row admission found it in. */
+static void s_dispatch(dp_ps_loop_t *ps, const dp_ps_msg_t *m, zmq_msg_t *id,
+                       const Downpour__Envelope *env, const dp_wire_frame_t *frames, int n_frames)
 {
     /* each admitted request in arrival order (DP_LOG=debug): what a worker asked, and when */
     dp_log_debug("shard %d: %s from worker %d", ps->cfg->shard_index, dp_wire_type_name(env->type),
                  env->worker_id);
-    switch (env->type) {
-    case DOWNPOUR__MSG_TYPE__HELLO: dp_ps_on_hello(ps, id, env); break;
-    case DOWNPOUR__MSG_TYPE__PULL: s_on_pull(ps, id, env); break;
-    case DOWNPOUR__MSG_TYPE__PUSH: s_on_push(ps, id, env, frames, n_frames); break;
-    case DOWNPOUR__MSG_TYPE__BARRIER: s_on_barrier(ps, id, env); break;
-    case DOWNPOUR__MSG_TYPE__STATS: dp_ps_on_stats(ps, id, env); break;
-    case DOWNPOUR__MSG_TYPE__HEARTBEAT:
-        dp_ps_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__HEARTBEAT);
-        break;
-    case DOWNPOUR__MSG_TYPE__SHUTDOWN: dp_ps_on_shutdown(ps, id, env); break;
-    case DOWNPOUR__MSG_TYPE__ROWS_PULL: dp_ps_on_rows_pull(ps, id, env, frames); break;
-    case DOWNPOUR__MSG_TYPE__ROWS_PUSH: dp_ps_on_rows_push(ps, id, env, frames); break;
-    default: break; /* dp_ps_admit let only requests through */
-    }
+    m->on(ps, id, env, frames, n_frames);
 }
 
 /* One received multipart: limits, decode, structural checks, admission,
@@ -563,10 +555,11 @@ static void s_handle(dp_ps_loop_t *ps, dp_wire_rx_t *rx)
     }
     ps->peer_key = ps->zap ? zmq_msg_gets(&rx->parts[1], "User-Id") : NULL;
     ps->peer_addr = zmq_msg_gets(&rx->parts[1], "Peer-Address");
+    const dp_ps_msg_t *m = NULL;
     if (dp_wire_check(env, frames, n_frames, err) != 0)
         dp_ps_reply_error(ps, id, env->request_id, env->worker_id, err);
-    else if (dp_ps_admit(ps, id, env))
-        s_dispatch(ps, id, env, frames, n_frames);
+    else if ((m = dp_ps_admit(ps, id, env)) != NULL)
+        s_dispatch(ps, m, id, env, frames, n_frames);
     dp_wire_destroy(&env);
 }
 

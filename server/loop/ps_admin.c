@@ -166,8 +166,10 @@ void dp_ps_metrics_start(dp_ps_loop_t *ps)
     dp_metrics_write(ps->metrics, &line);
 }
 
-void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                    const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)frames, (void)n_frames;
     const dp_shard_counts_t *c = &ps->shard.counts;
     Downpour__Envelope rep;
     dp_ps_env(ps, &rep, DOWNPOUR__MSG_TYPE__STATS, env->request_id, env->worker_id);
@@ -252,12 +254,21 @@ void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     free(ev);
 }
 
-void dp_ps_on_shutdown(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+void dp_ps_on_shutdown(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                       const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)frames, (void)n_frames;
     char err[DP_ERR_LEN];
     dp_log_info("shard %d: SHUTDOWN from worker %d", ps->cfg->shard_index, env->worker_id);
     /* The final checkpoint is on disk before the requester hears back. */
     dp_ps_checkpoint(ps, 1, err); /* a failure is logged and counted there */
     dp_ps_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__SHUTDOWN);
     ps->quit = 1;
+}
+
+void dp_ps_on_heartbeat(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int n_frames)
+{
+    (void)frames, (void)n_frames;
+    dp_ps_reply_bare(ps, id, env, DOWNPOUR__MSG_TYPE__HEARTBEAT);
 }

@@ -1,11 +1,13 @@
 /* ps_admit: who and what may reach downpour-ps's handlers
- * (server/loop/ps_loop.h) — a request, not a reply; the model (a HELLO's spec,
- * input and tensor table, every other request's fingerprint: refused with
- * ERR_MODEL_MISMATCH, logged with both sides, the reply naming neither);
- * the worker id in range, claimed at HELLO by its connection (and key) and
- * spoken for by it alone after (server/loop/auth.h); said HELLO before a PULL,
- * PUSH or BARRIER (ERR_UNKNOWN_WORKER) — and the WELCOME that answers a
- * HELLO. */
+ * (server/loop/ps_loop.h) — a request, not a reply (a row of the message
+ * table, server/loop/ps_msgs.c, whose who this file and server/loop/auth.h
+ * follow); the model (a HELLO's spec, input and tensor table, every other
+ * request's fingerprint: refused with ERR_MODEL_MISMATCH, logged with both
+ * sides, the reply naming neither); the worker id in range, claimed at
+ * HELLO by its connection (and key) and spoken for by it alone after
+ * (server/loop/auth.h); said HELLO before a WORKER's request (PULL, PUSH,
+ * BARRIER, ROWS_PULL, ROWS_PUSH: ERR_UNKNOWN_WORKER) — and the WELCOME that
+ * answers a HELLO. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -43,9 +45,11 @@ static bool s_claim(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     return false;
 }
 
-/* Any other request: a worker id only on its own connection, STATS and
- * SHUTDOWN only from the chief. Answers when not; nothing else changes. */
-static bool s_authorized(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+/* Any request but HELLO: as its row's who says (a worker id only on its
+ * own connection, STATS and SHUTDOWN only from the chief, a HEARTBEAT from
+ * the id's holder). Answers when not; nothing else changes. */
+static bool s_authorized(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                         dp_auth_who_t who)
 {
     char msg[DP_ERR_LEN];
     /* a key removed from the allow list (SIGHUP) on a connection it made before */
@@ -56,16 +60,16 @@ static bool s_authorized(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
                          DOWNPOUR__ERROR_CODE__ERR_NONE, msg);
         return false;
     }
-    if (env->type == DOWNPOUR__MSG_TYPE__HELLO) return true; /* s_claim, once the model matched */
+    if (who == DP_AUTH_ANYONE) return true; /* HELLO: s_claim, once the model matched */
     int code;
     dp_auth_peer_t p = s_peer(ps, id, env);
-    if (dp_auth_check(&ps->auth, env->type, env->worker_id, env->run_token, &p, &code, msg,
+    if (dp_auth_check(&ps->auth, who, env->type, env->worker_id, env->run_token, &p, &code, msg,
                       sizeof msg) == 0)
         return true;
     /* A refused HEARTBEAT is counted in auth_refused only: the shard's
      * rejected / malformed account for pushes and broken messages, and a
      * restarted worker's beats before its HELLO are neither. */
-    if (env->type == DOWNPOUR__MSG_TYPE__HEARTBEAT)
+    if (who == DP_AUTH_BEAT)
         dp_ps_send_error(ps, id, env->request_id, env->worker_id, code, msg);
     else
         dp_ps_reply_error_code(ps, id, env->request_id, env->worker_id, code, msg);
@@ -101,49 +105,59 @@ static void s_log_mismatch(dp_ps_loop_t *ps, const Downpour__Envelope *env)
                 env->model_fingerprint, m->spec, m->in_c, m->in_h, m->in_w, m->fingerprint);
 }
 
-/* May this valid envelope reach its handler? Answers it when not. */
-bool dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+/* A tool (no worker id, fingerprint 0) may ask what a HEARTBEAT or the
+ * chief's requests ask: it speaks for no worker. */
+static bool s_tool_may(dp_auth_who_t who)
+{
+    return who == DP_AUTH_BEAT || who == DP_AUTH_CHIEF;
+}
+
+/* Before who's rules: a request (a row of the table), of this shard's
+ * model (HELLO answers a mismatch itself), from a worker id in range (a
+ * tool's requests aside). Answers when not. */
+static const dp_ps_msg_t *s_request(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
 {
     char msg[DP_ERR_LEN + 128];
     int type = env->type, wid = env->worker_id;
-    int admin = type == DOWNPOUR__MSG_TYPE__STATS || type == DOWNPOUR__MSG_TYPE__HEARTBEAT ||
-                type == DOWNPOUR__MSG_TYPE__SHUTDOWN;
-    /* what only a worker that said HELLO may ask */
-    int worker_request = type == DOWNPOUR__MSG_TYPE__PULL || type == DOWNPOUR__MSG_TYPE__PUSH ||
-                         type == DOWNPOUR__MSG_TYPE__BARRIER ||
-                         type == DOWNPOUR__MSG_TYPE__ROWS_PULL || type == DOWNPOUR__MSG_TYPE__ROWS_PUSH;
-    int request = admin || worker_request || type == DOWNPOUR__MSG_TYPE__HELLO;
+    const dp_ps_msg_t *m = dp_ps_msg_of(type);
+    bool tool = m && s_tool_may(m->who);
     msg[0] = 0;
     int code = DOWNPOUR__ERROR_CODE__ERR_NONE;
-    if (!request)
+    if (!m)
         snprintf(msg, sizeof msg, "malformed: %s is a reply, not a request", dp_wire_type_name(type));
     /* Tools may ask STATS / HEARTBEAT / SHUTDOWN with fingerprint 0; HELLO
      * answers a mismatch itself. Neither reply names this shard's model. */
-    else if (type != DOWNPOUR__MSG_TYPE__HELLO && env->model_fingerprint != ps->shard.model.fingerprint &&
-             !(admin && env->model_fingerprint == 0)) {
+    else if (m->who != DP_AUTH_ANYONE && env->model_fingerprint != ps->shard.model.fingerprint &&
+             !(tool && env->model_fingerprint == 0)) {
         snprintf(msg, sizeof msg,
                  "model mismatch: fingerprint %016" PRIx64 " is not this shard's model (the "
                  "shard's log names its own)", env->model_fingerprint);
         code = DOWNPOUR__ERROR_CODE__ERR_MODEL_MISMATCH;
         s_log_mismatch(ps, env);
     }
-    else if (!admin && (wid < 0 || wid >= ps->members.n))
+    else if (!tool && (wid < 0 || wid >= ps->members.n))
         snprintf(msg, sizeof msg, "worker id %d out of range: this cluster has %d workers (--workers)",
                  wid, ps->members.n);
-    if (msg[0]) {
-        dp_ps_reply_error_code(ps, id, env->request_id, wid, code, msg);
-        return false;
-    }
-    if (!s_authorized(ps, id, env)) return false;
-    if (wid < 0 || wid >= ps->members.n) return true; /* a tool */
+    if (!msg[0]) return m;
+    dp_ps_reply_error_code(ps, id, env->request_id, wid, code, msg);
+    return NULL;
+}
+
+const dp_ps_msg_t *dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+{
+    int wid = env->worker_id;
+    const dp_ps_msg_t *m = s_request(ps, id, env);
+    if (!m || !s_authorized(ps, id, env, m->who)) return NULL;
+    if (wid < 0 || wid >= ps->members.n) return m; /* a tool */
     if (dp_members_heard(&ps->members, wid, dp_now())) dp_ps_members_changed(ps);
-    if (!worker_request) return true;
-    if (ps->members.w[wid].joined) return true;
+    /* what only a worker that said HELLO may ask */
+    if (m->who != DP_AUTH_WORKER || ps->members.w[wid].joined) return m;
     /* e.g. this shard restarted: the client says HELLO again and repeats */
+    char msg[DP_ERR_LEN];
     snprintf(msg, sizeof msg, "worker %d has not said HELLO to this shard", wid);
     dp_ps_reply_error_code(ps, id, env->request_id, wid, DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER,
                            msg);
-    return false;
+    return NULL;
 }
 
 /* Welcome.worker_step: where a (restarted) worker resumes. */
@@ -180,8 +194,10 @@ static void s_grant_shm(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl)
     wl->shm_grad_name = (char *)grad;
 }
 
-void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env)
+void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                    const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)frames, (void)n_frames;
     const dp_model_t *m = &ps->shard.model;
     if (!s_same_model(m, env)) {
         const Downpour__Hello *h = env->hello;

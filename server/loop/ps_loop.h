@@ -1,21 +1,28 @@
 /* ps_loop: the state of downpour-ps's event loop and what the files of
- * the loop share. server/loop/ps.h is the loop's interface and server/loop/ps.c says
- * its invariants; the loop is six files, one job each:
- *   server/loop/ps.c        receiving under the limits, dispatch, held pulls,
- *                      pushes (whole and in parts), BARRIER, setup, the loop
- *   server/loop/ps_admit.c  who and what may reach a handler: the model checks
- *                      (a HELLO's model, every other request's fingerprint;
- *                      refused with ERR_MODEL_MISMATCH), the worker id's
- *                      claim at HELLO and its authority after, the WELCOME
- *   server/loop/ps_reply.c  the replies: ERROR, PARAMS (the live buffer lent to
- *                      ZeroMQ), ACK
- *   server/loop/ps_admin.c  the shard's account: checkpoints (when due, at start,
- *                      at the end), metrics lines, STATS, SHUTDOWN
- *   server/loop/ps_rows_wire.c the row table's requests (ROWS_PULL, ROWS_PUSH) and
- *                      its share of a sync step
- *   server/loop/ps_deal.c   shard 0 dealing an elastic crew's batches: who sets
- *                      the plan, the batch of a pull, a push's fate, leases
- * Nothing else includes this header. */
+ * the loop share. server/loop/ps.h is the loop's interface and
+ * server/loop/ps.c says its invariants; the loop is eight files, one job
+ * each:
+ *   ps.c           receiving under the limits, dispatch, held pulls, pushes
+ *                  (whole and in parts), BARRIER, setup, the loop
+ *   ps_msgs.c      the message table: each request type, who may send it
+ *                  (server/loop/auth.h) and its handler; admission and
+ *                  dispatch both read it
+ *   ps_admit.c     who and what may reach a handler: the model checks (a
+ *                  HELLO's model, every other request's fingerprint; refused
+ *                  with ERR_MODEL_MISMATCH), the worker id's claim at HELLO
+ *                  and its authority after, the WELCOME
+ *   ps_reply.c     the replies: ERROR, PARAMS (the live buffer lent to
+ *                  ZeroMQ), ACK
+ *   ps_admin.c     the shard's account: checkpoints (when due, at start, at
+ *                  the end), metrics lines, STATS, SHUTDOWN, HEARTBEAT
+ *   ps_rows_wire.c the row table's requests (ROWS_PULL, ROWS_PUSH) on the
+ *                  wire; their rules are server/core/ps_rows.h
+ *   ps_deal.c      shard 0 dealing an elastic crew's batches: who sets the
+ *                  plan, the batch of a pull, a push's fate, leases
+ *   ps_shm.c       the shared-memory segments of co-located workers
+ * (auth.c: who may speak for a worker id, the chief's rule.)
+ * Nothing else includes this header, but the unit tests that drive the
+ * loop's state. */
 #ifndef DP_PS_LOOP_H
 #define DP_PS_LOOP_H
 
@@ -179,23 +186,68 @@ void dp_ps_reply_rejected(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int wor
 /* A reply of this type with no body (HEARTBEAT, SHUTDOWN). */
 void dp_ps_reply_bare(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env, int type);
 
+/* ---- server/loop/ps_msgs.c ----------------------------------------------- */
+
+/* A request's handler: it answers the request (frames: the tensors' bytes
+ * after the envelope, n_frames of them, checked by dp_wire_check). */
+typedef void (*dp_ps_handler_fn)(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                                 const dp_wire_frame_t *frames, int n_frames);
+
+/* One row of the message table: a request type, who may send it and its
+ * handler. A type without a row is not a request (a reply, or unknown):
+ * admission refuses it. */
+typedef struct {
+    int type;              /* DOWNPOUR__MSG_TYPE__* */
+    dp_auth_who_t who;
+    dp_ps_handler_fn on;
+} dp_ps_msg_t;
+
+/* The row of type, or NULL when it is not a request. */
+const dp_ps_msg_t *dp_ps_msg_of(int type);
+/* The whole table (its rows into *n). */
+const dp_ps_msg_t *dp_ps_msgs(size_t *n);
+
+/* The handlers of the table, one a request type. */
+
+/* HELLO: the model checked, the worker id claimed, the worker joined,
+ * answered with the WELCOME (ps_admit.c). */
+void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                    const dp_wire_frame_t *frames, int n_frames);
+/* PULL: PARAMS, or held until the policy lets it through (ps.c). */
+void dp_ps_on_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                   const dp_wire_frame_t *frames, int n_frames);
+/* PUSH, whole or a part: its account and gradient checked, then
+ * dp_push_apply (ps.c). */
+void dp_ps_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                   const dp_wire_frame_t *frames, int n_frames);
+/* BARRIER: a worker finished (or leaves), answered at once (ps.c). */
+void dp_ps_on_barrier(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                      const dp_wire_frame_t *frames, int n_frames);
+/* ROWS_PULL: the rows of the keys asked, or an ERROR naming the bad key
+ * (ps_rows_wire.c). */
+void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int n_frames);
+/* ROWS_PUSH: applied, waiting for the sync step, a repeat, or REJECTED
+ * (ps_rows_wire.c). */
+void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int n_frames);
+/* STATS: the counters, the members, the staleness histogram (ps_admin.c). */
+void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                    const dp_wire_frame_t *frames, int n_frames);
+/* SHUTDOWN: the final checkpoint, then the reply; the loop ends (ps_admin.c). */
+void dp_ps_on_shutdown(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                       const dp_wire_frame_t *frames, int n_frames);
+/* HEARTBEAT: answered with one; admission counted the worker heard
+ * (ps_admin.c). */
+void dp_ps_on_heartbeat(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                        const dp_wire_frame_t *frames, int n_frames);
+
 /* ---- server/loop/ps_admit.c ---------------------------------------------- */
 
-/* May this valid envelope reach its handler? true: yes (its worker heard
- * from: liveness); false: it was answered instead, nothing else changed. */
-bool dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
-/* HELLO: the model checked, the worker id claimed, the worker joined,
- * answered with the WELCOME. */
-void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
-
-/* ---- server/loop/ps_rows_wire.c ------------------------------------------ */
-
-/* ROWS_PULL: the rows of the keys asked, or an ERROR naming the bad key. */
-void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                        const dp_wire_frame_t *frames);
-/* ROWS_PUSH: applied, waiting for the sync step, a repeat, or REJECTED. */
-void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                        const dp_wire_frame_t *frames);
+/* May this valid envelope reach its handler? Its row of the message table
+ * (its worker heard from: liveness); NULL: it was answered instead,
+ * nothing else changed. */
+const dp_ps_msg_t *dp_ps_admit(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
 
 /* ---- server/loop/ps_deal.c ----------------------------------------------- */
 
@@ -241,9 +293,5 @@ void dp_ps_metrics_line(dp_ps_loop_t *ps);
 void dp_ps_metrics_members(dp_ps_loop_t *ps, int news);
 /* The start line that begins each start's lines. */
 void dp_ps_metrics_start(dp_ps_loop_t *ps);
-/* STATS: the counters, the members, the staleness histogram. */
-void dp_ps_on_stats(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
-/* SHUTDOWN: the final checkpoint, then the reply; the loop ends. */
-void dp_ps_on_shutdown(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env);
 
 #endif

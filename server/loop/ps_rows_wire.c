@@ -93,8 +93,9 @@ static void s_on_rows_scan(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Enve
 }
 
 void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                        const dp_wire_frame_t *frames)
+                        const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)n_frames;
     dp_ps_rows_t *r = &ps->rows;
     char msg[DP_ERR_LEN + 16], why[DP_ERR_LEN];
     int w = env->worker_id;
@@ -137,8 +138,9 @@ void dp_ps_on_rows_pull(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelop
 }
 
 void dp_ps_on_rows_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
-                        const dp_wire_frame_t *frames)
+                        const dp_wire_frame_t *frames, int n_frames)
 {
+    (void)n_frames;
     dp_ps_rows_t *r = &ps->rows;
     const Downpour__RowsPush *p = env->rows_push;
     int w = env->worker_id;
