@@ -17,11 +17,11 @@
 
 #include "common/safetensors.h"
 #include "common/util.h"
+#include "server/args.h"
 #include "server/core/policy.h"
 #include "server/core/shard.h"
 #include "server/core/shard_checkpoint.h"
 #include "server/core/shard_dc.h"
-#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"

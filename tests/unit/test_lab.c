@@ -24,9 +24,9 @@
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
 #include "proto/compress.h"
+#include "server/args.h"
 #include "server/core/policy.h"
 #include "server/core/record.h"
-#include "server/loop/ps.h"
 #include "tests/test.h"
 
 #define TINY "fc:10 softmax"
