@@ -13,7 +13,9 @@
 # socket; crew/ (members, the membership journal, the dealer) is the
 # plainest: no zmq.h, no header of loop/ or core/ (core/ uses crew/: a
 # policy counts the live members, a record and a checkpoint carry the
-# dealer).
+# dealer). deploy/lab (the simulator, the replay) runs core/'s code (one
+# dp_push_apply for the daemon and the lab), so it includes no header of
+# loop/ either.
 #
 # One exception, named here so that any other fails: exec/net.h includes
 # client/pull.h for dp_pull_status_t, the status its on_params hook returns
@@ -61,6 +63,9 @@ bad=$(breaks server/crew '(.*/)?zmq\.h$')
 check "server/crew includes no zmq.h${bad:+: $(echo $bad)}" test -z "$bad"
 bad=$(breaks server/crew '(.*/)?(loop|core)/')
 check "server/crew includes no header of server/loop or server/core${bad:+: $(echo $bad)}" test -z "$bad"
+# the lab (deploy/lab: sim, replay) runs server/core's code without the wire
+bad=$(breaks deploy/lab '(.*/)?server/loop/')
+check "deploy/lab includes no header of server/loop${bad:+: $(echo $bad)}" test -z "$bad"
 # the exception is still there (else drop it from ALLOWED, so it cannot hide a new one)
 check "the one allowed exception ($ALLOWED) is still needed" \
     grep -qx "$ALLOWED" <(includes worker/exec)
