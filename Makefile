@@ -74,7 +74,7 @@ PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_CSRC   := $(wildcard kernels/cuda/*.c)
-SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
+SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c server/loop/*.c server/core/*.c server/crew/*.c))
 WORKER_SRC  := $(filter-out worker/main.c,$(wildcard worker/*.c worker/client/*.c worker/exec/*.c worker/train/*.c))
 # The environments (worker/exec/env) are a library of their own: the workers act
 # in them, and the servers bound an actor-critic push's account by them.
@@ -114,7 +114,7 @@ endif
 CUDA_MODULE := $(if $(HAVE_CUDA),$(BUILD)/lib/downpour-cuda.so)
 COMPUTE_LIBS := $(LIB_KERNELS)
 COMPUTE_LDLIBS := $(if $(HAVE_CUDA),-rdynamic)
-# Link order: users before what they use (the worker uses server/rows: a
+# Link order: users before what they use (the worker uses server/core/rows: a
 # standalone table, and a model file's rows read back).
 ALL_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(COMPUTE_LIBS) $(LIB_COMMON)
 GPU_LIBS := $(LIB_DEPLOY) $(LIB_WORKER) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_CUDA) $(LIB_COMMON)
@@ -199,7 +199,7 @@ RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
 # The server never loads CUDA.
 $(BUILD)/downpour-ps: LINK_LIBS :=
 $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
-# The worker links the server's library for its row table (server/rows.h): a
+# The worker links the server's library for its row table (server/core/rows.h): a
 # model with an embedding keeps its rows in-process when it trains standalone.
 $(BUILD)/downpour-worker: $(call obj,worker/main.c) $(LIB_WORKER) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(call RUN_LIBS,$(COMPUTE_LIBS)) $(LIB_COMMON)
 $(BUILD)/downpour: $(call obj,deploy/launcher/downpour.c) $(call RUN_LIBS,$(ALL_LIBS))
@@ -342,7 +342,7 @@ test: deps-test
 #   wire         the envelope decoder and validator (proto/wire.c)
 #   safetensors  the safetensors / checkpoint reader (common/safetensors.c)
 #   model        the model spec parser (common/model.c)
-#   record       the record loader `downpour replay` uses (server/record.c)
+#   record       the record loader `downpour replay` uses (server/core/record.c)
 #   tfconfig     TF_CONFIG merged with the cluster flags (common/cluster.c)
 #   libsvm       the svmlight / libsvm reader, plain and gzip (common/libsvm.c)
 # clang instruments each target's parser and what it calls (FUZZ_SRCS_NAME:
@@ -365,8 +365,8 @@ fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(patsubst $(BUILD)/%,%,$(1)))
 FUZZ_SRCS_wire        := proto/wire.c $(PROTO_GEN) common/util.c common/checksum.c common/rng.c
 FUZZ_SRCS_safetensors := common/safetensors.c common/model.c common/util.c common/rng.c
 FUZZ_SRCS_model       := common/model.c common/util.c common/rng.c
-FUZZ_SRCS_record      := server/record.c server/policy.c server/shard.c server/shard_early.c server/shard_dc.c server/pool.c \
-                           server/rows.c kernels/row_optim.c kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
+FUZZ_SRCS_record      := server/core/record.c server/core/policy.c server/core/shard.c server/core/shard_early.c server/core/shard_dc.c server/core/pool.c \
+                           server/core/rows.c kernels/row_optim.c kernels/optim.c common/staleness.c common/opts.c common/model.c common/util.c \
                            common/rng.c common/checksum.c proto/wire.c $(PROTO_GEN)
 FUZZ_SRCS_tfconfig    := common/cluster.c common/util.c
 FUZZ_SRCS_libsvm      := common/libsvm.c common/util.c
@@ -390,7 +390,7 @@ $(foreach t,$(FUZZ_KNOWN),$(eval $(FUZZ_DIR)/fuzz_$(t)_lf: $(FUZZ_DIR)/obj/tests
 # misses a source fails `make tests` already, not only `make fuzz`; plus
 # what its own driver uses: common/rng.c for the mutations (tests/fuzz/fuzz.h)
 # and FUZZ_DRIVER_SRCS_NAME for --write-seeds.
-FUZZ_DRIVER_SRCS_record := server/members.c
+FUZZ_DRIVER_SRCS_record := server/crew/members.c
 $(foreach t,$(FUZZ_KNOWN),$(eval $(BUILD)/tests/fuzz_$(t): $(call obj,tests/fuzz/fuzz_$(t).c common/rng.c \
     $(FUZZ_DRIVER_SRCS_$(t)) $(patsubst $(BUILD)/%,%,$(FUZZ_SRCS_$(t))))))
 $(FUZZ_DIR)/fuzz_%_lf:

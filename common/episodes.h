@@ -3,7 +3,7 @@
  * environment step at which that mean first reached the environment's
  * "solved" threshold. A standalone actor-critic run keeps one
  * (worker/train/a3c_train.c); in a cluster every shard keeps the run's, from the
- * episodes each push reports (server/ps.c), and STATS gives it to the
+ * episodes each push reports (server/loop/ps.c), and STATS gives it to the
  * chief, so summary.json's return_mean_100 and solved_at_env_steps are the
  * whole run's, every worker's episodes in the order their pushes came. */
 #ifndef DP_EPISODES_H

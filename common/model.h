@@ -98,7 +98,7 @@
  * (ResNet-110 has 1.7 M parameters, VGG-16 138 M), far below a wrap. */
 #define DP_MODEL_MAX_FLOATS ((size_t)1 << 32)
 /* The widest embedding (embed:D): D at most, the row table's own bound
- * (server/rows.h's DP_ROWS_MAX_WIDTH, kernels/embed.h's DP_EMBED_MAX_DIM). */
+ * (server/core/rows.h's DP_ROWS_MAX_WIDTH, kernels/embed.h's DP_EMBED_MAX_DIM). */
 #define DP_MODEL_MAX_EMBED 4096
 /* Actions of an actor-critic head (ac:A): 2 .. this. */
 #define DP_MODEL_MAX_ACTIONS 64

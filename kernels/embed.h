@@ -35,7 +35,7 @@
 
 #include "common/libsvm.h"
 
-/* The widest row (DP_ROWS_MAX_WIDTH, server/rows.h, DP_MODEL_MAX_EMBED,
+/* The widest row (DP_ROWS_MAX_WIDTH, server/core/rows.h, DP_MODEL_MAX_EMBED,
  * common/model.h: the same bound). */
 #define DP_EMBED_MAX_DIM 4096
 /* Features a plan takes at most: slots are 32-bit. */

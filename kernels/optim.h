@@ -48,7 +48,7 @@ typedef enum {
  * stale gradient g before the optimizer step, which it therefore composes
  * with: g' = g + lambda g*g*(w - w_bak), w the weights the step is applied
  * to, w_bak those the gradient was computed on (the parameter server keeps
- * them per worker: server/shard_dc.h). Adaptive (DC-ASGD-a): lambda =
+ * them per worker: server/core/shard_dc.h). Adaptive (DC-ASGD-a): lambda =
  * lambda0 / sqrt(MS + 1e-7), MS = 0.95 MS + 0.05 g*g per element, updated
  * with this g first. */
 typedef enum {

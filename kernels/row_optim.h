@@ -1,4 +1,4 @@
-/* row_optim: the optimizers of a sparse row table (server/rows.h), one row
+/* row_optim: the optimizers of a sparse row table (server/core/rows.h), one row
  * of D floats at a time, each row with its own state and its own step
  * count. Shared by the servers' row tables and, later, a worker library
  * that keeps rows of its own; plain C, no allocation.

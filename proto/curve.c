@@ -27,7 +27,7 @@
 #define S_LOG_EVERY 1000
 
 /* One key of the allow list and the name of the file it came from (the
- * server ties keys named after a task to that task: server/auth.h). */
+ * server ties keys named after a task to that task: server/loop/auth.h). */
 typedef struct {
     dp_curve_key_t key;
     char file[DP_CURVE_NAME_LEN];

@@ -50,19 +50,19 @@
 /* Parts (Push.parts) one push to one shard may come in: a worker streams
  * its gradient in parts of at least a bucket (worker/client/ps_client.h), one per
  * layer or run of small layers, so a few tens even for a deep model; the
- * bound caps what a shard tracks per worker (server/shard_parts.h). A pull
+ * bound caps what a shard tracks per worker (server/core/shard_parts.h). A pull
  * in parts (Pull.cuts, Params.parts) has a bound of its own. */
 #define DP_WIRE_MAX_PUSH_PARTS 64
 /* Parts (Params.parts) one PARAMS reply may come in (a pull in parts:
  * Pull.cuts, at most one fewer). A shard queues a reply's parts at once,
  * so they must fit well inside the replies its ROUTER queues per peer
- * (server/ps.c's S_SNDHWM, 16, past which ZeroMQ drops them); the first
+ * (server/loop/ps.c's S_SNDHWM, 16, past which ZeroMQ drops them); the first
  * layers are what the forward needs early, so a few parts are enough. */
 #define DP_WIRE_MAX_PULL_PARTS 8
-/* Floats per row of a row table (server/rows.h's DP_ROWS_MAX_WIDTH is this). */
+/* Floats per row of a row table (server/core/rows.h's DP_ROWS_MAX_WIDTH is this). */
 #define DP_WIRE_MAX_ROW_WIDTH 4096
 /* Keys one row request may name or a scan page ask for (RowsScan.max_keys;
- * server/rows.h's DP_ROWS_MAX_KEYS, the ceiling of a shard's max_keys, is
+ * server/core/rows.h's DP_ROWS_MAX_KEYS, the ceiling of a shard's max_keys, is
  * this). */
 #define DP_WIRE_MAX_ROW_KEYS (1u << 20)
 

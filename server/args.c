@@ -20,9 +20,9 @@
 #include "common/opts.h"
 #include "common/safetensors.h"
 #include "common/util.h"
-#include "server/account.h"
-#include "server/policy.h"
-#include "server/ps.h"
+#include "server/args.h"
+#include "server/core/account.h"
+#include "server/core/policy.h"
 
 void dp_ps_config_default(dp_ps_config_t *c)
 {

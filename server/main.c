@@ -1,6 +1,6 @@
 /* downpour-ps: the parameter-server daemon — flags to dp_ps_config_t, signal
  * handling (common/signals.h: the handler only sets a flag), then dp_ps_run
- * (server/ps.h). Exit status 0 after a SHUTDOWN, 128 + the signal (130,
+ * (server/loop/ps.h). Exit status 0 after a SHUTDOWN, 128 + the signal (130,
  * 143) after SIGINT / SIGTERM — either way the final checkpoint is written
  * first when --checkpoint-dir is given —, 2 on a bad flag, 1 on a setup
  * failure (bind, model, a checkpoint of another run, workers missing past
@@ -10,7 +10,7 @@
 #include "common/opts.h"
 #include "common/signals.h"
 #include "common/util.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 
 static volatile sig_atomic_t s_stop, s_reload;
 

@@ -16,10 +16,10 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/members.h"
-#include "server/policy.h"
-#include "server/shard.h"
-#include "server/shard_dc.h"
+#include "server/core/policy.h"
+#include "server/core/shard.h"
+#include "server/core/shard_dc.h"
+#include "server/crew/members.h"
 
 #define POLICY_FX_SPEC "conv3x3:2 relu maxpool2 fc:4 softmax"
 #define POLICY_FX_MAX_WORKERS 3

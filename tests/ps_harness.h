@@ -1,4 +1,4 @@
-/* ps_harness.h: a parameter server (server/ps.h) in a thread of the test
+/* ps_harness.h: a parameter server (server/loop/ps.h) in a thread of the test
  * program, bound to a free loopback port, for the unit tests that talk to a
  * real one over ZeroMQ (test_ps, test_pipeline, test_recovery, test_auth).
  *
@@ -36,7 +36,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "proto/wire.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 #include "worker/client/ps_client.h"
 
 /* Small enough to move in microseconds, and it has every kind of layer the

@@ -1,5 +1,5 @@
 /* bench/rows: `downpour bench rows` — rows pulled and pushed by key per
- * second per shard (server/ps_rows.h), beside a memcpy of the same bytes.
+ * second per shard (server/core/ps_rows.h), beside a memcpy of the same bytes.
  *
  * It starts K real downpour-ps shards on loopback serving "embed:D fc:2
  * softmax" (async, one worker, their default row optimizer), fills the
@@ -26,7 +26,7 @@
 #include "common/util.h"
 #include "deploy/bench/shards.h"
 #include "deploy/launcher/commands.h"
-#include "server/rows.h"
+#include "server/core/rows.h"
 #include "worker/client/ps_client.h"
 
 typedef struct {

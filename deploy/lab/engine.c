@@ -14,12 +14,12 @@
 #include "common/safetensors.h"
 #include "common/util.h"
 #include "kernels/ops.h"
-#include "server/push_apply.h"
-#include "server/shard_dc.h"
-#include "worker/train/a3c_train.h"
+#include "server/core/push_apply.h"
+#include "server/core/shard_dc.h"
 #include "worker/exec/data.h"
-#include "worker/train/embed_train.h"
 #include "worker/exec/sparse_data.h"
+#include "worker/train/a3c_train.h"
+#include "worker/train/embed_train.h"
 
 void dp_lab_conf_default(dp_lab_conf_t *c)
 {
@@ -488,7 +488,7 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
         g.data = s->scratch;
     }
     if (worker == 0) L->bytes_chief += bytes;
-    /* the daemon's own rules (server/push_apply.h), as downpour-ps applies an admitted push */
+    /* the daemon's own rules (server/core/push_apply.h), as downpour-ps applies an admitted push */
     const dp_push_apply_t a = {.policy = L->policy[k], .rows = L->sp ? &L->sp->rows[k] : NULL,
                                .rec = L->rec, .members = &L->members[k], .shard = k};
     dp_push_apply(&a, worker, version, &g, 1, false, o);

@@ -1,6 +1,6 @@
 /* lab/engine: the engine `downpour sim` and `downpour replay` share — a cluster in
- * one process: K parameter-server shards (server/shard.h) behind the very
- * policies the daemons run (server/policy.h: the same push, pull_ready and
+ * one process: K parameter-server shards (server/core/shard.h) behind the very
+ * policies the daemons run (server/core/policy.h: the same push, pull_ready and
  * members_changed code, no copy), M virtual workers whose gradients are
  * real (worker/exec/net.h on the training set, each worker's batches exactly
  * those the worker daemon would take: worker/exec/data.h's global-batch order),
@@ -10,7 +10,7 @@
  * Who calls what: the simulator pulls (dp_lab_params), computes
  * (dp_lab_gradient) and pushes (dp_lab_push) in the order its simulated
  * clock gives; replay does the same in the order a record file gives.
- * Both may record (server/record.h) what the policies decided.
+ * Both may record (server/core/record.h) what the policies decided.
  *
  * A sparse lab (a model with embed:D, deploy/lab/sparse.h): the shards
  * also hold row tables behind their row rules; a worker's step pulls its
@@ -37,10 +37,10 @@
 #include "deploy/lab/rl.h"
 #include "deploy/lab/sparse.h"
 #include "proto/wire.h"
-#include "server/members.h"
-#include "server/policy.h"
-#include "server/record.h"
-#include "server/shard.h"
+#include "server/core/policy.h"
+#include "server/core/record.h"
+#include "server/core/shard.h"
+#include "server/crew/members.h"
 #include "worker/train/train.h"
 
 typedef struct {
@@ -59,7 +59,7 @@ typedef struct {
     const char *record;        /* write the schedule here, or NULL */
     int has_rows;              /* a model with embed:D: the shards' row tables are known, */
     dp_rows_conf_t rows;       /* ... of this conf (a record's header "rows"), */
-    dp_mode_t rows_mode;       /* ... their pushes applied as this mode says (server/ps_rows.h) */
+    dp_mode_t rows_mode;       /* ... their pushes applied as this mode says (server/core/ps_rows.h) */
 } dp_lab_conf_t;
 
 typedef struct {

@@ -46,7 +46,7 @@
 #include "common/util.h"
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
-#include "server/shard_dc.h"
+#include "server/core/shard_dc.h"
 #include "worker/train/progress.h"
 
 typedef struct {

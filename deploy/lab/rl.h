@@ -13,7 +13,7 @@
  * before it starts.
  *
  * The run's account takes each segment when shard 0 takes its push, in the
- * order shard 0 took them, as server/ps.c counts Push.env_steps and the
+ * order shard 0 took them, as server/loop/ps.c counts Push.env_steps and the
  * episodes that ended (so return_mean_100 and solved_at_env_steps are the
  * servers' figures, not the order the segments were computed in). */
 #ifndef DP_LAB_RL_H

@@ -26,7 +26,7 @@
  * — the two figures together separate what momentum the noise carries.
  *
  * An elastic crew (--workers MIN:MAX) starts with MIN live, and shard 0's
- * dealer (server/deal.h) hands out the batches as it does for the daemons.
+ * dealer (server/crew/deal.h) hands out the batches as it does for the daemons.
  * --churn changes the crew every exp(MEAN) simulated seconds: a join (the
  * lowest index not live) or a leave, a fair coin between MIN and MAX live;
  * the leaver is a random live worker but the chief, and it leaves after
@@ -51,12 +51,12 @@
 #include "common/opts.h"
 #include "common/rng.h"
 #include "common/util.h"
-#include "server/deal.h"
-#include "server/membership.h"
-#include "server/shard_dc.h"
+#include "server/core/shard_dc.h"
+#include "server/crew/deal.h"
+#include "server/crew/membership.h"
+#include "worker/client/ps_client.h"
 #include "worker/exec/data.h"
 #include "worker/train/progress.h"
-#include "worker/client/ps_client.h"
 
 typedef struct {
     double t;

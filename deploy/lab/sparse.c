@@ -1,5 +1,5 @@
 /* lab/sparse: a sparse model's row tables, batches and compute in the lab
- * (see sparse.h), over the daemons' own code: server/ps_rows.h's rules,
+ * (see sparse.h), over the daemons' own code: server/core/ps_rows.h's rules,
  * worker/exec/sparse_data.h's batches, kernels/embed.h's stage and
  * worker/train/embed_train.h's evaluation. */
 #include "deploy/lab/engine.h"
@@ -11,7 +11,7 @@
 
 #include "common/util.h"
 #include "kernels/ops.h"
-#include "server/record.h"
+#include "server/core/record.h"
 #include "worker/train/embed_train.h"
 
 void dp_lab_batch_free(dp_lab_batch_t *j)
@@ -173,7 +173,7 @@ int dp_lab_sparse_init(dp_lab_t *L, char *err)
     sp->scores = dp_malloc((sp->data[0].test_samples + 1) * sizeof *sp->scores);
     sp->labels = dp_malloc((sp->data[0].test_samples + 1) * sizeof *sp->labels);
     sp->rows = dp_calloc((size_t)c->shards, sizeof *sp->rows);
-    for (int k = 0; k < c->shards; k++) /* as each downpour-ps sets up its table (server/ps.c) */
+    for (int k = 0; k < c->shards; k++) /* as each downpour-ps sets up its table (server/loop/ps.c) */
         if (dp_ps_rows_init(&sp->rows[k], D, &c->rows, c->rows_mode, c->mode, (uint32_t)k,
                             (uint32_t)c->shards, W, err) != 0)
             return -1;

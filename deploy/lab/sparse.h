@@ -2,7 +2,7 @@
  * (deploy/lab/engine.h), for `downpour replay` of a sparse run's record
  * and `downpour sim` of such a model:
  * each shard's row table behind the shard's own row rules
- * (server/ps_rows.h: dp_ps_rows_pull / dp_ps_rows_push and the dense
+ * (server/core/ps_rows.h: dp_ps_rows_pull / dp_ps_rows_push and the dense
  * step's hooks, the code downpour-ps runs), the workers' libsvm batches
  * as dp_embed_distributed takes them (worker i of N: batches i, i + N,
  * ...; DP_LAB_SPARSE_READERS readers at most), the stage
@@ -25,8 +25,8 @@
 
 #include "common/libsvm.h"
 #include "kernels/embed.h"
-#include "server/policy.h"
-#include "server/ps_rows.h"
+#include "server/core/policy.h"
+#include "server/core/ps_rows.h"
 #include "worker/exec/sparse_data.h"
 
 /* Readers at most: worker w reads through reader w mod this (a worker's

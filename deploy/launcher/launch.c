@@ -56,7 +56,7 @@
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/spawn.h"
 #include "deploy/launcher/tee.h"
-#include "server/ps.h"
+#include "server/args.h"
 
 #define S_MAX_ARGS 256 /* server flags and their values, the command's words */
 

@@ -44,15 +44,15 @@
 #include "deploy/lab/rl.h"
 #include "deploy/launcher/crew.h"
 #include "deploy/launcher/local_elastic.h"
-#include "deploy/launcher/scale.h"
 #include "deploy/launcher/local_keys.h"
+#include "deploy/launcher/scale.h"
 #include "deploy/launcher/spawn.h"
-#include "server/policy.h"
-#include "server/ps.h"
-#include "server/record.h"
+#include "server/args.h"
+#include "server/core/policy.h"
+#include "server/core/record.h"
+#include "worker/args.h"
 #include "worker/exec/a3c.h"
 #include "worker/exec/sparse_data.h"
-#include "worker/args.h"
 
 #define DP_LOCAL_MAX DP_CREW_MAX
 /* argv entries per child: what the launcher sets, plus each flag of a
@@ -586,7 +586,7 @@ static int s_prepare_env(dp_local_t *L, char *err)
     L->ps_args[L->n_ps_args++] = L->env_model;
     L->worker_args[L->n_worker_args++] = "--model";
     L->worker_args[L->n_worker_args++] = L->env_model;
-    /* the shards bound each push's account by them (server/account.h) */
+    /* the shards bound each push's account by them (server/core/account.h) */
     snprintf(L->env_envs, sizeof L->env_envs, "%d", L->wk.conf.a3c.envs);
     snprintf(L->env_t_max, sizeof L->env_t_max, "%d", L->wk.conf.a3c.t_max);
     const char *rl[] = {"--env", kind->name, "--envs", L->env_envs, "--t-max", L->env_t_max};

@@ -1,5 +1,5 @@
 /* fuzz_record: bytes from a fuzzer, as a file, into the record loader
- * (dp_rec_load, server/record.h), the reader `downpour replay FILE` starts
+ * (dp_rec_load, server/core/record.h), the reader `downpour replay FILE` starts
  * with, then the header's optimizer (dp_record_optim_parse), which replay
  * reads next.
  *
@@ -22,7 +22,7 @@
 #include <inttypes.h>
 #include <math.h>
 
-#include "server/record.h"
+#include "server/core/record.h"
 #include "tests/fuzz/fuzz.h"
 
 #define S_NAME "fuzz_record"

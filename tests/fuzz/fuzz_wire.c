@@ -105,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             s_violation("accepted a page that says more follow without a key");
         /* a row request's key count is what its frame holds: the count a
          * shard checks against max_keys before it sizes anything by it
-         * (server/ps_rows.c) is bounded by the bytes it received */
+         * (server/core/ps_rows.c) is bounded by the bytes it received */
         bool keyed = (env->rows_pull && !env->rows_pull->scan) || env->rows_push;
         if (keyed && (k < 1 || (uint64_t)env->tensors[0]->shape[0] * 8 != frames[0].len))
             s_violation("accepted a row request whose key count is not its frame's");

@@ -146,7 +146,7 @@ grep -q '^done: cartpole-v1, sync' "$out/sync.log"
 check "downpour local's last line names the environment and the return" test $? = 0
 
 # -- by hand: the servers bound each push's account by their own flags ---------------
-# (--env, --envs, --t-max; server/account.h): servers told a smaller segment
+# (--env, --envs, --t-max; server/core/account.h): servers told a smaller segment
 # than the worker's, or no environment, stop the worker at its first push
 # with one line naming the flags (not a run that never counts a step); told
 # the worker's, the run goes as under downpour local.

@@ -273,7 +273,7 @@ hand_worker() {
 }
 for crew in 1:2 2; do
     hand_ps $crew "$TMP/hand-ps.log"
-    # an elastic crew's data plan is the chief's (server/ps_deal.c): it
+    # an elastic crew's data plan is the chief's (server/loop/ps_deal.c): it
     # joins first and holds at its step 1
     C=
     if [ $crew = 1:2 ]; then

@@ -3,7 +3,7 @@
 # test_elastic_restart: shard 0 of an elastic crew (--workers 1:2, async)
 # dies as by kill -9 (the hook DP_TEST_KILL_AT_VERSION, on a push computed
 # on version 70 or later) and is restarted from its checkpoint (every 20
-# versions). Its dealer comes back with its weights (server/deal.h): the
+# versions). Its dealer comes back with its weights (server/crew/deal.h): the
 # batches trained after the checkpoint were lost with their updates and
 # are dealt again, so the run still trains each batch of its 2 epochs
 # once. In async every applied push is one version and one batch trained,

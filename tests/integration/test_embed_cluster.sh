@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_embed_cluster: a model with an embedding (embed:D) trained against
 # real downpour-ps shards on loopback, its row table on the servers
-# (server/ps_rows.h), through `downpour local --data libsvm:`:
+# (server/core/ps_rows.h), through `downpour local --data libsvm:`:
 #  - 2 async workers over 2 shards train the planted logistic model of
 #    `downpour gen-libsvm` to its test AUC within 0.02; summary.json has
 #    rows with one number per shard (each shard's metrics say the same), the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_embed_replay: the record of a model with an embedding (embed:D),
-# its rows on the servers (issue 35, item 5; server/record.h):
+# its rows on the servers (issue 35, item 5; server/core/record.h):
 #  - a recorded async run of 2 workers over 2 shards: the header holds the
 #    row table's conf ("rows"), each shard wrote a row push ("rows") for
 #    every step of every worker, applied, with its rows' norm, and before

@@ -1,7 +1,7 @@
-/* test_auth: the worker-id binding and the chief's rules (server/auth.h)
+/* test_auth: the worker-id binding and the chief's rules (server/loop/auth.h)
  * first without sockets (connections are byte strings, "live" is a table
  * the test sets, keys are made-up strings), then through a real server in a
- * thread (server/ps.h) and the worker's client (worker/client/ps_client.h), plain
+ * thread (server/loop/ps.h) and the worker's client (worker/client/ps_client.h), plain
  * and under CURVE. The daemons themselves: tests/integration/test_curve.sh. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,8 +15,9 @@
 #include "common/util.h"
 #include "proto/curve.h"
 #include "proto/wire.h"
-#include "server/auth.h"
-#include "server/ps.h"
+#include "server/loop/auth.h"
+#include "server/loop/ps_loop.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_beat.h"
@@ -62,7 +63,9 @@ static int s_beat(dp_auth_t *a, int wid, const char *conn, const char *key, uint
     dp_auth_peer_t p = {conn, strlen(conn), key, session};
     int code = -1;
     s_msg[0] = 0;
-    int rc = dp_auth_check(a, DOWNPOUR__MSG_TYPE__HEARTBEAT, wid, 0, &p, &code, s_msg, sizeof s_msg);
+    int type = DOWNPOUR__MSG_TYPE__HEARTBEAT;
+    int rc = dp_auth_check(a, dp_ps_msg_of(type)->who, type, wid, 0, &p, &code, s_msg,
+                           sizeof s_msg);
     if (rc != 0 && code != DOWNPOUR__ERROR_CODE__ERR_UNKNOWN_WORKER) return -2;
     return rc;
 }
@@ -73,7 +76,8 @@ static int s_check(dp_auth_t *a, int type, int wid, uint64_t token, const char *
     char msg[DP_ERR_LEN];
     dp_auth_peer_t p = s_peer(conn, key);
     *code = -1;
-    return dp_auth_check(a, type, wid, token, &p, code, msg, sizeof msg);
+    /* who may send it: the shard's message table says (server/loop/ps_msgs.c) */
+    return dp_auth_check(a, dp_ps_msg_of(type)->who, type, wid, token, &p, code, msg, sizeof msg);
 }
 
 static void s_reset_live(void)

@@ -1,5 +1,5 @@
 /* test_checkpoint_run: a checkpoint directory belongs to one run
- * (server/shard_checkpoint.h) — the same run restarted restores, another
+ * (server/core/shard_checkpoint.h) — the same run restarted restores, another
  * run or a finished one is refused unless resumed, a corrupted tensor fails
  * its CRC, a crash between write and rename leaves the previous checkpoint
  * loadable, a file of another model, range or optimizer is refused naming
@@ -17,11 +17,11 @@
 
 #include "common/safetensors.h"
 #include "common/util.h"
-#include "server/policy.h"
-#include "server/ps.h"
-#include "server/shard.h"
-#include "server/shard_checkpoint.h"
-#include "server/shard_dc.h"
+#include "server/args.h"
+#include "server/core/policy.h"
+#include "server/core/shard.h"
+#include "server/core/shard_checkpoint.h"
+#include "server/core/shard_dc.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"
@@ -144,7 +144,7 @@ static void test_rmsprop_state_restores(void)
 }
 
 /* One step of worker 0's gradient g on shard x, computed on version pv,
- * compensated when the shard kept its pull (server/shard_dc.h). */
+ * compensated when the shard kept its pull (server/core/shard_dc.h). */
 static void s_dc_step(dp_shard_t *x, uint64_t pv, const float *g)
 {
     dp_grad_slice_t sl = {g, x->n * 4, 0}, one;

@@ -1,9 +1,9 @@
 /* test_deal: shard 0's dealing of an elastic crew's batches
- * (server/deal.h) driven call by call, with no sockets: every batch of an
+ * (server/crew/deal.h) driven call by call, with no sockets: every batch of an
  * epoch dealt once whoever asks, repeats answered alike, a leaver's and a
  * dropped push's batches dealt again uncounted, a dead worker's counted
  * as retrained, a zombie's push counted once, the end and its wait. */
-#include "server/deal.h"
+#include "server/crew/deal.h"
 #include "tests/test.h"
 
 static dp_deal_answer_t ask(dp_deal_t *d, int w, uint64_t step, dp_deal_batch_t *b)

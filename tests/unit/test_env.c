@@ -179,7 +179,7 @@ static void test_seeding(void)
 }
 
 /* The range of an episode's return (what the servers hold a push's
- * returns to, server/account.h): cartpole-v1 1 .. 500, acrobot-v1
+ * returns to, server/core/account.h): cartpole-v1 1 .. 500, acrobot-v1
  * -500 .. 0; and every reward of random episodes within the kind's
  * reward_lo .. reward_hi, every return within the range. */
 static void test_return_range(void)

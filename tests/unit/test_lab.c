@@ -1,7 +1,7 @@
 /* test_lab: the lab — the simulator (deploy/lab/sim.h) against the known
  * results of asynchronous SGD with exponential compute times (staleness is
  * geometric: fresh fraction 1/M, mean M - 1) and with constant ones (every
- * push M - 1 stale), its determinism; record files (server/record.h)
+ * push M - 1 stale), its determinism; record files (server/core/record.h)
  * written, replayed bit for bit, refused when damaged; the measured
  * policy step's norms.
  *
@@ -24,9 +24,9 @@
 #include "deploy/lab/sim.h"
 #include "deploy/launcher/commands.h"
 #include "proto/compress.h"
-#include "server/policy.h"
-#include "server/record.h"
-#include "server/ps.h"
+#include "server/args.h"
+#include "server/core/policy.h"
+#include "server/core/record.h"
 #include "tests/test.h"
 
 #define TINY "fc:10 softmax"
@@ -526,7 +526,7 @@ static void test_record_damaged(void)
     free(text);
 }
 
-/* A sparse model's row events (server/record.h: "rpull", "rows") and the
+/* A sparse model's row events (server/core/record.h: "rpull", "rows") and the
  * header's row table read back as written; a bad row event or row conf is
  * one line. */
 static void test_record_rows(void)

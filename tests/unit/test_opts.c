@@ -13,7 +13,7 @@
 
 #include "common/opts.h"
 #include "common/util.h"
-#include "server/ps.h"
+#include "server/args.h"
 #include "tests/test.h"
 #include "worker/args.h"
 

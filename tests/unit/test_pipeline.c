@@ -18,7 +18,7 @@
 #include "common/model.h"
 #include "common/rng.h"
 #include "common/util.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/pipeline.h"

@@ -1,15 +1,15 @@
-/* test_policy: the consistency policies (server/policy.h) driving a shard
- * (server/shard.h) and a member table (server/members.h) with no sockets at
+/* test_policy: the consistency policies (server/core/policy.h) driving a shard
+ * (server/core/shard.h) and a member table (server/crew/members.h) with no sockets at
  * all — the way a simulator uses them — checked step by step against the
  * arithmetic: what each push decides, when a pull may be answered, what a
  * worker's finishing, silence and return change. */
 #include <string.h>
 
 #include "common/model.h"
-#include "common/util.h"
 #include "common/opts.h"
-#include "server/membership.h"
-#include "server/shard_dc.h"
+#include "common/util.h"
+#include "server/core/shard_dc.h"
+#include "server/crew/membership.h"
 #include "tests/policy_fixture.h"
 #include "tests/test.h"
 

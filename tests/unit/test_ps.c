@@ -1,4 +1,4 @@
-/* test_ps: the parameter server (server/ps.h) and the worker's client
+/* test_ps: the parameter server (server/loop/ps.h) and the worker's client
  * (worker/client/ps_client.h) over real ZeroMQ TCP sockets on 127.0.0.1, each server
  * in a thread of this process bound to a free port ("tcp://127.0.0.1:*").
  * Every case is bounded in time: client calls use short timeouts, servers
@@ -17,10 +17,10 @@
 #include "common/model.h"
 #include "common/rng.h"
 #include "common/util.h"
-#include "server/ps.h"
-#include "server/shard.h"
-#include "server/shard_checkpoint.h"
 #include "proto/shm.h"
+#include "server/core/shard.h"
+#include "server/core/shard_checkpoint.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"

@@ -2,7 +2,7 @@
  * (tests/ps_harness.h, loopback) from the hostile side — what a push says
  * of its segment (Push.env_steps, episode_returns, episode_ends,
  * solved_threshold) is held to the bounds the shard was told at start
- * (--env, --envs, --t-max: server/account.h), never to what a push says:
+ * (--env, --envs, --t-max: server/core/account.h), never to what a push says:
  *  - the honest account: the ACK's run env steps, STATS' episodes, mean of
  *    the last 100 and the env step the environment's threshold was reached;
  *  - each lie (2^32 env steps with 100 returns of 500; a segment one step
@@ -26,7 +26,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"

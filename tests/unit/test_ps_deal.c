@@ -3,7 +3,7 @@
  *  - a stranger's HELLO first, under a free id and with a bogus plan (one
  *    batch of 64 from 64 samples), fixes nothing: the chief's HELLO sets
  *    the plan, the real workers train under it, and the stranger's pull is
- *    refused naming both plans (server/ps_deal.c, "who sets the plan");
+ *    refused naming both plans (server/loop/ps_deal.c, "who sets the plan");
  *  - a worker that planned pushes a step it was dealt no batch for, on a
  *    shard that never restarted: applied and counted apart
  *    (deal_foreign), not refused as "dealt before shard 0 restarted";
@@ -24,7 +24,7 @@
 #include "common/model.h"
 #include "common/util.h"
 #include "proto/wire.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 

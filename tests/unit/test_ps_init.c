@@ -11,8 +11,8 @@
 
 #include "common/safetensors.h"
 #include "deploy/lab/engine.h"
-#include "server/record.h"
-#include "server/shard.h"
+#include "server/core/record.h"
+#include "server/core/shard.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 

@@ -24,14 +24,14 @@
 #include "common/model.h"
 #include "common/util.h"
 #include "proto/wire.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"
 
 #define TMO 5.0 /* client timeout in these tests */
 
-/* The shard's largest message, as server/ps.c computes it: its range as
+/* The shard's largest message, as server/loop/ps.c computes it: its range as
  * floats plus an envelope and an identity. */
 static size_t s_max_msg(const dp_model_t *m) { return m->n_floats * sizeof(float) + DP_WIRE_MAX_ENVELOPE + DP_WIRE_MAX_IDENTITY; }
 

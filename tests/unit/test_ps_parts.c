@@ -1,4 +1,4 @@
-/* test_ps_parts: pushes in parts (Push.part / Push.parts, server/shard_parts.h)
+/* test_ps_parts: pushes in parts (Push.part / Push.parts, server/core/shard_parts.h)
  * against a real server (tests/ps_harness.h) over loopback:
  *  - from the hostile side, a raw DEALER speaking the wire with the
  *    project's codec (worker 1): overlapping parts, a part outside the
@@ -27,7 +27,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/ps.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"
@@ -345,7 +345,7 @@ static void test_parts_equal_whole(void)
     s_pair_close(&p);
 }
 
-/* The early step (server/shard_early.h: a shard steps a push's
+/* The early step (server/core/shard_early.h: a shard steps a push's
  * parts as they come) from the hostile side, in async: worker 1's steps in
  * two parts, with a NaN in the second part of one (after its first part
  * was stepped early), and one whose parts are split by worker 0's whole

@@ -1,4 +1,4 @@
-/* test_ps_rows: a row table on the wire (server/ps_rows.h, the client's
+/* test_ps_rows: a row table on the wire (server/core/ps_rows.h, the client's
  * dp_ps_client_rows_pull / rows_push) against real shards over ZeroMQ:
  *  - async over 2 shards: every pull equals a reference table in this
  *    process fed the same pushes (one table for every key: the per-row
@@ -23,8 +23,8 @@
 #include <stdint.h>
 
 #include "common/rng.h"
-#include "server/ps_loop.h"
-#include "server/rows.h"
+#include "server/core/rows.h"
+#include "server/loop/ps_loop.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"

@@ -15,8 +15,8 @@
 #include <inttypes.h>
 #include <stdint.h>
 
-#include "server/ps_loop.h"
-#include "server/rows.h"
+#include "server/core/rows.h"
+#include "server/loop/ps_loop.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"
@@ -377,7 +377,7 @@ static void test_scan_between_pages(void)
     dp_rows_destroy(&t);
 }
 
-/* The tree's priority of a key (server/rows.c's s_prio): to choose keys
+/* The tree's priority of a key (server/core/rows.c's s_prio): to choose keys
  * against it. */
 static uint64_t s_prio(uint64_t key)
 {

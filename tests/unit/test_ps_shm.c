@@ -25,7 +25,7 @@
 
 #include "common/util.h"
 #include "proto/wire.h"
-#include "server/shard_checkpoint.h"
+#include "server/core/shard_checkpoint.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"

@@ -17,9 +17,9 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/ps.h"
-#include "server/shard.h"
-#include "server/shard_checkpoint.h"
+#include "server/core/shard.h"
+#include "server/core/shard_checkpoint.h"
+#include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"

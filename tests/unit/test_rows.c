@@ -1,4 +1,4 @@
-/* test_rows: the sparse row table (server/rows.h) and its per-row
+/* test_rows: the sparse row table (server/core/rows.h) and its per-row
  * optimizers (kernels/row_optim.h), driven call by call: each optimizer
  * against its formula in double over several pushes that touch different
  * rows (a row left out keeps its bits and its step count), reads of absent
@@ -8,7 +8,7 @@
  * request bounds (one error line, nothing changed), and the key sharding's
  * balance. */
 #include "common/rng.h"
-#include "server/rows.h"
+#include "server/core/rows.h"
 #include "tests/test.h"
 
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* test_shard: the shard's live buffer (server/shard.h) — PARAMS replies
+/* test_shard: the shard's live buffer (server/core/shard.h) — PARAMS replies
  * hold it without a copy, so a step while one is held writes the next
  * version elsewhere and leaves the held one as it was; the result has the
  * same bits as a step in place, and on any number of threads; retired
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "server/shard.h"
+#include "server/core/shard.h"
 #include "tests/test.h"
 
 /* fc:10 over 1x1x3001: 30,020 floats (not a multiple of 16 or of 4096). */

@@ -1,6 +1,6 @@
-/* test_shard_early: the early step (server/shard_early.h) driven as the
- * event loop drives it — assemblies (server/shard_parts.h), a policy
- * (server/policy.h) and a shard with Adam's state, no sockets — event by
+/* test_shard_early: the early step (server/core/shard_early.h) driven as the
+ * event loop drives it — assemblies (server/core/shard_parts.h), a policy
+ * (server/core/policy.h) and a shard with Adam's state, no sockets — event by
  * event: what each returns, that the policy commits only the push it is
  * told is the early step's and only the step made early, and that a
  * committed step has the bits of the same push stepped whole. The loop's
@@ -11,8 +11,8 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "server/shard_early.h"
-#include "server/shard_parts.h"
+#include "server/core/shard_early.h"
+#include "server/core/shard_parts.h"
 #include "tests/policy_fixture.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "server/rows.h" /* dp_rows_shard_of: where a key lives */
+#include "server/core/rows.h" /* dp_rows_shard_of: where a key lives */
 #include "worker/client/ps_client.h"
 #include "worker/client/ps_exchange.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "server/rows.h"
+#include "server/core/rows.h"
 
 #define S_PREFIX "libsvm:"
 #define S_NNZ_PER_SAMPLE 128

@@ -16,7 +16,7 @@
 #include "common/util.h"
 #include "kernels/embed.h"
 #include "kernels/ops.h"
-#include "server/rows.h"
+#include "server/core/rows.h"
 #include "worker/client/ps_beat.h"
 #include "worker/client/ps_client.h"
 #include "worker/exec/sparse_data.h"

@@ -17,7 +17,7 @@
 #include "deploy/lab/sim.h"
 #include "kernels/optim.h"
 #include "proto/compress.h"
-#include "server/policy.h"
+#include "server/core/policy.h"
 #include "worker/exec/a3c.h"
 #include "worker/exec/env/env.h"
 
