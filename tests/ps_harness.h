@@ -35,7 +35,7 @@
 #include "common/model.h"
 #include "common/rng.h"
 #include "common/util.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "server/loop/ps.h"
 #include "worker/client/ps_client.h"
 

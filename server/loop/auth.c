@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "common/util.h"
+#include "proto/wire_zmq.h"
 
 int dp_auth_init(dp_auth_t *a, int n, int curve, char *err)
 {

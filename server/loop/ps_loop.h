@@ -33,7 +33,7 @@
 #include "common/episodes.h"
 #include "common/metrics.h"
 #include "proto/curve.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "server/core/account.h"
 #include "server/core/policy.h"
 #include "server/core/ps_rows.h"

@@ -38,6 +38,32 @@ breaks() {
     includes "$1" | grep -E ":$2" | grep -vxF "$ALLOWED"
 }
 
+# closure ROOM: every repository header the C files under ROOM reach through
+# "..." includes, followed header by header (what the compiler would read of
+# the project's own files), one path a line.
+closure() {
+    local todo seen f h
+    todo=$(find "$1" -name '*.[ch]' | sort)
+    seen=""
+    while [ -n "$todo" ]; do
+        set -- $todo
+        f=$1; shift; todo="$*"
+        case " $seen " in *" $f "*) continue ;; esac
+        seen="$seen $f"
+        for h in $(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/p' "$f"); do
+            [ -f "$h" ] && todo="$todo $h"
+        done
+    done
+    echo $seen | tr ' ' '\n'
+}
+
+# zmq_reached ROOM: the files in ROOM's closure that include zmq.h themselves.
+zmq_reached() {
+    closure "$1" | while read -r f; do
+        grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<zmq\.h>' "$f"
+    done
+}
+
 for room in worker/client worker/exec worker/train worker/exec/env server/loop server/core server/crew; do
     n=$(find "$room" -name '*.c' 2>/dev/null | wc -l)
     check "$room holds C files ($n)" test "$n" -gt 0
@@ -63,6 +89,12 @@ bad=$(breaks server/crew '(.*/)?zmq\.h$')
 check "server/crew includes no zmq.h${bad:+: $(echo $bad)}" test -z "$bad"
 bad=$(breaks server/crew '(.*/)?(loop|core)/')
 check "server/crew includes no header of server/loop or server/core${bad:+: $(echo $bad)}" test -z "$bad"
+# ... nor through another header (proto/wire.h is the codec; ZeroMQ's half is
+# proto/wire_zmq.h, which only loop/ and the client include)
+for room in server/core server/crew worker/exec; do
+    bad=$(zmq_reached "$room")
+    check "nothing $room includes reaches zmq.h${bad:+: $(echo $bad)}" test -z "$bad"
+done
 # the lab (deploy/lab: sim, replay) runs server/core's code without the wire
 bad=$(breaks deploy/lab '(.*/)?server/loop/')
 check "deploy/lab includes no header of server/loop${bad:+: $(echo $bad)}" test -z "$bad"

@@ -14,7 +14,7 @@
 #include "common/model.h"
 #include "common/util.h"
 #include "proto/curve.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "server/loop/auth.h"
 #include "server/loop/ps_loop.h"
 #include "server/loop/ps.h"

@@ -18,7 +18,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "tests/test.h"
 #include "worker/client/ps_beat.h"
 #include "worker/client/ps_client.h"

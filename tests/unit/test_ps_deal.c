@@ -23,7 +23,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "server/loop/ps.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "proto/zsock.h"
 #include "tests/test.h"
 

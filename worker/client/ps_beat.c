@@ -11,7 +11,7 @@
 #include <zmq.h>
 
 #include "common/util.h"
-#include "proto/wire.h"
+#include "proto/wire_zmq.h"
 #include "proto/zsock.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/ps_socket.h"

@@ -39,6 +39,7 @@
 
 #include "proto/compress.h"
 #include "proto/shm.h"
+#include "proto/wire_zmq.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/ps_socket.h"
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/random.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/util.h"
 #include "proto/zsock.h"
