@@ -14,7 +14,7 @@
  * client's requests carry: dp_ps_client_opts_t.session): a server counts
  * them for the id only when its HELLO came from the same session (or,
  * under CURVE, when they come with the id's key, which the beats go with),
- * so nobody else's beats keep a dead worker counted (server/auth.h).
+ * so nobody else's beats keep a dead worker counted (server/loop/auth.h).
  * Replies are read and discarded; a shard that is down just queues a few
  * beats (ZeroMQ redials). */
 #ifndef DP_PS_BEAT_H

@@ -27,7 +27,7 @@
  * After a failed call (a timeout, an interrupt) the shards that did not
  * answer get fresh sockets, so the client stays usable; its next request
  * comes on a new connection, which says HELLO again with the same session
- * (the server rebinds the id to it: server/auth.h). dp_ps_client_error says
+ * (the server rebinds the id to it: server/loop/auth.h). dp_ps_client_error says
  * what kind of failure it was. Push hands ZeroMQ the caller's gradient without a copy and returns
  * only once ZeroMQ has released it. Everything a client is made with comes
  * in its options (dp_ps_client_opts_t): nothing is set per process. Not thread-safe: one client per thread.
@@ -108,7 +108,7 @@ typedef struct {
     uint64_t row_staleness_sum, row_staleness_max, rows_bytes;
 } dp_ps_stats_t;
 
-/* The crew's history as shard 0 keeps it (server/membership.h). */
+/* The crew's history as shard 0 keeps it (server/crew/membership.h). */
 typedef struct {
     int join;                            /* joined (or came back); else left */
     int task;
@@ -118,7 +118,7 @@ typedef struct {
 } dp_ps_member_event_t;
 
 /* One epoch of an elastic crew's batches, as shard 0 dealt them
- * (server/deal.h), in samples. */
+ * (server/crew/deal.h), in samples. */
 typedef struct {
     uint64_t epoch, trained, repeated, retrained_after_death, batches;
 } dp_ps_epoch_samples_t;
@@ -179,7 +179,7 @@ typedef enum {
 } dp_ps_err_t;
 
 /* What this worker trains on, for the shard that deals an elastic crew's
- * batches (server/deal.h): batches of batch from samples, for epochs or
+ * batches (server/crew/deal.h): batches of batch from samples, for epochs or
  * (epochs 0) steps a worker. batch 0: none (the worker's own order). */
 typedef struct {
     uint64_t samples;
@@ -221,7 +221,7 @@ typedef struct {
  * worker id to the session of the HELLO that claimed it, so the worker's
  * heartbeats count for that id whichever connection they come on, a new
  * connection of its own client (one that reset its socket) may say HELLO
- * as it again, and nobody else's do either (server/auth.h). Two clients in
+ * as it again, and nobody else's do either (server/loop/auth.h). Two clients in
  * one process are two workers. Thread-safe (made in ps_socket.c). */
 uint64_t dp_ps_session_new(void);
 
@@ -348,7 +348,7 @@ uint64_t dp_ps_client_bytes_pushed(const dp_ps_client_t *c);
  * dp_ps_client_rows_all, all calls. */
 uint64_t dp_ps_client_bytes_pulled(const dp_ps_client_t *c);
 
-/* ---- row tables (a model whose first layer is embed:D; server/ps_rows.h) --
+/* ---- row tables (a model whose first layer is embed:D; server/core/ps_rows.h) --
  * The rows of keys[0..n) (no key twice) of width d into rows (n x d, the
  * keys' order), each from the shard that holds it (dp_rows_shard_of), all
  * shards in parallel; a key without a row reads as a new row would start.
@@ -366,7 +366,7 @@ int dp_ps_client_rows_push(dp_ps_client_t *c, const uint64_t *keys, size_t n, in
 
 /* Every row the shards hold, in key order (the chief's --save at the end
  * of a run, when no worker pushes any more): each shard's table read by
- * scans (ROWS_PULL with RowsPull.scan, server/ps_rows.h) of at most page
+ * scans (ROWS_PULL with RowsPull.scan, server/core/ps_rows.h) of at most page
  * keys a reply (0: DP_ROWS_DEFAULT_KEYS; a shard may list fewer), the
  * shards still reading asked in parallel, a page after the other; each
  * key checked to be its shard's and past the page before, each shard's
@@ -378,7 +378,7 @@ typedef struct {
     float *rows;           /* n x d, the keys' order */
     size_t n;
     float init;            /* a key without a row reads uniform in [-init, init) by */
-    uint64_t seed;         /* (seed, key), server/rows.h; init 0: zeros */
+    uint64_t seed;         /* (seed, key), server/core/rows.h; init 0: zeros */
     uint64_t pages;        /* the pages read, every shard */
 } dp_ps_table_t;
 int dp_ps_client_rows_all(dp_ps_client_t *c, int d, uint32_t page, dp_ps_table_t *t, char *err);

@@ -189,7 +189,7 @@ static void s_plan_parts(dp_ps_client_t *c, dp_ps_push_req_t *pr, int i, bool st
 
 /* The exchange's "before" for shard i: the parts before the last that
  * have not gone yet, or all of them again after a new HELLO (the shard
- * dropped what it had of this push: server/shard_parts.h). The last is
+ * dropped what it had of this push: server/core/shard_parts.h). The last is
  * the exchange's own request (or went already: dp_ps_await_sent). */
 static int s_send_parts(dp_ps_client_t *c, int i, bool again, void *arg, char *err)
 {

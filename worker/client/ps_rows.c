@@ -2,7 +2,7 @@
  * batch's keys split by the shard that holds each (dp_rows_shard_of), one
  * request per shard, all in parallel through dp_ps_exchange; and the scan
  * of every shard's whole table, page by page, merged by key (the chief's
- * --save); see ps_client.h for the calls and server/ps_rows.h for the
+ * --save); see ps_client.h for the calls and server/core/ps_rows.h for the
  * shard's rules. */
 #include <inttypes.h>
 #include <stdatomic.h>

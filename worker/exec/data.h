@@ -68,7 +68,7 @@ long dp_data_steps_per_epoch(int n, int batch, int world);
 void dp_data_batch_indices(int n, int batch, int rank, int world, unsigned long long seed,
                            long step, int *idx);
 
-/* A batch shard 0 dealt an elastic crew (server/deal.h): the positions
+/* A batch shard 0 dealt an elastic crew (server/crew/deal.h): the positions
  * [index*batch, (index+1)*batch) of epoch's permutation (the one the
  * global-batch order draws), into idx[batch]. -1 with err when index is
  * not one of the n / batch batches of an epoch. */
