@@ -5,7 +5,7 @@
  *   the stage    kernels/embed.h: a batch's distinct keys, the bag sums
  *                and their row gradients; it is handed rows and hands
  *                back gradients, owning none
- *   the rows     standalone: server/rows.h's dp_rows_t in this process,
+ *   the rows     standalone: server/core/rows.h's dp_rows_t in this process,
  *                stepped by its row optimizer (--row-optimizer, --row-lr,
  *                a constant lr), rows made on their first push; in a
  *                cluster: the servers' (below)
@@ -41,7 +41,7 @@
 int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
 
 /* The same model against parameter servers (--ps or the cluster flags),
- * which hold the table (server/ps_rows.h) and the dense layers: worker i
+ * which hold the table (server/core/ps_rows.h) and the dense layers: worker i
  * of a fixed crew of N trains the training file's batches i, i + N, ...,
  * each step pulling the dense weights and its batch's rows and pushing
  * the rows' gradients, then the dense gradient. The chief (task 0) ends the

@@ -126,7 +126,7 @@ typedef struct {
     int tables;
     /* standalone: the table's digest and optimizer; a cluster's are the
      * servers' (row_optim NULL: these three and row_init not written) */
-    uint64_t rows_digest;      /* dp_rows_digest of the table (server/rows.h) */
+    uint64_t rows_digest;      /* dp_rows_digest of the table (server/core/rows.h) */
     const dp_row_optim_conf_t *row_optim; /* the rows' optimizer */
     double row_init;           /* the rows' initial bound (0: zeros) */
 } dp_sparse_summary_t;
