@@ -46,8 +46,8 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
  * a crew in a known state, acts on it (a scale, a kill) and lets it go by
  * removing the file; SIGTERM or SIGINT lets it go too, so a worker asked
  * to leave while held ends that step whole first. The plain and the
- * overlapped loops hold, and the actor-critic one before a segment;
- * --local-steps' does not. */
+ * overlapped loops hold, the embed kind's with its batch in hand, and the
+ * actor-critic one before a segment; --local-steps' does not. */
 void dp_train_test_hold(int task, long step, volatile sig_atomic_t *stop)
 {
     const char *dir = getenv("DP_TEST_HOLD_DIR");

@@ -661,6 +661,7 @@ static int s_loop_cluster(dp_train_drv_t *d, char *err)
         long k = s_batch_of(r, &d->info, step, &r->g, err);
         if (k < 0) return -1;
         if (k == 0) break; /* dealt out */
+        dp_train_test_hold(d->c->task_index, step, d->stop);
         float loss = 0;
         dp_push_result_t res;
         if (s_step_cluster(r, step, (int)k, &loss, &r->keys, &res, err) != 0) return -1;
