@@ -1,8 +1,8 @@
 /* downpour-worker: one per GPU or CPU slot. With --standalone it trains
  * alone (the baseline); otherwise it joins parameter servers given by --ps
  * or by the TensorFlow-style cluster flags / TF_CONFIG (worker/args.h).
- * With --data libsvm: it trains a model with an embedding
- * (worker/train/embed_train.h).
+ * Every kind of model (dense, a model with an embedding on --data libsvm,
+ * an actor-critic with --env) runs through one driver (worker/train/driver.h).
  * Exit status 0 on success, 2 on a bad flag or cluster spec, 1 when the run
  * fails, 128 + the signal (130, 143) when SIGINT / SIGTERM stopped it: the
  * standalone trainer then saves its model to --save (if given), a cluster
@@ -13,10 +13,8 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "kernels/env.h"
-#include "worker/train/a3c_train.h"
 #include "worker/args.h"
-#include "worker/train/embed_train.h"
-#include "worker/exec/sparse_data.h"
+#include "worker/train/driver.h"
 
 static volatile sig_atomic_t s_stop;
 
@@ -34,13 +32,7 @@ int main(int argc, char **argv)
     dp_opts_result_t parsed = dp_worker_parse_args(&a, argc, argv, err);
     if (parsed != DP_OPTS_PARSED) return dp_opts_exit_status("downpour-worker", parsed, err);
     dp_signals_install(&s_stop, 0);
-    int r = a.conf.a3c.env ? (a.standalone ? dp_a3c_standalone(&a.conf, &s_stop, err)
-                                           : dp_a3c_distributed(&a.conf, &s_stop, err))
-            : dp_sparse_data_is(a.conf.data)
-                ? (a.standalone ? dp_embed_standalone(&a.conf, &s_stop, err)
-                                : dp_embed_distributed(&a.conf, &s_stop, err))
-            : a.standalone ? dp_train_standalone(&a.conf, &s_stop, err)
-                           : dp_train_distributed(&a.conf, &s_stop, err);
+    int r = dp_train_run(&a.conf, &s_stop, err); /* --standalone: a.conf.ps is NULL */
     if (r == DP_TRAIN_LEFT) return 0; /* an elastic crew's leave: asked for, done */
     if (s_stop) {
         if (r != 0) dp_log_warn("%s", err);

@@ -559,21 +559,23 @@ static int s_finish_rl(dp_lab_t *L, long chief_steps, double train_s, char *err)
     dp_lab_counts(L, &cnt, &hist);
     uint64_t versions = 0; /* the chief's STATS view: summed over the shards */
     for (int k = 0; k < c->shards; k++) versions += L->shard[k].version;
-    dp_a3c_summary_t s = {
-        .mode = dp_mode_name(c->mode), .workers = c->workers, .ps_shards = c->shards,
-        .kind = r->kind, .model = L->s.model.spec, .steps = chief_steps,
-        .env_steps = r->run.env_steps, .episodes = r->run.episodes,
+    dp_rl_summary_t rl = {
+        .kind = r->kind, .env_steps = r->run.env_steps, .episodes = r->run.episodes,
         .return_mean_100 = dp_episodes_mean(&r->run), .test_return = r->test_return,
-        .solved_at = r->run.solved_at, .train_s = train_s, .wall_s = dp_now() - L->s.t_start,
+        .solved_at = r->run.solved_at, .curve_at = r->run.curve_at, .curve_mean = r->run.curve_mean,
+        .n_curve = r->run.n_curve,
+    };
+    dp_run_summary_t s = {
+        .mode = dp_mode_name(c->mode), .workers = c->workers, .ps_shards = c->shards,
+        .model = L->s.model.spec, .steps = chief_steps, .train_s = train_s, .t_start = L->s.t_start,
         .optim = &L->shard[0].optim, .version = versions, .applied = cnt.applied,
         .dropped = cnt.dropped, .rejected = cnt.rejected, .staleness_max = hist.max,
-        .staleness_mean = dp_staleness_mean(&hist), .staleness_hist = &hist,
-        .curve_at = r->run.curve_at, .curve_mean = r->run.curve_mean, .n_curve = r->run.n_curve,
+        .staleness_mean = dp_staleness_mean(&hist), .staleness_hist = &hist, .rl = &rl,
     };
     int rc = 0;
     if (c->train.save)
         rc = dp_checkpoint_save(c->train.save, &L->s.model, params, chief_steps, (long)versions, NULL, err);
-    if (rc == 0) rc = dp_a3c_summary_write(&c->train, &s, err);
+    if (rc == 0) rc = dp_train_summary_write(&c->train, &s, err);
     if (rc == 0) rc = dp_record_close(&L->rec, err);
     dp_staleness_fini(&hist);
     return rc;

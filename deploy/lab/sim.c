@@ -297,7 +297,7 @@ static int s_env_flags(s_args_t *a, dp_opts_t *o, char *err)
 }
 
 /* A model with embed:D (dp_lab_is_sparse): a fixed crew, worker i of M
- * training batches i, i + M, ... as dp_embed_distributed does, and the
+ * training batches i, i + M, ... as the embed kind's cluster loop does, and the
  * row tables' conf from the row flags by downpour-ps's own rule
  * (dp_ps_rows_conf: --row-lr defaults to --lr's, --row-init to the
  * optimizer's start, seeded by --seed). Periodic evaluations and

@@ -449,7 +449,7 @@ static void s_emit(s_sim_t *S, cJSON *line_fields)
 }
 
 /* Epochs of data the pushes so far stand for (a sparse model's epoch: the
- * file's batches, as dp_embed_distributed deals them to the crew). */
+ * file's batches, as the embed kind's cluster loop deals them to the crew). */
 static double s_epochs(const s_sim_t *S)
 {
     if (S->L.sp) return (double)S->pushes / (double)S->L.sp->data[0].steps_per_epoch;

@@ -39,7 +39,7 @@ int dp_lab_batch_load(dp_lab_t *L, int worker, long step, dp_lab_batch_t *j, cha
 {
     dp_lab_sparse_t *sp = L->sp;
     dp_sparse_data_t *d = &sp->data[worker % sp->readers];
-    /* dp_embed_distributed's order: worker i of N trains batches i, i + N, ... */
+    /* the embed kind's cluster order: worker i of N trains batches i, i + N, ... */
     if (step < 0 || step > (LONG_MAX - worker) / L->conf.workers)
         return dp_err(err, "worker %d's step %ld: past the batches a run can count", worker, step);
     long g = step * L->conf.workers + worker;

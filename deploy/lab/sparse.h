@@ -4,7 +4,7 @@
  * each shard's row table behind the shard's own row rules
  * (server/core/ps_rows.h: dp_ps_rows_pull / dp_ps_rows_push and the dense
  * step's hooks, the code downpour-ps runs), the workers' libsvm batches
- * as dp_embed_distributed takes them (worker i of N: batches i, i + N,
+ * as the embed kind's cluster loop takes them (worker i of N: batches i, i + N,
  * ...; DP_LAB_SPARSE_READERS readers at most), the stage
  * (kernels/embed.h) in front of the session's dense net, and the chief's
  * evaluation (worker/train/embed_train.h's dp_embed_evaluate) on the shards'

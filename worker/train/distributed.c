@@ -1,9 +1,9 @@
-/* distributed: the worker's loop against parameter servers — pull, compute,
- * push — and, on the chief (task 0), the end of the run: wait for every
- * worker, evaluate the final weights, save them, write the summary, stop
- * the servers.
+/* distributed: the dense kind's loop against parameter servers — pull,
+ * compute, push — and its part of the chief's end (the final weights
+ * evaluated and saved); the driver (driver.h) connects, records each push,
+ * applies the signal rule and ends the run.
  *
- * Two loops. The plain one does pull, compute, push in turn (sync always:
+ * Three loops: local steps (below), and two more. The plain one does pull, compute, push in turn (sync always:
  * its step must see every gradient of the step before). The overlapped one
  * (--overlap; by default for a GPU worker in async) hands the client to a communication thread
  * (worker/client/pipeline.h) that, while step k computes, pushes step k-1's
@@ -25,7 +25,7 @@
 #include "worker/client/pipeline.h"
 #include "worker/client/ps_beat.h"
 #include "worker/client/ps_client.h"
-#include "worker/train/train.h"
+#include "worker/train/driver.h"
 
 /* Sleep for the injected delay: fixed, or exponential with that mean (the
  * heavy tail of real stragglers). */
@@ -46,8 +46,8 @@ static void s_inject_delay(const dp_train_conf_t *c, dp_rng_t *rng)
  * a crew in a known state, acts on it (a scale, a kill) and lets it go by
  * removing the file; SIGTERM or SIGINT lets it go too, so a worker asked
  * to leave while held ends that step whole first. The plain and the
- * overlapped loops hold, and the actor-critic one before a segment;
- * --local-steps' does not. */
+ * overlapped loops hold, the embed kind's with its batch in hand, and the
+ * actor-critic one before a segment; --local-steps' does not. */
 void dp_train_test_hold(int task, long step, volatile sig_atomic_t *stop)
 {
     const char *dir = getenv("DP_TEST_HOLD_DIR");
@@ -66,13 +66,11 @@ void dp_train_test_hold(int task, long step, volatile sig_atomic_t *stop)
 
 /* The line per push: what was computed on which version, what the shards
  * made of it, and the updates lost so far to shard restarts. */
-static void s_metrics_push(dp_session_t *s, long step, long epoch, long dealt_index, float loss,
+static void s_metrics_push(cJSON *line, int task, long step, long epoch, long dealt_index, float loss,
                            uint64_t version, const dp_push_result_t *r, int applied, uint64_t lost,
                            double compute_s, double wait_s, uint32_t pull_parts)
 {
-    cJSON *line = dp_metrics_line(s->metrics);
-    if (!line) return;
-    cJSON_AddNumberToObject(line, "worker", s->conf.task_index);
+    cJSON_AddNumberToObject(line, "worker", task);
     cJSON_AddNumberToObject(line, "step", step);
     cJSON_AddNumberToObject(line, "epoch", epoch);
     /* an elastic crew: the batch of the epoch shard 0 dealt (worker/exec/data.h) */
@@ -94,7 +92,6 @@ static void s_metrics_push(dp_session_t *s, long step, long epoch, long dealt_in
     /* where the step's time went: computing, or blocked on the servers */
     cJSON_AddNumberToObject(line, "compute_ms", dp_metrics_round(compute_s * 1e3, 3));
     cJSON_AddNumberToObject(line, "wait_ms", dp_metrics_round(wait_s * 1e3, 3));
-    dp_metrics_write(s->metrics, &line);
 }
 
 /* The worker's last line: its own staleness histogram. */
@@ -107,20 +104,6 @@ static void s_metrics_staleness(dp_session_t *s, const dp_staleness_t *h)
     cJSON_AddItemToObject(line, "staleness_histogram", dp_staleness_json(h));
     cJSON_AddNumberToObject(line, "staleness_geometric_p", dp_metrics_round(dp_staleness_geometric_p(h), 6));
     dp_metrics_write(s->metrics, &line);
-}
-
-/* --eval-every N on the chief: the test accuracy of the weights it holds
- * now, every N of its steps, so a run leaves an accuracy curve; the last
- * step is scored by the end of the run. The other workers never evaluate:
- * it would only slow them. */
-static void s_maybe_eval(dp_session_t *s, long done, long total)
-{
-    const dp_train_conf_t *c = &s->conf;
-    if (c->task_index != 0 || c->eval_every <= 0 || done % c->eval_every != 0 || done >= total)
-        return;
-    double acc = 0, loss = 0;
-    dp_session_evaluate(s, c->eval_limit, &acc, &loss);
-    dp_session_log_eval(s, done, acc, loss);
 }
 
 /* ---- the weights from the servers into the network --------------------- */
@@ -150,57 +133,6 @@ static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, const float *
     return loss;
 }
 
-/* The chief's end of the run. */
-static int s_finish_chief(dp_session_t *s, dp_ps_client_t *ps, const dp_ps_info_t *info,
-                          long steps, double epochs, double train_s, double images, char *err)
-{
-    double waited = dp_now();
-    if (dp_ps_client_wait_all_finished(ps, s->conf.timeout_s * 10, err) != 0)
-        dp_log_warn("not every worker finished: %s", err);
-    double crew_s = train_s + (dp_now() - waited); /* the crew trained until its last one ended */
-    if (s_pull_into_net(s, ps, err) != 0) return -1;
-    double acc = 0, loss = 0;
-    dp_session_evaluate(s, 0, &acc, &loss);
-    dp_session_log_eval(s, steps, acc, loss);
-    dp_ps_stats_t st;
-    if (dp_ps_client_stats(ps, &st, err) != 0) return -1;
-    dp_log_info("chief: test accuracy %.4f, loss %.4f; server applied %llu, dropped %llu, rejected %llu (requests refused %llu), staleness mean %.2f max %llu",
-                acc, loss, (unsigned long long)st.applied, (unsigned long long)st.dropped,
-                (unsigned long long)st.rejected, (unsigned long long)st.requests_refused, st.staleness_mean,
-                (unsigned long long)st.staleness_max);
-    if (dp_session_save(s, steps, (long)st.version, err) != 0) return -1;
-    dp_staleness_t hist; /* the servers' (shard 0's) counts per staleness */
-    dp_staleness_init(&hist);
-    for (size_t b = 0; b < st.staleness_bins; b++) dp_staleness_add_n(&hist, b, st.staleness_hist[b]);
-    dp_ps_membership_t crew = {0};
-    if (dp_ps_client_membership(ps, &crew, err) != 0) {
-        dp_staleness_fini(&hist);
-        return -1;
-    }
-    dp_log_info("chief: %zu join(s) and leave(s) over the run, %d to %d workers live", crew.n,
-                crew.live_min, crew.live_max);
-    /* The chief's own throughput, and the crew's samples over its time */
-    dp_run_summary_t r = {
-        .mode = dp_mode_name(info->mode), .workers = info->num_workers,
-        .ps_shards = info->num_shards, .replicas = info->replicas,
-        .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
-        .steps = steps, .epochs = epochs, .test_accuracy = acc, .test_loss = loss,
-        .images_per_s_per_worker = images / (train_s > 0 ? train_s : 1e-9), .train_s = train_s,
-        .crew_samples = dp_crew_samples(&crew, images, info->num_workers), .crew_s = crew_s,
-        .version = st.version, .applied = st.applied, .dropped = st.dropped,
-        .rejected = st.rejected, .requests_refused = st.requests_refused,
-        .staleness_mean = st.staleness_mean,
-        .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(ps),
-        .staleness_hist = &hist, .bytes_pushed = dp_ps_client_bytes_pushed(ps),
-        .bytes_pulled = dp_ps_client_bytes_pulled(ps),
-        .membership = &crew, .min_workers = info->min_workers,
-    };
-    int rc = dp_session_summary(s, &r, err);
-    dp_ps_membership_fini(&crew);
-    dp_staleness_fini(&hist);
-    return rc;
-}
-
 /* Where this worker starts: after the last step every shard applied from
  * it (a restarted worker; 0 for a new one). The data order is a function of
  * the step, so it takes up exactly where it stopped. In sync mode the loop
@@ -218,7 +150,8 @@ static long s_first_step(dp_ps_client_t *ps, int task, long total, long local_st
 }
 
 /* The training loop's state, whichever loop runs. */
-typedef struct {
+typedef struct dp_dense_cluster {
+    dp_train_drv_t *d;
     dp_session_t *s;
     dp_ps_client_t *ps;
     const dp_ps_info_t *info;
@@ -227,8 +160,8 @@ typedef struct {
     float *grads2;             /* overlapped: the second push buffer (s->h_grads the first) */
     dp_rng_t delay_rng;
     long first, total, spe;    /* steps: where this worker starts, ends, per epoch */
-    long done, applied, dropped, rejected;
-    double t0, loss_avg, stale_sum;
+    long applied, dropped, rejected;
+    int overlap;               /* the overlapped loop runs */
     double wait_s;             /* the compute thread's time waiting on the servers */
     double step_compute_s, step_wait_s; /* the last step's, for its metrics line */
     dp_staleness_t hist;       /* this worker's applied pushes (the largest over shards) */
@@ -239,7 +172,8 @@ typedef struct {
     double pull_wait_s;        /* the forward's time blocked on the pull */
     char step_err[DP_ERR_LEN]; /* why the net's hook failed the step (net.pull_status) */
     uint32_t step_pull_parts;  /* its pull's PARAMS messages */
-    int workers_live;          /* the crew's size at the last push (its ACKs), 0: not yet */
+    uint64_t rec_version, rec_lost; /* the push being recorded: its weights' version, */
+    int rec_applied;           /* the updates lost so far, whether every shard applied it */
     /* an elastic crew: shard 0 deals the batches (bt is dp_batcher_init_dealt's) */
     int dealt;
     long epochs;               /* the plan's epochs (rounded up), for the progress line */
@@ -247,48 +181,52 @@ typedef struct {
     dp_ps_dealt_t batch[4];    /* step k's at k % 4 (the overlap records k - 1 while k computes) */
 } s_loop_t;
 
-/* What a push's result does to the counters, the metrics, the progress line. */
-static void s_record(s_loop_t *L, long step, float loss, uint64_t version,
-                     const dp_push_result_t *r, uint64_t lost)
+/* A push's result: this worker's counters, then the driver's record (the
+ * loss average, the metrics line, TensorBoard, evaluation, progress). */
+static int s_record(s_loop_t *L, long step, float loss, uint64_t version,
+                    const dp_push_result_t *r, uint64_t lost, char *err)
 {
-    dp_session_t *s = L->s;
-    int task = s->conf.task_index, status_applied = r->applied == L->info->num_shards;
-    L->applied += status_applied;
-    if (status_applied) dp_staleness_add(&L->hist, r->staleness_max);
+    int applied = r->applied == L->info->num_shards;
+    L->applied += applied;
+    if (applied) dp_staleness_add(&L->hist, r->staleness_max);
     L->dropped += r->dropped > 0;
     L->rejected += r->rejected > 0;
-    L->stale_sum += r->staleness_mean;
-    L->done = step + 1;
-    if (isfinite(loss))
-        L->loss_avg = L->done == L->first + 1 ? loss : 0.98 * L->loss_avg + 0.02 * loss;
-    const dp_ps_dealt_t *dealt = &L->batch[step & 3];
-    long epoch = L->dealt ? (long)dealt->epoch : step / L->spe;
-    s_metrics_push(s, step, epoch, L->dealt ? (long)dealt->index : -1, loss, version, r,
-                   status_applied, lost, L->step_compute_s, L->step_wait_s, L->step_pull_parts);
-    dp_session_log_step(s, step, loss);
-    if (L->info->mode != DP_MODE_SYNC)
-        dp_tb_scalar(s->tb, "train/staleness", step, (float)r->staleness_mean);
-    if (r->workers_live > 0 && r->workers_live != L->workers_live) { /* the crew changed */
-        if (L->workers_live > 0 && task == 0)
-            dp_log_info("chief: %d workers live at step %ld (were %d)", r->workers_live, step,
-                        L->workers_live);
-        dp_tb_scalar(s->tb, "workers", step, (float)r->workers_live);
-        L->workers_live = r->workers_live;
-    }
-    if (r->rejected && r->reason[0]) dp_log_warn("step %ld: update rejected: %s", step, r->reason);
-    s_maybe_eval(s, L->done, L->total);
-    double dt = dp_now() - L->t0;
-    long n = L->done - L->first;
-    double rate = n * s->conf.batch / (dt > 0 ? dt : 1e-9);
+    L->rec_version = version;
+    L->rec_lost = lost;
+    L->rec_applied = applied;
+    /* a round of local steps is step + 1 - done steps */
+    dp_train_step_t st = {.step = step, .loss = loss,
+                          .samples = (double)(step + 1 - L->d->done) * L->s->conf.batch,
+                          .push = r, .last = !L->dealt && step + 1 == L->total};
+    return dp_train_done(L->d, &st, err);
+}
+
+void dp_dense_cluster_metrics(dp_train_drv_t *d, const dp_train_step_t *st, cJSON *line)
+{
+    s_loop_t *L = ((dp_dense_run_t *)d->run)->cl;
+    const dp_ps_dealt_t *dealt = &L->batch[st->step & 3];
+    long epoch = L->dealt ? (long)dealt->epoch : st->step / L->spe;
+    s_metrics_push(line, d->c->task_index, st->step, epoch, L->dealt ? (long)dealt->index : -1,
+                   st->loss, L->rec_version, st->push, L->rec_applied, L->rec_lost,
+                   L->step_compute_s, L->step_wait_s, L->step_pull_parts);
+}
+
+void dp_dense_cluster_progress(dp_train_drv_t *d, const dp_train_step_t *st, char *line, size_t n)
+{
+    s_loop_t *L = ((dp_dense_run_t *)d->run)->cl;
+    const dp_ps_dealt_t *dealt = &L->batch[st->step & 3];
+    long epoch = L->dealt ? (long)dealt->epoch : st->step / L->spe;
+    int task = d->c->task_index;
+    double dt = dp_now() - d->t0;
+    long k = d->done - d->first;
+    double rate = d->samples / (dt > 0 ? dt : 1e-9);
     if (L->dealt) /* its steps end when the epochs' batches do: no total of its own */
-        dp_progress_update(&s->progress, 0,
-                           "worker %d  epoch %ld/%ld  step %ld  %.0f img/s  loss %.4f  staleness %.2f",
-                           task, epoch + 1, L->epochs, L->done, rate, L->loss_avg, L->stale_sum / n);
+        snprintf(line, n, "worker %d  epoch %ld/%ld  step %ld  %.0f img/s  loss %.4f  staleness %.2f",
+                 task, epoch + 1, L->epochs, d->done, rate, d->loss_avg, d->stale_sum / k);
     else
-        dp_progress_update(&s->progress, L->done == L->total,
-                           "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
-                           task, epoch + 1, (L->total + L->spe - 1) / L->spe, L->done, L->total,
-                           rate, L->loss_avg, L->stale_sum / n);
+        snprintf(line, n, "worker %d  epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f  staleness %.2f",
+                 task, epoch + 1, (L->total + L->spe - 1) / L->spe, d->done, L->total, rate,
+                 d->loss_avg, d->stale_sum / k);
 }
 
 /* The net's hook (worker/exec/net.h): layer by layer, the push's parts leave. */
@@ -361,9 +299,8 @@ static int s_loop_plain(s_loop_t *L, char *err)
     s->net.h_pull = host ? NULL : s->h_params;
     dp_batch_t batch;
     for (;;) {
-        long step = L->dealt ? L->done : dp_batcher_next(L->bt, &batch);
-        if (step < 0) break;
-        if (L->stop && *L->stop) return dp_err(err, "interrupted at step %ld", step);
+        long step = L->dealt ? L->d->done : dp_batcher_next(L->bt, &batch);
+        if (step < 0 || dp_train_stopped(L->d)) break;
         dp_ps_push_t push = {.grads = host ? s->net.d_grads : s->h_grads,
                              .batch = s->conf.batch, .step = (uint64_t)step + 1};
         L->push = &push;
@@ -415,7 +352,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
         L->step_compute_s = t2 - tc - L->pull_wait_s;
         L->step_wait_s = (t1 - t0) + L->pull_wait_s + (dp_now() - t2);
         L->wait_s += L->step_wait_s;
-        s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps));
+        if (s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps), err) != 0) return -1;
     }
     return 0;
 }
@@ -441,10 +378,7 @@ static int s_loop_local(s_loop_t *L, char *err)
     dp_batch_t batch;
     int rc = -1;
     while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
-        if (L->stop && *L->stop) {
-            dp_err(err, "interrupted at step %ld", step);
-            goto out;
-        }
+        if (dp_train_stopped(L->d)) break;
         double t0 = dp_now();
         if (dp_ps_client_pull(L->ps, s->h_params, err) != 0) goto out;
         memcpy(w0, s->h_params, n * sizeof(float));
@@ -474,7 +408,7 @@ static int s_loop_local(s_loop_t *L, char *err)
         L->step_compute_s = t2 - t1;
         L->step_wait_s = (t1 - t0) + (dp_now() - t3);
         L->wait_s += L->step_wait_s;
-        s_record(L, last, loss, version, &r, dp_ps_client_updates_lost(L->ps));
+        if (s_record(L, last, loss, version, &r, dp_ps_client_updates_lost(L->ps), err) != 0) goto out;
     }
     rc = 0;
 out:
@@ -502,7 +436,11 @@ static int s_take(s_loop_t *L, dp_pipeline_t *pl, dp_ps_stamp_t *stamp, char *er
             L->pulled = j.dealt;
             break;
         }
-        s_record(L, (long)j.step - 1, j.loss, dp_ps_stamp_sum(&j.stamp), &j.res, j.updates_lost);
+        if (s_record(L, (long)j.step - 1, j.loss, dp_ps_stamp_sum(&j.stamp), &j.res, j.updates_lost,
+                     err) != 0) {
+            rc = -1;
+            break;
+        }
     }
     L->step_wait_s = dp_now() - tw;
     L->wait_s += L->step_wait_s;
@@ -536,8 +474,8 @@ static int s_loop_overlap(s_loop_t *L, char *err)
     if (step >= 0) dp_pipeline_post(pl, &job);
     if (s_take(L, pl, &stamp, err) != 0) goto out;
     for (; step >= 0; step = s_overlap_next(L, step, &batch)) {
-        if (L->stop && *L->stop) {
-            dp_err(err, "interrupted at step %ld", step);
+        if (dp_train_stopped(L->d)) { /* the driver's signal rule */
+            rc = 0;
             goto out;
         }
         if (L->dealt) {
@@ -567,16 +505,17 @@ out:
     return rc;
 }
 
-/* The loop, then this worker's last line. */
-static int s_train_loop(s_loop_t *L, int overlap, char *err)
+/* The loop, then this worker's last line (not when a signal ended it: the
+ * driver's rule then says what the run does). */
+int dp_dense_cluster_loop(dp_train_drv_t *d, char *err)
 {
+    dp_dense_run_t *run = d->run;
+    s_loop_t *L = run->cl;
     dp_session_t *s = L->s;
     int task = s->conf.task_index, rc;
-    L->t0 = dp_now();
-    L->done = L->first;
     if (s->conf.local_steps > 1) {
         rc = s_loop_local(L, err);
-    } else if (overlap) {
+    } else if (L->overlap) {
         L->grads2 = s->be->ops->host_alloc(s->be, s->model.n_floats * sizeof(float));
         rc = s_loop_overlap(L, err);
         s->be->ops->host_release(s->be, L->grads2);
@@ -586,10 +525,11 @@ static int s_train_loop(s_loop_t *L, int overlap, char *err)
         dp_net_grads_into(&s->net, NULL); /* the client's buffer goes with the client */
     }
     if (rc != 0) return -1;
+    if (dp_train_stopped(d)) return 0;
     dp_progress_done(&s->progress);
     s_metrics_staleness(s, &L->hist);
-    double train_s = dp_now() - L->t0;
-    long n = L->done - L->first;
+    double train_s = dp_now() - d->t0;
+    long n = d->done - d->first;
     dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s), %.1f s of it waiting on the servers: %ld applied, %ld dropped, %ld rejected",
                 task, n, train_s, n * s->conf.batch / (train_s > 0 ? train_s : 1e-9), L->wait_s,
                 L->applied, L->dropped, L->rejected);
@@ -628,107 +568,90 @@ static int s_stream(const char *name, int flag, int overlap, long local_steps,
     return !why && (flag == 1 || (flag < 0 && be->host_memory));
 }
 
-int dp_train_leave(dp_ps_client_t *ps, int task, long done, int signal, char *err)
+/* The start line: the crew, the steps, which loop; the first metrics line. */
+static void s_log_plan(const s_loop_t *L)
 {
-    if (dp_ps_client_leave(ps, err) != 0) return -1;
-    dp_log_info("worker %d: left after step %ld on signal %d; the servers go on without it%s", task,
-                done, signal, task == 0 ? " (a chief that comes back takes its role again)" : "");
-    return DP_TRAIN_LEFT;
-}
-
-int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
-{
-    /* Beats before anything slow (data, device), so a starting worker is
-     * never taken for a dead one. */
-    dp_ps_beat_t *beat = NULL;
-    /* The signal's flag ends the HELLO wait too. */
-    dp_ps_client_opts_t opts = {.timeout_s = c->timeout_s,
-                                .curve = {c->curve_secret, c->curve_server},
-                                .transport = c->transport, .wire = c->wire, .compress = c->compress,
-                                .stop = stop, .session = dp_ps_session_new()};
-    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, opts.session, &opts.curve, err) != 0)
-        return -1;
-    dp_session_t s;
-    if (dp_session_init(&s, c, err) != 0) {
-        dp_ps_beat_destroy(&beat);
-        return -1;
-    }
-    dp_ps_client_t *ps = NULL;
-    dp_ps_info_t info;
-    dp_batcher_t bt = {0};
-    s_loop_t L = {0};
-    int rc = -1;
-    /* what shard 0 of an elastic crew deals from (a fixed crew's ignore it);
-     * local steps take H batches a pull and keep the order of their own */
-    if (c->local_steps <= 1)
-        opts.deal = (dp_ps_deal_plan_t){.samples = (uint64_t)s.train.n, .batch = (uint32_t)c->batch,
-                                        .epochs = c->steps > 0 ? 0 : (uint64_t)c->epochs,
-                                        .steps = c->steps > 0 ? (uint64_t)c->steps : 0};
-    if (dp_ps_client_new(&ps, c->ps, &s.model, c->task_index, &opts, &info, err) != 0) goto done;
-    if (c->task_index >= info.num_workers) {
-        dp_err(err, "--task-index %d out of range: the servers expect %d workers", c->task_index,
-               info.num_workers);
-        goto done;
-    }
-    if (info.local_steps != (c->local_steps > 1 ? c->local_steps : 1)) {
-        dp_err(err, "the servers run --local-steps %ld, this worker %ld: give both the same "
-               "(their optimizer is the outer one only with it)", info.local_steps,
-               c->local_steps > 1 ? c->local_steps : 1);
-        goto done;
-    }
-    L = (s_loop_t){.s = &s, .ps = ps, .info = &info, .bt = &bt, .stop = stop};
-    dp_staleness_init(&L.hist);
-    L.dealt = info.min_workers > 0 && opts.deal.batch > 0;
-    L.total = L.dealt ? LONG_MAX : dp_session_total_steps(&s, info.num_workers);
-    L.spe = dp_data_steps_per_epoch(s.train.n, c->batch, info.num_workers);
-    L.first = s_first_step(ps, c->task_index, L.total, c->local_steps > 1 ? c->local_steps : 1);
-    /* the epochs shard 0 deals: the plan's, or --steps a worker x MAX */
-    long per_epoch = s.train.n / c->batch;
-    L.epochs = c->steps <= 0 ? c->epochs
-               : per_epoch > 0 ? (c->steps * info.num_workers + per_epoch - 1) / per_epoch : 0;
-    if (L.dealt ? dp_batcher_init_dealt(&bt, &s.train, s.be, c->batch, c->task_index, c->seed,
-                                        c->augment, err)
-                : dp_batcher_init_at(&bt, &s.train, s.be, c->batch, c->task_index, info.num_workers,
-                                     c->seed, L.first, L.total, c->augment, err))
-        goto done;
-    int overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info.mode, c->device);
-    L.stream = s_stream("--stream-push", c->stream_push, overlap, c->local_steps, s.be);
-    L.stream_pull = s_stream("--stream-pull", c->stream_pull, overlap, c->local_steps, s.be);
+    const dp_train_conf_t *c = &L->s->conf;
+    const dp_ps_info_t *info = L->info;
     char steps[64];
-    if (L.dealt) snprintf(steps, sizeof steps, "the batches shard 0 deals for %ld epoch(s)", L.epochs);
-    else snprintf(steps, sizeof steps, "%ld steps", L.total);
+    if (L->dealt) snprintf(steps, sizeof steps, "the batches shard 0 deals for %ld epoch(s)", L->epochs);
+    else snprintf(steps, sizeof steps, "%ld steps", L->total);
     dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %s on %s; %s",
-                c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards, c->batch,
+                c->task_index, info->num_workers, dp_mode_name(info->mode), info->num_shards, c->batch,
                 steps, c->device,
                 c->local_steps > 1 ? "local steps: a push of the pseudo-gradient every --local-steps"
-                : overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
-                : L.stream && L.stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them, the push in parts as the backward makes them"
-                : L.stream ? "overlap off: pull, compute, push in turn, the push in parts as the backward makes them"
-                : L.stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them"
+                : L->overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
+                : L->stream && L->stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them, the push in parts as the backward makes them"
+                : L->stream ? "overlap off: pull, compute, push in turn, the push in parts as the backward makes them"
+                : L->stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them"
                           : "overlap off: pull, compute, push in turn");
-    dp_session_log_start(&s, c->task_index, L.dealt ? -L.epochs : L.total, L.spe);
-    dp_rng_seed(&L.delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
-    /* Elastic: a signal ends the loop at a step's end, never inside one */
-    if (info.min_workers > 0) dp_ps_client_set_stop(ps, NULL);
-    if (s_train_loop(&L, overlap, err) != 0) {
-        if (info.min_workers > 0 && stop && *stop) rc = dp_train_leave(ps, c->task_index, L.done, (int)*stop, err);
-        goto done;
-    }
-    double train_s = dp_now() - L.t0;
-    if (dp_ps_client_finish(ps, err) != 0) goto done;
-    if (c->task_index == 0) {
-        double epochs = L.dealt ? (double)L.epochs : (double)L.done / L.spe;
-        if (s_finish_chief(&s, ps, &info, L.done, epochs, train_s,
-                           (double)(L.done - L.first) * c->batch, err) != 0)
-            goto done;
-        if (dp_ps_client_shutdown_servers(ps, err) != 0) goto done;
-    }
-    rc = 0;
-done:
-    dp_staleness_fini(&L.hist);
-    dp_batcher_fini(&bt);
-    dp_ps_client_destroy(&ps);
-    dp_session_fini(&s);
-    dp_ps_beat_destroy(&beat);
-    return rc;
+    dp_session_log_start(L->s, c->task_index, L->dealt ? -L->epochs : L->total, L->spe);
+}
+
+/* The dense kind's plan against the servers (connected, the task in
+ * range): the loop's state, where this worker starts and ends, its batches,
+ * which loop, the start line. */
+int dp_dense_cluster_plan(dp_train_drv_t *d, char *err)
+{
+    const dp_train_conf_t *c = d->c;
+    dp_dense_run_t *run = d->run;
+    dp_session_t *s = &run->s;
+    const dp_ps_info_t *info = &d->info;
+    if (info->local_steps != (c->local_steps > 1 ? c->local_steps : 1))
+        return dp_err(err, "the servers run --local-steps %ld, this worker %ld: give both the same "
+                      "(their optimizer is the outer one only with it)", info->local_steps,
+                      c->local_steps > 1 ? c->local_steps : 1);
+    s_loop_t *L = run->cl = dp_calloc(1, sizeof *L);
+    *L = (s_loop_t){.d = d, .s = s, .ps = d->ps, .info = info, .bt = &run->bt, .stop = d->stop};
+    dp_staleness_init(&L->hist);
+    L->dealt = d->elastic && d->opts.deal.batch > 0;
+    L->total = d->total = L->dealt ? LONG_MAX : dp_session_total_steps(s, info->num_workers);
+    L->spe = run->spe = dp_data_steps_per_epoch(s->train.n, c->batch, info->num_workers);
+    L->first = d->first = s_first_step(d->ps, c->task_index, L->total, c->local_steps > 1 ? c->local_steps : 1);
+    /* the epochs shard 0 deals: the plan's, or --steps a worker x MAX */
+    long per_epoch = s->train.n / c->batch;
+    L->epochs = c->steps <= 0 ? c->epochs
+                : per_epoch > 0 ? (c->steps * info->num_workers + per_epoch - 1) / per_epoch : 0;
+    if (L->dealt ? dp_batcher_init_dealt(L->bt, &s->train, s->be, c->batch, c->task_index, c->seed,
+                                         c->augment, err)
+                 : dp_batcher_init_at(L->bt, &s->train, s->be, c->batch, c->task_index, info->num_workers,
+                                      c->seed, L->first, L->total, c->augment, err))
+        return -1;
+    L->overlap = c->local_steps > 1 ? 0 : s_overlap(c->overlap, info->mode, c->device);
+    L->stream = s_stream("--stream-push", c->stream_push, L->overlap, c->local_steps, s->be);
+    L->stream_pull = s_stream("--stream-pull", c->stream_pull, L->overlap, c->local_steps, s->be);
+    s_log_plan(L);
+    dp_rng_seed(&L->delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
+    return 0;
+}
+
+void dp_dense_cluster_close(dp_train_drv_t *d)
+{
+    dp_dense_run_t *run = d->run;
+    if (!run->cl) return;
+    dp_staleness_fini(&run->cl->hist);
+    free(run->cl);
+    run->cl = NULL;
+}
+
+/* The chief's end of the run, the crew finished (r has the servers'
+ * part): the final weights scored and saved. */
+int dp_dense_cluster_finish(dp_train_drv_t *d, dp_run_summary_t *r, char *err)
+{
+    dp_dense_run_t *run = d->run;
+    dp_session_t *s = &run->s;
+    const dp_ps_stats_t *st = r->stats;
+    if (s_pull_into_net(s, d->ps, err) != 0) return -1;
+    double acc = 0, loss = 0;
+    dp_session_evaluate(s, 0, &acc, &loss);
+    dp_session_log_eval(s, d->done, acc, loss);
+    dp_log_info("chief: test accuracy %.4f, loss %.4f; server applied %llu, dropped %llu, rejected %llu (requests refused %llu), staleness mean %.2f max %llu",
+                acc, loss, (unsigned long long)st->applied, (unsigned long long)st->dropped,
+                (unsigned long long)st->rejected, (unsigned long long)st->requests_refused,
+                st->staleness_mean, (unsigned long long)st->staleness_max);
+    if (dp_session_save(s, d->done, (long)st->version, err) != 0) return -1;
+    r->epochs = run->cl->dealt ? (double)run->cl->epochs : (double)d->done / run->spe;
+    r->test_accuracy = acc;
+    r->test_loss = loss;
+    return 0;
 }

@@ -2,6 +2,7 @@
  * embed_train.h): the session's dense net behind the embedding stage, the
  * rows in a table of this process (standalone) or on the servers. */
 #include "worker/train/embed_train.h"
+#include "worker/train/driver.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -39,6 +40,13 @@ typedef struct {
     float *row_w, *row_g;          /* a batch's rows and their gradients: [batch nnz * D] */
     float *scores, *labels;        /* the test file's: probability of class 1, label */
     float *d_state;                /* the dense optimizer's state (on the backend) */
+    dp_optim_conf_t optim;         /* standalone: the dense layers', annealed over the run */
+    long spe;                      /* the training file's batches */
+    long epochs;                   /* a cluster: the epochs shard 0 deals */
+    long g;                        /* a cluster: the step's batch of the training file */
+    size_t keys;                   /* its distinct keys */
+    uint64_t rows_held;            /* the summary's rows (standalone's one table) */
+    dp_sparse_summary_t sparse;    /* the summary's sub-object */
 } s_run_t;
 
 static void s_fini(s_run_t *r)
@@ -223,18 +231,53 @@ static int s_evaluate(s_run_t *r, double *acc, double *loss, double *auc, char *
     return dp_embed_evaluate(&e, acc, loss, auc, err);
 }
 
-static void s_metrics_step(s_run_t *r, long step, float loss, float lr)
+/* A step's metrics line: standalone's, or a cluster's push (batch: the
+ * training file's batch g it trained, the epoch's g mod steps_per_epoch). */
+static void s_embed_metrics(dp_train_drv_t *d, const dp_train_step_t *st, cJSON *line)
 {
-    cJSON *line = dp_metrics_line(r->s.metrics);
-    if (!line) return;
-    dp_rows_stats_t st;
-    dp_rows_stats(r->rows, &st);
-    cJSON_AddNumberToObject(line, "step", step);
-    cJSON_AddNumberToObject(line, "epoch", step / r->data.steps_per_epoch);
-    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
-    cJSON_AddNumberToObject(line, "lr", dp_metrics_round(lr, 6));
-    cJSON_AddNumberToObject(line, "rows", (double)st.rows);
-    dp_metrics_write(r->s.metrics, &line);
+    s_run_t *r = d->run;
+    if (d->standalone) {
+        dp_rows_stats_t rs;
+        dp_rows_stats(r->rows, &rs);
+        cJSON_AddNumberToObject(line, "step", st->step);
+        cJSON_AddNumberToObject(line, "epoch", st->step / r->spe);
+        cJSON_AddNumberToObject(line, "loss", dp_metrics_round(st->loss, 6));
+        cJSON_AddNumberToObject(line, "lr", dp_metrics_round(dp_optim_lr_at(&r->optim, st->step), 6));
+        cJSON_AddNumberToObject(line, "rows", (double)rs.rows);
+        return;
+    }
+    const dp_push_result_t *res = st->push;
+    cJSON_AddNumberToObject(line, "step", st->step);
+    cJSON_AddNumberToObject(line, "epoch", r->g / r->spe);
+    cJSON_AddNumberToObject(line, "batch", r->g);
+    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(st->loss, 6));
+    cJSON_AddNumberToObject(line, "version", (double)dp_ps_client_version(r->ps));
+    cJSON_AddNumberToObject(line, "staleness", dp_metrics_round(res->staleness_mean, 3));
+    cJSON_AddBoolToObject(line, "applied", res->applied > 0);
+    cJSON_AddNumberToObject(line, "keys", (double)r->keys);
+    cJSON_AddNumberToObject(line, "bytes_pushed", (double)dp_ps_client_bytes_pushed(r->ps));
+    cJSON_AddNumberToObject(line, "bytes_pulled", (double)dp_ps_client_bytes_pulled(r->ps));
+    if (res->workers_live > 0) cJSON_AddNumberToObject(line, "workers", res->workers_live);
+}
+
+static void s_embed_progress(dp_train_drv_t *d, const dp_train_step_t *st, char *line, size_t n)
+{
+    s_run_t *r = d->run;
+    long spe = r->spe, total = d->total;
+    double dt = dp_now() - d->t0;
+    double rate = d->samples / (dt > 0 ? dt : 1e-9);
+    if (d->standalone) {
+        dp_rows_stats_t rs;
+        dp_rows_stats(r->rows, &rs);
+        snprintf(line, n, "epoch %ld/%ld  step %ld/%ld  %.0f samples/s  loss %.4f  rows %" PRIu64,
+                 st->step / spe + 1, (total + spe - 1) / spe, d->done, total, rate, d->loss_avg, rs.rows);
+        return;
+    }
+    char of[32] = "";
+    if (!d->elastic) snprintf(of, sizeof of, "/%ld", total);
+    snprintf(line, n, "worker %d  epoch %ld  step %ld%s  %.0f samples/s  loss %.4f  keys %zu  "
+             "staleness %.2f", d->c->task_index, r->g / spe + 1, d->done, of, rate, d->loss_avg,
+             r->keys, d->stale_sum / (d->done - d->first));
 }
 
 /* Every row of t in key order, pulled a page of max_keys at a time, from
@@ -329,110 +372,50 @@ static int s_save(s_run_t *r, long step, char *err)
     return rc;
 }
 
-/* The training loop: steps until total, a failure (-1 with err: a bad
- * read, a diverged loss) or *stop; the steps done. */
-static long s_loop(s_run_t *r, const dp_optim_conf_t *opt, long total, volatile sig_atomic_t *stop,
-                   double *loss_avg, char *err)
+/* Standalone: steps until total, a failure (a bad read, a diverged loss)
+ * or a signal. */
+static int s_loop(dp_train_drv_t *d, char *err)
 {
-    const dp_train_conf_t *c = &r->s.conf;
-    long spe = r->data.steps_per_epoch, done = 0;
-    double t0 = dp_now(), samples = 0;
-    while (!(stop && *stop) && done < total) {
-        long step = done, k = dp_sparse_data_next(&r->data, err);
+    s_run_t *r = d->run;
+    while (!dp_train_stopped(d) && d->done < d->total) {
+        long step = d->done, k = dp_sparse_data_next(&r->data, err);
         if (k < 0) return -1;
         float loss = 0;
-        if (s_step(r, opt, step, &loss, err) != 0) return -1;
-        if (!isfinite(loss))
-            return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr or --row-lr)",
-                          loss, step);
-        done = step + 1;
-        samples += (double)k;
-        *loss_avg = done == 1 ? loss : 0.98 * *loss_avg + 0.02 * loss;
-        s_metrics_step(r, step, loss, dp_optim_lr_at(opt, step));
-        dp_session_log_step(&r->s, step, loss);
-        dp_rows_stats_t st;
-        dp_rows_stats(r->rows, &st);
-        double dt = dp_now() - t0;
-        dp_progress_update(&r->s.progress, done == total,
-                           "epoch %ld/%ld  step %ld/%ld  %.0f samples/s  loss %.4f  rows %" PRIu64,
-                           step / spe + 1, (total + spe - 1) / spe, done, total,
-                           samples / (dt > 0 ? dt : 1e-9), *loss_avg, st.rows);
-        if (c->eval_every > 0 && done % c->eval_every == 0 && done < total) {
-            double acc, test_loss, auc;
-            if (s_evaluate(r, &acc, &test_loss, &auc, err) != 0) return -1;
-            dp_session_log_eval_auc(&r->s, done, acc, test_loss, auc);
-        }
+        if (s_step(r, &r->optim, step, &loss, err) != 0) return -1;
+        dp_train_step_t st = {.step = step, .loss = loss, .samples = (double)k,
+                              .last = step + 1 == d->total};
+        if (dp_train_done(d, &st, err) != 0) return -1;
     }
-    return done;
+    return 0;
 }
 
-/* The end of a whole run: evaluation, --save, summary.json. */
-static int s_finish(s_run_t *r, const dp_optim_conf_t *opt, long done, double train_s,
-                    double loss_avg, char *err)
+/* The end of a whole standalone run: evaluation, --save, the summary's
+ * fields. */
+static int s_finish(dp_train_drv_t *d, dp_run_summary_t *sum, char *err)
 {
+    s_run_t *r = d->run;
     const dp_train_conf_t *c = &r->s.conf;
-    double acc, test_loss, auc;
-    if (s_evaluate(r, &acc, &test_loss, &auc, err) != 0) return -1;
-    dp_session_log_eval_auc(&r->s, done, acc, test_loss, auc);
+    dp_train_eval_t e;
+    if (s_evaluate(r, &e.accuracy, &e.loss, &e.auc, err) != 0) return -1;
+    dp_train_log_eval(d, d->done, &e);
     dp_rows_stats_t st;
     dp_rows_stats(r->rows, &st);
-    double sps = (double)done * c->batch / (train_s > 0 ? train_s : 1e-9);
     dp_log_info("standalone: %ld steps in %.1f s; %" PRIu64 " rows; test accuracy %.4f, loss "
-                "%.4f, AUC %.4f", done, train_s, st.rows, acc, test_loss, auc);
-    if (s_save(r, done, err) != 0) return -1;
-    uint64_t rows = st.rows;
-    dp_sparse_summary_t sp = {
-        .test_auc = auc, .rows = &rows, .tables = 1, .rows_digest = dp_rows_digest(r->rows),
+                "%.4f, AUC %.4f", d->done, sum->train_s, st.rows, e.accuracy, e.loss, e.auc);
+    if (s_save(r, d->done, err) != 0) return -1;
+    r->rows_held = st.rows;
+    r->sparse = (dp_sparse_summary_t){
+        .test_auc = e.auc, .rows = &r->rows_held, .tables = 1, .rows_digest = dp_rows_digest(r->rows),
         .row_optim = &r->row_optim, .row_init = r->row_init,
     };
-    dp_run_summary_t sum = {
-        .mode = "standalone", .workers = 1, .ps_shards = 0, .staleness = -1,
-        .steps = done, .epochs = (double)done / r->data.steps_per_epoch,
-        .test_accuracy = acc, .test_loss = test_loss, .train_loss = loss_avg,
-        .images_per_s_per_worker = sps, .train_s = train_s,
-        .applied = (uint64_t)done, .optim = opt, .sparse = &sp,
-    };
-    return dp_session_summary(&r->s, &sum, err);
-}
-
-int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
-{
-    s_run_t r;
-    if (s_init(&r, c, 1, err) != 0) {
-        s_fini(&r);
-        return -1;
-    }
-    dp_session_t *s = &r.s;
-    dp_model_init_params(&s->model, s->h_params, c->seed);
-    dp_net_set_params(&s->net, s->h_params);
-    long spe = r.data.steps_per_epoch;
-    long total = c->steps > 0 ? c->steps : c->epochs * spe;
-    dp_optim_conf_t optim = c->optim;
-    if (!c->schedule_given) { /* anneal the dense layers over the run, as standalone does */
-        optim.schedule = DP_LR_COSINE;
-        optim.total_steps = total;
-    }
-    dp_log_info("standalone: %s on %s, %" PRIu64 " train / %" PRIu64 " test samples, batch %d, "
-                "%ld steps (%ld per epoch); rows: %s, lr %g", s->model.spec, c->device,
-                r.data.train_samples, r.data.test_samples, c->batch, total, spe,
-                dp_row_optim_kind_name(r.row_optim.kind), (double)r.row_optim.lr);
-    dp_session_log_start(s, 0, total, spe);
-    double t0 = dp_now(), loss_avg = 0;
-    long done = s_loop(&r, &optim, total, stop, &loss_avg, err);
-    double train_s = dp_now() - t0;
-    dp_progress_done(&s->progress);
-    int rc = done < 0 ? -1 : 0;
-    if (rc == 0 && stop && *stop) {
-        rc = s_save(&r, done, err);
-        if (rc == 0)
-            dp_log_info("standalone: stopped by signal %d at step %ld; %s%s", (int)*stop, done,
-                        c->save ? "dense layers saved to " : "nothing saved (no --save)",
-                        c->save ? c->save : "");
-    } else if (rc == 0) {
-        rc = s_finish(&r, &optim, done, train_s, loss_avg, err);
-    }
-    s_fini(&r);
-    return rc;
+    sum->epochs = (double)d->done / r->spe;
+    sum->test_accuracy = e.accuracy;
+    sum->test_loss = e.loss;
+    /* the batches' samples as given, a short last one counted whole */
+    sum->images_per_s_per_worker = (double)d->done * c->batch / (sum->train_s > 0 ? sum->train_s : 1e-9);
+    sum->optim = &r->optim;
+    sum->sparse = &r->sparse;
+    return 0;
 }
 
 /* ---- a model file scored: downpour eval ---------------------------------- */
@@ -537,11 +520,8 @@ static int s_check_cluster_conf(const dp_train_conf_t *c, char *err)
     return 0;
 }
 
-static int s_check_cluster(const dp_train_conf_t *c, const dp_ps_info_t *info, char *err)
+static int s_check_cluster(const dp_ps_info_t *info, char *err)
 {
-    if (c->task_index >= info->num_workers)
-        return dp_err(err, "--task-index %d out of range: the servers expect %d workers",
-                      c->task_index, info->num_workers);
     if (info->local_steps > 1)
         return dp_err(err, "the servers run --local-steps %ld, which a model with an embedding "
                       "does not (its rows are pushed every step)", info->local_steps);
@@ -586,27 +566,6 @@ static int s_step_cluster(s_run_t *r, long step, int n, float *loss, size_t *key
     return dp_ps_client_push(r->ps, &p, res, err);
 }
 
-/* The line per push; batch: the training file's batch g it trained (the
- * epoch's g mod steps_per_epoch). */
-static void s_metrics_push(s_run_t *r, long step, long g, float loss, size_t keys,
-                           const dp_push_result_t *res)
-{
-    cJSON *line = dp_metrics_line(r->s.metrics);
-    if (!line) return;
-    cJSON_AddNumberToObject(line, "step", step);
-    cJSON_AddNumberToObject(line, "epoch", g / r->data.steps_per_epoch);
-    cJSON_AddNumberToObject(line, "batch", g);
-    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
-    cJSON_AddNumberToObject(line, "version", (double)dp_ps_client_version(r->ps));
-    cJSON_AddNumberToObject(line, "staleness", dp_metrics_round(res->staleness_mean, 3));
-    cJSON_AddBoolToObject(line, "applied", res->applied > 0);
-    cJSON_AddNumberToObject(line, "keys", (double)keys);
-    cJSON_AddNumberToObject(line, "bytes_pushed", (double)dp_ps_client_bytes_pushed(r->ps));
-    cJSON_AddNumberToObject(line, "bytes_pulled", (double)dp_ps_client_bytes_pulled(r->ps));
-    if (res->workers_live > 0) cJSON_AddNumberToObject(line, "workers", res->workers_live);
-    dp_metrics_write(r->s.metrics, &line);
-}
-
 /* The chief's --save: the dense layers it evaluated and every shard's rows
  * (read page by page and merged by key: dp_ps_client_rows_all), with a
  * standalone file's metadata (what a key without a row reads as: the
@@ -631,50 +590,33 @@ static int s_save_cluster(s_run_t *r, long done, uint64_t version, uint64_t held
     return rc;
 }
 
-/* The chief's end: every worker finished, the servers' weights and rows
- * evaluated on the test file, the table's rows per shard from STATS. */
-static int s_finish_chief(s_run_t *r, const dp_ps_info_t *info, long done, double epochs,
-                          double train_s, double samples, char *err)
+/* The chief's end, the crew finished (sum has the servers' part): their
+ * weights and rows evaluated on the test file, the table's rows per shard
+ * from STATS, --save. */
+static int s_finish_chief(dp_train_drv_t *d, dp_run_summary_t *sum, char *err)
 {
+    s_run_t *r = d->run;
     dp_session_t *s = &r->s;
-    double waited = dp_now();
-    if (dp_ps_client_wait_all_finished(r->ps, s->conf.timeout_s * 10, err) != 0)
-        dp_log_warn("not every worker finished: %s", err);
-    double crew_s = train_s + (dp_now() - waited); /* the crew trained until its last one ended */
+    const dp_ps_stats_t *st = sum->stats;
     if (dp_ps_client_pull(r->ps, s->h_params, err) != 0) return -1;
     dp_net_set_params(&s->net, s->h_params);
-    double acc, test_loss, auc;
-    if (s_evaluate(r, &acc, &test_loss, &auc, err) != 0) return -1;
-    dp_session_log_eval_auc(s, done, acc, test_loss, auc);
-    dp_ps_stats_t st;
-    if (dp_ps_client_stats(r->ps, &st, err) != 0) return -1;
+    dp_train_eval_t e;
+    if (s_evaluate(r, &e.accuracy, &e.loss, &e.auc, err) != 0) return -1;
+    dp_train_log_eval(d, d->done, &e);
     uint64_t held = 0;
-    for (int k = 0; k < st.rows_shards; k++) held += st.rows[k];
+    for (int k = 0; k < st->rows_shards; k++) held += st->rows[k];
     dp_log_info("chief: test accuracy %.4f, loss %.4f, AUC %.4f; %" PRIu64 " rows on %d shard(s), "
-                "%" PRIu64 " evicted; row pushes %" PRIu64 " (%" PRIu64 " rejected)", acc, test_loss,
-                auc, held, st.rows_shards, st.rows_evicted, st.row_pushes, st.row_pushes_rejected);
-    if (s_save_cluster(r, done, st.version, held, err) != 0) return -1;
-    dp_ps_membership_t crew = {0}; /* joins and leaves: an elastic crew's story */
-    if (dp_ps_client_membership(r->ps, &crew, err) != 0) return -1;
-    dp_sparse_summary_t sp = {.test_auc = auc, .rows = st.rows, .tables = st.rows_shards};
-    dp_run_summary_t sum = {
-        .mode = dp_mode_name(info->mode), .workers = info->num_workers,
-        .ps_shards = info->num_shards, .replicas = info->replicas,
-        .staleness = info->mode == DP_MODE_SSP ? info->staleness : -1,
-        .steps = done, .epochs = epochs, .test_accuracy = acc,
-        .test_loss = test_loss, .images_per_s_per_worker = samples / (train_s > 0 ? train_s : 1e-9),
-        .train_s = train_s, .crew_samples = dp_crew_samples(&crew, samples, info->num_workers),
-        .crew_s = crew_s, .version = st.version, .applied = st.applied, .dropped = st.dropped,
-        .rejected = st.rejected, .requests_refused = st.requests_refused,
-        .staleness_mean = st.staleness_mean,
-        .staleness_max = st.staleness_max, .updates_lost = dp_ps_client_updates_lost(r->ps),
-        .bytes_pushed = dp_ps_client_bytes_pushed(r->ps),
-        .bytes_pulled = dp_ps_client_bytes_pulled(r->ps), .sparse = &sp,
-        .membership = &crew, .min_workers = info->min_workers,
-    };
-    int rc = dp_session_summary(s, &sum, err);
-    dp_ps_membership_fini(&crew);
-    return rc;
+                "%" PRIu64 " evicted; row pushes %" PRIu64 " (%" PRIu64 " rejected)", e.accuracy,
+                e.loss, e.auc, held, st->rows_shards, st->rows_evicted, st->row_pushes,
+                st->row_pushes_rejected);
+    if (s_save_cluster(r, d->done, st->version, held, err) != 0) return -1;
+    r->sparse = (dp_sparse_summary_t){.test_auc = e.auc, .rows = st->rows, .tables = st->rows_shards};
+    sum->epochs = d->elastic ? (double)r->epochs : (double)d->done * d->info.num_workers / r->spe;
+    sum->test_accuracy = e.accuracy;
+    sum->test_loss = e.loss;
+    sum->staleness_hist = NULL; /* a sparse run's summary has none */
+    sum->sparse = &r->sparse;
+    return 0;
 }
 
 /* This worker's steps: --steps, or its share of --epochs' batches (batch
@@ -707,119 +649,152 @@ static long s_batch_of(s_run_t *r, const dp_ps_info_t *info, long step, long *g,
 }
 
 /* Steps from first until total (a fixed crew) or until shard 0 deals no
- * more (an elastic one: total is LONG_MAX); a signal ends a fixed crew's
- * run as an error, an elastic crew's after the whole step in flight (the
- * caller then leaves). The steps done, or -1 with err. */
-static long s_loop_cluster(s_run_t *r, const dp_ps_info_t *info, long first, long total,
-                           volatile sig_atomic_t *stop, double *samples, char *err)
+ * more (an elastic one: total is LONG_MAX), or a signal (after the whole
+ * step in flight). */
+static int s_loop_cluster(dp_train_drv_t *d, char *err)
 {
-    dp_session_t *s = &r->s;
-    int task = s->conf.task_index, elastic = info->min_workers > 0;
-    long spe = r->data.steps_per_epoch, done = first;
-    double t0 = dp_now(), loss_avg = 0, stale_sum = 0;
-    while (done < total) {
-        if (stop && *stop) {
-            if (elastic) break;
-            return dp_err(err, "interrupted at step %ld", done);
-        }
-        long step = done, g = 0;
-        if (elastic) dp_ps_client_deal_step(r->ps, (uint64_t)step + 1);
+    s_run_t *r = d->run;
+    while (d->done < d->total && !dp_train_stopped(d)) {
+        long step = d->done;
+        if (d->elastic) dp_ps_client_deal_step(r->ps, (uint64_t)step + 1);
         if (s_pull_dense(r, err) != 0) return -1;
-        long k = s_batch_of(r, info, step, &g, err);
+        long k = s_batch_of(r, &d->info, step, &r->g, err);
         if (k < 0) return -1;
         if (k == 0) break; /* dealt out */
+        dp_train_test_hold(d->c->task_index, step, d->stop);
         float loss = 0;
-        size_t keys = 0;
         dp_push_result_t res;
-        if (s_step_cluster(r, step, (int)k, &loss, &keys, &res, err) != 0) return -1;
-        if (!isfinite(loss))
-            return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr or --row-lr)",
-                          loss, step);
-        if (res.rejected && res.reason[0]) dp_log_warn("step %ld: update rejected: %s", step, res.reason);
-        done = step + 1;
-        *samples += (double)k;
-        loss_avg = done == first + 1 ? loss : 0.98 * loss_avg + 0.02 * loss;
-        stale_sum += res.staleness_mean;
-        s_metrics_push(r, step, g, loss, keys, &res);
-        dp_session_log_step(s, step, loss);
-        if (info->mode != DP_MODE_SYNC) dp_tb_scalar(s->tb, "train/staleness", step, (float)res.staleness_mean);
-        double dt = dp_now() - t0;
-        char of[32] = "";
-        if (!elastic) snprintf(of, sizeof of, "/%ld", total);
-        dp_progress_update(&s->progress, done == total,
-                           "worker %d  epoch %ld  step %ld%s  %.0f samples/s  loss %.4f  keys %zu  "
-                           "staleness %.2f", task, g / spe + 1, done, of,
-                           *samples / (dt > 0 ? dt : 1e-9), loss_avg, keys, stale_sum / (done - first));
+        if (s_step_cluster(r, step, (int)k, &loss, &r->keys, &res, err) != 0) return -1;
+        dp_train_step_t st = {.step = step, .loss = loss, .samples = (double)k, .push = &res,
+                              .last = step + 1 == d->total};
+        if (dp_train_done(d, &st, err) != 0) return -1;
     }
-    return done;
+    return 0;
 }
 
-int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
+/* ---- the embed kind (worker/train/driver.h) ------------------------------ */
+
+static int s_embed_open(dp_train_drv_t *d, char *err)
 {
-    if (s_check_cluster_conf(c, err) != 0) return -1;
-    dp_ps_client_opts_t opts = {.timeout_s = c->timeout_s,
-                                .curve = {c->curve_secret, c->curve_server},
-                                .transport = c->transport, .wire = c->wire, .compress = c->compress,
-                                .stop = stop, .session = dp_ps_session_new()};
-    dp_ps_beat_t *beat = NULL;
-    if (dp_ps_beat_new(&beat, c->ps ? c->ps : "", c->task_index, opts.session, &opts.curve, err) != 0)
-        return -1;
-    s_run_t r;
-    dp_ps_info_t info;
-    int rc = -1;
-    if (s_init(&r, c, 0, err) != 0) goto done;
+    const dp_train_conf_t *c = d->c;
+    if (!d->standalone && s_check_cluster_conf(c, err) != 0) return -1;
+    s_run_t *r = d->run = dp_malloc(sizeof *r);
+    if (s_init(r, c, d->standalone, err) != 0) return -1;
+    dp_session_t *s = &r->s;
+    d->model = &s->model;
+    d->metrics = s->metrics;
+    d->tb = s->tb;
+    d->progress = &s->progress;
+    r->spe = r->data.steps_per_epoch;
+    if (d->standalone) {
+        dp_model_init_params(&s->model, s->h_params, c->seed);
+        dp_net_set_params(&s->net, s->h_params);
+        return 0;
+    }
     /* What shard 0 of an elastic crew deals from (a fixed crew's ignore
      * it): the file's batches, as "samples" of spe x batch, so that its
      * per_epoch (samples / batch) is this file's count of batches, a short
      * last one or ones cut at the features' bound included. */
-    long spe = r.data.steps_per_epoch;
-    opts.deal = (dp_ps_deal_plan_t){.samples = (uint64_t)spe * (uint64_t)c->batch,
-                                    .batch = (uint32_t)c->batch,
-                                    .epochs = c->steps > 0 ? 0 : (uint64_t)c->epochs,
-                                    .steps = c->steps > 0 ? (uint64_t)c->steps : 0};
-    if (dp_ps_client_new(&r.ps, c->ps, &r.s.model, c->task_index, &opts, &info, err) != 0 ||
-        s_check_cluster(c, &info, err) != 0)
-        goto done;
-    dp_session_t *s = &r.s;
-    int elastic = info.min_workers > 0;
-    long total = elastic ? LONG_MAX : s_cluster_steps(c, spe, info.num_workers);
-    /* a restarted worker takes up after its last step every shard applied */
-    uint64_t held = dp_ps_client_resume_step(r.ps);
-    long first = held < (uint64_t)total ? (long)held : total;
-    if (first > 0)
-        dp_log_info("worker %d: rejoining: the servers hold its steps 1..%ld; resuming at step %ld "
-                    "of %ld", c->task_index, first, first + 1, total);
-    /* the epochs shard 0 deals: the plan's, or --steps a worker x MAX */
-    long epochs = c->steps <= 0 ? c->epochs : (c->steps * info.num_workers + spe - 1) / spe;
-    char plan[96];
-    if (elastic) snprintf(plan, sizeof plan, "the batches shard 0 deals for %ld epoch(s)", epochs);
-    else snprintf(plan, sizeof plan, "%ld steps (batches %d, %d + %d, ...)", total, c->task_index,
-                  c->task_index, info.num_workers);
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s on %" PRIu64 " train samples, batch %d, %s",
-                c->task_index, info.num_workers, dp_mode_name(info.mode), info.num_shards,
-                s->model.spec, r.data.train_samples, c->batch, plan);
-    dp_session_log_start(s, c->task_index, elastic ? -epochs : total, spe);
-    /* Elastic: a signal ends the loop at a step's end, never inside one */
-    if (elastic) dp_ps_client_set_stop(r.ps, NULL);
-    double t0 = dp_now(), samples = 0;
-    long done = s_loop_cluster(&r, &info, first, total, stop, &samples, err);
-    double train_s = dp_now() - t0;
-    dp_progress_done(&s->progress);
-    if (done >= 0 && elastic && stop && *stop) {
-        rc = dp_train_leave(r.ps, c->task_index, done, (int)*stop, err);
-        goto done;
-    }
-    if (done < 0 || dp_ps_client_finish(r.ps, err) != 0) goto done;
-    if (c->task_index == 0) {
-        if (s_finish_chief(&r, &info, done, elastic ? (double)epochs : (double)done * info.num_workers / spe,
-                           train_s, samples, err) != 0 ||
-            dp_ps_client_shutdown_servers(r.ps, err) != 0)
-            goto done;
-    }
-    rc = 0;
-done:
-    dp_ps_client_destroy(&r.ps);
-    s_fini(&r);
-    dp_ps_beat_destroy(&beat);
-    return rc;
+    d->opts.deal = (dp_ps_deal_plan_t){.samples = (uint64_t)r->spe * (uint64_t)c->batch,
+                                       .batch = (uint32_t)c->batch,
+                                       .epochs = c->steps > 0 ? 0 : (uint64_t)c->epochs,
+                                       .steps = c->steps > 0 ? (uint64_t)c->steps : 0};
+    r->ps = d->ps; /* set again once connected (s_embed_plan) */
+    return 0;
 }
+
+static int s_embed_plan_standalone(dp_train_drv_t *d)
+{
+    s_run_t *r = d->run;
+    const dp_train_conf_t *c = d->c;
+    long spe = r->spe, total = d->total = c->steps > 0 ? c->steps : c->epochs * spe;
+    r->optim = c->optim;
+    if (!c->schedule_given) { /* anneal the dense layers over the run, as standalone does */
+        r->optim.schedule = DP_LR_COSINE;
+        r->optim.total_steps = total;
+    }
+    dp_log_info("standalone: %s on %s, %" PRIu64 " train / %" PRIu64 " test samples, batch %d, "
+                "%ld steps (%ld per epoch); rows: %s, lr %g", r->s.model.spec, c->device,
+                r->data.train_samples, r->data.test_samples, c->batch, total, spe,
+                dp_row_optim_kind_name(r->row_optim.kind), (double)r->row_optim.lr);
+    dp_session_log_start(&r->s, 0, total, spe);
+    return 0;
+}
+
+static int s_embed_plan(dp_train_drv_t *d, char *err)
+{
+    if (d->standalone) return s_embed_plan_standalone(d);
+    s_run_t *r = d->run;
+    const dp_train_conf_t *c = d->c;
+    const dp_ps_info_t *info = &d->info;
+    r->ps = d->ps;
+    if (s_check_cluster(info, err) != 0) return -1;
+    long spe = r->spe;
+    d->total = d->elastic ? LONG_MAX : s_cluster_steps(c, spe, info->num_workers);
+    /* a restarted worker takes up after its last step every shard applied */
+    uint64_t held = dp_ps_client_resume_step(r->ps);
+    d->first = held < (uint64_t)d->total ? (long)held : d->total;
+    if (d->first > 0)
+        dp_log_info("worker %d: rejoining: the servers hold its steps 1..%ld; resuming at step %ld "
+                    "of %ld", c->task_index, d->first, d->first + 1, d->total);
+    /* the epochs shard 0 deals: the plan's, or --steps a worker x MAX */
+    r->epochs = c->steps <= 0 ? c->epochs : (c->steps * info->num_workers + spe - 1) / spe;
+    char plan[96];
+    if (d->elastic) snprintf(plan, sizeof plan, "the batches shard 0 deals for %ld epoch(s)", r->epochs);
+    else snprintf(plan, sizeof plan, "%ld steps (batches %d, %d + %d, ...)", d->total, c->task_index,
+                  c->task_index, info->num_workers);
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s on %" PRIu64 " train samples, batch %d, %s",
+                c->task_index, info->num_workers, dp_mode_name(info->mode), info->num_shards,
+                r->s.model.spec, r->data.train_samples, c->batch, plan);
+    dp_session_log_start(&r->s, c->task_index, d->elastic ? -r->epochs : d->total, spe);
+    return 0;
+}
+
+static int s_embed_loop(dp_train_drv_t *d, char *err)
+{
+    return d->standalone ? s_loop(d, err) : s_loop_cluster(d, err);
+}
+
+static int s_embed_evaluate(dp_train_drv_t *d, int limit, dp_train_eval_t *e, char *err)
+{
+    (void)limit; /* the test file whole: its AUC is of all of it */
+    return s_evaluate(d->run, &e->accuracy, &e->loss, &e->auc, err);
+}
+
+static int s_embed_save(dp_train_drv_t *d, char *err)
+{
+    return s_save(d->run, d->done, err);
+}
+
+static int s_embed_finish(dp_train_drv_t *d, dp_run_summary_t *sum, char *err)
+{
+    s_run_t *r = d->run;
+    sum->data = r->s.train.name;
+    sum->model = r->s.model.spec;
+    return d->standalone ? s_finish(d, sum, err) : s_finish_chief(d, sum, err);
+}
+
+static void s_embed_close(dp_train_drv_t *d)
+{
+    s_run_t *r = d->run;
+    if (!r) return;
+    r->ps = NULL; /* the driver's */
+    s_fini(r);
+    free(r);
+    d->run = NULL;
+}
+
+const dp_train_kind_ops_t dp_train_embed = {
+    .name = "embed",
+    .diverged = "lower --lr or --row-lr",
+    .diverged_cluster = "lower --lr or --row-lr",
+    .open = s_embed_open,
+    .plan = s_embed_plan,
+    .loop = s_embed_loop,
+    .metrics = s_embed_metrics,
+    .progress = s_embed_progress,
+    .evaluate = s_embed_evaluate,
+    .save = s_embed_save,
+    .finish = s_embed_finish,
+    .close = s_embed_close,
+};

@@ -36,21 +36,16 @@
 #include "worker/exec/sparse_data.h"
 #include "worker/train/train.h"
 
-/* 0 when done (or stopped by *stop: the dense layers saved to --save, no
- * summary), -1 with err. */
-int dp_embed_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
-
-/* The same model against parameter servers (--ps or the cluster flags),
- * which hold the table (server/core/ps_rows.h) and the dense layers: worker i
- * of a fixed crew of N trains the training file's batches i, i + N, ...,
- * each step pulling the dense weights and its batch's rows and pushing
- * the rows' gradients, then the dense gradient. The chief (task 0) ends the
- * run: the servers' model on the test file (test_auc), the rows per shard
- * from STATS, bytes_pushed and bytes_pulled, --save (the dense layers and
- * every shard's rows, read by scans: dp_ps_client_rows_all; the servers'
- * init and seed in the metadata, no digest), and summary.json. 0, or -1
- * with err. */
-int dp_embed_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
+/* The embed kind (worker/train/driver.h's dp_train_embed) runs the same
+ * model standalone or against parameter servers (--ps or the cluster
+ * flags), which hold the table (server/core/ps_rows.h) and the dense layers:
+ * worker i of a fixed crew of N trains the training file's batches i,
+ * i + N, ..., each step pulling the dense weights and its batch's rows and
+ * pushing the rows' gradients, then the dense gradient. The chief (task 0)
+ * ends the run: the servers' model on the test file (test_auc), the rows
+ * per shard from STATS, bytes_pushed and bytes_pulled, --save (the dense
+ * layers and every shard's rows, read by scans: dp_ps_client_rows_all; the
+ * servers' init and seed in the metadata, no digest), and summary.json. */
 
 /* The rows of n distinct keys (n x d into rows, in the order asked),
  * however they are held (a table here, the servers, a replay's shards). */

@@ -15,12 +15,16 @@ void dp_progress_init(dp_progress_t *p, dp_progress_mode_t mode)
     p->dirty = 0;
 }
 
+int dp_progress_due(const dp_progress_t *p, int force)
+{
+    if (!p->enabled) return 0;
+    return force || dp_now() - p->last >= (p->tty ? 0.2 : 10.0);
+}
+
 void dp_progress_update(dp_progress_t *p, int force, const char *fmt, ...)
 {
-    if (!p->enabled) return;
+    if (!dp_progress_due(p, force)) return;
     double now = dp_now();
-    double every = p->tty ? 0.2 : 10.0;
-    if (!force && now - p->last < every) return;
     p->last = now;
     char line[256];
     va_list ap;

@@ -19,6 +19,9 @@ typedef enum {
 } dp_progress_mode_t;
 
 void dp_progress_init(dp_progress_t *p, dp_progress_mode_t mode);
+/* Whether it is time for the line (force: now), so that a caller words
+ * it only then. */
+int dp_progress_due(const dp_progress_t *p, int force);
 /* Print the line if it is time to (force: print now). */
 void dp_progress_update(dp_progress_t *p, int force, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -1,5 +1,7 @@
-/* train: the session shared by both modes, and the standalone trainer. */
+/* train: the session shared by both modes, and the dense kind's table
+ * (worker/train/driver.h) with its standalone part. */
 #include "worker/train/train.h"
+#include "worker/train/driver.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -149,155 +151,6 @@ int dp_session_save(dp_session_t *s, long step, long version, char *err)
                               err);
 }
 
-void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
-{
-    cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_kind_name(outer->kind));
-    cJSON_AddNumberToObject(o, "outer_lr", dp_metrics_round(dp_optim_base_lr(outer), 6));
-    if (outer->kind == DP_OPT_NESTEROV)
-        cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer->momentum, 6));
-    if (outer->period > 1) /* delayed Nesterov: pushes per move of the momentum */
-        cJSON_AddNumberToObject(o, "outer_momentum_every", (double)outer->period);
-}
-
-/* "membership" (the joins and leaves, as the servers' metrics lines give
- * them), "live_min", "live_max": names other tools read. */
-void dp_summary_membership_json(cJSON *o, const dp_ps_membership_t *m)
-{
-    cJSON *list = cJSON_AddArrayToObject(o, "membership");
-    for (size_t k = 0; k < m->n; k++) {
-        const dp_ps_member_event_t *e = &m->ev[k];
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "event", e->join ? "join" : "leave");
-        cJSON_AddNumberToObject(j, "task", e->task);
-        cJSON_AddNumberToObject(j, "version", (double)e->version);
-        cJSON_AddNumberToObject(j, "live", e->live);
-        cJSON_AddStringToObject(j, "why", e->why);
-        cJSON_AddItemToArray(list, j);
-    }
-    cJSON_AddNumberToObject(o, "live_min", m->live_min);
-    cJSON_AddNumberToObject(o, "live_max", m->live_max);
-    if (m->n_epochs == 0) return; /* a fixed crew: each worker's own order */
-    dp_summary_epoch_samples_json(o, m);
-    cJSON_AddNumberToObject(o, "pushes_of_no_dealt_batch", (double)m->deal_foreign);
-}
-
-/* A model with an embedding's rows: "rows" (one number per table), their
- * digest (equal runs, equal tables) and optimizer. */
-static void s_summary_sparse(cJSON *o, const dp_sparse_summary_t *sp)
-{
-    cJSON *rows = cJSON_AddArrayToObject(o, "rows");
-    for (int k = 0; k < sp->tables; k++)
-        cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)sp->rows[k]));
-    if (!sp->row_optim) return; /* a cluster's: the servers' (downpour local adds them) */
-    char digest[20];
-    snprintf(digest, sizeof digest, "%016" PRIx64, sp->rows_digest);
-    cJSON_AddStringToObject(o, "rows_digest", digest);
-    cJSON_AddStringToObject(o, "row_optimizer", dp_row_optim_kind_name(sp->row_optim->kind));
-    cJSON_AddNumberToObject(o, "row_lr", dp_metrics_round(sp->row_optim->lr, 6));
-    cJSON_AddNumberToObject(o, "row_init", dp_metrics_round(sp->row_init, 6));
-}
-
-void dp_summary_epoch_samples_json(cJSON *o, const dp_ps_membership_t *m)
-{
-    cJSON *ep = cJSON_AddArrayToObject(o, "epoch_samples");
-    for (size_t k = 0; k < m->n_epochs; k++) {
-        const dp_ps_epoch_samples_t *e = &m->epochs[k];
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "epoch", (double)e->epoch);
-        cJSON_AddNumberToObject(j, "trained", (double)e->trained);
-        cJSON_AddNumberToObject(j, "repeated", (double)e->repeated);
-        cJSON_AddNumberToObject(j, "retrained_after_death", (double)e->retrained_after_death);
-        cJSON_AddNumberToObject(j, "batches", (double)e->batches);
-        cJSON_AddItemToArray(ep, j);
-    }
-}
-
-double dp_crew_samples(const dp_ps_membership_t *m, double own_samples, int workers)
-{
-    if (!m || m->n_epochs == 0) return own_samples * workers;
-    double n = 0;
-    for (size_t k = 0; k < m->n_epochs; k++) n += (double)m->epochs[k].trained;
-    return n;
-}
-
-int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err)
-{
-    if (!s->conf.summary) return 0;
-    /* In the order a reader scans it: the run's shape, its result, its
-     * speed, the servers' counters, then what it ran on. */
-    int cluster = r->ps_shards > 0;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "mode", r->mode);
-    cJSON_AddNumberToObject(o, "workers", r->workers);
-    if (r->min_workers > 0) cJSON_AddNumberToObject(o, "min_workers", r->min_workers);
-    cJSON_AddNumberToObject(o, "ps_shards", r->ps_shards);
-    if (cluster) cJSON_AddNumberToObject(o, "replicas_to_aggregate", r->replicas);
-    if (cluster) cJSON_AddNumberToObject(o, "local_steps", (double)s->conf.local_steps);
-    if (r->staleness >= 0) cJSON_AddNumberToObject(o, "staleness", r->staleness);
-    cJSON_AddNumberToObject(o, "epochs", r->epochs);
-    cJSON_AddNumberToObject(o, "steps", r->steps);
-    cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
-    cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
-    if (r->sparse) cJSON_AddNumberToObject(o, "test_auc", r->sparse->test_auc);
-    if (!cluster) cJSON_AddNumberToObject(o, "train_loss", r->train_loss);
-    /* What the crew trained over the time it took, not the chief's rate
-     * times the workers: an elastic crew's are not MAX all along. */
-    double ips = r->crew_s > 0 && r->crew_samples > 0 ? r->crew_samples / r->crew_s
-                                                      : r->images_per_s_per_worker * r->workers;
-    cJSON_AddNumberToObject(o, "images_per_s", ips);
-    if (cluster) cJSON_AddNumberToObject(o, "images_per_s_per_worker", r->images_per_s_per_worker);
-    cJSON_AddNumberToObject(o, "train_s", r->train_s);
-    if (r->crew_s > 0) cJSON_AddNumberToObject(o, "crew_train_s", r->crew_s);
-    cJSON_AddNumberToObject(o, "wall_s", dp_now() - s->t_start);
-    if (cluster) cJSON_AddNumberToObject(o, "version", (double)r->version);
-    cJSON_AddNumberToObject(o, "updates_applied", (double)r->applied);
-    cJSON_AddNumberToObject(o, "updates_dropped", (double)r->dropped);
-    if (cluster) cJSON_AddNumberToObject(o, "updates_lost", (double)r->updates_lost);
-    cJSON_AddNumberToObject(o, "updates_rejected", (double)r->rejected);
-    if (cluster) cJSON_AddNumberToObject(o, "requests_refused", (double)r->requests_refused);
-    cJSON_AddNumberToObject(o, "staleness_mean", r->staleness_mean);
-    cJSON_AddNumberToObject(o, "staleness_max", (double)r->staleness_max);
-    if (r->staleness_hist) {
-        cJSON_AddItemToObject(o, "staleness_histogram", dp_staleness_json(r->staleness_hist));
-        cJSON_AddNumberToObject(o, "staleness_geometric_p",
-                                dp_metrics_round(dp_staleness_geometric_p(r->staleness_hist), 6));
-    }
-    if (r->membership) dp_summary_membership_json(o, r->membership);
-    if (r->sparse) s_summary_sparse(o, r->sparse);
-    if (r->optim) {
-        cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
-        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));
-    }
-    if (r->outer) dp_summary_outer_json(o, r->outer);
-    if (r->delay_lr) cJSON_AddStringToObject(o, "delay_lr", r->delay_lr);
-    if (r->delay_compensation) cJSON_AddStringToObject(o, "delay_compensation", r->delay_compensation);
-    if (cluster) {
-        /* the workers' --compress; bytes_pushed: the chief's pushes, each
-         * counted once (a repeat after a lost reply is not), the gradient's
-         * bytes only (dp_compress_bytes: not the envelope or the framing);
-         * bytes_pulled: the tensor bytes the chief's pulls received */
-        char name[48];
-        dp_compress_name(&s->conf.compress, name, sizeof name);
-        cJSON_AddStringToObject(o, "compress", name);
-        cJSON_AddStringToObject(o, "error_feedback", s->conf.compress.error_feedback ? "on" : "off");
-        cJSON_AddNumberToObject(o, "bytes_pushed", (double)r->bytes_pushed);
-        cJSON_AddNumberToObject(o, "bytes_pulled", (double)r->bytes_pulled);
-    }
-    cJSON_AddStringToObject(o, "device", s->conf.device);
-    cJSON_AddStringToObject(o, "data", s->train.name);
-    if (s->conf.train_samples > 0) cJSON_AddNumberToObject(o, "train_samples", s->train.n);
-    cJSON_AddStringToObject(o, "model", s->model.spec);
-    cJSON_AddNumberToObject(o, "batch", s->conf.batch);
-    /* The seed is a uint64: written as its exact integer text (a double
-     * would round seeds above 2^53; JSON numbers have no such limit). */
-    char seed[24];
-    snprintf(seed, sizeof seed, "%" PRIu64, s->conf.seed);
-    cJSON_AddRawToObject(o, "seed", seed);
-    int rc = dp_summary_write(s->conf.summary, o, err);
-    cJSON_Delete(o);
-    return rc;
-}
-
 void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long steps_per_epoch)
 {
     cJSON *line = dp_metrics_line(s->metrics);
@@ -311,11 +164,6 @@ void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long st
     dp_metrics_write(s->metrics, &line);
 }
 
-void dp_session_log_step(dp_session_t *s, long step, float loss)
-{
-    if (step % 10 == 0) dp_tb_scalar(s->tb, "train/loss", step, loss);
-}
-
 void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss)
 {
     dp_session_log_eval_auc(s, step, accuracy, loss, NAN);
@@ -323,138 +171,192 @@ void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double los
 
 void dp_session_log_eval_auc(dp_session_t *s, long step, double accuracy, double loss, double auc)
 {
-    cJSON *line = dp_metrics_line(s->metrics);
+    dp_outputs_log_eval(s->metrics, s->tb, step, accuracy, loss, auc);
+}
+
+void dp_outputs_log_eval(dp_metrics_t *m, dp_tb_t *tb, long step, double accuracy, double loss,
+                         double auc)
+{
+    cJSON *line = dp_metrics_line(m);
     if (line) {
         cJSON_AddStringToObject(line, "event", "eval");
         cJSON_AddNumberToObject(line, "step", step);
         cJSON_AddNumberToObject(line, "test_accuracy", dp_metrics_round(accuracy, 5));
         cJSON_AddNumberToObject(line, "test_loss", dp_metrics_round(loss, 5));
         if (!isnan(auc)) cJSON_AddNumberToObject(line, "test_auc", dp_metrics_round(auc, 6));
-        dp_metrics_write(s->metrics, &line);
+        dp_metrics_write(m, &line);
     }
-    dp_tb_scalar(s->tb, "test/accuracy", step, (float)accuracy);
-    dp_tb_scalar(s->tb, "test/loss", step, (float)loss);
-    if (!isnan(auc)) dp_tb_scalar(s->tb, "test/auc", step, (float)auc);
+    dp_tb_scalar(tb, "test/accuracy", step, (float)accuracy);
+    dp_tb_scalar(tb, "test/loss", step, (float)loss);
+    if (!isnan(auc)) dp_tb_scalar(tb, "test/auc", step, (float)auc);
 }
 
-/* The standalone trainer's line per step. */
-static void s_metrics_step(dp_session_t *s, long step, long spe, float loss, float lr)
-{
-    cJSON *line = dp_metrics_line(s->metrics);
-    if (!line) return;
-    cJSON_AddNumberToObject(line, "step", step);
-    cJSON_AddNumberToObject(line, "epoch", step / spe);
-    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(loss, 6));
-    cJSON_AddNumberToObject(line, "lr", dp_metrics_round(lr, 6));
-    dp_metrics_write(s->metrics, &line);
-}
+/* ---- the dense kind (worker/train/driver.h): standalone here, a
+ * cluster's loop in distributed.c ----------------------------------------- */
 
-/* Evaluate and record the result. */
-static void s_eval_and_log(dp_session_t *s, long step, int limit, double *acc, double *loss)
+static int s_dense_open(dp_train_drv_t *d, char *err)
 {
-    dp_session_evaluate(s, limit, acc, loss);
-    dp_session_log_eval(s, step, *acc, *loss);
-}
-
-/* The standalone training loop: steps until the batcher ends, the loss
- * diverges (-1 with err) or *stop is set; returns the steps done. */
-static long s_standalone_loop(dp_session_t *s, dp_batcher_t *bt, const dp_optim_conf_t *opt,
-                              float *d_state, long total, volatile sig_atomic_t *stop,
-                              double *loss_avg, char *err)
-{
-    const dp_train_conf_t *c = &s->conf;
-    long spe = dp_data_steps_per_epoch(s->train.n, c->batch, 1);
-    double t0 = dp_now(), acc = 0, test_loss = 0;
-    dp_batch_t batch;
-    long step, done = 0;
-    while (!(stop && *stop) && (step = dp_batcher_next(bt, &batch)) >= 0) {
-        s->net.step = (unsigned long long)step; /* dropout's mask */
-        float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, c->batch, NULL);
-        if (!isfinite(loss))
-            return dp_err(err, "loss is %f at step %ld: training diverged (lower --lr)", loss, step);
-        float lr = dp_optim_lr_at(opt, step);
-        dp_net_optim_step(&s->net, opt, lr, d_state, step + 1);
-        done = step + 1;
-        *loss_avg = done == 1 ? loss : 0.98 * *loss_avg + 0.02 * loss;
-        s_metrics_step(s, step, spe, loss, lr);
-        dp_session_log_step(s, step, loss);
-        double dt = dp_now() - t0;
-        dp_progress_update(&s->progress, done == total, "epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f",
-                           step / spe + 1, (total + spe - 1) / spe, done, total,
-                           done * c->batch / (dt > 0 ? dt : 1e-9), *loss_avg);
-        if (c->eval_every > 0 && done % c->eval_every == 0 && done < total)
-            s_eval_and_log(s, done, c->eval_limit, &acc, &test_loss);
+    const dp_train_conf_t *c = d->c;
+    dp_dense_run_t *r = dp_calloc(1, sizeof *r);
+    d->run = r;
+    if (dp_session_init(&r->s, c, err) != 0) {
+        free(r);
+        d->run = NULL;
+        return -1;
     }
-    return done;
-}
-
-/* Stopped by a signal: the model at the step reached goes to --save (if
- * given); no evaluation, no summary (the run did not finish). */
-static int s_standalone_stopped(dp_session_t *s, long done, int sig, char *err)
-{
-    if (dp_session_save(s, done, done, err) != 0) return -1;
-    dp_log_info("standalone: stopped by signal %d at step %ld; %s%s", sig, done,
-                s->conf.save ? "model saved to " : "nothing saved (no --save)",
-                s->conf.save ? s->conf.save : "");
+    dp_session_t *s = &r->s;
+    d->model = &s->model;
+    d->metrics = s->metrics;
+    d->tb = s->tb;
+    d->progress = &s->progress;
+    if (!d->standalone) {
+        /* what shard 0 of an elastic crew deals from (a fixed crew's ignore
+         * it); local steps take H batches a pull and keep the order of their own */
+        if (c->local_steps <= 1)
+            d->opts.deal = (dp_ps_deal_plan_t){.samples = (uint64_t)s->train.n, .batch = (uint32_t)c->batch,
+                                               .epochs = c->steps > 0 ? 0 : (uint64_t)c->epochs,
+                                               .steps = c->steps > 0 ? (uint64_t)c->steps : 0};
+        return 0;
+    }
+    r->optim = c->optim;
+    dp_model_init_params(&s->model, s->h_params, c->seed);
+    dp_net_set_params(&s->net, s->h_params);
+    /* The optimizer steps where the parameters live (be->optim_step: the
+     * parameter server's dp_optim_step, or its CUDA twin), its state too. */
+    size_t n_state = s->model.n_floats * (size_t)dp_optim_state_per_param(r->optim.kind);
+    if (n_state) r->d_state = s->be->ops->alloc(s->be, n_state * sizeof(float));
     return 0;
 }
 
-int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err)
+static int s_dense_plan(dp_train_drv_t *d, char *err)
 {
-    dp_session_t s;
-    if (dp_session_init(&s, c, err) != 0) return -1;
-    dp_optim_conf_t optim = c->optim;
-    const dp_optim_conf_t *opt = &optim;
-    dp_model_init_params(&s.model, s.h_params, c->seed);
-    dp_net_set_params(&s.net, s.h_params);
-    /* The optimizer steps where the parameters live (be->optim_step: the
-     * parameter server's dp_optim_step, or its CUDA twin), its state too. */
-    size_t n_state = s.model.n_floats * (size_t)dp_optim_state_per_param(opt->kind);
-    float *d_state = n_state ? s.be->ops->alloc(s.be, n_state * sizeof(float)) : NULL;
-
-    long total = dp_session_total_steps(&s, 1);
-    long spe = dp_data_steps_per_epoch(s.train.n, c->batch, 1);
+    if (!d->standalone) return dp_dense_cluster_plan(d, err);
+    const dp_train_conf_t *c = d->c;
+    dp_dense_run_t *r = d->run;
+    dp_session_t *s = &r->s;
+    d->total = dp_session_total_steps(s, 1);
+    r->spe = dp_data_steps_per_epoch(s->train.n, c->batch, 1);
     if (!c->schedule_given) {
         /* Anneal over the run, as `downpour local` does for the servers. */
-        optim.schedule = DP_LR_COSINE;
-        optim.total_steps = total;
+        r->optim.schedule = DP_LR_COSINE;
+        r->optim.total_steps = d->total;
     }
-    dp_batcher_t bt;
-    if (dp_batcher_init_at(&bt, &s.train, s.be, c->batch, 0, 1, c->seed, 0, total, c->augment, err) != 0) {
-        if (d_state) s.be->ops->release(s.be, d_state);
-        dp_session_fini(&s);
+    if (dp_batcher_init_at(&r->bt, &s->train, s->be, c->batch, 0, 1, c->seed, 0, d->total, c->augment,
+                           err) != 0)
         return -1;
-    }
     dp_log_info("standalone: %s on %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
-                s.model.spec, c->device, s.train.n, s.test.n, c->batch, total, spe);
-    dp_session_log_start(&s, 0, total, spe);
-    double t0 = dp_now(), loss_avg = 0, acc = 0, test_loss = 0;
-    long done = s_standalone_loop(&s, &bt, opt, d_state, total, stop, &loss_avg, err);
-    double train_s = dp_now() - t0;
-    dp_progress_done(&s.progress);
-    dp_batcher_fini(&bt);
-    if (d_state) s.be->ops->release(s.be, d_state);
-    int rc = done < 0 ? -1 : 0;
-    if (rc == 0 && stop && *stop) {
-        rc = s_standalone_stopped(&s, done, (int)*stop, err);
-        dp_session_fini(&s);
-        return rc;
-    }
-    if (rc == 0) {
-        s_eval_and_log(&s, done, 0, &acc, &test_loss);
-        double ips = done * c->batch / (train_s > 0 ? train_s : 1e-9);
-        dp_log_info("standalone: %ld steps in %.1f s (%.0f images/s); test accuracy %.4f, loss %.4f",
-                    done, train_s, ips, acc, test_loss);
-        rc = dp_session_save(&s, done, done, err);
-        dp_run_summary_t r = {
-            .mode = "standalone", .workers = 1, .ps_shards = 0, .staleness = -1,
-            .steps = done, .epochs = (double)done / spe,
-            .test_accuracy = acc, .test_loss = test_loss, .train_loss = loss_avg,
-            .images_per_s_per_worker = ips, .train_s = train_s,
-            .applied = (uint64_t)done, .optim = opt,
-        };
-        if (rc == 0) rc = dp_session_summary(&s, &r, err);
-    }
-    dp_session_fini(&s);
-    return rc;
+                s->model.spec, c->device, s->train.n, s->test.n, c->batch, d->total, r->spe);
+    dp_session_log_start(s, 0, d->total, r->spe);
+    return 0;
 }
+
+/* Standalone: steps until the batcher ends, the loss diverges or a signal. */
+static int s_dense_loop(dp_train_drv_t *d, char *err)
+{
+    if (!d->standalone) return dp_dense_cluster_loop(d, err);
+    dp_dense_run_t *r = d->run;
+    dp_session_t *s = &r->s;
+    dp_batch_t batch;
+    long step;
+    while (!dp_train_stopped(d) && (step = dp_batcher_next(&r->bt, &batch)) >= 0) {
+        s->net.step = (unsigned long long)step; /* dropout's mask */
+        float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch, NULL);
+        r->lr = dp_optim_lr_at(&r->optim, step);
+        dp_net_optim_step(&s->net, &r->optim, r->lr, r->d_state, step + 1);
+        dp_train_step_t st = {.step = step, .loss = loss, .samples = s->conf.batch,
+                              .last = step + 1 == d->total};
+        if (dp_train_done(d, &st, err) != 0) return -1;
+    }
+    return 0;
+}
+
+static void s_dense_metrics(dp_train_drv_t *d, const dp_train_step_t *st, cJSON *line)
+{
+    if (!d->standalone) {
+        dp_dense_cluster_metrics(d, st, line);
+        return;
+    }
+    dp_dense_run_t *r = d->run;
+    cJSON_AddNumberToObject(line, "step", st->step);
+    cJSON_AddNumberToObject(line, "epoch", st->step / r->spe);
+    cJSON_AddNumberToObject(line, "loss", dp_metrics_round(st->loss, 6));
+    cJSON_AddNumberToObject(line, "lr", dp_metrics_round(r->lr, 6));
+}
+
+static void s_dense_progress(dp_train_drv_t *d, const dp_train_step_t *st, char *line, size_t n)
+{
+    if (!d->standalone) {
+        dp_dense_cluster_progress(d, st, line, n);
+        return;
+    }
+    dp_dense_run_t *r = d->run;
+    long spe = r->spe, total = d->total;
+    double dt = dp_now() - d->t0;
+    snprintf(line, n, "epoch %ld/%ld  step %ld/%ld  %.0f img/s  loss %.4f", st->step / spe + 1,
+             (total + spe - 1) / spe, d->done, total, d->done * r->s.conf.batch / (dt > 0 ? dt : 1e-9),
+             d->loss_avg);
+}
+
+static int s_dense_evaluate(dp_train_drv_t *d, int limit, dp_train_eval_t *e, char *err)
+{
+    (void)err;
+    dp_dense_run_t *r = d->run;
+    dp_session_evaluate(&r->s, limit, &e->accuracy, &e->loss);
+    e->auc = NAN;
+    return 0;
+}
+
+static int s_dense_save(dp_train_drv_t *d, char *err)
+{
+    dp_dense_run_t *r = d->run;
+    return dp_session_save(&r->s, d->done, d->done, err);
+}
+
+/* The end of a whole run: the test set, --save, the summary's fields. */
+static int s_dense_finish(dp_train_drv_t *d, dp_run_summary_t *sum, char *err)
+{
+    dp_dense_run_t *r = d->run;
+    dp_session_t *s = &r->s;
+    sum->data = s->train.name;
+    sum->model = s->model.spec;
+    sum->train_n = s->train.n;
+    if (!d->standalone) return dp_dense_cluster_finish(d, sum, err);
+    dp_train_eval_t e;
+    s_dense_evaluate(d, 0, &e, err);
+    dp_train_log_eval(d, d->done, &e);
+    dp_log_info("standalone: %ld steps in %.1f s (%.0f images/s); test accuracy %.4f, loss %.4f",
+                d->done, sum->train_s, sum->images_per_s_per_worker, e.accuracy, e.loss);
+    if (dp_session_save(s, d->done, d->done, err) != 0) return -1;
+    sum->epochs = (double)d->done / r->spe;
+    sum->test_accuracy = e.accuracy;
+    sum->test_loss = e.loss;
+    sum->optim = &r->optim;
+    return 0;
+}
+
+static void s_dense_close(dp_train_drv_t *d)
+{
+    dp_dense_run_t *r = d->run;
+    if (!r) return;
+    dp_dense_cluster_close(d);
+    dp_batcher_fini(&r->bt);
+    if (r->d_state) r->s.be->ops->release(r->s.be, r->d_state);
+    dp_session_fini(&r->s);
+    free(r);
+    d->run = NULL;
+}
+
+const dp_train_kind_ops_t dp_train_dense = {
+    .name = "dense",
+    .diverged = "lower --lr",
+    .diverged_cluster = NULL, /* a worker's loss is reported as it is: the servers' --lr */
+    .open = s_dense_open,
+    .plan = s_dense_plan,
+    .loop = s_dense_loop,
+    .metrics = s_dense_metrics,
+    .progress = s_dense_progress,
+    .evaluate = s_dense_evaluate,
+    .save = s_dense_save,
+    .finish = s_dense_finish,
+    .close = s_dense_close,
+};

@@ -1,10 +1,12 @@
-/* train: a training run as the worker daemon performs it — standalone (the
- * baseline: one process, its own optimizer) or against parameter servers.
+/* train: what a training run is made of, for every kind the driver runs
+ * (worker/train/driver.h) and for the lab's runs (deploy/lab): the
+ * flags (dp_train_conf_t), summary.json (dp_run_summary_t and its one
+ * writer, summary.c), and the session of an image model.
  *
- * dp_session_t holds what both share: the data, the model, the backend and
- * executor, host buffers for pulled parameters and pushed gradients,
- * metrics, the progress line; dp_session_evaluate, _save and _summary are
- * the chief's end-of-run duties in both modes. */
+ * dp_session_t holds what a dense run shares between its modes: the data,
+ * the model, the backend and executor, host buffers for pulled parameters
+ * and pushed gradients, metrics, the progress line; dp_session_evaluate,
+ * _save and _summary are the chief's end-of-run duties in both modes. */
 #ifndef DP_TRAIN_H
 #define DP_TRAIN_H
 
@@ -131,7 +133,22 @@ typedef struct {
     double row_init;           /* the rows' initial bound (0: zeros) */
 } dp_sparse_summary_t;
 
-/* What a run reports in summary.json, standalone or distributed. */
+/* What summary.json says of an actor-critic run (the names fixed by the
+ * RL tools that read it: env, env_steps, episodes, return_mean_100,
+ * solved_at_env_steps, test_return), the worker's and the lab's alike
+ * (deploy/lab/engine.c: a simulated or replayed run's chief); its flags
+ * (envs, t_max, ...) are the conf's a3c. */
+typedef struct {
+    const dp_env_kind_t *kind;
+    uint64_t env_steps, episodes;
+    double return_mean_100, test_return;
+    int64_t solved_at;         /* -1: not solved */
+    const uint64_t *curve_at;  /* the run's return curve (common/episodes.h): n_curve points */
+    const double *curve_mean;
+    int n_curve;
+} dp_rl_summary_t;
+
+/* What a run reports in summary.json, any kind, standalone or distributed. */
 typedef struct {
     const char *mode;          /* "standalone", "sync", "async", "ssp" */
     int workers;
@@ -168,10 +185,16 @@ typedef struct {
     int min_workers;           /* distributed: an elastic crew's MIN (workers is MAX); 0: fixed */
     const dp_sparse_summary_t *sparse; /* a model with an embedding: its rows and test AUC;
                                         * NULL: none */
+    const dp_rl_summary_t *rl; /* an actor-critic: its episodes and test return, written in
+                                * their own order (the RL tools'); NULL: none */
+    const char *data;          /* the training data's name, the model's spec, the samples */
+    const char *model;         /* trained (written when --train-samples cut them) */
+    int train_n;
+    double t_start;            /* dp_now() when the run began: wall_s */
+    const dp_ps_stats_t *stats; /* a cluster's chief: the servers' STATS, for the kind's
+                                 * finish (worker/train/driver.h); not written */
 } dp_run_summary_t;
 
-/* Write conf.summary (if set) from r and the session: the one place where
- * summary.json's fields are named. */
 /* The outer optimizer's fields (outer_optimizer, outer_lr, and for
  * nesterov outer_momentum and, delayed, outer_momentum_every) into o: for
  * dp_session_summary, the simulator's result and `downpour local`, which
@@ -191,41 +214,26 @@ void dp_summary_epoch_samples_json(cJSON *o, const struct dp_ps_membership *m);
  * metrics lines give them), "live_min", "live_max", and an elastic crew's
  * epoch samples: every kind's distributed summary. */
 void dp_summary_membership_json(cJSON *o, const struct dp_ps_membership *m);
+/* Write c->summary (if set) from r and c: the one place where
+ * summary.json's fields are named (worker/train/summary.c), every kind's. */
+int dp_train_summary_write(const dp_train_conf_t *c, const dp_run_summary_t *r, char *err);
+/* The same for a session's run: r's data, model and start from s. */
 int dp_session_summary(dp_session_t *s, const dp_run_summary_t *r, char *err);
+/* summary.json's "return_curve": [[env step, mean return of the last 100],
+ * ...], the n points of the run's account then its end (end_at, end_mean). */
+cJSON *dp_a3c_curve_json(const uint64_t *at, const double *mean, int n, uint64_t end_at, double end_mean);
 
 /* A run's first metrics line: the steps it will run, for `downpour local`'s
  * progress line; total_steps -E (an elastic crew's worker, whose batches
  * shard 0 deals until they are done): "epochs": E instead. */
 void dp_session_log_start(dp_session_t *s, int worker, long total_steps, long steps_per_epoch);
 
-/* One training step's record: a metrics line is written by the caller;
- * this adds the TensorBoard scalars (every 10th step, to keep files small). */
-void dp_session_log_step(dp_session_t *s, long step, float loss);
 /* An evaluation's record: a metrics line and TensorBoard scalars. */
 void dp_session_log_eval(dp_session_t *s, long step, double accuracy, double loss);
 /* The same with the test AUC (a two-class sparse model's), NAN: none. */
 void dp_session_log_eval_auc(dp_session_t *s, long step, double accuracy, double loss, double auc);
-
-/* Train alone. When *stop becomes non-zero (a signal) it stops after the
- * current step, saves the model to conf.save if given, writes no summary
- * and returns 0 (the caller exits 128 + signal). stop may be NULL. */
-int dp_train_standalone(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
-/* Train against the servers: 0 when done, -1 with err. In an elastic crew
- * (--workers MIN:MAX on the servers) a signal is a leave: the step in
- * flight ends whole (its pull and push are not interrupted, so every shard
- * has its gradient or none has), the servers hear BARRIER{leave}, and it
- * returns DP_TRAIN_LEFT (the caller exits 0). */
-#define DP_TRAIN_LEFT 1
-
-/* Test hook (DP_TEST_HOLD_DIR=DIR): worker task holds before its step
- * `step` while DIR/hold-TASK-STEP exists, its pid in DIR/held-TASK-STEP,
- * until the file goes or *stop is set (worker/train/distributed.c says more). */
-void dp_train_test_hold(int task, long step, volatile sig_atomic_t *stop);
-int dp_train_distributed(const dp_train_conf_t *c, volatile sig_atomic_t *stop, char *err);
-/* An elastic crew's worker stopped by a signal after step done: it tells
- * the servers it leaves (one line in its log). DP_TRAIN_LEFT, or -1 with
- * err. Every worker kind's loop ends this way. */
-struct dp_ps_client;
-int dp_train_leave(struct dp_ps_client *ps, int task, long done, int signal, char *err);
+/* The same into given outputs (a run without a session: worker/train/driver.c). */
+void dp_outputs_log_eval(dp_metrics_t *m, dp_tb_t *tb, long step, double accuracy, double loss,
+                         double auc);
 
 #endif
