@@ -35,7 +35,15 @@
  * holds the run as the shards saw it and every worker's exit. As
  * `downpour local`, nothing it started outlives it: each child leads a
  * process group, signalled whole, and a guard stops the groups left when
- * the launcher is killed (spawn.h, dp_spawn_guard). */
+ * the launcher is killed (spawn.h, dp_spawn_guard).
+ *
+ * Elastic (--workers MIN:MAX, torchrun's --nnodes MIN:MAX): local_elastic.h's
+ * crew, as `downpour local`'s: MIN start, the shards get --workers MIN:MAX,
+ * `downpour scale DIR N` starts the lowest free task indexes or asks the
+ * highest but the chief's to leave (SIGTERM), --chaos kill:S. WORLD_SIZE,
+ * LOCAL_WORLD_SIZE and TF_CONFIG's worker list are MAX (the task indexes
+ * there can be, as the shards count them), DOWNPOUR_MIN_WORKERS and
+ * DOWNPOUR_MAX_WORKERS set. */
 #include "deploy/launcher/commands.h"
 
 #include <errno.h>
@@ -53,7 +61,9 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "deploy/launcher/crew.h"
+#include "deploy/launcher/local_elastic.h"
 #include "deploy/launcher/local_keys.h"
+#include "deploy/launcher/scale.h"
 #include "deploy/launcher/spawn.h"
 #include "deploy/launcher/tee.h"
 #include "server/args.h"
@@ -61,7 +71,14 @@
 #define S_MAX_ARGS 256 /* server flags and their values, the command's words */
 
 typedef struct {
-    int workers, shards;
+    int workers, shards;  /* workers: started at the start (elastic: MIN) */
+    int min_workers, max_workers; /* --workers MIN:MAX (min 0: a fixed crew of max = workers) */
+    char crew_name[24];   /* "N" or "MIN:MAX", the servers' --workers */
+    const char *chaos;    /* --chaos kill:SECONDS, or NULL */
+    double chaos_s;
+    dp_elastic_t elastic; /* an elastic crew's changes (local_elastic.h, as downpour local's) */
+    cJSON *joins, *leaves; /* summary.json's events */
+    int noted_life[2 * DP_CREW_MAX]; /* per crew record: the last life whose end is noted */
     double grace_s;
     int progress; /* 0: no progress line */
     int tee;      /* --tee: the workers' output on stdout too, "[RANK]: " a line */
@@ -87,14 +104,17 @@ typedef struct {
 static volatile sig_atomic_t s_signal;
 
 static const char s_usage[] =
-    "usage: downpour launch --workers N [--ps-shards K] [--init FILE | --model SPEC]\n"
+    "usage: downpour launch --workers N|MIN:MAX [--ps-shards K] [--init FILE | --model SPEC]\n"
     "                       [--out DIR] [--curve] [--grace S] [--tee] [--no-progress]\n"
+    "                       [--chaos kill:S]\n"
     "                       [downpour-ps flags...] -- COMMAND [ARGS...]\n"
     "Starts K downpour-ps shards, then N copies of COMMAND as workers 0..N-1 (0 the chief),\n"
     "each with TF_CONFIG, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and DOWNPOUR_PS set\n"
     "(downpour.torch.Worker() with no ps= finds the servers from them). Ctrl-C or SIGTERM\n"
     "stops everything; a failed worker stops the run; the exit status is the chief's.\n\n"
-    "  --workers N        worker processes (1..64)\n"
+    "  --workers N        worker processes (1..64); MIN:MAX: elastic, MIN start, `downpour\n"
+    "                     scale DIR N` sets the live count, WORLD_SIZE is MAX\n"
+    "  --chaos kill:S     elastic: SIGKILL a random worker but the chief every S seconds\n"
     "  --ps-shards K      parameter-server shards (1..64, default 1)\n"
     "  --out DIR          logs/ (every process's output), metrics/, summary.json\n"
     "                     (default runs/launch-YYYYmmdd-HHMMSS)\n"
@@ -134,7 +154,17 @@ static int s_count(const char *flag, const char *v, int *out, char *err)
 static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
 {
     const char *v;
-    if ((v = s_value(argc, argv, i, "--workers"))) return s_count("--workers", v, &L->workers, err);
+    if ((v = s_value(argc, argv, i, "--workers"))) {
+        if (dp_opts_parse_crew("--workers", v, DP_CREW_MAX, &L->min_workers, &L->max_workers, err) != 0)
+            return -1;
+        L->workers = L->min_workers > 0 ? L->min_workers : L->max_workers;
+        dp_opts_crew_name(L->min_workers, L->max_workers, L->crew_name, sizeof L->crew_name);
+        return 0;
+    }
+    if ((v = s_value(argc, argv, i, "--chaos"))) {
+        L->chaos = v;
+        return dp_elastic_parse_chaos(v, &L->chaos_s, err);
+    }
     if ((v = s_value(argc, argv, i, "--ps-shards"))) return s_count("--ps-shards", v, &L->shards, err);
     if ((v = s_value(argc, argv, i, "--grace")))
         return dp_opts_parse_double("--grace", v, 0, 3600, &L->grace_s, err);
@@ -169,13 +199,11 @@ static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
 static int s_check_ps_flags(s_launch_t *L, char *err)
 {
     const char *av[S_MAX_ARGS + 8];
-    char nw[16];
     int n = 0;
-    snprintf(nw, sizeof nw, "%d", L->workers);
     av[n++] = "downpour-ps";
     for (int i = 0; i < L->n_ps_args; i++) av[n++] = L->ps_args[i];
     av[n++] = "--workers";
-    av[n++] = nw;
+    av[n++] = L->crew_name;
     dp_ps_config_default(&L->ps);
     char e2[DP_ERR_LEN];
     if (dp_ps_parse_args(&L->ps, n, (char **)av, e2) != DP_OPTS_PARSED)
@@ -205,6 +233,10 @@ static dp_opts_result_t s_parse(s_launch_t *L, int argc, char **argv, char *err)
         dp_err(err, "--workers N is required (see downpour launch --help)");
         return DP_OPTS_BAD;
     }
+    if (L->chaos && L->min_workers == 0) {
+        dp_err(err, "--chaos needs an elastic crew: --workers MIN:MAX");
+        return DP_OPTS_BAD;
+    }
     return s_check_ps_flags(L, err) == 0 ? DP_OPTS_PARSED : DP_OPTS_BAD;
 }
 
@@ -220,7 +252,7 @@ static int s_prepare(s_launch_t *L, char *err)
     if (dp_crew_make_out(L->out, err) != 0) return -1;
     snprintf(path, sizeof path, "%s/summary.json", L->out);
     unlink(path);
-    if (L->curve && dp_local_keys_make(&L->keys, L->out, L->shards, L->workers, err) != 0) return -1;
+    if (L->curve && dp_local_keys_make(&L->keys, L->out, L->shards, L->max_workers, err) != 0) return -1;
     for (int i = 0; i < L->n_ps_args; i++)
         if (strncmp(L->ps_args[i], "--init", 6) == 0 || strncmp(L->ps_args[i], "--model", 7) == 0)
             return 0;
@@ -234,10 +266,9 @@ static int s_prepare(s_launch_t *L, char *err)
 
 static int s_start_shards(s_launch_t *L, const char *argv0, char *err)
 {
-    char bin[PATH_MAX + 16], shard[24], nw[16], ready[PATH_MAX];
+    char bin[PATH_MAX + 16], shard[24], ready[PATH_MAX];
     dp_spawn_bin_dir(L->bin_dir, sizeof L->bin_dir, argv0);
     snprintf(bin, sizeof bin, "%s/downpour-ps", L->bin_dir);
-    snprintf(nw, sizeof nw, "%d", L->workers);
     for (int i = 0; i < L->shards; i++) {
         dp_child_t *c = dp_crew_add(&L->crew, L->out, "ps", i);
         snprintf(shard, sizeof shard, "%d/%d", i, L->shards);
@@ -250,7 +281,7 @@ static int s_start_shards(s_launch_t *L, const char *argv0, char *err)
         av[n++] = "--bind"; av[n++] = "tcp://127.0.0.1:*";
         av[n++] = "--ready-file"; av[n++] = ready;
         av[n++] = "--shard"; av[n++] = shard;
-        av[n++] = "--workers"; av[n++] = nw;
+        av[n++] = "--workers"; av[n++] = L->crew_name;
         av[n++] = "--metrics"; av[n++] = c->metrics;
         if (L->curve) dp_local_keys_ps_args(&L->keys, i, av, &n);
         for (int k = 0; k < L->n_ps_args; k++) av[n++] = L->ps_args[k];
@@ -273,7 +304,7 @@ static void s_tf_config(const s_launch_t *L, int i, char *out, size_t n)
         cJSON_AddItemToArray(ps, cJSON_CreateString(hp));
         p += len + (p[len] == ',');
     }
-    for (int k = 0; k < L->workers; k++) {
+    for (int k = 0; k < L->max_workers; k++) {
         char hp[32];
         snprintf(hp, sizeof hp, "127.0.0.1:%d", 1 + k); /* placeholders: see the top */
         cJSON_AddItemToArray(wk, cJSON_CreateString(hp));
@@ -294,13 +325,21 @@ static int s_start_worker(s_launch_t *L, int i, dp_child_t *c, char *err)
 {
     static char tf[16384], ps[sizeof L->endpoints + 16], secret[PATH_MAX + 32], server[PATH_MAX + 32];
     static char init[PATH_MAX + 32], ps_file[PATH_MAX + 32];
-    char rank[32], local[32], world[32], lworld[32];
-    snprintf(world, sizeof world, "WORLD_SIZE=%d", L->workers);
-    snprintf(lworld, sizeof lworld, "LOCAL_WORLD_SIZE=%d", L->workers);
+    char rank[32], local[32], world[32], lworld[32], min[40], max[40];
+    /* an elastic crew: MAX, the task indexes there can be (TF_CONFIG's
+     * worker list too); MIN and MAX as torchrun's agent has them */
+    snprintf(world, sizeof world, "WORLD_SIZE=%d", L->max_workers);
+    snprintf(lworld, sizeof lworld, "LOCAL_WORLD_SIZE=%d", L->max_workers);
     snprintf(rank, sizeof rank, "RANK=%d", i);
     snprintf(local, sizeof local, "LOCAL_RANK=%d", i);
-    const char *env[12] = {rank, local, world, lworld, "GROUP_RANK=0"};
+    snprintf(min, sizeof min, "DOWNPOUR_MIN_WORKERS=%d", L->min_workers);
+    snprintf(max, sizeof max, "DOWNPOUR_MAX_WORKERS=%d", L->max_workers);
+    const char *env[14] = {rank, local, world, lworld, "GROUP_RANK=0"};
     int n = 5;
+    if (L->min_workers > 0) {
+        env[n++] = min;
+        env[n++] = max;
+    }
     if (L->endpoints[0]) {
         s_tf_config(L, i, tf, sizeof tf);
         snprintf(ps, sizeof ps, "DOWNPOUR_PS=%s", L->endpoints);
@@ -360,8 +399,31 @@ static int s_start_chief_for_init(s_launch_t *L, char *err)
     return 0;
 }
 
+/* Task i's next life (its first, a join): DIR/logs/worker-I.log,
+ * then worker-I.L.log. */
+static int s_start_task(s_launch_t *L, int i, char *err)
+{
+    dp_child_t *c = dp_crew_worker_life(&L->crew, L->out, i);
+    if (!c) return dp_err(err, "worker %d: running already, or more than %d children", i, 2 * DP_CREW_MAX);
+    return s_start_worker(L, i, c, err);
+}
+
+/* local_elastic's start: a worker joining (scale, or one in place of a
+ * --chaos kill), kept for summary.json's "joins". */
+static int s_start_joining(void *arg, int task, char *err)
+{
+    s_launch_t *L = arg;
+    if (s_start_task(L, task, err) != 0) return -1;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "task", task);
+    cJSON_AddNumberToObject(o, "t", dp_now() - L->t0);
+    cJSON_AddItemToArray(L->joins, o);
+    return 0;
+}
+
 /* The workers not yet running, once the shards listen (the chief, started
- * for the init file, told where they are). */
+ * for the init file, told where they are); an elastic crew's MIN, with
+ * `downpour scale DIR N` listened for as under downpour local. */
 static int s_start_workers(s_launch_t *L, char *err)
 {
     int first = 0;
@@ -371,8 +433,15 @@ static int s_start_workers(s_launch_t *L, char *err)
         if (dp_write_file_atomic(L->ps_file, L->endpoints, strlen(L->endpoints), err) != 0) return -1;
         first = 1;
     }
+    /* the lock is held until this process ends: the fd is never closed */
+    if (L->min_workers > 0 && dp_scale_listen(L->out, L->max_workers, err) < 0) return -1;
     for (int i = first; i < L->workers; i++)
-        if (s_start_worker(L, i, dp_crew_add(&L->crew, L->out, "worker", i), err) != 0) return -1;
+        if (s_start_task(L, i, err) != 0) return -1;
+    if (L->min_workers > 0) {
+        dp_elastic_init(&L->elastic, L->min_workers, L->max_workers, L->chaos_s, L->ps.seed, L->out,
+                        &L->crew, s_start_joining, L, dp_now());
+        L->elastic.who = "downpour launch";
+    }
     return 0;
 }
 
@@ -416,6 +485,24 @@ static void s_show_progress(const s_launch_t *L, int live)
     cJSON_Delete(o);
 }
 
+/* The workers' ends this pass found that the launcher asked for (a
+ * scale's leave, a --chaos kill): summary.json's "leaves". */
+static void s_note_leaves(s_launch_t *L)
+{
+    for (int k = L->shards; k < L->crew.n; k++) {
+        const dp_child_t *c = &L->crew.kids[k];
+        if (c->pid > 0 || L->noted_life[k] == c->lives) continue;
+        L->noted_life[k] = c->lives;
+        if (!c->stopping) continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "task", c->task);
+        cJSON_AddNumberToObject(o, "status", WIFEXITED(c->status) ? WEXITSTATUS(c->status)
+                                                                 : 128 + WTERMSIG(c->status));
+        cJSON_AddNumberToObject(o, "t", dp_now() - L->t0);
+        cJSON_AddItemToArray(L->leaves, o);
+    }
+}
+
 /* Until a signal, a failed worker (returned), or every worker's end. */
 static const dp_child_t *s_watch(s_launch_t *L)
 {
@@ -425,8 +512,15 @@ static const dp_child_t *s_watch(s_launch_t *L)
         if (L->tee) dp_tee_follow(&L->tee_read, &L->crew, 0);
         int alive, workers_alive;
         const dp_child_t *bad = dp_crew_reap(&L->crew, &alive, &workers_alive);
+        s_note_leaves(L);
+        if (bad && !s_signal && dp_elastic_survives(&L->elastic, bad)) bad = NULL;
         if (s_signal || workers_alive == 0) return bad && bad->is_worker ? bad : NULL;
         if (bad) return bad; /* a worker, or a shard that died under the workers */
+        char err[DP_ERR_LEN];
+        if (dp_elastic_tick(&L->elastic, dp_now(), err) != 0) {
+            fprintf(stderr, "downpour launch: %s\n", err);
+            return NULL;
+        }
         if (L->progress && dp_now() - last >= (live ? 0.5 : 15.0)) {
             s_show_progress(L, live);
             last = dp_now();
@@ -462,6 +556,13 @@ static void s_summary(const s_launch_t *L)
         const dp_child_t *c = &L->crew.kids[i];
         int s = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
         cJSON_AddItemToArray(ex, cJSON_CreateNumber(s));
+    }
+    /* the crew's changes: an elastic crew's joins and leaves */
+    if (L->min_workers > 0) {
+        cJSON_AddNumberToObject(root, "workers_min", L->min_workers);
+        cJSON_AddNumberToObject(root, "workers_max", L->max_workers);
+        cJSON_AddItemToObject(root, "joins", cJSON_Duplicate(L->joins, 1));
+        cJSON_AddItemToObject(root, "leaves", cJSON_Duplicate(L->leaves, 1));
     }
     char path[PATH_MAX], *text = cJSON_Print(root), err[DP_ERR_LEN];
     snprintf(path, sizeof path, "%s/summary.json", L->out);
@@ -530,6 +631,8 @@ int dp_launch_main(int argc, char **argv)
     }
     dp_signals_install(&s_signal, 1);
     L.t0 = dp_now();
+    L.joins = cJSON_CreateArray();
+    L.leaves = cJSON_CreateArray();
     if ((L.init_from_cmd && s_start_chief_for_init(&L, err) != 0) ||
         s_start_shards(&L, argv[0], err) != 0 ||
         dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal,
@@ -541,8 +644,8 @@ int dp_launch_main(int argc, char **argv)
         dp_crew_stop_all(&L.crew, 5.0);
         return s_signal ? 128 + (int)s_signal : 1;
     }
-    fprintf(stderr, "downpour launch: %d ps shard(s) at %s, %d worker(s) of `%s`, %s mode; logs in %s/logs\n",
-            L.shards, L.endpoints, L.workers, L.cmd[0], dp_mode_name(L.ps.mode), L.out);
+    fprintf(stderr, "downpour launch: %d ps shard(s) at %s, %s worker(s) of `%s`, %s mode; logs in %s/logs\n",
+            L.shards, L.endpoints, L.crew_name, L.cmd[0], dp_mode_name(L.ps.mode), L.out);
     int rc = s_finish(&L, s_watch(&L));
     dp_local_keys_fini(&L.keys);
     return rc;

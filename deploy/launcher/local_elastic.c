@@ -30,6 +30,7 @@ void dp_elastic_init(dp_elastic_t *e, int min, int max, double chaos_s, uint64_t
     dp_rng_seed(&e->rng, seed * 6364136223846793005ULL + 17);
     e->dir = dir;
     e->crew = crew;
+    e->who = "downpour local";
     e->start = start;
     e->arg = arg;
 }
@@ -70,7 +71,7 @@ static void s_chaos_kill(dp_elastic_t *e)
     kill(-c->pid, SIGKILL);
     kill(c->pid, SIGKILL);
     e->kills++;
-    fprintf(stderr, "downpour local: --chaos: worker %d killed (SIGKILL)\n", c->task);
+    fprintf(stderr, "%s: --chaos: worker %d killed (SIGKILL)\n", e->who, c->task);
 }
 
 /* Start or stop workers until target are live (starts: the lowest free
@@ -83,7 +84,7 @@ static int s_keep_target(dp_elastic_t *e, char *err)
         if (e->start(e->arg, i, err) != 0) return -1;
         e->starts++;
         live++;
-        fprintf(stderr, "downpour local: worker %d started (%d live)\n", i, live);
+        fprintf(stderr, "%s: worker %d started (%d live)\n", e->who, i, live);
     }
     for (int i = e->max - 1; i > 0 && live > e->target; i--) {
         dp_child_t *c = dp_crew_running_worker(e->crew, i);
@@ -92,7 +93,7 @@ static int s_keep_target(dp_elastic_t *e, char *err)
         kill(c->pid, SIGTERM);
         e->leaves++;
         live--;
-        fprintf(stderr, "downpour local: worker %d asked to leave (SIGTERM; %d stay)\n", i, live);
+        fprintf(stderr, "%s: worker %d asked to leave (SIGTERM; %d stay)\n", e->who, i, live);
     }
     return 0;
 }
@@ -104,12 +105,12 @@ int dp_elastic_tick(dp_elastic_t *e, double now, char *err)
     int n = 0;
     char why[DP_ERR_LEN];
     int r = dp_scale_take(e->dir, &n, why);
-    if (r < 0) fprintf(stderr, "downpour local: scale request ignored: %s\n", why);
+    if (r < 0) fprintf(stderr, "%s: scale request ignored: %s\n", e->who, why);
     if (r > 0 && n > e->max)
-        fprintf(stderr, "downpour local: scale %d ignored: above --workers %d:%d's MAX\n", n,
+        fprintf(stderr, "%s: scale %d ignored: above --workers %d:%d's MAX\n", e->who, n,
                 e->min, e->max);
     else if (r > 0) {
-        fprintf(stderr, "downpour local: scale to %d worker(s)%s\n", n,
+        fprintf(stderr, "%s: scale to %d worker(s)%s\n", e->who, n,
                 n < e->min ? " (below MIN: sync waits until MIN are live)" : "");
         e->target = n;
     }
@@ -125,7 +126,7 @@ int dp_elastic_survives(dp_elastic_t *e, const dp_child_t *c)
     if (e->max == 0 || !c->is_worker || c->task == 0) return 0;
     if (!c->stopping && !WIFSIGNALED(c->status)) return 0; /* it failed by itself */
     if (!c->stopping)
-        fprintf(stderr, "downpour local: worker %d killed by signal %d; the run goes on without it\n",
+        fprintf(stderr, "%s: worker %d killed by signal %d; the run goes on without it\n", e->who,
                 c->task, WTERMSIG(c->status));
     return 1;
 }

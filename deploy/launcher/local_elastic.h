@@ -1,4 +1,5 @@
-/* local_elastic: `downpour local --workers MIN:MAX`'s crew as it changes —
+/* local_elastic: `downpour local --workers MIN:MAX`'s crew as it changes
+ * (and `downpour launch`'s: the lines then say who, dp_elastic_t.who) —
  * the live count it keeps (MIN at the start, then what `downpour scale`
  * asks: deploy/launcher/scale.h), --chaos kill:SECONDS (a random worker
  * other than the chief SIGKILLed every SECONDS, the count then kept by
@@ -24,6 +25,7 @@ typedef struct {
     long kills, starts, leaves; /* for the closing line */
     const char *dir;       /* --out: where `downpour scale` leaves its request */
     dp_crew_t *crew;
+    const char *who;       /* the lines' prefix: "downpour local" (init's), "downpour launch" */
     dp_elastic_start_fn start;
     void *arg;
 } dp_elastic_t;

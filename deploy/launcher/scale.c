@@ -47,7 +47,7 @@ int dp_scale_listen(const char *dir, int max, char *err)
         int e = errno;
         close(fd);
         return dp_err(err, "%s: %s", path,
-                      e == EWOULDBLOCK ? "another downpour local --workers MIN:MAX runs on this --out"
+                      e == EWOULDBLOCK ? "another elastic launcher (downpour local or launch --workers MIN:MAX) runs on this --out"
                                        : strerror(e));
     }
     /* the crew's MAX, for the command to refuse a count above it itself */

@@ -1,11 +1,11 @@
 /* scale: `downpour scale DIR N`, the request to a running `downpour local
- * --workers MIN:MAX --out DIR` to keep N workers live, and the launcher's
- * side of it. The request is a file, DIR/scale.request ("N\n", written
- * whole by the atomic writer), which the launcher takes (reads and
- * removes) on its next watch pass; the command waits for that, so its exit
- * status says whether a launcher heard it. What the launcher then does is
- * its own log's: the lowest free task indexes start, the highest non-chief
- * ones leave by SIGTERM.
+ * --workers MIN:MAX --out DIR` (or `downpour launch`'s) to keep N workers
+ * live, and the launcher's side of it. The request is a file,
+ * DIR/scale.request ("N\n", written whole by the atomic writer), which the
+ * launcher takes (reads and removes) on its next watch pass; the command
+ * waits for that, so its exit status says whether a launcher heard it. What
+ * the launcher then does is its own log's: the lowest free task indexes
+ * start, the highest non-chief ones leave by SIGTERM.
  *
  * Whether anyone listens: an elastic launcher holds an exclusive flock on
  * DIR/scale.lock for as long as it runs (the kernel drops it when the
