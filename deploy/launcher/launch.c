@@ -43,7 +43,11 @@
  * highest but the chief's to leave (SIGTERM), --chaos kill:S. WORLD_SIZE,
  * LOCAL_WORLD_SIZE and TF_CONFIG's worker list are MAX (the task indexes
  * there can be, as the shards count them), DOWNPOUR_MIN_WORKERS and
- * DOWNPOUR_MAX_WORKERS set. */
+ * DOWNPOUR_MAX_WORKERS set. --max-restarts N (torchrun's): a worker that
+ * fails (a status other than 0, or a signal the launcher did not send) is
+ * started again under its task index, the chief too, N times in the run,
+ * each a line and an event in summary.json ("restarts", "restart_count");
+ * past N the run stops as above. */
 #include "deploy/launcher/commands.h"
 
 #include <errno.h>
@@ -77,7 +81,9 @@ typedef struct {
     const char *chaos;    /* --chaos kill:SECONDS, or NULL */
     double chaos_s;
     dp_elastic_t elastic; /* an elastic crew's changes (local_elastic.h, as downpour local's) */
-    cJSON *joins, *leaves; /* summary.json's events */
+    int max_restarts;     /* --max-restarts N: failed workers started again, N in all */
+    int restarts;
+    cJSON *joins, *leaves, *restart_log; /* summary.json's events */
     int noted_life[2 * DP_CREW_MAX]; /* per crew record: the last life whose end is noted */
     double grace_s;
     int progress; /* 0: no progress line */
@@ -106,7 +112,7 @@ static volatile sig_atomic_t s_signal;
 static const char s_usage[] =
     "usage: downpour launch --workers N|MIN:MAX [--ps-shards K] [--init FILE | --model SPEC]\n"
     "                       [--out DIR] [--curve] [--grace S] [--tee] [--no-progress]\n"
-    "                       [--chaos kill:S]\n"
+    "                       [--max-restarts N] [--chaos kill:S]\n"
     "                       [downpour-ps flags...] -- COMMAND [ARGS...]\n"
     "Starts K downpour-ps shards, then N copies of COMMAND as workers 0..N-1 (0 the chief),\n"
     "each with TF_CONFIG, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and DOWNPOUR_PS set\n"
@@ -114,6 +120,8 @@ static const char s_usage[] =
     "stops everything; a failed worker stops the run; the exit status is the chief's.\n\n"
     "  --workers N        worker processes (1..64); MIN:MAX: elastic, MIN start, `downpour\n"
     "                     scale DIR N` sets the live count, WORLD_SIZE is MAX\n"
+    "  --max-restarts N   a worker that fails is started again (same task index), N times\n"
+    "                     in the run (default 0: the first failure stops the run)\n"
     "  --chaos kill:S     elastic: SIGKILL a random worker but the chief every S seconds\n"
     "  --ps-shards K      parameter-server shards (1..64, default 1)\n"
     "  --out DIR          logs/ (every process's output), metrics/, summary.json\n"
@@ -164,6 +172,12 @@ static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
     if ((v = s_value(argc, argv, i, "--chaos"))) {
         L->chaos = v;
         return dp_elastic_parse_chaos(v, &L->chaos_s, err);
+    }
+    if ((v = s_value(argc, argv, i, "--max-restarts"))) {
+        long n;
+        if (dp_opts_parse_long("--max-restarts", v, 0, 1000000, &n, err) != 0) return -1;
+        L->max_restarts = (int)n;
+        return 0;
     }
     if ((v = s_value(argc, argv, i, "--ps-shards"))) return s_count("--ps-shards", v, &L->shards, err);
     if ((v = s_value(argc, argv, i, "--grace")))
@@ -399,7 +413,7 @@ static int s_start_chief_for_init(s_launch_t *L, char *err)
     return 0;
 }
 
-/* Task i's next life (its first, a join): DIR/logs/worker-I.log,
+/* Task i's next life (its first, a restart, a join): DIR/logs/worker-I.log,
  * then worker-I.L.log. */
 static int s_start_task(s_launch_t *L, int i, char *err)
 {
@@ -503,6 +517,26 @@ static void s_note_leaves(s_launch_t *L)
     }
 }
 
+/* A worker that failed started again under its task index while
+ * --max-restarts allows (one line, one event): 1 when it was. */
+static int s_restart(s_launch_t *L, const dp_child_t *c)
+{
+    if (!c->is_worker || L->restarts >= L->max_restarts) return 0;
+    int task = c->task, st = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
+    char err[DP_ERR_LEN];
+    L->restarts++;
+    fprintf(stderr, "downpour launch: worker %d exited with status %d; restart %d of %d\n", task, st,
+            L->restarts, L->max_restarts);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "task", task);
+    cJSON_AddNumberToObject(o, "status", st);
+    cJSON_AddNumberToObject(o, "t", dp_now() - L->t0);
+    cJSON_AddItemToArray(L->restart_log, o);
+    if (s_start_task(L, task, err) == 0) return 1;
+    fprintf(stderr, "downpour launch: %s\n", err);
+    return 0;
+}
+
 /* Until a signal, a failed worker (returned), or every worker's end. */
 static const dp_child_t *s_watch(s_launch_t *L)
 {
@@ -514,6 +548,7 @@ static const dp_child_t *s_watch(s_launch_t *L)
         const dp_child_t *bad = dp_crew_reap(&L->crew, &alive, &workers_alive);
         s_note_leaves(L);
         if (bad && !s_signal && dp_elastic_survives(&L->elastic, bad)) bad = NULL;
+        if (bad && !s_signal && s_restart(L, bad)) continue; /* counted again next pass */
         if (s_signal || workers_alive == 0) return bad && bad->is_worker ? bad : NULL;
         if (bad) return bad; /* a worker, or a shard that died under the workers */
         char err[DP_ERR_LEN];
@@ -557,13 +592,15 @@ static void s_summary(const s_launch_t *L)
         int s = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
         cJSON_AddItemToArray(ex, cJSON_CreateNumber(s));
     }
-    /* the crew's changes: an elastic crew's joins and leaves */
+    /* the crew's changes: an elastic crew's joins and leaves, --max-restarts' restarts */
     if (L->min_workers > 0) {
         cJSON_AddNumberToObject(root, "workers_min", L->min_workers);
         cJSON_AddNumberToObject(root, "workers_max", L->max_workers);
         cJSON_AddItemToObject(root, "joins", cJSON_Duplicate(L->joins, 1));
         cJSON_AddItemToObject(root, "leaves", cJSON_Duplicate(L->leaves, 1));
     }
+    cJSON_AddNumberToObject(root, "restart_count", L->restarts);
+    cJSON_AddItemToObject(root, "restarts", cJSON_Duplicate(L->restart_log, 1));
     char path[PATH_MAX], *text = cJSON_Print(root), err[DP_ERR_LEN];
     snprintf(path, sizeof path, "%s/summary.json", L->out);
     if (dp_write_file_atomic(path, text, strlen(text), err) != 0)
@@ -633,6 +670,7 @@ int dp_launch_main(int argc, char **argv)
     L.t0 = dp_now();
     L.joins = cJSON_CreateArray();
     L.leaves = cJSON_CreateArray();
+    L.restart_log = cJSON_CreateArray();
     if ((L.init_from_cmd && s_start_chief_for_init(&L, err) != 0) ||
         s_start_shards(&L, argv[0], err) != 0 ||
         dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal,
