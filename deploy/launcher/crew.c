@@ -110,6 +110,7 @@ dp_child_t *dp_crew_worker_life(dp_crew_t *w, const char *dir, int i)
     c->lives++;
     c->stopping = 0;
     c->status = 0;
+    c->failed_unseen = 0;
     snprintf(c->log, sizeof c->log, "%s/logs/worker-%d.%d.log", dir, i, c->lives);
     return c;
 }
@@ -162,20 +163,21 @@ int dp_crew_await_shards(dp_crew_t *w, const char *dir, int k, char *out, size_t
 
 const dp_child_t *dp_crew_reap(dp_crew_t *w, int *alive, int *workers_alive)
 {
-    const dp_child_t *failed = NULL;
+    dp_child_t *failed = NULL;
     *alive = *workers_alive = 0;
     for (int i = 0; i < w->n; i++) {
         dp_child_t *c = &w->kids[i];
         int was_running = c->pid > 0;
         s_reap_group(c);
-        if (was_running && c->pid == 0 && !failed &&
-            (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0))
-            failed = c;
+        if (was_running && c->pid == 0 && (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0))
+            c->failed_unseen = 1;
+        if (c->failed_unseen && !failed) failed = c;
         if (c->pid > 0) {
             (*alive)++;
             *workers_alive += c->is_worker;
         }
     }
+    if (failed) failed->failed_unseen = 0;
     return failed;
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     int task;           /* its index (worker I: --task-index) */
     int lives;          /* starts under this record: 1, then 2, ... (an elastic crew's restarts) */
     int stopping;       /* the launcher asked it to leave (SIGTERM) or killed it (--chaos) */
+    int failed_unseen;  /* it ended badly and dp_crew_reap has not returned it yet */
 } dp_child_t;
 
 typedef struct {
@@ -63,9 +64,10 @@ int dp_crew_await_shards(dp_crew_t *w, const char *dir, int k, char *out, size_t
                          const volatile sig_atomic_t *stop, char *err);
 
 /* Reap what ended, without waiting (the children, and what their process
- * groups left that this process adopted): the first child this pass found
- * ended badly (killed, or a status other than 0), or NULL; *alive and
- * *workers_alive count the children still running. */
+ * groups left that this process adopted): a child that ended badly (killed,
+ * or a status other than 0) not returned before, or NULL; each such child
+ * is returned once, so two that end in the same pass come out of two
+ * calls. *alive and *workers_alive count the children still running. */
 const dp_child_t *dp_crew_reap(dp_crew_t *w, int *alive, int *workers_alive);
 
 /* SIGTERM every child's whole process group, then SIGKILL the groups of

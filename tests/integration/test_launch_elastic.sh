@@ -78,6 +78,28 @@ rc=$?
 check "worker 1 fails three times: past 2 restarts the run stops, status 1 (got $rc)" test $rc = 1
 check "... after restarts 1 and 2" bash -c "grep -q 'restart 2 of 2' '$TMP/thrice.log' && ! grep -q 'restart 3' '$TMP/thrice.log'"
 check "... naming it with its last line" grep -q "^downpour launch: worker-1 exited with status 3; last log line: task 1 fails try 3" "$TMP/thrice.log"
+# two workers failing together (in one pass of the launcher's watch): each
+# restarted, none of the failures missed. Tasks 1 and 2 fail their first
+# try at the same moment (once the chief says go); the chief ends once both
+# have a second try, or after 30 s.
+pair_cmd=(sh -c 'd=$1; echo x >>"$d/tries-$RANK"; n=$(wc -l <"$d/tries-$RANK")
+if [ "$RANK" = 0 ]; then
+    i=0; while [ $i -lt 3000 ] && ! { [ -f "$d/tries-1" ] && [ -f "$d/tries-2" ]; }; do sleep 0.01; i=$((i+1)); done
+    touch "$d/go"
+    i=0; while [ $i -lt 3000 ] && [ "$(cat "$d/tries-1" "$d/tries-2" 2>/dev/null | wc -l)" -lt 4 ]; do sleep 0.01; i=$((i+1)); done
+    exit 0
+fi
+[ "$n" -gt 1 ] && exit 0
+while [ ! -f "$d/go" ]; do sleep 0.002; done; exit 3' sh)
+mkdir -p "$TMP/pair.d"
+"$L" launch --workers 3 --model "fc:10 softmax" --no-progress --max-restarts 2 --out "$TMP/pair" -- \
+    "${pair_cmd[@]}" "$TMP/pair.d" >"$TMP/pair.log" 2>&1
+rc=$?
+check "workers 1 and 2 fail together: both restarted, the run ends 0 (got $rc)" test $rc = 0
+check "... summary.json: two restarts, tasks 1 and 2, worker_exit [0, 0, 0]" "$TORCH_PY" -c 'import json, sys
+s = json.load(open(sys.argv[1]))
+sys.exit(not (s["restart_count"] == 2 and sorted(r["task"] for r in s["restarts"]) == [1, 2] and s["worker_exit"] == [0, 0, 0]))' "$TMP/pair/summary.json"
+
 run_restart chief 0 1 --max-restarts 1
 rc=$?
 check "the chief fails once: restarted, the run goes on and ends 0 (got $rc)" test $rc = 0
