@@ -42,6 +42,10 @@ Client(table, ps=None, task_index=None, **options)
                   (applied, dropped, rejected, staleness, staleness_max,
                   version, reason). A push the servers refuse raises Rejected
                   naming the tensor with a non-finite value.
+  .deal_plan(samples, batch, epochs=1, steps=0, seed=0)
+                  an elastic crew's batches dealt by shard 0: every pull then
+                  is dealt the batch of the next push step, and .dealt() gives
+                  its dataset indices (None: all trained)
   .stats() (the chief), .finish(), .wait_all(timeout), .shutdown() (the
   chief), .close(); a context manager (close on exit; after Ctrl-C, .leave():
   finish, then close).
@@ -267,6 +271,32 @@ class Client:
             ptrs[i] = a.ctypes.data
         self._check(self._call(self._lib.downpour_pull_tensors, ptrs))
         return out
+
+    def deal_plan(self, samples, batch, epochs=1, steps=0, seed=0):
+        """An elastic crew's batches dealt by shard 0 (servers with --workers
+        MIN:MAX): batches of `batch` from `samples` for `epochs` epochs (or,
+        epochs 0, `steps` steps a worker); every pull then asks for the
+        batch of the next push step, and that push acknowledges it. The
+        chief's plan is the run's: a plan of another size raises
+        ModelMismatch with shard 0's one line. seed: the permutation's,
+        the same on every worker of the crew (downpour-worker's --seed)."""
+        self._check(self._call(self._lib.downpour_deal_plan, int(samples), int(batch), int(epochs),
+                               int(steps)))
+        self._deal = (int(samples), int(batch), int(seed))
+
+    def dealt(self):
+        """The dataset indices (int64 array) of the batch the last pull was
+        dealt, to push as step .step + 1; None when the run's batches are
+        all trained (finish then). After deal_plan and a pull."""
+        d = _lib.Dealt()
+        self._check(self._lib.downpour_dealt(self._handle(), ctypes.byref(d)))
+        if d.end:
+            return None
+        samples, batch, seed = self._deal
+        idx = np.empty(batch, dtype=np.int64)
+        self._check(self._lib.downpour_deal_indices(samples, batch, seed, d.epoch, d.index,
+                                                    idx.ctypes.data))
+        return idx
 
     def _pull_ptrs(self, ptrs):
         """pull_tensors into a prepared (c_void_p * n) array (downpour.torch)."""

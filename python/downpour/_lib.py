@@ -77,6 +77,11 @@ def find():
     return SONAME
 
 
+class Dealt(ctypes.Structure):
+    _fields_ = [("end", ctypes.c_int), ("step", ctypes.c_uint64), ("epoch", ctypes.c_uint64),
+                ("index", ctypes.c_uint64)]
+
+
 def _declare(lib):
     h = ctypes.c_void_p
     sigs = {
@@ -106,6 +111,11 @@ def _declare(lib):
         "downpour_version_pulled": (ctypes.c_uint64, [h]),
         "downpour_push": (ctypes.c_int, [h, ctypes.c_void_p, ctypes.c_float, ctypes.c_int,
                                          ctypes.c_uint64, ctypes.POINTER(PushResult)]),
+        "downpour_deal_plan": (ctypes.c_int, [h, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                                              ctypes.c_uint64]),
+        "downpour_dealt": (ctypes.c_int, [h, ctypes.POINTER(Dealt)]),
+        "downpour_deal_indices": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                                                 ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]),
         "downpour_updates_lost": (ctypes.c_uint64, [h]),
         "downpour_set_compress": (ctypes.c_int, [h, ctypes.c_char_p, ctypes.c_char_p]),
         "downpour_stats": (ctypes.c_int, [h, ctypes.POINTER(Stats)]),

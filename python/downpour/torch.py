@@ -95,7 +95,7 @@ import torch
 import downpour
 from downpour import safetensors as _st
 
-__all__ = ["save_init", "Worker", "table_of", "rows_of"]
+__all__ = ["save_init", "Worker", "DealtSampler", "table_of", "rows_of"]
 
 
 def _buffer_names(module):
@@ -434,6 +434,11 @@ class Worker:
     def step(self):
         return self.client.step
 
+    def sampler(self, dataset, batch_size, epochs=1, steps=0, seed=0):
+        """A DealtSampler: the batches shard 0 deals this worker (servers with
+        --workers MIN:MAX), for DataLoader(dataset, batch_sampler=...)."""
+        return DealtSampler(self, len(dataset), batch_size, epochs, steps, seed)
+
     def stats(self):
         return self.client.stats()
 
@@ -465,3 +470,44 @@ class Worker:
                 self.finish()
         finally:
             self.client.close()
+
+
+class DealtSampler:
+    """The batches shard 0 of an elastic crew deals this worker, as a
+    torch.utils.data batch sampler (Worker.sampler(dataset, batch_size)):
+
+        loader = DataLoader(ds, batch_sampler=w.sampler(ds, batch_size=32))
+        for x, y in loader:
+            w.pull()          # optional: the same batch, fresher weights
+            loss = loss_fn(model(x), y); loss.backward()
+            w.push(loss=loss, batch=len(x))   # acknowledges the batch
+            model.zero_grad()
+
+    Each step of __iter__ pulls the weights (into the module) with the
+    batch of the worker's next push step and yields its dataset indices; it
+    ends when shard 0 says every batch of the run is trained. Every worker
+    of the crew gives the same dataset size, batch, epochs and seed: the
+    chief's plan is the run's, another raises downpour.ModelMismatch here
+    with shard 0's one line. A batch is acknowledged by the next push, so
+    a loop must push once per batch; DataLoader's num_workers 0 (its
+    workers would prefetch the sampler's pulls ahead of the pushes).
+    __len__ is approximate: the run's batches over the servers' workers."""
+
+    def __init__(self, worker, samples, batch_size, epochs=1, steps=0, seed=0):
+        self.worker = worker
+        self.samples, self.batch_size = int(samples), int(batch_size)
+        self.epochs, self.steps = int(epochs), int(steps)
+        worker.client.deal_plan(self.samples, self.batch_size, self.epochs, self.steps, seed)
+
+    def __iter__(self):
+        while True:
+            self.worker.pull()
+            idx = self.worker.client.dealt()
+            if idx is None:
+                return
+            yield idx.tolist()
+
+    def __len__(self):
+        if not self.epochs:
+            return self.steps
+        return self.samples // self.batch_size * self.epochs // max(1, self.worker.client.info.workers)

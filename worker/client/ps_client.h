@@ -273,6 +273,9 @@ dp_pull_status_t dp_ps_client_pull_until(dp_ps_client_t *c, size_t end, char *er
  * answers such a pull without a batch fails the pull. */
 void dp_ps_client_deal_step(dp_ps_client_t *c, uint64_t step);
 int dp_ps_client_dealt(const dp_ps_client_t *c, dp_ps_dealt_t *out);
+/* The plan told after connecting (libdownpour's downpour_deal_plan): a
+ * HELLO again to shard 0 with it; -1 (err) when shard 0 refuses it. */
+int dp_ps_client_plan(dp_ps_client_t *c, const dp_ps_deal_plan_t *p, char *err);
 
 /* The last pull's PARAMS messages, over every shard (one a shard when
  * whole; a repeated reply counts again). */

@@ -703,6 +703,29 @@ static bool s_crc(const dp_ps_client_t *c, dp_ps_crc_t crc, int i)
     return crc == DP_PS_CRC_AUTO ? s_default_crc(c, i) : crc == DP_PS_CRC_ON;
 }
 
+static void s_set_plan(dp_ps_client_t *c, const dp_ps_deal_plan_t *p)
+{
+    c->has_plan = p->batch != 0;
+    downpour__deal_plan__init(&c->deal_plan);
+    c->deal_plan.samples = p->samples;
+    c->deal_plan.batch = p->batch;
+    c->deal_plan.epochs = p->epochs;
+    c->deal_plan.steps = p->steps;
+}
+
+/* A plan told after connecting (a library client's sampler): HELLO again
+ * to shard 0 alone, which deals; a plan that differs from the run's is
+ * refused there (ERR_MODEL_MISMATCH, one line) and this client keeps none. */
+int dp_ps_client_plan(dp_ps_client_t *c, const dp_ps_deal_plan_t *p, char *err)
+{
+    s_set_plan(c, p);
+    dp_ps_plan_t hello = {.type = DOWNPOUR__MSG_TYPE__HELLO, .n_shards = 1,
+                          .build = s_build_hello, .on_reply = s_on_welcome};
+    if (dp_ps_exchange(c, &hello, err) == 0) return 0;
+    c->has_plan = false;
+    return -1;
+}
+
 int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model_t *m,
                      int worker_id, const dp_ps_client_opts_t *opts, dp_ps_info_t *info,
                      char *err)
@@ -721,14 +744,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->transport = opts->transport;
     c->bf16 = opts->wire == DP_PS_WIRE_BF16;
     c->compress = opts->compress;
-    if (opts->deal.batch) {
-        c->has_plan = true;
-        downpour__deal_plan__init(&c->deal_plan);
-        c->deal_plan.samples = opts->deal.samples;
-        c->deal_plan.batch = opts->deal.batch;
-        c->deal_plan.epochs = opts->deal.epochs;
-        c->deal_plan.steps = opts->deal.steps;
-    }
+    s_set_plan(c, &opts->deal);
     atomic_init(&c->inflight, 0);
     c->sh = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->sh);
     c->aw = dp_calloc(DP_ZSOCK_MAX_SHARDS, sizeof *c->aw);

@@ -9,7 +9,10 @@
  * so the dp_* code inside never clashes with a program's own. */
 #include "worker/lib/downpour.h"
 
+#include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@
 
 #include "common/cluster.h"
 #include "common/model.h"
+#include "common/rng.h"
 #include "common/util.h"
 #include "worker/client/ps_beat.h"
 #include "worker/client/ps_client.h"
@@ -30,6 +34,8 @@ struct downpour {
     int task_index;
     char endpoints[DP_ZSOCK_MAX_SHARDS * DP_ZSOCK_ENDPOINT_LEN]; /* as connected */
     volatile sig_atomic_t stop;    /* downpour_interrupt */
+    bool dealing;                  /* downpour_deal_plan: pulls ask shard 0 for a batch */
+    uint64_t pushed;               /* the last step pushed (resume_step at first) */
 };
 
 /* The calling thread's last failure (downpour_last_error). */
@@ -185,6 +191,7 @@ static int s_finish_connect(downpour_t **out, downpour_t *h, const downpour_opts
         downpour_close(h);
         return -1;
     }
+    h->pushed = dp_ps_client_resume_step(h->ps);
     *out = h;
     return 0;
 }
@@ -288,9 +295,16 @@ int downpour_tensor(const downpour_t *h, int i, downpour_tensor_info_t *out)
     return 0;
 }
 
+/* A dealing client's pull asks for the batch of its next push step. */
+static void s_deal_step(downpour_t *h)
+{
+    if (h->dealing) dp_ps_client_deal_step(h->ps, h->pushed + 1);
+}
+
 int downpour_pull(downpour_t *h, float *params)
 {
     s_ok();
+    s_deal_step(h);
     if (dp_ps_client_pull(h->ps, params, s_err) != 0) return s_client_failed(h);
     return 0;
 }
@@ -325,6 +339,7 @@ int downpour_pull_tensors(downpour_t *h, float *const *dst)
 {
     s_ok();
     s_scatter_t s = {h->model, dst};
+    s_deal_step(h);
     if (dp_ps_client_pull_to(h->ps, s_scatter, &s, s_err) != 0) return s_client_failed(h);
     return 0;
 }
@@ -400,6 +415,55 @@ int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint
     dp_ps_push_t p = {.grads = grads, .loss = loss, .batch = batch, .step = step};
     if (dp_ps_client_push(h->ps, &p, &r, s_err) != 0) return s_client_failed(h);
     if (res) s_push_result(res, &r);
+    if (step > h->pushed) h->pushed = step;
+    return 0;
+}
+
+int downpour_deal_plan(downpour_t *h, uint64_t samples, uint32_t batch, uint64_t epochs,
+                       uint64_t steps)
+{
+    s_ok();
+    if (batch < 1 || samples < batch || samples > INT_MAX || (epochs == 0) == (steps == 0))
+        return s_fail(DOWNPOUR_ERR_ARGS, "deal plan: %" PRIu64 " samples in batches of %u for %"
+                      PRIu64 " epochs or %" PRIu64 " steps: want 1 <= batch <= samples <= %d and "
+                      "one of epochs, steps", samples, batch, epochs, steps, INT_MAX);
+    dp_ps_deal_plan_t p = {samples, batch, epochs, steps};
+    if (dp_ps_client_plan(h->ps, &p, s_err) != 0) {
+        h->dealing = false;
+        return s_client_failed(h);
+    }
+    h->dealing = true;
+    return 0;
+}
+
+int downpour_dealt(const downpour_t *h, downpour_dealt_t *out)
+{
+    s_ok();
+    dp_ps_dealt_t d;
+    if (!h->dealing || dp_ps_client_dealt(h->ps, &d) != 0)
+        return s_fail(DOWNPOUR_ERR_ARGS, "no batch dealt: %s", h->dealing ? "the last pull brought "
+                      "none" : "no downpour_deal_plan before the pull");
+    *out = (downpour_dealt_t){.end = d.end, .step = h->pushed + 1, .epoch = d.epoch,
+                              .index = d.index};
+    return 0;
+}
+
+/* The same permutation as downpour-worker's (worker/exec/data.c
+ * dp_data_dealt_indices; test_lib_deal holds the two equal). */
+int downpour_deal_indices(uint64_t samples, uint32_t batch, uint64_t seed, uint64_t epoch,
+                          uint64_t index, int64_t *idx)
+{
+    s_ok();
+    if (batch < 1 || samples > INT_MAX || index >= samples / batch || epoch > (uint64_t)LONG_MAX)
+        return s_fail(DOWNPOUR_ERR_ARGS, "dealt batch %" PRIu64 " of epoch %" PRIu64 " is not one "
+                      "of %" PRIu64 " samples' batches of %u", index, epoch, samples, batch);
+    int *perm = dp_malloc((size_t)samples * sizeof *perm);
+    for (int i = 0; i < (int)samples; i++) perm[i] = i;
+    dp_rng_t rng;
+    dp_rng_seed(&rng, seed * 0x9e3779b97f4a7c15ULL + epoch + 1);
+    dp_rng_shuffle(&rng, perm, (int)samples);
+    for (uint32_t k = 0; k < batch; k++) idx[k] = perm[index * batch + k];
+    free(perm);
     return 0;
 }
 

@@ -215,6 +215,35 @@ typedef struct {
 int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint64_t step,
                   downpour_push_result_t *res);
 
+/* An elastic crew's batches, dealt by shard 0 (the servers' --workers
+ * MIN:MAX), as downpour-worker trains them: batches of `batch` from
+ * `samples`, for `epochs` epochs or (epochs 0) `steps` steps a worker; the
+ * chief's plan is the run's, and another worker's that differs is refused
+ * (DOWNPOUR_ERR_MODEL_MISMATCH, one line: "deal plan: ..."). From then on
+ * every pull asks for the batch of this worker's next push step (the last
+ * step pushed + 1), a repeated pull gets the same batch, and the push of
+ * that step acknowledges it; a batch of a worker that dies goes to another.
+ * samples at most INT_MAX. */
+int downpour_deal_plan(downpour_t *h, uint64_t samples, uint32_t batch, uint64_t epochs,
+                       uint64_t steps);
+
+/* The batch the last pull was dealt: batch `index` of epoch `epoch`, to be
+ * pushed as `step`; end: every batch of the run is trained (stop pulling,
+ * finish). -1 when the last pull brought none. */
+typedef struct {
+    int end;
+    uint64_t step, epoch, index;
+} downpour_dealt_t;
+
+int downpour_dealt(const downpour_t *h, downpour_dealt_t *out);
+
+/* The samples of a dealt batch: idx[batch] gets the positions [index *
+ * batch, (index + 1) * batch) of epoch `epoch`'s permutation of
+ * 0 .. samples - 1 drawn from seed, as downpour-worker's --seed draws it
+ * (every worker of the crew gives the same seed). */
+int downpour_deal_indices(uint64_t samples, uint32_t batch, uint64_t seed, uint64_t epoch,
+                          uint64_t index, int64_t *idx);
+
 /* The row table's width D (a spec's embed:D or downpour_connect_table_rows'
  * rows_width; 0: the model has none). */
 int downpour_rows_width(const downpour_t *h);
