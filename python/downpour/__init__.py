@@ -54,7 +54,10 @@ Ctrl-C: a SIGINT during any blocking call (a sync pull the servers hold,
 wait_all, ...) raises KeyboardInterrupt within about 0.1 s, however long the
 call's timeout (downpour._sigint says how); `with Client(...)` or
 `with downpour.torch.Worker(...)` then finishes this worker at the servers,
-so sync and ssp go on without it, and closes.
+so sync and ssp go on without it, and closes. SIGTERM (a launcher's or
+`downpour scale`'s leave), when the program keeps its default, raises
+downpour.Terminated (a SystemExit of status 143) the same way: the worker
+leaves its crew whole and exits 143.
 
 Errors: every failure raises downpour.Error (its .code: "timeout",
 "deferred", "interrupted", "refused", "args", "other", "model_mismatch");
@@ -71,6 +74,7 @@ import numpy as np
 
 from . import _lib
 from . import _sigint
+from ._sigint import Terminated  # SIGTERM, as KeyboardInterrupt is SIGINT
 from . import safetensors
 
 __all__ = ["Client", "Error", "ModelMismatch", "ShapeError", "Rejected", "TensorInfo", "Info",
@@ -448,7 +452,7 @@ class Client:
         return self
 
     def __exit__(self, exc_type, *rest):
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, _sigint.Terminated)):
             self.leave()
         self.close()
 

@@ -1,4 +1,4 @@
-"""_sigint: Ctrl-C reaches a call blocked inside libdownpour.
+"""_sigint: Ctrl-C (and SIGTERM) reaches a call blocked inside libdownpour.
 
 CPython runs a signal's Python handler (for SIGINT, the default one raises
 KeyboardInterrupt) only in the main thread and only between bytecodes, so
@@ -21,6 +21,13 @@ the watcher counts those it has handled, and settle() (before and after
 every call) waits until the watcher has caught up; a client's stale
 interrupt is cleared then.
 
+SIGTERM (a launcher's "leave", `downpour scale`, Kubernetes) is taken the
+same way when the program left it at its default (which ends the process
+at once, without the with-block's leave): its handler raises Terminated,
+a SystemExit of status 143, so the with-block leaves as on Ctrl-C and the
+process still exits 128 + SIGTERM. A program's own SIGTERM handler is left
+alone.
+
 The watcher starts with the first client made in the main thread (the fd
 can only be set from there). A wakeup fd set before it (asyncio's, say) is
 kept: every byte read is passed on to it. One set after it, or a SIGINT
@@ -40,6 +47,29 @@ _taken = 0    # SIGINTs the main thread's handler ran for
 _handled = 0  # SIGINTs the watcher interrupted the clients for
 _gate = threading.Event()  # open; a test closes it to make the watcher late on purpose
 _gate.set()
+_ours = set()  # the signals whose handler counts (SIGINT; SIGTERM when it was the default)
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised where the main thread is, as SIGINT raises
+    KeyboardInterrupt: a with-block leaves the servers, and the process,
+    if nothing catches it, exits with status 143 (128 + SIGTERM)."""
+
+    def __init__(self):
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _counted(handler):
+    def counted(signum, frame):
+        global _taken
+        with _caught_up:
+            _taken += 1
+        return handler(signum, frame)
+    return counted
 
 
 def register(client):
@@ -59,14 +89,11 @@ def register(client):
         return
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):  # SIG_IGN: no SIGINT comes; SIG_DFL: it ends the process
-
-        def counted(signum, frame):
-            global _taken
-            with _caught_up:
-                _taken += 1
-            return handler(signum, frame)
-
-        signal.signal(signal.SIGINT, counted)
+        _ours.add(signal.SIGINT)
+        signal.signal(signal.SIGINT, _counted(handler))
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        _ours.add(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _counted(_terminate))
     threading.Thread(target=_watch, args=(r, previous), name="downpour-sigint",
                      daemon=True).start()
 
@@ -94,7 +121,7 @@ def _watch(r, previous):
                 os.write(previous, got)
             except OSError:
                 pass  # its reader's business, as a full pipe is
-        n = got.count(signal.SIGINT)
+        n = sum(got.count(sig) for sig in _ours)
         if n:
             _gate.wait()
             with _lock:

@@ -93,6 +93,7 @@ import time
 import torch
 
 import downpour
+from downpour import _sigint
 from downpour import safetensors as _st
 
 __all__ = ["save_init", "Worker", "DealtSampler", "table_of", "rows_of"]
@@ -462,7 +463,7 @@ class Worker:
         return self
 
     def __exit__(self, exc_type, *rest):
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, _sigint.Terminated)):
             self.client.leave()  # Ctrl-C: the servers stop waiting for this worker
             return
         try:

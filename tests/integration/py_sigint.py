@@ -51,6 +51,9 @@ def subject(ep, kind):
         except KeyboardInterrupt:
             print(f"KeyboardInterrupt after {time.monotonic() - t0:.3f} s", flush=True)
             raise
+        except downpour.Terminated:
+            print(f"Terminated after {time.monotonic() - t0:.3f} s", flush=True)
+            raise
 
 
 def chief(ep):

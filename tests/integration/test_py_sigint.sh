@@ -17,7 +17,7 @@
 # Each side is tests/integration/py_sigint.py's.
 source "$(dirname "$0")/lib.sh"
 
-use_py_package 11 py_sigint
+use_py_package 21 py_sigint
 PY=tests/integration/py_sigint.py
 
 # blocked_in_poll PID: its main thread is asleep in poll(2) or ppoll(2)
@@ -29,7 +29,11 @@ blocked_in_poll() {
     case "$nr" in 7|271|73) return 0 ;; *) return 1 ;; esac
 }
 
-for kind in pull torch; do
+# SIGTERM (pull:TERM, torch:TERM), at its default in the program: the same
+# path, raising downpour.Terminated; the worker leaves and exits 143.
+for case in pull:INT torch:INT pull:TERM torch:TERM; do
+    kind=${case%:*} sig=${case#*:}
+    [ "$sig" = INT ] || kind=$kind-term
     rm -f "$TMP/ps.ready"
     bg "$BIN/downpour-ps" --bind tcp://127.0.0.1:0 --ready-file "$TMP/ps.ready" --workers 2 --mode sync \
         --model "fc:10 softmax" --heartbeat-timeout 60 >"$TMP/ps-$kind.log" 2>&1
@@ -38,7 +42,7 @@ for kind in pull torch; do
     ep=$(cat "$TMP/ps.ready" 2>/dev/null)
     # A background job of a script starts with SIGINT ignored, and Python
     # keeps an ignored SIGINT ignored: give it the default disposition.
-    bg env --default-signal=INT "$TORCH_PY" "$PY" subject "$ep" "$kind" >"$TMP/subject-$kind.out" 2>&1
+    bg env --default-signal=INT,TERM "$TORCH_PY" "$PY" subject "$ep" "${kind%-term}" >"$TMP/subject-$kind.out" 2>&1
     sub=$!
     t=0
     until { grep -q '^blocked' "$TMP/subject-$kind.out" && blocked_in_poll $sub; } || [ $t -ge 300 ]; do
@@ -46,16 +50,17 @@ for kind in pull torch; do
     done
     check "$kind: worker 1's pull is held by the servers (blocked in the library's poll)" blocked_in_poll $sub
     t0=$(date +%s.%N)
-    kill -INT $sub
-    t=0; until grep -q '^KeyboardInterrupt after' "$TMP/subject-$kind.out" || [ $t -ge 100 ]; do
+    kill -$sig $sub
+    if [ "$sig" = INT ]; then raised=KeyboardInterrupt want=130; else raised=Terminated want=143; fi
+    t=0; until grep -q "^$raised after" "$TMP/subject-$kind.out" || [ $t -ge 100 ]; do
         sleep 0.01; t=$((t + 1))
     done
     dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
-    check "$kind: SIGINT raises KeyboardInterrupt out of the blocked pull in $dt s (< 1 s)" \
-        bash -c "grep -q '^KeyboardInterrupt after' '$TMP/subject-$kind.out' && awk 'BEGIN { exit !($dt < 1.0) }'"
+    check "$kind: SIG$sig raises $raised out of the blocked pull in $dt s (< 1 s)" \
+        bash -c "grep -q '^$raised after' '$TMP/subject-$kind.out' && awk 'BEGIN { exit !($dt < 1.0) }'"
     wait_for $sub 10
     rc=$?
-    check "$kind: worker 1 exits by the KeyboardInterrupt (status $rc: 130, as Python's SIGINT death)" test $rc = 130
+    check "$kind: worker 1 exits by the $raised (status $rc: $want, 128 + SIG$sig)" test $rc = $want
     check "$kind: ... having left: the servers count it left" grep -q 'worker 1 left before its last step' "$TMP/ps-$kind.log"
     grep -q 'worker 1 left before its last step' "$TMP/ps-$kind.log" || tail -n 5 "$TMP/subject-$kind.out" "$TMP/ps-$kind.log"
     "$TORCH_PY" "$PY" chief "$ep" >"$TMP/chief-$kind.out" 2>&1
