@@ -8,11 +8,11 @@
  *   connect     beats first, then HELLO with the kind's model and deal plan,
  *               the task's range; an elastic crew's signal ends steps whole
  *   plan        the kind's (its steps, its first step, its start line)
- *   loop        the kind's; each step it asks dp_train_next whether to go
- *               on and hands its result to dp_train_done, which keeps the
- *               loss average, writes the metrics line (the kind adds its
- *               fields), TensorBoard, the periodic evaluation and the
- *               progress line (the kind words it)
+ *   loop        the kind's; before each step it asks dp_train_stopped
+ *               whether to end, and hands each result to dp_train_done,
+ *               which keeps the loss average, writes the metrics line (the
+ *               kind adds its fields), TensorBoard, the periodic
+ *               evaluation and the progress line (the kind words it)
  *   signal      one rule: standalone saves (the kind's save) and returns 0;
  *               an elastic crew's worker leaves after its whole step
  *               (DP_TRAIN_LEFT); any other worker fails ("interrupted")
@@ -67,7 +67,7 @@ typedef struct dp_train_kind_ops {
     /* After connecting (a cluster) or at once (standalone): the kind's own
      * checks of the servers' info, d->first and d->total, its start line. */
     int (*plan)(dp_train_drv_t *d, char *err);
-    /* The steps: dp_train_next before each, dp_train_done after each. 0 at
+    /* The steps: dp_train_stopped before each, dp_train_done after each. 0 at
      * the end or on a signal (dp_train_stopped tells), -1 with err. */
     int (*loop)(dp_train_drv_t *d, char *err);
     /* A step's metrics line: the kind's fields into line. */
