@@ -2,10 +2,11 @@
  *
  * The gate is one thread per context with two sockets of its own: a REP bound
  * at ZeroMQ's fixed ZAP endpoint, which libzmq asks for every CURVE
- * handshake, and (after dp_zap_watch) a PAIR reading the server socket's
- * monitor events. It polls both with a 100 ms timeout so that destroy is
- * prompt. The allow list is read once, before the thread starts, and never
- * changes, so the thread reads it without a lock. */
+ * handshake, and a PAIR reading the server socket's monitor events
+ * (s_watch). It polls both with a 100 ms timeout so that destroy is
+ * prompt. The allow list is read before the thread starts and again on
+ * dp_zap_reload (SIGHUP), which swaps it under the lock the thread takes
+ * to read it (mu). */
 #include "proto/curve.h"
 
 #include <dirent.h>

@@ -55,8 +55,8 @@ void dp_membership_init(dp_membership_t *h, int n);
 void dp_membership_fini(dp_membership_t *h);
 
 /* Compare m with the last note: one event per worker whose activity
- * changed, at version. Returns how many are new (the last ones:
- * dp_membership_last). */
+ * changed, at version. Returns how many are new (the last ones kept:
+ * dp_membership_at). */
 int dp_membership_note(dp_membership_t *h, const dp_members_t *m, uint64_t version);
 
 /* The k-th kept event, oldest first (k < n_ev). */
