@@ -84,6 +84,7 @@ def main():
     ap.add_argument("--t-max", type=int, default=5)
     ap.add_argument("--entropy", type=float, default=0.01)
     ap.add_argument("--gamma", type=float, default=0.99)
+    ap.add_argument("--reward-scale", type=float, default=0.1, help="rewards times this in the returns")
     ap.add_argument("--clip-norm", type=float, default=40.0)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
@@ -109,7 +110,7 @@ def main():
                 row_r, row_end, row_cut = [], [], []
                 for k, e in enumerate(envs):
                     o, r, term, trunc = e.step(int(act[k]))
-                    row_r.append(r)
+                    row_r.append(r * a.reward_scale)
                     row_end.append(2 if trunc else 1 if term else 0)
                     cut = 0.0
                     if trunc:  # cut by the time limit: its future is the critic's guess

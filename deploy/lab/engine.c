@@ -125,10 +125,12 @@ static int s_a3c_from_header(dp_a3c_conf_t *a, const cJSON *h, char *err)
     if (!(steps >= 1 && steps <= 1e12) || steps != floor(steps))
         return dp_err(err, "record header: 'env_steps' is not a whole number in 1..1e12");
     a->env_steps = (long)steps;
+    a->reward_scale = 1; /* a record made before --reward-scale: rewards as they came */
     if (s_int_field(h, "envs", 1, DP_A3C_MAX_ENVS, &a->envs, err) != 0 ||
         s_int_field(h, "t_max", 1, DP_A3C_MAX_T, &a->t_max, err) != 0 ||
         s_num_field(h, "entropy", 0, 100, &a->entropy, err) != 0 ||
         s_num_field(h, "gamma", 0, 1, &a->gamma, err) != 0 ||
+        s_num_field(h, "reward_scale", 1e-6, 1e6, &a->reward_scale, err) != 0 ||
         s_num_field(h, "clip_norm", 0, 1e9, &a->clip_norm, err) != 0)
         return -1;
     return 0;

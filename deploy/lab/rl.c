@@ -145,6 +145,7 @@ void dp_lab_rl_json(const dp_lab_rl_t *r, const dp_a3c_conf_t *c, cJSON *o)
     cJSON_AddNumberToObject(o, "t_max", c->t_max);
     cJSON_AddNumberToObject(o, "entropy", dp_metrics_round(c->entropy, 6));
     cJSON_AddNumberToObject(o, "gamma", dp_metrics_round(c->gamma, 6));
+    cJSON_AddNumberToObject(o, "reward_scale", dp_metrics_round(c->reward_scale, 6));
     cJSON_AddNumberToObject(o, "clip_norm", dp_metrics_round(c->clip_norm, 6));
 }
 
@@ -155,6 +156,7 @@ void dp_lab_rl_header(cJSON *h, const dp_a3c_conf_t *a)
     cJSON_AddNumberToObject(h, "t_max", a->t_max);
     cJSON_AddNumberToObject(h, "entropy", a->entropy); /* floats as doubles: they read back exact */
     cJSON_AddNumberToObject(h, "gamma", a->gamma);
+    cJSON_AddNumberToObject(h, "reward_scale", a->reward_scale);
     cJSON_AddNumberToObject(h, "clip_norm", a->clip_norm);
     cJSON_AddNumberToObject(h, "env_steps", (double)a->env_steps);
 }

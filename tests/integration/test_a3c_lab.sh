@@ -28,7 +28,7 @@ EOF
 }
 
 # -- sim --workers 1 is standalone -----------------------------------------------
-rl=(--envs 2 --t-max 4 --entropy 0.02 --gamma 0.95 --clip-norm 1 --env-steps 4000 --seed 5 --threads 1)
+rl=(--envs 2 --t-max 4 --entropy 0.02 --gamma 0.95 --reward-scale 0.5 --clip-norm 1 --env-steps 4000 --seed 5 --threads 1)
 "$BIN/downpour-worker" --standalone --env acrobot-v1 "${rl[@]}" --no-progress --summary "$out/sa.json" \
     --save "$out/sa.safetensors" >"$out/sa.log" 2>&1
 check "standalone --env acrobot-v1 exits 0" test $? = 0
@@ -37,8 +37,10 @@ check "downpour sim --env acrobot-v1 --workers 1 exits 0" test $? = 0
 check "... its weights are standalone's bit for bit" cmp "$out/sa.safetensors" "$out/sim1/model.safetensors"
 s=$(same_account "$out/sa.json" "$out/sim1/summary.json")
 check "... and so are its env steps, episodes, returns and test return ($s)" test "$s" = same
-r=$(tail -1 "$out/sim1.out" | "$TORCH_PY" -c 'import json,sys; o=json.load(sys.stdin); print(o["env"], o["env_steps"], o["t_max"], "solved_at_env_steps" in o)' 2>&1)
-check "... its result line has the env account and the RL flags ($r)" test "$r" = "acrobot-v1 4000 4 True"
+r=$(tail -1 "$out/sim1.out" | "$TORCH_PY" -c 'import json,sys; o=json.load(sys.stdin); print(o["env"], o["env_steps"], o["t_max"], o["reward_scale"], "solved_at_env_steps" in o)' 2>&1)
+check "... its result line has the env account and the RL flags ($r)" test "$r" = "acrobot-v1 4000 4 0.5 True"
+r=$("$TORCH_PY" -c 'import json,sys; o=json.load(open(sys.argv[1])); print(o.get("reward_scale", o.get("rl", {}).get("reward_scale")))' "$out/sa.json" 2>&1)
+check "... standalone's summary.json has the reward scale ($r)" test "$r" = 0.5
 
 # -- record and replay: A3C and A2C through downpour local -------------------------------
 for mode in async sync; do
@@ -56,7 +58,7 @@ for mode in async sync; do
     check "... replay: the run's env account and test return ($s)" test "$s" = same
 done
 
-"$D" sim --env cartpole-v1 --workers 4 --compute exp:10 --env-steps 3000 --seed 6 --out "$out/sim4" \
+"$D" sim --env cartpole-v1 --workers 4 --compute exp:10 --env-steps 3000 --seed 6 --reward-scale 0.25 --out "$out/sim4" \
     --record "$out/sim4.rec" --progress >"$out/sim4.log" 2>"$out/sim4.err"
 check "sim --env --workers 4 --record exits 0" test $? = 0
 # --progress off a terminal: a plain line now and then, and the last one at the end.

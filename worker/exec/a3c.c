@@ -16,6 +16,7 @@ void dp_a3c_conf_default(dp_a3c_conf_t *c)
     c->t_max = 5;
     c->entropy = DP_AC_ENTROPY_DEFAULT;
     c->gamma = 0.99f;
+    c->reward_scale = DP_A3C_REWARD_SCALE;
     c->clip_norm = 40.0f;
     c->env_steps = 500000;
 }
@@ -45,6 +46,7 @@ int dp_a3c_init(dp_a3c_t *a, const dp_env_kind_t *kind, const dp_a3c_conf_t *c, 
     a->T = c->t_max;
     a->obs = kind->obs_dim;
     a->gamma = c->gamma;
+    a->reward_scale = c->reward_scale;
     a->seed = seed;
     a->worker = worker;
     size_t rows = (size_t)a->K * a->T;
@@ -100,7 +102,7 @@ int dp_a3c_segment(dp_a3c_t *a, dp_net_t *net, char *err)
             double r = 0;
             if (dp_env_step(&a->env[k], act, &r, &done, err) != 0) return -1;
             a->act[row] = act;
-            a->reward[row] = (float)r;
+            a->reward[row] = (float)(r * a->reward_scale);
             a->end[row] = DP_AC_GOES_ON;
             a->cut[row] = 0;
             if (!done) continue;

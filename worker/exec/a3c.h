@@ -31,6 +31,16 @@
 #include "worker/exec/env/env.h"
 #include "worker/exec/net.h"
 
+/* --reward-scale's default. A critic whose targets are returns of -100
+ * (acrobot-v1: -1 a step, gamma 0.99) or +100 (cartpole-v1) learns them
+ * slowly from a start near 0, and its error dominates the clipped
+ * gradient: at scale 1 acrobot-v1 never learned (the last 100 episodes at
+ * -498, 500 k env steps, standalone), at 0.1 it was solved near 30 k env
+ * steps (docs/LAB.md, "Defaults", has the runs). A constant, not a running
+ * statistic: every worker scales alike with nothing to share, and a replay
+ * repeats it. */
+#define DP_A3C_REWARD_SCALE 0.1f
+
 /* The RL flags, in dp_train_conf_t (the defaults: dp_a3c_conf_default). */
 typedef struct {
     const char *env;           /* --env NAME; NULL: a supervised run */
@@ -38,6 +48,9 @@ typedef struct {
     int t_max;                 /* --t-max T (5) */
     float entropy;             /* --entropy beta (0.01) */
     float gamma;               /* --gamma (0.99) */
+    float reward_scale;        /* --reward-scale S: each reward times S in the returns the
+                                * worker learns from (DP_A3C_REWARD_SCALE); an episode's
+                                * return, in the account and the summaries, stays unscaled */
     float clip_norm;           /* --clip-norm: global-norm clipping of each gradient (40; 0 off) */
     long env_steps;            /* --env-steps N: the run's budget, all workers together (500000) */
 } dp_a3c_conf_t;
@@ -48,7 +61,7 @@ void dp_a3c_conf_default(dp_a3c_conf_t *c);
 typedef struct {
     const dp_env_kind_t *kind;
     int K, T, obs;             /* environments, steps a segment, floats an observation */
-    float gamma;
+    float gamma, reward_scale;
     uint64_t seed;
     int worker;
     dp_env_t *env;             /* [K] */

@@ -167,6 +167,7 @@ static void s_summary_rules(cJSON *o, const dp_train_conf_t *c, const dp_run_sum
         cJSON_AddNumberToObject(o, "t_max", c->a3c.t_max);
         cJSON_AddNumberToObject(o, "entropy", dp_metrics_round(c->a3c.entropy, 6));
         cJSON_AddNumberToObject(o, "gamma", dp_metrics_round(c->a3c.gamma, 6));
+        cJSON_AddNumberToObject(o, "reward_scale", dp_metrics_round(c->a3c.reward_scale, 6));
         cJSON_AddNumberToObject(o, "clip_norm", dp_metrics_round(c->a3c.clip_norm, 6));
     }
 }

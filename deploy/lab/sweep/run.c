@@ -76,7 +76,8 @@ static int s_push_rl(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pic
         const char *flag;
     } rl[] = {{DP_SWEEP_ENV, "--env"},         {DP_SWEEP_ENVS, "--envs"},
               {DP_SWEEP_T_MAX, "--t-max"},     {DP_SWEEP_ENTROPY, "--entropy"},
-              {DP_SWEEP_GAMMA, "--gamma"},     {DP_SWEEP_CLIP_NORM, "--clip-norm"},
+              {DP_SWEEP_GAMMA, "--gamma"},     {DP_SWEEP_REWARD_SCALE, "--reward-scale"},
+              {DP_SWEEP_CLIP_NORM, "--clip-norm"},
               {DP_SWEEP_ENV_STEPS, "--env-steps"}};
     for (size_t i = 0; i < sizeof rl / sizeof rl[0]; i++)
         if (s_push_opt(c, rl[i].flag, dp_sweep_grid_value(g, pick, rl[i].axis), err) != 0) return -1;

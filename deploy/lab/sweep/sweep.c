@@ -43,7 +43,7 @@ static const char s_synopsis[] =
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
 "delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
 "straggler, compute, compress, error-feedback, model, churn, env, envs, t-max, entropy,\n"
-"gamma, clip-norm, env-steps, seed, cluster, args, eval-every, eval-limit, targets).\n"
+"gamma, reward-scale, clip-norm, env-steps, seed, cluster, args, eval-every, eval-limit, targets).\n"
 "Flags given on the command line replace the file's line. A model value is a spec or\n"
 "a preset (model = resnet20, fc:128 relu fc:10 softmax); a --model in args overrides\n"
 "it. With env (an actor-critic run, A3C / A2C) the table has the runs' returns\n"
@@ -106,6 +106,8 @@ static dp_opts_result_t s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("t-max", "LIST", &f->axis[DP_SWEEP_T_MAX], 0, "with env: steps a segment (--t-max)"),
         DP_FLAG_STR("entropy", "LIST", &f->axis[DP_SWEEP_ENTROPY], 0, "with env: entropy weights (--entropy)"),
         DP_FLAG_STR("gamma", "LIST", &f->axis[DP_SWEEP_GAMMA], 0, "with env: discounts (--gamma)"),
+        DP_FLAG_STR("reward-scale", "LIST", &f->axis[DP_SWEEP_REWARD_SCALE], 0,
+                    "with env: reward scales (--reward-scale)"),
         DP_FLAG_STR("clip-norm", "LIST", &f->axis[DP_SWEEP_CLIP_NORM], 0,
                     "with env: global-norm clipping, 0 off (--clip-norm)"),
         DP_FLAG_STR("env-steps", "LIST", &f->axis[DP_SWEEP_ENV_STEPS], 0,
