@@ -1181,13 +1181,14 @@ typedef struct {
     dp_ps_client_t *other; /* pushes from the sink's first call */
     const float *g;
     int calls, pushed;
+    int every;             /* push from every call, not the first only */
 } s_racing_sink_t;
 
 static void s_racing_sink(void *arg, size_t off, const float *data, size_t n)
 {
     s_racing_sink_t *r = arg;
     s_sink(&r->k, off, data, n);
-    if (r->calls++ > 0) return;
+    if (r->calls++ > 0 && !r->every) return;
     char err[DP_ERR_LEN];
     dp_push_result_t res;
     for (int i = 0; i < DP_SHM_PARAM_SLOTS; i++)
@@ -1212,7 +1213,7 @@ static void test_pull_to_torn(void)
     if (c && other) {
         CHECK_EQ(dp_ps_client_shm_shards(c), 1);
         CHECK_EQ(dp_ps_client_pull(other, want, err), 0); /* its pushes need a version */
-        s_racing_sink_t r = {{dp_calloc(n, 4), dp_calloc(n, 1), n, 0}, other, g, 0, 0};
+        s_racing_sink_t r = {{dp_calloc(n, 4), dp_calloc(n, 1), n, 0}, other, g, 0, 0, 0};
         CHECK_EQ(dp_ps_client_pull_to(c, s_racing_sink, &r, err), 0);
         CHECK_EQ(r.pushed, DP_SHM_PARAM_SLOTS);
         size_t again = 0, never = 0;
@@ -1231,10 +1232,53 @@ static void test_pull_to_torn(void)
     CHECK_EQ(srv_stop(&s), 0);
 }
 
+/* Shared memory that tears every time (the racing sink pushes from each
+ * call, as a busy crew's steps do while a reader waits for a core): after
+ * a few torn tries the pull goes through the socket, whose copy cannot
+ * tear, and succeeds, where it used to fail the worker ("16 pulls in a row
+ * raced the servers' steps", seen with two A3C workers on 2 busy cores). */
+static void test_pull_torn_falls_back(void)
+{
+    s_small_model();
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 2);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_t *c = NULL, *other = NULL;
+    dp_ps_client_opts_t shm = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_SHM};
+    dp_ps_client_opts_t zmq = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &shm, NULL, err), 0);
+    CHECK_EQ(dp_ps_client_new(&other, s.endpoint, &s_small, 1, &zmq, NULL, err), 0);
+    size_t n = s_small.n_floats;
+    float *want = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    srv_fill(g, n, 5);
+    if (c && other) {
+        CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+        CHECK_EQ(dp_ps_client_pull(other, want, err), 0);
+        s_racing_sink_t r = {{dp_calloc(n, 4), dp_calloc(n, 1), n, 0}, other, g, 0, 0, 1};
+        int rc = dp_ps_client_pull_to(c, s_racing_sink, &r, err);
+        CHECK_EQ(rc, 0);
+        if (rc != 0) fprintf(stderr, "  pull: %s\n", err);
+        CHECK(r.pushed > 4 * DP_SHM_PARAM_SLOTS); /* it tore (at least) 4 times before */
+        size_t never = 0;
+        for (size_t i = 0; i < n; i++) never += r.k.seen[i] == 0;
+        CHECK_EQ(never, 0);
+        CHECK_EQ(r.k.out_of_range, 0);
+        /* the socket's copy is whole: a version the servers held when they sent it */
+        CHECK(dp_ps_client_version(c) >= 4 * DP_SHM_PARAM_SLOTS);
+        CHECK_EQ(dp_ps_client_pull(c, want, err), 0); /* and shared memory serves the next */
+        free(r.k.dst), free(r.k.seen);
+    }
+    free(want), free(g);
+    dp_ps_client_destroy(&c);
+    dp_ps_client_destroy(&other);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
 DP_TESTS(T(test_async_sgd_exact), T(test_sync_aggregate_backup), T(test_sync_defer_and_finish),
          T(test_sync_heartbeat_timeout), T(test_ssp_zero_lockstep), T(test_two_shards_equal_one),
          T(test_fingerprint_mismatch), T(test_nan_rejected), T(test_malformed_envelopes),
          T(test_oversized_refused),
          T(test_checkpoint_restore), T(test_corrupt_checkpoint), T(test_dead_server_times_out),
-         T(test_parse_args), T(test_frames_transport), T(test_shm_granted), T(test_pull_to_torn),
+         T(test_parse_args), T(test_frames_transport), T(test_shm_granted), T(test_pull_to_torn), T(test_pull_torn_falls_back),
          T(test_bf16_wire), T(test_pull_to), T(test_roundtrip_time))

@@ -57,6 +57,7 @@ struct dp_ps_pull_req {
     size_t until;           /* ... and a wait ends once floats [0, until) are in */
     size_t handed;          /* floats [0, handed) the caller was told are in */
     bool torn;              /* a shard was asked again after some of its floats were handed */
+    bool wire;              /* asked through the socket: shared memory tore S_TORN_SHM times */
     s_pull_shard_t sh[DP_ZSOCK_MAX_SHARDS]; /* the first c->n used */
 };
 
@@ -71,7 +72,7 @@ static void s_build_pull(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     p->n_cuts = pr->sh[i].n_cuts;
     p->cuts = pr->sh[i].cut;
     rq->env.pull = p;
-    rq->env.shm = s->shm;
+    rq->env.shm = s->shm && !pr->wire;
     if (c->bf16 && !s->shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
     if (i == 0) p->deal_step = c->deal_step; /* shard 0 deals */
 }
@@ -290,8 +291,13 @@ static dp_ps_plan_t s_pull_plan(dp_ps_client_t *c, dp_ps_pull_req_t *to)
                           .enough = to->cut ? s_pulled_until : NULL, .arg = to};
 }
 
-/* A shared-memory copy is torn only when two steps land during it; a few
- * tries, then it is an error rather than a livelock. */
+/* A shared-memory copy is torn when two steps land between the servers'
+ * reply and the end of the copy: rare, except on a loaded machine where
+ * the reader waits for a core while a small model's steps come every few
+ * microseconds (two A3C workers on 2 busy cores tore 16 in a row). After
+ * S_TORN_SHM tries the pull goes through the socket, whose copy is the
+ * servers' own and cannot tear; S_TORN_TRIES bounds the loop all the same. */
+#define S_TORN_SHM 4
 #define S_TORN_TRIES 16
 
 /* A whole pull, request to reply (an unfinished pull in parts abandoned). */
@@ -301,8 +307,10 @@ static int s_pull(dp_ps_client_t *c, dp_ps_pull_req_t *to, char *err)
     dp_ps_plan_t pull = s_pull_plan(c, to);
     c->pulls_parts = 0;
     c->dealt_got = false;
+    to->wire = false;
     for (int t = 0; t < S_TORN_TRIES; t++) {
         bool torn = false;
+        to->wire = t >= S_TORN_SHM;
         for (int i = 0; i < c->n; i++) to->sh[i].torn = false;
         if (dp_ps_exchange(c, &pull, err) != 0) return -1;
         for (int i = 0; i < c->n; i++) torn |= to->sh[i].torn;
