@@ -398,13 +398,25 @@ class Client:
         return self._lib.downpour_updates_lost(self._handle())
 
     def stats(self):
-        """The servers' counters (the chief only), as a dict."""
+        """The servers' counters (the chief only), as a dict; "epoch_samples"
+        lists the epochs shard 0 dealt (deal_plan), as summary.json does:
+        each {epoch, trained, repeated, retrained_after_death, batches}."""
         st = _lib.Stats()
         self._check(self._call(self._lib.downpour_stats, ctypes.byref(st)))
         return {"applied": st.applied, "dropped": st.dropped, "rejected": st.rejected,
                 "version": st.version, "staleness_mean": st.staleness_mean,
                 "staleness_max": st.staleness_max,
-                "staleness_hist": list(st.staleness_hist[:st.staleness_bins])}
+                "staleness_hist": list(st.staleness_hist[:st.staleness_bins]),
+                "epoch_samples": self._epoch_samples()}
+
+    def _epoch_samples(self):
+        n = ctypes.c_size_t(0)
+        self._check(self._call(self._lib.downpour_epoch_samples, None, 0, ctypes.byref(n)))
+        cap = n.value
+        eps = (_lib.EpochSamples * max(cap, 1))()
+        self._check(self._call(self._lib.downpour_epoch_samples, eps, cap, ctypes.byref(n)))
+        keys = ("epoch", "trained", "repeated", "retrained_after_death", "batches")
+        return [{k: getattr(e, k) for k in keys} for e in eps[:min(cap, n.value)]]
 
     def finish(self):
         """This worker is done (the servers stop counting it)."""

@@ -59,6 +59,11 @@ class Stats(ctypes.Structure):
                 ("staleness_hist", ctypes.c_uint64 * STATS_BINS), ("staleness_bins", ctypes.c_int)]
 
 
+class EpochSamples(ctypes.Structure):
+    _fields_ = [("epoch", ctypes.c_uint64), ("trained", ctypes.c_uint64), ("repeated", ctypes.c_uint64),
+                ("retrained_after_death", ctypes.c_uint64), ("batches", ctypes.c_uint64)]
+
+
 def find():
     """The path (or soname) of the library this package loads."""
     env = os.environ.get("DOWNPOUR_LIB")
@@ -119,6 +124,8 @@ def _declare(lib):
         "downpour_updates_lost": (ctypes.c_uint64, [h]),
         "downpour_set_compress": (ctypes.c_int, [h, ctypes.c_char_p, ctypes.c_char_p]),
         "downpour_stats": (ctypes.c_int, [h, ctypes.POINTER(Stats)]),
+        "downpour_epoch_samples": (ctypes.c_int, [h, ctypes.POINTER(EpochSamples), ctypes.c_size_t,
+                                                  ctypes.POINTER(ctypes.c_size_t)]),
         "downpour_finish": (ctypes.c_int, [h]),
         "downpour_leave": (ctypes.c_int, [h]),
         "downpour_wait_all": (ctypes.c_int, [h, ctypes.c_double]),

@@ -8,6 +8,7 @@ wait there forever (the test kills it with the batch in flight).
 SIGTERM: the worker leaves after its whole step (downpour_leave), exit 0.
 A dealt plan the servers refuse: its one line on stderr, exit 2."""
 import argparse
+import json
 import os
 import signal
 import sys
@@ -36,6 +37,7 @@ def main():
     ap.add_argument("--log")
     ap.add_argument("--gate", nargs=2)
     ap.add_argument("--hold", nargs=2)
+    ap.add_argument("--stats", help="the chief: Client.stats()'s epoch_samples, as JSON, here")
     a = ap.parse_args()
     m = model()
     if a.write_init:
@@ -72,6 +74,8 @@ def main():
             return 0
     if a.task == 0:
         w.wait_all(120)
+        if a.stats:
+            json.dump(w.client.stats()["epoch_samples"], open(a.stats, "w"))
         w.shutdown()
     else:
         w.finish()

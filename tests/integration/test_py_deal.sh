@@ -9,6 +9,8 @@
 # - a worker SIGKILLed with its 2nd batch in flight: shard 0 puts the batch
 #   back when its heartbeats stop (counted as trained once by it), and the
 #   chief trains it; every index again exactly once among the pushes;
+# - the chief's Client.stats()["epoch_samples"]: 640 trained, and the dead
+#   worker's batch counted as repeated and retrained;
 # - a worker whose dataset has 600 samples: refused with shard 0's one line
 #   (exit 2), the run unharmed.
 # Holds and gates are files (py_deal.py --gate, --hold), not sleeps; the
@@ -16,7 +18,7 @@
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
 
-use_py_package 14 py_deal
+use_py_package 16 py_deal
 W=tests/integration/py_deal.py
 INIT=$TMP/lin.safetensors
 check "save_init of the linear model" "$TORCH_PY" "$W" --write-init "$INIT"
@@ -38,7 +40,8 @@ every_once() {
 
 D=$TMP/crew; mkdir -p "$D"
 start_ps "$D"
-bg "$TORCH_PY" "$W" --ps "$EP" --task 0 --log "$D/w0.log" --gate 3 "$D/go" 2>"$D/w0.err"; w0=$!
+bg "$TORCH_PY" "$W" --ps "$EP" --task 0 --log "$D/w0.log" --gate 3 "$D/go" --stats "$D/stats.json" \
+    2>"$D/w0.err"; w0=$!
 wait_until lines "$D/w0.log" 3
 bg "$TORCH_PY" "$W" --ps "$EP" --task 1 --log "$D/w1.log" --gate 2 "$D/go" 2>"$D/w1.err"; w1=$!
 bg "$TORCH_PY" "$W" --ps "$EP" --task 2 --log "$D/w2.log" --gate 2 "$D/go" 2>"$D/w2.err"; w2=$!
@@ -57,10 +60,17 @@ check "crew: all three workers trained batches ($(cat "$D"/w*.log | wc -l) in al
     test "$(wc -l <"$D/w1.log")" = 2 -a "$(wc -l <"$D/w2.log")" = 2 -a "$(cat "$D"/w*.log | wc -l)" = 20
 check "crew: shard 0 logged both leaves" test "$(grep -c 'left before its last step' "$D/ps.log")" -ge 2
 check "crew: no push of an undealt batch" bash -c "! grep -q 'dealt no batch' '$D/ps.log'"
+# epoch_stats FILE: Client.stats()'s epochs as "epoch trained repeated retrained batches" lines
+epoch_stats() { "$TORCH_PY" -c 'import json,sys
+for e in json.load(open(sys.argv[1])): print(e["epoch"], e["trained"], e["repeated"], e["retrained_after_death"], e["batches"])' "$1" 2>&1; }
+s=$(epoch_stats "$D/stats.json" | head -1)
+check "crew: the chief's Client.stats() has the epoch's 640 samples trained once, 20 batches ($s)" \
+    test "$s" = "0 640 0 0 20"
 
 D=$TMP/kill; mkdir -p "$D"
 start_ps "$D"
-bg "$TORCH_PY" "$W" --ps "$EP" --task 0 --log "$D/w0.log" --gate 1 "$D/held" 2>"$D/w0.err"; w0=$!
+bg "$TORCH_PY" "$W" --ps "$EP" --task 0 --log "$D/w0.log" --gate 1 "$D/held" --stats "$D/stats.json" \
+    2>"$D/w0.err"; w0=$!
 bg "$TORCH_PY" "$W" --ps "$EP" --task 1 --log "$D/w1.log" --hold 2 "$D/held" 2>"$D/w1.err"; w1=$!
 wait_until test -s "$D/held"
 kill -KILL $w1 2>/dev/null
@@ -73,6 +83,8 @@ check "kill: the killed worker's batch in flight trained by the chief" grep -q "
 check "kill: every index of the epoch trained exactly once" every_once "$D"
 check "kill: shard 0 put the dead worker's batch back, counted" \
     grep -q "worker 1 gone with 1 batch in flight: back to the pool (counted as trained once" "$D/ps.log"
+s=$(epoch_stats "$D/stats.json" | head -1)
+check "kill: Client.stats() counts the dead worker's batch as repeated and retrained ($s)" test "$s" = "0 640 32 32 20"
 
 D=$TMP/size; mkdir -p "$D"
 start_ps "$D"

@@ -490,6 +490,19 @@ int downpour_stats(downpour_t *h, downpour_stats_t *out)
     return 0;
 }
 
+int downpour_epoch_samples(downpour_t *h, downpour_epoch_samples_t *out, size_t cap, size_t *n)
+{
+    s_ok();
+    dp_ps_membership_t m = {0};
+    if (dp_ps_client_membership(h->ps, &m, s_err) != 0) return s_client_failed(h);
+    for (size_t k = 0; k < m.n_epochs && k < cap; k++)
+        out[k] = (downpour_epoch_samples_t){m.epochs[k].epoch, m.epochs[k].trained, m.epochs[k].repeated,
+                                            m.epochs[k].retrained_after_death, m.epochs[k].batches};
+    if (n) *n = m.n_epochs;
+    dp_ps_membership_fini(&m);
+    return 0;
+}
+
 int downpour_finish(downpour_t *h)
 {
     s_ok();

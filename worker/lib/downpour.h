@@ -282,6 +282,19 @@ typedef struct {
 
 int downpour_stats(downpour_t *h, downpour_stats_t *out);
 
+/* One epoch of the batches shard 0 dealt (downpour_deal_plan), in samples:
+ * trained (each sample once however the crew changed), repeated (a batch
+ * pushed twice: a late push of a reclaimed lease), retrained_after_death
+ * (batches a dead worker held, dealt again), batches dealt. */
+typedef struct {
+    uint64_t epoch, trained, repeated, retrained_after_death, batches;
+} downpour_epoch_samples_t;
+
+/* The chief: the epochs dealt so far, oldest first, into out[0, cap); *n
+ * (may be NULL) the number shard 0 has, which may exceed cap. None for a
+ * crew without a plan. */
+int downpour_epoch_samples(downpour_t *h, downpour_epoch_samples_t *out, size_t cap, size_t *n);
+
 /* This worker is done: the servers stop counting it (sync, ssp). */
 int downpour_finish(downpour_t *h);
 /* The same for a client that leaves before its last step (Ctrl-C, SIGTERM):
