@@ -20,6 +20,14 @@ The model is whatever nn.Module you have; the servers hold its state_dict
 (parameters trained by their optimizer, --optimizer; buffers such as batch
 norm's running statistics kept as values). Task 0, the chief, waits for the
 others at the end, scores the final weights and stops the servers.
+
+With --dealt the servers deal the batches (an elastic crew, --workers
+MIN:MAX): the loop takes them from a DataLoader over Worker.sampler, and
+every sample of each epoch is trained once whoever joins, leaves or dies
+(`downpour scale`, --max-restarts):
+
+    PYTHONPATH=build/python build/downpour launch --workers 2:4 --mode async \
+        -- python3 examples/torch_fashion_mnist.py --dealt
 """
 import argparse
 import gzip
@@ -29,6 +37,7 @@ import struct
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import downpour.torch  # Downpour
 
@@ -62,6 +71,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: the epochs)")
+    ap.add_argument("--dealt", action="store_true",
+                    help="train the batches the servers deal (servers with --workers MIN:MAX)")
     a = ap.parse_args()
     torch.manual_seed(0)
     model = make_model()
@@ -74,7 +85,15 @@ def main():
     with downpour.torch.Worker(model, ps=ps, task_index=a.task) as w:  # Downpour
         task = w.info.task_index
         steps = 0
-        for epoch in range(a.epochs):
+        if a.dealt:  # Downpour: the servers' batches, each sample of an epoch once
+            ds = TensorDataset(x, y)
+            dealt = w.sampler(ds, batch_size=a.batch, epochs=0 if a.steps else a.epochs, steps=a.steps)
+            for xb, yb in DataLoader(ds, batch_sampler=dealt):  # each step pulls with its batch
+                loss = loss_fn(model(xb), yb)
+                loss.backward()
+                w.push(loss=loss, batch=len(xb))
+                model.zero_grad()
+        for epoch in range(0 if a.dealt else a.epochs):
             perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
             mine = perm[task::a.workers]  # this worker's share of the epoch
             for i in range(0, len(mine) - a.batch + 1, a.batch):
@@ -95,8 +114,10 @@ def main():
             with torch.no_grad():
                 acc = (model(xt).argmax(1) == yt).float().mean().item()
             st = w.stats()
+            dealt = "".join(f"; epoch {e['epoch']}: {e['trained']} samples trained"
+                            for e in st["epoch_samples"])
             print(f"test accuracy {acc:.4f}; the servers applied {st['applied']} pushes, "
-                  f"staleness mean {st['staleness_mean']:.2f} max {st['staleness_max']}")
+                  f"staleness mean {st['staleness_mean']:.2f} max {st['staleness_max']}{dealt}")
             w.shutdown()                                  # Downpour: stop the servers
 
 

@@ -8,6 +8,8 @@
 #    exit 0, and no process is left; the launcher's last line says what the
 #    servers applied (their last record, not the workers' leave events) and
 #    the chief's result
+#  - the example's --dealt loop (Worker.sampler in a DataLoader) trains
+#    the batches the servers deal, each counted in the chief's stats
 #  - each worker's environment: TF_CONFIG's task index, RANK, LOCAL_RANK,
 #    WORLD_SIZE, DOWNPOUR_PS (the shards the launcher printed)
 #  - the exit status is the chief's; a worker that raises stops the run,
@@ -22,7 +24,7 @@
 #    command, no --workers
 # dp-test: unsanitized
 source "$(dirname "$0")/lib.sh"
-use_py_package 37 launch data
+use_py_package 39 launch data
 L=$BIN/downpour
 cp examples/torch_fashion_mnist.py "$TMP/train.py"
 "$TORCH_PY" "$TMP/train.py" --write-init "$TMP/model.safetensors" >"$TMP/init.log" 2>&1
@@ -46,6 +48,15 @@ for mode in async sync; do
     check "$mode: the last line says what the servers applied (80 pushes) and the chief's result" \
         grep -q "^downpour launch: done: $mode, 2 worker(s), 1 shard(s): 80 pushes applied .*the chief exited with status 0: test accuracy 0\.[0-9]*;" "$TMP/$mode.log"
 done
+
+# The example's --dealt loop: the servers' batches through Worker.sampler.
+out=$TMP/dealt
+"$L" launch --workers 2:2 --init "$TMP/model.safetensors" --mode async --optimizer momentum --lr 0.01 --no-progress \
+    --out "$out" -- "$TORCH_PY" "$TMP/train.py" --dealt --steps 20 >"$TMP/dealt.log" 2>&1
+rc=$?
+check "--dealt: the example trains the servers' batches, the run exits 0 (got $rc)" test $rc = 0
+check "--dealt: the chief counts 2 x 20 batches of 64 dealt and trained: $(grep -o 'epoch 0: [0-9]* samples trained' "$out/logs/worker-0.log")" \
+    grep -q "; epoch 0: 2560 samples trained" "$out/logs/worker-0.log"
 
 # The model from the chief's module: no --init, no --model.
 out=$TMP/from-cmd
