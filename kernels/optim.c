@@ -200,6 +200,11 @@ float dp_optim_default_lr(dp_optim_kind_t k)
     return 0.05f;
 }
 
+void dp_optim_actor_critic_default(dp_optim_conf_t *c)
+{
+    if (c->lr == 0 && c->kind == DP_OPT_ADAM) c->lr = DP_OPTIM_AC_ADAM_LR;
+}
+
 float dp_optim_base_lr(const dp_optim_conf_t *c)
 {
     return c->lr > 0 ? c->lr : dp_optim_default_lr(c->kind);

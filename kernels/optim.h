@@ -90,6 +90,17 @@ void dp_optim_conf_default(dp_optim_conf_t *c);
  * Fashion-MNIST it measured better after one epoch in every mode;
  * BENCHMARKS.md.) */
 float dp_optim_default_lr(dp_optim_kind_t k);
+/* An actor-critic run's (--env) Adam learning rate when none is given:
+ * 0.0007, not the image trainer's 0.0015. Measured in real processes
+ * (downpour local --env, 2 async workers, 500 k env steps, --reward-scale
+ * 0.1): on cartpole-v1 0.0015 left 1 greedy policy of 5 short of 500 and
+ * the last 100 episodes at 338-488, 0.0007 every greedy policy at 500 and
+ * 469-484; acrobot-v1 likewise (docs/LAB.md, "Defaults", has the runs). */
+#define DP_OPTIM_AC_ADAM_LR 0.0007f
+/* c->lr set to DP_OPTIM_AC_ADAM_LR when it is 0 (not given) and c is Adam:
+ * what every program that runs an actor-critic model calls (the worker,
+ * the servers told --env, downpour local, the simulator). */
+void dp_optim_actor_critic_default(dp_optim_conf_t *c);
 /* c->lr, or the optimizer's default when c->lr is 0. */
 float dp_optim_base_lr(const dp_optim_conf_t *c);
 /* "sgd", "momentum", "nesterov", "adam", "adagrad", "rmsprop". */

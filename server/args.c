@@ -482,6 +482,7 @@ static int s_check_env(dp_ps_config_t *c, dp_opts_t *o, char *err)
         return dp_err(err, "--envs and --t-max bound an actor-critic run's segments: give --env NAME too");
     dp_account_bounds_t b;
     if (dp_account_bounds(&b, c->env, c->envs, c->t_max, err) != 0) return -1;
+    if (c->env[0]) dp_optim_actor_critic_default(&c->optim);
     if (!c->env[0] || c->init_path[0]) return 0;
     char spec[DP_MODEL_SPEC_LEN];
     const char *given = dp_opts_find(o, "model")->given ? c->model_spec : DP_MODEL_AC_DEFAULT_SPEC;

@@ -265,6 +265,7 @@ dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv
     dp_opts_result_t rc = dp_opts_parse(&o, argc, argv, err);
     if (rc != DP_OPTS_PARSED) return rc;
     if (a->conf.a3c.env && !dp_opts_find(&o, "model")->given) a->conf.model = NULL; /* the RL default */
+    if (a->conf.a3c.env) dp_optim_actor_critic_default(&a->conf.optim);
     if (a->standalone) {
         if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
         return DP_OPTS_PARSED;

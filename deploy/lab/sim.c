@@ -426,6 +426,7 @@ int dp_sim_main(int argc, char **argv)
         fprintf(stderr, "downpour sim: %s\n", err);
         return 1;
     }
+    if (a.c.lab.train.a3c.env) dp_optim_actor_critic_default(&a.c.lab.optim);
     if (!dp_opts_find(&o, "lr-schedule")->given && !a.c.lab.train.a3c.env) {
         a.c.lab.optim.schedule = DP_LR_COSINE;
         a.c.lab.optim.total_steps = (long)a.c.updates;

@@ -465,8 +465,10 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
     if (!o) return dp_err(err, "%s: not JSON", L->summary);
     int rc = 0;
     if (!cJSON_GetObjectItemCaseSensitive(o, "optimizer")) {
-        cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(L->ps.optim.kind));
-        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(&L->ps.optim));
+        dp_optim_conf_t op = L->ps.optim; /* as the shards resolved it, told --env or not */
+        if (L->wk.conf.a3c.env) dp_optim_actor_critic_default(&op);
+        cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(op.kind));
+        cJSON_AddNumberToObject(o, "lr", dp_metrics_round(dp_optim_base_lr(&op), 7));
         dp_optim_conf_t outer;
         dp_ps_config_t ps = L->ps; /* the shards got --workers from the launcher */
         ps.num_workers = L->max_workers;

@@ -10,7 +10,11 @@
 #    `downpour sim --env --record` replays too;
 #  - a record whose account was changed is said to differ (and where); one
 #    whose worker's segments come out of order is refused with one line,
-#    as are the simulator's flags that do not go with --env.
+#    as are the simulator's flags that do not go with --env;
+#  - an actor-critic run's default lr (Adam 0.0007, not the image
+#    trainer's 0.0015) is the one every program runs with: standalone, the
+#    servers of downpour local and its summary.json, the simulator; a given
+#    --lr wins.
 source "$(dirname "$0")/lib.sh"
 
 D=$BIN/downpour
@@ -72,6 +76,22 @@ check "... its replay is bit for bit, every norm and account matched" \
     bash -c "cmp '$out/sim4/model.safetensors' '$out/r-sim4/model.safetensors' && grep -q '\"matches_record\":true' '$out/r-sim4.out'"
 s=$(same_account "$out/sim4/summary.json" "$out/r-sim4/summary.json")
 check "... and its summary's env account ($s)" test "$s" = same
+
+# -- the actor-critic default lr, everywhere ---------------------------------------------
+"$BIN/downpour-worker" --standalone --env cartpole-v1 --env-steps 200 --no-progress >"$out/lr-sa.log" 2>&1
+check "standalone --env: adam lr 0.0007 by default: $(grep -o 'adam lr [0-9.]*' "$out/lr-sa.log")" \
+    grep -q 'adam lr 0.0007$' "$out/lr-sa.log"
+"$D" local --env cartpole-v1 --workers 2 --env-steps 400 --out "$out/lr-local" --no-progress >"$out/lr-local.log" 2>&1
+check "local --env: its servers step with adam lr 0.0007: $(grep -o 'adam lr [0-9.]*' "$out/lr-local/logs/ps-0.log")" \
+    grep -q 'adam lr 0.0007,' "$out/lr-local/logs/ps-0.log"
+check "... and its summary.json says lr 0.0007: $(json "$out/lr-local/summary.json" lr)" \
+    test "$(json "$out/lr-local/summary.json" lr)" = 0.0007
+"$D" sim --env cartpole-v1 --workers 2 --env-steps 400 --out "$out/lr-sim" >"$out/lr-sim.log" 2>&1
+check "sim --env: summary.json lr 0.0007: $(json "$out/lr-sim/summary.json" lr)" \
+    test "$(json "$out/lr-sim/summary.json" lr)" = 0.0007
+"$D" local --env cartpole-v1 --workers 2 --env-steps 400 --lr 0.002 --out "$out/lr-given" --no-progress \
+    >"$out/lr-given.log" 2>&1
+check "local --env --lr 0.002: the given lr wins" grep -q 'adam lr 0.002,' "$out/lr-given/logs/ps-0.log"
 
 # -- records changed, bad flags ------------------------------------------------------
 # rewrite(IN OUT PYTHON-EXPR-ON-EVENT-LINES): the events changed, the footer's hash made right again

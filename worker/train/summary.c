@@ -145,7 +145,7 @@ static void s_summary_rules(cJSON *o, const dp_train_conf_t *c, const dp_run_sum
 {
     if (r->optim) {
         cJSON_AddStringToObject(o, "optimizer", dp_optim_kind_name(r->optim->kind));
-        cJSON_AddNumberToObject(o, "lr", dp_optim_base_lr(r->optim));
+        cJSON_AddNumberToObject(o, "lr", dp_metrics_round(dp_optim_base_lr(r->optim), 7));
     }
     if (r->outer) dp_summary_outer_json(o, r->outer);
     if (r->delay_lr) cJSON_AddStringToObject(o, "delay_lr", r->delay_lr);
