@@ -260,6 +260,27 @@ static int s_layer_bn(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *
     return 0;
 }
 
+/* obsnorm: the input's running mean and variance, and their count: state. */
+static int s_layer_obsnorm(dp_model_t *m, dp_layer_t *l, const char *tok, char *err)
+{
+    if (l->index != 0 || m->embed_dim > 0)
+        return dp_err(err, "model spec: 'obsnorm' must be the first token (it normalises the input)");
+    s_same_shape(l, DP_LAYER_OBSNORM, "obsnorm");
+    int f = (int)dp_layer_out_size(l);
+    if ((l->running_mean = s_add_param(m, tok, l->name, "running_mean", 1, &f, 1, err)) < 0 ||
+        (l->running_var = s_add_param(m, tok, l->name, "running_var", 1, &f, 1, err)) < 0 ||
+        (l->num_batches_tracked = s_add_param(m, tok, l->name, "count", 0, NULL, 1, err)) < 0)
+        return -1;
+    m->params[l->running_mean].init = DP_INIT_ZEROS;
+    m->params[l->running_var].init = DP_INIT_ONES;
+    m->params[l->num_batches_tracked].init = DP_INIT_ZEROS;
+    m->params[l->running_mean].trainable = 0;
+    m->params[l->running_var].trainable = 0;
+    m->params[l->num_batches_tracked].trainable = 0;
+    m->params[l->num_batches_tracked].counter = 1;
+    return 0;
+}
+
 /* One token: which kind it is, then that kind's parse and shapes. */
 static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
 {
@@ -275,6 +296,7 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         return 0;
     }
     if (strcmp(tok, "bn") == 0) return s_layer_bn(m, l, tok, n, err);
+    if (strcmp(tok, "obsnorm") == 0) return s_layer_obsnorm(m, l, tok, err);
     if (strcmp(tok, "gap") == 0) {
         if (n->fc > 0) return dp_err(err, "model spec: 'gap' after a fully connected layer");
         s_same_shape(l, DP_LAYER_GAP, "gap");
@@ -306,7 +328,8 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         return 0;
     }
     return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, tanh, "
-                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A, embed:D first)", tok);
+                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A, embed:D or obsnorm "
+                  "first)", tok);
 }
 
 /* Hash of what makes two models interchangeable on the wire: the canonical

@@ -44,6 +44,16 @@
  *                                relu, tanh, bn, dropout and softmax (which may
  *                                follow it directly: "embed:2 softmax" is
  *                                logistic regression, the D outputs its logits)
+ *   obsnorm                      first token only: each input component
+ *                                normalised by the running mean and variance
+ *                                of every input trained on (kernels/ops.h,
+ *                                dp_obs_norm_forward), clipped to +-10; its
+ *                                tensors obsnorm.running_mean, running_var
+ *                                (one a component) and count are state, not
+ *                                trained: a push carries them, the servers
+ *                                keep them, a model file has them, so every
+ *                                worker and downpour eval normalise alike
+ *                                (an actor-critic run's --obs-norm adds it)
  *   ac:A                         last layer, instead of softmax: an actor-critic
  *                                head of A actions on the trunk before it (any
  *                                layers): a policy fc:A (softmax over the
@@ -113,7 +123,8 @@
  * next to the grammar it sums up, so that there is one text to keep true. */
 #define DP_MODEL_SPEC_HELP                                                            \
     "--model SPEC: layers separated by blanks, the last softmax (or ac, an actor-critic\n" \
-    "head, with --env): convKxK:OUT[:sS][:pP], maxpoolK, relu, tanh, bn (batch norm),\n"  \
+    "head, with --env; obsnorm first normalises its observations): convKxK:OUT[:sS][:pP],\n" \
+    "maxpoolK, relu, tanh, bn (batch norm),\n"                                          \
     "gap (global average pool), dropout:P, fc:OUT; embed:D first: a sparse model's\n"       \
     "embedding of its libsvm features (--data libsvm:, e.g. 'embed:16 relu fc:32 relu\n"     \
     "fc:2 softmax'; 'embed:2 softmax' is logistic regression);\n"                             \
@@ -136,6 +147,7 @@ typedef enum {
     DP_LAYER_TANH,
     DP_LAYER_AC,       /* actor-critic loss: reads the policy's logits (in0) and the value
                         * (in1); its output is the policy (A floats a sample) */
+    DP_LAYER_OBSNORM,  /* the input normalised by running statistics (state, not trained) */
 } dp_layer_kind_t;
 
 #define DP_LAYER_NAME_LEN 48 /* "layer3.17.downsample.0" */

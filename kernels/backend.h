@@ -87,6 +87,11 @@ typedef struct {
                                  float *d_loss, const float *d_logits, const int *d_labels);
     void (*softmax_xent_backward)(dp_backend_t *be, int B, int classes, float *d_dlogits,
                                   const float *d_probs, const int *d_labels);
+    /* The obsnorm layer (kernels/ops.h): d_out = the normalised d_in; with
+     * train, the statistics then merged with the batch's (in place). NULL:
+     * the backend has none (dp_net_init refuses such a model). */
+    void (*obs_norm_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int train, float *d_out,
+                             const float *d_in, float *d_mean, float *d_var, float *d_count);
     /* The actor-critic head (kernels/ops.h, dp_ac_loss_forward): the policy
      * d_probs[B,A] of d_logits and, with d_action, the batch's loss into the
      * device float d_loss given the critic's d_value[B] and the returns

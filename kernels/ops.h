@@ -128,6 +128,21 @@ void dp_ac_returns(float *ret, const float *reward, const unsigned char *end, co
  * Returns the norm before. */
 double dp_clip_global_norm(float *g, size_t n, double max_norm);
 
+/* Observation normalisation (the obsnorm layer, common/model.h): each of an
+ * observation's F components by the running mean and variance of every
+ * observation the crew trained on, as Stable-Baselines3's VecNormalize
+ * does: out = clamp((in - mean) / sqrt(var + eps), -clip, clip). */
+#define DP_OBS_NORM_EPS 1e-8f
+#define DP_OBS_NORM_CLIP 10.0f
+/* The count stops here, so the statistics keep following the observations
+ * as the policy changes what it sees (each batch then weighs B / 2^20), and
+ * the count stays exact in a float. */
+#define DP_OBS_NORM_MAX_COUNT 1048576.0
+void dp_obs_norm_forward(float *out, const float *in, const float *mean, const float *var, int B, int F);
+/* (mean, var, count) merged with the B observations in (population
+ * variance; count += B, at most DP_OBS_NORM_MAX_COUNT). */
+void dp_obs_norm_update(float *mean, float *var, float *count, const float *in, int B, int F);
+
 /* Batch normalization of x[B,C,HW] per channel c (PyTorch's BatchNorm1d /
  * BatchNorm2d): out = w[c] (x - mean[c]) / sqrt(var[c] + eps) + b[c].
  * Training: mean and var are the batch's (var biased: divided by B*HW), and

@@ -114,7 +114,7 @@ float dp_lab_rl_gradient(dp_lab_rl_t *r, dp_session_t *s, const dp_a3c_conf_t *c
     }
     float loss = dp_net_train_step_ac(&s->net, a->x, a->act, a->ret, r->rows);
     dp_net_get_grads(&s->net, grad);
-    dp_clip_global_norm(grad, s->model.n_floats, c->clip_norm);
+    dp_a3c_clip(&s->model, grad, c->clip_norm);
     dp_lab_seg_t *g = &r->seg[worker];
     g->env_steps = (uint64_t)r->rows;
     g->n = a->n_ended;

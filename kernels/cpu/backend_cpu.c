@@ -219,6 +219,15 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward(d_dlogits, d_probs, d_labels, B, classes);
 }
 
+static void s_obs_norm_forward(dp_backend_t *be, const dp_layer_t *l, int B, int train, float *d_out,
+                               const float *d_in, float *d_mean, float *d_var, float *d_count)
+{
+    (void)be;
+    int F = (int)dp_layer_out_size(l);
+    dp_obs_norm_forward(d_out, d_in, d_mean, d_var, B, F);
+    if (train) dp_obs_norm_update(d_mean, d_var, d_count, d_in, B, F);
+}
+
 static void s_ac_loss_forward(dp_backend_t *be, int B, int A, float beta, float vcoef,
                               float *d_probs, float *d_loss, const float *d_logits,
                               const float *d_value, const int *d_action, const float *d_ret)
@@ -438,6 +447,7 @@ static const dp_backend_ops_t s_cpu_ops = {
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
     .ac_loss_forward = s_ac_loss_forward,
+    .obs_norm_forward = s_obs_norm_forward,
     .ac_loss_backward = s_ac_loss_backward,
     .bn_forward = s_bn_forward,
     .bn_backward = s_bn_backward,

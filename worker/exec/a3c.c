@@ -28,10 +28,32 @@ int dp_a3c_model(dp_model_t *m, const char *spec, const dp_env_kind_t *kind, cha
                               err) != 0 ||
         dp_model_parse(m, text, kind->obs_dim, 1, 1, err) != 0)
         return -1;
-    if (dp_model_has_state(m))
-        return dp_err(err, "--env: '%s' has batch norm, whose statistics an actor-critic worker "
-                      "does not keep: leave bn out", m->spec);
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].kind == DP_LAYER_BN)
+            return dp_err(err, "--env: '%s' has batch norm, whose statistics an actor-critic worker "
+                          "does not keep: leave bn out (obsnorm first normalises observations)", m->spec);
     return 0;
+}
+
+double dp_a3c_clip(const dp_model_t *m, float *g, double max_norm)
+{
+    /* the trained tensors only: an obsnorm's statistics travel in g too
+     * (their new values, not a gradient), and would swamp the norm */
+    double ss = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const dp_param_t *p = &m->params[i];
+        for (size_t k = 0; p->trainable && k < p->count; k++)
+            ss += (double)g[p->offset + k] * g[p->offset + k];
+    }
+    double norm = sqrt(ss);
+    if (max_norm > 0 && norm > max_norm) {
+        float scale = (float)(max_norm / (norm + 1e-6)); /* as dp_clip_global_norm */
+        for (int i = 0; i < m->n_params; i++) {
+            const dp_param_t *p = &m->params[i];
+            for (size_t k = 0; p->trainable && k < p->count; k++) g[p->offset + k] *= scale;
+        }
+    }
+    return norm;
 }
 
 int dp_a3c_init(dp_a3c_t *a, const dp_env_kind_t *kind, const dp_a3c_conf_t *c, uint64_t seed,

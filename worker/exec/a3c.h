@@ -86,6 +86,11 @@ int dp_a3c_init(dp_a3c_t *a, const dp_env_kind_t *kind, const dp_a3c_conf_t *c, 
                 int worker, char *err);
 void dp_a3c_fini(dp_a3c_t *a);
 
+/* g clipped to the global L2 norm max_norm over m's trained tensors (the
+ * state's values in g kept as they are), as dp_clip_global_norm clips a
+ * model without state, bit for bit; the norm before. */
+double dp_a3c_clip(const dp_model_t *m, float *g, double max_norm);
+
 /* One segment on the weights in net (an actor-critic model of the
  * environment's observation and actions): fills x, act, ret (and ended).
  * -1 with err only on a bug (an environment refusing a step). */

@@ -95,6 +95,9 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
             return dp_err(err, "%s: layer '%s' (%s) is not supported by this backend yet (run "
                           "with --device cpu)", be->name, m->layers[i].name,
                           m->layers[i].kind == DP_LAYER_BN ? "bn" : m->layers[i].kind == DP_LAYER_ADD ? "res" : m->layers[i].kind == DP_LAYER_GAP ? "gap" : "dropout");
+    if (m->n_layers > 0 && m->layers[0].kind == DP_LAYER_OBSNORM && !be->ops->obs_norm_forward)
+        return dp_err(err, "%s: layer 'obsnorm' is not supported by this backend yet (run with "
+                      "--device cpu, or --obs-norm off)", be->name);
     net->m = m;
     net->be = be;
     net->max_batch = max_batch;
@@ -228,8 +231,8 @@ static const float *s_act(dp_net_t *net, const float *d_x, int b)
 }
 
 /* A bn's state tensors are one contiguous run: running_mean, running_var,
- * num_batches_tracked. Their new values go to d_grads too (what a push
- * carries there). */
+ * num_batches_tracked (an obsnorm's the same: running_mean, running_var,
+ * count). Their new values go to d_grads too (what a push carries there). */
 static void s_bn_state_to_grads(dp_net_t *net, const dp_layer_t *l)
 {
     const dp_param_t *a = &net->m->params[l->running_mean];
@@ -297,6 +300,12 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
             if (train) s_bn_state_to_grads(net, l);
             break;
         case DP_LAYER_GAP: be->ops->gap_forward(be, l, B, out, in); break;
+        case DP_LAYER_OBSNORM:
+            be->ops->obs_norm_forward(be, l, B, train, out, in, s_param(net, P, l->running_mean),
+                                      s_param(net, P, l->running_var),
+                                      s_param(net, P, l->num_batches_tracked));
+            if (train) s_bn_state_to_grads(net, l);
+            break;
         case DP_LAYER_DROPOUT:
             if (train && l->p > 0)
                 be->ops->dropout_forward(be, l, B, net->seed, net->step, net->sample0, out, in);
@@ -426,6 +435,9 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
         break;
     case DP_LAYER_GAP:
         if (din) be->ops->gap_backward(be, l, B, din, dout);
+        break;
+    case DP_LAYER_OBSNORM: /* first (the grammar's rule): its input is the batch, and none of
+                            * its tensors is trained */
         break;
     case DP_LAYER_DROPOUT:
         if (din && l->p > 0)

@@ -102,7 +102,7 @@ static int s_segment(s_run_t *r, int local, float *loss, char *err)
     int rows = r->a.K * r->a.T;
     *loss = dp_net_train_step_ac(&r->net, r->a.x, r->a.act, r->a.ret, rows);
     dp_net_get_grads(&r->net, r->h_grads);
-    dp_clip_global_norm(r->h_grads, r->model.n_floats, ac->clip_norm);
+    dp_a3c_clip(&r->model, r->h_grads, ac->clip_norm);
     if (local) r->be->ops->upload(r->be, r->net.d_grads, r->h_grads, r->model.n_floats * sizeof(float));
     for (int i = 0; i < r->a.n_ended; i++) {
         dp_episodes_add(&r->returns, r->a.ended[i], r->env_steps + (uint64_t)r->a.ended_at[i]);
