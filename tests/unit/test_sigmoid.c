@@ -13,7 +13,13 @@
  *    Debian's /usr/bin/python3; skipped without torch): the fc model's file
  *    loads with load_state_dict(strict=True) into nn.Linear(.., 1) layers
  *    whose BCEWithLogitsLoss and gradients are Downpour's; logistic
- *    regression's head is BCEWithLogitsLoss(x + bias, y). */
+ *    regression's head is BCEWithLogitsLoss(x + bias, y)
+ *  - FTRL-Proximal's rows (kernels/row_optim.c, the row table) against
+ *    McMahan et al. 2013's Algorithm 1 written out here literally: state z
+ *    and n only, each weight computed from them when a sample is predicted,
+ *    sigma from n before and after, over 40 samples (each a batch of one,
+ *    as the algorithm takes them) of sparse features with repeated keys,
+ *    with l1 that zeroes some weights and l2; the predictions too. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +33,7 @@
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "server/core/rows.h"
 #include "worker/exec/net.h"
 #include "tests/test.h"
 
@@ -195,6 +202,96 @@ static void test_net_gradients(void)
     s_check_net("fc:4 tanh fc:1 sigmoid", 6);
 }
 
+/* ---- FTRL-Proximal, McMahan et al. 2013, Algorithm 1 --------------------- */
+
+#define FT_KEYS 12
+
+/* Algorithm 1's state: z and n per coordinate (a key here), nothing else. */
+typedef struct {
+    double z[FT_KEYS], n[FT_KEYS];
+} s_ftrl_ref_t;
+
+/* w_{t,i} from (z_i, n_i): 0 if |z_i| <= l1, else
+ * -((beta + sqrt(n_i)) / alpha + l2)^-1 (z_i - sgn(z_i) l1). */
+static double s_ftrl_ref_w(const s_ftrl_ref_t *r, int i, double a, double b, double l1, double l2)
+{
+    double z = r->z[i];
+    if (fabs(z) <= l1) return 0;
+    return -(z - (z > 0 ? l1 : -l1)) / ((b + sqrt(r->n[i])) / a + l2);
+}
+
+static void test_ftrl_algorithm1(void)
+{
+    const double alpha = 0.3, beta = 1.0, l1 = 1.0, l2 = 0.5;
+    dp_rows_conf_t c;
+    dp_rows_conf_default(&c, 1, DP_ROW_FTRL);
+    c.optim.lr = (float)alpha;
+    c.optim.ftrl_beta = (float)beta;
+    c.optim.l1 = (float)l1;
+    c.optim.l2 = (float)l2;
+    char err[DP_ERR_LEN] = "";
+    dp_rows_t *t = dp_rows_new(&c, err);
+    CHECK(t != NULL);
+    if (!t) return;
+    s_ftrl_ref_t ref;
+    memset(&ref, 0, sizeof ref);
+    dp_rng_t r;
+    dp_rng_seed(&r, 21);
+    int zeros = 0, nonzero = 0;
+    for (int s = 0; s < 40; s++) {
+        /* a sample: 3 distinct keys of 12 (the low ones more often), values
+         * in [0.5, 1.5), its label from a planted rule */
+        uint64_t keys[3];
+        double x[3], planted = 0;
+        for (int j = 0; j < 3; j++) {
+            int k;
+            do {
+                k = (int)(FT_KEYS * dp_rng_uniform(&r) * dp_rng_uniform(&r));
+            } while ((j > 0 && keys[0] == (uint64_t)k) || (j > 1 && keys[1] == (uint64_t)k));
+            keys[j] = (uint64_t)k;
+            x[j] = 0.5 + dp_rng_uniform(&r);
+            planted += (k % 3 == 0 ? 1.0 : -0.7) * x[j];
+        }
+        int y = dp_rng_uniform(&r) < 1.0 / (1.0 + exp(-planted));
+        /* Algorithm 1: the weights from (z, n), the prediction */
+        double wr[3], dot = 0;
+        for (int j = 0; j < 3; j++) dot += (wr[j] = s_ftrl_ref_w(&ref, (int)keys[j], alpha, beta, l1, l2)) * x[j];
+        double p_ref = 1.0 / (1.0 + exp(-dot));
+        /* Downpour: the rows as a worker pulls them, the head's p, the
+         * rows' gradient g_i = (p - y) x_i pushed */
+        float w[3], logit = 0, probs[2], dlogit, g[3];
+        CHECK(dp_rows_pull(t, keys, 3, 1, w, err) >= 0);
+        for (int j = 0; j < 3; j++) {
+            CHECK_NEAR(w[j], wr[j], 1e-6);
+            logit += w[j] * (float)x[j];
+        }
+        dp_sigmoid_xent_forward(probs, &logit, NULL, &y, 1);
+        dp_sigmoid_xent_backward(&dlogit, NULL, probs, &y, 1);
+        CHECK_NEAR(probs[1], p_ref, 1e-6);
+        for (int j = 0; j < 3; j++) g[j] = dlogit * (float)x[j];
+        CHECK_EQ(dp_rows_push(t, (uint64_t)s + 1, keys, 3, 1, g, err), 3);
+        /* Algorithm 1's update of each i in I */
+        for (int j = 0; j < 3; j++) {
+            int i = (int)keys[j];
+            double gi = (p_ref - y) * x[j];
+            double sigma = (sqrt(ref.n[i] + gi * gi) - sqrt(ref.n[i])) / alpha;
+            ref.z[i] += gi - sigma * wr[j];
+            ref.n[i] += gi * gi;
+        }
+    }
+    for (int i = 0; i < FT_KEYS; i++) {
+        uint64_t k = (uint64_t)i;
+        float w;
+        CHECK(dp_rows_pull(t, &k, 1, 1, &w, err) >= 0);
+        double want = s_ftrl_ref_w(&ref, i, alpha, beta, l1, l2);
+        CHECK_NEAR(w, want, 1e-6);
+        zeros += ref.n[i] > 0 && want == 0;
+        nonzero += want != 0;
+    }
+    CHECK(zeros > 0 && nonzero > 0); /* l1 held some seen keys at exactly 0, not all */
+    dp_rows_destroy(&t);
+}
+
 static const char *s_py(void)
 {
     const char *p = getenv("TORCH_PY");
@@ -285,5 +382,5 @@ static void test_matches_pytorch(void)
     free(w), free(g);
 }
 
-DP_TESTS(T(test_loss_and_gradient), T(test_backend_ops), T(test_net_gradients),
+DP_TESTS(T(test_loss_and_gradient), T(test_backend_ops), T(test_net_gradients), T(test_ftrl_algorithm1),
          T(test_matches_pytorch))
