@@ -281,6 +281,35 @@ static int s_layer_obsnorm(dp_model_t *m, dp_layer_t *l, const char *tok, char *
     return 0;
 }
 
+/* sigmoid: the binary head on one logit, an fc:1's or embed:1's (which
+ * has no bias, so the head brings its own: the scalar "bias"). */
+static int s_layer_sigmoid(dp_model_t *m, dp_layer_t *l, const s_count_t *n, char *err)
+{
+    int after_embed = l->index == 0 && m->embed_dim > 0;
+    const dp_layer_t *prev = l->index > 0 ? &m->layers[l->index - 1] : NULL;
+    if (!after_embed && (!prev || prev->kind != DP_LAYER_FC))
+        return dp_err(err, "model spec: sigmoid must follow fc:1 or embed:1 (its one logit, as "
+                      "in 'fc:1 sigmoid' or 'embed:1 sigmoid')");
+    if (l->in_c != 1)
+        return dp_err(err, "model spec: sigmoid reads one logit but %s gives %d (write %s:1 "
+                      "sigmoid, or softmax for %d classes)", after_embed ? "the embedding" :
+                      prev->name, l->in_c, after_embed ? "embed" : "fc", l->in_c);
+    if (n->in_block) return dp_err(err, "model spec: sigmoid inside a res block");
+    l->kind = DP_LAYER_SIGMOID;
+    snprintf(l->name, sizeof l->name, "sigmoid");
+    l->out_c = 2; /* the probabilities of classes 0 and 1 */
+    l->out_h = l->out_w = 1;
+    m->classes = 2;
+    if (after_embed) {
+        int one = 1;
+        if ((l->bias = s_add_param(m, "sigmoid", "sigmoid", "bias", 1, &one, 1, err)) < 0)
+            return -1;
+        snprintf(m->params[l->bias].name, sizeof m->params[l->bias].name, "bias");
+        m->params[l->bias].init = DP_INIT_ZEROS;
+    }
+    return 0;
+}
+
 /* One token: which kind it is, then that kind's parse and shapes. */
 static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
 {
@@ -327,9 +356,10 @@ static int s_parse_layer(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_
         m->classes = l->in_c;
         return 0;
     }
+    if (strcmp(tok, "sigmoid") == 0) return s_layer_sigmoid(m, l, n, err);
     return dp_err(err, "model spec: unknown layer '%s' (known: convKxK:OUT, maxpoolK, relu, tanh, "
-                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A, embed:D or obsnorm "
-                  "first)", tok);
+                  "bn, gap, dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, sigmoid, ac:A, "
+                  "embed:D or obsnorm first)", tok);
 }
 
 /* Hash of what makes two models interchangeable on the wire: the canonical
@@ -726,7 +756,7 @@ static int s_dense_only(const dp_model_t *m, const char *t, char *err)
     for (size_t k = 0; m->embed_dim > 0 && k < sizeof image / sizeof image[0]; k++)
         if (strncmp(t, image[k], strlen(image[k])) == 0)
             return dp_err(err, "model spec: '%s' after embed:%d (the embedding gives %d features: "
-                          "fc, relu, tanh, bn, dropout and softmax may follow it)", t,
+                          "fc, relu, tanh, bn, dropout, softmax and sigmoid may follow it)", t,
                           m->embed_dim, m->embed_dim);
     return 0;
 }
@@ -749,9 +779,12 @@ static int s_parse_tokens(dp_model_t *m, char **tok, int ntok, char *err)
         }
         if (s_dense_only(m, t, err) != 0) return -1;
         const dp_layer_t *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
-        if (prev && (prev->kind == DP_LAYER_SOFTMAX || prev->kind == DP_LAYER_AC))
+        if (prev && (prev->kind == DP_LAYER_SOFTMAX || prev->kind == DP_LAYER_AC ||
+                     prev->kind == DP_LAYER_SIGMOID))
             return dp_err(err, "model spec: '%s' after %s (it must be last)", t,
-                          prev->kind == DP_LAYER_AC ? "the actor-critic head" : "softmax");
+                          prev->kind == DP_LAYER_AC        ? "the actor-critic head"
+                          : prev->kind == DP_LAYER_SIGMOID ? "sigmoid"
+                                                           : "softmax");
         if (strcmp(t, "res") == 0 || strcmp(t, "res:b") == 0) {
             if (i + 1 >= ntok || strcmp(tok[i + 1], "(") != 0)
                 return dp_err(err, "model spec: '%s' without '(' (write %s( LAYERS ))", t, t);
@@ -808,13 +841,14 @@ static int s_parse_grammar(dp_model_t *m, const char *text, char *canon, char *e
     free(buf);
     if (rc != 0) return -1;
     if (m->n_layers == 0 && m->embed_dim > 0)
-        return dp_err(err, "model spec: embed:%d needs layers after it, ending in softmax (e.g. "
-                      "'embed:2 softmax')", m->embed_dim);
+        return dp_err(err, "model spec: embed:%d needs layers after it, ending in softmax or "
+                      "sigmoid (e.g. 'embed:1 sigmoid')", m->embed_dim);
     if (m->n_layers == 0) return dp_err(err, "model spec: empty");
     if (dp_model_is_ac(m)) return 0;
+    if (m->layers[m->n_layers - 1].kind == DP_LAYER_SIGMOID) return 0;
     if (m->layers[m->n_layers - 1].kind != DP_LAYER_SOFTMAX)
-        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax' (or an actor-critic "
-                      "head, ac)");
+        return dp_err(err, "model spec: must end with 'fc:CLASSES softmax' (or 'fc:1 sigmoid' for "
+                      "two classes, or an actor-critic head, ac)");
     if (m->classes < 2)
         return dp_err(err, "model spec: the last fc layer (or embed:D before softmax) needs at "
                       "least 2 outputs");

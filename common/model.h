@@ -32,6 +32,20 @@
  *   fc:OUT                       fully connected; flattens C,H,W first
  *   tanh                         elementwise tanh
  *   softmax                      last layer: softmax + cross-entropy loss
+ *   sigmoid                      last layer, for two classes: one logit (an
+ *                                fc:1 before it, or embed:1 directly), the
+ *                                logistic loss (BCE with logits, in its stable
+ *                                form), labels 0/1. Its output is the two
+ *                                classes' probabilities (1 - p, p), so the
+ *                                model has 2 classes as fc:2 softmax has.
+ *                                After embed:1 it has a bias of its own, the
+ *                                scalar tensor "bias" (zeros at start; shape
+ *                                [1]): "embed:1 sigmoid" is logistic
+ *                                regression, one weight a key plus a bias,
+ *                                as FTRL-Proximal's papers write it. After
+ *                                fc:1 the fc's bias is the bias ("fc1.weight",
+ *                                "fc1.bias": PyTorch's nn.Linear(IN, 1) with
+ *                                BCEWithLogitsLoss)
  *   embed:D                      first token only: a sparse model's embedding
  *                                (kernels/embed.h): the sample's feature keys
  *                                looked up in a row table of width D, weighted
@@ -41,9 +55,10 @@
  *                                table, not in the flat vector): the layers
  *                                after it see an input of D x 1 x 1, whatever
  *                                shape dp_model_parse is given, and may be fc,
- *                                relu, tanh, bn, dropout and softmax (which may
- *                                follow it directly: "embed:2 softmax" is
- *                                logistic regression, the D outputs its logits)
+ *                                relu, tanh, bn, dropout, softmax (which may
+ *                                follow it directly: "embed:2 softmax", the D
+ *                                outputs its logits) and sigmoid ("embed:1
+ *                                sigmoid", logistic regression)
  *   obsnorm                      first token only: each input component
  *                                normalised by the running mean and variance
  *                                of every input trained on (kernels/ops.h,
@@ -122,12 +137,13 @@
  * takes --model (downpour-worker, downpour local, downpour sim): kept here,
  * next to the grammar it sums up, so that there is one text to keep true. */
 #define DP_MODEL_SPEC_HELP                                                            \
-    "--model SPEC: layers separated by blanks, the last softmax (or ac, an actor-critic\n" \
-    "head, with --env; obsnorm first normalises its observations): convKxK:OUT[:sS][:pP],\n" \
-    "maxpoolK, relu, tanh, bn (batch norm),\n"                                          \
+    "--model SPEC: layers separated by blanks, the last softmax (or sigmoid, one logit of\n" \
+    "two classes, after fc:1 or embed:1; or ac, an actor-critic head, with --env; obsnorm\n" \
+    "first normalises its observations): convKxK:OUT[:sS][:pP], maxpoolK, relu, tanh,\n"   \
+    "bn (batch norm),\n"                                                                  \
     "gap (global average pool), dropout:P, fc:OUT; embed:D first: a sparse model's\n"       \
     "embedding of its libsvm features (--data libsvm:, e.g. 'embed:16 relu fc:32 relu\n"     \
-    "fc:2 softmax'; 'embed:2 softmax' is logistic regression);\n"                             \
+    "fc:1 sigmoid'; 'embed:1 sigmoid' is logistic regression);\n"                             \
     "res( LAYERS ) is a residual block (identity shortcut, or option A where the shape\n"  \
     "changes; res:b( ... ) a 1x1 conv + bn projection). Presets: resnet20, resnet32,\n"    \
     "resnet44, resnet56, resnet110 (He et al.'s CIFAR ResNets). Example:\n"                \
@@ -148,6 +164,8 @@ typedef enum {
     DP_LAYER_AC,       /* actor-critic loss: reads the policy's logits (in0) and the value
                         * (in1); its output is the policy (A floats a sample) */
     DP_LAYER_OBSNORM,  /* the input normalised by running statistics (state, not trained) */
+    DP_LAYER_SIGMOID,  /* binary head: one logit in (plus its own bias after embed:1), the
+                        * probabilities of classes 0 and 1 out, the logistic loss */
 } dp_layer_kind_t;
 
 #define DP_LAYER_NAME_LEN 48 /* "layer3.17.downsample.0" */
@@ -204,7 +222,8 @@ typedef struct {
     int in_c, in_h, in_w;  /* input image shape; with an embedding, D x 1 x 1 */
     int embed_dim;         /* embed:D: D, the rows' width (the net's input is the embedding's
                             * output, kernels/embed.h); 0: no embedding */
-    int classes;           /* outputs of the last fc layer */
+    int classes;           /* outputs of the last fc layer; 2 for a sigmoid head (its one
+                            * logit's two probabilities) */
     int n_layers;
     dp_layer_t layers[DP_MAX_LAYERS];
     int n_params;

@@ -92,6 +92,16 @@ typedef struct {
      * the backend has none (dp_net_init refuses such a model). */
     void (*obs_norm_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int train, float *d_out,
                              const float *d_in, float *d_mean, float *d_var, float *d_count);
+    /* The binary head (kernels/ops.h, dp_sigmoid_xent_forward): one logit
+     * a sample plus the head's bias d_bias (NULL: none), the probabilities
+     * of classes 0 and 1 into d_probs[B,2], the mean logistic loss into
+     * d_loss; backward: the logits' gradient (d_dlogits NULL: not wanted)
+     * and the bias's (d_dbias NULL: none). */
+    void (*sigmoid_xent_forward)(dp_backend_t *be, int B, float *d_probs, float *d_loss,
+                                 const float *d_logits, const float *d_bias,
+                                 const int *d_labels);
+    void (*sigmoid_xent_backward)(dp_backend_t *be, int B, float *d_dlogits, float *d_dbias,
+                                  const float *d_probs, const int *d_labels);
     /* The actor-critic head (kernels/ops.h, dp_ac_loss_forward): the policy
      * d_probs[B,A] of d_logits and, with d_action, the batch's loss into the
      * device float d_loss given the critic's d_value[B] and the returns

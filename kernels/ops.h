@@ -90,6 +90,19 @@ float dp_softmax_xent_forward(float *probs, const float *logits, const int *labe
 void dp_softmax_xent_backward(float *dlogits, const float *probs, const int *labels, int B,
                               int classes);
 
+/* The binary head (sigmoid): one logit a sample, z[b] = logits[b] + *bias
+ * (bias NULL: no bias); probs[B,2] = (1 - sigmoid(z), sigmoid(z)), each
+ * computed from the side where exp does not overflow; returns the mean of
+ * the logistic loss in PyTorch's stable form (BCEWithLogitsLoss):
+ * max(z, 0) - z y + log1p(exp(-|z|)), labels[b] in {0, 1}. Labels NULL:
+ * probabilities only, loss 0. */
+float dp_sigmoid_xent_forward(float *probs, const float *logits, const float *bias,
+                              const int *labels, int B);
+/* dlogits[b] = (sigmoid(z) - labels[b]) / B, the gradient of the mean loss
+ * (dlogits may be NULL); *dbias = their sum (dbias may be NULL). */
+void dp_sigmoid_xent_backward(float *dlogits, float *dbias, const float *probs,
+                              const int *labels, int B);
+
 /* The actor-critic loss (A3C, A2C) of a batch: logits[B,A] a softmax policy
  * pi, value[B] the critic's estimate, action[B] the actions taken, ret[B]
  * their n-step returns; the batch mean of
@@ -225,6 +238,10 @@ float dp_softmax_xent_forward_ref(float *probs, const float *logits, const int *
                                   int classes);
 void dp_softmax_xent_backward_ref(float *dlogits, const float *probs, const int *labels, int B,
                                   int classes);
+float dp_sigmoid_xent_forward_ref(float *probs, const float *logits, const float *bias,
+                                  const int *labels, int B);
+void dp_sigmoid_xent_backward_ref(float *dlogits, float *dbias, const float *probs,
+                                  const int *labels, int B);
 
 void dp_bn_forward_train_ref(float *out, float *mean, float *var, const float *in,
                              const float *w, const float *b, int B, int C, int HW, float eps);

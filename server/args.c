@@ -471,6 +471,18 @@ static int s_check_init(const dp_ps_config_t *c, dp_opts_t *o, char *err)
     return 0;
 }
 
+/* A given --model parsed on --input's shape (an embed:D model's is its
+ * own), so that a malformed one is a bad command line (status 2), as
+ * downpour local's is, not a shard that starts and fails. */
+static int s_check_model(const dp_ps_config_t *c, dp_opts_t *o, char *err)
+{
+    if (c->init_path[0] || !dp_opts_find(o, "model")->given) return 0;
+    dp_model_t *m = dp_malloc(sizeof *m);
+    int rc = dp_ps_config_model(c, m, NULL, err);
+    free(m);
+    return rc;
+}
+
 /* --env NAME known, --envs and --t-max only with it (they bound its
  * segments); with --env, the model is the environment's as a worker's
  * --env makes it: --model (default DP_MODEL_AC_DEFAULT_SPEC) with a bare
@@ -508,6 +520,7 @@ dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char
                          "secret key and the public keys allowed in) or neither");
     if (rc == DP_OPTS_PARSED) rc = s_check_init(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = s_check_env(c, &o, err);
+    if (rc == DP_OPTS_PARSED) rc = s_check_model(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = dp_ps_resolve_local_steps(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = dp_ps_check_delay_flags(&o, c->delay_lr, err);
     if (rc == DP_OPTS_PARSED && cl->n_workers > 0 && c->min_workers > 0 && cl->n_workers != c->num_workers)

@@ -6,7 +6,8 @@ Parameter names follow common/model.c (conv1, conv2, fc1, ...; for the
 resnetN presets torchvision's conv1, bn1, layer{1,2,3}.{i}.conv1/.bn1/
 .conv2/.bn2, fc), so a Downpour checkpoint loads with
 load_state_dict(strict=True); the module outputs logits (the spec's softmax
-is the loss)."""
+is the loss; a sigmoid's, 'fc:1 sigmoid', is BCEWithLogitsLoss on the one
+logit)."""
 import collections
 
 import torch.nn.functional as F
@@ -96,9 +97,14 @@ def build_module(spec, in_shape):
             n_fc += 1
             layers[f"fc{n_fc}"] = nn.Linear(c, out)
             c = out
-        elif tok == "softmax":
+        elif tok == "tanh":
+            n_other += 1
+            layers[f"tanh_{n_other}"] = nn.Tanh()
+        elif tok in ("softmax", "sigmoid"):
+            # the loss, not a module: cross_entropy on the logits, or for
+            # sigmoid BCEWithLogitsLoss on fc:1's one logit (nn.Linear(IN, 1))
             if i != len(toks) - 1:
-                raise ValueError(f"spec: softmax must be last: {spec}")
+                raise ValueError(f"spec: {tok} must be last: {spec}")
         else:
             raise ValueError(f"spec: unknown token {tok!r}")
     return nn.Sequential(layers)

@@ -258,6 +258,19 @@ static int s_from_cluster(dp_worker_args_t *a, char *err)
     return 0;
 }
 
+/* A sparse model's spec (its first token embed:D) reads no data for its
+ * shapes: checked with the flags, so that a malformed one is a bad command
+ * line (status 2) as downpour local's and downpour sim's are. Other specs
+ * need the data's input shape, which the run reads. */
+static int s_check_embed_model(const char *spec, char *err)
+{
+    if (!spec || strncmp(spec + strspn(spec, " \t\n"), "embed", 5) != 0) return 0;
+    dp_model_t *m = dp_malloc(sizeof *m);
+    int rc = dp_model_parse(m, spec, 1, 1, 1, err);
+    free(m);
+    return rc;
+}
+
 dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv, char *err)
 {
     dp_opts_t o;
@@ -266,6 +279,7 @@ dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv
     if (rc != DP_OPTS_PARSED) return rc;
     if (a->conf.a3c.env && !dp_opts_find(&o, "model")->given) a->conf.model = NULL; /* the RL default */
     if (a->conf.a3c.env) dp_optim_actor_critic_default(&a->conf.optim);
+    if (s_check_embed_model(a->conf.model, err) != 0) return DP_OPTS_BAD;
     if (a->standalone) {
         if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
         return DP_OPTS_PARSED;

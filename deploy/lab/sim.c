@@ -327,7 +327,8 @@ static int s_sparse_flags(s_args_t *a, dp_opts_t *o, char *err)
         return dp_err(err, "--eval-every / --diag-every: not with a model with embed:D (its evaluation is "
                       "the chief's at the end, whose row pulls a record holds only there)");
     dp_model_t m;
-    if (!l->train.model || dp_model_parse(&m, l->train.model, 1, 1, 1, err) != 0 || m.embed_dim < 1)
+    if (l->train.model && dp_model_parse(&m, l->train.model, 1, 1, 1, err) != 0) return -1;
+    if (!l->train.model || m.embed_dim < 1)
         return dp_err(err, "--data %s: libsvm data trains a model whose first layer is embed:D "
                       "(--model 'embed:D ...')", l->train.data ? l->train.data : "");
     a->ps.optim = l->optim;

@@ -228,6 +228,21 @@ static void s_obs_norm_forward(dp_backend_t *be, const dp_layer_t *l, int B, int
     if (train) dp_obs_norm_update(d_mean, d_var, d_count, d_in, B, F);
 }
 
+static void s_sigmoid_xent_forward(dp_backend_t *be, int B, float *d_probs, float *d_loss,
+                                   const float *d_logits, const float *d_bias,
+                                   const int *d_labels)
+{
+    (void)be;
+    *d_loss = dp_sigmoid_xent_forward(d_probs, d_logits, d_bias, d_labels, B);
+}
+
+static void s_sigmoid_xent_backward(dp_backend_t *be, int B, float *d_dlogits, float *d_dbias,
+                                    const float *d_probs, const int *d_labels)
+{
+    (void)be;
+    dp_sigmoid_xent_backward(d_dlogits, d_dbias, d_probs, d_labels, B);
+}
+
 static void s_ac_loss_forward(dp_backend_t *be, int B, int A, float beta, float vcoef,
                               float *d_probs, float *d_loss, const float *d_logits,
                               const float *d_value, const int *d_action, const float *d_ret)
@@ -446,6 +461,8 @@ static const dp_backend_ops_t s_cpu_ops = {
     .fc_backward = s_fc_backward,
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
+    .sigmoid_xent_forward = s_sigmoid_xent_forward,
+    .sigmoid_xent_backward = s_sigmoid_xent_backward,
     .ac_loss_forward = s_ac_loss_forward,
     .obs_norm_forward = s_obs_norm_forward,
     .ac_loss_backward = s_ac_loss_backward,

@@ -194,3 +194,31 @@ void dp_softmax_xent_backward(float *dlogits, const float *probs, const int *lab
         g[labels[n]] -= inv;
     }
 }
+
+float dp_sigmoid_xent_forward(float *probs, const float *logits, const float *bias,
+                              const int *labels, int B)
+{
+    float b = bias ? *bias : 0.0f;
+    double loss = 0;
+    for (int n = 0; n < B; n++) {
+        float z = logits[n] + b;
+        float e = expf(-fabsf(z)); /* in (0, 1]: neither side overflows */
+        float big = 1.0f / (1.0f + e), small = e / (1.0f + e);
+        probs[2 * n] = z >= 0 ? small : big;
+        probs[2 * n + 1] = z >= 0 ? big : small;
+        if (labels) loss += (z > 0 ? z : 0.0f) - z * (float)labels[n] + log1pf(e);
+    }
+    return (float)(loss / B);
+}
+
+void dp_sigmoid_xent_backward(float *dlogits, float *dbias, const float *probs,
+                              const int *labels, int B)
+{
+    float inv = 1.0f / B, sum = 0.0f;
+    for (int n = 0; n < B; n++) {
+        float g = (probs[2 * n + 1] - (float)labels[n]) * inv;
+        if (dlogits) dlogits[n] = g;
+        sum += g;
+    }
+    if (dbias) *dbias = sum;
+}

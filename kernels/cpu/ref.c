@@ -227,6 +227,35 @@ void dp_softmax_xent_backward_ref(float *dlogits, const float *probs, const int 
                 (probs[(size_t)n * classes + k] - (k == labels[n] ? 1.0f : 0.0f)) / B;
 }
 
+/* The reference in double: p and 1 - p each from exp(-|z|) (no overflow,
+ * no cancellation), the loss as PyTorch's BCEWithLogitsLoss writes it. */
+float dp_sigmoid_xent_forward_ref(float *probs, const float *logits, const float *bias,
+                                  const int *labels, int B)
+{
+    double loss = 0;
+    for (int n = 0; n < B; n++) {
+        double z = (double)logits[n] + (bias ? (double)*bias : 0.0);
+        double e = exp(-fabs(z)); /* in (0, 1] */
+        double big = 1.0 / (1.0 + e), small = e / (1.0 + e);
+        probs[2 * n] = (float)(z >= 0 ? small : big);
+        probs[2 * n + 1] = (float)(z >= 0 ? big : small);
+        if (labels) loss += (z > 0 ? z : 0) - z * labels[n] + log1p(e);
+    }
+    return (float)(loss / B);
+}
+
+void dp_sigmoid_xent_backward_ref(float *dlogits, float *dbias, const float *probs,
+                                  const int *labels, int B)
+{
+    double sum = 0;
+    for (int n = 0; n < B; n++) {
+        double g = ((double)probs[2 * n + 1] - labels[n]) / B;
+        if (dlogits) dlogits[n] = (float)g;
+        sum += g;
+    }
+    if (dbias) *dbias = (float)sum;
+}
+
 /* ---- batch norm, shortcut, pooling, dropout ---------------------------- */
 
 void dp_bn_forward_train_ref(float *out, float *mean, float *var, const float *in,

@@ -318,6 +318,21 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward_gpu(d_dlogits, d_probs, d_labels, B, classes, cx->stream);
 }
 
+static void s_sigmoid_xent_forward(dp_backend_t *be, int B, float *d_probs, float *d_loss,
+                                   const float *d_logits, const float *d_bias,
+                                   const int *d_labels)
+{
+    dp_cuda_t *cx = s_enter(be);
+    dp_sigmoid_xent_forward_gpu(d_probs, d_loss, d_logits, d_bias, d_labels, B, cx->stream);
+}
+
+static void s_sigmoid_xent_backward(dp_backend_t *be, int B, float *d_dlogits, float *d_dbias,
+                                    const float *d_probs, const int *d_labels)
+{
+    dp_cuda_t *cx = s_enter(be);
+    dp_sigmoid_xent_backward_gpu(d_dlogits, d_dbias, d_probs, d_labels, B, cx->stream);
+}
+
 static void s_ac_loss_forward(dp_backend_t *be, int B, int A, float beta, float vcoef,
                               float *d_probs, float *d_loss, const float *d_logits,
                               const float *d_value, const int *d_action, const float *d_ret)
@@ -502,6 +517,8 @@ static const dp_backend_ops_t s_cuda_ops = {
     .fc_backward = s_fc_backward,
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
+    .sigmoid_xent_forward = s_sigmoid_xent_forward,
+    .sigmoid_xent_backward = s_sigmoid_xent_backward,
     .ac_loss_forward = s_ac_loss_forward,
     .ac_loss_backward = s_ac_loss_backward,
     .bn_forward = s_bn_forward,

@@ -88,6 +88,15 @@ void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_l
 /* d_dlogits = (d_probs - onehot(d_labels)) / B. */
 void dp_softmax_xent_backward_gpu(float *d_dlogits, const float *d_probs, const int *d_labels,
                                   int B, int classes, cudaStream_t st);
+/* The binary head (kernels/ops.h dp_sigmoid_xent_forward, backward): one
+ * block, the loss summed in a fixed order; d_bias / d_dbias NULL: none,
+ * d_dlogits NULL: only the bias's gradient. A label other than 0 or 1
+ * makes the loss NaN. */
+void dp_sigmoid_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_logits,
+                                 const float *d_bias, const int *d_labels, int B,
+                                 cudaStream_t st);
+void dp_sigmoid_xent_backward_gpu(float *d_dlogits, float *d_dbias, const float *d_probs,
+                                  const int *d_labels, int B, cudaStream_t st);
 
 /* The actor-critic head (kernels/ops.h dp_ac_loss_forward, backward), in
  * double per row as there; the loss summed in a fixed order. d_action

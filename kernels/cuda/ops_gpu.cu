@@ -251,6 +251,54 @@ __global__ void k_softmax_xent_backward(float *dlogits, const float *probs, cons
     }
 }
 
+// The binary head, one block: thread t takes samples t, t + blockDim, ...,
+// then thread 0 adds the per-thread sums in order (the same float sum on
+// every run). Backward: the same walk, the bias's gradient summed likewise.
+__global__ void k_sigmoid_xent_forward(float *probs, float *loss, const float *logits,
+                                       const float *bias, const int *labels, int B)
+{
+    __shared__ float part[kXentThreads];
+    float b = bias ? *bias : 0.0f, mine = 0.0f;
+    for (int n = threadIdx.x; n < B; n += blockDim.x) {
+        float z = logits[n] + b;
+        float e = expf(-fabsf(z));  // in (0, 1]: neither side overflows
+        float big = 1.0f / (1.0f + e), small = e / (1.0f + e);
+        probs[2 * n] = z >= 0 ? small : big;
+        probs[2 * n + 1] = z >= 0 ? big : small;
+        if (labels) {
+            int y = labels[n];
+            mine += (y == 0 || y == 1) ? fmaxf(z, 0.0f) - z * (float)y + log1pf(e)
+                                       : __int_as_float(0x7fc00000);  // NaN
+        }
+    }
+    part[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int t = 0; t < (int)blockDim.x; t++) total += part[t];
+        *loss = total / (float)B;
+    }
+}
+
+__global__ void k_sigmoid_xent_backward(float *dlogits, float *dbias, const float *probs,
+                                        const int *labels, int B)
+{
+    __shared__ float part[kXentThreads];
+    float mine = 0.0f;
+    for (int n = threadIdx.x; n < B; n += blockDim.x) {
+        float g = (probs[2 * n + 1] - (float)labels[n]) / (float)B;
+        if (dlogits) dlogits[n] = g;
+        mine += g;
+    }
+    part[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0 && dbias) {
+        float total = 0.0f;
+        for (int t = 0; t < (int)blockDim.x; t++) total += part[t];
+        *dbias = total;
+    }
+}
+
 // One kernel for every optimizer of kernels/optim.c, term by term as
 // dp_optim_step writes it (adam's bias corrections come from the host, in
 // double, as there). kind is uniform across the grid: the switch costs
@@ -400,6 +448,24 @@ void dp_softmax_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_l
 {
     k_softmax_xent_forward<<<1, kXentThreads, 0, st>>>(d_probs, d_loss, d_logits, d_labels, B,
                                                        classes);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_sigmoid_xent_forward_gpu(float *d_probs, float *d_loss, const float *d_logits,
+                                 const float *d_bias, const int *d_labels, int B,
+                                 cudaStream_t st)
+{
+    k_sigmoid_xent_forward<<<1, kXentThreads, 0, st>>>(d_probs, d_loss, d_logits, d_bias,
+                                                       d_labels, B);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_sigmoid_xent_backward_gpu(float *d_dlogits, float *d_dbias, const float *d_probs,
+                                  const int *d_labels, int B, cudaStream_t st)
+{
+    if (B <= 0 || (!d_dlogits && !d_dbias)) return;
+    k_sigmoid_xent_backward<<<1, kXentThreads, 0, st>>>(d_dlogits, d_dbias, d_probs, d_labels,
+                                                        B);
     DP_CUDA_LAUNCHED();
 }
 

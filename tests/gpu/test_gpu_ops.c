@@ -392,6 +392,39 @@ static void s_check_xent(int B, int classes)
     s_free(d_logits), s_free(d_probs), s_free(d_dl), s_free(d_y);
 }
 
+/* The binary head against the double reference: its probabilities, loss,
+ * the logits' and the bias's gradients (bias NULL: none, dlogits NULL: the
+ * bias's alone). */
+static void s_check_sigmoid(int B, int with_bias)
+{
+    float *z = s_rand((size_t)B, 6), bias = 0.375f, *p = dp_malloc((size_t)B * 8), gb = 0, hb = 0;
+    float *dl = dp_malloc((size_t)B * 4), *gp, *gd;
+    int *y = s_labels(B, 2);
+    float *d_z = s_up(z, (size_t)B * 4), *d_b = with_bias ? s_up(&bias, 4) : NULL;
+    float *d_p = s_be->ops->alloc(s_be, (size_t)B * 8), *d_dl = s_be->ops->alloc(s_be, (size_t)B * 4);
+    float *d_loss = s_be->ops->alloc(s_be, 4), *d_db = s_be->ops->alloc(s_be, 4), gl = 0;
+    int *d_y = s_up(y, (size_t)B * sizeof(int));
+    float loss = dp_sigmoid_xent_forward_ref(p, z, with_bias ? &bias : NULL, y, B);
+    s_be->ops->sigmoid_xent_forward(s_be, B, d_p, d_loss, d_z, d_b, d_y);
+    s_be->ops->download(s_be, &gl, d_loss, 4);
+    CHECK_NEAR(gl, loss, 1e-5 + 1e-5 * fabsf(loss));
+    gp = s_down(d_p, (size_t)B * 2);
+    GPU_CLOSE("sigmoid probs", gp, p, (size_t)B * 2, 1e-7, 1e-6);
+    dp_sigmoid_xent_backward_ref(dl, &hb, p, y, B);
+    s_be->ops->upload(s_be, d_p, p, (size_t)B * 8); /* the same probs on both sides */
+    s_be->ops->sigmoid_xent_backward(s_be, B, d_dl, d_db, d_p, d_y);
+    gd = s_down(d_dl, (size_t)B);
+    GPU_CLOSE("sigmoid dlogits", gd, dl, (size_t)B, 1e-9, 1e-6);
+    s_be->ops->download(s_be, &gb, d_db, 4);
+    CHECK_NEAR(gb, hb, 1e-6 + 1e-5 * fabsf(hb));
+    s_be->ops->sigmoid_xent_backward(s_be, B, NULL, d_db, d_p, d_y);
+    s_be->ops->download(s_be, &gb, d_db, 4);
+    CHECK_NEAR(gb, hb, 1e-6 + 1e-5 * fabsf(hb));
+    free(z), free(p), free(dl), free(y), free(gp), free(gd);
+    s_free(d_z), s_free(d_p), s_free(d_dl), s_free(d_loss), s_free(d_db), s_free(d_y);
+    if (d_b) s_free(d_b);
+}
+
 /* A layer of the residual kinds for prepare() (only its shapes matter). */
 static dp_layer_t s_res_layer(dp_layer_kind_t kind, int C, int H, int W)
 {
@@ -774,6 +807,9 @@ static void test_gpu_softmax_xent(void)
     s_check_xent(3, 37); /* more classes than a warp's lanes */
     s_check_xent(1, 1);
     s_check_xent(1000, 10); /* many rows per warp */
+    s_check_sigmoid(7, 1);
+    s_check_sigmoid(5000, 1); /* more rows than the block's threads */
+    s_check_sigmoid(33, 0);
 }
 
 /* be->optim_step against dp_optim_step on the host, three steps of every

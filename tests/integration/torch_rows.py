@@ -1,5 +1,7 @@
 """torch_rows: a sparse model's --save file (embed.keys, embed.weight and
-the dense layers, "embed:D relu fc:H relu fc:2 softmax") rebuilt in PyTorch
+the dense layers, "embed:D relu fc:H relu fc:2 softmax"; a sigmoid head's
+one logit, "... fc:1 sigmoid" or "embed:1 sigmoid" with its "bias", read
+through torch.sigmoid) rebuilt in PyTorch
 as an nn.EmbeddingBag (sum, per-sample weights: the libsvm values) looked
 up at searchsorted(keys, key), and scored on a libsvm test file: prints
 its test AUC (probability of class 1; ties counted half). Every test key
@@ -49,7 +51,12 @@ def main(path, test):
         x = bag(torch.tensor(idx), torch.tensor(offsets), per_sample_weights=torch.tensor(w))
         for name in fcs:  # relu before each fc, as the spec says
             x = torch.relu(x) @ torch.from_numpy(t[name + ".weight"].copy()).T + torch.from_numpy(t[name + ".bias"].copy())
-        p = torch.softmax(x, dim=1)[:, 1].double().numpy()
+        if "bias" in t:  # embed:1 sigmoid: the head's own bias
+            x = x + torch.from_numpy(t["bias"].copy())
+        if x.shape[1] == 1:  # a sigmoid head: one logit, BCEWithLogitsLoss's
+            p = torch.sigmoid(x[:, 0]).double().numpy()
+        else:
+            p = torch.softmax(x, dim=1)[:, 1].double().numpy()
     y = np.array(labels)
     order = np.argsort(p, kind="mergesort")
     ranks = np.empty(len(p))

@@ -83,9 +83,10 @@ static void test_error_messages(void)
                             "as in 'embed:2 softmax')"},
         {"banana fc:10 softmax", 1,
          "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, tanh, bn, gap, "
-         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, ac:A, embed:D first)"},
+         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, sigmoid, ac:A, embed:D first)"},
         {" \t\n", 1, "model spec: empty"},
-        {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax' (or an actor-critic head, ac)"},
+        {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax' (or 'fc:1 sigmoid' for "
+                          "two classes, or an actor-critic head, ac)"},
         {"fc:1 softmax", 1,
          "model spec: the last fc layer (or embed:D before softmax) needs at least 2 outputs"},
     };
@@ -151,20 +152,78 @@ static void test_embed(void)
          "floats a row)"},
         {"embed:8x fc:2 softmax", "model spec: bad embedding 'embed:8x' (expected embed:D, D in "
          "1..4096 floats a row)"},
-        {"embed:8", "model spec: embed:8 needs layers after it, ending in softmax (e.g. 'embed:2 "
-         "softmax')"},
+        {"embed:8", "model spec: embed:8 needs layers after it, ending in softmax or sigmoid (e.g. "
+         "'embed:1 sigmoid')"},
         {"embed:1 softmax", "model spec: the last fc layer (or embed:D before softmax) needs at "
          "least 2 outputs"},
         {"embed:8 conv3x3:4 fc:2 softmax", "model spec: 'conv3x3:4' after embed:8 (the embedding "
-         "gives 8 features: fc, relu, tanh, bn, dropout and softmax may follow it)"},
+         "gives 8 features: fc, relu, tanh, bn, dropout, softmax and sigmoid may follow it)"},
         {"embed:8 res( fc:8 ) fc:2 softmax", "model spec: 'res' after embed:8 (the embedding "
-         "gives 8 features: fc, relu, tanh, bn, dropout and softmax may follow it)"},
+         "gives 8 features: fc, relu, tanh, bn, dropout, softmax and sigmoid may follow it)"},
         {"embed:8 ac:2", "model spec: 'ac:2' after embed:8 (the embedding gives 8 features: fc, "
-         "relu, tanh, bn, dropout and softmax may follow it)"},
+         "relu, tanh, bn, dropout, softmax and sigmoid may follow it)"},
         {"embed:8 relu softmax", "model spec: softmax must follow a fully connected layer (or "
          "embed:D, as in 'embed:2 softmax')"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_EQ(dp_model_parse(&m, bad[i].spec, 1, 28, 28, err), -1);
+        CHECK_STR(err, bad[i].err);
+    }
+}
+
+/* sigmoid, the binary head: one logit (fc:1's, or embed:1's plus the head's
+ * own scalar bias), two classes' probabilities out; anything else refused
+ * with one line. */
+static void test_sigmoid(void)
+{
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, "embed:1 sigmoid", 1, 28, 28, err), 0); /* logistic regression */
+    CHECK_EQ(m.n_layers, 1);
+    CHECK_EQ(m.layers[0].kind, DP_LAYER_SIGMOID);
+    CHECK(m.layers[0].in_c == 1 && m.layers[0].out_c == 2);
+    CHECK_EQ(m.classes, 2);
+    CHECK_EQ(m.n_params, 1); /* the bias: one float, zeros at start, named as PyTorch's */
+    CHECK_STR(m.params[0].name, "bias");
+    CHECK(m.params[0].ndim == 1 && m.params[0].shape[0] == 1 && m.n_floats == 1);
+    CHECK_EQ(m.layers[0].bias, 0);
+    float b = 7;
+    dp_model_init_params(&m, &b, 3);
+    CHECK_EQ(b, 0.0f);
+    uint64_t lr = m.fingerprint;
+    CHECK_EQ(dp_model_parse(&m, "embed:8 relu fc:4 tanh fc:1 sigmoid", 1, 1, 1, err), 0);
+    CHECK_STR(m.params[2].name, "fc2.weight"); /* nn.Linear(4, 1): the fc's bias is the bias */
+    CHECK(m.params[2].shape[0] == 1 && m.params[2].shape[1] == 4);
+    CHECK_EQ(m.n_params, 4);
+    CHECK_EQ(m.layers[m.n_layers - 1].bias, -1);
+    CHECK_EQ(m.classes, 2);
+    CHECK_EQ(dp_model_parse(&m, "fc:16 relu fc:1 sigmoid", 3, 8, 8, err), 0); /* an image model */
+    CHECK_EQ(m.classes, 2);
+    CHECK_EQ(dp_model_parse(&m, "embed:2 softmax", 1, 1, 1, err), 0);
+    CHECK(m.fingerprint != lr);
+    static const struct {
+        const char *spec;
+        const char *err;
+    } bad[] = {
+        {"fc:2 sigmoid", "model spec: sigmoid reads one logit but fc1 gives 2 (write fc:1 sigmoid, "
+         "or softmax for 2 classes)"},
+        {"embed:2 sigmoid", "model spec: sigmoid reads one logit but the embedding gives 2 (write "
+         "embed:1 sigmoid, or softmax for 2 classes)"},
+        {"fc:1 sigmoid relu", "model spec: 'relu' after sigmoid (it must be last)"},
+        {"embed:1 sigmoid fc:1 sigmoid", "model spec: 'fc:1' after sigmoid (it must be last)"},
+        {"fc:1 sigmoid sigmoid", "model spec: 'sigmoid' after sigmoid (it must be last)"},
+        {"fc:1 relu sigmoid", "model spec: sigmoid must follow fc:1 or embed:1 (its one logit, as in "
+         "'fc:1 sigmoid' or 'embed:1 sigmoid')"},
+        {"sigmoid", "model spec: sigmoid must follow fc:1 or embed:1 (its one logit, as in 'fc:1 "
+         "sigmoid' or 'embed:1 sigmoid')"},
+        {"fc:1 sigmoid softmax", "model spec: 'softmax' after sigmoid (it must be last)"},
+        {"fc:1 softmax", "model spec: the last fc layer (or embed:D before softmax) needs at least "
+         "2 outputs"},
+        {"conv3x3:4 res( fc:1 sigmoid )", "model spec: 'fc:1' inside a res block"},
+        {"fc:1 sigmoid ac:2", "model spec: 'ac:2' after sigmoid (it must be last)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
         CHECK_EQ(dp_model_parse(&m, bad[i].spec, 1, 28, 28, err), -1);
         CHECK_STR(err, bad[i].err);
     }
@@ -470,6 +529,6 @@ static void test_parentheses_only(void)
     CHECK(err[0] != 0);
 }
 
-DP_TESTS(T(test_default_spec_shapes), T(test_ac_head), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages), T(test_embed),
+DP_TESTS(T(test_default_spec_shapes), T(test_ac_head), T(test_table), T(test_parentheses_only), T(test_presets), T(test_bad_specs), T(test_error_messages), T(test_embed), T(test_sigmoid),
          T(test_valid_padding_and_odd_shapes),
          T(test_init_and_fingerprint), T(test_sizes_are_bounded))

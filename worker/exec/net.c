@@ -318,6 +318,9 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
         case DP_LAYER_SOFTMAX:
             be->ops->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
             break;
+        case DP_LAYER_SIGMOID:
+            be->ops->sigmoid_xent_forward(be, B, out, net->d_loss, in, b, d_y);
+            break;
         case DP_LAYER_AC: /* without actions (acting): the policy alone */
             be->ops->ac_loss_forward(be, B, m->classes, net->ac_entropy, net->ac_value_coef, out,
                                      net->d_loss, in, s_act(net, d_x, l->in1), d_y,
@@ -454,6 +457,9 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
         return;
     case DP_LAYER_SOFTMAX:
         if (din) be->ops->softmax_xent_backward(be, B, m->classes, din, out, d_y);
+        break;
+    case DP_LAYER_SIGMOID: /* its bias's gradient even where the logit's is not wanted */
+        if (din || db) be->ops->sigmoid_xent_backward(be, B, din, db, out, d_y);
         break;
     case DP_LAYER_AC: { /* the policy's and the value's gradients, both first here */
         float *dv = s_din(net, l->in1);

@@ -72,10 +72,11 @@ static int s_check_conf(const dp_train_conf_t *c, const dp_model_t *m, char *err
                       "(--device cpu)", c->device);
     if (m->embed_dim == 0)
         return dp_err(err, "--data libsvm: needs a model that starts with embed:D (e.g. --model "
-                      "'embed:2 softmax', logistic regression); '%s' has none", m->spec);
+                      "'embed:1 sigmoid', logistic regression); '%s' has none", m->spec);
     if (m->classes != 2)
         return dp_err(err, "model spec '%s' ends in %d classes but libsvm labels are 0 and 1: end "
-                      "it in 2 (fc:2 softmax, or embed:2 softmax)", m->spec, m->classes);
+                      "it in 2 (fc:1 sigmoid or fc:2 softmax, or embed:1 sigmoid)", m->spec,
+                      m->classes);
     return 0;
 }
 
