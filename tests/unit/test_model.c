@@ -83,7 +83,7 @@ static void test_error_messages(void)
                             "as in 'embed:2 softmax')"},
         {"banana fc:10 softmax", 1,
          "model spec: unknown layer 'banana' (known: convKxK:OUT, maxpoolK, relu, tanh, bn, gap, "
-         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, sigmoid, ac:A, embed:D first)"},
+         "dropout:P, res( ... ), res:b( ... ), fc:OUT, softmax, sigmoid, ac:A, embed:D or obsnorm first)"},
         {" \t\n", 1, "model spec: empty"},
         {"fc:10 relu", 1, "model spec: must end with 'fc:CLASSES softmax' (or 'fc:1 sigmoid' for "
                           "two classes, or an actor-critic head, ac)"},
