@@ -607,6 +607,16 @@ int dp_model_is_ac(const dp_model_t *m)
     return m->n_layers > 0 && m->layers[m->n_layers - 1].kind == DP_LAYER_AC;
 }
 
+int dp_model_spec_env(const char *spec, int A, int obs_norm, char *out, size_t n, char *err)
+{
+    char text[DP_MODEL_SPEC_LEN];
+    if (dp_model_spec_actions(spec, A, text, sizeof text, err) != 0) return -1;
+    int has = strncmp(text, "obsnorm", 7) == 0 && (text[7] == ' ' || text[7] == 0);
+    int w = snprintf(out, n, "%s%s", obs_norm && !has ? "obsnorm " : "", text);
+    if (w < 0 || (size_t)w >= n) return dp_err(err, "model spec: too long");
+    return 0;
+}
+
 int dp_model_spec_actions(const char *spec, int A, char *out, size_t n, char *err)
 {
     size_t len = 0;

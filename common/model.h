@@ -268,6 +268,10 @@ int dp_model_table_rows(dp_model_t *m, int d, char *err);
  * spec without an actor-critic head is refused too: an environment needs
  * one. */
 int dp_model_spec_actions(const char *spec, int A, char *out, size_t n, char *err);
+/* The same, and with obs_norm the model's first token obsnorm (added where
+ * spec has none): an environment's model as --obs-norm makes it, for the
+ * workers and the servers alike. */
+int dp_model_spec_env(const char *spec, int A, int obs_norm, char *out, size_t n, char *err);
 
 /* 1 when m ends in an actor-critic head (ac:A); its policy layer, value
  * layer and loss layer are the last three. */

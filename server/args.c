@@ -305,6 +305,9 @@ static const dp_opts_entry_t s_config[] = {
                     "it a push carrying env steps is refused (downpour local --env gives it)"),
     {DP_FLAG_NUM("envs", DP_OPTS_INT, "K", NULL, 1, DP_A3C_MAX_ENVS, 0,
                     "with --env: the workers' --envs (default 1)"), S_AT(envs)},
+    {DP_FLAG_CHOICE("obs-norm", "off|on", NULL, 0,
+                    "with --env: the workers' --obs-norm (obsnorm first in the model; default off)"),
+     S_AT(obs_norm)},
     {DP_FLAG_NUM("t-max", DP_OPTS_INT, "T", NULL, 1, DP_A3C_MAX_T, 0,
                     "with --env: the workers' --t-max (default 5); a push's segment\n"
                     "has at most --envs x --t-max env steps"), S_AT(t_max)},
@@ -490,15 +493,16 @@ static int s_check_model(const dp_ps_config_t *c, dp_opts_t *o, char *err)
  * unless --input says otherwise. */
 static int s_check_env(dp_ps_config_t *c, dp_opts_t *o, char *err)
 {
-    if (!c->env[0] && (dp_opts_find(o, "envs")->given || dp_opts_find(o, "t-max")->given))
-        return dp_err(err, "--envs and --t-max bound an actor-critic run's segments: give --env NAME too");
+    if (!c->env[0] && (dp_opts_find(o, "envs")->given || dp_opts_find(o, "t-max")->given ||
+                       dp_opts_find(o, "obs-norm")->given))
+        return dp_err(err, "--envs, --t-max and --obs-norm are an actor-critic run's: give --env NAME too");
     dp_account_bounds_t b;
     if (dp_account_bounds(&b, c->env, c->envs, c->t_max, err) != 0) return -1;
     if (c->env[0]) dp_optim_actor_critic_default(&c->optim);
     if (!c->env[0] || c->init_path[0]) return 0;
     char spec[DP_MODEL_SPEC_LEN];
     const char *given = dp_opts_find(o, "model")->given ? c->model_spec : DP_MODEL_AC_DEFAULT_SPEC;
-    if (dp_model_spec_actions(given, b.env->n_actions, spec, sizeof spec, err) != 0) return -1;
+    if (dp_model_spec_env(given, b.env->n_actions, c->obs_norm, spec, sizeof spec, err) != 0) return -1;
     snprintf(c->model_spec, sizeof c->model_spec, "%s", spec);
     if (!dp_opts_find(o, "input")->given) {
         c->in_c = b.env->obs_dim;

@@ -36,6 +36,7 @@ typedef struct {
     int in_c, in_h, in_w;
     char env[32];               /* --env NAME: an actor-critic run's environment, which bounds
                                  * a push's account (server/core/account.h); "": none told */
+    int obs_norm;               /* --obs-norm off|on: with --env, obsnorm first in the model */
     int envs, t_max;            /* --envs, --t-max: a segment's env steps at most envs x t_max */
     char init_path[DP_PS_PATH_LEN];      /* --init FILE: the tensor table and its initial
                                           * values from a safetensors file ("": the spec's) */

@@ -17,7 +17,7 @@ int dp_lab_rl_session(dp_session_t *s, const dp_train_conf_t *c, char *err)
     s->t_start = dp_now();
     if (c->threads > 0) dp_cpu_set_threads(c->threads);
     const dp_env_kind_t *kind = dp_env_find(c->a3c.env, err);
-    if (!kind || dp_a3c_model(&s->model, c->model, kind, err) != 0) return -1;
+    if (!kind || dp_a3c_model(&s->model, c->model, kind, c->a3c.obs_norm, err) != 0) return -1;
     if (c->a3c.envs < 1 || c->a3c.envs > DP_A3C_MAX_ENVS || c->a3c.t_max < 1 || c->a3c.t_max > DP_A3C_MAX_T)
         return dp_err(err, "--envs %d / --t-max %d: 1..%d environments, 1..%d steps a segment",
                       c->a3c.envs, c->a3c.t_max, DP_A3C_MAX_ENVS, DP_A3C_MAX_T);

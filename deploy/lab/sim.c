@@ -148,6 +148,8 @@ static void s_options_rl(dp_opts_t *o, dp_train_conf_t *t)
         DP_FLAG_NUM("entropy", DP_OPTS_FLOAT, "B", &t->a3c.entropy, 0, 100, 0,
                     "--env: weight of the entropy bonus (default 0.01)"),
         DP_FLAG_NUM("gamma", DP_OPTS_FLOAT, "G", &t->a3c.gamma, 0, 1, 0, "--env: discount (default 0.99)"),
+        DP_FLAG_CHOICE("obs-norm", "off|on", &t->a3c.obs_norm, 0,
+                       "--env: on: the model's first layer obsnorm (default off)"),
         DP_FLAG_NUM("reward-scale", DP_OPTS_FLOAT, "S", &t->a3c.reward_scale, 1e-6, 1e6, 0,
                     "--env: each reward times S in the returns learned from (default 0.1; 1: off)"),
         DP_FLAG_NUM("clip-norm", DP_OPTS_FLOAT, "N", &t->a3c.clip_norm, 0, 1e9, 0,
@@ -283,7 +285,7 @@ static int s_env_flags(s_args_t *a, dp_opts_t *o, char *err)
     static const char *const classifier[] = {"updates", "epochs", "eval-every", "eval-limit", "diag-every",
                                              "data", "train-samples", "augment", "normalize", "batch",
                                              "local-steps", "churn"};
-    static const char *const rl[] = {"envs", "t-max", "entropy", "gamma", "reward-scale", "clip-norm",
+    static const char *const rl[] = {"envs", "t-max", "entropy", "gamma", "reward-scale", "obs-norm", "clip-norm",
                                      "env-steps"};
     int env = a->c.lab.train.a3c.env != NULL;
     for (size_t i = 0; env && i < sizeof classifier / sizeof classifier[0]; i++)

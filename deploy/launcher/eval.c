@@ -96,7 +96,7 @@ static int s_eval_policy(const char *ckpt, const char *env, int episodes, uint64
         rc = 2; /* the wrong kind of file for the command: a usage error */
         goto done;
     }
-    if (dp_a3c_model(&m, spec, kind, err) != 0) goto done;
+    if (dp_a3c_model(&m, spec, kind, 0, err) != 0) goto done;
     params = dp_malloc(m.n_floats * sizeof(float));
     if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;
     if (dp_backend_new(&be, device, err) != 0) goto done;

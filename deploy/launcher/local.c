@@ -611,7 +611,7 @@ static int s_check_model(dp_local_t *L, char *err)
     dp_model_t m;
     if (L->wk.conf.a3c.env) {
         const dp_env_kind_t *kind = dp_env_find(L->wk.conf.a3c.env, err);
-        if (!kind || dp_a3c_model(&m, spec, kind, err) != 0) return -1;
+        if (!kind || dp_a3c_model(&m, spec, kind, L->wk.conf.a3c.obs_norm, err) != 0) return -1;
         snprintf(L->env_model, sizeof L->env_model, "%s", m.spec);
         return 0;
     }

@@ -11,6 +11,9 @@
 #  - a record whose account was changed is said to differ (and where); one
 #    whose worker's segments come out of order is refused with one line,
 #    as are the simulator's flags that do not go with --env;
+#  - --obs-norm on: the model starts with obsnorm, whose statistics the
+#    servers keep; a record of it replays bit for bit, and downpour eval
+#    --env scores its file as the run did (the statistics are in it);
 #  - an actor-critic run's default lr (Adam 0.0007, not the image
 #    trainer's 0.0015) is the one every program runs with: standalone, the
 #    servers of downpour local and its summary.json, the simulator; a given
@@ -32,7 +35,7 @@ EOF
 }
 
 # -- sim --workers 1 is standalone -----------------------------------------------
-rl=(--envs 2 --t-max 4 --entropy 0.02 --gamma 0.95 --reward-scale 0.5 --clip-norm 1 --env-steps 4000 --seed 5 --threads 1)
+rl=(--envs 2 --t-max 4 --entropy 0.02 --gamma 0.95 --reward-scale 0.5 --obs-norm on --clip-norm 1 --env-steps 4000 --seed 5 --threads 1)
 "$BIN/downpour-worker" --standalone --env acrobot-v1 "${rl[@]}" --no-progress --summary "$out/sa.json" \
     --save "$out/sa.safetensors" >"$out/sa.log" 2>&1
 check "standalone --env acrobot-v1 exits 0" test $? = 0
@@ -76,6 +79,24 @@ check "... its replay is bit for bit, every norm and account matched" \
     bash -c "cmp '$out/sim4/model.safetensors' '$out/r-sim4/model.safetensors' && grep -q '\"matches_record\":true' '$out/r-sim4.out'"
 s=$(same_account "$out/sim4/summary.json" "$out/r-sim4/summary.json")
 check "... and its summary's env account ($s)" test "$s" = same
+
+# -- --obs-norm on: kept by the servers, replayed, scored alike ---------------------------
+"$D" local --env acrobot-v1 --obs-norm on --workers 2 --ps-shards 2 --mode async --env-steps 3000 --seed 7 \
+    --out "$out/on" --record "$out/on.rec" --no-progress >"$out/on.log" 2>&1
+check "local --env --obs-norm on --record exits 0" test $? = 0 || tail -3 "$out/on.log"
+st=$(PYTHONPATH=$PWD/$BUILD/python "$TORCH_PY" -c 'import sys, downpour.safetensors as s
+t = dict(s.read(sys.argv[1])[0]); c = int(t["obsnorm.count"])
+print("count", c > 0 and c <= 3000, "var", bool((t["obsnorm.running_var"] != 1).all()))' "$out/on/model.safetensors" 2>&1)
+check "... the model file has the statistics the crew gathered ($st)" test "$st" = "count True var True"
+"$D" replay "$out/on.rec" --out "$out/r-on" --json >"$out/r-on.out" 2>"$out/r-on.err"
+check "... its replay is bit for bit" \
+    bash -c "cmp '$out/on/model.safetensors' '$out/r-on/model.safetensors' && grep -q '\"matches_record\":true' '$out/r-on.out'"
+"$D" eval --checkpoint "$out/on/model.safetensors" --env acrobot-v1 --seed 7 >"$out/on-eval.json" 2>&1
+got=$(json "$out/on-eval.json" test_return 2>/dev/null) want=$(json "$out/on/summary.json" test_return 2>/dev/null)
+check "... downpour eval --env scores its file as the run did ($got, the run's $want)" test "${got:-x}" = "$want"
+"$BIN/downpour-ps" --obs-norm on --bind tcp://127.0.0.1:0 >"$out/on-ps.log" 2>&1
+check "downpour-ps --obs-norm without --env: exit 2, one line" \
+    bash -c "[ $? = 2 ] && grep -q 'give --env NAME too' '$out/on-ps.log' && [ \$(grep -c . '$out/on-ps.log') = 1 ]"
 
 # -- the actor-critic default lr, everywhere ---------------------------------------------
 "$BIN/downpour-worker" --standalone --env cartpole-v1 --env-steps 200 --no-progress >"$out/lr-sa.log" 2>&1

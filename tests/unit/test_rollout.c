@@ -15,7 +15,7 @@ static void s_pair(const dp_env_kind_t *kind, float s, int envs, int t_max)
 {
     char err[DP_ERR_LEN];
     dp_model_t m;
-    CHECK_EQ(dp_a3c_model(&m, NULL, kind, err), 0);
+    CHECK_EQ(dp_a3c_model(&m, NULL, kind, 0, err), 0);
     dp_backend_t *be = NULL;
     CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
     dp_net_t net;

@@ -21,11 +21,11 @@ void dp_a3c_conf_default(dp_a3c_conf_t *c)
     c->env_steps = 500000;
 }
 
-int dp_a3c_model(dp_model_t *m, const char *spec, const dp_env_kind_t *kind, char *err)
+int dp_a3c_model(dp_model_t *m, const char *spec, const dp_env_kind_t *kind, int obs_norm, char *err)
 {
     char text[DP_MODEL_SPEC_LEN];
-    if (dp_model_spec_actions(spec ? spec : DP_A3C_DEFAULT_SPEC, kind->n_actions, text, sizeof text,
-                              err) != 0 ||
+    if (dp_model_spec_env(spec ? spec : DP_A3C_DEFAULT_SPEC, kind->n_actions, obs_norm, text,
+                          sizeof text, err) != 0 ||
         dp_model_parse(m, text, kind->obs_dim, 1, 1, err) != 0)
         return -1;
     for (int i = 0; i < m->n_layers; i++)

@@ -48,6 +48,7 @@ typedef struct {
     int t_max;                 /* --t-max T (5) */
     float entropy;             /* --entropy beta (0.01) */
     float gamma;               /* --gamma (0.99) */
+    int obs_norm;              /* --obs-norm off|on: obsnorm first in the model (off) */
     float reward_scale;        /* --reward-scale S: each reward times S in the returns the
                                 * worker learns from (DP_A3C_REWARD_SCALE); an episode's
                                 * return, in the account and the summaries, stays unscaled */
@@ -102,10 +103,11 @@ double dp_a3c_test_return(const dp_env_kind_t *kind, dp_net_t *net, uint64_t see
                           int n);
 
 /* The model text for an environment: spec (NULL: the default
- * "fc:64 tanh fc:64 tanh ac") with its ac made ac:A (dp_model_spec_actions),
- * parsed for the observation; refused with one line for a model with state
- * (batch norm), which clipping and rollouts do not handle. */
+ * "fc:64 tanh fc:64 tanh ac") with its ac made ac:A and, with obs_norm,
+ * obsnorm first (dp_model_spec_env), parsed for the observation; refused
+ * with one line for a model with batch norm, whose statistics rollouts do
+ * not keep. */
 #define DP_A3C_DEFAULT_SPEC DP_MODEL_AC_DEFAULT_SPEC
-int dp_a3c_model(dp_model_t *m, const char *spec, const dp_env_kind_t *kind, char *err);
+int dp_a3c_model(dp_model_t *m, const char *spec, const dp_env_kind_t *kind, int obs_norm, char *err);
 
 #endif

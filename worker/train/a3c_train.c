@@ -68,7 +68,7 @@ static int s_init(s_run_t *r, const dp_train_conf_t *c, int worker, char *err)
     r->c = c;
     if (c->threads > 0) dp_cpu_set_threads(c->threads);
     if (!(r->kind = dp_env_find(c->a3c.env, err))) return -1;
-    if (dp_a3c_model(&r->model, c->model, r->kind, err) != 0) return -1;
+    if (dp_a3c_model(&r->model, c->model, r->kind, c->a3c.obs_norm, err) != 0) return -1;
     if (dp_backend_new(&r->be, c->device, err) != 0) return -1;
     int rows = c->a3c.envs * c->a3c.t_max;
     if (dp_a3c_init(&r->a, r->kind, &c->a3c, c->seed, worker, err) != 0) goto fail;

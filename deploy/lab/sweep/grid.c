@@ -25,7 +25,7 @@ static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
     "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
     "compress", "error-feedback", "model", "churn", "env", "envs", "t-max", "entropy", "gamma",
-    "reward-scale", "clip-norm", "env-steps", "seed",
+    "reward-scale", "obs-norm", "clip-norm", "env-steps", "seed",
 };
 
 /* The axes a standalone run ignores (it has no server). */
@@ -219,6 +219,8 @@ static int s_check_value(int a, const char *v, char *err)
     case DP_SWEEP_ENTROPY: return dp_opts_parse_double(flag, v, 0, 100, &d, err);
     case DP_SWEEP_GAMMA: return dp_opts_parse_double(flag, v, 0, 1, &d, err);
     case DP_SWEEP_REWARD_SCALE: return dp_opts_parse_double(flag, v, 1e-6, 1e6, &d, err);
+    case DP_SWEEP_OBS_NORM:
+        return strcmp(v, "on") == 0 || strcmp(v, "off") == 0 ? 0 : dp_err(err, "%s: '%s' is not on or off", flag, v);
     case DP_SWEEP_CLIP_NORM: return dp_opts_parse_double(flag, v, 0, 1e9, &d, err);
     case DP_SWEEP_ENV_STEPS: return dp_opts_parse_long(flag, v, 1, 1000000000000L, &l, err);
     case DP_SWEEP_SEED: return dp_opts_parse_u64(flag, v, &u, err);

@@ -58,6 +58,7 @@ typedef enum {
     DP_SWEEP_ENTROPY,     /* --entropy */
     DP_SWEEP_GAMMA,       /* --gamma */
     DP_SWEEP_REWARD_SCALE, /* --reward-scale */
+    DP_SWEEP_OBS_NORM,    /* --obs-norm: off | on */
     DP_SWEEP_CLIP_NORM,   /* --clip-norm (0: off) */
     DP_SWEEP_ENV_STEPS,   /* --env-steps: the run's budget */
     DP_SWEEP_SEED,

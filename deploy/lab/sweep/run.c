@@ -77,6 +77,7 @@ static int s_push_rl(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pic
     } rl[] = {{DP_SWEEP_ENV, "--env"},         {DP_SWEEP_ENVS, "--envs"},
               {DP_SWEEP_T_MAX, "--t-max"},     {DP_SWEEP_ENTROPY, "--entropy"},
               {DP_SWEEP_GAMMA, "--gamma"},     {DP_SWEEP_REWARD_SCALE, "--reward-scale"},
+              {DP_SWEEP_OBS_NORM, "--obs-norm"},
               {DP_SWEEP_CLIP_NORM, "--clip-norm"},
               {DP_SWEEP_ENV_STEPS, "--env-steps"}};
     for (size_t i = 0; i < sizeof rl / sizeof rl[0]; i++)

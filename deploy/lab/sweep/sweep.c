@@ -43,7 +43,8 @@ static const char s_synopsis[] =
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
 "delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
 "straggler, compute, compress, error-feedback, model, churn, env, envs, t-max, entropy,\n"
-"gamma, reward-scale, clip-norm, env-steps, seed, cluster, args, eval-every, eval-limit, targets).\n"
+"gamma, reward-scale, obs-norm, clip-norm, env-steps, seed, cluster, args, eval-every,\n"
+"eval-limit, targets).\n"
 "Flags given on the command line replace the file's line. A model value is a spec or\n"
 "a preset (model = resnet20, fc:128 relu fc:10 softmax); a --model in args overrides\n"
 "it. With env (an actor-critic run, A3C / A2C) the table has the runs' returns\n"
@@ -108,6 +109,7 @@ static dp_opts_result_t s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("gamma", "LIST", &f->axis[DP_SWEEP_GAMMA], 0, "with env: discounts (--gamma)"),
         DP_FLAG_STR("reward-scale", "LIST", &f->axis[DP_SWEEP_REWARD_SCALE], 0,
                     "with env: reward scales (--reward-scale)"),
+        DP_FLAG_STR("obs-norm", "LIST", &f->axis[DP_SWEEP_OBS_NORM], 0, "with env: off, on (--obs-norm)"),
         DP_FLAG_STR("clip-norm", "LIST", &f->axis[DP_SWEEP_CLIP_NORM], 0,
                     "with env: global-norm clipping, 0 off (--clip-norm)"),
         DP_FLAG_STR("env-steps", "LIST", &f->axis[DP_SWEEP_ENV_STEPS], 0,
