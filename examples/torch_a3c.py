@@ -8,6 +8,12 @@ sync: A2C). The same defaults as `downpour-worker --env cartpole-v1`
     PYTHONPATH=build/python build/downpour launch --workers 2 --mode async \\
         --model "fc:64 tanh fc:64 tanh ac:2" --input 4x1x1 -- python3 examples/torch_a3c.py
 
+With --obs-norm the module starts with the spec's obsnorm (give the servers
+"obsnorm fc:64 tanh fc:64 tanh ac:2"): observations normalised by running
+statistics that each segment's training merges its own into and the push
+carries, so the servers keep one set for every worker, as downpour-worker's
+--obs-norm on does.
+
 The module's tensors are named as the spec's (fc1, fc2, policy, value), so
 the servers' model and this module are one; the lines marked "Downpour" are
 all it takes. CartPole-v1 is written out below in NumPy from its public
@@ -61,15 +67,47 @@ class CartPole:
         return self.s.astype(np.float32), 1.0, terminated, truncated
 
 
+class ObsNorm(nn.Module):
+    """The spec's obsnorm (kernels/obs_norm.c): each component by the running
+    mean and variance of the observations trained on, clipped to +-10; the
+    statistics are buffers, so the servers keep them (a push carries them)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(n))
+        self.register_buffer("running_var", torch.ones(n))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        return ((x - self.running_mean) / torch.sqrt(self.running_var + 1e-8)).clamp(-10, 10)
+
+    @torch.no_grad()
+    def merge(self, x):
+        """Chan et al.'s pairwise rule, the count stopping at 2^20."""
+        n, b = float(self.count), x.shape[0]
+        total = n + b
+        xd = x.double()
+        bm, bv = xd.mean(0), xd.var(0, unbiased=False)
+        delta = bm - self.running_mean.double()
+        m2 = self.running_var.double() * n + bv * b + delta * delta * n * b / total
+        self.running_mean += (delta * b / total).float()
+        self.running_var.copy_((m2 / total).float())
+        self.count.fill_(int(min(total, 1 << 20)))
+
+
 class ActorCritic(nn.Module):
     """The spec's network: a tanh trunk, a softmax policy and a value."""
 
-    def __init__(self):
+    def __init__(self, obs_norm=False):
         super().__init__()
+        if obs_norm:
+            self.obsnorm = ObsNorm(4)
         self.fc1, self.fc2 = nn.Linear(4, 64), nn.Linear(64, 64)
         self.policy, self.value = nn.Linear(64, 2), nn.Linear(64, 1)
 
     def forward(self, x):
+        if hasattr(self, "obsnorm"):
+            x = self.obsnorm(x)
         h = torch.tanh(self.fc2(torch.tanh(self.fc1(x))))
         return self.policy(h), self.value(h).squeeze(-1)
 
@@ -87,11 +125,13 @@ def main():
     ap.add_argument("--reward-scale", type=float, default=0.1, help="rewards times this in the returns")
     ap.add_argument("--clip-norm", type=float, default=40.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--obs-norm", action="store_true", help="obsnorm first (the servers' spec too)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
-    net = ActorCritic()
+    net = ActorCritic(a.obs_norm)
     ps = a.ps.split(",") if a.ps else None
-    with downpour.torch.Worker(net, ps=ps, task_index=a.task, spec=SPEC, input=(4, 1, 1)) as w:  # Downpour
+    spec = ("obsnorm " if a.obs_norm else "") + SPEC
+    with downpour.torch.Worker(net, ps=ps, task_index=a.task, spec=spec, input=(4, 1, 1)) as w:  # Downpour
         task = w.info.task_index
         rng = np.random.default_rng([a.seed, task])
         envs = [CartPole(rng) for _ in range(a.envs)]
@@ -132,6 +172,8 @@ def main():
                     nxt[k] = rews[t][k] + a.gamma * nxt[k]
                     ret[t, k] = nxt[k]
             logits, value = net(torch.cat(xs))
+            if a.obs_norm:
+                net.obsnorm.merge(torch.cat(xs))  # after the forward, as the C worker: the push carries them
             ret = torch.from_numpy(ret.reshape(-1)).float()
             logp = torch.log_softmax(logits, -1)
             adv = ret - value

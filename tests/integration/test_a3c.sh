@@ -200,6 +200,17 @@ if has_torch; then
     applied=$(sed -n 's/.*the servers applied \([0-9]*\) pushes.*/\1/p' "$out"/torch/logs/worker-0.log)
     check "... both workers' segments reached the servers (${applied:-none} pushes of 800)" \
         test "${applied:-0}" = 800
+    PYTHONPATH=$PWD/$BUILD/python "$BIN/downpour" launch --workers 2 --mode async \
+        --model "obsnorm fc:64 tanh fc:64 tanh ac:2" --input 4x1x1 --checkpoint-dir "$out/torch-on-ckpt" \
+        --out "$out/torch-on" \
+        -- "$TORCH_PY" examples/torch_a3c.py --env-steps 4000 --obs-norm >"$out/torch-on.log" 2>&1
+    rc=$?
+    check "examples/torch_a3c.py --obs-norm under downpour launch exits 0 (status $rc)" test $rc = 0
+    st=$(PYTHONPATH=$PWD/$BUILD/python "$TORCH_PY" -c 'import sys, downpour.safetensors as s
+p = dict(s.read(sys.argv[1])[0])["params"]  # the flat vector: obsnorm mean [0, 4), var [4, 8), count 8
+print(0 < p[8] <= 4000, bool((p[4:8] != 1).all()))' \
+        "$out/torch-on-ckpt/ps-shard-0-of-1.safetensors" 2>&1)
+    check "... the servers kept the statistics its pushes carried ($st)" test "$st" = "True True"
 else
     skip torch-example "python3-torch is not installed"
 fi
