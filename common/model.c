@@ -233,6 +233,25 @@ static void s_same_shape(dp_layer_t *l, dp_layer_kind_t kind, const char *name)
     l->out_w = l->in_w;
 }
 
+/* A layer's running statistics (bn's, obsnorm's): the mean (zeros), the
+ * variance (ones) and the counter named count_name, all state, not trained.
+ * -1 with err when one does not fit. */
+static int s_add_running_stats(dp_model_t *m, dp_layer_t *l, const char *tok, int n,
+                               const char *count_name, char *err)
+{
+    if ((l->running_mean = s_add_param(m, tok, l->name, "running_mean", 1, &n, 1, err)) < 0 ||
+        (l->running_var = s_add_param(m, tok, l->name, "running_var", 1, &n, 1, err)) < 0 ||
+        (l->num_batches_tracked = s_add_param(m, tok, l->name, count_name, 0, NULL, 1, err)) < 0)
+        return -1;
+    int idx[3] = {l->running_mean, l->running_var, l->num_batches_tracked};
+    for (int k = 0; k < 3; k++) {
+        m->params[idx[k]].init = k == 1 ? DP_INIT_ONES : DP_INIT_ZEROS;
+        m->params[idx[k]].trainable = 0;
+    }
+    m->params[l->num_batches_tracked].counter = 1;
+    return 0;
+}
+
 /* bn: PyTorch's five tensors, weight and bias trained, the rest state. */
 static int s_layer_bn(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *n, char *err)
 {
@@ -243,20 +262,10 @@ static int s_layer_bn(dp_model_t *m, dp_layer_t *l, const char *tok, s_count_t *
     int c = l->in_c;
     if ((l->weight = s_add_param(m, tok, l->name, "weight", 1, &c, 1, err)) < 0 ||
         (l->bias = s_add_param(m, tok, l->name, "bias", 1, &c, 1, err)) < 0 ||
-        (l->running_mean = s_add_param(m, tok, l->name, "running_mean", 1, &c, 1, err)) < 0 ||
-        (l->running_var = s_add_param(m, tok, l->name, "running_var", 1, &c, 1, err)) < 0 ||
-        (l->num_batches_tracked = s_add_param(m, tok, l->name, "num_batches_tracked", 0, NULL,
-                                              1, err)) < 0)
+        s_add_running_stats(m, l, tok, c, "num_batches_tracked", err) != 0)
         return -1;
     m->params[l->weight].init = DP_INIT_ONES;
     m->params[l->bias].init = DP_INIT_ZEROS;
-    m->params[l->running_mean].init = DP_INIT_ZEROS;
-    m->params[l->running_var].init = DP_INIT_ONES;
-    m->params[l->num_batches_tracked].init = DP_INIT_ZEROS;
-    m->params[l->running_mean].trainable = 0;
-    m->params[l->running_var].trainable = 0;
-    m->params[l->num_batches_tracked].trainable = 0;
-    m->params[l->num_batches_tracked].counter = 1;
     return 0;
 }
 
@@ -266,19 +275,7 @@ static int s_layer_obsnorm(dp_model_t *m, dp_layer_t *l, const char *tok, char *
     if (l->index != 0 || m->embed_dim > 0)
         return dp_err(err, "model spec: 'obsnorm' must be the first token (it normalises the input)");
     s_same_shape(l, DP_LAYER_OBSNORM, "obsnorm");
-    int f = (int)dp_layer_out_size(l);
-    if ((l->running_mean = s_add_param(m, tok, l->name, "running_mean", 1, &f, 1, err)) < 0 ||
-        (l->running_var = s_add_param(m, tok, l->name, "running_var", 1, &f, 1, err)) < 0 ||
-        (l->num_batches_tracked = s_add_param(m, tok, l->name, "count", 0, NULL, 1, err)) < 0)
-        return -1;
-    m->params[l->running_mean].init = DP_INIT_ZEROS;
-    m->params[l->running_var].init = DP_INIT_ONES;
-    m->params[l->num_batches_tracked].init = DP_INIT_ZEROS;
-    m->params[l->running_mean].trainable = 0;
-    m->params[l->running_var].trainable = 0;
-    m->params[l->num_batches_tracked].trainable = 0;
-    m->params[l->num_batches_tracked].counter = 1;
-    return 0;
+    return s_add_running_stats(m, l, tok, (int)dp_layer_out_size(l), "count", err);
 }
 
 /* sigmoid: the binary head on one logit, an fc:1's or embed:1's (which
