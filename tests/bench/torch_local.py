@@ -6,6 +6,10 @@
     torch_local.py worker STEPS [EP]     the same loop as a downpour.torch.Worker
                                          (the servers' --local-steps decide the rounds;
                                          EP: the shards, else TF_CONFIG's)
+    torch_local.py own STEPS             a Worker's loop over a DataLoader in its own
+                                         shuffled order (servers --workers MIN:MAX)
+    torch_local.py dealt STEPS           the same over the batches the servers deal
+                                         (DataLoader(batch_sampler=Worker.sampler))
 Prints "first_step_at T" (time.time() when the first step began) and
 "images_per_s X" over the steps after the first.
 """
@@ -29,25 +33,39 @@ loss_fn = nn.CrossEntropyLoss()
 # Nesterov, into denormals that slow every step down 2.5x
 xs, ys = load("train")
 w = None
-if mode == "worker":
+if mode != "alone":
     import downpour.torch
     ep = sys.argv[3].split(",") if len(sys.argv) > 3 else None
     w = downpour.torch.Worker(model, ps=ep, task_index=int(os.environ.get("RANK", 0)) if ep else None)
-for k in range(steps):
+
+
+def batches():
+    """(x, y) of each step: slices of the data, or a DataLoader's batches."""
+    if mode in ("alone", "worker"):
+        return ((xs[64 * k:64 * (k + 1)], ys[64 * k:64 * (k + 1)]) for k in range(steps))
+    from torch.utils.data import DataLoader, TensorDataset
+    ds = TensorDataset(xs, ys)
+    if mode == "own":
+        return DataLoader(ds, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+    return DataLoader(ds, batch_sampler=w.sampler(ds, batch_size=64, epochs=0, steps=steps))
+
+
+for k, (x, y) in enumerate(batches()):
+    if k == steps:
+        break
     if k == 0:
         print(f"first_step_at {time.time():.3f}", flush=True)
     if k == 1:
         t0 = time.monotonic()
-    if w:
+    if w and mode != "dealt":  # the sampler's step pulled with its batch
         w.pull()
-    x, y = xs[64 * k:64 * (k + 1)], ys[64 * k:64 * (k + 1)]
     loss = loss_fn(model(x), y)
     loss.backward()
     opt.step()
     if w:
         w.push(loss=loss, batch=64)
     opt.zero_grad()
-print(f"images_per_s {64 * (steps - 1) / (time.monotonic() - t0):.1f}", flush=True)
+print(f"images_per_s {64 * (k - 1) / (time.monotonic() - t0):.1f}", flush=True)
 if w:
     if w.info.task_index == 0:
         w.wait_all()

@@ -7,6 +7,10 @@
 #               outer Nesterov): their images/s summed
 #   every step  the same 2 workers with a pull and a push every step (no
 #               --local-steps, async): the communication local steps remove
+#   own order   2 workers of an elastic crew (launch --workers 2:2, async),
+#               each over a DataLoader in its own shuffled order
+#   dealt       the same over the batches the servers deal
+#               (Worker.sampler): its ratio to own order is the sampler's cost
 #   start-up    from `downpour launch` starting to the chief's first step,
 #               against the same shard and workers started by hand
 # Knobs: BENCH_TL_ROUNDS (3), BENCH_TL_STEPS (200).
@@ -30,12 +34,13 @@ first() { sed -n 's/^first_step_at //p' "$1"; }
 for ((r = 1; r <= ROUNDS; r++)); do
     "$PY" tests/bench/torch_local.py alone "$STEPS" >"$out/alone.log"
     echo "alone $(ips "$out/alone.log")" >>"$RAW"
-    for how in "local8 --mode async --local-steps 8 --outer-optimizer nesterov" "every --mode async"; do
+    for how in "local8 worker 2 --mode async --local-steps 8 --outer-optimizer nesterov" \
+        "every worker 2 --mode async" "own own 2:2 --mode async" "dealt dealt 2:2 --mode async"; do
         set -- $how
-        name=$1; shift
+        name=$1 loop=$2 crew=$3; shift 3
         t0=$(date +%s.%N)
-        "$BUILD/downpour" launch --workers 2 --init "$out/m.safetensors" "$@" --no-progress --out "$out/$name" \
-            -- "$PY" tests/bench/torch_local.py worker "$STEPS" >"$out/$name.log" 2>&1
+        "$BUILD/downpour" launch --workers "$crew" --init "$out/m.safetensors" "$@" --no-progress --out "$out/$name" \
+            -- "$PY" tests/bench/torch_local.py "$loop" "$STEPS" >"$out/$name.log" 2>&1
         echo "$name $(ips "$out/$name"/logs/worker-*.log)" >>"$RAW"
         [ "$name" = every ] && echo "startup-launch $(awk -v a="$t0" -v b="$(first "$out/$name/logs/worker-0.log")" 'BEGIN { printf "%.3f", b - a }')" >>"$RAW"
     done
@@ -52,11 +57,13 @@ for ((r = 1; r <= ROUNDS; r++)); do
     "$PY" tests/bench/torch_local.py worker "$STEPS" "$ep" >"$out/hand-0.log" 2>&1 || true
     wait $w1 $ps || true
     echo "startup-hand $(awk -v a="$t0" -v b="$(first "$out/hand-0.log")" 'BEGIN { printf "%.3f", b - a }')" >>"$RAW"
-    bench_round 5
+    bench_round 7
 done
 bench_table '
-    function row(k,   m) { m = median(a, n[k]); if (k == "alone") alone = m
-                             printf "%-16s median %7.3f  (%.3f-%.3f)%s\n", k, m, lo, hi,
-                                    k ~ /^(local8|every)$/ ? sprintf("  = %.2fx of 2 x alone (of the medians)", m / (2 * alone)) : "" }
-    END { rows("alone local8 every", "alone"); rows("startup-launch startup-hand", "startup-launch")
+    function row(k,   m, note) { m = median(a, n[k]); if (k == "alone") alone = m; if (k == "own") own = m
+                             note = ""
+                             if (k ~ /^(local8|every)$/) note = sprintf("  = %.2fx of 2 x alone (of the medians)", m / (2 * alone))
+                             else if (k == "dealt") note = sprintf("  = %.3fx of own order (of the medians)", m / own)
+                             printf "%-16s median %7.3f  (%.3f-%.3f)%s\n", k, m, lo, hi, note }
+    END { rows("alone local8 every own dealt", "alone"); rows("startup-launch startup-hand", "startup-launch")
           printf "load average (1, 5, 15 min) before: %s; after: %s\n", load0, load1 }'
