@@ -110,9 +110,9 @@ check "rmsprop replay: bit-identical weights" cmp "$TMP/rms/model.safetensors" "
 # steps). The record's header has the rounds, the inner optimizer and the
 # steps, so the replay recomputes every round, bit for bit.
 "$D" local --workers 2 --ps-shards 2 --mode async --steps 30 "${tiny[@]}" --local-steps 4 \
-    --optimizer momentum --lr 0.02 --outer-optimizer nesterov --delay-ms 5 --out "$TMP/loc" \
+    --optimizer momentum --lr 0.02 --outer-optimizer delayed-nesterov --delay-ms 5 --out "$TMP/loc" \
     --record "$TMP/loc.rec" >"$TMP/loc.log" 2>&1
-check "local async --local-steps 4 --outer-optimizer nesterov --record exits 0" test $? = 0
+check "local async --local-steps 4 --outer-optimizer delayed-nesterov --record exits 0" test $? = 0
 every=$(json "$TMP/loc/summary.json" outer_momentum_every 2>/dev/null)
 check "summary.json: the outer momentum moves once per 2 pushes ($every)" test "$every" = 2
 "$D" replay "$TMP/loc.rec" --out "$TMP/rloc" --json >"$TMP/rloc.out" 2>"$TMP/rloc.err"

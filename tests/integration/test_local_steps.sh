@@ -63,9 +63,9 @@ check "H=8 Adam with outer SGD lr 1 == standalone Adam (to rounding)" \
     compare "$TMP/h8adam/model.safetensors" "$TMP/sa_adam.safetensors" --rtol 1e-4 --atol 1e-5
 
 # ---- async, 2 workers, DiLoCo's outer Nesterov ----------------------------
-"$L" local --workers 2 --mode async --local-steps 4 --outer-optimizer nesterov --batch 32 --steps 200 \
+"$L" local --workers 2 --mode async --local-steps 4 --outer-optimizer delayed-nesterov --batch 32 --steps 200 \
     --seed 5 --optimizer sgd --lr 0.05 --threads 1 --no-progress --out "$TMP/nes" >"$TMP/nes.log" 2>&1
-check "async, 2 workers, --local-steps 4 --outer-optimizer nesterov" test $? = 0 || cat "$TMP/nes.log"
+check "async, 2 workers, --local-steps 4 --outer-optimizer delayed-nesterov" test $? = 0 || cat "$TMP/nes.log"
 acc=$(json "$TMP/nes/summary.json" test_accuracy 2>/dev/null || echo 0)
 check "it trains: test accuracy $acc >= 0.65" ge "$acc" 0.65
 read -r o olr om every v < <("$TORCH_PY" -c '
@@ -73,7 +73,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 print(s.get("outer_optimizer"), s.get("outer_lr"), s.get("outer_momentum"), s.get("outer_momentum_every"),
       s.get("version"))' "$TMP/nes/summary.json")
-check "summary: outer nesterov, lr 0.7, momentum 0.9 (got $o $olr $om)" test "$o/$olr/$om" = nesterov/0.7/0.9
+check "summary: outer delayed-nesterov, lr 0.7, momentum 0.9 (got $o $olr $om)" \
+    test "$o/$olr/$om" = delayed-nesterov/0.7/0.9
 check "async: the delayed Nesterov, its momentum once per 2 pushes (got $every)" test "$every" = 2
 check "100 rounds of 2 workers: 100 versions (got $v)" test "$v" = 100
 smax=$(json "$TMP/nes/summary.json" staleness_max 2>/dev/null || echo 99)
@@ -89,6 +90,6 @@ rc=$?
 check "a worker without --local-steps against servers with 4 fails (rc $rc)" test $rc != 0
 check "... saying so" grep -q "the servers run --local-steps 4, this worker 1" "$TMP/w.log"
 "$BIN/downpour-ps" --outer-optimizer adam --local-steps 2 >"$TMP/bad.log" 2>&1
-check "--outer-optimizer adam is refused (status $?) with one line" grep -q "outer-optimizer 'adam': sgd or nesterov" "$TMP/bad.log"
+check "--outer-optimizer adam is refused (status $?) with one line" grep -q "outer-optimizer 'adam': sgd, nesterov or delayed-nesterov" "$TMP/bad.log"
 
 finish

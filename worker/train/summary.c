@@ -8,7 +8,7 @@
 
 void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
 {
-    cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_kind_name(outer->kind));
+    cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_outer_name(outer));
     cJSON_AddNumberToObject(o, "outer_lr", dp_metrics_round(dp_optim_base_lr(outer), 6));
     if (outer->kind == DP_OPT_NESTEROV)
         cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer->momentum, 6));
