@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/cluster.h"
+#include "common/dylu.h"
 #include "common/model.h"
 #include "common/opts.h"
 #include "common/safetensors.h"
@@ -75,6 +76,8 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     }
     if (c->local_steps > 1 && len >= 0 && len < (int)sizeof text)
         len += snprintf(text + len, sizeof text - (size_t)len, "|H%ld", c->local_steps);
+    if (c->local_auto && len >= 0 && len < (int)sizeof text)
+        len += snprintf(text + len, sizeof text - (size_t)len, "|auto");
     if (o->period > 1 && len >= 0 && len < (int)sizeof text) /* delayed-nesterov */
         len += snprintf(text + len, sizeof text - (size_t)len, "|N%ld", o->period);
     if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
@@ -197,6 +200,12 @@ static int s_set_optimizer(void *arg, const char *v, char *err)
 static int s_set_schedule(void *arg, const char *v, char *err)
 {
     return dp_optim_parse_schedule(&((dp_ps_config_t *)arg)->optim, v, err);
+}
+
+static int s_set_local_steps(void *arg, const char *v, char *err)
+{
+    dp_ps_config_t *c = arg;
+    return dp_dylu_parse(v, &c->local_steps, &c->local_auto, err);
 }
 
 static int s_set_workers(void *arg, const char *v, char *err)
@@ -332,10 +341,13 @@ static const dp_opts_entry_t s_config[] = {
                     "L2 weight decay (default 0)"), S_AT(optim.weight_decay)},
     {DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, NULL, DP_OPTS_PASS,
                      "constant | step:STEPS:GAMMA | cosine:TOTAL (by version)"), 0},
-    {DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", NULL, 1, 1000000, DP_OPTS_PASS,
+    {DP_FLAG_CALL("local-steps", "H|auto[:H]", s_set_local_steps, NULL, DP_OPTS_PASS,
                     "workers take H steps of their own optimizer (--optimizer) and\n"
                     "push the pseudo-gradient (the weights pulled minus those reached);\n"
-                    "this server then steps by the outer optimizer (default 1: off)"), S_AT(local_steps)},
+                    "this server then steps by the outer optimizer (default 1: off).\n"
+                    "auto (DyLU): the fastest worker H (default 8), each other one\n"
+                    "H x its speed / the fastest's, by the step times the crew\n"
+                    "reports with its pushes"), 0},
     S_BUF("outer-optimizer", "sgd|nesterov|delayed-nesterov", outer_optimizer, DP_OPTS_PASS,
                     "with --local-steps: sgd (averaging, lr 1), nesterov (DiLoCo:\n"
                     "lr 0.7, momentum 0.9, the momentum on every push) or\n"

@@ -44,6 +44,8 @@ typedef struct {
     dp_optim_conf_t optim;
     long local_steps;           /* --local-steps H: workers push a pseudo-gradient every H steps
                                  * and optim is the outer optimizer (dp_ps_parse_args); 1: off */
+    int local_auto;             /* --local-steps auto[:H] (DyLU): H is the fastest worker's, each
+                                 * worker's rounds by its speed (common/dylu.h) */
     char outer_optimizer[24];   /* --outer-optimizer sgd|nesterov|delayed-nesterov ("" = sgd) */
     long outer_every;           /* --outer-momentum-every N: delayed-nesterov's period (0: the
                                  * crew's size in async and ssp, 1 in sync) */

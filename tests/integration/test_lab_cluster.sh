@@ -120,6 +120,23 @@ check "local-steps replay exits 0" test $? = 0 || cat "$TMP/rloc.err"
 check "local-steps replay: bit-identical weights" cmp "$TMP/loc/model.safetensors" "$TMP/rloc/model.safetensors"
 check "local-steps replay: every round's norms matched" grep -q '"matches_record":true' "$TMP/rloc.out"
 
+# --local-steps auto:4 (DyLU) on the real daemons: each worker's rounds by
+# its measured step time against the crew's fastest (the ACKs'), so the
+# H of a round is not known ahead; each push names its round's steps
+# ("h" in the record) and the replay trains each round by it, bit for bit.
+"$D" local --workers 2 --ps-shards 2 --mode async --steps 30 "${tiny[@]}" --local-steps auto:4 \
+    --optimizer momentum --lr 0.02 --outer-optimizer delayed-nesterov --out "$TMP/dylu" \
+    --record "$TMP/dylu.rec" >"$TMP/dylu.log" 2>&1
+check "local async --local-steps auto:4 --record exits 0" test $? = 0 || tail -5 "$TMP/dylu.log"
+auto=$(json "$TMP/dylu/summary.json" local_steps_auto 2>/dev/null)
+check "summary.json: local_steps_auto ($auto)" test "$auto" = True -o "$auto" = true
+nh=$(grep -c '"e":"push".*"h":[1-4][,}]' "$TMP/dylu.rec")
+np=$(grep -c '"e":"push"' "$TMP/dylu.rec")
+check "every push of the record names its round's steps, 1..4 ($nh of $np)" test "$nh" = "$np" -a "$np" -gt 0
+"$D" replay "$TMP/dylu.rec" --out "$TMP/rdylu" --json >"$TMP/rdylu.out" 2>"$TMP/rdylu.err"
+check "auto replay exits 0" test $? = 0 || cat "$TMP/rdylu.err"
+check "auto replay: bit-identical weights" cmp "$TMP/dylu/model.safetensors" "$TMP/rdylu/model.safetensors"
+
 # Batch norm (2-D and 1-D) and dropout: the running statistics ride the
 # pushes as values, the masks are a hash of (seed, data step, sample), so
 # the replay recomputes every gradient bit for bit.

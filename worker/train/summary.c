@@ -103,6 +103,7 @@ static void s_summary_result(cJSON *o, const dp_train_conf_t *c, const dp_run_su
     int cluster = r->ps_shards > 0;
     if (cluster) cJSON_AddNumberToObject(o, "replicas_to_aggregate", r->replicas);
     if (cluster) cJSON_AddNumberToObject(o, "local_steps", (double)c->local_steps);
+    if (cluster && c->local_steps > 1 && c->local_auto) cJSON_AddBoolToObject(o, "local_steps_auto", 1);
     if (r->staleness >= 0) cJSON_AddNumberToObject(o, "staleness", r->staleness);
     cJSON_AddNumberToObject(o, "epochs", r->epochs);
     cJSON_AddNumberToObject(o, "steps", r->steps);
