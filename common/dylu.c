@@ -25,8 +25,9 @@ int dp_dylu_parse(const char *text, long *H, int *dylu, char *err)
 long dp_dylu_steps(long H, double own_ms, double fastest_ms)
 {
     if (!(own_ms > 0) || !(fastest_ms > 0) || H <= 1) return H;
-    /* the small epsilon: a worker exactly k times slower gets H / k, not one less by rounding */
-    double h = floor((double)H * fastest_ms / own_ms + 1e-9);
+    /* relative 1e-6: a worker exactly k times slower gets H / k, and the fastest H, though
+     * its time came back from the servers as a float (Ack.crew_step_ms), not one less */
+    double h = floor((double)H * fastest_ms / own_ms * (1 + 1e-6));
     if (h < 1) return 1;
     return h > (double)H ? H : (long)h;
 }

@@ -43,6 +43,8 @@ static void test_rule(void)
     CHECK_EQ(dp_dylu_steps(8, 30, 10), 2);    /* floor(8/3) */
     CHECK_EQ(dp_dylu_steps(8, 1000, 10), 1);  /* at least one step */
     CHECK_EQ(dp_dylu_steps(8, 5, 10), 8);     /* never above H */
+    CHECK_EQ(dp_dylu_steps(4, 0.7, (float)0.7), 4); /* its own time, back as a float (0.69999999): H */
+    CHECK_EQ(dp_dylu_steps(1000000, 20, 10), 500000);
     CHECK_EQ(dp_dylu_steps(8, 0, 10), 8);     /* its own time not known yet */
     CHECK_EQ(dp_dylu_steps(8, 10, 0), 8);     /* nor the crew's */
     CHECK(dp_dylu_ewma(0, 12) == 12);
