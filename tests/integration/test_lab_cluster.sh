@@ -14,7 +14,8 @@
 #    says they have no effect there; --lr-staleness with another rule is
 #    refused
 #  - async with --local-steps (a short last round) and the outer delayed
-#    Nesterov replays bit for bit, every round recomputed
+#    Nesterov replays bit for bit, every round recomputed; so does
+#    --local-steps auto:4 (DyLU), every push naming its round's steps
 #  - batch norm and dropout (a residual spec), --augment and --normalize
 #    train: an async record (2 shards) and a sync one replay bit for bit,
 #    every norm matched (the header carries the data transforms; the replay

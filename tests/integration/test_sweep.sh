@@ -295,7 +295,7 @@ bad "an unknown optimizer is refused" "bad.txt:1: unknown optimizer 'lamb'" 'opt
 bad "an unknown delay rule is refused" "bad.txt:1: bad delay rule 'fast'" 'delay_lr = none, fast'
 bad "a bad compensation is refused" "bad.txt:1: bad delay compensation 'adaptive'" 'delay-compensation = adaptive'
 bad "a bad outer optimizer is refused" "bad.txt:1: --outer-optimizer 'adam': sgd, nesterov or delayed-nesterov" 'outer_optimizer = adam'
-bad "a bad local-steps is refused" "bad.txt:1: local-steps '0': expected an integer" 'local-steps = 0'
+bad "a bad local-steps is refused" "bad.txt:1: --local-steps '0': a whole number H in 1..1000000, or auto" 'local-steps = 0'
 bad "an unknown compression is refused" "bad.txt:1: --compress 'gzip'" 'compress = none, gzip'
 bad "a bad error feedback is refused" "bad.txt:1: --error-feedback 'maybe'" 'error_feedback = maybe'
 bad "a bad --workers flag is refused" "--workers 'two'" 'mode = async' --workers two
