@@ -111,6 +111,9 @@ static void s_release_pending(dp_ps_loop_t *ps)
 void dp_ps_members_changed(dp_ps_loop_t *ps)
 {
     dp_record_members(ps->rec, ps->cfg->shard_index, &ps->members);
+    /* DyLU: a worker gone or finished no longer sets the crew's fastest */
+    for (int w = 0; ps->cfg->local_auto && w < ps->members.n; w++)
+        if (ps->members.w[w].gone || ps->members.w[w].finished) dp_dylu_forget(&ps->speeds, w);
     int news = dp_membership_note(&ps->membership, &ps->members, ps->shard.version);
     dp_ps_metrics_members(ps, news);
     dp_ps_deal_members(ps, news);

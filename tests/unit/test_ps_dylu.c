@@ -8,6 +8,8 @@
  *  - each lie (a round of 0 or H + 1 steps, a step time NaN, infinite,
  *    negative, 1e-9 or 1e10 ms) refused whole: counted as rejected, the
  *    weights unchanged bit for bit, the crew's fastest still the honest one;
+ *  - a worker that finished no longer counts: the crew's fastest is then
+ *    the one left;
  *  - a shard not running auto refuses a push carrying either field, and
  *    answers no crew time. */
 #include <math.h>
@@ -99,6 +101,11 @@ static void test_auto_bounds(void)
         r = s_push(a, 3, g, 4, 20);
         CHECK_EQ(r.applied, 1);
         CHECK(r.crew_step_ms == 8);
+        /* b finishes: its time no longer sets the others' H */
+        CHECK_EQ(dp_ps_client_finish(b, err), 0);
+        r = s_push(a, 4, g, 4, 20);
+        CHECK_EQ(r.applied, 1);
+        CHECK(r.crew_step_ms == 20);
     }
     dp_ps_client_destroy(&a);
     dp_ps_client_destroy(&b);
