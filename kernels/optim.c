@@ -60,6 +60,12 @@ const char *dp_optim_kind_name(dp_optim_kind_t k)
     return s_names[k];
 }
 
+const char *dp_optim_outer_name(const dp_optim_conf_t *c)
+{
+    if (c->kind == DP_OPT_NESTEROV && c->period > 1) return DP_OPTIM_DELAYED_NESTEROV;
+    return dp_optim_kind_name(c->kind);
+}
+
 int dp_optim_parse_dc(dp_optim_conf_t *c, const char *text, char *err)
 {
     double lambda = 0;
@@ -175,13 +181,17 @@ int dp_optim_state_floats(const dp_optim_conf_t *c)
     return dp_optim_state_per_param(c->kind);
 }
 
-int dp_optim_outer(const char *name, float lr, float momentum, dp_optim_conf_t *out, char *err)
+int dp_optim_outer(const char *name, float lr, float momentum, long every, dp_optim_conf_t *out,
+                   char *err)
 {
     const char *kind = name && name[0] ? name : "sgd";
     dp_optim_conf_default(out);
     if (strcmp(kind, "sgd") == 0) out->kind = DP_OPT_SGD;
     else if (strcmp(kind, "nesterov") == 0) out->kind = DP_OPT_NESTEROV;
-    else return dp_err(err, "--outer-optimizer '%s': sgd or nesterov", kind);
+    else if (strcmp(kind, DP_OPTIM_DELAYED_NESTEROV) == 0) out->kind = DP_OPT_NESTEROV;
+    else return dp_err(err, "--outer-optimizer '%s': sgd, nesterov or delayed-nesterov", kind);
+    /* period 1 is the plain rule's path (its bits), whatever the name */
+    if (strcmp(kind, DP_OPTIM_DELAYED_NESTEROV) == 0) out->period = every > 1 ? every : 0;
     out->lr = lr > 0 ? lr : out->kind == DP_OPT_SGD ? 1.0f : 0.7f;
     out->momentum = momentum;
     return 0;

@@ -6,14 +6,16 @@
  *   sgd:       w -= lr * g'
  *   momentum:  v = mu * v + g';           w -= lr * v
  *   nesterov:  v = mu * v + g';           w -= lr * (g' + mu * v)
- *   nesterov with period N > 1 (the delayed Nesterov of Liu et al. 2024,
- *   "Asynchronous Local-SGD Training for Language Modeling", for the outer
- *   optimizer of asynchronous local SGD; our reading of it, exactly):
+ *   nesterov with period N > 1 (the Delayed Nesterov, DN, of Liu et al.
+ *   2024, "Asynchronous Local-SGD Training for Language Modeling",
+ *   arXiv 2401.09135, Algorithm 3 with its momentum activation c = 0, the
+ *   paper's default; --outer-optimizer delayed-nesterov):
  *              d += g';  w -= (lr / N) * g'               on every step, and
  *              on every N-th (t % N == 0): v = mu * v + d / N;  w -= lr * mu * v;  d = 0
  *   so N steps of the same gradient g move w exactly as one nesterov step
  *   by g (N pushes of one sync round), while the momentum, which stale
- *   pushes would otherwise accelerate N times a round, moves once.
+ *   pushes would otherwise accelerate N times a round, moves once
+ *   (tests/unit/test_optim.c holds it against the paper's rule in doubles).
  *   adam:      m = b1 m + (1-b1) g';  s = b2 s + (1-b2) g'^2;
  *              w -= lr * (m / (1-b1^t)) / (sqrt(s / (1-b2^t)) + eps)
  *   adagrad:   s += g'^2;                 w -= lr * g' / (sqrt(s) + eps)
@@ -124,9 +126,16 @@ int dp_optim_state_floats(const dp_optim_conf_t *c);
 
 /* The outer optimizer of local steps (--outer-optimizer, --outer-lr,
  * --outer-momentum; DiLoCo, Douillard et al. 2023): "sgd" is averaging,
- * at lr 1 by default; "nesterov" DiLoCo's, lr 0.7 by default; lr 0: that
+ * at lr 1 by default; "nesterov" DiLoCo's, lr 0.7 by default, its momentum
+ * moving on every step; "delayed-nesterov" the same with period `every`
+ * (Liu et al.'s DN, above; every <= 1: the plain rule); lr 0: that
  * default. Constant schedule. -1 with err for another name. */
-int dp_optim_outer(const char *name, float lr, float momentum, dp_optim_conf_t *out, char *err);
+#define DP_OPTIM_DELAYED_NESTEROV "delayed-nesterov"
+int dp_optim_outer(const char *name, float lr, float momentum, long every, dp_optim_conf_t *out,
+                   char *err);
+/* The outer optimizer's name as --outer-optimizer takes it: "sgd",
+ * "nesterov", or "delayed-nesterov" for a period > 1. */
+const char *dp_optim_outer_name(const dp_optim_conf_t *c);
 
 /* Learning rate at (0-based) step under c's schedule. */
 float dp_optim_lr_at(const dp_optim_conf_t *c, long step);

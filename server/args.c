@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/cluster.h"
+#include "common/dylu.h"
 #include "common/model.h"
 #include "common/opts.h"
 #include "common/safetensors.h"
@@ -75,6 +76,10 @@ void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n)
     }
     if (c->local_steps > 1 && len >= 0 && len < (int)sizeof text)
         len += snprintf(text + len, sizeof text - (size_t)len, "|H%ld", c->local_steps);
+    if (c->local_auto && len >= 0 && len < (int)sizeof text)
+        len += snprintf(text + len, sizeof text - (size_t)len, "|auto");
+    if (o->period > 1 && len >= 0 && len < (int)sizeof text) /* delayed-nesterov */
+        len += snprintf(text + len, sizeof text - (size_t)len, "|N%ld", o->period);
     if (len < 0 || len >= (int)sizeof text) len = (int)sizeof text - 1;
     snprintf(out, n, "cfg-%016" PRIx64, dp_fnv1a(DP_FNV_SEED, text, (size_t)len));
 }
@@ -195,6 +200,12 @@ static int s_set_optimizer(void *arg, const char *v, char *err)
 static int s_set_schedule(void *arg, const char *v, char *err)
 {
     return dp_optim_parse_schedule(&((dp_ps_config_t *)arg)->optim, v, err);
+}
+
+static int s_set_local_steps(void *arg, const char *v, char *err)
+{
+    dp_ps_config_t *c = arg;
+    return dp_dylu_parse(v, &c->local_steps, &c->local_auto, err);
 }
 
 static int s_set_workers(void *arg, const char *v, char *err)
@@ -333,17 +344,26 @@ static const dp_opts_entry_t s_config[] = {
                     "L2 weight decay (default 0)"), S_AT(optim.weight_decay)},
     {DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, NULL, DP_OPTS_PASS,
                      "constant | step:STEPS:GAMMA | cosine:TOTAL (by version)"), 0},
-    {DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", NULL, 1, 1000000, DP_OPTS_PASS,
+    {DP_FLAG_CALL("local-steps", "H|auto[:H]", s_set_local_steps, NULL, DP_OPTS_PASS,
                     "workers take H steps of their own optimizer (--optimizer) and\n"
                     "push the pseudo-gradient (the weights pulled minus those reached);\n"
-                    "this server then steps by the outer optimizer (default 1: off)"), S_AT(local_steps)},
-    S_BUF("outer-optimizer", "sgd|nesterov", outer_optimizer, DP_OPTS_PASS,
-                    "with --local-steps: sgd (averaging, lr 1) or nesterov (DiLoCo:\n"
-                    "lr 0.7, momentum 0.9) (default sgd)"),
+                    "this server then steps by the outer optimizer (default 1: off).\n"
+                    "auto (DyLU): the fastest worker H (default 8), each other one\n"
+                    "H x its speed / the fastest's, by the step times the crew\n"
+                    "reports with its pushes"), 0},
+    S_BUF("outer-optimizer", "sgd|nesterov|delayed-nesterov", outer_optimizer, DP_OPTS_PASS,
+                    "with --local-steps: sgd (averaging, lr 1), nesterov (DiLoCo:\n"
+                    "lr 0.7, momentum 0.9, the momentum on every push) or\n"
+                    "delayed-nesterov (the momentum once per --outer-momentum-every\n"
+                    "pushes, between them the plain step; async's fix of Liu et al.\n"
+                    "2024) (default sgd)"),
     {DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
                     "with --local-steps: the outer lr (default: sgd 1, nesterov 0.7)"), S_AT(outer_lr)},
     {DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", NULL, 0, 1, DP_OPTS_PASS,
                     "with --local-steps and nesterov: the outer momentum (default 0.9)"), S_AT(outer_momentum)},
+    {DP_FLAG_NUM("outer-momentum-every", DP_OPTS_LONG, "N", NULL, 1, 1000000, DP_OPTS_PASS,
+                    "with delayed-nesterov: steps per move of the momentum\n"
+                    "(default: --workers in async and ssp, 1 in sync)"), S_AT(outer_every)},
     S_BUF("checkpoint-dir", "DIR", checkpoint_dir, DP_OPTS_PASS,
                     "DIR/ps-shard-I-of-K.safetensors: restored at start,\n"
                     "written every --checkpoint-every versions and at exit"),
@@ -432,27 +452,29 @@ static int s_apply_cluster(dp_ps_config_t *c, dp_cluster_t *cl, dp_opts_t *o, ch
 
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err)
 {
-    if (dp_optim_outer(c->outer_optimizer, c->outer_lr, c->outer_momentum, out, err) != 0)
-        return -1;
-    /* async and ssp: the momentum moves once per round of the workers'
-     * pushes (delayed Nesterov, kernels/optim.h), not once per push */
-    if (out->kind == DP_OPT_NESTEROV && c->mode != DP_MODE_SYNC) out->period = c->num_workers;
-    return 0;
+    /* delayed-nesterov, async and ssp: the momentum moves once per round
+     * of the crew's pushes (kernels/optim.h), not once per push */
+    long every = c->outer_every > 0 ? c->outer_every : c->mode == DP_MODE_SYNC ? 1 : c->num_workers;
+    return dp_optim_outer(c->outer_optimizer, c->outer_lr, c->outer_momentum, every, out, err);
 }
 
 int dp_ps_resolve_local_steps(dp_ps_config_t *c, dp_opts_t *o, char *err)
 {
+    int every_given = dp_opts_find(o, "outer-momentum-every")->given != NULL;
     int outer_given = c->outer_optimizer[0] || dp_opts_find(o, "outer-lr")->given ||
-                      dp_opts_find(o, "outer-momentum")->given;
+                      dp_opts_find(o, "outer-momentum")->given || every_given;
     dp_optim_conf_t outer;
     if (c->local_steps <= 1) {
         /* a line, not a refusal: a sweep crosses the outer optimizer with H = 1 */
-        if (dp_optim_outer(c->outer_optimizer, 0, 0.9f, &outer, err) != 0) return -1;
+        if (dp_optim_outer(c->outer_optimizer, 0, 0.9f, 1, &outer, err) != 0) return -1;
         if (outer_given)
-            dp_log_info("--outer-optimizer, --outer-lr and --outer-momentum have no effect "
-                        "without --local-steps H (H > 1)");
+            dp_log_info("--outer-optimizer, --outer-lr, --outer-momentum and --outer-momentum-every "
+                        "have no effect without --local-steps H (H > 1)");
         return 0;
     }
+    if (every_given && strcmp(c->outer_optimizer, DP_OPTIM_DELAYED_NESTEROV) != 0)
+        return dp_err(err, "--outer-momentum-every is the period of --outer-optimizer "
+                           "delayed-nesterov (not of %s)", c->outer_optimizer[0] ? c->outer_optimizer : "sgd");
     if (dp_ps_outer_optim(c, &outer, err) != 0) return -1;
     if (c->optim.schedule != DP_LR_CONSTANT)
         dp_log_info("--local-steps %ld: --lr-schedule is the workers' (inner) schedule; the "

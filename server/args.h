@@ -45,7 +45,11 @@ typedef struct {
     dp_optim_conf_t optim;
     long local_steps;           /* --local-steps H: workers push a pseudo-gradient every H steps
                                  * and optim is the outer optimizer (dp_ps_parse_args); 1: off */
-    char outer_optimizer[16];   /* --outer-optimizer sgd|nesterov ("" = sgd) */
+    int local_auto;             /* --local-steps auto[:H] (DyLU): H is the fastest worker's, each
+                                 * worker's rounds by its speed (common/dylu.h) */
+    char outer_optimizer[24];   /* --outer-optimizer sgd|nesterov|delayed-nesterov ("" = sgd) */
+    long outer_every;           /* --outer-momentum-every N: delayed-nesterov's period (0: the
+                                 * crew's size in async and ssp, 1 in sync) */
     float outer_lr;             /* --outer-lr (0: sgd 1, nesterov 0.7) */
     float outer_momentum;       /* --outer-momentum (default 0.9) */
     char checkpoint_dir[DP_PS_PATH_LEN]; /* "" = no checkpoints */
@@ -97,8 +101,11 @@ void dp_ps_options(dp_opts_t *o, dp_ps_config_t *c, dp_cluster_t *cl);
 int dp_ps_config_model(const dp_ps_config_t *c, dp_model_t *m, float **values, char *err);
 
 /* The outer optimizer of --local-steps: --outer-optimizer, --outer-lr,
- * --outer-momentum (dp_optim_outer), and in async and ssp a nesterov one
- * delayed to one momentum step per --workers pushes (Liu et al. 2024). */
+ * --outer-momentum (dp_optim_outer). nesterov's momentum moves on every
+ * step in every mode; delayed-nesterov's once per --outer-momentum-every
+ * N steps (Liu et al. 2024's DN), N by default --workers in async and ssp
+ * (a round of the crew's pushes) and 1 in sync (a sync step already
+ * holds the crew's pushes: then the plain rule). */
 int dp_ps_outer_optim(const dp_ps_config_t *c, dp_optim_conf_t *out, char *err);
 
 /* The row table's conf as the shards run it: c->rows with --row-lr (else

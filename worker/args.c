@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dylu.h"
 #include "common/model.h"
 #include "common/util.h"
 #include "worker/exec/a3c.h"
@@ -36,6 +37,12 @@ static int s_set_optimizer(void *arg, const char *v, char *err)
 static int s_set_row_optimizer(void *arg, const char *v, char *err)
 {
     return dp_row_optim_parse_kind(v, &((dp_train_conf_t *)arg)->row_optim, err);
+}
+
+static int s_set_local_steps(void *arg, const char *v, char *err)
+{
+    dp_worker_args_t *a = arg;
+    return dp_dylu_parse(v, &a->conf.local_steps, &a->conf.local_auto, err);
 }
 
 static int s_set_schedule(void *arg, const char *v, char *err)
@@ -173,10 +180,11 @@ static const dp_opts_entry_t s_table[] = {
      S_AT(cluster.flag_ps_hosts)},
     {DP_FLAG_STR("worker-hosts", "H:P,...", NULL, 0, "the worker job's tasks"),
      S_AT(cluster.flag_worker_hosts)},
-    {DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", NULL, 1, 1000000, DP_OPTS_PASS,
+    {DP_FLAG_CALL("local-steps", "H|auto[:H]", s_set_local_steps, NULL, DP_OPTS_PASS,
         "local SGD / DiLoCo: H steps of --optimizer on this worker's own\n"
         "copy, then one push of the weights pulled minus those reached\n"
-        "(the servers need the same --local-steps; default 1: off)"), S_AT(conf.local_steps)},
+        "(the servers need the same --local-steps; default 1: off); auto\n"
+        "(DyLU): H x this worker's speed / the crew's fastest, a round"), 0},
     {DP_FLAG_NUM("delay-ms", DP_OPTS_DOUBLE, "MS", NULL, 0, 1e7, DP_OPTS_PASS,
         "inject a delay before each push (an experiment with staleness)"), S_AT(conf.delay_ms)},
     {DP_FLAG_CHOICE("delay-dist", "fixed|exp", NULL, DP_OPTS_PASS,

@@ -61,6 +61,7 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     cJSON_AddItemToObject(h, "optim", dp_record_optim_json(&c->optim));
     if (c->local_steps > 1) {
         cJSON_AddNumberToObject(h, "local_steps", (double)c->local_steps);
+        if (c->dylu) cJSON_AddBoolToObject(h, "local_steps_auto", 1); /* each push's "h" */
         cJSON_AddItemToObject(h, "inner", dp_record_optim_json(&c->inner));
         if (c->train.steps > 0) cJSON_AddNumberToObject(h, "steps", (double)c->train.steps);
     }
@@ -184,6 +185,10 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
         return dp_err(err, "record header: local_steps or steps out of range");
     c->local_steps = (long)local;
     c->train.steps = (long)steps;
+    const cJSON *dylu = cJSON_GetObjectItemCaseSensitive(h, "local_steps_auto");
+    if (dylu && (!cJSON_IsBool(dylu) || c->local_steps < 2))
+        return dp_err(err, "record header: 'local_steps_auto' is not true or false with local_steps >= 2");
+    c->dylu = cJSON_IsTrue(dylu);
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(h, "inner");
     if (c->local_steps > 1 && (!in || dp_record_optim_parse(in, &c->inner, err) != 0))
         return dp_err(err, "record header: local_steps without a valid inner optimizer");
@@ -331,6 +336,9 @@ int dp_lab_init(dp_lab_t *L, const dp_lab_conf_t *c, char *err)
     if (c->local_steps > 1) {
         L->inner_state = dp_calloc((size_t)c->workers, sizeof *L->inner_state);
         L->w_local = dp_aligned_alloc((L->s.model.n_floats + 1) * sizeof(float));
+        L->round_h = dp_calloc((size_t)c->workers, sizeof *L->round_h);
+        L->round_n = dp_calloc((size_t)c->workers, sizeof *L->round_n);
+        L->next_data = dp_calloc((size_t)c->workers, sizeof *L->next_data);
     }
     if (c->train.compress.kind != DP_COMPRESS_NONE && dp_model_has_state(&L->s.model)) {
         dp_err(err, "%s", DP_COMPRESS_STATE_REFUSED);
@@ -369,6 +377,9 @@ void dp_lab_fini(dp_lab_t *L)
         if (L->inner_state[w]) L->s.be->ops->release(L->s.be, L->inner_state[w]);
     free(L->inner_state);
     free(L->w_local);
+    free(L->round_h);
+    free(L->round_n);
+    free(L->next_data);
     for (size_t i = 0; L->z && i < (size_t)L->conf.workers * (size_t)L->conf.shards; i++)
         if (L->z[i]) {
             dp_compressor_fini(L->z[i]);
@@ -430,16 +441,29 @@ static float s_train_step(dp_lab_t *L, int worker, long step, const dp_deal_batc
     return dp_net_train_step(&L->s.net, L->x, L->y, B);
 }
 
-long dp_lab_push_steps(const dp_lab_t *L, long step)
+/* The data steps of a round from first of h steps: fewer at conf.train.steps. */
+static long s_round_steps(const dp_lab_t *L, long first, long h)
 {
-    long H = L->conf.local_steps;
-    if (H <= 1) return 1;
-    long first = step * H, end = first + H;
+    long end = first + h;
     if (L->conf.train.steps > 0 && end > L->conf.train.steps) end = L->conf.train.steps;
     return end > first ? end - first : 0;
 }
 
-/* A round of local steps (dp_lab_gradient). */
+long dp_lab_push_steps(const dp_lab_t *L, int worker, long step)
+{
+    long H = L->conf.local_steps;
+    if (H <= 1) return 1;
+    if (L->conf.dylu) return L->round_n[worker];
+    return s_round_steps(L, step * H, H);
+}
+
+void dp_lab_round(dp_lab_t *L, int worker, long h)
+{
+    if (L->round_h) L->round_h[worker] = h;
+}
+
+/* A round of local steps (dp_lab_gradient): H data steps from round * H,
+ * or with DyLU the worker's own h from where its last round ended. */
 static float s_local_round(dp_lab_t *L, const float *params, int worker, long round, float *grad)
 {
     const dp_lab_conf_t *c = &L->conf;
@@ -447,11 +471,15 @@ static float s_local_round(dp_lab_t *L, const float *params, int worker, long ro
     size_t n_state = n * (size_t)dp_optim_state_floats(&c->inner);
     if (!L->inner_state[worker])
         L->inner_state[worker] = n_state ? L->s.be->ops->alloc(L->s.be, n_state * sizeof(float)) : NULL;
-    long first = round * c->local_steps, end = first + dp_lab_push_steps(L, round);
+    long h = c->dylu && L->round_h[worker] > 0 ? L->round_h[worker] : c->local_steps;
+    long first = c->dylu ? L->next_data[worker] : round * c->local_steps;
+    long end = first + s_round_steps(L, first, h);
+    L->round_n[worker] = end - first;
+    L->next_data[worker] = end;
     dp_net_set_params(&L->s.net, params);
     float loss = 0;
     for (long step = first; step < end; step++) {
-        loss += s_train_step(L, worker, step, NULL) / (float)c->local_steps;
+        loss += s_train_step(L, worker, step, NULL) / (float)(c->dylu ? end - first : c->local_steps);
         dp_net_optim_step(&L->s.net, &c->inner, dp_optim_lr_at(&c->inner, step),
                           L->inner_state[worker], step + 1);
     }
@@ -496,6 +524,7 @@ void dp_lab_push(dp_lab_t *L, int k, int worker, long step, uint64_t version, co
     dp_push_apply(&a, worker, version, &g, 1, false, o);
     L->pushes++;
     if (o->status == DP_PUSH_APPLIED && k == 0) dp_staleness_add(&L->per_worker[worker], o->staleness);
+    if (L->conf.dylu) dp_record_round(L->rec, (uint64_t)L->round_n[worker]); /* as Push.local_steps */
     dp_push_apply_record(&a, worker, (uint64_t)step + 1, version, o, s->version, dealt);
 }
 

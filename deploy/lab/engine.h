@@ -54,6 +54,8 @@ typedef struct {
                                 * local steps) */
     long local_steps;          /* H > 1: a worker's push is the pseudo-gradient of H steps of
                                 * its own optimizer `inner` (--local-steps) */
+    int dylu;                  /* --local-steps auto (DyLU, common/dylu.h): local_steps is the
+                                * fastest worker's H, each round's its own (dp_lab_round) */
     dp_optim_conf_t inner;     /* the workers' optimizer under local steps */
     int measure;               /* norms of every step (dp_policy_measure) */
     const char *record;        /* write the schedule here, or NULL */
@@ -77,6 +79,10 @@ typedef struct {
     uint64_t pushes;           /* pushes handed to the policies (all shards) */
     float **inner_state;       /* [workers]: local steps' optimizer state, made at first use */
     float *w_local;            /* local steps: the weights a round reaches */
+    long *round_h;             /* [workers] DyLU: the H of each worker's next round (dp_lab_round), */
+    long *round_n;             /* ... the data steps of its round computed last (H, or fewer at
+                                * conf.train.steps), */
+    long *next_data;           /* ... and its next round's first data step */
     dp_compressor_t **z;       /* [workers * shards] --compress: each worker's compressor (and
                                 * error feedback) per shard slice, made on its first push;
                                 * NULL without compression */
@@ -155,8 +161,13 @@ void dp_lab_sparse_fini(dp_lab_t *L);
 int dp_lab_sparse_evaluate(dp_lab_t *L, double *acc, double *loss, double *auc, char *err);
 
 /* Data steps worker's push number `step` (0-based) stands for: 1, or with
- * local steps the round's H (fewer in a last round cut at conf.train.steps). */
-long dp_lab_push_steps(const dp_lab_t *L, long step);
+ * local steps the round's H (fewer in a last round cut at conf.train.steps;
+ * with DyLU the H of worker's round computed last). */
+long dp_lab_push_steps(const dp_lab_t *L, int worker, long step);
+/* DyLU (conf.dylu): worker's next round takes h data steps (1..H; the
+ * simulator's rule, or a replayed record's "h"). A round not told takes H.
+ * Its pushes are recorded with it ("h"), so a replay repeats it. */
+void dp_lab_round(dp_lab_t *L, int worker, long h);
 /* Shard k gets grad's slice from worker's data step, computed on version:
  * the policy decides (o); counted per worker and recorded, with the batch
  * shard 0 dealt it (dealt; NULL: the batch of its (worker, step)). */

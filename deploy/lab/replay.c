@@ -57,6 +57,7 @@ typedef struct {
     float *params, *grad;
     int dealt;             /* shard 0 (an elastic crew) dealt it: */
     dp_deal_batch_t batch; /* ... this batch */
+    uint64_t h;            /* DyLU (--local-steps auto): the round's data steps, its pushes' "h" */
     dp_lab_seg_t seg;      /* an actor-critic segment's account, from its computation to its
                             * last push */
     int rows_seen;         /* a sparse model: its row pushes ("rows") in the record, */
@@ -163,6 +164,13 @@ static int s_index(s_replay_t *R, const char *path, char *err)
         job->version[e->shard] = e->version;
         job->shards_seen++;
         R->ev_job[i] = j;
+        /* DyLU: each push names its round's steps, the same on every shard */
+        if (!e->h != !R->L.conf.dylu || (job->h && e->h != job->h))
+            return dp_err(err, "%s: event %zu: worker %d's round %" PRIu64 " %s", path, i + 1, e->worker,
+                          e->step, R->L.conf.dylu ? "names no data steps (\"h\") or other ones than "
+                          "another shard's, in a run of --local-steps auto" : "names data steps (\"h\") "
+                          "in a run without --local-steps auto");
+        job->h = e->h;
         if (!e->dealt) continue;
         long per_epoch = R->L.s.train.n / R->L.conf.train.batch;
         if (e->batch.index >= (uint64_t)per_epoch || e->batch.epoch > (uint64_t)LONG_MAX)
@@ -316,9 +324,11 @@ static int s_gradient(s_replay_t *R, s_job_t *job)
     job->grad = dp_aligned_alloc(R->n_floats * sizeof(float));
     if (R->L.sp)
         dp_lab_sparse_gradient(&R->L, job->params, job->worker, (long)job->step - 1, &job->sb, job->grad);
-    else
+    else {
+        if (R->L.conf.dylu) dp_lab_round(&R->L, job->worker, (long)job->h);
         dp_lab_gradient(&R->L, job->params, job->worker, (long)job->step - 1,
                         job->dealt ? &job->batch : NULL, job->grad);
+    }
     if (R->L.rl) {
         dp_lab_seg_alloc(&job->seg, R->L.rl->rows);
         dp_lab_seg_copy(&job->seg, &R->L.rl->seg[job->worker]);
@@ -327,7 +337,7 @@ static int s_gradient(s_replay_t *R, s_job_t *job)
         free(job->params);
         job->params = NULL;
     }
-    if (job->worker == 0) R->chief_steps += dp_lab_push_steps(&R->L, (long)job->step - 1);
+    if (job->worker == 0) R->chief_steps += dp_lab_push_steps(&R->L, 0, (long)job->step - 1);
     return 1;
 }
 

@@ -10,6 +10,7 @@
 
 #include "common/metrics.h"
 #include "common/model.h"
+#include "common/dylu.h"
 #include "common/opts.h"
 #include "common/util.h"
 #include "deploy/launcher/commands.h"
@@ -39,7 +40,8 @@ typedef struct {
     const char *out;
     long epochs;
     int backup;
-    char outer[16];            /* --outer-optimizer */
+    char outer[24];            /* --outer-optimizer */
+    long outer_every;          /* --outer-momentum-every (0: downpour-ps's default) */
     float outer_lr, outer_momentum;
     double slow[DP_SIM_MAX_WORKERS];
     char save[4096], summary[4096];
@@ -122,6 +124,12 @@ static int s_set_row_optimizer(void *arg, const char *v, char *err)
     return 0;
 }
 
+static int s_set_local_steps(void *arg, const char *v, char *err)
+{
+    dp_lab_conf_t *l = &((s_args_t *)arg)->c.lab;
+    return dp_dylu_parse(v, &l->local_steps, &l->dylu, err);
+}
+
 static int s_set_compress(void *arg, const char *v, char *err)
 {
     return dp_compress_parse(v, &((s_args_t *)arg)->c.lab.train.compress, err);
@@ -193,17 +201,22 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_SET("lr-staleness", &c->lab.policy.delay_lr, DP_DELAY_INVERSE, 0, "the same as --delay-lr inverse"),
         DP_FLAG_CALL("delay-compensation", "DC", s_set_dc, a, 0,
                      "async/ssp: off (default), const:LAMBDA or adaptive:LAMBDA0 (DC-ASGD)"),
-        DP_FLAG_NUM("local-steps", DP_OPTS_LONG, "H", &c->lab.local_steps, 1, 1000000, 0,
+        DP_FLAG_CALL("local-steps", "H|auto[:H]", s_set_local_steps, a, 0,
                     "local SGD / DiLoCo: each push is H steps of --optimizer on the\n"
                     "worker's copy (H compute times), the servers step by the outer\n"
-                    "optimizer (as downpour-ps --help says; default 1: off)"),
-        DP_FLAG_BUF("outer-optimizer", "sgd|nesterov", a->outer, 0,
-                    "with --local-steps: averaging (lr 1) or DiLoCo's nesterov (lr 0.7;\n"
-                    "async/ssp: its momentum moves once per M pushes)"),
+                    "optimizer (as downpour-ps --help says; default 1: off); auto\n"
+                    "(DyLU): the fastest worker H (default 8), the others in\n"
+                    "proportion to their simulated speed"),
+        DP_FLAG_BUF("outer-optimizer", "sgd|nesterov|delayed-nesterov", a->outer, 0,
+                    "with --local-steps: averaging (lr 1), DiLoCo's nesterov (lr 0.7,\n"
+                    "its momentum on every push) or delayed-nesterov (the momentum\n"
+                    "once per --outer-momentum-every pushes; default M in async/ssp)"),
         DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", &a->outer_lr, 1e-12, 1e6, 0,
                     "with --local-steps: the outer lr"),
         DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", &a->outer_momentum, 0, 1, 0,
                     "with --local-steps: the outer nesterov's momentum (default 0.9)"),
+        DP_FLAG_NUM("outer-momentum-every", DP_OPTS_LONG, "N", &a->outer_every, 1, 1000000, 0,
+                    "with delayed-nesterov: pushes per move of the momentum"),
         DP_FLAG_CALL("compress", "none|topk:F|sign", s_set_compress, a, 0,
                      "each worker compresses its pushes (as downpour-worker --help says)"),
         DP_FLAG_CALL("error-feedback", "on|off", s_set_error_feedback, a, 0,
@@ -268,6 +281,7 @@ static int s_local_steps(s_args_t *a, dp_opts_t *o, char *err)
     snprintf(ps.outer_optimizer, sizeof ps.outer_optimizer, "%s", a->outer);
     ps.outer_lr = a->outer_lr;
     if (dp_opts_find(o, "outer-momentum")->given) ps.outer_momentum = a->outer_momentum;
+    ps.outer_every = a->outer_every;
     ps.mode = l->mode;
     ps.num_workers = l->workers;
     ps.local_steps = l->local_steps;

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dylu.h"
 #include "common/metrics.h"
 #include "common/opts.h"
 #include "common/rng.h"
@@ -78,6 +79,9 @@ typedef struct {
     dp_lab_batch_t sb;     /* a model with embed:D: its step's batch, keys, the rows it pulled
                             * and their gradients, from its pull to its push */
     dp_rng_t rng;          /* its compute times */
+    double round_ms;       /* DyLU: its round's simulated compute ms per local step, */
+    double step_ms;        /* ... their EWMA, reported with each push (common/dylu.h), */
+    long h_sum, rounds;    /* ... and the H of its rounds summed, and counted */
 } s_worker_t;
 
 typedef struct {
@@ -105,6 +109,7 @@ typedef struct {
     int dealing;           /* shard 0 deals the batches (--workers MIN:MAX) */
     dp_deal_t deal;
     dp_membership_t crew;  /* its joins and leaves */
+    dp_dylu_crew_t speeds; /* DyLU: the step times the workers reported, as the servers keep them */
     dp_rng_t churn_rng;
     double next_churn;     /* simulated s of the next change (--churn) */
     int *finishing;        /* told the data is done, to finish after the event at hand */
@@ -273,6 +278,17 @@ static const dp_deal_batch_t *s_dealt(const s_sim_t *S, int w)
     return S->dealing ? &S->w[w].batch : NULL;
 }
 
+/* DyLU: w's next round's H, by its own step time against the fastest the
+ * crew reported (common/dylu.h), told to the engine before it computes. */
+static void s_dylu_round(s_sim_t *S, int w)
+{
+    s_worker_t *k = &S->w[w];
+    long h = dp_dylu_steps(S->c->lab.local_steps, k->step_ms, dp_dylu_fastest(&S->speeds));
+    dp_lab_round(&S->L, w, h);
+    k->h_sum += h;
+    k->rounds++;
+}
+
 /* w's pull is answered: it takes the weights and version, computes its
  * gradient and will push when its compute time has passed. 0 when the
  * dealer has no batch for it yet (the pull waits); a worker told the
@@ -300,14 +316,16 @@ static int s_start(s_sim_t *S, int w)
         S->failed = 1; /* s_loop stops with S->err */
         return 1;
     }
+    if (S->c->lab.dylu) s_dylu_round(S, w);
     k->loss = S->L.sp ? dp_lab_sparse_gradient(&S->L, S->params, w, k->step, &k->sb, k->grad)
                       : dp_lab_gradient(&S->L, S->params, w, k->step, s_dealt(S, w), k->grad);
     if (k->pulled) memcpy(k->pulled, S->params, S->n * sizeof(float));
     k->busy = 1;
-    /* a round of local steps computes H gradients: H draws */
+    /* a round of local steps computes H gradients: H draws (DyLU: its own H) */
+    long n = S->c->lab.dylu ? S->L.round_n[w] : S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1;
     double ms = 0;
-    for (long h = 0; h < (S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1); h++)
-        ms += s_draw_ms(&S->c->compute, &k->rng);
+    for (long h = 0; h < n; h++) ms += s_draw_ms(&S->c->compute, &k->rng);
+    if (n > 0) k->round_ms = ms * S->c->slow[w] / (double)n;
     s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w);
     return 1;
 }
@@ -606,6 +624,7 @@ static int s_setup(s_sim_t *S, const dp_sim_conf_t *c, char *err)
     S->finishing = dp_calloc((size_t)M, sizeof *S->finishing);
     S->dealing = c->lab.min_workers > 0;
     dp_membership_init(&S->crew, M);
+    dp_dylu_crew_init(&S->speeds, M);
     if (S->dealing) {
         /* the budget is the servers' version: a batch for every push that
          * could take (updates x MAX, sync's most), so the data never runs out
@@ -638,6 +657,7 @@ static void s_teardown(s_sim_t *S)
     free(S->finishing);
     dp_deal_fini(&S->deal);
     dp_membership_fini(&S->crew);
+    dp_dylu_crew_fini(&S->speeds);
     dp_lab_fini(&S->L);
 }
 
@@ -648,6 +668,10 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     const dp_sim_conf_t *c = S->c;
     dp_push_outcome_t o;
     if (S->L.sp && s_rows_push(S, w, err) != 0) return -1;
+    if (c->lab.dylu) { /* its push carries its step time; the servers keep the crew's */
+        k->step_ms = dp_dylu_ewma(k->step_ms, k->round_ms);
+        dp_dylu_report(&S->speeds, w, k->step_ms);
+    }
     /* every shard its slice, in order; shard 0's outcome decides (all
      * shards take the same pushes, so they step together) */
     for (int s = 0; s < S->L.conf.shards; s++) {
@@ -660,7 +684,7 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
     dp_deal_batch_t done;
     if (S->dealing) dp_deal_pushed(&S->deal, w, (uint64_t)k->step + 1, o.status == DP_PUSH_APPLIED, &done);
     S->pushes++;
-    if (w == 0) S->chief_steps += dp_lab_push_steps(&S->L, k->step);
+    if (w == 0) S->chief_steps += dp_lab_push_steps(&S->L, 0, k->step);
     if (!isfinite(k->loss))
         return dp_err(err, "loss is %f at update %llu: training diverged (lower --lr)", k->loss,
                       (unsigned long long)S->L.shard[0].version);
@@ -822,6 +846,13 @@ static cJSON *s_result(s_sim_t *S, double acc, double loss, double wall_s)
     cJSON_AddNumberToObject(o, "lr", dp_metrics_round(dp_optim_base_lr(op), 7));
     cJSON_AddNumberToObject(o, "local_steps", (double)(local ? c->lab.local_steps : 1));
     if (local) dp_summary_outer_json(o, &c->lab.optim);
+    if (c->lab.dylu) { /* each worker's mean H over its rounds */
+        cJSON_AddBoolToObject(o, "local_steps_auto", 1);
+        cJSON *hs = cJSON_AddArrayToObject(o, "local_steps_mean");
+        for (int w = 0; w < c->lab.workers; w++)
+            cJSON_AddItemToArray(hs, cJSON_CreateNumber(dp_metrics_round(
+                S->w[w].rounds ? (double)S->w[w].h_sum / (double)S->w[w].rounds : 0, 3)));
+    }
     char rule[48], dc[48]; /* as the servers ran them (sync turns them off) */
     const dp_shard_t *sh = &S->L.shard[0];
     dp_delay_lr_name(S->L.policy[0]->conf.delay_lr, S->L.policy[0]->conf.delay_k, rule, sizeof rule);

@@ -735,6 +735,7 @@ static int s_record_merge(const dp_local_t *L, char *err)
         dp_optim_conf_t inner = L->ps.optim; /* --optimizer and friends: the workers' here */
         if (L->schedule[0]) dp_optim_parse_schedule(&inner, L->schedule, err);
         cJSON_AddNumberToObject(extra, "local_steps", (double)L->ps.local_steps);
+        if (L->ps.local_auto) cJSON_AddBoolToObject(extra, "local_steps_auto", 1); /* each push's "h" */
         cJSON_AddItemToObject(extra, "inner", dp_record_optim_json(&inner));
         cJSON_AddNumberToObject(extra, "steps", (double)L->worker_steps);
     }

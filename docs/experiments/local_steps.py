@@ -5,9 +5,11 @@ A small MLP (fc:128 relu fc:10 softmax, 101,770 floats: 407 KB a push) on
 Fashion-MNIST in `downpour sim`: 8 workers, exponential compute times (mean
 10 ms a step), 2 epochs of data, batch 64, inner SGD at a constant lr 0.05.
 --local-steps H in 1, 4, 16, 64 with the outer optimizer sgd (averaging,
-lr 1; in async also lr 1/8, see below) or nesterov (DiLoCo's lr 0.7,
-momentum 0.9; in async the delayed Nesterov, its momentum once per 8
-pushes), sync and async, seeds 1-3. In async, outer sgd at lr 1 applies
+lr 1; in async also lr 1/8, see below), nesterov (DiLoCo's lr 0.7,
+momentum 0.9, the momentum on every push) or, in async, delayed-nesterov
+(the same, its momentum once per 8 pushes: Liu et al.'s DN) and DN with
+--local-steps auto:H (DyLU: each worker's H by its measured simulated step
+time against the crew's fastest), sync and async, seeds 1-3. In async, outer sgd at lr 1 applies
 each worker's whole pseudo-gradient, so 8 workers move the weights 8
 rounds' worth where sync averages them into one: lr 1/8 is async's
 averaging. One
@@ -29,7 +31,9 @@ BASE = ["sim", "--workers", "8", "--compute", "exp:10", "--model", "fc:128 relu 
 
 
 def run(mode, h, outer, lr, seed):
-    args = [D, *BASE, "--mode", mode, "--local-steps", str(h), "--seed", str(seed)]
+    auto = outer.endswith("+auto")
+    outer = outer.removesuffix("+auto")
+    args = [D, *BASE, "--mode", mode, "--local-steps", f"auto:{h}" if auto else str(h), "--seed", str(seed)]
     if h > 1:
         args += ["--outer-optimizer", outer, "--outer-lr", str(lr)]
     p = subprocess.run(args, capture_output=True, text=True)
@@ -39,7 +43,8 @@ def run(mode, h, outer, lr, seed):
 
 
 OUTER = {"sync": [("sgd", 1), ("nesterov", 0.7)],
-         "async": [("sgd", 1), ("sgd", 0.125), ("nesterov", 0.7)]}
+         "async": [("sgd", 1), ("sgd", 0.125), ("nesterov", 0.7), ("delayed-nesterov", 0.7),
+                   ("delayed-nesterov+auto", 0.7)]}
 for mode in ("sync", "async"):
     for h in (1, 4, 16, 64):
         for outer, lr in ([("sgd", 1)] if h == 1 else OUTER[mode]):

@@ -204,6 +204,7 @@ class Client:
                          inf.replicas, inf.staleness, inf.num_shards, inf.task_index,
                          inf.resume_step, inf.local_steps)
         self.step = inf.resume_step
+        self.local_auto = bool(lib.downpour_local_auto(h))  # the servers' --local-steps auto (DyLU)
         self._res = _lib.PushResult()
         self._flat_push = None  # made on the first push of a dict: one gather buffer
         self.finished = False   # finish (or wait_all, shutdown) done
@@ -324,6 +325,17 @@ class Client:
                                      f"is {list(t.shape)}", "args", name)
                 flat[t.offset:t.offset + t.count] = a.reshape(-1)
         return self._push_flat(flat.ctypes.data, flat, loss, batch, step)
+
+    def round_steps(self):
+        """--local-steps auto (DyLU): the data steps of this worker's next
+        round, by its step time against the crew's fastest (H until both are
+        known); the servers' H without auto."""
+        return int(self._lib.downpour_round_steps(self._handle()))
+
+    def push_round(self, steps, round_ms):
+        """--local-steps auto: the next push is a round of `steps` data steps
+        at round_ms of this worker's compute a step (0: not measured)."""
+        self._check(self._call(self._lib.downpour_push_round, int(steps), float(round_ms)))
 
     def _push_flat(self, ptr, flat, loss, batch, step):
         """Push the flat vector at ptr (flat: a NumPy view of it, to name the

@@ -81,8 +81,14 @@ Worker reads H (.local_steps) and the loop keeps its own optimizer:
   servers' new weights and returns the PushResult; before that it returns
   None. finish(), wait_all() and a with-block's end push a round cut short
   first; after them pull() fetches the servers' weights again (the chief's
-  final score). The servers' outer optimizer (--outer-optimizer sgd|nesterov)
-  steps by the pseudo-gradients. With compress= (topk:F, sign) the
+  final score). The servers' outer optimizer (--outer-optimizer
+  sgd|nesterov|delayed-nesterov) steps by the pseudo-gradients. With the
+  servers' --local-steps auto[:H] (DyLU; Worker(..., local_steps="auto")
+  checks they run it) each round's H is this worker's own: H while its
+  speed is unknown, then H x the crew's fastest step time / its own (at
+  least 1), its step time timed from a round's start to its last push()
+  and sent with the round's push (.local_auto; the round's steps go with
+  it, so a replay repeats it). With compress= (topk:F, sign) the
   pseudo-gradient is what is compressed, error feedback carrying what a
   round did not send into the next round's push, as for downpour-worker.
 """
@@ -213,7 +219,7 @@ class Worker:
     """A PyTorch module as worker task_index of the servers (see the module's help)."""
 
     def __init__(self, module, ps=None, task_index=None, *, spec=None, input=(1, 28, 28), init=None,
-                 **options):
+                 local_steps=None, **options):
         self.module = module
         table = table_of(module)
         if ps is None and spec is None and "DOWNPOUR_LAUNCH_INIT" in os.environ \
@@ -251,6 +257,12 @@ class Worker:
         self.info = self.client.info
         self._bind()
         self.local_steps = max(1, int(self.info.local_steps))  # H, the servers' --local-steps
+        self.local_auto = self.client.local_auto  # DyLU: each round's H by this worker's speed
+        if local_steps is not None and (str(local_steps) == "auto") != self.local_auto:
+            self.client.close()
+            raise downpour.Error(f"local_steps={local_steps!r}: the servers run --local-steps "
+                                 f"{'auto:' if self.local_auto else ''}{self.local_steps}: give "
+                                 f"both the same", "args")
         if self._rows and self.local_steps > 1:
             self.client.close()
             raise downpour.Error("a sparse embedding's rows are pushed every step: the servers' "
@@ -263,6 +275,8 @@ class Worker:
         self._w0 = None         # the round's start (flat, trainable tensors' places)
         self._pseudo = None     # the pseudo-gradient pushed (flat)
         self._rounds_over = False  # finish() / wait_all(): pull() fetches again
+        self._round_h = self.local_steps  # this round's H (DyLU: set at its start)
+        self._round_t0 = 0.0      # DyLU: when the round's steps began (perf_counter)
 
     # ---- where each tensor lives -------------------------------------------
     def _bind(self):
@@ -401,6 +415,9 @@ class Worker:
         with torch.no_grad():
             for p, _, t in self._grads:
                 self._w0[t.offset:t.offset + t.count].copy_(p.detach().reshape(-1))
+        if self.local_auto:  # DyLU: the round's H now, its clock from here to its last push()
+            self._round_h = self.client.round_steps()
+            self._round_t0 = time.perf_counter()
 
     def _local_step(self, loss, batch):
         if self._w0 is None:  # no pull() came first: the round starts from the servers' weights
@@ -409,7 +426,7 @@ class Worker:
         self._round += 1
         self._round_loss += loss
         self._round_batch = batch
-        return self._end_round() if self._round == self.local_steps else None
+        return self._end_round() if self._round == self._round_h else None
 
     def _end_round(self):
         """Push the round's pseudo-gradient (one step), then pull; None when
@@ -423,6 +440,9 @@ class Worker:
             for data, _, t in self._state:
                 self._pseudo[t.offset:t.offset + t.count].copy_(data.reshape(-1))
         loss = self._round_loss / self._round
+        if self.local_auto:  # the round's steps and this worker's ms a step go with the push
+            ms = (time.perf_counter() - self._round_t0) * 1000.0 / self._round
+            self.client.push_round(self._round, ms)
         self._round, self._round_loss = 0, 0.0
         r = self.client._push_flat(self._pseudo.data_ptr(), self._pseudo_np, loss,
                                    self._round_batch, None)

@@ -25,6 +25,7 @@ struct dp_record {
     int account;           /* the next push carries this account (dp_record_account): */
     uint64_t env_steps, episodes;
     double returns;
+    uint64_t round_h;      /* the next push is a DyLU round of this many data steps (0: none) */
 };
 
 static void s_flush(dp_record_t *r)
@@ -114,6 +115,7 @@ void dp_record_event(dp_record_t *r, const dp_rec_event_t *e)
             cJSON_AddNumberToObject(o, "be", (double)e->batch.epoch);
             cJSON_AddNumberToObject(o, "bi", (double)e->batch.index);
         }
+        if (e->h) cJSON_AddNumberToObject(o, "h", (double)e->h);
         if (e->account) {
             cJSON_AddNumberToObject(o, "es", (double)e->env_steps);
             cJSON_AddNumberToObject(o, "ne", (double)e->episodes);
@@ -173,9 +175,10 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
         .grad_norm = o->grad_norm, .update_norm = o->update_norm, .dc = o->compensated,
         .dealt = batch != NULL, .batch = batch ? *batch : (dp_deal_batch_t){0, 0},
         .account = r->account, .env_steps = r->env_steps, .episodes = r->episodes,
-        .returns = r->returns,
+        .returns = r->returns, .h = r->round_h,
     };
     r->account = 0;
+    r->round_h = 0;
     dp_record_event(r, &e);
 }
 
@@ -206,6 +209,11 @@ void dp_record_rows_push(dp_record_t *r, int shard, int worker, uint64_t step, u
                         .version = version, .status = o->status, .staleness = o->staleness,
                         .keys = n, .grad_norm = g ? dp_record_rows_norm(g, n * (size_t)width) : -1};
     dp_record_event(r, &e);
+}
+
+void dp_record_round(dp_record_t *r, uint64_t h)
+{
+    if (r) r->round_h = h;
 }
 
 void dp_record_account(dp_record_t *r, uint64_t env_steps, uint64_t episodes, double returns)
@@ -348,6 +356,8 @@ static int s_parse_push(const cJSON *o, dp_rec_event_t *e)
         if (s_count(o, "be", &e->batch.epoch) || s_count(o, "bi", &e->batch.index)) return -1;
         e->dealt = 1;
     }
+    if (cJSON_GetObjectItemCaseSensitive(o, "h") && (s_count(o, "h", &e->h) || e->h < 1 || e->h > 1000000))
+        return -1;
     if (cJSON_GetObjectItemCaseSensitive(o, "es")) {
         const cJSON *er = cJSON_GetObjectItemCaseSensitive(o, "er");
         if (s_count(o, "es", &e->env_steps) || s_count(o, "ne", &e->episodes) || !cJSON_IsNumber(er))

@@ -95,6 +95,7 @@ typedef struct {
     uint64_t env_steps, episodes; /* ... its segment's env steps and episodes ended */
     double returns;        /* ... and the sum of their returns */
     uint64_t keys;         /* rows, rpull: the keys of this shard */
+    uint64_t h;            /* push: a DyLU round's data steps ("h"; 0: absent, the header's H) */
     /* members */
     char *members;         /* one of L / F / G per worker (owned) */
     int call;              /* dp_policy_members_changed followed */
@@ -117,6 +118,9 @@ void dp_record_push(dp_record_t *r, int shard, int worker, uint64_t step, uint64
  * env steps, episodes ended and the sum of their returns (what the shard
  * counted of Push.env_steps and episode_returns). */
 void dp_record_account(dp_record_t *r, uint64_t env_steps, uint64_t episodes, double returns);
+/* The next push written is a DyLU round of h data steps (--local-steps
+ * auto: the record's "h", which a replay trains that round by). */
+void dp_record_round(dp_record_t *r, uint64_t h);
 /* The member table changed and the policy is about to be asked. */
 void dp_record_members(dp_record_t *r, int shard, const dp_members_t *m);
 /* A ROWS_PULL of n keys answered at version (server/core/ps_rows.c). */

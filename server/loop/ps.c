@@ -111,6 +111,9 @@ static void s_release_pending(dp_ps_loop_t *ps)
 void dp_ps_members_changed(dp_ps_loop_t *ps)
 {
     dp_record_members(ps->rec, ps->cfg->shard_index, &ps->members);
+    /* DyLU: a worker gone or finished no longer sets the crew's fastest */
+    for (int w = 0; ps->cfg->local_auto && w < ps->members.n; w++)
+        if (ps->members.w[w].gone || ps->members.w[w].finished) dp_dylu_forget(&ps->speeds, w);
     int news = dp_membership_note(&ps->membership, &ps->members, ps->shard.version);
     dp_ps_metrics_members(ps, news);
     dp_ps_deal_members(ps, news);
@@ -325,6 +328,28 @@ static void s_refuse_account(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__En
     dp_ps_reply_push_error_code(ps, id, env->request_id, wid, DOWNPOUR__ERROR_CODE__ERR_ACCOUNT, why);
 }
 
+/* A push's DyLU fields (Push.local_steps, Push.step_ms): with --local-steps
+ * auto its round's steps in 1..H and a step time of 0 (none yet) or in
+ * range; without, neither. -1 with one line in msg otherwise: a round
+ * whose steps are unknown could not be replayed, and a step time out of
+ * range would set every other worker's H. */
+static int s_check_round(const dp_ps_config_t *cfg, const Downpour__Push *p, char *msg, size_t n)
+{
+    if (!cfg->local_auto) {
+        if (p->local_steps == 0 && p->step_ms == 0) return 0;
+        snprintf(msg, n, "malformed: PUSH with a round's steps or step time, to a shard not running "
+                 "--local-steps auto");
+        return -1;
+    }
+    if (p->local_steps >= 1 && p->local_steps <= (uint64_t)cfg->local_steps &&
+        (p->step_ms == 0 || dp_dylu_valid_ms(p->step_ms)))
+        return 0;
+    snprintf(msg, n, "malformed: PUSH of a round of %" PRIu32 " steps at %g ms a step: --local-steps "
+             "auto:%ld takes 1..%ld steps and a step time of 0 or %g..%g ms", p->local_steps,
+             (double)p->step_ms, cfg->local_steps, cfg->local_steps, DP_DYLU_MIN_MS, DP_DYLU_MAX_MS);
+    return -1;
+}
+
 /* A gradient that passed every check (g: n slices tiling the range, all
  * finite), whole or assembled from its parts: the repeat check, the policy,
  * the record, the reply. */
@@ -348,6 +373,10 @@ static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelo
     dp_deal_batch_t batch;
     const dp_deal_batch_t *carried =
         dp_ps_deal_pushed(ps, wid, env->push->step, o.status == DP_PUSH_APPLIED, &batch);
+    if (ps->cfg->local_auto) { /* DyLU: the round's steps (a replay's), the worker's speed */
+        dp_record_round(ps->rec, env->push->local_steps);
+        dp_dylu_report(&ps->speeds, wid, env->push->step_ms);
+    }
     dp_push_apply_record(&a, wid, env->push->step, env->push->version, &o, ps->shard.version, carried);
     /* before a due checkpoint, so the file holds the step with its update */
     if (o.status == DP_PUSH_APPLIED) dp_shard_step_done(&ps->shard, wid, env->push->step);
@@ -421,6 +450,10 @@ void dp_ps_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
      * and a lie refuses the whole push, whole or a part. */
     if (dp_account_check(&ps->account, env->push, msg, sizeof msg) != 0) {
         s_refuse_account(ps, id, env, msg);
+        return;
+    }
+    if (s_check_round(ps->cfg, env->push, msg, sizeof msg) != 0) {
+        dp_ps_reply_push_error(ps, id, env->request_id, wid, msg);
         return;
     }
     if (dp_wire_push_parts(env->push) > 1) {
@@ -668,6 +701,7 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->min_workers, cfg->shard_index, dp_now());
     dp_membership_init(&ps->membership, cfg->num_workers);
+    dp_dylu_crew_init(&ps->speeds, cfg->num_workers);
     /* the threshold is the environment's (--env), never a push's */
     if (dp_account_bounds(&ps->account, cfg->env, cfg->envs, cfg->t_max, err) != 0) return -1;
     dp_episodes_init(&ps->episodes, ps->account.env ? ps->account.env->solved : NAN);
@@ -801,6 +835,7 @@ static void s_teardown(dp_ps_loop_t *ps)
     dp_policy_destroy(&ps->policy);
     dp_members_fini(&ps->members);
     dp_membership_fini(&ps->membership);
+    dp_dylu_crew_fini(&ps->speeds);
     dp_auth_fini(&ps->auth);
     dp_shard_fini(&ps->shard);
     dp_shard_parts_fini(&ps->parts);

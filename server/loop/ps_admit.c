@@ -246,6 +246,7 @@ void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     wl.version = ps->shard.version;
     wl.start_version = ps->start_version;
     wl.local_steps = ps->cfg->local_steps;
+    wl.local_steps_auto = ps->cfg->local_auto;
     wl.push_parts = DP_WIRE_MAX_PUSH_PARTS;
     wl.heartbeat_timeout = ps->cfg->heartbeat_timeout;
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);

@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/dylu.h"
 #include "common/episodes.h"
 #include "common/metrics.h"
 #include "proto/curve.h"
@@ -140,6 +141,7 @@ typedef struct {
     dp_account_bounds_t account; /* ... the bounds a push's account keeps (--env, --envs, --t-max) */
     uint64_t account_refused; /* pushes refused for their account (logged: s_refuse_account) */
     dp_ps_rows_t rows;     /* the model's row table (embed:D), empty without one */
+    dp_dylu_crew_t speeds; /* --local-steps auto: the step times the crew's pushes reported */
 } dp_ps_loop_t;
 
 /* ---- server/loop/ps.c ---------------------------------------------------- */

@@ -175,6 +175,7 @@ void dp_ps_reply_ack(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
     a.version = ps->shard.version;
     a.workers_live = ps->membership.live; /* noted at every change: no count per push */
     a.env_steps = ps->episodes.env_steps;
+    if (ps->cfg->local_auto) a.crew_step_ms = (float)dp_dylu_fastest(&ps->speeds); /* DyLU */
     env.ack = &a;
     dp_ps_send(ps, id, &env, NULL, 0);
 }

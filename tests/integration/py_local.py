@@ -9,6 +9,10 @@
         a round leaves the module alone; 5 pushes, each returned at a
         round's end and None between; a round cut short by finish() is
         pushed too (22 steps: 6 pushes).
+    py_local.py auto EP STEPS PUSHES EP2   the same with servers
+        --local-steps auto:4 (DyLU) and Worker(local_steps="auto"): a crew
+        of one is its own fastest, so H = 4 every round, exact as above;
+        local_steps="auto" against EP2's fixed H is one line.
     py_local.py compressed EP STEPS   the same servers, the Worker with
         compress="topk:0.25": the servers end on the rounds' top-k
         compressed pseudo-gradients with error feedback (proto/compress.c's
@@ -55,13 +59,14 @@ def alone(n):
     return m
 
 
-def exact(ep, steps, pushes_wanted, name):
+def exact(ep, steps, pushes_wanted, name, auto=False):
     m = make()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     results = []
     untouched = True
-    with dt.Worker(m, ps=ep, task_index=0) as w:
+    with dt.Worker(m, ps=ep, task_index=0, local_steps="auto" if auto else None) as w:
         check(f"{name}: the Worker reads H = {H} from the servers ({w.local_steps})", w.local_steps == H)
+        check(f"{name}: ... and auto {auto} ({w.local_auto})", w.local_auto == auto)
         for k, (x, y) in enumerate(batches(steps)):
             before = [p.detach().clone() for p in m.parameters()]
             w.pull()
@@ -169,6 +174,18 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1] == "compressed":
         compressed(sys.argv[2], int(sys.argv[3]), f"{sys.argv[3]} steps, topk:0.25")
+    elif sys.argv[1] == "auto":
+        # servers --local-steps auto:4 with a crew of one: its own step time
+        # is the fastest, so every round is H = 4, each pushed with its steps
+        # (a push without them would be refused) and the run exact as above
+        exact(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), f"auto, {sys.argv[3]} steps", auto=True)
+        bad = None
+        try:  # the other way round: local_steps="auto" against servers of a fixed H
+            dt.Worker(make(), ps=sys.argv[5], task_index=0, local_steps="auto")
+        except downpour.Error as e:
+            bad = str(e)
+        check(f"local_steps=\"auto\" against servers of --local-steps 4 is refused with one line ({bad})",
+              bad is not None and "give both the same" in bad and "\n" not in bad)
     else:
         exact(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), f"{sys.argv[3]} steps")
     print(f"{passed} passed, {failed} failed")

@@ -14,7 +14,8 @@
 #    says they have no effect there; --lr-staleness with another rule is
 #    refused
 #  - async with --local-steps (a short last round) and the outer delayed
-#    Nesterov replays bit for bit, every round recomputed
+#    Nesterov replays bit for bit, every round recomputed; so does
+#    --local-steps auto:4 (DyLU), every push naming its round's steps
 #  - batch norm and dropout (a residual spec), --augment and --normalize
 #    train: an async record (2 shards) and a sync one replay bit for bit,
 #    every norm matched (the header carries the data transforms; the replay
@@ -110,15 +111,32 @@ check "rmsprop replay: bit-identical weights" cmp "$TMP/rms/model.safetensors" "
 # steps). The record's header has the rounds, the inner optimizer and the
 # steps, so the replay recomputes every round, bit for bit.
 "$D" local --workers 2 --ps-shards 2 --mode async --steps 30 "${tiny[@]}" --local-steps 4 \
-    --optimizer momentum --lr 0.02 --outer-optimizer nesterov --delay-ms 5 --out "$TMP/loc" \
+    --optimizer momentum --lr 0.02 --outer-optimizer delayed-nesterov --delay-ms 5 --out "$TMP/loc" \
     --record "$TMP/loc.rec" >"$TMP/loc.log" 2>&1
-check "local async --local-steps 4 --outer-optimizer nesterov --record exits 0" test $? = 0
+check "local async --local-steps 4 --outer-optimizer delayed-nesterov --record exits 0" test $? = 0
 every=$(json "$TMP/loc/summary.json" outer_momentum_every 2>/dev/null)
 check "summary.json: the outer momentum moves once per 2 pushes ($every)" test "$every" = 2
 "$D" replay "$TMP/loc.rec" --out "$TMP/rloc" --json >"$TMP/rloc.out" 2>"$TMP/rloc.err"
 check "local-steps replay exits 0" test $? = 0 || cat "$TMP/rloc.err"
 check "local-steps replay: bit-identical weights" cmp "$TMP/loc/model.safetensors" "$TMP/rloc/model.safetensors"
 check "local-steps replay: every round's norms matched" grep -q '"matches_record":true' "$TMP/rloc.out"
+
+# --local-steps auto:4 (DyLU) on the real daemons: each worker's rounds by
+# its measured step time against the crew's fastest (the ACKs'), so the
+# H of a round is not known ahead; each push names its round's steps
+# ("h" in the record) and the replay trains each round by it, bit for bit.
+"$D" local --workers 2 --ps-shards 2 --mode async --steps 30 "${tiny[@]}" --local-steps auto:4 \
+    --optimizer momentum --lr 0.02 --outer-optimizer delayed-nesterov --out "$TMP/dylu" \
+    --record "$TMP/dylu.rec" >"$TMP/dylu.log" 2>&1
+check "local async --local-steps auto:4 --record exits 0" test $? = 0 || tail -5 "$TMP/dylu.log"
+auto=$(json "$TMP/dylu/summary.json" local_steps_auto 2>/dev/null)
+check "summary.json: local_steps_auto ($auto)" test "$auto" = True -o "$auto" = true
+nh=$(grep -c '"e":"push".*"h":[1-4][,}]' "$TMP/dylu.rec")
+np=$(grep -c '"e":"push"' "$TMP/dylu.rec")
+check "every push of the record names its round's steps, 1..4 ($nh of $np)" test "$nh" = "$np" -a "$np" -gt 0
+"$D" replay "$TMP/dylu.rec" --out "$TMP/rdylu" --json >"$TMP/rdylu.out" 2>"$TMP/rdylu.err"
+check "auto replay exits 0" test $? = 0 || cat "$TMP/rdylu.err"
+check "auto replay: bit-identical weights" cmp "$TMP/dylu/model.safetensors" "$TMP/rdylu/model.safetensors"
 
 # Batch norm (2-D and 1-D) and dropout: the running statistics ride the
 # pushes as values, the masks are a hash of (seed, data step, sample), so

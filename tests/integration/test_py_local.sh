@@ -10,6 +10,9 @@
 #  - compressed: the same with compress="topk:0.25": the servers end on the
 #    rounds' top-k pseudo-gradients with error feedback, redone in Python
 #    (and not on those without it); a bad value is one line
+#  - DyLU: servers of --local-steps auto:4 and Worker(local_steps="auto"):
+#    a crew of one is its own fastest, so the exact case holds, every round
+#    pushed with its steps; local_steps="auto" against a fixed H: one line
 #  - DiLoCo: examples/torch_diloco.py under downpour launch, 2 workers in
 #    sync, inner AdamW, outer Nesterov (lr 0.7, momentum 0.9), H = 8: one
 #    epoch reaches >= 0.85 test accuracy, each worker pushing once per 8
@@ -34,6 +37,19 @@ for case in "20 5" "22 6" "20 compressed"; do
         run_counted "exact-$1" "$TORCH_PY" "$PY" exact "$(cat "$TMP/ps.ready" 2>/dev/null)" "$1" "$2"
     fi
 done
+
+# DyLU: servers of --local-steps auto:4 (recorded: each round's steps in
+# it), beside the last case's servers of a fixed 4 for the refusal
+rm -f "$TMP/ps.ready" "$TMP/auto.ready"
+bg "$BIN/downpour-ps" --init "$TMP/small.safetensors" --workers 1 --mode async --local-steps auto:4 \
+    --outer-optimizer sgd --outer-lr 1 --bind tcp://127.0.0.1:0 --ready-file "$TMP/auto.ready" \
+    --record "$TMP/auto.rec" >"$TMP/ps-auto.log" 2>&1
+bg "$BIN/downpour-ps" --init "$TMP/small.safetensors" --workers 1 --mode async --local-steps 4 \
+    --outer-optimizer sgd --outer-lr 1 --bind tcp://127.0.0.1:0 --ready-file "$TMP/ps.ready" \
+    >"$TMP/ps-fixed.log" 2>&1
+t=0; until [ -s "$TMP/auto.ready" ] && [ -s "$TMP/ps.ready" ] || [ $t -ge 100 ]; do sleep 0.1; t=$((t + 1)); done
+run_counted "auto-20" "$TORCH_PY" "$PY" auto "$(cat "$TMP/auto.ready" 2>/dev/null)" 20 5 \
+    "$(cat "$TMP/ps.ready" 2>/dev/null)"
 
 "$TORCH_PY" examples/torch_fashion_mnist.py --write-init "$TMP/fm.safetensors" >/dev/null 2>&1
 OMP_NUM_THREADS=1 "$BIN/downpour" launch --workers 2 --init "$TMP/fm.safetensors" --mode sync --local-steps 8 \

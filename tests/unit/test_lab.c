@@ -403,7 +403,7 @@ static void test_record_replay_local_steps(void)
     static const struct {
         const char *outer, *inner;
         dp_mode_t mode;
-    } cases[] = {{"sgd", "sgd", DP_MODE_ASYNC}, {"nesterov", "momentum", DP_MODE_ASYNC},
+    } cases[] = {{"sgd", "sgd", DP_MODE_ASYNC}, {"delayed-nesterov", "momentum", DP_MODE_ASYNC},
                  {"nesterov", "adam", DP_MODE_SYNC}};
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         s_case_t k;

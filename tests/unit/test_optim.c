@@ -376,8 +376,10 @@ static void test_delayed_nesterov(void)
 {
     dp_optim_conf_t c;
     char err[DP_ERR_LEN] = "";
-    CHECK_EQ(dp_optim_outer("nesterov", 0, 0.9f, &c, err), 0);
+    CHECK_EQ(dp_optim_outer("nesterov", 0, 0.9f, 5, &c, err), 0); /* plain: no period */
     CHECK(c.kind == DP_OPT_NESTEROV && c.lr == 0.7f && c.schedule == DP_LR_CONSTANT);
+    CHECK_EQ(c.period, 0);
+    CHECK_STR(dp_optim_outer_name(&c), "nesterov");
     CHECK_EQ(dp_optim_state_floats(&c), 1);
     c.period = 2;
     CHECK_EQ(dp_optim_state_floats(&c), 2);
@@ -404,10 +406,72 @@ static void test_delayed_nesterov(void)
     }
     for (int i = 0; i < n; i++) CHECK_NEAR(wa[i], wb[i], 1e-6);
     for (int i = 0; i < n; i++) CHECK_NEAR(sa[i], sb[i], 1e-6);
-    CHECK_EQ(dp_optim_outer("adam", 0, 0.9f, &c, err), -1);
-    CHECK_STR(err, "--outer-optimizer 'adam': sgd or nesterov");
-    CHECK_EQ(dp_optim_outer(NULL, 0, 0.9f, &c, err), 0);
-    CHECK(c.kind == DP_OPT_SGD && c.lr == 1.0f);
+    CHECK_EQ(dp_optim_outer("adam", 0, 0.9f, 2, &c, err), -1);
+    CHECK_STR(err, "--outer-optimizer 'adam': sgd, nesterov or delayed-nesterov");
+    CHECK_EQ(dp_optim_outer(NULL, 0, 0.9f, 2, &c, err), 0);
+    CHECK(c.kind == DP_OPT_SGD && c.lr == 1.0f && c.period == 0);
+    CHECK_EQ(dp_optim_outer("delayed-nesterov", 0, 0.9f, 3, &c, err), 0);
+    CHECK(c.kind == DP_OPT_NESTEROV && c.lr == 0.7f && c.period == 3);
+    CHECK_STR(dp_optim_outer_name(&c), "delayed-nesterov");
+    CHECK_EQ(dp_optim_outer("delayed-nesterov", 0, 0.9f, 1, &c, err), 0); /* N = 1: the plain rule */
+    CHECK_EQ(c.period, 0);
+}
+
+/* Liu et al. 2024 (arXiv 2401.09135), Algorithm 3, "Delayed Nesterov
+ * Update", with its momentum activation c at the paper's default 0,
+ * written as the paper gives it, in doubles, for one parameter theta:
+ *     Delta <- Delta + g_t
+ *     if t mod N == 0:  m <- beta m + Delta / N;  theta <- theta - eta (g_t / N + beta m);  Delta <- 0
+ *     else:             theta <- theta - eta g_t / N
+ * against the kernel's delayed-nesterov over 11 steps of different
+ * gradients (N = 3: three turns and a round left open), and plain
+ * nesterov (momentum every step) against its own textbook rule; the two
+ * part after the first step. */
+static double s_dn_reference(double *theta, double *m, double *delta, double g, double eta,
+                             double beta, int N, long t)
+{
+    *delta += g;
+    if (t % N == 0) {
+        *m = beta * *m + *delta / N;
+        *theta -= eta * (g / N + beta * *m);
+        *delta = 0;
+    } else {
+        *theta -= eta * g / N;
+    }
+    return *theta;
+}
+
+static void test_delayed_nesterov_paper(void)
+{
+    enum { n = 5, N = 3, T = 11 };
+    const double eta = 0.7, beta = 0.9;
+    dp_optim_conf_t dn, plain;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_optim_outer("delayed-nesterov", 0, 0.9f, N, &dn, err), 0);
+    CHECK_EQ(dp_optim_outer("nesterov", 0, 0.9f, N, &plain, err), 0);
+    float w[n], st[2 * n] = {0}, wp[n], sp[n] = {0}, g[n];
+    double theta[n], m[n] = {0}, delta[n] = {0}, tp[n], mp[n] = {0};
+    for (int i = 0; i < n; i++) w[i] = wp[i] = (float)(theta[i] = tp[i] = 0.25 * (i - 2));
+    double worst = 0;
+    int parted = 0;
+    for (long t = 1; t <= T; t++) {
+        for (int i = 0; i < n; i++) g[i] = (float)(0.0625 * (double)((i * 5 + t * 3) % 7) - 0.1875);
+        dp_optim_step(&dn, 0.7f, w, g, st, n, t);
+        dp_optim_step(&plain, 0.7f, wp, g, sp, n, t);
+        for (int i = 0; i < n; i++) {
+            double r = s_dn_reference(&theta[i], &m[i], &delta[i], g[i], eta, beta, N, t);
+            mp[i] = beta * mp[i] + g[i]; /* plain nesterov: v = mu v + g; w -= lr (g + mu v) */
+            tp[i] -= eta * (g[i] + beta * mp[i]);
+            double e = fabs((double)w[i] - r);
+            worst = e > worst ? e : worst;
+            CHECK_NEAR(wp[i], tp[i], 1e-5);
+            if (t > 1 && fabs(r - tp[i]) > 1e-3) parted = 1;
+        }
+    }
+    CHECK(worst <= 1e-5);
+    if (worst > 1e-5) fprintf(stderr, "  delayed-nesterov: worst |kernel - paper| %g\n", worst);
+    for (int i = 0; i < n; i++) CHECK_NEAR(st[i], m[i], 1e-5); /* the momentum buffer too */
+    CHECK(parted); /* the delayed rule is not the plain one */
 }
 
 /* dp_optim_step_from against copying the from-vectors in and stepping in
@@ -472,6 +536,6 @@ static void test_step_from_equals_copy_then_step(void)
     }
 }
 
-DP_TESTS(T(test_matches_torch), T(test_delayed_nesterov), T(test_matches_double_reference), T(test_hand_values), T(test_delay_compensation),
+DP_TESTS(T(test_matches_torch), T(test_delayed_nesterov), T(test_delayed_nesterov_paper), T(test_matches_double_reference), T(test_hand_values), T(test_delay_compensation),
          T(test_pieces_equal_whole), T(test_step_from_equals_copy_then_step), T(test_state_sizes),
          T(test_defaults_and_parsing), T(test_schedules))

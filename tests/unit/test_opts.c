@@ -338,7 +338,7 @@ static void test_worker_flags_land(void)
                   "--momentum", "0.5", "--rms-alpha", "0.75", "--eps", "0.125",
                   "--weight-decay", "0.0625", "--lr-schedule", "step:10:0.5", "--ps", "tcp://h:1",
                   "--task-index", "4", "--job-name", "worker", "--ps-hosts", "p:1",
-                  "--worker-hosts", "w:2", "--local-steps", "11", "--delay-ms", "1.5",
+                  "--worker-hosts", "w:2", "--local-steps", "auto:11", "--delay-ms", "1.5",
                   "--delay-dist", "exp", "--transport", "zmq", "--wire", "bf16", "--compress",
                   "topk:0.25", "--error-feedback", "off", "--overlap", "on", "--stream-push", "on",
                   "--stream-pull", "on", "--timeout", "12", "--curve-secret", "S",
@@ -370,6 +370,7 @@ static void test_worker_flags_land(void)
     CHECK_STR(wa.cluster.flag_ps_hosts, "p:1");
     CHECK_STR(wa.cluster.flag_worker_hosts, "w:2");
     CHECK_EQ(c->local_steps, 11);
+    CHECK_EQ(c->local_auto, 1);
     CHECK(c->delay_ms == 1.5 && c->delay_exp == 1);
     CHECK_EQ(c->transport, DP_PS_TRANSPORT_ZMQ);
     CHECK_EQ(c->wire, DP_PS_WIRE_BF16);
@@ -443,8 +444,9 @@ static void test_ps_flags_land(void)
                   "--input", "3x8x9", "--init", "I", "--state-tensors", "a,b", "--seed", "6",
                   "--optimizer", "rmsprop", "--lr", "0.25", "--momentum", "0.5",
                   "--rms-alpha", "0.75", "--eps", "0.125", "--weight-decay", "0.0625",
-                  "--lr-schedule", "step:10:0.5", "--local-steps", "7",
-                  "--outer-optimizer", "nesterov", "--outer-lr", "0.375", "--outer-momentum", "0.625",
+                  "--lr-schedule", "step:10:0.5", "--local-steps", "auto:7",
+                  "--outer-optimizer", "delayed-nesterov", "--outer-lr", "0.375", "--outer-momentum", "0.625",
+                  "--outer-momentum-every", "3",
                   "--checkpoint-dir", "D", "--run-id", "R", "--resume", "--startup-timeout", "8",
                   "--threads", "2", "--checkpoint-every", "9", "--metrics", "m.jsonl",
                   "--record", "r.rec", "--metrics-every", "1.5", "--heartbeat-timeout", "2.5",
@@ -472,7 +474,9 @@ static void test_ps_flags_land(void)
     CHECK(pc.optim.eps == 0.125f && pc.optim.weight_decay == 0.0625f);
     CHECK(pc.optim.schedule == DP_LR_STEP && pc.optim.step_size == 10);
     CHECK_EQ(pc.local_steps, 7);
-    CHECK_STR(pc.outer_optimizer, "nesterov");
+    CHECK_EQ(pc.local_auto, 1);
+    CHECK_STR(pc.outer_optimizer, "delayed-nesterov");
+    CHECK_EQ(pc.outer_every, 3);
     CHECK(pc.outer_lr == 0.375f && pc.outer_momentum == 0.625f);
     CHECK_STR(pc.checkpoint_dir, "D");
     CHECK_STR(pc.run_id, "R");

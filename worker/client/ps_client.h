@@ -60,6 +60,7 @@ typedef struct {
     int staleness;         /* S: ssp bound */
     int num_shards;
     long local_steps;      /* H of --local-steps (1: off) */
+    int local_auto;        /* --local-steps auto (DyLU): H is the fastest worker's */
     int min_workers;       /* --workers MIN:MAX: MIN (num_workers is MAX); 0: a fixed crew */
 } dp_ps_info_t;
 
@@ -79,6 +80,8 @@ typedef struct {
     int parts_early;                 /* of them, those push_part sent during the backward */
     uint64_t env_steps;              /* an actor-critic run: its env steps after this push (the
                                       * servers' count, all workers: Ack.env_steps) */
+    double crew_step_ms;             /* DyLU: the least step time any shard's ACK gave of the
+                                      * crew (Ack.crew_step_ms; 0: none) */
     int account_refused;             /* shards that refused its segment's account (ERROR
                                       * ERR_ACCOUNT: not the shards' --env, --envs, --t-max),
                                       * counted in rejected too */
@@ -300,6 +303,8 @@ typedef struct {
                                   * without being applied again; 0: none */
     const dp_ps_stamp_t *stamp;  /* the versions to stamp it with; NULL: the last pull's */
     const struct dp_ps_segment *segment; /* an actor-critic segment's account; NULL: none */
+    uint32_t local_steps;        /* DyLU: the round's data steps (Push.local_steps; 0: none) */
+    float step_ms;               /* ... and this worker's ms per local step (0: not known yet) */
 } dp_ps_push_t;
 
 /* What an actor-critic push reports of its segment (Push.env_steps ...):

@@ -631,7 +631,7 @@ static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Enve
     /* Replies come in any order: compared across shards once all are in. */
     s->info = (dp_ps_info_t){(dp_mode_t)w->mode, w->num_workers, w->replicas, w->staleness,
                              w->shard_count, w->local_steps > 1 ? (long)w->local_steps : 1,
-                             w->min_workers};
+                             w->local_steps > 1 && w->local_steps_auto, w->min_workers};
     s->lo = w->range_lo;
     s->hi = w->range_hi;
     s->run_token = w->run_token;
@@ -650,7 +650,7 @@ static int s_check_shards(dp_ps_client_t *c, char *err)
     c->info = c->sh[0].info;
     for (int i = 1; i < c->n; i++) {
         const dp_ps_info_t *a = &c->sh[i].info, *b = &c->info;
-        if (a->local_steps != b->local_steps)
+        if (a->local_steps != b->local_steps || a->local_auto != b->local_auto)
             return dp_err(err, "%s: runs --local-steps %ld but %s runs --local-steps %ld",
                           c->sh[i].endpoint, a->local_steps, c->sh[0].endpoint, b->local_steps);
         if (a->mode != b->mode || a->num_workers != b->num_workers || a->replicas != b->replicas ||

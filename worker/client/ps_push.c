@@ -114,6 +114,8 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
     p->loss = pp->loss;
     p->batch = pp->batch;
     p->step = pp->step;
+    p->local_steps = pp->local_steps; /* DyLU: on every part, each shard checks them */
+    p->step_ms = pp->step_ms;
     if (ps->parts > 1) {
         p->part = k;
         p->parts = ps->parts;
@@ -323,6 +325,8 @@ static dp_ps_reply_t s_on_ack(dp_ps_client_t *c, int i, const Downpour__Envelope
     r->version += a->version;
     if (a->workers_live > r->workers_live) r->workers_live = a->workers_live;
     if (a->env_steps > r->env_steps) r->env_steps = a->env_steps;
+    if (a->crew_step_ms > 0 && (r->crew_step_ms == 0 || a->crew_step_ms < r->crew_step_ms))
+        r->crew_step_ms = a->crew_step_ms;
     dp_ps_seen(s, a->version);
     return DP_PS_REPLY_DONE;
 }

@@ -10,6 +10,7 @@
 #include "worker/lib/downpour.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dylu.h"
 #include "common/cluster.h"
 #include "common/model.h"
 #include "common/rng.h"
@@ -36,6 +38,8 @@ struct downpour {
     volatile sig_atomic_t stop;    /* downpour_interrupt */
     bool dealing;                  /* downpour_deal_plan: pulls ask shard 0 for a batch */
     uint64_t pushed;               /* the last step pushed (resume_step at first) */
+    uint32_t round_steps;          /* DyLU: the next push's round (downpour_push_round; 0: none), */
+    double own_ms, crew_ms;        /* ... this worker's step time (EWMA) and the crew's fastest */
 };
 
 /* The calling thread's last failure (downpour_last_error). */
@@ -413,10 +417,41 @@ int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint
     s_ok();
     dp_push_result_t r;
     dp_ps_push_t p = {.grads = grads, .loss = loss, .batch = batch, .step = step};
+    if (h->info.local_auto) { /* DyLU: the round downpour_push_round told, the worker's speed */
+        p.local_steps = h->round_steps;
+        p.step_ms = dp_dylu_valid_ms(h->own_ms) ? (float)h->own_ms : 0;
+        h->round_steps = 0;
+    }
     if (dp_ps_client_push(h->ps, &p, &r, s_err) != 0) return s_client_failed(h);
     if (res) s_push_result(res, &r);
+    if (r.crew_step_ms > 0) h->crew_ms = r.crew_step_ms;
     if (step > h->pushed) h->pushed = step;
     return 0;
+}
+
+int downpour_local_auto(const downpour_t *h)
+{
+    return h->info.local_auto;
+}
+
+int downpour_push_round(downpour_t *h, uint32_t steps, double round_ms)
+{
+    s_ok();
+    if (!h->info.local_auto)
+        return s_fail(DOWNPOUR_ERR_ARGS, "push round: the servers do not run --local-steps auto");
+    if (steps < 1 || steps > (uint64_t)h->info.local_steps || !(round_ms >= 0) || !isfinite(round_ms))
+        return s_fail(DOWNPOUR_ERR_ARGS, "push round: %u steps at %g ms a step: want 1..%ld steps "
+                      "(--local-steps auto:%ld) and a finite time >= 0", steps, round_ms,
+                      h->info.local_steps, h->info.local_steps);
+    h->round_steps = steps;
+    if (round_ms > 0) h->own_ms = dp_dylu_ewma(h->own_ms, round_ms);
+    return 0;
+}
+
+long downpour_round_steps(const downpour_t *h)
+{
+    if (!h->info.local_auto) return h->info.local_steps;
+    return dp_dylu_steps(h->info.local_steps, h->own_ms, h->crew_ms);
 }
 
 int downpour_deal_plan(downpour_t *h, uint64_t samples, uint32_t batch, uint64_t epochs,

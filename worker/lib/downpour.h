@@ -215,6 +215,23 @@ typedef struct {
 int downpour_push(downpour_t *h, const float *grads, float loss, int batch, uint64_t step,
                   downpour_push_result_t *res);
 
+/* --local-steps auto (DyLU, common/dylu.h): the servers set no H; each
+ * worker's rounds follow its speed against the crew's fastest.
+ * downpour_local_auto: 1 when the servers run it (info.local_steps is then
+ * the fastest worker's H), else 0.
+ * downpour_round_steps: the data steps of this worker's next round: H
+ * until its own step time and the crew's are known, then H x the
+ * fastest's time / its own (at least 1); info.local_steps without auto.
+ * downpour_push_round: before each downpour_push of a round, its data
+ * steps (1 .. H) and the round's compute ms per step (the caller's clock
+ * around its training steps, not the pull or push; 0: not measured), which
+ * the library folds into this worker's step time and sends with the
+ * push; the push's ACKs bring the crew's fastest. Without auto, or out of
+ * range: -1, DOWNPOUR_ERR_ARGS. */
+int downpour_local_auto(const downpour_t *h);
+long downpour_round_steps(const downpour_t *h);
+int downpour_push_round(downpour_t *h, uint32_t steps, double round_ms);
+
 /* An elastic crew's batches, dealt by shard 0 (the servers' --workers
  * MIN:MAX), as downpour-worker trains them: batches of `batch` from
  * `samples`, for `epochs` epochs or (epochs 0) `steps` steps a worker; the

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/dylu.h"
 #include "common/rng.h"
 #include "common/util.h"
 #include "worker/exec/data.h"
@@ -375,6 +376,12 @@ static int s_loop_local(s_loop_t *L, char *err)
     float *d_state = n_state ? s->be->ops->alloc(s->be, n_state * sizeof(float)) : NULL;
     float *w0 = dp_aligned_alloc((n + 1) * sizeof(float));
     long H = c->local_steps, step = -1;
+    /* DyLU (--local-steps auto): each round's h by this worker's step time
+     * (an EWMA of its own compute) against the crew's fastest, which the
+     * last push's ACKs gave; its rounds counted from 0, not step / H */
+    int dylu = L->info->local_auto;
+    long h = H, round = dylu ? (long)dp_ps_client_resume_step(L->ps) - 1 : -1;
+    double own_ms = 0, crew_ms = 0;
     dp_batch_t batch;
     int rc = -1;
     while ((step = dp_batcher_next(L->bt, &batch)) >= 0) {
@@ -385,26 +392,35 @@ static int s_loop_local(s_loop_t *L, char *err)
         dp_net_set_params(&s->net, s->h_params);
         double t1 = dp_now();
         uint64_t version = dp_ps_client_version(L->ps);
-        long round = step / H, last = step;
+        long last = step, done = 0;
+        round = dylu ? round + 1 : step / H;
+        if (dylu) h = dp_dylu_steps(H, own_ms, crew_ms);
         float loss = 0;
         for (;;) {
             s->net.step = (unsigned long long)last;
             float l = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, c->batch, NULL);
-            loss += l / (float)H;
+            loss += l / (float)(dylu ? h : H);
             dp_net_optim_step(&s->net, opt, dp_optim_lr_at(opt, last), d_state, last + 1);
-            if ((last + 1) % H == 0 || last + 1 >= L->total) break;
+            done++;
+            if ((dylu ? done == h : (last + 1) % H == 0) || last + 1 >= L->total) break;
             if ((step = dp_batcher_next(L->bt, &batch)) < 0) break;
             last = step;
         }
         dp_net_get_params(&s->net, s->h_params);
         dp_net_pseudo_gradient(&s->net, w0, s->h_params, s->h_grads);
         double t2 = dp_now();
+        if (dylu) own_ms = dp_dylu_ewma(own_ms, (t2 - t1) * 1000.0 / (double)done);
         s_inject_delay(c, &L->delay_rng);
         dp_push_result_t r;
         double t3 = dp_now();
         dp_ps_push_t push = {.grads = s->h_grads, .loss = loss, .batch = c->batch,
                              .step = (uint64_t)round + 1};
+        if (dylu) {
+            push.local_steps = (uint32_t)done;
+            push.step_ms = dp_dylu_valid_ms(own_ms) ? (float)own_ms : 0;
+        }
         if (dp_ps_client_push(L->ps, &push, &r, err) != 0) goto out;
+        if (dylu && r.crew_step_ms > 0) crew_ms = r.crew_step_ms;
         L->step_compute_s = t2 - t1;
         L->step_wait_s = (t1 - t0) + (dp_now() - t3);
         L->wait_s += L->step_wait_s;
@@ -597,10 +613,11 @@ int dp_dense_cluster_plan(dp_train_drv_t *d, char *err)
     dp_dense_run_t *run = d->run;
     dp_session_t *s = &run->s;
     const dp_ps_info_t *info = &d->info;
-    if (info->local_steps != (c->local_steps > 1 ? c->local_steps : 1))
-        return dp_err(err, "the servers run --local-steps %ld, this worker %ld: give both the same "
-                      "(their optimizer is the outer one only with it)", info->local_steps,
-                      c->local_steps > 1 ? c->local_steps : 1);
+    if (info->local_steps != (c->local_steps > 1 ? c->local_steps : 1) ||
+        info->local_auto != (c->local_steps > 1 && c->local_auto))
+        return dp_err(err, "the servers run --local-steps %s%ld, this worker %s%ld: give both the same "
+                      "(their optimizer is the outer one only with it)", info->local_auto ? "auto:" : "",
+                      info->local_steps, c->local_auto ? "auto:" : "", c->local_steps > 1 ? c->local_steps : 1);
     s_loop_t *L = run->cl = dp_calloc(1, sizeof *L);
     *L = (s_loop_t){.d = d, .s = s, .ps = d->ps, .info = info, .bt = &run->bt, .stop = d->stop};
     dp_staleness_init(&L->hist);

@@ -8,7 +8,7 @@
 
 void dp_summary_outer_json(cJSON *o, const dp_optim_conf_t *outer)
 {
-    cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_kind_name(outer->kind));
+    cJSON_AddStringToObject(o, "outer_optimizer", dp_optim_outer_name(outer));
     cJSON_AddNumberToObject(o, "outer_lr", dp_metrics_round(dp_optim_base_lr(outer), 6));
     if (outer->kind == DP_OPT_NESTEROV)
         cJSON_AddNumberToObject(o, "outer_momentum", dp_metrics_round(outer->momentum, 6));
@@ -103,6 +103,7 @@ static void s_summary_result(cJSON *o, const dp_train_conf_t *c, const dp_run_su
     int cluster = r->ps_shards > 0;
     if (cluster) cJSON_AddNumberToObject(o, "replicas_to_aggregate", r->replicas);
     if (cluster) cJSON_AddNumberToObject(o, "local_steps", (double)c->local_steps);
+    if (cluster && c->local_steps > 1 && c->local_auto) cJSON_AddBoolToObject(o, "local_steps_auto", 1);
     if (r->staleness >= 0) cJSON_AddNumberToObject(o, "staleness", r->staleness);
     cJSON_AddNumberToObject(o, "epochs", r->epochs);
     cJSON_AddNumberToObject(o, "steps", r->steps);

@@ -41,6 +41,8 @@ typedef struct {
                                 * optimizer and the lr schedule */
     long local_steps;          /* distributed: a push of the pseudo-gradient every H steps
                                 * of the worker's own optimizer (worker/train/distributed.c); 1: off */
+    int local_auto;            /* --local-steps auto (DyLU): local_steps is the fastest worker's H,
+                                * this worker's rounds by its speed (common/dylu.h) */
     int schedule_given;        /* --lr-schedule given; else standalone anneals (cosine) over its run */
     uint64_t seed;             /* weights (standalone) and data order; the servers' type */
     int threads;               /* CPU kernel threads, 0 = all cores */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dylu.h"
 #include "common/model.h"
 #include "common/opts.h"
 #include "common/util.h"
@@ -176,10 +177,13 @@ static int s_check_value(int a, const char *v, char *err)
         dp_optim_conf_default(&o);
         return dp_optim_parse_dc(&o, v, err);
     }
-    case DP_SWEEP_LOCAL_STEPS: return dp_opts_parse_long(flag, v, 1, 1000000, &l, err);
+    case DP_SWEEP_LOCAL_STEPS: {
+        int dylu;
+        return dp_dylu_parse(v, &l, &dylu, err);
+    }
     case DP_SWEEP_OUTER_OPTIMIZER: {
         dp_optim_conf_t o;
-        return dp_optim_outer(v, 0, 0.9f, &o, err);
+        return dp_optim_outer(v, 0, 0.9f, 2, &o, err);
     }
     case DP_SWEEP_LR_POLICY:
         return s_is_one_of(v, "fixed|staleness")

@@ -41,8 +41,8 @@ typedef enum {
     DP_SWEEP_LR_POLICY,   /* fixed | staleness (--lr-staleness) */
     DP_SWEEP_DELAY_LR,    /* --delay-lr: none | inverse | adaptive | threshold[:K] */
     DP_SWEEP_DELAY_COMPENSATION, /* --delay-compensation: off | const:L | adaptive:L0 */
-    DP_SWEEP_LOCAL_STEPS, /* --local-steps H */
-    DP_SWEEP_OUTER_OPTIMIZER, /* --outer-optimizer: sgd | nesterov (with --local-steps) */
+    DP_SWEEP_LOCAL_STEPS, /* --local-steps H or auto[:H] */
+    DP_SWEEP_OUTER_OPTIMIZER, /* --outer-optimizer: sgd | nesterov | delayed-nesterov (with --local-steps) */
     DP_SWEEP_MOMENTUM,
     DP_SWEEP_OPTIMIZER,   /* --optimizer: sgd | momentum | nesterov | adam | adagrad | rmsprop */
     DP_SWEEP_REPLICAS,    /* --replicas-to-aggregate: workers - replicas are backups */

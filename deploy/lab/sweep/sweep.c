@@ -82,9 +82,10 @@ static dp_opts_result_t s_parse(s_flags_t *f, int argc, char **argv, char *err)
         DP_FLAG_STR("delay-compensation", "LIST", &f->axis[DP_SWEEP_DELAY_COMPENSATION], 0,
                     "off, const:LAMBDA, adaptive:LAMBDA0 (--delay-compensation)"),
         DP_FLAG_STR("local-steps", "LIST", &f->axis[DP_SWEEP_LOCAL_STEPS], 0,
-                    "--local-steps H values (a push every H steps of --optimizer)"),
+                    "--local-steps H values (a push every H steps of --optimizer;\n"
+                    "auto[:H]: DyLU)"),
         DP_FLAG_STR("outer-optimizer", "LIST", &f->axis[DP_SWEEP_OUTER_OPTIMIZER], 0,
-                    "sgd, nesterov (with --local-steps)"),
+                    "sgd, nesterov, delayed-nesterov (with --local-steps)"),
         DP_FLAG_STR("momentum", "LIST", &f->axis[DP_SWEEP_MOMENTUM], 0, "momentum values"),
         DP_FLAG_STR("optimizer", "LIST", &f->axis[DP_SWEEP_OPTIMIZER], 0,
                     "sgd, momentum, nesterov, adam, adagrad, rmsprop"),
