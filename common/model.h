@@ -140,10 +140,9 @@
     "--model SPEC: layers separated by blanks, the last softmax (or sigmoid, one logit of\n" \
     "two classes, after fc:1 or embed:1; or ac, an actor-critic head, with --env; obsnorm\n" \
     "first normalises its observations): convKxK:OUT[:sS][:pP], maxpoolK, relu, tanh,\n"   \
-    "bn (batch norm),\n"                                                                  \
-    "gap (global average pool), dropout:P, fc:OUT; embed:D first: a sparse model's\n"       \
-    "embedding of its libsvm features (--data libsvm:, e.g. 'embed:16 relu fc:32 relu\n"     \
-    "fc:1 sigmoid'; 'embed:1 sigmoid' is logistic regression);\n"                             \
+    "bn (batch norm), gap (global average pool), dropout:P, fc:OUT; embed:D first: a\n"    \
+    "sparse model's embedding of its libsvm features (--data libsvm:, e.g. 'embed:16 relu\n" \
+    "fc:32 relu fc:1 sigmoid'; 'embed:1 sigmoid' is logistic regression);\n"                 \
     "res( LAYERS ) is a residual block (identity shortcut, or option A where the shape\n"  \
     "changes; res:b( ... ) a 1x1 conv + bn projection). Presets: resnet20, resnet32,\n"    \
     "resnet44, resnet56, resnet110 (He et al.'s CIFAR ResNets). Example:\n"                \

@@ -169,6 +169,22 @@ static void s_options_rl(dp_opts_t *o, dp_train_conf_t *t)
     dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
 }
 
+/* What a run writes, and where. */
+static void s_options_out(dp_opts_t *o, s_args_t *a)
+{
+    dp_sim_conf_t *c = &a->c;
+    dp_train_conf_t *t = &c->lab.train;
+    const dp_opts_flag_t tab[] = {
+        DP_FLAG_SET("json", &c->json, 1, 0, "JSON lines on stdout, the result last"),
+        DP_FLAG_SET("progress", &c->progress, DP_PROGRESS_ON, 0, "the progress line (default: on a terminal)"),
+        DP_FLAG_SET("no-progress", &c->progress, DP_PROGRESS_OFF, 0, "no progress line"),
+        DP_FLAG_STR("metrics", "FILE", &t->metrics, 0, "JSON lines of evaluations and diagnostics"),
+        DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/summary.json and DIR/model.safetensors"),
+        DP_FLAG_STR("record", "FILE", &c->lab.record, 0, "the schedule, for downpour replay"),
+    };
+    dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
+}
+
 static void s_options(dp_opts_t *o, s_args_t *a)
 {
     dp_sim_conf_t *c = &a->c;
@@ -259,15 +275,10 @@ static void s_options(dp_opts_t *o, s_args_t *a)
                     "test samples per periodic evaluation (default 0: all)"),
         DP_FLAG_NUM("diag-every", DP_OPTS_LONG, "N", &c->diag_every, 0, 1L << 40, 0,
                     "diagnostics every N updates (a \"diag\" line; costs a gradient)"),
-        DP_FLAG_SET("json", &c->json, 1, 0, "JSON lines on stdout, the result last"),
-        DP_FLAG_SET("progress", &c->progress, DP_PROGRESS_ON, 0, "the progress line (default: on a terminal)"),
-        DP_FLAG_SET("no-progress", &c->progress, DP_PROGRESS_OFF, 0, "no progress line"),
-        DP_FLAG_STR("metrics", "FILE", &t->metrics, 0, "JSON lines of evaluations and diagnostics"),
-        DP_FLAG_STR("out", "DIR", &a->out, 0, "DIR/summary.json and DIR/model.safetensors"),
-        DP_FLAG_STR("record", "FILE", &c->lab.record, 0, "the schedule, for downpour replay"),
     };
     dp_opts_init(o, "downpour sim", s_synopsis, s_epilog);
     dp_opts_add(o, tab, (int)(sizeof tab / sizeof tab[0]));
+    s_options_out(o, a);
     s_options_rl(o, t);
 }
 
