@@ -65,9 +65,13 @@ node() {
     NODE_PID[$i]=$NN_LAST_PID
 }
 
-# A run: node 1 first (it waits for the master), then node 0.
+# A run: node 1 first (it waits for the master), then node 0. The
+# servers count a worker that has not said HELLO within --heartbeat-timeout
+# of their start gone (default 5 s), and four PyTorch imports on a loaded
+# machine can take longer: the chief would then score alone.
 node 1 --workers 2 --ps-shards 2 --out "$TMP/n1" -- "$TORCH_PY" "$TMP/py_nodes.py" 5 >"$TMP/n1.log" 2>&1
-node 0 --workers 2 --ps-shards 2 --out "$TMP/n0" -- "$TORCH_PY" "$TMP/py_nodes.py" 5 >"$TMP/n0.log" 2>&1
+node 0 --workers 2 --ps-shards 2 --heartbeat-timeout 300 --out "$TMP/n0" -- \
+    "$TORCH_PY" "$TMP/py_nodes.py" 5 >"$TMP/n0.log" 2>&1
 wait_for "${NODE_PID[0]}" 300
 rc0=$?
 wait_for "${NODE_PID[1]}" 60
