@@ -47,7 +47,11 @@
  * fails (a status other than 0, or a signal the launcher did not send) is
  * started again under its task index, the chief too, N times in the run,
  * each a line and an event in summary.json ("restarts", "restart_count");
- * past N the run stops as above. */
+ * past N the run stops as above.
+ *
+ * Several machines (--nnodes N --node-rank R --master HOST:PORT, torchrun's
+ * static rendezvous; launch_nodes.h): one launch each, node 0 the shards
+ * at HOST:PORT+I, node R its --workers W as global ranks R*W + local. */
 #include "deploy/launcher/commands.h"
 
 #include <errno.h>
@@ -119,6 +123,7 @@ static const char s_usage[] =
     "usage: downpour launch --workers N|MIN:MAX [--ps-shards K] [--init FILE | --model SPEC]\n"
     "                       [--out DIR] [--curve] [--grace S] [--tee] [--no-progress]\n"
     "                       [--max-restarts N] [--chaos kill:S]\n"
+    "                       [--nnodes N --node-rank R --master HOST:PORT [--master-timeout S]]\n"
     "                       [downpour-ps flags...] -- COMMAND [ARGS...]\n"
     "Starts K downpour-ps shards, then N copies of COMMAND as workers 0..N-1 (0 the chief),\n"
     "each with TF_CONFIG, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and DOWNPOUR_PS set\n"
@@ -138,6 +143,14 @@ static const char s_usage[] =
     "  --tee              every worker's output on stdout as well as in its log, each line\n"
     "                     prefixed with its rank (\"[1]: ...\"; torchrun's --tee)\n"
     "  --no-progress      no progress line\n"
+    "  --nnodes N         one launch on each of N machines (default 1), each with the same\n"
+    "                     --workers W and --ps-shards K: node 0 runs the K shards at\n"
+    "                     HOST:PORT..PORT+K-1, node R its W workers as ranks R*W..R*W+W-1\n"
+    "                     (WORLD_SIZE N*W, GROUP_RANK R, MASTER_ADDR HOST, MASTER_PORT PORT+K)\n"
+    "  --node-rank R      this machine's place, 0..N-1 (default 0)\n"
+    "  --master HOST:PORT node 0's address (an IPv4 address or a name), where the shards bind\n"
+    "  --master-timeout S a node but 0: seconds to wait for the shards to answer (else exit 2),\n"
+    "                     and of their silence in the run before it stops its workers (60)\n"
     "Any other flag before \"--\" is downpour-ps's (see downpour-ps --help): --init FILE or\n"
     "--model SPEC [--input CxHxW] says the model, --mode, --optimizer, --lr, ...; with\n"
     "neither, the chief's downpour.torch.Worker(model) writes DIR/init.safetensors first\n"
