@@ -14,6 +14,10 @@
 #  - the chief's end without node 1's worker (which sleeps on): node 0
 #    ends 0, node 1 sees the servers gone for --master-timeout 2 s, stops
 #    its worker, exits 1 with one line
+#  - Ctrl-C on node 1 mid-run: it exits 130, its worker gone, node 0 runs
+#    on (its chief then ends it, 0)
+#  - --max-restarts on node 1: its worker fails once, is started again
+#    under its global rank, and node 1 ends 0 with the restart counted
 #  - node 1 alone: the master never answers within --master-timeout 1:
 #    one line, exit 2, no worker started
 #  - bad input, one line and exit 2 before anything starts: node rank out
@@ -28,7 +32,7 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 trap 'exit 129' HUP
 
-NET_CHECKS=23 # the section on network namespaces
+NET_CHECKS=30 # the section on network namespaces
 use_py_package $((NET_CHECKS + 7)) launch-nodes
 L=$BIN/downpour
 cp tests/integration/py_nodes.py "$TMP/py_nodes.py"
@@ -126,6 +130,57 @@ check "node 1 stops its worker and exits 1 (got $rc1, not the worker's 300 s)" t
 check "... in one line naming the master and the timeout" \
     grep -q "^downpour launch: node 1: the master's servers at $M:$PORT stopped answering 2 s ago while 1 worker(s) here ran; stopped them" "$TMP/g1.log"
 check "... nothing left" left
+
+# Ctrl-C on node 1 (the default SIGINT disposition: a background job's is
+# ignored) once its worker runs; node 0 runs on until its chief is told.
+cat >"$TMP/int.sh" <<SH
+if [ "\$RANK" = 0 ]; then
+    until [ -e "$TMP/i-stopped" ]; do sleep 0.1; done
+else
+    touch "$TMP/i-started"
+    sleep 300
+fi
+SH
+nn_bg 1 env --default-signal=INT "$L" launch --nnodes 2 --node-rank 1 --master "$M:$PORT" --no-progress \
+    --workers 1 --grace 2 --out "$TMP/i1" -- sh "$TMP/int.sh" >"$TMP/i1.log" 2>&1
+NODE_PID[1]=$NN_LAST_PID
+node 0 --workers 1 --model "fc:10 softmax" --out "$TMP/i0" -- sh "$TMP/int.sh" >"$TMP/i0.log" 2>&1
+wait_until test -e "$TMP/i-started"
+kill -INT "${NODE_PID[1]}"
+wait_for "${NODE_PID[1]}" 60
+rc1=$?
+check "Ctrl-C on node 1: it exits 130 (got $rc1)" test $rc1 = 130
+check "... every process of node 1 ended" grep -q 'stopped by signal 2; every process ended' "$TMP/i1.log"
+check "... node 0 runs on" kill -0 "${NODE_PID[0]}"
+touch "$TMP/i-stopped"
+wait_for "${NODE_PID[0]}" 60
+rc0=$?
+left && gone=yes || gone=no
+check "... until its chief ends the run (exit 0, got $rc0); nothing left ($gone)" test "$rc0-$gone" = 0-yes
+
+# --max-restarts on node 1: its worker (rank 1) fails once, then succeeds.
+cat >"$TMP/restart.sh" <<SH
+if [ "\$RANK" = 0 ]; then
+    until [ -e "$TMP/r-second" ]; do sleep 0.1; done
+elif [ -e "$TMP/r-first" ]; then
+    touch "$TMP/r-second"
+else
+    touch "$TMP/r-first"
+    exit 3
+fi
+SH
+node 1 --workers 1 --max-restarts 1 --out "$TMP/r1" -- sh "$TMP/restart.sh" >"$TMP/r1.log" 2>&1
+node 0 --workers 1 --model "fc:10 softmax" --out "$TMP/r0" -- sh "$TMP/restart.sh" >"$TMP/r0.log" 2>&1
+wait_for "${NODE_PID[0]}" 120
+rc0=$?
+wait_for "${NODE_PID[1]}" 60
+rc1=$?
+check "--max-restarts 1 on node 1: both nodes exit 0 (got $rc0, $rc1)" bash -c "[ $rc0 = 0 ] && [ $rc1 = 0 ]"
+check "... node 1 restarted its worker under rank 1" \
+    grep -q '^downpour launch: worker 1 exited with status 3; restart 1 of 1' "$TMP/r1.log"
+count=$(json "$TMP/r1/summary.json" restart_count 2>/dev/null)
+check "... its summary.json counts it (${count:-none}), the second life in worker-1.2.log" \
+    bash -c "[ '$count' = 1 ] && [ -e '$TMP/r1/logs/worker-1.2.log' ]"
 
 # Node 1 alone: the master never answers.
 node 1 --workers 1 --master-timeout 1 --out "$TMP/lone" -- sh -c 'touch "$0"' "$TMP/lone-started" >"$TMP/lone.log" 2>&1
