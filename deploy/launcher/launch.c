@@ -47,7 +47,11 @@
  * fails (a status other than 0, or a signal the launcher did not send) is
  * started again under its task index, the chief too, N times in the run,
  * each a line and an event in summary.json ("restarts", "restart_count");
- * past N the run stops as above. */
+ * past N the run stops as above.
+ *
+ * Several machines (--nnodes N --node-rank R --master HOST:PORT, torchrun's
+ * static rendezvous; launch_nodes.h): one launch each, node 0 the shards
+ * at HOST:PORT+I, node R its --workers W as global ranks R*W + local. */
 #include "deploy/launcher/commands.h"
 
 #include <errno.h>
@@ -65,6 +69,7 @@
 #include "common/signals.h"
 #include "common/util.h"
 #include "deploy/launcher/crew.h"
+#include "deploy/launcher/launch_nodes.h"
 #include "deploy/launcher/local_elastic.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/scale.h"
@@ -76,6 +81,11 @@
 
 typedef struct {
     int workers, shards;  /* workers: started at the start (elastic: MIN) */
+    dp_nodes_t nodes;     /* --nnodes, --node-rank, --master: one launch per machine */
+    int local_shards;     /* the shards this launch runs (the crew's first): node 0's all, else 0 */
+    int world, rank0;     /* WORLD_SIZE, and this node's first global rank */
+    int master_gone;      /* a node but 0: the servers stopped answering while this many of its
+                           * workers ran (then stopped) */
     int min_workers, max_workers; /* --workers MIN:MAX (min 0: a fixed crew of max = workers) */
     char crew_name[24];   /* "N" or "MIN:MAX", the servers' --workers */
     const char *chaos;    /* --chaos kill:SECONDS, or NULL */
@@ -113,6 +123,7 @@ static const char s_usage[] =
     "usage: downpour launch --workers N|MIN:MAX [--ps-shards K] [--init FILE | --model SPEC]\n"
     "                       [--out DIR] [--curve] [--grace S] [--tee] [--no-progress]\n"
     "                       [--max-restarts N] [--chaos kill:S]\n"
+    "                       [--nnodes N --node-rank R --master HOST:PORT [--master-timeout S]]\n"
     "                       [downpour-ps flags...] -- COMMAND [ARGS...]\n"
     "Starts K downpour-ps shards, then N copies of COMMAND as workers 0..N-1 (0 the chief),\n"
     "each with TF_CONFIG, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and DOWNPOUR_PS set\n"
@@ -132,6 +143,14 @@ static const char s_usage[] =
     "  --tee              every worker's output on stdout as well as in its log, each line\n"
     "                     prefixed with its rank (\"[1]: ...\"; torchrun's --tee)\n"
     "  --no-progress      no progress line\n"
+    "  --nnodes N         one launch on each of N machines (default 1), each with the same\n"
+    "                     --workers W and --ps-shards K: node 0 runs the K shards at\n"
+    "                     HOST:PORT..PORT+K-1, node R its W workers as ranks R*W..R*W+W-1\n"
+    "                     (WORLD_SIZE N*W, GROUP_RANK R, MASTER_ADDR HOST, MASTER_PORT PORT+K)\n"
+    "  --node-rank R      this machine's place, 0..N-1 (default 0)\n"
+    "  --master HOST:PORT node 0's address (an IPv4 address or a name), where the shards bind\n"
+    "  --master-timeout S a node but 0: seconds to wait for the shards to answer (else exit 2),\n"
+    "                     and of their silence in the run before it stops its workers (60)\n"
     "Any other flag before \"--\" is downpour-ps's (see downpour-ps --help): --init FILE or\n"
     "--model SPEC [--input CxHxW] says the model, --mode, --optimizer, --lr, ...; with\n"
     "neither, the chief's downpour.torch.Worker(model) writes DIR/init.safetensors first\n"
@@ -180,6 +199,21 @@ static int s_word(s_launch_t *L, int argc, char **argv, int *i, char *err)
         return 0;
     }
     if ((v = s_value(argc, argv, i, "--ps-shards"))) return s_count("--ps-shards", v, &L->shards, err);
+    if ((v = s_value(argc, argv, i, "--nnodes"))) {
+        long n;
+        if (dp_opts_parse_long("--nnodes", v, 1, 1024, &n, err) != 0) return -1;
+        L->nodes.nnodes = (int)n;
+        return 0;
+    }
+    if ((v = s_value(argc, argv, i, "--node-rank"))) {
+        long n;
+        if (dp_opts_parse_long("--node-rank", v, 0, 1023, &n, err) != 0) return -1;
+        L->nodes.node_rank = (int)n;
+        return 0;
+    }
+    if ((v = s_value(argc, argv, i, "--master"))) return dp_nodes_parse_master(&L->nodes, v, err);
+    if ((v = s_value(argc, argv, i, "--master-timeout")))
+        return dp_opts_parse_double("--master-timeout", v, 0.1, 86400, &L->nodes.timeout_s, err);
     if ((v = s_value(argc, argv, i, "--grace")))
         return dp_opts_parse_double("--grace", v, 0, 3600, &L->grace_s, err);
     if ((v = s_value(argc, argv, i, "--out"))) {
@@ -225,11 +259,35 @@ static int s_check_ps_flags(s_launch_t *L, char *err)
     return 0;
 }
 
+/* --nnodes N: the crew is every node's (the servers count N x --workers);
+ * what a single launch cannot share across machines yet is refused. */
+static int s_nodes(s_launch_t *L, char *err)
+{
+    dp_nodes_t *n = &L->nodes;
+    if (dp_nodes_check(n, L->shards, err) != 0) return -1;
+    L->world = n->nnodes * L->max_workers;
+    L->rank0 = n->node_rank * L->workers;
+    L->local_shards = n->node_rank == 0 ? L->shards : 0;
+    if (n->nnodes == 1) return 0;
+    /* an elastic crew's task indexes are handed out by one launcher; the
+     * keys of --curve are made in one node's DIR */
+    if (L->min_workers > 0)
+        return dp_err(err, "--workers MIN:MAX with --nnodes %d: an elastic crew is one machine's for "
+                      "now (give each node --workers N)", n->nnodes);
+    if (L->curve)
+        return dp_err(err, "--curve with --nnodes %d: the keys are made on one machine; not yet "
+                      "across nodes", n->nnodes);
+    snprintf(L->crew_name, sizeof L->crew_name, "%d", L->world);
+    return 0;
+}
+
 static dp_opts_result_t s_parse(s_launch_t *L, int argc, char **argv, char *err)
 {
     L->shards = 1;
     L->grace_s = 10;
     L->progress = 1;
+    L->nodes.nnodes = 1;
+    L->nodes.timeout_s = 60;
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -251,6 +309,7 @@ static dp_opts_result_t s_parse(s_launch_t *L, int argc, char **argv, char *err)
         dp_err(err, "--chaos needs an elastic crew: --workers MIN:MAX");
         return DP_OPTS_BAD;
     }
+    if (s_nodes(L, err) != 0) return DP_OPTS_BAD;
     return s_check_ps_flags(L, err) == 0 ? DP_OPTS_PARSED : DP_OPTS_BAD;
 }
 
@@ -267,6 +326,7 @@ static int s_prepare(s_launch_t *L, char *err)
     snprintf(path, sizeof path, "%s/summary.json", L->out);
     unlink(path);
     if (L->curve && dp_local_keys_make(&L->keys, L->out, L->shards, L->max_workers, err) != 0) return -1;
+    if (L->local_shards == 0) return 0; /* node 0's chief writes the model, if anyone */
     for (int i = 0; i < L->n_ps_args; i++)
         if (strncmp(L->ps_args[i], "--init", 6) == 0 || strncmp(L->ps_args[i], "--model", 7) == 0)
             return 0;
@@ -280,7 +340,7 @@ static int s_prepare(s_launch_t *L, char *err)
 
 static int s_start_shards(s_launch_t *L, const char *argv0, char *err)
 {
-    char bin[PATH_MAX + 16], shard[24], ready[PATH_MAX];
+    char bin[PATH_MAX + 16], shard[24], ready[PATH_MAX], bind[96];
     dp_spawn_bin_dir(L->bin_dir, sizeof L->bin_dir, argv0);
     snprintf(bin, sizeof bin, "%s/downpour-ps", L->bin_dir);
     for (int i = 0; i < L->shards; i++) {
@@ -292,7 +352,11 @@ static int s_start_shards(s_launch_t *L, const char *argv0, char *err)
         const char *av[S_MAX_ARGS + 24];
         int n = 0;
         av[n++] = bin;
-        av[n++] = "--bind"; av[n++] = "tcp://127.0.0.1:*";
+        /* several nodes: shard I at the master's HOST:PORT+I, where the
+         * other nodes know to look; one: any free loopback port */
+        if (L->nodes.given) snprintf(bind, sizeof bind, "tcp://%s:%d", L->nodes.host, L->nodes.port + i);
+        else snprintf(bind, sizeof bind, "tcp://127.0.0.1:*");
+        av[n++] = "--bind"; av[n++] = bind;
         av[n++] = "--ready-file"; av[n++] = ready;
         av[n++] = "--shard"; av[n++] = shard;
         av[n++] = "--workers"; av[n++] = L->crew_name;
@@ -318,7 +382,7 @@ static void s_tf_config(const s_launch_t *L, int i, char *out, size_t n)
         cJSON_AddItemToArray(ps, cJSON_CreateString(hp));
         p += len + (p[len] == ',');
     }
-    for (int k = 0; k < L->max_workers; k++) {
+    for (int k = 0; k < L->world; k++) {
         char hp[32];
         snprintf(hp, sizeof hp, "127.0.0.1:%d", 1 + k); /* placeholders: see the top */
         cJSON_AddItemToArray(wk, cJSON_CreateString(hp));
@@ -339,17 +403,28 @@ static int s_start_worker(s_launch_t *L, int i, dp_child_t *c, char *err)
 {
     static char tf[16384], ps[sizeof L->endpoints + 16], secret[PATH_MAX + 32], server[PATH_MAX + 32];
     static char init[PATH_MAX + 32], ps_file[PATH_MAX + 32];
-    char rank[32], local[32], world[32], lworld[32], min[40], max[40];
+    char rank[32], local[32], world[32], lworld[32], min[40], max[40], group[32], maddr[96], mport[32];
     /* an elastic crew: MAX, the task indexes there can be (TF_CONFIG's
-     * worker list too); MIN and MAX as torchrun's agent has them */
-    snprintf(world, sizeof world, "WORLD_SIZE=%d", L->max_workers);
+     * worker list too); MIN and MAX as torchrun's agent has them. i is
+     * the global rank; the node's own are rank0 .. rank0 + workers - 1 */
+    snprintf(world, sizeof world, "WORLD_SIZE=%d", L->world);
     snprintf(lworld, sizeof lworld, "LOCAL_WORLD_SIZE=%d", L->max_workers);
     snprintf(rank, sizeof rank, "RANK=%d", i);
-    snprintf(local, sizeof local, "LOCAL_RANK=%d", i);
+    snprintf(local, sizeof local, "LOCAL_RANK=%d", i - L->rank0);
+    snprintf(group, sizeof group, "GROUP_RANK=%d", L->nodes.node_rank);
     snprintf(min, sizeof min, "DOWNPOUR_MIN_WORKERS=%d", L->min_workers);
     snprintf(max, sizeof max, "DOWNPOUR_MAX_WORKERS=%d", L->max_workers);
-    const char *env[14] = {rank, local, world, lworld, "GROUP_RANK=0"};
+    const char *env[16] = {rank, local, world, lworld, group};
     int n = 5;
+    if (L->nodes.given) {
+        /* torchrun's: node 0's address, and a port there for the program's
+         * own torch.distributed store (rank 0 binds it): the first after
+         * the shards', which hold PORT .. PORT+K-1 */
+        snprintf(maddr, sizeof maddr, "MASTER_ADDR=%s", L->nodes.host);
+        snprintf(mport, sizeof mport, "MASTER_PORT=%d", L->nodes.port + L->shards);
+        env[n++] = maddr;
+        env[n++] = mport;
+    }
     if (L->min_workers > 0) {
         env[n++] = min;
         env[n++] = max;
@@ -450,7 +525,7 @@ static int s_start_workers(s_launch_t *L, char *err)
     /* the lock is held until this process ends: the fd is never closed */
     if (L->min_workers > 0 && dp_scale_listen(L->out, L->max_workers, err) < 0) return -1;
     for (int i = first; i < L->workers; i++)
-        if (s_start_task(L, i, err) != 0) return -1;
+        if (s_start_task(L, L->rank0 + i, err) != 0) return -1;
     if (L->min_workers > 0) {
         dp_elastic_init(&L->elastic, L->min_workers, L->max_workers, L->chaos_s, L->ps.seed, L->out,
                         &L->crew, s_start_joining, L, dp_now());
@@ -466,7 +541,7 @@ static cJSON *s_shards_state(const s_launch_t *L, double *version)
 {
     cJSON *first = NULL;
     *version = 0;
-    for (int i = 0; i < L->shards; i++) {
+    for (int i = 0; i < L->local_shards; i++) {
         cJSON *o = dp_metrics_last(L->crew.kids[i].metrics);
         if (!o) continue;
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "version");
@@ -503,7 +578,7 @@ static void s_show_progress(const s_launch_t *L, int live)
  * scale's leave, a --chaos kill): summary.json's "leaves". */
 static void s_note_leaves(s_launch_t *L)
 {
-    for (int k = L->shards; k < L->crew.n; k++) {
+    for (int k = L->local_shards; k < L->crew.n; k++) {
         const dp_child_t *c = &L->crew.kids[k];
         if (c->pid > 0 || L->noted_life[k] == c->lives) continue;
         L->noted_life[k] = c->lives;
@@ -551,6 +626,12 @@ static const dp_child_t *s_watch(s_launch_t *L)
         if (bad && !s_signal && s_restart(L, bad)) continue; /* counted again next pass */
         if (s_signal || workers_alive == 0) return bad && bad->is_worker ? bad : NULL;
         if (bad) return bad; /* a worker, or a shard that died under the workers */
+        /* a node but 0: the servers gone while its workers run (the chief
+         * ended the run without them, or node 0 failed) end it too */
+        if (L->nodes.node_rank > 0 && dp_nodes_master_gone(&L->nodes, dp_now())) {
+            L->master_gone = workers_alive;
+            return NULL;
+        }
         char err[DP_ERR_LEN];
         if (dp_elastic_tick(&L->elastic, dp_now(), err) != 0) {
             fprintf(stderr, "downpour launch: %s\n", err);
@@ -572,6 +653,11 @@ static void s_summary(const s_launch_t *L)
     cJSON_AddStringToObject(root, "mode", dp_mode_name(L->ps.mode));
     cJSON_AddNumberToObject(root, "workers", L->workers);
     cJSON_AddNumberToObject(root, "ps_shards", L->shards);
+    if (L->nodes.nnodes > 1) { /* the counts below are node 0's shards', on node 0 */
+        cJSON_AddNumberToObject(root, "nnodes", L->nodes.nnodes);
+        cJSON_AddNumberToObject(root, "node_rank", L->nodes.node_rank);
+        cJSON_AddNumberToObject(root, "world_size", L->world);
+    }
     cJSON_AddNumberToObject(root, "wall_s", dp_now() - L->t0);
     cJSON_AddNumberToObject(root, "version", version);
     static const char *keys[] = {"applied", "dropped", "rejected", "staleness_mean", "staleness_max"};
@@ -582,12 +668,12 @@ static void s_summary(const s_launch_t *L)
     for (char **p = L->cmd; *p; p++) cJSON_AddItemToArray(cmd, cJSON_CreateString(*p));
     /* the chief's result: its exit and its log's last line (an example's
      * test accuracy), as the run's last line says it */
-    const dp_child_t *chief = &L->crew.kids[L->shards];
+    const dp_child_t *chief = &L->crew.kids[L->local_shards];
     char last[512];
     dp_last_line(chief->log, last, sizeof last);
     cJSON_AddStringToObject(root, "chief_result", last);
     cJSON *ex = cJSON_AddArrayToObject(root, "worker_exit");
-    for (int i = L->shards; i < L->crew.n; i++) {
+    for (int i = L->local_shards; i < L->crew.n; i++) {
         const dp_child_t *c = &L->crew.kids[i];
         int s = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
         cJSON_AddItemToArray(ex, cJSON_CreateNumber(s));
@@ -616,6 +702,16 @@ static void s_summary(const s_launch_t *L)
 static void s_say_done(const s_launch_t *L, const dp_child_t *chief)
 {
     double version;
+    if (L->nodes.node_rank > 0) { /* the servers' counts are node 0's to say */
+        char how[64], last[512];
+        dp_child_describe_exit(chief, how, sizeof how);
+        dp_last_line(chief->log, last, sizeof last);
+        fprintf(stderr, "downpour launch: done: node %d of %d, %d worker(s) (ranks %d..%d of %d), the "
+                "servers node 0's at %s:%d; %.1f s; %s %s: %s\n", L->nodes.node_rank, L->nodes.nnodes,
+                L->workers, L->rank0, L->rank0 + L->workers - 1, L->world, L->nodes.host, L->nodes.port,
+                dp_now() - L->t0, chief->name, how, last[0] ? last : "(its log is empty)");
+        return;
+    }
     cJSON *st = s_shards_state(L, &version);
     char how[64], last[512];
     dp_child_describe_exit(chief, how, sizeof how);
@@ -623,7 +719,8 @@ static void s_say_done(const s_launch_t *L, const dp_child_t *chief)
     fprintf(stderr,
             "downpour launch: done: %s, %d worker(s), %d shard(s): %.0f pushes applied (version %.0f), "
             "dropped %.0f, rejected %.0f; staleness mean %.2f; %.1f s; the chief %s: %s\n",
-            dp_mode_name(L->ps.mode), L->workers, L->shards, s_num(st, "applied"), version,
+            dp_mode_name(L->ps.mode), L->nodes.nnodes > 1 ? L->world : L->workers, L->shards,
+            s_num(st, "applied"), version,
             s_num(st, "dropped"), s_num(st, "rejected"), s_num(st, "staleness_mean"), dp_now() - L->t0,
             how, last[0] ? last : "(its log is empty)");
     cJSON_Delete(st);
@@ -637,11 +734,18 @@ static int s_finish(s_launch_t *L, const dp_child_t *failed)
     if (L->tee) dp_tee_follow(&L->tee_read, &L->crew, 1);
     if (L->progress && isatty(2) && !L->tee) fputc('\n', stderr);
     s_summary(L);
-    const dp_child_t *chief = &L->crew.kids[L->shards];
+    const dp_child_t *chief = &L->crew.kids[L->local_shards];
     if (sig) {
         fprintf(stderr, "downpour launch: stopped by signal %d; every process ended; logs in %s/logs\n",
                 sig, L->out);
         return 128 + sig;
+    }
+    if (L->master_gone) {
+        fprintf(stderr, "downpour launch: node %d: the master's servers at %s:%d stopped answering "
+                "%g s ago while %d worker(s) here ran; stopped them; logs in %s/logs\n",
+                L->nodes.node_rank, L->nodes.host, L->nodes.port, L->nodes.timeout_s,
+                L->master_gone, L->out);
+        return 1;
     }
     if (failed) {
         char how[64], last[512];
@@ -654,6 +758,22 @@ static int s_finish(s_launch_t *L, const dp_child_t *failed)
     s_say_done(L, chief);
     printf("%s/summary.json\n", L->out);
     return WIFEXITED(chief->status) ? WEXITSTATUS(chief->status) : 128 + WTERMSIG(chief->status);
+}
+
+/* Everything started: the shards (node 0), their endpoints, the workers.
+ * -1 with err; -2 when the master did not answer (a node but 0: exit 2). */
+static int s_start(s_launch_t *L, const char *argv0, char *err)
+{
+    if (L->local_shards == 0) {
+        if (dp_nodes_await_master(&L->nodes, L->shards, &s_signal, err) != 0) return s_signal ? -1 : -2;
+        dp_nodes_endpoints(&L->nodes, L->shards, L->endpoints, sizeof L->endpoints);
+        return s_start_workers(L, err);
+    }
+    if ((L->init_from_cmd && s_start_chief_for_init(L, err) != 0) || s_start_shards(L, argv0, err) != 0 ||
+        dp_crew_await_shards(&L->crew, L->out, L->shards, L->endpoints, sizeof L->endpoints, &s_signal,
+                             err) != 0)
+        return -1;
+    return s_start_workers(L, err);
 }
 
 int dp_launch_main(int argc, char **argv)
@@ -671,19 +791,26 @@ int dp_launch_main(int argc, char **argv)
     L.joins = cJSON_CreateArray();
     L.leaves = cJSON_CreateArray();
     L.restart_log = cJSON_CreateArray();
-    if ((L.init_from_cmd && s_start_chief_for_init(&L, err) != 0) ||
-        s_start_shards(&L, argv[0], err) != 0 ||
-        dp_crew_await_shards(&L.crew, L.out, L.shards, L.endpoints, sizeof L.endpoints, &s_signal,
-                             err) != 0 ||
-        s_start_workers(&L, err) != 0) {
+    int started = s_start(&L, argv[0], err);
+    if (started != 0) {
         fprintf(stderr, "downpour launch: %s\n", err);
         if (L.chief.pid > 0 || L.chief.pgid > 0) /* stopped too, with what it started */
             *dp_crew_add(&L.crew, L.out, "worker", 0) = L.chief;
         dp_crew_stop_all(&L.crew, 5.0);
-        return s_signal ? 128 + (int)s_signal : 1;
+        return s_signal ? 128 + (int)s_signal : started == -2 ? 2 : 1;
     }
-    fprintf(stderr, "downpour launch: %d ps shard(s) at %s, %s worker(s) of `%s`, %s mode; logs in %s/logs\n",
-            L.shards, L.endpoints, L.crew_name, L.cmd[0], dp_mode_name(L.ps.mode), L.out);
+    if (L.local_shards == 0)
+        fprintf(stderr, "downpour launch: node %d of %d: the master's %d ps shard(s) at %s, %d worker(s) "
+                "(ranks %d..%d of %d) of `%s`; logs in %s/logs\n", L.nodes.node_rank, L.nodes.nnodes,
+                L.shards, L.endpoints, L.workers, L.rank0, L.rank0 + L.workers - 1, L.world, L.cmd[0],
+                L.out);
+    else if (L.nodes.nnodes > 1)
+        fprintf(stderr, "downpour launch: node 0 of %d: %d ps shard(s) at %s, %d worker(s) (ranks 0..%d of "
+                "%d) of `%s`, %s mode; logs in %s/logs\n", L.nodes.nnodes, L.shards, L.endpoints,
+                L.workers, L.workers - 1, L.world, L.cmd[0], dp_mode_name(L.ps.mode), L.out);
+    else
+        fprintf(stderr, "downpour launch: %d ps shard(s) at %s, %s worker(s) of `%s`, %s mode; logs in %s/logs\n",
+                L.shards, L.endpoints, L.crew_name, L.cmd[0], dp_mode_name(L.ps.mode), L.out);
     int rc = s_finish(&L, s_watch(&L));
     dp_local_keys_fini(&L.keys);
     return rc;
