@@ -62,6 +62,7 @@ typedef struct {
     double t;
     uint64_t seq;
     int w;
+    int start;             /* w's first pull (a trace's late starter), not its push */
 } s_event_t;
 
 typedef struct {
@@ -78,6 +79,8 @@ typedef struct {
     dp_lab_batch_t sb;     /* a model with embed:D: its step's batch, keys, the rows it pulled
                             * and their gradients, from its pull to its push */
     dp_rng_t rng;          /* its compute times */
+    dp_trace_cursor_t trace; /* --compute trace:DIR: its place in the series it replays, */
+    double gap_ms;         /* ... and the wait after its push before the servers answer its next pull */
 } s_worker_t;
 
 typedef struct {
@@ -118,6 +121,15 @@ typedef struct {
 
 int dp_dist_parse(dp_dist_t *d, const char *text, char *err)
 {
+    dp_dist_fini(d);
+    if (strncmp(text, "trace:", 6) == 0 && text[6]) {
+        dp_trace_t t;
+        if (dp_trace_load(&t, text + 6, err) != 0) return -1;
+        d->kind = DP_DIST_TRACE;
+        d->trace = dp_malloc(sizeof *d->trace);
+        *d->trace = t;
+        return 0;
+    }
     const char *colon = strchr(text, ':');
     char kind[16];
     if (!colon || colon - text >= (long)sizeof kind) goto bad;
@@ -141,8 +153,15 @@ int dp_dist_parse(dp_dist_t *d, const char *text, char *err)
         return 0;
     }
 bad:
-    return dp_err(err, "'%s' is not const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (MS > 0; "
-                       "lognormal: exp(MU + SIGMA z) ms, SIGMA in [0, 10])", text);
+    return dp_err(err, "'%s' is not const:MS, exp:MEAN_MS, lognormal:MU:SIGMA or trace:DIR (MS > 0; "
+                       "lognormal: exp(MU + SIGMA z) ms, SIGMA in [0, 10]; DIR: a downpour local --out)", text);
+}
+
+void dp_dist_fini(dp_dist_t *d)
+{
+    if (d->trace) dp_trace_free(d->trace);
+    free(d->trace);
+    d->trace = NULL;
 }
 
 int dp_churn_parse(dp_churn_t *c, const char *text, char *err)
@@ -172,6 +191,7 @@ static double s_draw_ms(const dp_dist_t *d, dp_rng_t *r)
         double z = sqrt(-2 * log(s_uniform(r))) * cos(2 * M_PI * s_uniform(r));
         return exp(d->a + d->b * z);
     }
+    case DP_DIST_TRACE: break; /* the worker's cursor, not a draw (s_start) */
     }
     return d->a;
 }
@@ -207,10 +227,10 @@ static void s_sift_down(s_sim_t *S, int i)
     }
 }
 
-static void s_heap_push(s_sim_t *S, double t, int w)
+static void s_heap_push(s_sim_t *S, double t, int w, int start)
 {
     int i = S->n_heap++;
-    S->heap[i] = (s_event_t){t, S->seq++, w};
+    S->heap[i] = (s_event_t){t, S->seq++, w, start};
     s_sift_up(S, i);
 }
 
@@ -306,9 +326,14 @@ static int s_start(s_sim_t *S, int w)
     k->busy = 1;
     /* a round of local steps computes H gradients: H draws */
     double ms = 0;
-    for (long h = 0; h < (S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1); h++)
-        ms += s_draw_ms(&S->c->compute, &k->rng);
-    s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w);
+    k->gap_ms = 0; /* a traced step's push and next pull: after it lands (s_finish_one) */
+    for (long h = 0; h < (S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1); h++) {
+        double gap = 0;
+        ms += k->gap_ms + (S->c->compute.trace ? dp_trace_next(&k->trace, &gap)
+                                               : s_draw_ms(&S->c->compute, &k->rng));
+        k->gap_ms = gap;
+    }
+    s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w, 0);
     return 1;
 }
 
@@ -318,6 +343,15 @@ static void s_pull(s_sim_t *S, int w)
     if (!S->w[w].live) return;
     if (!dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version) || !s_start(S, w))
         S->held[S->n_held++] = w;
+}
+
+/* w's first pull: now, or with a trace when the worker it replays began
+ * its first step, after the real run's first worker did (trace.h). */
+static void s_pull_first(s_sim_t *S, int w)
+{
+    double at = S->c->compute.trace ? dp_trace_first(&S->w[w].trace) / 1000.0 : 0;
+    if (at > 0) s_heap_push(S, at, w, 1);
+    else s_pull(S, w);
 }
 
 /* After a push or a change of the crew: the held pulls now ready are
@@ -601,6 +635,7 @@ static int s_setup(s_sim_t *S, const dp_sim_conf_t *c, char *err)
         if (c->diag_every > 0) S->w[w].pulled = dp_aligned_alloc(S->n * sizeof(float));
         /* Per worker, so one worker's draws do not shift with the others'. */
         dp_rng_seed(&S->w[w].rng, c->lab.train.seed * 0x9E3779B97F4A7C15ULL + 7919u * (uint64_t)w + 1);
+        if (c->compute.trace) dp_trace_cursor(c->compute.trace, w, M, &S->w[w].trace);
     }
     S->evals = cJSON_CreateArray();
     S->finishing = dp_calloc((size_t)M, sizeof *S->finishing);
@@ -684,6 +719,8 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
          * finishes, as the actor-critic worker does (worker/train/a3c_train.c) */
         k->live = 0;
         S->finishing[S->n_finishing++] = w;
+    } else if (k->gap_ms > 0) {
+        s_heap_push(S, S->now + k->gap_ms * c->slow[w] / 1000.0, w, 1);
     } else {
         s_pull(S, w);
     }
@@ -725,10 +762,10 @@ static int s_loop(s_sim_t *S, char *err)
     if (S->dealing) { /* MIN at once */
         for (int w = 0; w < c->lab.min_workers; w++) s_crew_change(S, w, DP_LAB_JOIN);
         s_crew_note(S);
-        for (int w = 0; w < c->lab.min_workers; w++) s_pull(S, w);
+        for (int w = 0; w < c->lab.min_workers; w++) s_pull_first(S, w);
     } else {
         for (int w = 0; w < c->lab.workers; w++) S->w[w].live = 1;
-        for (int w = 0; w < c->lab.workers; w++) s_pull(S, w);
+        for (int w = 0; w < c->lab.workers; w++) s_pull_first(S, w);
     }
     S->next_churn = c->churn.kind == DP_CHURN_NONE ? INFINITY
                                                    : -c->churn.mean_s * log(s_uniform(&S->churn_rng));
@@ -740,7 +777,8 @@ static int s_loop(s_sim_t *S, char *err)
         if (S->n_heap > 0 && S->heap[0].t < S->next_churn) {
             s_event_t e = s_heap_pop(S);
             S->now = e.t;
-            if (s_finish_one(S, e.w, err) != 0) return -1;
+            if (e.start) s_pull(S, e.w);
+            else if (s_finish_one(S, e.w, err) != 0) return -1;
         } else if (S->next_churn < INFINITY && ++idle_changes <= 100000) {
             S->now = S->next_churn;
             s_churn(S);
@@ -760,7 +798,7 @@ static int s_loop(s_sim_t *S, char *err)
     while (S->L.sp && S->n_heap > 0) {
         s_event_t e = s_heap_pop(S);
         S->now = e.t;
-        if (s_finish_one(S, e.w, err) != 0) return -1;
+        if (!e.start && s_finish_one(S, e.w, err) != 0) return -1; /* one not started: no step */
     }
     if (S->failed) return dp_err(err, "%s", S->err);
     return 0;
