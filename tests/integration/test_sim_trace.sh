@@ -14,9 +14,10 @@
 #    straggler's series is replayed by workers 1 and 4, the stalest two
 #  - an --env run's segments trace and replay too
 #  - bad traces: a DIR that is missing, one without metrics, a worker file
-#    without steps, with a line cut short, a line that is not JSON, a
-#    step_ms that is not a number or negative, steps without step_ms (an
-#    older run): each one line on stderr and exit status 2, nothing run
+#    without steps, with a line cut short (the last, one in the middle), a
+#    line of JSON that is no object, a step_ms that is not a number or
+#    negative, a negative pull_ms, steps without step_ms (an older run):
+#    each one line on stderr and exit status 2, nothing run
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -114,6 +115,8 @@ tail -1 "$TMP/a/metrics/worker-1.jsonl" | head -c 60 >>"$f"
 refused "the last line cut in half" "$TMP/cut" "worker-1.jsonl:$n is cut short"
 f=$(mk mid); sed -i '5s/.\{40\}$//' "$f"
 refused "a line in the middle cut in half" "$TMP/mid" "worker-1.jsonl:5 is not a JSON object"
+f=$(mk arr); sed -i '6s/.*/[1,2]/' "$f"
+refused "a line of JSON that is no object" "$TMP/arr" "worker-1.jsonl:6 is not a JSON object"
 f=$(mk nan); sed -i '3s/"step_ms":[0-9.e+-]*/"step_ms":"slow"/' "$f"
 refused "a step_ms that is not a number" "$TMP/nan" 'worker-1.jsonl:3: "step_ms" "slow" is not a time'
 f=$(mk neg); sed -i '4s/"step_ms":\([0-9.e+-]*\)/"step_ms":-\1/' "$f"
