@@ -62,7 +62,8 @@ typedef struct {
     double t;
     uint64_t seq;
     int w;
-    int start;             /* w's first pull (a trace's late starter), not its push */
+    int start;             /* w's pull, not its push: a traced worker's first, or its next
+                            * once its push's and pull's round trips have passed */
 } s_event_t;
 
 typedef struct {
