@@ -12,7 +12,8 @@
 #    same histogram
 #  - 5 simulated workers on 3 traced ones, run past the trace's end: the
 #    straggler's series is replayed by workers 1 and 4, the stalest two
-#  - an --env run's segments trace and replay too
+#  - an --env run's segments trace and replay too, and so do the steps of
+#    a model with embed:D
 #  - bad traces: a DIR that is missing, one without metrics, a worker file
 #    without steps, with a line cut short (the last, one in the middle), a
 #    line of JSON that is no object, a step_ms that is not a number or
@@ -85,6 +86,17 @@ check "... its segments' lines have step_ms, pull_ms" grep -q '"step_ms":.*"pull
     >"$TMP/rl-sim.out" 2>"$TMP/rl-sim.err"
 check "sim --env on that trace exits 0" test $? = 0
 check "... and reaches the budget" bash -c "tail -1 '$TMP/rl-sim.out' | grep -q '\"env_steps\":40[0-9][0-9]'"
+
+# A model with embed:D on libsvm data: its steps trace (step_ms; its loop
+# does not split out the pull and push) and replay in the sparse sim.
+( cd "$TMP" && "$D" gen-libsvm --out-train train.svm --out-test test.svm --samples 4000 --test-samples 500 \
+    --keys 200 --nnz 8 --seed 3 >gen.out 2>&1 )
+sp=(--model 'embed:2 softmax' --data "libsvm:$TMP/train.svm:$TMP/test.svm" --lr 0.1 --batch 64 --seed 5)
+"$D" local --workers 2 --mode async "${sp[@]}" --epochs 1 --out "$TMP/sp" --no-progress >"$TMP/sp.log" 2>&1
+check "local, a model with embed:D, 2 async workers exits 0" test $? = 0
+check "... its push lines have step_ms" grep -q '"keys":.*"step_ms":' "$TMP/sp/metrics/worker-1.jsonl"
+"$D" sim --workers 2 --compute trace:"$TMP/sp" --updates 60 "${sp[@]}" --json >"$TMP/sp-sim.out" 2>"$TMP/sp-sim.err"
+check "sim of that model on that trace exits 0 with a test AUC" grep -q '"test_auc":0\.[0-9]' "$TMP/sp-sim.out"
 
 # Bad traces: one line, exit status 2, no run (no --out written).
 # refused NAME DIR PATTERN: sim on trace:DIR is refused with PATTERN.
