@@ -25,7 +25,9 @@ static const char s_synopsis[] =
     "                    [--rows-mode M] [--row-optimizer NAME] [--row-lr X] [--row-init X] [...]\n"
     "A simulated cluster in one process: M virtual workers on a simulated clock,\n"
     "real gradients on real data, the parameter server's own update code.\n"
-    "DIST: const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (exp(MU + SIGMA z) ms).\n"
+    "DIST: const:MS, exp:MEAN_MS, lognormal:MU:SIGMA (exp(MU + SIGMA z) ms), or\n"
+    "trace:DIR, the step times of the downpour local run whose --out is DIR,\n"
+    "simulated worker w replaying worker w mod T's of T, wrapping (docs/LAB.md).\n"
     "\n";
 
 static const char s_epilog[] =
@@ -433,6 +435,37 @@ static int s_epochs_updates(s_args_t *a, char *err)
 }
 
 
+/* The result: its JSON line (--json) or its sentence on stderr. */
+static void s_print(const s_args_t *a, const cJSON *result)
+{
+    if (a->c.json) {
+        char *text = cJSON_PrintUnformatted(result);
+        printf("%s\n", text);
+        cJSON_free(text);
+    } else if (a->c.lab.train.a3c.env) {
+        fprintf(stderr, "sim: %s, %s, %d workers, %g env steps, %g episodes in %g simulated s: return of "
+                "the last 100 %.1f, greedy test return %.1f; staleness mean %.2f max %g\n",
+                a->c.lab.train.a3c.env, dp_mode_name(a->c.lab.mode), a->c.lab.workers,
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "env_steps")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "episodes")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "return_mean_100")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_return")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_mean")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_max")));
+    } else {
+        fprintf(stderr, "sim: %s, %d workers, %g updates in %g simulated s: test accuracy %.4f; "
+                "fresh %.3f, staleness mean %.2f max %g\n",
+                dp_mode_name(a->c.lab.mode),
+                a->c.lab.workers, cJSON_GetNumberValue(cJSON_GetObjectItem(result, "updates")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_accuracy")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "fresh_fraction")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_mean")),
+                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_max")));
+    }
+}
+
 int dp_sim_main(int argc, char **argv)
 {
     static s_args_t a; /* the straggler table: off the stack */
@@ -447,49 +480,31 @@ int dp_sim_main(int argc, char **argv)
     dp_opts_t o;
     s_options(&o, &a);
     char err[DP_ERR_LEN] = "";
+    cJSON *result = NULL;
+    int status = 1;
     dp_opts_result_t rc = dp_opts_parse(&o, argc, argv, err);
     if (rc == DP_OPTS_PARSED) rc = s_resolve(&a, &o, err);
-    if (rc != DP_OPTS_PARSED) return dp_opts_exit_status("downpour sim", rc, err);
+    if (rc != DP_OPTS_PARSED) {
+        status = dp_opts_exit_status("downpour sim", rc, err);
+        goto out;
+    }
     if ((a.epochs && s_epochs_updates(&a, err) != 0) || (a.out && dp_mkdirs(a.out, 0755, err) != 0)) {
         fprintf(stderr, "downpour sim: %s\n", err);
-        return 1;
+        goto out;
     }
     if (a.c.lab.train.a3c.env) dp_optim_actor_critic_default(&a.c.lab.optim);
     if (!dp_opts_find(&o, "lr-schedule")->given && !a.c.lab.train.a3c.env) {
         a.c.lab.optim.schedule = DP_LR_COSINE;
         a.c.lab.optim.total_steps = (long)a.c.updates;
     }
-    cJSON *result = NULL;
     if (dp_sim_run(&a.c, &result, err) != 0) {
         fprintf(stderr, "downpour sim: %s\n", err);
-        return 1;
+        goto out;
     }
-    if (a.c.json) {
-        char *text = cJSON_PrintUnformatted(result);
-        printf("%s\n", text);
-        cJSON_free(text);
-    } else if (a.c.lab.train.a3c.env) {
-        fprintf(stderr, "sim: %s, %s, %d workers, %g env steps, %g episodes in %g simulated s: return of "
-                "the last 100 %.1f, greedy test return %.1f; staleness mean %.2f max %g\n",
-                a.c.lab.train.a3c.env, dp_mode_name(a.c.lab.mode), a.c.lab.workers,
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "env_steps")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "episodes")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "return_mean_100")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_return")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_mean")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_max")));
-    } else {
-        fprintf(stderr, "sim: %s, %d workers, %g updates in %g simulated s: test accuracy %.4f; "
-                "fresh %.3f, staleness mean %.2f max %g\n",
-                dp_mode_name(a.c.lab.mode),
-                a.c.lab.workers, cJSON_GetNumberValue(cJSON_GetObjectItem(result, "updates")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "sim_s")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "test_accuracy")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "fresh_fraction")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_mean")),
-                cJSON_GetNumberValue(cJSON_GetObjectItem(result, "staleness_max")));
-    }
+    s_print(&a, result);
+    status = 0;
+out:
     cJSON_Delete(result);
-    return 0;
+    dp_dist_fini(&a.c.compute); /* a trace's series */
+    return status;
 }

@@ -63,6 +63,8 @@ typedef struct {
     double t;
     uint64_t seq;
     int w;
+    int start;             /* w's pull, not its push: a traced worker's first, or its next
+                            * once its push's and pull's round trips have passed */
 } s_event_t;
 
 typedef struct {
@@ -82,6 +84,8 @@ typedef struct {
     double round_ms;       /* DyLU: its round's simulated compute ms per local step, */
     double step_ms;        /* ... their EWMA, reported with each push (common/dylu.h), */
     long h_sum, rounds;    /* ... and the H of its rounds summed, and counted */
+    dp_trace_cursor_t trace; /* --compute trace:DIR: its place in the series it replays, */
+    double gap_ms;         /* ... and the wait after its push before the servers answer its next pull */
 } s_worker_t;
 
 typedef struct {
@@ -119,68 +123,6 @@ typedef struct {
     dp_progress_t progress; /* the live line (a plain one every 10 s off a terminal) */
 } s_sim_t;
 
-/* ---- the compute-time law ---- */
-
-int dp_dist_parse(dp_dist_t *d, const char *text, char *err)
-{
-    const char *colon = strchr(text, ':');
-    char kind[16];
-    if (!colon || colon - text >= (long)sizeof kind) goto bad;
-    snprintf(kind, sizeof kind, "%.*s", (int)(colon - text), text);
-    const char *rest = colon + 1, *second = strchr(rest, ':');
-    char first[64];
-    size_t len = second ? (size_t)(second - rest) : strlen(rest);
-    if (len >= sizeof first) goto bad;
-    snprintf(first, sizeof first, "%.*s", (int)len, rest);
-    if (strcmp(kind, "const") == 0 || strcmp(kind, "exp") == 0) {
-        d->kind = kind[0] == 'c' ? DP_DIST_CONST : DP_DIST_EXP;
-        d->b = 0;
-        if (second || dp_opts_parse_double("--compute", first, 1e-6, 1e9, &d->a, NULL) != 0) goto bad;
-        return 0;
-    }
-    if (strcmp(kind, "lognormal") == 0 && second) {
-        d->kind = DP_DIST_LOGNORMAL;
-        if (dp_opts_parse_double("--compute", first, -50, 50, &d->a, NULL) != 0 ||
-            dp_opts_parse_double("--compute", second + 1, 0, 10, &d->b, NULL) != 0)
-            goto bad;
-        return 0;
-    }
-bad:
-    return dp_err(err, "'%s' is not const:MS, exp:MEAN_MS or lognormal:MU:SIGMA (MS > 0; "
-                       "lognormal: exp(MU + SIGMA z) ms, SIGMA in [0, 10])", text);
-}
-
-int dp_churn_parse(dp_churn_t *c, const char *text, char *err)
-{
-    const char *colon = strchr(text, ':');
-    int leave = colon && colon - text == 5 && strncmp(text, "leave", 5) == 0;
-    int kill = colon && colon - text == 4 && strncmp(text, "kill", 4) == 0;
-    if ((!leave && !kill) || dp_opts_parse_double("--churn", colon + 1, 1e-6, 1e9, &c->mean_s, NULL) != 0)
-        return dp_err(err, "'%s' is not leave:MEAN_S or kill:MEAN_S (a change of the crew every "
-                           "MEAN_S simulated seconds on average, MEAN_S > 0)", text);
-    c->kind = leave ? DP_CHURN_LEAVE : DP_CHURN_KILL;
-    return 0;
-}
-
-/* Uniform in (0, 1) from 53 random bits. */
-static double s_uniform(dp_rng_t *r)
-{
-    return ((double)(dp_rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double s_draw_ms(const dp_dist_t *d, dp_rng_t *r)
-{
-    switch (d->kind) {
-    case DP_DIST_CONST: return d->a;
-    case DP_DIST_EXP: return -d->a * log(s_uniform(r));
-    case DP_DIST_LOGNORMAL: {
-        double z = sqrt(-2 * log(s_uniform(r))) * cos(2 * M_PI * s_uniform(r));
-        return exp(d->a + d->b * z);
-    }
-    }
-    return d->a;
-}
-
 /* ---- the event queue: a binary heap on (t, seq) ---- */
 
 static int s_before(const s_event_t *a, const s_event_t *b)
@@ -212,10 +154,10 @@ static void s_sift_down(s_sim_t *S, int i)
     }
 }
 
-static void s_heap_push(s_sim_t *S, double t, int w)
+static void s_heap_push(s_sim_t *S, double t, int w, int start)
 {
     int i = S->n_heap++;
-    S->heap[i] = (s_event_t){t, S->seq++, w};
+    S->heap[i] = (s_event_t){t, S->seq++, w, start};
     s_sift_up(S, i);
 }
 
@@ -324,9 +266,15 @@ static int s_start(s_sim_t *S, int w)
     /* a round of local steps computes H gradients: H draws (DyLU: its own H) */
     long n = S->c->lab.dylu ? S->L.round_n[w] : S->c->lab.local_steps > 1 ? S->c->lab.local_steps : 1;
     double ms = 0;
-    for (long h = 0; h < n; h++) ms += s_draw_ms(&S->c->compute, &k->rng);
+    k->gap_ms = 0; /* a traced step's push and next pull: after it lands (s_finish_one) */
+    for (long h = 0; h < n; h++) {
+        double gap = 0;
+        ms += k->gap_ms + (S->c->compute.trace ? dp_trace_next(&k->trace, &gap)
+                                               : dp_dist_draw_ms(&S->c->compute, &k->rng));
+        k->gap_ms = gap;
+    }
     if (n > 0) k->round_ms = ms * S->c->slow[w] / (double)n;
-    s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w);
+    s_heap_push(S, S->now + ms * S->c->slow[w] / 1000.0, w, 0);
     return 1;
 }
 
@@ -336,6 +284,15 @@ static void s_pull(s_sim_t *S, int w)
     if (!S->w[w].live) return;
     if (!dp_policy_pull_ready(S->L.policy[0], w, S->w[w].min_version) || !s_start(S, w))
         S->held[S->n_held++] = w;
+}
+
+/* w's first pull: now, or with a trace when the worker it replays began
+ * its first step, after the real run's first worker did (trace.h). */
+static void s_pull_first(s_sim_t *S, int w)
+{
+    double at = S->c->compute.trace ? dp_trace_first(&S->w[w].trace) / 1000.0 : 0;
+    if (at > 0) s_heap_push(S, at, w, 1);
+    else s_pull(S, w);
 }
 
 /* After a push or a change of the crew: the held pulls now ready are
@@ -444,7 +401,7 @@ static void s_churn(s_sim_t *S)
         else if (S->w[pick].busy) S->w[pick].leaving = 1; /* after its push */
         else s_crew(S, pick, DP_LAB_LEAVE);
     }
-    S->next_churn = S->now - c->churn.mean_s * log(s_uniform(&S->churn_rng));
+    S->next_churn = S->now - c->churn.mean_s * log(dp_uniform01(&S->churn_rng));
 }
 
 /* ---- evaluation and diagnostics ---- */
@@ -619,6 +576,7 @@ static int s_setup(s_sim_t *S, const dp_sim_conf_t *c, char *err)
         if (c->diag_every > 0) S->w[w].pulled = dp_aligned_alloc(S->n * sizeof(float));
         /* Per worker, so one worker's draws do not shift with the others'. */
         dp_rng_seed(&S->w[w].rng, c->lab.train.seed * 0x9E3779B97F4A7C15ULL + 7919u * (uint64_t)w + 1);
+        if (c->compute.trace) dp_trace_cursor(c->compute.trace, w, M, &S->w[w].trace);
     }
     S->evals = cJSON_CreateArray();
     S->finishing = dp_calloc((size_t)M, sizeof *S->finishing);
@@ -708,6 +666,8 @@ static int s_finish_one(s_sim_t *S, int w, char *err)
          * finishes, as the actor-critic worker does (worker/train/a3c_train.c) */
         k->live = 0;
         S->finishing[S->n_finishing++] = w;
+    } else if (k->gap_ms > 0) {
+        s_heap_push(S, S->now + k->gap_ms * c->slow[w] / 1000.0, w, 1);
     } else {
         s_pull(S, w);
     }
@@ -749,13 +709,13 @@ static int s_loop(s_sim_t *S, char *err)
     if (S->dealing) { /* MIN at once */
         for (int w = 0; w < c->lab.min_workers; w++) s_crew_change(S, w, DP_LAB_JOIN);
         s_crew_note(S);
-        for (int w = 0; w < c->lab.min_workers; w++) s_pull(S, w);
+        for (int w = 0; w < c->lab.min_workers; w++) s_pull_first(S, w);
     } else {
         for (int w = 0; w < c->lab.workers; w++) S->w[w].live = 1;
-        for (int w = 0; w < c->lab.workers; w++) s_pull(S, w);
+        for (int w = 0; w < c->lab.workers; w++) s_pull_first(S, w);
     }
     S->next_churn = c->churn.kind == DP_CHURN_NONE ? INFINITY
-                                                   : -c->churn.mean_s * log(s_uniform(&S->churn_rng));
+                                                   : -c->churn.mean_s * log(dp_uniform01(&S->churn_rng));
     uint64_t pushes_seen = 0;
     long idle_changes = 0; /* changes of the crew since the last push */
     dp_progress_init(&S->progress, (dp_progress_mode_t)c->progress);
@@ -764,7 +724,8 @@ static int s_loop(s_sim_t *S, char *err)
         if (S->n_heap > 0 && S->heap[0].t < S->next_churn) {
             s_event_t e = s_heap_pop(S);
             S->now = e.t;
-            if (s_finish_one(S, e.w, err) != 0) return -1;
+            if (e.start) s_pull(S, e.w);
+            else if (s_finish_one(S, e.w, err) != 0) return -1;
         } else if (S->next_churn < INFINITY && ++idle_changes <= 100000) {
             S->now = S->next_churn;
             s_churn(S);
@@ -784,7 +745,7 @@ static int s_loop(s_sim_t *S, char *err)
     while (S->L.sp && S->n_heap > 0) {
         s_event_t e = s_heap_pop(S);
         S->now = e.t;
-        if (s_finish_one(S, e.w, err) != 0) return -1;
+        if (!e.start && s_finish_one(S, e.w, err) != 0) return -1; /* one not started: no step */
     }
     if (S->failed) return dp_err(err, "%s", S->err);
     return 0;

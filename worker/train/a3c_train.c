@@ -183,6 +183,7 @@ static int s_loop_cluster(dp_train_drv_t *d, char *err)
     while (!dp_train_stopped(d) && r->run_steps < (uint64_t)c->a3c.env_steps) {
         dp_train_test_hold(c->task_index, r->segments + 1, d->stop);
         if (dp_ps_client_pull(d->ps, r->h_params, err) != 0) return -1;
+        double t1 = dp_now();
         dp_net_set_params(&r->net, r->h_params);
         float loss;
         if (s_segment(r, 0, &loss, err) != 0) return -1;
@@ -190,9 +191,10 @@ static int s_loop_cluster(dp_train_drv_t *d, char *err)
             return dp_err(err, "loss is %f at step %ld: training diverged (lower the servers' --lr)",
                           loss, r->segments - 1);
         dp_push_result_t res;
+        double t2 = dp_now();
         if (s_push(r, d->ps, loss, &res, err) != 0) return -1;
         dp_train_step_t st = {.step = r->segments - 1, .loss = loss, .samples = r->a.K * r->a.T,
-                              .push = &res};
+                              .push = &res, .pulled_at = t1, .pushed_at = t2};
         if (dp_train_done(d, &st, err) != 0) return -1;
     }
     if (!dp_train_stopped(d))

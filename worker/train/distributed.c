@@ -185,7 +185,7 @@ typedef struct dp_dense_cluster {
 /* A push's result: this worker's counters, then the driver's record (the
  * loss average, the metrics line, TensorBoard, evaluation, progress). */
 static int s_record(s_loop_t *L, long step, float loss, uint64_t version,
-                    const dp_push_result_t *r, uint64_t lost, char *err)
+                    const dp_push_result_t *r, uint64_t lost, double pulled_at, double pushed_at, char *err)
 {
     int applied = r->applied == L->info->num_shards;
     L->applied += applied;
@@ -198,7 +198,7 @@ static int s_record(s_loop_t *L, long step, float loss, uint64_t version,
     /* a round of local steps is step + 1 - done steps */
     dp_train_step_t st = {.step = step, .loss = loss,
                           .samples = (double)(step + 1 - L->d->done) * L->s->conf.batch,
-                          .push = r, .last = !L->dealt && step + 1 == L->total};
+                          .push = r, .pulled_at = pulled_at, .pushed_at = pushed_at, .last = !L->dealt && step + 1 == L->total};
     return dp_train_done(L->d, &st, err);
 }
 
@@ -353,7 +353,8 @@ static int s_loop_plain(s_loop_t *L, char *err)
         L->step_compute_s = t2 - tc - L->pull_wait_s;
         L->step_wait_s = (t1 - t0) + L->pull_wait_s + (dp_now() - t2);
         L->wait_s += L->step_wait_s;
-        if (s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps), err) != 0) return -1;
+        if (s_record(L, step, loss, version, &r, dp_ps_client_updates_lost(L->ps), t1, t2, err) != 0)
+            return -1;
     }
     return 0;
 }
@@ -424,7 +425,8 @@ static int s_loop_local(s_loop_t *L, char *err)
         L->step_compute_s = t2 - t1;
         L->step_wait_s = (t1 - t0) + (dp_now() - t3);
         L->wait_s += L->step_wait_s;
-        if (s_record(L, last, loss, version, &r, dp_ps_client_updates_lost(L->ps), err) != 0) goto out;
+        if (s_record(L, last, loss, version, &r, dp_ps_client_updates_lost(L->ps), t1, t3, err) != 0)
+            goto out;
     }
     rc = 0;
 out:
@@ -452,8 +454,8 @@ static int s_take(s_loop_t *L, dp_pipeline_t *pl, dp_ps_stamp_t *stamp, char *er
             L->pulled = j.dealt;
             break;
         }
-        if (s_record(L, (long)j.step - 1, j.loss, dp_ps_stamp_sum(&j.stamp), &j.res, j.updates_lost,
-                     err) != 0) {
+        if (s_record(L, (long)j.step - 1, j.loss, dp_ps_stamp_sum(&j.stamp), &j.res, j.updates_lost, 0,
+                     0, err) != 0) {
             rc = -1;
             break;
         }

@@ -64,9 +64,25 @@ int dp_train_done(dp_train_drv_t *d, const dp_train_step_t *st, char *err)
     if (isfinite(st->loss))
         d->loss_avg = d->done == d->first + 1 ? st->loss : 0.98 * d->loss_avg + 0.02 * st->loss;
     if (st->push) d->stale_sum += st->push->staleness_mean;
+    /* a push's whole step on this worker, from the last one's record to
+     * this one's: its pull, compute (an injected delay too), push, and the
+     * last record's own time; what `downpour sim --compute trace:DIR` replays */
+    double now = dp_now(), before = d->t_step > 0 ? d->t_step : d->t0, step_ms = (now - before) * 1e3;
+    d->t_step = now;
     cJSON *line = dp_metrics_line(d->metrics);
     if (line) {
         d->ops->metrics(d, st, line);
+        if (st->push) { /* and when, on the machine's monotonic clock (every process's) */
+            cJSON_AddNumberToObject(line, "step_ms", dp_metrics_round(step_ms, 6));
+            cJSON_AddNumberToObject(line, "clock_s", round(now * 1e6) / 1e6); /* to the µs */
+            /* its parts: from the last record to its pull's return (the pull's
+             * round trip), from its push's start to this record (the push's) */
+            if (st->pulled_at > 0 && st->pushed_at >= st->pulled_at && now >= st->pushed_at) {
+                double pull_ms = fmax(0, (st->pulled_at - before) * 1e3);
+                cJSON_AddNumberToObject(line, "pull_ms", dp_metrics_round(pull_ms, 6));
+                cJSON_AddNumberToObject(line, "push_ms", dp_metrics_round((now - st->pushed_at) * 1e3, 6));
+            }
+        }
         dp_metrics_write(d->metrics, &line);
     }
     if (st->step % 10 == 0) dp_tb_scalar(d->tb, "train/loss", st->step, st->loss); /* small files */

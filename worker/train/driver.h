@@ -48,6 +48,9 @@ typedef struct {
     float loss;
     double samples;            /* what it trained: samples, or an actor-critic's env steps */
     const dp_push_result_t *push; /* a cluster's: its push's result; NULL standalone */
+    double pulled_at, pushed_at; /* a cluster's: dp_now() at its pull's return and its push's
+                                * start; 0: not measured (the overlapped loop's, the embed
+                                * kind's) */
     int last;                  /* the run's last step: the progress line is written now */
 } dp_train_step_t;
 
@@ -109,6 +112,7 @@ struct dp_train_drv {
     /* the steps */
     long first, total, done;   /* where it starts (a rejoin), ends (LONG_MAX: dealt), got to */
     double t_open, t0;         /* dp_now() at open and at the loop's start */
+    double t_step;             /* dp_now() at the last step's record (0: none yet) */
     double loss_avg;           /* the smoothed training loss */
     double samples;            /* trained since first */
     double stale_sum;          /* a cluster: its pushes' mean staleness, summed */
