@@ -8,7 +8,9 @@
 void dp_obs_norm_forward(float *out, const float *in, const float *mean, const float *var, int B, int F)
 {
     for (int i = 0; i < F; i++) {
-        float m = mean[i], inv = 1.0f / sqrtf(var[i] + DP_OBS_NORM_EPS);
+        /* statistics from a push, so from a peer: a negative variance (which no
+         * merge makes) is taken as 0, never as a NaN in every worker's policy */
+        float m = mean[i], inv = 1.0f / sqrtf((var[i] > 0 ? var[i] : 0) + DP_OBS_NORM_EPS);
         for (int n = 0; n < B; n++) {
             float v = (in[(size_t)n * F + i] - m) * inv;
             out[(size_t)n * F + i] = v > DP_OBS_NORM_CLIP ? DP_OBS_NORM_CLIP : v < -DP_OBS_NORM_CLIP ? -DP_OBS_NORM_CLIP : v;
@@ -19,7 +21,7 @@ void dp_obs_norm_forward(float *out, const float *in, const float *mean, const f
 void dp_obs_norm_update(float *mean, float *var, float *count, const float *in, int B, int F)
 {
     if (B < 1) return;
-    double n = *count, b = B, total = n + b;
+    double n = *count > 0 ? *count : 0, b = B, total = n + b; /* a count from a peer: as above */
     for (int i = 0; i < F; i++) {
         double s = 0, ss = 0;
         for (int k = 0; k < B; k++) s += in[(size_t)k * F + i];
@@ -30,7 +32,7 @@ void dp_obs_norm_update(float *mean, float *var, float *count, const float *in, 
         }
         /* Chan et al.'s pairwise merge of (n, mean, var) with the batch's */
         double delta = bm - mean[i];
-        double m2 = (double)var[i] * n + ss + delta * delta * n * b / total;
+        double m2 = (var[i] > 0 ? (double)var[i] : 0) * n + ss + delta * delta * n * b / total;
         mean[i] = (float)(mean[i] + delta * b / total);
         var[i] = (float)(m2 / total);
     }

@@ -125,5 +125,20 @@ static void test_net_carries_statistics(void)
     dp_backend_destroy(&be);
 }
 
+/* Statistics that came with a push (a peer's): a negative variance or
+ * count is taken as 0, so the output stays finite and the next merge
+ * starts clean, never a NaN in every worker's policy. */
+static void test_lying_statistics(void)
+{
+    float mean[2] = {1, 0}, var[2] = {-4, -1e30f}, count = -7;
+    const float in[4] = {3, 2, -1, 0};
+    float out[4];
+    dp_obs_norm_forward(out, in, mean, var, 2, 2);
+    for (int k = 0; k < 4; k++) CHECK(isfinite(out[k]) && fabsf(out[k]) <= DP_OBS_NORM_CLIP);
+    dp_obs_norm_update(mean, var, &count, in, 2, 2);
+    CHECK(count == 2);
+    CHECK(var[0] == 4 && var[1] == 1 && mean[0] == 1 && mean[1] == 1); /* the batch's own */
+}
+
 DP_TESTS(T(test_update_matches_two_pass), T(test_forward_and_clip), T(test_count_ceiling), T(test_grammar),
-         T(test_net_carries_statistics))
+         T(test_net_carries_statistics), T(test_lying_statistics))
