@@ -307,7 +307,6 @@ static int s_pull(dp_ps_client_t *c, dp_ps_pull_req_t *to, char *err)
     dp_ps_plan_t pull = s_pull_plan(c, to);
     c->pulls_parts = 0;
     c->dealt_got = false;
-    to->wire = false;
     for (int t = 0; t < S_TORN_TRIES; t++) {
         bool torn = false;
         to->wire = t >= S_TORN_SHM;
