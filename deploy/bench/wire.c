@@ -374,9 +374,13 @@ done:
         zmq_close(raw);
     }
     dp_zsock_ctx_term(&ctx, "bench wire");
+    /* The shards gone before the client's context ends: a context ended
+     * while its peers are leaving loses a reconnect's allocation inside
+     * libzmq 4.3.4 (LeakSanitizer saw it in about 1 run of 3 on a loaded
+     * machine; none in 100 in this order). */
     if (pc && rc == 0) dp_ps_client_shutdown_servers(pc, NULL);
-    dp_ps_client_destroy(&pc);
     dp_bench_shards_stop(&cl);
+    dp_ps_client_destroy(&pc);
     if (echo > 0) {
         kill(echo, SIGTERM);
         waitpid(echo, NULL, 0);
