@@ -288,6 +288,7 @@ class Client:
         self._check(self._call(self._lib.downpour_deal_plan, int(samples), int(batch), int(epochs),
                                int(steps)))
         self._deal = (int(samples), int(batch), int(seed))
+        self._deal_perm = None  # (epoch, that epoch's permutation)
 
     def dealt(self):
         """The dataset indices (int64 array) of the batch the last pull was
@@ -298,10 +299,13 @@ class Client:
         if d.end:
             return None
         samples, batch, seed = self._deal
-        idx = np.empty(batch, dtype=np.int64)
-        self._check(self._lib.downpour_deal_indices(samples, batch, seed, d.epoch, d.index,
-                                                    idx.ctypes.data))
-        return idx
+        if self._deal_perm is None or self._deal_perm[0] != d.epoch:
+            # drawn once an epoch (a draw is O(samples), a batch O(batch))
+            perm = np.empty(samples, dtype=np.int64)
+            self._check(self._lib.downpour_deal_permutation(samples, seed, d.epoch,
+                                                            perm.ctypes.data))
+            self._deal_perm = (d.epoch, perm)
+        return self._deal_perm[1][d.index * batch:(d.index + 1) * batch].copy()
 
     def _pull_ptrs(self, ptrs):
         """pull_tensors into a prepared (c_void_p * n) array (downpour.torch)."""

@@ -124,6 +124,8 @@ def _declare(lib):
         "downpour_dealt": (ctypes.c_int, [h, ctypes.POINTER(Dealt)]),
         "downpour_deal_indices": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
                                                  ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]),
+        "downpour_deal_permutation": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64,
+                                                     ctypes.c_uint64, ctypes.c_void_p]),
         "downpour_updates_lost": (ctypes.c_uint64, [h]),
         "downpour_set_compress": (ctypes.c_int, [h, ctypes.c_char_p, ctypes.c_char_p]),
         "downpour_stats": (ctypes.c_int, [h, ctypes.POINTER(Stats)]),

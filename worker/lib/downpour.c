@@ -485,6 +485,27 @@ int downpour_dealt(const downpour_t *h, downpour_dealt_t *out)
 
 /* The same permutation as downpour-worker's (worker/exec/data.c
  * dp_data_dealt_indices; test_lib_deal holds the two equal). */
+static void s_permutation(uint64_t samples, uint64_t seed, uint64_t epoch, int *perm)
+{
+    for (int i = 0; i < (int)samples; i++) perm[i] = i;
+    dp_rng_t rng;
+    dp_rng_seed(&rng, seed * 0x9e3779b97f4a7c15ULL + epoch + 1);
+    dp_rng_shuffle(&rng, perm, (int)samples);
+}
+
+int downpour_deal_permutation(uint64_t samples, uint64_t seed, uint64_t epoch, int64_t *perm)
+{
+    s_ok();
+    if (samples < 1 || samples > INT_MAX || epoch > (uint64_t)LONG_MAX)
+        return s_fail(DOWNPOUR_ERR_ARGS, "epoch %" PRIu64 " of %" PRIu64 " samples: no "
+                      "permutation (1 to %d samples)", epoch, samples, INT_MAX);
+    int *p = dp_malloc((size_t)samples * sizeof *p);
+    s_permutation(samples, seed, epoch, p);
+    for (uint64_t i = 0; i < samples; i++) perm[i] = p[i];
+    free(p);
+    return 0;
+}
+
 int downpour_deal_indices(uint64_t samples, uint32_t batch, uint64_t seed, uint64_t epoch,
                           uint64_t index, int64_t *idx)
 {
@@ -493,10 +514,7 @@ int downpour_deal_indices(uint64_t samples, uint32_t batch, uint64_t seed, uint6
         return s_fail(DOWNPOUR_ERR_ARGS, "dealt batch %" PRIu64 " of epoch %" PRIu64 " is not one "
                       "of %" PRIu64 " samples' batches of %u", index, epoch, samples, batch);
     int *perm = dp_malloc((size_t)samples * sizeof *perm);
-    for (int i = 0; i < (int)samples; i++) perm[i] = i;
-    dp_rng_t rng;
-    dp_rng_seed(&rng, seed * 0x9e3779b97f4a7c15ULL + epoch + 1);
-    dp_rng_shuffle(&rng, perm, (int)samples);
+    s_permutation(samples, seed, epoch, perm);
     for (uint32_t k = 0; k < batch; k++) idx[k] = perm[index * batch + k];
     free(perm);
     return 0;

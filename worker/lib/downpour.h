@@ -260,6 +260,11 @@ int downpour_dealt(const downpour_t *h, downpour_dealt_t *out);
  * (every worker of the crew gives the same seed). */
 int downpour_deal_indices(uint64_t samples, uint32_t batch, uint64_t seed, uint64_t epoch,
                           uint64_t index, int64_t *idx);
+/* The whole of epoch `epoch`'s permutation, perm[samples]: batch `index`
+ * is perm[index * batch .. (index + 1) * batch), what downpour_deal_indices
+ * gives. A loop over many batches of an epoch draws it once and slices it
+ * (the Python client does), where downpour_deal_indices draws it a call. */
+int downpour_deal_permutation(uint64_t samples, uint64_t seed, uint64_t epoch, int64_t *perm);
 
 /* The row table's width D (a spec's embed:D or downpour_connect_table_rows'
  * rows_width; 0: the model has none). */
