@@ -24,7 +24,20 @@ void dp_shard_range(size_t n, int i, int k, size_t *lo, size_t *hi)
     *hi = (size_t)(((unsigned __int128)n * (unsigned)(i + 1)) / (unsigned)k);
 }
 
-/* The state tensors' floats inside [lo, hi), as ranges local to the shard. */
+/* A state tensor whose values are a variance or a count (shard.h). */
+static int s_never_negative(const char *name)
+{
+    static const char *tails[] = {".running_var", ".num_batches_tracked", ".count"};
+    size_t n = strlen(name);
+    for (size_t k = 0; k < sizeof tails / sizeof tails[0]; k++) {
+        size_t t = strlen(tails[k]);
+        if (n >= t && strcmp(name + n - t, tails[k]) == 0) return 1;
+    }
+    return strcmp(name, "num_batches_tracked") == 0 || strcmp(name, "running_var") == 0;
+}
+
+/* The state tensors' floats inside [lo, hi), as ranges local to the shard,
+ * and those of them that must stay non-negative. */
 static void s_find_state(dp_shard_t *s)
 {
     const dp_model_t *m = &s->model;
@@ -38,7 +51,31 @@ static void s_find_state(dp_shard_t *s)
         s->state_ranges[s->n_state_ranges][0] = lo - s->lo;
         s->state_ranges[s->n_state_ranges][1] = hi - s->lo;
         s->n_state_ranges++;
+        if (!s_never_negative(p->name)) continue;
+        s->bounded = dp_realloc(s->bounded, (size_t)(s->n_bounded + 1) * sizeof *s->bounded);
+        s->bounded[s->n_bounded++] = (dp_shard_bound_t){lo - s->lo, hi - s->lo, i};
     }
+}
+
+int dp_shard_state_check(const dp_shard_t *s, const dp_grad_slice_t *g, int n, char *err)
+{
+    for (int b = 0; b < s->n_bounded; b++) {
+        const dp_shard_bound_t *r = &s->bounded[b];
+        for (int f = 0; f < n; f++) {
+            size_t a = (size_t)g[f].offset - s->lo, z = a + g[f].len / sizeof(float);
+            size_t lo = a > r->lo ? a : r->lo, hi = z < r->hi ? z : r->hi;
+            for (size_t i = lo; i < hi; i++) {
+                float v; /* the slice may sit at any byte address */
+                memcpy(&v, (const char *)g[f].data + (i - a) * sizeof v, sizeof v);
+                if (v >= 0.0f) continue;
+                const dp_param_t *p = &s->model.params[r->param];
+                return dp_err(err, "state tensor %s element %zu is %g: a variance or a count is "
+                                   "never negative; the push is refused", p->name,
+                              (size_t)(s->lo + i - p->offset), (double)v);
+            }
+        }
+    }
+    return 0;
 }
 
 int dp_shard_init_values(dp_shard_t *s, const dp_model_t *m, int index, int count,
@@ -98,6 +135,9 @@ void dp_shard_fini(dp_shard_t *s)
     free(s->state_ranges);
     s->state_ranges = NULL;
     s->n_state_ranges = 0;
+    free(s->bounded);
+    s->bounded = NULL;
+    s->n_bounded = 0;
     s->worker_step = s->worker_seen = NULL;
     s->step_first = NULL;
     s->n_workers = 0;

@@ -64,6 +64,12 @@ typedef struct {
     uint64_t early_dropped; /* early steps given up (their work wasted) */
 } dp_shard_counts_t;
 
+/* Floats [lo, hi) local to a shard of the model's parameter `param`. */
+typedef struct {
+    size_t lo, hi;
+    int param;
+} dp_shard_bound_t;
+
 /* A buffer of the shard's n parameters: the live one (dp_shard_t.snap), or
  * an older version still held by replies in flight, or a retired one kept
  * for reuse. Freed by the last dp_snap_unref (which may run on ZeroMQ's I/O
@@ -126,6 +132,9 @@ typedef struct {
                                   pushed value (sync: the mean of the R pushed) instead of
                                   stepping them */
     int n_state_ranges;
+    dp_shard_bound_t *bounded; /* the state floats that are variances or counts (never
+                                  negative), as ranges local to the shard */
+    int n_bounded;
     dp_shard_dc_t *dc;     /* delay compensation (server/core/shard_dc.h), NULL when off */
     dp_snap_t *spare;      /* a buffer handed back (a dropped early step's), which the next
                               step that needs one takes first (our reference), or NULL */
@@ -193,6 +202,14 @@ dp_snap_t *dp_shard_snapshot_bf16(dp_shard_t *s);
  * the sweep's threads. 0 yes, 1 no (the caller names the element through
  * dp_wire_check_finite). */
 int dp_shard_grad_nonfinite(dp_shard_t *s, const dp_grad_slice_t *g, int n);
+
+/* A push sets the state floats to the worker's values (above): those of a
+ * variance or a count (a state tensor named *.running_var,
+ * *.num_batches_tracked or *.count: batch norm's, obsnorm's) must not be
+ * negative, or every worker's next forward takes the square root of a
+ * negative number. 0 when g (n slices tiling the range) keeps them so;
+ * else -1 and err names the tensor, the element and the value. */
+int dp_shard_state_check(const dp_shard_t *s, const dp_grad_slice_t *g, int n, char *err);
 
 /* scratch[off, off + cnt) = src[off, off + cnt), each block checked finite
  * as it is copied (dp_wire_copy_finite), split over the sweep's threads:

@@ -350,13 +350,21 @@ static int s_check_round(const dp_ps_config_t *cfg, const Downpour__Push *p, cha
     return -1;
 }
 
-/* A gradient that passed every check (g: n slices tiling the range, all
- * finite), whole or assembled from its parts: the repeat check, the policy,
- * the record, the reply. */
+static void s_push_refused(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
+                           const char *why);
+
+/* A gradient that passed the wire's checks (g: n slices tiling the range,
+ * all finite), whole or assembled from its parts: the state values' check,
+ * the repeat check, the policy, the record, the reply. */
 static void s_push_apply(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                          const dp_grad_slice_t *g, int n_frames)
 {
     int wid = env->worker_id;
+    char msg[DP_ERR_LEN];
+    if (dp_shard_state_check(&ps->shard, g, n_frames, msg) != 0) {
+        s_push_refused(ps, id, env, msg);
+        return;
+    }
     if (s_push_repeated(ps, id, env)) return;
     s_test_kill_at_version(ps, env);
     if (dp_ps_deal_unknown(ps, wid, env->push->step)) {

@@ -359,6 +359,48 @@ __attribute__((destructor)) static void s_cleanup(void)
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", s_dir);
 }
 
+/* A worker that lies about a count: a push whose bn.num_batches_tracked is
+ * negative is refused with one line naming the tensor, and nothing of it is
+ * applied (its trainable floats neither); the same push with the count at
+ * 0 is applied. Sync too: a lying worker does not get into the mean. */
+static void s_negative_count_refused(dp_mode_t mode)
+{
+    char err[DP_ERR_LEN] = "";
+    srv_t s;
+    s_init_server(&s, mode, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    dp_model_t m;
+    s_client_model(&m);
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &m, 0, PS_OPTS(5), NULL, err), 0);
+    float w[N_FLOATS], x[N_FLOATS], g[N_FLOATS];
+    s_values(x);
+    CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+    for (int i = 0; i < N_FLOATS; i++) g[i] = 1.0f;
+    g[18] = -3.0f;
+    dp_push_result_t r;
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(1, g, 1.0f, 8), &r, err), 0);
+    CHECK_EQ(r.applied, 0);
+    CHECK_EQ(r.rejected, 1);
+    CHECK(strstr(r.reason, "bn.num_batches_tracked element 0 is -3") != NULL);
+    CHECK(strchr(r.reason, '\n') == NULL);
+    CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+    CHECK(memcmp(w, x, sizeof x) == 0); /* nothing applied */
+    g[18] = 0.0f;
+    CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(2, g, 1.0f, 8), &r, err), 0);
+    CHECK_EQ(r.applied, 1);
+    CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+    CHECK(w[18] == 0.0f && w[0] == x[0] - 0.1f);
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+}
+
+static void test_negative_count_refused(void)
+{
+    s_negative_count_refused(DP_MODE_ASYNC);
+    s_negative_count_refused(DP_MODE_SYNC);
+}
+
 DP_TESTS(T(test_read_table), T(test_bad_files), T(test_shard_state_ranges), T(test_server_async),
-         T(test_server_dc_keeps_state),
+         T(test_server_dc_keeps_state), T(test_negative_count_refused),
          T(test_server_sync_and_restore), T(test_flags))
