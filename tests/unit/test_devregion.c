@@ -207,7 +207,8 @@ static int s_kid_liar(int rd, int wr)
     while ((cmd = s_cmd(rd)) != 0 && cmd != 'q') {
         float *g = w.grad.ptr; /* whether or not the shard took the last */
         for (int i = 0; i < NF; i++) g[i] = 1.0f;
-        if (cmd == 'j') { /* the count jumps by 5 */
+        if (cmd == 'j') { /* the count jumps by 5, all else as a push */
+            atomic_store(&c->floats, NF);
             atomic_fetch_add(&c->events, 5);
             atomic_fetch_add(&c->pushed, 5);
         } else if (cmd == 'n') { /* half the floats */
