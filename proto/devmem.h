@@ -73,6 +73,9 @@ typedef struct {
     /* Record on stream (NULL: the default one); the stand-in's writes are
      * done when it returns, so the record is the counter's increment. */
     int (*event_record)(dp_devmem_event_t *e, void *stream, char *err);
+    /* Block until the work before the last record is done (the stand-in's
+     * is done at the record). */
+    int (*event_wait)(dp_devmem_event_t *e, char *err);
     /* Is the work before record number `want` done: 1 yes, 0 not yet, -1 error. */
     int (*event_query)(dp_devmem_event_t *e, uint64_t want, char *err);
     void (*event_destroy)(dp_devmem_event_t *e); /* safe on a zeroed one */
@@ -80,5 +83,8 @@ typedef struct {
 
 /* The CPU stand-in (proto/devmem_standin.c). */
 extern const dp_devmem_ops_t dp_devmem_standin;
+/* CUDA (kernels/cuda/devmem_cuda.c), in the CUDA module and the GPU tests
+ * only. */
+extern const dp_devmem_ops_t dp_devmem_cuda;
 
 #endif

@@ -119,6 +119,13 @@ static int s_event_record(dp_devmem_event_t *e, void *stream, char *err)
     return 0;
 }
 
+static int s_event_wait(dp_devmem_event_t *e, char *err)
+{
+    (void)e;
+    (void)err;
+    return 0;
+}
+
 static int s_event_query(dp_devmem_event_t *e, uint64_t want, char *err)
 {
     (void)err;
@@ -142,6 +149,7 @@ const dp_devmem_ops_t dp_devmem_standin = {
     .event_create = s_event_create,
     .event_open = s_event_open,
     .event_record = s_event_record,
+    .event_wait = s_event_wait,
     .event_query = s_event_query,
     .event_destroy = s_event_destroy,
 };

@@ -370,7 +370,13 @@ int dp_devregion_push(dp_devregion_worker_t *w, void *stream, char *err)
     if (!dp_devregion_slot_free(w))
         return dp_err(err, "device region: slot %d: the last push is not taken yet", w->slot);
     atomic_store_explicit(&w->wctl->floats, w->n, memory_order_relaxed);
-    if (w->ops->event_record(&w->ev, stream, err) != 0) return -1;
+    /* Recorded, then waited for: the count then says the writes are done,
+     * not only issued. The shard's query of the same event is its own
+     * check that they are (a count its event never reached is not taken):
+     * whether a peer process's query can see a record its writer has issued
+     * but the device not yet reached is not something to lean on. */
+    if (w->ops->event_record(&w->ev, stream, err) != 0 || w->ops->event_wait(&w->ev, err) != 0)
+        return -1;
     /* last: the count says a whole gradient is there (release: after the
      * floats and the record) */
     atomic_fetch_add_explicit(&w->wctl->pushed, 1, memory_order_release);

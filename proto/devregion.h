@@ -37,9 +37,9 @@
  * have; a worker that pins forever costs the others fresh weights, never
  * wrong ones).
  *
- * Pushes: a worker writes its slot, records the event, then bumps its
- * pushes counter (release); the counter is bumped only after the write is
- * issued and the event says it is done, so a worker killed mid-write leaves
+ * Pushes: a worker writes its slot, records the event and waits for it,
+ * then bumps its pushes counter (release); the counter is bumped only after
+ * the write is done, so a worker killed mid-write leaves
  * a slot that is never taken. The worker writes again only when the shard
  * has taken its last push (taken == pushed). The shard takes push p only
  * when p == taken + 1 (a jump is refused and resynchronised), the event has
