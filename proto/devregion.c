@@ -2,6 +2,7 @@
  * the pin rule, pushes and restarts). */
 #include "proto/devregion.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -138,6 +139,7 @@ static int s_pinned(const dp_devregion_shard_t *r, int e)
 
 float *dp_devregion_publish_begin(dp_devregion_shard_t *r, uint64_t version)
 {
+    assert(r->ctl && r->writing < 0); /* a region not released, one publish at a time */
     dp_devregion_ctl_t *c = r->ctl;
     int newest = (int)atomic_load_explicit(&c->newest, memory_order_relaxed) - 1;
     /* oldest first: the entry after the newest, around the ring */

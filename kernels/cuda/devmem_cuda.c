@@ -101,7 +101,7 @@ static int s_all_finite(const float *p, size_t n, char *err)
     struct cudaPointerAttributes a;
     S_CK(cudaPointerGetAttributes(&a, p));
     int on_device = a.type == cudaMemoryTypeDevice;
-    static float chunk[1 << 14];
+    float chunk[4096]; /* on the stack: shards may take on several threads */
     for (size_t i = 0; i < n;) {
         size_t k = n - i < sizeof chunk / sizeof *chunk ? n - i : sizeof chunk / sizeof *chunk;
         const float *q = p + i;
