@@ -64,6 +64,7 @@ static s_kid_t s_spawn(s_kid_fn fn)
     int down[2], up[2];
     s_kid_t k = {-1, -1, -1};
     if (pipe(down) != 0 || pipe(up) != 0) return k;
+    signal(SIGPIPE, SIG_IGN); /* a worker that died early is a failed check, not our end */
     fflush(NULL);
     k.pid = fork();
     if (k.pid == 0) {
