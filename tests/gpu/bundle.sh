@@ -30,7 +30,8 @@ fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/tests" "$stage/lib" "$stage/data"
-# Only what run.sh runs (the three daemons and test_gpu_ops), without their
+# Only what run.sh runs (the three daemons, test_gpu_ops and
+# test_gpu_devregion), without their
 # debug sections: every test program with symbols is over 50 MiB, and the
 # bundle must travel inside the working tree's 64 MiB.
 # The CUDA backend is a module the programs load from their lib/
@@ -39,6 +40,7 @@ mkdir -p "$stage/build/lib"
 cp "$BUILD/downpour" "$BUILD/downpour-ps" "$BUILD/downpour-worker" "$stage/build/"
 cp "$BUILD/lib/downpour-cuda.so" "$stage/build/lib/"
 cp "$BUILD/tests/test_gpu_ops" "$stage/build/tests/"
+[ -x "$BUILD/tests/test_gpu_devregion" ] && cp "$BUILD/tests/test_gpu_devregion" "$stage/build/tests/"
 strip --strip-debug "$stage"/build/downpour* "$stage"/build/lib/* "$stage"/build/tests/*
 
 # Libraries: everything ldd resolves except the C runtime, the compiler's

@@ -11,6 +11,8 @@
 #             reference, the optimizers, the overlap copies and a whole net
 #             step; with the exact cuDNN algorithms, then DP_CUDA_ALGOS=fastest
 #             (a skip counts as a failure here: a GPU is expected)
+#   devregion build/tests/test_gpu_devregion: the device region over CUDA IPC
+#             between two processes, and whether a worker can write the ring
 #   curves    200 standalone steps of the default network on cuda:0 and on
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
@@ -32,7 +34,7 @@
 # loss_cpu.jsonl, cluster_summary.json, bench.txt (and test_gpu_ops.fastest.log,
 # test_gpu_ops.sanitizer.log when an op test failed). Exit status non-zero when
 # any section failed. DP_GPU_BUILD=1 builds even when a bundle is there;
-# DP_GPU_SECTIONS="gpu-ops curves cluster a3c tboard psbench bench" picks sections.
+# DP_GPU_SECTIONS="gpu-ops devregion curves cluster a3c tboard psbench bench" picks sections.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -206,6 +208,28 @@ else
 fi
 
 fi  # gpu-ops
+
+# ---- devregion -------------------------------------------------------------
+# The device region (proto/devregion.h) over CUDA IPC between two processes
+# on one device: a version pinned and read in place, a gradient pushed
+# through the IPC event and taken; and what docs/SECURITY.md's row needs,
+# whether a worker's write through the ring's IPC mapping goes through.
+if want devregion; then
+section devregion "test_gpu_devregion: the device region over CUDA IPC"
+if [ -x "$BIN/tests/test_gpu_devregion" ]; then
+    tmo 120 "$BIN/tests/test_gpu_devregion" >"$WORK/test_gpu_devregion.log" 2>&1
+    rc=$?
+    grep -E 'FAIL|skip:|write|read-only|ring' "$WORK/test_gpu_devregion.log" | head -12 | sed 's/^/  /'
+    line=$(tail -1 "$WORK/test_gpu_devregion.log")
+    if [ $rc = 0 ] && echo "$line" | grep -Eq '^[1-9][0-9]* passed, 0 failed$'; then
+        verdict devregion PASS "$line"
+    else
+        verdict devregion FAIL "$line (exit $rc)"
+    fi
+else
+    verdict devregion FAIL "no test_gpu_devregion binary"
+fi
+fi  # devregion
 
 # ---- curves ---------------------------------------------------------------
 if want curves; then  # (not indented: the heredocs below end at column 0)
