@@ -62,8 +62,9 @@ void *dp_cuda_module_symbol(const char *name, char *err)
     if (!sym) dp_err(err, DP_CUDA_MODULE_NAME ": no %s in it (%s)", name, dlerror());
     return sym;
 #else
+    (void)name;
     dp_err(err, "this build has no CUDA backend (rebuild with nvcc and cuDNN installed, "
-           "without CUDA=0) to find %s in", name);
+           "without CUDA=0)");
     return NULL;
 #endif
 }

@@ -17,6 +17,7 @@
 #include "common/opts.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/env.h"
 
 /* A snapshot queued and not yet waited for: its bytes as they were. */
 typedef struct {
@@ -139,6 +140,11 @@ int dp_optim_dev_new(dp_optim_dev_t **out, const char *device, int *usage, char 
     if (strncmp(device, "cuda:", 5) != 0 ||
         dp_opts_parse_long("--device", device + 5, 0, 1024, &k, NULL) != 0)
         return dp_err(err, "--device %s: expected cpu or cuda:K with K a device number", device);
+    /* The CUDA knobs (kernels/env.h) as every program that opens CUDA
+     * checks them; it also links them into a program (the server) that
+     * otherwise would not have them, and the module resolves them from it. */
+    dp_cuda_knobs_t knobs;
+    if (dp_cuda_knobs(&knobs, why) != 0) return dp_err(err, "--device %s: %s", device, why);
     s_cuda_new_fn cuda_new = (s_cuda_new_fn)dp_cuda_module_symbol("dp_optim_dev_cuda_new", why);
 #ifdef DP_HAVE_CUDA
     *usage = 0; /* the build has CUDA: what is missing is this machine's */
