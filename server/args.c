@@ -385,8 +385,8 @@ static const dp_opts_entry_t s_config[] = {
                     "one per core, at most 4; 1 for a small shard)"), S_AT(threads)},
     S_BUF("device", "cpu|cuda:N", device, 0,
                     "where the shard's weights and optimizer state are kept and\n"
-                    "stepped (default cpu); cuda:N is refused by this version, which\n"
-                    "has the GPU's step kernels but not yet the shard on them"),
+                    "stepped: cpu (default) or cuda:N, one fused step per push on\n"
+                    "GPU N (a CUDA build; the early step is then off)"),
     {DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", NULL, 0, 1L << 40, DP_OPTS_PASS,
                     "versions between checkpoints (default 0: at exit only)"), S_AT(checkpoint_every)},
     S_BUF("metrics", "FILE", metrics_path, 0, "JSON lines of counters (appended)"),
@@ -556,11 +556,8 @@ int dp_ps_device_check(const dp_ps_config_t *c, int *usage, char *err)
     *usage = 1;
     if (!c->device[0] || strcmp(c->device, "cpu") == 0) return 0;
     if (dp_optim_dev_new(&dev, c->device, usage, err) != 0) return -1;
-    dp_optim_dev_destroy(&dev);
-    *usage = 1;
-    return dp_err(err, "--device %s: this version keeps the shard on the CPU (the GPU's step "
-                  "kernels are built, the shard is not yet moved onto them: issue 54); run "
-                  "without --device", c->device);
+    dp_optim_dev_destroy(&dev); /* the loop opens it again for the shard */
+    return 0;
 }
 
 dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)

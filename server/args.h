@@ -138,11 +138,10 @@ int dp_ps_check_delay_flags(dp_opts_t *o, int delay_lr, char *err);
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
 
 /* --device before anything starts: "" or "cpu" pass (0); "cuda:N" opens
- * the device (kernels/optim_dev.h, through the CUDA module, which only
- * this loads) and, this version keeping the shard on the CPU still,
- * refuses once it has. -1 with one line in err and *usage 1 (a build
- * without CUDA, a device the shard cannot use yet: exit 2) or 0 (the
- * module or the device missing on this machine: exit 1). */
+ * the device (kernels/optim_dev.h, through the CUDA module, which only a
+ * device loads) and closes it again: 0 when it opened. -1 with one line
+ * in err and *usage 1 (a build without CUDA: exit 2) or 0 (the module or
+ * the device missing on this machine: exit 1). */
 int dp_ps_device_check(const dp_ps_config_t *c, int *usage, char *err);
 
 /* The optimizer sweep's threads: --threads, or when 0 one per core it may

@@ -2,10 +2,10 @@
  * handling (common/signals.h: the handler only sets a flag), then dp_ps_run
  * (server/loop/ps.h). Exit status 0 after a SHUTDOWN, 128 + the signal (130,
  * 143) after SIGINT / SIGTERM — either way the final checkpoint is written
- * first when --checkpoint-dir is given —, 2 on a bad flag (and on --device
- * cuda:N, which this version refuses), 1 on a setup
- * failure (bind, model, a checkpoint of another run, workers missing past
- * --startup-timeout). */
+ * first when --checkpoint-dir is given —, 2 on a bad flag (--device cuda:N
+ * in a build without CUDA among them), 1 on a setup failure (a --device
+ * this machine lacks, bind, model, a checkpoint of another run, workers
+ * missing past --startup-timeout). */
 #include <stdio.h>
 
 #include "common/opts.h"
