@@ -136,10 +136,12 @@ int dp_optim_dev_new(dp_optim_dev_t **out, const char *device, int *usage, char 
     *out = NULL;
     if (!usage) usage = &usage_;
     *usage = 1;
-    if (strcmp(device, "cpu") == 0) return dp_optim_dev_cpu_new(out, err);
+    if (strcmp(device, "cpu") == 0 || strcmp(device, "cpu:staged") == 0)
+        return dp_optim_dev_cpu_new(out, err);
     if (strncmp(device, "cuda:", 5) != 0 ||
         dp_opts_parse_long("--device", device + 5, 0, 1024, &k, NULL) != 0)
-        return dp_err(err, "--device %s: expected cpu or cuda:K with K a device number", device);
+        return dp_err(err, "--device %s: expected cpu, cpu:staged or cuda:K with K a device "
+                      "number", device);
     /* The CUDA knobs (kernels/env.h) as every program that opens CUDA
      * checks them; it also links them into a program (the server) that
      * otherwise would not have them, and the module resolves them from it. */

@@ -64,7 +64,8 @@ struct dp_optim_dev {
     void *impl;                    /* the kind's private state */
 };
 
-/* "cpu" or "cuda:K". -1 with one line in err: a bad name (*usage 1), or a
+/* "cpu" (also "cpu:staged", the name downpour-ps --device gives it) or
+ * "cuda:K". -1 with one line in err: a bad name (*usage 1), or a
  * build without CUDA (*usage 1), or the module or the device missing
  * (*usage 0: a fact of this machine at run time). usage may be NULL. */
 int dp_optim_dev_new(dp_optim_dev_t **out, const char *device, int *usage, char *err);

@@ -383,10 +383,11 @@ static const dp_opts_entry_t s_config[] = {
     {DP_FLAG_NUM("threads", DP_OPTS_INT, "N", NULL, 1, 256, 0,
                     "threads of the optimizer sweep over the shard (default:\n"
                     "one per core, at most 4; 1 for a small shard)"), S_AT(threads)},
-    S_BUF("device", "cpu|cuda:N", device, 0,
+    S_BUF("device", "cpu|cuda:N|cpu:staged", device, 0,
                     "where the shard's weights and optimizer state are kept and\n"
                     "stepped: cpu (default) or cuda:N, one fused step per push on\n"
-                    "GPU N (a CUDA build; the early step is then off)"),
+                    "GPU N (a CUDA build; the early step is then off); cpu:staged:\n"
+                    "the CPU's step behind a device's protocol (tests; cpu's bits)"),
     {DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", NULL, 0, 1L << 40, DP_OPTS_PASS,
                     "versions between checkpoints (default 0: at exit only)"), S_AT(checkpoint_every)},
     S_BUF("metrics", "FILE", metrics_path, 0, "JSON lines of counters (appended)"),
@@ -543,11 +544,13 @@ static int s_check_env(dp_ps_config_t *c, dp_opts_t *o, char *err)
 static int s_check_device(const dp_ps_config_t *c, char *err)
 {
     long k = 0;
-    if (!c->device[0] || strcmp(c->device, "cpu") == 0) return 0;
+    if (!c->device[0] || strcmp(c->device, "cpu") == 0 || strcmp(c->device, "cpu:staged") == 0)
+        return 0;
     if (strncmp(c->device, "cuda:", 5) == 0 &&
         dp_opts_parse_long("--device", c->device + 5, 0, 1024, &k, NULL) == 0)
         return 0;
-    return dp_err(err, "--device %s: expected cpu or cuda:N with N a device number", c->device);
+    return dp_err(err, "--device %s: expected cpu, cpu:staged or cuda:N with N a device number",
+                  c->device);
 }
 
 int dp_ps_device_check(const dp_ps_config_t *c, int *usage, char *err)

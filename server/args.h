@@ -65,9 +65,10 @@ typedef struct {
     double startup_timeout;     /* seconds for every worker to say HELLO; 0 = wait forever */
     char record[DP_PS_PATH_LEN];         /* "" or --record FILE: the schedule (server/core/record.h) */
     int threads;                /* optimizer sweep threads; 0 = dp_ps_config_threads decides */
-    char device[32];            /* --device cpu|cuda:N: where the shard's weights and optimizer
-                                 * state live and are stepped ("" or "cpu": host memory;
-                                 * kernels/optim_dev.h); checked by dp_ps_device_check */
+    char device[32];            /* --device cpu|cuda:N|cpu:staged: where the shard's weights and
+                                 * optimizer state live and are stepped ("" or "cpu": host
+                                 * memory; cpu:staged: kernels/optim_dev.h's stand-in);
+                                 * checked by dp_ps_device_check */
     int early_step;             /* --early-step off|on (0, 1): a push in parts stepped as its parts
                                  * come (server/core/shard.h, dp_shard_early_t); default on */
     dp_rows_conf_t rows;        /* a model with embed:D: its row table (--row-optimizer,
