@@ -168,6 +168,9 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+# The shard step device's kernels aim at the CPU step's bits: no multiply
+# and add contracted into an FMA the CPU does not make (optim_dev.cu).
+$(BUILD)/obj/kernels/cuda/optim_dev.o: NVCC_FLAGS += -fmad=false
 
 $(LIB_COMMON):  $(call obj,$(COMMON_SRC)) $(BUILD)/obj/gen/common/tb_event.pb-c.o
 $(LIB_PROTO):   $(call obj,$(PROTO_SRC)) $(BUILD)/obj/gen/proto/downpour.pb-c.o
@@ -196,8 +199,10 @@ $(CC) -o $@ $^ $(LINK_LIBS) $(LDLIBS_ALL)
 endef
 
 RUN_LIBS = $(subst $(LIB_KERNELS),$(LIB_KERNELS_RUN),$(1))
-# The server never loads CUDA.
-$(BUILD)/downpour-ps: LINK_LIBS :=
+# The server links no CUDA; it loads the module only for --device cuda:N
+# (a shard on the GPU, kernels/optim_dev.h), which resolves the dp_
+# helpers it calls from the program (-rdynamic).
+$(BUILD)/downpour-ps: LINK_LIBS := $(COMPUTE_LDLIBS)
 $(BUILD)/downpour-ps: $(call obj,server/main.c) $(LIB_SERVER) $(LIB_ENV) $(LIB_PROTO) $(LIB_KERNELS_RUN) $(LIB_COMMON)
 # The worker links the server's library for its row table (server/core/rows.h): a
 # model with an embedding keeps its rows in-process when it trains standalone.

@@ -17,9 +17,10 @@
 #ifdef DP_HAVE_CUDA
 typedef int (*s_cuda_new_fn)(dp_backend_t **out, int device, char *err);
 
-/* The module's dp_backend_cuda_new; NULL with err when it is not found or
- * does not load. Never closed: the CUDA libraries are not made to unload. */
-static s_cuda_new_fn s_cuda_module(char *err)
+/* The module's handle (dlopen hands the same one back to a second call);
+ * NULL with err when it is not found or does not load. Never closed: the
+ * CUDA libraries are not made to unload. */
+static void *s_cuda_module(char *err)
 {
     char exe[PATH_MAX], path[PATH_MAX + 64], looked[3 * (PATH_MAX + 64)] = "";
     const char *env = getenv("DOWNPOUR_CUDA_MODULE");
@@ -48,11 +49,25 @@ static s_cuda_new_fn s_cuda_module(char *err)
             return NULL;
         }
     }
-    s_cuda_new_fn fn = (s_cuda_new_fn)dlsym(h, "dp_backend_cuda_new");
-    if (!fn) dp_err(err, "%s: no dp_backend_cuda_new in it (%s)", path, dlerror());
-    return fn;
+    return h;
 }
 #endif
+
+void *dp_cuda_module_symbol(const char *name, char *err)
+{
+#ifdef DP_HAVE_CUDA
+    void *h = s_cuda_module(err), *sym = NULL;
+    if (!h) return NULL;
+    sym = dlsym(h, name);
+    if (!sym) dp_err(err, DP_CUDA_MODULE_NAME ": no %s in it (%s)", name, dlerror());
+    return sym;
+#else
+    (void)name;
+    dp_err(err, "this build has no CUDA backend (rebuild with nvcc and cuDNN installed, "
+           "without CUDA=0)");
+    return NULL;
+#endif
+}
 
 int dp_backend_new(dp_backend_t **out, const char *device, char *err)
 {
@@ -69,7 +84,7 @@ int dp_backend_new(dp_backend_t **out, const char *device, char *err)
         }
 #ifdef DP_HAVE_CUDA
         char why[DP_ERR_LEN];
-        s_cuda_new_fn cuda_new = s_cuda_module(why);
+        s_cuda_new_fn cuda_new = (s_cuda_new_fn)dp_cuda_module_symbol("dp_backend_cuda_new", why);
         if (!cuda_new) return dp_err(err, "--device %s: %s", device, why);
         return cuda_new(out, (int)k, err);
 #else

@@ -218,5 +218,10 @@ int dp_backend_cpu_staged_new(dp_backend_t **out, char *err); /* "cpu:staged" */
  * exports them (-rdynamic). */
 #define DP_CUDA_MODULE_NAME "downpour-cuda.so"
 int dp_backend_cuda_new(dp_backend_t **out, int device, char *err);
+/* The symbol `name` of that module (loaded on the first call, looked for as
+ * above), for the other device code it holds (kernels/optim_dev.h); NULL
+ * with err when the build has no CUDA, or the module or the symbol is
+ * missing. */
+void *dp_cuda_module_symbol(const char *name, char *err);
 
 #endif

@@ -21,6 +21,7 @@
 #include "common/opts.h"
 #include "common/safetensors.h"
 #include "common/util.h"
+#include "kernels/optim_dev.h"
 #include "server/args.h"
 #include "server/core/account.h"
 #include "server/core/policy.h"
@@ -382,6 +383,11 @@ static const dp_opts_entry_t s_config[] = {
     {DP_FLAG_NUM("threads", DP_OPTS_INT, "N", NULL, 1, 256, 0,
                     "threads of the optimizer sweep over the shard (default:\n"
                     "one per core, at most 4; 1 for a small shard)"), S_AT(threads)},
+    S_BUF("device", "cpu|cuda:N|cpu:staged", device, 0,
+                    "where the shard's weights and optimizer state are kept and\n"
+                    "stepped: cpu (default) or cuda:N, one fused step per push on\n"
+                    "GPU N (a CUDA build; the early step is then off); cpu:staged:\n"
+                    "the CPU's step behind a device's protocol (tests; cpu's bits)"),
     {DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", NULL, 0, 1L << 40, DP_OPTS_PASS,
                     "versions between checkpoints (default 0: at exit only)"), S_AT(checkpoint_every)},
     S_BUF("metrics", "FILE", metrics_path, 0, "JSON lines of counters (appended)"),
@@ -533,6 +539,30 @@ static int s_check_env(dp_ps_config_t *c, dp_opts_t *o, char *err)
     return 0;
 }
 
+/* --device's spelling (the device itself is dp_ps_device_check's, after
+ * parsing: `downpour local` checks flags where the device may not be). */
+static int s_check_device(const dp_ps_config_t *c, char *err)
+{
+    long k = 0;
+    if (!c->device[0] || strcmp(c->device, "cpu") == 0 || strcmp(c->device, "cpu:staged") == 0)
+        return 0;
+    if (strncmp(c->device, "cuda:", 5) == 0 &&
+        dp_opts_parse_long("--device", c->device + 5, 0, 1024, &k, NULL) == 0)
+        return 0;
+    return dp_err(err, "--device %s: expected cpu, cpu:staged or cuda:N with N a device number",
+                  c->device);
+}
+
+int dp_ps_device_check(const dp_ps_config_t *c, int *usage, char *err)
+{
+    dp_optim_dev_t *dev = NULL;
+    *usage = 1;
+    if (!c->device[0] || strcmp(c->device, "cpu") == 0) return 0;
+    if (dp_optim_dev_new(&dev, c->device, usage, err) != 0) return -1;
+    dp_optim_dev_destroy(&dev); /* the loop opens it again for the shard */
+    return 0;
+}
+
 dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char *err)
 {
     dp_opts_t o;
@@ -544,6 +574,7 @@ dp_opts_result_t dp_ps_parse_args(dp_ps_config_t *c, int argc, char **argv, char
     if (rc == DP_OPTS_PARSED && !c->curve_secret[0] != !c->curve_allow[0])
         rc = dp_err(err, "--curve-secret and --curve-allow go together: give both (this server's "
                          "secret key and the public keys allowed in) or neither");
+    if (rc == DP_OPTS_PARSED) rc = s_check_device(c, err);
     if (rc == DP_OPTS_PARSED) rc = s_check_init(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = s_check_env(c, &o, err);
     if (rc == DP_OPTS_PARSED) rc = s_check_model(c, &o, err);

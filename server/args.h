@@ -65,6 +65,10 @@ typedef struct {
     double startup_timeout;     /* seconds for every worker to say HELLO; 0 = wait forever */
     char record[DP_PS_PATH_LEN];         /* "" or --record FILE: the schedule (server/core/record.h) */
     int threads;                /* optimizer sweep threads; 0 = dp_ps_config_threads decides */
+    char device[32];            /* --device cpu|cuda:N|cpu:staged: where the shard's weights and
+                                 * optimizer state live and are stepped ("" or "cpu": host
+                                 * memory; cpu:staged: kernels/optim_dev.h's stand-in);
+                                 * checked by dp_ps_device_check */
     int early_step;             /* --early-step off|on (0, 1): a push in parts stepped as its parts
                                  * come (server/core/shard.h, dp_shard_early_t); default on */
     dp_rows_conf_t rows;        /* a model with embed:D: its row table (--row-optimizer,
@@ -133,6 +137,13 @@ int dp_ps_check_delay_flags(dp_opts_t *o, int delay_lr, char *err);
  * delay rule and compensation when not none / off), so the
  * same flags restarted name the same run and other flags another one. */
 void dp_ps_config_run_id(const dp_ps_config_t *c, char *out, size_t n);
+
+/* --device before anything starts: "" or "cpu" pass (0); "cuda:N" opens
+ * the device (kernels/optim_dev.h, through the CUDA module, which only a
+ * device loads) and closes it again: 0 when it opened. -1 with one line
+ * in err and *usage 1 (a build without CUDA: exit 2) or 0 (the module or
+ * the device missing on this machine: exit 1). */
+int dp_ps_device_check(const dp_ps_config_t *c, int *usage, char *err);
 
 /* The optimizer sweep's threads: --threads, or when 0 one per core it may
  * run on (its affinity) up to DP_PS_MAX_AUTO_THREADS (more buys nothing:

@@ -2,9 +2,10 @@
  * handling (common/signals.h: the handler only sets a flag), then dp_ps_run
  * (server/loop/ps.h). Exit status 0 after a SHUTDOWN, 128 + the signal (130,
  * 143) after SIGINT / SIGTERM — either way the final checkpoint is written
- * first when --checkpoint-dir is given —, 2 on a bad flag, 1 on a setup
- * failure (bind, model, a checkpoint of another run, workers missing past
- * --startup-timeout). */
+ * first when --checkpoint-dir is given —, 2 on a bad flag (--device cuda:N
+ * in a build without CUDA among them), 1 on a setup failure (a --device
+ * this machine lacks, bind, model, a checkpoint of another run, workers
+ * missing past --startup-timeout). */
 #include <stdio.h>
 
 #include "common/opts.h"
@@ -27,6 +28,11 @@ int main(int argc, char **argv)
     dp_ps_config_default(&cfg);
     dp_opts_result_t r = dp_ps_parse_args(&cfg, argc, argv, err);
     if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour-ps", r, err);
+    int usage = 1;
+    if (dp_ps_device_check(&cfg, &usage, err) != 0) { /* before anything starts */
+        fprintf(stderr, "downpour-ps: %s\n", err);
+        return usage ? 2 : 1;
+    }
     dp_signals_install(&s_stop, 0);
     dp_signals_reload(&s_reload); /* SIGHUP: --curve-allow read again */
     cfg.reload = &s_reload;

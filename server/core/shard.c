@@ -125,6 +125,14 @@ void dp_shard_fini(dp_shard_t *s)
         if (s->retired[i]) dp_snap_unref(NULL, s->retired[i]);
     memset(s->retired, 0, sizeof s->retired);
     dp_pool_destroy(&s->pool);
+    if (s->dev) {
+        s->dev->ops->release(s->dev, s->d_w);
+        s->dev->ops->release(s->dev, s->d_state);
+        s->dev->ops->release(s->dev, s->d_g);
+        s->d_w = s->d_state = s->d_g = NULL;
+        s->dev->ops->destroy(s->dev); /* its table's: the shard links no device code */
+        s->dev = NULL;
+    }
     dp_shard_dc_fini(s);
     free(s->state);
     free(s->acc);
@@ -452,6 +460,62 @@ static void s_publish(dp_shard_t *s, dp_snap_t *old, int in_place)
     if (s->on_step) s->on_step(s->on_step_arg, s->snap);
 }
 
+int dp_shard_set_device(dp_shard_t *s, dp_optim_dev_t *dev, char *err)
+{
+    (void)err;
+    const dp_optim_dev_ops_t *o = dev->ops;
+    size_t n_state = s->n * (size_t)s->state_per;
+    s->dev = dev;
+    s->d_w = o->alloc(dev, s->n * sizeof(float));
+    s->d_g = o->alloc(dev, s->n * sizeof(float));
+    s->d_state = s->state_per ? o->alloc(dev, n_state * sizeof(float)) : NULL;
+    dp_shard_device_reload(s);
+    return 0;
+}
+
+void dp_shard_device_reload(dp_shard_t *s)
+{
+    if (!s->dev) return;
+    s->dev->ops->upload(s->dev, s->d_w, s->w, s->n * sizeof(float));
+    if (s->state_per)
+        s->dev->ops->upload(s->dev, s->d_state, s->state,
+                            s->n * (size_t)s->state_per * sizeof(float));
+}
+
+void dp_shard_device_state(const dp_shard_t *s)
+{
+    if (!s->dev || !s->state_per) return;
+    s->dev->ops->download(s->dev, s->state, s->d_state,
+                          s->n * (size_t)s->state_per * sizeof(float));
+}
+
+/* s_step_by on the device: the host's mean of acc (the same float
+ * operation per element as s_step_part's), the gradient copied up, one
+ * fused step in place there, the state tensors set to the pushed value
+ * (dp_model_copy_state's rule), and the new version copied off into the
+ * live host buffer (in place under s_step_by's rule, else a taken one)
+ * before it is published. */
+static void s_step_on_device(dp_shard_t *s, const float *g, float *acc, float scale, float lr,
+                             int in_place)
+{
+    const dp_optim_dev_ops_t *o = s->dev->ops;
+    dp_snap_t *old = s->snap;
+    if (acc)
+        for (size_t i = 0; i < s->n; i++) acc[i] *= scale;
+    o->upload(s->dev, s->d_g, g, s->n * sizeof(float));
+    o->step(s->dev, &s->optim, lr, s->d_w, s->d_w, s->d_g, s->d_state, s->d_state, s->n, 0, s->n,
+            (long)s->version + 1);
+    for (int r = 0; r < s->n_state_ranges; r++) {
+        size_t a = s->state_ranges[r][0], b = s->state_ranges[r][1];
+        o->upload(s->dev, s->d_w + a, g + a, (b - a) * sizeof(float));
+    }
+    if (!in_place) s->snap = dp_shard_take_buffer(s);
+    o->snapshot(s->dev, s->snap->data, s->d_w, s->n * sizeof(float));
+    if (acc) memset(acc, 0, s->n * sizeof(float)); /* while the copy runs */
+    o->snapshot_wait(s->dev);
+    s_publish(s, old, in_place);
+}
+
 /* A step by g at lr; acc (sync: g is acc) is made the mean by scale and
  * cleared on the way (s_step_job_t). */
 static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, float lr)
@@ -461,6 +525,10 @@ static void s_step_by(dp_shard_t *s, const float *g, float *acc, float scale, fl
     /* in place only while no reply holds the live buffer and no other
      * process reads it (shm) */
     int in_place = atomic_load(&s->snap->refs) == 1 && s->snap->slot < 0 && !s->take_buffer;
+    if (s->dev) {
+        s_step_on_device(s, g, acc, scale, lr, in_place);
+        return;
+    }
     dp_snap_t *old = s->snap;
     if (!in_place) {
         s->snap = dp_shard_take_buffer(s);

@@ -40,6 +40,7 @@
 
 #include "common/model.h"
 #include "kernels/optim.h"
+#include "kernels/optim_dev.h"
 
 /* Part of a gradient: floats [offset, offset + len / 4) of the flat vector.
  * data may sit at any byte address (ZeroMQ's zero-copy receive). */
@@ -138,6 +139,15 @@ typedef struct {
     dp_shard_dc_t *dc;     /* delay compensation (server/core/shard_dc.h), NULL when off */
     dp_snap_t *spare;      /* a buffer handed back (a dropped early step's), which the next
                               step that needs one takes first (our reference), or NULL */
+    /* --device (dp_shard_set_device): the live weights and the optimizer
+     * state kept and stepped on a device (kernels/optim_dev.h); NULL: on
+     * the host. With one, w is still the live version's host copy (copied
+     * off the device after each step, what replies and checkpoints read),
+     * but state is the host's copy only as of dp_shard_device_state. */
+    dp_optim_dev_t *dev;   /* ours (destroyed by fini) */
+    float *d_w;            /* n floats on dev: the live weights */
+    float *d_state;        /* n * state_per floats on dev (NULL without state) */
+    float *d_g;            /* n floats on dev: the step's gradient */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -221,6 +231,19 @@ int dp_shard_copy_grad(dp_shard_t *s, const float *src, size_t off, size_t cnt, 
 /* Part k of nk of the shard's range, as the sweep's threads split it (cut
  * at multiples of 16 floats): [*lo, *hi); 0 when the part is empty. */
 int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi);
+
+/* Keep w and the optimizer state on dev from now on (the shard owns dev
+ * then, also on failure): both copied up, and every step (dp_shard_step,
+ * dp_shard_step_mean) is one fused step there, the new version copied off
+ * into the live host buffer; the same bits as on the host for the "cpu"
+ * stand-in (tests/unit/test_shard_device.c). The early step stays on the
+ * host: a shard with a device takes none (its caller turns it off). */
+int dp_shard_set_device(dp_shard_t *s, dp_optim_dev_t *dev, char *err);
+/* With a device: the optimizer state copied off it into s->state (a
+ * checkpoint's: that host copy is the only thing written, hence const), or, after w and state were written on the host (a
+ * restore), both copied up. Nothing without one. */
+void dp_shard_device_state(const dp_shard_t *s);
+void dp_shard_device_reload(dp_shard_t *s);
 
 /* One optimizer step of the whole range by gradient g (n slices) at lr. */
 void dp_shard_step(dp_shard_t *s, const dp_grad_slice_t *g, int n, float lr);

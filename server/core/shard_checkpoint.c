@@ -208,6 +208,7 @@ int dp_shard_checkpoint_write(const dp_shard_t *s, const char *path, const dp_ck
 {
     int64_t pshape[1] = {(int64_t)s->n};
     int64_t sshape[2] = {s->state_per, (int64_t)s->n};
+    dp_shard_device_state(s); /* --device: the state's host copy brought up to date */
     dp_st_tensor_t t[4] = {{"params", s->w, 1, pshape}, {"optim.state", s->state, 2, sshape}};
     int n_t = s->state_per ? 2 : 1;
     const float *ms = s->dc ? s->dc->ms : NULL; /* DC-ASGD-a's mean square */
@@ -407,6 +408,7 @@ dp_ckpt_restore_t dp_shard_checkpoint_restore(dp_shard_t *s, const char *path, d
     memcpy(s->w, w, s->n * sizeof(float));
     if (s->state_per) memcpy(s->state, st, n_state * sizeof(float));
     if (ms) memcpy(s->dc->ms, ms, s->n * sizeof(float));
+    dp_shard_device_reload(s); /* --device: both copied up */
     s->version = ver;
     rc = DP_CKPT_RESTORED;
 done:

@@ -682,6 +682,21 @@ static const dp_policy_ops_t *s_policy_ops(dp_mode_t mode)
     return NULL;
 }
 
+/* --device cuda:N (dp_ps_device_check opened it once already, before
+ * anything started): the shard's weights and optimizer state kept and
+ * stepped there from now on. */
+static int s_shard_device(dp_ps_loop_t *ps, char *err)
+{
+    const char *name = ps->cfg->device;
+    dp_optim_dev_t *dev = NULL;
+    if (!name[0] || strcmp(name, "cpu") == 0) return 0;
+    if (dp_optim_dev_new(&dev, name, NULL, err) != 0 || dp_shard_set_device(&ps->shard, dev, err) != 0)
+        return -1;
+    dp_log_info("shard %d: weights and optimizer state on %s (the early step, the host's, off)",
+                ps->cfg->shard_index, name);
+    return 0;
+}
+
 /* Shard, members and policy from the config; the checkpoint restored. */
 static int s_setup_state(dp_ps_loop_t *ps, char *err)
 {
@@ -705,7 +720,8 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
                                     &optim, err);
     free(values);
     if (rc != 0 ||
-        dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0)
+        dp_shard_set_threads(&ps->shard, dp_ps_config_threads(cfg), err) != 0 ||
+        s_shard_device(ps, err) != 0)
         return -1;
     dp_members_init(&ps->members, cfg->num_workers, cfg->min_workers, cfg->shard_index, dp_now());
     dp_membership_init(&ps->membership, cfg->num_workers);
@@ -725,7 +741,8 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     ps->held = dp_calloc((size_t)cfg->num_workers, sizeof *ps->held);
     ps->lent = dp_calloc((size_t)cfg->num_workers * DP_PS_PARAMS_PER_WORKER, sizeof *ps->lent);
     dp_shard_parts_init(&ps->parts, ps->shard.lo, ps->shard.hi, cfg->num_workers);
-    dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy, cfg->early_step);
+    dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy,
+                        cfg->early_step && !ps->shard.dev);
     dp_policy_early_steps(ps->policy, &ps->early);
     if (cfg->min_workers > 0 && cfg->shard_index == 0) /* shard 0 deals an elastic crew's batches */
         dp_ps_deal_init(ps, cfg->num_workers);

@@ -39,7 +39,7 @@ mkdir -p "$stage/build/tests" "$stage/lib" "$stage/data"
 mkdir -p "$stage/build/lib"
 cp "$BUILD/downpour" "$BUILD/downpour-ps" "$BUILD/downpour-worker" "$stage/build/"
 cp "$BUILD/lib/downpour-cuda.so" "$stage/build/lib/"
-cp "$BUILD/tests/test_gpu_ops" "$stage/build/tests/"
+cp "$BUILD/tests/test_gpu_ops" "$BUILD/tests/test_gpu_optim_dev" "$stage/build/tests/"
 [ -x "$BUILD/tests/test_gpu_devregion" ] && cp "$BUILD/tests/test_gpu_devregion" "$stage/build/tests/"
 strip --strip-debug "$stage"/build/downpour* "$stage"/build/lib/* "$stage"/build/tests/*
 

@@ -10,7 +10,9 @@
 #   gpu-ops   build/tests/test_gpu_ops: every backend op against the CPU
 #             reference, the optimizers, the overlap copies and a whole net
 #             step; with the exact cuDNN algorithms, then DP_CUDA_ALGOS=fastest
-#             (a skip counts as a failure here: a GPU is expected)
+#             (a skip counts as a failure here: a GPU is expected); then
+#             test_gpu_optim_dev, the shard's step kernels against the CPU
+#             step (its log appended to test_gpu_ops.exact.log)
 #   devregion build/tests/test_gpu_devregion: the device region over CUDA IPC
 #             between two processes, and whether a worker can write the ring
 #   curves    200 standalone steps of the default network on cuda:0 and on
@@ -150,7 +152,7 @@ for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9; do
 done
 if [ -n "$BIN" ]; then
     for b in "$BIN/downpour-worker" "$BIN/downpour" "$BIN/downpour-ps" "$BIN/lib/downpour-cuda.so" \
-             "$BIN/tests/test_gpu_ops"; do
+             "$BIN/tests/test_gpu_ops" "$BIN/tests/test_gpu_optim_dev"; do
         if [ ! -e "$b" ]; then
             setup_ok=0 setup_note="${setup_note:+$setup_note; }missing $b"
             continue
@@ -202,6 +204,16 @@ if [ -x "$BIN/tests/test_gpu_ops" ]; then
         fi
         [ -n "$NODEV" ] && break
     done
+    # the shard's step on the GPU (kernels/optim_dev.h) against the CPU step
+    log=$OUTDIR/test_gpu_ops.exact.log
+    echo "== test_gpu_optim_dev" >>"$log"
+    tmo 120 "$BIN/tests/test_gpu_optim_dev" >>"$log" 2>&1
+    rc=$?
+    line=$(tail -1 "$log")
+    [ $rc = 124 ] && line="timed out after 120s"
+    echo "  optim_dev: $line (exit $rc)"
+    ops_note="${ops_note:+$ops_note; }optim_dev: $line"
+    if [ $rc != 0 ] || ! echo "$line" | grep -Eq '^[1-9][0-9]* passed, 0 failed$'; then ops_fail=1; fi
     if [ -z "$ops_fail" ]; then verdict gpu-ops PASS "$ops_note"; else verdict gpu-ops FAIL "$ops_note"; fi
 else
     verdict gpu-ops FAIL "no test_gpu_ops binary"
