@@ -318,6 +318,14 @@ static void s_softmax_xent_backward(dp_backend_t *be, int B, int classes, float 
     dp_softmax_xent_backward_gpu(d_dlogits, d_probs, d_labels, B, classes, cx->stream);
 }
 
+static void s_obs_norm_forward(dp_backend_t *be, const dp_layer_t *l, int B, int train, float *d_out,
+                               const float *d_in, float *d_mean, float *d_var, float *d_count)
+{
+    dp_cuda_t *cx = s_cx(be);
+    dp_obs_norm_gpu(d_out, d_in, d_mean, d_var, d_count, B, (int)dp_layer_out_size(l), train,
+                    cx->stream);
+}
+
 static void s_sigmoid_xent_forward(dp_backend_t *be, int B, float *d_probs, float *d_loss,
                                    const float *d_logits, const float *d_bias,
                                    const int *d_labels)
@@ -517,6 +525,7 @@ static const dp_backend_ops_t s_cuda_ops = {
     .fc_backward = s_fc_backward,
     .softmax_xent_forward = s_softmax_xent_forward,
     .softmax_xent_backward = s_softmax_xent_backward,
+    .obs_norm_forward = s_obs_norm_forward,
     .sigmoid_xent_forward = s_sigmoid_xent_forward,
     .sigmoid_xent_backward = s_sigmoid_xent_backward,
     .ac_loss_forward = s_ac_loss_forward,

@@ -153,6 +153,10 @@ void dp_dropout_gpu(float *d_out, const float *d_in, int B, size_t N, float p,
                     cudaStream_t st);
 /* d_dst[0, n) += d_src[0, n). */
 void dp_vec_add_gpu(float *d_dst, const float *d_src, size_t n, cudaStream_t st);
+/* The obsnorm layer (obs_norm_gpu.cu): dp_obs_norm_forward, then with
+ * train dp_obs_norm_update, in place, the same bits. */
+void dp_obs_norm_gpu(float *d_out, const float *d_in, float *d_mean, float *d_var,
+                     float *d_count, int B, int F, int train, cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -425,6 +425,37 @@ static void s_check_sigmoid(int B, int with_bias)
     if (d_b) s_free(d_b);
 }
 
+/* The obsnorm layer (kernels/cuda/obs_norm_gpu.cu) against the reference
+ * (kernels/obs_norm.c), bit for bit: the output with the statistics as
+ * they were, then with train the merged statistics and count. Statistics
+ * that a lying peer pushed (negative variance, negative count) too. */
+static void s_check_obs_norm(int B, int F, int train, int lying)
+{
+    dp_layer_t l;
+    memset(&l, 0, sizeof l);
+    l.kind = DP_LAYER_OBSNORM;
+    l.in_c = l.out_c = F;
+    l.in_h = l.out_h = l.in_w = l.out_w = 1;
+    float *in = s_rand((size_t)B * F, 30.0f), *mean = s_rand((size_t)F, 2.0f);
+    float *var = s_rand((size_t)F, 4.0f), count = lying ? -5.0f : 37.0f;
+    for (int i = 0; i < F; i++) var[i] = lying && i % 2 ? -var[i] * var[i] : var[i] * var[i];
+    float *d_in = s_up(in, (size_t)B * F * 4), *d_mean = s_up(mean, (size_t)F * 4);
+    float *d_var = s_up(var, (size_t)F * 4), *d_count = s_up(&count, 4);
+    float *d_out = s_be->ops->alloc(s_be, (size_t)B * F * 4), *out = dp_malloc((size_t)B * F * 4);
+    dp_obs_norm_forward(out, in, mean, var, B, F);
+    if (train) dp_obs_norm_update(mean, var, &count, in, B, F);
+    s_be->ops->obs_norm_forward(s_be, &l, B, train, d_out, d_in, d_mean, d_var, d_count);
+    float *g_out = s_down(d_out, (size_t)B * F), *g_mean = s_down(d_mean, (size_t)F);
+    float *g_var = s_down(d_var, (size_t)F), g_count = 0;
+    s_be->ops->download(s_be, &g_count, d_count, 4);
+    GPU_CLOSE("obsnorm out", g_out, out, (size_t)B * F, 0, 0);
+    GPU_CLOSE("obsnorm mean", g_mean, mean, (size_t)F, 0, 0);
+    GPU_CLOSE("obsnorm var", g_var, var, (size_t)F, 0, 0);
+    CHECK(g_count == count);
+    free(in), free(mean), free(var), free(out), free(g_out), free(g_mean), free(g_var);
+    s_free(d_in), s_free(d_mean), s_free(d_var), s_free(d_count), s_free(d_out);
+}
+
 /* A layer of the residual kinds for prepare() (only its shapes matter). */
 static dp_layer_t s_res_layer(dp_layer_kind_t kind, int C, int H, int W)
 {
@@ -812,6 +843,15 @@ static void test_gpu_softmax_xent(void)
     s_check_sigmoid(33, 0);
 }
 
+static void test_gpu_obs_norm(void)
+{
+    s_check_obs_norm(1, 1, 1, 0);
+    s_check_obs_norm(3, 4, 1, 0);   /* CartPole's 4 components */
+    s_check_obs_norm(37, 6, 0, 0);  /* eval: the statistics untouched */
+    s_check_obs_norm(5, 130, 1, 0); /* more components than the block's threads */
+    s_check_obs_norm(7, 6, 1, 1);   /* a peer's negative variance and count */
+}
+
 /* be->optim_step against dp_optim_step on the host, three steps of every
  * optimizer (so adam's bias correction changes between them). */
 static void test_gpu_optim_step(void)
@@ -1107,7 +1147,7 @@ int main(int argc, char **argv)
         T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_tanh_ac), T(test_gpu_softmax_xent),
         T(test_gpu_optim_step),  T(test_gpu_copies),       T(test_gpu_default_model_b64),
         T(test_gpu_net_step),    T(test_gpu_resnet_ops),   T(test_gpu_resnet_step),
-        T(test_gpu_copies_in_parts), T(test_gpu_net_step_in_parts),
+        T(test_gpu_copies_in_parts), T(test_gpu_net_step_in_parts), T(test_gpu_obs_norm),
     };
     static const t_test_t none[] = {T(test_gpu_device)};
     dp_log_init("test_gpu_ops");
