@@ -136,9 +136,11 @@ typedef struct {
      * output, bn's own never stored; the backward takes d_dout wrt that
      * output and the output d_out itself (the ReLU's mask), and gives
      * bn_backward's results for the ReLU's gradient. Bits: those of the
-     * two ops in turn. Optional: a backend leaves them NULL and the
-     * executor runs bn and relu apart (the CUDA backend does: cuDNN's
-     * batch norm has its own fused activation, not wired in). */
+     * two ops in turn on the CPU; the CUDA backend's training step runs
+     * cuDNN's batch norm with the ReLU fused where it can
+     * (kernels/cuda/bn_cudnn.c: tolerance, not bits, and its backward
+     * differentiates the layer's last training forward). Optional: a
+     * backend leaves them NULL and the executor runs bn and relu apart. */
     void (*bn_relu_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
                             float *d_out, const float *d_in, const float *d_w, const float *d_b,
                             float *d_rm, float *d_rv, float *d_nbt, float *d_save);
