@@ -1,7 +1,9 @@
 /* bn_cudnn: the CUDA backend's batch norm on cuDNN — the training forward
  * and its backward through cudnnBatchNormalizationForwardTrainingEx /
  * BackwardEx, with the ReLU after it fused (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
- * where cuDNN takes it for this layer, else cuDNN's batch norm and our ReLU.
+ * or the residual add and the ReLU (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
+ * where cuDNN takes them for this layer, else cuDNN's batch norm and our
+ * add and ReLU queued behind it.
  *
  * When cuDNN runs a training step: the ghost batch is the batch's own
  * (G == B: cuDNN's running average chains one batch, not the groups'
@@ -75,16 +77,22 @@ int dp_cuda_bn_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int max_batch, size_t *ws
                                             max_batch, l->in_c, l->in_h, l->in_w));
     DP_CUDNN_TRY(cudnnDeriveBNTensorDescriptor(L->bn_p, L->bn_x, CUDNN_BATCHNORM_SPATIAL));
     DP_CUDNN_TRY(s_sizes(cx, L, CUDNN_BATCHNORM_OPS_BN, &ws, &rs));
-    /* the fused ReLU where cuDNN says it takes it (its kernels for it have
-     * wanted NHWC and half precision); else ours after cuDNN's batch norm */
-    L->bn_relu_ops = CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-    if (s_sizes(cx, L, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &ws_act, &rs_act) !=
-        CUDNN_STATUS_SUCCESS) {
-        L->bn_relu_ops = CUDNN_BATCHNORM_OPS_BN;
-        ws_act = rs_act = 0;
+    /* the fused ReLU (and add) where cuDNN says it takes them (its kernels
+     * for them have wanted NHWC and half precision); else ours after
+     * cuDNN's batch norm */
+    for (int k = 0; k < 2; k++) {
+        cudnnBatchNormOps_t want = k ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                                     : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+        size_t w = 0, r = 0;
+        if (s_sizes(cx, L, want, &w, &r) != CUDNN_STATUS_SUCCESS) want = CUDNN_BATCHNORM_OPS_BN;
+        *(k ? &L->bn_add_ops : &L->bn_relu_ops) = want;
+        if (want == CUDNN_BATCHNORM_OPS_BN) continue;
+        if (w > ws_act) ws_act = w;
+        if (r > rs_act) rs_act = r;
     }
-    dp_log_debug("%s: %s: cuDNN batch norm, relu %s", cx->name, l->name,
-                 L->bn_relu_ops == CUDNN_BATCHNORM_OPS_BN ? "ours after it" : "fused");
+    dp_log_debug("%s: %s: cuDNN batch norm, relu %s, add + relu %s", cx->name, l->name,
+                 L->bn_relu_ops == CUDNN_BATCHNORM_OPS_BN ? "ours after it" : "fused",
+                 L->bn_add_ops == CUDNN_BATCHNORM_OPS_BN ? "ours after it" : "fused");
     L->bn_reserve_bytes = rs > rs_act ? rs : rs_act;
     if (L->bn_reserve_bytes) DP_CUDA_TRY(cudaMalloc(&L->d_bn_reserve, L->bn_reserve_bytes));
     DP_CUDA_TRY(cudaMalloc((void **)&L->d_bn_saved, (size_t)2 * l->in_c * sizeof(float)));
@@ -115,41 +123,48 @@ static void s_batch(dp_cuda_layer_t *L, int B)
 }
 
 static cudnnStatus_t s_forward(dp_cuda_t *cx, dp_cuda_layer_t *L, cudnnBatchNormOps_t ops,
-                               float *d_out, const float *d_in, const float *d_w,
-                               const float *d_b, float *d_rm, float *d_rv)
+                               float *d_out, const float *d_in, const float *d_z,
+                               const float *d_w, const float *d_b, float *d_rm, float *d_rv)
 {
     const dp_layer_t *l = &L->layer;
+    int add = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
     return cudnnBatchNormalizationForwardTrainingEx(
-        cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops, &s_one, &s_zero, L->bn_x, d_in, NULL, NULL,
-        L->bn_x, d_out, L->bn_p, d_w, d_b, (double)l->momentum, d_rm, d_rv, (double)l->eps,
-        L->d_bn_saved, L->d_bn_saved + l->in_c,
-        ops == CUDNN_BATCHNORM_OPS_BN ? NULL : cx->relu, cx->d_ws, cx->ws_bytes, L->d_bn_reserve,
-        L->bn_reserve_bytes);
+        cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops, &s_one, &s_zero, L->bn_x, d_in,
+        add ? L->bn_x : NULL, add ? d_z : NULL, L->bn_x, d_out, L->bn_p, d_w, d_b,
+        (double)l->momentum, d_rm, d_rv, (double)l->eps, L->d_bn_saved,
+        L->d_bn_saved + l->in_c, ops == CUDNN_BATCHNORM_OPS_BN ? NULL : cx->relu, cx->d_ws,
+        cx->ws_bytes, L->d_bn_reserve, L->bn_reserve_bytes);
 }
 
 int dp_cuda_bn_forward_train(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int G, int relu,
-                             float *d_out, const float *d_in, const float *d_w, const float *d_b,
-                             float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+                             float *d_out, const float *d_in, const float *d_z, const float *d_w,
+                             const float *d_b, float *d_rm, float *d_rv, float *d_nbt,
+                             float *d_save)
 {
     const dp_layer_t *l = &L->layer;
     int C = l->in_c;
     size_t n = (size_t)B * C * l->in_h * l->in_w;
     L->bn_fwd = 0;
     if (cx->bn_own || !L->bn_x || G != B || B < 1 || n / (size_t)C < 2) return -1;
-    cudnnBatchNormOps_t ops = relu ? L->bn_relu_ops : CUDNN_BATCHNORM_OPS_BN;
+    cudnnBatchNormOps_t *pick = d_z ? &L->bn_add_ops : &L->bn_relu_ops;
+    cudnnBatchNormOps_t ops = relu ? *pick : CUDNN_BATCHNORM_OPS_BN;
     s_batch(L, B);
-    cudnnStatus_t st = s_forward(cx, L, ops, d_out, d_in, d_w, d_b, d_rm, d_rv);
+    cudnnStatus_t st = s_forward(cx, L, ops, d_out, d_in, d_z, d_w, d_b, d_rm, d_rv);
     if (st == CUDNN_STATUS_NOT_SUPPORTED && ops != CUDNN_BATCHNORM_OPS_BN) {
         /* the size queries took it, the call does not: ours from now on */
-        dp_log_info("%s: %s: cuDNN's fused batch norm + relu not supported here (%s); its "
-                    "batch norm and our relu", cx->name, l->name, cudnnGetErrorString(st));
-        L->bn_relu_ops = ops = CUDNN_BATCHNORM_OPS_BN;
-        st = s_forward(cx, L, ops, d_out, d_in, d_w, d_b, d_rm, d_rv);
+        dp_log_info("%s: %s: cuDNN's fused batch norm + %srelu not supported here (%s); its "
+                    "batch norm, then ours", cx->name, l->name, d_z ? "add + " : "",
+                    cudnnGetErrorString(st));
+        *pick = ops = CUDNN_BATCHNORM_OPS_BN;
+        st = s_forward(cx, L, ops, d_out, d_in, d_z, d_w, d_b, d_rm, d_rv);
     }
     if (st != CUDNN_STATUS_SUCCESS)
         dp_cuda_fatal(__FILE__, __LINE__, "cudnnBatchNormalizationForwardTrainingEx",
                       cudnnGetErrorString(st));
-    if (relu && ops == CUDNN_BATCHNORM_OPS_BN) dp_relu_forward_gpu(d_out, d_out, n, cx->stream);
+    if (relu && ops == CUDNN_BATCHNORM_OPS_BN) {
+        if (d_z) dp_vec_add_gpu(d_out, d_z, n, cx->stream);
+        dp_relu_forward_gpu(d_out, d_out, n, cx->stream);
+    }
     dp_bn_cudnn_saved_gpu(d_save, d_nbt, L->d_bn_saved, C, l->eps, cx->stream);
     L->bn_fwd = 1 + (int)ops;
     L->bn_bias = d_b;
@@ -157,26 +172,30 @@ int dp_cuda_bn_forward_train(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int G, in
 }
 
 int dp_cuda_bn_backward(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int relu, float *d_din,
-                        float *d_dw, float *d_db, const float *d_dout, const float *d_out,
-                        const float *d_in, const float *d_w)
+                        float *d_dz, float *d_dw, float *d_db, const float *d_dout,
+                        const float *d_out, const float *d_in, const float *d_w)
 {
     const dp_layer_t *l = &L->layer;
     size_t n = (size_t)B * l->in_c * l->in_h * l->in_w;
     if (!L->bn_fwd || !d_din) return -1;
     cudnnBatchNormOps_t ops = (cudnnBatchNormOps_t)(L->bn_fwd - 1);
-    int act = ops != CUDNN_BATCHNORM_OPS_BN;
-    if (act && !relu) return -1; /* misuse: the forward fused a relu this backward lacks */
+    int act = ops != CUDNN_BATCHNORM_OPS_BN, add = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
+    if ((act && !relu) || (act && add != (d_dz != NULL)))
+        return -1; /* not the forward's op: ours */
     const float *dy = d_dout;
-    if (relu && !act) { /* our relu's backward first */
+    if (relu && !act) { /* our relu's (and add's) backward first */
         dp_relu_backward_gpu(cx->d_bn_dy, d_dout, d_out, n, cx->stream);
         dy = cx->d_bn_dy;
+        if (d_dz)
+            DP_CUDA_CHECK(cudaMemcpyAsync(d_dz, dy, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                          cx->stream));
     }
     s_batch(L, B);
     DP_CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
         cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops, &s_one, &s_zero, &s_one, &s_zero, L->bn_x, d_in,
-        act ? L->bn_x : NULL, act ? d_out : NULL, L->bn_x, dy, NULL, NULL, L->bn_x, d_din,
-        L->bn_p, d_w, act ? L->bn_bias : NULL, d_dw, d_db, (double)l->eps, L->d_bn_saved,
-        L->d_bn_saved + l->in_c, act ? cx->relu : NULL, cx->d_ws, cx->ws_bytes, L->d_bn_reserve,
-        L->bn_reserve_bytes));
+        act ? L->bn_x : NULL, act ? d_out : NULL, L->bn_x, dy, add ? L->bn_x : NULL,
+        add ? d_dz : NULL, L->bn_x, d_din, L->bn_p, d_w, act ? L->bn_bias : NULL, d_dw, d_db,
+        (double)l->eps, L->d_bn_saved, L->d_bn_saved + l->in_c, act ? cx->relu : NULL,
+        cx->d_ws, cx->ws_bytes, L->d_bn_reserve, L->bn_reserve_bytes));
     return 0;
 }

@@ -63,6 +63,7 @@ typedef struct {
     cudnnTensorDescriptor_t bn_p;              /* bn: [1,C,1,1] scale, bias, statistics */
     cudnnBatchNormOps_t bn_relu_ops;           /* bn + relu: BN_ACTIVATION where cuDNN takes
                                                 * it, else BN (the relu ours) */
+    cudnnBatchNormOps_t bn_add_ops;            /* bn + add + relu: BN_ADD_ACTIVATION, or BN */
     void *d_bn_reserve;                        /* bn: cuDNN's reserve space, at max_batch */
     size_t bn_reserve_bytes;
     float *d_bn_saved;                         /* bn: cuDNN's saved mean, inverse deviation [2C] */
@@ -125,20 +126,22 @@ dp_cuda_conv_plan_t *dp_cuda_conv_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int B)
 int dp_cuda_bn_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int max_batch, size_t *ws_need, char *err);
 void dp_cuda_bn_free(dp_cuda_layer_t *L);
 /* The training forward of bn layer L (relu: then the ReLU, d_out its
- * output) on cuDNN, with kernels/backend.h's bn_forward semantics for one
+ * output; d_z not NULL: d_z added before the ReLU) on cuDNN, with kernels/backend.h's bn_forward semantics for one
  * ghost batch (G == B): d_save gets the mean and the biased variance, the
  * running statistics PyTorch's update, *d_nbt one more. 0, or -1 when
  * cuDNN does not take this call (DP_CUDA_BN=own, ghost batches, a single
  * value per channel) and nothing was queued: the caller runs ours. */
 int dp_cuda_bn_forward_train(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int G, int relu,
-                             float *d_out, const float *d_in, const float *d_w, const float *d_b,
-                             float *d_rm, float *d_rv, float *d_nbt, float *d_save);
+                             float *d_out, const float *d_in, const float *d_z, const float *d_w,
+                             const float *d_b, float *d_rm, float *d_rv, float *d_nbt,
+                             float *d_save);
 /* The backward of the forward above (relu: d_dout is the gradient wrt the
- * ReLU's output d_out). 0, or -1 (nothing queued) when the layer's last
- * training forward was not cuDNN's or d_din is NULL: the caller runs ours,
+ * ReLU's output d_out; d_dz not NULL: the added tensor's gradient written
+ * there). 0, or -1 (nothing queued) when the layer's last training forward
+ * was not cuDNN's, or another op, or d_din is NULL: the caller runs ours,
  * from d_save. */
 int dp_cuda_bn_backward(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int relu, float *d_din,
-                        float *d_dw, float *d_db, const float *d_dout, const float *d_out,
-                        const float *d_in, const float *d_w);
+                        float *d_dz, float *d_dw, float *d_db, const float *d_dout,
+                        const float *d_out, const float *d_in, const float *d_w);
 
 #endif

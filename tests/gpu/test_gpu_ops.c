@@ -454,12 +454,14 @@ static void s_relu_ref(float *x, size_t n)
 /* Batch norm of [B,C,H,W] in ghost batches of G (G = B: the batch's own),
  * training forward with the running statistics and the saved statistics,
  * backward, and evaluation, against the CPU reference applied group by
- * group as the CPU backend does; relu: the bn_relu ops (the relu's output,
- * the gradient wrt it). The training step is cuDNN's (bn_cudnn.c) where
+ * group as the CPU backend does; relu 1: the bn_relu ops (the relu's
+ * output, the gradient wrt it), 2: the bn_add_relu ops (a tensor z added
+ * before the relu, and its gradient). The training step is cuDNN's (bn_cudnn.c) where
  * G = B and B H W > 1 unless DP_CUDA_BN=own, ours elsewhere: cuDNN's float
  * sums get a looser tolerance than our double ones. */
 static void s_check_bn(int B, int G, int C, int H, int W, int relu)
 {
+    int add = relu == 2;
     dp_model_t m;
     char err[DP_ERR_LEN] = "", what[96];
     dp_layer_t l = s_res_layer(DP_LAYER_BN, C, H, W);
@@ -479,6 +481,7 @@ static void s_check_bn(int B, int G, int C, int H, int W, int relu)
     float *d_din = s_be->ops->alloc(s_be, n * 4);
     float *d_save = s_be->ops->alloc(s_be, (size_t)8 * C * groups);
     float *d_dw = s_be->ops->alloc(s_be, C * 4), *d_db = s_be->ops->alloc(s_be, C * 4);
+    float *z = s_rand(n, 1), *d_z = s_up(z, n * 4), *d_dz = s_be->ops->alloc(s_be, n * 4);
     /* the reference forward, group by group (the backward's after the GPU's
      * forward, whose output masks it) */
     for (int g = 0; g < groups; g++) {
@@ -494,11 +497,17 @@ static void s_check_bn(int B, int G, int C, int H, int W, int relu)
     float nbt_ref = nbt;
     dp_bn_running_update(rm, rv, &nbt_ref, save, (long)G * HW, (long)last * HW, groups, C,
                          l.momentum);
-    (relu ? s_be->ops->bn_relu_forward : s_be->ops->bn_forward)(
-        s_be, &m.layers[0], B, G, 1, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+    if (add)
+        s_be->ops->bn_add_relu_forward(s_be, &m.layers[0], B, G, 1, d_out, d_in, d_z, d_w, d_b,
+                                       d_rm, d_rv, d_nbt, d_save);
+    else
+        (relu ? s_be->ops->bn_relu_forward : s_be->ops->bn_forward)(
+            s_be, &m.layers[0], B, G, 1, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+    for (size_t i = 0; add && i < n; i++) out[i] += z[i];
     if (relu) s_relu_ref(out, n);
     float *g = s_down(d_out, n), *gout = s_down(d_out, n);
-    snprintf(what, sizeof what, "bn%s B%d G%d C%d %dx%d out", relu ? "+relu" : "", B, G, C, H, W);
+    const char *op = add ? "+add+relu" : relu ? "+relu" : "";
+    snprintf(what, sizeof what, "bn%s B%d G%d C%d %dx%d out", op, B, G, C, H, W);
     GPU_CLOSE(what, g, out, n, tol_a, tol_r);
     free(g);
     g = s_down(d_save, (size_t)2 * C * groups);
@@ -522,15 +531,23 @@ static void s_check_bn(int B, int G, int C, int H, int W, int relu)
         dp_bn_backward_ref(din + at, pw, pb, mdout + at, in + at, w, sv, sv + C, nb, C, HW, l.eps);
         for (int c = 0; c < C; c++) dw[c] += pw[c], db[c] += pb[c];
     }
-    if (relu)
+    if (add)
+        s_be->ops->bn_add_relu_backward(s_be, &m.layers[0], B, G, d_din, d_dz, d_dw, d_db, d_dout,
+                                        d_out, d_in, d_w, d_save);
+    else if (relu)
         s_be->ops->bn_relu_backward(s_be, &m.layers[0], B, G, d_din, d_dw, d_db, d_dout, d_out,
                                     d_in, d_w, d_save);
     else
         s_be->ops->bn_backward(s_be, &m.layers[0], B, G, d_din, d_dw, d_db, d_dout, d_in, d_w,
                                d_save);
     g = s_down(d_din, n);
-    snprintf(what, sizeof what, "bn%s B%d G%d C%d %dx%d din", relu ? "+relu" : "", B, G, C, H, W);
+    snprintf(what, sizeof what, "bn%s B%d G%d C%d %dx%d din", op, B, G, C, H, W);
     GPU_CLOSE(what, g, din, n, tol_a, tol_r);
+    if (add) { /* the add's gradient: dout through the mask, exactly */
+        free(g);
+        g = s_down(d_dz, n);
+        GPU_CLOSE("bn+add+relu dz", g, mdout, n, 0, 0);
+    }
     free(g);
     g = s_down(d_dw, C);
     GPU_CLOSE("bn dw", g, dw, C, s_atol((double)B * HW), s_rtol());
@@ -540,13 +557,19 @@ static void s_check_bn(int B, int G, int C, int H, int W, int relu)
     free(g);
     /* evaluation by the running statistics the training step left */
     dp_bn_forward_eval_ref(out, in, w, b, rm, rv, B, C, HW, l.eps);
+    for (size_t i = 0; add && i < n; i++) out[i] += z[i];
     if (relu) s_relu_ref(out, n);
-    (relu ? s_be->ops->bn_relu_forward : s_be->ops->bn_forward)(
-        s_be, &m.layers[0], B, G, 0, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+    if (add)
+        s_be->ops->bn_add_relu_forward(s_be, &m.layers[0], B, G, 0, d_out, d_in, d_z, d_w, d_b,
+                                       d_rm, d_rv, d_nbt, d_save);
+    else
+        (relu ? s_be->ops->bn_relu_forward : s_be->ops->bn_forward)(
+            s_be, &m.layers[0], B, G, 0, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
     g = s_down(d_out, n);
-    snprintf(what, sizeof what, "bn%s B%d C%d eval out", relu ? "+relu" : "", B, C);
+    snprintf(what, sizeof what, "bn%s B%d C%d eval out", op, B, C);
     GPU_CLOSE(what, g, out, n, 1e-5, 1e-4);
-    free(g), free(gout), free(mdout);
+    free(g), free(gout), free(mdout), free(z);
+    s_free(d_z), s_free(d_dz);
     free(in), free(w), free(b), free(dout), free(rm), free(rv), free(out), free(din), free(save);
     free(dw), free(db), free(pw), free(pb);
     s_free(d_in), s_free(d_w), s_free(d_b), s_free(d_dout), s_free(d_rm), s_free(d_rv);
@@ -1075,7 +1098,8 @@ static void test_gpu_resnet_ops(void)
 }
 
 /* Batch norm and the relu after it as one op (the bn_relu ops: cuDNN's
- * fused batch norm where it runs, ours elsewhere), training and
+ * fused batch norm where it runs, ours elsewhere), and with a residual
+ * add between (the bn_add_relu ops), training and
  * evaluation: odd channel counts, batches 1 and 3, 7x7 and 1x1 sides,
  * ghost batches (ours), one value a channel (ours). */
 static void test_gpu_bn_relu(void)
@@ -1087,6 +1111,13 @@ static void test_gpu_bn_relu(void)
     s_check_bn(7, 3, 5, 13, 11, 1);
     s_check_bn(128, 128, 16, 32, 32, 1); /* resnet20's first block at batch 128 */
     s_check_bn(3, 3, 64, 8, 8, 1);
+    /* and a residual block's end: bn, the identity shortcut's add, relu */
+    s_check_bn(3, 3, 5, 7, 7, 2);
+    s_check_bn(1, 1, 7, 7, 7, 2);
+    s_check_bn(3, 3, 37, 1, 1, 2);
+    s_check_bn(1, 1, 37, 1, 1, 2);
+    s_check_bn(7, 3, 5, 13, 11, 2);
+    s_check_bn(128, 128, 16, 32, 32, 2);
     s_check_shortcut(3, 5, 13, 11, 5, 1);
     s_check_shortcut(3, 4, 13, 11, 8, 2);
     s_check_shortcut(2, 16, 8, 8, 32, 2);
