@@ -5,8 +5,9 @@
  *   DP_CONV_SPARSE_MAX    [0, 1]: the sparse convolution backward's non-zero
  *                         fraction (kernels/cpu/conv.c; default 0.4)
  *   DP_CONV_DIRECT        0|1: the convolution's direct ways (default 1)
- *   DP_FUSE               0|1: batch norm and the ReLU after it as one op
- *                         where the backend has it (worker/exec/net.c; default 1)
+ *   DP_FUSE               0|1: batch norm and the ReLU after it (and a block's
+ *                         bn, add, ReLU) as one op where the backend has it
+ *                         (worker/exec/net.c; default 1)
  * then loads OpenBLAS with the chosen path's core (kernels/cpu/blas.h: sets
  * OPENBLAS_CORETYPE for the load and puts the user's back).
  *   DP_CUDA_TF32, DP_CUDA_FIND, DP_CUDA_ALGOS, DP_CUDA_WORKSPACE_MB, DP_CUDA_BN

@@ -46,13 +46,15 @@ static cudnnStatus_t s_sizes(dp_cuda_t *cx, dp_cuda_layer_t *L, cudnnBatchNormOp
                              size_t *ws, size_t *reserve)
 {
     cudnnActivationDescriptor_t act = ops == CUDNN_BATCHNORM_OPS_BN ? NULL : cx->relu;
+    cudnnTensorDescriptor_t z = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION ? L->bn_x : NULL;
     size_t fw = 0, bw = 0;
+    /* as PyTorch queries them: y's descriptor given, z's only with the add */
     cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops, L->bn_x, NULL, L->bn_x, L->bn_p, act, &fw);
+        cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops, L->bn_x, z, L->bn_x, L->bn_p, act, &fw);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-        cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops, L->bn_x, ops == CUDNN_BATCHNORM_OPS_BN ? NULL : L->bn_x,
-        L->bn_x, NULL, L->bn_x, L->bn_p, act, &bw);
+    st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(cx->cudnn, CUDNN_BATCHNORM_SPATIAL, ops,
+                                                           L->bn_x, L->bn_x, L->bn_x, z, L->bn_x,
+                                                           L->bn_p, act, &bw);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cx->cudnn, CUDNN_BATCHNORM_SPATIAL,
                                                               ops, act, L->bn_x, reserve);

@@ -11,13 +11,14 @@
 // dropout's mask from the one hash of kernels/dropout_mask.h. Every
 // reduction is a fixed tree (no atomics): the same bits on every run.
 //
-// Why our own batch norm rather than cuDNN's: the servers combine the
-// running statistics and the ghost batches (--bn-ghost-batch) need each
-// group's statistics kept and the groups' running updates averaged, which
-// cuDNN's training call (one batch, its own saved inverse deviation, a
-// running average it chains) does not express; these kernels keep the CPU
-// path's layout of d_save (mean, then biased variance, per group) so both
-// backends share the executor unchanged.
+// Why our own batch norm beside cuDNN's (bn_cudnn.c, which takes the
+// training step with the batch's own statistics): the ghost batches
+// (--bn-ghost-batch) need each group's statistics kept and the groups'
+// running updates averaged, which cuDNN's training call (one batch, its
+// own saved inverse deviation, a running average it chains) does not
+// express; these kernels keep the CPU path's layout of d_save (mean, then
+// biased variance, per group), evaluation is one pass of them (the relu
+// in it), and DP_CUDA_BN=own runs them alone.
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/grid.cuh"
 #include "kernels/dropout_mask.h"

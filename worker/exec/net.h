@@ -20,7 +20,9 @@
  * one op where the backend has it (bn_relu_forward: the CPU's; DP_FUSE=0
  * turns it off): the pair writes the relu's output and takes its gradient,
  * so bn's own output is never stored nor its gradient made; the bits are
- * the same either way (tests/unit/test_net.c).
+ * the same either way on the CPU (tests/unit/test_net.c). Likewise a
+ * block's end, bn + an identity shortcut's add + relu, where the backend
+ * has bn_add_relu_forward (the CUDA backend's; the CPU has none).
  *
  * Batch norm's running statistics are parameters (trainable 0): a training
  * step updates them in d_params, and writes their new values into d_grads
