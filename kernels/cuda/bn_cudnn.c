@@ -66,8 +66,10 @@ int dp_cuda_bn_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int max_batch, size_t *ws
 {
     const dp_layer_t *l = &L->layer;
     size_t ws = 0, ws_act = 0, rs = 0, rs_act = 0;
+    cudnnStatus_t st;
     *ws_need = 0;
-    if (cx->bn_own) return 0;
+    /* one value a channel at every batch: never cuDNN's (see above) */
+    if (cx->bn_own || (size_t)max_batch * l->in_h * l->in_w < 2) return 0;
     if (!cx->relu) {
         DP_CUDNN_TRY(cudnnCreateActivationDescriptor(&cx->relu));
         DP_CUDNN_TRY(cudnnSetActivationDescriptor(cx->relu, CUDNN_ACTIVATION_RELU,
@@ -78,7 +80,13 @@ int dp_cuda_bn_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int max_batch, size_t *ws
     DP_CUDNN_TRY(cudnnSetTensor4dDescriptor(L->bn_x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
                                             max_batch, l->in_c, l->in_h, l->in_w));
     DP_CUDNN_TRY(cudnnDeriveBNTensorDescriptor(L->bn_p, L->bn_x, CUDNN_BATCHNORM_SPATIAL));
-    DP_CUDNN_TRY(s_sizes(cx, L, CUDNN_BATCHNORM_OPS_BN, &ws, &rs));
+    if ((st = s_sizes(cx, L, CUDNN_BATCHNORM_OPS_BN, &ws, &rs)) != CUDNN_STATUS_SUCCESS) {
+        /* a shape cuDNN's batch norm refuses: ours runs it (no bn_x) */
+        dp_log_info("%s: %s: cuDNN's batch norm refuses this shape (%s): ours", cx->name,
+                    l->name, cudnnGetErrorString(st));
+        dp_cuda_bn_free(L);
+        return 0;
+    }
     /* the fused ReLU (and add) where cuDNN says it takes them (its kernels
      * for them have wanted NHWC and half precision); else ours after
      * cuDNN's batch norm */
