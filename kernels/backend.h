@@ -136,15 +136,34 @@ typedef struct {
      * output, bn's own never stored; the backward takes d_dout wrt that
      * output and the output d_out itself (the ReLU's mask), and gives
      * bn_backward's results for the ReLU's gradient. Bits: those of the
-     * two ops in turn. Optional: a backend leaves them NULL and the
-     * executor runs bn and relu apart (the CUDA backend does: cuDNN's
-     * batch norm has its own fused activation, not wired in). */
+     * two ops in turn on the CPU; the CUDA backend's training step runs
+     * cuDNN's batch norm with the ReLU fused where it can
+     * (kernels/cuda/bn_cudnn.c: tolerance, not bits, and its backward
+     * differentiates the layer's last training forward). Optional: a
+     * backend leaves them NULL and the executor runs bn and relu apart. */
     void (*bn_relu_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
                             float *d_out, const float *d_in, const float *d_w, const float *d_b,
                             float *d_rm, float *d_rv, float *d_nbt, float *d_save);
     void (*bn_relu_backward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
                              float *d_dw, float *d_db, const float *d_dout, const float *d_out,
                              const float *d_in, const float *d_w, const float *d_save);
+    /* The end of a residual block with an identity shortcut as one op:
+     * batch norm of layer l, plus d_z (the block's input, l's shape), then
+     * the ReLU: d_out = relu(bn(d_in) + d_z), bn's output and the sum
+     * never stored; d_save, the running statistics as bn_forward. The
+     * backward takes d_dout wrt d_out and d_out itself (the ReLU's mask)
+     * and gives bn_backward's results and d_dz, the gradient wrt d_z
+     * (written, not added; d_din, d_dz NULL: not wanted). Optional, NULL
+     * on the CPU: the executor then
+     * runs bn, add and relu apart (the CUDA backend: kernels/cuda/bn_cudnn.c). */
+    void (*bn_add_relu_forward)(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                                float *d_out, const float *d_in, const float *d_z,
+                                const float *d_w, const float *d_b, float *d_rm, float *d_rv,
+                                float *d_nbt, float *d_save);
+    void (*bn_add_relu_backward)(dp_backend_t *be, const dp_layer_t *l, int B, int G,
+                                 float *d_din, float *d_dz, float *d_dw, float *d_db,
+                                 const float *d_dout, const float *d_out, const float *d_in,
+                                 const float *d_w, const float *d_save);
     /* The end of a residual block: d_out = d_a + shortcut(d_src), d_out may be d_a. */
     void (*shortcut_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                              const float *d_a, const float *d_src);

@@ -13,6 +13,7 @@ int dp_cuda_knobs(dp_cuda_knobs_t *k, char *err)
     if (dp_opts_env_long("DP_CUDA_FIND", 0, 1, &find, err) != 0) return -1;
     if (dp_opts_env_choice("DP_CUDA_ALGOS", "exact|fastest", &k->fastest, err) != 0) return -1;
     if (dp_opts_env_long("DP_CUDA_WORKSPACE_MB", 0, 1L << 20, &k->workspace_mb, err) != 0) return -1;
+    if (dp_opts_env_choice("DP_CUDA_BN", "cudnn|own", &k->bn_own, err) != 0) return -1;
     k->tf32 = (int)tf32;
     k->find = (int)find;
     return 0;

@@ -5,11 +5,12 @@
  *   DP_CONV_SPARSE_MAX    [0, 1]: the sparse convolution backward's non-zero
  *                         fraction (kernels/cpu/conv.c; default 0.4)
  *   DP_CONV_DIRECT        0|1: the convolution's direct ways (default 1)
- *   DP_FUSE               0|1: batch norm and the ReLU after it as one op
- *                         where the backend has it (worker/exec/net.c; default 1)
+ *   DP_FUSE               0|1: batch norm and the ReLU after it (and a block's
+ *                         bn, add, ReLU) as one op where the backend has it
+ *                         (worker/exec/net.c; default 1)
  * then loads OpenBLAS with the chosen path's core (kernels/cpu/blas.h: sets
  * OPENBLAS_CORETYPE for the load and puts the user's back).
- *   DP_CUDA_TF32, DP_CUDA_FIND, DP_CUDA_ALGOS, DP_CUDA_WORKSPACE_MB
+ *   DP_CUDA_TF32, DP_CUDA_FIND, DP_CUDA_ALGOS, DP_CUDA_WORKSPACE_MB, DP_CUDA_BN
  *                         the CUDA backend's (dp_cuda_knobs below), checked
  *                         in every build so a script's typo shows anywhere
  * A bad value is -1 with one line naming the variable; mains exit 2 on it,
@@ -37,6 +38,8 @@ typedef struct {
     int find;          /* DP_CUDA_FIND=0|1: time the conv algorithms once at start */
     int fastest;       /* DP_CUDA_ALGOS=exact|fastest: 1 for fastest */
     long workspace_mb; /* DP_CUDA_WORKSPACE_MB in [0, 1048576]: cuDNN's workspace cap */
+    int bn_own;        /* DP_CUDA_BN=cudnn|own: 1 for own (batch norm on our kernels
+                        * alone, kernels/cuda/resnet_gpu.cu; cudnn: kernels/cuda/bn_cudnn.c) */
 } dp_cuda_knobs_t;
 /* Read them (unset: the defaults); -1 with err for a bad one. */
 int dp_cuda_knobs(dp_cuda_knobs_t *k, char *err);

@@ -360,41 +360,118 @@ static void s_ac_loss_backward(dp_backend_t *be, int B, int A, float beta, float
 }
 
 /* The residual networks' layers (resnet_gpu.cu), their semantics those of
- * the CPU backend's (kernels/backend.h). */
+ * the CPU backend's (kernels/backend.h). Batch norm's training step goes
+ * through cuDNN where bn_cudnn.c takes it (the batch's own statistics,
+ * more than one value a channel), else through ours; with relu (the
+ * bn_relu ops) the ReLU after it is fused: cuDNN's BN_ACTIVATION, or the
+ * ReLU queued right behind the batch norm, its output never stored apart. */
 
-static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
-                         float *d_out, const float *d_in, const float *d_w, const float *d_b,
-                         float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+/* relu: the relu after it; d_z (with relu): added before the relu. */
+static void s_bn_run(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train, int relu,
+                     float *d_out, const float *d_in, const float *d_z, const float *d_w,
+                     const float *d_b, float *d_rm, float *d_rv, float *d_nbt, float *d_save)
 {
     dp_cuda_t *cx = s_enter(be);
     int C = l->in_c, HW = l->in_h * l->in_w;
-    dp_cuda_layer(cx, l, DP_LAYER_BN);
-    if (!train) {
-        dp_bn_forward_eval_gpu(d_out, d_in, d_w, d_b, d_rm, d_rv, B, C, HW, l->eps, cx->stream);
+    dp_cuda_layer_t *L = dp_cuda_layer(cx, l, DP_LAYER_BN);
+    size_t n = (size_t)B * C * HW;
+    if (!train && !d_z) { /* one pass, the relu in it */
+        dp_bn_forward_eval_gpu(d_out, d_in, d_w, d_b, d_rm, d_rv, B, C, HW, l->eps, relu,
+                               cx->stream);
+        return;
+    }
+    if (!train) { /* with the add between */
+        dp_bn_forward_eval_gpu(d_out, d_in, d_w, d_b, d_rm, d_rv, B, C, HW, l->eps, 0,
+                               cx->stream);
+        dp_vec_add_gpu(d_out, d_z, n, cx->stream);
+        dp_relu_forward_gpu(d_out, d_out, n, cx->stream);
         return;
     }
     if (G < 1 || G > B) G = B;
+    if (dp_cuda_bn_forward_train(cx, L, B, G, relu, d_out, d_in, d_z, d_w, d_b, d_rm, d_rv,
+                                 d_nbt, d_save) == 0)
+        return;
     int groups = (B + G - 1) / G;
     long last = B - (long)(groups - 1) * G;
     dp_bn_forward_train_gpu(d_out, d_save, d_in, d_w, d_b, B, G, C, HW, l->eps, cx->stream);
     dp_bn_running_update_gpu(d_rm, d_rv, d_nbt, d_save, (long)G * HW, last * HW, groups, C,
                              l->momentum, cx->stream);
+    if (relu && d_z) dp_vec_add_gpu(d_out, d_z, n, cx->stream);
+    if (relu) dp_relu_forward_gpu(d_out, d_out, n, cx->stream);
+}
+
+static void s_bn_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                         float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                         float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+{
+    s_bn_run(be, l, B, G, train, 0, d_out, d_in, NULL, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+}
+
+static void s_bn_relu_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                              float *d_out, const float *d_in, const float *d_w, const float *d_b,
+                              float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+{
+    s_bn_run(be, l, B, G, train, 1, d_out, d_in, NULL, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+}
+
+static void s_bn_add_relu_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                                  float *d_out, const float *d_in, const float *d_z,
+                                  const float *d_w, const float *d_b, float *d_rm, float *d_rv,
+                                  float *d_nbt, float *d_save)
+{
+    s_bn_run(be, l, B, G, train, 1, d_out, d_in, d_z, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+}
+
+/* d_out: the fused relu's output (its mask), NULL without one; d_dz (with
+ * it): the gradient of what was added before the relu, NULL: none. */
+static void s_bn_back(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                      float *d_dz, float *d_dw, float *d_db, const float *d_dout,
+                      const float *d_out, const float *d_in, const float *d_w,
+                      const float *d_save)
+{
+    dp_cuda_t *cx = s_enter(be);
+    dp_cuda_layer_t *L = dp_cuda_layer(cx, l, DP_LAYER_BN);
+    size_t n = (size_t)B * l->in_c * l->in_h * l->in_w;
+    if (B > cx->max_batch) {
+        fprintf(stderr, "cuda backend: %s: %s: batch %d above the %d prepared\n", cx->name,
+                l->name, B, cx->max_batch);
+        abort();
+    }
+    if (dp_cuda_bn_backward(cx, L, B, d_out != NULL, d_din, d_dz, d_dw, d_db, d_dout, d_out,
+                            d_in, d_w) == 0)
+        return;
+    if (G < 1 || G > B) G = B;
+    if (d_out) { /* the relu's backward (the add's: a copy), then bn's */
+        dp_relu_backward_gpu(cx->d_bn_dy, d_dout, d_out, n, cx->stream);
+        d_dout = cx->d_bn_dy;
+        if (d_dz)
+            DP_CUDA_CHECK(cudaMemcpyAsync(d_dz, d_dout, n * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, cx->stream));
+    }
+    dp_bn_backward_gpu(d_din, d_dw, d_db, d_dout, d_in, d_w, d_save, cx->d_bn_sums, B, G,
+                       l->in_c, l->in_h * l->in_w, l->eps, cx->stream);
 }
 
 static void s_bn_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
                           float *d_dw, float *d_db, const float *d_dout, const float *d_in,
                           const float *d_w, const float *d_save)
 {
-    dp_cuda_t *cx = s_enter(be);
-    dp_cuda_layer(cx, l, DP_LAYER_BN);
-    if (B > cx->max_batch) {
-        fprintf(stderr, "cuda backend: %s: %s: batch %d above the %d prepared\n", cx->name,
-                l->name, B, cx->max_batch);
-        abort();
-    }
-    if (G < 1 || G > B) G = B;
-    dp_bn_backward_gpu(d_din, d_dw, d_db, d_dout, d_in, d_w, d_save, cx->d_bn_sums, B, G,
-                       l->in_c, l->in_h * l->in_w, l->eps, cx->stream);
+    s_bn_back(be, l, B, G, d_din, NULL, d_dw, d_db, d_dout, NULL, d_in, d_w, d_save);
+}
+
+static void s_bn_relu_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                               float *d_dw, float *d_db, const float *d_dout, const float *d_out,
+                               const float *d_in, const float *d_w, const float *d_save)
+{
+    s_bn_back(be, l, B, G, d_din, NULL, d_dw, d_db, d_dout, d_out, d_in, d_w, d_save);
+}
+
+static void s_bn_add_relu_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G,
+                                   float *d_din, float *d_dz, float *d_dw, float *d_db,
+                                   const float *d_dout, const float *d_out, const float *d_in,
+                                   const float *d_w, const float *d_save)
+{
+    s_bn_back(be, l, B, G, d_din, d_dz, d_dw, d_db, d_dout, d_out, d_in, d_w, d_save);
 }
 
 static void s_shortcut_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
@@ -532,6 +609,10 @@ static const dp_backend_ops_t s_cuda_ops = {
     .ac_loss_backward = s_ac_loss_backward,
     .bn_forward = s_bn_forward,
     .bn_backward = s_bn_backward,
+    .bn_relu_forward = s_bn_relu_forward,
+    .bn_relu_backward = s_bn_relu_backward,
+    .bn_add_relu_forward = s_bn_add_relu_forward,
+    .bn_add_relu_backward = s_bn_add_relu_backward,
     .shortcut_forward = s_shortcut_forward,
     .shortcut_backward = s_shortcut_backward,
     .gap_forward = s_gap_forward,
@@ -594,6 +675,7 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     cx->exact = !knobs.fastest;
     cx->find = knobs.find;
     cx->ws_limit = (size_t)knobs.workspace_mb << 20;
+    cx->bn_own = knobs.bn_own;
 
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     DP_CUDNN_TRY(cudnnCreate(&cx->cudnn));
@@ -610,10 +692,11 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     for (int k = 0; k < DP_CUDA_COPY_MARKS; k++)
         DP_CUDA_TRY(cudaEventCreateWithFlags(&cx->copied[k], cudaEventDisableTiming));
 
-    dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms (%s)", cx->name,
-                prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20, cudnn_ver,
-                cx->tf32 ? "on" : "off", cx->exact ? "exact" : "fastest",
-                cx->find ? "timed at prepare" : "cuDNN's heuristic");
+    dp_log_info("%s: %s (sm_%d%d, %zu MiB), cuDNN %zu, TF32 %s, %s algorithms (%s), batch "
+                "norm %s", cx->name, prop.name, prop.major, prop.minor,
+                prop.totalGlobalMem >> 20, cudnn_ver, cx->tf32 ? "on" : "off",
+                cx->exact ? "exact" : "fastest", cx->find ? "timed at prepare" : "cuDNN's heuristic",
+                cx->bn_own ? "ours" : "cuDNN's");
     *out = be;
     return 0;
 fail:

@@ -122,10 +122,15 @@ void dp_optim_step_gpu(const dp_optim_conf_t *c, float lr, float *d_w, const flo
 void dp_bn_forward_train_gpu(float *d_out, float *d_save, const float *d_in, const float *d_w,
                              const float *d_b, int B, int G, int C, int HW, float eps,
                              cudaStream_t st);
-/* Evaluation: normalised by the running statistics. */
+/* Evaluation: normalised by the running statistics; relu: then the ReLU,
+ * in the same pass (the fused bn_relu op's evaluation). */
 void dp_bn_forward_eval_gpu(float *d_out, const float *d_in, const float *d_w, const float *d_b,
                             const float *d_rm, const float *d_rv, int B, int C, int HW, float eps,
-                            cudaStream_t st);
+                            int relu, cudaStream_t st);
+/* After cuDNN's training forward (bn_cudnn.c): d_saved's mean and inverse
+ * deviation [2C] as d_save's mean and biased variance, and *d_nbt += 1. */
+void dp_bn_cudnn_saved_gpu(float *d_save, float *d_nbt, const float *d_saved, int C, float eps,
+                           cudaStream_t st);
 /* dp_bn_running_update (kernels/ops.h) on the device, the same float
  * expression. */
 void dp_bn_running_update_gpu(float *d_rm, float *d_rv, float *d_nbt, const float *d_save,

@@ -252,6 +252,7 @@ static void s_free_layer(dp_cuda_layer_t *L)
     if (L->bias) cudnnDestroyTensorDescriptor(L->bias);
     if (L->w) cudnnDestroyFilterDescriptor(L->w);
     if (L->conv) cudnnDestroyConvolutionDescriptor(L->conv);
+    dp_cuda_bn_free(L);
     memset(L, 0, sizeof *L);
 }
 
@@ -263,6 +264,10 @@ void dp_cuda_plan_free(dp_cuda_t *cx)
     cx->d_ws = NULL;
     if (cx->d_bn_sums) cudaFree(cx->d_bn_sums);
     cx->d_bn_sums = NULL;
+    if (cx->d_bn_dy) cudaFree(cx->d_bn_dy);
+    cx->d_bn_dy = NULL;
+    if (cx->relu) cudnnDestroyActivationDescriptor(cx->relu);
+    cx->relu = NULL;
     cx->ws_bytes = 0;
 }
 
@@ -322,7 +327,8 @@ int dp_cuda_plan_prepare(dp_cuda_t *cx, const dp_model_t *m, int max_batch, char
     dp_cuda_plan_free(cx); /* a second prepare replans from scratch */
     cx->max_batch = max_batch;
     cx->n_layers = m->n_layers;
-    int bn_c = 0; /* the widest batch norm */
+    int bn_c = 0;      /* the widest batch norm */
+    size_t bn_n = 0;   /* the largest, in floats a sample */
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
         dp_cuda_layer_t *L = &cx->layers[i];
@@ -340,7 +346,13 @@ int dp_cuda_plan_prepare(dp_cuda_t *cx, const dp_model_t *m, int max_batch, char
                 goto fail;
             }
         }
-        if (l->kind == DP_LAYER_BN && l->in_c > bn_c) bn_c = l->in_c;
+        if (l->kind == DP_LAYER_BN) {
+            size_t per = (size_t)l->in_c * l->in_h * l->in_w;
+            if (l->in_c > bn_c) bn_c = l->in_c;
+            if (per > bn_n) bn_n = per;
+            if (dp_cuda_bn_plan(cx, L, max_batch, &need, err) < 0) goto fail;
+            if (need > ws_need) ws_need = need;
+        }
         if (l->kind != DP_LAYER_CONV) continue;
         if (l->k < 1 || l->stride < 1 || l->pad < 0) {
             dp_err(err, "%s: %s: bad conv k%d s%d p%d", cx->name, l->name, l->k, l->stride,
@@ -368,9 +380,11 @@ int dp_cuda_plan_prepare(dp_cuda_t *cx, const dp_model_t *m, int max_batch, char
         if (need > ws_need) ws_need = need;
     }
     if (s_workspace_reserve(cx, ws_need, err) < 0) goto fail;
-    if (bn_c > 0) /* a ghost batch has at least one sample: at most max_batch groups */
+    if (bn_c > 0) { /* a ghost batch has at least one sample: at most max_batch groups */
         DP_CUDA_TRY(cudaMalloc((void **)&cx->d_bn_sums,
                                (size_t)2 * bn_c * max_batch * sizeof(double)));
+        DP_CUDA_TRY(cudaMalloc((void **)&cx->d_bn_dy, bn_n * max_batch * sizeof(float)));
+    }
     dp_log_debug("%s: planned %d layers at batch %d, workspace %zu KiB", cx->name, m->n_layers,
                  max_batch, cx->ws_bytes >> 10);
     return 0;

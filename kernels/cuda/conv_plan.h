@@ -57,6 +57,19 @@ typedef struct {
     cudnnConvolutionDescriptor_t conv;         /* conv: pad, stride, math type */
     cudnnTensorDescriptor_t bias;              /* conv: [1,OC,1,1] */
     dp_cuda_conv_plan_t plan[DP_CUDA_PLANS];               /* conv: per batch size */
+    /* bn on cuDNN (bn_cudnn.c); what the training forward leaves for the
+     * backward lives here, as cuDNN's reserve space must */
+    cudnnTensorDescriptor_t bn_x;              /* bn: [B,C,H,W], B set per call */
+    cudnnTensorDescriptor_t bn_p;              /* bn: [1,C,1,1] scale, bias, statistics */
+    cudnnBatchNormOps_t bn_relu_ops;           /* bn + relu: BN_ACTIVATION where cuDNN takes
+                                                * it, else BN (the relu ours) */
+    cudnnBatchNormOps_t bn_add_ops;            /* bn + add + relu: BN_ADD_ACTIVATION, or BN */
+    void *d_bn_reserve;                        /* bn: cuDNN's reserve space, at max_batch */
+    size_t bn_reserve_bytes;
+    float *d_bn_saved;                         /* bn: cuDNN's saved mean, inverse deviation [2C] */
+    int bn_fwd;                                /* the last training forward: 0 ours, else
+                                                * 1 + the cuDNN ops it ran */
+    const float *bn_bias;                      /* its bias (BN_ACTIVATION's backward reads it) */
 } dp_cuda_layer_t;
 
 /* Marks of download_async's copies, a ring: waiting on a mark taken again
@@ -86,6 +99,10 @@ typedef struct {
     void *d_ws;                                /* the one workspace */
     double *d_bn_sums;                         /* batch norm's backward: 2 C doubles per
                                                 * ghost batch, for the widest bn at max_batch */
+    float *d_bn_dy;                            /* bn + relu's backward: the relu's gradient,
+                                                * for the largest bn at max_batch */
+    int bn_own;                                /* DP_CUDA_BN=own: no cuDNN batch norm */
+    cudnnActivationDescriptor_t relu;          /* cuDNN's ReLU, for its fused batch norm */
     size_t ws_bytes;                           /* its size */
     unsigned long tick;                        /* LRU clock for plans */
 } dp_cuda_t;
@@ -100,5 +117,31 @@ void dp_cuda_plan_free(dp_cuda_t *cx);
 dp_cuda_layer_t *dp_cuda_layer(dp_cuda_t *cx, const dp_layer_t *l, dp_layer_kind_t kind);
 /* Conv layer L's plan for batch B (made now when not cached; aborts on failure). */
 dp_cuda_conv_plan_t *dp_cuda_conv_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int B);
+
+/* ---- batch norm on cuDNN (bn_cudnn.c) ---------------------------------- */
+
+/* Bn layer L's descriptors, reserve space and saved statistics for batches
+ * up to max_batch; the workspace its calls need into *ws_need (the
+ * planner's one workspace is shared). -1 with err. */
+int dp_cuda_bn_plan(dp_cuda_t *cx, dp_cuda_layer_t *L, int max_batch, size_t *ws_need, char *err);
+void dp_cuda_bn_free(dp_cuda_layer_t *L);
+/* The training forward of bn layer L (relu: then the ReLU, d_out its
+ * output; d_z not NULL: d_z added before the ReLU) on cuDNN, with kernels/backend.h's bn_forward semantics for one
+ * ghost batch (G == B): d_save gets the mean and the biased variance, the
+ * running statistics PyTorch's update, *d_nbt one more. 0, or -1 when
+ * cuDNN does not take this call (DP_CUDA_BN=own, ghost batches, a single
+ * value per channel) and nothing was queued: the caller runs ours. */
+int dp_cuda_bn_forward_train(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int G, int relu,
+                             float *d_out, const float *d_in, const float *d_z, const float *d_w,
+                             const float *d_b, float *d_rm, float *d_rv, float *d_nbt,
+                             float *d_save);
+/* The backward of the forward above (relu: d_dout is the gradient wrt the
+ * ReLU's output d_out; d_dz not NULL: the added tensor's gradient written
+ * there). 0, or -1 (nothing queued) when the layer's last training forward
+ * was not cuDNN's, or another op, or d_din is NULL: the caller runs ours,
+ * from d_save. */
+int dp_cuda_bn_backward(dp_cuda_t *cx, dp_cuda_layer_t *L, int B, int relu, float *d_din,
+                        float *d_dz, float *d_dw, float *d_db, const float *d_dout,
+                        const float *d_out, const float *d_in, const float *d_w);
 
 #endif

@@ -11,13 +11,14 @@
 // dropout's mask from the one hash of kernels/dropout_mask.h. Every
 // reduction is a fixed tree (no atomics): the same bits on every run.
 //
-// Why our own batch norm rather than cuDNN's: the servers combine the
-// running statistics and the ghost batches (--bn-ghost-batch) need each
-// group's statistics kept and the groups' running updates averaged, which
-// cuDNN's training call (one batch, its own saved inverse deviation, a
-// running average it chains) does not express; these kernels keep the CPU
-// path's layout of d_save (mean, then biased variance, per group) so both
-// backends share the executor unchanged.
+// Why our own batch norm beside cuDNN's (bn_cudnn.c, which takes the
+// training step with the batch's own statistics): the ghost batches
+// (--bn-ghost-batch) need each group's statistics kept and the groups'
+// running updates averaged, which cuDNN's training call (one batch, its
+// own saved inverse deviation, a running average it chains) does not
+// express; these kernels keep the CPU path's layout of d_save (mean, then
+// biased variance, per group), evaluation is one pass of them (the relu
+// in it), and DP_CUDA_BN=own runs them alone.
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/grid.cuh"
 #include "kernels/dropout_mask.h"
@@ -76,10 +77,10 @@ __global__ void k_bn_stats(float *save, const float *in, int B, int G, int C, in
 
 // out = w (x - mean) / sqrt(var + eps) + b, the statistics of the sample's
 // group: group g's at mean + g * stride (training: d_save's layout) or the
-// running ones for all (stride 0, G = B).
+// running ones for all (stride 0, G = B); relu: then max(0, .).
 __global__ void k_bn_apply(float *out, const float *in, const float *w, const float *b,
                            const float *mean, const float *var, size_t stride, int B, int G,
-                           int C, int HW, float eps)
+                           int C, int HW, float eps, int relu)
 {
     size_t n = (size_t)B * C * HW;
     DP_GRID_STRIDE(i, n)
@@ -88,7 +89,8 @@ __global__ void k_bn_apply(float *out, const float *in, const float *w, const fl
         int c = (int)(i / HW % C);
         size_t at = (k / G) * stride + c;
         double inv = 1.0 / sqrt((double)var[at] + eps);
-        out[i] = (float)(w[c] * (in[i] - (double)mean[at]) * inv + b[c]);
+        float y = (float)(w[c] * (in[i] - (double)mean[at]) * inv + b[c]);
+        out[i] = relu && !(y > 0.0f) ? 0.0f : y;
     }
 }
 
@@ -108,6 +110,20 @@ __global__ void k_bn_running(float *rm, float *rv, float *nbt, const float *save
         }
         rm[c] = groups == 1 ? am : __fmul_rn(am, inv);
         rv[c] = groups == 1 ? av : __fmul_rn(av, inv);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *nbt += 1.0f;
+}
+
+// After cuDNN's training forward: its saved mean and inverse deviation
+// into d_save's layout (mean, biased variance = 1 / inv^2 - eps), and the
+// step counted, one thread a channel.
+__global__ void k_bn_cudnn_saved(float *save, float *nbt, const float *saved, int C, float eps)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        double inv = saved[C + c];
+        double var = 1.0 / (inv * inv) - (double)eps;
+        save[c] = saved[c];
+        save[C + c] = var > 0 ? (float)var : 0.0f;
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *nbt += 1.0f;
 }
@@ -265,18 +281,26 @@ void dp_bn_forward_train_gpu(float *d_out, float *d_save, const float *d_in, con
     DP_CUDA_LAUNCHED();
     size_t n = (size_t)B * C * HW;
     k_bn_apply<<<s_blocks(n), kThreads, 0, st>>>(d_out, d_in, d_w, d_b, d_save, d_save + C,
-                                                 (size_t)2 * C, B, G, C, HW, eps);
+                                                 (size_t)2 * C, B, G, C, HW, eps, 0);
     DP_CUDA_LAUNCHED();
 }
 
 void dp_bn_forward_eval_gpu(float *d_out, const float *d_in, const float *d_w, const float *d_b,
                             const float *d_rm, const float *d_rv, int B, int C, int HW, float eps,
-                            cudaStream_t st)
+                            int relu, cudaStream_t st)
 {
     size_t n = (size_t)B * C * HW;
     if (n == 0) return;
     k_bn_apply<<<s_blocks(n), kThreads, 0, st>>>(d_out, d_in, d_w, d_b, d_rm, d_rv, 0, B, B, C,
-                                                 HW, eps);
+                                                 HW, eps, relu);
+    DP_CUDA_LAUNCHED();
+}
+
+void dp_bn_cudnn_saved_gpu(float *d_save, float *d_nbt, const float *d_saved, int C, float eps,
+                           cudaStream_t st)
+{
+    if (C < 1) return;
+    k_bn_cudnn_saved<<<s_blocks((size_t)C), kThreads, 0, st>>>(d_save, d_nbt, d_saved, C, eps);
     DP_CUDA_LAUNCHED();
 }
 

@@ -29,6 +29,8 @@
 #             ratio, per-step compute and wait (psbench.txt)
 #   bench     steady-state images/s of the standalone worker at batch 64 and
 #             256 (exact / fastest algorithms, TF32; momentum, and adam at 64),
+#             resnet20 and resnet56 at 128 with batch norm + relu fused on
+#             cuDNN, apart, and on our own kernels (DP_FUSE, DP_CUDA_BN),
 #             beside PyTorch's for the same network and optimizer
 #             (torch_bench.py) where `import torch` works
 # Outputs (at most 8 files) go to $OUT when set (the GPU machine's output
@@ -476,20 +478,29 @@ bench_ok=1
 # both sides)
 # A fourth field names a model (issue 21's rows: resnet20 and resnet56 at
 # batch 128 on 1x28x28, fewer steps: each is many times the default's work).
+# A fifth, the batch norm path (issue 54 item 5): none is the default
+# (cuDNN's batch norm, the relu after it fused: DP_FUSE=1), apart (cuDNN's,
+# the relu its own op: DP_FUSE=0), own (our kernels, the relu apart: the
+# path before cuDNN's batch norm, DP_CUDA_BN=own DP_FUSE=0); the variants
+# run half the steps.
 SPECS="64:fp32:momentum 64:fp32f:momentum 64:fast:momentum 64:fp32:adam
        256:fp32:momentum 256:fp32f:momentum 256:fast:momentum 256:tf32:momentum
-       128:fp32:momentum:resnet20 128:fp32:momentum:resnet56"
+       128:fp32:momentum:resnet20 128:fp32:momentum:resnet20:apart 128:fp32:momentum:resnet20:own
+       128:fp32:momentum:resnet56 128:fp32:momentum:resnet56:apart 128:fp32:momentum:resnet56:own"
 [ -n "$NODEV" ] && SPECS= bench_ok=0
 for spec in $SPECS; do
-    IFS=: read -r B math optim model <<<"$spec"
+    IFS=: read -r B math optim model bn <<<"$spec"
     steps=$([ "$B" -ge 256 ] && echo 1500 || echo 3000)
     margs=()
     [ -n "$model" ] && { steps=600; margs=(--model "$model"); }
+    [ -n "$bn" ] && steps=300
+    fuse=$(case $bn in apart|own) echo 0 ;; *) echo 1 ;; esac)
+    bnimpl=$([ "$bn" = own ] && echo own || echo cudnn)
     tf=$([ "$math" = tf32 ] && echo 1 || echo 0)
     algos=$(case $math in fp32*) echo exact ;; *) echo fastest ;; esac)
     find=$([ "$math" = fp32f ] && echo 1 || echo 0)
     lr=$([ "$optim" = adam ] && echo 0.001 || echo 0.01)
-    DP_CUDA_FIND=$find DP_CUDA_ALGOS=$algos DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" \
+    DP_FUSE=$fuse DP_CUDA_BN=$bnimpl DP_CUDA_FIND=$find DP_CUDA_ALGOS=$algos DP_CUDA_TF32=$tf tmo 120 "$W" --standalone --device cuda:0 --batch "$B" \
         --steps "$steps" --seed 1 --optimizer "$optim" --lr "$lr" --momentum 0.9 \
         --lr-schedule constant --no-progress --metrics "$WORK/bench_$spec.jsonl" \
         "${margs[@]}" "${DATA_ARGS[@]}" >"$WORK/bench_$spec.log" 2>&1
@@ -512,8 +523,8 @@ for spec in $SPECS; do
         theirs=$(json_get "$WORK/torch_$tkey.json" images_per_s)
         [ -z "$theirs" ] && { show "$WORK/torch_$tkey.err" 8; theirs=-; }
     fi
-    echo "  batch $B $math $optim${model:+ $model}: downpour $ours img/s, torch $theirs img/s"
-    ROWS+=("$B $math $optim${model:+/$model} $ours $theirs")
+    echo "  batch $B $math $optim${model:+ $model}${bn:+ bn:$bn}: downpour $ours img/s, torch $theirs img/s"
+    ROWS+=("$B $math $optim${model:+/$model}${bn:+/$bn} $ours $theirs")
 done
 if [ $bench_ok = 1 ]; then verdict bench PASS "$([ -n "$TORCH_PY" ] && echo "beside torch" || echo "torch not available")"; else verdict bench FAIL "${NODEV:-a timing run failed}"; fi
 

@@ -3,9 +3,10 @@
  * (batch 3, 13x11 images, 5 channels, kernels 3 and 5, pad 0/1/2, stride 1
  * and 2, pools 2 and 3, overlapping pools), then on the default model's layer
  * shapes at batch 64; every optimizer's step against dp_optim_step; the
- * overlap copies (a download queued after an op must see its result); and
- * one whole training step of the default network through the executor
- * against the cpu backend. Each comparison is |gpu - ref| <= atol + rtol |ref|,
+ * overlap copies (a download queued after an op must see its result); batch
+ * norm alone and with the relu fused (cuDNN's training step and ours); and
+ * whole training steps (the default network, resnet8 in ghost batches,
+ * resnet20) through the executor against the cpu backend. Each comparison is |gpu - ref| <= atol + rtol |ref|,
  * with atol growing with the number of terms summed into one output (float
  * sums of N terms drift by ~N ulps of the terms in the worst case).
  *
@@ -473,11 +474,25 @@ static dp_layer_t s_res_layer(dp_layer_kind_t kind, int C, int H, int W)
     return l;
 }
 
-/* Batch norm of [B,C,H,W] in ghost batches of G (G = B: the batch's own),
- * training forward with the running statistics, backward, and evaluation,
- * against the CPU reference applied group by group as the CPU backend does. */
-static void s_check_bn(int B, int G, int C, int H, int W)
+/* The relu of n floats in place; and dout masked by an output's sign (the
+ * fused op's mask is its own output: the GPU's, so a value the two sides
+ * round to either side of 0 cannot flip the reference's mask). */
+static void s_relu_ref(float *x, size_t n)
 {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+/* Batch norm of [B,C,H,W] in ghost batches of G (G = B: the batch's own),
+ * training forward with the running statistics and the saved statistics,
+ * backward, and evaluation, against the CPU reference applied group by
+ * group as the CPU backend does; relu 1: the bn_relu ops (the relu's
+ * output, the gradient wrt it), 2: the bn_add_relu ops (a tensor z added
+ * before the relu, and its gradient). The training step is cuDNN's (bn_cudnn.c) where
+ * G = B and B H W > 1 unless DP_CUDA_BN=own, ours elsewhere: cuDNN's float
+ * sums get a looser tolerance than our double ones. */
+static void s_check_bn(int B, int G, int C, int H, int W, int relu)
+{
+    int add = relu == 2;
     dp_model_t m;
     char err[DP_ERR_LEN] = "", what[96];
     dp_layer_t l = s_res_layer(DP_LAYER_BN, C, H, W);
@@ -497,38 +512,73 @@ static void s_check_bn(int B, int G, int C, int H, int W)
     float *d_din = s_be->ops->alloc(s_be, n * 4);
     float *d_save = s_be->ops->alloc(s_be, (size_t)8 * C * groups);
     float *d_dw = s_be->ops->alloc(s_be, C * 4), *d_db = s_be->ops->alloc(s_be, C * 4);
-    /* the reference, group by group */
+    float *z = s_rand(n, 1), *d_z = s_up(z, n * 4), *d_dz = s_be->ops->alloc(s_be, n * 4);
+    /* the reference forward, group by group (the backward's after the GPU's
+     * forward, whose output masks it) */
     for (int g = 0; g < groups; g++) {
         int n0 = g * G, nb = B - n0 < G ? B - n0 : G;
-        size_t at = (size_t)n0 * C * HW;
         float *sv = save + (size_t)2 * C * g;
-        dp_bn_forward_train_ref(out + at, sv, sv + C, in + at, w, b, nb, C, HW, l.eps);
-        dp_bn_backward_ref(din + at, pw, pb, dout + at, in + at, w, sv, sv + C, nb, C, HW, l.eps);
-        for (int c = 0; c < C; c++) dw[c] += pw[c], db[c] += pb[c];
+        dp_bn_forward_train_ref(out + (size_t)n0 * C * HW, sv, sv + C, in + (size_t)n0 * C * HW,
+                                w, b, nb, C, HW, l.eps);
     }
+    const char *bn_env = getenv("DP_CUDA_BN");
+    int cud = G >= B && (long)B * HW > 1 && !(bn_env && strcmp(bn_env, "own") == 0);
+    double tol_a = cud ? 5e-5 : 1e-5, tol_r = cud ? 5e-4 : 1e-4, st_a = cud ? 1e-5 : 1e-6;
     int last = B - (groups - 1) * G;
     float nbt_ref = nbt;
     dp_bn_running_update(rm, rv, &nbt_ref, save, (long)G * HW, (long)last * HW, groups, C,
                          l.momentum);
-    s_be->ops->bn_forward(s_be, &m.layers[0], B, G, 1, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt,
-                          d_save);
-    float *g = s_down(d_out, n);
-    snprintf(what, sizeof what, "bn B%d G%d C%d %dx%d out", B, G, C, H, W);
-    GPU_CLOSE(what, g, out, n, 1e-5, 1e-4);
+    if (add)
+        s_be->ops->bn_add_relu_forward(s_be, &m.layers[0], B, G, 1, d_out, d_in, d_z, d_w, d_b,
+                                       d_rm, d_rv, d_nbt, d_save);
+    else
+        (relu ? s_be->ops->bn_relu_forward : s_be->ops->bn_forward)(
+            s_be, &m.layers[0], B, G, 1, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+    for (size_t i = 0; add && i < n; i++) out[i] += z[i];
+    if (relu) s_relu_ref(out, n);
+    float *g = s_down(d_out, n), *gout = s_down(d_out, n);
+    const char *op = add ? "+add+relu" : relu ? "+relu" : "";
+    snprintf(what, sizeof what, "bn%s B%d G%d C%d %dx%d out", op, B, G, C, H, W);
+    GPU_CLOSE(what, g, out, n, tol_a, tol_r);
+    free(g);
+    g = s_down(d_save, (size_t)2 * C * groups);
+    GPU_CLOSE("bn saved mean, var", g, save, (size_t)2 * C * groups, tol_a, tol_r);
     free(g);
     g = s_down(d_rm, C);
-    GPU_CLOSE("bn running_mean", g, rm, C, 1e-6, 1e-5);
+    GPU_CLOSE("bn running_mean", g, rm, C, st_a, 10 * st_a);
     free(g);
     g = s_down(d_rv, C);
-    GPU_CLOSE("bn running_var", g, rv, C, 1e-6, 1e-5);
+    GPU_CLOSE("bn running_var", g, rv, C, st_a, 10 * st_a);
     free(g);
     float gn = 0;
     s_be->ops->download(s_be, &gn, d_nbt, 4);
     CHECK_EQ(gn, nbt_ref);
-    s_be->ops->bn_backward(s_be, &m.layers[0], B, G, d_din, d_dw, d_db, d_dout, d_in, d_w, d_save);
+    float *mdout = dp_malloc(n * 4); /* dout through the relu's mask */
+    for (size_t i = 0; i < n; i++) mdout[i] = !relu || gout[i] > 0.0f ? dout[i] : 0.0f;
+    for (int g = 0; g < groups; g++) {
+        int n0 = g * G, nb = B - n0 < G ? B - n0 : G;
+        size_t at = (size_t)n0 * C * HW;
+        float *sv = save + (size_t)2 * C * g;
+        dp_bn_backward_ref(din + at, pw, pb, mdout + at, in + at, w, sv, sv + C, nb, C, HW, l.eps);
+        for (int c = 0; c < C; c++) dw[c] += pw[c], db[c] += pb[c];
+    }
+    if (add)
+        s_be->ops->bn_add_relu_backward(s_be, &m.layers[0], B, G, d_din, d_dz, d_dw, d_db, d_dout,
+                                        d_out, d_in, d_w, d_save);
+    else if (relu)
+        s_be->ops->bn_relu_backward(s_be, &m.layers[0], B, G, d_din, d_dw, d_db, d_dout, d_out,
+                                    d_in, d_w, d_save);
+    else
+        s_be->ops->bn_backward(s_be, &m.layers[0], B, G, d_din, d_dw, d_db, d_dout, d_in, d_w,
+                               d_save);
     g = s_down(d_din, n);
-    snprintf(what, sizeof what, "bn B%d G%d C%d %dx%d din", B, G, C, H, W);
-    GPU_CLOSE(what, g, din, n, 1e-5, 1e-4);
+    snprintf(what, sizeof what, "bn%s B%d G%d C%d %dx%d din", op, B, G, C, H, W);
+    GPU_CLOSE(what, g, din, n, tol_a, tol_r);
+    if (add) { /* the add's gradient: dout through the mask, exactly */
+        free(g);
+        g = s_down(d_dz, n);
+        GPU_CLOSE("bn+add+relu dz", g, mdout, n, 0, 0);
+    }
     free(g);
     g = s_down(d_dw, C);
     GPU_CLOSE("bn dw", g, dw, C, s_atol((double)B * HW), s_rtol());
@@ -538,12 +588,19 @@ static void s_check_bn(int B, int G, int C, int H, int W)
     free(g);
     /* evaluation by the running statistics the training step left */
     dp_bn_forward_eval_ref(out, in, w, b, rm, rv, B, C, HW, l.eps);
-    s_be->ops->bn_forward(s_be, &m.layers[0], B, G, 0, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt,
-                          d_save);
+    for (size_t i = 0; add && i < n; i++) out[i] += z[i];
+    if (relu) s_relu_ref(out, n);
+    if (add)
+        s_be->ops->bn_add_relu_forward(s_be, &m.layers[0], B, G, 0, d_out, d_in, d_z, d_w, d_b,
+                                       d_rm, d_rv, d_nbt, d_save);
+    else
+        (relu ? s_be->ops->bn_relu_forward : s_be->ops->bn_forward)(
+            s_be, &m.layers[0], B, G, 0, d_out, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
     g = s_down(d_out, n);
-    snprintf(what, sizeof what, "bn B%d C%d eval out", B, C);
+    snprintf(what, sizeof what, "bn%s B%d C%d eval out", op, B, C);
     GPU_CLOSE(what, g, out, n, 1e-5, 1e-4);
-    free(g);
+    free(g), free(gout), free(mdout), free(z);
+    s_free(d_z), s_free(d_dz);
     free(in), free(w), free(b), free(dout), free(rm), free(rv), free(out), free(din), free(save);
     free(dw), free(db), free(pw), free(pb);
     s_free(d_in), s_free(d_w), s_free(d_b), s_free(d_dout), s_free(d_rm), s_free(d_rv);
@@ -1061,6 +1118,7 @@ static void test_gpu_net_step(void) { s_net_step(DP_MODEL_DEFAULT_SPEC, 0); }
 static void test_gpu_resnet_step(void)
 {
     s_net_step("resnet8", 16);
+    s_net_step("resnet20", 0); /* cuDNN's batch norm, the relus fused (DP_FUSE=0: apart) */
     s_net_step("conv3x3:8 bn relu res:b(conv3x3:16:s2 bn relu conv3x3:16 bn) relu gap "
                "dropout:0.25 fc:10 softmax",
                0);
@@ -1071,10 +1129,35 @@ static void test_gpu_resnet_step(void)
  * and option A on odd sides; global average pooling; dropout. */
 static void test_gpu_resnet_ops(void)
 {
-    s_check_bn(7, 7, 5, 13, 11);
-    s_check_bn(7, 3, 5, 13, 11); /* groups of 3, 3 and 1 */
-    s_check_bn(5, 5, 37, 1, 1);  /* after an fc layer */
-    s_check_bn(64, 16, 16, 8, 8);
+    s_check_bn(7, 7, 5, 13, 11, 0);
+    s_check_bn(7, 3, 5, 13, 11, 0); /* groups of 3, 3 and 1 */
+    s_check_bn(5, 5, 37, 1, 1, 0);  /* after an fc layer */
+    s_check_bn(64, 16, 16, 8, 8, 0);
+    s_check_bn(64, 64, 16, 8, 8, 0);
+    s_check_bn(1, 1, 5, 1, 1, 0);   /* one value a channel: ours, not cuDNN's */
+}
+
+/* Batch norm and the relu after it as one op (the bn_relu ops: cuDNN's
+ * fused batch norm where it runs, ours elsewhere), and with a residual
+ * add between (the bn_add_relu ops), training and
+ * evaluation: odd channel counts, batches 1 and 3, 7x7 and 1x1 sides,
+ * ghost batches (ours), one value a channel (ours). */
+static void test_gpu_bn_relu(void)
+{
+    s_check_bn(3, 3, 5, 7, 7, 1);
+    s_check_bn(1, 1, 7, 7, 7, 1);
+    s_check_bn(3, 3, 37, 1, 1, 1);
+    s_check_bn(1, 1, 37, 1, 1, 1);
+    s_check_bn(7, 3, 5, 13, 11, 1);
+    s_check_bn(128, 128, 16, 32, 32, 1); /* resnet20's first block at batch 128 */
+    s_check_bn(3, 3, 64, 8, 8, 1);
+    /* and a residual block's end: bn, the identity shortcut's add, relu */
+    s_check_bn(3, 3, 5, 7, 7, 2);
+    s_check_bn(1, 1, 7, 7, 7, 2);
+    s_check_bn(3, 3, 37, 1, 1, 2);
+    s_check_bn(1, 1, 37, 1, 1, 2);
+    s_check_bn(7, 3, 5, 13, 11, 2);
+    s_check_bn(128, 128, 16, 32, 32, 2);
     s_check_shortcut(3, 5, 13, 11, 5, 1);
     s_check_shortcut(3, 4, 13, 11, 8, 2);
     s_check_shortcut(2, 16, 8, 8, 32, 2);
@@ -1146,7 +1229,8 @@ int main(int argc, char **argv)
         T(test_gpu_device),      T(test_gpu_conv),         T(test_gpu_maxpool),
         T(test_gpu_fc),          T(test_gpu_relu),         T(test_gpu_tanh_ac), T(test_gpu_softmax_xent),
         T(test_gpu_optim_step),  T(test_gpu_copies),       T(test_gpu_default_model_b64),
-        T(test_gpu_net_step),    T(test_gpu_resnet_ops),   T(test_gpu_resnet_step),
+        T(test_gpu_net_step),    T(test_gpu_resnet_ops),   T(test_gpu_bn_relu),
+        T(test_gpu_resnet_step),
         T(test_gpu_copies_in_parts), T(test_gpu_net_step_in_parts), T(test_gpu_obs_norm),
     };
     static const t_test_t none[] = {T(test_gpu_device)};

@@ -131,6 +131,8 @@ refused "DP_CUDA_ALGOS=best: downpour local" "DP_CUDA_ALGOS 'best': expected one
     env DP_CUDA_ALGOS=best "$L" local --bogus --out "$TMP/never"
 refused "DP_CUDA_TF32=yes: worker (atoi read it as 0)" "DP_CUDA_TF32 'yes': expected an integer in [0, 1]" \
     env DP_CUDA_TF32=yes "$WK" --standalone --bogus
+refused "DP_CUDA_BN=fast: worker" "DP_CUDA_BN 'fast': expected one of cudnn|own" \
+    env DP_CUDA_BN=fast "$WK" --standalone --bogus
 check "a bad environment variable: nothing started or created" test ! -e "$TMP/never"
 
 # --help: exit 0, on stdout, every binary.

@@ -925,6 +925,101 @@ static void test_bn_relu_fused(void)
     s_fused_case("conv3x3:4 bn res( relu conv3x3:4 bn relu ) gap fc:3 softmax", 1);
 }
 
+/* A backend's bn_add_relu ops (the CPU has none: the CUDA backend's
+ * shape), made of the cpu backend's bn, the add and the relu in the order
+ * the executor runs them apart, so a net that fuses the end of a block
+ * must give the bits of one that does not. */
+static void s_bar_forward(dp_backend_t *be, const dp_layer_t *l, int B, int G, int train,
+                          float *d_out, const float *d_in, const float *d_z, const float *d_w,
+                          const float *d_b, float *d_rm, float *d_rv, float *d_nbt, float *d_save)
+{
+    size_t n = (size_t)B * dp_layer_out_size(l);
+    float *t = dp_malloc(n * sizeof(float));
+    be->ops->bn_forward(be, l, B, G, train, t, d_in, d_w, d_b, d_rm, d_rv, d_nbt, d_save);
+    for (size_t i = 0; i < n; i++) t[i] = t[i] + d_z[i];
+    be->ops->relu_forward(be, n, d_out, t);
+    free(t);
+}
+
+static void s_bar_backward(dp_backend_t *be, const dp_layer_t *l, int B, int G, float *d_din,
+                           float *d_dz, float *d_dw, float *d_db, const float *d_dout,
+                           const float *d_out, const float *d_in, const float *d_w,
+                           const float *d_save)
+{
+    size_t n = (size_t)B * dp_layer_out_size(l);
+    float *t = dp_malloc(n * sizeof(float));
+    be->ops->relu_backward(be, n, t, d_dout, d_out);
+    if (d_dz) memcpy(d_dz, t, n * sizeof(float));
+    be->ops->bn_backward(be, l, B, G, d_din, d_dw, d_db, t, d_in, d_w, d_save);
+    free(t);
+}
+
+/* The end of a residual block as one op (bn_add_relu, worker/exec/net.c's
+ * plan) on the cpu backend given the ops above: the plain cpu's bits,
+ * every identity block's end fused and its two inner boundaries unstored,
+ * option A's end (a strided, padded shortcut) and a block whose bn input
+ * has a second reader not; ghost batches and not. */
+static void test_bn_add_relu_fused(void)
+{
+    const char *spec = "conv3x3:4 bn relu res( conv3x3:4 bn relu conv3x3:4 bn ) relu "
+                       "res( conv3x3:8:s2 bn relu conv3x3:8 bn ) relu "
+                       "res( conv3x3:8 bn relu conv3x3:8 bn ) relu gap fc:3 softmax";
+    dp_model_t m;
+    char err[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_model_parse(&m, spec, 2, 9, 7, err), 0);
+    dp_backend_t *be = NULL, *fz = NULL;
+    CHECK_EQ(dp_backend_new(&be, "cpu", err), 0);
+    CHECK_EQ(dp_backend_new(&fz, "cpu", err), 0);
+    dp_backend_ops_t ops = *fz->ops;
+    ops.bn_add_relu_forward = s_bar_forward, ops.bn_add_relu_backward = s_bar_backward;
+    fz->ops = &ops;
+    enum { B = 5 };
+    dp_net_t net[2];
+    CHECK_EQ(dp_net_init(&net[0], &m, be, B, err), 0);
+    CHECK_EQ(dp_net_init(&net[1], &m, fz, B, err), 0);
+    int ends = 0, pairs = 0, unstored = 0;
+    for (int i = 0; i < m.n_layers; i++) {
+        ends += net[1].fuse[i] == 2, pairs += net[1].fuse[i] == 1;
+        CHECK(net[0].fuse[i] < 2);
+    }
+    CHECK_EQ(ends, 2); /* the first and the third block's ends; option A's not */
+    CHECK_EQ(pairs, 4);
+    for (int i = 1; i <= m.n_layers; i++) unstored += net[1].d_act[i] == NULL;
+    CHECK_EQ(unstored, 2 * ends + pairs);
+    size_t n = m.n_floats, in = (size_t)B * 2 * 9 * 7;
+    float *w[2], *g[2], *x = dp_malloc(in * sizeof(float));
+    dp_rng_t r;
+    dp_rng_seed(&r, 8);
+    s_random(x, in, &r, 1.0f);
+    int y[B] = {2, 0, 1, 1, 0}, ok[2];
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        w[k] = dp_malloc(n * sizeof(float)), g[k] = dp_malloc(n * sizeof(float));
+        dp_model_init_params(&m, w[k], 5);
+        for (int step = 0; step < 4; step++) {
+            net[k].ghost = step % 2 ? 2 : 0;
+            dp_net_set_params(&net[k], w[k]);
+            loss[k] = dp_net_train_step(&net[k], x, y, B);
+            dp_net_get_grads(&net[k], g[k]);
+            dp_net_get_params(&net[k], w[k]);
+            for (size_t j = 0; j < n; j++) w[k][j] -= 0.1f * g[k][j];
+        }
+    }
+    CHECK(memcmp(&loss[0], &loss[1], sizeof(float)) == 0);
+    CHECK(memcmp(g[0], g[1], n * sizeof(float)) == 0);
+    CHECK(memcmp(w[0], w[1], n * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++) {
+        dp_net_set_params(&net[k], w[k]);
+        loss[k] = dp_net_evaluate(&net[k], x, y, B, &ok[k]);
+    }
+    CHECK(memcmp(&loss[0], &loss[1], sizeof(float)) == 0);
+    CHECK_EQ(ok[0], ok[1]);
+    for (int k = 0; k < 2; k++) dp_net_fini(&net[k]), free(w[k]), free(g[k]);
+    dp_backend_destroy(&be);
+    dp_backend_destroy(&fz);
+    free(x);
+}
+
 /* Ghost batches: one step at batch 2G with --bn-ghost-batch G is the mean
  * of two nets' steps at batch G (the gradient and the running statistics
  * as the sync servers average two workers' pushes). */
@@ -1091,6 +1186,6 @@ DP_TESTS(T(test_network_gradient_matches_finite_differences), T(test_loss_falls_
          T(test_ac_gradients_match_finite_differences), T(test_ac_act),
          T(test_train_step_device_copies_grads), T(test_global_batch_order),
          T(test_batcher_matches_rule), T(test_resnet_gradients_match_finite_differences),
-         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats), T(test_bn_relu_fused),
+         T(test_bn_ghost_batch), T(test_bn_eval_uses_running_stats), T(test_bn_relu_fused), T(test_bn_add_relu_fused),
          T(test_augment), T(test_on_grads_hook), T(test_on_params_hook),
          T(test_on_params_fails), T(test_input_gradient))

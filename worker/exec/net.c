@@ -21,39 +21,74 @@ static void s_reads(const dp_layer_t *l, int *a, int *b)
     *b = l->kind == DP_LAYER_ADD || l->kind == DP_LAYER_AC ? l->in1 : -1;
 }
 
-/* Which bn layers run with the relu after them as one op (the backend's
- * bn_relu ops, unless DP_FUSE=0): relu i + 1 reads bn i's output and
- * nothing else does, so that boundary is never stored nor its gradient
- * made. A residual block's bn, relu pairs are all such. */
+/* How many layers read boundary b. */
+static int s_readers(const dp_model_t *m, int b)
+{
+    int n = 0;
+    for (int j = 0; j < m->n_layers; j++) {
+        int a, c;
+        s_reads(&m->layers[j], &a, &c);
+        n += (a == b) + (c == b);
+    }
+    return n;
+}
+
+/* Layer j (an add) sums boundary j's layer's output and an identity
+ * shortcut of the same shape. */
+static int s_identity_add(const dp_layer_t *a)
+{
+    return a->kind == DP_LAYER_ADD && a->stride == 1 && a->src_c == a->out_c &&
+           a->src_h == a->out_h && a->src_w == a->out_w;
+}
+
+/* Which bn layers run with the layers after them as one op (unless
+ * DP_FUSE=0): relu i + 1 reading bn i's output and nothing else doing so
+ * (the backend's bn_relu ops), or an identity add i + 1 of bn i's output
+ * and relu i + 2 of the sum, each boundary read by the next alone, and
+ * bn i's input read by bn i alone (bn_add_relu: then the gradients of
+ * both the bn's input and the shortcut are first written there). The
+ * boundaries inside are never stored nor their gradients made. A residual
+ * block's bn, relu pairs are all such, and its end (bn, add, relu) where
+ * the shortcut is the identity. */
 static void s_plan_fuse(dp_net_t *net)
 {
     const dp_model_t *m = net->m;
-    if (!net->be->ops->bn_relu_forward || !dp_fuse_on()) return;
+    const dp_backend_ops_t *o = net->be->ops;
+    if (!dp_fuse_on()) return;
     for (int i = 0; i + 1 < m->n_layers; i++) {
-        const dp_layer_t *r = &m->layers[i + 1];
-        if (m->layers[i].kind != DP_LAYER_BN || r->kind != DP_LAYER_RELU || r->in0 != i + 1)
-            continue;
-        int readers = 0;
-        for (int j = 0; j < m->n_layers; j++) {
-            int a, c;
-            s_reads(&m->layers[j], &a, &c);
-            readers += (a == i + 1) + (c == i + 1);
+        const dp_layer_t *n1 = &m->layers[i + 1];
+        if (m->layers[i].kind != DP_LAYER_BN || s_readers(m, i + 1) != 1) continue;
+        if (o->bn_relu_forward && n1->kind == DP_LAYER_RELU && n1->in0 == i + 1) {
+            net->fuse[i] = 1;
+        } else if (o->bn_add_relu_forward && i + 2 < m->n_layers && s_identity_add(n1) &&
+                   n1->in0 == i + 1 && n1->in1 != i + 1 && m->layers[i].in0 == i &&
+                   s_readers(m, i) == 1 && m->layers[i + 2].kind == DP_LAYER_RELU &&
+                   m->layers[i + 2].in0 == i + 2 && s_readers(m, i + 2) == 1) {
+            net->fuse[i] = 2;
+            i += 2;
         }
-        net->fuse[i] = readers == 1;
     }
 }
 
-/* Layer i is the relu of a fused pair: its work is done by bn i - 1. */
+/* Layer i runs inside the op of a bn before it. */
 static int s_fused_away(const dp_net_t *net, int i)
 {
-    return i > 0 && net->fuse[i - 1];
+    return (i > 0 && net->fuse[i - 1]) || (i > 1 && net->fuse[i - 2] == 2);
+}
+
+/* Boundary b is inside a fused op: never stored, no gradient buffer. */
+static int s_unstored(const dp_net_t *net, int b)
+{
+    return b > 0 && s_fused_away(net, b);
 }
 
 /* The gradient buffers: boundary b's lives from the backward of its last
  * reader (it is started there) to that of its writer, layer b-1; buffers
- * are assigned in backward order, first free first. A fused pair (bn i,
- * relu i + 1) is one layer here: boundary i + 1 gets no buffer, and
- * i + 2's lives on to bn i's backward, which reads it. Returns the count. */
+ * are assigned in backward order, first free first. A fused op (bn i and
+ * the fuse[i] layers after it) is one layer here: the boundaries inside
+ * get no buffer, and its output's lives on to bn i's backward, which reads
+ * it (and writes the shortcut's, live from the add's place on). Returns
+ * the count. */
 static int s_plan_pool(dp_net_t *net)
 {
     const dp_model_t *m = net->m;
@@ -68,16 +103,16 @@ static int s_plan_pool(dp_net_t *net)
     int *busy = dp_calloc((size_t)nb, sizeof(int)); /* buffer k holds a live boundary */
     for (int i = m->n_layers - 1; i >= 0; i--) {
         for (int b = 1; b < nb; b++) {
-            if (net->last_reader[b] != i || net->fuse[b - 1]) continue;
+            if (net->last_reader[b] != i || s_unstored(net, b)) continue;
             int k = 0;
             while (k < n_pool && busy[k]) k++;
             if (k == n_pool) n_pool++;
             busy[k] = 1;
             net->pool_of[b] = k;
         }
-        /* layer i wrote boundary i + 1 (a fused bn, through its relu, i + 2):
-         * that gradient dies with this backward */
-        int w = net->fuse[i] ? i + 2 : s_fused_away(net, i) ? -1 : i + 1;
+        /* layer i wrote boundary i + 1 (a fused bn, through its op's last
+         * layer, i + 1 + fuse[i]): that gradient dies with this backward */
+        int w = s_fused_away(net, i) ? -1 : i + 1 + net->fuse[i];
         if (w > 0 && net->pool_of[w] >= 0) busy[net->pool_of[w]] = 0;
     }
     free(busy);
@@ -117,8 +152,8 @@ int dp_net_init(dp_net_t *net, const dp_model_t *m, dp_backend_t *be, int max_ba
     for (int i = 0; i < nb; i++) {
         size_t sz = s_boundary_size(m, i);
         if (sz > max_b) max_b = sz;
-        /* boundary i is a fused bn's own output (bn i - 1): never stored, no buffer */
-        if (!(i > 0 && net->fuse[i - 1]))
+        /* boundary i inside a fused op: never stored, no buffer */
+        if (!s_unstored(net, i))
             net->d_act[i] = be->ops->alloc(be, (size_t)max_batch * sz * sizeof(float));
     }
     net->n_pool = s_plan_pool(net);
@@ -290,15 +325,22 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
         case DP_LAYER_TANH: be->ops->tanh_forward(be, (size_t)B * dp_layer_out_size(l), out, in); break;
         case DP_LAYER_MAXPOOL: be->ops->maxpool_forward(be, l, B, out, in); break;
         case DP_LAYER_FC: be->ops->fc_forward(be, l, B, out, in, w, b); break;
-        case DP_LAYER_BN:
-            /* fused: the relu's output, and the relu is done */
-            (net->fuse[i] ? be->ops->bn_relu_forward : be->ops->bn_forward)(
-                be, l, B, net->ghost > 0 ? net->ghost : B, train,
-                net->fuse[i] ? net->d_act[i + 2] : out, in, w, b,
-                s_param(net, P, l->running_mean), s_param(net, P, l->running_var),
-                s_param(net, P, l->num_batches_tracked), net->d_save[i]);
+        case DP_LAYER_BN: {
+            /* fused: the op's last layer's output, and those layers are done */
+            int G = net->ghost > 0 ? net->ghost : B;
+            float *rm = s_param(net, P, l->running_mean), *rv = s_param(net, P, l->running_var);
+            float *nbt = s_param(net, P, l->num_batches_tracked);
+            if (net->fuse[i] == 2)
+                be->ops->bn_add_relu_forward(be, l, B, G, train, net->d_act[i + 3], in,
+                                             s_act(net, d_x, m->layers[i + 1].in1), w, b, rm,
+                                             rv, nbt, net->d_save[i]);
+            else
+                (net->fuse[i] ? be->ops->bn_relu_forward : be->ops->bn_forward)(
+                    be, l, B, G, train, net->fuse[i] ? net->d_act[i + 2] : out, in, w, b, rm, rv,
+                    nbt, net->d_save[i]);
             if (train) s_bn_state_to_grads(net, l);
             break;
+        }
         case DP_LAYER_GAP: be->ops->gap_forward(be, l, B, out, in); break;
         case DP_LAYER_OBSNORM:
             be->ops->obs_norm_forward(be, l, B, train, out, in, s_param(net, P, l->running_mean),
@@ -313,7 +355,8 @@ static dp_pull_status_t s_forward_layers(dp_net_t *net, const float *d_x, const 
                 be->ops->copy(be, out, in, (size_t)B * dp_layer_out_size(l) * sizeof(float));
             break;
         case DP_LAYER_ADD:
-            be->ops->shortcut_forward(be, l, B, out, in, s_act(net, d_x, l->in1));
+            if (!s_fused_away(net, i))
+                be->ops->shortcut_forward(be, l, B, out, in, s_act(net, d_x, l->in1));
             break;
         case DP_LAYER_SOFTMAX:
             be->ops->softmax_xent_forward(be, B, m->classes, out, net->d_loss, in, d_y);
@@ -428,7 +471,14 @@ static void s_backward_layer(dp_net_t *net, const float *d_x, const int *d_y, in
         break;
     case DP_LAYER_FC: be->ops->fc_backward(be, l, B, din, dw, db, dout, in, w); break;
     case DP_LAYER_BN:
-        if (net->fuse[i]) /* the gradient wrt the relu's output, and its mask */
+        if (net->fuse[i] == 2) { /* and the shortcut's gradient, first written here */
+            int z = m->layers[i + 1].in1;
+            float *dz = s_din(net, z);
+            be->ops->bn_add_relu_backward(be, l, B, net->ghost > 0 ? net->ghost : B, din, dz, dw,
+                                          db, net->d_dact[i + 3], net->d_act[i + 3], in, w,
+                                          net->d_save[i]);
+            s_din_done(net, z, dz, B);
+        } else if (net->fuse[i]) /* the gradient wrt the relu's output, and its mask */
             be->ops->bn_relu_backward(be, l, B, net->ghost > 0 ? net->ghost : B, din, dw, db,
                                       net->d_dact[i + 2], net->d_act[i + 2], in, w,
                                       net->d_save[i]);

@@ -20,7 +20,9 @@
  * one op where the backend has it (bn_relu_forward: the CPU's; DP_FUSE=0
  * turns it off): the pair writes the relu's output and takes its gradient,
  * so bn's own output is never stored nor its gradient made; the bits are
- * the same either way (tests/unit/test_net.c).
+ * the same either way on the CPU (tests/unit/test_net.c). Likewise a
+ * block's end, bn + an identity shortcut's add + relu, where the backend
+ * has bn_add_relu_forward (the CUDA backend's; the CPU has none).
  *
  * Batch norm's running statistics are parameters (trainable 0): a training
  * step updates them in d_params, and writes their new values into d_grads
@@ -50,7 +52,7 @@ typedef struct {
     float *d_grads;                       /* m->n_floats, written by train_step: own_grads,
                                            * or the caller's (dp_net_grads_into) */
     float *own_grads;                     /* the network's own gradient buffer */
-    float **d_act;                        /* [n_layers + 1]: [max_batch * size of boundary i]; NULL for a fused bn's output (never stored) */
+    float **d_act;                        /* [n_layers + 1]: [max_batch * size of boundary i]; NULL inside a fused op (never stored) */
     float **d_dact;                       /* gradient of the loss wrt act[i] while it lives */
     float **d_save;                       /* [n_layers]: a bn's batch statistics, else NULL */
     float **d_pool;                       /* the shared gradient buffers, n_pool of them */
@@ -58,7 +60,8 @@ typedef struct {
     int *last_reader;                     /* [n_layers + 1]: the last layer reading boundary i, -1 */
     int *pool_of;                         /* [n_layers + 1]: boundary i's buffer while it lives */
     unsigned char *written;               /* [n_layers + 1]: gradient started this backward */
-    unsigned char *fuse;                  /* [n_layers]: bn i and relu i + 1 run as one op */
+    unsigned char *fuse;                  /* [n_layers]: how many layers after bn i run in its
+                                           * op: 1 (relu i + 1), 2 (add i + 1, relu i + 2) */
     float *d_tmp;                         /* a second reader's gradient, before it is added */
     float *d_dx;                          /* an embedding's model: the gradient wrt the batch
                                            * [max_batch * input size], written by a training
