@@ -192,7 +192,10 @@ int dp_optim_outer(const char *name, float lr, float momentum, long every, dp_op
     else return dp_err(err, "--outer-optimizer '%s': sgd, nesterov or delayed-nesterov", kind);
     /* period 1 is the plain rule's path (its bits), whatever the name */
     if (strcmp(kind, DP_OPTIM_DELAYED_NESTEROV) == 0) out->period = every > 1 ? every : 0;
-    out->lr = lr > 0 ? lr : out->kind == DP_OPT_SGD ? 1.0f : 0.7f;
+    out->lr = lr > 0                  ? lr
+              : out->kind == DP_OPT_SGD ? 1.0f
+              : out->period > 1         ? DP_OPTIM_OUTER_DELAYED_LR
+                                        : DP_OPTIM_OUTER_NESTEROV_LR;
     out->momentum = momentum;
     return 0;
 }

@@ -359,7 +359,8 @@ static const dp_opts_entry_t s_config[] = {
                     "pushes, between them the plain step; async's fix of Liu et al.\n"
                     "2024) (default sgd)"),
     {DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", NULL, 1e-12, 1e6, DP_OPTS_PASS,
-                    "with --local-steps: the outer lr (default: sgd 1, nesterov 0.7)"), S_AT(outer_lr)},
+                    "with --local-steps: the outer lr (default: sgd 1, nesterov 0.7,\n"
+                    "delayed-nesterov 0.5 where its momentum waits)"), S_AT(outer_lr)},
     {DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", NULL, 0, 1, DP_OPTS_PASS,
                     "with --local-steps and nesterov: the outer momentum (default 0.9)"), S_AT(outer_momentum)},
     {DP_FLAG_NUM("outer-momentum-every", DP_OPTS_LONG, "N", NULL, 1, 1000000, DP_OPTS_PASS,

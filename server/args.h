@@ -50,7 +50,7 @@ typedef struct {
     char outer_optimizer[24];   /* --outer-optimizer sgd|nesterov|delayed-nesterov ("" = sgd) */
     long outer_every;           /* --outer-momentum-every N: delayed-nesterov's period (0: the
                                  * crew's size in async and ssp, 1 in sync) */
-    float outer_lr;             /* --outer-lr (0: sgd 1, nesterov 0.7) */
+    float outer_lr;             /* --outer-lr (0: sgd 1, nesterov 0.7, delayed 0.5) */
     float outer_momentum;       /* --outer-momentum (default 0.9) */
     char checkpoint_dir[DP_PS_PATH_LEN]; /* "" = no checkpoints */
     long checkpoint_every;      /* versions between checkpoints; 0 = only at shutdown */

@@ -228,7 +228,8 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_BUF("outer-optimizer", "sgd|nesterov|delayed-nesterov", a->outer, 0,
                     "with --local-steps: averaging (lr 1), DiLoCo's nesterov (lr 0.7,\n"
                     "its momentum on every push) or delayed-nesterov (the momentum\n"
-                    "once per --outer-momentum-every pushes; default M in async/ssp)"),
+                    "once per --outer-momentum-every pushes, default M in async/ssp;\n"
+                    "lr 0.5 there)"),
         DP_FLAG_NUM("outer-lr", DP_OPTS_FLOAT, "X", &a->outer_lr, 1e-12, 1e6, 0,
                     "with --local-steps: the outer lr"),
         DP_FLAG_NUM("outer-momentum", DP_OPTS_FLOAT, "X", &a->outer_momentum, 0, 1, 0,

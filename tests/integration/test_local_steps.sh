@@ -7,7 +7,7 @@
 #    rounding (w0 - (w0 - wH) is wH within an ulp of w0): SGD and Adam
 #  - the push is one per round: H = 4 over 20 steps makes 5 versions,
 #    its metrics line names each round's last data step
-#  - async, 2 workers, outer delayed-nesterov (DiLoCo's lr 0.7, momentum
+#  - async, 2 workers, outer delayed-nesterov (its default lr 0.5, momentum
 #    0.9, one momentum move per 2 pushes): trains, staleness counted
 #    in outer versions, summary.json names local_steps and the outer
 #    optimizer
@@ -75,8 +75,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 print(s.get("outer_optimizer"), s.get("outer_lr"), s.get("outer_momentum"), s.get("outer_momentum_every"),
       s.get("version"))' "$TMP/nes/summary.json")
-check "summary: outer delayed-nesterov, lr 0.7, momentum 0.9 (got $o $olr $om)" \
-    test "$o/$olr/$om" = delayed-nesterov/0.7/0.9
+check "summary: outer delayed-nesterov, lr 0.5, momentum 0.9 (got $o $olr $om)" \
+    test "$o/$olr/$om" = delayed-nesterov/0.5/0.9
 check "async: the delayed Nesterov, its momentum once per 2 pushes (got $every)" test "$every" = 2
 check "100 rounds of 2 workers: 100 versions (got $v)" test "$v" = 100
 smax=$(json "$TMP/nes/summary.json" staleness_max 2>/dev/null || echo 99)

@@ -411,10 +411,12 @@ static void test_delayed_nesterov(void)
     CHECK_EQ(dp_optim_outer(NULL, 0, 0.9f, 2, &c, err), 0);
     CHECK(c.kind == DP_OPT_SGD && c.lr == 1.0f && c.period == 0);
     CHECK_EQ(dp_optim_outer("delayed-nesterov", 0, 0.9f, 3, &c, err), 0);
-    CHECK(c.kind == DP_OPT_NESTEROV && c.lr == 0.7f && c.period == 3);
+    CHECK(c.kind == DP_OPT_NESTEROV && c.lr == 0.5f && c.period == 3); /* its own default lr */
     CHECK_STR(dp_optim_outer_name(&c), "delayed-nesterov");
     CHECK_EQ(dp_optim_outer("delayed-nesterov", 0, 0.9f, 1, &c, err), 0); /* N = 1: the plain rule */
-    CHECK_EQ(c.period, 0);
+    CHECK(c.period == 0 && c.lr == 0.7f);                                 /* and its lr */
+    CHECK_EQ(dp_optim_outer("delayed-nesterov", 0.25f, 0.9f, 3, &c, err), 0);
+    CHECK(c.lr == 0.25f); /* a given lr is the lr */
 }
 
 /* Liu et al. 2024 (arXiv 2401.09135), Algorithm 3, "Delayed Nesterov
