@@ -144,6 +144,15 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
     if (!s->crc) dp_wire_desc_no_checksum(&rq->desc[0]);
     rq->descs[0] = &rq->desc[0];
     rq->env.n_tensors = 1;
+    /* The device region: a whole dense push, written into our slot and
+     * counted; the slot not ours yet (its last push not taken) sends it as
+     * before. */
+    if (s->devr && ps->parts == 1 && cnt == s->hi - s->lo &&
+        dp_ps_devr_write(&c->sh[i], slice, cnt) == 0) {
+        dp_wire_desc_no_checksum(&rq->desc[0]);
+        rq->env.devregion = 1;
+        return;
+    }
     if (s->shm) { /* our slot, where the floats lie: the shard copies them out first */
         float *slot = dp_shm_slot(&s->shm_grad, 0) + (a - s->lo);
         if (slot != slice) /* computed there: dp_ps_client_push_buffer */
