@@ -336,7 +336,7 @@ static void test_lying_peer(void)
     srv_small_model(&s_small);
     s_hook(1);
     srv_t s;
-    srv_init(&s, DP_MODE_ASYNC, 2);
+    srv_init(&s, DP_MODE_ASYNC, 3);
     CHECK_EQ(srv_start(&s), 0);
     size_t n = s_small.n_floats;
     float *p0 = dp_malloc(n * 4), *p = dp_malloc(n * 4);
@@ -345,22 +345,23 @@ static void test_lying_peer(void)
     dp_ps_client_t *cf = NULL;
     CHECK_EQ(dp_ps_client_new(&cf, s.endpoint, &s_small, 1, &frames, NULL, err), 0);
     void *ctx = zmq_ctx_new();
-    void *sock = raw_dealer(ctx, s.endpoint, 5000);
+    void *sock = raw_dealer(ctx, s.endpoint, 5000), *sock2 = raw_dealer(ctx, s.endpoint, 5000);
     dp_devregion_worker_t w;
     memset(&w, 0, sizeof w);
     if (cf) {
         CHECK_EQ(srv_weights(cf, p0), 0);
-        /* no region granted: a HELLO without it */
-        Downpour__Envelope *wl = s_hello(sock, 0, 0);
-        CHECK(wl && !wl->welcome->devregion);
-        dp_wire_destroy(&wl);
-        CHECK_EQ(s_push_region(sock, 0, 1, 0, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
-        CHECK(strstr(why, "has no region here") != NULL);
-        /* granted, but nothing counted in the slot */
-        wl = s_hello(sock, 0, 1);
+        /* worker 0 granted the region (made then), worker 2 not: its push
+         * through the region is refused */
+        Downpour__Envelope *wl = s_hello(sock, 0, 1);
         CHECK(wl && wl->welcome->devregion);
         if (wl && wl->welcome->devregion) CHECK_EQ(s_map(&w, wl->welcome->devregion, err), 0);
         dp_wire_destroy(&wl);
+        wl = s_hello(sock2, 2, 0);
+        CHECK(wl && !wl->welcome->devregion);
+        dp_wire_destroy(&wl);
+        CHECK_EQ(s_push_region(sock2, 2, 1, 0, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
+        CHECK(strstr(why, "has no region here") != NULL);
+        /* granted, but nothing counted in the slot */
         CHECK_EQ(s_push_region(sock, 0, 2, 0, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
         CHECK(strstr(why, "holds no completed push") != NULL);
         /* written, then the count bumped by two */
@@ -376,11 +377,23 @@ static void test_lying_peer(void)
         /* shared memory and the region at once */
         CHECK_EQ(s_push_region(sock, 0, 4, 1, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
         CHECK(strstr(why, "both shared memory and the device region") != NULL);
+        /* a grant holds for the HELLO that got it: one without takes it away */
+        wl = s_hello(sock, 0, 0);
+        CHECK(wl && !wl->welcome->devregion);
+        dp_wire_destroy(&wl);
+        slot = dp_devregion_slot(&w);
+        if (slot) {
+            for (size_t i = 0; i < n; i++) slot[i] = 1.0f;
+            CHECK_EQ(dp_devregion_push(&w, NULL, err), 0);
+        }
+        CHECK_EQ(s_push_region(sock, 0, 5, 0, why, sizeof why), DOWNPOUR__MSG_TYPE__ERROR);
+        CHECK(strstr(why, "has no region here") != NULL);
         CHECK_EQ(srv_weights(cf, p), 0); /* nothing moved */
         CHECK_CLOSE("the weights after the lies", p, p0, n, 0, 0);
     }
     dp_devregion_detach(&w);
     zmq_close(sock);
+    zmq_close(sock2);
     zmq_ctx_term(ctx);
     dp_ps_client_destroy(&cf);
     CHECK_EQ(srv_stop(&s), 0);
