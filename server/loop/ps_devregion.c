@@ -13,9 +13,9 @@ struct dp_ps_devr {
     float *scratch;                 /* n floats: a taken push, our copy */
     unsigned char *granted;         /* per worker: its last HELLO got the region */
     int n_workers;
-    int published;                  /* a version is in the ring ... */
-    uint64_t newest;                /* ... this one */
+    uint64_t newest;                /* the newest version in the ring (with published > 0) */
     dp_devregion_offer_t offer;     /* the last grant's (its handles go out from here) */
+    uint64_t published, taken;      /* versions into the ring, pushes taken (the stop line) */
 };
 
 int dp_ps_devr_new(dp_ps_devr_t **out, dp_shard_t *s, int n_workers, const dp_devmem_ops_t *ops,
@@ -31,6 +31,10 @@ int dp_ps_devr_new(dp_ps_devr_t **out, dp_shard_t *s, int n_workers, const dp_de
     x->n_workers = n_workers;
     x->scratch = dp_malloc(s->n * sizeof(float));
     x->granted = dp_calloc((size_t)n_workers, 1);
+    dp_log_info("shard %d: device region on %s: a ring of %d versions of %zu floats, %d gradient "
+                "slots, generation %016llx",
+                s->index, ops->name, DP_PS_DEVREGION_RING, s->n, n_workers,
+                (unsigned long long)x->r.generation);
     *out = x;
     return 0;
 }
@@ -42,6 +46,10 @@ void dp_ps_devr_destroy(dp_ps_devr_t **x_p)
     /* Retired first: a worker's next pin fails and it goes back to frames.
      * What a worker still maps stays (this process's memory goes with it
      * at exit; a stand-in mapping keeps its memfd alive for the worker). */
+    dp_log_info("shard %d: device region: %llu versions published, %llu pushes taken, %llu "
+                "publishes busy (frames instead), %llu pushes refused",
+                x->s->index, (unsigned long long)x->published, (unsigned long long)x->taken,
+                (unsigned long long)x->r.busy, (unsigned long long)x->r.refused);
     int held = dp_devregion_release(&x->r);
     if (held)
         dp_log_info("shard %d: device region retired; %d worker(s) still map it", x->s->index,
@@ -80,7 +88,7 @@ void dp_ps_devr_revoke(dp_ps_devr_t *x, int worker)
 
 int dp_ps_devr_publish(dp_ps_devr_t *x, const dp_snap_t *snap)
 {
-    if (x->published && x->newest == snap->version) return 1;
+    if (x->published && x->newest == snap->version) return 1; /* published counts them */
     float *e = dp_devregion_publish_begin(&x->r, snap->version);
     if (!e) return 0;
     /* A CPU shard: its snapshot copied in (a device shard writes the entry
@@ -92,7 +100,7 @@ int dp_ps_devr_publish(dp_ps_devr_t *x, const dp_snap_t *snap)
         dp_log_warn("shard %d: device region: %s", x->s->index, err);
         return 0;
     }
-    x->published = 1;
+    x->published++;
     x->newest = snap->version;
     return 1;
 }
@@ -120,5 +128,6 @@ int dp_ps_devr_take(dp_ps_devr_t *x, int worker, dp_grad_slice_t *g, char *err)
                       worker);
     if (rc < 0 || !taken) return -1;
     *g = (dp_grad_slice_t){x->scratch, x->s->n * sizeof(float), x->s->lo};
+    x->taken++;
     return 0;
 }

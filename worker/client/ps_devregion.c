@@ -68,15 +68,21 @@ void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
                     (unsigned long long)o.n, (unsigned long long)(s->hi - s->lo));
     if (rc == 0 && o.slot != (uint32_t)c->worker_id)
         rc = dp_err(err, "device region offer of slot %u to worker %d", o.slot, c->worker_id);
+    int mapped = 0;
     if (rc == 0) {
         if (!s->devr_w.ops) s->devr_w.ops = ops;
-        rc = dp_devregion_remap(&s->devr_w, &o, err) < 0 ? -1 : 0; /* same generation: kept */
+        mapped = dp_devregion_remap(&s->devr_w, &o, err); /* same generation: kept (0) */
+        rc = mapped < 0 ? -1 : 0;
     }
     if (rc != 0) {
         dp_ps_devr_close(s);
         dp_log_info("%s: no device region: %s", s->endpoint, err);
         return;
     }
+    if (mapped == 1)
+        dp_log_info("%s: weights and gradients through the device region (%s, slot %u, "
+                    "generation %016llx)",
+                    s->endpoint, ops->name, o.slot, (unsigned long long)o.generation);
     s->devr = true;
 }
 

@@ -238,7 +238,9 @@ static void s_plan_parts(dp_ps_client_t *c, dp_ps_push_req_t *pr, int i, bool st
     /* a compressed push is encoded whole at push_end */
     ps->stream = stream && c->compress.kind == DP_COMPRESS_NONE;
     uint32_t max = s->push_parts < DP_WIRE_MAX_PUSH_PARTS ? s->push_parts : DP_WIRE_MAX_PUSH_PARTS;
-    if (!ps->stream || max < 2) return; /* whole, but still as soon as the slice is final */
+    /* whole, but still as soon as the slice is final; the device region
+     * takes a push whole (one slot, one count) */
+    if (!ps->stream || max < 2 || s->devr) return;
     uint32_t k = 0;
     uint64_t top = s->hi;
     for (int l = c->m->n_layers - 1; l >= 0 && k + 2 <= max; l--) {
