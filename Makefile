@@ -246,7 +246,7 @@ DPLIB_API     := 1
 DPLIB_VERSION := 1.0.0
 DPLIB_SONAME  := libdownpour.so.$(DPLIB_API)
 DPLIB_SO      := $(BUILD)/lib/libdownpour.so.$(DPLIB_VERSION)
-DPLIB_SRC := worker/lib/downpour.c worker/client/ps_client.c worker/client/ps_exchange.c worker/client/ps_pull.c worker/client/ps_push.c worker/client/ps_rows.c worker/client/ps_socket.c worker/client/ps_beat.c \
+DPLIB_SRC := worker/lib/downpour.c worker/client/ps_client.c worker/client/ps_exchange.c worker/client/ps_pull.c worker/client/ps_push.c worker/client/ps_rows.c worker/client/ps_socket.c worker/client/ps_beat.c worker/client/ps_devregion.c \
              $(PROTO_SRC) common/model.c common/util.c common/rng.c common/cluster.c common/opts.c \
              common/checksum.c common/staleness.c common/dylu.c
 DPLIB_OBJS := $(patsubst %.c,$(BUILD)/obj/pic/%.o,$(DPLIB_SRC)) $(BUILD)/obj/pic/gen/proto/downpour.pb-c.o

@@ -83,6 +83,10 @@ typedef struct {
 
 /* The CPU stand-in (proto/devmem_standin.c). */
 extern const dp_devmem_ops_t dp_devmem_standin;
+/* The provider the test hook DP_TEST_DEVMEM=standin names (the stand-in),
+ * else NULL: the one place that reads it (proto/devmem_standin.c). The
+ * CUDA provider comes with the device shard. */
+const dp_devmem_ops_t *dp_devmem_test_provider(void);
 /* CUDA (kernels/cuda/devmem_cuda.c), in the CUDA module and the GPU tests
  * only. */
 extern const dp_devmem_ops_t dp_devmem_cuda;

@@ -153,3 +153,15 @@ const dp_devmem_ops_t dp_devmem_standin = {
     .event_query = s_event_query,
     .event_destroy = s_event_destroy,
 };
+
+/* Test hook, read here only: DP_TEST_DEVMEM=standin makes the daemons of
+ * this process (downpour-ps, downpour-worker's client) offer and take the
+ * device region on the CPU stand-in, so that `make test` runs the
+ * handshake, pulls through the ring and pushes through the slots end to end
+ * on a machine without a GPU. Unset (the default, and every other value):
+ * no provider, no region. */
+const dp_devmem_ops_t *dp_devmem_test_provider(void)
+{
+    const char *v = getenv("DP_TEST_DEVMEM");
+    return v && strcmp(v, "standin") == 0 ? &dp_devmem_standin : NULL;
+}

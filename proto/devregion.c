@@ -215,6 +215,14 @@ int dp_devregion_take(dp_devregion_shard_t *r, int k, float *scratch, dp_devregi
     return apply(ctx, scratch, r->n, err) == 0 ? 1 : -1;
 }
 
+void dp_devregion_drop(dp_devregion_shard_t *r, int k)
+{
+    if (k < 0 || k >= r->workers || !r->slot[k].live) return;
+    /* any count the page says is only stored: the next push must be one more */
+    uint64_t p = atomic_load_explicit(&r->slot[k].wctl->pushed, memory_order_acquire);
+    atomic_store_explicit(&r->ctl->taken[k], p, memory_order_release);
+}
+
 void dp_devregion_retire(dp_devregion_shard_t *r)
 {
     if (r->ctl) atomic_store_explicit(&r->ctl->retired, 1, memory_order_seq_cst);

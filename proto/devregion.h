@@ -165,6 +165,10 @@ void dp_devregion_publish_end(dp_devregion_shard_t *r);
  * nothing applied, the slot resynchronised). */
 int dp_devregion_take(dp_devregion_shard_t *r, int k, float *scratch, dp_devregion_apply_fn apply,
                       void *ctx, char *err);
+/* Slot k's worker says HELLO again (a restart): whatever its slot holds
+ * counted but never sent as a PUSH (its last process killed between the
+ * count and the envelope) is dropped, never taken; the slot is free. */
+void dp_devregion_drop(dp_devregion_shard_t *r, int k);
 /* The shard leaves: its workers' pins fail from now on. */
 void dp_devregion_retire(dp_devregion_shard_t *r);
 /* Retire, then free what no live worker maps: returns the slots still

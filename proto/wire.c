@@ -102,6 +102,32 @@ static bool s_compressed(const Downpour__Envelope *e)
     return e->push && e->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
 }
 
+/* Its tensors' bytes lie elsewhere than in frames: in the shared-memory
+ * segments (Envelope.shm) or in the device region (Envelope.devregion). */
+static bool s_no_frames(const Downpour__Envelope *e)
+{
+    return e->shm || e->devregion;
+}
+
+/* Envelope.devregion: on PULL, PARAMS and a whole dense PUSH only, never
+ * with shm. */
+static int s_devregion_check(const Downpour__Envelope *e, char *err)
+{
+    if (!e->devregion) return 0;
+    if (e->shm)
+        return dp_err(err, "malformed: %s says both shared memory and the device region",
+                      dp_wire_type_name(e->type));
+    if (e->type != DOWNPOUR__MSG_TYPE__PULL && e->type != DOWNPOUR__MSG_TYPE__PARAMS &&
+        e->type != DOWNPOUR__MSG_TYPE__PUSH)
+        return dp_err(err, "malformed: %s through the device region (only PULL, PARAMS, PUSH)",
+                      dp_wire_type_name(e->type));
+    if (e->push && (s_compressed(e) || dp_wire_push_parts(e->push) > 1))
+        return dp_err(err, "malformed: a PUSH through the device region is whole and dense");
+    if (e->params && dp_wire_params_parts(e->params) > 1)
+        return dp_err(err, "malformed: PARAMS through the device region come whole");
+    return 0;
+}
+
 /* ---- what each message may carry ---------------------------------------
  * A row per message type: the body it needs, whether it takes tensors, the
  * body's text field and the check of its structure. An envelope may carry
@@ -116,7 +142,7 @@ static int s_push_check(const Downpour__Envelope *e, char *err)
         p->compression != DOWNPOUR__COMPRESSION__TOPK && p->compression != DOWNPOUR__COMPRESSION__SIGN)
         return dp_err(err, "malformed: PUSH with unknown compression %d (NONE, TOPK or SIGN)",
                       (int)p->compression);
-    if (s_compressed(e) && e->shm)
+    if (s_compressed(e) && s_no_frames(e))
         return dp_err(err, "malformed: a compressed PUSH travels in frames, not in shared memory");
     uint32_t k = dp_wire_push_parts(p);
     if (k > DP_WIRE_MAX_PUSH_PARTS)
@@ -167,7 +193,7 @@ static bool s_row_tensor(const Downpour__Envelope *e, size_t i, const char *key,
  * the bytes by s_desc_check), never through shared memory. */
 static int s_rows_layout(const Downpour__Envelope *e, size_t n, const char *want, char *err)
 {
-    if (e->shm)
+    if (s_no_frames(e))
         return dp_err(err, "malformed: %s travels in frames, not in shared memory",
                       dp_wire_type_name(e->type));
     if (e->n_tensors != n)
@@ -324,7 +350,7 @@ static int s_tensors_check(const Downpour__Envelope *e, const s_msg_rule_t *r, i
     if (e->n_tensors > DP_WIRE_MAX_TENSORS)
         return dp_err(err, "malformed: %zu tensor descriptors (limit %d)", e->n_tensors,
                       DP_WIRE_MAX_TENSORS);
-    if (e->shm && n_frames != 0)
+    if (s_no_frames(e) && n_frames != 0)
         return dp_err(err, "malformed: %s says its tensors are in shared memory but has %d frames",
                       dp_wire_type_name(e->type), n_frames);
     return 0;
@@ -344,7 +370,7 @@ static int s_desc_check(const Downpour__Envelope *e, const dp_wire_frame_t *fram
     if (keys ? !s_row_message(e)
              : coded ? !s_compressed(e)
                      : d->dtype != DOWNPOUR__DTYPE__FLOAT32 &&
-                           (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || e->shm || s_row_message(e)))
+                           (d->dtype != DOWNPOUR__DTYPE__BFLOAT16 || s_no_frames(e) || s_row_message(e)))
         return dp_err(err, "malformed: tensor %zu (%s): dtype %d unsupported (FLOAT32, or "
                            "BFLOAT16 in frames, or UINT32 and BIT in a compressed PUSH, or "
                            "UINT64 keys in a row message)",
@@ -370,7 +396,7 @@ static int s_desc_check(const Downpour__Envelope *e, const dp_wire_frame_t *fram
     if (d->offset > (uint64_t)1 << 40)
         return dp_err(err, "malformed: tensor %zu (%s): offset %llu out of range", i, d->key,
                       (unsigned long long)d->offset);
-    if (e->shm) return 0; /* no frame: the bytes are in shared memory */
+    if (s_no_frames(e)) return 0; /* no frame: the bytes are in shared memory */
     if (frames[i].len != d->byte_length)
         return dp_err(err, "malformed: tensor %zu (%s): frame has %zu bytes, descriptor says %llu",
                       i, d->key, frames[i].len, (unsigned long long)d->byte_length);
@@ -400,7 +426,8 @@ int dp_wire_check(const Downpour__Envelope *env, const dp_wire_frame_t *frames, 
     if (s_texts_check(env, err) != 0) return -1;
     if (s_tensors_check(env, rule, n_frames, err) != 0) return -1;
     if (s_bodies_check(env, err) != 0) return -1;
-    if (!env->shm && (size_t)n_frames != env->n_tensors)
+    if (s_devregion_check(env, err) != 0) return -1;
+    if (!s_no_frames(env) && (size_t)n_frames != env->n_tensors)
         return dp_err(err, "malformed: %s has %zu tensor descriptors but %d tensor frames",
                       dp_wire_type_name(env->type), env->n_tensors, n_frames);
     for (size_t i = 0; i < env->n_tensors; i++)

@@ -208,10 +208,14 @@ static int s_params_ask(const dp_ps_loop_t *ps, const Downpour__Envelope *env,
                         dp_ps_params_ask_t *ask, char *why)
 {
     const Downpour__Pull *p = env->pull;
-    ask->how = env->shm ? DP_PS_PARAMS_SHM : p->no_checksum ? DP_PS_PARAMS_NO_CRC : DP_PS_PARAMS_CRC;
+    ask->how = env->devregion ? DP_PS_PARAMS_DEVREGION
+               : env->shm     ? DP_PS_PARAMS_SHM
+               : p->no_checksum ? DP_PS_PARAMS_NO_CRC
+                                : DP_PS_PARAMS_CRC;
     ask->bf16 = p->dtype == DOWNPOUR__DTYPE__BFLOAT16;
     ask->n_cuts = 0;
-    if (ask->how == DP_PS_PARAMS_SHM) return 0; /* the slot goes whole */
+    if (ask->how == DP_PS_PARAMS_SHM || ask->how == DP_PS_PARAMS_DEVREGION)
+        return 0; /* the slot, the ring entry, goes whole */
     uint64_t lo = ps->shard.lo, hi = lo + ps->shard.n;
     for (size_t k = 0; k < p->n_cuts; k++) {
         if (p->cuts[k] <= lo || p->cuts[k] >= hi)
@@ -454,6 +458,16 @@ void dp_ps_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
 {
     char msg[DP_ERR_LEN];
     int wid = env->worker_id;
+    /* Through the device region: its slot taken before anything else, so
+     * whatever becomes of the push the slot is the worker's again; a push
+     * the region's rules refuse (none granted, no completed push, a count
+     * jump, not finite) is answered with one line, nothing applied. */
+    dp_grad_slice_t dg;
+    if (env->devregion && dp_ps_devr_take(ps->devr, wid, &dg, msg) != 0) {
+        dp_log_debug("shard %d: worker %d: %s", ps->cfg->shard_index, wid, msg);
+        dp_ps_reply_push_error(ps, id, env->request_id, wid, msg);
+        return;
+    }
     /* First: what it says of its segment is checked like its gradient,
      * and a lie refuses the whole push, whole or a part. */
     if (dp_account_check(&ps->account, env->push, msg, sizeof msg) != 0) {
@@ -511,7 +525,10 @@ void dp_ps_on_push(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *en
                                                     "this shard has not granted");
         return;
     }
-    if (env->shm) n_frames = 1; /* the private copy */
+    if (env->devregion) { /* the region's copy, checked finite as it was taken */
+        g[0] = dg;
+        n_frames = 1;
+    } else if (env->shm) n_frames = 1; /* the private copy */
     else if (dp_shard_grad_nonfinite(&ps->shard, g, n_frames)) {
         dp_wire_frame_t fw[DP_WIRE_MAX_TENSORS];
         for (int f = 0; f < n_frames; f++) fw[f] = (dp_wire_frame_t){g[f].data, g[f].len};
@@ -855,6 +872,7 @@ static void s_teardown(dp_ps_loop_t *ps)
     s_close_socket(ps);
     dp_shard_early_fini(&ps->early); /* its buffer may be a slot: none is kept past the unmap */
     dp_ps_shm_destroy(&ps->shm); /* ZeroMQ holds no buffer now */
+    dp_ps_devr_destroy(&ps->devr); /* retired: its workers re-map from the next shard's offer */
     dp_metrics_destroy(&ps->metrics);
     dp_record_abandon(&ps->rec);
     dp_policy_destroy(&ps->policy);

@@ -194,6 +194,32 @@ static void s_grant_shm(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl)
     wl->shm_grad_name = (char *)grad;
 }
 
+/* Hello.devregion: the region's offer into the WELCOME, or none (the
+ * worker then goes on with shared memory or frames) with a line saying
+ * why. Only for a peer on this host, as shared memory, and only when this
+ * shard has a provider (dp_devmem_test_provider: the stand-in under the
+ * test hook; the CUDA one comes with the device shard). */
+static void s_grant_devregion(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl,
+                              Downpour__DevRegionOffer *o)
+{
+    char err[DP_ERR_LEN];
+    const dp_devmem_ops_t *ops = dp_devmem_test_provider();
+    if (!ops) return; /* no device region here: nothing to say */
+    if (!dp_shm_peer_local(ps->peer_addr)) {
+        dp_log_warn("shard %d: no device region for worker %d: it connects from %s, not from "
+                    "this host (ipc or loopback)",
+                    ps->cfg->shard_index, wid, ps->peer_addr ? ps->peer_addr : "an unknown address");
+        return;
+    }
+    if ((!ps->devr && dp_ps_devr_new(&ps->devr, &ps->shard, ps->members.n, ops, err) != 0) ||
+        dp_ps_devr_grant(ps->devr, wid, o, err) != 0) {
+        dp_log_warn("shard %d: no device region for worker %d: %s", ps->cfg->shard_index, wid,
+                    err);
+        return;
+    }
+    wl->devregion = o;
+}
+
 void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *env,
                     const dp_wire_frame_t *frames, int n_frames)
 {
@@ -252,9 +278,12 @@ void dp_ps_on_hello(dp_ps_loop_t *ps, zmq_msg_t *id, const Downpour__Envelope *e
     wl.run_token = dp_auth_token_for(&ps->auth, env->worker_id);
     wl.worker_step = s_welcome_step(ps, env->worker_id);
     dp_ps_shm_revoke(ps->shm, env->worker_id); /* a grant holds for the HELLO that got it */
+    dp_ps_devr_revoke(ps->devr, env->worker_id);
     dp_shard_parts_drop(&ps->parts, env->worker_id); /* it repeats a push whole, every part */
     dp_shard_early_hello(&ps->early, env->worker_id);
     if (env->hello->shm) s_grant_shm(ps, env->worker_id, &wl);
+    Downpour__DevRegionOffer offer;
+    if (env->hello->devregion) s_grant_devregion(ps, env->worker_id, &wl, &offer);
     rep.welcome = &wl;
     dp_ps_send(ps, id, &rep, NULL, 0);
     dp_ps_members_changed(ps); /* it may have been finished before */

@@ -20,6 +20,7 @@
  *   ps_deal.c      shard 0 dealing an elastic crew's batches: who sets the
  *                  plan, the batch of a pull, a push's fate, leases
  *   ps_shm.c       the shared-memory segments of co-located workers
+ *   ps_devregion.c the device region of co-located workers (proto/devregion.h)
  * (auth.c: who may speak for a worker id, the chief's rule.)
  * Nothing else includes this header, but the unit tests that drive the
  * loop's state. */
@@ -48,6 +49,7 @@
 #include "server/crew/membership.h"
 #include "server/loop/auth.h"
 #include "server/loop/ps.h"
+#include "server/loop/ps_devregion.h"
 #include "server/loop/ps_shm.h"
 
 /* Replies ZeroMQ may queue per peer before the ROUTER drops further ones to
@@ -72,6 +74,8 @@ typedef enum {
     DP_PS_PARAMS_CRC,      /* a frame with its CRC-32 */
     DP_PS_PARAMS_NO_CRC,   /* a frame without one (Pull.no_checksum) */
     DP_PS_PARAMS_SHM,      /* the live slot of the shared segment (Envelope.shm), else as NO_CRC */
+    DP_PS_PARAMS_DEVREGION, /* the newest entry of the device region's ring (Envelope.devregion),
+                             * else (the ring busy) as NO_CRC */
 } dp_ps_params_how_t;
 
 /* What a PULL asked of its reply. */
@@ -128,6 +132,8 @@ typedef struct {
     uint64_t incarnation;  /* random per start, on every reply: clients see a restart */
     uint64_t start_version; /* the version this start restored (0 fresh): Welcome.start_version */
     dp_ps_shm_t *shm;      /* shared memory for co-located workers; NULL until one asks */
+    dp_ps_devr_t *devr;    /* the device region for co-located workers; NULL until one asks
+                            * and the shard has a provider (ps_devregion.h) */
     uint64_t mismatches;   /* requests refused for another model (logged: s_log_mismatch) */
     dp_shard_parts_t parts; /* pushes in parts being assembled, one per worker at most */
     dp_shard_early_t early; /* the early step of one of them (server/core/shard_early.h) */

@@ -107,7 +107,7 @@ static dp_ps_lent_t *s_lend(dp_ps_loop_t *ps, int worker)
 void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worker,
                         const dp_ps_params_ask_t *ask, const Downpour__Deal *deal)
 {
-    int bf16 = ask->bf16 && ask->how != DP_PS_PARAMS_SHM;
+    int bf16 = ask->bf16 && ask->how != DP_PS_PARAMS_SHM && ask->how != DP_PS_PARAMS_DEVREGION;
     dp_snap_t *s = bf16 ? dp_shard_snapshot_bf16(&ps->shard) : dp_shard_snapshot(&ps->shard);
     uint64_t lo = ps->shard.lo, hi = lo + ps->shard.n; /* s->n counts bfloat16 pairs */
     Downpour__Envelope env;
@@ -126,6 +126,18 @@ void dp_ps_reply_params(dp_ps_loop_t *ps, zmq_msg_t *id, uint64_t req, int worke
         dp_wire_desc_fill(&d, shape, "params", NULL, hi - lo, lo, 1, 0);
         dp_wire_desc_no_checksum(&d);
         env.shm = 1; /* the reader copies the slot itself */
+        dp_shard_dc_pulled(&ps->shard, worker);
+        dp_ps_send(ps, id, &env, NULL, 0);
+        dp_snap_unref(NULL, s);
+        return;
+    }
+    /* The device region: the version into the ring, the worker pins it
+     * and copies it (a GPU worker reads it in place); a busy ring (every
+     * other entry pinned) answers in frames instead. */
+    if (ask->how == DP_PS_PARAMS_DEVREGION && ps->devr && dp_ps_devr_publish(ps->devr, s)) {
+        dp_wire_desc_fill(&d, shape, "params", NULL, hi - lo, lo, 1, 0);
+        dp_wire_desc_no_checksum(&d);
+        env.devregion = 1;
         dp_shard_dc_pulled(&ps->shard, worker);
         dp_ps_send(ps, id, &env, NULL, 0);
         dp_snap_unref(NULL, s);

@@ -231,6 +231,8 @@ uint64_t dp_ps_session_new(void);
 
 /* Shards this client reaches through shared memory. */
 int dp_ps_client_shm_shards(const dp_ps_client_t *c);
+/* Shards whose device region this client maps (proto/devregion.h). */
+int dp_ps_client_devregion_shards(const dp_ps_client_t *c);
 
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order (no empty entry,
  * at most DP_ZSOCK_MAX_SHARDS): one DEALER per shard, made with opts (NULL:

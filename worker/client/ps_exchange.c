@@ -553,6 +553,7 @@ static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     h->in_w = c->m->in_w;
     h->n_floats = c->m->n_floats;
     h->shm = s_wants_shm(c, i);
+    h->devregion = h->shm && dp_devmem_test_provider() != NULL; /* a provider: ps_devregion.c */
     if (c->has_plan) h->deal = &c->deal_plan;
     rq->env.hello = h;
 }
@@ -637,6 +638,7 @@ static dp_ps_reply_t s_on_welcome(dp_ps_client_t *c, int i, const Downpour__Enve
     s->run_token = w->run_token;
     s->push_parts = w->push_parts;
     s_welcome_recovery(c, s, env);
+    dp_ps_devr_welcome(c, i, w); /* a restarted shard's new generation re-mapped */
     return s_welcome_shm(c, i, w, err) != 0 ? DP_PS_REPLY_FAILED : DP_PS_REPLY_DONE;
 }
 
@@ -792,6 +794,7 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     for (int i = 0; i < c->n; i++) {
         s_close(&c->sh[i]);
         s_shm_close(c, &c->sh[i]);
+        dp_ps_devr_close(&c->sh[i]);
         free(c->sh[i].push16);
         if (c->sh[i].z) dp_compressor_fini(c->sh[i].z);
         free(c->sh[i].z);

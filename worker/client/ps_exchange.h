@@ -38,6 +38,7 @@
 #include <stdbool.h>
 
 #include "proto/compress.h"
+#include "proto/devregion.h"
 #include "proto/shm.h"
 #include "proto/wire_zmq.h"
 #include "worker/client/ps_client.h"
@@ -76,6 +77,10 @@ typedef struct {
      * gradient slot, mapped when its WELCOME granted them */
     bool shm;               /* tensors go through the segments */
     dp_shm_t shm_params, shm_grad;
+    /* the device region (proto/devregion.h, ps_devregion.c): mapped when
+     * its WELCOME offered it; pulls and whole dense pushes go through it */
+    bool devr;
+    dp_devregion_worker_t devr_w;
     uint16_t *push16;       /* --wire bf16: this shard's gradient slice in bfloat16 (frames only) */
     dp_compressor_t *z;     /* --compress: this slice's encoder and error feedback (made on
                              * the first push); its last encoding is what the push sends */
@@ -256,5 +261,20 @@ int dp_ps_refused(dp_ps_client_t *c, int i, const Downpour__Envelope *env, char 
 
 /* A higher version reported by shard s. */
 void dp_ps_seen(dp_ps_shard_t *s, uint64_t version);
+
+/* ---- the device region (ps_devregion.c) ---- */
+
+/* What shard i's WELCOME says of the device region: map (or re-map, a new
+ * generation) what it offers, else unmap; a region that does not map is
+ * logged and left (shared memory or frames as before). */
+void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w);
+void dp_ps_devr_close(dp_ps_shard_t *s);
+/* Shard s's floats of the newest version, which must be version, into dst
+ * (s->hi - s->lo floats): 0, or -1 when the region says otherwise (retired,
+ * a newer version, none): the pull goes again (and then in frames). */
+int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst);
+/* The whole slice's gradient into our slot, then the count: 0, or -1 when
+ * the slot is not ours to write (the last push not taken): frames then. */
+int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n);
 
 #endif

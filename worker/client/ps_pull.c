@@ -72,8 +72,9 @@ static void s_build_pull(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     p->n_cuts = pr->sh[i].n_cuts;
     p->cuts = pr->sh[i].cut;
     rq->env.pull = p;
-    rq->env.shm = s->shm && !pr->wire;
-    if (c->bf16 && !s->shm) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
+    rq->env.devregion = s->devr && !pr->wire; /* preferred to shared memory */
+    rq->env.shm = s->shm && !pr->wire && !rq->env.devregion;
+    if (c->bf16 && !s->shm && !s->devr) p->dtype = DOWNPOUR__DTYPE__BFLOAT16;
     if (i == 0) p->deal_step = c->deal_step; /* shard 0 deals */
 }
 
@@ -248,7 +249,20 @@ static dp_ps_reply_t s_on_params(dp_ps_client_t *c, int i, const Downpour__Envel
     if (env->type != DOWNPOUR__MSG_TYPE__PARAMS)
         return dp_err(err, "%s: answered PULL with %s", s->endpoint, dp_wire_type_name(env->type));
     if (s_take_deal(c, i, env, err) != 0) return DP_PS_REPLY_FAILED;
-    if (env->shm) {
+    if (env->devregion) {
+        if (dp_wire_check_range(env, s->lo, s->hi, e2) != 0)
+            return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
+        if (!s->devr)
+            return dp_err(err, "%s: PARAMS through a device region we do not map", s->endpoint);
+        float *dst = to->params ? to->params : c->landing;
+        if (dp_ps_devr_read(s, env->params->version, dst + s->lo) != 0) {
+            ps->torn = true; /* s_pull asks again, in frames after S_TORN_SHM tries */
+            return DP_PS_REPLY_DONE;
+        }
+        s_deliver(to, s->lo, dst + s->lo, (size_t)(s->hi - s->lo));
+        ps->got = s->hi;
+        c->bytes_pulled += (s->hi - s->lo) * sizeof(float);
+    } else if (env->shm) {
         if (dp_wire_check_range(env, s->lo, s->hi, e2) != 0)
             return dp_err(err, "%s: bad PARAMS: %s", s->endpoint, e2);
         if (!s->shm || env->params->shm_slot >= DP_SHM_PARAM_SLOTS)
@@ -268,7 +282,8 @@ static dp_ps_reply_t s_on_params(dp_ps_client_t *c, int i, const Downpour__Envel
     dp_ps_seen(s, s->version);
     s->pulled = true;
     c->pulls_parts++;
-    if (!env->shm && ++ps->part < dp_wire_params_parts(env->params)) return DP_PS_REPLY_MORE;
+    if (!env->shm && !env->devregion && ++ps->part < dp_wire_params_parts(env->params))
+        return DP_PS_REPLY_MORE;
     return DP_PS_REPLY_DONE;
 }
 
@@ -335,7 +350,8 @@ int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg
 int dp_ps_client_pull_begin(dp_ps_client_t *c, float *params, char *err)
 {
     c->pulling = NULL; /* one unfinished is abandoned */
-    if (dp_ps_client_shm_shards(c) > 0) return dp_ps_client_pull(c, params, err); /* whole, now */
+    if (dp_ps_client_shm_shards(c) > 0 || dp_ps_client_devregion_shards(c) > 0)
+        return dp_ps_client_pull(c, params, err); /* whole, now */
     if (!c->pull_room) c->pull_room = dp_malloc(sizeof *c->pull_room);
     dp_ps_pull_req_t *to = c->pull_room; /* lives until pull_until has every float */
     *to = (dp_ps_pull_req_t){.params = params, .cut = true};

@@ -144,6 +144,15 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
     if (!s->crc) dp_wire_desc_no_checksum(&rq->desc[0]);
     rq->descs[0] = &rq->desc[0];
     rq->env.n_tensors = 1;
+    /* The device region: a whole dense push, written into our slot and
+     * counted; the slot not ours yet (its last push not taken) sends it as
+     * before. */
+    if (s->devr && ps->parts == 1 && cnt == s->hi - s->lo &&
+        dp_ps_devr_write(&c->sh[i], slice, cnt) == 0) {
+        dp_wire_desc_no_checksum(&rq->desc[0]);
+        rq->env.devregion = 1;
+        return;
+    }
     if (s->shm) { /* our slot, where the floats lie: the shard copies them out first */
         float *slot = dp_shm_slot(&s->shm_grad, 0) + (a - s->lo);
         if (slot != slice) /* computed there: dp_ps_client_push_buffer */
@@ -229,7 +238,9 @@ static void s_plan_parts(dp_ps_client_t *c, dp_ps_push_req_t *pr, int i, bool st
     /* a compressed push is encoded whole at push_end */
     ps->stream = stream && c->compress.kind == DP_COMPRESS_NONE;
     uint32_t max = s->push_parts < DP_WIRE_MAX_PUSH_PARTS ? s->push_parts : DP_WIRE_MAX_PUSH_PARTS;
-    if (!ps->stream || max < 2) return; /* whole, but still as soon as the slice is final */
+    /* whole, but still as soon as the slice is final; the device region
+     * takes a push whole (one slot, one count) */
+    if (!ps->stream || max < 2 || s->devr) return;
     uint32_t k = 0;
     uint64_t top = s->hi;
     for (int l = c->m->n_layers - 1; l >= 0 && k + 2 <= max; l--) {

@@ -1,0 +1,120 @@
+/* ps_devregion: the worker's side of a shard's device region
+ * (proto/devregion.h, server/loop/ps_devregion.h) — mapped from the
+ * WELCOME's offer, re-mapped when a restarted shard offers a new
+ * generation; a pull pins the newest version and copies it out; a push
+ * writes our slot and bumps its count. Anything the region refuses (retired,
+ * a version other than the reply's, the slot not yet ours) sends the
+ * request the way it went before: shared memory or frames.
+ *
+ * A CPU worker (and the stand-in) copies the pinned entry out. A GPU
+ * worker would read the entry in place for its forward and backward and
+ * unpin once they are done, and its backward would write the slot (a
+ * device pointer) before dp_devregion_push records the event: that waits
+ * for the device worker (its weights on the device). */
+#include <string.h>
+
+#include "common/util.h"
+#include "worker/client/ps_exchange.h"
+
+int dp_ps_client_devregion_shards(const dp_ps_client_t *c)
+{
+    int k = 0;
+    for (int i = 0; i < c->n; i++) k += c->sh[i].devr;
+    return k;
+}
+
+void dp_ps_devr_close(dp_ps_shard_t *s)
+{
+    dp_devregion_detach(&s->devr_w);
+    s->devr = false;
+}
+
+/* The offer off the wire as proto/devregion.h takes it: texts and handles
+ * bounded here, the layout by dp_devregion_attach against the page. */
+static int s_offer(const Downpour__DevRegionOffer *m, dp_devregion_offer_t *o, char *err)
+{
+    memset(o, 0, sizeof *o);
+    if (!m->ctl || !m->wctl || strlen(m->ctl) >= sizeof o->ctl || strlen(m->wctl) >= sizeof o->wctl)
+        return dp_err(err, "device region offer: control page names missing or too long");
+    if (m->weights.len > DP_DEVMEM_HANDLE || m->grad.len > DP_DEVMEM_HANDLE ||
+        m->event.len > DP_DEVMEM_HANDLE)
+        return dp_err(err, "device region offer: a handle over %d bytes", DP_DEVMEM_HANDLE);
+    o->generation = m->generation;
+    o->n = m->n;
+    o->ring = m->ring;
+    o->workers = m->workers;
+    o->slot = m->slot;
+    snprintf(o->ctl, sizeof o->ctl, "%s", m->ctl);
+    snprintf(o->wctl, sizeof o->wctl, "%s", m->wctl);
+    if (m->weights.len) memcpy(o->weights.b, m->weights.data, m->weights.len);
+    if (m->grad.len) memcpy(o->grad.b, m->grad.data, m->grad.len);
+    if (m->event.len) memcpy(o->event.b, m->event.data, m->event.len);
+    return 0;
+}
+
+void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
+{
+    dp_ps_shard_t *s = &c->sh[i];
+    const dp_devmem_ops_t *ops = dp_devmem_test_provider();
+    if (!w->devregion || !ops) {
+        dp_ps_devr_close(s);
+        return;
+    }
+    char err[DP_ERR_LEN];
+    dp_devregion_offer_t o;
+    int rc = s_offer(w->devregion, &o, err);
+    if (rc == 0 && o.n != s->hi - s->lo)
+        rc = dp_err(err, "device region offer of %llu floats for a range of %llu",
+                    (unsigned long long)o.n, (unsigned long long)(s->hi - s->lo));
+    if (rc == 0 && o.slot != (uint32_t)c->worker_id)
+        rc = dp_err(err, "device region offer of slot %u to worker %d", o.slot, c->worker_id);
+    int mapped = 0;
+    if (rc == 0) {
+        if (!s->devr_w.ops) s->devr_w.ops = ops;
+        mapped = dp_devregion_remap(&s->devr_w, &o, err); /* same generation: kept (0) */
+        rc = mapped < 0 ? -1 : 0;
+    }
+    if (rc != 0) {
+        dp_ps_devr_close(s);
+        dp_log_info("%s: no device region: %s", s->endpoint, err);
+        return;
+    }
+    if (mapped == 1)
+        dp_log_info("%s: weights and gradients through the device region (%s, slot %u, "
+                    "generation %016llx)",
+                    s->endpoint, ops->name, o.slot, (unsigned long long)o.generation);
+    s->devr = true;
+}
+
+int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst)
+{
+    char err[DP_ERR_LEN];
+    uint64_t v = 0;
+    const float *e = dp_devregion_pin(&s->devr_w, &v, err);
+    if (!e) {
+        dp_log_debug("%s: pull through the device region: %s", s->endpoint, err);
+        return -1;
+    }
+    int rc = -1;
+    if (v != version)
+        dp_log_debug("%s: pull through the device region: the ring's newest is version %llu, "
+                     "the reply's %llu", s->endpoint, (unsigned long long)v,
+                     (unsigned long long)version);
+    else
+        rc = s->devr_w.ops->copy(dst, e, (size_t)(s->hi - s->lo) * sizeof(float), err);
+    dp_devregion_unpin(&s->devr_w);
+    return rc;
+}
+
+int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n)
+{
+    char err[DP_ERR_LEN];
+    float *slot = dp_devregion_slot(&s->devr_w);
+    if (!slot || n != s->devr_w.n) return -1;
+    if (s->devr_w.ops->copy(slot, slice, n * sizeof(float), err) != 0 ||
+        dp_devregion_push(&s->devr_w, NULL, err) != 0) {
+        dp_log_debug("%s: push through the device region: %s", s->endpoint, err);
+        return -1;
+    }
+    return 0;
+}
