@@ -11,6 +11,9 @@
 #    where the shards were) and ends on the same weights, bit for bit, as
 #    the same run with --ps-device cpu
 #  - --ps-shards defaults to one shard per --gpus entry (--gpus 0,0: two)
+#  - a device worker (cpu:staged) over shared memory page-locks the shard's
+#    segments through its backend and unlocks each before the unmap; its
+#    pull goes up from the segment; its weights are a CPU worker's
 source "$(dirname "$0")/lib.sh"
 
 L=$BIN/downpour
@@ -41,7 +44,7 @@ else
 fi
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip_checks 6 staged "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks 10 staged "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
 RUN=(--workers 2 --ps-shards 2 --mode sync --model "fc:64 relu fc:10 softmax" --batch 32 --steps 12
@@ -64,4 +67,21 @@ DP_TEST_PS_DEVICE=cpu:staged "$L" local --gpus 0,0 --ps-device gpu --device cpu 
     --model "fc:10 softmax" --batch 16 --steps 2 --no-progress --out "$TMP/pair" >"$TMP/pair.log" 2>&1
 check "--gpus 0,0 --ps-device gpu: two shards by default ($(tail -c 200 "$TMP/pair.log"))" \
     test "$(json "$TMP/pair/summary.json" ps_shards)" = 2
+
+# A device worker over shared memory (the host path, issue 54 item 3): the
+# shard's segments are page-locked through the backend (cpu:staged keeps
+# CUDA's bookkeeping: a segment locked twice fails, one left locked at the
+# end is said), unlocked before each unmap, and the pull goes up from the
+# parameter segment itself; the weights are the CPU worker's, bit for bit.
+W=(--workers 1 --mode async --overlap off --transport shm --model "fc:64 relu fc:10 softmax" --batch 32
+   --steps 12 --threads 1 --seed 5 --no-progress)
+"$L" local "${W[@]}" --device cpu:staged --out "$TMP/wstaged" >"$TMP/wstaged.log" 2>&1
+check "a cpu:staged worker over shared memory (exit $?)" test -s "$TMP/wstaged/model.safetensors"
+check "... page-locked the shard's segments" \
+    grep -q "the shards' shared memory page-locked" "$TMP/wstaged/logs/worker-0.log"
+check "... and unlocked every one before unmapping it" \
+    bash -c "! grep -q 'never undone\\|stays pageable' '$TMP/wstaged/logs/worker-0.log'"
+"$L" local "${W[@]}" --out "$TMP/wcpu" >"$TMP/wcpu.log" 2>&1
+check "... its weights are the cpu worker's, bit for bit" "$TORCH_PY" tests/integration/compare_st.py \
+    "$TMP/wcpu/model.safetensors" "$TMP/wstaged/model.safetensors" --atol 0 --rtol 0
 finish
