@@ -136,11 +136,12 @@ static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
 /* One training step for a push in turn, into *grads. On the CPU the
  * network's own gradient is host memory, and the push is done with it
  * before the next step writes it again, so it is pushed from there: no
- * copy. A device's gradient lands in the pinned h_grads as the backward
- * pass goes. */
-static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, const float **grads)
+ * copy. A device's gradient lands in lent (the shard's gradient segment,
+ * page-locked: one DMA, no host copy after) or else in the pinned h_grads
+ * as the backward pass goes. */
+static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, float *lent, const float **grads)
 {
-    float *h = s->be->host_memory ? NULL : s->h_grads;
+    float *h = s->be->host_memory ? NULL : lent ? lent : s->h_grads;
     float loss = dp_net_train_step_device(&s->net, b->d_x, b->d_y, s->conf.batch, h);
     *grads = h ? h : s->net.d_grads;
     return loss;
@@ -371,7 +372,9 @@ static int s_loop_plain(s_loop_t *L, char *err)
             s->net.on_params = s_params_needed;
             s->net.on_params_arg = L;
         }
-        float loss = s_step_for_push(s, &batch, &grads);
+        /* a device's whole push to one shard on this host: into its segment */
+        float *lent = host || L->stream ? NULL : dp_ps_client_push_buffer(L->ps, s->model.n_floats);
+        float loss = s_step_for_push(s, &batch, lent, &grads);
         s->net.on_grads = NULL;
         s->net.on_params = NULL;
         if (s->net.pull_status == DP_PULL_FAILED) return dp_err(err, "%s", L->step_err);
