@@ -37,6 +37,16 @@ typedef struct {
     /* Page-locked host memory where the device benefits (plain malloc on cpu). */
     void *(*host_alloc)(dp_backend_t *be, size_t bytes);
     void (*host_release)(dp_backend_t *be, void *p);
+    /* Page-lock host memory mapped elsewhere (a shard's shared-memory
+     * segments) so the device copies to and from it by DMA; read_only: a
+     * mapping without write access (the sealed parameter segment). 0, or -1
+     * with err (the copies then go on unregistered, staged by the runtime).
+     * host_unregister waits for every copy queued, then unlocks p (before
+     * it is unmapped; p never registered: nothing). cpu: nothing to do;
+     * cpu:staged checks the pairing (registered twice fails; left
+     * registered at destroy: a warning). */
+    int (*host_register)(dp_backend_t *be, void *p, size_t bytes, int read_only, char *err);
+    void (*host_unregister)(dp_backend_t *be, void *p);
     void (*synchronize)(dp_backend_t *be);
 
     /* Copy host src to d_dst on a copy stream of its own and wait for that

@@ -43,6 +43,7 @@
 #include "common/util.h"
 #include "deploy/lab/rl.h"
 #include "deploy/launcher/crew.h"
+#include "deploy/launcher/local_device.h"
 #include "deploy/launcher/local_elastic.h"
 #include "deploy/launcher/local_keys.h"
 #include "deploy/launcher/scale.h"
@@ -66,6 +67,7 @@ typedef struct {
     double chaos_s;
     dp_elastic_t elastic;        /* an elastic crew's changes (deploy/launcher/local_elastic.h) */
     const char *gpus;            /* "0,1" or NULL */
+    dp_local_device_t ps_device; /* --ps-device: the shards' device (local_device.h) */
     const char *out;
     char delay_ms[DP_LOCAL_MAX][24]; /* --straggler I:MS: worker I's injected delay, "" none */
     int delay_exp[DP_LOCAL_MAX];     /* ... drawn from an exponential (I:MS:exp) */
@@ -103,7 +105,8 @@ typedef struct {
 static volatile sig_atomic_t s_signal;
 
 static const char s_synopsis[] =
-"usage: downpour local --workers N|MIN:MAX [--ps-shards K] [--gpus 0,1,...] [--mode sync|async|ssp]\n"
+"usage: downpour local --workers N|MIN:MAX [--ps-shards K] [--gpus 0,1,...] [--ps-device cpu|gpu]\n"
+"                      [--mode sync|async|ssp]\n"
 "                      [--out DIR] [flags for downpour-ps and downpour-worker]\n"
 "\n"
 "Runs K parameter-server shards and N workers on this machine (loopback ports),\n"
@@ -304,6 +307,10 @@ static void s_options(dp_local_t *L)
                     "the host's cores / K, at most 4, and 1 for a shard under 256 K floats);\n"
                     "--threads is the workers' kernel threads"),
         DP_FLAG_STR("gpus", "LIST", &L->gpus, 0, "one worker per listed GPU (cuda:K); default: CPU workers"),
+        DP_FLAG_STR("ps-device", "cpu|gpu", &L->ps_device.flag, 0,
+                    "where the shards keep weights and optimizer state: cpu (default)\n"
+                    "or gpu, shard i on the i-th GPU of --gpus (downpour-ps --device\n"
+                    "cuda:G; --ps-shards defaults to one per listed GPU)"),
         DP_FLAG_CALL("straggler", "I:MS", s_set_straggler, L, 0,
                      "worker I sleeps MS ms before each push (I:MS:exp: exponential)"),
         DP_FLAG_STR("out", "DIR", &L->out, 0, "where results land"),
@@ -365,6 +372,9 @@ static dp_opts_result_t s_parse(dp_local_t *L, int argc, char **argv, char *err)
             return dp_err(err, "--gpus '%s': more than %d GPUs", L->gpus, DP_LOCAL_MAX);
         L->workers = L->max_workers = n;
     }
+    if (dp_local_device_init(&L->ps_device, L->gpus, dp_opts_find(&L->opts, "ps-shards")->given != NULL,
+                             &L->shards, DP_LOCAL_MAX, err) != 0)
+        return DP_OPTS_BAD;
     for (int i = L->max_workers; i < DP_LOCAL_MAX; i++)
         if (L->delay_ms[i][0])
             return dp_err(err, "--straggler %d: there are only %d workers", i, L->max_workers);
@@ -483,6 +493,12 @@ static int s_summary_add_optimizer(const dp_local_t *L, char *err)
         else dp_optim_dc_name(&L->ps.optim, dc, sizeof dc);
         cJSON_AddStringToObject(o, "delay_lr", rule);
         cJSON_AddStringToObject(o, "delay_compensation", dc);
+        if (L->ps_device.gpu) { /* where each shard's weights and state were */
+            char devices[DP_LOCAL_MAX * DP_LOCAL_DEVICE_LEN];
+            dp_local_device_list(&L->ps_device, L->gpus, L->shards, devices,
+                                 sizeof devices);
+            cJSON_AddStringToObject(o, "ps_device", devices);
+        }
         if (cJSON_GetObjectItemCaseSensitive(o, "rows")) { /* a model with embed:D: its table's */
             dp_rows_conf_t rows;
             float init;
@@ -785,6 +801,8 @@ static int s_start_servers(dp_local_t *L, char *err)
         if ((long)L->workers * s_worker_threads(L) >= sysconf(_SC_NPROCESSORS_ONLN)) {
             av[n++] = "--early-step"; av[n++] = "off";
         }
+        const char *device = dp_local_device_shard(&L->ps_device, L->gpus, i);
+        if (device) { av[n++] = "--device"; av[n++] = device; }
         if (L->secure) dp_local_keys_ps_args(&L->keys, i, av, &n);
         char record[PATH_MAX];
         if (L->record) {
@@ -822,10 +840,7 @@ static int s_start_worker(dp_local_t *L, int i, char *err)
     av[n++] = "--tensorboard"; av[n++] = tensorboard;
     av[n++] = "--no-progress";
     if (L->gpus) { /* the i-th listed GPU */
-        const char *gpu = L->gpus;
-        for (int k = 0; k < i; k++) gpu += strcspn(gpu, ",") + 1;
-        int len = (int)strcspn(gpu, ",");
-        snprintf(device, sizeof device, "cuda:%.*s", len, gpu);
+        dp_local_gpu_at(L->gpus, i, device, sizeof device);
         av[n++] = "--device"; av[n++] = device;
     } else {
         av[n++] = "--threads"; av[n++] = threads;

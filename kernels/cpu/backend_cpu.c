@@ -91,7 +91,38 @@ static void s_synchronize(dp_backend_t *be)
 typedef struct {
     struct { void *dst; const void *src; size_t bytes; } *copy;
     unsigned n, done, cap;
+    void **locked;            /* host_register's pointers not yet unregistered */
+    unsigned n_locked, cap_locked;
 } s_staged_t;
+
+/* cpu: nothing to lock. cpu:staged keeps the device's bookkeeping, so a
+ * caller's pairing is checked here: registering p twice fails as CUDA's
+ * does, and a registration never undone is said at destroy. */
+static int s_host_register(dp_backend_t *be, void *p, size_t bytes, int read_only, char *err)
+{
+    (void)bytes, (void)read_only;
+    s_staged_t *st = be->impl;
+    if (!st) return 0;
+    for (unsigned i = 0; i < st->n_locked; i++)
+        if (st->locked[i] == p) return dp_err(err, "cpu:staged: host memory %p registered already", p);
+    if (st->n_locked == st->cap_locked) {
+        st->cap_locked = st->cap_locked ? 2 * st->cap_locked : 8;
+        st->locked = dp_realloc(st->locked, st->cap_locked * sizeof *st->locked);
+    }
+    st->locked[st->n_locked++] = p;
+    return 0;
+}
+
+/* Memory never registered: nothing to undo (as the CUDA backend's). */
+static void s_host_unregister(dp_backend_t *be, void *p)
+{
+    s_staged_t *st = be->impl;
+    for (unsigned i = 0; st && i < st->n_locked; i++)
+        if (st->locked[i] == p) {
+            st->locked[i] = st->locked[--st->n_locked];
+            return;
+        }
+}
 
 /* cpu: a plain memcpy; cpu:staged: noted for its wait. */
 static void s_download_async(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
@@ -430,7 +461,10 @@ static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, f
 static void s_destroy(dp_backend_t *be)
 {
     s_staged_t *st = be->impl;
+    if (st && st->n_locked)
+        dp_log_warn("cpu:staged: %u host memory registration(s) never undone", st->n_locked);
     if (st) free(st->copy);
+    if (st) free(st->locked);
     free(st);
     free(be);
 }
@@ -443,6 +477,8 @@ static const dp_backend_ops_t s_cpu_ops = {
     .download = s_download,
     .host_alloc = s_host_alloc,
     .host_release = s_host_release,
+    .host_register = s_host_register,
+    .host_unregister = s_host_unregister,
     .synchronize = s_synchronize,
     .stage_upload = s_upload,
     .download_async = s_download_async,

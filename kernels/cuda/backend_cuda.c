@@ -182,6 +182,49 @@ static void s_host_release(dp_backend_t *be, void *p)
     DP_CUDA_CHECK(cudaFreeHost(p));
 }
 
+/* A read-only mapping can be registered only with cudaHostRegisterReadOnly
+ * (CUDA 11.1 on, where the device says it supports it); without the flag
+ * the driver would want write access to the pages. Portable: every device
+ * of the process copies from it by DMA. */
+static int s_host_register(dp_backend_t *be, void *p, size_t bytes, int read_only, char *err)
+{
+    dp_cuda_t *cx = s_enter(be);
+    unsigned flags = cudaHostRegisterPortable;
+    if (read_only) {
+        int ro = 0;
+        cudaError_t e = cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, cx->dev);
+        if (e != cudaSuccess || !ro) {
+            cudaGetLastError();
+            return dp_err(err, "%s: cannot page-lock a read-only mapping (cudaHostRegisterReadOnly "
+                          "not supported here)", cx->name);
+        }
+        flags |= cudaHostRegisterReadOnly;
+    }
+    cudaError_t e = cudaHostRegister(p, bytes, flags);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the copies go on from pageable memory */
+        return dp_err(err, "%s: cudaHostRegister of %zu bytes%s: %s", cx->name, bytes,
+                      read_only ? " (read-only)" : "", cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* Memory never registered (its registration failed): nothing to undo. */
+static void s_host_unregister(dp_backend_t *be, void *p)
+{
+    dp_cuda_t *cx = s_enter(be);
+    /* no queued copy may still read or write the pages */
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->up));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->down));
+    cudaError_t e = cudaHostUnregister(p);
+    if (e == cudaErrorHostMemoryNotRegistered) { /* its registration failed: nothing to undo */
+        cudaGetLastError();
+        return;
+    }
+    DP_CUDA_CHECK(e);
+}
+
 static void s_synchronize(dp_backend_t *be)
 {
     dp_cuda_t *cx = s_enter(be);
@@ -584,6 +627,8 @@ static const dp_backend_ops_t s_cuda_ops = {
     .download = s_download,
     .host_alloc = s_host_alloc,
     .host_release = s_host_release,
+    .host_register = s_host_register,
+    .host_unregister = s_host_unregister,
     .synchronize = s_synchronize,
     .stage_upload = s_stage_upload,
     .download_async = s_download_async,

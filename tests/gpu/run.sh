@@ -19,6 +19,11 @@
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
 #             worker; summary.json's test_accuracy must exceed 0.7
+#   psgpu     `downpour local --gpus 0,0 --ps-device gpu --mode sync`: two
+#             device shards and two GPU workers on GPU 0 (the two-GPU setting
+#             on one GPU), the workers' pulls from the page-locked shared
+#             memory; beside the same run with --ps-device cpu: both
+#             accuracies > 0.7 and within 0.02 of each other
 #   a3c       `downpour local --env cartpole-v1 --gpus 0,0 --env-steps 200000`:
 #             A3C with the actor-critic head on cuda:0, beside the same on cpu
 #   tboard    the cluster's TensorBoard event files read by TensorBoard itself
@@ -38,7 +43,7 @@
 # loss_cpu.jsonl, cluster_summary.json, bench.txt (and test_gpu_ops.fastest.log,
 # test_gpu_ops.sanitizer.log when an op test failed). Exit status non-zero when
 # any section failed. DP_GPU_BUILD=1 builds even when a bundle is there;
-# DP_GPU_SECTIONS="gpu-ops devregion curves cluster a3c tboard psbench bench" picks sections.
+# DP_GPU_SECTIONS="gpu-ops devregion curves cluster psgpu a3c tboard psbench bench" picks sections.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -359,6 +364,40 @@ fi
 fi
 
 fi  # cluster
+
+# ---- psgpu -----------------------------------------------------------------
+# Issue 54's two-GPU setting on one GPU: shard i on the i-th entry of --gpus
+# (0,0), a worker on each; the shards step on the GPU, the workers lock the
+# shards' shared memory for their copies. The same run with the shards on
+# the CPU beside it: the step kernels are written to give the CPU's bits.
+if want psgpu; then
+section psgpu "downpour local --gpus 0,0 --ps-device gpu --mode sync --steps 200"
+if [ -n "$NODEV" ]; then
+    verdict psgpu FAIL "$NODEV"
+else
+psgpu_acc() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("test_accuracy", -1))' \
+    "$1/summary.json" 2>/dev/null || echo -1; }
+for dev in gpu cpu; do
+    rm -rf "$WORK/psgpu-$dev"
+    tmo 240 "$BIN/downpour" local --gpus 0,0 --ps-device $dev --mode sync --steps 200 --seed 3 \
+        --out "$WORK/psgpu-$dev" "${DATA_ARGS[@]}" >"$WORK/psgpu-$dev.log" 2>&1
+    echo "  --ps-device $dev: exit $?, test_accuracy $(psgpu_acc "$WORK/psgpu-$dev")"
+done
+where=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("ps_device", ""))' \
+    "$WORK/psgpu-gpu/summary.json" 2>/dev/null)
+locked=$(grep -l "shared memory page-locked" "$WORK"/psgpu-gpu/logs/worker-*.log 2>/dev/null | wc -l)
+grep -h "optimizer state on\|shared memory" "$WORK"/psgpu-gpu/logs/*.log | head -6 | sed 's/^/  /'
+a=$(psgpu_acc "$WORK/psgpu-gpu"); b=$(psgpu_acc "$WORK/psgpu-cpu")
+if [ "$where" = "cuda:0,cuda:0" ] &&
+    "$PY" -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if a > 0.7 and b > 0.7 and abs(a - b) < 0.02 else 1)' "$a" "$b"; then
+    verdict psgpu PASS "shards on $where, accuracy $a (shards on cpu: $b), $locked worker(s) page-locked"
+else
+    show "$WORK/psgpu-gpu.log" 10
+    for f in "$WORK"/psgpu-gpu/logs/*.log; do [ -f "$f" ] && show "$f" 6; done
+    verdict psgpu FAIL "ps_device '$where', accuracy $a (shards on cpu: $b; both need > 0.7, within 0.02)"
+fi
+fi
+fi  # psgpu
 
 # ---- a3c -------------------------------------------------------------------
 # The actor-critic head's whole path on the GPU backend (the ops alone are in

@@ -234,6 +234,15 @@ int dp_ps_client_shm_shards(const dp_ps_client_t *c);
 /* Shards whose device region this client maps (proto/devregion.h). */
 int dp_ps_client_devregion_shards(const dp_ps_client_t *c);
 
+/* Told of every shared-memory segment the client maps (mapped 1: base,
+ * bytes, read_only for the sealed parameter segment) and before it unmaps
+ * one (mapped 0, same base): a device worker page-locks them
+ * (cudaHostRegister) so its copies to and from them are DMA. Setting a hook
+ * tells it of the segments mapped already; replacing it (NULL: none) tells
+ * the old one they go, first. */
+typedef void (*dp_ps_shm_hook_fn)(void *arg, void *base, size_t bytes, int read_only, int mapped);
+void dp_ps_client_set_shm_hook(dp_ps_client_t *c, dp_ps_shm_hook_fn hook, void *arg);
+
 /* endpoints "tcp://h:p[,tcp://h2:p2...]" in shard order (no empty entry,
  * at most DP_ZSOCK_MAX_SHARDS): one DEALER per shard, made with opts (NULL:
  * the defaults); HELLO to each (waiting up to timeout_s for a server that

@@ -491,22 +491,50 @@ static bool s_wants_shm(const dp_ps_client_t *c, int i)
  * computing its push in (dp_ps_client_push_buffer) stays mapped, kept
  * aside, until the caller gives that buffer up: the push then goes from
  * there to whatever the new WELCOME grants. */
+static void s_shm_tell(const dp_ps_client_t *c, const dp_shm_t *m, int read_only, int mapped)
+{
+    if (c->shm_hook && m->base) c->shm_hook(c->shm_hook_arg, m->base, m->bytes, read_only, mapped);
+}
+
+/* The hook hears of it before the pages go (a device unlocks them). */
+static void s_shm_unmap(dp_ps_client_t *c, dp_shm_t *m, int read_only)
+{
+    s_shm_tell(c, m, read_only, 0);
+    dp_shm_close(m);
+}
+
 static void s_shm_close(dp_ps_client_t *c, dp_ps_shard_t *s)
 {
-    dp_shm_close(&s->shm_params);
+    s_shm_unmap(c, &s->shm_params, 1);
     if (s->shm_grad.base && c->grad_lent == dp_shm_slot(&s->shm_grad, 0)) {
         c->grad_kept = s->shm_grad; /* empty: lent only while it is */
         memset(&s->shm_grad, 0, sizeof s->shm_grad);
     }
-    dp_shm_close(&s->shm_grad);
+    s_shm_unmap(c, &s->shm_grad, 0);
     s->shm = false;
+}
+
+void dp_ps_client_set_shm_hook(dp_ps_client_t *c, dp_ps_shm_hook_fn hook, void *arg)
+{
+    for (int i = 0; i < c->n; i++) {
+        s_shm_tell(c, &c->sh[i].shm_params, 1, 0);
+        s_shm_tell(c, &c->sh[i].shm_grad, 0, 0);
+    }
+    s_shm_tell(c, &c->grad_kept, 0, 0);
+    c->shm_hook = hook;
+    c->shm_hook_arg = arg;
+    for (int i = 0; i < c->n; i++) {
+        s_shm_tell(c, &c->sh[i].shm_params, 1, 1);
+        s_shm_tell(c, &c->sh[i].shm_grad, 0, 1);
+    }
+    s_shm_tell(c, &c->grad_kept, 0, 1);
 }
 
 float *dp_ps_client_push_buffer(dp_ps_client_t *c, size_t n_floats)
 {
     c->grad_lent = NULL; /* the last answer is given up */
     if (atomic_load(&c->inflight) == 0) /* and ZeroMQ holds no frame of it */
-        dp_shm_close(&c->grad_kept);
+        s_shm_unmap(c, &c->grad_kept, 0);
     if (c->grad_kept.base) return NULL;
     const dp_ps_shard_t *s = &c->sh[0];
     /* one shard: its range is the whole model (the ranges tile it) */
@@ -533,6 +561,8 @@ static int s_welcome_shm(dp_ps_client_t *c, int i, const Downpour__Welcome *w, c
     else if (n > 0 && dp_shm_open(&s->shm_params, w->shm_name, n, DP_SHM_PARAM_SLOTS, DP_SHM_READ_ONLY, e2) == 0 &&
              dp_shm_open(&s->shm_grad, w->shm_grad_name, n, 1, DP_SHM_WRITABLE, e2) == 0) {
         s->shm = true;
+        s_shm_tell(c, &s->shm_params, 1, 1);
+        s_shm_tell(c, &s->shm_grad, 0, 1);
         return 0;
     } else if (n == 0)
         snprintf(e2, sizeof e2, "an empty range");
@@ -801,7 +831,7 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     }
     dp_zsock_ctx_term(&c->ctx, "ps client"); /* before the unmap: no frame points into it */
     c->grad_lent = NULL;
-    dp_shm_close(&c->grad_kept);
+    s_shm_unmap(c, &c->grad_kept, 0);
     free(c->sh);
     free(c->aw);
     free(c->landing);

@@ -153,6 +153,8 @@ struct dp_ps_client {
     float *grad_lent;       /* dp_ps_client_push_buffer's last answer (NULL: none) */
     dp_shm_t grad_kept;     /* the gradient segment it lies in, once a new WELCOME replaced
                              * it: mapped until that answer is given up */
+    dp_ps_shm_hook_fn shm_hook; /* told of each segment mapped and before each unmap; NULL */
+    void *shm_hook_arg;
 };
 
 /* Storage one request points into until it is sent. */

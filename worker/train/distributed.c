@@ -109,13 +109,25 @@ static void s_metrics_staleness(dp_session_t *s, const dp_staleness_t *h)
 
 /* ---- the weights from the servers into the network --------------------- */
 
+/* A device's sink: each tensor up from where the client lends it (a
+ * shard's segment, page-locked by s_shm_lock: one DMA, no host copy). The
+ * upload is done when it returns, so the client's second look at the slot's
+ * seqlock comes after it (dp_ps_client_pull_to). */
+static void s_upload_from(void *arg, size_t off, const float *data, size_t n)
+{
+    dp_session_t *s = arg;
+    s->be->ops->upload(s->be, s->net.d_params + off, data, n * sizeof(float));
+}
+
 /* A pull straight into the network's parameters. On the CPU they are host
  * memory, so the pull writes them directly: one copy per pull from
  * ZeroMQ's buffer or the shard's shared-memory slot, not two. A device
- * uploads from the pinned h_params, the fast path for its copy engine. */
+ * uploads from the shards' segments where it has them, else from the
+ * pinned h_params, the fast path for its copy engine. */
 static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
 {
     if (s->be->host_memory) return dp_ps_client_pull(ps, s->net.d_params, err);
+    if (dp_ps_client_shm_shards(ps) > 0) return dp_ps_client_pull_to(ps, s_upload_from, s, err);
     if (dp_ps_client_pull(ps, s->h_params, err) != 0) return -1;
     dp_net_set_params(&s->net, s->h_params);
     return 0;
@@ -124,11 +136,12 @@ static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
 /* One training step for a push in turn, into *grads. On the CPU the
  * network's own gradient is host memory, and the push is done with it
  * before the next step writes it again, so it is pushed from there: no
- * copy. A device's gradient lands in the pinned h_grads as the backward
- * pass goes. */
-static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, const float **grads)
+ * copy. A device's gradient lands in lent (the shard's gradient segment,
+ * page-locked: one DMA, no host copy after) or else in the pinned h_grads
+ * as the backward pass goes. */
+static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, float *lent, const float **grads)
 {
-    float *h = s->be->host_memory ? NULL : s->h_grads;
+    float *h = s->be->host_memory ? NULL : lent ? lent : s->h_grads;
     float loss = dp_net_train_step_device(&s->net, b->d_x, b->d_y, s->conf.batch, h);
     *grads = h ? h : s->net.d_grads;
     return loss;
@@ -180,7 +193,29 @@ typedef struct dp_dense_cluster {
     long epochs;               /* the plan's epochs (rounded up), for the progress line */
     dp_ps_dealt_t pulled;      /* the batch the last pull brought */
     dp_ps_dealt_t batch[4];    /* step k's at k % 4 (the overlap records k - 1 while k computes) */
+    int shm_locked, shm_lock_failed; /* s_shm_lock's one line each */
 } s_loop_t;
+
+/* The client's hook on the shards' segments (dp_ps_client_set_shm_hook):
+ * a device page-locks them, so its copies from the parameter segment and
+ * into the gradient segment are DMA; a failure is said once and those
+ * copies go on from pageable memory (the runtime stages them). */
+static void s_shm_lock(void *arg, void *base, size_t bytes, int read_only, int mapped)
+{
+    s_loop_t *L = arg;
+    dp_backend_t *be = L->s->be;
+    char err[DP_ERR_LEN];
+    if (!mapped) {
+        be->ops->host_unregister(be, base);
+        return;
+    }
+    if (be->ops->host_register(be, base, bytes, read_only, err) == 0) {
+        if (!L->shm_locked++)
+            dp_log_info("%s: the shards' shared memory page-locked: its copies are DMA", be->name);
+    } else if (!L->shm_lock_failed++) {
+        dp_log_warn("%s: the shards' shared memory stays pageable: %s", be->name, err);
+    }
+}
 
 /* A push's result: this worker's counters, then the driver's record (the
  * loss average, the metrics line, TensorBoard, evaluation, progress). */
@@ -337,7 +372,9 @@ static int s_loop_plain(s_loop_t *L, char *err)
             s->net.on_params = s_params_needed;
             s->net.on_params_arg = L;
         }
-        float loss = s_step_for_push(s, &batch, &grads);
+        /* a device's whole push to one shard on this host: into its segment */
+        float *lent = host || L->stream ? NULL : dp_ps_client_push_buffer(L->ps, s->model.n_floats);
+        float loss = s_step_for_push(s, &batch, lent, &grads);
         s->net.on_grads = NULL;
         s->net.on_params = NULL;
         if (s->net.pull_status == DP_PULL_FAILED) return dp_err(err, "%s", L->step_err);
@@ -640,6 +677,9 @@ int dp_dense_cluster_plan(dp_train_drv_t *d, char *err)
     L->stream = s_stream("--stream-push", c->stream_push, L->overlap, c->local_steps, s->be);
     L->stream_pull = s_stream("--stream-pull", c->stream_pull, L->overlap, c->local_steps, s->be);
     s_log_plan(L);
+    /* a device's copies from and to the segments: until the client ends */
+    if (!s->be->host_memory && s->be->ops->host_register)
+        dp_ps_client_set_shm_hook(d->ps, s_shm_lock, L);
     dp_rng_seed(&L->delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     return 0;
 }
