@@ -39,7 +39,7 @@ else
     rc=$?
     check "--ps-device gpu without a GPU: non-zero exit ($rc)" test $rc != 0
     one_line "... " "$TMP/nocuda.err"
-    check "... the shard's refusal names cuda:0" grep -q "ps-0 .*--device cuda:0" "$TMP/nocuda.err"
+    check "... the shard's refusal names cuda:0" grep -q "ps-0 .*cuda:0" "$TMP/nocuda.err"
     check "... no process of the run left behind" none_left "$TMP/nocuda"
 fi
 
