@@ -3,13 +3,13 @@
 # at today's defaults, once on the simulator's constant exp:100 compute and
 # once on this machine's own delays, so that the two differ only by the
 # delays. First the traces: a real `downpour local --env E --workers 2
-# --mode async --env-steps 20000` a environment (and a 4-worker one, for
+# --mode async --env-steps 20000` an environment (and a 4-worker one, for
 # its statistics), each in OUT/traces/E-wW. Then, in the simulator, for
 # cartpole-v1 and acrobot-v1: async (A3C), sync (A2C) at M = 1, 2, 4, 8,
 # 16 and async with --delay-lr adaptive at M = 2, 4, 8, 16, 500 k env
 # steps, Adam at the default 0.0007 (reward scale 0.1, the default), seeds
 # 1-10, under OUT/exp and under OUT/trace (`--compute trace:OUT/traces/E-w2`,
-# the environment's own 2-worker run): 560 runs, ~9 s each here. Seeds 1-5
+# the environment's own 2-worker run): 560 runs, 9-11 s each here. Seeds 1-5
 # of every cell run before seeds 6-10, so a cut-short run still has every
 # cell (SEEDS="1,2,3,4,5" runs those only: a blank-separated list of
 # seed lists, run in turn). Resumable (a finished run is skipped). JOBS
