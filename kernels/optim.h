@@ -132,7 +132,7 @@ int dp_optim_state_floats(const dp_optim_conf_t *c);
  * 0.5 by default: each push's delta is a worker's own, taken on weights the
  * others have moved since, and a smaller step pays for that (two PyTorch
  * workers, docs/EXPERIMENTS.md section 6: 0.8649 mean test accuracy over 4
- * runs at 0.5 against 0.8410 at 0.7, sync at 0.7 0.8593); lr 0: that
+ * runs at 0.5 against 0.8411 at 0.7, sync at 0.7 0.8582); lr 0: that
  * default. Constant schedule. -1 with err for another name. */
 #define DP_OPTIM_DELAYED_NESTEROV "delayed-nesterov"
 #define DP_OPTIM_OUTER_NESTEROV_LR 0.7f
