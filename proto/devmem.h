@@ -85,10 +85,14 @@ typedef struct {
 extern const dp_devmem_ops_t dp_devmem_standin;
 /* The provider the test hook DP_TEST_DEVMEM=standin names (the stand-in),
  * else NULL: the one place that reads it (proto/devmem_standin.c). The
- * CUDA provider comes with the device shard. */
+ * CUDA provider comes with a device: a shard's --device cuda:N and a GPU
+ * worker's backend find it through kernels/backend.h's
+ * dp_devmem_for_device; the hook, when set, wins on both sides. */
 const dp_devmem_ops_t *dp_devmem_test_provider(void);
 /* CUDA (kernels/cuda/devmem_cuda.c), in the CUDA module and the GPU tests
- * only. */
+ * only; dp_devmem_cuda_on puts the calling thread on device first (NULL
+ * with err when it cannot). */
 extern const dp_devmem_ops_t dp_devmem_cuda;
+const dp_devmem_ops_t *dp_devmem_cuda_on(int device, char *err);
 
 #endif

@@ -194,3 +194,17 @@ const dp_devmem_ops_t dp_devmem_cuda = {
     .event_query = s_event_query,
     .event_destroy = s_event_destroy,
 };
+
+/* The provider for a shard or a worker on device (kernels/backend.h's
+ * dp_devmem_for_device finds it by name): the calling thread is put on
+ * device, so the region's allocations and mappings made next on it land
+ * there (cudaMalloc and cudaIpcOpenMemHandle take the thread's device). */
+const dp_devmem_ops_t *dp_devmem_cuda_on(int device, char *err)
+{
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        dp_err(err, "device region on cuda:%d: cudaSetDevice: %s", device, cudaGetErrorString(e));
+        return NULL;
+    }
+    return &dp_devmem_cuda;
+}
