@@ -89,6 +89,8 @@ extern const dp_devmem_ops_t dp_devmem_standin;
  * worker's backend find it through kernels/backend.h's
  * dp_devmem_for_device; the hook, when set, wins on both sides. */
 const dp_devmem_ops_t *dp_devmem_test_provider(void);
+/* DP_TEST_DEVMEM=off: no device region at all, the device's neither. */
+int dp_devmem_test_off(void);
 /* CUDA (kernels/cuda/devmem_cuda.c), in the CUDA module and the GPU tests
  * only; dp_devmem_cuda_on puts the calling thread on device first (NULL
  * with err when it cannot). */

@@ -274,6 +274,56 @@ static void test_killed_worker_applies_nothing(void)
     s_hook(0);
 }
 
+/* ---- whose client asks for the region ------------------------------------ */
+
+/* The client's provider is opts.devmem (a GPU worker's CUDA IPC; the
+ * stand-in here), the server (a child) offering the stand-in under the
+ * hook while this process has none: a client given one asks, maps and
+ * pushes through the slot; one without (a CPU worker) never asks and goes
+ * through shared memory; DP_TEST_DEVMEM=off keeps even a given one from
+ * asking. */
+static void test_client_provider(void)
+{
+    srv_small_model(&s_small);
+    s_hook(1);
+    char ep[256] = "";
+    pid_t srv = s_server_child(ep, sizeof ep);
+    s_hook(0);
+    CHECK(srv > 0);
+    size_t n = s_small.n_floats;
+    float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    char err[DP_ERR_LEN] = "";
+    for (int k = 0; srv > 0 && k < 3; k++) { /* given one, none, given one but off */
+        if (k == 2) setenv("DP_TEST_DEVMEM", "off", 1);
+        dp_ps_client_opts_t o = {.timeout_s = TMO, .devmem = k == 1 ? NULL : &dp_devmem_standin};
+        dp_ps_client_t *c = NULL;
+        int rc;
+        SRV_REJOIN(rc, err, dp_ps_client_new(&c, ep, &s_small, 0, &o, NULL, err));
+        CHECK_EQ(rc, 0);
+        if (!c) break;
+        CHECK_EQ(dp_ps_client_devregion_shards(c), k == 0 ? 1 : 0);
+        CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+        srv_fill(g, n, 3);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        const dp_devregion_worker_t *w = &c->sh[0].devr_w;
+        if (k == 0) /* through the slot: counted and taken */
+            CHECK(w->ctl && atomic_load(&w->wctl->pushed) == 1 &&
+                  atomic_load(&w->ctl->taken[0]) == 1);
+        else
+            CHECK(w->ctl == NULL);
+        dp_ps_client_destroy(&c);
+    }
+    unsetenv("DP_TEST_DEVMEM");
+    if (srv > 0) {
+        kill(srv, SIGKILL);
+        waitpid(srv, NULL, 0);
+    }
+    free(p), free(g);
+}
+
 /* ---- a peer that lies over the socket ---------------------------------- */
 
 /* HELLO as worker wid, with the region asked or not; the reply (the
@@ -470,4 +520,4 @@ static void test_publish_from_device(void)
 }
 
 DP_TESTS(T(test_same_as_frames), T(test_restart_remaps), T(test_killed_worker_applies_nothing),
-         T(test_lying_peer), T(test_publish_from_device))
+         T(test_client_provider), T(test_lying_peer), T(test_publish_from_device))

@@ -30,7 +30,7 @@ int dp_ps_client_devregion_shards(const dp_ps_client_t *c)
 const dp_devmem_ops_t *dp_ps_devmem(const dp_ps_client_t *c)
 {
     const dp_devmem_ops_t *t = dp_devmem_test_provider();
-    return t ? t : c->devmem;
+    return t ? t : dp_devmem_test_off() ? NULL : c->devmem;
 }
 
 void dp_ps_devr_close(dp_ps_shard_t *s)

@@ -271,7 +271,8 @@ void dp_ps_seen(dp_ps_shard_t *s, uint64_t version);
  * generation) what it offers, else unmap; a region that does not map is
  * logged and left (shared memory or frames as before). */
 /* The provider this client maps a region with: the test hook's stand-in,
- * else opts.devmem (a GPU worker's CUDA IPC); NULL: it asks for none. */
+ * else opts.devmem (a GPU worker's CUDA IPC) unless the hook says off;
+ * NULL: it asks for none. */
 const dp_devmem_ops_t *dp_ps_devmem(const dp_ps_client_t *c);
 void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w);
 void dp_ps_devr_close(dp_ps_shard_t *s);
