@@ -57,7 +57,9 @@ typedef struct {
     int (*map)(dp_devmem_t *m, const dp_devmem_handle_t *h, size_t bytes, int access, char *err);
     void (*unmap)(dp_devmem_t *m); /* a mapping: safe on a zeroed one */
     void (*free)(dp_devmem_t *m);  /* an allocation of ours: safe on a zeroed one */
-    /* Copy bytes between any two addresses of this process (host or device). */
+    /* Copy bytes between any two addresses of this process (host or
+     * device); the copy is done when it returns (an entry is published, or
+     * unpinned, right after). */
     int (*copy)(void *dst, const void *src, size_t bytes, char *err);
     /* Are n floats at p (a copy of ours) all finite: 1 yes, 0 no, -1 error. */
     int (*all_finite)(const float *p, size_t n, char *err);

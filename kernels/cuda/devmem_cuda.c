@@ -88,9 +88,15 @@ static void s_free(dp_devmem_t *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Done when it returns: the protocol publishes an entry, or unpins one,
+ * right after its copy, and another process reads or writes it next on
+ * streams of its own. cudaMemcpy alone may return before a copy from
+ * pageable host memory or between device addresses has landed, so the
+ * default stream it ran on is waited for. */
 static int s_copy(void *dst, const void *src, size_t bytes, char *err)
 {
     S_CK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); /* unified addressing: either side */
+    S_CK(cudaStreamSynchronize(0));
     return 0;
 }
 
