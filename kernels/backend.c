@@ -69,6 +69,19 @@ void *dp_cuda_module_symbol(const char *name, char *err)
 #endif
 }
 
+typedef const dp_devmem_ops_t *(*s_devmem_on_fn)(int device, char *err);
+
+const dp_devmem_ops_t *dp_devmem_for_device(const char *device, char *err)
+{
+    err[0] = 0;
+    long k = 0;
+    if (strncmp(device, "cuda:", 5) != 0 ||
+        dp_opts_parse_long("--device", device + 5, 0, 1024, &k, NULL) != 0)
+        return NULL;
+    s_devmem_on_fn on = (s_devmem_on_fn)dp_cuda_module_symbol("dp_devmem_cuda_on", err);
+    return on ? on((int)k, err) : NULL;
+}
+
 int dp_backend_new(dp_backend_t **out, const char *device, char *err)
 {
     *out = NULL;

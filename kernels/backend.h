@@ -20,6 +20,7 @@
 #include "common/model.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
+#include "proto/devmem.h"
 
 typedef struct dp_backend dp_backend_t;
 
@@ -252,5 +253,11 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err);
  * with err when the build has no CUDA, or the module or the symbol is
  * missing. */
 void *dp_cuda_module_symbol(const char *name, char *err);
+/* The device region's provider (proto/devmem.h) for memory on device, as
+ * --device names it: "cuda:K" gives the module's CUDA IPC ops with the
+ * calling thread put on K (a shard's ring is allocated, a worker's mapping
+ * opened, on the thread's device); anything else (a CPU) has none: NULL,
+ * err empty. NULL with err when cuda:K has no module or no such device. */
+const dp_devmem_ops_t *dp_devmem_for_device(const char *device, char *err);
 
 #endif

@@ -108,6 +108,7 @@ static const dp_optim_dev_ops_t s_cpu_ops = {
     .release = s_release,
     .upload = s_copy,
     .download = s_copy,
+    .copy_out = s_copy,
     .step = s_step,
     .dc = s_dc,
     .snapshot = s_snapshot,

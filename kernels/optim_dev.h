@@ -42,6 +42,10 @@ typedef struct {
     void (*upload)(dp_optim_dev_t *dev, void *d_dst, const void *src, size_t bytes);
     /* d_src to host dst after every op queued so far; returns when dst is whole. */
     void (*download)(dp_optim_dev_t *dev, void *dst, const void *d_src, size_t bytes);
+    /* d_src to dst, which may be memory of the device itself or of another
+     * (a device region's ring entry: unified addressing tells), after
+     * every op queued so far; returns when dst is whole. */
+    void (*copy_out)(dp_optim_dev_t *dev, void *dst, const void *d_src, size_t bytes);
     /* dp_optim_step_from (optim.h) on elements [lo, hi): d_w and d_state
      * made from d_w_from and d_state_from (the same vectors: in place). */
     void (*step)(dp_optim_dev_t *dev, const dp_optim_conf_t *c, float lr, float *d_w,

@@ -57,7 +57,9 @@ typedef struct {
     int (*map)(dp_devmem_t *m, const dp_devmem_handle_t *h, size_t bytes, int access, char *err);
     void (*unmap)(dp_devmem_t *m); /* a mapping: safe on a zeroed one */
     void (*free)(dp_devmem_t *m);  /* an allocation of ours: safe on a zeroed one */
-    /* Copy bytes between any two addresses of this process (host or device). */
+    /* Copy bytes between any two addresses of this process (host or
+     * device); the copy is done when it returns (an entry is published, or
+     * unpinned, right after). */
     int (*copy)(void *dst, const void *src, size_t bytes, char *err);
     /* Are n floats at p (a copy of ours) all finite: 1 yes, 0 no, -1 error. */
     int (*all_finite)(const float *p, size_t n, char *err);
@@ -85,10 +87,16 @@ typedef struct {
 extern const dp_devmem_ops_t dp_devmem_standin;
 /* The provider the test hook DP_TEST_DEVMEM=standin names (the stand-in),
  * else NULL: the one place that reads it (proto/devmem_standin.c). The
- * CUDA provider comes with the device shard. */
+ * CUDA provider comes with a device: a shard's --device cuda:N and a GPU
+ * worker's backend find it through kernels/backend.h's
+ * dp_devmem_for_device; the hook, when set, wins on both sides. */
 const dp_devmem_ops_t *dp_devmem_test_provider(void);
+/* DP_TEST_DEVMEM=off: no device region at all, the device's neither. */
+int dp_devmem_test_off(void);
 /* CUDA (kernels/cuda/devmem_cuda.c), in the CUDA module and the GPU tests
- * only. */
+ * only; dp_devmem_cuda_on puts the calling thread on device first (NULL
+ * with err when it cannot). */
 extern const dp_devmem_ops_t dp_devmem_cuda;
+const dp_devmem_ops_t *dp_devmem_cuda_on(int device, char *err);
 
 #endif

@@ -158,10 +158,18 @@ const dp_devmem_ops_t dp_devmem_standin = {
  * this process (downpour-ps, downpour-worker's client) offer and take the
  * device region on the CPU stand-in, so that `make test` runs the
  * handshake, pulls through the ring and pushes through the slots end to end
- * on a machine without a GPU. Unset (the default, and every other value):
- * no provider, no region. */
+ * on a machine without a GPU; =off offers and takes none, not even the
+ * CUDA one a device shard and a GPU worker have (the host path beside it,
+ * tests/gpu/run.sh). Unset (the default, and every other value): no
+ * stand-in; the device's provider where there is one. */
 const dp_devmem_ops_t *dp_devmem_test_provider(void)
 {
     const char *v = getenv("DP_TEST_DEVMEM");
     return v && strcmp(v, "standin") == 0 ? &dp_devmem_standin : NULL;
+}
+
+int dp_devmem_test_off(void)
+{
+    const char *v = getenv("DP_TEST_DEVMEM");
+    return v && strcmp(v, "off") == 0;
 }

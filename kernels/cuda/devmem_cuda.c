@@ -88,9 +88,15 @@ static void s_free(dp_devmem_t *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Done when it returns: the protocol publishes an entry, or unpins one,
+ * right after its copy, and another process reads or writes it next on
+ * streams of its own. cudaMemcpy alone may return before a copy from
+ * pageable host memory or between device addresses has landed, so the
+ * default stream it ran on is waited for. */
 static int s_copy(void *dst, const void *src, size_t bytes, char *err)
 {
     S_CK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); /* unified addressing: either side */
+    S_CK(cudaStreamSynchronize(0));
     return 0;
 }
 
@@ -194,3 +200,17 @@ const dp_devmem_ops_t dp_devmem_cuda = {
     .event_query = s_event_query,
     .event_destroy = s_event_destroy,
 };
+
+/* The provider for a shard or a worker on device (kernels/backend.h's
+ * dp_devmem_for_device finds it by name): the calling thread is put on
+ * device, so the region's allocations and mappings made next on it land
+ * there (cudaMalloc and cudaIpcOpenMemHandle take the thread's device). */
+const dp_devmem_ops_t *dp_devmem_cuda_on(int device, char *err)
+{
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        dp_err(err, "device region on cuda:%d: cudaSetDevice: %s", device, cudaGetErrorString(e));
+        return NULL;
+    }
+    return &dp_devmem_cuda;
+}

@@ -83,6 +83,14 @@ static void s_download(dp_optim_dev_t *dev, void *dst, const void *d_src, size_t
     DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
 }
 
+static void s_copy_out(dp_optim_dev_t *dev, void *dst, const void *d_src, size_t bytes)
+{
+    s_cx_t *cx = s_enter(dev);
+    if (!bytes) return;
+    DP_CUDA_CHECK(cudaMemcpyAsync(dst, d_src, bytes, cudaMemcpyDefault, cx->stream));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+}
+
 static void s_step(dp_optim_dev_t *dev, const dp_optim_conf_t *c, float lr, float *d_w,
                    const float *d_w_from, const float *d_g, float *d_state,
                    const float *d_state_from, size_t n_all, size_t lo, size_t hi, long t)
@@ -138,6 +146,7 @@ static const dp_optim_dev_ops_t s_cuda_ops = {
     .release = s_release,
     .upload = s_upload,
     .download = s_download,
+    .copy_out = s_copy_out,
     .step = s_step,
     .dc = s_dc,
     .snapshot = s_snapshot,

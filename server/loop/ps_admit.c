@@ -14,6 +14,7 @@
 
 #include "common/model.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "proto/shm.h"
 #include "server/loop/ps_loop.h"
 
@@ -197,13 +198,25 @@ static void s_grant_shm(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl)
 /* Hello.devregion: the region's offer into the WELCOME, or none (the
  * worker then goes on with shared memory or frames) with a line saying
  * why. Only for a peer on this host, as shared memory, and only when this
- * shard has a provider (dp_devmem_test_provider: the stand-in under the
- * test hook; the CUDA one comes with the device shard). */
+ * shard has a provider: the stand-in under the test hook
+ * (dp_devmem_test_provider), else CUDA IPC on the device of a shard run
+ * with --device cuda:N (dp_devmem_for_device, the ring on that device;
+ * DP_TEST_DEVMEM=off: none). A CPU shard, or cpu:staged, has none. */
 static void s_grant_devregion(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl,
                               Downpour__DevRegionOffer *o)
 {
     char err[DP_ERR_LEN];
     const dp_devmem_ops_t *ops = dp_devmem_test_provider();
+    int on_device = 0;
+    if (!ops && ps->shard.dev && !ps->devr && !dp_devmem_test_off()) {
+        ops = dp_devmem_for_device(ps->shard.dev->name, err);
+        if (!ops && err[0])
+            dp_log_warn("shard %d: no device region for worker %d: %s", ps->cfg->shard_index,
+                        wid, err);
+        on_device = ops != NULL;
+    } else if (!ops && ps->devr) {
+        ops = dp_ps_devr_ops(ps->devr);
+    }
     if (!ops) return; /* no device region here: nothing to say */
     if (!dp_shm_peer_local(ps->peer_addr)) {
         dp_log_warn("shard %d: no device region for worker %d: it connects from %s, not from "
@@ -211,7 +224,7 @@ static void s_grant_devregion(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl,
                     ps->cfg->shard_index, wid, ps->peer_addr ? ps->peer_addr : "an unknown address");
         return;
     }
-    if ((!ps->devr && dp_ps_devr_new(&ps->devr, &ps->shard, ps->members.n, ops, err) != 0) ||
+    if ((!ps->devr && dp_ps_devr_new(&ps->devr, &ps->shard, ps->members.n, ops, on_device, err) != 0) ||
         dp_ps_devr_grant(ps->devr, wid, o, err) != 0) {
         dp_log_warn("shard %d: no device region for worker %d: %s", ps->cfg->shard_index, wid,
                     err);

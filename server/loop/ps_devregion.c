@@ -13,13 +13,14 @@ struct dp_ps_devr {
     float *scratch;                 /* n floats: a taken push, our copy */
     unsigned char *granted;         /* per worker: its last HELLO got the region */
     int n_workers;
+    int on_device;                  /* the ring is on the shard's device: publish from d_w */
     uint64_t newest;                /* the newest version in the ring (with published > 0) */
     dp_devregion_offer_t offer;     /* the last grant's (its handles go out from here) */
     uint64_t published, taken;      /* versions into the ring, pushes taken (the stop line) */
 };
 
 int dp_ps_devr_new(dp_ps_devr_t **out, dp_shard_t *s, int n_workers, const dp_devmem_ops_t *ops,
-                   char *err)
+                   int on_device, char *err)
 {
     *out = NULL;
     dp_ps_devr_t *x = dp_calloc(1, sizeof *x);
@@ -29,6 +30,7 @@ int dp_ps_devr_new(dp_ps_devr_t **out, dp_shard_t *s, int n_workers, const dp_de
     }
     x->s = s;
     x->n_workers = n_workers;
+    x->on_device = on_device && s->dev;
     x->scratch = dp_malloc(s->n * sizeof(float));
     x->granted = dp_calloc((size_t)n_workers, 1);
     dp_log_info("shard %d: device region on %s: a ring of %d versions of %zu floats, %d gradient "
@@ -37,6 +39,11 @@ int dp_ps_devr_new(dp_ps_devr_t **out, dp_shard_t *s, int n_workers, const dp_de
                 (unsigned long long)x->r.generation);
     *out = x;
     return 0;
+}
+
+const dp_devmem_ops_t *dp_ps_devr_ops(const dp_ps_devr_t *x)
+{
+    return x->r.ops;
 }
 
 void dp_ps_devr_destroy(dp_ps_devr_t **x_p)
@@ -91,10 +98,19 @@ int dp_ps_devr_publish(dp_ps_devr_t *x, const dp_snap_t *snap)
     if (x->published && x->newest == snap->version) return 1; /* published counts them */
     float *e = dp_devregion_publish_begin(&x->r, snap->version);
     if (!e) return 0;
-    /* A CPU shard: its snapshot copied in (a device shard writes the entry
-     * on the device; the ops' copy covers both). */
+    /* A ring on the shard's device: its live weights copied there, device
+     * to device, when they are the snapshot's version (between steps they
+     * are: a step on the device ends with its snapshot whole, and the copy
+     * is queued after every step, done when it returns). Else the
+     * snapshot copied in, from the host. */
     char err[DP_ERR_LEN];
-    int rc = x->r.ops->copy(e, snap->data, x->s->n * sizeof(float), err);
+    dp_shard_t *s = x->s;
+    size_t bytes = s->n * sizeof(float);
+    int rc = 0;
+    if (x->on_device && snap == s->snap && snap->version == s->version)
+        s->dev->ops->copy_out(s->dev, e, s->d_w, bytes);
+    else
+        rc = x->r.ops->copy(e, snap->data, bytes, err);
     dp_devregion_publish_end(&x->r);
     if (rc != 0) {
         dp_log_warn("shard %d: device region: %s", x->s->index, err);

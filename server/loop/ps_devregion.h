@@ -1,10 +1,12 @@
 /* ps_devregion: a shard's device region for co-located workers
  * (proto/devregion.h) — made at the first Hello.devregion the shard grants,
- * when it has a device region provider (today only the CPU stand-in,
- * chosen by the test hook DP_TEST_DEVMEM=standin: proto/devmem.h; the CUDA
- * provider comes with the device shard). Each version a PULL through the
- * region asks for is published into the ring first (a CPU shard: a host
- * copy of its snapshot); a PUSH through the region is its worker's slot,
+ * when it has a device region provider: the CPU stand-in under the test
+ * hook DP_TEST_DEVMEM=standin (proto/devmem.h), else CUDA IPC for a shard
+ * run with --device cuda:N (its ring on that device). Each version a PULL
+ * through the region asks for is published into the ring first: a host
+ * copy of the snapshot, or on a device shard whose ring is on its device a
+ * device-to-device copy of its live weights (d_w) while they are the
+ * snapshot's version; a PUSH through the region is its worker's slot,
  * taken (copied out, checked by proto/devregion's rules) before anything
  * else looks at the push, so a push that is refused later still leaves the
  * slot free for the next one.
@@ -28,9 +30,12 @@
 typedef struct dp_ps_devr dp_ps_devr_t;
 
 /* The region for shard s on ops: a ring of the shard's range, n_workers
- * slots (at most DP_DEVREGION_MAX_WORKERS). */
+ * slots (at most DP_DEVREGION_MAX_WORKERS). on_device: ops allocate on the
+ * shard's device (s->dev), so versions go into the ring from d_w there. */
 int dp_ps_devr_new(dp_ps_devr_t **out, dp_shard_t *s, int n_workers, const dp_devmem_ops_t *ops,
-                   char *err);
+                   int on_device, char *err);
+/* The provider the region was made on. */
+const dp_devmem_ops_t *dp_ps_devr_ops(const dp_ps_devr_t *x);
 /* Retires the region, frees what no worker maps. */
 void dp_ps_devr_destroy(dp_ps_devr_t **x_p);
 /* Worker's offer into o (whose bytes point into x: valid until the next

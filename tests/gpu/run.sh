@@ -14,15 +14,20 @@
 #             test_gpu_optim_dev, the shard's step kernels against the CPU
 #             step (its log appended to test_gpu_ops.exact.log)
 #   devregion build/tests/test_gpu_devregion: the device region over CUDA IPC
-#             between two processes, and whether a worker can write the ring
+#             between two processes, and whether a worker can write the ring;
+#             then (devcluster) `downpour local --workers 1 --gpus 0
+#             --ps-device gpu`, the region offered with CUDA IPC, beside the
+#             same run on the host path (DP_TEST_DEVMEM=off): whether the
+#             pushes went through the slots (the shard's counters)
 #   curves    200 standalone steps of the default network on cuda:0 and on
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
 #             worker; summary.json's test_accuracy must exceed 0.7
 #   psgpu     `downpour local --gpus 0,0 --ps-device gpu --mode sync`: two
 #             device shards and two GPU workers on GPU 0 (the two-GPU setting
-#             on one GPU), the workers' pulls from the page-locked shared
-#             memory; beside the same run with --ps-device cpu: both
+#             on one GPU), the workers' pulls and pushes through each shard's
+#             device region (CUDA IPC) where it is granted, else from the
+#             page-locked shared memory; beside the same run with --ps-device cpu: both
 #             accuracies > 0.7 and within 0.02 of each other
 #   a3c       `downpour local --env cartpole-v1 --gpus 0,0 --env-steps 200000`:
 #             A3C with the actor-critic head on cuda:0, beside the same on cpu
@@ -248,6 +253,38 @@ if [ -x "$BIN/tests/test_gpu_devregion" ]; then
 else
     verdict devregion FAIL "no test_gpu_devregion binary"
 fi
+# Through the daemons: 1 shard on cuda:0 (--ps-device gpu) + 1 GPU worker
+# on cuda:0, which offer and take the region with CUDA IPC; beside the same
+# run on the host path (DP_TEST_DEVMEM=off: shared memory). What is said is
+# whether the pushes went through the slots (the shard's counters at its
+# exit) and each run's accuracy; no figure is made of them.
+section devcluster "downpour local --workers 1 --gpus 0 --ps-device gpu --steps 300: the region, then the host path"
+if [ -n "$NODEV" ]; then
+    verdict devcluster FAIL "$NODEV"
+else
+devr_acc() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("test_accuracy", -1))' \
+    "$1/summary.json" 2>/dev/null || echo -1; }
+for path in region host; do
+    rm -rf "$WORK/devr-$path"
+    hook=; [ $path = host ] && hook=off
+    DP_TEST_DEVMEM=$hook tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 --ps-device gpu \
+        --steps 300 --seed 3 --out "$WORK/devr-$path" "${DATA_ARGS[@]}" >"$WORK/devr-$path.log" 2>&1
+    echo "  $path: exit $?, test_accuracy $(devr_acc "$WORK/devr-$path")"
+    grep -h "device region" "$WORK"/devr-$path/logs/*.log 2>/dev/null | head -4 | sed 's/^/    /'
+done
+taken=$(grep -ho "[0-9]* pushes taken" "$WORK"/devr-region/logs/ps-*.log 2>/dev/null | head -1 | cut -d' ' -f1)
+host_taken=$(grep -ho "[0-9]* pushes taken" "$WORK"/devr-host/logs/ps-*.log 2>/dev/null | head -1 | cut -d' ' -f1)
+a=$(devr_acc "$WORK/devr-region"); b=$(devr_acc "$WORK/devr-host")
+if grep -q "device region on cuda" "$WORK"/devr-region/logs/ps-*.log 2>/dev/null &&
+    [ "${taken:-0}" -gt 0 ] && [ -z "$host_taken" ] &&
+    "$PY" -c 'import sys; sys.exit(0 if min(map(float, sys.argv[1:])) > 0.7 else 1)' "$a" "$b"; then
+    verdict devcluster PASS "pushes through the CUDA slots: ${taken}; accuracy $a (host path: $b, no region)"
+else
+    show "$WORK/devr-region.log" 10
+    for f in "$WORK"/devr-region/logs/*.log; do [ -f "$f" ] && show "$f" 8; done
+    verdict devcluster FAIL "pushes through the slots: ${taken:-none} (host path: ${host_taken:-none}); accuracy $a (host path: $b; both need > 0.7)"
+fi
+fi
 fi  # devregion
 
 # ---- curves ---------------------------------------------------------------
@@ -386,7 +423,7 @@ done
 where=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("ps_device", ""))' \
     "$WORK/psgpu-gpu/summary.json" 2>/dev/null)
 locked=$(grep -l "shared memory page-locked" "$WORK"/psgpu-gpu/logs/worker-*.log 2>/dev/null | wc -l)
-grep -h "optimizer state on\|shared memory" "$WORK"/psgpu-gpu/logs/*.log | head -6 | sed 's/^/  /'
+grep -h "optimizer state on\|shared memory\|device region" "$WORK"/psgpu-gpu/logs/*.log | head -8 | sed 's/^/  /'
 a=$(psgpu_acc "$WORK/psgpu-gpu"); b=$(psgpu_acc "$WORK/psgpu-cpu")
 if [ "$where" = "cuda:0,cuda:0" ] &&
     "$PY" -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if a > 0.7 and b > 0.7 and abs(a - b) < 0.02 else 1)' "$a" "$b"; then

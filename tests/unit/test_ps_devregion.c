@@ -8,7 +8,8 @@
  * nothing applied and its successor pushes through the region; a peer that
  * lies over the socket (a push claiming a region none granted, a push with
  * no completed write, a count that jumps, shm and region at once) is refused
- * with one line and the model does not move. Servers run in a thread of
+ * with one line and the model does not move; a ring on a device shard's
+ * device takes its versions from the live device weights. Servers run in a thread of
  * this program (tests/ps_harness.h), except in the kill case, where the
  * server and the killed worker are child processes. */
 #include <poll.h>
@@ -22,7 +23,9 @@
 
 #include "common/util.h"
 #include "proto/devregion.h"
+#include "kernels/optim_dev.h"
 #include "proto/wire.h"
+#include "server/loop/ps_devregion.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
 #include "worker/client/ps_client.h"
@@ -271,6 +274,56 @@ static void test_killed_worker_applies_nothing(void)
     s_hook(0);
 }
 
+/* ---- whose client asks for the region ------------------------------------ */
+
+/* The client's provider is opts.devmem (a GPU worker's CUDA IPC; the
+ * stand-in here), the server (a child) offering the stand-in under the
+ * hook while this process has none: a client given one asks, maps and
+ * pushes through the slot; one without (a CPU worker) never asks and goes
+ * through shared memory; DP_TEST_DEVMEM=off keeps even a given one from
+ * asking. */
+static void test_client_provider(void)
+{
+    srv_small_model(&s_small);
+    s_hook(1);
+    char ep[256] = "";
+    pid_t srv = s_server_child(ep, sizeof ep);
+    s_hook(0);
+    CHECK(srv > 0);
+    size_t n = s_small.n_floats;
+    float *p = dp_malloc(n * 4), *g = dp_malloc(n * 4);
+    char err[DP_ERR_LEN] = "";
+    for (int k = 0; srv > 0 && k < 3; k++) { /* given one, none, given one but off */
+        if (k == 2) setenv("DP_TEST_DEVMEM", "off", 1);
+        dp_ps_client_opts_t o = {.timeout_s = TMO, .devmem = k == 1 ? NULL : &dp_devmem_standin};
+        dp_ps_client_t *c = NULL;
+        int rc;
+        SRV_REJOIN(rc, err, dp_ps_client_new(&c, ep, &s_small, 0, &o, NULL, err));
+        CHECK_EQ(rc, 0);
+        if (!c) break;
+        CHECK_EQ(dp_ps_client_devregion_shards(c), k == 0 ? 1 : 0);
+        CHECK_EQ(dp_ps_client_shm_shards(c), 1);
+        srv_fill(g, n, 3);
+        dp_push_result_t r;
+        CHECK_EQ(dp_ps_client_pull(c, p, err), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH(g, 1, 8), &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+        const dp_devregion_worker_t *w = &c->sh[0].devr_w;
+        if (k == 0) /* through the slot: counted and taken */
+            CHECK(w->ctl && atomic_load(&w->wctl->pushed) == 1 &&
+                  atomic_load(&w->ctl->taken[0]) == 1);
+        else
+            CHECK(w->ctl == NULL);
+        dp_ps_client_destroy(&c);
+    }
+    unsetenv("DP_TEST_DEVMEM");
+    if (srv > 0) {
+        kill(srv, SIGKILL);
+        waitpid(srv, NULL, 0);
+    }
+    free(p), free(g);
+}
+
 /* ---- a peer that lies over the socket ---------------------------------- */
 
 /* HELLO as worker wid, with the region asked or not; the reply (the
@@ -401,5 +454,70 @@ static void test_lying_peer(void)
     s_hook(0);
 }
 
+/* The version in the ring entry a worker pins (its whole range into out). */
+static uint64_t s_pinned(dp_ps_devr_t *x, float *out, size_t n)
+{
+    char err[DP_ERR_LEN] = "";
+    Downpour__DevRegionOffer m;
+    dp_devregion_worker_t w;
+    memset(&w, 0, sizeof w);
+    uint64_t v = 0;
+    CHECK_EQ(dp_ps_devr_grant(x, 0, &m, err), 0);
+    CHECK_EQ(s_map(&w, &m, err), 0);
+    const float *e = dp_devregion_pin(&w, &v, err);
+    CHECK(e != NULL);
+    if (e) memcpy(out, e, n * sizeof(float));
+    dp_devregion_unpin(&w);
+    dp_devregion_detach(&w);
+    return v;
+}
+
+/* A ring on the shard's device (on_device: the provider's memory is the
+ * device's, as CUDA's is with --device cuda:N): a version goes in from the
+ * live device weights (d_w, the "cpu" device's own memory here, marked so
+ * that the source shows), not from the host snapshot; a snapshot that is
+ * no longer the live version goes in from the host; a ring not on the
+ * device always from the host (the stand-in's path). */
+static void test_publish_from_device(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_optim_conf_t oc;
+    dp_optim_conf_default(&oc);
+    srv_small_model(&s_small);
+    dp_shard_t sh;
+    dp_optim_dev_t *dev = NULL;
+    CHECK_EQ(dp_shard_init(&sh, &s_small, 0, 1, 7, &oc, err), 0);
+    CHECK_EQ(dp_optim_dev_new(&dev, "cpu", NULL, err), 0);
+    CHECK_EQ(dp_shard_set_device(&sh, dev, err), 0);
+    size_t n = sh.n;
+    float *got = dp_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) sh.d_w[i] = 1000.0f + (float)i; /* only on the device */
+    for (int on_device = 1; on_device >= 0; on_device--) {
+        dp_ps_devr_t *x = NULL;
+        CHECK_EQ(dp_ps_devr_new(&x, &sh, 1, &dp_devmem_standin, on_device, err), 0);
+        if (!x) break;
+        dp_snap_t *snap = dp_shard_snapshot(&sh);
+        CHECK_EQ(dp_ps_devr_publish(x, snap), 1);
+        CHECK_EQ(s_pinned(x, got, n), sh.version);
+        const float *want = on_device ? sh.d_w : snap->data;
+        CHECK_EQ(memcmp(got, want, n * sizeof(float)), 0);
+        CHECK(memcmp(got, on_device ? snap->data : sh.d_w, n * sizeof(float)) != 0);
+        dp_snap_unref(NULL, snap);
+        if (on_device) { /* the live version moved on: the older snapshot from the host */
+            dp_snap_t old;
+            memset(&old, 0, sizeof old);
+            old.data = sh.snap->data;
+            old.n = sh.snap->n;
+            old.version = sh.version + 1;
+            CHECK_EQ(dp_ps_devr_publish(x, &old), 1);
+            CHECK_EQ(s_pinned(x, got, n), sh.version + 1);
+            CHECK_EQ(memcmp(got, old.data, n * sizeof(float)), 0);
+        }
+        dp_ps_devr_destroy(&x);
+    }
+    free(got);
+    dp_shard_fini(&sh);
+}
+
 DP_TESTS(T(test_same_as_frames), T(test_restart_remaps), T(test_killed_worker_applies_nothing),
-         T(test_lying_peer))
+         T(test_client_provider), T(test_lying_peer), T(test_publish_from_device))

@@ -48,6 +48,7 @@
 #include "common/staleness.h"
 #include "proto/compress.h"
 #include "proto/curve.h"
+#include "proto/devmem.h"
 #include "proto/wire.h" /* dp_mode_t */
 #include "proto/zsock.h" /* DP_ZSOCK_MAX_SHARDS */
 #include "worker/client/pull.h"
@@ -216,6 +217,10 @@ typedef struct {
     dp_ps_deal_plan_t deal;        /* told in every HELLO; zeroed: none */
     uint64_t session;              /* carried by every request (dp_ps_session_new), the
                                     * heartbeat thread's too; 0: the client draws its own */
+    const dp_devmem_ops_t *devmem; /* a GPU worker's device region provider (kernels/
+                                    * backend.h's dp_devmem_for_device): asks a shard on this
+                                    * host for its region (Hello.devregion); NULL: none (a CPU
+                                    * worker). The test hook's stand-in, when set, wins */
 } dp_ps_client_opts_t;
 
 /* A new worker session: a random non-zero number, drawn once per worker

@@ -6,11 +6,15 @@
  * a version other than the reply's, the slot not yet ours) sends the
  * request the way it went before: shared memory or frames.
  *
- * A CPU worker (and the stand-in) copies the pinned entry out. A GPU
- * worker would read the entry in place for its forward and backward and
- * unpin once they are done, and its backward would write the slot (a
- * device pointer) before dp_devregion_push records the event: that waits
- * for the device worker (its weights on the device). */
+ * The provider: the stand-in under the test hook, else a GPU worker's CUDA
+ * IPC (opts.devmem); a CPU worker has none and never asks. The client
+ * hands out host floats, so a pull copies the pinned entry out to the host
+ * buffer (device to host on CUDA: cudaMemcpyDefault) and a push copies the
+ * host slice into the slot (host to device), then records the event. What
+ * is left for a GPU worker: pulling into its device parameters (the ring
+ * entry copied device to device, or read in place for a forward and
+ * backward and unpinned after) and pushing from its device gradient, which
+ * needs the client to take device pointers. */
 #include <string.h>
 
 #include "common/util.h"
@@ -21,6 +25,12 @@ int dp_ps_client_devregion_shards(const dp_ps_client_t *c)
     int k = 0;
     for (int i = 0; i < c->n; i++) k += c->sh[i].devr;
     return k;
+}
+
+const dp_devmem_ops_t *dp_ps_devmem(const dp_ps_client_t *c)
+{
+    const dp_devmem_ops_t *t = dp_devmem_test_provider();
+    return t ? t : dp_devmem_test_off() ? NULL : c->devmem;
 }
 
 void dp_ps_devr_close(dp_ps_shard_t *s)
@@ -55,7 +65,7 @@ static int s_offer(const Downpour__DevRegionOffer *m, dp_devregion_offer_t *o, c
 void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
 {
     dp_ps_shard_t *s = &c->sh[i];
-    const dp_devmem_ops_t *ops = dp_devmem_test_provider();
+    const dp_devmem_ops_t *ops = dp_ps_devmem(c);
     if (!w->devregion || !ops) {
         dp_ps_devr_close(s);
         return;

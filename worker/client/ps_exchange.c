@@ -583,7 +583,7 @@ static void s_build_hello(dp_ps_client_t *c, int i, dp_ps_req_t *rq, void *arg)
     h->in_w = c->m->in_w;
     h->n_floats = c->m->n_floats;
     h->shm = s_wants_shm(c, i);
-    h->devregion = h->shm && dp_devmem_test_provider() != NULL; /* a provider: ps_devregion.c */
+    h->devregion = h->shm && dp_ps_devmem(c) != NULL; /* a provider: ps_devregion.c */
     if (c->has_plan) h->deal = &c->deal_plan;
     rq->env.hello = h;
 }
@@ -774,6 +774,7 @@ int dp_ps_client_new(dp_ps_client_t **out, const char *endpoints, const dp_model
     c->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 30;
     c->stop = opts->stop;
     c->transport = opts->transport;
+    c->devmem = opts->devmem;
     c->bf16 = opts->wire == DP_PS_WIRE_BF16;
     c->compress = opts->compress;
     s_set_plan(c, &opts->deal);

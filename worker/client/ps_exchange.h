@@ -131,6 +131,7 @@ struct dp_ps_client {
     dp_curve_key_t secret, pub;
     uint64_t updates_lost;  /* versions the shards went back by when they restarted */
     dp_ps_transport_t transport; /* how tensors travel (opts) */
+    const dp_devmem_ops_t *devmem; /* the device region's provider (dp_ps_devmem), NULL: none */
     bool bf16;              /* tensors in frames as bfloat16 (opts.wire) */
     dp_compress_conf_t compress; /* pushes compressed per shard slice (opts.compress) */
     uint64_t bytes_pushed;  /* every push's gradient bytes (dp_push_result_t.bytes) */
@@ -269,6 +270,10 @@ void dp_ps_seen(dp_ps_shard_t *s, uint64_t version);
 /* What shard i's WELCOME says of the device region: map (or re-map, a new
  * generation) what it offers, else unmap; a region that does not map is
  * logged and left (shared memory or frames as before). */
+/* The provider this client maps a region with: the test hook's stand-in,
+ * else opts.devmem (a GPU worker's CUDA IPC) unless the hook says off;
+ * NULL: it asks for none. */
+const dp_devmem_ops_t *dp_ps_devmem(const dp_ps_client_t *c);
 void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w);
 void dp_ps_devr_close(dp_ps_shard_t *s);
 /* Shard s's floats of the newest version, which must be version, into dst

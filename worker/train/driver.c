@@ -110,10 +110,17 @@ static int s_beat(dp_train_drv_t *d, char *err)
     return dp_ps_beat_new(&d->beat, c->ps, c->task_index, d->opts.session, &d->opts.curve, err);
 }
 
-/* HELLO with the kind's model and deal plan; this task in the crew. */
+/* HELLO with the kind's model and deal plan; this task in the crew. A GPU
+ * worker (--device cuda:K) offers CUDA IPC for the device region of a
+ * shard on this host (kernels/backend.h's dp_devmem_for_device); a CPU
+ * worker offers none, and a module that refuses leaves the host path with
+ * a line. */
 static int s_connect(dp_train_drv_t *d, char *err)
 {
     const dp_train_conf_t *c = d->c;
+    char why[DP_ERR_LEN];
+    d->opts.devmem = dp_devmem_for_device(c->device ? c->device : "cpu", why);
+    if (!d->opts.devmem && why[0]) dp_log_info("no device region: %s", why);
     if (dp_ps_client_new(&d->ps, c->ps, d->model, c->task_index, &d->opts, &d->info, err) != 0)
         return -1;
     if (c->task_index >= d->info.num_workers)
