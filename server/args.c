@@ -389,6 +389,11 @@ static const dp_opts_entry_t s_config[] = {
                     "stepped: cpu (default) or cuda:N, one fused step per push on\n"
                     "GPU N (a CUDA build; the early step is then off); cpu:staged:\n"
                     "the CPU's step behind a device's protocol (tests; cpu's bits)"),
+    {DP_FLAG_CHOICE("device-region", "off|on", NULL, DP_OPTS_PASS,
+                    "with --device cuda:N: offer the GPU workers on this host the\n"
+                    "weights and their gradient slots in the shard's GPU memory by\n"
+                    "CUDA IPC (default off: not yet run on a device, and a worker\n"
+                    "holding the mapping can write the weights it reads)"), S_AT(device_region)},
     {DP_FLAG_NUM("checkpoint-every", DP_OPTS_LONG, "N", NULL, 0, 1L << 40, DP_OPTS_PASS,
                     "versions between checkpoints (default 0: at exit only)"), S_AT(checkpoint_every)},
     S_BUF("metrics", "FILE", metrics_path, 0, "JSON lines of counters (appended)"),

@@ -69,6 +69,8 @@ typedef struct {
                                  * optimizer state live and are stepped ("" or "cpu": host
                                  * memory; cpu:staged: kernels/optim_dev.h's stand-in);
                                  * checked by dp_ps_device_check */
+    int device_region;          /* --device-region off|on (0, 1): with --device cuda:N, GPU
+                                 * workers on this host offered the device region by CUDA IPC */
     int early_step;             /* --early-step off|on (0, 1): a push in parts stepped as its parts
                                  * come (server/core/shard.h, dp_shard_early_t); default on */
     dp_rows_conf_t rows;        /* a model with embed:D: its row table (--row-optimizer,

@@ -200,15 +200,17 @@ static void s_grant_shm(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl)
  * why. Only for a peer on this host, as shared memory, and only when this
  * shard has a provider: the stand-in under the test hook
  * (dp_devmem_test_provider), else CUDA IPC on the device of a shard run
- * with --device cuda:N (dp_devmem_for_device, the ring on that device;
- * DP_TEST_DEVMEM=off: none). A CPU shard, or cpu:staged, has none. */
+ * with --device cuda:N --device-region on (dp_devmem_for_device, the ring
+ * on that device; DP_TEST_DEVMEM=off: none). A CPU shard, or cpu:staged,
+ * has none. Opt-in until a device has run it: through the mapping a
+ * worker can write the ring the others read (docs/SECURITY.md). */
 static void s_grant_devregion(dp_ps_loop_t *ps, int wid, Downpour__Welcome *wl,
                               Downpour__DevRegionOffer *o)
 {
     char err[DP_ERR_LEN];
     const dp_devmem_ops_t *ops = dp_devmem_test_provider();
     int on_device = 0;
-    if (!ops && ps->shard.dev && !ps->devr && !dp_devmem_test_off()) {
+    if (!ops && ps->shard.dev && ps->cfg->device_region && !ps->devr && !dp_devmem_test_off()) {
         ops = dp_devmem_for_device(ps->shard.dev->name, err);
         if (!ops && err[0])
             dp_log_warn("shard %d: no device region for worker %d: %s", ps->cfg->shard_index,

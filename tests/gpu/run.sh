@@ -16,9 +16,9 @@
 #   devregion build/tests/test_gpu_devregion: the device region over CUDA IPC
 #             between two processes, and whether a worker can write the ring;
 #             then (devcluster) `downpour local --workers 1 --gpus 0
-#             --ps-device gpu`, the region offered with CUDA IPC, beside the
-#             same run on the host path (DP_TEST_DEVMEM=off): whether the
-#             pushes went through the slots (the shard's counters)
+#             --ps-device gpu --device-region on`, the region offered with
+#             CUDA IPC, beside the same run with it off (the host path):
+#             whether the pushes went through the slots (the shard's counters)
 #   curves    200 standalone steps of the default network on cuda:0 and on
 #             cpu from the same seed; losses compared step by step
 #   cluster   `downpour local --workers 1 --gpus 0 --steps 300`: 1 PS + 1 GPU
@@ -254,11 +254,11 @@ else
     verdict devregion FAIL "no test_gpu_devregion binary"
 fi
 # Through the daemons: 1 shard on cuda:0 (--ps-device gpu) + 1 GPU worker
-# on cuda:0, which offer and take the region with CUDA IPC; beside the same
-# run on the host path (DP_TEST_DEVMEM=off: shared memory). What is said is
+# on cuda:0, which offer and take the region with CUDA IPC (--device-region
+# on); beside the same run on the host path (off, the default: shared memory). What is said is
 # whether the pushes went through the slots (the shard's counters at its
 # exit) and each run's accuracy; no figure is made of them.
-section devcluster "downpour local --workers 1 --gpus 0 --ps-device gpu --steps 300: the region, then the host path"
+section devcluster "downpour local --workers 1 --gpus 0 --ps-device gpu --device-region on|off --steps 300"
 if [ -n "$NODEV" ]; then
     verdict devcluster FAIL "$NODEV"
 else
@@ -266,8 +266,8 @@ devr_acc() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("
     "$1/summary.json" 2>/dev/null || echo -1; }
 for path in region host; do
     rm -rf "$WORK/devr-$path"
-    hook=; [ $path = host ] && hook=off
-    DP_TEST_DEVMEM=$hook tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 --ps-device gpu \
+    region=on; [ $path = host ] && region=off
+    tmo 240 "$BIN/downpour" local --workers 1 --gpus 0 --ps-device gpu --device-region $region \
         --steps 300 --seed 3 --out "$WORK/devr-$path" "${DATA_ARGS[@]}" >"$WORK/devr-$path.log" 2>&1
     echo "  $path: exit $?, test_accuracy $(devr_acc "$WORK/devr-$path")"
     grep -h "device region" "$WORK"/devr-$path/logs/*.log 2>/dev/null | head -4 | sed 's/^/    /'
