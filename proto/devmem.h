@@ -46,6 +46,11 @@ typedef struct {
 
 typedef struct {
     const char *name; /* "standin", "cuda" */
+    /* 1: memory freed here stays whole for the processes that map it (a
+     * memfd lives while mapped), so a shard that leaves for good may free
+     * its side at once; 0 (CUDA IPC, whose freed memory may be reused
+     * under an importer): it must wait until no worker maps it. */
+    int survives_free;
     /* Allocate bytes that others map with the given access (DP_DEVMEM_*);
      * what names it for diagnostics. */
     int (*alloc)(dp_devmem_t *m, size_t bytes, int others, const char *what, char *err);

@@ -139,6 +139,7 @@ static void s_event_destroy(dp_devmem_event_t *e)
 
 const dp_devmem_ops_t dp_devmem_standin = {
     .name = "standin",
+    .survives_free = 1,
     .alloc = s_alloc,
     .export_handle = s_export,
     .map = s_map,

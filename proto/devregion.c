@@ -236,6 +236,14 @@ static int s_mapped(const dp_devregion_slot_t *s)
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
+/* The ring and the control page, which every worker maps. */
+static void s_free_shared(dp_devregion_shard_t *r)
+{
+    r->ops->free(&r->weights);
+    dp_shm_close(&r->page);
+    r->ctl = NULL;
+}
+
 int dp_devregion_release(dp_devregion_shard_t *r)
 {
     dp_devregion_retire(r);
@@ -246,11 +254,17 @@ int dp_devregion_release(dp_devregion_shard_t *r)
         else s_slot_free(r, k);
     }
     if (held) return held;
-    /* every worker gone: the ring and the control page too */
-    r->ops->free(&r->weights);
-    dp_shm_close(&r->page);
-    r->ctl = NULL;
+    s_free_shared(r); /* every worker gone: the ring and the control page too */
     return 0;
+}
+
+int dp_devregion_release_last(dp_devregion_shard_t *r)
+{
+    int held = dp_devregion_release(r);
+    if (!held || !r->ops->survives_free) return held;
+    for (int k = 0; k < r->workers; k++) s_slot_free(r, k);
+    s_free_shared(r);
+    return held;
 }
 
 /* ---- the worker ---- */

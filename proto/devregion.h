@@ -174,6 +174,11 @@ void dp_devregion_retire(dp_devregion_shard_t *r);
 /* Retire, then free what no live worker maps: returns the slots still
  * mapped (call again later; 0: everything freed). */
 int dp_devregion_release(dp_devregion_shard_t *r);
+/* The shard leaves for good (its loop's end): release, and where the ops'
+ * memory survives a free in its mappers (survives_free) free the rest too,
+ * nothing of this process's left behind; else what is still mapped stays
+ * until the process exits. Returns the slots that were still mapped. */
+int dp_devregion_release_last(dp_devregion_shard_t *r);
 
 /* ---- the worker ---- */
 

@@ -186,6 +186,7 @@ static void s_event_destroy(dp_devmem_event_t *e)
 
 const dp_devmem_ops_t dp_devmem_cuda = {
     .name = "cuda",
+    .survives_free = 0,
     .alloc = s_alloc,
     .export_handle = s_export,
     .map = s_map,

@@ -51,13 +51,13 @@ void dp_ps_devr_destroy(dp_ps_devr_t **x_p)
     if (!x_p || !*x_p) return;
     dp_ps_devr_t *x = *x_p;
     /* Retired first: a worker's next pin fails and it goes back to frames.
-     * What a worker still maps stays (this process's memory goes with it
-     * at exit; a stand-in mapping keeps its memfd alive for the worker). */
+     * What a worker still maps stays until this process exits, except where
+     * a free leaves the worker's mapping whole (the stand-in's memfd). */
     dp_log_info("shard %d: device region: %llu versions published, %llu pushes taken, %llu "
                 "publishes busy (frames instead), %llu pushes refused",
                 x->s->index, (unsigned long long)x->published, (unsigned long long)x->taken,
                 (unsigned long long)x->r.busy, (unsigned long long)x->r.refused);
-    int held = dp_devregion_release(&x->r);
+    int held = dp_devregion_release_last(&x->r);
     if (held)
         dp_log_info("shard %d: device region retired; %d worker(s) still map it", x->s->index,
                     held);
