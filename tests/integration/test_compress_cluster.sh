@@ -19,6 +19,8 @@
 #    lives across rounds: on and off differ, and one worker's run is the
 #    simulator's bit for bit (the same rule in the engine)
 #  - a bad --compress or --error-feedback is one line, exit status 2
+# dp-test: unsanitized (compression's encode and expand run under the
+# sanitizers in test_ps_compress and test_compress)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then

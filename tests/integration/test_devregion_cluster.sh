@@ -9,6 +9,8 @@
 #    worker that it maps it, and each shard's stop line counts every push
 #    taken from the slots (12 steps a worker) and no push refused.
 # The handshake, the restart and the hostile peers: test_ps_devregion.
+# dp-test: unsanitized (the region protocol runs under the sanitizers in
+# test_devregion and test_ps_devregion; this adds the launcher around it)
 source "$(dirname "$0")/lib.sh"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
