@@ -431,8 +431,26 @@ static void test_real_fashion_mnist(void)
     CHECK(dt < 5.0); /* well under a second when the machine is idle */
     CHECK_EQ(tr.n, 60000);
     CHECK_EQ(tr.c * tr.h * tr.w, 784);
+    /* The whole test split, whatever the suite's hook asks (below). */
+    char *hook = getenv("DP_TEST_TEST_SAMPLES");
+    hook = hook ? strdup(hook) : NULL;
+    unsetenv("DP_TEST_TEST_SAMPLES");
     CHECK_EQ(dp_dataset_init(&te, "fashion-mnist", DP_SPLIT_TEST, err), 0);
     CHECK_EQ(te.n, 10000);
+    /* The suite's hook keeps the test split's first N samples, and only the
+     * test split's. */
+    dp_dataset_t cut;
+    setenv("DP_TEST_TEST_SAMPLES", "1000", 1);
+    CHECK_EQ(dp_dataset_init(&cut, "fashion-mnist", DP_SPLIT_TEST, err), 0);
+    CHECK_EQ(cut.n, 1000);
+    CHECK_EQ(memcmp(cut.labels, te.labels, 1000 * sizeof *cut.labels), 0);
+    dp_dataset_fini(&cut);
+    CHECK_EQ(dp_dataset_init(&cut, "fashion-mnist", DP_SPLIT_TRAIN, err), 0);
+    CHECK_EQ(cut.n, 60000);
+    dp_dataset_fini(&cut);
+    if (hook) setenv("DP_TEST_TEST_SAMPLES", hook, 1);
+    else unsetenv("DP_TEST_TEST_SAMPLES");
+    free(hook);
     /* Fashion-MNIST is balanced: 6000 / 1000 per class. */
     int ctr[10] = {0}, cte[10] = {0};
     for (int i = 0; i < tr.n; i++) ctr[tr.labels[i]]++;
