@@ -10,8 +10,9 @@
  *   bounded;
  * - the avx512_bf16 kernel, compiled here from bf16_avx512_body.h against a
  *   scalar model of its intrinsics (Intel's pseudo-code, below), against the
- *   reference on awkward shapes, all passes, NULL b/db/din; its bits the
- *   same twice and for 1 and 2 threads;
+ *   reference on awkward shapes, all passes, NULL b/db/din; bit for bit
+ *   the fp32 chains it documents (built here element by element); its bits
+ *   the same twice and for 1 and 2 threads;
  * - where this CPU has AVX512_BF16: the model against the instructions, and
  *   the real kernel against the reference and the model; else a skip naming
  *   the missing feature;
@@ -25,7 +26,6 @@
  * bits: an operand rounded to it moves by at most 2^-8 of itself (half an
  * ulp), a product of two by at most 2^-7 + 2^-16, so the bf16 reference is
  * held to (2^-7 + 2^-16 + n 2^-23) S of the fp32 one. */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -38,6 +38,10 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/isa.h"
 #include "tests/test.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 /* ---- the scalar model of the intrinsics bf16_avx512_body.h uses ---- */
 
@@ -264,6 +268,128 @@ static const dp_bf16_ops_t s_fp32 = {
     .fc_backward = dp_fc_backward_ref,
 };
 
+/* ---- the chains the kernel documents, one scalar element at a time ----
+ *
+ * bf16_avx512_body.h promises each output is one fp32 chain: from its
+ * start (DAZ'd), for each pair p of K ascending, a fused add of the
+ * k = 2p + 1 product and then of the k = 2p one (DAZ, FTZ), a zero pair
+ * past K. These loops build each chain from its definition, without the
+ * kernel's packing or tiles, so the modelled kernel must give their bits. */
+
+static float s_op(float x)
+{
+    return m_daz(dp_bf16_round(x));
+}
+
+/* start + sum of a[k sa] b[k sb], k < n, as the kernel's chain */
+static float s_chain(float start, const float *a, size_t sa, const float *b, size_t sb, int n)
+{
+    float s = m_daz(start);
+    for (int k = 0; k < n; k += 2) {
+        float ahi = k + 1 < n ? s_op(a[(k + 1) * sa]) : 0.0f;
+        float bhi = k + 1 < n ? s_op(b[(k + 1) * sb]) : 0.0f;
+        s = m_daz(fmaf(ahi, bhi, s));
+        s = m_daz(fmaf(s_op(a[k * sa]), s_op(b[k * sb]), s));
+    }
+    return s;
+}
+
+/* col[r, p] of image n (im2col), r = (c, ky, kx), p = (oy, ox) */
+static float s_col(const float *in, const dp_conv_dims_t *d, int n, int r, int p)
+{
+    int c = r / (d->K * d->K), ky = r / d->K % d->K, kx = r % d->K;
+    int y = p / d->OW * d->stride - d->pad + ky, x = p % d->OW * d->stride - d->pad + kx;
+    if (y < 0 || y >= d->H || x < 0 || x >= d->W) return 0.0f;
+    return in[(((size_t)n * d->C + c) * d->H + y) * d->W + x];
+}
+
+static void s_chain_conv_forward(float *out, const float *in, const float *w, const float *b,
+                                 const dp_conv_dims_t *d)
+{
+    int R = d->C * d->K * d->K, P = d->OH * d->OW;
+    float *x = dp_aligned_alloc((size_t)R * sizeof *x);
+    for (int n = 0; n < d->B; n++)
+        for (int p = 0; p < P; p++) {
+            for (int r = 0; r < R; r++) x[r] = s_col(in, d, n, r, p);
+            for (int oc = 0; oc < d->OC; oc++)
+                out[((size_t)n * d->OC + oc) * P + p] =
+                    s_chain(b ? b[oc] : 0.0f, w + (size_t)oc * R, 1, x, 1, R);
+        }
+    free(x);
+}
+
+/* dw: a chain per image, each going on from the last (pairs padded per
+ * image); din: col2im, in r then p order, of dcol[r, p] = a chain over oc;
+ * db: plain fp32 sums, images then positions. */
+static void s_chain_conv_backward(float *din, float *dw, float *db, const float *dout,
+                                  const float *in, const float *w, const dp_conv_dims_t *d)
+{
+    int R = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
+    float *x = dp_aligned_alloc((size_t)P * sizeof *x);
+    for (int oc = 0; oc < OC && db; oc++) {
+        float acc = 0.0f;
+        for (int n = 0; n < d->B; n++)
+            for (int p = 0; p < P; p++) acc += dout[((size_t)n * OC + oc) * P + p];
+        db[oc] = acc;
+    }
+    for (int oc = 0; oc < OC; oc++)
+        for (int r = 0; r < R; r++) {
+            float s = 0.0f;
+            for (int n = 0; n < d->B; n++) {
+                for (int p = 0; p < P; p++) x[p] = s_col(in, d, n, r, p);
+                s = s_chain(s, dout + ((size_t)n * OC + oc) * P, 1, x, 1, P);
+            }
+            dw[(size_t)oc * R + r] = s;
+        }
+    free(x);
+    for (int n = 0; n < d->B && din; n++) {
+        float *img = din + (size_t)n * d->C * d->H * d->W;
+        memset(img, 0, (size_t)d->C * d->H * d->W * sizeof *img);
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < P; p++) {
+                int c = r / (d->K * d->K), ky = r / d->K % d->K, kx = r % d->K;
+                int y = p / d->OW * d->stride - d->pad + ky;
+                int xx = p % d->OW * d->stride - d->pad + kx;
+                if (y < 0 || y >= d->H || xx < 0 || xx >= d->W) continue;
+                img[((size_t)c * d->H + y) * d->W + xx] +=
+                    s_chain(0.0f, w + r, (size_t)R, dout + (size_t)n * OC * P + p, (size_t)P, OC);
+            }
+    }
+}
+
+static void s_chain_fc_forward(float *out, const float *in, const float *w, const float *b, int B,
+                               int IN, int OUT)
+{
+    for (int n = 0; n < B; n++)
+        for (int o = 0; o < OUT; o++)
+            out[(size_t)n * OUT + o] =
+                s_chain(b ? b[o] : 0.0f, in + (size_t)n * IN, 1, w + (size_t)o * IN, 1, IN);
+}
+
+static void s_chain_fc_backward(float *din, float *dw, float *db, const float *dout,
+                                const float *in, const float *w, int B, int IN, int OUT)
+{
+    for (int o = 0; o < OUT; o++) {
+        float acc = 0.0f;
+        for (int n = 0; n < B; n++) acc += dout[(size_t)n * OUT + o];
+        if (db) db[o] = acc;
+        for (int i = 0; i < IN; i++)
+            dw[(size_t)o * IN + i] = s_chain(0.0f, dout + o, (size_t)OUT, in + i, (size_t)IN, B);
+    }
+    for (int n = 0; n < B && din; n++)
+        for (int i = 0; i < IN; i++)
+            din[(size_t)n * IN + i] =
+                s_chain(0.0f, dout + (size_t)n * OUT, 1, w + i, (size_t)IN, OUT);
+}
+
+static const dp_bf16_ops_t s_chains = {
+    .name = "documented chains",
+    .conv_forward = s_chain_conv_forward,
+    .conv_backward = s_chain_conv_backward,
+    .fc_forward = s_chain_fc_forward,
+    .fc_backward = s_chain_fc_backward,
+};
+
 typedef struct {
     int B, C, H, W, OC, K, pad, stride;
 } s_shape_t;
@@ -274,8 +400,19 @@ typedef struct {
     const dp_bf16_ops_t *got, *want;
     int exact, with_b, with_din;
     double rel;
+    int bits;      /* compare bit for bit instead */
     size_t beyond; /* out: elements past reordering alone */
 } s_case_t;
+
+/* got against want, as the case says */
+static void s_cmp(s_case_t *c, const char *what, const float *got, const float *want,
+                  const float *S, size_t n, int terms)
+{
+    if (c->bits)
+        s_same(what, got, want, n);
+    else
+        c->beyond += s_near(what, got, want, S, n, c->rel, terms);
+}
 
 /* The three conv passes of c->got against c->want on shape sh, outputs
  * poisoned with NaN first so an element left unwritten shows. */
@@ -303,13 +440,13 @@ static void s_conv_case(s_case_t *c, s_shape_t sh)
     c->want->conv_backward(c->with_din ? r[1] : NULL, r[2], c->with_b ? r[3] : NULL, dout, in, w,
                            &d);
     int P = d.OH * d.OW, R = d.C * d.K * d.K;
-    c->beyond += s_near("conv forward", g[0], r[0], S_out, nout, c->rel, R + 1);
-    c->beyond += s_near("conv dw", g[2], r[2], S_dw, nw, c->rel, d.B * P);
+    s_cmp(c, "conv forward", g[0], r[0], S_out, nout, R + 1);
+    s_cmp(c, "conv dw", g[2], r[2], S_dw, nw, d.B * P);
     if (c->with_din)
-        c->beyond += s_near("conv din", g[1], r[1], S_din, nin, c->rel, d.OC * d.K * d.K);
+        s_cmp(c, "conv din", g[1], r[1], S_din, nin, d.OC * d.K * d.K);
     else
         s_same("conv din untouched (NULL)", g[1], r[1], nin); /* both still NaN: compare bits */
-    if (c->with_b) c->beyond += s_near("conv db", g[3], r[3], S_db, (size_t)d.OC, c->rel, d.B * P);
+    if (c->with_b) s_cmp(c, "conv db", g[3], r[3], S_db, (size_t)d.OC, d.B * P);
     if (t_failures != fails)
         fprintf(stderr, "  ^ %s vs %s: B %d C %d H %d W %d OC %d K %d pad %d stride %d%s%s\n",
                 c->got->name, c->want->name, sh.B, sh.C, sh.H, sh.W, sh.OC, sh.K, sh.pad,
@@ -338,11 +475,11 @@ static void s_fc_case(s_case_t *c, int B, int IN, int OUT)
     c->want->fc_forward(r[0], in, w, b, B, IN, OUT);
     c->got->fc_backward(c->with_din ? g[1] : NULL, g[2], g[3], dout, in, w, B, IN, OUT);
     c->want->fc_backward(c->with_din ? r[1] : NULL, r[2], r[3], dout, in, w, B, IN, OUT);
-    c->beyond += s_near("fc forward", g[0], r[0], S_out, nout, c->rel, IN + 1);
-    c->beyond += s_near("fc dw", g[2], r[2], S_dw, nw, c->rel, B);
-    c->beyond += s_near("fc db", g[3], r[3], S_db, (size_t)OUT, c->rel, B);
+    s_cmp(c, "fc forward", g[0], r[0], S_out, nout, IN + 1);
+    s_cmp(c, "fc dw", g[2], r[2], S_dw, nw, B);
+    s_cmp(c, "fc db", g[3], r[3], S_db, (size_t)OUT, B);
     if (c->with_din)
-        c->beyond += s_near("fc din", g[1], r[1], S_din, nin, c->rel, OUT);
+        s_cmp(c, "fc din", g[1], r[1], S_din, nin, OUT);
     else
         s_same("fc din untouched (NULL)", g[1], r[1], nin);
     if (t_failures != fails)
@@ -517,6 +654,15 @@ static void test_model_against_ref(void)
     CHECK_EQ(c.beyond, 0);
 }
 
+/* The modelled kernel gives the bits of the chains it documents, on every
+ * shape: its packing, tiles and tails change no sum's order. */
+static void test_model_bits(void)
+{
+    dp_rng_seed(&s_rng, 6);
+    s_case_t c = {.got = &s_model, .want = &s_chains, .exact = 0, .bits = 1};
+    s_all_cases(&c);
+}
+
 /* One run of every pass of ops on fixed operands (a conv of 3 images, 17
  * channels, 33 filters; an fc 1000 -> 33 at batch 3: big enough for two
  * threads), outputs in o (5 conv + 4 fc arrays, each NaN-poisoned). */
@@ -639,8 +785,8 @@ static void test_model_matches_cpu(void)
 #endif
 }
 
-/* The real kernel against the reference, and bit for bit against its
- * model. */
+/* The real kernel against the reference, and bit for bit against the
+ * chains it documents and its model. */
 static void test_cpu_kernel(void)
 {
     if (!dp_cpu_has_avx512_bf16()) SKIP("this CPU has no AVX512_BF16: the real kernel cannot run");
@@ -649,6 +795,8 @@ static void test_cpu_kernel(void)
     s_case_t c = {.got = &dp_bf16_avx512, .want = &dp_bf16_ref, .exact = 0, .rel = 0};
     s_all_cases(&c);
     CHECK_EQ(c.beyond, 0);
+    s_case_t bits = {.got = &dp_bf16_avx512, .want = &s_chains, .exact = 0, .bits = 1};
+    s_all_cases(&bits);
     float *o[2][S_DET_N];
     size_t len[S_DET_N];
     s_det_run(&dp_bf16_avx512, o[0], len);
@@ -743,5 +891,5 @@ static void test_isa_features(void)
 
 DP_TESTS(T(test_convert_table), T(test_vector_packer), T(test_model_dp),
          T(test_ref_exact_operands), T(test_ref_general_operands), T(test_model_against_ref),
-         T(test_model_determinism), T(test_model_matches_cpu), T(test_cpu_kernel),
+         T(test_model_bits), T(test_model_determinism), T(test_model_matches_cpu), T(test_cpu_kernel),
          T(test_choose), T(test_isa_features))
