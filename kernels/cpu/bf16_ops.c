@@ -1,13 +1,64 @@
-/* bf16_ops: which native bf16 path this CPU runs (bf16_ops.h). */
+/* bf16_ops: which native bf16 path this CPU runs (bf16_ops.h). AMX first
+ * on a CPU with it (on Intel vdpbf16ps runs at half fp32's rate, so an AMX
+ * CPU never takes avx512_bf16 unless DP_CPU_BF16 asks), else avx512_bf16
+ * (AMD Zen 4 and 5), else none. */
 #include "kernels/cpu/bf16_ops.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
 
 #include "common/util.h"
+#include "kernels/cpu/isa.h"
+
+/* The avx512_bf16 table, where this build has one (x86). */
+static const dp_bf16_ops_t *s_avx512(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return &dp_bf16_avx512;
+#else
+    return NULL;
+#endif
+}
+
+/* The amx table. AMX: dp_bf16_amx goes here (and its tile-data permission
+ * is asked for before it is handed out); until it is built an AMX CPU is
+ * refused rather than given vdpbf16ps at half its fp32 speed. */
+static const dp_bf16_ops_t *s_amx(const char *value, char *why)
+{
+    if (value)
+        dp_err(why, "DP_CPU_BF16=%s: the amx path is not in this build yet", value);
+    else
+        dp_err(why, "bf16 on an AMX CPU takes the amx path, which is not in this build yet");
+    return NULL;
+}
+
+const dp_bf16_ops_t *dp_bf16_ops_choose(const char *value, int has_avx512_bf16, int has_amx_bf16,
+                                        const char *features, char *why)
+{
+    if (value && *value) {
+        int amx = strcasecmp(value, "amx") == 0;
+        if (!amx && strcasecmp(value, "avx512_bf16") != 0) {
+            dp_err(why, "DP_CPU_BF16=%s: unknown path (expected amx or avx512_bf16; this CPU "
+                   "has: %s)", value, features);
+            return NULL;
+        }
+        if (!(amx ? has_amx_bf16 : has_avx512_bf16)) {
+            dp_err(why, "DP_CPU_BF16=%s: this CPU cannot run the %s path (it has: %s); set "
+                   "DP_CPU_BF16 to one it can run or unset it", value, amx ? "amx" : "avx512_bf16",
+                   features);
+            return NULL;
+        }
+        return amx ? s_amx(value, why) : s_avx512();
+    }
+    if (has_amx_bf16) return s_amx(NULL, why);
+    if (has_avx512_bf16 && s_avx512()) return s_avx512();
+    dp_err(why, "bf16 needs AVX512_BF16 or AMX; this CPU has neither");
+    return NULL;
+}
 
 const dp_bf16_ops_t *dp_bf16_ops_native(char *why)
 {
-    /* No native path is built yet: every CPU gets the refusal. */
-    snprintf(why, DP_ERR_LEN, "bf16 needs AVX512_BF16 or AMX; this CPU has neither");
-    return NULL;
+    return dp_bf16_ops_choose(getenv("DP_CPU_BF16"), dp_cpu_has_avx512_bf16(),
+                              dp_cpu_has_amx_bf16(), dp_cpu_isa_features(), why);
 }

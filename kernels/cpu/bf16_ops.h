@@ -30,10 +30,25 @@ typedef struct {
                         const float *w, int B, int IN, int OUT);
 } dp_bf16_ops_t;
 
+#if defined(__x86_64__) || defined(__i386__)
+/* The avx512_bf16 path (bf16_avx512.c); call it only where
+ * dp_cpu_has_avx512_bf16 (isa.h). */
+extern const dp_bf16_ops_t dp_bf16_avx512;
+#endif
+
 /* The best native path this CPU runs (AMX, else AVX512_BF16), the Linux
  * permission for AMX's tile data asked for first; NULL with one line in
  * why (e.g. "bf16 needs AVX512_BF16 or AMX; this CPU has neither") where
  * it runs none. */
 const dp_bf16_ops_t *dp_bf16_ops_native(char *why);
+
+/* The choice itself, for a CPU with the features given (isa.h's
+ * dp_cpu_has_*): value is DP_CPU_BF16 (environment; NULL or "" = the best
+ * path, amx or avx512_bf16, any case), which forces a path the CPU has, so
+ * an AMX machine tests both. NULL with one line in why for a CPU with
+ * neither, or a value it cannot run or does not know (the variable, the
+ * value and the CPU's features, as DP_CPU_ISA's refusal). */
+const dp_bf16_ops_t *dp_bf16_ops_choose(const char *value, int has_avx512_bf16, int has_amx_bf16,
+                                        const char *features, char *why);
 
 #endif

@@ -12,12 +12,17 @@
 
 #include "common/util.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 static const char *const s_names[DP_CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
 
 static dp_cpu_isa_t s_isa = DP_CPU_ISA_GENERIC; /* set by main, before any kernel runs */
 static int s_ready;                             /* dp_cpu_isa_init has run */
 static unsigned s_supported = 1u << DP_CPU_ISA_GENERIC;
-static char s_features[64] = "no x86 features";
+static char s_features[128] = "no x86 features";
+static int s_avx512_bf16, s_amx_bf16; /* bf16's instructions, usable (isa.h) */
 
 const char *dp_cpu_isa_name(dp_cpu_isa_t isa)
 {
@@ -67,6 +72,48 @@ void dp_cpu_isa_set(dp_cpu_isa_t isa)
     s_isa = isa;
 }
 
+int dp_cpu_has_avx512_bf16(void)
+{
+    return s_avx512_bf16;
+}
+
+int dp_cpu_has_amx_bf16(void)
+{
+    return s_amx_bf16;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0, the state components the OS saves on a context switch (0 where
+ * the OS has not enabled XSAVE: then nothing past SSE may be used). */
+static unsigned long long s_xcr0(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (unsigned long long)hi << 32 | lo;
+}
+
+/* bf16's instructions, read from CPUID directly: GCC 12's
+ * __builtin_cpu_supports knows avx512bf16 but not AMX, and neither looks
+ * at XCR0's tile state. */
+static void s_detect_bf16(int avx512f)
+{
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return;
+    unsigned long long xcr0 = s_xcr0();
+    const unsigned long long zmm_state = 0xe6; /* SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
+    const unsigned long long tile_state = 3ull << 17; /* XTILECFG, XTILEDATA */
+    __cpuid_count(7, 0, a, b, c, d);
+    unsigned subleaves = a;
+    s_amx_bf16 = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & tile_state) == tile_state;
+    if (subleaves >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        s_avx512_bf16 = avx512f && (a & (1u << 5)) && (xcr0 & zmm_state) == zmm_state;
+    }
+}
+#endif
+
 /* What the CPU can run. Valgrind hides AVX-512 from the feature tests, so
  * under it the avx2 path runs. */
 static void s_detect(void)
@@ -75,9 +122,12 @@ static void s_detect(void)
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f");
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    snprintf(s_features, sizeof s_features, "%s%s%s", avx512 ? "avx512f " : "no avx512f, ",
+    s_detect_bf16(avx512);
+    snprintf(s_features, sizeof s_features, "%s%s%s%s%s", avx512 ? "avx512f " : "no avx512f, ",
              __builtin_cpu_supports("avx2") ? "avx2 " : "no avx2, ",
-             __builtin_cpu_supports("fma") ? "fma" : "no fma");
+             __builtin_cpu_supports("fma") ? "fma " : "no fma, ",
+             s_avx512_bf16 ? "avx512_bf16 " : "no avx512_bf16, ",
+             s_amx_bf16 ? "amx_bf16" : "no amx_bf16");
     if (avx2) s_supported |= 1u << DP_CPU_ISA_AVX2;
     if (avx512 && avx2) s_supported |= 1u << DP_CPU_ISA_AVX512;
 #endif

@@ -35,8 +35,20 @@ const char *dp_cpu_isa_name(dp_cpu_isa_t isa);
  * always. */
 unsigned dp_cpu_isa_supported(void);
 
-/* The CPU's features that matter for the choice, e.g. "avx512f avx2 fma". */
+/* The CPU's features that matter for the choice of a path, fp32's and
+ * bf16's, e.g. "avx512f avx2 fma avx512_bf16 no amx_bf16". */
 const char *dp_cpu_isa_features(void);
+
+/* bf16's instructions (kernels/cpu/bf16_ops.h), each with the state the
+ * OS must save for it enabled in XCR0, so 0 under a kernel or hypervisor
+ * that hides it. AVX512_BF16 (vdpbf16ps): CPUID leaf 7 subleaf 1 EAX bit
+ * 5, with AVX-512F and XCR0's AVX-512 state (bits 1-2, 5-7). AMX-BF16:
+ * leaf 7 subleaf 0 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), with XCR0's
+ * tile state (bits 17-18); Linux still wants the permission for tile data
+ * asked for (arch_prctl) before the first tile instruction, which the
+ * AMX path does, not this. Valid after dp_cpu_isa_init; 0 off x86. */
+int dp_cpu_has_avx512_bf16(void);
+int dp_cpu_has_amx_bf16(void);
 
 /* The path for a DP_CPU_ISA value (NULL or "" = the best of `supported`);
  * -1 with err for an unknown value or one outside `supported`. */
