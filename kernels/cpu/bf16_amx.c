@@ -18,6 +18,8 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -65,7 +67,8 @@ static uint64_t s_xcr0(void)
     return (uint64_t)hi << 32 | lo;
 }
 
-int dp_bf16_amx_enable(char *why)
+/* What the CPU and kernel lack, in s_why, or 0 with the tile data granted. */
+static int s_enable(char *why)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
@@ -89,6 +92,21 @@ int dp_bf16_amx_enable(char *why)
         return dp_err(why, "bf16 amx: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): %s",
                       strerror(errno));
     return 0;
+}
+
+static pthread_once_t s_once = PTHREAD_ONCE_INIT;
+static int s_rc;              /* s_enable's answer, once */
+static char s_why[DP_ERR_LEN]; /* and its line */
+
+static void s_enable_once(void) { s_rc = s_enable(s_why); }
+
+/* The CPU is asked and the permission requested once per process; later
+ * calls give the first answer. */
+int dp_bf16_amx_enable(char *why)
+{
+    pthread_once(&s_once, s_enable_once);
+    if (s_rc != 0) snprintf(why, DP_ERR_LEN, "%s", s_why);
+    return s_rc;
 }
 
 #else
