@@ -7,13 +7,17 @@
  *
  * Reference: ops.h's fp32 _ref kernels (double sums) on operands rounded
  * with dp_bf16_round. A product of two bf16 is exact in fp32, so the
- * kernel differs from that reference only by its fp32 sums: with n terms
- * summed in any order, |got - want| <= (n + 2) 2^-24 sum|terms| (n - 1
- * roundings of fp32 additions, gamma_n of Higham's bound, one more for the
- * bias and one for the reference's own rounding to fp32), and sum|terms| is
- * the reference run on the operands' absolute values. A bug (a pair
- * swapped, a tail dropped, a stride off) moves a result by about a term,
- * far beyond that. */
+ * kernel differs from that reference only by the order and rounding of
+ * its fp32 sums. n terms summed in fp32 in any order are off by at most
+ * gamma_{n-1} sum|terms|, gamma_k = k u / (1 - k u), u = 2^-24 (Higham,
+ * Accuracy and Stability of Numerical Algorithms, 4.2), which is below
+ * n u for these n; the bound checked is (n + 2) u sum|terms|, the 2 for
+ * the reference's own rounding to fp32 and slack, with sum|terms| the
+ * reference run on the operands' absolute values (the bias, added
+ * unrounded, counted as a term). The operands, uniform in [-1, 1), keep
+ * every sum far from fp32's denormals, which TDPBF16PS flushes. A bug (a
+ * pair swapped, a tail dropped, a stride off) moves a result by about a
+ * term, far beyond the bound. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -117,11 +121,15 @@ static float m_f32(int t, int row, int i)
     return x;
 }
 
-/* TDPBF16PS c, a, b, as the SDM's Operation section gives it: per row m of
- * c, two fp32 accumulators per column n, temp[2n] for the pairs' first
- * products and temp[2n + 1] for their second, each an FMA over k in order
- * (DAZ, FTZ, round to nearest even); then c[m][n] += (temp[2n] +
- * temp[2n + 1]), one rounding each. The shape checks are its #UD list. */
+/* TDPBF16PS c, a, b, as the Operation section of the SDM's entry gives it
+ * (Intel SDM vol. 2, "TDPBF16PS: Dot Product of BF16 Tiles Accumulated
+ * into Packed Single Precision Tile"; felixcloutier.com/x86/tdpbf16ps
+ * reproduces it): per row m of c, two fp32 accumulators per column n,
+ * zeroed, temp[2n] for the pairs' first products and temp[2n + 1] for
+ * their second, each "FP32 FMA with DAZ=FTZ=1, RNE rounding" over k in
+ * order; then "tmpf32 := temp1.fp32[2*n] + temp1.fp32[2*n+1]" and
+ * c[m][n] := c[m][n] + tmpf32, DAZ, FTZ, RNE again. MXCSR plays no part
+ * (C's default rounding is RNE). The shape checks are its #UD list. */
 static void m_dpbf16ps(int c, int a, int b)
 {
     m_tile(c);
