@@ -127,7 +127,7 @@ int dp_precision_check(const char *device, dp_precision_t p, char *err)
     if (p == DP_PRECISION_FP32) return 0;
     if (device && strncmp(device, "cuda", 4) == 0)
         return dp_err(err, "--precision bf16: the CUDA backend computes in fp32 only for now "
-                      "(--device %s; use --precision fp32, or a CPU worker)", device);
+                      "(--device %s; use --precision fp32, or --device cpu)", device);
     char why[DP_ERR_LEN];
     if (!dp_bf16_ops_select(why)) return dp_err(err, "--precision bf16: %s", why);
     return 0;
