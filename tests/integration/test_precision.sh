@@ -13,8 +13,9 @@
 #  - downpour local, 2 async workers in bf16, --record: each worker's start
 #    line names the path, the record's header "precision":"bf16", and
 #    downpour replay gives the model byte for byte (with --precision fp32
-#    over the header: another model, the norms flagged); downpour sim
-#    --record and its replay the same
+#    over the header: another model, the norms flagged; a header whose
+#    precision is fp16: one line, nothing replayed); downpour sim --record
+#    and its replay the same
 #  - without the hook (where the CPU has no native path) --precision bf16 is
 #    one line and exit 2 under downpour-worker, local (no daemon started,
 #    no --out made), sim and eval; --precision fp16 exit 2 everywhere
@@ -100,6 +101,24 @@ check "replay gives the recorded model byte for byte" cmp rep/model.safetensors 
 "$L" replay loc.rec --out rep32 --precision fp32 --no-progress >rep32.log 2>&1
 check "replayed in fp32 over the header: another model, the norms flagged" \
     bash -c "! cmp -s rep32/model.safetensors loc/model.safetensors && grep -q 'differ from the record' rep32.log"
+# a header whose precision is no precision (the footer's hash made right):
+# refused with one line, nothing replayed
+"$TORCH_PY" - loc.rec bad.rec <<'EOF'
+import json, sys
+lines = open(sys.argv[1], "rb").read().split(b"\n")[:-2]
+h = json.loads(lines[0]); h["precision"] = "fp16"; lines[0] = json.dumps(h, separators=(",", ":")).encode()
+def fnv(data, v=0xcbf29ce484222325):
+    for b in data:
+        v = ((v ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return v
+body = b"".join(l + b"\n" for l in lines)
+foot = json.dumps({"end": "downpour_record", "events": len(lines) - 1, "fnv1a": "%016x" % fnv(body)}, separators=(",", ":"))
+open(sys.argv[2], "wb").write(body + foot.encode() + b"\n")
+EOF
+"$L" replay bad.rec --out repbad --no-progress >repbad.log 2>&1
+rc=$?
+check "a record whose header's precision is fp16: refused (status $rc), one line, no model" \
+    bash -c "[ $rc = 1 ] && [ \$(grep -c . repbad.log) = 1 ] && grep -q \"'precision' is not fp32 or bf16\" repbad.log && [ ! -e repbad/model.safetensors ]"
 "$L" sim --workers 2 --data "$D" --updates 8 --batch 16 --precision bf16 --out sim --record sim.rec >sim.log 2>&1
 check "sim in bf16 exits 0, summary.json's precision bf16" test "$(json sim/summary.json precision)" = bf16
 "$L" replay sim.rec --out srep --no-progress >srep.log 2>&1
