@@ -18,7 +18,9 @@
 #    and its replay the same
 #  - without the hook (where the CPU has no native path) --precision bf16 is
 #    one line and exit 2 under downpour-worker, local (no daemon started,
-#    no --out made), sim and eval; --precision fp16 exit 2 everywhere
+#    no --out made) and sim, and the bf16 record's replay one line (exit 1);
+#    bf16 on cuda one line and exit 2 (eval); --precision fp16 exit 2
+#    everywhere
 # dp-test: unsanitized
 # (Its runs train; the emulated path's C code runs under the sanitizers in
 # test_bf16_emulated.)
@@ -135,12 +137,16 @@ refused() {
 }
 unset DP_TEST_BF16
 if grep -qw 'avx512_bf16\|amx_bf16' /proc/cpuinfo; then
-    skip_checks 4 "bf16 refused" "this CPU has a native bf16 path"
+    skip_checks 5 "bf16 refused" "this CPU has a native bf16 path"
 else
     refused "worker --precision bf16 without a bf16 path" "$W" --standalone --data "$D" --steps 1 --precision bf16
     refused "local --precision bf16" "$L" local --data "$D" --steps 1 --precision bf16 --out never
     check "... local started nothing (no --out made)" test ! -e never
     refused "sim --precision bf16" "$L" sim --data "$D" --updates 1 --precision bf16
+    "$L" replay loc.rec --out rep-refused --no-progress >rep-refused.log 2>&1
+    rc=$?
+    check "replay of the bf16 record here: refused (status $rc), one line, never run in fp32" \
+        bash -c "[ $rc = 1 ] && [ \$(grep -c . rep-refused.log) = 1 ] && grep -q -- '--precision bf16' rep-refused.log && [ ! -e rep-refused/model.safetensors ]"
 fi
 refused "eval --device cuda:0 --precision bf16 (the CUDA backend is fp32)" \
     "$L" eval --checkpoint cnn-fp32.safetensors --data "$D" --device cuda:0 --precision bf16
