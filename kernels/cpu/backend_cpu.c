@@ -138,7 +138,6 @@ static void s_synchronize(dp_backend_t *be)
     (void)be;
 }
 
-
 /* cpu: nothing to lock. cpu:staged keeps the device's bookkeeping, so a
  * caller's pairing is checked here: registering p twice fails as CUDA's
  * does, and a registration never undone is said at destroy. */
