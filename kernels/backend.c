@@ -13,6 +13,7 @@
 
 #include "common/opts.h"
 #include "common/util.h"
+#include "kernels/cpu/bf16_emulated.h"
 
 #ifdef DP_HAVE_CUDA
 typedef int (*s_cuda_new_fn)(dp_backend_t **out, int device, char *err);
@@ -106,6 +107,42 @@ int dp_backend_new(dp_backend_t **out, const char *device, char *err)
 #endif
     }
     return dp_err(err, "--device %s: unknown device (expected cpu, cpu:staged or cuda:K)", device);
+}
+
+int dp_precision_parse(const char *v, dp_precision_t *out, char *err)
+{
+    if (strcmp(v, "fp32") == 0) *out = DP_PRECISION_FP32;
+    else if (strcmp(v, "bf16") == 0) *out = DP_PRECISION_BF16;
+    else return dp_err(err, "'%s' is not a precision (fp32 or bf16)", v);
+    return 0;
+}
+
+const char *dp_precision_name(dp_precision_t p)
+{
+    return p == DP_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+int dp_precision_check(const char *device, dp_precision_t p, char *err)
+{
+    if (p == DP_PRECISION_FP32) return 0;
+    if (device && strncmp(device, "cuda", 4) == 0)
+        return dp_err(err, "--precision bf16: the CUDA backend computes in fp32 only for now "
+                      "(--device %s; use --precision fp32, or --device cpu)", device);
+    char why[DP_ERR_LEN];
+    if (!dp_bf16_ops_select(why)) return dp_err(err, "--precision bf16: %s", why);
+    return 0;
+}
+
+int dp_backend_new_in(dp_backend_t **out, const char *device, dp_precision_t p, char *err)
+{
+    *out = NULL;
+    if (dp_precision_check(device, p, err) != 0 || dp_backend_new(out, device, err) != 0) return -1;
+    if (!(*out)->precision) (*out)->precision = "fp32";
+    if (p == DP_PRECISION_FP32) return 0;
+    /* the check let bf16 through on a CPU device only */
+    if (dp_backend_cpu_set_precision(*out, p, err) == 0) return 0;
+    dp_backend_destroy(out);
+    return -1;
 }
 
 void dp_conv_dims_of(dp_conv_dims_t *d, const dp_layer_t *l, int B)

@@ -209,7 +209,25 @@ struct dp_backend {
     const char *name;  /* "cpu", "cuda:0" */
     void *impl;        /* backend private state */
     int host_memory;   /* d_* pointers are host memory the caller may read and write */
+    const char *precision; /* what its conv and fc compute in, for the start line: "fp32",
+                            * "bf16 (emulated)" (dp_backend_new_in) */
 };
+
+/* --precision: the arithmetic of the conv and fc layers. fp32 everywhere,
+ * or bf16 operands with fp32 sums (kernels/cpu/bf16_ops.h) on the CPU; batch
+ * norm, the activations, pooling, the loss and the optimizer stay fp32,
+ * and the servers' weights too (they are never told). */
+typedef enum { DP_PRECISION_FP32 = 0, DP_PRECISION_BF16 = 1 } dp_precision_t;
+/* "fp32" | "bf16"; -1 with one line otherwise (a flag's parser: the
+ * caller names the flag). */
+int dp_precision_parse(const char *v, dp_precision_t *out, char *err);
+const char *dp_precision_name(dp_precision_t p);
+/* Can a backend on device (as --device names it; NULL: cpu) compute in p?
+ * 0, or -1 with one line: bf16 needs a CPU with a bf16 path
+ * (dp_bf16_ops_select: AMX or AVX512_BF16, or the test hook DP_TEST_BF16);
+ * the CUDA backend runs fp32 only. For the tools to refuse before they
+ * start anything (exit 2). */
+int dp_precision_check(const char *device, dp_precision_t p, char *err);
 
 /* The kernel dimensions of layer l (conv / maxpool) at batch B, for
  * backends that call the kernels of ops.h or their CUDA twins. */
@@ -229,12 +247,19 @@ int dp_layer_is_resnet_kind(const dp_layer_t *l);
  * machine without one; its results are the plain cpu's, bit for bit.
  * Fails with one line when CUDA was not built in or the device is absent. */
 int dp_backend_new(dp_backend_t **out, const char *device, char *err);
+/* The same in precision p: dp_precision_check's refusals, else a backend
+ * whose conv and fc ops compute in p. dp_backend_new is p = fp32. */
+int dp_backend_new_in(dp_backend_t **out, const char *device, dp_precision_t p, char *err);
 /* Frees everything the backend holds; sets *be_p to NULL; safe twice. */
 void dp_backend_destroy(dp_backend_t **be_p);
 
 /* The factories behind dp_backend_new, same shape: 0, or -1 with err. */
 int dp_backend_cpu_new(dp_backend_t **out, char *err);
 int dp_backend_cpu_staged_new(dp_backend_t **out, char *err); /* "cpu:staged" */
+/* Put a new cpu (or cpu:staged) backend's conv and fc ops in precision p
+ * (bf16: through dp_bf16_ops_select's table), before prepare; -1 with
+ * one line where this CPU has no such path. */
+int dp_backend_cpu_set_precision(dp_backend_t *be, dp_precision_t p, char *err);
 /* Defined in kernels/cuda when built with CUDA, which the build links into
  * a module of its own, downpour-cuda.so, with cuDNN, cuBLAS and the CUDA
  * runtime: dp_backend_new loads it on the first "cuda:K" (dlopen), so a

@@ -57,6 +57,11 @@ static int s_set_transport(void *arg, const char *v, char *err)
     return dp_ps_transport_parse(v, &((dp_train_conf_t *)arg)->transport, err);
 }
 
+static int s_set_precision(void *arg, const char *v, char *err)
+{
+    return dp_precision_parse(v, &((dp_train_conf_t *)arg)->precision, err);
+}
+
 static int s_set_wire(void *arg, const char *v, char *err)
 {
     return dp_ps_wire_parse(v, &((dp_train_conf_t *)arg)->wire, err);
@@ -99,6 +104,10 @@ static const dp_opts_entry_t s_table[] = {
         "device's copies: for testing the device paths)"), S_AT(conf.device)},
     {DP_FLAG_NUM("threads", DP_OPTS_INT, "N", NULL, 1, 1024, DP_OPTS_PASS,
         "CPU kernel threads (default: all cores)"), S_AT(conf.threads)},
+    {DP_FLAG_CALL("precision", "fp32|bf16", s_set_precision, NULL, DP_OPTS_PASS,
+        "the conv and fc layers' arithmetic (default fp32); bf16: bf16\n"
+        "operands, fp32 sums, on a CPU with AMX or AVX512_BF16 (the rest\n"
+        "of the step and the servers' weights stay fp32)"), S_AT(conf)},
     {DP_FLAG_TITLE("training:"), 0},
     {DP_FLAG_SET("standalone", NULL, 1, 0, "train alone (the baseline), no servers"),
      S_AT(standalone)},
@@ -291,6 +300,8 @@ dp_opts_result_t dp_worker_parse_args(dp_worker_args_t *a, int argc, char **argv
     if (a->conf.a3c.env && !dp_opts_find(&o, "model")->given) a->conf.model = NULL; /* the RL default */
     if (a->conf.a3c.env) dp_optim_actor_critic_default(&a->conf.optim);
     if (s_check_embed_model(a->conf.model, err) != 0) return DP_OPTS_BAD;
+    /* a precision this host cannot run: refused before anything starts */
+    if (dp_precision_check(a->conf.device, a->conf.precision, err) != 0) return DP_OPTS_BAD;
     if (a->standalone) {
         if (a->conf.ps) return dp_err(err, "--standalone and --ps exclude each other");
         return DP_OPTS_PARSED;

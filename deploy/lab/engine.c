@@ -51,6 +51,9 @@ cJSON *dp_lab_conf_header(const dp_lab_conf_t *c)
     snprintf(seed, sizeof seed, "%" PRIu64, c->init_seed);
     cJSON_AddStringToObject(h, "seed", seed);
     cJSON_AddNumberToObject(h, "threads", c->train.threads);
+    /* the workers' arithmetic; absent: fp32 (a record from before --precision) */
+    if (c->train.precision != DP_PRECISION_FP32)
+        cJSON_AddStringToObject(h, "precision", dp_precision_name(c->train.precision));
     cJSON_AddNumberToObject(h, "workers", c->workers);
     cJSON_AddNumberToObject(h, "shards", c->shards);
     cJSON_AddStringToObject(h, "mode", dp_mode_name(c->mode));
@@ -171,6 +174,11 @@ int dp_lab_conf_from_header(dp_lab_conf_t *c, const cJSON *h, char *err)
     if (s_seed(h, "data_seed", &c->train.seed, err) != 0 || s_seed(h, "seed", &c->init_seed, err) != 0)
         return -1;
     if (mode && dp_mode_parse(mode, &c->mode, err) != 0) return -1;
+    /* the workers' --precision (absent: a record from before it, fp32) */
+    const cJSON *prec = cJSON_GetObjectItemCaseSensitive(h, "precision");
+    c->train.precision = DP_PRECISION_FP32;
+    if (prec && (!cJSON_IsString(prec) || dp_precision_parse(prec->valuestring, &c->train.precision, err) != 0))
+        return dp_err(err, "record header: 'precision' is not fp32 or bf16");
     /* the workers' --compress (absent: a record from before it, dense) */
     const char *compress = dp_record_str(h, "compress"), *ef = dp_record_str(h, "error_feedback");
     if ((compress && dp_compress_parse(compress, &c->train.compress, err) != 0) ||

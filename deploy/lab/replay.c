@@ -507,6 +507,7 @@ static void s_free(s_replay_t *R)
 
 static const char s_synopsis[] =
     "usage: downpour replay FILE --out DIR [--data SPEC] [--batch B] [--threads N] [--data-seed N]\n"
+    "                       [--precision fp32|bf16]\n"
     "Runs a schedule recorded by `downpour local --record`, `downpour-ps --record` or\n"
     "`downpour sim --record` again in one process and leaves DIR/model.safetensors\n"
     "and DIR/summary.json; on the CPU, with the recorded kernel threads, the weights\n"
@@ -520,8 +521,14 @@ typedef struct {
     int batch, threads, json;
     int progress;          /* dp_progress_mode_t (--progress / --no-progress) */
     uint64_t data_seed;
+    dp_precision_t precision; /* --precision, when given */
     char save[4096], summary[4096];
 } s_args_t;
+
+static int s_set_precision(void *arg, const char *v, char *err)
+{
+    return dp_precision_parse(v, &((s_args_t *)arg)->precision, err);
+}
 
 static dp_opts_result_t s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv, char *err)
 {
@@ -532,6 +539,8 @@ static dp_opts_result_t s_parse(s_args_t *a, dp_opts_t *o, int argc, char **argv
         DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &a->threads, 1, 1024, 0,
                     "CPU kernel threads (default: the record's, else 1); bit-identity\nneeds the recorded workers' count"),
         DP_FLAG_SEED("data-seed", &a->data_seed, 0, "the workers' --seed (default: the record's, else its --seed)"),
+        DP_FLAG_CALL("precision", "fp32|bf16", s_set_precision, a, 0,
+                     "the workers' conv and fc arithmetic (default: the record's,\nelse fp32)"),
         DP_FLAG_SET("json", &a->json, 1, 0, "print the result as one JSON line"),
         DP_FLAG_SET("progress", &a->progress, DP_PROGRESS_ON, 0, "the progress line (default: on a terminal)"),
         DP_FLAG_SET("no-progress", &a->progress, DP_PROGRESS_OFF, 0, "no progress line"),
@@ -554,6 +563,8 @@ static int s_conf(dp_lab_conf_t *c, const s_args_t *a, dp_opts_t *o, const cJSON
     if (a->batch) c->train.batch = a->batch;
     if (a->threads) c->train.threads = a->threads;
     if (dp_opts_find(o, "data-seed")->given) c->train.seed = a->data_seed;
+    if (dp_opts_find(o, "precision")->given) c->train.precision = a->precision;
+    if (dp_precision_check(c->train.device, c->train.precision, err) != 0) return -1;
     if (dp_lab_is_sparse(c) && !c->has_rows)
         return dp_err(err, "record header: a model with embed:D but no \"rows\" (the row tables' conf): "
                       "a record from before its row pulls and pushes were recorded, which cannot be "

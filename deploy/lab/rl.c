@@ -21,7 +21,7 @@ int dp_lab_rl_session(dp_session_t *s, const dp_train_conf_t *c, char *err)
     if (c->a3c.envs < 1 || c->a3c.envs > DP_A3C_MAX_ENVS || c->a3c.t_max < 1 || c->a3c.t_max > DP_A3C_MAX_T)
         return dp_err(err, "--envs %d / --t-max %d: 1..%d environments, 1..%d steps a segment",
                       c->a3c.envs, c->a3c.t_max, DP_A3C_MAX_ENVS, DP_A3C_MAX_T);
-    if (dp_backend_new(&s->be, c->device, err) != 0) goto fail;
+    if (dp_backend_new_in(&s->be, c->device, c->precision, err) != 0) goto fail;
     if (dp_net_init(&s->net, &s->model, s->be, c->a3c.envs * c->a3c.t_max, err) != 0) goto fail;
     s->net.ac_entropy = c->a3c.entropy; /* as worker/train/a3c_train.c sets it */
     size_t bytes = s->model.n_floats * sizeof(float);

@@ -137,6 +137,11 @@ static int s_set_compress(void *arg, const char *v, char *err)
     return dp_compress_parse(v, &((s_args_t *)arg)->c.lab.train.compress, err);
 }
 
+static int s_set_precision(void *arg, const char *v, char *err)
+{
+    return dp_precision_parse(v, &((s_args_t *)arg)->c.lab.train.precision, err);
+}
+
 static int s_set_error_feedback(void *arg, const char *v, char *err)
 {
     return dp_compress_ef_parse(v, &((s_args_t *)arg)->c.lab.train.compress.error_feedback, err);
@@ -272,6 +277,8 @@ static void s_options(dp_opts_t *o, s_args_t *a)
         DP_FLAG_CALL("lr-schedule", "S", s_set_schedule, a, 0, "constant | step:STEPS:GAMMA | cosine:TOTAL"),
         DP_FLAG_SEED("seed", &t->seed, 0, "weights, data order and compute times (default 1)"),
         DP_FLAG_NUM("threads", DP_OPTS_INT, "N", &t->threads, 1, 1024, 0, "CPU kernel threads (default 1)"),
+        DP_FLAG_CALL("precision", "fp32|bf16", s_set_precision, a, 0,
+                     "the workers' conv and fc arithmetic (as downpour-worker --help\nsays; default fp32)"),
         DP_FLAG_NUM("eval-every", DP_OPTS_LONG, "N", &c->eval_every, 0, 1L << 40, 0,
                     "evaluate every N updates (an \"eval\" line; default 0: at the end)"),
         DP_FLAG_NUM("eval-limit", DP_OPTS_INT, "N", &c->eval_limit, 0, 1 << 30, 0,
@@ -380,6 +387,7 @@ static int s_resolve(s_args_t *a, dp_opts_t *o, char *err)
     for (int w = M; w < DP_SIM_MAX_WORKERS; w++)
         if (a->slow[w] != 1.0) return dp_err(err, "--straggler %d: there are only %d workers", w, M);
     c->lab.init_seed = c->lab.train.seed;
+    if (dp_precision_check(c->lab.train.device, c->lab.train.precision, err) != 0) return -1;
     if (s_env_flags(a, o, err) != 0) return -1;
     if (c->lab.shards > 1 && c->diag_every > 0)
         return dp_err(err, "--diag-every measures one shard's whole vector: not with --ps-shards %d",

@@ -156,7 +156,7 @@ int dp_lab_sparse_init(dp_lab_t *L, char *err)
     for (int i = 0; i < sp->readers; i++)
         if (dp_sparse_data_open(&sp->data[i], c->train.data, B, err) != 0) return -1;
     if (dp_embed_init(&sp->stage, D, sp->max_nnz, err) != 0 ||
-        dp_backend_new(&s->be, c->train.device, err) != 0 ||
+        dp_backend_new_in(&s->be, c->train.device, c->train.precision, err) != 0 ||
         dp_net_init(&s->net, &s->model, s->be, B, err) != 0)
         return -1;
     s->net.seed = c->train.seed; /* dropout's mask, as the worker's */

@@ -27,7 +27,7 @@
 
 static const char s_synopsis[] =
     "usage: downpour eval --checkpoint FILE.safetensors [--data SPEC] [--device cpu|cuda:K]\n"
-    "                     [--batch B] [--limit N]\n"
+    "                     [--batch B] [--limit N] [--precision fp32|bf16]\n"
     "       downpour eval --checkpoint FILE.safetensors --data libsvm:TEST [--batch B] [--threads N]\n"
     "Prints {\"test_accuracy\": ..., \"test_loss\": ..., \"n\": ...} for the test split; for a\n"
     "sparse model (embed:D, its rows in the file) on libsvm data also test_auc and rows, the\n"
@@ -80,7 +80,8 @@ static char *s_read_spec(const char *ckpt, char *err)
 
 /* A policy's greedy return in env over episodes fresh episodes (the ones
  * a run's test_return plays, for seed): one JSON line. The exit status. */
-static int s_eval_policy(const char *ckpt, const char *env, int episodes, uint64_t seed, const char *device)
+static int s_eval_policy(const char *ckpt, const char *env, int episodes, uint64_t seed, const char *device,
+                         dp_precision_t precision)
 {
     char err[DP_ERR_LEN] = "";
     dp_model_t m;
@@ -99,7 +100,7 @@ static int s_eval_policy(const char *ckpt, const char *env, int episodes, uint64
     if (dp_a3c_model(&m, spec, kind, 0, err) != 0) goto done;
     params = dp_malloc(m.n_floats * sizeof(float));
     if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;
-    if (dp_backend_new(&be, device, err) != 0) goto done;
+    if (dp_backend_new_in(&be, device, precision, err) != 0) goto done;
     if (dp_net_init(&net, &m, be, 1, err) != 0) goto done;
     dp_net_set_params(&net, params);
     double ret = dp_a3c_test_return(kind, &net, seed, 0, episodes);
@@ -120,7 +121,8 @@ done:
 
 /* A sparse model's file on the libsvm file of spec ("libsvm:TEST", or the
  * run's own "libsvm:TRAIN:TEST": its test file). The exit status. */
-static int s_eval_sparse(const char *ckpt, const char *spec, int batch, int limit, int threads)
+static int s_eval_sparse(const char *ckpt, const char *spec, int batch, int limit, int threads,
+                         dp_precision_t precision)
 {
     char err[DP_ERR_LEN] = "";
     const char *test = strrchr(spec, ':') + 1; /* dp_sparse_data_is: "libsvm:" at least */
@@ -134,7 +136,7 @@ static int s_eval_sparse(const char *ckpt, const char *spec, int batch, int limi
         rc = 2;
     }
     free(mspec);
-    if (err[0] || dp_embed_eval_file(ckpt, test, batch, threads, &e, err) != 0) {
+    if (err[0] || dp_embed_eval_file(ckpt, test, batch, threads, precision, &e, err) != 0) {
         fprintf(stderr, "downpour eval: %s\n", err);
         return rc;
     }
@@ -149,10 +151,16 @@ static int s_eval_sparse(const char *ckpt, const char *spec, int batch, int limi
     return 0;
 }
 
+static int s_set_precision(void *arg, const char *v, char *err)
+{
+    return dp_precision_parse(v, arg, err);
+}
+
 int dp_eval_main(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = "fashion-mnist", *device = "cpu", *env = NULL;
     int batch = 0, limit = 0, threads = 0, episodes = DP_A3C_TEST_EPISODES;
+    dp_precision_t precision = DP_PRECISION_FP32;
     uint64_t seed = 1;
     const dp_opts_flag_t t[] = {
         DP_FLAG_STR("checkpoint", "FILE", &ckpt, 0, "a Downpour checkpoint (required)"),
@@ -168,6 +176,8 @@ int dp_eval_main(int argc, char **argv)
         DP_FLAG_NUM("episodes", DP_OPTS_INT, "N", &episodes, 1, 1000000, 0,
                     "a policy: the greedy episodes averaged (default 100, as a run's test_return)"),
         DP_FLAG_SEED("seed", &seed, 0, "a policy: the episodes' seed (default 1, a run's default --seed)"),
+        DP_FLAG_CALL("precision", "fp32|bf16", s_set_precision, &precision, 0,
+                     "the conv and fc layers' arithmetic (default fp32; as\ndownpour-worker --help says)"),
     };
     dp_opts_t o;
     dp_opts_init(&o, "downpour eval", s_synopsis, NULL);
@@ -175,9 +185,10 @@ int dp_eval_main(int argc, char **argv)
     char err[DP_ERR_LEN] = "";
     dp_opts_result_t r = dp_opts_parse(&o, argc, argv, err);
     if (r == DP_OPTS_PARSED && !ckpt) r = dp_err(err, "--checkpoint FILE is required (see downpour eval --help)");
+    if (r == DP_OPTS_PARSED && dp_precision_check(device, precision, err) != 0) r = DP_OPTS_BAD;
     if (r != DP_OPTS_PARSED) return dp_opts_exit_status("downpour eval", r, err);
-    if (env) return s_eval_policy(ckpt, env, episodes, seed, device);
-    if (dp_sparse_data_is(data)) return s_eval_sparse(ckpt, data, batch, limit, threads);
+    if (env) return s_eval_policy(ckpt, env, episodes, seed, device, precision);
+    if (dp_sparse_data_is(data)) return s_eval_sparse(ckpt, data, batch, limit, threads, precision);
     if (threads > 0) dp_cpu_set_threads(threads);
     if (batch == 0) batch = 256;
     dp_dataset_t test = {0};
@@ -213,7 +224,7 @@ int dp_eval_main(int argc, char **argv)
     if (dp_model_parse(&m, spec, test.c, test.h, test.w, err) != 0) goto done;
     params = dp_malloc(m.n_floats * sizeof(float));
     if (dp_checkpoint_load(ckpt, &m, params, NULL, NULL, err) != 0) goto done;
-    if (dp_backend_new(&be, device, err) != 0) goto done;
+    if (dp_backend_new_in(&be, device, precision, err) != 0) goto done;
     if (dp_net_init(&net, &m, be, batch, err) != 0) goto done;
     dp_net_set_params(&net, params);
     int n = limit > 0 && limit < test.n ? limit : test.n;

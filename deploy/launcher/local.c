@@ -375,6 +375,9 @@ static dp_opts_result_t s_parse(dp_local_t *L, int argc, char **argv, char *err)
     if (dp_local_device_init(&L->ps_device, L->gpus, dp_opts_find(&L->opts, "ps-shards")->given != NULL,
                              &L->shards, DP_LOCAL_MAX, err) != 0)
         return DP_OPTS_BAD;
+    /* the workers' --precision, refused here before any daemon starts */
+    if (dp_precision_check(L->gpus ? "cuda" : L->wk.conf.device, L->wk.conf.precision, err) != 0)
+        return DP_OPTS_BAD;
     for (int i = L->max_workers; i < DP_LOCAL_MAX; i++)
         if (L->delay_ms[i][0])
             return dp_err(err, "--straggler %d: there are only %d workers", i, L->max_workers);
@@ -747,6 +750,9 @@ static int s_record_merge(const dp_local_t *L, char *err)
     cJSON_AddStringToObject(extra, "data_seed", seed);
     cJSON_AddNumberToObject(extra, "threads", (double)s_worker_threads(L));
     cJSON_AddStringToObject(extra, "device", L->gpus ? "cuda" : "cpu");
+    /* the workers' arithmetic (absent: fp32, a record from before it) */
+    if (L->wk.conf.precision != DP_PRECISION_FP32)
+        cJSON_AddStringToObject(extra, "precision", dp_precision_name(L->wk.conf.precision));
     if (L->ps.local_steps > 1) { /* replay repeats each worker's rounds */
         dp_optim_conf_t inner = L->ps.optim; /* --optimizer and friends: the workers' here */
         if (L->schedule[0]) dp_optim_parse_schedule(&inner, L->schedule, err);

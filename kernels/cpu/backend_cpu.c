@@ -10,36 +10,87 @@
  * reads its buffer before waiting reads stale bytes here as it would on a
  * device (where the bytes arrive later); the copy's source is never
  * written in between by the executor (a layer's gradient is final when it
- * is queued). */
+ * is queued).
+ *
+ * In bf16 (dp_backend_cpu_set_precision, --precision bf16) the conv and fc
+ * ops, and prepare's runs of them, go through a bf16_ops.h table (AMX,
+ * AVX512_BF16, or the emulated path under its test hook); every other op
+ * (batch norm and its statistics, relu, pooling, the losses, the
+ * optimizer) is the same fp32 op as in fp32. The fused ops call no conv
+ * or fc: the executor calls conv_* and fc_* below for every one. */
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "kernels/cpu/bf16_emulated.h"
 #include "kernels/cpu/cpu.h"
+
+/* The instance's state (impl): its bf16 table, and cpu:staged's noted
+ * copies, in order. */
+typedef struct {
+    const dp_bf16_ops_t *bf16; /* conv and fc in bf16 through this table; NULL: fp32 */
+    char label[48];           /* be->precision in bf16: "bf16 (PATH)" */
+    int staged;               /* cpu:staged: the fields below are kept */
+    struct { void *dst; const void *src; size_t bytes; } *copy;
+    unsigned n, done, cap;
+    void **locked;            /* host_register's pointers not yet unregistered */
+    unsigned n_locked, cap_locked;
+} s_cpu_t;
+
+/* cpu:staged's state; NULL on the plain cpu. */
+static s_cpu_t *s_staged(dp_backend_t *be)
+{
+    s_cpu_t *c = be->impl;
+    return c->staged ? c : NULL;
+}
+
+static const dp_bf16_ops_t *s_bf16(const dp_backend_t *be)
+{
+    return ((const s_cpu_t *)be->impl)->bf16;
+}
+
+/* Run layer l's forward and backward once at max_batch on zeros, in the
+ * backend's precision: the kernels grow their scratch to what the real
+ * steps need (the simplest way to size it exactly). */
+static void s_prepare_layer(const dp_backend_t *be, const dp_layer_t *l, int max_batch)
+{
+    const dp_bf16_ops_t *t = s_bf16(be);
+    dp_conv_dims_t d;
+    if (l->kind == DP_LAYER_CONV) {
+        dp_conv_dims_of(&d, l, max_batch);
+    } else { /* an fc layer as a 1 x 1 convolution, for the sizes */
+        d = (dp_conv_dims_t){.B = max_batch, .C = l->in_c * l->in_h * l->in_w, .H = 1, .W = 1,
+                             .OC = l->out_c, .K = 1, .pad = 0, .stride = 1};
+        dp_conv_dims_finish(&d);
+    }
+    size_t nin = (size_t)max_batch * d.C * d.H * d.W;
+    size_t nout = (size_t)max_batch * d.OC * d.OH * d.OW;
+    size_t nw = (size_t)d.OC * d.C * d.K * d.K, all = nin + nout + nw + d.OC + nin;
+    float *in = dp_aligned_alloc(all * sizeof(float));
+    memset(in, 0, all * sizeof(float));
+    float *out = in + nin, *w = out + nout, *b = w + nw, *din = b + d.OC;
+    if (l->kind == DP_LAYER_CONV) {
+        (t ? t->conv_forward : dp_conv2d_forward)(out, in, w, b, &d);
+        (t ? t->conv_backward : dp_conv2d_backward)(din, w, b, out, in, w, &d);
+    } else {
+        t->fc_forward(out, in, w, b, max_batch, d.C, d.OC);
+        t->fc_backward(din, w, b, out, in, w, max_batch, d.C, d.OC);
+    }
+    free(in);
+}
 
 static int s_prepare(dp_backend_t *be, const dp_model_t *m, int max_batch, char *err)
 {
-    (void)be;
     if (max_batch < 1) return dp_err(err, "cpu backend: max_batch %d must be >= 1", max_batch);
-    /* Run every conv layer once at max_batch on zeros: the kernels grow their
-     * scratch to what the real steps need (simplest way to size it exactly). */
+    /* every conv layer; the fc layers too in bf16 (their rounded copies) */
     for (int i = 0; i < m->n_layers; i++) {
         const dp_layer_t *l = &m->layers[i];
-        if (l->kind != DP_LAYER_CONV) continue;
-        dp_conv_dims_t d;
-        dp_conv_dims_of(&d, l, max_batch);
-        size_t nin = (size_t)max_batch * d.C * d.H * d.W;
-        size_t nout = (size_t)max_batch * d.OC * d.OH * d.OW;
-        size_t nw = (size_t)d.OC * d.C * d.K * d.K;
-        float *in = dp_aligned_alloc((nin + nout + nw + d.OC + nin) * sizeof(float));
-        memset(in, 0, (nin + nout + nw + d.OC + nin) * sizeof(float));
-        float *out = in + nin, *w = out + nout, *b = w + nw, *din = b + d.OC;
-        dp_conv2d_forward(out, in, w, b, &d);
-        dp_conv2d_backward(din, w, b, out, in, w, &d);
-        free(in);
+        if (l->kind == DP_LAYER_CONV || (l->kind == DP_LAYER_FC && s_bf16(be)))
+            s_prepare_layer(be, l, max_batch);
     }
     return 0;
 }
@@ -87,21 +138,13 @@ static void s_synchronize(dp_backend_t *be)
     (void)be;
 }
 
-/* cpu:staged's noted copies (impl), in order. */
-typedef struct {
-    struct { void *dst; const void *src; size_t bytes; } *copy;
-    unsigned n, done, cap;
-    void **locked;            /* host_register's pointers not yet unregistered */
-    unsigned n_locked, cap_locked;
-} s_staged_t;
-
 /* cpu: nothing to lock. cpu:staged keeps the device's bookkeeping, so a
  * caller's pairing is checked here: registering p twice fails as CUDA's
  * does, and a registration never undone is said at destroy. */
 static int s_host_register(dp_backend_t *be, void *p, size_t bytes, int read_only, char *err)
 {
     (void)bytes, (void)read_only;
-    s_staged_t *st = be->impl;
+    s_cpu_t *st = s_staged(be);
     if (!st) return 0;
     for (unsigned i = 0; i < st->n_locked; i++)
         if (st->locked[i] == p) return dp_err(err, "cpu:staged: host memory %p registered already", p);
@@ -116,7 +159,7 @@ static int s_host_register(dp_backend_t *be, void *p, size_t bytes, int read_onl
 /* Memory never registered: nothing to undo (as the CUDA backend's). */
 static void s_host_unregister(dp_backend_t *be, void *p)
 {
-    s_staged_t *st = be->impl;
+    s_cpu_t *st = s_staged(be);
     for (unsigned i = 0; st && i < st->n_locked; i++)
         if (st->locked[i] == p) {
             st->locked[i] = st->locked[--st->n_locked];
@@ -127,7 +170,7 @@ static void s_host_unregister(dp_backend_t *be, void *p)
 /* cpu: a plain memcpy; cpu:staged: noted for its wait. */
 static void s_download_async(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
 {
-    s_staged_t *st = be->impl;
+    s_cpu_t *st = s_staged(be);
     if (!st) {
         s_download(be, dst, d_src, bytes);
         return;
@@ -143,7 +186,7 @@ static void s_download_async(dp_backend_t *be, void *dst, const void *d_src, siz
 
 static void s_download_wait_first(dp_backend_t *be, unsigned n)
 {
-    s_staged_t *st = be->impl;
+    s_cpu_t *st = s_staged(be);
     if (!st) return; /* cpu: every copy was made when asked */
     for (; st->done < n && st->done < st->n; st->done++)
         s_download(be, st->copy[st->done].dst, st->copy[st->done].src, st->copy[st->done].bytes);
@@ -151,7 +194,7 @@ static void s_download_wait_first(dp_backend_t *be, unsigned n)
 
 static void s_download_wait(dp_backend_t *be)
 {
-    s_staged_t *st = be->impl;
+    s_cpu_t *st = s_staged(be);
     if (!st) return;
     s_download_wait_first(be, st->n);
     st->n = st->done = 0;
@@ -160,20 +203,20 @@ static void s_download_wait(dp_backend_t *be)
 static void s_conv_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                            const float *d_in, const float *d_w, const float *d_b)
 {
-    (void)be;
+    const dp_bf16_ops_t *t = s_bf16(be);
     dp_conv_dims_t d;
     dp_conv_dims_of(&d, l, B);
-    dp_conv2d_forward(d_out, d_in, d_w, d_b, &d);
+    (t ? t->conv_forward : dp_conv2d_forward)(d_out, d_in, d_w, d_b, &d);
 }
 
 static void s_conv_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
                             float *d_dw, float *d_db, const float *d_dout, const float *d_in,
                             const float *d_w)
 {
-    (void)be;
+    const dp_bf16_ops_t *t = s_bf16(be);
     dp_conv_dims_t d;
     dp_conv_dims_of(&d, l, B);
-    dp_conv2d_backward(d_din, d_dw, d_db, d_dout, d_in, d_w, &d);
+    (t ? t->conv_backward : dp_conv2d_backward)(d_din, d_dw, d_db, d_dout, d_in, d_w, &d);
 }
 
 static void s_relu_forward(dp_backend_t *be, size_t n, float *d_out, const float *d_in)
@@ -223,17 +266,18 @@ static void s_maxpool_backward(dp_backend_t *be, const dp_layer_t *l, int B, flo
 static void s_fc_forward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                          const float *d_in, const float *d_w, const float *d_b)
 {
-    (void)be;
-    dp_fc_forward(d_out, d_in, d_w, d_b, B, l->in_c * l->in_h * l->in_w, l->out_c);
+    const dp_bf16_ops_t *t = s_bf16(be);
+    (t ? t->fc_forward : dp_fc_forward)(d_out, d_in, d_w, d_b, B, l->in_c * l->in_h * l->in_w,
+                                        l->out_c);
 }
 
 static void s_fc_backward(dp_backend_t *be, const dp_layer_t *l, int B, float *d_din,
                           float *d_dw, float *d_db, const float *d_dout, const float *d_in,
                           const float *d_w)
 {
-    (void)be;
-    dp_fc_backward(d_din, d_dw, d_db, d_dout, d_in, d_w, B, l->in_c * l->in_h * l->in_w,
-                   l->out_c);
+    const dp_bf16_ops_t *t = s_bf16(be);
+    (t ? t->fc_backward : dp_fc_backward)(d_din, d_dw, d_db, d_dout, d_in, d_w, B,
+                                          l->in_c * l->in_h * l->in_w, l->out_c);
 }
 
 static void s_softmax_xent_forward(dp_backend_t *be, int B, int classes, float *d_probs,
@@ -460,11 +504,11 @@ static void s_optim_step(dp_backend_t *be, const dp_optim_conf_t *c, float lr, f
 
 static void s_destroy(dp_backend_t *be)
 {
-    s_staged_t *st = be->impl;
-    if (st && st->n_locked)
+    s_cpu_t *st = be->impl;
+    if (st->staged && st->n_locked)
         dp_log_warn("cpu:staged: %u host memory registration(s) never undone", st->n_locked);
-    if (st) free(st->copy);
-    if (st) free(st->locked);
+    free(st->copy);
+    free(st->locked);
     free(st);
     free(be);
 }
@@ -524,8 +568,9 @@ int dp_backend_cpu_new(dp_backend_t **out, char *err)
     dp_backend_t *be = dp_calloc(1, sizeof *be);
     be->ops = &s_cpu_ops;
     be->name = "cpu";
-    be->impl = NULL;
+    be->impl = dp_calloc(1, sizeof(s_cpu_t));
     be->host_memory = 1;
+    be->precision = "fp32";
     *out = be;
     return 0;
 }
@@ -534,7 +579,22 @@ int dp_backend_cpu_staged_new(dp_backend_t **out, char *err)
 {
     if (dp_backend_cpu_new(out, err) != 0) return -1;
     (*out)->name = "cpu:staged";
-    (*out)->impl = dp_calloc(1, sizeof(s_staged_t));
+    ((s_cpu_t *)(*out)->impl)->staged = 1;
     (*out)->host_memory = 0;
+    return 0;
+}
+
+int dp_backend_cpu_set_precision(dp_backend_t *be, dp_precision_t p, char *err)
+{
+    s_cpu_t *c = be->impl;
+    char why[DP_ERR_LEN];
+    c->bf16 = NULL;
+    be->precision = "fp32";
+    if (p == DP_PRECISION_FP32) return 0;
+    c->bf16 = dp_bf16_ops_select(why);
+    if (!c->bf16) return dp_err(err, "--precision bf16: %s", why);
+    /* the path's name in the start line: "bf16 (emulated)", "bf16 (amx)" */
+    snprintf(c->label, sizeof c->label, "bf16 (%s)", c->bf16->name);
+    be->precision = c->label;
     return 0;
 }

@@ -23,6 +23,11 @@ int dp_cpu_team(double work);
  * allocating after its first step. The pointer stays valid until the next
  * call with a larger size from the same thread. */
 float *dp_cpu_scratch(size_t floats);
+/* The same for a slot of its own: a caller that keeps its buffer across a
+ * call into a kernel that takes dp_cpu_scratch (the bf16 emulation's
+ * rounded operands, kernels/cpu/bf16_emulated.c) uses another slot. */
+enum { DP_CPU_SCRATCH_KERNEL = 0, DP_CPU_SCRATCH_BF16 = 1, DP_CPU_SCRATCH_SLOTS = 2 };
+float *dp_cpu_scratch_slot(int slot, size_t floats);
 
 /* C[M,N] = alpha op(A) op(B) + beta C, row-major, split by rows or columns of
  * C over dp_cpu_team threads, each calling single-threaded sgemm. */

@@ -30,19 +30,27 @@ int dp_cpu_team(double work)
     return n;
 }
 
-static _Thread_local float *s_scratch;
-static _Thread_local size_t s_scratch_n;
+/* One buffer per slot per thread: the kernels' own (slot 0), and the bf16
+ * emulation's rounded operands (slot 1), which stay whole while the fp32
+ * kernel it calls takes slot 0. */
+static _Thread_local float *s_scratch[DP_CPU_SCRATCH_SLOTS];
+static _Thread_local size_t s_scratch_n[DP_CPU_SCRATCH_SLOTS];
+
+float *dp_cpu_scratch_slot(int slot, size_t floats)
+{
+    if (floats > s_scratch_n[slot]) {
+        free(s_scratch[slot]);
+        /* round up so a slightly larger request later doesn't grow again */
+        size_t n = floats + floats / 4 + 1024;
+        s_scratch[slot] = dp_aligned_alloc(n * sizeof(float));
+        s_scratch_n[slot] = n;
+    }
+    return s_scratch[slot];
+}
 
 float *dp_cpu_scratch(size_t floats)
 {
-    if (floats > s_scratch_n) {
-        free(s_scratch);
-        /* round up so a slightly larger request later doesn't grow again */
-        size_t n = floats + floats / 4 + 1024;
-        s_scratch = dp_aligned_alloc(n * sizeof(float));
-        s_scratch_n = n;
-    }
-    return s_scratch;
+    return dp_cpu_scratch_slot(DP_CPU_SCRATCH_KERNEL, floats);
 }
 
 void dp_cpu_sgemm(int transa, int transb, int M, int N, int K, float alpha, const float *A,

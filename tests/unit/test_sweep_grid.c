@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "deploy/lab/sweep/grid.h"
 #include "deploy/lab/sweep/run.h"
+#include "kernels/cpu/bf16_ops.h"
 #include "tests/test.h"
 
 /* A scratch grid file with text; the path is static. */
@@ -331,6 +332,31 @@ static void test_model_axis(void)
     s_refused("mode = sync\nmodel = conv3x3:8 frob fc:10 softmax\n", "frob", 2);
 }
 
+/* The workers' --precision is an axis (every kind of run: local, sim,
+ * standalone carry it); a bad name, and bf16 where this CPU runs no bf16
+ * path (without the test hook DP_TEST_BF16=emulated), are refused when
+ * the grid is read, not by every run. */
+static void test_precision_axis(void)
+{
+    dp_sweep_grid_t g;
+    char err[DP_ERR_LEN] = "", why[DP_ERR_LEN];
+    int pick[DP_SWEEP_N_AXES];
+    setenv("DP_TEST_BF16", "emulated", 1);
+    s_two_configs(&g, "cluster = sim\nprecision = fp32, bf16\n", "precision=bf16", pick);
+    dp_sweep_cmd_t cmd;
+    for (int k = 0; k < 3; k++) { /* sim, local, standalone */
+        if (k) snprintf(g.cluster, sizeof g.cluster, "local");
+        if (k == 2) dp_sweep_grid_set(&g, "mode", "standalone", err);
+        CHECK_EQ(dp_sweep_grid_pick(&g, 1, pick), 1);
+        CHECK_EQ(dp_sweep_cmd_build(&cmd, &g, pick, "1", "/bin", "/tmp/run", err), 0);
+        CHECK(s_has(&cmd, "--precision", "bf16"));
+    }
+    dp_sweep_grid_fini(&g);
+    s_set_refused("precision", "fp32, fp16", "'fp16' is not a precision");
+    unsetenv("DP_TEST_BF16");
+    if (!dp_bf16_ops_native(why)) s_set_refused("precision", "bf16", why);
+}
+
 /* Churn is an axis of the simulator's: an elastic crew (workers MIN:MAX)
  * changing by leave:S or kill:S, each run's command carrying --churn;
  * cluster = local refuses it with a line naming --chaos; bad values are
@@ -402,5 +428,5 @@ static void test_rl_axes(void)
     s_refused("env = cartpole-v1\nenv_steps = 10\nenv-steps = 20\n", "'env-steps' is given twice", 3);
 }
 
-DP_TESTS(T(test_defaults), T(test_model_axis), T(test_churn_axis), T(test_rl_axes), T(test_spellings), T(test_empty_values), T(test_duplicates),
+DP_TESTS(T(test_defaults), T(test_model_axis), T(test_precision_axis), T(test_churn_axis), T(test_rl_axes), T(test_spellings), T(test_empty_values), T(test_duplicates),
          T(test_bad_keys_and_values), T(test_huge))

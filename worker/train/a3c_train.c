@@ -69,7 +69,7 @@ static int s_init(s_run_t *r, const dp_train_conf_t *c, int worker, char *err)
     if (c->threads > 0) dp_cpu_set_threads(c->threads);
     if (!(r->kind = dp_env_find(c->a3c.env, err))) return -1;
     if (dp_a3c_model(&r->model, c->model, r->kind, c->a3c.obs_norm, err) != 0) return -1;
-    if (dp_backend_new(&r->be, c->device, err) != 0) return -1;
+    if (dp_backend_new_in(&r->be, c->device, c->precision, err) != 0) return -1;
     int rows = c->a3c.envs * c->a3c.t_max;
     if (dp_a3c_init(&r->a, r->kind, &c->a3c, c->seed, worker, err) != 0) goto fail;
     r->a_ok = 1;
@@ -239,8 +239,8 @@ static int s_rl_plan(dp_train_drv_t *d, char *err)
     s_run_t *r = d->run;
     const dp_train_conf_t *c = d->c;
     if (d->standalone) {
-        dp_log_info("standalone: %s on %s, %d environment(s), %d steps a segment, %ld env steps, %s "
-                    "lr %g", r->model.spec, r->kind->name, c->a3c.envs, c->a3c.t_max, c->a3c.env_steps,
+        dp_log_info("standalone: %s on %s in %s, %d environment(s), %d steps a segment, %ld env steps, %s "
+                    "lr %g", r->model.spec, r->kind->name, r->be->precision, c->a3c.envs, c->a3c.t_max, c->a3c.env_steps,
                     dp_optim_kind_name(c->optim.kind), (double)dp_optim_base_lr(&c->optim));
         return 0;
     }
@@ -248,10 +248,10 @@ static int s_rl_plan(dp_train_drv_t *d, char *err)
     if (info->local_steps > 1)
         return dp_err(err, "--env: the servers run --local-steps %ld, which an actor-critic worker "
                       "does not (it pushes every segment's gradient)", info->local_steps);
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s in %d environment(s), %d steps a push, "
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s in %s in %d environment(s), %d steps a push, "
                 "until the run has taken %ld env steps", c->task_index, info->num_workers,
-                dp_mode_name(info->mode), info->num_shards, r->model.spec, c->a3c.envs, c->a3c.t_max,
-                c->a3c.env_steps);
+                dp_mode_name(info->mode), info->num_shards, r->model.spec, r->be->precision, c->a3c.envs,
+                c->a3c.t_max, c->a3c.env_steps);
     return 0;
 }
 

@@ -631,9 +631,9 @@ static void s_log_plan(const s_loop_t *L)
     char steps[64];
     if (L->dealt) snprintf(steps, sizeof steps, "the batches shard 0 deals for %ld epoch(s)", L->epochs);
     else snprintf(steps, sizeof steps, "%ld steps", L->total);
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %s on %s; %s",
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), batch %d, %s on %s in %s; %s",
                 c->task_index, info->num_workers, dp_mode_name(info->mode), info->num_shards, c->batch,
-                steps, c->device,
+                steps, c->device, L->s->be->precision,
                 c->local_steps > 1 ? "local steps: a push of the pseudo-gradient every --local-steps"
                 : L->overlap ? "overlap on: pulls and pushes on a thread while computing, on weights one step older"
                 : L->stream && L->stream_pull ? "overlap off: pull, compute, push in turn, the pull in parts as the forward needs them, the push in parts as the backward makes them"

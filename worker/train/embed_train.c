@@ -121,7 +121,7 @@ static int s_init(s_run_t *r, const dp_train_conf_t *c, int local_table, char *e
     int D = s->model.embed_dim, B = c->batch;
     size_t nnz = dp_sparse_batch_nnz(B);
     if ((local_table && s_table(r, c, D, nnz, err) != 0) || dp_embed_init(&r->stage, D, nnz, err) != 0 ||
-        dp_backend_new(&s->be, c->device, err) != 0 || dp_net_init(&s->net, &s->model, s->be, B, err) != 0)
+        dp_backend_new_in(&s->be, c->device, c->precision, err) != 0 || dp_net_init(&s->net, &s->model, s->be, B, err) != 0)
         return -1;
     s->net.seed = c->seed; /* dropout's mask */
     size_t bytes = s->model.n_floats * sizeof(float);
@@ -436,7 +436,7 @@ static int s_meta_num(const char *path, const char *key, double lo, double hi, d
     return bad ? -1 : 0;
 }
 
-int dp_embed_eval_file(const char *path, const char *test, int batch, int threads,
+int dp_embed_eval_file(const char *path, const char *test, int batch, int threads, dp_precision_t precision,
                        dp_embed_scores_t *out, char *err)
 {
     s_run_t r;
@@ -472,6 +472,7 @@ int dp_embed_eval_file(const char *path, const char *test, int batch, int thread
     data = dp_malloc(len);
     snprintf(data, len, "libsvm:%s:%s", test, test);
     c.model = spec, c.data = data, c.threads = threads, c.progress = DP_PROGRESS_OFF;
+    c.precision = precision;
     c.batch = batch > 0 ? batch : (int)b;
     c.seed = (uint64_t)seed;
     c.row_init = init >= 0 ? (float)init : 0; /* a file without it: absent keys read zeros */
@@ -714,8 +715,8 @@ static int s_embed_plan_standalone(dp_train_drv_t *d)
         r->optim.schedule = DP_LR_COSINE;
         r->optim.total_steps = total;
     }
-    dp_log_info("standalone: %s on %s, %" PRIu64 " train / %" PRIu64 " test samples, batch %d, "
-                "%ld steps (%ld per epoch); rows: %s, lr %g", r->s.model.spec, c->device,
+    dp_log_info("standalone: %s on %s in %s, %" PRIu64 " train / %" PRIu64 " test samples, batch %d, "
+                "%ld steps (%ld per epoch); rows: %s, lr %g", r->s.model.spec, c->device, r->s.be->precision,
                 r->data.train_samples, r->data.test_samples, c->batch, total, spe,
                 dp_row_optim_kind_name(r->row_optim.kind), (double)r->row_optim.lr);
     dp_session_log_start(&r->s, 0, total, spe);
@@ -744,9 +745,9 @@ static int s_embed_plan(dp_train_drv_t *d, char *err)
     if (d->elastic) snprintf(plan, sizeof plan, "the batches shard 0 deals for %ld epoch(s)", r->epochs);
     else snprintf(plan, sizeof plan, "%ld steps (batches %d, %d + %d, ...)", d->total, c->task_index,
                   c->task_index, info->num_workers);
-    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s on %" PRIu64 " train samples, batch %d, %s",
+    dp_log_info("worker %d/%d: %s mode, %d shard(s), %s in %s on %" PRIu64 " train samples, batch %d, %s",
                 c->task_index, info->num_workers, dp_mode_name(info->mode), info->num_shards,
-                r->s.model.spec, r->data.train_samples, c->batch, plan);
+                r->s.model.spec, r->s.be->precision, r->data.train_samples, c->batch, plan);
     dp_session_log_start(&r->s, c->task_index, d->elastic ? -r->epochs : d->total, spe);
     return 0;
 }

@@ -105,7 +105,7 @@ typedef struct {
  * file reads as the table's initial value, which the file's metadata names
  * (DP_ST_ROWS_INIT, DP_ST_ROWS_SEED; zeros when absent). 0, or -1 with err
  * (one line: not such a file, a bad row table, a bad test file). */
-int dp_embed_eval_file(const char *path, const char *test, int batch, int threads,
+int dp_embed_eval_file(const char *path, const char *test, int batch, int threads, dp_precision_t precision,
                        dp_embed_scores_t *out, char *err);
 
 #endif

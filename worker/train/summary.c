@@ -192,6 +192,7 @@ int dp_train_summary_write(const dp_train_conf_t *c, const dp_run_summary_t *r, 
     if (r->sparse) s_summary_sparse(o, r->sparse);
     s_summary_rules(o, c, r);
     cJSON_AddStringToObject(o, "device", c->device);
+    cJSON_AddStringToObject(o, "precision", dp_precision_name(c->precision));
     if (!r->rl) cJSON_AddStringToObject(o, "data", r->data);
     if (!r->rl && c->train_samples > 0) cJSON_AddNumberToObject(o, "train_samples", r->train_n);
     cJSON_AddStringToObject(o, "model", r->model);

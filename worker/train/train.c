@@ -73,7 +73,7 @@ int dp_session_init(dp_session_t *s, const dp_train_conf_t *c, char *err)
                s->train.name, s->train.classes);
         goto fail;
     }
-    if (dp_backend_new(&s->be, c->device, err) != 0) goto fail;
+    if (dp_backend_new_in(&s->be, c->device, c->precision, err) != 0) goto fail;
     if (dp_net_init(&s->net, &s->model, s->be, c->batch, err) != 0) goto fail;
     /* dropout's mask: by seed, step and the sample's place in the global
      * batch (worker r's slice starts at r * batch), so that sync with R
@@ -244,8 +244,8 @@ static int s_dense_plan(dp_train_drv_t *d, char *err)
     if (dp_batcher_init_at(&r->bt, &s->train, s->be, c->batch, 0, 1, c->seed, 0, d->total, c->augment,
                            err) != 0)
         return -1;
-    dp_log_info("standalone: %s on %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
-                s->model.spec, c->device, s->train.n, s->test.n, c->batch, d->total, r->spe);
+    dp_log_info("standalone: %s on %s in %s, %d train / %d test samples, batch %d, %ld steps (%ld per epoch)",
+                s->model.spec, c->device, s->be->precision, s->train.n, s->test.n, c->batch, d->total, r->spe);
     dp_session_log_start(s, 0, d->total, r->spe);
     return 0;
 }

@@ -31,6 +31,8 @@
 
 typedef struct {
     const char *device;        /* "cpu", "cuda:K" */
+    dp_precision_t precision;  /* --precision: the conv and fc layers' arithmetic (fp32);
+                                * the backend's (dp_backend_new_in), never the servers' */
     const char *data;          /* dataset spec (common/dataset.h) */
     int train_samples;         /* the first N training samples only (0: all; dp_dataset_limit) */
     const char *model;         /* model spec (common/model.h) */

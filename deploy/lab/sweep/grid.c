@@ -16,6 +16,7 @@
 #include "common/opts.h"
 #include "common/util.h"
 #include "deploy/lab/sim.h"
+#include "kernels/backend.h"
 #include "kernels/optim.h"
 #include "proto/compress.h"
 #include "server/core/policy.h"
@@ -25,7 +26,7 @@
 static const char *const s_axis[DP_SWEEP_N_AXES] = {
     "mode", "workers", "staleness", "lr", "lr-policy", "delay-lr", "delay-compensation",
     "local-steps", "outer-optimizer", "momentum", "optimizer", "replicas", "straggler", "compute",
-    "compress", "error-feedback", "model", "churn", "env", "envs", "t-max", "entropy", "gamma",
+    "compress", "error-feedback", "model", "precision", "churn", "env", "envs", "t-max", "entropy", "gamma",
     "reward-scale", "obs-norm", "clip-norm", "env-steps", "seed",
 };
 
@@ -213,6 +214,12 @@ static int s_check_value(int a, const char *v, char *err)
         int rc = dp_model_parse(m, spec, 3, 224, 224, e);
         free(m);
         return rc == 0 ? 0 : dp_err(err, "model '%s': %s", v, e);
+    }
+    case DP_SWEEP_PRECISION: { /* one this host's CPU runs: else every such run would fail */
+        dp_precision_t p;
+        char e[DP_ERR_LEN];
+        if (dp_precision_parse(v, &p, e) != 0) return dp_err(err, "%s: %s", flag, e);
+        return dp_precision_check("cpu", p, err);
     }
     case DP_SWEEP_ENV: { /* the environments downpour-worker --env knows */
         char e[DP_ERR_LEN];

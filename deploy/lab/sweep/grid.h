@@ -16,6 +16,7 @@
  *   replicas = 3                            straggler = none, 3:50
  *   compute = exp:10                        seed = 1, 2, 3
  *   workers = 2:8 (elastic)                 churn = none, kill:2 (sim)
+ *   precision = fp32, bf16
  *   env = cartpole-v1, acrobot-v1           envs = 1, 4
  *   t-max = 5, 20                           entropy = 0.01, 0.001
  *   gamma = 0.99                            clip-norm = 0, 40
@@ -51,6 +52,7 @@ typedef enum {
     DP_SWEEP_COMPRESS,    /* the workers' --compress: none | topk:F | sign */
     DP_SWEEP_ERROR_FEEDBACK, /* --error-feedback: on | off */
     DP_SWEEP_MODEL,       /* --model: a spec or a preset (resnet20) */
+    DP_SWEEP_PRECISION,   /* the workers' --precision: fp32 | bf16 */
     DP_SWEEP_CHURN,       /* sim: none | leave:S | kill:S (with workers = MIN:MAX) */
     DP_SWEEP_ENV,         /* --env: an actor-critic run (cartpole-v1 | acrobot-v1) */
     DP_SWEEP_ENVS,        /* --envs K */

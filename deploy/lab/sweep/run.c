@@ -85,8 +85,8 @@ static int s_push_rl(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pic
     return 0;
 }
 
-/* The flags every kind of run shares: lr, momentum, optimizer, seed, the
- * RL flags, the curve (the standalone trainer, the servers and the
+/* The flags every kind of run shares: lr, momentum, optimizer, model,
+ * precision, seed, the RL flags, the curve (the standalone trainer, the servers and the
  * simulator all take --optimizer); an actor-critic run has no test set to
  * evaluate, so no curve flags. */
 static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int *pick,
@@ -99,6 +99,7 @@ static int s_push_common(dp_sweep_cmd_t *c, const dp_sweep_grid_t *g, const int 
         s_push_opt(c, "--momentum", dp_sweep_grid_value(g, pick, DP_SWEEP_MOMENTUM), err) ||
         s_push_opt(c, "--optimizer", dp_sweep_grid_value(g, pick, DP_SWEEP_OPTIMIZER), err) ||
         s_push_opt(c, "--model", dp_sweep_grid_value(g, pick, DP_SWEEP_MODEL), err) ||
+        s_push_opt(c, "--precision", dp_sweep_grid_value(g, pick, DP_SWEEP_PRECISION), err) ||
         s_push_opt(c, "--seed", seed, err) || s_push_rl(c, g, pick, err))
         return -1;
     /* No curve for an actor-critic run (no test set), nor for a sparse

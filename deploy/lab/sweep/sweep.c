@@ -42,9 +42,9 @@ static const char s_synopsis[] =
 "A grid file holds one 'key = v1, v2, ...' per line ('#' comments); its keys are the\n"
 "flags below without '--' (mode, workers, staleness, lr, lr-policy, delay-lr,\n"
 "delay-compensation, local-steps, outer-optimizer, momentum, optimizer, replicas,\n"
-"straggler, compute, compress, error-feedback, model, churn, env, envs, t-max, entropy,\n"
-"gamma, reward-scale, obs-norm, clip-norm, env-steps, seed, cluster, args, eval-every,\n"
-"eval-limit, targets).\n"
+"straggler, compute, compress, error-feedback, model, precision, churn, env, envs, t-max,\n"
+"entropy, gamma, reward-scale, obs-norm, clip-norm, env-steps, seed, cluster, args,\n"
+"eval-every, eval-limit, targets).\n"
 "Flags given on the command line replace the file's line. A model value is a spec or\n"
 "a preset (model = resnet20, fc:128 relu fc:10 softmax); a --model in args overrides\n"
 "it. With env (an actor-critic run, A3C / A2C) the table has the runs' returns\n"
@@ -100,6 +100,8 @@ static dp_opts_result_t s_parse(s_flags_t *f, int argc, char **argv, char *err)
                     "on, off (--error-feedback)"),
         DP_FLAG_STR("model", "LIST", &f->axis[DP_SWEEP_MODEL], 0,
                     "model specs or presets (resnet20, 'fc:128 relu fc:10 softmax')"),
+        DP_FLAG_STR("precision", "LIST", &f->axis[DP_SWEEP_PRECISION], 0,
+                    "fp32, bf16 (the workers' --precision)"),
         DP_FLAG_STR("churn", "LIST", &f->axis[DP_SWEEP_CHURN], 0,
                     "sim: none, leave:S, kill:S (--churn, with workers MIN:MAX)"),
         DP_FLAG_STR("env", "LIST", &f->axis[DP_SWEEP_ENV], 0,
