@@ -70,6 +70,20 @@ typedef struct {
      * drained (download, synchronize): the weights of a pull in parts go up
      * layer by layer while the forward runs on those already there. */
     void (*upload_async)(dp_backend_t *be, void *d_dst, const void *src, size_t bytes);
+    /* Copy between this device's memory and memory another process or
+     * device owns (a shard's device region mapped by CUDA IPC: a ring entry
+     * into the network, the gradient into a slot), queued on the compute
+     * stream after every op queued so far and before every op queued
+     * after; returns at once. Both sides must hold still until the stream
+     * has drained (synchronize): the caller unpins the entry, or counts the
+     * slot's push, only after that. CUDA: cudaMemcpyAsync with
+     * cudaMemcpyDefault (unified addressing names either device; from
+     * another GPU a peer copy where peer access is on). cpu: memcpy.
+     * cpu:staged notes the copy and makes it at the next synchronize or
+     * download, so a caller that lets go of a side before synchronizing
+     * copies wrong bits here as it could on a device (stricter than one:
+     * ops queued after it see the old bytes until then). */
+    void (*copy_peer)(dp_backend_t *be, void *dst, const void *src, size_t bytes);
 
     void (*conv_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                          const float *d_in, const float *d_w, const float *d_b);
@@ -260,6 +274,10 @@ int dp_backend_cpu_staged_new(dp_backend_t **out, char *err); /* "cpu:staged" */
  * (bf16: through dp_bf16_ops_select's table), before prepare; -1 with
  * one line where this CPU has no such path. */
 int dp_backend_cpu_set_precision(dp_backend_t *be, dp_precision_t p, char *err);
+/* Test hook of cpu:staged: fn(arg) runs at the synchronize or download that
+ * makes the copy_peer copies noted, just before it makes them (a test
+ * writes a side there to see whether it was still held); NULL: none. */
+void dp_backend_staged_before_copies(dp_backend_t *be, void (*fn)(void *), void *arg);
 /* Defined in kernels/cuda when built with CUDA, which the build links into
  * a module of its own, downpour-cuda.so, with cuDNN, cuBLAS and the CUDA
  * runtime: dp_backend_new loads it on the first "cuda:K" (dlopen), so a

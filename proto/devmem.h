@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #define DP_DEVMEM_HANDLE 128      /* bytes of a handle (a CUDA IPC handle is 64) */
+#define DP_DEVMEM_DEVICE 64       /* bytes of a device's name, NUL included (a PCI bus id is 13) */
 
 /* Who besides the owner may write an allocation (as DP_SHM_*). */
 #define DP_DEVMEM_READ_ONLY 0
@@ -86,12 +87,26 @@ typedef struct {
     /* Is the work before record number `want` done: 1 yes, 0 not yet, -1 error. */
     int (*event_query)(dp_devmem_event_t *e, uint64_t want, char *err);
     void (*event_destroy)(dp_devmem_event_t *e); /* safe on a zeroed one */
+    /* Where a worker can read the region from (proto/devregion.h's
+     * dp_devregion_reach decides; these are the facts). device_of: the
+     * device m lies on, as every process on this host names it (CUDA: its
+     * PCI bus id, since device numbers depend on CUDA_VISIBLE_DEVICES;
+     * the stand-in: "standin"), into id (DP_DEVMEM_DEVICE bytes). reach:
+     * from this thread's device, is device id this one (*same), else can
+     * it map id's memory by peer access (*peer); a device this process
+     * cannot see is neither. peer_enable: turn that access on for this
+     * thread's device (once per pair; on already is fine). */
+    int (*device_of)(const dp_devmem_t *m, char *id, char *err);
+    int (*reach)(const char *id, int *same, int *peer, char *err);
+    int (*peer_enable)(const char *id, char *err);
 } dp_devmem_ops_t;
 
 /* The CPU stand-in (proto/devmem_standin.c). */
 extern const dp_devmem_ops_t dp_devmem_standin;
-/* The provider the test hook DP_TEST_DEVMEM=standin names (the stand-in),
- * else NULL: the one place that reads it (proto/devmem_standin.c). The
+/* The provider the test hook DP_TEST_DEVMEM=standin names (the stand-in;
+ * also standin:peer and standin:nopeer, where the stand-in's reach says
+ * the region is on another device, with and without peer access), else
+ * NULL: the one place that reads it (proto/devmem_standin.c). The
  * CUDA provider comes with a device: a shard's --device cuda:N and a GPU
  * worker's backend find it through kernels/backend.h's
  * dp_devmem_for_device; the hook, when set, wins on both sides. */

@@ -8,6 +8,7 @@
 #include "proto/devmem.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,6 +138,32 @@ static void s_event_destroy(dp_devmem_event_t *e)
     memset(e, 0, sizeof *e);
 }
 
+static int s_device_of(const dp_devmem_t *m, char *id, char *err)
+{
+    (void)m, (void)err;
+    snprintf(id, DP_DEVMEM_DEVICE, "standin");
+    return 0;
+}
+
+/* One memory for every process: the same device, unless the test hook
+ * says the worker's is another (standin:peer, standin:nopeer), so that the
+ * route dp_devregion_reach takes for two GPUs runs here. */
+static int s_reach(const char *id, int *same, int *peer, char *err)
+{
+    (void)err;
+    const char *v = getenv("DP_TEST_DEVMEM");
+    int other = v && strncmp(v, "standin:", 8) == 0;
+    *same = !other && strcmp(id, "standin") == 0;
+    *peer = other && strcmp(v + 8, "peer") == 0;
+    return 0;
+}
+
+static int s_peer_enable(const char *id, char *err)
+{
+    (void)id, (void)err;
+    return 0; /* one memory: nothing to turn on */
+}
+
 const dp_devmem_ops_t dp_devmem_standin = {
     .name = "standin",
     .survives_free = 1,
@@ -153,20 +180,28 @@ const dp_devmem_ops_t dp_devmem_standin = {
     .event_wait = s_event_wait,
     .event_query = s_event_query,
     .event_destroy = s_event_destroy,
+    .device_of = s_device_of,
+    .reach = s_reach,
+    .peer_enable = s_peer_enable,
 };
 
 /* Test hook, read here only: DP_TEST_DEVMEM=standin makes the daemons of
  * this process (downpour-ps, downpour-worker's client) offer and take the
  * device region on the CPU stand-in, so that `make test` runs the
  * handshake, pulls through the ring and pushes through the slots end to end
- * on a machine without a GPU; =off offers and takes none, not even the
+ * on a machine without a GPU (standin:peer, standin:nopeer: the same, the
+ * workers told that the region is on another device, which they can reach
+ * by peer access or cannot: s_reach); =off offers and takes none, not even the
  * CUDA one a device shard and a GPU worker have (the host path beside it,
  * tests/gpu/run.sh). Unset (the default, and every other value): no
  * stand-in; the device's provider where there is one. */
 const dp_devmem_ops_t *dp_devmem_test_provider(void)
 {
     const char *v = getenv("DP_TEST_DEVMEM");
-    return v && strcmp(v, "standin") == 0 ? &dp_devmem_standin : NULL;
+    if (!v) return NULL;
+    int ok = strcmp(v, "standin") == 0 || strcmp(v, "standin:peer") == 0 ||
+             strcmp(v, "standin:nopeer") == 0;
+    return ok ? &dp_devmem_standin : NULL;
 }
 
 int dp_devmem_test_off(void)

@@ -124,6 +124,7 @@ int dp_devregion_offer(const dp_devregion_shard_t *r, int k, dp_devregion_offer_
         r->ops->export_handle(&r->slot[k].grad, &o->grad, err) != 0)
         return -1;
     o->event = r->slot[k].evh;
+    if (r->ops->device_of && r->ops->device_of(&r->weights, o->device, err) != 0) return -1;
     return 0;
 }
 
@@ -405,6 +406,30 @@ int dp_devregion_push(dp_devregion_worker_t *w, void *stream, char *err)
      * floats and the record) */
     atomic_fetch_add_explicit(&w->wctl->pushed, 1, memory_order_release);
     return 0;
+}
+
+dp_devregion_route_t dp_devregion_route(int same, int peer)
+{
+    return same ? DP_DEVREGION_LOCAL : peer ? DP_DEVREGION_PEER : DP_DEVREGION_HOST;
+}
+
+dp_devregion_route_t dp_devregion_reach(const dp_devmem_ops_t *ops, const char *device, char *why)
+{
+    char err[DP_ERR_LEN];
+    int same = 0, peer = 0;
+    if (!device[0] || !ops->reach) return DP_DEVREGION_LOCAL;
+    if (ops->reach(device, &same, &peer, err) != 0) {
+        dp_err(why, "device region on %s: %s", device, err);
+        return DP_DEVREGION_HOST;
+    }
+    dp_devregion_route_t r = dp_devregion_route(same, peer);
+    if (r == DP_DEVREGION_HOST)
+        dp_err(why, "device region on %s, which this device cannot reach (no peer access)", device);
+    else if (r == DP_DEVREGION_PEER && ops->peer_enable(device, err) != 0) {
+        dp_err(why, "device region on %s: peer access: %s", device, err);
+        r = DP_DEVREGION_HOST;
+    }
+    return r;
 }
 
 void dp_devregion_detach(dp_devregion_worker_t *w)

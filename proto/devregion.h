@@ -106,6 +106,7 @@ typedef struct {
     dp_devmem_handle_t weights;     /* the ring */
     dp_devmem_handle_t grad;        /* this slot's gradient */
     dp_devmem_handle_t event;       /* this slot's event */
+    char device[DP_DEVMEM_DEVICE];  /* the ring's device (ops->device_of); "": not said */
 } dp_devregion_offer_t;
 
 typedef struct {
@@ -200,6 +201,18 @@ float *dp_devregion_slot(dp_devregion_worker_t *w);
 int dp_devregion_slot_free(const dp_devregion_worker_t *w);
 /* The slot's n floats are written (issued on stream): record, then count. */
 int dp_devregion_push(dp_devregion_worker_t *w, void *stream, char *err);
+/* How a worker reads a region (item 4 of two GPUs on one host): on its
+ * own device (LOCAL); on another its device reaches by peer access
+ * (PEER: the same copies, device to device, once access is on); or not
+ * at all (HOST: it declines the offer and its tensors go through the
+ * shard's shared memory, page-locked, as a worker's on another host). */
+typedef enum { DP_DEVREGION_LOCAL, DP_DEVREGION_PEER, DP_DEVREGION_HOST } dp_devregion_route_t;
+/* The decision alone: same device, else peer access where it can. */
+dp_devregion_route_t dp_devregion_route(int same, int peer);
+/* The route to a region on device (an offer's; "" or no ops to ask: LOCAL,
+ * as before the offer said), peer access turned on when PEER; HOST with
+ * why (one line) when the device cannot be reached or its access fails. */
+dp_devregion_route_t dp_devregion_reach(const dp_devmem_ops_t *ops, const char *device, char *why);
 /* Unpin, say we no longer map it, unmap; safe on a zeroed worker. */
 void dp_devregion_detach(dp_devregion_worker_t *w);
 

@@ -39,6 +39,10 @@ typedef struct {
     unsigned n, done, cap;
     void **locked;            /* host_register's pointers not yet unregistered */
     unsigned n_locked, cap_locked;
+    struct { void *dst; const void *src; size_t bytes; } *peer; /* copy_peer's, not made yet */
+    unsigned n_peer, cap_peer;
+    void (*before_peer)(void *); /* dp_backend_staged_before_copies */
+    void *before_peer_arg;
 } s_cpu_t;
 
 /* cpu:staged's state; NULL on the plain cpu. */
@@ -115,9 +119,11 @@ static void s_upload(dp_backend_t *be, void *d_dst, const void *src, size_t byte
     if (bytes) memcpy(d_dst, src, bytes);
 }
 
+static void s_peer_flush(dp_backend_t *be);
+
 static void s_download(dp_backend_t *be, void *dst, const void *d_src, size_t bytes)
 {
-    (void)be;
+    s_peer_flush(be); /* cpu:staged: its copy_peer copies, in order */
     if (bytes) memcpy(dst, d_src, bytes);
 }
 
@@ -135,7 +141,43 @@ static void s_host_release(dp_backend_t *be, void *p)
 
 static void s_synchronize(dp_backend_t *be)
 {
-    (void)be;
+    s_peer_flush(be);
+}
+
+/* cpu: made at once. cpu:staged: noted, made at the next synchronize or
+ * download (s_peer_flush), as a device's stream would reach it later. */
+static void s_copy_peer(dp_backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    s_cpu_t *st = s_staged(be);
+    if (!st) {
+        if (bytes) memcpy(dst, src, bytes);
+        return;
+    }
+    if (st->n_peer == st->cap_peer) {
+        st->cap_peer = st->cap_peer ? 2 * st->cap_peer : 8;
+        st->peer = dp_realloc(st->peer, st->cap_peer * sizeof *st->peer);
+    }
+    st->peer[st->n_peer].dst = dst;
+    st->peer[st->n_peer].src = src;
+    st->peer[st->n_peer++].bytes = bytes;
+}
+
+static void s_peer_flush(dp_backend_t *be)
+{
+    s_cpu_t *st = s_staged(be);
+    if (!st || !st->n_peer) return;
+    if (st->before_peer) st->before_peer(st->before_peer_arg);
+    for (unsigned i = 0; i < st->n_peer; i++)
+        if (st->peer[i].bytes) memcpy(st->peer[i].dst, st->peer[i].src, st->peer[i].bytes);
+    st->n_peer = 0;
+}
+
+void dp_backend_staged_before_copies(dp_backend_t *be, void (*fn)(void *), void *arg)
+{
+    s_cpu_t *st = s_staged(be);
+    if (!st) return;
+    st->before_peer = fn;
+    st->before_peer_arg = arg;
 }
 
 /* cpu: nothing to lock. cpu:staged keeps the device's bookkeeping, so a
@@ -509,6 +551,7 @@ static void s_destroy(dp_backend_t *be)
         dp_log_warn("cpu:staged: %u host memory registration(s) never undone", st->n_locked);
     free(st->copy);
     free(st->locked);
+    free(st->peer);
     free(st);
     free(be);
 }
@@ -529,6 +572,7 @@ static const dp_backend_ops_t s_cpu_ops = {
     .download_wait = s_download_wait,
     .download_wait_first = s_download_wait_first,
     .upload_async = s_upload, /* ops are done when they return: so is the copy */
+    .copy_peer = s_copy_peer,
     .conv_forward = s_conv_forward,
     .conv_backward = s_conv_backward,
     .relu_forward = s_relu_forward,

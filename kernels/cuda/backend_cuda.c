@@ -161,6 +161,19 @@ static void s_upload_async(dp_backend_t *be, void *d_dst, const void *src, size_
     if (bytes) DP_CUDA_CHECK(cudaMemcpyAsync(d_dst, src, bytes, cudaMemcpyHostToDevice, cx->stream));
 }
 
+/* A device region's memory (another process's allocation, mapped by CUDA
+ * IPC, on this GPU or on another by peer access) to or from ours, in order
+ * with the ops on the compute stream. cudaMemcpyDefault: with unified
+ * addressing the runtime knows each side's device, so one call is the
+ * copy within a device and the peer copy between two (cudaMemcpyPeerAsync's,
+ * without naming the devices; staged through the host where peer access
+ * is off). Both sides must hold still until the stream drains. */
+static void s_copy_peer(dp_backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    dp_cuda_t *cx = s_enter(be);
+    if (bytes) DP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cx->stream));
+}
+
 static void *s_host_alloc(dp_backend_t *be, size_t bytes)
 {
     dp_cuda_t *cx = s_enter(be);
@@ -634,6 +647,7 @@ static const dp_backend_ops_t s_cuda_ops = {
     .download_async = s_download_async,
     .download_wait_first = s_download_wait_first,
     .upload_async = s_upload_async,
+    .copy_peer = s_copy_peer,
     .download_wait = s_download_wait,
     .conv_forward = s_conv_forward,
     .conv_backward = s_conv_backward,

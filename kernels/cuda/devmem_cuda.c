@@ -184,6 +184,48 @@ static void s_event_destroy(dp_devmem_event_t *e)
     memset(e, 0, sizeof *e);
 }
 
+/* Devices by PCI bus id: the one name every process on the host agrees
+ * on (device numbers are each process's, after CUDA_VISIBLE_DEVICES). */
+static int s_device_of(const dp_devmem_t *m, char *id, char *err)
+{
+    struct cudaPointerAttributes a;
+    S_CK(cudaPointerGetAttributes(&a, m->ptr));
+    S_CK(cudaDeviceGetPCIBusId(id, DP_DEVMEM_DEVICE, a.device));
+    return 0;
+}
+
+static int s_reach(const char *id, int *same, int *peer, char *err)
+{
+    int dev = 0, mine = 0, can = 0;
+    *same = *peer = 0;
+    if (cudaDeviceGetByPCIBusId(&dev, id) != cudaSuccess) {
+        cudaGetLastError(); /* not visible to this process: neither */
+        return 0;
+    }
+    S_CK(cudaGetDevice(&mine));
+    if (dev == mine) {
+        *same = 1;
+        return 0;
+    }
+    S_CK(cudaDeviceCanAccessPeer(&can, mine, dev));
+    *peer = can;
+    return 0;
+}
+
+/* This thread's device to id's, once: a second call finds it on already. */
+static int s_peer_enable(const char *id, char *err)
+{
+    int dev = 0;
+    S_CK(cudaDeviceGetByPCIBusId(&dev, id));
+    cudaError_t e = cudaDeviceEnablePeerAccess(dev, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+        return 0;
+    }
+    S_CK(e);
+    return 0;
+}
+
 const dp_devmem_ops_t dp_devmem_cuda = {
     .name = "cuda",
     .survives_free = 0,
@@ -200,6 +242,9 @@ const dp_devmem_ops_t dp_devmem_cuda = {
     .event_wait = s_event_wait,
     .event_query = s_event_query,
     .event_destroy = s_event_destroy,
+    .device_of = s_device_of,
+    .reach = s_reach,
+    .peer_enable = s_peer_enable,
 };
 
 /* The provider for a shard or a worker on device (kernels/backend.h's

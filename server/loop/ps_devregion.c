@@ -84,6 +84,7 @@ int dp_ps_devr_grant(dp_ps_devr_t *x, int worker, Downpour__DevRegionOffer *o, c
     o->weights = (ProtobufCBinaryData){sizeof f->weights.b, f->weights.b};
     o->grad = (ProtobufCBinaryData){sizeof f->grad.b, f->grad.b};
     o->event = (ProtobufCBinaryData){sizeof f->event.b, f->event.b};
+    o->device = f->device;
     x->granted[worker] = 1;
     return 0;
 }

@@ -4,7 +4,12 @@
  * the version it pinned, pushes a gradient the shard takes through the IPC
  * event; then it writes the ring through its mapping and the test prints
  * whether that went through (the threat model's row: legacy IPC maps
- * read-write, and map must say what it gave: m->writable).
+ * read-write, and map must say what it gave: m->writable). Beside it, a
+ * device worker's own path (worker/train/distributed.c): the pinned entry
+ * copied device to device into a cuda:0 backend's buffer (copy_peer, then
+ * synchronize, then the unpin), and the gradient from that backend's
+ * buffer into the slot the same way; the offer names the ring's device
+ * (its PCI bus id) and the worker's route to it is its own device.
  *
  * The worker is forked before this process touches CUDA (a CUDA context
  * does not survive fork). Without a device: "0 passed, 0 failed, 1 skipped"
@@ -18,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "proto/devregion.h"
 #include "tests/test.h"
 
@@ -25,6 +31,7 @@
 
 typedef struct {
     int attached, pinned_ok, pushed, wrote_ring, says_writable;
+    int local, d2d_pull_ok;
 } s_report_t;
 
 static int s_recv(int fd, void *p, size_t n)
@@ -45,7 +52,8 @@ static void s_send(int fd, const void *p, size_t n)
     if (write(fd, p, n) != (ssize_t)n) perror("test_gpu_devregion: write");
 }
 
-/* The worker: attach, check the pinned version, push 2 x weights, write the ring. */
+/* The worker: attach, check the pinned version, copy it device to device,
+ * push 2 x weights device to device, write the ring. */
 static int s_worker(int rd, int wr)
 {
     s_report_t rep = {0};
@@ -66,10 +74,31 @@ static int s_worker(int rd, int wr)
         rep.pinned_ok = v == 1;
         for (int i = 0; i < NF; i++) rep.pinned_ok &= host[i] == (float)i;
     }
+    /* a device worker's path (worker/train/distributed.c): the entry into
+     * the network's buffer device to device, waited for before the unpin;
+     * the gradient from the network's buffer into the slot the same way,
+     * waited for before the record and the count */
+    char why[DP_ERR_LEN] = "";
+    rep.local = o.device[0] && dp_devregion_reach(&dp_devmem_cuda, o.device, why) ==
+                                   DP_DEVREGION_LOCAL;
     float *d_g = dp_devregion_slot(&w);
-    for (int i = 0; i < NF; i++) host[i] *= 2;
-    rep.pushed = d_g && dp_devmem_cuda.copy(d_g, host, sizeof host, err) == 0 &&
-                 dp_devregion_push(&w, NULL, err) == 0;
+    dp_backend_t *be = NULL;
+    if (d_x && d_g && dp_backend_new(&be, "cuda:0", err) == 0) {
+        float *d_net = be->ops->alloc(be, sizeof host);
+        be->ops->copy_peer(be, d_net, d_x, sizeof host);
+        be->ops->synchronize(be);
+        static float back[NF];
+        be->ops->download(be, back, d_net, sizeof back);
+        rep.d2d_pull_ok = 1;
+        for (int i = 0; i < NF; i++) rep.d2d_pull_ok &= back[i] == (float)i;
+        for (int i = 0; i < NF; i++) host[i] *= 2;
+        be->ops->upload(be, d_net, host, sizeof host); /* the "gradient" */
+        be->ops->copy_peer(be, d_g, d_net, sizeof host);
+        be->ops->synchronize(be);
+        rep.pushed = dp_devregion_push(&w, NULL, err) == 0;
+        be->ops->release(be, d_net);
+        dp_backend_destroy(&be);
+    }
     /* the measurement: a write through the ring's IPC mapping */
     rep.says_writable = w.weights.writable;
     rep.wrote_ring = d_x && cudaMemset((void *)d_x, 0xff, sizeof(float)) == cudaSuccess &&
@@ -107,6 +136,10 @@ static void s_shard(int to, int from)
     s_report_t rep = {0};
     CHECK_EQ(s_recv(from, &rep, sizeof rep), 0);
     CHECK(rep.attached && rep.pinned_ok && rep.pushed);
+    CHECK(o.device[0] != 0); /* the ring's device, by PCI bus id */
+    CHECK(rep.local);        /* one GPU: the worker's own */
+    CHECK(rep.d2d_pull_ok);  /* the entry device to device into a backend's buffer */
+    /* and the push below is the backend's gradient, device to device */
     int took = dp_devregion_take(&r, 0, scratch, s_apply, got, err);
     CHECK_EQ(took, 1);
     if (took != 1) fprintf(stderr, "  take: %s\n", err);

@@ -7,7 +7,18 @@
 #    files are identical, byte for byte;
 #  - the runs went through the region: each shard says it made one, each
 #    worker that it maps it, and each shard's stop line counts every push
-#    taken from the slots (12 steps a worker) and no push refused.
+#    taken from the slots (12 steps a worker) and no push refused;
+#  - a device worker (cpu:staged, the CPU backend behind a device's memory
+#    model), sync, 2 x 2: the same, and every pull and push of it went
+#    device to device (the backend's copy_peer into the network and out of
+#    its gradient, the worker's count of them), none through the host; the
+#    stand-in defers copy_peer's copies to the next synchronize, so a copy
+#    not waited for before the unpin or the count shows in the model file;
+#  - two GPUs on one host, through the stand-in's hook: the region on
+#    another device the worker reaches by peer access (standin:peer): the
+#    same as above, the worker says so; one it cannot reach
+#    (standin:nopeer): the worker declines the region with one line and
+#    its tensors go through shared memory, the same model file again.
 # The handshake, the restart and the hostile peers: test_ps_devregion.
 # dp-test: unsanitized (the region protocol runs under the sanitizers in
 # test_devregion and test_ps_devregion; this adds the launcher around it)
@@ -51,5 +62,49 @@ pair() {
 
 pair async 1 1 --mode async
 pair sync 2 2 --mode sync
+
+# devcount DIR pulls|pushes: the workers' device-to-device count, summed
+devcount() {
+    local k=1; [ "$2" = pushes ] && k=2
+    grep -h "device region: .* shard pulls and" "$1"/logs/worker-*.log |
+        sed -E 's/.* ([0-9]+) shard pulls and ([0-9]+) shard pushes.*/\1 \2/' |
+        awk -v k=$k '{s += $k} END {print s + 0}'
+}
+
+# staged HOOK NAME: a 2 x 2 sync run of cpu:staged workers under
+# DP_TEST_DEVMEM=HOOK, against the same over frames
+staged() {
+    local hook=$1 name=$2 run=(--ps-shards 2 --workers 2 --mode sync --device cpu:staged
+                                --model "fc:64 relu fc:10 softmax")
+    [ -s "$TMP/staged-zmq/model.safetensors" ] ||
+        "$L" local "${run[@]}" "${common[@]}" --transport zmq --out "$TMP/staged-zmq" \
+            >"$TMP/staged-zmq.log" 2>&1
+    DP_TEST_DEVMEM=$hook "$L" local "${run[@]}" "${common[@]}" --out "$TMP/$name" \
+        >"$TMP/$name.log" 2>&1
+    check "$name: the run (exit $?)" test -s "$TMP/$name/model.safetensors"
+    check "$name: the same model file as over frames, byte for byte" \
+        cmp -s "$TMP/staged-zmq/model.safetensors" "$TMP/$name/model.safetensors"
+}
+
+staged standin staged
+check "staged: every pull through a ring went device to device ($(devcount "$TMP/staged" pulls))" \
+    test "$(devcount "$TMP/staged" pulls)" = 48
+check "staged: every push into a slot went device to device ($(devcount "$TMP/staged" pushes))" \
+    test "$(devcount "$TMP/staged" pushes)" = 48
+check "staged: every push taken from a slot ($(taken "$TMP/staged"))" test "$(taken "$TMP/staged")" = 48
+
+staged standin:peer peer
+check "peer: the workers map the other device's region by peer access" \
+    test "$(grep -h "by peer access to standin" "$TMP/peer"/logs/worker-*.log | wc -l)" = 4
+check "peer: device to device all the same ($(devcount "$TMP/peer" pushes))" \
+    test "$(devcount "$TMP/peer" pushes)" = 48
+
+staged standin:nopeer nopeer
+check "nopeer: each worker declines each shard's region in one line" \
+    test "$(grep -h "cannot reach (no peer access): weights and gradients through its shared memory" \
+        "$TMP/nopeer"/logs/worker-*.log | wc -l)" = 4
+check "nopeer: no push through a slot ($(taken "$TMP/nopeer"))" test "$(taken "$TMP/nopeer")" = 0
+check "nopeer: the shard's shared memory page-locked instead" \
+    grep -q "shared memory page-locked" "$TMP/nopeer/logs/worker-0.log"
 
 finish

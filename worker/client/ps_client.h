@@ -275,6 +275,34 @@ int dp_ps_client_pull(dp_ps_client_t *c, float *params, char *err);
 typedef void (*dp_ps_params_sink_fn)(void *arg, size_t off, const float *data, size_t n);
 int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
 
+/* A device worker's copies between its network's device memory and a
+ * shard's device region (proto/devregion.h), so that neither the weights
+ * nor the gradient cross the host (worker/train/distributed.c: the
+ * backend's copy_peer, then its synchronize). Each copy is done, not only
+ * queued, when the call returns: the client unpins the ring entry, or
+ * counts the slot's push, right after. */
+typedef struct {
+    /* The weights' floats [off, off + n) at src, an address on the device
+     * (the ring entry a pull pinned), into the network's. */
+    int (*weights_in)(void *arg, size_t off, const float *src, size_t n, char *err);
+    /* The gradient's floats [off, off + n) into dst: a gradient slot on the
+     * device (device 1), or host memory (0: a slice that goes another way,
+     * the slot not free or the region gone). */
+    int (*grads_out)(void *arg, float *dst, size_t off, size_t n, int device, char *err);
+    void *arg;
+} dp_ps_device_t;
+/* Set them (NULL: none); they must outlive the client's pulls and pushes. */
+void dp_ps_client_set_device(dp_ps_client_t *c, const dp_ps_device_t *dev);
+/* As pull_to, and a shard's reply through its device region goes through
+ * the device's weights_in instead of sink (device to device). */
+int dp_ps_client_pull_device(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
+/* 1 when a push can leave from the device (dp_ps_push_t.grads NULL): the
+ * device's copies set, every shard's device region mapped, pushes dense. */
+int dp_ps_client_push_on_device(const dp_ps_client_t *c);
+/* What went device to device: pulls' ring entries copied by weights_in,
+ * pushes' slices into a slot by grads_out. */
+void dp_ps_client_device_counts(const dp_ps_client_t *c, uint64_t *pulls, uint64_t *pushes);
+
 /* A pull in parts, as the forward needs them (net.h's on_params): pull_begin
  * asks and returns; pull_until(end) once floats [0, end) of params are in:
  * DP_PULL_OK, DP_PULL_FAILED with err, or DP_PULL_TORN (worker/client/pull.h: a
@@ -310,7 +338,9 @@ typedef struct {
 
 /* One push. */
 typedef struct {
-    const float *grads;          /* m->n_floats; untouched until the push returns */
+    const float *grads;          /* m->n_floats; untouched until the push returns. NULL: the
+                                  * device's, copied out by dp_ps_device_t.grads_out (a whole
+                                  * push where dp_ps_client_push_on_device says so) */
     float loss;
     int batch;
     uint64_t step;               /* the worker's step (1, 2, ...), which each shard applies

@@ -7,14 +7,15 @@
  * request the way it went before: shared memory or frames.
  *
  * The provider: the stand-in under the test hook, else a GPU worker's CUDA
- * IPC (opts.devmem); a CPU worker has none and never asks. The client
- * hands out host floats, so a pull copies the pinned entry out to the host
- * buffer (device to host on CUDA: cudaMemcpyDefault) and a push copies the
- * host slice into the slot (host to device), then records the event. What
- * is left for a GPU worker: pulling into its device parameters (the ring
- * entry copied device to device, or read in place for a forward and
- * backward and unpinned after) and pushing from its device gradient, which
- * needs the client to take device pointers. */
+ * IPC (opts.devmem); a CPU worker has none and never asks. A region on a
+ * device ours cannot reach (another GPU, no peer access: dp_devregion_reach)
+ * is declined at the WELCOME, and the shard's shared memory carries the
+ * tensors. Where the caller set the device's copies (dp_ps_client_set_device,
+ * a device worker), a pull copies the pinned entry into the network device
+ * to device and a push copies the network's gradient into the slot the
+ * same way; else the client hands out host floats: a pull copies the entry
+ * to the host buffer (device to host on CUDA: cudaMemcpyDefault), a push
+ * the host slice into the slot (host to device). */
 #include <string.h>
 
 #include "common/util.h"
@@ -56,6 +57,10 @@ static int s_offer(const Downpour__DevRegionOffer *m, dp_devregion_offer_t *o, c
     o->slot = m->slot;
     snprintf(o->ctl, sizeof o->ctl, "%s", m->ctl);
     snprintf(o->wctl, sizeof o->wctl, "%s", m->wctl);
+    if (m->device && strlen(m->device) >= sizeof o->device)
+        return dp_err(err, "device region offer: a device name over %zu bytes",
+                      sizeof o->device - 1);
+    snprintf(o->device, sizeof o->device, "%s", m->device ? m->device : "");
     if (m->weights.len) memcpy(o->weights.b, m->weights.data, m->weights.len);
     if (m->grad.len) memcpy(o->grad.b, m->grad.data, m->grad.len);
     if (m->event.len) memcpy(o->event.b, m->event.data, m->event.len);
@@ -78,6 +83,12 @@ void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
                     (unsigned long long)o.n, (unsigned long long)(s->hi - s->lo));
     if (rc == 0 && o.slot != (uint32_t)c->worker_id)
         rc = dp_err(err, "device region offer of slot %u to worker %d", o.slot, c->worker_id);
+    dp_devregion_route_t route = DP_DEVREGION_LOCAL;
+    if (rc == 0 && (route = dp_devregion_reach(ops, o.device, err)) == DP_DEVREGION_HOST) {
+        dp_ps_devr_close(s);
+        dp_log_info("%s: %s: weights and gradients through its shared memory", s->endpoint, err);
+        return;
+    }
     int mapped = 0;
     if (rc == 0) {
         if (!s->devr_w.ops) s->devr_w.ops = ops;
@@ -91,8 +102,10 @@ void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
     }
     if (mapped == 1)
         dp_log_info("%s: weights and gradients through the device region (%s, slot %u, "
-                    "generation %016llx)",
-                    s->endpoint, ops->name, o.slot, (unsigned long long)o.generation);
+                    "generation %016llx%s%s)",
+                    s->endpoint, ops->name, o.slot, (unsigned long long)o.generation,
+                    route == DP_DEVREGION_PEER ? ", by peer access to " : "",
+                    route == DP_DEVREGION_PEER ? o.device : "");
     s->devr = true;
 }
 
@@ -116,15 +129,60 @@ int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst)
     return rc;
 }
 
-int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n)
+int dp_ps_devr_read_device(dp_ps_shard_t *s, uint64_t version, const dp_ps_device_t *dev)
+{
+    char err[DP_ERR_LEN];
+    uint64_t v = 0;
+    const float *e = dp_devregion_pin(&s->devr_w, &v, err);
+    if (!e) {
+        dp_log_debug("%s: pull through the device region: %s", s->endpoint, err);
+        return -1;
+    }
+    int rc = -1;
+    if (v != version)
+        dp_log_debug("%s: pull through the device region: the ring's newest is version %llu, "
+                     "the reply's %llu", s->endpoint, (unsigned long long)v,
+                     (unsigned long long)version);
+    else if ((rc = dev->weights_in(dev->arg, (size_t)s->lo, e, (size_t)(s->hi - s->lo), err)) != 0)
+        dp_log_warn("%s: pull through the device region: %s", s->endpoint, err);
+    /* Only now: weights_in returns once its copy is done on the device
+     * (queued, then synchronized), so the shard, which never writes a
+     * pinned entry, cannot have written this one under it. */
+    dp_devregion_unpin(&s->devr_w);
+    return rc;
+}
+
+int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n, const dp_ps_device_t *dev)
 {
     char err[DP_ERR_LEN];
     float *slot = dp_devregion_slot(&s->devr_w);
     if (!slot || n != s->devr_w.n) return -1;
-    if (s->devr_w.ops->copy(slot, slice, n * sizeof(float), err) != 0 ||
-        dp_devregion_push(&s->devr_w, NULL, err) != 0) {
+    /* done when it returns (grads_out synchronizes its copy), so the record
+     * and the count that follow cover written floats */
+    int rc = slice ? s->devr_w.ops->copy(slot, slice, n * sizeof(float), err)
+                   : dev->grads_out(dev->arg, slot, (size_t)s->lo, n, 1, err);
+    if (rc != 0 || dp_devregion_push(&s->devr_w, NULL, err) != 0) {
         dp_log_debug("%s: push through the device region: %s", s->endpoint, err);
         return -1;
     }
     return 0;
+}
+
+void dp_ps_client_set_device(dp_ps_client_t *c, const dp_ps_device_t *dev)
+{
+    c->dev = dev;
+}
+
+int dp_ps_client_push_on_device(const dp_ps_client_t *c)
+{
+    if (!c->dev || c->compress.kind != DP_COMPRESS_NONE) return 0;
+    for (int i = 0; i < c->n; i++)
+        if (!c->sh[i].devr) return 0;
+    return 1;
+}
+
+void dp_ps_client_device_counts(const dp_ps_client_t *c, uint64_t *pulls, uint64_t *pushes)
+{
+    *pulls = c->dev_pulls;
+    *pushes = c->dev_pushes;
 }

@@ -836,6 +836,7 @@ void dp_ps_client_destroy(dp_ps_client_t **c_p)
     free(c->sh);
     free(c->aw);
     free(c->landing);
+    free(c->grads_host);
     free(c->pull_room);
     free(c->push_room);
     dp_ps_rows_req_free(c->rows);

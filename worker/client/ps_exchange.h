@@ -156,6 +156,10 @@ struct dp_ps_client {
                              * it: mapped until that answer is given up */
     dp_ps_shm_hook_fn shm_hook; /* told of each segment mapped and before each unmap; NULL */
     void *shm_hook_arg;
+    const dp_ps_device_t *dev; /* a device worker's copies to and from the regions; NULL: none */
+    float *grads_host;      /* m->n_floats, made on first use: a device push's slices that
+                             * go through shared memory or frames (dev->grads_out's) */
+    uint64_t dev_pulls, dev_pushes; /* dp_ps_client_device_counts */
 };
 
 /* Storage one request points into until it is sent. */
@@ -280,8 +284,12 @@ void dp_ps_devr_close(dp_ps_shard_t *s);
  * (s->hi - s->lo floats): 0, or -1 when the region says otherwise (retired,
  * a newer version, none): the pull goes again (and then in frames). */
 int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst);
+/* The same, device to device: the pinned entry handed to dev->weights_in,
+ * unpinned once it returns (the copy done). */
+int dp_ps_devr_read_device(dp_ps_shard_t *s, uint64_t version, const dp_ps_device_t *dev);
 /* The whole slice's gradient into our slot, then the count: 0, or -1 when
- * the slot is not ours to write (the last push not taken): frames then. */
-int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n);
+ * the slot is not ours to write (the last push not taken): frames then.
+ * slice NULL: the device's gradient, copied in by dev->grads_out. */
+int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n, const dp_ps_device_t *dev);
 
 #endif

@@ -22,7 +22,10 @@
  * be rewritten under it), and pull_until says OK at once. A shard that
  * takes no cuts (an older one) answers whole, which is as good. Until the
  * pull is over the client takes no other request (a pull abandons an
- * unfinished one).
+ * unfinished one). A device region is read whole too: its entry lies on
+ * the device already, one copy device to device (pull_device), which a
+ * pull in parts would spread over the forward only to keep the entry
+ * pinned the longer.
  *
  * Invariants: a shard's parts come in order, each the run between its
  * cuts, all of one version (one snapshot); floats [0, handed) of params
@@ -58,6 +61,7 @@ struct dp_ps_pull_req {
     size_t handed;          /* floats [0, handed) the caller was told are in */
     bool torn;              /* a shard was asked again after some of its floats were handed */
     bool wire;              /* asked through the socket: shared memory tore S_TORN_SHM times */
+    bool device;            /* a reply through a device region: c->dev's weights_in */
     s_pull_shard_t sh[DP_ZSOCK_MAX_SHARDS]; /* the first c->n used */
 };
 
@@ -255,11 +259,14 @@ static dp_ps_reply_t s_on_params(dp_ps_client_t *c, int i, const Downpour__Envel
         if (!s->devr)
             return dp_err(err, "%s: PARAMS through a device region we do not map", s->endpoint);
         float *dst = to->params ? to->params : c->landing;
-        if (dp_ps_devr_read(s, env->params->version, dst + s->lo) != 0) {
+        int rc = to->device ? dp_ps_devr_read_device(s, env->params->version, c->dev)
+                            : dp_ps_devr_read(s, env->params->version, dst + s->lo);
+        if (rc != 0) {
             ps->torn = true; /* s_pull asks again, in frames after S_TORN_SHM tries */
             return DP_PS_REPLY_DONE;
         }
-        s_deliver(to, s->lo, dst + s->lo, (size_t)(s->hi - s->lo));
+        if (to->device) c->dev_pulls++; /* in the network already, device to device */
+        else s_deliver(to, s->lo, dst + s->lo, (size_t)(s->hi - s->lo));
         ps->got = s->hi;
         c->bytes_pulled += (s->hi - s->lo) * sizeof(float);
     } else if (env->shm) {
@@ -344,6 +351,13 @@ int dp_ps_client_pull_to(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg
 {
     if (!c->landing) c->landing = dp_aligned_alloc(c->m->n_floats * sizeof(float));
     dp_ps_pull_req_t to = {.sink = sink, .sink_arg = arg};
+    return s_pull(c, &to, err);
+}
+
+int dp_ps_client_pull_device(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err)
+{
+    if (!c->landing) c->landing = dp_aligned_alloc(c->m->n_floats * sizeof(float));
+    dp_ps_pull_req_t to = {.sink = sink, .sink_arg = arg, .device = c->dev != NULL};
     return s_pull(c, &to, err);
 }
 

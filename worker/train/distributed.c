@@ -119,15 +119,49 @@ static void s_upload_from(void *arg, size_t off, const float *data, size_t n)
     s->be->ops->upload(s->be, s->net.d_params + off, data, n * sizeof(float));
 }
 
+/* The device's copies to and from a shard's device region (the client's
+ * dp_ps_device_t, set for a device worker): each queued on the compute
+ * stream (copy_peer), then synchronize, which returns once every op queued
+ * before it has completed, the copy among them. So the copy has landed
+ * when the hook returns, and only then does the client unpin the ring
+ * entry (a pull: the shard may rewrite it from then on) or record the
+ * slot's event and count its push (the shard then reads the slot). In the
+ * stream's order a pull's copy comes after the last step's ops (nothing
+ * still reads the old weights) and before the next forward's; a push's
+ * after the backward that wrote d_grads. */
+static int s_weights_in(void *arg, size_t off, const float *src, size_t n, char *err)
+{
+    (void)err;
+    dp_session_t *s = arg;
+    s->be->ops->copy_peer(s->be, s->net.d_params + off, src, n * sizeof(float));
+    s->be->ops->synchronize(s->be);
+    return 0;
+}
+
+static int s_grads_out(void *arg, float *dst, size_t off, size_t n, int device, char *err)
+{
+    (void)err;
+    dp_session_t *s = arg;
+    if (!device) { /* a slice that goes by shared memory or frames */
+        s->be->ops->download(s->be, dst, s->net.d_grads + off, n * sizeof(float));
+        return 0;
+    }
+    s->be->ops->copy_peer(s->be, dst, s->net.d_grads + off, n * sizeof(float));
+    s->be->ops->synchronize(s->be);
+    return 0;
+}
+
 /* A pull straight into the network's parameters. On the CPU they are host
  * memory, so the pull writes them directly: one copy per pull from
  * ZeroMQ's buffer or the shard's shared-memory slot, not two. A device
- * uploads from the shards' segments where it has them, else from the
+ * copies a shard's device region's entry device to device (s_weights_in)
+ * and uploads from the shards' segments where it has them, else from the
  * pinned h_params, the fast path for its copy engine. */
 static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
 {
     if (s->be->host_memory) return dp_ps_client_pull(ps, s->net.d_params, err);
-    if (dp_ps_client_shm_shards(ps) > 0) return dp_ps_client_pull_to(ps, s_upload_from, s, err);
+    if (dp_ps_client_shm_shards(ps) > 0 || dp_ps_client_devregion_shards(ps) > 0)
+        return dp_ps_client_pull_device(ps, s_upload_from, s, err);
     if (dp_ps_client_pull(ps, s->h_params, err) != 0) return -1;
     dp_net_set_params(&s->net, s->h_params);
     return 0;
@@ -138,12 +172,15 @@ static int s_pull_into_net(dp_session_t *s, dp_ps_client_t *ps, char *err)
  * before the next step writes it again, so it is pushed from there: no
  * copy. A device's gradient lands in lent (the shard's gradient segment,
  * page-locked: one DMA, no host copy after) or else in the pinned h_grads
- * as the backward pass goes. */
-static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, float *lent, const float **grads)
+ * as the backward pass goes; on_device: it stays on the device, for the
+ * client to copy into each shard's device region slot (s_grads_out). */
+static float s_step_for_push(dp_session_t *s, const dp_batch_t *b, float *lent, int on_device,
+                             const float **grads)
 {
-    float *h = s->be->host_memory ? NULL : lent ? lent : s->h_grads;
+    int host = s->be->host_memory;
+    float *h = host || on_device ? NULL : lent ? lent : s->h_grads;
     float loss = dp_net_train_step_device(&s->net, b->d_x, b->d_y, s->conf.batch, h);
-    *grads = h ? h : s->net.d_grads;
+    *grads = h ? h : host ? s->net.d_grads : NULL; /* NULL: the client's s_grads_out */
     return loss;
 }
 
@@ -194,6 +231,7 @@ typedef struct dp_dense_cluster {
     dp_ps_dealt_t pulled;      /* the batch the last pull brought */
     dp_ps_dealt_t batch[4];    /* step k's at k % 4 (the overlap records k - 1 while k computes) */
     int shm_locked, shm_lock_failed; /* s_shm_lock's one line each */
+    dp_ps_device_t dev;        /* a device's copies to and from the device regions */
 } s_loop_t;
 
 /* The client's hook on the shards' segments (dp_ps_client_set_shm_hook):
@@ -342,9 +380,11 @@ static int s_loop_plain(s_loop_t *L, char *err)
         L->push = &push;
         L->pull_wait_s = 0;
         if (L->dealt) dp_ps_client_deal_step(L->ps, push.step);
+        /* through a device region the pull is whole, one copy device to device */
+        int parts = L->stream_pull && !dp_ps_client_devregion_shards(L->ps);
         double t0 = dp_now();
-        if ((L->stream_pull ? dp_ps_client_pull_begin(L->ps, host ? s->net.d_params : s->h_params, err)
-                            : s_pull_into_net(s, L->ps, err)) != 0)
+        if ((parts ? dp_ps_client_pull_begin(L->ps, host ? s->net.d_params : s->h_params, err)
+                   : s_pull_into_net(s, L->ps, err)) != 0)
             return -1;
         double t1 = dp_now();
         /* between the pull and the first byte of the push (streamed, that
@@ -362,19 +402,23 @@ static int s_loop_plain(s_loop_t *L, char *err)
         }
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
-        if (L->stream && !L->stream_pull && dp_ps_client_push_begin(L->ps, &push, err) != 0)
+        if (L->stream && !parts && dp_ps_client_push_begin(L->ps, &push, err) != 0)
             return -1;
         if (L->stream) {
             s->net.on_grads = s_grads_ready;
             s->net.on_grads_arg = L->ps;
         }
-        if (L->stream_pull) {
+        if (parts) {
             s->net.on_params = s_params_needed;
             s->net.on_params_arg = L;
         }
-        /* a device's whole push to one shard on this host: into its segment */
-        float *lent = host || L->stream ? NULL : dp_ps_client_push_buffer(L->ps, s->model.n_floats);
-        float loss = s_step_for_push(s, &batch, lent, &grads);
+        /* a device's whole push: from the device into each shard's region
+         * slot where every shard has one, else to one shard on this host
+         * into its segment */
+        int on_dev = !host && !L->stream && dp_ps_client_push_on_device(L->ps);
+        float *lent = host || L->stream || on_dev
+                          ? NULL : dp_ps_client_push_buffer(L->ps, s->model.n_floats);
+        float loss = s_step_for_push(s, &batch, lent, on_dev, &grads);
         s->net.on_grads = NULL;
         s->net.on_params = NULL;
         if (s->net.pull_status == DP_PULL_FAILED) return dp_err(err, "%s", L->step_err);
@@ -588,6 +632,11 @@ int dp_dense_cluster_loop(dp_train_drv_t *d, char *err)
     dp_log_info("worker %d: %ld steps in %.1f s (%.0f images/s), %.1f s of it waiting on the servers: %ld applied, %ld dropped, %ld rejected",
                 task, n, train_s, n * s->conf.batch / (train_s > 0 ? train_s : 1e-9), L->wait_s,
                 L->applied, L->dropped, L->rejected);
+    uint64_t dev_pulls, dev_pushes;
+    dp_ps_client_device_counts(L->ps, &dev_pulls, &dev_pushes);
+    if (dp_ps_client_devregion_shards(L->ps) > 0 || dev_pulls || dev_pushes)
+        dp_log_info("worker %d: device region: %llu shard pulls and %llu shard pushes device to "
+                    "device", task, (unsigned long long)dev_pulls, (unsigned long long)dev_pushes);
     return 0;
 }
 
@@ -680,6 +729,11 @@ int dp_dense_cluster_plan(dp_train_drv_t *d, char *err)
     /* a device's copies from and to the segments: until the client ends */
     if (!s->be->host_memory && s->be->ops->host_register)
         dp_ps_client_set_shm_hook(d->ps, s_shm_lock, L);
+    /* ... and to and from the shards' device regions, device to device */
+    if (!s->be->host_memory) {
+        L->dev = (dp_ps_device_t){.weights_in = s_weights_in, .grads_out = s_grads_out, .arg = s};
+        dp_ps_client_set_device(d->ps, &L->dev);
+    }
     dp_rng_seed(&L->delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
     return 0;
 }

@@ -1,0 +1,312 @@
+/* test_ps_devread: a device worker and a shard's device region
+ * (proto/devregion.h) without the host between them, on the CPU stand-in
+ * (the test hook DP_TEST_DEVMEM=standin) and cpu:staged (the CPU backend
+ * behind a device's memory model, whose copy_peer copies wait for the next
+ * synchronize as a device's stream would):
+ *  - the route to a region: its own device, another one by peer access,
+ *    or none (the host path) when peer access is not there; a WELCOME's
+ *    offer mapped or declined so;
+ *  - a pull through the ring copies the pinned entry into the network with
+ *    the backend's copy_peer and unpins it only once the copy is done: a
+ *    shard that publishes into every entry it may while the copy waits
+ *    never touches the one being copied;
+ *  - pulls and pushes through the device's copies (dp_ps_client_set_device:
+ *    the entry into the network, the gradient from the "device" into the
+ *    slot, no host gradient at all) end bit for bit where frames end, every
+ *    one of them device to device; a push without a host gradient where
+ *    the client cannot take one from the device is refused in one line.
+ * Servers run in a thread of this program (tests/ps_harness.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "kernels/backend.h"
+#include "proto/devregion.h"
+#include "tests/ps_harness.h"
+#include "tests/test.h"
+#include "worker/client/ps_client.h"
+#include "worker/client/ps_exchange.h"
+
+#define TMO 5.0
+#define STEPS 6
+#define NF 1000
+
+static dp_model_t s_small;
+
+/* ---- the route ---------------------------------------------------------- */
+
+/* The decision, and the stand-in's facts under each hook: one device; the
+ * region on another the worker reaches by peer access; on one it cannot. */
+static void test_route(void)
+{
+    char why[DP_ERR_LEN] = "";
+    CHECK_EQ(dp_devregion_route(1, 0), DP_DEVREGION_LOCAL);
+    CHECK_EQ(dp_devregion_route(1, 1), DP_DEVREGION_LOCAL);
+    CHECK_EQ(dp_devregion_route(0, 1), DP_DEVREGION_PEER);
+    CHECK_EQ(dp_devregion_route(0, 0), DP_DEVREGION_HOST);
+    const dp_devmem_ops_t *ops = &dp_devmem_standin;
+    setenv("DP_TEST_DEVMEM", "standin", 1);
+    CHECK_EQ(dp_devregion_reach(ops, "standin", why), DP_DEVREGION_LOCAL);
+    CHECK_EQ(dp_devregion_reach(ops, "", why), DP_DEVREGION_LOCAL); /* an offer that does not say */
+    setenv("DP_TEST_DEVMEM", "standin:peer", 1);
+    CHECK(dp_devmem_test_provider() == ops);
+    CHECK_EQ(dp_devregion_reach(ops, "standin", why), DP_DEVREGION_PEER);
+    setenv("DP_TEST_DEVMEM", "standin:nopeer", 1);
+    CHECK(dp_devmem_test_provider() == ops);
+    CHECK_EQ(dp_devregion_reach(ops, "standin", why), DP_DEVREGION_HOST);
+    CHECK(strstr(why, "cannot reach (no peer access)") != NULL);
+    unsetenv("DP_TEST_DEVMEM");
+    /* the shard says where its ring lies */
+    dp_devregion_shard_t r;
+    dp_devregion_offer_t o;
+    CHECK_EQ(dp_devregion_create(&r, ops, 16, 2, 1, why), 0);
+    CHECK_EQ(dp_devregion_offer(&r, 0, &o, why), 0);
+    CHECK_STR(o.device, "standin");
+    dp_devregion_release_last(&r);
+}
+
+/* A WELCOME's offer at the worker (dp_ps_devr_welcome): the region mapped
+ * on its own device and by peer access, declined in one line where the
+ * device cannot be reached (shared memory then). */
+static void s_welcome(const dp_devregion_offer_t *f, const char *device, int *mapped)
+{
+    dp_ps_shard_t sh;
+    memset(&sh, 0, sizeof sh);
+    sh.hi = f->n;
+    snprintf(sh.endpoint, sizeof sh.endpoint, "test");
+    dp_ps_client_t c;
+    memset(&c, 0, sizeof c);
+    c.sh = &sh;
+    c.n = 1;
+    Downpour__DevRegionOffer m = DOWNPOUR__DEV_REGION_OFFER__INIT;
+    m.generation = f->generation;
+    m.n = f->n;
+    m.ring = (uint32_t)f->ring;
+    m.workers = (uint32_t)f->workers;
+    m.slot = f->slot;
+    m.ctl = (char *)f->ctl;
+    m.wctl = (char *)f->wctl;
+    m.weights = (ProtobufCBinaryData){sizeof f->weights.b, (uint8_t *)f->weights.b};
+    m.grad = (ProtobufCBinaryData){sizeof f->grad.b, (uint8_t *)f->grad.b};
+    m.event = (ProtobufCBinaryData){sizeof f->event.b, (uint8_t *)f->event.b};
+    m.device = (char *)device;
+    Downpour__Welcome w = DOWNPOUR__WELCOME__INIT;
+    w.devregion = &m;
+    dp_ps_devr_welcome(&c, 0, &w);
+    *mapped = sh.devr && sh.devr_w.ctl != NULL;
+    dp_ps_devr_close(&sh);
+}
+
+static void test_welcome_routes(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_devregion_shard_t r;
+    dp_devregion_offer_t f;
+    int mapped = -1;
+    CHECK_EQ(dp_devregion_create(&r, &dp_devmem_standin, NF, 2, 1, err), 0);
+    CHECK_EQ(dp_devregion_offer(&r, 0, &f, err), 0);
+    setenv("DP_TEST_DEVMEM", "standin", 1);
+    s_welcome(&f, f.device, &mapped);
+    CHECK_EQ(mapped, 1);
+    setenv("DP_TEST_DEVMEM", "standin:peer", 1);
+    s_welcome(&f, f.device, &mapped);
+    CHECK_EQ(mapped, 1);
+    setenv("DP_TEST_DEVMEM", "standin:nopeer", 1);
+    s_welcome(&f, f.device, &mapped);
+    CHECK_EQ(mapped, 0); /* declined: the host path */
+    unsetenv("DP_TEST_DEVMEM");
+    dp_devregion_release_last(&r);
+}
+
+/* ---- the unpin after the copy --------------------------------------- */
+
+typedef struct {
+    dp_devregion_shard_t *r;
+    dp_backend_t *be;
+    float *d_params;            /* the "network's", on cpu:staged */
+    int publishes;              /* the shard's, while the copy waited */
+    int copies;                 /* weights_in's */
+} s_read_t;
+
+static void s_publish(dp_devregion_shard_t *r, uint64_t v)
+{
+    float *e = dp_devregion_publish_begin(r, v);
+    if (!e) return;
+    for (int i = 0; i < NF; i++) e[i] = (float)v * 1000.0f + (float)i;
+    dp_devregion_publish_end(r);
+}
+
+/* cpu:staged's moment before the noted copies are made: the shard
+ * publishes into every entry it may, twice round the ring. */
+static void s_before_copies(void *arg)
+{
+    s_read_t *t = arg;
+    for (int k = 0; k < 2 * t->r->ring; k++) s_publish(t->r, 100 + (uint64_t)t->publishes++);
+}
+
+/* The network's weights_in: queued, then waited for (distributed.c's). */
+static int s_weights_in(void *arg, size_t off, const float *src, size_t n, char *err)
+{
+    (void)err;
+    s_read_t *t = arg;
+    t->be->ops->copy_peer(t->be, t->d_params + off, src, n * sizeof(float));
+    t->be->ops->synchronize(t->be);
+    t->copies++;
+    return 0;
+}
+
+static void test_unpin_after_copy(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_devregion_shard_t r;
+    dp_devregion_offer_t o;
+    dp_ps_shard_t sh;
+    memset(&sh, 0, sizeof sh);
+    sh.lo = 0;
+    sh.hi = NF;
+    snprintf(sh.endpoint, sizeof sh.endpoint, "test");
+    s_read_t t = {.r = &r};
+    CHECK_EQ(dp_backend_cpu_staged_new(&t.be, err), 0);
+    CHECK_EQ(dp_devregion_create(&r, &dp_devmem_standin, NF, 4, 1, err), 0);
+    CHECK_EQ(dp_devregion_offer(&r, 0, &o, err), 0);
+    CHECK_EQ(dp_devregion_attach(&sh.devr_w, &dp_devmem_standin, &o, err), 0);
+    t.d_params = t.be->ops->alloc(t.be, NF * sizeof(float));
+    dp_backend_staged_before_copies(t.be, s_before_copies, &t);
+    dp_ps_device_t dev = {.weights_in = s_weights_in, .arg = &t};
+    s_publish(&r, 1);
+    CHECK_EQ(dp_ps_devr_read_device(&sh, 1, &dev), 0);
+    float got[NF];
+    t.be->ops->download(t.be, got, t.d_params, sizeof got);
+    CHECK_EQ(t.copies, 1);
+    CHECK(t.publishes > 0); /* the shard did write the ring while the copy waited */
+    int same = 1;
+    for (int i = 0; i < NF; i++) same &= got[i] == 1000.0f + (float)i;
+    /* version 1's bits; a later version's mean the entry was unpinned
+     * before its copy was made */
+    if (!same) fprintf(stderr, "  the network got got[0] = %g, version 1 has 1000\n", (double)got[0]);
+    CHECK(same);
+    CHECK_EQ(sh.devr_w.pinned, -1); /* unpinned after */
+    CHECK_EQ(atomic_load(&sh.devr_w.wctl->pin), 0);
+    /* a version other than the reply's: nothing copied, the pull goes again */
+    CHECK_EQ(dp_ps_devr_read_device(&sh, 1, &dev), -1);
+    CHECK_EQ(t.copies, 1);
+    dp_devregion_detach(&sh.devr_w);
+    dp_devregion_release_last(&r);
+    t.be->ops->release(t.be, t.d_params);
+    dp_backend_destroy(&t.be);
+}
+
+/* ---- a client's pulls and pushes device to device ---------------------- */
+
+/* The "device": the network's weights and gradient in buffers of the test. */
+typedef struct {
+    float *d_params, *d_grads;
+    int in, out_dev, out_host;
+} s_dev_t;
+
+static int s_dev_in(void *arg, size_t off, const float *src, size_t n, char *err)
+{
+    (void)err;
+    s_dev_t *d = arg;
+    memcpy(d->d_params + off, src, n * sizeof(float));
+    d->in++;
+    return 0;
+}
+
+static int s_dev_out(void *arg, float *dst, size_t off, size_t n, int device, char *err)
+{
+    (void)err;
+    s_dev_t *d = arg;
+    memcpy(dst, d->d_grads + off, n * sizeof(float));
+    if (device) d->out_dev++;
+    else d->out_host++;
+    return 0;
+}
+
+static void s_grad_of(const float *p, float *g, size_t n, int step)
+{
+    for (size_t i = 0; i < n; i++) g[i] = 0.5f * p[i] + 0.01f * (float)((i * 7 + (size_t)step) % 13);
+}
+
+/* STEPS pulls and pushes, through the device's copies (device) or over
+ * frames; the last pull's weights into w. */
+static void s_one_run(int device, float *w, s_dev_t *d)
+{
+    if (device) setenv("DP_TEST_DEVMEM", "standin", 1);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_opts_t o = {.timeout_s = TMO,
+                             .transport = device ? DP_PS_TRANSPORT_AUTO : DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *c = NULL;
+    size_t n = s_small.n_floats;
+    dp_ps_device_t dev = {.weights_in = s_dev_in, .grads_out = s_dev_out, .arg = d};
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &o, NULL, err), 0);
+    if (c && device) dp_ps_client_set_device(c, &dev);
+    for (int t = 1; c && t <= STEPS + 1; t++) {
+        if (device) CHECK_EQ(dp_ps_client_pull_device(c, NULL, NULL, err), 0);
+        else CHECK_EQ(dp_ps_client_pull(c, d->d_params, err), 0);
+        if (t > STEPS) break;
+        s_grad_of(d->d_params, d->d_grads, n, t);
+        dp_push_result_t r;
+        if (device) CHECK_EQ(dp_ps_client_push_on_device(c), 1);
+        const float *g = device ? NULL : d->d_grads; /* device: the client's grads_out */
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP((uint64_t)t, g, 1, 8), &r, err), 0);
+        CHECK_EQ(r.applied, 1);
+    }
+    memcpy(w, d->d_params, n * sizeof(float));
+    if (c && device) {
+        uint64_t pulls, pushes;
+        dp_ps_client_device_counts(c, &pulls, &pushes);
+        CHECK_EQ(pulls, STEPS + 1);
+        CHECK_EQ(pushes, STEPS);
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+    unsetenv("DP_TEST_DEVMEM");
+}
+
+static void test_device_same_as_frames(void)
+{
+    srv_small_model(&s_small);
+    size_t n = s_small.n_floats;
+    float *wd = dp_malloc(n * 4), *wf = dp_malloc(n * 4);
+    s_dev_t d = {.d_params = dp_calloc(n, 4), .d_grads = dp_calloc(n, 4)};
+    s_one_run(1, wd, &d);
+    CHECK_EQ(d.in, STEPS + 1);  /* every pull: the ring entry into the network */
+    CHECK_EQ(d.out_dev, STEPS); /* every push: from the "device" into the slot */
+    CHECK_EQ(d.out_host, 0);    /* none through the host */
+    memset(d.d_params, 0, n * 4);
+    s_one_run(0, wf, &d);
+    CHECK_CLOSE("device to device vs frames", wd, wf, n, 0, 0);
+    free(d.d_params), free(d.d_grads), free(wd), free(wf);
+}
+
+/* A push with no host gradient on a client that cannot take it from the
+ * device (no device copies set, over frames): refused in one line. */
+static void test_device_push_refused(void)
+{
+    srv_small_model(&s_small);
+    srv_t s;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_ps_client_opts_t o = {.timeout_s = TMO, .transport = DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *c = NULL;
+    float *w = dp_malloc(s_small.n_floats * 4);
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &o, NULL, err), 0);
+    if (c) {
+        CHECK_EQ(dp_ps_client_pull(c, w, err), 0);
+        CHECK_EQ(dp_ps_client_push_on_device(c), 0);
+        CHECK_EQ(dp_ps_client_push(c, PS_PUSH_STEP(1, NULL, 1, 8), NULL, err), -1);
+        CHECK(strstr(err, "a push from the device") != NULL);
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(&s), 0);
+    free(w);
+}
+
+DP_TESTS(T(test_route), T(test_welcome_routes), T(test_unpin_after_copy), T(test_device_same_as_frames),
+         T(test_device_push_refused))
