@@ -387,7 +387,7 @@ static const dp_opts_entry_t s_config[] = {
     S_BUF("device", "cpu|cuda:N|cpu:staged", device, 0,
                     "where the shard's weights and optimizer state are kept and\n"
                     "stepped: cpu (default) or cuda:N, one fused step per push on\n"
-                    "GPU N (a CUDA build; the early step is then off); cpu:staged:\n"
+                    "GPU N (a CUDA build); cpu:staged:\n"
                     "the CPU's step behind a device's protocol (tests; cpu's bits)"),
     {DP_FLAG_CHOICE("device-region", "off|on", NULL, DP_OPTS_PASS,
                     "with --device cuda:N: offer the GPU workers on this host the\n"

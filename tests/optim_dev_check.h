@@ -7,8 +7,10 @@
  * Each run: random weights and `steps` random gradients; the reference
  * steps them with dp_optim_step at the scheduled lr (dp_optim_lr_at(t - 1),
  * t = 1, 2, ...); the device steps the same ones in place over the whole
- * range, in place in two pieces, and out of place (two buffers taking
- * turns, as a shard writing its next version beside the live one); a
+ * range, in place in two pieces, out of place (two buffers taking turns,
+ * as a shard writing its next version beside the live one), and out of
+ * place in two pieces, the second piece's gradient copied up only after
+ * the first is stepped (a shard's early step, its parts as they come); a
  * snapshot queued after step 2 and waited for only after step 3 must hold
  * step 2's weights. atol = rtol = 0 asks for the same bits. */
 #ifndef DP_TESTS_OPTIM_DEV_CHECK_H
@@ -49,7 +51,8 @@ static void t_od_same(const char *what, const float *got, const float *want, siz
 }
 
 /* The device's run of one way of stepping: 0 in place whole, 1 in place in
- * two pieces, 2 out of place; w and st (host) get its final weights and
+ * two pieces, 2 out of place, 3 out of place in two pieces (the gradient
+ * copied up piece by piece); w and st (host) get its final weights and
  * state, snap the snapshot after step 2 (or the last step when fewer). */
 static void t_od_run(dp_optim_dev_t *dev, const dp_optim_conf_t *c, size_t n, int steps,
                      const float *w0, float *const *g, int way, float *w, float *st, float *snap)
@@ -65,12 +68,18 @@ static void t_od_run(dp_optim_dev_t *dev, const dp_optim_conf_t *c, size_t n, in
     int cur = 0, snapped = 0;
     for (int t = 1; t <= steps; t++) {
         float lr = dp_optim_lr_at(c, t - 1);
-        int nxt = way == 2 ? 1 - cur : cur;
-        o->upload(dev, d_g, g[t - 1], n * sizeof(float));
-        if (way == 1) {
+        int nxt = way >= 2 ? 1 - cur : cur;
+        if (way == 3) {
+            o->upload(dev, d_g + cut, g[t - 1] + cut, (n - cut) * sizeof(float));
+            o->step(dev, c, lr, d_w[nxt], d_w[cur], d_g, d_st[nxt], d_st[cur], n, cut, n, t);
+            o->upload(dev, d_g, g[t - 1], cut * sizeof(float));
+            o->step(dev, c, lr, d_w[nxt], d_w[cur], d_g, d_st[nxt], d_st[cur], n, 0, cut, t);
+        } else if (way == 1) {
+            o->upload(dev, d_g, g[t - 1], n * sizeof(float));
             o->step(dev, c, lr, d_w[cur], d_w[cur], d_g, d_st[cur], d_st[cur], n, cut, n, t);
             o->step(dev, c, lr, d_w[cur], d_w[cur], d_g, d_st[cur], d_st[cur], n, 0, cut, t);
         } else {
+            o->upload(dev, d_g, g[t - 1], n * sizeof(float));
             o->step(dev, c, lr, d_w[nxt], d_w[cur], d_g, d_st[nxt], d_st[cur], n, 0, n, t);
         }
         cur = nxt;
@@ -107,10 +116,11 @@ static void t_optim_dev_compare(dp_optim_dev_t *dev, const dp_optim_conf_t *c, s
         dp_optim_step(c, dp_optim_lr_at(c, t - 1), w_ref, g[t - 1], st_ref, n, t);
         if (t == 2 || (t == steps && t < 2)) memcpy(snap_ref, w_ref, n * sizeof(float));
     }
-    static const char *const ways[] = {"in place", "in two pieces", "out of place"};
+    static const char *const ways[] = {"in place", "in two pieces", "out of place",
+                                       "out of place in two pieces"};
     float *w = dp_malloc(n * sizeof(float)), *st = dp_malloc((ns + 1) * sizeof(float));
     float *snap = dp_malloc(n * sizeof(float));
-    for (int way = 0; way < 3; way++) {
+    for (int way = 0; way < 4; way++) {
         char what[160];
         t_od_run(dev, c, n, steps, w0, g, way, w, st, snap);
         snprintf(what, sizeof what, "%s period %ld n %zu %s: w", dp_optim_kind_name(c->kind),
@@ -134,7 +144,9 @@ static void t_optim_dev_compare(dp_optim_dev_t *dev, const dp_optim_conf_t *c, s
 }
 
 /* Delay compensation (c->dc) on the device against dp_optim_dc_range, with
- * the weights the gradient was computed on known and not (w_bak NULL). */
+ * the weights the gradient was computed on known and not (w_bak NULL), and
+ * as a shard runs it: in place, in pieces, against weights copied on the
+ * device. */
 static void t_optim_dev_dc(dp_optim_dev_t *dev, const dp_optim_conf_t *c, size_t n, double atol,
                            double rtol, uint64_t seed)
 {
@@ -159,6 +171,24 @@ static void t_optim_dev_dc(dp_optim_dev_t *dev, const dp_optim_conf_t *c, size_t
         t_od_same(known ? "dc out" : "dc out (w_bak unknown: unwritten)", got, out, n, atol, rtol);
         t_od_same("dc ms", got_ms, ms, n, atol, rtol);
     }
+    /* A shard's way: w_bak copied device to device from the weights (a
+     * pull's slot), the weights moved on, the gradient compensated in
+     * place in two pieces (around a state tensor's floats, left as they
+     * are). */
+    size_t cut = n / 3, skip = n - cut > 5 ? 5 : n - cut;
+    o->copy_out(dev, d_bak, d_w, bytes);
+    memcpy(bak, w, bytes);
+    for (size_t i = 0; i < n; i++) w[i] += 0.25f * g[i];
+    o->upload(dev, d_w, w, bytes);
+    memcpy(out, g, bytes);
+    dp_optim_dc_range(c, out, out, w, bak, ms, 0, cut);
+    dp_optim_dc_range(c, out, out, w, bak, ms, cut + skip, n);
+    o->dc(dev, c, d_g, d_g, d_w, d_bak, d_ms, 0, cut);
+    o->dc(dev, c, d_g, d_g, d_w, d_bak, d_ms, cut + skip, n);
+    o->download(dev, got, d_g, bytes);
+    o->download(dev, got_ms, d_ms, bytes);
+    t_od_same("dc in place in two pieces", got, out, n, atol, rtol);
+    t_od_same("dc ms in two pieces", got_ms, ms, n, atol, rtol);
     o->release(dev, d_g);
     o->release(dev, d_w);
     o->release(dev, d_bak);

@@ -10,6 +10,7 @@
 
 #include "common/opts.h"
 #include "common/util.h"
+#include "server/core/shard_dc.h"
 #include "server/core/shard_early.h"
 
 int dp_policy_new(dp_policy_t **out, const dp_policy_ops_t *ops, const dp_policy_conf_t *conf,
@@ -144,6 +145,8 @@ void dp_policy_step(dp_policy_t *p, const dp_grad_slice_t *g, int n, float lr, b
         s_step(p, g, n, lr, early);
         return;
     }
+    dp_grad_slice_t one;
+    if (dp_shard_dc_host(s, g, n, &one)) g = &one; /* compensated on a device: its bits here */
     double sq = 0;
     for (int f = 0; f < n; f++) {
         double x = s_norm_bytes(g[f].data, g[f].len / 4);

@@ -125,6 +125,7 @@ void dp_shard_fini(dp_shard_t *s)
         if (s->retired[i]) dp_snap_unref(NULL, s->retired[i]);
     memset(s->retired, 0, sizeof s->retired);
     dp_pool_destroy(&s->pool);
+    dp_shard_dc_fini(s); /* its slots and MS may be the device's */
     if (s->dev) {
         s->dev->ops->release(s->dev, s->d_w);
         s->dev->ops->release(s->dev, s->d_state);
@@ -133,7 +134,9 @@ void dp_shard_fini(dp_shard_t *s)
         s->dev->ops->destroy(s->dev); /* its table's: the shard links no device code */
         s->dev = NULL;
     }
-    dp_shard_dc_fini(s);
+    free(s->ahead);
+    s->ahead = NULL;
+    s->d_g_of = NULL;
     free(s->state);
     free(s->acc);
     free(s->scratch);
@@ -469,6 +472,7 @@ int dp_shard_set_device(dp_shard_t *s, dp_optim_dev_t *dev, char *err)
     s->d_w = o->alloc(dev, s->n * sizeof(float));
     s->d_g = o->alloc(dev, s->n * sizeof(float));
     s->d_state = s->state_per ? o->alloc(dev, n_state * sizeof(float)) : NULL;
+    dp_shard_dc_to_device(s); /* compensation made before the device: its slots and MS go up */
     dp_shard_device_reload(s);
     return 0;
 }
@@ -480,13 +484,29 @@ void dp_shard_device_reload(dp_shard_t *s)
     if (s->state_per)
         s->dev->ops->upload(s->dev, s->d_state, s->state,
                             s->n * (size_t)s->state_per * sizeof(float));
+    if (s->dc && s->dc->ms) s->dev->ops->upload(s->dev, s->dc->d_ms, s->dc->ms, s->n * sizeof(float));
 }
 
 void dp_shard_device_state(const dp_shard_t *s)
 {
-    if (!s->dev || !s->state_per) return;
-    s->dev->ops->download(s->dev, s->state, s->d_state,
-                          s->n * (size_t)s->state_per * sizeof(float));
+    if (!s->dev) return;
+    if (s->state_per)
+        s->dev->ops->download(s->dev, s->state, s->d_state,
+                              s->n * (size_t)s->state_per * sizeof(float));
+    if (s->dc && s->dc->ms)
+        s->dev->ops->download(s->dev, s->dc->ms, s->dc->d_ms, s->n * sizeof(float));
+}
+
+/* The state tensors' floats of [lo, hi) of next (the device's) set to the
+ * pushed value, src's (the host's): dp_model_copy_state's rule. */
+static void s_state_up(dp_shard_t *s, float *d_next, const float *src, size_t lo, size_t hi)
+{
+    for (int r = 0; r < s->n_state_ranges; r++) {
+        size_t a = s->state_ranges[r][0], b = s->state_ranges[r][1];
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (a < b) s->dev->ops->upload(s->dev, d_next + a, src + a, (b - a) * sizeof(float));
+    }
 }
 
 /* s_step_by on the device: the host's mean of acc (the same float
@@ -502,13 +522,12 @@ static void s_step_on_device(dp_shard_t *s, const float *g, float *acc, float sc
     dp_snap_t *old = s->snap;
     if (acc)
         for (size_t i = 0; i < s->n; i++) acc[i] *= scale;
-    o->upload(s->dev, s->d_g, g, s->n * sizeof(float));
+    /* compensated on the device already (dp_shard_dc_apply): taken as it is */
+    if (s->d_g_of != g) o->upload(s->dev, s->d_g, g, s->n * sizeof(float));
+    s->d_g_of = NULL;
     o->step(s->dev, &s->optim, lr, s->d_w, s->d_w, s->d_g, s->d_state, s->d_state, s->n, 0, s->n,
             (long)s->version + 1);
-    for (int r = 0; r < s->n_state_ranges; r++) {
-        size_t a = s->state_ranges[r][0], b = s->state_ranges[r][1];
-        o->upload(s->dev, s->d_w + a, g + a, (b - a) * sizeof(float));
-    }
+    s_state_up(s, s->d_w, g, 0, s->n);
     if (!in_place) s->snap = dp_shard_take_buffer(s);
     o->snapshot(s->dev, s->snap->data, s->d_w, s->n * sizeof(float));
     if (acc) memset(acc, 0, s->n * sizeof(float)); /* while the copy runs */
@@ -557,16 +576,41 @@ void dp_shard_keep_spare(dp_shard_t *s, dp_snap_t *b)
     s->spare = b;
 }
 
+/* dp_shard_step_ahead on the device: the part (sync: its mean, made on the
+ * host with s_step_part's float operations) copied up into d_g and stepped
+ * from the live d_w and d_state into next and state, the device's. */
+static void s_step_ahead_device(dp_shard_t *s, float *next, float *state, const float *g,
+                                int count, float lr, uint64_t version, size_t lo, size_t hi)
+{
+    const dp_optim_dev_ops_t *o = s->dev->ops;
+    const float *src = g;
+    if (count) {
+        float scale = 1.0f / (float)count;
+        if (!s->ahead) s->ahead = dp_aligned_alloc((s->n + 1) * sizeof(float));
+        for (size_t i = lo; i < hi; i++) s->ahead[i] = (s->acc[i] + g[i]) * scale;
+        src = s->ahead;
+    }
+    o->upload(s->dev, s->d_g + lo, src + lo, (hi - lo) * sizeof(float));
+    s->d_g_of = NULL;
+    o->step(s->dev, &s->optim, lr, next, s->d_w, s->d_g, s->state_per ? state : NULL, s->d_state,
+            s->n, lo, hi, (long)version + 1);
+    s_state_up(s, next, src, lo, hi);
+}
+
 void dp_shard_step_ahead(dp_shard_t *s, float *next, float *state, const float *g, int count,
                          float lr, uint64_t version, size_t lo, size_t hi)
 {
+    if (s->dev) {
+        s_step_ahead_device(s, next, state, g, count, lr, version, lo, hi);
+        return;
+    }
     s_step_job_t j = {s, next, s->w, g, NULL, count ? 1.0f / (float)count : 1.0f, lr,
                       (long)version + 1, s->state_per ? state : s->state,
                       s->state_per ? s->state : NULL, count ? s->acc : NULL, lo, hi};
     s_run(s->pool, s_step_part, &j);
 }
 
-void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, bool of_acc)
+void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, float **d_next, bool of_acc)
 {
     if (of_acc) { /* it averaged acc's gradients with its own */
         memset(s->acc, 0, s->n * sizeof(float));
@@ -574,10 +618,18 @@ void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, bool of_acc)
     }
     dp_snap_t *old = s->snap;
     s->snap = next;
+    float **live_state = s->dev ? &s->d_state : &s->state;
     if (s->state_per) {
-        float *st = s->state;
-        s->state = *state;
+        float *st = *live_state;
+        *live_state = *state;
         *state = st;
+    }
+    if (s->dev) { /* the device's buffers swapped; the new version copied off */
+        float *w = s->d_w;
+        s->d_w = *d_next;
+        *d_next = w;
+        s->dev->ops->snapshot(s->dev, next->data, s->d_w, s->n * sizeof(float));
+        s->dev->ops->snapshot_wait(s->dev);
     }
     s_publish(s, old, 0);
 }

@@ -147,7 +147,13 @@ typedef struct {
     dp_optim_dev_t *dev;   /* ours (destroyed by fini) */
     float *d_w;            /* n floats on dev: the live weights */
     float *d_state;        /* n * state_per floats on dev (NULL without state) */
-    float *d_g;            /* n floats on dev: the step's gradient */
+    float *d_g;            /* n floats on dev: the step's gradient (an early step's parts
+                              too: any other step drops that first) */
+    const float *d_g_of;   /* the host gradient whose upload d_g holds, compensated there
+                              (dp_shard_dc_apply): the next step by it takes d_g as it is;
+                              NULL: none (every step clears it) */
+    float *ahead;          /* n floats on the host: an early sync step's mean on its way up
+                              (NULL until the first) */
 } dp_shard_t;
 
 /* The float range shard i of k owns out of n: [floor(i*n/k), floor((i+1)*n/k)). */
@@ -234,14 +240,16 @@ int dp_shard_part(const dp_shard_t *s, int k, int nk, size_t *lo, size_t *hi);
 
 /* Keep w and the optimizer state on dev from now on (the shard owns dev
  * then, also on failure): both copied up, and every step (dp_shard_step,
- * dp_shard_step_mean) is one fused step there, the new version copied off
- * into the live host buffer; the same bits as on the host for the "cpu"
- * stand-in (tests/unit/test_shard_device.c). The early step stays on the
- * host: a shard with a device takes none (its caller turns it off). */
+ * dp_shard_step_mean, an early step's parts and its commit) is one fused
+ * step there, the new version copied off into the live host buffer; delay
+ * compensation's saved weights and MS move there too (server/core/shard_dc.h)
+ * and its transform runs there before the step. The same bits as on the
+ * host for the "cpu" stand-in (tests/unit/test_shard_device.c). */
 int dp_shard_set_device(dp_shard_t *s, dp_optim_dev_t *dev, char *err);
-/* With a device: the optimizer state copied off it into s->state (a
- * checkpoint's: that host copy is the only thing written, hence const), or, after w and state were written on the host (a
- * restore), both copied up. Nothing without one. */
+/* With a device: the optimizer state (and DC-ASGD-a's MS) copied off it
+ * into s->state (and s->dc->ms): a checkpoint's; those host copies are the
+ * only thing written, hence const. Or, after w, state and MS were written
+ * on the host (a restore), all copied up. Nothing without one. */
 void dp_shard_device_state(const dp_shard_t *s);
 void dp_shard_device_reload(dp_shard_t *s);
 
@@ -258,18 +266,24 @@ dp_snap_t *dp_shard_take_buffer(dp_shard_t *s);
 void dp_shard_keep_spare(dp_shard_t *s, dp_snap_t *b);
 /* Floats [lo, hi) of the range (local to the shard) stepped from the live
  * weights into next (n floats) as step version + 1 at lr: by g (the
- * shard's n floats) when count is 0, else by the mean of acc's count - 1
- * gradients and g ((acc + g) x 1/count, acc untouched); the optimizer
- * state of those floats copied from the live state into state (n *
- * state_per floats) and stepped there. The live weights, state and acc
- * are only read. */
+ * shard's n floats, on the host) when count is 0, else by the mean of
+ * acc's count - 1 gradients and g ((acc + g) x 1/count, acc untouched);
+ * the optimizer state of those floats copied from the live state into
+ * state (n * state_per floats) and stepped there. The live weights, state
+ * and acc are only read. With a device, next and state are the device's
+ * (n and n * state_per floats of it): the part is copied up into d_g and
+ * stepped there. */
 void dp_shard_step_ahead(dp_shard_t *s, float *next, float *state, const float *g, int count,
                          float lr, uint64_t version, size_t lo, size_t hi);
 /* next (every float stepped by dp_shard_step_ahead from this version;
  * ours: its reference) becomes the live buffer at the next version and
  * *state the live optimizer state, *state getting the old one; of_acc:
- * the step was sync's mean of acc, which is cleared. */
-void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, bool of_acc);
+ * the step was sync's mean of acc, which is cleared. With a device, the
+ * early step stepped into *d_next and *state there: they become the
+ * device's live weights and state (the old ones handed back in their
+ * place, nothing copied on the device) and next, a host buffer, gets the
+ * new version copied off; d_next is NULL without one. */
+void dp_shard_adopt(dp_shard_t *s, dp_snap_t *next, float **state, float **d_next, bool of_acc);
 
 /* Sync: add g to acc (acc_count + 1). */
 void dp_shard_accumulate(dp_shard_t *s, const dp_grad_slice_t *g, int n);

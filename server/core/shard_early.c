@@ -27,8 +27,14 @@ static dp_early_result_t s_drop(dp_shard_early_t *e)
 void dp_shard_early_fini(dp_shard_early_t *e)
 {
     if (e->shard) s_drop(e);
-    free(e->state);
-    e->state = NULL;
+    dp_optim_dev_t *dev = e->shard ? e->shard->dev : NULL;
+    if (dev) { /* the device's: before the shard's device goes */
+        dev->ops->release(dev, e->state);
+        dev->ops->release(dev, e->d_w);
+    } else {
+        free(e->state);
+    }
+    e->state = e->d_w = NULL;
 }
 
 bool dp_shard_early_of(const dp_shard_early_t *e, int wid, uint64_t step)
@@ -41,8 +47,8 @@ bool dp_shard_early_of(const dp_shard_early_t *e, int wid, uint64_t step)
 static void s_step(dp_shard_early_t *e, size_t lo, size_t hi)
 {
     if (lo >= hi || hi > e->shard->n) return;
-    dp_shard_step_ahead(e->shard, e->buf->data, e->state, e->g, e->count, e->lr, e->version, lo,
-                        hi);
+    float *next = e->shard->dev ? e->d_w : e->buf->data;
+    dp_shard_step_ahead(e->shard, next, e->state, e->g, e->count, e->lr, e->version, lo, hi);
     e->done += hi - lo;
 }
 
@@ -64,8 +70,11 @@ static dp_early_result_t s_try(dp_shard_early_t *e, int wid)
      * rule, 18 with it; early_dropped in the metrics) */
     for (int i = 0; count == 0 && i < e->parts->n_workers; i++)
         if (i != wid && e->parts->w[i].active) return DP_EARLY_NONE;
+    size_t n_state = s->n * (size_t)s->state_per;
+    if (s->dev && !e->d_w) e->d_w = s->dev->ops->alloc(s->dev, s->n * sizeof(float));
     if (!e->state && s->state_per)
-        e->state = dp_aligned_alloc((s->n * (size_t)s->state_per + 1) * sizeof(float));
+        e->state = s->dev ? s->dev->ops->alloc(s->dev, n_state * sizeof(float))
+                          : dp_aligned_alloc((n_state + 1) * sizeof(float));
     e->active = true;
     e->owner = wid;
     e->step = w->step;
@@ -132,7 +141,7 @@ dp_early_result_t dp_shard_early_commit(dp_shard_early_t *e, float lr, int count
         e->count != count)
         return DP_EARLY_NONE;
     e->active = false;
-    dp_shard_adopt(s, e->buf, &e->state, count > 0);
+    dp_shard_adopt(s, e->buf, &e->state, s->dev ? &e->d_w : NULL, count > 0);
     e->buf = NULL;
     s->counts.steps_early++;
     return DP_EARLY_COMMITTED;

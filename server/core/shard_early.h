@@ -32,7 +32,13 @@
  * Memory: one buffer of the shard's n floats (the shard's to give:
  * dp_shard_take_buffer; a dropped step's goes back as the spare, which the
  * next step takes first) and n * state_per floats of optimizer state,
- * allocated at the first early step and kept. Main thread only. */
+ * allocated at the first early step and kept. On a device shard
+ * (dp_shard_set_device) the next version and its state are stepped on
+ * the device, in n + n * state_per floats of it allocated at the first
+ * early step and kept (a drop leaves them for the next one, as the host's
+ * state is kept; the commit swaps them with the live ones, nothing copied
+ * there), and the host buffer only receives the new version at the
+ * commit. Main thread only. */
 #ifndef DP_SHARD_EARLY_H
 #define DP_SHARD_EARLY_H
 
@@ -57,8 +63,12 @@ typedef struct dp_shard_early {
     float lr;
     int count;             /* sync: the gradients the step averages, acc's and g; 0: async */
     size_t done;           /* floats stepped */
-    dp_snap_t *buf;        /* the next version (our reference) */
-    float *state;          /* n * state_per floats: its optimizer state (from the first early step) */
+    dp_snap_t *buf;        /* the next version (our reference); on a device shard the host
+                              buffer it is copied off into at the commit */
+    float *state;          /* n * state_per floats: its optimizer state (from the first early
+                              step; the device's on a device shard) */
+    float *d_w;            /* a device shard's: n floats of the device, the next version
+                              (from the first early step), else NULL */
 } dp_shard_early_t;
 
 /* What became of a push's early step at an event. */

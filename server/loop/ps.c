@@ -709,8 +709,7 @@ static int s_shard_device(dp_ps_loop_t *ps, char *err)
     if (!name[0] || strcmp(name, "cpu") == 0) return 0;
     if (dp_optim_dev_new(&dev, name, NULL, err) != 0 || dp_shard_set_device(&ps->shard, dev, err) != 0)
         return -1;
-    dp_log_info("shard %d: weights and optimizer state on %s (the early step, the host's, off)",
-                ps->cfg->shard_index, name);
+    dp_log_info("shard %d: weights and optimizer state on %s", ps->cfg->shard_index, name);
     return 0;
 }
 
@@ -758,8 +757,7 @@ static int s_setup_state(dp_ps_loop_t *ps, char *err)
     ps->held = dp_calloc((size_t)cfg->num_workers, sizeof *ps->held);
     ps->lent = dp_calloc((size_t)cfg->num_workers * DP_PS_PARAMS_PER_WORKER, sizeof *ps->lent);
     dp_shard_parts_init(&ps->parts, ps->shard.lo, ps->shard.hi, cfg->num_workers);
-    dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy,
-                        cfg->early_step && !ps->shard.dev);
+    dp_shard_early_init(&ps->early, &ps->shard, &ps->parts, ps->policy, cfg->early_step);
     dp_policy_early_steps(ps->policy, &ps->early);
     if (cfg->min_workers > 0 && cfg->shard_index == 0) /* shard 0 deals an elastic crew's batches */
         dp_ps_deal_init(ps, cfg->num_workers);

@@ -3,8 +3,11 @@
  * (kernels/optim.c) on the same weights and gradients, through the same
  * protocol the unit test holds the "cpu" stand-in to (tests/optim_dev_check.h):
  * every optimizer and delayed Nesterov, weight decay, a cosine lr, 5 steps,
- * in place, in two pieces, out of place, a snapshot on the side stream
- * ordered before the next step; and delay compensation (const, adaptive).
+ * in place, in two pieces, out of place, out of place in two pieces (a
+ * device shard's early step), a snapshot on the side stream ordered before
+ * the next step; and delay compensation (const, adaptive), also as a device
+ * shard runs it (in place, in pieces, against weights copied device to
+ * device).
  *
  * Tolerance: |gpu - cpu| <= 1e-6 + 1e-5 |cpu| per float. The kernels are
  * written to give the CPU's bits (no FMA contraction, IEEE division and

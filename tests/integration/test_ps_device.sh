@@ -9,6 +9,16 @@
 #    step behind the device protocol: weights and state in the stand-in's
 #    memory, each version copied off into the live buffer) ends on the
 #    same checkpoint, bit for bit, as the same run on cpu
+#  - through `downpour local --ps-device gpu` and its hook DP_TEST_PS_DEVICE
+#    (cpu:staged), each against the same run with --ps-device cpu, the
+#    final model byte for byte: the early step on the device (async 1
+#    worker, sync 2 workers: steps made early, as their parts came), and
+#    --local-steps with the outer nesterov and delayed-nesterov, async and
+#    sync
+#  - DC-ASGD on the device (compensation and its MS there): an async run of
+#    3 workers recorded on cpu:staged, its pushes interleaved (--delay-ms),
+#    replays on the host bit for bit, every norm matched (a compensated
+#    gradient's included), with pushes compensated
 source "$(dirname "$0")/lib.sh"
 
 PS_ARGS=(--workers 1 --model "fc:10 softmax" --bind tcp://127.0.0.1:0 --startup-timeout 0.2)
@@ -48,7 +58,7 @@ one_line "--device cuda:x" 2 "$TMP/bad.err" $?
 check "... says what it expects" grep -q "expected cpu, cpu:staged or cuda:N" "$TMP/bad.err"
 
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
-    skip_checks 3 staged "Debian's dataset-fashion-mnist is not installed (make deps)"
+    skip_checks 24 staged "Debian's dataset-fashion-mnist is not installed (make deps)"
     finish; exit
 fi
 # run NAME DEVICE: 1 shard (sync) + 1 worker, 30 steps; the final checkpoint in $TMP/NAME/ck
@@ -75,4 +85,52 @@ ck_cpu=$(ls "$TMP"/cpu/ck/*.safetensors 2>/dev/null | head -1)
 ck_staged=$(ls "$TMP"/staged/ck/*.safetensors 2>/dev/null | head -1)
 check "... their checkpoints hold the same bits (weights and Adam's state)" \
     "$TORCH_PY" tests/integration/compare_st.py "${ck_cpu:-none}" "${ck_staged:-none}" --atol 0 --rtol 0
+
+L=$BIN/downpour
+# a convolution under the fc layers: its backward takes long enough that a
+# push leaves in parts the shard sees apart (the fc layers' alone go whole)
+LOCAL=(--model "conv5x5:16 relu maxpool2 fc:128 relu fc:10 softmax" --batch 32 --steps 8 --threads 1
+       --ps-threads 1 --seed 5 --no-progress)
+# stepped DIR: the shard's steps made early as a push's parts came, and all of them
+stepped() {
+    "$TORCH_PY" - "$1" <<'EOF'
+import glob, json, sys
+last = [json.loads([l for l in open(f) if '"steps_early"' in l][-1])
+        for f in glob.glob(sys.argv[1] + "/metrics/ps-*.jsonl")]
+print(sum(l["steps_early"] for l in last), sum(l["version"] for l in last))
+EOF
+}
+# pair NAME FLAGS...: the shard on cpu:staged and on cpu; the same model file
+pair() {
+    local name=$1; shift
+    DP_TEST_PS_DEVICE=cpu:staged "$L" local "${LOCAL[@]}" "$@" --ps-device gpu \
+        --out "$TMP/$name-staged" >"$TMP/$name-staged.log" 2>&1
+    local rc=$?
+    "$L" local "${LOCAL[@]}" "$@" --ps-device cpu --out "$TMP/$name-cpu" >"$TMP/$name-cpu.log" 2>&1
+    check "$name: on cpu:staged and on cpu (exit $rc, $?)" \
+        grep -q "state on cpu:staged" "$TMP/$name-staged/logs/ps-0.log"
+    check "... the same model file, byte for byte" \
+        cmp -s "$TMP/$name-cpu/model.safetensors" "$TMP/$name-staged/model.safetensors"
+}
+for mode in "async 1" "sync 2"; do
+    read -r m w <<<"$mode"
+    pair "early-$m" --workers "$w" --mode "$m" --early-step on --stream-push on
+    read -r e n < <(stepped "$TMP/early-$m-staged")
+    check "... steps on the device made early, as their parts came ($e of $n)" test "$e" -gt 0
+    pair "nesterov-$m" --workers "$w" --mode "$m" --local-steps 3 --outer-optimizer nesterov
+    # 4 rounds: the momentum's second turn reads what its first left
+    pair "delayed-$m" --workers "$w" --mode "$m" --local-steps 2 \
+        --outer-optimizer delayed-nesterov --outer-momentum-every 2
+done
+
+DP_TEST_PS_DEVICE=cpu:staged "$L" local "${LOCAL[@]}" --workers 3 --mode async --delay-ms 10 \
+    --delay-compensation adaptive:2 --ps-device gpu --record "$TMP/dc.rec" --out "$TMP/dc" \
+    >"$TMP/dc.log" 2>&1
+check "DC-ASGD on cpu:staged, recorded (exit $?)" grep -q "state on cpu:staged" "$TMP/dc/logs/ps-0.log"
+comp=$(grep -c '"dc":1' "$TMP/dc.rec")
+check "... pushes were compensated ($comp)" test "$comp" -gt 0
+"$L" replay "$TMP/dc.rec" --out "$TMP/rdc" --json >"$TMP/rdc.out" 2>"$TMP/rdc.err"
+check "... replayed on the host (exit $?)" test -s "$TMP/rdc/model.safetensors"
+check "... bit-identical weights" cmp -s "$TMP/dc/model.safetensors" "$TMP/rdc/model.safetensors"
+check "... every norm matched" grep -q '"matches_record":true' "$TMP/rdc.out"
 finish

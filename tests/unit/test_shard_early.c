@@ -5,12 +5,16 @@
  * told is the early step's and only the step made early, and that a
  * committed step has the bits of the same push stepped whole. The loop's
  * side (hostile parts, a push between two parts, sync's completing push)
- * is test_ps_parts'. */
+ * is test_ps_parts'. Each case runs twice: on the host, and with the shard
+ * that steps early on the "cpu" device stand-in (kernels/optim_dev.h: the
+ * next version and its state stepped in the device's memory, swapped in at
+ * the commit), against reference shards on the host, bit for bit. */
 #include <math.h>
 #include <string.h>
 
 #include "common/model.h"
 #include "common/util.h"
+#include "kernels/optim_dev.h"
 #include "server/core/shard_early.h"
 #include "server/core/shard_parts.h"
 #include "tests/policy_fixture.h"
@@ -23,8 +27,12 @@ typedef struct {
     dp_shard_early_t early;
 } fx_t;
 
+/* The cases' shards with early steps on are on the device stand-in. */
+static bool s_on_device;
+
 /* An Adam shard (lr 0.01) of 2 joined workers under ops with R = 2;
- * early steps as enabled says (the policy committing them). */
+ * early steps as enabled says (the policy committing them), such a shard
+ * on the stand-in under s_on_device. */
 static int fx_init(fx_t *f, const dp_policy_ops_t *ops, bool enabled)
 {
     memset(f, 0, sizeof *f);
@@ -34,6 +42,13 @@ static int fx_init(fx_t *f, const dp_policy_ops_t *ops, bool enabled)
     o.lr = 0.01f;
     dp_policy_conf_t pc = {.replicas = 2, .staleness = 0, .delay_lr = 0, .delay_k = 0};
     if (policy_fx_init(&f->p, ops, &o, 2, &pc) != 0) return -1;
+    char err[DP_ERR_LEN];
+    dp_optim_dev_t *dev = NULL;
+    if (s_on_device && enabled && (dp_optim_dev_new(&dev, "cpu", NULL, err) != 0 ||
+                                   dp_shard_set_device(&f->p.shard, dev, err) != 0)) {
+        fprintf(stderr, "  device: %s\n", err);
+        return -1;
+    }
     dp_shard_parts_init(&f->parts, f->p.shard.lo, f->p.shard.hi, 2);
     dp_shard_early_init(&f->early, &f->p.shard, &f->parts, f->p.policy, enabled);
     dp_policy_early_steps(f->p.policy, &f->early);
@@ -86,10 +101,13 @@ static dp_grad_slice_t fx_whole(const fx_t *f, int wid)
     return (dp_grad_slice_t){f->p.g[wid], f->p.shard.n * sizeof(float), f->p.shard.lo};
 }
 
-/* Weights, Adam's state and version the same bits in a and b. */
+/* Weights, Adam's state and version the same bits in a and b (a device's
+ * state copied off first). */
 static int fx_same(const fx_t *a, const fx_t *b)
 {
     size_t n = a->p.shard.n, ns = n * (size_t)a->p.shard.state_per;
+    dp_shard_device_state(&a->p.shard);
+    dp_shard_device_state(&b->p.shard);
     return a->p.shard.version == b->p.shard.version &&
            memcmp(a->p.shard.w, b->p.shard.w, n * sizeof(float)) == 0 &&
            memcmp(a->p.shard.state, b->p.shard.state, ns * sizeof(float)) == 0;
@@ -251,4 +269,16 @@ static void test_drops(void)
     fx_fini(&f);
 }
 
-DP_TESTS(T(test_async_commit), T(test_commit_only_its_step), T(test_sync_commit), T(test_drops))
+/* The cases above with the early-stepping shard on the device stand-in. */
+static void test_on_device(void)
+{
+    s_on_device = true;
+    test_async_commit();
+    test_commit_only_its_step();
+    test_sync_commit();
+    test_drops();
+    s_on_device = false;
+}
+
+DP_TESTS(T(test_async_commit), T(test_commit_only_its_step), T(test_sync_commit), T(test_drops),
+         T(test_on_device))
