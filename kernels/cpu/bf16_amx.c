@@ -14,9 +14,9 @@
 #include "common/bf16.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/isa.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -25,9 +25,8 @@
 
 /* Linux's arch_prctl for the dynamically enabled tile data (5.16 and later;
  * asm/prctl.h, which older headers lack) and the XSAVE feature number of
- * the tile data (XTILEDATA: XCR0 bit 18; XTILECFG is bit 17). */
+ * the tile data (XTILEDATA: XCR0 bit 18). */
 #define S_ARCH_REQ_XCOMP_PERM 0x1023
-#define S_XFEATURE_XTILECFG 17
 #define S_XFEATURE_XTILEDATA 18
 
 /* The tile operations bf16_amx_body.h is written on, as instructions.
@@ -59,35 +58,14 @@ const dp_bf16_ops_t dp_bf16_amx = {
     .fc_backward = s_amx_fc_backward,
 };
 
-/* XCR0: the state components the OS saves and so lets programs use. */
-static uint64_t s_xcr0(void)
-{
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (uint64_t)hi << 32 | lo;
-}
-
-/* What the CPU and kernel lack, in s_why, or 0 with the tile data granted. */
+/* What the CPU and kernel lack, in why, or 0 with the tile data granted.
+ * The features are isa.c's reading (CPUID and XCR0's tile and AVX-512
+ * state, once at start); only the permission is asked here. */
 static int s_enable(char *why)
 {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return dp_err(why, "bf16 amx: this CPU has no CPUID leaf 7, so no AMX");
-    int tile = d >> 24 & 1, bf16 = d >> 22 & 1, avx512f = b >> 16 & 1;
-    if (!tile || !bf16 || !avx512f)
-        return dp_err(why, "bf16 amx: this CPU lacks%s%s%s", tile ? "" : " AMX-TILE",
-                      bf16 ? "" : " AMX-BF16", avx512f ? "" : " AVX512F");
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1))
-        return dp_err(why, "bf16 amx: the OS has not enabled XSAVE (CPUID OSXSAVE is 0)");
-    uint64_t xcr0 = s_xcr0();
-    uint64_t tiles = 1ull << S_XFEATURE_XTILECFG | 1ull << S_XFEATURE_XTILEDATA;
-    uint64_t zmm = 0xe6; /* SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
-    if ((xcr0 & tiles) != tiles)
-        return dp_err(why, "bf16 amx: the kernel does not enable the tile state (XCR0 bits 17 "
-                      "and 18; Linux 5.16 or later does)");
-    if ((xcr0 & zmm) != zmm)
-        return dp_err(why, "bf16 amx: the kernel does not enable the AVX-512 state (XCR0 0x%llx)",
-                      (unsigned long long)xcr0);
+    if (!dp_cpu_has_amx_bf16() || !(dp_cpu_isa_supported() & 1u << DP_CPU_ISA_AVX512))
+        return dp_err(why, "bf16 amx: this CPU (or its OS) runs no AMX-BF16 with AVX-512 (it "
+                      "has: %s)", dp_cpu_isa_features());
     if (syscall(SYS_arch_prctl, S_ARCH_REQ_XCOMP_PERM, S_XFEATURE_XTILEDATA) != 0)
         return dp_err(why, "bf16 amx: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): %s",
                       strerror(errno));

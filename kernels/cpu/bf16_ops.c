@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "common/util.h"
+#include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/isa.h"
 
 /* The avx512_bf16 table, where this build has one (x86). */
@@ -21,16 +22,15 @@ static const dp_bf16_ops_t *s_avx512(void)
 #endif
 }
 
-/* The amx table. AMX: dp_bf16_amx goes here (and its tile-data permission
- * is asked for before it is handed out); until it is built an AMX CPU is
- * refused rather than given vdpbf16ps at half its fp32 speed. */
-static const dp_bf16_ops_t *s_amx(const char *value, char *why)
+/* The amx table, once Linux has granted the tile data (bf16_amx.h): a
+ * CPU whose CPUID says AMX but whose kernel refuses gets that line. */
+static const dp_bf16_ops_t *s_amx(char *why)
 {
-    if (value)
-        dp_err(why, "DP_CPU_BF16=%s: the amx path is not in this build yet", value);
-    else
-        dp_err(why, "bf16 on an AMX CPU takes the amx path, which is not in this build yet");
-    return NULL;
+#if defined(__x86_64__)
+    return dp_bf16_amx_enable(why) == 0 ? &dp_bf16_amx : NULL;
+#else
+    return dp_err(why, "bf16 amx: AMX is x86-64's; this build is for another CPU"), NULL;
+#endif
 }
 
 const dp_bf16_ops_t *dp_bf16_ops_choose(const char *value, int has_avx512_bf16, int has_amx_bf16,
@@ -49,9 +49,9 @@ const dp_bf16_ops_t *dp_bf16_ops_choose(const char *value, int has_avx512_bf16, 
                    features);
             return NULL;
         }
-        return amx ? s_amx(value, why) : s_avx512();
+        return amx ? s_amx(why) : s_avx512();
     }
-    if (has_amx_bf16) return s_amx(NULL, why);
+    if (has_amx_bf16) return s_amx(why);
     if (has_avx512_bf16 && s_avx512()) return s_avx512();
     dp_err(why, "bf16 needs AVX512_BF16 or AMX; this CPU has neither");
     return NULL;

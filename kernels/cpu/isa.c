@@ -123,11 +123,10 @@ static void s_detect(void)
     int avx512 = __builtin_cpu_supports("avx512f");
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     s_detect_bf16(avx512);
-    snprintf(s_features, sizeof s_features, "%s%s%s%s%s", avx512 ? "avx512f " : "no avx512f, ",
-             __builtin_cpu_supports("avx2") ? "avx2 " : "no avx2, ",
-             __builtin_cpu_supports("fma") ? "fma " : "no fma, ",
-             s_avx512_bf16 ? "avx512_bf16 " : "no avx512_bf16, ",
-             s_amx_bf16 ? "amx_bf16" : "no amx_bf16");
+    snprintf(s_features, sizeof s_features, "%savx512f, %savx2, %sfma, %savx512_bf16, %samx_bf16",
+             avx512 ? "" : "no ", __builtin_cpu_supports("avx2") ? "" : "no ",
+             __builtin_cpu_supports("fma") ? "" : "no ", s_avx512_bf16 ? "" : "no ",
+             s_amx_bf16 ? "" : "no ");
     if (avx2) s_supported |= 1u << DP_CPU_ISA_AVX2;
     if (avx512 && avx2) s_supported |= 1u << DP_CPU_ISA_AVX512;
 #endif

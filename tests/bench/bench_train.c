@@ -25,7 +25,7 @@
  * -p prints the CPU kernel paths this machine supports, best first, and the
  * CPU features behind them (kernels/cpu/isa.h), then exits:
  *   paths avx512 avx2 generic
- *   features avx512f avx2 fma
+ *   features avx512f, avx2, fma, no avx512_bf16, no amx_bf16
  * The kernels take the path DP_CPU_ISA names (default: the best).
  * Invariant: nothing here changes the model or the kernels; the step is the
  * standalone trainer's (worker/train/train.c), minus its data thread. */
