@@ -109,22 +109,31 @@ void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
     s->devr = true;
 }
 
-int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst)
+/* The ring's newest entry, pinned, when it is the version the reply named;
+ * NULL (nothing pinned) otherwise: the pull then goes through the host. */
+static const float *s_pin_version(dp_ps_shard_t *s, uint64_t version)
 {
     char err[DP_ERR_LEN];
     uint64_t v = 0;
     const float *e = dp_devregion_pin(&s->devr_w, &v, err);
     if (!e) {
         dp_log_debug("%s: pull through the device region: %s", s->endpoint, err);
-        return -1;
+        return NULL;
     }
-    int rc = -1;
-    if (v != version)
-        dp_log_debug("%s: pull through the device region: the ring's newest is version %llu, "
-                     "the reply's %llu", s->endpoint, (unsigned long long)v,
-                     (unsigned long long)version);
-    else
-        rc = s->devr_w.ops->copy(dst, e, (size_t)(s->hi - s->lo) * sizeof(float), err);
+    if (v == version) return e;
+    dp_log_debug("%s: pull through the device region: the ring's newest is version %llu, "
+                 "the reply's %llu", s->endpoint, (unsigned long long)v,
+                 (unsigned long long)version);
+    dp_devregion_unpin(&s->devr_w);
+    return NULL;
+}
+
+int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst)
+{
+    char err[DP_ERR_LEN];
+    const float *e = s_pin_version(s, version);
+    if (!e) return -1;
+    int rc = s->devr_w.ops->copy(dst, e, (size_t)(s->hi - s->lo) * sizeof(float), err);
     dp_devregion_unpin(&s->devr_w);
     return rc;
 }
@@ -132,19 +141,10 @@ int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst)
 int dp_ps_devr_read_device(dp_ps_shard_t *s, uint64_t version, const dp_ps_device_t *dev)
 {
     char err[DP_ERR_LEN];
-    uint64_t v = 0;
-    const float *e = dp_devregion_pin(&s->devr_w, &v, err);
-    if (!e) {
-        dp_log_debug("%s: pull through the device region: %s", s->endpoint, err);
-        return -1;
-    }
-    int rc = -1;
-    if (v != version)
-        dp_log_debug("%s: pull through the device region: the ring's newest is version %llu, "
-                     "the reply's %llu", s->endpoint, (unsigned long long)v,
-                     (unsigned long long)version);
-    else if ((rc = dev->weights_in(dev->arg, (size_t)s->lo, e, (size_t)(s->hi - s->lo), err)) != 0)
-        dp_log_warn("%s: pull through the device region: %s", s->endpoint, err);
+    const float *e = s_pin_version(s, version);
+    if (!e) return -1;
+    int rc = dev->weights_in(dev->arg, (size_t)s->lo, e, (size_t)(s->hi - s->lo), err);
+    if (rc != 0) dp_log_warn("%s: pull through the device region: %s", s->endpoint, err);
     /* Only now: weights_in returns once its copy is done on the device
      * (queued, then synchronized), so the shard, which never writes a
      * pinned entry, cannot have written this one under it. */
