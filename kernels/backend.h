@@ -84,6 +84,20 @@ typedef struct {
      * copies wrong bits here as it could on a device (stricter than one:
      * ops queued after it see the old bytes until then). */
     void (*copy_peer)(dp_backend_t *be, void *dst, const void *src, size_t bytes);
+    /* The same copy (either side this device's memory, a device region's,
+     * or host memory) on a copy stream of its own, waited for alone: done
+     * when it returns, while the ops queued on the compute stream run on.
+     * Callable from a second thread (the overlapped loop's communication
+     * thread: the next weights into a buffer the forward does not read,
+     * the last gradient out of one the backward no longer writes). The
+     * caller guarantees that no queued op reads or writes either side.
+     * cpu and cpu:staged: memcpy (the wait is the call). */
+    void (*copy_side)(dp_backend_t *be, void *dst, const void *src, size_t bytes);
+    /* Put the calling thread on the backend's device (CUDA: cudaSetDevice,
+     * which is per thread), for work outside the backend that takes the
+     * thread's device: a device region's route, mapping and events on the
+     * communication thread. cpu: nothing. */
+    void (*enter)(dp_backend_t *be);
 
     void (*conv_forward)(dp_backend_t *be, const dp_layer_t *l, int B, float *d_out,
                          const float *d_in, const float *d_w, const float *d_b);

@@ -172,6 +172,19 @@ static void s_peer_flush(dp_backend_t *be)
     st->n_peer = 0;
 }
 
+/* Both cpus: made at once, the noted copy_peer copies untouched (they are
+ * the compute stream's, this a side stream's). */
+static void s_copy_side(dp_backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void s_enter(dp_backend_t *be)
+{
+    (void)be;
+}
+
 void dp_backend_staged_before_copies(dp_backend_t *be, void (*fn)(void *), void *arg)
 {
     s_cpu_t *st = s_staged(be);
@@ -573,6 +586,8 @@ static const dp_backend_ops_t s_cpu_ops = {
     .download_wait_first = s_download_wait_first,
     .upload_async = s_upload, /* ops are done when they return: so is the copy */
     .copy_peer = s_copy_peer,
+    .copy_side = s_copy_side,
+    .enter = s_enter,
     .conv_forward = s_conv_forward,
     .conv_backward = s_conv_backward,
     .relu_forward = s_relu_forward,

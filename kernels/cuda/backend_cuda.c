@@ -174,6 +174,21 @@ static void s_copy_peer(dp_backend_t *be, void *dst, const void *src, size_t byt
     if (bytes) DP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cx->stream));
 }
 
+/* On cx->side, beside the compute stream, waited for alone: the
+ * communication thread's copies (kernels/backend.h). */
+static void s_copy_side(dp_backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    dp_cuda_t *cx = s_enter(be);
+    if (!bytes) return;
+    DP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cx->side));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->side));
+}
+
+static void s_enter_op(dp_backend_t *be)
+{
+    s_enter(be);
+}
+
 static void *s_host_alloc(dp_backend_t *be, size_t bytes)
 {
     dp_cuda_t *cx = s_enter(be);
@@ -229,6 +244,7 @@ static void s_host_unregister(dp_backend_t *be, void *p)
     /* no queued copy may still read or write the pages */
     DP_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
     DP_CUDA_CHECK(cudaStreamSynchronize(cx->up));
+    DP_CUDA_CHECK(cudaStreamSynchronize(cx->side));
     DP_CUDA_CHECK(cudaStreamSynchronize(cx->down));
     cudaError_t e = cudaHostUnregister(p);
     if (e == cudaErrorHostMemoryNotRegistered) { /* its registration failed: nothing to undo */
@@ -625,6 +641,7 @@ static void s_destroy(dp_backend_t *be)
             if (cx->copied[k]) cudaEventDestroy(cx->copied[k]);
         if (cx->down) cudaStreamDestroy(cx->down);
         if (cx->up) cudaStreamDestroy(cx->up);
+        if (cx->side) cudaStreamDestroy(cx->side);
         if (cx->stream) cudaStreamDestroy(cx->stream);
         free(cx);
     }
@@ -648,6 +665,8 @@ static const dp_backend_ops_t s_cuda_ops = {
     .download_wait_first = s_download_wait_first,
     .upload_async = s_upload_async,
     .copy_peer = s_copy_peer,
+    .copy_side = s_copy_side,
+    .enter = s_enter_op,
     .download_wait = s_download_wait,
     .conv_forward = s_conv_forward,
     .conv_backward = s_conv_backward,
@@ -746,6 +765,7 @@ int dp_backend_cuda_new(dp_backend_t **out, int device, char *err)
     DP_CUBLAS_TRY(cublasSetMathMode(cx->cublas, cx->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                          : CUBLAS_DEFAULT_MATH));
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->up, cudaStreamNonBlocking));
+    DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
     DP_CUDA_TRY(cudaStreamCreateWithFlags(&cx->down, cudaStreamNonBlocking));
     DP_CUDA_TRY(cudaEventCreateWithFlags(&cx->queued, cudaEventDisableTiming));
     for (int k = 0; k < DP_CUDA_COPY_MARKS; k++)

@@ -85,6 +85,7 @@ typedef struct {
     int find;                                  /* DP_CUDA_FIND=1: time the algorithms at prepare */
     cudaStream_t stream;                       /* the compute stream */
     cudaStream_t up;                           /* stage_upload's copies */
+    cudaStream_t side;                         /* copy_side's (the communication thread's) */
     cudaStream_t down;                         /* download_async's copies */
     cudaEvent_t queued;                        /* marks the compute stream for down */
     cudaEvent_t copied[DP_CUDA_COPY_MARKS];          /* down: the end of download_async's copy k,

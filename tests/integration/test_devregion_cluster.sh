@@ -14,6 +14,13 @@
 #    its gradient, the worker's count of them), none through the host; the
 #    stand-in defers copy_peer's copies to the next synchronize, so a copy
 #    not waited for before the unpin or the count shows in the model file;
+#  - the overlapped loop of a device worker (cpu:staged, async, --overlap
+#    on, 1 x 2): its communication thread lands the next weights in a
+#    buffer of their own and the step boundary takes them (worker/train/
+#    devside.h); the same model file as over frames, every pull and push
+#    device to device; a boundary that let the forward run before its copy
+#    landed computes on the old weights here (staged copies wait for the
+#    synchronize) and shows in the model file;
 #  - two GPUs on one host, through the stand-in's hook: the region on
 #    another device the worker reaches by peer access (standin:peer): the
 #    same as above, the worker says so; one it cannot reach
@@ -92,6 +99,26 @@ check "staged: every pull through a ring went device to device ($(devcount "$TMP
 check "staged: every push into a slot went device to device ($(devcount "$TMP/staged" pushes))" \
     test "$(devcount "$TMP/staged" pushes)" = 48
 check "staged: every push taken from a slot ($(taken "$TMP/staged"))" test "$(taken "$TMP/staged")" = 48
+
+# the overlapped loop, async, 1 worker x 2 shards (one worker: its order
+# is the run's, so the model file is one)
+ov=(--ps-shards 2 --workers 1 --mode async --overlap on --device cpu:staged
+    --model "fc:64 relu fc:10 softmax")
+"$L" local "${ov[@]}" "${common[@]}" --transport zmq --out "$TMP/overlap-zmq" \
+    >"$TMP/overlap-zmq.log" 2>&1
+check "overlap: the run over frames" test -s "$TMP/overlap-zmq/model.safetensors"
+DP_TEST_DEVMEM=standin "$L" local "${ov[@]}" "${common[@]}" --out "$TMP/overlap" \
+    >"$TMP/overlap.log" 2>&1
+check "overlap: the run through the regions" test -s "$TMP/overlap/model.safetensors"
+check "overlap: the overlapped loop ran" grep -q "overlap on: pulls and pushes on a thread" \
+    "$TMP/overlap/logs/worker-0.log"
+check "overlap: the same model file as over frames, byte for byte" \
+    cmp -s "$TMP/overlap-zmq/model.safetensors" "$TMP/overlap/model.safetensors"
+check "overlap: every pull through a ring went device to device ($(devcount "$TMP/overlap" pulls))" \
+    test "$(devcount "$TMP/overlap" pulls)" = 24
+check "overlap: every push into a slot went device to device ($(devcount "$TMP/overlap" pushes))" \
+    test "$(devcount "$TMP/overlap" pushes)" = 24
+check "overlap: every push taken from a slot ($(taken "$TMP/overlap"))" test "$(taken "$TMP/overlap")" = 24
 
 staged standin:peer peer
 check "peer: the workers map the other device's region by peer access" \

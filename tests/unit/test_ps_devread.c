@@ -214,9 +214,10 @@ static int s_dev_in(void *arg, size_t off, const float *src, size_t n, char *err
     return 0;
 }
 
-static int s_dev_out(void *arg, float *dst, size_t off, size_t n, int device, char *err)
+static int s_dev_out(void *arg, float *dst, const float *from, size_t off, size_t n, int device,
+                     char *err)
 {
-    (void)err;
+    (void)err, (void)from;
     s_dev_t *d = arg;
     memcpy(dst, d->d_grads + off, n * sizeof(float));
     if (device) d->out_dev++;

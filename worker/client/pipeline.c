@@ -37,13 +37,14 @@ static void s_run(dp_pipeline_t *p, dp_pipe_job_t *j)
     }
     if (j->op == DP_PIPE_PULL) {
         dp_ps_client_deal_step(p->ps, j->deal_step);
-        j->rc = dp_ps_client_pull(p->ps, j->params, j->err);
+        j->rc = j->params ? dp_ps_client_pull(p->ps, j->params, j->err)
+                          : dp_ps_client_pull_device(p->ps, j->sink, j->sink_arg, j->err);
         if (j->rc == 0) dp_ps_client_stamp(p->ps, &j->stamp);
         if (j->rc == 0 && j->deal_step && dp_ps_client_dealt(p->ps, &j->dealt) != 0)
             j->rc = dp_err(j->err, "shard 0 dealt no batch with the weights");
     } else {
-        dp_ps_push_t push = {.grads = j->grads, .loss = j->loss, .batch = j->batch,
-                             .step = j->step, .stamp = &j->stamp};
+        dp_ps_push_t push = {.grads = j->grads, .d_grads = j->d_grads, .loss = j->loss,
+                             .batch = j->batch, .step = j->step, .stamp = &j->stamp};
         j->rc = dp_ps_client_push(p->ps, &push, &j->res, j->err);
     }
     j->updates_lost = dp_ps_client_updates_lost(p->ps);

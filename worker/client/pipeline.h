@@ -36,7 +36,12 @@ typedef struct {
     /* in */
     float *params;           /* PULL: the whole vector lands here; untouched by the caller
                               * until the result is taken */
+    dp_ps_params_sink_fn sink; /* PULL, params NULL: each tensor lent to sink, a shard's
+                              * device region's entry to the client's device copies
+                              * (dp_ps_client_pull_device) */
+    void *sink_arg;
     const float *grads;      /* PUSH: the gradient; the same, ZeroMQ sends from it */
+    const float *d_grads;    /* PUSH, grads NULL: the device buffer it is in (dp_ps_push_t's) */
     uint64_t step;           /* PUSH: the worker's step (1, 2, ...), applied once per shard */
     float loss;              /* PUSH: the batch's mean loss */
     int batch;               /* PUSH: its size */

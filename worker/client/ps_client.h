@@ -287,8 +287,16 @@ typedef struct {
     int (*weights_in)(void *arg, size_t off, const float *src, size_t n, char *err);
     /* The gradient's floats [off, off + n) into dst: a gradient slot on the
      * device (device 1), or host memory (0: a slice that goes another way,
-     * the slot not free or the region gone). */
-    int (*grads_out)(void *arg, float *dst, size_t off, size_t n, int device, char *err);
+     * the slot not free or the region gone). from: the push's device
+     * buffer (dp_ps_push_t.d_grads), NULL: the network's gradient. */
+    int (*grads_out)(void *arg, float *dst, const float *from, size_t off, size_t n, int device,
+                     char *err);
+    /* Put the calling thread on the device (NULL: nothing to do), before
+     * the client's device work on a thread other than the one that opened
+     * the device: a WELCOME's route and mapping, a pin's copy, a push's
+     * event (the overlapped loop's communication thread re-HELLOs a
+     * restarted shard). */
+    void (*enter)(void *arg);
     void *arg;
 } dp_ps_device_t;
 /* Set them (NULL: none); they must outlive the client's pulls and pushes. */
@@ -296,8 +304,11 @@ void dp_ps_client_set_device(dp_ps_client_t *c, const dp_ps_device_t *dev);
 /* As pull_to, and a shard's reply through its device region goes through
  * the device's weights_in instead of sink (device to device). */
 int dp_ps_client_pull_device(dp_ps_client_t *c, dp_ps_params_sink_fn sink, void *arg, char *err);
-/* 1 when a push can leave from the device (dp_ps_push_t.grads NULL): the
- * device's copies set, every shard's device region mapped, pushes dense. */
+/* 1 when a push can leave from the device into every shard's slot
+ * (dp_ps_push_t.grads NULL): the device's copies set, every shard's device
+ * region mapped, pushes dense. A push from the device is taken wherever the
+ * device's copies are set and pushes are dense and whole: a shard without
+ * its region then gets its slice through the host (grads_out, device 0). */
 int dp_ps_client_push_on_device(const dp_ps_client_t *c);
 /* What went device to device: pulls' ring entries copied by weights_in,
  * pushes' slices into a slot by grads_out. */
@@ -347,6 +358,8 @@ typedef struct {
                                   * once per worker: a repeat (after a lost ACK or a restart)
                                   * is acknowledged as applied ("repeat: ..." in the reason)
                                   * without being applied again; 0: none */
+    const float *d_grads;        /* grads NULL: the device buffer the gradient is in (the
+                                  * overlapped loop's copy of it); NULL: the network's */
     const dp_ps_stamp_t *stamp;  /* the versions to stamp it with; NULL: the last pull's */
     const struct dp_ps_segment *segment; /* an actor-critic segment's account; NULL: none */
     uint32_t local_steps;        /* DyLU: the round's data steps (Push.local_steps; 0: none) */

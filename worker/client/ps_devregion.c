@@ -67,6 +67,14 @@ static int s_offer(const Downpour__DevRegionOffer *m, dp_devregion_offer_t *o, c
     return 0;
 }
 
+/* The calling thread put on the worker's device before device work: the
+ * overlapped loop's communication thread never selected it, and CUDA's
+ * route (cudaGetDevice), mappings and events take the thread's device. */
+static void s_enter(const dp_ps_device_t *dev)
+{
+    if (dev && dev->enter) dev->enter(dev->arg);
+}
+
 void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
 {
     dp_ps_shard_t *s = &c->sh[i];
@@ -75,6 +83,7 @@ void dp_ps_devr_welcome(dp_ps_client_t *c, int i, const Downpour__Welcome *w)
         dp_ps_devr_close(s);
         return;
     }
+    s_enter(c->dev); /* the route and the mapping on the worker's device */
     char err[DP_ERR_LEN];
     dp_devregion_offer_t o;
     int rc = s_offer(w->devregion, &o, err);
@@ -141,6 +150,7 @@ int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst)
 int dp_ps_devr_read_device(dp_ps_shard_t *s, uint64_t version, const dp_ps_device_t *dev)
 {
     char err[DP_ERR_LEN];
+    s_enter(dev);
     const float *e = s_pin_version(s, version);
     if (!e) return -1;
     int rc = dev->weights_in(dev->arg, (size_t)s->lo, e, (size_t)(s->hi - s->lo), err);
@@ -152,15 +162,17 @@ int dp_ps_devr_read_device(dp_ps_shard_t *s, uint64_t version, const dp_ps_devic
     return rc;
 }
 
-int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n, const dp_ps_device_t *dev)
+int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, const float *from, size_t n,
+                     const dp_ps_device_t *dev)
 {
     char err[DP_ERR_LEN];
+    s_enter(dev); /* the copy's, the event's record and wait */
     float *slot = dp_devregion_slot(&s->devr_w);
     if (!slot || n != s->devr_w.n) return -1;
     /* done when it returns (grads_out synchronizes its copy), so the record
      * and the count that follow cover written floats */
     int rc = slice ? s->devr_w.ops->copy(slot, slice, n * sizeof(float), err)
-                   : dev->grads_out(dev->arg, slot, (size_t)s->lo, n, 1, err);
+                   : dev->grads_out(dev->arg, slot, from, (size_t)s->lo, n, 1, err);
     if (rc != 0 || dp_devregion_push(&s->devr_w, NULL, err) != 0) {
         dp_log_debug("%s: push through the device region: %s", s->endpoint, err);
         return -1;

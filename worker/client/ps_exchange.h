@@ -289,7 +289,9 @@ int dp_ps_devr_read(dp_ps_shard_t *s, uint64_t version, float *dst);
 int dp_ps_devr_read_device(dp_ps_shard_t *s, uint64_t version, const dp_ps_device_t *dev);
 /* The whole slice's gradient into our slot, then the count: 0, or -1 when
  * the slot is not ours to write (the last push not taken): frames then.
- * slice NULL: the device's gradient, copied in by dev->grads_out. */
-int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, size_t n, const dp_ps_device_t *dev);
+ * slice NULL: the device's gradient (from: the push's buffer of it, NULL the
+ * network's), copied in by dev->grads_out. */
+int dp_ps_devr_write(dp_ps_shard_t *s, const float *slice, const float *from, size_t n,
+                     const dp_ps_device_t *dev);
 
 #endif

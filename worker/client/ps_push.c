@@ -104,14 +104,15 @@ static void s_build_compressed(dp_ps_client_t *c, const dp_ps_shard_t *s, dp_ps_
  * frames (its slot not free, its region gone at a new HELLO): copied to
  * the host first, into the client's buffer. A copy that fails leaves NaN,
  * which the shard refuses (not finite): never a gradient half copied. */
-static const float *s_grads_host(dp_ps_client_t *c, int i)
+static const float *s_grads_host(dp_ps_client_t *c, int i, const float *from)
 {
     const dp_ps_shard_t *s = &c->sh[i];
     size_t n = (size_t)(s->hi - s->lo);
     char err[DP_ERR_LEN];
     if (!c->grads_host) c->grads_host = dp_aligned_alloc(c->m->n_floats * sizeof(float));
     float *h = c->grads_host + s->lo;
-    if (c->dev->grads_out(c->dev->arg, h, (size_t)s->lo, n, 0, err) != 0) {
+    if (c->dev->enter) c->dev->enter(c->dev->arg);
+    if (c->dev->grads_out(c->dev->arg, h, from, (size_t)s->lo, n, 0, err) != 0) {
         dp_log_error("%s: the push's gradient off the device: %s", s->endpoint, err);
         for (size_t j = 0; j < n; j++) h[j] = NAN;
     }
@@ -161,14 +162,14 @@ static void s_build_part(dp_ps_client_t *c, int i, uint32_t k, dp_ps_req_t *rq,
      * the device's gradient itself when grads is NULL) and counted; the
      * slot not ours yet (its last push not taken) sends it as before. */
     if (s->devr && ps->parts == 1 && cnt == s->hi - s->lo &&
-        dp_ps_devr_write(&c->sh[i], grads ? grads + s->lo : NULL, cnt, c->dev) == 0) {
+        dp_ps_devr_write(&c->sh[i], grads ? grads + s->lo : NULL, pp->d_grads, cnt, c->dev) == 0) {
         c->dev_pushes += !grads;
         dp_wire_desc_fill(&rq->desc[0], rq->shape, "params", NULL, cnt, a, 1, 0);
         dp_wire_desc_no_checksum(&rq->desc[0]);
         rq->env.devregion = 1;
         return;
     }
-    if (!grads) grads = s_grads_host(c, i); /* the device's slice, another way */
+    if (!grads) grads = s_grads_host(c, i, pp->d_grads); /* the device's slice, another way */
     /* the slice as sent: the caller's, or with error feedback the client's
      * (a slice too small for top-k goes dense, its residual added) */
     const float *slice = (s->z ? s->z->v : grads + s->lo) + (a - s->lo);
@@ -389,9 +390,9 @@ static int s_push_begin(dp_ps_client_t *c, const dp_ps_push_t *p, bool stream, c
             return dp_err(err, "push before the first pull (the gradient needs a version)");
     if (p->stamp && p->stamp->n != c->n)
         return dp_err(err, "push stamped for %d shard(s) on a client of %d", p->stamp->n, c->n);
-    if (!p->grads && (stream || !dp_ps_client_push_on_device(c)))
-        return dp_err(err, "a push from the device (no host gradient) needs every shard's device "
-                      "region mapped, the device's copies set, dense and whole");
+    if (!p->grads && (stream || !c->dev || c->compress.kind != DP_COMPRESS_NONE))
+        return dp_err(err, "a push from the device (no host gradient) needs the device's copies "
+                      "set, dense and whole");
     if (!c->push_room) c->push_room = dp_malloc(sizeof *c->push_room);
     dp_ps_push_req_t *pr = c->push_room; /* lives until push_end */
     pr->p = p;

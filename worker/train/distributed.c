@@ -26,6 +26,7 @@
 #include "worker/client/pipeline.h"
 #include "worker/client/ps_beat.h"
 #include "worker/client/ps_client.h"
+#include "worker/train/devside.h"
 #include "worker/train/driver.h"
 
 /* Sleep for the injected delay: fixed, or exponential with that mean (the
@@ -138,17 +139,25 @@ static int s_weights_in(void *arg, size_t off, const float *src, size_t n, char 
     return 0;
 }
 
-static int s_grads_out(void *arg, float *dst, size_t off, size_t n, int device, char *err)
+static int s_grads_out(void *arg, float *dst, const float *from, size_t off, size_t n, int device,
+                       char *err)
 {
     (void)err;
     dp_session_t *s = arg;
+    const float *src = (from ? from : s->net.d_grads) + off;
     if (!device) { /* a slice that goes by shared memory or frames */
-        s->be->ops->download(s->be, dst, s->net.d_grads + off, n * sizeof(float));
+        s->be->ops->download(s->be, dst, src, n * sizeof(float));
         return 0;
     }
-    s->be->ops->copy_peer(s->be, dst, s->net.d_grads + off, n * sizeof(float));
+    s->be->ops->copy_peer(s->be, dst, src, n * sizeof(float));
     s->be->ops->synchronize(s->be);
     return 0;
+}
+
+static void s_enter(void *arg)
+{
+    dp_session_t *s = arg;
+    s->be->ops->enter(s->be);
 }
 
 /* A pull straight into the network's parameters. On the CPU they are host
@@ -553,23 +562,39 @@ static long s_overlap_next(s_loop_t *L, long step, dp_batch_t *b)
     return L->dealt ? step + 1 : dp_batcher_next(L->bt, b);
 }
 
+/* The overlapped loop's pull job: into h_params, or on the device into the
+ * double buffer's d_next (x set: devside.h). */
+static dp_pipe_job_t s_pull_job(dp_session_t *s, dp_devside_t *x, uint64_t deal_step)
+{
+    if (x)
+        return (dp_pipe_job_t){.op = DP_PIPE_PULL, .sink = dp_devside_sink, .sink_arg = x,
+                               .deal_step = deal_step};
+    return (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params, .deal_step = deal_step};
+}
+
 /* While step k computes, the thread pushes step k-1 and pulls for k+1
  * (posted in that order: the pull then sees step k-1's gradient applied).
  * An elastic crew's pull for k+1 brings k+1's batch: the loop ends when it
- * brings the end, once the pushes still queued are in. */
-static int s_loop_overlap(s_loop_t *L, char *err)
+ * brings the end, once the pushes still queued are in. A device worker
+ * whose shards all map their regions (x) pulls and pushes device to device
+ * through the double buffers of devside.h; else through h_params and the
+ * two host push buffers. */
+static int s_loop_overlap(s_loop_t *L, dp_devside_t *x, char *err)
 {
     dp_session_t *s = L->s;
     dp_pipeline_t *pl = NULL;
-    if (dp_pipeline_new(&pl, L->ps, err) != 0) return -1;
+    if (x) dp_ps_client_set_device(L->ps, &x->dev); /* the thread's copies, side stream */
+    if (dp_pipeline_new(&pl, L->ps, err) != 0) {
+        dp_ps_client_set_device(L->ps, x ? &L->dev : NULL);
+        return -1;
+    }
     dp_ps_stamp_t stamp;
     dp_pipe_job_t job;
     float *grads[2] = {s->h_grads, L->grads2};
     int rc = -1;
     dp_batch_t batch;
     long step = L->dealt ? L->first : dp_batcher_next(L->bt, &batch);
-    job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params,
-                          .deal_step = L->dealt ? (uint64_t)step + 1 : 0};
+    job = s_pull_job(s, x, L->dealt ? (uint64_t)step + 1 : 0);
     if (step >= 0) dp_pipeline_post(pl, &job);
     if (s_take(L, pl, &stamp, err) != 0) goto out;
     for (; step >= 0; step = s_overlap_next(L, step, &batch)) {
@@ -582,18 +607,21 @@ static int s_loop_overlap(s_loop_t *L, char *err)
             if (s_take_batch(L, step, &batch, err) != 0) goto out;
         }
         dp_train_test_hold(s->conf.task_index, step, L->stop);
-        dp_net_set_params(&s->net, s->h_params); /* h_params is free for the next pull */
-        job = (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = s->h_params,
-                              .deal_step = L->dealt ? (uint64_t)step + 2 : 0};
+        /* h_params (d_next) is free for the next pull from here */
+        if (x) dp_devside_take(x);
+        else dp_net_set_params(&s->net, s->h_params);
+        job = s_pull_job(s, x, L->dealt ? (uint64_t)step + 2 : 0);
         if (L->dealt || step + 1 < L->total) dp_pipeline_post(pl, &job);
-        float *g = grads[step & 1]; /* the push of step - 2 from it ended before that pull */
+        float *g = x ? NULL : grads[step & 1]; /* the push of step - 2 from it ended before that pull */
         double tc = dp_now();
         s->net.step = (unsigned long long)step;
         float loss = dp_net_train_step_device(&s->net, batch.d_x, batch.d_y, s->conf.batch, g);
+        const float *dg = x ? dp_devside_grads(x, step) : NULL; /* the same rule for its copy */
         L->step_compute_s = dp_now() - tc;
         s_inject_delay(&s->conf, &L->delay_rng);
-        job = (dp_pipe_job_t){.op = DP_PIPE_PUSH, .grads = g, .step = (uint64_t)step + 1,
-                              .loss = loss, .batch = s->conf.batch, .stamp = stamp};
+        job = (dp_pipe_job_t){.op = DP_PIPE_PUSH, .grads = g, .d_grads = dg,
+                              .step = (uint64_t)step + 1, .loss = loss, .batch = s->conf.batch,
+                              .stamp = stamp};
         dp_pipeline_post(pl, &job);
         if (s_take(L, pl, &stamp, err) != 0) goto out;
     }
@@ -601,6 +629,7 @@ static int s_loop_overlap(s_loop_t *L, char *err)
     rc = 0;
 out:
     dp_pipeline_destroy(&pl); /* after the jobs queued: the client is ours again */
+    if (x) dp_ps_client_set_device(L->ps, &L->dev);
     return rc;
 }
 
@@ -615,10 +644,15 @@ int dp_dense_cluster_loop(dp_train_drv_t *d, char *err)
     if (s->conf.local_steps > 1) {
         rc = s_loop_local(L, err);
     } else if (L->overlap) {
+        /* a device worker every shard of which maps its region: device to device */
+        dp_devside_t side = {0};
+        int dev = !s->be->host_memory && dp_ps_client_push_on_device(L->ps);
+        if (dev) dp_devside_init(&side, s->be, s->net.d_params, s->net.d_grads, s->model.n_floats);
         L->grads2 = s->be->ops->host_alloc(s->be, s->model.n_floats * sizeof(float));
-        rc = s_loop_overlap(L, err);
+        rc = s_loop_overlap(L, dev ? &side : NULL, err);
         s->be->ops->host_release(s->be, L->grads2);
         L->grads2 = NULL;
+        dp_devside_fini(&side);
     } else {
         rc = s_loop_plain(L, err);
         dp_net_grads_into(&s->net, NULL); /* the client's buffer goes with the client */
@@ -731,7 +765,8 @@ int dp_dense_cluster_plan(dp_train_drv_t *d, char *err)
         dp_ps_client_set_shm_hook(d->ps, s_shm_lock, L);
     /* ... and to and from the shards' device regions, device to device */
     if (!s->be->host_memory) {
-        L->dev = (dp_ps_device_t){.weights_in = s_weights_in, .grads_out = s_grads_out, .arg = s};
+        L->dev = (dp_ps_device_t){.weights_in = s_weights_in, .grads_out = s_grads_out,
+                                  .enter = s_enter, .arg = s};
         dp_ps_client_set_device(d->ps, &L->dev);
     }
     dp_rng_seed(&L->delay_rng, c->seed * 7919 + (unsigned long long)c->task_index);
