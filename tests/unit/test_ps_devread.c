@@ -15,6 +15,14 @@
  *    slot, no host gradient at all) end bit for bit where frames end, every
  *    one of them device to device; a push without a host gradient where
  *    the client cannot take one from the device is refused in one line.
+ *  - the overlapped loop's double buffers (worker/train/devside.h), driven
+ *    in its order through a real communication thread (pipeline.h): the
+ *    thread never writes the weights the "forward" reads, the boundary's
+ *    take has landed when it returns (cpu:staged makes it only at the
+ *    synchronize), the end is bit for bit frames' in the same order, and
+ *    every pull and push went device to device; after a shard restart the
+ *    thread's re-HELLO maps the new region and its pulls stay device to
+ *    device, each device copy on the thread preceded by the device's enter.
  * Servers run in a thread of this program (tests/ps_harness.h). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +33,10 @@
 #include "proto/devregion.h"
 #include "tests/ps_harness.h"
 #include "tests/test.h"
+#include "worker/client/pipeline.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/ps_exchange.h"
+#include "worker/train/devside.h"
 
 #define TMO 5.0
 #define STEPS 6
@@ -309,5 +319,210 @@ static void test_device_push_refused(void)
     free(w);
 }
 
+/* ---- the overlapped loop's double buffers ------------------------------ */
+
+/* The device's copies as the thread calls them, wrapped: each must follow
+ * an enter on the calling thread since its last copy (CUDA takes the
+ * thread's device, which only enter sets on the thread). */
+static _Thread_local int s_entered;
+
+typedef struct {
+    dp_devside_t *x;
+    int not_entered;            /* copies on a thread not put on the device */
+    int in;                     /* weights_in's */
+} s_wrap_t;
+
+static int s_wrap_in(void *arg, size_t off, const float *src, size_t n, char *err)
+{
+    s_wrap_t *w = arg;
+    w->not_entered += !s_entered;
+    s_entered = 0; /* the next copy needs its own enter */
+    w->in++;
+    return w->x->dev.weights_in(w->x->dev.arg, off, src, n, err);
+}
+
+static int s_wrap_out(void *arg, float *dst, const float *from, size_t off, size_t n, int device,
+                      char *err)
+{
+    s_wrap_t *w = arg;
+    w->not_entered += !s_entered;
+    s_entered = 0;
+    return w->x->dev.grads_out(w->x->dev.arg, dst, from, off, n, device, err);
+}
+
+static void s_wrap_enter(void *arg)
+{
+    s_wrap_t *w = arg;
+    s_entered = 1;
+    w->x->dev.enter(w->x->dev.arg);
+}
+
+/* The loop's s_take: results in order up to and including the next pull. */
+static int s_take_pull(dp_pipeline_t *pl, dp_ps_stamp_t *stamp)
+{
+    dp_pipe_job_t j;
+    while (dp_pipeline_wait(pl, &j) == 0) {
+        if (j.rc != 0) {
+            fprintf(stderr, "  job: %s\n", j.err);
+            return -1;
+        }
+        if (j.op == DP_PIPE_PULL) {
+            *stamp = j.stamp;
+            return 0;
+        }
+        if (j.res.applied != 1) fprintf(stderr, "  push %llu: %s\n", (unsigned long long)j.step, j.res.reason);
+        CHECK_EQ(j.res.applied, 1);
+    }
+    return -1;
+}
+
+typedef struct {
+    int device;                 /* through devside, else h_params and host pushes over frames */
+    int restart_at;             /* > 0: the shard restarted before that step's pull is posted */
+    int thread_wrote;           /* boundaries where the weights had changed under the forward */
+    int take_missed;            /* takes that had not landed when they returned */
+    uint64_t pulls, pushes;     /* device to device, the client's count */
+    uint64_t pulls_after;       /* ... of them after the restart */
+    uint64_t gen0, gen1;        /* the region's generation before and after it */
+    s_wrap_t wrap;
+} s_ov_t;
+
+/* Restart the shard in place: a new one on the same endpoint. */
+static int s_restart(srv_t *s, srv_t *s2)
+{
+    CHECK_EQ(srv_stop(s), 0);
+    srv_init(s2, DP_MODE_ASYNC, 1);
+    snprintf(s2->cfg.bind, sizeof s2->cfg.bind, "%s", s->endpoint);
+    int up = srv_start(s2) == 0;
+    CHECK(up);
+    return up ? 0 : -1;
+}
+
+/* The steps of the overlapped loop (distributed.c's s_loop_overlap) with
+ * the "forward" reading d_params and the "backward" writing d_grads of a
+ * cpu:staged backend; the last weights taken into w. */
+static void s_overlap_steps(dp_ps_client_t *c, dp_backend_t *be, dp_devside_t *x, s_ov_t *o,
+                            srv_t *s, srv_t *s2, float *w)
+{
+    size_t n = s_small.n_floats;
+    float *prev = dp_calloc(n, 4), *hp = dp_calloc(n, 4), *hg[2] = {dp_calloc(n, 4), dp_calloc(n, 4)};
+    char err[DP_ERR_LEN] = "";
+    dp_pipeline_t *pl = NULL;
+    CHECK_EQ(dp_pipeline_new(&pl, c, err), 0);
+    dp_ps_stamp_t stamp;
+    dp_pipe_job_t pull = o->device ? (dp_pipe_job_t){.op = DP_PIPE_PULL, .sink = dp_devside_sink,
+                                                     .sink_arg = x}
+                                   : (dp_pipe_job_t){.op = DP_PIPE_PULL, .params = hp};
+    dp_pipeline_post(pl, &pull);
+    int ok = s_take_pull(pl, &stamp) == 0;
+    for (int t = 1; ok && t <= STEPS; t++) {
+        if (o->device) {
+            o->thread_wrote += memcmp(x->d_params, prev, n * 4) != 0; /* the forward's, still */
+            dp_devside_take(x);
+            o->take_missed += memcmp(x->d_params, x->d_next, n * 4) != 0; /* read as the forward would */
+            memcpy(prev, x->d_params, n * 4);
+        } else {
+            memcpy(x->d_params, hp, n * 4);
+        }
+        if (t == o->restart_at) { /* the pipeline idle: its pushes taken, no pull posted */
+            dp_pipeline_destroy(&pl);
+            o->gen0 = c->sh[0].devr_w.generation;
+            dp_ps_client_device_counts(c, &o->pulls_after, &o->pushes);
+            ok = s_restart(s, s2) == 0 && dp_pipeline_new(&pl, c, err) == 0;
+            if (!ok) break;
+        }
+        dp_pipeline_post(pl, &pull);
+        s_grad_of(x->d_params, (float *)x->d_grads, n, t); /* the backward */
+        const float *dg = o->device ? dp_devside_grads(x, t) : NULL;
+        if (!o->device) memcpy(hg[t & 1], x->d_grads, n * 4);
+        /* a restarted shard without a checkpoint counts the worker's steps anew */
+        int st = o->restart_at && t >= o->restart_at ? t - o->restart_at + 1 : t;
+        dp_pipe_job_t push = {.op = DP_PIPE_PUSH, .grads = o->device ? NULL : hg[t & 1],
+                              .d_grads = dg, .step = (uint64_t)st, .loss = 1, .batch = 8,
+                              .stamp = stamp};
+        dp_pipeline_post(pl, &push);
+        ok = s_take_pull(pl, &stamp) == 0;
+    }
+    CHECK(ok);
+    dp_pipeline_destroy(&pl);
+    if (o->device) dp_devside_take(x);
+    else memcpy(x->d_params, hp, n * 4);
+    memcpy(w, x->d_params, n * 4);
+    (void)be;
+    free(prev), free(hp), free(hg[0]), free(hg[1]);
+}
+
+static void s_overlap_run(s_ov_t *o, float *w)
+{
+    if (o->device) setenv("DP_TEST_DEVMEM", "standin", 1);
+    srv_t s, s2;
+    srv_init(&s, DP_MODE_ASYNC, 1);
+    CHECK_EQ(srv_start(&s), 0);
+    char err[DP_ERR_LEN] = "";
+    dp_backend_t *be = NULL;
+    CHECK_EQ(dp_backend_cpu_staged_new(&be, err), 0);
+    size_t n = s_small.n_floats;
+    float *d_params = be->ops->alloc(be, n * 4), *d_grads = be->ops->alloc(be, n * 4);
+    dp_devside_t x;
+    dp_devside_init(&x, be, d_params, d_grads, n);
+    o->wrap = (s_wrap_t){.x = &x};
+    dp_ps_device_t dev = {.weights_in = s_wrap_in, .grads_out = s_wrap_out,
+                          .enter = s_wrap_enter, .arg = &o->wrap};
+    dp_ps_client_opts_t opts = {.timeout_s = TMO,
+                                .transport = o->device ? DP_PS_TRANSPORT_AUTO : DP_PS_TRANSPORT_ZMQ};
+    dp_ps_client_t *c = NULL;
+    CHECK_EQ(dp_ps_client_new(&c, s.endpoint, &s_small, 0, &opts, NULL, err), 0);
+    if (c && o->device) {
+        CHECK_EQ(dp_ps_client_devregion_shards(c), 1);
+        dp_ps_client_set_device(c, &dev);
+    }
+    if (c) s_overlap_steps(c, be, &x, o, &s, &s2, w);
+    if (c && o->device) {
+        uint64_t before = o->pulls_after;
+        dp_ps_client_device_counts(c, &o->pulls, &o->pushes);
+        o->pulls_after = o->restart_at ? o->pulls - before : 0;
+        o->gen1 = c->sh[0].devr_w.generation;
+    }
+    dp_ps_client_destroy(&c);
+    CHECK_EQ(srv_stop(o->restart_at ? &s2 : &s), 0);
+    dp_devside_fini(&x);
+    be->ops->release(be, d_params), be->ops->release(be, d_grads);
+    dp_backend_destroy(&be);
+    unsetenv("DP_TEST_DEVMEM");
+}
+
+static void test_overlap_device(void)
+{
+    srv_small_model(&s_small);
+    size_t n = s_small.n_floats;
+    float *wd = dp_malloc(n * 4), *wf = dp_malloc(n * 4);
+    s_ov_t d = {.device = 1}, f = {.device = 0};
+    s_overlap_run(&d, wd);
+    CHECK_EQ(d.thread_wrote, 0); /* the thread never wrote the forward's weights */
+    CHECK_EQ(d.take_missed, 0);  /* each take had landed when it returned */
+    CHECK_EQ(d.pulls, STEPS + 1);
+    CHECK_EQ(d.pushes, STEPS);
+    CHECK_EQ(d.wrap.not_entered, 0);
+    s_overlap_run(&f, wf);
+    CHECK_CLOSE("overlapped, device to device vs frames", wd, wf, n, 0, 0);
+    free(wd), free(wf);
+}
+
+/* A shard restarted mid-run: the thread's re-HELLO maps the new region
+ * (on the device it entered) and the pulls after it go device to device. */
+static void test_overlap_restart(void)
+{
+    srv_small_model(&s_small);
+    float *w = dp_malloc(s_small.n_floats * 4);
+    s_ov_t d = {.device = 1, .restart_at = 3};
+    s_overlap_run(&d, w);
+    CHECK(d.gen0 != 0 && d.gen1 != 0 && d.gen1 != d.gen0); /* re-mapped */
+    CHECK_EQ(d.pulls_after, STEPS + 1 - 3); /* the pulls posted from step 3 on */
+    CHECK_EQ(d.wrap.not_entered, 0);
+    CHECK_EQ(d.thread_wrote, 0);
+    CHECK_EQ(d.take_missed, 0);
+    free(w);
+}
+
 DP_TESTS(T(test_route), T(test_welcome_routes), T(test_unpin_after_copy), T(test_device_same_as_frames),
-         T(test_device_push_refused))
+         T(test_device_push_refused), T(test_overlap_device), T(test_overlap_restart))
