@@ -21,6 +21,9 @@
 #    device to device; a boundary that let the forward run before its copy
 #    landed computes on the old weights here (staged copies wait for the
 #    synchronize) and shows in the model file;
+#  - --stream-push of a device worker whose shards all map their regions
+#    (sync, 2 x 2): the push goes whole through the slots, device to
+#    device, and the model file is the one of frames in parts;
 #  - two GPUs on one host, through the stand-in's hook: the region on
 #    another device the worker reaches by peer access (standin:peer): the
 #    same as above, the worker says so; one it cannot reach
@@ -119,6 +122,17 @@ check "overlap: every pull through a ring went device to device ($(devcount "$TM
 check "overlap: every push into a slot went device to device ($(devcount "$TMP/overlap" pushes))" \
     test "$(devcount "$TMP/overlap" pushes)" = 24
 check "overlap: every push taken from a slot ($(taken "$TMP/overlap"))" test "$(taken "$TMP/overlap")" = 24
+
+# --stream-push, sync 2 x 2: with every shard's region mapped the push goes
+# whole into the slots, device to device (its parts would hide nothing)
+sp=(--ps-shards 2 --workers 2 --mode sync --device cpu:staged --stream-push on
+    --model "fc:64 relu fc:10 softmax")
+"$L" local "${sp[@]}" "${common[@]}" --transport zmq --out "$TMP/stream-zmq" >"$TMP/stream-zmq.log" 2>&1
+DP_TEST_DEVMEM=standin "$L" local "${sp[@]}" "${common[@]}" --out "$TMP/stream" >"$TMP/stream.log" 2>&1
+check "stream-push: the same model file as over frames (in parts), byte for byte" \
+    cmp -s "$TMP/stream-zmq/model.safetensors" "$TMP/stream/model.safetensors"
+check "stream-push: every push into a slot went device to device ($(devcount "$TMP/stream" pushes))" \
+    test "$(devcount "$TMP/stream" pushes)" = 48
 
 staged standin:peer peer
 check "peer: the workers map the other device's region by peer access" \

@@ -401,7 +401,7 @@ static int s_restart(srv_t *s, srv_t *s2)
 /* The steps of the overlapped loop (distributed.c's s_loop_overlap) with
  * the "forward" reading d_params and the "backward" writing d_grads of a
  * cpu:staged backend; the last weights taken into w. */
-static void s_overlap_steps(dp_ps_client_t *c, dp_backend_t *be, dp_devside_t *x, s_ov_t *o,
+static void s_overlap_steps(dp_ps_client_t *c, dp_devside_t *x, s_ov_t *o,
                             srv_t *s, srv_t *s2, float *w)
 {
     size_t n = s_small.n_floats;
@@ -448,7 +448,6 @@ static void s_overlap_steps(dp_ps_client_t *c, dp_backend_t *be, dp_devside_t *x
     if (o->device) dp_devside_take(x);
     else memcpy(x->d_params, hp, n * 4);
     memcpy(w, x->d_params, n * 4);
-    (void)be;
     free(prev), free(hp), free(hg[0]), free(hg[1]);
 }
 
@@ -476,7 +475,7 @@ static void s_overlap_run(s_ov_t *o, float *w)
         CHECK_EQ(dp_ps_client_devregion_shards(c), 1);
         dp_ps_client_set_device(c, &dev);
     }
-    if (c) s_overlap_steps(c, be, &x, o, &s, &s2, w);
+    if (c) s_overlap_steps(c, &x, o, &s, &s2, w);
     if (c && o->device) {
         uint64_t before = o->pulls_after;
         dp_ps_client_device_counts(c, &o->pulls, &o->pushes);

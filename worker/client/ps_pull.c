@@ -259,6 +259,7 @@ static dp_ps_reply_t s_on_params(dp_ps_client_t *c, int i, const Downpour__Envel
         if (!s->devr)
             return dp_err(err, "%s: PARAMS through a device region we do not map", s->endpoint);
         float *dst = to->params ? to->params : c->landing;
+        if (!to->device && c->dev && c->dev->enter) c->dev->enter(c->dev->arg); /* ops->copy's */
         int rc = to->device ? dp_ps_devr_read_device(s, env->params->version, c->dev)
                             : dp_ps_devr_read(s, env->params->version, dst + s->lo);
         if (rc != 0) {

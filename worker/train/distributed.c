@@ -411,9 +411,16 @@ static int s_loop_plain(s_loop_t *L, char *err)
         }
         const float *grads;
         s->net.step = (unsigned long long)step; /* dropout's mask, by global step */
-        if (L->stream && !parts && dp_ps_client_push_begin(L->ps, &push, err) != 0)
+        /* a device's whole push: from the device into each shard's region
+         * slot where every shard has one (--stream-push too: its parts
+         * would hide nothing there, the PUSH is one descriptor and the copy
+         * device to device), else to one shard on this host into its
+         * segment */
+        int on_dev = !host && dp_ps_client_push_on_device(L->ps);
+        int stream = L->stream && !on_dev;
+        if (stream && !parts && dp_ps_client_push_begin(L->ps, &push, err) != 0)
             return -1;
-        if (L->stream) {
+        if (stream) {
             s->net.on_grads = s_grads_ready;
             s->net.on_grads_arg = L->ps;
         }
@@ -421,11 +428,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
             s->net.on_params = s_params_needed;
             s->net.on_params_arg = L;
         }
-        /* a device's whole push: from the device into each shard's region
-         * slot where every shard has one, else to one shard on this host
-         * into its segment */
-        int on_dev = !host && !L->stream && dp_ps_client_push_on_device(L->ps);
-        float *lent = host || L->stream || on_dev
+        float *lent = host || stream || on_dev
                           ? NULL : dp_ps_client_push_buffer(L->ps, s->model.n_floats);
         float loss = s_step_for_push(s, &batch, lent, on_dev, &grads);
         s->net.on_grads = NULL;
@@ -437,7 +440,7 @@ static int s_loop_plain(s_loop_t *L, char *err)
         dp_push_result_t r;
         push.grads = grads;
         push.loss = loss;
-        if ((L->stream ? dp_ps_client_push_end(L->ps, &r, err)
+        if ((stream ? dp_ps_client_push_end(L->ps, &r, err)
                        : dp_ps_client_push(L->ps, &push, &r, err)) != 0)
             return -1;
         L->step_compute_s = t2 - tc - L->pull_wait_s;
