@@ -22,8 +22,12 @@
  *    synchronize), the end is bit for bit frames' in the same order, and
  *    every pull and push went device to device; after a shard restart the
  *    thread's re-HELLO maps the new region and its pulls stay device to
- *    device, each device copy on the thread preceded by the device's enter.
+ *    device, each device copy on the thread preceded by the device's enter;
+ *  - the route of a WELCOME on a thread that never selected the worker's
+ *    device (a provider whose reach, as CUDA's, asks the thread's device):
+ *    decided after the client's enter, so the region is the worker's own.
  * Servers run in a thread of this program (tests/ps_harness.h). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -523,5 +527,92 @@ static void test_overlap_restart(void)
     free(w);
 }
 
+/* ---- the route decided on the worker's device --------------------------- */
+
+/* A provider as CUDA's is: its reach asks the calling thread's device
+ * (cudaGetDevice), here "selected" only once the device's enter ran on
+ * this thread; a thread that never entered is on another device, which
+ * has no peer access to the region's. */
+static dp_devmem_ops_t s_thread_ops;
+
+static int s_thread_reach(const char *id, int *same, int *peer, char *err)
+{
+    (void)id, (void)err;
+    *same = s_entered;
+    *peer = 0;
+    return 0;
+}
+
+static void s_mark_entered(void *arg)
+{
+    (void)arg;
+    s_entered = 1;
+}
+
+typedef struct {
+    const dp_devregion_offer_t *f;
+    int with_dev;               /* the client's device copies set (enter among them) */
+    int mapped;
+} s_route_arg_t;
+
+/* dp_ps_devr_welcome on a thread of its own, as the overlapped loop's
+ * communication thread re-HELLOs a restarted shard. */
+static void *s_welcome_thread(void *arg)
+{
+    s_route_arg_t *a = arg;
+    dp_ps_shard_t sh;
+    memset(&sh, 0, sizeof sh);
+    sh.hi = a->f->n;
+    snprintf(sh.endpoint, sizeof sh.endpoint, "test");
+    dp_ps_device_t dev = {.enter = s_mark_entered};
+    dp_ps_client_t c;
+    memset(&c, 0, sizeof c);
+    c.sh = &sh;
+    c.n = 1;
+    c.devmem = &s_thread_ops;
+    c.dev = a->with_dev ? &dev : NULL;
+    Downpour__DevRegionOffer m = DOWNPOUR__DEV_REGION_OFFER__INIT;
+    m.generation = a->f->generation;
+    m.n = a->f->n;
+    m.ring = (uint32_t)a->f->ring;
+    m.workers = (uint32_t)a->f->workers;
+    m.slot = a->f->slot;
+    m.ctl = (char *)a->f->ctl;
+    m.wctl = (char *)a->f->wctl;
+    m.weights = (ProtobufCBinaryData){sizeof a->f->weights.b, (uint8_t *)a->f->weights.b};
+    m.grad = (ProtobufCBinaryData){sizeof a->f->grad.b, (uint8_t *)a->f->grad.b};
+    m.event = (ProtobufCBinaryData){sizeof a->f->event.b, (uint8_t *)a->f->event.b};
+    m.device = (char *)a->f->device;
+    Downpour__Welcome w = DOWNPOUR__WELCOME__INIT;
+    w.devregion = &m;
+    dp_ps_devr_welcome(&c, 0, &w);
+    a->mapped = sh.devr && sh.devr_w.ctl != NULL;
+    dp_ps_devr_close(&sh);
+    return NULL;
+}
+
+static void test_route_on_thread(void)
+{
+    char err[DP_ERR_LEN] = "";
+    dp_devregion_shard_t r;
+    dp_devregion_offer_t f;
+    s_thread_ops = dp_devmem_standin;
+    s_thread_ops.reach = s_thread_reach;
+    unsetenv("DP_TEST_DEVMEM"); /* the client's own provider: s_thread_ops */
+    CHECK_EQ(dp_devregion_create(&r, &dp_devmem_standin, NF, 2, 1, err), 0);
+    CHECK_EQ(dp_devregion_offer(&r, 0, &f, err), 0);
+    for (int with_dev = 1; with_dev >= 0; with_dev--) {
+        s_route_arg_t a = {.f = &f, .with_dev = with_dev, .mapped = -1};
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, s_welcome_thread, &a), 0);
+        pthread_join(th, NULL);
+        /* entered: its own device, mapped; never entered (no device copies
+         * to enter by): "another device", declined for shared memory */
+        CHECK_EQ(a.mapped, with_dev);
+    }
+    dp_devregion_release_last(&r);
+}
+
 DP_TESTS(T(test_route), T(test_welcome_routes), T(test_unpin_after_copy), T(test_device_same_as_frames),
-         T(test_device_push_refused), T(test_overlap_device), T(test_overlap_restart))
+         T(test_device_push_refused), T(test_overlap_device), T(test_overlap_restart),
+         T(test_route_on_thread))
