@@ -67,9 +67,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bool rows_msg = env->type == DOWNPOUR__MSG_TYPE__ROWS_PULL ||
                         env->type == DOWNPOUR__MSG_TYPE__ROWS || env->type == DOWNPOUR__MSG_TYPE__ROWS_PUSH;
         bool compressed = env->push && env->push->compression != DOWNPOUR__COMPRESSION__COMPRESS_NONE;
-        /* tensors in shared memory: no frames at all; else one per descriptor */
-        if (env->shm ? k != 0 : env->n_tensors != (size_t)k)
+        /* tensors in shared memory or in the device region: no frames at
+         * all; else one per descriptor */
+        if (env->shm || env->devregion ? k != 0 : env->n_tensors != (size_t)k)
             s_violation("accepted a frame count mismatch");
+        if (env->devregion && (env->shm || (env->type != DOWNPOUR__MSG_TYPE__PULL &&
+                                            env->type != DOWNPOUR__MSG_TYPE__PARAMS &&
+                                            env->type != DOWNPOUR__MSG_TYPE__PUSH)))
+            s_violation("accepted a device region where none may be");
         for (size_t i = 0; i < env->n_tensors && i < (size_t)k; i++) {
             const Downpour__TensorDesc *d = env->tensors[i];
             if (d->byte_length != frames[i].len) s_violation("accepted a byte length mismatch");
@@ -142,8 +147,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
  * page (ROWS: 16 keys, then their rows of width 2, 128 bytes each), a
  * ROWS_PULL of 16 keys (more than a shard of max_keys 8 takes) and a
  * ROWS_PUSH of their rows (at step 3, and at 2^62: what a shard refuses
- * past the wire; issue 55). */
-#define S_KINDS 8
+ * past the wire; issue 55), and a whole dense PUSH through the device
+ * region (its descriptor naming the worker's slot, no frames: the input
+ * that showed this program's frame rule older than the wire's). */
+#define S_KINDS 9
 static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
 {
     static float t[64];
@@ -221,6 +228,13 @@ static size_t s_seed(uint8_t *out, size_t cap, int which, dp_rng_t *r)
         dp_wire_desc_keyed(&d[0], sh[0], "keys", DOWNPOUR__DTYPE__UINT64, t, 16, 0);
         dp_wire_desc_keyed(&d[1], sh[1], "grads", DOWNPOUR__DTYPE__FLOAT32, t + 32, 16, 2);
         env.n_tensors = 2;
+        env.tensors = dv;
+        break;
+    case 8:
+        env.push = &push;
+        env.devregion = 1;
+        dp_wire_desc_fill(&d[0], sh[0], "params", t, 32, 0, 0, 0);
+        env.n_tensors = 1;
         env.tensors = dv;
         break;
     default:
