@@ -131,3 +131,15 @@ finish() {
     fi
     [ "$T_FAILED" = 0 ]
 }
+
+# stepped DIR: a `downpour local` run's steps its shards made early, as a
+# push's parts came (server/core/shard_early.h), and all its shards' steps,
+# from each shard's last metrics line
+stepped() {
+    "$TORCH_PY" - "$1" <<'EOF'
+import glob, json, sys
+last = [json.loads([l for l in open(f) if '"steps_early"' in l][-1])
+        for f in glob.glob(sys.argv[1] + "/metrics/ps-*.jsonl")]
+print(sum(l["steps_early"] for l in last), sum(l["version"] for l in last))
+EOF
+}

@@ -91,15 +91,6 @@ L=$BIN/downpour
 # push leaves in parts the shard sees apart (the fc layers' alone go whole)
 LOCAL=(--model "conv5x5:16 relu maxpool2 fc:128 relu fc:10 softmax" --batch 32 --steps 8 --threads 1
        --ps-threads 1 --seed 5 --no-progress)
-# stepped DIR: the shard's steps made early as a push's parts came, and all of them
-stepped() {
-    "$TORCH_PY" - "$1" <<'EOF'
-import glob, json, sys
-last = [json.loads([l for l in open(f) if '"steps_early"' in l][-1])
-        for f in glob.glob(sys.argv[1] + "/metrics/ps-*.jsonl")]
-print(sum(l["steps_early"] for l in last), sum(l["version"] for l in last))
-EOF
-}
 # pair NAME FLAGS...: the shard on cpu:staged and on cpu; the same model file
 pair() {
     local name=$1; shift

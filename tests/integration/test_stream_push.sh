@@ -41,16 +41,6 @@ print(sum(l["push_parts_early"] > 0 for l in lines), len(lines))
 EOF
 }
 
-# stepped DIR: the shards' steps made as a push's parts came, and all of them
-stepped() {
-    "$TORCH_PY" - "$1" <<'EOF'
-import glob, json, sys
-last = [json.loads([l for l in open(f) if '"steps_early"' in l][-1])
-        for f in glob.glob(sys.argv[1] + "/metrics/ps-*.jsonl")]
-print(sum(l["steps_early"] for l in last), sum(l["version"] for l in last))
-EOF
-}
-
 # pair NAME WANT FLAGS...: the run with the default (on) and with off; the
 # same bytes. WANT: the on run's shards stepped early "all" or "some"
 pair() {
