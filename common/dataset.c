@@ -334,7 +334,9 @@ static int s_load_idx_pair(dp_dataset_t *ds, const char *arg, char *err)
  * samples of a test split, in every program that loads one (the worker,
  * eval, the lab), so the suite's hundreds of short runs score 1,000 images
  * at their end instead of 10,000 (four seconds of every dense run's five
- * here). The tests that judge accuracy unset it. */
+ * here). The suite's accuracy bars are judged on those 1,000 (the
+ * same ones every run); DP_TEST_TEST_SAMPLES=
+ * (empty) scores a split whole. */
 static void s_test_hook_limit(dp_dataset_t *ds)
 {
     const char *v = getenv("DP_TEST_TEST_SAMPLES");
