@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "common/bf16.h"
+#include "kernels/cpu/bf16_ref.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/ops.h"
 
@@ -243,26 +244,13 @@ static void s_amx_col2im(float *din, const float *dcol, const dp_conv_dims_t *d,
     }
 }
 
-/* db[oc] = the fp32 sum of dout over images and positions, in that order */
-static void s_amx_conv_db(float *db, const float *dout, const dp_conv_dims_t *d, int nt)
-{
-    size_t P = (size_t)d->OH * d->OW;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int oc = 0; oc < d->OC; oc++) {
-        float acc = 0.0f;
-        for (int n = 0; n < d->B; n++)
-            for (size_t p = 0; p < P; p++) acc += dout[((size_t)n * d->OC + oc) * P + p];
-        db[oc] = acc;
-    }
-}
-
 static void s_amx_conv_backward(float *din, float *dw, float *db, const float *dout,
                                 const float *in, const float *w, const dp_conv_dims_t *d)
 {
     int CKK = d->C * d->K * d->K, P = d->OH * d->OW, OC = d->OC;
     size_t plane = (size_t)d->C * d->H * d->W, oplane = (size_t)OC * P;
     int nt = dp_cpu_team((double)d->B * OC * P * CKK);
-    if (db) s_amx_conv_db(db, dout, d, nt);
+    if (db) dp_bf16_conv_db(db, dout, d);
     /* dw's operands, then din's (W^T, dout_n, dcol) in the same scratch */
     size_t dw_a = s_amx_packed_a(OC, P), dw_b = s_amx_packed_b(P, CKK);
     size_t di_a = s_amx_packed_a(CKK, OC), di_b = s_amx_packed_b(OC, P);
@@ -313,11 +301,7 @@ static void s_amx_fc_backward(float *din, float *dw, float *db, const float *dou
                               const float *in, const float *w, int B, int IN, int OUT)
 {
     int nt = dp_cpu_team((double)B * IN * OUT);
-    for (int o = 0; o < OUT && db; o++) { /* fp32, over the batch in order */
-        float acc = 0.0f;
-        for (int n = 0; n < B; n++) acc += dout[(size_t)n * OUT + o];
-        db[o] = acc;
-    }
+    if (db) dp_bf16_fc_db(db, dout, B, OUT);
     size_t dw_a = s_amx_packed_a(OUT, B), dw_b = s_amx_packed_b(B, IN);
     size_t di_a = s_amx_packed_a(B, OUT), di_b = s_amx_packed_b(OUT, IN);
     size_t need_dw = s_amx_floats(dw_a) + s_amx_floats(dw_b);

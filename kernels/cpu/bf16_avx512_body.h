@@ -47,6 +47,7 @@
 #include "common/bf16.h"
 #include "common/util.h"
 #include "kernels/cpu/bf16_ops.h"
+#include "kernels/cpu/bf16_ref.h"
 #include "kernels/cpu/cpu.h"
 
 #define BF_MR 4 /* rows of C a tile */
@@ -304,13 +305,7 @@ static void S(conv_din)(float *din, const float *dout, const float *w, const dp_
 static void S(conv_backward)(float *din, float *dw, float *db, const float *dout,
                              const float *in, const float *w, const dp_conv_dims_t *d)
 {
-    size_t P = (size_t)d->OH * d->OW;
-    for (int oc = 0; oc < d->OC && db; oc++) {
-        float acc = 0.0f;
-        for (int n = 0; n < d->B; n++)
-            for (size_t i = 0; i < P; i++) acc += dout[((size_t)n * d->OC + oc) * P + i];
-        db[oc] = acc;
-    }
+    if (db) dp_bf16_conv_db(db, dout, d);
     S(conv_dw)(dw, dout, in, d);
     if (din) S(conv_din)(din, dout, w, d);
 }
@@ -331,11 +326,7 @@ static void S(fc_forward)(float *out, const float *in, const float *w, const flo
 static void S(fc_backward)(float *din, float *dw, float *db, const float *dout,
                            const float *in, const float *w, int B, int IN, int OUT)
 {
-    for (int o = 0; o < OUT && db; o++) {
-        float acc = 0.0f; /* fp32, n ascending, as the reference */
-        for (int n = 0; n < B; n++) acc += dout[(size_t)n * OUT + o];
-        db[o] = acc;
-    }
+    if (db) dp_bf16_fc_db(db, dout, B, OUT);
     /* dw[OUT,IN] = dout^T in: A(m = o, k = n) = dout[n, o]; B = in's rows */
     uint32_t *Ap = S(shared)(S(a_size)(OUT, B) + S(b_size)(B, IN));
     uint32_t *Bp = Ap + S(a_size)(OUT, B);

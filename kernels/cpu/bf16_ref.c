@@ -46,6 +46,26 @@ void dp_bf16_conv2d_forward_ref(float *out, const float *in, const float *w, con
                 }
 }
 
+void dp_bf16_conv_db(float *db, const float *dout, const dp_conv_dims_t *d)
+{
+    size_t P = (size_t)d->OH * d->OW;
+    for (int oc = 0; oc < d->OC; oc++) {
+        float acc = 0.0f;
+        for (int n = 0; n < d->B; n++)
+            for (size_t i = 0; i < P; i++) acc += dout[((size_t)n * d->OC + oc) * P + i];
+        db[oc] = acc;
+    }
+}
+
+void dp_bf16_fc_db(float *db, const float *dout, int B, int OUT)
+{
+    for (int o = 0; o < OUT; o++) {
+        float acc = 0.0f;
+        for (int n = 0; n < B; n++) acc += dout[(size_t)n * OUT + o];
+        db[o] = acc;
+    }
+}
+
 /* db[oc]: dout over n, then positions, ascending (fp32, not rounded).
  * dw[oc,c,ky,kx]: dout * in over n, oy, ox ascending.
  * din[n,c,y,x]: dout * w over oc, ky, kx ascending, the (oy, ox) each
@@ -55,12 +75,7 @@ void dp_bf16_conv2d_backward_ref(float *din, float *dw, float *db, const float *
 {
     int K = d->K;
     size_t P = (size_t)d->OH * d->OW;
-    for (int oc = 0; oc < d->OC && db; oc++) {
-        float acc = 0.0f;
-        for (int n = 0; n < d->B; n++)
-            for (size_t i = 0; i < P; i++) acc += dout[((size_t)n * d->OC + oc) * P + i];
-        db[oc] = acc;
-    }
+    if (db) dp_bf16_conv_db(db, dout, d);
     for (int oc = 0; oc < d->OC; oc++)
         for (int c = 0; c < d->C; c++)
             for (int ky = 0; ky < K; ky++)
@@ -117,10 +132,8 @@ void dp_bf16_fc_forward_ref(float *out, const float *in, const float *w, const f
 void dp_bf16_fc_backward_ref(float *din, float *dw, float *db, const float *dout,
                              const float *in, const float *w, int B, int IN, int OUT)
 {
+    if (db) dp_bf16_fc_db(db, dout, B, OUT);
     for (int o = 0; o < OUT; o++) {
-        float acc = 0.0f;
-        for (int n = 0; n < B; n++) acc += dout[(size_t)n * OUT + o];
-        if (db) db[o] = acc;
         for (int i = 0; i < IN; i++) {
             float a = 0.0f;
             for (int n = 0; n < B; n++)

@@ -18,6 +18,12 @@ void dp_bf16_fc_forward_ref(float *out, const float *in, const float *w, const f
 void dp_bf16_fc_backward_ref(float *din, float *dw, float *db, const float *dout,
                              const float *in, const float *w, int B, int IN, int OUT);
 
+/* The bias gradients of every bf16 path, one definition: fp32 sums of
+ * dout, never rounded; conv: db[oc] over images, then positions,
+ * ascending; fc: db[o] over the batch ascending. */
+void dp_bf16_conv_db(float *db, const float *dout, const dp_conv_dims_t *d);
+void dp_bf16_fc_db(float *db, const float *dout, int B, int OUT);
+
 /* The four as a table (name "reference"), so a test loops over tables. */
 extern const dp_bf16_ops_t dp_bf16_ref;
 
